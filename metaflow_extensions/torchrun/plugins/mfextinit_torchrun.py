@@ -1,0 +1,7 @@
+"""Registers ``@torchrun`` with Metaflow's extension mechanism.
+
+Metaflow discovers this file by its ``mfextinit_<org>.py`` name; the tuple's path is
+relative to this package so the implementation can live in small modules.
+"""
+
+STEP_DECORATORS_DESC = [("torchrun", ".torchrun.decorator.TorchrunDecorator")]

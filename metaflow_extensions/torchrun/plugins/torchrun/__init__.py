@@ -1,0 +1,1 @@
+"""The @torchrun implementation; see DESIGN.md for how the modules fit."""

@@ -1,0 +1,116 @@
+"""Runs first in every rank, then runs the user's script as ``python script.py`` would.
+
+It exists so users need not decorate their ``main`` with torch's ``@record``: an
+exception escaping the script is recorded (for our root-cause report and in
+torchelastic's own error file, so torchrun's summary shows the traceback too)
+and then re-raised unchanged. It also ties the rank's life to its agent's.
+"""
+
+from __future__ import annotations
+
+import os
+import runpy
+import socket
+import sys
+import time
+import traceback
+
+from .failures import RankFailure, write_failure
+
+FAILURE_DIR_ENV = "METAFLOW_TORCHRUN_FAILURE_DIR"
+NODE_INDEX_ENV = "METAFLOW_TORCHRUN_NODE_INDEX"
+
+
+def _env_int(name: str, default: int = -1) -> int:
+    try:
+        return int(os.environ.get(name, default))
+    except ValueError:
+        return default
+
+
+def user_traceback(exc: BaseException, script: str) -> str:
+    """The traceback as the user would see it running the script directly: the
+    frames of this bootstrap and of runpy are noise in an error report."""
+    tb = exc.__traceback__
+    target = os.path.abspath(script)
+    walk = tb
+    while walk is not None and os.path.abspath(walk.tb_frame.f_code.co_filename) != target:
+        walk = walk.tb_next
+    return "".join(traceback.format_exception(type(exc), exc, walk or tb))
+
+
+def _record(exc: BaseException, formatted: str) -> None:
+    directory = os.environ.get(FAILURE_DIR_ENV)
+    rank = _env_int("RANK")
+    if directory:
+        try:
+            write_failure(
+                directory,
+                RankFailure(
+                    rank=rank,
+                    local_rank=_env_int("LOCAL_RANK"),
+                    node_index=_env_int(NODE_INDEX_ENV),
+                    host=socket.gethostname(),
+                    pid=os.getpid(),
+                    exc_type=type(exc).__name__,
+                    message=str(exc),
+                    traceback=formatted,
+                    timestamp=time.time(),
+                ),
+            )
+        except OSError:
+            pass
+    if os.environ.get("TORCHELASTIC_ERROR_FILE"):
+        try:
+            from torch.distributed.elastic.multiprocessing.errors import ErrorHandler
+
+            ErrorHandler().record_exception(exc)
+        except Exception:
+            pass
+
+
+def _tie_to_parent() -> None:
+    from .proctree import die_with_parent
+
+    parent = os.getppid()
+    die_with_parent()
+    if os.getppid() != parent:  # the agent died before we asked to die with it
+        os._exit(1)
+
+
+def _line_buffered() -> None:
+    # Metaflow runs tasks with PYTHONUNBUFFERED, under which print() issues the
+    # text and its newline as two writes; ranks sharing a pipe then interleave
+    # mid-line. Line buffering keeps each line one write, and output still live.
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.reconfigure(line_buffering=True, write_through=False)
+        except (AttributeError, ValueError):
+            pass
+
+
+def main(argv: list) -> None:
+    _tie_to_parent()
+    _line_buffered()
+    if not argv:
+        sys.stderr.write("usage: python -m %s SCRIPT [ARGS...]\n" % __name__)
+        sys.exit(2)
+    script = argv[0]
+    sys.argv = list(argv)
+    sys.path[0] = os.path.dirname(os.path.abspath(script))
+    try:
+        runpy.run_path(script, run_name="__main__")
+    except SystemExit as e:
+        if e.code not in (None, 0):
+            _record(e, "")
+        raise
+    except BaseException as e:
+        formatted = user_traceback(e, script)
+        _record(e, formatted)
+        sys.stderr.write(formatted)
+        sys.stderr.flush()
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,207 @@
+"""Pure translation of a topology and user arguments into torchrun's argv.
+
+Nothing here touches processes, files or the environment, so every rule about how
+arguments are spelled can be unit-tested exhaustively. Arguments are always
+produced as an argv list: nothing is ever joined into a shell string, so spaces,
+quotes, ``$(...)`` and backticks reach the script exactly as given.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
+
+from .errors import TorchrunInvalidArgument
+
+ArgSpec = Union[None, Sequence[Any], Mapping[str, Any]]
+
+# The Python module every rank runs first; it then runs the user's entrypoint.
+BOOTSTRAP_MODULE = "metaflow_extensions.torchrun.plugins.torchrun.bootstrap"
+
+_SCALARS = (str, int, float, os.PathLike)
+
+
+def _scalar(value: Any, what: str) -> str:
+    # bool is an int subclass: in a list it is spelled as Python spells it.
+    if isinstance(value, _SCALARS):
+        return str(os.fspath(value)) if isinstance(value, os.PathLike) else str(value)
+    raise TorchrunInvalidArgument(
+        "%s: cannot pass %r (a %s) as a command-line argument; use a string or a number."
+        % (what, value, type(value).__name__)
+    )
+
+
+def _flag(key: Any, what: str) -> str:
+    if not isinstance(key, str) or not key.strip("-"):
+        raise TorchrunInvalidArgument(
+            "%s: option name %r must be a non-empty string." % (what, key)
+        )
+    return "--" + key.lstrip("-")
+
+
+def encode_args(args: ArgSpec, what: str = "entrypoint_args") -> List[str]:
+    """Turn a list (argv as given) or a dict (``--key value`` pairs) into argv.
+
+    In a dict, ``True`` is a bare flag, ``False``/``None`` drop the option and a
+    list value becomes ``--key a b``.
+    """
+    if args is None:
+        return []
+    if isinstance(args, Mapping):
+        argv: List[str] = []
+        for key, value in args.items():
+            flag = _flag(key, what)
+            if value is True:
+                argv.append(flag)
+            elif value is False or value is None:
+                continue
+            elif isinstance(value, (list, tuple)):
+                argv.append(flag)
+                argv.extend(_scalar(v, "%s[%r]" % (what, key)) for v in value)
+            else:
+                argv.extend([flag, _scalar(value, "%s[%r]" % (what, key))])
+        return argv
+    if isinstance(args, (list, tuple)):
+        return [_scalar(v, what) for v in args]
+    raise TorchrunInvalidArgument(
+        "%s must be a list (argv as given) or a dict ({'key': value} -> --key value), "
+        "not %s %r." % (what, type(args).__name__, args)
+    )
+
+
+def canonical_option(name: str) -> str:
+    """torchrun spells options both ``max_restarts`` and ``max-restarts``."""
+    return name.strip().lstrip("-").replace("_", "-")
+
+
+def parse_options(args: ArgSpec, what: str = "torchrun_args") -> Dict[str, Any]:
+    """Read user torchrun options into ``{canonical name: value}``.
+
+    Values are what the option should be set to: ``True`` for a bare flag, a
+    string, or a list for an option repeated with several values. ``False`` or
+    ``None`` in a dict removes an option the decorator would otherwise set.
+    """
+    if args is None:
+        return {}
+    if isinstance(args, Mapping):
+        out: Dict[str, Any] = {}
+        for key, value in args.items():
+            _flag(key, what)
+            if value is not None and value is not False and value is not True:
+                if isinstance(value, (list, tuple)):
+                    value = [_scalar(v, "%s[%r]" % (what, key)) for v in value]
+                else:
+                    value = _scalar(value, "%s[%r]" % (what, key))
+            out[canonical_option(key)] = value
+        return out
+    if isinstance(args, (list, tuple)):
+        tokens = [_scalar(v, what) for v in args]
+        out = {}
+        key: Optional[str] = None
+        for token in tokens:
+            if token.startswith("-") and len(token) > 1 and not _is_number(token):
+                if "=" in token:
+                    name, _, value = token.partition("=")
+                    out[canonical_option(name)] = value
+                    key = None
+                else:
+                    key = canonical_option(token)
+                    out[key] = True
+            elif key is None:
+                raise TorchrunInvalidArgument(
+                    "%s: %r is not preceded by an option name (in %r)."
+                    % (what, token, list(args))
+                )
+            else:
+                current = out[key]
+                if current is True:
+                    out[key] = token
+                elif isinstance(current, list):
+                    current.append(token)
+                else:
+                    out[key] = [current, token]
+        return out
+    raise TorchrunInvalidArgument(
+        "%s must be a list or a dict, not %s %r." % (what, type(args).__name__, args)
+    )
+
+
+def _is_number(token: str) -> bool:
+    try:
+        float(token)
+        return True
+    except ValueError:
+        return False
+
+
+def options_to_argv(options: Mapping[str, Any]) -> List[str]:
+    argv: List[str] = []
+    for name, value in options.items():
+        if value is None or value is False:
+            continue
+        if value is True:
+            argv.append("--" + name)
+        elif isinstance(value, list):
+            argv.append("--" + name)
+            argv.extend(value)
+        else:
+            argv.extend(["--" + name, str(value)])
+    return argv
+
+
+@dataclass(frozen=True)
+class Launch:
+    """Everything that decides this node's torchrun command line."""
+
+    python: str
+    num_nodes: int
+    node_index: int
+    nproc_per_node: Union[int, str]
+    rdzv_host: str
+    rdzv_port: int
+    rdzv_id: str
+    entrypoint: str
+    entrypoint_argv: Sequence[str] = ()
+    user_options: Mapping[str, Any] = ()  # type: ignore[assignment]
+    max_restarts: int = 0
+
+
+def format_endpoint(host: str, port: int) -> str:
+    # An IPv6 literal needs brackets or torch splits it at the wrong colon.
+    if ":" in host and not host.startswith("["):
+        host = "[%s]" % host
+    return "%s:%d" % (host, port)
+
+
+def default_options(launch: Launch) -> Dict[str, Any]:
+    """What the decorator sets; ``torchrun_args`` may override any of it."""
+    return {
+        "nnodes": str(launch.num_nodes),
+        "nproc-per-node": str(launch.nproc_per_node),
+        "rdzv-backend": "c10d",
+        "rdzv-endpoint": format_endpoint(launch.rdzv_host, launch.rdzv_port),
+        "rdzv-id": launch.rdzv_id,
+        # The control node hosts the rendezvous store; saying so explicitly avoids
+        # torch guessing from host names, which fails behind NAT and in namespaces.
+        "rdzv-conf": "is_host=%d" % (1 if launch.node_index == 0 else 0),
+        "max-restarts": str(launch.max_restarts),
+    }
+
+
+def build_command(launch: Launch) -> List[str]:
+    """The full argv of ``python -m torch.distributed.run`` for one node."""
+    options = default_options(launch)
+    options.update(dict(launch.user_options or {}))
+    return (
+        [launch.python, "-m", "torch.distributed.run"]
+        + options_to_argv(options)
+        + ["--module", BOOTSTRAP_MODULE, launch.entrypoint]
+        + list(launch.entrypoint_argv)
+    )
+
+
+def rdzv_id_for(flow: str, run_id: str, step: str, control_task_id: str, attempt: int) -> str:
+    """One id per gang: a retry or another foreach branch never joins this one."""
+    raw = "%s-%s-%s-%s-%d" % (flow, run_id, step, control_task_id, attempt)
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in raw)

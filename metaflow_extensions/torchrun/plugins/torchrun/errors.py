@@ -1,0 +1,68 @@
+"""Failure types users see.
+
+Every error a user can hit is a ``MetaflowException`` so Metaflow prints it as a
+clean one-paragraph message instead of a traceback from inside the launcher.
+"""
+
+from __future__ import annotations
+
+from typing import List, Optional
+
+from metaflow.exception import MetaflowException
+
+from .failures import RankFailure, describe_exit_code
+
+
+class TorchrunException(MetaflowException):
+    headline = "@torchrun error"
+
+
+class TorchrunInvalidArgument(TorchrunException):
+    """A value given to ``@torchrun`` or ``current.torch.run`` cannot be used."""
+
+    headline = "@torchrun: invalid argument"
+
+
+class TorchrunFailed(TorchrunException):
+    """torchrun on this node ended unsuccessfully."""
+
+    headline = "@torchrun job failed"
+
+    def __init__(
+        self,
+        exit_code: int,
+        node_index: int,
+        failures: Optional[List[RankFailure]] = None,
+        command: Optional[List[str]] = None,
+    ):
+        self.exit_code = exit_code
+        self.node_index = node_index
+        self.failures = sorted(failures or [], key=lambda f: f.timestamp)
+        self.root_cause = self.failures[0] if self.failures else None
+        self.command = command
+        lines = [
+            "torchrun on node %d ended with %s."
+            % (node_index, describe_exit_code(exit_code))
+        ]
+        if self.root_cause is not None:
+            lines.append("First failure: %s" % self.root_cause.summary())
+            if self.root_cause.traceback:
+                lines.append(self.root_cause.traceback.rstrip())
+            others = self.failures[1:]
+            if others:
+                lines.append(
+                    "Also failed: %s"
+                    % ", ".join("rank %d" % f.rank for f in others)
+                )
+        else:
+            lines.append(
+                "No rank recorded a Python exception (a rank may have been killed by a "
+                "signal, or torchrun itself failed); see the log above."
+            )
+        super().__init__("\n".join(lines))
+
+
+class TorchrunInterrupted(TorchrunException):
+    """The step was asked to stop (SIGTERM) while torchrun was running."""
+
+    headline = "@torchrun interrupted"

@@ -1,0 +1,135 @@
+"""Find and kill a process tree, including children that left its process group.
+
+torchrun starts every worker with ``start_new_session=True``, so killing the
+agent's process group does not reach the workers, and once the agent dies the
+workers are re-parented and can no longer be found from it. We therefore keep a
+record of every descendant we have seen (pid plus start time, so a recycled pid
+is never killed by mistake) and kill from that record.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+import signal
+import time
+from typing import Dict, Iterable, List, Optional, Set, Tuple
+
+ProcId = Tuple[int, int]  # (pid, start time in clock ticks since boot)
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _stat(pid: int) -> Optional[Tuple[int, int]]:
+    """(parent pid, start time) of a live process, None if it is gone."""
+    try:
+        with open("/proc/%d/stat" % pid, "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
+    # The command name is in parentheses and may itself contain spaces or ')'.
+    rest = data[data.rfind(b")") + 2 :].split()
+    if rest[0] == b"Z":  # a zombie is already dead; it only waits to be reaped
+        return None
+    return int(rest[1]), int(rest[19])
+
+
+def _pids() -> List[int]:
+    try:
+        return [int(n) for n in os.listdir("/proc") if n.isdigit()]
+    except OSError:
+        return []
+
+
+def process_id(pid: int) -> Optional[ProcId]:
+    st = _stat(pid)
+    return (pid, st[1]) if st else None
+
+
+def descendants(root: int) -> Set[ProcId]:
+    """Every live process below ``root`` in the parent tree (not root itself)."""
+    children: Dict[int, list] = {}
+    for pid in _pids():
+        st = _stat(pid)
+        if st is not None:
+            children.setdefault(st[0], []).append((pid, st[1]))
+    found: Set[ProcId] = set()
+    stack = [root]
+    while stack:
+        for child in children.get(stack.pop(), ()):
+            if child not in found:
+                found.add(child)
+                stack.append(child[0])
+    return found
+
+
+def children(parent: int) -> List[Tuple[ProcId, List[str]]]:
+    """Direct children of ``parent`` with their command lines."""
+    found = []
+    for name in _pids():
+        st = _stat(name)
+        if st is None or st[0] != parent:
+            continue
+        try:
+            with open("/proc/%d/cmdline" % name, "rb") as f:
+                argv = f.read().decode(errors="replace").split("\0")
+        except OSError:
+            continue
+        found.append(((name, st[1]), argv))
+    return found
+
+
+def alive(procs: Iterable[ProcId]) -> Set[ProcId]:
+    return {p for p in procs if process_id(p[0]) == p}
+
+
+def signal_all(procs: Iterable[ProcId], sig: int) -> None:
+    """Signal each process and, when it leads its own group, that whole group."""
+    for pid, start in procs:
+        if process_id(pid) != (pid, start):
+            continue
+        try:
+            if os.getpgid(pid) == pid:
+                os.killpg(pid, sig)
+            else:
+                os.kill(pid, sig)
+        except OSError as e:
+            if e.errno not in (errno.ESRCH, errno.EPERM):
+                raise
+
+
+def wait_gone(procs: Iterable[ProcId], timeout: float) -> Set[ProcId]:
+    """Wait until none of ``procs`` is alive; return those still alive."""
+    left = alive(procs)
+    deadline = time.monotonic() + timeout
+    while left and time.monotonic() < deadline:
+        time.sleep(0.05)
+        left = alive(left)
+    return left
+
+
+def _load_prctl():
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl
+    except (OSError, AttributeError):
+        return None
+
+
+_prctl = _load_prctl()
+
+
+def die_with_parent(sig: int = signal.SIGKILL) -> bool:
+    """Ask Linux to send ``sig`` to this process when its parent dies.
+
+    This is what still cleans up when the supervising task is SIGKILLed (by the
+    Metaflow runtime after its grace period, or by the OOM killer) and has no
+    chance to run any cleanup of its own.
+    """
+    if _prctl is None:
+        return False
+    try:
+        return _prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0) == 0
+    except Exception:
+        return False

@@ -1,0 +1,259 @@
+"""``current.torch``: validate a call, build this node's command, supervise it.
+
+The data flows one way: step defaults and call arguments -> topology ->
+command -> supervisor -> result, or a typed error naming what went wrong.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
+
+from . import bootstrap
+from .command import (
+    ArgSpec,
+    Launch,
+    build_command,
+    encode_args,
+    parse_options,
+    rdzv_id_for,
+)
+from .errors import TorchrunFailed, TorchrunInvalidArgument
+from .failures import read_failures
+from .supervisor import Supervisor
+from .topology import Topology, topology_from
+
+# torchrun's own spellings for "as many processes as there are devices/cores".
+NPROC_KEYWORDS = ("auto", "gpu", "cpu", "xpu")
+
+
+@dataclass(frozen=True)
+class StepDefaults:
+    """What ``@torchrun(...)`` set for the step; call arguments override it."""
+
+    nproc_per_node: Any = None
+    torchrun_args: ArgSpec = None
+    port: Optional[int] = None
+    derived_nproc: Optional[int] = None
+
+
+@dataclass(frozen=True)
+class GangIdentity:
+    flow_name: str
+    run_id: str
+    step_name: str
+    control_task_id: str
+    attempt: int
+
+    @property
+    def rdzv_id(self) -> str:
+        return rdzv_id_for(
+            self.flow_name, self.run_id, self.step_name, self.control_task_id, self.attempt
+        )
+
+
+@dataclass
+class TorchrunResult:
+    """What happened on this node."""
+
+    command: List[str]
+    node_index: int
+    num_nodes: int
+    nproc_per_node: Union[int, str]
+    exit_code: int
+    started_at: float
+    ended_at: float
+    topology: Optional[Topology] = None
+    extra: Dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def duration(self) -> float:
+        return self.ended_at - self.started_at
+
+    @property
+    def succeeded(self) -> bool:
+        return self.exit_code == 0
+
+
+def validate_nproc(value: Any, source: str) -> Union[int, str]:
+    """A positive process count, or one of torchrun's device keywords."""
+    if isinstance(value, bool):
+        raise TorchrunInvalidArgument(
+            "%s=%r: nproc_per_node must be a positive integer." % (source, value)
+        )
+    if isinstance(value, str):
+        text = value.strip()
+        if text in NPROC_KEYWORDS:
+            return text
+        try:
+            value = int(text)
+        except ValueError:
+            raise TorchrunInvalidArgument(
+                "%s=%r: nproc_per_node must be a positive integer (or one of %s)."
+                % (source, value, ", ".join(NPROC_KEYWORDS))
+            ) from None
+    if not isinstance(value, int):
+        raise TorchrunInvalidArgument(
+            "%s=%r (a %s): nproc_per_node must be a positive integer."
+            % (source, value, type(value).__name__)
+        )
+    if value < 1:
+        raise TorchrunInvalidArgument(
+            "%s=%r: nproc_per_node must be at least 1." % (source, value)
+        )
+    return value
+
+
+def resolve_nproc(
+    call_value: Any,
+    user_options: Mapping[str, Any],
+    defaults: StepDefaults,
+) -> Union[int, str]:
+    """Precedence: run() argument > torchrun_args > @torchrun > resources > 1."""
+    if call_value is not None:
+        return validate_nproc(call_value, "nproc_per_node")
+    if user_options.get("nproc-per-node") not in (None, False):
+        return validate_nproc(user_options["nproc-per-node"], "torchrun_args nproc_per_node")
+    if defaults.nproc_per_node is not None:
+        return validate_nproc(defaults.nproc_per_node, "@torchrun(nproc_per_node)")
+    if defaults.derived_nproc is not None:
+        return validate_nproc(defaults.derived_nproc, "resources")
+    return 1
+
+
+def resolve_entrypoint(entrypoint: Any, search_dirs: Sequence[str]) -> str:
+    """An absolute path to an existing script, looked up relative to the task's
+    working directory first and then to the flow file's directory, so
+    ``python examples/ddp/flow.py run`` finds ``train.py`` beside the flow."""
+    if not isinstance(entrypoint, (str, os.PathLike)) or not os.fspath(entrypoint):
+        raise TorchrunInvalidArgument(
+            "entrypoint must be the path of a Python script, not %r." % (entrypoint,)
+        )
+    path = os.fspath(entrypoint)
+    candidates = [path] if os.path.isabs(path) else [
+        os.path.join(d, path) for d in search_dirs
+    ]
+    for candidate in candidates:
+        if os.path.isfile(candidate):
+            return os.path.abspath(candidate)
+    raise TorchrunInvalidArgument(
+        "entrypoint %r does not exist (looked in: %s)."
+        % (path, ", ".join(os.path.abspath(os.path.dirname(c) or ".") for c in candidates))
+    )
+
+
+def known_torchrun_options() -> Optional[set]:
+    """Option names torchrun accepts, read from torchrun's own parser."""
+    try:
+        from torch.distributed.run import get_args_parser
+    except Exception:
+        return None
+    names = set()
+    for action in get_args_parser()._actions:
+        for opt in action.option_strings:
+            if opt.startswith("--"):
+                names.add(opt[2:].replace("_", "-"))
+    return names
+
+
+def check_options(options: Mapping[str, Any]) -> None:
+    known = known_torchrun_options()
+    if known is None:
+        return
+    unknown = sorted(k for k in options if k not in known)
+    if unknown:
+        raise TorchrunInvalidArgument(
+            "torchrun_args: unknown torchrun option%s %s (see `python -m "
+            "torch.distributed.run --help`)."
+            % ("s" if len(unknown) > 1 else "", ", ".join("--" + k for k in unknown))
+        )
+
+
+def merged_options(defaults: StepDefaults, call_args: ArgSpec) -> Dict[str, Any]:
+    options = parse_options(defaults.torchrun_args, "@torchrun(torchrun_args)")
+    options.update(parse_options(call_args, "torchrun_args"))
+    return options
+
+
+class TorchrunHandle:
+    """Published as ``current.torch`` on every node of a ``@torchrun`` step."""
+
+    def __init__(
+        self,
+        identity: GangIdentity,
+        defaults: StepDefaults,
+        parallel_getter,
+        flow_dir: Optional[str] = None,
+    ):
+        self._identity = identity
+        self._defaults = defaults
+        self._parallel = parallel_getter
+        self._flow_dir = flow_dir
+        self.last_result: Optional[TorchrunResult] = None
+
+    def run(
+        self,
+        entrypoint: Union[str, os.PathLike],
+        entrypoint_args: ArgSpec = None,
+        nproc_per_node: Optional[Union[int, str]] = None,
+        torchrun_args: ArgSpec = None,
+    ) -> TorchrunResult:
+        """Run ``entrypoint`` under torchrun on this node, with every other node of
+        the step; return when all of this node's ranks succeeded, raise
+        ``TorchrunFailed`` otherwise."""
+        search = [os.getcwd()] + ([self._flow_dir] if self._flow_dir else [])
+        script = resolve_entrypoint(entrypoint, search)
+        entry_argv = encode_args(entrypoint_args, "entrypoint_args")
+        options = merged_options(self._defaults, torchrun_args)
+        check_options(options)
+        nproc = resolve_nproc(nproc_per_node, options, self._defaults)
+        options.pop("nproc-per-node", None)  # resolved above, with its precedence
+
+        topology = topology_from(
+            self._parallel(), os.environ, self._identity.rdzv_id, self._defaults.port
+        )
+        launch = Launch(
+            python=sys.executable,
+            num_nodes=topology.num_nodes,
+            node_index=topology.node_index,
+            nproc_per_node=nproc,
+            rdzv_host=topology.main_addr,
+            rdzv_port=topology.port,
+            rdzv_id=self._identity.rdzv_id,
+            entrypoint=script,
+            entrypoint_argv=entry_argv,
+            user_options=options,
+        )
+        argv = build_command(launch)
+
+        failure_dir = tempfile.mkdtemp(prefix="mf-torchrun-")
+        env = dict(os.environ)
+        env[bootstrap.FAILURE_DIR_ENV] = failure_dir
+        env[bootstrap.NODE_INDEX_ENV] = str(topology.node_index)
+        try:
+            with Supervisor(argv, env=env) as sup:
+                code = sup.wait()
+            started = sup.started_at or time.time()
+            ended = sup.ended_at or time.time()
+            if code != 0:
+                raise TorchrunFailed(
+                    code, topology.node_index, read_failures(failure_dir), argv
+                )
+        finally:
+            shutil.rmtree(failure_dir, ignore_errors=True)
+        self.last_result = TorchrunResult(
+            command=argv,
+            node_index=topology.node_index,
+            num_nodes=topology.num_nodes,
+            nproc_per_node=nproc,
+            exit_code=code,
+            started_at=started,
+            ended_at=ended,
+            topology=topology,
+        )
+        return self.last_result

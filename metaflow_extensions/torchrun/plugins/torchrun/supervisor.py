@@ -1,0 +1,207 @@
+"""Run one node's torchrun to the end and leave nothing behind.
+
+The agent runs in its own process group (so a terminal's Ctrl-C reaches it only
+through us, in order) and dies with this task (``PR_SET_PDEATHSIG``). Its output
+is pumped by one thread per stream, as raw bytes: neither stream can fill its
+pipe and block the job while we wait on the other, nothing is decoded (so no
+byte is lost to an encoding error) and both are drained to EOF before we return.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from typing import BinaryIO, Callable, List, Mapping, Optional, Set
+
+from . import proctree
+from .errors import TorchrunInterrupted
+
+ChunkSink = Callable[[bytes], None]
+
+
+def _default_sink(stream) -> ChunkSink:
+    """Write to the task's own stream, as bytes, flushed so logs are live."""
+    out: BinaryIO = getattr(stream, "buffer", stream)
+
+    def write(chunk: bytes) -> None:
+        try:
+            out.write(chunk)
+            out.flush()
+        except (OSError, ValueError):
+            pass  # a closed task stream must not kill the job it reports on
+
+    return write
+
+
+def _pump(fd: int, sink: ChunkSink) -> None:
+    try:
+        while True:
+            try:
+                chunk = os.read(fd, 65536)
+            except OSError:
+                break
+            if not chunk:
+                break
+            sink(chunk)
+    finally:
+        os.close(fd)
+
+
+class Supervisor:
+    """Owns the torchrun agent process, its descendants and its output pumps."""
+
+    def __init__(
+        self,
+        argv: List[str],
+        env: Optional[Mapping[str, str]] = None,
+        cwd: Optional[str] = None,
+        grace_seconds: float = 3.0,
+        stdout_sink: Optional[ChunkSink] = None,
+        stderr_sink: Optional[ChunkSink] = None,
+    ):
+        self.argv = list(argv)
+        self.env = dict(env) if env is not None else None
+        self.cwd = cwd
+        self.grace_seconds = grace_seconds
+        self._sinks = (
+            stdout_sink or _default_sink(sys.stdout),
+            stderr_sink or _default_sink(sys.stderr),
+        )
+        self.proc: Optional[subprocess.Popen] = None
+        self._seen: Set[proctree.ProcId] = set()
+        self._pumps: List[threading.Thread] = []
+        self.started_at: Optional[float] = None
+        self.ended_at: Optional[float] = None
+
+    def start(self) -> None:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        try:
+            self.proc = subprocess.Popen(
+                self.argv,
+                env=self.env,
+                cwd=self.cwd,
+                stdin=subprocess.DEVNULL,
+                stdout=out_w,
+                stderr=err_w,
+                start_new_session=True,
+                preexec_fn=proctree.die_with_parent,
+            )
+        finally:
+            os.close(out_w)
+            os.close(err_w)
+        self.started_at = time.time()
+        me = proctree.process_id(self.proc.pid)
+        if me:
+            self._seen.add(me)
+        for fd, sink in zip((out_r, err_r), self._sinks):
+            t = threading.Thread(target=_pump, args=(fd, sink), daemon=True)
+            t.start()
+            self._pumps.append(t)
+
+    def _track(self) -> None:
+        assert self.proc is not None
+        self._seen |= proctree.descendants(self.proc.pid)
+
+    def poll(self) -> Optional[int]:
+        assert self.proc is not None
+        self._track()
+        return self.proc.poll()
+
+    def wait(
+        self,
+        should_stop: Optional[Callable[[], Optional[str]]] = None,
+        interval: float = 0.1,
+    ) -> int:
+        """Wait for the agent; SIGTERM to this task stops the job cleanly.
+
+        ``should_stop`` is asked on every tick; a reason it returns ends the job
+        (this is how a failure elsewhere in the gang reaches this node).
+        """
+        previous = None
+        in_main = threading.current_thread() is threading.main_thread()
+        if in_main:
+            previous = signal.signal(signal.SIGTERM, _raise_interrupted)
+        try:
+            while True:
+                code = self.poll()
+                if code is not None:
+                    return code
+                if should_stop is not None:
+                    reason = should_stop()
+                    if reason:
+                        self.stop()
+                        return self.proc.returncode if self.proc else -1
+                time.sleep(interval)
+        finally:
+            if in_main:
+                signal.signal(signal.SIGTERM, previous)
+
+    def stop(self) -> None:
+        """SIGTERM the agent (it stops its workers), then SIGKILL all that is left."""
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            self._track()
+            try:
+                os.killpg(self.proc.pid, signal.SIGTERM)
+            except OSError:
+                pass
+            deadline = time.monotonic() + self.grace_seconds
+            while self.proc.poll() is None and time.monotonic() < deadline:
+                self._track()
+                time.sleep(0.05)
+        self.kill_all()
+
+    def kill_all(self) -> None:
+        """SIGKILL the agent and every descendant ever seen; reap; drain pumps."""
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            self._track()
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except OSError:
+                pass
+        proctree.signal_all(proctree.alive(self._seen), signal.SIGKILL)
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pass
+        proctree.wait_gone(self._seen, timeout=5)
+        for t in self._pumps:
+            t.join(timeout=5)
+        if self.ended_at is None:
+            self.ended_at = time.time()
+
+    def close(self) -> None:
+        """Always safe to call: whatever state the job is in, it ends here."""
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            self.stop()
+        else:
+            self.kill_all()
+
+    def __enter__(self) -> "Supervisor":
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _raise_interrupted(signum, frame):
+    raise TorchrunInterrupted(
+        "the step received %s while torchrun was running; the job was stopped."
+        % signal.Signals(signum).name
+    )
