@@ -1,0 +1,45 @@
+"""One flow for the integration tests: which script runs, with which arguments,
+on how many nodes and processes, all come from parameters."""
+
+import json
+import os
+
+from metaflow import FlowSpec, Parameter, current, step, torchrun
+
+
+class GangFlow(FlowSpec):
+    script = Parameter("script", default="report.py")
+    script_args = Parameter("script-args", default="null", help="JSON list or dict")
+    nodes = Parameter("nodes", default=2)
+    nproc = Parameter("nproc", default=2)
+    torchrun_args = Parameter("torchrun-args", default="null", help="JSON")
+
+    @step
+    def start(self):
+        self.next(self.train, num_parallel=self.nodes)
+
+    @torchrun
+    @step
+    def train(self):
+        result = current.torch.run(
+            entrypoint=os.path.join("scripts", self.script),
+            entrypoint_args=json.loads(self.script_args),
+            nproc_per_node=self.nproc,
+            torchrun_args=json.loads(self.torchrun_args),
+        )
+        self.node_index = current.parallel.node_index
+        self.exit_code = result.exit_code
+        self.next(self.join)
+
+    @step
+    def join(self, inputs):
+        self.node_indices = sorted(i.node_index for i in inputs)
+        self.next(self.end)
+
+    @step
+    def end(self):
+        pass
+
+
+if __name__ == "__main__":
+    GangFlow()

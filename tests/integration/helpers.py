@@ -1,0 +1,149 @@
+"""Running real flows from tests, and proving afterwards that nothing was left.
+
+Every process a test starts inherits a unique token in its environment; after the
+test, any live process whose environment holds the token is a leak.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from typing import Dict, List, Optional
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+FLOWS = os.path.join(REPO, "tests", "flows")
+TOKEN_VAR = "MFTR_TEST_TOKEN"
+
+
+def processes_with_token(token: str) -> List[int]:
+    needle = ("%s=%s" % (TOKEN_VAR, token)).encode()
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == os.getpid():
+            continue
+        try:
+            with open("/proc/%s/environ" % name, "rb") as f:
+                if needle in f.read().split(b"\0"):
+                    with open("/proc/%s/stat" % name, "rb") as s:
+                        state = s.read().rsplit(b")", 1)[1].split()[0]
+                    if state != b"Z":
+                        found.append(int(name))
+        except OSError:
+            continue
+    return found
+
+
+def describe(pids: List[int]) -> str:
+    out = []
+    for pid in pids:
+        try:
+            with open("/proc/%d/cmdline" % pid, "rb") as f:
+                out.append("%d: %s" % (pid, f.read().replace(b"\0", b" ").decode(errors="replace")[:200]))
+        except OSError:
+            pass
+    return "\n".join(out)
+
+
+class Gang:
+    """A test's sandbox: its own datastore, output dir and process token."""
+
+    def __init__(self, tmp_path):
+        self.tmp = str(tmp_path)
+        self.token = uuid.uuid4().hex
+        self.out = os.path.join(self.tmp, "out")
+        os.makedirs(self.out, exist_ok=True)
+        venv_bin = os.path.dirname(sys.executable)
+        self.env = dict(os.environ)
+        self.env.update(
+            {
+                TOKEN_VAR: self.token,
+                "MFTR_TEST_OUT": self.out,
+                "METAFLOW_DATASTORE_SYSROOT_LOCAL": self.tmp,
+                "METAFLOW_USER": self.env.get("METAFLOW_USER", "tests"),
+                "PATH": venv_bin + os.pathsep + self.env.get("PATH", ""),
+                "PYTHONUNBUFFERED": "1",
+            }
+        )
+
+    def command(self, flow: str = "gang_flow.py", *args: str, run_args=()) -> List[str]:
+        return [sys.executable, os.path.join(FLOWS, flow), "--no-pylint", *args, "run", *run_args]
+
+    def run(self, *run_args: str, flow: str = "gang_flow.py", top_args=(), timeout: float = 240,
+            env: Optional[Dict[str, str]] = None) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            self.command(flow, *top_args, run_args=run_args),
+            cwd=self.tmp,
+            env=dict(self.env, **(env or {})),
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            timeout=timeout,
+        )
+
+    def start(self, *run_args: str, flow: str = "gang_flow.py", top_args=()) -> subprocess.Popen:
+        return subprocess.Popen(
+            self.command(flow, *top_args, run_args=run_args),
+            cwd=self.tmp,
+            env=self.env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # so a test can Ctrl-C it like a terminal would
+        )
+
+    def reports(self, prefix: str) -> Dict[int, object]:
+        found = {}
+        for name in os.listdir(self.out):
+            if name.startswith(prefix) and name.endswith(".json"):
+                with open(os.path.join(self.out, name)) as f:
+                    found[int(name[len(prefix):-5])] = json.load(f)
+        return found
+
+    def wait_for_reports(self, prefix: str, count: int, timeout: float) -> Dict[int, object]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            found = self.reports(prefix)
+            if len(found) >= count:
+                return found
+            time.sleep(0.2)
+        raise AssertionError("only %d of %d %s reports after %ds" % (len(self.reports(prefix)), count, prefix, timeout))
+
+    def client(self, code: str) -> object:
+        """Evaluate ``code`` (which sets ``result``) with the Metaflow client on
+        this test's datastore; return ``result`` via JSON."""
+        program = (
+            "import json\nfrom metaflow import Flow, namespace\nnamespace(None)\n"
+            + code
+            + "\nprint('@@RESULT@@' + json.dumps(result))\n"
+        )
+        proc = subprocess.run(
+            [sys.executable, "-c", program], cwd=self.tmp, env=self.env,
+            capture_output=True, text=True, timeout=120,
+        )
+        assert proc.returncode == 0, proc.stderr
+        line = [l for l in proc.stdout.splitlines() if l.startswith("@@RESULT@@")][-1]
+        return json.loads(line[len("@@RESULT@@"):])
+
+    def leaks(self, grace: float = 5.0) -> List[int]:
+        deadline = time.monotonic() + grace
+        left = processes_with_token(self.token)
+        while left and time.monotonic() < deadline:
+            time.sleep(0.2)
+            left = processes_with_token(self.token)
+        return left
+
+    def kill_everything(self) -> None:
+        for pid in processes_with_token(self.token):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+
+
+def output(proc) -> str:
+    data = (proc.stdout or b"") + (proc.stderr or b"")
+    return data.decode(errors="replace") if isinstance(data, bytes) else data

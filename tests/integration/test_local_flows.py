@@ -1,0 +1,193 @@
+"""Real `flow.py run` of @torchrun flows: real Metaflow, real torch (CPU, gloo)."""
+
+import json
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+
+from .helpers import output
+
+pytestmark = pytest.mark.integration
+
+
+def test_two_nodes_two_processes(gang):
+    proc = gang.run()
+    assert proc.returncode == 0, output(proc)
+    reports = gang.reports("rank-")
+    assert sorted(reports) == [0, 1, 2, 3]
+    for r, rep in reports.items():
+        assert rep["rank"] == r and rep["world"] == 4
+        assert rep["sum"] == 0 + 1 + 2 + 3
+    # Each Metaflow node ran exactly two local ranks.
+    by_node = {}
+    for rep in reports.values():
+        by_node.setdefault(rep["node_index"], set()).add(rep["local_rank"])
+    assert by_node == {0: {0, 1}, 1: {0, 1}}
+    indices = gang.client(
+        "run = Flow('GangFlow').latest_run\nresult = run['join'].task['node_indices'].data"
+    )
+    assert indices == [0, 1]
+
+
+ODD = [
+    "has space",
+    "quote ' and \" both",
+    "$(touch /tmp/mftr-pwned)",
+    "`touch /tmp/mftr-pwned`",
+    "semi; rm -rf /nonexistent",
+    "newline\nin it",
+    "ünïcödé ✓",
+    "",
+    "--looks-like-a-flag",
+]
+
+
+def test_list_arguments_arrive_verbatim(gang):
+    proc = gang.run("--script", "echo_args.py", "--script-args", json.dumps(ODD), "--nproc", "1")
+    assert proc.returncode == 0, output(proc)
+    argvs = gang.reports("argv-")
+    assert sorted(argvs) == [0, 1]
+    for argv in argvs.values():
+        assert argv == ODD
+    assert not os.path.exists("/tmp/mftr-pwned")
+
+
+def test_dict_arguments_become_flags(gang):
+    args = {"lr": 0.5, "name": "a b $(x) `y`", "verbose": True, "quiet": False, "skip": None,
+            "layers": [1, 2, 3]}
+    proc = gang.run("--script", "echo_args.py", "--script-args", json.dumps(args), "--nproc", "1")
+    assert proc.returncode == 0, output(proc)
+    for argv in gang.reports("argv-").values():
+        assert argv == ["--lr", "0.5", "--name", "a b $(x) `y`", "--verbose", "--layers", "1", "2", "3"]
+
+
+def test_a_rank_raising_fails_the_step_and_names_it(gang):
+    proc = gang.run("--script", "fail.py", "--script-args", json.dumps({"rank": 1}), timeout=180)
+    text = output(proc)
+    assert proc.returncode != 0, text
+    assert "ValueError: boom from rank 1" in text
+    assert "rank 1" in text and "@torchrun job failed" in text
+    # The user's traceback is there, pointing into their script.
+    assert "in explode" in text
+
+
+def test_megabytes_on_stderr_only_do_not_hang(gang):
+    proc = gang.run("--script", "flood_stderr.py", "--script-args", json.dumps({"mb": 8}), timeout=240)
+    text = output(proc)
+    assert proc.returncode == 0, text[-3000:]
+    for r in range(4):
+        assert "FLOOD-END rank %d" % r in text
+
+
+def test_non_utf8_output_is_not_dropped(gang):
+    proc = gang.run("--script", "binary.py")
+    assert proc.returncode == 0, output(proc)
+    shown = output(proc)
+    for r in range(4):
+        # The readable text on both sides of the invalid bytes survives...
+        assert "BIN-START rank %d" % r in shown and "BIN-END rank %d" % r in shown
+    # ...and the invalid bytes themselves reach the task's persisted log.
+    raw = b""
+    for root, _, files in os.walk(gang.tmp):
+        for name in files:
+            if "stdout" in name and name.endswith(".log"):
+                with open(os.path.join(root, name), "rb") as f:
+                    raw += f.read()
+    assert raw.count(b"\xff\xfe\x80\xc3") == 4
+
+
+def test_ctrl_c_leaves_no_process(gang):
+    proc = gang.start("--script", "spin.py")
+    try:
+        gang.wait_for_reports("ready-", 4, timeout=120)
+        os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode != 0, out.decode(errors="replace")
+    # The gang fixture asserts no process is left.
+
+
+def test_sigterm_to_the_control_task_stops_everything(gang):
+    proc = gang.start("--script", "spin.py")
+    try:
+        gang.wait_for_reports("ready-", 4, timeout=120)
+        control = [
+            pid for pid in _descendants(proc.pid)
+            if b"ubf_control" in _cmdline(pid)
+        ]
+        assert control, "control task not found"
+        os.kill(control[0], signal.SIGTERM)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    text = out.decode(errors="replace")
+    assert proc.returncode != 0, text
+    assert "SIGTERM" in text
+
+
+def test_timeout_decorator_stops_everything(gang):
+    start = time.monotonic()
+    proc = gang.run(
+        "--script", "spin.py", top_args=("--with", "timeout:seconds=25"), timeout=180
+    )
+    text = output(proc)
+    assert proc.returncode != 0, text
+    assert "timed out" in text
+    assert time.monotonic() - start < 150
+
+
+def test_two_runs_at_once_on_one_host(gang, tmp_path_factory):
+    from .helpers import Gang
+
+    other = Gang(tmp_path_factory.mktemp("second"))
+    a = gang.start()
+    b = other.start()
+    try:
+        out_a, _ = a.communicate(timeout=240)
+        out_b, _ = b.communicate(timeout=240)
+    finally:
+        for p in (a, b):
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+        other.kill_everything()
+    assert a.returncode == 0, out_a.decode(errors="replace")[-3000:]
+    assert b.returncode == 0, out_b.decode(errors="replace")[-3000:]
+    for g in (gang, other):
+        reports = g.reports("rank-")
+        assert sorted(reports) == [0, 1, 2, 3]
+        assert all(r["sum"] == 6 for r in reports.values())
+
+
+def _descendants(root):
+    children = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open("/proc/%s/stat" % name, "rb") as f:
+                    ppid = int(f.read().rsplit(b")", 1)[1].split()[1])
+            except OSError:
+                continue
+            children.setdefault(ppid, []).append(int(name))
+    out, stack = [], [root]
+    while stack:
+        for c in children.get(stack.pop(), []):
+            out.append(c)
+            stack.append(c)
+    return out
+
+
+def _cmdline(pid):
+    try:
+        with open("/proc/%d/cmdline" % pid, "rb") as f:
+            return f.read()
+    except OSError:
+        return b""
