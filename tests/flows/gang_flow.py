@@ -11,7 +11,7 @@ class GangFlow(FlowSpec):
     script = Parameter("script", default="report.py")
     script_args = Parameter("script-args", default="null", help="JSON list or dict")
     nodes = Parameter("nodes", default=2)
-    nproc = Parameter("nproc", default=2)
+    nproc = Parameter("nproc", default=2, help="0: do not pass nproc_per_node")
     torchrun_args = Parameter("torchrun-args", default="null", help="JSON")
 
     @step
@@ -24,7 +24,7 @@ class GangFlow(FlowSpec):
         result = current.torch.run(
             entrypoint=os.path.join("scripts", self.script),
             entrypoint_args=json.loads(self.script_args),
-            nproc_per_node=self.nproc,
+            nproc_per_node=self.nproc or None,
             torchrun_args=json.loads(self.torchrun_args),
         )
         self.node_index = current.parallel.node_index

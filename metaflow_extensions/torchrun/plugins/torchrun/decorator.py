@@ -2,17 +2,26 @@
 
 from __future__ import annotations
 
+import difflib
 import os
 import signal
 import sys
-from typing import Any, Dict
+from typing import Any, Dict, Optional
 
 from metaflow.plugins.parallel_decorator import ParallelDecorator
 from metaflow.unbounded_foreach import UBF_CONTROL
 
 from . import proctree
 from .errors import TorchrunInvalidArgument
-from .runner import GangIdentity, StepDefaults, TorchrunHandle, validate_nproc
+from .resources import requested_accelerators
+from .runner import (
+    GangIdentity,
+    StepDefaults,
+    TorchrunHandle,
+    check_options,
+    merged_options,
+    validate_nproc,
+)
 from .topology import LOCAL_PORT_ENV, find_free_port, is_local_runtime, parse_port
 
 
@@ -39,15 +48,32 @@ class TorchrunDecorator(ParallelDecorator):
     }
     IS_PARALLEL = True
 
+    def __init__(self, attributes=None, statically_defined=False, inserted_by=None):
+        # Metaflow raises on an unknown attribute while the flow file is being
+        # imported, as a traceback; keep it and refuse cleanly at flow start.
+        attributes = dict(attributes or {})
+        self._unknown = sorted(k for k in attributes if k not in self.defaults)
+        for k in self._unknown:
+            attributes.pop(k)
+        super().__init__(attributes, statically_defined, inserted_by)
+
     def step_init(
         self, flow, graph, step_name, decorators, environment, flow_datastore, logger
     ):
         super().step_init(
             flow, graph, step_name, decorators, environment, flow_datastore, logger
         )
+        if self._unknown:
+            raise TorchrunInvalidArgument(_unknown_message(self._unknown, self.defaults))
+        _require_parallel_entry(graph, step_name)
         nproc = self.attributes.get("nproc_per_node")
         if nproc is not None:
             validate_nproc(nproc, "@torchrun(nproc_per_node)")
+        if self.attributes.get("torchrun_args") is not None:
+            check_options(merged_options(StepDefaults(torchrun_args=self.attributes["torchrun_args"]), None))
+        self._accelerators = requested_accelerators(
+            (deco.name, deco.attributes) for deco in decorators
+        )
         self._port = parse_port(self.attributes.get("port"), "@torchrun(port)")
         self._flow_name = flow.name
         self._flow_dir = os.path.dirname(os.path.abspath(sys.argv[0]))
@@ -100,6 +126,8 @@ class TorchrunDecorator(ParallelDecorator):
             nproc_per_node=self.attributes.get("nproc_per_node"),
             torchrun_args=self.attributes.get("torchrun_args"),
             port=self._port,
+            derived_nproc=self._accelerators.nproc,
+            accelerators=self._accelerators,
         )
         current._update_env(
             {
@@ -129,6 +157,70 @@ class TorchrunDecorator(ParallelDecorator):
                 raise
 
         return control_step
+
+
+def _unknown_message(unknown, defaults) -> str:
+    parts = []
+    for name in unknown:
+        close = difflib.get_close_matches(name, list(defaults), n=1)
+        parts.append("%r%s" % (name, " (did you mean %r?)" % close[0] if close else ""))
+    return "@torchrun does not take %s. It takes: %s." % (
+        ", ".join(parts),
+        ", ".join(defaults),
+    )
+
+
+def _missing_num_parallel(graph, step_name: str) -> Optional[str]:
+    node = graph[step_name]
+    for parent in node.in_funcs:
+        if not graph[parent].parallel_foreach:
+            return (
+                "step *%s* has @torchrun but step *%s* enters it without num_parallel. "
+                "Write self.next(self.%s, num_parallel=N) to run it on N nodes "
+                "(num_parallel=1 runs a single node with several processes)."
+                % (step_name, parent, step_name)
+            )
+    return None
+
+
+def _require_parallel_entry(graph, step_name: str) -> None:
+    message = _missing_num_parallel(graph, step_name)
+    if message:
+        raise TorchrunInvalidArgument(message)
+
+
+def _lint_torchrun_steps(graph) -> None:
+    from metaflow.lint import LintWarn
+
+    for node in graph:
+        if not any(getattr(d, "name", None) == "torchrun" for d in node.decorators):
+            continue
+        try:
+            message = _missing_num_parallel(graph, node.name)
+        except KeyError:  # a broken graph: Metaflow's own checks report it
+            continue
+        if message:
+            raise LintWarn(message, node.func_lineno, node.source_file)
+
+
+def _register_lint_check() -> None:
+    """Run our check before Metaflow's split/join balance check, whose message
+    ("join not preceded by a split") hides the real mistake from the user."""
+    try:
+        from metaflow.lint import linter
+    except ImportError:
+        return
+    checks = getattr(linter, "_checks", None)
+    if not isinstance(checks, list) or _lint_torchrun_steps in checks:
+        return
+    linter.ensure_static_graph(linter.check(_lint_torchrun_steps))
+    checks.remove(_lint_torchrun_steps)
+    names = [getattr(c, "__name__", "") for c in checks]
+    at = names.index("check_split_join_balance") if "check_split_join_balance" in names else len(checks)
+    checks.insert(at, _lint_torchrun_steps)
+
+
+_register_lint_check()
 
 
 def _control_id_from(task_id: str) -> str:

@@ -12,7 +12,7 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from . import bootstrap
 from .command import (
@@ -25,6 +25,8 @@ from .command import (
 )
 from .errors import TorchrunFailed, TorchrunInvalidArgument
 from .failures import read_failures
+from .resources import NONE as NO_ACCELERATORS
+from .resources import Accelerators, check_visible_devices
 from .supervisor import Supervisor
 from .topology import Topology, topology_from
 
@@ -40,6 +42,7 @@ class StepDefaults:
     torchrun_args: ArgSpec = None
     port: Optional[int] = None
     derived_nproc: Optional[int] = None
+    accelerators: Accelerators = NO_ACCELERATORS
 
 
 @dataclass(frozen=True)
@@ -124,6 +127,20 @@ def resolve_nproc(
     if defaults.derived_nproc is not None:
         return validate_nproc(defaults.derived_nproc, "resources")
     return 1
+
+
+def cuda_devices() -> Tuple[bool, int]:
+    """(CUDA usable, visible device count). Importing torch takes seconds, so a
+    node with no NVIDIA device files is answered without it."""
+    if not any(os.path.exists(p) for p in ("/dev/nvidiactl", "/dev/nvidia0", "/dev/dxg")):
+        return False, 0
+    try:
+        import torch
+    except ImportError:
+        return False, 0
+    if not torch.cuda.is_available():
+        return False, 0
+    return True, torch.cuda.device_count()
 
 
 def resolve_entrypoint(entrypoint: Any, search_dirs: Sequence[str]) -> str:
@@ -213,6 +230,10 @@ class TorchrunHandle:
         check_options(options)
         nproc = resolve_nproc(nproc_per_node, options, self._defaults)
         options.pop("nproc-per-node", None)  # resolved above, with its precedence
+        if isinstance(nproc, int):
+            notice = check_visible_devices(nproc, self._defaults.accelerators, *cuda_devices())
+            if notice and self._parallel().node_index == 0:
+                print(notice, file=sys.stderr, flush=True)
 
         topology = topology_from(
             self._parallel(), os.environ, self._identity.rdzv_id, self._defaults.port

@@ -1,0 +1,128 @@
+"""How many processes per node the step's requested hardware calls for.
+
+Pure functions over ``(decorator name, attributes)`` pairs, so each rule of
+Metaflow's own resource merging is a unit test, and decorators attached on the
+command line (``run --with kubernetes:gpu=4``) count like any other.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterable, Mapping, Optional, Tuple
+
+from .errors import TorchrunInvalidArgument
+
+# NeuronCores per Neuron device exposed by @batch(trainium=N / inferentia=N):
+# Trainium (trn1) and Inferentia2 devices carry 2 NeuronCores each; for other
+# generations set nproc_per_node explicitly.
+NEURON_CORES_PER_DEVICE = 2
+
+DecoratorSpec = Tuple[str, Mapping[str, Any]]
+
+
+@dataclass(frozen=True)
+class Accelerators:
+    """What the step asked for on each node."""
+
+    kind: str  # "gpu", "neuron" or "none"
+    count: int
+    source: str  # which decorator(s) it came from, for messages
+
+    @property
+    def nproc(self) -> Optional[int]:
+        if self.kind == "gpu":
+            return self.count
+        if self.kind == "neuron":
+            return self.count * NEURON_CORES_PER_DEVICE
+        return None
+
+
+NONE = Accelerators("none", 0, "no accelerator requested")
+
+
+def _count(value: Any, where: str) -> Optional[int]:
+    if value is None or value == "":
+        return None
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise TorchrunInvalidArgument(
+            "%s=%r is not a number of devices." % (where, value)
+        ) from None
+    if number < 0 or not number.is_integer():
+        raise TorchrunInvalidArgument(
+            "%s=%r must be a whole number of devices." % (where, value)
+        )
+    return int(number)
+
+
+def requested_accelerators(decorators: Iterable[DecoratorSpec]) -> Accelerators:
+    """Combine ``@resources`` with ``@kubernetes`` or ``@batch`` the way Metaflow
+    does when it sizes the pod or job:
+
+    - ``@kubernetes``: a GPU count in ``@resources`` replaces the decorator's own.
+    - ``@batch``: the larger of the two counts wins.
+    - no compute decorator (a local run): ``@resources`` alone.
+    """
+    decos = {name: dict(attrs or {}) for name, attrs in decorators}
+    res_gpu = _count(decos.get("resources", {}).get("gpu"), "@resources(gpu)")
+    if "kubernetes" in decos:
+        k8s_gpu = _count(decos["kubernetes"].get("gpu"), "@kubernetes(gpu)")
+        if res_gpu is not None:
+            gpu, source = res_gpu, "@resources(gpu=%d)" % res_gpu
+        else:
+            gpu, source = k8s_gpu, "@kubernetes(gpu=%s)" % k8s_gpu
+    elif "batch" in decos:
+        batch = decos["batch"]
+        neuron = _count(
+            batch.get("inferentia") if batch.get("inferentia") is not None else batch.get("trainium"),
+            "@batch(trainium/inferentia)",
+        )
+        if neuron:
+            return Accelerators("neuron", neuron, "@batch(trainium/inferentia=%d)" % neuron)
+        batch_gpu = _count(batch.get("gpu"), "@batch(gpu)")
+        if batch_gpu is not None and res_gpu is not None:
+            gpu = max(batch_gpu, res_gpu)
+            source = "max(@batch(gpu=%d), @resources(gpu=%d))" % (batch_gpu, res_gpu)
+        elif batch_gpu is not None:
+            gpu, source = batch_gpu, "@batch(gpu=%d)" % batch_gpu
+        else:
+            gpu, source = res_gpu, "@resources(gpu=%s)" % res_gpu
+    else:
+        gpu, source = res_gpu, "@resources(gpu=%s)" % res_gpu
+    if not gpu:
+        return NONE
+    return Accelerators("gpu", gpu, source)
+
+
+def check_visible_devices(
+    nproc: int, accelerators: Accelerators, cuda_available: bool, cuda_count: int
+) -> Optional[str]:
+    """Decide, before launching, whether this node can run ``nproc`` processes.
+
+    Returns a one-time notice to log (GPUs asked for, none visible: the job runs
+    on CPU so GPU flows can be tried locally), or None. Raises when CUDA is there
+    but has fewer devices than processes: NCCL would fail later and obscurely.
+    """
+    if cuda_available:
+        if nproc > cuda_count:
+            raise TorchrunInvalidArgument(
+                "nproc_per_node=%d but this node has only %d visible CUDA device%s "
+                "(torch.cuda.device_count(), which honours CUDA_VISIBLE_DEVICES). "
+                "Ask for at most %d processes, or for more GPUs."
+                % (nproc, cuda_count, "" if cuda_count == 1 else "s", cuda_count)
+            )
+        return None
+    if accelerators.kind == "gpu":
+        return (
+            "@torchrun: the step asks for %d GPU%s (%s) but no CUDA device is visible "
+            "on this node; running %d process%s per node on CPU (use the gloo backend)."
+            % (
+                accelerators.count,
+                "" if accelerators.count == 1 else "s",
+                accelerators.source,
+                nproc,
+                "" if nproc == 1 else "es",
+            )
+        )
+    return None

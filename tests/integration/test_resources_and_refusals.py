@@ -1,0 +1,103 @@
+"""nproc_per_node from the step's resources, and misuse refused at flow start."""
+
+import json
+
+import pytest
+
+from .helpers import output
+
+pytestmark = pytest.mark.integration
+
+
+def _by_node(reports):
+    nodes = {}
+    for rep in reports.values():
+        nodes.setdefault(rep["node_index"], set()).add(rep["local_rank"])
+    return nodes
+
+
+def test_resources_gpu_sets_processes_per_node_and_runs_on_cpu(gang):
+    # `--with resources:gpu=2` is attached from the command line; nproc is not given.
+    proc = gang.run("--nproc", "0", top_args=("--with", "resources:gpu=2"))
+    text = output(proc)
+    assert proc.returncode == 0, text
+    reports = gang.reports("rank-")
+    assert sorted(reports) == [0, 1, 2, 3]
+    assert _by_node(reports) == {0: {0, 1}, 1: {0, 1}}
+    # Said once, naming what was asked for.
+    assert text.count("no CUDA device is visible") == 1
+    assert "@resources(gpu=2)" in text
+
+
+def test_no_accelerator_means_one_process_per_node(gang):
+    proc = gang.run("--nproc", "0")
+    assert proc.returncode == 0, output(proc)
+    assert _by_node(gang.reports("rank-")) == {0: {0}, 1: {0}}
+
+
+def test_run_argument_beats_torchrun_args_and_resources(gang):
+    proc = gang.run(
+        "--nproc", "1",
+        "--torchrun-args", json.dumps({"nproc_per_node": 3}),
+        top_args=("--with", "resources:gpu=2"),
+    )
+    assert proc.returncode == 0, output(proc)
+    assert _by_node(gang.reports("rank-")) == {0: {0}, 1: {0}}
+
+
+def test_torchrun_args_beat_resources(gang):
+    proc = gang.run(
+        "--nproc", "0",
+        "--torchrun-args", json.dumps({"nproc-per-node": 1}),
+        top_args=("--with", "resources:gpu=2"),
+    )
+    assert proc.returncode == 0, output(proc)
+    assert _by_node(gang.reports("rank-")) == {0: {0}, 1: {0}}
+
+
+REFUSALS = {
+    "nproc_zero": "nproc_per_node)=0: nproc_per_node must be at least 1",
+    "nproc_negative": "=-2: nproc_per_node must be at least 1",
+    "nproc_type": "'many': nproc_per_node must be a positive integer",
+    "nproc_float": "1.5 (a float): nproc_per_node must be a positive integer",
+    "unknown_attribute": "@torchrun does not take 'nprocs'. It takes: nproc_per_node",
+    "unknown_torchrun_option": "unknown torchrun option --max-restart",
+    "torchrun_args_type": "must be a list or a dict, not str '--max-restarts 1'",
+}
+
+
+@pytest.mark.parametrize("case", sorted(REFUSALS))
+def test_misuse_is_refused_before_any_task(gang, case):
+    proc = gang.run(flow="misuse_flow.py", env={"MFTR_MISUSE": case}, timeout=120)
+    text = output(proc)
+    assert proc.returncode != 0, text
+    assert REFUSALS[case] in text, text
+    assert "Task is starting" not in text
+    assert "Traceback" not in text
+
+
+def test_missing_num_parallel_is_refused_with_what_to_do(gang):
+    proc = gang.run(flow="no_parallel_flow.py", timeout=120)
+    text = output(proc)
+    assert proc.returncode != 0, text
+    assert "enters it without num_parallel" in text
+    assert "self.next(self.train, num_parallel=N)" in text
+    assert "Task is starting" not in text
+
+
+def test_missing_entrypoint_fails_at_once_naming_it(gang):
+    proc = gang.run("--script", "no_such_script.py", "--nproc", "1", timeout=120)
+    text = output(proc)
+    assert proc.returncode != 0, text
+    assert "entrypoint 'scripts/no_such_script.py' does not exist" in text
+    assert "torch.distributed.run" not in text  # nothing was launched
+
+
+def test_unusable_argument_type_fails_naming_it(gang):
+    proc = gang.run(
+        "--script", "echo_args.py", "--nproc", "1",
+        "--script-args", json.dumps({"config": {"nested": 1}}), timeout=120,
+    )
+    text = output(proc)
+    assert proc.returncode != 0, text
+    assert "cannot pass {'nested': 1} (a dict)" in text
