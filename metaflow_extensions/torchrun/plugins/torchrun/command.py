@@ -204,4 +204,4 @@ def build_command(launch: Launch) -> List[str]:
 def rdzv_id_for(flow: str, run_id: str, step: str, control_task_id: str, attempt: int) -> str:
     """One id per gang: a retry or another foreach branch never joins this one."""
     raw = "%s-%s-%s-%s-%d" % (flow, run_id, step, control_task_id, attempt)
-    return "".join(c if c.isalnum() or c in "-_." else "_" for c in raw)
+    return "".join(c if (c.isascii() and c.isalnum()) or c in "-_." else "_" for c in raw)
