@@ -3,6 +3,7 @@ on how many nodes and processes, all come from parameters."""
 
 import json
 import os
+import time
 
 from metaflow import FlowSpec, Parameter, current, step, torchrun
 
@@ -18,9 +19,11 @@ class GangFlow(FlowSpec):
     def start(self):
         self.next(self.train, num_parallel=self.nodes)
 
-    @torchrun
+    @torchrun(**json.loads(os.environ.get("MFTR_TORCHRUN_ATTRS", "{}")))
     @step
     def train(self):
+        if str(current.parallel.node_index) == os.environ.get("MFTR_SKIP_NODE"):
+            time.sleep(3600)  # this node "never starts" its torchrun
         result = current.torch.run(
             entrypoint=os.path.join("scripts", self.script),
             entrypoint_args=json.loads(self.script_args),

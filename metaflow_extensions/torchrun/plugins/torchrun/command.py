@@ -101,6 +101,7 @@ def parse_options(args: ArgSpec, what: str = "torchrun_args") -> Dict[str, Any]:
         key: Optional[str] = None
         for token in tokens:
             if token.startswith("-") and len(token) > 1 and not _is_number(token):
+                _flag(token.split("=", 1)[0], what)
                 if "=" in token:
                     name, _, value = token.partition("=")
                     out[canonical_option(name)] = value
@@ -192,7 +193,13 @@ def default_options(launch: Launch) -> Dict[str, Any]:
 def build_command(launch: Launch) -> List[str]:
     """The full argv of ``python -m torch.distributed.run`` for one node."""
     options = default_options(launch)
-    options.update(dict(launch.user_options or {}))
+    user = dict(launch.user_options or {})
+    conf = user.get("rdzv-conf")
+    if isinstance(conf, str) and "is_host" not in conf:
+        # Extra rendezvous settings add to ours: losing is_host would make torch
+        # guess which node hosts the store.
+        user["rdzv-conf"] = "%s,%s" % (options["rdzv-conf"], conf)
+    options.update(user)
     return (
         [launch.python, "-m", "torch.distributed.run"]
         + options_to_argv(options)

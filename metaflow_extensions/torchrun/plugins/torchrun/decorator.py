@@ -22,7 +22,13 @@ from .runner import (
     merged_options,
     validate_nproc,
 )
-from .topology import LOCAL_PORT_ENV, find_free_port, is_local_runtime, parse_port
+from .topology import (
+    LOCAL_GANG_PORT_ENV,
+    LOCAL_PORT_ENV,
+    find_free_port,
+    is_local_runtime,
+    parse_port,
+)
 
 
 class TorchrunDecorator(ParallelDecorator):
@@ -37,7 +43,12 @@ class TorchrunDecorator(ParallelDecorator):
     torchrun_args : dict or list, optional
         Extra torchrun options, e.g. ``{"max_restarts": 2}``.
     port : int, optional
-        Rendezvous port on the control node (default: chosen automatically).
+        Rendezvous port on the control node (default: chosen automatically); the
+        gang liveness service uses the next port.
+    heartbeat_timeout : float, default 30
+        Seconds of silence after which a node counts as dead and the gang stops.
+    start_timeout : float, default 600
+        Seconds for all nodes to join before the gang stops, naming the missing.
     """
 
     name = "torchrun"
@@ -45,6 +56,8 @@ class TorchrunDecorator(ParallelDecorator):
         "nproc_per_node": None,
         "torchrun_args": None,
         "port": None,
+        "heartbeat_timeout": 30,
+        "start_timeout": 600,
     }
     IS_PARALLEL = True
 
@@ -75,6 +88,8 @@ class TorchrunDecorator(ParallelDecorator):
             (deco.name, deco.attributes) for deco in decorators
         )
         self._port = parse_port(self.attributes.get("port"), "@torchrun(port)")
+        for name in ("heartbeat_timeout", "start_timeout"):
+            _positive_seconds(self.attributes.get(name), "@torchrun(%s)" % name)
         self._flow_name = flow.name
         self._flow_dir = os.path.dirname(os.path.abspath(sys.argv[0]))
 
@@ -110,8 +125,10 @@ class TorchrunDecorator(ParallelDecorator):
         if ubf_context == UBF_CONTROL and is_local_runtime(os.environ):
             # Metaflow spawns the other local nodes from this process after this
             # hook: they inherit the port through the environment.
+            rdzv = self._port or find_free_port()
             if self._port is None:
-                os.environ[LOCAL_PORT_ENV] = str(find_free_port())
+                os.environ[LOCAL_PORT_ENV] = str(rdzv)
+            os.environ[LOCAL_GANG_PORT_ENV] = str(find_free_port(avoid=(rdzv,)))
         control_task_id = os.environ.get("MF_PARALLEL_CONTROL_TASK_ID") or (
             task_id if ubf_context == UBF_CONTROL else None
         )
@@ -127,6 +144,8 @@ class TorchrunDecorator(ParallelDecorator):
             torchrun_args=self.attributes.get("torchrun_args"),
             port=self._port,
             derived_nproc=self._accelerators.nproc,
+            heartbeat_timeout=float(self.attributes["heartbeat_timeout"]),
+            start_timeout=float(self.attributes["start_timeout"]),
             accelerators=self._accelerators,
         )
         current._update_env(
@@ -157,6 +176,16 @@ class TorchrunDecorator(ParallelDecorator):
                 raise
 
         return control_step
+
+
+def _positive_seconds(value: Any, source: str) -> float:
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        raise TorchrunInvalidArgument("%s=%r is not a number of seconds." % (source, value)) from None
+    if not seconds > 0:
+        raise TorchrunInvalidArgument("%s=%r must be more than 0 seconds." % (source, value))
+    return seconds
 
 
 def _unknown_message(unknown, defaults) -> str:
@@ -228,14 +257,16 @@ def _control_id_from(task_id: str) -> str:
     return str(task_id).split("_node_")[0]
 
 
-def _stop_local_nodes(grace: float = 4.0) -> None:
-    """SIGTERM this task's node subprocesses (each stops its own torchrun), then
-    SIGKILL whatever has not exited after ``grace`` seconds."""
+def _stop_local_nodes(settle: float = 3.0, grace: float = 3.0) -> None:
+    """Give this task's node subprocesses ``settle`` seconds to finish on their own
+    (the gang has told them to stop, and they are reporting why), then SIGTERM
+    them (each stops its own torchrun), then SIGKILL what is left."""
     nodes = {
         proc
         for proc, cmdline in proctree.children(os.getpid())
         if "step" in cmdline and "ubf_task" in cmdline
     }
+    nodes = proctree.wait_gone(nodes, settle)
     if not nodes:
         return
     proctree.signal_all(nodes, signal.SIGTERM)

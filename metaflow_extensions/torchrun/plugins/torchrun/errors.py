@@ -62,6 +62,26 @@ class TorchrunFailed(TorchrunException):
         super().__init__("\n".join(lines))
 
 
+class GangAborted(TorchrunException):
+    """This node stopped its torchrun because the gang failed elsewhere (or a node
+    went silent, or never joined)."""
+
+    headline = "@torchrun gang stopped"
+
+    def __init__(self, node_index: int, cause: dict, own_exit_code: Optional[int] = None):
+        self.node_index = node_index
+        self.cause = dict(cause or {})
+        summary = self.cause.get("summary") or self.cause.get("kind") or "unknown cause"
+        origin = self.cause.get("node_index")
+        if origin is not None and origin != node_index and self.cause.get("kind") == "failed":
+            text = "node %d stopped its torchrun because node %d failed first: %s" % (
+                node_index, origin, summary)
+            text += "\n(The failing rank's traceback is in node %d's log.)" % origin
+        else:
+            text = "node %d stopped its torchrun: %s" % (node_index, summary)
+        super().__init__(text)
+
+
 class TorchrunInterrupted(TorchrunException):
     """The step was asked to stop (SIGTERM) while torchrun was running."""
 

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
+import time
 from dataclasses import asdict, dataclass
 from typing import List
 
@@ -90,3 +92,42 @@ def read_failures(directory: str) -> List[RankFailure]:
         except (OSError, ValueError, TypeError):
             continue
     return sorted(found, key=lambda f: f.timestamp)
+
+
+# torchrun's failure report ("rank : 1 (local_rank: 1)" / "exitcode : -11 (pid: 42)").
+_SUMMARY_ENTRY = re.compile(
+    rb"time\s*:\s*(?P<time>\S+)\s*\n"
+    rb"\s*host\s*:\s*(?P<host>\S+)\s*\n"
+    rb"\s*rank\s*:\s*(?P<rank>\d+)\s*\(local_rank:\s*(?P<local>\d+)\)\s*\n"
+    rb"\s*exitcode\s*:\s*(?P<code>-?\d+)\s*\(pid:\s*(?P<pid>\d+)\)"
+)
+
+
+def parse_torchrun_summary(text: bytes, node_index: int) -> List[RankFailure]:
+    """Rank failures from torchrun's own report, for ranks that could not record
+    anything themselves (killed by a signal: segfault, OOM killer, SIGKILL)."""
+    found = {}
+    for m in _SUMMARY_ENTRY.finditer(text):
+        code = int(m.group("code"))
+        try:
+            stamp = time.mktime(time.strptime(m.group("time").decode(), "%Y-%m-%d_%H:%M:%S"))
+        except ValueError:
+            stamp = time.time()
+        found[int(m.group("rank"))] = RankFailure(
+            rank=int(m.group("rank")),
+            local_rank=int(m.group("local")),
+            node_index=node_index,
+            host=m.group("host").decode(errors="replace"),
+            pid=int(m.group("pid")),
+            exc_type=describe_exit_code(code),
+            message="the rank's process ended with %s" % describe_exit_code(code),
+            traceback="",
+            timestamp=stamp,
+        )
+    return sorted(found.values(), key=lambda f: f.timestamp)
+
+
+def merge_failures(recorded: List[RankFailure], reported: List[RankFailure]) -> List[RankFailure]:
+    """A rank's own record (with its traceback) wins over torchrun's report of it."""
+    ranks = {f.rank for f in recorded}
+    return sorted(recorded + [f for f in reported if f.rank not in ranks], key=lambda f: f.timestamp)

@@ -23,8 +23,15 @@ from .command import (
     parse_options,
     rdzv_id_for,
 )
-from .errors import TorchrunFailed, TorchrunInvalidArgument
-from .failures import read_failures
+from .errors import GangAborted, TorchrunFailed, TorchrunInvalidArgument
+from .failures import (
+    RankFailure,
+    describe_exit_code,
+    merge_failures,
+    parse_torchrun_summary,
+    read_failures,
+)
+from .gang import GangClient, GangConfig, GangServer
 from .resources import NONE as NO_ACCELERATORS
 from .resources import Accelerators, check_visible_devices
 from .supervisor import Supervisor
@@ -43,6 +50,8 @@ class StepDefaults:
     port: Optional[int] = None
     derived_nproc: Optional[int] = None
     accelerators: Accelerators = NO_ACCELERATORS
+    heartbeat_timeout: float = 30.0
+    start_timeout: float = 600.0
 
 
 @dataclass(frozen=True)
@@ -256,16 +265,58 @@ class TorchrunHandle:
         env = dict(os.environ)
         env[bootstrap.FAILURE_DIR_ENV] = failure_dir
         env[bootstrap.NODE_INDEX_ENV] = str(topology.node_index)
+        # With the agent's store shared with the workers, torch keeps one store for
+        # every restart and restarted workers read the previous round's addresses
+        # (gloo: "Connection refused"): max_restarts could never recover. A fresh
+        # store per round, hosted by rank 0, is what torch does with sharing off.
+        env.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
+        gang_config = GangConfig(
+            gang_id=launch.rdzv_id,
+            num_nodes=topology.num_nodes,
+            heartbeat_timeout=self._defaults.heartbeat_timeout,
+            start_timeout=self._defaults.start_timeout,
+        )
+        server = client = None
         try:
+            if topology.is_control:
+                server = GangServer(gang_config, _bind_host(topology), topology.gang_port).start()
+            client = GangClient(gang_config, topology.main_addr, topology.gang_port, topology.node_index)
+            client.connect()
+            if client.cause is not None:
+                raise GangAborted(topology.node_index, client.cause)
             with Supervisor(argv, env=env) as sup:
-                code = sup.wait()
+                code = sup.wait(should_stop=client.abort_reason)
             started = sup.started_at or time.time()
             ended = sup.ended_at or time.time()
+            if code == 0 and client.cause is None:
+                client.report_done()
+                if server is not None:
+                    # The control hosts the gang service: it stays until every node
+                    # has finished, so that a late failure still reaches everyone.
+                    client.wait_all_done(timeout=self._defaults.start_timeout)
+            if client.cause is not None and not (code == 0 and server is None):
+                _announce(client.cause, topology, server)
+                raise _gang_error(client.cause, topology.node_index, code, failure_dir, sup, argv)
             if code != 0:
-                raise TorchrunFailed(
-                    code, topology.node_index, read_failures(failure_dir), argv
+                failures = merge_failures(
+                    read_failures(failure_dir),
+                    parse_torchrun_summary(sup.stderr_tail, topology.node_index),
                 )
+                client.report_failure(_cause_from(topology.node_index, code, failures))
+                # The service decides which failure came first; wait to hear it.
+                deadline = time.monotonic() + 2.0
+                while client.cause is None and time.monotonic() < deadline:
+                    time.sleep(0.02)
+                cause = client.cause or {"node_index": topology.node_index, "kind": "failed"}
+                _announce(cause, topology, server)
+                if cause.get("node_index") == topology.node_index and cause.get("kind") == "failed":
+                    raise TorchrunFailed(code, topology.node_index, failures, argv)
+                raise GangAborted(topology.node_index, cause, code)
         finally:
+            if client is not None:
+                client.close()
+            if server is not None:
+                server.close()
             shutil.rmtree(failure_dir, ignore_errors=True)
         self.last_result = TorchrunResult(
             command=argv,
@@ -278,3 +329,54 @@ class TorchrunHandle:
             topology=topology,
         )
         return self.last_result
+
+
+def _bind_host(topology: Topology) -> str:
+    if topology.is_local:
+        return "127.0.0.1"
+    return "::" if ":" in topology.main_addr else "0.0.0.0"
+
+
+def _cause_from(node_index: int, code: int, failures: List[RankFailure]) -> Dict[str, Any]:
+    if failures:
+        first = failures[0]
+        summary = first.summary()
+        return {
+            "kind": "failed",
+            "node_index": node_index,
+            "exit_code": code,
+            "rank": first.rank,
+            "local_rank": first.local_rank,
+            "exc_type": first.exc_type,
+            "message": first.message,
+            "summary": summary,
+        }
+    return {
+        "kind": "failed",
+        "node_index": node_index,
+        "exit_code": code,
+        "summary": "node %d: torchrun ended with %s" % (node_index, describe_exit_code(code)),
+    }
+
+
+def _gang_error(cause, node_index, code, failure_dir, sup, argv) -> Exception:
+    if cause.get("kind") == "failed" and cause.get("node_index") == node_index:
+        failures = merge_failures(
+            read_failures(failure_dir), parse_torchrun_summary(sup.stderr_tail, node_index)
+        )
+        return TorchrunFailed(code, node_index, failures, argv)
+    return GangAborted(node_index, cause, code)
+
+
+def _announce(cause: Dict[str, Any], topology: Topology, server) -> None:
+    """The control prints the gang's root cause once, apart from the interleaved
+    logs, so it is the first thing a reader of the control task's log finds."""
+    if server is None:
+        return
+    bar = "=" * 72
+    print(
+        "\n%s\n@torchrun: the gang failed. Root cause: %s\n%s"
+        % (bar, cause.get("summary") or cause.get("kind"), bar),
+        file=sys.stderr,
+        flush=True,
+    )

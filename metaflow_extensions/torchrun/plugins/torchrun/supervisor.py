@@ -67,15 +67,27 @@ class Supervisor:
         self.env = dict(env) if env is not None else None
         self.cwd = cwd
         self.grace_seconds = grace_seconds
-        self._sinks = (
-            stdout_sink or _default_sink(sys.stdout),
-            stderr_sink or _default_sink(sys.stderr),
-        )
+        self._tail = bytearray()
+        self._tail_limit = 256 * 1024
+        err_sink = stderr_sink or _default_sink(sys.stderr)
+
+        def stderr_with_tail(chunk: bytes) -> None:
+            err_sink(chunk)
+            self._tail += chunk
+            if len(self._tail) > 2 * self._tail_limit:
+                del self._tail[: -self._tail_limit]
+
+        self._sinks = (stdout_sink or _default_sink(sys.stdout), stderr_with_tail)
         self.proc: Optional[subprocess.Popen] = None
         self._seen: Set[proctree.ProcId] = set()
         self._pumps: List[threading.Thread] = []
         self.started_at: Optional[float] = None
         self.ended_at: Optional[float] = None
+
+    @property
+    def stderr_tail(self) -> bytes:
+        """The last stderr bytes: torchrun's failure report is read from here."""
+        return bytes(self._tail[-self._tail_limit :])
 
     def start(self) -> None:
         for stream in (sys.stdout, sys.stderr):
@@ -96,6 +108,10 @@ class Supervisor:
                 start_new_session=True,
                 preexec_fn=proctree.die_with_parent,
             )
+        except BaseException:
+            os.close(out_r)
+            os.close(err_r)
+            raise
         finally:
             os.close(out_w)
             os.close(err_w)

@@ -19,6 +19,7 @@ from .errors import TorchrunInvalidArgument
 # Exported by the local control task before Metaflow spawns the other nodes, which
 # inherit it: that is how all local nodes learn one freshly chosen free port.
 LOCAL_PORT_ENV = "METAFLOW_TORCHRUN_RDZV_PORT"
+LOCAL_GANG_PORT_ENV = "METAFLOW_TORCHRUN_GANG_PORT"
 
 # Below Linux's default ephemeral range (32768+), so an outgoing connection made
 # between choosing a port and binding it cannot take it from us.
@@ -30,7 +31,8 @@ class Topology:
     num_nodes: int
     node_index: int
     main_addr: str
-    port: int
+    port: int  # torchrun's c10d rendezvous, hosted by the control's agent
+    gang_port: int  # the gang liveness service, hosted by the control task
     is_local: bool
 
     @property
@@ -89,13 +91,24 @@ def choose_port(
     return hashed_port(gang_key)
 
 
-def find_free_port(host: str = "127.0.0.1", attempts: int = 200) -> int:
+def choose_gang_port(env: Mapping[str, str], rdzv_port: int) -> int:
+    """The liveness service listens next to the rendezvous: the port after it,
+    unless the local control task chose a free one for it."""
+    local = parse_port(env.get(LOCAL_GANG_PORT_ENV), LOCAL_GANG_PORT_ENV)
+    if local is not None:
+        return local
+    return rdzv_port + 1 if rdzv_port < 65535 else rdzv_port - 1
+
+
+def find_free_port(host: str = "127.0.0.1", attempts: int = 200, avoid: tuple = ()) -> int:
     """A port nobody on this host listens on right now, for local runs where many
     gangs (concurrent runs, CI) share one host."""
     rng = random.Random()
     low, high = PORT_RANGE
     for _ in range(attempts):
         port = rng.randint(low, high)
+        if port in avoid:
+            continue
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
             try:
                 s.bind((host, port))
@@ -116,10 +129,12 @@ def topology_from(
         raise TorchrunInvalidArgument(
             "inconsistent @parallel topology: node %d of %d." % (node_index, num_nodes)
         )
+    rdzv_port = choose_port(env, gang_key, port)
     return Topology(
         num_nodes=num_nodes,
         node_index=node_index,
         main_addr=main_addr,
-        port=choose_port(env, gang_key, port),
+        port=rdzv_port,
+        gang_port=choose_gang_port(env, rdzv_port),
         is_local=is_local_runtime(env),
     )

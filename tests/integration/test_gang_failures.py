@@ -1,0 +1,151 @@
+"""One failure stops the whole gang fast, with the root cause; restarts and retries.
+
+Each test injects one failure into a real 2-node x 2-process local run and checks
+that the run ends (long before any gloo timeout, which is 30 minutes), that the
+error names the root cause, and (through the ``gang`` fixture) that no process
+survives. Time bounds here are generous hang guards; latency is measured in
+benchmarks/.
+"""
+
+import json
+import os
+import signal
+import time
+
+import pytest
+
+from .helpers import output
+from .test_local_flows import _cmdline, _descendants
+
+pytestmark = pytest.mark.integration
+
+HANG_GUARD = 90  # seconds; the failure modes under test would otherwise hang 30 min
+
+
+def _attrs(**kw):
+    return {"MFTR_TORCHRUN_ATTRS": json.dumps(kw)}
+
+
+def _node_task(run_pid, node_index):
+    """The local Metaflow task process of one node."""
+    marker = b"ubf_control" if node_index == 0 else b"ubf_task"
+    for pid in _descendants(run_pid):
+        cmd = _cmdline(pid)
+        if b" step " in cmd.replace(b"\0", b" ") and marker in cmd:
+            return pid
+    raise AssertionError("no task process for node %d" % node_index)
+
+
+def _run_and_inject(gang, inject, *args, env=None, timeout=240):
+    """Start a run, wait until all 4 ranks are ready, inject, wait for the end."""
+    if env:
+        gang.env.update(env)
+    proc = gang.start("--script", "spin.py", *args)
+    try:
+        gang.wait_for_reports("ready-", 4, timeout=120)
+        injected_at = time.monotonic()
+        inject(proc)
+        out, _ = proc.communicate(timeout=timeout)
+        ended_after = time.monotonic() - injected_at
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    return proc.returncode, out.decode(errors="replace"), ended_after
+
+
+def test_rank_raising_names_node_rank_and_traceback_once(gang):
+    proc = gang.run("--script", "fail.py", "--script-args", json.dumps({"rank": 2}), timeout=180)
+    text = output(proc)
+    assert proc.returncode != 0
+    assert "@torchrun: the gang failed. Root cause:" in text
+    root = [l for l in text.splitlines() if "Root cause:" in l]
+    assert len(root) == 1 and "rank 2" in root[0] and "ValueError: boom from rank 2" in root[0]
+    # The traceback of the failing rank appears in the failing node's error.
+    assert "in explode" in text
+    # The other node says it was stopped because of that failure, naming the node.
+    assert "stopped its torchrun because node" in text
+
+
+def test_rank_segfault_is_named_with_its_signal(gang):
+    proc = gang.run("--script", "segfault.py", "--script-args", json.dumps({"rank": 1}), timeout=180)
+    text = output(proc)
+    assert proc.returncode != 0
+    root = [l for l in text.splitlines() if "Root cause:" in l]
+    assert len(root) == 1, text[-4000:]
+    assert "rank 1" in root[0] and "SIGSEGV" in root[0]
+
+
+def test_node_task_sigkilled_stops_the_gang(gang):
+    code, text, took = _run_and_inject(
+        gang, lambda p: os.kill(_node_task(p.pid, 1), signal.SIGKILL)
+    )
+    assert code != 0
+    assert took < HANG_GUARD
+    assert "node 1" in text and "disconnected before its torchrun finished" in text, text[-4000:]
+
+
+def test_frozen_node_is_detected_by_heartbeat(gang):
+    def freeze(p):
+        task = _node_task(p.pid, 1)
+        for pid in [task] + _descendants(task):
+            os.kill(pid, signal.SIGSTOP)
+
+    code, text, took = _run_and_inject(gang, freeze, env=_attrs(heartbeat_timeout=6))
+    assert code != 0
+    assert took < 6 + HANG_GUARD
+    assert "node 1" in text and "sent no heartbeat" in text, text[-4000:]
+
+
+def test_frozen_control_is_detected_by_the_other_nodes(gang):
+    def freeze_control(p):
+        task = _node_task(p.pid, 0)
+        # Freeze the control task only (not its children, which include node 1's task).
+        os.kill(task, signal.SIGSTOP)
+        time.sleep(15)  # well past heartbeat_timeout: node 1 must have given up
+        os.kill(task, signal.SIGCONT)
+
+    code, text, took = _run_and_inject(gang, freeze_control, env=_attrs(heartbeat_timeout=5))
+    assert code != 0
+    assert "heard nothing from the control node" in text, text[-4000:]
+
+
+def test_node_that_never_starts_is_named(gang):
+    proc = gang.run(
+        "--script", "report.py",
+        env=dict(_attrs(start_timeout=8), MFTR_SKIP_NODE="1"), timeout=180,
+    )
+    text = output(proc)
+    assert proc.returncode != 0
+    assert "node 1 did not join within 8s (1 of 2 joined)" in text, text[-4000:]
+
+
+def test_max_restarts_recovers_across_nodes(gang):
+    proc = gang.run(
+        "--script", "fail_once.py", "--script-args", json.dumps({"mode": "restart"}),
+        "--torchrun-args", json.dumps({"max_restarts": 1}), timeout=240,
+    )
+    text = output(proc)
+    assert proc.returncode == 0, text[-4000:]
+    reports = gang.reports("rank-")
+    assert sorted(reports) == [0, 1, 2, 3]
+    assert all(r["restarts"] == 1 and r["sum"] == 4 for r in reports.values())
+    assert "first try fails" in text
+
+
+def test_retry_reruns_the_whole_gang(gang):
+    proc = gang.run(
+        "--script", "fail_once.py", "--script-args", json.dumps({"mode": "retry"}),
+        top_args=("--with", "retry:times=1,minutes_between_retries=0"), timeout=300,
+    )
+    text = output(proc)
+    assert proc.returncode == 0, text[-4000:]
+    assert "first attempt fails" in text
+    reports = gang.reports("rank-")
+    assert sorted(reports) == [0, 1, 2, 3]
+    assert all(r["sum"] == 4 for r in reports.values())
+    attempts = gang.client(
+        "t = Flow('GangFlow').latest_run['train'].task\n"
+        "result = t.current_attempt"
+    )
+    assert attempts == 1
