@@ -14,7 +14,8 @@ from metaflow_extensions.torchrun.plugins.torchrun.topology import (
     LOCAL_PORT_ENV,
     PORT_RANGE,
     Topology,
-    choose_port,
+    CANDIDATE_PORTS,
+    choose_ports,
     find_free_port,
     hashed_port,
     is_local_runtime,
@@ -51,39 +52,43 @@ class TestParsePort:
 class TestChoosePort:
     def test_configured_wins_over_everything(self):
         env = {LOCAL_PORT_ENV: "21000", "MF_MASTER_PORT": "22000"}
-        assert choose_port(env, "gang", configured=23000) == 23000
+        assert choose_ports(env, "gang", configured=23000) == (23000,)
 
     def test_local_env_next(self):
         env = {LOCAL_PORT_ENV: "21000", "MF_MASTER_PORT": "22000"}
-        assert choose_port(env, "gang") == 21000
+        assert choose_ports(env, "gang") == (21000,)
 
     def test_mf_master_port_next(self):
-        assert choose_port({"MF_MASTER_PORT": "22000"}, "gang") == 22000
+        assert choose_ports({"MF_MASTER_PORT": "22000"}, "gang") == (22000,)
 
     def test_hashed_last(self):
-        assert choose_port({}, "gang-key") == hashed_port("gang-key")
+        ports = choose_ports({}, "gang-key")
+        assert len(ports) == CANDIDATE_PORTS == len(set(ports))
+        assert ports[0] == hashed_port("gang-key#0")
+        assert ports == choose_ports({}, "gang-key")  # every node computes the same list
+        assert ports != choose_ports({}, "other-gang")
 
     @pytest.mark.parametrize("none", ["None", "", "none"])
     def test_mf_master_port_none_falls_through(self, none):
-        assert choose_port({"MF_MASTER_PORT": none}, "k") == hashed_port("k")
+        assert choose_ports({"MF_MASTER_PORT": none}, "k") == choose_ports({}, "k")
 
     @pytest.mark.parametrize("none", ["None", ""])
     def test_local_env_none_falls_through_to_mf_master_port(self, none):
-        assert choose_port({LOCAL_PORT_ENV: none, "MF_MASTER_PORT": "22000"}, "k") == 22000
+        assert choose_ports({LOCAL_PORT_ENV: none, "MF_MASTER_PORT": "22000"}, "k") == (22000,)
 
     def test_configured_even_when_env_is_garbage(self):
-        assert choose_port({LOCAL_PORT_ENV: "junk", "MF_MASTER_PORT": "junk"}, "k", 25000) == 25000
+        assert choose_ports({LOCAL_PORT_ENV: "junk", "MF_MASTER_PORT": "junk"}, "k", 25000) == (25000,)
 
     @pytest.mark.parametrize("var", [LOCAL_PORT_ENV, "MF_MASTER_PORT"])
     def test_garbage_env_raises_naming_variable(self, var):
         with pytest.raises(TorchrunInvalidArgument) as e:
-            choose_port({var: "http"}, "k")
+            choose_ports({var: "http"}, "k")
         assert var in str(e.value)
 
     def test_does_not_read_os_environ(self, monkeypatch):
         monkeypatch.setenv(LOCAL_PORT_ENV, "21000")
         monkeypatch.setenv("MF_MASTER_PORT", "22000")
-        assert choose_port({}, "k") == hashed_port("k")
+        assert 21000 not in choose_ports({}, "k") and 22000 not in choose_ports({}, "k")
 
 
 class TestHashedPort:
@@ -167,11 +172,11 @@ class TestTopologyFrom:
     def test_from_namedtuple(self):
         t = topology_from(Parallel("10.1.2.3", 3, 2), {}, "gang", port=24000)
         assert isinstance(t, Topology)
-        assert (t.num_nodes, t.node_index, t.main_addr, t.port, t.is_local) == (
+        assert (t.num_nodes, t.node_index, t.main_addr, t.ports, t.is_local) == (
             3,
             2,
             "10.1.2.3",
-            24000,
+            (24000,),
             True,
         )
         assert not t.is_control
@@ -185,12 +190,12 @@ class TestTopologyFrom:
         t = topology_from(p, {}, "gang", port=24000)
         assert (t.num_nodes, t.node_index, t.main_addr) == (4, 1, "h")
 
-    def test_port_follows_choose_port(self):
+    def test_ports_follow_choose_ports(self):
         env = {"MF_MASTER_PORT": "22000", "METAFLOW_RUNTIME_ENVIRONMENT": "kubernetes"}
         t = topology_from(Parallel("h", 2, 1), env, "gang")
-        assert t.port == 22000
+        assert t.ports == (22000,)
         assert t.is_local is False
-        assert topology_from(Parallel("h", 1, 0), {}, "gang").port == hashed_port("gang")
+        assert topology_from(Parallel("h", 1, 0), {}, "gang").ports == choose_ports({}, "gang")
 
     @pytest.mark.parametrize(
         "env, local",

@@ -166,6 +166,7 @@ class Launch:
     entrypoint_argv: Sequence[str] = ()
     user_options: Mapping[str, Any] = ()  # type: ignore[assignment]
     max_restarts: int = 0
+    local_addr: Optional[str] = None
 
 
 def format_endpoint(host: str, port: int) -> str:
@@ -187,6 +188,8 @@ def default_options(launch: Launch) -> Dict[str, Any]:
         # torch guessing from host names, which fails behind NAT and in namespaces.
         "rdzv-conf": "is_host=%d" % (1 if launch.node_index == 0 else 0),
         "max-restarts": str(launch.max_restarts),
+        # The address other nodes reach this one at (see network.py).
+        "local-addr": launch.local_addr,
     }
 
 

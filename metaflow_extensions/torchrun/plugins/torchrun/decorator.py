@@ -23,7 +23,6 @@ from .runner import (
     validate_nproc,
 )
 from .topology import (
-    LOCAL_GANG_PORT_ENV,
     LOCAL_PORT_ENV,
     find_free_port,
     is_local_runtime,
@@ -125,10 +124,8 @@ class TorchrunDecorator(ParallelDecorator):
         if ubf_context == UBF_CONTROL and is_local_runtime(os.environ):
             # Metaflow spawns the other local nodes from this process after this
             # hook: they inherit the port through the environment.
-            rdzv = self._port or find_free_port()
             if self._port is None:
-                os.environ[LOCAL_PORT_ENV] = str(rdzv)
-            os.environ[LOCAL_GANG_PORT_ENV] = str(find_free_port(avoid=(rdzv,)))
+                os.environ[LOCAL_PORT_ENV] = str(find_free_port())
         control_task_id = os.environ.get("MF_PARALLEL_CONTROL_TASK_ID") or (
             task_id if ubf_context == UBF_CONTROL else None
         )

@@ -26,7 +26,7 @@ import socket
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Set
+from typing import Any, Dict, List, Optional, Sequence, Set
 
 PROTOCOL = 1
 
@@ -75,13 +75,18 @@ class _Peer:
 class GangServer:
     """Runs in the control task; one thread, one selector, no dependencies."""
 
-    def __init__(self, config: GangConfig, host: str, port: int):
+    def __init__(
+        self,
+        config: GangConfig,
+        host: str,
+        ports: Sequence[int],
+        announce: Optional[Dict[str, Any]] = None,
+    ):
+        """Listen on the first of ``ports`` that is free on this host; every
+        node is told ``announce`` (e.g. torchrun's rendezvous port) on joining."""
         self.config = config
-        self.listener = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
-        self.listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.listener.bind((host, port))
-        self.listener.listen(max(16, 2 * config.num_nodes))
-        self.listener.setblocking(False)
+        self.announce = dict(announce or {})
+        self.listener = _listen(host, ports, backlog=max(16, 2 * config.num_nodes))
         self.port = self.listener.getsockname()[1]
         self._selector = selectors.DefaultSelector()
         self._selector.register(self.listener, selectors.EVENT_READ)
@@ -187,7 +192,7 @@ class GangServer:
             peer.info = message
             self._by_node[node] = peer
             self.joined_at.setdefault(node, time.time())
-            self._reply(peer, {"type": "welcome", "cause": self.cause})
+            self._reply(peer, {"type": "welcome", "cause": self.cause, "announce": self.announce})
             self._broadcast({"type": "joined", "nodes": sorted(self.joined_at)})
         elif kind == "failed" and peer.node is not None:
             if self.cause is None:
@@ -265,11 +270,13 @@ class GangServer:
 class GangClient:
     """Runs on every node (the control included): heartbeats out, news in."""
 
-    def __init__(self, config: GangConfig, host: str, port: int, node_index: int):
+    def __init__(self, config: GangConfig, host: str, ports: Sequence[int], node_index: int):
         self.config = config
         self.host = host
-        self.port = port
+        self.ports = tuple(ports)
+        self.port: Optional[int] = None
         self.node_index = node_index
+        self.announce: Dict[str, Any] = {}
         self.cause: Optional[Dict[str, Any]] = None
         self.joined: List[int] = []
         self.all_done = threading.Event()
@@ -289,39 +296,22 @@ class GangClient:
         deadline = time.monotonic() + patience
         last_error: Optional[BaseException] = None
         while time.monotonic() < deadline and not self._closing.is_set():
-            try:
-                sock = socket.create_connection((self.host, self.port), timeout=5)
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                _send(
-                    sock,
-                    {
-                        "type": "hello",
-                        "protocol": PROTOCOL,
-                        "gang_id": self.config.gang_id,
-                        "node_index": self.node_index,
-                        "host": socket.gethostname(),
-                        "pid": os.getpid(),
-                    },
-                )
-                sock.settimeout(5)
-                reply = self._read_one(sock)
-                if reply.get("type") == "welcome":
-                    sock.settimeout(None)
-                    self._sock = sock
-                    if reply.get("cause"):
-                        self._set_cause(reply["cause"])
+            for port in self.ports:
+                try:
+                    self._handshake(port)
                     break
-                _close(sock)
-                last_error = RuntimeError(reply.get("reason", "rejected"))
-            except (OSError, ValueError) as e:
-                last_error = e
+                except (OSError, ValueError, RuntimeError) as e:
+                    last_error = e
+            if self._sock is not None:
+                break
             time.sleep(0.2)
         if self._sock is None:
             self._set_cause(
                 {
                     "kind": "control_unreachable",
-                    "summary": "could not reach the control node's gang service at %s:%d "
-                    "within %gs (%s)" % (self.host, self.port, patience, last_error),
+                    "summary": "could not reach the control node's gang service at %s "
+                    "(port %s) within %gs (last error: %s)"
+                    % (self.host, " or ".join(map(str, self.ports)), patience, last_error),
                 }
             )
             return
@@ -329,6 +319,38 @@ class GangClient:
             t = threading.Thread(target=target, name="torchrun-gang-" + name, daemon=True)
             t.start()
             self._threads.append(t)
+
+    def _handshake(self, port: int) -> None:
+        """Say hello on ``port``; a port held by anything but our gang (another
+        gang's service, an unrelated server) fails here and the next is tried."""
+        sock = socket.create_connection((self.host, port), timeout=2)
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            _send(
+                sock,
+                {
+                    "type": "hello",
+                    "protocol": PROTOCOL,
+                    "gang_id": self.config.gang_id,
+                    "node_index": self.node_index,
+                    "host": socket.gethostname(),
+                    "pid": os.getpid(),
+                },
+            )
+            sock.settimeout(2)
+            reply = self._read_one(sock)
+        except BaseException:
+            _close(sock)
+            raise
+        if reply.get("type") != "welcome":
+            _close(sock)
+            raise RuntimeError(reply.get("reason", "rejected"))
+        sock.settimeout(None)
+        self._sock = sock
+        self.port = port
+        self.announce = dict(reply.get("announce") or {})
+        if reply.get("cause"):
+            self._set_cause(reply["cause"])
 
     def close(self) -> None:
         self._closing.set()
@@ -455,6 +477,23 @@ class GangClient:
             if self.cause is not None and self._finished:
                 return
             self._safe_send({"type": "hb"})
+
+
+def _listen(host: str, ports: Sequence[int], backlog: int) -> socket.socket:
+    errors = []
+    for port in ports:
+        sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+            sock.listen(backlog)
+        except OSError as e:
+            _close(sock)
+            errors.append("%d: %s" % (port, e.strerror or e))
+            continue
+        sock.setblocking(False)
+        return sock
+    raise OSError("no port free for the gang service on %s (%s)" % (host or "*", "; ".join(errors)))
 
 
 def _close(sock: socket.socket) -> None:

@@ -32,10 +32,11 @@ from .failures import (
     read_failures,
 )
 from .gang import GangClient, GangConfig, GangServer
+from .network import interface_of, local_address_towards
 from .resources import NONE as NO_ACCELERATORS
 from .resources import Accelerators, check_visible_devices
 from .supervisor import Supervisor
-from .topology import Topology, topology_from
+from .topology import Topology, find_free_port, topology_from
 
 # torchrun's own spellings for "as many processes as there are devices/cores".
 NPROC_KEYWORDS = ("auto", "gpu", "cpu", "xpu")
@@ -247,43 +248,57 @@ class TorchrunHandle:
         topology = topology_from(
             self._parallel(), os.environ, self._identity.rdzv_id, self._defaults.port
         )
-        launch = Launch(
-            python=sys.executable,
-            num_nodes=topology.num_nodes,
-            node_index=topology.node_index,
-            nproc_per_node=nproc,
-            rdzv_host=topology.main_addr,
-            rdzv_port=topology.port,
-            rdzv_id=self._identity.rdzv_id,
-            entrypoint=script,
-            entrypoint_argv=entry_argv,
-            user_options=options,
-        )
-        argv = build_command(launch)
-
+        rdzv_id = self._identity.rdzv_id
+        local_addr = local_address_towards(topology.main_addr) or topology.main_addr
+        argv: List[str] = []
         failure_dir = tempfile.mkdtemp(prefix="mf-torchrun-")
         env = dict(os.environ)
         env[bootstrap.FAILURE_DIR_ENV] = failure_dir
         env[bootstrap.NODE_INDEX_ENV] = str(topology.node_index)
+        iface = interface_of(local_addr)
+        if iface and "GLOO_SOCKET_IFNAME" not in env:
+            # gloo otherwise binds to whatever the host name resolves to, which
+            # on many hosts (127.0.1.1, containers) other nodes cannot reach.
+            env["GLOO_SOCKET_IFNAME"] = iface
         # With the agent's store shared with the workers, torch keeps one store for
         # every restart and restarted workers read the previous round's addresses
         # (gloo: "Connection refused"): max_restarts could never recover. A fresh
         # store per round, hosted by rank 0, is what torch does with sharing off.
         env.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
         gang_config = GangConfig(
-            gang_id=launch.rdzv_id,
+            gang_id=rdzv_id,
             num_nodes=topology.num_nodes,
             heartbeat_timeout=self._defaults.heartbeat_timeout,
             start_timeout=self._defaults.start_timeout,
         )
         server = client = None
         try:
+            ports = topology.ports
             if topology.is_control:
-                server = GangServer(gang_config, _bind_host(topology), topology.gang_port).start()
-            client = GangClient(gang_config, topology.main_addr, topology.gang_port, topology.node_index)
+                bind = _bind_host(topology)
+                server = GangServer(
+                    gang_config, bind, ports, announce={"rdzv_port": find_free_port(bind)}
+                ).start()
+                ports = (server.port,)
+            client = GangClient(gang_config, topology.main_addr, ports, topology.node_index)
             client.connect()
             if client.cause is not None:
                 raise GangAborted(topology.node_index, client.cause)
+            argv = build_command(
+                Launch(
+                    python=sys.executable,
+                    num_nodes=topology.num_nodes,
+                    node_index=topology.node_index,
+                    nproc_per_node=nproc,
+                    rdzv_host=topology.main_addr,
+                    rdzv_port=int(client.announce["rdzv_port"]),
+                    rdzv_id=rdzv_id,
+                    entrypoint=script,
+                    entrypoint_argv=entry_argv,
+                    user_options=options,
+                    local_addr=local_addr,
+                )
+            )
             with Supervisor(argv, env=env) as sup:
                 code = sup.wait(should_stop=client.abort_reason)
             started = sup.started_at or time.time()

@@ -12,14 +12,17 @@ import hashlib
 import random
 import socket
 from dataclasses import dataclass
-from typing import Mapping, Optional
+from typing import Mapping, Optional, Tuple
 
 from .errors import TorchrunInvalidArgument
 
 # Exported by the local control task before Metaflow spawns the other nodes, which
 # inherit it: that is how all local nodes learn one freshly chosen free port.
-LOCAL_PORT_ENV = "METAFLOW_TORCHRUN_RDZV_PORT"
-LOCAL_GANG_PORT_ENV = "METAFLOW_TORCHRUN_GANG_PORT"
+LOCAL_PORT_ENV = "METAFLOW_TORCHRUN_PORT"
+
+# With no port given, nodes try these many ports derived from the gang id, in
+# order: a port already taken on the control host is skipped by everyone.
+CANDIDATE_PORTS = 8
 
 # Below Linux's default ephemeral range (32768+), so an outgoing connection made
 # between choosing a port and binding it cannot take it from us.
@@ -31,8 +34,9 @@ class Topology:
     num_nodes: int
     node_index: int
     main_addr: str
-    port: int  # torchrun's c10d rendezvous, hosted by the control's agent
-    gang_port: int  # the gang liveness service, hosted by the control task
+    # Where the control task's gang service may listen, in order of preference.
+    # torchrun's rendezvous port is chosen free by the control and announced.
+    ports: Tuple[int, ...]
     is_local: bool
 
     @property
@@ -72,32 +76,30 @@ def hashed_port(key: str) -> int:
     return low + digest % (high - low + 1)
 
 
-def choose_port(
+def choose_ports(
     env: Mapping[str, str],
     gang_key: str,
     configured: Optional[int] = None,
-) -> int:
-    """The rendezvous port, by precedence: the decorator's ``port``; the port the
-    local control task chose; ``MF_MASTER_PORT`` (``@kubernetes(port=...)``); a
-    port hashed from the gang id."""
+) -> Tuple[int, ...]:
+    """The control's main port, by precedence: the decorator's ``port``; the port
+    the local control task chose; ``MF_MASTER_PORT`` (``@kubernetes(port=...)``);
+    else a list of ports hashed from the gang id, tried in order."""
     if configured is not None:
-        return configured
+        return (configured,)
     local = parse_port(env.get(LOCAL_PORT_ENV), LOCAL_PORT_ENV)
     if local is not None:
-        return local
+        return (local,)
     k8s = parse_port(env.get("MF_MASTER_PORT"), "MF_MASTER_PORT")
     if k8s is not None:
-        return k8s
-    return hashed_port(gang_key)
-
-
-def choose_gang_port(env: Mapping[str, str], rdzv_port: int) -> int:
-    """The liveness service listens next to the rendezvous: the port after it,
-    unless the local control task chose a free one for it."""
-    local = parse_port(env.get(LOCAL_GANG_PORT_ENV), LOCAL_GANG_PORT_ENV)
-    if local is not None:
-        return local
-    return rdzv_port + 1 if rdzv_port < 65535 else rdzv_port - 1
+        return (k8s,)
+    ports = []
+    for i in range(CANDIDATE_PORTS * 4):
+        port = hashed_port("%s#%d" % (gang_key, i))
+        if port not in ports:
+            ports.append(port)
+        if len(ports) == CANDIDATE_PORTS:
+            break
+    return tuple(ports)
 
 
 def find_free_port(host: str = "127.0.0.1", attempts: int = 200, avoid: tuple = ()) -> int:
@@ -129,12 +131,10 @@ def topology_from(
         raise TorchrunInvalidArgument(
             "inconsistent @parallel topology: node %d of %d." % (node_index, num_nodes)
         )
-    rdzv_port = choose_port(env, gang_key, port)
     return Topology(
         num_nodes=num_nodes,
         node_index=node_index,
         main_addr=main_addr,
-        port=rdzv_port,
-        gang_port=choose_gang_port(env, rdzv_port),
+        ports=choose_ports(env, gang_key, port),
         is_local=is_local_runtime(env),
     )

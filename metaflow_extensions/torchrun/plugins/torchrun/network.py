@@ -1,0 +1,44 @@
+"""Which local address and interface this node reaches the control node through.
+
+torchrun's agents advertise an address for the workers' store and gloo binds to
+the address its host name resolves to; on many hosts (Debian's 127.0.1.1, pods
+and containers with odd /etc/hosts) either is unreachable from other nodes. The
+address the kernel would use to reach the control is right by construction.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import socket
+import struct
+from typing import Optional
+
+_SIOCGIFADDR = 0x8915
+
+
+def local_address_towards(host: str, port: int = 9) -> Optional[str]:
+    """The source address of a route to ``host`` (a UDP connect sends nothing)."""
+    try:
+        family, _, _, _, sockaddr = socket.getaddrinfo(host, port, type=socket.SOCK_DGRAM)[0]
+        with socket.socket(family, socket.SOCK_DGRAM) as s:
+            s.connect(sockaddr)
+            return s.getsockname()[0]
+    except (OSError, IndexError):
+        return None
+
+
+def interface_of(address: str) -> Optional[str]:
+    """The name of the interface that holds an IPv4 ``address``."""
+    try:
+        names = [name for _, name in socket.if_nameindex()]
+    except OSError:
+        return None
+    for name in names:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            try:
+                packed = fcntl.ioctl(s.fileno(), _SIOCGIFADDR, struct.pack("256s", name.encode()[:15]))
+            except OSError:
+                continue
+        if socket.inet_ntoa(packed[20:24]) == address:
+            return name
+    return None
