@@ -8,6 +8,7 @@ and then re-raised unchanged. It also ties the rank's life to its agent's.
 
 from __future__ import annotations
 
+import faulthandler
 import os
 import runpy
 import socket
@@ -89,9 +90,47 @@ def _line_buffered() -> None:
             pass
 
 
+FUNCTION_FLAG = "--mf-function"
+ARGS_FILE = "function-args.pkl"
+
+
+def run_function(ref_text: str, workdir: str) -> None:
+    """Function mode: import the function, call it with the pickled arguments,
+    pickle what it returns (or the exception it raises) for the node to read."""
+    from . import functions
+
+    rank = _env_int("RANK")
+    try:
+        fn = functions.load(functions.FunctionRef.decode(ref_text))
+        args, kwargs = functions.split_args(functions.read_pickle(os.path.join(workdir, ARGS_FILE)))
+        value = fn(*args, **kwargs)
+    except SystemExit:
+        raise
+    except BaseException as e:
+        formatted = "".join(traceback.format_exception(type(e), e, e.__traceback__))
+        _record(e, formatted)
+        try:
+            functions.write_pickle(functions.exception_path(workdir, rank), e)
+        except Exception:
+            pass  # an exception that cannot be pickled is still named in the record
+        sys.stderr.write(formatted)
+        sys.stderr.flush()
+        sys.exit(1)
+    try:
+        functions.write_pickle(functions.result_path(workdir, rank), value)
+    except Exception as e:
+        err = TypeError("rank %d: the return value of %s cannot be pickled: %s" % (rank, ref_text, e))
+        _record(err, "%s: %s\n" % (type(err).__name__, err))
+        raise err from e
+
+
 def main(argv: list) -> None:
     _tie_to_parent()
     _line_buffered()
+    faulthandler.enable()  # a segfaulting rank prints its Python stack
+    if argv[:1] == [FUNCTION_FLAG] and len(argv) == 3:
+        run_function(argv[1], argv[2])
+        return
     if not argv:
         sys.stderr.write("usage: python -m %s SCRIPT [ARGS...]\n" % __name__)
         sys.exit(2)

@@ -162,7 +162,7 @@ class Launch:
     rdzv_host: str
     rdzv_port: int
     rdzv_id: str
-    entrypoint: str
+    entrypoint: str  # a script path; or bootstrap arguments for a function
     entrypoint_argv: Sequence[str] = ()
     user_options: Mapping[str, Any] = ()  # type: ignore[assignment]
     max_restarts: int = 0

@@ -19,6 +19,7 @@ same locally, on Kubernetes and on AWS Batch. Messages are JSON lines.
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import selectors
@@ -95,6 +96,9 @@ class GangServer:
         self.joined_at: Dict[int, float] = {}
         self.done: Set[int] = set()
         self.cause: Optional[Dict[str, Any]] = None
+        # Rank 0's pickled return value (function entrypoints), from whichever
+        # node ran rank 0: the control must always be able to return it.
+        self.rank0_pickle: Optional[bytes] = None
         self._started = time.monotonic()
         self._closing = threading.Event()
         self._lock = threading.Lock()
@@ -201,6 +205,8 @@ class GangServer:
                 cause["kind"] = "failed"
                 self._abort(cause)
         elif kind == "done" and peer.node is not None:
+            if message.get("rank0") is not None:
+                self.rank0_pickle = base64.b64decode(message["rank0"])
             self.done.add(peer.node)
             if len(self.done) == self.config.num_nodes:
                 self._broadcast({"type": "all_done"})
@@ -375,9 +381,10 @@ class GangClient:
         self._finished = True
         self._safe_send({"type": "failed", "cause": cause})
 
-    def report_done(self) -> None:
+    def report_done(self, rank0_pickle: Optional[bytes] = None) -> None:
         self._finished = True
-        self._safe_send({"type": "done"})
+        payload = base64.b64encode(rank0_pickle).decode() if rank0_pickle is not None else None
+        self._safe_send({"type": "done", "rank0": payload})
 
     def wait_all_done(self, timeout: float) -> bool:
         """The control hosts the service: it stays until every node reported, or

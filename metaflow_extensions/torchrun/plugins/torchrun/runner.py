@@ -7,14 +7,15 @@ command -> supervisor -> result, or a typed error naming what went wrong.
 from __future__ import annotations
 
 import os
+import pickle
 import shutil
 import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
-from . import bootstrap
+from . import bootstrap, functions
 from .command import (
     ArgSpec,
     Launch,
@@ -82,6 +83,9 @@ class TorchrunResult:
     started_at: float
     ended_at: float
     topology: Optional[Topology] = None
+    # Function entrypoints: return values of this node's ranks by global rank;
+    # on the control node rank 0's value is always there.
+    returns: Dict[int, Any] = field(default_factory=dict)
     extra: Dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -225,17 +229,20 @@ class TorchrunHandle:
 
     def run(
         self,
-        entrypoint: Union[str, os.PathLike],
+        entrypoint: Union[str, os.PathLike, Callable[..., Any]],
         entrypoint_args: ArgSpec = None,
         nproc_per_node: Optional[Union[int, str]] = None,
         torchrun_args: ArgSpec = None,
     ) -> TorchrunResult:
-        """Run ``entrypoint`` under torchrun on this node, with every other node of
-        the step; return when all of this node's ranks succeeded, raise
-        ``TorchrunFailed`` otherwise."""
-        search = [os.getcwd()] + ([self._flow_dir] if self._flow_dir else [])
-        script = resolve_entrypoint(entrypoint, search)
-        entry_argv = encode_args(entrypoint_args, "entrypoint_args")
+        """Run ``entrypoint`` (a script path, or a module-level function) under
+        torchrun on this node, with every other node of the step; return when all
+        of this node's ranks succeeded, raise ``TorchrunFailed`` otherwise (for a
+        function, the rank's original exception, caused by ``TorchrunFailed``)."""
+        function = _function_reference(entrypoint, entrypoint_args)
+        if function is None:
+            search = [os.getcwd()] + ([self._flow_dir] if self._flow_dir else [])
+            script = resolve_entrypoint(entrypoint, search)
+            entry_argv = encode_args(entrypoint_args, "entrypoint_args")
         options = merged_options(self._defaults, torchrun_args)
         check_options(options)
         nproc = resolve_nproc(nproc_per_node, options, self._defaults)
@@ -253,6 +260,16 @@ class TorchrunHandle:
         argv: List[str] = []
         failure_dir = tempfile.mkdtemp(prefix="mf-torchrun-")
         env = dict(os.environ)
+        if function is not None:
+            script, entry_argv = bootstrap.FUNCTION_FLAG, [function.encode(), failure_dir]
+            _save_function_args(failure_dir, entrypoint_args)
+            # Ranks import the function's module as the flow file would: from the
+            # flow's directory.
+            if self._flow_dir:
+                env["PYTHONPATH"] = os.pathsep.join(
+                    p for p in (self._flow_dir, env.get("PYTHONPATH")) if p
+                )
+        returns: Dict[int, Any] = {}
         env[bootstrap.FAILURE_DIR_ENV] = failure_dir
         env[bootstrap.NODE_INDEX_ENV] = str(topology.node_index)
         iface = interface_of(local_addr)
@@ -303,30 +320,38 @@ class TorchrunHandle:
                 code = sup.wait(should_stop=client.abort_reason)
             started = sup.started_at or time.time()
             ended = sup.ended_at or time.time()
-            if code == 0 and client.cause is None:
-                client.report_done()
+            ok = code == 0 and client.cause is None
+            if code == 0 and (client.cause is None or server is None):
+                # This node's ranks all succeeded: a worker node is done whatever
+                # happens next; the control waits for the gang (below).
+                if function is not None:
+                    returns = functions.read_returns(failure_dir)
+                rank0 = functions.result_path(failure_dir, 0)
+                client.report_done(_read_bytes(rank0) if os.path.exists(rank0) else None)
                 if server is not None:
                     # The control hosts the gang service: it stays until every node
                     # has finished, so that a late failure still reaches everyone.
                     client.wait_all_done(timeout=self._defaults.start_timeout)
-            if client.cause is not None and not (code == 0 and server is None):
-                _announce(client.cause, topology, server)
-                raise _gang_error(client.cause, topology.node_index, code, failure_dir, sup, argv)
-            if code != 0:
-                failures = merge_failures(
-                    read_failures(failure_dir),
-                    parse_torchrun_summary(sup.stderr_tail, topology.node_index),
-                )
-                client.report_failure(_cause_from(topology.node_index, code, failures))
-                # The service decides which failure came first; wait to hear it.
-                deadline = time.monotonic() + 2.0
-                while client.cause is None and time.monotonic() < deadline:
-                    time.sleep(0.02)
-                cause = client.cause or {"node_index": topology.node_index, "kind": "failed"}
-                _announce(cause, topology, server)
-                if cause.get("node_index") == topology.node_index and cause.get("kind") == "failed":
-                    raise TorchrunFailed(code, topology.node_index, failures, argv)
-                raise GangAborted(topology.node_index, cause, code)
+                    if function is not None and 0 not in returns and server.rank0_pickle is not None:
+                        functions.alias_flow_module()
+                        returns[0] = pickle.loads(server.rank0_pickle)
+                ok = client.cause is None or server is None
+            if not ok:
+                failures: List[RankFailure] = []
+                if code != 0:
+                    failures = merge_failures(
+                        read_failures(failure_dir),
+                        parse_torchrun_summary(sup.stderr_tail, topology.node_index),
+                    )
+                    if client.cause is None:
+                        client.report_failure(_cause_from(topology.node_index, code, failures))
+                        # The service decides which failure came first; hear it.
+                        deadline = time.monotonic() + 2.0
+                        while client.cause is None and time.monotonic() < deadline:
+                            time.sleep(0.02)
+                cause = client.cause or _cause_from(topology.node_index, code, failures)
+                _announce(cause, server)
+                raise _error_for(cause, topology.node_index, code, failures, argv, function, failure_dir)
         finally:
             if client is not None:
                 client.close()
@@ -342,8 +367,42 @@ class TorchrunHandle:
             started_at=started,
             ended_at=ended,
             topology=topology,
+            returns=returns,
         )
         return self.last_result
+
+
+def _function_reference(entrypoint: Any, args: Any) -> Optional[functions.FunctionRef]:
+    if isinstance(entrypoint, (str, os.PathLike)) or not callable(entrypoint):
+        return None
+    try:
+        ref = functions.reference_to(entrypoint)
+        functions.split_args(args)
+    except (functions.FunctionReferenceError, TypeError) as e:
+        raise TorchrunInvalidArgument(str(e)) from None
+    return ref
+
+
+def _save_function_args(directory: str, args: Any) -> None:
+    try:
+        functions.write_pickle(os.path.join(directory, bootstrap.ARGS_FILE), args)
+    except Exception as e:
+        raise TorchrunInvalidArgument(
+            "entrypoint_args cannot be pickled for the ranks: %s" % e
+        ) from None
+
+
+def _read_bytes(path: str) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def _original_exception(function, directory: str, error: TorchrunFailed) -> Optional[BaseException]:
+    """For a function entrypoint, the failing rank's own exception object."""
+    if function is None or error.root_cause is None:
+        return None
+    exc = functions.read_exception(directory, error.root_cause.rank)
+    return functions.with_rank(exc, error.root_cause.rank) if exc is not None else None
 
 
 def _bind_host(topology: Topology) -> str:
@@ -374,16 +433,29 @@ def _cause_from(node_index: int, code: int, failures: List[RankFailure]) -> Dict
     }
 
 
-def _gang_error(cause, node_index, code, failure_dir, sup, argv) -> Exception:
+def _error_for(
+    cause: Dict[str, Any],
+    node_index: int,
+    code: int,
+    failures: List[RankFailure],
+    argv: List[str],
+    function: Optional[functions.FunctionRef],
+    workdir: str,
+) -> BaseException:
+    """The exception this node's step raises: the failure itself on the node where
+    the root cause is (for a function, the rank's own exception), and on the
+    others a ``GangAborted`` naming it."""
     if cause.get("kind") == "failed" and cause.get("node_index") == node_index:
-        failures = merge_failures(
-            read_failures(failure_dir), parse_torchrun_summary(sup.stderr_tail, node_index)
-        )
-        return TorchrunFailed(code, node_index, failures, argv)
+        error = TorchrunFailed(code, node_index, failures, argv)
+        original = _original_exception(function, workdir, error)
+        if original is not None:
+            original.__cause__ = error
+            return original
+        return error
     return GangAborted(node_index, cause, code)
 
 
-def _announce(cause: Dict[str, Any], topology: Topology, server) -> None:
+def _announce(cause: Dict[str, Any], server) -> None:
     """The control prints the gang's root cause once, apart from the interleaved
     logs, so it is the first thing a reader of the control task's log finds."""
     if server is None:

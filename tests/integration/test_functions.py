@@ -1,0 +1,71 @@
+"""current.torch.run with a Python function: return values and original exceptions."""
+
+import pytest
+
+from .helpers import output
+
+pytestmark = pytest.mark.integration
+
+
+def test_function_in_the_flow_file_returns_rank0_value_as_artifact(gang):
+    proc = gang.run("--mode", "sum", flow="function_flow.py")
+    assert proc.returncode == 0, output(proc)[-4000:]
+    rank0 = gang.client("result = Flow('FunctionFlow').latest_run['join'].task['rank0'].data")
+    assert rank0 == {"rank": 0, "sum": 60}  # 10 * (0 + 1 + 2 + 3)
+    returns = gang.client(
+        "r = Flow('FunctionFlow').latest_run['join'].task['all_returns'].data\n"
+        "result = {str(k): v for k, v in r.items()}"
+    )
+    assert sorted(returns) == ["0", "1", "2", "3"]
+    assert all(v["sum"] == 60 and v["rank"] == int(k) for k, v in returns.items())
+
+
+def test_function_in_a_module_gets_positional_args_and_torchrun_env(gang):
+    proc = gang.run("--mode", "module", flow="function_flow.py")
+    assert proc.returncode == 0, output(proc)[-4000:]
+    returns = gang.client(
+        "r = Flow('FunctionFlow').latest_run['join'].task['all_returns'].data\n"
+        "result = {str(k): v for k, v in r.items()}"
+    )
+    assert sorted(returns) == ["0", "1", "2", "3"]
+    for k, v in returns.items():
+        assert v == {"tag": "tagged", "rank": int(k), "world": 4, "local_rank": v["local_rank"]}
+        assert v["local_rank"] in (0, 1)
+
+
+def test_function_raising_surfaces_the_original_exception_with_its_rank(gang):
+    proc = gang.run("--mode", "raise", flow="function_flow.py", timeout=180)
+    text = output(proc)
+    assert proc.returncode != 0
+    # The task that ran rank 1 fails with the rank's own exception type.
+    assert "ValueError: [rank 1] bad value on purpose" in text, text[-4000:]
+    root = [l for l in text.splitlines() if "Root cause:" in l]
+    assert len(root) == 1 and "rank 1" in root[0] and "ValueError" in root[0]
+
+
+def test_lambda_is_refused_with_a_clear_message(gang, tmp_path):
+    flow = tmp_path / "lambda_flow.py"
+    flow.write_text(
+        "from metaflow import FlowSpec, current, step, torchrun\n"
+        "class LambdaFlow(FlowSpec):\n"
+        "    @step\n"
+        "    def start(self):\n"
+        "        self.next(self.train, num_parallel=1)\n"
+        "    @torchrun\n"
+        "    @step\n"
+        "    def train(self):\n"
+        "        current.torch.run(entrypoint=lambda: 1)\n"
+        "        self.next(self.join)\n"
+        "    @step\n"
+        "    def join(self, inputs):\n"
+        "        self.next(self.end)\n"
+        "    @step\n"
+        "    def end(self):\n"
+        "        pass\n"
+        "if __name__ == '__main__':\n"
+        "    LambdaFlow()\n"
+    )
+    proc = gang.run(flow=str(flow), timeout=120)
+    text = output(proc)
+    assert proc.returncode != 0
+    assert "is not a module-level function" in text
