@@ -51,6 +51,9 @@ def rank_env(failure_dir, **extra):
             "RANK": "3",
             "LOCAL_RANK": "1",
             bootstrap.NODE_INDEX_ENV: "1",
+            # Output labels are tested on their own (TestLabels); here output
+            # must come through exactly as the script wrote it.
+            bootstrap.LABELS_ENV: "0",
         }
     )
     env.update(extra)
@@ -224,7 +227,10 @@ class TestFailures:
         assert r.returncode == 0, r.stderr
         assert r.stderr == ""
         assert read_failures(str(failures)) == []
-        assert os.listdir(failures) == []
+        # Only the rank's status record, saying it exited 0.
+        assert os.listdir(failures) == ["rank-3.status.json"]
+        status = json.loads((failures / "rank-3.status.json").read_text())
+        assert (status["rank"], status["exit_code"]) == (3, 0)
 
     def test_system_exit_with_a_code_exits_with_it_and_records(self, workdir):
         scripts, failures = workdir
@@ -304,3 +310,49 @@ class TestUserTraceback:
             text = bootstrap.user_traceback(e, str(tmp_path / "not_involved.py"))
         assert first_frame(text)[0] == __file__
         assert "ValueError: elsewhere" in text
+
+
+class TestLabels:
+    """With labels on (the default), every line carries its global rank."""
+
+    def test_every_line_labelled_and_whole(self, workdir):
+        scripts, failures = workdir
+        script = scripts / "many.py"
+        script.write_text(
+            "import sys\n"
+            "for i in range(3000):\n"
+            "    print('out', i)\n"
+            "    sys.stderr.write('err %d\\n' % i)\n"
+            "sys.stdout.write('no newline at the end')\n"
+        )
+        r = run_rank(script, env=rank_env(failures, **{bootstrap.LABELS_ENV: "1"}))
+        assert r.returncode == 0
+        out = r.stdout.splitlines()
+        assert out[:3000] == ["[rank3]: out %d" % i for i in range(3000)]
+        assert out[3000:] == ["[rank3]: no newline at the end"]
+        assert r.stderr.splitlines() == ["[rank3]: err %d" % i for i in range(3000)]
+
+    def test_last_words_of_a_crashing_rank_arrive(self, workdir):
+        scripts, failures = workdir
+        script = scripts / "crash.py"
+        script.write_text(
+            "import os, sys\n"
+            "sys.stdout.write('partial line before death')\n"
+            "sys.stdout.flush()\n"
+            "os.kill(os.getpid(), 9)\n"
+        )
+        r = run_rank(script, env=rank_env(failures, **{bootstrap.LABELS_ENV: "1"}))
+        assert r.returncode == -9
+        assert r.stdout == "[rank3]: partial line before death\n"
+
+    def test_per_rank_log_files(self, workdir, tmp_path):
+        scripts, failures = workdir
+        logs = tmp_path / "logs"
+        logs.mkdir()
+        script = scripts / "log.py"
+        script.write_text("import sys\nprint('hello')\nprint('oops', file=sys.stderr)\n")
+        env = rank_env(failures, **{bootstrap.LABELS_ENV: "1", bootstrap.LOG_DIR_ENV: str(logs)})
+        r = run_rank(script, env=env)
+        assert r.returncode == 0
+        assert (logs / "rank-3.stdout.log").read_text() == "hello\n"
+        assert (logs / "rank-3.stderr.log").read_text() == "oops\n"

@@ -9,6 +9,7 @@ and then re-raised unchanged. It also ties the rank's life to its agent's.
 from __future__ import annotations
 
 import faulthandler
+import json
 import os
 import runpy
 import socket
@@ -16,10 +17,13 @@ import sys
 import time
 import traceback
 
+from . import relay
 from .failures import RankFailure, write_failure
 
 FAILURE_DIR_ENV = "METAFLOW_TORCHRUN_FAILURE_DIR"
 NODE_INDEX_ENV = "METAFLOW_TORCHRUN_NODE_INDEX"
+LABELS_ENV = "METAFLOW_TORCHRUN_LABELS"  # "0": leave output lines as they are
+LOG_DIR_ENV = "METAFLOW_TORCHRUN_LOG_DIR"  # per-rank copies of stdout and stderr
 
 
 def _env_int(name: str, default: int = -1) -> int:
@@ -124,10 +128,56 @@ def run_function(ref_text: str, workdir: str) -> None:
         raise err from e
 
 
+def _status(**fields) -> None:
+    """This rank's life for the result object: written at start, then at exit."""
+    directory = os.environ.get(FAILURE_DIR_ENV)
+    if not directory:
+        return
+    record = dict(_STATUS, **fields)
+    _STATUS.update(record)
+    path = os.path.join(directory, "rank-%d.status.json" % record["rank"])
+    try:
+        with open(path + ".tmp", "w") as f:
+            json.dump(record, f)
+        os.replace(path + ".tmp", path)
+    except OSError:
+        pass
+
+
+_STATUS: dict = {}
+
+
 def main(argv: list) -> None:
     _tie_to_parent()
+    rank = _env_int("RANK")
+    labels = os.environ.get(LABELS_ENV, "1") != "0"
+    log_dir = os.environ.get(LOG_DIR_ENV)
+    if labels or log_dir:
+        relay.start(rank, labels, log_dir)
     _line_buffered()
     faulthandler.enable()  # a segfaulting rank prints its Python stack
+    _status(
+        rank=rank,
+        local_rank=_env_int("LOCAL_RANK"),
+        group_rank=_env_int("GROUP_RANK"),
+        restart=_env_int("TORCHELASTIC_RESTART_COUNT", 0),
+        pid=os.getpid(),
+        start=time.time(),
+        end=None,
+        exit_code=None,
+    )
+    code = 1
+    try:
+        _main(argv)
+        code = 0
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        raise
+    finally:
+        _status(end=time.time(), exit_code=code)
+
+
+def _main(argv: list) -> None:
     if argv[:1] == [FUNCTION_FLAG] and len(argv) == 3:
         run_function(argv[1], argv[2])
         return

@@ -17,20 +17,30 @@ import threading
 import time
 from typing import BinaryIO, Callable, List, Mapping, Optional, Set
 
-from . import proctree
+from . import proctree, relay
 from .errors import TorchrunInterrupted
 
 ChunkSink = Callable[[bytes], None]
 
 
 def _default_sink(stream) -> ChunkSink:
-    """Write to the task's own stream, as bytes, flushed so logs are live."""
+    """Write to the task's own stream, as bytes, live. Whole lines go out in
+    writes of at most PIPE_BUF bytes, so on a pipe shared with other writers (the
+    other nodes of a local run share the control task's) no line is cut."""
     out: BinaryIO = getattr(stream, "buffer", stream)
+    try:
+        fd: Optional[int] = stream.fileno()
+    except (AttributeError, OSError, ValueError):
+        fd = None
 
     def write(chunk: bytes) -> None:
         try:
-            out.write(chunk)
-            out.flush()
+            if fd is not None:
+                out.flush()
+                relay.write_all(fd, chunk)
+            else:
+                out.write(chunk)
+                out.flush()
         except (OSError, ValueError):
             pass  # a closed task stream must not kill the job it reports on
 
@@ -38,6 +48,8 @@ def _default_sink(stream) -> ChunkSink:
 
 
 def _pump(fd: int, sink: ChunkSink) -> None:
+    """Forward whole lines as they complete; an unterminated tail at the end."""
+    lines = relay.LineSplitter(end_long_lines=False)
     try:
         while True:
             try:
@@ -46,7 +58,12 @@ def _pump(fd: int, sink: ChunkSink) -> None:
                 break
             if not chunk:
                 break
-            sink(chunk)
+            complete = lines.feed(chunk)
+            if complete:
+                sink(complete)
+        tail = lines.pending
+        if tail:
+            sink(tail)
     finally:
         os.close(fd)
 
@@ -178,8 +195,10 @@ class Supervisor:
                 time.sleep(0.05)
         self.kill_all()
 
-    def kill_all(self) -> None:
-        """SIGKILL the agent and every descendant ever seen; reap; drain pumps."""
+    def kill_all(self, drain_seconds: float = 3.0) -> None:
+        """SIGKILL the agent; let the ranks' output relays drain what the ranks
+        wrote last (they end when the ranks are gone); SIGKILL every descendant
+        ever seen that is still there; reap; finish the pumps."""
         if self.proc is None:
             return
         if self.proc.poll() is None:
@@ -188,11 +207,14 @@ class Supervisor:
                 os.killpg(self.proc.pid, signal.SIGKILL)
             except OSError:
                 pass
-        proctree.signal_all(proctree.alive(self._seen), signal.SIGKILL)
         try:
             self.proc.wait(timeout=5)
         except subprocess.TimeoutExpired:
             pass
+        deadline = time.monotonic() + drain_seconds
+        for t in self._pumps:
+            t.join(timeout=max(0.0, deadline - time.monotonic()))
+        proctree.signal_all(proctree.alive(self._seen), signal.SIGKILL)
         proctree.wait_gone(self._seen, timeout=5)
         for t in self._pumps:
             t.join(timeout=5)

@@ -1,0 +1,169 @@
+"""A rank's output, labelled with its global rank, one whole line per write.
+
+Ranks of a node share their agent's stdout and stderr; written straight through,
+their lines interleave mid-line and nothing says which rank wrote what. The
+bootstrap forks this relay before the user's code starts: the rank's fds 1 and 2
+become pipes that only the relay reads. The relay is a separate process so that
+it still drains the pipes when the rank dies (a segfault's last words included),
+and it ignores termination signals: it ends when the rank and everything that
+inherited its output have closed the pipes.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+from typing import Dict, Optional, Tuple
+
+# Writes of at most PIPE_BUF bytes to a pipe are atomic: a batch of whole lines
+# this size never mixes with another writer's bytes.
+ATOMIC_WRITE = 4096
+# A "line" with no newline after this many bytes is cut, so memory stays bounded.
+MAX_LINE = 1 << 20
+
+
+def label_for(rank: int) -> bytes:
+    return b"[rank%d]: " % rank
+
+
+def whole_line_batches(data: bytes, limit: int = ATOMIC_WRITE):
+    """Split text made of whole lines into writes of whole lines of at most
+    ``limit`` bytes each (a longer single line is its own write)."""
+    start = 0
+    size = len(data)
+    while start < size:
+        end = start + limit
+        if end >= size:
+            yield data[start:]
+            return
+        cut = data.rfind(b"\n", start, end)
+        if cut < start:
+            cut = data.find(b"\n", end)
+            if cut < 0:
+                yield data[start:]
+                return
+        yield data[start : cut + 1]
+        start = cut + 1
+
+
+def write_all(fd: int, data: bytes) -> bool:
+    for batch in whole_line_batches(data):
+        view = memoryview(batch)
+        while view:
+            try:
+                n = os.write(fd, view)
+            except InterruptedError:
+                continue
+            except OSError:
+                return False
+            view = view[n:]
+    return True
+
+
+def prefix_lines(data: bytes, label: bytes) -> bytes:
+    """``data`` is whole lines; put ``label`` in front of each."""
+    if not label:
+        return data
+    return label + data[:-1].replace(b"\n", b"\n" + label) + data[-1:]
+
+
+class LineSplitter:
+    """Hands on whole lines only; the rest waits for its newline or the end."""
+
+    def __init__(self, label: bytes = b"", end_long_lines: bool = True):
+        self.label = label
+        # Past MAX_LINE bytes without a newline, the text so far goes out: as a
+        # line of its own (relay: a label must start each line), or as it is
+        # (the supervisor's pump, which must not add bytes).
+        self.end_long_lines = end_long_lines
+        self.pending = b""
+
+    def feed(self, data: bytes) -> bytes:
+        data = self.pending + data
+        cut = data.rfind(b"\n")
+        if cut < 0:
+            if len(data) < MAX_LINE:
+                self.pending = data
+                return b""
+            if not self.end_long_lines:
+                self.pending = b""
+                return prefix_lines(data, self.label) if self.label else data
+            cut = len(data) - 1
+            data += b"\n"
+        self.pending = data[cut + 1 :]
+        return prefix_lines(data[: cut + 1], self.label)
+
+    def finish(self) -> bytes:
+        """The unterminated tail, made a line so it does not merge with the next."""
+        tail, self.pending = self.pending, b""
+        return prefix_lines(tail + b"\n", self.label) if tail else b""
+
+
+def _run(streams: Dict[int, Tuple[int, LineSplitter, Optional[int]]]) -> None:
+    while streams:
+        try:
+            ready, _, _ = select.select(list(streams), [], [])
+        except InterruptedError:
+            continue
+        for fd in ready:
+            out_fd, splitter, log_fd = streams[fd]
+            try:
+                data = os.read(fd, 65536)
+            except InterruptedError:
+                continue
+            except OSError:
+                data = b""
+            if log_fd is not None and data:
+                try:
+                    os.write(log_fd, data)
+                except OSError:
+                    pass
+            chunk = splitter.feed(data) if data else splitter.finish()
+            if chunk and not write_all(out_fd, chunk):
+                data = b""  # nobody reads us any more: stop relaying this stream
+            if not data:
+                os.close(fd)
+                if log_fd is not None:
+                    os.close(log_fd)
+                del streams[fd]
+
+
+def start(rank: int, labels: bool, log_dir: Optional[str]) -> bool:
+    """Route this process's fds 1 and 2 through a forked relay. Call it before
+    any thread exists (fork copies only the calling thread)."""
+    label = label_for(rank) if labels else b""
+    plan = {}
+    for fd, name in ((1, "stdout"), (2, "stderr")):
+        r, w = os.pipe()
+        log_fd = None
+        if log_dir:
+            try:
+                log_fd = os.open(
+                    os.path.join(log_dir, "rank-%d.%s.log" % (rank, name)),
+                    os.O_WRONLY | os.O_CREAT | os.O_APPEND,
+                    0o644,
+                )
+            except OSError:
+                log_fd = None
+        plan[fd] = (r, w, log_fd)
+    pid = os.fork()
+    if pid == 0:  # the relay
+        try:
+            for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+                signal.signal(sig, signal.SIG_IGN)
+            os.setpgid(0, 0)  # out of the rank's group: a killpg of the rank spares us
+            streams = {}
+            for fd, (r, w, log_fd) in plan.items():
+                os.close(w)
+                streams[r] = (os.dup(fd), LineSplitter(label), log_fd)
+            _run(streams)
+        finally:
+            os._exit(0)
+    for fd, (r, w, log_fd) in plan.items():
+        os.dup2(w, fd)
+        os.close(w)
+        os.close(r)
+        if log_fd is not None:
+            os.close(log_fd)
+    return True
