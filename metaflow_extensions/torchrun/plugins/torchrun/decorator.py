@@ -13,7 +13,9 @@ from metaflow.unbounded_foreach import UBF_CONTROL
 
 from . import proctree
 from .errors import TorchrunInvalidArgument
+from .card import CARD_ID, build_components
 from .resources import requested_accelerators
+from .result import METADATA_FIELD
 from .runner import (
     GangIdentity,
     StepDefaults,
@@ -48,6 +50,10 @@ class TorchrunDecorator(ParallelDecorator):
         Seconds of silence after which a node counts as dead and the gang stops.
     start_timeout : float, default 600
         Seconds for all nodes to join before the gang stops, naming the missing.
+    label_logs : bool, default True
+        Prefix every output line of a rank with ``[rank<N>]: ``.
+    card : bool, default True
+        Add a card (id ``torchrun``) of the distributed run to the control task.
     """
 
     name = "torchrun"
@@ -57,6 +63,8 @@ class TorchrunDecorator(ParallelDecorator):
         "port": None,
         "heartbeat_timeout": 30,
         "start_timeout": 600,
+        "label_logs": True,
+        "card": True,
     }
     IS_PARALLEL = True
 
@@ -86,6 +94,7 @@ class TorchrunDecorator(ParallelDecorator):
         self._accelerators = requested_accelerators(
             (deco.name, deco.attributes) for deco in decorators
         )
+        self._card = _attach_card(decorators) if _truthy(self.attributes["card"]) else None
         self._port = parse_port(self.attributes.get("port"), "@torchrun(port)")
         for name in ("heartbeat_timeout", "start_timeout"):
             _positive_seconds(self.attributes.get(name), "@torchrun(%s)" % name)
@@ -142,16 +151,65 @@ class TorchrunDecorator(ParallelDecorator):
             port=self._port,
             derived_nproc=self._accelerators.nproc,
             heartbeat_timeout=float(self.attributes["heartbeat_timeout"]),
+            label_logs=_truthy(self.attributes["label_logs"]),
             start_timeout=float(self.attributes["start_timeout"]),
             accelerators=self._accelerators,
         )
-        current._update_env(
-            {
-                "torch": TorchrunHandle(
-                    identity, defaults, lambda: current.parallel, self._flow_dir
-                )
-            }
+        self._handle = TorchrunHandle(identity, defaults, lambda: current.parallel, self._flow_dir)
+        self._metadata = (metadata, run_id, step_name, task_id)
+        current._update_env({"torch": self._handle})
+
+    def task_post_step(self, step_name, flow, graph, retry_count, max_user_code_retries):
+        super().task_post_step(step_name, flow, graph, retry_count, max_user_code_retries)
+        self._record_result(retry_count)
+
+    def task_exception(
+        self, exception, step_name, flow, graph, retry_count, max_user_code_retries
+    ):
+        handled = super().task_exception(
+            exception, step_name, flow, graph, retry_count, max_user_code_retries
         )
+        self._record_result(retry_count)
+        return handled
+
+    def task_finished(
+        self, step_name, flow, graph, is_task_ok, retry_count, max_user_code_retries
+    ):
+        super().task_finished(
+            step_name, flow, graph, is_task_ok, retry_count, max_user_code_retries
+        )
+        if not is_task_ok and self._card is not None:
+            # Metaflow renders cards of successful tasks only; the card of a
+            # failed run is the one that matters most.
+            _render_card_now(self._card)
+
+    def _record_result(self, retry_count: int) -> None:
+        """Keep the run's record as task metadata: readable after the run with
+        ``Task(...).metadata_dict["torchrun-result"]``."""
+        result = getattr(getattr(self, "_handle", None), "last_result", None)
+        if result is None:
+            return
+        if self._card is not None:
+            _fill_card(result, self._flow_name)
+        from metaflow.metadata_provider import MetaDatum
+
+        metadata, run_id, step_name, task_id = self._metadata
+        try:
+            metadata.register_metadata(
+                run_id,
+                step_name,
+                task_id,
+                [
+                    MetaDatum(
+                        field=METADATA_FIELD,
+                        value=result.to_json(),
+                        type=METADATA_FIELD,
+                        tags=["attempt_id:%d" % retry_count],
+                    )
+                ],
+            )
+        except Exception as e:  # the record must never fail the step
+            print("@torchrun: could not store the run's record: %s" % e, file=sys.stderr)
 
     def task_decorate(
         self, step_func, flow, graph, retry_count, max_user_code_retries, ubf_context
@@ -173,6 +231,59 @@ class TorchrunDecorator(ParallelDecorator):
                 raise
 
         return control_step
+
+
+def _attach_card(decorators) -> Optional[Any]:
+    """Add ``@card(type="blank", id="torchrun")`` to the step unless present."""
+    try:
+        from metaflow.plugins.cards.card_decorator import CardDecorator
+    except ImportError:
+        return None
+    for deco in decorators:
+        if isinstance(deco, CardDecorator) and deco.attributes.get("id") == CARD_ID:
+            return deco
+    deco = CardDecorator(attributes={"type": "blank", "id": CARD_ID})
+    deco.external_init()
+    # Metaflow is iterating this very list to call step_init: the card's own
+    # step_init runs right after ours.
+    decorators.append(deco)
+    return deco
+
+
+def _fill_card(result, flow_name: str) -> None:
+    from metaflow import current
+
+    try:
+        card = current.card[CARD_ID]
+        card.clear()
+        cuda = any(os.path.exists(p) for p in ("/dev/nvidiactl", "/dev/nvidia0"))
+        backend = "nccl" if cuda else "gloo (no CUDA device on the node)"
+        card.extend(build_components(result, flow_name, current.pathspec, backend))
+    except Exception as e:  # a card must never fail the step
+        print("@torchrun: could not build the card: %s" % e, file=sys.stderr)
+
+
+def _render_card_now(deco) -> None:
+    try:
+        deco.card_creator.create(
+            mode="render",
+            final=True,
+            card_uuid=deco._card_uuid,
+            user_set_card_id=deco._user_set_card_id,
+            runtime_card=deco._is_runtime_card,
+            decorator_attributes=deco.attributes,
+            card_options=deco.card_options,
+            logger=deco._logger,
+            sync=True,
+        )
+    except Exception as e:
+        print("@torchrun: could not render the card of the failed task: %s" % e, file=sys.stderr)
+
+
+def _truthy(value: Any) -> bool:
+    if isinstance(value, str):
+        return value.strip().lower() not in ("0", "false", "no", "off", "")
+    return bool(value)
 
 
 def _positive_seconds(value: Any, source: str) -> float:

@@ -27,7 +27,7 @@ import socket
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Sequence, Set
+from typing import Any, Callable, Dict, List, Optional, Sequence, Set
 
 PROTOCOL = 1
 
@@ -38,6 +38,8 @@ class GangConfig:
     num_nodes: int
     heartbeat_timeout: float = 30.0
     start_timeout: float = 600.0
+    # How often the control says who is still missing while nodes join.
+    progress_interval: float = 15.0
 
     @property
     def heartbeat_interval(self) -> float:
@@ -99,7 +101,14 @@ class GangServer:
         # Rank 0's pickled return value (function entrypoints), from whichever
         # node ran rank 0: the control must always be able to return it.
         self.rank0_pickle: Optional[bytes] = None
+        # What each node said about itself when it finished (ranks, last lines),
+        # and when: the control's card shows the whole gang from these.
+        self.reports: Dict[int, Dict[str, Any]] = {}
+        self.finished_at: Dict[int, float] = {}
         self._started = time.monotonic()
+        self._last_progress = self._started
+        self._said_waiting = False
+        self.progress: Callable[[str], None] = lambda text: None
         self._closing = threading.Event()
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._loop, name="torchrun-gang-server", daemon=True)
@@ -135,6 +144,32 @@ class GangServer:
                 self._broadcast({"type": "hb"})
                 next_beat = now + interval
             self._check_timeouts(now)
+            self._report_progress(now)
+
+    def _report_progress(self, now: float) -> None:
+        """While nodes join, say who is there and who is missing, at a calm rate."""
+        if self.cause is not None:
+            return
+        missing = self.missing()
+        n = self.config.num_nodes
+        if not missing:
+            if self._said_waiting:
+                self._said_waiting = False
+                self.progress("all %d nodes joined after %.0f s" % (n, now - self._started))
+            return
+        if now - self._last_progress >= self.config.progress_interval:
+            self._last_progress = now
+            self._said_waiting = True
+            self.progress(
+                "waiting for nodes: %d/%d joined; node%s %s missing for %.0f s"
+                % (
+                    n - len(missing),
+                    n,
+                    "s" if len(missing) > 1 else "",
+                    ", ".join(str(m) for m in missing),
+                    now - self._started,
+                )
+            )
 
     def _accept(self) -> None:
         try:
@@ -199,17 +234,24 @@ class GangServer:
             self._reply(peer, {"type": "welcome", "cause": self.cause, "announce": self.announce})
             self._broadcast({"type": "joined", "nodes": sorted(self.joined_at)})
         elif kind == "failed" and peer.node is not None:
+            self._keep_report(peer.node, message)
             if self.cause is None:
                 cause = dict(message.get("cause") or {})
                 cause.setdefault("node_index", peer.node)
                 cause["kind"] = "failed"
                 self._abort(cause)
         elif kind == "done" and peer.node is not None:
+            self._keep_report(peer.node, message)
             if message.get("rank0") is not None:
                 self.rank0_pickle = base64.b64decode(message["rank0"])
             self.done.add(peer.node)
             if len(self.done) == self.config.num_nodes:
                 self._broadcast({"type": "all_done"})
+
+    def _keep_report(self, node: int, message: Dict[str, Any]) -> None:
+        self.finished_at[node] = time.time()
+        if isinstance(message.get("report"), dict):
+            self.reports[node] = message["report"]
 
     def _drop_quietly(self, peer: _Peer) -> None:
         if peer.node is not None and self._by_node.get(peer.node) is peer:
@@ -377,14 +419,16 @@ class GangClient:
             return None
         return self.cause.get("summary") or self.cause.get("kind") or "gang aborted"
 
-    def report_failure(self, cause: Dict[str, Any]) -> None:
+    def report_failure(self, cause: Dict[str, Any], report: Optional[Dict[str, Any]] = None) -> None:
         self._finished = True
-        self._safe_send({"type": "failed", "cause": cause})
+        self._safe_send({"type": "failed", "cause": cause, "report": report})
 
-    def report_done(self, rank0_pickle: Optional[bytes] = None) -> None:
+    def report_done(
+        self, rank0_pickle: Optional[bytes] = None, report: Optional[Dict[str, Any]] = None
+    ) -> None:
         self._finished = True
         payload = base64.b64encode(rank0_pickle).decode() if rank0_pickle is not None else None
-        self._safe_send({"type": "done", "rank0": payload})
+        self._safe_send({"type": "done", "rank0": payload, "report": report})
 
     def wait_all_done(self, timeout: float) -> bool:
         """The control hosts the service: it stays until every node reported, or

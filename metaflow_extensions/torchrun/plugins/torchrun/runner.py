@@ -12,7 +12,7 @@ import shutil
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from . import bootstrap, functions
@@ -36,6 +36,7 @@ from .gang import GangClient, GangConfig, GangServer
 from .network import interface_of, local_address_towards
 from .resources import NONE as NO_ACCELERATORS
 from .resources import Accelerators, check_visible_devices
+from .result import TorchrunResult, read_rank_records
 from .supervisor import Supervisor
 from .topology import Topology, find_free_port, topology_from
 
@@ -54,6 +55,7 @@ class StepDefaults:
     accelerators: Accelerators = NO_ACCELERATORS
     heartbeat_timeout: float = 30.0
     start_timeout: float = 600.0
+    label_logs: bool = True
 
 
 @dataclass(frozen=True)
@@ -69,32 +71,6 @@ class GangIdentity:
         return rdzv_id_for(
             self.flow_name, self.run_id, self.step_name, self.control_task_id, self.attempt
         )
-
-
-@dataclass
-class TorchrunResult:
-    """What happened on this node."""
-
-    command: List[str]
-    node_index: int
-    num_nodes: int
-    nproc_per_node: Union[int, str]
-    exit_code: int
-    started_at: float
-    ended_at: float
-    topology: Optional[Topology] = None
-    # Function entrypoints: return values of this node's ranks by global rank;
-    # on the control node rank 0's value is always there.
-    returns: Dict[int, Any] = field(default_factory=dict)
-    extra: Dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def duration(self) -> float:
-        return self.ended_at - self.started_at
-
-    @property
-    def succeeded(self) -> bool:
-        return self.exit_code == 0
 
 
 def validate_nproc(value: Any, source: str) -> Union[int, str]:
@@ -282,20 +258,31 @@ class TorchrunHandle:
         # (gloo: "Connection refused"): max_restarts could never recover. A fresh
         # store per round, hosted by rank 0, is what torch does with sharing off.
         env.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
+        env[bootstrap.LABELS_ENV] = "1" if self._defaults.label_logs else "0"
+        log_dir = _rank_log_dir(rdzv_id, topology.node_index)
+        if log_dir:
+            env[bootstrap.LOG_DIR_ENV] = log_dir
         gang_config = GangConfig(
             gang_id=rdzv_id,
             num_nodes=topology.num_nodes,
             heartbeat_timeout=self._defaults.heartbeat_timeout,
             start_timeout=self._defaults.start_timeout,
+            progress_interval=_progress_interval(),
         )
-        server = client = None
+        server = client = sup = None
+        code: Optional[int] = None
+        started = time.time()
+        failures: List[RankFailure] = []
+        cause: Optional[Dict[str, Any]] = None
         try:
             ports = topology.ports
             if topology.is_control:
                 bind = _bind_host(topology)
                 server = GangServer(
                     gang_config, bind, ports, announce={"rdzv_port": find_free_port(bind)}
-                ).start()
+                )
+                server.progress = _say
+                server.start()
                 ports = (server.port,)
             client = GangClient(gang_config, topology.main_addr, ports, topology.node_index)
             client.connect()
@@ -318,8 +305,6 @@ class TorchrunHandle:
             )
             with Supervisor(argv, env=env) as sup:
                 code = sup.wait(should_stop=client.abort_reason)
-            started = sup.started_at or time.time()
-            ended = sup.ended_at or time.time()
             ok = code == 0 and client.cause is None
             if code == 0 and (client.cause is None or server is None):
                 # This node's ranks all succeeded: a worker node is done whatever
@@ -327,7 +312,10 @@ class TorchrunHandle:
                 if function is not None:
                     returns = functions.read_returns(failure_dir)
                 rank0 = functions.result_path(failure_dir, 0)
-                client.report_done(_read_bytes(rank0) if os.path.exists(rank0) else None)
+                client.report_done(
+                    _read_bytes(rank0) if os.path.exists(rank0) else None,
+                    _node_report(failure_dir, [], log_dir, sup),
+                )
                 if server is not None:
                     # The control hosts the gang service: it stays until every node
                     # has finished, so that a late failure still reaches everyone.
@@ -337,14 +325,16 @@ class TorchrunHandle:
                         returns[0] = pickle.loads(server.rank0_pickle)
                 ok = client.cause is None or server is None
             if not ok:
-                failures: List[RankFailure] = []
                 if code != 0:
                     failures = merge_failures(
                         read_failures(failure_dir),
                         parse_torchrun_summary(sup.stderr_tail, topology.node_index),
                     )
                     if client.cause is None:
-                        client.report_failure(_cause_from(topology.node_index, code, failures))
+                        client.report_failure(
+                            _cause_from(topology.node_index, code, failures),
+                            _node_report(failure_dir, failures, log_dir, sup),
+                        )
                         # The service decides which failure came first; hear it.
                         deadline = time.monotonic() + 2.0
                         while client.cause is None and time.monotonic() < deadline:
@@ -354,22 +344,103 @@ class TorchrunHandle:
                 raise _error_for(cause, topology.node_index, code, failures, argv, function, failure_dir)
         finally:
             if client is not None:
+                cause = client.cause
                 client.close()
+            gang_view: Dict[str, Any] = {}
             if server is not None:
+                gang_view = {
+                    "joined_at": dict(server.joined_at),
+                    "finished_at": dict(server.finished_at),
+                    "reports": dict(server.reports),
+                }
                 server.close()
+            ranks = read_rank_records(failure_dir, failures)
+            self.last_result = TorchrunResult(
+                command=argv,
+                node_index=topology.node_index,
+                num_nodes=topology.num_nodes,
+                nproc_per_node=nproc,
+                exit_code=code,
+                started_at=(sup.started_at if sup and sup.started_at else started),
+                ended_at=(sup.ended_at if sup and sup.ended_at else time.time()),
+                main_addr=topology.main_addr,
+                local_addr=local_addr,
+                rdzv_port=(client.announce.get("rdzv_port") if client else None),
+                gang_port=(client.port if client else None),
+                ranks=ranks,
+                restarts=max([r.restart or 0 for r in ranks] or [0]),
+                log_dir=log_dir,
+                cause=cause,
+                gang=gang_view,
+                returns=returns,
+            )
             shutil.rmtree(failure_dir, ignore_errors=True)
-        self.last_result = TorchrunResult(
-            command=argv,
-            node_index=topology.node_index,
-            num_nodes=topology.num_nodes,
-            nproc_per_node=nproc,
-            exit_code=code,
-            started_at=started,
-            ended_at=ended,
-            topology=topology,
-            returns=returns,
-        )
+            in_flight = sys.exc_info()[1]
+            if in_flight is not None:
+                try:
+                    in_flight.result = self.last_result  # type: ignore[attr-defined]
+                except AttributeError:
+                    pass
         return self.last_result
+
+
+PROGRESS_ENV = "METAFLOW_TORCHRUN_PROGRESS_SECONDS"
+
+
+def _progress_interval() -> float:
+    try:
+        return max(0.5, float(os.environ.get(PROGRESS_ENV, "15")))
+    except ValueError:
+        return 15.0
+
+
+def _say(text: str) -> None:
+    print("@torchrun: %s" % text, file=sys.stderr, flush=True)
+
+
+TAIL_LINES = 20
+
+
+def tail_lines(path: str, count: int = TAIL_LINES, max_bytes: int = 64 * 1024) -> List[str]:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - max_bytes))
+            data = f.read()
+    except OSError:
+        return []
+    return data.decode(errors="replace").splitlines()[-count:]
+
+
+def _node_report(workdir: str, failures: List[RankFailure], log_dir: Optional[str], sup) -> Dict[str, Any]:
+    """What this node tells the control when it finishes: its ranks and the last
+    lines of their output (for the control's card)."""
+    ranks = read_rank_records(workdir, failures)
+    tails = {}
+    for rec in ranks:
+        if log_dir:
+            tails[str(rec.rank)] = {
+                s: tail_lines(os.path.join(log_dir, "rank-%d.%s.log" % (rec.rank, s)))
+                for s in ("stdout", "stderr")
+            }
+    return {
+        "ranks": [dict(vars(r)) for r in ranks],
+        "tails": tails,
+        "started": getattr(sup, "started_at", None),
+        "ended": time.time(),
+    }
+
+
+def _rank_log_dir(rdzv_id: str, node_index: int) -> Optional[str]:
+    """Per-rank copies of the output, kept after the run (the card shows their
+    last lines; users can read them on the node)."""
+    path = os.path.join(tempfile.gettempdir(), "metaflow-torchrun", rdzv_id, "node-%d" % node_index)
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError:
+        return None
+    return path
 
 
 def _function_reference(entrypoint: Any, args: Any) -> Optional[functions.FunctionRef]:

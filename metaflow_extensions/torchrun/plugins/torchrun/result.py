@@ -1,0 +1,151 @@
+"""What ``current.torch.run`` returns, and what is kept after the run.
+
+The same record is returned to the step, attached to the exception when the run
+fails, stored as task metadata (``torchrun-result``, readable with the Metaflow
+client after the run) and drawn in the step's card.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from typing import Any, Dict, List, Optional, Union
+
+from .failures import RankFailure
+
+METADATA_FIELD = "torchrun-result"
+
+
+@dataclass
+class RankRecord:
+    rank: int
+    local_rank: int
+    group_rank: int = -1
+    restart: int = 0
+    pid: int = -1
+    start: Optional[float] = None
+    end: Optional[float] = None
+    exit_code: Optional[int] = None
+
+    @property
+    def duration(self) -> Optional[float]:
+        if self.start is None or self.end is None:
+            return None
+        return self.end - self.start
+
+
+@dataclass
+class TorchrunResult:
+    """What happened on this node."""
+
+    command: List[str]
+    node_index: int
+    num_nodes: int
+    nproc_per_node: Union[int, str]
+    exit_code: Optional[int]
+    started_at: float
+    ended_at: float
+    main_addr: str = ""
+    local_addr: str = ""
+    rdzv_port: Optional[int] = None
+    gang_port: Optional[int] = None
+    ranks: List[RankRecord] = field(default_factory=list)
+    restarts: int = 0
+    log_dir: Optional[str] = None
+    # Set when the run failed: the gang's root cause (a dict, see gang.py).
+    cause: Optional[Dict[str, Any]] = None
+    # On the control node: the gang as the control saw it: "joined_at" and
+    # "finished_at" (node -> epoch seconds) and "reports" (node -> its ranks and
+    # the last lines of their output).
+    gang: Dict[str, Any] = field(default_factory=dict)
+    # Function entrypoints: return values of this node's ranks by global rank;
+    # on the control node rank 0's value is always there.
+    returns: Dict[int, Any] = field(default_factory=dict)
+
+    @property
+    def duration(self) -> float:
+        return self.ended_at - self.started_at
+
+    @property
+    def succeeded(self) -> bool:
+        return self.exit_code == 0 and self.cause is None
+
+    def rank_logs(self) -> Dict[int, Dict[str, str]]:
+        """Where each rank's stdout and stderr were copied on this node."""
+        if not self.log_dir:
+            return {}
+        return {
+            r.rank: {
+                s: os.path.join(self.log_dir, "rank-%d.%s.log" % (r.rank, s))
+                for s in ("stdout", "stderr")
+            }
+            for r in self.ranks
+        }
+
+    def to_dict(self) -> Dict[str, Any]:
+        """JSON-able, without return values (they may be anything)."""
+        data = asdict(self)
+        data.pop("returns", None)
+        data["duration"] = self.duration
+        data["succeeded"] = self.succeeded
+        data["gang"] = {
+            key: {str(k): v for k, v in (self.gang.get(key) or {}).items()}
+            for key in ("joined_at", "finished_at", "reports")
+        }
+        for r, rec in zip(data["ranks"], self.ranks):
+            r["duration"] = rec.duration
+        return data
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), default=str)
+
+
+def read_rank_records(directory: str, failures: List[RankFailure]) -> List[RankRecord]:
+    """The status each rank wrote, completed with torchrun's report for ranks
+    that died before they could write their exit."""
+    records: Dict[int, RankRecord] = {}
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        names = []
+    for name in names:
+        if not name.endswith(".status.json"):
+            continue
+        try:
+            with open(os.path.join(directory, name)) as f:
+                raw = json.load(f)
+            rec = RankRecord(**{k: raw.get(k) for k in RankRecord.__dataclass_fields__})
+        except (OSError, ValueError, TypeError):
+            continue
+        records[rec.rank] = rec
+    for failure in failures:
+        rec = records.get(failure.rank)
+        if rec is None:
+            rec = records[failure.rank] = RankRecord(failure.rank, failure.local_rank, pid=failure.pid)
+        if rec.exit_code is None:
+            code = _code_from(failure.exc_type)
+            rec.exit_code = code
+            rec.end = rec.end or failure.timestamp
+    return [records[k] for k in sorted(records)]
+
+
+def _code_from(description: str) -> Optional[int]:
+    import signal
+
+    text = description or ""
+    if text.startswith("killed by signal "):
+        name = text[len("killed by signal ") :]
+        try:
+            return -int(getattr(signal.Signals, name))
+        except (AttributeError, ValueError):
+            try:
+                return -int(name)
+            except ValueError:
+                return None
+    if text.startswith("exit code "):
+        try:
+            return int(text.split()[2])
+        except (IndexError, ValueError):
+            return None
+    return None
