@@ -129,7 +129,11 @@ def test_max_restarts_recovers_across_nodes(gang):
     assert proc.returncode == 0, text[-4000:]
     reports = gang.reports("rank-")
     assert sorted(reports) == [0, 1, 2, 3]
-    assert all(r["restarts"] == 1 and r["sum"] == 4 for r in reports.values())
+    assert all(r["sum"] == 4 for r in reports.values())
+    # Rank 1 fails while its restart count is 0, so it ran again after a restart.
+    # (A node whose own workers were healthy restarts them for the new round
+    # without counting it: torch counts only a node's own failures.)
+    assert reports[1]["restarts"] >= 1
     assert "first try fails" in text
 
 

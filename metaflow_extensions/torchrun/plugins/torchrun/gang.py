@@ -60,9 +60,11 @@ class _LineReader:
         while b"\n" in self.buffer:
             line, self.buffer = self.buffer.split(b"\n", 1)
             try:
-                out.append(json.loads(line))
+                message = json.loads(line)
             except ValueError:
                 continue
+            if isinstance(message, dict):  # anything else is not our protocol
+                out.append(message)
         return out
 
 
@@ -223,7 +225,15 @@ class GangServer:
                 self._reply(peer, {"type": "reject", "reason": "another gang (%s)" % self.config.gang_id})
                 self._drop_quietly(peer)
                 return
-            node = int(message["node_index"])
+            try:
+                node = int(message["node_index"])
+            except (KeyError, TypeError, ValueError):
+                self._drop_quietly(peer)
+                return
+            if not 0 <= node < self.config.num_nodes:
+                self._reply(peer, {"type": "reject", "reason": "no node %r in this gang" % node})
+                self._drop_quietly(peer)
+                return
             previous = self._by_node.get(node)
             if previous is not None and previous is not peer:
                 self._drop_quietly(previous)  # a reconnect after a transient error
@@ -268,7 +278,7 @@ class GangServer:
                 {
                     "kind": "never_joined",
                     "missing": missing,
-                    "summary": "node%s %s did not join within %ds (%d of %d joined)"
+                    "summary": "node%s %s did not join within %gs (%d of %d joined)"
                     % (
                         "s" if len(missing) > 1 else "",
                         ", ".join(str(n) for n in missing),
@@ -390,9 +400,10 @@ class GangClient:
         except BaseException:
             _close(sock)
             raise
-        if reply.get("type") != "welcome":
+        if not isinstance(reply, dict) or reply.get("type") != "welcome":
             _close(sock)
-            raise RuntimeError(reply.get("reason", "rejected"))
+            reason = reply.get("reason", "rejected") if isinstance(reply, dict) else "not a gang service"
+            raise RuntimeError(reason)
         sock.settimeout(None)
         self._sock = sock
         self.port = port

@@ -111,7 +111,8 @@ def find_free_port(host: str = "127.0.0.1", attempts: int = 200, avoid: tuple = 
         port = rng.randint(low, high)
         if port in avoid:
             continue
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        with socket.socket(family, socket.SOCK_STREAM) as s:
             try:
                 s.bind((host, port))
             except OSError:

@@ -1,0 +1,151 @@
+"""See the gang: rank-labelled logs, the result record, join progress, the card."""
+
+import base64
+import json
+import re
+
+import pytest
+
+from .helpers import output
+
+pytestmark = pytest.mark.integration
+
+LINE = re.compile(r"^\[rank(\d)\]: LINE (\d) (\d+) payload-(x*)$")
+
+
+def _control_log(gang, stream="stdout"):
+    return gang.client(
+        "t = Flow('GangFlow').latest_run['train'].control_task\n"
+        "result = t.%s" % stream
+    )
+
+
+def test_every_line_of_every_rank_arrives_labelled_and_whole(gang):
+    n = 20000
+    proc = gang.run("--script", "many_lines.py", "--script-args", json.dumps({"lines": n}), timeout=300)
+    assert proc.returncode == 0, output(proc)[-3000:]
+    seen = {r: set() for r in range(4)}
+    for line in _control_log(gang).splitlines():
+        if "LINE" not in line:
+            continue
+        m = LINE.match(line)
+        assert m, "split or merged line: %r" % line[:200]
+        label, writer, i, xs = m.groups()
+        assert label == writer and len(xs) == int(i) % 37
+        seen[int(label)].add(int(i))
+    for r in range(4):
+        assert len(seen[r]) == n, "rank %d: %d of %d lines" % (r, len(seen[r]), n)
+    errs = _control_log(gang, "stderr")
+    for r in range(4):
+        assert "[rank%d]: ERRLINE %d done" % (r, r) in errs
+
+
+def test_labels_can_be_turned_off(gang):
+    gang.env["MFTR_TORCHRUN_ATTRS"] = json.dumps({"label_logs": False})
+    proc = gang.run("--script", "many_lines.py", "--script-args", json.dumps({"lines": 50}))
+    assert proc.returncode == 0, output(proc)[-3000:]
+    log = _control_log(gang)
+    assert "LINE 3 49 payload-" in log
+    assert "[rank" not in log
+
+
+def test_result_record_is_returned_and_stored_as_metadata(gang):
+    proc = gang.run("--script", "report.py")
+    assert proc.returncode == 0, output(proc)[-3000:]
+    record = gang.client(
+        "import json\n"
+        "t = Flow('GangFlow').latest_run['train'].control_task\n"
+        "result = json.loads(t.metadata_dict['torchrun-result'])"
+    )
+    assert record["succeeded"] and record["exit_code"] == 0
+    assert record["node_index"] == 0 and record["num_nodes"] == 2
+    assert "torch.distributed.run" in record["command"]
+    assert sorted(r["rank"] for r in record["ranks"]) == [0, 1] or len(record["ranks"]) == 2
+    assert all(r["exit_code"] == 0 and r["duration"] > 0 for r in record["ranks"])
+    # The control saw the whole gang: every node's ranks.
+    reported = [r["rank"] for rep in record["gang"]["reports"].values() for r in rep["ranks"]]
+    assert sorted(reported) == [0, 1, 2, 3]
+    assert record["log_dir"] and record["restarts"] == 0
+
+
+def test_failed_run_keeps_its_record_with_the_root_cause(gang):
+    proc = gang.run("--script", "fail.py", "--script-args", json.dumps({"rank": 1}), timeout=180)
+    assert proc.returncode != 0
+    record = gang.client(
+        "import json\n"
+        "t = Flow('GangFlow').latest_run['train'].control_task\n"
+        "result = json.loads(t.metadata_dict['torchrun-result'])"
+    )
+    assert not record["succeeded"]
+    assert "boom from rank 1" in record["cause"]["summary"]
+
+
+def test_control_reports_who_is_missing_while_nodes_join(gang):
+    gang.env.update(
+        {
+            "MFTR_TORCHRUN_ATTRS": json.dumps({"start_timeout": 9}),
+            "MFTR_SKIP_NODE": "1",
+            "METAFLOW_TORCHRUN_PROGRESS_SECONDS": "2",
+        }
+    )
+    proc = gang.run("--script", "report.py", timeout=180)
+    text = output(proc)
+    assert proc.returncode != 0
+    waits = re.findall(r"waiting for nodes: 1/2 joined; node 1 missing for (\d+) s", text)
+    assert len(waits) >= 2, text[-3000:]
+    assert len(waits) <= 6  # calm: about one every 2 s over 9 s, not one per heartbeat
+    assert [int(w) for w in waits] == sorted(int(w) for w in waits)
+
+
+def _card_components(gang, flow="gang_flow.py"):
+    pathspec = gang.client(
+        "result = Flow('GangFlow').latest_run['train'].control_task.pathspec"
+    )
+    import os
+    import subprocess
+    import sys
+
+    from .helpers import FLOWS
+
+    html = os.path.join(gang.tmp, "card.html")
+    proc = subprocess.run(
+        [sys.executable, os.path.join(FLOWS, flow), "--no-pylint", "card", "get",
+         pathspec.split("/", 1)[1], html, "--id", "torchrun"],
+        cwd=gang.tmp, env=gang.env, capture_output=True, timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr.decode(errors="replace")
+    text = open(html).read()
+    # Offline: no script or stylesheet is fetched from anywhere.
+    assert not re.search(r"<(script|link)[^>]+(src|href)=\"https?://", text)
+    data = re.search(r'__MF_DATA__\["[^"]+"\] = "([^"]+)"', text).group(1)
+    page = json.loads(base64.b64decode(data))
+    return page["components"][0]["contents"][0]["contents"]
+
+
+def test_card_shows_topology_ranks_and_timeline(gang):
+    proc = gang.run("--script", "many_lines.py", "--script-args", json.dumps({"lines": 30}))
+    assert proc.returncode == 0, output(proc)[-3000:]
+    parts = _card_components(gang)
+    sources = [p.get("source", "").strip() for p in parts if p["type"] == "markdown"]
+    tables = [p for p in parts if p["type"] == "table"]
+    assert "Succeeded" in sources[0]
+    topology = dict(map(tuple, tables[0]["data"]))
+    assert topology["nodes x processes"] == "2 x 2"
+    assert topology["control address"] == "127.0.0.1"
+    timeline = tables[1]["data"]
+    assert [row[0] for row in timeline] == ["0", "1"] and all("█" in row[3] for row in timeline)
+    ranks = tables[2]["data"]
+    assert sorted(int(r[0]) for r in ranks) == [0, 1, 2, 3]
+    assert all(r[4] == "0 (ok)" for r in ranks)
+    tails = "\n".join(s for s in sources if s.startswith("**rank"))
+    for r in range(4):
+        assert "LINE %d 29 payload-" % r in tails
+
+
+def test_card_of_a_failed_run_names_the_root_cause(gang):
+    proc = gang.run("--script", "fail.py", "--script-args", json.dumps({"rank": 2}), timeout=180)
+    assert proc.returncode != 0
+    parts = _card_components(gang)
+    sources = [p.get("source", "").strip() for p in parts if p["type"] == "markdown"]
+    assert "Failed" in sources[0] and "boom from rank 2" in sources[0]
+    assert any(s.startswith("## Root cause") and "rank 2" in s for s in sources)

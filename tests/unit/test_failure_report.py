@@ -1,0 +1,397 @@
+"""How a node's failure is reported: torchrun's own summary, merged with the
+ranks' records; the message of a node stopped by the gang; and the rendezvous
+settings on the command line."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import time
+
+import metaflow  # noqa: F401  (must come before our modules)
+import pytest
+
+from metaflow_extensions.torchrun.plugins.torchrun import command, errors, topology
+from metaflow_extensions.torchrun.plugins.torchrun.failures import (
+    RankFailure,
+    merge_failures,
+    parse_torchrun_summary,
+)
+
+# -- torchrun's report ---------------------------------------------------------
+
+# Written the way torch 2.x prints a ChildFailedError (note the trailing spaces
+# after "(pid: N)" and the "(SIGSEGV)" after a signal), around other log noise.
+HAND_WRITTEN = b"""\
+[rank1]: some output from the user's script
+W1122 02:48:49.128000 13042 torch/distributed/elastic/multiprocessing/api.py:1028] Sending process 4243 closing signal SIGTERM
+Traceback (most recent call last):
+  File "/venv/lib/python3.11/site-packages/torch/distributed/launcher/api.py", line 383, in launch_agent
+    raise ChildFailedError(
+torch.distributed.elastic.multiprocessing.errors.ChildFailedError: 
+============================================================
+/flow/train.py FAILED
+------------------------------------------------------------
+Failures:
+[1]:
+  time      : 2024-03-05_10:15:09
+  host      : ip-10-0-1-7.ec2.internal
+  rank      : 6 (local_rank: 2)
+  exitcode  : 1 (pid: 4243)
+  error_file: /tmp/torchelastic_x/none_y/attempt_0/2/error.json
+  traceback : Traceback (most recent call last):
+    File "/flow/train.py", line 9, in <module>
+      raise ValueError("boom")
+  ValueError: boom
+[2]:
+  time      : 2024-03-05_10:15:10
+  host      : ip-10-0-1-7.ec2.internal
+  rank      : 7 (local_rank: 3)
+  exitcode  : -9 (pid: 4244)  (SIGKILL)
+  error_file: <N/A>
+  traceback : Signal 9 (SIGKILL) received by PID 4244
+------------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2024-03-05_10:15:08
+  host      : ip-10-0-1-7.ec2.internal
+  rank      : 5 (local_rank: 1)
+  exitcode  : -11 (pid: 4242)  (SIGSEGV)
+  error_file: <N/A>
+  traceback : Signal 11 (SIGSEGV) received by PID 4242
+============================================================
+"""
+
+
+def stamp(text):
+    return time.mktime(time.strptime(text, "%Y-%m-%d_%H:%M:%S"))
+
+
+class TestParseHandWritten:
+    def test_every_entry_earliest_first(self):
+        parsed = parse_torchrun_summary(HAND_WRITTEN, node_index=1)
+        assert [f.rank for f in parsed] == [5, 6, 7]
+        assert [f.local_rank for f in parsed] == [1, 2, 3]
+        assert [f.pid for f in parsed] == [4242, 4243, 4244]
+        assert [f.exc_type for f in parsed] == [
+            "killed by signal SIGSEGV",
+            "exit code 1",
+            "killed by signal SIGKILL",
+        ]
+        assert [f.timestamp for f in parsed] == [
+            stamp("2024-03-05_10:15:08"),
+            stamp("2024-03-05_10:15:09"),
+            stamp("2024-03-05_10:15:10"),
+        ]
+        for f in parsed:
+            assert isinstance(f, RankFailure)
+            assert f.node_index == 1
+            assert f.host == "ip-10-0-1-7.ec2.internal"
+            assert f.traceback == ""
+        assert parsed[0].message == "the rank's process ended with killed by signal SIGSEGV"
+        assert "SIGSEGV" in parsed[0].summary()
+
+    def test_crlf_line_endings(self):
+        parsed = parse_torchrun_summary(HAND_WRITTEN.replace(b"\n", b"\r\n"), node_index=0)
+        assert [f.rank for f in parsed] == [5, 6, 7]
+        assert parsed[0].host == "ip-10-0-1-7.ec2.internal"
+
+    def test_a_tail_that_cut_the_report_keeps_the_whole_entries(self):
+        cut = HAND_WRITTEN[HAND_WRITTEN.index(b"  host      : ip-10-0-1-7.ec2.internal\n  rank      : 6"):]
+        parsed = parse_torchrun_summary(cut, node_index=0)
+        assert [f.rank for f in parsed] == [5, 7]
+
+    def test_an_unreadable_time_still_gives_the_entry(self):
+        text = HAND_WRITTEN.replace(b"2024-03-05_10:15:08", b"<N/A>")
+        before = time.time()
+        parsed = {f.rank: f for f in parsed_list(text)}
+        assert before - 1 <= parsed[5].timestamp <= time.time() + 1
+        assert parsed[6].timestamp == stamp("2024-03-05_10:15:09")
+
+    @pytest.mark.parametrize(
+        "garbage",
+        [
+            b"",
+            b"\n\n\n",
+            b"Traceback (most recent call last):\nValueError: nothing to see\n",
+            bytes(range(256)) * 4,
+            b"  time      : 2024-03-05_10:15:08\n  host      : h\n  rank      : x (local_rank: 1)\n"
+            b"  exitcode  : 1 (pid: 3)\n",
+            b"  time      : 2024-03-05_10:15:08\n  host      : h\n  rank      : 1 (local_rank: 1)\n",
+            "time : 2024 \u00e9\u00e8 rank exitcode".encode("utf-8"),
+        ],
+    )
+    def test_garbage_gives_nothing(self, garbage):
+        assert parse_torchrun_summary(garbage, node_index=0) == []
+
+    def test_non_utf8_host_does_not_break_parsing(self):
+        text = HAND_WRITTEN.replace(b"ip-10-0-1-7.ec2.internal", b"h\xff\xfeost")
+        parsed = parse_torchrun_summary(text, node_index=0)
+        assert [f.rank for f in parsed] == [5, 6, 7]
+        assert parsed[0].host.startswith("h") and parsed[0].host.endswith("ost")
+
+
+def parsed_list(text):
+    return parse_torchrun_summary(text, node_index=0)
+
+
+# The ranks of a real torchrun: local rank 1 segfaults; local rank 0 exits with 3
+# (at once if torchrun's SIGTERM comes first, so that both ranks end as written).
+CRASHING_SCRIPT = textwrap.dedent(
+    """
+    import os, signal, sys, time
+    local_rank = int(os.environ["LOCAL_RANK"])
+    with open(os.path.join(sys.argv[1], "pid-%d" % local_rank), "w") as f:
+        f.write(str(os.getpid()))
+    if local_rank == 1:
+        time.sleep(0.5)
+        import ctypes
+        ctypes.string_at(0)
+    else:
+        signal.signal(signal.SIGTERM, lambda *a: sys.exit(3))
+        time.sleep(60)
+        sys.exit(3)
+    """
+)
+
+
+@pytest.fixture(scope="module")
+def real_torchrun_report(tmp_path_factory):
+    pytest.importorskip("torch.distributed.run")
+    tmp = tmp_path_factory.mktemp("torchrun")
+    script = tmp / "crash.py"
+    script.write_text(CRASHING_SCRIPT)
+    port = topology.find_free_port()
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    env.pop("TORCHELASTIC_ERROR_FILE", None)
+    started = time.time()
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc-per-node",
+            "2",
+            "--rdzv-backend",
+            "c10d",
+            "--rdzv-endpoint",
+            "127.0.0.1:%d" % port,
+            str(script),
+            str(tmp),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        env=env,
+        timeout=120,
+    )
+    pids = {r: int((tmp / ("pid-%d" % r)).read_text()) for r in (0, 1)}
+    return proc, pids, started
+
+
+class TestParseRealTorchrun:
+    def test_segfault_and_exit_code(self, real_torchrun_report):
+        proc, pids, started = real_torchrun_report
+        assert proc.returncode != 0
+        assert b"ChildFailedError" in proc.stderr, proc.stderr[-3000:]
+        parsed = parse_torchrun_summary(proc.stderr, node_index=3)
+        by_rank = {f.rank: f for f in parsed}
+        assert sorted(by_rank) == [0, 1], proc.stderr[-3000:]
+        assert "SIGSEGV" in by_rank[1].exc_type
+        assert by_rank[1].exc_type == "killed by signal SIGSEGV"
+        assert "exit code 3" in by_rank[0].exc_type
+        assert by_rank[0].exc_type == "exit code 3"
+        for rank, f in by_rank.items():
+            assert f.local_rank == rank
+            assert f.pid == pids[rank]
+            assert f.node_index == 3
+            assert f.host
+            # torchrun prints local time to the second.
+            assert started - 2 <= f.timestamp <= time.time() + 1
+
+    def test_a_ranks_own_record_replaces_torchruns_entry(self, real_torchrun_report):
+        proc, pids, _ = real_torchrun_report
+        reported = parse_torchrun_summary(proc.stderr, node_index=0)
+        own = RankFailure(
+            rank=0, local_rank=0, node_index=0, host="h", pid=pids[0], exc_type="SystemExit",
+            message="3", traceback="Traceback...\nSystemExit: 3\n", timestamp=time.time() - 10,
+        )
+        merged = merge_failures([own], reported)
+        assert [f.rank for f in merged] == [0, 1]
+        assert merged[0] is own
+        assert merged[1].exc_type == "killed by signal SIGSEGV"
+
+
+# -- merging -------------------------------------------------------------------
+
+
+def failure(rank, timestamp, traceback="", exc_type="ValueError", node_index=0):
+    return RankFailure(
+        rank=rank, local_rank=rank % 2, node_index=node_index, host="h", pid=100 + rank,
+        exc_type=exc_type, message="m%d" % rank, traceback=traceback, timestamp=timestamp,
+    )
+
+
+class TestMerge:
+    def test_own_record_wins_others_added_sorted_by_time(self):
+        own_3 = failure(3, 105.0, traceback="Traceback ...\nValueError: m3\n")
+        own_1 = failure(1, 103.0, traceback="Traceback ...\nKeyError: k\n", exc_type="KeyError")
+        from_torchrun = [
+            failure(3, 100.0, exc_type="exit code 1"),  # earlier, but the rank's own record wins
+            failure(0, 104.0, exc_type="killed by signal SIGSEGV"),
+            failure(2, 101.0, exc_type="killed by signal SIGKILL"),
+            failure(1, 106.0, exc_type="exit code 1"),
+        ]
+        recorded = [own_3, own_1]
+        merged = merge_failures(recorded, from_torchrun)
+        assert [(f.rank, f.timestamp) for f in merged] == [
+            (2, 101.0), (1, 103.0), (0, 104.0), (3, 105.0)
+        ]
+        assert merged[1] is own_1 and merged[3] is own_3
+        assert merged[3].traceback.startswith("Traceback")
+        assert len({f.rank for f in merged}) == len(merged)
+        # Inputs untouched.
+        assert recorded == [own_3, own_1] and len(from_torchrun) == 4
+
+    def test_either_side_empty(self):
+        a = [failure(1, 2.0), failure(0, 1.0)]
+        assert merge_failures([], a) == [a[1], a[0]]
+        assert merge_failures(a, []) == [a[1], a[0]]
+        assert merge_failures([], []) == []
+
+    def test_the_root_cause_of_torchrun_failed_follows_the_merge(self):
+        merged = merge_failures(
+            [failure(1, stamp("2024-03-05_10:15:20"), traceback="Traceback\nValueError: m1\n")],
+            parse_torchrun_summary(HAND_WRITTEN, node_index=0),
+        )
+        err = errors.TorchrunFailed(1, 0, merged)
+        # rank 5's segfault (torchrun's report) came first; rank 1's own record is later.
+        assert err.root_cause.rank == 5
+        assert "killed by signal SIGSEGV" in str(err)
+        assert "Also failed: rank 6, rank 7, rank 1" in str(err)
+
+
+# -- the message of a node stopped by the gang ------------------------------------
+
+
+class TestGangAborted:
+    def test_stopped_because_another_node_failed(self):
+        cause = {"kind": "failed", "node_index": 0, "summary": "node 0, rank 2: ValueError: boom"}
+        e = errors.GangAborted(1, cause, own_exit_code=-15)
+        text = str(e)
+        assert text.startswith(
+            "node 1 stopped its torchrun because node 0 failed first: "
+            "node 0, rank 2: ValueError: boom"
+        )
+        assert "node 0's log" in text
+        assert e.node_index == 1
+        assert e.cause == cause and e.cause is not cause
+        assert e.headline == "@torchrun gang stopped"
+        assert isinstance(e, errors.TorchrunException)
+
+    @pytest.mark.parametrize(
+        "kind, origin",
+        [("node_lost", 2), ("unresponsive", 0), ("never_joined", None),
+         ("control_lost", 0), ("control_unresponsive", 0), ("control_unreachable", None)],
+    )
+    def test_other_causes(self, kind, origin):
+        cause = {"kind": kind, "summary": "the summary of %s" % kind}
+        if origin is not None:
+            cause["node_index"] = origin
+        text = str(errors.GangAborted(1, cause))
+        assert text == "node 1 stopped its torchrun: the summary of %s" % kind
+        assert "failed first" not in text and "log" not in text
+
+    def test_own_failure_is_not_blamed_on_itself(self):
+        text = str(errors.GangAborted(1, {"kind": "failed", "node_index": 1, "summary": "S"}))
+        assert text == "node 1 stopped its torchrun: S"
+
+    def test_failed_at_node_0_is_named_from_node_2(self):
+        # node_index 0 is falsy; it must still be named.
+        text = str(errors.GangAborted(2, {"kind": "failed", "node_index": 0, "summary": "S"}))
+        assert text.startswith("node 2 stopped its torchrun because node 0 failed first: S")
+
+    def test_no_summary(self):
+        assert str(errors.GangAborted(3, {"kind": "node_lost", "node_index": 1})) == (
+            "node 3 stopped its torchrun: node_lost"
+        )
+        assert str(errors.GangAborted(3, {})) == "node 3 stopped its torchrun: unknown cause"
+        assert str(errors.GangAborted(3, None)) == "node 3 stopped its torchrun: unknown cause"
+
+
+# -- rendezvous settings ---------------------------------------------------------
+
+
+def launch(node_index, user_options):
+    return command.Launch(
+        python="/usr/bin/python3",
+        num_nodes=2,
+        node_index=node_index,
+        nproc_per_node=4,
+        rdzv_host="10.0.0.1",
+        rdzv_port=29500,
+        rdzv_id="flow-1-train-2-0",
+        entrypoint="/flow/train.py",
+        entrypoint_argv=["--lr", "0.1"],
+        user_options=user_options,
+    )
+
+
+def rdzv_conf(argv):
+    assert argv.count("--rdzv-conf") == 1, argv
+    return argv[argv.index("--rdzv-conf") + 1]
+
+
+def torch_reads(argv):
+    """The rendezvous settings torchrun itself would use for this argv."""
+    run = pytest.importorskip("torch.distributed.run")
+    from torch.distributed.elastic.rendezvous.utils import _parse_rendezvous_config
+
+    args = run.get_args_parser().parse_args(argv[3:])
+    return _parse_rendezvous_config(args.rdzv_conf)
+
+
+class TestRdzvConf:
+    def test_default_says_which_node_hosts_the_store(self):
+        assert rdzv_conf(command.build_command(launch(0, {}))) == "is_host=1"
+        assert rdzv_conf(command.build_command(launch(1, {}))) == "is_host=0"
+
+    @pytest.mark.parametrize("node_index, is_host", [(0, "1"), (1, "0")])
+    def test_users_settings_are_added_to_is_host(self, node_index, is_host):
+        argv = command.build_command(launch(node_index, {"rdzv-conf": "join_timeout=900"}))
+        conf = rdzv_conf(argv)
+        assert sorted(conf.split(",")) == ["is_host=%s" % is_host, "join_timeout=900"]
+        assert torch_reads(argv) == {"is_host": is_host, "join_timeout": "900"}
+        # The rest of the command is as without the user's setting.
+        base = command.build_command(launch(node_index, {}))
+        i = argv.index("--rdzv-conf") + 1
+        assert argv[:i] + argv[i + 1:] == base[:i] + base[i + 1:]
+
+    @pytest.mark.parametrize("node_index", [0, 1])
+    def test_users_is_host_is_used_unchanged(self, node_index):
+        mine = "join_timeout=900,is_host=0"
+        argv = command.build_command(launch(node_index, {"rdzv-conf": mine}))
+        assert rdzv_conf(argv) == mine
+        assert torch_reads(argv) == {"is_host": "0", "join_timeout": "900"}
+
+    @pytest.mark.parametrize(
+        "torchrun_args",
+        [
+            {"rdzv_conf": "join_timeout=900,read_timeout=60"},
+            {"--rdzv-conf": "join_timeout=900,read_timeout=60"},
+            ["--rdzv_conf", "join_timeout=900,read_timeout=60"],
+            ["--rdzv-conf=join_timeout=900,read_timeout=60"],
+        ],
+    )
+    def test_every_spelling_of_the_option_merges(self, torchrun_args):
+        argv = command.build_command(launch(1, command.parse_options(torchrun_args)))
+        assert sorted(rdzv_conf(argv).split(",")) == [
+            "is_host=0", "join_timeout=900", "read_timeout=60"
+        ]
+        assert torch_reads(argv)["is_host"] == "0"
+
+    def test_user_options_are_not_mutated(self):
+        user = {"rdzv-conf": "join_timeout=900"}
+        command.build_command(launch(0, user))
+        assert user == {"rdzv-conf": "join_timeout=900"}
