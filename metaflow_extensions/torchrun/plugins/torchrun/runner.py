@@ -6,6 +6,7 @@ command -> supervisor -> result, or a typed error naming what went wrong.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import pickle
 import shutil
@@ -233,6 +234,11 @@ class TorchrunHandle:
         )
         rdzv_id = self._identity.rdzv_id
         local_addr = local_address_towards(topology.main_addr) or topology.main_addr
+        if not topology.is_local and _is_loopback(local_addr):
+            # The control's own name resolved to loopback (a Batch main node whose
+            # host name maps to 127.0.1.1): other nodes need its routable address,
+            # the source of the default route (a UDP connect sends nothing).
+            local_addr = local_address_towards("192.0.2.1") or local_addr
         argv: List[str] = []
         failure_dir = tempfile.mkdtemp(prefix="mf-torchrun-")
         env = dict(os.environ)
@@ -474,6 +480,13 @@ def _original_exception(function, directory: str, error: TorchrunFailed) -> Opti
         return None
     exc = functions.read_exception(directory, error.root_cause.rank)
     return functions.with_rank(exc, error.root_cause.rank) if exc is not None else None
+
+
+def _is_loopback(address: str) -> bool:
+    try:
+        return ipaddress.ip_address(address).is_loopback
+    except ValueError:
+        return False
 
 
 def _bind_host(topology: Topology) -> str:
