@@ -140,7 +140,7 @@ def kubernetes_manifest(num_nodes: int, task_id: str, port: Optional[int], run_i
     k8s_module.KubernetesClient = _OfflineClient
     try:
         jobset = Kubernetes(datastore=_Datastore(), metadata=None, environment=_Environment()).create_jobset(
-            flow_name=flow_name, run_id=run_id, step_name=step_name, task_id=task_id, attempt=0,
+            flow_name=flow_name, run_id=run_id, step_name=step_name, task_id=task_id, attempt="0",
             user="harness", code_package_metadata="", code_package_sha="", code_package_url="",
             code_package_ds="s3", docker_image="python:3.11", docker_image_pull_policy=None,
             step_cli="%s %s %s" % (_BEGIN, METAFLOW_PARALLEL_STEP_CLI_OPTIONS_TEMPLATE, _END),

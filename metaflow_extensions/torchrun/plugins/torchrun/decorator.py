@@ -44,8 +44,9 @@ class TorchrunDecorator(ParallelDecorator):
     torchrun_args : dict or list, optional
         Extra torchrun options, e.g. ``{"max_restarts": 2}``.
     port : int, optional
-        Rendezvous port on the control node (default: chosen automatically); the
-        gang liveness service uses the next port.
+        The control node's main port, where the gang service listens (default:
+        chosen automatically; ``@kubernetes(port=...)`` on Kubernetes). torchrun's
+        rendezvous port is picked free by the control and announced to the nodes.
     heartbeat_timeout : float, default 30
         Seconds of silence after which a node counts as dead and the gang stops.
     start_timeout : float, default 600
@@ -95,6 +96,8 @@ class TorchrunDecorator(ParallelDecorator):
             (deco.name, deco.attributes) for deco in decorators
         )
         self._card = _attach_card(decorators) if _truthy(self.attributes["card"]) else None
+        self._decorators = decorators
+        _warn_small_shm(decorators, self._accelerators, nproc)
         self._port = parse_port(self.attributes.get("port"), "@torchrun(port)")
         for name in ("heartbeat_timeout", "start_timeout"):
             _positive_seconds(self.attributes.get(name), "@torchrun(%s)" % name)
@@ -130,6 +133,14 @@ class TorchrunDecorator(ParallelDecorator):
         )
         from metaflow import current
 
+        if ubf_context != UBF_CONTROL and self._card is not None:
+            # The card belongs to the control task, which sees the whole gang.
+            # Rendering one on every other node costs each a Metaflow start-up
+            # on its critical path. Metaflow is iterating this list and has not
+            # reached the card yet: removing it skips all of its hooks.
+            if self._card in self._decorators:
+                self._decorators.remove(self._card)
+            self._card = None
         if ubf_context == UBF_CONTROL and is_local_runtime(os.environ):
             # Metaflow spawns the other local nodes from this process after this
             # hook: they inherit the port through the environment.
@@ -231,6 +242,26 @@ class TorchrunDecorator(ParallelDecorator):
                 raise
 
         return control_step
+
+
+def _warn_small_shm(decorators, accelerators, nproc) -> None:
+    """NCCL between processes of one node goes through /dev/shm, which containers
+    get at 64 MiB unless the step asks for more; say so before the run, not as
+    an NCCL error in the middle of it."""
+    count = nproc if isinstance(nproc, int) else accelerators.nproc
+    if accelerators.kind != "gpu" or not count or count < 2:
+        return
+    for deco in decorators:
+        if deco.name in ("kubernetes", "batch") and not deco.attributes.get("shared_memory"):
+            message = (
+                "@torchrun: %d GPU processes per node share /dev/shm, which is 64 MiB in "
+                "most containers; consider @%s(shared_memory=<MiB>) for NCCL."
+                % (count, deco.name)
+            )
+            # stderr: some commands print machine-readable output on stdout
+            # (`argo-workflows create --only-json`).
+            print(message, file=sys.stderr)
+            return
 
 
 def _attach_card(decorators) -> Optional[Any]:
