@@ -395,3 +395,95 @@ class TestRdzvConf:
         user = {"rdzv-conf": "join_timeout=900"}
         command.build_command(launch(0, user))
         assert user == {"rdzv-conf": "join_timeout=900"}
+
+
+# -- root cause over echoes ----------------------------------------------------
+
+GLOO_PEER_GONE = (
+    "[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed "
+    "by peer [127.0.0.1]:10126. This is typically caused by a remote worker crashing. Check the "
+    "logs of the remote worker before reporting an error."
+)
+
+
+class TestRootCauseOrder:
+    def test_a_segfault_stamped_later_still_beats_the_connection_errors_it_caused(self):
+        # torchrun stamps a signal death to the second, when its agent noticed it:
+        # the peer's connection error can carry an earlier time.
+        echo = failure(0, 100.95, exc_type="RuntimeError")
+        echo = RankFailure(**{**echo.__dict__, "message": GLOO_PEER_GONE})
+        segv = failure(1, 101.0, exc_type="killed by signal SIGSEGV")
+        merged = merge_failures([echo], [segv])
+        assert [f.rank for f in merged] == [1, 0]
+        assert errors.TorchrunFailed(1, 0, [echo, segv]).root_cause is segv
+
+    @pytest.mark.parametrize(
+        "exc_type, message",
+        [
+            ("RuntimeError", GLOO_PEER_GONE),
+            ("RuntimeError", "[../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection reset by peer"),
+            ("DistBackendError", "NCCL error: remote process exited or there was a network error"),
+            ("DistBackendError", "NCCL communicator was aborted on rank 3."),
+            ("DistNetworkError", "failed to recv, got 0 bytes"),
+            ("killed by signal SIGTERM", "the rank's process ended with killed by signal SIGTERM"),
+        ],
+    )
+    def test_echoes_of_a_peer_are_secondary(self, exc_type, message):
+        f = RankFailure(rank=0, local_rank=0, node_index=0, host="h", pid=1, exc_type=exc_type,
+                        message=message, traceback="", timestamp=1.0)
+        assert f.secondary
+
+    @pytest.mark.parametrize(
+        "exc_type, message",
+        [
+            ("ValueError", "boom"),
+            ("killed by signal SIGSEGV", "the rank's process ended with killed by signal SIGSEGV"),
+            ("killed by signal SIGKILL", "the rank's process ended with killed by signal SIGKILL"),
+            ("exit code 1", "the rank's process ended with exit code 1"),
+            ("OutOfMemoryError", "CUDA out of memory"),
+        ],
+    )
+    def test_failures_of_their_own_are_primary(self, exc_type, message):
+        f = RankFailure(rank=0, local_rank=0, node_index=0, host="h", pid=1, exc_type=exc_type,
+                        message=message, traceback="", timestamp=1.0)
+        assert not f.secondary
+
+    def test_when_all_are_echoes_the_earliest_is_first(self):
+        a = RankFailure(**{**failure(0, 5.0).__dict__, "message": GLOO_PEER_GONE})
+        b = RankFailure(**{**failure(1, 3.0).__dict__, "message": "Connection reset by peer"})
+        assert [f.rank for f in merge_failures([a, b], [])] == [1, 0]
+
+    def test_a_real_gloo_peer_loss_is_recognised(self, tmp_path):
+        """What torch itself raises in a rank whose gloo peer segfaulted."""
+        pytest.importorskip("torch.distributed")
+        script = tmp_path / "peer.py"
+        script.write_text(textwrap.dedent(
+            """
+            import ctypes, os, sys, time, torch, torch.distributed as dist
+            dist.init_process_group("gloo")
+            dist.barrier()
+            if dist.get_rank() == 1:
+                time.sleep(0.3)
+                ctypes.string_at(0)
+            try:
+                while True:
+                    dist.all_reduce(torch.zeros(1))
+                    time.sleep(0.02)
+            except Exception as e:
+                with open(sys.argv[1], "w") as f:
+                    f.write(type(e).__name__ + "\\n" + str(e))
+                os._exit(1)
+            """
+        ))
+        out = tmp_path / "error.txt"
+        env = dict(os.environ, OMP_NUM_THREADS="1")
+        subprocess.run(
+            [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+             "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:%d" % topology.find_free_port(),
+             str(script), str(out)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, timeout=120,
+        )
+        exc_type, message = out.read_text().split("\n", 1)
+        f = RankFailure(rank=0, local_rank=0, node_index=0, host="h", pid=1, exc_type=exc_type,
+                        message=message, traceback="", timestamp=1.0)
+        assert f.secondary, (exc_type, message)

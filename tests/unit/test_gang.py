@@ -362,6 +362,52 @@ class TestReportedFailure:
         assert c0.cause is None and c1.cause is None
 
 
+class TestSecondaryFailure:
+    """A node whose ranks only lost a peer (gloo: "Connection closed by peer")
+    often reports before the node where the real failure happened."""
+
+    ECHO = {"summary": "node 0, rank 1: RuntimeError: Connection closed by peer", "secondary": True}
+
+    def test_a_real_failure_arriving_within_the_grace_wins_over_an_echo(self, gangs):
+        server = gangs.server(num_nodes=3)
+        c0, c1, c2 = gangs.join(server, [0, 1, 2])
+        c0.report_failure(dict(self.ECHO))
+        time.sleep(0.3)
+        assert server.cause is None and c2.cause is None  # held back, not yet told
+        c1.report_failure({"summary": "node 1, rank 3: killed by signal SIGSEGV"})
+        for cause in wait_cause([c0, c1, c2]):
+            assert (cause["kind"], cause["node_index"]) == ("failed", 1)
+            assert "SIGSEGV" in cause["summary"]
+
+    def test_an_echo_alone_becomes_the_cause_after_the_grace(self, gangs):
+        server = gangs.server(num_nodes=2)
+        c0, c1 = gangs.join(server, [0, 1])
+        t0 = time.monotonic()
+        c1.report_failure(dict(self.ECHO))
+        for cause in wait_cause([c0, c1]):
+            assert cause["node_index"] == 1 and cause["secondary"] is True
+        took = time.monotonic() - t0
+        assert server.config.secondary_grace * 0.9 <= took < server.config.secondary_grace + GUARD
+
+    def test_an_echoing_node_that_exits_is_not_taken_for_a_lost_node(self, gangs):
+        server = gangs.server(num_nodes=3)
+        c0, c1, c2 = gangs.join(server, [0, 1, 2])
+        c2.report_failure(dict(self.ECHO))
+        time.sleep(0.2)
+        c2.close()
+        for cause in wait_cause([c0, c1]):
+            assert (cause["kind"], cause["node_index"]) == ("failed", 2)
+
+    def test_a_lost_node_during_the_grace_is_the_cause(self, gangs):
+        server = gangs.server(num_nodes=3)
+        c0, c1, c2 = gangs.join(server, [0, 1, 2])
+        c0.report_failure(dict(self.ECHO))
+        time.sleep(0.2)
+        c1.close()  # its task died: that explains the echo
+        for cause in wait_cause([c0, c2]):
+            assert (cause["kind"], cause["node_index"]) == ("node_lost", 1)
+
+
 class TestLostNode:
     def test_a_killed_subprocess_node_is_lost_at_once(self, gangs, procs):
         server = gangs.server(num_nodes=3)

@@ -10,7 +10,7 @@ from typing import List, Optional
 
 from metaflow.exception import MetaflowException
 
-from .failures import RankFailure, describe_exit_code
+from .failures import RankFailure, describe_exit_code, root_cause_order
 
 
 class TorchrunException(MetaflowException):
@@ -37,7 +37,7 @@ class TorchrunFailed(TorchrunException):
     ):
         self.exit_code = exit_code
         self.node_index = node_index
-        self.failures = sorted(failures or [], key=lambda f: f.timestamp)
+        self.failures = root_cause_order(list(failures or []))
         self.root_cause = self.failures[0] if self.failures else None
         self.command = command
         lines = [

@@ -32,6 +32,11 @@ class RankFailure:
     traceback: str
     timestamp: float
 
+    @property
+    def secondary(self) -> bool:
+        """A failure that another failure most likely caused (see ``is_secondary``)."""
+        return is_secondary(self.exc_type, self.message)
+
     def summary(self) -> str:
         return "node %d, rank %d (local rank %d, pid %d on %s): %s: %s" % (
             self.node_index,
@@ -57,6 +62,42 @@ def describe_exit_code(code: int) -> str:
         except ValueError:
             pass
     return "exit code %d" % code
+
+
+# What a rank says when a *peer* went away: gloo's and NCCL's messages for a
+# closed connection, a TCPStore whose host died, and a rank that torchrun's own
+# agent stopped once another rank had failed. None of these is a root cause when
+# a failure of another kind is known.
+_SECONDARY_MESSAGES = (
+    "connection closed by peer",
+    "connection reset by peer",
+    "remote worker crashing",
+    "remote process exited",
+    "ncclremoteerror",
+    "nccl communicator was aborted",
+    "failed to recv, got 0 bytes",
+    "broken pipe",
+)
+_SECONDARY_SIGNALS = ("SIGTERM",)
+
+
+def is_secondary(exc_type: str, message: str) -> bool:
+    """Does this failure look like the echo of another one (a peer that died)?
+
+    Only used to order failures: when every failure is secondary, the earliest
+    is still reported.
+    """
+    text = (message or "").lower()
+    if any(m in text for m in _SECONDARY_MESSAGES):
+        return True
+    return any((exc_type or "").endswith("signal %s" % name) for name in _SECONDARY_SIGNALS)
+
+
+def root_cause_order(failures: List["RankFailure"]) -> List["RankFailure"]:
+    """Failures of their own kind first, then echoes of others; earliest first
+    within each. torchrun stamps the failures it reports to the second, so time
+    alone cannot tell a segfault from the connection errors it caused."""
+    return sorted(failures, key=lambda f: (f.secondary, f.timestamp))
 
 
 def failure_path(directory: str, rank: int) -> str:
@@ -128,6 +169,7 @@ def parse_torchrun_summary(text: bytes, node_index: int) -> List[RankFailure]:
 
 
 def merge_failures(recorded: List[RankFailure], reported: List[RankFailure]) -> List[RankFailure]:
-    """A rank's own record (with its traceback) wins over torchrun's report of it."""
+    """A rank's own record (with its traceback) wins over torchrun's report of
+    it; the result is in root-cause order (``root_cause_order``)."""
     ranks = {f.rank for f in recorded}
-    return sorted(recorded + [f for f in reported if f.rank not in ranks], key=lambda f: f.timestamp)
+    return root_cause_order(recorded + [f for f in reported if f.rank not in ranks])

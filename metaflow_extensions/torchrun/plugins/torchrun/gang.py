@@ -40,6 +40,10 @@ class GangConfig:
     start_timeout: float = 600.0
     # How often the control says who is still missing while nodes join.
     progress_interval: float = 15.0
+    # A node whose ranks failed only because a peer went away (a closed gloo or
+    # NCCL connection) often reports before the node where the real failure
+    # happened: its report is held this long for a better root cause.
+    secondary_grace: float = 1.5
 
     @property
     def heartbeat_interval(self) -> float:
@@ -100,6 +104,8 @@ class GangServer:
         self.joined_at: Dict[int, float] = {}
         self.done: Set[int] = set()
         self.cause: Optional[Dict[str, Any]] = None
+        # A secondary failure held back for ``secondary_grace``: (cause, deadline).
+        self._pending: Optional[tuple] = None
         # Rank 0's pickled return value (function entrypoints), from whichever
         # node ran rank 0: the control must always be able to return it.
         self.rank0_pickle: Optional[bytes] = None
@@ -193,7 +199,8 @@ class GangServer:
         _close(peer.sock)
         if peer.node is not None and self._by_node.get(peer.node) is peer:
             del self._by_node[peer.node]
-            if peer.node not in self.done and self.cause is None:
+            reported = peer.node in self.finished_at  # it said why it ended
+            if peer.node not in self.done and not reported and self.cause is None:
                 self._abort(
                     {
                         "kind": "node_lost",
@@ -249,7 +256,11 @@ class GangServer:
                 cause = dict(message.get("cause") or {})
                 cause.setdefault("node_index", peer.node)
                 cause["kind"] = "failed"
-                self._abort(cause)
+                if not cause.get("secondary"):
+                    self._abort(cause)
+                elif self._pending is None:
+                    cause.setdefault("time", time.time())
+                    self._pending = (cause, time.monotonic() + self.config.secondary_grace)
         elif kind == "done" and peer.node is not None:
             self._keep_report(peer.node, message)
             if message.get("rank0") is not None:
@@ -271,6 +282,9 @@ class GangServer:
 
     def _check_timeouts(self, now: float) -> None:
         if self.cause is not None:
+            return
+        if self._pending is not None and now >= self._pending[1]:
+            self._abort(self._pending[0])  # no better cause came: the echo it is
             return
         missing = self.missing()
         if missing and now - self._started > self.config.start_timeout:
@@ -307,6 +321,7 @@ class GangServer:
 
     def _abort(self, cause: Dict[str, Any]) -> None:
         cause.setdefault("time", time.time())
+        self._pending = None
         self.cause = cause
         self._broadcast({"type": "abort", "cause": cause})
 

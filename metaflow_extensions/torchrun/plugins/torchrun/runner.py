@@ -357,8 +357,9 @@ class TorchrunHandle:
                             _cause_from(topology.node_index, code, failures),
                             _node_report(failure_dir, failures, log_dir, sup),
                         )
-                        # The service decides which failure came first; hear it.
-                        deadline = time.monotonic() + 2.0
+                        # The service decides which failure is the root cause
+                        # (it may wait for a better one than an echo); hear it.
+                        deadline = time.monotonic() + gang_config.secondary_grace + 2.0
                         while client.cause is None and time.monotonic() < deadline:
                             time.sleep(0.02)
                 cause = client.cause or _cause_from(topology.node_index, code, failures)
@@ -523,6 +524,7 @@ def _cause_from(node_index: int, code: int, failures: List[RankFailure]) -> Dict
             "local_rank": first.local_rank,
             "exc_type": first.exc_type,
             "message": first.message,
+            "secondary": first.secondary,
             "summary": summary,
         }
     return {
