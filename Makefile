@@ -8,7 +8,7 @@ export METAFLOW_USER ?= $(or $(USER),metaflow-torchrun)
 # Metaflow's local runtime starts the other nodes with `python` from PATH.
 export PATH := $(BIN):$(PATH)
 
-.PHONY: install demo hello test unit clean
+.PHONY: install demo hello test unit bench clean
 
 install: $(VENV)/.installed
 
@@ -30,6 +30,14 @@ test: install
 
 unit: install
 	$(BIN)/python -m pytest tests/unit $(PYTEST_ARGS)
+
+# Measurements, not tests (benchmarks/README.md): about 35 minutes on 2 cores.
+bench: install $(VENV)/.bench-installed
+	$(BIN)/python benchmarks/run.py $(BENCH_ARGS)
+
+$(VENV)/.bench-installed: benchmarks/requirements.txt
+	$(BIN)/python -m pip install --quiet -r benchmarks/requirements.txt
+	touch $@
 
 clean:
 	rm -rf $(VENV) .metaflow examples/*/.metaflow

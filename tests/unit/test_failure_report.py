@@ -406,6 +406,11 @@ GLOO_PEER_GONE = (
 )
 
 
+def said(exc_type, message):
+    return RankFailure(rank=0, local_rank=0, node_index=0, host="h", pid=1, exc_type=exc_type,
+                       message=message, traceback="", timestamp=1.0)
+
+
 class TestRootCauseOrder:
     def test_a_segfault_stamped_later_still_beats_the_connection_errors_it_caused(self):
         # torchrun stamps a signal death to the second, when its agent noticed it:
@@ -429,9 +434,7 @@ class TestRootCauseOrder:
         ],
     )
     def test_echoes_of_a_peer_are_secondary(self, exc_type, message):
-        f = RankFailure(rank=0, local_rank=0, node_index=0, host="h", pid=1, exc_type=exc_type,
-                        message=message, traceback="", timestamp=1.0)
-        assert f.secondary
+        assert said(exc_type, message).secondary
 
     @pytest.mark.parametrize(
         "exc_type, message",
@@ -444,9 +447,7 @@ class TestRootCauseOrder:
         ],
     )
     def test_failures_of_their_own_are_primary(self, exc_type, message):
-        f = RankFailure(rank=0, local_rank=0, node_index=0, host="h", pid=1, exc_type=exc_type,
-                        message=message, traceback="", timestamp=1.0)
-        assert not f.secondary
+        assert not said(exc_type, message).secondary
 
     def test_when_all_are_echoes_the_earliest_is_first(self):
         a = RankFailure(**{**failure(0, 5.0).__dict__, "message": GLOO_PEER_GONE})
@@ -484,6 +485,4 @@ class TestRootCauseOrder:
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, timeout=120,
         )
         exc_type, message = out.read_text().split("\n", 1)
-        f = RankFailure(rank=0, local_rank=0, node_index=0, host="h", pid=1, exc_type=exc_type,
-                        message=message, traceback="", timestamp=1.0)
-        assert f.secondary, (exc_type, message)
+        assert said(exc_type, message).secondary, (exc_type, message)
