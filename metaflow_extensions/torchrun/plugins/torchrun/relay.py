@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import select
 import signal
+import time
 from typing import Dict, Optional, Tuple
 
 # Writes of at most PIPE_BUF bytes to a pipe are atomic: a batch of whole lines
@@ -21,6 +22,18 @@ from typing import Dict, Optional, Tuple
 ATOMIC_WRITE = 4096
 # A "line" with no newline after this many bytes is cut, so memory stays bounded.
 MAX_LINE = 1 << 20
+READ_SIZE = 65536
+# After passing on a read that did not fill the buffer, let the stream settle
+# this long before reading again: a rank that logs line by line then costs a few
+# large reads and writes in every hop, not a wake-up per line. The first line of
+# a burst is never held back, the next ones at most this long; a full buffer
+# (a flood) is read again at once.
+SETTLE_SECONDS = 0.002
+
+
+def settle_after(nbytes: int) -> None:
+    if 0 < nbytes < READ_SIZE:
+        time.sleep(SETTLE_SECONDS)
 
 
 def label_for(rank: int) -> bytes:
@@ -106,10 +119,11 @@ def _run(streams: Dict[int, Tuple[int, LineSplitter, Optional[int]]]) -> None:
             ready, _, _ = select.select(list(streams), [], [])
         except InterruptedError:
             continue
+        most = 0
         for fd in ready:
             out_fd, splitter, log_fd = streams[fd]
             try:
-                data = os.read(fd, 65536)
+                data = os.read(fd, READ_SIZE)
             except InterruptedError:
                 continue
             except OSError:
@@ -127,6 +141,8 @@ def _run(streams: Dict[int, Tuple[int, LineSplitter, Optional[int]]]) -> None:
                 if log_fd is not None:
                     os.close(log_fd)
                 del streams[fd]
+            most = max(most, len(data))
+        settle_after(most)
 
 
 def start(rank: int, labels: bool, log_dir: Optional[str]) -> bool:

@@ -53,7 +53,7 @@ def _pump(fd: int, sink: ChunkSink) -> None:
     try:
         while True:
             try:
-                chunk = os.read(fd, 65536)
+                chunk = os.read(fd, relay.READ_SIZE)
             except OSError:
                 break
             if not chunk:
@@ -61,6 +61,7 @@ def _pump(fd: int, sink: ChunkSink) -> None:
             complete = lines.feed(chunk)
             if complete:
                 sink(complete)
+            relay.settle_after(len(chunk))
         tail = lines.pending
         if tail:
             sink(tail)
