@@ -364,3 +364,44 @@ class TestResources:
             with pytest.raises(OSError):
                 sup.start()
         assert _open_fds() <= before
+
+
+class TestTracking:
+    """The agent's process tree is scanned on every poll only while it starts
+    its workers, then once a second: a scan reads every process on the host."""
+
+    def test_scans_slow_down_after_the_start(self, monkeypatch):
+        from metaflow_extensions.torchrun.plugins.torchrun import proctree, supervisor
+
+        monkeypatch.setattr(supervisor, "TRACK_EVERY_POLL_FOR", 0.3)
+        scans = []
+        real = proctree.descendants
+        monkeypatch.setattr(proctree, "descendants", lambda pid: scans.append(pid) or real(pid))
+        rc, _, _, _ = run_to_end("import time; time.sleep(3)")  # ~150 polls of 20 ms
+        assert rc == 0
+        assert 3 <= len(scans) < 40, len(scans)
+
+    def test_a_worker_started_late_is_still_killed_when_the_agent_leaves_it(
+        self, monkeypatch, procs, tmp_path
+    ):
+        from metaflow_extensions.torchrun.plugins.torchrun import supervisor
+
+        monkeypatch.setattr(supervisor, "TRACK_EVERY_POLL_FOR", 0.2)
+        pidfile = str(tmp_path / "worker.pid")
+        code = textwrap.dedent(
+            """
+            import os, subprocess, sys, time
+            time.sleep(0.6)  # after the start window
+            subprocess.Popen([sys.executable, "-c", sys.argv[1], sys.argv[2]],
+                             start_new_session=True)
+            while not os.path.exists(sys.argv[2]):
+                time.sleep(0.01)
+            time.sleep(2.0)  # longer than a scan interval
+            """
+        )
+        sup, _, _ = supervise(code, SLEEPER_WRITING_PID, pidfile)
+        with sup:
+            assert sup.wait(interval=0.02) == 0
+            worker = procs.add(read_pid_file(pidfile))
+            assert is_running(worker)
+        assert wait_until(lambda: not is_running(worker), timeout=2), "orphaned worker survived"

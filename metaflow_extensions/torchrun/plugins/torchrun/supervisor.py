@@ -22,6 +22,10 @@ from .errors import TorchrunInterrupted
 
 ChunkSink = Callable[[bytes], None]
 
+# How often the agent's process tree is scanned (see Supervisor._track_now).
+TRACK_EVERY_POLL_FOR = 3.0
+TRACK_INTERVAL = 1.0
+
 
 def _default_sink(stream) -> ChunkSink:
     """Write to the task's own stream, as bytes, live. Whole lines go out in
@@ -100,6 +104,8 @@ class Supervisor:
         self._seen: Set[proctree.ProcId] = set()
         self._pumps: List[threading.Thread] = []
         self.started_at: Optional[float] = None
+        self.started_mono: Optional[float] = None
+        self._tracked_at = 0.0
         self.ended_at: Optional[float] = None
 
     @property
@@ -134,6 +140,7 @@ class Supervisor:
             os.close(out_w)
             os.close(err_w)
         self.started_at = time.time()
+        self.started_mono = time.monotonic()
         me = proctree.process_id(self.proc.pid)
         if me:
             self._seen.add(me)
@@ -145,10 +152,22 @@ class Supervisor:
     def _track(self) -> None:
         assert self.proc is not None
         self._seen |= proctree.descendants(self.proc.pid)
+        self._tracked_at = time.monotonic()
+
+    def _track_now(self) -> bool:
+        """A scan of /proc costs a read per process on the host: done on every
+        poll while the agent starts its workers, then once a second. Ranks die
+        with their agent (the bootstrap's PDEATHSIG) and every stop scans again
+        first, so the record is only a safety net for what outlives the agent."""
+        now = time.monotonic()
+        if self.started_mono is None or now - self.started_mono < TRACK_EVERY_POLL_FOR:
+            return True
+        return now - self._tracked_at >= TRACK_INTERVAL
 
     def poll(self) -> Optional[int]:
         assert self.proc is not None
-        self._track()
+        if self._track_now():
+            self._track()
         return self.proc.poll()
 
     def wait(
