@@ -331,10 +331,18 @@ def plot(out_dir: str = RESULTS, path: Optional[str] = None) -> Optional[str]:
     xs = list(range(len(configs)))
     ax = axes[1][0]
     if configs:
+        # Two series on one axis (more processes per node; more nodes): a line
+        # joins the points of one series only.
+        series = [[i for i, c in enumerate(configs) if c["nodes"] == 2 and c["nproc_per_node"] > 1 or
+                   (c["nodes"], c["nproc_per_node"]) == (2, 1)],
+                  [i for i, c in enumerate(configs) if c["nproc_per_node"] == 1]]
         for key, color, name in (("a", A, "@torchrun"), ("b", B, "by hand")):
-            ax.plot(xs, [c["wall_s"]["median_" + key] for c in configs], "o-", color=color, label="%s: wall" % name)
-            ax.plot(xs, [c["first_line_s"]["median_" + key] for c in configs], "s--", color=color,
-                    label="%s: first line of last rank" % name)
+            for n, idx in enumerate(s for s in series if s):
+                wall = [configs[i]["wall_s"]["median_" + key] for i in idx]
+                first = [configs[i]["first_line_s"]["median_" + key] for i in idx]
+                ax.plot(idx, wall, "o-", color=color, label="%s: wall" % name if n == 0 else None)
+                ax.plot(idx, first, "s--", color=color,
+                        label="%s: first line of last rank" % name if n == 0 else None)
         ax.set_xticks(xs, labels)
         ax.set_xlabel("nodes x processes per node")
         ax.set_ylabel("seconds from `flow.py run` (median)")
