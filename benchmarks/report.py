@@ -23,6 +23,14 @@ def _load(out_dir: str, name: str) -> Optional[dict]:
         return json.load(f)
 
 
+def _load_all(out_dir: str):
+    """meta (a dict, maybe empty), then floor, overhead, logs, scaling, failure
+    (None for a section the run did not measure)."""
+    meta = _load(out_dir, "meta.json") or {}
+    names = ("floor", "overhead", "logs", "scaling", "failure_latency")
+    return (meta,) + tuple(_load(out_dir, n + ".json") for n in names)
+
+
 def _s(v: Optional[float], digits: int = 2) -> str:
     return "-" if v is None else "%.*f s" % (digits, v)
 
@@ -42,12 +50,7 @@ def _npairs(section: dict, metric: str = "wall_s") -> int:
 
 
 def write_summary(out_dir: str = RESULTS) -> str:
-    meta = _load(out_dir, "meta.json") or {}
-    floor = _load(out_dir, "floor.json")
-    overhead = _load(out_dir, "overhead.json")
-    logs = _load(out_dir, "logs.json")
-    scaling = _load(out_dir, "scaling.json")
-    failure = _load(out_dir, "failure_latency.json")
+    meta, floor, overhead, logs, scaling, failure = _load_all(out_dir)
     m = meta.get("machine", {})
     v = meta.get("versions", {})
     args = meta.get("args", {})
@@ -245,12 +248,7 @@ def plot(out_dir: str = RESULTS, path: Optional[str] = None) -> Optional[str]:
         print("matplotlib is not installed (pip install -r benchmarks/requirements.txt): no plot", file=sys.stderr)
         return None
     path = path or os.path.join(DOCS, "benchmarks.png")
-    meta = _load(out_dir, "meta.json") or {}
-    floor = _load(out_dir, "floor.json")
-    overhead = _load(out_dir, "overhead.json")
-    logs = _load(out_dir, "logs.json")
-    scaling = _load(out_dir, "scaling.json")
-    failure = _load(out_dir, "failure_latency.json")
+    meta, floor, overhead, logs, scaling, failure = _load_all(out_dir)
     A, B = "#1f77b4", "#ff7f0e"
     fig, axes = plt.subplots(2, 2, figsize=(13, 9))
     m = meta.get("machine", {})
@@ -333,8 +331,7 @@ def plot(out_dir: str = RESULTS, path: Optional[str] = None) -> Optional[str]:
     if configs:
         # Two series on one axis (more processes per node; more nodes): a line
         # joins the points of one series only.
-        series = [[i for i, c in enumerate(configs) if c["nodes"] == 2 and c["nproc_per_node"] > 1 or
-                   (c["nodes"], c["nproc_per_node"]) == (2, 1)],
+        series = [[i for i, c in enumerate(configs) if c["nodes"] == 2],
                   [i for i, c in enumerate(configs) if c["nproc_per_node"] == 1]]
         for key, color, name in (("a", A, "@torchrun"), ("b", B, "by hand")):
             for n, idx in enumerate(s for s in series if s):
