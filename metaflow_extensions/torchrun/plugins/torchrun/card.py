@@ -148,3 +148,60 @@ def build_components(result: TorchrunResult, flow: str, pathspec: str, backend: 
                     )
     parts.append(Markdown("_Generated %s_" % time.strftime("%Y-%m-%d %H:%M:%S")))
     return parts
+
+
+# -- Metaflow card glue: the decorator's hooks call these --------------------
+
+
+def attach_card(decorators) -> Optional[Any]:
+    """Add ``@card(type="blank", id="torchrun")`` to the step unless present."""
+    try:
+        from metaflow.plugins.cards.card_decorator import CardDecorator
+    except ImportError:
+        return None
+    for deco in decorators:
+        if isinstance(deco, CardDecorator) and deco.attributes.get("id") == CARD_ID:
+            return deco
+    deco = CardDecorator(attributes={"type": "blank", "id": CARD_ID})
+    deco.external_init()
+    # Metaflow is iterating this very list to call step_init: the card's own
+    # step_init runs right after ours.
+    decorators.append(deco)
+    return deco
+
+
+def fill_card(result: TorchrunResult, flow_name: str) -> None:
+    import os
+    import sys
+
+    from metaflow import current
+
+    try:
+        card = current.card[CARD_ID]
+        card.clear()
+        cuda = any(os.path.exists(p) for p in ("/dev/nvidiactl", "/dev/nvidia0"))
+        backend = "nccl" if cuda else "gloo (no CUDA device on the node)"
+        card.extend(build_components(result, flow_name, current.pathspec, backend))
+    except Exception as e:  # a card must never fail the step
+        print("@torchrun: could not build the card: %s" % e, file=sys.stderr)
+
+
+def render_card_now(deco) -> None:
+    """Metaflow renders cards of successful tasks only; the card of a failed
+    run is the one that matters most."""
+    import sys
+
+    try:
+        deco.card_creator.create(
+            mode="render",
+            final=True,
+            card_uuid=deco._card_uuid,
+            user_set_card_id=deco._user_set_card_id,
+            runtime_card=deco._is_runtime_card,
+            decorator_attributes=deco.attributes,
+            card_options=deco.card_options,
+            logger=deco._logger,
+            sync=True,
+        )
+    except Exception as e:
+        print("@torchrun: could not render the card of the failed task: %s" % e, file=sys.stderr)

@@ -6,11 +6,17 @@ clean one-paragraph message instead of a traceback from inside the launcher.
 
 from __future__ import annotations
 
-from typing import List, Optional
+from typing import TYPE_CHECKING, List, Optional
 
 from metaflow.exception import MetaflowException
 
 from .failures import RankFailure, describe_exit_code, root_cause_order
+
+if TYPE_CHECKING:
+    from .cause import Cause
+
+# How much of another node's traceback a stopped node's error shows.
+TRACEBACK_LINES = 30
 
 
 class TorchrunException(MetaflowException):
@@ -63,22 +69,25 @@ class TorchrunFailed(TorchrunException):
 
 
 class GangAborted(TorchrunException):
-    """This node stopped its torchrun because the gang failed elsewhere (or a node
-    went silent, or never joined)."""
+    """This node stopped because the gang failed elsewhere (a node's step or
+    ranks failed, a node went silent or never joined)."""
 
     headline = "@torchrun gang stopped"
 
-    def __init__(self, node_index: int, cause: dict, own_exit_code: Optional[int] = None):
+    def __init__(self, node_index: int, cause: "Cause", own_exit_code: Optional[int] = None):
         self.node_index = node_index
-        self.cause = dict(cause or {})
-        summary = self.cause.get("summary") or self.cause.get("kind") or "unknown cause"
-        origin = self.cause.get("node_index")
-        if origin is not None and origin != node_index and self.cause.get("kind") == "failed":
-            text = "node %d stopped its torchrun because node %d failed first: %s" % (
-                node_index, origin, summary)
-            text += "\n(The failing rank's traceback is in node %d's log.)" % origin
+        self.cause = cause
+        origin = cause.node_index
+        if origin is not None and origin != node_index and cause.kind.value in ("failed", "step_failed"):
+            text = "node %d stopped because node %d failed first: %s" % (node_index, origin, cause.summary)
+            if cause.traceback:
+                lines = cause.traceback.rstrip().splitlines()
+                shown = lines[-TRACEBACK_LINES:]
+                text += "\nNode %d's traceback%s:\n%s" % (
+                    origin, " (last %d lines)" % len(shown) if len(lines) > len(shown) else "",
+                    "\n".join(shown))
         else:
-            text = "node %d stopped its torchrun: %s" % (node_index, summary)
+            text = "node %d stopped: %s" % (node_index, cause.summary)
         super().__init__(text)
 
 

@@ -126,3 +126,19 @@ def check_visible_devices(
             )
         )
     return None
+
+
+def small_shm_warning(decorators: Iterable[DecoratorSpec], accelerators: Accelerators, nproc: Any) -> Optional[str]:
+    """NCCL between processes of one node goes through /dev/shm, which containers
+    get at 64 MiB unless the step asks for more; say so before the run, not as
+    an NCCL error in the middle of it."""
+    count = nproc if isinstance(nproc, int) else accelerators.nproc
+    if accelerators.kind != "gpu" or not count or count < 2:
+        return None
+    for name, attributes in decorators:
+        if name in ("kubernetes", "batch") and not (attributes or {}).get("shared_memory"):
+            return (
+                "@torchrun: %d GPU processes per node share /dev/shm, which is 64 MiB in "
+                "most containers; consider @%s(shared_memory=<MiB>) for NCCL." % (count, name)
+            )
+    return None

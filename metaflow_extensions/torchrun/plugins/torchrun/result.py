@@ -62,6 +62,8 @@ class TorchrunResult:
     # Function entrypoints: return values of this node's ranks by global rank;
     # on the control node rank 0's value is always there.
     returns: Dict[int, Any] = field(default_factory=dict)
+    # Which current.torch.run call of the step this was (0-based).
+    call: int = 0
 
     @property
     def duration(self) -> float:

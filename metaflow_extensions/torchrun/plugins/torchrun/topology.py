@@ -2,31 +2,16 @@
 
 Metaflow already resolves the control task's address and this task's index into
 ``current.parallel`` on every platform (local, Kubernetes JobSet, AWS Batch).
-What it does not give is a port everyone agrees on; the rules for choosing one
-live here, as pure functions of the environment where possible.
+What it does not give is a port everyone agrees on: ``ports.py`` chooses it.
 """
 
 from __future__ import annotations
 
-import hashlib
-import random
-import socket
 from dataclasses import dataclass
 from typing import Mapping, Optional, Tuple
 
 from .errors import TorchrunInvalidArgument
-
-# Exported by the local control task before Metaflow spawns the other nodes, which
-# inherit it: that is how all local nodes learn one freshly chosen free port.
-LOCAL_PORT_ENV = "METAFLOW_TORCHRUN_PORT"
-
-# With no port given, nodes try these many ports derived from the gang id, in
-# order: a port already taken on the control host is skipped by everyone.
-CANDIDATE_PORTS = 8
-
-# Below Linux's default ephemeral range (32768+), so an outgoing connection made
-# between choosing a port and binding it cannot take it from us.
-PORT_RANGE = (20000, 32767)
+from .ports import choose_ports
 
 
 @dataclass(frozen=True)
@@ -46,79 +31,6 @@ class Topology:
 
 def is_local_runtime(env: Mapping[str, str]) -> bool:
     return env.get("METAFLOW_RUNTIME_ENVIRONMENT", "local") == "local"
-
-
-def parse_port(value: object, source: str) -> Optional[int]:
-    """A port from configuration; Metaflow writes the string "None" for no port."""
-    if value is None:
-        return None
-    text = str(value).strip()
-    if text == "" or text.lower() == "none":
-        return None
-    try:
-        port = int(text)
-    except ValueError:
-        raise TorchrunInvalidArgument(
-            "%s=%r is not a port number." % (source, value)
-        ) from None
-    if not 0 < port < 65536:
-        raise TorchrunInvalidArgument(
-            "%s=%r is outside the valid port range 1-65535." % (source, value)
-        )
-    return port
-
-
-def hashed_port(key: str) -> int:
-    """A port derived from the gang's id: every node computes the same one without
-    talking, and two gangs sharing a host (host networking) rarely collide."""
-    digest = int(hashlib.sha256(key.encode()).hexdigest(), 16)
-    low, high = PORT_RANGE
-    return low + digest % (high - low + 1)
-
-
-def choose_ports(
-    env: Mapping[str, str],
-    gang_key: str,
-    configured: Optional[int] = None,
-) -> Tuple[int, ...]:
-    """The control's main port, by precedence: the decorator's ``port``; the port
-    the local control task chose; ``MF_MASTER_PORT`` (``@kubernetes(port=...)``);
-    else a list of ports hashed from the gang id, tried in order."""
-    if configured is not None:
-        return (configured,)
-    local = parse_port(env.get(LOCAL_PORT_ENV), LOCAL_PORT_ENV)
-    if local is not None:
-        return (local,)
-    k8s = parse_port(env.get("MF_MASTER_PORT"), "MF_MASTER_PORT")
-    if k8s is not None:
-        return (k8s,)
-    ports = []
-    for i in range(CANDIDATE_PORTS * 4):
-        port = hashed_port("%s#%d" % (gang_key, i))
-        if port not in ports:
-            ports.append(port)
-        if len(ports) == CANDIDATE_PORTS:
-            break
-    return tuple(ports)
-
-
-def find_free_port(host: str = "127.0.0.1", attempts: int = 200, avoid: tuple = ()) -> int:
-    """A port nobody on this host listens on right now, for local runs where many
-    gangs (concurrent runs, CI) share one host."""
-    rng = random.Random()
-    low, high = PORT_RANGE
-    for _ in range(attempts):
-        port = rng.randint(low, high)
-        if port in avoid:
-            continue
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        with socket.socket(family, socket.SOCK_STREAM) as s:
-            try:
-                s.bind((host, port))
-            except OSError:
-                continue
-            return port
-    raise OSError("no free port found in %d-%d on %s" % (low, high, host))
 
 
 def topology_from(

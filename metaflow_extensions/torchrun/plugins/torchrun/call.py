@@ -1,0 +1,339 @@
+"""One ``current.torch.run`` call on one node, in named phases.
+
+``enter`` (every node reaches the call; the control announces its rendezvous
+port) -> ``prepare`` (work directory, environment, argv) -> ``supervise``
+(torchrun runs; a gang abort stops it) -> ``finish_ok`` or ``finish_failed``
+-> ``record`` (the result, whatever happened; the work directory removed).
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Tuple
+
+from . import bootstrap, functions
+from .cause import Cause, CauseKind
+from .command import Launch, build_command
+from .errors import GangAborted, TorchrunFailed, TorchrunInvalidArgument
+from .failures import (
+    RankFailure,
+    describe_exit_code,
+    merge_failures,
+    parse_torchrun_summary,
+    read_failures,
+)
+from .network import interface_of
+from .plan import CallPlan, rank_environment
+from .resources import check_visible_devices
+from .result import TorchrunResult, read_rank_records
+from .session import GangSession, local_address, say
+from .supervisor import Supervisor
+
+TAIL_LINES = 20
+
+
+def cuda_devices() -> Tuple[bool, int]:
+    """(CUDA usable, visible device count). Importing torch takes seconds, so a
+    node with no NVIDIA device files is answered without it."""
+    if not any(os.path.exists(p) for p in ("/dev/nvidiactl", "/dev/nvidia0", "/dev/dxg")):
+        return False, 0
+    try:
+        import torch
+    except ImportError:
+        return False, 0
+    if not torch.cuda.is_available():
+        return False, 0
+    return True, torch.cuda.device_count()
+
+
+@dataclass
+class CallRun:
+    session: GangSession
+    plan: CallPlan
+    index: int
+    workdir: str = ""
+    log_dir: Optional[str] = None
+    local_addr: str = ""
+    rdzv_port: Optional[int] = None
+    argv: List[str] = field(default_factory=list)
+    code: Optional[int] = None
+    failures: List[RankFailure] = field(default_factory=list)
+    returns: Dict[int, Any] = field(default_factory=dict)
+    started: float = field(default_factory=time.time)
+    sup: Optional[Supervisor] = None
+
+    @property
+    def node_index(self) -> int:
+        return self.session.topology.node_index
+
+    # -- phases ----------------------------------------------------------------
+
+    def run(self) -> TorchrunResult:
+        try:
+            self.check_devices()
+            self.enter()
+            env = self.prepare()
+            self.supervise(env)
+            if self.code == 0 and self.session.cause is None:
+                self.finish_ok()
+            else:
+                self.finish_failed()
+        finally:
+            result = self.record()
+            in_flight = sys.exc_info()[1]
+            if in_flight is not None:
+                try:
+                    in_flight.result = result  # type: ignore[attr-defined]
+                except AttributeError:
+                    pass
+        return result
+
+    def check_devices(self) -> None:
+        nproc = self.plan.nproc
+        if isinstance(nproc, int):
+            notice = check_visible_devices(nproc, self.session.defaults.accelerators, *cuda_devices())
+            if notice and self.node_index == 0:
+                print(notice, file=sys.stderr, flush=True)
+
+    def enter(self) -> None:
+        client = self.session.client
+        assert client is not None
+        if not client.wait_joined():
+            raise self._aborted()
+        self.rdzv_port = client.enter_call(self.index, self.plan.entry_name)
+        if self.rdzv_port is None:
+            raise self._aborted()
+
+    def prepare(self) -> Dict[str, str]:
+        topology = self.session.topology
+        self.local_addr = local_address(topology)
+        self.workdir = tempfile.mkdtemp(prefix="mf-torchrun-")
+        plan = self.plan
+        if plan.function is not None:
+            try:
+                functions.write_pickle(os.path.join(self.workdir, bootstrap.ARGS_FILE), plan.function_args)
+            except Exception as e:
+                raise TorchrunInvalidArgument("entrypoint_args cannot be pickled for the ranks: %s" % e) from None
+            script, entry_argv = bootstrap.FUNCTION_FLAG, [plan.function.encode(), self.workdir]
+        else:
+            script, entry_argv = plan.script or "", plan.entry_argv
+        self.log_dir = rank_log_dir(self.session.identity.call_id(self.index), self.node_index)
+        self.argv = build_command(
+            Launch(
+                python=sys.executable,
+                num_nodes=topology.num_nodes,
+                node_index=topology.node_index,
+                nproc_per_node=plan.nproc,
+                rdzv_host=topology.main_addr,
+                rdzv_port=int(self.rdzv_port or 0),
+                rdzv_id=self.session.identity.call_id(self.index),
+                entrypoint=script,
+                entrypoint_argv=entry_argv,
+                user_options=plan.options,
+                local_addr=self.local_addr,
+            )
+        )
+        return rank_environment(
+            os.environ,
+            workdir=self.workdir,
+            node_index=topology.node_index,
+            label_logs=self.session.defaults.label_logs,
+            log_dir=self.log_dir,
+            iface=interface_of(self.local_addr),
+            flow_dir=self.session.flow_dir,
+            is_function=plan.function is not None,
+        )
+
+    def supervise(self, env: Dict[str, str]) -> None:
+        client = self.session.client
+        assert client is not None
+
+        def should_stop() -> Optional[str]:
+            cause = client.cause
+            return cause.summary if cause is not None else None
+
+        with Supervisor(self.argv, env=env) as sup:
+            self.sup = sup
+            self.code = sup.wait(should_stop=should_stop)
+
+    def finish_ok(self) -> None:
+        """This node's ranks all succeeded: tell the gang; the control waits for
+        every node to finish the call (it reports on the whole gang)."""
+        client = self.session.client
+        assert client is not None
+        if self.plan.function is not None:
+            self.returns = functions.read_returns(self.workdir)
+        rank0 = functions.result_path(self.workdir, 0)
+        client.call_done(self.index, _read_bytes(rank0) if os.path.exists(rank0) else None, self._report())
+        server = self.session.server
+        if server is not None:
+            if not client.wait_call_done(self.index):
+                raise self._aborted()
+            call = server.calls.get(self.index)
+            if self.plan.function is not None and 0 not in self.returns and call and call.rank0 is not None:
+                functions.alias_flow_module()
+                self.returns[0] = pickle.loads(call.rank0)
+
+    def finish_failed(self) -> None:
+        client = self.session.client
+        assert client is not None
+        if self.code != 0:
+            self.failures = merge_failures(
+                read_failures(self.workdir),
+                parse_torchrun_summary(self.sup.stderr_tail if self.sup else b"", self.node_index),
+            )
+            if client.cause is None:
+                client.report_failure(self._own_cause(), call=self.index, report=self._report(self.failures))
+                self.session.reported = True
+                client.wait_for_verdict(self.session.config.secondary_grace + 2.0)
+        cause = client.cause or self._own_cause()
+        self.session._announce(cause)
+        if cause.kind is CauseKind.RANK_FAILED and cause.node_index == self.node_index:
+            self.session.reported = True
+            error = TorchrunFailed(self.code if self.code is not None else -1, self.node_index,
+                                   self.failures, self.argv)
+            original = self._original_exception(error)
+            if original is not None:
+                original.__cause__ = error
+                raise original
+            raise error
+        raise GangAborted(self.node_index, cause, self.code)
+
+    def record(self) -> TorchrunResult:
+        topology = self.session.topology
+        sup = self.sup
+        server = self.session.server
+        gang_view: Dict[str, Any] = {}
+        call = server.calls.get(self.index) if server is not None else None
+        if server is not None:
+            gang_view = {
+                "joined_at": dict(server.joined_at),
+                "finished_at": dict(call.finished_at) if call else {},
+                "reports": dict(call.reports) if call else {},
+            }
+        ranks = read_rank_records(self.workdir, self.failures) if self.workdir else []
+        cause = self.session.cause
+        client = self.session.client
+        result = TorchrunResult(
+            command=self.argv,
+            node_index=topology.node_index,
+            num_nodes=topology.num_nodes,
+            nproc_per_node=self.plan.nproc,
+            exit_code=self.code,
+            started_at=(sup.started_at if sup and sup.started_at else self.started),
+            ended_at=(sup.ended_at if sup and sup.ended_at else time.time()),
+            main_addr=topology.main_addr,
+            local_addr=self.local_addr,
+            rdzv_port=self.rdzv_port,
+            gang_port=client.port if client else None,
+            ranks=ranks,
+            restarts=max([r.restart or 0 for r in ranks] or [0]),
+            log_dir=self.log_dir,
+            cause=cause.to_wire() if cause is not None else None,
+            gang=gang_view,
+            returns=self.returns,
+            call=self.index,
+        )
+        self.session.results.append(result)
+        if self.workdir:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+        return result
+
+    # -- helpers -----------------------------------------------------------------
+
+    def _aborted(self) -> GangAborted:
+        cause = self.session.cause or Cause(CauseKind.CONTROL_LOST, "the gang was stopped")
+        self.session._announce(cause)
+        return GangAborted(self.node_index, cause)
+
+    def _own_cause(self) -> Cause:
+        code = self.code if self.code is not None else -1
+        if self.failures:
+            first = self.failures[0]
+            return Cause(
+                CauseKind.RANK_FAILED,
+                first.summary(),
+                node_index=self.node_index,
+                rank=first.rank,
+                local_rank=first.local_rank,
+                exit_code=code,
+                exc_type=first.exc_type,
+                message=first.message,
+                traceback=first.traceback[-16000:] or None,
+                secondary=first.secondary,
+                call=self.index,
+            )
+        return Cause(
+            CauseKind.RANK_FAILED,
+            "node %d: torchrun ended with %s" % (self.node_index, describe_exit_code(code)),
+            node_index=self.node_index,
+            exit_code=code,
+            call=self.index,
+        )
+
+    def _report(self, failures: Optional[List[RankFailure]] = None) -> Dict[str, Any]:
+        """What this node tells the control when it finishes: its ranks and the
+        last lines of their output (for the control's card)."""
+        ranks = read_rank_records(self.workdir, failures or [])
+        tails = {}
+        if self.log_dir:
+            for rec in ranks:
+                tails[str(rec.rank)] = {
+                    s: tail_lines(os.path.join(self.log_dir, "rank-%d.%s.log" % (rec.rank, s)))
+                    for s in ("stdout", "stderr")
+                }
+        return {
+            "ranks": [dict(vars(r)) for r in ranks],
+            "tails": tails,
+            "started": self.sup.started_at if self.sup else None,
+            "ended": time.time(),
+        }
+
+    def _original_exception(self, error: TorchrunFailed) -> Optional[BaseException]:
+        """For a function entrypoint, the failing rank's own exception object."""
+        if self.plan.function is None or error.root_cause is None:
+            return None
+        exc = functions.read_exception(self.workdir, error.root_cause.rank)
+        return functions.with_rank(exc, error.root_cause.rank) if exc is not None else None
+
+
+def run_call(session: GangSession, plan: CallPlan) -> TorchrunResult:
+    with session.in_call() as index:
+        return CallRun(session, plan, index).run()
+
+
+def tail_lines(path: str, count: int = TAIL_LINES, max_bytes: int = 64 * 1024) -> List[str]:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - max_bytes))
+            data = f.read()
+    except OSError:
+        return []
+    return data.decode(errors="replace").splitlines()[-count:]
+
+
+def rank_log_dir(call_id: str, node_index: int) -> Optional[str]:
+    """Per-rank copies of the output, kept after the run (the card shows their
+    last lines; users can read them on the node)."""
+    path = os.path.join(tempfile.gettempdir(), "metaflow-torchrun", call_id, "node-%d" % node_index)
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError:
+        return None
+    return path
+
+
+def _read_bytes(path: str) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()
+
+
+__all__ = ["run_call", "CallRun", "say"]

@@ -1,0 +1,306 @@
+"""A node's end of the gang: joins when the step starts, heartbeats, hears news.
+
+The client keeps one connection to the control's gang service for the whole
+step. Its reader thread turns what it hears into state the step's main thread
+waits on (joined, a call's go-ahead, everyone done) and, when the gang aborts,
+calls ``on_abort`` once so the session can stop whatever the step is doing.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import socket
+import threading
+import time
+from typing import Callable, Dict, List, Optional, Sequence
+
+from . import gang_wire as wire
+from .cause import Cause, CauseKind
+from .gang import GangConfig
+
+
+class GangClient:
+    """Runs on every node (the control included)."""
+
+    def __init__(self, config: GangConfig, host: str, ports: Sequence[int], node_index: int):
+        self.config = config
+        self.host = host
+        self.ports = tuple(ports)
+        self.port: Optional[int] = None
+        self.node_index = node_index
+        self.cause: Optional[Cause] = None
+        self.joined_nodes: List[int] = []
+        self.joined = threading.Event()
+        self.all_left = threading.Event()
+        self.on_abort: Callable[[Cause], None] = lambda cause: None
+        self._go: Dict[int, int] = {}  # call index -> rendezvous port
+        self._calls_done: set = set()
+        self._news = threading.Condition()
+        self._sock: Optional[socket.socket] = None
+        self._early: bytes = b""
+        self._send_lock = threading.Lock()
+        self._closing = threading.Event()
+        self._left = False
+        self._threads: List[threading.Thread] = []
+
+    # -- lifecycle -------------------------------------------------------
+
+    def start(self) -> "GangClient":
+        """Join in the background: the step's code goes on meanwhile."""
+        t = threading.Thread(target=self.connect, name="torchrun-gang-join", daemon=True)
+        t.start()
+        self._threads.append(t)
+        return self
+
+    def connect(self, give_up_after: Optional[float] = None) -> None:
+        """Connect and say hello, retrying while the control is not up yet: nodes
+        start in any order (on Kubernetes workers often start first)."""
+        patience = give_up_after if give_up_after is not None else self.config.start_timeout
+        deadline = time.monotonic() + patience
+        last_error: Optional[BaseException] = None
+        while time.monotonic() < deadline and not self._closing.is_set():
+            for port in self.ports:
+                try:
+                    self._handshake(port)
+                    break
+                except (OSError, ValueError, RuntimeError) as e:
+                    last_error = e
+            if self._sock is not None:
+                break
+            self._closing.wait(0.2)
+        if self._sock is None:
+            if not self._closing.is_set():
+                self._set_cause(
+                    Cause(
+                        CauseKind.CONTROL_UNREACHABLE,
+                        "could not reach the control node's gang service at %s (port %s) "
+                        "within %gs (last error: %s)"
+                        % (self.host, " or ".join(map(str, self.ports)), patience, last_error),
+                    )
+                )
+            self.joined.set()
+            return
+        for target, name in ((self._read_loop, "reader"), (self._beat_loop, "heartbeat")):
+            t = threading.Thread(target=target, name="torchrun-gang-" + name, daemon=True)
+            t.start()
+            self._threads.append(t)
+        self.joined.set()
+
+    def _handshake(self, port: int) -> None:
+        """Say hello on ``port``; a port held by anything but our gang (another
+        gang's service, an unrelated server) fails here and the next is tried."""
+        sock = socket.create_connection((self.host, port), timeout=2)
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            wire.send(
+                sock,
+                {
+                    "type": "hello",
+                    "protocol": wire.PROTOCOL,
+                    "gang_id": self.config.gang_id,
+                    "node_index": self.node_index,
+                    "host": socket.gethostname()[:255],
+                    "pid": os.getpid(),
+                },
+            )
+            sock.settimeout(2)
+            reply = self._read_one(sock)
+        except BaseException:
+            wire.close_quietly(sock)
+            raise
+        if reply.get("type") != "welcome":
+            wire.close_quietly(sock)
+            raise RuntimeError("rejected: %s" % (wire.str_field(reply, "reason", 200) or "not a gang service"))
+        sock.settimeout(None)
+        self._sock = sock
+        self.port = port
+        cause = Cause.from_wire(reply.get("cause"))
+        if cause is not None:
+            self._set_cause(cause)
+
+    def _read_one(self, sock: socket.socket) -> wire.Message:
+        reader = wire.LineReader()
+        data = b""
+        while True:
+            chunk = sock.recv(4096)
+            if not chunk:
+                raise ValueError("connection closed during hello")
+            data += chunk
+            if b"\n" in data:
+                line, rest = data.split(b"\n", 1)
+                message = wire.decode(line)
+                if message is None:
+                    raise ValueError("not a gang service")
+                self._early = rest
+                return message
+            reader._hold(chunk)  # bounds a greeting that never ends
+
+    def close(self) -> None:
+        self._closing.set()
+        if self._sock is not None:
+            try:
+                self._sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            wire.close_quietly(self._sock)
+        for t in self._threads:
+            if t is not threading.current_thread():
+                t.join(timeout=2)
+        with self._news:
+            self._news.notify_all()
+
+    # -- what the session asks and says ------------------------------------
+
+    def wait_joined(self) -> bool:
+        """Block until this node joined, or the gang is over before it could."""
+        while not self.joined.wait(0.1):
+            if self.cause is not None:
+                break
+        return self._sock is not None and self.cause is None
+
+    def enter_call(self, index: int, entry: str) -> Optional[int]:
+        """Say this node reached call ``index``; block until every node has, and
+        return the call's rendezvous port, or None if the gang aborted."""
+        self._safe_send({"type": "call", "index": index, "entry": entry[:1000]})
+        with self._news:
+            while index not in self._go and self.cause is None and not self._closing.is_set():
+                self._news.wait(0.2)
+            return self._go.get(index) if self.cause is None else None
+
+    def call_done(self, index: int, rank0: Optional[bytes], report: Dict) -> None:
+        payload = base64.b64encode(rank0).decode() if rank0 is not None else None
+        self._safe_send({"type": "call_done", "index": index, "rank0": payload, "report": report})
+
+    def wait_call_done(self, index: int) -> bool:
+        """The control waits for every node to finish a call, so that it can
+        report on the whole gang; False when the gang aborted instead."""
+        with self._news:
+            while index not in self._calls_done and self.cause is None and not self._closing.is_set():
+                self._news.wait(0.2)
+        return index in self._calls_done
+
+    def report_failure(self, cause: Cause, call: Optional[int] = None, report: Optional[Dict] = None) -> None:
+        message = {"type": "failed", "cause": cause.to_wire(), "report": report}
+        if call is not None:
+            message["call"] = call
+        self._safe_send(message)
+
+    def wait_for_verdict(self, seconds: float) -> Optional[Cause]:
+        """After reporting a failure: the service decides the root cause (it may
+        wait for a better one than an echo); hear it."""
+        deadline = time.monotonic() + seconds
+        with self._news:
+            while self.cause is None and time.monotonic() < deadline and not self._closing.is_set():
+                self._news.wait(0.05)
+        return self.cause
+
+    def leave(self, calls: int, ok: bool) -> None:
+        """This node's step ended; from now on its silence means nothing."""
+        self._left = True
+        self._safe_send({"type": "leave", "calls": calls, "ok": ok})
+
+    def wait_all_left(self) -> bool:
+        """The control's service must outlive every node's step."""
+        while not self.all_left.wait(0.1):
+            if self.cause is not None or self._closing.is_set():
+                return False
+        return True
+
+    # -- threads ---------------------------------------------------------
+
+    def _set_cause(self, cause: Cause) -> None:
+        with self._news:
+            if self.cause is not None:
+                return
+            self.cause = cause
+            self._news.notify_all()
+        try:
+            self.on_abort(cause)
+        except Exception:
+            pass
+
+    def _safe_send(self, message: wire.Message) -> None:
+        sock = self._sock
+        if sock is None:
+            return
+        with self._send_lock:
+            try:
+                wire.send(sock, message)
+            except (OSError, ValueError):
+                pass
+
+    def _read_loop(self) -> None:
+        sock = self._sock
+        assert sock is not None
+        reader = wire.LineReader()
+        sock.settimeout(self.config.heartbeat_interval)
+        last_heard = time.monotonic()
+        data: Optional[bytes] = self._early
+        while not self._closing.is_set():
+            if data:
+                last_heard = time.monotonic()
+                try:
+                    for message in reader.feed(data):
+                        self._on_message(message)
+                except wire.ProtocolError:
+                    data = b""
+            try:
+                data = sock.recv(65536)
+            except socket.timeout:
+                data = None
+            except OSError:
+                data = b""
+            if data:
+                continue
+            if self._closing.is_set() or self.all_left.is_set():
+                return
+            if data == b"":
+                if not self._left:
+                    self._set_cause(
+                        Cause(
+                            CauseKind.CONTROL_LOST,
+                            "lost the connection to the control node (node 0): its task died "
+                            "or was killed",
+                            node_index=0,
+                        )
+                    )
+                return
+            silent = time.monotonic() - last_heard
+            if silent > self.config.heartbeat_timeout:
+                self._set_cause(
+                    Cause(
+                        CauseKind.CONTROL_UNRESPONSIVE,
+                        "heard nothing from the control node (node 0) for %.0fs "
+                        "(heartbeat_timeout=%gs): frozen or cut off from the network"
+                        % (silent, self.config.heartbeat_timeout),
+                        node_index=0,
+                    )
+                )
+                return
+
+    def _on_message(self, message: wire.Message) -> None:
+        kind = message.get("type")
+        if kind == "abort":
+            cause = Cause.from_wire(message.get("cause"))
+            self._set_cause(cause or Cause(CauseKind.CONTROL_LOST, "the gang was stopped"))
+        elif kind == "joined":
+            nodes = message.get("nodes")
+            self.joined_nodes = [n for n in nodes if isinstance(n, int)] if isinstance(nodes, list) else []
+        elif kind in ("go", "call_all_done"):
+            index = wire.int_field(message, "index")
+            port = wire.int_field(message, "rdzv_port", 1, 65535)
+            with self._news:
+                if kind == "go" and index is not None and port is not None:
+                    self._go[index] = port
+                elif kind == "call_all_done" and index is not None:
+                    self._calls_done.add(index)
+                self._news.notify_all()
+        elif kind == "all_left":
+            self.all_left.set()
+
+    def _beat_loop(self) -> None:
+        while not self._closing.wait(self.config.heartbeat_interval):
+            if self._left and self.cause is not None:
+                return
+            self._safe_send({"type": "hb"})

@@ -1,0 +1,465 @@
+"""The gang service: one thread in the control task that every node of the step
+keeps one connection to, from the first line of its step to the last.
+
+What it decides, and why it can: it is the one place that sees every node.
+
+- A node whose connection drops before it left its step died: the gang stops
+  at once (the kernel closes a dead process's sockets; no timeout involved).
+- A node that sends nothing for ``heartbeat_timeout`` is frozen or cut off.
+- Nodes missing after ``start_timeout`` never started.
+- A node that reports a failure (its step raised, or its ranks failed) is the
+  root cause, unless it is an echo of another failure (held ``secondary_grace``
+  in case the real one follows).
+- ``current.torch.run`` calls are matched across nodes: call k starts on every
+  node only once every node has entered it with the same entrypoint, each with
+  its own rendezvous port; a node that ends its step while others wait in a
+  call it never made is named at once.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import selectors
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
+
+from . import gang_wire as wire
+from .cause import Cause, CauseKind, plural
+from .gang import GangConfig
+from .ports import find_free_port
+
+# Connections that have not said hello yet, at most; more are refused.
+MAX_PENDING = 64
+# A connection must say hello within this many seconds.
+HELLO_TIMEOUT = 5.0
+# After accept() fails (EMFILE), wait this long before accepting again.
+ACCEPT_BACKOFF = 0.5
+
+
+@dataclass
+class _Peer:
+    sock: socket.socket
+    reader: wire.LineReader = field(default_factory=wire.LineReader)
+    node: Optional[int] = None
+    host: str = "?"
+    connected: float = field(default_factory=time.monotonic)
+    last_seen: float = field(default_factory=time.monotonic)
+
+
+@dataclass
+class CallState:
+    """One ``current.torch.run`` call as the gang sees it."""
+
+    index: int
+    entries: Dict[int, str] = field(default_factory=dict)  # node -> entrypoint name
+    rdzv_port: Optional[int] = None
+    done: Set[int] = field(default_factory=set)
+    reports: Dict[int, Dict[str, Any]] = field(default_factory=dict)
+    finished_at: Dict[int, float] = field(default_factory=dict)
+    rank0: Optional[bytes] = None
+
+
+class GangServer:
+    """Runs in the control task; one thread, one selector, no dependencies."""
+
+    def __init__(self, config: GangConfig, host: str, ports: Sequence[int]):
+        """Listen on the first of ``ports`` that is free on ``host``."""
+        self.config = config
+        self.host = host
+        self.listener = _listen(host, ports, backlog=max(16, 2 * config.num_nodes))
+        self.port: int = self.listener.getsockname()[1]
+        self._selector = selectors.DefaultSelector()
+        self._selector.register(self.listener, selectors.EVENT_READ)
+        self._peers: Dict[socket.socket, _Peer] = {}
+        self._by_node: Dict[int, _Peer] = {}
+        self.joined_at: Dict[int, float] = {}
+        self.left: Dict[int, Tuple[int, bool]] = {}  # node -> (calls made, ok)
+        self.node_calls: Dict[int, int] = {}  # node -> calls entered so far
+        self.calls: Dict[int, CallState] = {}
+        self.cause: Optional[Cause] = None
+        self._pending: Optional[Tuple[Cause, float]] = None  # an echo, held
+        self._started = time.monotonic()
+        self._last_progress = self._started
+        self._said_waiting = False
+        self._accept_paused_until = 0.0
+        self.progress: Callable[[str], None] = lambda text: None
+        self._closing = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="torchrun-gang-server", daemon=True)
+
+    def start(self) -> "GangServer":
+        self._thread.start()
+        return self
+
+    def close(self) -> None:
+        self._closing.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=5)
+        for peer in list(self._peers.values()):
+            wire.close_quietly(peer.sock)
+        wire.close_quietly(self.listener)
+        self._selector.close()
+
+    def missing(self) -> List[int]:
+        return [n for n in range(self.config.num_nodes) if n not in self.joined_at]
+
+    # -- the loop --------------------------------------------------------
+
+    def _loop(self) -> None:
+        interval = self.config.heartbeat_interval
+        next_beat = 0.0
+        while not self._closing.is_set():
+            for key, _ in self._selector.select(timeout=interval / 2):
+                if key.fileobj is self.listener:
+                    self._accept()
+                else:
+                    self._receive(key.fileobj)  # type: ignore[arg-type]
+            now = time.monotonic()
+            if now >= self._accept_paused_until > 0:
+                self._accept_paused_until = 0.0
+                self._selector.register(self.listener, selectors.EVENT_READ)
+            if now >= next_beat:
+                self._broadcast({"type": "hb"})
+                next_beat = now + interval
+            self._check_timeouts(now)
+            self._report_progress(now)
+
+    def _accept(self) -> None:
+        try:
+            sock, _ = self.listener.accept()
+        except OSError:
+            # Out of file descriptors (EMFILE) leaves the connection queued and
+            # the listener readable: pause instead of spinning on it.
+            self._selector.unregister(self.listener)
+            self._accept_paused_until = time.monotonic() + ACCEPT_BACKOFF
+            return
+        strangers = sum(1 for p in self._peers.values() if p.node is None)
+        if strangers >= MAX_PENDING:
+            wire.close_quietly(sock)
+            return
+        sock.setblocking(True)
+        sock.settimeout(5)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._peers[sock] = _Peer(sock)
+        self._selector.register(sock, selectors.EVENT_READ)
+
+    def _receive(self, sock: socket.socket) -> None:
+        peer = self._peers.get(sock)
+        if peer is None:
+            return
+        try:
+            data = sock.recv(65536)
+        except OSError:
+            data = b""
+        if not data:
+            self._drop(peer)
+            return
+        peer.last_seen = time.monotonic()
+        try:
+            messages = peer.reader.feed(data)
+        except wire.ProtocolError:
+            self._drop(peer)
+            return
+        for message in messages:
+            if peer.sock not in self._peers:
+                return
+            try:
+                self._handle(peer, message)
+            except Exception:  # a malformed message costs its sender, not the gang
+                self._drop(peer)
+                return
+
+    # -- messages ---------------------------------------------------------
+
+    def _handle(self, peer: _Peer, message: wire.Message) -> None:
+        kind = message.get("type")
+        if peer.node is None:
+            if kind == "hello":
+                self._on_hello(peer, message)
+            else:
+                self._drop(peer)
+            return
+        handler = {
+            "hb": lambda p, m: None,
+            "call": self._on_call,
+            "call_done": self._on_call_done,
+            "failed": self._on_failed,
+            "leave": self._on_leave,
+        }.get(kind)  # type: ignore[arg-type]
+        if handler is None:
+            self._drop(peer)
+            return
+        handler(peer, message)
+
+    def _on_hello(self, peer: _Peer, message: wire.Message) -> None:
+        if message.get("gang_id") != self.config.gang_id or message.get("protocol") != wire.PROTOCOL:
+            self._reply(peer, {"type": "reject", "reason": "not this gang"})
+            self._drop(peer)
+            return
+        node = wire.int_field(message, "node_index", 0, self.config.num_nodes - 1)
+        if node is None or node in self._by_node or node in self.left:
+            # A node index is held by one connection for the whole step.
+            self._reply(peer, {"type": "reject", "reason": "node taken or out of range"})
+            self._drop(peer)
+            return
+        peer.node = node
+        peer.host = wire.str_field(message, "host", 255) or "?"
+        self._by_node[node] = peer
+        self.joined_at.setdefault(node, time.time())
+        cause = self.cause.to_wire() if self.cause else None
+        self._reply(peer, {"type": "welcome", "cause": cause})
+        self._broadcast({"type": "joined", "nodes": sorted(self.joined_at)})
+
+    def _on_call(self, peer: _Peer, message: wire.Message) -> None:
+        node = peer.node
+        assert node is not None
+        index = wire.int_field(message, "index")
+        entry = wire.str_field(message, "entry") or "?"
+        if index is None or index != self.node_calls.get(node, 0):
+            self._drop(peer)
+            return
+        self.node_calls[node] = index + 1
+        call = self.calls.setdefault(index, CallState(index))
+        call.entries[node] = entry
+        if self.cause is not None:
+            return
+        others = {e for n, e in call.entries.items() if n != node}
+        if others and entry not in others:
+            first = min(n for n in call.entries if n != node)
+            self._abort(_mismatch(index, node, entry, first, call.entries[first]))
+            return
+        for other, (made, ok) in sorted(self.left.items()):
+            if ok and made <= index:
+                self._abort(_left_early(other, made, node, index))
+                return
+        if len(call.entries) == self.config.num_nodes and call.rdzv_port is None:
+            call.rdzv_port = find_free_port(self.host)
+            self._broadcast({"type": "go", "index": index, "rdzv_port": call.rdzv_port})
+
+    def _on_call_done(self, peer: _Peer, message: wire.Message) -> None:
+        node = peer.node
+        assert node is not None
+        index = wire.int_field(message, "index")
+        call = self.calls.get(index) if index is not None else None
+        if call is None or node not in call.entries or node in call.done:
+            self._drop(peer)
+            return
+        self._keep_report(call, node, message)
+        rank0 = message.get("rank0")
+        if isinstance(rank0, str) and call.rank0 is None:
+            try:
+                call.rank0 = base64.b64decode(rank0, validate=True)
+            except (binascii.Error, ValueError):
+                call.rank0 = None
+        call.done.add(node)
+        if len(call.done) == self.config.num_nodes:
+            self._broadcast({"type": "call_all_done", "index": index})
+
+    def _on_failed(self, peer: _Peer, message: wire.Message) -> None:
+        node = peer.node
+        assert node is not None
+        cause = Cause.from_wire(message.get("cause"))
+        index = wire.int_field(message, "call")
+        if index is not None and index in self.calls:
+            self._keep_report(self.calls[index], node, message)
+        if cause is None or self.cause is not None:
+            return
+        cause = cause.with_node(node)
+        if not cause.secondary:
+            self._abort(cause)
+        elif self._pending is None:
+            self._pending = (cause, time.monotonic() + self.config.secondary_grace)
+
+    def _on_leave(self, peer: _Peer, message: wire.Message) -> None:
+        node = peer.node
+        assert node is not None
+        made = wire.int_field(message, "calls")
+        ok = message.get("ok") is True
+        if made is None or made != self.node_calls.get(node, 0):
+            made = self.node_calls.get(node, 0)
+        self.left[node] = (made, ok)
+        if self.cause is None:
+            if not ok:
+                self._abort(Cause(CauseKind.STEP_FAILED, "node %d ended its step with an error" % node,
+                                  node_index=node))
+            else:
+                self._check_left(node, made)
+        if len(self.left) == self.config.num_nodes:
+            self._broadcast({"type": "all_left"})
+
+    def _check_left(self, node: int, made: int) -> None:
+        """A node that ended its step fine must have made the calls the others made."""
+        for other in sorted(self.node_calls):
+            if other != node and self.node_calls[other] > made:
+                self._abort(_left_early(node, made, other, made))
+                return
+        for other, (their, ok) in sorted(self.left.items()):
+            if other != node and ok and their != made:
+                self._abort(
+                    Cause(
+                        CauseKind.CALL_MISMATCH,
+                        "node %d made %d call%s of current.torch.run in its step and node %d "
+                        "made %d: every node must make the same calls"
+                        % (node, made, "" if made == 1 else "s", other, their),
+                        node_index=node,
+                    )
+                )
+                return
+
+    def _keep_report(self, call: CallState, node: int, message: wire.Message) -> None:
+        call.finished_at[node] = time.time()
+        report = message.get("report")
+        if isinstance(report, dict):
+            call.reports[node] = report
+
+    # -- timeouts and progress -------------------------------------------
+
+    def _check_timeouts(self, now: float) -> None:
+        for peer in [p for p in self._peers.values() if p.node is None]:
+            if now - peer.connected > HELLO_TIMEOUT:
+                self._drop(peer)
+        if self.cause is not None:
+            return
+        if self._pending is not None and now >= self._pending[1]:
+            self._abort(self._pending[0])  # no better cause came: the echo it is
+            return
+        missing = self.missing()
+        if missing and now - self._started > self.config.start_timeout:
+            self._abort(
+                Cause(
+                    CauseKind.NEVER_JOINED,
+                    "%s did not join within %gs (%d of %d joined)"
+                    % (plural(missing), self.config.start_timeout,
+                       self.config.num_nodes - len(missing), self.config.num_nodes),
+                    missing=tuple(missing),
+                )
+            )
+            return
+        for node, peer in list(self._by_node.items()):
+            silent = now - peer.last_seen
+            if node not in self.left and silent > self.config.heartbeat_timeout:
+                self._abort(
+                    Cause(
+                        CauseKind.UNRESPONSIVE,
+                        "node %d (%s) sent no heartbeat for %.0fs (heartbeat_timeout=%gs): "
+                        "frozen or cut off from the network"
+                        % (node, peer.host, silent, self.config.heartbeat_timeout),
+                        node_index=node,
+                    )
+                )
+                return
+
+    def _report_progress(self, now: float) -> None:
+        """While nodes join or meet at a call, say who is missing, at a calm rate."""
+        if self.cause is not None:
+            return
+        waiting = self._waiting_for()
+        if not waiting:
+            if self._said_waiting:
+                self._said_waiting = False
+                self.progress("all %d nodes are there after %.0f s" % (self.config.num_nodes, now - self._started))
+            return
+        if now - self._last_progress >= self.config.progress_interval:
+            self._last_progress = now
+            self._said_waiting = True
+            self.progress("%s (%.0f s)" % (waiting, now - self._started))
+
+    def _waiting_for(self) -> Optional[str]:
+        n = self.config.num_nodes
+        missing = self.missing()
+        if missing:
+            return "waiting for nodes: %d/%d joined; %s missing" % (n - len(missing), n, plural(missing))
+        for index in sorted(self.calls):
+            call = self.calls[index]
+            if call.rdzv_port is None:
+                absent = [m for m in range(n) if m not in call.entries]
+                return "call %d of current.torch.run (%s): waiting for %s to reach it" % (
+                    index + 1, next(iter(call.entries.values())), plural(absent))
+        return None
+
+    # -- ending ------------------------------------------------------------
+
+    def _abort(self, cause: Cause) -> None:
+        self._pending = None
+        self.cause = cause
+        self._broadcast({"type": "abort", "cause": cause.to_wire()})
+
+    def _drop(self, peer: _Peer) -> None:
+        try:
+            self._selector.unregister(peer.sock)
+        except (KeyError, ValueError):
+            pass
+        self._peers.pop(peer.sock, None)
+        wire.close_quietly(peer.sock)
+        node = peer.node
+        if node is None or self._by_node.get(node) is not peer:
+            return
+        del self._by_node[node]
+        if node in self.left or self.cause is not None:
+            return
+        if self._pending is not None and self._pending[0].node_index == node:
+            return  # it reported an echo and exited: wait for the grace to decide
+        self._abort(
+            Cause(
+                CauseKind.NODE_LOST,
+                "node %d (%s) disconnected before its step ended: its task died or was killed"
+                % (node, peer.host),
+                node_index=node,
+            )
+        )
+
+    def _reply(self, peer: _Peer, message: wire.Message) -> None:
+        try:
+            wire.send(peer.sock, message)
+        except OSError:
+            pass
+
+    def _broadcast(self, message: wire.Message) -> None:
+        data = wire.encode(message)
+        for peer in list(self._by_node.values()):
+            try:
+                peer.sock.sendall(data)
+            except OSError:
+                # A peer we cannot write to is treated like one that hung up.
+                self._drop(peer)
+
+
+def _mismatch(index: int, node: int, entry: str, other: int, their: str) -> Cause:
+    return Cause(
+        CauseKind.CALL_MISMATCH,
+        "call %d of current.torch.run differs between nodes: node %d runs %r, node %d runs %r; "
+        "every node must make the same calls in the same order" % (index + 1, node, entry, other, their),
+        node_index=node,
+        call=index,
+    )
+
+
+def _left_early(node: int, made: int, waiting: int, index: int) -> Cause:
+    return Cause(
+        CauseKind.LEFT_EARLY,
+        "node %d ended its step after %d call%s of current.torch.run while node %d waits in "
+        "call %d: every node must make the same calls" % (
+            node, made, "" if made == 1 else "s", waiting, index + 1),
+        node_index=node,
+        call=index,
+    )
+
+
+def _listen(host: str, ports: Sequence[int], backlog: int) -> socket.socket:
+    errors = []
+    for port in ports:
+        sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+            sock.listen(backlog)
+        except OSError as e:
+            wire.close_quietly(sock)
+            errors.append("%d: %s" % (port, e.strerror or e))
+            continue
+        sock.setblocking(False)
+        return sock
+    raise OSError("no port free for the gang service on %s (%s)" % (host or "*", "; ".join(errors)))

@@ -1,0 +1,132 @@
+"""The gang's wire format: JSON objects, one per line, each line bounded.
+
+Both ends read through ``LineReader``, which never holds more than one line's
+worth of bytes beyond what it hands out, and never passes on anything but a
+JSON object of bounded nesting: a peer cannot make a reader recurse, allocate
+without bound or see a value of a type it did not expect.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+from typing import Any, Dict, List, Optional
+
+PROTOCOL = 2
+
+# No legitimate message comes near this (the largest is a node's report with
+# the last lines of its ranks' output).
+MAX_LINE = 1 << 20
+# JSON nested deeper than this is refused before it is parsed.
+MAX_DEPTH = 32
+
+Message = Dict[str, Any]
+
+
+class ProtocolError(ValueError):
+    """The peer does not speak our protocol: drop it."""
+
+
+def encode(message: Message) -> bytes:
+    data = (json.dumps(message, separators=(",", ":"), allow_nan=False) + "\n").encode()
+    if len(data) > MAX_LINE:
+        raise ValueError("gang message of %d bytes is over the %d byte limit" % (len(data), MAX_LINE))
+    return data
+
+
+def send(sock: socket.socket, message: Message) -> None:
+    sock.sendall(encode(message))
+
+
+def _too_deep(line: bytes) -> bool:
+    depth = 0
+    in_string = escaped = False
+    for byte in line:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif byte == 0x5C:  # backslash
+                escaped = True
+            elif byte == 0x22:
+                in_string = False
+        elif byte == 0x22:
+            in_string = True
+        elif byte in (0x5B, 0x7B):
+            depth += 1
+            if depth > MAX_DEPTH:
+                return True
+        elif byte in (0x5D, 0x7D):
+            depth -= 1
+    return False
+
+
+def decode(line: bytes) -> Optional[Message]:
+    """One line to a message, or None when it is not a JSON object."""
+    if _too_deep(line):
+        return None
+    try:
+        message = json.loads(line, parse_constant=_no_constant)
+    except (ValueError, RecursionError):
+        return None
+    return message if isinstance(message, dict) else None
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError("%s is not JSON" % name)
+
+
+class LineReader:
+    """Splits a byte stream into messages. Lines that are not JSON objects are
+    skipped; a line over ``MAX_LINE`` raises ``ProtocolError``."""
+
+    def __init__(self, max_line: int = MAX_LINE) -> None:
+        self._parts: List[bytes] = []
+        self._size = 0
+        self.max_line = max_line
+
+    def feed(self, data: bytes) -> List[Message]:
+        out: List[Message] = []
+        while data:
+            cut = data.find(b"\n")
+            if cut < 0:
+                self._hold(data)
+                break
+            self._hold(data[:cut])
+            line = b"".join(self._parts)
+            self._parts, self._size = [], 0
+            data = data[cut + 1 :]
+            message = decode(line)
+            if message is not None:
+                out.append(message)
+        return out
+
+    def _hold(self, chunk: bytes) -> None:
+        self._size += len(chunk)
+        if self._size > self.max_line:
+            raise ProtocolError("a line of over %d bytes" % self.max_line)
+        if chunk:
+            self._parts.append(chunk)
+
+
+def close_quietly(sock: Optional[socket.socket]) -> None:
+    if sock is None:
+        return
+    try:
+        sock.close()
+    except OSError:
+        pass
+
+
+def int_field(message: Message, name: str, low: int = 0, high: int = 1 << 20) -> Optional[int]:
+    """A bounded int field, or None: ``1e400``, ``true`` and ``"3"`` are not ints."""
+    value = message.get(name)
+    if isinstance(value, bool) or not isinstance(value, int):
+        return None
+    return value if low <= value <= high else None
+
+
+def str_field(message: Message, name: str, limit: int = 1000) -> Optional[str]:
+    value = message.get(name)
+    if not isinstance(value, str) or len(value) > limit:
+        return None
+    return value

@@ -1,0 +1,46 @@
+"""``current.torch``: what the step's code calls."""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Callable, Optional, Union
+
+from .call import run_call
+from .command import ArgSpec
+from .errors import TorchrunException
+from .plan import plan_call
+from .result import TorchrunResult
+from .session import GangSession
+
+
+class TorchrunHandle:
+    """Published as ``current.torch`` on every node of a ``@torchrun`` step."""
+
+    def __init__(self, session_getter: Callable[[], Optional[GangSession]]):
+        self._session = session_getter
+
+    @property
+    def last_result(self) -> Optional[TorchrunResult]:
+        session = self._session()
+        return session.last_result if session is not None else None
+
+    def run(
+        self,
+        entrypoint: Union[str, "os.PathLike[str]", Callable[..., Any]],
+        entrypoint_args: ArgSpec = None,
+        nproc_per_node: Optional[Union[int, str]] = None,
+        torchrun_args: ArgSpec = None,
+    ) -> TorchrunResult:
+        """Run ``entrypoint`` (a script path, or a module-level function) under
+        torchrun on this node, with every other node of the step; return when all
+        of this node's ranks succeeded, raise ``TorchrunFailed`` otherwise (for a
+        function, the rank's original exception, caused by ``TorchrunFailed``).
+        Every node must make the same calls in the same order."""
+        session = self._session()
+        if session is None:
+            raise TorchrunException("current.torch.run can only be called in the step's own code.")
+        search = [os.getcwd()] + ([session.flow_dir] if session.flow_dir else [])
+        plan = plan_call(
+            entrypoint, entrypoint_args, nproc_per_node, torchrun_args, session.defaults, search
+        )
+        return run_call(session, plan)

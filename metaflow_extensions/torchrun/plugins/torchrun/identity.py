@@ -1,0 +1,40 @@
+"""The gang's identity: one name for "this attempt of this step of this run".
+
+Every id the gang hands out derives from it: the gang service's, each
+``current.torch.run`` call's torchrun rendezvous id and the directory of the
+per-rank logs. A retry (a new attempt) is a new gang, so it never meets any
+state of the failed one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+def safe_id(raw: str) -> str:
+    """ASCII letters, digits and ``-_.`` only: torch, file systems and log
+    readers all accept it."""
+    return "".join(c if (c.isascii() and c.isalnum()) or c in "-_." else "_" for c in raw)
+
+
+@dataclass(frozen=True)
+class GangIdentity:
+    flow_name: str
+    run_id: str
+    step_name: str
+    control_task_id: str
+    attempt: int
+
+    @property
+    def gang_id(self) -> str:
+        """The same on every node of the step's attempt, different across
+        retries, runs and foreach branches."""
+        return safe_id(
+            "%s-%s-%s-%s-%d"
+            % (self.flow_name, self.run_id, self.step_name, self.control_task_id, self.attempt)
+        )
+
+    def call_id(self, call_index: int) -> str:
+        """torchrun's rendezvous id for the step's ``call_index``-th call of
+        ``current.torch.run`` (0-based): each call is its own rendezvous."""
+        return "%s-c%d" % (self.gang_id, call_index)

@@ -1,0 +1,243 @@
+"""Pure planning: what one ``current.torch.run`` call will launch.
+
+Everything the step's ``@torchrun`` attributes and a call's arguments decide is
+resolved here, before anything starts: the entrypoint, its arguments, the
+process count and torchrun's options, and the environment the ranks get. A
+mistake is a ``TorchrunInvalidArgument`` naming it, raised in the step, never
+an error from inside torchrun after the gang has started.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Union
+
+from . import bootstrap, functions
+from .command import ArgSpec, encode_args, parse_options
+from .errors import TorchrunInvalidArgument
+from .resources import NONE as NO_ACCELERATORS
+from .resources import Accelerators
+
+# torchrun's own spellings for "as many processes as there are devices/cores".
+NPROC_KEYWORDS = ("auto", "gpu", "cpu", "xpu")
+
+
+@dataclass(frozen=True)
+class StepDefaults:
+    """What ``@torchrun(...)`` set for the step; call arguments override it."""
+
+    nproc_per_node: Any = None
+    torchrun_args: ArgSpec = None
+    port: Optional[int] = None
+    derived_nproc: Optional[int] = None
+    accelerators: Accelerators = NO_ACCELERATORS
+    heartbeat_timeout: float = 30.0
+    start_timeout: float = 600.0
+    label_logs: bool = True
+
+
+@dataclass(frozen=True)
+class CallPlan:
+    """One call, resolved: what every rank of this node will run."""
+
+    entry_name: str  # the same on every node for the same call (checked)
+    script: Optional[str]  # an absolute path; None for a function
+    entry_argv: List[str]
+    function: Optional[functions.FunctionRef]
+    function_args: Any
+    nproc: Union[int, str]
+    options: Dict[str, Any] = field(default_factory=dict)
+
+
+def validate_nproc(value: Any, source: str) -> Union[int, str]:
+    """A positive process count, or one of torchrun's device keywords."""
+    if isinstance(value, bool):
+        raise TorchrunInvalidArgument(
+            "%s=%r: nproc_per_node must be a positive integer." % (source, value)
+        )
+    if isinstance(value, str):
+        text = value.strip()
+        if text in NPROC_KEYWORDS:
+            return text
+        try:
+            value = int(text)
+        except ValueError:
+            raise TorchrunInvalidArgument(
+                "%s=%r: nproc_per_node must be a positive integer (or one of %s)."
+                % (source, value, ", ".join(NPROC_KEYWORDS))
+            ) from None
+    if not isinstance(value, int):
+        raise TorchrunInvalidArgument(
+            "%s=%r (a %s): nproc_per_node must be a positive integer."
+            % (source, value, type(value).__name__)
+        )
+    if value < 1:
+        raise TorchrunInvalidArgument(
+            "%s=%r: nproc_per_node must be at least 1." % (source, value)
+        )
+    return value
+
+
+def resolve_nproc(
+    call_value: Any,
+    user_options: Mapping[str, Any],
+    defaults: StepDefaults,
+) -> Union[int, str]:
+    """Precedence: run() argument > torchrun_args > @torchrun > resources > 1."""
+    if call_value is not None:
+        return validate_nproc(call_value, "nproc_per_node")
+    if user_options.get("nproc-per-node") not in (None, False):
+        return validate_nproc(user_options["nproc-per-node"], "torchrun_args nproc_per_node")
+    if defaults.nproc_per_node is not None:
+        return validate_nproc(defaults.nproc_per_node, "@torchrun(nproc_per_node)")
+    if defaults.derived_nproc is not None:
+        return validate_nproc(defaults.derived_nproc, "resources")
+    return 1
+
+
+def resolve_entrypoint(entrypoint: Any, search_dirs: Sequence[str]) -> str:
+    """An absolute path to an existing script, looked up relative to the task's
+    working directory first and then to the flow file's directory, so
+    ``python examples/ddp/flow.py run`` finds ``train.py`` beside the flow."""
+    if not isinstance(entrypoint, (str, os.PathLike)) or not os.fspath(entrypoint):
+        raise TorchrunInvalidArgument(
+            "entrypoint must be the path of a Python script, not %r." % (entrypoint,)
+        )
+    path = os.fspath(entrypoint)
+    candidates = [path] if os.path.isabs(path) else [
+        os.path.join(d, path) for d in search_dirs
+    ]
+    for candidate in candidates:
+        if os.path.isfile(candidate):
+            return os.path.abspath(candidate)
+    raise TorchrunInvalidArgument(
+        "entrypoint %r does not exist (looked in: %s)."
+        % (path, ", ".join(os.path.abspath(os.path.dirname(c) or ".") for c in candidates))
+    )
+
+
+_OPTION_RE = re.compile(r"""["'](--[A-Za-z][\w-]*)["']""")
+
+
+def known_torchrun_options() -> Optional[set]:
+    """Option names torchrun accepts, read from the source of torchrun's parser.
+
+    Reading the file instead of importing ``torch.distributed.run`` keeps torch
+    (seconds of CPU, hundreds of MB) out of every Metaflow task process."""
+    try:
+        spec = importlib.util.find_spec("torch")
+    except (ImportError, ValueError):
+        spec = None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = os.path.join(list(spec.submodule_search_locations)[0], "distributed", "run.py")
+    try:
+        with open(path, encoding="utf-8") as f:
+            source = f.read()
+    except OSError:
+        return None
+    start = source.find("def get_args_parser")
+    end = source.find("\ndef ", start + 1)
+    names = {m.group(1)[2:].replace("_", "-") for m in _OPTION_RE.finditer(source[start:end])}
+    return names or None
+
+
+def check_options(options: Mapping[str, Any]) -> None:
+    if not options:
+        return
+    known = known_torchrun_options()
+    if known is None:
+        return
+    unknown = sorted(k for k in options if k not in known)
+    if unknown:
+        raise TorchrunInvalidArgument(
+            "torchrun_args: unknown torchrun option%s %s (see `python -m "
+            "torch.distributed.run --help`)."
+            % ("s" if len(unknown) > 1 else "", ", ".join("--" + k for k in unknown))
+        )
+
+
+def merged_options(defaults: StepDefaults, call_args: ArgSpec) -> Dict[str, Any]:
+    options = parse_options(defaults.torchrun_args, "@torchrun(torchrun_args)")
+    options.update(parse_options(call_args, "torchrun_args"))
+    return options
+
+
+def function_reference(entrypoint: Any, args: Any) -> Optional[functions.FunctionRef]:
+    """A reference ranks can import, when the entrypoint is a function."""
+    if isinstance(entrypoint, (str, os.PathLike)) or not callable(entrypoint):
+        return None
+    try:
+        ref = functions.reference_to(entrypoint)
+        functions.split_args(args)
+    except (functions.FunctionReferenceError, TypeError) as e:
+        raise TorchrunInvalidArgument(str(e)) from None
+    return ref
+
+
+def plan_call(
+    entrypoint: Union[str, "os.PathLike[str]", Callable[..., Any]],
+    entrypoint_args: Any,
+    nproc_per_node: Any,
+    torchrun_args: ArgSpec,
+    defaults: StepDefaults,
+    search_dirs: Sequence[str],
+) -> CallPlan:
+    """Resolve a call's arguments; raise ``TorchrunInvalidArgument`` on any."""
+    function = function_reference(entrypoint, entrypoint_args)
+    script: Optional[str] = None
+    entry_argv: List[str] = []
+    if function is None:
+        script = resolve_entrypoint(entrypoint, search_dirs)
+        entry_argv = encode_args(entrypoint_args, "entrypoint_args")
+    options = merged_options(defaults, torchrun_args)
+    check_options(options)
+    nproc = resolve_nproc(nproc_per_node, options, defaults)
+    options.pop("nproc-per-node", None)  # resolved above, with its precedence
+    name = function.qualname if function is not None else os.path.basename(script or "")
+    return CallPlan(
+        entry_name=name,
+        script=script,
+        entry_argv=entry_argv,
+        function=function,
+        function_args=entrypoint_args,
+        nproc=nproc,
+        options=options,
+    )
+
+
+def rank_environment(
+    base: Mapping[str, str],
+    *,
+    workdir: str,
+    node_index: int,
+    label_logs: bool,
+    log_dir: Optional[str],
+    iface: Optional[str],
+    flow_dir: Optional[str],
+    is_function: bool,
+) -> Dict[str, str]:
+    """The environment of this node's torchrun and its ranks."""
+    env = dict(base)
+    if is_function and flow_dir:
+        # Ranks import the function's module as the flow file would: from the
+        # flow's directory.
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (flow_dir, env.get("PYTHONPATH")) if p)
+    env[bootstrap.FAILURE_DIR_ENV] = workdir
+    env[bootstrap.NODE_INDEX_ENV] = str(node_index)
+    if iface and "GLOO_SOCKET_IFNAME" not in env:
+        # gloo otherwise binds to whatever the host name resolves to, which
+        # on many hosts (127.0.1.1, containers) other nodes cannot reach.
+        env["GLOO_SOCKET_IFNAME"] = iface
+    # With the agent's store shared with the workers, torch keeps one store for
+    # every restart and restarted workers read the previous round's addresses
+    # (gloo: "Connection refused"): max_restarts could never recover. A fresh
+    # store per round, hosted by rank 0, is what torch does with sharing off.
+    env.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
+    env[bootstrap.LABELS_ENV] = "1" if label_logs else "0"
+    if log_dir:
+        env[bootstrap.LOG_DIR_ENV] = log_dir
+    return env

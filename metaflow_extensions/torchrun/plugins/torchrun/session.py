@@ -1,0 +1,282 @@
+"""The gang of one ``@torchrun`` step, from its first line to its last.
+
+Named phases, in the order a step goes through them:
+
+- ``join``: the control starts the gang service; every node joins it in the
+  background, so the step's own code is not delayed.
+- ``user_code``: while the step's code runs outside ``current.torch.run``, an
+  abort of the gang interrupts it (a signal raises ``GangAborted`` in the main
+  thread), and ends the task if it does not stop within ``INTERRUPT_GRACE``.
+- ``run_call``: one ``current.torch.run`` call (``call.py``).
+- ``step_succeeded`` / ``step_failed``: the node leaves the gang, saying how
+  its step ended; a failure of its own becomes the gang's root cause. The
+  control stays until every node has left, so a late failure still reaches
+  everyone.
+- ``close``: nothing of the gang is left in the process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import ipaddress
+import os
+import signal
+import sys
+import threading
+import time
+import traceback
+from typing import Iterator, List, Optional
+
+from .cause import Cause, CauseKind
+from .errors import GangAborted, TorchrunException
+from .gang import GangConfig
+from .gang_client import GangClient
+from .gang_server import GangServer
+from .identity import GangIdentity
+from .network import local_address_towards
+from .plan import StepDefaults
+from .result import TorchrunResult
+from .topology import Topology
+
+# Raised in the main thread to stop the step's code when the gang aborts. A
+# real-time signal: user code (SLURM-style checkpoint triggers) uses SIGUSR1/2.
+INTERRUPT_SIGNAL = signal.SIGRTMIN + 2
+# Seconds the step's code has to stop once interrupted before the task ends:
+# code stuck in a C call never returns to the interpreter to see the signal.
+INTERRUPT_GRACE = 10.0
+PROGRESS_ENV = "METAFLOW_TORCHRUN_PROGRESS_SECONDS"
+
+
+class Phase(enum.Enum):
+    NEW = "new"
+    IN_STEP = "in step"
+    IN_CALL = "in current.torch.run"
+    LEFT = "left"
+
+
+class GangSession:
+    def __init__(
+        self,
+        identity: GangIdentity,
+        defaults: StepDefaults,
+        topology: Topology,
+        flow_dir: Optional[str] = None,
+    ):
+        self.identity = identity
+        self.defaults = defaults
+        self.topology = topology
+        self.flow_dir = flow_dir
+        self.config = GangConfig(
+            gang_id=identity.gang_id,
+            num_nodes=topology.num_nodes,
+            heartbeat_timeout=defaults.heartbeat_timeout,
+            start_timeout=defaults.start_timeout,
+            progress_interval=progress_interval(),
+        )
+        self.phase = Phase.NEW
+        self.calls_made = 0
+        self.server: Optional[GangServer] = None
+        self.client: Optional[GangClient] = None
+        self.results: List[TorchrunResult] = []
+        self.reported = False  # this node's own failure is already the gang's
+        self._interruptible = False
+        self._in_user_code = False
+        self._main = threading.main_thread().ident
+        self._previous_handler = None
+
+    @property
+    def is_control(self) -> bool:
+        return self.topology.is_control
+
+    @property
+    def cause(self) -> Optional[Cause]:
+        return self.client.cause if self.client is not None else None
+
+    @property
+    def last_result(self) -> Optional[TorchrunResult]:
+        return self.results[-1] if self.results else None
+
+    # -- join ------------------------------------------------------------------
+
+    def join(self) -> None:
+        ports = self.topology.ports
+        if self.is_control:
+            self.server = GangServer(self.config, bind_host(self.topology), ports)
+            self.server.progress = say
+            self.server.start()
+            ports = (self.server.port,)
+        self.client = GangClient(self.config, self.topology.main_addr, ports, self.topology.node_index)
+        self.client.on_abort = self._on_abort
+        self.client.start()
+        self.phase = Phase.IN_STEP
+
+    # -- the step's own code -----------------------------------------------------
+
+    @contextlib.contextmanager
+    def user_code(self) -> Iterator[None]:
+        """Around the step's code: a gang abort stops it."""
+        in_main = threading.current_thread() is threading.main_thread()
+        if in_main:
+            self._previous_handler = signal.signal(INTERRUPT_SIGNAL, self._interrupted)
+        self._interruptible = in_main
+        self._in_user_code = True
+        try:
+            if self.cause is not None:
+                raise GangAborted(self.topology.node_index, self.cause)
+            yield
+        finally:
+            self._interruptible = False
+            self._in_user_code = False
+            if in_main:
+                signal.signal(INTERRUPT_SIGNAL, self._previous_handler or signal.SIG_DFL)
+
+    @contextlib.contextmanager
+    def in_call(self) -> Iterator[int]:
+        """Around one call: its own code watches the gang, so no interrupts."""
+        index = self.calls_made
+        self.calls_made += 1
+        was = self._interruptible
+        self._interruptible = False
+        self.phase = Phase.IN_CALL
+        try:
+            yield index
+        finally:
+            self.phase = Phase.IN_STEP
+            self._interruptible = was
+            if was and self.cause is not None and sys.exc_info()[1] is None:
+                raise GangAborted(self.topology.node_index, self.cause)
+
+    def _on_abort(self, cause: Cause) -> None:
+        """On the gang client's reader thread, once."""
+        if not self._interruptible or self._main is None:
+            return
+        try:
+            signal.pthread_kill(self._main, INTERRUPT_SIGNAL)
+        except (OSError, ValueError):
+            return
+        threading.Thread(target=self._backstop, args=(cause,), daemon=True).start()
+
+    def _interrupted(self, signum, frame) -> None:
+        cause = self.cause
+        if self._interruptible and cause is not None:
+            self._interruptible = False
+            raise GangAborted(self.topology.node_index, cause)
+
+    def _backstop(self, cause: Cause) -> None:
+        deadline = time.monotonic() + INTERRUPT_GRACE
+        while time.monotonic() < deadline:
+            if not self._in_user_code or self.phase is Phase.LEFT:
+                return
+            time.sleep(0.1)
+        if self._in_user_code and self.phase is not Phase.LEFT:
+            say("the gang stopped (%s) but this node's step did not stop within %gs of being "
+                "interrupted (stuck outside Python?): ending the task." % (cause.summary, INTERRUPT_GRACE))
+            os._exit(1)
+
+    # -- the step's end ----------------------------------------------------------
+
+    def step_succeeded(self) -> None:
+        """Leave the gang; the control waits for every node to leave. A gang
+        that aborted meanwhile fails this node's step too."""
+        client = self.client
+        if client is None:
+            return
+        client.wait_joined()
+        if client.cause is None:
+            client.leave(self.calls_made, ok=True)
+            if self.is_control:
+                client.wait_all_left()
+        self.phase = Phase.LEFT
+        if client.cause is not None:
+            self._announce(client.cause)
+            raise GangAborted(self.topology.node_index, client.cause)
+
+    def step_failed(self, error: BaseException) -> None:
+        """Report this node's failure, unless it is an echo of the gang's."""
+        client = self.client
+        if client is None:
+            return
+        own = not (self.reported or isinstance(error, GangAborted) or client.cause is not None)
+        if own and client.wait_joined():
+            client.report_failure(self.step_cause(error))
+            client.wait_for_verdict(2.0)
+        client.leave(self.calls_made, ok=False)
+        self.phase = Phase.LEFT
+        if client.cause is not None:
+            self._announce(client.cause)
+
+    def step_cause(self, error: BaseException) -> Cause:
+        where = (
+            "in call %d of current.torch.run" % self.calls_made if self.phase is Phase.IN_CALL
+            else "before current.torch.run" if self.calls_made == 0
+            else "after call %d of current.torch.run" % self.calls_made
+        )
+        message = str(error) if not isinstance(error, TorchrunException) else error.message
+        exc_type = type(error).__name__
+        return Cause(
+            CauseKind.STEP_FAILED,
+            "node %d failed in its step %s: %s: %s"
+            % (self.topology.node_index, where, exc_type, _first_line(message)),
+            node_index=self.topology.node_index,
+            exc_type=exc_type,
+            message=message[:4000],
+            traceback="".join(traceback.format_exception(type(error), error, error.__traceback__))[-16000:],
+        )
+
+    def _announce(self, cause: Cause) -> None:
+        """The control prints the gang's root cause once, apart from the
+        interleaved logs, so it is the first thing a reader of its log finds."""
+        if not self.is_control or getattr(self, "_announced", False):
+            return
+        self._announced = True
+        bar = "=" * 72
+        print("\n%s\n@torchrun: the gang failed. Root cause: %s\n%s" % (bar, cause.summary, bar),
+              file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        self.phase = Phase.LEFT
+        if self.client is not None:
+            self.client.close()
+        if self.server is not None:
+            self.server.close()
+
+
+def _first_line(text: str) -> str:
+    lines = (text or "").strip().splitlines()
+    return lines[0] if lines else ""
+
+
+def progress_interval() -> float:
+    try:
+        return max(0.5, float(os.environ.get(PROGRESS_ENV, "15")))
+    except ValueError:
+        return 15.0
+
+
+def say(text: str) -> None:
+    print("@torchrun: %s" % text, file=sys.stderr, flush=True)
+
+
+def bind_host(topology: Topology) -> str:
+    if topology.is_local:
+        return "127.0.0.1"
+    return "::" if ":" in topology.main_addr else "0.0.0.0"
+
+
+def is_loopback(address: str) -> bool:
+    try:
+        return ipaddress.ip_address(address).is_loopback
+    except ValueError:
+        return False
+
+
+def local_address(topology: Topology) -> str:
+    """The address other nodes reach this one at."""
+    local_addr = local_address_towards(topology.main_addr) or topology.main_addr
+    if not topology.is_local and is_loopback(local_addr):
+        # The control's own name resolved to loopback (a Batch main node whose
+        # host name maps to 127.0.1.1): other nodes need its routable address,
+        # the source of the default route (a UDP connect sends nothing).
+        local_addr = local_address_towards("192.0.2.1") or local_addr
+    return local_addr
