@@ -146,14 +146,14 @@ def test_default_port_taken_on_the_control_host(network, sandbox):
     control host: the control takes the next candidate, the workers find it.
     AWS Batch gives no port; Kubernetes without @kubernetes(port=...) takes the
     same path (MF_MASTER_PORT "None")."""
-    from metaflow_extensions.torchrun.plugins.torchrun import topology
-    from metaflow_extensions.torchrun.plugins.torchrun.runner import GangIdentity
+    from metaflow_extensions.torchrun.plugins.torchrun import ports
+    from metaflow_extensions.torchrun.plugins.torchrun.identity import GangIdentity
 
     net = network(2)
     run = PlatformRun(sandbox, net, "batch", GANG, params=REPORT)
-    gang_id = GangIdentity(run.flow_name, run.run_id, run.step, run.contract.control_task_id, 0).rdzv_id
+    gang_id = GangIdentity(run.flow_name, run.run_id, run.step, run.contract.control_task_id, 0).gang_id
     # The nodes get no port (MF_MASTER_PORT "None" / Batch): candidates from the gang id.
-    candidates = topology.choose_ports({}, gang_id)
+    candidates = ports.choose_ports({}, gang_id)
     blocker = net.hosts[0].popen(
         [sys.executable, "-c",
          "import socket,time; s=socket.socket(); s.bind(('0.0.0.0', %d)); s.listen(); "

@@ -278,9 +278,9 @@ def _step_fragment(script: str) -> str:
 
 
 def _extension():
-    from metaflow_extensions.torchrun.plugins.torchrun import resources, runner, topology
+    from metaflow_extensions.torchrun.plugins.torchrun import identity, ports, resources, topology
 
-    return resources, runner, topology
+    return resources, identity, topology, ports
 
 
 # ------------------------------------------------------------------- Kubernetes
@@ -474,7 +474,7 @@ def test_kubernetes_jobset_from_argo_only_json(case, tmp_path, moto):
     assert "network" not in manifest["spec"]
     pods = _pods(manifest)
     assert len(pods) == nodes
-    resources_mod, runner, topology = _extension()
+    resources_mod, runner, topology, ports = _extension()
     decorators = [("kubernetes", attrs)] + ([("resources", resources)] if resources else [])
     accelerators = resources_mod.requested_accelerators(decorators)
     port = attrs.get("port")
@@ -536,8 +536,8 @@ def test_kubernetes_jobset_from_argo_only_json(case, tmp_path, moto):
             flow_name="SubmitFlow", run_id=_option(argv, "--run-id"), step_name="train",
             control_task_id=env["MF_PARALLEL_CONTROL_TASK_ID"], attempt=int(_option(argv, "--retry-count")),
         )
-        ports = topology.choose_ports(env, identity.rdzv_id)
-        views.append((identity.rdzv_id, ports, task_id))
+        ports = ports.choose_ports(env, identity.gang_id)
+        views.append((identity.gang_id, ports, task_id))
 
     # Every node agrees on the gang and on where the control listens.
     assert len({v[0] for v in views}) == 1 and len({v[1] for v in views}) == 1
@@ -546,8 +546,8 @@ def test_kubernetes_jobset_from_argo_only_json(case, tmp_path, moto):
     if port:
         assert ports == (port,)
     else:
-        assert len(ports) == topology.CANDIDATE_PORTS
-        assert all(topology.PORT_RANGE[0] <= p <= topology.PORT_RANGE[1] for p in ports)
+        assert len(ports) == ports.CANDIDATE_PORTS
+        assert all(ports.PORT_RANGE[0] <= p <= ports.PORT_RANGE[1] for p in ports)
 
 
 def test_argo_create_without_only_json_would_need_a_cluster(tmp_path, moto):
@@ -669,7 +669,7 @@ BATCH_CASES = {
 def test_batch_multinode_job_through_moto(case, tmp_path, moto, batch_queue):
     attrs, nodes, resources = BATCH_CASES[case]
     got = batch_submission(tmp_path, moto, batch_queue, attrs, nodes, resources)
-    resources_mod, runner, topology = _extension()
+    resources_mod, runner, topology, ports = _extension()
     decorators = [("batch", attrs)] + ([("resources", resources)] if resources else [])
     accelerators = resources_mod.requested_accelerators(decorators)
     expected_gpus = max(attrs["gpu"], (resources or {}).get("gpu") or 0)  # @batch: the larger wins
@@ -732,8 +732,8 @@ def test_batch_multinode_job_through_moto(case, tmp_path, moto, batch_queue):
             flow_name="SubmitFlow", run_id=run_id, step_name="train",
             control_task_id=env["MF_PARALLEL_CONTROL_TASK_ID"], attempt=int(_option(argv, "--retry-count")),
         )
-        views.append(topology.choose_ports(env, identity.rdzv_id))
-    assert len(set(views)) == 1 and len(views[0]) == topology.CANDIDATE_PORTS
+        views.append(ports.choose_ports(env, identity.gang_id))
+    assert len(set(views)) == 1 and len(views[0]) == ports.CANDIDATE_PORTS
 
 
 @pytest.mark.xfail(strict=True, reason=(

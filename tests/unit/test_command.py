@@ -21,7 +21,6 @@ from metaflow_extensions.torchrun.plugins.torchrun.command import (
     format_endpoint,
     options_to_argv,
     parse_options,
-    rdzv_id_for,
 )
 from metaflow_extensions.torchrun.plugins.torchrun.errors import TorchrunInvalidArgument
 
@@ -534,55 +533,4 @@ class TestBuildCommand:
             "$(z)",
         ]
 
-
-# --------------------------------------------------------------------------- rdzv_id_for
-
-SAFE = re.compile(r"^[A-Za-z0-9._-]+$")
-
-
-class TestRdzvId:
-    def test_deterministic(self):
-        a = rdzv_id_for("TrainFlow", "1712", "train", "5", 0)
-        assert a == rdzv_id_for("TrainFlow", "1712", "train", "5", 0)
-        assert SAFE.match(a)
-
-    def test_differs_per_attempt(self):
-        ids = {rdzv_id_for("F", "1", "s", "5", attempt) for attempt in range(5)}
-        assert len(ids) == 5
-
-    def test_differs_per_control_task(self):
-        assert rdzv_id_for("F", "1", "s", "5", 0) != rdzv_id_for("F", "1", "s", "6", 0)
-
-    def test_differs_per_run_step_and_flow(self):
-        base = rdzv_id_for("F", "1", "s", "5", 0)
-        assert base != rdzv_id_for("F", "2", "s", "5", 0)
-        assert base != rdzv_id_for("F", "1", "t", "5", 0)
-        assert base != rdzv_id_for("G", "1", "s", "5", 0)
-
-    @pytest.mark.parametrize(
-        "run_id, task_id",
-        [
-            ("argo-trainflow-abc/def", "control-0"),
-            ("sfn:123 456", "t@x#1"),
-            ("run$(id)`x`", "a/b\\c"),
-            ("1712345678901234", "9"),
-            ("kubernetes-abc.def_1", "task%20"),
-        ],
-    )
-    def test_only_safe_characters(self, run_id, task_id):
-        assert SAFE.match(rdzv_id_for("TrainFlow", run_id, "train_step", task_id, 3))
-
-    @pytest.mark.parametrize("flow", ["FlöwFlow", "数据Flow", "Flow²"])
-    def test_only_ascii_even_for_unicode_names(self, flow):
-        # Flow and step names are Python identifiers, which may be non-ASCII;
-        # str.isalnum() alone would let those letters through.
-        rid = rdzv_id_for(flow, "1", "trăin", "2", 0)
-        assert SAFE.match(rid)
-        assert rid == rdzv_id_for(flow, "1", "trăin", "2", 0)
-
-    def test_gang_identity_uses_it(self):
-        from metaflow_extensions.torchrun.plugins.torchrun.runner import GangIdentity
-
-        g = GangIdentity("F", "1", "s", "5", 2)
-        assert g.rdzv_id == rdzv_id_for("F", "1", "s", "5", 2)
 

@@ -13,7 +13,8 @@ import time
 import metaflow  # noqa: F401  (must come before our modules)
 import pytest
 
-from metaflow_extensions.torchrun.plugins.torchrun import command, errors, topology
+from metaflow_extensions.torchrun.plugins.torchrun import command, errors, ports, topology
+from metaflow_extensions.torchrun.plugins.torchrun.cause import Cause, CauseKind
 from metaflow_extensions.torchrun.plugins.torchrun.failures import (
     RankFailure,
     merge_failures,
@@ -163,7 +164,7 @@ def real_torchrun_report(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("torchrun")
     script = tmp / "crash.py"
     script.write_text(CRASHING_SCRIPT)
-    port = topology.find_free_port()
+    port = ports.find_free_port()
     env = dict(os.environ, OMP_NUM_THREADS="1")
     env.pop("TORCHELASTIC_ERROR_FILE", None)
     started = time.time()
@@ -277,47 +278,47 @@ class TestMerge:
 
 class TestGangAborted:
     def test_stopped_because_another_node_failed(self):
-        cause = {"kind": "failed", "node_index": 0, "summary": "node 0, rank 2: ValueError: boom"}
+        cause = Cause(CauseKind.RANK_FAILED, "node 0, rank 2: ValueError: boom", node_index=0,
+                      traceback="Traceback (most recent call last):\n  in explode\nValueError: boom\n")
         e = errors.GangAborted(1, cause, own_exit_code=-15)
         text = str(e)
         assert text.startswith(
-            "node 1 stopped its torchrun because node 0 failed first: "
-            "node 0, rank 2: ValueError: boom"
+            "node 1 stopped because node 0 failed first: node 0, rank 2: ValueError: boom"
         )
-        assert "node 0's log" in text
+        assert "Node 0's traceback:" in text and "in explode" in text
         assert e.node_index == 1
-        assert e.cause == cause and e.cause is not cause
+        assert e.cause is cause
         assert e.headline == "@torchrun gang stopped"
         assert isinstance(e, errors.TorchrunException)
 
+    def test_a_step_failure_elsewhere_shows_its_traceback_cut_to_the_last_lines(self):
+        tb = "\n".join("line %d" % i for i in range(100))
+        cause = Cause(CauseKind.STEP_FAILED, "node 1 failed in its step before current.torch.run: "
+                      "RuntimeError: x", node_index=1, traceback=tb)
+        text = str(errors.GangAborted(0, cause))
+        assert "node 0 stopped because node 1 failed first: node 1 failed in its step" in text
+        assert "line 99" in text and "line 69" not in text and "(last 30 lines)" in text
+
     @pytest.mark.parametrize(
         "kind, origin",
-        [("node_lost", 2), ("unresponsive", 0), ("never_joined", None),
-         ("control_lost", 0), ("control_unresponsive", 0), ("control_unreachable", None)],
+        [(CauseKind.NODE_LOST, 2), (CauseKind.UNRESPONSIVE, 0), (CauseKind.NEVER_JOINED, None),
+         (CauseKind.CONTROL_LOST, 0), (CauseKind.CONTROL_UNRESPONSIVE, 0),
+         (CauseKind.CONTROL_UNREACHABLE, None), (CauseKind.LEFT_EARLY, 1), (CauseKind.CALL_MISMATCH, 1)],
     )
     def test_other_causes(self, kind, origin):
-        cause = {"kind": kind, "summary": "the summary of %s" % kind}
-        if origin is not None:
-            cause["node_index"] = origin
-        text = str(errors.GangAborted(1, cause))
-        assert text == "node 1 stopped its torchrun: the summary of %s" % kind
-        assert "failed first" not in text and "log" not in text
+        cause = Cause(kind, "the summary of %s" % kind.value, node_index=origin)
+        text = str(errors.GangAborted(1 if origin != 1 else 2, cause))
+        assert text.endswith("stopped: the summary of %s" % kind.value)
+        assert "failed first" not in text and "traceback" not in text
 
     def test_own_failure_is_not_blamed_on_itself(self):
-        text = str(errors.GangAborted(1, {"kind": "failed", "node_index": 1, "summary": "S"}))
-        assert text == "node 1 stopped its torchrun: S"
+        text = str(errors.GangAborted(1, Cause(CauseKind.RANK_FAILED, "S", node_index=1)))
+        assert text == "node 1 stopped: S"
 
     def test_failed_at_node_0_is_named_from_node_2(self):
         # node_index 0 is falsy; it must still be named.
-        text = str(errors.GangAborted(2, {"kind": "failed", "node_index": 0, "summary": "S"}))
-        assert text.startswith("node 2 stopped its torchrun because node 0 failed first: S")
-
-    def test_no_summary(self):
-        assert str(errors.GangAborted(3, {"kind": "node_lost", "node_index": 1})) == (
-            "node 3 stopped its torchrun: node_lost"
-        )
-        assert str(errors.GangAborted(3, {})) == "node 3 stopped its torchrun: unknown cause"
-        assert str(errors.GangAborted(3, None)) == "node 3 stopped its torchrun: unknown cause"
+        text = str(errors.GangAborted(2, Cause(CauseKind.RANK_FAILED, "S", node_index=0)))
+        assert text.startswith("node 2 stopped because node 0 failed first: S")
 
 
 # -- rendezvous settings ---------------------------------------------------------
@@ -480,7 +481,7 @@ class TestRootCauseOrder:
         env = dict(os.environ, OMP_NUM_THREADS="1")
         subprocess.run(
             [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-             "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:%d" % topology.find_free_port(),
+             "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:%d" % ports.find_free_port(),
              str(script), str(out)],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, timeout=120,
         )

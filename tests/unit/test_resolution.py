@@ -1,4 +1,4 @@
-"""runner.py's pure helpers: nproc, entrypoint and option resolution."""
+"""plan.py: pure helpers: nproc, entrypoint and option resolution."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import os
 
 import pytest
 
-from metaflow_extensions.torchrun.plugins.torchrun import runner
+from metaflow_extensions.torchrun.plugins.torchrun import plan as runner
 from metaflow_extensions.torchrun.plugins.torchrun.errors import TorchrunInvalidArgument
-from metaflow_extensions.torchrun.plugins.torchrun.runner import (
+from metaflow_extensions.torchrun.plugins.torchrun.plan import (
     NPROC_KEYWORDS,
     StepDefaults,
     check_options,

@@ -12,7 +12,7 @@ from metaflow_extensions.torchrun.plugins.torchrun.resources import (
     check_visible_devices,
     requested_accelerators,
 )
-from metaflow_extensions.torchrun.plugins.torchrun.runner import StepDefaults, resolve_nproc
+from metaflow_extensions.torchrun.plugins.torchrun.plan import StepDefaults, resolve_nproc
 
 
 def specs(*decos):

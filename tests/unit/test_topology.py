@@ -8,20 +8,18 @@ import types
 
 import pytest
 
-from metaflow_extensions.torchrun.plugins.torchrun import topology
+from metaflow_extensions.torchrun.plugins.torchrun import ports
 from metaflow_extensions.torchrun.plugins.torchrun.errors import TorchrunInvalidArgument
-from metaflow_extensions.torchrun.plugins.torchrun.topology import (
+from metaflow_extensions.torchrun.plugins.torchrun.ports import (
     LOCAL_PORT_ENV,
     PORT_RANGE,
-    Topology,
     CANDIDATE_PORTS,
     choose_ports,
     find_free_port,
     hashed_port,
-    is_local_runtime,
     parse_port,
-    topology_from,
 )
+from metaflow_extensions.torchrun.plugins.torchrun.topology import Topology, is_local_runtime, topology_from
 
 Parallel = collections.namedtuple("Parallel", "main_ip num_nodes node_index")
 
@@ -137,7 +135,7 @@ class TestFindFreePort:
                 def randint(self, low, high):
                     return next(sequence)
 
-            monkeypatch.setattr(topology.random, "Random", FakeRandom)
+            monkeypatch.setattr(ports.random, "Random", FakeRandom)
             assert find_free_port(attempts=3) == free
         finally:
             busy.close()
@@ -156,7 +154,7 @@ class TestFindFreePort:
                     FakeRandom.calls += 1
                     return taken
 
-            monkeypatch.setattr(topology.random, "Random", FakeRandom)
+            monkeypatch.setattr(ports.random, "Random", FakeRandom)
             with pytest.raises(OSError):
                 find_free_port(attempts=4)
             assert FakeRandom.calls == 4
