@@ -64,7 +64,7 @@ def test_rank_raising_names_node_rank_and_traceback_once(gang):
     # The traceback of the failing rank appears in the failing node's error.
     assert "in explode" in text
     # The other node says it was stopped because of that failure, naming the node.
-    assert "stopped its torchrun because node" in text
+    assert "stopped because node" in text
 
 
 def test_rank_segfault_is_named_with_its_signal(gang):
@@ -82,7 +82,7 @@ def test_node_task_sigkilled_stops_the_gang(gang):
     )
     assert code != 0
     assert took < HANG_GUARD
-    assert "node 1" in text and "disconnected before its torchrun finished" in text, text[-4000:]
+    assert "node 1" in text and "disconnected before its step ended" in text, text[-4000:]
 
 
 def test_frozen_node_is_detected_by_heartbeat(gang):
@@ -108,16 +108,6 @@ def test_frozen_control_is_detected_by_the_other_nodes(gang):
     code, text, took = _run_and_inject(gang, freeze_control, env=_attrs(heartbeat_timeout=5))
     assert code != 0
     assert "heard nothing from the control node" in text, text[-4000:]
-
-
-def test_node_that_never_starts_is_named(gang):
-    proc = gang.run(
-        "--script", "report.py",
-        env=dict(_attrs(start_timeout=8), MFTR_SKIP_NODE="1"), timeout=180,
-    )
-    text = output(proc)
-    assert proc.returncode != 0
-    assert "node 1 did not join within 8s (1 of 2 joined)" in text, text[-4000:]
 
 
 def test_max_restarts_recovers_across_nodes(gang):

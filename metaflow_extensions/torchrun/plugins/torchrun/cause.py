@@ -28,6 +28,7 @@ class CauseKind(str, enum.Enum):
     NEVER_JOINED = "never_joined"  # nodes missing after start_timeout
     LEFT_EARLY = "left_early"  # a node ended its step while others waited in a call
     CALL_MISMATCH = "call_mismatch"  # nodes made different current.torch.run calls
+    CALL_TIMEOUT = "call_timeout"  # nodes did not reach a call within start_timeout
     CONTROL_UNREACHABLE = "control_unreachable"
     CONTROL_LOST = "control_lost"
     CONTROL_UNRESPONSIVE = "control_unresponsive"

@@ -57,6 +57,7 @@ class CallState:
     index: int
     entries: Dict[int, str] = field(default_factory=dict)  # node -> entrypoint name
     rdzv_port: Optional[int] = None
+    first_entered: float = field(default_factory=time.monotonic)
     done: Set[int] = field(default_factory=set)
     reports: Dict[int, Dict[str, Any]] = field(default_factory=dict)
     finished_at: Dict[int, float] = field(default_factory=dict)
@@ -105,6 +106,13 @@ class GangServer:
 
     def missing(self) -> List[int]:
         return [n for n in range(self.config.num_nodes) if n not in self.joined_at]
+
+    def everyone_heard(self) -> bool:
+        """Every node joined, and has left or is gone: after an abort, each was
+        told the cause (on joining, or as it happened)."""
+        return not self.missing() and all(
+            n in self.left or n not in self._by_node for n in range(self.config.num_nodes)
+        )
 
     # -- the loop --------------------------------------------------------
 
@@ -338,6 +346,21 @@ class GangServer:
                 )
             )
             return
+        for call in self.calls.values():
+            if call.rdzv_port is None and now - call.first_entered > self.config.start_timeout:
+                absent = [n for n in range(self.config.num_nodes) if n not in call.entries]
+                self._abort(
+                    Cause(
+                        CauseKind.CALL_TIMEOUT,
+                        "%s did not reach call %d of current.torch.run within %gs of node %d "
+                        "(start_timeout): every node must make the same calls"
+                        % (plural(absent), call.index + 1, self.config.start_timeout, min(call.entries)),
+                        node_index=absent[0] if absent else None,
+                        missing=tuple(absent),
+                        call=call.index,
+                    )
+                )
+                return
         for node, peer in list(self._by_node.items()):
             silent = now - peer.last_seen
             if node not in self.left and silent > self.config.heartbeat_timeout:

@@ -45,6 +45,11 @@ INTERRUPT_SIGNAL = signal.SIGRTMIN + 2
 # Seconds the step's code has to stop once interrupted before the task ends:
 # code stuck in a C call never returns to the interpreter to see the signal.
 INTERRUPT_GRACE = 10.0
+# How long a node waits for its join at the start of its step before its code
+# goes on (the join itself goes on in the background).
+JOIN_WAIT = 2.0
+# How long a failed gang's service waits for nodes that have not heard yet.
+LINGER = 15.0
 PROGRESS_ENV = "METAFLOW_TORCHRUN_PROGRESS_SECONDS"
 
 
@@ -109,6 +114,10 @@ class GangSession:
         self.client = GangClient(self.config, self.topology.main_addr, ports, self.topology.node_index)
         self.client.on_abort = self._on_abort
         self.client.start()
+        # Joining takes a round trip when the control is up: wait that long, so
+        # that a node that dies at once is known to the gang (and so lost, not
+        # missing), but not for a control that is still starting.
+        self.client.joined.wait(JOIN_WAIT)
         self.phase = Phase.IN_STEP
 
     # -- the step's own code -----------------------------------------------------
@@ -239,7 +248,17 @@ class GangSession:
         if self.client is not None:
             self.client.close()
         if self.server is not None:
+            if self.server.cause is not None:
+                self._linger(self.server)
             self.server.close()
+
+    def _linger(self, server: GangServer) -> None:
+        """A failed gang's service stays a little while nodes are still coming:
+        a node that is still starting learns the cause as it joins, instead of
+        waiting ``start_timeout`` for a service that is gone."""
+        deadline = time.monotonic() + min(LINGER, self.config.start_timeout)
+        while not server.everyone_heard() and time.monotonic() < deadline:
+            time.sleep(0.05)
 
 
 def _first_line(text: str) -> str:
