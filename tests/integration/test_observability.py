@@ -80,7 +80,7 @@ def test_failed_run_keeps_its_record_with_the_root_cause(gang):
     assert "boom from rank 1" in record["cause"]["summary"]
 
 
-def test_control_reports_who_is_missing_while_nodes_join(gang):
+def test_control_reports_who_is_missing_at_a_call(gang):
     gang.env.update(
         {
             "MFTR_TORCHRUN_ATTRS": json.dumps({"start_timeout": 9}),
@@ -91,7 +91,8 @@ def test_control_reports_who_is_missing_while_nodes_join(gang):
     proc = gang.run("--script", "report.py", timeout=180)
     text = output(proc)
     assert proc.returncode != 0
-    waits = re.findall(r"waiting for nodes: 1/2 joined; node 1 missing for (\d+) s", text)
+    waits = re.findall(
+        r"call 1 of current.torch.run \(report.py\): waiting for node 1 to reach it for (\d+) s", text)
     assert len(waits) >= 2, text[-3000:]
     assert len(waits) <= 6  # calm: about one every 2 s over 9 s, not one per heartbeat
     assert [int(w) for w in waits] == sorted(int(w) for w in waits)

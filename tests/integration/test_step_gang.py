@@ -128,9 +128,11 @@ def test_a_node_making_fewer_calls_is_named(gang):
 
 
 def test_a_node_that_never_starts_is_named_after_start_timeout(gang):
-    proc, text, _ = _run(gang, attrs={"start_timeout": 8}, MFTR_NEVER_START=1)
+    proc, text, _ = _run(gang, attrs={"start_timeout": 8}, MFTR_NEVER_START=1,
+                         METAFLOW_TORCHRUN_PROGRESS_SECONDS=2)
     assert proc.returncode != 0
     assert "node 1 did not join within 8s (1 of 2 joined)" in _root_cause(text)
+    assert "waiting for nodes: 1/2 joined; node 1 missing for" in text
 
 
 def test_a_node_that_never_reaches_its_call_is_named_after_start_timeout(gang):

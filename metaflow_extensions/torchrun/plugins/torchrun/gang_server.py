@@ -379,28 +379,29 @@ class GangServer:
         """While nodes join or meet at a call, say who is missing, at a calm rate."""
         if self.cause is not None:
             return
-        waiting = self._waiting_for()
+        waiting = self._waiting_for(now)
         if not waiting:
             if self._said_waiting:
                 self._said_waiting = False
-                self.progress("all %d nodes are there after %.0f s" % (self.config.num_nodes, now - self._started))
+                self.progress("all %d nodes are there" % self.config.num_nodes)
             return
         if now - self._last_progress >= self.config.progress_interval:
             self._last_progress = now
             self._said_waiting = True
-            self.progress("%s (%.0f s)" % (waiting, now - self._started))
+            self.progress(waiting)
 
-    def _waiting_for(self) -> Optional[str]:
+    def _waiting_for(self, now: float) -> Optional[str]:
         n = self.config.num_nodes
         missing = self.missing()
         if missing:
-            return "waiting for nodes: %d/%d joined; %s missing" % (n - len(missing), n, plural(missing))
+            return "waiting for nodes: %d/%d joined; %s missing for %.0f s" % (
+                n - len(missing), n, plural(missing), now - self._started)
         for index in sorted(self.calls):
             call = self.calls[index]
             if call.rdzv_port is None:
                 absent = [m for m in range(n) if m not in call.entries]
-                return "call %d of current.torch.run (%s): waiting for %s to reach it" % (
-                    index + 1, next(iter(call.entries.values())), plural(absent))
+                return "call %d of current.torch.run (%s): waiting for %s to reach it for %.0f s" % (
+                    index + 1, next(iter(call.entries.values())), plural(absent), now - call.first_entered)
         return None
 
     # -- ending ------------------------------------------------------------
