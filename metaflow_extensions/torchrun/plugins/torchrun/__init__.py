@@ -1,1 +1,1 @@
-"""The @torchrun implementation; see DESIGN.md for how the modules fit."""
+"""The @torchrun implementation; docs/design.md (in the project) says how the modules fit."""
