@@ -1,0 +1,240 @@
+"""session.py: the step's gang in its phases, with real sockets and threads.
+
+Two or three sessions in this process play the nodes of one step; the control's
+session hosts the real gang service on 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+
+import metaflow  # noqa: F401  (must come before our modules)
+import pytest
+
+from metaflow_extensions.torchrun.plugins.torchrun import session as session_mod
+from metaflow_extensions.torchrun.plugins.torchrun.cause import CauseKind
+from metaflow_extensions.torchrun.plugins.torchrun.errors import GangAborted
+from metaflow_extensions.torchrun.plugins.torchrun.identity import GangIdentity
+from metaflow_extensions.torchrun.plugins.torchrun.plan import StepDefaults
+from metaflow_extensions.torchrun.plugins.torchrun.ports import find_free_port
+from metaflow_extensions.torchrun.plugins.torchrun.session import GangSession, Phase
+from metaflow_extensions.torchrun.plugins.torchrun.topology import Topology
+
+GUARD = 10.0
+
+
+@pytest.fixture(autouse=True)
+def short_linger(monkeypatch):
+    """A failed control lingers for nodes that have not heard; tests that do not
+    look at that should not wait for it at teardown."""
+    monkeypatch.setattr(session_mod, "LINGER", 0.2)
+
+
+@pytest.fixture
+def gang():
+    port = find_free_port()
+    identity = GangIdentity("F", uuid.uuid4().hex[:8], "train", "2", 0)
+    made = []
+
+    def make(node, num_nodes=2, **defaults):
+        topo = Topology(num_nodes=num_nodes, node_index=node, main_addr="127.0.0.1", ports=(port,),
+                        is_local=True)
+        s = GangSession(identity, StepDefaults(**defaults), topo)
+        made.append(s)
+        return s
+
+    yield make
+    for s in made:
+        s.close()
+
+
+def _in_thread(fn):
+    box = {}
+
+    def run():
+        try:
+            box["value"] = fn()
+        except BaseException as e:  # noqa: BLE001 - handed back to the test
+            box["error"] = e
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    return t, box
+
+
+class TestJoin:
+    def test_the_control_hosts_the_service_and_both_join(self, gang):
+        control, worker = gang(0), gang(1)
+        control.join()
+        worker.join()
+        assert control.server is not None and worker.server is None
+        assert control.client.wait_joined() and worker.client.wait_joined()
+        assert control.phase is Phase.IN_STEP
+
+    def test_a_worker_starting_first_joins_in_the_background(self, gang):
+        worker = gang(1)
+        started = time.monotonic()
+        worker.join()  # nobody listens yet: waits JOIN_WAIT at most, then goes on
+        assert time.monotonic() - started < session_mod.JOIN_WAIT + 1
+        assert not worker.client.joined.is_set()
+        control = gang(0)
+        control.join()
+        assert worker.client.wait_joined()
+
+
+class TestStepEnd:
+    def test_both_succeed_and_the_control_waits_for_the_worker(self, gang):
+        control, worker = gang(0), gang(1)
+        control.join()
+        worker.join()
+        t, box = _in_thread(control.step_succeeded)
+        time.sleep(0.5)
+        assert t.is_alive(), "the control must wait for every node to leave"
+        worker.step_succeeded()
+        t.join(GUARD)
+        assert not t.is_alive() and "error" not in box
+        assert control.phase is Phase.LEFT
+
+    def test_a_worker_failing_before_its_call_fails_the_control(self, gang):
+        control, worker = gang(0), gang(1)
+        control.join()
+        worker.join()
+        t, box = _in_thread(control.step_succeeded)
+        try:
+            raise RuntimeError("no data")
+        except RuntimeError as e:
+            worker.step_failed(e)
+        t.join(GUARD)
+        error = box.get("error")
+        assert isinstance(error, GangAborted)
+        assert error.cause.kind is CauseKind.STEP_FAILED and error.cause.node_index == 1
+        assert "node 1 failed in its step before current.torch.run: RuntimeError: no data" in str(error)
+        assert "raise RuntimeError" in str(error)  # the traceback travels
+
+    def test_an_echo_is_not_reported_as_a_new_cause(self, gang):
+        control, worker = gang(0), gang(1)
+        control.join()
+        worker.join()
+        try:
+            raise RuntimeError("first")
+        except RuntimeError as e:
+            control.step_failed(e)
+        assert worker.client.wait_for_verdict(GUARD) is not None
+        worker.step_failed(GangAborted(1, worker.cause))
+        assert control.server.cause.summary.startswith("node 0 failed in its step")
+
+    def test_a_node_leaving_without_the_call_the_other_waits_in(self, gang):
+        control, worker = gang(0), gang(1)
+        control.join()
+        worker.join()
+        t, box = _in_thread(lambda: control.client.enter_call(0, "train.py"))
+        worker.step_succeeded()
+        t.join(GUARD)
+        assert box.get("value") is None
+        assert control.cause.kind is CauseKind.LEFT_EARLY
+        assert "node 1 ended its step after 0 calls" in control.cause.summary
+
+
+class TestCauseText:
+    @pytest.mark.parametrize(
+        "calls, in_call, where",
+        [
+            (0, False, "before current.torch.run"),
+            (1, True, "in call 1 of current.torch.run"),
+            (2, False, "after call 2 of current.torch.run"),
+        ],
+    )
+    def test_where_the_step_failed(self, gang, calls, in_call, where):
+        s = gang(1)
+        s.calls_made = calls
+        s.phase = Phase.IN_CALL if in_call else Phase.IN_STEP
+        cause = s.step_cause(ValueError("bad\nsecond line"))
+        assert cause.summary == "node 1 failed in its step %s: ValueError: bad" % where
+        assert cause.message == "bad\nsecond line" and cause.exc_type == "ValueError"
+
+
+class TestInterrupt:
+    def test_an_abort_interrupts_the_steps_own_code(self, gang):
+        control, worker = gang(0), gang(1)
+        control.join()
+        worker.join()
+        assert worker.client.wait_joined()
+
+        def fail_control_soon():
+            time.sleep(0.5)
+            try:
+                raise OSError("disk full")
+            except OSError as e:
+                control.step_failed(e)
+
+        threading.Thread(target=fail_control_soon, daemon=True).start()
+        started = time.monotonic()
+        with pytest.raises(GangAborted) as info:
+            with worker.user_code():
+                time.sleep(30)
+        assert time.monotonic() - started < 5
+        assert "node 0 failed in its step before current.torch.run: OSError: disk full" in str(info.value)
+
+    def test_no_interrupt_inside_a_call(self, gang):
+        control, worker = gang(0), gang(1)
+        control.join()
+        worker.join()
+        assert worker.client.wait_joined()
+        with pytest.raises(GangAborted):  # raised when the call ends, not inside it
+            with worker.user_code():
+                with worker.in_call() as index:
+                    assert index == 0
+                    try:
+                        raise OSError("x")
+                    except OSError as e:
+                        control.step_failed(e)
+                    assert worker.client.wait_for_verdict(GUARD) is not None
+                    time.sleep(0.3)  # a signal here would raise inside the call
+                    inside = True
+        assert inside and worker.calls_made == 1
+
+    def test_a_gang_already_failed_fails_the_step_at_once(self, gang):
+        control, worker = gang(0), gang(1)
+        control.join()
+        worker.join()
+        try:
+            raise OSError("x")
+        except OSError as e:
+            control.step_failed(e)
+        assert worker.client.wait_for_verdict(GUARD) is not None
+        with pytest.raises(GangAborted):
+            with worker.user_code():
+                pytest.fail("the step's code must not run")
+
+
+class TestLinger:
+    def test_a_failed_control_waits_for_a_late_node_to_hear(self, gang, monkeypatch):
+        monkeypatch.setattr(session_mod, "LINGER", 15.0)
+        control = gang(0)
+        control.join()
+        try:
+            raise OSError("x")
+        except OSError as e:
+            control.step_failed(e)
+        late = gang(1)
+        t, box = _in_thread(control.close)
+        time.sleep(0.3)
+        late.join()
+        assert late.client.wait_for_verdict(GUARD).kind is CauseKind.STEP_FAILED
+        late.step_failed(GangAborted(1, late.cause))
+        t.join(GUARD)
+        assert not t.is_alive()
+
+    def test_the_linger_is_bounded(self, gang, monkeypatch):
+        monkeypatch.setattr(session_mod, "LINGER", 0.5)
+        control = gang(0)
+        control.join()
+        try:
+            raise OSError("x")
+        except OSError as e:
+            control.step_failed(e)
+        started = time.monotonic()
+        control.close()
+        assert time.monotonic() - started < 3
