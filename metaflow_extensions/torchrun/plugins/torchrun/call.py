@@ -193,7 +193,7 @@ class CallRun:
                 self.session.reported = True
                 client.wait_for_verdict(self.session.config.secondary_grace + 2.0)
         cause = client.cause or self._own_cause()
-        self.session._announce(cause)
+        self.session.announce(cause)
         if cause.kind is CauseKind.RANK_FAILED and cause.node_index == self.node_index:
             self.session.reported = True
             error = TorchrunFailed(self.code if self.code is not None else -1, self.node_index,
@@ -249,7 +249,7 @@ class CallRun:
 
     def _aborted(self) -> GangAborted:
         cause = self.session.cause or Cause(CauseKind.CONTROL_LOST, "the gang was stopped")
-        self.session._announce(cause)
+        self.session.announce(cause)
         return GangAborted(self.node_index, cause)
 
     def _own_cause(self) -> Cause:

@@ -85,6 +85,7 @@ class GangSession:
         self.client: Optional[GangClient] = None
         self.results: List[TorchrunResult] = []
         self.reported = False  # this node's own failure is already the gang's
+        self._announced = False
         self._interruptible = False
         self._in_user_code = False
         self._main = threading.main_thread().ident
@@ -198,7 +199,7 @@ class GangSession:
                 client.wait_all_left()
         self.phase = Phase.LEFT
         if client.cause is not None:
-            self._announce(client.cause)
+            self.announce(client.cause)
             raise GangAborted(self.topology.node_index, client.cause)
 
     def step_failed(self, error: BaseException) -> None:
@@ -213,7 +214,7 @@ class GangSession:
         client.leave(self.calls_made, ok=False)
         self.phase = Phase.LEFT
         if client.cause is not None:
-            self._announce(client.cause)
+            self.announce(client.cause)
 
     def step_cause(self, error: BaseException) -> Cause:
         where = (
@@ -233,10 +234,10 @@ class GangSession:
             traceback="".join(traceback.format_exception(type(error), error, error.__traceback__))[-16000:],
         )
 
-    def _announce(self, cause: Cause) -> None:
+    def announce(self, cause: Cause) -> None:
         """The control prints the gang's root cause once, apart from the
         interleaved logs, so it is the first thing a reader of its log finds."""
-        if not self.is_control or getattr(self, "_announced", False):
+        if not self.is_control or self._announced:
             return
         self._announced = True
         bar = "=" * 72
