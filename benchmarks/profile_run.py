@@ -29,7 +29,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _lib import RESULTS, Sandbox, classify  # noqa: E402
 
 PROC_RE = re.compile(r'^process (\d+):"(.*)"$')
-# py-spy names files relative to their sys.path entry: "(torchrun/runner.py:160)".
+# py-spy names files relative to their sys.path entry: "(torchrun/call.py:160)".
 OURS_RE = re.compile(r"\((?:[^()]*/)?(?:metaflow_extensions/torchrun/plugins/)?torchrun/\w+\.py:\d+\)$")
 METAFLOW_RE = re.compile(r"\((?:[^()]*/)?metaflow/[^()]*\)$")
 
