@@ -12,6 +12,7 @@ from typing import Any, Dict, Optional
 from metaflow.plugins.parallel_decorator import ParallelDecorator
 from metaflow.unbounded_foreach import UBF_CONTROL
 
+from .compat import decorator_init_kwargs, legacy_notes, translate_attributes
 from .card import attach_card, fill_card, render_card_now
 from .errors import TorchrunInvalidArgument
 from .handle import TorchrunHandle
@@ -66,11 +67,13 @@ class TorchrunDecorator(ParallelDecorator):
     def __init__(self, attributes=None, statically_defined=False, inserted_by=None):
         # Metaflow raises on an unknown attribute while the flow file is being
         # imported, as a traceback; keep it and refuse cleanly at flow start.
-        attributes = dict(attributes or {})
+        self._legacy = translate_attributes(attributes)  # metaflow-torchrun 0.2 names
+        attributes = self._legacy.attributes
         self._unknown = sorted(k for k in attributes if k not in self.defaults)
         for k in self._unknown:
             attributes.pop(k)
-        super().__init__(attributes, statically_defined, inserted_by)
+        # inserted_by exists from Metaflow 2.16 on.
+        super().__init__(attributes, statically_defined, **decorator_init_kwargs(ParallelDecorator.__init__, inserted_by))
 
     def step_init(
         self, flow, graph, step_name, decorators, environment, flow_datastore, logger
@@ -78,6 +81,7 @@ class TorchrunDecorator(ParallelDecorator):
         super().step_init(
             flow, graph, step_name, decorators, environment, flow_datastore, logger
         )
+        legacy_notes(self._legacy, lambda line: print(line, file=sys.stderr), sys.argv)
         if self._unknown:
             raise TorchrunInvalidArgument(_unknown_message(self._unknown, self.defaults))
         require_parallel_entry(graph, step_name)
