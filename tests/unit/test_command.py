@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import pathlib
 import random
-import re
 import string
 
 import pytest

@@ -1,6 +1,9 @@
 """Names exported into ``metaflow``'s namespace. Metaflow copies every global of this
 module that is not a module or a dunder name: keep it to the exported names."""
 
+# Metaflow reads this from every top-level extension module (before 2.16 it must exist).
+__version__ = None
+
 
 class TorchrunSingleNodeMultiGPU:
     """metaflow-torchrun 0.2's single-node launcher, not provided here: constructing
