@@ -153,7 +153,8 @@ def run_cell(cell: Cell, root: str, wheel: str, install_only: bool = False) -> D
         # The `pytest` script, not `python -m pytest`: the latter puts the repository
         # on sys.path and the tests would import the source tree, not the wheel.
         t0 = time.time()
-        code = sh([os.path.join(bin_dir, "pytest"), "tests/unit", "-q", "-p", "no:cacheprovider"], log, env=env)
+        extra = os.environ.get("MATRIX_PYTEST_ARGS", "").split()
+        code = sh([os.path.join(bin_dir, "pytest"), "tests/unit", "-q", "-p", "no:cacheprovider", *extra], log, env=env)
         steps["unit"] = "pass" if code == 0 else "fail (%d)" % code
         for example in ("hello", "function"):
             mark = log.tell()
