@@ -46,7 +46,8 @@ package-check: dist
 	rm -rf $(WHEEL_VENV)
 	$(PYTHON) -m venv $(WHEEL_VENV)
 	$(WHEEL_VENV)/bin/python -m pip install --quiet "pip>=23.1"
-	$(WHEEL_VENV)/bin/python -m pip install --quiet "$$(ls dist/*.whl)[torch]" -c requirements-dev.txt
+	$(WHEEL_VENV)/bin/python -m pip install --quiet "$$(ls dist/*.whl)[torch]" \
+		$$(grep -E '^(metaflow|torch)==' requirements-dev.txt)
 	cd examples/hello && PATH=$(WHEEL_VENV)/bin:$$PATH METAFLOW_DATASTORE_SYSROOT_LOCAL=$(WHEEL_VENV)/mf \
 		$(WHEEL_VENV)/bin/python flow.py run
 
