@@ -150,11 +150,18 @@ def run_cell(cell: Cell, root: str, wheel: str, install_only: bool = False) -> D
         env["METAFLOW_DATASTORE_SYSROOT_LOCAL"] = os.path.join(venv, "mfroot")
         env.pop("PYTHONPATH", None)
         steps: Dict[str, str] = {}
-        # The `pytest` script, not `python -m pytest`: the latter puts the repository
-        # on sys.path and the tests would import the source tree, not the wheel.
+        # The tests run from a copy outside the repository (some start Python from
+        # their tree's root) and through the `pytest` script, not `python -m pytest`:
+        # either way the source tree would sit on sys.path beside the wheel.
         t0 = time.time()
+        work = os.path.join(venv, "work")
+        shutil.rmtree(work, ignore_errors=True)
+        shutil.copytree(os.path.join(REPO, "tests"), os.path.join(work, "tests"),
+                        ignore=shutil.ignore_patterns("__pycache__"))
+        shutil.copy(os.path.join(REPO, "pytest.ini"), work)
         extra = os.environ.get("MATRIX_PYTEST_ARGS", "").split()
-        code = sh([os.path.join(bin_dir, "pytest"), "tests/unit", "-q", "-p", "no:cacheprovider", *extra], log, env=env)
+        code = sh([os.path.join(bin_dir, "pytest"), "tests/unit", "-q", "-p", "no:cacheprovider", *extra],
+                  log, cwd=work, env=env)
         steps["unit"] = "pass" if code == 0 else "fail (%d)" % code
         for example in ("hello", "function"):
             mark = log.tell()

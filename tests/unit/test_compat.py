@@ -39,6 +39,19 @@ class TestInsertedBy:
         ParallelDecorator(attributes={}, statically_defined=False, **kwargs)
 
 
+@pytest.mark.parametrize(
+    "worker, control",
+    [
+        # Metaflow's local runtime: the control is control-<run>-<step>-<n>, workers <run>-<step>-<n>_node_<i>.
+        ("1795-start-1_node_1", "control-1795-start-1"),
+        ("1795-start-1_node_12", "control-1795-start-1"),
+        ("control-1795-start-1_node_1", "control-1795-start-1"),
+    ],
+)
+def test_a_local_worker_derives_its_control_task_id(worker, control):
+    assert compat.local_control_task_id(worker) == control
+
+
 # ------------------------------------------------------------- 0.2 attribute names
 
 

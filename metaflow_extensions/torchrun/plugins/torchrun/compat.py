@@ -38,6 +38,15 @@ def decorator_init_kwargs(parent_init: Callable[..., Any], inserted_by: Any) -> 
     return {}
 
 
+def local_control_task_id(task_id: str) -> str:
+    """The control task's id, seen from a local worker node whose environment does
+    not name it (Metaflow before 2.16 sets no MF_PARALLEL_CONTROL_TASK_ID). Local
+    workers are "<run>-<split step>-<n>_node_<i>" and their control is
+    "control-<run>-<split step>-<n>"; every node must derive the same gang id."""
+    prefix = str(task_id).split("_node_")[0]
+    return prefix if prefix.startswith("control-") else "control-" + prefix
+
+
 # ---------------------------------------------------- metaflow-torchrun 0.2 names
 
 # Old attribute name -> the attribute that does the same here.

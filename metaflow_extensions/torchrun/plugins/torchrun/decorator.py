@@ -12,7 +12,7 @@ from typing import Any, Dict, Optional
 from metaflow.plugins.parallel_decorator import ParallelDecorator
 from metaflow.unbounded_foreach import UBF_CONTROL
 
-from .compat import decorator_init_kwargs, legacy_notes, translate_attributes
+from .compat import decorator_init_kwargs, legacy_notes, local_control_task_id, translate_attributes
 from .card import attach_card, fill_card, render_card_now
 from .errors import TorchrunInvalidArgument
 from .handle import TorchrunHandle
@@ -154,7 +154,7 @@ class TorchrunDecorator(ParallelDecorator):
             flow_name=self._flow_name,
             run_id=str(run_id),
             step_name=step_name,
-            control_task_id=str(control_task_id or _control_id_from(task_id)),
+            control_task_id=str(control_task_id or local_control_task_id(task_id)),
             attempt=int(retry_count),
         )
         self._defaults = StepDefaults(
@@ -292,9 +292,6 @@ def _unknown_message(unknown, defaults) -> str:
     )
 
 
-def _control_id_from(task_id: str) -> str:
-    # Local worker task ids are "<control id>_node_<index>".
-    return str(task_id).split("_node_")[0]
 
 
 register_lint_check()
