@@ -39,6 +39,11 @@ class TestInsertedBy:
         ParallelDecorator(attributes={}, statically_defined=False, **kwargs)
 
 
+def test_meta_datum_is_metaflows():
+    fields = compat.meta_datum()._fields
+    assert fields == ("field", "value", "type", "tags")
+
+
 @pytest.mark.parametrize(
     "worker, control",
     [

@@ -38,6 +38,16 @@ def decorator_init_kwargs(parent_init: Callable[..., Any], inserted_by: Any) -> 
     return {}
 
 
+def meta_datum() -> Any:
+    """Metaflow's ``MetaDatum``: in ``metaflow.metadata_provider`` since Metaflow
+    2.12.x renamed the package, in ``metaflow.metadata`` before."""
+    try:
+        from metaflow.metadata_provider import MetaDatum
+    except ImportError:
+        from metaflow.metadata import MetaDatum
+    return MetaDatum
+
+
 def local_control_task_id(task_id: str) -> str:
     """The control task's id, seen from a local worker node whose environment does
     not name it (Metaflow before 2.16 sets no MF_PARALLEL_CONTROL_TASK_ID). Local

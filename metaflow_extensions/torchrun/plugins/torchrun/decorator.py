@@ -12,7 +12,7 @@ from typing import Any, Dict, Optional
 from metaflow.plugins.parallel_decorator import ParallelDecorator
 from metaflow.unbounded_foreach import UBF_CONTROL
 
-from .compat import decorator_init_kwargs, legacy_notes, local_control_task_id, translate_attributes
+from .compat import decorator_init_kwargs, legacy_notes, local_control_task_id, meta_datum, translate_attributes
 from .card import attach_card, fill_card, render_card_now
 from .errors import TorchrunInvalidArgument
 from .handle import TorchrunHandle
@@ -244,7 +244,7 @@ class TorchrunDecorator(ParallelDecorator):
             return
         if self._card is not None:
             fill_card(result, self._flow_name)
-        from metaflow.metadata_provider import MetaDatum
+        MetaDatum = meta_datum()  # its module moved within Metaflow 2.12.x
 
         metadata, run_id, step_name, task_id = self._metadata
         try:
