@@ -12,8 +12,8 @@ from typing import Any, Dict, Optional
 from metaflow.plugins.parallel_decorator import ParallelDecorator
 from metaflow.unbounded_foreach import UBF_CONTROL
 
-from .compat import decorator_init_kwargs, legacy_notes, local_control_task_id, meta_datum, translate_attributes
 from .card import attach_card, fill_card, render_card_now
+from .compat import decorator_init_kwargs, legacy_notes, local_control_task_id, meta_datum, translate_attributes
 from .errors import TorchrunInvalidArgument
 from .handle import TorchrunHandle
 from .identity import GangIdentity
@@ -290,8 +290,6 @@ def _unknown_message(unknown, defaults) -> str:
         ", ".join(parts),
         ", ".join(defaults),
     )
-
-
 
 
 register_lint_check()
