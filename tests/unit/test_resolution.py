@@ -203,6 +203,10 @@ class TestResolveEntrypoint:
 # --------------------------------------------------------------------------- options
 
 
+@pytest.mark.skipif(
+    known_torchrun_options() is None,
+    reason="torch is not installed: torchrun's options are read from torch's files",
+)
 class TestCheckOptions:
     def test_known_options_come_from_torchrun(self):
         known = known_torchrun_options()
