@@ -8,7 +8,7 @@ export METAFLOW_USER ?= $(or $(USER),metaflow-torchrun)
 # Metaflow's local runtime starts the other nodes with `python` from PATH.
 export PATH := $(BIN):$(PATH)
 
-.PHONY: install demo hello test unit bench clean
+.PHONY: install demo hello test unit lint dist package-check matrix bench clean
 
 install: $(VENV)/.installed
 
@@ -16,7 +16,7 @@ $(VENV)/.installed: requirements-dev.txt setup.py
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --upgrade --quiet "pip>=23.1" "setuptools>=68"
 	$(BIN)/python -m pip install --quiet -r requirements-dev.txt
-	$(BIN)/python -m pip install --quiet --no-deps -e . --config-settings editable_mode=compat
+	$(BIN)/python -m pip install --quiet --no-deps -e .
 	touch $@
 
 demo: install
@@ -25,8 +25,36 @@ demo: install
 hello: install
 	cd examples/hello && $(BIN)/python flow.py run
 
-test: install
+test: install lint
 	$(BIN)/python -m pytest tests $(PYTEST_ARGS)
+
+# Linter and type checker (pinned in requirements-dev.txt; config in pyproject.toml).
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/mypy
+
+# The sdist and wheel, checked as PyPI would.
+dist: install
+	rm -rf dist
+	$(BIN)/python -m build --outdir dist .
+	$(BIN)/twine check --strict dist/*
+
+# The wheel installed into a fresh virtualenv (with its [torch] extra, versions as
+# pinned here), then examples/hello run with it.
+WHEEL_VENV := $(abspath .venv-wheel)
+package-check: dist
+	rm -rf $(WHEEL_VENV)
+	$(PYTHON) -m venv $(WHEEL_VENV)
+	$(WHEEL_VENV)/bin/python -m pip install --quiet "pip>=23.1"
+	$(WHEEL_VENV)/bin/python -m pip install --quiet "$$(ls dist/*.whl)[torch]" \
+		$$(grep -E '^(metaflow|torch)==' requirements-dev.txt)
+	cd examples/hello && PATH=$(WHEEL_VENV)/bin:$$PATH METAFLOW_DATASTORE_SYSROOT_LOCAL=$(WHEEL_VENV)/mf \
+		$(WHEEL_VENV)/bin/python flow.py run
+
+# Version matrix (not part of CI): a venv per cell under MATRIX_DIR, README "Versions".
+MATRIX_DIR ?= /tmp/matrix
+matrix:
+	$(PYTHON) tools/matrix.py --dir $(MATRIX_DIR) $(MATRIX_ARGS)
 
 unit: install
 	$(BIN)/python -m pytest tests/unit $(PYTEST_ARGS)
@@ -40,4 +68,4 @@ $(VENV)/.bench-installed: benchmarks/requirements.txt
 	touch $@
 
 clean:
-	rm -rf $(VENV) .metaflow examples/*/.metaflow
+	rm -rf $(VENV) .venv-wheel build dist .metaflow examples/*/.metaflow

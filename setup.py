@@ -1,15 +1,51 @@
+import os
+
 from setuptools import find_namespace_packages, setup
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+with open(os.path.join(HERE, "README.md"), encoding="utf-8") as f:
+    README = f.read()
+
+# Build metadata (the .egg-info) goes under build/, not beside metaflow_extensions/:
+# on sys.path (an editable install, or `python -m` from the repository) it reads as a
+# second copy of this distribution, and Metaflow before 2.19 then skips the extension
+# as a duplicate ("cannot import name 'torchrun' from 'metaflow'").
+os.makedirs("build", exist_ok=True)
 
 setup(
     name="metaflow-torchrun",
     version="0.1.0",
     description="A Metaflow @torchrun decorator: PyTorch distributed across the nodes "
     "of a @parallel step, locally, on Kubernetes and on AWS Batch.",
-    long_description=open("README.md").read() if __import__("os").path.exists("README.md") else "",
+    long_description=README,
     long_description_content_type="text/markdown",
     license="Apache-2.0",
-    python_requires=">=3.8",
-    packages=find_namespace_packages(include=["metaflow_extensions.*"]),
+    license_files=["LICENSE"],
+    python_requires=">=3.11",
+    # The namespace root is listed and mapped from "" so that a plain `pip install -e .`
+    # adds the repository to sys.path (a .pth file), where Metaflow finds
+    # metaflow_extensions/; setuptools' default import-hook editable install hides it.
+    packages=find_namespace_packages(include=["metaflow_extensions", "metaflow_extensions.*"]),
+    package_dir={"": "."},
+    package_data={"metaflow_extensions.torchrun.plugins.torchrun": ["py.typed"]},
+    options={"egg_info": {"egg_base": "build"}},
     install_requires=["metaflow>=2.12"],
-    extras_require={"torch": ["torch>=2.1"]},
+    extras_require={"torch": ["torch>=2.11"]},
+    classifiers=[
+        "Development Status :: 4 - Beta",
+        "Intended Audience :: Developers",
+        "Intended Audience :: Science/Research",
+        "License :: OSI Approved :: Apache Software License",
+        "Operating System :: POSIX :: Linux",
+        "Programming Language :: Python :: 3",
+        "Programming Language :: Python :: 3 :: Only",
+        "Programming Language :: Python :: 3.11",
+        "Programming Language :: Python :: 3.12",
+        "Programming Language :: Python :: 3.13",
+        "Topic :: Scientific/Engineering :: Artificial Intelligence",
+        "Topic :: System :: Distributed Computing",
+        "Typing :: Typed",
+    ],
+    keywords=["metaflow", "pytorch", "torchrun", "distributed", "kubernetes", "aws-batch"],
 )

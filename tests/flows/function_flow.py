@@ -1,6 +1,5 @@
 """current.torch.run with Python functions: return values and exceptions."""
 
-import os
 
 from metaflow import FlowSpec, Parameter, current, step, torchrun
 

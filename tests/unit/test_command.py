@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import pathlib
 import random
-import re
 import string
 
 import pytest
@@ -107,9 +106,17 @@ class TestEncodeArgsDict:
     def test_true_is_a_bare_flag(self):
         assert encode_args({"verbose": True}) == ["--verbose"]
 
-    @pytest.mark.parametrize("dropped", [False, None])
-    def test_false_and_none_omit_the_option(self, dropped):
-        assert encode_args({"a": 1, "k": dropped, "b": 2}) == ["--a", "1", "--b", "2"]
+    def test_false_omits_the_option(self):
+        assert encode_args({"a": 1, "k": False, "b": 2}) == ["--a", "1", "--b", "2"]
+
+    def test_none_is_refused_naming_both_readings(self):
+        # metaflow-torchrun 0.2 made None a bare flag; dropping it silently would
+        # turn such flags off without a word.
+        with pytest.raises(TorchrunInvalidArgument) as e:
+            encode_args({"a": 1, "resume_ckpt": None})
+        msg = str(e.value)
+        assert "entrypoint_args['resume_ckpt'] is None" in msg
+        assert "True for a bare --resume_ckpt" in msg and "False" in msg
 
     @pytest.mark.parametrize("seq", [["a", "b"], ("a", "b")])
     def test_list_or_tuple_value_is_one_flag_then_values(self, seq):
@@ -127,7 +134,7 @@ class TestEncodeArgsDict:
         assert encode_args({"learning_rate": 0.1}) == ["--learning_rate", "0.1"]
 
     def test_insertion_order_is_kept(self):
-        args = {"z": 1, "a": True, "m": [1, 2], "b": None, "c": "x"}
+        args = {"z": 1, "a": True, "m": [1, 2], "b": False, "c": "x"}
         assert encode_args(args) == ["--z", "1", "--a", "--m", "1", "2", "--c", "x"]
 
     def test_dict_is_not_mutated(self):
@@ -279,26 +286,33 @@ class TestParseOptions:
     def test_dict_values_become_strings(self):
         assert parse_options({"a": 1, "b": 2.5, "c": "x"}) == {"a": "1", "b": "2.5", "c": "x"}
 
-    def test_dict_true_false_none_are_kept_as_markers(self):
-        assert parse_options({"standalone": True, "rdzv_conf": False, "max_restarts": None}) == {
-            "standalone": True,
+    def test_dict_true_false_are_kept_as_markers(self):
+        assert parse_options({"virtual_local_rank": True, "rdzv_conf": False}) == {
+            "virtual-local-rank": True,
             "rdzv-conf": False,
-            "max-restarts": None,
         }
+
+    @pytest.mark.parametrize("value, shown", [(None, "is None"), ("", "is ''")])
+    def test_dict_none_and_empty_are_refused(self, value, shown):
+        # metaflow-torchrun 0.2 made both a bare flag; here True is.
+        with pytest.raises(TorchrunInvalidArgument) as e:
+            parse_options({"max_restarts": value})
+        assert "torchrun_args['max_restarts'] %s" % shown in str(e.value)
+        assert "True for a bare --max_restarts" in str(e.value)
 
     def test_dict_list_value(self):
         assert parse_options({"k": [1, "b"]}) == {"k": ["1", "b"]}
 
     def test_bare_flags_in_a_list(self):
-        assert parse_options(["--standalone"]) == {"standalone": True}
-        assert parse_options(["--standalone", "--nnodes", "2", "--tee", "3"]) == {
-            "standalone": True,
-            "nnodes": "2",
+        assert parse_options(["--virtual-local-rank"]) == {"virtual-local-rank": True}
+        assert parse_options(["--virtual-local-rank", "--role", "w", "--tee", "3"]) == {
+            "virtual-local-rank": True,
+            "role": "w",
             "tee": "3",
         }
-        assert parse_options(["--nnodes", "2", "--standalone"]) == {
-            "nnodes": "2",
-            "standalone": True,
+        assert parse_options(["--role", "w", "--virtual-local-rank"]) == {
+            "role": "w",
+            "virtual-local-rank": True,
         }
 
     def test_several_values_for_one_option(self):
@@ -357,6 +371,80 @@ class TestParseOptions:
         assert "@torchrun(torchrun_args)" in str(e.value)
 
 
+class TestMetaflowTorchrun02Forms:
+    """Code written for metaflow-torchrun 0.2 runs, or is told why not."""
+
+    @pytest.mark.parametrize(
+        "pairs, expected",
+        [
+            (["nproc_per_node", 1], {"nproc-per-node": "1"}),
+            (["nproc_per_node", 2, "max_restarts", "3"], {"nproc-per-node": "2", "max-restarts": "3"}),
+            (("max-restarts", 1), {"max-restarts": "1"}),
+            (["virtual_local_rank", True, "tee", False], {"virtual-local-rank": True, "tee": False}),
+            (["rdzv_conf", "join_timeout=900"], {"rdzv-conf": "join_timeout=900"}),
+        ],
+    )
+    def test_name_value_pairs(self, pairs, expected):
+        assert parse_options(pairs) == expected
+
+    def test_pairs_and_argv_give_the_same_options(self):
+        assert parse_options(["max_restarts", 2]) == parse_options(["--max-restarts", "2"])
+
+    def test_odd_pairs_are_refused_naming_both_forms(self):
+        with pytest.raises(TorchrunInvalidArgument) as e:
+            parse_options(["nproc_per_node", 1, "max_restarts"])
+        assert "pairs" in str(e.value) and "--name" in str(e.value)
+
+    @pytest.mark.parametrize("value", [None, ""])
+    def test_pairs_refuse_none_and_empty(self, value):
+        with pytest.raises(TorchrunInvalidArgument, match="True for a bare"):
+            parse_options(["max_restarts", value])
+
+    @pytest.mark.parametrize(
+        "args, option, hint",
+        [
+            ({"master_port": "41000"}, "--master-port", "@torchrun(port=N)"),
+            ({"master_addr": "10.0.0.1"}, "--master-addr", "current.parallel.main_ip"),
+            (["--nnodes", "2"], "--nnodes", "num_parallel"),
+            (["node_rank", 0], "--node-rank", "current.parallel.node_index"),
+            ({"rdzv_backend": "static"}, "--rdzv-backend", "rdzv_conf"),
+            ({"rdzv-endpoint": "h:1"}, "--rdzv-endpoint", "c10d rendezvous"),
+            ({"rdzv_id": "1"}, "--rdzv-id", "c10d rendezvous"),
+            ({"no_python": True}, "--no-python", "entrypoint="),
+            ({"module": True}, "--module", "entrypoint="),
+            (["--run_path"], "--run-path", "entrypoint="),
+            ({"standalone": True}, "--standalone", "num_parallel=1"),
+        ],
+    )
+    def test_owned_options_are_refused_with_the_torchrun_way(self, args, option, hint):
+        with pytest.raises(TorchrunInvalidArgument) as e:
+            parse_options(args, "@torchrun(torchrun_args)")
+        msg = str(e.value)
+        assert "@torchrun(torchrun_args): %s is set by @torchrun" % option in msg
+        assert hint in msg
+
+    def test_no_python_empty_string_is_refused_before_torchrun_sees_it(self):
+        # 0.2 made {"no_python": ""} a bare flag; here it used to crash torchrun.
+        with pytest.raises(TorchrunInvalidArgument):
+            parse_options({"no_python": ""})
+
+    def test_every_owned_option_is_a_real_torchrun_option(self):
+        from metaflow_extensions.torchrun.plugins.torchrun import compat
+
+        known = {
+            "master-port", "master-addr", "nnodes", "node-rank", "rdzv-backend",
+            "rdzv-endpoint", "rdzv-id", "rdzv-conf", "standalone", "no-python",
+            "module", "run-path", "max-restarts", "nproc-per-node", "local-addr",
+        }
+        assert set(compat.OWNED_OPTIONS) <= known
+        # What users may still tune: rdzv_conf adds to ours, max_restarts, nproc.
+        for free in ("rdzv-conf", "max-restarts", "nproc-per-node", "local-addr"):
+            assert free not in compat.OWNED_OPTIONS
+
+    def test_check_owned_false_reads_our_own_command(self):
+        assert parse_options(["--nnodes", "2"], check_owned=False) == {"nnodes": "2"}
+
+
 class TestOptionsToArgv:
     def test_each_kind_of_value(self):
         assert options_to_argv(
@@ -364,7 +452,7 @@ class TestOptionsToArgv:
         ) == ["--a", "1", "--flag", "--many", "x", "y", "--n", "5"]
 
     def test_round_trip_with_parse_options(self):
-        opts = {"nnodes": "2", "standalone": True, "k": ["a", "b"], "x": "-1"}
+        opts = {"role": "w", "virtual-local-rank": True, "k": ["a", "b"], "x": "-1"}
         assert parse_options(options_to_argv(opts)) == opts
 
 
@@ -391,7 +479,7 @@ def _options_of(argv):
     """The option part of the command: between `-m torch.distributed.run` and `--module`."""
     assert argv[1:3] == ["-m", "torch.distributed.run"]
     end = argv.index("--module")
-    return parse_options(argv[3:end])
+    return parse_options(argv[3:end], check_owned=False)
 
 
 class TestBuildCommand:

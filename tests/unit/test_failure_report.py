@@ -13,7 +13,7 @@ import time
 import metaflow  # noqa: F401  (must come before our modules)
 import pytest
 
-from metaflow_extensions.torchrun.plugins.torchrun import command, errors, ports, topology
+from metaflow_extensions.torchrun.plugins.torchrun import command, errors, ports
 from metaflow_extensions.torchrun.plugins.torchrun.cause import Cause, CauseKind
 from metaflow_extensions.torchrun.plugins.torchrun.failures import (
     RankFailure,

@@ -33,7 +33,12 @@ def specs(*decos):
         # Kubernetes: a GPU count in @resources replaces @kubernetes' own (Metaflow's rule).
         ([KubernetesDecorator(attributes={"gpu": 4}), ResourcesDecorator(attributes={"gpu": 2})], 2),
         ([KubernetesDecorator(attributes={"gpu": 2}), ResourcesDecorator(attributes={"gpu": 8})], 8),
-        ([KubernetesDecorator(attributes={"gpu": 4}), ResourcesDecorator(attributes={"cpu": 2})], 4),
+        # Before Metaflow 2.16 @resources defaults gpu to "0", which replaces @kubernetes' count
+        # in the pod Metaflow builds: no GPU, and so no derived nproc.
+        (
+            [KubernetesDecorator(attributes={"gpu": 4}), ResourcesDecorator(attributes={"cpu": 2})],
+            4 if ResourcesDecorator.defaults.get("gpu") is None else None,
+        ),
         ([BatchDecorator(attributes={"gpu": 4})], 4),
         # Batch: the larger of @batch and @resources wins (compute_resource_attributes).
         ([BatchDecorator(attributes={"gpu": 4}), ResourcesDecorator(attributes={"gpu": 2})], 4),
@@ -51,7 +56,9 @@ def test_derived_nproc(decos, expected):
 
 def test_decorator_from_the_command_line_counts_like_any_other():
     # `run --with kubernetes:gpu=4` builds the decorator from a string spec.
-    deco = KubernetesDecorator.parse_decorator_spec("gpu=4")
+    # Metaflow's own spec parser: public from 2.16 on, a private classmethod before.
+    parse = getattr(KubernetesDecorator, "parse_decorator_spec", None) or KubernetesDecorator._parse_decorator_spec
+    deco = parse("gpu=4")
     assert requested_accelerators(specs(deco)).nproc == 4
 
 

@@ -1,7 +1,6 @@
 """Rank --rank notes the time and raises; the others do collectives."""
 
 import argparse
-import os
 import time
 
 import torch

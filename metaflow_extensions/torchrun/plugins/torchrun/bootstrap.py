@@ -89,7 +89,7 @@ def _line_buffered() -> None:
     # mid-line. Line buffering keeps each line one write, and output still live.
     for stream in (sys.stdout, sys.stderr):
         try:
-            stream.reconfigure(line_buffering=True, write_through=False)
+            stream.reconfigure(line_buffering=True, write_through=False)  # type: ignore[union-attr]
         except (AttributeError, ValueError):
             pass
 

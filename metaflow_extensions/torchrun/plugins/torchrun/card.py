@@ -163,7 +163,8 @@ def attach_card(decorators) -> Optional[Any]:
         if isinstance(deco, CardDecorator) and deco.attributes.get("id") == CARD_ID:
             return deco
     deco = CardDecorator(attributes={"type": "blank", "id": CARD_ID})
-    deco.external_init()
+    if hasattr(deco, "external_init"):  # Metaflow 2.16+; before, __init__ did it all
+        deco.external_init()
     # Metaflow is iterating this very list to call step_init: the card's own
     # step_init runs right after ours.
     decorators.append(deco)

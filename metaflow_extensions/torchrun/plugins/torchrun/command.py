@@ -12,6 +12,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
 
+from . import compat
 from .errors import TorchrunInvalidArgument
 
 ArgSpec = Union[None, Sequence[Any], Mapping[str, Any]]
@@ -43,8 +44,9 @@ def _flag(key: Any, what: str) -> str:
 def encode_args(args: ArgSpec, what: str = "entrypoint_args") -> List[str]:
     """Turn a list (argv as given) or a dict (``--key value`` pairs) into argv.
 
-    In a dict, ``True`` is a bare flag, ``False``/``None`` drop the option and a
-    list value becomes ``--key a b``.
+    In a dict, ``True`` is a bare flag, ``False`` drops the option and a list
+    value becomes ``--key a b``. ``None`` is refused: metaflow-torchrun 0.2 made it
+    a bare flag, dropping it would silently change what such code passes.
     """
     if args is None:
         return []
@@ -52,9 +54,11 @@ def encode_args(args: ArgSpec, what: str = "entrypoint_args") -> List[str]:
         argv: List[str] = []
         for key, value in args.items():
             flag = _flag(key, what)
+            if value is None:
+                raise TorchrunInvalidArgument(compat.none_value_error(what, key))
             if value is True:
                 argv.append(flag)
-            elif value is False or value is None:
+            elif value is False:
                 continue
             elif isinstance(value, (list, tuple)):
                 argv.append(flag)
@@ -75,12 +79,16 @@ def canonical_option(name: str) -> str:
     return name.strip().lstrip("-").replace("_", "-")
 
 
-def parse_options(args: ArgSpec, what: str = "torchrun_args") -> Dict[str, Any]:
+def parse_options(args: ArgSpec, what: str = "torchrun_args", check_owned: bool = True) -> Dict[str, Any]:
     """Read user torchrun options into ``{canonical name: value}``.
 
     Values are what the option should be set to: ``True`` for a bare flag, a
-    string, or a list for an option repeated with several values. ``False`` or
-    ``None`` in a dict removes an option the decorator would otherwise set.
+    string, or a list for an option repeated with several values. ``False`` in a
+    dict removes an option the decorator would otherwise set; ``None`` and ``''``
+    are refused (metaflow-torchrun 0.2 made both a bare flag). A list is argv
+    (``["--max-restarts", "2"]``) or, as in 0.2, name/value pairs
+    (``["max_restarts", 2]``). Options @torchrun sets itself (``compat.OWNED_OPTIONS``)
+    are refused with the @torchrun way, unless ``check_owned`` is False.
     """
     if args is None:
         return {}
@@ -88,44 +96,76 @@ def parse_options(args: ArgSpec, what: str = "torchrun_args") -> Dict[str, Any]:
         out: Dict[str, Any] = {}
         for key, value in args.items():
             _flag(key, what)
-            if value is not None and value is not False and value is not True:
-                if isinstance(value, (list, tuple)):
-                    value = [_scalar(v, "%s[%r]" % (what, key)) for v in value]
-                else:
-                    value = _scalar(value, "%s[%r]" % (what, key))
-            out[canonical_option(key)] = value
-        return out
-    if isinstance(args, (list, tuple)):
-        tokens = [_scalar(v, what) for v in args]
-        out = {}
-        key: Optional[str] = None
-        for token in tokens:
-            if token.startswith("-") and len(token) > 1 and not _is_number(token):
-                _flag(token.split("=", 1)[0], what)
-                if "=" in token:
-                    name, _, value = token.partition("=")
-                    out[canonical_option(name)] = value
-                    key = None
-                else:
-                    key = canonical_option(token)
-                    out[key] = True
-            elif key is None:
-                raise TorchrunInvalidArgument(
-                    "%s: %r is not preceded by an option name (in %r)."
-                    % (what, token, list(args))
-                )
+            out[canonical_option(key)] = _option_value(value, what, key)
+    elif isinstance(args, (list, tuple)):
+        if args and isinstance(args[0], str) and compat.is_pair_list([args[0]]):
+            out = _parse_pairs(list(args), what)
+        else:
+            out = _parse_argv([_scalar(v, what) for v in args], args, what)
+    else:
+        raise TorchrunInvalidArgument(
+            "%s must be a list or a dict, not %s %r." % (what, type(args).__name__, args)
+        )
+    if check_owned:
+        compat.refuse_owned(out, what)
+    return out
+
+
+def _option_value(value: Any, what: str, key: Any) -> Any:
+    if value is None:
+        raise TorchrunInvalidArgument(compat.none_value_error(what, key))
+    if value is True or value is False:
+        return value
+    if isinstance(value, (list, tuple)):
+        return [_scalar(v, "%s[%r]" % (what, key)) for v in value]
+    text = _scalar(value, "%s[%r]" % (what, key))
+    if text == "":
+        raise TorchrunInvalidArgument(compat.empty_option_error(what, key))
+    return text
+
+
+def _parse_pairs(items: List[Any], what: str) -> Dict[str, Any]:
+    """metaflow-torchrun 0.2's list form: ``["nproc_per_node", 2, "max_restarts", 1]``."""
+    if len(items) % 2:
+        raise TorchrunInvalidArgument(
+            "%s=%r: a list that starts with a name without dashes is read as name, value "
+            "pairs (metaflow-torchrun 0.2), and this one has an odd length. Write "
+            "[\"--name\", \"value\", ...] (torchrun's argv) or a dict." % (what, items)
+        )
+    out: Dict[str, Any] = {}
+    for key, value in zip(items[0::2], items[1::2]):
+        _flag(key, what)
+        out[canonical_option(key)] = _option_value(value, what, key)
+    return out
+
+
+def _parse_argv(tokens: List[str], args: Any, what: str) -> Dict[str, Any]:
+    out: Dict[str, Any] = {}
+    key: Optional[str] = None
+    for token in tokens:
+        if token.startswith("-") and len(token) > 1 and not _is_number(token):
+            _flag(token.split("=", 1)[0], what)
+            if "=" in token:
+                name, _, value = token.partition("=")
+                out[canonical_option(name)] = value
+                key = None
             else:
-                current = out[key]
-                if current is True:
-                    out[key] = token
-                elif isinstance(current, list):
-                    current.append(token)
-                else:
-                    out[key] = [current, token]
-        return out
-    raise TorchrunInvalidArgument(
-        "%s must be a list or a dict, not %s %r." % (what, type(args).__name__, args)
-    )
+                key = canonical_option(token)
+                out[key] = True
+        elif key is None:
+            raise TorchrunInvalidArgument(
+                "%s: %r is not preceded by an option name (in %r)."
+                % (what, token, list(args))
+            )
+        else:
+            current = out[key]
+            if current is True:
+                out[key] = token
+            elif isinstance(current, list):
+                current.append(token)
+            else:
+                out[key] = [current, token]
+    return out
 
 
 def _is_number(token: str) -> bool:

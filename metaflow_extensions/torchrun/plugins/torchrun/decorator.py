@@ -13,6 +13,7 @@ from metaflow.plugins.parallel_decorator import ParallelDecorator
 from metaflow.unbounded_foreach import UBF_CONTROL
 
 from .card import attach_card, fill_card, render_card_now
+from .compat import decorator_init_kwargs, legacy_notes, local_control_task_id, meta_datum, translate_attributes
 from .errors import TorchrunInvalidArgument
 from .handle import TorchrunHandle
 from .identity import GangIdentity
@@ -66,11 +67,13 @@ class TorchrunDecorator(ParallelDecorator):
     def __init__(self, attributes=None, statically_defined=False, inserted_by=None):
         # Metaflow raises on an unknown attribute while the flow file is being
         # imported, as a traceback; keep it and refuse cleanly at flow start.
-        attributes = dict(attributes or {})
+        self._legacy = translate_attributes(attributes)  # metaflow-torchrun 0.2 names
+        attributes = self._legacy.attributes
         self._unknown = sorted(k for k in attributes if k not in self.defaults)
         for k in self._unknown:
             attributes.pop(k)
-        super().__init__(attributes, statically_defined, inserted_by)
+        # inserted_by exists from Metaflow 2.16 on.
+        super().__init__(attributes, statically_defined, **decorator_init_kwargs(ParallelDecorator.__init__, inserted_by))
 
     def step_init(
         self, flow, graph, step_name, decorators, environment, flow_datastore, logger
@@ -78,6 +81,7 @@ class TorchrunDecorator(ParallelDecorator):
         super().step_init(
             flow, graph, step_name, decorators, environment, flow_datastore, logger
         )
+        legacy_notes(self._legacy, lambda line: print(line, file=sys.stderr), sys.argv)
         if self._unknown:
             raise TorchrunInvalidArgument(_unknown_message(self._unknown, self.defaults))
         require_parallel_entry(graph, step_name)
@@ -150,7 +154,7 @@ class TorchrunDecorator(ParallelDecorator):
             flow_name=self._flow_name,
             run_id=str(run_id),
             step_name=step_name,
-            control_task_id=str(control_task_id or _control_id_from(task_id)),
+            control_task_id=str(control_task_id or local_control_task_id(task_id)),
             attempt=int(retry_count),
         )
         self._defaults = StepDefaults(
@@ -240,7 +244,7 @@ class TorchrunDecorator(ParallelDecorator):
             return
         if self._card is not None:
             fill_card(result, self._flow_name)
-        from metaflow.metadata_provider import MetaDatum
+        MetaDatum = meta_datum()  # its module moved within Metaflow 2.12.x
 
         metadata, run_id, step_name, task_id = self._metadata
         try:
@@ -286,11 +290,6 @@ def _unknown_message(unknown, defaults) -> str:
         ", ".join(parts),
         ", ".join(defaults),
     )
-
-
-def _control_id_from(task_id: str) -> str:
-    # Local worker task ids are "<control id>_node_<index>".
-    return str(task_id).split("_node_")[0]
 
 
 register_lint_check()

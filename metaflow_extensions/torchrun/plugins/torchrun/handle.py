@@ -7,6 +7,7 @@ from typing import Any, Callable, Optional, Union
 
 from .call import run_call
 from .command import ArgSpec
+from .compat import require_torch
 from .errors import TorchrunException
 from .plan import plan_call
 from .result import TorchrunResult
@@ -36,6 +37,7 @@ class TorchrunHandle:
         of this node's ranks succeeded, raise ``TorchrunFailed`` otherwise (for a
         function, the rank's original exception, caused by ``TorchrunFailed``).
         Every node must make the same calls in the same order."""
+        require_torch()  # no torch / no torch.distributed / too old: say so now
         session = self._session()
         if session is None:
             raise TorchrunException("current.torch.run can only be called in the step's own code.")

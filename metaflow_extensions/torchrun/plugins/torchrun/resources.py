@@ -65,6 +65,7 @@ def requested_accelerators(decorators: Iterable[DecoratorSpec]) -> Accelerators:
     - no compute decorator (a local run): ``@resources`` alone.
     """
     decos = {name: dict(attrs or {}) for name, attrs in decorators}
+    gpu: Optional[int]
     res_gpu = _count(decos.get("resources", {}).get("gpu"), "@resources(gpu)")
     if "kubernetes" in decos:
         k8s_gpu = _count(decos["kubernetes"].get("gpu"), "@kubernetes(gpu)")

@@ -122,9 +122,11 @@ def read_rank_records(directory: str, failures: List[RankFailure]) -> List[RankR
             continue
         records[rec.rank] = rec
     for failure in failures:
-        rec = records.get(failure.rank)
-        if rec is None:
+        found = records.get(failure.rank)
+        if found is None:
             rec = records[failure.rank] = RankRecord(failure.rank, failure.local_rank, pid=failure.pid)
+        else:
+            rec = found
         if rec.exit_code is None:
             code = _code_from(failure.exc_type)
             rec.exit_code = code

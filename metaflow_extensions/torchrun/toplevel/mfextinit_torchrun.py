@@ -1,0 +1,3 @@
+"""Top-level names this extension adds to ``metaflow`` (``from metaflow import ...``)."""
+
+toplevel = "torchrun_toplevel"

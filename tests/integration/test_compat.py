@@ -1,0 +1,76 @@
+"""Code written for metaflow-torchrun 0.2, and a task without torch, in real flows."""
+
+import os
+import socket
+import textwrap
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+
+def output(proc):
+    return proc.stdout.decode(errors="replace") + proc.stderr.decode(errors="replace")
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_0_2_attribute_names_run_with_one_deprecation_line_each(gang):
+    port = _free_port()
+    proc = gang.run(flow="legacy_flow.py", env={"MFTR_LEGACY": "aliases", "MFTR_PORT": str(port)}, timeout=240)
+    text = output(proc)
+    assert proc.returncode == 0, text
+    assert text.count("master_port= is deprecated") == 1, text
+    assert text.count("all_nodes_started_timeout= is deprecated") == 1, text
+    # master_port is the port: the gang service listened on it.
+    gang_port = gang.client(
+        "import json as j\n"
+        "task = Flow('LegacyFlow').latest_run['train'].control_task\n"
+        "result = j.loads(task.metadata_dict['torchrun-result'])['gang_port']"
+    )
+    assert gang_port == port
+
+
+def test_0_2_list_pairs_run(gang):
+    proc = gang.run(flow="legacy_flow.py", env={"MFTR_LEGACY": "pairs"}, timeout=240)
+    assert proc.returncode == 0, output(proc)
+    assert len(gang.reports("rank-")) == 2
+
+
+def test_an_owned_option_is_refused_at_flow_start_naming_the_torchrun_way(gang):
+    proc = gang.run(flow="legacy_flow.py", env={"MFTR_LEGACY": "owned"}, timeout=120)
+    text = output(proc)
+    assert proc.returncode != 0, text
+    assert "--master-port is set by @torchrun" in text and "@torchrun(port=N)" in text, text
+    assert "Task is starting" not in text
+
+
+def test_no_torch_is_named_with_the_fix_before_anything_starts(gang, tmp_path):
+    # The task's Python cannot import torch: a finder refuses it, as if not installed.
+    hide = tmp_path / "hide_torch"
+    hide.mkdir()
+    (hide / "sitecustomize.py").write_text(textwrap.dedent(
+        """
+        import sys
+
+        class _NoTorch:
+            def find_spec(self, name, path=None, target=None):
+                if name == "torch" or name.startswith("torch."):
+                    raise ModuleNotFoundError("No module named 'torch'", name="torch")
+                return None
+
+        sys.meta_path.insert(0, _NoTorch())
+        """
+    ))
+    pythonpath = os.pathsep.join(p for p in (str(hide), os.environ.get("PYTHONPATH")) if p)
+    proc = gang.run("--script", "report.py", "--nproc", "1", env={"PYTHONPATH": pythonpath}, timeout=240)
+    text = output(proc)
+    assert proc.returncode != 0, text
+    assert "torch is not installed for" in text, text
+    assert "pip install metaflow-torchrun[torch]" in text, text
+    assert "torch.distributed.run" not in text  # nothing was launched
+    assert "No rank recorded" not in text
