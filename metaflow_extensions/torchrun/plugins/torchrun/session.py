@@ -26,7 +26,7 @@ import sys
 import threading
 import time
 import traceback
-from typing import Iterator, List, Optional
+from typing import Any, Iterator, List, Optional
 
 from .cause import Cause, CauseKind
 from .errors import GangAborted, TorchrunException
@@ -89,7 +89,7 @@ class GangSession:
         self._interruptible = False
         self._in_user_code = False
         self._main = threading.main_thread().ident
-        self._previous_handler = None
+        self._previous_handler: Any = None
 
     @property
     def is_control(self) -> bool:
