@@ -461,7 +461,10 @@ class TestRootCauseOrder:
         script = tmp_path / "peer.py"
         script.write_text(textwrap.dedent(
             """
-            import ctypes, os, sys, time, torch, torch.distributed as dist
+            import ctypes, os, signal, sys, time, torch, torch.distributed as dist
+            # torchrun stops the surviving rank once the other dies: let it
+            # record what gloo said first.
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
             dist.init_process_group("gloo")
             dist.barrier()
             if dist.get_rank() == 1:
