@@ -536,18 +536,18 @@ def test_kubernetes_jobset_from_argo_only_json(case, tmp_path, moto):
             flow_name="SubmitFlow", run_id=_option(argv, "--run-id"), step_name="train",
             control_task_id=env["MF_PARALLEL_CONTROL_TASK_ID"], attempt=int(_option(argv, "--retry-count")),
         )
-        ports = ports.choose_ports(env, identity.gang_id)
-        views.append((identity.gang_id, ports, task_id))
+        candidates = ports.choose_ports(env, identity.gang_id)
+        views.append((identity.gang_id, candidates, task_id))
 
     # Every node agrees on the gang and on where the control listens.
     assert len({v[0] for v in views}) == 1 and len({v[1] for v in views}) == 1
     assert len({v[2] for v in views}) == nodes  # distinct task ids
-    ports = views[0][1]
+    candidates = views[0][1]
     if port:
-        assert ports == (port,)
+        assert candidates == (port,)
     else:
-        assert len(ports) == ports.CANDIDATE_PORTS
-        assert all(ports.PORT_RANGE[0] <= p <= ports.PORT_RANGE[1] for p in ports)
+        assert len(candidates) == ports.CANDIDATE_PORTS
+        assert all(ports.PORT_RANGE[0] <= p <= ports.PORT_RANGE[1] for p in candidates)
 
 
 def test_argo_create_without_only_json_would_need_a_cluster(tmp_path, moto):
