@@ -15,11 +15,12 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional
 
 from . import bootstrap, functions
 from .cause import Cause, CauseKind
 from .command import Launch, build_command
+from .devices import cuda_devices
 from .errors import GangAborted, TorchrunFailed, TorchrunInvalidArgument
 from .failures import (
     RankFailure,
@@ -36,20 +37,6 @@ from .session import GangSession, local_address, say
 from .supervisor import Supervisor
 
 TAIL_LINES = 20
-
-
-def cuda_devices() -> Tuple[bool, int]:
-    """(CUDA usable, visible device count). Importing torch takes seconds, so a
-    node with no NVIDIA device files is answered without it."""
-    if not any(os.path.exists(p) for p in ("/dev/nvidiactl", "/dev/nvidia0", "/dev/dxg")):
-        return False, 0
-    try:
-        import torch
-    except ImportError:
-        return False, 0
-    if not torch.cuda.is_available():
-        return False, 0
-    return True, torch.cuda.device_count()
 
 
 @dataclass
@@ -95,9 +82,12 @@ class CallRun:
         return result
 
     def check_devices(self) -> None:
+        """From the driver's files, not torch: importing torch in the task
+        process costs seconds before the first rank starts."""
         nproc = self.plan.nproc
-        if isinstance(nproc, int):
-            notice = check_visible_devices(nproc, self.session.defaults.accelerators, *cuda_devices())
+        count = cuda_devices(os.environ)
+        if isinstance(nproc, int) and count is not None:
+            notice = check_visible_devices(nproc, self.session.defaults.accelerators, count > 0, count)
             if notice and self.node_index == 0:
                 print(notice, file=sys.stderr, flush=True)
 

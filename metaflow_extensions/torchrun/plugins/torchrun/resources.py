@@ -101,32 +101,33 @@ def check_visible_devices(
 ) -> Optional[str]:
     """Decide, before launching, whether this node can run ``nproc`` processes.
 
-    Returns a one-time notice to log (GPUs asked for, none visible: the job runs
-    on CPU so GPU flows can be tried locally), or None. Raises when CUDA is there
-    but has fewer devices than processes: NCCL would fail later and obscurely.
+    Returns a one-time notice to log, or None. Raises only where the step asked
+    for GPUs and CUDA has fewer devices than processes: NCCL would fail later
+    and obscurely. A step that asked for no GPU runs on CPU (gloo) whatever the
+    machine has: CPU jobs on GPU workstations and GPU nodes are legitimate.
     """
+    if accelerators.kind != "gpu":
+        return None
     if cuda_available:
         if nproc > cuda_count:
             raise TorchrunInvalidArgument(
                 "nproc_per_node=%d but this node has only %d visible CUDA device%s "
-                "(torch.cuda.device_count(), which honours CUDA_VISIBLE_DEVICES). "
-                "Ask for at most %d processes, or for more GPUs."
-                % (nproc, cuda_count, "" if cuda_count == 1 else "s", cuda_count)
+                "(CUDA_VISIBLE_DEVICES honoured). The step asks for %s: ask for at most "
+                "%d processes, or for more GPUs."
+                % (nproc, cuda_count, "" if cuda_count == 1 else "s", accelerators.source, cuda_count)
             )
         return None
-    if accelerators.kind == "gpu":
-        return (
-            "@torchrun: the step asks for %d GPU%s (%s) but no CUDA device is visible "
-            "on this node; running %d process%s per node on CPU (use the gloo backend)."
-            % (
-                accelerators.count,
-                "" if accelerators.count == 1 else "s",
-                accelerators.source,
-                nproc,
-                "" if nproc == 1 else "es",
-            )
+    return (
+        "@torchrun: the step asks for %d GPU%s (%s) but no CUDA device is visible "
+        "on this node; running %d process%s per node on CPU (use the gloo backend)."
+        % (
+            accelerators.count,
+            "" if accelerators.count == 1 else "s",
+            accelerators.source,
+            nproc,
+            "" if nproc == 1 else "es",
         )
-    return None
+    )
 
 
 def small_shm_warning(decorators: Iterable[DecoratorSpec], accelerators: Accelerators, nproc: Any) -> Optional[str]:
