@@ -8,7 +8,7 @@ export METAFLOW_USER ?= $(or $(USER),metaflow-torchrun)
 # Metaflow's local runtime starts the other nodes with `python` from PATH.
 export PATH := $(BIN):$(PATH)
 
-.PHONY: install demo hello test unit lint dist package-check matrix bench clean
+.PHONY: install demo hello test unit lint dist package-check matrix bench gpu-check clean
 
 install: $(VENV)/.installed
 
@@ -66,6 +66,11 @@ bench: install $(VENV)/.bench-installed
 $(VENV)/.bench-installed: benchmarks/requirements.txt
 	$(BIN)/python -m pip install --quiet -r benchmarks/requirements.txt
 	touch $@
+
+# On a machine with at least one NVIDIA GPU and a CUDA torch (never in CI):
+# the GPU cases and timings, written to benchmarks/results/gpu.json.
+gpu-check: install
+	$(BIN)/python benchmarks/gpu.py $(GPU_ARGS)
 
 clean:
 	rm -rf $(VENV) .venv-wheel build dist .metaflow examples/*/.metaflow
