@@ -111,3 +111,15 @@ def test_unreadable_entry_file_is_a_clear_error(tmp_path):
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2
     assert "cannot read what to run" in proc.stderr
+
+
+def test_a_million_arguments_reach_the_rank(tmp_path):
+    """Item 7: they used to fail with E2BIG after the start; through the entry
+    file they are no concern of the command line."""
+    script = tmp_path / "count.py"
+    script.write_text("import sys\nassert sys.argv[1:] == ['--log'] * 1_000_000, len(sys.argv)\n")
+    path = entry.write_entry(str(tmp_path), [str(script)] + ["--log"] * 1_000_000)
+    env = dict(os.environ, **{entry.ENTRY_ENV: path, bootstrap.LABELS_ENV: "0"})
+    proc = subprocess.run([sys.executable, "-m", BOOTSTRAP_MODULE, path], env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr[-2000:]

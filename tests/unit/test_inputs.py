@@ -221,3 +221,8 @@ class TestNothingLeftBehind:
         with pytest.raises(AttributeError):
             run.record()  # no session: recording fails
         assert not os.path.exists(files.work_dir)
+
+
+def test_an_environment_variable_too_big_for_exec():
+    msg = refused(inputs.check_command_size, {}, {"BIG": "x" * (inputs.MAX_ARG_STRLEN + 1)})
+    assert "BIG" in msg

@@ -305,10 +305,13 @@ class TestCallFiles:
         age(fresh, 1000)
         assert prune_work_dirs(root) == [fresh]
 
-    def test_failing_to_make_the_logs_still_gives_a_work_dir(self, tmp):
+    def test_failing_to_make_the_logs_still_gives_a_work_dir(self, tmp, monkeypatch):
         base = base_dir(tmp)
-        with open(os.path.join(base, "logs"), "w"):
-            pass  # "logs" is a file: no log directory can be made
+
+        def full(*args, **kwargs):
+            raise OSError(28, "No space left on device")
+
+        monkeypatch.setattr(workdirs, "prune_logs", full)
         files = CallFiles("Flow-1-train-2-0-c0", 0, base)
         try:
             assert files.log_dir is None and os.path.isdir(files.work_dir)
@@ -363,3 +366,22 @@ class TestLogRetention:
         # The newest 5 kept by the bound, plus the one being made.
         assert len(os.listdir(os.path.join(base, "logs"))) <= 6
         assert os.listdir(os.path.join(base, "work")) == []
+
+
+class TestInsideTheBase:
+    def test_symlinks_and_strangers_inside_our_base_are_moved_aside(self, tmp, tmp_path):
+        """Left from a time the base was open to others: not followed, removed."""
+        base = base_dir(tmp)
+        target = tmp_path / "target"
+        target.mkdir()
+        os.symlink(str(target), os.path.join(base, "work"))
+        with open(os.path.join(base, "logs"), "w") as f:
+            f.write("a file where a directory goes")
+        files = CallFiles("Flow-1-train-2-0-c0", 0, base)
+        try:
+            assert mode(os.path.join(base, "work")) == 0o700
+            assert files.log_dir is not None and mode(files.log_dir) == 0o700
+        finally:
+            files.close()
+        assert os.listdir(str(target)) == []
+        assert sorted(os.listdir(base)) == ["logs", "work"]

@@ -165,7 +165,13 @@ def check_command_size(options: Mapping[str, Any], environ: Mapping[str, str]) -
             )
         total += size + 8  # the pointer to it
     for key, value in environ.items():
-        total += len(os.fsencode(key)) + len(os.fsencode(value)) + 2 + 8
+        size = len(os.fsencode(key)) + len(os.fsencode(value)) + 2
+        if size > MAX_ARG_STRLEN:
+            raise TorchrunInvalidArgument(
+                "the environment variable %s is %d bytes; the system passes at most %d in one "
+                "variable to a new process (torchrun)." % (key, size, MAX_ARG_STRLEN)
+            )
+        total += size + 8
     limit = arg_max()
     if total > limit:
         raise TorchrunInvalidArgument(

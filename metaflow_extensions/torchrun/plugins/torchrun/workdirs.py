@@ -86,13 +86,37 @@ def check_private_dir(path: str, fix_mode: bool = True) -> None:
 
 def private_dir(path: str) -> str:
     """Make ``path`` (its parent must be private already) a 0700 directory of
-    ours, or check that it is one."""
-    try:
-        os.mkdir(path, 0o700)
-    except FileExistsError:
-        pass
-    check_private_dir(path)
+    ours, or check that it is one. Whatever else is there (a symlink, a file,
+    another user's directory, left from before the parent was private) is
+    moved aside and removed."""
+    for attempt in range(2):
+        try:
+            os.mkdir(path, 0o700)
+        except FileExistsError:
+            pass
+        try:
+            check_private_dir(path)
+            return path
+        except UnsafePath:
+            if attempt:
+                raise
+            _discard(path)
     return path
+
+
+def _discard(path: str) -> None:
+    aside = "%s.discarded-%s" % (path, os.urandom(6).hex())
+    try:
+        os.rename(path, aside)
+    except OSError:
+        return
+    try:
+        if stat.S_ISDIR(os.lstat(aside).st_mode):
+            shutil.rmtree(aside, ignore_errors=True)
+        else:
+            os.unlink(aside)
+    except OSError:
+        pass
 
 
 def _base_path(tmp: Optional[str] = None) -> str:
