@@ -33,7 +33,7 @@ import stat
 import sys
 import tempfile
 import time
-from typing import List, Optional, Tuple
+from typing import List, Optional
 
 BASE_PREFIX = "metaflow-torchrun-"
 LOGS = "logs"
@@ -68,7 +68,7 @@ def _uid() -> int:
     return os.geteuid()
 
 
-def check_private_dir(path: str, fix_mode: bool = True) -> None:
+def check_private_dir(path: str) -> None:
     """``path`` is a real directory (not a symlink) owned by us and closed to
     others; a directory of ours with group or other bits set is tightened."""
     st = os.lstat(path)
@@ -79,8 +79,6 @@ def check_private_dir(path: str, fix_mode: bool = True) -> None:
     if st.st_uid != _uid():
         raise UnsafePath(errno.EPERM, "is owned by uid %d, not %d" % (st.st_uid, _uid()), path)
     if stat.S_IMODE(st.st_mode) & 0o077:
-        if not fix_mode:
-            raise UnsafePath(errno.EPERM, "is open to other users (mode %o)" % stat.S_IMODE(st.st_mode), path)
         os.chmod(path, 0o700)
 
 
