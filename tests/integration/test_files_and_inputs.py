@@ -118,3 +118,47 @@ def test_files_are_private_and_nothing_is_left_behind(gang, tmp_path):
     finally:
         if user is not None:
             other_user.remove_user()
+
+
+def _leftovers(tmp):
+    """Work directories and torchelastic's own directories still on the host."""
+    base = os.path.join(tmp, "metaflow-torchrun-%d" % os.geteuid())
+    work = os.path.join(base, "work")
+    return {
+        "work": os.listdir(work) if os.path.isdir(work) else [],
+        "torchelastic": [n for n in os.listdir(tmp) if n.startswith("torchelastic_")],
+    }
+
+
+def test_a_failed_run_leaves_no_work_directory(gang, tmp_path):
+    tmp = str(tmp_path / "tmp")
+    os.makedirs(tmp)
+    proc = gang.run("--script", "fail.py", "--script-args", json.dumps({"rank": 1}),
+                    env={"TMPDIR": tmp}, timeout=180)
+    assert proc.returncode != 0
+    assert "boom from rank 1" in output(proc)
+    assert _leftovers(tmp) == {"work": [], "torchelastic": []}
+
+
+def test_sigterm_to_the_control_task_leaves_no_work_directory(gang, tmp_path):
+    import signal
+
+    from .test_local_flows import _cmdline, _descendants
+
+    tmp = str(tmp_path / "tmp")
+    os.makedirs(tmp)
+    gang.env["TMPDIR"] = tmp
+    proc = gang.start("--script", "spin.py")
+    try:
+        gang.wait_for_reports("ready-", 4, timeout=120)
+        assert len(_leftovers(tmp)["work"]) == 2  # one per node while it runs
+        control = [pid for pid in _descendants(proc.pid) if b"ubf_control" in _cmdline(pid)]
+        assert control, "control task not found"
+        os.kill(control[0], signal.SIGTERM)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode != 0, out.decode(errors="replace")
+    assert _leftovers(tmp) == {"work": [], "torchelastic": []}
