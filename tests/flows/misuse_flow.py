@@ -12,6 +12,8 @@ ATTRIBUTES = {
     "unknown_attribute": {"nprocs": 2},
     "unknown_torchrun_option": {"torchrun_args": {"max_restart": 1}},
     "torchrun_args_type": {"torchrun_args": "--max-restarts 1"},
+    "nproc_too_many": {"nproc_per_node": 100000},
+    "heartbeat_too_short": {"heartbeat_timeout": 0.01},
 }[os.environ["MFTR_MISUSE"]]
 
 

@@ -63,6 +63,8 @@ REFUSALS = {
     "unknown_attribute": "@torchrun does not take 'nprocs'. It takes: nproc_per_node",
     "unknown_torchrun_option": "unknown torchrun option --max-restart",
     "torchrun_args_type": "must be a list or a dict, not str '--max-restarts 1'",
+    "nproc_too_many": "=100000: nproc_per_node must be at most 1024",
+    "heartbeat_too_short": "@torchrun(heartbeat_timeout)=0.01: must be at least 2 seconds",
 }
 
 

@@ -17,7 +17,7 @@ import sys
 import time
 import traceback
 
-from . import relay
+from . import entry, relay
 from .failures import RankFailure, write_failure
 
 FAILURE_DIR_ENV = "METAFLOW_TORCHRUN_FAILURE_DIR"
@@ -149,6 +149,14 @@ _STATUS: dict = {}
 
 def main(argv: list) -> None:
     _tie_to_parent()
+    # What to run comes from the entry file, out of torchrun's sight (entry.py);
+    # TMPDIR goes back to the user's (torchrun's agent had the work directory).
+    try:
+        argv = entry.bootstrap_argv(argv)
+    except (OSError, ValueError) as e:
+        sys.stderr.write("@torchrun bootstrap: cannot read what to run: %s\n" % e)
+        sys.exit(2)
+    entry.restore_user_tmpdir()
     rank = _env_int("RANK")
     labels = os.environ.get(LABELS_ENV, "1") != "0"
     log_dir = os.environ.get(LOG_DIR_ENV)

@@ -10,14 +10,12 @@ from __future__ import annotations
 
 import os
 import pickle
-import shutil
 import sys
-import tempfile
 import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
-from . import bootstrap, functions
+from . import bootstrap, entry, functions
 from .cause import Cause, CauseKind
 from .command import Launch, build_command
 from .devices import cuda_devices
@@ -35,6 +33,8 @@ from .resources import check_visible_devices
 from .result import TorchrunResult, read_rank_records
 from .session import GangSession, local_address, say
 from .supervisor import Supervisor
+from .workdirs import CallFiles
+from .workdirs import tail_lines as _tail_lines
 
 TAIL_LINES = 20
 
@@ -54,6 +54,7 @@ class CallRun:
     returns: Dict[int, Any] = field(default_factory=dict)
     started: float = field(default_factory=time.time)
     sup: Optional[Supervisor] = None
+    files: Optional[CallFiles] = None  # work and log directories (workdirs.py)
 
     @property
     def node_index(self) -> int:
@@ -103,17 +104,21 @@ class CallRun:
     def prepare(self) -> Dict[str, str]:
         topology = self.session.topology
         self.local_addr = local_address(topology)
-        self.workdir = tempfile.mkdtemp(prefix="mf-torchrun-")
+        # Private to this user; the work directory goes in record() (workdirs.py).
+        self.files = CallFiles(self.session.identity.call_id(self.index), self.node_index)
+        self.workdir, self.log_dir = self.files.work_dir, self.files.log_dir
         plan = self.plan
         if plan.function is not None:
             try:
                 functions.write_pickle(os.path.join(self.workdir, bootstrap.ARGS_FILE), plan.function_args)
             except Exception as e:
                 raise TorchrunInvalidArgument("entrypoint_args cannot be pickled for the ranks: %s" % e) from None
-            script, entry_argv = bootstrap.FUNCTION_FLAG, [plan.function.encode(), self.workdir]
+            bootstrap_argv = [bootstrap.FUNCTION_FLAG, plan.function.encode(), self.workdir]
         else:
-            script, entry_argv = plan.script or "", plan.entry_argv
-        self.log_dir = rank_log_dir(self.session.identity.call_id(self.index), self.node_index)
+            bootstrap_argv = [plan.script or ""] + list(plan.entry_argv)
+        # The script and its arguments reach the bootstrap through a file, never
+        # through torchrun's own parser (entry.py): arguments stay verbatim.
+        entry_path = entry.write_entry(self.workdir, bootstrap_argv)
         self.argv = build_command(
             Launch(
                 python=sys.executable,
@@ -123,13 +128,13 @@ class CallRun:
                 rdzv_host=topology.main_addr,
                 rdzv_port=int(self.rdzv_port or 0),
                 rdzv_id=self.session.identity.call_id(self.index),
-                entrypoint=script,
-                entrypoint_argv=entry_argv,
+                entrypoint=entry_path,
+                entrypoint_argv=(),
                 user_options=plan.options,
                 local_addr=self.local_addr,
             )
         )
-        return rank_environment(
+        env = rank_environment(
             os.environ,
             workdir=self.workdir,
             node_index=topology.node_index,
@@ -139,6 +144,7 @@ class CallRun:
             flow_dir=self.session.flow_dir,
             is_function=plan.function is not None,
         )
+        return entry.agent_environment(env, self.workdir, entry_path)
 
     def supervise(self, env: Dict[str, str]) -> None:
         client = self.session.client
@@ -196,6 +202,13 @@ class CallRun:
         raise GangAborted(self.node_index, cause, self.code)
 
     def record(self) -> TorchrunResult:
+        try:
+            return self._record()
+        finally:
+            if self.files is not None:
+                self.files.close()  # the work directory goes, whatever happened
+
+    def _record(self) -> TorchrunResult:
         topology = self.session.topology
         sup = self.sup
         server = self.session.server
@@ -231,8 +244,6 @@ class CallRun:
             call=self.index,
         )
         self.session.results.append(result)
-        if self.workdir:
-            shutil.rmtree(self.workdir, ignore_errors=True)
         return result
 
     # -- helpers -----------------------------------------------------------------
@@ -299,26 +310,8 @@ def run_call(session: GangSession, plan: CallPlan) -> TorchrunResult:
 
 
 def tail_lines(path: str, count: int = TAIL_LINES, max_bytes: int = 64 * 1024) -> List[str]:
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            size = f.tell()
-            f.seek(max(0, size - max_bytes))
-            data = f.read()
-    except OSError:
-        return []
-    return data.decode(errors="replace").splitlines()[-count:]
-
-
-def rank_log_dir(call_id: str, node_index: int) -> Optional[str]:
-    """Per-rank copies of the output, kept after the run (the card shows their
-    last lines; users can read them on the node)."""
-    path = os.path.join(tempfile.gettempdir(), "metaflow-torchrun", call_id, "node-%d" % node_index)
-    try:
-        os.makedirs(path, exist_ok=True)
-    except OSError:
-        return None
-    return path
+    """The last lines of a per-rank log: never through a symlink (workdirs.py)."""
+    return _tail_lines(path, count, max_bytes)
 
 
 def _read_bytes(path: str) -> bytes:

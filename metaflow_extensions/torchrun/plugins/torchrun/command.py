@@ -26,7 +26,13 @@ _SCALARS = (str, int, float, os.PathLike)
 def _scalar(value: Any, what: str) -> str:
     # bool is an int subclass: in a list it is spelled as Python spells it.
     if isinstance(value, _SCALARS):
-        return str(os.fspath(value)) if isinstance(value, os.PathLike) else str(value)
+        try:
+            return os.fsdecode(value) if isinstance(value, os.PathLike) else str(value)
+        except Exception as e:
+            raise TorchrunInvalidArgument(
+                "%s: cannot turn a %s into a command-line argument (str() failed: %s: %s)."
+                % (what, type(value).__name__, type(e).__name__, e)
+            ) from None
     raise TorchrunInvalidArgument(
         "%s: cannot pass %r (a %s) as a command-line argument; use a string or a number."
         % (what, value, type(value).__name__)

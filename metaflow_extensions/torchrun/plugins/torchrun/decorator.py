@@ -19,7 +19,7 @@ from .handle import TorchrunHandle
 from .identity import GangIdentity
 from .lint import register_lint_check, require_parallel_entry
 from .local_nodes import stop_local_nodes
-from .plan import StepDefaults, check_options, merged_options, validate_nproc
+from .plan import StepDefaults, check_options, merged_options, validate_nproc, validate_timeouts
 from .ports import LOCAL_PORT_ENV, find_free_port, parse_port
 from .resources import requested_accelerators, small_shm_warning
 from .result import METADATA_FIELD
@@ -100,8 +100,7 @@ class TorchrunDecorator(ParallelDecorator):
             # (`argo-workflows create --only-json`).
             print(warning, file=sys.stderr)
         self._port = parse_port(self.attributes.get("port"), "@torchrun(port)")
-        for name in ("heartbeat_timeout", "start_timeout"):
-            _positive_seconds(self.attributes.get(name), "@torchrun(%s)" % name)
+        validate_timeouts(self.attributes.get("heartbeat_timeout"), self.attributes.get("start_timeout"))
         self._flow_name = flow.name
         self._flow_dir = os.path.dirname(os.path.abspath(sys.argv[0]))
         self._session: Optional[GangSession] = None
@@ -269,16 +268,6 @@ def _truthy(value: Any) -> bool:
     if isinstance(value, str):
         return value.strip().lower() not in ("0", "false", "no", "off", "")
     return bool(value)
-
-
-def _positive_seconds(value: Any, source: str) -> float:
-    try:
-        seconds = float(value)
-    except (TypeError, ValueError):
-        raise TorchrunInvalidArgument("%s=%r is not a number of seconds." % (source, value)) from None
-    if not seconds > 0:
-        raise TorchrunInvalidArgument("%s=%r must be more than 0 seconds." % (source, value))
-    return seconds
 
 
 def _unknown_message(unknown, defaults) -> str:

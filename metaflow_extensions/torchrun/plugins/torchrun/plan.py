@@ -17,6 +17,15 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Union
 
 from . import bootstrap, functions
 from .command import ArgSpec, encode_args, parse_options
+from .inputs import (
+    check_arguments,
+    check_command_size,
+    check_picklable,
+    check_python_source,
+    check_nproc_bound,
+    refuse_directory,
+    validate_timeouts,  # noqa: F401 (decorator.py's step_init imports it from here)
+)
 from .errors import TorchrunInvalidArgument
 from .resources import NONE as NO_ACCELERATORS
 from .resources import Accelerators
@@ -78,6 +87,7 @@ def validate_nproc(value: Any, source: str) -> Union[int, str]:
         raise TorchrunInvalidArgument(
             "%s=%r: nproc_per_node must be at least 1." % (source, value)
         )
+    check_nproc_bound(value, source)
     return value
 
 
@@ -112,7 +122,11 @@ def resolve_entrypoint(entrypoint: Any, search_dirs: Sequence[str]) -> str:
     ]
     for candidate in candidates:
         if os.path.isfile(candidate):
-            return os.path.abspath(candidate)
+            found = os.path.abspath(candidate)
+            check_python_source(found, path)
+            return found
+    for candidate in candidates:
+        refuse_directory(candidate, path)
     raise TorchrunInvalidArgument(
         "entrypoint %r does not exist (looked in: %s)."
         % (path, ", ".join(os.path.abspath(os.path.dirname(c) or ".") for c in candidates))
@@ -175,6 +189,7 @@ def function_reference(entrypoint: Any, args: Any) -> Optional[functions.Functio
         functions.split_args(args)
     except (functions.FunctionReferenceError, TypeError) as e:
         raise TorchrunInvalidArgument(str(e)) from None
+    check_picklable(args)
     return ref
 
 
@@ -193,8 +208,10 @@ def plan_call(
     if function is None:
         script = resolve_entrypoint(entrypoint, search_dirs)
         entry_argv = encode_args(entrypoint_args, "entrypoint_args")
+        check_arguments(entry_argv)
     options = merged_options(defaults, torchrun_args)
     check_options(options)
+    check_command_size(options, os.environ)
     nproc = resolve_nproc(nproc_per_node, options, defaults)
     options.pop("nproc-per-node", None)  # resolved above, with its precedence
     name = function.qualname if function is not None else os.path.basename(script or "")

@@ -17,6 +17,8 @@ import signal
 import time
 from typing import Dict, Optional, Tuple
 
+from .workdirs import open_private
+
 # Writes of at most PIPE_BUF bytes to a pipe are atomic: a batch of whole lines
 # this size never mixes with another writer's bytes.
 ATOMIC_WRITE = 4096
@@ -155,11 +157,8 @@ def start(rank: int, labels: bool, log_dir: Optional[str]) -> bool:
         log_fd = None
         if log_dir:
             try:
-                log_fd = os.open(
-                    os.path.join(log_dir, "rank-%d.%s.log" % (rank, name)),
-                    os.O_WRONLY | os.O_CREAT | os.O_APPEND,
-                    0o644,
-                )
+                # 0600, never through a symlink, only a regular file of ours.
+                log_fd = open_private(os.path.join(log_dir, "rank-%d.%s.log" % (rank, name)))
             except OSError:
                 log_fd = None
         plan[fd] = (r, w, log_fd)

@@ -1,0 +1,200 @@
+"""Bad inputs, refused before anything starts.
+
+Each check raises ``TorchrunInvalidArgument`` with a message that names the
+argument and what to do, in the step (or at flow start), never a traceback from
+a rank or an operating-system error after the gang has started.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import os
+import pickle
+import warnings
+from typing import Any, Iterable, Mapping, Tuple
+
+from .command import options_to_argv
+from .errors import TorchrunInvalidArgument
+
+# More processes than this on one node is a typo (a GPU count in the wrong
+# unit, an extra zero), not a machine: each rank is a Python process with torch.
+MAX_NPROC_PER_NODE = 1024
+
+# A heartbeat is sent every heartbeat_timeout / 10 (at least every 50 ms, at
+# most every second): below a few seconds, a busy host or a GC pause reads as a
+# frozen node. Nodes of a local run take seconds to start, on a cluster minutes.
+MIN_HEARTBEAT_TIMEOUT = 2.0
+MIN_START_TIMEOUT = 5.0
+
+# A source file bigger than this is not compiled before the start (a script
+# that size is generated, and compiling it would cost every node the time).
+MAX_SOURCE_CHECK = 16 * 1024 * 1024
+
+# Linux: one argument or environment string may be at most 32 pages.
+MAX_ARG_STRLEN = 32 * 4096
+# What @torchrun adds to the command and the environment besides the user's
+# options: its own options and variables, with room to spare.
+COMMAND_MARGIN = 64 * 1024
+
+
+def check_nproc_bound(value: int, source: str) -> None:
+    if value > MAX_NPROC_PER_NODE:
+        raise TorchrunInvalidArgument(
+            "%s=%d: nproc_per_node must be at most %d (processes on one node; one per "
+            "GPU is usual)." % (source, value, MAX_NPROC_PER_NODE)
+        )
+
+
+def _seconds(value: Any, source: str, minimum: float) -> float:
+    if isinstance(value, bool):
+        raise TorchrunInvalidArgument("%s=%r is not a number of seconds." % (source, value))
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError, OverflowError):
+        raise TorchrunInvalidArgument("%s=%r is not a number of seconds." % (source, value)) from None
+    if not math.isfinite(seconds):
+        raise TorchrunInvalidArgument("%s=%r must be a finite number of seconds." % (source, value))
+    if seconds < minimum:
+        raise TorchrunInvalidArgument(
+            "%s=%r: must be at least %g seconds (shorter reads a busy node as a dead one)."
+            % (source, value, minimum)
+        )
+    return seconds
+
+
+def validate_timeouts(heartbeat: Any, start: Any) -> Tuple[float, float]:
+    """``@torchrun(heartbeat_timeout, start_timeout)``, checked at flow start."""
+    return (
+        _seconds(heartbeat, "@torchrun(heartbeat_timeout)", MIN_HEARTBEAT_TIMEOUT),
+        _seconds(start, "@torchrun(start_timeout)", MIN_START_TIMEOUT),
+    )
+
+
+# -- the entrypoint ----------------------------------------------------------------
+
+
+def refuse_directory(candidate: str, shown: str) -> None:
+    if not os.path.isdir(candidate):
+        return
+    hint = ""
+    if os.path.isfile(os.path.join(candidate, "__main__.py")):
+        hint = "; to run its __main__.py, pass %r" % os.path.join(shown, "__main__.py")
+    raise TorchrunInvalidArgument(
+        "entrypoint %r is a directory (%s), not a Python script%s."
+        % (shown, os.path.abspath(candidate), hint)
+    )
+
+
+def check_python_source(path: str, shown: str) -> None:
+    """``path`` is something ``python path`` runs: Python source that compiles
+    (a SyntaxError is named with its file and line), or a compiled ``.pyc`` or
+    a zip application, which Python runs too."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(4096)
+            if head.startswith(importlib.util.MAGIC_NUMBER) or head.startswith(b"PK\x03\x04"):
+                return
+            if b"\0" in head:
+                raise TorchrunInvalidArgument(
+                    "entrypoint %r (%s) is not a Python script: it is a binary file. "
+                    "@torchrun runs Python scripts (or functions)." % (shown, path)
+                )
+            if os.fstat(f.fileno()).st_size > MAX_SOURCE_CHECK:
+                return
+            source = head + f.read()
+    except OSError as e:
+        raise TorchrunInvalidArgument(
+            "entrypoint %r (%s) cannot be read: %s." % (shown, path, e.strerror or e)
+        ) from None
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the ranks show the script's warnings
+            compile(source, path, "exec", dont_inherit=True)
+    except SyntaxError as e:
+        line = (e.text or "").strip()
+        raise TorchrunInvalidArgument(
+            "entrypoint %r is not valid Python: %s (%s, line %s)%s. @torchrun runs Python "
+            "scripts (or functions)."
+            % (shown, e.msg, e.filename or path, e.lineno, (": %s" % line[:200]) if line else "")
+        ) from None
+    except ValueError as e:  # null bytes past the first block
+        raise TorchrunInvalidArgument(
+            "entrypoint %r (%s) is not a Python script: %s." % (shown, path, e)
+        ) from None
+    except (RecursionError, MemoryError):
+        return  # too deep to check here; the ranks will say
+
+
+# -- arguments -----------------------------------------------------------------------
+
+
+def check_arguments(argv: Iterable[str], what: str = "entrypoint_args") -> None:
+    """What no command line can hold is refused, as ``python script.py`` would."""
+    for i, token in enumerate(argv):
+        if "\0" in token:
+            raise TorchrunInvalidArgument(
+                "%s: item %d (%r) contains a NUL character, which no command-line "
+                "argument can hold." % (what, i, token[:80])
+            )
+
+
+def _encoded(token: str, what: str) -> bytes:
+    try:
+        return os.fsencode(token)
+    except UnicodeEncodeError as e:
+        raise TorchrunInvalidArgument("%s: %r cannot be encoded for the command line: %s" % (what, token[:80], e)) from None
+
+
+def check_command_size(options: Mapping[str, Any], environ: Mapping[str, str]) -> None:
+    """torchrun's command line (its options; the script's arguments travel in
+    a file) and the environment fit what ``exec`` accepts."""
+    argv = options_to_argv(options)
+    total = COMMAND_MARGIN
+    for token in argv:
+        if "\0" in token:
+            raise TorchrunInvalidArgument(
+                "torchrun_args: %r contains a NUL character, which no command-line "
+                "argument can hold." % token[:80]
+            )
+        size = len(_encoded(token, "torchrun_args")) + 1
+        if size > MAX_ARG_STRLEN:
+            raise TorchrunInvalidArgument(
+                "torchrun_args: one value is %d bytes; the system takes at most %d in one "
+                "command-line argument." % (size, MAX_ARG_STRLEN)
+            )
+        total += size + 8  # the pointer to it
+    for key, value in environ.items():
+        size = len(os.fsencode(key)) + len(os.fsencode(value)) + 2
+        if size > MAX_ARG_STRLEN:
+            raise TorchrunInvalidArgument(
+                "the environment variable %s is %d bytes; the system passes at most %d in one "
+                "variable to a new process (torchrun)." % (key, size, MAX_ARG_STRLEN)
+            )
+        total += size + 8
+    limit = arg_max()
+    if total > limit:
+        raise TorchrunInvalidArgument(
+            "torchrun_args: torchrun's command line and environment would take about %d "
+            "bytes, more than this system accepts (%d)." % (total, limit)
+        )
+
+
+def arg_max() -> int:
+    try:
+        value = os.sysconf("SC_ARG_MAX")
+    except (ValueError, OSError, AttributeError):
+        value = -1
+    return value if value and value > 0 else 128 * 1024
+
+
+def check_picklable(args: Any) -> None:
+    """A function entrypoint's arguments reach the ranks by pickle."""
+    try:
+        pickle.dumps(args, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception as e:
+        raise TorchrunInvalidArgument(
+            "entrypoint_args cannot be pickled for the ranks: %s: %s. Pass small picklable "
+            "values (numbers, strings, paths, plain containers); big data belongs in files "
+            "or Metaflow artifacts." % (type(e).__name__, e)
+        ) from None

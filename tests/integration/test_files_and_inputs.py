@@ -1,0 +1,164 @@
+"""Issue 13, items 5 to 7, end to end: private files and nothing left behind,
+arguments verbatim even when they look like torchrun's options, and bad
+entrypoints refused before anything starts."""
+
+import json
+import os
+import stat
+
+import pytest
+
+import other_user
+
+from .helpers import output
+
+pytestmark = pytest.mark.integration
+
+# Every prefix of a torchrun option that its parser used to take (item 6), some
+# of its options in full, and the usual verbatim suspects.
+LOOKALIKES = [
+    "--log", "--max", "--start", "--run", "--master", "--local", "--monitor", "--rdzv", "--no", "--e",
+    "--nnodes", "3", "--nproc-per-node=64", "--master-port", "29500", "--module", "-m",
+    "--standalone", "--help", "-h", "--", "-",
+]
+ODD = ["has space", "quote ' and \" both", "$(touch /tmp/mftr-pwned)", "ünïcödé ✓ 日本語", "", "", "a=b"]
+
+
+def test_arguments_that_look_like_torchrun_options_arrive_verbatim(gang):
+    args = LOOKALIKES + ODD
+    proc = gang.run("--script", "echo_args.py", "--script-args", json.dumps(args), "--nproc", "1")
+    assert proc.returncode == 0, output(proc)
+    argvs = gang.reports("argv-")
+    assert sorted(argvs) == [0, 1]
+    for argv in argvs.values():
+        assert argv == args
+    assert not os.path.exists("/tmp/mftr-pwned")
+
+
+def test_a_directory_entrypoint_is_refused_as_one_before_the_start(gang):
+    proc = gang.run("--script", "", "--nproc", "1", timeout=120)  # entrypoint "scripts/"
+    text = output(proc)
+    assert proc.returncode != 0, text
+    assert "entrypoint 'scripts/' is a directory" in text
+    assert "does not exist" not in text
+    assert "torch.distributed.run" not in text and "[rank" not in text  # nothing started
+
+
+def test_a_non_python_entrypoint_is_refused_before_the_start(gang):
+    proc = gang.run("--script", "not_python.sh", "--nproc", "2", timeout=120)
+    text = output(proc)
+    assert proc.returncode != 0, text
+    assert "entrypoint 'scripts/not_python.sh' is not valid Python" in text
+    assert "line 3" in text
+    assert "torch.distributed.run" not in text and "[rank" not in text  # nothing started
+
+
+def _tree(path):
+    found = {}
+    for top, dirs, files in os.walk(path):
+        for name in dirs + files:
+            p = os.path.join(top, name)
+            found[os.path.relpath(p, path)] = os.lstat(p)
+    return found
+
+
+def test_files_are_private_and_nothing_is_left_behind(gang, tmp_path):
+    """Run with its own TMPDIR. As root, a second user first plants a symlink
+    where our directory goes; it must not be followed. Afterwards: every
+    directory 0700 and file 0600, ours; the work directories and torchelastic's
+    gone; the other user can read nothing."""
+    tmp = other_user.sticky_tmp(str(tmp_path / "tmp")) if os.geteuid() == 0 else str(tmp_path / "tmp")
+    os.makedirs(tmp, exist_ok=True)
+    base = os.path.join(tmp, "metaflow-torchrun-%d" % os.geteuid())
+    trap = os.path.join(tmp, "trap")
+    user = None
+    if not other_user.skip_reason():
+        user = other_user.make_user()
+
+        def plant():
+            os.mkdir(trap, 0o777)
+            os.symlink(trap, base)
+
+        other_user.as_user(user, plant)
+    else:
+        print("not attacking as a second user: %s" % other_user.skip_reason())
+    try:
+        proc = gang.run("--script", "report.py", "--nproc", "2", env={"TMPDIR": tmp})
+        assert proc.returncode == 0, output(proc)
+        if user is not None:
+            assert os.listdir(trap) == []
+        assert not os.path.islink(base) and stat.S_IMODE(os.lstat(base).st_mode) == 0o700
+        tree = _tree(base)
+        logs = [p for p in tree if p.endswith(".log")]
+        assert len(logs) == 8  # 2 nodes x 2 ranks x stdout, stderr
+        for rel, st in tree.items():
+            assert st.st_uid == os.geteuid(), rel
+            assert not stat.S_ISLNK(st.st_mode), rel
+            want = 0o700 if stat.S_ISDIR(st.st_mode) else 0o600
+            assert stat.S_IMODE(st.st_mode) == want, (rel, oct(st.st_mode))
+        assert os.listdir(os.path.join(base, "work")) == []  # work directories removed
+        assert [n for n in os.listdir(tmp) if n.startswith("torchelastic_")] == []
+        if user is not None:
+            log = os.path.join(base, logs[0])
+
+            def peek():
+                seen = []
+                for what in (base, os.path.dirname(log)):
+                    try:
+                        seen.append(os.listdir(what))
+                    except PermissionError:
+                        pass
+                try:
+                    seen.append(open(log).read())
+                except PermissionError:
+                    pass
+                return seen
+
+            assert other_user.as_user(user, peek) == []
+    finally:
+        if user is not None:
+            other_user.remove_user()
+
+
+def _leftovers(tmp):
+    """Work directories and torchelastic's own directories still on the host."""
+    base = os.path.join(tmp, "metaflow-torchrun-%d" % os.geteuid())
+    work = os.path.join(base, "work")
+    return {
+        "work": os.listdir(work) if os.path.isdir(work) else [],
+        "torchelastic": [n for n in os.listdir(tmp) if n.startswith("torchelastic_")],
+    }
+
+
+def test_a_failed_run_leaves_no_work_directory(gang, tmp_path):
+    tmp = str(tmp_path / "tmp")
+    os.makedirs(tmp)
+    proc = gang.run("--script", "fail.py", "--script-args", json.dumps({"rank": 1}),
+                    env={"TMPDIR": tmp}, timeout=180)
+    assert proc.returncode != 0
+    assert "boom from rank 1" in output(proc)
+    assert _leftovers(tmp) == {"work": [], "torchelastic": []}
+
+
+def test_sigterm_to_the_control_task_leaves_no_work_directory(gang, tmp_path):
+    import signal
+
+    from .test_local_flows import _cmdline, _descendants
+
+    tmp = str(tmp_path / "tmp")
+    os.makedirs(tmp)
+    gang.env["TMPDIR"] = tmp
+    proc = gang.start("--script", "spin.py")
+    try:
+        gang.wait_for_reports("ready-", 4, timeout=120)
+        assert len(_leftovers(tmp)["work"]) == 2  # one per node while it runs
+        control = [pid for pid in _descendants(proc.pid) if b"ubf_control" in _cmdline(pid)]
+        assert control, "control task not found"
+        os.kill(control[0], signal.SIGTERM)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode != 0, out.decode(errors="replace")
+    assert _leftovers(tmp) == {"work": [], "torchelastic": []}

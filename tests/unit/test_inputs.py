@@ -1,0 +1,228 @@
+"""Bad inputs get a clear TorchrunInvalidArgument before anything starts, and
+leave nothing behind (issue 13, item 7)."""
+
+from __future__ import annotations
+
+import os
+import py_compile
+import threading
+import zipfile
+
+import pytest
+
+from metaflow_extensions.torchrun.plugins.torchrun import inputs, plan
+from metaflow_extensions.torchrun.plugins.torchrun.command import encode_args, parse_options
+from metaflow_extensions.torchrun.plugins.torchrun.errors import TorchrunInvalidArgument
+from metaflow_extensions.torchrun.plugins.torchrun.plan import StepDefaults, plan_call
+
+
+def refused(fn, *args, **kwargs) -> str:
+    with pytest.raises(TorchrunInvalidArgument) as e:
+        fn(*args, **kwargs)
+    return str(e.value)
+
+
+def module_level_function(x=None):
+    return x
+
+
+# -- str() that raises ----------------------------------------------------------------
+
+
+class Unprintable(str):
+    def __str__(self):
+        raise RuntimeError("no str for you")
+
+
+class BadInt(int):
+    def __str__(self):
+        raise ValueError("broken __str__")
+
+
+class BytesPath(os.PathLike):
+    def __fspath__(self):
+        return b"/data/x"
+
+
+class TestStrThatRaises:
+    def test_list_item(self):
+        msg = refused(encode_args, ["ok", Unprintable("x")])
+        assert "entrypoint_args" in msg and "no str for you" in msg
+
+    def test_dict_value_names_the_key(self):
+        msg = refused(encode_args, {"epochs": BadInt(3)})
+        assert "epochs" in msg and "broken __str__" in msg
+
+    def test_torchrun_option_value(self):
+        msg = refused(parse_options, {"max_restarts": BadInt(1)})
+        assert "max_restarts" in msg
+
+    def test_bytes_path_is_decoded_not_spelled_as_bytes(self):
+        assert encode_args([BytesPath()]) == ["/data/x"]
+
+
+# -- nproc_per_node -----------------------------------------------------------------
+
+
+class TestNprocBound:
+    @pytest.mark.parametrize("value", [1, 8, inputs.MAX_NPROC_PER_NODE])
+    def test_in_bounds(self, value):
+        assert plan.validate_nproc(value, "nproc_per_node") == value
+
+    @pytest.mark.parametrize("value", [inputs.MAX_NPROC_PER_NODE + 1, 10**9, str(10**6)])
+    def test_above_the_bound(self, value):
+        msg = refused(plan.validate_nproc, value, "nproc_per_node")
+        assert "at most %d" % inputs.MAX_NPROC_PER_NODE in msg
+
+
+# -- timeouts -------------------------------------------------------------------------
+
+
+class TestTimeouts:
+    def test_defaults_and_strings(self):
+        assert plan.validate_timeouts(30, 600) == (30.0, 600.0)
+        assert plan.validate_timeouts("2", "5") == (2.0, 5.0)
+
+    @pytest.mark.parametrize("heartbeat", [0.01, 0, -1, 1.9])
+    def test_heartbeat_below_the_minimum(self, heartbeat):
+        msg = refused(plan.validate_timeouts, heartbeat, 600)
+        assert "heartbeat_timeout" in msg and "at least 2 seconds" in msg
+
+    @pytest.mark.parametrize("start", [0.01, 4.9])
+    def test_start_below_the_minimum(self, start):
+        assert "start_timeout" in refused(plan.validate_timeouts, 30, start)
+
+    @pytest.mark.parametrize("value", [float("nan"), float("inf"), True, "soon", None, [1]])
+    def test_not_a_usable_number(self, value):
+        assert "heartbeat_timeout" in refused(plan.validate_timeouts, value, 600)
+
+    def test_minimum_leaves_several_heartbeats_per_timeout(self):
+        from metaflow_extensions.torchrun.plugins.torchrun.gang import GangConfig
+
+        config = GangConfig("g", 2, heartbeat_timeout=inputs.MIN_HEARTBEAT_TIMEOUT)
+        assert config.heartbeat_timeout / config.heartbeat_interval >= 10
+
+
+# -- the entrypoint -------------------------------------------------------------------
+
+
+def plan_script(path, search_dirs, args=None):
+    return plan_call(path, args, 1, None, StepDefaults(), search_dirs)
+
+
+class TestEntrypoint:
+    def test_a_directory_is_named_as_one(self, tmp_path):
+        (tmp_path / "pkg").mkdir()
+        msg = refused(plan_script, "pkg", [str(tmp_path)])
+        assert "is a directory" in msg and "does not exist" not in msg
+
+    def test_a_directory_with_main_gets_a_hint(self, tmp_path):
+        (tmp_path / "app").mkdir()
+        (tmp_path / "app" / "__main__.py").write_text("print(1)\n")
+        assert "app/__main__.py" in refused(plan_script, "app", [str(tmp_path)])
+
+    def test_missing_still_says_so(self, tmp_path):
+        assert "does not exist" in refused(plan_script, "nope.py", [str(tmp_path)])
+
+    def test_shell_script_is_refused_naming_file_and_line(self, tmp_path):
+        (tmp_path / "run.sh").write_text("#!/bin/sh\nset -e\necho hello world\n")
+        msg = refused(plan_script, "run.sh", [str(tmp_path)])
+        assert "run.sh" in msg and "not valid Python" in msg and "line 3" in msg
+        assert "echo hello world" in msg
+
+    def test_binary_file_is_refused(self, tmp_path):
+        (tmp_path / "model.bin").write_bytes(b"\x7fELF\x02\x01\x01\x00" + bytes(range(256)) * 10)
+        assert "binary file" in refused(plan_script, "model.bin", [str(tmp_path)])
+
+    def test_syntax_error_in_a_python_script_is_caught_before_the_start(self, tmp_path):
+        (tmp_path / "train.py").write_text("import os\n\ndef main(:\n    pass\n")
+        msg = refused(plan_script, "train.py", [str(tmp_path)])
+        assert "line 3" in msg and "train.py" in msg
+
+    def test_valid_script_with_a_coding_cookie_and_warnings(self, tmp_path):
+        script = tmp_path / "train.py"
+        script.write_bytes(b"# -*- coding: latin-1 -*-\nname = '\xe9'\npath = '\\d'\n")
+        assert plan_script("train.py", [str(tmp_path)]).script == str(script)
+
+    def test_compiled_and_zipped_python_run_too(self, tmp_path):
+        src = tmp_path / "prog.py"
+        src.write_text("print('hi')\n")
+        pyc = py_compile.compile(str(src), cfile=str(tmp_path / "prog.pyc"))
+        assert plan_script(pyc, [str(tmp_path)]).script == pyc
+        app = tmp_path / "app.pyz"
+        with zipfile.ZipFile(app, "w") as z:
+            z.writestr("__main__.py", "print('hi')\n")
+        assert plan_script(str(app), [str(tmp_path)]).script == str(app)
+
+    def test_unreadable_script(self, tmp_path, monkeypatch):
+        (tmp_path / "train.py").write_text("x = 1\n")
+
+        def deny(*a, **k):
+            raise PermissionError(13, "Permission denied")
+
+        monkeypatch.setattr(inputs, "open", deny, raising=False)
+        assert "cannot be read" in refused(plan_script, "train.py", [str(tmp_path)])
+
+
+# -- arguments --------------------------------------------------------------------------
+
+
+class TestArguments:
+    def test_nul_in_a_script_argument(self, tmp_path):
+        (tmp_path / "t.py").write_text("")
+        msg = refused(plan_script, "t.py", [str(tmp_path)], ["ok", "a\0b"])
+        assert "NUL" in msg and "item 1" in msg
+
+    def test_a_million_arguments_are_fine(self, tmp_path):
+        """They travel in the entry file, not on torchrun's command line."""
+        (tmp_path / "t.py").write_text("")
+        argv = [str(i) for i in range(1_000_000)]
+        assert len(plan_script("t.py", [str(tmp_path)], argv).entry_argv) == 1_000_000
+
+    def test_torchrun_options_too_big_for_exec(self, tmp_path):
+        (tmp_path / "t.py").write_text("")
+        huge = {"rdzv_conf": "x=" + "y" * (inputs.MAX_ARG_STRLEN + 10)}
+        msg = refused(plan_call, "t.py", None, 1, huge, StepDefaults(), [str(tmp_path)])
+        assert "torchrun_args" in msg
+
+    def test_command_and_environment_over_arg_max(self, monkeypatch):
+        monkeypatch.setattr(inputs, "arg_max", lambda: 200_000)
+        options = {"role-%d" % i: "v" * 1000 for i in range(200)}
+        assert "more than this system accepts" in refused(inputs.check_command_size, options, {})
+        inputs.check_command_size({"max-restarts": "3"}, {"HOME": "/root"})
+
+    def test_nul_in_a_torchrun_option(self):
+        assert "NUL" in refused(inputs.check_command_size, {"role": "a\0b"}, {})
+
+
+class TestFunctionArguments:
+    def test_unpicklable_arguments_are_refused_in_the_plan(self):
+        msg = refused(plan_call, module_level_function, {"x": threading.Lock()}, 1, None,
+                      StepDefaults(), [])
+        assert "cannot be pickled" in msg and "lock" in msg
+
+    def test_a_lambda_argument(self):
+        assert "cannot be pickled" in refused(
+            plan_call, module_level_function, [lambda: 1], 1, None, StepDefaults(), [])
+
+    def test_picklable_arguments_plan(self):
+        p = plan_call(module_level_function, {"x": [1, "a", None]}, 1, None, StepDefaults(), [])
+        assert p.function is not None
+
+
+class TestNothingLeftBehind:
+    def test_record_removes_the_work_dir_even_when_recording_fails(self, tmp_path):
+        from metaflow_extensions.torchrun.plugins.torchrun.call import CallRun
+        from metaflow_extensions.torchrun.plugins.torchrun.workdirs import CallFiles
+
+        files = CallFiles("Flow-1-train-2-0-c0", 0, str(tmp_path))
+        run = CallRun(session=None, plan=None, index=0)  # type: ignore[arg-type]
+        run.files, run.workdir = files, files.work_dir
+        with pytest.raises(AttributeError):
+            run.record()  # no session: recording fails
+        assert not os.path.exists(files.work_dir)
+
+
+def test_an_environment_variable_too_big_for_exec():
+    msg = refused(inputs.check_command_size, {}, {"BIG": "x" * (inputs.MAX_ARG_STRLEN + 1)})
+    assert "BIG" in msg

@@ -1,0 +1,387 @@
+"""workdirs.py: every file @torchrun writes is private, never reached through a
+symlink, and nothing is left behind (issue 13, item 5).
+
+The attacks are run by a real second user where root can make one
+(``tests/other_user.py``); otherwise those tests are skipped with the reason."""
+
+from __future__ import annotations
+
+import os
+import signal
+import stat
+import subprocess
+import sys
+import time
+
+import pytest
+
+import other_user
+from metaflow_extensions.torchrun.plugins.torchrun import workdirs
+from metaflow_extensions.torchrun.plugins.torchrun.workdirs import (
+    CallFiles,
+    UnsafePath,
+    base_dir,
+    open_private,
+    prune_logs,
+    prune_work_dirs,
+    tail_lines,
+)
+
+
+def mode(path) -> int:
+    return stat.S_IMODE(os.lstat(path).st_mode)
+
+
+@pytest.fixture(scope="module")
+def other():
+    try:
+        yield other_user.make_user()
+    finally:
+        other_user.remove_user()
+
+
+@pytest.fixture
+def tmp(tmp_path):
+    return other_user.sticky_tmp(str(tmp_path / "tmp")) if os.geteuid() == 0 else str(tmp_path)
+
+
+def age(path, seconds):
+    then = time.time() - seconds
+    os.utime(path, (then, then))
+
+
+# -- the base directory -------------------------------------------------------------
+
+
+class TestBaseDir:
+    def test_private_per_user_and_stable(self, tmp):
+        base = base_dir(tmp)
+        assert base == os.path.join(tmp, "metaflow-torchrun-%d" % os.geteuid())
+        assert mode(base) == 0o700 and os.lstat(base).st_uid == os.geteuid()
+        assert base_dir(tmp) == base
+
+    def test_loose_mode_of_our_own_directory_is_tightened(self, tmp):
+        path = os.path.join(tmp, "metaflow-torchrun-%d" % os.geteuid())
+        os.mkdir(path)
+        os.chmod(path, 0o777)
+        assert base_dir(tmp) == path
+        assert mode(path) == 0o700
+
+    def test_symlink_at_the_path_is_replaced_and_its_target_untouched(self, tmp, tmp_path):
+        target = tmp_path / "elsewhere"
+        target.mkdir()
+        path = os.path.join(tmp, "metaflow-torchrun-%d" % os.geteuid())
+        os.symlink(str(target), path)
+        base = base_dir(tmp)
+        assert base == path and not os.path.islink(path) and mode(path) == 0o700
+        CallFiles("Flow-1-train-2-0-c0", 0, base).close()
+        assert os.listdir(str(target)) == []
+
+    def test_a_file_at_the_path_gives_a_fresh_private_directory(self, tmp, capsys):
+        path = os.path.join(tmp, "metaflow-torchrun-%d" % os.geteuid())
+        with open(path, "w") as f:
+            f.write("not a directory")
+        base = base_dir(tmp)
+        assert base != path and os.path.dirname(base) == tmp and mode(base) == 0o700
+        assert "not using it" in capsys.readouterr().err
+
+
+class TestBaseDirAgainstAnotherUser:
+    """Another user made our path first (issue 13: "another user who made the
+    directory first ... got rank output")."""
+
+    def test_directory_made_first_by_another_user_is_not_used(self, other, tmp, capsys):
+        path = os.path.join(tmp, "metaflow-torchrun-%d" % os.geteuid())
+
+        def squat():
+            os.mkdir(path)
+            os.chmod(path, 0o777)
+            os.mkdir(os.path.join(path, "logs"), 0o777)
+            os.mkdir(os.path.join(path, "work"), 0o777)
+
+        other_user.as_user(other, squat)
+        files = CallFiles("Flow-1-train-2-0-c0", 0, base_dir(tmp))
+        try:
+            assert not files.work_dir.startswith(path + os.sep)
+            assert files.log_dir and not files.log_dir.startswith(path + os.sep)
+            assert mode(files.base) == 0o700 and os.lstat(files.base).st_uid == os.geteuid()
+        finally:
+            files.close()
+        assert os.listdir(os.path.join(path, "logs")) == []
+        assert os.listdir(os.path.join(path, "work")) == []
+        assert "owned by uid %d" % other[0] in capsys.readouterr().err
+
+    def test_symlink_planted_by_another_user_is_not_followed(self, other, tmp, tmp_path):
+        path = os.path.join(tmp, "metaflow-torchrun-%d" % os.geteuid())
+        trap = os.path.join(tmp, "trap")
+
+        def plant():
+            os.mkdir(trap, 0o777)
+            os.symlink(trap, path)
+
+        other_user.as_user(other, plant)
+        files = CallFiles("Flow-1-train-2-0-c0", 0, base_dir(tmp))
+        try:
+            assert os.path.realpath(files.work_dir).startswith(os.path.realpath(files.base))
+            assert not os.path.realpath(files.work_dir).startswith(trap)
+        finally:
+            files.close()
+        assert os.listdir(trap) == []
+
+    def test_the_other_user_can_read_nothing_of_ours(self, other, tmp):
+        files = CallFiles("Flow-1-train-2-0-c0", 3, base_dir(tmp))
+        try:
+            log = os.path.join(files.log_dir, "rank-6.stdout.log")
+            fd = open_private(log)
+            os.write(fd, b"secret loss 0.1\n")
+            os.close(fd)
+            assert mode(log) == 0o600
+            for d in (files.base, os.path.dirname(files.log_dir), files.log_dir, files.work_dir):
+                assert mode(d) == 0o700, d
+
+            def peek():
+                found = {}
+                for what in (files.base, files.log_dir, files.work_dir):
+                    try:
+                        os.listdir(what)
+                        found[what] = "listed"
+                    except PermissionError:
+                        pass
+                try:
+                    with open(log) as f:
+                        found[log] = f.read()
+                except PermissionError:
+                    pass
+                try:
+                    os.mkdir(os.path.join(files.log_dir, "x"))
+                    found["mkdir"] = "made"
+                except PermissionError:
+                    pass
+                return found
+
+            assert other_user.as_user(other, peek) == {}
+        finally:
+            files.close()
+
+
+# -- files ------------------------------------------------------------------------
+
+
+class TestOpenPrivate:
+    def test_new_file_is_0600_and_appends(self, tmp_path):
+        path = str(tmp_path / "rank-0.stdout.log")
+        for text in (b"a\n", b"b\n"):
+            fd = open_private(path)
+            os.write(fd, text)
+            os.close(fd)
+        assert mode(path) == 0o600
+        assert open(path, "rb").read() == b"a\nb\n"
+
+    def test_loose_file_of_ours_is_tightened(self, tmp_path):
+        path = tmp_path / "log"
+        path.write_text("x")
+        path.chmod(0o644)
+        os.close(open_private(str(path)))
+        assert mode(path) == 0o600
+
+    def test_symlink_to_a_root_only_file_is_refused_and_the_file_untouched(self, tmp_path):
+        secret = tmp_path / "shadow"
+        secret.write_text("root:secret\n")
+        secret.chmod(0o600)
+        link = tmp_path / "rank-0.stdout.log"
+        link.symlink_to(secret)
+        with pytest.raises(OSError):
+            open_private(str(link))
+        assert secret.read_text() == "root:secret\n"
+
+    def test_fifo_is_refused_without_blocking(self, tmp_path):
+        fifo = str(tmp_path / "fifo")
+        os.mkfifo(fifo)
+        with pytest.raises(UnsafePath):
+            open_private(fifo, os.O_RDONLY)
+
+    def test_file_of_another_user_is_refused(self, other, tmp):
+        path = os.path.join(tmp, "theirs.log")
+        other_user.as_user(other, lambda: os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o666)))
+        with pytest.raises(UnsafePath):
+            open_private(path)
+
+    def test_relay_log_through_a_symlink_is_not_written(self, tmp_path):
+        """The relay's per-rank log: a symlink swapped in is not followed."""
+        from metaflow_extensions.torchrun.plugins.torchrun import relay
+
+        secret = tmp_path / "secret"
+        secret.write_text("keep\n")
+        logs = tmp_path / "logs"
+        logs.mkdir()
+        (logs / "rank-0.stdout.log").symlink_to(secret)
+        code = (
+            "import sys; from metaflow_extensions.torchrun.plugins.torchrun import relay\n"
+            "relay.start(0, True, sys.argv[1]); print('rank output')\n"
+        )
+        proc = subprocess.run([sys.executable, "-c", "import metaflow\n" + code, str(logs)],
+                              capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 0, proc.stderr
+        assert "[rank0]: rank output" in proc.stdout
+        assert secret.read_text() == "keep\n"
+        assert relay  # imported here too: the module loads without side effects
+
+
+class TestTail:
+    def test_last_lines(self, tmp_path):
+        path = tmp_path / "log"
+        path.write_text("".join("line %d\n" % i for i in range(100)))
+        assert tail_lines(str(path), 3) == ["line 97", "line 98", "line 99"]
+
+    def test_symlink_to_a_0600_file_is_not_read(self, tmp_path):
+        secret = tmp_path / "secret"
+        secret.write_text("password=hunter2\n")
+        secret.chmod(0o600)
+        link = tmp_path / "rank-0.stderr.log"
+        link.symlink_to(secret)
+        assert tail_lines(str(link), 20) == []
+
+    def test_call_tail_lines_does_not_follow_symlinks(self, tmp_path):
+        from metaflow_extensions.torchrun.plugins.torchrun import call
+
+        secret = tmp_path / "secret"
+        secret.write_text("password=hunter2\n")
+        link = tmp_path / "rank-0.stdout.log"
+        link.symlink_to(secret)
+        assert call.tail_lines(str(link)) == []
+
+    def test_fifo_does_not_block(self, tmp_path):
+        fifo = str(tmp_path / "fifo")
+        os.mkfifo(fifo)
+        assert tail_lines(fifo, 5) == []
+
+
+# -- nothing left behind -------------------------------------------------------------
+
+
+class TestCallFiles:
+    def test_layout_and_close(self, tmp):
+        base = base_dir(tmp)
+        files = CallFiles("Flow-1-train-2-0-c0", 1, base)
+        assert os.path.dirname(files.work_dir) == os.path.join(base, "work")
+        assert files.log_dir == os.path.join(base, "logs", "Flow-1-train-2-0-c0", "node-1")
+        files.close()
+        assert not os.path.exists(files.work_dir)
+        assert os.path.isdir(files.log_dir)  # logs are kept
+        files.close()  # twice is fine
+
+    def test_work_dir_of_a_sigkilled_task_goes_with_the_next_call(self, tmp):
+        base = base_dir(tmp)
+        code = (
+            "import sys, time\n"
+            "from metaflow_extensions.torchrun.plugins.torchrun.workdirs import CallFiles\n"
+            "f = CallFiles('Flow-1-train-2-0-c0', 0, sys.argv[1])\n"
+            "print(f.work_dir, flush=True)\n"
+            "time.sleep(60)\n"
+        )
+        proc = subprocess.Popen([sys.executable, "-c", "import metaflow\n" + code, base],
+                                stdout=subprocess.PIPE, text=True)
+        try:
+            left = proc.stdout.readline().strip()
+            assert os.path.isdir(left)
+            age(left, 1000)
+            assert prune_work_dirs(os.path.join(base, "work")) == []  # alive: kept
+        finally:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+        assert os.path.isdir(left)
+        files = CallFiles("Flow-2-train-2-0-c0", 0, base)
+        try:
+            assert not os.path.exists(left)
+        finally:
+            files.close()
+
+    def test_a_young_directory_nobody_holds_yet_is_kept(self, tmp):
+        root = os.path.join(base_dir(tmp), "work")
+        os.makedirs(root, exist_ok=True)
+        fresh = os.path.join(root, "123-abc")
+        os.mkdir(fresh)
+        assert prune_work_dirs(root) == []
+        age(fresh, 1000)
+        assert prune_work_dirs(root) == [fresh]
+
+    def test_failing_to_make_the_logs_still_gives_a_work_dir(self, tmp, monkeypatch):
+        base = base_dir(tmp)
+
+        def full(*args, **kwargs):
+            raise OSError(28, "No space left on device")
+
+        monkeypatch.setattr(workdirs, "prune_logs", full)
+        files = CallFiles("Flow-1-train-2-0-c0", 0, base)
+        try:
+            assert files.log_dir is None and os.path.isdir(files.work_dir)
+        finally:
+            files.close()
+
+
+class TestLogRetention:
+    def make_call(self, root, name, size=0, seconds_ago=1000):
+        node = os.path.join(root, name, "node-0")
+        os.makedirs(node)
+        with open(os.path.join(node, "rank-0.stdout.log"), "wb") as f:
+            f.write(b"x" * size)
+        age(os.path.join(root, name), seconds_ago)
+        return os.path.join(root, name)
+
+    def test_keeps_the_newest_calls(self, tmp_path):
+        root = str(tmp_path)
+        calls = [self.make_call(root, "c%d" % i, seconds_ago=1000 + 10 * (9 - i)) for i in range(10)]
+        removed = prune_logs(root, keep=3, max_bytes=1 << 30)
+        assert sorted(removed) == sorted(calls[:7])
+        assert sorted(os.listdir(root)) == ["c7", "c8", "c9"]
+
+    def test_size_cap_removes_the_oldest_first(self, tmp_path):
+        root = str(tmp_path)
+        for i in range(4):
+            self.make_call(root, "c%d" % i, size=1000, seconds_ago=1000 + 10 * (3 - i))
+        prune_logs(root, keep=100, max_bytes=2500)
+        assert sorted(os.listdir(root)) == ["c2", "c3"]
+
+    def test_a_call_in_use_or_just_made_is_kept(self, tmp_path):
+        root = str(tmp_path)
+        busy = self.make_call(root, "busy", size=10_000, seconds_ago=5000)
+        lock = workdirs.hold_lock(os.path.join(busy, "node-0"))
+        age(busy, 5000)
+        self.make_call(root, "young", size=10_000, seconds_ago=0)
+        self.make_call(root, "old", size=10_000, seconds_ago=4000)
+        try:
+            prune_logs(root, keep=0, max_bytes=0)
+            assert sorted(os.listdir(root)) == ["busy", "young"]
+        finally:
+            workdirs.release_lock(lock)
+        prune_logs(root, keep=0, max_bytes=0)
+        assert os.listdir(root) == ["young"]
+
+    def test_the_bound_holds_across_many_calls(self, tmp, monkeypatch):
+        monkeypatch.setenv(workdirs.KEEP_LOGS_ENV, "5")
+        monkeypatch.setattr(workdirs, "YOUNG_SECONDS", 0.0)
+        base = base_dir(tmp)
+        for i in range(30):
+            CallFiles("Flow-%d-train-2-0-c0" % i, 0, base).close()
+        # The newest 5 kept by the bound, plus the one being made.
+        assert len(os.listdir(os.path.join(base, "logs"))) <= 6
+        assert os.listdir(os.path.join(base, "work")) == []
+
+
+class TestInsideTheBase:
+    def test_symlinks_and_strangers_inside_our_base_are_moved_aside(self, tmp, tmp_path):
+        """Left from a time the base was open to others: not followed, removed."""
+        base = base_dir(tmp)
+        target = tmp_path / "target"
+        target.mkdir()
+        os.symlink(str(target), os.path.join(base, "work"))
+        with open(os.path.join(base, "logs"), "w") as f:
+            f.write("a file where a directory goes")
+        files = CallFiles("Flow-1-train-2-0-c0", 0, base)
+        try:
+            assert mode(os.path.join(base, "work")) == 0o700
+            assert files.log_dir is not None and mode(files.log_dir) == 0o700
+        finally:
+            files.close()
+        assert os.listdir(str(target)) == []
+        assert sorted(os.listdir(base)) == ["logs", "work"]
