@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Dict, List, Mapping, MutableMapping
+from typing import Any, Dict, List, Mapping, MutableMapping
 
 ENTRY_ENV = "METAFLOW_TORCHRUN_ENTRY"  # the entry file's path
 USER_TMPDIR_ENV = "METAFLOW_TORCHRUN_USER_TMPDIR"  # the ranks' TMPDIR ("": none)
@@ -80,6 +80,6 @@ def restore_user_tmpdir(environ: MutableMapping[str, str] = os.environ) -> None:
     environ.pop(ENTRY_ENV, None)
     import sys
 
-    tempfile = sys.modules.get("tempfile")
+    tempfile: Any = sys.modules.get("tempfile")
     if tempfile is not None:
         tempfile.tempdir = None  # forget a directory chosen from the agent's TMPDIR

@@ -344,7 +344,7 @@ def remove_work_dir(path: Optional[str]) -> None:
 def prune_work_dirs(root: str, now: Optional[float] = None) -> List[str]:
     """Remove the work directories no live process holds."""
     now = time.time() if now is None else now
-    removed = []
+    removed: List[str] = []
     try:
         names = os.listdir(root)
     except OSError:
