@@ -50,6 +50,14 @@ def gang():
         s.close()
 
 
+def _fail(session, error):
+    """The step's code raised ``error`` (with a traceback, as a real one has)."""
+    try:
+        raise error
+    except BaseException as e:  # noqa: BLE001
+        session.step_failed(e)
+
+
 def _in_thread(fn):
     box = {}
 
@@ -102,25 +110,19 @@ class TestStepEnd:
         control.join()
         worker.join()
         t, box = _in_thread(control.step_succeeded)
-        try:
-            raise RuntimeError("no data")
-        except RuntimeError as e:
-            worker.step_failed(e)
+        _fail(worker, RuntimeError("no data"))
         t.join(GUARD)
         error = box.get("error")
         assert isinstance(error, GangAborted)
         assert error.cause.kind is CauseKind.STEP_FAILED and error.cause.node_index == 1
         assert "node 1 failed in its step before current.torch.run: RuntimeError: no data" in str(error)
-        assert "raise RuntimeError" in str(error)  # the traceback travels
+        assert "in _fail" in str(error)  # the traceback travels
 
     def test_an_echo_is_not_reported_as_a_new_cause(self, gang):
         control, worker = gang(0), gang(1)
         control.join()
         worker.join()
-        try:
-            raise RuntimeError("first")
-        except RuntimeError as e:
-            control.step_failed(e)
+        _fail(control, RuntimeError("first"))
         assert worker.client.wait_for_verdict(GUARD) is not None
         worker.step_failed(GangAborted(1, worker.cause))
         assert control.server.cause.summary.startswith("node 0 failed in its step")
@@ -164,10 +166,7 @@ class TestInterrupt:
 
         def fail_control_soon():
             time.sleep(0.5)
-            try:
-                raise OSError("disk full")
-            except OSError as e:
-                control.step_failed(e)
+            _fail(control, OSError("disk full"))
 
         threading.Thread(target=fail_control_soon, daemon=True).start()
         started = time.monotonic()
@@ -186,10 +185,7 @@ class TestInterrupt:
             with worker.user_code():
                 with worker.in_call() as index:
                     assert index == 0
-                    try:
-                        raise OSError("x")
-                    except OSError as e:
-                        control.step_failed(e)
+                    _fail(control, OSError("x"))
                     assert worker.client.wait_for_verdict(GUARD) is not None
                     time.sleep(0.3)  # a signal here would raise inside the call
                     inside = True
@@ -199,10 +195,7 @@ class TestInterrupt:
         control, worker = gang(0), gang(1)
         control.join()
         worker.join()
-        try:
-            raise OSError("x")
-        except OSError as e:
-            control.step_failed(e)
+        _fail(control, OSError("x"))
         assert worker.client.wait_for_verdict(GUARD) is not None
         with pytest.raises(GangAborted):
             with worker.user_code():
@@ -214,10 +207,7 @@ class TestLinger:
         monkeypatch.setattr(session_mod, "LINGER", 15.0)
         control = gang(0)
         control.join()
-        try:
-            raise OSError("x")
-        except OSError as e:
-            control.step_failed(e)
+        _fail(control, OSError("x"))
         late = gang(1)
         t, box = _in_thread(control.close)
         time.sleep(0.3)
@@ -231,10 +221,7 @@ class TestLinger:
         monkeypatch.setattr(session_mod, "LINGER", 0.5)
         control = gang(0)
         control.join()
-        try:
-            raise OSError("x")
-        except OSError as e:
-            control.step_failed(e)
+        _fail(control, OSError("x"))
         started = time.monotonic()
         control.close()
         assert time.monotonic() - started < 3
