@@ -55,7 +55,7 @@ def test_list_arguments_arrive_verbatim(gang):
 
 
 def test_dict_arguments_become_flags(gang):
-    args = {"lr": 0.5, "name": "a b $(x) `y`", "verbose": True, "quiet": False, "skip": None,
+    args = {"lr": 0.5, "name": "a b $(x) `y`", "verbose": True, "quiet": False,
             "layers": [1, 2, 3]}
     proc = gang.run("--script", "echo_args.py", "--script-args", json.dumps(args), "--nproc", "1")
     assert proc.returncode == 0, output(proc)
