@@ -119,7 +119,13 @@ def _int_list(value: Any) -> Optional[List[int]]:
 
 
 def _is_real(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    """A finite number that fits a float: JSON ints are unbounded, and
+    ``math.isfinite(10**400)`` raises instead of saying no."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    if isinstance(value, int):
+        return abs(value) < 2**53
+    return math.isfinite(value)
 
 
 def plural(items: List[int], noun: str = "node") -> str:

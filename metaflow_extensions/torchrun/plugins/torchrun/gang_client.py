@@ -4,6 +4,10 @@ The client keeps one connection to the control's gang service for the whole
 step. Its reader thread turns what it hears into state the step's main thread
 waits on (joined, a call's go-ahead, everyone done) and, when the gang aborts,
 calls ``on_abort`` once so the session can stop whatever the step is doing.
+
+The client believes a service only once it proved it holds the gang's secret
+(``gang_auth``): anything else on a candidate port (another gang, another
+program, an impostor) is passed over like a closed port.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import threading
 import time
 from typing import Callable, Dict, List, Optional, Sequence
 
+from . import gang_auth
 from . import gang_wire as wire
 from .cause import Cause, CauseKind
 from .gang import GangConfig
@@ -23,7 +28,12 @@ from .gang import GangConfig
 class GangClient:
     """Runs on every node (the control included)."""
 
-    def __init__(self, config: GangConfig, host: str, ports: Sequence[int], node_index: int):
+    def __init__(self, config: GangConfig, host: str, ports: Sequence[int], node_index: int,
+                 secret: Optional[bytes] = None):
+        """``secret``: the gang's (``secret.py``); None is TRANSITIONAL (see
+        ``gang_auth.transitional_secret``) until session.py passes it."""
+        self._secret = gang_auth.check_secret(
+            secret if secret is not None else gang_auth.transitional_secret(config.gang_id))
         self.config = config
         self.host = host
         self.ports = tuple(ports)
@@ -88,30 +98,26 @@ class GangClient:
         self.joined.set()
 
     def _handshake(self, port: int) -> None:
-        """Say hello on ``port``; a port held by anything but our gang (another
-        gang's service, an unrelated server) fails here and the next is tried."""
+        """Prove this node holds the secret on ``port``, and have the service
+        prove it too; a port held by anything but our gang (another gang's
+        service, an unrelated server, an impostor) fails here and the next is
+        tried."""
         sock = socket.create_connection((self.host, port), timeout=2)
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            wire.send(
-                sock,
-                {
-                    "type": "hello",
-                    "protocol": wire.PROTOCOL,
-                    "gang_id": self.config.gang_id,
-                    "node_index": self.node_index,
-                    "host": socket.gethostname()[:255],
-                    "pid": os.getpid(),
-                },
-            )
             sock.settimeout(2)
+            self._early = b""
+            server_nonce = gang_auth.read_challenge(self._read_one(sock))
+            client_nonce = gang_auth.new_nonce()
+            wire.send(sock, gang_auth.hello(self._secret, self.config.gang_id, server_nonce, self.node_index,
+                                            host=socket.gethostname(), pid=os.getpid(),
+                                            client_nonce=client_nonce))
             reply = self._read_one(sock)
+            gang_auth.check_welcome(self._secret, self.config.gang_id, server_nonce, client_nonce,
+                                    self.node_index, reply)
         except BaseException:
             wire.close_quietly(sock)
             raise
-        if reply.get("type") != "welcome":
-            wire.close_quietly(sock)
-            raise RuntimeError("rejected: %s" % (wire.str_field(reply, "reason", 200) or "not a gang service"))
         sock.settimeout(None)
         self._sock = sock
         self.port = port
@@ -120,21 +126,21 @@ class GangClient:
             self._set_cause(cause)
 
     def _read_one(self, sock: socket.socket) -> wire.Message:
-        reader = wire.LineReader()
-        data = b""
-        while True:
+        """One line of the handshake (what came after it is kept for the
+        reader): ValueError when it is not a JSON object, or too long."""
+        data = self._early
+        while b"\n" not in data:
+            if len(data) > wire.PRE_AUTH_LINE:
+                raise ValueError("not a gang service (a greeting that does not end)")
             chunk = sock.recv(4096)
             if not chunk:
-                raise ValueError("connection closed during hello")
+                raise ValueError("connection closed during the handshake")
             data += chunk
-            if b"\n" in data:
-                line, rest = data.split(b"\n", 1)
-                message = wire.decode(line)
-                if message is None:
-                    raise ValueError("not a gang service")
-                self._early = rest
-                return message
-            reader._hold(chunk)  # bounds a greeting that never ends
+        line, self._early = data.split(b"\n", 1)
+        message = wire.decode(line)
+        if message is None:
+            raise ValueError("not a gang service")
+        return message
 
     def close(self) -> None:
         self._closing.set()
@@ -169,8 +175,21 @@ class GangClient:
             return self._go.get(index) if self.cause is None else None
 
     def call_done(self, index: int, rank0: Optional[bytes], report: Dict) -> None:
-        payload = base64.b64encode(rank0).decode() if rank0 is not None else None
-        self._safe_send({"type": "call_done", "index": index, "rank0": payload, "report": report})
+        """This node's part of call ``index`` succeeded. ``rank0``: rank 0's
+        pickled return value, when rank 0 ran here: sent with a MAC over its
+        bytes, which the service checks before keeping them; a value too big
+        for one line is not sent, only its size (the control says why)."""
+        message: Dict = {"type": "call_done", "index": index, "report": report}
+        if rank0 is not None:
+            if len(rank0) <= wire.RANK0_MAX:
+                message["rank0"] = base64.b64encode(rank0).decode()
+                message["rank0_proof"] = gang_auth.payload_proof(
+                    self._secret, self.config.gang_id, index, self.node_index, rank0)
+            else:
+                message["rank0_size"] = len(rank0)
+        if not self._fits(message):
+            message["report"] = {"truncated": True}
+        self._safe_send(message)
 
     def wait_call_done(self, index: int) -> bool:
         """The control waits for every node to finish a call, so that it can
@@ -184,7 +203,19 @@ class GangClient:
         message = {"type": "failed", "cause": cause.to_wire(), "report": report}
         if call is not None:
             message["call"] = call
+        if not self._fits(message):
+            message["report"] = {"truncated": True}
         self._safe_send(message)
+
+    @staticmethod
+    def _fits(message: wire.Message) -> bool:
+        """A message over the line limit would be refused by ``wire.encode``:
+        the caller trims it rather than lose it (a lost done hangs the control)."""
+        try:
+            wire.encode(message)
+        except ValueError:
+            return False
+        return True
 
     def wait_for_verdict(self, seconds: float) -> Optional[Cause]:
         """After reporting a failure: the service decides the root cause (it may

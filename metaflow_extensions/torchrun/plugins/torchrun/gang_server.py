@@ -14,6 +14,14 @@ What it decides, and why it can: it is the one place that sees every node.
   node only once every node has entered it with the same entrypoint, each with
   its own rendezvous port; a node that ends its step while others wait in a
   call it never made is named at once.
+
+Who may speak: only a peer that proved it holds the gang's secret
+(``gang_auth``), and then only for the node index it proved; until then it is
+a stranger with a tiny line limit, ``HELLO_TIMEOUT`` to prove itself and one of
+``MAX_PENDING`` places. A stranger that fails is told "not authenticated"
+(nothing about the gang) and changes nothing. A peer that breaks a rule (a line
+that is not JSON, a message out of turn, a field of the wrong type) is dropped:
+never the service.
 """
 
 from __future__ import annotations
@@ -21,18 +29,22 @@ from __future__ import annotations
 import base64
 import binascii
 import selectors
+import sys
 import socket
 import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
+from . import gang_auth
 from . import gang_wire as wire
 from .cause import Cause, CauseKind, plural
 from .gang import GangConfig
 from .ports import find_free_port
 
-# Connections that have not said hello yet, at most; more are refused.
+# Connections that have not proved themselves yet, at most: past that, the
+# oldest is dropped for the newcomer (a slow stranger cannot keep a real node
+# out by holding every place).
 MAX_PENDING = 64
 # A connection must say hello within this many seconds.
 HELLO_TIMEOUT = 5.0
@@ -43,8 +55,10 @@ ACCEPT_BACKOFF = 0.5
 @dataclass
 class _Peer:
     sock: socket.socket
-    reader: wire.LineReader = field(default_factory=wire.LineReader)
-    node: Optional[int] = None
+    nonce: bytes = field(default_factory=gang_auth.new_nonce)
+    reader: wire.LineReader = field(
+        default_factory=lambda: wire.LineReader(max_line=wire.PRE_AUTH_LINE, strict=True))
+    node: Optional[int] = None  # set once the peer proved it holds the secret
     host: str = "?"
     connected: float = field(default_factory=time.monotonic)
     last_seen: float = field(default_factory=time.monotonic)
@@ -61,16 +75,25 @@ class CallState:
     done: Set[int] = field(default_factory=set)
     reports: Dict[int, Dict[str, Any]] = field(default_factory=dict)
     finished_at: Dict[int, float] = field(default_factory=dict)
+    # Rank 0's return value (pickled by the node that ran rank 0), kept only
+    # once its MAC checked out; ``rank0_error`` says why a value is missing.
     rank0: Optional[bytes] = None
+    rank0_node: Optional[int] = None
+    rank0_error: Optional[str] = None
 
 
 class GangServer:
     """Runs in the control task; one thread, one selector, no dependencies."""
 
-    def __init__(self, config: GangConfig, host: str, ports: Sequence[int]):
-        """Listen on the first of ``ports`` that is free on ``host``."""
+    def __init__(self, config: GangConfig, host: str, ports: Sequence[int], secret: Optional[bytes] = None):
+        """Listen on the first of ``ports`` that is free on ``host``. ``secret``:
+        the gang's (``secret.py``); None is TRANSITIONAL (see
+        ``gang_auth.transitional_secret``) until session.py passes it."""
         self.config = config
         self.host = host
+        self._secret = gang_auth.check_secret(
+            secret if secret is not None else gang_auth.transitional_secret(config.gang_id))
+        self.rejected = 0  # strangers that failed the handshake
         self.listener = _listen(host, ports, backlog=max(16, 2 * config.num_nodes))
         self.port: int = self.listener.getsockname()[1]
         self._selector = selectors.DefaultSelector()
@@ -88,6 +111,8 @@ class GangServer:
         self._said_waiting = False
         self._accept_paused_until = 0.0
         self.progress: Callable[[str], None] = lambda text: None
+        # Said once per gang: someone without the secret tried to join.
+        self.warn: Callable[[str], None] = lambda text: print("@torchrun: " + text, file=sys.stderr, flush=True)
         self._closing = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="torchrun-gang-server", daemon=True)
 
@@ -118,20 +143,29 @@ class GangServer:
         interval = self.config.heartbeat_interval
         next_beat = 0.0
         while not self._closing.is_set():
-            for key, _ in self._selector.select(timeout=interval / 2):
-                if key.fileobj is self.listener:
-                    self._accept()
-                else:
-                    self._receive(key.fileobj)  # type: ignore[arg-type]
-            now = time.monotonic()
-            if now >= self._accept_paused_until > 0:
-                self._accept_paused_until = 0.0
-                self._selector.register(self.listener, selectors.EVENT_READ)
-            if now >= next_beat:
-                self._broadcast({"type": "hb"})
-                next_beat = now + interval
-            self._check_timeouts(now)
-            self._report_progress(now)
+            try:
+                next_beat = self._turn(interval, next_beat)
+            except Exception as e:  # the service outlives any bug of its own
+                self.warn("gang service: %s: %s" % (type(e).__name__, e))
+                self._closing.wait(interval / 2)
+
+    def _turn(self, interval: float, next_beat: float) -> float:
+        """One turn of the loop; returns when the next heartbeat is due."""
+        for key, _ in self._selector.select(timeout=interval / 2):
+            if key.fileobj is self.listener:
+                self._accept()
+            else:
+                self._receive(key.fileobj)  # type: ignore[arg-type]
+        now = time.monotonic()
+        if now >= self._accept_paused_until > 0:
+            self._accept_paused_until = 0.0
+            self._selector.register(self.listener, selectors.EVENT_READ)
+        if now >= next_beat:
+            self._broadcast({"type": "hb"})
+            next_beat = now + interval
+        self._check_timeouts(now)
+        self._report_progress(now)
+        return next_beat
 
     def _accept(self) -> None:
         try:
@@ -142,15 +176,19 @@ class GangServer:
             self._selector.unregister(self.listener)
             self._accept_paused_until = time.monotonic() + ACCEPT_BACKOFF
             return
-        strangers = sum(1 for p in self._peers.values() if p.node is None)
-        if strangers >= MAX_PENDING:
-            wire.close_quietly(sock)
-            return
+        strangers = [p for p in self._peers.values() if p.node is None]
+        if len(strangers) >= MAX_PENDING:
+            self._drop(min(strangers, key=lambda p: p.connected))
         sock.setblocking(True)
         sock.settimeout(5)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self._peers[sock] = _Peer(sock)
+        peer = _Peer(sock)
+        self._peers[sock] = peer
         self._selector.register(sock, selectors.EVENT_READ)
+        try:
+            wire.send(sock, gang_auth.challenge(peer.nonce))
+        except OSError:
+            self._drop(peer)
 
     def _receive(self, sock: socket.socket) -> None:
         peer = self._peers.get(sock)
@@ -183,10 +221,10 @@ class GangServer:
     def _handle(self, peer: _Peer, message: wire.Message) -> None:
         kind = message.get("type")
         if peer.node is None:
-            if kind == "hello":
-                self._on_hello(peer, message)
-            else:
-                self._drop(peer)
+            self._on_hello(peer, message)
+            return
+        if peer.node in self.left and kind != "hb":
+            self._drop(peer)  # a node that left has nothing more to say
             return
         handler = {
             "hb": lambda p, m: None,
@@ -201,22 +239,33 @@ class GangServer:
         handler(peer, message)
 
     def _on_hello(self, peer: _Peer, message: wire.Message) -> None:
-        if message.get("gang_id") != self.config.gang_id or message.get("protocol") != wire.PROTOCOL:
-            self._reply(peer, {"type": "reject", "reason": "not this gang"})
+        """The stranger's one chance: a hello that proves the secret."""
+        try:
+            node, client_nonce = gang_auth.check_hello(
+                self._secret, self.config.gang_id, peer.nonce, message, self.config.num_nodes)
+        except gang_auth.AuthError as e:
+            self.rejected += 1
+            if self.rejected == 1:
+                self.warn(
+                    "a connection to the gang service from %s did not prove it holds the gang's secret "
+                    "(%s): turned away (said once; another gang's node, or someone probing the port)"
+                    % (_address(peer.sock), e))
+            self._reply(peer, {"type": "reject", "reason": "not authenticated"})
             self._drop(peer)
             return
-        node = wire.int_field(message, "node_index", 0, self.config.num_nodes - 1)
-        if node is None or node in self._by_node or node in self.left:
+        if node in self._by_node or node in self.left:
             # A node index is held by one connection for the whole step.
-            self._reply(peer, {"type": "reject", "reason": "node taken or out of range"})
+            self._reply(peer, {"type": "reject", "reason": "node %d is taken" % node})
             self._drop(peer)
             return
         peer.node = node
         peer.host = wire.str_field(message, "host", 255) or "?"
+        peer.reader.max_line = wire.MAX_LINE
         self._by_node[node] = peer
         self.joined_at.setdefault(node, time.time())
         cause = self.cause.to_wire() if self.cause else None
-        self._reply(peer, {"type": "welcome", "cause": cause})
+        self._reply(peer, gang_auth.welcome(self._secret, self.config.gang_id, peer.nonce, client_nonce, node,
+                                            cause=cause))
         self._broadcast({"type": "joined", "nodes": sorted(self.joined_at)})
 
     def _on_call(self, peer: _Peer, message: wire.Message) -> None:
@@ -250,16 +299,25 @@ class GangServer:
         assert node is not None
         index = wire.int_field(message, "index")
         call = self.calls.get(index) if index is not None else None
-        if call is None or node not in call.entries or node in call.done:
-            self._drop(peer)
+        if call is None or node not in call.entries or node in call.done or call.rdzv_port is None:
+            self._drop(peer)  # done with a call it never started, or twice
             return
-        self._keep_report(call, node, message)
         rank0 = message.get("rank0")
-        if isinstance(rank0, str) and call.rank0 is None:
-            try:
-                call.rank0 = base64.b64decode(rank0, validate=True)
-            except (binascii.Error, ValueError):
-                call.rank0 = None
+        if rank0 is not None:
+            data = _base64(rank0)
+            if data is None or not gang_auth.check_payload(
+                    self._secret, self.config.gang_id, call.index, node, data, message.get("rank0_proof")):
+                self._drop(peer)  # never kept, so never loaded
+                return
+            if call.rank0 is None:
+                call.rank0, call.rank0_node = data, node
+        size = wire.int_field(message, "rank0_size", 0, 1 << 62)
+        if size is not None and call.rank0 is None:
+            call.rank0_error = (
+                "the return value of rank 0 (on node %d) is %d bytes pickled, over the %d bytes the gang "
+                "carries: return something smaller, or save it (an artifact, S3) and return where it is"
+                % (node, size, wire.RANK0_MAX))
+        self._keep_report(call, node, message)
         call.done.add(node)
         if len(call.done) == self.config.num_nodes:
             self._broadcast({"type": "call_all_done", "index": index})
@@ -468,6 +526,22 @@ def _left_early(node: int, made: int, waiting: int, index: int) -> Cause:
         node_index=node,
         call=index,
     )
+
+
+def _base64(value: Any) -> Optional[bytes]:
+    if not isinstance(value, str):
+        return None
+    try:
+        return base64.b64decode(value, validate=True)
+    except (binascii.Error, ValueError):
+        return None
+
+
+def _address(sock: socket.socket) -> str:
+    try:
+        return "%s:%s" % sock.getpeername()[:2]
+    except OSError:
+        return "?"
 
 
 def _listen(host: str, ports: Sequence[int], backlog: int) -> socket.socket:

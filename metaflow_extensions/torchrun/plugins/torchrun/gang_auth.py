@@ -1,0 +1,182 @@
+"""Who may speak on the gang's channel: a mutual HMAC challenge-response.
+
+Every node of a gang holds the gang's secret (``secret.py`` says where it comes
+from). A connection to the gang service goes:
+
+1. service -> peer: ``challenge`` with a fresh random nonce (and the protocol
+   number; nothing else, in particular not the gang id);
+2. peer -> service: ``hello`` with its own fresh nonce, its node index and
+   ``proof`` = HMAC(key, "client", gang id, both nonces, node index);
+3. service -> peer: ``welcome`` with ``proof`` = HMAC(key, "server", the same
+   fields), or ``reject`` with a reason that says nothing about the gang.
+
+Both nonces are fresh per connection, so a recorded hello or welcome is worth
+nothing on another connection; the gang id is inside the MAC, so two gangs
+that share a secret (a user-managed one) still cannot join each other; the
+peer checks the service's proof before it believes anything the service says
+(a fake service cannot feed it a cause or a rendezvous port).
+
+Why no MAC on every later message: the gang runs over TCP, and everything
+after the handshake arrives on the connection the handshake authenticated. An
+off-path attacker cannot inject bytes into an established TCP stream (it would
+have to guess the sequence numbers), and an on-path attacker, who could, can
+equally tamper with torch's own unauthenticated traffic (the TCPStore, gloo and
+NCCL), so a per-message MAC would buy nothing without encrypting everything.
+The one payload the control may deserialize, rank 0's return value, carries a
+MAC of its own over its bytes, checked before anything is kept
+(``payload_proof``): defence in depth for the one place a forged byte would
+run code.
+
+Keys: the secret is never used directly; ``derive`` makes one key per purpose,
+so a proof of one kind can never pass for another.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+import secrets
+from typing import Any, Dict, Optional, Tuple
+
+from . import gang_wire as wire
+
+NONCE_BYTES = 32
+# Shorter secrets are refused: a user-managed one must be worth guessing at.
+MIN_SECRET_BYTES = 16
+_PROOF_HEX = 64  # sha256, in hex
+
+
+class AuthError(ValueError):
+    """The other side does not hold the gang's secret (or is no gang service)."""
+
+
+def check_secret(secret: Any) -> bytes:
+    if not isinstance(secret, (bytes, bytearray)) or len(secret) < MIN_SECRET_BYTES:
+        raise ValueError("a gang secret is bytes, at least %d of them" % MIN_SECRET_BYTES)
+    return bytes(secret)
+
+
+def derive(secret: bytes, purpose: str) -> bytes:
+    return hmac.new(secret, b"metaflow-torchrun gang v1\0" + purpose.encode(), hashlib.sha256).digest()
+
+
+def _frame(*parts: bytes) -> bytes:
+    """Length-prefixed: no two different field lists give the same bytes."""
+    return b"".join(len(p).to_bytes(4, "big") + p for p in parts)
+
+
+def _mac(key: bytes, *parts: bytes) -> str:
+    return hmac.new(key, _frame(*parts), hashlib.sha256).hexdigest()
+
+
+def _same(expected: str, given: Any) -> bool:
+    return isinstance(given, str) and len(given) == _PROOF_HEX and hmac.compare_digest(expected, given)
+
+
+def new_nonce() -> bytes:
+    return secrets.token_bytes(NONCE_BYTES)
+
+
+def nonce_field(message: wire.Message, name: str) -> Optional[bytes]:
+    value = message.get(name)
+    if not isinstance(value, str) or len(value) != 2 * NONCE_BYTES:
+        return None
+    try:
+        return bytes.fromhex(value)
+    except ValueError:
+        return None
+
+
+def proof(secret: bytes, side: str, gang_id: str, server_nonce: bytes, client_nonce: bytes, node: int) -> str:
+    """``side`` is "client" or "server": each side's proof is its own."""
+    return _mac(derive(secret, "handshake"), side.encode(), gang_id.encode(), server_nonce, client_nonce,
+                str(node).encode())
+
+
+# -- the three messages ------------------------------------------------------------
+
+
+def challenge(server_nonce: bytes) -> wire.Message:
+    return {"type": "challenge", "protocol": wire.PROTOCOL, "nonce": server_nonce.hex()}
+
+
+def read_challenge(message: wire.Message) -> bytes:
+    """The service's nonce; AuthError when this is no gang service of ours."""
+    nonce = nonce_field(message, "nonce")
+    if message.get("type") != "challenge" or message.get("protocol") != wire.PROTOCOL or nonce is None:
+        raise AuthError("not a gang service (or another version of it)")
+    return nonce
+
+
+def hello(secret: bytes, gang_id: str, server_nonce: bytes, node: int, host: str = "?", pid: int = 0,
+          client_nonce: Optional[bytes] = None) -> wire.Message:
+    client_nonce = client_nonce or new_nonce()
+    return {
+        "type": "hello",
+        "protocol": wire.PROTOCOL,
+        "node_index": node,
+        "host": host[:255],
+        "pid": pid,
+        "nonce": client_nonce.hex(),
+        "proof": proof(secret, "client", gang_id, server_nonce, client_nonce, node),
+    }
+
+
+def check_hello(secret: bytes, gang_id: str, server_nonce: bytes, message: wire.Message,
+                num_nodes: int) -> Tuple[int, bytes]:
+    """The node index and the peer's nonce of a hello that proves the secret;
+    AuthError otherwise. The proof is checked whatever the node index, so a
+    peer without the secret learns nothing from which indexes fail how."""
+    client_nonce = nonce_field(message, "nonce")
+    node = message.get("node_index")
+    if message.get("type") != "hello" or message.get("protocol") != wire.PROTOCOL or client_nonce is None:
+        raise AuthError("not a hello of this protocol")
+    if isinstance(node, bool) or not isinstance(node, int) or not -1 < node < 1 << 20:
+        raise AuthError("no node index")
+    expected = proof(secret, "client", gang_id, server_nonce, client_nonce, node)
+    if not _same(expected, message.get("proof")):
+        raise AuthError("wrong proof")
+    if node >= num_nodes:
+        raise AuthError("node index out of range")
+    return node, client_nonce
+
+
+def welcome(secret: bytes, gang_id: str, server_nonce: bytes, client_nonce: bytes, node: int,
+            **fields: Any) -> wire.Message:
+    message: Dict[str, Any] = {"type": "welcome"}
+    message.update(fields)
+    message["proof"] = proof(secret, "server", gang_id, server_nonce, client_nonce, node)
+    return message
+
+
+def check_welcome(secret: bytes, gang_id: str, server_nonce: bytes, client_nonce: bytes, node: int,
+                  message: wire.Message) -> None:
+    if message.get("type") == "reject":
+        raise AuthError("rejected: %s" % (wire.str_field(message, "reason", 200) or "no reason given"))
+    expected = proof(secret, "server", gang_id, server_nonce, client_nonce, node)
+    if message.get("type") != "welcome" or not _same(expected, message.get("proof")):
+        raise AuthError("the service does not hold this gang's secret")
+
+
+# -- rank 0's return value ---------------------------------------------------------
+
+
+def payload_proof(secret: bytes, gang_id: str, call: int, node: int, data: bytes) -> str:
+    """Binds the bytes to this gang, this call and the node that sent them."""
+    return _mac(derive(secret, "rank0"), gang_id.encode(), str(call).encode(), str(node).encode(), data)
+
+
+def check_payload(secret: bytes, gang_id: str, call: int, node: int, data: bytes, given: Any) -> bool:
+    return _same(payload_proof(secret, gang_id, call, node, data), given)
+
+
+def transitional_secret(gang_id: str) -> bytes:
+    """TRANSITIONAL, not a secret: what ``GangServer``/``GangClient`` use when
+    no secret is passed, until session.py passes ``secret.py``'s. Anyone who
+    can guess the gang id can compute it; ``METAFLOW_TORCHRUN_SECRET`` set in
+    the environment is preferred when there."""
+    env = os.environ.get("METAFLOW_TORCHRUN_SECRET")
+    if env and len(env.encode()) >= MIN_SECRET_BYTES:
+        return env.encode()
+    return hashlib.sha256(b"unauthenticated gang\0" + gang_id.encode()).digest()
