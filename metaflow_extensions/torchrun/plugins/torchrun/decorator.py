@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import secrets
 import sys
 from typing import Any, Dict, Optional
 
@@ -15,6 +16,7 @@ from metaflow.unbounded_foreach import UBF_CONTROL
 from .card import attach_card, fill_card, render_card_now
 from .compat import decorator_init_kwargs, legacy_notes, local_control_task_id, meta_datum, translate_attributes
 from .errors import TorchrunInvalidArgument
+from .gang_auth import SECRET_ENV
 from .handle import TorchrunHandle
 from .identity import GangIdentity
 from .lint import register_lint_check, require_parallel_entry
@@ -142,10 +144,13 @@ class TorchrunDecorator(ParallelDecorator):
             if self._card in self._decorators:
                 self._decorators.remove(self._card)
             self._card = None
-        if ubf_context == UBF_CONTROL and is_local_runtime(os.environ) and self._port is None:
+        if ubf_context == UBF_CONTROL and is_local_runtime(os.environ):
             # Metaflow spawns the other local nodes from this process after this
-            # hook: they inherit the port through the environment.
-            os.environ[LOCAL_PORT_ENV] = str(find_free_port())
+            # hook: they inherit the port, and the gang's secret, through the
+            # environment (readable by this user only).
+            if self._port is None:
+                os.environ[LOCAL_PORT_ENV] = str(find_free_port())
+            os.environ.setdefault(SECRET_ENV, secrets.token_hex(32))
         control_task_id = os.environ.get("MF_PARALLEL_CONTROL_TASK_ID") or (
             task_id if ubf_context == UBF_CONTROL else None
         )

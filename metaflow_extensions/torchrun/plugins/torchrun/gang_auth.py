@@ -171,12 +171,17 @@ def check_payload(secret: bytes, gang_id: str, call: int, node: int, data: bytes
     return _same(payload_proof(secret, gang_id, call, node, data), given)
 
 
+# A secret for the gang, set by the user (for example with @environment) or, on a
+# local run, chosen at random by the control task for the nodes it starts.
+SECRET_ENV = "METAFLOW_TORCHRUN_SECRET"
+
+
 def transitional_secret(gang_id: str) -> bytes:
     """TRANSITIONAL, not a secret: what ``GangServer``/``GangClient`` use when
     no secret is passed, until session.py passes ``secret.py``'s. Anyone who
     can guess the gang id can compute it; ``METAFLOW_TORCHRUN_SECRET`` set in
     the environment is preferred when there."""
-    env = os.environ.get("METAFLOW_TORCHRUN_SECRET")
+    env = os.environ.get(SECRET_ENV)
     if env and len(env.encode()) >= MIN_SECRET_BYTES:
         return env.encode()
     return hashlib.sha256(b"unauthenticated gang\0" + gang_id.encode()).digest()
