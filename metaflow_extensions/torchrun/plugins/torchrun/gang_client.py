@@ -17,7 +17,7 @@ import os
 import socket
 import threading
 import time
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence, Union
 
 from . import gang_auth
 from . import gang_wire as wire
@@ -29,11 +29,16 @@ class GangClient:
     """Runs on every node (the control included)."""
 
     def __init__(self, config: GangConfig, host: str, ports: Sequence[int], node_index: int,
-                 secret: Optional[bytes] = None):
-        """``secret``: the gang's (``secret.py``); None is TRANSITIONAL (see
+                 secret: Union[None, bytes, Callable[[], bytes]] = None):
+        """``secret``: the gang's (``secret.py``), or a function that gets it
+        (called once, as joining starts, on the joining thread: a worker may
+        have to wait for the control to publish it, and its step's code need
+        not wait with it). None is TRANSITIONAL (see
         ``gang_auth.transitional_secret``) until session.py passes it."""
-        self._secret = gang_auth.check_secret(
-            secret if secret is not None else gang_auth.transitional_secret(config.gang_id))
+        if secret is None:
+            secret = gang_auth.transitional_secret(config.gang_id)
+        self._get_secret: Optional[Callable[[], bytes]] = secret if callable(secret) else None
+        self._secret = b"" if callable(secret) else gang_auth.check_secret(secret)
         self.config = config
         self.host = host
         self.ports = tuple(ports)
@@ -69,6 +74,9 @@ class GangClient:
         patience = give_up_after if give_up_after is not None else self.config.start_timeout
         deadline = time.monotonic() + patience
         last_error: Optional[BaseException] = None
+        if not self._have_secret():
+            self.joined.set()
+            return
         while time.monotonic() < deadline and not self._closing.is_set():
             for port in self.ports:
                 try:
@@ -96,6 +104,18 @@ class GangClient:
             t.start()
             self._threads.append(t)
         self.joined.set()
+
+    def _have_secret(self) -> bool:
+        if self._get_secret is None:
+            return True
+        try:
+            self._secret = gang_auth.check_secret(self._get_secret())
+        except Exception as e:
+            self._set_cause(Cause(CauseKind.CONTROL_UNREACHABLE,
+                                  "could not get the gang's secret: %s: %s" % (type(e).__name__, e)))
+            return False
+        self._get_secret = None
+        return True
 
     def _handshake(self, port: int) -> None:
         """Prove this node holds the secret on ``port``, and have the service

@@ -94,7 +94,8 @@ class GangServer:
         self._secret = gang_auth.check_secret(
             secret if secret is not None else gang_auth.transitional_secret(config.gang_id))
         self.rejected = 0  # strangers that failed the handshake
-        self.listener = _listen(host, ports, backlog=max(16, 2 * config.num_nodes))
+        # A deep backlog: a flood of strangers fills it, not the nodes' way in.
+        self.listener = _listen(host, ports, backlog=max(MAX_PENDING * 2, 2 * config.num_nodes))
         self.port: int = self.listener.getsockname()[1]
         self._selector = selectors.DefaultSelector()
         self._selector.register(self.listener, selectors.EVENT_READ)

@@ -1,0 +1,105 @@
+"""secret.py against a real Metaflow local datastore in a temporary directory."""
+
+from __future__ import annotations
+
+import os
+import stat
+import threading
+import time
+
+import metaflow  # noqa: F401  (must come before our modules)
+import pytest
+from metaflow.datastore import FlowDataStore
+from metaflow.plugins.datastores.local_storage import LocalStorage
+
+from metaflow_extensions.torchrun.plugins.torchrun import secret as sec
+from metaflow_extensions.torchrun.plugins.torchrun.identity import GangIdentity
+
+ID = GangIdentity(flow_name="TrainFlow", run_id="17", step_name="train", control_task_id="4", attempt=0)
+
+
+@pytest.fixture
+def storage(tmp_path):
+    return FlowDataStore("TrainFlow", storage_impl=LocalStorage, ds_root=str(tmp_path / ".metaflow"))._storage_impl
+
+
+def test_a_secret_is_random_and_long():
+    a, b = sec.make_secret(), sec.make_secret()
+    assert a != b and len(a) == 32
+
+
+def test_published_by_the_control_fetched_by_a_worker(storage):
+    secret = sec.for_control(storage, ID, env={})
+    assert sec.for_worker(storage, ID, env={}, timeout=1) == secret
+    assert sec.fetch(storage, ID, timeout=0) == secret
+
+
+def test_the_file_is_the_users_alone_and_next_to_the_control_task(storage):
+    sec.publish(storage, ID, b"k" * 32)
+    path = storage.full_uri(sec.secret_path(ID))
+    assert path.endswith("TrainFlow/17/train/4/torchrun-gang-secret.0")
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    with open(path, "rb") as f:
+        assert b"k" * 32 not in f.read()  # stored as hex, with a header: never as raw bytes
+
+
+def test_every_attempt_has_its_own(storage):
+    sec.publish(storage, ID, b"a" * 32)
+    retry = GangIdentity(**{**ID.__dict__, "attempt": 1})
+    assert sec.load(storage, retry) is None
+    sec.publish(storage, retry, b"b" * 32)
+    assert (sec.load(storage, ID), sec.load(storage, retry)) == (b"a" * 32, b"b" * 32)
+
+
+def test_a_worker_that_starts_first_waits_for_the_control(storage):
+    later = threading.Timer(0.6, sec.publish, args=(storage, ID, b"w" * 32))
+    later.start()
+    try:
+        t0 = time.monotonic()
+        assert sec.fetch(storage, ID, timeout=5, poll=0.05) == b"w" * 32
+        assert 0.5 < time.monotonic() - t0 < 5
+    finally:
+        later.cancel()
+
+
+def test_a_worker_gives_up_at_its_deadline_naming_the_path(storage):
+    t0 = time.monotonic()
+    with pytest.raises(sec.SecretUnavailable, match="TrainFlow/17/train/4/torchrun-gang-secret.0 within 0.3s"):
+        sec.fetch(storage, ID, timeout=0.3, poll=0.05)
+    assert time.monotonic() - t0 < 2
+
+
+@pytest.mark.parametrize("content", [b"", b"garbage", sec._PREFIX + b"zz\n", sec._PREFIX + b"abcd\n"])
+def test_a_file_that_is_not_a_secret_is_not_taken(storage, content):
+    import io
+
+    storage.save_bytes(iter([(sec.secret_path(ID), io.BytesIO(content))]), overwrite=True)
+    assert sec.load(storage, ID) is None
+    with pytest.raises(sec.SecretUnavailable):
+        sec.fetch(storage, ID, timeout=0.1, poll=0.05)
+
+
+def test_datastore_errors_are_retried_until_the_deadline():
+    class Flaky:
+        TYPE = "s3"
+        calls = 0
+
+        def load_bytes(self, keys):
+            Flaky.calls += 1
+            raise OSError("503 Slow Down")
+
+    with pytest.raises(sec.SecretUnavailable, match="503 Slow Down"):
+        sec.fetch(Flaky(), ID, timeout=0.2, poll=0.05)
+    assert Flaky.calls >= 2
+
+
+def test_the_users_own_secret_wins_and_nothing_is_stored(storage):
+    env = {sec.ENV: "my own secret, long enough"}
+    assert sec.for_control(storage, ID, env) == b"my own secret, long enough"
+    assert sec.for_worker(storage, ID, env, timeout=0) == b"my own secret, long enough"
+    assert sec.load(storage, ID) is None
+
+
+def test_a_short_users_secret_is_an_error_not_a_fallback(storage):
+    with pytest.raises(ValueError, match="shorter than 16 bytes"):
+        sec.for_control(storage, ID, {sec.ENV: "short"})
