@@ -172,9 +172,12 @@ class CallRun:
             if not client.wait_call_done(self.index):
                 raise self._aborted()
             call = server.calls.get(self.index)
-            if self.plan.function is not None and 0 not in self.returns and call and call.rank0 is not None:
-                functions.alias_flow_module()
-                self.returns[0] = pickle.loads(call.rank0)
+            if self.plan.function is not None and 0 not in self.returns and call is not None:
+                if call.rank0 is not None:  # kept only once its MAC checked out (gang_server)
+                    functions.alias_flow_module()
+                    self.returns[0] = pickle.loads(call.rank0)
+                elif call.rank0_error:
+                    raise TorchrunInvalidArgument(call.rank0_error)
 
     def finish_failed(self) -> None:
         client = self.session.client

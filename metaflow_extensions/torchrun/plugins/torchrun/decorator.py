@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import difflib
 import os
-import secrets
 import sys
 from typing import Any, Dict, Optional
 
@@ -16,7 +15,7 @@ from metaflow.unbounded_foreach import UBF_CONTROL
 from .card import attach_card, fill_card, render_card_now
 from .compat import decorator_init_kwargs, legacy_notes, local_control_task_id, meta_datum, translate_attributes
 from .errors import TorchrunInvalidArgument
-from .gang_auth import SECRET_ENV
+from . import secret as gang_secret
 from .handle import TorchrunHandle
 from .identity import GangIdentity
 from .lint import register_lint_check, require_parallel_entry
@@ -146,11 +145,9 @@ class TorchrunDecorator(ParallelDecorator):
             self._card = None
         if ubf_context == UBF_CONTROL and is_local_runtime(os.environ):
             # Metaflow spawns the other local nodes from this process after this
-            # hook: they inherit the port, and the gang's secret, through the
-            # environment (readable by this user only).
+            # hook: they inherit the port through the environment.
             if self._port is None:
                 os.environ[LOCAL_PORT_ENV] = str(find_free_port())
-            os.environ.setdefault(SECRET_ENV, secrets.token_hex(32))
         control_task_id = os.environ.get("MF_PARALLEL_CONTROL_TASK_ID") or (
             task_id if ubf_context == UBF_CONTROL else None
         )
@@ -161,6 +158,14 @@ class TorchrunDecorator(ParallelDecorator):
             control_task_id=str(control_task_id or local_control_task_id(task_id)),
             attempt=int(retry_count),
         )
+        storage = task_datastore._storage_impl
+        if ubf_context == UBF_CONTROL:
+            # Before Metaflow spawns the local nodes, so that they find it at once.
+            self._secret: Any = gang_secret.for_control(storage, self._identity, os.environ)
+        else:
+            start_timeout = float(self.attributes["start_timeout"])
+            identity = self._identity
+            self._secret = lambda: gang_secret.for_worker(storage, identity, os.environ, start_timeout)
         self._defaults = StepDefaults(
             nproc_per_node=self.attributes.get("nproc_per_node"),
             torchrun_args=self.attributes.get("torchrun_args"),
@@ -201,7 +206,9 @@ class TorchrunDecorator(ParallelDecorator):
             from metaflow import current
 
             topology = topology_from(current.parallel, os.environ, self._identity.gang_id, self._port)
-            session = self._session = GangSession(self._identity, self._defaults, topology, self._flow_dir)
+            session = self._session = GangSession(
+                self._identity, self._defaults, topology, self._flow_dir, secret=self._secret
+            )
             session.join()
             try:
                 with session.user_code():

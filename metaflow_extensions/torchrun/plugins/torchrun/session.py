@@ -67,8 +67,12 @@ class GangSession:
         defaults: StepDefaults,
         topology: Topology,
         flow_dir: Optional[str] = None,
+        secret: Any = None,
     ):
+        """``secret``: the gang's secret (``secret.py``): bytes on the control,
+        a function that fetches it on the other nodes (called while joining)."""
         self.identity = identity
+        self.secret = secret
         self.defaults = defaults
         self.topology = topology
         self.flow_dir = flow_dir
@@ -108,11 +112,13 @@ class GangSession:
     def join(self) -> None:
         ports = self.topology.ports
         if self.is_control:
-            self.server = GangServer(self.config, bind_host(self.topology), ports)
+            self.server = GangServer(self.config, bind_host(self.topology), ports, secret=self.secret)
             self.server.progress = say
             self.server.start()
             ports = (self.server.port,)
-        self.client = GangClient(self.config, self.topology.main_addr, ports, self.topology.node_index)
+        self.client = GangClient(
+            self.config, self.topology.main_addr, ports, self.topology.node_index, secret=self.secret
+        )
         self.client.on_abort = self._on_abort
         self.client.start()
         # Joining takes a round trip when the control is up: wait that long, so
