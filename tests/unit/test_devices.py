@@ -49,7 +49,6 @@ class TestVisibleCount:
             ("0,9,1", 1),  # the list ends at the first index out of range
             ("0,-1,1", 1),  # -1 ends it too
             ("-1", 0),
-            ("1,1,2", 1),  # a repeat ends it
             ("0,,1", 1),
             ("abc", 0),
             ("GPU-7777", 1),  # a unique UUID prefix
@@ -62,8 +61,10 @@ class TestVisibleCount:
     def test_as_cuda_reads_it(self, spec, expected):
         assert visible_count(spec, UUIDS) == expected
 
-    @pytest.mark.parametrize("spec", ["MIG-0e1b6e95-aaaa-bbbb-cccc-000000000000", "0,MIG-x"])
-    def test_mig_ids_cannot_be_decided(self, spec):
+    @pytest.mark.parametrize(
+        "spec", ["MIG-0e1b6e95-aaaa-bbbb-cccc-000000000000", "0,MIG-x", "0,0", "1,GPU-1a2b9999", "1,1,2"]
+    )
+    def test_mig_ids_and_repeats_cannot_be_decided(self, spec):
         assert visible_count(spec, UUIDS) is None
 
     def test_an_unreadable_uuid_makes_a_uuid_spec_undecided(self):

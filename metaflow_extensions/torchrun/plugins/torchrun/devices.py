@@ -43,8 +43,8 @@ def visible_count(spec: Optional[str], uuids: Sequence[str]) -> Optional[int]:
     driver's ``uuids``; None when that cannot be decided from them.
 
     As CUDA reads it: unset means every device; entries are indices or (prefixes
-    of) ``GPU-`` UUIDs; the list ends at the first entry that is invalid, out of
-    range or a repeat; ``""`` hides every device."""
+    of) ``GPU-`` UUIDs; the list ends at the first entry that is invalid or out
+    of range; ``""`` hides every device. A device named twice is undecided."""
     if spec is None:
         return len(uuids)
     seen = set()
@@ -60,7 +60,9 @@ def visible_count(spec: Optional[str], uuids: Sequence[str]) -> Optional[int]:
                 return None  # a UUID we could not read might have matched
             break
         if index in seen:
-            break
+            # Measured on an H100: torch counted "0,0" as 0 devices but
+            # "0,GPU-<uuid of 0>" as 1. No rule fits both: do not guess.
+            return None
         seen.add(index)
     return len(seen)
 
