@@ -31,7 +31,7 @@ from .network import interface_of
 from .plan import CallPlan, rank_environment
 from .resources import check_visible_devices
 from .result import TorchrunResult, read_rank_records
-from .session import GangSession, local_address, say
+from .session import GangSession, local_address
 from .supervisor import Supervisor
 from .workdirs import CallFiles
 from .workdirs import tail_lines as _tail_lines
@@ -321,5 +321,3 @@ def _read_bytes(path: str) -> bytes:
     with open(path, "rb") as f:
         return f.read()
 
-
-__all__ = ["run_call", "CallRun", "say"]
