@@ -21,3 +21,25 @@ def raise_on(rank):
     if dist.get_rank() == rank:
         raise ValueError("bad value on purpose")
     dist.barrier()  # the others wait here until the gang stops them
+
+
+def quiet_wait(seconds):
+    """Talks while it starts (silence is what hang_timeout measures), says it
+    is ready, then is silent."""
+    import threading
+    import time
+
+    ready = threading.Event()
+
+    def chatter():
+        while not ready.wait(1.0):
+            print("starting...", flush=True)
+
+    threading.Thread(target=chatter, daemon=True).start()
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    dist.barrier()
+    ready.set()
+    print("rank %d ready" % dist.get_rank(), flush=True)
+    time.sleep(seconds)  # quiet here

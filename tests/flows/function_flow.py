@@ -1,9 +1,12 @@
 """current.torch.run with Python functions: return values and exceptions."""
 
 
+import json
+import os
+
 from metaflow import FlowSpec, Parameter, current, step, torchrun
 
-from fnlib import describe, raise_on
+from fnlib import describe, quiet_wait, raise_on
 
 
 def allreduce_sum(scale):
@@ -25,13 +28,15 @@ class FunctionFlow(FlowSpec):
     def start(self):
         self.next(self.train, num_parallel=2)
 
-    @torchrun(nproc_per_node=2)
+    @torchrun(nproc_per_node=2, **json.loads(os.environ.get("MFTR_TORCHRUN_ATTRS", "{}")))
     @step
     def train(self):
         if self.mode == "sum":
             result = current.torch.run(entrypoint=allreduce_sum, entrypoint_args={"scale": 10})
         elif self.mode == "module":
             result = current.torch.run(entrypoint=describe, entrypoint_args=["tagged"])
+        elif self.mode == "hang":
+            result = current.torch.run(entrypoint=quiet_wait, entrypoint_args={"seconds": 3600})
         else:
             result = current.torch.run(entrypoint=raise_on, entrypoint_args={"rank": 1})
         self.returns = result.returns

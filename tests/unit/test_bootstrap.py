@@ -227,8 +227,9 @@ class TestFailures:
         assert r.returncode == 0, r.stderr
         assert r.stderr == ""
         assert read_failures(str(failures)) == []
-        # Only the rank's status record, saying it exited 0.
-        assert os.listdir(failures) == ["rank-3.status.json"]
+        # Only the rank's status record, saying it exited 0, and its (empty) stack file.
+        assert sorted(os.listdir(failures)) == ["rank-3.stacks.txt", "rank-3.status.json"]
+        assert (failures / "rank-3.stacks.txt").read_text() == ""
         status = json.loads((failures / "rank-3.status.json").read_text())
         assert (status["rank"], status["exit_code"]) == (3, 0)
 

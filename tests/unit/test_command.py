@@ -431,11 +431,11 @@ class TestMetaflowTorchrun02Forms:
     def test_every_owned_option_is_a_real_torchrun_option(self):
         from metaflow_extensions.torchrun.plugins.torchrun import compat
 
-        known = {
-            "master-port", "master-addr", "nnodes", "node-rank", "rdzv-backend",
-            "rdzv-endpoint", "rdzv-id", "rdzv-conf", "standalone", "no-python",
-            "module", "run-path", "max-restarts", "nproc-per-node", "local-addr",
-        }
+        # The pinned torch's own parser, read as require_torch reads it.
+        run_py = compat.find_torch().run_py
+        assert run_py
+        with open(run_py, encoding="utf-8") as f:
+            known = compat.torchrun_options(f.read())
         assert set(compat.OWNED_OPTIONS) <= known
         # What users may still tune: rdzv_conf adds to ours, max_restarts, nproc.
         for free in ("rdzv-conf", "max-restarts", "nproc-per-node", "local-addr"):

@@ -17,7 +17,7 @@ import sys
 import time
 import traceback
 
-from . import entry, relay
+from . import entry, relay, stacks
 from .failures import RankFailure, write_failure
 
 FAILURE_DIR_ENV = "METAFLOW_TORCHRUN_FAILURE_DIR"
@@ -145,6 +145,7 @@ def _status(**fields) -> None:
 
 
 _STATUS: dict = {}
+_KEEP: list = []  # the stack file stays open for the rank's life
 
 
 def main(argv: list) -> None:
@@ -164,6 +165,8 @@ def main(argv: list) -> None:
         relay.start(rank, labels, log_dir)
     _line_buffered()
     faulthandler.enable()  # a segfaulting rank prints its Python stack
+    # Where this rank is, on request, when the gang stops (stacks.py).
+    _KEEP.append(stacks.register(os.environ.get(FAILURE_DIR_ENV), rank))
     _status(
         rank=rank,
         local_rank=_env_int("LOCAL_RANK"),

@@ -15,11 +15,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
-from . import bootstrap, entry, functions
+from . import bootstrap, entry, functions, stacks
 from .cause import Cause, CauseKind
 from .command import Launch, build_command
 from .devices import cuda_devices
-from .errors import GangAborted, TorchrunFailed, TorchrunInvalidArgument
+from .errors import GangAborted, TorchrunException, TorchrunFailed, TorchrunInvalidArgument
 from .failures import (
     RankFailure,
     describe_exit_code,
@@ -31,12 +31,15 @@ from .network import interface_of
 from .plan import CallPlan, rank_environment
 from .resources import check_visible_devices
 from .result import TorchrunResult, read_rank_records
-from .session import GangSession, local_address
+from .session import GangSession, local_address, say
 from .supervisor import Supervisor
 from .workdirs import CallFiles
 from .workdirs import tail_lines as _tail_lines
 
 TAIL_LINES = 20
+# How long the control waits for the other nodes' stacks after a failure: a
+# frozen node never sends any, so this bounds what stacks add to a stop.
+STACKS_WAIT = 2.0
 
 
 @dataclass
@@ -55,6 +58,11 @@ class CallRun:
     started: float = field(default_factory=time.time)
     sup: Optional[Supervisor] = None
     files: Optional[CallFiles] = None  # work and log directories (workdirs.py)
+    # Where the ranks were when the job was stopped (stacks.py): this node's,
+    # and on the control every node's that arrived in time. Rank -> text.
+    stacks: Dict[int, str] = field(default_factory=dict)
+    stack_seconds: float = 0.0  # what collecting (and gathering) them took
+    _stacks_shared: bool = False
 
     @property
     def node_index(self) -> int:
@@ -154,9 +162,21 @@ class CallRun:
             cause = client.cause
             return cause.summary if cause is not None else None
 
-        with Supervisor(self.argv, env=env) as sup:
-            self.sup = sup
-            self.code = sup.wait(should_stop=should_stop)
+        try:
+            with Supervisor(self.argv, env=env, shutdown_grace=self.session.defaults.shutdown_grace,
+                            before_stop=self._collect_stacks) as sup:
+                self.sup = sup
+                client.quiet = lambda: None if sup.last_output is None else time.monotonic() - sup.last_output
+                self.code = sup.wait(should_stop=should_stop)
+        except BaseException:
+            # Told to stop (SIGTERM, Ctrl-C, @timeout): the error is not ours
+            # to word, so where the ranks were goes to the log.
+            self._share_stacks()
+            if self.stacks:
+                say(stacks.summarize(self.stacks))
+            raise
+        finally:
+            client.quiet = None
 
     def finish_ok(self) -> None:
         """This node's ranks all succeeded: tell the gang; the control waits for
@@ -182,6 +202,7 @@ class CallRun:
     def finish_failed(self) -> None:
         client = self.session.client
         assert client is not None
+        self._share_stacks()
         if self.code != 0:
             self.failures = merge_failures(
                 read_failures(self.workdir),
@@ -192,17 +213,22 @@ class CallRun:
                 self.session.reported = True
                 client.wait_for_verdict(self.session.config.secondary_grace + 2.0)
         cause = client.cause or self._own_cause()
+        self._gather_stacks()
         self.session.announce(cause)
+        where = stacks.summarize(self.stacks)
         if cause.kind is CauseKind.RANK_FAILED and cause.node_index == self.node_index:
             self.session.reported = True
-            error = TorchrunFailed(self.code if self.code is not None else -1, self.node_index,
-                                   self.failures, self.argv)
+            error: TorchrunException = TorchrunFailed(
+                self.code if self.code is not None else -1, self.node_index, self.failures, self.argv)
+            _add_text(error, where)
             original = self._original_exception(error)
             if original is not None:
                 original.__cause__ = error
                 raise original
             raise error
-        raise GangAborted(self.node_index, cause, self.code)
+        aborted = GangAborted(self.node_index, cause, self.code)
+        _add_text(aborted, where)
+        raise aborted
 
     def record(self) -> TorchrunResult:
         try:
@@ -245,9 +271,48 @@ class CallRun:
             gang=gang_view,
             returns=self.returns,
             call=self.index,
+            stacks=dict(self.stacks),
+            stack_seconds=round(self.stack_seconds, 3),
         )
         self.session.results.append(result)
         return result
+
+    # -- stacks ------------------------------------------------------------------
+
+    def _collect_stacks(self) -> None:
+        """Before the supervisor stops the ranks: each live rank's stacks."""
+        if self.sup is None or not self.workdir:
+            return
+        began = time.monotonic()
+        live = self.sup.live_pids()
+        pids = {r.rank: r.pid for r in read_rank_records(self.workdir, [])
+                if r.end is None and isinstance(r.pid, int) and r.pid in live}
+        self.stacks = stacks.collect(self.workdir, pids)
+        self.stack_seconds += time.monotonic() - began
+
+    def _share_stacks(self) -> None:
+        """Once per failed call, even empty: the control waits for every node's."""
+        client = self.session.client
+        if self._stacks_shared or client is None or self.rdzv_port is None:
+            return
+        self._stacks_shared = True
+        client.send_stacks(self.index, self.stacks)
+
+    def _gather_stacks(self) -> None:
+        """The control: every node's stacks, as long as ``STACKS_WAIT`` allows."""
+        server = self.session.server
+        if server is None:
+            return
+        began = time.monotonic()
+        while server.stacks_pending(self.index) and time.monotonic() - began < STACKS_WAIT:
+            time.sleep(0.02)
+        call = server.calls.get(self.index)
+        gathered: Dict[int, str] = {}
+        for node_stacks in dict(call.stacks if call else {}).values():
+            gathered.update(node_stacks)
+        gathered.update(self.stacks)  # this node's own, uncut
+        self.stacks = gathered
+        self.stack_seconds += time.monotonic() - began
 
     # -- helpers -----------------------------------------------------------------
 
@@ -315,6 +380,11 @@ def run_call(session: GangSession, plan: CallPlan) -> TorchrunResult:
 def tail_lines(path: str, count: int = TAIL_LINES, max_bytes: int = 64 * 1024) -> List[str]:
     """The last lines of a per-rank log: never through a symlink (workdirs.py)."""
     return _tail_lines(path, count, max_bytes)
+
+
+def _add_text(error: TorchrunException, text: str) -> None:
+    if text:
+        error.message = "%s\n\n%s" % (error.message, text)
 
 
 def _read_bytes(path: str) -> bytes:

@@ -33,10 +33,11 @@ class CauseKind(str, enum.Enum):
     CONTROL_LOST = "control_lost"
     CONTROL_UNRESPONSIVE = "control_unresponsive"
     INTERRUPTED = "interrupted"  # the step was asked to stop (SIGTERM, Ctrl-C)
+    HANG = "hang"  # no rank wrote a line for hang_timeout
 
     @property
     def blames_a_node(self) -> bool:
-        return self not in (CauseKind.NEVER_JOINED, CauseKind.CONTROL_UNREACHABLE)
+        return self not in (CauseKind.NEVER_JOINED, CauseKind.CONTROL_UNREACHABLE, CauseKind.HANG)
 
 
 @dataclass(frozen=True)

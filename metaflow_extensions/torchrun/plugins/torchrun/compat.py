@@ -152,6 +152,7 @@ OWNED_OPTIONS: Dict[str, str] = {
     "no-python": _ENTRY,
     "module": _ENTRY,
     "run-path": _ENTRY,
+    "shutdown-timeout": "the ranks' time to stop on SIGTERM is @torchrun(shutdown_grace=SECONDS)",
 }
 
 

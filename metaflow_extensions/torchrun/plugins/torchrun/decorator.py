@@ -20,7 +20,16 @@ from .handle import TorchrunHandle
 from .identity import GangIdentity
 from .lint import register_lint_check, require_parallel_entry
 from .local_nodes import stop_local_nodes
-from .plan import StepDefaults, check_options, merged_options, validate_nproc, validate_timeouts
+from .plan import (
+    StepDefaults,
+    check_options,
+    merged_options,
+    step_timeout,
+    validate_hang_timeout,
+    validate_nproc,
+    validate_shutdown_grace,
+    validate_timeouts,
+)
 from .ports import LOCAL_PORT_ENV, find_free_port, parse_port
 from .resources import requested_accelerators, small_shm_warning
 from .result import METADATA_FIELD
@@ -51,6 +60,12 @@ class TorchrunDecorator(ParallelDecorator):
         Prefix every output line of a rank with ``[rank<N>]: ``.
     card : bool, default True
         Add a card (id ``torchrun``) of the distributed run to the control task.
+    hang_timeout : float, optional
+        Seconds without a line of output from any rank of the gang before the
+        gang stops as hung, showing where every rank was. Off by default.
+    shutdown_grace : float, default 30
+        Seconds the ranks get to stop (save a checkpoint) when the task is told
+        to stop with SIGTERM, before SIGKILL; at most the step's ``@timeout``.
     """
 
     name = "torchrun"
@@ -62,6 +77,8 @@ class TorchrunDecorator(ParallelDecorator):
         "start_timeout": 600,
         "label_logs": True,
         "card": True,
+        "hang_timeout": None,
+        "shutdown_grace": 30,
     }
     IS_PARALLEL = True
 
@@ -102,6 +119,8 @@ class TorchrunDecorator(ParallelDecorator):
             print(warning, file=sys.stderr)
         self._port = parse_port(self.attributes.get("port"), "@torchrun(port)")
         validate_timeouts(self.attributes.get("heartbeat_timeout"), self.attributes.get("start_timeout"))
+        self._hang_timeout = validate_hang_timeout(self.attributes.get("hang_timeout"))
+        self._shutdown_grace = validate_shutdown_grace(self.attributes.get("shutdown_grace"), step_timeout(specs))
         self._flow_name = flow.name
         self._flow_dir = os.path.dirname(os.path.abspath(sys.argv[0]))
         self._session: Optional[GangSession] = None
@@ -175,6 +194,8 @@ class TorchrunDecorator(ParallelDecorator):
             label_logs=_truthy(self.attributes["label_logs"]),
             start_timeout=float(self.attributes["start_timeout"]),
             accelerators=self._accelerators,
+            hang_timeout=self._hang_timeout,
+            shutdown_grace=self._shutdown_grace,
         )
         self._metadata = (metadata, run_id, step_name, task_id)
         current._update_env({"torch": TorchrunHandle(lambda: self._session)})

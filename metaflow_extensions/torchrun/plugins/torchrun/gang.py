@@ -14,6 +14,7 @@ format; ``cause`` the typed record of why a gang stopped.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 
 @dataclass(frozen=True)
@@ -28,6 +29,9 @@ class GangConfig:
     # NCCL connection) often reports before the node where the real failure
     # happened: its report is held this long for a better root cause.
     secondary_grace: float = 1.5
+    # Seconds without a line from any rank of a running call before the gang
+    # stops as hung; None: never (``@torchrun(hang_timeout)``).
+    hang_timeout: Optional[float] = None
 
     @property
     def heartbeat_interval(self) -> float:

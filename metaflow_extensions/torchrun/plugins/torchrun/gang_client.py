@@ -21,6 +21,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Union
 
 from . import gang_auth
 from . import gang_wire as wire
+from . import stacks as rank_stacks
 from .cause import Cause, CauseKind
 from .gang import GangConfig
 
@@ -49,6 +50,9 @@ class GangClient:
         self.joined = threading.Event()
         self.all_left = threading.Event()
         self.on_abort: Callable[[Cause], None] = lambda cause: None
+        # While a call's job runs: seconds since its ranks last wrote output,
+        # sent with every heartbeat (the control's hang_timeout reads it).
+        self.quiet: Optional[Callable[[], Optional[float]]] = None
         self._go: Dict[int, int] = {}  # call index -> rendezvous port
         self._calls_done: set = set()
         self._news = threading.Condition()
@@ -237,6 +241,18 @@ class GangClient:
             return False
         return True
 
+    def send_stacks(self, index: int, stacks: Dict[int, str]) -> None:
+        """Where this node's ranks were when it stopped them (``stacks.py``),
+        for the control's report; an empty dict says there were none."""
+        budget = wire.MAX_LINE // 2
+        while True:
+            message = {"type": "stacks", "call": index,
+                       "stacks": {str(r): t for r, t in rank_stacks.bound(stacks, budget).items()}}
+            if self._fits(message) or budget < 1024:
+                break
+            budget //= 2
+        self._safe_send(message)
+
     def wait_for_verdict(self, seconds: float) -> Optional[Cause]:
         """After reporting a failure: the service decides the root cause (it may
         wait for a better one than an echo); hear it."""
@@ -354,4 +370,14 @@ class GangClient:
         while not self._closing.wait(self.config.heartbeat_interval):
             if self._left and self.cause is not None:
                 return
-            self._safe_send({"type": "hb"})
+            self._safe_send(self._heartbeat())
+
+    def _heartbeat(self) -> wire.Message:
+        quiet = None
+        try:
+            quiet = self.quiet() if self.quiet is not None else None
+        except Exception:
+            pass
+        if quiet is None:
+            return {"type": "hb"}
+        return {"type": "hb", "quiet": round(max(0.0, float(quiet)), 3)}

@@ -38,6 +38,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 from . import gang_auth
 from . import gang_wire as wire
+from . import stacks as rank_stacks
 from .cause import Cause, CauseKind, plural
 from .gang import GangConfig
 from .ports import find_free_port
@@ -62,6 +63,9 @@ class _Peer:
     host: str = "?"
     connected: float = field(default_factory=time.monotonic)
     last_seen: float = field(default_factory=time.monotonic)
+    # When this node's ranks last wrote output (monotonic, this host's clock),
+    # from its heartbeats while a call runs; None outside a call's job.
+    last_output: Optional[float] = None
 
 
 @dataclass
@@ -80,6 +84,10 @@ class CallState:
     rank0: Optional[bytes] = None
     rank0_node: Optional[int] = None
     rank0_error: Optional[str] = None
+    go_at: Optional[float] = None  # monotonic
+    # After a failure: each node's ranks' stacks (node -> rank -> text), sent
+    # once per node (an empty dict from a node with no live rank to stop).
+    stacks: Dict[int, Dict[int, str]] = field(default_factory=dict)
 
 
 class GangServer:
@@ -224,11 +232,12 @@ class GangServer:
         if peer.node is None:
             self._on_hello(peer, message)
             return
-        if peer.node in self.left and kind != "hb":
+        if peer.node in self.left and kind not in ("hb", "stacks"):
             self._drop(peer)  # a node that left has nothing more to say
             return
         handler = {
-            "hb": lambda p, m: None,
+            "hb": self._on_heartbeat,
+            "stacks": self._on_stacks,
             "call": self._on_call,
             "call_done": self._on_call_done,
             "failed": self._on_failed,
@@ -293,7 +302,37 @@ class GangServer:
                 return
         if len(call.entries) == self.config.num_nodes and call.rdzv_port is None:
             call.rdzv_port = find_free_port(self.host)
+            call.go_at = time.monotonic()
             self._broadcast({"type": "go", "index": index, "rdzv_port": call.rdzv_port})
+
+    def _on_heartbeat(self, peer: _Peer, message: wire.Message) -> None:
+        quiet = message.get("quiet")
+        if quiet is None:
+            peer.last_output = None
+        elif isinstance(quiet, (int, float)) and not isinstance(quiet, bool) and 0 <= quiet < 1e9:
+            peer.last_output = time.monotonic() - float(quiet)
+        else:
+            self._drop(peer)
+
+    def _on_stacks(self, peer: _Peer, message: wire.Message) -> None:
+        """Where a node's ranks were when it stopped them: kept once per node
+        and call, for the control's report; never acted on."""
+        node = peer.node
+        assert node is not None
+        index = wire.int_field(message, "call")
+        call = self.calls.get(index) if index is not None else None
+        if call is None or node not in call.entries or node in call.stacks:
+            self._drop(peer)
+            return
+        call.stacks[node] = rank_stacks.parse_wire(message.get("stacks"))
+
+    def stacks_pending(self, index: int) -> List[int]:
+        """Nodes of call ``index`` that may still send their stacks: in the
+        call, connected, and silent about them so far."""
+        call = self.calls.get(index)
+        if call is None:
+            return []
+        return sorted(n for n in call.entries if n not in call.stacks and n in self._by_node)
 
     def _on_call_done(self, peer: _Peer, message: wire.Message) -> None:
         node = peer.node
@@ -418,6 +457,8 @@ class GangServer:
                     )
                 )
                 return
+        if self._check_hang(now):
+            return
         for node, peer in list(self._by_node.items()):
             silent = now - peer.last_seen
             if node not in self.left and silent > self.config.heartbeat_timeout:
@@ -431,6 +472,36 @@ class GangServer:
                     )
                 )
                 return
+
+    def _check_hang(self, now: float) -> bool:
+        """``hang_timeout``: no rank of the running call wrote anything for that
+        long, on any node still running it. A node's silence is measured on its
+        own host and sent as a duration, so clocks need not agree."""
+        limit = self.config.hang_timeout
+        if not limit:
+            return False
+        for call in self.calls.values():
+            if call.go_at is None:
+                continue
+            running = [n for n in call.entries if n not in call.done and n not in self.left]
+            if not running:
+                continue
+            latest = call.go_at
+            for node in running:
+                peer = self._by_node.get(node)
+                if peer is not None and peer.last_output is not None:
+                    latest = max(latest, peer.last_output)
+            if now - latest >= limit:
+                self._abort(
+                    Cause(
+                        CauseKind.HANG,
+                        "no output from any rank for %.0f s (hang_timeout=%gs), in call %d of "
+                        "current.torch.run" % (now - latest, limit, call.index + 1),
+                        call=call.index,
+                    )
+                )
+                return True
+        return False
 
     def _report_progress(self, now: float) -> None:
         """While nodes join or meet at a call, say who is missing, at a calm rate."""

@@ -12,7 +12,7 @@ import math
 import os
 import pickle
 import warnings
-from typing import Any, Iterable, Mapping, Tuple
+from typing import Any, Iterable, Mapping, Optional, Tuple
 
 from .command import options_to_argv
 from .errors import TorchrunInvalidArgument
@@ -26,6 +26,7 @@ MAX_NPROC_PER_NODE = 1024
 # frozen node. Nodes of a local run take seconds to start, on a cluster minutes.
 MIN_HEARTBEAT_TIMEOUT = 2.0
 MIN_START_TIMEOUT = 5.0
+MIN_HANG_TIMEOUT = 2.0
 
 # A source file bigger than this is not compiled before the start (a script
 # that size is generated, and compiling it would cost every node the time).
@@ -46,7 +47,8 @@ def check_nproc_bound(value: int, source: str) -> None:
         )
 
 
-def _seconds(value: Any, source: str, minimum: float) -> float:
+def _seconds(value: Any, source: str, minimum: float,
+             why: str = "shorter reads a busy node as a dead one") -> float:
     if isinstance(value, bool):
         raise TorchrunInvalidArgument("%s=%r is not a number of seconds." % (source, value))
     try:
@@ -57,8 +59,7 @@ def _seconds(value: Any, source: str, minimum: float) -> float:
         raise TorchrunInvalidArgument("%s=%r must be a finite number of seconds." % (source, value))
     if seconds < minimum:
         raise TorchrunInvalidArgument(
-            "%s=%r: must be at least %g seconds (shorter reads a busy node as a dead one)."
-            % (source, value, minimum)
+            "%s=%r: must be at least %g seconds (%s)." % (source, value, minimum, why)
         )
     return seconds
 
@@ -69,6 +70,39 @@ def validate_timeouts(heartbeat: Any, start: Any) -> Tuple[float, float]:
         _seconds(heartbeat, "@torchrun(heartbeat_timeout)", MIN_HEARTBEAT_TIMEOUT),
         _seconds(start, "@torchrun(start_timeout)", MIN_START_TIMEOUT),
     )
+
+
+def validate_hang_timeout(value: Any) -> Optional[float]:
+    """``@torchrun(hang_timeout)``: None (off) or seconds; the gang hears each
+    node's silence once a second, so less than two cannot be told apart."""
+    if value is None:
+        return None
+    return _seconds(value, "@torchrun(hang_timeout)", MIN_HANG_TIMEOUT,
+                    "the gang hears each node's silence once a second; None turns it off")
+
+
+def step_timeout(specs: Iterable[Tuple[str, Mapping[str, Any]]]) -> Optional[float]:
+    """The step's ``@timeout`` in seconds, from its decorators' (name,
+    attributes); None without one (or with one Metaflow itself would refuse)."""
+    for name, attributes in specs:
+        if name != "timeout":
+            continue
+        try:
+            total = sum(float(attributes.get(unit) or 0) * scale
+                        for unit, scale in (("seconds", 1), ("minutes", 60), ("hours", 3600)))
+        except (TypeError, ValueError):
+            return None
+        return total if total > 0 and math.isfinite(total) else None
+    return None
+
+
+def validate_shutdown_grace(value: Any, step_timeout: Optional[float]) -> float:
+    """``@torchrun(shutdown_grace)``, capped by the step's ``@timeout``: the
+    platform stops a task past its timeout whatever grace it was promised."""
+    grace = _seconds(value, "@torchrun(shutdown_grace)", 0.0, "0 stops the ranks at once")
+    if step_timeout is not None and step_timeout > 0:
+        grace = min(grace, float(step_timeout))
+    return grace
 
 
 # -- the entrypoint ----------------------------------------------------------------

@@ -10,6 +10,7 @@ an error from inside torchrun after the gang has started.
 from __future__ import annotations
 
 import importlib.util
+import math
 import os
 import re
 from dataclasses import dataclass, field
@@ -24,11 +25,16 @@ from .inputs import (
     check_python_source,
     check_nproc_bound,
     refuse_directory,
-    validate_timeouts,  # noqa: F401 (decorator.py's step_init imports it from here)
+    validate_hang_timeout,  # noqa: F401 (decorator.py's step_init imports these from here)
+    validate_shutdown_grace,  # noqa: F401
+    step_timeout,  # noqa: F401
+    validate_timeouts,  # noqa: F401
 )
 from .errors import TorchrunInvalidArgument
 from .resources import NONE as NO_ACCELERATORS
 from .resources import Accelerators
+
+SHUTDOWN_TIMEOUT_ENV = "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"
 
 # torchrun's own spellings for "as many processes as there are devices/cores".
 NPROC_KEYWORDS = ("auto", "gpu", "cpu", "xpu")
@@ -46,6 +52,8 @@ class StepDefaults:
     heartbeat_timeout: float = 30.0
     start_timeout: float = 600.0
     label_logs: bool = True
+    hang_timeout: Optional[float] = None
+    shutdown_grace: float = 30.0
 
 
 @dataclass(frozen=True)
@@ -236,9 +244,15 @@ def rank_environment(
     iface: Optional[str],
     flow_dir: Optional[str],
     is_function: bool,
+    shutdown_grace: Optional[float] = None,
 ) -> Dict[str, str]:
     """The environment of this node's torchrun and its ranks."""
     env = dict(base)
+    if shutdown_grace is not None:
+        # torchrun's own graceful stop (torch 2.10+; before, a fixed 30 s): on
+        # SIGTERM its agent passes the signal on to the ranks and waits this
+        # long before SIGKILL. Whole seconds: the agent parses an int.
+        env[SHUTDOWN_TIMEOUT_ENV] = str(int(math.ceil(shutdown_grace)))
     if is_function and flow_dir:
         # Ranks import the function's module as the flow file would: from the
         # flow's directory.

@@ -13,8 +13,11 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, List, Optional, Union
 
 from .failures import RankFailure
+from .stacks import bound
 
 METADATA_FIELD = "torchrun-result"
+# Characters of rank stacks kept in the record (the card shows them whole).
+STACKS_IN_RECORD = 256 * 1024
 
 
 @dataclass
@@ -64,6 +67,11 @@ class TorchrunResult:
     returns: Dict[int, Any] = field(default_factory=dict)
     # Which current.torch.run call of the step this was (0-based).
     call: int = 0
+    # When the job was stopped: where each rank was (rank -> faulthandler's
+    # dump of its threads; every node's on the control), and the seconds that
+    # collecting them added to the stop.
+    stacks: Dict[int, str] = field(default_factory=dict)
+    stack_seconds: float = 0.0
 
     @property
     def duration(self) -> float:
@@ -97,6 +105,8 @@ class TorchrunResult:
         }
         for r, rec in zip(data["ranks"], self.ranks):
             r["duration"] = rec.duration
+        # Task metadata is no place for megabytes: 1,024 ranks' full dumps are.
+        data["stacks"] = {str(k): v for k, v in bound(self.stacks, STACKS_IN_RECORD).items()}
         return data
 
     def to_json(self) -> str:

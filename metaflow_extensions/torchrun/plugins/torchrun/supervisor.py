@@ -25,6 +25,9 @@ ChunkSink = Callable[[bytes], None]
 # How often the agent's process tree is scanned (see Supervisor._track_now).
 TRACK_EVERY_POLL_FOR = 3.0
 TRACK_INTERVAL = 1.0
+# Beyond a graceful shutdown's grace: the agent's own time to SIGKILL the ranks
+# that did not stop and to exit.
+AGENT_MARGIN = 2.0
 
 
 def _default_sink(stream) -> ChunkSink:
@@ -84,22 +87,43 @@ class Supervisor:
         grace_seconds: float = 3.0,
         stdout_sink: Optional[ChunkSink] = None,
         stderr_sink: Optional[ChunkSink] = None,
+        shutdown_grace: Optional[float] = None,
+        before_stop: Optional[Callable[[], None]] = None,
     ):
+        """``grace_seconds``: how long the ranks get to stop when the job is
+        stopped for a failure (elsewhere in the gang, a timeout). ``shutdown_grace``:
+        how long they get when this task itself was told to stop (SIGTERM: an
+        eviction, a terminated job), to save a checkpoint; torchrun's agent is
+        told the same through ``TORCH_ELASTIC_SHUTDOWN_TIMEOUT``. ``before_stop``
+        runs while the ranks are still alive, before any of them is signalled."""
         self.argv = list(argv)
         self.env = dict(env) if env is not None else None
         self.cwd = cwd
         self.grace_seconds = grace_seconds
+        self.shutdown_grace = grace_seconds if shutdown_grace is None else shutdown_grace
+        self.before_stop = before_stop
+        # The signal that told this task to stop while the job ran, if any.
+        self.signalled: Optional[int] = None
+        # When the job last wrote anything (monotonic): hang detection reads it.
+        self.last_output: Optional[float] = None
         self._tail = bytearray()
         self._tail_limit = 256 * 1024
         err_sink = stderr_sink or _default_sink(sys.stderr)
 
+        out_sink = stdout_sink or _default_sink(sys.stdout)
+
+        def stdout_seen(chunk: bytes) -> None:
+            self.last_output = time.monotonic()
+            out_sink(chunk)
+
         def stderr_with_tail(chunk: bytes) -> None:
+            self.last_output = time.monotonic()
             err_sink(chunk)
             self._tail += chunk
             if len(self._tail) > 2 * self._tail_limit:
                 del self._tail[: -self._tail_limit]
 
-        self._sinks = (stdout_sink or _default_sink(sys.stdout), stderr_with_tail)
+        self._sinks = (stdout_seen, stderr_with_tail)
         self.proc: Optional[subprocess.Popen] = None
         self._seen: Set[proctree.ProcId] = set()
         self._pumps: List[threading.Thread] = []
@@ -140,7 +164,7 @@ class Supervisor:
             os.close(out_w)
             os.close(err_w)
         self.started_at = time.time()
-        self.started_mono = time.monotonic()
+        self.started_mono = self.last_output = time.monotonic()
         me = proctree.process_id(self.proc.pid)
         if me:
             self._seen.add(me)
@@ -183,7 +207,7 @@ class Supervisor:
         previous = None
         in_main = threading.current_thread() is threading.main_thread()
         if in_main:
-            previous = signal.signal(signal.SIGTERM, _raise_interrupted)
+            previous = signal.signal(signal.SIGTERM, self._told_to_stop)
         try:
             while True:
                 code = self.poll()
@@ -195,9 +219,27 @@ class Supervisor:
                         self.stop()
                         return self.proc.returncode if self.proc else -1
                 time.sleep(interval)
+        except KeyboardInterrupt:
+            self.signalled = signal.SIGINT  # Ctrl-C: a stop asked for, like SIGTERM
+            raise
         finally:
             if in_main:
                 signal.signal(signal.SIGTERM, previous)
+
+    def _told_to_stop(self, signum, frame):
+        self.signalled = signum
+        raise TorchrunInterrupted(
+            "the step received %s while torchrun was running: its ranks got SIGTERM and up to %g s "
+            "(shutdown_grace) to stop, e.g. to save a checkpoint, before SIGKILL."
+            % (signal.Signals(signum).name, self.shutdown_grace)
+        )
+
+    def live_pids(self) -> Set[int]:
+        """The agent's descendants that are alive now."""
+        if self.proc is None:
+            return set()
+        self._track()
+        return {p[0] for p in proctree.alive(self._seen)}
 
     def stop(self) -> None:
         """SIGTERM the agent (it stops its workers), then SIGKILL all that is left."""
@@ -205,11 +247,22 @@ class Supervisor:
             return
         if self.proc.poll() is None:
             self._track()
+            if self.before_stop is not None:
+                try:
+                    self.before_stop()
+                except Exception:
+                    pass  # what it reports is a bonus: the stop must happen
+            # torchrun's agent passes SIGTERM on to its ranks (their own process
+            # groups) and gives them its shutdown timeout before SIGKILL; the
+            # extra seconds here are the agent's, to see that through.
+            grace = self.grace_seconds
+            if self.signalled is not None:
+                grace = self.shutdown_grace + AGENT_MARGIN
             try:
                 os.killpg(self.proc.pid, signal.SIGTERM)
             except OSError:
                 pass
-            deadline = time.monotonic() + self.grace_seconds
+            deadline = time.monotonic() + grace
             while self.proc.poll() is None and time.monotonic() < deadline:
                 self._track()
                 time.sleep(0.05)
@@ -256,10 +309,3 @@ class Supervisor:
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-
-def _raise_interrupted(signum, frame):
-    raise TorchrunInterrupted(
-        "the step received %s while torchrun was running; the job was stopped."
-        % signal.Signals(signum).name
-    )

@@ -1,0 +1,275 @@
+"""Where every rank was when the gang stopped: the Python stacks of its threads.
+
+Why faulthandler: it writes from a C signal handler, so a rank stuck in a
+collective, a data loader or any C call still answers, and it needs no ptrace,
+no py-spy and no cooperation from the user's code. Each rank's bootstrap
+registers it on ``STACK_SIGNAL``, writing into the rank's own file in the call's
+work directory (``stack_path``); before a node stops its ranks it signals the
+live ones and reads the files back (``collect``), within ``COLLECT_SECONDS``.
+
+The raw text goes to the card and the result record; ``summarize`` turns it
+into the few lines the failure message shows: each rank, its innermost frame
+in the user's own code, and where below that it actually was.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import linecache
+import os
+import re
+import signal
+import sysconfig
+import time
+from dataclasses import dataclass
+from typing import IO, Dict, Iterable, List, Mapping, Optional, Tuple
+
+# Real-time, like the gang's interrupt: SIGUSR1/2 belong to user code (SLURM-style
+# checkpoint triggers), and a real-time signal nobody handles would kill a rank,
+# which is why the bootstrap registers it before the user's code runs.
+STACK_SIGNAL = signal.SIGRTMIN + 3
+# How long a node waits for its ranks' dumps: a dump takes milliseconds; a rank
+# that is stopped (SIGSTOP) or in uninterruptible sleep writes nothing.
+COLLECT_SECONDS = 1.0
+# A rank's dump is cut to this many bytes (faulthandler prints at most 100
+# frames per thread, but a rank may have hundreds of threads).
+MAX_STACK_BYTES = 16 * 1024
+# The failure message shows this many ranks; the card and the record show all.
+SUMMARY_RANKS = 16
+
+_SUFFIX = ".stacks.txt"
+_FRAME = re.compile(r'^\s+File "(?P<file>.*)", line (?P<line>\d+) in (?P<func>.*)$')
+_THREAD = re.compile(r"^(?P<current>Current thread|Thread) (?P<ident>0x[0-9a-fA-F]+)|^Stack \(most recent")
+
+
+def stack_path(directory: str, rank: int) -> str:
+    return os.path.join(directory, "rank-%d%s" % (rank, _SUFFIX))
+
+
+# -- in the rank (bootstrap) -------------------------------------------------------
+
+
+def register(directory: Optional[str], rank: int) -> Optional[IO[str]]:
+    """Dump this rank's stacks into its file on ``STACK_SIGNAL``. The file stays
+    open for the rank's life (faulthandler writes to its descriptor); the
+    caller keeps the returned object alive."""
+    if not directory or rank < 0:
+        return None
+    try:
+        fd = os.open(stack_path(directory, rank), os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        out = os.fdopen(fd, "w")
+        faulthandler.register(STACK_SIGNAL, file=out, all_threads=True, chain=False)
+    except (OSError, ValueError, RuntimeError):
+        return None
+    return out
+
+
+# -- on the node (before it stops its ranks) ----------------------------------------
+
+
+def collect(directory: str, pids: Mapping[int, int], seconds: float = COLLECT_SECONDS) -> Dict[int, str]:
+    """Signal each live rank (rank -> pid) and read back what it wrote. A rank
+    that does not answer within ``seconds`` is left out."""
+    sizes: Dict[int, int] = {}
+    for rank, pid in pids.items():
+        sizes[rank] = _size(stack_path(directory, rank))
+        try:
+            os.kill(pid, STACK_SIGNAL)
+        except OSError:
+            sizes.pop(rank)
+    waiting = dict(sizes)
+    deadline = time.monotonic() + seconds
+    last: Dict[int, int] = {}
+    out: Dict[int, str] = {}
+    while waiting and time.monotonic() < deadline:
+        time.sleep(0.02)
+        for rank, before in list(waiting.items()):
+            size = _size(stack_path(directory, rank))
+            # Written and no longer growing over one tick: the dump is complete
+            # (faulthandler writes it in one go from the handler).
+            if size > before and last.get(rank) == size:
+                out[rank] = _read_from(stack_path(directory, rank), before)
+                del waiting[rank]
+            last[rank] = size
+    for rank, before in waiting.items():  # partial dumps are still worth showing
+        text = _read_from(stack_path(directory, rank), before)
+        if text.strip():
+            out[rank] = text
+    return out
+
+
+def _size(path: str) -> int:
+    try:
+        return os.stat(path).st_size
+    except OSError:
+        return 0
+
+
+def _read_from(path: str, offset: int) -> str:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
+        return ""
+    with os.fdopen(fd, "rb") as f:
+        f.seek(offset)
+        data = f.read(MAX_STACK_BYTES)
+    return data.decode("utf-8", "replace")
+
+
+def bound(stacks: Mapping[int, str], total: int) -> Dict[int, str]:
+    """Stacks cut to fit ``total`` characters in all (for the gang's wire): each
+    rank keeps its innermost frames, which come first."""
+    if not stacks:
+        return {}
+    share = max(512, total // len(stacks))
+    return {rank: text[:share] for rank, text in sorted(stacks.items())[: max(1, total // 512)]}
+
+
+# -- reading a dump -----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Frame:
+    file: str
+    line: int
+    function: str
+
+    def where(self, base: Optional[str] = None) -> str:
+        return "%s:%d in %s" % (short_path(self.file, base), self.line, self.function)
+
+    def source(self) -> str:
+        if self.file.startswith("<"):
+            return ""
+        return linecache.getline(self.file, self.line).strip()
+
+
+@dataclass(frozen=True)
+class Thread:
+    ident: str
+    current: bool
+    frames: Tuple[Frame, ...]  # innermost first, as faulthandler prints them
+
+
+def parse(text: str) -> List[Thread]:
+    threads: List[Thread] = []
+    header: Optional[Tuple[str, bool]] = None
+    frames: List[Frame] = []
+    for line in text.splitlines():
+        head = _THREAD.match(line)
+        if head:
+            if header is not None:
+                threads.append(Thread(header[0], header[1], tuple(frames)))
+            header = (head.group("ident") or "", head.group("current") == "Current thread")
+            frames = []
+            continue
+        frame = _FRAME.match(line)
+        if frame and header is not None:
+            frames.append(Frame(frame.group("file"), int(frame.group("line")), frame.group("func")))
+    if header is not None:
+        threads.append(Thread(header[0], header[1], tuple(frames)))
+    return threads
+
+
+def main_thread(threads: Iterable[Thread]) -> Optional[Thread]:
+    """The thread that runs the user's script or function: the one whose
+    outermost frame is a module's top level (other threads start in
+    ``threading``); the thread that took the signal if none is."""
+    listed = [t for t in threads if t.frames]
+    for thread in listed:
+        if thread.frames[-1].function == "<module>":
+            return thread
+    current = [t for t in listed if t.current]
+    chosen = current or listed
+    return chosen[0] if chosen else None
+
+
+_LIBRARY_ROOTS = tuple(
+    os.path.realpath(p) + os.sep
+    for p in {sysconfig.get_paths().get(k) for k in ("stdlib", "platstdlib", "purelib", "platlib")}
+    if p
+)
+_OURS = os.path.dirname(os.path.realpath(__file__)) + os.sep
+
+
+def is_user_frame(frame: Frame) -> bool:
+    """The user's code: not Python's library, not an installed package, not
+    this package. (An installed package of the user's own counts as library.)"""
+    path = frame.file
+    if path.startswith("<") or "site-packages" + os.sep in path or "dist-packages" + os.sep in path:
+        return False
+    real = os.path.realpath(path)
+    return not (real.startswith(_OURS) or real.startswith(_LIBRARY_ROOTS))
+
+
+def short_path(path: str, base: Optional[str] = None) -> str:
+    for marker in ("site-packages" + os.sep, "dist-packages" + os.sep):
+        if marker in path:
+            return path.split(marker, 1)[1]
+    base = base or os.getcwd()
+    try:
+        rel = os.path.relpath(path, base)
+    except ValueError:
+        return path
+    return path if rel.startswith("..") else rel
+
+
+# -- the failure message --------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RankWhere:
+    """One rank's place, compact: its innermost user frame and below it."""
+
+    rank: int
+    user: Optional[Frame]
+    innermost: Optional[Frame]
+    threads: int
+
+    def lines(self, base: Optional[str] = None) -> List[str]:
+        if self.user is None and self.innermost is None:
+            return ["rank %d: no Python frame in its dump" % self.rank]
+        top = self.user or self.innermost
+        assert top is not None
+        first = "rank %d: %s" % (self.rank, top.where(base))
+        code = top.source()
+        out = [first + (": %s" % code if code else "")]
+        if self.innermost is not None and self.innermost != top:
+            out.append("    innermost: %s" % self.innermost.where(base))
+        return out
+
+
+def where(rank: int, text: str) -> RankWhere:
+    threads = parse(text)
+    thread = main_thread(threads)
+    frames = thread.frames if thread is not None else ()
+    user = next((f for f in frames if is_user_frame(f)), None)
+    return RankWhere(rank, user, frames[0] if frames else None, len(threads))
+
+
+def summarize(stacks: Mapping[int, str], base: Optional[str] = None, limit: int = SUMMARY_RANKS) -> str:
+    """The few lines of a failure message: where each rank was."""
+    if not stacks:
+        return ""
+    ranks = sorted(stacks)
+    lines = ["Where the ranks were when they were stopped (innermost frame of your code first; "
+             "full stacks in the card and the result record):"]
+    for rank in ranks[:limit]:
+        lines.extend("  " + line for line in where(rank, stacks[rank]).lines(base))
+    if len(ranks) > limit:
+        lines.append("  ... and %d more ranks" % (len(ranks) - limit))
+    return "\n".join(lines)
+
+
+def parse_wire(value: object, max_ranks: int = 4096) -> Dict[int, str]:
+    """Stacks as a peer sent them: rank -> text, checked entry by entry."""
+    out: Dict[int, str] = {}
+    if not isinstance(value, dict):
+        return out
+    for key, text in list(value.items())[:max_ranks]:
+        try:
+            rank = int(key)
+        except (TypeError, ValueError):
+            continue
+        if 0 <= rank < 1 << 31 and isinstance(text, str):
+            out[rank] = text[:MAX_STACK_BYTES]
+    return out

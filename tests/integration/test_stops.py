@@ -1,0 +1,149 @@
+"""When the gang stops: where every rank was, hang_timeout, and a graceful stop
+on SIGTERM. Real 2-node x 2-process local runs; the ``gang`` fixture fails a
+test that leaves any process behind. Time bounds are the issue's promises or
+generous hang guards; what a stop costs is measured in benchmarks/."""
+
+import os
+import signal
+import time
+
+import pytest
+
+from .helpers import FLOWS, output
+from .test_gang_failures import _attrs, _node_task
+from .test_local_flows import _descendants
+
+pytestmark = pytest.mark.integration
+
+SCRIPTS = os.path.join(FLOWS, "scripts")
+
+
+def _line_of(path, needle):
+    with open(path) as f:
+        for number, line in enumerate(f, 1):
+            if needle in line:
+                return number
+    raise AssertionError("%r not in %s" % (needle, path))
+
+
+def _finish(proc, timeout=180):
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    return out.decode(errors="replace")
+
+
+def _control_record(gang):
+    return gang.client(
+        "run = Flow('%s').latest_run\n"
+        "task = [t for t in run['train'] if 'torchrun-result' in t.metadata_dict "
+        "and json.loads(t.metadata_dict['torchrun-result'])['node_index'] == 0][0]\n"
+        "result = json.loads(task.metadata_dict['torchrun-result'])" % "GangFlow"
+    )
+
+
+def test_a_rank_stuck_in_a_collective_shows_where_when_the_control_freezes(gang):
+    gang.env.update(_attrs(heartbeat_timeout=5))
+    proc = gang.start("--script", "stuck.py")
+    frozen = []
+    try:
+        gang.wait_for_reports("ready-", 4, timeout=120)
+        time.sleep(1)  # rank 2 is in its all-reduce by now
+        control = _node_task(proc.pid, 0)
+        node1 = _node_task(proc.pid, 1)
+        spared = {node1, *_descendants(node1)}
+        # Node 0 freezes: its task and its own ranks, not node 1 (its child here).
+        frozen = [control] + [p for p in _descendants(control) if p not in spared]
+        for pid in frozen:
+            os.kill(pid, signal.SIGSTOP)
+        time.sleep(12)  # past heartbeat_timeout: node 1 has stopped its ranks
+    finally:
+        for pid in frozen:
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except OSError:
+                pass
+    text = _finish(proc)
+    assert proc.returncode != 0
+    assert "heard nothing from the control node" in text, text[-4000:]
+    line = _line_of(os.path.join(SCRIPTS, "stuck.py"), "dist.all_reduce(torch.zeros(1))")
+    where = [l for l in text.splitlines() if "rank 2: " in l and "stuck.py:%d in <module>" % line in l]
+    assert where and "dist.all_reduce(torch.zeros(1))" in where[0], text[-4000:]
+    # Below the user's frame, where the rank actually was: inside torch's collective.
+    assert "innermost: torch/distributed/" in text, text[-4000:]
+
+
+def test_hang_timeout_stops_a_silent_gang_with_every_ranks_stack(gang):
+    gang.env.update(_attrs(hang_timeout=5))
+    proc = gang.start("--script", "silent.py")
+    try:
+        ready = gang.wait_for_reports("ready-", 4, timeout=120)
+        last_line = max(os.path.getmtime(os.path.join(gang.out, "ready-%d.json" % r)) for r in ready)
+    finally:
+        text = _finish(proc)
+    assert proc.returncode != 0
+    assert "no output from any rank for 5 s (hang_timeout=5s)" in text, text[-4000:]
+    line = _line_of(os.path.join(SCRIPTS, "silent.py"), "time.sleep(3600)")
+    for rank in range(4):
+        assert "rank %d: " % rank in text and "silent.py:%d in <module>: time.sleep(3600)" % line in text
+    record = _control_record(gang)
+    assert record["cause"]["kind"] == "hang"
+    # The promise: stopped within hang_timeout + 5 s of the last line.
+    assert record["cause"]["time"] - last_line <= 5 + 5, record["cause"]["time"] - last_line
+    # The control's record holds every rank's full stack, from both nodes.
+    assert sorted(record["stacks"]) == ["0", "1", "2", "3"]
+    assert all("silent.py\", line %d" % line in s for s in record["stacks"].values())
+    assert record["stack_seconds"] < 3
+
+
+def test_a_function_entrypoints_stacks(gang):
+    gang.env.update(_attrs(hang_timeout=5))
+    proc = gang.run("--mode", "hang", flow="function_flow.py", timeout=180)
+    text = output(proc)
+    assert proc.returncode != 0
+    assert "no output from any rank" in text, text[-4000:]
+    line = _line_of(os.path.join(FLOWS, "fnlib.py"), "time.sleep(seconds)  # quiet here")
+    for rank in range(4):
+        where = [l for l in text.splitlines() if "rank %d: " % rank in l and "fnlib.py:%d in quiet_wait" % line in l]
+        assert where and "time.sleep(seconds)" in where[0], text[-4000:]
+
+
+def test_sigterm_gives_the_ranks_time_to_save_a_checkpoint(gang):
+    # A save that takes longer than a failure's short grace (3 s): only the
+    # graceful stop (shutdown_grace, 30 s by default) lets it finish.
+    gang.env["MFTR_SAVE_SECONDS"] = "5"
+    proc = gang.start("--script", "checkpoint.py")
+    try:
+        gang.wait_for_reports("ready-", 4, timeout=120)
+        tasks = [_node_task(proc.pid, 0), _node_task(proc.pid, 1)]
+        told = time.monotonic()
+        for pid in tasks:  # every node is told, as an AWS Batch job termination does
+            os.kill(pid, signal.SIGTERM)
+    finally:
+        text = _finish(proc)
+    assert proc.returncode != 0
+    saved = gang.reports("ckpt-")
+    assert sorted(saved) == [0, 1, 2, 3], text[-4000:]
+    assert all(c["signal"] == signal.SIGTERM for c in saved.values())
+    assert "received SIGTERM" in text and "(shutdown_grace)" in text, text[-4000:]
+    assert time.monotonic() - told < 60
+
+
+def test_a_short_shutdown_grace_is_kept(gang):
+    gang.env["MFTR_SAVE_SECONDS"] = "20"
+    gang.env.update(_attrs(shutdown_grace=1))
+    proc = gang.start("--script", "checkpoint.py")
+    try:
+        gang.wait_for_reports("ready-", 4, timeout=120)
+        told = time.monotonic()
+        os.kill(_node_task(proc.pid, 1), signal.SIGTERM)
+    finally:
+        text = _finish(proc)
+    took = time.monotonic() - told
+    assert proc.returncode != 0
+    assert gang.reports("ckpt-") == {}, "a 20 s save finished within a 1 s grace"
+    assert "up to 1 s (shutdown_grace)" in text, text[-4000:]
+    assert took < 20, took
