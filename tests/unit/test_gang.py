@@ -780,3 +780,125 @@ def test_heartbeat_interval():
     assert GangConfig("g", 2, heartbeat_timeout=30).heartbeat_interval == 1.0
     assert GangConfig("g", 2, heartbeat_timeout=2).heartbeat_interval == pytest.approx(0.2)
     assert GangConfig("g", 2, heartbeat_timeout=0.1).heartbeat_interval == 0.05
+
+
+# -- hang_timeout: silence across the gang -------------------------------------------
+
+
+class TestHang:
+    def test_a_gang_whose_ranks_all_went_quiet_is_stopped_as_hung(self, net):
+        server = net.server(2, hang_timeout=2.0, heartbeat_timeout=2.0)
+        a, b = net.join(server, [0, 1])
+        through_call([a, b], 0)
+        a.quiet = b.quiet = lambda: 30.0
+        causes = wait_cause([a, b])
+        assert {c.kind for c in causes} == {CauseKind.HANG}
+        assert "no output from any rank for" in causes[0].summary and "(hang_timeout=2s)" in causes[0].summary
+        assert causes[0].call == 0 and causes[0].node_index is None
+
+    def test_one_node_still_talking_keeps_the_gang_alive(self, net):
+        server = net.server(2, hang_timeout=2.0, heartbeat_timeout=2.0)
+        a, b = net.join(server, [0, 1])
+        through_call([a, b], 0)
+        a.quiet = lambda: 30.0
+        b.quiet = lambda: 0.0
+        assert not wait_until(lambda: server.cause is not None, 3.5)
+
+    def test_a_node_done_with_the_call_does_not_count(self, net):
+        server = net.server(2, hang_timeout=2.0, heartbeat_timeout=2.0)
+        a, b = net.join(server, [0, 1])
+        through_call([a, b], 0)
+        a.call_done(0, None, {})
+        a.quiet = lambda: 0.0  # would keep the gang alive if it counted
+        b.quiet = lambda: 30.0
+        (cause,) = wait_cause([b])
+        assert cause.kind is CauseKind.HANG
+
+    def test_off_by_default_and_never_outside_a_call(self, net):
+        server = net.server(2, heartbeat_timeout=2.0)
+        a, b = net.join(server, [0, 1])
+        through_call([a, b], 0)
+        a.quiet = b.quiet = lambda: 1e6
+        hung = net.server(2, hang_timeout=2.0, heartbeat_timeout=2.0)
+        c, d = net.join(hung, [0, 1])  # joined, in no call
+        assert not wait_until(lambda: server.cause is not None or hung.cause is not None, 3.0)
+
+    @pytest.mark.parametrize("quiet", ["1", -1, 1e12, True, [1], {"a": 1}])
+    def test_a_bad_silence_drops_its_sender(self, net, quiet):
+        server = net.server(2)
+        (a,) = net.join(server, [0])
+        raw = net.raw(server.port)
+        raw.hello(server.config, 1)
+        raw.send({"type": "hb", "quiet": quiet})
+        (cause,) = wait_cause([a])
+        assert (cause.kind, cause.node_index) == (CauseKind.NODE_LOST, 1)
+
+
+# -- stacks: where each node's ranks were, to the control ------------------------------
+
+
+class TestStacks:
+    def test_each_nodes_stacks_reach_the_control_once(self, net):
+        server = net.server(2)
+        a, b = net.join(server, [0, 1])
+        through_call([a, b], 0)
+        assert server.stacks_pending(0) == [0, 1]
+        b.report_failure(Cause(CauseKind.RANK_FAILED, "boom"), call=0)
+        wait_cause([a, b])
+        b.send_stacks(0, {})
+        a.send_stacks(0, {0: "Current thread 0x1:\n  File \"t.py\", line 3 in f\n", 1: "x"})
+        assert wait_until(lambda: server.stacks_pending(0) == [], GUARD)
+        assert server.calls[0].stacks == {0: {0: "Current thread 0x1:\n  File \"t.py\", line 3 in f\n", 1: "x"},
+                                          1: {}}
+
+    def test_a_node_that_left_may_still_send_them(self, net):
+        server = net.server(2)
+        a, b = net.join(server, [0, 1])
+        through_call([a, b], 0)
+        b.leave(1, ok=False)
+        b.send_stacks(0, {2: "late"})
+        assert wait_until(lambda: 1 in server.calls[0].stacks, GUARD)
+
+    def test_a_disconnected_node_is_not_waited_for(self, net):
+        server = net.server(2)
+        a, b = net.join(server, [0, 1])
+        through_call([a, b], 0)
+        b.close()
+        assert wait_until(lambda: server.stacks_pending(0) == [0], GUARD)
+
+    def test_stacks_too_big_for_a_line_are_cut_not_lost(self, net):
+        server = net.server(2)
+        a, b = net.join(server, [0, 1])
+        through_call([a, b], 0)
+        b.send_stacks(0, {r: "y" * 16000 for r in range(200)})
+        assert wait_until(lambda: 1 in server.calls[0].stacks, GUARD)
+        assert server.cause is None and 0 < len(server.calls[0].stacks[1]) <= 200
+
+    @pytest.mark.parametrize("message", [
+        {"type": "stacks", "call": 5, "stacks": {}},  # a call it never entered
+        {"type": "stacks", "call": "0", "stacks": {}},
+        {"type": "stacks", "stacks": {}},
+    ])
+    def test_stacks_out_of_turn_drop_the_sender(self, net, message):
+        server = net.server(2)
+        (a,) = net.join(server, [0])
+        raw = net.raw(server.port)
+        raw.hello(server.config, 1)
+        raw.send(message)
+        (cause,) = wait_cause([a])
+        assert (cause.kind, cause.node_index) == (CauseKind.NODE_LOST, 1)
+
+    def test_stacks_sent_twice_or_malformed(self, net):
+        server = net.server(2)
+        (a,) = net.join(server, [0])
+        raw = net.raw(server.port)
+        raw.hello(server.config, 1)
+        a_t, _ = enter_in_background(a, 0)
+        raw.send({"type": "call", "index": 0, "entry": "train.py"})
+        a_t.join(GUARD)
+        raw.send({"type": "stacks", "call": 0, "stacks": {"x": 1, "-3": "y", "2": ["no"], "4": "ok"}})
+        assert wait_until(lambda: 1 in server.calls[0].stacks, GUARD)
+        assert server.calls[0].stacks[1] == {4: "ok"}
+        raw.send({"type": "stacks", "call": 0, "stacks": {}})
+        (cause,) = wait_cause([a])
+        assert (cause.kind, cause.node_index) == (CauseKind.NODE_LOST, 1)

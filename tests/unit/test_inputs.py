@@ -103,6 +103,49 @@ class TestTimeouts:
         assert config.heartbeat_timeout / config.heartbeat_interval >= 10
 
 
+class TestStopOptions:
+    @pytest.mark.parametrize("value", [None, 2, 2.5, "30"])
+    def test_hang_timeout_off_or_seconds(self, value):
+        assert inputs.validate_hang_timeout(value) == (None if value is None else float(value))
+
+    @pytest.mark.parametrize("value, words", [
+        (1, "at least 2 seconds"), (0, "at least 2 seconds"), (-5, "at least 2 seconds"),
+        (True, "not a number"), ("soon", "not a number"), (float("inf"), "finite"), (float("nan"), "finite"),
+    ])
+    def test_hang_timeout_refused(self, value, words):
+        with pytest.raises(TorchrunInvalidArgument) as e:
+            inputs.validate_hang_timeout(value)
+        assert "@torchrun(hang_timeout)" in str(e.value) and words in str(e.value)
+
+    @pytest.mark.parametrize("value, timeout, expected", [
+        (30, None, 30.0), (0, None, 0.0), (30, 10.0, 10.0), (5, 600.0, 5.0), ("12.5", None, 12.5),
+    ])
+    def test_shutdown_grace_is_capped_by_the_steps_timeout(self, value, timeout, expected):
+        assert inputs.validate_shutdown_grace(value, timeout) == expected
+
+    @pytest.mark.parametrize("value", [-1, None, "x", float("inf"), False])
+    def test_shutdown_grace_refused(self, value):
+        with pytest.raises(TorchrunInvalidArgument) as e:
+            inputs.validate_shutdown_grace(value, None)
+        assert "@torchrun(shutdown_grace)" in str(e.value)
+
+    @pytest.mark.parametrize("specs, expected", [
+        ([], None),
+        ([("resources", {"cpu": 2})], None),
+        ([("timeout", {"seconds": 20, "minutes": 0, "hours": 0})], 20.0),
+        ([("timeout", {"seconds": 0, "minutes": 2, "hours": 1})], 3720.0),
+        ([("timeout", {"seconds": "x"})], None),
+        ([("timeout", {"seconds": 0, "minutes": 0, "hours": 0})], None),
+    ])
+    def test_step_timeout_from_the_decorators(self, specs, expected):
+        assert inputs.step_timeout(specs) == expected
+
+    def test_the_agent_gets_the_grace_in_whole_seconds(self):
+        env = plan.rank_environment({}, workdir="/w", node_index=0, label_logs=True, log_dir=None, iface=None,
+                                    flow_dir=None, is_function=False, shutdown_grace=2.5)
+        assert env[plan.SHUTDOWN_TIMEOUT_ENV] == "3"
+
+
 # -- the entrypoint -------------------------------------------------------------------
 
 

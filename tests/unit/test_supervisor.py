@@ -405,3 +405,62 @@ class TestTracking:
             worker = procs.add(read_pid_file(pidfile))
             assert is_running(worker)
         assert wait_until(lambda: not is_running(worker), timeout=2), "orphaned worker survived"
+
+
+SAVE_ON_SIGTERM = textwrap.dedent(
+    """
+    import os, signal, sys, time
+    out, save = sys.argv[1], float(sys.argv[2])
+    def on_term(signum, frame):
+        time.sleep(save)  # a slow checkpoint
+        open(out, "w").write("saved")
+        sys.exit(0)
+    signal.signal(signal.SIGTERM, on_term)
+    print("ready", flush=True)
+    while True:
+        time.sleep(0.05)
+    """
+)
+
+
+class TestGracefulStop:
+    """A real torchrun (one process, standalone): SIGTERM to the task gives the
+    ranks ``shutdown_grace`` through torchrun's own shutdown timeout."""
+
+    def _run(self, tmp_path, procs, grace, save):
+        from metaflow_extensions.torchrun.plugins.torchrun.plan import rank_environment
+
+        script = tmp_path / "save.py"
+        script.write_text(SAVE_ON_SIGTERM)
+        saved = tmp_path / "saved"
+        env = rank_environment(os.environ, workdir=str(tmp_path), node_index=0, label_logs=False, log_dir=None,
+                               iface=None, flow_dir=None, is_function=False, shutdown_grace=grace)
+        argv = [PY, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1",
+                "--monitor-interval", "0.1", str(script), str(saved), str(save)]
+        out, err = Sink(), Sink()
+        sup = Supervisor(argv, env=env, stdout_sink=out, stderr_sink=err, grace_seconds=0.5, shutdown_grace=grace)
+        with sup:
+            procs.add(sup.proc.pid)
+            assert wait_until(lambda: b"ready" in out.data, 60), err.data[-2000:]
+            timer = threading.Timer(0.1, os.kill, (os.getpid(), signal.SIGTERM))
+            timer.start()
+            try:
+                with pytest.raises(TorchrunInterrupted) as e:
+                    sup.wait(interval=0.05)
+            finally:
+                timer.cancel()
+            t0 = time.monotonic()
+        took = time.monotonic() - t0
+        assert sup.signalled == signal.SIGTERM and "shutdown_grace" in str(e.value)
+        assert not is_running(sup.proc.pid)
+        return saved.exists(), took
+
+    @pytest.mark.timeout(90)
+    def test_a_checkpoint_slower_than_a_failures_grace_is_saved(self, tmp_path, procs):
+        saved, took = self._run(tmp_path, procs, grace=15, save=2)
+        assert saved and took < 15
+
+    @pytest.mark.timeout(90)
+    def test_the_grace_is_a_bound(self, tmp_path, procs):
+        saved, took = self._run(tmp_path, procs, grace=1, save=8)
+        assert not saved and took < 8

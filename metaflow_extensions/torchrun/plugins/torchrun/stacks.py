@@ -171,16 +171,26 @@ def parse(text: str) -> List[Thread]:
 
 
 def main_thread(threads: Iterable[Thread]) -> Optional[Thread]:
-    """The thread that runs the user's script or function: the one whose
-    outermost frame is a module's top level (other threads start in
-    ``threading``); the thread that took the signal if none is."""
+    """The thread that runs the user's script or function. Threads started
+    with ``threading`` begin in its ``_bootstrap``; the main thread does not,
+    and it runs a module's top level somewhere down its stack. Failing both,
+    the thread that took the signal (the main one, unless it blocks it)."""
     listed = [t for t in threads if t.frames]
-    for thread in listed:
-        if thread.frames[-1].function == "<module>":
-            return thread
+    own = [t for t in listed if not _started_by_threading(t)]
+    for pool in (own, listed):
+        for thread in pool:
+            if any(f.function == "<module>" for f in thread.frames):
+                return thread
+    if len(own) == 1:
+        return own[0]
     current = [t for t in listed if t.current]
-    chosen = current or listed
+    chosen = current or own or listed
     return chosen[0] if chosen else None
+
+
+def _started_by_threading(thread: Thread) -> bool:
+    outer = thread.frames[-1]
+    return outer.function == "_bootstrap" and os.path.basename(outer.file) == "threading.py"
 
 
 _LIBRARY_ROOTS = tuple(

@@ -1,0 +1,211 @@
+"""stacks.py: dumping a live process's stacks through faulthandler and reading
+them back, with real processes; reading dumps; the failure message's summary;
+stacks from the wire."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+from proc_helpers import wait_until
+
+from metaflow_extensions.torchrun.plugins.torchrun import stacks
+
+PKG_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(stacks.__file__)))))
+
+# A "rank": registers like the bootstrap does, says where it will wait, then
+# waits in one of three ways (Python sleep, a C-level lock, a thread).
+RANK = textwrap.dedent(
+    """
+    import os, sys, threading, time
+    sys.path.insert(0, sys.argv[3])
+    from metaflow_extensions.torchrun.plugins.torchrun import stacks
+    keep = stacks.register(sys.argv[1], 5)
+    mode = sys.argv[2]
+
+    def worker():
+        time.sleep(600)
+
+    def blocked_in_c():
+        threading.Lock().acquire(); threading.Lock()
+        lock = threading.Lock(); lock.acquire()
+        print("ready", flush=True)
+        lock.acquire()  # WAITS IN C
+
+    def main():
+        threading.Thread(target=worker, name="loader", daemon=True).start()
+        if mode == "c":
+            blocked_in_c()
+        print("ready", flush=True)
+        time.sleep(600)  # WAITS IN PYTHON
+
+    main()
+    """
+)
+
+
+@pytest.fixture
+def rank(tmp_path, procs):
+    script = tmp_path / "rank_script.py"
+    script.write_text(RANK)
+
+    def start(mode="py"):
+        p = procs.popen([sys.executable, str(script), str(tmp_path), mode, PKG_ROOT],
+                        stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        assert p.stdout.readline().strip() == b"ready", p.stderr.read()
+        time.sleep(0.3)  # past the print, into the wait
+        return p, script
+
+    return start
+
+
+def _line(script, marker):
+    return next(n for n, line in enumerate(script.read_text().splitlines(), 1) if marker in line)
+
+
+class TestCollect:
+    def test_a_rank_in_python_code_shows_its_line_and_all_its_threads(self, tmp_path, rank):
+        p, script = rank("py")
+        got = stacks.collect(str(tmp_path), {5: p.pid})
+        text = got[5]
+        assert 'line %d in main' % _line(script, "WAITS IN PYTHON") in text
+        assert "in worker" in text  # the other thread too
+        where = stacks.where(5, text)
+        assert where.user is not None and where.user.line == _line(script, "WAITS IN PYTHON")
+        assert where.threads == 2
+        assert p.poll() is None  # a dump does not stop the rank
+
+    def test_a_rank_blocked_in_a_c_call_still_answers(self, tmp_path, rank):
+        p, script = rank("c")
+        text = stacks.collect(str(tmp_path), {5: p.pid})[5]
+        where = stacks.where(5, text)
+        assert (where.user.function, where.user.line) == ("blocked_in_c", _line(script, "WAITS IN C"))
+
+    def test_a_second_dump_is_read_on_its_own(self, tmp_path, rank):
+        p, _ = rank("py")
+        first = stacks.collect(str(tmp_path), {5: p.pid})[5]
+        second = stacks.collect(str(tmp_path), {5: p.pid})[5]
+        assert second == first  # the same place, not both dumps
+
+    def test_a_stopped_rank_gives_nothing_within_the_bound(self, tmp_path, rank):
+        p, _ = rank("py")
+        os.kill(p.pid, signal.SIGSTOP)
+        try:
+            t0 = time.monotonic()
+            assert stacks.collect(str(tmp_path), {5: p.pid}, seconds=0.5) == {}
+            assert time.monotonic() - t0 < 2
+        finally:
+            os.kill(p.pid, signal.SIGCONT)
+
+    def test_a_gone_rank_is_skipped(self, tmp_path, rank):
+        p, _ = rank("py")
+        p.kill()
+        p.wait()
+        assert stacks.collect(str(tmp_path), {5: p.pid}, seconds=0.3) == {}
+
+    def test_the_stack_file_is_never_followed_through_a_symlink(self, tmp_path):
+        target = tmp_path / "elsewhere"
+        target.write_text("keep")
+        os.symlink(target, stacks.stack_path(str(tmp_path), 7))
+        assert stacks.register(str(tmp_path), 7) is None
+        assert target.read_text() == "keep"
+        assert stacks._read_from(stacks.stack_path(str(tmp_path), 7), 0) == ""
+
+    def test_no_directory_or_rank_registers_nothing(self):
+        assert stacks.register(None, 0) is None
+        assert stacks.register("/x", -1) is None
+
+
+DUMP = """Thread 0x00007f0000000002 (most recent call first):
+  File "/usr/lib/python3.11/threading.py", line 320 in wait
+  File "/usr/lib/python3.11/threading.py", line 1002 in _bootstrap
+
+Current thread 0x00007f0000000001 (most recent call first):
+  File "/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py", line 2950 in all_reduce
+  File "/venv/lib/python3.11/site-packages/torch/distributed/c10d_logger.py", line 81 in wrapper
+  File "/work/train.py", line 42 in step
+  File "/work/train.py", line 60 in <module>
+  File "<frozen runpy>", line 88 in _run_code
+"""
+
+
+class TestReading:
+    def test_threads_and_frames(self):
+        threads = stacks.parse(DUMP)
+        assert [(t.ident, t.current, len(t.frames)) for t in threads] == [
+            ("0x00007f0000000002", False, 2), ("0x00007f0000000001", True, 5)]
+        assert threads[1].frames[2] == stacks.Frame("/work/train.py", 42, "step")
+
+    def test_the_main_thread_is_the_one_running_a_module(self):
+        dump = DUMP.replace("Current thread 0x00007f0000000001", "Thread 0x00007f0000000001").replace(
+            "Thread 0x00007f0000000002", "Current thread 0x00007f0000000002")
+        main = stacks.main_thread(stacks.parse(dump))
+        assert main is not None and main.ident == "0x00007f0000000001"
+
+    def test_innermost_user_frame_skips_installed_packages(self):
+        where = stacks.where(3, DUMP)
+        assert where.user == stacks.Frame("/work/train.py", 42, "step")
+        assert where.innermost is not None and where.innermost.function == "all_reduce"
+        lines = where.lines(base="/work")
+        assert lines[0] == "rank 3: train.py:42 in step"
+        assert lines[1] == "    innermost: torch/distributed/distributed_c10d.py:2950 in all_reduce"
+
+    def test_a_dump_without_user_code_names_the_innermost_frame(self):
+        dump = 'Current thread 0x1 (most recent call first):\n  File "<frozen runpy>", line 88 in _run_code\n'
+        assert stacks.where(0, dump).lines() == ["rank 0: <frozen runpy>:88 in _run_code"]
+
+    @pytest.mark.parametrize("text", ["", "garbage\n\x00\x01", "Thread 0xzz\n  File nothing"])
+    def test_garbage_is_read_as_no_frame(self, text):
+        assert stacks.where(1, text).lines() == ["rank 1: no Python frame in its dump"]
+
+    def test_summary_is_bounded(self):
+        text = stacks.summarize({r: DUMP for r in range(40)}, base="/work", limit=3)
+        assert text.count("rank ") == 3 and "... and 37 more ranks" in text
+        assert stacks.summarize({}) == ""
+
+
+class TestWire:
+    @pytest.mark.parametrize("value, expected", [
+        ({"0": "a", "3": "b"}, {0: "a", 3: "b"}),
+        ({"x": "a", "-1": "b", "1": 5, "2": None, str(1 << 40): "c"}, {}),
+        ([["0", "a"]], {}),
+        ("0", {}),
+        (None, {}),
+    ])
+    def test_parse_wire_keeps_only_well_formed_entries(self, value, expected):
+        assert stacks.parse_wire(value) == expected
+
+    def test_parse_wire_cuts_long_texts(self):
+        assert len(stacks.parse_wire({"0": "x" * (10 * stacks.MAX_STACK_BYTES)})[0]) == stacks.MAX_STACK_BYTES
+
+    def test_bound_keeps_the_innermost_frames_of_each_rank(self):
+        got = stacks.bound({r: "INNER" + "x" * 10000 for r in range(8)}, 8 * 1024)
+        assert sorted(got) == list(range(8)) and all(t.startswith("INNER") and len(t) == 1024 for t in got.values())
+        assert len(stacks.bound({r: "x" for r in range(100)}, 2048)) == 4
+
+
+def test_the_bootstrap_registers_before_user_code(tmp_path, procs):
+    """Through the real bootstrap: a script's stacks, by the rank's own file name."""
+    from metaflow_extensions.torchrun.plugins.torchrun import bootstrap, entry
+
+    script = tmp_path / "user.py"
+    script.write_text("import time\nprint('ready', flush=True)\ntime.sleep(600)  # HERE\n")
+    work = tmp_path / "work"
+    work.mkdir()
+    entry_path = entry.write_entry(str(work), [str(script)])
+    env = dict(os.environ, RANK="2", LOCAL_RANK="0", PYTHONPATH=PKG_ROOT,
+               **{bootstrap.FAILURE_DIR_ENV: str(work), bootstrap.LABELS_ENV: "0"})
+    env.update(entry.agent_environment(env, str(work), entry_path))
+    p = procs.popen([sys.executable, "-m", bootstrap.__name__, entry_path], env=env, stdout=subprocess.PIPE)
+    assert p.stdout.readline().strip() == b"ready"
+    time.sleep(0.3)
+    assert wait_until(lambda: os.path.exists(stacks.stack_path(str(work), 2)), 5)
+    text = stacks.collect(str(work), {2: p.pid})[2]
+    assert 'user.py", line 3 in <module>' in text
+    where = stacks.where(2, text)  # the main thread, though python -m started it
+    assert where.user is not None and (where.user.line, where.user.function) == (3, "<module>")
