@@ -21,6 +21,7 @@ again. Writes JSON (and prints a table).
 from __future__ import annotations
 
 import argparse
+import glob
 import json
 import os
 import signal
@@ -131,9 +132,31 @@ def one(kind: str, variant: str, heartbeat_timeout: float, cap: float, log=print
                     proc.wait(timeout=60)  # let the flow end on its own
                 except Exception:
                     pass
+            if variant == "torchrun":
+                STACK_SECONDS.setdefault(kind, []).extend(stack_seconds(box.dir))
             return None if gone_at is None else gone_at - t0
         finally:
             box.kill_everything(proc)
+
+
+# What collecting the ranks' stacks (and, on the control, waiting for the
+# other nodes' stacks) added to each node's stop, per failure kind.
+STACK_SECONDS: Dict[str, List[float]] = {}
+
+
+def stack_seconds(sysroot: str) -> List[float]:
+    """Each train task's ``stack_seconds`` from its result record, read from
+    the local metadata files of the run."""
+    found = []
+    for path in glob.glob(os.path.join(sysroot, ".metaflow", "*", "*", "train", "*", "_meta",
+                                       "sysmeta_torchrun-result_*.json")):
+        try:
+            with open(path) as f:
+                record = json.loads(json.load(f)["value"])
+            found.append(float(record.get("stack_seconds") or 0.0))
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    return found
 
 
 def measure(repeat: int, heartbeat_timeout: float, cap: float, baseline: bool = True,
@@ -168,6 +191,8 @@ def measure(repeat: int, heartbeat_timeout: float, cap: float, baseline: bool = 
                 "goal_s": goal_s(kind, heartbeat_timeout),
             }
         results[variant] = per_variant
+    results["stack_seconds"] = {kind: {"samples_s": v, "max_s": max(v) if v else None}
+                                for kind, v in STACK_SECONDS.items()}
     # The layout of the first version of this file: @torchrun's figures at the top.
     for kind, value in results["torchrun"].items():  # type: ignore[union-attr]
         results[kind] = value
@@ -192,6 +217,14 @@ def table(results: Dict[str, object]) -> str:
             manual += " (%d of %d runs > %g s)" % (m["capped"], len(m["samples_s"]), cap)
         rows.append("| %s | <= %g s | %s | %s | %s |" % (
             kind, goal_s(kind, hb), f(t["median_s"], t["capped"]), f(t["max_s"], t["capped"]), manual))
+    stacks = results.get("stack_seconds") or {}
+    if stacks:
+        rows += ["", "| failure | what the ranks' stacks added to a node's stop: median | worst | goal |",
+                 "|---|---|---|---|"]
+        for kind, v in stacks.items():  # type: ignore[union-attr]
+            samples = v["samples_s"]
+            rows.append("| %s | %s | %s | <= 2 s |" % (
+                kind, "%.2f s" % median(samples) if samples else "-", "%.2f s" % v["max_s"] if samples else "-"))
     return "\n".join(rows)
 
 
