@@ -902,3 +902,12 @@ class TestStacks:
         raw.send({"type": "stacks", "call": 0, "stacks": {}})
         (cause,) = wait_cause([a])
         assert (cause.kind, cause.node_index) == (CauseKind.NODE_LOST, 1)
+
+
+def test_nodes_done_with_the_call_or_gone_owe_no_stacks(net):
+    server = net.server(3)
+    a, b, c = net.join(server, [0, 1, 2])
+    through_call([a, b, c], 0)
+    b.call_done(0, None, {})
+    c.leave(1, ok=False)
+    assert wait_until(lambda: server.stacks_pending(0) == [0], GUARD)

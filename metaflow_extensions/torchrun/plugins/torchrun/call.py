@@ -289,6 +289,8 @@ class CallRun:
                 if r.end is None and isinstance(r.pid, int) and r.pid in live}
         self.stacks = stacks.collect(self.workdir, pids)
         self.stack_seconds += time.monotonic() - began
+        # At once, not after the stop: the control waits for them only so long.
+        self._share_stacks()
 
     def _share_stacks(self) -> None:
         """Once per failed call, even empty: the control waits for every node's."""

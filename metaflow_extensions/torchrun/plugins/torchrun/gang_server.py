@@ -328,11 +328,13 @@ class GangServer:
 
     def stacks_pending(self, index: int) -> List[int]:
         """Nodes of call ``index`` that may still send their stacks: in the
-        call, connected, and silent about them so far."""
+        call and not done with it, connected, not gone (a node sends its stacks
+        before it leaves), and silent about them so far."""
         call = self.calls.get(index)
         if call is None:
             return []
-        return sorted(n for n in call.entries if n not in call.stacks and n in self._by_node)
+        return sorted(n for n in list(call.entries) if n not in call.stacks and n not in call.done
+                      and n not in self.left and n in self._by_node)
 
     def _on_call_done(self, peer: _Peer, message: wire.Message) -> None:
         node = peer.node
