@@ -318,6 +318,7 @@ def _render_and_save(deco: Any, attempt: int) -> None:
     html = card.render(task).replace(card.RELOAD_POLICY_TOKEN, "final")
     if not html:
         raise ValueError("the card rendered nothing")
+    _wait_for_runtime_renders(deco)
     store = _card_datastore(deco._flow_datastore, current.pathspec)
     store.save_card(uuid, card_type, html, card_id=card_id)
     refreshed = card.refresh(task, current.card._get_latest_data(uuid, final=True, mode="refresh"))
@@ -325,6 +326,17 @@ def _render_and_save(deco: Any, attempt: int) -> None:
         payload = {"reload_token": "final", "data": refreshed, "created_on": time.time()}
         store.save_data(uuid, card_type, payload, card_id=card_id)
     _register_card_info(deco, attempt)
+
+
+def _wait_for_runtime_renders(deco: Any) -> None:
+    """A ``current.card.refresh()`` in the step starts an asynchronous
+    ``card create`` of the runtime card; one still running could overwrite the
+    final card after us. Metaflow waits for it before its final render: so do we
+    (no wait when there is none, the usual case)."""
+    wait = getattr(deco.card_creator, "_wait_for_async_processes_to_finish", None)
+    if wait is not None:
+        timeout = deco.attributes.get("timeout")
+        wait(deco._card_uuid, 30 if timeout is None else int(timeout) + 10)
 
 
 def _card_datastore(flow_datastore: Any, pathspec: str) -> Any:
