@@ -17,16 +17,21 @@ import metaflow
 from metaflow import current
 from metaflow.cards import get_cards
 from metaflow.datastore import FlowDataStore
-from metaflow.metadata_provider import MetaDatum
 from metaflow.metaflow_environment import MetaflowEnvironment
 from metaflow.plugins.cards.card_decorator import CardDecorator
 from metaflow.plugins.datastores.local_storage import LocalStorage
-from metaflow.plugins.metadata_providers.local import LocalMetadataProvider
 
 from metaflow_extensions.torchrun.plugins.torchrun import card as card_mod
+from metaflow_extensions.torchrun.plugins.torchrun.compat import meta_datum
 from metaflow_extensions.torchrun.plugins.torchrun.resources import NONE, Accelerators
 from metaflow_extensions.torchrun.plugins.torchrun.result import RankRecord, TorchrunResult
 
+try:  # the package's name since Metaflow 2.12.x
+    from metaflow.plugins.metadata_providers.local import LocalMetadataProvider
+except ImportError:
+    from metaflow.plugins.metadata.local import LocalMetadataProvider
+
+MetaDatum = meta_datum()
 FLOW = "CardFlow"
 STEP = "train"
 
@@ -66,7 +71,8 @@ def task(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(LocalStorage, "datastore_root", str(root))
     for name, make in _CARD_CLASS_STATE.items():
-        monkeypatch.setattr(CardDecorator, name, make())
+        if hasattr(CardDecorator, name):  # which exist depends on the Metaflow version
+            monkeypatch.setattr(CardDecorator, name, make())
     flow = _Flow()
     environment = MetaflowEnvironment(flow)
     metadata = LocalMetadataProvider(environment, flow, None, None)
@@ -132,6 +138,8 @@ def test_the_card_is_rendered_in_the_task_and_found_by_get_cards(task):
 
 
 def test_the_card_is_registered_as_metaflow_registers_it(task):
+    if not hasattr(task.deco.card_creator, "_should_save_metadata"):
+        pytest.skip("this Metaflow registers no card metadata")
     assert card_mod.finish_card(task.deco, _result(), FLOW, NONE, 0)
     client_task = metaflow.Task(task.pathspec)
     info = json.loads(client_task.metadata_dict[task.deco._card_uuid])
