@@ -123,6 +123,44 @@ def _card_components(gang, flow="gang_flow.py"):
     return page["components"][0]["contents"][0]["contents"]
 
 
+def _card_creates(gang):
+    """The `flow.py card create` subprocesses Metaflow ran (gang_flow.py logs them)."""
+    import os
+
+    try:
+        with open(os.path.join(gang.out, "card-create.log")) as f:
+            return f.read().splitlines()
+    except FileNotFoundError:
+        return []
+
+
+def _client_card(gang):
+    """The control task's card as the Metaflow client finds it."""
+    return gang.client(
+        "from metaflow.cards import get_cards\n"
+        "t = Flow('GangFlow').latest_run['train'].control_task\n"
+        "cards = get_cards(t, id='torchrun')\n"
+        "info = [json.loads(m.value) for m in t.metadata if m.type == 'card-info']\n"
+        "result = {'n': len(cards), 'type': cards[0].type, 'id': cards[0].id, 'hash': cards[0].hash,\n"
+        "          'html': cards[0].get(), 'data': cards[0].get_data(), 'info': info}"
+    )
+
+
+def test_card_is_rendered_in_the_task_not_by_card_create(gang):
+    proc = gang.run("--script", "report.py")
+    assert proc.returncode == 0, output(proc)[-3000:]
+    card = _client_card(gang)
+    assert (card["n"], card["type"], card["id"]) == (1, "blank", "torchrun")
+    assert "[METAFLOW_RELOAD_TOKEN]" not in card["html"]
+    data = re.search(r'__MF_DATA__\["[^"]+"\] = "([^"]+)"', card["html"]).group(1)
+    text = base64.b64decode(data).decode()
+    assert "Succeeded" in text and "gloo expected (the step asked for no GPU)" in text
+    assert card["data"]["reload_token"] == "final"
+    assert [(i["card_uuid"], i["id"], i["type"]) for i in card["info"]] == [(card["hash"], "torchrun", "blank")]
+    assert _card_creates(gang) == []
+    assert "rendering the card in the task failed" not in output(proc)
+
+
 def test_card_shows_topology_ranks_and_timeline(gang):
     proc = gang.run("--script", "many_lines.py", "--script-args", json.dumps({"lines": 30}))
     assert proc.returncode == 0, output(proc)[-3000:]
@@ -150,3 +188,6 @@ def test_card_of_a_failed_run_names_the_root_cause(gang):
     sources = [p.get("source", "").strip() for p in parts if p["type"] == "markdown"]
     assert "Failed" in sources[0] and "boom from rank 2" in sources[0]
     assert any(s.startswith("## Root cause") and "rank 2" in s for s in sources)
+    # Rendered in the task too, found by the client; `card get` above is no `card create`.
+    assert _client_card(gang)["n"] == 1
+    assert _card_creates(gang) == []

@@ -12,7 +12,7 @@ from typing import Any, Dict, Optional
 from metaflow.plugins.parallel_decorator import ParallelDecorator
 from metaflow.unbounded_foreach import UBF_CONTROL
 
-from .card import attach_card, fill_card, render_card_now
+from .card import attach_card, finish_card, render_card_now
 from .compat import decorator_init_kwargs, legacy_notes, local_control_task_id, meta_datum, translate_attributes
 from .errors import TorchrunInvalidArgument
 from . import secret as gang_secret
@@ -266,16 +266,19 @@ class TorchrunDecorator(ParallelDecorator):
         if self._session is not None:
             self._session.close()
         if not is_task_ok and self._card is not None:
-            render_card_now(self._card)
+            render_card_now(self._card, retry_count)
 
     def _record_result(self, retry_count: int) -> None:
         """Keep the run's record as task metadata: readable after the run with
-        ``Task(...).metadata_dict["torchrun-result"]``."""
+        ``Task(...).metadata_dict["torchrun-result"]``. The card is rendered
+        here, in the task, rather than by Metaflow in a subprocess after it."""
         result = self._session.last_result if self._session is not None else None
         if result is None:
             return
-        if self._card is not None:
-            fill_card(result, self._flow_name)
+        if self._card is not None and finish_card(
+            self._card, result, self._flow_name, self._accelerators, retry_count
+        ):
+            self._card = None
         MetaDatum = meta_datum()  # its module moved within Metaflow 2.12.x
 
         metadata, run_id, step_name, task_id = self._metadata

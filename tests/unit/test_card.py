@@ -1,0 +1,210 @@
+"""The step's card, rendered in the task: with Metaflow's real card decorator,
+card datastore and local metadata, found afterwards by ``get_cards``.
+
+Each test builds a task's card state as Metaflow does before a step (the card
+decorator's ``step_init`` and ``task_pre_step`` on a local datastore in a
+temporary directory) and then calls what ``@torchrun`` calls after the step.
+"""
+
+import base64
+import json
+import re
+import time
+
+import pytest
+
+import metaflow
+from metaflow import current
+from metaflow.cards import get_cards
+from metaflow.datastore import FlowDataStore
+from metaflow.metaflow_environment import MetaflowEnvironment
+from metaflow.plugins.cards.card_decorator import CardDecorator
+from metaflow.plugins.datastores.local_storage import LocalStorage
+
+from metaflow_extensions.torchrun.plugins.torchrun import card as card_mod
+from metaflow_extensions.torchrun.plugins.torchrun.compat import meta_datum
+from metaflow_extensions.torchrun.plugins.torchrun.resources import NONE, Accelerators
+from metaflow_extensions.torchrun.plugins.torchrun.result import RankRecord, TorchrunResult
+
+try:  # the package's name since Metaflow 2.12.x
+    from metaflow.plugins.metadata_providers.local import LocalMetadataProvider
+except ImportError:
+    from metaflow.plugins.metadata.local import LocalMetadataProvider
+
+MetaDatum = meta_datum()
+FLOW = "CardFlow"
+STEP = "train"
+
+# What Metaflow keeps on the class between decorators of a process.
+_CARD_CLASS_STATE = {
+    "_called_once": dict,
+    "_GLOBAL_CARD_INFO": dict,
+    "total_decos_on_step": dict,
+    "step_counter": lambda: 0,
+    "task_finished_decos": lambda: 0,
+    "card_creator": lambda: None,
+}
+
+
+class _Flow:
+    name = FLOW
+
+    def _get_parameters(self):
+        return iter(())
+
+
+class _Task:
+    """What the card decorator's hooks need of a running task."""
+
+    def __init__(self, root, deco, metadata, run_id, task_id):
+        self.root, self.deco, self.metadata = root, deco, metadata
+        self.run_id, self.task_id = run_id, task_id
+        self.pathspec = "/".join([FLOW, run_id, STEP, task_id])
+
+
+@pytest.fixture
+def task(tmp_path, monkeypatch):
+    """A task of CardFlow with ``@card(type="blank", id="torchrun")`` attached
+    by ``attach_card``, up to the start of its step."""
+    root = tmp_path / ".metaflow"
+    root.mkdir()
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(LocalStorage, "datastore_root", str(root))
+    for name, make in _CARD_CLASS_STATE.items():
+        if hasattr(CardDecorator, name):  # which exist depends on the Metaflow version
+            monkeypatch.setattr(CardDecorator, name, make())
+    flow = _Flow()
+    environment = MetaflowEnvironment(flow)
+    metadata = LocalMetadataProvider(environment, flow, None, None)
+    run_id = metadata.new_run_id()
+    task_id = metadata.new_task_id(run_id, STEP)
+    metadata.register_metadata(run_id, STEP, task_id, [
+        MetaDatum(field="ds-type", value="local", type="ds-type", tags=[]),
+        MetaDatum(field="ds-root", value=str(root), type="ds-root", tags=[]),
+    ])
+    flow_datastore = FlowDataStore(FLOW, None, storage_impl=LocalStorage, ds_root=str(root))
+    decorators = []
+    deco = card_mod.attach_card(decorators)
+    deco.step_init(flow, None, STEP, decorators, environment, flow_datastore, lambda *a, **k: None)
+    current._set_env(flow=flow, run_id=run_id, step_name=STEP, task_id=task_id, retry_count=0)
+    deco.task_pre_step(STEP, None, metadata, run_id, task_id, flow, None, 0, 0, None, [])
+    namespace = metaflow.get_namespace()
+    metaflow.namespace(None)
+    yield _Task(root, deco, metadata, run_id, task_id)
+    current._update_env({"card": None})
+    metaflow.namespace(namespace)
+
+
+def _result(succeeded=True) -> TorchrunResult:
+    now = time.time()
+    ranks = [RankRecord(rank=r, local_rank=r, pid=100 + r, start=now - 3, end=now - 1, exit_code=0) for r in (0, 1)]
+    cause = None if succeeded else {"summary": "rank 1 raised: boom from rank 1"}
+    if not succeeded:
+        ranks[1].exit_code = 1
+    return TorchrunResult(
+        command=["torchrun"], node_index=0, num_nodes=1, nproc_per_node=2,
+        exit_code=0 if succeeded else 1, started_at=now - 4, ended_at=now,
+        main_addr="10.0.0.7", ranks=ranks, cause=cause,
+    )
+
+
+def _card(task):
+    cards = get_cards(task.pathspec, id=card_mod.CARD_ID)
+    assert len(cards) == 1
+    return cards[0]
+
+
+def _components(html: str) -> list:
+    data = re.search(r'__MF_DATA__\["[^"]+"\] = "([^"]+)"', html).group(1)
+    page = json.loads(base64.b64decode(data))
+    return page["components"][0]["contents"][0]["contents"]
+
+
+def test_the_card_is_rendered_in_the_task_and_found_by_get_cards(task):
+    started = time.monotonic()
+    assert card_mod.finish_card(task.deco, _result(), FLOW, NONE, 0)
+    assert time.monotonic() - started < 1.0  # no Metaflow start-up in a subprocess
+    card = _card(task)
+    assert (card.type, card.id, card.hash) == ("blank", "torchrun", task.deco._card_uuid)
+    html = card.get()
+    assert "[METAFLOW_RELOAD_TOKEN]" not in html
+    sources = [p.get("source", "") for p in _components(html) if p["type"] == "markdown"]
+    assert "**Succeeded**" in sources[0] and task.pathspec in sources[0]
+    tables = [p["data"] for p in _components(html) if p["type"] == "table"]
+    assert dict(map(tuple, tables[0]))["control address"] == "10.0.0.7"
+    assert dict(map(tuple, tables[0]))["backend"] == "gloo expected (the step asked for no GPU)"
+    data = card.get_data()
+    assert data["reload_token"] == "final" and data["data"]
+
+
+def test_the_card_is_registered_as_metaflow_registers_it(task):
+    if not hasattr(task.deco.card_creator, "_should_save_metadata"):
+        pytest.skip("this Metaflow registers no card metadata")
+    assert card_mod.finish_card(task.deco, _result(), FLOW, NONE, 0)
+    client_task = metaflow.Task(task.pathspec)
+    info = json.loads(client_task.metadata_dict[task.deco._card_uuid])
+    assert info["type"] == "blank" and info["id"] == "torchrun" and info["card_uuid"] == task.deco._card_uuid
+    assert [m.type for m in client_task.metadata if m.name == task.deco._card_uuid] == ["card-info"]
+    # Once only, as Metaflow's own guard says: a second render writes no second entry.
+    assert not task.deco.card_creator._should_save_metadata(task.deco._card_uuid)[0]
+
+
+def test_metaflow_does_not_render_it_again(task, monkeypatch):
+    calls = []
+    monkeypatch.setattr(task.deco.card_creator, "create", lambda **kw: calls.append(kw))
+    assert card_mod.finish_card(task.deco, _result(), FLOW, NONE, 0)
+    task.deco.task_finished(STEP, None, None, True, 0, 0)
+    assert calls == []
+
+
+def test_the_card_of_a_failed_task_names_the_cause(task):
+    assert card_mod.finish_card(task.deco, _result(succeeded=False), FLOW, NONE, 0)
+    sources = [p.get("source", "") for p in _components(_card(task).get()) if p["type"] == "markdown"]
+    assert "**Failed**" in sources[0] and "boom from rank 1" in sources[0]
+    assert any(s.startswith("## Root cause") for s in sources)
+
+
+def test_a_failed_task_without_a_result_gets_its_card_in_the_task(task, monkeypatch):
+    monkeypatch.setattr(task.deco.card_creator, "create", lambda **kw: pytest.fail("card create was run"))
+    card_mod.render_card_now(task.deco, 0)
+    assert _card(task).get()
+
+
+def test_any_error_leaves_metaflows_rendering_in_place(task, monkeypatch, capsys):
+    calls = []
+    monkeypatch.setattr(task.deco.card_creator, "create", lambda **kw: calls.append(kw["mode"]))
+    monkeypatch.setattr(card_mod, "_card_datastore", lambda *a: 1 / 0)
+    assert not card_mod.finish_card(task.deco, _result(), FLOW, NONE, 0)
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "rendering the card in the task failed (ZeroDivisionError" in err
+    # The card is filled for Metaflow, which renders it after the task as before.
+    assert len(list(current.card[card_mod.CARD_ID])) > 3
+    task.deco.task_finished(STEP, None, None, True, 0, 0)
+    assert calls == ["render", "refresh"]
+    # A failed task's card then goes to Metaflow's subprocess at once, not here again.
+    card_mod.render_card_now(task.deco, 0)
+    assert calls[-1] == "render" and capsys.readouterr().err == ""
+
+
+def test_another_card_type_with_our_id_is_left_to_metaflow(task, monkeypatch):
+    monkeypatch.setitem(task.deco.attributes, "type", "default")
+    assert not card_mod.render_in_task(task.deco, 0)
+    assert not list((task.root / "mf.cards").rglob("*.html"))
+
+
+@pytest.mark.parametrize(
+    "accelerators, cuda, label",
+    [
+        (NONE, 0, "gloo expected (the step asked for no GPU)"),
+        (NONE, 8, "gloo expected (the step asked for no GPU)"),
+        (Accelerators("gpu", 1, "@resources"), 1, "nccl expected (the step asked for 1 GPU)"),
+        (Accelerators("gpu", 4, "@kubernetes"), None, "nccl expected (the step asked for 4 GPUs)"),
+        (
+            Accelerators("gpu", 2, "@resources"), 0,
+            "gloo expected (the step asked for 2 GPUs, but no CUDA device is visible)",
+        ),
+        (Accelerators("neuron", 1, "@batch"), 0, "chosen by the script (the step asked for 1 Neuron device)"),
+    ],
+)
+def test_the_backend_row_follows_what_the_step_asked_for(accelerators, cuda, label):
+    assert card_mod.backend_label(accelerators, cuda) == label
