@@ -208,3 +208,35 @@ def test_another_card_type_with_our_id_is_left_to_metaflow(task, monkeypatch):
 )
 def test_the_backend_row_follows_what_the_step_asked_for(accelerators, cuda, label):
     assert card_mod.backend_label(accelerators, cuda) == label
+
+
+STACK = (
+    'Current thread 0x00007f0000000001 (most recent call first):\n'
+    '  File "/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py", line 2950 in all_reduce\n'
+    '  File "/work/train.py", line 42 in step\n'
+    '  File "/work/train.py", line 60 in <module>\n'
+)
+
+
+def test_the_card_shows_where_each_rank_was_in_full(task):
+    result = _result(succeeded=False)
+    result.stacks = {3: STACK, 2: STACK.replace("line 42", "line 44")}
+    assert card_mod.finish_card(task.deco, result, FLOW, NONE, 0)
+    sources = [p.get("source", "") for p in _components(_card(task).get()) if p["type"] == "markdown"]
+    at = sources.index("## Where each rank was when the job was stopped")
+    rank2, rank3 = sources[at + 1].strip(), sources[at + 2].strip()
+    assert rank2.startswith("**rank 2: ") and "train.py:44 in step" in rank2.splitlines()[0]
+    assert "innermost: torch/distributed/distributed_c10d.py:2950 in all_reduce" in rank2.splitlines()[0]
+    assert rank3.startswith("**rank 3: ") and STACK.rstrip() in rank3  # every frame, as dumped
+    assert any(s.startswith("## Root cause") for s in sources[:at])
+
+
+def test_a_card_is_taken_off_a_worker_only_when_metaflow_has_not_reached_it():
+    """Metaflow iterates the step's decorators while @torchrun's hook runs:
+    removing one it already passed would make it skip the next one."""
+    from metaflow_extensions.torchrun.plugins.torchrun.decorator import _comes_after
+
+    ours, card, other = object(), object(), object()
+    assert _comes_after([ours, other, card], card, ours)
+    assert not _comes_after([card, ours, other], card, ours)
+    assert not _comes_after([ours, other], card, ours)

@@ -24,6 +24,7 @@ from typing import Any, Dict, List, Optional
 from .devices import cuda_devices
 from .failures import describe_exit_code
 from .resources import Accelerators
+from . import stacks
 from .result import TorchrunResult
 
 CARD_ID = "torchrun"
@@ -131,6 +132,20 @@ def rank_rows(result: TorchrunResult) -> List[List[str]]:
     return rows
 
 
+def stack_parts(result: TorchrunResult, Markdown: Any) -> list:
+    """Where each rank was when the job was stopped: where it was in the
+    user's code, then every thread's stack, in full, per rank (stacks.py)."""
+    if not result.stacks:
+        return []
+    fence = "`" * 3
+    parts = [Markdown("## Where each rank was when the job was stopped")]
+    for rank in sorted(result.stacks):
+        text = result.stacks[rank].replace(fence, "'" * 3).rstrip()
+        head = " / ".join(line.strip() for line in stacks.where(rank, text).lines())
+        parts.append(Markdown("**%s**\n\n%s\n%s\n%s" % (head.replace("*", "\\*"), fence, text, fence)))
+    return parts
+
+
 def build_components(result: TorchrunResult, flow: str, pathspec: str, backend: str) -> list:
     from metaflow.cards import Markdown, Table
 
@@ -147,6 +162,7 @@ def build_components(result: TorchrunResult, flow: str, pathspec: str, backend: 
     if cause:
         text = cause.get("summary") or str(cause)
         parts.append(Markdown("## Root cause\n\n```\n%s\n```" % text))
+    parts.extend(stack_parts(result, Markdown))
     tails = gang_tails(result)
     if tails:
         parts.append(Markdown("## Last lines of each rank"))

@@ -157,9 +157,11 @@ class TorchrunDecorator(ParallelDecorator):
         if ubf_context != UBF_CONTROL and self._card is not None:
             # The card belongs to the control task, which sees the whole gang.
             # Rendering one on every other node costs each a Metaflow start-up
-            # on its critical path. Metaflow is iterating this list and has not
-            # reached the card yet: removing it skips all of its hooks.
-            if self._card in self._decorators:
+            # on its critical path. Metaflow is iterating this list: removing
+            # a card it has not reached yet skips all of its hooks; removing
+            # one it has passed (a user's own @card(id="torchrun") above us)
+            # would make it skip the decorator after us, so that one stays.
+            if _comes_after(self._decorators, self._card, self):
                 self._decorators.remove(self._card)
             self._card = None
         if ubf_context == UBF_CONTROL and is_local_runtime(os.environ):
@@ -298,6 +300,12 @@ class TorchrunDecorator(ParallelDecorator):
             )
         except Exception as e:  # the record must never fail the step
             print("@torchrun: could not store the run's record: %s" % e, file=sys.stderr)
+
+
+def _comes_after(decorators: list, later: Any, earlier: Any) -> bool:
+    """``later`` is in the list after ``earlier`` (compared by identity)."""
+    ids = [id(d) for d in decorators]
+    return id(later) in ids and id(earlier) in ids and ids.index(id(later)) > ids.index(id(earlier))
 
 
 def _truthy(value: Any) -> bool:
