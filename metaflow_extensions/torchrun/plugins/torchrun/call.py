@@ -37,8 +37,8 @@ from .workdirs import CallFiles
 from .workdirs import tail_lines as _tail_lines
 
 TAIL_LINES = 20
-# How long the control waits for the other nodes' stacks after a failure: a
-# frozen node never sends any, so this bounds what stacks add to a stop.
+# What stacks may add to the control's stop, its own collecting included: a
+# frozen node never sends any, so this bounds the wait for the others'.
 STACKS_WAIT = 2.0
 
 
@@ -306,7 +306,12 @@ class CallRun:
         if server is None:
             return
         began = time.monotonic()
-        while server.stacks_pending(self.index) and time.monotonic() - began < STACKS_WAIT:
+        budget = max(0.0, STACKS_WAIT - self.stack_seconds)  # collecting our own counts too
+        cause = self.session.cause
+        # A node the gang lost or found frozen sends nothing: not waited for.
+        silent = {cause.node_index} if cause is not None and cause.kind in (
+            CauseKind.NODE_LOST, CauseKind.UNRESPONSIVE) else set()
+        while (set(server.stacks_pending(self.index)) - silent) and time.monotonic() - began < budget:
             time.sleep(0.02)
         call = server.calls.get(self.index)
         gathered: Dict[int, str] = {}
