@@ -492,14 +492,14 @@ class TestBuildCommand:
             "rdzv-backend": "c10d",
             "rdzv-endpoint": "10.0.0.1:29500",
             "rdzv-id": "Flow-1-train-2-0",
-            "rdzv-conf": "is_host=1",
+            "rdzv-conf": "is_host=1,join_timeout=1200",
             "max-restarts": "0",
         }
 
     @pytest.mark.parametrize("index", [1, 2, 7])
     def test_only_node_0_hosts_the_rendezvous(self, index):
         argv = build_command(_launch(num_nodes=8, node_index=index))
-        assert _options_of(argv)["rdzv-conf"] == "is_host=0"
+        assert _options_of(argv)["rdzv-conf"] == "is_host=0,join_timeout=1200"
 
     def test_every_option_appears_once(self):
         argv = build_command(_launch(user_options={"max-restarts": "2", "nnodes": "3"}))
@@ -606,7 +606,7 @@ class TestBuildCommand:
         assert ns.rdzv_backend == "c10d"
         assert ns.rdzv_endpoint == "[::1]:29500"
         assert ns.rdzv_id == "Flow-1-train-2-0"
-        assert ns.rdzv_conf == "is_host=0"
+        assert ns.rdzv_conf == "is_host=0,join_timeout=1200"
         assert ns.max_restarts == 0
         assert ns.monitor_interval == 1
         assert ns.module is True

@@ -4,6 +4,7 @@ settings on the command line."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -355,14 +356,23 @@ def torch_reads(argv):
 
 class TestRdzvConf:
     def test_default_says_which_node_hosts_the_store(self):
-        assert rdzv_conf(command.build_command(launch(0, {}))) == "is_host=1"
-        assert rdzv_conf(command.build_command(launch(1, {}))) == "is_host=0"
+        assert rdzv_conf(command.build_command(launch(0, {}))) == "is_host=1,join_timeout=1200"
+        assert rdzv_conf(command.build_command(launch(1, {}))) == "is_host=0,join_timeout=1200"
+
+    def test_torch_waits_longer_than_the_gang_for_a_late_node(self):
+        """A node launches when it reaches the call, before the others: the
+        gang's start_timeout names a node that never arrives, so torch's own
+        rendezvous must not give up first."""
+        for start_timeout, expected in [(600.0, 1200), (30.5, 631), (3600, 4200)]:
+            argv = command.build_command(dataclasses.replace(launch(1, {}), start_timeout=start_timeout))
+            assert torch_reads(argv) == {"is_host": "0", "join_timeout": str(expected)}
+            assert int(torch_reads(argv)["join_timeout"]) >= start_timeout + command.TORCH_JOIN_TIMEOUT
 
     @pytest.mark.parametrize("node_index, is_host", [(0, "1"), (1, "0")])
     def test_users_settings_are_added_to_is_host(self, node_index, is_host):
         argv = command.build_command(launch(node_index, {"rdzv-conf": "join_timeout=900"}))
         conf = rdzv_conf(argv)
-        assert sorted(conf.split(",")) == ["is_host=%s" % is_host, "join_timeout=900"]
+        assert conf.split(",") == ["is_host=%s" % is_host, "join_timeout=900"]
         assert torch_reads(argv) == {"is_host": is_host, "join_timeout": "900"}
         # The rest of the command is as without the user's setting.
         base = command.build_command(launch(node_index, {}))
@@ -373,8 +383,14 @@ class TestRdzvConf:
     def test_users_is_host_is_used_unchanged(self, node_index):
         mine = "join_timeout=900,is_host=0"
         argv = command.build_command(launch(node_index, {"rdzv-conf": mine}))
-        assert rdzv_conf(argv) == mine
+        assert sorted(rdzv_conf(argv).split(",")) == sorted(mine.split(","))
         assert torch_reads(argv) == {"is_host": "0", "join_timeout": "900"}
+
+    def test_a_malformed_setting_reaches_torch_as_written(self):
+        argv = command.build_command(launch(0, {"rdzv-conf": "read_timeout=60,oops"}))
+        assert rdzv_conf(argv) == "is_host=1,join_timeout=1200,read_timeout=60,oops"
+        with pytest.raises(ValueError, match="rendezvous configuration"):
+            torch_reads(argv)
 
     @pytest.mark.parametrize(
         "torchrun_args",
@@ -387,9 +403,7 @@ class TestRdzvConf:
     )
     def test_every_spelling_of_the_option_merges(self, torchrun_args):
         argv = command.build_command(launch(1, command.parse_options(torchrun_args)))
-        assert sorted(rdzv_conf(argv).split(",")) == [
-            "is_host=0", "join_timeout=900", "read_timeout=60"
-        ]
+        assert rdzv_conf(argv).split(",") == ["is_host=0", "join_timeout=900", "read_timeout=60"]
         assert torch_reads(argv)["is_host"] == "0"
 
     def test_user_options_are_not_mutated(self):

@@ -42,7 +42,7 @@ def net(procs):
 
 
 def enter_in_background(client, index, entry="train.py"):
-    """``enter_call`` blocks until every node entered: run it on a thread."""
+    """``enter_call`` blocks until the service answers: run it on a thread."""
     got = {}
     t = threading.Thread(target=lambda: got.setdefault("port", client.enter_call(index, entry)), daemon=True)
     t.start()
@@ -510,19 +510,28 @@ class TestPorts:
 
 
 class TestCalls:
-    def test_go_only_once_every_node_entered(self, net):
+    def test_each_node_goes_as_soon_as_it_enters(self, net):
+        """A node's torchrun starts while later nodes are still on their way;
+        all get the same port, and the call counts as entered by all only
+        once the last one arrives (what the call timeout and hang detection
+        count from)."""
         server = net.server(3)
         a, b, c = net.join(server, [0, 1, 2])
-        ta, got_a = enter_in_background(a, 0)
-        tb, got_b = enter_in_background(b, 0)
-        time.sleep(0.4)
-        assert ta.is_alive() and tb.is_alive(), "no go before node 2 entered call 0"
-        assert server.calls[0].rdzv_port is None
-        port = c.enter_call(0, "train.py")
-        ta.join(GUARD)
-        tb.join(GUARD)
-        assert got_a["port"] == got_b["port"] == port == server.calls[0].rdzv_port
-        assert port != server.port
+        port_a = a.enter_call(0, "train.py")
+        assert port_a is not None and port_a != server.port
+        assert server.calls[0].all_entered_at is None
+        port_b = b.enter_call(0, "train.py")
+        assert server.calls[0].all_entered_at is None
+        port_c = c.enter_call(0, "train.py")
+        assert port_a == port_b == port_c == server.calls[0].rdzv_port
+        assert wait_until(lambda: server.calls[0].all_entered_at is not None, GUARD)
+
+    def test_a_late_node_still_times_out_after_the_others_went(self, net):
+        server = net.server(2, start_timeout=0.5)
+        a, b = net.join(server, [0, 1])
+        assert a.enter_call(0, "x") is not None
+        for cause in wait_cause([a, b]):
+            assert (cause.kind, cause.call, cause.missing) == (CauseKind.CALL_TIMEOUT, 0, (1,))
 
     def test_each_call_has_its_own_rendezvous_port(self, net):
         server = net.server(2)
@@ -579,9 +588,10 @@ class TestCalls:
     def test_a_call_nobody_else_reaches_times_out_naming_the_absent(self, net):
         server = net.server(2, start_timeout=0.5)
         a, _ = net.join(server, [0, 1])
-        assert a.enter_call(0, "x") is None
-        assert (a.cause.kind, a.cause.call, a.cause.missing) == (CauseKind.CALL_TIMEOUT, 0, (1,))
-        assert "node 1 did not reach call 1" in a.cause.summary
+        assert a.enter_call(0, "x") is not None
+        (cause,) = wait_cause([a])
+        assert (cause.kind, cause.call, cause.missing) == (CauseKind.CALL_TIMEOUT, 0, (1,))
+        assert "node 1 did not reach call 1" in cause.summary
 
     @pytest.mark.parametrize("message", [
         {"type": "call", "index": 1, "entry": "x"},  # skips call 0

@@ -21,6 +21,7 @@ from metaflow_extensions.torchrun.plugins.torchrun.plan import StepDefaults
 from metaflow_extensions.torchrun.plugins.torchrun.ports import find_free_port
 from metaflow_extensions.torchrun.plugins.torchrun.session import GangSession, Phase
 from metaflow_extensions.torchrun.plugins.torchrun.topology import Topology
+from proc_helpers import wait_until
 
 GUARD = 10.0
 
@@ -138,7 +139,9 @@ class TestStepEnd:
             # The verdict may reach the leaving node before its step has ended.
             assert e.cause.kind is CauseKind.LEFT_EARLY
         t.join(GUARD)
-        assert box.get("value") is None
+        # The control went at once (its torchrun would be running): the gang
+        # stops it when node 1 leaves without the call.
+        assert wait_until(lambda: control.cause is not None, GUARD)
         assert control.cause.kind is CauseKind.LEFT_EARLY
         assert "node 1 ended its step after 0 calls" in control.cause.summary
 

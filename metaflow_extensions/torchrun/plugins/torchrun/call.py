@@ -140,6 +140,7 @@ class CallRun:
                 entrypoint_argv=(),
                 user_options=plan.options,
                 local_addr=self.local_addr,
+                start_timeout=self.session.defaults.start_timeout,
             )
         )
         env = rank_environment(

@@ -8,6 +8,7 @@ quotes, ``$(...)`` and backticks reach the script exactly as given.
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
@@ -19,6 +20,9 @@ ArgSpec = Union[None, Sequence[Any], Mapping[str, Any]]
 
 # The Python module every rank runs first; it then runs the user's entrypoint.
 BOOTSTRAP_MODULE = "metaflow_extensions.torchrun.plugins.torchrun.bootstrap"
+
+# torch's c10d rendezvous waits this long by default (join_timeout).
+TORCH_JOIN_TIMEOUT = 600
 
 _SCALARS = (str, int, float, os.PathLike)
 
@@ -213,6 +217,9 @@ class Launch:
     user_options: Mapping[str, Any] = ()  # type: ignore[assignment]
     max_restarts: int = 0
     local_addr: Optional[str] = None
+    # The gang's start_timeout: a node launches as soon as it reaches a call,
+    # so its rendezvous may wait that long for the last node to arrive.
+    start_timeout: float = 600.0
 
 
 def format_endpoint(host: str, port: int) -> str:
@@ -232,11 +239,29 @@ def default_options(launch: Launch) -> Dict[str, Any]:
         "rdzv-id": launch.rdzv_id,
         # The control node hosts the rendezvous store; saying so explicitly avoids
         # torch guessing from host names, which fails behind NAT and in namespaces.
-        "rdzv-conf": "is_host=%d" % (1 if launch.node_index == 0 else 0),
+        "rdzv-conf": "is_host=%d,join_timeout=%d" % (1 if launch.node_index == 0 else 0,
+                                                     join_timeout(launch.start_timeout)),
         "max-restarts": str(launch.max_restarts),
         # The address other nodes reach this one at (see network.py).
         "local-addr": launch.local_addr,
     }
+
+
+def join_timeout(start_timeout: float) -> int:
+    """torch's rendezvous wait, in whole seconds: ``start_timeout`` for the
+    last node to reach the call (the gang names it if it never does), then
+    torch's own default of 600 s for that node's torchrun to start."""
+    return int(math.ceil(start_timeout)) + TORCH_JOIN_TIMEOUT
+
+
+def _merge_rdzv_conf(ours: str, theirs: str) -> str:
+    """The user's rendezvous settings win key by key, and reach torch as
+    written (torch names a malformed one); ``is_host`` is kept unless they set
+    it, or torch would guess which node hosts the store."""
+    items = {item.split("=", 1)[0]: item for item in ours.split(",")}
+    for item in theirs.split(","):
+        items[item.partition("=")[0].strip()] = item
+    return ",".join(items.values())
 
 
 def build_command(launch: Launch) -> List[str]:
@@ -244,10 +269,8 @@ def build_command(launch: Launch) -> List[str]:
     options = default_options(launch)
     user = dict(launch.user_options or {})
     conf = user.get("rdzv-conf")
-    if isinstance(conf, str) and "is_host" not in conf:
-        # Extra rendezvous settings add to ours: losing is_host would make torch
-        # guess which node hosts the store.
-        user["rdzv-conf"] = "%s,%s" % (options["rdzv-conf"], conf)
+    if isinstance(conf, str):
+        user["rdzv-conf"] = _merge_rdzv_conf(options["rdzv-conf"], conf)
     options.update(user)
     return (
         [launch.python, "-m", "torch.distributed.run"]

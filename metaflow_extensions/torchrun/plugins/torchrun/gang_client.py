@@ -190,8 +190,10 @@ class GangClient:
         return self._sock is not None and self.cause is None
 
     def enter_call(self, index: int, entry: str) -> Optional[int]:
-        """Say this node reached call ``index``; block until every node has, and
-        return the call's rendezvous port, or None if the gang aborted."""
+        """Say this node reached call ``index``; the call's rendezvous port, or
+        None if the gang aborted. The service answers at once (it checks the
+        entrypoint against the nodes already there): torchrun's rendezvous,
+        watched by the gang, waits for the others."""
         self._safe_send({"type": "call", "index": index, "entry": entry[:1000]})
         with self._news:
             while index not in self._go and self.cause is None and not self._closing.is_set():

@@ -10,10 +10,11 @@ What it decides, and why it can: it is the one place that sees every node.
 - A node that reports a failure (its step raised, or its ranks failed) is the
   root cause, unless it is an echo of another failure (held ``secondary_grace``
   in case the real one follows).
-- ``current.torch.run`` calls are matched across nodes: call k starts on every
-  node only once every node has entered it with the same entrypoint, each with
-  its own rendezvous port; a node that ends its step while others wait in a
-  call it never made is named at once.
+- ``current.torch.run`` calls are matched across nodes: a node starts call k
+  as soon as it enters it, with the call's own rendezvous port, unless its
+  entrypoint differs from a node already there; a node that does not reach a
+  call within ``start_timeout``, or ends its step while others are in a call
+  it never made, is named.
 
 Who may speak: only a peer that proved it holds the gang's secret
 (``gang_auth``), and then only for the node index it proved; until then it is
@@ -84,7 +85,9 @@ class CallState:
     rank0: Optional[bytes] = None
     rank0_node: Optional[int] = None
     rank0_error: Optional[str] = None
-    go_at: Optional[float] = None  # monotonic
+    # When the last node entered (monotonic): the call's rendezvous can only
+    # complete after it, so hang detection and call timeouts count from here.
+    all_entered_at: Optional[float] = None
     # After a failure: each node's ranks' stacks (node -> rank -> text), sent
     # once per node (an empty dict from a node with no live rank to stop).
     stacks: Dict[int, Dict[int, str]] = field(default_factory=dict)
@@ -300,10 +303,14 @@ class GangServer:
             if ok and made <= index:
                 self._abort(_left_early(other, made, node, index))
                 return
-        if len(call.entries) == self.config.num_nodes and call.rdzv_port is None:
+        # Each node launches as soon as it arrives: torchrun's start (its torch
+        # import) overlaps the later nodes' start, and its rendezvous waits for
+        # them. A node that never arrives is the gang's call timeout, not torch's.
+        if call.rdzv_port is None:
             call.rdzv_port = find_free_port(self.host)
-            call.go_at = time.monotonic()
-            self._broadcast({"type": "go", "index": index, "rdzv_port": call.rdzv_port})
+        self._reply(peer, {"type": "go", "index": index, "rdzv_port": call.rdzv_port})
+        if len(call.entries) == self.config.num_nodes and call.all_entered_at is None:
+            call.all_entered_at = time.monotonic()
 
     def _on_heartbeat(self, peer: _Peer, message: wire.Message) -> None:
         quiet = message.get("quiet")
@@ -341,7 +348,7 @@ class GangServer:
         assert node is not None
         index = wire.int_field(message, "index")
         call = self.calls.get(index) if index is not None else None
-        if call is None or node not in call.entries or node in call.done or call.rdzv_port is None:
+        if call is None or node not in call.entries or node in call.done or call.all_entered_at is None:
             self._drop(peer)  # done with a call it never started, or twice
             return
         rank0 = message.get("rank0")
@@ -445,7 +452,7 @@ class GangServer:
             )
             return
         for call in self.calls.values():
-            if call.rdzv_port is None and now - call.first_entered > self.config.start_timeout:
+            if call.all_entered_at is None and now - call.first_entered > self.config.start_timeout:
                 absent = [n for n in range(self.config.num_nodes) if n not in call.entries]
                 self._abort(
                     Cause(
@@ -483,12 +490,12 @@ class GangServer:
         if not limit:
             return False
         for call in self.calls.values():
-            if call.go_at is None:
+            if call.all_entered_at is None:
                 continue
             running = [n for n in call.entries if n not in call.done and n not in self.left]
             if not running:
                 continue
-            latest = call.go_at
+            latest = call.all_entered_at
             for node in running:
                 peer = self._by_node.get(node)
                 if peer is not None and peer.last_output is not None:
@@ -528,7 +535,7 @@ class GangServer:
                 n - len(missing), n, plural(missing), now - self._started)
         for index in sorted(self.calls):
             call = self.calls[index]
-            if call.rdzv_port is None:
+            if call.all_entered_at is None:
                 absent = [m for m in range(n) if m not in call.entries]
                 return "call %d of current.torch.run (%s): waiting for %s to reach it for %.0f s" % (
                     index + 1, next(iter(call.entries.values())), plural(absent), now - call.first_entered)
