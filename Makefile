@@ -25,8 +25,13 @@ demo: install
 hello: install
 	cd examples/hello && $(BIN)/python flow.py run
 
+# Two workers: a real-flow test waits (timeouts, Metaflow's runtime) about half
+# its time, so two at once nearly halve the suite on 2 cores. PYTEST_WORKERS=0: one
+# process, in file order.
+PYTEST_WORKERS ?= 2
+
 test: install lint
-	$(BIN)/python -m pytest tests $(PYTEST_ARGS)
+	$(BIN)/python -m pytest tests -n $(PYTEST_WORKERS) --dist worksteal $(PYTEST_ARGS)
 
 # Linter and type checker (pinned in requirements-dev.txt; config in pyproject.toml).
 lint: install

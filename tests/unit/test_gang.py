@@ -27,7 +27,7 @@ from metaflow_extensions.torchrun.plugins.torchrun import gang_wire as wire
 from metaflow_extensions.torchrun.plugins.torchrun.cause import Cause, CauseKind
 from metaflow_extensions.torchrun.plugins.torchrun.gang import GangConfig
 from metaflow_extensions.torchrun.plugins.torchrun.gang_client import GangClient
-from metaflow_extensions.torchrun.plugins.torchrun.gang_server import GangServer
+from metaflow_extensions.torchrun.plugins.torchrun.gang_server import CallState, GangServer
 from metaflow_extensions.torchrun.plugins.torchrun.ports import find_free_port
 from proc_helpers import wait_until
 
@@ -511,8 +511,9 @@ class TestPorts:
 
 class TestCalls:
     def test_each_node_goes_as_soon_as_it_enters(self, net):
-        """A node's torchrun starts while later nodes are still on their way;
-        all get the same port, and the call counts as entered by all only
+        """Node 0 first (as locally, where the control task starts first): a
+        node's torchrun starts while later nodes are still on their way; all
+        get the same port, and the call counts as entered by all only
         once the last one arrives (what the call timeout and hang detection
         count from)."""
         server = net.server(3)
@@ -525,6 +526,23 @@ class TestCalls:
         port_c = c.enter_call(0, "train.py")
         assert port_a == port_b == port_c == server.calls[0].rdzv_port
         assert wait_until(lambda: server.calls[0].all_entered_at is not None, GUARD)
+
+    def test_other_nodes_wait_for_the_node_that_hosts_the_store(self, net):
+        """Node 0's torchrun hosts the rendezvous store, which another node's
+        torchrun looks for only 60 s (torch's read_timeout): nobody launches
+        before node 0 is there, everybody waiting goes when it comes."""
+        server = net.server(3)
+        a, b, c = net.join(server, [0, 1, 2])
+        tb, got_b = enter_in_background(b, 0)
+        tc, got_c = enter_in_background(c, 0)
+        assert wait_until(lambda: len(server.calls.get(0, CallState(0)).entries) == 2, GUARD)
+        time.sleep(0.4)
+        assert tb.is_alive() and tc.is_alive(), "no go before node 0 entered"
+        assert server.calls[0].rdzv_port is None
+        port = a.enter_call(0, "train.py")
+        tb.join(GUARD)
+        tc.join(GUARD)
+        assert got_b["port"] == got_c["port"] == port == server.calls[0].rdzv_port is not None
 
     def test_a_late_node_still_times_out_after_the_others_went(self, net):
         server = net.server(2, start_timeout=0.5)

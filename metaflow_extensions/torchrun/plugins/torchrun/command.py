@@ -15,6 +15,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
 
 from . import compat
 from .errors import TorchrunInvalidArgument
+from .gang import RDZV_STORE_NODE
 
 ArgSpec = Union[None, Sequence[Any], Mapping[str, Any]]
 
@@ -239,7 +240,7 @@ def default_options(launch: Launch) -> Dict[str, Any]:
         "rdzv-id": launch.rdzv_id,
         # The control node hosts the rendezvous store; saying so explicitly avoids
         # torch guessing from host names, which fails behind NAT and in namespaces.
-        "rdzv-conf": "is_host=%d,join_timeout=%d" % (1 if launch.node_index == 0 else 0,
+        "rdzv-conf": "is_host=%d,join_timeout=%d" % (1 if launch.node_index == RDZV_STORE_NODE else 0,
                                                      join_timeout(launch.start_timeout)),
         "max-restarts": str(launch.max_restarts),
         # The address other nodes reach this one at (see network.py).

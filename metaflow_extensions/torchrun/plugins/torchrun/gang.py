@@ -16,6 +16,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
+# The node whose torchrun hosts the rendezvous store (``is_host=1`` in
+# command.py): the gang launches the other nodes only once it is there.
+RDZV_STORE_NODE = 0
+
 
 @dataclass(frozen=True)
 class GangConfig:

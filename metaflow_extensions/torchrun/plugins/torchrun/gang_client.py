@@ -191,9 +191,10 @@ class GangClient:
 
     def enter_call(self, index: int, entry: str) -> Optional[int]:
         """Say this node reached call ``index``; the call's rendezvous port, or
-        None if the gang aborted. The service answers at once (it checks the
-        entrypoint against the nodes already there): torchrun's rendezvous,
-        watched by the gang, waits for the others."""
+        None if the gang aborted. The service answers once node 0 is there too
+        (it checks the entrypoint against the nodes already there), not once
+        every node is: torchrun's rendezvous, watched by the gang, waits for
+        the rest."""
         self._safe_send({"type": "call", "index": index, "entry": entry[:1000]})
         with self._news:
             while index not in self._go and self.cause is None and not self._closing.is_set():

@@ -11,8 +11,9 @@ What it decides, and why it can: it is the one place that sees every node.
   root cause, unless it is an echo of another failure (held ``secondary_grace``
   in case the real one follows).
 - ``current.torch.run`` calls are matched across nodes: a node starts call k
-  as soon as it enters it, with the call's own rendezvous port, unless its
-  entrypoint differs from a node already there; a node that does not reach a
+  as soon as it and node 0 (the rendezvous store's host) have entered it, with
+  the call's own rendezvous port, unless its entrypoint differs from a node
+  already there; a node that does not reach a
   call within ``start_timeout``, or ends its step while others are in a call
   it never made, is named.
 
@@ -41,7 +42,7 @@ from . import gang_auth
 from . import gang_wire as wire
 from . import stacks as rank_stacks
 from .cause import Cause, CauseKind, plural
-from .gang import GangConfig
+from .gang import RDZV_STORE_NODE, GangConfig
 from .ports import find_free_port
 
 # Connections that have not proved themselves yet, at most: past that, the
@@ -52,7 +53,6 @@ MAX_PENDING = 64
 HELLO_TIMEOUT = 5.0
 # After accept() fails (EMFILE), wait this long before accepting again.
 ACCEPT_BACKOFF = 0.5
-
 
 @dataclass
 class _Peer:
@@ -88,6 +88,7 @@ class CallState:
     # When the last node entered (monotonic): the call's rendezvous can only
     # complete after it, so hang detection and call timeouts count from here.
     all_entered_at: Optional[float] = None
+    went: Set[int] = field(default_factory=set)  # the nodes told to launch
     # After a failure: each node's ranks' stacks (node -> rank -> text), sent
     # once per node (an empty dict from a node with no live rank to stop).
     stacks: Dict[int, Dict[int, str]] = field(default_factory=dict)
@@ -303,14 +304,28 @@ class GangServer:
             if ok and made <= index:
                 self._abort(_left_early(other, made, node, index))
                 return
-        # Each node launches as soon as it arrives: torchrun's start (its torch
-        # import) overlaps the later nodes' start, and its rendezvous waits for
-        # them. A node that never arrives is the gang's call timeout, not torch's.
-        if call.rdzv_port is None:
-            call.rdzv_port = find_free_port(self.host)
-        self._reply(peer, {"type": "go", "index": index, "rdzv_port": call.rdzv_port})
+        self._send_go(call)
         if len(call.entries) == self.config.num_nodes and call.all_entered_at is None:
             call.all_entered_at = time.monotonic()
+
+    def _send_go(self, call: CallState) -> None:
+        """Node 0 launches as soon as it arrives, and every other node as soon
+        as it and node 0 are there: torchrun's start (its ``import torch``)
+        overlaps the later nodes' start, and the rendezvous waits for them
+        (command.join_timeout). Not before node 0: it hosts the rendezvous
+        store, which another node's torchrun stops looking for after torch's
+        ``read_timeout`` (60 s). A node that never arrives is the gang's call
+        timeout, not torch's."""
+        if RDZV_STORE_NODE not in call.entries:
+            return
+        if call.rdzv_port is None:
+            call.rdzv_port = find_free_port(self.host)
+        message = {"type": "go", "index": call.index, "rdzv_port": call.rdzv_port}
+        for node in sorted(call.entries):
+            peer = self._by_node.get(node)
+            if node not in call.went and peer is not None:
+                call.went.add(node)
+                self._reply(peer, message)
 
     def _on_heartbeat(self, peer: _Peer, message: wire.Message) -> None:
         quiet = message.get("quiet")
