@@ -145,6 +145,25 @@ class TestStopOptions:
                                     flow_dir=None, is_function=False, shutdown_grace=2.5)
         assert env[plan.SHUTDOWN_TIMEOUT_ENV] == "3"
 
+    @pytest.mark.parametrize("options, expected", [
+        ({}, False), ({"max-restarts": "0"}, False), ({"max-restarts": 0}, False), ({"max-restarts": " 0 "}, False),
+        ({"max-restarts": False}, False), ({"max-restarts": "2"}, True), ({"max-restarts": 1}, True),
+        ({"max-restarts": "two"}, True),  # torch refuses it and says why; nothing to save here
+    ])
+    def test_restarts_allowed(self, options, expected):
+        assert plan.restarts_allowed(options) is expected
+
+    @pytest.mark.parametrize("restarts, base, expected", [
+        (True, {}, "1"),  # a restarted round must not read the last round's addresses
+        (False, {}, None),  # torch's default: the ranks use the agent's store, 0.5 s sooner
+        (False, {plan.SHARE_STORE_OFF_ENV: "1"}, "1"),  # the user's setting stays
+        (True, {plan.SHARE_STORE_OFF_ENV: "0"}, "0"),
+    ])
+    def test_the_ranks_own_store_only_where_torchrun_may_restart_them(self, restarts, base, expected):
+        env = plan.rank_environment(base, workdir="/w", node_index=0, label_logs=True, log_dir=None, iface=None,
+                                    flow_dir=None, is_function=False, restarts=restarts)
+        assert env.get(plan.SHARE_STORE_OFF_ENV) == expected
+
 
 # -- the entrypoint -------------------------------------------------------------------
 

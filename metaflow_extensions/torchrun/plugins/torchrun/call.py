@@ -28,7 +28,7 @@ from .failures import (
     read_failures,
 )
 from .network import interface_of
-from .plan import CallPlan, rank_environment
+from .plan import CallPlan, rank_environment, restarts_allowed
 from .resources import check_visible_devices
 from .result import TorchrunResult, read_rank_records
 from .session import GangSession, local_address, say
@@ -152,6 +152,7 @@ class CallRun:
             iface=interface_of(self.local_addr),
             flow_dir=self.session.flow_dir,
             is_function=plan.function is not None,
+            restarts=restarts_allowed(plan.options),
         )
         return entry.agent_environment(env, self.workdir, entry_path)
 

@@ -34,6 +34,9 @@ from .errors import TorchrunInvalidArgument
 from .resources import NONE as NO_ACCELERATORS
 from .resources import Accelerators
 
+# torch's switch for a store of the ranks' own rather than the agent's.
+SHARE_STORE_OFF_ENV = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
+
 SHUTDOWN_TIMEOUT_ENV = "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"
 
 # torchrun's own spellings for "as many processes as there are devices/cores".
@@ -234,6 +237,18 @@ def plan_call(
     )
 
 
+def restarts_allowed(options: Mapping[str, Any]) -> bool:
+    """Whether torchrun may start a second round of ranks (``max_restarts``
+    above 0). A value torch would refuse counts as yes: torch names it."""
+    value = options.get("max-restarts", 0)
+    if value is False:  # removed: torchrun's default, none
+        return False
+    try:
+        return int(str(value).strip()) > 0
+    except ValueError:
+        return True
+
+
 def rank_environment(
     base: Mapping[str, str],
     *,
@@ -245,6 +260,7 @@ def rank_environment(
     flow_dir: Optional[str],
     is_function: bool,
     shutdown_grace: Optional[float] = None,
+    restarts: bool = True,
 ) -> Dict[str, str]:
     """The environment of this node's torchrun and its ranks."""
     env = dict(base)
@@ -263,11 +279,14 @@ def rank_environment(
         # gloo otherwise binds to whatever the host name resolves to, which
         # on many hosts (127.0.1.1, containers) other nodes cannot reach.
         env["GLOO_SOCKET_IFNAME"] = iface
-    # With the agent's store shared with the workers, torch keeps one store for
-    # every restart and restarted workers read the previous round's addresses
-    # (gloo: "Connection refused"): max_restarts could never recover. A fresh
-    # store per round, hosted by rank 0, is what torch does with sharing off.
-    env.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
+    if restarts:
+        # With the agent's store shared with the workers, torch keeps one store
+        # for every restart and restarted workers read the previous round's
+        # addresses (gloo: "Connection refused"): max_restarts could never
+        # recover. A fresh store per round, hosted by rank 0, is what torch
+        # does with sharing off. Only then: the ranks' init_process_group waits
+        # about 0.5 s longer for rank 0's new store (benchmarks, 2 x 2).
+        env.setdefault(SHARE_STORE_OFF_ENV, "1")
     env[bootstrap.LABELS_ENV] = "1" if label_logs else "0"
     if log_dir:
         env[bootstrap.LOG_DIR_ENV] = log_dir
