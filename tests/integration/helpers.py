@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -147,3 +148,12 @@ class Gang:
 def output(proc) -> str:
     data = (proc.stdout or b"") + (proc.stderr or b"")
     return data.decode(errors="replace") if isinstance(data, bytes) else data
+
+
+# Metaflow's prefix on each line of a task's output: "2026-11-23 13:14:13.482 [run/step/task (pid N)] ".
+_TASK_PREFIX = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+ \[[^\]]*\] ?", re.M)
+
+
+def without_task_prefix(text: str) -> str:
+    """The task's own lines, as the task wrote them."""
+    return _TASK_PREFIX.sub("", text)

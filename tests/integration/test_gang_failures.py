@@ -9,12 +9,13 @@ benchmarks/.
 
 import json
 import os
+import re
 import signal
 import time
 
 import pytest
 
-from .helpers import output
+from .helpers import output, without_task_prefix
 from .test_local_flows import _cmdline, _descendants
 
 pytestmark = pytest.mark.integration
@@ -74,6 +75,17 @@ def test_rank_segfault_is_named_with_its_signal(gang):
     root = [l for l in text.splitlines() if "Root cause:" in l]
     assert len(root) == 1, text[-4000:]
     assert "rank 1" in root[0] and "SIGSEGV" in root[0]
+    # The rank left no traceback: the error carries its last stderr (faulthandler's
+    # dump), which says where it crashed (the log above has it too, among other lines).
+    plain = without_task_prefix(text)
+    error = plain[plain.index("First failure: node 0, rank 1"):]
+    assert re.match(r"First failure: [^\n]*SIGSEGV[^\n]*\nThe rank's last lines of stderr:\n", error), error[:2000]
+    shown = error.split("Also failed")[0]  # the error's own lines
+    assert "Fatal Python error: Segmentation fault" in shown, error[:2000]
+    assert re.search(r'File ".*segfault\.py", line 19 in <module>', shown), error[:2000]
+    # The other node's error shows it too, as node 0's traceback.
+    assert re.search(r"Node 0's traceback[^\n]*:\nThe rank's last lines of stderr:\n"
+                     r"Fatal Python error: Segmentation fault", plain), plain[-6000:]
 
 
 def test_node_task_sigkilled_stops_the_gang(gang):

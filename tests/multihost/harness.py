@@ -320,7 +320,7 @@ class PlatformRun:
             if p.poll() is None:
                 _kill_group(p)
 
-    def logs_summary(self, tail: int = 3000) -> str:
+    def logs_summary(self, tail: int = 6000) -> str:
         parts = []
         for i in sorted(self.procs):
             parts.append("----- node %d (host %s, %s) -----\n%s"

@@ -17,9 +17,12 @@ import pytest
 from metaflow_extensions.torchrun.plugins.torchrun import command, errors, ports
 from metaflow_extensions.torchrun.plugins.torchrun.cause import Cause, CauseKind
 from metaflow_extensions.torchrun.plugins.torchrun.failures import (
+    NO_EXCEPTION,
     RankFailure,
+    crash_output,
     merge_failures,
     parse_torchrun_summary,
+    with_last_output,
 )
 
 # -- torchrun's report ---------------------------------------------------------
@@ -92,7 +95,7 @@ class TestParseHandWritten:
             assert f.node_index == 1
             assert f.host == "ip-10-0-1-7.ec2.internal"
             assert f.traceback == ""
-        assert parsed[0].message == "the rank's process ended with killed by signal SIGSEGV"
+        assert parsed[0].message == NO_EXCEPTION
         assert "SIGSEGV" in parsed[0].summary()
 
     def test_crlf_line_endings(self):
@@ -277,6 +280,58 @@ class TestMerge:
 # -- the message of a node stopped by the gang ------------------------------------
 
 
+def crash_stderr(code: str) -> list:
+    """A real crash's stderr: a Python process with faulthandler on, as every rank has."""
+    proc = subprocess.run([sys.executable, "-c", "import faulthandler, sys\nfaulthandler.enable()\n" + code],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode < 0
+    return proc.stderr.splitlines()
+
+
+class TestLastOutput:
+    """A rank killed by a signal records no traceback: its last stderr stands in."""
+
+    def test_a_segfault_shows_where_python_was(self):
+        lines = ["output %d" % i for i in range(100)] + crash_stderr(
+            "import ctypes\ndef crash():\n    ctypes.string_at(0)\ncrash()")
+        shown = crash_output(lines)
+        text = "\n".join(shown)
+        assert "Fatal Python error: Segmentation fault" in text
+        assert 'File "<string>", line 5 in crash' in text  # the innermost frame, with its line
+        assert not any(line.startswith("Extension modules:") for line in shown)
+        assert "output 95" in text and "output 94" not in text  # a few lines of context before
+
+    def test_what_cpp_said_before_an_abort_is_kept(self):
+        lines = crash_stderr("sys.stderr.write(\"terminate called after throwing an instance of "
+                             "'c10::DistNetworkError'\\n\"); sys.stderr.flush()\nimport os\nos.abort()")
+        text = "\n".join(crash_output(lines))
+        assert "terminate called after throwing an instance of 'c10::DistNetworkError'" in text
+        assert "Fatal Python error: Aborted" in text
+
+    def test_without_a_python_dump_the_last_lines(self):
+        lines = ["line %d" % i for i in range(50)]
+        assert crash_output(lines) == lines[-20:]
+
+    def test_a_long_dump_is_cut(self):
+        lines = ["Fatal Python error: Segmentation fault"] + ["  File \"x.py\", line %d in f" % i for i in range(500)]
+        assert len(crash_output(lines)) == 60
+
+    def test_only_a_failure_without_a_traceback_gets_it(self):
+        dead = failure(1, 1.0, exc_type="killed by signal SIGABRT")
+        got = with_last_output(dead, ["Fatal Python error: Aborted"])
+        assert got.traceback.endswith("Fatal Python error: Aborted") and got.rank == 1
+        raised = failure(1, 1.0, traceback="Traceback ...\nValueError: boom")
+        assert with_last_output(raised, ["whatever"]) is raised
+        assert with_last_output(dead, []) is dead
+
+    def test_the_error_shows_it(self):
+        dead = with_last_output(failure(1, 1.0, exc_type="killed by signal SIGABRT"),
+                                ["terminate called after throwing an instance of 'c10::Error'",
+                                 "Fatal Python error: Aborted"])
+        text = str(errors.TorchrunFailed(1, 0, [dead]))
+        assert "killed by signal SIGABRT" in text and "terminate called after throwing" in text
+
+
 class TestGangAborted:
     def test_stopped_because_another_node_failed(self):
         cause = Cause(CauseKind.RANK_FAILED, "node 0, rank 2: ValueError: boom", node_index=0,
@@ -445,7 +500,7 @@ class TestRootCauseOrder:
             ("DistBackendError", "NCCL error: remote process exited or there was a network error"),
             ("DistBackendError", "NCCL communicator was aborted on rank 3."),
             ("DistNetworkError", "failed to recv, got 0 bytes"),
-            ("killed by signal SIGTERM", "the rank's process ended with killed by signal SIGTERM"),
+            ("killed by signal SIGTERM", NO_EXCEPTION),
         ],
     )
     def test_echoes_of_a_peer_are_secondary(self, exc_type, message):
@@ -455,9 +510,9 @@ class TestRootCauseOrder:
         "exc_type, message",
         [
             ("ValueError", "boom"),
-            ("killed by signal SIGSEGV", "the rank's process ended with killed by signal SIGSEGV"),
-            ("killed by signal SIGKILL", "the rank's process ended with killed by signal SIGKILL"),
-            ("exit code 1", "the rank's process ended with exit code 1"),
+            ("killed by signal SIGSEGV", NO_EXCEPTION),
+            ("killed by signal SIGKILL", NO_EXCEPTION),
+            ("exit code 1", NO_EXCEPTION),
             ("OutOfMemoryError", "CUDA out of memory"),
         ],
     )

@@ -26,6 +26,7 @@ from .failures import (
     merge_failures,
     parse_torchrun_summary,
     read_failures,
+    with_last_output,
 )
 from .network import interface_of
 from .plan import CallPlan, rank_environment, restarts_allowed
@@ -34,6 +35,7 @@ from .result import TorchrunResult, read_rank_records
 from .session import GangSession, local_address, say
 from .supervisor import Supervisor
 from .workdirs import CallFiles
+from .workdirs import rank_log_path
 from .workdirs import tail_lines as _tail_lines
 
 TAIL_LINES = 20
@@ -206,10 +208,10 @@ class CallRun:
         assert client is not None
         self._share_stacks()
         if self.code != 0:
-            self.failures = merge_failures(
+            self.failures = [self._with_last_output(f) for f in merge_failures(
                 read_failures(self.workdir),
                 parse_torchrun_summary(self.sup.stderr_tail if self.sup else b"", self.node_index),
-            )
+            )]
             if client.cause is None:
                 client.report_failure(self._own_cause(), call=self.index, report=self._report(self.failures))
                 self.session.reported = True
@@ -355,6 +357,12 @@ class CallRun:
             call=self.index,
         )
 
+    def _with_last_output(self, failure: RankFailure) -> RankFailure:
+        if failure.traceback or not self.log_dir:
+            return failure
+        lines = tail_lines(rank_log_path(self.log_dir, failure.rank, "stderr"), count=200)
+        return with_last_output(failure, lines)
+
     def _report(self, failures: Optional[List[RankFailure]] = None) -> Dict[str, Any]:
         """What this node tells the control when it finishes: its ranks and the
         last lines of their output (for the control's card)."""
@@ -363,7 +371,7 @@ class CallRun:
         if self.log_dir:
             for rec in ranks:
                 tails[str(rec.rank)] = {
-                    s: tail_lines(os.path.join(self.log_dir, "rank-%d.%s.log" % (rec.rank, s)))
+                    s: tail_lines(rank_log_path(self.log_dir, rec.rank, s))
                     for s in ("stdout", "stderr")
                 }
         return {

@@ -11,10 +11,16 @@ import os
 import re
 import signal
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import List
 
 RANK_FAILURE_PREFIX = "rank-"
+# What a rank that died without recording an exception is said to have done;
+# its exit (a signal, a code) is the failure's type.
+NO_EXCEPTION = "the process ended without a Python exception"
+OUTPUT_LINES = 20  # of a dead rank's stderr, where nothing says where its crash began
+CONTEXT_LINES = 5  # before Python's "Fatal Python error"
+MAX_OUTPUT_LINES = 60
 RANK_FAILURE_SUFFIX = ".failure.json"
 
 
@@ -161,11 +167,36 @@ def parse_torchrun_summary(text: bytes, node_index: int) -> List[RankFailure]:
             host=m.group("host").decode(errors="replace"),
             pid=int(m.group("pid")),
             exc_type=describe_exit_code(code),
-            message="the rank's process ended with %s" % describe_exit_code(code),
+            message=NO_EXCEPTION,
             traceback="",
             timestamp=stamp,
         )
     return sorted(found.values(), key=lambda f: f.timestamp)
+
+
+def with_last_output(failure: RankFailure, lines: List[str]) -> RankFailure:
+    """A rank killed by a signal left no traceback of its own; what it wrote last
+    (faulthandler's dump of a crash, C++'s "terminate called after throwing
+    ...", a CUDA assert) is the nearest thing, and usually names the cause."""
+    if failure.traceback:
+        return failure
+    shown = crash_output(lines)
+    if not shown:
+        return failure
+    return replace(failure, traceback="The rank's last lines of stderr:\n%s" % "\n".join(shown))
+
+
+def crash_output(lines: List[str]) -> List[str]:
+    """The part of a dead rank's stderr worth showing: from just before Python's
+    "Fatal Python error" (where C++ prints what it threw), else the last lines;
+    faulthandler's one-line list of extension modules is left out."""
+    lines = [line for line in lines if not line.startswith("Extension modules:")]
+    start = max(0, len(lines) - OUTPUT_LINES)
+    for i in range(len(lines) - 1, -1, -1):
+        if lines[i].startswith("Fatal Python error"):
+            start = max(0, i - CONTEXT_LINES)
+            break
+    return lines[start:start + MAX_OUTPUT_LINES]
 
 
 def merge_failures(recorded: List[RankFailure], reported: List[RankFailure]) -> List[RankFailure]:

@@ -17,7 +17,7 @@ import signal
 import time
 from typing import Dict, Optional, Tuple
 
-from .workdirs import open_private
+from .workdirs import open_private, rank_log_path
 
 # Writes of at most PIPE_BUF bytes to a pipe are atomic: a batch of whole lines
 # this size never mixes with another writer's bytes.
@@ -158,7 +158,7 @@ def start(rank: int, labels: bool, log_dir: Optional[str]) -> bool:
         if log_dir:
             try:
                 # 0600, never through a symlink, only a regular file of ours.
-                log_fd = open_private(os.path.join(log_dir, "rank-%d.%s.log" % (rank, name)))
+                log_fd = open_private(rank_log_path(log_dir, rank, name))
             except OSError:
                 log_fd = None
         plan[fd] = (r, w, log_fd)

@@ -14,6 +14,7 @@ from typing import Any, Dict, List, Optional, Union
 
 from .failures import RankFailure
 from .stacks import bound
+from .workdirs import rank_log_path
 
 METADATA_FIELD = "torchrun-result"
 # Characters of rank stacks kept in the record (the card shows them whole).
@@ -87,7 +88,7 @@ class TorchrunResult:
             return {}
         return {
             r.rank: {
-                s: os.path.join(self.log_dir, "rank-%d.%s.log" % (r.rank, s))
+                s: rank_log_path(self.log_dir, r.rank, s)
                 for s in ("stdout", "stderr")
             }
             for r in self.ranks

@@ -218,6 +218,11 @@ def read_tail(path: str, max_bytes: int) -> bytes:
         os.close(fd)
 
 
+def rank_log_path(log_dir: str, rank: int, stream: str) -> str:
+    """Where the relay copies one rank's ``stdout`` or ``stderr`` (layout above)."""
+    return os.path.join(log_dir, "rank-%d.%s.log" % (rank, stream))
+
+
 def tail_lines(path: str, count: int, max_bytes: int = 64 * 1024) -> List[str]:
     try:
         data = read_tail(path, max_bytes)
