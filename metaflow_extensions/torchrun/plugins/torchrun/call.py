@@ -34,8 +34,7 @@ from .resources import check_visible_devices
 from .result import TorchrunResult, read_rank_records
 from .session import GangSession, local_address, say
 from .supervisor import Supervisor
-from .workdirs import CallFiles
-from .workdirs import rank_log_path
+from .workdirs import CallFiles, rank_log_path
 from .workdirs import tail_lines as _tail_lines
 
 TAIL_LINES = 20

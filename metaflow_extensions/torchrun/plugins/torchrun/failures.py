@@ -15,13 +15,14 @@ from dataclasses import asdict, dataclass, replace
 from typing import List
 
 RANK_FAILURE_PREFIX = "rank-"
+RANK_FAILURE_SUFFIX = ".failure.json"
+
 # What a rank that died without recording an exception is said to have done;
 # its exit (a signal, a code) is the failure's type.
 NO_EXCEPTION = "the process ended without a Python exception"
 OUTPUT_LINES = 20  # of a dead rank's stderr, where nothing says where its crash began
 CONTEXT_LINES = 5  # before Python's "Fatal Python error"
 MAX_OUTPUT_LINES = 60
-RANK_FAILURE_SUFFIX = ".failure.json"
 
 
 @dataclass(frozen=True)
