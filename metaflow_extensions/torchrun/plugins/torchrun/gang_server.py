@@ -13,9 +13,8 @@ What it decides, and why it can: it is the one place that sees every node.
 - ``current.torch.run`` calls are matched across nodes: a node starts call k
   as soon as it and node 0 (the rendezvous store's host) have entered it, with
   the call's own rendezvous port, unless its entrypoint differs from a node
-  already there; a node that does not reach a
-  call within ``start_timeout``, or ends its step while others are in a call
-  it never made, is named.
+  already there; a node that does not reach a call within ``start_timeout``,
+  or ends its step while others are in a call it never made, is named.
 
 Who may speak: only a peer that proved it holds the gang's secret
 (``gang_auth``), and then only for the node index it proved; until then it is
@@ -53,6 +52,7 @@ MAX_PENDING = 64
 HELLO_TIMEOUT = 5.0
 # After accept() fails (EMFILE), wait this long before accepting again.
 ACCEPT_BACKOFF = 0.5
+
 
 @dataclass
 class _Peer:
