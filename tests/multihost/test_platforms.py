@@ -146,8 +146,8 @@ def test_default_port_taken_on_the_control_host(network, sandbox):
     control host: the control takes the next candidate, the workers find it.
     AWS Batch gives no port; Kubernetes without @kubernetes(port=...) takes the
     same path (MF_MASTER_PORT "None")."""
-    from metaflow_extensions.torchrun.plugins.torchrun import ports
-    from metaflow_extensions.torchrun.plugins.torchrun.identity import GangIdentity
+    from metaflow_extensions.torchrun.plugins.torchrun.gang import ports
+    from metaflow_extensions.torchrun.plugins.torchrun.gang.identity import GangIdentity
 
     net = network(2)
     run = PlatformRun(sandbox, net, "batch", GANG, params=REPORT)

@@ -278,7 +278,8 @@ def _step_fragment(script: str) -> str:
 
 
 def _extension():
-    from metaflow_extensions.torchrun.plugins.torchrun import identity, ports, resources, topology
+    from metaflow_extensions.torchrun.plugins.torchrun.gang import identity, ports, topology
+    from metaflow_extensions.torchrun.plugins.torchrun.launch import resources
 
     return resources, identity, topology, ports
 

@@ -14,19 +14,19 @@ import sys
 import uuid
 from typing import List, Optional, Sequence, Union
 
-from metaflow_extensions.torchrun.plugins.torchrun import gang_auth
-from metaflow_extensions.torchrun.plugins.torchrun import gang_wire as wire
-from metaflow_extensions.torchrun.plugins.torchrun.gang import GangConfig
-from metaflow_extensions.torchrun.plugins.torchrun.gang_client import GangClient
-from metaflow_extensions.torchrun.plugins.torchrun.gang_server import GangServer
-from metaflow_extensions.torchrun.plugins.torchrun.ports import find_free_port
+from metaflow_extensions.torchrun.plugins.torchrun.gang import auth as gang_auth
+from metaflow_extensions.torchrun.plugins.torchrun.gang import wire
+from metaflow_extensions.torchrun.plugins.torchrun.gang.config import GangConfig
+from metaflow_extensions.torchrun.plugins.torchrun.gang.client import GangClient
+from metaflow_extensions.torchrun.plugins.torchrun.gang.server import GangServer
+from metaflow_extensions.torchrun.plugins.torchrun.gang.ports import find_free_port
 from proc_helpers import wait_until
 
 HOST = "127.0.0.1"
 GUARD = 5.0  # hang guard for what is expected "within about a second"
 LONG_HB = 30.0  # a heartbeat timeout no test waits for: only the mechanism under test acts
 SECRET = b"s" * 32
-PKG_DIR = __import__("os").path.dirname(wire.__file__)
+PKG_DIR = __import__("os").path.dirname(__import__("os").path.dirname(wire.__file__))
 
 # A gang client in its own process. It loads the gang modules as a package of
 # their own (no Metaflow: quick to start), joins, says so, then idles so that
@@ -39,8 +39,8 @@ spec = importlib.util.spec_from_file_location(
 pkg = importlib.util.module_from_spec(spec)
 sys.modules["gangpkg"] = pkg
 spec.loader.exec_module(pkg)
-from gangpkg.gang import GangConfig
-from gangpkg.gang_client import GangClient
+from gangpkg.gang.config import GangConfig
+from gangpkg.gang.client import GangClient
 config = GangConfig(gang_id, int(num_nodes), heartbeat_timeout=float(hb), start_timeout=30)
 client = GangClient(config, "127.0.0.1", [int(port)], int(node), secret=bytes.fromhex(secret))
 client.connect(give_up_after=20)

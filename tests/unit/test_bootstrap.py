@@ -13,9 +13,9 @@ import textwrap
 
 import pytest
 
-from metaflow_extensions.torchrun.plugins.torchrun import bootstrap
-from metaflow_extensions.torchrun.plugins.torchrun.command import BOOTSTRAP_MODULE
-from metaflow_extensions.torchrun.plugins.torchrun.failures import read_failures
+from metaflow_extensions.torchrun.plugins.torchrun.rank import bootstrap
+from metaflow_extensions.torchrun.plugins.torchrun.launch.command import BOOTSTRAP_MODULE
+from metaflow_extensions.torchrun.plugins.torchrun.rank.failures import read_failures
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 

@@ -21,10 +21,10 @@ from metaflow.metaflow_environment import MetaflowEnvironment
 from metaflow.plugins.cards.card_decorator import CardDecorator
 from metaflow.plugins.datastores.local_storage import LocalStorage
 
-from metaflow_extensions.torchrun.plugins.torchrun import card as card_mod
+from metaflow_extensions.torchrun.plugins.torchrun.runtime import card as card_mod
 from metaflow_extensions.torchrun.plugins.torchrun.compat import meta_datum
-from metaflow_extensions.torchrun.plugins.torchrun.resources import NONE, Accelerators
-from metaflow_extensions.torchrun.plugins.torchrun.result import RankRecord, TorchrunResult
+from metaflow_extensions.torchrun.plugins.torchrun.launch.resources import NONE, Accelerators
+from metaflow_extensions.torchrun.plugins.torchrun.runtime.result import RankRecord, TorchrunResult
 
 try:  # the package's name since Metaflow 2.12.x
     from metaflow.plugins.metadata_providers.local import LocalMetadataProvider

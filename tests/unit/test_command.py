@@ -10,7 +10,7 @@ import string
 import pytest
 from metaflow.exception import MetaflowException
 
-from metaflow_extensions.torchrun.plugins.torchrun.command import (
+from metaflow_extensions.torchrun.plugins.torchrun.launch.command import (
     BOOTSTRAP_MODULE,
     Launch,
     build_command,

@@ -7,9 +7,9 @@ import os
 import metaflow  # noqa: F401  (must come before our modules)
 import pytest
 
-from metaflow_extensions.torchrun.plugins.torchrun.devices import cuda_devices, gpu_uuids, visible_count
+from metaflow_extensions.torchrun.plugins.torchrun.host.devices import cuda_devices, gpu_uuids, visible_count
 from metaflow_extensions.torchrun.plugins.torchrun.errors import TorchrunInvalidArgument
-from metaflow_extensions.torchrun.plugins.torchrun.resources import (
+from metaflow_extensions.torchrun.plugins.torchrun.launch.resources import (
     NONE,
     Accelerators,
     check_visible_devices,

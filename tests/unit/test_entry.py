@@ -12,8 +12,8 @@ import sys
 
 import pytest
 
-from metaflow_extensions.torchrun.plugins.torchrun import bootstrap, entry
-from metaflow_extensions.torchrun.plugins.torchrun.command import BOOTSTRAP_MODULE, Launch, build_command
+from metaflow_extensions.torchrun.plugins.torchrun.rank import bootstrap, entry
+from metaflow_extensions.torchrun.plugins.torchrun.launch.command import BOOTSTRAP_MODULE, Launch, build_command
 
 # Prefixes of torchrun's own options (issue 13, item 6), its options themselves
 # and the things a shell or a parser would change.

@@ -14,9 +14,11 @@ import time
 import metaflow  # noqa: F401  (must come before our modules)
 import pytest
 
-from metaflow_extensions.torchrun.plugins.torchrun import command, errors, ports
+from metaflow_extensions.torchrun.plugins.torchrun.launch import command
+from metaflow_extensions.torchrun.plugins.torchrun import errors
+from metaflow_extensions.torchrun.plugins.torchrun.gang import ports
 from metaflow_extensions.torchrun.plugins.torchrun.cause import Cause, CauseKind
-from metaflow_extensions.torchrun.plugins.torchrun.failures import (
+from metaflow_extensions.torchrun.plugins.torchrun.rank.failures import (
     NO_EXCEPTION,
     RankFailure,
     crash_output,

@@ -15,7 +15,7 @@ from metaflow_extensions.torchrun.plugins.torchrun.errors import (
     TorchrunInterrupted,
     TorchrunInvalidArgument,
 )
-from metaflow_extensions.torchrun.plugins.torchrun.failures import (
+from metaflow_extensions.torchrun.plugins.torchrun.rank.failures import (
     RANK_FAILURE_PREFIX,
     RANK_FAILURE_SUFFIX,
     RankFailure,

@@ -23,12 +23,12 @@ import metaflow  # noqa: F401  (must come before our modules)
 import pytest
 
 from gang_net import GUARD, HOST, SECRET, Net, new_config, read_line, wait_cause
-from metaflow_extensions.torchrun.plugins.torchrun import gang_wire as wire
+from metaflow_extensions.torchrun.plugins.torchrun.gang import wire
 from metaflow_extensions.torchrun.plugins.torchrun.cause import Cause, CauseKind
-from metaflow_extensions.torchrun.plugins.torchrun.gang import GangConfig
-from metaflow_extensions.torchrun.plugins.torchrun.gang_client import GangClient
-from metaflow_extensions.torchrun.plugins.torchrun.gang_server import CallState, GangServer
-from metaflow_extensions.torchrun.plugins.torchrun.ports import find_free_port
+from metaflow_extensions.torchrun.plugins.torchrun.gang.config import GangConfig
+from metaflow_extensions.torchrun.plugins.torchrun.gang.client import GangClient
+from metaflow_extensions.torchrun.plugins.torchrun.gang.server import CallState, GangServer
+from metaflow_extensions.torchrun.plugins.torchrun.gang.ports import find_free_port
 from proc_helpers import wait_until
 
 
@@ -405,7 +405,7 @@ class TestControl:
         """A service that welcomes properly and then says nothing."""
         config = new_config(2, heartbeat_timeout=1.0)
         listener = net.listener()
-        from metaflow_extensions.torchrun.plugins.torchrun import gang_auth
+        from metaflow_extensions.torchrun.plugins.torchrun.gang import auth as gang_auth
 
         def fake_control():
             conn, _ = listener.accept()

@@ -10,8 +10,8 @@ import metaflow  # noqa: F401  (must come before our modules)
 import pytest
 
 from gang_net import GUARD, SECRET, Net, new_config, read_line
-from metaflow_extensions.torchrun.plugins.torchrun import gang_auth as auth
-from metaflow_extensions.torchrun.plugins.torchrun import gang_wire as wire
+from metaflow_extensions.torchrun.plugins.torchrun.gang import auth
+from metaflow_extensions.torchrun.plugins.torchrun.gang import wire
 from metaflow_extensions.torchrun.plugins.torchrun.cause import Cause, CauseKind
 from proc_helpers import wait_until
 
@@ -236,9 +236,9 @@ class TestHandshakeOverSockets:
         """Until session.py passes the secret, server and client without one
         still meet (and refuse anyone holding a real secret)."""
         monkeypatch.delenv("METAFLOW_TORCHRUN_SECRET", raising=False)
-        from metaflow_extensions.torchrun.plugins.torchrun.gang_client import GangClient
-        from metaflow_extensions.torchrun.plugins.torchrun.gang_server import GangServer
-        from metaflow_extensions.torchrun.plugins.torchrun.ports import find_free_port
+        from metaflow_extensions.torchrun.plugins.torchrun.gang.client import GangClient
+        from metaflow_extensions.torchrun.plugins.torchrun.gang.server import GangServer
+        from metaflow_extensions.torchrun.plugins.torchrun.gang.ports import find_free_port
 
         config = new_config(1)
         server = GangServer(config, "127.0.0.1", [find_free_port()])

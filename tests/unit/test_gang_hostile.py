@@ -31,12 +31,12 @@ import metaflow  # noqa: F401  (must come before our modules)
 import pytest
 
 from gang_net import GUARD, HOST, SECRET, Net, RawPeer, closed_by_peer, wait_cause
-from metaflow_extensions.torchrun.plugins.torchrun import gang_auth
-from metaflow_extensions.torchrun.plugins.torchrun import gang_server
-from metaflow_extensions.torchrun.plugins.torchrun import gang_wire as wire
+from metaflow_extensions.torchrun.plugins.torchrun.gang import auth as gang_auth
+from metaflow_extensions.torchrun.plugins.torchrun.gang import server as gang_server
+from metaflow_extensions.torchrun.plugins.torchrun.gang import wire
 from metaflow_extensions.torchrun.plugins.torchrun.cause import Cause, CauseKind
-from metaflow_extensions.torchrun.plugins.torchrun.gang import GangConfig
-from metaflow_extensions.torchrun.plugins.torchrun.gang_client import GangClient
+from metaflow_extensions.torchrun.plugins.torchrun.gang.config import GangConfig
+from metaflow_extensions.torchrun.plugins.torchrun.gang.client import GangClient
 
 WRONG = b"w" * 32
 LEGIT_RANK0 = pickle.dumps({"loss": 0.25})
@@ -247,8 +247,8 @@ class TestStrangers:
             "import resource, sys, time\n"
             "sys.path.insert(0, %r)\n"
             "import metaflow\n"
-            "from metaflow_extensions.torchrun.plugins.torchrun.gang import GangConfig\n"
-            "from metaflow_extensions.torchrun.plugins.torchrun.gang_server import GangServer\n"
+            "from metaflow_extensions.torchrun.plugins.torchrun.gang.config import GangConfig\n"
+            "from metaflow_extensions.torchrun.plugins.torchrun.gang.server import GangServer\n"
             "resource.setrlimit(resource.RLIMIT_NOFILE, (48, 48))\n"
             "s = GangServer(GangConfig('hostile', 1, heartbeat_timeout=30), '127.0.0.1', [0], secret=%r)\n"
             "s.warn = lambda text: None\n"

@@ -12,8 +12,8 @@ import pytest
 from metaflow.datastore import FlowDataStore
 from metaflow.plugins.datastores.local_storage import LocalStorage
 
-from metaflow_extensions.torchrun.plugins.torchrun import secret as sec
-from metaflow_extensions.torchrun.plugins.torchrun.identity import GangIdentity
+from metaflow_extensions.torchrun.plugins.torchrun.gang import secret as sec
+from metaflow_extensions.torchrun.plugins.torchrun.gang.identity import GangIdentity
 
 ID = GangIdentity(flow_name="TrainFlow", run_id="17", step_name="train", control_task_id="4", attempt=0)
 

@@ -5,7 +5,7 @@ import re
 import metaflow  # noqa: F401  (must come before our modules)
 import pytest
 
-from metaflow_extensions.torchrun.plugins.torchrun.identity import GangIdentity
+from metaflow_extensions.torchrun.plugins.torchrun.gang.identity import GangIdentity
 
 
 def rdzv_id_for(flow, run_id, step, task_id, attempt):

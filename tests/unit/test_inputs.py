@@ -10,10 +10,10 @@ import zipfile
 
 import pytest
 
-from metaflow_extensions.torchrun.plugins.torchrun import inputs, plan
-from metaflow_extensions.torchrun.plugins.torchrun.command import encode_args, parse_options
+from metaflow_extensions.torchrun.plugins.torchrun.launch import inputs, plan
+from metaflow_extensions.torchrun.plugins.torchrun.launch.command import encode_args, parse_options
 from metaflow_extensions.torchrun.plugins.torchrun.errors import TorchrunInvalidArgument
-from metaflow_extensions.torchrun.plugins.torchrun.plan import StepDefaults, plan_call
+from metaflow_extensions.torchrun.plugins.torchrun.launch.plan import StepDefaults, plan_call
 
 
 def refused(fn, *args, **kwargs) -> str:
@@ -97,7 +97,7 @@ class TestTimeouts:
         assert "heartbeat_timeout" in refused(plan.validate_timeouts, value, 600)
 
     def test_minimum_leaves_several_heartbeats_per_timeout(self):
-        from metaflow_extensions.torchrun.plugins.torchrun.gang import GangConfig
+        from metaflow_extensions.torchrun.plugins.torchrun.gang.config import GangConfig
 
         config = GangConfig("g", 2, heartbeat_timeout=inputs.MIN_HEARTBEAT_TIMEOUT)
         assert config.heartbeat_timeout / config.heartbeat_interval >= 10
@@ -274,8 +274,8 @@ class TestFunctionArguments:
 
 class TestNothingLeftBehind:
     def test_record_removes_the_work_dir_even_when_recording_fails(self, tmp_path):
-        from metaflow_extensions.torchrun.plugins.torchrun.call import CallRun
-        from metaflow_extensions.torchrun.plugins.torchrun.workdirs import CallFiles
+        from metaflow_extensions.torchrun.plugins.torchrun.runtime.call import CallRun
+        from metaflow_extensions.torchrun.plugins.torchrun.host.workdirs import CallFiles
 
         files = CallFiles("Flow-1-train-2-0-c0", 0, str(tmp_path))
         run = CallRun(session=None, plan=None, index=0)  # type: ignore[arg-type]

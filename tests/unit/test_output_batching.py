@@ -12,8 +12,8 @@ import time
 
 from proc_helpers import PY
 
-from metaflow_extensions.torchrun.plugins.torchrun import relay
-from metaflow_extensions.torchrun.plugins.torchrun.supervisor import Supervisor
+from metaflow_extensions.torchrun.plugins.torchrun.rank import relay
+from metaflow_extensions.torchrun.plugins.torchrun.runtime.supervisor import Supervisor
 
 LINES = 2000
 # One line every 100 microseconds, each its own write, as `logging` does.

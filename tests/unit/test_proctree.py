@@ -17,7 +17,7 @@ from proc_helpers import (
     wait_until,
 )
 
-from metaflow_extensions.torchrun.plugins.torchrun import proctree
+from metaflow_extensions.torchrun.plugins.torchrun.host import proctree
 
 # A child that starts the SLEEPER grandchild (in a new session when asked) and sleeps.
 PARENT_OF_SLEEPER = textwrap.dedent(
@@ -160,7 +160,7 @@ class TestSignalling:
 class TestDieWithParent:
     def test_returns_true_on_linux(self):
         code = (
-            "from metaflow_extensions.torchrun.plugins.torchrun import proctree; "
+            "from metaflow_extensions.torchrun.plugins.torchrun.host import proctree; "
             "print(proctree.die_with_parent())"
         )
         out = subprocess.run([PY, "-c", code], capture_output=True, text=True, timeout=30)
@@ -171,7 +171,7 @@ class TestDieWithParent:
         child_code = textwrap.dedent(
             """
             import os, sys, time
-            from metaflow_extensions.torchrun.plugins.torchrun import proctree
+            from metaflow_extensions.torchrun.plugins.torchrun.host import proctree
             ok = proctree.die_with_parent()
             with open(sys.argv[1] + ".tmp", "w") as f:
                 f.write("%d %s" % (os.getpid(), ok))

@@ -6,9 +6,9 @@ import os
 
 import pytest
 
-from metaflow_extensions.torchrun.plugins.torchrun import plan as runner
+from metaflow_extensions.torchrun.plugins.torchrun.launch import plan as runner
 from metaflow_extensions.torchrun.plugins.torchrun.errors import TorchrunInvalidArgument
-from metaflow_extensions.torchrun.plugins.torchrun.plan import (
+from metaflow_extensions.torchrun.plugins.torchrun.launch.plan import (
     NPROC_KEYWORDS,
     StepDefaults,
     check_options,

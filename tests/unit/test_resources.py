@@ -6,13 +6,13 @@ from metaflow.plugins.kubernetes.kubernetes_decorator import KubernetesDecorator
 from metaflow.plugins.resources_decorator import ResourcesDecorator
 
 from metaflow_extensions.torchrun.plugins.torchrun.errors import TorchrunInvalidArgument
-from metaflow_extensions.torchrun.plugins.torchrun.resources import (
+from metaflow_extensions.torchrun.plugins.torchrun.launch.resources import (
     NEURON_CORES_PER_DEVICE,
     Accelerators,
     check_visible_devices,
     requested_accelerators,
 )
-from metaflow_extensions.torchrun.plugins.torchrun.plan import StepDefaults, resolve_nproc
+from metaflow_extensions.torchrun.plugins.torchrun.launch.plan import StepDefaults, resolve_nproc
 
 
 def specs(*decos):

@@ -13,14 +13,14 @@ import uuid
 import metaflow  # noqa: F401  (must come before our modules)
 import pytest
 
-from metaflow_extensions.torchrun.plugins.torchrun import session as session_mod
+from metaflow_extensions.torchrun.plugins.torchrun.runtime import session as session_mod
 from metaflow_extensions.torchrun.plugins.torchrun.cause import CauseKind
 from metaflow_extensions.torchrun.plugins.torchrun.errors import GangAborted
-from metaflow_extensions.torchrun.plugins.torchrun.identity import GangIdentity
-from metaflow_extensions.torchrun.plugins.torchrun.plan import StepDefaults
-from metaflow_extensions.torchrun.plugins.torchrun.ports import find_free_port
-from metaflow_extensions.torchrun.plugins.torchrun.session import GangSession, Phase
-from metaflow_extensions.torchrun.plugins.torchrun.topology import Topology
+from metaflow_extensions.torchrun.plugins.torchrun.gang.identity import GangIdentity
+from metaflow_extensions.torchrun.plugins.torchrun.launch.plan import StepDefaults
+from metaflow_extensions.torchrun.plugins.torchrun.gang.ports import find_free_port
+from metaflow_extensions.torchrun.plugins.torchrun.runtime.session import GangSession, Phase
+from metaflow_extensions.torchrun.plugins.torchrun.gang.topology import Topology
 from proc_helpers import wait_until
 
 GUARD = 10.0

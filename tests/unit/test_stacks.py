@@ -14,7 +14,7 @@ import time
 import pytest
 from proc_helpers import wait_until
 
-from metaflow_extensions.torchrun.plugins.torchrun import stacks
+from metaflow_extensions.torchrun.plugins.torchrun.rank import stacks
 
 PKG_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(stacks.__file__)))))
 
@@ -24,7 +24,7 @@ RANK = textwrap.dedent(
     """
     import os, sys, threading, time
     sys.path.insert(0, sys.argv[3])
-    from metaflow_extensions.torchrun.plugins.torchrun import stacks
+    from metaflow_extensions.torchrun.plugins.torchrun.rank import stacks
     keep = stacks.register(sys.argv[1], 5)
     mode = sys.argv[2]
 
@@ -191,7 +191,7 @@ class TestWire:
 
 def test_the_bootstrap_registers_before_user_code(tmp_path, procs):
     """Through the real bootstrap: a script's stacks, by the rank's own file name."""
-    from metaflow_extensions.torchrun.plugins.torchrun import bootstrap, entry
+    from metaflow_extensions.torchrun.plugins.torchrun.rank import bootstrap, entry
 
     script = tmp_path / "user.py"
     script.write_text("import time\nprint('ready', flush=True)\ntime.sleep(600)  # HERE\n")

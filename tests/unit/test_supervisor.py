@@ -14,7 +14,7 @@ import pytest
 from proc_helpers import PY, SLEEPER_WRITING_PID, is_running, read_pid_file, wait_until
 
 from metaflow_extensions.torchrun.plugins.torchrun.errors import TorchrunInterrupted
-from metaflow_extensions.torchrun.plugins.torchrun.supervisor import Supervisor, _default_sink
+from metaflow_extensions.torchrun.plugins.torchrun.runtime.supervisor import Supervisor, _default_sink
 
 MB = 1 << 20
 
@@ -330,7 +330,7 @@ def test_agent_dies_when_the_supervising_task_is_killed(procs, tmp_path):
         """
         import sys, time
         import metaflow
-        from metaflow_extensions.torchrun.plugins.torchrun.supervisor import Supervisor
+        from metaflow_extensions.torchrun.plugins.torchrun.runtime.supervisor import Supervisor
         sup = Supervisor([sys.executable, "-c", sys.argv[1], sys.argv[2]])
         sup.start()
         time.sleep(60)
@@ -371,7 +371,8 @@ class TestTracking:
     its workers, then once a second: a scan reads every process on the host."""
 
     def test_scans_slow_down_after_the_start(self, monkeypatch):
-        from metaflow_extensions.torchrun.plugins.torchrun import proctree, supervisor
+        from metaflow_extensions.torchrun.plugins.torchrun.host import proctree
+        from metaflow_extensions.torchrun.plugins.torchrun.runtime import supervisor
 
         monkeypatch.setattr(supervisor, "TRACK_EVERY_POLL_FOR", 0.3)
         scans = []
@@ -384,7 +385,7 @@ class TestTracking:
     def test_a_worker_started_late_is_still_killed_when_the_agent_leaves_it(
         self, monkeypatch, procs, tmp_path
     ):
-        from metaflow_extensions.torchrun.plugins.torchrun import supervisor
+        from metaflow_extensions.torchrun.plugins.torchrun.runtime import supervisor
 
         monkeypatch.setattr(supervisor, "TRACK_EVERY_POLL_FOR", 0.2)
         pidfile = str(tmp_path / "worker.pid")
@@ -428,7 +429,7 @@ class TestGracefulStop:
     ranks ``shutdown_grace`` through torchrun's own shutdown timeout."""
 
     def _run(self, tmp_path, procs, grace, save):
-        from metaflow_extensions.torchrun.plugins.torchrun.plan import rank_environment
+        from metaflow_extensions.torchrun.plugins.torchrun.launch.plan import rank_environment
 
         script = tmp_path / "save.py"
         script.write_text(SAVE_ON_SIGTERM)

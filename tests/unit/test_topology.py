@@ -8,9 +8,9 @@ import types
 
 import pytest
 
-from metaflow_extensions.torchrun.plugins.torchrun import ports
+from metaflow_extensions.torchrun.plugins.torchrun.gang import ports
 from metaflow_extensions.torchrun.plugins.torchrun.errors import TorchrunInvalidArgument
-from metaflow_extensions.torchrun.plugins.torchrun.ports import (
+from metaflow_extensions.torchrun.plugins.torchrun.gang.ports import (
     LOCAL_PORT_ENV,
     PORT_RANGE,
     CANDIDATE_PORTS,
@@ -19,7 +19,7 @@ from metaflow_extensions.torchrun.plugins.torchrun.ports import (
     hashed_port,
     parse_port,
 )
-from metaflow_extensions.torchrun.plugins.torchrun.topology import Topology, is_local_runtime, topology_from
+from metaflow_extensions.torchrun.plugins.torchrun.gang.topology import Topology, is_local_runtime, topology_from
 
 Parallel = collections.namedtuple("Parallel", "main_ip num_nodes node_index")
 

@@ -16,8 +16,8 @@ import time
 import pytest
 
 import other_user
-from metaflow_extensions.torchrun.plugins.torchrun import workdirs
-from metaflow_extensions.torchrun.plugins.torchrun.workdirs import (
+from metaflow_extensions.torchrun.plugins.torchrun.host import workdirs
+from metaflow_extensions.torchrun.plugins.torchrun.host.workdirs import (
     CallFiles,
     UnsafePath,
     base_dir,
@@ -208,7 +208,7 @@ class TestOpenPrivate:
 
     def test_relay_log_through_a_symlink_is_not_written(self, tmp_path):
         """The relay's per-rank log: a symlink swapped in is not followed."""
-        from metaflow_extensions.torchrun.plugins.torchrun import relay
+        from metaflow_extensions.torchrun.plugins.torchrun.rank import relay
 
         secret = tmp_path / "secret"
         secret.write_text("keep\n")
@@ -216,7 +216,7 @@ class TestOpenPrivate:
         logs.mkdir()
         (logs / "rank-0.stdout.log").symlink_to(secret)
         code = (
-            "import sys; from metaflow_extensions.torchrun.plugins.torchrun import relay\n"
+            "import sys; from metaflow_extensions.torchrun.plugins.torchrun.rank import relay\n"
             "relay.start(0, True, sys.argv[1]); print('rank output')\n"
         )
         proc = subprocess.run([sys.executable, "-c", "import metaflow\n" + code, str(logs)],
@@ -242,7 +242,7 @@ class TestTail:
         assert tail_lines(str(link), 20) == []
 
     def test_call_tail_lines_does_not_follow_symlinks(self, tmp_path):
-        from metaflow_extensions.torchrun.plugins.torchrun import call
+        from metaflow_extensions.torchrun.plugins.torchrun.runtime import call
 
         secret = tmp_path / "secret"
         secret.write_text("password=hunter2\n")
@@ -274,7 +274,7 @@ class TestCallFiles:
         base = base_dir(tmp)
         code = (
             "import sys, time\n"
-            "from metaflow_extensions.torchrun.plugins.torchrun.workdirs import CallFiles\n"
+            "from metaflow_extensions.torchrun.plugins.torchrun.host.workdirs import CallFiles\n"
             "f = CallFiles('Flow-1-train-2-0-c0', 0, sys.argv[1])\n"
             "print(f.work_dir, flush=True)\n"
             "time.sleep(60)\n"

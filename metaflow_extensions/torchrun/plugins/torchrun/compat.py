@@ -268,7 +268,7 @@ def torch_problem(torch: TorchInstall, python: str, passed: Iterable[str], known
 
 def passed_options() -> Tuple[str, ...]:
     """The torchrun options @torchrun itself passes (command.py), and --module."""
-    from .command import Launch, default_options
+    from .launch.command import Launch, default_options
 
     launch = Launch(
         python="python", num_nodes=1, node_index=0, nproc_per_node=1,

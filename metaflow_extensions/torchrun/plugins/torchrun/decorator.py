@@ -12,15 +12,15 @@ from typing import Any, Dict, Optional
 from metaflow.plugins.parallel_decorator import ParallelDecorator
 from metaflow.unbounded_foreach import UBF_CONTROL
 
-from .card import attach_card, finish_card, render_card_now
+from .runtime.card import attach_card, finish_card, render_card_now
 from .compat import decorator_init_kwargs, legacy_notes, local_control_task_id, meta_datum, translate_attributes
 from .errors import TorchrunInvalidArgument
-from . import secret as gang_secret
+from .gang import secret as gang_secret
 from .handle import TorchrunHandle
-from .identity import GangIdentity
+from .gang.identity import GangIdentity
 from .lint import register_lint_check, require_parallel_entry
-from .local_nodes import stop_local_nodes
-from .plan import (
+from .runtime.local_nodes import stop_local_nodes
+from .launch.plan import (
     StepDefaults,
     check_options,
     merged_options,
@@ -30,11 +30,11 @@ from .plan import (
     validate_shutdown_grace,
     validate_timeouts,
 )
-from .ports import LOCAL_PORT_ENV, find_free_port, parse_port
-from .resources import requested_accelerators, small_shm_warning
-from .result import METADATA_FIELD
-from .session import GangSession
-from .topology import is_local_runtime, topology_from
+from .gang.ports import LOCAL_PORT_ENV, find_free_port, parse_port
+from .launch.resources import requested_accelerators, small_shm_warning
+from .runtime.result import METADATA_FIELD
+from .runtime.session import GangSession
+from .gang.topology import is_local_runtime, topology_from
 
 
 class TorchrunDecorator(ParallelDecorator):

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, List, Optional
 
 from metaflow.exception import MetaflowException
 
-from .failures import RankFailure, describe_exit_code, root_cause_order
+from .rank.failures import RankFailure, describe_exit_code, root_cause_order
 
 if TYPE_CHECKING:
     from .cause import Cause

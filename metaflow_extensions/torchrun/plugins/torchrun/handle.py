@@ -5,13 +5,13 @@ from __future__ import annotations
 import os
 from typing import Any, Callable, Optional, Union
 
-from .call import run_call
-from .command import ArgSpec
+from .runtime.call import run_call
+from .launch.command import ArgSpec
 from .compat import require_torch
 from .errors import TorchrunException
-from .plan import plan_call
-from .result import TorchrunResult
-from .session import GangSession
+from .launch.plan import plan_call
+from .runtime.result import TorchrunResult
+from .runtime.session import GangSession
 
 
 class TorchrunHandle:

@@ -15,7 +15,7 @@ import warnings
 from typing import Any, Iterable, Mapping, Optional, Tuple
 
 from .command import options_to_argv
-from .errors import TorchrunInvalidArgument
+from ..errors import TorchrunInvalidArgument
 
 # More processes than this on one node is a typo (a GPU count in the wrong
 # unit, an extra zero), not a machine: each rank is a Python process with torch.

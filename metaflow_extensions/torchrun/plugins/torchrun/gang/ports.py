@@ -12,7 +12,7 @@ import random
 import socket
 from typing import Mapping, Optional, Tuple
 
-from .errors import TorchrunInvalidArgument
+from ..errors import TorchrunInvalidArgument
 
 # Exported by the local control task before Metaflow spawns the other nodes, which
 # inherit it: that is how all local nodes learn one freshly chosen free port.

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import signal
 
-from . import proctree
+from ..host import proctree
 
 
 def stop_local_nodes(settle: float = 3.0, grace: float = 3.0) -> None:

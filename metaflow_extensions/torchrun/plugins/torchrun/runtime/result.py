@@ -12,9 +12,9 @@ import os
 from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, List, Optional, Union
 
-from .failures import RankFailure
-from .stacks import bound
-from .workdirs import rank_log_path
+from ..rank.failures import RankFailure
+from ..rank.stacks import bound
+from ..host.workdirs import rank_log_path
 
 METADATA_FIELD = "torchrun-result"
 # Characters of rank stacks kept in the record (the card shows them whole).

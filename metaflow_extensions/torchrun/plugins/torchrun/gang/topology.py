@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Mapping, Optional, Tuple
 
-from .errors import TorchrunInvalidArgument
+from ..errors import TorchrunInvalidArgument
 from .ports import choose_ports
 
 

@@ -37,11 +37,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
-from . import gang_auth
-from . import gang_wire as wire
-from . import stacks as rank_stacks
-from .cause import Cause, CauseKind, plural
-from .gang import RDZV_STORE_NODE, GangConfig
+from . import auth as gang_auth
+from . import wire
+from ..rank import stacks as rank_stacks
+from ..cause import Cause, CauseKind, plural
+from .config import RDZV_STORE_NODE, GangConfig
 from .ports import find_free_port
 
 # Connections that have not proved themselves yet, at most: past that, the

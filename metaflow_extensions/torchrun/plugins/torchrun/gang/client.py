@@ -19,11 +19,11 @@ import threading
 import time
 from typing import Callable, Dict, List, Optional, Sequence, Union
 
-from . import gang_auth
-from . import gang_wire as wire
-from . import stacks as rank_stacks
-from .cause import Cause, CauseKind
-from .gang import GangConfig
+from . import auth as gang_auth
+from . import wire
+from ..rank import stacks as rank_stacks
+from ..cause import Cause, CauseKind
+from .config import GangConfig
 
 
 class GangClient:

@@ -25,7 +25,7 @@ import secrets
 import time
 from typing import Callable, Mapping, Optional, Protocol
 
-from .gang_auth import MIN_SECRET_BYTES
+from .auth import MIN_SECRET_BYTES
 from .identity import GangIdentity
 
 ENV = "METAFLOW_TORCHRUN_SECRET"

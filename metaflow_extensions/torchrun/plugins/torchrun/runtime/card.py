@@ -21,10 +21,10 @@ import sys
 import time
 from typing import Any, Dict, List, Optional
 
-from .devices import cuda_devices
-from .failures import describe_exit_code
-from .resources import Accelerators
-from . import stacks
+from ..host.devices import cuda_devices
+from ..rank.failures import describe_exit_code
+from ..launch.resources import Accelerators
+from ..rank import stacks
 from .result import TorchrunResult
 
 CARD_ID = "torchrun"

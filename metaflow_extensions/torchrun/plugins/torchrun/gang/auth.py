@@ -39,7 +39,7 @@ import os
 import secrets
 from typing import Any, Dict, Optional, Tuple
 
-from . import gang_wire as wire
+from . import wire
 
 NONCE_BYTES = 32
 # Shorter secrets are refused: a user-managed one must be worth guessing at.

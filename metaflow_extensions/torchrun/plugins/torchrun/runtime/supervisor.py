@@ -17,8 +17,9 @@ import threading
 import time
 from typing import BinaryIO, Callable, List, Mapping, Optional, Set
 
-from . import proctree, relay
-from .errors import TorchrunInterrupted
+from ..host import proctree
+from ..rank import relay
+from ..errors import TorchrunInterrupted
 
 ChunkSink = Callable[[bytes], None]
 

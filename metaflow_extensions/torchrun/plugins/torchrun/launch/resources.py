@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Optional, Tuple
 
-from .errors import TorchrunInvalidArgument
+from ..errors import TorchrunInvalidArgument
 
 # NeuronCores per Neuron device exposed by @batch(trainium=N / inferentia=N):
 # Trainium (trn1) and Inferentia2 devices carry 2 NeuronCores each; for other

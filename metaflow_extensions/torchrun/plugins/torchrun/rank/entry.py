@@ -30,7 +30,7 @@ AGENT_TMP = "tmp"
 def write_entry(work_dir: str, argv: List[str]) -> str:
     """Write the bootstrap's argv (``[script, *args]``, or the function form)
     to a new private file in ``work_dir``; return its path."""
-    from .workdirs import open_private
+    from ..host.workdirs import open_private
 
     path = os.path.join(work_dir, ENTRY_FILE)
     fd = open_private(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL)

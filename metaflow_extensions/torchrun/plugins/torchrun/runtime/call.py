@@ -15,12 +15,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
-from . import bootstrap, entry, functions, stacks
-from .cause import Cause, CauseKind
-from .command import Launch, build_command
-from .devices import cuda_devices
-from .errors import GangAborted, TorchrunException, TorchrunFailed, TorchrunInvalidArgument
-from .failures import (
+from ..rank import bootstrap, entry, functions, stacks
+from ..cause import Cause, CauseKind
+from ..launch.command import Launch, build_command
+from ..host.devices import cuda_devices
+from ..errors import GangAborted, TorchrunException, TorchrunFailed, TorchrunInvalidArgument
+from ..rank.failures import (
     RankFailure,
     describe_exit_code,
     merge_failures,
@@ -28,14 +28,14 @@ from .failures import (
     read_failures,
     with_last_output,
 )
-from .network import interface_of
-from .plan import CallPlan, rank_environment, restarts_allowed
-from .resources import check_visible_devices
+from ..host.network import interface_of
+from ..launch.plan import CallPlan, rank_environment, restarts_allowed
+from ..launch.resources import check_visible_devices
 from .result import TorchrunResult, read_rank_records
 from .session import GangSession, local_address, say
 from .supervisor import Supervisor
-from .workdirs import CallFiles, rank_log_path
-from .workdirs import tail_lines as _tail_lines
+from ..host.workdirs import CallFiles, rank_log_path
+from ..host.workdirs import tail_lines as _tail_lines
 
 TAIL_LINES = 20
 # What stacks may add to the control's stop, its own collecting included: a

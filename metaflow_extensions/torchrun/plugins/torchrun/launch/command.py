@@ -13,14 +13,14 @@ import os
 from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
 
-from . import compat
-from .errors import TorchrunInvalidArgument
-from .gang import RDZV_STORE_NODE
+from .. import compat
+from ..errors import TorchrunInvalidArgument
+from ..gang.config import RDZV_STORE_NODE
 
 ArgSpec = Union[None, Sequence[Any], Mapping[str, Any]]
 
 # The Python module every rank runs first; it then runs the user's entrypoint.
-BOOTSTRAP_MODULE = "metaflow_extensions.torchrun.plugins.torchrun.bootstrap"
+BOOTSTRAP_MODULE = "metaflow_extensions.torchrun.plugins.torchrun.rank.bootstrap"
 
 # torch's c10d rendezvous waits this long by default (join_timeout).
 TORCH_JOIN_TIMEOUT = 600

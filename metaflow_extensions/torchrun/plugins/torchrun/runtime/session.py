@@ -28,16 +28,16 @@ import time
 import traceback
 from typing import Any, Iterator, List, Optional
 
-from .cause import Cause, CauseKind
-from .errors import GangAborted, TorchrunException
-from .gang import GangConfig
-from .gang_client import GangClient
-from .gang_server import GangServer
-from .identity import GangIdentity
-from .network import local_address_towards
-from .plan import StepDefaults
+from ..cause import Cause, CauseKind
+from ..errors import GangAborted, TorchrunException
+from ..gang.config import GangConfig
+from ..gang.client import GangClient
+from ..gang.server import GangServer
+from ..gang.identity import GangIdentity
+from ..host.network import local_address_towards
+from ..launch.plan import StepDefaults
 from .result import TorchrunResult
-from .topology import Topology
+from ..gang.topology import Topology
 
 # Raised in the main thread to stop the step's code when the gang aborts. A
 # real-time signal: user code (SLURM-style checkpoint triggers) uses SIGUSR1/2.

@@ -16,7 +16,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Union
 
-from . import bootstrap, functions
+from ..rank import bootstrap, functions
 from .command import ArgSpec, encode_args, parse_options
 from .inputs import (
     check_arguments,
@@ -30,7 +30,7 @@ from .inputs import (
     step_timeout,  # noqa: F401
     validate_timeouts,  # noqa: F401
 )
-from .errors import TorchrunInvalidArgument
+from ..errors import TorchrunInvalidArgument
 from .resources import NONE as NO_ACCELERATORS
 from .resources import Accelerators
 
