@@ -33,10 +33,11 @@ PYTEST_WORKERS ?= 2
 test: install lint
 	$(BIN)/python -m pytest tests -n $(PYTEST_WORKERS) --dist worksteal $(PYTEST_ARGS)
 
-# Linter and type checker (pinned in requirements-dev.txt; config in pyproject.toml).
+# Linter, type checker and import contracts (pinned in requirements-dev.txt; config in pyproject.toml).
 lint: install
 	$(BIN)/ruff check .
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 
 # The sdist and wheel, checked as PyPI would.
 dist: install

@@ -14,13 +14,12 @@ from metaflow_extensions.torchrun.plugins.torchrun.launch.command import (
     BOOTSTRAP_MODULE,
     Launch,
     build_command,
-    canonical_option,
     default_options,
     encode_args,
     format_endpoint,
     options_to_argv,
-    parse_options,
 )
+from metaflow_extensions.torchrun.plugins.torchrun.launch.options import canonical_option, parse_options
 from metaflow_extensions.torchrun.plugins.torchrun.errors import TorchrunInvalidArgument
 
 # Strings a shell would mangle; each must reach the script as one argv item, unchanged.
@@ -429,17 +428,17 @@ class TestMetaflowTorchrun02Forms:
             parse_options({"no_python": ""})
 
     def test_every_owned_option_is_a_real_torchrun_option(self):
-        from metaflow_extensions.torchrun.plugins.torchrun import compat
+        from metaflow_extensions.torchrun.plugins.torchrun.launch import options, torch_checks
 
         # The pinned torch's own parser, read as require_torch reads it.
-        run_py = compat.find_torch().run_py
+        run_py = torch_checks.find_torch().run_py
         assert run_py
         with open(run_py, encoding="utf-8") as f:
-            known = compat.torchrun_options(f.read())
-        assert set(compat.OWNED_OPTIONS) <= known
+            known = torch_checks.torchrun_options(f.read())
+        assert set(options.OWNED_OPTIONS) <= known
         # What users may still tune: rdzv_conf adds to ours, max_restarts, nproc.
         for free in ("rdzv-conf", "max-restarts", "nproc-per-node", "local-addr"):
-            assert free not in compat.OWNED_OPTIONS
+            assert free not in options.OWNED_OPTIONS
 
     def test_check_owned_false_reads_our_own_command(self):
         assert parse_options(["--nnodes", "2"], check_owned=False) == {"nnodes": "2"}
@@ -469,7 +468,6 @@ def _launch(**over):
         rdzv_port=29500,
         rdzv_id="Flow-1-train-2-0",
         entrypoint="/abs/train.py",
-        entrypoint_argv=("--lr", "0.1", "two words"),
     )
     base.update(over)
     return Launch(**base)
@@ -506,31 +504,16 @@ class TestBuildCommand:
         flags = [a for a in argv[3 : argv.index("--module")] if a.startswith("--")]
         assert len(flags) == len(set(flags))
 
-    def test_tail_runs_the_bootstrap_module_then_the_script(self):
+    def test_tail_runs_the_bootstrap_module_then_the_entry(self):
+        # The script's own arguments travel in a file (entry.py), never here.
         argv = build_command(_launch())
-        assert argv[-6:] == [
-            "--module",
-            BOOTSTRAP_MODULE,
-            "/abs/train.py",
-            "--lr",
-            "0.1",
-            "two words",
-        ]
-        assert argv.count("--module") == 1
-
-    def test_no_entry_args(self):
-        argv = build_command(_launch(entrypoint_argv=()))
         assert argv[-3:] == ["--module", BOOTSTRAP_MODULE, "/abs/train.py"]
+        assert argv.count("--module") == 1
 
     def test_bootstrap_module_is_importable_name(self):
         import importlib
 
         assert importlib.util.find_spec(BOOTSTRAP_MODULE) is not None
-
-    @pytest.mark.parametrize("value", NASTY)
-    def test_entry_args_are_verbatim(self, value):
-        argv = build_command(_launch(entrypoint_argv=[value]))
-        assert argv[-1] == value
 
     @pytest.mark.parametrize(
         "host, endpoint",
@@ -577,8 +560,9 @@ class TestBuildCommand:
         assert "--rdzv-conf" not in argv
         assert "rdzv-conf" not in _options_of(argv)
 
-    def test_launch_max_restarts(self):
-        assert _options_of(build_command(_launch(max_restarts=5)))["max-restarts"] == "5"
+    def test_max_restarts_default_and_override(self):
+        assert _options_of(build_command(_launch()))["max-restarts"] == "0"
+        assert _options_of(build_command(_launch(user_options={"max-restarts": "5"})))["max-restarts"] == "5"
 
     def test_nproc_keyword(self):
         assert _options_of(build_command(_launch(nproc_per_node="gpu")))["nproc-per-node"] == "gpu"
@@ -596,7 +580,6 @@ class TestBuildCommand:
             _launch(
                 node_index=1,
                 rdzv_host="::1",
-                entrypoint_argv=["--max-restarts", "9", "--module", "x y", "$(z)"],
                 user_options={"monitor-interval": "1"},
             )
         )
@@ -611,14 +594,7 @@ class TestBuildCommand:
         assert ns.monitor_interval == 1
         assert ns.module is True
         assert ns.training_script == BOOTSTRAP_MODULE
-        # the script's own args, even ones named like torchrun options, are the script's
-        assert ns.training_script_args == [
-            "/abs/train.py",
-            "--max-restarts",
-            "9",
-            "--module",
-            "x y",
-            "$(z)",
-        ]
+        # the script and its own args travel in the entry file (entry.py)
+        assert ns.training_script_args == ["/abs/train.py"]
 
 

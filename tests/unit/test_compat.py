@@ -6,6 +6,7 @@ import textwrap
 import pytest
 
 from metaflow_extensions.torchrun.plugins.torchrun import compat
+from metaflow_extensions.torchrun.plugins.torchrun.launch import torch_checks
 from metaflow_extensions.torchrun.plugins.torchrun.errors import TorchrunInvalidArgument
 
 
@@ -134,43 +135,43 @@ class TestTorchProblem:
     PASSED = ("nnodes", "nproc-per-node", "local-addr")
 
     def test_no_torch_names_the_install(self):
-        msg = compat.torch_problem(compat.TorchInstall(None), "/venv/bin/python", self.PASSED, None)
+        msg = torch_checks.torch_problem(torch_checks.TorchInstall(None), "/venv/bin/python", self.PASSED, None)
         assert "torch is not installed for /venv/bin/python" in msg
         assert "pip install metaflow-torchrun[torch]" in msg
 
     def test_no_torch_distributed(self):
-        torch = compat.TorchInstall("/site/torch", "2.13.0", None)
-        msg = compat.torch_problem(torch, "py", self.PASSED, None)
+        torch = torch_checks.TorchInstall("/site/torch", "2.13.0", None)
+        msg = torch_checks.torch_problem(torch, "py", self.PASSED, None)
         assert "no torch.distributed" in msg and "metaflow-torchrun[torch]" in msg
 
     def test_too_old_for_an_option_we_pass(self):
-        torch = compat.TorchInstall("/site/torch", "1.13.1", "/site/torch/distributed/run.py")
-        msg = compat.torch_problem(torch, "py", self.PASSED, {"nnodes", "nproc-per-node"})
+        torch = torch_checks.TorchInstall("/site/torch", "1.13.1", "/site/torch/distributed/run.py")
+        msg = torch_checks.torch_problem(torch, "py", self.PASSED, {"nnodes", "nproc-per-node"})
         assert "torch 1.13.1" in msg and "too old" in msg and "--local-addr" in msg
-        assert "torch>=%s" % compat.TESTED_TORCH in msg
+        assert "torch>=%s" % torch_checks.TESTED_TORCH in msg
 
     def test_fine(self):
-        torch = compat.TorchInstall("/site/torch", "2.13.0", "/site/torch/distributed/run.py")
+        torch = torch_checks.TorchInstall("/site/torch", "2.13.0", "/site/torch/distributed/run.py")
         known = {"nnodes", "nproc-per-node", "local-addr"}
-        assert compat.torch_problem(torch, "py", self.PASSED, known) is None
+        assert torch_checks.torch_problem(torch, "py", self.PASSED, known) is None
 
     def test_options_unreadable_is_not_a_problem(self):
-        torch = compat.TorchInstall("/site/torch", None, "/site/torch/distributed/run.py")
-        assert compat.torch_problem(torch, "py", self.PASSED, None) is None
+        torch = torch_checks.TorchInstall("/site/torch", None, "/site/torch/distributed/run.py")
+        assert torch_checks.torch_problem(torch, "py", self.PASSED, None) is None
 
     def test_torchrun_options_from_source(self):
-        assert compat.torchrun_options(RUN_PY) == {"nnodes", "nproc-per-node", "max-restarts"}
+        assert torch_checks.torchrun_options(RUN_PY) == {"nnodes", "nproc-per-node", "max-restarts"}
 
     def test_passed_options_are_what_the_command_sets(self):
-        passed = compat.passed_options()
+        passed = torch_checks.passed_options()
         for name in ("nnodes", "nproc-per-node", "rdzv-backend", "rdzv-conf", "local-addr", "module"):
             assert name in passed
 
     def test_find_torch_without_torch(self, tmp_path, monkeypatch):
-        monkeypatch.setattr(compat.importlib.util, "find_spec", lambda name: None)
-        assert compat.find_torch() == compat.TorchInstall(None)
-        with pytest.raises(compat.TorchrunMissingDependency, match=r"metaflow-torchrun\[torch\]"):
-            compat.require_torch("/x/python")
+        monkeypatch.setattr(torch_checks.importlib.util, "find_spec", lambda name: None)
+        assert torch_checks.find_torch() == torch_checks.TorchInstall(None)
+        with pytest.raises(torch_checks.TorchrunMissingDependency, match=r"metaflow-torchrun\[torch\]"):
+            torch_checks.require_torch("/x/python")
 
     def test_find_torch_reads_files(self, tmp_path, monkeypatch):
         pkg = tmp_path / "torch"
@@ -181,15 +182,15 @@ class TestTorchProblem:
         class Spec:
             submodule_search_locations = [str(pkg)]
 
-        monkeypatch.setattr(compat.importlib.util, "find_spec", lambda name: Spec())
-        found = compat.find_torch()
+        monkeypatch.setattr(torch_checks.importlib.util, "find_spec", lambda name: Spec())
+        found = torch_checks.find_torch()
         assert found.version == "2.99.0+cpu"
         assert found.run_py == os.path.join(str(pkg), "distributed", "run.py")
         # This fake torchrun lacks --local-addr and the rendezvous options we pass.
-        with pytest.raises(compat.TorchrunMissingDependency, match="too old.*--local-addr"):
-            compat.require_torch()
+        with pytest.raises(torch_checks.TorchrunMissingDependency, match="too old.*--local-addr"):
+            torch_checks.require_torch()
 
     def test_missing_dependency_is_a_clean_metaflow_error(self):
         from metaflow.exception import MetaflowException
 
-        assert issubclass(compat.TorchrunMissingDependency, MetaflowException)
+        assert issubclass(torch_checks.TorchrunMissingDependency, MetaflowException)

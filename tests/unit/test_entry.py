@@ -46,7 +46,7 @@ def test_torchruns_parser_sees_no_user_argument(tmp_path):
     path = entry.write_entry(str(tmp_path), ARGV)
     argv = build_command(Launch(
         python=sys.executable, num_nodes=2, node_index=0, nproc_per_node=1,
-        rdzv_host="127.0.0.1", rdzv_port=1234, rdzv_id="x", entrypoint=path, entrypoint_argv=(),
+        rdzv_host="127.0.0.1", rdzv_port=1234, rdzv_id="x", entrypoint=path,
     ))
     assert argv[-3:] == ["--module", BOOTSTRAP_MODULE, path]
     assert not any(token in argv for token in TORCHRUN_LOOKALIKES[:10])

@@ -14,7 +14,7 @@ import time
 import metaflow  # noqa: F401  (must come before our modules)
 import pytest
 
-from metaflow_extensions.torchrun.plugins.torchrun.launch import command
+from metaflow_extensions.torchrun.plugins.torchrun.launch import command, options
 from metaflow_extensions.torchrun.plugins.torchrun import errors
 from metaflow_extensions.torchrun.plugins.torchrun.gang import ports
 from metaflow_extensions.torchrun.plugins.torchrun.cause import Cause, CauseKind
@@ -392,7 +392,6 @@ def launch(node_index, user_options):
         rdzv_port=29500,
         rdzv_id="flow-1-train-2-0",
         entrypoint="/flow/train.py",
-        entrypoint_argv=["--lr", "0.1"],
         user_options=user_options,
     )
 
@@ -459,7 +458,7 @@ class TestRdzvConf:
         ],
     )
     def test_every_spelling_of_the_option_merges(self, torchrun_args):
-        argv = command.build_command(launch(1, command.parse_options(torchrun_args)))
+        argv = command.build_command(launch(1, options.parse_options(torchrun_args)))
         assert rdzv_conf(argv).split(",") == ["is_host=0", "join_timeout=900", "read_timeout=60"]
         assert torch_reads(argv)["is_host"] == "0"
 

@@ -11,7 +11,8 @@ import zipfile
 import pytest
 
 from metaflow_extensions.torchrun.plugins.torchrun.launch import inputs, plan
-from metaflow_extensions.torchrun.plugins.torchrun.launch.command import encode_args, parse_options
+from metaflow_extensions.torchrun.plugins.torchrun.launch.command import encode_args
+from metaflow_extensions.torchrun.plugins.torchrun.launch.options import parse_options
 from metaflow_extensions.torchrun.plugins.torchrun.errors import TorchrunInvalidArgument
 from metaflow_extensions.torchrun.plugins.torchrun.launch.plan import StepDefaults, plan_call
 

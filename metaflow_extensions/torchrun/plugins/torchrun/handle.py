@@ -7,7 +7,7 @@ from typing import Any, Callable, Optional, Union
 
 from .runtime.call import run_call
 from .launch.command import ArgSpec
-from .compat import require_torch
+from .launch.torch_checks import require_torch
 from .errors import TorchrunException
 from .launch.plan import plan_call
 from .runtime.result import TorchrunResult

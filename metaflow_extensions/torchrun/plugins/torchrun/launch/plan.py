@@ -9,15 +9,15 @@ an error from inside torchrun after the gang has started.
 
 from __future__ import annotations
 
-import importlib.util
 import math
 import os
-import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Union
 
 from ..rank import bootstrap, functions
-from .command import ArgSpec, encode_args, parse_options
+from .command import ArgSpec, encode_args
+from .options import parse_options
+from .torch_checks import known_torchrun_options
 from .inputs import (
     check_arguments,
     check_command_size,
@@ -142,32 +142,6 @@ def resolve_entrypoint(entrypoint: Any, search_dirs: Sequence[str]) -> str:
         "entrypoint %r does not exist (looked in: %s)."
         % (path, ", ".join(os.path.abspath(os.path.dirname(c) or ".") for c in candidates))
     )
-
-
-_OPTION_RE = re.compile(r"""["'](--[A-Za-z][\w-]*)["']""")
-
-
-def known_torchrun_options() -> Optional[set]:
-    """Option names torchrun accepts, read from the source of torchrun's parser.
-
-    Reading the file instead of importing ``torch.distributed.run`` keeps torch
-    (seconds of CPU, hundreds of MB) out of every Metaflow task process."""
-    try:
-        spec = importlib.util.find_spec("torch")
-    except (ImportError, ValueError):
-        spec = None
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    path = os.path.join(list(spec.submodule_search_locations)[0], "distributed", "run.py")
-    try:
-        with open(path, encoding="utf-8") as f:
-            source = f.read()
-    except OSError:
-        return None
-    start = source.find("def get_args_parser")
-    end = source.find("\ndef ", start + 1)
-    names = {m.group(1)[2:].replace("_", "-") for m in _OPTION_RE.finditer(source[start:end])}
-    return names or None
 
 
 def check_options(options: Mapping[str, Any]) -> None:

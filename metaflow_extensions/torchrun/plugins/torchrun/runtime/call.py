@@ -138,7 +138,6 @@ class CallRun:
                 rdzv_port=int(self.rdzv_port or 0),
                 rdzv_id=self.session.identity.call_id(self.index),
                 entrypoint=entry_path,
-                entrypoint_argv=(),
                 user_options=plan.options,
                 local_addr=self.local_addr,
                 start_timeout=self.session.defaults.start_timeout,

@@ -1,0 +1,206 @@
+"""torchrun options as a user gives them: read into ``{canonical name: value}``,
+with the options @torchrun sets itself refused, naming the @torchrun way.
+
+Pure: no processes, files or environment. ``command.py`` turns the result into
+argv; ``plan.py`` checks the names against what the task's torchrun takes.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Dict, List, Mapping, Optional
+
+from ..errors import TorchrunInvalidArgument
+
+ArgSpec = Any  # a list, a tuple, a mapping or None (command.ArgSpec)
+
+_SCALARS = (str, int, float, os.PathLike)
+
+
+def scalar(value: Any, what: str) -> str:
+    # bool is an int subclass: in a list it is spelled as Python spells it.
+    if isinstance(value, _SCALARS):
+        try:
+            return os.fsdecode(value) if isinstance(value, os.PathLike) else str(value)
+        except Exception as e:
+            raise TorchrunInvalidArgument(
+                "%s: cannot turn a %s into a command-line argument (str() failed: %s: %s)."
+                % (what, type(value).__name__, type(e).__name__, e)
+            ) from None
+    raise TorchrunInvalidArgument(
+        "%s: cannot pass %r (a %s) as a command-line argument; use a string or a number."
+        % (what, value, type(value).__name__)
+    )
+
+
+def flag_name(key: Any, what: str) -> str:
+    if not isinstance(key, str) or not key.strip("-"):
+        raise TorchrunInvalidArgument(
+            "%s: option name %r must be a non-empty string." % (what, key)
+        )
+    return "--" + key.lstrip("-")
+
+
+_RENDEZVOUS = (
+    "@torchrun runs torchrun's c10d rendezvous on the control node and chooses its "
+    "endpoint and id per gang; extra settings go in rdzv_conf, which adds to ours"
+)
+_ENTRY = (
+    "@torchrun starts every rank through its own bootstrap: give a script path or a "
+    "module-level function as current.torch.run(entrypoint=...)"
+)
+
+# Canonical torchrun option -> how to get what it does with @torchrun.
+OWNED_OPTIONS: Dict[str, str] = {
+    "master-port": "the port is @torchrun(port=N) (on Kubernetes, @kubernetes(port=N) is used)",
+    "master-addr": "@torchrun finds the control node's address itself (current.parallel.main_ip)",
+    "nnodes": "the node count is num_parallel: self.next(self.<step>, num_parallel=N)",
+    "node-rank": "each node's index comes from Metaflow (current.parallel.node_index)",
+    "rdzv-backend": _RENDEZVOUS,
+    "rdzv-endpoint": _RENDEZVOUS,
+    "rdzv-id": _RENDEZVOUS,
+    "standalone": "for one node, enter the step with num_parallel=1",
+    "no-python": _ENTRY,
+    "module": _ENTRY,
+    "run-path": _ENTRY,
+    "shutdown-timeout": "the ranks' time to stop on SIGTERM is @torchrun(shutdown_grace=SECONDS)",
+}
+
+
+def owned_option_error(name: str, what: str) -> Optional[str]:
+    """A message for an option @torchrun sets itself, naming the @torchrun way."""
+    reason = OWNED_OPTIONS.get(name)
+    if reason is None:
+        return None
+    return "%s: --%s is set by @torchrun and cannot be given: %s." % (what, name, reason)
+
+
+def refuse_owned(options: Mapping[str, Any], what: str) -> None:
+    problems = [m for m in (owned_option_error(k, what) for k in options) if m]
+    if problems:
+        raise TorchrunInvalidArgument(" ".join(problems))
+
+
+def is_pair_list(tokens: List[str]) -> bool:
+    """metaflow-torchrun 0.2's list form, ``["nproc_per_node", 2, "max_restarts", 1]``:
+    names without dashes, each followed by its value. A list starting with a
+    dashed option is argv as torchrun takes it."""
+    return bool(tokens) and not tokens[0].startswith("-")
+
+
+def none_value_error(what: str, key: Any) -> str:
+    return (
+        "%s[%r] is None. Write True for a bare --%s (what metaflow-torchrun 0.2 made "
+        "of None), or False (or no entry) to leave it out."
+        % (what, key, str(key).lstrip("-"))
+    )
+
+
+def empty_option_error(what: str, key: Any) -> str:
+    return (
+        "%s[%r] is ''. torchrun options take no empty value: write True for a bare "
+        "--%s (what metaflow-torchrun 0.2 made of ''), or False to leave it out."
+        % (what, key, str(key).lstrip("-"))
+    )
+
+
+def canonical_option(name: str) -> str:
+    """torchrun spells options both ``max_restarts`` and ``max-restarts``."""
+    return name.strip().lstrip("-").replace("_", "-")
+
+
+def parse_options(args: ArgSpec, what: str = "torchrun_args", check_owned: bool = True) -> Dict[str, Any]:
+    """Read user torchrun options into ``{canonical name: value}``.
+
+    Values are what the option should be set to: ``True`` for a bare flag, a
+    string, or a list for an option repeated with several values. ``False`` in a
+    dict removes an option the decorator would otherwise set; ``None`` and ``''``
+    are refused (metaflow-torchrun 0.2 made both a bare flag). A list is argv
+    (``["--max-restarts", "2"]``) or, as in 0.2, name/value pairs
+    (``["max_restarts", 2]``). Options @torchrun sets itself (``OWNED_OPTIONS``)
+    are refused with the @torchrun way, unless ``check_owned`` is False.
+    """
+    if args is None:
+        return {}
+    if isinstance(args, Mapping):
+        out: Dict[str, Any] = {}
+        for key, value in args.items():
+            flag_name(key, what)
+            out[canonical_option(key)] = _option_value(value, what, key)
+    elif isinstance(args, (list, tuple)):
+        if args and isinstance(args[0], str) and is_pair_list([args[0]]):
+            out = _parse_pairs(list(args), what)
+        else:
+            out = _parse_argv([scalar(v, what) for v in args], args, what)
+    else:
+        raise TorchrunInvalidArgument(
+            "%s must be a list or a dict, not %s %r." % (what, type(args).__name__, args)
+        )
+    if check_owned:
+        refuse_owned(out, what)
+    return out
+
+
+def _option_value(value: Any, what: str, key: Any) -> Any:
+    if value is None:
+        raise TorchrunInvalidArgument(none_value_error(what, key))
+    if value is True or value is False:
+        return value
+    if isinstance(value, (list, tuple)):
+        return [scalar(v, "%s[%r]" % (what, key)) for v in value]
+    text = scalar(value, "%s[%r]" % (what, key))
+    if text == "":
+        raise TorchrunInvalidArgument(empty_option_error(what, key))
+    return text
+
+
+def _parse_pairs(items: List[Any], what: str) -> Dict[str, Any]:
+    """metaflow-torchrun 0.2's list form: ``["nproc_per_node", 2, "max_restarts", 1]``."""
+    if len(items) % 2:
+        raise TorchrunInvalidArgument(
+            "%s=%r: a list that starts with a name without dashes is read as name, value "
+            "pairs (metaflow-torchrun 0.2), and this one has an odd length. Write "
+            "[\"--name\", \"value\", ...] (torchrun's argv) or a dict." % (what, items)
+        )
+    out: Dict[str, Any] = {}
+    for key, value in zip(items[0::2], items[1::2]):
+        flag_name(key, what)
+        out[canonical_option(key)] = _option_value(value, what, key)
+    return out
+
+
+def _parse_argv(tokens: List[str], args: Any, what: str) -> Dict[str, Any]:
+    out: Dict[str, Any] = {}
+    key: Optional[str] = None
+    for token in tokens:
+        if token.startswith("-") and len(token) > 1 and not _is_number(token):
+            flag_name(token.split("=", 1)[0], what)
+            if "=" in token:
+                name, _, value = token.partition("=")
+                out[canonical_option(name)] = value
+                key = None
+            else:
+                key = canonical_option(token)
+                out[key] = True
+        elif key is None:
+            raise TorchrunInvalidArgument(
+                "%s: %r is not preceded by an option name (in %r)."
+                % (what, token, list(args))
+            )
+        else:
+            current = out[key]
+            if current is True:
+                out[key] = token
+            elif isinstance(current, list):
+                current.append(token)
+            else:
+                out[key] = [current, token]
+    return out
+
+
+def _is_number(token: str) -> bool:
+    try:
+        float(token)
+        return True
+    except ValueError:
+        return False
