@@ -16,6 +16,7 @@ from typing import List, Optional, Sequence, Union
 
 from metaflow_extensions.torchrun.plugins.torchrun.gang import auth as gang_auth
 from metaflow_extensions.torchrun.plugins.torchrun.gang import wire
+from metaflow_extensions.torchrun.plugins.torchrun.gang.messages import STREAMS, TAIL_LINES, NodeReport, RankStatus
 from metaflow_extensions.torchrun.plugins.torchrun.gang.config import GangConfig
 from metaflow_extensions.torchrun.plugins.torchrun.gang.client import GangClient
 from metaflow_extensions.torchrun.plugins.torchrun.gang.server import GangServer
@@ -101,7 +102,7 @@ class RawPeer:
         """Answer the challenge as node ``node``; the service's reply."""
         challenge = self.challenge or self.read_challenge()
         message = gang_auth.hello(
-            secret, config.gang_id, bytes.fromhex(challenge["nonce"]), node, host=host, pid=1)
+            secret, config.gang_id, bytes.fromhex(challenge["nonce"]), node, host=host, pid=1).to_wire()
         message.update(override)
         self.send(message)
         return read_line(self.sock)
@@ -186,3 +187,11 @@ def wait_cause(clients, timeout: float = GUARD):
         (c.node_index, c.cause) for c in clients
     ]
     return [c.cause for c in clients]
+
+
+def node_report(*ranks: int, tail_chars: int = 0) -> NodeReport:
+    """A node's report on ``ranks``; ``tail_chars``: each of its 20 tail lines
+    per stream that long (a big report)."""
+    line = "t" * tail_chars
+    tails = {r: {s: (line,) * TAIL_LINES for s in STREAMS} for r in ranks} if tail_chars else {}
+    return NodeReport(ranks=tuple(RankStatus(r, r) for r in ranks), tails=tails)

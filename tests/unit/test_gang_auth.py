@@ -9,9 +9,10 @@ import time
 import metaflow  # noqa: F401  (must come before our modules)
 import pytest
 
-from gang_net import GUARD, SECRET, Net, new_config, read_line
+from gang_net import GUARD, SECRET, Net, read_line, node_report
 from metaflow_extensions.torchrun.plugins.torchrun.gang import auth
 from metaflow_extensions.torchrun.plugins.torchrun.gang import wire
+from metaflow_extensions.torchrun.plugins.torchrun.gang import messages
 from metaflow_extensions.torchrun.plugins.torchrun.cause import Cause, CauseKind
 from proc_helpers import wait_until
 
@@ -20,7 +21,7 @@ OTHER = b"o" * 32
 
 
 def a_hello(node=1, secret=SECRET, gang=GANG, server_nonce=b"n" * 32, client_nonce=b"c" * 32):
-    return auth.hello(secret, gang, server_nonce, node, host="h", pid=7, client_nonce=client_nonce)
+    return auth.hello(secret, gang, server_nonce, node, host="h", pid=7, client_nonce=client_nonce).to_wire()
 
 
 class TestProofs:
@@ -38,7 +39,7 @@ class TestProofs:
     @pytest.mark.parametrize("field, value", [
         ("node_index", 0), ("nonce", ("d" * 64)), ("proof", "0" * 64), ("proof", None), ("proof", 3),
         ("proof", "zz"), ("nonce", "00"), ("nonce", "x" * 64), ("nonce", None), ("node_index", True),
-        ("node_index", 1.0), ("node_index", "1"), ("node_index", 1e400), ("protocol", wire.PROTOCOL - 1),
+        ("node_index", 1.0), ("node_index", "1"), ("node_index", 1e400), ("protocol", messages.PROTOCOL - 1),
         ("type", "welcome"),
     ])
     def test_a_tampered_hello_fails(self, field, value):
@@ -87,14 +88,14 @@ class TestProofs:
         assert len(calls) == 2
 
     def test_the_challenge_says_nothing_about_the_gang(self):
-        c = auth.challenge(b"n" * 32)
+        c = auth.challenge(b"n" * 32).to_wire()
         assert set(c) == {"type", "protocol", "nonce"}
         assert auth.read_challenge(c) == b"n" * 32
 
     @pytest.mark.parametrize("message", [
-        {}, {"type": "challenge", "protocol": wire.PROTOCOL}, {"type": "challenge", "protocol": 2, "nonce": "00" * 32},
-        {"type": "hello", "protocol": wire.PROTOCOL, "nonce": "00" * 32},
-        {"type": "challenge", "protocol": wire.PROTOCOL, "nonce": "0" * 63},
+        {}, {"type": "challenge", "protocol": messages.PROTOCOL}, {"type": "challenge", "protocol": 2, "nonce": "00" * 32},
+        {"type": "hello", "protocol": messages.PROTOCOL, "nonce": "00" * 32},
+        {"type": "challenge", "protocol": messages.PROTOCOL, "nonce": "0" * 63},
     ])
     def test_what_is_not_a_challenge(self, message):
         with pytest.raises(auth.AuthError):
@@ -154,7 +155,7 @@ class TestHandshakeOverSockets:
     def test_a_hello_replayed_on_another_connection_fails(self, net):
         server = net.server(2)
         first = net.raw(server.port)
-        hello = auth.hello(SECRET, server.config.gang_id, bytes.fromhex(first.read_challenge()["nonce"]), 1)
+        hello = auth.hello(SECRET, server.config.gang_id, bytes.fromhex(first.read_challenge()["nonce"]), 1).to_wire()
         second = net.raw(server.port)
         second.read_challenge()
         second.send(hello)
@@ -176,7 +177,7 @@ class TestHandshakeOverSockets:
                 except OSError:
                     continue
                 net.socks.append(conn)
-                conn.sendall(wire.encode(auth.challenge(auth.new_nonce())))
+                conn.sendall(wire.encode(auth.challenge(auth.new_nonce()).to_wire()))
                 read_line(conn)
                 conn.sendall(wire.encode({"type": "welcome", "proof": "0" * 64,
                                           "cause": Cause(CauseKind.RANK_FAILED, "FAKE").to_wire()}))
@@ -227,24 +228,7 @@ class TestHandshakeOverSockets:
         stranger.read_challenge()
         stranger.sock.sendall(b'{"type": "hello", "pad": "' + b"x" * wire.PRE_AUTH_LINE)
         assert read_line(stranger.sock) == {}  # dropped before the line even ended
-        report = {"tail": ["y" * 1000] * 500}  # 500 KB: a member may
+        report = node_report(*range(12), tail_chars=1000)  # 480 KB: a member may
         c0.report_failure(Cause(CauseKind.RANK_FAILED, "big report"), report=report)
         assert wait_until(lambda: server.cause is not None, GUARD)
         assert server.cause.summary == "big report"
-
-    def test_transitional_default_is_the_same_on_both_ends(self, net, monkeypatch):
-        """Until session.py passes the secret, server and client without one
-        still meet (and refuse anyone holding a real secret)."""
-        monkeypatch.delenv("METAFLOW_TORCHRUN_SECRET", raising=False)
-        from metaflow_extensions.torchrun.plugins.torchrun.gang.client import GangClient
-        from metaflow_extensions.torchrun.plugins.torchrun.gang.server import GangServer
-        from metaflow_extensions.torchrun.plugins.torchrun.gang.ports import find_free_port
-
-        config = new_config(1)
-        server = GangServer(config, "127.0.0.1", [find_free_port()])
-        net.servers.append(server.start())
-        c = GangClient(config, "127.0.0.1", [server.port], 0)
-        net.clients.append(c)
-        c.connect(give_up_after=GUARD)
-        assert c.cause is None and c._sock is not None
-        assert net.raw(server.port).hello(config, 0)["type"] == "reject"

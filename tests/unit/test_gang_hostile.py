@@ -30,9 +30,9 @@ import time
 import metaflow  # noqa: F401  (must come before our modules)
 import pytest
 
-from gang_net import GUARD, HOST, SECRET, Net, RawPeer, closed_by_peer, wait_cause
+from gang_net import GUARD, HOST, SECRET, Net, RawPeer, closed_by_peer, wait_cause, node_report
 from metaflow_extensions.torchrun.plugins.torchrun.gang import auth as gang_auth
-from metaflow_extensions.torchrun.plugins.torchrun.gang import server as gang_server
+from metaflow_extensions.torchrun.plugins.torchrun.gang import admission as gang_admission
 from metaflow_extensions.torchrun.plugins.torchrun.gang import wire
 from metaflow_extensions.torchrun.plugins.torchrun.cause import Cause, CauseKind
 from metaflow_extensions.torchrun.plugins.torchrun.gang.config import GangConfig
@@ -63,7 +63,7 @@ def net(procs):
 
 @pytest.fixture
 def fast_hello(monkeypatch):
-    monkeypatch.setattr(gang_server, "HELLO_TIMEOUT", 0.5)
+    monkeypatch.setattr(gang_admission, "HELLO_TIMEOUT", 0.5)
 
 
 def legit_step(net: Net, server) -> None:
@@ -75,8 +75,8 @@ def legit_step(net: Net, server) -> None:
     ports[1] = b.enter_call(0, "train.py")
     t.join(GUARD)
     assert ports[0] == ports[1] is not None, (a.cause, b.cause)
-    b.call_done(0, LEGIT_RANK0, {"ranks": [1]})  # rank 0 ran on node 1
-    a.call_done(0, None, {"ranks": [0]})
+    b.call_done(0, LEGIT_RANK0, node_report(1))  # rank 0 ran on node 1
+    a.call_done(0, None, node_report(0))
     assert a.wait_call_done(0), a.cause
     call = server.calls[0]
     assert (call.rank0, call.rank0_node) == (LEGIT_RANK0, 1)
@@ -157,7 +157,7 @@ class TestStrangers:
         for secret in (WRONG, SECRET):  # without the secret, and even with it
             assert net.raw(server.port).hello(server.config, 1, secret=secret)["type"] == "reject"
         time.sleep(0.2)
-        assert server._by_node[1].sock.fileno() != -1 and b.cause is None and server.cause is None
+        assert server.members.by_node[1].sock.fileno() != -1 and b.cause is None and server.cause is None
         b.close()  # the real node 1 is still the one watched
         (cause,) = wait_cause([a])
         assert (cause.kind, cause.node_index) == (CauseKind.NODE_LOST, 1)
@@ -209,8 +209,8 @@ class TestStrangers:
                 flood.append(c)
             time.sleep(0.5)
             assert server._thread.is_alive()
-            pending = sum(1 for p in list(server._peers.values()) if p.node is None)
-            assert pending <= gang_server.MAX_PENDING
+            pending = len(server.admission.pending)
+            assert pending <= gang_admission.MAX_PENDING
             t0 = time.monotonic()
             legit_step(net, server)  # joins while the flood is still connected
             assert time.monotonic() - t0 < GUARD
@@ -222,14 +222,14 @@ class TestStrangers:
     def test_slow_loris_clients_are_dropped_and_let_nodes_in(self, net, fast_hello):
         server = net.server(2)
         loris = []
-        for _ in range(gang_server.MAX_PENDING + 10):
+        for _ in range(gang_admission.MAX_PENDING + 10):
             r = RawPeer(server.port)
             net.raws.append(r)
             send_quietly(r.sock, b'{"type": "hel')  # and never another byte
             loris.append(r)
         legit_step(net, server)  # newcomers push the oldest strangers out
         assert all(closed_by_peer(r.sock, timeout=GUARD) for r in loris)
-        assert not any(p.node is None for p in list(server._peers.values()))
+        assert not server.admission.pending
         assert_idle(server)
 
     def test_a_silent_stranger_is_dropped_after_the_hello_timeout(self, net, fast_hello):
@@ -376,8 +376,8 @@ class TestBigValues:
         t.start()
         b.enter_call(0, "x")
         t.join(GUARD)
-        b.call_done(0, b"z" * (wire.RANK0_MAX + 1), {"tail": ["t" * 1000] * 300})
-        a.call_done(0, None, {})
+        b.call_done(0, b"z" * (wire.RANK0_MAX + 1), node_report(*range(10), tail_chars=1000))
+        a.call_done(0, None, node_report())
         assert a.wait_call_done(0)  # no hang: the done arrived without the value
         call = server.calls[0]
         assert call.rank0 is None and "over the" in call.rank0_error and "node 1" in call.rank0_error
@@ -385,6 +385,6 @@ class TestBigValues:
     def test_a_report_too_big_for_a_line_is_trimmed_not_lost(self, net):
         server = net.server(2)
         a, b = net.join(server, [0, 1])
-        b.report_failure(Cause(CauseKind.RANK_FAILED, "the cause"), report={"tail": ["t" * 1000] * 2000})
+        b.report_failure(Cause(CauseKind.RANK_FAILED, "the cause"), report=node_report(*range(100), tail_chars=1000))
         (cause,) = wait_cause([a])
         assert cause.summary == "the cause"

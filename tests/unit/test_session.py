@@ -42,7 +42,7 @@ def gang():
     def make(node, num_nodes=2, **defaults):
         topo = Topology(num_nodes=num_nodes, node_index=node, main_addr="127.0.0.1", ports=(port,),
                         is_local=True)
-        s = GangSession(identity, StepDefaults(**defaults), topo)
+        s = GangSession(identity, StepDefaults(**defaults), topo, secret=b"test secret of 32 bytes, at least")
         made.append(s)
         return s
 

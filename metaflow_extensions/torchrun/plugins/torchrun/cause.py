@@ -35,10 +35,6 @@ class CauseKind(str, enum.Enum):
     INTERRUPTED = "interrupted"  # the step was asked to stop (SIGTERM, Ctrl-C)
     HANG = "hang"  # no rank wrote a line for hang_timeout
 
-    @property
-    def blames_a_node(self) -> bool:
-        return self not in (CauseKind.NEVER_JOINED, CauseKind.CONTROL_UNREACHABLE, CauseKind.HANG)
-
 
 @dataclass(frozen=True)
 class Cause:
@@ -79,6 +75,7 @@ class Cause:
         if not summary:
             return None
         stamp = data.get("time")
+        when = float(stamp) if stamp is not None and _is_real(stamp) else time.time()
         return cls(
             kind=kind,
             summary=summary,
@@ -92,7 +89,7 @@ class Cause:
             secondary=data.get("secondary") is True,
             missing=tuple(m for m in (_int_list(data.get("missing")) or []))[:1024],
             call=_small_int(data.get("call")),
-            time=float(stamp) if _is_real(stamp) else time.time(),
+            time=when,
         )
 
     def with_node(self, node_index: int) -> "Cause":
@@ -129,5 +126,32 @@ def _is_real(value: Any) -> bool:
     return math.isfinite(value)
 
 
-def plural(items: List[int], noun: str = "node") -> str:
-    return "%s%s %s" % (noun, "s" if len(items) != 1 else "", ", ".join(str(i) for i in items))
+def plural(items: List[int], noun: str = "node", cap: int = 16) -> str:
+    """``nodes 1, 4-9, 12``: runs of three or more as a range, and at most
+    ``cap`` pieces, so a message about 4,000 nodes stays one short line."""
+    pieces = spans(items)
+    text = ", ".join(pieces[:cap])
+    if len(pieces) > cap:
+        text += " and %d more" % sum(_span_size(p) for p in pieces[cap:])
+    return "%s%s %s" % (noun, "s" if len(items) != 1 else "", text)
+
+
+def spans(items: List[int]) -> List[str]:
+    out: List[str] = []
+    ordered = sorted(set(items))
+    i = 0
+    while i < len(ordered):
+        j = i
+        while j + 1 < len(ordered) and ordered[j + 1] == ordered[j] + 1:
+            j += 1
+        if j - i >= 2:
+            out.append("%d-%d" % (ordered[i], ordered[j]))
+        else:
+            out.extend(str(v) for v in ordered[i:j + 1])
+        i = j + 1
+    return out
+
+
+def _span_size(piece: str) -> int:
+    low, _, high = piece.partition("-")
+    return int(high) - int(low) + 1 if high else 1

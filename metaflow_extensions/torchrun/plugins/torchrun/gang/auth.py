@@ -35,16 +35,17 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import os
 import secrets
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Mapping, Optional, Tuple, Type, Union
 
-from . import wire
+from ..cause import Cause
+from . import messages as msg
+from .wire import ProtocolError
 
-NONCE_BYTES = 32
+NONCE_BYTES = msg.NONCE_BYTES
 # Shorter secrets are refused: a user-managed one must be worth guessing at.
 MIN_SECRET_BYTES = 16
-_PROOF_HEX = 64  # sha256, in hex
+_PROOF_HEX = msg.PROOF_HEX
 
 
 class AuthError(ValueError):
@@ -78,85 +79,84 @@ def new_nonce() -> bytes:
     return secrets.token_bytes(NONCE_BYTES)
 
 
-def nonce_field(message: wire.Message, name: str) -> Optional[bytes]:
-    value = message.get(name)
-    if not isinstance(value, str) or len(value) != 2 * NONCE_BYTES:
-        return None
-    try:
-        return bytes.fromhex(value)
-    except ValueError:
-        return None
-
-
 def proof(secret: bytes, side: str, gang_id: str, server_nonce: bytes, client_nonce: bytes, node: int) -> str:
     """``side`` is "client" or "server": each side's proof is its own."""
     return _mac(derive(secret, "handshake"), side.encode(), gang_id.encode(), server_nonce, client_nonce,
                 str(node).encode())
 
 
+def _read(message: Union[Mapping[str, Any], msg.GangMessage], expected: Type[msg.M], why: str) -> msg.M:
+    """A handshake message as its record: a wrong type or field is an
+    ``AuthError`` (the peer is no gang node or service of ours)."""
+    if isinstance(message, expected):
+        return message
+    if not isinstance(message, Mapping):
+        raise AuthError(why)
+    try:
+        return msg.parse_as(message, expected)
+    except ProtocolError:
+        raise AuthError(why) from None
+
+
 # -- the three messages ------------------------------------------------------------
 
 
-def challenge(server_nonce: bytes) -> wire.Message:
-    return {"type": "challenge", "protocol": wire.PROTOCOL, "nonce": server_nonce.hex()}
+def challenge(server_nonce: bytes) -> msg.Challenge:
+    return msg.Challenge(nonce=server_nonce)
 
 
-def read_challenge(message: wire.Message) -> bytes:
+def read_challenge(message: Union[Mapping[str, Any], msg.Challenge]) -> bytes:
     """The service's nonce; AuthError when this is no gang service of ours."""
-    nonce = nonce_field(message, "nonce")
-    if message.get("type") != "challenge" or message.get("protocol") != wire.PROTOCOL or nonce is None:
+    challenge = _read(message, msg.Challenge, "not a gang service (or another version of it)")
+    if challenge.protocol != msg.PROTOCOL:
         raise AuthError("not a gang service (or another version of it)")
-    return nonce
+    return challenge.nonce
 
 
 def hello(secret: bytes, gang_id: str, server_nonce: bytes, node: int, host: str = "?", pid: int = 0,
-          client_nonce: Optional[bytes] = None) -> wire.Message:
+          client_nonce: Optional[bytes] = None) -> msg.Hello:
     client_nonce = client_nonce or new_nonce()
-    return {
-        "type": "hello",
-        "protocol": wire.PROTOCOL,
-        "node_index": node,
-        "host": host[:255],
-        "pid": pid,
-        "nonce": client_nonce.hex(),
-        "proof": proof(secret, "client", gang_id, server_nonce, client_nonce, node),
-    }
+    return msg.Hello(node_index=node, nonce=client_nonce, host=host[:255], pid=pid,
+                     proof=proof(secret, "client", gang_id, server_nonce, client_nonce, node))
 
 
-def check_hello(secret: bytes, gang_id: str, server_nonce: bytes, message: wire.Message,
+def check_hello(secret: bytes, gang_id: str, server_nonce: bytes, message: Union[Mapping[str, Any], msg.Hello],
                 num_nodes: int) -> Tuple[int, bytes]:
     """The node index and the peer's nonce of a hello that proves the secret;
     AuthError otherwise. The proof is checked whatever the node index, so a
     peer without the secret learns nothing from which indexes fail how."""
-    client_nonce = nonce_field(message, "nonce")
-    node = message.get("node_index")
-    if message.get("type") != "hello" or message.get("protocol") != wire.PROTOCOL or client_nonce is None:
+    if isinstance(message, Mapping):
+        node = message.get("node_index")
+        if isinstance(node, bool) or not isinstance(node, int) or not -1 < node < msg.MAX_NODE:
+            raise AuthError("no node index")
+    got = _read(message, msg.Hello, "not a hello of this protocol")
+    if got.protocol != msg.PROTOCOL:
         raise AuthError("not a hello of this protocol")
-    if isinstance(node, bool) or not isinstance(node, int) or not -1 < node < 1 << 20:
-        raise AuthError("no node index")
-    expected = proof(secret, "client", gang_id, server_nonce, client_nonce, node)
-    if not _same(expected, message.get("proof")):
+    expected = proof(secret, "client", gang_id, server_nonce, got.nonce, got.node_index)
+    if not _same(expected, got.proof):
         raise AuthError("wrong proof")
-    if node >= num_nodes:
+    if got.node_index >= num_nodes:
         raise AuthError("node index out of range")
-    return node, client_nonce
+    return got.node_index, got.nonce
 
 
 def welcome(secret: bytes, gang_id: str, server_nonce: bytes, client_nonce: bytes, node: int,
-            **fields: Any) -> wire.Message:
-    message: Dict[str, Any] = {"type": "welcome"}
-    message.update(fields)
-    message["proof"] = proof(secret, "server", gang_id, server_nonce, client_nonce, node)
-    return message
+            cause: Optional[Cause] = None) -> msg.Welcome:
+    return msg.Welcome(proof=proof(secret, "server", gang_id, server_nonce, client_nonce, node), cause=cause)
 
 
 def check_welcome(secret: bytes, gang_id: str, server_nonce: bytes, client_nonce: bytes, node: int,
-                  message: wire.Message) -> None:
-    if message.get("type") == "reject":
-        raise AuthError("rejected: %s" % (wire.str_field(message, "reason", 200) or "no reason given"))
+                  message: Union[Mapping[str, Any], msg.GangMessage]) -> msg.Welcome:
+    """The service's welcome, once its proof checks out."""
+    kind = message.TYPE.value if isinstance(message, msg.GangMessage) else message.get("type")
+    if kind == msg.MessageType.REJECT.value:
+        reject = _read(message, msg.Reject, "rejected")
+        raise AuthError("rejected: %s" % reject.reason)
+    got = _read(message, msg.Welcome, "the service does not hold this gang's secret")
     expected = proof(secret, "server", gang_id, server_nonce, client_nonce, node)
-    if message.get("type") != "welcome" or not _same(expected, message.get("proof")):
+    if not _same(expected, got.proof):
         raise AuthError("the service does not hold this gang's secret")
+    return got
 
 
 # -- rank 0's return value ---------------------------------------------------------
@@ -169,19 +169,3 @@ def payload_proof(secret: bytes, gang_id: str, call: int, node: int, data: bytes
 
 def check_payload(secret: bytes, gang_id: str, call: int, node: int, data: bytes, given: Any) -> bool:
     return _same(payload_proof(secret, gang_id, call, node, data), given)
-
-
-# A secret for the gang, set by the user (for example with @environment) or, on a
-# local run, chosen at random by the control task for the nodes it starts.
-SECRET_ENV = "METAFLOW_TORCHRUN_SECRET"
-
-
-def transitional_secret(gang_id: str) -> bytes:
-    """TRANSITIONAL, not a secret: what ``GangServer``/``GangClient`` use when
-    no secret is passed, until session.py passes ``secret.py``'s. Anyone who
-    can guess the gang id can compute it; ``METAFLOW_TORCHRUN_SECRET`` set in
-    the environment is preferred when there."""
-    env = os.environ.get(SECRET_ENV)
-    if env and len(env.encode()) >= MIN_SECRET_BYTES:
-        return env.encode()
-    return hashlib.sha256(b"unauthenticated gang\0" + gang_id.encode()).digest()

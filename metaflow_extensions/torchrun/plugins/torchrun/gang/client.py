@@ -12,17 +12,17 @@ program, an impostor) is passed over like a closed port.
 
 from __future__ import annotations
 
-import base64
 import os
 import socket
 import threading
 import time
-from typing import Callable, Dict, List, Optional, Sequence, Union
+from typing import Callable, Dict, List, Optional, Sequence, Set, Union
 
-from . import auth as gang_auth
-from . import wire
-from ..rank import stacks as rank_stacks
 from ..cause import Cause, CauseKind
+from ..rank import stacks as rank_stacks
+from . import auth as gang_auth
+from . import messages as msg
+from . import wire
 from .config import GangConfig
 
 
@@ -30,14 +30,11 @@ class GangClient:
     """Runs on every node (the control included)."""
 
     def __init__(self, config: GangConfig, host: str, ports: Sequence[int], node_index: int,
-                 secret: Union[None, bytes, Callable[[], bytes]] = None):
+                 secret: Union[bytes, Callable[[], bytes]]):
         """``secret``: the gang's (``secret.py``), or a function that gets it
         (called once, as joining starts, on the joining thread: a worker may
         have to wait for the control to publish it, and its step's code need
-        not wait with it). None is TRANSITIONAL (see
-        ``gang_auth.transitional_secret``) until session.py passes it."""
-        if secret is None:
-            secret = gang_auth.transitional_secret(config.gang_id)
+        not wait with it)."""
         self._get_secret: Optional[Callable[[], bytes]] = secret if callable(secret) else None
         self._secret = b"" if callable(secret) else gang_auth.check_secret(secret)
         self.config = config
@@ -46,7 +43,6 @@ class GangClient:
         self.port: Optional[int] = None
         self.node_index = node_index
         self.cause: Optional[Cause] = None
-        self.joined_nodes: List[int] = []
         self.joined = threading.Event()
         self.all_left = threading.Event()
         self.on_abort: Callable[[Cause], None] = lambda cause: None
@@ -54,7 +50,7 @@ class GangClient:
         # sent with every heartbeat (the control's hang_timeout reads it).
         self.quiet: Optional[Callable[[], Optional[float]]] = None
         self._go: Dict[int, int] = {}  # call index -> rendezvous port
-        self._calls_done: set = set()
+        self._calls_done: Set[int] = set()
         self._news = threading.Condition()
         self._sock: Optional[socket.socket] = None
         self._early: bytes = b""
@@ -135,19 +131,17 @@ class GangClient:
             client_nonce = gang_auth.new_nonce()
             wire.send(sock, gang_auth.hello(self._secret, self.config.gang_id, server_nonce, self.node_index,
                                             host=socket.gethostname(), pid=os.getpid(),
-                                            client_nonce=client_nonce))
-            reply = self._read_one(sock)
-            gang_auth.check_welcome(self._secret, self.config.gang_id, server_nonce, client_nonce,
-                                    self.node_index, reply)
+                                            client_nonce=client_nonce).to_wire())
+            welcome = gang_auth.check_welcome(self._secret, self.config.gang_id, server_nonce, client_nonce,
+                                              self.node_index, self._read_one(sock))
         except BaseException:
             wire.close_quietly(sock)
             raise
         sock.settimeout(None)
         self._sock = sock
         self.port = port
-        cause = Cause.from_wire(reply.get("cause"))
-        if cause is not None:
-            self._set_cause(cause)
+        if welcome.cause is not None:
+            self._set_cause(welcome.cause)
 
     def _read_one(self, sock: socket.socket) -> wire.Message:
         """One line of the handshake (what came after it is kept for the
@@ -195,27 +189,25 @@ class GangClient:
         (it checks the entrypoint against the nodes already there), not once
         every node is: torchrun's rendezvous, watched by the gang, waits for
         the rest."""
-        self._safe_send({"type": "call", "index": index, "entry": entry[:1000]})
+        self._safe_send(msg.Call(index, entry[:1000]))
         with self._news:
             while index not in self._go and self.cause is None and not self._closing.is_set():
                 self._news.wait(0.2)
             return self._go.get(index) if self.cause is None else None
 
-    def call_done(self, index: int, rank0: Optional[bytes], report: Dict) -> None:
+    def call_done(self, index: int, rank0: Optional[bytes], report: msg.NodeReport) -> None:
         """This node's part of call ``index`` succeeded. ``rank0``: rank 0's
         pickled return value, when rank 0 ran here: sent with a MAC over its
         bytes, which the service checks before keeping them; a value too big
         for one line is not sent, only its size (the control says why)."""
-        message: Dict = {"type": "call_done", "index": index, "report": report}
-        if rank0 is not None:
-            if len(rank0) <= wire.RANK0_MAX:
-                message["rank0"] = base64.b64encode(rank0).decode()
-                message["rank0_proof"] = gang_auth.payload_proof(
-                    self._secret, self.config.gang_id, index, self.node_index, rank0)
-            else:
-                message["rank0_size"] = len(rank0)
+        message = msg.CallDone(index, report)
+        if rank0 is not None and len(rank0) <= wire.RANK0_MAX:
+            message = msg.CallDone(index, report, rank0=rank0, rank0_proof=gang_auth.payload_proof(
+                self._secret, self.config.gang_id, index, self.node_index, rank0))
+        elif rank0 is not None:
+            message = msg.CallDone(index, report, rank0_size=len(rank0))
         if not self._fits(message):
-            message["report"] = {"truncated": True}
+            message = msg.CallDone(index, report.cut(), message.rank0, message.rank0_proof, message.rank0_size)
         self._safe_send(message)
 
     def wait_call_done(self, index: int) -> bool:
@@ -226,20 +218,19 @@ class GangClient:
                 self._news.wait(0.2)
         return index in self._calls_done
 
-    def report_failure(self, cause: Cause, call: Optional[int] = None, report: Optional[Dict] = None) -> None:
-        message = {"type": "failed", "cause": cause.to_wire(), "report": report}
-        if call is not None:
-            message["call"] = call
-        if not self._fits(message):
-            message["report"] = {"truncated": True}
+    def report_failure(self, cause: Cause, call: Optional[int] = None,
+                       report: Optional[msg.NodeReport] = None) -> None:
+        message = msg.Failed(cause, call, report)
+        if report is not None and not self._fits(message):
+            message = msg.Failed(cause, call, report.cut())
         self._safe_send(message)
 
     @staticmethod
-    def _fits(message: wire.Message) -> bool:
+    def _fits(message: msg.GangMessage) -> bool:
         """A message over the line limit would be refused by ``wire.encode``:
         the caller trims it rather than lose it (a lost done hangs the control)."""
         try:
-            wire.encode(message)
+            wire.encode(message.to_wire())
         except ValueError:
             return False
         return True
@@ -249,8 +240,7 @@ class GangClient:
         for the control's report; an empty dict says there were none."""
         budget = wire.MAX_LINE // 2
         while True:
-            message = {"type": "stacks", "call": index,
-                       "stacks": {str(r): t for r, t in rank_stacks.bound(stacks, budget).items()}}
+            message = msg.Stacks(index, rank_stacks.bound(stacks, budget))
             if self._fits(message) or budget < 1024:
                 break
             budget //= 2
@@ -268,7 +258,7 @@ class GangClient:
     def leave(self, calls: int, ok: bool) -> None:
         """This node's step ended; from now on its silence means nothing."""
         self._left = True
-        self._safe_send({"type": "leave", "calls": calls, "ok": ok})
+        self._safe_send(msg.Leave(calls, ok))
 
     def wait_all_left(self) -> bool:
         """The control's service must outlive every node's step."""
@@ -290,13 +280,13 @@ class GangClient:
         except Exception:
             pass
 
-    def _safe_send(self, message: wire.Message) -> None:
+    def _safe_send(self, message: msg.GangMessage) -> None:
         sock = self._sock
         if sock is None:
             return
         with self._send_lock:
             try:
-                wire.send(sock, message)
+                wire.send(sock, message.to_wire())
             except (OSError, ValueError):
                 pass
 
@@ -349,25 +339,24 @@ class GangClient:
                 )
                 return
 
-    def _on_message(self, message: wire.Message) -> None:
-        kind = message.get("type")
-        if kind == "abort":
-            cause = Cause.from_wire(message.get("cause"))
-            self._set_cause(cause or Cause(CauseKind.CONTROL_LOST, "the gang was stopped"))
-        elif kind == "joined":
-            nodes = message.get("nodes")
-            self.joined_nodes = [n for n in nodes if isinstance(n, int)] if isinstance(nodes, list) else []
-        elif kind in ("go", "call_all_done"):
-            index = wire.int_field(message, "index")
-            port = wire.int_field(message, "rdzv_port", 1, 65535)
-            with self._news:
-                if kind == "go" and index is not None and port is not None:
-                    self._go[index] = port
-                elif kind == "call_all_done" and index is not None:
-                    self._calls_done.add(index)
-                self._news.notify_all()
-        elif kind == "all_left":
+    def _on_message(self, line: wire.Message) -> None:
+        """What the service says; a line this client cannot read is skipped
+        (the service was authenticated at the handshake)."""
+        try:
+            message = msg.parse(line)
+        except wire.ProtocolError:
+            return
+        if isinstance(message, msg.Abort):
+            self._set_cause(message.cause)
+        elif isinstance(message, msg.AllLeft):
             self.all_left.set()
+        elif isinstance(message, (msg.Go, msg.CallAllDone)):
+            with self._news:
+                if isinstance(message, msg.Go):
+                    self._go[message.index] = message.rdzv_port
+                else:
+                    self._calls_done.add(message.index)
+                self._news.notify_all()
 
     def _beat_loop(self) -> None:
         while not self._closing.wait(self.config.heartbeat_interval):
@@ -375,12 +364,10 @@ class GangClient:
                 return
             self._safe_send(self._heartbeat())
 
-    def _heartbeat(self) -> wire.Message:
+    def _heartbeat(self) -> msg.Heartbeat:
         quiet = None
         try:
             quiet = self.quiet() if self.quiet is not None else None
         except Exception:
             pass
-        if quiet is None:
-            return {"type": "hb"}
-        return {"type": "hb", "quiet": round(max(0.0, float(quiet)), 3)}
+        return msg.Heartbeat(None if quiet is None else max(0.0, float(quiet)))

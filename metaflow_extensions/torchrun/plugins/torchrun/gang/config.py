@@ -19,6 +19,11 @@ from typing import Optional
 # The node whose torchrun hosts the rendezvous store (``is_host=1`` in
 # command.py): the gang launches the other nodes only once it is there.
 RDZV_STORE_NODE = 0
+# The node whose task hosts the gang service (Metaflow's control task).
+CONTROL_NODE = 0
+# Heartbeats the control's service takes in a second, at most, whatever the
+# gang's size: past 1,024 nodes the interval grows with the gang (see below).
+HEARTBEATS_PER_SECOND = 1024.0
 
 
 @dataclass(frozen=True)
@@ -41,4 +46,10 @@ class GangConfig:
 
     @property
     def heartbeat_interval(self) -> float:
-        return max(0.05, min(1.0, self.heartbeat_timeout / 10.0))
+        """A tenth of the timeout, at most 1 s, so a silence is a real one; past
+        1,024 nodes, one second per 1,024 nodes, so the control's cost per
+        second stays flat (at most a quarter of the timeout: detection is
+        heartbeat_timeout plus the check period whatever the interval)."""
+        base = max(0.05, min(1.0, self.heartbeat_timeout / 10.0))
+        scaled = self.num_nodes / HEARTBEATS_PER_SECOND
+        return max(base, min(scaled, self.heartbeat_timeout / 4.0))

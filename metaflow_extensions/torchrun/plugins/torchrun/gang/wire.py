@@ -12,9 +12,6 @@ import json
 import socket
 from typing import Any, Dict, List, Optional
 
-# 3: the authenticated handshake (gang_auth.py).
-PROTOCOL = 3
-
 # No legitimate message comes near this (the largest is a node's report with
 # the last lines of its ranks' output, or rank 0's return value).
 MAX_LINE = 1 << 20
@@ -42,6 +39,7 @@ def encode(message: Message) -> bytes:
 
 
 def send(sock: socket.socket, message: Message) -> None:
+    """Blocking: for a node's own connection, never for the service's loop."""
     sock.sendall(encode(message))
 
 
@@ -128,18 +126,3 @@ def close_quietly(sock: Optional[socket.socket]) -> None:
         sock.close()
     except OSError:
         pass
-
-
-def int_field(message: Message, name: str, low: int = 0, high: int = 1 << 20) -> Optional[int]:
-    """A bounded int field, or None: ``1e400``, ``true`` and ``"3"`` are not ints."""
-    value = message.get(name)
-    if isinstance(value, bool) or not isinstance(value, int):
-        return None
-    return value if low <= value <= high else None
-
-
-def str_field(message: Message, name: str, limit: int = 1000) -> Optional[str]:
-    value = message.get(name)
-    if not isinstance(value, str) or len(value) > limit:
-        return None
-    return value

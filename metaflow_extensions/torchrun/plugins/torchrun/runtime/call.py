@@ -17,6 +17,7 @@ from typing import Any, Dict, List, Optional
 
 from ..rank import bootstrap, entry, functions, stacks
 from ..cause import Cause, CauseKind
+from ..gang.messages import MAX_RANKS_PER_NODE, STREAMS, TAIL_LINES, NodeReport, RankStatus
 from ..launch.command import Launch, build_command
 from ..host.devices import cuda_devices
 from ..errors import GangAborted, TorchrunException, TorchrunFailed, TorchrunInvalidArgument
@@ -37,7 +38,6 @@ from .supervisor import Supervisor
 from ..host.workdirs import CallFiles, rank_log_path
 from ..host.workdirs import tail_lines as _tail_lines
 
-TAIL_LINES = 20
 # What stacks may add to the control's stop, its own collecting included: a
 # frozen node never sends any, so this bounds the wait for the others'.
 STACKS_WAIT = 2.0
@@ -193,13 +193,13 @@ class CallRun:
         if server is not None:
             if not client.wait_call_done(self.index):
                 raise self._aborted()
-            call = server.calls.get(self.index)
-            if self.plan.function is not None and 0 not in self.returns and call is not None:
-                if call.rank0 is not None:  # kept only once its MAC checked out (gang_server)
+            view = server.call_view(self.index)
+            if self.plan.function is not None and 0 not in self.returns:
+                if view.rank0 is not None:  # kept only once its MAC checked out (gang/calls.py)
                     functions.alias_flow_module()
-                    self.returns[0] = pickle.loads(call.rank0)
-                elif call.rank0_error:
-                    raise TorchrunInvalidArgument(call.rank0_error)
+                    self.returns[0] = pickle.loads(view.rank0)
+                elif view.rank0_error:
+                    raise TorchrunInvalidArgument(view.rank0_error)
 
     def finish_failed(self) -> None:
         client = self.session.client
@@ -244,12 +244,12 @@ class CallRun:
         sup = self.sup
         server = self.session.server
         gang_view: Dict[str, Any] = {}
-        call = server.calls.get(self.index) if server is not None else None
         if server is not None:
+            view = server.call_view(self.index)
             gang_view = {
-                "joined_at": dict(server.joined_at),
-                "finished_at": dict(call.finished_at) if call else {},
-                "reports": dict(call.reports) if call else {},
+                "joined_at": dict(view.joined_at),
+                "finished_at": dict(view.finished_at),
+                "reports": {node: report.to_wire() for node, report in view.reports.items()},
             }
         ranks = read_rank_records(self.workdir, self.failures) if self.workdir else []
         cause = self.session.cause
@@ -315,9 +315,8 @@ class CallRun:
             CauseKind.NODE_LOST, CauseKind.UNRESPONSIVE) else set()
         while (set(server.stacks_pending(self.index)) - silent) and time.monotonic() - began < budget:
             time.sleep(0.02)
-        call = server.calls.get(self.index)
         gathered: Dict[int, str] = {}
-        for node_stacks in dict(call.stacks if call else {}).values():
+        for node_stacks in server.call_view(self.index).stacks.values():
             gathered.update(node_stacks)
         gathered.update(self.stacks)  # this node's own, uncut
         self.stacks = gathered
@@ -361,23 +360,22 @@ class CallRun:
         lines = tail_lines(rank_log_path(self.log_dir, failure.rank, "stderr"), count=200)
         return with_last_output(failure, lines)
 
-    def _report(self, failures: Optional[List[RankFailure]] = None) -> Dict[str, Any]:
+    def _report(self, failures: Optional[List[RankFailure]] = None) -> NodeReport:
         """What this node tells the control when it finishes: its ranks and the
         last lines of their output (for the control's card)."""
         ranks = read_rank_records(self.workdir, failures or [])
         tails = {}
         if self.log_dir:
             for rec in ranks:
-                tails[str(rec.rank)] = {
-                    s: tail_lines(rank_log_path(self.log_dir, rec.rank, s))
-                    for s in ("stdout", "stderr")
+                tails[rec.rank] = {
+                    s: tuple(tail_lines(rank_log_path(self.log_dir, rec.rank, s))) for s in STREAMS
                 }
-        return {
-            "ranks": [dict(vars(r)) for r in ranks],
-            "tails": tails,
-            "started": self.sup.started_at if self.sup else None,
-            "ended": time.time(),
-        }
+        return NodeReport(
+            ranks=tuple(RankStatus.of(r) for r in ranks[:MAX_RANKS_PER_NODE]),
+            tails=tails,
+            started=self.sup.started_at if self.sup else None,
+            ended=time.time(),
+        )
 
     def _original_exception(self, error: TorchrunFailed) -> Optional[BaseException]:
         """For a function entrypoint, the failing rank's own exception object."""

@@ -26,7 +26,7 @@ import sys
 import threading
 import time
 import traceback
-from typing import Any, Iterator, List, Optional
+from typing import Any, Callable, Iterator, List, Optional, Union
 
 from ..cause import Cause, CauseKind
 from ..errors import GangAborted, TorchrunException
@@ -67,7 +67,8 @@ class GangSession:
         defaults: StepDefaults,
         topology: Topology,
         flow_dir: Optional[str] = None,
-        secret: Any = None,
+        *,
+        secret: Union[bytes, Callable[[], bytes]],
     ):
         """``secret``: the gang's secret (``secret.py``): bytes on the control,
         a function that fetches it on the other nodes (called while joining)."""
@@ -113,6 +114,7 @@ class GangSession:
     def join(self) -> None:
         ports = self.topology.ports
         if self.is_control:
+            assert isinstance(self.secret, bytes), "the control holds the gang's secret itself"
             self.server = GangServer(self.config, bind_host(self.topology), ports, secret=self.secret)
             self.server.progress = say
             self.server.start()

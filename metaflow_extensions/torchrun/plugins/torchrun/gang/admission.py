@@ -1,0 +1,95 @@
+"""Who may join: connections that have not proved the gang's secret yet.
+
+A stranger gets a tiny line limit, ``HELLO_TIMEOUT`` to prove itself and one
+of ``MAX_PENDING`` places. When every place is taken, a newcomer takes the
+place of the oldest stranger only once that one has had ``EVICT_AGE`` to
+answer its challenge (a real node answers in one round trip); until then the
+service stops accepting and the kernel's backlog holds the newcomers. So a
+join storm of real nodes never evicts a node that is handshaking properly, a
+flood of idle connections costs at most ``MAX_PENDING`` sockets and delays a
+real node by about ``EVICT_AGE`` per ``MAX_PENDING`` of them. A stranger that fails is told "not authenticated"
+(nothing about the gang) and changes nothing.
+"""
+
+from __future__ import annotations
+
+import socket
+from typing import Callable, Dict, List, Optional, Tuple
+
+from . import auth
+from . import messages as msg
+from .config import GangConfig
+from .peer import Peer, address
+from ..cause import Cause
+from .wire import encode
+
+# Connections that have not proved themselves yet, at most (a 1,024-node gang
+# may all knock at once).
+MAX_PENDING = 1024
+# A stranger that has not answered its challenge within this long may lose its
+# place to a newcomer.
+EVICT_AGE = 1.0
+# A connection must say hello within this many seconds.
+HELLO_TIMEOUT = 5.0
+
+
+class Admission:
+    def __init__(self, config: GangConfig, secret: bytes, warn: Callable[[str], None]) -> None:
+        self.config = config
+        self._secret = auth.check_secret(secret)
+        self.warn = warn
+        self.pending: Dict[socket.socket, Peer] = {}
+        self.rejected = 0  # strangers that failed the handshake
+
+    @property
+    def full(self) -> bool:
+        return len(self.pending) >= MAX_PENDING
+
+    def admit(self, sock: socket.socket) -> Peer:
+        """A new connection: non-blocking from now on, challenged at once."""
+        sock.setblocking(False)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        peer = Peer(sock)
+        self.pending[sock] = peer
+        peer.queue(_line(auth.challenge(peer.nonce)))
+        return peer
+
+    def oldest(self) -> Optional[Peer]:
+        return next(iter(self.pending.values()), None)
+
+    def forget(self, peer: Peer) -> None:
+        self.pending.pop(peer.sock, None)
+
+    def hello(self, peer: Peer, data: msg.WireDict) -> Optional[Tuple[int, bytes, str]]:
+        """The stranger's one chance: its node index, nonce and host name when
+        its hello proves the secret; None (and a reject queued) otherwise."""
+        try:
+            node, client_nonce = auth.check_hello(self._secret, self.config.gang_id, peer.nonce, data,
+                                                  self.config.num_nodes)
+        except auth.AuthError as e:
+            self.rejected += 1
+            if self.rejected == 1:
+                self.warn(
+                    "a connection to the gang service from %s did not prove it holds the gang's secret "
+                    "(%s): turned away (said once; another gang's node, or someone probing the port)"
+                    % (address(peer.sock), e))
+            peer.queue(_line(msg.Reject("not authenticated")))
+            return None
+        host = data.get("host")
+        return node, client_nonce, host[:255] if isinstance(host, str) and host else "?"
+
+    def welcome(self, peer: Peer, node: int, client_nonce: bytes, cause: Optional[Cause]) -> None:
+        peer.queue(_line(auth.welcome(self._secret, self.config.gang_id, peer.nonce, client_nonce, node,
+                                      cause=cause)))
+
+    def expired(self, now: float) -> List[Peer]:
+        return [p for p in self.pending.values() if now - p.connected > HELLO_TIMEOUT]
+
+    def check_payload(self, node: int, done: msg.CallDone) -> bool:
+        """Rank 0's return value: its MAC binds it to this gang, call and node."""
+        return done.rank0 is not None and auth.check_payload(
+            self._secret, self.config.gang_id, done.index, node, done.rank0, done.rank0_proof)
+
+
+def _line(message: msg.GangMessage) -> bytes:
+    return encode(message.to_wire())

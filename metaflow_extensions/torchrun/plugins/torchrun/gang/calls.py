@@ -1,0 +1,240 @@
+"""Matching ``current.torch.run`` calls across the gang's nodes.
+
+A node starts call k as soon as it and node 0 (the rendezvous store's host)
+have entered it, with the call's own rendezvous port, unless its entrypoint
+differs from a node already there. A node that does not reach a call within
+``start_timeout``, or ends its step while others wait in a call it never
+made, is named. Here only the bookkeeping: the service (``server.py``) sends
+what these functions decide, and drops a peer whose message is out of turn
+(``ProtocolError``).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Mapping, Optional, Set, Tuple
+
+from ..cause import Cause, CauseKind, plural
+from . import messages as msg
+from .config import RDZV_STORE_NODE
+from .wire import RANK0_MAX, ProtocolError
+
+Left = Mapping[int, Tuple[int, bool]]  # node -> (calls made, ended fine)
+
+
+@dataclass
+class CallState:
+    """One call as the gang sees it."""
+
+    index: int
+    entries: Dict[int, str] = field(default_factory=dict)  # node -> entrypoint name
+    rdzv_port: Optional[int] = None
+    first_entered: float = field(default_factory=time.monotonic)
+    done: Set[int] = field(default_factory=set)
+    reports: Dict[int, msg.NodeReport] = field(default_factory=dict)
+    finished_at: Dict[int, float] = field(default_factory=dict)
+    # Rank 0's return value (pickled by the node that ran rank 0), kept only
+    # once its MAC checked out; ``rank0_error`` says why a value is missing.
+    rank0: Optional[bytes] = None
+    rank0_node: Optional[int] = None
+    rank0_error: Optional[str] = None
+    # When the last node entered (monotonic): the call's rendezvous can only
+    # complete after it, so hang detection and call timeouts count from here.
+    all_entered_at: Optional[float] = None
+    went: Set[int] = field(default_factory=set)  # the nodes told to launch
+    # After a failure: each node's ranks' stacks (node -> rank -> text), sent
+    # once per node (an empty dict from a node with no live rank to stop).
+    stacks: Dict[int, Dict[int, str]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class CallView:
+    """What the gang knows of one call, copied for the control's own code."""
+
+    index: int
+    joined_at: Mapping[int, float]
+    finished_at: Mapping[int, float]
+    reports: Mapping[int, msg.NodeReport]
+    stacks: Mapping[int, Mapping[int, str]]
+    done: frozenset
+    rank0: Optional[bytes] = None
+    rank0_node: Optional[int] = None
+    rank0_error: Optional[str] = None
+
+    @classmethod
+    def of(cls, state: Optional[CallState], index: int, joined_at: Mapping[int, float]) -> "CallView":
+        if state is None:
+            return cls(index, dict(joined_at), {}, {}, {}, frozenset())
+        return cls(index, dict(joined_at), dict(state.finished_at), dict(state.reports),
+                   {n: dict(s) for n, s in state.stacks.items()}, frozenset(state.done),
+                   state.rank0, state.rank0_node, state.rank0_error)
+
+
+class CallBook:
+    def __init__(self, num_nodes: int) -> None:
+        self.num_nodes = num_nodes
+        self.calls: Dict[int, CallState] = {}
+        self.node_calls: Dict[int, int] = {}  # node -> calls entered so far
+
+    def enter(self, node: int, call: msg.Call, left: Left) -> Tuple[CallState, Optional[Cause]]:
+        """Node reached a call; the cause that stops the gang, if this proves
+        the nodes' calls differ."""
+        if call.index != self.node_calls.get(node, 0):
+            raise ProtocolError("call %d out of turn" % call.index)
+        self.node_calls[node] = call.index + 1
+        state = self.calls.setdefault(call.index, CallState(call.index))
+        state.entries[node] = call.entry
+        others = {e for n, e in state.entries.items() if n != node}
+        if others and call.entry not in others:
+            first = min(n for n in state.entries if n != node)
+            return state, _mismatch(call.index, node, call.entry, first, state.entries[first])
+        for other, (made, ok) in sorted(left.items()):
+            if ok and made <= call.index:
+                return state, _left_early(other, made, node, call.index)
+        if len(state.entries) == self.num_nodes and state.all_entered_at is None:
+            state.all_entered_at = time.monotonic()
+        return state, None
+
+    @staticmethod
+    def to_launch(state: CallState, port: Callable[[], int]) -> List[int]:
+        """The nodes to tell "go" now, each once: node 0 as soon as it arrives,
+        and every other node as soon as it and node 0 are there. torchrun's
+        start (its ``import torch``) overlaps the later nodes' start, and the
+        rendezvous waits for them (command.join_timeout). Not before node 0: it
+        hosts the rendezvous store, which another node's torchrun stops looking
+        for after torch's ``read_timeout`` (60 s)."""
+        if RDZV_STORE_NODE not in state.entries:
+            return []
+        if state.rdzv_port is None:
+            state.rdzv_port = port()
+        nodes = sorted(n for n in state.entries if n not in state.went)
+        state.went.update(nodes)
+        return nodes
+
+    def finish(self, node: int, done: msg.CallDone, payload_ok: Callable[[msg.CallDone], bool]) -> CallState:
+        """Node's part of a call succeeded; raises for a done out of turn or a
+        return value whose MAC does not check out (never kept, so never loaded)."""
+        state = self.calls.get(done.index)
+        if state is None or node not in state.entries or node in state.done or state.all_entered_at is None:
+            raise ProtocolError("done with a call it never started, or twice")
+        if done.rank0 is not None:
+            if not payload_ok(done):
+                raise ProtocolError("rank 0's return value does not carry a valid proof")
+            if state.rank0 is None:
+                state.rank0, state.rank0_node = done.rank0, node
+        if done.rank0_size is not None and state.rank0 is None:
+            state.rank0_error = (
+                "the return value of rank 0 (on node %d) is %d bytes pickled, over the %d bytes the gang "
+                "carries: return something smaller, or save it (an artifact, S3) and return where it is"
+                % (node, done.rank0_size, RANK0_MAX))
+        self.keep_report(state, node, done.report)
+        state.done.add(node)
+        return state
+
+    @staticmethod
+    def keep_report(state: CallState, node: int, report: Optional[msg.NodeReport]) -> None:
+        state.finished_at[node] = time.time()
+        if report is not None:
+            state.reports[node] = report
+
+    def keep_stacks(self, node: int, stacks: msg.Stacks) -> None:
+        """Where a node's ranks were when it stopped them: once per node and
+        call, for the control's report; never acted on."""
+        state = self.calls.get(stacks.call)
+        if state is None or node not in state.entries or node in state.stacks:
+            raise ProtocolError("stacks out of turn")
+        state.stacks[node] = stacks.stacks
+
+    def stacks_pending(self, index: int, connected: Callable[[int], bool], left: Left) -> List[int]:
+        """Nodes of call ``index`` that may still send their stacks: in the call
+        and not done with it, connected, not gone (a node sends its stacks before
+        it leaves), and silent about them so far."""
+        state = self.calls.get(index)
+        if state is None:
+            return []
+        return sorted(n for n in state.entries if n not in state.stacks and n not in state.done
+                      and n not in left and connected(n))
+
+    def check_left(self, node: int, made: int, left: Left) -> Optional[Cause]:
+        """A node that ended its step fine must have made the calls the others made."""
+        for other in sorted(self.node_calls):
+            if other != node and self.node_calls[other] > made:
+                return _left_early(node, made, other, made)
+        for other, (their, ok) in sorted(left.items()):
+            if other != node and ok and their != made:
+                return Cause(
+                    CauseKind.CALL_MISMATCH,
+                    "node %d made %d call%s of current.torch.run in its step and node %d made %d: every node "
+                    "must make the same calls" % (node, made, "" if made == 1 else "s", other, their),
+                    node_index=node,
+                )
+        return None
+
+    def timed_out(self, now: float, start_timeout: float) -> Optional[Cause]:
+        for state in self.calls.values():
+            if state.all_entered_at is None and now - state.first_entered > start_timeout:
+                absent = [n for n in range(self.num_nodes) if n not in state.entries]
+                return Cause(
+                    CauseKind.CALL_TIMEOUT,
+                    "%s did not reach call %d of current.torch.run within %gs of node %d (start_timeout): "
+                    "every node must make the same calls"
+                    % (plural(absent), state.index + 1, start_timeout, min(state.entries)),
+                    node_index=absent[0] if absent else None,
+                    missing=tuple(absent),
+                    call=state.index,
+                )
+        return None
+
+    def hung(self, now: float, limit: Optional[float], last_output: Callable[[int], Optional[float]],
+             left: Left) -> Optional[Cause]:
+        """``hang_timeout``: no rank of the running call wrote anything for that
+        long, on any node still running it. A node's silence is measured on its
+        own host and sent as a duration, so clocks need not agree."""
+        if not limit:
+            return None
+        for state in self.calls.values():
+            if state.all_entered_at is None:
+                continue
+            running = [n for n in state.entries if n not in state.done and n not in left]
+            if not running:
+                continue
+            latest = max([state.all_entered_at] + [t for t in map(last_output, running) if t is not None])
+            if now - latest >= limit:
+                return Cause(
+                    CauseKind.HANG,
+                    "no output from any rank for %.0f s (hang_timeout=%gs), in call %d of current.torch.run"
+                    % (now - latest, limit, state.index + 1),
+                    call=state.index,
+                )
+        return None
+
+    def waiting(self, now: float) -> Optional[str]:
+        """Who a call still waits for, said while nodes meet at it."""
+        for index in sorted(self.calls):
+            state = self.calls[index]
+            if state.all_entered_at is None:
+                absent = [m for m in range(self.num_nodes) if m not in state.entries]
+                return "call %d of current.torch.run (%s): waiting for %s to reach it for %.0f s" % (
+                    index + 1, next(iter(state.entries.values())), plural(absent), now - state.first_entered)
+        return None
+
+
+def _mismatch(index: int, node: int, entry: str, other: int, their: str) -> Cause:
+    return Cause(
+        CauseKind.CALL_MISMATCH,
+        "call %d of current.torch.run differs between nodes: node %d runs %r, node %d runs %r; "
+        "every node must make the same calls in the same order" % (index + 1, node, entry, other, their),
+        node_index=node,
+        call=index,
+    )
+
+
+def _left_early(node: int, made: int, waiting: int, index: int) -> Cause:
+    return Cause(
+        CauseKind.LEFT_EARLY,
+        "node %d ended its step after %d call%s of current.torch.run while node %d waits in "
+        "call %d: every node must make the same calls" % (node, made, "" if made == 1 else "s", waiting, index + 1),
+        node_index=node,
+        call=index,
+    )

@@ -1,0 +1,88 @@
+"""Who is in the gang, and who is still alive.
+
+Joins are counted, never listed to anyone: the service tells a node only that
+it joined (its welcome). Liveness is judged by what a node sends: a dropped
+connection before a node left its step is a lost node; ``heartbeat_timeout``
+of silence is a frozen or cut-off one. The scans here are O(nodes) and run at
+the service's check rate, never once per message.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Dict, List, Optional, Tuple
+
+from ..cause import Cause, CauseKind, plural
+from .config import GangConfig
+from .peer import Peer
+
+
+class Membership:
+    def __init__(self, config: GangConfig) -> None:
+        self.config = config
+        self.by_node: Dict[int, Peer] = {}  # node -> its one authenticated connection
+        self.joined_at: Dict[int, float] = {}  # node -> epoch seconds of its first join
+        self.left: Dict[int, Tuple[int, bool]] = {}  # node -> (calls made, ended fine)
+        self.started = time.monotonic()
+
+    def taken(self, node: int) -> bool:
+        """A node index is held by one connection for the whole step."""
+        return node in self.by_node or node in self.left
+
+    def join(self, node: int, peer: Peer) -> None:
+        peer.node = node
+        self.by_node[node] = peer
+        self.joined_at.setdefault(node, time.time())
+
+    @property
+    def all_joined(self) -> bool:
+        return len(self.joined_at) == self.config.num_nodes
+
+    @property
+    def all_left(self) -> bool:
+        return len(self.left) == self.config.num_nodes
+
+    def missing(self) -> List[int]:
+        return [n for n in range(self.config.num_nodes) if n not in self.joined_at]
+
+    def lost(self, peer: Peer) -> bool:
+        """``peer`` was a node's connection: forget it; True when the node had
+        not left its step (its task died)."""
+        node = peer.node
+        if node is None or self.by_node.get(node) is not peer:
+            return False
+        del self.by_node[node]
+        return node not in self.left
+
+    def never_joined(self, now: float) -> Optional[Cause]:
+        if self.all_joined or now - self.started <= self.config.start_timeout:
+            return None
+        missing = self.missing()
+        return Cause(
+            CauseKind.NEVER_JOINED,
+            "%s did not join within %gs (%d of %d joined)" % (
+                plural(missing), self.config.start_timeout, self.config.num_nodes - len(missing),
+                self.config.num_nodes),
+            missing=tuple(missing),
+        )
+
+    def silent(self, now: float) -> Optional[Cause]:
+        limit = self.config.heartbeat_timeout
+        for node, peer in self.by_node.items():
+            quiet = now - peer.last_seen
+            if node not in self.left and quiet > limit:
+                return Cause(
+                    CauseKind.UNRESPONSIVE,
+                    "node %d (%s) sent no heartbeat for %.0fs (heartbeat_timeout=%gs): frozen or cut off from "
+                    "the network" % (node, peer.host, quiet, limit),
+                    node_index=node,
+                )
+        return None
+
+    def waiting(self, now: float) -> Optional[str]:
+        if self.all_joined:
+            return None
+        missing = self.missing()
+        n = self.config.num_nodes
+        return "waiting for nodes: %d/%d joined; %s missing for %.0f s" % (
+            n - len(missing), n, plural(missing), now - self.started)
