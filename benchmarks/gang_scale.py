@@ -40,7 +40,7 @@ import sys
 import threading
 import time
 import uuid
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -129,7 +129,9 @@ class Pool:
                 [conn, self.procs[i].sentinel], max(0.0, deadline - time.monotonic()))
             if ready and conn.poll(0):
                 reply = conn.recv()
-                return reply if "error" not in reply else _fail(reply["error"])
+                if "error" not in reply:
+                    return reply
+                _say("worker %d: %s" % (i, reply["error"]))
         except (EOFError, OSError):
             pass
         self.broken.add(i)
@@ -148,11 +150,6 @@ class Pool:
         for j in ([i] if i is not None else self.everyone()):
             _kill(self.procs[j])
             self.broken.add(j)
-
-
-def _fail(error: str) -> None:
-    print("gang_scale: worker error: %s" % error, file=sys.stderr, flush=True)
-    return None
 
 
 def _kill(proc: Any) -> None:
@@ -217,6 +214,7 @@ class Gang:
             if t_all is not None and len(replies) == len(self.shares):
                 break
             time.sleep(POLL)
+        ended = time.monotonic()
         starts = [r for i, r in replies.items() if r and self.shares[i]]
         out: Dict[str, Any] = {"formed": t_all is not None and self.server.cause is None,
                                "joined_at_end": joined_count(self.server),
@@ -230,10 +228,13 @@ class Gang:
         if t_all is not None:
             out["join_s"] = round(t_all - last, 4)
             out["join_total_s"] = round(t_all - first, 4)
+        if not out["formed"]:
+            out["join_ended_s"] = round(ended - last, 2)  # gave up, or aborted, this long after the last start
         waited = self.pool.ask(self.pool.everyone(), "wait_joined", 15.0,
                                seconds=5.0 if out["formed"] else 0.0)
         ok = [r for r in waited.values() if r]
         out["clients_joined"] = sum(r["joined"] for r in ok)
+        out["threads_per_worker"] = max([out["threads_per_worker"]] + [r["threads"] for r in ok])
         lasts = [r["last_joined"] for r in ok if r["last_joined"] is not None]
         if out["formed"] and out["clients_joined"] == self.n and lasts:
             out["clients_joined_s"] = round(max(lasts) - last, 4)
@@ -377,7 +378,8 @@ def _merge(row: Dict[str, Any], part: Dict[str, Any], prefix: str = "") -> None:
 
 
 def measure(n: int, run: int, opts: argparse.Namespace, base: Dict[str, Any]) -> Dict[str, Any]:
-    row = dict(base, nodes=n, run=run + 1, workers=opts.workers, heartbeat_timeout=opts.heartbeat_timeout,
+    row = dict(base, nodes=n, run=run + 1, workers=opts.workers, settle_s=opts.settle,
+               heartbeat_timeout=opts.heartbeat_timeout,
                frozen_heartbeat_timeout=opts.frozen_heartbeat_timeout, join_bound_s=opts.join_bound,
                load_1m=round(os.getloadavg()[0], 2))
     started = time.monotonic()
@@ -390,6 +392,7 @@ def measure(n: int, run: int, opts: argparse.Namespace, base: Dict[str, Any]) ->
             _merge(row, gang.join())
             if row["formed"]:
                 _say("%d nodes: joined in %.2f s; idle %g s" % (n, row.get("join_s", -1), opts.idle))
+                time.sleep(opts.settle)  # the join's last broadcasts land: not counted as idle
                 _merge(row, idle_phase(gang, opts.idle, rss_before))
             if row["formed"] and row.get("false_abort") is None:
                 _merge(row, verdict_phase(gang, opts.verdict_bound))
@@ -434,6 +437,8 @@ def _commit() -> str:
 def _fmt(value: Any, unit: str = "", digits: int = 2) -> str:
     if value is None:
         return "-"
+    if isinstance(value, int) and not isinstance(value, bool):
+        return "{:,}".format(value) + unit
     return ("%.*f" % (digits, value) if isinstance(value, float) else str(value)) + unit
 
 
@@ -446,6 +451,9 @@ def table(rows: List[Dict[str, Any]]) -> str:
             join = "skipped (%s)" % r["skipped"]
         elif r.get("formed"):
             join = _fmt(r.get("join_s"), " s")
+        elif r.get("false_abort"):
+            join = "**aborted after %s s** (%s/%d joined)" % (
+                _fmt(r.get("join_ended_s"), "", 1), r.get("joined_at_end"), r["nodes"])
         else:
             join = "**not formed in %g s** (%s/%d joined)" % (r["join_bound_s"], r.get("joined_at_end"), r["nodes"])
         verdict = "-" if r.get("verdict_p99_s") is None else "%s / %s / %s s (%d/%d told)" % (
@@ -454,8 +462,8 @@ def table(rows: List[Dict[str, Any]]) -> str:
         frozen = "-" if r.get("frozen_detect_s") is None else "%s s (%g s), node %s" % (
             _fmt(r["frozen_detect_s"]), r["frozen_heartbeat_timeout"], r.get("frozen_named"))
         if r.get("frozen_formed") is False:
-            frozen = "gang not formed" + (": " + r["frozen_join_false_abort"][:60]
-                                          if r.get("frozen_join_false_abort") else "")
+            frozen = "**gang not formed**" + (": " + r["frozen_join_false_abort"][:72]
+                                              if r.get("frozen_join_false_abort") else "")
         abort = r.get("false_abort") or r.get("client_cause_before")
         lines.append("| %d | %s | %s | %s | %s | %s | %s | %s | %s | %s |" % (
             r["nodes"], r.get("label") or r.get("commit", ""), join, ("**" + abort[:80] + "**") if abort else "no",
@@ -511,6 +519,8 @@ def parse(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     p.add_argument("--workers", type=int, default=8, help="processes holding the clients (8)")
     p.add_argument("--join-bound", type=_positive, default=120.0, help="seconds a gang has to form (120)")
     p.add_argument("--idle", type=_positive, default=10.0, help="seconds of idle heartbeats measured (10)")
+    p.add_argument("--settle", type=float, default=2.0,
+                   help="seconds between the gang forming and the idle phase (2): join bytes are counted at its end")
     p.add_argument("--heartbeat-timeout", type=_positive, default=30.0,
                    help="the measured gang's heartbeat_timeout (30, @torchrun's default)")
     p.add_argument("--frozen-heartbeat-timeout", type=_positive, default=5.0,
@@ -525,6 +535,8 @@ def parse(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     opts = p.parse_args(argv)
     if opts.runs < 1 or opts.workers < 1:
         p.error("--runs and --workers must be at least 1")
+    if not 0 <= opts.settle < 3600:
+        p.error("--settle: seconds, at least 0 (got %r)" % opts.settle)
     return opts
 
 

@@ -19,24 +19,29 @@ import gang_scale  # noqa: E402
 from proc_helpers import is_running  # noqa: E402
 
 
-def test_the_harness_measures_every_phase_at_8_nodes(tmp_path):
+class Seen(list):
+    """The harness's list of live workers, remembering every one ever added."""
+
+    def __init__(self):
+        super().__init__()
+        self.pids = []
+
+    def append(self, proc):
+        self.pids.append(proc.pid)
+        super().append(proc)
+
+
+def test_the_harness_measures_every_phase_at_8_nodes(tmp_path, monkeypatch):
     out = tmp_path / "gang_scale.json"
-    pids = []
-    real_pool = gang_scale.Pool
-
-    class Recording(real_pool):
-        def __init__(self, workers):
-            super().__init__(workers)
-            pids.extend(p.pid for p in self.procs)
-
-    gang_scale.Pool = Recording
+    seen = Seen()
+    monkeypatch.setattr(gang_scale, "_LIVE", seen)
     try:
-        rows = gang_scale.main(["--nodes", "8", "--workers", "2", "--idle", "1", "--join-bound", "30",
-                                "--frozen-heartbeat-timeout", "1", "--verdict-bound", "10", "--label", "test",
-                                "--out", str(out)])
+        rows = gang_scale.main(["--nodes", "8", "--workers", "2", "--idle", "1", "--settle", "0.2",
+                                "--join-bound", "30", "--frozen-heartbeat-timeout", "1", "--verdict-bound", "10",
+                                "--label", "test", "--out", str(out)])
     finally:
-        gang_scale.Pool = real_pool
         gang_scale.kill_all()
+    pids = seen.pids
     assert len(pids) == 3 and not any(is_running(p) for p in pids)
     assert not multiprocessing.active_children()
     (row,) = rows
@@ -59,7 +64,8 @@ def test_a_gang_that_does_not_form_is_recorded_and_larger_sizes_skipped(tmp_path
                                                                   for s in real_shares(n, workers)])
     out = tmp_path / "gang_scale.json"
     try:
-        rows = gang_scale.main(["--nodes", "4,16", "--workers", "1", "--join-bound", "2", "--out", str(out)])
+        rows = gang_scale.main(["--nodes", "4,16", "--workers", "1", "--join-bound", "2", "--settle", "0",
+                                "--out", str(out)])
     finally:
         gang_scale.kill_all()
     assert not multiprocessing.active_children()
