@@ -8,7 +8,7 @@ export METAFLOW_USER ?= $(or $(USER),metaflow-torchrun)
 # Metaflow's local runtime starts the other nodes with `python` from PATH.
 export PATH := $(BIN):$(PATH)
 
-.PHONY: install demo hello test unit lint dist package-check matrix bench gpu-check clean
+.PHONY: install demo hello test unit lint dist package-check matrix bench bench-gang gpu-check clean
 
 install: $(VENV)/.installed
 
@@ -68,6 +68,11 @@ unit: install
 # Measurements, not tests (benchmarks/README.md): about 35 minutes on 2 cores.
 bench: install $(VENV)/.bench-installed
 	$(BIN)/python benchmarks/run.py $(BENCH_ARGS)
+
+# The gang service at 64 to 4,096 simulated nodes (benchmarks/README.md, "The gang at
+# scale"), e.g. GANG_ARGS="--nodes 64,256 --runs 3 --label after".
+bench-gang: install
+	$(BIN)/python benchmarks/gang_scale.py $(GANG_ARGS)
 
 $(VENV)/.bench-installed: benchmarks/requirements.txt
 	$(BIN)/python -m pip install --quiet -r benchmarks/requirements.txt
