@@ -17,7 +17,7 @@ import sys
 import time
 import traceback
 
-from . import entry, relay, stacks
+from . import agent, entry, relay, stacks
 from .failures import RankFailure, write_failure
 
 FAILURE_DIR_ENV = "METAFLOW_TORCHRUN_FAILURE_DIR"
@@ -158,6 +158,7 @@ def main(argv: list) -> None:
         sys.stderr.write("@torchrun bootstrap: cannot read what to run: %s\n" % e)
         sys.exit(2)
     entry.restore_user_tmpdir()
+    agent.keep_ranks_store_on_loopback(os.environ)
     rank = _env_int("RANK")
     labels = os.environ.get(LABELS_ENV, "1") != "0"
     log_dir = os.environ.get(LOG_DIR_ENV)
