@@ -20,7 +20,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from typing import Dict, List
 
 HERE = os.path.dirname(os.path.abspath(__file__))

@@ -18,7 +18,7 @@ import time
 import traceback
 
 from . import agent, entry, relay, stacks
-from .failures import RankFailure, write_failure
+from .failures import PRIVATE_NEW, RankFailure, write_failure
 
 FAILURE_DIR_ENV = "METAFLOW_TORCHRUN_FAILURE_DIR"
 NODE_INDEX_ENV = "METAFLOW_TORCHRUN_NODE_INDEX"
@@ -137,7 +137,7 @@ def _status(**fields) -> None:
     _STATUS.update(record)
     path = os.path.join(directory, "rank-%d.status.json" % record["rank"])
     try:
-        with open(path + ".tmp", "w") as f:
+        with os.fdopen(os.open(path + ".tmp", PRIVATE_NEW, 0o600), "w") as f:
             json.dump(record, f)
         os.replace(path + ".tmp", path)
     except OSError:

@@ -17,6 +17,8 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
+from .failures import PRIVATE_NEW
+
 # The name a flow file gets when a rank imports it (it is ``__main__`` in the task).
 FLOW_MODULE_NAME = "__mf_torchrun_flow__"
 
@@ -132,7 +134,7 @@ def exception_path(directory: str, rank: int) -> str:
 
 def write_pickle(path: str, value: Any) -> None:
     tmp = "%s.%d.tmp" % (path, os.getpid())
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0), 0o600)
+    fd = os.open(tmp, PRIVATE_NEW, 0o600)
     with os.fdopen(fd, "wb") as f:
         pickle.dump(value, f, protocol=pickle.HIGHEST_PROTOCOL)
     os.replace(tmp, path)
