@@ -41,7 +41,7 @@ def test_a_directory_entrypoint_is_refused_as_one_before_the_start(gang):
     assert proc.returncode != 0, text
     assert "entrypoint 'scripts/' is a directory" in text
     assert "does not exist" not in text
-    assert "torch.distributed.run" not in text and "[rank" not in text  # nothing started
+    assert "torch.distributed.run" not in text and "rank.agent" not in text and "[rank" not in text  # nothing started
 
 
 def test_a_non_python_entrypoint_is_refused_before_the_start(gang):
@@ -50,7 +50,7 @@ def test_a_non_python_entrypoint_is_refused_before_the_start(gang):
     assert proc.returncode != 0, text
     assert "entrypoint 'scripts/not_python.sh' is not valid Python" in text
     assert "line 3" in text
-    assert "torch.distributed.run" not in text and "[rank" not in text  # nothing started
+    assert "torch.distributed.run" not in text and "rank.agent" not in text and "[rank" not in text  # nothing started
 
 
 def _tree(path):

@@ -224,7 +224,8 @@ def test_the_card_shows_where_each_rank_was_in_full(task):
     assert card_mod.finish_card(task.deco, result, FLOW, NONE, 0)
     sources = [p.get("source", "") for p in _components(_card(task).get()) if p["type"] == "markdown"]
     at = sources.index("## Where each rank was when the job was stopped")
-    rank2, rank3 = sources[at + 1].strip(), sources[at + 2].strip()
+    # The heading is escaped Markdown (card.escape_markdown): read as the text it shows.
+    rank2, rank3 = (re.sub(r"\\(.)", r"\1", sources[i].strip()) for i in (at + 1, at + 2))
     assert rank2.startswith("**rank 2: ") and "train.py:44 in step" in rank2.splitlines()[0]
     assert "innermost: torch/distributed/distributed_c10d.py:2950 in all_reduce" in rank2.splitlines()[0]
     assert rank3.startswith("**rank 3: ") and STACK.rstrip() in rank3  # every frame, as dumped
@@ -240,3 +241,60 @@ def test_a_card_is_taken_off_a_worker_only_when_metaflow_has_not_reached_it():
     assert _comes_after([ours, other, card], card, ours)
     assert not _comes_after([card, ours, other], card, ours)
     assert not _comes_after([ours, other], card, ours)
+
+
+# -- what a rank writes is shown as text --------------------------------------
+
+HOSTILE = [
+    "<img src=x onerror=alert(1)>",
+    "```",
+    "[click me](https://evil.example/)",
+    "rank 0: <frozen importlib._bootstrap>:550 in _init_module_attrs",
+    "**bold** _em_ &amp; <script>alert(2)</script>",
+    "````` five backticks",
+]
+
+
+def _rendered(source: str) -> str:
+    """The HTML a CommonMark renderer that lets raw HTML through (as the card's
+    does) makes of one Markdown component."""
+    markdown_it = pytest.importorskip("markdown_it")
+    return markdown_it.MarkdownIt("commonmark", {"html": True}).render(source)
+
+
+def test_rank_output_stacks_and_root_cause_are_text_in_the_card(task):
+    result = _result(succeeded=False)
+    text = "\n".join(HOSTILE)
+    result.cause = {"summary": "rank 1 raised: " + " ".join(HOSTILE)}
+    result.stacks = {1: 'Current thread 0x1 (most recent call first):\n'
+                        '  File "<frozen importlib._bootstrap>", line 550 in _init_module_attrs\n'
+                        '  File "/work/x.py", line 3 in <img src=x onerror=alert(1)>\n' + text}
+    result.gang = {"reports": {"0": {"tails": {"1": {"stdout": HOSTILE, "stderr": [text]}}}}}
+    assert card_mod.finish_card(task.deco, result, FLOW, NONE, 0)
+    sources = [p.get("source", "") for p in _components(_card(task).get()) if p["type"] == "markdown"]
+    html = "\n".join(_rendered(s) for s in sources)
+    for tag in ("<img", "<a ", "<script", "<strong>bold", "<em>em"):
+        assert tag not in html, tag
+    assert "&lt;img src=x onerror=alert(1)&gt;" in html
+    assert "[click me](https://evil.example/)" in html
+    assert "&lt;frozen importlib._bootstrap&gt;:550 in _init_module_attrs" in html  # the stack heading
+    # Every rank line sits inside a code block, whole: no fence was closed early.
+    blocks = "".join(re.findall(r"<pre><code>(.*?)</code></pre>", html, re.S))
+    for line in HOSTILE:
+        escaped = line.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+        assert escaped in blocks, line
+
+
+@pytest.mark.parametrize("text", HOSTILE + ["`", "a\n```\nb\n````\nc", "~~~\n```"])
+def test_a_code_block_is_never_closed_by_its_text(text):
+    html = _rendered(card_mod.code_block(text))
+    escaped = text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    assert html.count("<pre>") == 1 and html.startswith("<pre><code>")
+    assert html == "<pre><code>%s</code></pre>\n" % (escaped + "\n" if text else "")
+
+
+@pytest.mark.parametrize("text", HOSTILE)
+def test_escaped_markdown_renders_as_the_text_itself(text):
+    html = _rendered(card_mod.escape_markdown(text))
+    escaped = text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace('"', "&quot;")
+    assert html == "<p>%s</p>\n" % escaped

@@ -11,6 +11,7 @@ import pytest
 from metaflow.exception import MetaflowException
 
 from metaflow_extensions.torchrun.plugins.torchrun.launch.command import (
+    AGENT_MODULE,
     BOOTSTRAP_MODULE,
     Launch,
     build_command,
@@ -299,8 +300,13 @@ class TestParseOptions:
         assert "torchrun_args['max_restarts'] %s" % shown in str(e.value)
         assert "True for a bare --max_restarts" in str(e.value)
 
-    def test_dict_list_value(self):
-        assert parse_options({"k": [1, "b"]}) == {"k": ["1", "b"]}
+    def test_dict_list_value_of_one_item(self):
+        assert parse_options({"k": [1]}) == {"k": "1"}
+
+    def test_dict_list_of_several_values_is_refused(self):
+        # torchrun's options take one value: the others would be the script.
+        with pytest.raises(TorchrunInvalidArgument, match="2 values"):
+            parse_options({"k": [1, "b"]})
 
     def test_bare_flags_in_a_list(self):
         assert parse_options(["--virtual-local-rank"]) == {"virtual-local-rank": True}
@@ -314,9 +320,10 @@ class TestParseOptions:
             "virtual-local-rank": True,
         }
 
-    def test_several_values_for_one_option(self):
-        assert parse_options(["--k", "a", "b"]) == {"k": ["a", "b"]}
-        assert parse_options(["--k", "a", "b", "c", "--x"]) == {"k": ["a", "b", "c"], "x": True}
+    @pytest.mark.parametrize("tokens", [["--k", "a", "b"], ["--k", "a", "b", "c", "--x"], ["--k=a", "b"]])
+    def test_several_values_for_one_option_are_refused(self, tokens):
+        with pytest.raises(TorchrunInvalidArgument):
+            parse_options(tokens)
 
     @pytest.mark.parametrize("number", ["-1", "-1.5", "-1e3", "-0", "-.5"])
     def test_negative_numbers_are_values(self, number):
@@ -451,7 +458,7 @@ class TestOptionsToArgv:
         ) == ["--a", "1", "--flag", "--many", "x", "y", "--n", "5"]
 
     def test_round_trip_with_parse_options(self):
-        opts = {"role": "w", "virtual-local-rank": True, "k": ["a", "b"], "x": "-1"}
+        opts = {"role": "w", "virtual-local-rank": True, "k": "a", "x": "-1"}
         assert parse_options(options_to_argv(opts)) == opts
 
 
@@ -474,8 +481,8 @@ def _launch(**over):
 
 
 def _options_of(argv):
-    """The option part of the command: between `-m torch.distributed.run` and `--module`."""
-    assert argv[1:3] == ["-m", "torch.distributed.run"]
+    """The option part of the command: between `-m AGENT_MODULE` and `--module`."""
+    assert argv[1:3] == ["-m", AGENT_MODULE]
     end = argv.index("--module")
     return parse_options(argv[3:end], check_owned=False)
 
@@ -487,17 +494,32 @@ class TestBuildCommand:
         assert _options_of(argv) == {
             "nnodes": "2",
             "nproc-per-node": "4",
+            "rdzv-backend": "static",
+            "node-rank": "0",
+            "rdzv-endpoint": "10.0.0.1:29500",
+            "rdzv-id": "Flow-1-train-2-0",
+            "rdzv-conf": "timeout=1200",
+            "max-restarts": "0",
+        }
+
+    def test_restarts_use_c10d_hosted_by_node_0(self):
+        argv = build_command(_launch(user_options={"max-restarts": "2"}))
+        assert _options_of(argv) == {
+            "nnodes": "2",
+            "nproc-per-node": "4",
             "rdzv-backend": "c10d",
             "rdzv-endpoint": "10.0.0.1:29500",
             "rdzv-id": "Flow-1-train-2-0",
             "rdzv-conf": "is_host=1,join_timeout=1200",
-            "max-restarts": "0",
+            "max-restarts": "2",
         }
 
     @pytest.mark.parametrize("index", [1, 2, 7])
     def test_only_node_0_hosts_the_rendezvous(self, index):
-        argv = build_command(_launch(num_nodes=8, node_index=index))
+        argv = build_command(_launch(num_nodes=8, node_index=index, user_options={"max-restarts": "1"}))
         assert _options_of(argv)["rdzv-conf"] == "is_host=0,join_timeout=1200"
+        static = _options_of(build_command(_launch(num_nodes=8, node_index=index)))
+        assert static["node-rank"] == str(index) and static["rdzv-backend"] == "static"
 
     def test_every_option_appears_once(self):
         argv = build_command(_launch(user_options={"max-restarts": "2", "nnodes": "3"}))
@@ -543,16 +565,16 @@ class TestBuildCommand:
         )
         opts = _options_of(argv)
         assert opts["max-restarts"] == "3"
-        assert opts["rdzv-backend"] == "static"
+        assert opts["rdzv-backend"] == "static"  # check_owned=False: our own parsing
         assert opts["rdzv-endpoint"] == "other:1234"
         assert opts["nnodes"] == "1:4"
         assert opts["rdzv-id"] == "Flow-1-train-2-0"  # untouched defaults stay
 
     def test_user_options_add_flags_and_lists(self):
         opts = _options_of(
-            build_command(_launch(user_options={"standalone": True, "tee": "3", "x": ["a", "b"]}))
+            build_command(_launch(user_options={"standalone": True, "tee": "3", "x": "a"}))
         )
-        assert opts["standalone"] is True and opts["tee"] == "3" and opts["x"] == ["a", "b"]
+        assert opts["standalone"] is True and opts["tee"] == "3" and opts["x"] == "a"
 
     @pytest.mark.parametrize("removed", [None, False])
     def test_user_none_or_false_removes_a_default(self, removed):
@@ -586,10 +608,11 @@ class TestBuildCommand:
         ns = run.get_args_parser().parse_args(argv[3:])
         assert ns.nnodes == "2"
         assert ns.nproc_per_node == "4"
-        assert ns.rdzv_backend == "c10d"
+        assert ns.rdzv_backend == "static"
+        assert ns.node_rank == 1
         assert ns.rdzv_endpoint == "[::1]:29500"
         assert ns.rdzv_id == "Flow-1-train-2-0"
-        assert ns.rdzv_conf == "is_host=0,join_timeout=1200"
+        assert ns.rdzv_conf == "timeout=1200"
         assert ns.max_restarts == 0
         assert ns.monitor_interval == 1
         assert ns.module is True

@@ -382,7 +382,11 @@ class TestGangAborted:
 # -- rendezvous settings ---------------------------------------------------------
 
 
-def launch(node_index, user_options):
+def launch(node_index, user_options, restarts=True):
+    """With restarts, torch's c10d rendezvous, whose store node 0 hosts (is_host);
+    without, the static one (TestStaticRdzvConf)."""
+    if restarts:
+        user_options = dict(user_options, **{"max-restarts": "1"})
     return command.Launch(
         python="/usr/bin/python3",
         num_nodes=2,
@@ -464,8 +468,28 @@ class TestRdzvConf:
 
     def test_user_options_are_not_mutated(self):
         user = {"rdzv-conf": "join_timeout=900"}
-        command.build_command(launch(0, user))
+        command.build_command(launch(0, user, restarts=False))
         assert user == {"rdzv-conf": "join_timeout=900"}
+
+
+class TestStaticRdzvConf:
+    """Without restarts: torch's static rendezvous, whose one wait is ``timeout``."""
+
+    @pytest.mark.parametrize("node_index", [0, 1, 5])
+    def test_node_rank_is_the_node_index_and_timeout_the_join_timeout(self, node_index):
+        argv = command.build_command(launch(node_index, {}, restarts=False))
+        run = pytest.importorskip("torch.distributed.run")
+        args = run.get_args_parser().parse_args(argv[3:])
+        assert (args.rdzv_backend, args.node_rank) == ("static", node_index)
+        assert torch_reads(argv) == {"timeout": "1200"}
+
+    def test_users_join_timeout_is_the_static_timeout(self):
+        argv = command.build_command(launch(1, {"rdzv-conf": "join_timeout=900"}, restarts=False))
+        assert torch_reads(argv) == {"timeout": "900", "join_timeout": "900"}
+
+    def test_users_own_timeout_wins(self):
+        argv = command.build_command(launch(1, {"rdzv-conf": "join_timeout=900,timeout=30"}, restarts=False))
+        assert torch_reads(argv) == {"timeout": "30", "join_timeout": "900"}
 
 
 # -- root cause over echoes ----------------------------------------------------

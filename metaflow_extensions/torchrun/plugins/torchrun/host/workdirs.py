@@ -82,6 +82,21 @@ def check_private_dir(path: str) -> None:
         os.chmod(path, 0o700)
 
 
+def check_parent(path: str) -> None:
+    """Refuse a parent that any user may write without the sticky bit: there
+    another user can rename our directory away and put theirs in its place
+    mid-call, with files we would read back (return values are pickles)."""
+    st = os.stat(path)
+    if st.st_mode & stat.S_IWOTH and not st.st_mode & stat.S_ISVTX:
+        raise UnsafePath(
+            errno.EPERM,
+            "is writable by every user and has no sticky bit, so another user could replace "
+            "@torchrun's private directory in it; set TMPDIR to a directory of your own (or "
+            "chmod +t it)",
+            path,
+        )
+
+
 def private_dir(path: str) -> str:
     """Make ``path`` (its parent must be private already) a 0700 directory of
     ours, or check that it is one. Whatever else is there (a symlink, a file,
@@ -128,6 +143,7 @@ def base_dir(tmp: Optional[str] = None) -> str:
     user made first is left alone and a fresh private one (``mkdtemp``) is used
     by this process instead, with a warning."""
     path = _base_path(tmp)
+    check_parent(os.path.dirname(path))
     for _ in range(3):
         try:
             os.mkdir(path, 0o700)

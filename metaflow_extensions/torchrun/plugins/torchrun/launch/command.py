@@ -21,6 +21,8 @@ ArgSpec = Union[None, Sequence[Any], Mapping[str, Any]]
 
 # The Python module every rank runs first; it then runs the user's entrypoint.
 BOOTSTRAP_MODULE = "metaflow_extensions.torchrun.plugins.torchrun.rank.bootstrap"
+# torchrun itself, keeping its store on loopback when the endpoint is (rank/agent.py).
+AGENT_MODULE = "metaflow_extensions.torchrun.plugins.torchrun.rank.agent"
 
 # torch's c10d rendezvous waits this long by default (join_timeout).
 TORCH_JOIN_TIMEOUT = 600
@@ -99,9 +101,33 @@ def format_endpoint(host: str, port: int) -> str:
     return "%s:%d" % (host, port)
 
 
+def restarts_allowed(options: Mapping[str, Any]) -> bool:
+    """Whether torchrun may start a second round of ranks (``max_restarts``
+    above 0). A value torch would refuse counts as yes: torch names it."""
+    value = options.get("max-restarts", 0)
+    if value is False:  # removed: torchrun's default, none
+        return False
+    try:
+        return int(str(value).strip()) > 0
+    except ValueError:
+        return True
+
+
+def uses_static_rendezvous(launch: Launch) -> bool:
+    """torch's static rendezvous unless torchrun may restart the ranks.
+
+    Static: node i is torchrun's node rank i (Metaflow's fixed indices), so
+    global rank 0 is on node 0, every node connects once to node 0's store, and
+    nothing read from the store is unpickled (c10d's dynamic rendezvous keeps
+    its state pickled in the store: whoever can write there runs code in every
+    agent). A restart needs every agent to notice another's new round, which
+    only the dynamic c10d rendezvous does."""
+    return not restarts_allowed(launch.user_options or {})
+
+
 def default_options(launch: Launch) -> Dict[str, Any]:
     """What the decorator sets; ``torchrun_args`` may override any of it."""
-    return {
+    options: Dict[str, Any] = {
         "nnodes": str(launch.num_nodes),
         "nproc-per-node": str(launch.nproc_per_node),
         "rdzv-backend": "c10d",
@@ -115,6 +141,13 @@ def default_options(launch: Launch) -> Dict[str, Any]:
         # The address other nodes reach this one at (see network.py).
         "local-addr": launch.local_addr,
     }
+    if uses_static_rendezvous(launch):
+        options["rdzv-backend"] = "static"
+        options["node-rank"] = str(launch.node_index)
+        # The static rendezvous's one wait: node 0's store for every node, and
+        # the other nodes for node 0's store.
+        options["rdzv-conf"] = "timeout=%d" % join_timeout(launch.start_timeout)
+    return options
 
 
 def join_timeout(start_timeout: float) -> int:
@@ -127,15 +160,25 @@ def join_timeout(start_timeout: float) -> int:
 def _merge_rdzv_conf(ours: str, theirs: str) -> str:
     """The user's rendezvous settings win key by key, and reach torch as
     written (torch names a malformed one); ``is_host`` is kept unless they set
-    it, or torch would guess which node hosts the store."""
+    it, or torch would guess which node hosts the store. The static
+    rendezvous calls its wait ``timeout``: a user's ``join_timeout`` sets it
+    there too."""
     items = {item.split("=", 1)[0]: item for item in ours.split(",")}
     for item in theirs.split(","):
         items[item.partition("=")[0].strip()] = item
+    joined = items.get("join_timeout")
+    if "timeout" in items and joined is not None and "timeout" not in _keys(theirs):
+        items["timeout"] = "timeout=" + joined.partition("=")[2]
     return ",".join(items.values())
 
 
+def _keys(conf: str) -> List[str]:
+    return [item.partition("=")[0].strip() for item in conf.split(",")]
+
+
 def build_command(launch: Launch) -> List[str]:
-    """The full argv of ``python -m torch.distributed.run`` for one node."""
+    """The full argv of torchrun (``python -m AGENT_MODULE``, which runs
+    ``torch.distributed.run``) for one node."""
     options = default_options(launch)
     user = dict(launch.user_options or {})
     conf = user.get("rdzv-conf")
@@ -143,7 +186,7 @@ def build_command(launch: Launch) -> List[str]:
         user["rdzv-conf"] = _merge_rdzv_conf(options["rdzv-conf"], conf)
     options.update(user)
     return (
-        [launch.python, "-m", "torch.distributed.run"]
+        [launch.python, "-m", AGENT_MODULE]
         + options_to_argv(options)
         + ["--module", BOOTSTRAP_MODULE, launch.entrypoint]
     )

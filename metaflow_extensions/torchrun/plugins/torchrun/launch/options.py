@@ -8,6 +8,7 @@ argv; ``plan.py`` checks the names against what the task's torchrun takes.
 from __future__ import annotations
 
 import os
+import re
 from typing import Any, Dict, List, Mapping, Optional
 
 from ..errors import TorchrunInvalidArgument
@@ -68,11 +69,18 @@ OWNED_OPTIONS: Dict[str, str] = {
 
 
 def owned_option_error(name: str, what: str) -> Optional[str]:
-    """A message for an option @torchrun sets itself, naming the @torchrun way."""
+    """A message for an option @torchrun sets itself, naming the @torchrun way;
+    also for an abbreviation of one, which torchrun's parser (argparse) expands."""
     reason = OWNED_OPTIONS.get(name)
-    if reason is None:
-        return None
-    return "%s: --%s is set by @torchrun and cannot be given: %s." % (what, name, reason)
+    if reason is not None:
+        return "%s: --%s is set by @torchrun and cannot be given: %s." % (what, name, reason)
+    expands = sorted(o for o in OWNED_OPTIONS if o.startswith(name))
+    if expands:
+        return (
+            "%s: --%s is an abbreviation torchrun would read as %s, which @torchrun sets "
+            "itself: %s." % (what, name, " or ".join("--" + o for o in expands), OWNED_OPTIONS[expands[0]])
+        )
+    return None
 
 
 def refuse_owned(options: Mapping[str, Any], what: str) -> None:
@@ -104,9 +112,39 @@ def empty_option_error(what: str, key: Any) -> str:
     )
 
 
+# torchrun's one-letter options.
+_SHORT = {"m": "module", "r": "redirects", "t": "tee"}
+# A name is letters, digits, '-' and '_': anything else ('=', spaces) would
+# reach torchrun's parser as more than a name.
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*\Z")
+
+
 def canonical_option(name: str) -> str:
     """torchrun spells options both ``max_restarts`` and ``max-restarts``."""
-    return name.strip().lstrip("-").replace("_", "-")
+    bare = name.strip().lstrip("-").replace("_", "-")
+    return _SHORT.get(bare, bare)
+
+
+def _checked_name(key: Any, what: str) -> str:
+    flag_name(key, what)
+    bare = key.strip().lstrip("-")
+    if not _NAME.match(bare):
+        raise TorchrunInvalidArgument(
+            "%s: %r is not a torchrun option name (letters, digits, '-' and '_' only): "
+            "torchrun would read what follows as more options or values." % (what, key)
+        )
+    return canonical_option(key)
+
+
+def _checked_value(text: str, what: str, name: str) -> str:
+    """A value is never read as an option: torchrun has no option whose value
+    starts with '-' (a negative number excepted, which its parser reads as a value)."""
+    if text.startswith("-") and not _is_number(text):
+        raise TorchrunInvalidArgument(
+            "%s: the value %r of --%s starts with '-': torchrun would read it as an "
+            "option of its own, not as the value. torchrun takes no such value." % (what, text, name)
+        )
+    return text
 
 
 def parse_options(args: ArgSpec, what: str = "torchrun_args", check_owned: bool = True) -> Dict[str, Any]:
@@ -125,8 +163,7 @@ def parse_options(args: ArgSpec, what: str = "torchrun_args", check_owned: bool 
     if isinstance(args, Mapping):
         out: Dict[str, Any] = {}
         for key, value in args.items():
-            flag_name(key, what)
-            out[canonical_option(key)] = _option_value(value, what, key)
+            out[_checked_name(key, what)] = _option_value(value, what, key)
     elif isinstance(args, (list, tuple)):
         if args and isinstance(args[0], str) and is_pair_list([args[0]]):
             out = _parse_pairs(list(args), what)
@@ -147,11 +184,21 @@ def _option_value(value: Any, what: str, key: Any) -> Any:
     if value is True or value is False:
         return value
     if isinstance(value, (list, tuple)):
-        return [scalar(v, "%s[%r]" % (what, key)) for v in value]
+        if len(value) != 1:
+            raise TorchrunInvalidArgument(_several_values_error(what, key, list(value)))
+        value = value[0]
     text = scalar(value, "%s[%r]" % (what, key))
     if text == "":
         raise TorchrunInvalidArgument(empty_option_error(what, key))
-    return text
+    return _checked_value(text, what, canonical_option(str(key)))
+
+
+def _several_values_error(what: str, key: Any, values: List[Any]) -> str:
+    return (
+        "%s: --%s is given %d values %r; every torchrun option takes one, and torchrun "
+        "would read the others as the script to run and its arguments."
+        % (what, str(key).lstrip("-"), len(values), values)
+    )
 
 
 def _parse_pairs(items: List[Any], what: str) -> Dict[str, Any]:
@@ -164,8 +211,7 @@ def _parse_pairs(items: List[Any], what: str) -> Dict[str, Any]:
         )
     out: Dict[str, Any] = {}
     for key, value in zip(items[0::2], items[1::2]):
-        flag_name(key, what)
-        out[canonical_option(key)] = _option_value(value, what, key)
+        out[_checked_name(key, what)] = _option_value(value, what, key)
     return out
 
 
@@ -174,13 +220,13 @@ def _parse_argv(tokens: List[str], args: Any, what: str) -> Dict[str, Any]:
     key: Optional[str] = None
     for token in tokens:
         if token.startswith("-") and len(token) > 1 and not _is_number(token):
-            flag_name(token.split("=", 1)[0], what)
-            if "=" in token:
-                name, _, value = token.partition("=")
-                out[canonical_option(name)] = value
+            name, eq, value = token.partition("=")
+            name = _checked_name(name, what)
+            if eq:
+                out[name] = _checked_value(value, what, name)
                 key = None
             else:
-                key = canonical_option(token)
+                key = name
                 out[key] = True
         elif key is None:
             raise TorchrunInvalidArgument(
@@ -188,13 +234,9 @@ def _parse_argv(tokens: List[str], args: Any, what: str) -> Dict[str, Any]:
                 % (what, token, list(args))
             )
         else:
-            current = out[key]
-            if current is True:
-                out[key] = token
-            elif isinstance(current, list):
-                current.append(token)
-            else:
-                out[key] = [current, token]
+            if out[key] is not True:
+                raise TorchrunInvalidArgument(_several_values_error(what, key, [out[key], token]))
+            out[key] = token
     return out
 
 

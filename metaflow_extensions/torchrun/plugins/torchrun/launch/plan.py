@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Union
 
 from ..rank import bootstrap, functions
-from .command import ArgSpec, encode_args
+from .command import ArgSpec, encode_args, restarts_allowed  # noqa: F401 (call.py)
 from .options import parse_options
 from .torch_checks import known_torchrun_options
 from .inputs import (
@@ -209,18 +209,6 @@ def plan_call(
         nproc=nproc,
         options=options,
     )
-
-
-def restarts_allowed(options: Mapping[str, Any]) -> bool:
-    """Whether torchrun may start a second round of ranks (``max_restarts``
-    above 0). A value torch would refuse counts as yes: torch names it."""
-    value = options.get("max-restarts", 0)
-    if value is False:  # removed: torchrun's default, none
-        return False
-    try:
-        return int(str(value).strip()) > 0
-    except ValueError:
-        return True
 
 
 def rank_environment(

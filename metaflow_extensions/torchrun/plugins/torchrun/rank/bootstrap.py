@@ -17,8 +17,8 @@ import sys
 import time
 import traceback
 
-from . import entry, relay, stacks
-from .failures import RankFailure, write_failure
+from . import agent, entry, relay, stacks
+from .failures import PRIVATE_NEW, RankFailure, write_failure
 
 FAILURE_DIR_ENV = "METAFLOW_TORCHRUN_FAILURE_DIR"
 NODE_INDEX_ENV = "METAFLOW_TORCHRUN_NODE_INDEX"
@@ -137,7 +137,7 @@ def _status(**fields) -> None:
     _STATUS.update(record)
     path = os.path.join(directory, "rank-%d.status.json" % record["rank"])
     try:
-        with open(path + ".tmp", "w") as f:
+        with os.fdopen(os.open(path + ".tmp", PRIVATE_NEW, 0o600), "w") as f:
             json.dump(record, f)
         os.replace(path + ".tmp", path)
     except OSError:
@@ -158,6 +158,7 @@ def main(argv: list) -> None:
         sys.stderr.write("@torchrun bootstrap: cannot read what to run: %s\n" % e)
         sys.exit(2)
     entry.restore_user_tmpdir()
+    agent.keep_ranks_store_on_loopback(os.environ)
     rank = _env_int("RANK")
     labels = os.environ.get(LABELS_ENV, "1") != "0"
     log_dir = os.environ.get(LOG_DIR_ENV)

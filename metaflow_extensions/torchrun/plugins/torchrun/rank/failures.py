@@ -56,6 +56,10 @@ class RankFailure:
         )
 
 
+# A new file only this user can read (0600), never through a symlink.
+PRIVATE_NEW = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0)
+
+
 def describe_exit_code(code: int) -> str:
     """Name a process exit status the way a user reads it (a signal, not -11)."""
     if code < 0:
@@ -117,7 +121,7 @@ def write_failure(directory: str, failure: RankFailure) -> None:
     """Write atomically so a reader never sees half a record."""
     path = failure_path(directory, failure.rank)
     tmp = "%s.%d.tmp" % (path, os.getpid())
-    with open(tmp, "w") as f:
+    with os.fdopen(os.open(tmp, PRIVATE_NEW, 0o600), "w") as f:
         json.dump(asdict(failure), f)
     os.replace(tmp, path)
 

@@ -12,9 +12,12 @@ import importlib
 import importlib.util
 import os
 import pickle
+import stat
 import sys
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
+
+from .failures import PRIVATE_NEW
 
 # The name a flow file gets when a rank imports it (it is ``__main__`` in the task).
 FLOW_MODULE_NAME = "__mf_torchrun_flow__"
@@ -131,25 +134,60 @@ def exception_path(directory: str, rank: int) -> str:
 
 def write_pickle(path: str, value: Any) -> None:
     tmp = "%s.%d.tmp" % (path, os.getpid())
-    with open(tmp, "wb") as f:
+    fd = os.open(tmp, PRIVATE_NEW, 0o600)
+    with os.fdopen(fd, "wb") as f:
         pickle.dump(value, f, protocol=pickle.HIGHEST_PROTOCOL)
     os.replace(tmp, path)
 
 
 def read_pickle(path: str) -> Any:
-    with open(path, "rb") as f:
-        return pickle.load(f)
+    data = read_own_bytes(path)
+    if data is None:
+        raise FileNotFoundError(path)
+    return pickle.loads(data)
 
 
-def read_returns(directory: str) -> Dict[int, Any]:
-    """Return values of this node's ranks, keyed by global rank."""
+def read_returns(directory: str, ranks: Optional[Iterable[int]] = None) -> Dict[int, Any]:
+    """Return values of this node's ranks, keyed by global rank.
+
+    Only the ranks that ran here (``ranks``, else those that wrote a status file
+    in this call's directory), and only files of ours that nobody else may
+    write: whatever else is in the directory is never unpickled."""
     alias_flow_module()
+    if ranks is None:
+        ranks = _ranks_started(directory)
     found: Dict[int, Any] = {}
+    for rank in sorted(set(ranks)):
+        data = read_own_bytes(result_path(directory, rank))
+        if data is not None:
+            found[rank] = pickle.loads(data)
+    return found
+
+
+def _ranks_started(directory: str) -> List[int]:
+    ranks = []
     for name in os.listdir(directory):
-        if name.startswith("rank-") and name.endswith(".return.pkl"):
-            rank = int(name[len("rank-") : -len(".return.pkl")])
-            found[rank] = read_pickle(os.path.join(directory, name))
-    return dict(sorted(found.items()))
+        number = name[len("rank-"):-len(".status.json")]
+        if name.startswith("rank-") and name.endswith(".status.json") and number.isdigit():
+            ranks.append(int(number))
+    return ranks
+
+
+def read_own_bytes(path: str) -> Optional[bytes]:
+    """A regular file of this user that no one else may write, never through a
+    symlink; None when absent. Anything else is refused."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | os.O_NONBLOCK)
+    except FileNotFoundError:
+        return None
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
+            raise PermissionError(
+                "%s is not a private regular file of uid %d (uid %d, mode %o): not loaded"
+                % (path, os.geteuid(), st.st_uid, stat.S_IMODE(st.st_mode))
+            )
+        return f.read()
 
 
 def read_exception(directory: str, rank: int) -> Optional[BaseException]:

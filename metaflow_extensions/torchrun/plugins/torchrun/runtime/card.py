@@ -17,6 +17,8 @@ falls back to Metaflow's subprocesses on any error.
 from __future__ import annotations
 
 import os
+import re
+import string
 import sys
 import time
 from typing import Any, Dict, List, Optional
@@ -68,13 +70,35 @@ def gang_tails(result: TorchrunResult) -> Dict[int, Dict[str, List[str]]]:
     return dict(sorted(tails.items()))
 
 
+_PUNCTUATION = frozenset(string.punctuation)
+
+
+def escape_markdown(text: Any) -> str:
+    """Text we did not write (a rank's output, a stack, a root cause) as literal
+    Markdown text: every ASCII punctuation mark is backslash-escaped, which
+    CommonMark reads as the mark itself, so no HTML tag, link, emphasis or entity
+    can come of it; line breaks become spaces (it sits in a heading or a line)."""
+    flat = " ".join(str(text).splitlines())
+    return "".join("\\" + c if c in _PUNCTUATION else c for c in flat)
+
+
+def code_block(text: Any) -> str:
+    """``text`` verbatim in a fenced code block whose fence no line of it can
+    close: longer than the longest run of backticks it holds."""
+    body = str(text)
+    longest = max((len(run) for run in re.findall("`+", body)), default=0)
+    fence = "`" * max(3, longest + 1)
+    return "%s\n%s\n%s" % (fence, body, fence)
+
+
 def summary_markdown(result: TorchrunResult, flow: str, pathspec: str) -> str:
     if result.succeeded:
         status = "**Succeeded** in %.1f s" % result.duration
     else:
         cause = result.cause or {}
-        status = "**Failed**: %s" % (cause.get("summary") or _fmt_code(result.exit_code))
-    return "# @torchrun: %s\n\n`%s`\n\n%s" % (flow, pathspec, status)
+        status = "**Failed**: %s" % escape_markdown(cause.get("summary") or _fmt_code(result.exit_code))
+    # The pathspec is Metaflow's (flow/run/step/task): a code span holds it.
+    return "# @torchrun: %s\n\n`%s`\n\n%s" % (escape_markdown(flow), pathspec, status)
 
 
 def topology_rows(result: TorchrunResult, backend: str) -> List[List[str]]:
@@ -137,12 +161,11 @@ def stack_parts(result: TorchrunResult, Markdown: Any) -> list:
     user's code, then every thread's stack, in full, per rank (stacks.py)."""
     if not result.stacks:
         return []
-    fence = "`" * 3
     parts = [Markdown("## Where each rank was when the job was stopped")]
     for rank in sorted(result.stacks):
-        text = result.stacks[rank].replace(fence, "'" * 3).rstrip()
+        text = result.stacks[rank].rstrip()
         head = " / ".join(line.strip() for line in stacks.where(rank, text).lines())
-        parts.append(Markdown("**%s**\n\n%s\n%s\n%s" % (head.replace("*", "\\*"), fence, text, fence)))
+        parts.append(Markdown("**%s**\n\n%s" % (escape_markdown(head), code_block(text))))
     return parts
 
 
@@ -161,7 +184,7 @@ def build_components(result: TorchrunResult, flow: str, pathspec: str, backend: 
     cause = result.cause
     if cause:
         text = cause.get("summary") or str(cause)
-        parts.append(Markdown("## Root cause\n\n```\n%s\n```" % text))
+        parts.append(Markdown("## Root cause\n\n%s" % code_block(text)))
     parts.extend(stack_parts(result, Markdown))
     tails = gang_tails(result)
     if tails:
@@ -170,10 +193,7 @@ def build_components(result: TorchrunResult, flow: str, pathspec: str, backend: 
             for stream in ("stdout", "stderr"):
                 lines = streams.get(stream) or []
                 if lines:
-                    lines = [l.replace("```", "'''") for l in lines]
-                    parts.append(
-                        Markdown("**rank %d %s**\n\n```\n%s\n```" % (rank, stream, "\n".join(lines)))
-                    )
+                    parts.append(Markdown("**rank %d %s**\n\n%s" % (rank, stream, code_block("\n".join(lines)))))
     parts.append(Markdown("_Generated %s_" % time.strftime("%Y-%m-%d %H:%M:%S")))
     return parts
 

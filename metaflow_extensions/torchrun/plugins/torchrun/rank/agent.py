@@ -1,0 +1,115 @@
+"""Runs torchrun's agent (``torch.distributed.run``), with its store kept on loopback
+when the rendezvous endpoint is a loopback address.
+
+torch's TCPStore listens on every interface whatever host it is given, so on a
+local run the store would accept connections on 127.0.0.2 or the host's own
+address, and its keys can be read and written by whoever connects. Its
+``master_listen_fd`` takes a socket we bound ourselves, and torch's rendezvous
+handlers open their store with ``multi_tenant=True``, which reuses a server
+already listening on that port in this process: the store made here, bound to
+the loopback address, is the one torch then uses.
+
+Runs in the agent process, before torch's own ``main``; like the rest of
+``rank/`` it imports no Metaflow.
+"""
+
+from __future__ import annotations
+
+import datetime
+import ipaddress
+import socket
+import sys
+from typing import Any, List, Mapping, Optional, Sequence
+
+# The store we opened must outlive torch's use of it: the agent's whole life.
+_KEEP: List[Any] = []
+
+
+def is_loopback(host: str) -> bool:
+    host = host.strip().strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _conf(text: str) -> dict:
+    out = {}
+    for item in (text or "").split(","):
+        key, sep, value = item.partition("=")
+        if sep:
+            out[key.strip()] = value.strip().lower()
+    return out
+
+
+def hosted_store(args: Any) -> Optional[tuple]:
+    """``(host, port)`` of the TCP store this agent hosts, when it hosts one on a
+    loopback endpoint: node 0 of the static rendezvous, or the c10d node with
+    ``is_host`` set. Anything else is left to torch."""
+    from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
+
+    endpoint = args.rdzv_endpoint or ""
+    if not endpoint:
+        return None
+    conf = _conf(args.rdzv_conf)
+    if args.rdzv_backend == "static":
+        hosts = str(args.node_rank).strip() == "0"
+    elif args.rdzv_backend == "c10d":
+        hosts = conf.get("store_type", "tcp") == "tcp" and conf.get("is_host") in ("1", "true", "yes", "y")
+    else:
+        return None
+    host, port = parse_rendezvous_endpoint(endpoint, default_port=-1)
+    if not hosts or port <= 0 or not is_loopback(host):
+        return None
+    return host, port
+
+
+def open_loopback_store(host: str, port: int) -> Any:
+    """A TCPStore server listening on ``host`` only (torch's own would listen on all)."""
+    from torch.distributed import TCPStore
+
+    name = host.strip("[]")
+    family = socket.AF_INET6 if ":" in name else socket.AF_INET
+    if name == "localhost":
+        name, family = "127.0.0.1", socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((name, port))
+    except OSError:
+        sock.close()
+        raise
+    return TCPStore(host, port, is_master=True, multi_tenant=True, master_listen_fd=sock.detach(),
+                    wait_for_workers=False, timeout=datetime.timedelta(seconds=60))
+
+
+def keep_ranks_store_on_loopback(env: Mapping[str, str]) -> None:
+    """In rank 0, when it hosts the ranks' own store (torch does so when the
+    agent's store is not shared: ``max_restarts`` above 0, see plan.py) on a
+    loopback ``MASTER_ADDR``: open it on loopback first, and torch's
+    ``init_process_group`` reuses it (``multi_tenant``). Imports torch only then."""
+    if env.get("TORCHELASTIC_USE_AGENT_STORE") != "False" or env.get("RANK") != "0":
+        return
+    host, port = env.get("MASTER_ADDR", ""), env.get("MASTER_PORT", "")
+    if not is_loopback(host) or not port.isdigit():
+        return
+    try:
+        _KEEP.append(open_loopback_store(host, int(port)))
+    except Exception:
+        pass  # torch's own store then reports whatever is wrong, in its words
+
+
+def main(argv: Sequence[str]) -> None:
+    from torch.distributed import run
+
+    args = run.get_args_parser().parse_args(list(argv))
+    where = hosted_store(args)
+    if where is not None:
+        _KEEP.append(open_loopback_store(*where))
+    run.main(list(argv))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
