@@ -33,6 +33,7 @@ from .launch.plan import (
     legacy_rdzv_port,
     merged_options,
     none_note,
+    option_names,
     step_timeout,
     validate_hang_timeout,
     validate_nproc,
@@ -140,8 +141,8 @@ class TorchrunDecorator(ParallelDecorator):
                     for line in notes:
                         say(line)
                 self._torchrun_args = options  # 0.2's spellings translated, said once here
-            if options is not None:
-                problems.check(check_options, options)
+            # Names torchrun does not know, also where a value was refused.
+            problems.check(check_options, options if options is not None else option_names(self._torchrun_args))
         specs = [(deco.name, deco.attributes) for deco in decorators]
         self._accelerators = problems.check(requested_accelerators, specs) or NO_ACCELERATORS
         self._port = problems.check(parse_port, self.attributes.get("port"), "@torchrun(port)")

@@ -16,7 +16,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ..rank import bootstrap, functions
 from .command import ArgSpec, encode_args, none_keys, true_keys
-from .options import parse_options
+from .options import canonical_option, parse_options
 from .torch_checks import known_torchrun_options
 from .inputs import (
     check_arguments,
@@ -187,6 +187,14 @@ def merged_options(defaults: StepDefaults, call_args: ArgSpec) -> Dict[str, Any]
     options = dict(step or {})
     options.update(call or {})
     return options
+
+
+def option_names(args: ArgSpec) -> Dict[str, Any]:
+    """The option names of a dict of torchrun_args, whatever their values: so
+    that an unknown name is reported with a refused value, in one message."""
+    if not isinstance(args, Mapping):
+        return {}
+    return {canonical_option(k): True for k in args if isinstance(k, str) and k.strip("-")}
 
 
 def legacy_rdzv_port(options: Dict[str, Any], where: str) -> Tuple[Optional[int], List[str]]:
