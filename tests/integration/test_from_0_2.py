@@ -195,3 +195,25 @@ def test_0_1_and_0_2_calls_are_named(gang, case, needles):
     for needle in needles:
         assert needle in text, (needle, text)
     assert "TypeError" not in text
+
+
+# -- examples/legacy_02: a 0.2 flow as its author wrote it --------------------------
+
+
+def test_the_0_2_example_runs_unchanged(gang):
+    import subprocess
+    import sys
+
+    from .helpers import REPO
+
+    flow = os.path.join(REPO, "examples", "legacy_02", "flow.py")
+    proc = subprocess.run([sys.executable, flow, "--no-pylint", "run"], cwd=gang.tmp, env=gang.env,
+                          stdin=subprocess.DEVNULL, capture_output=True, timeout=400)
+    text = output(proc)
+    assert proc.returncode == 0, text[-4000:]
+    written = sorted(os.listdir(gang.out))
+    assert written == ["legacy-2-rank-0.txt", "legacy-2-rank-1.txt"] + [
+        "legacy-4-rank-%d.txt" % r for r in range(4)], written
+    assert "[rank3]: rank 3 of 4 (node 1): hello from 0.2; all-reduce saw 4 ranks" in text, text[-3000:]
+    # One line per 0.2 spelling: the two attribute names, then None once per step.
+    assert text.count("is deprecated (metaflow-torchrun 0.2)") == 4, text[-3000:]
