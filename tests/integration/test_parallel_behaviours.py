@@ -12,9 +12,6 @@ Metaflow's repository, not in its package).
   holds GangAborted naming the first failure, not an exception of its own.
 """
 
-import base64
-import json
-import re
 
 import pytest
 

@@ -105,12 +105,20 @@ class TestAttributeAliases:
         assert said == []
 
 
-def test_single_node_launcher_outside_a_step_says_where_it_runs():
+@pytest.fixture
+def outside_a_step(monkeypatch):
+    """Other unit tests leave Metaflow's ``current`` set up as in a task."""
+    from metaflow import current
+
+    monkeypatch.setattr(type(current), "is_running_flow", property(lambda self: False))
+
+
+def test_single_node_launcher_outside_a_step_says_where_it_runs(outside_a_step):
     with pytest.raises(TorchrunException, match="in a step's code"):
         compat.TorchrunSingleNodeMultiGPU().run(entrypoint="script.py", nproc_per_node=2)
 
 
-def test_single_node_launcher_is_importable_from_metaflow():
+def test_single_node_launcher_is_importable_from_metaflow(outside_a_step):
     from metaflow import TorchrunSingleNodeMultiGPU
 
     with pytest.raises(TorchrunException, match="in a step's code"):
