@@ -232,15 +232,25 @@ def test_the_card_shows_where_each_rank_was_in_full(task):
     assert any(s.startswith("## Root cause") for s in sources[:at])
 
 
-def test_a_card_is_taken_off_a_worker_only_when_metaflow_has_not_reached_it():
-    """Metaflow iterates the step's decorators while @torchrun's hook runs:
-    removing one it already passed would make it skip the next one."""
-    from metaflow_extensions.torchrun.plugins.torchrun.decorator import _comes_after
+def test_skip_render_keeps_the_card_counted_and_its_clean_up():
+    """A worker keeps @torchrun's card on the step's list (Metaflow counted it
+    and finalises current.card only once every counted card has been through
+    task_pre_step); only Metaflow's render is replaced, by the clean-up alone."""
+    from metaflow_extensions.torchrun.plugins.torchrun.runtime.card import skip_render
 
-    ours, card, other = object(), object(), object()
-    assert _comes_after([ours, other, card], card, ours)
-    assert not _comes_after([card, ours, other], card, ours)
-    assert not _comes_after([ours, other], card, ours)
+    cleaned = []
+
+    class Deco:
+        def _cleanup(self, step_name):
+            cleaned.append(step_name)
+
+        def task_finished(self, *args):
+            raise AssertionError("Metaflow's render must not run")
+
+    deco = Deco()
+    skip_render(deco)
+    deco.task_finished("train", None, None, True, 0, 0)
+    assert cleaned == ["train"]
 
 
 # -- what a rank writes is shown as text --------------------------------------

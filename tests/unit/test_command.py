@@ -14,9 +14,11 @@ from metaflow_extensions.torchrun.plugins.torchrun.launch.command import (
     AGENT_MODULE,
     BOOTSTRAP_MODULE,
     Launch,
+    argparse_hint,
     build_command,
     default_options,
     encode_args,
+    none_keys,
     format_endpoint,
     options_to_argv,
 )
@@ -109,14 +111,55 @@ class TestEncodeArgsDict:
     def test_false_omits_the_option(self):
         assert encode_args({"a": 1, "k": False, "b": 2}) == ["--a", "1", "--b", "2"]
 
-    def test_none_is_refused_naming_both_readings(self):
-        # metaflow-torchrun 0.2 made None a bare flag; dropping it silently would
-        # turn such flags off without a word.
+    def test_none_is_a_bare_flag_as_in_0_2(self):
+        # Public 0.2 code relies on it ("value None tells current.torch.run to
+        # use store_true style"); True is a bare flag too, so nothing is lost.
+        assert encode_args({"a": 1, "resume_ckpt": None}) == ["--a", "1", "--resume_ckpt"]
+        assert none_keys({"a": 1, "resume_ckpt": None, "x": None}) == ["resume_ckpt", "x"]
+
+    def test_every_bad_key_is_named_in_one_message(self):
         with pytest.raises(TorchrunInvalidArgument) as e:
-            encode_args({"a": 1, "resume_ckpt": None})
+            encode_args({"a": object(), "": 1, "b": [1, object()]})
         msg = str(e.value)
-        assert "entrypoint_args['resume_ckpt'] is None" in msg
-        assert "True for a bare --resume_ckpt" in msg and "False" in msg
+        assert "3 problems" in msg and "entrypoint_args['a']" in msg and "entrypoint_args['b']" in msg, msg
+
+
+class TestLegacyEncoding:
+    """@torchrun(args_as="0.2"): 0.2's json.dumps(value) without its quotes."""
+
+    @pytest.mark.parametrize(
+        "value, token",
+        [(True, "true"), (False, "false"), ([1, 2], "[1, 2]"), (0.5, "0.5"), ("a b", "a b"),
+         ('say "hi"', "say \\hi\\"), ({"x": 1}, "{x: 1}"), (3, "3")],
+    )
+    def test_values_as_0_2_spelled_them(self, value, token):
+        assert encode_args({"k": value}, style="0.2") == ["--k", token]
+
+    @pytest.mark.parametrize("value", [None, ""])
+    def test_none_and_empty_are_bare_flags(self, value):
+        assert encode_args({"k": value}, style="0.2") == ["--k"]
+
+    def test_a_list_is_argv_unchanged(self):
+        assert encode_args(["--x", True], style="0.2") == ["--x", "True"]
+
+    def test_what_json_cannot_spell_is_named(self):
+        with pytest.raises(TorchrunInvalidArgument, match="as 0.2 did"):
+            encode_args({"k": object()}, style="0.2")
+
+
+class TestArgparseHint:
+    TEXT = "usage: train.py [-h] [--bf16 BF16]\ntrain.py: error: argument --bf16: expected one argument"
+
+    def test_names_what_0_2_passed(self):
+        hint = argparse_hint(self.TEXT, ["lr", "bf16"])
+        assert "0.2 passed `--bf16 true`" in hint and "'bf16': 'true'" in hint and 'args_as="0.2"' in hint
+
+    def test_aliases_in_argparse_message(self):
+        assert argparse_hint("error: argument -b/--bf16: expected one argument", ["bf16"])
+
+    def test_none_for_another_key_or_error(self):
+        assert argparse_hint(self.TEXT, ["fp16"]) is None
+        assert argparse_hint("error: argument --bf16: invalid int value", ["bf16"]) is None
 
     @pytest.mark.parametrize("seq", [["a", "b"], ("a", "b")])
     def test_list_or_tuple_value_is_one_flag_then_values(self, seq):
@@ -292,12 +335,13 @@ class TestParseOptions:
             "rdzv-conf": False,
         }
 
-    @pytest.mark.parametrize("value, shown", [(None, "is None"), ("", "is ''")])
-    def test_dict_none_and_empty_are_refused(self, value, shown):
-        # metaflow-torchrun 0.2 made both a bare flag; here True is.
+    def test_dict_none_is_a_bare_flag_as_in_0_2(self):
+        assert parse_options({"max_restarts": None}) == {"max-restarts": True}
+
+    def test_dict_empty_is_refused(self):
         with pytest.raises(TorchrunInvalidArgument) as e:
-            parse_options({"max_restarts": value})
-        assert "torchrun_args['max_restarts'] %s" % shown in str(e.value)
+            parse_options({"max_restarts": ""})
+        assert "torchrun_args['max_restarts'] is ''" in str(e.value)
         assert "True for a bare --max_restarts" in str(e.value)
 
     def test_dict_list_value_of_one_item(self):
@@ -307,6 +351,23 @@ class TestParseOptions:
         # torchrun's options take one value: the others would be the script.
         with pytest.raises(TorchrunInvalidArgument, match="2 values"):
             parse_options({"k": [1, "b"]})
+
+    def test_an_owned_option_is_named_before_its_empty_value(self):
+        # {"no_python": ""} was told to write True, which was then refused as owned.
+        with pytest.raises(TorchrunInvalidArgument) as e:
+            parse_options({"no_python": ""})
+        assert "--no-python is set by @torchrun" in str(e.value) and "is ''" not in str(e.value)
+
+    def test_every_problem_in_one_message(self):
+        with pytest.raises(TorchrunInvalidArgument) as e:
+            parse_options({"no_python": "", "nnodes": 2, "a": "", "b": object()})
+        msg = str(e.value)
+        assert "4 problems" in msg and "--no-python" in msg and "--nnodes" in msg, msg
+        assert "['a'] is ''" in msg and "['b']" in msg, msg
+
+    def test_allowed_owned_names_pass_through_for_the_caller(self):
+        assert parse_options({"master_port": 41000}, allow=("master-port",)) == {"master-port": "41000"}
+        assert parse_options(["--master-port", "41000"], allow=("master-port",)) == {"master-port": "41000"}
 
     def test_bare_flags_in_a_list(self):
         assert parse_options(["--virtual-local-rank"]) == {"virtual-local-rank": True}
@@ -401,10 +462,10 @@ class TestMetaflowTorchrun02Forms:
             parse_options(["nproc_per_node", 1, "max_restarts"])
         assert "pairs" in str(e.value) and "--name" in str(e.value)
 
-    @pytest.mark.parametrize("value", [None, ""])
-    def test_pairs_refuse_none_and_empty(self, value):
+    def test_pairs_none_is_a_bare_flag_and_empty_is_refused(self):
+        assert parse_options(["standalone_x", None]) == {"standalone-x": True}
         with pytest.raises(TorchrunInvalidArgument, match="True for a bare"):
-            parse_options(["max_restarts", value])
+            parse_options(["max_restarts", ""])
 
     @pytest.mark.parametrize(
         "args, option, hint",

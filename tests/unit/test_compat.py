@@ -7,7 +7,7 @@ import pytest
 
 from metaflow_extensions.torchrun.plugins.torchrun import compat
 from metaflow_extensions.torchrun.plugins.torchrun.launch import torch_checks
-from metaflow_extensions.torchrun.plugins.torchrun.errors import TorchrunInvalidArgument
+from metaflow_extensions.torchrun.plugins.torchrun.errors import TorchrunException, TorchrunInvalidArgument
 
 
 # ------------------------------------------------------------------ Metaflow versions
@@ -64,10 +64,11 @@ def test_a_local_worker_derives_its_control_task_id(worker, control):
 class TestAttributeAliases:
     def test_old_names_become_new_ones_with_one_line_each(self):
         legacy = compat.translate_attributes({"master_port": "3339", "all_nodes_started_timeout": 480})
-        assert legacy.attributes == {"port": "3339", "start_timeout": 480}
+        # 0.2's master_port was torchrun's rendezvous port: rdzv_port here.
+        assert legacy.attributes == {"rdzv_port": "3339", "start_timeout": 480}
         assert len(legacy.deprecations) == 2
         assert "master_port= is deprecated" in legacy.deprecations[0]
-        assert "port=" in legacy.deprecations[0]
+        assert "rdzv_port=" in legacy.deprecations[0] and "@torchrun(port=N)" in legacy.deprecations[0]
         assert "start_timeout=" in legacy.deprecations[1]
         assert legacy.conflicts == []
 
@@ -80,14 +81,14 @@ class TestAttributeAliases:
         assert compat.translate_attributes(None).attributes == {}
 
     def test_both_spellings_with_different_values_conflict(self):
-        legacy = compat.translate_attributes({"master_port": 1, "port": 2})
-        assert legacy.conflicts and "give only port" in legacy.conflicts[0]
-        with pytest.raises(TorchrunInvalidArgument, match="give only port"):
+        legacy = compat.translate_attributes({"master_port": 1, "rdzv_port": 2})
+        assert legacy.conflicts and "give only rdzv_port" in legacy.conflicts[0]
+        with pytest.raises(TorchrunInvalidArgument, match="give only rdzv_port"):
             compat.legacy_notes(legacy, print, ["flow.py", "run"])
 
     def test_both_spellings_with_the_same_value_are_fine(self):
-        legacy = compat.translate_attributes({"master_port": 1, "port": 1})
-        assert legacy.attributes == {"port": 1} and not legacy.conflicts
+        legacy = compat.translate_attributes({"master_port": 1, "rdzv_port": 1})
+        assert legacy.attributes == {"rdzv_port": 1} and not legacy.conflicts
 
     def test_input_not_mutated(self):
         given = {"master_port": 1}
@@ -104,17 +105,29 @@ class TestAttributeAliases:
         assert said == []
 
 
-def test_single_node_launcher_names_the_replacement():
-    with pytest.raises(TorchrunInvalidArgument) as e:
-        compat.TorchrunSingleNodeMultiGPU()
-    assert "num_parallel=1" in str(e.value) and "current.torch.run" in str(e.value)
+@pytest.fixture
+def outside_a_step(monkeypatch):
+    """Other unit tests leave Metaflow's ``current`` set up as in a task."""
+    from metaflow import current
+
+    monkeypatch.setattr(type(current), "is_running_flow", property(lambda self: False))
 
 
-def test_single_node_launcher_is_importable_from_metaflow():
+def test_single_node_launcher_outside_a_step_says_where_it_runs(outside_a_step):
+    with pytest.raises(TorchrunException, match="in a step's code"):
+        compat.TorchrunSingleNodeMultiGPU().run(entrypoint="script.py", nproc_per_node=2)
+
+
+def test_single_node_launcher_is_importable_from_metaflow(outside_a_step):
     from metaflow import TorchrunSingleNodeMultiGPU
 
-    with pytest.raises(TorchrunInvalidArgument, match="num_parallel=1"):
+    with pytest.raises(TorchrunException, match="in a step's code"):
         TorchrunSingleNodeMultiGPU().run(entrypoint="script.py", nproc_per_node=2)
+
+
+def test_single_node_launcher_refuses_an_unknown_encoding():
+    with pytest.raises(TorchrunInvalidArgument, match="args_as"):
+        compat.TorchrunSingleNodeMultiGPU(args_as="0.3")
 
 
 # ------------------------------------------------------------------------- torch

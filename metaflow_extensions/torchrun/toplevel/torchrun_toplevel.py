@@ -6,12 +6,21 @@ __version__ = None
 
 
 class TorchrunSingleNodeMultiGPU:
-    """metaflow-torchrun 0.2's single-node launcher, not provided here: constructing
-    it raises, naming the replacement (a @torchrun step with num_parallel=1)."""
+    """metaflow-torchrun 0.2's single-node launcher, for an ordinary step:
+    ``TorchrunSingleNodeMultiGPU().run(entrypoint="train.py", nproc_per_node=N)``.
+    Imported lazily: Metaflow loads this module while it imports itself."""
 
     def __init__(self, *args, **kwargs):
         from metaflow_extensions.torchrun.plugins.torchrun.compat import (
-            TorchrunSingleNodeMultiGPU as Moved,
+            TorchrunSingleNodeMultiGPU as Launcher,
         )
 
-        Moved(*args, **kwargs)
+        self._launcher = Launcher(*args, **kwargs)
+
+    @property
+    def last_result(self):
+        return self._launcher.last_result
+
+    def run(self, torchrun_args=None, entrypoint=None, entrypoint_args=None, nproc_per_node=None):
+        """0.2's signature and order (torchrun_args first); returns a TorchrunResult."""
+        return self._launcher.run(torchrun_args, entrypoint, entrypoint_args, nproc_per_node)

@@ -58,8 +58,15 @@ def local_control_task_id(task_id: str) -> str:
 
 # Old attribute name -> the attribute that does the same here.
 ATTRIBUTE_ALIASES = {
-    "master_port": "port",
+    # 0.2 passed it to torchrun as its rendezvous port (--master_port and
+    # --rdzv_endpoint): rdzv_port pins that port here. port is the gang's own.
+    "master_port": "rdzv_port",
     "all_nodes_started_timeout": "start_timeout",
+}
+
+
+ALIAS_NOTES = {
+    "master_port": " It pins torchrun's rendezvous port, as in 0.2; @torchrun(port=N) pins the gang service's.",
 }
 
 
@@ -90,7 +97,7 @@ def translate_attributes(attributes: Optional[Mapping[str, Any]]) -> LegacyAttri
         out[new] = value
         result.deprecations.append(
             "@torchrun: %s= is deprecated (metaflow-torchrun 0.2); it is now %s=, "
-            "which this step uses." % (old, new)
+            "which this step uses.%s" % (old, new, ALIAS_NOTES.get(old, ""))
         )
     return result
 
@@ -111,15 +118,27 @@ def legacy_notes(legacy: LegacyAttributes, say: Callable[[str], None], argv: Ite
 
 
 class TorchrunSingleNodeMultiGPU:
-    """metaflow-torchrun 0.2's single-node launcher. Not provided: a ``@torchrun``
-    step entered with ``num_parallel=1`` does the same, supervised."""
+    """metaflow-torchrun 0.2's single-node launcher, for an ordinary step (no
+    ``@parallel``): ``TorchrunSingleNodeMultiGPU().run(entrypoint="train.py",
+    entrypoint_args={...}, nproc_per_node=N)``. Supervised like a
+    ``@torchrun`` call (``runtime/single_node.py``); returns a ``TorchrunResult``.
+    ``args_as="0.2"`` spells a dict of entrypoint_args as 0.2 did."""
 
-    MESSAGE = (
-        "TorchrunSingleNodeMultiGPU (metaflow-torchrun 0.2) is not part of this package. "
-        "Put @torchrun on the step, enter it with self.next(self.<step>, num_parallel=1) "
-        "(one node), and call current.torch.run(entrypoint=..., nproc_per_node=N) in it. "
-        "See 'Coming from metaflow-torchrun 0.2' in the README."
-    )
+    def __init__(self, args_as: str = "ours", label_logs: bool = True) -> None:
+        from .runtime.single_node import SingleNodeLauncher
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        raise TorchrunInvalidArgument(self.MESSAGE)
+        self._launcher = SingleNodeLauncher(args_as=args_as, label_logs=label_logs)
+
+    @property
+    def last_result(self) -> Any:
+        return self._launcher.last_result
+
+    def run(
+        self,
+        torchrun_args: Any = None,
+        entrypoint: Any = None,
+        entrypoint_args: Any = None,
+        nproc_per_node: Any = None,
+    ) -> Any:
+        """0.2's signature and positional order (``torchrun_args`` first)."""
+        return self._launcher.run(torchrun_args, entrypoint, entrypoint_args, nproc_per_node)

@@ -12,9 +12,16 @@ from typing import Any, Dict, Optional
 from metaflow.plugins.parallel_decorator import ParallelDecorator
 from metaflow.unbounded_foreach import UBF_CONTROL
 
-from .runtime.card import attach_card, finish_card, render_card_now
-from .compat import decorator_init_kwargs, legacy_notes, local_control_task_id, meta_datum, translate_attributes
-from .errors import TorchrunInvalidArgument
+from .runtime.card import attach_card, finish_card, render_card_now, skip_render
+from .compat import (
+    decorator_init_kwargs,
+    is_task_process,
+    legacy_notes,
+    local_control_task_id,
+    meta_datum,
+    translate_attributes,
+)
+from .errors import Problems, TorchrunInvalidArgument
 from .gang import secret as gang_secret
 from .handle import TorchrunHandle
 from .gang.identity import GangIdentity
@@ -23,7 +30,10 @@ from .runtime.local_nodes import stop_local_nodes
 from .launch.plan import (
     StepDefaults,
     check_options,
+    legacy_rdzv_port,
     merged_options,
+    none_note,
+    option_names,
     step_timeout,
     validate_hang_timeout,
     validate_nproc,
@@ -31,6 +41,9 @@ from .launch.plan import (
     validate_timeouts,
 )
 from .gang.ports import LOCAL_PORT_ENV, find_free_port, parse_port
+from .launch.command import none_keys
+from .launch.inputs import validate_args_as
+from .launch.resources import NONE as NO_ACCELERATORS
 from .launch.resources import requested_accelerators, small_shm_warning
 from .runtime.result import METADATA_FIELD
 from .runtime.session import GangSession
@@ -50,8 +63,11 @@ class TorchrunDecorator(ParallelDecorator):
         Extra torchrun options, e.g. ``{"max_restarts": 2}``.
     port : int, optional
         The control node's main port, where the gang service listens (default:
-        chosen automatically; ``@kubernetes(port=...)`` on Kubernetes). torchrun's
-        rendezvous port is picked free by the control and announced to the nodes.
+        chosen automatically; ``@kubernetes(port=...)`` on Kubernetes).
+    rdzv_port : int, optional
+        torchrun's rendezvous port on the control node, for every call (default:
+        picked free per call by the control and announced to the nodes).
+        metaflow-torchrun 0.2's ``master_port`` pinned this port.
     heartbeat_timeout : float, default 30
         Seconds of silence after which a node counts as dead and the gang stops.
     start_timeout : float, default 600
@@ -66,6 +82,9 @@ class TorchrunDecorator(ParallelDecorator):
     shutdown_grace : float, default 30
         Seconds the ranks get to stop (save a checkpoint) when the task is told
         to stop with SIGTERM, before SIGKILL; at most the step's ``@timeout``.
+    args_as : str, optional
+        ``"0.2"``: spell a dict of entrypoint_args as metaflow-torchrun 0.2 did
+        (``True`` -> ``--k true``, ``[1, 2]`` -> ``--k "[1, 2]"``). Off by default.
     """
 
     name = "torchrun"
@@ -79,6 +98,8 @@ class TorchrunDecorator(ParallelDecorator):
         "card": True,
         "hang_timeout": None,
         "shutdown_grace": 30,
+        "rdzv_port": None,
+        "args_as": None,
     }
     IS_PARALLEL = True
 
@@ -99,31 +120,63 @@ class TorchrunDecorator(ParallelDecorator):
         super().step_init(
             flow, graph, step_name, decorators, environment, flow_datastore, logger
         )
-        legacy_notes(self._legacy, lambda line: print(line, file=sys.stderr), sys.argv)
+        say = lambda line: print(line, file=sys.stderr)  # noqa: E731
+        problems = Problems()  # one run, every problem
+        problems.check(legacy_notes, self._legacy, say, sys.argv)
         if self._unknown:
-            raise TorchrunInvalidArgument(_unknown_message(self._unknown, self.defaults))
-        require_parallel_entry(graph, step_name)
+            problems.add(_unknown_message(self._unknown, self.defaults))
+        problems.check(require_parallel_entry, graph, step_name)
         nproc = self.attributes.get("nproc_per_node")
         if nproc is not None:
-            validate_nproc(nproc, "@torchrun(nproc_per_node)")
-        if self.attributes.get("torchrun_args") is not None:
-            check_options(merged_options(StepDefaults(torchrun_args=self.attributes["torchrun_args"]), None))
+            problems.check(validate_nproc, nproc, "@torchrun(nproc_per_node)")
+        self._torchrun_args, legacy_port = self.attributes.get("torchrun_args"), None
+        if self._torchrun_args is not None:
+            options = problems.check(merged_options, StepDefaults(torchrun_args=self._torchrun_args), None)
+            pinned = problems.check(legacy_rdzv_port, options, "@torchrun(torchrun_args)") if options else None
+            if pinned is not None:
+                legacy_port, notes = pinned
+                if none_keys(self._torchrun_args):
+                    notes = notes + [none_note(none_keys(self._torchrun_args), "@torchrun(torchrun_args)")]
+                if not is_task_process(sys.argv):
+                    for line in notes:
+                        say(line)
+                self._torchrun_args = options  # 0.2's spellings translated, said once here
+            # Names torchrun does not know, also where a value was refused.
+            problems.check(check_options, options if options is not None else option_names(self._torchrun_args))
         specs = [(deco.name, deco.attributes) for deco in decorators]
-        self._accelerators = requested_accelerators(specs)
+        self._accelerators = problems.check(requested_accelerators, specs) or NO_ACCELERATORS
+        self._port = problems.check(parse_port, self.attributes.get("port"), "@torchrun(port)")
+        self._rdzv_port = problems.check(self._pinned_rdzv_port, legacy_port)
+        problems.check(validate_timeouts, self.attributes.get("heartbeat_timeout"), self.attributes.get("start_timeout"))
+        self._hang_timeout = problems.check(validate_hang_timeout, self.attributes.get("hang_timeout"))
+        self._shutdown_grace = problems.check(
+            validate_shutdown_grace, self.attributes.get("shutdown_grace"), step_timeout(specs))
+        self._args_as = problems.check(validate_args_as, self.attributes.get("args_as"), "@torchrun(args_as)")
+        problems.raise_all()
         self._card = attach_card(decorators) if _truthy(self.attributes["card"]) else None
-        self._decorators = decorators
         warning = small_shm_warning(specs, self._accelerators, nproc)
         if warning:
             # stderr: some commands print machine-readable output on stdout
             # (`argo-workflows create --only-json`).
             print(warning, file=sys.stderr)
-        self._port = parse_port(self.attributes.get("port"), "@torchrun(port)")
-        validate_timeouts(self.attributes.get("heartbeat_timeout"), self.attributes.get("start_timeout"))
-        self._hang_timeout = validate_hang_timeout(self.attributes.get("hang_timeout"))
-        self._shutdown_grace = validate_shutdown_grace(self.attributes.get("shutdown_grace"), step_timeout(specs))
         self._flow_name = flow.name
         self._flow_dir = os.path.dirname(os.path.abspath(sys.argv[0]))
         self._session: Optional[GangSession] = None
+
+    def _pinned_rdzv_port(self, legacy_port: Optional[int]) -> Optional[int]:
+        """``rdzv_port``, or 0.2's ``master_port`` in ``torchrun_args``; never
+        the gang service's own port."""
+        port = parse_port(self.attributes.get("rdzv_port"), "@torchrun(rdzv_port)")
+        if legacy_port is not None and port is not None and legacy_port != port:
+            raise TorchrunInvalidArgument(
+                "@torchrun(rdzv_port=%d) and torchrun_args master_port=%d: both pin torchrun's "
+                "rendezvous port; give only rdzv_port." % (port, legacy_port))
+        port = port if port is not None else legacy_port
+        if port is not None and port == self._port:
+            raise TorchrunInvalidArgument(
+                "@torchrun(port=%d, rdzv_port=%d): the gang service and torchrun's rendezvous "
+                "both listen on the control node and need two ports." % (port, port))
+        return port
 
     def task_pre_step(
         self,
@@ -156,13 +209,13 @@ class TorchrunDecorator(ParallelDecorator):
 
         if ubf_context != UBF_CONTROL and self._card is not None:
             # The card belongs to the control task, which sees the whole gang.
-            # Rendering one on every other node costs each a Metaflow start-up
-            # on its critical path. Metaflow is iterating this list: removing
-            # a card it has not reached yet skips all of its hooks; removing
-            # one it has passed (a user's own @card(id="torchrun") above us)
-            # would make it skip the decorator after us, so that one stays.
-            if _comes_after(self._decorators, self._card, self):
-                self._decorators.remove(self._card)
+            # Rendering one on every other node would cost each a Metaflow
+            # start-up on its critical path. The card decorator stays on the
+            # list: Metaflow counted it at step_init and finalises current.card
+            # only once every counted card has been through task_pre_step, so
+            # taking it off would break every other card of the step (a user's
+            # @card, @model's) on this node. Only its render is skipped.
+            skip_render(self._card)
             self._card = None
         if ubf_context == UBF_CONTROL and is_local_runtime(os.environ):
             # Metaflow spawns the other local nodes from this process after this
@@ -189,8 +242,10 @@ class TorchrunDecorator(ParallelDecorator):
             self._secret = lambda: gang_secret.for_worker(storage, identity, os.environ, start_timeout)
         self._defaults = StepDefaults(
             nproc_per_node=self.attributes.get("nproc_per_node"),
-            torchrun_args=self.attributes.get("torchrun_args"),
+            torchrun_args=self._torchrun_args,
             port=self._port,
+            rdzv_port=self._rdzv_port,
+            args_as=self._args_as or "ours",
             derived_nproc=self._accelerators.nproc,
             heartbeat_timeout=float(self.attributes["heartbeat_timeout"]),
             label_logs=_truthy(self.attributes["label_logs"]),
@@ -300,12 +355,6 @@ class TorchrunDecorator(ParallelDecorator):
             )
         except Exception as e:  # the record must never fail the step
             print("@torchrun: could not store the run's record: %s" % e, file=sys.stderr)
-
-
-def _comes_after(decorators: list, later: Any, earlier: Any) -> bool:
-    """``later`` is in the list after ``earlier`` (compared by identity)."""
-    ids = [id(d) for d in decorators]
-    return id(later) in ids and id(earlier) in ids and ids.index(id(later)) > ids.index(id(earlier))
 
 
 def _truthy(value: Any) -> bool:

@@ -95,3 +95,45 @@ class TorchrunInterrupted(TorchrunException):
     """The step was asked to stop (SIGTERM) while torchrun was running."""
 
     headline = "@torchrun interrupted"
+
+
+def raise_all(problems: List[str]) -> None:
+    """One run, every problem: a flow with several mistakes is refused once,
+    naming each, rather than once per run (on AWS Batch, once per job)."""
+    problems = [p for p in problems if p]
+    if len(problems) == 1:
+        raise TorchrunInvalidArgument(problems[0])
+    if problems:
+        raise TorchrunInvalidArgument(
+            "%d problems:\n%s" % (len(problems), "\n".join("- " + p for p in problems))
+        )
+
+
+class Problems:
+    """Collects ``TorchrunInvalidArgument`` messages from several checks, so
+    that every one of them runs before the step is refused."""
+
+    def __init__(self) -> None:
+        self.messages: List[str] = []
+
+    def check(self, func, *args, **kwargs):
+        """``func(*args, **kwargs)``, or None with its message kept."""
+        try:
+            return func(*args, **kwargs)
+        except TorchrunInvalidArgument as e:
+            self.messages.extend(_split(e.message))
+            return None
+
+    def add(self, message: str) -> None:
+        self.messages.append(message)
+
+    def raise_all(self) -> None:
+        raise_all(self.messages)
+
+
+def _split(message: str) -> List[str]:
+    """A message from ``raise_all`` holds several problems: keep them apart."""
+    lines = message.splitlines()
+    if lines and lines[0].endswith(" problems:") and all(l.startswith("- ") for l in lines[1:]):
+        return [l[2:] for l in lines[1:]]
+    return [message]

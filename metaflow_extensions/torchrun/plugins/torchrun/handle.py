@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import os
+import sys
 from typing import Any, Callable, Optional, Union
 
-from .runtime.call import run_call
+from .launch.inputs import refuse_legacy_call
+from .runtime.single_node import run_plan, say_once
 from .launch.command import ArgSpec
 from .launch.torch_checks import require_torch
 from .errors import TorchrunException
@@ -31,12 +33,14 @@ class TorchrunHandle:
         entrypoint_args: ArgSpec = None,
         nproc_per_node: Optional[Union[int, str]] = None,
         torchrun_args: ArgSpec = None,
+        **legacy: Any,
     ) -> TorchrunResult:
         """Run ``entrypoint`` (a script path, or a module-level function) under
         torchrun on this node, with every other node of the step; return when all
         of this node's ranks succeeded, raise ``TorchrunFailed`` otherwise (for a
         function, the rank's original exception, caused by ``TorchrunFailed``).
         Every node must make the same calls in the same order."""
+        refuse_legacy_call(entrypoint, entrypoint_args, legacy)  # 0.1/0.2 keywords and order
         require_torch()  # no torch / no torch.distributed / too old: say so now
         session = self._session()
         if session is None:
@@ -45,4 +49,6 @@ class TorchrunHandle:
         plan = plan_call(
             entrypoint, entrypoint_args, nproc_per_node, torchrun_args, session.defaults, search
         )
-        return run_call(session, plan)
+        if session.is_control:  # one line per step, not one per node
+            say_once(session.identity.gang_id, plan.notes, lambda line: print(line, file=sys.stderr, flush=True))
+        return run_plan(session, plan)

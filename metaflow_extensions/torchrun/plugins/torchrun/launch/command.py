@@ -8,13 +8,15 @@ quotes, ``$(...)`` and backticks reach the script exactly as given.
 
 from __future__ import annotations
 
+import json
 import math
+import re
 from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
 
-from ..errors import TorchrunInvalidArgument
+from ..errors import Problems, TorchrunInvalidArgument
 from .options import flag_name as _flag
-from .options import none_value_error, scalar as _scalar
+from .options import scalar as _scalar
 from ..gang.config import RDZV_STORE_NODE
 
 ArgSpec = Union[None, Sequence[Any], Mapping[str, Any]]
@@ -27,37 +29,82 @@ AGENT_MODULE = "metaflow_extensions.torchrun.plugins.torchrun.rank.agent"
 # torch's c10d rendezvous waits this long by default (join_timeout).
 TORCH_JOIN_TIMEOUT = 600
 
-def encode_args(args: ArgSpec, what: str = "entrypoint_args") -> List[str]:
+# How a dict of entrypoint_args becomes argv: ours (the default), or
+# metaflow-torchrun 0.2's, for a script that needs it (@torchrun(args_as="0.2")).
+ARGS_STYLES = ("ours", "0.2")
+
+
+def encode_args(args: ArgSpec, what: str = "entrypoint_args", style: str = "ours") -> List[str]:
     """Turn a list (argv as given) or a dict (``--key value`` pairs) into argv.
 
     In a dict, ``True`` is a bare flag, ``False`` drops the option and a list
-    value becomes ``--key a b``. ``None`` is refused: metaflow-torchrun 0.2 made it
-    a bare flag, dropping it would silently change what such code passes.
+    value becomes ``--key a b``. ``None`` is a bare flag too, as in
+    metaflow-torchrun 0.2 (deprecated: the caller says so, ``none_keys``).
+    ``style="0.2"`` spells values as 0.2 did (``legacy_value``). Every bad key
+    is named in one message.
     """
     if args is None:
         return []
     if isinstance(args, Mapping):
         argv: List[str] = []
+        problems = Problems()
         for key, value in args.items():
-            flag = _flag(key, what)
-            if value is None:
-                raise TorchrunInvalidArgument(none_value_error(what, key))
-            if value is True:
-                argv.append(flag)
-            elif value is False:
-                continue
-            elif isinstance(value, (list, tuple)):
-                argv.append(flag)
-                argv.extend(_scalar(v, "%s[%r]" % (what, key)) for v in value)
-            else:
-                argv.extend([flag, _scalar(value, "%s[%r]" % (what, key))])
+            part = problems.check(_encode_item, key, value, what, style)
+            argv.extend(part or [])
+        problems.raise_all()
         return argv
     if isinstance(args, (list, tuple)):
-        return [_scalar(v, what) for v in args]
+        problems = Problems()
+        out = [problems.check(_scalar, v, what) for v in args]
+        problems.raise_all()
+        return [v for v in out if v is not None]
     raise TorchrunInvalidArgument(
         "%s must be a list (argv as given) or a dict ({'key': value} -> --key value), "
         "not %s %r." % (what, type(args).__name__, args)
     )
+
+
+def _encode_item(key: Any, value: Any, what: str, style: str) -> List[str]:
+    flag = _flag(key, what)
+    if style == "0.2":
+        if value is None or value == "":
+            return [flag]
+        return [flag, legacy_value(value, "%s[%r]" % (what, key))]
+    if value is None or value is True:
+        return [flag]
+    if value is False:
+        return []
+    if isinstance(value, (list, tuple)):
+        problems = Problems()
+        items = [problems.check(_scalar, v, "%s[%r]" % (what, key)) for v in value]
+        problems.raise_all()
+        return [flag] + [v for v in items if v is not None]
+    return [flag, _scalar(value, "%s[%r]" % (what, key))]
+
+
+def legacy_value(value: Any, what: str) -> str:
+    """metaflow-torchrun 0.2's spelling of a dict value: its JSON with every
+    double quote removed (``True`` -> ``true``, ``[1, 2]`` -> ``[1, 2]``)."""
+    try:
+        return json.dumps(value).replace('"', "")
+    except (TypeError, ValueError) as e:
+        raise TorchrunInvalidArgument(
+            "%s: cannot pass %r (a %s) as 0.2 did (as JSON): %s." % (what, value, type(value).__name__, e)
+        ) from None
+
+
+def none_keys(args: ArgSpec) -> List[str]:
+    """The keys of a dict whose value is None: a bare flag, as in 0.2 (deprecated)."""
+    if not isinstance(args, Mapping):
+        return []
+    return [str(k) for k, v in args.items() if v is None]
+
+
+def true_keys(args: ArgSpec) -> List[str]:
+    """The keys of a dict given as ``True``: a bare flag here, ``--key true`` in 0.2."""
+    if not isinstance(args, Mapping):
+        return []
+    return [str(k).lstrip("-") for k, v in args.items() if v is True]
 
 
 def options_to_argv(options: Mapping[str, Any]) -> List[str]:
@@ -190,3 +237,20 @@ def build_command(launch: Launch) -> List[str]:
         + options_to_argv(options)
         + ["--module", BOOTSTRAP_MODULE, launch.entrypoint]
     )
+
+
+def argparse_hint(text: str, keys: Sequence[str]) -> Optional[str]:
+    """When a rank's argparse wanted a value for an option we passed as a bare
+    flag because it was given as ``True``: what metaflow-torchrun 0.2 passed
+    instead, and how to keep that. None when the text shows no such refusal."""
+    for key in keys:
+        flag = "--" + key.lstrip("-")
+        pattern = r"argument (?:[^:\s]*/)?%s(?:/[^:\s]*)?: expected (?:one|\d+) argument" % re.escape(flag)
+        if re.search(pattern, text or ""):
+            return (
+                "%s was given as True, which passes a bare %s (right for a store_true flag); the "
+                "script wants a value. metaflow-torchrun 0.2 passed `%s true`: write '%s': 'true' "
+                "to keep that, or @torchrun(args_as=\"0.2\") for 0.2's spelling of every value."
+                % (key, flag, flag, key)
+            )
+    return None

@@ -15,7 +15,7 @@ import warnings
 from typing import Any, Iterable, Mapping, Optional, Tuple
 
 from .command import options_to_argv
-from ..errors import TorchrunInvalidArgument
+from ..errors import TorchrunInvalidArgument, raise_all
 
 # More processes than this on one node is a typo (a GPU count in the wrong
 # unit, an extra zero), not a machine: each rank is a Python process with torch.
@@ -232,3 +232,48 @@ def check_picklable(args: Any) -> None:
             "values (numbers, strings, paths, plain containers); big data belongs in files "
             "or Metaflow artifacts." % (type(e).__name__, e)
         ) from None
+
+
+def validate_args_as(value: Any, source: str) -> str:
+    """``args_as``: how a dict of entrypoint_args is spelled. ``"0.2"`` is
+    metaflow-torchrun 0.2's JSON spelling (``True`` -> ``--k true``), opt-in."""
+    text = "ours" if value is None else str(value).strip()
+    if text not in ("ours", "0.2"):
+        raise TorchrunInvalidArgument(
+            "%s=%r: give \"0.2\" (metaflow-torchrun 0.2's spelling: --k true, --k [1, 2]) or "
+            "leave it out (True is a bare --k, a list is --k a b)." % (source, value)
+        )
+    return text
+
+
+# Keywords older releases' current.torch.run took -> what to do here.
+LEGACY_RUN_KEYWORDS = {
+    "master_port": (
+        "ports belong to the step: @torchrun(port=N) pins the gang service, "
+        "@torchrun(rdzv_port=N) torchrun's rendezvous (what master_port pinned in 0.1 and 0.2)"
+    ),
+    "entrypoint_args_raw": "write entrypoint_args=[...]: a list is argv as given",
+    "push_results_dir_to_cloud": "not provided: save with Metaflow artifacts, @model/@checkpoint or your own code",
+    "local_output_dir": "not provided: save with Metaflow artifacts, @model/@checkpoint or your own code",
+    "cloud_output_dir": "not provided: save with Metaflow artifacts, @model/@checkpoint or your own code",
+}
+RUN_KEYWORDS = ("entrypoint", "entrypoint_args", "nproc_per_node", "torchrun_args")
+
+
+def refuse_legacy_call(entrypoint: Any, entrypoint_args: Any, extra: Mapping[str, Any]) -> None:
+    """Calls written for metaflow-torchrun 0.1/0.2 that cannot mean the same
+    here, refused with what to write instead (not a bare ``TypeError``)."""
+    problems = []
+    for name in extra:
+        reason = LEGACY_RUN_KEYWORDS.get(name)
+        if reason is not None:
+            problems.append("current.torch.run does not take %s= (metaflow-torchrun 0.1/0.2): %s." % (name, reason))
+        else:
+            problems.append("current.torch.run does not take %s=; it takes %s." % (name, ", ".join(RUN_KEYWORDS)))
+    if isinstance(entrypoint, (Mapping, list, tuple)):
+        problems.append(
+            "current.torch.run's first argument is the entrypoint, not %r: metaflow-torchrun 0.2 took "
+            "torchrun_args first (run(torchrun_args, entrypoint, ...)). Write run(entrypoint=%r, "
+            "torchrun_args=...) with keywords." % (entrypoint, entrypoint_args)
+        )
+    raise_all(problems)

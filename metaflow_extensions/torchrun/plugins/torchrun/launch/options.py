@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Any, Dict, List, Mapping, Optional
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
-from ..errors import TorchrunInvalidArgument
+from ..errors import Problems, TorchrunInvalidArgument
 
 ArgSpec = Any  # a list, a tuple, a mapping or None (command.ArgSpec)
 
@@ -96,14 +96,6 @@ def is_pair_list(tokens: List[str]) -> bool:
     return bool(tokens) and not tokens[0].startswith("-")
 
 
-def none_value_error(what: str, key: Any) -> str:
-    return (
-        "%s[%r] is None. Write True for a bare --%s (what metaflow-torchrun 0.2 made "
-        "of None), or False (or no entry) to leave it out."
-        % (what, key, str(key).lstrip("-"))
-    )
-
-
 def empty_option_error(what: str, key: Any) -> str:
     return (
         "%s[%r] is ''. torchrun options take no empty value: write True for a bare "
@@ -147,23 +139,36 @@ def _checked_value(text: str, what: str, name: str) -> str:
     return text
 
 
-def parse_options(args: ArgSpec, what: str = "torchrun_args", check_owned: bool = True) -> Dict[str, Any]:
+def parse_options(
+    args: ArgSpec, what: str = "torchrun_args", check_owned: bool = True, allow: Tuple[str, ...] = ()
+) -> Dict[str, Any]:
     """Read user torchrun options into ``{canonical name: value}``.
 
     Values are what the option should be set to: ``True`` for a bare flag, a
     string, or a list for an option repeated with several values. ``False`` in a
-    dict removes an option the decorator would otherwise set; ``None`` and ``''``
-    are refused (metaflow-torchrun 0.2 made both a bare flag). A list is argv
+    dict removes an option the decorator would otherwise set; ``None`` is a bare
+    flag as in metaflow-torchrun 0.2 (deprecated); ``''`` is refused. A list is argv
     (``["--max-restarts", "2"]``) or, as in 0.2, name/value pairs
     (``["max_restarts", 2]``). Options @torchrun sets itself (``OWNED_OPTIONS``)
-    are refused with the @torchrun way, unless ``check_owned`` is False.
+    are refused with the @torchrun way, unless ``check_owned`` is False or the
+    name is in ``allow`` (the caller translates it); in a dict, before its value
+    is looked at. Every problem is named in one message.
     """
     if args is None:
         return {}
     if isinstance(args, Mapping):
         out: Dict[str, Any] = {}
+        problems = Problems()
         for key, value in args.items():
-            out[_checked_name(key, what)] = _option_value(value, what, key)
+            name = problems.check(_checked_name, key, what)
+            owned = owned_option_error(name, what) if check_owned and name is not None and name not in allow else None
+            if owned:
+                problems.add(owned)  # the @torchrun way, whatever the value
+            elif name is not None:
+                value = problems.check(_option_value, value, what, key)
+                if value is not None:
+                    out[name] = value
+        problems.raise_all()
     elif isinstance(args, (list, tuple)):
         if args and isinstance(args[0], str) and is_pair_list([args[0]]):
             out = _parse_pairs(list(args), what)
@@ -174,13 +179,13 @@ def parse_options(args: ArgSpec, what: str = "torchrun_args", check_owned: bool 
             "%s must be a list or a dict, not %s %r." % (what, type(args).__name__, args)
         )
     if check_owned:
-        refuse_owned(out, what)
+        refuse_owned({k: v for k, v in out.items() if k not in allow}, what)
     return out
 
 
 def _option_value(value: Any, what: str, key: Any) -> Any:
-    if value is None:
-        raise TorchrunInvalidArgument(none_value_error(what, key))
+    if value is None:  # metaflow-torchrun 0.2's bare flag (deprecated, see plan.py)
+        return True
     if value is True or value is False:
         return value
     if isinstance(value, (list, tuple)):

@@ -12,11 +12,11 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Union
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from ..rank import bootstrap, functions
-from .command import ArgSpec, encode_args, restarts_allowed  # noqa: F401 (call.py)
-from .options import parse_options
+from .command import ArgSpec, encode_args, none_keys, restarts_allowed, true_keys  # noqa: F401 (call.py)
+from .options import canonical_option, parse_options
 from .torch_checks import known_torchrun_options
 from .inputs import (
     check_arguments,
@@ -30,7 +30,8 @@ from .inputs import (
     step_timeout,  # noqa: F401
     validate_timeouts,  # noqa: F401
 )
-from ..errors import TorchrunInvalidArgument
+from ..errors import Problems, TorchrunInvalidArgument
+from ..gang.ports import parse_port
 from .resources import NONE as NO_ACCELERATORS
 from .resources import Accelerators
 
@@ -57,6 +58,10 @@ class StepDefaults:
     label_logs: bool = True
     hang_timeout: Optional[float] = None
     shutdown_grace: float = 30.0
+    # torchrun's rendezvous port on the control; None: picked free per call.
+    rdzv_port: Optional[int] = None
+    # How a dict of entrypoint_args is spelled (command.ARGS_STYLES).
+    args_as: str = "ours"
 
 
 @dataclass(frozen=True)
@@ -70,6 +75,12 @@ class CallPlan:
     function_args: Any
     nproc: Union[int, str]
     options: Dict[str, Any] = field(default_factory=dict)
+    rdzv_port: Optional[int] = None  # pinned; None: the gang's pick
+    # Keys of a dict given as True (a bare flag here, "--key true" in 0.2): named
+    # when a rank's argparse wanted a value for one (compat.argparse_hint).
+    true_keys: Tuple[str, ...] = ()
+    # Deprecation lines for metaflow-torchrun 0.2 spellings, said once per step.
+    notes: Tuple[str, ...] = ()
 
 
 def validate_nproc(value: Any, source: str) -> Union[int, str]:
@@ -159,10 +170,60 @@ def check_options(options: Mapping[str, Any]) -> None:
         )
 
 
+# metaflow-torchrun 0.2's torchrun option for the port its rendezvous listened
+# on: accepted in torchrun_args as the rendezvous port, with a deprecation line.
+LEGACY_PORT_OPTION = "master-port"
+
+
 def merged_options(defaults: StepDefaults, call_args: ArgSpec) -> Dict[str, Any]:
-    options = parse_options(defaults.torchrun_args, "@torchrun(torchrun_args)")
-    options.update(parse_options(call_args, "torchrun_args"))
+    """The step's and the call's torchrun options, the call's winning; both
+    read in full, so that every problem in either is named at once. May hold
+    ``LEGACY_PORT_OPTION`` (``legacy_rdzv_port`` takes it out)."""
+    problems = Problems()
+    allow = (LEGACY_PORT_OPTION,)
+    step = problems.check(parse_options, defaults.torchrun_args, "@torchrun(torchrun_args)", allow=allow)
+    call = problems.check(parse_options, call_args, "torchrun_args", allow=allow)
+    problems.raise_all()
+    options = dict(step or {})
+    options.update(call or {})
     return options
+
+
+def option_names(args: ArgSpec) -> Dict[str, Any]:
+    """The option names of a dict of torchrun_args, whatever their values: so
+    that an unknown name is reported with a refused value, in one message."""
+    if not isinstance(args, Mapping):
+        return {}
+    return {canonical_option(k): True for k in args if isinstance(k, str) and k.strip("-")}
+
+
+def legacy_rdzv_port(options: Dict[str, Any], where: str) -> Tuple[Optional[int], List[str]]:
+    """Take 0.2's ``master_port`` out of ``options``: it pinned the port
+    torchrun's rendezvous listened on, which ``@torchrun(rdzv_port=N)`` pins
+    here. Returns the port and the deprecation line."""
+    if LEGACY_PORT_OPTION not in options:
+        return None, []
+    value = options.pop(LEGACY_PORT_OPTION)
+    port = parse_port(value if value is not True else "", "%s master_port" % where)
+    if port is None:
+        raise TorchrunInvalidArgument("%s master_port=%r: give a port number." % (where, value))
+    return port, [legacy_port_note(where, port)]
+
+
+def legacy_port_note(where: str, port: int) -> str:
+    return (
+        "@torchrun: %s master_port=%d is deprecated (metaflow-torchrun 0.2); it pins torchrun's "
+        "rendezvous port, as in 0.2: write @torchrun(rdzv_port=%d). The gang service's port is "
+        "@torchrun(port=N)." % (where, port, port)
+    )
+
+
+def none_note(keys: Sequence[str], what: str) -> str:
+    return (
+        "@torchrun: %s: None for a bare flag is deprecated (metaflow-torchrun 0.2): %s passed as "
+        "bare flag%s; write True." % (what, ", ".join("--" + k.lstrip("-") for k in keys),
+                                       "s" if len(keys) > 1 else "")
+    )
 
 
 def function_reference(entrypoint: Any, args: Any) -> Optional[functions.FunctionRef]:
@@ -186,18 +247,30 @@ def plan_call(
     defaults: StepDefaults,
     search_dirs: Sequence[str],
 ) -> CallPlan:
-    """Resolve a call's arguments; raise ``TorchrunInvalidArgument`` on any."""
-    function = function_reference(entrypoint, entrypoint_args)
+    """Resolve a call's arguments; raise one ``TorchrunInvalidArgument``
+    naming every problem found."""
+    problems = Problems()
+    function = problems.check(function_reference, entrypoint, entrypoint_args)
     script: Optional[str] = None
     entry_argv: List[str] = []
-    if function is None:
-        script = resolve_entrypoint(entrypoint, search_dirs)
-        entry_argv = encode_args(entrypoint_args, "entrypoint_args")
-        check_arguments(entry_argv)
-    options = merged_options(defaults, torchrun_args)
-    check_options(options)
-    check_command_size(options, os.environ)
-    nproc = resolve_nproc(nproc_per_node, options, defaults)
+    notes: List[str] = []
+    if function is None and not problems.messages:
+        script = problems.check(resolve_entrypoint, entrypoint, search_dirs)
+        entry_argv = problems.check(encode_args, entrypoint_args, "entrypoint_args", defaults.args_as) or []
+        problems.check(check_arguments, entry_argv)
+        if none_keys(entrypoint_args):
+            notes.append(none_note(none_keys(entrypoint_args), "entrypoint_args"))
+    options = problems.check(merged_options, defaults, torchrun_args) or {}
+    for source, args in (("@torchrun(torchrun_args)", defaults.torchrun_args), ("torchrun_args", torchrun_args)):
+        if none_keys(args):
+            notes.append(none_note(none_keys(args), source))
+    pinned = problems.check(legacy_rdzv_port, options, "torchrun_args")
+    rdzv_port, port_notes = pinned if pinned is not None else (None, [])
+    notes.extend(port_notes)
+    problems.check(check_options, options)
+    problems.check(check_command_size, options, os.environ)
+    nproc = problems.check(resolve_nproc, nproc_per_node, options, defaults)
+    problems.raise_all()
     options.pop("nproc-per-node", None)  # resolved above, with its precedence
     name = function.qualname if function is not None else os.path.basename(script or "")
     return CallPlan(
@@ -206,8 +279,11 @@ def plan_call(
         entry_argv=entry_argv,
         function=function,
         function_args=entrypoint_args,
-        nproc=nproc,
+        nproc=nproc if nproc is not None else 1,
         options=options,
+        rdzv_port=rdzv_port if rdzv_port is not None else defaults.rdzv_port,
+        true_keys=tuple(true_keys(entrypoint_args)) if function is None and defaults.args_as != "0.2" else (),
+        notes=tuple(notes),
     )
 
 

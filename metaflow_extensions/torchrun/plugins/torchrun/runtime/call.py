@@ -109,6 +109,8 @@ class CallRun:
         self.rdzv_port = client.enter_call(self.index, self.plan.entry_name)
         if self.rdzv_port is None:
             raise self._aborted()
+        if self.plan.rdzv_port is not None:  # pinned (@torchrun(rdzv_port=N)): every node has it
+            self.rdzv_port = self.plan.rdzv_port
 
     def prepare(self) -> Dict[str, str]:
         topology = self.session.topology

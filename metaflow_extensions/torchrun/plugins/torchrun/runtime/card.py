@@ -312,7 +312,7 @@ def render_in_task(deco: Any, attempt: int) -> bool:
     try:
         _check_renderable(deco)
         _render_and_save(deco, attempt)
-        _skip_metaflow_render(deco)
+        skip_render(deco)
         return True
     except Exception as e:
         setattr(deco, _FAILED_ATTR, True)
@@ -406,7 +406,7 @@ def _register_card_info(deco: Any, attempt: int) -> None:
     )
 
 
-def _skip_metaflow_render(deco: Any) -> None:
+def skip_render(deco: Any) -> None:
     """Metaflow calls the card decorator's ``task_finished`` after ours and
     renders the card there. Removing the decorator from the step's list while
     Metaflow iterates that list (for task_post_step or task_exception) would

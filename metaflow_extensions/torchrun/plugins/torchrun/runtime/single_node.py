@@ -1,0 +1,174 @@
+"""One node, no ``@parallel``: metaflow-torchrun 0.2's ``TorchrunSingleNodeMultiGPU``
+on this package's runtime.
+
+0.2 used it in an ordinary step to run ``torchrun --nproc_per_node N script
+args``. Here the call is planned, supervised and reported exactly as a
+``current.torch.run`` call on a gang of one node: the same plan (argument
+encoding, nproc from the step's GPUs), the same supervisor (rank-labelled logs,
+nothing left behind on any ending) and the same root-cause report. The gang
+service of one node costs a loopback socket; it is what the call's phases
+(``call.py``) are written against, so no second launcher exists.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import sys
+from typing import Any, Callable, Iterable, List, Mapping, Optional, Set, Tuple
+
+from ..errors import GangAborted, TorchrunException, TorchrunFailed
+from ..gang.identity import GangIdentity
+from ..gang.ports import find_free_port
+from ..gang.secret import make_secret
+from ..gang.topology import Topology
+from ..launch.command import ArgSpec, argparse_hint
+from ..launch.plan import CallPlan, StepDefaults, plan_call, validate_shutdown_grace, step_timeout
+from ..launch.resources import requested_accelerators
+from ..launch.torch_checks import require_torch
+from .call import run_call
+from .result import TorchrunResult
+from .session import GangSession
+
+# Lines said once per step of a run (pathspec, text), however many calls.
+_said: Set[Tuple[str, str]] = set()
+_sessions = itertools.count()
+
+
+def say_once(key: str, lines: Iterable[str], say: Callable[[str], None]) -> None:
+    """Deprecation lines: once per step, not once per call."""
+    for line in lines:
+        if (key, line) not in _said:
+            _said.add((key, line))
+            say(line)
+
+
+def run_plan(session: GangSession, plan: CallPlan) -> TorchrunResult:
+    """``run_call``, with the one thing the plan knows that the call does not:
+    a rank whose argparse wanted a value for a key given as ``True`` is told
+    what metaflow-torchrun 0.2 passed instead."""
+    try:
+        return run_call(session, plan)
+    except (TorchrunFailed, GangAborted) as e:
+        add_argparse_hint(e, plan.true_keys)
+        raise
+    except BaseException as e:
+        cause = e.__cause__
+        if isinstance(cause, (TorchrunFailed, GangAborted)):  # a function's own exception
+            add_argparse_hint(cause, plan.true_keys)
+        raise
+
+
+def add_argparse_hint(error: TorchrunException, keys: Tuple[str, ...]) -> None:
+    if not keys:
+        return
+    text = error.message
+    for failure in getattr(error, "failures", None) or []:
+        text += "\n%s\n%s" % (failure.message, failure.traceback)
+    cause = getattr(error, "cause", None)
+    if cause is not None:
+        text += "\n%s\n%s" % (cause.message or "", cause.traceback or "")
+    hint = argparse_hint(text, keys)
+    if hint:
+        error.message = "%s\n\n%s" % (error.message, hint)
+
+
+def step_decorator_specs(flow_name: str, step_name: str) -> List[Tuple[str, Mapping[str, Any]]]:
+    """(name, attributes) of the running step's decorators, those attached with
+    ``--with`` included: read from the flow class in ``__main__``, the flow
+    file Metaflow runs the task from. Empty where it cannot be found."""
+    main = sys.modules.get("__main__")
+    for value in list(vars(main).values()) if main is not None else []:
+        if isinstance(value, type) and value.__name__ == flow_name:
+            func = getattr(value, step_name, None)
+            return [(d.name, dict(d.attributes)) for d in getattr(func, "decorators", None) or []]
+    return []
+
+
+def _say(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+class SingleNodeLauncher:
+    """``TorchrunSingleNodeMultiGPU().run(entrypoint=..., entrypoint_args=...,
+    nproc_per_node=N)``: in any step, with or without ``@torchrun``."""
+
+    def __init__(
+        self,
+        args_as: str = "ours",
+        label_logs: bool = True,
+        heartbeat_timeout: float = 30.0,
+        start_timeout: float = 600.0,
+        shutdown_grace: float = 30.0,
+    ) -> None:
+        from ..launch.inputs import validate_args_as, validate_timeouts
+
+        self._args_as = validate_args_as(args_as, "TorchrunSingleNodeMultiGPU(args_as)")
+        validate_timeouts(heartbeat_timeout, start_timeout)
+        self._label_logs = bool(label_logs)
+        self._heartbeat_timeout = float(heartbeat_timeout)
+        self._start_timeout = float(start_timeout)
+        self._shutdown_grace = shutdown_grace
+        self.last_result: Optional[TorchrunResult] = None
+
+    def run(
+        self,
+        torchrun_args: ArgSpec = None,
+        entrypoint: Any = None,
+        entrypoint_args: ArgSpec = None,
+        nproc_per_node: Any = None,
+    ) -> TorchrunResult:
+        """0.2's order: ``torchrun_args`` first. Runs ``entrypoint`` on this node
+        under torchrun; returns the ``TorchrunResult``, raises ``TorchrunFailed``
+        with the root cause when a rank fails."""
+        from metaflow import current
+
+        if not current.is_running_flow or current.step_name is None:
+            raise TorchrunException("TorchrunSingleNodeMultiGPU().run can only be called in a step's code.")
+        if entrypoint is None:
+            raise TorchrunException(
+                "TorchrunSingleNodeMultiGPU().run(entrypoint=...) is required: a script path or a function.")
+        require_torch()
+        specs = step_decorator_specs(current.flow_name, current.step_name)
+        accelerators = requested_accelerators(specs)
+        defaults = StepDefaults(
+            derived_nproc=accelerators.nproc,
+            accelerators=accelerators,
+            heartbeat_timeout=self._heartbeat_timeout,
+            start_timeout=self._start_timeout,
+            label_logs=self._label_logs,
+            shutdown_grace=validate_shutdown_grace(self._shutdown_grace, step_timeout(specs)),
+            args_as=self._args_as,
+        )
+        flow_dir = os.path.dirname(os.path.abspath(sys.argv[0]))
+        plan = plan_call(entrypoint, entrypoint_args, nproc_per_node, torchrun_args, defaults,
+                         [os.getcwd(), flow_dir])
+        say_once(current.pathspec or "", plan.notes, _say)
+        session = GangSession(self._identity(current), defaults, _one_node(), flow_dir, secret=make_secret())
+        session.join()
+        try:
+            result = run_plan(session, plan)
+        except BaseException as e:
+            session.step_failed(e)
+            raise
+        else:
+            session.step_succeeded()
+        finally:
+            session.close()
+        self.last_result = result
+        return result
+
+    @staticmethod
+    def _identity(current: Any) -> GangIdentity:
+        # A gang of its own per call: calls never share a rendezvous id or files.
+        return GangIdentity(
+            flow_name=str(current.flow_name),
+            run_id=str(current.run_id),
+            step_name=str(current.step_name),
+            control_task_id="%s-single%d" % (current.task_id, next(_sessions)),
+            attempt=int(current.retry_count or 0),
+        )
+
+
+def _one_node() -> Topology:
+    return Topology(num_nodes=1, node_index=0, main_addr="127.0.0.1", ports=(find_free_port(),), is_local=True)

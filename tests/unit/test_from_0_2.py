@@ -1,0 +1,113 @@
+"""Pure parts of running metaflow-torchrun 0.2 code (issue 25): master_port,
+one message for every problem, 0.1/0.2 calls, the single-node launcher's pieces."""
+
+import pytest
+
+from metaflow_extensions.torchrun.plugins.torchrun.errors import Problems, TorchrunInvalidArgument, raise_all
+from metaflow_extensions.torchrun.plugins.torchrun.launch import plan
+from metaflow_extensions.torchrun.plugins.torchrun.launch.inputs import refuse_legacy_call, validate_args_as
+from metaflow_extensions.torchrun.plugins.torchrun.runtime import single_node
+
+
+def test_master_port_pins_the_rendezvous_port_with_one_line():
+    options = {"master-port": "41000", "max-restarts": "0"}
+    port, notes = plan.legacy_rdzv_port(options, "torchrun_args")
+    assert port == 41000 and options == {"max-restarts": "0"}
+    assert len(notes) == 1 and "@torchrun(rdzv_port=41000)" in notes[0]
+
+
+@pytest.mark.parametrize("value", ["x", True, "70000"])
+def test_a_bad_master_port_is_named(value):
+    with pytest.raises(TorchrunInvalidArgument, match="master_port"):
+        plan.legacy_rdzv_port({"master-port": value}, "torchrun_args")
+
+
+def test_plan_call_names_every_problem_at_once(tmp_path):
+    with pytest.raises(TorchrunInvalidArgument) as e:
+        plan.plan_call("missing.py", {"a": object()}, 0, {"nnodes": 2, "max_restarts": ""},
+                       plan.StepDefaults(), [str(tmp_path)])
+    msg = str(e.value)
+    assert "problems" in msg and "missing.py" in msg and "--nnodes" in msg and "['max_restarts']" in msg, msg
+
+
+def test_plan_call_carries_master_port_none_notes_and_true_keys(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text("print(1)\n")
+    planned = plan.plan_call(str(script), {"bf16": True, "resume": None}, 1, {"master_port": 41001},
+                             plan.StepDefaults(), [str(tmp_path)])
+    assert planned.entry_argv == ["--bf16", "--resume"]
+    assert planned.rdzv_port == 41001 and "master-port" not in planned.options
+    assert planned.true_keys == ("bf16",)
+    assert len(planned.notes) == 2
+
+
+def test_args_as_0_2_spells_values_and_needs_no_hint(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text("print(1)\n")
+    planned = plan.plan_call(str(script), {"bf16": True, "sizes": [1, 2]}, 1, None,
+                             plan.StepDefaults(args_as="0.2"), [str(tmp_path)])
+    assert planned.entry_argv == ["--bf16", "true", "--sizes", "[1, 2]"] and planned.true_keys == ()
+
+
+def test_validate_args_as():
+    assert validate_args_as(None, "x") == "ours" and validate_args_as(" 0.2 ", "x") == "0.2"
+    with pytest.raises(TorchrunInvalidArgument, match="0.2"):
+        validate_args_as("json", "x")
+
+
+@pytest.mark.parametrize(
+    "entrypoint, args, extra, needle",
+    [
+        ("t.py", None, {"master_port": 1}, "@torchrun(port=N) pins the gang service"),
+        ("t.py", None, {"entrypoint_args_raw": []}, "entrypoint_args=[...]"),
+        ("t.py", None, {"local_output_dir": "x"}, "@model/@checkpoint"),
+        ("t.py", None, {"bogus": 1}, "it takes entrypoint, entrypoint_args"),
+        ({"nproc_per_node": 2}, "t.py", {}, "0.2 took torchrun_args first"),
+    ],
+)
+def test_0_1_and_0_2_calls_are_refused_with_what_to_write(entrypoint, args, extra, needle):
+    with pytest.raises(TorchrunInvalidArgument, match=needle.replace("(", r"\(").replace(")", r"\)")
+                       .replace("[", r"\[").replace("]", r"\]").replace(".", r"\.")):
+        refuse_legacy_call(entrypoint, args, extra)
+
+
+def test_a_modern_call_passes():
+    refuse_legacy_call("t.py", {"a": 1}, {})
+    refuse_legacy_call(print, [1], {})
+
+
+def test_problems_collect_and_flatten():
+    problems = Problems()
+    problems.check(raise_all, ["a", "b"])
+    problems.add("c")
+    assert problems.check(lambda: 5) == 5
+    with pytest.raises(TorchrunInvalidArgument) as e:
+        problems.raise_all()
+    assert str(e.value).endswith("3 problems:\n- a\n- b\n- c")
+    raise_all([])  # nothing to say
+
+
+def test_deprecation_lines_are_said_once_per_step():
+    said = []
+    single_node.say_once("flow/1/train/2", ["x", "y"], said.append)
+    single_node.say_once("flow/1/train/2", ["x"], said.append)
+    single_node.say_once("flow/1/train/3", ["x"], said.append)
+    assert said == ["x", "y", "x"]
+
+
+def test_the_steps_decorators_are_read_from_the_flow_in_main(monkeypatch):
+    import sys
+    import types
+
+    class Deco:
+        name, attributes = "resources", {"gpu": 2}
+
+    def train(self):
+        pass
+
+    train.decorators = [Deco()]
+    main = types.ModuleType("__main__")
+    main.MyFlow = type("MyFlow", (), {"train": train})
+    monkeypatch.setitem(sys.modules, "__main__", main)
+    assert single_node.step_decorator_specs("MyFlow", "train") == [("resources", {"gpu": 2})]
+    assert single_node.step_decorator_specs("OtherFlow", "train") == []
