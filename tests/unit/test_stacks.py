@@ -163,10 +163,29 @@ class TestReading:
     def test_garbage_is_read_as_no_frame(self, text):
         assert stacks.where(1, text).lines() == ["rank 1: no Python frame in its dump"]
 
-    def test_summary_is_bounded(self):
-        text = stacks.summarize({r: DUMP for r in range(40)}, base="/work", limit=3)
-        assert text.count("rank ") == 3 and "... and 37 more ranks" in text
+    def test_summary_groups_ranks_at_the_same_place(self):
+        text = stacks.summarize({r: DUMP for r in range(40)}, base="/work")
+        lines = text.splitlines()
+        assert lines[1] == "  ranks 0-39 (40): train.py:42 in step"
+        assert lines[2] == "      innermost: torch/distributed/distributed_c10d.py:2950 in all_reduce"
+        assert len(lines) == 3
         assert stacks.summarize({}) == ""
+
+    def test_summary_at_8192_ranks_is_short_odd_ones_first_every_place_named(self):
+        odd = {17: DUMP.replace("line 42 in step", "line 77 in step"),
+               4000: DUMP.replace("line 42 in step", "line 91 in evaluate")}
+        dumps = {r: odd.get(r, DUMP) for r in range(8192)}
+        lines = stacks.summarize(dumps, base="/work").splitlines()
+        assert len(lines) <= 40
+        assert lines[1] == "  rank 17: train.py:77 in step"
+        assert lines[3] == "  rank 4000: train.py:91 in evaluate"
+        assert lines[5] == "  ranks 0-16, 18-3999, 4001-8191 (8190): train.py:42 in step"
+
+    def test_summary_with_more_places_than_it_shows_counts_the_rest(self):
+        dumps = {r: DUMP.replace("line 42 in step", "line %d in step" % (100 + r)) for r in range(8192)}
+        lines = stacks.summarize(dumps, base="/work", limit=12).splitlines()
+        assert len(lines) <= 40
+        assert lines[-1] == "  ... and 8180 more places (8180 ranks)"
 
 
 class TestWire:

@@ -15,6 +15,8 @@ import time
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
+from .rank.ranges import numbers
+
 # Text fields from the wire are cut to these many characters.
 MAX_TEXT = 4000
 MAX_TRACEBACK = 64 * 1024
@@ -127,31 +129,5 @@ def _is_real(value: Any) -> bool:
 
 
 def plural(items: List[int], noun: str = "node", cap: int = 16) -> str:
-    """``nodes 1, 4-9, 12``: runs of three or more as a range, and at most
-    ``cap`` pieces, so a message about 4,000 nodes stays one short line."""
-    pieces = spans(items)
-    text = ", ".join(pieces[:cap])
-    if len(pieces) > cap:
-        text += " and %d more" % sum(_span_size(p) for p in pieces[cap:])
-    return "%s%s %s" % (noun, "s" if len(items) != 1 else "", text)
-
-
-def spans(items: List[int]) -> List[str]:
-    out: List[str] = []
-    ordered = sorted(set(items))
-    i = 0
-    while i < len(ordered):
-        j = i
-        while j + 1 < len(ordered) and ordered[j + 1] == ordered[j] + 1:
-            j += 1
-        if j - i >= 2:
-            out.append("%d-%d" % (ordered[i], ordered[j]))
-        else:
-            out.extend(str(v) for v in ordered[i:j + 1])
-        i = j + 1
-    return out
-
-
-def _span_size(piece: str) -> int:
-    low, _, high = piece.partition("-")
-    return int(high) - int(low) + 1 if high else 1
+    """``nodes 1, 4-9, 12``: a message about 4,000 nodes stays one short line."""
+    return "%s%s %s" % (noun, "s" if len(items) != 1 else "", numbers(items, cap))

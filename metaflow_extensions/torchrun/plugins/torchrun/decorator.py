@@ -45,7 +45,7 @@ from .launch.command import none_keys
 from .launch.inputs import validate_args_as
 from .launch.resources import NONE as NO_ACCELERATORS
 from .launch.resources import requested_accelerators, small_shm_warning
-from .runtime.result import METADATA_FIELD
+from .runtime.result import METADATA_FIELD, REPORT_ARTIFACT
 from .runtime.session import GangSession
 from .gang.topology import is_local_runtime, topology_from
 
@@ -303,7 +303,7 @@ class TorchrunDecorator(ParallelDecorator):
 
     def task_post_step(self, step_name, flow, graph, retry_count, max_user_code_retries):
         super().task_post_step(step_name, flow, graph, retry_count, max_user_code_retries)
-        self._record_result(retry_count)
+        self._record_result(flow, retry_count)
 
     def task_exception(
         self, exception, step_name, flow, graph, retry_count, max_user_code_retries
@@ -311,7 +311,7 @@ class TorchrunDecorator(ParallelDecorator):
         handled = super().task_exception(
             exception, step_name, flow, graph, retry_count, max_user_code_retries
         )
-        self._record_result(retry_count)
+        self._record_result(flow, retry_count)
         return handled
 
     def task_finished(
@@ -325,13 +325,22 @@ class TorchrunDecorator(ParallelDecorator):
         if not is_task_ok and self._card is not None:
             render_card_now(self._card, retry_count)
 
-    def _record_result(self, retry_count: int) -> None:
+    def _record_result(self, flow: Any, retry_count: int) -> None:
         """Keep the run's record as task metadata: readable after the run with
-        ``Task(...).metadata_dict["torchrun-result"]``. The card is rendered
-        here, in the task, rather than by Metaflow in a subprocess after it."""
-        result = self._session.last_result if self._session is not None else None
-        if result is None:
+        ``Task(...).metadata_dict["torchrun-result"]``, bounded in size. On the
+        control, the full report of every call (every rank's stack and output
+        tail) is the artifact ``torchrun_report`` when the record leaves any of
+        it out. The card is rendered here, in the task, rather than by Metaflow
+        in a subprocess after it."""
+        session = self._session
+        result = session.last_result if session is not None else None
+        if result is None or session is None:
             return
+        _, run_id, step_name, task_id = self._metadata
+        record = result.to_json("artifact %s of %s/%s/%s/%s" % (
+            REPORT_ARTIFACT, self._flow_name, run_id, step_name, task_id))
+        if session.is_control and (result.stacks or '"compacted": true' in record):
+            setattr(flow, REPORT_ARTIFACT, [r.to_dict() for r in session.results])
         if self._card is not None and finish_card(
             self._card, result, self._flow_name, self._accelerators, retry_count
         ):
@@ -347,7 +356,7 @@ class TorchrunDecorator(ParallelDecorator):
                 [
                     MetaDatum(
                         field=METADATA_FIELD,
-                        value=result.to_json(),
+                        value=record,
                         type=METADATA_FIELD,
                         tags=["attempt_id:%d" % retry_count],
                     )

@@ -24,6 +24,8 @@ import time
 from dataclasses import dataclass
 from typing import IO, Dict, Iterable, List, Mapping, Optional, Tuple
 
+from .ranges import numbers
+
 # Real-time, like the gang's interrupt: SIGUSR1/2 belong to user code (SLURM-style
 # checkpoint triggers), and a real-time signal nobody handles would kill a rank,
 # which is why the bootstrap registers it before the user's code runs.
@@ -34,8 +36,9 @@ COLLECT_SECONDS = 1.0
 # A rank's dump is cut to this many bytes (faulthandler prints at most 100
 # frames per thread, but a rank may have hundreds of threads).
 MAX_STACK_BYTES = 16 * 1024
-# The failure message shows this many ranks; the card and the record show all.
-SUMMARY_RANKS = 16
+# The failure message shows this many places (ranks grouped by where they
+# were); the card and the full report show every rank.
+SUMMARY_PLACES = 12
 
 _SUFFIX = ".stacks.txt"
 _FRAME = re.compile(r'^\s+File "(?P<file>.*)", line (?P<line>\d+) in (?P<func>.*)$')
@@ -235,17 +238,22 @@ class RankWhere:
     innermost: Optional[Frame]
     threads: int
 
-    def lines(self, base: Optional[str] = None) -> List[str]:
+    def place(self, base: Optional[str] = None) -> Tuple[str, ...]:
+        """What the message says of it, without the rank: ranks at the same
+        place are told once."""
         if self.user is None and self.innermost is None:
-            return ["rank %d: no Python frame in its dump" % self.rank]
+            return ("no Python frame in its dump",)
         top = self.user or self.innermost
         assert top is not None
-        first = "rank %d: %s" % (self.rank, top.where(base))
         code = top.source()
-        out = [first + (": %s" % code if code else "")]
+        out = [top.where(base) + (": %s" % code if code else "")]
         if self.innermost is not None and self.innermost != top:
             out.append("    innermost: %s" % self.innermost.where(base))
-        return out
+        return tuple(out)
+
+    def lines(self, base: Optional[str] = None) -> List[str]:
+        first, *rest = self.place(base)
+        return ["rank %d: %s" % (self.rank, first)] + rest
 
 
 def where(rank: int, text: str) -> RankWhere:
@@ -256,17 +264,30 @@ def where(rank: int, text: str) -> RankWhere:
     return RankWhere(rank, user, frames[0] if frames else None, len(threads))
 
 
-def summarize(stacks: Mapping[int, str], base: Optional[str] = None, limit: int = SUMMARY_RANKS) -> str:
-    """The few lines of a failure message: where each rank was."""
+def group(stacks: Mapping[int, str], base: Optional[str] = None) -> List[Tuple[Tuple[str, ...], List[int]]]:
+    """Ranks by place, the odd ones out first (smallest groups, then lowest rank)."""
+    places: Dict[Tuple[str, ...], List[int]] = {}
+    for rank in sorted(stacks):
+        places.setdefault(where(rank, stacks[rank]).place(base), []).append(rank)
+    return sorted(places.items(), key=lambda item: (len(item[1]), item[1][0]))
+
+
+def summarize(stacks: Mapping[int, str], base: Optional[str] = None, limit: int = SUMMARY_PLACES,
+              full: str = "the card and the result record") -> str:
+    """The few lines of a failure message: where the ranks were, grouped by
+    place, at most ``limit`` places (about 30 lines, whatever the gang's size)."""
     if not stacks:
         return ""
-    ranks = sorted(stacks)
-    lines = ["Where the ranks were when they were stopped (innermost frame of your code first; "
-             "full stacks in the card and the result record):"]
-    for rank in ranks[:limit]:
-        lines.extend("  " + line for line in where(rank, stacks[rank]).lines(base))
-    if len(ranks) > limit:
-        lines.append("  ... and %d more ranks" % (len(ranks) - limit))
+    groups = group(stacks, base)
+    lines = ["Where the ranks were when they were stopped (innermost frame of your code first; odd ones out "
+             "first; every rank's full stack: %s):" % full]
+    for place, ranks in groups[:limit]:
+        label = "rank %d" % ranks[0] if len(ranks) == 1 else "ranks %s (%d)" % (numbers(ranks), len(ranks))
+        lines.append("  %s: %s" % (label, place[0]))
+        lines.extend("  " + line for line in place[1:])
+    rest = groups[limit:]
+    if rest:
+        lines.append("  ... and %d more places (%d ranks)" % (len(rest), sum(len(r) for _, r in rest)))
     return "\n".join(lines)
 
 

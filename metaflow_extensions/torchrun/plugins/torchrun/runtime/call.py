@@ -32,7 +32,7 @@ from ..rank.failures import (
 from ..host.network import interface_of
 from ..launch.plan import CallPlan, rank_environment, restarts_allowed
 from ..launch.resources import check_visible_devices
-from .result import TorchrunResult, read_rank_records
+from .result import FULL_REPORT_HINT, TorchrunResult, read_rank_records
 from .session import GangSession, local_address, say
 from .supervisor import Supervisor
 from ..host.workdirs import CallFiles, rank_log_path
@@ -177,7 +177,7 @@ class CallRun:
             # to word, so where the ranks were goes to the log.
             self._share_stacks()
             if self.stacks:
-                say(stacks.summarize(self.stacks))
+                say(stacks.summarize(self.stacks, full=FULL_REPORT_HINT))
             raise
         finally:
             client.quiet = None
@@ -219,7 +219,7 @@ class CallRun:
         cause = client.cause or self._own_cause()
         self._gather_stacks()
         self.session.announce(cause)
-        where = stacks.summarize(self.stacks)
+        where = stacks.summarize(self.stacks, full=FULL_REPORT_HINT)
         if cause.kind is CauseKind.RANK_FAILED and cause.node_index == self.node_index:
             self.session.reported = True
             error: TorchrunException = TorchrunFailed(

@@ -13,12 +13,26 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, List, Optional, Union
 
 from ..rank.failures import RankFailure
-from ..rank.stacks import bound
+from ..rank.ranges import numbers
+from ..rank.stacks import SUMMARY_PLACES, bound, group
 from ..host.workdirs import rank_log_path
 
 METADATA_FIELD = "torchrun-result"
-# Characters of rank stacks kept in the record (the card shows them whole).
-STACKS_IN_RECORD = 256 * 1024
+# The record is stored in the metadata service: at most this many bytes of JSON,
+# whatever the gang's size (8,192 ranks' stacks and output tails are megabytes).
+METADATA_LIMIT = 96 * 1024
+# Characters of rank stacks kept in the record when it fits (the card and the
+# full report show them whole).
+STACKS_IN_RECORD = 64 * 1024
+# On the control node, the artifact that holds the full report of every call:
+# every rank's stack and output tail, however many.
+REPORT_ARTIFACT = "torchrun_report"
+# What a failure message says of where every rank's full stack is.
+FULL_REPORT_HINT = "the card, and the artifact %s of node 0's task" % REPORT_ARTIFACT
+# The full report's stacks, at most (a rank's dump is already cut to 16 KiB).
+STACKS_IN_REPORT = 64 << 20
+# In a compacted record, per node: at most this many failed ranks named.
+FAILED_PER_NODE = 8
 
 
 @dataclass
@@ -94,8 +108,9 @@ class TorchrunResult:
             for r in self.ranks
         }
 
-    def to_dict(self) -> Dict[str, Any]:
-        """JSON-able, without return values (they may be anything)."""
+    def to_dict(self, stacks_limit: int = STACKS_IN_REPORT) -> Dict[str, Any]:
+        """JSON-able, without return values (they may be anything): the full
+        report (``REPORT_ARTIFACT``)."""
         data = asdict(self)
         data.pop("returns", None)
         data["duration"] = self.duration
@@ -106,12 +121,57 @@ class TorchrunResult:
         }
         for r, rec in zip(data["ranks"], self.ranks):
             r["duration"] = rec.duration
-        # Task metadata is no place for megabytes: 1,024 ranks' full dumps are.
-        data["stacks"] = {str(k): v for k, v in bound(self.stacks, STACKS_IN_RECORD).items()}
+        data["stacks"] = {str(k): v for k, v in bound(self.stacks, stacks_limit).items()}
         return data
 
-    def to_json(self) -> str:
-        return json.dumps(self.to_dict(), default=str)
+    def to_json(self, full_report: str = REPORT_ARTIFACT) -> str:
+        """The record kept as task metadata: the whole of it when it fits in
+        ``METADATA_LIMIT``, else the same fields compacted (ranks grouped by
+        where they were, nodes summarized), naming where the full report is."""
+        data = self.to_dict(STACKS_IN_RECORD)
+        text = json.dumps(data, default=str)
+        if len(text) <= METADATA_LIMIT:
+            return text
+        data = compact(data, self.stacks, full_report)
+        text = json.dumps(data, default=str)
+        if len(text) > METADATA_LIMIT:  # a gang of many thousand nodes: counts only
+            data["gang"] = {"nodes": data["gang"].get("nodes")}
+            text = json.dumps(data, default=str)
+        return text
+
+
+def compact(data: Dict[str, Any], stacks: Dict[int, str], full_report: str) -> Dict[str, Any]:
+    """A record for a big gang: per node a summary of its ranks instead of
+    every rank and its output, and the ranks' stacks as the places they were."""
+    gang = data.get("gang") or {}
+    nodes: Dict[str, Any] = {}
+    for node, report in (gang.get("reports") or {}).items():
+        ranks = report.get("ranks") or []
+        failed = [[r.get("rank"), r.get("exit_code")] for r in ranks if r.get("exit_code") not in (0, None)]
+        nodes[node] = {"ranks": len(ranks), "failed": failed[:FAILED_PER_NODE], "failed_count": len(failed),
+                       "started": report.get("started"), "ended": report.get("ended")}
+    joined = gang.get("joined_at") or {}
+    finished = gang.get("finished_at") or {}
+    data["gang"] = {
+        "nodes": nodes,
+        "joined": _times(joined),
+        "finished": _times(finished),
+    }
+    data["stacks"] = {}
+    data["stack_places"] = [
+        {"ranks": numbers(ranks), "count": len(ranks), "place": list(place)}
+        for place, ranks in group(stacks)[:SUMMARY_PLACES]
+    ]
+    data["compacted"] = True
+    data["full_report"] = full_report
+    return data
+
+
+def _times(stamps: Dict[str, Any]) -> Dict[str, Any]:
+    values = sorted((v, k) for k, v in stamps.items() if isinstance(v, (int, float)))
+    if not values:
+        return {"count": 0}
+    return {"count": len(values), "first": values[0][0], "last": values[-1][0], "last_node": values[-1][1]}
 
 
 def read_rank_records(directory: str, failures: List[RankFailure]) -> List[RankRecord]:
