@@ -923,3 +923,58 @@ def test_nodes_done_with_the_call_or_gone_owe_no_stacks(net):
     b.call_done(0, None, node_report())
     c.leave(1, ok=False)
     assert wait_until(lambda: server.stacks_pending(0) == [0], GUARD)
+
+
+# -- cost per node ---------------------------------------------------------------------------
+
+
+class TestCostPerNode:
+    """What the service sends per join and per heartbeat round does not grow
+    with the gang: no message lists the nodes, none goes to a node that does
+    not need it (issue 24: O(N^2) joins made 1,024 nodes never form)."""
+
+    @staticmethod
+    def sent_by_type(monkeypatch):
+        from metaflow_extensions.torchrun.plugins.torchrun.gang import peer as peer_mod
+
+        counts: dict = {}
+        sizes: list = []
+        real = peer_mod.Peer.queue
+
+        def queue(self, data):
+            for line in bytes(data).splitlines():
+                kind = json.loads(line)["type"]
+                counts[kind] = counts.get(kind, 0) + 1
+                sizes.append(len(line))
+            return real(self, data)
+
+        monkeypatch.setattr(peer_mod.Peer, "queue", queue)
+        return counts, sizes
+
+    @pytest.mark.parametrize("nodes", [4, 64])
+    def test_a_join_costs_two_small_messages_to_the_joining_node_only(self, net, monkeypatch, nodes):
+        counts, sizes = self.sent_by_type(monkeypatch)
+        server = net.server(nodes)
+        net.join(server, list(range(nodes)))
+        assert wait_until(lambda: server.missing() == [], GUARD)
+        joins = {k: v for k, v in counts.items() if k != "hb"}
+        assert joins == {"challenge": nodes, "welcome": nodes}
+        assert max(sizes) < 300  # no message carries a list of nodes
+
+    @pytest.mark.parametrize("nodes", [4, 64])
+    def test_a_heartbeat_round_is_one_message_per_node(self, net, monkeypatch, nodes):
+        server = net.server(nodes)
+        net.join(server, list(range(nodes)))
+        assert wait_until(lambda: server.missing() == [], GUARD)
+        counts, _ = self.sent_by_type(monkeypatch)
+        with server._lock:
+            server._heartbeat()
+        assert counts == {"hb": nodes}
+
+    def test_the_heartbeat_interval_grows_past_1024_nodes_within_the_timeout(self):
+        from metaflow_extensions.torchrun.plugins.torchrun.gang.config import GangConfig
+
+        small, big = GangConfig("g", 64), GangConfig("g", 4096)
+        assert small.heartbeat_interval == 1.0
+        assert big.heartbeat_interval == 4.0 <= big.heartbeat_timeout / 4
+        assert GangConfig("g", 4096, heartbeat_timeout=8).heartbeat_interval == 2.0
