@@ -66,6 +66,16 @@ def test_rank_raising_names_node_rank_and_traceback_once(gang):
     assert "in explode" in text
     # The other node says it was stopped because of that failure, naming the node.
     assert "stopped because node" in text
+    # torchrun's own chatter waits in the node's agent log, not on the console:
+    # its ChildFailedError box, the SignalException of an agent we stopped, its W/E lines.
+    for noise in ("ChildFailedError", "SignalException", "closing signal SIGTERM", "torch/distributed/elastic"):
+        assert noise not in text, noise
+    pointer = re.search(r"@torchrun: torchrun's agent on this node ended \(its ranks failed\); "
+                        r"its own report is in (\S+)", text)
+    assert pointer is not None, text[-3000:]
+    with open(pointer.group(1)) as f:
+        assert "ChildFailedError" in f.read()  # kept, where the pointer says
+    assert text.index("[rank2]: ") < text.index("@torchrun: the gang failed. Root cause:")
 
 
 def test_rank_segfault_is_named_with_its_signal(gang):

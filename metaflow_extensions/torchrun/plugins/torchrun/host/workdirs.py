@@ -234,6 +234,12 @@ def read_tail(path: str, max_bytes: int) -> bytes:
         os.close(fd)
 
 
+def agent_log_path(log_dir: str) -> str:
+    """Where torchrun's agent logs on this node (its own W/E lines and its
+    report of a failure): kept out of the console, where our root cause leads."""
+    return os.path.join(log_dir, "torchrun-agent.log")
+
+
 def rank_log_path(log_dir: str, rank: int, stream: str) -> str:
     """Where the relay copies one rank's ``stdout`` or ``stderr`` (layout above)."""
     return os.path.join(log_dir, "rank-%d.%s.log" % (rank, stream))

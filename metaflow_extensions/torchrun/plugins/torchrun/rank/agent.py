@@ -17,9 +17,17 @@ from __future__ import annotations
 
 import datetime
 import ipaddress
+import logging
+import os
 import socket
 import sys
-from typing import Any, List, Mapping, Optional, Sequence
+import traceback
+from typing import IO, Any, List, Mapping, Optional, Sequence
+
+from ..host.workdirs import agent_log_path, open_private
+
+# torchrun's own loggers: their lines go to the node's agent log, not the console.
+LAUNCHER_LOGGERS = ("torch.distributed.run", "torch.distributed.elastic", "torch.distributed.launcher")
 
 # The store we opened must outlive torch's use of it: the agent's whole life.
 _KEEP: List[Any] = []
@@ -101,14 +109,51 @@ def keep_ranks_store_on_loopback(env: Mapping[str, str]) -> None:
         pass  # torch's own store then reports whatever is wrong, in its words
 
 
+def quiet_launcher(log_dir: Optional[str]) -> Optional[IO[str]]:
+    """Send torchrun's own log lines to the node's agent log. A failed rank's
+    traceback stays on the console (its own stderr); what torchrun says about
+    it (its W/E lines, the ChildFailedError box, the SignalException traceback
+    of an agent we stopped) only repeats our root cause, so it waits in the
+    file, and one line says where."""
+    if not log_dir:
+        return None
+    path = agent_log_path(log_dir)
+    try:
+        log = os.fdopen(open_private(path), "a", encoding="utf-8", errors="replace")
+    except OSError:
+        return None
+    handler = logging.StreamHandler(log)
+    handler.setFormatter(logging.Formatter("%(levelname).1s %(asctime)s %(name)s] %(message)s"))
+    for name in LAUNCHER_LOGGERS:
+        logger = logging.getLogger(name)
+        logger.handlers = [handler]
+        logger.propagate = False
+    return log
+
+
 def main(argv: Sequence[str]) -> None:
     from torch.distributed import run
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+    from .bootstrap import LOG_DIR_ENV
 
     args = run.get_args_parser().parse_args(list(argv))
     where = hosted_store(args)
     if where is not None:
         _KEEP.append(open_loopback_store(*where))
-    run.main(list(argv))
+    log = quiet_launcher(os.environ.get(LOG_DIR_ENV))
+    try:
+        run.main(list(argv))
+    except (ChildFailedError, SignalException) as e:
+        if log is None:
+            raise
+        log.write(traceback.format_exc())
+        log.flush()
+        what = "its ranks failed" if isinstance(e, ChildFailedError) else "it was stopped"
+        print("@torchrun: torchrun's agent on this node ended (%s); its own report is in %s"
+              % (what, agent_log_path(os.environ[LOG_DIR_ENV])), file=sys.stderr, flush=True)
+        sys.exit(1)
 
 
 if __name__ == "__main__":

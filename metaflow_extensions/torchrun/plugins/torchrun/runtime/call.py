@@ -35,7 +35,7 @@ from ..launch.resources import check_visible_devices
 from .result import FULL_REPORT_HINT, TorchrunResult, read_rank_records
 from .session import GangSession, local_address, say
 from .supervisor import Supervisor
-from ..host.workdirs import CallFiles, rank_log_path
+from ..host.workdirs import CallFiles, agent_log_path, rank_log_path
 from ..host.workdirs import tail_lines as _tail_lines
 
 # What stacks may add to the control's stop, its own collecting included: a
@@ -210,7 +210,7 @@ class CallRun:
         if self.code != 0:
             self.failures = [self._with_last_output(f) for f in merge_failures(
                 read_failures(self.workdir),
-                parse_torchrun_summary(self.sup.stderr_tail if self.sup else b"", self.node_index),
+                parse_torchrun_summary(self._agent_report(), self.node_index),
             )]
             if client.cause is None:
                 client.report_failure(self._own_cause(), call=self.index, report=self._report(self.failures))
@@ -355,6 +355,14 @@ class CallRun:
             exit_code=code,
             call=self.index,
         )
+
+    def _agent_report(self) -> bytes:
+        """What torchrun said of the failure: its stderr, and its log file
+        (``rank/agent.py`` keeps its report out of the console)."""
+        text = self.sup.stderr_tail if self.sup else b""
+        if self.log_dir:
+            text += "\n".join(tail_lines(agent_log_path(self.log_dir), count=400, max_bytes=256 * 1024)).encode()
+        return text
 
     def _with_last_output(self, failure: RankFailure) -> RankFailure:
         if failure.traceback or not self.log_dir:
