@@ -218,18 +218,31 @@ STACK = (
 )
 
 
-def test_the_card_shows_where_each_rank_was_in_full(task):
+def test_the_card_groups_the_ranks_and_shows_each_stack_collapsed(task):
     result = _result(succeeded=False)
-    result.stacks = {3: STACK, 2: STACK.replace("line 42", "line 44")}
+    result.stacks = {3: STACK, 2: STACK.replace("line 42", "line 44"), 4: STACK}
+    assert card_mod.finish_card(task.deco, result, FLOW, NONE, 0)
+    parts = _components(_card(task).get())
+    sources = [p.get("source", "") for p in parts if p["type"] == "markdown"]
+    at = sources.index("## Where the ranks were when the job was stopped")
+    table = [p for p in parts if p["type"] == "table" and p.get("columns", [""])[0] == "ranks"][0]
+    rows = table["data"]
+    # The odd one out first, then the two ranks at one place.
+    assert rows[0][:2] == ["2", "1"] and "train.py:44 in step" in rows[0][2]
+    assert rows[1][:2] == ["3, 4", "2"] and "innermost: torch/distributed/distributed_c10d.py:2950" in rows[1][2]
+    details = [s.strip() for s in sources[at:] if s.strip().startswith("<details>")]
+    assert len(details) == 3 and details[0].startswith("<details><summary>rank 2: ")
+    assert STACK.rstrip() in details[1]  # every frame, as dumped
+    assert any(s.startswith("## Root cause") for s in sources[:at])
+
+
+def test_the_card_bounds_the_stacks_it_shows(task):
+    result = _result(succeeded=False)
+    result.stacks = {r: STACK for r in range(8192)}
     assert card_mod.finish_card(task.deco, result, FLOW, NONE, 0)
     sources = [p.get("source", "") for p in _components(_card(task).get()) if p["type"] == "markdown"]
-    at = sources.index("## Where each rank was when the job was stopped")
-    # The heading is escaped Markdown (card.escape_markdown): read as the text it shows.
-    rank2, rank3 = (re.sub(r"\\(.)", r"\1", sources[i].strip()) for i in (at + 1, at + 2))
-    assert rank2.startswith("**rank 2: ") and "train.py:44 in step" in rank2.splitlines()[0]
-    assert "innermost: torch/distributed/distributed_c10d.py:2950 in all_reduce" in rank2.splitlines()[0]
-    assert rank3.startswith("**rank 3: ") and STACK.rstrip() in rank3  # every frame, as dumped
-    assert any(s.startswith("## Root cause") for s in sources[:at])
+    assert sum(s.strip().startswith("<details>") for s in sources) == card_mod.CARD_RANK_STACKS
+    assert any("64 of 8192 shown" in s and "torchrun_report" in s for s in sources)
 
 
 def test_skip_render_keeps_the_card_counted_and_its_clean_up():

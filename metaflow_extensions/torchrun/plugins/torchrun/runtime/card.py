@@ -16,6 +16,7 @@ falls back to Metaflow's subprocesses on any error.
 
 from __future__ import annotations
 
+import html
 import os
 import re
 import string
@@ -27,10 +28,16 @@ from ..host.devices import cuda_devices
 from ..rank.failures import describe_exit_code
 from ..launch.resources import Accelerators
 from ..rank import stacks
-from .result import TorchrunResult
+from ..rank.ranges import numbers
+from .result import REPORT_ARTIFACT, TorchrunResult
 
 CARD_ID = "torchrun"
 BAR_WIDTH = 40
+# Ranks grouped by place: at most this many places in the card's table.
+CARD_PLACES = 50
+# Full stacks in the card, at most (a rank's dump is up to 16 KiB; 8,192 of them
+# would make a card of 128 MB): the full report holds the rest.
+CARD_RANK_STACKS = 64
 
 
 def _fmt_time(t: Optional[float], origin: float) -> str:
@@ -156,16 +163,33 @@ def rank_rows(result: TorchrunResult) -> List[List[str]]:
     return rows
 
 
-def stack_parts(result: TorchrunResult, Markdown: Any) -> list:
-    """Where each rank was when the job was stopped: where it was in the
-    user's code, then every thread's stack, in full, per rank (stacks.py)."""
+def stack_parts(result: TorchrunResult, Markdown: Any, Table: Any) -> list:
+    """Where the ranks were when the job was stopped: the places, ranks grouped
+    (odd ones out first), then each rank's full stack in a collapsed section,
+    for the first ``CARD_RANK_STACKS`` ranks in that order; the artifact
+    ``REPORT_ARTIFACT`` holds every rank's."""
     if not result.stacks:
         return []
-    parts = [Markdown("## Where each rank was when the job was stopped")]
-    for rank in sorted(result.stacks):
+    groups = stacks.group(result.stacks)
+    rows = [[numbers(ranks), str(len(ranks)), " / ".join(line.strip() for line in place)]
+            for place, ranks in groups[:CARD_PLACES]]
+    if len(groups) > CARD_PLACES:
+        rest = groups[CARD_PLACES:]
+        rows.append(["%d more places" % len(rest), str(sum(len(r) for _, r in rest)), ""])
+    order = [rank for _, ranks in groups for rank in ranks]
+    shown = order[:CARD_RANK_STACKS]
+    parts = [
+        Markdown("## Where the ranks were when the job was stopped"),
+        Table(rows, headers=["ranks", "count", "where (innermost frame of your code first)"]),
+        Markdown("Each rank's full stack (%d of %d shown, odd ones out first; every rank's in the artifact "
+                 "`%s` of node 0's task):" % (len(shown), len(order), REPORT_ARTIFACT)),
+    ]
+    for rank in shown:
         text = result.stacks[rank].rstrip()
         head = " / ".join(line.strip() for line in stacks.where(rank, text).lines())
-        parts.append(Markdown("**%s**\n\n%s" % (escape_markdown(head), code_block(text))))
+        # Inside an HTML block Markdown is not read: the heading is escaped as HTML.
+        parts.append(Markdown("<details><summary>%s</summary>\n\n%s\n\n</details>"
+                              % (html.escape(head), code_block(text))))
     return parts
 
 
@@ -185,7 +209,7 @@ def build_components(result: TorchrunResult, flow: str, pathspec: str, backend: 
     if cause:
         text = cause.get("summary") or str(cause)
         parts.append(Markdown("## Root cause\n\n%s" % code_block(text)))
-    parts.extend(stack_parts(result, Markdown))
+    parts.extend(stack_parts(result, Markdown, Table))
     tails = gang_tails(result)
     if tails:
         parts.append(Markdown("## Last lines of each rank"))
