@@ -25,9 +25,6 @@ O(nodes) scans run at ``CHECK_PERIOD``, not once per message.
 
 from __future__ import annotations
 
-import resource
-import selectors
-import socket
 import sys
 import threading
 import time
@@ -35,16 +32,15 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from ..cause import Cause, CauseKind
 from . import messages as msg
-from .admission import EVICT_AGE, MAX_PENDING, Admission
+from .admission import Admission
 from .calls import CallBook, CallState, CallView
 from .config import CONTROL_NODE, GangConfig
 from .membership import Membership
 from .peer import Peer
 from .ports import find_free_port
-from .wire import MAX_LINE, ProtocolError, close_quietly, encode
+from .transport import Transport
+from .wire import MAX_LINE, ProtocolError, encode
 
-# After accept() fails (EMFILE), wait this long before accepting again.
-ACCEPT_BACKOFF = 0.5
 # How often timeouts, silences and progress are checked: detection of a silent
 # node is heartbeat_timeout plus at most this.
 CHECK_PERIOD = 0.25
@@ -57,7 +53,12 @@ class GangServer:
 
     State belongs to the service thread. The control's own code reads it only
     through ``call_view``/``stacks_pending`` (copies taken under the lock), or
-    hears it as any node does, by message."""
+    hears it as any node does, by message.
+
+    Longer than 250 lines, docstrings included, on purpose: what is left here
+    is the decisions, one handler per message and the checks, which share the
+    service's state under one lock; sockets are ``transport.py``'s, strangers
+    ``admission.py``'s, members ``membership.py``'s, calls ``calls.py``'s."""
 
     def __init__(self, config: GangConfig, host: str, ports: Sequence[int], secret: bytes):
         """Listen on the first of ``ports`` that is free on ``host``; ``secret``
@@ -70,20 +71,8 @@ class GangServer:
         self.cause: Optional[Cause] = None
         self._pending: Optional[Tuple[Cause, float]] = None  # an echo, held
         self._lock = threading.RLock()
-        # A deep backlog: newcomers wait there while the pending places are full.
-        _raise_fd_limit(config.num_nodes + MAX_PENDING + 256)
-        self.listener = _listen(host, ports, backlog=max(MAX_PENDING, 2 * config.num_nodes))
-        self.port: int = self.listener.getsockname()[1]
-        self._selector = selectors.DefaultSelector()
-        self._selector.register(self.listener, selectors.EVENT_READ)
-        self._accepting = True
-        self._accept_paused_until = 0.0
-        # close() wakes the loop through this pair rather than waiting out a
-        # select timeout: the control's step ends up to half a second sooner.
-        self._wake_r, self._wake_w = socket.socketpair()
-        self._wake_r.setblocking(False)
-        self._selector.register(self._wake_r, selectors.EVENT_READ)
-        self._peers: Dict[socket.socket, Peer] = {}
+        self.transport = Transport(host, ports, config.num_nodes, self.admission, on_drop=self._on_drop)
+        self.port: int = self.transport.port
         self._last_progress = self.members.started
         self._said_waiting = False
         self.progress: Callable[[str], None] = lambda text: None
@@ -144,17 +133,10 @@ class GangServer:
 
     def close(self) -> None:
         self._closing.set()
-        try:
-            self._wake_w.send(b"x")
-        except OSError:
-            pass
+        self.transport.wake()
         if self._thread.is_alive():
             self._thread.join(timeout=5)
-        for peer in list(self._peers.values()):
-            close_quietly(peer.sock)
-        for sock in (self.listener, self._wake_r, self._wake_w):
-            close_quietly(sock)
-        self._selector.close()
+        self.transport.close()
 
     # -- the loop ---------------------------------------------------------------------
 
@@ -172,16 +154,12 @@ class GangServer:
     def _turn(self, next_beat: float, next_check: float) -> Tuple[float, float]:
         """One turn of the loop; returns when the next heartbeat and check are due."""
         now = time.monotonic()
-        timeout = max(0.0, min(next_beat, next_check) - now)
-        events = self._selector.select(timeout=timeout)
+        events = self.transport.wait(max(0.0, min(next_beat, next_check) - now))
         with self._lock:
-            for key, mask in events:
-                if key.fileobj is self.listener:
-                    self._accept()
-                elif key.fileobj is self._wake_r:
+            for peer, mask in events:
+                if peer is None:
                     return next_beat, next_check  # closing
-                else:
-                    self._on_ready(key.data, mask)
+                self._on_ready(peer, mask)
             now = time.monotonic()
             if now >= next_beat:
                 self._heartbeat()
@@ -191,55 +169,14 @@ class GangServer:
                 next_check = now + min(CHECK_PERIOD, self.config.heartbeat_interval / 2)
         return next_beat, next_check
 
-    def _accept(self) -> None:
-        if self.admission.full:
-            oldest = self.admission.oldest()
-            if oldest is not None and time.monotonic() - oldest.connected < EVICT_AGE:
-                self._pause_accepting(oldest.connected + EVICT_AGE)
-                return
-            if oldest is not None:
-                self._drop(oldest)
-        try:
-            sock, _ = self.listener.accept()
-        except (BlockingIOError, InterruptedError):
-            return
-        except OSError:
-            # Out of file descriptors (EMFILE) leaves the connection queued and
-            # the listener readable: pause instead of spinning on it.
-            self._pause_accepting(time.monotonic() + ACCEPT_BACKOFF)
-            return
-        peer = self.admission.admit(sock)
-        self._peers[sock] = peer
-        self._selector.register(sock, selectors.EVENT_READ, peer)
-        self._flush(peer)
-
-    def _pause_accepting(self, until: float) -> None:
-        if self._accepting:
-            self._selector.unregister(self.listener)
-            self._accepting = False
-        self._accept_paused_until = until
-
-    def _resume_accepting(self, now: float) -> None:
-        if not self._accepting and now >= self._accept_paused_until:
-            self._selector.register(self.listener, selectors.EVENT_READ)
-            self._accepting = True
-
     def _on_ready(self, peer: Peer, mask: int) -> None:
-        if mask & selectors.EVENT_WRITE:
-            self._flush(peer)
-        if not mask & selectors.EVENT_READ or peer.sock not in self._peers:
-            return
-        lines = peer.read()
-        if lines is None:
-            self._drop(peer)
-            return
-        for line in lines:
-            if peer.sock not in self._peers:
+        for line in self.transport.ready(peer, mask) or []:
+            if peer.sock not in self.transport.peers:
                 return
             try:
                 self._handle(peer, line)
             except Exception:  # a malformed message costs its sender, not the gang
-                self._drop(peer)
+                self.transport.drop(peer)
                 return
 
     # -- messages -----------------------------------------------------------------------
@@ -258,19 +195,19 @@ class GangServer:
     def _on_hello(self, peer: Peer, line: msg.WireDict) -> None:
         proved = self.admission.hello(peer, line)
         if proved is not None and self.members.taken(proved[0]):
-            peer.queue(encode(msg.Reject("node %d is taken" % proved[0]).to_wire()))
+            self.transport.send(peer, encode(msg.Reject("node %d is taken" % proved[0]).to_wire()))
             proved = None
         if proved is None:
-            self._flush(peer)
-            self._drop(peer)
+            self.transport.flush(peer)
+            self.transport.drop(peer)
             return
         node, client_nonce, peer.host = proved
         self.admission.forget(peer)
         self.members.join(node, peer)
         peer.reader.max_line = MAX_LINE
         self.admission.welcome(peer, node, client_nonce, self.cause)
-        self._flush(peer)
-        self._resume_accepting(time.monotonic())
+        self.transport.flush(peer)
+        self.transport.resume(time.monotonic())
 
     def _on_heartbeat(self, peer: Peer, message: msg.GangMessage) -> None:
         assert isinstance(message, msg.Heartbeat)
@@ -331,8 +268,8 @@ class GangServer:
 
     def _check(self, now: float) -> None:
         for peer in self.admission.expired(now):
-            self._drop(peer)
-        self._resume_accepting(now)
+            self.transport.drop(peer)
+        self.transport.resume(now)
         if self.cause is None:
             cause = self._overdue(now)
             if cause is not None:
@@ -375,46 +312,22 @@ class GangServer:
         self.cause = cause
         data = encode(msg.Abort(cause).to_wire())
         for peer in list(self.members.by_node.values()):
-            peer.queue(data)
-            self._flush(peer)
+            self.transport.send(peer, data)
 
     def _heartbeat(self) -> None:
         """To every node with nothing queued: a node that has not read what is
         queued for it learns nothing from one more heartbeat."""
         for peer in list(self.members.by_node.values()):
             if not peer.outbox:
-                peer.queue(self._beat)
-                self._flush(peer)
+                self.transport.send(peer, self._beat)
 
     def _send(self, node: int, message: msg.GangMessage) -> None:
         peer = self.members.by_node.get(node)
         if peer is not None:
-            peer.queue(encode(message.to_wire()))
-            self._flush(peer)
+            self.transport.send(peer, encode(message.to_wire()))
 
-    def _flush(self, peer: Peer) -> None:
-        """Write what the socket takes now; wait for it to take the rest."""
-        if peer.sock not in self._peers:
-            return
-        if not peer.flush():
-            self._drop(peer)
-            return
-        events = selectors.EVENT_READ | (selectors.EVENT_WRITE if peer.outbox else 0)
-        try:
-            if self._selector.get_key(peer.sock).events != events:
-                self._selector.modify(peer.sock, events, peer)
-        except (KeyError, ValueError):
-            pass
-
-    def _drop(self, peer: Peer) -> None:
-        try:
-            self._selector.unregister(peer.sock)
-        except (KeyError, ValueError):
-            pass
-        self._peers.pop(peer.sock, None)
-        self.admission.forget(peer)
-        close_quietly(peer.sock)
-        self._resume_accepting(time.monotonic())
+    def _on_drop(self, peer: Peer) -> None:
+        """A connection is gone: a node that had not left its step is lost."""
         node = peer.node
         if not self.members.lost(peer) or self.cause is not None or node is None:
             return
@@ -425,32 +338,3 @@ class GangServer:
             "node %d (%s) disconnected before its step ended: its task died or was killed" % (node, peer.host),
             node_index=node,
         ))
-
-
-def _raise_fd_limit(wanted: int) -> None:
-    """One socket per node and per stranger: a 1,024-node gang passes the
-    common soft limit of 1,024 open files, which the hard limit allows."""
-    try:
-        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-        if soft != resource.RLIM_INFINITY and soft < wanted:
-            limit = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
-            resource.setrlimit(resource.RLIMIT_NOFILE, (limit, hard))
-    except (ValueError, OSError):
-        pass
-
-
-def _listen(host: str, ports: Sequence[int], backlog: int) -> socket.socket:
-    errors = []
-    for port in ports:
-        sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((host, port))
-            sock.listen(backlog)
-        except OSError as e:
-            close_quietly(sock)
-            errors.append("%d: %s" % (port, e.strerror or e))
-            continue
-        sock.setblocking(False)
-        return sock
-    raise OSError("no port free for the gang service on %s (%s)" % (host or "*", "; ".join(errors)))
