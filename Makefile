@@ -8,6 +8,8 @@ BIN := $(abspath $(VENV))/bin
 export METAFLOW_USER ?= $(or $(USER),metaflow-torchrun)
 # Metaflow's local runtime starts the other nodes with `python` from PATH.
 export PATH := $(BIN):$(PATH)
+# mkdocs-material prints a banner about its successor on every build.
+export NO_MKDOCS_2_WARNING := 1
 
 .PHONY: install demo-install demo hello test unit lint docs docs-serve pictures dist package-check matrix bench bench-gang gpu-check clean
 

@@ -1,11 +1,19 @@
 import os
+import re
 
 from setuptools import find_namespace_packages, setup
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
+
+def for_pypi(readme: str) -> str:
+    """The README as PyPI's long description: PyPI resolves no relative link, so a link
+    into the repository (docs/, examples/) keeps its text and loses its target."""
+    return re.sub(r"\[([^\]]+)\]\((?!https?://)[^)]+\)", r"\1", readme)
+
+
 with open(os.path.join(HERE, "README.md"), encoding="utf-8") as f:
-    README = f.read()
+    README = for_pypi(f.read())
 
 # Build metadata (the .egg-info) goes under build/, not beside metaflow_extensions/:
 # on sys.path (an editable install, or `python -m` from the repository) it reads as a
