@@ -18,7 +18,7 @@ from .helpers import REPO, Gang, output
 sys.path.insert(0, os.path.join(REPO, "tests"))
 import docs_quotes  # noqa: E402
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(1200)]
 EXAMPLES = os.path.join(REPO, "examples")
 
 
