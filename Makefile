@@ -1,5 +1,6 @@
 # One command each: `make demo` runs the DDP example locally, `make test` runs every test.
-# Both create .venv with pinned versions first (Python 3.11 and pip assumed).
+# Both create .venv with pinned versions first (Python 3.11 and pip assumed): the demo only
+# the runtime (requirements-demo.txt), the tests everything (requirements-dev.txt).
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(abspath $(VENV))/bin
@@ -7,8 +8,10 @@ BIN := $(abspath $(VENV))/bin
 export METAFLOW_USER ?= $(or $(USER),metaflow-torchrun)
 # Metaflow's local runtime starts the other nodes with `python` from PATH.
 export PATH := $(BIN):$(PATH)
+# mkdocs-material prints a banner about its successor on every build.
+export NO_MKDOCS_2_WARNING := 1
 
-.PHONY: install demo hello test unit lint dist package-check matrix bench bench-gang gpu-check clean
+.PHONY: install demo-install demo hello test unit lint docs docs-serve pictures dist package-check matrix bench bench-gang gpu-check clean
 
 install: $(VENV)/.installed
 
@@ -19,10 +22,20 @@ $(VENV)/.installed: requirements-dev.txt setup.py
 	$(BIN)/python -m pip install --quiet --no-deps -e .
 	touch $@
 
-demo: install
+# The demo's venv: metaflow and torch only. `make test` later adds the development set.
+demo-install: $(VENV)/.demo-installed
+
+$(VENV)/.demo-installed: requirements-demo.txt setup.py
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --upgrade --quiet "pip>=23.1" "setuptools>=68"
+	$(BIN)/python -m pip install --quiet -r requirements-demo.txt
+	$(BIN)/python -m pip install --quiet --no-deps -e .
+	touch $@
+
+demo: demo-install
 	cd examples/ddp && $(BIN)/python flow.py run
 
-hello: install
+hello: demo-install
 	cd examples/hello && $(BIN)/python flow.py run
 
 # Two workers: a real-flow test waits (timeouts, Metaflow's runtime) about half
@@ -38,6 +51,22 @@ lint: install
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 	$(BIN)/lint-imports
+	$(BIN)/mkdocs build --strict --quiet --site-dir build/site
+
+# The docs site (docs/, mkdocs.yml) into site/; `make docs-serve` to read it at localhost:8000.
+docs: install
+	$(BIN)/mkdocs build --strict --site-dir site
+
+docs-serve: install
+	$(BIN)/mkdocs serve
+
+# The pictures in docs/, each made by a script (never pasted). The plot needs
+# benchmarks/requirements.txt; the card screenshot needs Chromium (Debian:
+# apt-get install -y chromium). Not part of CI.
+pictures: install $(VENV)/.bench-installed
+	$(BIN)/python tools/pictures/lifecycle.py docs/lifecycle.svg
+	$(BIN)/python benchmarks/report.py benchmarks/results docs/benchmarks.png
+	$(BIN)/python tools/pictures/card_screenshot.py docs/card.png
 
 # The sdist and wheel, checked as PyPI would.
 dist: install
@@ -84,4 +113,4 @@ gpu-check: install
 	$(BIN)/python benchmarks/gpu.py $(GPU_ARGS)
 
 clean:
-	rm -rf $(VENV) .venv-wheel build dist .metaflow examples/*/.metaflow
+	rm -rf $(VENV) .venv-wheel build dist site .metaflow examples/*/.metaflow

@@ -1,11 +1,19 @@
 import os
+import re
 
 from setuptools import find_namespace_packages, setup
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
+
+def for_pypi(readme: str) -> str:
+    """The README as PyPI's long description: PyPI resolves no relative link, so a link
+    into the repository (docs/, examples/) keeps its text and loses its target."""
+    return re.sub(r"\[([^\]]+)\]\((?!https?://)[^)]+\)", r"\1", readme)
+
+
 with open(os.path.join(HERE, "README.md"), encoding="utf-8") as f:
-    README = f.read()
+    README = for_pypi(f.read())
 
 # Build metadata (the .egg-info) goes under build/, not beside metaflow_extensions/:
 # on sys.path (an editable install, or `python -m` from the repository) it reads as a
@@ -15,11 +23,12 @@ os.makedirs("build", exist_ok=True)
 
 setup(
     name="metaflow-torchrun",
-    version="0.1.0",
+    version="0.3.0.dev0",
     description="A Metaflow @torchrun decorator: PyTorch distributed across the nodes "
     "of a @parallel step, locally, on Kubernetes and on AWS Batch.",
     long_description=README,
     long_description_content_type="text/markdown",
+    # An SPDX expression only: a License classifier beside it is deprecated (setuptools 77+).
     license="Apache-2.0",
     license_files=["LICENSE"],
     python_requires=">=3.11",
@@ -33,10 +42,9 @@ setup(
     install_requires=["metaflow>=2.12"],
     extras_require={"torch": ["torch>=2.11"]},
     classifiers=[
-        "Development Status :: 4 - Beta",
+        "Development Status :: 3 - Alpha",
         "Intended Audience :: Developers",
         "Intended Audience :: Science/Research",
-        "License :: OSI Approved :: Apache Software License",
         "Operating System :: POSIX :: Linux",
         "Programming Language :: Python :: 3",
         "Programming Language :: Python :: 3 :: Only",

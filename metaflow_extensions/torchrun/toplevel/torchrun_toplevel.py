@@ -1,8 +1,19 @@
 """Names exported into ``metaflow``'s namespace. Metaflow copies every global of this
 module that is not a module or a dunder name: keep it to the exported names."""
 
+import os as _os
+import sys as _sys
+
+from . import conflicts as _conflicts
+
 # Metaflow reads this from every top-level extension module (before 2.16 it must exist).
 __version__ = None
+
+_found = _conflicts.find_02_installs(_sys.path)
+if _found:
+    _here = _os.path.dirname(_os.path.dirname(_os.path.dirname(_os.path.dirname(_os.path.abspath(__file__)))))
+    raise _conflicts.OldPackageInstalled(_conflicts.conflict_message(_found, _here))
+del _found
 
 
 class TorchrunSingleNodeMultiGPU:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import shlex
 import sys
 from typing import Any, Dict, Optional
 
@@ -21,12 +22,12 @@ from .compat import (
     meta_datum,
     translate_attributes,
 )
-from .errors import Problems, TorchrunInvalidArgument
+from .errors import Problems, TorchrunException, TorchrunInvalidArgument
 from .gang import secret as gang_secret
 from .handle import TorchrunHandle
 from .gang.identity import GangIdentity
 from .lint import register_lint_check, require_parallel_entry
-from .runtime.local_nodes import stop_local_nodes
+from .runtime.local_nodes import stop_local_nodes, worker_python_problem
 from .launch.plan import (
     StepDefaults,
     check_options,
@@ -217,6 +218,16 @@ class TorchrunDecorator(ParallelDecorator):
             # @card, @model's) on this node. Only its render is skipped.
             skip_render(self._card)
             self._card = None
+        # Only the control task has the card, and `card view <step>` picks another
+        # node's task: name the one that has it.
+        self._card_hint = (
+            card_view_command(sys.argv[0], run_id, step_name, task_id) if self._card is not None else None
+        )
+        if ubf_context == UBF_CONTROL and is_local_runtime(os.environ) and _local_nodes(flow) > 1:
+            # Checked before Metaflow starts them, so the step fails now, not at start_timeout.
+            problem = worker_python_problem(os.environ.get("PATH", os.defpath), sys.executable)
+            if problem:
+                raise TorchrunException(problem)
         if ubf_context == UBF_CONTROL and is_local_runtime(os.environ):
             # Metaflow spawns the other local nodes from this process after this
             # hook: they inherit the port through the environment.
@@ -324,6 +335,8 @@ class TorchrunDecorator(ParallelDecorator):
             self._session.close()
         if not is_task_ok and self._card is not None:
             render_card_now(self._card, retry_count)
+        if getattr(self, "_card_hint", None):
+            print("@torchrun: this step's card: %s" % self._card_hint, file=sys.stderr, flush=True)
 
     def _record_result(self, flow: Any, retry_count: int) -> None:
         """Keep the run's record as task metadata: readable after the run with
@@ -364,6 +377,18 @@ class TorchrunDecorator(ParallelDecorator):
             )
         except Exception as e:  # the record must never fail the step
             print("@torchrun: could not store the run's record: %s" % e, file=sys.stderr)
+
+
+def _local_nodes(flow: Any) -> int:
+    """How many nodes the local control starts (itself included)."""
+    return int(getattr(getattr(flow, "_parallel_ubf_iter", None), "num_parallel", 1) or 1)
+
+
+def card_view_command(argv0: str, run_id: Any, step_name: str, task_id: Any) -> str:
+    """The command that shows this task's @torchrun card (the control task's pathspec:
+    `card view <step>` alone would pick another node's task, which has none)."""
+    return "python %s card view %s/%s/%s --id torchrun" % (
+        shlex.quote(os.path.basename(argv0) or "flow.py"), run_id, step_name, task_id)
 
 
 def _truthy(value: Any) -> bool:

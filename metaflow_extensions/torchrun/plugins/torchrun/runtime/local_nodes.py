@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
+import subprocess
+from typing import List, Optional
 
 from ..host import proctree
 
@@ -27,3 +30,49 @@ def stop_local_nodes(settle: float = 3.0, grace: float = 3.0) -> None:
     left = proctree.wait_gone(nodes, grace)
     proctree.signal_all(left, signal.SIGKILL)
     proctree.wait_gone(left, 2)
+
+
+# What a local node needs to import: Metaflow starts it as `python <flow> step ...`.
+_WORKER_PROBE = "import metaflow, metaflow_extensions.torchrun.plugins.torchrun"
+
+
+def worker_python_problem(path: str, this_python: str, timeout: float = 30.0) -> Optional[str]:
+    """Why the other local nodes would die before joining, or None.
+
+    Metaflow starts them with ``python`` from PATH, not with this task's
+    interpreter: with the venv not activated that is another Python, without
+    Metaflow, and each node dies at once while the control waits for it until
+    start_timeout. Probed only when PATH's ``python`` is another interpreter."""
+    found = shutil.which("python", path=path)
+    if found is None:
+        return _worker_message("there is no `python` on PATH", [], this_python)
+    if os.path.realpath(found) == os.path.realpath(this_python) or _same_prefix(found, this_python):
+        return None
+    try:
+        probe = subprocess.run(
+            [found, "-c", _WORKER_PROBE], capture_output=True, timeout=timeout, stdin=subprocess.DEVNULL
+        )
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return _worker_message("`%s` could not be run (%s)" % (found, e), [], this_python)
+    if probe.returncode == 0:
+        return None
+    lines = probe.stderr.decode(errors="replace").strip().splitlines()[-5:]
+    return _worker_message("`python` on PATH is %s, which cannot import Metaflow and @torchrun" % found,
+                           lines, this_python)
+
+
+def _same_prefix(found: str, this_python: str) -> bool:
+    """The same venv's bin/ (python and python3.11 are links into it)."""
+    return os.path.dirname(os.path.abspath(found)) == os.path.dirname(os.path.abspath(this_python))
+
+
+def _worker_message(what: str, lines: List[str], this_python: str) -> str:
+    bin_dir = os.path.dirname(this_python)
+    activate = os.path.join(bin_dir, "activate")
+    tail = "".join("\n    %s" % line for line in lines)
+    return (
+        "@torchrun: the other local nodes cannot start: Metaflow starts them with `python` from PATH, "
+        "and %s.%s\nFix: activate the environment this flow runs in (`source %s`), or put its bin first "
+        "on PATH (`export PATH=%s:$PATH`), then run the flow again." % (what, (" Its error:" + tail) if tail else "",
+                                                                      activate, bin_dir)
+    )

@@ -1,0 +1,61 @@
+"""metaflow-torchrun 0.2, the older package this one replaces, installed beside it.
+
+Both are the distribution ``metaflow-torchrun`` with the import name
+``metaflow_extensions.torchrun``, so Python would load parts of each (0.2's
+``plugins/__init__.py`` even hides this package's ``@torchrun``). Metaflow imports
+this module's parent at ``import metaflow``: the mix is named there, once, before
+any flow runs. Standard library only: this runs while Metaflow imports itself."""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import Iterable, List, Optional, Tuple
+
+# Files only 0.2 ships (outerbounds/metaflow-torchrun): its decorator module and helpers.
+_02_FILES = ("torchrun_decorator.py", "torchrun_libs")
+_DIST_INFO = re.compile(r"^metaflow_torchrun-(\d+)\.(\d+)[^-]*\.(dist|egg)-info$", re.IGNORECASE)
+
+
+def _dist_version(directory: str) -> Optional[str]:
+    """The 0.2.x version of a metaflow-torchrun install's metadata in ``directory`` (0.1.0
+    was this package's own placeholder version: an editable install of it is not 0.2)."""
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return None
+    for name in names:
+        match = _DIST_INFO.match(name)
+        if match and (int(match.group(1)), int(match.group(2))) == (0, 2):
+            return name.split("-")[1].rsplit(".", 1)[0].replace(".dist", "").replace(".egg", "")
+    return None
+
+
+def find_02_installs(paths: Iterable[str]) -> List[Tuple[str, str]]:
+    """``(directory, version)`` of each sys.path entry that holds metaflow-torchrun 0.2."""
+    found = []
+    for path in paths:
+        if not path or not os.path.isdir(path):
+            continue
+        plugins = os.path.join(path, "metaflow_extensions", "torchrun", "plugins")
+        has_files = any(os.path.exists(os.path.join(plugins, name)) for name in _02_FILES)
+        version = _dist_version(path)
+        if has_files or version:
+            found.append((path, version or "0.2"))
+    return found
+
+
+def conflict_message(found: List[Tuple[str, str]], here: str) -> str:
+    """What to tell: which old package, where, and the two commands that fix it."""
+    where = "; ".join("metaflow-torchrun %s in %s" % (version, path) for path, version in found)
+    return (
+        "metaflow-torchrun: the older package this one replaces is installed beside it (%s). "
+        "Both use the import name metaflow_extensions.torchrun, so Metaflow would load parts of each. "
+        "Remove it with `pip uninstall metaflow-torchrun` in that environment, then install this one "
+        "(metaflow-torchrun 0.3, from %s): `pip install -e .` in a clone, or the wheel that "
+        "`make dist` builds." % (where, here)
+    )
+
+
+class OldPackageInstalled(ImportError):
+    """metaflow-torchrun 0.2 found on sys.path beside this package."""

@@ -1,0 +1,110 @@
+"""A new user's first hour, with real flows: the examples run, the card command the
+control prints works, a venv that is not activated fails at once naming the fix, and
+every console message the docs quote is said by real output (tests/docs_quotes.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+
+import pytest
+
+from .helpers import REPO, Gang, output
+
+sys.path.insert(0, os.path.join(REPO, "tests"))
+import docs_quotes  # noqa: E402
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(1200)]
+EXAMPLES = os.path.join(REPO, "examples")
+
+
+def _example(gang: Gang, name: str, *args: str, env=None, timeout: float = 300):
+    return subprocess.run(
+        [sys.executable, "flow.py", "--no-pylint", *args], cwd=os.path.join(EXAMPLES, name),
+        env=dict(gang.env, **(env or {})), stdin=subprocess.DEVNULL, capture_output=True, timeout=timeout,
+    )
+
+
+@pytest.fixture(scope="module")
+def outputs(tmp_path_factory):
+    """The real output of every scenario the docs quote from, run once."""
+    gang = Gang(tmp_path_factory.mktemp("first-hour"))
+    runs = {}
+    try:
+        runs["hello"] = _example(gang, "hello", "run")
+        runs["no-metaflow"] = _no_metaflow_run(gang, tmp_path_factory.mktemp("nomf"))
+        for name, plan, attrs in (
+            ("left-early", {"node": {"1": {"calls": 0}}}, {}),
+            ("differs", {"calls": 2, "node": {"1": {"script": "report.py"}}}, {}),
+            ("raises-before", {"node": {"1": {"raise": "before"}}}, {}),
+            ("late", {"node": {"1": {"sleep": 12}}}, {"start_timeout": 5}),
+        ):
+            runs[name] = gang.run(flow="step_flow.py", env={
+                "MFTR_STEP": json.dumps(plan), "MFTR_TORCHRUN_ATTRS": json.dumps(attrs)})
+        yield gang, runs
+    finally:
+        gang.kill_everything()
+
+
+def _no_metaflow_run(gang: Gang, tmp):
+    """examples/hello started with the venv's python, PATH's `python` one without Metaflow."""
+    bare = tmp / "bin"
+    bare.mkdir()
+    system = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.base_prefix + "/bin/python3"
+    os.symlink(system, bare / "python")
+    path = str(bare) + os.pathsep + gang.env["PATH"]
+    started = time.monotonic()
+    proc = _example(gang, "hello", "run", env={"PATH": path}, timeout=120)
+    proc.seconds = time.monotonic() - started  # type: ignore[attr-defined]
+    return proc
+
+
+def test_the_examples_run(outputs, tmp_path):
+    gang, runs = outputs
+    assert runs["hello"].returncode == 0, output(runs["hello"])[-3000:]
+    assert "all-reduce sum 6" in output(runs["hello"])
+    ddp = _example(gang, "ddp", "run", "--epochs", "2")
+    assert ddp.returncode == 0, output(ddp)[-3000:]
+    function = _example(gang, "function", "run")
+    assert function.returncode == 0, output(function)[-3000:]
+    for platform in ("kubernetes", "batch"):  # no cluster here (Metaflow refuses even `show`): compiled only
+        compiled = subprocess.run([sys.executable, "-m", "py_compile", os.path.join(EXAMPLES, platform, "flow.py")])
+        assert compiled.returncode == 0
+    assert not gang.leaks()
+
+
+def test_a_worker_python_without_metaflow_fails_at_once_with_the_fix(outputs):
+    _, runs = outputs
+    proc = runs["no-metaflow"]
+    text = output(proc)
+    assert proc.returncode != 0
+    assert proc.seconds < 60, proc.seconds
+    assert "did not join" not in text
+    assert "No module named 'metaflow'" in text
+    assert "Fix: activate the environment this flow runs in" in text
+    assert "put its bin first on PATH" in text
+
+
+def test_the_card_command_the_control_prints_works(outputs, tmp_path):
+    gang, runs = outputs
+    view = re.search(r"@torchrun: this step's card: python flow.py card view (\S+) --id torchrun",
+                     output(runs["hello"]))
+    assert view, output(runs["hello"])[-3000:]
+    html = tmp_path / "card.html"
+    got = _example(gang, "hello", "card", "get", view.group(1), "--id", "torchrun", str(html))
+    assert got.returncode == 0, output(got)
+    assert html.stat().st_size > 1000
+
+
+def test_every_console_message_the_docs_quote_is_in_real_output(outputs):
+    _, runs = outputs
+    quotes = docs_quotes.quoted_messages()
+    assert quotes, "the docs quote no message: the checker's patterns are stale"
+    everything = "\n".join(output(proc) for proc in runs.values())
+    missing = docs_quotes.unmatched(quotes, everything)
+    assert not missing, "quoted in the docs, said by no real output:\n" + "\n".join(
+        "%s: %s" % pq for pq in missing)
