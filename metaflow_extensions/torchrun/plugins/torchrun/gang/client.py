@@ -132,6 +132,10 @@ class GangClient:
             wire.send(sock, gang_auth.hello(self._secret, self.config.gang_id, server_nonce, self.node_index,
                                             host=socket.gethostname(), pid=os.getpid(),
                                             client_nonce=client_nonce).to_wire())
+            # Once a service has our hello it may count this node in: giving up
+            # now would read as a node that died (a busy control answers late),
+            # so its answer is waited for as long as any silence is.
+            sock.settimeout(max(2.0, self.config.heartbeat_timeout))
             welcome = gang_auth.check_welcome(self._secret, self.config.gang_id, server_nonce, client_nonce,
                                               self.node_index, self._read_one(sock))
         except BaseException:
