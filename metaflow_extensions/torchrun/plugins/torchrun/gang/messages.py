@@ -578,7 +578,8 @@ class Preflight(GangMessage):
     @classmethod
     def from_wire(cls, data: Mapping[str, Any]) -> "Preflight":
         versions = data.get("versions")
-        checks = data.get("checks") or []
+        checks = data.get("checks")
+        checks = [] if checks is None else checks
         if not isinstance(versions, Mapping):
             raise ProtocolError("field 'versions': not an object")
         unknown = [str(k)[:40] for k in versions if k not in FINGERPRINT_FIELDS]

@@ -77,9 +77,10 @@ class Difference:
         rest = self.others[MAX_GROUPS:]
         if rest:
             parts.append("%d more values on %d nodes" % (len(rest), sum(len(n) for _, n in rest)))
-        return "%s: %s (majority %s on %d node%s)" % (
-            self.field, "; ".join(parts), self.majority or "none", self.majority_count,
-            "" if self.majority_count == 1 else "s")
+        tied = bool(self.others) and len(self.others[0][1]) == self.majority_count
+        return "%s: %s (%s %s on %d node%s)" % (
+            self.field, "; ".join(parts), "tied; the reference is node 0's," if tied else "majority",
+            self.majority or "none", self.majority_count, "" if self.majority_count == 1 else "s")
 
 
 def group_values(fingerprints: Mapping[int, Mapping[str, str]]) -> Dict[str, Dict[str, List[int]]]:
@@ -94,7 +95,7 @@ def group_values(fingerprints: Mapping[int, Mapping[str, str]]) -> Dict[str, Dic
 
 def differences(fingerprints: Mapping[int, Mapping[str, str]]) -> List[Difference]:
     """The fields on which nodes disagree, each with its majority value (ties:
-    the value node 0 has, else the lowest node's)."""
+    the value of the lowest node, node 0 where it reported)."""
     out = []
     for name, by_value in group_values(fingerprints).items():
         if len(by_value) < 2:

@@ -9,16 +9,16 @@ a few milliseconds. The control compares what every node found
 
 from __future__ import annotations
 
-import importlib.metadata
 import os
 import platform
 import re
+import sys
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ..gang import messages as msg
 from ..host.devices import cuda_devices
 from .resources import Accelerators
-from .torch_checks import find_torch
+from .torch_checks import _torch_version
 
 # Test-only: METAFLOW_TORCHRUN_FAKE_FINGERPRINT_<FIELD> (e.g. ..._TORCH) replaces
 # a field of the fingerprint: "2.12.0" on every node that has it set, or
@@ -39,12 +39,35 @@ SHM_FIX = ("raise it with @kubernetes(shared_memory=<MiB>) or @batch(shared_memo
            "e.g. shared_memory=%d for %d process%s")
 
 
-def _dist_version(names: Sequence[str]) -> str:
-    for name in names:
+def installed(paths: Sequence[str]) -> Tuple[Dict[str, str], Optional[str]]:
+    """(distribution -> version, the directory holding torch), from the names
+    of the ``*.dist-info`` directories on ``paths``: one ``listdir`` per path.
+    ``importlib.metadata`` parses each METADATA file (this package's holds
+    its README) and took tens of milliseconds here."""
+    versions: Dict[str, str] = {}
+    torch_dir: Optional[str] = None
+    for directory in paths:
         try:
-            return importlib.metadata.version(name)
-        except (importlib.metadata.PackageNotFoundError, ValueError):
+            names = os.listdir(directory or ".")
+        except OSError:
             continue
+        for name in names:
+            if name.endswith(".dist-info"):
+                dist, _, version = name[:-len(".dist-info")].partition("-")
+                versions.setdefault(_normal(dist), version)
+            elif name == "torch" and torch_dir is None and os.path.isfile(os.path.join(directory, name, "version.py")):
+                torch_dir = os.path.join(directory, name)
+    return versions, torch_dir
+
+
+def _normal(name: str) -> str:
+    return re.sub(r"[-_.]+", "_", name).lower()
+
+
+def _first(versions: Mapping[str, str], names: Sequence[str]) -> str:
+    for name in names:
+        if _normal(name) in versions:
+            return versions[_normal(name)]
     return "none"
 
 
@@ -60,20 +83,23 @@ def _torch_cuda(location: Optional[str]) -> str:
     return match.group(1) if match else "none"
 
 
-def fingerprint(env: Mapping[str, str], node_index: int) -> Dict[str, str]:
+def fingerprint(env: Mapping[str, str], node_index: int, paths: Optional[Sequence[str]] = None) -> Dict[str, str]:
     """This node's software, field by field (``messages.FINGERPRINT_FIELDS``)."""
-    torch = find_torch()
-    versions = {
+    versions, torch_dir = installed(sys.path if paths is None else paths)
+    torch = _first(versions, ("torch",))
+    if torch == "none" and torch_dir is not None:
+        torch = _torch_version(torch_dir) or "unknown"
+    found = {
         "python": platform.python_version(),
-        "torch": torch.version or ("unknown" if torch.location else "none"),
-        "cuda": _torch_cuda(torch.location),
-        "nccl": _dist_version(NCCL_PACKAGES),
-        "cudnn": _dist_version(CUDNN_PACKAGES),
-        "metaflow": _dist_version(("metaflow",)),
-        "metaflow_torchrun": _dist_version(("metaflow-torchrun",)),
+        "torch": torch,
+        "cuda": _torch_cuda(torch_dir),
+        "nccl": _first(versions, NCCL_PACKAGES),
+        "cudnn": _first(versions, CUDNN_PACKAGES),
+        "metaflow": _first(versions, ("metaflow",)),
+        "metaflow_torchrun": _first(versions, ("metaflow-torchrun",)),
         "kernel": platform.release() or "unknown",
     }
-    return with_fakes(versions, env, node_index)
+    return with_fakes(found, env, node_index)
 
 
 def with_fakes(versions: Dict[str, str], env: Mapping[str, str], node_index: int) -> Dict[str, str]:
