@@ -105,6 +105,12 @@ def test_a_kernel_difference_is_said_not_refused():
                                        "(majority 6.8.0 on 2 nodes)"]
 
 
+def test_a_node_that_could_not_measure_is_not_refused():
+    prints = gang_of(3)
+    prints[2] = {}
+    assert pf.verdict(prints, {}) is None
+
+
 def test_a_failed_check_refuses_naming_node_check_found_expected_and_fix():
     bad = msg.PreflightCheck("gpus", "fail", "4 visible", "at least 8 (@kubernetes(gpu=8))", "ask for fewer")
     cause = pf.verdict(gang_of(2), {0: (), 1: (bad,)})
@@ -143,7 +149,7 @@ def test_the_service_refuses_before_the_last_node_gets_its_go(net):
     wait_until(lambda: c0.cause is not None, GUARD)
     assert c0.cause.kind is CauseKind.PREFLIGHT and "node 1 has 2.12.0" in c0.cause.summary
     t.join(GUARD)
-    assert server.calls.get(0) is None or 1 not in server.calls[0].entries
+    assert server.calls.get(0) is None or 1 not in server.calls[0].went  # node 1 never got its go
     assert server.preflight_record()["reported"] == 2
 
 

@@ -84,10 +84,14 @@ class Difference:
 
 
 def group_values(fingerprints: Mapping[int, Mapping[str, str]]) -> Dict[str, Dict[str, List[int]]]:
-    """field -> value -> nodes; a field a node did not send counts as "none"."""
+    """field -> value -> nodes; a field a node did not send counts as "none".
+    A node that sent no fingerprint at all (it could not measure) is left out:
+    not knowing is no reason to refuse."""
     groups: Dict[str, Dict[str, List[int]]] = {name: {} for name in msg.FINGERPRINT_FIELDS}
     for node in sorted(fingerprints):
         versions = fingerprints[node]
+        if not versions:
+            continue
         for name in msg.FINGERPRINT_FIELDS:
             groups[name].setdefault(versions.get(name) or "none", []).append(node)
     return groups

@@ -15,7 +15,6 @@ the control keeps for the record and the card.
 from __future__ import annotations
 
 import os
-import sys
 import time
 from typing import Any, Callable, Dict, Optional
 
@@ -147,16 +146,13 @@ def record(session: GangSession) -> Dict[str, Any]:
 def refusal_result(session: GangSession) -> Optional[TorchrunResult]:
     """The control's record when the gang stopped before any call (a refused
     preflight): the card and the metadata still say why."""
-    if not session.is_control or session.results or session.cause is None:
+    cause = session.cause
+    if not session.is_control or session.results or cause is None or cause.kind is not CauseKind.PREFLIGHT:
         return None
     now = time.time()
     return TorchrunResult(command=[], node_index=session.topology.node_index, num_nodes=session.topology.num_nodes,
                           nproc_per_node=checks.default_nproc(session.defaults.nproc_per_node,
                                                               session.defaults.derived_nproc),
                           exit_code=None, started_at=now, ended_at=now, main_addr=session.topology.main_addr,
-                          cause=session.cause.to_wire())
+                          cause=cause.to_wire())
 
-
-def say_refusal(cause: Optional[Cause]) -> None:
-    if cause is not None and cause.kind is CauseKind.PREFLIGHT and cause.message:
-        print("@torchrun: preflight:\n%s" % cause.message, file=sys.stderr, flush=True)
