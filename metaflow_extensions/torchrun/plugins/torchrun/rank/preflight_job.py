@@ -19,7 +19,7 @@ from .bootstrap import FAILURE_DIR_ENV, NODE_INDEX_ENV
 # Test-only: the node index whose ranks stop (sleep) right after the process
 # group is up, outside any collective: a node that hangs in the preflight job.
 FAKE_HANG_ENV = "METAFLOW_TORCHRUN_FAKE_PREFLIGHT_HANG"
-PHASE_FILE = "preflight-rank%d.phase"
+PHASE_FILE = "preflight-local%d.phase"  # by local rank: one work directory per node
 # Phases in which a rank waits for other ranks: a rank found in one of these at
 # the deadline is waiting, not the cause.
 WAITING = ("init", "allreduce", "timed", "gather", "exchange")
@@ -28,15 +28,15 @@ ITERATIONS = 5
 EXCHANGES = 3
 
 
-def phase_path(workdir: str, rank: int) -> str:
-    return os.path.join(workdir, PHASE_FILE % rank)
+def phase_path(workdir: str, local_rank: int) -> str:
+    return os.path.join(workdir, PHASE_FILE % local_rank)
 
 
 def _phase(name: str) -> None:
     workdir = os.environ.get(FAILURE_DIR_ENV)
     if not workdir:
         return
-    path = phase_path(workdir, int(os.environ.get("RANK", "0")))
+    path = phase_path(workdir, int(os.environ.get("LOCAL_RANK", "0")))
     try:
         with open(path + ".tmp", "w") as f:
             f.write(name)
@@ -45,9 +45,9 @@ def _phase(name: str) -> None:
         pass
 
 
-def read_phase(workdir: str, rank: int) -> Optional[str]:
+def read_phase(workdir: str, local_rank: int) -> Optional[str]:
     try:
-        with open(phase_path(workdir, rank)) as f:
+        with open(phase_path(workdir, local_rank)) as f:
             return f.read(32).strip() or None
     except OSError:
         return None

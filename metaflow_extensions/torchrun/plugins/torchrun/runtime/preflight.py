@@ -81,38 +81,43 @@ def before_first_call(session: GangSession) -> None:
 
 
 class PreflightRun(CallRun):
-    """The job's call: supervised like any, plus a deadline of
-    ``heartbeat_timeout`` from its start on this node."""
+    """The job's call: supervised like any, plus deadlines of its own.
 
-    stuck: Optional[str] = None  # why this node is the one to name
+    The clock starts when every rank of this node has started (written its
+    first phase): torchrun and ``import torch`` take from seconds to tens of
+    seconds on a busy node, and are no hang. ``heartbeat_timeout`` later, a
+    node with a rank outside any collective is the one to name. Ranks that
+    have not started ``2 x heartbeat_timeout`` after the go are named too.
+    Nodes whose ranks all wait inside a collective report an echo only after
+    ``2 x heartbeat_timeout + ECHO_DELAY``, so the node to name comes first."""
+
+    stuck: str = ""  # why this node is the one to name
     overdue: bool = False
-    deadline: float = 0.0
+    go_at: float = 0.0
+    started_at: Optional[float] = None
 
     def supervise(self, env: Dict[str, str]) -> None:
-        self.deadline = time.monotonic() + self.session.defaults.heartbeat_timeout
+        self.go_at = time.monotonic()
         super().supervise(env)
 
     def stop_reason(self) -> Optional[str]:
-        now = time.monotonic()
-        if now < self.deadline:
+        now, limit = time.monotonic(), self.session.defaults.heartbeat_timeout
+        phases = self._phases()
+        if self.started_at is None:
+            if all(p is not None for p in phases.values()):
+                self.started_at = now
+            elif now >= self.go_at + 2 * limit:
+                self.stuck = _outside(phases) + " (not started %gs after the go)" % (2 * limit)
+            if not self.stuck:
+                return None
+        elif now >= self.started_at + limit:
+            self.stuck = _outside(phases)
+            if not self.stuck and now < self.started_at + 2 * limit + ECHO_DELAY:
+                return None
+        else:
             return None
-        if self.stuck is None:
-            self.stuck = self._stuck_ranks()
-        self.overdue = self.stuck != "" or now >= self.deadline + ECHO_DELAY
-        return "the preflight job overran heartbeat_timeout" if self.overdue else None
-
-    def _stuck_ranks(self) -> str:
-        """"" when every local rank waits in a collective; else which are not."""
-        nproc = self.plan.nproc if isinstance(self.plan.nproc, int) else 1
-        first = self.node_index * nproc
-        records = {r.local_rank: r.rank for r in _records(self.workdir)}
-        out = []
-        for local in range(nproc):
-            rank = records.get(local, first + local)
-            phase = preflight_job.read_phase(self.workdir, rank) if self.workdir else None
-            if phase not in preflight_job.WAITING:
-                out.append("rank %d %s" % (rank, "in %r" % phase if phase else "not started"))
-        return ", ".join(out)
+        self.overdue = True
+        return "the preflight job overran heartbeat_timeout"
 
     def _own_cause(self) -> Cause:
         if not self.overdue:
@@ -122,14 +127,18 @@ class PreflightRun(CallRun):
             return Cause(CauseKind.PREFLIGHT, "preflight job: node %d did not get through its collectives within "
                          "%gs (heartbeat_timeout): %s, outside any collective, while its peers waited"
                          % (self.node_index, limit, self.stuck), node_index=self.node_index, call=self.index)
-        return Cause(CauseKind.PREFLIGHT, "preflight job: node %d waited %gs in a collective for another node"
-                     % (self.node_index, limit), node_index=self.node_index, call=self.index, secondary=True)
+        return Cause(CauseKind.PREFLIGHT, "preflight job: node %d waited over %gs in a collective for another node"
+                     % (self.node_index, 2 * limit), node_index=self.node_index, call=self.index, secondary=True)
 
+    def _phases(self) -> Dict[int, Optional[str]]:
+        nproc = self.plan.nproc if isinstance(self.plan.nproc, int) else 1
+        return {local: preflight_job.read_phase(self.workdir, local) if self.workdir else None
+                for local in range(nproc)}
 
-def _records(workdir: str) -> list:
-    from .result import read_rank_records
-
-    return read_rank_records(workdir, []) if workdir else []
+def _outside(phases: Dict[int, Optional[str]]) -> str:
+    """The local ranks that are not waiting inside a collective, and where."""
+    return ", ".join("local rank %d %s" % (local, "in %r" % phase if phase else "not started")
+                     for local, phase in sorted(phases.items()) if phase not in preflight_job.WAITING)
 
 
 def record(session: GangSession) -> Dict[str, Any]:
