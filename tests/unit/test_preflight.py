@@ -241,3 +241,60 @@ def test_a_node_well_below_the_median_is_named_slow():
 def test_junk_from_the_job_is_left_out():
     job = pf.job_record({"link_gbps": {1: "fast", "2": 3.0, 3: float("nan"), 4: True}, "busbw_gbps": "x"}, 1.0)
     assert job["link_gbps"] == {} and job["busbw_gbps"] is None and job["slow"] == []
+
+
+# -- the job's deadlines on a node (runtime/preflight.py) ---------------------------------------
+
+
+def _job_run(tmp_path, heartbeat_timeout=10.0, nproc=2):
+    from types import SimpleNamespace
+
+    from metaflow_extensions.torchrun.plugins.torchrun.runtime.preflight import PreflightRun
+
+    session = SimpleNamespace(defaults=SimpleNamespace(heartbeat_timeout=heartbeat_timeout),
+                              topology=SimpleNamespace(node_index=1))
+    run = PreflightRun(session, SimpleNamespace(nproc=nproc), 0)  # type: ignore[arg-type]
+    run.workdir = str(tmp_path)
+    run.go_at = time.monotonic()
+    return run
+
+
+def _phase(tmp_path, local, name):
+    from metaflow_extensions.torchrun.plugins.torchrun.rank.preflight_job import phase_path
+
+    with open(phase_path(str(tmp_path), local), "w") as f:
+        f.write(name)
+
+
+def test_the_clock_starts_when_the_ranks_have_started(tmp_path):
+    run = _job_run(tmp_path)
+    run.go_at -= 15  # importing torch took a while: no hang
+    assert run.stop_reason() is None and run.started_at is None
+    _phase(tmp_path, 0, "init")
+    _phase(tmp_path, 1, "ready")
+    assert run.stop_reason() is None and run.started_at is not None
+    run.started_at -= 11  # heartbeat_timeout later, local rank 1 is outside a collective
+    assert run.stop_reason()
+    cause = run._own_cause()
+    assert cause.kind is CauseKind.PREFLIGHT and not cause.secondary and cause.node_index == 1
+    assert "local rank 1 in 'ready'" in cause.summary and "local rank 0" not in cause.summary
+
+
+def test_ranks_waiting_in_collectives_report_an_echo_later(tmp_path):
+    run = _job_run(tmp_path)
+    _phase(tmp_path, 0, "allreduce")
+    _phase(tmp_path, 1, "allreduce")
+    run.stop_reason()
+    run.started_at -= 11
+    assert run.stop_reason() is None  # waiting: the node to name speaks first
+    run.started_at -= 11
+    assert run.stop_reason()
+    assert run._own_cause().secondary
+
+
+def test_ranks_that_never_start_are_named(tmp_path):
+    run = _job_run(tmp_path)
+    _phase(tmp_path, 0, "init")
+    run.go_at -= 21
+    assert run.stop_reason()
+    assert "local rank 1 not started (not started 20s after the go)" in run._own_cause().summary
