@@ -89,6 +89,8 @@ def test_every_differing_field_is_named_node_by_node():
     assert "torch: node 1 has 2.12.0 (majority 2.13.0 on 4 nodes)" in text
     assert "nccl: node 4 has 2.21.5 (majority 2.27.3 on 4 nodes)" in text
     assert "python: node 4 has 3.10.14 (majority 3.11.9 on 4 nodes)" in text
+    rows = pf.rows(gang_of(5, {4: {"nccl": "2.21.5", "python": "3.10.14"}}), {})
+    assert rows[0] == {"node": 4, "versions": "differ: python, nccl"} and rows[1]["versions"] == "ok"
 
 
 def test_a_message_stays_short_when_every_node_differs():

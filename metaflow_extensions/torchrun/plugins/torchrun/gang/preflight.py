@@ -213,12 +213,17 @@ def rows(fingerprints: Mapping[int, Mapping[str, str]],
          checks: Mapping[int, Sequence[msg.PreflightCheck]]) -> List[Dict[str, Union[int, str]]]:
     """Nodes by checks, for the card's table: nodes with a problem first, at
     most ``MAX_ROWS``; each cell the status and, if not ok, what was found."""
-    odd = {n for d in differences(fingerprints) for _, group in d.others for n in group}
+    odd: Dict[int, List[str]] = {}
+    for d in differences(fingerprints):
+        for _, group in d.others:
+            for n in group:
+                odd.setdefault(n, []).append(d.field)
     nodes = sorted(set(fingerprints) | set(checks), key=lambda n: (
         not (n in odd or any(c.status != "ok" for c in checks.get(n, ()))), n))
     out: List[Dict[str, Union[int, str]]] = []
     for node in nodes[:MAX_ROWS]:
-        row: Dict[str, Union[int, str]] = {"node": node, "versions": "differs" if node in odd else "ok"}
+        versions = "differ: " + ", ".join(odd[node]) if node in odd else "ok"
+        row: Dict[str, Union[int, str]] = {"node": node, "versions": versions[:ROW_TEXT]}
         for check in checks.get(node, ()):
             cell = check.status if check.status == "ok" else "%s: %s" % (check.status, check.found)
             row[check.name] = cell[:ROW_TEXT]
