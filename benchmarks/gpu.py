@@ -9,6 +9,8 @@ Runs real Metaflow flows (benchmarks/gpu/gpu_flow.py) on this machine's GPUs:
 3. a CPU job (gloo, no GPU asked for) runs on the GPU machine, not refused;
 4. a device-side assert in a rank fails the step with "CUDA error" in the root cause;
 5. two nodes sharing one GPU end with an error, without hanging;
+6. @torchrun(preflight="full") runs its collective job on NCCL before the call:
+   all-reduce, bus bandwidth, process-group init time (the line is reported);
 
 then measures, in pairs (@torchrun, the same job by hand with torchrun in the same
 flow): time from the train task's start to the first rank's first line, and the
@@ -73,6 +75,13 @@ def root_cause(text: str) -> str:
     return lines[0] if lines else ""
 
 
+def preflight_line(text: str) -> str:
+    """``@torchrun: preflight: collective job (nccl) in 9.1s: all-reduce ok, ...``"""
+    lines = [line.split("@torchrun: preflight: ", 1)[1] for line in text.splitlines()
+             if "@torchrun: preflight: collective job" in line]
+    return lines[0] if lines else ""
+
+
 def cases(sandbox: str, gpus: int) -> list:
     results = []
 
@@ -99,6 +108,10 @@ def cases(sandbox: str, gpus: int) -> list:
     run = run_flow(sandbox, 300, gpus=1, nodes=2, kind="allreduce")
     check("2 nodes sharing 1 GPU: an error, no hang", run["code"] not in (0, None), run,
           root_cause(run["text"])[:300])
+    run = run_flow(sandbox, 300, gpus=gpus, kind="allreduce", preflight="full")
+    line = preflight_line(run["text"])
+    check("preflight=\"full\" on NCCL: the collective job before the call", run["code"] == 0
+          and "collective job (nccl)" in line and "all-reduce ok" in line, run, line[:300])
     return results
 
 

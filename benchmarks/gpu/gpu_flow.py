@@ -3,7 +3,8 @@
 Everything comes from the environment so the check can run every case with one
 file: GPUCHECK_MODE (torchrun | hand), GPUCHECK_GPUS (@resources(gpu=N), 0 for
 none), GPUCHECK_NODES (num_parallel), GPUCHECK_NPROC (explicit nproc_per_node,
-0 to derive it), GPUCHECK_KIND (allreduce | assert | train), GPUCHECK_OUT.
+0 to derive it), GPUCHECK_KIND (allreduce | assert | train), GPUCHECK_PREFLIGHT
+(@torchrun(preflight=...): versions | full | off), GPUCHECK_OUT.
 """
 
 import os
@@ -34,7 +35,7 @@ class GpuCheckFlow(FlowSpec):
         self.next(self.train, num_parallel=int(os.environ.get("GPUCHECK_NODES", "1")))
 
     @resources(gpu=GPUS)
-    @torchrun(nproc_per_node=NPROC)
+    @torchrun(nproc_per_node=NPROC, preflight=os.environ.get("GPUCHECK_PREFLIGHT", "versions"))
     @step
     def train(self):
         out = os.environ["GPUCHECK_OUT"]

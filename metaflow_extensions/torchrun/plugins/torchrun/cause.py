@@ -36,6 +36,7 @@ class CauseKind(str, enum.Enum):
     CONTROL_UNRESPONSIVE = "control_unresponsive"
     INTERRUPTED = "interrupted"  # the step was asked to stop (SIGTERM, Ctrl-C)
     HANG = "hang"  # no rank wrote a line for hang_timeout
+    PREFLIGHT = "preflight"  # a preflight check failed before the user's ranks started
 
 
 @dataclass(frozen=True)

@@ -48,6 +48,9 @@ from .launch.resources import NONE as NO_ACCELERATORS
 from .launch.resources import requested_accelerators, small_shm_warning
 from .runtime.result import METADATA_FIELD, REPORT_ARTIFACT
 from .runtime.session import GangSession
+from .runtime import preflight as preflight_runtime
+from .gang.preflight import DEFAULT_MODE as DEFAULT_PREFLIGHT
+from .gang.preflight import parse_mode as parse_preflight
 from .gang.topology import is_local_runtime, topology_from
 
 
@@ -83,6 +86,12 @@ class TorchrunDecorator(ParallelDecorator):
     shutdown_grace : float, default 30
         Seconds the ranks get to stop (save a checkpoint) when the task is told
         to stop with SIGTERM, before SIGKILL; at most the step's ``@timeout``.
+    preflight : str or bool, default "versions"
+        Before the first ``current.torch.run`` starts the user's ranks, check
+        the gang: ``"versions"`` compares every node's software and checks
+        each node's fitness (/dev/shm, disk, GPUs, network; no process, no
+        wait); ``"full"`` also runs a short collective job on every rank
+        (all-reduce, bandwidth per node); ``False`` checks nothing.
     args_as : str, optional
         ``"0.2"``: spell a dict of entrypoint_args as metaflow-torchrun 0.2 did
         (``True`` -> ``--k true``, ``[1, 2]`` -> ``--k "[1, 2]"``). Off by default.
@@ -101,6 +110,7 @@ class TorchrunDecorator(ParallelDecorator):
         "shutdown_grace": 30,
         "rdzv_port": None,
         "args_as": None,
+        "preflight": DEFAULT_PREFLIGHT,
     }
     IS_PARALLEL = True
 
@@ -153,6 +163,7 @@ class TorchrunDecorator(ParallelDecorator):
         self._shutdown_grace = problems.check(
             validate_shutdown_grace, self.attributes.get("shutdown_grace"), step_timeout(specs))
         self._args_as = problems.check(validate_args_as, self.attributes.get("args_as"), "@torchrun(args_as)")
+        self._preflight = problems.check(_preflight_mode, self.attributes.get("preflight"))
         problems.raise_all()
         self._card = attach_card(decorators) if _truthy(self.attributes["card"]) else None
         warning = small_shm_warning(specs, self._accelerators, nproc)
@@ -264,6 +275,7 @@ class TorchrunDecorator(ParallelDecorator):
             accelerators=self._accelerators,
             hang_timeout=self._hang_timeout,
             shutdown_grace=self._shutdown_grace,
+            preflight=self._preflight or DEFAULT_PREFLIGHT,
         )
         self._metadata = (metadata, run_id, step_name, task_id)
         current._update_env({"torch": TorchrunHandle(lambda: self._session)})
@@ -298,6 +310,7 @@ class TorchrunDecorator(ParallelDecorator):
             session = self._session = GangSession(
                 self._identity, self._defaults, topology, self._flow_dir, secret=self._secret
             )
+            preflight_runtime.attach(session)
             session.join()
             try:
                 with session.user_code():
@@ -347,8 +360,11 @@ class TorchrunDecorator(ParallelDecorator):
         in a subprocess after it."""
         session = self._session
         result = session.last_result if session is not None else None
+        if result is None and session is not None:
+            result = preflight_runtime.refusal_result(session)  # refused before any call
         if result is None or session is None:
             return
+        result.preflight = preflight_runtime.record(session) or result.preflight
         _, run_id, step_name, task_id = self._metadata
         record = result.to_json("artifact %s of %s/%s/%s/%s" % (
             REPORT_ARTIFACT, self._flow_name, run_id, step_name, task_id))
@@ -389,6 +405,13 @@ def card_view_command(argv0: str, run_id: Any, step_name: str, task_id: Any) -> 
     `card view <step>` alone would pick another node's task, which has none)."""
     return "python %s card view %s/%s/%s --id torchrun" % (
         shlex.quote(os.path.basename(argv0) or "flow.py"), run_id, step_name, task_id)
+
+
+def _preflight_mode(value: Any) -> str:
+    try:
+        return parse_preflight(value)
+    except ValueError as e:
+        raise TorchrunInvalidArgument(str(e)) from None
 
 
 def _truthy(value: Any) -> bool:

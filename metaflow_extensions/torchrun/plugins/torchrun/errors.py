@@ -88,6 +88,8 @@ class GangAborted(TorchrunException):
                     "\n".join(shown))
         else:
             text = "node %d stopped: %s" % (node_index, cause.summary)
+        if cause.kind.value == "preflight" and cause.message:
+            text += "\n" + cause.message  # every field and node, and the fix
         super().__init__(text)
 
 

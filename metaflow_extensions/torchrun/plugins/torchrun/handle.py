@@ -14,6 +14,7 @@ from .errors import TorchrunException
 from .launch.plan import plan_call
 from .runtime.result import TorchrunResult
 from .runtime.session import GangSession
+from .runtime.preflight import before_first_call
 
 
 class TorchrunHandle:
@@ -49,6 +50,7 @@ class TorchrunHandle:
         plan = plan_call(
             entrypoint, entrypoint_args, nproc_per_node, torchrun_args, session.defaults, search
         )
+        before_first_call(session)  # @torchrun(preflight="full"): the collective job, once
         if session.is_control:  # one line per step, not one per node
             say_once(session.identity.gang_id, plan.notes, lambda line: print(line, file=sys.stderr, flush=True))
         return run_plan(session, plan)

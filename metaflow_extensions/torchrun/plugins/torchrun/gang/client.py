@@ -49,6 +49,10 @@ class GangClient:
         # While a call's job runs: seconds since its ranks last wrote output,
         # sent with every heartbeat (the control's hang_timeout reads it).
         self.quiet: Optional[Callable[[], Optional[float]]] = None
+        # This node's preflight (fingerprint and fitness checks), measured and
+        # sent on the join's thread right after joining, before any call.
+        self.preflight: Optional[Callable[[], msg.Preflight]] = None
+        self._preflight_sent = threading.Event()
         self._go: Dict[int, int] = {}  # call index -> rendezvous port
         self._calls_done: Set[int] = set()
         self._news = threading.Condition()
@@ -104,6 +108,19 @@ class GangClient:
             t.start()
             self._threads.append(t)
         self.joined.set()
+        self._send_preflight()
+
+    def _send_preflight(self) -> None:
+        """After ``joined``: the step's code does not wait for it; a call
+        does (``enter_call``), so the service has it before this node's call."""
+        try:
+            if self.preflight is not None:
+                self._safe_send(self.preflight())
+        except Exception as e:  # a check of our own must not cost the step
+            self._safe_send(msg.Preflight(checks=(msg.PreflightCheck(
+                "preflight", "warn", "could not measure: %s: %s" % (type(e).__name__, e)),)))
+        finally:
+            self._preflight_sent.set()
 
     def _have_secret(self) -> bool:
         if self._get_secret is None:
@@ -193,6 +210,9 @@ class GangClient:
         (it checks the entrypoint against the nodes already there), not once
         every node is: torchrun's rendezvous, watched by the gang, waits for
         the rest."""
+        while not self._preflight_sent.wait(0.05):  # the preflight goes first
+            if self.cause is not None or self._closing.is_set() or self._sock is None:
+                break
         self._safe_send(msg.Call(index, entry[:1000]))
         with self._news:
             while index not in self._go and self.cause is None and not self._closing.is_set():

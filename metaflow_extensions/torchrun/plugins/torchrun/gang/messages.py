@@ -58,6 +58,7 @@ class MessageType(str, enum.Enum):
     LEAVE = "leave"  # node -> service: its step ended
     ALL_LEFT = "all_left"  # service -> control: every node left
     ABORT = "abort"  # service -> every node: the gang is over, and why
+    PREFLIGHT = "preflight"  # node -> service: its software fingerprint and fitness checks
 
 
 # -- field readers: each returns the value or raises ProtocolError ---------------------
@@ -514,9 +515,86 @@ class Abort(GangMessage):
         return cls(cause=_cause(data, "cause"))
 
 
+# -- preflight (gang/preflight.py compares; launch/preflight.py measures) ----------------
+
+# The fingerprint's fields, in the order messages name them. A node sends at
+# most these; the service compares them across the gang.
+FINGERPRINT_FIELDS = ("python", "torch", "cuda", "nccl", "cudnn", "metaflow", "metaflow_torchrun", "kernel")
+FINGERPRINT_VALUE_CHARS = 64
+CHECK_STATUSES = ("ok", "warn", "fail")
+MAX_CHECKS = 16
+CHECK_NAME_CHARS = 32
+CHECK_TEXT_CHARS = 300
+
+
+@dataclass(frozen=True)
+class PreflightCheck:
+    """One fitness check on one node: what was found, what was expected, and
+    the fix when it is not ok."""
+
+    name: str
+    status: str  # one of CHECK_STATUSES
+    found: str = ""
+    expected: str = ""
+    fix: str = ""
+
+    def to_wire(self) -> Dict[str, Any]:
+        return {"name": self.name[:CHECK_NAME_CHARS], "status": self.status,
+                "found": self.found[:CHECK_TEXT_CHARS], "expected": self.expected[:CHECK_TEXT_CHARS],
+                "fix": self.fix[:CHECK_TEXT_CHARS]}
+
+    @classmethod
+    def from_wire(cls, data: Any) -> "PreflightCheck":
+        if not isinstance(data, Mapping):
+            raise ProtocolError("a preflight check is not an object")
+        status = _str(data, "status", 8)
+        if status not in CHECK_STATUSES:
+            raise ProtocolError("field 'status': not one of %s" % ", ".join(CHECK_STATUSES))
+        name = _str(data, "name", CHECK_NAME_CHARS)
+        if not name:
+            raise ProtocolError("field 'name': empty")
+        return cls(name=name, status=status,
+                   found=_str(data, "found", CHECK_TEXT_CHARS, optional=True) or "",
+                   expected=_str(data, "expected", CHECK_TEXT_CHARS, optional=True) or "",
+                   fix=_str(data, "fix", CHECK_TEXT_CHARS, optional=True) or "")
+
+
+@dataclass(frozen=True)
+class Preflight(GangMessage):
+    """A node's software fingerprint (read from files, never by importing
+    torch) and its fitness checks; sent once, right after joining, before any
+    ``call``. Every field is bounded: 1,024 of these fit the control's memory
+    in well under a megabyte."""
+
+    TYPE: ClassVar[MessageType] = MessageType.PREFLIGHT
+    versions: Dict[str, str] = field(default_factory=dict)
+    checks: Tuple[PreflightCheck, ...] = ()
+
+    def fields(self) -> Dict[str, Any]:
+        return {"versions": {k: v[:FINGERPRINT_VALUE_CHARS] for k, v in self.versions.items()
+                             if k in FINGERPRINT_FIELDS},
+                "checks": [c.to_wire() for c in self.checks[:MAX_CHECKS]]}
+
+    @classmethod
+    def from_wire(cls, data: Mapping[str, Any]) -> "Preflight":
+        versions = data.get("versions")
+        checks = data.get("checks")
+        checks = [] if checks is None else checks
+        if not isinstance(versions, Mapping):
+            raise ProtocolError("field 'versions': not an object")
+        unknown = [str(k)[:40] for k in versions if k not in FINGERPRINT_FIELDS]
+        if unknown:
+            raise ProtocolError("field 'versions': unknown field %r" % unknown[0])
+        for key in versions:
+            _str(versions, key, FINGERPRINT_VALUE_CHARS)
+        if not isinstance(checks, list) or len(checks) > MAX_CHECKS:
+            raise ProtocolError("field 'checks': not a list of at most %d checks" % MAX_CHECKS)
+        return cls(versions=dict(versions), checks=tuple(PreflightCheck.from_wire(c) for c in checks))
+
+
 KINDS: Dict[MessageType, Type[GangMessage]] = {
     cls.TYPE: cls for cls in (Challenge, Hello, Welcome, Reject, Heartbeat, Call, Go, CallDone, CallAllDone, Failed,
-                              Stacks, Leave, AllLeft, Abort)
+                              Stacks, Leave, AllLeft, Abort, Preflight)
 }
 
 

@@ -37,6 +37,7 @@ from .calls import CallBook, CallState, CallView
 from .config import CONTROL_NODE, GangConfig
 from .membership import Membership
 from .peer import Peer
+from .preflight import PreflightBook
 from .ports import find_free_port
 from .transport import Transport
 from .wire import MAX_LINE, ProtocolError, encode
@@ -68,6 +69,7 @@ class GangServer:
         self.admission = Admission(config, secret, warn=lambda text: self.warn(text))
         self.members = Membership(config)
         self.book = CallBook(config.num_nodes)
+        self.preflight = PreflightBook(config.num_nodes)
         self.cause: Optional[Cause] = None
         self._pending: Optional[Tuple[Cause, float]] = None  # an echo, held
         self._lock = threading.RLock()
@@ -85,6 +87,7 @@ class GangServer:
             msg.MessageType.CALL_DONE: self._on_call_done,
             msg.MessageType.FAILED: self._on_failed,
             msg.MessageType.LEAVE: self._on_leave,
+            msg.MessageType.PREFLIGHT: self._on_preflight,
         }
         self._closing = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="torchrun-gang-server", daemon=True)
@@ -124,6 +127,11 @@ class GangServer:
     def stacks_pending(self, index: int) -> List[int]:
         with self._lock:
             return self.book.stacks_pending(index, lambda n: n in self.members.by_node, self.members.left)
+
+    def preflight_record(self) -> Dict[str, object]:
+        """The gang's preflight as the record keeps it (gang/preflight.py)."""
+        with self._lock:
+            return self.preflight.record()
 
     # -- lifecycle ------------------------------------------------------------------
 
@@ -246,6 +254,24 @@ class GangServer:
             self._abort(cause)
         elif self._pending is None:
             self._pending = (cause, time.monotonic() + self.config.secondary_grace)
+
+    def _on_preflight(self, peer: Peer, message: msg.GangMessage) -> None:
+        """Kept per node; the last one decides, before its node can send the
+        ``call`` that would launch it: a refusal stops the gang before the
+        rendezvous can complete, so before any rank starts."""
+        assert isinstance(message, msg.Preflight) and peer.node is not None
+        try:
+            complete = self.preflight.keep(peer.node, message)
+        except ValueError as e:
+            raise ProtocolError(str(e)) from None
+        if not complete or self.cause is not None:
+            return
+        cause = self.preflight.verdict()
+        if cause is not None:
+            self._abort(cause)
+            return
+        for line in self.preflight.warnings():
+            self.progress("preflight: " + line)
 
     def _on_leave(self, peer: Peer, message: msg.GangMessage) -> None:
         assert isinstance(message, msg.Leave) and peer.node is not None

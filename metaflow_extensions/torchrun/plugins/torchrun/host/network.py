@@ -11,7 +11,7 @@ from __future__ import annotations
 import fcntl
 import socket
 import struct
-from typing import Optional
+from typing import List, Optional, Tuple
 
 _SIOCGIFADDR = 0x8915
 
@@ -42,3 +42,21 @@ def interface_of(address: str) -> Optional[str]:
         if socket.inet_ntoa(packed[20:24]) == address:
             return name
     return None
+
+
+def interfaces() -> List[Tuple[str, str]]:
+    """(name, IPv4 address) of every interface that has one, in the kernel's
+    index order: the order NCCL's own search walks them in."""
+    try:
+        names = [name for _, name in sorted(socket.if_nameindex())]
+    except OSError:
+        return []
+    out = []
+    for name in names:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            try:
+                packed = fcntl.ioctl(s.fileno(), _SIOCGIFADDR, struct.pack("256s", name.encode()[:15]))
+            except OSError:
+                continue
+        out.append((name, socket.inet_ntoa(packed[20:24])))
+    return out

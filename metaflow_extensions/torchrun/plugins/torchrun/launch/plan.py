@@ -62,6 +62,8 @@ class StepDefaults:
     rdzv_port: Optional[int] = None
     # How a dict of entrypoint_args is spelled (command.ARGS_STYLES).
     args_as: str = "ours"
+    # @torchrun(preflight=...): gang/preflight.py MODES.
+    preflight: str = "versions"
 
 
 @dataclass(frozen=True)

@@ -164,7 +164,7 @@ class CallRun:
 
         def should_stop() -> Optional[str]:
             cause = client.cause
-            return cause.summary if cause is not None else None
+            return cause.summary if cause is not None else self.stop_reason()
 
         try:
             with Supervisor(self.argv, env=env, shutdown_grace=self.session.defaults.shutdown_grace,
@@ -181,6 +181,10 @@ class CallRun:
             raise
         finally:
             client.quiet = None
+
+    def stop_reason(self) -> Optional[str]:
+        """A reason of the call's own to stop its job (runtime/preflight.py's deadline)."""
+        return None
 
     def finish_ok(self) -> None:
         """This node's ranks all succeeded: tell the gang; the control waits for

@@ -29,6 +29,7 @@ from ..rank.failures import describe_exit_code
 from ..launch.resources import Accelerators
 from ..rank import stacks
 from ..rank.ranges import numbers
+from . import preflight_card
 from .result import REPORT_ARTIFACT, TorchrunResult
 
 CARD_ID = "torchrun"
@@ -210,6 +211,7 @@ def build_components(result: TorchrunResult, flow: str, pathspec: str, backend: 
         text = cause.get("summary") or str(cause)
         parts.append(Markdown("## Root cause\n\n%s" % code_block(text)))
     parts.extend(stack_parts(result, Markdown, Table))
+    parts.extend(preflight_card.parts(result.preflight, escape_markdown, code_block))
     tails = gang_tails(result)
     if tails:
         parts.append(Markdown("## Last lines of each rank"))

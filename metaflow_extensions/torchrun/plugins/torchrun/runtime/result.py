@@ -87,6 +87,9 @@ class TorchrunResult:
     # collecting them added to the stop.
     stacks: Dict[int, str] = field(default_factory=dict)
     stack_seconds: float = 0.0
+    # On the control: @torchrun(preflight=...)'s findings for the whole gang,
+    # bounded whatever its size (gang/preflight.py record, runtime/preflight.py).
+    preflight: Dict[str, Any] = field(default_factory=dict)
 
     @property
     def duration(self) -> float:

@@ -26,7 +26,7 @@ import sys
 import threading
 import time
 import traceback
-from typing import Any, Callable, Iterator, List, Optional, Union
+from typing import Any, Callable, Dict, Iterator, List, Optional, Union
 
 from ..cause import Cause, CauseKind
 from ..errors import GangAborted, TorchrunException
@@ -96,6 +96,10 @@ class GangSession:
         self._in_user_code = False
         self._main = threading.main_thread().ident
         self._previous_handler: Any = None
+        # This node's preflight (runtime/preflight.py): what it sends on joining,
+        # and what the control keeps of the gang's.
+        self.preflight_source: Optional[Callable[[], Any]] = None
+        self.preflight: Dict[str, Any] = {}
 
     @property
     def is_control(self) -> bool:
@@ -123,6 +127,7 @@ class GangSession:
             self.config, self.topology.main_addr, ports, self.topology.node_index, secret=self.secret
         )
         self.client.on_abort = self._on_abort
+        self.client.preflight = self.preflight_source
         self.client.start()
         # Joining takes a round trip when the control is up: wait that long, so
         # that a node that dies at once is known to the gang (and so lost, not

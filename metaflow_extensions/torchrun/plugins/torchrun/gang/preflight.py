@@ -1,0 +1,325 @@
+"""Preflight on the control: compare every node's fingerprint and fitness
+checks, and decide before any rank starts whether the gang can train.
+
+Pure functions over what the nodes sent (``messages.Preflight``), and the
+small book the gang service keeps them in. Costs are bounded by the gang's
+size once, not per message: values are grouped (one dict per field), and a
+message names at most ``MAX_GROUPS`` values per field and ``cause.plural``'s
+cap of node ranges, so at 1,024 nodes a refusal is still a few lines:
+``nodes 3, 17 have torch 2.12.0 (majority 2.13.0 on 1022 nodes)``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+
+from ..cause import Cause, CauseKind, plural
+from . import messages as msg
+
+# @torchrun(preflight=...): the default checks versions and each node's fitness
+# (no process, milliseconds, on the join's thread); "full" adds a collective
+# job of its own before the first call; "off" (False) does nothing.
+VERSIONS = "versions"
+FULL = "full"
+OFF = "off"
+MODES = (VERSIONS, FULL, OFF)
+DEFAULT_MODE = VERSIONS
+# Fields whose difference is reported, not refused: nodes of one cluster often
+# run different kernel patch levels, and training does not care.
+WARN_ONLY_FIELDS = ("kernel",)
+# Values named per field in a message (the rest are counted).
+MAX_GROUPS = 8
+# Nodes listed per group in the record (the rest are counted).
+MAX_LISTED = 64
+# Rows of the per-node table kept in the record: nodes with a problem first.
+MAX_ROWS = 64
+ROW_TEXT = 80
+
+FIX_VERSIONS = ("build every node from one image (or one environment: @pypi/@conda pins, the same "
+                "--environment), so that every node runs the same software")
+
+
+def parse_mode(value: Any) -> str:
+    """``@torchrun(preflight=...)``: "versions", "full", or False/"off"/None
+    for none; anything else is refused by name."""
+    if value is None or value is False or (isinstance(value, str) and value.strip().lower() in (
+            "off", "false", "no", "none", "0", "")):
+        return OFF
+    if value is True:
+        return DEFAULT_MODE
+    if isinstance(value, str) and value.strip().lower() in (VERSIONS, FULL):
+        return value.strip().lower()
+    raise ValueError("@torchrun(preflight=%r): use \"versions\" (the default), \"full\" or False." % (value,))
+
+
+# -- versions --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Difference:
+    """One field on which the nodes disagree."""
+
+    field: str
+    majority: str
+    majority_count: int
+    others: Tuple[Tuple[str, Tuple[int, ...]], ...]  # (value, nodes), largest group first
+
+    @property
+    def refused(self) -> bool:
+        return self.field not in WARN_ONLY_FIELDS
+
+    def describe(self) -> str:
+        """``torch: nodes 3, 17 have 2.12.0 (majority 2.13.0 on 1022 nodes)``."""
+        parts = []
+        for value, nodes in self.others[:MAX_GROUPS]:
+            parts.append("%s %s %s" % (plural(list(nodes)), "has" if len(nodes) == 1 else "have", value or "none"))
+        rest = self.others[MAX_GROUPS:]
+        if rest:
+            parts.append("%d more values on %d nodes" % (len(rest), sum(len(n) for _, n in rest)))
+        tied = bool(self.others) and len(self.others[0][1]) == self.majority_count
+        return "%s: %s (%s %s on %d node%s)" % (
+            self.field, "; ".join(parts), "tied; the reference is node 0's," if tied else "majority",
+            self.majority or "none", self.majority_count, "" if self.majority_count == 1 else "s")
+
+
+def group_values(fingerprints: Mapping[int, Mapping[str, str]]) -> Dict[str, Dict[str, List[int]]]:
+    """field -> value -> nodes; a field a node did not send counts as "none".
+    A node that sent no fingerprint at all (it could not measure) is left out:
+    not knowing is no reason to refuse."""
+    groups: Dict[str, Dict[str, List[int]]] = {name: {} for name in msg.FINGERPRINT_FIELDS}
+    for node in sorted(fingerprints):
+        versions = fingerprints[node]
+        if not versions:
+            continue
+        for name in msg.FINGERPRINT_FIELDS:
+            groups[name].setdefault(versions.get(name) or "none", []).append(node)
+    return groups
+
+
+def differences(fingerprints: Mapping[int, Mapping[str, str]]) -> List[Difference]:
+    """The fields on which nodes disagree, each with its majority value (ties:
+    the value of the lowest node, node 0 where it reported)."""
+    out = []
+    for name, by_value in group_values(fingerprints).items():
+        if len(by_value) < 2:
+            continue
+        ordered = sorted(by_value.items(), key=lambda kv: (-len(kv[1]), kv[1][0]))
+        majority, nodes = ordered[0]
+        others = tuple((value, tuple(n)) for value, n in ordered[1:])
+        out.append(Difference(name, majority, len(nodes), others))
+    return out
+
+
+# -- fitness ----------------------------------------------------------------------------
+
+
+def group_checks(checks: Mapping[int, Sequence[msg.PreflightCheck]], status: str) -> List[Tuple[msg.PreflightCheck,
+                                                                                                 List[int]]]:
+    """The checks of ``status`` across the gang, grouped by what was found,
+    expected and the fix: one example check and its nodes per group."""
+    groups: Dict[Tuple[str, str, str, str], Tuple[msg.PreflightCheck, List[int]]] = {}
+    for node in sorted(checks):
+        for check in checks[node]:
+            if check.status == status:
+                key = (check.name, check.found, check.expected, check.fix)
+                groups.setdefault(key, (check, []))[1].append(node)
+    return sorted(groups.values(), key=lambda g: (g[0].name, g[1][0]))
+
+
+def describe_checks(groups: List[Tuple[msg.PreflightCheck, List[int]]]) -> List[str]:
+    """One line per group (at most ``MAX_GROUPS`` per check): the node, the
+    check, what was found and expected, and the fix."""
+    lines: List[str] = []
+    per_check: Dict[str, int] = {}
+    for check, nodes in groups:
+        seen = per_check[check.name] = per_check.get(check.name, 0) + 1
+        if seen > MAX_GROUPS:
+            continue
+        line = "%s on %s: found %s" % (check.name, plural(nodes), check.found or "?")
+        if check.expected:
+            line += ", expected %s" % check.expected
+        if check.fix:
+            line += ". Fix: %s" % check.fix
+        lines.append(line)
+    for name, count in per_check.items():
+        if count > MAX_GROUPS:
+            lines.append("%s: %d more kinds of finding not shown" % (name, count - MAX_GROUPS))
+    return lines
+
+
+# -- the verdict -------------------------------------------------------------------------
+
+
+def verdict(fingerprints: Mapping[int, Mapping[str, str]],
+            checks: Mapping[int, Sequence[msg.PreflightCheck]]) -> Optional[Cause]:
+    """The preflight's refusal, or None when the gang may start its ranks:
+    a fingerprint field that differs (kernel aside) or a check that failed."""
+    refused = [d for d in differences(fingerprints) if d.refused]
+    failed = group_checks(checks, "fail")
+    if not refused and not failed:
+        return None
+    lines = []
+    if refused:
+        lines.append("the nodes run different software:")
+        lines.extend("  " + d.describe() for d in refused)
+        lines.append("  Fix: " + FIX_VERSIONS + ".")
+    if failed:
+        lines.append("a check failed:")
+        lines.extend("  " + line for line in describe_checks(failed))
+    first = refused[0].describe() if refused else describe_checks(failed)[0]
+    nodes = sorted({n for d in refused for _, group in d.others for n in group} | {n for _, g in failed for n in g})
+    return Cause(
+        CauseKind.PREFLIGHT,
+        "preflight refused the gang before any rank started: %s" % first,
+        node_index=nodes[0] if nodes else None,
+        message="\n".join(lines)[:4000],
+    )
+
+
+def warnings(fingerprints: Mapping[int, Mapping[str, str]],
+             checks: Mapping[int, Sequence[msg.PreflightCheck]]) -> List[str]:
+    """What the control says once the gang passed: checks that warned, and
+    fields that differ without refusing (the kernel)."""
+    lines = ["versions differ (not refused): " + d.describe() for d in differences(fingerprints) if not d.refused]
+    return lines + describe_checks(group_checks(checks, "warn"))
+
+
+# -- the record: bounded whatever the gang's size -------------------------------------------
+
+
+def record(fingerprints: Mapping[int, Mapping[str, str]], checks: Mapping[int, Sequence[msg.PreflightCheck]],
+           num_nodes: int) -> Dict[str, Any]:
+    """What the result record, the task metadata and the card keep."""
+    versions: Dict[str, Any] = {}
+    for name, by_value in group_values(fingerprints).items():
+        ordered = sorted(by_value.items(), key=lambda kv: (-len(kv[1]), kv[1][0]))
+        versions[name] = [{"value": v, "count": len(n), "nodes": n[:MAX_LISTED]} for v, n in ordered[:MAX_GROUPS]]
+    findings: List[Dict[str, Any]] = []
+    for status in ("fail", "warn"):
+        for check, nodes in group_checks(checks, status)[:4 * MAX_GROUPS]:
+            findings.append(dict(check.to_wire(), count=len(nodes), nodes=nodes[:MAX_LISTED]))
+    return {
+        "nodes": num_nodes,
+        "reported": len(fingerprints),
+        "versions": versions,
+        "differences": [d.describe() for d in differences(fingerprints)][:len(msg.FINGERPRINT_FIELDS)],
+        "findings": findings,
+        "rows": rows(fingerprints, checks),
+    }
+
+
+def rows(fingerprints: Mapping[int, Mapping[str, str]],
+         checks: Mapping[int, Sequence[msg.PreflightCheck]]) -> List[Dict[str, Union[int, str]]]:
+    """Nodes by checks, for the card's table: nodes with a problem first, at
+    most ``MAX_ROWS``; each cell the status and, if not ok, what was found."""
+    odd: Dict[int, List[str]] = {}
+    for d in differences(fingerprints):
+        for _, group in d.others:
+            for n in group:
+                odd.setdefault(n, []).append(d.field)
+    nodes = sorted(set(fingerprints) | set(checks), key=lambda n: (
+        not (n in odd or any(c.status != "ok" for c in checks.get(n, ()))), n))
+    out: List[Dict[str, Union[int, str]]] = []
+    for node in nodes[:MAX_ROWS]:
+        versions = "differ: " + ", ".join(odd[node]) if node in odd else "ok"
+        row: Dict[str, Union[int, str]] = {"node": node, "versions": versions[:ROW_TEXT]}
+        for check in checks.get(node, ()):
+            cell = check.status if check.status == "ok" else "%s: %s" % (check.status, check.found)
+            row[check.name] = cell[:ROW_TEXT]
+        out.append(row)
+    return out
+
+
+class PreflightBook:
+    """What the gang service keeps of the nodes' preflight messages: one per
+    node, compared once, when the last one arrives (O(nodes) once)."""
+
+    def __init__(self, num_nodes: int):
+        self.num_nodes = num_nodes
+        self.fingerprints: Dict[int, Dict[str, str]] = {}
+        self.checks: Dict[int, Tuple[msg.PreflightCheck, ...]] = {}
+        self.decided = False
+
+    def keep(self, node: int, message: msg.Preflight) -> bool:
+        """True when this was the last node's: the gang can be judged."""
+        if node in self.fingerprints:
+            raise ValueError("node %d sent its preflight twice" % node)
+        self.fingerprints[node] = dict(message.versions)
+        self.checks[node] = tuple(message.checks)
+        if len(self.fingerprints) == self.num_nodes and not self.decided:
+            self.decided = True
+            return True
+        return False
+
+    def verdict(self) -> Optional[Cause]:
+        return verdict(self.fingerprints, self.checks)
+
+    def warnings(self) -> List[str]:
+        return warnings(self.fingerprints, self.checks)
+
+    def record(self) -> Dict[str, Any]:
+        return record(self.fingerprints, self.checks, self.num_nodes)
+
+
+# -- the collective job (preflight="full") -------------------------------------------------
+
+# A node whose link to the reference node (rank 0's) measures under this
+# fraction of the median of all nodes' links is named slow.
+SLOW_FRACTION = 0.5
+
+
+def _numbers(value: Any) -> Dict[int, float]:
+    """node -> a finite non-negative number; anything else left out."""
+    out: Dict[int, float] = {}
+    if isinstance(value, Mapping):
+        for k, v in list(value.items())[:1 << 20]:
+            if isinstance(k, int) and isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v < 1e12:
+                out[k] = float(v)
+    return out
+
+
+def median(values: Sequence[float]) -> float:
+    ordered = sorted(values)
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2.0
+
+
+def job_record(returned: Any, took: float) -> Dict[str, Any]:
+    """What rank 0 of the job returned, checked, with the slow nodes named;
+    one number per node (bounded: 1,024 nodes are a few tens of kB)."""
+    data = returned if isinstance(returned, Mapping) else {}
+    links = _numbers(data.get("link_gbps"))
+    init = _numbers(data.get("init_s"))
+    mid = median(list(links.values())) if links else 0.0
+    slow = sorted(n for n, v in links.items() if len(links) >= 2 and v < SLOW_FRACTION * mid)
+    busbw = data.get("busbw_gbps")
+    return {
+        "backend": str(data.get("backend", "?"))[:16],
+        "allreduce_ok": data.get("allreduce_ok") is True,
+        "busbw_gbps": float(busbw) if isinstance(busbw, (int, float)) and not isinstance(busbw, bool) else None,
+        "size_mib": data.get("size_mib") if isinstance(data.get("size_mib"), int) else None,
+        "home_node": data.get("home_node") if isinstance(data.get("home_node"), int) else 0,
+        "link_gbps": links,
+        "link_median_gbps": round(mid, 3),
+        "init_s": init,
+        "slow": slow,
+        "seconds": round(took, 3),
+    }
+
+
+def describe_job(job: Mapping[str, Any]) -> List[str]:
+    """The control's lines about the job: what it proved, what is slow."""
+    init = job.get("init_s") or {}
+    slowest = max(init.items(), key=lambda kv: kv[1]) if init else None
+    lines = ["collective job (%s) in %.1fs: all-reduce %s, bus bandwidth %s GB/s%s" % (
+        job.get("backend"), job.get("seconds") or 0.0, "ok" if job.get("allreduce_ok") else "WRONG SUM",
+        "%.3g" % job["busbw_gbps"] if job.get("busbw_gbps") is not None else "?",
+        ", process-group init up to %.2fs (node %d)" % (slowest[1], slowest[0]) if slowest else "")]
+    links = job.get("link_gbps") or {}
+    for node in job.get("slow") or []:
+        lines.append("node %d is slow: %.3g GB/s to node %d, under %d%% of the median %.3g GB/s. Fix: check that "
+                     "node's network link (NIC, cable, placement) or leave it out" % (
+                         node, links.get(node, 0.0), job.get("home_node") or 0, SLOW_FRACTION * 100,
+                         job.get("link_median_gbps") or 0.0))
+    return lines

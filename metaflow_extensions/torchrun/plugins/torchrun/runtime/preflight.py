@@ -1,0 +1,167 @@
+"""``@torchrun(preflight=...)`` in the step: what each node sends on joining,
+the collective job of ``preflight="full"`` before the first call, and what
+the control keeps for the record and the card.
+
+- "versions" (the default): each node's fingerprint and fitness checks go to
+  the control on the join's thread (``gang/client.py``); the service compares
+  them when the last arrives and refuses the gang before any rank starts
+  (``gang/preflight.py``). No process, no wait on the step's code.
+- "full": also a short torchrun job of its own on every rank
+  (``rank/preflight_job.py``), run as a call under the gang's supervision,
+  with a deadline of ``heartbeat_timeout``: a node whose ranks are stuck
+  outside a collective by then is named; nodes waiting in one report an echo.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any, Callable, Dict, Optional
+
+from ..cause import Cause, CauseKind
+from ..gang import messages as msg
+from ..gang import preflight as verdicts
+from ..host.devices import cuda_devices
+from ..host.network import interface_of, interfaces
+from ..host.workdirs import work_root
+from ..launch import preflight as checks
+from ..launch.plan import plan_call
+from ..rank import preflight_job
+from .call import CallRun
+from .result import TorchrunResult
+from .session import GangSession, local_address, say
+
+# Nodes whose ranks wait inside a collective at the deadline report this much
+# later than the node stuck outside one, so that the root cause arrives first.
+ECHO_DELAY = 2.0
+
+
+def source(session: GangSession) -> Callable[[], msg.Preflight]:
+    """What this node measures and sends right after joining."""
+
+    def measure() -> msg.Preflight:
+        defaults = session.defaults
+        addr = local_address(session.topology)
+        return checks.measure(
+            session.topology.node_index,
+            checks.default_nproc(defaults.nproc_per_node, defaults.derived_nproc),
+            defaults.accelerators, os.environ, work_root(), addr, interface_of(addr), interfaces())
+
+    return measure
+
+
+def attach(session: GangSession) -> None:
+    """Before ``session.join``: the preflight travels with the join."""
+    if session.defaults.preflight != verdicts.OFF:
+        session.preflight_source = source(session)
+        session.preflight["mode"] = session.defaults.preflight
+
+
+def backend(session: GangSession) -> str:
+    gpu = session.defaults.accelerators.kind == "gpu" and (cuda_devices(os.environ) or 0) > 0
+    return "nccl" if gpu else "gloo"
+
+
+def before_first_call(session: GangSession) -> None:
+    """``preflight="full"``: the collective job, once per step attempt,
+    before the step's first call starts the user's ranks."""
+    if session.defaults.preflight != verdicts.FULL or session.calls_made or session.preflight.get("job_ran"):
+        return
+    session.preflight["job_ran"] = True
+    plan = plan_call(preflight_job.preflight_job, {"backend": backend(session)}, None, None,
+                     session.defaults, [os.getcwd()])
+    began = time.monotonic()
+    with session.in_call() as index:
+        result = PreflightRun(session, plan, index).run()
+    if session.is_control:
+        job = verdicts.job_record(result.returns.get(0), time.monotonic() - began)
+        session.preflight["job"] = job
+        for line in verdicts.describe_job(job):
+            say("preflight: " + line)
+
+
+class PreflightRun(CallRun):
+    """The job's call: supervised like any, plus deadlines of its own.
+
+    The clock starts when every rank of this node has started (written its
+    first phase): torchrun and ``import torch`` take from seconds to tens of
+    seconds on a busy node, and are no hang. ``heartbeat_timeout`` later, a
+    node with a rank outside any collective is the one to name. Ranks that
+    have not started ``2 x heartbeat_timeout`` after the go are named too.
+    Nodes whose ranks all wait inside a collective report an echo only after
+    ``2 x heartbeat_timeout + ECHO_DELAY``, so the node to name comes first."""
+
+    stuck: str = ""  # why this node is the one to name
+    overdue: bool = False
+    go_at: float = 0.0
+    started_at: Optional[float] = None
+
+    def supervise(self, env: Dict[str, str]) -> None:
+        self.go_at = time.monotonic()
+        super().supervise(env)
+
+    def stop_reason(self) -> Optional[str]:
+        now, limit = time.monotonic(), self.session.defaults.heartbeat_timeout
+        phases = self._phases()
+        if self.started_at is None:
+            if all(p is not None for p in phases.values()):
+                self.started_at = now
+            elif now >= self.go_at + 2 * limit:
+                self.stuck = _outside(phases) + " (not started %gs after the go)" % (2 * limit)
+            if not self.stuck:
+                return None
+        elif now >= self.started_at + limit:
+            self.stuck = _outside(phases)
+            if not self.stuck and now < self.started_at + 2 * limit + ECHO_DELAY:
+                return None
+        else:
+            return None
+        self.overdue = True
+        return "the preflight job overran heartbeat_timeout"
+
+    def _own_cause(self) -> Cause:
+        if not self.overdue:
+            return super()._own_cause()
+        limit = self.session.defaults.heartbeat_timeout
+        if self.stuck:
+            return Cause(CauseKind.PREFLIGHT, "preflight job: node %d did not get through its collectives within "
+                         "%gs (heartbeat_timeout): %s, outside any collective, while its peers waited"
+                         % (self.node_index, limit, self.stuck), node_index=self.node_index, call=self.index)
+        return Cause(CauseKind.PREFLIGHT, "preflight job: node %d waited over %gs in a collective for another node"
+                     % (self.node_index, 2 * limit), node_index=self.node_index, call=self.index, secondary=True)
+
+    def _phases(self) -> Dict[int, Optional[str]]:
+        nproc = self.plan.nproc if isinstance(self.plan.nproc, int) else 1
+        return {local: preflight_job.read_phase(self.workdir, local) if self.workdir else None
+                for local in range(nproc)}
+
+def _outside(phases: Dict[int, Optional[str]]) -> str:
+    """The local ranks that are not waiting inside a collective, and where."""
+    return ", ".join("local rank %d %s" % (local, "in %r" % phase if phase else "not started")
+                     for local, phase in sorted(phases.items()) if phase not in preflight_job.WAITING)
+
+
+def record(session: GangSession) -> Dict[str, Any]:
+    """On the control: the gang's preflight for the record and the card."""
+    if session.server is None or not session.preflight.get("mode"):
+        return {}
+    out = {"mode": session.preflight["mode"]}
+    out.update(session.server.preflight_record())
+    if session.preflight.get("job"):
+        out["job"] = session.preflight["job"]
+    return out
+
+
+def refusal_result(session: GangSession) -> Optional[TorchrunResult]:
+    """The control's record when the gang stopped before any call (a refused
+    preflight): the card and the metadata still say why."""
+    cause = session.cause
+    if not session.is_control or session.results or cause is None or cause.kind is not CauseKind.PREFLIGHT:
+        return None
+    now = time.time()
+    return TorchrunResult(command=[], node_index=session.topology.node_index, num_nodes=session.topology.num_nodes,
+                          nproc_per_node=checks.default_nproc(session.defaults.nproc_per_node,
+                                                              session.defaults.derived_nproc),
+                          exit_code=None, started_at=now, ended_at=now, main_addr=session.topology.main_addr,
+                          cause=cause.to_wire())
+

@@ -1,0 +1,90 @@
+"""The card's "Preflight" section: nodes by checks, the findings with their
+fixes, and (``preflight="full"``) each node's bandwidth as a small bar chart.
+Built from the record alone (``TorchrunResult.preflight``), which is bounded,
+so the section is too at 1,024 nodes."""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Mapping
+
+
+def table(record: Mapping[str, Any]) -> List[List[str]]:
+    rows = record.get("rows") or []
+    names: List[str] = []
+    for row in rows:
+        names.extend(k for k in row if k not in ("node",) and k not in names)
+    out = [["node"] + names]
+    for row in rows:
+        out.append([str(row.get("node"))] + [str(row.get(name, "")) for name in names])
+    shown, total = len(rows), int(record.get("reported") or 0)
+    if total > shown:
+        out.append(["...", "%d more nodes, every check ok" % (total - shown)] + [""] * (len(names) - 1))
+    return out
+
+
+def findings_markdown(record: Mapping[str, Any], escape: Any) -> str:
+    lines = []
+    for text in record.get("differences") or []:
+        lines.append("- versions differ: %s" % escape(text))
+    for f in record.get("findings") or []:
+        nodes = ", ".join(str(n) for n in f.get("nodes") or [])
+        more = f.get("count", 0) - len(f.get("nodes") or [])
+        lines.append("- **%s** %s on node%s %s%s: found %s, expected %s. %s" % (
+            escape(f.get("name")), escape(f.get("status")), "s" if f.get("count", 0) != 1 else "", nodes,
+            " and %d more" % more if more > 0 else "", escape(f.get("found")), escape(f.get("expected") or "-"),
+            ("Fix: " + escape(f.get("fix"))) if f.get("fix") else ""))
+    return "\n".join(lines)
+
+
+def bandwidth_spec(job: Mapping[str, Any]) -> Dict[str, Any]:
+    """A Vega-Lite bar chart: GB/s from each node to the reference node."""
+    links = job.get("link_gbps") or {}
+    slow = set(job.get("slow") or [])
+    values = [{"node": str(n), "GB/s": v, "slow": n in slow} for n, v in sorted(links.items())]
+    return {
+        "$schema": "https://vega.github.io/schema/vega-lite/v5.json",
+        "width": min(600, 40 + 12 * len(values)), "height": 120,
+        "data": {"values": values},
+        "mark": "bar",
+        "encoding": {
+            "x": {"field": "node", "type": "ordinal", "sort": None},
+            "y": {"field": "GB/s", "type": "quantitative"},
+            "color": {"field": "slow", "type": "nominal",
+                      "scale": {"domain": [False, True], "range": ["#4c78a8", "#e45756"]}},
+        },
+    }
+
+
+def parts(record: Mapping[str, Any], escape: Any, code_block: Any) -> list:
+    """The section's components; [] when the step had no preflight."""
+    if not record:
+        return []
+    from metaflow.cards import Markdown, Table
+
+    out: list = [Markdown("## Preflight (%s)" % escape(record.get("mode", "?")))]
+    if record.get("rows"):
+        rows = table(record)
+        out.append(Table(rows[1:], headers=rows[0]))
+    text = findings_markdown(record, escape)
+    out.append(Markdown(text or "Every node runs the same software and passed every check."))
+    job = record.get("job")
+    if job:
+        from ..gang.preflight import describe_job
+
+        out.append(Markdown(code_block("\n".join(describe_job(job)))))
+        if job.get("link_gbps"):
+            try:
+                from metaflow.cards import VegaChart
+
+                out.append(Markdown("GB/s from each node to node %s (a round trip of %s MiB):" % (
+                    job.get("home_node"), job.get("size_mib"))))
+                out.append(VegaChart(bandwidth_spec(job)))
+            except ImportError:  # an older Metaflow: the table says it
+                pass
+        init = job.get("init_s") or {}
+        links = job.get("link_gbps") or {}
+        nodes = sorted(set(init) | set(links))[:64]
+        out.append(Table([[str(n), "%.3f" % init[n] if n in init else "",
+                           "%.3f" % links[n] if n in links else "reference"] for n in nodes],
+                         headers=["node", "process-group init (s)", "GB/s to node %s" % job.get("home_node")]))
+    return out
