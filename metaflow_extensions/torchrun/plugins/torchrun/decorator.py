@@ -21,11 +21,13 @@ from .compat import (
     meta_datum,
     translate_attributes,
 )
+from . import defaults as DEFAULTS
 from .errors import Problems, TorchrunInvalidArgument
 from .gang import secret as gang_secret
 from .handle import TorchrunHandle
 from .gang.identity import GangIdentity
 from .lint import register_lint_check, require_parallel_entry
+from .settings import export_knobs, knob_environ
 from .runtime.local_nodes import stop_local_nodes
 from .launch.plan import (
     StepDefaults,
@@ -92,12 +94,12 @@ class TorchrunDecorator(ParallelDecorator):
         "nproc_per_node": None,
         "torchrun_args": None,
         "port": None,
-        "heartbeat_timeout": 30,
-        "start_timeout": 600,
-        "label_logs": True,
-        "card": True,
-        "hang_timeout": None,
-        "shutdown_grace": 30,
+        "heartbeat_timeout": DEFAULTS.HEARTBEAT_TIMEOUT,
+        "start_timeout": DEFAULTS.START_TIMEOUT,
+        "label_logs": DEFAULTS.LABEL_LOGS,
+        "card": DEFAULTS.CARD,
+        "hang_timeout": DEFAULTS.HANG_TIMEOUT,
+        "shutdown_grace": DEFAULTS.SHUTDOWN_GRACE,
         "rdzv_port": None,
         "args_as": None,
     }
@@ -207,6 +209,8 @@ class TorchrunDecorator(ParallelDecorator):
         )
         from metaflow import current
 
+        # The METAFLOW_TORCHRUN_* knobs a Metaflow profile sets, for every reader below.
+        export_knobs()
         if ubf_context != UBF_CONTROL and self._card is not None:
             # The card belongs to the control task, which sees the whole gang.
             # Rendering one on every other node would cost each a Metaflow
@@ -235,11 +239,12 @@ class TorchrunDecorator(ParallelDecorator):
         storage = task_datastore._storage_impl
         if ubf_context == UBF_CONTROL:
             # Before Metaflow spawns the local nodes, so that they find it at once.
-            self._secret: Any = gang_secret.for_control(storage, self._identity, os.environ)
+            self._secret: Any = gang_secret.for_control(storage, self._identity, knob_environ())
         else:
             start_timeout = float(self.attributes["start_timeout"])
             identity = self._identity
-            self._secret = lambda: gang_secret.for_worker(storage, identity, os.environ, start_timeout)
+            env = knob_environ()
+            self._secret = lambda: gang_secret.for_worker(storage, identity, env, start_timeout)
         self._defaults = StepDefaults(
             nproc_per_node=self.attributes.get("nproc_per_node"),
             torchrun_args=self._torchrun_args,

@@ -35,6 +35,10 @@ import tempfile
 import time
 from typing import List, Optional
 
+# The one module above host/ that host/ reads (a leaf: it imports nothing; pyproject.toml).
+from ..rank.names import KEEP_LOGS_ENV, MAX_LOG_MB_ENV
+from .. import defaults as DEFAULTS
+
 BASE_PREFIX = "metaflow-torchrun-"
 LOGS = "logs"
 WORK = "work"
@@ -43,10 +47,8 @@ LOCK_FILE = ".lock"
 # Retention of the per-rank logs, per user and host: the logs of the newest
 # KEEP_LOGS calls are kept, and older ones go while all logs take more than
 # MAX_LOG_MB. The logs of a call whose task is still alive are never removed.
-KEEP_LOGS_ENV = "METAFLOW_TORCHRUN_KEEP_LOGS"
-MAX_LOG_MB_ENV = "METAFLOW_TORCHRUN_MAX_LOG_MB"
-DEFAULT_KEEP_LOGS = 20
-DEFAULT_MAX_LOG_MB = 500
+DEFAULT_KEEP_LOGS = DEFAULTS.KEEP_LOGS
+DEFAULT_MAX_LOG_MB = DEFAULTS.MAX_LOG_MB
 # A call directory this young is never pruned: another node of the same call
 # (local runs put every node on one host) may be creating it right now.
 YOUNG_SECONDS = 120.0
@@ -232,11 +234,6 @@ def read_tail(path: str, max_bytes: int) -> bytes:
         return b"".join(chunks)
     finally:
         os.close(fd)
-
-
-def rank_log_path(log_dir: str, rank: int, stream: str) -> str:
-    """Where the relay copies one rank's ``stdout`` or ``stderr`` (layout above)."""
-    return os.path.join(log_dir, "rank-%d.%s.log" % (rank, stream))
 
 
 def tail_lines(path: str, count: int, max_bytes: int = 64 * 1024) -> List[str]:

@@ -14,6 +14,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
 
+from .. import defaults as DEFAULTS
 from ..errors import Problems, TorchrunInvalidArgument
 from .options import flag_name as _flag
 from .options import scalar as _scalar
@@ -138,7 +139,7 @@ class Launch:
     local_addr: Optional[str] = None
     # The gang's start_timeout: a node launches as soon as it reaches a call,
     # so its rendezvous may wait that long for the last node to arrive.
-    start_timeout: float = 600.0
+    start_timeout: float = DEFAULTS.START_TIMEOUT
 
 
 def format_endpoint(host: str, port: int) -> str:

@@ -14,7 +14,9 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
-from ..rank import bootstrap, functions
+from .. import defaults as DEFAULTS
+from ..rank import functions, names
+from ..rank.names import SHARE_STORE_OFF_ENV, SHUTDOWN_TIMEOUT_ENV  # noqa: F401 (tests)
 from .command import ArgSpec, encode_args, none_keys, restarts_allowed, true_keys  # noqa: F401 (call.py)
 from .options import canonical_option, parse_options
 from .torch_checks import known_torchrun_options
@@ -35,10 +37,8 @@ from ..gang.ports import parse_port
 from .resources import NONE as NO_ACCELERATORS
 from .resources import Accelerators
 
-# torch's switch for a store of the ranks' own rather than the agent's.
-SHARE_STORE_OFF_ENV = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
-
-SHUTDOWN_TIMEOUT_ENV = "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"
+# torch's switch for a store of the ranks' own rather than the agent's (SHARE_STORE_OFF_ENV),
+# and its agent's grace on shutdown (SHUTDOWN_TIMEOUT_ENV): names.py.
 
 # torchrun's own spellings for "as many processes as there are devices/cores".
 NPROC_KEYWORDS = ("auto", "gpu", "cpu", "xpu")
@@ -53,15 +53,15 @@ class StepDefaults:
     port: Optional[int] = None
     derived_nproc: Optional[int] = None
     accelerators: Accelerators = NO_ACCELERATORS
-    heartbeat_timeout: float = 30.0
-    start_timeout: float = 600.0
-    label_logs: bool = True
-    hang_timeout: Optional[float] = None
-    shutdown_grace: float = 30.0
+    heartbeat_timeout: float = DEFAULTS.HEARTBEAT_TIMEOUT
+    start_timeout: float = DEFAULTS.START_TIMEOUT
+    label_logs: bool = DEFAULTS.LABEL_LOGS
+    hang_timeout: Optional[float] = DEFAULTS.HANG_TIMEOUT
+    shutdown_grace: float = DEFAULTS.SHUTDOWN_GRACE
     # torchrun's rendezvous port on the control; None: picked free per call.
     rdzv_port: Optional[int] = None
     # How a dict of entrypoint_args is spelled (command.ARGS_STYLES).
-    args_as: str = "ours"
+    args_as: str = DEFAULTS.ARGS_AS
 
 
 @dataclass(frozen=True)
@@ -311,8 +311,8 @@ def rank_environment(
         # Ranks import the function's module as the flow file would: from the
         # flow's directory.
         env["PYTHONPATH"] = os.pathsep.join(p for p in (flow_dir, env.get("PYTHONPATH")) if p)
-    env[bootstrap.FAILURE_DIR_ENV] = workdir
-    env[bootstrap.NODE_INDEX_ENV] = str(node_index)
+    env[names.FAILURE_DIR_ENV] = workdir
+    env[names.NODE_INDEX_ENV] = str(node_index)
     if iface and "GLOO_SOCKET_IFNAME" not in env:
         # gloo otherwise binds to whatever the host name resolves to, which
         # on many hosts (127.0.1.1, containers) other nodes cannot reach.
@@ -325,7 +325,7 @@ def rank_environment(
         # does with sharing off. Only then: the ranks' init_process_group waits
         # about 0.5 s longer for rank 0's new store (benchmarks, 2 x 2).
         env.setdefault(SHARE_STORE_OFF_ENV, "1")
-    env[bootstrap.LABELS_ENV] = "1" if label_logs else "0"
+    env[names.LABELS_ENV] = "1" if label_logs else "0"
     if log_dir:
-        env[bootstrap.LOG_DIR_ENV] = log_dir
+        env[names.LOG_DIR_ENV] = log_dir
     return env

@@ -21,9 +21,8 @@ import json
 import os
 from typing import Any, Dict, List, Mapping, MutableMapping
 
-ENTRY_ENV = "METAFLOW_TORCHRUN_ENTRY"  # the entry file's path
-USER_TMPDIR_ENV = "METAFLOW_TORCHRUN_USER_TMPDIR"  # the ranks' TMPDIR ("": none)
-ENTRY_FILE = "entry.json"
+from .names import ENTRY_ENV, ENTRY_FILE, USER_TMPDIR_ENV
+
 AGENT_TMP = "tmp"
 
 

@@ -24,6 +24,8 @@ import time
 from dataclasses import dataclass
 from typing import IO, Dict, Iterable, List, Mapping, Optional, Tuple
 
+from .names import STACKS_SUFFIX, rank_file
+
 # Real-time, like the gang's interrupt: SIGUSR1/2 belong to user code (SLURM-style
 # checkpoint triggers), and a real-time signal nobody handles would kill a rank,
 # which is why the bootstrap registers it before the user's code runs.
@@ -37,13 +39,12 @@ MAX_STACK_BYTES = 16 * 1024
 # The failure message shows this many ranks; the card and the record show all.
 SUMMARY_RANKS = 16
 
-_SUFFIX = ".stacks.txt"
 _FRAME = re.compile(r'^\s+File "(?P<file>.*)", line (?P<line>\d+) in (?P<func>.*)$')
 _THREAD = re.compile(r"^(?P<current>Current thread|Thread) (?P<ident>0x[0-9a-fA-F]+)|^Stack \(most recent")
 
 
 def stack_path(directory: str, rank: int) -> str:
-    return os.path.join(directory, "rank-%d%s" % (rank, _SUFFIX))
+    return rank_file(directory, rank, STACKS_SUFFIX)
 
 
 # -- in the rank (bootstrap) -------------------------------------------------------

@@ -35,7 +35,8 @@ from ..launch.resources import check_visible_devices
 from .result import TorchrunResult, read_rank_records
 from .session import GangSession, local_address, say
 from .supervisor import Supervisor
-from ..host.workdirs import CallFiles, rank_log_path
+from ..host.workdirs import CallFiles
+from ..rank.names import ARGS_FILE, rank_log_path
 from ..host.workdirs import tail_lines as _tail_lines
 
 # What stacks may add to the control's stop, its own collecting included: a
@@ -121,7 +122,7 @@ class CallRun:
         plan = self.plan
         if plan.function is not None:
             try:
-                functions.write_pickle(os.path.join(self.workdir, bootstrap.ARGS_FILE), plan.function_args)
+                functions.write_pickle(os.path.join(self.workdir, ARGS_FILE), plan.function_args)
             except Exception as e:
                 raise TorchrunInvalidArgument("entrypoint_args cannot be pickled for the ranks: %s" % e) from None
             bootstrap_argv = [bootstrap.FUNCTION_FLAG, plan.function.encode(), self.workdir]

@@ -14,7 +14,7 @@ from typing import Any, Dict, List, Optional, Union
 
 from ..rank.failures import RankFailure
 from ..rank.stacks import bound
-from ..host.workdirs import rank_log_path
+from ..rank.names import STATUS_SUFFIX, rank_log_path
 
 METADATA_FIELD = "torchrun-result"
 # Characters of rank stacks kept in the record (the card shows them whole).
@@ -123,7 +123,7 @@ def read_rank_records(directory: str, failures: List[RankFailure]) -> List[RankR
     except OSError:
         names = []
     for name in names:
-        if not name.endswith(".status.json"):
+        if not name.endswith(STATUS_SUFFIX):
             continue
         try:
             with open(os.path.join(directory, name)) as f:

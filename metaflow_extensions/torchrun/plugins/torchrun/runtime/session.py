@@ -38,6 +38,7 @@ from ..host.network import local_address_towards
 from ..launch.plan import StepDefaults
 from .result import TorchrunResult
 from ..gang.topology import Topology
+from ..rank.names import PROGRESS_ENV
 
 # Raised in the main thread to stop the step's code when the gang aborts. A
 # real-time signal: user code (SLURM-style checkpoint triggers) uses SIGUSR1/2.
@@ -50,7 +51,6 @@ INTERRUPT_GRACE = 10.0
 JOIN_WAIT = 2.0
 # How long a failed gang's service waits for nodes that have not heard yet.
 LINGER = 15.0
-PROGRESS_ENV = "METAFLOW_TORCHRUN_PROGRESS_SECONDS"
 
 
 class Phase(enum.Enum):

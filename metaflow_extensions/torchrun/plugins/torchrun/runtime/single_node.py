@@ -23,6 +23,7 @@ from ..gang.ports import find_free_port
 from ..gang.secret import make_secret
 from ..gang.topology import Topology
 from ..launch.command import ArgSpec, argparse_hint
+from .. import defaults as DEFAULTS
 from ..launch.plan import CallPlan, StepDefaults, plan_call, validate_shutdown_grace, step_timeout
 from ..launch.resources import requested_accelerators
 from ..launch.torch_checks import require_torch
@@ -97,9 +98,9 @@ class SingleNodeLauncher:
         self,
         args_as: str = "ours",
         label_logs: bool = True,
-        heartbeat_timeout: float = 30.0,
-        start_timeout: float = 600.0,
-        shutdown_grace: float = 30.0,
+        heartbeat_timeout: float = DEFAULTS.HEARTBEAT_TIMEOUT,
+        start_timeout: float = DEFAULTS.START_TIMEOUT,
+        shutdown_grace: float = DEFAULTS.SHUTDOWN_GRACE,
     ) -> None:
         from ..launch.inputs import validate_args_as, validate_timeouts
 
