@@ -96,7 +96,7 @@ def translate_attributes(attributes: Optional[Mapping[str, Any]]) -> LegacyAttri
             continue
         out[new] = value
         result.deprecations.append(
-            "@torchrun: %s= is deprecated (metaflow-torchrun 0.2); it is now %s=, "
+            "%s= is deprecated (metaflow-torchrun 0.2); it is now %s=, "
             "which this step uses.%s" % (old, new, ALIAS_NOTES.get(old, ""))
         )
     return result

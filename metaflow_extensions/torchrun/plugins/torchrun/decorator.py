@@ -27,6 +27,7 @@ from .gang import secret as gang_secret
 from .handle import TorchrunHandle
 from .gang.identity import GangIdentity
 from .lint import register_lint_check, require_parallel_entry
+from .host.console import say
 from .settings import export_knobs, knob_environ
 from .runtime.local_nodes import stop_local_nodes
 from .launch.plan import (
@@ -122,7 +123,6 @@ class TorchrunDecorator(ParallelDecorator):
         super().step_init(
             flow, graph, step_name, decorators, environment, flow_datastore, logger
         )
-        say = lambda line: print(line, file=sys.stderr)  # noqa: E731
         problems = Problems()  # one run, every problem
         problems.check(legacy_notes, self._legacy, say, sys.argv)
         if self._unknown:
@@ -158,9 +158,7 @@ class TorchrunDecorator(ParallelDecorator):
         self._card = attach_card(decorators) if _truthy(self.attributes["card"]) else None
         warning = small_shm_warning(specs, self._accelerators, nproc)
         if warning:
-            # stderr: some commands print machine-readable output on stdout
-            # (`argo-workflows create --only-json`).
-            print(warning, file=sys.stderr)
+            say(warning)
         self._flow_name = flow.name
         self._flow_dir = os.path.dirname(os.path.abspath(sys.argv[0]))
         self._session: Optional[GangSession] = None
@@ -359,7 +357,7 @@ class TorchrunDecorator(ParallelDecorator):
                 ],
             )
         except Exception as e:  # the record must never fail the step
-            print("@torchrun: could not store the run's record: %s" % e, file=sys.stderr)
+            say("could not store the run's record: %s" % e)
 
 
 def _truthy(value: Any) -> bool:

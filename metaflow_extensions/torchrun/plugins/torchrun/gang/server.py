@@ -28,7 +28,6 @@ from __future__ import annotations
 import resource
 import selectors
 import socket
-import sys
 import threading
 import time
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
@@ -42,6 +41,7 @@ from .membership import Membership
 from .peer import Peer
 from .ports import find_free_port
 from .wire import MAX_LINE, ProtocolError, close_quietly, encode
+from ..host.console import say
 
 # After accept() fails (EMFILE), wait this long before accepting again.
 ACCEPT_BACKOFF = 0.5
@@ -88,7 +88,7 @@ class GangServer:
         self._said_waiting = False
         self.progress: Callable[[str], None] = lambda text: None
         # Said once per gang: someone without the secret tried to join.
-        self.warn: Callable[[str], None] = lambda text: print("@torchrun: " + text, file=sys.stderr, flush=True)
+        self.warn: Callable[[str], None] = say
         self._handlers: Dict[msg.MessageType, Handler] = {
             msg.MessageType.HEARTBEAT: self._on_heartbeat,
             msg.MessageType.STACKS: self._on_stacks,

@@ -30,7 +30,6 @@ import fcntl
 import os
 import shutil
 import stat
-import sys
 import tempfile
 import time
 from typing import List, Optional
@@ -38,6 +37,7 @@ from typing import List, Optional
 # The one module above host/ that host/ reads (a leaf: it imports nothing; pyproject.toml).
 from ..rank.names import KEEP_LOGS_ENV, MAX_LOG_MB_ENV
 from .. import defaults as DEFAULTS
+from .console import say
 
 BASE_PREFIX = "metaflow-torchrun-"
 LOGS = "logs"
@@ -182,11 +182,7 @@ def _fallback_base(path: str, why: OSError, tmp: Optional[str]) -> str:
     _fallbacks[key] = fresh
     if path not in _warned:
         _warned.add(path)
-        print(
-            "@torchrun: %s %s; not using it: this task keeps its files in %s instead."
-            % (path, why.strerror or why, fresh),
-            file=sys.stderr,
-        )
+        say("%s %s; not using it: this task keeps its files in %s instead." % (path, why.strerror or why, fresh))
     return fresh
 
 

@@ -212,7 +212,7 @@ def legacy_rdzv_port(options: Dict[str, Any], where: str) -> Tuple[Optional[int]
 
 def legacy_port_note(where: str, port: int) -> str:
     return (
-        "@torchrun: %s master_port=%d is deprecated (metaflow-torchrun 0.2); it pins torchrun's "
+        "%s master_port=%d is deprecated (metaflow-torchrun 0.2); it pins torchrun's "
         "rendezvous port, as in 0.2: write @torchrun(rdzv_port=%d). The gang service's port is "
         "@torchrun(port=N)." % (where, port, port)
     )
@@ -220,7 +220,7 @@ def legacy_port_note(where: str, port: int) -> str:
 
 def none_note(keys: Sequence[str], what: str) -> str:
     return (
-        "@torchrun: %s: None for a bare flag is deprecated (metaflow-torchrun 0.2): %s passed as "
+        "%s: None for a bare flag is deprecated (metaflow-torchrun 0.2): %s passed as "
         "bare flag%s; write True." % (what, ", ".join("--" + k.lstrip("-") for k in keys),
                                        "s" if len(keys) > 1 else "")
     )

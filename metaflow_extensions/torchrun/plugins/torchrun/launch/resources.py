@@ -118,7 +118,7 @@ def check_visible_devices(
             )
         return None
     return (
-        "@torchrun: the step asks for %d GPU%s (%s) but no CUDA device is visible "
+        "the step asks for %d GPU%s (%s) but no CUDA device is visible "
         "on this node; running %d process%s per node on CPU (use the gloo backend)."
         % (
             accelerators.count,
@@ -140,7 +140,7 @@ def small_shm_warning(decorators: Iterable[DecoratorSpec], accelerators: Acceler
     for name, attributes in decorators:
         if name in ("kubernetes", "batch") and not (attributes or {}).get("shared_memory"):
             return (
-                "@torchrun: %d GPU processes per node share /dev/shm, which is 64 MiB in "
+                "%d GPU processes per node share /dev/shm, which is 64 MiB in "
                 "most containers; consider @%s(shared_memory=<MiB>) for NCCL." % (count, name)
             )
     return None

@@ -57,11 +57,13 @@ def rank_file(directory: str, rank: int, suffix: str) -> str:
 
 
 def rank_of(name: str, suffix: str) -> Optional[int]:
-    """The rank in a file name ``rank-<R><suffix>``; None for any other name."""
+    """The rank in a file name ``rank-<R><suffix>``; None for any other name.
+    A rank that could not read its own number records itself as -1."""
     if not (name.startswith(RANK_PREFIX) and name.endswith(suffix)):
         return None
     number = name[len(RANK_PREFIX):len(name) - len(suffix)]
-    return int(number) if number.isdigit() and number.isascii() else None
+    digits = number[1:] if number.startswith("-") else number
+    return int(number) if digits.isdigit() and digits.isascii() else None
 
 
 def rank_log_path(log_dir: str, rank: int, stream: str) -> str:

@@ -33,7 +33,8 @@ from ..host.network import interface_of
 from ..launch.plan import CallPlan, rank_environment, restarts_allowed
 from ..launch.resources import check_visible_devices
 from .result import TorchrunResult, read_rank_records
-from .session import GangSession, local_address, say
+from .session import GangSession, local_address
+from ..host.console import say
 from .supervisor import Supervisor
 from ..host.workdirs import CallFiles
 from ..rank.names import ARGS_FILE, rank_log_path
@@ -100,7 +101,7 @@ class CallRun:
         if isinstance(nproc, int) and count is not None:
             notice = check_visible_devices(nproc, self.session.defaults.accelerators, count > 0, count)
             if notice and self.node_index == 0:
-                print(notice, file=sys.stderr, flush=True)
+                say(notice)
 
     def enter(self) -> None:
         client = self.session.client

@@ -39,6 +39,7 @@ from ..launch.plan import StepDefaults
 from .result import TorchrunResult
 from ..gang.topology import Topology
 from ..rank.names import PROGRESS_ENV
+from ..host.console import say
 
 # Raised in the main thread to stop the step's code when the gang aborts. A
 # real-time signal: user code (SLURM-style checkpoint triggers) uses SIGUSR1/2.
@@ -250,8 +251,7 @@ class GangSession:
             return
         self._announced = True
         bar = "=" * 72
-        print("\n%s\n@torchrun: the gang failed. Root cause: %s\n%s" % (bar, cause.summary, bar),
-              file=sys.stderr, flush=True)
+        say("the gang failed. Root cause: %s" % cause.summary, frame=bar)
 
     def close(self) -> None:
         self.phase = Phase.LEFT
@@ -281,10 +281,6 @@ def progress_interval() -> float:
         return max(0.5, float(os.environ.get(PROGRESS_ENV, "15")))
     except ValueError:
         return 15.0
-
-
-def say(text: str) -> None:
-    print("@torchrun: %s" % text, file=sys.stderr, flush=True)
 
 
 def bind_host(topology: Topology) -> str:
