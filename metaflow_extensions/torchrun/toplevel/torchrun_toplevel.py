@@ -1,6 +1,18 @@
 """Names exported into ``metaflow``'s namespace. Metaflow copies every global of this
 module that is not a module or a dunder name: keep it to the exported names."""
 
+from metaflow_extensions.torchrun.plugins.torchrun.errors import (  # noqa: F401  (exported)
+    GangAborted,
+    TorchrunException,
+    TorchrunFailed,
+    TorchrunInterrupted,
+    TorchrunInvalidArgument,
+)
+from metaflow_extensions.torchrun.plugins.torchrun.runtime.result import TorchrunResult  # noqa: F401
+# The type of current.torch: exported so that Metaflow's generated stubs (and IDEs)
+# see current.torch.run with its signature.
+from metaflow_extensions.torchrun.plugins.torchrun.handle import TorchrunHandle  # noqa: F401
+
 # Metaflow reads this from every top-level extension module (before 2.16 it must exist).
 __version__ = None
 

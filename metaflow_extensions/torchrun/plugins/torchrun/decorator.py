@@ -9,6 +9,7 @@ import os
 import sys
 from typing import Any, Dict, Optional
 
+from . import load_order  # noqa: F401  (Metaflow first, whatever the user imports first)
 from metaflow.plugins.parallel_decorator import ParallelDecorator
 from metaflow.unbounded_foreach import UBF_CONTROL
 
@@ -88,6 +89,21 @@ class TorchrunDecorator(ParallelDecorator):
     args_as : str, optional
         ``"0.2"``: spell a dict of entrypoint_args as metaflow-torchrun 0.2 did
         (``True`` -> ``--k true``, ``[1, 2]`` -> ``--k "[1, 2]"``). Off by default.
+
+    MF Add To Current
+    -----------------
+    torch -> metaflow_extensions.torchrun.plugins.torchrun.handle.TorchrunHandle
+        The step's torchrun launcher, on every node of a ``@torchrun`` step.
+        ``current.torch.run(entrypoint, entrypoint_args=None, nproc_per_node=None,
+        torchrun_args=None) -> TorchrunResult`` runs a script path or a
+        module-level function under torchrun on this node, with every other node
+        of the step; it raises ``TorchrunFailed`` when a rank fails anywhere.
+        ``current.torch.last_result`` is the latest call's ``TorchrunResult``.
+
+        @@ Returns
+        -------
+        TorchrunHandle
+            The handle whose ``run`` starts one distributed call.
     """
 
     name = "torchrun"

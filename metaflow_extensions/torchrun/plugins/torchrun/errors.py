@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, List, Optional
 
+from . import load_order  # noqa: F401  (Metaflow first, whatever the user imports first)
 from metaflow.exception import MetaflowException
 
 from .rank.failures import RankFailure, describe_exit_code, root_cause_order
