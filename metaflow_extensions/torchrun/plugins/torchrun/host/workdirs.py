@@ -178,12 +178,55 @@ def _fallback_base(path: str, why: OSError, tmp: Optional[str]) -> str:
     key = (path, tmp)
     if key in _fallbacks and os.path.isdir(_fallbacks[key]):
         return _fallbacks[key]
-    fresh = tempfile.mkdtemp(prefix="%s%d-" % (BASE_PREFIX, _uid()), dir=tmp)
+    fresh = _reuse_fallback(tmp) or tempfile.mkdtemp(prefix=_fallback_prefix(), dir=tmp)
     _fallbacks[key] = fresh
     if path not in _warned:
         _warned.add(path)
         say("%s %s; not using it: this task keeps its files in %s instead." % (path, why.strerror or why, fresh))
     return fresh
+
+
+def _fallback_prefix() -> str:
+    return "%s%d-" % (BASE_PREFIX, _uid())
+
+
+def _reuse_fallback(tmp: Optional[str]) -> Optional[str]:
+    """While our base path is squatted, every task would make a fresh directory
+    that no cleanup visits (8 after 4 runs of 2 nodes). Instead all tasks share
+    the first fallback directory that is ours alone (by name, so every node picks
+    the same), and the others go once nobody uses them: at most one stays."""
+    parent = tmp or tempfile.gettempdir()
+    try:
+        names = sorted(n for n in os.listdir(parent) if n.startswith(_fallback_prefix()))
+    except OSError:
+        return None
+    chosen = None
+    for name in names:
+        candidate = os.path.join(parent, name)
+        try:
+            check_private_dir(candidate)  # a symlink or a stranger's is never used
+        except OSError:
+            continue
+        if chosen is None:
+            chosen = candidate
+        elif _removable_base(candidate):
+            shutil.rmtree(candidate, ignore_errors=True)
+    return chosen
+
+
+def _removable_base(base: str) -> bool:
+    """A whole fallback base: old enough, and no call's directory in it is held."""
+    if not _removable(base, time.time()):
+        return False
+    for sub in (WORK, LOGS):
+        root = os.path.join(base, sub)
+        try:
+            names = os.listdir(root)
+        except OSError:
+            continue
+        if any(_in_use(os.path.join(root, name)) for name in names):
+            return False
+    return True
 
 
 # -- files -----------------------------------------------------------------------
