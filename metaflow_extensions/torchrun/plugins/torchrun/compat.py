@@ -12,7 +12,7 @@ import inspect
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional
 
-from .errors import TorchrunInvalidArgument
+from .errors import TorchrunInvalidArgument, shown
 
 # ---------------------------------------------------------------- Metaflow versions
 
@@ -90,8 +90,8 @@ def translate_attributes(attributes: Optional[Mapping[str, Any]]) -> LegacyAttri
         value = out.pop(old)
         if out.get(new) is not None and out[new] != value:
             result.conflicts.append(
-                "@torchrun(%s=%r, %s=%r): %s is the metaflow-torchrun 0.2 name of %s; "
-                "give only %s." % (old, value, new, out[new], old, new, new)
+                "@torchrun(%s=%s, %s=%s): %s is the metaflow-torchrun 0.2 name of %s; "
+                "give only %s." % (old, shown(value), new, shown(out[new]), old, new, new)
             )
             continue
         out[new] = value

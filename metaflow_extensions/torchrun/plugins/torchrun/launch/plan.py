@@ -27,12 +27,13 @@ from .inputs import (
     check_python_source,
     check_nproc_bound,
     refuse_directory,
+    refuse_special,
     validate_hang_timeout,  # noqa: F401 (decorator.py's step_init imports these from here)
     validate_shutdown_grace,  # noqa: F401
     step_timeout,  # noqa: F401
     validate_timeouts,  # noqa: F401
 )
-from ..errors import Problems, TorchrunInvalidArgument
+from ..errors import Problems, TorchrunInvalidArgument, shown
 from ..gang.ports import parse_port
 from .resources import NONE as NO_ACCELERATORS
 from .resources import Accelerators
@@ -87,7 +88,7 @@ def validate_nproc(value: Any, source: str) -> Union[int, str]:
     """A positive process count, or one of torchrun's device keywords."""
     if isinstance(value, bool):
         raise TorchrunInvalidArgument(
-            "%s=%r: nproc_per_node must be a positive integer." % (source, value)
+            "%s=%s: nproc_per_node must be a positive integer." % (source, shown(value))
         )
     if isinstance(value, str):
         text = value.strip()
@@ -97,17 +98,17 @@ def validate_nproc(value: Any, source: str) -> Union[int, str]:
             value = int(text)
         except ValueError:
             raise TorchrunInvalidArgument(
-                "%s=%r: nproc_per_node must be a positive integer (or one of %s)."
-                % (source, value, ", ".join(NPROC_KEYWORDS))
+                "%s=%s: nproc_per_node must be a positive integer (or one of %s)."
+                % (source, shown(value), ", ".join(NPROC_KEYWORDS))
             ) from None
     if not isinstance(value, int):
         raise TorchrunInvalidArgument(
-            "%s=%r (a %s): nproc_per_node must be a positive integer."
-            % (source, value, type(value).__name__)
+            "%s=%s (a %s): nproc_per_node must be a positive integer."
+            % (source, shown(value), type(value).__name__)
         )
     if value < 1:
         raise TorchrunInvalidArgument(
-            "%s=%r: nproc_per_node must be at least 1." % (source, value)
+            "%s=%s: nproc_per_node must be at least 1." % (source, shown(value))
         )
     check_nproc_bound(value, source)
     return value
@@ -136,7 +137,7 @@ def resolve_entrypoint(entrypoint: Any, search_dirs: Sequence[str]) -> str:
     ``python examples/ddp/flow.py run`` finds ``train.py`` beside the flow."""
     if not isinstance(entrypoint, (str, os.PathLike)) or not os.fspath(entrypoint):
         raise TorchrunInvalidArgument(
-            "entrypoint must be the path of a Python script, not %r." % (entrypoint,)
+            "entrypoint must be the path of a Python script, not %s." % (shown(entrypoint),)
         )
     path = os.fspath(entrypoint)
     candidates = [path] if os.path.isabs(path) else [
@@ -149,9 +150,10 @@ def resolve_entrypoint(entrypoint: Any, search_dirs: Sequence[str]) -> str:
             return found
     for candidate in candidates:
         refuse_directory(candidate, path)
+        refuse_special(candidate, path)
     raise TorchrunInvalidArgument(
-        "entrypoint %r does not exist (looked in: %s)."
-        % (path, ", ".join(os.path.abspath(os.path.dirname(c) or ".") for c in candidates))
+        "entrypoint %s does not exist (looked in: %s)."
+        % (shown(path), ", ".join(os.path.abspath(os.path.dirname(c) or ".") for c in candidates))
     )
 
 
@@ -206,7 +208,7 @@ def legacy_rdzv_port(options: Dict[str, Any], where: str) -> Tuple[Optional[int]
     value = options.pop(LEGACY_PORT_OPTION)
     port = parse_port(value if value is not True else "", "%s master_port" % where)
     if port is None:
-        raise TorchrunInvalidArgument("%s master_port=%r: give a port number." % (where, value))
+        raise TorchrunInvalidArgument("%s master_port=%s: give a port number." % (where, shown(value)))
     return port, [legacy_port_note(where, port)]
 
 
