@@ -178,6 +178,9 @@ class TorchrunDecorator(ParallelDecorator):
         self._flow_name = flow.name
         self._flow_dir = os.path.dirname(os.path.abspath(sys.argv[0]))
         self._session: Optional[GangSession] = None
+        self._secret: Any = None
+        # The control's secret in the datastore, withdrawn when its step ends.
+        self._published = gang_secret.Published(None)
 
     def _pinned_rdzv_port(self, legacy_port: Optional[int]) -> Optional[int]:
         """``rdzv_port``, or 0.2's ``master_port`` in ``torchrun_args``; never
@@ -253,7 +256,7 @@ class TorchrunDecorator(ParallelDecorator):
         storage = task_datastore._storage_impl
         if ubf_context == UBF_CONTROL:
             # Before Metaflow spawns the local nodes, so that they find it at once.
-            self._secret: Any = gang_secret.for_control(storage, self._identity, knob_environ())
+            self._secret, self._published = gang_secret.control_secret(storage, self._identity, knob_environ())
         else:
             start_timeout = float(self.attributes["start_timeout"])
             identity = self._identity
@@ -289,6 +292,7 @@ class TorchrunDecorator(ParallelDecorator):
             try:
                 return decorated()
             except BaseException:
+                self._published.withdraw()
                 stop_local_nodes()
                 raise
 
@@ -317,6 +321,7 @@ class TorchrunDecorator(ParallelDecorator):
                 session.step_succeeded()
             finally:
                 session.close()
+                self._published.withdraw()  # every node has joined or never will
 
         return step
 
@@ -341,6 +346,7 @@ class TorchrunDecorator(ParallelDecorator):
         )
         if self._session is not None:
             self._session.close()
+        self._published.withdraw()  # also when the step's code never ran
         if not is_task_ok and self._card is not None:
             render_card_now(self._card, retry_count)
 
