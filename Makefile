@@ -33,11 +33,13 @@ PYTEST_WORKERS ?= 2
 test: install lint
 	$(BIN)/python -m pytest tests -n $(PYTEST_WORKERS) --dist worksteal $(PYTEST_ARGS)
 
-# Linter, type checker and import contracts (pinned in requirements-dev.txt; config in pyproject.toml).
+# Linter, type checker and import contracts (pinned in requirements-dev.txt; config in pyproject.toml),
+# and no long function or class without a reason beside it (tools/sizes.py).
 lint: install
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 	$(BIN)/lint-imports
+	$(BIN)/python tools/sizes.py
 
 # The sdist and wheel, checked as PyPI would.
 dist: install

@@ -54,6 +54,8 @@ from .runtime.session import GangSession
 from .gang.topology import is_local_runtime, topology_from
 
 
+# size: Metaflow's hook surface, one method per hook, each delegating; 70 of its lines are the docstring
+# Metaflow shows as the decorator's documentation and reads for its stubs (Parameters, MF Add To Current).
 class TorchrunDecorator(ParallelDecorator):
     """
     Run a PyTorch distributed program with ``torchrun`` on every node of a
@@ -198,37 +200,19 @@ class TorchrunDecorator(ParallelDecorator):
         return port
 
     def task_pre_step(
-        self,
-        step_name,
-        task_datastore,
-        metadata,
-        run_id,
-        task_id,
-        flow,
-        graph,
-        retry_count,
-        max_user_code_retries,
-        ubf_context,
-        inputs,
+        self, step_name, task_datastore, metadata, run_id, task_id, flow, graph,
+        retry_count, max_user_code_retries, ubf_context, inputs,
     ):
         super().task_pre_step(
-            step_name,
-            task_datastore,
-            metadata,
-            run_id,
-            task_id,
-            flow,
-            graph,
-            retry_count,
-            max_user_code_retries,
-            ubf_context,
-            inputs,
+            step_name, task_datastore, metadata, run_id, task_id, flow, graph,
+            retry_count, max_user_code_retries, ubf_context, inputs,
         )
         from metaflow import current
 
         # The METAFLOW_TORCHRUN_* knobs a Metaflow profile sets, for every reader below.
         export_knobs()
-        if ubf_context != UBF_CONTROL and self._card is not None:
+        is_control = ubf_context == UBF_CONTROL
+        if not is_control and self._card is not None:
             # The card belongs to the control task, which sees the whole gang.
             # Rendering one on every other node would cost each a Metaflow
             # start-up on its critical path. The card decorator stays on the
@@ -238,14 +222,11 @@ class TorchrunDecorator(ParallelDecorator):
             # @card, @model's) on this node. Only its render is skipped.
             skip_render(self._card)
             self._card = None
-        if ubf_context == UBF_CONTROL and is_local_runtime(os.environ):
+        if is_control and is_local_runtime(os.environ) and self._port is None:
             # Metaflow spawns the other local nodes from this process after this
             # hook: they inherit the port through the environment.
-            if self._port is None:
-                os.environ[LOCAL_PORT_ENV] = str(find_free_port())
-        control_task_id = os.environ.get("MF_PARALLEL_CONTROL_TASK_ID") or (
-            task_id if ubf_context == UBF_CONTROL else None
-        )
+            os.environ[LOCAL_PORT_ENV] = str(find_free_port())
+        control_task_id = os.environ.get("MF_PARALLEL_CONTROL_TASK_ID") or (task_id if is_control else None)
         self._identity = GangIdentity(
             flow_name=self._flow_name,
             run_id=str(run_id),
@@ -253,21 +234,30 @@ class TorchrunDecorator(ParallelDecorator):
             control_task_id=str(control_task_id or local_control_task_id(task_id)),
             attempt=int(retry_count),
         )
-        storage = task_datastore._storage_impl
-        if ubf_context == UBF_CONTROL:
-            # Before Metaflow spawns the local nodes, so that they find it at once.
-            self._secret, self._published = gang_secret.control_secret(storage, self._identity, knob_environ())
-        else:
-            start_timeout = float(self.attributes["start_timeout"])
-            identity = self._identity
-            env = knob_environ()
-            self._secret = lambda: gang_secret.for_worker(storage, identity, env, start_timeout)
-        self._defaults = StepDefaults(
+        self._share_secret(task_datastore._storage_impl, is_control)
+        self._defaults = self._step_defaults()
+        self._metadata = (metadata, run_id, step_name, task_id)
+        current._update_env({"torch": TorchrunHandle(lambda: self._session)})
+
+    def _share_secret(self, storage, is_control: bool) -> None:
+        """The control publishes the gang's secret before Metaflow spawns the
+        local nodes, so that they find it at once; the others fetch it while
+        joining."""
+        env = knob_environ()
+        if is_control:
+            self._secret, self._published = gang_secret.control_secret(storage, self._identity, env)
+            return
+        start_timeout = float(self.attributes["start_timeout"])
+        identity = self._identity
+        self._secret = lambda: gang_secret.for_worker(storage, identity, env, start_timeout)
+
+    def _step_defaults(self) -> StepDefaults:
+        return StepDefaults(
             nproc_per_node=self.attributes.get("nproc_per_node"),
             torchrun_args=self._torchrun_args,
             port=self._port,
             rdzv_port=self._rdzv_port,
-            args_as=self._args_as or "ours",
+            args_as=self._args_as or DEFAULTS.ARGS_AS,
             derived_nproc=self._accelerators.nproc,
             heartbeat_timeout=float(self.attributes["heartbeat_timeout"]),
             label_logs=_truthy(self.attributes["label_logs"]),
@@ -276,8 +266,6 @@ class TorchrunDecorator(ParallelDecorator):
             hang_timeout=self._hang_timeout,
             shutdown_grace=self._shutdown_grace,
         )
-        self._metadata = (metadata, run_id, step_name, task_id)
-        current._update_env({"torch": TorchrunHandle(lambda: self._session)})
 
     def task_decorate(
         self, step_func, flow, graph, retry_count, max_user_code_retries, ubf_context

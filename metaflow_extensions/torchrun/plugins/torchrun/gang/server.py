@@ -52,6 +52,7 @@ CHECK_PERIOD = 0.25
 Handler = Callable[[Peer, msg.GangMessage], None]
 
 
+# size: owned by the lead (issue 24); admission, membership, calls and peers are already modules of their own, this is the loop
 class GangServer:
     """Runs in the control task; one thread, one selector, no dependencies.
 

@@ -45,6 +45,7 @@ from ..host.workdirs import tail_lines as _tail_lines
 STACKS_WAIT = 2.0
 
 
+# size: one call's phases (enter, prepare, supervise, finish, record) over one shared state; the lead reworks it for scale (issue 24)
 @dataclass
 class CallRun:
     session: GangSession
