@@ -1,9 +1,6 @@
-"""Compatibility, in pure functions: the Metaflow versions we support, code written
-for metaflow-torchrun 0.2, and the torch a task has.
-
-Nothing here imports torch: whether torch is there, which version, and which
-options its torchrun takes are read from files, so the answer costs milliseconds,
-not the seconds an ``import torch`` takes in every task.
+"""Compatibility, in pure functions: the Metaflow versions we support and code
+written for metaflow-torchrun 0.2 (its attribute names, its single-node
+launcher). The torch a task has is ``launch/torch_checks.py``'s.
 """
 
 from __future__ import annotations
