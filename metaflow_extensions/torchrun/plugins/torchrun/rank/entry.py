@@ -21,9 +21,8 @@ import json
 import os
 from typing import Any, Dict, List, Mapping, MutableMapping
 
-from .names import ENTRY_ENV, ENTRY_FILE, USER_TMPDIR_ENV
+from .names import AGENT_TMP, ENTRY_ENV, ENTRY_FILE, USER_TMPDIR_ENV
 
-AGENT_TMP = "tmp"
 
 
 def write_entry(work_dir: str, argv: List[str]) -> str:

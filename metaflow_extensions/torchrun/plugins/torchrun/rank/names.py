@@ -42,6 +42,7 @@ def conf_key(env_name: str) -> str:
 
 # -- files of one call's work directory (host/workdirs.py makes the directory) ----
 ENTRY_FILE = "entry.json"  # what every rank runs (rank/entry.py)
+AGENT_TMP = "tmp"  # torchrun's agent's TMPDIR (its own directories)
 ARGS_FILE = "function-args.pkl"  # a function's arguments (rank/functions.py)
 RANK_PREFIX = "rank-"
 FAILURE_SUFFIX = ".failure.json"  # a rank's failure record (rank/failures.py)

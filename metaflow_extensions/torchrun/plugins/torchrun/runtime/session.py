@@ -38,6 +38,7 @@ from ..host.network import local_address_towards
 from ..launch.plan import StepDefaults
 from .result import TorchrunResult
 from ..gang.topology import Topology
+from .. import defaults as DEFAULTS
 from ..rank.names import PROGRESS_ENV
 from ..host.console import say
 
@@ -278,9 +279,9 @@ def _first_line(text: str) -> str:
 
 def progress_interval() -> float:
     try:
-        return max(0.5, float(os.environ.get(PROGRESS_ENV, "15")))
+        return max(0.5, float(os.environ.get(PROGRESS_ENV, DEFAULTS.PROGRESS_SECONDS)))
     except ValueError:
-        return 15.0
+        return DEFAULTS.PROGRESS_SECONDS
 
 
 def bind_host(topology: Topology) -> str:
