@@ -46,12 +46,14 @@ PYTEST_WORKERS ?= 2
 test: install lint
 	$(BIN)/python -m pytest tests -n $(PYTEST_WORKERS) --dist worksteal $(PYTEST_ARGS)
 
-# Linter, type checker and import contracts (pinned in requirements-dev.txt; config in pyproject.toml).
+# Linter, type checker and import contracts (pinned in requirements-dev.txt; config in pyproject.toml),
+# and no long function or class without a reason beside it (tools/sizes.py).
 lint: install
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 	$(BIN)/mkdocs build --strict --quiet --site-dir build/site
+	$(BIN)/python tools/sizes.py
 
 # The docs site (docs/, mkdocs.yml) into site/; `make docs-serve` to read it at localhost:8000.
 docs: install

@@ -103,3 +103,38 @@ def test_the_users_own_secret_wins_and_nothing_is_stored(storage):
 def test_a_short_users_secret_is_an_error_not_a_fallback(storage):
     with pytest.raises(ValueError, match="shorter than 16 bytes"):
         sec.for_control(storage, ID, {sec.ENV: "short"})
+
+
+# -- withdrawn when the control's step ends (issue 29) ------------------------------
+
+
+def test_withdrawn_once_from_the_local_datastore(storage):
+    secret, published = sec.control_secret(storage, ID, env={})
+    path = storage.full_uri(sec.secret_path(ID))
+    assert os.path.exists(path) and sec.fetch(storage, ID, timeout=0) == secret
+    published.withdraw()
+    published.withdraw()  # the second path to get there finds nothing to do
+    assert not os.path.exists(path)
+
+
+def test_a_users_own_secret_leaves_nothing_to_withdraw(storage, tmp_path):
+    _, published = sec.control_secret(storage, ID, {sec.ENV: "my own secret, long enough"})
+    published.withdraw()
+    assert not os.path.exists(storage.full_uri(sec.secret_path(ID)))
+
+
+class NoDelete(LocalStorage):
+    """A datastore without a local file to remove, as S3 is to Metaflow."""
+
+    TYPE = "s3-like"
+
+
+def test_elsewhere_it_is_overwritten_and_a_late_worker_is_told_at_once(tmp_path):
+    storage = FlowDataStore("TrainFlow", storage_impl=NoDelete, ds_root=str(tmp_path / ".metaflow"))._storage_impl
+    _, published = sec.control_secret(storage, ID, env={})
+    published.withdraw()
+    assert sec.WITHDRAWN in open(storage.full_uri(sec.secret_path(ID)), "rb").read()
+    started = time.monotonic()
+    with pytest.raises(sec.SecretUnavailable, match="already ended"):
+        sec.fetch(storage, ID, timeout=30)
+    assert time.monotonic() - started < 5

@@ -86,6 +86,46 @@ class TestBaseDir:
         assert "not using it" in capsys.readouterr().err
 
 
+class TestFallbackBound:
+    """Issue 29: a squatted base made each node of each run fall back to a fresh
+    temporary directory no cleanup visits (8 were left after 4 runs)."""
+
+    def squat_and_run(self, tmp, tasks):
+        path = os.path.join(tmp, "metaflow-torchrun-%d" % os.geteuid())
+        if not os.path.exists(path):
+            with open(path, "w") as f:
+                f.write("not a directory")  # as good as a stranger's for the fallback
+        code = ("import sys; from metaflow_extensions.torchrun.plugins.torchrun.host.workdirs import CallFiles, base_dir;"
+                "CallFiles('Flow-1-train-2-0-c%s' % sys.argv[1], 0, base_dir(sys.argv[2])).close()")
+        for i in range(tasks):  # each task is a process of its own, as on a real run
+            subprocess.run([sys.executable, "-c", code, str(i), tmp], check=True, capture_output=True, timeout=60)
+        prefix = "metaflow-torchrun-%d-" % os.geteuid()
+        return sorted(n for n in os.listdir(tmp) if n.startswith(prefix))
+
+    def test_every_task_shares_one_fallback_directory(self, tmp):
+        assert len(self.squat_and_run(tmp, 8)) == 1
+
+    def test_extra_fallbacks_nobody_uses_go_and_strangers_are_never_used(self, tmp, tmp_path):
+        prefix = "metaflow-torchrun-%d-" % os.geteuid()
+        old = [os.path.join(tmp, prefix + s) for s in ("a", "b", "c")]
+        for path in old:
+            os.mkdir(path, 0o700)
+        busy = os.path.join(old[2], "work", "1-x")
+        os.makedirs(busy, 0o700)
+        lock = workdirs.hold_lock(busy)
+        for path in old:
+            age(path, 1000)
+        target = tmp_path / "not-ours-to-use"
+        target.mkdir()
+        os.symlink(str(target), os.path.join(tmp, prefix + "0"))  # sorts first: skipped
+        try:
+            left = self.squat_and_run(tmp, 2)
+        finally:
+            workdirs.release_lock(lock)
+        assert left == [prefix + "0", prefix + "a", prefix + "c"]  # the link, the one used, the busy one
+        assert os.listdir(str(target)) == []
+
+
 class TestBaseDirAgainstAnotherUser:
     """Another user made our path first (issue 13: "another user who made the
     directory first ... got rank output")."""

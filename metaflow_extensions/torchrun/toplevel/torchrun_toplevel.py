@@ -6,14 +6,28 @@ import sys as _sys
 
 from . import conflicts as _conflicts
 
-# Metaflow reads this from every top-level extension module (before 2.16 it must exist).
-__version__ = None
-
+# An installed metaflow-torchrun 0.2 hides our plugins: named before anything of ours is imported.
 _found = _conflicts.find_02_installs(_sys.path)
 if _found:
     _here = _os.path.dirname(_os.path.dirname(_os.path.dirname(_os.path.dirname(_os.path.abspath(__file__)))))
     raise _conflicts.OldPackageInstalled(_conflicts.conflict_message(_found, _here))
 del _found
+
+from metaflow_extensions.torchrun.plugins.torchrun.errors import (  # noqa: F401, E402  (exported, after the check)
+    GangAborted,
+    TorchrunException,
+    TorchrunFailed,
+    TorchrunInterrupted,
+    TorchrunInvalidArgument,
+)
+from metaflow_extensions.torchrun.plugins.torchrun.runtime.result import TorchrunResult  # noqa: F401, E402
+# The type of current.torch: exported so that Metaflow's generated stubs (and IDEs)
+# see current.torch.run with its signature.
+from metaflow_extensions.torchrun.plugins.torchrun.handle import TorchrunHandle  # noqa: F401, E402
+
+# Metaflow reads this from every top-level extension module (before 2.16 it must exist).
+__version__ = None
+
 
 
 class TorchrunSingleNodeMultiGPU:

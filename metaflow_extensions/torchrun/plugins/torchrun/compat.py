@@ -1,9 +1,6 @@
-"""Compatibility, in pure functions: the Metaflow versions we support, code written
-for metaflow-torchrun 0.2, and the torch a task has.
-
-Nothing here imports torch: whether torch is there, which version, and which
-options its torchrun takes are read from files, so the answer costs milliseconds,
-not the seconds an ``import torch`` takes in every task.
+"""Compatibility, in pure functions: the Metaflow versions we support and code
+written for metaflow-torchrun 0.2 (its attribute names, its single-node
+launcher). The torch a task has is ``launch/torch_checks.py``'s.
 """
 
 from __future__ import annotations
@@ -12,7 +9,7 @@ import inspect
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional
 
-from .errors import TorchrunInvalidArgument
+from .errors import TorchrunInvalidArgument, shown
 
 # ---------------------------------------------------------------- Metaflow versions
 
@@ -90,13 +87,13 @@ def translate_attributes(attributes: Optional[Mapping[str, Any]]) -> LegacyAttri
         value = out.pop(old)
         if out.get(new) is not None and out[new] != value:
             result.conflicts.append(
-                "@torchrun(%s=%r, %s=%r): %s is the metaflow-torchrun 0.2 name of %s; "
-                "give only %s." % (old, value, new, out[new], old, new, new)
+                "@torchrun(%s=%s, %s=%s): %s is the metaflow-torchrun 0.2 name of %s; "
+                "give only %s." % (old, shown(value), new, shown(out[new]), old, new, new)
             )
             continue
         out[new] = value
         result.deprecations.append(
-            "@torchrun: %s= is deprecated (metaflow-torchrun 0.2); it is now %s=, "
+            "%s= is deprecated (metaflow-torchrun 0.2); it is now %s=, "
             "which this step uses.%s" % (old, new, ALIAS_NOTES.get(old, ""))
         )
     return result

@@ -10,6 +10,7 @@ import shlex
 import sys
 from typing import Any, Dict, Optional
 
+from . import load_order  # noqa: F401  (Metaflow first, whatever the user imports first)
 from metaflow.plugins.parallel_decorator import ParallelDecorator
 from metaflow.unbounded_foreach import UBF_CONTROL
 
@@ -22,11 +23,14 @@ from .compat import (
     meta_datum,
     translate_attributes,
 )
+from . import defaults as DEFAULTS
 from .errors import Problems, TorchrunException, TorchrunInvalidArgument
 from .gang import secret as gang_secret
 from .handle import TorchrunHandle
 from .gang.identity import GangIdentity
 from .lint import register_lint_check, require_parallel_entry
+from .host.console import say
+from .settings import export_knobs, knob_environ
 from .runtime.local_nodes import stop_local_nodes, worker_python_problem
 from .launch.plan import (
     StepDefaults,
@@ -54,6 +58,8 @@ from .gang.preflight import parse_mode as parse_preflight
 from .gang.topology import is_local_runtime, topology_from
 
 
+# size: Metaflow's hook surface, one method per hook, each delegating; 70 of its lines are the docstring
+# Metaflow shows as the decorator's documentation and reads for its stubs (Parameters, MF Add To Current).
 class TorchrunDecorator(ParallelDecorator):
     """
     Run a PyTorch distributed program with ``torchrun`` on every node of a
@@ -95,6 +101,21 @@ class TorchrunDecorator(ParallelDecorator):
     args_as : str, optional
         ``"0.2"``: spell a dict of entrypoint_args as metaflow-torchrun 0.2 did
         (``True`` -> ``--k true``, ``[1, 2]`` -> ``--k "[1, 2]"``). Off by default.
+
+    MF Add To Current
+    -----------------
+    torch -> metaflow_extensions.torchrun.plugins.torchrun.handle.TorchrunHandle
+        The step's torchrun launcher, on every node of a ``@torchrun`` step.
+        ``current.torch.run(entrypoint, entrypoint_args=None, nproc_per_node=None,
+        torchrun_args=None) -> TorchrunResult`` runs a script path or a
+        module-level function under torchrun on this node, with every other node
+        of the step; it raises ``TorchrunFailed`` when a rank fails anywhere.
+        ``current.torch.last_result`` is the latest call's ``TorchrunResult``.
+
+        @@ Returns
+        -------
+        TorchrunHandle
+            The handle whose ``run`` starts one distributed call.
     """
 
     name = "torchrun"
@@ -102,12 +123,12 @@ class TorchrunDecorator(ParallelDecorator):
         "nproc_per_node": None,
         "torchrun_args": None,
         "port": None,
-        "heartbeat_timeout": 30,
-        "start_timeout": 600,
-        "label_logs": True,
-        "card": True,
-        "hang_timeout": None,
-        "shutdown_grace": 30,
+        "heartbeat_timeout": DEFAULTS.HEARTBEAT_TIMEOUT,
+        "start_timeout": DEFAULTS.START_TIMEOUT,
+        "label_logs": DEFAULTS.LABEL_LOGS,
+        "card": DEFAULTS.CARD,
+        "hang_timeout": DEFAULTS.HANG_TIMEOUT,
+        "shutdown_grace": DEFAULTS.SHUTDOWN_GRACE,
         "rdzv_port": None,
         "args_as": None,
         "preflight": DEFAULT_PREFLIGHT,
@@ -131,7 +152,6 @@ class TorchrunDecorator(ParallelDecorator):
         super().step_init(
             flow, graph, step_name, decorators, environment, flow_datastore, logger
         )
-        say = lambda line: print(line, file=sys.stderr)  # noqa: E731
         problems = Problems()  # one run, every problem
         problems.check(legacy_notes, self._legacy, say, sys.argv)
         if self._unknown:
@@ -168,12 +188,13 @@ class TorchrunDecorator(ParallelDecorator):
         self._card = attach_card(decorators) if _truthy(self.attributes["card"]) else None
         warning = small_shm_warning(specs, self._accelerators, nproc)
         if warning:
-            # stderr: some commands print machine-readable output on stdout
-            # (`argo-workflows create --only-json`).
-            print(warning, file=sys.stderr)
+            say(warning)
         self._flow_name = flow.name
         self._flow_dir = os.path.dirname(os.path.abspath(sys.argv[0]))
         self._session: Optional[GangSession] = None
+        self._secret: Any = None
+        # The control's secret in the datastore, withdrawn when its step ends.
+        self._published = gang_secret.Published(None)
 
     def _pinned_rdzv_port(self, legacy_port: Optional[int]) -> Optional[int]:
         """``rdzv_port``, or 0.2's ``master_port`` in ``torchrun_args``; never
@@ -191,35 +212,19 @@ class TorchrunDecorator(ParallelDecorator):
         return port
 
     def task_pre_step(
-        self,
-        step_name,
-        task_datastore,
-        metadata,
-        run_id,
-        task_id,
-        flow,
-        graph,
-        retry_count,
-        max_user_code_retries,
-        ubf_context,
-        inputs,
+        self, step_name, task_datastore, metadata, run_id, task_id, flow, graph,
+        retry_count, max_user_code_retries, ubf_context, inputs,
     ):
         super().task_pre_step(
-            step_name,
-            task_datastore,
-            metadata,
-            run_id,
-            task_id,
-            flow,
-            graph,
-            retry_count,
-            max_user_code_retries,
-            ubf_context,
-            inputs,
+            step_name, task_datastore, metadata, run_id, task_id, flow, graph,
+            retry_count, max_user_code_retries, ubf_context, inputs,
         )
         from metaflow import current
 
-        if ubf_context != UBF_CONTROL and self._card is not None:
+        # The METAFLOW_TORCHRUN_* knobs a Metaflow profile sets, for every reader below.
+        export_knobs()
+        is_control = ubf_context == UBF_CONTROL
+        if not is_control and self._card is not None:
             # The card belongs to the control task, which sees the whole gang.
             # Rendering one on every other node would cost each a Metaflow
             # start-up on its critical path. The card decorator stays on the
@@ -239,14 +244,11 @@ class TorchrunDecorator(ParallelDecorator):
             problem = worker_python_problem(os.environ.get("PATH", os.defpath), sys.executable)
             if problem:
                 raise TorchrunException(problem)
-        if ubf_context == UBF_CONTROL and is_local_runtime(os.environ):
+        if is_control and is_local_runtime(os.environ) and self._port is None:
             # Metaflow spawns the other local nodes from this process after this
             # hook: they inherit the port through the environment.
-            if self._port is None:
-                os.environ[LOCAL_PORT_ENV] = str(find_free_port())
-        control_task_id = os.environ.get("MF_PARALLEL_CONTROL_TASK_ID") or (
-            task_id if ubf_context == UBF_CONTROL else None
-        )
+            os.environ[LOCAL_PORT_ENV] = str(find_free_port())
+        control_task_id = os.environ.get("MF_PARALLEL_CONTROL_TASK_ID") or (task_id if is_control else None)
         self._identity = GangIdentity(
             flow_name=self._flow_name,
             run_id=str(run_id),
@@ -254,20 +256,30 @@ class TorchrunDecorator(ParallelDecorator):
             control_task_id=str(control_task_id or local_control_task_id(task_id)),
             attempt=int(retry_count),
         )
-        storage = task_datastore._storage_impl
-        if ubf_context == UBF_CONTROL:
-            # Before Metaflow spawns the local nodes, so that they find it at once.
-            self._secret: Any = gang_secret.for_control(storage, self._identity, os.environ)
-        else:
-            start_timeout = float(self.attributes["start_timeout"])
-            identity = self._identity
-            self._secret = lambda: gang_secret.for_worker(storage, identity, os.environ, start_timeout)
-        self._defaults = StepDefaults(
+        self._share_secret(task_datastore._storage_impl, is_control)
+        self._defaults = self._step_defaults()
+        self._metadata = (metadata, run_id, step_name, task_id)
+        current._update_env({"torch": TorchrunHandle(lambda: self._session)})
+
+    def _share_secret(self, storage, is_control: bool) -> None:
+        """The control publishes the gang's secret before Metaflow spawns the
+        local nodes, so that they find it at once; the others fetch it while
+        joining."""
+        env = knob_environ()
+        if is_control:
+            self._secret, self._published = gang_secret.control_secret(storage, self._identity, env)
+            return
+        start_timeout = float(self.attributes["start_timeout"])
+        identity = self._identity
+        self._secret = lambda: gang_secret.for_worker(storage, identity, env, start_timeout)
+
+    def _step_defaults(self) -> StepDefaults:
+        return StepDefaults(
             nproc_per_node=self.attributes.get("nproc_per_node"),
             torchrun_args=self._torchrun_args,
             port=self._port,
             rdzv_port=self._rdzv_port,
-            args_as=self._args_as or "ours",
+            args_as=self._args_as or DEFAULTS.ARGS_AS,
             derived_nproc=self._accelerators.nproc,
             heartbeat_timeout=float(self.attributes["heartbeat_timeout"]),
             label_logs=_truthy(self.attributes["label_logs"]),
@@ -277,8 +289,6 @@ class TorchrunDecorator(ParallelDecorator):
             shutdown_grace=self._shutdown_grace,
             preflight=self._preflight or DEFAULT_PREFLIGHT,
         )
-        self._metadata = (metadata, run_id, step_name, task_id)
-        current._update_env({"torch": TorchrunHandle(lambda: self._session)})
 
     def task_decorate(
         self, step_func, flow, graph, retry_count, max_user_code_retries, ubf_context
@@ -293,6 +303,7 @@ class TorchrunDecorator(ParallelDecorator):
             try:
                 return decorated()
             except BaseException:
+                self._published.withdraw()
                 stop_local_nodes()
                 raise
 
@@ -322,6 +333,7 @@ class TorchrunDecorator(ParallelDecorator):
                 session.step_succeeded()
             finally:
                 session.close()
+                self._published.withdraw()  # every node has joined or never will
 
         return step
 
@@ -346,6 +358,7 @@ class TorchrunDecorator(ParallelDecorator):
         )
         if self._session is not None:
             self._session.close()
+        self._published.withdraw()  # also when the step's code never ran
         if not is_task_ok and self._card is not None:
             render_card_now(self._card, retry_count)
         if getattr(self, "_card_hint", None):
@@ -392,7 +405,7 @@ class TorchrunDecorator(ParallelDecorator):
                 ],
             )
         except Exception as e:  # the record must never fail the step
-            print("@torchrun: could not store the run's record: %s" % e, file=sys.stderr)
+            say("could not store the run's record: %s" % e)
 
 
 def _local_nodes(flow: Any) -> int:

@@ -6,8 +6,9 @@ clean one-paragraph message instead of a traceback from inside the launcher.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, List, Optional
+from typing import TYPE_CHECKING, Any, List, Optional
 
+from . import load_order  # noqa: F401  (Metaflow first, whatever the user imports first)
 from metaflow.exception import MetaflowException
 
 from .rank.failures import RankFailure, describe_exit_code, root_cause_order
@@ -17,6 +18,19 @@ if TYPE_CHECKING:
 
 # How much of another node's traceback a stopped node's error shows.
 TRACEBACK_LINES = 30
+
+
+def shown(value: Any) -> str:
+    """``repr(value)`` for a message about a value a user gave, never an error of
+    its own (a ``__repr__`` that raises, an int too long for ``str``) in place of
+    the refusal it belongs to."""
+    try:
+        text = repr(value)
+    except Exception as e:  # a user's type, or int's digit limit
+        if isinstance(value, int):
+            return "an integer of about %d digits" % int(value.bit_length() * 0.30103 + 1)
+        return "<a %s whose repr() fails: %s>" % (type(value).__name__, type(e).__name__)
+    return text if isinstance(text, str) else "<a %s>" % type(value).__name__
 
 
 class TorchrunException(MetaflowException):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import sys
 from typing import Any, Callable, Optional, Union
 
 from .launch.inputs import refuse_legacy_call
@@ -11,6 +10,7 @@ from .runtime.single_node import run_plan, say_once
 from .launch.command import ArgSpec
 from .launch.torch_checks import require_torch
 from .errors import TorchrunException
+from .host.console import say
 from .launch.plan import plan_call
 from .runtime.result import TorchrunResult
 from .runtime.session import GangSession
@@ -52,5 +52,5 @@ class TorchrunHandle:
         )
         before_first_call(session)  # @torchrun(preflight="full"): the collective job, once
         if session.is_control:  # one line per step, not one per node
-            say_once(session.identity.gang_id, plan.notes, lambda line: print(line, file=sys.stderr, flush=True))
+            say_once(session.identity.gang_id, plan.notes, say)
         return run_plan(session, plan)

@@ -26,6 +26,7 @@ from . import wire
 from .config import GangConfig
 
 
+# size: a node's whole side of the gang (join and handshake, the reader thread, heartbeats, call sync, leaving); issue 24 reworks it
 class GangClient:
     """Runs on every node (the control included)."""
 

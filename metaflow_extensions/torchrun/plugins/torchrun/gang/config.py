@@ -16,6 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
+from .. import defaults as DEFAULTS
+
 # The node whose torchrun hosts the rendezvous store (``is_host=1`` in
 # command.py): the gang launches the other nodes only once it is there.
 RDZV_STORE_NODE = 0
@@ -30,19 +32,19 @@ HEARTBEATS_PER_SECOND = 1024.0
 class GangConfig:
     gang_id: str
     num_nodes: int
-    heartbeat_timeout: float = 30.0
-    start_timeout: float = 600.0
+    heartbeat_timeout: float = DEFAULTS.HEARTBEAT_TIMEOUT
+    start_timeout: float = DEFAULTS.START_TIMEOUT
     # How often the control says who is still missing while nodes join.
-    progress_interval: float = 15.0
+    progress_interval: float = DEFAULTS.PROGRESS_SECONDS
     # A node whose ranks failed only because a peer went away (a closed gloo or
     # NCCL connection) often reports before the node where the real failure
     # happened: its report is held this long for a better root cause. That node
     # reports once its torchrun agent has stopped its other ranks and exited:
     # about 1 s on an idle 2-core machine, over 1.5 s seen under load.
-    secondary_grace: float = 3.0
+    secondary_grace: float = DEFAULTS.SECONDARY_GRACE
     # Seconds without a line from any rank of a running call before the gang
     # stops as hung; None: never (``@torchrun(hang_timeout)``).
-    hang_timeout: Optional[float] = None
+    hang_timeout: Optional[float] = DEFAULTS.HANG_TIMEOUT
 
     @property
     def heartbeat_interval(self) -> float:

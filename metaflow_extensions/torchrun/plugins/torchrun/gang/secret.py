@@ -23,12 +23,12 @@ import io
 import os
 import secrets
 import time
-from typing import Callable, Mapping, Optional, Protocol
+from typing import Callable, Mapping, Optional, Protocol, Tuple
 
 from .auth import MIN_SECRET_BYTES
 from .identity import GangIdentity
 
-ENV = "METAFLOW_TORCHRUN_SECRET"
+from ..rank.names import SECRET_ENV as ENV
 SECRET_BYTES = 32
 POLL_SECONDS = 0.5
 _PREFIX = b"metaflow-torchrun gang secret v1\n"
@@ -99,6 +99,29 @@ def publish(storage: Storage, identity: GangIdentity, secret: bytes) -> str:
     return path
 
 
+# What a withdrawn secret's file holds where the storage cannot delete (S3 and the
+# other datastores have no delete in Metaflow's storage API): not a secret.
+WITHDRAWN = b"metaflow-torchrun gang secret withdrawn\n"
+
+
+def withdraw(storage: Storage, identity: GangIdentity) -> None:
+    """The control's step is over: the attempt's secret is of no more use, so it
+    does not stay readable beside the run's artifacts. The local datastore's file
+    is removed; elsewhere it is overwritten with a marker that ``decode`` refuses.
+    Never raises: the step's outcome is already decided."""
+    path = secret_path(identity)
+    try:
+        if getattr(storage, "TYPE", None) == "local":
+            try:
+                os.unlink(storage.full_uri(path))
+            except FileNotFoundError:
+                pass
+        else:
+            storage.save_bytes(iter([(path, io.BytesIO(WITHDRAWN))]), overwrite=True)
+    except Exception:  # a datastore error: the secret dies with the attempt anyway
+        pass
+
+
 def load(storage: Storage, identity: GangIdentity) -> Optional[bytes]:
     """The stored secret, or None when it is not there (yet)."""
     with storage.load_bytes([secret_path(identity)]) as loaded:
@@ -106,7 +129,11 @@ def load(storage: Storage, identity: GangIdentity) -> Optional[bytes]:
             if local_path is None:
                 return None
             with open(local_path, "rb") as f:
-                return decode(f.read(4096))
+                data = f.read(4096)
+            if data == WITHDRAWN:
+                raise SecretUnavailable("the control task's step has already ended (its gang's secret at %s is "
+                                        "withdrawn): this node started too late to join it" % secret_path(identity))
+            return decode(data)
     return None
 
 
@@ -124,25 +151,47 @@ def fetch(
     while True:
         try:
             secret = load(storage, identity)
+        except SecretUnavailable:
+            raise
         except Exception as e:  # a transient datastore error: try again
             secret, last_error = None, e
         if secret is not None:
             return secret
         if clock() >= deadline:
             raise SecretUnavailable(
-                "the control task did not publish the gang's secret at %s within %gs%s"
+                "the control task did not publish the gang's secret at %s within %gs (or its step had "
+                "already ended)%s"
                 % (secret_path(identity), timeout, " (last error: %s)" % last_error if last_error else ""))
         sleep(poll)
 
 
 def for_control(storage: Storage, identity: GangIdentity, env: Mapping[str, str]) -> bytes:
     """The control's secret: the user's, or a new one, published."""
+    return control_secret(storage, identity, env)[0]
+
+
+def control_secret(storage: Storage, identity: GangIdentity, env: Mapping[str, str]) -> Tuple[bytes, "Published"]:
+    """``for_control``, with what withdraws the published secret when the step ends."""
     own = from_environment(env)
     if own is not None:
-        return own
+        return own, Published(None)
     secret = make_secret()
     publish(storage, identity, secret)
-    return secret
+    return secret, Published((storage, identity))
+
+
+class Published:
+    """The control's published secret (None: nothing was), withdrawn once,
+    whichever way the step ends (the step's own ``finally``, ``task_finished``,
+    a local control's failure path): the first to get there does it."""
+
+    def __init__(self, where: Optional[Tuple[Storage, GangIdentity]]):
+        self._where = where
+
+    def withdraw(self) -> None:
+        where, self._where = self._where, None
+        if where is not None:
+            withdraw(*where)
 
 
 def for_worker(storage: Storage, identity: GangIdentity, env: Mapping[str, str], timeout: float) -> bytes:

@@ -30,10 +30,14 @@ import fcntl
 import os
 import shutil
 import stat
-import sys
 import tempfile
 import time
 from typing import List, Optional
+
+# The one module above host/ that host/ reads (a leaf: it imports nothing; pyproject.toml).
+from ..rank.names import KEEP_LOGS_ENV, MAX_LOG_MB_ENV
+from .. import defaults as DEFAULTS
+from .console import say
 
 BASE_PREFIX = "metaflow-torchrun-"
 LOGS = "logs"
@@ -43,10 +47,8 @@ LOCK_FILE = ".lock"
 # Retention of the per-rank logs, per user and host: the logs of the newest
 # KEEP_LOGS calls are kept, and older ones go while all logs take more than
 # MAX_LOG_MB. The logs of a call whose task is still alive are never removed.
-KEEP_LOGS_ENV = "METAFLOW_TORCHRUN_KEEP_LOGS"
-MAX_LOG_MB_ENV = "METAFLOW_TORCHRUN_MAX_LOG_MB"
-DEFAULT_KEEP_LOGS = 20
-DEFAULT_MAX_LOG_MB = 500
+DEFAULT_KEEP_LOGS = DEFAULTS.KEEP_LOGS
+DEFAULT_MAX_LOG_MB = DEFAULTS.MAX_LOG_MB
 # A call directory this young is never pruned: another node of the same call
 # (local runs put every node on one host) may be creating it right now.
 YOUNG_SECONDS = 120.0
@@ -176,16 +178,55 @@ def _fallback_base(path: str, why: OSError, tmp: Optional[str]) -> str:
     key = (path, tmp)
     if key in _fallbacks and os.path.isdir(_fallbacks[key]):
         return _fallbacks[key]
-    fresh = tempfile.mkdtemp(prefix="%s%d-" % (BASE_PREFIX, _uid()), dir=tmp)
+    fresh = _reuse_fallback(tmp) or tempfile.mkdtemp(prefix=_fallback_prefix(), dir=tmp)
     _fallbacks[key] = fresh
     if path not in _warned:
         _warned.add(path)
-        print(
-            "@torchrun: %s %s; not using it: this task keeps its files in %s instead."
-            % (path, why.strerror or why, fresh),
-            file=sys.stderr,
-        )
+        say("%s %s; not using it: this task keeps its files in %s instead." % (path, why.strerror or why, fresh))
     return fresh
+
+
+def _fallback_prefix() -> str:
+    return "%s%d-" % (BASE_PREFIX, _uid())
+
+
+def _reuse_fallback(tmp: Optional[str]) -> Optional[str]:
+    """While our base path is squatted, every task would make a fresh directory
+    that no cleanup visits (8 after 4 runs of 2 nodes). Instead all tasks share
+    the first fallback directory that is ours alone (by name, so every node picks
+    the same), and the others go once nobody uses them: at most one stays."""
+    parent = tmp or tempfile.gettempdir()
+    try:
+        names = sorted(n for n in os.listdir(parent) if n.startswith(_fallback_prefix()))
+    except OSError:
+        return None
+    chosen = None
+    for name in names:
+        candidate = os.path.join(parent, name)
+        try:
+            check_private_dir(candidate)  # a symlink or a stranger's is never used
+        except OSError:
+            continue
+        if chosen is None:
+            chosen = candidate
+        elif _removable_base(candidate):
+            shutil.rmtree(candidate, ignore_errors=True)
+    return chosen
+
+
+def _removable_base(base: str) -> bool:
+    """A whole fallback base: old enough, and no call's directory in it is held."""
+    if not _removable(base, time.time()):
+        return False
+    for sub in (WORK, LOGS):
+        root = os.path.join(base, sub)
+        try:
+            names = os.listdir(root)
+        except OSError:
+            continue
+        if any(_in_use(os.path.join(root, name)) for name in names):
+            return False
+    return True
 
 
 # -- files -----------------------------------------------------------------------
@@ -232,17 +273,6 @@ def read_tail(path: str, max_bytes: int) -> bytes:
         return b"".join(chunks)
     finally:
         os.close(fd)
-
-
-def agent_log_path(log_dir: str) -> str:
-    """Where torchrun's agent logs on this node (its own W/E lines and its
-    report of a failure): kept out of the console, where our root cause leads."""
-    return os.path.join(log_dir, "torchrun-agent.log")
-
-
-def rank_log_path(log_dir: str, rank: int, stream: str) -> str:
-    """Where the relay copies one rank's ``stdout`` or ``stderr`` (layout above)."""
-    return os.path.join(log_dir, "rank-%d.%s.log" % (rank, stream))
 
 
 def tail_lines(path: str, count: int, max_bytes: int = 64 * 1024) -> List[str]:

@@ -14,7 +14,8 @@ import re
 from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
 
-from ..errors import Problems, TorchrunInvalidArgument
+from .. import defaults as DEFAULTS
+from ..errors import Problems, TorchrunInvalidArgument, shown
 from .options import flag_name as _flag
 from .options import scalar as _scalar
 from ..gang.config import RDZV_STORE_NODE
@@ -60,7 +61,7 @@ def encode_args(args: ArgSpec, what: str = "entrypoint_args", style: str = "ours
         return [v for v in out if v is not None]
     raise TorchrunInvalidArgument(
         "%s must be a list (argv as given) or a dict ({'key': value} -> --key value), "
-        "not %s %r." % (what, type(args).__name__, args)
+        "not %s %s." % (what, type(args).__name__, shown(args))
     )
 
 
@@ -69,17 +70,17 @@ def _encode_item(key: Any, value: Any, what: str, style: str) -> List[str]:
     if style == "0.2":
         if value is None or value == "":
             return [flag]
-        return [flag, legacy_value(value, "%s[%r]" % (what, key))]
+        return [flag, legacy_value(value, "%s[%s]" % (what, shown(key)))]
     if value is None or value is True:
         return [flag]
     if value is False:
         return []
     if isinstance(value, (list, tuple)):
         problems = Problems()
-        items = [problems.check(_scalar, v, "%s[%r]" % (what, key)) for v in value]
+        items = [problems.check(_scalar, v, "%s[%s]" % (what, shown(key))) for v in value]
         problems.raise_all()
         return [flag] + [v for v in items if v is not None]
-    return [flag, _scalar(value, "%s[%r]" % (what, key))]
+    return [flag, _scalar(value, "%s[%s]" % (what, shown(key)))]
 
 
 def legacy_value(value: Any, what: str) -> str:
@@ -89,7 +90,7 @@ def legacy_value(value: Any, what: str) -> str:
         return json.dumps(value).replace('"', "")
     except (TypeError, ValueError) as e:
         raise TorchrunInvalidArgument(
-            "%s: cannot pass %r (a %s) as 0.2 did (as JSON): %s." % (what, value, type(value).__name__, e)
+            "%s: cannot pass %s (a %s) as 0.2 did (as JSON): %s." % (what, shown(value), type(value).__name__, e)
         ) from None
 
 
@@ -138,7 +139,7 @@ class Launch:
     local_addr: Optional[str] = None
     # The gang's start_timeout: a node launches as soon as it reaches a call,
     # so its rendezvous may wait that long for the last node to arrive.
-    start_timeout: float = 600.0
+    start_timeout: float = DEFAULTS.START_TIMEOUT
 
 
 def format_endpoint(host: str, port: int) -> str:

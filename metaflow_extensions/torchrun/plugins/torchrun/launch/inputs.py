@@ -11,11 +11,12 @@ import importlib.util
 import math
 import os
 import pickle
+import stat
 import warnings
 from typing import Any, Iterable, Mapping, Optional, Tuple
 
 from .command import options_to_argv
-from ..errors import TorchrunInvalidArgument, raise_all
+from ..errors import TorchrunInvalidArgument, raise_all, shown
 
 # More processes than this on one node is a typo (a GPU count in the wrong
 # unit, an extra zero), not a machine: each rank is a Python process with torch.
@@ -42,24 +43,24 @@ COMMAND_MARGIN = 64 * 1024
 def check_nproc_bound(value: int, source: str) -> None:
     if value > MAX_NPROC_PER_NODE:
         raise TorchrunInvalidArgument(
-            "%s=%d: nproc_per_node must be at most %d (processes on one node; one per "
-            "GPU is usual)." % (source, value, MAX_NPROC_PER_NODE)
+            "%s=%s: nproc_per_node must be at most %d (processes on one node; one per "
+            "GPU is usual)." % (source, shown(value), MAX_NPROC_PER_NODE)
         )
 
 
 def _seconds(value: Any, source: str, minimum: float,
              why: str = "shorter reads a busy node as a dead one") -> float:
     if isinstance(value, bool):
-        raise TorchrunInvalidArgument("%s=%r is not a number of seconds." % (source, value))
+        raise TorchrunInvalidArgument("%s=%s is not a number of seconds." % (source, shown(value)))
     try:
         seconds = float(value)
     except (TypeError, ValueError, OverflowError):
-        raise TorchrunInvalidArgument("%s=%r is not a number of seconds." % (source, value)) from None
+        raise TorchrunInvalidArgument("%s=%s is not a number of seconds." % (source, shown(value))) from None
     if not math.isfinite(seconds):
-        raise TorchrunInvalidArgument("%s=%r must be a finite number of seconds." % (source, value))
+        raise TorchrunInvalidArgument("%s=%s must be a finite number of seconds." % (source, shown(value)))
     if seconds < minimum:
         raise TorchrunInvalidArgument(
-            "%s=%r: must be at least %g seconds (%s)." % (source, value, minimum, why)
+            "%s=%s: must be at least %g seconds (%s)." % (source, shown(value), minimum, why)
         )
     return seconds
 
@@ -120,6 +121,33 @@ def refuse_directory(candidate: str, shown: str) -> None:
     )
 
 
+_KINDS = (
+    (stat.S_ISFIFO, "a named pipe (FIFO)"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+)
+
+
+def refuse_special(candidate: str, shown: str) -> None:
+    """Something is there, but not a file Python could run: say what it is
+    (before, a FIFO or a link to /dev/zero was said not to exist). ``stat``
+    does not open it, so a FIFO cannot block the check."""
+    try:
+        mode = os.stat(candidate).st_mode
+    except OSError:
+        return
+    kind = next((name for test, name in _KINDS if test(mode)), None)
+    if kind is None:
+        return
+    real = os.path.realpath(candidate)
+    where = os.path.abspath(candidate) + (" -> %s" % real if real != os.path.abspath(candidate) else "")
+    raise TorchrunInvalidArgument(
+        "entrypoint %r (%s) is %s, not a Python script: @torchrun runs Python scripts (or functions)."
+        % (shown, where, kind)
+    )
+
+
 def check_python_source(path: str, shown: str) -> None:
     """``path`` is something ``python path`` runs: Python source that compiles
     (a SyntaxError is named with its file and line), or a compiled ``.pyc`` or
@@ -168,8 +196,8 @@ def check_arguments(argv: Iterable[str], what: str = "entrypoint_args") -> None:
     for i, token in enumerate(argv):
         if "\0" in token:
             raise TorchrunInvalidArgument(
-                "%s: item %d (%r) contains a NUL character, which no command-line "
-                "argument can hold." % (what, i, token[:80])
+                "%s: item %d (%s) contains a NUL character, which no command-line "
+                "argument can hold." % (what, i, shown(token[:80]))
             )
 
 
@@ -177,7 +205,7 @@ def _encoded(token: str, what: str) -> bytes:
     try:
         return os.fsencode(token)
     except UnicodeEncodeError as e:
-        raise TorchrunInvalidArgument("%s: %r cannot be encoded for the command line: %s" % (what, token[:80], e)) from None
+        raise TorchrunInvalidArgument("%s: %s cannot be encoded for the command line: %s" % (what, shown(token[:80]), e)) from None
 
 
 def check_command_size(options: Mapping[str, Any], environ: Mapping[str, str]) -> None:
@@ -240,8 +268,8 @@ def validate_args_as(value: Any, source: str) -> str:
     text = "ours" if value is None else str(value).strip()
     if text not in ("ours", "0.2"):
         raise TorchrunInvalidArgument(
-            "%s=%r: give \"0.2\" (metaflow-torchrun 0.2's spelling: --k true, --k [1, 2]) or "
-            "leave it out (True is a bare --k, a list is --k a b)." % (source, value)
+            "%s=%s: give \"0.2\" (metaflow-torchrun 0.2's spelling: --k true, --k [1, 2]) or "
+            "leave it out (True is a bare --k, a list is --k a b)." % (source, shown(value))
         )
     return text
 
@@ -272,8 +300,8 @@ def refuse_legacy_call(entrypoint: Any, entrypoint_args: Any, extra: Mapping[str
             problems.append("current.torch.run does not take %s=; it takes %s." % (name, ", ".join(RUN_KEYWORDS)))
     if isinstance(entrypoint, (Mapping, list, tuple)):
         problems.append(
-            "current.torch.run's first argument is the entrypoint, not %r: metaflow-torchrun 0.2 took "
-            "torchrun_args first (run(torchrun_args, entrypoint, ...)). Write run(entrypoint=%r, "
-            "torchrun_args=...) with keywords." % (entrypoint, entrypoint_args)
+            "current.torch.run's first argument is the entrypoint, not %s: metaflow-torchrun 0.2 took "
+            "torchrun_args first (run(torchrun_args, entrypoint, ...)). Write run(entrypoint=%s, "
+            "torchrun_args=...) with keywords." % (shown(entrypoint), shown(entrypoint_args))
         )
     raise_all(problems)

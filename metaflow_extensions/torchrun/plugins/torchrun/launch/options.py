@@ -11,7 +11,7 @@ import os
 import re
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
-from ..errors import Problems, TorchrunInvalidArgument
+from ..errors import Problems, TorchrunInvalidArgument, shown
 
 ArgSpec = Any  # a list, a tuple, a mapping or None (command.ArgSpec)
 
@@ -29,15 +29,15 @@ def scalar(value: Any, what: str) -> str:
                 % (what, type(value).__name__, type(e).__name__, e)
             ) from None
     raise TorchrunInvalidArgument(
-        "%s: cannot pass %r (a %s) as a command-line argument; use a string or a number."
-        % (what, value, type(value).__name__)
+        "%s: cannot pass %s (a %s) as a command-line argument; use a string or a number."
+        % (what, shown(value), type(value).__name__)
     )
 
 
 def flag_name(key: Any, what: str) -> str:
     if not isinstance(key, str) or not key.strip("-"):
         raise TorchrunInvalidArgument(
-            "%s: option name %r must be a non-empty string." % (what, key)
+            "%s: option name %s must be a non-empty string." % (what, shown(key))
         )
     return "--" + key.lstrip("-")
 
@@ -98,9 +98,9 @@ def is_pair_list(tokens: List[str]) -> bool:
 
 def empty_option_error(what: str, key: Any) -> str:
     return (
-        "%s[%r] is ''. torchrun options take no empty value: write True for a bare "
+        "%s[%s] is ''. torchrun options take no empty value: write True for a bare "
         "--%s (what metaflow-torchrun 0.2 made of ''), or False to leave it out."
-        % (what, key, str(key).lstrip("-"))
+        % (what, shown(key), str(key).lstrip("-"))
     )
 
 
@@ -122,8 +122,8 @@ def _checked_name(key: Any, what: str) -> str:
     bare = key.strip().lstrip("-")
     if not _NAME.match(bare):
         raise TorchrunInvalidArgument(
-            "%s: %r is not a torchrun option name (letters, digits, '-' and '_' only): "
-            "torchrun would read what follows as more options or values." % (what, key)
+            "%s: %s is not a torchrun option name (letters, digits, '-' and '_' only): "
+            "torchrun would read what follows as more options or values." % (what, shown(key))
         )
     return canonical_option(key)
 
@@ -133,8 +133,8 @@ def _checked_value(text: str, what: str, name: str) -> str:
     starts with '-' (a negative number excepted, which its parser reads as a value)."""
     if text.startswith("-") and not _is_number(text):
         raise TorchrunInvalidArgument(
-            "%s: the value %r of --%s starts with '-': torchrun would read it as an "
-            "option of its own, not as the value. torchrun takes no such value." % (what, text, name)
+            "%s: the value %s of --%s starts with '-': torchrun would read it as an "
+            "option of its own, not as the value. torchrun takes no such value." % (what, shown(text), name)
         )
     return text
 
@@ -176,7 +176,7 @@ def parse_options(
             out = _parse_argv([scalar(v, what) for v in args], args, what)
     else:
         raise TorchrunInvalidArgument(
-            "%s must be a list or a dict, not %s %r." % (what, type(args).__name__, args)
+            "%s must be a list or a dict, not %s %s." % (what, type(args).__name__, shown(args))
         )
     if check_owned:
         refuse_owned({k: v for k, v in out.items() if k not in allow}, what)
@@ -192,7 +192,7 @@ def _option_value(value: Any, what: str, key: Any) -> Any:
         if len(value) != 1:
             raise TorchrunInvalidArgument(_several_values_error(what, key, list(value)))
         value = value[0]
-    text = scalar(value, "%s[%r]" % (what, key))
+    text = scalar(value, "%s[%s]" % (what, shown(key)))
     if text == "":
         raise TorchrunInvalidArgument(empty_option_error(what, key))
     return _checked_value(text, what, canonical_option(str(key)))
@@ -200,9 +200,9 @@ def _option_value(value: Any, what: str, key: Any) -> Any:
 
 def _several_values_error(what: str, key: Any, values: List[Any]) -> str:
     return (
-        "%s: --%s is given %d values %r; every torchrun option takes one, and torchrun "
+        "%s: --%s is given %d values %s; every torchrun option takes one, and torchrun "
         "would read the others as the script to run and its arguments."
-        % (what, str(key).lstrip("-"), len(values), values)
+        % (what, str(key).lstrip("-"), len(values), shown(values))
     )
 
 
@@ -210,9 +210,9 @@ def _parse_pairs(items: List[Any], what: str) -> Dict[str, Any]:
     """metaflow-torchrun 0.2's list form: ``["nproc_per_node", 2, "max_restarts", 1]``."""
     if len(items) % 2:
         raise TorchrunInvalidArgument(
-            "%s=%r: a list that starts with a name without dashes is read as name, value "
+            "%s=%s: a list that starts with a name without dashes is read as name, value "
             "pairs (metaflow-torchrun 0.2), and this one has an odd length. Write "
-            "[\"--name\", \"value\", ...] (torchrun's argv) or a dict." % (what, items)
+            "[\"--name\", \"value\", ...] (torchrun's argv) or a dict." % (what, shown(items))
         )
     out: Dict[str, Any] = {}
     for key, value in zip(items[0::2], items[1::2]):
@@ -235,8 +235,8 @@ def _parse_argv(tokens: List[str], args: Any, what: str) -> Dict[str, Any]:
                 out[key] = True
         elif key is None:
             raise TorchrunInvalidArgument(
-                "%s: %r is not preceded by an option name (in %r)."
-                % (what, token, list(args))
+                "%s: %s is not preceded by an option name (in %s)."
+                % (what, shown(token), shown(list(args)))
             )
         else:
             if out[key] is not True:

@@ -14,7 +14,9 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
-from ..rank import bootstrap, functions
+from .. import defaults as DEFAULTS
+from ..rank import functions, names
+from ..rank.names import SHARE_STORE_OFF_ENV, SHUTDOWN_TIMEOUT_ENV  # noqa: F401 (tests)
 from .command import ArgSpec, encode_args, none_keys, restarts_allowed, true_keys  # noqa: F401 (call.py)
 from .options import canonical_option, parse_options
 from .torch_checks import known_torchrun_options
@@ -25,20 +27,19 @@ from .inputs import (
     check_python_source,
     check_nproc_bound,
     refuse_directory,
+    refuse_special,
     validate_hang_timeout,  # noqa: F401 (decorator.py's step_init imports these from here)
     validate_shutdown_grace,  # noqa: F401
     step_timeout,  # noqa: F401
     validate_timeouts,  # noqa: F401
 )
-from ..errors import Problems, TorchrunInvalidArgument
+from ..errors import Problems, TorchrunInvalidArgument, shown
 from ..gang.ports import parse_port
 from .resources import NONE as NO_ACCELERATORS
 from .resources import Accelerators
 
-# torch's switch for a store of the ranks' own rather than the agent's.
-SHARE_STORE_OFF_ENV = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
-
-SHUTDOWN_TIMEOUT_ENV = "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"
+# torch's switch for a store of the ranks' own rather than the agent's (SHARE_STORE_OFF_ENV),
+# and its agent's grace on shutdown (SHUTDOWN_TIMEOUT_ENV): names.py.
 
 # torchrun's own spellings for "as many processes as there are devices/cores".
 NPROC_KEYWORDS = ("auto", "gpu", "cpu", "xpu")
@@ -53,15 +54,15 @@ class StepDefaults:
     port: Optional[int] = None
     derived_nproc: Optional[int] = None
     accelerators: Accelerators = NO_ACCELERATORS
-    heartbeat_timeout: float = 30.0
-    start_timeout: float = 600.0
-    label_logs: bool = True
-    hang_timeout: Optional[float] = None
-    shutdown_grace: float = 30.0
+    heartbeat_timeout: float = DEFAULTS.HEARTBEAT_TIMEOUT
+    start_timeout: float = DEFAULTS.START_TIMEOUT
+    label_logs: bool = DEFAULTS.LABEL_LOGS
+    hang_timeout: Optional[float] = DEFAULTS.HANG_TIMEOUT
+    shutdown_grace: float = DEFAULTS.SHUTDOWN_GRACE
     # torchrun's rendezvous port on the control; None: picked free per call.
     rdzv_port: Optional[int] = None
     # How a dict of entrypoint_args is spelled (command.ARGS_STYLES).
-    args_as: str = "ours"
+    args_as: str = DEFAULTS.ARGS_AS
     # @torchrun(preflight=...): gang/preflight.py MODES.
     preflight: str = "versions"
 
@@ -89,7 +90,7 @@ def validate_nproc(value: Any, source: str) -> Union[int, str]:
     """A positive process count, or one of torchrun's device keywords."""
     if isinstance(value, bool):
         raise TorchrunInvalidArgument(
-            "%s=%r: nproc_per_node must be a positive integer." % (source, value)
+            "%s=%s: nproc_per_node must be a positive integer." % (source, shown(value))
         )
     if isinstance(value, str):
         text = value.strip()
@@ -99,17 +100,17 @@ def validate_nproc(value: Any, source: str) -> Union[int, str]:
             value = int(text)
         except ValueError:
             raise TorchrunInvalidArgument(
-                "%s=%r: nproc_per_node must be a positive integer (or one of %s)."
-                % (source, value, ", ".join(NPROC_KEYWORDS))
+                "%s=%s: nproc_per_node must be a positive integer (or one of %s)."
+                % (source, shown(value), ", ".join(NPROC_KEYWORDS))
             ) from None
     if not isinstance(value, int):
         raise TorchrunInvalidArgument(
-            "%s=%r (a %s): nproc_per_node must be a positive integer."
-            % (source, value, type(value).__name__)
+            "%s=%s (a %s): nproc_per_node must be a positive integer."
+            % (source, shown(value), type(value).__name__)
         )
     if value < 1:
         raise TorchrunInvalidArgument(
-            "%s=%r: nproc_per_node must be at least 1." % (source, value)
+            "%s=%s: nproc_per_node must be at least 1." % (source, shown(value))
         )
     check_nproc_bound(value, source)
     return value
@@ -138,7 +139,7 @@ def resolve_entrypoint(entrypoint: Any, search_dirs: Sequence[str]) -> str:
     ``python examples/ddp/flow.py run`` finds ``train.py`` beside the flow."""
     if not isinstance(entrypoint, (str, os.PathLike)) or not os.fspath(entrypoint):
         raise TorchrunInvalidArgument(
-            "entrypoint must be the path of a Python script, not %r." % (entrypoint,)
+            "entrypoint must be the path of a Python script, not %s." % (shown(entrypoint),)
         )
     path = os.fspath(entrypoint)
     candidates = [path] if os.path.isabs(path) else [
@@ -151,9 +152,10 @@ def resolve_entrypoint(entrypoint: Any, search_dirs: Sequence[str]) -> str:
             return found
     for candidate in candidates:
         refuse_directory(candidate, path)
+        refuse_special(candidate, path)
     raise TorchrunInvalidArgument(
-        "entrypoint %r does not exist (looked in: %s)."
-        % (path, ", ".join(os.path.abspath(os.path.dirname(c) or ".") for c in candidates))
+        "entrypoint %s does not exist (looked in: %s)."
+        % (shown(path), ", ".join(os.path.abspath(os.path.dirname(c) or ".") for c in candidates))
     )
 
 
@@ -208,13 +210,13 @@ def legacy_rdzv_port(options: Dict[str, Any], where: str) -> Tuple[Optional[int]
     value = options.pop(LEGACY_PORT_OPTION)
     port = parse_port(value if value is not True else "", "%s master_port" % where)
     if port is None:
-        raise TorchrunInvalidArgument("%s master_port=%r: give a port number." % (where, value))
+        raise TorchrunInvalidArgument("%s master_port=%s: give a port number." % (where, shown(value)))
     return port, [legacy_port_note(where, port)]
 
 
 def legacy_port_note(where: str, port: int) -> str:
     return (
-        "@torchrun: %s master_port=%d is deprecated (metaflow-torchrun 0.2); it pins torchrun's "
+        "%s master_port=%d is deprecated (metaflow-torchrun 0.2); it pins torchrun's "
         "rendezvous port, as in 0.2: write @torchrun(rdzv_port=%d). The gang service's port is "
         "@torchrun(port=N)." % (where, port, port)
     )
@@ -222,7 +224,7 @@ def legacy_port_note(where: str, port: int) -> str:
 
 def none_note(keys: Sequence[str], what: str) -> str:
     return (
-        "@torchrun: %s: None for a bare flag is deprecated (metaflow-torchrun 0.2): %s passed as "
+        "%s: None for a bare flag is deprecated (metaflow-torchrun 0.2): %s passed as "
         "bare flag%s; write True." % (what, ", ".join("--" + k.lstrip("-") for k in keys),
                                        "s" if len(keys) > 1 else "")
     )
@@ -313,8 +315,8 @@ def rank_environment(
         # Ranks import the function's module as the flow file would: from the
         # flow's directory.
         env["PYTHONPATH"] = os.pathsep.join(p for p in (flow_dir, env.get("PYTHONPATH")) if p)
-    env[bootstrap.FAILURE_DIR_ENV] = workdir
-    env[bootstrap.NODE_INDEX_ENV] = str(node_index)
+    env[names.FAILURE_DIR_ENV] = workdir
+    env[names.NODE_INDEX_ENV] = str(node_index)
     if iface and "GLOO_SOCKET_IFNAME" not in env:
         # gloo otherwise binds to whatever the host name resolves to, which
         # on many hosts (127.0.1.1, containers) other nodes cannot reach.
@@ -327,7 +329,7 @@ def rank_environment(
         # does with sharing off. Only then: the ranks' init_process_group waits
         # about 0.5 s longer for rank 0's new store (benchmarks, 2 x 2).
         env.setdefault(SHARE_STORE_OFF_ENV, "1")
-    env[bootstrap.LABELS_ENV] = "1" if label_logs else "0"
+    env[names.LABELS_ENV] = "1" if label_logs else "0"
     if log_dir:
-        env[bootstrap.LOG_DIR_ENV] = log_dir
+        env[names.LOG_DIR_ENV] = log_dir
     return env

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Optional, Tuple
 
-from ..errors import TorchrunInvalidArgument
+from ..errors import TorchrunInvalidArgument, shown
 
 # NeuronCores per Neuron device exposed by @batch(trainium=N / inferentia=N):
 # Trainium (trn1) and Inferentia2 devices carry 2 NeuronCores each; for other
@@ -47,11 +47,11 @@ def _count(value: Any, where: str) -> Optional[int]:
         number = float(value)
     except (TypeError, ValueError):
         raise TorchrunInvalidArgument(
-            "%s=%r is not a number of devices." % (where, value)
+            "%s=%s is not a number of devices." % (where, shown(value))
         ) from None
     if number < 0 or not number.is_integer():
         raise TorchrunInvalidArgument(
-            "%s=%r must be a whole number of devices." % (where, value)
+            "%s=%s must be a whole number of devices." % (where, shown(value))
         )
     return int(number)
 
@@ -118,7 +118,7 @@ def check_visible_devices(
             )
         return None
     return (
-        "@torchrun: the step asks for %d GPU%s (%s) but no CUDA device is visible "
+        "the step asks for %d GPU%s (%s) but no CUDA device is visible "
         "on this node; running %d process%s per node on CPU (use the gloo backend)."
         % (
             accelerators.count,
@@ -140,7 +140,7 @@ def small_shm_warning(decorators: Iterable[DecoratorSpec], accelerators: Acceler
     for name, attributes in decorators:
         if name in ("kubernetes", "batch") and not (attributes or {}).get("shared_memory"):
             return (
-                "@torchrun: %d GPU processes per node share /dev/shm, which is 64 MiB in "
+                "%d GPU processes per node share /dev/shm, which is 64 MiB in "
                 "most containers; consider @%s(shared_memory=<MiB>) for NCCL." % (count, name)
             )
     return None

@@ -24,7 +24,8 @@ import sys
 import traceback
 from typing import IO, Any, List, Mapping, Optional, Sequence
 
-from ..host.workdirs import agent_log_path, open_private
+from ..host.workdirs import open_private
+from .names import LOG_DIR_ENV, agent_log_path
 
 # torchrun's own loggers: their lines go to the node's agent log, not the console.
 LAUNCHER_LOGGERS = ("torch.distributed.run", "torch.distributed.elastic", "torch.distributed.launcher")
@@ -135,8 +136,6 @@ def main(argv: Sequence[str]) -> None:
     from torch.distributed import run
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-
-    from .bootstrap import LOG_DIR_ENV
 
     args = run.get_args_parser().parse_args(list(argv))
     where = hosted_store(args)

@@ -18,12 +18,8 @@ import time
 import traceback
 
 from . import agent, entry, relay, stacks
+from .names import ARGS_FILE, FAILURE_DIR_ENV, LABELS_ENV, LOG_DIR_ENV, NODE_INDEX_ENV, STATUS_SUFFIX, rank_file
 from .failures import PRIVATE_NEW, RankFailure, write_failure
-
-FAILURE_DIR_ENV = "METAFLOW_TORCHRUN_FAILURE_DIR"
-NODE_INDEX_ENV = "METAFLOW_TORCHRUN_NODE_INDEX"
-LABELS_ENV = "METAFLOW_TORCHRUN_LABELS"  # "0": leave output lines as they are
-LOG_DIR_ENV = "METAFLOW_TORCHRUN_LOG_DIR"  # per-rank copies of stdout and stderr
 
 
 def _env_int(name: str, default: int = -1) -> int:
@@ -95,7 +91,6 @@ def _line_buffered() -> None:
 
 
 FUNCTION_FLAG = "--mf-function"
-ARGS_FILE = "function-args.pkl"
 
 
 def run_function(ref_text: str, workdir: str) -> None:
@@ -135,7 +130,7 @@ def _status(**fields) -> None:
         return
     record = dict(_STATUS, **fields)
     _STATUS.update(record)
-    path = os.path.join(directory, "rank-%d.status.json" % record["rank"])
+    path = rank_file(directory, record["rank"], STATUS_SUFFIX)
     try:
         with os.fdopen(os.open(path + ".tmp", PRIVATE_NEW, 0o600), "w") as f:
             json.dump(record, f)

@@ -21,10 +21,8 @@ import json
 import os
 from typing import Any, Dict, List, Mapping, MutableMapping
 
-ENTRY_ENV = "METAFLOW_TORCHRUN_ENTRY"  # the entry file's path
-USER_TMPDIR_ENV = "METAFLOW_TORCHRUN_USER_TMPDIR"  # the ranks' TMPDIR ("": none)
-ENTRY_FILE = "entry.json"
-AGENT_TMP = "tmp"
+from .names import AGENT_TMP, ENTRY_ENV, ENTRY_FILE, USER_TMPDIR_ENV
+
 
 
 def write_entry(work_dir: str, argv: List[str]) -> str:

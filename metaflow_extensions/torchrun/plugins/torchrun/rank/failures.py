@@ -14,8 +14,7 @@ import time
 from dataclasses import asdict, dataclass, replace
 from typing import List
 
-RANK_FAILURE_PREFIX = "rank-"
-RANK_FAILURE_SUFFIX = ".failure.json"
+from .names import FAILURE_SUFFIX, rank_file, rank_of
 
 # What a rank that died without recording an exception is said to have done;
 # its exit (a signal, a code) is the failure's type.
@@ -112,9 +111,7 @@ def root_cause_order(failures: List["RankFailure"]) -> List["RankFailure"]:
 
 
 def failure_path(directory: str, rank: int) -> str:
-    return os.path.join(
-        directory, "%s%d%s" % (RANK_FAILURE_PREFIX, rank, RANK_FAILURE_SUFFIX)
-    )
+    return rank_file(directory, rank, FAILURE_SUFFIX)
 
 
 def write_failure(directory: str, failure: RankFailure) -> None:
@@ -134,9 +131,7 @@ def read_failures(directory: str) -> List[RankFailure]:
     except OSError:
         return []
     for name in names:
-        if not (
-            name.startswith(RANK_FAILURE_PREFIX) and name.endswith(RANK_FAILURE_SUFFIX)
-        ):
+        if rank_of(name, FAILURE_SUFFIX) is None:
             continue
         try:
             with open(os.path.join(directory, name)) as f:

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
 from .failures import PRIVATE_NEW
+from .names import EXCEPTION_SUFFIX, RETURN_SUFFIX, STATUS_SUFFIX, rank_file, rank_of
 
 # The name a flow file gets when a rank imports it (it is ``__main__`` in the task).
 FLOW_MODULE_NAME = "__mf_torchrun_flow__"
@@ -125,11 +126,11 @@ def split_args(args: Any) -> Tuple[tuple, Dict[str, Any]]:
 
 
 def result_path(directory: str, rank: int) -> str:
-    return os.path.join(directory, "rank-%d.return.pkl" % rank)
+    return rank_file(directory, rank, RETURN_SUFFIX)
 
 
 def exception_path(directory: str, rank: int) -> str:
-    return os.path.join(directory, "rank-%d.exception.pkl" % rank)
+    return rank_file(directory, rank, EXCEPTION_SUFFIX)
 
 
 def write_pickle(path: str, value: Any) -> None:
@@ -165,12 +166,8 @@ def read_returns(directory: str, ranks: Optional[Iterable[int]] = None) -> Dict[
 
 
 def _ranks_started(directory: str) -> List[int]:
-    ranks = []
-    for name in os.listdir(directory):
-        number = name[len("rank-"):-len(".status.json")]
-        if name.startswith("rank-") and name.endswith(".status.json") and number.isdigit():
-            ranks.append(int(number))
-    return ranks
+    found = (rank_of(name, STATUS_SUFFIX) for name in os.listdir(directory))
+    return [rank for rank in found if rank is not None]
 
 
 def read_own_bytes(path: str) -> Optional[bytes]:

@@ -17,7 +17,8 @@ import signal
 import time
 from typing import Dict, Optional, Tuple
 
-from ..host.workdirs import open_private, rank_log_path
+from ..host.workdirs import open_private
+from .names import rank_log_path
 
 # Writes of at most PIPE_BUF bytes to a pipe are atomic: a batch of whole lines
 # this size never mixes with another writer's bytes.

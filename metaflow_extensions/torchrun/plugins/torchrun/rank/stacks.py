@@ -24,6 +24,7 @@ import time
 from dataclasses import dataclass
 from typing import IO, Dict, Iterable, List, Mapping, Optional, Tuple
 
+from .names import STACKS_SUFFIX, rank_file
 from .ranges import numbers
 
 # Real-time, like the gang's interrupt: SIGUSR1/2 belong to user code (SLURM-style
@@ -40,13 +41,12 @@ MAX_STACK_BYTES = 16 * 1024
 # were); the card and the full report show every rank.
 SUMMARY_PLACES = 12
 
-_SUFFIX = ".stacks.txt"
 _FRAME = re.compile(r'^\s+File "(?P<file>.*)", line (?P<line>\d+) in (?P<func>.*)$')
 _THREAD = re.compile(r"^(?P<current>Current thread|Thread) (?P<ident>0x[0-9a-fA-F]+)|^Stack \(most recent")
 
 
 def stack_path(directory: str, rank: int) -> str:
-    return os.path.join(directory, "rank-%d%s" % (rank, _SUFFIX))
+    return rank_file(directory, rank, STACKS_SUFFIX)
 
 
 # -- in the rank (bootstrap) -------------------------------------------------------

@@ -33,9 +33,11 @@ from ..host.network import interface_of
 from ..launch.plan import CallPlan, rank_environment, restarts_allowed
 from ..launch.resources import check_visible_devices
 from .result import FULL_REPORT_HINT, TorchrunResult, read_rank_records
-from .session import GangSession, local_address, say
+from .session import GangSession, local_address
+from ..host.console import say
 from .supervisor import Supervisor
-from ..host.workdirs import CallFiles, agent_log_path, rank_log_path
+from ..host.workdirs import CallFiles
+from ..rank.names import ARGS_FILE, agent_log_path, rank_log_path
 from ..host.workdirs import tail_lines as _tail_lines
 
 # What stacks may add to the control's stop, its own collecting included: a
@@ -43,6 +45,7 @@ from ..host.workdirs import tail_lines as _tail_lines
 STACKS_WAIT = 2.0
 
 
+# size: one call's phases (enter, prepare, supervise, finish, record) over one shared state; the lead reworks it for scale (issue 24)
 @dataclass
 class CallRun:
     session: GangSession
@@ -99,7 +102,7 @@ class CallRun:
         if isinstance(nproc, int) and count is not None:
             notice = check_visible_devices(nproc, self.session.defaults.accelerators, count > 0, count)
             if notice and self.node_index == 0:
-                print(notice, file=sys.stderr, flush=True)
+                say(notice)
 
     def enter(self) -> None:
         client = self.session.client
@@ -121,7 +124,7 @@ class CallRun:
         plan = self.plan
         if plan.function is not None:
             try:
-                functions.write_pickle(os.path.join(self.workdir, bootstrap.ARGS_FILE), plan.function_args)
+                functions.write_pickle(os.path.join(self.workdir, ARGS_FILE), plan.function_args)
             except Exception as e:
                 raise TorchrunInvalidArgument("entrypoint_args cannot be pickled for the ranks: %s" % e) from None
             bootstrap_argv = [bootstrap.FUNCTION_FLAG, plan.function.encode(), self.workdir]

@@ -20,10 +20,10 @@ import html
 import os
 import re
 import string
-import sys
 import time
 from typing import Any, Dict, List, Optional
 
+from ..host.console import say
 from ..host.devices import cuda_devices
 from ..rank.failures import describe_exit_code
 from ..launch.resources import Accelerators
@@ -273,7 +273,7 @@ def fill_card(result: TorchrunResult, flow_name: str, accelerators: Accelerators
         card.extend(build_components(result, flow_name, current.pathspec, backend))
         return True
     except Exception as e:
-        print("@torchrun: could not build the card: %s" % e, file=sys.stderr)
+        say("could not build the card: %s" % e)
         return False
 
 
@@ -305,7 +305,7 @@ def render_card_now(deco: Any, attempt: int) -> None:
             sync=True,
         )
     except Exception as e:
-        print("@torchrun: could not render the card of the failed task: %s" % e, file=sys.stderr)
+        say("could not render the card of the failed task: %s" % e)
 
 
 # -- Rendering in the task ----------------------------------------------------
@@ -342,8 +342,7 @@ def render_in_task(deco: Any, attempt: int) -> bool:
         return True
     except Exception as e:
         setattr(deco, _FAILED_ATTR, True)
-        print("@torchrun: rendering the card in the task failed (%s: %s); Metaflow renders it" % (type(e).__name__, e),
-              file=sys.stderr)
+        say("rendering the card in the task failed (%s: %s); Metaflow renders it" % (type(e).__name__, e))
         return False
 
 

@@ -15,7 +15,7 @@ from typing import Any, Dict, List, Optional, Union
 from ..rank.failures import RankFailure
 from ..rank.ranges import numbers
 from ..rank.stacks import SUMMARY_PLACES, bound, group
-from ..host.workdirs import rank_log_path
+from ..rank.names import STATUS_SUFFIX, rank_log_path
 
 METADATA_FIELD = "torchrun-result"
 # The record is stored in the metadata service: at most this many bytes of JSON,
@@ -186,7 +186,7 @@ def read_rank_records(directory: str, failures: List[RankFailure]) -> List[RankR
     except OSError:
         names = []
     for name in names:
-        if not name.endswith(".status.json"):
+        if not name.endswith(STATUS_SUFFIX):
             continue
         try:
             with open(os.path.join(directory, name)) as f:

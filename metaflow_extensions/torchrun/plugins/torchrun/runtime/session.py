@@ -38,6 +38,9 @@ from ..host.network import local_address_towards
 from ..launch.plan import StepDefaults
 from .result import TorchrunResult
 from ..gang.topology import Topology
+from .. import defaults as DEFAULTS
+from ..rank.names import PROGRESS_ENV
+from ..host.console import say
 
 # Raised in the main thread to stop the step's code when the gang aborts. A
 # real-time signal: user code (SLURM-style checkpoint triggers) uses SIGUSR1/2.
@@ -50,7 +53,6 @@ INTERRUPT_GRACE = 10.0
 JOIN_WAIT = 2.0
 # How long a failed gang's service waits for nodes that have not heard yet.
 LINGER = 15.0
-PROGRESS_ENV = "METAFLOW_TORCHRUN_PROGRESS_SECONDS"
 
 
 class Phase(enum.Enum):
@@ -255,8 +257,7 @@ class GangSession:
             return
         self._announced = True
         bar = "=" * 72
-        print("\n%s\n@torchrun: the gang failed. Root cause: %s\n%s" % (bar, cause.summary, bar),
-              file=sys.stderr, flush=True)
+        say("the gang failed. Root cause: %s" % cause.summary, frame=bar)
 
     def close(self) -> None:
         self.phase = Phase.LEFT
@@ -283,13 +284,9 @@ def _first_line(text: str) -> str:
 
 def progress_interval() -> float:
     try:
-        return max(0.5, float(os.environ.get(PROGRESS_ENV, "15")))
+        return max(0.5, float(os.environ.get(PROGRESS_ENV, DEFAULTS.PROGRESS_SECONDS)))
     except ValueError:
-        return 15.0
-
-
-def say(text: str) -> None:
-    print("@torchrun: %s" % text, file=sys.stderr, flush=True)
+        return DEFAULTS.PROGRESS_SECONDS
 
 
 def bind_host(topology: Topology) -> str:

@@ -23,6 +23,8 @@ from ..gang.ports import find_free_port
 from ..gang.secret import make_secret
 from ..gang.topology import Topology
 from ..launch.command import ArgSpec, argparse_hint
+from .. import defaults as DEFAULTS
+from ..host.console import say
 from ..launch.plan import CallPlan, StepDefaults, plan_call, validate_shutdown_grace, step_timeout
 from ..launch.resources import requested_accelerators
 from ..launch.torch_checks import require_torch
@@ -85,10 +87,6 @@ def step_decorator_specs(flow_name: str, step_name: str) -> List[Tuple[str, Mapp
     return []
 
 
-def _say(line: str) -> None:
-    print(line, file=sys.stderr, flush=True)
-
-
 class SingleNodeLauncher:
     """``TorchrunSingleNodeMultiGPU().run(entrypoint=..., entrypoint_args=...,
     nproc_per_node=N)``: in any step, with or without ``@torchrun``."""
@@ -97,9 +95,9 @@ class SingleNodeLauncher:
         self,
         args_as: str = "ours",
         label_logs: bool = True,
-        heartbeat_timeout: float = 30.0,
-        start_timeout: float = 600.0,
-        shutdown_grace: float = 30.0,
+        heartbeat_timeout: float = DEFAULTS.HEARTBEAT_TIMEOUT,
+        start_timeout: float = DEFAULTS.START_TIMEOUT,
+        shutdown_grace: float = DEFAULTS.SHUTDOWN_GRACE,
     ) -> None:
         from ..launch.inputs import validate_args_as, validate_timeouts
 
@@ -143,7 +141,7 @@ class SingleNodeLauncher:
         flow_dir = os.path.dirname(os.path.abspath(sys.argv[0]))
         plan = plan_call(entrypoint, entrypoint_args, nproc_per_node, torchrun_args, defaults,
                          [os.getcwd(), flow_dir])
-        say_once(current.pathspec or "", plan.notes, _say)
+        say_once(current.pathspec or "", plan.notes, say)
         session = GangSession(self._identity(current), defaults, _one_node(), flow_dir, secret=make_secret())
         session.join()
         try:

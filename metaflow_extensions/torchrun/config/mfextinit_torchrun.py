@@ -1,0 +1,17 @@
+"""@torchrun's knobs in Metaflow's configuration (docs/configuration.md).
+
+Metaflow loads this module while it imports ``metaflow_config`` and copies its
+globals there, so each knob is read the way Metaflow reads its own: the
+environment first, then the Metaflow profile (``~/.metaflowconfig``,
+``METAFLOW_PROFILE``). The values stay strings here; ``settings.py`` parses them
+with the defaults of ``defaults.py``, so that a bad value is named by @torchrun
+rather than breaking ``import metaflow``.
+"""
+
+from metaflow.metaflow_config_funcs import from_conf
+
+TORCHRUN_PORT = from_conf("TORCHRUN_PORT")
+TORCHRUN_SECRET = from_conf("TORCHRUN_SECRET")
+TORCHRUN_PROGRESS_SECONDS = from_conf("TORCHRUN_PROGRESS_SECONDS")
+TORCHRUN_KEEP_LOGS = from_conf("TORCHRUN_KEEP_LOGS")
+TORCHRUN_MAX_LOG_MB = from_conf("TORCHRUN_MAX_LOG_MB")

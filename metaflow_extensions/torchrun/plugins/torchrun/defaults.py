@@ -1,0 +1,38 @@
+"""Every default of ``@torchrun``, in one place (docs/configuration.md lists them).
+
+The decorator's attributes (``decorator.py``), the step's settings
+(``launch/plan.StepDefaults``), the gang's (``gang/config.GangConfig``), one
+node's torchrun (``launch/command.Launch``), the single-node launcher and the
+Metaflow configuration knobs (``config/mfextinit_torchrun.py``) all take their
+defaults from here. Like ``torch.distributed.constants``: one module of
+constants, importing nothing, at the bottom of the layers, so that every layer
+can read it.
+"""
+
+from __future__ import annotations
+
+# -- @torchrun(...) attributes and current.torch.run(...) keywords -------------
+# Seconds of silence after which a node counts as dead and the gang stops.
+HEARTBEAT_TIMEOUT = 30.0
+# Seconds for every node to join the gang (and to reach each call).
+START_TIMEOUT = 600.0
+# Seconds the ranks get to stop on SIGTERM before SIGKILL.
+SHUTDOWN_GRACE = 30.0
+# Seconds without output from any rank before the gang stops as hung; None: never.
+HANG_TIMEOUT = None
+LABEL_LOGS = True
+CARD = True
+# How a dict of entrypoint_args is spelled (launch/command.ARGS_STYLES).
+ARGS_AS = "ours"
+
+# -- Metaflow configuration knobs (rank/names.USER_KNOBS) --------------------------
+# "still waiting for node N" lines while a gang forms, every this many seconds.
+PROGRESS_SECONDS = 15.0
+# The per-rank logs of this many calls are kept per user and host ...
+KEEP_LOGS = 20
+# ... and older ones go while all logs take more than this many MB.
+MAX_LOG_MB = 500
+
+# -- internal ----------------------------------------------------------------------
+# A report that blames a peer is held this long for a better root cause (gang/config.py).
+SECONDARY_GRACE = 3.0

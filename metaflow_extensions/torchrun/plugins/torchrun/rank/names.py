@@ -1,0 +1,78 @@
+"""Every name the task and the ranks share: environment variables and the
+files of a call's work directory.
+
+One home, so that the side that writes a name and the side that reads it can
+never drift apart. It lives in ``rank/`` (the layer both sides may import) and
+imports nothing: ranks load it before anything else.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Optional
+
+# -- environment: what users set (docs/configuration.md) -----------------------
+# Read in the task through Metaflow's configuration (``config/mfextinit_torchrun.py``),
+# so a Metaflow profile can set them too; ``conf_key`` is the name there.
+PORT_ENV = "METAFLOW_TORCHRUN_PORT"  # the gang service's port on a local run
+SECRET_ENV = "METAFLOW_TORCHRUN_SECRET"  # the gang's secret, instead of a stored one
+PROGRESS_ENV = "METAFLOW_TORCHRUN_PROGRESS_SECONDS"  # "still waiting for ..." every N s
+KEEP_LOGS_ENV = "METAFLOW_TORCHRUN_KEEP_LOGS"  # per-rank logs of this many calls kept
+MAX_LOG_MB_ENV = "METAFLOW_TORCHRUN_MAX_LOG_MB"  # and at most this many MB of them
+USER_KNOBS = (PORT_ENV, SECRET_ENV, PROGRESS_ENV, KEEP_LOGS_ENV, MAX_LOG_MB_ENV)
+
+# -- environment: what the task sets for its torchrun and ranks -------------------
+FAILURE_DIR_ENV = "METAFLOW_TORCHRUN_FAILURE_DIR"  # the call's work directory
+NODE_INDEX_ENV = "METAFLOW_TORCHRUN_NODE_INDEX"
+LABELS_ENV = "METAFLOW_TORCHRUN_LABELS"  # "0": leave output lines as they are
+LOG_DIR_ENV = "METAFLOW_TORCHRUN_LOG_DIR"  # per-rank copies of stdout and stderr
+ENTRY_ENV = "METAFLOW_TORCHRUN_ENTRY"  # the entry file's path
+USER_TMPDIR_ENV = "METAFLOW_TORCHRUN_USER_TMPDIR"  # the ranks' TMPDIR ("": none)
+# torch's own, set by the plan.
+SHARE_STORE_OFF_ENV = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
+SHUTDOWN_TIMEOUT_ENV = "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"
+
+_CONF_PREFIX = "METAFLOW_"
+
+
+def conf_key(env_name: str) -> str:
+    """The name Metaflow's ``from_conf`` takes (it adds ``METAFLOW_`` itself)."""
+    return env_name[len(_CONF_PREFIX):] if env_name.startswith(_CONF_PREFIX) else env_name
+
+
+# -- files of one call's work directory (host/workdirs.py makes the directory) ----
+ENTRY_FILE = "entry.json"  # what every rank runs (rank/entry.py)
+AGENT_TMP = "tmp"  # torchrun's agent's TMPDIR (its own directories)
+ARGS_FILE = "function-args.pkl"  # a function's arguments (rank/functions.py)
+RANK_PREFIX = "rank-"
+FAILURE_SUFFIX = ".failure.json"  # a rank's failure record (rank/failures.py)
+STATUS_SUFFIX = ".status.json"  # a rank's start and exit (rank/bootstrap.py)
+RETURN_SUFFIX = ".return.pkl"  # a function's return value
+EXCEPTION_SUFFIX = ".exception.pkl"  # a function's exception
+STACKS_SUFFIX = ".stacks.txt"  # where a rank was when stopped (rank/stacks.py)
+LOG_SUFFIX = ".log"  # rank-<R>.<stream>.log in the call's log directory
+
+
+def rank_file(directory: str, rank: int, suffix: str) -> str:
+    return os.path.join(directory, "%s%d%s" % (RANK_PREFIX, rank, suffix))
+
+
+def rank_of(name: str, suffix: str) -> Optional[int]:
+    """The rank in a file name ``rank-<R><suffix>``; None for any other name.
+    A rank that could not read its own number records itself as -1."""
+    if not (name.startswith(RANK_PREFIX) and name.endswith(suffix)):
+        return None
+    number = name[len(RANK_PREFIX):len(name) - len(suffix)]
+    digits = number[1:] if number.startswith("-") else number
+    return int(number) if digits.isdigit() and digits.isascii() else None
+
+
+def agent_log_path(log_dir: str) -> str:
+    """Where torchrun's agent logs on this node (its own W/E lines and its
+    report of a failure): kept out of the console, where our root cause leads."""
+    return os.path.join(log_dir, "torchrun-agent.log")
+
+
+def rank_log_path(log_dir: str, rank: int, stream: str) -> str:
+    """Where the relay copies one rank's ``stdout`` or ``stderr``."""
+    return rank_file(log_dir, rank, ".%s%s" % (stream, LOG_SUFFIX))

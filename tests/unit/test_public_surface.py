@@ -1,0 +1,135 @@
+"""What users import and what Metaflow sees of us: ``from metaflow import
+TorchrunFailed, TorchrunResult`` in any import order, the package's ``__all__``,
+``current.torch`` in Metaflow's generated stubs, the knobs in Metaflow's
+configuration (a profile sets them)."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+PKG = "metaflow_extensions.torchrun.plugins.torchrun"
+EXPORTED = ["TorchrunFailed", "TorchrunResult", "TorchrunInvalidArgument", "TorchrunException",
+            "GangAborted", "TorchrunInterrupted", "TorchrunHandle", "TorchrunSingleNodeMultiGPU"]
+# Modules a user (or a test, or a tool) may import before metaflow.
+FIRST = ["errors", "decorator", "handle", "compat", "lint", "cause", "settings", "runtime.result",
+         "runtime.card", "runtime.session", "runtime.single_node", "launch.plan", "gang.client"]
+
+
+def python(code, **env):
+    full = dict(os.environ, METAFLOW_USER="dev", **env)
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
+                          timeout=120, env=full, cwd=os.path.dirname(__file__))
+
+
+@pytest.mark.parametrize("module", FIRST)
+def test_a_submodule_imported_before_metaflow(module):
+    """Was: ValueError: Cannot locate step_decorator plugin 'torchrun' ... (most likely
+    due to a circular import): the submodule started Metaflow's import half-way
+    through its own body, and Metaflow's import of decorator.py reached it half made."""
+    r = python("""
+        import importlib, sys
+        first = importlib.import_module(%r)
+        from metaflow import %s
+        import metaflow, metaflow_extensions.torchrun.plugins.torchrun.errors as errors
+        assert sys.modules[first.__name__] is first
+        assert metaflow.TorchrunFailed is errors.TorchrunFailed
+        from metaflow.plugins import STEP_DECORATORS
+        assert "torchrun" in [d.name for d in STEP_DECORATORS]
+        print("ok")
+    """ % ("%s.%s" % (PKG, module), ", ".join(EXPORTED)))
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-3000:]
+
+
+def test_metaflow_first_then_the_package():
+    r = python("""
+        from metaflow import TorchrunFailed, TorchrunResult, current
+        import metaflow_extensions.torchrun.plugins.torchrun as pkg
+        from metaflow_extensions.torchrun.plugins.torchrun.errors import TorchrunFailed as F
+        assert F is TorchrunFailed and pkg.TorchrunResult is TorchrunResult
+        print("ok")
+    """)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-3000:]
+
+
+def test_the_package_exports_all_and_stays_light():
+    """Ranks import rank/ through the package: no Metaflow comes with it."""
+    r = python("""
+        import sys
+        import metaflow_extensions.torchrun.plugins.torchrun as pkg
+        import metaflow_extensions.torchrun.plugins.torchrun.rank.bootstrap
+        assert "metaflow" not in sys.modules, "the package imported metaflow"
+        names = {n: getattr(pkg, n) for n in pkg.__all__}
+        import metaflow
+        assert all(getattr(metaflow, n) is v for n, v in names.items())
+        try:
+            pkg.nothing_here
+        except AttributeError:
+            print("ok")
+    """)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-3000:]
+
+
+def test_current_torch_is_in_metaflows_stubs():
+    """Metaflow's stub generator reads the "MF Add To Current" section of a step
+    decorator's docstring; its return type names the class whose ``run`` the
+    stubs show, and toplevel exports that class so the stubs include it."""
+    import inspect
+
+    import metaflow
+    from metaflow.cmd.develop.stub_generator import StubGenerator
+
+    from metaflow_extensions.torchrun.plugins.torchrun.decorator import TorchrunDecorator
+    from metaflow_extensions.torchrun.plugins.torchrun.handle import TorchrunHandle
+
+    generator = StubGenerator("/nonexistent-stubs", include_generated_for=False)
+    signatures = generator._extract_signature_from_decorator("torchrun", TorchrunDecorator.__doc__)
+    assert signatures, "the Parameters section is still read"
+    sign, doc = generator._addl_current["torchrun"]["torch"]
+    module, _, name = sign.return_annotation.rpartition(".")
+    assert getattr(__import__(module, fromlist=[name]), name) is TorchrunHandle
+    assert "current.torch.run" in doc
+    assert metaflow.TorchrunHandle is TorchrunHandle
+    assert list(inspect.signature(TorchrunHandle.run).parameters)[:5] == [
+        "self", "entrypoint", "entrypoint_args", "nproc_per_node", "torchrun_args"]
+
+
+# ------------------------------------------------------------ Metaflow configuration
+
+
+def test_a_profile_sets_the_knobs_and_the_environment_wins(tmp_path):
+    (tmp_path / "config_team.json").write_text(json.dumps({
+        "METAFLOW_TORCHRUN_KEEP_LOGS": "3", "METAFLOW_TORCHRUN_PROGRESS_SECONDS": "2",
+        "METAFLOW_TORCHRUN_SECRET": "s" * 40, "METAFLOW_TORCHRUN_MAX_LOG_MB": "9"}))
+    r = python("""
+        import os
+        from metaflow import metaflow_config as c
+        from metaflow_extensions.torchrun.plugins.torchrun import settings
+        from metaflow_extensions.torchrun.plugins.torchrun.rank import names
+        assert (c.TORCHRUN_KEEP_LOGS, c.TORCHRUN_MAX_LOG_MB) == ("3", "7"), (c.TORCHRUN_KEEP_LOGS, c.TORCHRUN_MAX_LOG_MB)
+        env = settings.knob_environ()
+        assert env[names.SECRET_ENV] == "s" * 40 and env[names.PROGRESS_ENV] == "2"
+        settings.export_knobs()
+        assert os.environ[names.KEEP_LOGS_ENV] == "3" and os.environ[names.MAX_LOG_MB_ENV] == "7"
+        assert names.SECRET_ENV not in os.environ, "the secret must not reach the ranks' environment"
+        print("ok")
+    """, METAFLOW_HOME=str(tmp_path), METAFLOW_PROFILE="team", METAFLOW_TORCHRUN_MAX_LOG_MB="7")
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-3000:]
+
+
+def test_every_knob_is_declared_in_metaflows_configuration_and_documented():
+    from metaflow import metaflow_config
+
+    from metaflow_extensions.torchrun.plugins.torchrun.rank.names import USER_KNOBS, conf_key
+
+    doc = open(os.path.join(os.path.dirname(__file__), "..", "..", "docs", "configuration.md")).read()
+    for name in USER_KNOBS:
+        assert hasattr(metaflow_config, conf_key(name)), name
+        assert "`%s`" % name in doc, name
+    from metaflow_extensions.torchrun.plugins.torchrun.decorator import TorchrunDecorator
+
+    for attribute in TorchrunDecorator.defaults:
+        assert "`%s`" % attribute in doc, attribute
