@@ -4,11 +4,12 @@ seconds that the gang is over, wherever in its step each node is.
 torchrun's agent watches only its own node: when a node dies, its peers wait for
 an NCCL or gloo timeout (10 to 30 minutes), and a node that fails before it
 starts torchrun leaves the others waiting in the rendezvous. Here the control
-task hosts a small TCP service (``gang_server``) that every node, itself
+task hosts a small TCP service (``server.py``) that every node, itself
 included, joins when its step starts and leaves when its step ends
-(``gang_client``). Only the control's address is known to all nodes, so this
-works the same locally, on Kubernetes and on AWS Batch. ``gang_wire`` is the
-format; ``cause`` the typed record of why a gang stopped.
+(``client.py``). Only the control's address is known to all nodes, so this
+works the same locally, on Kubernetes and on AWS Batch. ``messages.py`` is the
+protocol, ``wire.py`` its framing; ``cause`` the typed record of why a gang
+stopped. This module holds the gang's settings.
 """
 
 from __future__ import annotations

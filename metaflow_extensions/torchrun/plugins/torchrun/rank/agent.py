@@ -24,6 +24,7 @@ import sys
 import traceback
 from typing import IO, Any, List, Mapping, Optional, Sequence
 
+from ..host.console import say
 from ..host.workdirs import open_private
 from .names import LOG_DIR_ENV, agent_log_path
 
@@ -150,8 +151,8 @@ def main(argv: Sequence[str]) -> None:
         log.write(traceback.format_exc())
         log.flush()
         what = "its ranks failed" if isinstance(e, ChildFailedError) else "it was stopped"
-        print("@torchrun: torchrun's agent on this node ended (%s); its own report is in %s"
-              % (what, agent_log_path(os.environ[LOG_DIR_ENV])), file=sys.stderr, flush=True)
+        say("torchrun's agent on this node ended (%s); its own report is in %s"
+            % (what, agent_log_path(os.environ[LOG_DIR_ENV])))
         sys.exit(1)
 
 
