@@ -43,9 +43,15 @@ TOKEN_VAR = "BENCH_TOKEN"
 
 # In a process's command line: a torchrun agent, or a rank of a benchmark script
 # (directly, or through @torchrun's bootstrap).
-AGENT_MARK = b"torch.distributed.run"
+# torchrun's agent: by hand ``python -m torch.distributed.run``; under @torchrun
+# its own runner of it (rank/agent.py).
+AGENT_MARKS = (b"torch.distributed.run", b"torchrun.rank.agent")
 SCRIPT_MARK = os.path.join(HERE, "scripts").encode() + b"/"
-BOOTSTRAP_MARK = b"torchrun.bootstrap"
+BOOTSTRAP_MARK = b"torchrun.rank.bootstrap"
+
+
+def is_agent(cmd: bytes) -> bool:
+    return any(mark in cmd for mark in AGENT_MARKS)
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
@@ -142,7 +148,7 @@ def alive(proc: Tuple[int, int]) -> bool:
 def is_gang_process(cmd: bytes) -> bool:
     """A torchrun agent, or a rank (or a helper a rank forked, like @torchrun's
     output relay) of one of the benchmark scripts."""
-    return AGENT_MARK in cmd or SCRIPT_MARK in cmd or BOOTSTRAP_MARK in cmd
+    return is_agent(cmd) or SCRIPT_MARK in cmd or BOOTSTRAP_MARK in cmd
 
 
 # -- a run of one benchmark flow ------------------------------------------------
@@ -273,7 +279,7 @@ def classify(cmd: bytes, parent_kind: Optional[str]) -> str:
     rank: a worker the agent started; rank_helper: a process a rank started
     (@torchrun's per-rank output relay; the benchmark scripts start none).
     """
-    if AGENT_MARK in cmd:
+    if is_agent(cmd):
         return "agent"
     if parent_kind == "agent":
         return "rank"
