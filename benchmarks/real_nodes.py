@@ -10,7 +10,9 @@ Metaflow flow (flows/torchrun_flow.py) with N nodes x 1 process under
 
 For each run: the wall time of ``flow.py run``; the time from its start to
 every rank's first line, read from the console (the ranks' lines are labelled
-``[rankN]:``; the runtime stamps each line when it reads it); for the failures,
+``[rankN]:``; the runtime stamps each line when it shows it) and, from the same
+lines, each rank's own clock right after init_process_group (BENCHREADY; all on
+one host, so one clock); for the failures,
 the time from the injection to the end of ``flow.py run`` and whether the
 failure's root-cause line names the right node (and, for a rank failure, the
 right rank). After each run, any process of the run still alive (found by the
@@ -34,6 +36,7 @@ from typing import Dict, List, Optional
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from _lib import (  # noqa: E402
+    READY_RE,
     RESULTS,
     Sandbox,
     _console_time,
@@ -62,6 +65,18 @@ def first_rank_lines(console: str) -> Dict[int, float]:
             m = RANK_LINE_RE.match(line)
             if m:
                 found.setdefault(int(m.group(2)), _console_time(m.group(1)))
+    return found
+
+
+def rank_ready_times(console: str) -> Dict[int, float]:
+    """Each rank's own time.time() right after init_process_group (its BENCHREADY
+    line): when the rank got going, whenever the console showed it."""
+    found: Dict[int, float] = {}
+    with open(console, "rb") as f:
+        for line in f:
+            m = READY_RE.search(line)
+            if m:
+                found.setdefault(int(m.group(1)), float(m.group(3)))
     return found
 
 
@@ -161,6 +176,7 @@ def _measures(case: str, console: str, started: float, ended: float, injected: O
     firsts = first_rank_lines(console)
     train = train_started(console)
     since_start = {r: round(t - started, 3) for r, t in sorted(firsts.items())}
+    ready = {r: round(t - started, 3) for r, t in sorted(rank_ready_times(console).items())}
     with open(console, errors="replace") as f:
         text = f.read()
     cause = root_cause(text)
@@ -172,6 +188,11 @@ def _measures(case: str, console: str, started: float, ended: float, injected: O
         "first_line_s_min": min(since_start.values(), default=None),
         "first_line_s_median": median(list(since_start.values())),
         "first_line_s_max": max(since_start.values(), default=None),
+        "rank_ready_s": ready,
+        "rank_ready_s_min": min(ready.values(), default=None),
+        "rank_ready_s_max": max(ready.values(), default=None),
+        "console_lag_s_max": max([firsts[r] - started - t for r, t in ready.items() if r in firsts],
+                                 default=None),
         "console_lines": text.count("\n"),
         "console_tail": text[-1500:],
     }
@@ -201,6 +222,8 @@ def summary(rows: List[Dict[str, object]]) -> Dict[str, Dict[str, object]]:
             "returncodes": [r["returncode"] for r in mine],
             "wall_s": med("wall_s"), "first_line_s_max": med("first_line_s_max"),
             "first_line_s_min": med("first_line_s_min"),
+            "rank_ready_s_min": med("rank_ready_s_min"), "rank_ready_s_max": med("rank_ready_s_max"),
+            "console_lines": med("console_lines"),
             "injection_to_end_s": med("injection_to_end_s"),
             "names_right_node": sum(1 for r in ok if r.get("names_node")),
             "names_right_rank": sum(1 for r in ok if r.get("names_rank")),
@@ -214,17 +237,20 @@ def table(result: Dict[str, object]) -> str:
     def f(v):
         return "-" if v is None else "%.1f s" % v
 
-    lines = ["| case | runs (rc) | flow.py run wall | start -> first rank line (first / last) "
-             "| injection -> end | names node / rank | leftovers | load (1 min) |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = ["| case | runs (rc) | flow.py run wall | start -> ranks ready, own clock (first / last) "
+             "| start -> first rank line on console (first / last) "
+             "| injection -> end | names node / rank | console lines | leftovers | load (1 min) |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for case, s in result["summary"].items():  # type: ignore[union-attr]
         named = "-" if case == "hello" else "%d/%d%s" % (
             s["names_right_node"], s["completed"],
             " / %d/%d" % (s["names_right_rank"], s["completed"]) if case == "rank_failure" else "")
-        lines.append("| %s | %d (%s) | %s | %s / %s | %s | %s | %d | %s |" % (
+        lines.append("| %s | %d (%s) | %s | %s / %s | %s / %s | %s | %s | %s | %d | %s |" % (
             case, s["runs"], ",".join(str(c) for c in s["returncodes"]), f(s["wall_s"]),
+            f(s["rank_ready_s_min"]), f(s["rank_ready_s_max"]),
             f(s["first_line_s_min"]), f(s["first_line_s_max"]), f(s["injection_to_end_s"]),
-            named, s["leftovers"], ", ".join("%.0f" % x for x in s["load1"])))
+            named, "-" if s["console_lines"] is None else "%d" % s["console_lines"],
+            s["leftovers"], ", ".join("%.0f" % x for x in s["load1"])))
     return "\n".join(lines)
 
 
