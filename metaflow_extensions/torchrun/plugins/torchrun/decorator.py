@@ -47,7 +47,7 @@ from .launch.resources import NONE as NO_ACCELERATORS
 from .launch.resources import requested_accelerators, small_shm_warning
 from .runtime.result import METADATA_FIELD
 from .runtime.session import GangSession
-from .gang.topology import is_local_runtime, topology_from
+from .gang.topology import CONTROL_TASK_ID_ENV, is_local_runtime, topology_from
 
 
 class TorchrunDecorator(ParallelDecorator):
@@ -163,6 +163,17 @@ class TorchrunDecorator(ParallelDecorator):
         self._flow_dir = os.path.dirname(os.path.abspath(sys.argv[0]))
         self._session: Optional[GangSession] = None
 
+    def runtime_step_cli(self, cli_args, retry_count, max_user_code_retries, ubf_context):
+        super().runtime_step_cli(cli_args, retry_count, max_user_code_retries, ubf_context)
+        env = getattr(cli_args, "env", None)
+        if ubf_context == UBF_CONTROL and is_local_runtime(os.environ) and isinstance(env, dict):
+            # Metaflow sets this on the local control only inside the step's
+            # code, after every task_pre_step: @checkpoint reads it there, and
+            # without it the control took an identity of its own while the
+            # other nodes took the gang's (two checkpoint lineages per gang).
+            # Kubernetes and Batch set it on every node from the start.
+            env[CONTROL_TASK_ID_ENV] = str(cli_args.task.task_id)
+
     def _pinned_rdzv_port(self, legacy_port: Optional[int]) -> Optional[int]:
         """``rdzv_port``, or 0.2's ``master_port`` in ``torchrun_args``; never
         the gang service's own port."""
@@ -222,7 +233,7 @@ class TorchrunDecorator(ParallelDecorator):
             # hook: they inherit the port through the environment.
             if self._port is None:
                 os.environ[LOCAL_PORT_ENV] = str(find_free_port())
-        control_task_id = os.environ.get("MF_PARALLEL_CONTROL_TASK_ID") or (
+        control_task_id = os.environ.get(CONTROL_TASK_ID_ENV) or (
             task_id if ubf_context == UBF_CONTROL else None
         )
         self._identity = GangIdentity(
