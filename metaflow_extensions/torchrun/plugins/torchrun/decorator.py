@@ -7,6 +7,7 @@ from __future__ import annotations
 import difflib
 import os
 import sys
+import time
 from typing import Any, Dict, Optional
 
 from metaflow.plugins.parallel_decorator import ParallelDecorator
@@ -21,7 +22,7 @@ from .compat import (
     meta_datum,
     translate_attributes,
 )
-from .errors import Problems, TorchrunInvalidArgument
+from .errors import Problems, TorchrunInvalidArgument, TorchrunNotRetried
 from .gang import secret as gang_secret
 from .handle import TorchrunHandle
 from .gang.identity import GangIdentity
@@ -45,7 +46,8 @@ from .launch.command import none_keys
 from .launch.inputs import validate_args_as
 from .launch.resources import NONE as NO_ACCELERATORS
 from .launch.resources import requested_accelerators, small_shm_warning
-from .runtime.result import METADATA_FIELD
+from .runtime import attempts as attempts_
+from .runtime.result import METADATA_FIELD, TorchrunResult
 from .runtime.session import GangSession
 from .gang.topology import CONTROL_TASK_ID_ENV, is_local_runtime, topology_from
 
@@ -85,6 +87,11 @@ class TorchrunDecorator(ParallelDecorator):
     args_as : str, optional
         ``"0.2"``: spell a dict of entrypoint_args as metaflow-torchrun 0.2 did
         (``True`` -> ``--k true``, ``[1, 2]`` -> ``--k "[1, 2]"``). Off by default.
+    retry_on : str, default "any"
+        Which failures of the previous attempt a ``@retry`` attempt runs after:
+        ``"any"`` (Metaflow's @retry as it is) or ``"infrastructure"``: not after
+        a Python exception of the user's code (in a rank or in the step), which
+        would only raise again; the attempt fails at once, before any rank starts.
     """
 
     name = "torchrun"
@@ -100,6 +107,7 @@ class TorchrunDecorator(ParallelDecorator):
         "shutdown_grace": 30,
         "rdzv_port": None,
         "args_as": None,
+        "retry_on": None,
     }
     IS_PARALLEL = True
 
@@ -152,6 +160,7 @@ class TorchrunDecorator(ParallelDecorator):
         self._shutdown_grace = problems.check(
             validate_shutdown_grace, self.attributes.get("shutdown_grace"), step_timeout(specs))
         self._args_as = problems.check(validate_args_as, self.attributes.get("args_as"), "@torchrun(args_as)")
+        self._retry_on = problems.check(attempts_.validate_retry_on, self.attributes.get("retry_on"))
         problems.raise_all()
         self._card = attach_card(decorators) if _truthy(self.attributes["card"]) else None
         warning = small_shm_warning(specs, self._accelerators, nproc)
@@ -266,7 +275,20 @@ class TorchrunDecorator(ParallelDecorator):
             shutdown_grace=self._shutdown_grace,
         )
         self._metadata = (metadata, run_id, step_name, task_id)
+        self._attempt_started = time.time()
+        self._previous: Optional[Dict[str, Any]] = None
+        self._refusal: Optional[str] = None
+        self._resumed_from: Optional[Dict[str, Any]] = None
+        if ubf_context == UBF_CONTROL and int(retry_count) > 0:
+            self._read_previous("%s/%s/%s/%s" % (self._flow_name, run_id, step_name, task_id), int(retry_count))
         current._update_env({"torch": TorchrunHandle(lambda: self._session)})
+
+    def _read_previous(self, pathspec: str, attempt: int) -> None:
+        """Attempt k-1's record: the attempts so far, and whether to run this one."""
+        self._previous, note = attempts_.read_previous(pathspec, attempt - 1, METADATA_FIELD)
+        if note:
+            print("@torchrun: %s" % note, file=sys.stderr)
+        self._refusal = attempts_.refusal(self._retry_on, attempt, self._previous)
 
     def task_decorate(
         self, step_func, flow, graph, retry_count, max_user_code_retries, ubf_context
@@ -295,12 +317,17 @@ class TorchrunDecorator(ParallelDecorator):
             from metaflow import current
 
             topology = topology_from(current.parallel, os.environ, self._identity.gang_id, self._port)
+            # @checkpoint (above @torchrun) has loaded by now.
+            self._resumed_from = attempts_.checkpoint_info(current)
             session = self._session = GangSession(
                 self._identity, self._defaults, topology, self._flow_dir, secret=self._secret
             )
             session.join()
             try:
                 with session.user_code():
+                    if self._refusal is not None:
+                        print("@torchrun: %s" % self._refusal, file=sys.stderr, flush=True)
+                        raise TorchrunNotRetried(self._refusal)
                     step_func()
             except BaseException as e:
                 session.step_failed(e)
@@ -341,6 +368,8 @@ class TorchrunDecorator(ParallelDecorator):
         ``Task(...).metadata_dict["torchrun-result"]``. The card is rendered
         here, in the task, rather than by Metaflow in a subprocess after it."""
         result = self._session.last_result if self._session is not None else None
+        if self._session is not None and self._session.is_control:
+            result = self._with_attempts(result, retry_count)
         if result is None:
             return
         if self._card is not None and finish_card(
@@ -366,6 +395,31 @@ class TorchrunDecorator(ParallelDecorator):
             )
         except Exception as e:  # the record must never fail the step
             print("@torchrun: could not store the run's record: %s" % e, file=sys.stderr)
+
+
+    def _with_attempts(self, result: Optional[TorchrunResult], retry_count: int) -> TorchrunResult:
+        """The control's record, with every attempt of the step so far. An
+        attempt that failed before any call (or was refused) gets a record
+        too: the next attempt reads why it stopped."""
+        session = self._session
+        assert session is not None
+        refused_for = None
+        if self._refusal is not None and self._previous is not None:
+            cause = self._previous.get("cause")  # carried: the next attempt refuses too
+            refused_for = attempts_.previous_origin(self._previous, retry_count - 1)
+        else:
+            own = session.cause
+            cause = (result.cause if result is not None else None) or (own.to_wire() if own is not None else None)
+        if result is None:
+            now = time.time()
+            result = TorchrunResult(
+                command=[], node_index=0, num_nodes=session.topology.num_nodes, nproc_per_node="",
+                exit_code=None, started_at=self._attempt_started, ended_at=now, call=-1)
+        result.cause = cause
+        entry = attempts_.this_attempt(retry_count, self._attempt_started, session.results, cause,
+                                       self._resumed_from, refused_for)
+        result.attempts = attempts_.with_costs(attempts_.history(self._previous) + [entry])
+        return result
 
 
 def _truthy(value: Any) -> bool:

@@ -73,6 +73,10 @@ class TorchrunResult:
     # collecting them added to the stop.
     stacks: Dict[int, str] = field(default_factory=dict)
     stack_seconds: float = 0.0
+    # On the control: every attempt of the step so far, this one last
+    # (runtime/attempts.py: start, gang formed, calls, why it stopped, the
+    # checkpoint it resumed from, what each failure cost).
+    attempts: List[Dict[str, Any]] = field(default_factory=list)
 
     @property
     def duration(self) -> float:
