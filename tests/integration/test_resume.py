@@ -35,9 +35,9 @@ def _record(gang, attempt=None):
         "result = json.loads(t.metadata_dict['torchrun-result'])" % (attempt, attempt))
 
 
-def _resumes_after_kill(gang, kill_node):
-    env = {"MFTR_CKPT": json.dumps({"kill-after-epoch": 2, "kill-node": kill_node, "epochs": 3}),
-           "MFTR_RETRY_ON": "infrastructure"}
+def _resumes_after_kill(gang, kill_node, resumed_from=2, **options):
+    ckpt = dict({"kill-after-epoch": 2, "kill-node": kill_node, "epochs": 3}, **options)
+    env = {"MFTR_CKPT": json.dumps(ckpt), "MFTR_RETRY_ON": "infrastructure"}
     proc = gang.run(flow=FLOW, env=env, timeout=400)
     text = output(proc)
     assert proc.returncode == 0, text[-5000:]
@@ -45,9 +45,12 @@ def _resumes_after_kill(gang, kill_node):
     starts = {(e["attempt"], e["rank"]): e for e in events if e["event"] == "start"}
     # Attempt 0 trained from scratch; attempt 1, on every rank, from epoch 2's checkpoint.
     assert all(starts[(0, r)]["resumed_from"] is None for r in range(4)), starts
-    assert all(starts[(1, r)]["resumed_from"] == 2 for r in range(4)), starts
+    assert all(starts[(1, r)]["resumed_from"] == resumed_from for r in range(4)), starts
     trained = sorted({e["epoch"] for e in events if e["event"] == "epoch" and e["attempt"] == 1})
-    assert trained == [3], trained
+    assert trained == list(range(resumed_from + 1, 4)), trained
+    # Global rank 0 on node 0 and ranks in node order, in both attempts: the
+    # idiom of saving rank 0's file from node 0's step relies on it.
+    assert all(e["metaflow_node"] == e["rank"] // 2 == e["node"] for e in starts.values()), starts
     # Both nodes of attempt 1 loaded the same checkpoint, under one identity.
     nodes = [_loaded(gang, n, 1) for n in (0, 1)]
     assert all(n["is_loaded"] for n in nodes) and nodes[0]["key"] == nodes[1]["key"], nodes
@@ -69,6 +72,21 @@ def test_a_killed_worker_resumes_from_the_last_epoch_even_under_retry_on_infrast
 
 def test_a_killed_control_resumes_from_the_last_epoch(gang):
     _resumes_after_kill(gang, kill_node=0)
+
+
+def test_a_kill_of_the_saving_node_during_a_save_resumes_from_the_save_before(gang):
+    """Node 0 (rank 0 saves) dies in the middle of epoch 2's save: that save
+    never became the latest, so attempt 1 resumes from epoch 1."""
+    _resumes_after_kill(gang, kill_node=0, resumed_from=1, **{"kill-during-save": True, "save-seconds": 20})
+
+
+def test_our_stop_during_a_save_resumes_from_the_save_before(gang):
+    """Node 1 dies while rank 0 is saving epoch 2: the gang stops rank 0 in its
+    save (a failure elsewhere gives it the supervisor's 3 s, then SIGKILL; the
+    save takes 20), so attempt 1 resumes from epoch 1."""
+    _resumes_after_kill(gang, kill_node=1, resumed_from=1, **{"kill-during-save": True, "save-seconds": 20})
+    saved = [e["epoch"] for e in _events(gang) if e["event"] == "saved" and e["attempt"] == 0]
+    assert saved == [1], saved
 
 
 def test_a_bug_is_not_retried_under_retry_on_infrastructure(gang):

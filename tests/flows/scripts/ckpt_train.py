@@ -5,7 +5,9 @@ example: every epoch, rank 0 saves a checkpoint with metaflow_checkpoint's
 
 Test hooks: ``--kill-after-epoch N --attempt A`` makes node 1 SIGKILL its own
 Metaflow task (pid in $MFTR_TEST_OUT/task-pid-1) after epoch N of attempt 0;
-``--save-seconds S`` makes every save take S seconds longer (a kill lands in it).
+``--kill-during-save`` makes rank 0 kill that node's task in the middle of
+epoch N's save instead (after the files are written, before they are stored),
+and ``--save-seconds S`` makes that save take S seconds more.
 Every rank appends what it did to $MFTR_TEST_OUT/epochs.jsonl."""
 
 import argparse
@@ -27,13 +29,22 @@ p.add_argument("--resume-dir", default=None)
 p.add_argument("--kill-after-epoch", type=int, default=-1)
 p.add_argument("--kill-node", type=int, default=1)
 p.add_argument("--save-seconds", type=float, default=0.0)
+p.add_argument("--kill-during-save", action="store_true")
 args = p.parse_args()
 
 
 def note(**what) -> None:
-    what.update(rank=rank(), node=int(os.environ["GROUP_RANK"]), attempt=args.attempt, t=time.time())
+    what.update(rank=rank(), node=int(os.environ["GROUP_RANK"]), attempt=args.attempt, t=time.time(),
+                metaflow_node=int(os.environ["MF_PARALLEL_NODE_INDEX"]))
     with open(os.path.join(out_dir(), "epochs.jsonl"), "a") as f:
         f.write(json.dumps(what) + "\n")
+
+
+def kill_task(node: int, epoch: int) -> None:
+    with open(os.path.join(out_dir(), "task-pid-%d" % node)) as f:
+        pid = int(f.read())
+    note(event="kill", epoch=epoch, pid=pid, target=node)
+    os.kill(pid, signal.SIGKILL)
 
 
 def save(model, epoch: int) -> None:
@@ -41,8 +52,9 @@ def save(model, epoch: int) -> None:
 
     checkpoint = Checkpoint(init_dir=True)
     torch.save({"model": model.state_dict(), "epoch": epoch}, os.path.join(checkpoint.directory, "model.pt"))
-    if args.save_seconds:
+    if args.kill_during_save and args.attempt == 0 and epoch == args.kill_after_epoch:
         note(event="saving", epoch=epoch)
+        kill_task(args.kill_node, epoch)
         time.sleep(args.save_seconds)
     checkpoint.save(metadata={"epoch": epoch})
     note(event="saved", epoch=epoch)
@@ -72,10 +84,7 @@ for epoch in range(first, args.epochs + 1):
     dist.barrier()
     node = int(os.environ["GROUP_RANK"])
     if args.attempt == 0 and epoch == args.kill_after_epoch and node == args.kill_node \
-            and int(os.environ["LOCAL_RANK"]) == 0:
-        with open(os.path.join(out_dir(), "task-pid-%d" % node)) as f:
-            pid = int(f.read())
-        note(event="kill", epoch=epoch, pid=pid)
-        os.kill(pid, signal.SIGKILL)
+            and int(os.environ["LOCAL_RANK"]) == 0 and not args.kill_during_save:
+        kill_task(node, epoch)
         time.sleep(60)  # the gang stops this rank
 dist.destroy_process_group()
