@@ -111,3 +111,27 @@ def test_the_card_shows_every_attempt_once_there_are_two():
     assert [r[0] for r in rows] == ["0", "1"]
     assert rows[0][4] == "node 1 \\*lost\\*"  # rank-originated text stays text
     assert "epoch\\=2" in rows[1][5] and rows[0][6] == "10.0 s" and rows[0][7] == "10.0 s"
+
+
+def test_the_local_control_task_knows_its_gang_from_its_start(monkeypatch):
+    """runtime_step_cli puts MF_PARALLEL_CONTROL_TASK_ID in the local control
+    task's environment: @checkpoint reads it in task_pre_step, before Metaflow
+    would set it. Not on other nodes (the control passes them its own), not on
+    a cluster (Kubernetes and Batch set it)."""
+    from types import SimpleNamespace
+
+    from metaflow.unbounded_foreach import UBF_CONTROL, UBF_TASK
+
+    from metaflow_extensions.torchrun.plugins.torchrun.decorator import TorchrunDecorator
+
+    def cli(ubf):
+        args = SimpleNamespace(env={}, command_options={},
+                               task=SimpleNamespace(task_id="7", ubf_iter=SimpleNamespace(num_parallel=2)))
+        TorchrunDecorator().runtime_step_cli(args, 0, 0, ubf)
+        return args.env
+
+    monkeypatch.delenv("METAFLOW_RUNTIME_ENVIRONMENT", raising=False)
+    assert cli(UBF_CONTROL) == {"MF_PARALLEL_CONTROL_TASK_ID": "7"}
+    assert cli(UBF_TASK) == {}
+    monkeypatch.setenv("METAFLOW_RUNTIME_ENVIRONMENT", "kubernetes")
+    assert cli(UBF_CONTROL) == {}
