@@ -89,6 +89,12 @@ def test_what_a_failure_cost_from_the_checkpoint_resumed_from():
     assert attempts.with_costs(history)[0]["lost_work_seconds"] == 90.0
 
 
+def test_an_attempt_without_a_record_is_named_unknown():
+    past = attempts.fill_missing([{"attempt": 1, "stopped": "x"}], 3)
+    assert [a["attempt"] for a in past] == [0, 1, 2]
+    assert past[0]["stopped"].startswith("unknown") and past[1]["stopped"] == "x"
+
+
 def test_history_ignores_what_is_not_a_list_of_objects():
     assert attempts.history({"attempts": "x"}) == []
     assert attempts.history({"attempts": [1, {"attempt": 0}]}) == [{"attempt": 0}]

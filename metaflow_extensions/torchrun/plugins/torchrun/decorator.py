@@ -396,7 +396,6 @@ class TorchrunDecorator(ParallelDecorator):
         except Exception as e:  # the record must never fail the step
             print("@torchrun: could not store the run's record: %s" % e, file=sys.stderr)
 
-
     def _with_attempts(self, result: Optional[TorchrunResult], retry_count: int) -> TorchrunResult:
         """The control's record, with every attempt of the step so far. An
         attempt that failed before any call (or was refused) gets a record
@@ -418,7 +417,8 @@ class TorchrunDecorator(ParallelDecorator):
         result.cause = cause
         entry = attempts_.this_attempt(retry_count, self._attempt_started, session.results, cause,
                                        self._resumed_from, refused_for)
-        result.attempts = attempts_.with_costs(attempts_.history(self._previous) + [entry])
+        past = attempts_.fill_missing(attempts_.history(self._previous), retry_count)
+        result.attempts = attempts_.with_costs(past + [entry])
         return result
 
 

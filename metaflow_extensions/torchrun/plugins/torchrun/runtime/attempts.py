@@ -117,6 +117,14 @@ def history(previous: Optional[Mapping[str, Any]]) -> List[Dict[str, Any]]:
     return [dict(a) for a in previous["attempts"] if isinstance(a, Mapping)][:64]
 
 
+def fill_missing(past: List[Dict[str, Any]], attempt: int) -> List[Dict[str, Any]]:
+    """Attempts 0..attempt-1, each once: an attempt whose control task died
+    before writing its record is named as unknown rather than left out."""
+    by_attempt = {a.get("attempt"): a for a in past}
+    return [by_attempt.get(k) or {"attempt": k, "stopped": "unknown: its control task left no record "
+                                  "(killed before the end of its step?)"} for k in range(attempt)]
+
+
 def checkpoint_info(current: Any) -> Optional[Dict[str, Any]]:
     """The checkpoint ``@checkpoint`` loaded for this attempt, if any."""
     ckpt = getattr(current, "checkpoint", None) if current is not None else None
