@@ -279,6 +279,7 @@ class TorchrunDecorator(ParallelDecorator):
         self._previous: Optional[Dict[str, Any]] = None
         self._refusal: Optional[str] = None
         self._resumed_from: Optional[Dict[str, Any]] = None
+        self._code_started: Optional[float] = None
         if ubf_context == UBF_CONTROL and int(retry_count) > 0:
             self._read_previous("%s/%s/%s/%s" % (self._flow_name, run_id, step_name, task_id), int(retry_count))
         current._update_env({"torch": TorchrunHandle(lambda: self._session)})
@@ -319,6 +320,7 @@ class TorchrunDecorator(ParallelDecorator):
             topology = topology_from(current.parallel, os.environ, self._identity.gang_id, self._port)
             # @checkpoint (above @torchrun) has loaded by now.
             self._resumed_from = attempts_.checkpoint_info(current)
+            self._code_started = time.time()
             session = self._session = GangSession(
                 self._identity, self._defaults, topology, self._flow_dir, secret=self._secret
             )
@@ -416,7 +418,7 @@ class TorchrunDecorator(ParallelDecorator):
                 exit_code=None, started_at=self._attempt_started, ended_at=now, call=-1)
         result.cause = cause
         entry = attempts_.this_attempt(retry_count, self._attempt_started, session.results, cause,
-                                       self._resumed_from, refused_for)
+                                       self._resumed_from, refused_for, self._code_started)
         past = attempts_.fill_missing(attempts_.history(self._previous), retry_count)
         result.attempts = attempts_.with_costs(past + [entry])
         return result

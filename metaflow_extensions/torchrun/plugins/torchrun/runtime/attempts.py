@@ -157,6 +157,7 @@ def _epoch(stamp: Any) -> Optional[float]:
 def this_attempt(
     attempt: int, started_at: float, results: List[Any], cause: Optional[Mapping[str, Any]],
     resumed_from: Optional[Dict[str, Any]], refused_for: Optional[int] = None,
+    code_started_at: Optional[float] = None,
 ) -> Dict[str, Any]:
     """One entry of ``attempts``, from this attempt's calls on the control."""
     joined: List[float] = []
@@ -167,6 +168,9 @@ def this_attempt(
     return {
         "attempt": attempt,
         "started_at": started_at,
+        # The step's code began: every decorator's task_pre_step done
+        # (@checkpoint's load among them), the local nodes started.
+        "code_started_at": code_started_at,
         "gang_formed_at": max(joined) if joined else None,
         "gang_formed_seconds": (max(joined) - started_at) if joined else None,
         "calls": [{"call": r.call, "started_at": r.started_at} for r in results],
