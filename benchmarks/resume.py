@@ -11,7 +11,8 @@ Phases, each from the end of the one before:
   flow, up to @torchrun's task_pre_step (locally, minutes_between_retries=0);
 - checkpoint loaded: the step's code begins: every task_pre_step done,
   @checkpoint's load of epoch 2's checkpoint among them;
-- call started: ``current.torch.run`` of attempt 1 begins;
+- call started: ``current.torch.run`` of attempt 1 begins on the control;
+- gang formed: node 1's task (started by the control, locally) has joined;
 - first training line: every rank of attempt 1 has started training (torchrun
   started, torch imported, the rendezvous and init_process_group done).
 
@@ -44,7 +45,7 @@ REPO = os.path.dirname(HERE)
 FLOW = os.path.join(REPO, "tests", "flows", "checkpoint_flow.py")
 RESULTS = os.path.join(HERE, "results")
 PHASES = ["detected", "attempt 0 ended", "attempt 1 started", "checkpoint loaded", "call started",
-          "first training line"]
+          "gang formed", "first training line"]
 _STAMP = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+) \[[^\]]*/train/[^\]]*\] (.*)$")
 
 
@@ -95,6 +96,7 @@ def one_run(workdir: str) -> Dict[str, object]:
         "attempt 1 started": second["started_at"],
         "checkpoint loaded": second.get("code_started_at"),
         "call started": second["calls"][0]["started_at"],
+        "gang formed": second.get("gang_formed_at"),
         "first training line": first_epoch,
     }
     phases: Dict[str, Optional[float]] = {}

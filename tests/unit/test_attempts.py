@@ -87,6 +87,9 @@ def test_what_a_failure_cost_from_the_checkpoint_resumed_from():
     # Without a checkpoint, the whole attempt's work since its first call.
     history[1]["resumed_from"] = None
     assert attempts.with_costs(history)[0]["lost_work_seconds"] == 90.0
+    # The restart ends when the next attempt's call has its whole gang.
+    history[1]["gang_formed_at"] = 230.0
+    assert attempts.with_costs(history)[0]["restart_seconds"] == 30.0
 
 
 def test_an_attempt_without_a_record_is_named_unknown():

@@ -185,7 +185,8 @@ def this_attempt(
 def with_costs(attempts: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
     """What each failure cost: the work since the last checkpoint before it
     (the one the next attempt resumed from; the whole attempt without one)
-    and the restart (the failure to the next attempt's first call)."""
+    and the restart (the failure to the next attempt's first call with its
+    whole gang there: the later of the call's start and the gang formed)."""
     out = [dict(a) for a in attempts]
     for failed, nxt in zip(out, out[1:]):
         end = _num(failed.get("ended_at"))
@@ -198,6 +199,9 @@ def with_costs(attempts: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
         since = saved if saved is not None and saved <= end else began
         nxt_calls = nxt.get("calls") or []
         restart_to = _num(nxt_calls[0].get("started_at")) if nxt_calls else None
+        formed = _num(nxt.get("gang_formed_at"))
+        if restart_to is not None and formed is not None:
+            restart_to = max(restart_to, formed)
         failed["lost_work_seconds"] = max(0.0, end - since) if since is not None else None
         failed["restart_seconds"] = max(0.0, restart_to - end) if restart_to is not None else None
         parts = [failed["lost_work_seconds"], failed["restart_seconds"]]
