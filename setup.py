@@ -40,7 +40,11 @@ setup(
     package_data={"metaflow_extensions.torchrun.plugins.torchrun": ["py.typed"]},
     options={"egg_info": {"egg_base": "build"}},
     install_requires=["metaflow>=2.12"],
-    extras_require={"torch": ["torch>=2.11"]},
+    extras_require={
+        "torch": ["torch>=2.11"],
+        # @checkpoint / @model (docs/resume.md): resume a failed gang from its last save.
+        "checkpoint": ["metaflow-checkpoint>=0.2.14"],
+    },
     classifiers=[
         "Development Status :: 3 - Alpha",
         "Intended Audience :: Developers",

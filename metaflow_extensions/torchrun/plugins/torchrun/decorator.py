@@ -8,6 +8,7 @@ import difflib
 import os
 import shlex
 import sys
+import time
 from typing import Any, Dict, Optional
 
 from . import load_order  # noqa: F401  (Metaflow first, whatever the user imports first)
@@ -24,7 +25,7 @@ from .compat import (
     translate_attributes,
 )
 from . import defaults as DEFAULTS
-from .errors import Problems, TorchrunException, TorchrunInvalidArgument
+from .errors import Problems, TorchrunException, TorchrunInvalidArgument, TorchrunNotRetried
 from .gang import secret as gang_secret
 from .handle import TorchrunHandle
 from .gang.identity import GangIdentity
@@ -50,12 +51,13 @@ from .launch.command import none_keys
 from .launch.inputs import validate_args_as
 from .launch.resources import NONE as NO_ACCELERATORS
 from .launch.resources import requested_accelerators, small_shm_warning
-from .runtime.result import METADATA_FIELD, REPORT_ARTIFACT
+from .runtime import attempts as attempts_
+from .runtime.result import METADATA_FIELD, REPORT_ARTIFACT, TorchrunResult
 from .runtime.session import GangSession
 from .runtime import preflight as preflight_runtime
 from .gang.preflight import DEFAULT_MODE as DEFAULT_PREFLIGHT
 from .gang.preflight import parse_mode as parse_preflight
-from .gang.topology import is_local_runtime, topology_from
+from .gang.topology import CONTROL_TASK_ID_ENV, is_local_runtime, topology_from
 
 
 # size: Metaflow's hook surface, one method per hook, each delegating; 70 of its lines are the docstring
@@ -101,6 +103,11 @@ class TorchrunDecorator(ParallelDecorator):
     args_as : str, optional
         ``"0.2"``: spell a dict of entrypoint_args as metaflow-torchrun 0.2 did
         (``True`` -> ``--k true``, ``[1, 2]`` -> ``--k "[1, 2]"``). Off by default.
+    retry_on : str, default "any"
+        Which failures of the previous attempt a ``@retry`` attempt runs after:
+        ``"any"`` (Metaflow's @retry as it is) or ``"infrastructure"``: not after
+        a Python exception of the user's code (in a rank or in the step), which
+        would only raise again; the attempt fails at once, before any rank starts.
 
     MF Add To Current
     -----------------
@@ -132,6 +139,7 @@ class TorchrunDecorator(ParallelDecorator):
         "rdzv_port": None,
         "args_as": None,
         "preflight": DEFAULT_PREFLIGHT,
+        "retry_on": None,
     }
     IS_PARALLEL = True
 
@@ -184,6 +192,7 @@ class TorchrunDecorator(ParallelDecorator):
             validate_shutdown_grace, self.attributes.get("shutdown_grace"), step_timeout(specs))
         self._args_as = problems.check(validate_args_as, self.attributes.get("args_as"), "@torchrun(args_as)")
         self._preflight = problems.check(_preflight_mode, self.attributes.get("preflight"))
+        self._retry_on = problems.check(attempts_.validate_retry_on, self.attributes.get("retry_on"))
         problems.raise_all()
         self._card = attach_card(decorators) if _truthy(self.attributes["card"]) else None
         warning = small_shm_warning(specs, self._accelerators, nproc)
@@ -195,6 +204,17 @@ class TorchrunDecorator(ParallelDecorator):
         self._secret: Any = None
         # The control's secret in the datastore, withdrawn when its step ends.
         self._published = gang_secret.Published(None)
+
+    def runtime_step_cli(self, cli_args, retry_count, max_user_code_retries, ubf_context):
+        super().runtime_step_cli(cli_args, retry_count, max_user_code_retries, ubf_context)
+        env = getattr(cli_args, "env", None)
+        if ubf_context == UBF_CONTROL and is_local_runtime(os.environ) and isinstance(env, dict):
+            # Metaflow sets this on the local control only inside the step's
+            # code, after every task_pre_step: @checkpoint reads it there, and
+            # without it the control took an identity of its own while the
+            # other nodes took the gang's (two checkpoint lineages per gang).
+            # Kubernetes and Batch set it on every node from the start.
+            env[CONTROL_TASK_ID_ENV] = str(cli_args.task.task_id)
 
     def _pinned_rdzv_port(self, legacy_port: Optional[int]) -> Optional[int]:
         """``rdzv_port``, or 0.2's ``master_port`` in ``torchrun_args``; never
@@ -248,7 +268,7 @@ class TorchrunDecorator(ParallelDecorator):
             # Metaflow spawns the other local nodes from this process after this
             # hook: they inherit the port through the environment.
             os.environ[LOCAL_PORT_ENV] = str(find_free_port())
-        control_task_id = os.environ.get("MF_PARALLEL_CONTROL_TASK_ID") or (task_id if is_control else None)
+        control_task_id = os.environ.get(CONTROL_TASK_ID_ENV) or (task_id if is_control else None)
         self._identity = GangIdentity(
             flow_name=self._flow_name,
             run_id=str(run_id),
@@ -259,6 +279,13 @@ class TorchrunDecorator(ParallelDecorator):
         self._share_secret(task_datastore._storage_impl, is_control)
         self._defaults = self._step_defaults()
         self._metadata = (metadata, run_id, step_name, task_id)
+        self._attempt_started = time.time()
+        self._previous: Optional[Dict[str, Any]] = None
+        self._refusal: Optional[str] = None
+        self._resumed_from: Optional[Dict[str, Any]] = None
+        self._code_started: Optional[float] = None
+        if is_control and int(retry_count) > 0:
+            self._read_previous("%s/%s/%s/%s" % (self._flow_name, run_id, step_name, task_id), int(retry_count))
         current._update_env({"torch": TorchrunHandle(lambda: self._session)})
 
     def _share_secret(self, storage, is_control: bool) -> None:
@@ -290,6 +317,13 @@ class TorchrunDecorator(ParallelDecorator):
             preflight=self._preflight or DEFAULT_PREFLIGHT,
         )
 
+    def _read_previous(self, pathspec: str, attempt: int) -> None:
+        """Attempt k-1's record: the attempts so far, and whether to run this one."""
+        self._previous, note = attempts_.read_previous(pathspec, attempt - 1, METADATA_FIELD)
+        if note:
+            print("@torchrun: %s" % note, file=sys.stderr)
+        self._refusal = attempts_.refusal(self._retry_on, attempt, self._previous)
+
     def task_decorate(
         self, step_func, flow, graph, retry_count, max_user_code_retries, ubf_context
     ):
@@ -318,6 +352,9 @@ class TorchrunDecorator(ParallelDecorator):
             from metaflow import current
 
             topology = topology_from(current.parallel, os.environ, self._identity.gang_id, self._port)
+            # @checkpoint (above @torchrun) has loaded by now.
+            self._resumed_from = attempts_.checkpoint_info(current)
+            self._code_started = time.time()
             session = self._session = GangSession(
                 self._identity, self._defaults, topology, self._flow_dir, secret=self._secret
             )
@@ -325,6 +362,9 @@ class TorchrunDecorator(ParallelDecorator):
             session.join()
             try:
                 with session.user_code():
+                    if self._refusal is not None:
+                        print("@torchrun: %s" % self._refusal, file=sys.stderr, flush=True)
+                        raise TorchrunNotRetried(self._refusal)
                     step_func()
             except BaseException as e:
                 session.step_failed(e)
@@ -369,12 +409,15 @@ class TorchrunDecorator(ParallelDecorator):
         ``Task(...).metadata_dict["torchrun-result"]``, bounded in size. On the
         control, the full report of every call (every rank's stack and output
         tail) is the artifact ``torchrun_report`` when the record leaves any of
-        it out. The card is rendered here, in the task, rather than by Metaflow
-        in a subprocess after it."""
+        it out, and the record holds every attempt of the step so far. The card
+        is rendered here, in the task, rather than by Metaflow in a subprocess
+        after it."""
         session = self._session
         result = session.last_result if session is not None else None
         if result is None and session is not None:
             result = preflight_runtime.refusal_result(session)  # refused before any call
+        if session is not None and session.is_control:
+            result = self._with_attempts(result, retry_count)
         if result is None or session is None:
             return
         result.preflight = preflight_runtime.record(session) or result.preflight
@@ -407,6 +450,31 @@ class TorchrunDecorator(ParallelDecorator):
         except Exception as e:  # the record must never fail the step
             say("could not store the run's record: %s" % e)
 
+    def _with_attempts(self, result: Optional[TorchrunResult], retry_count: int) -> TorchrunResult:
+        """The control's record, with every attempt of the step so far. An
+        attempt that failed before any call (or was refused) gets a record
+        too: the next attempt reads why it stopped."""
+        session = self._session
+        assert session is not None
+        refused_for = None
+        if self._refusal is not None and self._previous is not None:
+            cause = self._previous.get("cause")  # carried: the next attempt refuses too
+            refused_for = attempts_.previous_origin(self._previous, retry_count - 1)
+        else:
+            own = session.cause
+            cause = (result.cause if result is not None else None) or (own.to_wire() if own is not None else None)
+        if result is None:
+            now = time.time()
+            result = TorchrunResult(
+                command=[], node_index=0, num_nodes=session.topology.num_nodes, nproc_per_node="",
+                exit_code=None, started_at=self._attempt_started, ended_at=now, call=-1)
+        result.cause = cause
+        entry = attempts_.this_attempt(retry_count, self._attempt_started, session.results, cause,
+                                       self._resumed_from, refused_for, self._code_started)
+        past = attempts_.fill_missing(attempts_.history(self._previous), retry_count)
+        result.attempts = attempts_.with_costs(past + [entry])
+        return result
+
 
 def _local_nodes(flow: Any) -> int:
     """How many nodes the local control starts (itself included)."""
@@ -425,7 +493,6 @@ def _preflight_mode(value: Any) -> str:
         return parse_preflight(value)
     except ValueError as e:
         raise TorchrunInvalidArgument(str(e)) from None
-
 
 def _truthy(value: Any) -> bool:
     if isinstance(value, str):

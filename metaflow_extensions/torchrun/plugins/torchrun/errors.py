@@ -43,6 +43,13 @@ class TorchrunInvalidArgument(TorchrunException):
     headline = "@torchrun: invalid argument"
 
 
+class TorchrunNotRetried(TorchrunException):
+    """``retry_on="infrastructure"``: the previous attempt failed in the user's
+    code, so this attempt does not run."""
+
+    headline = "@torchrun: not retried"
+
+
 class TorchrunFailed(TorchrunException):
     """torchrun on this node ended unsuccessfully."""
 

@@ -29,6 +29,10 @@ class Topology:
         return self.node_index == 0
 
 
+# Metaflow's name for the control task's id, on every node of a @parallel step.
+CONTROL_TASK_ID_ENV = "MF_PARALLEL_CONTROL_TASK_ID"
+
+
 def is_local_runtime(env: Mapping[str, str]) -> bool:
     return env.get("METAFLOW_RUNTIME_ENVIRONMENT", "local") == "local"
 

@@ -194,6 +194,36 @@ def stack_parts(result: TorchrunResult, Markdown: Any, Table: Any) -> list:
     return parts
 
 
+def attempt_rows(result: TorchrunResult) -> List[List[str]]:
+    """Every attempt of the step (runtime/attempts.py), times from the first
+    attempt's start, and what each failure cost."""
+    rows: List[List[str]] = []
+    attempts = [a for a in result.attempts if isinstance(a, dict)]
+    if len(attempts) < 2:
+        return rows
+    origin = attempts[0].get("started_at") or 0.0
+
+    def secs(value: Any) -> str:
+        return "%.1f s" % value if isinstance(value, (int, float)) else ""
+
+    for a in attempts:
+        calls = ", ".join(_fmt_time(c.get("started_at"), origin) for c in a.get("calls") or [])
+        resumed = a.get("resumed_from") or {}
+        meta = resumed.get("metadata") or {}
+        label = ("%s (%s)" % (resumed.get("created_on"), ", ".join("%s=%s" % kv for kv in sorted(meta.items())))
+                 if resumed else "")
+        rows.append([
+            str(a.get("attempt")), _fmt_time(a.get("started_at"), origin), secs(a.get("gang_formed_seconds")),
+            escape_markdown(calls), escape_markdown(a.get("stopped") or ""), escape_markdown(label),
+            secs(a.get("lost_work_seconds")), secs(a.get("restart_seconds")),
+        ])
+    return rows
+
+
+ATTEMPT_HEADERS = ["attempt", "started", "gang formed in", "calls started", "stopped", "resumed from",
+                   "work lost", "restart"]
+
+
 def build_components(result: TorchrunResult, flow: str, pathspec: str, backend: str) -> list:
     from metaflow.cards import Markdown, Table
 
@@ -206,6 +236,8 @@ def build_components(result: TorchrunResult, flow: str, pathspec: str, backend: 
         Markdown("## Ranks"),
         Table(rank_rows(result), headers=["rank", "node", "local rank", "pid", "exit", "duration"]),
     ]
+    if attempt_rows(result):
+        parts += [Markdown("## Attempts"), Table(attempt_rows(result), headers=ATTEMPT_HEADERS)]
     cause = result.cause
     if cause:
         text = cause.get("summary") or str(cause)

@@ -90,6 +90,10 @@ class TorchrunResult:
     # On the control: @torchrun(preflight=...)'s findings for the whole gang,
     # bounded whatever its size (gang/preflight.py record, runtime/preflight.py).
     preflight: Dict[str, Any] = field(default_factory=dict)
+    # On the control: every attempt of the step so far, this one last
+    # (runtime/attempts.py: start, gang formed, calls, why it stopped, the
+    # checkpoint it resumed from, what each failure cost).
+    attempts: List[Dict[str, Any]] = field(default_factory=list)
 
     @property
     def duration(self) -> float:

@@ -1,0 +1,146 @@
+"""retry_on's decision and the attempts record (runtime/attempts.py): pure."""
+
+import pytest
+
+from metaflow_extensions.torchrun.plugins.torchrun.cause import Cause, CauseKind
+from metaflow_extensions.torchrun.plugins.torchrun.errors import TorchrunInvalidArgument
+from metaflow_extensions.torchrun.plugins.torchrun.runtime import attempts
+from metaflow_extensions.torchrun.plugins.torchrun.runtime.card import attempt_rows
+from metaflow_extensions.torchrun.plugins.torchrun.runtime.result import TorchrunResult
+
+TB = (
+    'Traceback (most recent call last):\n'
+    '  File "/home/me/project/train.py", line 88, in <module>\n    main()\n'
+    '  File "/venv/lib/python3.11/site-packages/torch/nn/modules/module.py", line 1, in _call\n'
+    '    raise ValueError("bad shape")\nValueError: bad shape\n'
+)
+
+
+def wire(kind, **kw):
+    return Cause(kind, kw.pop("summary", "s"), **kw).to_wire()
+
+
+def test_a_python_exception_of_the_users_code_is_named_with_its_place():
+    assert attempts.user_code_failure(wire(CauseKind.RANK_FAILED, exc_type="ValueError", traceback=TB)) \
+        == "ValueError at train.py:88"
+    assert attempts.user_code_failure(wire(CauseKind.STEP_FAILED, exc_type="TypeError", traceback=TB)) \
+        == "TypeError at train.py:88"
+
+
+@pytest.mark.parametrize("cause", [
+    wire(CauseKind.NODE_LOST),
+    wire(CauseKind.UNRESPONSIVE),
+    wire(CauseKind.HANG),
+    wire(CauseKind.INTERRUPTED),
+    wire(CauseKind.CONTROL_LOST),
+    wire(CauseKind.NEVER_JOINED),
+    wire(CauseKind.RANK_FAILED, exit_code=-9),  # a signal: no Python exception
+    wire(CauseKind.RANK_FAILED, exc_type="RuntimeError", message="[gloo/pair.cc:553] Connection closed by peer"),
+    wire(CauseKind.RANK_FAILED, exc_type="DistBackendError", message="NCCL error: unhandled system error"),
+    wire(CauseKind.RANK_FAILED, exc_type="torch.distributed.DistNetworkError", message="x"),
+    wire(CauseKind.RANK_FAILED, exc_type="ValueError", secondary=True),
+    wire(CauseKind.STEP_FAILED, exc_type="GangAborted"),
+    None, {}, {"kind": "failed"}, "not a dict", {"kind": "failed", "exc_type": 3},
+])
+def test_infrastructure_and_unknown_failures_are_retried(cause):
+    assert attempts.user_code_failure(cause) is None
+    assert attempts.refusal("infrastructure", 1, {"cause": cause}) is None
+
+
+def test_the_refusal_is_one_line_naming_the_attempt_and_the_place():
+    previous = {"cause": wire(CauseKind.RANK_FAILED, exc_type="ValueError", traceback=TB)}
+    line = attempts.refusal("infrastructure", 1, previous)
+    assert line == ("not retried: attempt 0 failed in your code, ValueError at train.py:88; "
+                    "@torchrun(retry_on='infrastructure') retries only infrastructure failures")
+    assert "\n" not in line
+    assert attempts.refusal("any", 1, previous) is None
+    assert attempts.refusal("infrastructure", 0, previous) is None
+    assert attempts.refusal("infrastructure", 1, None) is None  # a task killed leaves no record
+    # A refused attempt carries attempt 0's cause: attempt 2 names attempt 0.
+    carried = dict(previous, attempts=[{"attempt": 0}, {"attempt": 1, "refused_for": 0}])
+    assert attempts.refusal("infrastructure", 2, carried).startswith("not retried: attempt 0 failed")
+
+
+@pytest.mark.parametrize("value", ["Infrastructure", "all", 1, True, ["any"], ""])
+def test_retry_on_takes_two_values(value):
+    with pytest.raises(TorchrunInvalidArgument, match="retry_on"):
+        attempts.validate_retry_on(value)
+    assert attempts.validate_retry_on(None) == "any"
+
+
+def test_place_is_the_innermost_frame_of_the_users_code():
+    assert attempts.place(TB) == "train.py:88"
+    assert attempts.place('  File "/usr/lib/python3.11/json/decoder.py", line 5, in x\n') == "decoder.py:5"
+    assert attempts.place(None) is None and attempts.place("no frames") is None
+
+
+def test_what_a_failure_cost_from_the_checkpoint_resumed_from():
+    history = [
+        {"attempt": 0, "started_at": 100.0, "calls": [{"call": 0, "started_at": 110.0}], "ended_at": 200.0},
+        {"attempt": 1, "started_at": 203.0, "calls": [{"call": 0, "started_at": 215.0}],
+         "resumed_from": {"created_at": 180.0}, "ended_at": 300.0},
+    ]
+    out = attempts.with_costs(history)
+    assert out[0]["lost_work_seconds"] == 20.0 and out[0]["restart_seconds"] == 15.0
+    assert out[0]["lost_seconds"] == 35.0
+    assert "lost_seconds" not in out[1]
+    # Without a checkpoint, the whole attempt's work since its first call.
+    history[1]["resumed_from"] = None
+    assert attempts.with_costs(history)[0]["lost_work_seconds"] == 90.0
+    # The restart ends when the next attempt's call has its whole gang.
+    history[1]["gang_formed_at"] = 230.0
+    assert attempts.with_costs(history)[0]["restart_seconds"] == 30.0
+
+
+def test_an_attempt_without_a_record_is_named_unknown():
+    past = attempts.fill_missing([{"attempt": 1, "stopped": "x"}], 3)
+    assert [a["attempt"] for a in past] == [0, 1, 2]
+    assert past[0]["stopped"].startswith("unknown") and past[1]["stopped"] == "x"
+
+
+def test_history_ignores_what_is_not_a_list_of_objects():
+    assert attempts.history({"attempts": "x"}) == []
+    assert attempts.history({"attempts": [1, {"attempt": 0}]}) == [{"attempt": 0}]
+    assert attempts.history(None) == []
+
+
+def test_the_card_shows_every_attempt_once_there_are_two():
+    result = TorchrunResult(command=[], node_index=0, num_nodes=2, nproc_per_node=2, exit_code=0,
+                            started_at=0.0, ended_at=1.0)
+    result.attempts = [{"attempt": 0, "started_at": 100.0}]
+    assert attempt_rows(result) == []
+    result.attempts = attempts.with_costs([
+        {"attempt": 0, "started_at": 100.0, "gang_formed_seconds": 2.0,
+         "calls": [{"call": 0, "started_at": 104.0}], "ended_at": 150.0, "stopped": "node 1 *lost*"},
+        {"attempt": 1, "started_at": 152.0, "calls": [{"call": 0, "started_at": 160.0}],
+         "resumed_from": {"created_on": "2026-01-01T00:00:00", "created_at": 140.0, "metadata": {"epoch": 2}},
+         "stopped": "succeeded"},
+    ])
+    rows = attempt_rows(result)
+    assert [r[0] for r in rows] == ["0", "1"]
+    assert rows[0][4] == "node 1 \\*lost\\*"  # rank-originated text stays text
+    assert "epoch\\=2" in rows[1][5] and rows[0][6] == "10.0 s" and rows[0][7] == "10.0 s"
+
+
+def test_the_local_control_task_knows_its_gang_from_its_start(monkeypatch):
+    """runtime_step_cli puts MF_PARALLEL_CONTROL_TASK_ID in the local control
+    task's environment: @checkpoint reads it in task_pre_step, before Metaflow
+    would set it. Not on other nodes (the control passes them its own), not on
+    a cluster (Kubernetes and Batch set it)."""
+    from types import SimpleNamespace
+
+    from metaflow.unbounded_foreach import UBF_CONTROL, UBF_TASK
+
+    from metaflow_extensions.torchrun.plugins.torchrun.decorator import TorchrunDecorator
+
+    def cli(ubf):
+        args = SimpleNamespace(env={}, command_options={},
+                               task=SimpleNamespace(task_id="7", ubf_iter=SimpleNamespace(num_parallel=2)))
+        TorchrunDecorator().runtime_step_cli(args, 0, 0, ubf)
+        return args.env
+
+    monkeypatch.delenv("METAFLOW_RUNTIME_ENVIRONMENT", raising=False)
+    assert cli(UBF_CONTROL) == {"MF_PARALLEL_CONTROL_TASK_ID": "7"}
+    assert cli(UBF_TASK) == {}
+    monkeypatch.setenv("METAFLOW_RUNTIME_ENVIRONMENT", "kubernetes")
+    assert cli(UBF_CONTROL) == {}
