@@ -90,7 +90,9 @@ def test_files_are_private_and_nothing_is_left_behind(gang, tmp_path):
         assert not os.path.islink(base) and stat.S_IMODE(os.lstat(base).st_mode) == 0o700
         tree = _tree(base)
         logs = [p for p in tree if p.endswith(".log")]
-        assert len(logs) == 8  # 2 nodes x 2 ranks x stdout, stderr
+        agent_logs = [p for p in logs if p.endswith("/torchrun-agent.log")]
+        assert len(logs) - len(agent_logs) == 8  # 2 nodes x 2 ranks x stdout, stderr
+        assert len(agent_logs) == 2  # torchrun's own log lines, one per node
         for rel, st in tree.items():
             assert st.st_uid == os.geteuid(), rel
             assert not stat.S_ISLNK(st.st_mode), rel

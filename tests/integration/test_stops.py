@@ -5,6 +5,7 @@ generous hang guards; what a stop costs is measured in benchmarks/."""
 
 import json
 import os
+import re
 import signal
 import time
 
@@ -81,7 +82,8 @@ def test_a_rank_stuck_in_a_collective_shows_where_when_the_control_freezes(gang)
     block = text[start:].split("<flow ", 1)[0]
     line = _line_of(os.path.join(SCRIPTS, "stuck.py"), "dist.all_reduce(torch.zeros(1))")
     # The stuck rank alone at its place, so named alone (ranks at one place are grouped).
-    assert "rank %d: stuck.py:%d in <module>: dist.all_reduce(torch.zeros(1))" % (stuck, line) in block, block
+    assert re.search(r"rank %d: \S*stuck\.py:%d in <module>: dist\.all_reduce\(torch\.zeros\(1\)\)" % (stuck, line),
+                     block), block
     # Below the user's frame, where the rank actually was: inside torch's collective.
     assert "innermost: torch/distributed/" in block, block
 
@@ -98,7 +100,7 @@ def test_hang_timeout_stops_a_silent_gang_with_every_ranks_stack(gang):
     assert "no output from any rank for 5 s (hang_timeout=5s)" in text, text[-4000:]
     line = _line_of(os.path.join(SCRIPTS, "silent.py"), "time.sleep(3600)")
     # All four ranks at one place: one line names them.
-    assert "ranks 0-3 (4): silent.py:%d in <module>: time.sleep(3600)" % line in text, text[-4000:]
+    assert re.search(r"ranks 0-3 \(4\): \S*silent\.py:%d in <module>: time\.sleep\(3600\)" % line, text), text[-4000:]
     record = _control_record(gang)
     assert record["cause"]["kind"] == "hang"
     # The promise: stopped within hang_timeout + 5 s of the last line.
@@ -116,7 +118,7 @@ def test_a_function_entrypoints_stacks(gang):
     assert proc.returncode != 0
     assert "no output from any rank" in text, text[-4000:]
     line = _line_of(os.path.join(FLOWS, "fnlib.py"), "time.sleep(seconds)  # quiet here")
-    where = [l for l in text.splitlines() if "ranks 0-3 (4): fnlib.py:%d in quiet_wait" % line in l]
+    where = [l for l in text.splitlines() if re.search(r"ranks 0-3 \(4\): \S*fnlib\.py:%d in quiet_wait" % line, l)]
     assert where and "time.sleep(seconds)" in where[0], text[-4000:]
 
 
