@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -45,6 +46,7 @@ def outputs(tmp_path_factory):
         ):
             runs[name] = gang.run(flow="step_flow.py", env={
                 "MFTR_STEP": json.dumps(plan), "MFTR_TORCHRUN_ATTRS": json.dumps(attrs)})
+        runs["refused"] = _refused_run(gang, tmp_path_factory.mktemp("refused"))
         yield gang, runs
     finally:
         gang.kill_everything()
@@ -61,6 +63,16 @@ def _no_metaflow_run(gang: Gang, tmp):
     proc = _example(gang, "hello", "run", env={"PATH": path}, timeout=120)
     proc.seconds = time.monotonic() - started  # type: ignore[attr-defined]
     return proc
+
+
+def _refused_run(gang: Gang, tmp):
+    """A typo'd entrypoint in a flow file named flow.py, as a user's would be."""
+    shutil.copy(os.path.join(REPO, "tests", "flows", "call_flow.py"), tmp / "flow.py")
+    os.symlink(os.path.join(REPO, "tests", "flows", "scripts"), tmp / "scripts")
+    return subprocess.run(
+        [sys.executable, "flow.py", "--no-pylint", "run"], cwd=str(tmp), stdin=subprocess.DEVNULL,
+        env=dict(gang.env, MFTR_CALL=json.dumps({"entrypoint": "reprot.py"})), capture_output=True, timeout=300,
+    )
 
 
 def test_the_examples_run(outputs, tmp_path):

@@ -13,7 +13,8 @@ import pytest
 
 PKG = "metaflow_extensions.torchrun.plugins.torchrun"
 EXPORTED = ["TorchrunFailed", "TorchrunResult", "TorchrunInvalidArgument", "TorchrunException",
-            "GangAborted", "TorchrunInterrupted", "TorchrunHandle", "TorchrunSingleNodeMultiGPU"]
+            "GangAborted", "TorchrunInterrupted", "TorchrunHandle", "TorchrunSingleNodeMultiGPU",
+            "TorchrunCallRefused"]
 # Modules a user (or a test, or a tool) may import before metaflow.
 FIRST = ["errors", "decorator", "handle", "compat", "lint", "cause", "settings", "runtime.result",
          "runtime.card", "runtime.session", "runtime.single_node", "launch.plan", "gang.client"]

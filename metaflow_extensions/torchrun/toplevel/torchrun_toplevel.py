@@ -15,6 +15,7 @@ del _found
 
 from metaflow_extensions.torchrun.plugins.torchrun.errors import (  # noqa: F401, E402  (exported, after the check)
     GangAborted,
+    TorchrunCallRefused,
     TorchrunException,
     TorchrunFailed,
     TorchrunInterrupted,

@@ -11,6 +11,7 @@ from typing import Any
 
 __all__ = [
     "GangAborted",
+    "TorchrunCallRefused",
     "TorchrunException",
     "TorchrunFailed",
     "TorchrunInterrupted",
@@ -21,6 +22,7 @@ __all__ = [
 
 _HOMES = {
     "GangAborted": ".errors",
+    "TorchrunCallRefused": ".errors",
     "TorchrunException": ".errors",
     "TorchrunFailed": ".errors",
     "TorchrunInterrupted": ".errors",

@@ -4,7 +4,6 @@
 
 from __future__ import annotations
 
-import difflib
 import os
 import shlex
 import sys
@@ -25,7 +24,7 @@ from .compat import (
     translate_attributes,
 )
 from . import defaults as DEFAULTS
-from .errors import Problems, TorchrunException, TorchrunInvalidArgument, TorchrunNotRetried
+from .errors import Problems, TorchrunException, TorchrunInvalidArgument, TorchrunNotRetried, did_you_mean
 from .gang import secret as gang_secret
 from .handle import TorchrunHandle
 from .gang.identity import GangIdentity
@@ -367,7 +366,9 @@ class TorchrunDecorator(ParallelDecorator):
                         raise TorchrunNotRetried(self._refusal)
                     step_func()
             except BaseException as e:
-                session.step_failed(e)
+                echo = session.step_failed(e)
+                if echo is not None:
+                    raise echo from None
                 raise
             else:
                 session.step_succeeded()
@@ -503,8 +504,7 @@ def _truthy(value: Any) -> bool:
 def _unknown_message(unknown, defaults) -> str:
     parts = []
     for name in unknown:
-        close = difflib.get_close_matches(name, list(defaults), n=1)
-        parts.append("%r%s" % (name, " (did you mean %r?)" % close[0] if close else ""))
+        parts.append("%r%s" % (name, did_you_mean(name, defaults)))
     return "@torchrun does not take %s. It takes: %s." % (
         ", ".join(parts),
         ", ".join(defaults),

@@ -6,7 +6,8 @@ clean one-paragraph message instead of a traceback from inside the launcher.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, List, Optional
+import difflib
+from typing import TYPE_CHECKING, Any, Iterable, List, Optional
 
 from . import load_order  # noqa: F401  (Metaflow first, whatever the user imports first)
 from metaflow.exception import MetaflowException
@@ -33,6 +34,14 @@ def shown(value: Any) -> str:
     return text if isinstance(text, str) else "<a %s>" % type(value).__name__
 
 
+def did_you_mean(word: str, choices: Iterable[str], quote: str = "%r") -> str:
+    """`` (did you mean 'x'?)`` for a near miss, else ``""``: a typo is fixed
+    from the message, without a trip to the docs. ``choices`` is bounded by
+    the caller (a directory listing is cut, not read whole)."""
+    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    return " (did you mean %s?)" % (quote % close[0]) if close else ""
+
+
 class TorchrunException(MetaflowException):
     headline = "@torchrun error"
 
@@ -41,6 +50,25 @@ class TorchrunInvalidArgument(TorchrunException):
     """A value given to ``@torchrun`` or ``current.torch.run`` cannot be used."""
 
     headline = "@torchrun: invalid argument"
+
+
+class TorchrunCallRefused(TorchrunInvalidArgument):
+    """A ``current.torch.run`` call whose arguments were refused: nothing
+    started on this node. Its message names the call and where the step's
+    code made it, and no traceback of ours goes with it (the fix is in the
+    user's line, not in ours)."""
+
+    def __init__(self, call: int, where: Optional[str], problem: str):
+        self.call = call  # 1-based, as the message says it
+        self.where = where
+        self.problem = problem
+        super().__init__("current.torch.run call %d%s: %s" % (call, " (%s)" % where if where else "", problem))
+
+
+def is_refusal(cause: "Cause") -> bool:
+    """A gang's cause that is a refused call: every node's log then needs the
+    problem once, not a traceback."""
+    return cause.exc_type == TorchrunCallRefused.__name__
 
 
 class TorchrunNotRetried(TorchrunException):
@@ -95,11 +123,17 @@ class GangAborted(TorchrunException):
 
     headline = "@torchrun gang stopped"
 
-    def __init__(self, node_index: int, cause: "Cause", own_exit_code: Optional[int] = None):
+    def __init__(self, node_index: int, cause: "Cause", own_exit_code: Optional[int] = None,
+                 same_log: bool = False):
         self.node_index = node_index
         self.cause = cause
         origin = cause.node_index
-        if origin is not None and origin != node_index and cause.kind.value in ("failed", "step_failed"):
+        if same_log and is_refusal(cause):
+            # A local run: every node's output is the control's log, where the
+            # refusing node's own error says the problem once.
+            text = "node %d stopped because node %s refused its current.torch.run call (its error is in this log)." % (
+                node_index, origin if origin is not None else "?")
+        elif origin is not None and origin != node_index and cause.kind.value in ("failed", "step_failed"):
             text = "node %d stopped because node %d failed first: %s" % (node_index, origin, cause.summary)
             if cause.traceback:
                 lines = cause.traceback.rstrip().splitlines()

@@ -3,18 +3,20 @@
 from __future__ import annotations
 
 import os
+import sys
 from typing import Any, Callable, Optional, Union
 
 from .launch.inputs import refuse_legacy_call
 from .runtime.single_node import run_plan, say_once
 from .launch.command import ArgSpec
 from .launch.torch_checks import require_torch
-from .errors import TorchrunException
+from .errors import TorchrunCallRefused, TorchrunException, TorchrunInvalidArgument
 from .host.console import say
 from .launch.plan import plan_call
 from .runtime.result import TorchrunResult
 from .runtime.session import GangSession
 from .runtime.preflight import before_first_call
+from .runtime.nproc import with_nproc_resolved
 
 
 class TorchrunHandle:
@@ -41,16 +43,30 @@ class TorchrunHandle:
         of this node's ranks succeeded, raise ``TorchrunFailed`` otherwise (for a
         function, the rank's original exception, caused by ``TorchrunFailed``).
         Every node must make the same calls in the same order."""
-        refuse_legacy_call(entrypoint, entrypoint_args, legacy)  # 0.1/0.2 keywords and order
-        require_torch()  # no torch / no torch.distributed / too old: say so now
         session = self._session()
-        if session is None:
-            raise TorchrunException("current.torch.run can only be called in the step's own code.")
-        search = [os.getcwd()] + ([session.flow_dir] if session.flow_dir else [])
-        plan = plan_call(
-            entrypoint, entrypoint_args, nproc_per_node, torchrun_args, session.defaults, search
-        )
+        call = session.calls_made + 1 if session is not None else 1
+        try:
+            refuse_legacy_call(entrypoint, entrypoint_args, legacy)  # 0.1/0.2 keywords and order
+            require_torch()  # no torch / no torch.distributed / too old: say so now
+            if session is None:
+                raise TorchrunException("current.torch.run can only be called in the step's own code.")
+            search = [os.getcwd()] + ([session.flow_dir] if session.flow_dir else [])
+            plan = with_nproc_resolved(plan_call(
+                entrypoint, entrypoint_args, nproc_per_node, torchrun_args, session.defaults, search
+            ))
+        except TorchrunInvalidArgument as e:
+            # One message naming the call and the user's line; no traceback of ours.
+            raise TorchrunCallRefused(call, caller(), e.message) from None
         before_first_call(session)  # @torchrun(preflight="full"): the collective job, once
         if session.is_control:  # one line per step, not one per node
             say_once(session.identity.gang_id, plan.notes, say)
         return run_plan(session, plan)
+
+
+def caller(depth: int = 2) -> Optional[str]:
+    """``flow.py, line 15``: where the step's code called ``current.torch.run``."""
+    try:
+        frame = sys._getframe(depth)
+    except ValueError:
+        return None
+    return "%s, line %d" % (os.path.basename(frame.f_code.co_filename), frame.f_lineno)

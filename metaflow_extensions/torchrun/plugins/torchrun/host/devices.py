@@ -85,3 +85,32 @@ def cuda_devices(env: Mapping[str, str] = os.environ, root: str = DRIVER_GPUS) -
     if uuids is None:
         return 0
     return visible_count(env.get("CUDA_VISIBLE_DEVICES"), uuids)
+
+
+def usable_cpus() -> int:
+    """The CPUs this task may run on (its affinity: a container's cpuset, a
+    ``taskset``), which is what "one process per CPU" can use."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
+def count_with_torch(kind: str, python: str, timeout: float = 180.0) -> Optional[int]:
+    """``torch.<kind>.device_count()`` in a child process, where the driver's
+    files cannot say (MIG instances, XPUs): seconds of torch import, paid only
+    there and never in the task's own process. 0 when torch sees no such
+    device; None when torch could not be asked."""
+    import subprocess
+
+    code = (
+        "import torch\n"
+        "m = getattr(torch, %r, None)\n"
+        "print(m.device_count() if m is not None and m.is_available() else 0)\n" % kind
+    )
+    try:
+        proc = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=timeout,
+                              stdin=subprocess.DEVNULL)
+        return int(proc.stdout.strip().splitlines()[-1]) if proc.returncode == 0 else None
+    except (OSError, ValueError, IndexError, subprocess.TimeoutExpired):
+        return None

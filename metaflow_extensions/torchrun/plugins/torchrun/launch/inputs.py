@@ -16,7 +16,7 @@ import warnings
 from typing import Any, Iterable, Mapping, Optional, Tuple
 
 from .command import options_to_argv
-from ..errors import TorchrunInvalidArgument, raise_all, shown
+from ..errors import TorchrunInvalidArgument, did_you_mean, raise_all, shown
 
 # More processes than this on one node is a typo (a GPU count in the wrong
 # unit, an extra zero), not a machine: each rank is a Python process with torch.
@@ -297,7 +297,8 @@ def refuse_legacy_call(entrypoint: Any, entrypoint_args: Any, extra: Mapping[str
         if reason is not None:
             problems.append("current.torch.run does not take %s= (metaflow-torchrun 0.1/0.2): %s." % (name, reason))
         else:
-            problems.append("current.torch.run does not take %s=; it takes %s." % (name, ", ".join(RUN_KEYWORDS)))
+            problems.append("current.torch.run does not take %s=%s; it takes %s."
+                            % (name, did_you_mean(name, RUN_KEYWORDS, "%s="), ", ".join(RUN_KEYWORDS)))
     if isinstance(entrypoint, (Mapping, list, tuple)):
         problems.append(
             "current.torch.run's first argument is the entrypoint, not %s: metaflow-torchrun 0.2 took "

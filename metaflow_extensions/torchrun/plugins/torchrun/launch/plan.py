@@ -33,7 +33,7 @@ from .inputs import (
     step_timeout,  # noqa: F401
     validate_timeouts,  # noqa: F401
 )
-from ..errors import Problems, TorchrunInvalidArgument, shown
+from ..errors import Problems, TorchrunInvalidArgument, did_you_mean, shown
 from ..gang.ports import parse_port
 from .resources import NONE as NO_ACCELERATORS
 from .resources import Accelerators
@@ -142,9 +142,9 @@ def resolve_entrypoint(entrypoint: Any, search_dirs: Sequence[str]) -> str:
             "entrypoint must be the path of a Python script, not %s." % (shown(entrypoint),)
         )
     path = os.fspath(entrypoint)
-    candidates = [path] if os.path.isabs(path) else [
-        os.path.join(d, path) for d in search_dirs
-    ]
+    candidates = [path] if os.path.isabs(path) else list(dict.fromkeys(
+        os.path.join(os.path.abspath(d), path) for d in search_dirs  # the flow's dir is often the cwd
+    ))
     for candidate in candidates:
         if os.path.isfile(candidate):
             found = os.path.abspath(candidate)
@@ -153,10 +153,31 @@ def resolve_entrypoint(entrypoint: Any, search_dirs: Sequence[str]) -> str:
     for candidate in candidates:
         refuse_directory(candidate, path)
         refuse_special(candidate, path)
+    dirs = list(dict.fromkeys(os.path.dirname(os.path.abspath(c)) for c in candidates))
     raise TorchrunInvalidArgument(
-        "entrypoint %s does not exist (looked in: %s)."
-        % (shown(path), ", ".join(os.path.abspath(os.path.dirname(c) or ".") for c in candidates))
+        "entrypoint %s does not exist in %s%s."
+        % (shown(path), " or ".join(dirs), did_you_mean(os.path.basename(path), python_files(dirs)))
     )
+
+
+# A directory is listed this far for a "did you mean": a huge one costs no more.
+LISTED_PER_DIR = 2000
+
+
+def python_files(dirs: Sequence[str]) -> List[str]:
+    """Names of the Python files in ``dirs``, at most ``LISTED_PER_DIR`` each."""
+    names: List[str] = []
+    for d in dirs:
+        try:
+            with os.scandir(d) as entries:
+                for i, entry in enumerate(entries):
+                    if i >= LISTED_PER_DIR:
+                        break
+                    if entry.name.endswith(".py"):
+                        names.append(entry.name)
+        except OSError:
+            continue
+    return names
 
 
 def check_options(options: Mapping[str, Any]) -> None:
@@ -170,7 +191,8 @@ def check_options(options: Mapping[str, Any]) -> None:
         raise TorchrunInvalidArgument(
             "torchrun_args: unknown torchrun option%s %s (see `python -m "
             "torch.distributed.run --help`)."
-            % ("s" if len(unknown) > 1 else "", ", ".join("--" + k for k in unknown))
+            % ("s" if len(unknown) > 1 else "",
+               ", ".join("--" + k + did_you_mean(k, known, "--%s") for k in unknown))
         )
 
 

@@ -144,3 +144,28 @@ def small_shm_warning(decorators: Iterable[DecoratorSpec], accelerators: Acceler
                 "most containers; consider @%s(shared_memory=<MiB>) for NCCL." % (count, name)
             )
     return None
+
+
+def nproc_for_keyword(keyword: str, cuda_count: Optional[int], cpus: int) -> Tuple[Optional[int], str]:
+    """torchrun's words for "one process per device" (``auto``, ``gpu``,
+    ``cpu``, ``xpu``) as the number they stand for on this node, and why, so
+    that the record, the card and the plan hold the count that ran, not the
+    word. Same meaning as torchrun's: ``auto`` is the CUDA devices, or the CPUs
+    on a node without one. ``(None, "")`` where the driver's files cannot
+    decide (MIG, XPU): the caller asks torch."""
+    if keyword == "cpu":
+        return cpus, "one per CPU this task may use (%d)" % cpus
+    if keyword == "xpu" or cuda_count is None:
+        return None, ""
+    if cuda_count > 0:
+        return cuda_count, "one per visible CUDA device (%d)" % cuda_count
+    if keyword == "gpu":
+        raise TorchrunInvalidArgument(
+            "nproc_per_node='gpu' but this node has no visible CUDA device: give a number, "
+            "or 'auto' (one process per CPU without a GPU, as torchrun does)."
+        )
+    return cpus, "no CUDA device: one per CPU this task may use (%d), as torchrun does" % cpus
+
+
+def keyword_note(keyword: str, count: int, why: str) -> str:
+    return "nproc_per_node=%r: %d process%s on this node (%s)." % (keyword, count, "" if count == 1 else "es", why)

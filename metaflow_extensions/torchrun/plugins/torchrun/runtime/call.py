@@ -237,7 +237,7 @@ class CallRun:
                 original.__cause__ = error
                 raise original
             raise error
-        aborted = GangAborted(self.node_index, cause, self.code)
+        aborted = self.session.aborted(cause, self.code)
         _add_text(aborted, where)
         raise aborted
 
@@ -336,7 +336,7 @@ class CallRun:
     def _aborted(self) -> GangAborted:
         cause = self.session.cause or Cause(CauseKind.CONTROL_LOST, "the gang was stopped")
         self.session.announce(cause)
-        return GangAborted(self.node_index, cause)
+        return self.session.aborted(cause)
 
     def _own_cause(self) -> Cause:
         code = self.code if self.code is not None else -1

@@ -29,7 +29,7 @@ import traceback
 from typing import Any, Callable, Dict, Iterator, List, Optional, Union
 
 from ..cause import Cause, CauseKind
-from ..errors import GangAborted, TorchrunException
+from ..errors import GangAborted, TorchrunCallRefused, TorchrunException, is_refusal
 from ..gang.config import GangConfig
 from ..gang.client import GangClient
 from ..gang.server import GangServer
@@ -149,7 +149,7 @@ class GangSession:
         self._in_user_code = True
         try:
             if self.cause is not None:
-                raise GangAborted(self.topology.node_index, self.cause)
+                raise self.aborted(self.cause)
             yield
         finally:
             self._interruptible = False
@@ -171,7 +171,12 @@ class GangSession:
             self.phase = Phase.IN_STEP
             self._interruptible = was
             if was and self.cause is not None and sys.exc_info()[1] is None:
-                raise GangAborted(self.topology.node_index, self.cause)
+                raise self.aborted(self.cause)
+
+    def aborted(self, cause: Cause, own_exit_code: Optional[int] = None) -> GangAborted:
+        """This node's error for a gang stopped by ``cause``. On a local run
+        every node writes to the control's log, which says a refusal once."""
+        return GangAborted(self.topology.node_index, cause, own_exit_code, same_log=self.topology.is_local)
 
     def _on_abort(self, cause: Cause) -> None:
         """On the gang client's reader thread, once."""
@@ -187,7 +192,7 @@ class GangSession:
         cause = self.cause
         if self._interruptible and cause is not None:
             self._interruptible = False
-            raise GangAborted(self.topology.node_index, cause)
+            raise self.aborted(cause)
 
     def _backstop(self, cause: Cause) -> None:
         deadline = time.monotonic() + INTERRUPT_GRACE
@@ -216,35 +221,49 @@ class GangSession:
         self.phase = Phase.LEFT
         if client.cause is not None:
             self.announce(client.cause)
-            raise GangAborted(self.topology.node_index, client.cause)
+            raise self.aborted(client.cause)
 
-    def step_failed(self, error: BaseException) -> None:
-        """Report this node's failure, unless it is an echo of the gang's."""
+    def step_failed(self, error: BaseException) -> Optional[GangAborted]:
+        """Report this node's failure, unless it is an echo of the gang's.
+        Returns the error to raise instead of ``error``, if any: on a local run,
+        a call refused for the same reason as the root cause's is an echo, said
+        once in the shared log rather than once per node."""
         client = self.client
         if client is None:
-            return
+            return None
         own = not (self.reported or isinstance(error, GangAborted) or client.cause is not None)
         if own and client.wait_joined():
             client.report_failure(self.step_cause(error))
             client.wait_for_verdict(2.0)
         client.leave(self.calls_made, ok=False)
         self.phase = Phase.LEFT
-        if client.cause is not None:
-            self.announce(client.cause)
+        cause = client.cause
+        if cause is None:
+            return None
+        self.announce(cause)
+        if (self.topology.is_local and isinstance(error, TorchrunCallRefused) and is_refusal(cause)
+                and cause.node_index != self.topology.node_index and cause.message == error.message):
+            return self.aborted(cause)
+        return None
 
     def step_cause(self, error: BaseException) -> Cause:
+        node = self.topology.node_index
+        message = str(error) if not isinstance(error, TorchrunException) else error.message
+        exc_type = type(error).__name__
+        if isinstance(error, TorchrunCallRefused):
+            # Refused before anything started: the user's line is in the
+            # message; a traceback through our planning would only bury it.
+            return Cause(CauseKind.STEP_FAILED, "node %d refused %s" % (node, _first_line(message)),
+                         node_index=node, exc_type=exc_type, message=message[:4000], call=error.call - 1)
         where = (
             "in call %d of current.torch.run" % self.calls_made if self.phase is Phase.IN_CALL
             else "before current.torch.run" if self.calls_made == 0
             else "after call %d of current.torch.run" % self.calls_made
         )
-        message = str(error) if not isinstance(error, TorchrunException) else error.message
-        exc_type = type(error).__name__
         return Cause(
             CauseKind.STEP_FAILED,
-            "node %d failed in its step %s: %s: %s"
-            % (self.topology.node_index, where, exc_type, _first_line(message)),
-            node_index=self.topology.node_index,
+            "node %d failed in its step %s: %s: %s" % (node, where, exc_type, _first_line(message)),
+            node_index=node,
             exc_type=exc_type,
             message=message[:4000],
             traceback="".join(traceback.format_exception(type(error), error, error.__traceback__))[-16000:],
@@ -255,6 +274,8 @@ class GangSession:
         interleaved logs, so it is the first thing a reader of its log finds."""
         if not self.is_control or self._announced:
             return
+        if self.topology.is_local and is_refusal(cause):
+            return  # the refusing node's own error says it, in this same log
         self._announced = True
         bar = "=" * 72
         say("the gang failed. Root cause: %s" % cause.summary, frame=bar)

@@ -29,6 +29,7 @@ from ..launch.plan import CallPlan, StepDefaults, plan_call, validate_shutdown_g
 from ..launch.resources import requested_accelerators
 from ..launch.torch_checks import require_torch
 from .call import run_call
+from .nproc import with_nproc_resolved
 from .result import TorchrunResult
 from .session import GangSession
 
@@ -139,8 +140,8 @@ class SingleNodeLauncher:
             args_as=self._args_as,
         )
         flow_dir = os.path.dirname(os.path.abspath(sys.argv[0]))
-        plan = plan_call(entrypoint, entrypoint_args, nproc_per_node, torchrun_args, defaults,
-                         [os.getcwd(), flow_dir])
+        plan = with_nproc_resolved(plan_call(entrypoint, entrypoint_args, nproc_per_node, torchrun_args,
+                                             defaults, [os.getcwd(), flow_dir]))
         say_once(current.pathspec or "", plan.notes, say)
         session = GangSession(self._identity(current), defaults, _one_node(), flow_dir, secret=make_secret())
         session.join()

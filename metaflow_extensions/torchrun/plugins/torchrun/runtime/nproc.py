@@ -1,0 +1,42 @@
+"""torchrun's process-count words, turned into the number they stand for on
+this node before anything starts.
+
+torchrun itself would resolve ``auto`` too, but then the result record, the
+card and the device check see a word where a count belongs, and a node without
+a GPU learns it from a rank's traceback. Resolved here, on the node (a task
+knows its own devices), from the driver's files; torch is asked, in a child
+process, only where those cannot say.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+
+from ..errors import TorchrunInvalidArgument
+from ..host.devices import count_with_torch, cuda_devices, usable_cpus
+from ..launch.plan import CallPlan
+from ..launch.resources import keyword_note, nproc_for_keyword
+
+
+def with_nproc_resolved(plan: CallPlan) -> CallPlan:
+    """``plan`` with a whole number of processes; its note says what a word
+    came to. Raises ``TorchrunInvalidArgument`` for a device the node lacks."""
+    keyword = plan.nproc
+    if isinstance(keyword, int):
+        return plan
+    cpus = usable_cpus()
+    count, why = nproc_for_keyword(keyword, cuda_devices(), cpus)
+    if count is None:
+        kind = "xpu" if keyword == "xpu" else "cuda"
+        asked = count_with_torch(kind, sys.executable)
+        if asked is None:
+            raise TorchrunInvalidArgument(
+                "nproc_per_node=%r: this node's %s devices could not be counted (torch did not answer): "
+                "give a number." % (keyword, kind.upper()))
+        if asked == 0 and keyword != "auto":
+            raise TorchrunInvalidArgument("nproc_per_node=%r but torch sees no %s device on this node: "
+                                          "give a number." % (keyword, kind.upper()))
+        count, why = (asked, "one per %s device torch sees (%d)" % (kind.upper(), asked)) if asked else (
+            cpus, "no %s device: one per CPU this task may use (%d), as torchrun does" % (kind.upper(), cpus))
+    return dataclasses.replace(plan, nproc=count, notes=plan.notes + (keyword_note(keyword, count, why),))

@@ -1,0 +1,97 @@
+"""A current.torch.run call with a bad argument, with real flows: one message,
+once, naming the call and the user's line, with a "did you mean" for a near
+miss and no traceback of ours; and nproc_per_node's words resolved to the count
+that ran (issue 28, items 5 and 7)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+
+import pytest
+
+from .helpers import output
+
+pytestmark = pytest.mark.integration
+
+FLOW = "call_flow.py"
+
+
+def _run(gang, call, slow_node=None):
+    env = {"MFTR_CALL": json.dumps(call)}
+    if slow_node is not None:
+        env["MFTR_SLOW_NODE"] = str(slow_node)
+    return gang.run(flow=FLOW, env=env, timeout=180)
+
+
+# (the call's keywords, the problem's text said once, the "did you mean")
+REFUSED = {
+    "typo": ({"entrypoint": "reprot.py"}, "entrypoint 'scripts/reprot.py' does not exist in ",
+             "(did you mean 'report.py'?)"),
+    "none": ({"entrypoint": None}, "entrypoint must be the path of a Python script, not None", None),
+    "option": ({"entrypoint": "report.py", "torchrun_args": {"max_restart": 2}},
+               "unknown torchrun option --max-restart", "(did you mean --max-restarts?)"),
+    "keyword": ({"entrypoint": "report.py", "entrypoint_arg": {"a": 1}},
+                "current.torch.run does not take entrypoint_arg=", "(did you mean entrypoint_args=?)"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(REFUSED))
+def test_a_refused_call_is_said_once_naming_the_call(gang, case):
+    call, problem, suggestion = REFUSED[case]
+    proc = _run(gang, call)
+    text = output(proc)
+    assert proc.returncode != 0, text
+    assert text.count(problem) == 1, text
+    if suggestion:
+        assert suggestion in text, text
+    # The call and the user's line, not "before current.torch.run".
+    assert re.search(r"current\.torch\.run call 1 \(call_flow\.py, line \d+\): ", text), text
+    assert "before current.torch.run" not in text
+    assert "Traceback" not in text and "plan.py" not in text and "handle.py" not in text, text
+    assert "Root cause" not in text  # the banner would say it a second time
+    assert "refused its current.torch.run call (its error is in this log)" in text
+    assert "torch.distributed.run" not in text.replace("python -m torch.distributed.run --help", "")
+
+
+def test_the_other_node_refusing_first_is_still_said_once(gang):
+    """Node 0 sleeps, so node 1's refusal is the gang's root cause."""
+    call, problem, _ = REFUSED["typo"]
+    proc = _run(gang, call, slow_node=0)
+    text = output(proc)
+    assert proc.returncode != 0, text
+    assert text.count(problem) == 1, text
+    assert "node 0 stopped because node 1 refused its current.torch.run call" in text
+
+
+def test_the_searched_directory_is_named_once(gang):
+    proc = _run(gang, REFUSED["typo"][0])
+    line = [l for l in output(proc).splitlines() if "does not exist in" in l][0]
+    where = line.split("does not exist in ", 1)[1].split(" (did you mean")[0]
+    assert where.count(os.sep + "scripts") == 1, line  # was "(looked in: /x, /x)"
+
+
+def test_nproc_auto_runs_and_records_the_count(gang):
+    proc = _run(gang, {"entrypoint": "report.py", "nproc_per_node": "auto"})
+    text = output(proc)
+    assert proc.returncode == 0, text
+    cpus = len(os.sched_getaffinity(0))
+    assert "nproc_per_node='auto': %d process%s on this node (no CUDA device: one per CPU" % (
+        cpus, "" if cpus == 1 else "es") in text, text
+    assert text.count("nproc_per_node='auto'") == 1  # once per step, by the control
+    assert len(gang.reports("rank-")) == 2 * cpus
+    nprocs = gang.client("run = Flow('CallFlow').latest_run\nresult = run['join'].task.data.nprocs")
+    assert nprocs == [cpus, cpus]  # the number, not "auto"
+    record = gang.client(
+        "run = Flow('CallFlow').latest_run\n"
+        "task = [t for t in run['train'] if t.metadata_dict.get('torchrun-result')][0]\n"
+        "result = json.loads(task.metadata_dict['torchrun-result'])['nproc_per_node']")
+    assert record == cpus
+
+
+def test_nproc_gpu_on_a_node_without_one_is_refused_naming_it(gang):
+    proc = _run(gang, {"entrypoint": "report.py", "nproc_per_node": "gpu"})
+    text = output(proc)
+    assert proc.returncode != 0, text
+    assert text.count("nproc_per_node='gpu' but this node has no visible CUDA device") == 1, text
