@@ -36,6 +36,7 @@ changed since: its cost is one ``lstat`` per run, not one per file.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import AbstractSet, Dict, Iterable, List, NamedTuple
 
@@ -50,9 +51,9 @@ class RetentionPolicy:
     young_seconds: float = 120.0  # a run used this recently is never removed
 
 
-@dataclass(frozen=True)
-class RunLogs:
-    """One run's directory of per-rank logs on this host."""
+class RunLogs(NamedTuple):
+    """One run's directory of per-rank logs on this host (a tuple: a busy host
+    has thousands, made at every call's start)."""
 
     name: str
     last_used: float  # seconds since the epoch (the directory's mtime)
@@ -123,19 +124,17 @@ def is_run_name(name: str) -> bool:
     return bool(name) and "/" not in name and "\0" not in name and not name.startswith(".")
 
 
+# One line: a run name (is_run_name, and no tab or newline), then inode, mtime in
+# ns and bytes as ASCII digits. A regular expression: the ledger of a busy host
+# has thousands of lines, read at every call's start.
+_LEDGER_LINE = re.compile(r"^([^\t\n/\0.][^\t\n/\0]*)\t(\d+)\t(\d+)\t(\d+)$", re.MULTILINE | re.ASCII)
+
+
 def parse_ledger(text: str) -> Dict[str, Measured]:
     """``name<TAB>inode<TAB>mtime_ns<TAB>bytes`` lines; anything else is
     skipped (the file is ours, but a torn write or an older format must only
     cost a walk, never a wrong removal or an error)."""
-    found: Dict[str, Measured] = {}
-    for line in text.splitlines():
-        fields = line.split("\t")
-        if len(fields) != 4 or not is_run_name(fields[0]):
-            continue
-        if not all(f.isascii() and f.isdigit() for f in fields[1:]):
-            continue
-        found[fields[0]] = Measured(int(fields[1]), int(fields[2]), int(fields[3]))
-    return found
+    return {m[0]: Measured(int(m[1]), int(m[2]), int(m[3])) for m in _LEDGER_LINE.findall(text)}
 
 
 def format_ledger(entries: Dict[str, Measured]) -> str:

@@ -578,8 +578,9 @@ def _scan_runs(root: str) -> Tuple[List[RunLogs], Dict[str, Measured], bool]:
             found = [(e.name, e.path, e.stat(follow_symlinks=False)) for e in entries if is_run_name(e.name)]
     except OSError:
         return [], ledger, False
+    uid = _uid()
     for name, path, st in found:
-        if not stat.S_ISDIR(st.st_mode) or st.st_uid != _uid():
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != uid:
             continue  # never counted, never removed: not a run directory of ours
         known = ledger.get(name)
         if known is None or (known.inode, known.mtime_ns) != (st.st_ino, st.st_mtime_ns):
