@@ -515,16 +515,49 @@ class TestLogRetention:
         assert len(run_names(os.path.join(base, "logs"))) <= 6
         assert os.listdir(os.path.join(base, "work")) == []
 
-    def test_another_task_pruning_now_means_this_one_skips(self, tmp_path):
-        root = str(tmp_path)
-        make_run(root, "old", seconds_ago=100 * HOUR)
+    def prune_everything(self, monkeypatch):
+        monkeypatch.setenv(workdirs.KEEP_LOGS_ENV, "0")
+        monkeypatch.setenv(workdirs.KEEP_LOGS_HOURS_ENV, "0")
+
+    def test_a_call_waits_for_another_tasks_prune_then_prunes(self, tmp, monkeypatch):
+        """Calls make their directories under the host's prune lock: a prune
+        never removes an old run between its choice and a new call of it."""
+        self.prune_everything(monkeypatch)
+        base = base_dir(tmp)
+        root = workdirs.private_dir(os.path.join(base, "logs"))
+        old = make_run(root, "Old-1", seconds_ago=100 * HOUR)
+        code = (
+            "import sys, time\n"
+            "from metaflow_extensions.torchrun.plugins.torchrun.host import workdirs\n"
+            "fd = workdirs.hold_lock(sys.argv[1], workdirs.PRUNE_LOCK_FILE)\n"
+            "print('held', flush=True)\n"
+            "time.sleep(1)\n"
+        )
+        proc = subprocess.Popen([sys.executable, "-c", "import metaflow\n" + code, root],
+                                stdout=subprocess.PIPE, text=True)
+        try:
+            assert proc.stdout.readline().strip() == "held"
+            began = time.monotonic()
+            log_dir = workdirs.call_log_dir(KEY, 0, base)
+            waited = time.monotonic() - began
+        finally:
+            proc.wait(timeout=30)
+        assert waited > 0.5 and log_dir is not None and os.path.isdir(log_dir)
+        assert not os.path.exists(old)
+
+    def test_a_prune_that_never_ends_costs_a_call_prune_wait_not_its_logs(self, tmp, monkeypatch):
+        self.prune_everything(monkeypatch)
+        monkeypatch.setattr(workdirs, "PRUNE_WAIT", 0.2)
+        base = base_dir(tmp)
+        root = workdirs.private_dir(os.path.join(base, "logs"))
+        old = make_run(root, "Old-1", seconds_ago=100 * HOUR)
         guard = workdirs.hold_lock(root, workdirs.PRUNE_LOCK_FILE)
         try:
-            assert prune_logs(root, RetentionPolicy(keep=0, hours=0, max_bytes=0)) == []
+            log_dir = workdirs.call_log_dir(KEY, 0, base)
         finally:
             workdirs.release_lock(guard)
-        assert run_names(root) == ["old"]
-        assert prune_logs(root, RetentionPolicy(keep=0, hours=0, max_bytes=0)) == [os.path.join(root, "old")]
+        assert log_dir is not None and os.path.isdir(log_dir)
+        assert os.path.isdir(old)  # left for the next call
 
 
 class TestPruneCost:

@@ -9,6 +9,8 @@ Layout, under the temporary directory (``$TMPDIR``, else ``/tmp``)::
                     rank-<R>.stdout.log  newest KEEP_LOGS runs, at most MAX_LOG_MB)
                     rank-<R>.stderr.log
         logs/.ledger                    the sizes of the runs measured before
+        logs/.pruning                   the lock under which calls prune and make
+                                         their directories, one task at a time
         work/<pid>-<random>/            one call's work directory: failure records,
                                          rank status, pickles, the entry file and
                                          torchelastic's own directories; removed
@@ -72,6 +74,9 @@ YOUNG_SECONDS = 120.0
 # How deep the lock of a call's logs lies below a run's directory
 # (<step>/c<call>/node-<N>/.lock).
 LOCK_DEPTH = 3
+# Seconds a call waits for another task's prune on the host before it goes on
+# without pruning (a prune takes milliseconds; 0.1 s at 10,000 runs).
+PRUNE_WAIT = 10.0
 # A ledger longer than this is not read (it is rebuilt by walking).
 MAX_LEDGER_BYTES = 16 * 1024 * 1024
 
@@ -502,14 +507,36 @@ def call_log_dir(key: LogKey, node_index: int, base: Optional[str] = None) -> Op
     made (the logs are a convenience, never a reason to fail the step)."""
     try:
         root = private_dir(os.path.join(base or base_dir(), LOGS))
-        prune_logs(root, retention_policy(), exclude=(key.run,))
-        path = root
-        for part in (key.run, key.step, key.call, "node-%d" % node_index):
-            path = private_dir(os.path.join(path, part))
-        _touch(os.path.join(root, key.run))
-        return path
+        guard = _prune_guard(root)
+        try:
+            if guard is not None:  # else another task has been pruning for PRUNE_WAIT: it does the work
+                prune_logs(root, retention_policy(), exclude=(key.run,))
+            path = root
+            for part in (key.run, key.step, key.call, "node-%d" % node_index):
+                path = private_dir(os.path.join(path, part))
+            _touch(os.path.join(root, key.run))  # young now: no prune takes it before our lock
+            return path
+        finally:
+            release_lock(guard)
     except OSError:
         return None
+
+
+def _prune_guard(root: str, wait: Optional[float] = None) -> Optional[int]:
+    """The host's prune lock, waited for up to ``PRUNE_WAIT``: a task makes its
+    call's directories under it, so no prune can remove a run (an old one
+    getting a new call) between its choice and the new call's lock. None when
+    it cannot be had."""
+    deadline = time.monotonic() + (PRUNE_WAIT if wait is None else wait)
+    while True:
+        try:
+            return hold_lock(root, PRUNE_LOCK_FILE)
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                return None
+            time.sleep(0.02)
+        except OSError:
+            return None
 
 
 def step_log_dir(node_log_dir: str) -> str:
@@ -623,26 +650,19 @@ def _say_removed_for_space(removals: List[Removal], policy: RetentionPolicy) -> 
 def prune_logs(root: str, policy: RetentionPolicy, exclude: Iterable[str] = (),
                now: Optional[float] = None) -> List[str]:
     """Remove the runs' logs that ``policy`` lets go (retention.py), never
-    those of a run in ``exclude`` or in use. Returns the removed paths. One
-    task prunes at a time; another that finds it busy skips, since the one
-    pruning does the same work."""
+    those of a run in ``exclude`` or in use. Returns the removed paths. The
+    caller holds the prune lock (``call_log_dir``), so one task prunes at a
+    time and the ledger has one writer."""
     now = time.time() if now is None else now
-    try:
-        guard = hold_lock(root, PRUNE_LOCK_FILE)
-    except OSError:
-        return []
-    try:
-        runs, measured, changed = _scan_runs(root)
-        removals = _choose(root, runs, now, policy, exclude)
-        removed: List[str] = []
-        for removal in removals:
-            path = os.path.join(root, removal.run.name)
-            shutil.rmtree(path, ignore_errors=True)
-            measured.pop(removal.run.name, None)
-            removed.append(path)
-        _say_removed_for_space(removals, policy)
-        if changed or removed:
-            _write_ledger(root, measured)
-        return removed
-    finally:
-        release_lock(guard)
+    runs, measured, changed = _scan_runs(root)
+    removals = _choose(root, runs, now, policy, exclude)
+    removed: List[str] = []
+    for removal in removals:
+        path = os.path.join(root, removal.run.name)
+        shutil.rmtree(path, ignore_errors=True)
+        measured.pop(removal.run.name, None)
+        removed.append(path)
+    _say_removed_for_space(removals, policy)
+    if changed or removed:
+        _write_ledger(root, measured)
+    return removed
