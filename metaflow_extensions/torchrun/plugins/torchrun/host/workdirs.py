@@ -62,7 +62,7 @@ LOGS = "logs"
 WORK = "work"
 LOCK_FILE = ".lock"
 LEDGER_FILE = ".ledger"  # in logs/: the sizes of the runs measured before
-PRUNE_LOCK_FILE = ".pruning"  # in logs/: held by the one task pruning now
+PRUNE_LOCK_FILE = ".pruning"  # in logs/: calls prune and make their directories under it
 
 # Retention of the per-rank logs, per user and host: the policy is retention.py's.
 DEFAULT_KEEP_LOGS_HOURS = DEFAULTS.KEEP_LOGS_HOURS
@@ -243,7 +243,7 @@ def _reuse_fallback(tmp: Optional[str]) -> Optional[str]:
 
 def _removable_base(base: str) -> bool:
     """A whole fallback base: old enough, and no call's directory in it is held."""
-    if not _removable(base, time.time()):
+    if not _removable(base, time.time(), depth=0):  # its calls' locks are looked at below
         return False
     for sub in (WORK, LOGS):
         root = os.path.join(base, sub)
@@ -584,7 +584,9 @@ def _write_ledger(root: str, entries: Dict[str, Measured]) -> None:
     try:
         fd = open_private(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
         try:
-            os.write(fd, format_ledger(entries).encode())
+            data = memoryview(format_ledger(entries).encode())
+            while data:
+                data = data[os.write(fd, data):]
         finally:
             os.close(fd)
         os.replace(tmp, os.path.join(root, LEDGER_FILE))
