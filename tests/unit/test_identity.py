@@ -61,3 +61,27 @@ class TestRdzvId:
         assert len(set(ids)) == 3
         assert all(i.startswith(g.gang_id) and SAFE.match(i) for i in ids)
         assert g.call_id(0) != GangIdentity("F", "1", "s", "5", 3).call_id(0)
+
+
+class TestLogKey:
+    """Issue 28, item 4: the per-rank logs are grouped by run, the unit a user
+    looks for and retention keeps whole; then by the step's attempt and call."""
+
+    def test_run_then_step_attempt_then_call(self):
+        key = GangIdentity("TrainFlow", "1712", "train", "5", 1).log_key(2)
+        assert (key.run, key.step, key.call) == ("TrainFlow-1712", "train-5-1", "c2")
+
+    def test_every_step_and_call_of_a_run_shares_its_run_directory(self):
+        keys = [GangIdentity("F", "1", step, task, attempt).log_key(call)
+                for step, task in (("a", "2"), ("b", "7")) for attempt in (0, 1) for call in (0, 1)]
+        assert {k.run for k in keys} == {"F-1"}
+        assert len({(k.step, k.call) for k in keys}) == len(keys)
+        assert GangIdentity("F", "2", "a", "2", 0).log_key(0).run != keys[0].run
+        assert GangIdentity("G", "1", "a", "2", 0).log_key(0).run != keys[0].run
+
+    @pytest.mark.parametrize("run_id, task_id", [
+        ("argo-trainflow-abc/def", "control-0"), ("../..", "../x"), ("a/../../b", "/"), ("数据", "..")])
+    def test_plain_directory_names_whatever_the_ids(self, run_id, task_id):
+        key = GangIdentity("TrainFlow", run_id, "train", task_id, 0).log_key(0)
+        for part in (key.run, key.step, key.call):
+            assert SAFE.match(part) and not part.startswith(".") and "/" not in part

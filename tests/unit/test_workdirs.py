@@ -17,15 +17,22 @@ import pytest
 
 import other_user
 from metaflow_extensions.torchrun.plugins.torchrun.host import workdirs
+from metaflow_extensions.torchrun.plugins.torchrun.host.retention import RetentionPolicy
 from metaflow_extensions.torchrun.plugins.torchrun.host.workdirs import (
     CallFiles,
+    LogKey,
     UnsafePath,
     base_dir,
     open_private,
     prune_logs,
     prune_work_dirs,
+    retention_policy,
+    step_log_dir,
     tail_lines,
+    where_logs_are,
 )
+
+KEY = LogKey("Flow-1", "train-2-0", "c0")
 
 
 def mode(path) -> int:
@@ -74,7 +81,7 @@ class TestBaseDir:
         os.symlink(str(target), path)
         base = base_dir(tmp)
         assert base == path and not os.path.islink(path) and mode(path) == 0o700
-        CallFiles("Flow-1-train-2-0-c0", 0, base).close()
+        CallFiles(KEY, 0, base).close()
         assert os.listdir(str(target)) == []
 
     def test_a_file_at_the_path_gives_a_fresh_private_directory(self, tmp, capsys):
@@ -95,8 +102,8 @@ class TestFallbackBound:
         if not os.path.exists(path):
             with open(path, "w") as f:
                 f.write("not a directory")  # as good as a stranger's for the fallback
-        code = ("import sys; from metaflow_extensions.torchrun.plugins.torchrun.host.workdirs import CallFiles, base_dir;"
-                "CallFiles('Flow-1-train-2-0-c%s' % sys.argv[1], 0, base_dir(sys.argv[2])).close()")
+        code = ("import sys; from metaflow_extensions.torchrun.plugins.torchrun.host.workdirs import CallFiles, LogKey, base_dir;"
+                "CallFiles(LogKey('Flow-1', 'train-2-0', 'c%s' % sys.argv[1]), 0, base_dir(sys.argv[2])).close()")
         for i in range(tasks):  # each task is a process of its own, as on a real run
             subprocess.run([sys.executable, "-c", code, str(i), tmp], check=True, capture_output=True, timeout=60)
         prefix = "metaflow-torchrun-%d-" % os.geteuid()
@@ -140,7 +147,7 @@ class TestBaseDirAgainstAnotherUser:
             os.mkdir(os.path.join(path, "work"), 0o777)
 
         other_user.as_user(other, squat)
-        files = CallFiles("Flow-1-train-2-0-c0", 0, base_dir(tmp))
+        files = CallFiles(KEY, 0, base_dir(tmp))
         try:
             assert not files.work_dir.startswith(path + os.sep)
             assert files.log_dir and not files.log_dir.startswith(path + os.sep)
@@ -160,7 +167,7 @@ class TestBaseDirAgainstAnotherUser:
             os.symlink(trap, path)
 
         other_user.as_user(other, plant)
-        files = CallFiles("Flow-1-train-2-0-c0", 0, base_dir(tmp))
+        files = CallFiles(KEY, 0, base_dir(tmp))
         try:
             assert os.path.realpath(files.work_dir).startswith(os.path.realpath(files.base))
             assert not os.path.realpath(files.work_dir).startswith(trap)
@@ -169,7 +176,7 @@ class TestBaseDirAgainstAnotherUser:
         assert os.listdir(trap) == []
 
     def test_the_other_user_can_read_nothing_of_ours(self, other, tmp):
-        files = CallFiles("Flow-1-train-2-0-c0", 3, base_dir(tmp))
+        files = CallFiles(KEY, 3, base_dir(tmp))
         try:
             log = os.path.join(files.log_dir, "rank-6.stdout.log")
             fd = open_private(log)
@@ -302,9 +309,9 @@ class TestTail:
 class TestCallFiles:
     def test_layout_and_close(self, tmp):
         base = base_dir(tmp)
-        files = CallFiles("Flow-1-train-2-0-c0", 1, base)
+        files = CallFiles(KEY, 1, base)
         assert os.path.dirname(files.work_dir) == os.path.join(base, "work")
-        assert files.log_dir == os.path.join(base, "logs", "Flow-1-train-2-0-c0", "node-1")
+        assert files.log_dir == os.path.join(base, "logs", "Flow-1", "train-2-0", "c0", "node-1")
         files.close()
         assert not os.path.exists(files.work_dir)
         assert os.path.isdir(files.log_dir)  # logs are kept
@@ -314,8 +321,8 @@ class TestCallFiles:
         base = base_dir(tmp)
         code = (
             "import sys, time\n"
-            "from metaflow_extensions.torchrun.plugins.torchrun.host.workdirs import CallFiles\n"
-            "f = CallFiles('Flow-1-train-2-0-c0', 0, sys.argv[1])\n"
+            "from metaflow_extensions.torchrun.plugins.torchrun.host.workdirs import CallFiles, LogKey\n"
+            "f = CallFiles(LogKey('Flow-1', 'train-2-0', 'c0'), 0, sys.argv[1])\n"
             "print(f.work_dir, flush=True)\n"
             "time.sleep(60)\n"
         )
@@ -330,7 +337,7 @@ class TestCallFiles:
             proc.send_signal(signal.SIGKILL)
             proc.wait()
         assert os.path.isdir(left)
-        files = CallFiles("Flow-2-train-2-0-c0", 0, base)
+        files = CallFiles(LogKey("Flow-2", "train-2-0", "c0"), 0, base)
         try:
             assert not os.path.exists(left)
         finally:
@@ -352,60 +359,302 @@ class TestCallFiles:
             raise OSError(28, "No space left on device")
 
         monkeypatch.setattr(workdirs, "prune_logs", full)
-        files = CallFiles("Flow-1-train-2-0-c0", 0, base)
+        files = CallFiles(KEY, 0, base)
         try:
             assert files.log_dir is None and os.path.isdir(files.work_dir)
         finally:
             files.close()
 
 
-class TestLogRetention:
-    def make_call(self, root, name, size=0, seconds_ago=1000):
-        node = os.path.join(root, name, "node-0")
+MB = 1024 * 1024
+HOUR = 3600
+
+
+def make_run(root, name, size=0, seconds_ago=1000, calls=1):
+    """A run's logs as @torchrun lays them out, last used ``seconds_ago``."""
+    for c in range(calls):
+        node = os.path.join(root, name, "train-2-0", "c%d" % c, "node-0")
         os.makedirs(node)
         with open(os.path.join(node, "rank-0.stdout.log"), "wb") as f:
             f.write(b"x" * size)
-        age(os.path.join(root, name), seconds_ago)
-        return os.path.join(root, name)
+    age(os.path.join(root, name), seconds_ago)
+    return os.path.join(root, name)
 
-    def test_keeps_the_newest_calls(self, tmp_path):
-        root = str(tmp_path)
-        calls = [self.make_call(root, "c%d" % i, seconds_ago=1000 + 10 * (9 - i)) for i in range(10)]
-        removed = prune_logs(root, keep=3, max_bytes=1 << 30)
-        assert sorted(removed) == sorted(calls[:7])
-        assert sorted(os.listdir(root)) == ["c7", "c8", "c9"]
 
-    def test_size_cap_removes_the_oldest_first(self, tmp_path):
-        root = str(tmp_path)
-        for i in range(4):
-            self.make_call(root, "c%d" % i, size=1000, seconds_ago=1000 + 10 * (3 - i))
-        prune_logs(root, keep=100, max_bytes=2500)
-        assert sorted(os.listdir(root)) == ["c2", "c3"]
+def run_names(root):
+    return sorted(n for n in os.listdir(root) if not n.startswith("."))
 
-    def test_a_call_in_use_or_just_made_is_kept(self, tmp_path):
+
+class TestLogRetention:
+    """Issue 28, item 4: "a run's files were gone an hour later while other flows
+    ran". The policy is tests/unit/test_retention.py's; here, real directories."""
+
+    @pytest.fixture(autouse=True)
+    def knobs(self, monkeypatch):
+        for name in (workdirs.KEEP_LOGS_ENV, workdirs.KEEP_LOGS_HOURS_ENV, workdirs.MAX_LOG_MB_ENV):
+            monkeypatch.delenv(name, raising=False)
+
+    def test_a_run_within_the_age_survives_30_other_runs_on_the_host(self, tmp, monkeypatch):
+        monkeypatch.setattr(workdirs, "YOUNG_SECONDS", 0.0)
+        base = base_dir(tmp)
+        CallFiles(LogKey("A-1", "train-2-0", "c0"), 0, base).close()
+        a = os.path.join(base, "logs", "A-1")
+        age(a, HOUR)  # an hour later ...
+        for i in range(30):  # ... while other flows ran
+            CallFiles(LogKey("Other%d-%d" % (i, i), "train-2-0", "c0"), 0, base).close()
+        assert os.path.isdir(os.path.join(a, "train-2-0", "c0", "node-0"))
+        assert len(run_names(os.path.join(base, "logs"))) == 31
+        age(a, 73 * HOUR)  # past the age, with 30 newer runs: the next call removes it
+        CallFiles(LogKey("Next-1", "train-2-0", "c0"), 0, base).close()
+        assert not os.path.exists(a)
+
+    def test_beyond_the_age_the_newest_runs_are_kept(self, tmp_path):
         root = str(tmp_path)
-        busy = self.make_call(root, "busy", size=10_000, seconds_ago=5000)
-        lock = workdirs.hold_lock(os.path.join(busy, "node-0"))
+        runs = [make_run(root, "r%d" % i, seconds_ago=100 * HOUR + 10 * (9 - i)) for i in range(10)]
+        removed = prune_logs(root, RetentionPolicy(keep=3, hours=72, max_bytes=1 << 30))
+        assert sorted(removed) == sorted(runs[:7])
+        assert run_names(root) == ["r7", "r8", "r9"]
+
+    def test_a_run_goes_whole_every_step_and_call(self, tmp_path):
+        root = str(tmp_path)
+        make_run(root, "old", seconds_ago=100 * HOUR, calls=3)
+        os.makedirs(os.path.join(root, "old", "other-5-1", "c0", "node-1"))
+        age(os.path.join(root, "old"), 100 * HOUR)
+        assert prune_logs(root, RetentionPolicy(keep=0, hours=72, max_bytes=1 << 30)) == [os.path.join(root, "old")]
+        assert run_names(root) == []
+
+    def test_the_age_counts_from_the_runs_last_call_on_the_host(self, tmp):
+        base = base_dir(tmp)
+        files = CallFiles(KEY, 0, base)
+        run = os.path.join(base, "logs", KEY.run)
+        age(run, 100 * HOUR)  # a call that ran for days ...
+        files.close()  # ... ends now
+        assert time.time() - os.lstat(run).st_mtime < 60
+        assert prune_logs(os.path.join(base, "logs"), RetentionPolicy(keep=0, hours=72, max_bytes=1 << 30),
+                          now=time.time() + 71 * HOUR) == []
+
+    def test_for_space_the_least_recently_used_go_and_a_recent_one_is_said(self, tmp_path, capsys):
+        root = str(tmp_path)
+        for name, hours in (("r0", 3), ("r1", 2), ("r2", 1), ("old", 100)):
+            make_run(root, name, size=1000, seconds_ago=hours * HOUR)
+        prune_logs(root, RetentionPolicy(keep=10, hours=72, max_bytes=2500))
+        assert run_names(root) == ["r1", "r2"]
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1, err
+        assert err[0].startswith("@torchrun: the per-rank logs on this host passed METAFLOW_TORCHRUN_MAX_LOG_MB=")
+        assert "removed those of 1 run used in the last 72 h" in err[0] and err[0].endswith(": r0")
+
+    def test_nothing_is_said_when_only_old_runs_go(self, tmp_path, capsys):
+        root = str(tmp_path)
+        make_run(root, "old", size=1000, seconds_ago=100 * HOUR)
+        make_run(root, "new", size=1000, seconds_ago=HOUR)
+        prune_logs(root, RetentionPolicy(keep=10, hours=72, max_bytes=1500))
+        assert run_names(root) == ["new"]
+        assert capsys.readouterr().err == ""
+
+    def test_a_run_in_use_or_just_made_is_kept(self, tmp_path):
+        root = str(tmp_path)
+        busy = make_run(root, "busy", size=10_000, seconds_ago=5000)
+        lock = workdirs.hold_lock(os.path.join(busy, "train-2-0", "c0", "node-0"))
         age(busy, 5000)
-        self.make_call(root, "young", size=10_000, seconds_ago=0)
-        self.make_call(root, "old", size=10_000, seconds_ago=4000)
+        make_run(root, "young", size=10_000, seconds_ago=0)
+        make_run(root, "old", size=10_000, seconds_ago=4000)
+        nothing = RetentionPolicy(keep=0, hours=0, max_bytes=0)
         try:
-            prune_logs(root, keep=0, max_bytes=0)
-            assert sorted(os.listdir(root)) == ["busy", "young"]
+            prune_logs(root, nothing)
+            assert run_names(root) == ["busy", "young"]
         finally:
             workdirs.release_lock(lock)
-        prune_logs(root, keep=0, max_bytes=0)
-        assert os.listdir(root) == ["young"]
+        prune_logs(root, nothing)
+        assert run_names(root) == ["young"]
+
+    def test_a_run_a_live_task_holds_is_kept_even_for_space(self, tmp):
+        base = base_dir(tmp)
+        code = (
+            "import sys, time\n"
+            "from metaflow_extensions.torchrun.plugins.torchrun.host.workdirs import CallFiles, LogKey\n"
+            "f = CallFiles(LogKey('Live-1', 'train-2-0', 'c0'), 0, sys.argv[1])\n"
+            "open(f.log_dir + '/rank-0.stdout.log', 'w').write('x' * 100000)\n"
+            "print(f.log_dir, flush=True)\n"
+            "time.sleep(60)\n"
+        )
+        proc = subprocess.Popen([sys.executable, "-c", "import metaflow\n" + code, base],
+                                stdout=subprocess.PIPE, text=True)
+        root = os.path.join(base, "logs")
+        run = os.path.join(root, "Live-1")
+        try:
+            assert proc.stdout.readline().strip().startswith(run)
+            age(run, 100 * HOUR)
+            assert prune_logs(root, RetentionPolicy(keep=0, hours=0, max_bytes=0)) == []
+        finally:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+        assert prune_logs(root, RetentionPolicy(keep=0, hours=0, max_bytes=0)) == [run]
+
+    def test_an_old_layout_call_directory_is_a_run_to_the_policy(self, tmp_path):
+        root = str(tmp_path)
+        node = os.path.join(root, "Flow-1-train-2-0-c0", "node-0")
+        os.makedirs(node)
+        lock = workdirs.hold_lock(node)
+        age(os.path.dirname(node), 100 * HOUR)
+        nothing = RetentionPolicy(keep=0, hours=0, max_bytes=0)
+        try:
+            assert prune_logs(root, nothing) == []
+        finally:
+            workdirs.release_lock(lock)
+        assert prune_logs(root, nothing) == [os.path.dirname(node)]
 
     def test_the_bound_holds_across_many_calls(self, tmp, monkeypatch):
         monkeypatch.setenv(workdirs.KEEP_LOGS_ENV, "5")
+        monkeypatch.setenv(workdirs.KEEP_LOGS_HOURS_ENV, "0")
         monkeypatch.setattr(workdirs, "YOUNG_SECONDS", 0.0)
         base = base_dir(tmp)
         for i in range(30):
-            CallFiles("Flow-%d-train-2-0-c0" % i, 0, base).close()
+            CallFiles(LogKey("Flow-%d" % i, "train-2-0", "c0"), 0, base).close()
         # The newest 5 kept by the bound, plus the one being made.
-        assert len(os.listdir(os.path.join(base, "logs"))) <= 6
+        assert len(run_names(os.path.join(base, "logs"))) <= 6
         assert os.listdir(os.path.join(base, "work")) == []
+
+    def prune_everything(self, monkeypatch):
+        monkeypatch.setenv(workdirs.KEEP_LOGS_ENV, "0")
+        monkeypatch.setenv(workdirs.KEEP_LOGS_HOURS_ENV, "0")
+
+    def test_a_call_waits_for_another_tasks_prune_then_prunes(self, tmp, monkeypatch):
+        """Calls make their directories under the host's prune lock: a prune
+        never removes an old run between its choice and a new call of it."""
+        self.prune_everything(monkeypatch)
+        base = base_dir(tmp)
+        root = workdirs.private_dir(os.path.join(base, "logs"))
+        old = make_run(root, "Old-1", seconds_ago=100 * HOUR)
+        code = (
+            "import sys, time\n"
+            "from metaflow_extensions.torchrun.plugins.torchrun.host import workdirs\n"
+            "fd = workdirs.hold_lock(sys.argv[1], workdirs.PRUNE_LOCK_FILE)\n"
+            "print('held', flush=True)\n"
+            "time.sleep(1)\n"
+        )
+        proc = subprocess.Popen([sys.executable, "-c", "import metaflow\n" + code, root],
+                                stdout=subprocess.PIPE, text=True)
+        try:
+            assert proc.stdout.readline().strip() == "held"
+            began = time.monotonic()
+            log_dir = workdirs.call_log_dir(KEY, 0, base)
+            waited = time.monotonic() - began
+        finally:
+            proc.wait(timeout=30)
+        assert waited > 0.5 and log_dir is not None and os.path.isdir(log_dir)
+        assert not os.path.exists(old)
+
+    def test_a_prune_that_never_ends_costs_a_call_prune_wait_not_its_logs(self, tmp, monkeypatch):
+        self.prune_everything(monkeypatch)
+        monkeypatch.setattr(workdirs, "PRUNE_WAIT", 0.2)
+        base = base_dir(tmp)
+        root = workdirs.private_dir(os.path.join(base, "logs"))
+        old = make_run(root, "Old-1", seconds_ago=100 * HOUR)
+        guard = workdirs.hold_lock(root, workdirs.PRUNE_LOCK_FILE)
+        try:
+            log_dir = workdirs.call_log_dir(KEY, 0, base)
+        finally:
+            workdirs.release_lock(guard)
+        assert log_dir is not None and os.path.isdir(log_dir)
+        assert os.path.isdir(old)  # left for the next call
+
+
+class TestPruneCost:
+    """Pruning runs at every call's start on the host: it must not walk every
+    file of every run each time (a busy host keeps thousands of runs within
+    the age). A run is walked when it changed since it was measured."""
+
+    def count_walks(self, monkeypatch):
+        walked = []
+        real = workdirs._size
+
+        def counting(path):
+            walked.append(os.path.basename(path))
+            return real(path)
+
+        monkeypatch.setattr(workdirs, "_size", counting)
+        return walked
+
+    def test_a_run_is_walked_once_until_it_changes(self, tmp_path, monkeypatch):
+        root = str(tmp_path)
+        for i in range(50):
+            make_run(root, "r%02d" % i, size=10, seconds_ago=HOUR)
+        loose = RetentionPolicy(keep=100, hours=72, max_bytes=1 << 30)
+        walked = self.count_walks(monkeypatch)
+        prune_logs(root, loose)
+        assert len(walked) == 50
+        assert mode(os.path.join(root, workdirs.LEDGER_FILE)) == 0o600
+        del walked[:]
+        prune_logs(root, loose)
+        assert walked == []
+        workdirs._touch(os.path.join(root, "r07"))  # a new call of that run
+        prune_logs(root, loose)
+        assert walked == ["r07"]
+
+    def test_the_ledger_is_never_trusted_over_a_changed_directory(self, tmp_path):
+        root = str(tmp_path)
+        make_run(root, "small", size=10, seconds_ago=HOUR)
+        make_run(root, "other", size=10, seconds_ago=2 * HOUR)
+        st = os.lstat(os.path.join(root, "small"))
+        with open(os.path.join(root, workdirs.LEDGER_FILE), "w") as f:  # a stale entry: another inode
+            f.write("small\t%d\t%d\t%d\n" % (st.st_ino + 1, st.st_mtime_ns, 10**12))
+        assert prune_logs(root, RetentionPolicy(keep=10, hours=72, max_bytes=100)) == []
+
+    def test_a_symlinked_ledger_is_neither_read_nor_written_through(self, tmp_path):
+        root = tmp_path / "logs"
+        root.mkdir()
+        target = tmp_path / "elsewhere"
+        target.write_text("keep\n")
+        os.symlink(str(target), str(root / workdirs.LEDGER_FILE))
+        make_run(str(root), "r0", size=10, seconds_ago=HOUR)
+        prune_logs(str(root), RetentionPolicy(keep=10, hours=72, max_bytes=1 << 30))
+        assert target.read_text() == "keep\n"
+        assert not os.path.islink(str(root / workdirs.LEDGER_FILE))
+
+    def test_symlinks_and_files_in_the_logs_are_never_followed_counted_or_removed(self, tmp_path):
+        root = tmp_path / "logs"
+        root.mkdir()
+        target = tmp_path / "target"
+        target.mkdir()
+        (target / "big").write_bytes(b"x" * 10_000)
+        os.symlink(str(target), str(root / "Link-1"))
+        (root / "File-1").write_text("x")
+        make_run(str(root), "r0", size=10, seconds_ago=HOUR)
+        assert prune_logs(str(root), RetentionPolicy(keep=0, hours=0, max_bytes=0)) == [str(root / "r0")]
+        assert sorted(os.listdir(str(target))) == ["big"]
+        assert os.path.islink(str(root / "Link-1")) and (root / "File-1").exists()
+
+
+class TestKnobs:
+    def test_the_defaults(self, monkeypatch):
+        for name in (workdirs.KEEP_LOGS_ENV, workdirs.KEEP_LOGS_HOURS_ENV, workdirs.MAX_LOG_MB_ENV):
+            monkeypatch.delenv(name, raising=False)
+        assert retention_policy() == RetentionPolicy(keep=20, hours=72.0, max_bytes=500 * MB)
+
+    @pytest.mark.parametrize("value", ["inf", "-inf", "nan", "-1", "lots", ""])
+    def test_a_value_that_is_not_a_finite_number_falls_back_to_the_default(self, tmp, monkeypatch, value):
+        for name in (workdirs.KEEP_LOGS_ENV, workdirs.KEEP_LOGS_HOURS_ENV, workdirs.MAX_LOG_MB_ENV):
+            monkeypatch.setenv(name, value)
+        assert retention_policy() == RetentionPolicy(keep=20, hours=72.0, max_bytes=500 * MB)
+        files = CallFiles(KEY, 0, base_dir(tmp))  # "inf" once failed every call with OverflowError
+        try:
+            assert files.log_dir is not None
+        finally:
+            files.close()
+
+    def test_the_line_that_says_where_the_files_are(self):
+        log_dir = "/tmp/metaflow-torchrun-0/logs/Flow-1/train-2-0/c3/node-1"
+        assert step_log_dir(log_dir) == "/tmp/metaflow-torchrun-0/logs/Flow-1/train-2-0"
+        line = where_logs_are(log_dir, RetentionPolicy(keep=20, hours=72, max_bytes=500 * MB))
+        assert line == ("this step's per-rank log files on this host (kept at least 72 h, less if all logs "
+                        "here pass 500 MB): /tmp/metaflow-torchrun-0/logs/Flow-1/train-2-0")
+        assert "newest 3 runs" in where_logs_are(log_dir, RetentionPolicy(keep=3, hours=0, max_bytes=MB))
+
+    @pytest.mark.parametrize("part", ["..", ".", "", ".hidden", "a/b"])
+    def test_a_log_key_is_plain_names_only(self, part):
+        with pytest.raises(ValueError):
+            LogKey("Flow-1", part, "c0")
 
 
 class TestInsideTheBase:
@@ -417,7 +666,7 @@ class TestInsideTheBase:
         os.symlink(str(target), os.path.join(base, "work"))
         with open(os.path.join(base, "logs"), "w") as f:
             f.write("a file where a directory goes")
-        files = CallFiles("Flow-1-train-2-0-c0", 0, base)
+        files = CallFiles(KEY, 0, base)
         try:
             assert mode(os.path.join(base, "work")) == 0o700
             assert files.log_dir is not None and mode(files.log_dir) == 0o700

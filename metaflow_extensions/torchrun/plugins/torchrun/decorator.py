@@ -375,6 +375,7 @@ class TorchrunDecorator(ParallelDecorator):
             finally:
                 session.close()
                 self._published.withdraw()  # every node has joined or never will
+                session.say_where_logs_are()
 
         return step
 

@@ -28,9 +28,12 @@ ARGS_AS = "ours"
 # -- Metaflow configuration knobs (rank/names.USER_KNOBS) --------------------------
 # "still waiting for node N" lines while a gang forms, every this many seconds.
 PROGRESS_SECONDS = 15.0
-# The per-rank logs of this many calls are kept per user and host ...
+# Per-rank logs, per user and host (host/retention.py): a run's are kept this many
+# hours after its last call on the host ...
+KEEP_LOGS_HOURS = 72.0
+# ... and beyond that while it is among the newest this many runs ...
 KEEP_LOGS = 20
-# ... and older ones go while all logs take more than this many MB.
+# ... and the least recently used runs go while all logs take more than this many MB.
 MAX_LOG_MB = 500
 
 # -- internal ----------------------------------------------------------------------

@@ -1,7 +1,7 @@
 """The gang's identity: one name for "this attempt of this step of this run".
 
 Every id the gang hands out derives from it: the gang service's, each
-``current.torch.run`` call's torchrun rendezvous id and the directory of the
+``current.torch.run`` call's torchrun rendezvous id and the directories of the
 per-rank logs. A retry (a new attempt) is a new gang, so it never meets any
 state of the failed one.
 """
@@ -9,6 +9,8 @@ state of the failed one.
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from ..host.workdirs import LogKey
 
 
 def safe_id(raw: str) -> str:
@@ -38,3 +40,13 @@ class GangIdentity:
         """torchrun's rendezvous id for the step's ``call_index``-th call of
         ``current.torch.run`` (0-based): each call is its own rendezvous."""
         return "%s-c%d" % (self.gang_id, call_index)
+
+    def log_key(self, call_index: int) -> LogKey:
+        """Where the call's per-rank logs go on each host: grouped by run (what
+        retention keeps whole, and what a user looks for), then by the step's
+        attempt, then by call."""
+        return LogKey(
+            run=safe_id("%s-%s" % (self.flow_name, self.run_id)),
+            step=safe_id("%s-%s-%d" % (self.step_name, self.control_task_id, self.attempt)),
+            call="c%d" % call_index,
+        )

@@ -17,9 +17,10 @@ from typing import Optional
 PORT_ENV = "METAFLOW_TORCHRUN_PORT"  # the gang service's port on a local run
 SECRET_ENV = "METAFLOW_TORCHRUN_SECRET"  # the gang's secret, instead of a stored one
 PROGRESS_ENV = "METAFLOW_TORCHRUN_PROGRESS_SECONDS"  # "still waiting for ..." every N s
-KEEP_LOGS_ENV = "METAFLOW_TORCHRUN_KEEP_LOGS"  # per-rank logs of this many calls kept
+KEEP_LOGS_HOURS_ENV = "METAFLOW_TORCHRUN_KEEP_LOGS_HOURS"  # a run's per-rank logs kept N h
+KEEP_LOGS_ENV = "METAFLOW_TORCHRUN_KEEP_LOGS"  # and beyond that, the newest N runs' logs
 MAX_LOG_MB_ENV = "METAFLOW_TORCHRUN_MAX_LOG_MB"  # and at most this many MB of them
-USER_KNOBS = (PORT_ENV, SECRET_ENV, PROGRESS_ENV, KEEP_LOGS_ENV, MAX_LOG_MB_ENV)
+USER_KNOBS = (PORT_ENV, SECRET_ENV, PROGRESS_ENV, KEEP_LOGS_HOURS_ENV, KEEP_LOGS_ENV, MAX_LOG_MB_ENV)
 
 # -- environment: what the task sets for its torchrun and ranks -------------------
 FAILURE_DIR_ENV = "METAFLOW_TORCHRUN_FAILURE_DIR"  # the call's work directory

@@ -119,7 +119,7 @@ class CallRun:
         topology = self.session.topology
         self.local_addr = local_address(topology)
         # Private to this user; the work directory goes in record() (workdirs.py).
-        self.files = CallFiles(self.session.identity.call_id(self.index), self.node_index)
+        self.files = CallFiles(self.session.identity.log_key(self.index), self.node_index)
         self.workdir, self.log_dir = self.files.work_dir, self.files.log_dir
         plan = self.plan
         if plan.function is not None:

@@ -13,6 +13,8 @@ Named phases, in the order a step goes through them:
   control stays until every node has left, so a late failure still reaches
   everyone.
 - ``close``: nothing of the gang is left in the process.
+- ``say_where_logs_are``: on a local run, the control names the directory of
+  every rank's files on this host.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from ..gang.topology import Topology
 from .. import defaults as DEFAULTS
 from ..rank.names import PROGRESS_ENV
 from ..host.console import say
+from ..host.workdirs import where_logs_are
 
 # Raised in the main thread to stop the step's code when the gang aborts. A
 # real-time signal: user code (SLURM-style checkpoint triggers) uses SIGUSR1/2.
@@ -94,6 +97,7 @@ class GangSession:
         self.results: List[TorchrunResult] = []
         self.reported = False  # this node's own failure is already the gang's
         self._announced = False
+        self._logs_said = False
         self._interruptible = False
         self._in_user_code = False
         self._main = threading.main_thread().ident
@@ -288,6 +292,19 @@ class GangSession:
             if self.server.cause is not None:
                 self._linger(self.server)
             self.server.close()
+
+    def say_where_logs_are(self) -> None:
+        """Once, at the step's end, on the control of a local run: every node
+        ran on this host, so its per-rank files are all here (the workers'
+        Metaflow logs are empty locally: their output is in the control's).
+        Not on a cluster, where each node's files are on its own pod or
+        instance and its own task log holds its ranks."""
+        if self._logs_said or not (self.is_control and self.topology.is_local):
+            return
+        log_dirs = [r.log_dir for r in self.results if r.log_dir]
+        if log_dirs:
+            self._logs_said = True
+            say(where_logs_are(log_dirs[-1]))
 
     def _linger(self, server: GangServer) -> None:
         """A failed gang's service stays a little while nodes are still coming:
