@@ -7,6 +7,7 @@ temporary directory) and then calls what ``@torchrun`` calls after the step.
 """
 
 import base64
+import html
 import json
 import re
 import time
@@ -232,7 +233,7 @@ def test_the_card_groups_the_ranks_and_shows_each_stack_collapsed(task):
     assert rows[1][:2] == ["3, 4", "2"] and "innermost: torch/distributed/distributed_c10d.py:2950" in rows[1][2]
     details = [s.strip() for s in sources[at:] if s.strip().startswith("<details>")]
     assert len(details) == 3 and details[0].startswith("<details><summary>rank 2: ")
-    assert STACK.rstrip() in details[1]  # every frame, as dumped
+    assert html.escape(STACK.rstrip()) in details[1]  # every frame, as dumped (HTML-escaped in a <pre>)
     assert any(s.startswith("## Root cause") for s in sources[:at])
 
 
@@ -295,14 +296,14 @@ def test_rank_output_stacks_and_root_cause_are_text_in_the_card(task):
     result.gang = {"reports": {"0": {"tails": {"1": {"stdout": HOSTILE, "stderr": [text]}}}}}
     assert card_mod.finish_card(task.deco, result, FLOW, NONE, 0)
     sources = [p.get("source", "") for p in _components(_card(task).get()) if p["type"] == "markdown"]
-    html = "\n".join(_rendered(s) for s in sources)
+    page = "\n".join(_rendered(s) for s in sources)
     for tag in ("<img", "<a ", "<script", "<strong>bold", "<em>em"):
-        assert tag not in html, tag
-    assert "&lt;img src=x onerror=alert(1)&gt;" in html
-    assert "[click me](https://evil.example/)" in html
-    assert "&lt;frozen importlib._bootstrap&gt;:550 in _init_module_attrs" in html  # the stack heading
-    # Every rank line sits inside a code block, whole: no fence was closed early.
-    blocks = "".join(re.findall(r"<pre><code>(.*?)</code></pre>", html, re.S))
+        assert tag not in page, tag
+    assert "&lt;img src=x onerror=alert(1)&gt;" in page
+    assert "[click me](https://evil.example/)" in page
+    assert "&lt;frozen importlib._bootstrap&gt;:550" in page  # the stack itself
+    # Every rank line sits inside a preformatted block, whole: none was closed early.
+    blocks = "".join(re.findall(r"<pre[^>]*>(.*?)</pre>", page, re.S))
     for line in HOSTILE:
         escaped = line.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
         assert escaped in blocks, line
@@ -321,3 +322,122 @@ def test_escaped_markdown_renders_as_the_text_itself(text):
     html = _rendered(card_mod.escape_markdown(text))
     escaped = text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace('"', "&quot;")
     assert html == "<p>%s</p>\n" % escaped
+
+
+# -- long lines, big gangs ------------------------------------------------------
+
+LONG = "L" * 5000
+
+
+def _cells(parts):
+    return [cell for p in parts if p["type"] == "table" for row in p["data"] for cell in row]
+
+
+def _outside_pre(source: str) -> str:
+    return re.sub(r"<pre[^>]*>.*?</pre>", "", source, flags=re.S)
+
+
+def test_no_line_from_a_rank_can_widen_the_page(task):
+    """A rank's 5,000-character line (output, stack, root cause): every table
+    cell stays short, no text outside a wrapping block holds a long word, and
+    each block wraps (white-space: pre-wrap) with the line cut, saying so."""
+    result = _result(succeeded=False)
+    result.cause = {"summary": "rank 1 raised: ValueError: " + LONG, "rank": 1, "node_index": 0}
+    result.stacks = {1: 'Current thread 0x1 (most recent call first):\n'
+                        '  File "/work/%s.py", line 3 in %s\n' % (LONG, LONG)}
+    line = "… [5000 characters in all]"
+    tail = "L" * (1000 - len(line)) + line  # as the gang carries it (call.bounded_line)
+    result.gang = {"reports": {"0": {"ranks": [vars(r) for r in result.ranks],
+                                     "tails": {"1": {"stdout": ["short", tail], "stderr": [LONG]}}}}}
+    assert card_mod.finish_card(task.deco, result, FLOW, NONE, 0)
+    parts = _components(_card(task).get())
+    longest = card_mod.CARD_CELL_CHARS + len("… [99999 more characters]")
+    cells = _cells(parts)
+    assert max(len(c.replace(card_mod.ZWSP, "")) for c in cells) <= longest
+    sources = [p.get("source", "") for p in parts if p["type"] == "markdown"]
+    # Text outside a wrapping block breaks at least every BREAK_EVERY characters
+    # (a space, or a zero-width space); backslash escapes are Markdown's, not text.
+    for text in cells + [_outside_pre(s).replace("<", " <").replace(">", "> ") for s in sources]:
+        words = re.findall(r"[^\s\u200b]+", text.replace("\\", ""))
+        assert max((len(w) for w in words), default=0) <= card_mod.BREAK_EVERY, text[:200]
+    blocks = [b for s in sources for b in re.findall(r"<pre[^>]*>.*?</pre>", s, re.S)]
+    assert len(blocks) >= 4 and all(b.startswith(card_mod._PRE) for b in blocks)
+    assert "white-space: pre-wrap" in card_mod._PRE
+    for block in blocks:
+        assert max(len(x) for x in block.splitlines()) <= len(card_mod._PRE) + card_mod.CARD_LINE_CHARS + 40
+    joined = "\n".join(sources)
+    assert "[5000 characters in all]" in joined and "[4000 more characters]" in joined
+    assert "whole of every rank&#x27;s output" in joined or "whole of every rank's output" in joined
+
+
+def _gang(nodes: int, per_node: int, tail_chars: int, stack_chars: int) -> TorchrunResult:
+    """A failed call of ``nodes`` x ``per_node`` ranks as the control records
+    it, every rank with a full tail and a stack."""
+    now = time.time()
+    line = "x" * (tail_chars - 1)
+    reports = {}
+    for node in range(nodes):
+        ranks = [{"rank": node * per_node + i, "local_rank": i, "pid": 1000 + i, "start": now - 60,
+                  "end": now - 1, "exit_code": -15} for i in range(per_node)]
+        tails = {r["rank"]: {"stdout": [line] * 20, "stderr": [line] * 20} for r in ranks}
+        reports[str(node)] = {"ranks": ranks, "tails": tails}
+    failing = (nodes - 1) * per_node + per_node - 1
+    reports[str(nodes - 1)]["ranks"][-1]["exit_code"] = 1
+    dump = ('Current thread 0x1 (most recent call first):\n' +
+            '  File "/work/train.py", line 42 in step\n' * (stack_chars // 40))
+    return TorchrunResult(
+        command=["torchrun"], node_index=0, num_nodes=nodes, nproc_per_node=per_node, exit_code=-15,
+        started_at=now - 62, ended_at=now, ranks=[RankRecord(**r) for r in reports["0"]["ranks"]],
+        cause={"summary": "node %d, rank %d: ValueError: boom" % (nodes - 1, failing), "node_index": nodes - 1,
+               "rank": failing, "time": now - 1.5},
+        gang={"joined_at": {str(n): now - 70 + n * 0.001 for n in range(nodes)},
+              "finished_at": {str(n): now - 0.5 for n in range(nodes)}, "reports": reports},
+        stacks={r: dump.replace("line 42", "line %d" % (42 + r % 3)) for r in range(nodes * per_node)},
+        attempts=[{"attempt": 0, "calls": [{"call": 0, "started_at": now - 65}]}],
+    )
+
+
+# The card of 1,024 nodes x 8 ranks, every rank with 20 lines of 1,000 characters
+# (the most the gang carries) on both streams and a 2 KiB stack, at most
+# (Metaflow's own page, its Vega bundle included, is about 1.1 MB of it).
+CARD_BYTES_AT_1024x8 = 2_000_000
+
+
+def test_the_card_of_1024_nodes_x_8_ranks_stays_small(task):
+    result = _gang(1024, 8, tail_chars=1000, stack_chars=2048)
+    started = time.monotonic()
+    assert card_mod.finish_card(task.deco, result, FLOW, NONE, 0)
+    took = time.monotonic() - started
+    page = _card(task).get()
+    print("card of 1,024 x 8: %d bytes, rendered in %.2f s" % (len(page.encode()), took))
+    assert len(page.encode()) < CARD_BYTES_AT_1024x8, len(page.encode())
+    assert took < 10, took
+    parts = _components(page)
+    ranks = [p for p in parts if p["type"] == "table" and p.get("columns", [""])[0] == "rank"][0]["data"]
+    assert len(ranks) == card_mod.CARD_RANK_ROWS + 1 and ranks[-1][0] == "%d more ranks" % (8192 - 256)
+    assert ["8191", "1023", "7", "1007", "exit code 1", "59.0 s"] in ranks  # the failed rank is always shown
+    sources = [p.get("source", "") for p in parts if p["type"] == "markdown"]
+    tails = [s for s in sources if s.lstrip().startswith("**rank ")]
+    assert len(tails) == 2 * card_mod.CARD_TAIL_RANKS and tails[0].lstrip().startswith("**rank 8191 stdout**")
+    assert any("16 of 8192 ranks shown" in s for s in sources)
+    charts = [p for p in parts if p["type"] == "vegaChart"]
+    assert len(charts) == 1 and len(json.dumps(charts[0])) < 24_000
+
+
+def test_the_card_of_a_small_gang_leaves_nothing_out(task):
+    assert card_mod.finish_card(task.deco, _gang(2, 2, tail_chars=80, stack_chars=400), FLOW, NONE, 0)
+    sources = [p.get("source", "") for p in _components(_card(task).get()) if p["type"] == "markdown"]
+    assert sum(s.lstrip().startswith("**rank ") for s in sources) == 8
+    assert not any("ranks shown" in s or "are cut" in s or "more ranks" in s for s in sources)
+
+
+def test_the_timeline_is_a_chart_in_the_card(task):
+    result = _gang(2, 2, tail_chars=80, stack_chars=400)
+    assert card_mod.finish_card(task.deco, result, FLOW, NONE, 0)
+    parts = _components(_card(task).get())
+    at = [i for i, p in enumerate(parts) if p.get("source") == "## Timeline"][0]
+    chart = parts[at + 1]
+    assert chart["type"] == "vegaChart" and chart["spec"]["$schema"].startswith("https://vega.github.io/")
+    assert not any("█" in json.dumps(p, ensure_ascii=False) for p in parts)  # the text bars are gone
+    lanes = [layer for layer in chart["spec"]["layer"] if layer["mark"]["type"] == "bar"][0]
+    assert lanes["encoding"]["y"]["sort"][:2] == ["node 0", "node 1"]

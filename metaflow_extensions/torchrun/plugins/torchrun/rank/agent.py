@@ -140,15 +140,13 @@ def worker_exits(pcontext: Any) -> Dict[int, int]:
     reaped: its subprocesses (a script, our case) or its multiprocessing
     processes (a function). Whatever this torch does not have is skipped."""
     out: Dict[int, int] = {}
-    for handler in dict(getattr(pcontext, "subprocess_handlers", None) or {}).values():
-        proc = getattr(handler, "proc", None)
-        code = getattr(proc, "returncode", None)
-        if isinstance(code, int) and isinstance(getattr(proc, "pid", None), int):
-            out[proc.pid] = code
-    for proc in list(getattr(getattr(pcontext, "_pc", None), "processes", None) or []):
-        code = getattr(proc, "exitcode", None)
-        if isinstance(code, int) and isinstance(getattr(proc, "pid", None), int):
-            out[proc.pid] = code
+    procs = [(getattr(h, "proc", None), "returncode")
+             for h in dict(getattr(pcontext, "subprocess_handlers", None) or {}).values()]
+    procs += [(p, "exitcode") for p in list(getattr(getattr(pcontext, "_pc", None), "processes", None) or [])]
+    for proc, attribute in procs:
+        pid, code = getattr(proc, "pid", None), getattr(proc, attribute, None)
+        if isinstance(pid, int) and isinstance(code, int):
+            out[pid] = code
     return out
 
 
@@ -179,7 +177,7 @@ def record_worker_exits(directory: Optional[str]) -> bool:
                 pass  # a record is a bonus: the agent's shutdown must go on
 
     close._torchrun_records_exits = True  # type: ignore[attr-defined]
-    api.PContext.close = close  # type: ignore[method-assign]
+    api.PContext.close = close
     return True
 
 

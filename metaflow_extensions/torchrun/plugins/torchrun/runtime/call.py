@@ -17,7 +17,7 @@ from typing import Any, Dict, List, Optional
 
 from ..rank import bootstrap, entry, functions, stacks
 from ..cause import Cause, CauseKind
-from ..gang.messages import MAX_RANKS_PER_NODE, STREAMS, TAIL_LINES, NodeReport, RankStatus
+from ..gang.messages import MAX_RANKS_PER_NODE, STREAMS, TAIL_LINE_CHARS, TAIL_LINES, NodeReport, RankStatus
 from ..launch.command import Launch, build_command
 from ..host.devices import cuda_devices
 from ..errors import GangAborted, TorchrunException, TorchrunFailed, TorchrunInvalidArgument
@@ -406,7 +406,8 @@ class CallRun:
         if self.log_dir:
             for rec in ranks:
                 tails[rec.rank] = {
-                    s: tuple(tail_lines(rank_log_path(self.log_dir, rec.rank, s))) for s in STREAMS
+                    s: tuple(bounded_line(line) for line in tail_lines(rank_log_path(self.log_dir, rec.rank, s)))
+                    for s in STREAMS
                 }
         return NodeReport(
             ranks=tuple(RankStatus.of(r) for r in ranks[:MAX_RANKS_PER_NODE]),
@@ -431,6 +432,16 @@ def run_call(session: GangSession, plan: CallPlan) -> TorchrunResult:
 def tail_lines(path: str, count: int = TAIL_LINES, max_bytes: int = 64 * 1024) -> List[str]:
     """The last lines of a per-rank log: never through a symlink (workdirs.py)."""
     return _tail_lines(path, count, max_bytes)
+
+
+def bounded_line(line: str, limit: int = TAIL_LINE_CHARS) -> str:
+    """A line of a rank's output as the gang carries it: at most ``limit``
+    characters, saying how many it had when cut (the control would cut it
+    silently). The whole line stays in the rank's log file."""
+    if len(line) <= limit:
+        return line
+    note = "… [%d characters in all]" % len(line)
+    return line[: max(0, limit - len(note))] + note
 
 
 def _add_text(error: TorchrunException, text: str) -> None:
