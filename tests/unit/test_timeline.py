@@ -138,6 +138,17 @@ def test_no_text_from_a_rank_reaches_the_spec():
     assert "<" not in text and "onerror" not in text
 
 
+@pytest.mark.parametrize("cause, label", [
+    ({"node_index": 1, "rank": 2}, "failed: rank 2 (node 1)"),
+    ({"node_index": 1, "kind": "node_lost"}, "node 1: node lost"),
+    ({"kind": "hang"}, "gang stopped: hang"),
+    ({"kind": "<b>not a kind</b>"}, "gang stopped: failed"),
+])
+def test_the_failure_is_named_by_numbers_and_its_kind(cause, label):
+    spec = _spec(_result(cause=dict(cause, summary="x", time=T0 + 8)))
+    assert _layer(spec, "rule")[-1]["data"]["values"][0]["label"] == label
+
+
 def test_a_node_that_never_joined_has_a_lane_saying_so():
     result = _result(nodes=3)
     del result.gang["joined_at"]["2"], result.gang["finished_at"]["2"], result.gang["reports"]["2"]

@@ -19,6 +19,8 @@ import math
 from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
+from ..cause import CauseKind
+
 # Lanes of nodes, at most; a bigger gang is drawn in groups of nodes.
 NODE_LANES = 32
 # Lanes of ranks, at most: the first nodes' ranks, and the failing node's.
@@ -55,6 +57,7 @@ class Gang:
     failed_node: Optional[int] = None
     failed_rank: Optional[int] = None
     ended_at: Optional[float] = None
+    failed_kind: Optional[str] = None  # a CauseKind's value
 
 
 def _number(value: Any) -> Optional[float]:
@@ -96,7 +99,15 @@ def from_result(result: Any, ranks: Mapping[int, Sequence[Mapping[str, Any]]]) -
         failed_node=_index(cause.get("node_index")),
         failed_rank=_index(cause.get("rank")),
         ended_at=_number(result.ended_at),
+        failed_kind=_kind(cause.get("kind")),
     )
+
+
+def _kind(value: Any) -> Optional[str]:
+    try:
+        return CauseKind(value).value
+    except ValueError:
+        return None
 
 
 def rank_state(record: Mapping[str, Any], failed_rank: Optional[int]) -> str:
@@ -185,11 +196,13 @@ def _call_rows(g: Gang, origin: float) -> Tuple[List[Dict[str, Any]], int]:
 
 
 def _failure_label(g: Gang) -> str:
+    """Numbers and the cause's kind (a name of ``CauseKind``), never its text."""
     if g.failed_rank is not None and g.failed_node is not None:
         return "failed: rank %d (node %d)" % (g.failed_rank, g.failed_node)
+    what = g.failed_kind.replace("_", " ") if g.failed_kind else "failed"
     if g.failed_node is not None:
-        return "failed: node %d" % g.failed_node
-    return "gang stopped"
+        return "node %d: %s" % (g.failed_node, what)
+    return "gang stopped: %s" % what
 
 
 def spec(g: Gang) -> Dict[str, Any]:
