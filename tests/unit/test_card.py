@@ -161,7 +161,7 @@ def test_metaflow_does_not_render_it_again(task, monkeypatch):
 def test_the_card_of_a_failed_task_names_the_cause(task):
     assert card_mod.finish_card(task.deco, _result(succeeded=False), FLOW, NONE, 0)
     sources = [p.get("source", "") for p in _components(_card(task).get()) if p["type"] == "markdown"]
-    assert "**Failed**" in sources[0] and "boom from rank 1" in sources[0]
+    assert "<strong>Failed</strong>" in sources[0] and "boom from rank 1" in sources[0]
     assert any(s.startswith("## Root cause") for s in sources)
 
 
@@ -233,7 +233,10 @@ def test_the_card_groups_the_ranks_and_shows_each_stack_collapsed(task):
     assert rows[1][:2] == ["3, 4", "2"] and "innermost: torch/distributed/distributed_c10d.py:2950" in rows[1][2]
     details = [s.strip() for s in sources[at:] if s.strip().startswith("<details>")]
     assert len(details) == 3 and details[0].startswith("<details><summary>rank 2: ")
-    assert html.escape(STACK.rstrip()) in details[1]  # every frame, as dumped (HTML-escaped in a <pre>)
+    # Every frame, as dumped, inside the collapsed section (one HTML block: its
+    # lines are &#10;, so no blank line can end it early).
+    assert html.escape(STACK.rstrip()).replace("\n", "&#10;") in details[1]
+    assert "\n" not in details[1] and details[1].endswith("</pre></details>")
     assert any(s.startswith("## Root cause") for s in sources[:at])
 
 
@@ -319,9 +322,22 @@ def test_a_code_block_is_never_closed_by_its_text(text):
 
 @pytest.mark.parametrize("text", HOSTILE)
 def test_escaped_markdown_renders_as_the_text_itself(text):
-    html = _rendered(card_mod.escape_markdown(text))
-    escaped = text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace('"', "&quot;")
-    assert html == "<p>%s</p>\n" % escaped
+    """A code span: text, whatever it holds (the card's renderer drops the
+    backticks inside one, so they are shown as a look-alike)."""
+    page = _rendered(card_mod.escape_markdown(text))
+    shown = text.replace("`", "\u02cb")
+    escaped = shown.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace('"', "&quot;")
+    assert page == "<p><code>%s</code></p>\n" % escaped
+
+
+@pytest.mark.parametrize("text", ["versions", "torch 2.13.0+cu130", "node 3 (of 8)", "1.5 GB/s"])
+def test_plain_words_are_left_as_they_are(text):
+    assert card_mod.escape_markdown(text) == text and _rendered(text) == "<p>%s</p>\n" % text
+
+
+@pytest.mark.parametrize("text", ["a_b_", "www.evil.example", "-x", "x@y.example", "https://x", "a\\b", "x*y*"])
+def test_anything_else_is_a_code_span(text):
+    assert card_mod.escape_markdown(text).startswith("`` ")
 
 
 # -- long lines, big gangs ------------------------------------------------------
@@ -363,8 +379,9 @@ def test_no_line_from_a_rank_can_widen_the_page(task):
     blocks = [b for s in sources for b in re.findall(r"<pre[^>]*>.*?</pre>", s, re.S)]
     assert len(blocks) >= 4 and all(b.startswith(card_mod._PRE) for b in blocks)
     assert "white-space: pre-wrap" in card_mod._PRE
-    for block in blocks:
-        assert max(len(x) for x in block.splitlines()) <= len(card_mod._PRE) + card_mod.CARD_LINE_CHARS + 40
+    for block in blocks:  # one line of Markdown, its lines written &#10;
+        lines = html.unescape(block[len(card_mod._PRE):-len("</pre>")]).split("\n")
+        assert "\n" not in block and max(len(x) for x in lines) <= card_mod.CARD_LINE_CHARS + 40
     joined = "\n".join(sources)
     assert "[5000 characters in all]" in joined and "[4000 more characters]" in joined
     assert "whole of every rank&#x27;s output" in joined or "whole of every rank's output" in joined
@@ -441,3 +458,68 @@ def test_the_timeline_is_a_chart_in_the_card(task):
     assert not any("█" in json.dumps(p, ensure_ascii=False) for p in parts)  # the text bars are gone
     lanes = [layer for layer in chart["spec"]["layer"] if layer["mark"]["type"] == "bar"][0]
     assert lanes["encoding"]["y"]["sort"][:2] == ["node 0", "node 1"]
+
+
+# -- the card as a browser draws it (Chromium; skipped without it) ---------------
+
+CHROMIUM = next((p for p in map(__import__("shutil").which, ("chromium", "chromium-browser", "google-chrome")) if p),
+                None)
+
+
+class _Text(__import__("html.parser").parser.HTMLParser):
+    """The text a page shows (scripts and styles left out)."""
+
+    def __init__(self):
+        super().__init__()
+        self.parts, self._skip = [], 0
+
+    def handle_starttag(self, tag, attrs):
+        self._skip += tag in ("script", "style")
+
+    def handle_endtag(self, tag):
+        self._skip -= tag in ("script", "style") and self._skip > 0
+
+    def handle_data(self, data):
+        if not self._skip:
+            self.parts.append(data)
+
+
+def _browser_dom(page: str, tmp_path) -> str:
+    import subprocess
+
+    path = tmp_path / "card.html"
+    path.write_text(page)
+    profile = tmp_path / "profile"
+    return subprocess.run(
+        [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+         "--disable-background-networking", "--disable-component-update", "--disable-sync",
+         "--user-data-dir=%s" % profile, "--virtual-time-budget=10000", "--dump-dom", "file://%s" % path],
+        capture_output=True, text=True, timeout=120, check=True).stdout
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="no Chromium (apt-get install -y chromium)")
+def test_a_browser_shows_rank_text_exactly_and_runs_none_of_it(task, tmp_path):
+    """What Metaflow's card page (marked + svelte-markdown) makes of the card:
+    every hostile line shows as its own text, whole, and none becomes an
+    element; a stack sits inside its collapsed section; the chart is drawn,
+    offline."""
+    result = _result(succeeded=False)
+    summary = "rank 1 raised: ValueError: (hang_timeout=6s) a\\b `x` " + HOSTILE[0]
+    result.cause = {"summary": summary, "rank": 1, "node_index": 0}
+    result.stacks = {1: 'Current thread 0x1 (most recent call first):\n'
+                        '  File "/work/x.py", line 3 in <img src=x onerror=alert(1)>\n\n' + "\n".join(HOSTILE)}
+    result.gang = {"reports": {"0": {"ranks": [vars(r) for r in result.ranks],
+                                     "tails": {"1": {"stdout": HOSTILE, "stderr": ["\r".join(HOSTILE)]}}}}}
+    assert card_mod.finish_card(task.deco, result, FLOW, NONE, 0)
+    dom = _browser_dom(_card(task).get(), tmp_path)
+    body = dom[dom.index("<main"):]
+    text = _Text()
+    text.feed(body)
+    shown = "".join(text.parts).replace(card_mod.ZWSP, "")
+    assert "Failed: " + summary in shown  # the status line, every character of it
+    for line in HOSTILE:
+        assert line in shown, line
+    for element in ('<img src="x"', "<script>alert", '<a href="https://evil', "<strong>bold", "<em>em"):
+        assert element not in body, element
+    assert re.search(r"<details><summary>rank 1: [^<]*</summary><pre", body)
+    assert re.search(r'class="marks"', body)  # Vega drew the timeline

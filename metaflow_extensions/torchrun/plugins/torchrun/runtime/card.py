@@ -26,7 +26,6 @@ from __future__ import annotations
 import html
 import os
 import re
-import string
 import time
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -98,16 +97,36 @@ def gang_tails(result: TorchrunResult) -> Dict[int, Dict[str, List[str]]]:
     return dict(sorted(tails.items()))
 
 
-_PUNCTUATION = frozenset(string.punctuation)
+# What the card's Markdown renderer (marked, drawn by svelte-markdown) does with
+# text, measured in a real card (tests/integration/test_observability.py): a
+# backslash escape is dropped with its character ("\\(x\\)" shows "x"), an
+# entity shows as typed ("&lt;"), a code span drops its backticks; an HTML block
+# is drawn as HTML, and a table cell as plain text. So text from a rank goes in a
+# table cell as it is, in an HTML block escaped as HTML (``text_block``,
+# ``html_line``), or in a code span (``escape_markdown``), never bare in Markdown.
+_BACKTICK_LOOKALIKE = "\u02cb"
+# Text that cannot be markup anywhere in a line (no emphasis, link, autolink,
+# entity, HTML or escape character; starting with a letter or digit), shown as it is.
+_PLAIN = re.compile(r"[A-Za-z0-9][A-Za-z0-9 .,;=+%()/-]*")
 
 
 def escape_markdown(text: Any) -> str:
-    """Text we did not write (a rank's output, a stack, a root cause) as literal
-    Markdown text: every ASCII punctuation mark is backslash-escaped, which
-    CommonMark reads as the mark itself, so no HTML tag, link, emphasis or entity
-    can come of it; line breaks become spaces (it sits in a heading or a line)."""
+    """Text we did not write, inline in Markdown (a list item, a heading), as
+    a code span: nothing in it is read as Markdown or HTML. Its fence is longer
+    than any run of backticks in it; the renderer drops backticks inside a code
+    span, so they are shown as a look-alike (U+02CB) rather than lost. Line
+    breaks become spaces."""
     flat = " ".join(str(text).splitlines())
-    return "".join("\\" + c if c in _PUNCTUATION else c for c in flat)
+    if _PLAIN.fullmatch(flat) and "www." not in flat.lower():
+        return flat  # a word or a version: nothing in it can be markup
+    flat = flat.replace("`", _BACKTICK_LOOKALIKE)
+    return "`` %s ``" % flat if flat.strip() else ""
+
+
+def html_line(text: Any, limit: int = CARD_CELL_CHARS) -> str:
+    """Text we did not write, for one line of an HTML block: cut (``clip``),
+    breakable, HTML-escaped."""
+    return html.escape(clip(text, limit))
 
 
 def clip(text: Any, limit: int = CARD_CELL_CHARS) -> str:
@@ -164,10 +183,11 @@ def _sentence(notes: List[str]) -> str:
 
 def text_block(text: Any) -> str:
     """``text`` verbatim (HTML-escaped) in a preformatted block that wraps long
-    lines. A Markdown HTML block that starts with ``<pre`` ends only at a line
-    holding ``</pre>``, which escaped text cannot contain: nothing in it is read
-    as Markdown or HTML, blank lines included."""
-    return "%s%s</pre>" % (_PRE, html.escape(str(text)))
+    lines, on one line of Markdown: its line breaks are written ``&#10;``, so the
+    HTML block can neither end early (at a blank line) nor be split by the
+    renderer (a carriage return), and a ``<details>`` around it holds it."""
+    lines = str(text).splitlines()
+    return "%s%s</pre>" % (_PRE, "&#10;".join(html.escape(line) for line in lines))
 
 
 def code_block(text: Any) -> str:
@@ -184,9 +204,11 @@ def summary_markdown(result: TorchrunResult, flow: str, pathspec: str) -> str:
         status = "**Succeeded** in %.1f s" % result.duration
     else:
         cause = result.cause or {}
-        status = "**Failed**: %s" % escape_markdown(clip(cause.get("summary") or _fmt_code(result.exit_code)))
-    # The pathspec is Metaflow's (flow/run/step/task): a code span holds it.
-    return "# @torchrun: %s\n\n`%s`\n\n%s" % (escape_markdown(flow), pathspec, status)
+        # An HTML block, one line: the cause's text exactly as it is.
+        status = "<p><strong>Failed</strong>: %s</p>" % html_line(cause.get("summary") or _fmt_code(result.exit_code))
+    # A flow's name is a Python identifier; the pathspec is Metaflow's (flow/run/step/task).
+    name = flow if flow.isidentifier() else escape_markdown(flow)
+    return "# @torchrun: %s\n\n`%s`\n\n%s" % (name, pathspec, status)
 
 
 def topology_rows(result: TorchrunResult, backend: str) -> List[List[str]]:
@@ -274,9 +296,8 @@ def stack_parts(result: TorchrunResult, Markdown: Any, Table: Any) -> list:
         text = result.stacks[rank].rstrip()
         head = " / ".join(clip(line.strip()) for line in stacks.where(rank, text).lines())
         body, _ = clip_lines(text, CARD_STACK_CHARS)
-        # Inside an HTML block Markdown is not read: the heading is escaped as HTML.
-        parts.append(Markdown("<details><summary>%s</summary>\n\n%s\n\n</details>"
-                              % (html.escape(head), text_block(body))))
+        # One HTML block, one line (text_block): the stack inside the collapsed section.
+        parts.append(Markdown("<details><summary>%s</summary>%s</details>" % (html.escape(head), text_block(body))))
     return parts
 
 
@@ -300,7 +321,7 @@ def attempt_rows(result: TorchrunResult) -> List[List[str]]:
                  if resumed else "")
         rows.append([
             str(a.get("attempt")), _fmt_time(a.get("started_at"), origin), secs(a.get("gang_formed_seconds")),
-            escape_markdown(calls), escape_markdown(clip(a.get("stopped") or "")), escape_markdown(clip(label)),
+            calls, clip(a.get("stopped") or ""), clip(label),
             secs(a.get("lost_work_seconds")), secs(a.get("restart_seconds")),
         ])
     return rows

@@ -253,7 +253,7 @@ def spec(g: Gang) -> Dict[str, Any]:
         })
         layers.append({
             "data": {"values": failure},
-            "mark": {"type": "text", "align": "right", "dx": -3, "dy": 4, "y": 0, "baseline": "top",
+            "mark": {"type": "text", "align": "right", "dx": -3, "dy": -16, "y": 0, "baseline": "bottom",
                      "fontSize": 11, "fontWeight": "bold", "color": "#d62728"},
             "encoding": {"x": {"field": "at", "type": "quantitative"}, "text": {"field": "label"}},
         })
