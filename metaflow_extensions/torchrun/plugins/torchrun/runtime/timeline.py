@@ -230,33 +230,13 @@ def spec(g: Gang) -> Dict[str, Any]:
             "tooltip": [{"field": "tip", "type": "nominal", "title": "what"}],
         },
     }]
-    if calls:
-        layers.append({
-            "data": {"values": calls},
-            "mark": {"type": "rule", "color": "#555", "strokeDash": [2, 2]},
-            "encoding": {"x": {"field": "at", "type": "quantitative"},
-                         "tooltip": [{"field": "label", "type": "nominal", "title": "call"}]},
-        })
-        layers.append({
-            "data": {"values": calls},
-            "mark": {"type": "text", "align": "left", "dx": 3, "dy": -4, "y": 0, "baseline": "bottom",
-                     "fontSize": 10, "color": "#555"},
-            "encoding": {"x": {"field": "at", "type": "quantitative"}, "text": {"field": "label"}},
-        })
+    layers += _mark_layers(calls, "call", "#555", {"align": "left", "dx": 3, "dy": -4, "fontSize": 10},
+                           {"strokeDash": [2, 2]})
     if g.failed_at is not None:
         failure = [{"at": g.failed_at - origin, "label": _failure_label(g)}]
-        layers.append({
-            "data": {"values": failure},
-            "mark": {"type": "rule", "color": "#d62728", "strokeWidth": 2},
-            "encoding": {"x": {"field": "at", "type": "quantitative"},
-                         "tooltip": [{"field": "label", "type": "nominal", "title": "failure"}]},
-        })
-        layers.append({
-            "data": {"values": failure},
-            "mark": {"type": "text", "align": "right", "dx": -3, "dy": -16, "y": 0, "baseline": "bottom",
-                     "fontSize": 11, "fontWeight": "bold", "color": "#d62728"},
-            "encoding": {"x": {"field": "at", "type": "quantitative"}, "text": {"field": "label"}},
-        })
+        layers += _mark_layers(failure, "failure", "#d62728",
+                               {"align": "right", "dx": -3, "dy": -16, "fontSize": 11, "fontWeight": "bold"},
+                               {"strokeWidth": 2})
     title = "nodes and ranks on one time axis"
     if calls_left_out:
         title += " (the last %d calls marked; %d earlier)" % (len(calls), calls_left_out)
@@ -267,6 +247,21 @@ def spec(g: Gang) -> Dict[str, Any]:
         "layer": layers,
         "config": {"axisY": {"labelLimit": 240}},
     }
+
+
+def _mark_layers(values: List[Dict[str, Any]], what: str, colour: str, text: Dict[str, Any],
+                 rule: Dict[str, Any]) -> List[Dict[str, Any]]:
+    """A vertical rule at each value's ``at`` and its ``label`` above the plot."""
+    if not values:
+        return []
+    x = {"field": "at", "type": "quantitative"}
+    return [
+        {"data": {"values": values}, "mark": dict({"type": "rule", "color": colour}, **rule),
+         "encoding": {"x": x, "tooltip": [{"field": "label", "type": "nominal", "title": what}]}},
+        {"data": {"values": values},
+         "mark": dict({"type": "text", "y": 0, "baseline": "bottom", "color": colour}, **text),
+         "encoding": {"x": x, "text": {"field": "label"}}},
+    ]
 
 
 def captions(g: Gang) -> List[str]:
