@@ -522,4 +522,5 @@ def test_a_browser_shows_rank_text_exactly_and_runs_none_of_it(task, tmp_path):
     for element in ('<img src="x"', "<script>alert", '<a href="https://evil', "<strong>bold", "<em>em"):
         assert element not in body, element
     assert re.search(r"<details><summary>rank 1: [^<]*</summary><pre", body)
-    assert re.search(r'class="marks"', body)  # Vega drew the timeline
+    drawn = re.search(r'class="marks" width="(\d+)" height="(\d+)"', body)  # Vega drew the timeline...
+    assert drawn and int(drawn.group(1)) > 300 and int(drawn.group(2)) > 50, drawn  # ...and not 0 wide

@@ -37,11 +37,12 @@ _LAYER = {
 }
 SPEC_SCHEMA = {
     "type": "object",
-    "required": ["$schema", "layer", "height"],
+    "required": ["$schema", "layer", "width", "height"],
     "additionalProperties": False,
     "properties": {
         "$schema": {"type": "string", "pattern": "^https://vega.github.io/schema/vega-lite/v\\d+\\.json$"},
         "title": {"type": "object", "required": ["text"]},
+        "width": {"type": "integer", "minimum": 1},  # never "container": see timeline.WIDTH_PX
         "height": {"type": "integer", "minimum": 1},
         "layer": {"type": "array", "minItems": 1, "items": _LAYER},
         "config": {"type": "object"},

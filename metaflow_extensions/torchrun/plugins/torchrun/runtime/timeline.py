@@ -27,8 +27,11 @@ NODE_LANES = 32
 RANK_LANES = 32
 # Calls marked, at most (the last ones: a failure ends the last call).
 CALL_MARKS = 20
-# Pixels per lane.
+# Pixels per lane, and the plot's width: fixed, because a width of "container"
+# (VegaChart's default) is measured before the card's layout settles and comes
+# out 0 (an empty chart) on a page with nothing wide before it.
 LANE_PX = 16
+WIDTH_PX = 640
 SCHEMA = "https://vega.github.io/schema/vega-lite/v6.json"  # read for its version only, never fetched
 
 # How a lane ended: the legend (the states drawn), in this order, with its colour.
@@ -243,6 +246,7 @@ def spec(g: Gang) -> Dict[str, Any]:
     return {
         "$schema": SCHEMA,
         "title": {"text": title, "fontSize": 12, "anchor": "start"},
+        "width": WIDTH_PX,
         "height": max(60, LANE_PX * len(order)),
         "layer": layers,
         "config": {"axisY": {"labelLimit": 240}},
