@@ -510,6 +510,8 @@ def test_a_browser_shows_rank_text_exactly_and_runs_none_of_it(task, tmp_path):
                         '  File "/work/x.py", line 3 in <img src=x onerror=alert(1)>\n\n' + "\n".join(HOSTILE)}
     result.gang = {"reports": {"0": {"ranks": [vars(r) for r in result.ranks],
                                      "tails": {"1": {"stdout": HOSTILE, "stderr": ["\r".join(HOSTILE)]}}}}}
+    stopped = "node 1 (a\\b) *lost* <i>it</i> [x](y)"
+    result.attempts = [{"attempt": 0, "started_at": 1.0, "stopped": stopped}, {"attempt": 1, "started_at": 2.0}]
     assert card_mod.finish_card(task.deco, result, FLOW, NONE, 0)
     dom = _browser_dom(_card(task).get(), tmp_path)
     body = dom[dom.index("<main"):]
@@ -517,9 +519,9 @@ def test_a_browser_shows_rank_text_exactly_and_runs_none_of_it(task, tmp_path):
     text.feed(body)
     shown = "".join(text.parts).replace(card_mod.ZWSP, "")
     assert "Failed: " + summary in shown  # the status line, every character of it
-    for line in HOSTILE:
+    for line in HOSTILE + [stopped]:  # outputs, stacks, the Attempts table's cells
         assert line in shown, line
-    for element in ('<img src="x"', "<script>alert", '<a href="https://evil', "<strong>bold", "<em>em"):
+    for element in ('<img src="x"', "<script>alert", '<a href="https://evil', "<strong>bold", "<em>em", "<i>it"):
         assert element not in body, element
     assert re.search(r"<details><summary>rank 1: [^<]*</summary><pre", body)
     drawn = re.search(r'class="marks" width="(\d+)" height="(\d+)"', body)  # Vega drew the timeline...
