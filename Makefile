@@ -68,7 +68,7 @@ docs-serve: install
 pictures: install $(VENV)/.bench-installed
 	$(BIN)/python tools/pictures/lifecycle.py docs/lifecycle.svg
 	$(BIN)/python benchmarks/report.py benchmarks/results docs/benchmarks.png
-	$(BIN)/python tools/pictures/card_screenshot.py docs/card.png
+	$(BIN)/python tools/pictures/card_screenshot.py docs
 
 # The sdist and wheel, checked as PyPI would.
 dist: install

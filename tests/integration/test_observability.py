@@ -2,6 +2,7 @@
 
 import base64
 import json
+import os
 import re
 
 import pytest
@@ -166,9 +167,10 @@ def test_card_shows_topology_ranks_and_timeline(gang):
     topology = dict(map(tuple, tables[0]["data"]))
     assert topology["nodes x processes"] == "2 x 2"
     assert topology["control address"] == "127.0.0.1"
-    timeline = tables[1]["data"]
-    assert [row[0] for row in timeline] == ["0", "1"] and all("█" in row[3] for row in timeline)
-    ranks = tables[2]["data"]
+    chart = [p for p in parts if p["type"] == "vegaChart"][0]["spec"]
+    bars = [layer for layer in chart["layer"] if layer["mark"]["type"] == "bar"][0]
+    assert bars["encoding"]["y"]["sort"] == ["node 0", "node 1"] + ["rank %d (node %d)" % (r, r // 2) for r in range(4)]
+    ranks = tables[1]["data"]
     assert sorted(int(r[0]) for r in ranks) == [0, 1, 2, 3]
     assert all(r[4] == "0 (ok)" for r in ranks)
     tails = "\n".join(s for s in sources if s.startswith("**rank"))
@@ -186,3 +188,64 @@ def test_card_of_a_failed_run_names_the_root_cause(gang):
     # Rendered in the task too, found by the client; `card get` above is no `card create`.
     assert _client_card(gang)["n"] == 1
     assert _card_creates(gang) == []
+
+
+def _record(gang):
+    return gang.client(
+        "t = Flow('GangFlow').latest_run['train'].control_task\n"
+        "result = json.loads(t.metadata_dict['torchrun-result'])"
+    )
+
+
+def test_card_every_rank_of_every_node_has_an_exit_and_a_duration_when_the_gang_stops_them(gang):
+    """Node 1's first rank hangs in a collective; the gang stops every rank
+    (SIGTERM from their agents): the control's own ranks and node 1's still get
+    their exits and durations, in the record and on the card, and the chart
+    marks the failure."""
+    gang.env["MFTR_TORCHRUN_ATTRS"] = json.dumps({"hang_timeout": 6})
+    proc = gang.run("--script", "stuck.py", timeout=180)
+    assert proc.returncode != 0 and "no output from any rank" in output(proc), output(proc)[-3000:]
+    record = _record(gang)
+    reports = record["gang"]["reports"]
+    assert sorted(reports) == ["0", "1"]
+    ranks = [r for rep in reports.values() for r in rep["ranks"]]
+    assert sorted(r["rank"] for r in ranks) == [0, 1, 2, 3]
+    for r in ranks + record["ranks"]:
+        assert r["exit_code"] == -15 and r["end"] > r["start"] > 0, r  # stopped by SIGTERM, not "unknown"
+    assert sorted(record["gang"]["finished_at"]) == ["0", "1"]
+    parts = _card_components(gang)
+    table = [p for p in parts if p["type"] == "table" and p["columns"][:1] == ["rank"]][0]["data"]
+    assert sorted(int(row[0]) for row in table) == [0, 1, 2, 3]
+    for row in table:
+        assert row[4] == "killed by signal SIGTERM" and re.fullmatch(r"\d+\.\d s", row[5]), row
+    chart = [p for p in parts if p["type"] == "vegaChart"][0]["spec"]
+    failure = [layer for layer in chart["layer"] if layer["mark"]["type"] == "rule"][-1]
+    assert failure["data"]["values"][0]["label"] == "gang stopped: hang"
+    lanes = [layer for layer in chart["layer"] if layer["mark"]["type"] == "bar"][0]["data"]["values"]
+    assert sorted(row["state"] for row in lanes if row["lane"].startswith("rank")) == ["rank: stopped"] * 4
+
+
+def test_card_a_ranks_5000_character_line_never_widens_the_page(gang):
+    proc = gang.run("--script", "long_line.py", "--script-args", json.dumps({"rank": 3}), timeout=180)
+    assert proc.returncode != 0, output(proc)[-3000:]
+    parts = _card_components(gang)
+    sources = [p.get("source", "") for p in parts if p["type"] == "markdown"]
+    cells = [cell for p in parts if p["type"] == "table" for row in p["data"] for cell in row]
+    outside = [re.sub(r"<pre[^>]*>.*?</pre>", "", s, flags=re.S) for s in sources]
+    for text in cells + outside:
+        longest = max((len(w) for w in re.findall(r"[^\s\u200b]+", text.replace("\\", ""))), default=0)
+        assert longest <= 80, text[:300]  # the browser can break it: it wraps
+    blocks = [b for s in sources for b in re.findall(r"<pre[^>]*>.*?</pre>", s, re.S)]
+    assert blocks and all(b.startswith('<pre style="white-space: pre-wrap;') for b in blocks)
+    # Every line is cut where it is shown, saying how long it was; the rank's log has it whole.
+    assert max(len(line) for b in blocks for line in b.split("&#10;")) < 1200
+    tails = "\n".join(s for s in sources if s.lstrip().startswith("**rank"))
+    for r in range(4):
+        assert "short line from rank %d" % r in tails
+    assert tails.count("[5000 characters in all]") >= 4
+    assert any("rank-N.stdout.log" in s for s in sources)
+    assert "Failed" in sources[0] and "more characters]" in sources[0].replace("\\", "")
+    record = _record(gang)
+    log = os.path.join(record["log_dir"], "rank-0.stdout.log")
+    with open(log) as f:
+        assert "L" * 5000 in f.read()  # the whole line, where the card says it is

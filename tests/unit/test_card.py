@@ -7,6 +7,7 @@ temporary directory) and then calls what ``@torchrun`` calls after the step.
 """
 
 import base64
+import html
 import json
 import re
 import time
@@ -160,7 +161,7 @@ def test_metaflow_does_not_render_it_again(task, monkeypatch):
 def test_the_card_of_a_failed_task_names_the_cause(task):
     assert card_mod.finish_card(task.deco, _result(succeeded=False), FLOW, NONE, 0)
     sources = [p.get("source", "") for p in _components(_card(task).get()) if p["type"] == "markdown"]
-    assert "**Failed**" in sources[0] and "boom from rank 1" in sources[0]
+    assert "<strong>Failed</strong>" in sources[0] and "boom from rank 1" in sources[0]
     assert any(s.startswith("## Root cause") for s in sources)
 
 
@@ -232,7 +233,10 @@ def test_the_card_groups_the_ranks_and_shows_each_stack_collapsed(task):
     assert rows[1][:2] == ["3, 4", "2"] and "innermost: torch/distributed/distributed_c10d.py:2950" in rows[1][2]
     details = [s.strip() for s in sources[at:] if s.strip().startswith("<details>")]
     assert len(details) == 3 and details[0].startswith("<details><summary>rank 2: ")
-    assert STACK.rstrip() in details[1]  # every frame, as dumped
+    # Every frame, as dumped, inside the collapsed section (one HTML block: its
+    # lines are &#10;, so no blank line can end it early).
+    assert html.escape(STACK.rstrip()).replace("\n", "&#10;") in details[1]
+    assert "\n" not in details[1] and details[1].endswith("</pre></details>")
     assert any(s.startswith("## Root cause") for s in sources[:at])
 
 
@@ -295,14 +299,14 @@ def test_rank_output_stacks_and_root_cause_are_text_in_the_card(task):
     result.gang = {"reports": {"0": {"tails": {"1": {"stdout": HOSTILE, "stderr": [text]}}}}}
     assert card_mod.finish_card(task.deco, result, FLOW, NONE, 0)
     sources = [p.get("source", "") for p in _components(_card(task).get()) if p["type"] == "markdown"]
-    html = "\n".join(_rendered(s) for s in sources)
+    page = "\n".join(_rendered(s) for s in sources)
     for tag in ("<img", "<a ", "<script", "<strong>bold", "<em>em"):
-        assert tag not in html, tag
-    assert "&lt;img src=x onerror=alert(1)&gt;" in html
-    assert "[click me](https://evil.example/)" in html
-    assert "&lt;frozen importlib._bootstrap&gt;:550 in _init_module_attrs" in html  # the stack heading
-    # Every rank line sits inside a code block, whole: no fence was closed early.
-    blocks = "".join(re.findall(r"<pre><code>(.*?)</code></pre>", html, re.S))
+        assert tag not in page, tag
+    assert "&lt;img src=x onerror=alert(1)&gt;" in page
+    assert "[click me](https://evil.example/)" in page
+    assert "&lt;frozen importlib._bootstrap&gt;:550" in page  # the stack itself
+    # Every rank line sits inside a preformatted block, whole: none was closed early.
+    blocks = "".join(re.findall(r"<pre[^>]*>(.*?)</pre>", page, re.S))
     for line in HOSTILE:
         escaped = line.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
         assert escaped in blocks, line
@@ -318,6 +322,207 @@ def test_a_code_block_is_never_closed_by_its_text(text):
 
 @pytest.mark.parametrize("text", HOSTILE)
 def test_escaped_markdown_renders_as_the_text_itself(text):
-    html = _rendered(card_mod.escape_markdown(text))
-    escaped = text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace('"', "&quot;")
-    assert html == "<p>%s</p>\n" % escaped
+    """A code span: text, whatever it holds (the card's renderer drops the
+    backticks inside one, so they are shown as a look-alike)."""
+    page = _rendered(card_mod.escape_markdown(text))
+    shown = text.replace("`", "\u02cb")
+    escaped = shown.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace('"', "&quot;")
+    assert page == "<p><code>%s</code></p>\n" % escaped
+
+
+@pytest.mark.parametrize("text", ["versions", "torch 2.13.0+cu130", "node 3 (of 8)", "1.5 GB/s"])
+def test_plain_words_are_left_as_they_are(text):
+    assert card_mod.escape_markdown(text) == text and _rendered(text) == "<p>%s</p>\n" % text
+
+
+@pytest.mark.parametrize("text", ["a_b_", "www.evil.example", "-x", "x@y.example", "https://x", "a\\b", "x*y*"])
+def test_anything_else_is_a_code_span(text):
+    assert card_mod.escape_markdown(text).startswith("`` ")
+
+
+# -- long lines, big gangs ------------------------------------------------------
+
+LONG = "L" * 5000
+
+
+def _cells(parts):
+    return [cell for p in parts if p["type"] == "table" for row in p["data"] for cell in row]
+
+
+def _outside_pre(source: str) -> str:
+    return re.sub(r"<pre[^>]*>.*?</pre>", "", source, flags=re.S)
+
+
+def test_no_line_from_a_rank_can_widen_the_page(task):
+    """A rank's 5,000-character line (output, stack, root cause): every table
+    cell stays short, no text outside a wrapping block holds a long word, and
+    each block wraps (white-space: pre-wrap) with the line cut, saying so."""
+    result = _result(succeeded=False)
+    result.cause = {"summary": "rank 1 raised: ValueError: " + LONG, "rank": 1, "node_index": 0}
+    result.stacks = {1: 'Current thread 0x1 (most recent call first):\n'
+                        '  File "/work/%s.py", line 3 in %s\n' % (LONG, LONG)}
+    line = "… [5000 characters in all]"
+    tail = "L" * (1000 - len(line)) + line  # as the gang carries it (call.bounded_line)
+    result.gang = {"reports": {"0": {"ranks": [vars(r) for r in result.ranks],
+                                     "tails": {"1": {"stdout": ["short", tail], "stderr": [LONG]}}}}}
+    assert card_mod.finish_card(task.deco, result, FLOW, NONE, 0)
+    parts = _components(_card(task).get())
+    longest = card_mod.CARD_CELL_CHARS + len("… [99999 more characters]")
+    cells = _cells(parts)
+    assert max(len(c.replace(card_mod.ZWSP, "")) for c in cells) <= longest
+    sources = [p.get("source", "") for p in parts if p["type"] == "markdown"]
+    # Text outside a wrapping block breaks at least every BREAK_EVERY characters
+    # (a space, or a zero-width space); backslash escapes are Markdown's, not text.
+    for text in cells + [_outside_pre(s).replace("<", " <").replace(">", "> ") for s in sources]:
+        words = re.findall(r"[^\s\u200b]+", text.replace("\\", ""))
+        assert max((len(w) for w in words), default=0) <= card_mod.BREAK_EVERY, text[:200]
+    blocks = [b for s in sources for b in re.findall(r"<pre[^>]*>.*?</pre>", s, re.S)]
+    assert len(blocks) >= 4 and all(b.startswith(card_mod._PRE) for b in blocks)
+    assert "white-space: pre-wrap" in card_mod._PRE
+    for block in blocks:  # one line of Markdown, its lines written &#10;
+        lines = html.unescape(block[len(card_mod._PRE):-len("</pre>")]).split("\n")
+        assert "\n" not in block and max(len(x) for x in lines) <= card_mod.CARD_LINE_CHARS + 40
+    joined = "\n".join(sources)
+    assert "[5000 characters in all]" in joined and "[4000 more characters]" in joined
+    assert "whole of every rank&#x27;s output" in joined or "whole of every rank's output" in joined
+
+
+def _gang(nodes: int, per_node: int, tail_chars: int, stack_chars: int) -> TorchrunResult:
+    """A failed call of ``nodes`` x ``per_node`` ranks as the control records
+    it, every rank with a full tail and a stack."""
+    now = time.time()
+    line = "x" * (tail_chars - 1)
+    reports = {}
+    for node in range(nodes):
+        ranks = [{"rank": node * per_node + i, "local_rank": i, "pid": 1000 + i, "start": now - 60,
+                  "end": now - 1, "exit_code": -15} for i in range(per_node)]
+        tails = {r["rank"]: {"stdout": [line] * 20, "stderr": [line] * 20} for r in ranks}
+        reports[str(node)] = {"ranks": ranks, "tails": tails}
+    failing = (nodes - 1) * per_node + per_node - 1
+    reports[str(nodes - 1)]["ranks"][-1]["exit_code"] = 1
+    dump = ('Current thread 0x1 (most recent call first):\n' +
+            '  File "/work/train.py", line 42 in step\n' * (stack_chars // 40))
+    return TorchrunResult(
+        command=["torchrun"], node_index=0, num_nodes=nodes, nproc_per_node=per_node, exit_code=-15,
+        started_at=now - 62, ended_at=now, ranks=[RankRecord(**r) for r in reports["0"]["ranks"]],
+        cause={"summary": "node %d, rank %d: ValueError: boom" % (nodes - 1, failing), "node_index": nodes - 1,
+               "rank": failing, "time": now - 1.5},
+        gang={"joined_at": {str(n): now - 70 + n * 0.001 for n in range(nodes)},
+              "finished_at": {str(n): now - 0.5 for n in range(nodes)}, "reports": reports},
+        stacks={r: dump.replace("line 42", "line %d" % (42 + r % 3)) for r in range(nodes * per_node)},
+        attempts=[{"attempt": 0, "calls": [{"call": 0, "started_at": now - 65}]}],
+    )
+
+
+# The card of 1,024 nodes x 8 ranks, every rank with 20 lines of 1,000 characters
+# (the most the gang carries) on both streams and a 2 KiB stack, at most
+# (Metaflow's own page, its Vega bundle included, is about 1.1 MB of it).
+CARD_BYTES_AT_1024x8 = 2_000_000
+
+
+def test_the_card_of_1024_nodes_x_8_ranks_stays_small(task):
+    result = _gang(1024, 8, tail_chars=1000, stack_chars=2048)
+    started = time.monotonic()
+    assert card_mod.finish_card(task.deco, result, FLOW, NONE, 0)
+    took = time.monotonic() - started
+    page = _card(task).get()
+    print("card of 1,024 x 8: %d bytes, rendered in %.2f s" % (len(page.encode()), took))
+    assert len(page.encode()) < CARD_BYTES_AT_1024x8, len(page.encode())
+    assert took < 10, took
+    parts = _components(page)
+    ranks = [p for p in parts if p["type"] == "table" and p.get("columns", [""])[0] == "rank"][0]["data"]
+    assert len(ranks) == card_mod.CARD_RANK_ROWS + 1 and ranks[-1][0] == "%d more ranks" % (8192 - 256)
+    assert ["8191", "1023", "7", "1007", "exit code 1", "59.0 s"] in ranks  # the failed rank is always shown
+    sources = [p.get("source", "") for p in parts if p["type"] == "markdown"]
+    tails = [s for s in sources if s.lstrip().startswith("**rank ")]
+    assert len(tails) == 2 * card_mod.CARD_TAIL_RANKS and tails[0].lstrip().startswith("**rank 8191 stdout**")
+    assert any("16 of 8192 ranks shown" in s for s in sources)
+    charts = [p for p in parts if p["type"] == "vegaChart"]
+    assert len(charts) == 1 and len(json.dumps(charts[0])) < 24_000
+
+
+def test_the_card_of_a_small_gang_leaves_nothing_out(task):
+    assert card_mod.finish_card(task.deco, _gang(2, 2, tail_chars=80, stack_chars=400), FLOW, NONE, 0)
+    sources = [p.get("source", "") for p in _components(_card(task).get()) if p["type"] == "markdown"]
+    assert sum(s.lstrip().startswith("**rank ") for s in sources) == 8
+    assert not any("ranks shown" in s or "are cut" in s or "more ranks" in s for s in sources)
+
+
+def test_the_timeline_is_a_chart_in_the_card(task):
+    result = _gang(2, 2, tail_chars=80, stack_chars=400)
+    assert card_mod.finish_card(task.deco, result, FLOW, NONE, 0)
+    parts = _components(_card(task).get())
+    at = [i for i, p in enumerate(parts) if p.get("source") == "## Timeline"][0]
+    chart = parts[at + 1]
+    assert chart["type"] == "vegaChart" and chart["spec"]["$schema"].startswith("https://vega.github.io/")
+    assert not any("█" in json.dumps(p, ensure_ascii=False) for p in parts)  # the text bars are gone
+    lanes = [layer for layer in chart["spec"]["layer"] if layer["mark"]["type"] == "bar"][0]
+    assert lanes["encoding"]["y"]["sort"][:2] == ["node 0", "node 1"]
+
+
+# -- the card as a browser draws it (Chromium; skipped without it) ---------------
+
+CHROMIUM = next((p for p in map(__import__("shutil").which, ("chromium", "chromium-browser", "google-chrome")) if p),
+                None)
+
+
+class _Text(__import__("html.parser").parser.HTMLParser):
+    """The text a page shows (scripts and styles left out)."""
+
+    def __init__(self):
+        super().__init__()
+        self.parts, self._skip = [], 0
+
+    def handle_starttag(self, tag, attrs):
+        self._skip += tag in ("script", "style")
+
+    def handle_endtag(self, tag):
+        self._skip -= tag in ("script", "style") and self._skip > 0
+
+    def handle_data(self, data):
+        if not self._skip:
+            self.parts.append(data)
+
+
+def _browser_dom(page: str, tmp_path) -> str:
+    import subprocess
+
+    path = tmp_path / "card.html"
+    path.write_text(page)
+    profile = tmp_path / "profile"
+    return subprocess.run(
+        [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+         "--disable-background-networking", "--disable-component-update", "--disable-sync",
+         "--user-data-dir=%s" % profile, "--virtual-time-budget=10000", "--dump-dom", "file://%s" % path],
+        capture_output=True, text=True, timeout=120, check=True).stdout
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="no Chromium (apt-get install -y chromium)")
+def test_a_browser_shows_rank_text_exactly_and_runs_none_of_it(task, tmp_path):
+    """What Metaflow's card page (marked + svelte-markdown) makes of the card:
+    every hostile line shows as its own text, whole, and none becomes an
+    element; a stack sits inside its collapsed section; the chart is drawn,
+    offline."""
+    result = _result(succeeded=False)
+    summary = "rank 1 raised: ValueError: (hang_timeout=6s) a\\b `x` " + HOSTILE[0]
+    result.cause = {"summary": summary, "rank": 1, "node_index": 0}
+    result.stacks = {1: 'Current thread 0x1 (most recent call first):\n'
+                        '  File "/work/x.py", line 3 in <img src=x onerror=alert(1)>\n\n' + "\n".join(HOSTILE)}
+    result.gang = {"reports": {"0": {"ranks": [vars(r) for r in result.ranks],
+                                     "tails": {"1": {"stdout": HOSTILE, "stderr": ["\r".join(HOSTILE)]}}}}}
+    stopped = "node 1 (a\\b) *lost* <i>it</i> [x](y)"
+    result.attempts = [{"attempt": 0, "started_at": 1.0, "stopped": stopped}, {"attempt": 1, "started_at": 2.0}]
+    assert card_mod.finish_card(task.deco, result, FLOW, NONE, 0)
+    dom = _browser_dom(_card(task).get(), tmp_path)
+    body = dom[dom.index("<main"):]
+    text = _Text()
+    text.feed(body)
+    shown = "".join(text.parts).replace(card_mod.ZWSP, "")
+    assert "Failed: " + summary in shown  # the status line, every character of it
+    for line in HOSTILE + [stopped]:  # outputs, stacks, the Attempts table's cells
+        assert line in shown, line
+    for element in ('<img src="x"', "<script>alert", '<a href="https://evil', "<strong>bold", "<em>em", "<i>it"):
+        assert element not in body, element
+    assert re.search(r"<details><summary>rank 1: [^<]*</summary><pre", body)
+    drawn = re.search(r'class="marks" width="(\d+)" height="(\d+)"', body)  # Vega drew the timeline...
+    assert drawn and int(drawn.group(1)) > 300 and int(drawn.group(2)) > 50, drawn  # ...and not 0 wide

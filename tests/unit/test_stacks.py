@@ -121,6 +121,79 @@ class TestCollect:
         assert stacks.register("/x", -1) is None
 
 
+# A rank still importing: its script imports a library (a module under a
+# ``site-packages`` directory) that sleeps at import time; "lock" has a thread
+# import it first, so the main thread waits on the import's module lock, where
+# only the import machinery's frames are innermost.
+IMPORTER = textwrap.dedent(
+    """
+    import sys, threading, time
+    sys.path.insert(0, sys.argv[3])
+    sys.path.insert(0, sys.argv[4])
+    from metaflow_extensions.torchrun.plugins.torchrun.rank import stacks
+    keep = stacks.register(sys.argv[1], 5)
+    if sys.argv[2] == "lock":
+        threading.Thread(target=__import__, args=("slowlib",), daemon=True).start()
+        time.sleep(0.5)
+    print("ready", flush=True)
+    import slowlib  # IMPORTS
+    """
+)
+
+
+class TestImporting:
+    @pytest.fixture
+    def importer(self, tmp_path, procs):
+        lib = tmp_path / "venv" / "lib" / "site-packages"
+        lib.mkdir(parents=True)
+        (lib / "slowlib.py").write_text("import time\ntime.sleep(600)  # SLEEPS AT IMPORT\n")
+        script = tmp_path / "train.py"
+        script.write_text(IMPORTER)
+
+        def start(mode):
+            p = procs.popen([sys.executable, str(script), str(tmp_path), mode, PKG_ROOT, str(lib)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+            assert p.stdout.readline().strip() == b"ready", p.stderr.read()
+            time.sleep(0.5)  # past the print, into the import
+            return stacks.collect(str(tmp_path), {5: p.pid})[5], script
+
+        return start
+
+    def test_a_rank_importing_a_library_says_importing_it(self, importer, tmp_path):
+        text, script = importer("run")
+        assert "slowlib.py\", line 2 in <module>" in text  # the library's own frame is innermost
+        place = stacks.where(5, text).place(base=str(tmp_path))
+        assert place == ("importing slowlib", "    from train.py:%d in <module>: import slowlib  # IMPORTS"
+                         % _line(script, "# IMPORTS"))
+
+    def test_a_rank_waiting_for_an_import_lock_names_the_module_not_importlib(self, importer, tmp_path):
+        text, script = importer("lock")
+        main = stacks.main_thread(stacks.parse(text))
+        assert main is not None and main.frames[0].file.startswith("<frozen importlib")  # the symptom
+        summary = stacks.summarize({5: text}, base=str(tmp_path))
+        assert "rank 5: importing slowlib" in summary and "<frozen importlib" not in summary
+
+    def test_a_users_own_module_sleeping_at_import_shows_its_line(self, tmp_path):
+        dump = ('Current thread 0x1 (most recent call first):\n'
+                '  File "/work/data.py", line 2 in <module>\n'
+                '  File "<frozen importlib._bootstrap>", line 241 in _call_with_frames_removed\n'
+                '  File "/work/train.py", line 1 in <module>\n')
+        assert stacks.where(0, dump).place(base="/work") == ("data.py:2 in <module>",)
+
+    @pytest.mark.parametrize("line, name", [
+        ("import torch", "torch"), ("import torch.nn as nn", "torch.nn"), ("from a.b import c", "a.b"),
+        ("  import x, y", "x"), ("from . import x", None), ("x = 1", None), ("", None)])
+    def test_the_module_an_import_line_names(self, line, name):
+        assert stacks.imported_module(line) == name
+
+    @pytest.mark.parametrize("path, name", [
+        ("/v/lib/python3.11/site-packages/torch/nn/__init__.py", "torch.nn"),
+        ("/v/lib/python3.11/site-packages/torch/_C.cpython-311.so", None),
+        ("/work/train.py", None)])
+    def test_a_library_modules_name_from_its_file(self, path, name):
+        assert stacks.module_name(path) == name
+
+
 DUMP = """Thread 0x00007f0000000002 (most recent call first):
   File "/usr/lib/python3.11/threading.py", line 320 in wait
   File "/usr/lib/python3.11/threading.py", line 1002 in _bootstrap

@@ -156,6 +156,15 @@ class CallBook:
         return sorted(n for n in state.entries if n not in state.stacks and n not in state.done
                       and n not in left and connected(n))
 
+    def reports_pending(self, index: int, connected: Callable[[int], bool], left: Left) -> List[int]:
+        """Nodes of call ``index`` whose report (their ranks, exits, last
+        lines) may still come: in the call, connected, not gone (a node reports
+        before it leaves), and silent so far."""
+        state = self.calls.get(index)
+        if state is None:
+            return []
+        return sorted(n for n in state.entries if n not in state.reports and n not in left and connected(n))
+
     def check_left(self, node: int, made: int, left: Left) -> Optional[Cause]:
         """A node that ended its step fine must have made the calls the others made."""
         for other in sorted(self.node_calls):

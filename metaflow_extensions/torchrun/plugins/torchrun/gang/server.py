@@ -129,6 +129,10 @@ class GangServer:
         with self._lock:
             return self.book.stacks_pending(index, lambda n: n in self.members.by_node, self.members.left)
 
+    def reports_pending(self, index: int) -> List[int]:
+        with self._lock:
+            return self.book.reports_pending(index, lambda n: n in self.members.by_node, self.members.left)
+
     def preflight_record(self) -> Dict[str, object]:
         """The gang's preflight as the record keeps it (gang/preflight.py)."""
         with self._lock:

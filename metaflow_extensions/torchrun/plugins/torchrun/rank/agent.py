@@ -21,12 +21,14 @@ import logging
 import os
 import socket
 import sys
+import time
 import traceback
-from typing import IO, Any, List, Mapping, Optional, Sequence
+from typing import IO, Any, Dict, List, Mapping, Optional, Sequence
 
 from ..host.console import say
 from ..host.workdirs import open_private
-from .names import LOG_DIR_ENV, agent_log_path
+from . import exits
+from .names import FAILURE_DIR_ENV, LOG_DIR_ENV, agent_log_path
 
 # torchrun's own loggers: their lines go to the node's agent log, not the console.
 LAUNCHER_LOGGERS = ("torch.distributed.run", "torch.distributed.elastic", "torch.distributed.launcher")
@@ -133,6 +135,52 @@ def quiet_launcher(log_dir: Optional[str]) -> Optional[IO[str]]:
     return log
 
 
+def worker_exits(pcontext: Any) -> Dict[int, int]:
+    """pid -> exit status of every worker a torchelastic process context has
+    reaped: its subprocesses (a script, our case) or its multiprocessing
+    processes (a function). Whatever this torch does not have is skipped."""
+    out: Dict[int, int] = {}
+    procs = [(getattr(h, "proc", None), "returncode")
+             for h in dict(getattr(pcontext, "subprocess_handlers", None) or {}).values()]
+    procs += [(p, "exitcode") for p in list(getattr(getattr(pcontext, "_pc", None), "processes", None) or [])]
+    for proc, attribute in procs:
+        pid, code = getattr(proc, "pid", None), getattr(proc, attribute, None)
+        if isinstance(pid, int) and isinstance(code, int):
+            out[pid] = code
+    return out
+
+
+def record_worker_exits(directory: Optional[str]) -> bool:
+    """Complete the status of every rank this agent stops or sees die with
+    the exit torch reaped (``exits.py``). torch's ``PContext.close`` is where it
+    signals its workers and waits for them, on every path: a failed rank
+    (the others are stopped), a stopped agent (SIGTERM from the supervisor), a
+    restart, the end of the job. Wrapped once, in this process only; False
+    where this torch has no such method (nothing changes then)."""
+    if not directory:
+        return False
+    try:
+        from torch.distributed.elastic.multiprocessing import api
+    except ImportError:
+        return False
+    original = getattr(api.PContext, "close", None)
+    if original is None or getattr(original, "_torchrun_records_exits", False):
+        return False
+
+    def close(self: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            try:
+                exits.complete(directory, worker_exits(self), time.time())
+            except Exception:
+                pass  # a record is a bonus: the agent's shutdown must go on
+
+    close._torchrun_records_exits = True  # type: ignore[attr-defined]
+    api.PContext.close = close
+    return True
+
+
 def main(argv: Sequence[str]) -> None:
     from torch.distributed import run
     from torch.distributed.elastic.multiprocessing.api import SignalException
@@ -143,6 +191,7 @@ def main(argv: Sequence[str]) -> None:
     if where is not None:
         _KEEP.append(open_loopback_store(*where))
     log = quiet_launcher(os.environ.get(LOG_DIR_ENV))
+    record_worker_exits(os.environ.get(FAILURE_DIR_ENV))
     try:
         run.main(list(argv))
     except (ChildFailedError, SignalException) as e:

@@ -229,6 +229,74 @@ def short_path(path: str, base: Optional[str] = None) -> str:
 # -- the failure message --------------------------------------------------------------
 
 
+# -- a rank still importing -------------------------------------------------------------
+
+_IMPORT_STATEMENT = re.compile(r"^\s*(?:from\s+(?P<from>[A-Za-z_][\w.]*)\s+import\b|import\s+(?P<import>[A-Za-z_][\w.]*))")
+_DOTTED = re.compile(r"^[A-Za-z_][\w]*(?:\.[A-Za-z_][\w]*)*$")
+
+
+def is_import_frame(frame: Frame) -> bool:
+    """A frame of Python's import machinery (frozen, or from source on builds
+    that do not freeze it)."""
+    path = frame.file.replace(os.sep, "/")
+    return path.startswith("<frozen importlib.") or path.endswith(
+        ("/importlib/_bootstrap.py", "/importlib/_bootstrap_external.py"))
+
+
+def module_name(path: str) -> Optional[str]:
+    """The dotted name of a library module from its file: ``.../site-packages/
+    torch/nn/__init__.py`` -> ``torch.nn``. None for the user's own files (their
+    name depends on ``sys.path``) and for anything that is not a ``.py`` file."""
+    rel = None
+    for marker in ("site-packages" + os.sep, "dist-packages" + os.sep):
+        if marker in path:
+            rel = path.split(marker, 1)[1]
+            break
+    if rel is None:
+        real = os.path.realpath(path)
+        root = next((r for r in _LIBRARY_ROOTS if real.startswith(r)), None)
+        rel = real[len(root):] if root else None
+    if rel is None or not rel.endswith(".py"):
+        return None
+    parts = rel[: -len(".py")].split(os.sep)
+    if parts[-1] == "__init__":
+        parts.pop()
+    name = ".".join(parts)
+    return name if _DOTTED.match(name) else None
+
+
+def imported_module(statement: str) -> Optional[str]:
+    """The module an ``import`` line names: ``import a.b as c`` -> ``a.b``,
+    ``from a.b import c`` -> ``a.b``. None for anything else (relative imports
+    included: their package is not in the line)."""
+    found = _IMPORT_STATEMENT.match(statement or "")
+    if not found:
+        return None
+    return found.group("from") or found.group("import")
+
+
+def importing(frames: Tuple[Frame, ...], inward_of: int) -> Optional[str]:
+    """The module a thread is importing, when the innermost import in progress
+    lies inward of frame ``inward_of`` (frames innermost first): the rank's own
+    code waits on that import. Named by the module's own frame when it runs
+    Python (a library's file), else by the line that imported it (the import
+    machinery is innermost: an extension module loading, a module lock)."""
+    first = next((i for i, f in enumerate(frames[:inward_of]) if is_import_frame(f)), None)
+    if first is None:
+        return None
+    last = first
+    while last + 1 < len(frames) and is_import_frame(frames[last + 1]):
+        last += 1
+    inner = frames[first - 1] if first > 0 and frames[first - 1].function == "<module>" else None
+    importer = frames[last + 1] if last + 1 < len(frames) else None
+    by_line = imported_module(importer.source()) if importer is not None else None
+    by_path = module_name(inner.file) if inner is not None else None
+    name = by_path or by_line
+    if name is None and inner is not None:
+        name = os.path.splitext(os.path.basename(inner.file))[0]
+    return name or "a module"
+
+
 @dataclass(frozen=True)
 class RankWhere:
     """One rank's place, compact: its innermost user frame and below it."""
@@ -237,10 +305,19 @@ class RankWhere:
     user: Optional[Frame]
     innermost: Optional[Frame]
     threads: int
+    # The module being imported when the rank's code waits on an import
+    # (``importing``): the import machinery's own frames say nothing useful.
+    importing: Optional[str] = None
 
     def place(self, base: Optional[str] = None) -> Tuple[str, ...]:
         """What the message says of it, without the rank: ranks at the same
         place are told once."""
+        if self.importing is not None:
+            out = ["importing %s" % self.importing]
+            if self.user is not None:
+                code = self.user.source()
+                out.append("    from %s%s" % (self.user.where(base), ": %s" % code if code else ""))
+            return tuple(out)
         if self.user is None and self.innermost is None:
             return ("no Python frame in its dump",)
         top = self.user or self.innermost
@@ -260,8 +337,9 @@ def where(rank: int, text: str) -> RankWhere:
     threads = parse(text)
     thread = main_thread(threads)
     frames = thread.frames if thread is not None else ()
-    user = next((f for f in frames if is_user_frame(f)), None)
-    return RankWhere(rank, user, frames[0] if frames else None, len(threads))
+    at = next((i for i, f in enumerate(frames) if is_user_frame(f)), len(frames))
+    user = frames[at] if at < len(frames) else None
+    return RankWhere(rank, user, frames[0] if frames else None, len(threads), importing(frames, at))
 
 
 def group(stacks: Mapping[int, str], base: Optional[str] = None) -> List[Tuple[Tuple[str, ...], List[int]]]:

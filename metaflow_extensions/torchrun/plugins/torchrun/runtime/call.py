@@ -17,7 +17,7 @@ from typing import Any, Dict, List, Optional
 
 from ..rank import bootstrap, entry, functions, stacks
 from ..cause import Cause, CauseKind
-from ..gang.messages import MAX_RANKS_PER_NODE, STREAMS, TAIL_LINES, NodeReport, RankStatus
+from ..gang.messages import MAX_RANKS_PER_NODE, STREAMS, TAIL_LINE_CHARS, TAIL_LINES, NodeReport, RankStatus
 from ..launch.command import Launch, build_command
 from ..host.devices import cuda_devices
 from ..errors import GangAborted, TorchrunException, TorchrunFailed, TorchrunInvalidArgument
@@ -43,6 +43,13 @@ from ..host.workdirs import tail_lines as _tail_lines
 # What stacks may add to the control's stop, its own collecting included: a
 # frozen node never sends any, so this bounds the wait for the others'.
 STACKS_WAIT = 2.0
+# How long the control waits, once its own job has ended, for the reports of
+# nodes the gang stopped (each sends its ranks once its own stop is over): for
+# the card and the record, never for the stop itself.
+REPORTS_WAIT = 2.0
+# Causes a node finds on its own (the control is gone or silent): the service
+# may not know them, so they are never sent to it as a report's cause.
+_CLIENT_SIDE = (CauseKind.CONTROL_LOST, CauseKind.CONTROL_UNRESPONSIVE, CauseKind.CONTROL_UNREACHABLE)
 
 
 # size: one call's phases (enter, prepare, supervise, finish, record) over one shared state; the lead reworks it for scale (issue 24)
@@ -214,6 +221,7 @@ class CallRun:
         client = self.session.client
         assert client is not None
         self._share_stacks()
+        reported = False
         if self.code != 0:
             self.failures = [self._with_last_output(f) for f in merge_failures(
                 read_failures(self.workdir),
@@ -222,8 +230,14 @@ class CallRun:
             if client.cause is None:
                 client.report_failure(self._own_cause(), call=self.index, report=self._report(self.failures))
                 self.session.reported = True
+                reported = True
                 client.wait_for_verdict(self.session.config.secondary_grace + 2.0)
         cause = client.cause or self._own_cause()
+        if not reported and client.cause is not None and client.cause.kind not in _CLIENT_SIDE:
+            # Stopped by the gang: the service has its cause already and only
+            # keeps the report, so the control's card and record show this
+            # node's ranks (their exits, durations, last lines) too.
+            client.report_failure(client.cause, call=self.index, report=self._report(self.failures))
         self._gather_stacks()
         self.session.announce(cause)
         where = stacks.summarize(self.stacks, full=FULL_REPORT_HINT)
@@ -312,7 +326,8 @@ class CallRun:
         client.send_stacks(self.index, self.stacks)
 
     def _gather_stacks(self) -> None:
-        """The control: every node's stacks, as long as ``STACKS_WAIT`` allows."""
+        """The control: every node's stacks, as long as ``STACKS_WAIT`` allows,
+        and every node's report (its ranks once stopped), ``REPORTS_WAIT``."""
         server = self.session.server
         if server is None:
             return
@@ -322,7 +337,13 @@ class CallRun:
         # A node the gang lost or found frozen sends nothing: not waited for.
         silent = {cause.node_index} if cause is not None and cause.kind in (
             CauseKind.NODE_LOST, CauseKind.UNRESPONSIVE) else set()
-        while (set(server.stacks_pending(self.index)) - silent) and time.monotonic() - began < budget:
+        while True:
+            waited = time.monotonic() - began
+            pending = set(server.stacks_pending(self.index)) if waited < budget else set()
+            if waited < REPORTS_WAIT:
+                pending |= set(server.reports_pending(self.index))
+            if not pending - silent:
+                break
             time.sleep(0.02)
         gathered: Dict[int, str] = {}
         for node_stacks in server.call_view(self.index).stacks.values():
@@ -385,7 +406,8 @@ class CallRun:
         if self.log_dir:
             for rec in ranks:
                 tails[rec.rank] = {
-                    s: tuple(tail_lines(rank_log_path(self.log_dir, rec.rank, s))) for s in STREAMS
+                    s: tuple(bounded_line(line) for line in tail_lines(rank_log_path(self.log_dir, rec.rank, s)))
+                    for s in STREAMS
                 }
         return NodeReport(
             ranks=tuple(RankStatus.of(r) for r in ranks[:MAX_RANKS_PER_NODE]),
@@ -410,6 +432,16 @@ def run_call(session: GangSession, plan: CallPlan) -> TorchrunResult:
 def tail_lines(path: str, count: int = TAIL_LINES, max_bytes: int = 64 * 1024) -> List[str]:
     """The last lines of a per-rank log: never through a symlink (workdirs.py)."""
     return _tail_lines(path, count, max_bytes)
+
+
+def bounded_line(line: str, limit: int = TAIL_LINE_CHARS) -> str:
+    """A line of a rank's output as the gang carries it: at most ``limit``
+    characters, saying how many it had when cut (the control would cut it
+    silently). The whole line stays in the rank's log file."""
+    if len(line) <= limit:
+        return line
+    note = "… [%d characters in all]" % len(line)
+    return line[: max(0, limit - len(note))] + note
 
 
 def _add_text(error: TorchrunException, text: str) -> None:

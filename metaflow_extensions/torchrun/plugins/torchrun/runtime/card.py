@@ -1,9 +1,16 @@
 """The step's card: the distributed run at a glance.
 
 Built from the ``TorchrunResult`` only, with Metaflow's own card components
-(Markdown and Table), so it renders offline like every Metaflow card. On the
-control node the result holds the whole gang (every node reports its ranks and
-their last lines when it finishes); on other nodes, that node.
+(Markdown, Table and VegaChart), so it renders offline like every Metaflow card.
+On the control node the result holds the whole gang (every node reports its
+ranks and their last lines when it finishes, or once the gang has stopped it);
+on other nodes, that node.
+
+Text from ranks is hostile: escaped everywhere (``escape_markdown``,
+``text_block``), and bounded: a line is cut at ``CARD_LINE_CHARS`` and wraps
+(no line can widen the page), a table cell at ``CARD_CELL_CHARS``, and the rows,
+stacks and outputs shown are capped, so a card of 1,024 nodes x 8 ranks stays
+small. What is cut is whole in the record and the per-rank logs.
 
 Metaflow renders a card after the task in two ``flow.py card create``
 subprocesses (render, then refresh), each importing Metaflow, the flow and this
@@ -19,9 +26,8 @@ from __future__ import annotations
 import html
 import os
 import re
-import string
 import time
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 from ..host.console import say
 from ..host.devices import cuda_devices
@@ -29,11 +35,34 @@ from ..rank.failures import describe_exit_code
 from ..launch.resources import Accelerators
 from ..rank import stacks
 from ..rank.ranges import numbers
-from . import preflight_card
+from . import preflight_card, timeline
 from .result import REPORT_ARTIFACT, TorchrunResult
 
 CARD_ID = "torchrun"
-BAR_WIDTH = 40
+# A line of a rank's output, stack or error, at most, in the card (it wraps).
+CARD_LINE_CHARS = 1000
+# A table cell or heading holding text from a rank, at most; a run of more
+# than BREAK_EVERY characters without a space gets a place to break.
+CARD_CELL_CHARS = 200
+BREAK_EVERY = 80
+ZWSP = "\u200b"
+# The Ranks table's rows, at most: every failed rank, then the lowest ranks.
+CARD_RANK_ROWS = 256
+# Ranks whose last lines are shown, at most (the failing ones first), and the
+# characters of one stream's last lines.
+CARD_TAIL_RANKS = 16
+CARD_TAIL_CHARS = 8000
+# Characters of one rank's stack, and of the root cause, shown.
+CARD_STACK_CHARS = 6000
+CARD_CAUSE_CHARS = 16000
+# Where a rank's whole output is (the gang carries at most 1,000 characters of a
+# line, gang/messages.py TAIL_LINE_CHARS, and says so: runtime/call.py).
+WHOLE_OUTPUT = "each rank's log files, `rank-N.stdout.log` and `rank-N.stderr.log` in `result.log_dir` on its node"
+_CUT_LINE = re.compile(r"… \[\d+ (more )?characters( in all)?\]$", re.M)
+# A preformatted block that wraps: a long line breaks instead of widening the
+# page (inline style: the card's Markdown keeps raw HTML, and no CSS of ours
+# reaches the card otherwise).
+_PRE = '<pre style="white-space: pre-wrap; overflow-wrap: anywhere; word-break: break-word; margin: 0">'
 # Ranks grouped by place: at most this many places in the card's table.
 CARD_PLACES = 50
 # Full stacks in the card, at most (a rank's dump is up to 16 KiB; 8,192 of them
@@ -49,16 +78,6 @@ def _fmt_code(code: Optional[int]) -> str:
     if code is None:
         return "unknown"
     return "0 (ok)" if code == 0 else describe_exit_code(code)
-
-
-def _bar(start: Optional[float], end: Optional[float], origin: float, span: float) -> str:
-    """A text bar: the node's life on a common time axis."""
-    if start is None or span <= 0:
-        return ""
-    end = end if end is not None else origin + span
-    a = int(round(BAR_WIDTH * (start - origin) / span))
-    b = max(a + 1, int(round(BAR_WIDTH * (end - origin) / span)))
-    return "·" * a + "█" * (b - a) + "·" * max(0, BAR_WIDTH - b)
 
 
 def gang_ranks(result: TorchrunResult) -> Dict[int, List[Dict[str, Any]]]:
@@ -78,16 +97,97 @@ def gang_tails(result: TorchrunResult) -> Dict[int, Dict[str, List[str]]]:
     return dict(sorted(tails.items()))
 
 
-_PUNCTUATION = frozenset(string.punctuation)
+# What the card's Markdown renderer (marked, drawn by svelte-markdown) does with
+# text, measured in a real card (tests/integration/test_observability.py): a
+# backslash escape is dropped with its character ("\\(x\\)" shows "x"), an
+# entity shows as typed ("&lt;"), a code span drops its backticks; an HTML block
+# is drawn as HTML, and a table cell as plain text. So text from a rank goes in a
+# table cell as it is, in an HTML block escaped as HTML (``text_block``,
+# ``html_line``), or in a code span (``escape_markdown``), never bare in Markdown.
+_BACKTICK_LOOKALIKE = "\u02cb"
+# Text that cannot be markup anywhere in a line (no emphasis, link, autolink,
+# entity, HTML or escape character; starting with a letter or digit), shown as it is.
+_PLAIN = re.compile(r"[A-Za-z0-9][A-Za-z0-9 .,;=+%()/-]*")
 
 
 def escape_markdown(text: Any) -> str:
-    """Text we did not write (a rank's output, a stack, a root cause) as literal
-    Markdown text: every ASCII punctuation mark is backslash-escaped, which
-    CommonMark reads as the mark itself, so no HTML tag, link, emphasis or entity
-    can come of it; line breaks become spaces (it sits in a heading or a line)."""
+    """Text we did not write, inline in Markdown (a list item, a heading), as
+    a code span: nothing in it is read as Markdown or HTML. Its fence is longer
+    than any run of backticks in it; the renderer drops backticks inside a code
+    span, so they are shown as a look-alike (U+02CB) rather than lost. Line
+    breaks become spaces."""
     flat = " ".join(str(text).splitlines())
-    return "".join("\\" + c if c in _PUNCTUATION else c for c in flat)
+    if _PLAIN.fullmatch(flat) and "www." not in flat.lower():
+        return flat  # a word or a version: nothing in it can be markup
+    flat = flat.replace("`", _BACKTICK_LOOKALIKE)
+    return "`` %s ``" % flat if flat.strip() else ""
+
+
+def html_line(text: Any, limit: int = CARD_CELL_CHARS) -> str:
+    """Text we did not write, for one line of an HTML block: cut (``clip``),
+    breakable, HTML-escaped."""
+    return html.escape(clip(text, limit))
+
+
+def clip(text: Any, limit: int = CARD_CELL_CHARS) -> str:
+    """Text we did not write as one line of at most ``limit`` characters (and a
+    count of what was cut), for a table cell, a heading, a summary: where the
+    browser can break it (``breakable``), so it wraps rather than widen the page."""
+    flat = " ".join(str(text).splitlines())
+    if len(flat) > limit:
+        flat = "%s… [%d more characters]" % (flat[:limit], len(flat) - limit)
+    return breakable(flat)
+
+
+_RUN = re.compile(r"[^\s\u200b]{%d}" % BREAK_EVERY)
+
+
+def breakable(text: str) -> str:
+    """A zero-width space after every ``BREAK_EVERY`` characters without a
+    space (a path, a long identifier): a line break opportunity, invisible."""
+    return _RUN.sub(lambda m: m.group(0) + ZWSP, text)
+
+
+def clip_lines(text: Any, total: int, line_limit: int = CARD_LINE_CHARS, keep: str = "head") -> Tuple[str, bool]:
+    """Text we did not write, each line cut at ``line_limit`` characters and
+    the whole at about ``total``: its first lines (``keep="head"``: a stack,
+    innermost first) or its last (``"tail"``: output). True when anything was cut."""
+    lines = str(text).splitlines()
+    cut = False
+    out = []
+    for line in lines:
+        if len(line) > line_limit:
+            line = "%s… [%d more characters]" % (line[:line_limit], len(line) - line_limit)
+            cut = True
+        out.append(line)
+    kept: List[str] = []
+    size = 0
+    for line in (out if keep == "head" else reversed(out)):
+        size += len(line) + 1
+        if size > total and kept:
+            cut = True
+            break
+        kept.append(line)
+    if keep != "head":
+        kept.reverse()
+    if len(kept) < len(out):
+        note = "… [%d more lines]" % (len(out) - len(kept))
+        kept = kept + [note] if keep == "head" else [note] + kept
+    return "\n".join(kept), cut
+
+
+def _sentence(notes: List[str]) -> str:
+    text = "; ".join(notes)
+    return text[:1].upper() + text[1:]
+
+
+def text_block(text: Any) -> str:
+    """``text`` verbatim (HTML-escaped) in a preformatted block that wraps long
+    lines, on one line of Markdown: its line breaks are written ``&#10;``, so the
+    HTML block can neither end early (at a blank line) nor be split by the
+    renderer (a carriage return), and a ``<details>`` around it holds it."""
+    lines = str(text).splitlines()
+    return "%s%s</pre>" % (_PRE, "&#10;".join(html.escape(line) for line in lines))
 
 
 def code_block(text: Any) -> str:
@@ -104,9 +204,11 @@ def summary_markdown(result: TorchrunResult, flow: str, pathspec: str) -> str:
         status = "**Succeeded** in %.1f s" % result.duration
     else:
         cause = result.cause or {}
-        status = "**Failed**: %s" % escape_markdown(cause.get("summary") or _fmt_code(result.exit_code))
-    # The pathspec is Metaflow's (flow/run/step/task): a code span holds it.
-    return "# @torchrun: %s\n\n`%s`\n\n%s" % (escape_markdown(flow), pathspec, status)
+        # An HTML block, one line: the cause's text exactly as it is.
+        status = "<p><strong>Failed</strong>: %s</p>" % html_line(cause.get("summary") or _fmt_code(result.exit_code))
+    # A flow's name is a Python identifier; the pathspec is Metaflow's (flow/run/step/task).
+    name = flow if flow.isidentifier() else escape_markdown(flow)
+    return "# @torchrun: %s\n\n`%s`\n\n%s" % (name, pathspec, status)
 
 
 def topology_rows(result: TorchrunResult, backend: str) -> List[List[str]]:
@@ -122,45 +224,49 @@ def topology_rows(result: TorchrunResult, backend: str) -> List[List[str]]:
     ]
 
 
-def timeline_rows(result: TorchrunResult) -> List[List[str]]:
-    gang = result.gang or {}
-    joined = {int(k): v for k, v in (gang.get("joined_at") or {}).items()}
-    finished = {int(k): v for k, v in (gang.get("finished_at") or {}).items()}
-    if not joined:
-        joined = {result.node_index: result.started_at}
-        finished = {result.node_index: result.ended_at}
-    origin = min(joined.values())
-    last = max(list(finished.values()) + [result.ended_at])
-    span = max(last - origin, 1e-3)
+def timeline_parts(result: TorchrunResult, Markdown: Any) -> list:
+    """The chart (timeline.py), or a line saying why there is none."""
+    try:
+        from metaflow.cards import VegaChart
+    except ImportError:  # Metaflow before VegaChart
+        return [Markdown("## Timeline"), Markdown("_This Metaflow's cards have no chart component._")]
+    gang = timeline.from_result(result, gang_ranks(result))
+    parts = [Markdown("## Timeline"), VegaChart(timeline.spec(gang))]
+    notes = timeline.captions(gang)
+    if notes:
+        parts.append(Markdown("_%s; the Ranks table below has every rank._" % _sentence(notes)))
+    return parts
+
+
+def shown_ranks(ranks: List[Tuple[int, Dict[str, Any]]], limit: int) -> List[Tuple[int, Dict[str, Any]]]:
+    """At most ``limit`` of (node, rank record), in rank order: every rank
+    that failed (not stopped by the gang) first, then the lowest ranks."""
+    if len(ranks) <= limit:
+        return ranks
+    failed = [i for i, (_, r) in enumerate(ranks)
+              if timeline.rank_state(r, None) == "rank: failed"][:limit]
+    rest = [i for i in range(len(ranks)) if i not in set(failed)][: limit - len(failed)]
+    return [ranks[i] for i in sorted(failed + rest)]
+
+
+def rank_rows(result: TorchrunResult, limit: int = CARD_RANK_ROWS) -> List[List[str]]:
+    every = [(node, r) for node, ranks in gang_ranks(result).items() for r in ranks]
+    every.sort(key=lambda nr: (nr[1].get("rank") if isinstance(nr[1].get("rank"), int) else 0, nr[0]))
     rows = []
-    for node in range(result.num_nodes):
-        start, end = joined.get(node), finished.get(node)
+    for node, r in shown_ranks(every, limit):
+        start, end = r.get("start"), r.get("end")
         rows.append(
             [
+                str(r.get("rank")),
                 str(node),
-                _fmt_time(start, origin) if start else "never joined",
-                _fmt_time(end, origin),
-                _bar(start, end, origin, span),
+                str(r.get("local_rank")),
+                str(r.get("pid")),
+                _fmt_code(r.get("exit_code")),
+                "%.1f s" % (end - start) if start and end else "",
             ]
         )
-    return rows
-
-
-def rank_rows(result: TorchrunResult) -> List[List[str]]:
-    rows = []
-    for node, ranks in gang_ranks(result).items():
-        for r in sorted(ranks, key=lambda r: r.get("rank", 0)):
-            start, end = r.get("start"), r.get("end")
-            rows.append(
-                [
-                    str(r.get("rank")),
-                    str(node),
-                    str(r.get("local_rank")),
-                    str(r.get("pid")),
-                    _fmt_code(r.get("exit_code")),
-                    "%.1f s" % (end - start) if start and end else "",
-                ]
-            )
+    if len(every) > len(rows):
+        rows.append(["%d more ranks" % (len(every) - len(rows)), "", "", "", "", ""])
     return rows
 
 
@@ -172,7 +278,7 @@ def stack_parts(result: TorchrunResult, Markdown: Any, Table: Any) -> list:
     if not result.stacks:
         return []
     groups = stacks.group(result.stacks)
-    rows = [[numbers(ranks), str(len(ranks)), " / ".join(line.strip() for line in place)]
+    rows = [[clip(numbers(ranks)), str(len(ranks)), " / ".join(clip(line.strip()) for line in place)]
             for place, ranks in groups[:CARD_PLACES]]
     if len(groups) > CARD_PLACES:
         rest = groups[CARD_PLACES:]
@@ -182,15 +288,16 @@ def stack_parts(result: TorchrunResult, Markdown: Any, Table: Any) -> list:
     parts = [
         Markdown("## Where the ranks were when the job was stopped"),
         Table(rows, headers=["ranks", "count", "where (innermost frame of your code first)"]),
-        Markdown("Each rank's full stack (%d of %d shown, odd ones out first; every rank's in the artifact "
-                 "`%s` of node 0's task):" % (len(shown), len(order), REPORT_ARTIFACT)),
+        Markdown("Each rank's stack (%d of %d shown, odd ones out first, each up to %s characters; every rank's "
+                 "whole in the artifact `%s` of node 0's task):"
+                 % (len(shown), len(order), format(CARD_STACK_CHARS, ","), REPORT_ARTIFACT)),
     ]
     for rank in shown:
         text = result.stacks[rank].rstrip()
-        head = " / ".join(line.strip() for line in stacks.where(rank, text).lines())
-        # Inside an HTML block Markdown is not read: the heading is escaped as HTML.
-        parts.append(Markdown("<details><summary>%s</summary>\n\n%s\n\n</details>"
-                              % (html.escape(head), code_block(text))))
+        head = " / ".join(clip(line.strip()) for line in stacks.where(rank, text).lines())
+        body, _ = clip_lines(text, CARD_STACK_CHARS)
+        # One HTML block, one line (text_block): the stack inside the collapsed section.
+        parts.append(Markdown("<details><summary>%s</summary>%s</details>" % (html.escape(head), text_block(body))))
     return parts
 
 
@@ -214,7 +321,7 @@ def attempt_rows(result: TorchrunResult) -> List[List[str]]:
                  if resumed else "")
         rows.append([
             str(a.get("attempt")), _fmt_time(a.get("started_at"), origin), secs(a.get("gang_formed_seconds")),
-            escape_markdown(calls), escape_markdown(a.get("stopped") or ""), escape_markdown(label),
+            calls, clip(a.get("stopped") or ""), clip(label),
             secs(a.get("lost_work_seconds")), secs(a.get("restart_seconds")),
         ])
     return rows
@@ -224,6 +331,37 @@ ATTEMPT_HEADERS = ["attempt", "started", "gang formed in", "calls started", "sto
                    "work lost", "restart"]
 
 
+def tail_parts(result: TorchrunResult, Markdown: Any) -> list:
+    """The last lines of each rank's output: at most ``CARD_TAIL_RANKS`` ranks
+    (the root cause's rank, then failed ranks, then the lowest), each stream's
+    last ``CARD_TAIL_CHARS`` characters, lines cut at ``CARD_LINE_CHARS``."""
+    tails = {rank: streams for rank, streams in gang_tails(result).items()
+             if any(streams.get(s) for s in ("stdout", "stderr"))}
+    if not tails:
+        return []
+    failed = {r.get("rank") for ranks in gang_ranks(result).values() for r in ranks
+              if timeline.rank_state(r, None) == "rank: failed"}
+    root = (result.cause or {}).get("rank")
+    order = sorted(tails, key=lambda rank: (rank != root, rank not in failed, rank))[:CARD_TAIL_RANKS]
+    parts = [Markdown("## Last lines of each rank")]
+    cut = False
+    for rank in sorted(order, key=lambda rank: (rank != root, rank)):
+        for stream in ("stdout", "stderr"):
+            lines = tails[rank].get(stream) or []
+            if lines:
+                body, clipped = clip_lines("\n".join(lines), CARD_TAIL_CHARS, keep="tail")
+                cut = cut or clipped or bool(_CUT_LINE.search(body))
+                parts.append(Markdown("**rank %d %s**\n\n%s" % (rank, stream, text_block(body))))
+    notes = []
+    if len(tails) > len(order):
+        notes.append("%d of %d ranks shown (the failing ones first)" % (len(order), len(tails)))
+    if cut:
+        notes.append("long lines are cut, saying how long they were")
+    if notes:
+        parts.append(Markdown("_%s; the whole of every rank's output: %s._" % (_sentence(notes), WHOLE_OUTPUT)))
+    return parts
+
+
 def build_components(result: TorchrunResult, flow: str, pathspec: str, backend: str) -> list:
     from metaflow.cards import Markdown, Table
 
@@ -231,8 +369,9 @@ def build_components(result: TorchrunResult, flow: str, pathspec: str, backend: 
         Markdown(summary_markdown(result, flow, pathspec)),
         Markdown("## Topology"),
         Table(topology_rows(result, backend), headers=["", ""]),
-        Markdown("## Timeline (nodes, from the first join)"),
-        Table(timeline_rows(result), headers=["node", "joined", "finished", "timeline"]),
+    ]
+    parts += timeline_parts(result, Markdown)
+    parts += [
         Markdown("## Ranks"),
         Table(rank_rows(result), headers=["rank", "node", "local rank", "pid", "exit", "duration"]),
     ]
@@ -240,18 +379,11 @@ def build_components(result: TorchrunResult, flow: str, pathspec: str, backend: 
         parts += [Markdown("## Attempts"), Table(attempt_rows(result), headers=ATTEMPT_HEADERS)]
     cause = result.cause
     if cause:
-        text = cause.get("summary") or str(cause)
-        parts.append(Markdown("## Root cause\n\n%s" % code_block(text)))
+        text, _ = clip_lines(cause.get("summary") or str(cause), CARD_CAUSE_CHARS)
+        parts.append(Markdown("## Root cause\n\n%s" % text_block(text)))
     parts.extend(stack_parts(result, Markdown, Table))
     parts.extend(preflight_card.parts(result.preflight, escape_markdown, code_block))
-    tails = gang_tails(result)
-    if tails:
-        parts.append(Markdown("## Last lines of each rank"))
-        for rank, streams in tails.items():
-            for stream in ("stdout", "stderr"):
-                lines = streams.get(stream) or []
-                if lines:
-                    parts.append(Markdown("**rank %d %s**\n\n%s" % (rank, stream, code_block("\n".join(lines)))))
+    parts.extend(tail_parts(result, Markdown))
     parts.append(Markdown("_Generated %s_" % time.strftime("%Y-%m-%d %H:%M:%S")))
     return parts
 

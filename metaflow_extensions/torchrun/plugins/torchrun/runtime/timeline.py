@@ -1,0 +1,280 @@
+"""The card's timeline: a Vega-Lite chart of the gang on one time axis.
+
+Nodes (joined -> finished), ranks (start -> end, coloured by how they ended),
+each ``current.torch.run`` call, and the failure, where there was one. Drawn by
+Metaflow's own ``VegaChart`` component, whose Vega bundle is inside every card:
+it renders offline.
+
+Pure: a ``TorchrunResult`` in, a JSON-able spec out, no I/O. Its size does not
+grow with the gang: past ``NODE_LANES`` nodes, nodes are drawn in groups of
+consecutive indices (when the group's first and last node joined, when its last
+one finished); ranks are drawn for the first nodes (``RANK_LANES`` in all) and
+the failing node; the last ``CALL_MARKS`` calls are marked. Every value in the
+spec is a number or a string this module wrote: no text from a rank reaches it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+
+from ..cause import CauseKind
+
+# Lanes of nodes, at most; a bigger gang is drawn in groups of nodes.
+NODE_LANES = 32
+# Lanes of ranks, at most: the first nodes' ranks, and the failing node's.
+RANK_LANES = 32
+# Calls marked, at most (the last ones: a failure ends the last call).
+CALL_MARKS = 20
+# Pixels per lane, and the plot's width: fixed, because a width of "container"
+# (VegaChart's default) is measured before the card's layout settles and comes
+# out 0 (an empty chart) on a page with nothing wide before it.
+LANE_PX = 16
+WIDTH_PX = 640
+SCHEMA = "https://vega.github.io/schema/vega-lite/v6.json"  # read for its version only, never fetched
+
+# How a lane ended: the legend (the states drawn), in this order, with its colour.
+STATES = (
+    ("node", "#4c78a8"),
+    ("nodes joining", "#9ecae9"),
+    ("rank: exit 0", "#54a24b"),
+    ("rank: failed", "#e45756"),
+    ("rank: stopped", "#f58518"),
+    ("rank: no exit", "#bab0ac"),
+)
+# Exits that mean "stopped from outside" (the agent's SIGTERM, SIGKILL after its grace).
+_STOPPED = (-15, -9)
+
+
+@dataclass(frozen=True)
+class Gang:
+    """What the chart draws, from the control's record (``from_result``)."""
+
+    num_nodes: int
+    joined: Mapping[int, float]
+    finished: Mapping[int, float]
+    ranks: Mapping[int, Sequence[Mapping[str, Any]]]  # node -> its ranks' records
+    calls: Sequence[Tuple[int, float]] = ()  # (0-based call index, started at)
+    failed_at: Optional[float] = None
+    failed_node: Optional[int] = None
+    failed_rank: Optional[int] = None
+    ended_at: Optional[float] = None
+    failed_kind: Optional[str] = None  # a CauseKind's value
+
+
+def _number(value: Any) -> Optional[float]:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return None
+    return float(value)
+
+
+def _index(value: Any) -> Optional[int]:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+def from_result(result: Any, ranks: Mapping[int, Sequence[Mapping[str, Any]]]) -> Gang:
+    """The chart's input from a ``TorchrunResult`` and its ranks per node
+    (``card.gang_ranks``). The calls are the attempt's (``result.attempts``,
+    on the control), else this one."""
+    gang = result.gang or {}
+    joined = {int(k): t for k, v in (gang.get("joined_at") or {}).items() if (t := _number(v)) is not None}
+    finished = {int(k): t for k, v in (gang.get("finished_at") or {}).items() if (t := _number(v)) is not None}
+    if not joined:
+        joined = {result.node_index: result.started_at}
+        finished = {result.node_index: result.ended_at}
+    attempt = result.attempts[-1] if result.attempts and isinstance(result.attempts[-1], dict) else {}
+    calls: List[Tuple[int, float]] = []
+    for c in attempt.get("calls") or []:
+        index, started = _index(c.get("call")) if isinstance(c, dict) else None, None
+        if index is not None and (started := _number(c.get("started_at"))) is not None:
+            calls.append((index, started))
+    if not calls and _index(result.call) is not None:
+        calls = [(result.call, result.started_at)]
+    cause = result.cause or {}
+    return Gang(
+        num_nodes=max(1, int(result.num_nodes or 1)),
+        joined=joined,
+        finished=finished,
+        ranks=ranks,
+        calls=calls,
+        failed_at=_number(cause.get("time")) if cause else None,
+        failed_node=_index(cause.get("node_index")),
+        failed_rank=_index(cause.get("rank")),
+        ended_at=_number(result.ended_at),
+        failed_kind=_kind(cause.get("kind")),
+    )
+
+
+def _kind(value: Any) -> Optional[str]:
+    try:
+        return CauseKind(value).value
+    except ValueError:
+        return None
+
+
+def rank_state(record: Mapping[str, Any], failed_rank: Optional[int]) -> str:
+    code = record.get("exit_code")
+    if not isinstance(code, int) or isinstance(code, bool):
+        return "rank: no exit"
+    if code == 0:
+        return "rank: exit 0"
+    if code in _STOPPED and record.get("rank") != failed_rank:
+        return "rank: stopped"
+    return "rank: failed"
+
+
+def _node_groups(num_nodes: int) -> List[Tuple[int, int]]:
+    """Consecutive node ranges, one per lane: every node alone up to
+    ``NODE_LANES`` nodes, else ``NODE_LANES`` groups of equal size."""
+    size = max(1, math.ceil(num_nodes / NODE_LANES))
+    return [(first, min(num_nodes, first + size) - 1) for first in range(0, num_nodes, size)]
+
+
+def _node_rows(g: Gang, origin: float, end: float) -> List[Dict[str, Any]]:
+    rows: List[Dict[str, Any]] = []
+    for first, last in _node_groups(g.num_nodes):
+        nodes = range(first, last + 1)
+        joins = [g.joined[n] for n in nodes if n in g.joined]
+        ends = [g.finished.get(n, end) for n in nodes if n in g.joined]
+        missing = len(nodes) - len(joins)
+        lane = "node %d" % first if first == last else "nodes %d-%d" % (first, last)
+        if not joins:
+            rows.append({"lane": lane + " (never joined)", "kind": "node"})
+            continue
+        if missing:
+            lane += " (%d never joined)" % missing
+        a, b, z = min(joins) - origin, max(joins) - origin, max(ends) - origin
+        if b > a and first != last:
+            rows.append({"lane": lane, "state": "nodes joining", "start": a, "end": b,
+                         "tip": "%d nodes joined from +%.1f s to +%.1f s" % (len(joins), a, b)})
+        rows.append({"lane": lane, "state": "node", "start": b if first != last else a, "end": z,
+                     "tip": "%s: %s +%.1f s, finished +%.1f s" % (
+                         lane, "joined" if first == last else "all joined", b, z)})
+    return rows
+
+
+def _rank_nodes(g: Gang) -> List[int]:
+    """The nodes whose ranks get lanes: the failing node first, then from node
+    0 on, while ``RANK_LANES`` allows."""
+    chosen: List[int] = []
+    room = RANK_LANES
+    order = ([g.failed_node] if g.failed_node is not None and g.failed_node in g.ranks else []) + sorted(g.ranks)
+    for node in order:
+        count = len(g.ranks[node])
+        if node in chosen or count == 0:
+            continue
+        if count > room and chosen:
+            break
+        chosen.append(node)
+        room -= count
+    return sorted(chosen)
+
+
+def _rank_rows(g: Gang, origin: float, end: float) -> List[Dict[str, Any]]:
+    rows: List[Dict[str, Any]] = []
+    for node in _rank_nodes(g):
+        records = sorted(g.ranks[node], key=lambda r: _index(r.get("rank")) or 0)
+        for r in records[:RANK_LANES]:
+            rank, start = _index(r.get("rank")), _number(r.get("start"))
+            if rank is None or start is None:
+                continue
+            stop = _number(r.get("end"))
+            state = rank_state(r, g.failed_rank)
+            code = r.get("exit_code")
+            rows.append({
+                "lane": "rank %d (node %d)" % (rank, node), "state": state, "start": start - origin,
+                "end": (stop if stop is not None else end) - origin,
+                "tip": "rank %d on node %d: %s, %s" % (
+                    rank, node, "exit %d" % code if isinstance(code, int) else "no exit",
+                    "%.1f s" % (stop - start) if stop is not None else "no end"),
+            })
+    return rows
+
+
+def _call_rows(g: Gang, origin: float) -> Tuple[List[Dict[str, Any]], int]:
+    calls = sorted(g.calls, key=lambda c: c[1])
+    shown = calls[-CALL_MARKS:]
+    return [{"at": t - origin, "label": "call %d" % (i + 1)} for i, t in shown], len(calls) - len(shown)
+
+
+def _failure_label(g: Gang) -> str:
+    """Numbers and the cause's kind (a name of ``CauseKind``), never its text."""
+    if g.failed_rank is not None and g.failed_node is not None:
+        return "failed: rank %d (node %d)" % (g.failed_rank, g.failed_node)
+    what = g.failed_kind.replace("_", " ") if g.failed_kind else "failed"
+    if g.failed_node is not None:
+        return "node %d: %s" % (g.failed_node, what)
+    return "gang stopped: %s" % what
+
+
+def spec(g: Gang) -> Dict[str, Any]:
+    """The Vega-Lite spec: one layered chart, lanes top to bottom (nodes, then
+    ranks), seconds from the first node's join on the x axis."""
+    origin = min(g.joined.values()) if g.joined else 0.0
+    ends = list(g.finished.values()) + ([g.ended_at] if g.ended_at is not None else [])
+    end = max(ends + [origin + 1e-3])
+    lanes = _node_rows(g, origin, end) + _rank_rows(g, origin, end)
+    order = list(dict.fromkeys(row["lane"] for row in lanes))
+    bars = [row for row in lanes if "start" in row]
+    used = {row["state"] for row in bars}
+    legend = [(state, colour) for state, colour in STATES if state in used]
+    calls, calls_left_out = _call_rows(g, origin)
+    x = {"field": "start", "type": "quantitative", "title": "seconds from the first node's join"}
+    y = {"field": "lane", "type": "nominal", "sort": order, "title": None}
+    layers: List[Dict[str, Any]] = [{
+        "data": {"values": bars},
+        "mark": {"type": "bar", "height": {"band": 0.7}},
+        "encoding": {
+            "x": x, "x2": {"field": "end"}, "y": y,
+            "color": {"field": "state", "type": "nominal", "title": None,
+                      "scale": {"domain": [s for s, _ in legend], "range": [c for _, c in legend]},
+                      "legend": {"orient": "bottom"}},
+            "tooltip": [{"field": "tip", "type": "nominal", "title": "what"}],
+        },
+    }]
+    layers += _mark_layers(calls, "call", "#555", {"align": "left", "dx": 3, "dy": -4, "fontSize": 10},
+                           {"strokeDash": [2, 2]})
+    if g.failed_at is not None:
+        failure = [{"at": g.failed_at - origin, "label": _failure_label(g)}]
+        layers += _mark_layers(failure, "failure", "#d62728",
+                               {"align": "right", "dx": -3, "dy": -16, "fontSize": 11, "fontWeight": "bold"},
+                               {"strokeWidth": 2})
+    title = "nodes and ranks on one time axis"
+    if calls_left_out:
+        title += " (the last %d calls marked; %d earlier)" % (len(calls), calls_left_out)
+    return {
+        "$schema": SCHEMA,
+        "title": {"text": title, "fontSize": 12, "anchor": "start"},
+        "width": WIDTH_PX,
+        "height": max(60, LANE_PX * len(order)),
+        "layer": layers,
+        "config": {"axisY": {"labelLimit": 240}},
+    }
+
+
+def _mark_layers(values: List[Dict[str, Any]], what: str, colour: str, text: Dict[str, Any],
+                 rule: Dict[str, Any]) -> List[Dict[str, Any]]:
+    """A vertical rule at each value's ``at`` and its ``label`` above the plot."""
+    if not values:
+        return []
+    x = {"field": "at", "type": "quantitative"}
+    return [
+        {"data": {"values": values}, "mark": dict({"type": "rule", "color": colour}, **rule),
+         "encoding": {"x": x, "tooltip": [{"field": "label", "type": "nominal", "title": what}]}},
+        {"data": {"values": values},
+         "mark": dict({"type": "text", "y": 0, "baseline": "bottom", "color": colour}, **text),
+         "encoding": {"x": x, "text": {"field": "label"}}},
+    ]
+
+
+def captions(g: Gang) -> List[str]:
+    """What the chart leaves out, in words, for a line under it."""
+    notes = []
+    groups = _node_groups(g.num_nodes)
+    if len(groups) < g.num_nodes:
+        notes.append("nodes are drawn in %d groups of %d" % (len(groups), groups[0][1] - groups[0][0] + 1))
+    shown = _rank_nodes(g)
+    if len(shown) < len([n for n in g.ranks if g.ranks[n]]):
+        notes.append("ranks of node%s %s only" % ("" if len(shown) == 1 else "s", ", ".join(map(str, shown))))
+    return notes
