@@ -526,3 +526,15 @@ def test_a_browser_shows_rank_text_exactly_and_runs_none_of_it(task, tmp_path):
     assert re.search(r"<details><summary>rank 1: [^<]*</summary><pre", body)
     drawn = re.search(r'class="marks" width="(\d+)" height="(\d+)"', body)  # Vega drew the timeline...
     assert drawn and int(drawn.group(1)) > 300 and int(drawn.group(2)) > 50, drawn  # ...and not 0 wide
+
+
+@pytest.mark.parametrize("command, expected", [
+    (["python", "-m", "torch.distributed.run", "--rdzv-backend", "static", "x.py"], "static"),
+    (["torchrun", "--rdzv-backend=c10d", "x.py"], "c10d"),
+    (["torchrun", "x.py"], "unknown"),
+    (["torchrun", "--rdzv-backend"], "unknown"),
+])
+def test_the_topology_names_the_rendezvous_that_ran(command, expected):
+    """Was "(c10d)" always, though static is the default."""
+    from metaflow_extensions.torchrun.plugins.torchrun.runtime.card import rendezvous_backend
+    assert rendezvous_backend(command) == expected

@@ -216,12 +216,23 @@ def topology_rows(result: TorchrunResult, backend: str) -> List[List[str]]:
         ["nodes x processes", "%d x %s" % (result.num_nodes, result.nproc_per_node)],
         ["control address", str(result.main_addr)],
         ["this node's address", str(result.local_addr)],
-        ["rendezvous port (c10d)", str(result.rdzv_port)],
+        ["rendezvous port (%s)" % rendezvous_backend(result.command), str(result.rdzv_port)],
         ["gang service port", str(result.gang_port)],
         ["backend", backend],
         ["restarts", str(result.restarts)],
         ["this node", str(result.node_index)],
     ]
+
+
+def rendezvous_backend(command: List[str]) -> str:
+    """The rendezvous the call's torchrun used, as its command says (static
+    unless ``max_restarts``): the card names the one that ran."""
+    for i, arg in enumerate(command or []):
+        if arg.startswith("--rdzv-backend="):
+            return arg.split("=", 1)[1]
+        if arg == "--rdzv-backend" and i + 1 < len(command):
+            return command[i + 1]
+    return "unknown"
 
 
 def timeline_parts(result: TorchrunResult, Markdown: Any) -> list:
