@@ -126,3 +126,10 @@ def test_a_report_is_bounded_and_cut_to_fit():
     assert msg.NodeReport.from_wire({"tails": {"1": {"stdout": ["x" * 5000]}}}).tails[1]["stdout"][0] == "x" * 1000
     cut = REPORT.cut()
     assert cut.truncated and cut.tails == {} and cut.ranks == REPORT.ranks
+
+
+def test_a_rank_status_on_node_0_keeps_its_group_rank():
+    """Was: ``group_rank=0`` read back as -1 (an ``or -1`` after the check)."""
+    status = msg.RankStatus(0, 0, group_rank=0, restart=0, pid=7, start=1.0, end=2.0, exit_code=0)
+    back = msg.RankStatus.from_wire(dict(vars(status)))  # as NodeReport puts it on the wire
+    assert back.group_rank == 0 and back.restart == 0 and back == status

@@ -291,12 +291,16 @@ class RankStatus:
         if not isinstance(data, Mapping):
             raise ProtocolError("a rank's status is not an object")
         small = 1 << 31
+
+        def unless_absent(value: Optional[int], absent: int) -> int:
+            return absent if value is None else value  # not `or`: 0 is node 0's group rank
+
         return cls(
             rank=_int(data, "rank", 0, small),
             local_rank=_int(data, "local_rank", -1, small),
-            group_rank=_int(data, "group_rank", -1, small, optional=True) or -1,
-            restart=_int(data, "restart", 0, small, optional=True) or 0,
-            pid=_int(data, "pid", -1, small, optional=True) or -1,
+            group_rank=unless_absent(_int(data, "group_rank", -1, small, optional=True), -1),
+            restart=unless_absent(_int(data, "restart", 0, small, optional=True), 0),
+            pid=unless_absent(_int(data, "pid", -1, small, optional=True), -1),
             start=_real(data, "start", 0.0, 1e12),
             end=_real(data, "end", 0.0, 1e12),
             exit_code=_int(data, "exit_code", -small, small, optional=True),
