@@ -48,14 +48,6 @@ class TestEntrypointMessage:
         message = info.value.message
         assert message == "entrypoint 'trian.py' does not exist in %s (did you mean 'train.py'?)." % tmp_path
 
-    def test_two_directories_are_both_named(self, tmp_path):
-        a, b = tmp_path / "a", tmp_path / "b"
-        a.mkdir()
-        b.mkdir()
-        with pytest.raises(TorchrunInvalidArgument) as info:
-            resolve_entrypoint("x.py", [str(a), str(b)])
-        assert "does not exist in %s or %s." % (a, b) in info.value.message
-
     def test_a_huge_directory_is_listed_only_so_far(self, tmp_path, monkeypatch):
         monkeypatch.setattr(plan_mod, "LISTED_PER_DIR", 5)
         for i in range(50):

@@ -171,7 +171,7 @@ class TestResolveEntrypoint:
             resolve_entrypoint("nope/train_missing.py", [str(a), str(b)])
         msg = str(e.value)
         assert "nope/train_missing.py" in msg
-        assert "dir_a" in msg and "dir_b" in msg
+        assert "does not exist in %s or %s." % (a / "nope", b / "nope") in msg
 
     def test_missing_absolute(self, tmp_path):
         missing = str(tmp_path / "gone.py")
