@@ -145,6 +145,30 @@ class Gang:
                 pass
 
 
+def finish_or_explain(proc: subprocess.Popen, gang: "Gang", timeout: float) -> bytes:
+    """``proc``'s output once it ends; if it does not end within ``timeout``,
+    a failure that shows what it printed and every process of the test still
+    alive, with its state and where in the kernel it waits, so that a run that
+    does not stop can be diagnosed from CI's log alone."""
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+        return out
+    except subprocess.TimeoutExpired as e:
+        printed = (e.output or b"").decode(errors="replace")[-6000:]
+        alive = []
+        for pid in processes_with_token(gang.token):
+            try:
+                with open("/proc/%d/wchan" % pid) as f:
+                    wchan = f.read().strip()
+                with open("/proc/%d/stat" % pid) as f:
+                    state = f.read().rsplit(")", 1)[1].split()[0]
+            except OSError:
+                continue
+            alive.append("%s [%s, waits in %s]" % (describe([pid]), state, wchan or "-"))
+        raise AssertionError("did not end within %ds.\nStill alive:\n%s\nIt printed:\n%s"
+                             % (timeout, "\n".join(alive) or "(none)", printed)) from None
+
+
 def output(proc) -> str:
     data = (proc.stdout or b"") + (proc.stderr or b"")
     return data.decode(errors="replace") if isinstance(data, bytes) else data

@@ -9,7 +9,7 @@ import socket
 
 import pytest
 
-from .helpers import output
+from .helpers import finish_or_explain, output
 
 pytestmark = pytest.mark.integration
 
@@ -83,7 +83,7 @@ def test_single_node_ctrl_c_leaves_nothing(gang):
     try:
         gang.wait_for_reports("ready-", 2, timeout=120)
         os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C in the terminal
-        text = _finish(proc, timeout=90)
+        text = finish_or_explain(proc, gang, 90).decode(errors="replace")
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from .helpers import output
+from .helpers import finish_or_explain, output
 
 pytestmark = pytest.mark.integration
 
@@ -103,7 +103,7 @@ def test_ctrl_c_leaves_no_process(gang):
     try:
         gang.wait_for_reports("ready-", 4, timeout=120)
         os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does
-        out, _ = proc.communicate(timeout=60)
+        out = finish_or_explain(proc, gang, 60)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
