@@ -34,7 +34,9 @@ class TorchrunLegacyFlow(FlowSpec):
     def prepare(self):
         self.next(self.multinode, num_parallel=N_NODES)
 
-    @torchrun(all_nodes_started_timeout=300, master_port=41000)
+    # A pinned port below Linux's ephemeral range (32768-60999): no outgoing
+    # connection on the host can be holding it when the rendezvous binds it.
+    @torchrun(all_nodes_started_timeout=300, master_port=29501)
     @step
     def multinode(self):
         current.torch.run(
