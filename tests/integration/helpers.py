@@ -50,6 +50,15 @@ def describe(pids: List[int]) -> str:
     return "\n".join(out)
 
 
+def _terminal_signals() -> None:
+    """In the child, before exec: Ctrl-C and Ctrl-\\ as a terminal delivers them.
+    A test runner started in the background by a non-interactive shell has
+    them ignored, and an ignored signal stays ignored across exec: the flow
+    would never see the test's Ctrl-C."""
+    for sig in (signal.SIGINT, signal.SIGQUIT):
+        signal.signal(sig, signal.SIG_DFL)
+
+
 class Gang:
     """A test's sandbox: its own datastore, output dir and process token."""
 
@@ -94,6 +103,7 @@ class Gang:
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             start_new_session=True,  # so a test can Ctrl-C it like a terminal would
+            preexec_fn=_terminal_signals,
         )
 
     def reports(self, prefix: str) -> Dict[int, object]:
