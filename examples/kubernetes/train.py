@@ -72,6 +72,9 @@ def main() -> None:
             json.dump({"initial_loss": first, "final_loss": loss, "world_size": world}, f)
     if rank == 0:
         print("trained on %d processes: loss %.4f -> %.4f" % (world, first, loss), flush=True)
+    # Every rank done with every collective before any closes its connections:
+    # gloo aborts a rank whose peer hangs up while it is still finishing one.
+    dist.barrier()
     dist.destroy_process_group()
 
 
