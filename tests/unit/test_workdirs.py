@@ -326,8 +326,7 @@ class TestCallFiles:
             "print(f.work_dir, flush=True)\n"
             "time.sleep(60)\n"
         )
-        proc = subprocess.Popen([sys.executable, "-c", "import metaflow\n" + code, base],
-                                stdout=subprocess.PIPE, text=True)
+        proc = holder(code, base)
         try:
             left = proc.stdout.readline().strip()
             assert os.path.isdir(left)
@@ -368,6 +367,14 @@ class TestCallFiles:
 
 MB = 1024 * 1024
 HOUR = 3600
+
+
+def holder(code: str, arg: str) -> subprocess.Popen:
+    """Another task on this host, as a child: it runs ``code`` (with
+    ``sys.argv[1] == arg``), says a line on stdout and holds what it made
+    until it ends or is killed."""
+    return subprocess.Popen([sys.executable, "-c", "import metaflow\n" + code, arg],
+                            stdout=subprocess.PIPE, text=True)
 
 
 def make_run(root, name, size=0, seconds_ago=1000, calls=1):
@@ -478,8 +485,7 @@ class TestLogRetention:
             "print(f.log_dir, flush=True)\n"
             "time.sleep(60)\n"
         )
-        proc = subprocess.Popen([sys.executable, "-c", "import metaflow\n" + code, base],
-                                stdout=subprocess.PIPE, text=True)
+        proc = holder(code, base)
         root = os.path.join(base, "logs")
         run = os.path.join(root, "Live-1")
         try:
@@ -533,8 +539,7 @@ class TestLogRetention:
             "print('held', flush=True)\n"
             "time.sleep(1)\n"
         )
-        proc = subprocess.Popen([sys.executable, "-c", "import metaflow\n" + code, root],
-                                stdout=subprocess.PIPE, text=True)
+        proc = holder(code, root)
         try:
             assert proc.stdout.readline().strip() == "held"
             began = time.monotonic()
