@@ -146,3 +146,16 @@ class TestNprocWords:
         from metaflow_extensions.torchrun.plugins.torchrun.host.devices import count_with_torch
         assert count_with_torch("cuda", sys.executable) == 0  # no GPU here
         assert count_with_torch("cuda", os.devnull) is None  # not a python
+
+
+def test_a_long_refusal_is_still_known_as_the_same_problem():
+    """The cause's message is cut on the wire: an echo is recognised all the same."""
+    try:
+        raise TorchrunCallRefused(1, "flow.py, line 15", "x" * 10000)
+    except TorchrunCallRefused as e:
+        error = e
+    root = Cause.from_wire(_session(0, True).step_cause(error).to_wire())
+    assert root is not None and root.message != error.message  # cut
+    assert _session(1, True)._same_problem(error, root)
+    other = TorchrunCallRefused(1, "flow.py, line 15", "y" * 10000)
+    assert not _session(1, True)._same_problem(other, root)

@@ -246,9 +246,15 @@ class GangSession:
             return None
         self.announce(cause)
         if (self.topology.is_local and isinstance(error, TorchrunCallRefused) and is_refusal(cause)
-                and cause.node_index != self.topology.node_index and cause.message == error.message):
+                and cause.node_index != self.topology.node_index and self._same_problem(error, cause)):
             return self.aborted(cause)
         return None
+
+    def _same_problem(self, error: TorchrunCallRefused, cause: Cause) -> bool:
+        """Whether ``cause`` says what this node's own refusal would: compared
+        as both crossed the wire (a long message is cut there)."""
+        mine = Cause.from_wire(self.step_cause(error).to_wire())
+        return mine is not None and mine.message == cause.message
 
     def step_cause(self, error: BaseException) -> Cause:
         node = self.topology.node_index
