@@ -19,7 +19,7 @@ from metaflow_extensions.torchrun.plugins.torchrun.launch.inputs import refuse_l
 from metaflow_extensions.torchrun.plugins.torchrun.launch.plan import StepDefaults, plan_call, resolve_entrypoint
 from metaflow_extensions.torchrun.plugins.torchrun.launch.resources import nproc_for_keyword
 from metaflow_extensions.torchrun.plugins.torchrun.runtime import nproc as nproc_mod
-from metaflow_extensions.torchrun.plugins.torchrun.runtime.session import GangSession
+from metaflow_extensions.torchrun.plugins.torchrun.runtime.session import GangSession, same_problem
 
 
 def entry():
@@ -156,6 +156,7 @@ def test_a_long_refusal_is_still_known_as_the_same_problem():
         error = e
     root = Cause.from_wire(_session(0, True).step_cause(error).to_wire())
     assert root is not None and root.message != error.message  # cut
-    assert _session(1, True)._same_problem(error, root)
+    node1 = _session(1, True)
+    assert same_problem(node1.step_cause(error), root)
     other = TorchrunCallRefused(1, "flow.py, line 15", "y" * 10000)
-    assert not _session(1, True)._same_problem(other, root)
+    assert not same_problem(node1.step_cause(other), root)

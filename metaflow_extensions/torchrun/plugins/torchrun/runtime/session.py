@@ -246,15 +246,9 @@ class GangSession:
             return None
         self.announce(cause)
         if (self.topology.is_local and isinstance(error, TorchrunCallRefused) and is_refusal(cause)
-                and cause.node_index != self.topology.node_index and self._same_problem(error, cause)):
+                and cause.node_index != self.topology.node_index and same_problem(self.step_cause(error), cause)):
             return self.aborted(cause)
         return None
-
-    def _same_problem(self, error: TorchrunCallRefused, cause: Cause) -> bool:
-        """Whether ``cause`` says what this node's own refusal would: compared
-        as both crossed the wire (a long message is cut there)."""
-        mine = Cause.from_wire(self.step_cause(error).to_wire())
-        return mine is not None and mine.message == cause.message
 
     def step_cause(self, error: BaseException) -> Cause:
         node = self.topology.node_index
@@ -319,6 +313,13 @@ class GangSession:
         deadline = time.monotonic() + min(LINGER, self.config.start_timeout)
         while not server.everyone_heard() and time.monotonic() < deadline:
             time.sleep(0.05)
+
+
+def same_problem(mine: Cause, cause: Cause) -> bool:
+    """Whether ``cause`` says what this node's own cause ``mine`` says,
+    compared as both crossed the wire (a long message is cut there)."""
+    sent = Cause.from_wire(mine.to_wire())
+    return sent is not None and sent.message == cause.message
 
 
 def _first_line(text: str) -> str:
