@@ -44,10 +44,10 @@ TOKEN_VAR = "BENCH_TOKEN"
 # In a process's command line: a torchrun agent, or a rank of a benchmark script
 # (directly, or through @torchrun's bootstrap).
 # torchrun's agent: by hand ``python -m torch.distributed.run``; under @torchrun
-# its own runner of it (rank/agent.py).
-AGENT_MARKS = (b"torch.distributed.run", b"torchrun.rank.agent")
+# its own runner of it (procs/agent.py).
+AGENT_MARKS = (b"torch.distributed.run", b"torchrun.procs.agent")
 SCRIPT_MARK = os.path.join(HERE, "scripts").encode() + b"/"
-BOOTSTRAP_MARK = b"torchrun.rank.bootstrap"
+BOOTSTRAP_MARK = b"torchrun.procs.bootstrap"
 
 
 def is_agent(cmd: bytes) -> bool:

@@ -2,7 +2,7 @@
 max_restarts is above 0) against c10d's dynamic one (used with restarts).
 
 N torchrun agents (one process each) start at once on this host with the options
-@torchrun's command building gives them (launch/command.py, through rank/agent.py);
+@torchrun's command building gives them (launch/command.py, through procs/agent.py);
 each rank writes the time it started and the node index of its agent. Join time =
 the last rank's start minus the time the first agent reached torch's rendezvous
 (the agents' ``import torch`` is the same for both and left out). Each run also

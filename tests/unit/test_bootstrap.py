@@ -13,9 +13,9 @@ import textwrap
 
 import pytest
 
-from metaflow_extensions.torchrun.plugins.torchrun.rank import bootstrap
+from metaflow_extensions.torchrun.plugins.torchrun.procs import bootstrap
 from metaflow_extensions.torchrun.plugins.torchrun.launch.command import BOOTSTRAP_MODULE
-from metaflow_extensions.torchrun.plugins.torchrun.rank.failures import read_failures
+from metaflow_extensions.torchrun.plugins.torchrun.procs.failures import read_failures
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 
@@ -47,7 +47,7 @@ def rank_env(failure_dir, **extra):
     }
     env.update(
         {
-            bootstrap.FAILURE_DIR_ENV: str(failure_dir),
+            bootstrap.WORK_DIR_ENV: str(failure_dir),
             "RANK": "3",
             "LOCAL_RANK": "1",
             bootstrap.NODE_INDEX_ENV: "1",
@@ -257,7 +257,7 @@ class TestFailures:
         script = scripts / "fail.py"
         script.write_text("raise ValueError('boom')\n")
         env = rank_env(failures)
-        del env[bootstrap.FAILURE_DIR_ENV]
+        del env[bootstrap.WORK_DIR_ENV]
         r = run_rank(script, env=env)
         assert r.returncode == 1
         assert r.stderr.rstrip().endswith("ValueError: boom")

@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from metaflow_extensions.torchrun.plugins.torchrun.rank import bootstrap, entry
+from metaflow_extensions.torchrun.plugins.torchrun.procs import bootstrap, entry
 from metaflow_extensions.torchrun.plugins.torchrun.launch.command import BOOTSTRAP_MODULE, Launch, build_command
 
 # Prefixes of torchrun's own options (issue 13, item 6), its options themselves
@@ -91,7 +91,7 @@ def test_a_rank_runs_the_script_from_the_entry_file(tmp_path):
     path = entry.write_entry(str(work), [str(script)] + TORCHRUN_LOOKALIKES + ODD)
     base = {k: v for k, v in os.environ.items() if k not in ("RANK", "TORCHELASTIC_ERROR_FILE")}
     base.update({"TMPDIR": str(user_tmp), "REPORT": str(tmp_path / "report.json"),
-                 bootstrap.FAILURE_DIR_ENV: str(work), bootstrap.LABELS_ENV: "0", "RANK": "0"})
+                 bootstrap.WORK_DIR_ENV: str(work), bootstrap.LABELS_ENV: "0", "RANK": "0"})
     env = entry.agent_environment(base, str(work), path)
     proc = subprocess.run([sys.executable, "-m", BOOTSTRAP_MODULE, path], env=env,
                           capture_output=True, text=True, timeout=60)

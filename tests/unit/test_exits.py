@@ -11,8 +11,8 @@ import time
 import pytest
 from proc_helpers import wait_until
 
-from metaflow_extensions.torchrun.plugins.torchrun.rank import agent, exits
-from metaflow_extensions.torchrun.plugins.torchrun.rank.names import STATUS_SUFFIX, rank_file
+from metaflow_extensions.torchrun.plugins.torchrun.procs import agent, exits
+from metaflow_extensions.torchrun.plugins.torchrun.procs.names import STATUS_SUFFIX, rank_file
 
 
 def _status(directory, rank, **fields):

@@ -18,7 +18,7 @@ from metaflow_extensions.torchrun.plugins.torchrun.launch import command, option
 from metaflow_extensions.torchrun.plugins.torchrun import errors
 from metaflow_extensions.torchrun.plugins.torchrun.gang import ports
 from metaflow_extensions.torchrun.plugins.torchrun.cause import Cause, CauseKind
-from metaflow_extensions.torchrun.plugins.torchrun.rank.failures import (
+from metaflow_extensions.torchrun.plugins.torchrun.procs.failures import (
     NO_EXCEPTION,
     RankFailure,
     crash_output,

@@ -15,9 +15,9 @@ from metaflow_extensions.torchrun.plugins.torchrun.errors import (
     TorchrunInterrupted,
     TorchrunInvalidArgument,
 )
-from metaflow_extensions.torchrun.plugins.torchrun.rank.names import FAILURE_SUFFIX as RANK_FAILURE_SUFFIX
-from metaflow_extensions.torchrun.plugins.torchrun.rank.names import RANK_PREFIX as RANK_FAILURE_PREFIX
-from metaflow_extensions.torchrun.plugins.torchrun.rank.failures import (
+from metaflow_extensions.torchrun.plugins.torchrun.procs.names import FAILURE_SUFFIX as RANK_FAILURE_SUFFIX
+from metaflow_extensions.torchrun.plugins.torchrun.procs.names import RANK_PREFIX as RANK_FAILURE_PREFIX
+from metaflow_extensions.torchrun.plugins.torchrun.procs.failures import (
     RankFailure,
     describe_exit_code,
     failure_path,

@@ -9,7 +9,7 @@ import pickle
 import pytest
 
 from metaflow_extensions.torchrun.plugins.torchrun.host import workdirs
-from metaflow_extensions.torchrun.plugins.torchrun.rank import functions
+from metaflow_extensions.torchrun.plugins.torchrun.procs import functions
 
 
 class _Planted:

@@ -12,7 +12,7 @@ import time
 
 from proc_helpers import PY
 
-from metaflow_extensions.torchrun.plugins.torchrun.rank import relay
+from metaflow_extensions.torchrun.plugins.torchrun.procs import relay
 from metaflow_extensions.torchrun.plugins.torchrun.runtime.supervisor import Supervisor
 
 LINES = 2000

@@ -16,9 +16,9 @@ import pytest
 from gang_net import GUARD, Net
 from metaflow_extensions.torchrun.plugins.torchrun.cause import CauseKind
 from metaflow_extensions.torchrun.plugins.torchrun.gang import messages as msg
-from metaflow_extensions.torchrun.plugins.torchrun.gang import preflight as pf
+from metaflow_extensions.torchrun.plugins.torchrun.gang import node_compare as pf
 from metaflow_extensions.torchrun.plugins.torchrun.gang.wire import ProtocolError
-from metaflow_extensions.torchrun.plugins.torchrun.launch import preflight as checks
+from metaflow_extensions.torchrun.plugins.torchrun.launch import node_checks as checks
 from metaflow_extensions.torchrun.plugins.torchrun.launch.resources import NONE, Accelerators
 from proc_helpers import wait_until
 
@@ -169,7 +169,7 @@ def test_a_second_preflight_from_one_node_drops_it(net):
 
 def test_the_fingerprint_imports_no_torch_and_takes_milliseconds():
     code = ("import sys, time; import metaflow\n"
-            "from metaflow_extensions.torchrun.plugins.torchrun.launch import preflight as p\n"
+            "from metaflow_extensions.torchrun.plugins.torchrun.launch import node_checks as p\n"
             "t = time.perf_counter(); v = p.fingerprint({}, 0); took = time.perf_counter() - t\n"
             "assert 'torch' not in sys.modules, 'torch imported'\n"
             "print(took, v['torch'], v['python'])")
@@ -262,7 +262,7 @@ def _job_run(tmp_path, heartbeat_timeout=10.0, nproc=2):
 
 
 def _phase(tmp_path, local, name):
-    from metaflow_extensions.torchrun.plugins.torchrun.rank.preflight_job import phase_path
+    from metaflow_extensions.torchrun.plugins.torchrun.procs.collective_check import phase_path
 
     with open(phase_path(str(tmp_path), local), "w") as f:
         f.write(name)

@@ -57,11 +57,11 @@ def test_metaflow_first_then_the_package():
 
 
 def test_the_package_exports_all_and_stays_light():
-    """Ranks import rank/ through the package: no Metaflow comes with it."""
+    """Ranks import procs/ through the package: no Metaflow comes with it."""
     r = python("""
         import sys
         import metaflow_extensions.torchrun.plugins.torchrun as pkg
-        import metaflow_extensions.torchrun.plugins.torchrun.rank.bootstrap
+        import metaflow_extensions.torchrun.plugins.torchrun.procs.bootstrap
         assert "metaflow" not in sys.modules, "the package imported metaflow"
         names = {n: getattr(pkg, n) for n in pkg.__all__}
         import metaflow
@@ -109,7 +109,7 @@ def test_a_profile_sets_the_knobs_and_the_environment_wins(tmp_path):
         import os
         from metaflow import metaflow_config as c
         from metaflow_extensions.torchrun.plugins.torchrun import settings
-        from metaflow_extensions.torchrun.plugins.torchrun.rank import names
+        from metaflow_extensions.torchrun.plugins.torchrun.procs import names
         assert (c.TORCHRUN_KEEP_LOGS, c.TORCHRUN_MAX_LOG_MB) == ("3", "7"), (c.TORCHRUN_KEEP_LOGS, c.TORCHRUN_MAX_LOG_MB)
         env = settings.knob_environ()
         assert env[names.SECRET_ENV] == "s" * 40 and env[names.PROGRESS_ENV] == "2"
@@ -124,7 +124,7 @@ def test_a_profile_sets_the_knobs_and_the_environment_wins(tmp_path):
 def test_every_knob_is_declared_in_metaflows_configuration_and_documented():
     from metaflow import metaflow_config
 
-    from metaflow_extensions.torchrun.plugins.torchrun.rank.names import USER_KNOBS, conf_key
+    from metaflow_extensions.torchrun.plugins.torchrun.procs.names import USER_KNOBS, conf_key
 
     doc = open(os.path.join(os.path.dirname(__file__), "..", "..", "docs", "configuration.md")).read()
     for name in USER_KNOBS:

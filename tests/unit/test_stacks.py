@@ -14,7 +14,7 @@ import time
 import pytest
 from proc_helpers import wait_until
 
-from metaflow_extensions.torchrun.plugins.torchrun.rank import stacks
+from metaflow_extensions.torchrun.plugins.torchrun.procs import stacks
 
 PKG_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(stacks.__file__)))))
 
@@ -24,7 +24,7 @@ RANK = textwrap.dedent(
     """
     import os, sys, threading, time
     sys.path.insert(0, sys.argv[3])
-    from metaflow_extensions.torchrun.plugins.torchrun.rank import stacks
+    from metaflow_extensions.torchrun.plugins.torchrun.procs import stacks
     keep = stacks.register(sys.argv[1], 5)
     mode = sys.argv[2]
 
@@ -130,7 +130,7 @@ IMPORTER = textwrap.dedent(
     import sys, threading, time
     sys.path.insert(0, sys.argv[3])
     sys.path.insert(0, sys.argv[4])
-    from metaflow_extensions.torchrun.plugins.torchrun.rank import stacks
+    from metaflow_extensions.torchrun.plugins.torchrun.procs import stacks
     keep = stacks.register(sys.argv[1], 5)
     if sys.argv[2] == "lock":
         threading.Thread(target=__import__, args=("slowlib",), daemon=True).start()
@@ -283,7 +283,7 @@ class TestWire:
 
 def test_the_bootstrap_registers_before_user_code(tmp_path, procs):
     """Through the real bootstrap: a script's stacks, by the rank's own file name."""
-    from metaflow_extensions.torchrun.plugins.torchrun.rank import bootstrap, entry
+    from metaflow_extensions.torchrun.plugins.torchrun.procs import bootstrap, entry
 
     script = tmp_path / "user.py"
     script.write_text("import time\nprint('ready', flush=True)\ntime.sleep(600)  # HERE\n")
@@ -291,7 +291,7 @@ def test_the_bootstrap_registers_before_user_code(tmp_path, procs):
     work.mkdir()
     entry_path = entry.write_entry(str(work), [str(script)])
     env = dict(os.environ, RANK="2", LOCAL_RANK="0", PYTHONPATH=PKG_ROOT,
-               **{bootstrap.FAILURE_DIR_ENV: str(work), bootstrap.LABELS_ENV: "0"})
+               **{bootstrap.WORK_DIR_ENV: str(work), bootstrap.LABELS_ENV: "0"})
     env.update(entry.agent_environment(env, str(work), entry_path))
     p = procs.popen([sys.executable, "-m", bootstrap.__name__, entry_path], env=env, stdout=subprocess.PIPE)
     assert p.stdout.readline().strip() == b"ready"

@@ -255,7 +255,7 @@ class TestOpenPrivate:
 
     def test_relay_log_through_a_symlink_is_not_written(self, tmp_path):
         """The relay's per-rank log: a symlink swapped in is not followed."""
-        from metaflow_extensions.torchrun.plugins.torchrun.rank import relay
+        from metaflow_extensions.torchrun.plugins.torchrun.procs import relay
 
         secret = tmp_path / "secret"
         secret.write_text("keep\n")
@@ -263,7 +263,7 @@ class TestOpenPrivate:
         logs.mkdir()
         (logs / "rank-0.stdout.log").symlink_to(secret)
         code = (
-            "import sys; from metaflow_extensions.torchrun.plugins.torchrun.rank import relay\n"
+            "import sys; from metaflow_extensions.torchrun.plugins.torchrun.procs import relay\n"
             "relay.start(0, True, sys.argv[1]); print('rank output')\n"
         )
         proc = subprocess.run([sys.executable, "-c", "import metaflow\n" + code, str(logs)],

@@ -2,7 +2,7 @@
 
 What users import is also in ``metaflow`` itself (``from metaflow import
 TorchrunFailed, TorchrunResult``: ``toplevel/torchrun_toplevel.py``). This
-``__init__`` stays import-light: every rank imports ``rank/`` modules through
+``__init__`` stays import-light: every rank imports ``procs/`` modules through
 it, with no Metaflow, so the public names load on first use.
 """
 

@@ -54,8 +54,8 @@ from .runtime import attempts as attempts_
 from .runtime.result import METADATA_FIELD, REPORT_ARTIFACT, TorchrunResult
 from .runtime.session import GangSession
 from .runtime import preflight as preflight_runtime
-from .gang.preflight import DEFAULT_MODE as DEFAULT_PREFLIGHT
-from .gang.preflight import parse_mode as parse_preflight
+from .gang.node_compare import DEFAULT_MODE as DEFAULT_PREFLIGHT
+from .gang.node_compare import parse_mode as parse_preflight
 from .gang.topology import CONTROL_TASK_ID_ENV, is_local_runtime, topology_from
 
 

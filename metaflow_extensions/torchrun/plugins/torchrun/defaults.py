@@ -25,7 +25,7 @@ CARD = True
 # How a dict of entrypoint_args is spelled (launch/command.ARGS_STYLES).
 ARGS_AS = "ours"
 
-# -- Metaflow configuration knobs (rank/names.USER_KNOBS) --------------------------
+# -- Metaflow configuration knobs (procs/names.USER_KNOBS) --------------------------
 # "still waiting for node N" lines while a gang forms, every this many seconds.
 PROGRESS_SECONDS = 15.0
 # Per-rank logs, per user and host (host/retention.py): a run's are kept this many

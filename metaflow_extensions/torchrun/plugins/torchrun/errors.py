@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Iterable, List, Optional
 from . import load_order  # noqa: F401  (Metaflow first, whatever the user imports first)
 from metaflow.exception import MetaflowException
 
-from .rank.failures import RankFailure, describe_exit_code, root_cause_order
+from .procs.failures import RankFailure, describe_exit_code, root_cause_order
 
 if TYPE_CHECKING:
     from .cause import Cause

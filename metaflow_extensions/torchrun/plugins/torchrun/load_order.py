@@ -17,7 +17,7 @@ returns what ``sys.modules`` holds once a module's body ends). The set-aside
 copies finish their bodies unseen (definitions only: no module here does more
 at import, and ``register_lint_check`` is idempotent). Once Metaflow is
 imported this does nothing: the usual order, Metaflow first, is untouched.
-Ranks never import this (``rank/`` and ``host/`` import no Metaflow).
+Ranks never import this (``procs/`` and ``host/`` import no Metaflow).
 """
 
 from __future__ import annotations

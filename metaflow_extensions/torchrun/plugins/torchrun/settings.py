@@ -3,7 +3,7 @@
 ``config/mfextinit_torchrun.py`` declares them with Metaflow's ``from_conf``: the
 environment wins, else the Metaflow profile. The task reads them here, once, at
 the step's start; the layers below take plain values or plain environment
-variables (``rank/`` and ``host/`` run inside ranks, with no Metaflow).
+variables (``procs/`` and ``host/`` run inside ranks, with no Metaflow).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from typing import Dict, Mapping, MutableMapping, Optional
 
-from .rank.names import SECRET_ENV, USER_KNOBS, conf_key
+from .procs.names import SECRET_ENV, USER_KNOBS, conf_key
 
 
 def profile_value(env_name: str) -> Optional[str]:

@@ -6,7 +6,7 @@ waits on (joined, a call's go-ahead, everyone done) and, when the gang aborts,
 calls ``on_abort`` once so the session can stop whatever the step is doing.
 
 The client believes a service only once it proved it holds the gang's secret
-(``gang_auth``): anything else on a candidate port (another gang, another
+(``auth``): anything else on a candidate port (another gang, another
 program, an impostor) is passed over like a closed port.
 """
 
@@ -19,7 +19,7 @@ import time
 from typing import Callable, Dict, List, Optional, Sequence, Set, Union
 
 from ..cause import Cause, CauseKind
-from ..rank import stacks as rank_stacks
+from ..procs import stacks as rank_stacks
 from . import auth as gang_auth
 from . import messages as msg
 from . import wire

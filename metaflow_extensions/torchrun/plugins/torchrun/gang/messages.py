@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Dict, Mapping, Optional, Tuple, Type, TypeVar
 
 from ..cause import Cause
-from ..rank.stacks import MAX_STACK_BYTES
+from ..procs.stacks import MAX_STACK_BYTES
 from .wire import Message as WireDict
 from .wire import ProtocolError
 
@@ -519,7 +519,7 @@ class Abort(GangMessage):
         return cls(cause=_cause(data, "cause"))
 
 
-# -- preflight (gang/preflight.py compares; launch/preflight.py measures) ----------------
+# -- preflight (gang/node_compare.py compares; launch/node_checks.py measures) ----------------
 
 # The fingerprint's fields, in the order messages name them. A node sends at
 # most these; the service compares them across the gang.

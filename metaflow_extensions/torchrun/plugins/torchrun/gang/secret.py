@@ -5,7 +5,7 @@ and write with the run's own credentials (the local datastore for local runs,
 the flow's S3 datastore on Kubernetes and AWS Batch), and whoever can read it
 can read the run's artifacts anyway, so it adds no one to the circle of trust.
 The network between the nodes is not trusted with it: it never crosses the
-gang's port (``gang_auth`` proves knowledge of it without sending it).
+gang's port (``auth`` proves knowledge of it without sending it).
 
 One secret per gang (one attempt of one ``@torchrun`` step of one run): a
 retry is a new gang with a new secret. It lives next to the control task's own
@@ -28,7 +28,7 @@ from typing import Callable, Mapping, Optional, Protocol, Tuple
 from .auth import MIN_SECRET_BYTES
 from .identity import GangIdentity
 
-from ..rank.names import SECRET_ENV as ENV
+from ..procs.names import SECRET_ENV as ENV
 SECRET_BYTES = 32
 POLL_SECONDS = 0.5
 _PREFIX = b"metaflow-torchrun gang secret v1\n"

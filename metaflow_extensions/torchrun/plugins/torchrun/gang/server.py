@@ -36,7 +36,7 @@ from .calls import CallBook, CallState, CallView
 from .config import CONTROL_NODE, GangConfig
 from .membership import Membership
 from .peer import Peer
-from .preflight import PreflightBook
+from .node_compare import PreflightBook
 from .ports import find_free_port
 from .transport import Transport
 from .wire import MAX_LINE, ProtocolError, encode
@@ -134,7 +134,7 @@ class GangServer:
             return self.book.reports_pending(index, lambda n: n in self.members.by_node, self.members.left)
 
     def preflight_record(self) -> Dict[str, object]:
-        """The gang's preflight as the record keeps it (gang/preflight.py)."""
+        """The gang's preflight as the record keeps it (gang/node_compare.py)."""
         with self._lock:
             return self.preflight.record()
 

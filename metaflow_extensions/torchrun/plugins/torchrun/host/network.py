@@ -9,11 +9,23 @@ address the kernel would use to reach the control is right by construction.
 from __future__ import annotations
 
 import fcntl
+import ipaddress
 import socket
 import struct
 from typing import List, Optional, Tuple
 
 _SIOCGIFADDR = 0x8915
+
+
+def is_loopback(host: str) -> bool:
+    """``localhost`` or a loopback address, bracketed IPv6 included; a name is not resolved."""
+    host = host.strip().strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def local_address_towards(host: str, port: int = 9) -> Optional[str]:

@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from typing import Dict, Iterable, List, Optional, Set, Tuple
 
 # The one module above host/ that host/ reads (a leaf: it imports nothing; pyproject.toml).
-from ..rank.names import KEEP_LOGS_ENV, KEEP_LOGS_HOURS_ENV, MAX_LOG_MB_ENV
+from ..procs.names import KEEP_LOGS_ENV, KEEP_LOGS_HOURS_ENV, MAX_LOG_MB_ENV
 from .. import defaults as DEFAULTS
 from .console import say
 from .retention import (

@@ -23,9 +23,9 @@ from ..gang.config import RDZV_STORE_NODE
 ArgSpec = Union[None, Sequence[Any], Mapping[str, Any]]
 
 # The Python module every rank runs first; it then runs the user's entrypoint.
-BOOTSTRAP_MODULE = "metaflow_extensions.torchrun.plugins.torchrun.rank.bootstrap"
-# torchrun itself, keeping its store on loopback when the endpoint is (rank/agent.py).
-AGENT_MODULE = "metaflow_extensions.torchrun.plugins.torchrun.rank.agent"
+BOOTSTRAP_MODULE = "metaflow_extensions.torchrun.plugins.torchrun.procs.bootstrap"
+# torchrun itself, keeping its store on loopback when the endpoint is (procs/agent.py).
+AGENT_MODULE = "metaflow_extensions.torchrun.plugins.torchrun.procs.agent"
 
 # torch's c10d rendezvous waits this long by default (join_timeout).
 TORCH_JOIN_TIMEOUT = 600

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from .. import defaults as DEFAULTS
-from ..rank import functions, names
-from ..rank.names import SHARE_STORE_OFF_ENV, SHUTDOWN_TIMEOUT_ENV  # noqa: F401 (tests)
+from ..procs import functions, names
+from ..procs.names import SHARE_STORE_OFF_ENV, SHUTDOWN_TIMEOUT_ENV  # noqa: F401 (tests)
 from .command import ArgSpec, encode_args, none_keys, restarts_allowed, true_keys  # noqa: F401 (call.py)
 from .options import canonical_option, parse_options
 from .torch_checks import known_torchrun_options
@@ -63,7 +63,7 @@ class StepDefaults:
     rdzv_port: Optional[int] = None
     # How a dict of entrypoint_args is spelled (command.ARGS_STYLES).
     args_as: str = DEFAULTS.ARGS_AS
-    # @torchrun(preflight=...): gang/preflight.py MODES.
+    # @torchrun(preflight=...): gang/node_compare.py MODES.
     preflight: str = "versions"
 
 
@@ -337,7 +337,7 @@ def rank_environment(
         # Ranks import the function's module as the flow file would: from the
         # flow's directory.
         env["PYTHONPATH"] = os.pathsep.join(p for p in (flow_dir, env.get("PYTHONPATH")) if p)
-    env[names.FAILURE_DIR_ENV] = workdir
+    env[names.WORK_DIR_ENV] = workdir
     env[names.NODE_INDEX_ENV] = str(node_index)
     if iface and "GLOO_SOCKET_IFNAME" not in env:
         # gloo otherwise binds to whatever the host name resolves to, which

@@ -15,13 +15,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
-from ..rank import bootstrap, entry, functions, stacks
+from ..procs import bootstrap, entry, functions, stacks
 from ..cause import Cause, CauseKind
 from ..gang.messages import MAX_RANKS_PER_NODE, STREAMS, TAIL_LINE_CHARS, TAIL_LINES, NodeReport, RankStatus
 from ..launch.command import Launch, build_command
 from ..host.devices import cuda_devices
 from ..errors import GangAborted, TorchrunException, TorchrunFailed, TorchrunInvalidArgument
-from ..rank.failures import (
+from ..procs.failures import (
     RankFailure,
     describe_exit_code,
     merge_failures,
@@ -37,7 +37,7 @@ from .session import GangSession, local_address
 from ..host.console import say
 from .supervisor import Supervisor
 from ..host.workdirs import CallFiles
-from ..rank.names import ARGS_FILE, agent_log_path, rank_log_path
+from ..procs.names import ARGS_FILE, agent_log_path, rank_log_path
 from ..host.workdirs import tail_lines as _tail_lines
 
 # What stacks may add to the control's stop, its own collecting included: a
@@ -63,11 +63,11 @@ class CallRun:
     local_addr: str = ""
     rdzv_port: Optional[int] = None
     argv: List[str] = field(default_factory=list)
-    code: Optional[int] = None
+    exit_code: Optional[int] = None  # torchrun agent's exit code on this node
     failures: List[RankFailure] = field(default_factory=list)
     returns: Dict[int, Any] = field(default_factory=dict)
     started: float = field(default_factory=time.time)
-    sup: Optional[Supervisor] = None
+    supervisor: Optional[Supervisor] = None
     files: Optional[CallFiles] = None  # work and log directories (workdirs.py)
     # Where the ranks were when the job was stopped (stacks.py): this node's,
     # and on the control every node's that arrived in time. Rank -> text.
@@ -87,7 +87,7 @@ class CallRun:
             self.enter()
             env = self.prepare()
             self.supervise(env)
-            if self.code == 0 and self.session.cause is None:
+            if self.exit_code == 0 and self.session.cause is None:
                 self.finish_ok()
             else:
                 self.finish_failed()
@@ -179,9 +179,9 @@ class CallRun:
         try:
             with Supervisor(self.argv, env=env, shutdown_grace=self.session.defaults.shutdown_grace,
                             before_stop=self._collect_stacks) as sup:
-                self.sup = sup
+                self.supervisor = sup
                 client.quiet = lambda: None if sup.last_output is None else time.monotonic() - sup.last_output
-                self.code = sup.wait(should_stop=should_stop)
+                self.exit_code = sup.wait(should_stop=should_stop)
         except BaseException:
             # Told to stop (SIGTERM, Ctrl-C, @timeout): the error is not ours
             # to word, so where the ranks were goes to the log.
@@ -222,7 +222,7 @@ class CallRun:
         assert client is not None
         self._share_stacks()
         reported = False
-        if self.code != 0:
+        if self.exit_code != 0:
             self.failures = [self._with_last_output(f) for f in merge_failures(
                 read_failures(self.workdir),
                 parse_torchrun_summary(self._agent_report(), self.node_index),
@@ -244,14 +244,14 @@ class CallRun:
         if cause.kind is CauseKind.RANK_FAILED and cause.node_index == self.node_index:
             self.session.reported = True
             error: TorchrunException = TorchrunFailed(
-                self.code if self.code is not None else -1, self.node_index, self.failures, self.argv)
+                self.exit_code if self.exit_code is not None else -1, self.node_index, self.failures, self.argv)
             _add_text(error, where)
             original = self._original_exception(error)
             if original is not None:
                 original.__cause__ = error
                 raise original
             raise error
-        aborted = self.session.aborted(cause, self.code)
+        aborted = self.session.aborted(cause, self.exit_code)
         _add_text(aborted, where)
         raise aborted
 
@@ -264,7 +264,7 @@ class CallRun:
 
     def _record(self) -> TorchrunResult:
         topology = self.session.topology
-        sup = self.sup
+        sup = self.supervisor
         server = self.session.server
         gang_view: Dict[str, Any] = {}
         if server is not None:
@@ -282,7 +282,7 @@ class CallRun:
             node_index=topology.node_index,
             num_nodes=topology.num_nodes,
             nproc_per_node=self.plan.nproc,
-            exit_code=self.code,
+            exit_code=self.exit_code,
             started_at=(sup.started_at if sup and sup.started_at else self.started),
             ended_at=(sup.ended_at if sup and sup.ended_at else time.time()),
             main_addr=topology.main_addr,
@@ -306,10 +306,10 @@ class CallRun:
 
     def _collect_stacks(self) -> None:
         """Before the supervisor stops the ranks: each live rank's stacks."""
-        if self.sup is None or not self.workdir:
+        if self.supervisor is None or not self.workdir:
             return
         began = time.monotonic()
-        live = self.sup.live_pids()
+        live = self.supervisor.live_pids()
         pids = {r.rank: r.pid for r in read_rank_records(self.workdir, [])
                 if r.end is None and isinstance(r.pid, int) and r.pid in live}
         self.stacks = stacks.collect(self.workdir, pids)
@@ -360,7 +360,7 @@ class CallRun:
         return self.session.aborted(cause)
 
     def _own_cause(self) -> Cause:
-        code = self.code if self.code is not None else -1
+        code = self.exit_code if self.exit_code is not None else -1
         if self.failures:
             first = self.failures[0]
             return Cause(
@@ -386,8 +386,8 @@ class CallRun:
 
     def _agent_report(self) -> bytes:
         """What torchrun said of the failure: its stderr, and its log file
-        (``rank/agent.py`` keeps its report out of the console)."""
-        text = self.sup.stderr_tail if self.sup else b""
+        (``procs/agent.py`` keeps its report out of the console)."""
+        text = self.supervisor.stderr_tail if self.supervisor else b""
         if self.log_dir:
             text += "\n".join(tail_lines(agent_log_path(self.log_dir), count=400, max_bytes=256 * 1024)).encode()
         return text
@@ -412,7 +412,7 @@ class CallRun:
         return NodeReport(
             ranks=tuple(RankStatus.of(r) for r in ranks[:MAX_RANKS_PER_NODE]),
             tails=tails,
-            started=self.sup.started_at if self.sup else None,
+            started=self.supervisor.started_at if self.supervisor else None,
             ended=time.time(),
         )
 

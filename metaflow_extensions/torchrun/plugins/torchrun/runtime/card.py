@@ -31,11 +31,11 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from ..host.console import say
 from ..host.devices import cuda_devices
-from ..rank.failures import describe_exit_code
+from ..procs.failures import describe_exit_code
 from ..launch.resources import Accelerators
-from ..rank import stacks
-from ..rank.ranges import numbers
-from . import preflight_card, timeline
+from ..procs import stacks
+from ..procs.ranges import numbers
+from . import card_preflight, timeline
 from .result import REPORT_ARTIFACT, TorchrunResult
 
 CARD_ID = "torchrun"
@@ -393,7 +393,7 @@ def build_components(result: TorchrunResult, flow: str, pathspec: str, backend: 
         text, _ = clip_lines(cause.get("summary") or str(cause), CARD_CAUSE_CHARS)
         parts.append(Markdown("## Root cause\n\n%s" % text_block(text)))
     parts.extend(stack_parts(result, Markdown, Table))
-    parts.extend(preflight_card.parts(result.preflight, escape_markdown, code_block))
+    parts.extend(card_preflight.parts(result.preflight, escape_markdown, code_block))
     parts.extend(tail_parts(result, Markdown))
     parts.append(Markdown("_Generated %s_" % time.strftime("%Y-%m-%d %H:%M:%S")))
     return parts

@@ -5,9 +5,9 @@ the control keeps for the record and the card.
 - "versions" (the default): each node's fingerprint and fitness checks go to
   the control on the join's thread (``gang/client.py``); the service compares
   them when the last arrives and refuses the gang before any rank starts
-  (``gang/preflight.py``). No process, no wait on the step's code.
+  (``gang/node_compare.py``). No process, no wait on the step's code.
 - "full": also a short torchrun job of its own on every rank
-  (``rank/preflight_job.py``), run as a call under the gang's supervision,
+  (``procs/collective_check.py``), run as a call under the gang's supervision,
   with a deadline of ``heartbeat_timeout``: a node whose ranks are stuck
   outside a collective by then is named; nodes waiting in one report an echo.
 """
@@ -20,13 +20,13 @@ from typing import Any, Callable, Dict, Optional
 
 from ..cause import Cause, CauseKind
 from ..gang import messages as msg
-from ..gang import preflight as verdicts
+from ..gang import node_compare as verdicts
 from ..host.devices import cuda_devices
 from ..host.network import interface_of, interfaces
 from ..host.workdirs import work_root
-from ..launch import preflight as checks
+from ..launch import node_checks as checks
 from ..launch.plan import plan_call
-from ..rank import preflight_job
+from ..procs import collective_check
 from .call import CallRun
 from .result import TorchrunResult
 from .session import GangSession, local_address, say
@@ -68,7 +68,7 @@ def before_first_call(session: GangSession) -> None:
     if session.defaults.preflight != verdicts.FULL or session.calls_made or session.preflight.get("job_ran"):
         return
     session.preflight["job_ran"] = True
-    plan = plan_call(preflight_job.preflight_job, {"backend": backend(session)}, None, None,
+    plan = plan_call(collective_check.preflight_job, {"backend": backend(session)}, None, None,
                      session.defaults, [os.getcwd()])
     began = time.monotonic()
     with session.in_call() as index:
@@ -132,13 +132,13 @@ class PreflightRun(CallRun):
 
     def _phases(self) -> Dict[int, Optional[str]]:
         nproc = self.plan.nproc if isinstance(self.plan.nproc, int) else 1
-        return {local: preflight_job.read_phase(self.workdir, local) if self.workdir else None
+        return {local: collective_check.read_phase(self.workdir, local) if self.workdir else None
                 for local in range(nproc)}
 
 def _outside(phases: Dict[int, Optional[str]]) -> str:
     """The local ranks that are not waiting inside a collective, and where."""
     return ", ".join("local rank %d %s" % (local, "in %r" % phase if phase else "not started")
-                     for local, phase in sorted(phases.items()) if phase not in preflight_job.WAITING)
+                     for local, phase in sorted(phases.items()) if phase not in collective_check.WAITING)
 
 
 def record(session: GangSession) -> Dict[str, Any]:

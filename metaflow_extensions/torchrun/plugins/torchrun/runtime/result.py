@@ -12,10 +12,10 @@ import os
 from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, List, Optional, Union
 
-from ..rank.failures import RankFailure
-from ..rank.ranges import numbers
-from ..rank.stacks import SUMMARY_PLACES, bound, group
-from ..rank.names import STATUS_SUFFIX, rank_log_path
+from ..procs.failures import RankFailure
+from ..procs.ranges import numbers
+from ..procs.stacks import SUMMARY_PLACES, bound, group
+from ..procs.names import STATUS_SUFFIX, rank_log_path
 
 METADATA_FIELD = "torchrun-result"
 # The record is stored in the metadata service: at most this many bytes of JSON,
@@ -88,7 +88,7 @@ class TorchrunResult:
     stacks: Dict[int, str] = field(default_factory=dict)
     stack_seconds: float = 0.0
     # On the control: @torchrun(preflight=...)'s findings for the whole gang,
-    # bounded whatever its size (gang/preflight.py record, runtime/preflight.py).
+    # bounded whatever its size (gang/node_compare.py record, runtime/preflight.py).
     preflight: Dict[str, Any] = field(default_factory=dict)
     # On the control: every attempt of the step so far, this one last
     # (runtime/attempts.py: start, gang formed, calls, why it stopped, the

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import enum
-import ipaddress
 import os
 import signal
 import sys
@@ -36,12 +35,12 @@ from ..gang.config import GangConfig
 from ..gang.client import GangClient
 from ..gang.server import GangServer
 from ..gang.identity import GangIdentity
-from ..host.network import local_address_towards
+from ..host.network import is_loopback, local_address_towards
 from ..launch.plan import StepDefaults
 from .result import TorchrunResult
 from ..gang.topology import Topology
 from .. import defaults as DEFAULTS
-from ..rank.names import PROGRESS_ENV
+from ..procs.names import PROGRESS_ENV
 from ..host.console import say
 from ..host.workdirs import where_logs_are
 
@@ -338,13 +337,6 @@ def bind_host(topology: Topology) -> str:
     if topology.is_local:
         return "127.0.0.1"
     return "::" if ":" in topology.main_addr else "0.0.0.0"
-
-
-def is_loopback(address: str) -> bool:
-    try:
-        return ipaddress.ip_address(address).is_loopback
-    except ValueError:
-        return False
 
 
 def local_address(topology: Topology) -> str:

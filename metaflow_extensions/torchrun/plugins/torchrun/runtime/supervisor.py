@@ -18,7 +18,7 @@ import time
 from typing import BinaryIO, Callable, List, Mapping, Optional, Set
 
 from ..host import proctree
-from ..rank import relay
+from ..procs import relay
 from ..errors import TorchrunInterrupted
 
 ChunkSink = Callable[[bytes], None]

@@ -18,7 +18,7 @@ import time
 import traceback
 
 from . import agent, entry, relay, stacks
-from .names import ARGS_FILE, FAILURE_DIR_ENV, LABELS_ENV, LOG_DIR_ENV, NODE_INDEX_ENV, STATUS_SUFFIX, rank_file
+from .names import ARGS_FILE, WORK_DIR_ENV, LABELS_ENV, LOG_DIR_ENV, NODE_INDEX_ENV, STATUS_SUFFIX, rank_file
 from .failures import PRIVATE_NEW, RankFailure, write_failure
 
 
@@ -41,7 +41,7 @@ def user_traceback(exc: BaseException, script: str) -> str:
 
 
 def _record(exc: BaseException, formatted: str) -> None:
-    directory = os.environ.get(FAILURE_DIR_ENV)
+    directory = os.environ.get(WORK_DIR_ENV)
     rank = _env_int("RANK")
     if directory:
         try:
@@ -125,7 +125,7 @@ def run_function(ref_text: str, workdir: str) -> None:
 
 def _status(**fields) -> None:
     """This rank's life for the result object: written at start, then at exit."""
-    directory = os.environ.get(FAILURE_DIR_ENV)
+    directory = os.environ.get(WORK_DIR_ENV)
     if not directory:
         return
     record = dict(_STATUS, **fields)
@@ -162,7 +162,7 @@ def main(argv: list) -> None:
     _line_buffered()
     faulthandler.enable()  # a segfaulting rank prints its Python stack
     # Where this rank is, on request, when the gang stops (stacks.py).
-    _KEEP.append(stacks.register(os.environ.get(FAILURE_DIR_ENV), rank))
+    _KEEP.append(stacks.register(os.environ.get(WORK_DIR_ENV), rank))
     _status(
         rank=rank,
         local_rank=_env_int("LOCAL_RANK"),

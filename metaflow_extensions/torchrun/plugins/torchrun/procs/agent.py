@@ -10,13 +10,12 @@ already listening on that port in this process: the store made here, bound to
 the loopback address, is the one torch then uses.
 
 Runs in the agent process, before torch's own ``main``; like the rest of
-``rank/`` it imports no Metaflow.
+``procs/`` it imports no Metaflow.
 """
 
 from __future__ import annotations
 
 import datetime
-import ipaddress
 import logging
 import os
 import socket
@@ -26,9 +25,10 @@ import traceback
 from typing import IO, Any, Dict, List, Mapping, Optional, Sequence
 
 from ..host.console import say
+from ..host.network import is_loopback
 from ..host.workdirs import open_private
 from . import exits
-from .names import FAILURE_DIR_ENV, LOG_DIR_ENV, agent_log_path
+from .names import WORK_DIR_ENV, LOG_DIR_ENV, agent_log_path
 
 # torchrun's own loggers: their lines go to the node's agent log, not the console.
 LAUNCHER_LOGGERS = ("torch.distributed.run", "torch.distributed.elastic", "torch.distributed.launcher")
@@ -36,15 +36,6 @@ LAUNCHER_LOGGERS = ("torch.distributed.run", "torch.distributed.elastic", "torch
 # The store we opened must outlive torch's use of it: the agent's whole life.
 _KEEP: List[Any] = []
 
-
-def is_loopback(host: str) -> bool:
-    host = host.strip().strip("[]")
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def _conf(text: str) -> dict:
@@ -191,7 +182,7 @@ def main(argv: Sequence[str]) -> None:
     if where is not None:
         _KEEP.append(open_loopback_store(*where))
     log = quiet_launcher(os.environ.get(LOG_DIR_ENV))
-    record_worker_exits(os.environ.get(FAILURE_DIR_ENV))
+    record_worker_exits(os.environ.get(WORK_DIR_ENV))
     try:
         run.main(list(argv))
     except (ChildFailedError, SignalException) as e:

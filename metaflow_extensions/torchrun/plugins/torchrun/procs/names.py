@@ -2,7 +2,7 @@
 files of a call's work directory.
 
 One home, so that the side that writes a name and the side that reads it can
-never drift apart. It lives in ``rank/`` (the layer both sides may import) and
+never drift apart. It lives in ``procs/`` (the layer both sides may import) and
 imports nothing: ranks load it before anything else.
 """
 
@@ -23,7 +23,7 @@ MAX_LOG_MB_ENV = "METAFLOW_TORCHRUN_MAX_LOG_MB"  # and at most this many MB of t
 USER_KNOBS = (PORT_ENV, SECRET_ENV, PROGRESS_ENV, KEEP_LOGS_HOURS_ENV, KEEP_LOGS_ENV, MAX_LOG_MB_ENV)
 
 # -- environment: what the task sets for its torchrun and ranks -------------------
-FAILURE_DIR_ENV = "METAFLOW_TORCHRUN_FAILURE_DIR"  # the call's work directory
+WORK_DIR_ENV = "METAFLOW_TORCHRUN_WORK_DIR"  # the call's work directory
 NODE_INDEX_ENV = "METAFLOW_TORCHRUN_NODE_INDEX"
 LABELS_ENV = "METAFLOW_TORCHRUN_LABELS"  # "0": leave output lines as they are
 LOG_DIR_ENV = "METAFLOW_TORCHRUN_LOG_DIR"  # per-rank copies of stdout and stderr
@@ -42,15 +42,15 @@ def conf_key(env_name: str) -> str:
 
 
 # -- files of one call's work directory (host/workdirs.py makes the directory) ----
-ENTRY_FILE = "entry.json"  # what every rank runs (rank/entry.py)
+ENTRY_FILE = "entry.json"  # what every rank runs (procs/entry.py)
 AGENT_TMP = "tmp"  # torchrun's agent's TMPDIR (its own directories)
-ARGS_FILE = "function-args.pkl"  # a function's arguments (rank/functions.py)
+ARGS_FILE = "function-args.pkl"  # a function's arguments (procs/functions.py)
 RANK_PREFIX = "rank-"
-FAILURE_SUFFIX = ".failure.json"  # a rank's failure record (rank/failures.py)
-STATUS_SUFFIX = ".status.json"  # a rank's start and exit (rank/bootstrap.py)
+FAILURE_SUFFIX = ".failure.json"  # a rank's failure record (procs/failures.py)
+STATUS_SUFFIX = ".status.json"  # a rank's start and exit (procs/bootstrap.py)
 RETURN_SUFFIX = ".return.pkl"  # a function's return value
 EXCEPTION_SUFFIX = ".exception.pkl"  # a function's exception
-STACKS_SUFFIX = ".stacks.txt"  # where a rank was when stopped (rank/stacks.py)
+STACKS_SUFFIX = ".stacks.txt"  # where a rank was when stopped (procs/stacks.py)
 LOG_SUFFIX = ".log"  # rank-<R>.<stream>.log in the call's log directory
 
 

@@ -14,7 +14,7 @@ import os
 import time
 from typing import Any, Dict, List, Optional
 
-from .bootstrap import FAILURE_DIR_ENV, NODE_INDEX_ENV
+from .bootstrap import WORK_DIR_ENV, NODE_INDEX_ENV
 
 # Test-only: the node index whose ranks stop (sleep) right after the process
 # group is up, outside any collective: a node that hangs in the preflight job.
@@ -33,7 +33,7 @@ def phase_path(workdir: str, local_rank: int) -> str:
 
 
 def _phase(name: str) -> None:
-    workdir = os.environ.get(FAILURE_DIR_ENV)
+    workdir = os.environ.get(WORK_DIR_ENV)
     if not workdir:
         return
     path = phase_path(workdir, int(os.environ.get("LOCAL_RANK", "0")))

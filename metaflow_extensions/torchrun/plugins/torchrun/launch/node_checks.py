@@ -4,7 +4,7 @@ Everything here reads files and asks the kernel; nothing imports torch (that
 costs seconds in the task, see ``torch_checks``). It runs on the gang join's
 thread, after joining, so the step's code never waits for it; the whole costs
 a few milliseconds. The control compares what every node found
-(``gang/preflight.py``).
+(``gang/node_compare.py``).
 """
 
 from __future__ import annotations

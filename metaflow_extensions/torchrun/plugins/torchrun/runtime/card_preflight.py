@@ -69,7 +69,7 @@ def parts(record: Mapping[str, Any], escape: Any, code_block: Any) -> list:
     out.append(Markdown(text or "Every node runs the same software and passed every check."))
     job = record.get("job")
     if job:
-        from ..gang.preflight import describe_job
+        from ..gang.node_compare import describe_job
 
         out.append(Markdown(code_block("\n".join(describe_job(job)))))
         if job.get("link_gbps"):
