@@ -101,6 +101,13 @@ def none_keys(args: ArgSpec) -> List[str]:
     return [str(k) for k, v in args.items() if v is None]
 
 
+def false_keys(args: ArgSpec) -> List[str]:
+    """The keys of a dict given as ``False``: left out here, ``--key false`` in 0.2."""
+    if not isinstance(args, Mapping):
+        return []
+    return [str(k).lstrip("-") for k, v in args.items() if v is False]
+
+
 def true_keys(args: ArgSpec) -> List[str]:
     """The keys of a dict given as ``True``: a bare flag here, ``--key true`` in 0.2."""
     if not isinstance(args, Mapping):

@@ -17,7 +17,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 from .. import defaults as DEFAULTS
 from ..procs import functions, names
 from ..procs.names import SHARE_STORE_OFF_ENV, SHUTDOWN_TIMEOUT_ENV  # noqa: F401 (tests)
-from .command import ArgSpec, encode_args, none_keys, restarts_allowed, true_keys  # noqa: F401 (call.py)
+from .command import ArgSpec, encode_args, false_keys, none_keys, restarts_allowed, true_keys  # noqa: F401 (call.py)
 from .options import canonical_option, parse_options
 from .torch_checks import known_torchrun_options
 from .inputs import (
@@ -252,6 +252,18 @@ def none_note(keys: Sequence[str], what: str) -> str:
     )
 
 
+def false_note(keys: Sequence[str]) -> str:
+    """The one line that keeps ``False`` from changing meaning silently: left
+    out is right for a ``store_true`` flag, but an option that takes a value
+    (an ``HfArgumentParser`` bool) then keeps its default, which may be True."""
+    flags = ", ".join("--" + k for k in keys)
+    return (
+        "entrypoint_args: False leaves %s out, so the script's default applies, and an option that "
+        "defaults to True (an HfArgumentParser bool) stays True: write '%s': 'false' to pass false, "
+        "or drop the key." % (flags, keys[0])
+    )
+
+
 def function_reference(entrypoint: Any, args: Any) -> Optional[functions.FunctionRef]:
     """A reference ranks can import, when the entrypoint is a function."""
     if isinstance(entrypoint, (str, os.PathLike)) or not callable(entrypoint):
@@ -286,6 +298,8 @@ def plan_call(
         problems.check(check_arguments, entry_argv)
         if none_keys(entrypoint_args):
             notes.append(none_note(none_keys(entrypoint_args), "entrypoint_args"))
+        if false_keys(entrypoint_args) and defaults.args_as != "0.2":
+            notes.append(false_note(false_keys(entrypoint_args)))
     options = problems.check(merged_options, defaults, torchrun_args) or {}
     for source, args in (("@torchrun(torchrun_args)", defaults.torchrun_args), ("torchrun_args", torchrun_args)):
         if none_keys(args):

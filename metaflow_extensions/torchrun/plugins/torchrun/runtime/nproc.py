@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import sys
+from typing import Tuple
 
 from ..errors import TorchrunInvalidArgument
 from ..host.devices import count_with_torch, cuda_devices, usable_cpus
@@ -25,18 +26,25 @@ def with_nproc_resolved(plan: CallPlan) -> CallPlan:
     keyword = plan.nproc
     if isinstance(keyword, int):
         return plan
+    count, why = count_for_keyword(keyword)
+    return dataclasses.replace(plan, nproc=count, notes=plan.notes + (keyword_note(keyword, count, why),))
+
+
+def count_for_keyword(keyword: str) -> Tuple[int, str]:
+    """The number of processes a torchrun word stands for on this node, and why."""
     cpus = usable_cpus()
     count, why = nproc_for_keyword(keyword, cuda_devices(), cpus)
-    if count is None:
-        kind = "xpu" if keyword == "xpu" else "cuda"
-        asked = count_with_torch(kind, sys.executable)
-        if asked is None:
-            raise TorchrunInvalidArgument(
-                "nproc_per_node=%r: this node's %s devices could not be counted (torch did not answer): "
-                "give a number." % (keyword, kind.upper()))
-        if asked == 0 and keyword != "auto":
-            raise TorchrunInvalidArgument("nproc_per_node=%r but torch sees no %s device on this node: "
-                                          "give a number." % (keyword, kind.upper()))
-        count, why = (asked, "one per %s device torch sees (%d)" % (kind.upper(), asked)) if asked else (
-            cpus, "no %s device: one per CPU this task may use (%d), as torchrun does" % (kind.upper(), cpus))
-    return dataclasses.replace(plan, nproc=count, notes=plan.notes + (keyword_note(keyword, count, why),))
+    if count is not None:
+        return count, why
+    kind = "xpu" if keyword == "xpu" else "cuda"
+    asked = count_with_torch(kind, sys.executable)
+    if asked is None:
+        raise TorchrunInvalidArgument(
+            "nproc_per_node=%r: this node's %s devices could not be counted (torch did not answer): "
+            "give a number." % (keyword, kind.upper()))
+    if asked == 0 and keyword != "auto":
+        raise TorchrunInvalidArgument("nproc_per_node=%r but torch sees no %s device on this node: "
+                                      "give a number." % (keyword, kind.upper()))
+    if asked:
+        return asked, "one per %s device torch sees (%d)" % (kind.upper(), asked)
+    return cpus, "no %s device: one per CPU this task may use (%d), as torchrun does" % (kind.upper(), cpus)
