@@ -68,14 +68,14 @@ class TorchrunDecorator(ParallelDecorator):
 
     Parameters
     ----------
-    nproc_per_node : int, optional
+    nproc_per_node : int, optional, default None
         Processes per node; overrides what is derived from the step's resources.
-    torchrun_args : dict or list, optional
+    torchrun_args : dict or list, optional, default None
         Extra torchrun options, e.g. ``{"max_restarts": 2}``.
-    port : int, optional
+    port : int, optional, default None
         The control node's main port, where the gang service listens (default:
         chosen automatically; ``@kubernetes(port=...)`` on Kubernetes).
-    rdzv_port : int, optional
+    rdzv_port : int, optional, default None
         torchrun's rendezvous port on the control node, for every call (default:
         picked free per call by the control and announced to the nodes).
         metaflow-torchrun 0.2's ``master_port`` pinned this port.
@@ -87,7 +87,7 @@ class TorchrunDecorator(ParallelDecorator):
         Prefix every output line of a rank with ``[rank<N>]: ``.
     card : bool, default True
         Add a card (id ``torchrun``) of the distributed run to the control task.
-    hang_timeout : float, optional
+    hang_timeout : float, optional, default None
         Seconds without a line of output from any rank of the gang before the
         gang stops as hung, showing where every rank was. Off by default.
     shutdown_grace : float, default 30
@@ -99,7 +99,7 @@ class TorchrunDecorator(ParallelDecorator):
         each node's fitness (/dev/shm, disk, GPUs, network; no process, no
         wait); ``"full"`` also runs a short collective job on every rank
         (all-reduce, bandwidth per node); ``False`` checks nothing.
-    args_as : str, optional
+    args_as : str, optional, default None
         ``"0.2"``: spell a dict of entrypoint_args as metaflow-torchrun 0.2 did
         (``True`` -> ``--k true``, ``[1, 2]`` -> ``--k "[1, 2]"``). Off by default.
     retry_on : str, default "any"
@@ -117,6 +117,9 @@ class TorchrunDecorator(ParallelDecorator):
         module-level function under torchrun on this node, with every other node
         of the step; it raises ``TorchrunFailed`` when a rank fails anywhere.
         ``current.torch.last_result`` is the latest call's ``TorchrunResult``.
+        ``current.torch.torchrun_args`` is metaflow-torchrun 0.2's dict of this
+        node's ``nnodes``, ``master_addr``, ``master_port``, ``node_rank`` and
+        ``nproc_per_node``, for a torchrun command of your own.
 
         @@ Returns
         -------
