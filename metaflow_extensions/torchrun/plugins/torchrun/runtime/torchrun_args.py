@@ -42,10 +42,10 @@ class TorchrunArgs(dict):
     def _refuse(self, *args: Any, **kwargs: Any) -> NoReturn:
         raise TorchrunException(READ_ONLY)
 
-    __setitem__ = __delitem__ = __ior__ = _refuse  # type: ignore[assignment]
-    update = pop = popitem = clear = setdefault = _refuse  # type: ignore[assignment]
+    __setitem__ = __delitem__ = __ior__ = _refuse
+    update = pop = popitem = clear = setdefault = _refuse
 
-    def copy(self) -> Dict[str, Any]:  # type: ignore[override]
+    def copy(self) -> Dict[str, Any]:
         return dict(self)
 
     def __reduce__(self) -> Any:  # copy.copy, deepcopy and pickle give a plain dict
