@@ -285,7 +285,8 @@ class TorchrunDecorator(ParallelDecorator):
         self._code_started: Optional[float] = None
         if is_control and int(retry_count) > 0:
             self._read_previous("%s/%s/%s/%s" % (self._flow_name, run_id, step_name, task_id), int(retry_count))
-        current._update_env({"torch": TorchrunHandle(lambda: self._session)})
+        self._handle = TorchrunHandle()
+        current._update_env({"torch": self._handle})
 
     def _share_secret(self, storage, is_control: bool) -> None:
         """The control publishes the gang's secret before Metaflow spawns the
@@ -354,7 +355,7 @@ class TorchrunDecorator(ParallelDecorator):
             # @checkpoint (above @torchrun) has loaded by now.
             self._resumed_from = attempts_.checkpoint_info(current)
             self._code_started = time.time()
-            session = self._session = GangSession(
+            session = self._session = self._handle.session = GangSession(
                 self._identity, self._defaults, topology, self._flow_dir, secret=self._secret
             )
             preflight_runtime.attach(session)

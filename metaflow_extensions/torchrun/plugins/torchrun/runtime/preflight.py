@@ -22,14 +22,14 @@ from ..cause import Cause, CauseKind
 from ..gang import messages as msg
 from ..gang import node_compare as verdicts
 from ..host.devices import cuda_devices
-from ..host.network import interface_of, interfaces
+from ..host.network import interfaces, route_to
 from ..host.workdirs import work_root
 from ..launch import node_checks as checks
 from ..launch.plan import plan_call
 from ..procs import collective_check
 from .call import CallRun
 from .result import TorchrunResult
-from .session import GangSession, local_address, say
+from .session import GangSession, say
 
 # Nodes whose ranks wait inside a collective at the deadline report this much
 # later than the node stuck outside one, so that the root cause arrives first.
@@ -41,11 +41,11 @@ def source(session: GangSession) -> Callable[[], msg.Preflight]:
 
     def measure() -> msg.Preflight:
         defaults = session.defaults
-        addr = local_address(session.topology)
+        addr, iface = route_to(session.topology.main_addr, session.topology.is_local)
         return checks.measure(
             session.topology.node_index,
             checks.default_nproc(defaults.nproc_per_node, defaults.derived_nproc),
-            defaults.accelerators, os.environ, work_root(), addr, interface_of(addr), interfaces())
+            defaults.accelerators, os.environ, work_root(), addr, iface, interfaces())
 
     return measure
 
