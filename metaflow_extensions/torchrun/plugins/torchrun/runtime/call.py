@@ -33,7 +33,7 @@ from ..launch.command import argparse_hint
 from ..launch.plan import CallPlan
 from ..launch.prepare import NodeFacts, prepare
 from ..launch.resources import check_visible_devices
-from .result import FULL_REPORT_HINT, TorchrunResult, read_rank_records
+from .result import FULL_REPORT_HINT, GangView, TorchrunResult, read_rank_records
 from .session import GangSession
 from ..host.console import say
 from .supervisor import Supervisor
@@ -246,14 +246,10 @@ class CallRun:
         topology = self.session.topology
         sup = self.supervisor
         server = self.session.server
-        gang_view: Dict[str, Any] = {}
+        gang_view = GangView()
         if server is not None:
             view = server.call_view(self.index)
-            gang_view = {
-                "joined_at": dict(view.joined_at),
-                "finished_at": dict(view.finished_at),
-                "reports": {node: report.to_wire() for node, report in view.reports.items()},
-            }
+            gang_view = GangView(dict(view.joined_at), dict(view.finished_at), dict(view.reports))
         ranks = read_rank_records(self.workdir, self.failures) if self.workdir else []
         cause = self.session.cause
         client = self.session.client
@@ -272,7 +268,7 @@ class CallRun:
             ranks=ranks,
             restarts=max([r.restart or 0 for r in ranks] or [0]),
             log_dir=self.log_dir,
-            cause=cause.to_wire() if cause is not None else None,
+            cause=cause,
             gang=gang_view,
             returns=self.returns,
             call=self.index,

@@ -27,7 +27,8 @@ import sys
 import threading
 import time
 import traceback
-from typing import Any, Callable, Dict, Iterator, List, Optional, Union
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, List, Optional, Union
 
 from ..cause import Cause, CauseKind
 from ..errors import GangAborted, TorchrunCallRefused, TorchrunException, is_refusal
@@ -35,6 +36,7 @@ from ..gang.config import GangConfig
 from ..gang.client import GangClient
 from ..gang.server import GangServer
 from ..gang.identity import GangIdentity
+from ..gang.node_compare import JobRecord
 from ..launch.plan import StepDefaults
 from .result import TorchrunResult
 from ..gang.topology import Topology
@@ -54,6 +56,16 @@ INTERRUPT_GRACE = 10.0
 JOIN_WAIT = 2.0
 # How long a failed gang's service waits for nodes that have not heard yet.
 LINGER = 15.0
+
+
+@dataclass
+class PreflightState:
+    """The step's preflight (runtime/preflight.py): its mode, and on the
+    control the collective job's record once it ran."""
+
+    mode: Optional[str] = None
+    job_ran: bool = False
+    job: Optional[JobRecord] = None
 
 
 class Phase(enum.Enum):
@@ -106,7 +118,7 @@ class GangSession:
         # This node's preflight (runtime/preflight.py): what it sends on joining,
         # and what the control keeps of the gang's.
         self.preflight_source: Optional[Callable[[], Any]] = None
-        self.preflight: Dict[str, Any] = {}
+        self.preflight = PreflightState()
 
     @property
     def cause(self) -> Optional[Cause]:
