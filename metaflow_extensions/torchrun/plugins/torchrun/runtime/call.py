@@ -18,7 +18,6 @@ from typing import Any, Dict, List, Optional, Tuple
 from ..procs import bootstrap, entry, functions, stacks
 from ..cause import Cause, CauseKind
 from ..gang.messages import MAX_RANKS_PER_NODE, STREAMS, TAIL_LINE_CHARS, TAIL_LINES, NodeReport, RankStatus
-from ..host.devices import cuda_devices
 from ..errors import GangAborted, TorchrunException, TorchrunFailed, TorchrunInvalidArgument
 from ..procs.failures import (
     RankFailure,
@@ -32,7 +31,6 @@ from ..host.network import route_to
 from ..launch.command import argparse_hint
 from ..launch.plan import CallPlan
 from ..launch.prepare import NodeFacts, prepare
-from ..launch.resources import check_visible_devices
 from .result import FULL_REPORT_HINT, GangView, TorchrunResult, read_rank_records
 from .session import GangSession
 from ..host.console import say
@@ -84,7 +82,6 @@ class CallRun:
 
     def run(self) -> TorchrunResult:
         try:
-            self.check_devices()
             self.enter()
             env = self.prepare()
             self.supervise(env)
@@ -101,16 +98,6 @@ class CallRun:
                 except AttributeError:
                     pass
         return result
-
-    def check_devices(self) -> None:
-        """From the driver's files, not torch: importing torch in the task
-        process costs seconds before the first rank starts."""
-        nproc = self.plan.nproc
-        count = cuda_devices(os.environ)
-        if isinstance(nproc, int) and count is not None:
-            notice = check_visible_devices(nproc, self.session.defaults.accelerators, count > 0, count)
-            if notice and self.node_index == 0:
-                say(notice)
 
     def enter(self) -> None:
         client = self.session.client
