@@ -149,7 +149,7 @@ class TestStopOptions:
     @pytest.mark.parametrize("options, expected", [
         ({}, False), ({"max-restarts": "0"}, False), ({"max-restarts": 0}, False), ({"max-restarts": " 0 "}, False),
         ({"max-restarts": False}, False), ({"max-restarts": "2"}, True), ({"max-restarts": 1}, True),
-        ({"max-restarts": "two"}, True),  # torch refuses it and says why; nothing to save here
+        ({"max-restarts": "two"}, False), ({"max-restarts": True}, False),  # plan_call refuses both: never c10d for them
     ])
     def test_restarts_allowed(self, options, expected):
         assert plan.restarts_allowed(options) is expected

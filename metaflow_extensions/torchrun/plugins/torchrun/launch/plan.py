@@ -19,7 +19,7 @@ from ..procs import functions, names
 from ..procs.names import SHARE_STORE_OFF_ENV, SHUTDOWN_TIMEOUT_ENV  # noqa: F401 (tests)
 from .command import ArgSpec, encode_args, none_keys, restarts_allowed, true_keys  # noqa: F401 (call.py)
 from .options import canonical_option, parse_options
-from .torch_checks import known_torchrun_options
+from .torch_checks import known_option_specs, known_torchrun_options
 from .inputs import (
     check_arguments,
     check_command_size,
@@ -204,11 +204,14 @@ LEGACY_PORT_OPTION = "master-port"
 def merged_options(defaults: StepDefaults, call_args: ArgSpec) -> Dict[str, Any]:
     """The step's and the call's torchrun options, the call's winning; both
     read in full, so that every problem in either is named at once. May hold
-    ``LEGACY_PORT_OPTION`` (``legacy_rdzv_port`` takes it out)."""
+    ``LEGACY_PORT_OPTION`` (``legacy_rdzv_port`` takes it out). Each value
+    is checked against how this torch's torchrun reads its option (a flag or
+    a value, its type), read from torch's source without importing it."""
     problems = Problems()
     allow = (LEGACY_PORT_OPTION,)
-    step = problems.check(parse_options, defaults.torchrun_args, "@torchrun(torchrun_args)", allow=allow)
-    call = problems.check(parse_options, call_args, "torchrun_args", allow=allow)
+    specs = known_option_specs()
+    step = problems.check(parse_options, defaults.torchrun_args, "@torchrun(torchrun_args)", allow=allow, specs=specs)
+    call = problems.check(parse_options, call_args, "torchrun_args", allow=allow, specs=specs)
     problems.raise_all()
     options = dict(step or {})
     options.update(call or {})
