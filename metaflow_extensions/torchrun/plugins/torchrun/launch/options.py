@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
-from ..errors import Problems, TorchrunInvalidArgument, shown
+from ..errors import Problems, TorchrunInvalidArgument, did_you_mean, shown
 
 ArgSpec = Any  # a list, a tuple, a mapping or None (command.ArgSpec)
 
@@ -148,6 +148,7 @@ class OptionSpec:
 
     takes_value: bool
     type: str = "str"  # "int", "float" or "str"
+    choices: Optional[Tuple[str, ...]] = None  # the values it takes, where torch lists them
 
 
 Specs = Mapping[str, OptionSpec]
@@ -283,6 +284,11 @@ def typed_value(value: Any, name: str, spec: OptionSpec, where: str, spelling: O
         raise TorchrunInvalidArgument(
             "%s is %s, but torchrun's --%s takes %s: %s." % (where, shown(value), name, kind, fix)
         ) from None
+    if spec.choices is not None and text not in spec.choices:
+        raise TorchrunInvalidArgument(
+            "%s is %s, but torchrun's --%s takes one of %s%s."
+            % (where, shown(value), name, ", ".join(map(repr, spec.choices)), did_you_mean(text, spec.choices))
+        )
     return text
 
 

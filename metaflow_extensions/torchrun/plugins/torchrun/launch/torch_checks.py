@@ -5,6 +5,7 @@ milliseconds, not the seconds an ``import torch`` takes in every task.
 
 from __future__ import annotations
 
+import ast
 import importlib.util
 import os
 import re
@@ -72,6 +73,7 @@ _NAME = re.compile(r"""["'](--?[A-Za-z][\w-]*)["']""")
 _ACTION = re.compile(r"""\baction\s*=\s*["']?([\w.]+)""")
 _TYPE = re.compile(r"\btype\s*=\s*(\w+)")
 _NARGS = re.compile(r"""\bnargs\s*=\s*["']?([^,"'\s)]+)""")
+_CHOICES = re.compile(r"\bchoices\s*=\s*(\[[^\]]*\]|\([^)]*\))")
 
 # The options @torchrun itself reads, as torch's parser takes them: used when
 # this torch's source cannot be read, so that ``restarts_allowed`` and
@@ -121,7 +123,21 @@ def _spec_of(call: str) -> Optional[OptionSpec]:
     if name not in VALUE_ACTIONS:
         return None
     type_name = kind.group(1) if kind else "str"
-    return OptionSpec(takes_value=True, type=type_name if type_name in ("int", "float") else "str")
+    return OptionSpec(takes_value=True, type=type_name if type_name in ("int", "float") else "str",
+                      choices=_choices(call))
+
+
+def _choices(call: str) -> Optional[Tuple[str, ...]]:
+    """The literal choices of an option; None when there are none or they are
+    computed (torch's ``--numa-binding``): then torch's parser names a wrong one."""
+    found = _CHOICES.search(call)
+    if found is None:
+        return None
+    try:
+        values = ast.literal_eval(found.group(1))
+    except (ValueError, SyntaxError):
+        return None
+    return tuple(str(v) for v in values) if all(isinstance(v, str) for v in values) else None
 
 
 def torch_problem(torch: TorchInstall, python: str, passed: Iterable[str], known: Optional[Set[str]]) -> Optional[str]:
