@@ -23,6 +23,7 @@ from .torch_checks import known_option_specs, known_torchrun_options
 from .inputs import (
     check_arguments,
     check_command_size,
+    check_path_text,
     check_picklable,
     check_python_source,
     check_nproc_bound,
@@ -137,11 +138,17 @@ def resolve_entrypoint(entrypoint: Any, search_dirs: Sequence[str]) -> str:
     """An absolute path to an existing script, looked up relative to the task's
     working directory first and then to the flow file's directory, so
     ``python examples/ddp/flow.py run`` finds ``train.py`` beside the flow."""
-    if not isinstance(entrypoint, (str, os.PathLike)) or not os.fspath(entrypoint):
+    try:
+        path = os.fspath(entrypoint) if isinstance(entrypoint, (str, os.PathLike)) else None
+    except Exception as e:  # a user's __fspath__
+        raise TorchrunInvalidArgument(
+            "entrypoint %s: os.fspath() failed: %s: %s." % (shown(entrypoint), type(e).__name__, e)
+        ) from None
+    if not path or not isinstance(path, str):  # bytes from __fspath__ too: paths here are text
         raise TorchrunInvalidArgument(
             "entrypoint must be the path of a Python script, not %s." % (shown(entrypoint),)
         )
-    path = os.fspath(entrypoint)
+    check_path_text(path, "entrypoint")
     candidates = [path] if os.path.isabs(path) else list(dict.fromkeys(
         os.path.join(os.path.abspath(d), path) for d in search_dirs  # the flow's dir is often the cwd
     ))
