@@ -276,7 +276,8 @@ class TestFunctionArguments:
 class TestNothingLeftBehind:
     def test_record_removes_the_work_dir_even_when_recording_fails(self, tmp_path):
         from metaflow_extensions.torchrun.plugins.torchrun.runtime.call import CallRun
-        from metaflow_extensions.torchrun.plugins.torchrun.host.workdirs import CallFiles, LogKey
+        from metaflow_extensions.torchrun.plugins.torchrun.host.logs import LogKey
+        from metaflow_extensions.torchrun.plugins.torchrun.host.workdirs import CallFiles
 
         files = CallFiles(LogKey("Flow-1", "train-2-0", "c0"), 0, str(tmp_path))
         run = CallRun(session=None, plan=None, index=0)  # type: ignore[arg-type]

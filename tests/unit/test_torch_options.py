@@ -39,9 +39,9 @@ def real_specs():
     return out
 
 
-def refused(torchrun_args, defaults=StepDefaults()):
+def refused(torchrun_args, defaults=None):
     with pytest.raises(TorchrunInvalidArgument) as info:
-        plan_call(entry, None, None, torchrun_args, defaults, [])
+        plan_call(entry, None, None, torchrun_args, defaults or StepDefaults(), [])
     return info.value.message
 
 
