@@ -255,6 +255,8 @@ class TestFallbackAfterTheSquat:
     def test_the_next_call_brings_its_logs_home_and_no_fallback_is_left(self, other, squat, tmp):
         fallback = run_task(tmp, "Squatted-1")
         assert fallback != squat and fallbacks(tmp) == [os.path.basename(fallback)]
+        age(os.path.join(fallback, "logs", "Squatted-1"), HOUR)
+        used = os.lstat(os.path.join(fallback, "logs", "Squatted-1")).st_mtime_ns
         other_user.as_user(other, lambda: os.rmdir(squat))  # the squat ends
         assert run_task(tmp, "After-2") == squat
         assert fallbacks(tmp) == []
@@ -262,6 +264,7 @@ class TestFallbackAfterTheSquat:
         with open(log) as f:
             assert f.read() == "loss Squatted-1\n"  # kept, now under the retention of the usual base
         assert mode(os.path.dirname(log)) == 0o700
+        assert os.lstat(os.path.join(squat, "logs", "Squatted-1")).st_mtime_ns == used  # its age kept
 
     def test_adopted_runs_are_pruned_by_the_usual_policy(self, squat, tmp, monkeypatch):
         run_task(tmp, "Squatted-1")
