@@ -6,6 +6,7 @@ milliseconds, not the seconds an ``import torch`` takes in every task.
 from __future__ import annotations
 
 import ast
+import functools
 import importlib.util
 import os
 import re
@@ -84,6 +85,7 @@ READ_BY_US: Dict[str, OptionSpec] = {
 }
 
 
+@functools.lru_cache(maxsize=4)
 def torchrun_option_specs(run_py_source: str) -> Dict[str, OptionSpec]:
     """How torchrun's parser reads each of its options, from the
     ``add_argument`` calls of ``get_args_parser`` in torch/distributed/run.py:
@@ -207,8 +209,19 @@ def _options_of(run_py: Optional[str]) -> Optional[Set[str]]:
 
 
 def _source_of(run_py: Optional[str]) -> Optional[str]:
+    """torch/distributed/run.py's text, read again only when the file changed
+    (every call of a step checks its options against it)."""
     if run_py is None:
         return None
+    try:
+        st = os.stat(run_py)
+    except (OSError, ValueError):
+        return None
+    return _read_source(run_py, st.st_mtime_ns, st.st_size)
+
+
+@functools.lru_cache(maxsize=4)
+def _read_source(run_py: str, mtime_ns: int, size: int) -> Optional[str]:
     try:
         with open(run_py, encoding="utf-8") as f:
             return f.read()
