@@ -17,10 +17,11 @@ from .. import defaults as DEFAULTS
 from ..procs import functions
 from .command import ArgSpec, encode_args, false_keys, none_keys, restarts_allowed, true_keys  # noqa: F401 (tests)
 from .options import canonical_option, parse_options
-from .torch_checks import known_torchrun_options, require_torch
+from .torch_checks import known_option_specs, known_torchrun_options, require_torch
 from .inputs import (
     check_arguments,
     check_command_size,
+    check_path_text,
     check_picklable,
     check_python_source,
     check_nproc_bound,
@@ -147,11 +148,17 @@ def resolve_entrypoint(entrypoint: Any, search_dirs: Sequence[str]) -> str:
     """An absolute path to an existing script, looked up relative to the task's
     working directory first and then to the flow file's directory, so
     ``python examples/ddp/flow.py run`` finds ``train.py`` beside the flow."""
-    if not isinstance(entrypoint, (str, os.PathLike)) or not os.fspath(entrypoint):
+    try:
+        path = os.fspath(entrypoint) if isinstance(entrypoint, (str, os.PathLike)) else None
+    except Exception as e:  # a user's __fspath__
+        raise TorchrunInvalidArgument(
+            "entrypoint %s: os.fspath() failed: %s: %s." % (shown(entrypoint), type(e).__name__, e)
+        ) from None
+    if not path or not isinstance(path, str):  # bytes from __fspath__ too: paths here are text
         raise TorchrunInvalidArgument(
             "entrypoint must be the path of a Python script, not %s." % (shown(entrypoint),)
         )
-    path = os.fspath(entrypoint)
+    check_path_text(path, "entrypoint")
     candidates = [path] if os.path.isabs(path) else list(dict.fromkeys(
         os.path.join(os.path.abspath(d), path) for d in search_dirs  # the flow's dir is often the cwd
     ))
@@ -216,16 +223,19 @@ def merged_options(defaults: StepDefaults, call_args: ArgSpec,
     """The step's and the call's torchrun options, the call's winning; both
     read in full, so that every problem in either is named at once: kept in
     ``problems`` (then ``{}``), or raised. May hold ``LEGACY_PORT_OPTION``
-    (``legacy_rdzv_port`` takes it out)."""
+    (``legacy_rdzv_port`` takes it out). Each value is checked against how
+    this torch's torchrun reads its option (a flag or a value, its type),
+    read from torch's source without importing it."""
     found = problems if problems is not None else Problems()
     before = len(found.messages)
     allow = (LEGACY_PORT_OPTION,)
+    specs = known_option_specs()
     step: Dict[str, Any] = {}
     call: Dict[str, Any] = {}
     with found:
-        step = parse_options(defaults.torchrun_args, "@torchrun(torchrun_args)", allow=allow)
+        step = parse_options(defaults.torchrun_args, "@torchrun(torchrun_args)", allow=allow, specs=specs)
     with found:
-        call = parse_options(call_args, "torchrun_args", allow=allow)
+        call = parse_options(call_args, "torchrun_args", allow=allow, specs=specs)
     if problems is None:
         found.raise_all()
     if len(found.messages) > before:

@@ -26,7 +26,7 @@ from typing import IO, Any, Dict, List, Mapping, Optional, Sequence
 
 from ..host.console import say
 from ..host.network import is_loopback
-from ..host.workdirs import open_private
+from ..host.private import open_private
 from . import exits
 from .names import WORK_DIR_ENV, LOG_DIR_ENV, agent_log_path
 

@@ -37,7 +37,7 @@ from ..host.console import say
 from .supervisor import Supervisor
 from ..host.workdirs import CallFiles
 from ..procs.names import ARGS_FILE, agent_log_path, rank_log_path
-from ..host.workdirs import tail_lines as _tail_lines
+from ..host.private import tail_lines as _tail_lines
 
 # What stacks may add to the control's stop, its own collecting included: a
 # frozen node never sends any, so this bounds the wait for the others'.
@@ -415,7 +415,7 @@ def add_argparse_hint(error: TorchrunException, keys: Tuple[str, ...]) -> None:
 
 
 def tail_lines(path: str, count: int = TAIL_LINES, max_bytes: int = 64 * 1024) -> List[str]:
-    """The last lines of a per-rank log: never through a symlink (workdirs.py)."""
+    """The last lines of a per-rank log: never through a symlink (host/private.py)."""
     return _tail_lines(path, count, max_bytes)
 
 

@@ -43,7 +43,7 @@ from ..gang.topology import Topology
 from .. import defaults as DEFAULTS
 from ..procs.names import PROGRESS_ENV
 from ..host.console import say
-from ..host.workdirs import where_logs_are
+from ..host.logs import where_logs_are
 
 # Raised in the main thread to stop the step's code when the gang aborts. A
 # real-time signal: user code (SLURM-style checkpoint triggers) uses SIGUSR1/2.
