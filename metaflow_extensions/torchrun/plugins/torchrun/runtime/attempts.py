@@ -23,12 +23,14 @@ import os
 import re
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
+from ..cause import CauseKind
+
 RETRY_ON = ("any", "infrastructure")
 # "any" keeps Metaflow's @retry as it is: see docs/resume.md for why.
 DEFAULT_RETRY_ON = "any"
 
-# Kinds of a gang's stop that the user's code raised (cause.CauseKind values).
-_CODE_KINDS = ("failed", "step_failed", "call_mismatch")
+# Kinds of a gang's stop that the user's code raised.
+_CODE_KINDS = (CauseKind.RANK_FAILED, CauseKind.STEP_FAILED, CauseKind.CALL_MISMATCH)
 # Exceptions that are the world's, not the code's: a peer or the network gone,
 # torch's store or a collective timing out, the task told to stop.
 _INFRA_TYPES = frozenset((
@@ -67,16 +69,25 @@ def place(traceback: Optional[str]) -> Optional[str]:
     return "%s:%s" % (os.path.basename(path), line)
 
 
+def kind_of(cause: Any) -> Optional[CauseKind]:
+    """The kind of a cause as the record holds it (its wire form), or None."""
+    try:
+        return CauseKind(cause.get("kind")) if isinstance(cause, Mapping) else None
+    except ValueError:
+        return None
+
+
 def user_code_failure(cause: Optional[Mapping[str, Any]]) -> Optional[str]:
     """``ValueError at train.py:88`` when the cause is a Python exception the
     user's code raised (in a rank, or in the step's own code); None for
     everything else: a node lost, frozen or preempted, a signal, a NCCL/gloo
     error, a stop asked for, a hang, an exit without a Python exception."""
-    if not isinstance(cause, Mapping) or cause.get("kind") not in _CODE_KINDS:
+    kind = kind_of(cause)
+    if kind not in _CODE_KINDS or not isinstance(cause, Mapping):
         return None
     if cause.get("secondary") is True:
         return None
-    if cause.get("kind") == "call_mismatch":
+    if kind is CauseKind.CALL_MISMATCH:
         return "a mismatch of current.torch.run calls between nodes"
     exc_type = cause.get("exc_type")
     if not isinstance(exc_type, str) or not exc_type or exc_type.split(".")[-1] in _INFRA_TYPES:
