@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 from typing import Dict, Mapping, MutableMapping, Optional
 
+from .host import log
 from .procs.names import SECRET_ENV, USER_KNOBS, conf_key
 
 
@@ -42,3 +43,4 @@ def export_knobs(environ: MutableMapping[str, str] = os.environ) -> None:
     for name, value in knob_environ(environ).items():
         if name in USER_KNOBS and name != SECRET_ENV:
             environ.setdefault(name, value)
+    log.configure(environ)  # METAFLOW_TORCHRUN_DEBUG: the debug channel
