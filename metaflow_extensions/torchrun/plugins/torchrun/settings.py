@@ -12,7 +12,7 @@ import os
 from typing import Dict, Mapping, MutableMapping, Optional
 
 from .host import log
-from .procs.names import SECRET_ENV, USER_KNOBS, conf_key
+from .procs.names import DEBUG_ENV, SECRET_ENV, USER_KNOBS, conf_key
 
 
 def profile_value(env_name: str) -> Optional[str]:
@@ -43,4 +43,4 @@ def export_knobs(environ: MutableMapping[str, str] = os.environ) -> None:
     for name, value in knob_environ(environ).items():
         if name in USER_KNOBS and name != SECRET_ENV:
             environ.setdefault(name, value)
-    log.configure(environ)  # METAFLOW_TORCHRUN_DEBUG: the debug channel
+    log.configure(environ.get(DEBUG_ENV))  # the debug channel, if asked for

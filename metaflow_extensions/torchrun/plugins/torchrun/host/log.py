@@ -17,9 +17,7 @@ from __future__ import annotations
 
 import logging
 import sys
-from typing import Mapping
-
-from ..procs.names import DEBUG_ENV
+from typing import Optional
 
 LOGGER_NAME = "metaflow_torchrun"
 FORMAT = "%(asctime)s.%(msecs)03d %(name)s[%(process)d] debug: %(message)s"
@@ -32,8 +30,9 @@ def get(part: str) -> logging.Logger:
     return logging.getLogger("%s.%s" % (LOGGER_NAME, part))
 
 
-def debug_on(environ: Mapping[str, str]) -> bool:
-    return environ.get(DEBUG_ENV, "").strip().lower() in _ON
+def debug_on(value: Optional[str]) -> bool:
+    """``METAFLOW_TORCHRUN_DEBUG``'s value (``procs/names.DEBUG_ENV``) says on."""
+    return (value or "").strip().lower() in _ON
 
 
 class _Stderr(logging.StreamHandler):
@@ -52,9 +51,10 @@ class _Stderr(logging.StreamHandler):
         pass
 
 
-def configure(environ: Mapping[str, str]) -> bool:
-    """Switch the channel on when ``environ`` asks for it; once per process."""
-    if not debug_on(environ):
+def configure(value: Optional[str]) -> bool:
+    """Switch the channel on when ``value`` (``METAFLOW_TORCHRUN_DEBUG``'s, as
+    ``settings.py`` reads it) asks for it; once per process."""
+    if not debug_on(value):
         return False
     logger = logging.getLogger(LOGGER_NAME)
     if not any(isinstance(h, _Stderr) for h in logger.handlers):
