@@ -6,6 +6,7 @@ import pytest
 from metaflow_extensions.torchrun.plugins.torchrun.errors import Problems, TorchrunInvalidArgument, raise_all
 from metaflow_extensions.torchrun.plugins.torchrun.launch import plan
 from metaflow_extensions.torchrun.plugins.torchrun.launch.inputs import refuse_legacy_call, validate_args_as
+from metaflow_extensions.torchrun.plugins.torchrun.host import console
 from metaflow_extensions.torchrun.plugins.torchrun.runtime import single_node
 
 
@@ -89,9 +90,9 @@ def test_problems_collect_and_flatten():
 
 def test_deprecation_lines_are_said_once_per_step():
     said = []
-    single_node.say_once("flow/1/train/2", ["x", "y"], said.append)
-    single_node.say_once("flow/1/train/2", ["x"], said.append)
-    single_node.say_once("flow/1/train/3", ["x"], said.append)
+    console.say_once("flow/1/train/2", ["x", "y"], said.append)
+    console.say_once("flow/1/train/2", ["x"], said.append)
+    console.say_once("flow/1/train/3", ["x"], said.append)
     assert said == ["x", "y", "x"]
 
 

@@ -15,6 +15,9 @@ from metaflow_extensions.torchrun.plugins.torchrun.launch.command import encode_
 from metaflow_extensions.torchrun.plugins.torchrun.launch.options import parse_options
 from metaflow_extensions.torchrun.plugins.torchrun.errors import TorchrunInvalidArgument
 from metaflow_extensions.torchrun.plugins.torchrun.launch.plan import StepDefaults, plan_call
+from metaflow_extensions.torchrun.plugins.torchrun.launch.prepare import rank_environment
+from plans import node_facts, script_plan
+from metaflow_extensions.torchrun.plugins.torchrun.procs import names
 
 
 def refused(fn, *args, **kwargs) -> str:
@@ -142,9 +145,8 @@ class TestStopOptions:
         assert inputs.step_timeout(specs) == expected
 
     def test_the_agent_gets_the_grace_in_whole_seconds(self):
-        env = plan.rank_environment({}, workdir="/w", node_index=0, label_logs=True, log_dir=None, iface=None,
-                                    flow_dir=None, is_function=False, shutdown_grace=2.5)
-        assert env[plan.SHUTDOWN_TIMEOUT_ENV] == "3"
+        env = rank_environment({}, StepDefaults(shutdown_grace=2.5), script_plan(), node_facts())
+        assert env[names.SHUTDOWN_TIMEOUT_ENV] == "3"
 
     @pytest.mark.parametrize("options, expected", [
         ({}, False), ({"max-restarts": "0"}, False), ({"max-restarts": 0}, False), ({"max-restarts": " 0 "}, False),
@@ -157,13 +159,13 @@ class TestStopOptions:
     @pytest.mark.parametrize("restarts, base, expected", [
         (True, {}, "1"),  # a restarted round must not read the last round's addresses
         (False, {}, None),  # torch's default: the ranks use the agent's store, 0.5 s sooner
-        (False, {plan.SHARE_STORE_OFF_ENV: "1"}, "1"),  # the user's setting stays
-        (True, {plan.SHARE_STORE_OFF_ENV: "0"}, "0"),
+        (False, {names.SHARE_STORE_OFF_ENV: "1"}, "1"),  # the user's setting stays
+        (True, {names.SHARE_STORE_OFF_ENV: "0"}, "0"),
     ])
     def test_the_ranks_own_store_only_where_torchrun_may_restart_them(self, restarts, base, expected):
-        env = plan.rank_environment(base, workdir="/w", node_index=0, label_logs=True, log_dir=None, iface=None,
-                                    flow_dir=None, is_function=False, restarts=restarts)
-        assert env.get(plan.SHARE_STORE_OFF_ENV) == expected
+        options = {"max-restarts": 1} if restarts else {}
+        env = rank_environment(base, StepDefaults(), script_plan(options), node_facts())
+        assert env.get(names.SHARE_STORE_OFF_ENV) == expected
 
 
 # -- the entrypoint -------------------------------------------------------------------

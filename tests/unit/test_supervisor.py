@@ -429,13 +429,15 @@ class TestGracefulStop:
     ranks ``shutdown_grace`` through torchrun's own shutdown timeout."""
 
     def _run(self, tmp_path, procs, grace, save):
-        from metaflow_extensions.torchrun.plugins.torchrun.launch.plan import rank_environment
+        from metaflow_extensions.torchrun.plugins.torchrun.launch.plan import StepDefaults
+        from metaflow_extensions.torchrun.plugins.torchrun.launch.prepare import rank_environment
+        from plans import node_facts, script_plan
 
         script = tmp_path / "save.py"
         script.write_text(SAVE_ON_SIGTERM)
         saved = tmp_path / "saved"
-        env = rank_environment(os.environ, workdir=str(tmp_path), node_index=0, label_logs=False, log_dir=None,
-                               iface=None, flow_dir=None, is_function=False, shutdown_grace=grace)
+        env = rank_environment(os.environ, StepDefaults(label_logs=False, shutdown_grace=grace), script_plan(),
+                               node_facts(workdir=str(tmp_path)))
         argv = [PY, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1",
                 "--monitor-interval", "0.1", str(script), str(saved), str(save)]
         out, err = Sink(), Sink()

@@ -279,13 +279,14 @@ class TorchrunDecorator(ParallelDecorator):
         self._defaults = self._step_defaults()
         self._metadata = (metadata, run_id, step_name, task_id)
         self._attempt_started = time.time()
-        self._previous: Optional[Dict[str, Any]] = None
+        self._previous: Optional[attempts_.Previous] = None
         self._refusal: Optional[str] = None
-        self._resumed_from: Optional[Dict[str, Any]] = None
+        self._resumed_from: Optional[attempts_.Checkpoint] = None
         self._code_started: Optional[float] = None
         if is_control and int(retry_count) > 0:
             self._read_previous("%s/%s/%s/%s" % (self._flow_name, run_id, step_name, task_id), int(retry_count))
-        current._update_env({"torch": TorchrunHandle(lambda: self._session)})
+        self._handle = TorchrunHandle()
+        current._update_env({"torch": self._handle})
 
     def _share_secret(self, storage, is_control: bool) -> None:
         """The control publishes the gang's secret before Metaflow spawns the
@@ -354,7 +355,7 @@ class TorchrunDecorator(ParallelDecorator):
             # @checkpoint (above @torchrun) has loaded by now.
             self._resumed_from = attempts_.checkpoint_info(current)
             self._code_started = time.time()
-            session = self._session = GangSession(
+            session = self._session = self._handle.session = GangSession(
                 self._identity, self._defaults, topology, self._flow_dir, secret=self._secret
             )
             preflight_runtime.attach(session)
@@ -460,11 +461,10 @@ class TorchrunDecorator(ParallelDecorator):
         assert session is not None
         refused_for = None
         if self._refusal is not None and self._previous is not None:
-            cause = self._previous.get("cause")  # carried: the next attempt refuses too
+            cause = self._previous.cause  # carried: the next attempt refuses too
             refused_for = attempts_.previous_origin(self._previous, retry_count - 1)
         else:
-            own = session.cause
-            cause = (result.cause if result is not None else None) or (own.to_wire() if own is not None else None)
+            cause = (result.cause if result is not None else None) or session.cause
         if result is None:
             now = time.time()
             result = TorchrunResult(

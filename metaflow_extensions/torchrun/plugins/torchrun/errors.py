@@ -59,11 +59,11 @@ class TorchrunCallRefused(TorchrunInvalidArgument):
     code made it, and no traceback of ours goes with it (the fix is in the
     user's line, not in ours)."""
 
-    def __init__(self, call: int, where: Optional[str], problem: str):
+    def __init__(self, call: int, where: Optional[str], problem: str, api: str = "current.torch.run"):
         self.call = call  # 1-based, as the message says it
         self.where = where
         self.problem = problem
-        super().__init__("current.torch.run call %d%s: %s" % (call, " (%s)" % where if where else "", problem))
+        super().__init__("%s call %d%s: %s" % (api, call, " (%s)" % where if where else "", problem))
 
 
 # Causes a stopped node's error names as "node N failed first", with its traceback.
@@ -185,6 +185,18 @@ class Problems:
         except TorchrunInvalidArgument as e:
             self.messages.extend(_split(e.message))
             return None
+
+    def __enter__(self) -> "Problems":
+        return self
+
+    def __exit__(self, kind: Any, error: Any, tb: Any) -> bool:
+        """``with problems: value = check(...)``: a refusal in the block is kept
+        and the code after it runs on. The block calls its checks itself, so a
+        planner's checks are never called back from this lower layer."""
+        if isinstance(error, TorchrunInvalidArgument):
+            self.messages.extend(_split(error.message))
+            return True
+        return False
 
     def add(self, message: str) -> None:
         self.messages.append(message)

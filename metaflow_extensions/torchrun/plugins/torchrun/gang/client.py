@@ -217,6 +217,8 @@ class GangClient:
         (it checks the entrypoint against the nodes already there), not once
         every node is: torchrun's rendezvous, watched by the gang, waits for
         the rest."""
+        if not self.wait_joined():
+            return None
         while not self._preflight_sent.wait(0.05):  # the preflight goes first
             if self.cause is not None or self._closing.is_set() or self._sock is None:
                 break

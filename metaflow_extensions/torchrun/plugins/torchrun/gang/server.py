@@ -36,7 +36,7 @@ from .calls import CallBook, CallState, CallView
 from .config import CONTROL_NODE, GangConfig
 from .membership import Membership
 from .peer import Peer
-from .node_compare import PreflightBook
+from .node_compare import PreflightBook, PreflightRecord
 from .ports import find_free_port
 from .transport import Transport
 from .wire import MAX_LINE, ProtocolError, encode
@@ -136,10 +136,10 @@ class GangServer:
         with self._lock:
             return self.book.reports_pending(index, lambda n: n in self.members.by_node, self.members.left)
 
-    def preflight_record(self) -> Dict[str, object]:
+    def preflight_record(self, mode: str) -> PreflightRecord:
         """The gang's preflight as the record keeps it (gang/node_compare.py)."""
         with self._lock:
-            return self.preflight.record()
+            return self.preflight.record(mode)
 
     # -- lifecycle ------------------------------------------------------------------
 

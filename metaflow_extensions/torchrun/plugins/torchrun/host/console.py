@@ -6,7 +6,7 @@ stderr that starts with ``@torchrun: `` (stdout may be machine-readable, e.g.
 from __future__ import annotations
 
 import sys
-from typing import IO, Optional
+from typing import IO, Callable, Iterable, Optional, Set, Tuple
 
 PREFIX = "@torchrun: "
 
@@ -25,3 +25,15 @@ def say(text: str, frame: Optional[str] = None, stream: Optional[IO[str]] = None
         print(out, file=stream or sys.stderr, flush=True)
     except (OSError, ValueError):  # a closed stderr must not fail the step
         pass
+
+
+# Lines already said, by (key, text): a deprecation note is said once per step
+# (the key), however many calls repeat it.
+_said: Set[Tuple[str, str]] = set()
+
+
+def say_once(key: str, lines: Iterable[str], say: Callable[[str], None] = say) -> None:
+    for text in lines:
+        if (key, text) not in _said:
+            _said.add((key, text))
+            say(text)

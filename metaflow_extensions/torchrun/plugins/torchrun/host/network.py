@@ -41,19 +41,20 @@ def local_address_towards(host: str, port: int = 9) -> Optional[str]:
 
 def interface_of(address: str) -> Optional[str]:
     """The name of the interface that holds an IPv4 ``address``."""
-    try:
-        names = [name for _, name in socket.if_nameindex()]
-    except OSError:
-        return None
-    for name in names:
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-            try:
-                packed = fcntl.ioctl(s.fileno(), _SIOCGIFADDR, struct.pack("256s", name.encode()[:15]))
-            except OSError:
-                continue
-        if socket.inet_ntoa(packed[20:24]) == address:
-            return name
-    return None
+    return next((name for name, addr in interfaces() if addr == address), None)
+
+
+def route_to(main_addr: str, is_local: bool) -> Tuple[str, Optional[str]]:
+    """The address other nodes reach this one at, and its interface.
+
+    On a local run every node is this host, so the control's own address
+    serves. On a cluster, when the control's name resolves to loopback (a
+    Batch main node whose host name maps to 127.0.1.1), other nodes need the
+    routable address: the source of the default route."""
+    address = local_address_towards(main_addr) or main_addr
+    if not is_local and is_loopback(address):
+        address = local_address_towards("192.0.2.1") or address
+    return address, interface_of(address)
 
 
 def interfaces() -> List[Tuple[str, str]]:

@@ -305,4 +305,5 @@ def refuse_legacy_call(entrypoint: Any, entrypoint_args: Any, extra: Mapping[str
             "torchrun_args first (run(torchrun_args, entrypoint, ...)). Write run(entrypoint=%s, "
             "torchrun_args=...) with keywords." % (shown(entrypoint), shown(entrypoint_args))
         )
-    raise_all(problems)
+    if problems:
+        raise_all(problems)

@@ -9,17 +9,15 @@ an error from inside torchrun after the gang has started.
 
 from __future__ import annotations
 
-import math
 import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from .. import defaults as DEFAULTS
-from ..procs import functions, names
-from ..procs.names import SHARE_STORE_OFF_ENV, SHUTDOWN_TIMEOUT_ENV  # noqa: F401 (tests)
-from .command import ArgSpec, encode_args, none_keys, restarts_allowed, true_keys  # noqa: F401 (call.py)
+from ..procs import functions
+from .command import ArgSpec, encode_args, none_keys, restarts_allowed, true_keys  # noqa: F401 (tests)
 from .options import canonical_option, parse_options
-from .torch_checks import known_torchrun_options
+from .torch_checks import known_torchrun_options, require_torch
 from .inputs import (
     check_arguments,
     check_command_size,
@@ -27,6 +25,7 @@ from .inputs import (
     check_python_source,
     check_nproc_bound,
     refuse_directory,
+    refuse_legacy_call,
     refuse_special,
     validate_hang_timeout,  # noqa: F401 (decorator.py's step_init imports these from here)
     validate_shutdown_grace,  # noqa: F401
@@ -37,9 +36,6 @@ from ..errors import Problems, TorchrunInvalidArgument, did_you_mean, shown
 from ..gang.ports import parse_port
 from .resources import NONE as NO_ACCELERATORS
 from .resources import Accelerators
-
-# torch's switch for a store of the ranks' own rather than the agent's (SHARE_STORE_OFF_ENV),
-# and its agent's grace on shutdown (SHUTDOWN_TIMEOUT_ENV): names.py.
 
 # torchrun's own spellings for "as many processes as there are devices/cores".
 NPROC_KEYWORDS = ("auto", "gpu", "cpu", "xpu")
@@ -65,6 +61,20 @@ class StepDefaults:
     args_as: str = DEFAULTS.ARGS_AS
     # @torchrun(preflight=...): gang/node_compare.py MODES.
     preflight: str = "versions"
+
+
+@dataclass(frozen=True)
+class CallRequest:
+    """One call as the user wrote it, before anything is checked."""
+
+    entrypoint: Any
+    entrypoint_args: Any = None
+    nproc_per_node: Any = None
+    torchrun_args: ArgSpec = None
+    # Keywords of metaflow-torchrun 0.1/0.2's run() (refused with what to write).
+    legacy: Mapping[str, Any] = field(default_factory=dict)
+    # What the user called, as a refusal names it.
+    api: str = "current.torch.run"
 
 
 @dataclass(frozen=True)
@@ -201,18 +211,26 @@ def check_options(options: Mapping[str, Any]) -> None:
 LEGACY_PORT_OPTION = "master-port"
 
 
-def merged_options(defaults: StepDefaults, call_args: ArgSpec) -> Dict[str, Any]:
+def merged_options(defaults: StepDefaults, call_args: ArgSpec,
+                   problems: Optional[Problems] = None) -> Dict[str, Any]:
     """The step's and the call's torchrun options, the call's winning; both
-    read in full, so that every problem in either is named at once. May hold
-    ``LEGACY_PORT_OPTION`` (``legacy_rdzv_port`` takes it out)."""
-    problems = Problems()
+    read in full, so that every problem in either is named at once: kept in
+    ``problems`` (then ``{}``), or raised. May hold ``LEGACY_PORT_OPTION``
+    (``legacy_rdzv_port`` takes it out)."""
+    found = problems if problems is not None else Problems()
+    before = len(found.messages)
     allow = (LEGACY_PORT_OPTION,)
-    step = problems.check(parse_options, defaults.torchrun_args, "@torchrun(torchrun_args)", allow=allow)
-    call = problems.check(parse_options, call_args, "torchrun_args", allow=allow)
-    problems.raise_all()
-    options = dict(step or {})
-    options.update(call or {})
-    return options
+    step: Dict[str, Any] = {}
+    call: Dict[str, Any] = {}
+    with found:
+        step = parse_options(defaults.torchrun_args, "@torchrun(torchrun_args)", allow=allow)
+    with found:
+        call = parse_options(call_args, "torchrun_args", allow=allow)
+    if problems is None:
+        found.raise_all()
+    if len(found.messages) > before:
+        return {}
+    return {**(step or {}), **(call or {})}
 
 
 def option_names(args: ArgSpec) -> Dict[str, Any]:
@@ -265,6 +283,15 @@ def function_reference(entrypoint: Any, args: Any) -> Optional[functions.Functio
     return ref
 
 
+def plan_request(request: CallRequest, defaults: StepDefaults, search_dirs: Sequence[str]) -> CallPlan:
+    """Everything checked before anything starts: 0.1/0.2 keywords, this task's
+    torch, then the call's arguments against the step's defaults."""
+    refuse_legacy_call(request.entrypoint, request.entrypoint_args, request.legacy)
+    require_torch()  # no torch / no torch.distributed / too old: say so now
+    return plan_call(request.entrypoint, request.entrypoint_args, request.nproc_per_node,
+                     request.torchrun_args, defaults, search_dirs)
+
+
 def plan_call(
     entrypoint: Union[str, "os.PathLike[str]", Callable[..., Any]],
     entrypoint_args: Any,
@@ -276,26 +303,36 @@ def plan_call(
     """Resolve a call's arguments; raise one ``TorchrunInvalidArgument``
     naming every problem found."""
     problems = Problems()
-    function = problems.check(function_reference, entrypoint, entrypoint_args)
+    function: Optional[functions.FunctionRef] = None
     script: Optional[str] = None
     entry_argv: List[str] = []
     notes: List[str] = []
+    options: Dict[str, Any] = {}
+    rdzv_port: Optional[int] = None
+    nproc: Union[int, str, None] = None
+    with problems:
+        function = function_reference(entrypoint, entrypoint_args)
     if function is None and not problems.messages:
-        script = problems.check(resolve_entrypoint, entrypoint, search_dirs)
-        entry_argv = problems.check(encode_args, entrypoint_args, "entrypoint_args", defaults.args_as) or []
-        problems.check(check_arguments, entry_argv)
+        with problems:
+            script = resolve_entrypoint(entrypoint, search_dirs)
+        with problems:
+            entry_argv = encode_args(entrypoint_args, "entrypoint_args", defaults.args_as)
+            check_arguments(entry_argv)
         if none_keys(entrypoint_args):
             notes.append(none_note(none_keys(entrypoint_args), "entrypoint_args"))
-    options = problems.check(merged_options, defaults, torchrun_args) or {}
+    options = merged_options(defaults, torchrun_args, problems)
     for source, args in (("@torchrun(torchrun_args)", defaults.torchrun_args), ("torchrun_args", torchrun_args)):
         if none_keys(args):
             notes.append(none_note(none_keys(args), source))
-    pinned = problems.check(legacy_rdzv_port, options, "torchrun_args")
-    rdzv_port, port_notes = pinned if pinned is not None else (None, [])
-    notes.extend(port_notes)
-    problems.check(check_options, options)
-    problems.check(check_command_size, options, os.environ)
-    nproc = problems.check(resolve_nproc, nproc_per_node, options, defaults)
+    with problems:
+        rdzv_port, port_notes = legacy_rdzv_port(options, "torchrun_args")
+        notes.extend(port_notes)
+    with problems:
+        check_options(options)
+    with problems:
+        check_command_size(options, os.environ)
+    with problems:
+        nproc = resolve_nproc(nproc_per_node, options, defaults)
     problems.raise_all()
     options.pop("nproc-per-node", None)  # resolved above, with its precedence
     name = function.qualname if function is not None else os.path.basename(script or "")
@@ -311,47 +348,3 @@ def plan_call(
         true_keys=tuple(true_keys(entrypoint_args)) if function is None and defaults.args_as != "0.2" else (),
         notes=tuple(notes),
     )
-
-
-def rank_environment(
-    base: Mapping[str, str],
-    *,
-    workdir: str,
-    node_index: int,
-    label_logs: bool,
-    log_dir: Optional[str],
-    iface: Optional[str],
-    flow_dir: Optional[str],
-    is_function: bool,
-    shutdown_grace: Optional[float] = None,
-    restarts: bool = True,
-) -> Dict[str, str]:
-    """The environment of this node's torchrun and its ranks."""
-    env = dict(base)
-    if shutdown_grace is not None:
-        # torchrun's own graceful stop (torch 2.10+; before, a fixed 30 s): on
-        # SIGTERM its agent passes the signal on to the ranks and waits this
-        # long before SIGKILL. Whole seconds: the agent parses an int.
-        env[SHUTDOWN_TIMEOUT_ENV] = str(int(math.ceil(shutdown_grace)))
-    if is_function and flow_dir:
-        # Ranks import the function's module as the flow file would: from the
-        # flow's directory.
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (flow_dir, env.get("PYTHONPATH")) if p)
-    env[names.WORK_DIR_ENV] = workdir
-    env[names.NODE_INDEX_ENV] = str(node_index)
-    if iface and "GLOO_SOCKET_IFNAME" not in env:
-        # gloo otherwise binds to whatever the host name resolves to, which
-        # on many hosts (127.0.1.1, containers) other nodes cannot reach.
-        env["GLOO_SOCKET_IFNAME"] = iface
-    if restarts:
-        # With the agent's store shared with the workers, torch keeps one store
-        # for every restart and restarted workers read the previous round's
-        # addresses (gloo: "Connection refused"): max_restarts could never
-        # recover. A fresh store per round, hosted by rank 0, is what torch
-        # does with sharing off. Only then: the ranks' init_process_group waits
-        # about 0.5 s longer for rank 0's new store (benchmarks, 2 x 2).
-        env.setdefault(SHARE_STORE_OFF_ENV, "1")
-    env[names.LABELS_ENV] = "1" if label_logs else "0"
-    if log_dir:
-        env[names.LOG_DIR_ENV] = log_dir
-    return env

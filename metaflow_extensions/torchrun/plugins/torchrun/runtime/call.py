@@ -13,13 +13,11 @@ import pickle
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 from ..procs import bootstrap, entry, functions, stacks
 from ..cause import Cause, CauseKind
 from ..gang.messages import MAX_RANKS_PER_NODE, STREAMS, TAIL_LINE_CHARS, TAIL_LINES, NodeReport
-from ..launch.command import Launch, build_command
-from ..host.devices import cuda_devices
 from ..errors import GangAborted, TorchrunException, TorchrunFailed, TorchrunInvalidArgument
 from ..procs.failures import (
     RankFailure,
@@ -29,11 +27,12 @@ from ..procs.failures import (
     read_failures,
     with_last_output,
 )
-from ..host.network import interface_of
-from ..launch.plan import CallPlan, rank_environment, restarts_allowed
-from ..launch.resources import check_visible_devices
-from .result import FULL_REPORT_HINT, TorchrunResult, read_rank_records
-from .session import GangSession, local_address
+from ..host.network import route_to
+from ..launch.command import argparse_hint
+from ..launch.plan import CallPlan
+from ..launch.prepare import NodeFacts, prepare
+from .result import FULL_REPORT_HINT, GangView, TorchrunResult, read_rank_records
+from .session import GangSession
 from ..host.console import say
 from .supervisor import Supervisor
 from ..host.workdirs import CallFiles
@@ -83,7 +82,6 @@ class CallRun:
 
     def run(self) -> TorchrunResult:
         try:
-            self.check_devices()
             self.enter()
             env = self.prepare()
             self.supervise(env)
@@ -101,21 +99,9 @@ class CallRun:
                     pass
         return result
 
-    def check_devices(self) -> None:
-        """From the driver's files, not torch: importing torch in the task
-        process costs seconds before the first rank starts."""
-        nproc = self.plan.nproc
-        count = cuda_devices(os.environ)
-        if isinstance(nproc, int) and count is not None:
-            notice = check_visible_devices(nproc, self.session.defaults.accelerators, count > 0, count)
-            if notice and self.node_index == 0:
-                say(notice)
-
     def enter(self) -> None:
         client = self.session.client
         assert client is not None
-        if not client.wait_joined():
-            raise self._aborted()
         self.rdzv_port = client.enter_call(self.index, self.plan.entry_name)
         if self.rdzv_port is None:
             raise self._aborted()
@@ -124,7 +110,7 @@ class CallRun:
 
     def prepare(self) -> Dict[str, str]:
         topology = self.session.topology
-        self.local_addr = local_address(topology)
+        self.local_addr, iface = route_to(topology.main_addr, topology.is_local)
         # Private to this user; the work directory goes in record() (workdirs.py).
         self.files = CallFiles(self.session.identity.log_key(self.index), self.node_index)
         self.workdir, self.log_dir = self.files.work_dir, self.files.log_dir
@@ -140,32 +126,13 @@ class CallRun:
         # The script and its arguments reach the bootstrap through a file, never
         # through torchrun's own parser (entry.py): arguments stay verbatim.
         entry_path = entry.write_entry(self.workdir, bootstrap_argv)
-        self.argv = build_command(
-            Launch(
-                python=sys.executable,
-                num_nodes=topology.num_nodes,
-                node_index=topology.node_index,
-                nproc_per_node=plan.nproc,
-                rdzv_host=topology.main_addr,
-                rdzv_port=int(self.rdzv_port or 0),
-                rdzv_id=self.session.identity.call_id(self.index),
-                entrypoint=entry_path,
-                user_options=plan.options,
-                local_addr=self.local_addr,
-                start_timeout=self.session.defaults.start_timeout,
-            )
+        node = NodeFacts(
+            python=sys.executable, node_index=topology.node_index, num_nodes=topology.num_nodes,
+            main_addr=topology.main_addr, local_addr=self.local_addr, iface=iface,
+            rdzv_port=int(self.rdzv_port or 0), rdzv_id=self.session.identity.call_id(self.index),
+            workdir=self.workdir, log_dir=self.log_dir, entry_path=entry_path, flow_dir=self.session.flow_dir,
         )
-        env = rank_environment(
-            os.environ,
-            workdir=self.workdir,
-            node_index=topology.node_index,
-            label_logs=self.session.defaults.label_logs,
-            log_dir=self.log_dir,
-            iface=interface_of(self.local_addr),
-            flow_dir=self.session.flow_dir,
-            is_function=plan.function is not None,
-            restarts=restarts_allowed(plan.options),
-        )
+        self.argv, env = prepare(plan, self.session.defaults, node, os.environ)
         return entry.agent_environment(env, self.workdir, entry_path)
 
     def supervise(self, env: Dict[str, str]) -> None:
@@ -266,14 +233,10 @@ class CallRun:
         topology = self.session.topology
         sup = self.supervisor
         server = self.session.server
-        gang_view: Dict[str, Any] = {}
+        gang_view = GangView()
         if server is not None:
             view = server.call_view(self.index)
-            gang_view = {
-                "joined_at": dict(view.joined_at),
-                "finished_at": dict(view.finished_at),
-                "reports": {node: report.to_wire() for node, report in view.reports.items()},
-            }
+            gang_view = GangView(dict(view.joined_at), dict(view.finished_at), dict(view.reports))
         ranks = read_rank_records(self.workdir, self.failures) if self.workdir else []
         cause = self.session.cause
         client = self.session.client
@@ -292,7 +255,7 @@ class CallRun:
             ranks=ranks,
             restarts=max([r.restart or 0 for r in ranks] or [0]),
             log_dir=self.log_dir,
-            cause=cause.to_wire() if cause is not None else None,
+            cause=cause,
             gang=gang_view,
             returns=self.returns,
             call=self.index,
@@ -417,8 +380,30 @@ class CallRun:
 
 
 def run_call(session: GangSession, plan: CallPlan) -> TorchrunResult:
-    with session.in_call() as index:
-        return CallRun(session, plan, index).run()
+    """One call; a rank whose argparse wanted a value for a key given as
+    ``True`` is told what metaflow-torchrun 0.2 passed instead."""
+    try:
+        with session.in_call() as index:
+            return CallRun(session, plan, index).run()
+    except BaseException as e:
+        error = e if isinstance(e, (TorchrunFailed, GangAborted)) else e.__cause__  # a function's own exception
+        if isinstance(error, (TorchrunFailed, GangAborted)):
+            add_argparse_hint(error, plan.true_keys)
+        raise
+
+
+def add_argparse_hint(error: TorchrunException, keys: Tuple[str, ...]) -> None:
+    if not keys:
+        return
+    text = error.message
+    for failure in getattr(error, "failures", None) or []:
+        text += "\n%s\n%s" % (failure.message, failure.traceback)
+    cause = getattr(error, "cause", None)
+    if cause is not None:
+        text += "\n%s\n%s" % (cause.message or "", cause.traceback or "")
+    hint = argparse_hint(text, keys)
+    if hint:
+        error.message = "%s\n\n%s" % (error.message, hint)
 
 
 def tail_lines(path: str, count: int = TAIL_LINES, max_bytes: int = 64 * 1024) -> List[str]:

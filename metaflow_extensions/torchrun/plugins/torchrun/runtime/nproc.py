@@ -16,15 +16,23 @@ import sys
 from ..errors import TorchrunInvalidArgument
 from ..host.devices import count_with_torch, cuda_devices, usable_cpus
 from ..launch.plan import CallPlan
-from ..launch.resources import keyword_note, nproc_for_keyword
+from ..launch.resources import NONE as NO_ACCELERATORS
+from ..launch.resources import Accelerators, check_visible_devices, keyword_note, nproc_for_keyword
 
 
-def with_nproc_resolved(plan: CallPlan) -> CallPlan:
+def with_nproc_resolved(plan: CallPlan, accelerators: Accelerators = NO_ACCELERATORS) -> CallPlan:
     """``plan`` with a whole number of processes; its note says what a word
-    came to. Raises ``TorchrunInvalidArgument`` for a device the node lacks."""
+    came to. Raises ``TorchrunInvalidArgument`` for a device the node lacks,
+    or for more processes than the GPUs a GPU step sees; read from the
+    driver's files, not torch (importing torch in the task costs seconds)."""
+    if isinstance(plan.nproc, int):
+        if accelerators.kind != "gpu":  # a CPU step runs on CPU whatever the host has
+            return plan
+        count = cuda_devices()
+        notice = check_visible_devices(plan.nproc, accelerators, bool(count), count or 0) \
+            if count is not None else None
+        return dataclasses.replace(plan, notes=plan.notes + (notice,)) if notice else plan
     keyword = plan.nproc
-    if isinstance(keyword, int):
-        return plan
     cpus = usable_cpus()
     count, why = nproc_for_keyword(keyword, cuda_devices(), cpus)
     if count is None:

@@ -28,7 +28,8 @@ import sys
 import threading
 import time
 import traceback
-from typing import Any, Callable, Dict, Iterator, List, Optional, Union
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, List, Optional, Union
 
 from ..cause import Cause, CauseKind
 from ..errors import GangAborted, TorchrunCallRefused, TorchrunException, is_refusal
@@ -36,7 +37,7 @@ from ..gang.config import GangConfig
 from ..gang.client import GangClient
 from ..gang.server import GangServer
 from ..gang.identity import GangIdentity
-from ..host.network import is_loopback, local_address_towards
+from ..gang.node_compare import JobRecord
 from ..launch.plan import StepDefaults
 from .result import TorchrunResult
 from ..gang.topology import Topology
@@ -59,6 +60,16 @@ INTERRUPT_GRACE = 10.0
 JOIN_WAIT = 2.0
 # How long a failed gang's service waits for nodes that have not heard yet.
 LINGER = 15.0
+
+
+@dataclass
+class PreflightState:
+    """The step's preflight (runtime/preflight.py): its mode, and on the
+    control the collective job's record once it ran."""
+
+    mode: Optional[str] = None
+    job_ran: bool = False
+    job: Optional[JobRecord] = None
 
 
 class Phase(enum.Enum):
@@ -84,7 +95,10 @@ class GangSession:
         self.secret = secret
         self.defaults = defaults
         self.topology = topology
+        self.is_control = topology.is_control
         self.flow_dir = flow_dir
+        # A deprecation note is said once per step: per gang (per pathspec for 0.2's launcher).
+        self.notes_key = identity.gang_id
         self.config = GangConfig(
             gang_id=identity.gang_id,
             num_nodes=topology.num_nodes,
@@ -108,11 +122,7 @@ class GangSession:
         # This node's preflight (runtime/preflight.py): what it sends on joining,
         # and what the control keeps of the gang's.
         self.preflight_source: Optional[Callable[[], Any]] = None
-        self.preflight: Dict[str, Any] = {}
-
-    @property
-    def is_control(self) -> bool:
-        return self.topology.is_control
+        self.preflight = PreflightState()
 
     @property
     def cause(self) -> Optional[Cause]:
@@ -359,14 +369,3 @@ def bind_host(topology: Topology) -> str:
     if topology.is_local:
         return "127.0.0.1"
     return "::" if ":" in topology.main_addr else "0.0.0.0"
-
-
-def local_address(topology: Topology) -> str:
-    """The address other nodes reach this one at."""
-    local_addr = local_address_towards(topology.main_addr) or topology.main_addr
-    if not topology.is_local and is_loopback(local_addr):
-        # The control's own name resolved to loopback (a Batch main node whose
-        # host name maps to 127.0.1.1): other nodes need its routable address,
-        # the source of the default route (a UDP connect sends nothing).
-        local_addr = local_address_towards("192.0.2.1") or local_addr
-    return local_addr

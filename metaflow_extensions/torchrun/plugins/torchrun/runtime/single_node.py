@@ -15,65 +15,22 @@ from __future__ import annotations
 import itertools
 import os
 import sys
-from typing import Any, Callable, Iterable, List, Mapping, Optional, Set, Tuple
+from typing import Any, List, Mapping, Optional, Tuple
 
-from ..errors import GangAborted, TorchrunException, TorchrunFailed
+from ..errors import TorchrunException
 from ..gang.identity import GangIdentity
 from ..gang.ports import find_free_port
 from ..gang.secret import make_secret
 from ..gang.topology import Topology
-from ..launch.command import ArgSpec, argparse_hint
+from ..launch.command import ArgSpec
 from .. import defaults as DEFAULTS
-from ..host.console import say
-from ..launch.plan import CallPlan, StepDefaults, plan_call, validate_shutdown_grace, step_timeout
+from ..launch.plan import CallRequest, StepDefaults, validate_shutdown_grace, step_timeout
 from ..launch.resources import requested_accelerators
-from ..launch.torch_checks import require_torch
-from .call import run_call
-from .nproc import with_nproc_resolved
+from . import api as runtime
 from .result import TorchrunResult
 from .session import GangSession
 
-# Lines said once per step of a run (pathspec, text), however many calls.
-_said: Set[Tuple[str, str]] = set()
 _sessions = itertools.count()
-
-
-def say_once(key: str, lines: Iterable[str], say: Callable[[str], None]) -> None:
-    """Deprecation lines: once per step, not once per call."""
-    for line in lines:
-        if (key, line) not in _said:
-            _said.add((key, line))
-            say(line)
-
-
-def run_plan(session: GangSession, plan: CallPlan) -> TorchrunResult:
-    """``run_call``, with the one thing the plan knows that the call does not:
-    a rank whose argparse wanted a value for a key given as ``True`` is told
-    what metaflow-torchrun 0.2 passed instead."""
-    try:
-        return run_call(session, plan)
-    except (TorchrunFailed, GangAborted) as e:
-        add_argparse_hint(e, plan.true_keys)
-        raise
-    except BaseException as e:
-        cause = e.__cause__
-        if isinstance(cause, (TorchrunFailed, GangAborted)):  # a function's own exception
-            add_argparse_hint(cause, plan.true_keys)
-        raise
-
-
-def add_argparse_hint(error: TorchrunException, keys: Tuple[str, ...]) -> None:
-    if not keys:
-        return
-    text = error.message
-    for failure in getattr(error, "failures", None) or []:
-        text += "\n%s\n%s" % (failure.message, failure.traceback)
-    cause = getattr(error, "cause", None)
-    if cause is not None:
-        text += "\n%s\n%s" % (cause.message or "", cause.traceback or "")
-    hint = argparse_hint(text, keys)
-    if hint:
-        error.message = "%s\n\n%s" % (error.message, hint)
 
 
 def step_decorator_specs(flow_name: str, step_name: str) -> List[Tuple[str, Mapping[str, Any]]]:
@@ -127,7 +84,6 @@ class SingleNodeLauncher:
         if entrypoint is None:
             raise TorchrunException(
                 "TorchrunSingleNodeMultiGPU().run(entrypoint=...) is required: a script path or a function.")
-        require_torch()
         specs = step_decorator_specs(current.flow_name, current.step_name)
         accelerators = requested_accelerators(specs)
         defaults = StepDefaults(
@@ -140,13 +96,13 @@ class SingleNodeLauncher:
             args_as=self._args_as,
         )
         flow_dir = os.path.dirname(os.path.abspath(sys.argv[0]))
-        plan = with_nproc_resolved(plan_call(entrypoint, entrypoint_args, nproc_per_node, torchrun_args,
-                                             defaults, [os.getcwd(), flow_dir]))
-        say_once(current.pathspec or "", plan.notes, say)
         session = GangSession(self._identity(current), defaults, _one_node(), flow_dir, secret=make_secret())
+        session.notes_key = current.pathspec or ""
+        request = CallRequest(entrypoint, entrypoint_args, nproc_per_node, torchrun_args,
+                              api="TorchrunSingleNodeMultiGPU().run")
         session.join()
         try:
-            result = run_plan(session, plan)
+            result = runtime.run(session, request)
         except BaseException as e:
             session.step_failed(e)
             raise

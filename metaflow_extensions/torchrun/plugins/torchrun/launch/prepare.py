@@ -1,0 +1,90 @@
+"""Pure: a planned call, made concrete on this node once the gang has given it
+a rendezvous port and the node its directories: torchrun's argv and the
+environment of torchrun and its ranks.
+
+Everything that shapes that environment comes in as one of three typed
+records (``StepDefaults``, ``CallPlan``, ``NodeFacts``), never as loose
+keywords: a setting added to the step reaches the ranks here or nowhere, and
+``tests/unit/test_prepare.py`` checks each one at a value other than its
+default.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from typing import Dict, List, Mapping, Optional, Tuple
+
+from ..procs import names
+from .command import Launch, build_command, restarts_allowed
+from .plan import CallPlan, StepDefaults
+
+
+@dataclass(frozen=True)
+class NodeFacts:
+    """What only the running node knows when its call starts."""
+
+    python: str
+    node_index: int
+    num_nodes: int
+    main_addr: str  # where the rendezvous is (the control)
+    local_addr: str  # where the other nodes reach this one
+    iface: Optional[str]  # the interface of local_addr
+    rdzv_port: int
+    rdzv_id: str
+    workdir: str  # the call's private work directory
+    log_dir: Optional[str]  # the ranks' log files
+    entry_path: str  # what the ranks run (procs/entry.py)
+    flow_dir: Optional[str]
+
+
+def prepare(plan: CallPlan, defaults: StepDefaults, node: NodeFacts,
+            base: Mapping[str, str]) -> Tuple[List[str], Dict[str, str]]:
+    """torchrun's argv and environment for this node's share of the call."""
+    argv = build_command(Launch(
+        python=node.python,
+        num_nodes=node.num_nodes,
+        node_index=node.node_index,
+        nproc_per_node=plan.nproc,
+        rdzv_host=node.main_addr,
+        rdzv_port=node.rdzv_port,
+        rdzv_id=node.rdzv_id,
+        entrypoint=node.entry_path,
+        user_options=plan.options,
+        local_addr=node.local_addr,
+        start_timeout=defaults.start_timeout,
+    ))
+    return argv, rank_environment(base, defaults, plan, node)
+
+
+def rank_environment(base: Mapping[str, str], defaults: StepDefaults, plan: CallPlan,
+                     node: NodeFacts) -> Dict[str, str]:
+    """The environment of this node's torchrun and its ranks."""
+    env = dict(base)
+    # torchrun's own graceful stop (torch 2.10+; before, a fixed 30 s): on
+    # SIGTERM its agent passes the signal on to the ranks and waits this long
+    # before SIGKILL. Whole seconds: the agent parses an int.
+    env[names.SHUTDOWN_TIMEOUT_ENV] = str(int(math.ceil(defaults.shutdown_grace)))
+    if plan.function is not None and node.flow_dir:
+        # Ranks import the function's module as the flow file would: from the
+        # flow's directory.
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (node.flow_dir, env.get("PYTHONPATH")) if p)
+    env[names.WORK_DIR_ENV] = node.workdir
+    env[names.NODE_INDEX_ENV] = str(node.node_index)
+    if node.iface and "GLOO_SOCKET_IFNAME" not in env:
+        # gloo otherwise binds to whatever the host name resolves to, which
+        # on many hosts (127.0.1.1, containers) other nodes cannot reach.
+        env["GLOO_SOCKET_IFNAME"] = node.iface
+    if restarts_allowed(plan.options):
+        # With the agent's store shared with the workers, torch keeps one store
+        # for every restart and restarted workers read the previous round's
+        # addresses (gloo: "Connection refused"): max_restarts could never
+        # recover. A fresh store per round, hosted by rank 0, is what torch
+        # does with sharing off. Only then: the ranks' init_process_group waits
+        # about 0.5 s longer for rank 0's new store (benchmarks, 2 x 2).
+        env.setdefault(names.SHARE_STORE_OFF_ENV, "1")
+    env[names.LABELS_ENV] = "1" if defaults.label_logs else "0"
+    if node.log_dir:
+        env[names.LOG_DIR_ENV] = node.log_dir
+    return env

@@ -1,0 +1,105 @@
+"""Every setting of the step reaches the place it takes effect, checked at the
+call site (the real ``CallRun.prepare`` and ``GangSession``) with a value other
+than its default: a setting dropped on the way (``shutdown_grace`` once never
+reached torchrun) fails here, not on a cluster."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import pytest
+
+from metaflow_extensions.torchrun.plugins.torchrun import defaults as DEFAULTS
+from metaflow_extensions.torchrun.plugins.torchrun.gang.identity import GangIdentity
+from metaflow_extensions.torchrun.plugins.torchrun.gang.topology import Topology
+from metaflow_extensions.torchrun.plugins.torchrun.launch.command import join_timeout
+from metaflow_extensions.torchrun.plugins.torchrun.launch.plan import StepDefaults, plan_call
+from metaflow_extensions.torchrun.plugins.torchrun.launch.resources import Accelerators
+from metaflow_extensions.torchrun.plugins.torchrun.procs import names
+from metaflow_extensions.torchrun.plugins.torchrun.runtime import call as call_module
+from metaflow_extensions.torchrun.plugins.torchrun.runtime.call import CallRun
+from metaflow_extensions.torchrun.plugins.torchrun.runtime.session import GangSession
+
+# Each field at a value no default has, and where the test below looks for it.
+CHANGED = dict(
+    nproc_per_node=3,  # the plan's nproc
+    torchrun_args={"max_restarts": 2},  # torchrun's argv
+    port=29999,  # the gang's port: the topology (gang/topology.py), not a StepDefaults reader
+    derived_nproc=5,  # the plan's nproc when nothing else is given (test_inputs)
+    accelerators=Accelerators(kind="gpu", count=5, source="@resources(gpu=5)"),  # the device check
+    heartbeat_timeout=7.0,  # the session's gang config
+    start_timeout=123.0,  # the gang config and torchrun's rendezvous wait
+    label_logs=False,  # the ranks' environment
+    hang_timeout=9.0,  # the gang config
+    shutdown_grace=47.0,  # the ranks' environment and the supervisor
+    rdzv_port=29777,  # the plan
+    args_as="0.2",  # the plan's encoding of entrypoint_args
+    preflight="full",  # the session's preflight (runtime/preflight.py)
+)
+
+
+def test_every_setting_of_the_step_is_covered_here():
+    fields = {f.name for f in dataclasses.fields(StepDefaults)}
+    assert fields == set(CHANGED), "a new @torchrun setting needs a call-site test here"
+    for name, value in CHANGED.items():
+        default = getattr(StepDefaults(), name)
+        assert value != default, name
+
+
+@pytest.fixture
+def run(tmp_path, monkeypatch):
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    script = tmp_path / "train.py"
+    script.write_text("print('hi')\n")
+    defaults = StepDefaults(**CHANGED)
+    identity = GangIdentity("F", "1", "train", "2", 0)
+    topology = Topology(num_nodes=2, node_index=0, main_addr="127.0.0.1", ports=(29999,), is_local=True)
+    session = GangSession(identity, defaults, topology, str(tmp_path), secret=b"s" * 32)
+    plan = plan_call(str(script), {"epochs": True}, None, None, defaults, [str(tmp_path)])
+    call = CallRun(session, plan, 0, rdzv_port=29777)
+    yield call
+    if call.files is not None:
+        call.files.close()
+
+
+def test_the_session_carries_the_gang_settings(run):
+    config = run.session.config
+    assert (config.heartbeat_timeout, config.start_timeout, config.hang_timeout) == (7.0, 123.0, 9.0)
+
+
+def test_the_plan_carries_the_call_settings(run):
+    assert run.plan.nproc == 3
+    assert run.plan.rdzv_port == 29777
+    assert str(run.plan.options["max-restarts"]) == "2"
+    assert run.plan.entry_argv == ["--epochs", "true"]  # args_as="0.2"
+
+
+def test_the_ranks_environment_and_argv_carry_the_launch_settings(run):
+    env = run.prepare()
+    assert env[names.SHUTDOWN_TIMEOUT_ENV] == "47"
+    assert env[names.LABELS_ENV] == "0"
+    assert env[names.NODE_INDEX_ENV] == "0"
+    assert env[names.WORK_DIR_ENV] == run.workdir and os.path.isdir(run.workdir)
+    argv = " ".join(run.argv)
+    assert "--max-restarts 2" in argv or "--max-restarts=2" in argv
+    assert "--nproc-per-node 3" in argv or "--nproc-per-node=3" in argv
+    assert str(join_timeout(123.0)) in argv and str(join_timeout(DEFAULTS.START_TIMEOUT)) not in argv
+    assert "127.0.0.1:29777" in argv
+
+
+def test_the_supervisor_gets_the_grace(run, monkeypatch):
+    seen = {}
+
+    class Stop(Exception):
+        pass
+
+    def supervisor(*args, **kwargs):
+        seen.update(kwargs)
+        raise Stop()
+
+    monkeypatch.setattr(call_module, "Supervisor", supervisor)
+    run.session.client = type("Client", (), {"cause": None, "quiet": None, "send_stacks": lambda *a: None})()
+    with pytest.raises(Stop):
+        run.supervise({})
+    assert seen["shutdown_grace"] == 47.0
