@@ -56,7 +56,7 @@ def test_a_refused_call_is_said_once_naming_the_call(gang, case):
 
 
 def test_the_other_node_refusing_first_is_still_said_once(gang):
-    """Node 0 sleeps, so node 1's refusal is the gang's root cause."""
+    """Node 0 waits until the gang stops it, so node 1's refusal is the gang's root cause."""
     call, problem, _ = REFUSED["typo"]
     proc = _run(gang, call, slow_node=0)
     text = output(proc)

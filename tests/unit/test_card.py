@@ -7,6 +7,7 @@ temporary directory) and then calls what ``@torchrun`` calls after the step.
 """
 
 import base64
+import dataclasses
 import html
 import json
 import re
@@ -102,7 +103,7 @@ def _result(succeeded=True) -> TorchrunResult:
     ranks = [RankRecord(rank=r, local_rank=r, pid=100 + r, start=now - 3, end=now - 1, exit_code=0) for r in (0, 1)]
     cause = None if succeeded else records.cause({"summary": "rank 1 raised: boom from rank 1"})
     if not succeeded:
-        ranks[1].exit_code = 1
+        ranks[1] = dataclasses.replace(ranks[1], exit_code=1)
     return TorchrunResult(
         command=["torchrun"], node_index=0, num_nodes=1, nproc_per_node=2,
         exit_code=0 if succeeded else 1, started_at=now - 4, ended_at=now,

@@ -324,7 +324,7 @@ class TorchrunDecorator(ParallelDecorator):
         """Attempt k-1's record: the attempts so far, and whether to run this one."""
         self._previous, note = attempts_.read_previous(pathspec, attempt - 1, METADATA_FIELD)
         if note:
-            print("@torchrun: %s" % note, file=sys.stderr)
+            say(note)
         self._refusal = attempts_.refusal(self._retry_on, attempt, self._previous)
 
     def task_decorate(
@@ -366,7 +366,7 @@ class TorchrunDecorator(ParallelDecorator):
             try:
                 with session.user_code():
                     if self._refusal is not None:
-                        print("@torchrun: %s" % self._refusal, file=sys.stderr, flush=True)
+                        say(self._refusal)
                         raise TorchrunNotRetried(self._refusal)
                     step_func()
             except BaseException as e:
@@ -408,7 +408,7 @@ class TorchrunDecorator(ParallelDecorator):
         if not is_task_ok and self._card is not None:
             render_card_now(self._card, retry_count)
         if getattr(self, "_card_hint", None):
-            print("@torchrun: this step's card: %s" % self._card_hint, file=sys.stderr, flush=True)
+            say("this step's card: %s" % self._card_hint)
 
     def _record_result(self, flow: Any, retry_count: int) -> None:
         """Keep the run's record as task metadata: readable after the run with

@@ -17,13 +17,13 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from ..procs import bootstrap, entry, functions, stacks
 from ..cause import Cause, CauseKind
-from ..gang.messages import MAX_RANKS_PER_NODE, STREAMS, TAIL_LINE_CHARS, TAIL_LINES, NodeReport, RankStatus
+from ..gang.messages import MAX_RANKS_PER_NODE, STREAMS, TAIL_LINE_CHARS, TAIL_LINES, NodeReport
 from ..errors import GangAborted, TorchrunException, TorchrunFailed, TorchrunInvalidArgument
 from ..procs.failures import (
     RankFailure,
     describe_exit_code,
     merge_failures,
-    parse_torchrun_summary,
+    read_agent_failures,
     read_failures,
     with_last_output,
 )
@@ -36,7 +36,7 @@ from .session import GangSession
 from ..host.console import say
 from .supervisor import Supervisor
 from ..host.workdirs import CallFiles
-from ..procs.names import ARGS_FILE, agent_log_path, rank_log_path
+from ..procs.names import ARGS_FILE, rank_log_path
 from ..host.private import tail_lines as _tail_lines
 
 # What stacks may add to the control's stop, its own collecting included: a
@@ -192,7 +192,7 @@ class CallRun:
         if self.exit_code != 0:
             self.failures = [self._with_last_output(f) for f in merge_failures(
                 read_failures(self.workdir),
-                parse_torchrun_summary(self._agent_report(), self.node_index),
+                read_agent_failures(self.workdir, self.node_index),
             )]
             if client.cause is None:
                 client.report_failure(self._own_cause(), call=self.index, report=self._report(self.failures))
@@ -347,14 +347,6 @@ class CallRun:
             call=self.index,
         )
 
-    def _agent_report(self) -> bytes:
-        """What torchrun said of the failure: its stderr, and its log file
-        (``procs/agent.py`` keeps its report out of the console)."""
-        text = self.supervisor.stderr_tail if self.supervisor else b""
-        if self.log_dir:
-            text += "\n".join(tail_lines(agent_log_path(self.log_dir), count=400, max_bytes=256 * 1024)).encode()
-        return text
-
     def _with_last_output(self, failure: RankFailure) -> RankFailure:
         if failure.traceback or not self.log_dir:
             return failure
@@ -373,7 +365,7 @@ class CallRun:
                     for s in STREAMS
                 }
         return NodeReport(
-            ranks=tuple(RankStatus.of(r) for r in ranks[:MAX_RANKS_PER_NODE]),
+            ranks=tuple(r.for_wire() for r in ranks[:MAX_RANKS_PER_NODE]),
             tails=tails,
             started=self.supervisor.started_at if self.supervisor else None,
             ended=time.time(),

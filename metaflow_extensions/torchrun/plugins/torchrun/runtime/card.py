@@ -85,7 +85,7 @@ def gang_ranks(result: TorchrunResult) -> Dict[int, List[RankStatus]]:
     """Rank records per node: every node on the control, this node elsewhere."""
     out = {node: list(report.ranks) for node, report in result.gang.reports.items()}
     if result.node_index not in out:
-        out[result.node_index] = [RankStatus.of(r) for r in result.ranks]
+        out[result.node_index] = [r.for_wire() for r in result.ranks]
     return dict(sorted(out.items()))
 
 

@@ -8,8 +8,7 @@ client after the run) and drawn in the step's card.
 from __future__ import annotations
 
 import json
-import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Union
 
 if TYPE_CHECKING:
@@ -21,7 +20,8 @@ from ..gang.node_compare import PreflightRecord
 from ..procs.failures import RankFailure
 from ..procs.ranges import numbers
 from ..procs.stacks import SUMMARY_PLACES, bound, group
-from ..procs.names import STATUS_SUFFIX, rank_log_path
+from ..procs.names import rank_log_path
+from ..procs.status import RankStatus, read_statuses
 
 METADATA_FIELD = "torchrun-result"
 # The record is stored in the metadata service: at most this many bytes of JSON,
@@ -41,22 +41,8 @@ STACKS_IN_REPORT = 64 << 20
 FAILED_PER_NODE = 8
 
 
-@dataclass
-class RankRecord:
-    rank: int
-    local_rank: int
-    group_rank: int = -1
-    restart: int = 0
-    pid: int = -1
-    start: Optional[float] = None
-    end: Optional[float] = None
-    exit_code: Optional[int] = None
-
-    @property
-    def duration(self) -> Optional[float]:
-        if self.start is None or self.end is None:
-            return None
-        return self.end - self.start
+# One rank's record in the result: the rank status schema (procs/status.py).
+RankRecord = RankStatus
 
 
 @dataclass(frozen=True)
@@ -225,31 +211,14 @@ def _times(stamps: Dict[str, Any]) -> Dict[str, Any]:
 def read_rank_records(directory: str, failures: List[RankFailure]) -> List[RankRecord]:
     """The status each rank wrote, completed with torchrun's report for ranks
     that died before they could write their exit."""
-    records: Dict[int, RankRecord] = {}
-    try:
-        names = os.listdir(directory)
-    except OSError:
-        names = []
-    for name in names:
-        if not name.endswith(STATUS_SUFFIX):
-            continue
-        try:
-            with open(os.path.join(directory, name)) as f:
-                raw = json.load(f)
-            rec = RankRecord(**{k: raw.get(k) for k in RankRecord.__dataclass_fields__})
-        except (OSError, ValueError, TypeError):
-            continue
-        records[rec.rank] = rec
+    records: Dict[int, RankRecord] = read_statuses(directory)
     for failure in failures:
-        found = records.get(failure.rank)
-        if found is None:
-            rec = records[failure.rank] = RankRecord(failure.rank, failure.local_rank, pid=failure.pid)
-        else:
-            rec = found
+        rec = records.get(failure.rank)
+        if rec is None:
+            rec = RankRecord(failure.rank, failure.local_rank, pid=failure.pid)
         if rec.exit_code is None:
-            code = _code_from(failure.exc_type)
-            rec.exit_code = code
-            rec.end = rec.end or failure.timestamp
+            rec = replace(rec, exit_code=_code_from(failure.exc_type), end=rec.end or failure.timestamp)
+        records[failure.rank] = rec
     return [records[k] for k in sorted(records)]
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import logging
 import os
 import signal
 import sys
@@ -44,6 +45,9 @@ from .. import defaults as DEFAULTS
 from ..procs.names import PROGRESS_ENV
 from ..host.console import say
 from ..host.logs import where_logs_are
+from ..host import log
+
+_log = log.get("runtime.session")
 
 # Raised in the main thread to stop the step's code when the gang aborts. A
 # real-time signal: user code (SLURM-style checkpoint triggers) uses SIGUSR1/2.
@@ -179,7 +183,8 @@ class GangSession:
         self._interruptible = False
         self.phase = Phase.IN_CALL
         try:
-            yield index
+            with _timed("node %d: call %d" % (self.topology.node_index, index)):
+                yield index
         finally:
             self.phase = Phase.IN_STEP
             self._interruptible = was
@@ -295,12 +300,13 @@ class GangSession:
 
     def close(self) -> None:
         self.phase = Phase.LEFT
-        if self.client is not None:
-            self.client.close()
-        if self.server is not None:
-            if self.server.cause is not None:
-                self._linger(self.server)
-            self.server.close()
+        with _timed("node %d: closing the gang (the control lingers after a failure)" % self.topology.node_index):
+            if self.client is not None:
+                self.client.close()
+            if self.server is not None:
+                if self.server.cause is not None:
+                    self._linger(self.server)
+                self.server.close()
 
     def say_where_logs_are(self) -> None:
         """Once, at the step's end, on the control of a local run: every node
@@ -322,6 +328,22 @@ class GangSession:
         deadline = time.monotonic() + min(LINGER, self.config.start_timeout)
         while not server.everyone_heard() and time.monotonic() < deadline:
             time.sleep(0.05)
+
+
+@contextlib.contextmanager
+def _timed(what: str) -> Iterator[None]:
+    """Debug records (host/log.py) of ``what`` begun and ended, with its duration."""
+    if not _log.isEnabledFor(logging.DEBUG):
+        yield
+        return
+    began = time.monotonic()
+    _log.debug("%s: begun", what)
+    try:
+        yield
+    except BaseException as e:
+        _log.debug("%s: ended after %.3fs, raising %s", what, time.monotonic() - began, type(e).__name__)
+        raise
+    _log.debug("%s: ended after %.3fs", what, time.monotonic() - began)
 
 
 def same_problem(mine: Cause, cause: Cause) -> bool:
