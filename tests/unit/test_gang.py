@@ -22,7 +22,7 @@ import time
 import metaflow  # noqa: F401  (must come before our modules)
 import pytest
 
-from gang_net import GUARD, HOST, SECRET, Net, new_config, read_line, wait_cause, node_report
+from gang_net import GUARD, HOST, SECRET, new_config, read_line, wait_cause, node_report
 from metaflow_extensions.torchrun.plugins.torchrun.gang import wire
 from metaflow_extensions.torchrun.plugins.torchrun.gang import messages
 from metaflow_extensions.torchrun.plugins.torchrun.cause import Cause, CauseKind
@@ -31,15 +31,6 @@ from metaflow_extensions.torchrun.plugins.torchrun.gang.client import GangClient
 from metaflow_extensions.torchrun.plugins.torchrun.gang.server import CallState, GangServer
 from metaflow_extensions.torchrun.plugins.torchrun.gang.ports import find_free_port
 from proc_helpers import wait_until
-
-
-@pytest.fixture
-def net(procs):
-    n = Net(procs)
-    try:
-        yield n
-    finally:
-        n.close()
 
 
 def enter_in_background(client, index, entry="train.py"):
