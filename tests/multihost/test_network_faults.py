@@ -116,10 +116,11 @@ def test_control_cable_pulled_three_hosts(network, sandbox):
 
 
 def test_one_way_loss(network, sandbox):
-    """Mid-run, the worker's packets for the control are lost (the other way
-    still works). Expected: the control stops for lack of heartbeats, naming
-    both sides; the worker, which still hears the control, learns that cause
-    from it and stops; timings as for a pulled cable."""
+    """Mid-run, the worker's packets for the control are lost; the other way
+    still carries packets. Expected: the control stops for lack of heartbeats,
+    naming both sides. The worker hears nothing new either: TCP, its
+    acknowledgements lost, only resends what the worker already has. So it
+    stops on its own silence, as for a pulled cable, with the same timings."""
     net = network(2)
     control, worker = net.hosts
     run = _run(sandbox, net, SPIN, heartbeat_timeout=HEARTBEAT)
@@ -130,7 +131,7 @@ def test_one_way_loss(network, sandbox):
     _stopped_within(run, codes, gone, ended, HEARTBEAT + 6, HEARTBEAT + 15)
     cause = _root_cause(run.node_log(0))
     assert cause.startswith("lost contact between node 0") and "node 1" in cause, cause
-    assert "node 1 stopped: lost contact between node 0" in run.node_log(1), run.logs_summary()
+    assert "heard nothing from the control node" in run.node_log(1), run.logs_summary()
 
 
 def test_flaps_are_ridden_out(network, sandbox):
