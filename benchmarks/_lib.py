@@ -23,6 +23,9 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
+import metaflow  # noqa: F401  (first: importing Metaflow loads its extensions, ours included)
+from metaflow_extensions.torchrun.plugins.torchrun.launch.command import AGENT_MODULE, BOOTSTRAP_MODULE
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 FLOWS = os.path.join(HERE, "flows")
@@ -44,10 +47,11 @@ TOKEN_VAR = "BENCH_TOKEN"
 # In a process's command line: a torchrun agent, or a rank of a benchmark script
 # (directly, or through @torchrun's bootstrap).
 # torchrun's agent: by hand ``python -m torch.distributed.run``; under @torchrun
-# its own runner of it (procs/agent.py).
-AGENT_MARKS = (b"torch.distributed.run", b"torchrun.procs.agent")
+# its own runner of it. The module names are the ones the launcher starts
+# (launch/command.py), never copies: a renamed module is followed here.
+AGENT_MARKS = (b"torch.distributed.run", AGENT_MODULE.encode())
 SCRIPT_MARK = os.path.join(HERE, "scripts").encode() + b"/"
-BOOTSTRAP_MARK = b"torchrun.procs.bootstrap"
+BOOTSTRAP_MARK = BOOTSTRAP_MODULE.encode()
 
 
 def is_agent(cmd: bytes) -> bool:
