@@ -313,7 +313,7 @@ class GangSession:
                 self.client.close()
             if self.server is not None:
                 if self.server.cause is not None:
-                    self._linger(self.server)
+                    linger(self.server, self.config.start_timeout)
                 self.server.close()
 
     def say_where_logs_are(self) -> None:
@@ -329,17 +329,18 @@ class GangSession:
             self._logs_said = True
             say(where_logs_are(log_dirs[-1]))
 
-    def _linger(self, server: GangServer) -> None:
-        """A failed gang's service stays a little while nodes are still coming:
-        a node that is still starting learns the cause as it joins, instead of
-        waiting ``start_timeout`` for a service that is gone. Not when the
-        cause is that nodes never joined: their own ``start_timeout`` has passed
-        too, and they have given up as well."""
-        if server.cause is not None and server.cause.kind is CauseKind.NEVER_JOINED:
-            return
-        deadline = time.monotonic() + min(LINGER, self.config.start_timeout)
-        while not server.everyone_heard() and time.monotonic() < deadline:
-            time.sleep(0.05)
+
+def linger(server: GangServer, start_timeout: float) -> None:
+    """A failed gang's service stays a little while nodes are still coming:
+    a node that is still starting learns the cause as it joins, instead of
+    waiting ``start_timeout`` for a service that is gone. Not when the cause is
+    that nodes never joined: their own ``start_timeout`` has passed too, and
+    they have given up as well."""
+    if server.cause is not None and server.cause.kind is CauseKind.NEVER_JOINED:
+        return
+    deadline = time.monotonic() + min(LINGER, start_timeout)
+    while not server.everyone_heard() and time.monotonic() < deadline:
+        time.sleep(0.05)
 
 
 @contextlib.contextmanager
