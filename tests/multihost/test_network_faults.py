@@ -35,9 +35,13 @@ def _run(sandbox, net, params, **attrs) -> PlatformRun:
 
 
 def _running(sandbox, run) -> None:
-    """Every node launched and every rank in its loop."""
+    """Every node launched and every rank in its loop; each host's torchrun is
+    found (a finder that finds nothing would time every stop as instant)."""
     run.launch_all()
     sandbox.wait_for_reports("ready-", len(run.hosts), timeout=120, procs=list(run.procs.values()))
+    alive = torchrun_processes(sandbox.token)
+    for host in run.hosts:
+        assert sum(host.holds(pid) for pid in alive) >= 2, "no agent and rank found on host %d" % host.index
 
 
 def _ended(sandbox, run, since: float, timeout: float) -> Tuple[Dict[int, int], Dict[int, float], Dict[int, float]]:
