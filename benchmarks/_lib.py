@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import metaflow  # noqa: F401  (first: importing Metaflow loads its extensions, ours included)
+from metaflow.unbounded_foreach import UBF_CONTROL, UBF_TASK
 from metaflow_extensions.torchrun.plugins.torchrun.launch.command import AGENT_MODULE, BOOTSTRAP_MODULE
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -555,7 +556,7 @@ class Sandbox:
 
 def node_task(root: int, node_index: int) -> Optional[int]:
     """The local Metaflow task process of one node of the train step."""
-    marker = b"ubf_control" if node_index == 0 else b"ubf_task"
+    marker = (UBF_CONTROL if node_index == 0 else UBF_TASK).encode()  # Metaflow's --ubf-context
     for pid in descendants(root):
         cmd = cmdline(pid)
         if b" step train " in cmd and marker in cmd:
