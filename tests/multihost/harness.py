@@ -10,7 +10,7 @@ runs inside a host (the non-@parallel steps on host 0) and all of them share one
 local datastore directory, standing in for S3.
 
 Every process started carries a token in its environment: after the test, a
-live process holding it is a leak (the idea of tests/integration/helpers.py).
+live process holding it is a leak (tests/our_processes.py, shared by every test).
 """
 
 from __future__ import annotations
