@@ -72,8 +72,8 @@ def _lost_contact(silent: List[int], hosts: Mapping[int, str], silence: str, con
     this = "node %d (the control, %s)" % (control, hosts.get(control, "?"))
     if len(silent) == 1:
         (peer,) = silent
-        summary = ("lost contact between %s and node %d (%s): no heartbeat from node %d for %s; node %d is "
-                   "frozen, or either node is cut off from the network"
+        summary = ("lost contact between %s and node %d (%s): no heartbeat from node %d for %s; either node "
+                   "is cut off from the network, or node %d is frozen"
                    % (this, peer, hosts.get(peer, "?"), peer, silence, peer))
     else:
         summary = ("lost contact between %s and all %d other nodes at once (%s: no heartbeat for %s): node %d "
