@@ -23,6 +23,10 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
+import metaflow  # noqa: F401  (first: importing Metaflow loads its extensions, ours included)
+from metaflow.unbounded_foreach import UBF_CONTROL, UBF_TASK
+from metaflow_extensions.torchrun.plugins.torchrun.launch.command import AGENT_MODULE, BOOTSTRAP_MODULE
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 FLOWS = os.path.join(HERE, "flows")
@@ -44,10 +48,11 @@ TOKEN_VAR = "BENCH_TOKEN"
 # In a process's command line: a torchrun agent, or a rank of a benchmark script
 # (directly, or through @torchrun's bootstrap).
 # torchrun's agent: by hand ``python -m torch.distributed.run``; under @torchrun
-# its own runner of it (procs/agent.py).
-AGENT_MARKS = (b"torch.distributed.run", b"torchrun.procs.agent")
+# its own runner of it. The module names are the ones the launcher starts
+# (launch/command.py), never copies: a renamed module is followed here.
+AGENT_MARKS = (b"torch.distributed.run", AGENT_MODULE.encode())
 SCRIPT_MARK = os.path.join(HERE, "scripts").encode() + b"/"
-BOOTSTRAP_MARK = b"torchrun.procs.bootstrap"
+BOOTSTRAP_MARK = BOOTSTRAP_MODULE.encode()
 
 
 def is_agent(cmd: bytes) -> bool:
@@ -551,7 +556,7 @@ class Sandbox:
 
 def node_task(root: int, node_index: int) -> Optional[int]:
     """The local Metaflow task process of one node of the train step."""
-    marker = b"ubf_control" if node_index == 0 else b"ubf_task"
+    marker = (UBF_CONTROL if node_index == 0 else UBF_TASK).encode()  # Metaflow's --ubf-context
     for pid in descendants(root):
         cmd = cmdline(pid)
         if b" step train " in cmd and marker in cmd:

@@ -16,40 +16,10 @@ import time
 import uuid
 from typing import Dict, List, Optional
 
+from our_processes import TOKEN_VAR, describe, kill_all, leaks, processes_with_token  # noqa: F401 (shared)
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 FLOWS = os.path.join(REPO, "tests", "flows")
-TOKEN_VAR = "MFTR_TEST_TOKEN"
-
-
-def processes_with_token(token: str) -> List[int]:
-    needle = ("%s=%s" % (TOKEN_VAR, token)).encode()
-    found = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit() or int(name) == os.getpid():
-            continue
-        try:
-            with open("/proc/%s/environ" % name, "rb") as f:
-                if needle in f.read().split(b"\0"):
-                    with open("/proc/%s/stat" % name, "rb") as s:
-                        state = s.read().rsplit(b")", 1)[1].split()[0]
-                    if state != b"Z":
-                        found.append(int(name))
-        except OSError:
-            continue
-    return found
-
-
-def describe(pids: List[int]) -> str:
-    out = []
-    for pid in pids:
-        try:
-            with open("/proc/%d/cmdline" % pid, "rb") as f:
-                out.append("%d: %s" % (pid, f.read().replace(b"\0", b" ").decode(errors="replace")[:200]))
-        except OSError:
-            pass
-    return "\n".join(out)
-
-
 def _terminal_signals() -> None:
     """In the child, before exec: Ctrl-C and Ctrl-\\ as a terminal delivers them.
     A test runner started in the background by a non-interactive shell has
@@ -140,19 +110,10 @@ class Gang:
         return json.loads(line[len("@@RESULT@@"):])
 
     def leaks(self, grace: float = 5.0) -> List[int]:
-        deadline = time.monotonic() + grace
-        left = processes_with_token(self.token)
-        while left and time.monotonic() < deadline:
-            time.sleep(0.2)
-            left = processes_with_token(self.token)
-        return left
+        return leaks(self.token, grace)
 
     def kill_everything(self) -> None:
-        for pid in processes_with_token(self.token):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except OSError:
-                pass
+        kill_all(self.token)
 
 
 def finish_or_explain(proc: subprocess.Popen, gang: "Gang", timeout: float) -> bytes:

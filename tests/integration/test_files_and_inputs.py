@@ -9,6 +9,7 @@ import stat
 import pytest
 
 import other_user
+from our_processes import mentions_torchrun, node_tasks
 
 from .helpers import output
 
@@ -41,7 +42,7 @@ def test_a_directory_entrypoint_is_refused_as_one_before_the_start(gang):
     assert proc.returncode != 0, text
     assert "entrypoint 'scripts/' is a directory" in text
     assert "does not exist" not in text
-    assert "torch.distributed.run" not in text and "rank.agent" not in text and "[rank" not in text  # nothing started
+    assert not mentions_torchrun(text)  # nothing started
 
 
 def test_a_non_python_entrypoint_is_refused_before_the_start(gang):
@@ -50,7 +51,7 @@ def test_a_non_python_entrypoint_is_refused_before_the_start(gang):
     assert proc.returncode != 0, text
     assert "entrypoint 'scripts/not_python.sh' is not valid Python" in text
     assert "line 3" in text
-    assert "torch.distributed.run" not in text and "rank.agent" not in text and "[rank" not in text  # nothing started
+    assert not mentions_torchrun(text)  # nothing started
 
 
 def _tree(path):
@@ -145,8 +146,6 @@ def test_a_failed_run_leaves_no_work_directory(gang, tmp_path):
 def test_sigterm_to_the_control_task_leaves_no_work_directory(gang, tmp_path):
     import signal
 
-    from .test_local_flows import _cmdline, _descendants
-
     tmp = str(tmp_path / "tmp")
     os.makedirs(tmp)
     gang.env["TMPDIR"] = tmp
@@ -154,7 +153,7 @@ def test_sigterm_to_the_control_task_leaves_no_work_directory(gang, tmp_path):
     try:
         gang.wait_for_reports("ready-", 4, timeout=120)
         assert len(_leftovers(tmp)["work"]) == 2  # one per node while it runs
-        control = [pid for pid in _descendants(proc.pid) if b"ubf_control" in _cmdline(pid)]
+        control = node_tasks(proc.pid, control=True)
         assert control, "control task not found"
         os.kill(control[0], signal.SIGTERM)
         out, _ = proc.communicate(timeout=60)

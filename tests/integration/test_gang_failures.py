@@ -14,9 +14,9 @@ import signal
 import time
 
 import pytest
+from our_processes import descendants, node_tasks
 
 from .helpers import output, without_task_prefix
-from .test_local_flows import _cmdline, _descendants
 
 pytestmark = pytest.mark.integration
 
@@ -29,11 +29,9 @@ def _attrs(**kw):
 
 def _node_task(run_pid, node_index):
     """The local Metaflow task process of one node."""
-    marker = b"ubf_control" if node_index == 0 else b"ubf_task"
-    for pid in _descendants(run_pid):
-        cmd = _cmdline(pid)
-        if b" step " in cmd.replace(b"\0", b" ") and marker in cmd:
-            return pid
+    tasks = node_tasks(run_pid, control=node_index == 0)
+    if tasks:
+        return tasks[0]
     raise AssertionError("no task process for node %d" % node_index)
 
 
@@ -110,13 +108,17 @@ def test_node_task_sigkilled_stops_the_gang(gang):
 def test_frozen_node_is_detected_by_heartbeat(gang):
     def freeze(p):
         task = _node_task(p.pid, 1)
-        for pid in [task] + _descendants(task):
+        for pid in [task] + descendants(task):
             os.kill(pid, signal.SIGSTOP)
 
     code, text, took = _run_and_inject(gang, freeze, env=_attrs(heartbeat_timeout=6))
     assert code != 0
     assert took < 6 + HANG_GUARD
-    assert "node 1" in text and "sent no heartbeat" in text, text[-4000:]
+    # Two nodes: node 1 was node 0's only peer, so from node 0's side a frozen
+    # node and a cut link look the same; both are named, node 1 as the silent one.
+    assert "lost contact between node 0 (the control, " in text, text[-4000:]
+    assert re.search(r"no heartbeat from node 1 for \d+s \(heartbeat_timeout=6s\)", text), text[-4000:]
+    assert "node 1 is frozen" in text, text[-4000:]
 
 
 def test_max_restarts_recovers_across_nodes(gang):

@@ -19,7 +19,7 @@ import pytest
 
 from metaflow_extensions.torchrun.plugins.torchrun.host.network import local_address_towards
 
-from .helpers import processes_with_token
+from our_processes import argv, is_torchrun, processes_with_token
 
 
 def _socket_inodes(pid: int) -> set:
@@ -71,15 +71,12 @@ def off_loopback_addresses() -> list:
 
 
 def agent_option(pids, name: str) -> str:
-    for pid in pids:
-        try:
-            with open("/proc/%d/cmdline" % pid, "rb") as f:
-                argv = f.read().decode(errors="replace").split("\0")
-        except OSError:
-            continue
-        if name in argv:
-            return argv[argv.index(name) + 1]
-    raise AssertionError("no process of the job has %s" % name)
+    """The value of option ``name`` on the command line of the job's torchrun agent."""
+    for pid in filter(is_torchrun, pids):
+        args = argv(pid)
+        if name in args:
+            return args[args.index(name) + 1]
+    raise AssertionError("no torchrun process of the job has %s" % name)
 
 
 class _Planted:

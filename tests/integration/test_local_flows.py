@@ -6,6 +6,7 @@ import signal
 import time
 
 import pytest
+from our_processes import node_tasks
 
 from .helpers import finish_or_explain, output
 
@@ -116,10 +117,7 @@ def test_sigterm_to_the_control_task_stops_everything(gang):
     proc = gang.start("--script", "spin.py")
     try:
         gang.wait_for_reports("ready-", 4, timeout=120)
-        control = [
-            pid for pid in _descendants(proc.pid)
-            if b"ubf_control" in _cmdline(pid)
-        ]
+        control = node_tasks(proc.pid, control=True)
         assert control, "control task not found"
         os.kill(control[0], signal.SIGTERM)
         out, _ = proc.communicate(timeout=60)
@@ -164,29 +162,3 @@ def test_two_runs_at_once_on_one_host(gang, tmp_path_factory):
         reports = g.reports("rank-")
         assert sorted(reports) == [0, 1, 2, 3]
         assert all(r["sum"] == 6 for r in reports.values())
-
-
-def _descendants(root):
-    children = {}
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            try:
-                with open("/proc/%s/stat" % name, "rb") as f:
-                    ppid = int(f.read().rsplit(b")", 1)[1].split()[1])
-            except OSError:
-                continue
-            children.setdefault(ppid, []).append(int(name))
-    out, stack = [], [root]
-    while stack:
-        for c in children.get(stack.pop(), []):
-            out.append(c)
-            stack.append(c)
-    return out
-
-
-def _cmdline(pid):
-    try:
-        with open("/proc/%d/cmdline" % pid, "rb") as f:
-            return f.read()
-    except OSError:
-        return b""

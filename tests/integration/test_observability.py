@@ -6,6 +6,7 @@ import os
 import re
 
 import pytest
+from our_processes import AGENT_MODULE
 
 from .helpers import output
 
@@ -60,7 +61,7 @@ def test_result_record_is_returned_and_stored_as_metadata(gang):
     )
     assert record["succeeded"] and record["exit_code"] == 0
     assert record["node_index"] == 0 and record["num_nodes"] == 2
-    assert "metaflow_extensions.torchrun.plugins.torchrun.procs.agent" in record["command"]  # runs torchrun
+    assert AGENT_MODULE in record["command"]  # runs torchrun
     assert sorted(r["rank"] for r in record["ranks"]) == [0, 1] or len(record["ranks"]) == 2
     assert all(r["exit_code"] == 0 and r["duration"] > 0 for r in record["ranks"])
     # The control saw the whole gang: every node's ranks.

@@ -10,10 +10,10 @@ import signal
 import time
 
 import pytest
+from our_processes import descendants
 
 from .helpers import FLOWS, output
 from .test_gang_failures import _attrs, _node_task
-from .test_local_flows import _descendants
 
 pytestmark = pytest.mark.integration
 
@@ -62,9 +62,9 @@ def test_a_rank_stuck_in_a_collective_shows_where_when_the_control_freezes(gang)
         time.sleep(1)  # rank 2 is in its all-reduce by now
         control = _node_task(proc.pid, 0)
         node1 = _node_task(proc.pid, 1)
-        spared = {node1, *_descendants(node1)}
+        spared = {node1, *descendants(node1)}
         # Node 0 freezes: its task and its own ranks, not node 1 (its child here).
-        frozen = [control] + [p for p in _descendants(control) if p not in spared]
+        frozen = [control] + [p for p in descendants(control) if p not in spared]
         for pid in frozen:
             os.kill(pid, signal.SIGSTOP)
         time.sleep(9)  # past heartbeat_timeout (5 s): node 1 has stopped its ranks

@@ -10,7 +10,7 @@ runs inside a host (the non-@parallel steps on host 0) and all of them share one
 local datastore directory, standing in for S3.
 
 Every process started carries a token in its environment: after the test, a
-live process holding it is a leak (the idea of tests/integration/helpers.py).
+live process holding it is a leak (tests/our_processes.py, shared by every test).
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ import uuid
 from typing import Dict, List, Optional, Sequence
 
 from metaflow.util import compress_list
+from our_processes import TOKEN_VAR, describe, kill_all, leaks, processes_with_token  # noqa: F401 (shared)
 
 from . import contracts
 from .netns import Host, Network
@@ -34,46 +35,12 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 FLOWS = os.path.join(REPO, "tests", "flows")
 EXAMPLES = os.path.join(REPO, "examples")
 SHIM = os.path.join(os.path.dirname(os.path.abspath(__file__)), "platform_task.py")
-TOKEN_VAR = "MFTR_TEST_TOKEN"
 
 # Task ids are not integers, as on a deployed orchestrator (Argo names a JobSet's
 # control task "control-<entropy>-0"): Metaflow's local metadata registers a
 # non-integer task id when the task starts, while an integer one is assumed to
 # have been registered beforehand by the runtime that allocated it.
 PARAMS_TASK, START_TASK, JOIN_TASK, END_TASK = "params", "start", "join", "end"
-
-
-# ------------------------------------------------------------ process leaks
-
-
-def processes_with_token(token: str) -> List[int]:
-    needle = ("%s=%s" % (TOKEN_VAR, token)).encode()
-    found = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit() or int(name) == os.getpid():
-            continue
-        try:
-            with open("/proc/%s/environ" % name, "rb") as f:
-                if needle not in f.read().split(b"\0"):
-                    continue
-            with open("/proc/%s/stat" % name, "rb") as s:
-                state = s.read().rsplit(b")", 1)[1].split()[0]
-            if state != b"Z":
-                found.append(int(name))
-        except OSError:
-            continue
-    return found
-
-
-def describe(pids: Sequence[int]) -> str:
-    out = []
-    for pid in pids:
-        try:
-            with open("/proc/%d/cmdline" % pid, "rb") as f:
-                out.append("%d: %s" % (pid, f.read().replace(b"\0", b" ").decode(errors="replace")[:240]))
-        except OSError:
-            pass
-    return "\n".join(out)
 
 
 class Sandbox:
@@ -104,19 +71,10 @@ class Sandbox:
         }
 
     def leaks(self, grace: float = 5.0) -> List[int]:
-        deadline = time.monotonic() + grace
-        left = processes_with_token(self.token)
-        while left and time.monotonic() < deadline:
-            time.sleep(0.2)
-            left = processes_with_token(self.token)
-        return left
+        return leaks(self.token, grace)
 
     def kill_everything(self) -> None:
-        for pid in processes_with_token(self.token):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except OSError:
-                pass
+        kill_all(self.token)
 
     def log_path(self, name: str) -> str:
         return os.path.join(self.logs, name + ".log")

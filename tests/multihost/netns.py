@@ -37,6 +37,10 @@ from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 PREFIX = "mftr"
 SUBNET = "10.231.0"
+# A locally administered unicast address no host of a network has (theirs are
+# the kernel's random veth addresses, also locally administered: a clash would
+# need all 46 random bits to match).
+NOBODY_MAC = "02:00:5e:00:de:ad"
 _NAME = re.compile(r"^%s(\d+)x(\d+)(sw|h\d+|probe)$" % PREFIX)
 _counter = [0]
 _live: set = set()  # namespaces this process created and has not deleted yet
@@ -209,6 +213,23 @@ class Host:
 
     def restore_link(self) -> None:
         _ip("-n", self.switch, "link", "set", self.port, "up")
+
+    def drop_to(self, other: "Host") -> None:
+        """One-way loss: this host's packets for ``other`` go to a MAC address
+        nobody owns (a permanent neighbour entry), so ``other`` never gets them,
+        while ``other``'s packets still arrive here. No kernel module needed
+        (there may be no ``sch_netem``)."""
+        _ip("-n", self.netns, "neigh", "replace", other.ip, "lladdr", NOBODY_MAC, "dev", "eth0", "nud", "permanent")
+
+    def undo_drop_to(self, other: "Host") -> None:
+        _ip("-n", self.netns, "neigh", "del", other.ip, "dev", "eth0", check=False)
+
+    def holds(self, pid: int) -> bool:
+        """Whether process ``pid`` runs in this host (its network namespace)."""
+        try:
+            return os.stat("/proc/%d/ns/net" % pid).st_ino == os.stat("/run/netns/" + self.netns).st_ino
+        except OSError:
+            return False
 
 
 class Network:

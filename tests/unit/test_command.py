@@ -593,10 +593,11 @@ class TestBuildCommand:
         assert argv[-3:] == ["--module", BOOTSTRAP_MODULE, "/abs/train.py"]
         assert argv.count("--module") == 1
 
-    def test_bootstrap_module_is_importable_name(self):
-        import importlib
+    def test_the_started_modules_are_the_modules_themselves(self):
+        """What the launcher starts, and what the tests look for (tests/our_processes.py)."""
+        from metaflow_extensions.torchrun.plugins.torchrun.procs import agent, bootstrap
 
-        assert importlib.util.find_spec(BOOTSTRAP_MODULE) is not None
+        assert (AGENT_MODULE, BOOTSTRAP_MODULE) == (agent.__name__, bootstrap.__name__)
 
     @pytest.mark.parametrize(
         "host, endpoint",

@@ -22,7 +22,7 @@ import time
 import metaflow  # noqa: F401  (must come before our modules)
 import pytest
 
-from gang_net import GUARD, HOST, SECRET, Net, new_config, read_line, wait_cause, node_report
+from gang_net import GUARD, HOST, SECRET, new_config, read_line, wait_cause, node_report
 from metaflow_extensions.torchrun.plugins.torchrun.gang import wire
 from metaflow_extensions.torchrun.plugins.torchrun.gang import messages
 from metaflow_extensions.torchrun.plugins.torchrun.cause import Cause, CauseKind
@@ -31,15 +31,6 @@ from metaflow_extensions.torchrun.plugins.torchrun.gang.client import GangClient
 from metaflow_extensions.torchrun.plugins.torchrun.gang.server import CallState, GangServer
 from metaflow_extensions.torchrun.plugins.torchrun.gang.ports import find_free_port
 from proc_helpers import wait_until
-
-
-@pytest.fixture
-def net(procs):
-    n = Net(procs)
-    try:
-        yield n
-    finally:
-        n.close()
 
 
 def enter_in_background(client, index, entry="train.py"):
@@ -433,6 +424,31 @@ class TestControl:
         assert client.cause.summary.startswith("could not reach the control node's gang service")
         assert "%d or %d" % (a, b) in client.cause.summary
         assert client.port is None and client.wait_joined() is False
+
+    def test_a_node_that_cannot_reach_the_control_says_what_it_tries_while_it_tries(self, net):
+        a, b = find_free_port(), find_free_port()
+        client = net.client(new_config(2, progress_interval=0.4), [a, b], 1, connect=False)
+        said = []
+        client.progress = said.append
+        client.connect(give_up_after=2.0)
+        assert client.cause.kind is CauseKind.CONTROL_UNREACHABLE
+        assert 2 <= len(said) <= 5, said  # every progress_interval, one line each time
+        for line in said:
+            assert line.startswith("still trying to reach the control node's gang service at %s port %d or %d: "
+                                   % (HOST, a, b)), line
+            assert line.endswith("(last error: [Errno 111] Connection refused)"), line
+        assert "(last error: [Errno 111] Connection refused)" in client.cause.summary
+
+    def test_no_attempt_outlives_the_patience(self, net):
+        """Services that accept and never greet: each attempt is cut at the
+        deadline, not after its own full timeout (a worker cut off before it
+        joined gave up 9 s late, one attempt per candidate port)."""
+        mute = [net.listener().getsockname()[1] for _ in range(3)]
+        client = net.client(new_config(2), mute, 1, connect=False)
+        started = time.monotonic()
+        client.connect(give_up_after=1.0)
+        assert client.cause.kind is CauseKind.CONTROL_UNREACHABLE
+        assert time.monotonic() - started < 1.9  # one attempt alone took 2 s before
 
     def test_a_left_node_whose_control_goes_away_is_not_aborted(self, net):
         server = net.server(2)

@@ -9,7 +9,7 @@ import time
 import metaflow  # noqa: F401  (must come before our modules)
 import pytest
 
-from gang_net import GUARD, SECRET, Net, read_line, node_report
+from gang_net import GUARD, SECRET, read_line, node_report
 from metaflow_extensions.torchrun.plugins.torchrun.gang import auth
 from metaflow_extensions.torchrun.plugins.torchrun.gang import wire
 from metaflow_extensions.torchrun.plugins.torchrun.gang import messages
@@ -124,15 +124,6 @@ class TestProofs:
     def test_weak_or_wrong_secrets_are_refused(self, secret):
         with pytest.raises(ValueError):
             auth.check_secret(secret)
-
-
-@pytest.fixture
-def net(procs):
-    n = Net(procs)
-    try:
-        yield n
-    finally:
-        n.close()
 
 
 class TestHandshakeOverSockets:

@@ -53,15 +53,6 @@ class Boom:
 
 
 @pytest.fixture
-def net(procs):
-    n = Net(procs)
-    try:
-        yield n
-    finally:
-        n.close()
-
-
-@pytest.fixture
 def fast_hello(monkeypatch):
     monkeypatch.setattr(gang_admission, "HELLO_TIMEOUT", 0.5)
 

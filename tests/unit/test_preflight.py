@@ -13,7 +13,7 @@ import time
 import metaflow  # noqa: F401  (must come before our modules)
 import pytest
 
-from gang_net import GUARD, Net
+from gang_net import GUARD
 from metaflow_extensions.torchrun.plugins.torchrun.cause import CauseKind
 from metaflow_extensions.torchrun.plugins.torchrun.gang import messages as msg
 from metaflow_extensions.torchrun.plugins.torchrun.gang import node_compare as pf
@@ -25,15 +25,6 @@ from proc_helpers import wait_until
 GPUS = Accelerators("gpu", 8, "@kubernetes(gpu=8)")
 SAME = {"python": "3.11.9", "torch": "2.13.0", "cuda": "12.8", "nccl": "2.27.3", "cudnn": "9.10",
         "metaflow": "2.19.39", "metaflow_torchrun": "0.3.0", "kernel": "6.8.0"}
-
-
-@pytest.fixture
-def net(procs):
-    n = Net(procs)
-    try:
-        yield n
-    finally:
-        n.close()
 
 
 # -- the message ------------------------------------------------------------------------

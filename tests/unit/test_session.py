@@ -224,6 +224,32 @@ class TestLinger:
         t.join(GUARD)
         assert not t.is_alive()
 
+    def test_the_gang_is_closed_once(self, gang, monkeypatch):
+        """The step's wrapper and ``task_finished`` both close it: the second
+        close finds nothing to do, and does not linger again."""
+        monkeypatch.setattr(session_mod, "LINGER", 3.0)
+        control = gang(0)
+        control.join()
+        _fail(control, OSError("x"))
+        started = time.monotonic()
+        control.close()  # lingers: node 1 has not heard
+        assert time.monotonic() - started >= 3.0
+        started = time.monotonic()
+        control.close()
+        assert time.monotonic() - started < 2.0
+
+    def test_no_linger_for_nodes_whose_start_timeout_has_passed(self, gang, monkeypatch):
+        """Nodes missing at start_timeout have given up on their side too:
+        nobody is left to hear the cause late."""
+        monkeypatch.setattr(session_mod, "LINGER", 15.0)
+        control = gang(0, start_timeout=3.0)  # a linger would last this long
+        control.join()
+        assert wait_until(lambda: control.cause is not None, GUARD)
+        assert control.cause.kind is CauseKind.NEVER_JOINED
+        started = time.monotonic()
+        control.close()
+        assert time.monotonic() - started < 2.0
+
     def test_the_linger_is_bounded(self, gang, monkeypatch):
         monkeypatch.setattr(session_mod, "LINGER", 0.5)
         control = gang(0)

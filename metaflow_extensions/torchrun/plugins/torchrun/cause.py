@@ -52,7 +52,8 @@ class Cause:
     traceback: Optional[str] = None
     # An echo of another failure (a peer's closed connection): ranked last.
     secondary: bool = False
-    # NEVER_JOINED: the nodes that did not join.
+    # NEVER_JOINED: the nodes that did not join; UNRESPONSIVE: the nodes that
+    # fell silent together, when more than one did (gang/silence.py).
     missing: Tuple[int, ...] = ()
     # Which current.torch.run call of the step (0-based) it happened in, if any.
     call: Optional[int] = None

@@ -28,6 +28,9 @@ from ..host import log
 
 _log = log.get("gang.client")
 
+# Seconds one connection attempt to a candidate port may take.
+CONNECT_TIMEOUT = 2.0
+
 
 # size: a node's whole side of the gang (join and handshake, the reader thread, heartbeats, call sync, leaving); issue 24 reworks it
 class GangClient:
@@ -50,6 +53,8 @@ class GangClient:
         self.joined = threading.Event()
         self.all_left = threading.Event()
         self.on_abort: Callable[[Cause], None] = lambda cause: None
+        # Where a node that cannot reach the control yet says what it tries.
+        self.progress: Callable[[str], None] = lambda text: None
         # While a call's job runs: seconds since its ranks last wrote output,
         # sent with every heartbeat (the control's hang_timeout reads it).
         self.quiet: Optional[Callable[[], Optional[float]]] = None
@@ -81,29 +86,17 @@ class GangClient:
         start in any order (on Kubernetes workers often start first)."""
         patience = give_up_after if give_up_after is not None else self.config.start_timeout
         began = time.monotonic()
-        deadline = began + patience
-        last_error: Optional[BaseException] = None
         if not self._have_secret():
             self.joined.set()
             return
-        while time.monotonic() < deadline and not self._closing.is_set():
-            for port in self.ports:
-                try:
-                    self._handshake(port)
-                    break
-                except (OSError, ValueError, RuntimeError) as e:
-                    last_error = e
-            if self._sock is not None:
-                break
-            self._closing.wait(0.2)
+        last_error = self._try_ports(patience)
         if self._sock is None:
             if not self._closing.is_set():
                 self._set_cause(
                     Cause(
                         CauseKind.CONTROL_UNREACHABLE,
-                        "could not reach the control node's gang service at %s (port %s) "
-                        "within %gs (last error: %s)"
-                        % (self.host, " or ".join(map(str, self.ports)), patience, last_error),
+                        "could not reach the control node's gang service at %s within %gs (last error: %s)"
+                        % (self._where(), patience, error_text(last_error)),
                     )
                 )
             self.joined.set()
@@ -116,6 +109,38 @@ class GangClient:
             self._threads.append(t)
         self.joined.set()
         self._send_preflight()
+
+    def _try_ports(self, patience: float) -> Optional[BaseException]:
+        """Each candidate port in turn until one holds our gang's service, for
+        ``patience`` seconds at most (no attempt outlives it); the last error.
+        Every ``progress_interval`` it says what it is trying, and what went
+        wrong last (a worker cut off from the control learns it here, not once
+        ``start_timeout`` has passed)."""
+        started = time.monotonic()
+        deadline = started + patience
+        next_word = started + self.config.progress_interval
+        last_error: Optional[BaseException] = None
+        while not self._closing.is_set():
+            for port in self.ports:
+                left = deadline - time.monotonic()
+                if left <= 0 or self._closing.is_set():
+                    return last_error
+                try:
+                    self._handshake(port, min(CONNECT_TIMEOUT, left))
+                    return None
+                except (OSError, ValueError, RuntimeError) as e:
+                    last_error = e
+                now = time.monotonic()
+                if now >= next_word:
+                    next_word = now + self.config.progress_interval
+                    self.progress("still trying to reach the control node's gang service at %s: %.0f s of %g s "
+                                  "(last error: %s)" % (self._where(), now - started, patience,
+                                                        error_text(last_error)))
+            self._closing.wait(min(0.2, max(0.0, deadline - time.monotonic())))
+        return last_error
+
+    def _where(self) -> str:
+        return "%s port %s" % (self.host, " or ".join(map(str, self.ports)))
 
     def _send_preflight(self) -> None:
         """After ``joined``: the step's code does not wait for it; a call
@@ -141,15 +166,15 @@ class GangClient:
         self._get_secret = None
         return True
 
-    def _handshake(self, port: int) -> None:
+    def _handshake(self, port: int, connect_timeout: float = CONNECT_TIMEOUT) -> None:
         """Prove this node holds the secret on ``port``, and have the service
         prove it too; a port held by anything but our gang (another gang's
         service, an unrelated server, an impostor) fails here and the next is
         tried."""
-        sock = socket.create_connection((self.host, port), timeout=2)
+        sock = socket.create_connection((self.host, port), timeout=connect_timeout)
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            sock.settimeout(2)
+            sock.settimeout(connect_timeout)
             self._early = b""
             server_nonce = gang_auth.read_challenge(self._read_one(sock))
             client_nonce = gang_auth.new_nonce()
@@ -380,7 +405,7 @@ class GangClient:
                     Cause(
                         CauseKind.CONTROL_UNRESPONSIVE,
                         "heard nothing from the control node (node 0) for %.0fs "
-                        "(heartbeat_timeout=%gs): frozen or cut off from the network"
+                        "(heartbeat_timeout=%gs): it is frozen, or it or this node is cut off from the network"
                         % (silent, self.config.heartbeat_timeout),
                         node_index=0,
                     )
@@ -419,3 +444,12 @@ class GangClient:
         except Exception:
             pass
         return msg.Heartbeat(None if quiet is None else max(0.0, float(quiet)))
+
+
+def error_text(error: Optional[BaseException]) -> str:
+    """An error as a user reads it: ``[Errno 113] No route to host``."""
+    if error is None:
+        return "none"
+    if isinstance(error, socket.timeout):
+        return "connection timed out"
+    return str(error) or type(error).__name__

@@ -13,8 +13,9 @@ import time
 from typing import Dict, List, Optional, Tuple
 
 from ..cause import Cause, CauseKind, plural
-from .config import GangConfig
+from .config import CONTROL_NODE, GangConfig
 from .peer import Peer
+from .silence import silence_cause
 
 
 class Membership:
@@ -67,17 +68,17 @@ class Membership:
         )
 
     def silent(self, now: float) -> Optional[Cause]:
+        """Nodes silent past ``heartbeat_timeout``, named as ``silence.py``
+        decides (one frozen node, or contact lost with every other node)."""
         limit = self.config.heartbeat_timeout
+        quiet: Dict[int, float] = {}
         for node, peer in self.by_node.items():
-            quiet = now - peer.last_seen
-            if node not in self.left and quiet > limit:
-                return Cause(
-                    CauseKind.UNRESPONSIVE,
-                    "node %d (%s) sent no heartbeat for %.0fs (heartbeat_timeout=%gs): frozen or cut off from "
-                    "the network" % (node, peer.host, quiet, limit),
-                    node_index=node,
-                )
-        return None
+            if node not in self.left:
+                quiet[node] = now - peer.last_seen
+        if not any(q > limit for q in quiet.values()):
+            return None
+        hosts = {node: self.by_node[node].host for node in quiet}
+        return silence_cause(quiet, hosts, limit, CONTROL_NODE)
 
     def waiting(self, now: float) -> Optional[str]:
         if self.all_joined:

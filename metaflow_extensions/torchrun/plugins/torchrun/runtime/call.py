@@ -298,7 +298,7 @@ class CallRun:
         budget = max(0.0, STACKS_WAIT - self.stack_seconds)  # collecting our own counts too
         cause = self.session.cause
         # A node the gang lost or found frozen sends nothing: not waited for.
-        silent = {cause.node_index} if cause is not None and cause.kind in (
+        silent = {cause.node_index, *cause.missing} if cause is not None and cause.kind in (
             CauseKind.NODE_LOST, CauseKind.UNRESPONSIVE) else set()
         while True:
             waited = time.monotonic() - began

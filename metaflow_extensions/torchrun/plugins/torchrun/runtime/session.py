@@ -115,6 +115,7 @@ class GangSession:
         self.reported = False  # this node's own failure is already the gang's
         self._announced = False
         self._logs_said = False
+        self._closed = False
         self._interruptible = False
         self._in_user_code = False
         self._main = threading.main_thread().ident
@@ -146,6 +147,7 @@ class GangSession:
             self.config, self.topology.main_addr, ports, self.topology.node_index, secret=self.secret
         )
         self.client.on_abort = self._on_abort
+        self.client.progress = say
         self.client.preflight = self.preflight_source
         self.client.start()
         # Joining takes a round trip when the control is up: wait that long, so
@@ -299,13 +301,19 @@ class GangSession:
         say("the gang failed. Root cause: %s" % cause.summary, frame=bar)
 
     def close(self) -> None:
+        """Once: the step's wrapper closes the gang as the step's code ends, and
+        ``task_finished`` again for a step whose code never ran; a second call
+        finds nothing left to do (and must not linger a second time)."""
         self.phase = Phase.LEFT
+        if self._closed:
+            return
+        self._closed = True
         with _timed("node %d: closing the gang (the control lingers after a failure)" % self.topology.node_index):
             if self.client is not None:
                 self.client.close()
             if self.server is not None:
                 if self.server.cause is not None:
-                    self._linger(self.server)
+                    linger(self.server, self.config.start_timeout)
                 self.server.close()
 
     def say_where_logs_are(self) -> None:
@@ -321,13 +329,18 @@ class GangSession:
             self._logs_said = True
             say(where_logs_are(log_dirs[-1]))
 
-    def _linger(self, server: GangServer) -> None:
-        """A failed gang's service stays a little while nodes are still coming:
-        a node that is still starting learns the cause as it joins, instead of
-        waiting ``start_timeout`` for a service that is gone."""
-        deadline = time.monotonic() + min(LINGER, self.config.start_timeout)
-        while not server.everyone_heard() and time.monotonic() < deadline:
-            time.sleep(0.05)
+
+def linger(server: GangServer, start_timeout: float) -> None:
+    """A failed gang's service stays a little while nodes are still coming:
+    a node that is still starting learns the cause as it joins, instead of
+    waiting ``start_timeout`` for a service that is gone. Not when the cause is
+    that nodes never joined: their own ``start_timeout`` has passed too, and
+    they have given up as well."""
+    if server.cause is not None and server.cause.kind is CauseKind.NEVER_JOINED:
+        return
+    deadline = time.monotonic() + min(LINGER, start_timeout)
+    while not server.everyone_heard() and time.monotonic() < deadline:
+        time.sleep(0.05)
 
 
 @contextlib.contextmanager

@@ -1,0 +1,154 @@
+"""Finding the processes a test started, by what they are: one place for every
+test (unit, integration, multi-host).
+
+Two ways to know a process, neither a string copied into a test:
+
+- whose it is: every process a test starts inherits ``TOKEN_VAR=<token>`` in its
+  environment; after the test, a live process holding the token is a leak
+  (``processes_with_token``);
+- what it is: a torchrun agent or a rank runs ``python -m`` one of the modules
+  the launcher itself names (``launch/command.py``: ``AGENT_MODULE``,
+  ``BOOTSTRAP_MODULE``); a node's Metaflow task carries Metaflow's own
+  ``--ubf-context`` value (``UBF_CONTROL`` / ``UBF_TASK``). Rename a module and
+  these follow; a copied string would silently match nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from typing import Dict, List, Optional, Sequence
+
+from metaflow.unbounded_foreach import UBF_CONTROL, UBF_TASK
+
+from metaflow_extensions.torchrun.plugins.torchrun.launch.command import AGENT_MODULE, BOOTSTRAP_MODULE
+
+TOKEN_VAR = "MFTR_TEST_TOKEN"
+# A node's torchrun: its agent and the ranks the agent starts.
+TORCHRUN_MODULES = (AGENT_MODULE, BOOTSTRAP_MODULE)
+
+
+def _state(pid: int) -> Optional[bytes]:
+    try:
+        with open("/proc/%d/stat" % pid, "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return None
+
+
+def _pids() -> List[int]:
+    return [int(n) for n in os.listdir("/proc") if n.isdigit() and int(n) != os.getpid()]
+
+
+def processes_with_token(token: str) -> List[int]:
+    """Live (not zombie) processes whose environment holds this test's token."""
+    needle = ("%s=%s" % (TOKEN_VAR, token)).encode()
+    found = []
+    for pid in _pids():
+        try:
+            with open("/proc/%d/environ" % pid, "rb") as f:
+                if needle not in f.read().split(b"\0"):
+                    continue
+        except OSError:
+            continue
+        state = _state(pid)
+        if state is not None and state != b"Z":
+            found.append(pid)
+    return found
+
+
+def leaks(token: str, grace: float = 5.0) -> List[int]:
+    """The test's processes still alive ``grace`` seconds from now (or as soon
+    as there are none): what a test left behind."""
+    deadline = time.monotonic() + grace
+    left = processes_with_token(token)
+    while left and time.monotonic() < deadline:
+        time.sleep(0.2)
+        left = processes_with_token(token)
+    return left
+
+
+def kill_all(token: str) -> None:
+    """SIGKILL every process of the test still alive."""
+    for pid in processes_with_token(token):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+
+
+def argv(pid: int) -> List[str]:
+    """A process's command line as a list ([] when it is gone)."""
+    try:
+        with open("/proc/%d/cmdline" % pid, "rb") as f:
+            data = f.read()
+    except OSError:
+        return []
+    return [a.decode(errors="replace") for a in data.split(b"\0") if a]
+
+
+def describe(pids: Sequence[int]) -> str:
+    """One line per process: pid and command line."""
+    return "\n".join("%d: %s" % (pid, " ".join(argv(pid))[:240]) for pid in pids if argv(pid))
+
+
+def is_torchrun(pid: int) -> bool:
+    """A torchrun agent or one of its ranks (``python -m <one of TORCHRUN_MODULES>``)."""
+    return any(module in argv(pid) for module in TORCHRUN_MODULES)
+
+
+def torchrun_processes(token: str) -> List[int]:
+    """This test's torchrun agents and ranks, on any host."""
+    return [pid for pid in processes_with_token(token) if is_torchrun(pid)]
+
+
+def wait_until_no_torchrun(token: str, timeout: float) -> float:
+    """``time.monotonic()`` when none of this test's torchrun processes is left;
+    AssertionError after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not torchrun_processes(token):
+            return time.monotonic()
+        time.sleep(0.1)
+    raise AssertionError("torchrun processes still alive after %ds:\n%s"
+                         % (timeout, describe(torchrun_processes(token))))
+
+
+def mentions_torchrun(text: str) -> bool:
+    """Whether a run's output shows a torchrun started: its command, a rank's
+    label. For the tests of what is refused before anything starts."""
+    return any(m in text for m in TORCHRUN_MODULES + ("torch.distributed.run", "[rank"))
+
+
+def descendants(root: int) -> List[int]:
+    """Every live process below ``root`` (one scan of /proc)."""
+    children: Dict[int, List[int]] = {}
+    for pid in _pids():
+        try:
+            with open("/proc/%d/stat" % pid, "rb") as f:
+                ppid = int(f.read().rsplit(b")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(pid)
+    out, stack = [], [root]
+    while stack:
+        for child in children.get(stack.pop(), []):
+            out.append(child)
+            stack.append(child)
+    return out
+
+
+def is_node_task(pid: int, control: bool) -> bool:
+    """A node's Metaflow task (``step ... --ubf-context <ctx>``): the control's
+    with ``control``, else a worker's."""
+    args = argv(pid)
+    if "step" not in args or "--ubf-context" not in args:
+        return False
+    i = args.index("--ubf-context")
+    return i + 1 < len(args) and args[i + 1] == (UBF_CONTROL if control else UBF_TASK)
+
+
+def node_tasks(root: int, control: bool) -> List[int]:
+    """The node tasks below ``root`` (a local run's ``flow.py run``)."""
+    return [pid for pid in descendants(root) if is_node_task(pid, control)]
