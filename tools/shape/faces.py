@@ -21,6 +21,10 @@ from typing import Dict, Iterator, List, Set, Tuple
 ROOT = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
                     "metaflow_extensions", "torchrun", "plugins", "torchrun")
 SUBPACKAGES = ("gang", "launch", "runtime", "procs", "host")
+# The one import that may bypass a face, as the layers contract ignores it too
+# (pyproject.toml): host/ reads the log-retention names from procs/names.py, a
+# leaf that imports nothing, without loading the ranks' face above it.
+EXCEPTIONS = {("host.logs", "procs.names")}
 
 
 def modules() -> Iterator[Tuple[str, str]]:
@@ -68,14 +72,16 @@ def main() -> None:
     args = parser.parse_args()
     rows = crossings()
     if args.check:
-        bad = [r for r in rows if r[3] != r[2]]
+        bad = [r for r in rows if r[3] != r[2] and (r[0], r[3]) not in EXCEPTIONS]
         for module, line, _, target, name in bad:
             print("%s:%d imports %s from %s, not from its face %s" % (module, line, name, target, target.split(".")[0]))
         sys.exit(1 if bad else 0)
     names: Dict[str, Set[str]] = defaultdict(set)
     through: Dict[str, Set[str]] = defaultdict(set)
-    for _, _, top, target, name in rows:
-        names[top].add(name if target != top else name)
+    for module, _, top, target, name in rows:
+        if (module, target) in EXCEPTIONS:
+            continue
+        names[top].add(name)
         through[top].add(target)
     for top in SUBPACKAGES:
         print("%s: %d names through %d modules: %s" % (top, len(names[top]), len(through[top]),

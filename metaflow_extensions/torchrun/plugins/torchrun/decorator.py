@@ -48,7 +48,7 @@ from .launch.plan import (
 from .gang.ports import LOCAL_PORT_ENV, find_free_port, parse_port
 from .launch.command import none_keys
 from .launch.inputs import validate_args_as
-from .launch.resources import NONE as NO_ACCELERATORS
+from .launch.resources import NO_ACCELERATORS
 from .launch.resources import requested_accelerators, small_shm_warning
 from .runtime import attempts as attempts_
 from .runtime.result import METADATA_FIELD, REPORT_ARTIFACT, TorchrunResult

@@ -35,7 +35,7 @@ from .inputs import (
 )
 from ..errors import Problems, TorchrunInvalidArgument, did_you_mean, shown
 from ..gang.ports import parse_port
-from .resources import NONE as NO_ACCELERATORS
+from .resources import NO_ACCELERATORS
 from .resources import Accelerators
 
 # torchrun's own spellings for "as many processes as there are devices/cores".

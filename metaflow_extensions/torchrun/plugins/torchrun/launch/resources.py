@@ -37,7 +37,8 @@ class Accelerators:
         return None
 
 
-NONE = Accelerators("none", 0, "no accelerator requested")
+NO_ACCELERATORS = Accelerators("none", 0, "no accelerator requested")
+NONE = NO_ACCELERATORS  # the name tests and earlier code use
 
 
 def _count(value: Any, where: str) -> Optional[int]:
@@ -92,7 +93,7 @@ def requested_accelerators(decorators: Iterable[DecoratorSpec]) -> Accelerators:
     else:
         gpu, source = res_gpu, "@resources(gpu=%s)" % res_gpu
     if not gpu:
-        return NONE
+        return NO_ACCELERATORS
     return Accelerators("gpu", gpu, source)
 
 

@@ -17,7 +17,7 @@ from typing import Tuple
 from ..errors import TorchrunInvalidArgument
 from ..host.devices import count_with_torch, cuda_devices, usable_cpus
 from ..launch.plan import CallPlan
-from ..launch.resources import NONE as NO_ACCELERATORS
+from ..launch.resources import NO_ACCELERATORS
 from ..launch.resources import Accelerators, check_visible_devices, keyword_note, nproc_for_keyword
 
 
