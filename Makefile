@@ -54,6 +54,7 @@ lint: install
 	$(BIN)/lint-imports
 	$(BIN)/mkdocs build --strict --quiet --site-dir build/site
 	$(BIN)/python tools/sizes.py
+	$(BIN)/python tools/shape/faces.py --check
 
 # The docs site (docs/, mkdocs.yml) into site/; `make docs-serve` to read it at localhost:8000.
 # Its own venv with the `docs` extra's pins only (requirements-docs.txt; docs/development.md

@@ -84,21 +84,21 @@ class TestNprocBound:
 
 class TestTimeouts:
     def test_defaults_and_strings(self):
-        assert plan.validate_timeouts(30, 600) == (30.0, 600.0)
-        assert plan.validate_timeouts("2", "5") == (2.0, 5.0)
+        assert inputs.validate_timeouts(30, 600) == (30.0, 600.0)
+        assert inputs.validate_timeouts("2", "5") == (2.0, 5.0)
 
     @pytest.mark.parametrize("heartbeat", [0.01, 0, -1, 1.9])
     def test_heartbeat_below_the_minimum(self, heartbeat):
-        msg = refused(plan.validate_timeouts, heartbeat, 600)
+        msg = refused(inputs.validate_timeouts, heartbeat, 600)
         assert "heartbeat_timeout" in msg and "at least 2 seconds" in msg
 
     @pytest.mark.parametrize("start", [0.01, 4.9])
     def test_start_below_the_minimum(self, start):
-        assert "start_timeout" in refused(plan.validate_timeouts, 30, start)
+        assert "start_timeout" in refused(inputs.validate_timeouts, 30, start)
 
     @pytest.mark.parametrize("value", [float("nan"), float("inf"), True, "soon", None, [1]])
     def test_not_a_usable_number(self, value):
-        assert "heartbeat_timeout" in refused(plan.validate_timeouts, value, 600)
+        assert "heartbeat_timeout" in refused(inputs.validate_timeouts, value, 600)
 
     def test_minimum_leaves_several_heartbeats_per_timeout(self):
         from metaflow_extensions.torchrun.plugins.torchrun.gang.config import GangConfig

@@ -134,3 +134,15 @@ def test_every_knob_is_declared_in_metaflows_configuration_and_documented():
 
     for attribute in TorchrunDecorator.defaults:
         assert "`%s`" % attribute in doc, attribute
+
+
+def test_every_exception_a_user_can_catch_is_importable_from_metaflow():
+    import metaflow
+
+    from metaflow_extensions.torchrun.plugins.torchrun import errors
+
+    ours = [v for v in vars(errors).values()
+            if isinstance(v, type) and issubclass(v, errors.TorchrunException) and v.__module__ == errors.__name__]
+    assert len(ours) >= 8
+    for cls in ours:
+        assert getattr(metaflow, cls.__name__, None) is cls, cls.__name__

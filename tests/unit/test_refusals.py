@@ -8,13 +8,8 @@ import os
 import pytest
 
 from metaflow_extensions.torchrun.plugins.torchrun.errors import TorchrunInvalidArgument, shown
-from metaflow_extensions.torchrun.plugins.torchrun.launch.plan import (
-    StepDefaults,
-    plan_call,
-    validate_nproc,
-    validate_shutdown_grace,
-    validate_timeouts,
-)
+from metaflow_extensions.torchrun.plugins.torchrun.launch.inputs import validate_shutdown_grace, validate_timeouts
+from metaflow_extensions.torchrun.plugins.torchrun.launch.plan import StepDefaults, plan_call, validate_nproc
 
 
 class Unprintable:

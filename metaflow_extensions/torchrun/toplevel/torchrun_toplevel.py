@@ -20,6 +20,8 @@ from metaflow_extensions.torchrun.plugins.torchrun.errors import (  # noqa: F401
     TorchrunFailed,
     TorchrunInterrupted,
     TorchrunInvalidArgument,
+    TorchrunMissingDependency,
+    TorchrunNotRetried,
 )
 from metaflow_extensions.torchrun.plugins.torchrun.runtime.result import TorchrunResult  # noqa: F401, E402
 # The type of current.torch: exported so that Metaflow's generated stubs (and IDEs)

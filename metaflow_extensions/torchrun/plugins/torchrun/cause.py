@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
-from .procs.ranges import numbers
+from .procs import numbers
 
 # Text fields from the wire are cut to these many characters.
 MAX_TEXT = 4000

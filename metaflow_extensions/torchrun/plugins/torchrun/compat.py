@@ -122,7 +122,7 @@ class TorchrunSingleNodeMultiGPU:
     ``args_as="0.2"`` spells a dict of entrypoint_args as 0.2 did."""
 
     def __init__(self, args_as: str = "ours", label_logs: bool = True) -> None:
-        from .runtime.single_node import SingleNodeLauncher
+        from .runtime import SingleNodeLauncher
 
         self._launcher = SingleNodeLauncher(args_as=args_as, label_logs=label_logs)
 

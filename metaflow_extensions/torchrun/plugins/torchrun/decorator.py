@@ -14,7 +14,7 @@ from . import load_order  # noqa: F401  (Metaflow first, whatever the user impor
 from metaflow.plugins.parallel_decorator import ParallelDecorator
 from metaflow.unbounded_foreach import UBF_CONTROL
 
-from .runtime.card import attach_card, finish_card, render_card_now, skip_render
+from .runtime import attach_card, finish_card, render_card_now, skip_render
 from .compat import (
     decorator_init_kwargs,
     is_task_process,
@@ -27,12 +27,12 @@ from . import defaults as DEFAULTS
 from .errors import Problems, TorchrunException, TorchrunInvalidArgument, TorchrunNotRetried, did_you_mean
 from .gang import secret as gang_secret
 from .handle import TorchrunHandle
-from .gang.identity import GangIdentity
+from .gang import GangIdentity
 from .lint import register_lint_check, require_parallel_entry
-from .host.console import say
+from .host import say
 from .settings import export_knobs, knob_environ
-from .runtime.local_nodes import stop_local_nodes, worker_python_problem
-from .launch.plan import (
+from .runtime import stop_local_nodes, worker_python_problem
+from .launch import (
     StepDefaults,
     check_options,
     legacy_rdzv_port,
@@ -45,18 +45,18 @@ from .launch.plan import (
     validate_shutdown_grace,
     validate_timeouts,
 )
-from .gang.ports import LOCAL_PORT_ENV, find_free_port, parse_port
-from .launch.command import none_keys
-from .launch.inputs import validate_args_as
-from .launch.resources import NO_ACCELERATORS
-from .launch.resources import requested_accelerators, small_shm_warning
+from .gang import LOCAL_PORT_ENV, find_free_port, parse_port
+from .launch import none_keys
+from .launch import validate_args_as
+from .launch import NO_ACCELERATORS
+from .launch import requested_accelerators, small_shm_warning
 from .runtime import attempts as attempts_
-from .runtime.result import METADATA_FIELD, REPORT_ARTIFACT, TorchrunResult
-from .runtime.session import GangSession
+from .runtime import METADATA_FIELD, REPORT_ARTIFACT, TorchrunResult
+from .runtime import GangSession
 from .runtime import preflight as preflight_runtime
-from .gang.node_compare import DEFAULT_MODE as DEFAULT_PREFLIGHT
-from .gang.node_compare import parse_mode as parse_preflight
-from .gang.topology import CONTROL_TASK_ID_ENV, is_local_runtime, topology_from
+from .gang import DEFAULT_MODE as DEFAULT_PREFLIGHT
+from .gang import parse_mode as parse_preflight
+from .gang import CONTROL_TASK_ID_ENV, is_local_runtime, topology_from
 
 
 # size: Metaflow's hook surface, one method per hook, each delegating; 70 of its lines are the docstring

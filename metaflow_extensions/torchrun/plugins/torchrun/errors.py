@@ -13,7 +13,7 @@ from . import load_order  # noqa: F401  (Metaflow first, whatever the user impor
 from metaflow.exception import MetaflowException
 
 from .cause import CauseKind
-from .procs.failures import RankFailure, describe_exit_code, root_cause_order
+from .procs import RankFailure, describe_exit_code, root_cause_order
 
 if TYPE_CHECKING:
     from .cause import Cause
@@ -74,6 +74,13 @@ def is_refusal(cause: "Cause") -> bool:
     """A gang's cause that is a refused call: every node's log then needs the
     problem once, not a traceback."""
     return cause.exc_type == TorchrunCallRefused.__name__
+
+
+class TorchrunMissingDependency(TorchrunInvalidArgument):
+    """This task's Python cannot run torchrun: no torch, no torch.distributed,
+    or a torch whose torchrun lacks an option we pass."""
+
+    headline = "@torchrun: missing dependency"
 
 
 class TorchrunNotRetried(TorchrunException):

@@ -6,12 +6,12 @@ import os
 from typing import Any, Callable, Optional, Union
 
 from .errors import TorchrunException
-from .launch.command import ArgSpec
-from .launch.plan import CallRequest
+from .launch import ArgSpec
+from .launch import CallRequest
 from .runtime import api as runtime
-from .runtime.result import TorchrunResult
-from .runtime.session import GangSession
-from .runtime.torchrun_args import TorchrunArgs, torchrun_args_of
+from .runtime import TorchrunResult
+from .runtime import GangSession
+from .runtime import TorchrunArgs, torchrun_args_of
 
 
 class TorchrunHandle:

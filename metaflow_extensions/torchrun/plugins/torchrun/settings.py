@@ -12,7 +12,7 @@ import os
 from typing import Dict, Mapping, MutableMapping, Optional
 
 from .host import log
-from .procs.names import DEBUG_ENV, SECRET_ENV, USER_KNOBS, conf_key
+from .procs import DEBUG_ENV, SECRET_ENV, USER_KNOBS, conf_key
 
 
 def profile_value(env_name: str) -> Optional[str]:

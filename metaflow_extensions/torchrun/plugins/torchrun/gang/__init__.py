@@ -1,0 +1,104 @@
+"""The gang: the liveness service of one ``@torchrun`` step and its protocol.
+
+The control task runs a ``GangServer``; every node (the control included) joins
+it with a ``GangClient``, proves the step's secret, sends heartbeats, meets the
+others at each ``current.torch.run`` call and hears of the first failure
+anywhere. Everything on the wire is a typed record (``messages``), JSON only in
+``to_wire``/``from_wire``. ``Topology`` and ``GangIdentity`` say who this node is
+and which gang it belongs to; ``ports`` chooses where it meets.
+
+Usage (the runtime's session does this)::
+
+    server = GangServer(config, bind_host, ports, secret=secret)   # on the control
+    client = GangClient(config, main_addr, ports, node_index, secret=secret)
+    client.start(); port = client.enter_call(0, "train.py")
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+__all__ = [
+    "CONTROL_TASK_ID_ENV",
+    "DEFAULT_MODE",
+    "GangClient",
+    "GangConfig",
+    "GangIdentity",
+    "GangServer",
+    "JobRecord",
+    "LOCAL_PORT_ENV",
+    "MAX_RANKS_PER_NODE",
+    "NodeReport",
+    "PreflightRecord",
+    "ProtocolError",
+    "RDZV_STORE_NODE",
+    "RankStatus",
+    "STREAMS",
+    "TAIL_LINES",
+    "TAIL_LINE_CHARS",
+    "Topology",
+    "describe_job",
+    "find_free_port",
+    "is_local_runtime",
+    "make_secret",
+    "own_command_port",
+    "parse_mode",
+    "parse_port",
+    "topology_from",
+    "messages",
+    "node_compare",
+    "secret",
+]
+
+# Where each name lives: loaded on first use, so that importing the face costs nothing.
+_HOME = {
+    "CONTROL_TASK_ID_ENV": "topology",
+    "DEFAULT_MODE": "node_compare",
+    "GangClient": "client",
+    "GangConfig": "config",
+    "GangIdentity": "identity",
+    "GangServer": "server",
+    "JobRecord": "node_compare",
+    "LOCAL_PORT_ENV": "ports",
+    "MAX_RANKS_PER_NODE": "messages",
+    "NodeReport": "messages",
+    "PreflightRecord": "node_compare",
+    "ProtocolError": "messages",
+    "RDZV_STORE_NODE": "config",
+    "RankStatus": "messages",
+    "STREAMS": "messages",
+    "TAIL_LINES": "messages",
+    "TAIL_LINE_CHARS": "messages",
+    "Topology": "topology",
+    "describe_job": "node_compare",
+    "find_free_port": "ports",
+    "is_local_runtime": "topology",
+    "make_secret": "secret",
+    "own_command_port": "ports",
+    "parse_mode": "node_compare",
+    "parse_port": "ports",
+    "topology_from": "topology",
+}
+
+if TYPE_CHECKING:
+    from .client import GangClient
+    from .config import GangConfig, RDZV_STORE_NODE
+    from .identity import GangIdentity
+    from .messages import MAX_RANKS_PER_NODE, NodeReport, ProtocolError, RankStatus, STREAMS, TAIL_LINES, TAIL_LINE_CHARS
+    from .node_compare import DEFAULT_MODE, JobRecord, PreflightRecord, describe_job, parse_mode
+    from .ports import LOCAL_PORT_ENV, find_free_port, own_command_port, parse_port
+    from .secret import make_secret
+    from .server import GangServer
+    from .topology import CONTROL_TASK_ID_ENV, Topology, is_local_runtime, topology_from
+
+if TYPE_CHECKING:
+    from . import messages, node_compare, secret
+
+
+def __getattr__(name: str) -> Any:
+    if name in _HOME:
+        return getattr(importlib.import_module("." + _HOME[name], __name__), name)
+    if name in __all__:  # a module of the subpackage, shown as a namespace
+        return importlib.import_module("." + name, __name__)
+    raise AttributeError("module %r has no attribute %r" % (__name__, name))

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..host.logs import LogKey
+from ..host import LogKey
 
 
 def safe_id(raw: str) -> str:

@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Dict, Mapping, Optional, Tuple, Type, TypeVar
 
 from ..cause import Cause
-from ..procs.stacks import MAX_STACK_BYTES
-from ..procs.status import RankStatus, StatusError
+from ..procs import MAX_STACK_BYTES
+from ..procs import RankStatus, StatusError
 from .wire import Message as WireDict
 from .wire import ProtocolError
 

@@ -16,7 +16,7 @@ from ..errors import TorchrunInvalidArgument
 
 # Exported by the local control task before Metaflow spawns the other nodes, which
 # inherit it: that is how all local nodes learn one freshly chosen free port.
-from ..procs.names import PORT_ENV as LOCAL_PORT_ENV
+from ..procs import PORT_ENV as LOCAL_PORT_ENV
 
 # With no port given, nodes try these many ports derived from the gang id, in
 # order: a port already taken on the control host is skipped by everyone.

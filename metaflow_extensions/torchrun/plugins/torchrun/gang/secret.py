@@ -28,7 +28,7 @@ from typing import Callable, Mapping, Optional, Protocol, Tuple
 from .auth import MIN_SECRET_BYTES
 from .identity import GangIdentity
 
-from ..procs.names import SECRET_ENV as ENV
+from ..procs import SECRET_ENV as ENV
 SECRET_BYTES = 32
 POLL_SECONDS = 0.5
 _PREFIX = b"metaflow-torchrun gang secret v1\n"

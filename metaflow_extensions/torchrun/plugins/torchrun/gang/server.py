@@ -40,7 +40,7 @@ from .node_compare import PreflightBook, PreflightRecord
 from .ports import find_free_port
 from .transport import Transport
 from .wire import MAX_LINE, ProtocolError, encode
-from ..host.console import say
+from ..host import say
 from ..host import log
 
 _log = log.get("gang.server")

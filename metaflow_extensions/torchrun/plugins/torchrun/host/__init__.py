@@ -1,0 +1,73 @@
+"""Host plumbing: this machine's processes, private files, devices, network and
+console. The bottom layer: no Metaflow, nothing of the gang.
+
+Usage::
+
+    files = CallFiles(log_key, node_index)       # a call's private directories
+    address, iface = route_to(main_addr, is_local)
+    say("one line for the user")
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+__all__ = [
+    "CallFiles",
+    "LogKey",
+    "count_with_torch",
+    "cuda_devices",
+    "die_with_parent",
+    "interfaces",
+    "is_loopback",
+    "open_private",
+    "route_to",
+    "say",
+    "say_once",
+    "tail_lines",
+    "usable_cpus",
+    "where_logs_are",
+    "work_root",
+    "log",
+    "proctree",
+]
+
+# Where each name lives: loaded on first use, so that importing the face costs nothing.
+_HOME = {
+    "CallFiles": "workdirs",
+    "LogKey": "logs",
+    "count_with_torch": "devices",
+    "cuda_devices": "devices",
+    "die_with_parent": "proctree",
+    "interfaces": "network",
+    "is_loopback": "network",
+    "open_private": "private",
+    "route_to": "network",
+    "say": "console",
+    "say_once": "console",
+    "tail_lines": "private",
+    "usable_cpus": "devices",
+    "where_logs_are": "logs",
+    "work_root": "workdirs",
+}
+
+if TYPE_CHECKING:
+    from .console import say, say_once
+    from .devices import count_with_torch, cuda_devices, usable_cpus
+    from .logs import LogKey, where_logs_are
+    from .network import interfaces, is_loopback, route_to
+    from .private import open_private, tail_lines
+    from .proctree import die_with_parent
+    from .workdirs import CallFiles, work_root
+
+if TYPE_CHECKING:
+    from . import log, proctree
+
+
+def __getattr__(name: str) -> Any:
+    if name in _HOME:
+        return getattr(importlib.import_module("." + _HOME[name], __name__), name)
+    if name in __all__:  # a module of the subpackage, shown as a namespace
+        return importlib.import_module("." + name, __name__)
+    raise AttributeError("module %r has no attribute %r" % (__name__, name))

@@ -1,0 +1,103 @@
+"""Launch planning: what one call will start, decided before anything starts.
+
+Pure functions over typed records: the user's ``CallRequest`` and the step's
+``StepDefaults`` become a ``CallPlan`` (``plan_request``: every argument
+checked, every problem named at once, as ``TorchrunInvalidArgument``); once the
+gang has given the call a port, ``prepare_launch`` makes it this node's torchrun argv
+and environment (``NodeFacts``). No process is started here and torch is never
+imported (``torch_checks`` reads its files).
+
+Usage (the runtime's ``api.run`` does this)::
+
+    plan = plan_request(CallRequest("train.py", {"epochs": 3}), defaults, [flow_dir])
+    argv, env = prepare_launch(plan, defaults, node_facts, os.environ)
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+__all__ = [
+    "Accelerators",
+    "ArgSpec",
+    "CallPlan",
+    "CallRequest",
+    "NO_ACCELERATORS",
+    "NodeFacts",
+    "StepDefaults",
+    "argparse_hint",
+    "check_options",
+    "check_visible_devices",
+    "keyword_note",
+    "legacy_rdzv_port",
+    "merged_options",
+    "none_keys",
+    "none_note",
+    "nproc_for_keyword",
+    "option_names",
+    "plan_call",
+    "plan_request",
+    "prepare_launch",
+    "requested_accelerators",
+    "resolve_nproc",
+    "small_shm_warning",
+    "step_timeout",
+    "validate_args_as",
+    "validate_hang_timeout",
+    "validate_nproc",
+    "validate_shutdown_grace",
+    "validate_timeouts",
+    "node_checks",
+]
+
+# Where each name lives: loaded on first use, so that importing the face costs nothing.
+_HOME = {
+    "Accelerators": "resources",
+    "ArgSpec": "command",
+    "CallPlan": "plan",
+    "CallRequest": "plan",
+    "NO_ACCELERATORS": "resources",
+    "NodeFacts": "prepare",
+    "StepDefaults": "plan",
+    "argparse_hint": "command",
+    "check_options": "plan",
+    "check_visible_devices": "resources",
+    "keyword_note": "resources",
+    "legacy_rdzv_port": "plan",
+    "merged_options": "plan",
+    "none_keys": "command",
+    "none_note": "plan",
+    "nproc_for_keyword": "resources",
+    "option_names": "plan",
+    "plan_call": "plan",
+    "plan_request": "plan",
+    "prepare_launch": "prepare",
+    "requested_accelerators": "resources",
+    "resolve_nproc": "plan",
+    "small_shm_warning": "resources",
+    "step_timeout": "inputs",
+    "validate_args_as": "inputs",
+    "validate_hang_timeout": "inputs",
+    "validate_nproc": "plan",
+    "validate_shutdown_grace": "inputs",
+    "validate_timeouts": "inputs",
+}
+
+if TYPE_CHECKING:
+    from .command import ArgSpec, argparse_hint, none_keys
+    from .inputs import step_timeout, validate_args_as, validate_hang_timeout, validate_shutdown_grace, validate_timeouts
+    from .plan import CallPlan, CallRequest, StepDefaults, check_options, legacy_rdzv_port, merged_options, none_note, option_names, plan_call, plan_request, resolve_nproc, validate_nproc
+    from .prepare import NodeFacts, prepare_launch
+    from .resources import Accelerators, NO_ACCELERATORS, check_visible_devices, keyword_note, nproc_for_keyword, requested_accelerators, small_shm_warning
+
+if TYPE_CHECKING:
+    from . import node_checks
+
+
+def __getattr__(name: str) -> Any:
+    if name in _HOME:
+        return getattr(importlib.import_module("." + _HOME[name], __name__), name)
+    if name in __all__:  # a module of the subpackage, shown as a namespace
+        return importlib.import_module("." + name, __name__)
+    raise AttributeError("module %r has no attribute %r" % (__name__, name))

@@ -28,13 +28,9 @@ from .inputs import (
     refuse_directory,
     refuse_legacy_call,
     refuse_special,
-    validate_hang_timeout,  # noqa: F401 (decorator.py's step_init imports these from here)
-    validate_shutdown_grace,  # noqa: F401
-    step_timeout,  # noqa: F401
-    validate_timeouts,  # noqa: F401
 )
 from ..errors import Problems, TorchrunInvalidArgument, did_you_mean, shown
-from ..gang.ports import parse_port
+from ..gang import parse_port
 from .resources import NO_ACCELERATORS
 from .resources import Accelerators
 

@@ -39,7 +39,7 @@ class NodeFacts:
     flow_dir: Optional[str]
 
 
-def prepare(plan: CallPlan, defaults: StepDefaults, node: NodeFacts,
+def prepare_launch(plan: CallPlan, defaults: StepDefaults, node: NodeFacts,
             base: Mapping[str, str]) -> Tuple[List[str], Dict[str, str]]:
     """torchrun's argv and environment for this node's share of the call."""
     argv = build_command(Launch(

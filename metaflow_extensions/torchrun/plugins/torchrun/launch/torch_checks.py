@@ -14,16 +14,12 @@ import sys
 from dataclasses import dataclass
 from typing import Dict, Iterable, Optional, Set, Tuple
 
-from ..errors import TorchrunInvalidArgument
+from ..errors import TorchrunMissingDependency
 from .options import OptionSpec
 
 TORCH_INSTALL_HINT = "pip install metaflow-torchrun[torch]"
 # The torch this package is tested with (README "Versions").
 TESTED_TORCH = "2.11"
-
-
-class TorchrunMissingDependency(TorchrunInvalidArgument):
-    headline = "@torchrun: missing dependency"
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,96 @@
+"""What runs in the processes torchrun starts: its agent and every rank.
+
+Ranks import this, so it imports no Metaflow and loads its names on first use.
+``names`` is the one home of every name the task and the ranks share
+(environment variables, per-rank file names); ``bootstrap`` runs first in every
+rank; ``agent`` runs torchrun's agent; ``stacks``, ``failures`` and ``exits``
+are what a rank leaves behind for the task to read.
+
+Usage (the task reads what the ranks wrote)::
+
+    failures = read_failures(workdir)
+    print(stacks.summarize(collected))
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+__all__ = [
+    "ARGS_FILE",
+    "DEBUG_ENV",
+    "MAX_STACK_BYTES",
+    "PORT_ENV",
+    "PROGRESS_ENV",
+    "RankFailure",
+    "RankStatus",
+    "SECRET_ENV",
+    "SUMMARY_PLACES",
+    "StatusError",
+    "USER_KNOBS",
+    "bound",
+    "conf_key",
+    "describe_exit_code",
+    "group",
+    "merge_failures",
+    "numbers",
+    "rank_log_path",
+    "read_agent_failures",
+    "read_failures",
+    "read_statuses",
+    "root_cause_order",
+    "with_last_output",
+    "bootstrap",
+    "collective_check",
+    "entry",
+    "functions",
+    "names",
+    "relay",
+    "stacks",
+]
+
+# Where each name lives: loaded on first use, so that importing the face costs nothing.
+_HOME = {
+    "ARGS_FILE": "names",
+    "DEBUG_ENV": "names",
+    "MAX_STACK_BYTES": "stacks",
+    "PORT_ENV": "names",
+    "PROGRESS_ENV": "names",
+    "RankFailure": "failures",
+    "RankStatus": "status",
+    "SECRET_ENV": "names",
+    "SUMMARY_PLACES": "stacks",
+    "StatusError": "status",
+    "USER_KNOBS": "names",
+    "bound": "stacks",
+    "conf_key": "names",
+    "describe_exit_code": "failures",
+    "group": "stacks",
+    "merge_failures": "failures",
+    "numbers": "ranges",
+    "rank_log_path": "names",
+    "read_agent_failures": "failures",
+    "read_failures": "failures",
+    "read_statuses": "status",
+    "root_cause_order": "failures",
+    "with_last_output": "failures",
+}
+
+if TYPE_CHECKING:
+    from .failures import RankFailure, describe_exit_code, merge_failures, read_agent_failures, read_failures, root_cause_order, with_last_output
+    from .names import ARGS_FILE, DEBUG_ENV, PORT_ENV, PROGRESS_ENV, SECRET_ENV, USER_KNOBS, conf_key, rank_log_path
+    from .ranges import numbers
+    from .stacks import MAX_STACK_BYTES, SUMMARY_PLACES, bound, group
+    from .status import RankStatus, StatusError, read_statuses
+
+if TYPE_CHECKING:
+    from . import bootstrap, collective_check, entry, functions, names, relay, stacks
+
+
+def __getattr__(name: str) -> Any:
+    if name in _HOME:
+        return getattr(importlib.import_module("." + _HOME[name], __name__), name)
+    if name in __all__:  # a module of the subpackage, shown as a namespace
+        return importlib.import_module("." + name, __name__)
+    raise AttributeError("module %r has no attribute %r" % (__name__, name))

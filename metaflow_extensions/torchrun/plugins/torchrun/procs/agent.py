@@ -24,9 +24,9 @@ import time
 import traceback
 from typing import IO, Any, Dict, List, Mapping, Optional, Sequence
 
-from ..host.console import say
-from ..host.network import is_loopback
-from ..host.private import open_private
+from ..host import say
+from ..host import is_loopback
+from ..host import open_private
 from . import exits
 from .failures import AgentFailure, write_agent_failures
 from .names import WORK_DIR_ENV, LOG_DIR_ENV, agent_log_path

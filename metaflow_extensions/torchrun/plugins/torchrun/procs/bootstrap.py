@@ -71,7 +71,7 @@ def _record(exc: BaseException, formatted: str) -> None:
 
 
 def _tie_to_parent() -> None:
-    from ..host.proctree import die_with_parent
+    from ..host import die_with_parent
 
     parent = os.getppid()
     die_with_parent()

@@ -1,0 +1,74 @@
+"""The runtime: one step's gang and each of its calls, run in the task.
+
+``GangSession`` is the step's gang from its first line to its last (join, the
+step's code, leave); ``api.run(session, request)`` is the one entry for a call
+(plan, process count, preflight, then the call: enter, prepare, supervise,
+finish, record); the result is a ``TorchrunResult``, typed to the edge. The card,
+the attempts record and 0.2's single-node launcher live here too.
+
+Usage (the decorator and ``current.torch`` do this)::
+
+    session = GangSession(identity, defaults, topology, flow_dir, secret=secret)
+    session.join()
+    result = api.run(session, CallRequest("train.py"))
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+__all__ = [
+    "GangSession",
+    "METADATA_FIELD",
+    "REPORT_ARTIFACT",
+    "SingleNodeLauncher",
+    "TorchrunArgs",
+    "TorchrunResult",
+    "attach_card",
+    "finish_card",
+    "render_card_now",
+    "skip_render",
+    "stop_local_nodes",
+    "torchrun_args_of",
+    "worker_python_problem",
+    "api",
+    "attempts",
+    "preflight",
+]
+
+# Where each name lives: loaded on first use, so that importing the face costs nothing.
+_HOME = {
+    "GangSession": "session",
+    "METADATA_FIELD": "result",
+    "REPORT_ARTIFACT": "result",
+    "SingleNodeLauncher": "single_node",
+    "TorchrunArgs": "torchrun_args",
+    "TorchrunResult": "result",
+    "attach_card": "card",
+    "finish_card": "card",
+    "render_card_now": "card",
+    "skip_render": "card",
+    "stop_local_nodes": "local_nodes",
+    "torchrun_args_of": "torchrun_args",
+    "worker_python_problem": "local_nodes",
+}
+
+if TYPE_CHECKING:
+    from .card import attach_card, finish_card, render_card_now, skip_render
+    from .local_nodes import stop_local_nodes, worker_python_problem
+    from .result import METADATA_FIELD, REPORT_ARTIFACT, TorchrunResult
+    from .session import GangSession
+    from .single_node import SingleNodeLauncher
+    from .torchrun_args import TorchrunArgs, torchrun_args_of
+
+if TYPE_CHECKING:
+    from . import api, attempts, preflight
+
+
+def __getattr__(name: str) -> Any:
+    if name in _HOME:
+        return getattr(importlib.import_module("." + _HOME[name], __name__), name)
+    if name in __all__:  # a module of the subpackage, shown as a namespace
+        return importlib.import_module("." + name, __name__)
+    raise AttributeError("module %r has no attribute %r" % (__name__, name))

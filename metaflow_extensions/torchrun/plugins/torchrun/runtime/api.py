@@ -16,8 +16,8 @@ import sys
 from typing import Optional
 
 from ..errors import TorchrunCallRefused, TorchrunInvalidArgument
-from ..host.console import say_once
-from ..launch.plan import CallRequest, plan_request
+from ..host import say_once
+from ..launch import CallRequest, plan_request
 from .call import run_call
 from .nproc import with_nproc_resolved
 from .preflight import before_first_call

@@ -17,9 +17,9 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from ..procs import bootstrap, entry, functions, stacks
 from ..cause import Cause, CauseKind
-from ..gang.messages import MAX_RANKS_PER_NODE, STREAMS, TAIL_LINE_CHARS, TAIL_LINES, NodeReport
+from ..gang import MAX_RANKS_PER_NODE, STREAMS, TAIL_LINE_CHARS, TAIL_LINES, NodeReport
 from ..errors import GangAborted, TorchrunException, TorchrunFailed, TorchrunInvalidArgument
-from ..procs.failures import (
+from ..procs import (
     RankFailure,
     describe_exit_code,
     merge_failures,
@@ -27,17 +27,17 @@ from ..procs.failures import (
     read_failures,
     with_last_output,
 )
-from ..host.network import route_to
-from ..launch.command import argparse_hint
-from ..launch.plan import CallPlan
-from ..launch.prepare import NodeFacts, prepare
+from ..host import route_to
+from ..launch import argparse_hint
+from ..launch import CallPlan
+from ..launch import NodeFacts, prepare_launch
 from .result import FULL_REPORT_HINT, GangView, TorchrunResult, read_rank_records
 from .session import GangSession
-from ..host.console import say
+from ..host import say
 from .supervisor import Supervisor
-from ..host.workdirs import CallFiles
-from ..procs.names import ARGS_FILE, rank_log_path
-from ..host.private import tail_lines as _tail_lines
+from ..host import CallFiles
+from ..procs import ARGS_FILE, rank_log_path
+from ..host import tail_lines as _tail_lines
 
 # What stacks may add to the control's stop, its own collecting included: a
 # frozen node never sends any, so this bounds the wait for the others'.
@@ -132,7 +132,7 @@ class CallRun:
             rdzv_port=int(self.rdzv_port or 0), rdzv_id=self.session.identity.call_id(self.index),
             workdir=self.workdir, log_dir=self.log_dir, entry_path=entry_path, flow_dir=self.session.flow_dir,
         )
-        self.argv, env = prepare(plan, self.session.defaults, node, os.environ)
+        self.argv, env = prepare_launch(plan, self.session.defaults, node, os.environ)
         return entry.agent_environment(env, self.workdir, entry_path)
 
     def supervise(self, env: Dict[str, str]) -> None:

@@ -29,13 +29,13 @@ import re
 import time
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from ..gang.messages import RankStatus
-from ..host.console import say
-from ..host.devices import cuda_devices
-from ..procs.failures import describe_exit_code
-from ..launch.resources import Accelerators
+from ..gang import RankStatus
+from ..host import say
+from ..host import cuda_devices
+from ..procs import describe_exit_code
+from ..launch import Accelerators
 from ..procs import stacks
-from ..procs.ranges import numbers
+from ..procs import numbers
 from . import card_preflight, timeline
 from .result import REPORT_ARTIFACT, TorchrunResult
 

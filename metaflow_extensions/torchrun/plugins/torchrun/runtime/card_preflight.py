@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional
 
-from ..gang.node_compare import JobRecord, PreflightRecord, describe_job
+from ..gang import JobRecord, PreflightRecord, describe_job
 
 
 def table(record: PreflightRecord) -> List[List[str]]:

@@ -22,11 +22,11 @@ from typing import Callable, Dict, Optional
 from ..cause import Cause, CauseKind
 from ..gang import messages as msg
 from ..gang import node_compare as verdicts
-from ..host.devices import cuda_devices
-from ..host.network import interfaces, route_to
-from ..host.workdirs import work_root
+from ..host import cuda_devices
+from ..host import interfaces, route_to
+from ..host import work_root
 from ..launch import node_checks as checks
-from ..launch.plan import plan_call
+from ..launch import plan_call
 from ..procs import collective_check
 from .call import CallRun
 from .result import TorchrunResult

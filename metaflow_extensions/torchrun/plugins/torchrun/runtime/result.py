@@ -15,13 +15,13 @@ if TYPE_CHECKING:
     from .attempts import Attempt
 
 from ..cause import Cause
-from ..gang.messages import NodeReport, ProtocolError
-from ..gang.node_compare import PreflightRecord
-from ..procs.failures import RankFailure
-from ..procs.ranges import numbers
-from ..procs.stacks import SUMMARY_PLACES, bound, group
-from ..procs.names import rank_log_path
-from ..procs.status import RankStatus, read_statuses
+from ..gang import NodeReport, ProtocolError
+from ..gang import PreflightRecord
+from ..procs import RankFailure
+from ..procs import numbers
+from ..procs import SUMMARY_PLACES, bound, group
+from ..procs import rank_log_path
+from ..procs import RankStatus, read_statuses
 
 METADATA_FIELD = "torchrun-result"
 # The record is stored in the metadata service: at most this many bytes of JSON,

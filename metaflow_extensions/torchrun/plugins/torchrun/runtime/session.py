@@ -33,18 +33,18 @@ from typing import Any, Callable, Iterator, List, Optional, Union
 
 from ..cause import Cause, CauseKind
 from ..errors import GangAborted, TorchrunCallRefused, TorchrunException, is_refusal
-from ..gang.config import GangConfig
-from ..gang.client import GangClient
-from ..gang.server import GangServer
-from ..gang.identity import GangIdentity
-from ..gang.node_compare import JobRecord
-from ..launch.plan import StepDefaults
+from ..gang import GangConfig
+from ..gang import GangClient
+from ..gang import GangServer
+from ..gang import GangIdentity
+from ..gang import JobRecord
+from ..launch import StepDefaults
 from .result import TorchrunResult
-from ..gang.topology import Topology
+from ..gang import Topology
 from .. import defaults as DEFAULTS
-from ..procs.names import PROGRESS_ENV
-from ..host.console import say
-from ..host.logs import where_logs_are
+from ..procs import PROGRESS_ENV
+from ..host import say
+from ..host import where_logs_are
 from ..host import log
 
 _log = log.get("runtime.session")

@@ -18,14 +18,14 @@ import sys
 from typing import Any, List, Mapping, Optional, Tuple
 
 from ..errors import TorchrunException
-from ..gang.identity import GangIdentity
-from ..gang.ports import find_free_port
-from ..gang.secret import make_secret
-from ..gang.topology import Topology
-from ..launch.command import ArgSpec
+from ..gang import GangIdentity
+from ..gang import find_free_port
+from ..gang import make_secret
+from ..gang import Topology
+from ..launch import ArgSpec
 from .. import defaults as DEFAULTS
-from ..launch.plan import CallRequest, StepDefaults, validate_shutdown_grace, step_timeout
-from ..launch.resources import requested_accelerators
+from ..launch import CallRequest, StepDefaults, validate_shutdown_grace, step_timeout
+from ..launch import requested_accelerators
 from . import api as runtime
 from .result import TorchrunResult
 from .session import GangSession
@@ -57,7 +57,7 @@ class SingleNodeLauncher:
         start_timeout: float = DEFAULTS.START_TIMEOUT,
         shutdown_grace: float = DEFAULTS.SHUTDOWN_GRACE,
     ) -> None:
-        from ..launch.inputs import validate_args_as, validate_timeouts
+        from ..launch import validate_args_as, validate_timeouts
 
         self._args_as = validate_args_as(args_as, "TorchrunSingleNodeMultiGPU(args_as)")
         validate_timeouts(heartbeat_timeout, start_timeout)

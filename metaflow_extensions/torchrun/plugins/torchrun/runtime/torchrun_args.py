@@ -17,8 +17,8 @@ import weakref
 from typing import Any, Dict, NoReturn
 
 from ..errors import TorchrunException
-from ..gang.ports import own_command_port
-from ..launch.plan import merged_options, resolve_nproc
+from ..gang import own_command_port
+from ..launch import merged_options, resolve_nproc
 from .nproc import count_for_keyword
 from .session import GangSession, bind_host
 
