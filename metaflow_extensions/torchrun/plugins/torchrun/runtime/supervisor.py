@@ -15,7 +15,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import BinaryIO, Callable, List, Mapping, Optional, Set
+from typing import BinaryIO, Callable, List, Mapping, NamedTuple, Optional, Set, Union
 
 from ..host import proctree
 from ..procs import relay
@@ -23,12 +23,27 @@ from ..errors import TorchrunInterrupted
 
 ChunkSink = Callable[[bytes], None]
 
+
+class GracefulStop(NamedTuple):
+    """A stop of the whole gang that gives the ranks time to save (a node was
+    told to stop): ``should_stop`` returns one instead of a plain reason, which
+    stops the ranks at once (a failure elsewhere: the fast stop)."""
+
+    reason: str
+    grace: float
+
+
+StopReason = Union[str, GracefulStop]
+
 # How often the agent's process tree is scanned (see Supervisor._track_now).
 TRACK_EVERY_POLL_FOR = 3.0
 TRACK_INTERVAL = 1.0
 # Beyond a graceful shutdown's grace: the agent's own time to SIGKILL the ranks
 # that did not stop and to exit.
 AGENT_MARGIN = 2.0
+# Exceptions that mean this task was told to stop while it waited (raised by a
+# signal's handler: Ctrl-C's, Metaflow's @timeout's SIGALRM): a gang-wide stop.
+TOLD_BY = ("KeyboardInterrupt", "TimeoutException", "SystemExit")
 
 
 def _default_sink(stream) -> ChunkSink:
@@ -90,19 +105,27 @@ class Supervisor:
         stderr_sink: Optional[ChunkSink] = None,
         shutdown_grace: Optional[float] = None,
         before_stop: Optional[Callable[[], None]] = None,
+        on_told: Optional[Callable[[str], None]] = None,
     ):
         """``grace_seconds``: how long the ranks get to stop when the job is
         stopped for a failure (elsewhere in the gang, a timeout). ``shutdown_grace``:
         how long they get when this task itself was told to stop (SIGTERM: an
         eviction, a terminated job), to save a checkpoint; torchrun's agent is
         told the same through ``TORCH_ELASTIC_SHUTDOWN_TIMEOUT``. ``before_stop``
-        runs while the ranks are still alive, before any of them is signalled."""
+        runs while the ranks are still alive, before any of them is signalled
+        (not before a graceful stop: the ranks' SIGTERM is not delayed).
+        ``on_told``: when given, this task being told to stop (SIGTERM, Ctrl-C,
+        an exception a signal handler raised, e.g. ``@timeout``'s) is handed to
+        it (the gang is told: runtime/stop.py) and ``should_stop`` then says
+        how the ranks stop; without it, SIGTERM raises ``TorchrunInterrupted``."""
         self.argv = list(argv)
         self.env = dict(env) if env is not None else None
         self.cwd = cwd
         self.grace_seconds = grace_seconds
         self.shutdown_grace = grace_seconds if shutdown_grace is None else shutdown_grace
         self.before_stop = before_stop
+        self.on_told = on_told
+        self._told = False
         # The signal that told this task to stop while the job ran, if any.
         self.signalled: Optional[int] = None
         # When the job last wrote anything (monotonic): hang detection reads it.
@@ -132,6 +155,9 @@ class Supervisor:
         self.started_mono: Optional[float] = None
         self._tracked_at = 0.0
         self.ended_at: Optional[float] = None
+        # When this node's agent was sent SIGTERM (epoch): the stop's skew is
+        # measured from it (benchmarks/stop_skew.py).
+        self.stop_sent_at: Optional[float] = None
 
     @property
     def stderr_tail(self) -> bytes:
@@ -197,13 +223,14 @@ class Supervisor:
 
     def wait(
         self,
-        should_stop: Optional[Callable[[], Optional[str]]] = None,
+        should_stop: Optional[Callable[[], Optional[StopReason]]] = None,
         interval: float = 0.1,
     ) -> int:
         """Wait for the agent; SIGTERM to this task stops the job cleanly.
 
         ``should_stop`` is asked on every tick; a reason it returns ends the job
-        (this is how a failure elsewhere in the gang reaches this node).
+        (this is how a failure elsewhere in the gang reaches this node); a
+        ``GracefulStop`` gives the ranks its grace.
         """
         previous = None
         in_main = threading.current_thread() is threading.main_thread()
@@ -214,21 +241,41 @@ class Supervisor:
                 code = self.poll()
                 if code is not None:
                     return code
-                if should_stop is not None:
-                    reason = should_stop()
-                    if reason:
-                        self.stop()
-                        return self.proc.returncode if self.proc else -1
+                if self.signalled is not None:
+                    self._tell(signal.Signals(self.signalled).name)
+                reason = should_stop() if should_stop is not None else None
+                if reason:
+                    self.stop(reason.grace if isinstance(reason, GracefulStop) else None)
+                    return self.proc.returncode if self.proc else -1
                 time.sleep(interval)
-        except KeyboardInterrupt:
-            self.signalled = signal.SIGINT  # Ctrl-C: a stop asked for, like SIGTERM
+        except BaseException as e:
+            if isinstance(e, KeyboardInterrupt):
+                self.signalled = signal.SIGINT  # Ctrl-C: a stop asked for, like SIGTERM
+            if self.on_told is not None and type(e).__name__ in TOLD_BY:
+                self._stop_told(type(e).__name__, should_stop)
             raise
         finally:
             if in_main:
                 signal.signal(signal.SIGTERM, previous)
 
+    def _tell(self, what: str) -> None:
+        if self.on_told is not None and not self._told:
+            self._told = True
+            self.on_told(what)
+
+    def _stop_told(self, what: str, should_stop: Optional[Callable[[], Optional[StopReason]]]) -> None:
+        """An exception ends the wait (Ctrl-C, ``@timeout``'s): the gang is told
+        and the ranks get the grace before it goes on up."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self._tell(what)
+        reason = should_stop() if should_stop is not None else None
+        self.stop(reason.grace if isinstance(reason, GracefulStop) else self.shutdown_grace)
+
     def _told_to_stop(self, signum, frame):
         self.signalled = signum
+        if self.on_told is not None:
+            return  # the wait loop tells the gang, outside the handler
         raise TorchrunInterrupted(
             "the step received %s while torchrun was running: its ranks got SIGTERM and up to %g s "
             "(shutdown_grace) to stop, e.g. to save a checkpoint, before SIGKILL."
@@ -242,13 +289,16 @@ class Supervisor:
         self._track()
         return {p[0] for p in proctree.alive(self._seen)}
 
-    def stop(self) -> None:
-        """SIGTERM the agent (it stops its workers), then SIGKILL all that is left."""
+    def stop(self, grace: Optional[float] = None) -> None:
+        """SIGTERM the agent (it stops its workers), then SIGKILL all that is
+        left: after ``grace`` seconds (a graceful stop of the gang), else after
+        ``shutdown_grace`` when this task was told to stop, else at once but for
+        ``grace_seconds`` (a failure: the fast stop)."""
         if self.proc is None:
             return
         if self.proc.poll() is None:
             self._track()
-            if self.before_stop is not None:
+            if self.before_stop is not None and grace is None:
                 try:
                     self.before_stop()
                 except Exception:
@@ -256,14 +306,17 @@ class Supervisor:
             # torchrun's agent passes SIGTERM on to its ranks (their own process
             # groups) and gives them its shutdown timeout before SIGKILL; the
             # extra seconds here are the agent's, to see that through.
-            grace = self.grace_seconds
-            if self.signalled is not None:
-                grace = self.shutdown_grace + AGENT_MARGIN
+            wait = self.grace_seconds
+            if grace is not None:
+                wait = grace + AGENT_MARGIN
+            elif self.signalled is not None:
+                wait = self.shutdown_grace + AGENT_MARGIN
             try:
                 os.killpg(self.proc.pid, signal.SIGTERM)
             except OSError:
                 pass
-            deadline = time.monotonic() + grace
+            self.stop_sent_at = time.time()
+            deadline = time.monotonic() + wait
             while self.proc.poll() is None and time.monotonic() < deadline:
                 self._track()
                 time.sleep(0.05)
