@@ -14,6 +14,9 @@ Two measurements, neither a test (nothing here asserts a timing):
   moment of hearing the verdict minus the first's (CLOCK_MONOTONIC, one host).
   A real node acts on it at its supervisor's next tick (``interval``, 0.1 s),
   so a real gang's skew is this plus at most 0.1 s plus the agents' forwarding.
+  Here all N clients share this host's cores, so their reader threads wait for
+  a core; ``service_broadcast_s`` is the service's own part: the time its one
+  loop takes to hand the verdict to every node's socket.
 
     python benchmarks/stop_skew.py [--real-runs 3] [--nodes 1024] [--runs 3]
 """
@@ -113,6 +116,15 @@ def simulated_run(n: int, workers: int) -> Dict[str, Any]:
             if not joined.get("formed"):
                 return {"error": "the gang did not form", "join": joined}
             time.sleep(2.0)
+            sent: Dict[str, float] = {}
+            abort = gang.server._abort  # the service's one broadcast: timed where it runs, in this process
+
+            def timed_abort(cause: Any) -> None:
+                began = time.monotonic()
+                abort(cause)
+                sent["s"] = time.monotonic() - began
+
+            gang.server._abort = timed_abort  # type: ignore[method-assign]
             told = n // 2
             owner = gang.owner(told)
             got = pool.ask([owner], "report", 10.0, node=told, stop=True)[owner]
@@ -123,6 +135,8 @@ def simulated_run(n: int, workers: int) -> Dict[str, Any]:
             at = [c[0] for c in causes.values()]
             kinds = {c[1] for c in causes.values()}
             return {"told_node": told, "nodes_told": len(causes), "kinds": sorted(kinds),
+                    "service_broadcast_s": round(sent["s"], 4) if "s" in sent else None,
+                    "load_1m": round(os.getloadavg()[0], 1),
                     "skew_s": round(max(at) - min(at), 4) if at else None,
                     "from_report_p50_s": round(percentile([a - got["t"] for a in at], 0.5), 4) if at else None,
                     "from_report_max_s": round(max(at) - got["t"], 4) if at else None}

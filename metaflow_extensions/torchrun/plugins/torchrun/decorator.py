@@ -48,6 +48,7 @@ from .launch.plan import (
 from .gang.ports import LOCAL_PORT_ENV, find_free_port, parse_port
 from .launch.command import none_keys
 from .launch.inputs import validate_args_as
+from .launch.platforms import check_port_clash, refuse_step_functions
 from .launch.resources import NONE as NO_ACCELERATORS
 from .launch.resources import requested_accelerators, small_shm_warning
 from .runtime import attempts as attempts_
@@ -185,6 +186,9 @@ class TorchrunDecorator(ParallelDecorator):
         self._accelerators = problems.check(requested_accelerators, specs) or NO_ACCELERATORS
         self._port = problems.check(parse_port, self.attributes.get("port"), "@torchrun(port)")
         self._rdzv_port = problems.check(self._pinned_rdzv_port, legacy_port)
+        source = "@torchrun(rdzv_port)" if self.attributes.get("rdzv_port") is not None else "master_port"
+        problems.check(check_port_clash, specs, self._port, self._rdzv_port, source)
+        problems.check(refuse_step_functions, sys.argv)
         problems.check(validate_timeouts, self.attributes.get("heartbeat_timeout"), self.attributes.get("start_timeout"))
         self._hang_timeout = problems.check(validate_hang_timeout, self.attributes.get("hang_timeout"))
         self._shutdown_grace = problems.check(
