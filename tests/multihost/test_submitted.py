@@ -360,7 +360,7 @@ def validate_jobset(manifest: Dict) -> None:
                 and any("dependsOn" in r for r in spec["replicatedJobs"]))
 
 
-def _argo_values(workflow: Dict, num_parallel: int, entropy: str) -> Dict[str, str]:
+def _argo_values(workflow: Dict, num_parallel: int, entropy: str, step: str = "train") -> Dict[str, str]:
     """The values Argo gives the ``train`` resource template's placeholders, from
     the DAG task that calls it (its argument expressions evaluated as Argo would:
     only the forms Metaflow 2.19 writes are known; anything else fails)."""
@@ -371,7 +371,7 @@ def _argo_values(workflow: Dict, num_parallel: int, entropy: str) -> Dict[str, s
         "split-index": "0",
     }
     calls = [task for t in workflow["spec"]["templates"] if "dag" in t
-             for task in t["dag"]["tasks"] if task.get("template") == "train"]
+             for task in t["dag"]["tasks"] if task.get("template") == step]
     assert len(calls) == 1, calls
     values = {"workflow.name": "submitflow-x7k2p"}
     for param in calls[0]["arguments"]["parameters"]:
@@ -380,6 +380,7 @@ def _argo_values(workflow: Dict, num_parallel: int, entropy: str) -> Dict[str, s
             value = str(int(caller_inputs["num-parallel"]) - 1)
         else:
             value = re.sub(r"\{\{inputs\.parameters\.([\w-]+)\}\}", lambda m: caller_inputs[m.group(1)], raw)
+            value = value.replace("{{retries}}", "0")  # Argo's retry count, under @retry: the first attempt
         assert "{{" not in value, "unknown Argo expression %r" % raw
         values["inputs.parameters." + param["name"]] = value
     return values

@@ -199,3 +199,32 @@ class TestSupervisorsGracefulStop:
                 timer.cancel()
         assert told == ["SIGTERM"] and sup.signalled == signal.SIGTERM
         assert (tmp_path / "saved").exists()
+
+
+class TimeoutException(Exception):
+    """Named as Metaflow's @timeout names the exception its SIGALRM handler raises."""
+
+
+@pytest.mark.timeout(60)
+def test_timeout_raised_by_a_signal_handler_is_a_gang_stop_then_goes_on_up(tmp_path, procs):
+    """Metaflow's @timeout raises in the task's main thread while the call
+    waits: the gang is told, the ranks get the grace, then the error goes on."""
+    told = []
+    sup = Supervisor([PY, "-c", SLOW_SAVE, str(tmp_path / "saved"), "1"], grace_seconds=0.2,
+                     shutdown_grace=8, on_told=told.append, stdout_sink=lambda c: None, stderr_sink=lambda c: None)
+
+    def alarm(signum, frame):
+        raise TimeoutException("step timed out")
+
+    previous = signal.signal(signal.SIGALRM, alarm)
+    try:
+        with sup:
+            procs.add(sup.proc.pid)
+            signal.setitimer(signal.ITIMER_REAL, 0.8)
+            with pytest.raises(TimeoutException):
+                sup.wait(should_stop=lambda: GracefulStop("told", 8.0) if told else None, interval=0.05)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    assert told == ["TimeoutException"]
+    assert (tmp_path / "saved").exists()  # 1 s of save: more than a failure's 0.2 s
