@@ -105,5 +105,5 @@ def test_every_example_compiles_to_a_valid_jobset(flow, retry, tmp_path, moto): 
         (container,) = model.spec.containers
         port = 29500 if example == "kubernetes" else None
         assert [p.container_port for p in container.ports or []] == ([port] if port else [])
-    for _rjob, _index, pod, env in _pods(manifest):
+    for _rjob, _index, _pod, env in _pods(manifest):
         assert all(var in env for var in K8S_VARS), sorted(env)

@@ -92,8 +92,10 @@ class TorchrunDecorator(ParallelDecorator):
         Seconds without a line of output from any rank of the gang before the
         gang stops as hung, showing where every rank was. Off by default.
     shutdown_grace : float, default 30
-        Seconds the ranks get to stop (save a checkpoint) when the task is told
-        to stop with SIGTERM, before SIGKILL; at most the step's ``@timeout``.
+        Seconds every node's ranks get to stop (save a checkpoint) when any
+        node is told to stop (SIGTERM, Ctrl-C, ``@timeout``, a spot termination
+        notice), before SIGKILL; at most the step's ``@timeout``, and a spot
+        notice's time left.
     preflight : str or bool, default "versions"
         Before the first ``current.torch.run`` starts the user's ranks, check
         the gang: ``"versions"`` compares every node's software and checks

@@ -103,7 +103,7 @@ class GangSession:
         self._in_user_code = False
         self._main = threading.main_thread().ident
         self._previous_handler: Any = None
-        self._call_error: Optional[tuple] = None  # (call index, what it raised)
+        self._call_error: Optional[BaseException] = None  # what the last failed call raised
         # This node's preflight (runtime/preflight.py): what it sends on joining,
         # and what the control keeps of the gang's.
         self.preflight_source: Optional[Callable[[], Any]] = None
@@ -169,10 +169,8 @@ class GangSession:
         self.phase = Phase.IN_CALL
         try:
             yield index
-        except BaseException as e:
-            self._call_error = (index, e)  # the phase resets below: step_cause still says where
-            raise
         finally:
+            self._call_error = sys.exc_info()[1] or self._call_error  # step_cause says where, after the reset
             self.phase = Phase.IN_STEP
             self._interruptible = was
             if was and self.cause is not None and sys.exc_info()[1] is None:
@@ -260,8 +258,7 @@ class GangSession:
             # message; a traceback through our planning would only bury it.
             return Cause(CauseKind.STEP_FAILED, "node %d refused %s" % (node, _first_line(message)),
                          node_index=node, exc_type=exc_type, message=message[:4000], call=error.call - 1)
-        raised = self._call_error
-        in_call = raised is not None and (error is raised[1] or error.__cause__ is raised[1])
+        in_call = self._call_error is not None and self._call_error in (error, error.__cause__)
         where = (
             "in call %d of current.torch.run" % self.calls_made if self.phase is Phase.IN_CALL or in_call
             else "before current.torch.run" if self.calls_made == 0

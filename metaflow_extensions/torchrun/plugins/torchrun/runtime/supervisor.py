@@ -112,12 +112,9 @@ class Supervisor:
         how long they get when this task itself was told to stop (SIGTERM: an
         eviction, a terminated job), to save a checkpoint; torchrun's agent is
         told the same through ``TORCH_ELASTIC_SHUTDOWN_TIMEOUT``. ``before_stop``
-        runs while the ranks are still alive, before any of them is signalled
-        (not before a graceful stop: the ranks' SIGTERM is not delayed).
-        ``on_told``: when given, this task being told to stop (SIGTERM, Ctrl-C,
-        an exception a signal handler raised, e.g. ``@timeout``'s) is handed to
-        it (the gang is told: runtime/stop.py) and ``should_stop`` then says
-        how the ranks stop; without it, SIGTERM raises ``TorchrunInterrupted``."""
+        runs while the ranks are still alive, before a fast stop. ``on_told``:
+        this task told to stop (SIGTERM, Ctrl-C, ``@timeout``) tells the gang
+        (runtime/stop.py); without it, SIGTERM raises ``TorchrunInterrupted``."""
         self.argv = list(argv)
         self.env = dict(env) if env is not None else None
         self.cwd = cwd
@@ -155,9 +152,7 @@ class Supervisor:
         self.started_mono: Optional[float] = None
         self._tracked_at = 0.0
         self.ended_at: Optional[float] = None
-        # When this node's agent was sent SIGTERM (epoch): the stop's skew is
-        # measured from it (benchmarks/stop_skew.py).
-        self.stop_sent_at: Optional[float] = None
+        self.stop_sent_at: Optional[float] = None  # when the agent was sent SIGTERM (epoch)
 
     @property
     def stderr_tail(self) -> bytes:
@@ -242,7 +237,7 @@ class Supervisor:
                 if code is not None:
                     return code
                 if self.signalled is not None:
-                    self._tell(signal.Signals(self.signalled).name)
+                    tell(self, signal.Signals(self.signalled).name)
                 reason = should_stop() if should_stop is not None else None
                 if reason:
                     self.stop(reason.grace if isinstance(reason, GracefulStop) else None)
@@ -252,25 +247,11 @@ class Supervisor:
             if isinstance(e, KeyboardInterrupt):
                 self.signalled = signal.SIGINT  # Ctrl-C: a stop asked for, like SIGTERM
             if self.on_told is not None and type(e).__name__ in TOLD_BY:
-                self._stop_told(type(e).__name__, should_stop)
+                stop_told(self, type(e).__name__, should_stop)
             raise
         finally:
             if in_main:
                 signal.signal(signal.SIGTERM, previous)
-
-    def _tell(self, what: str) -> None:
-        if self.on_told is not None and not self._told:
-            self._told = True
-            self.on_told(what)
-
-    def _stop_told(self, what: str, should_stop: Optional[Callable[[], Optional[StopReason]]]) -> None:
-        """An exception ends the wait (Ctrl-C, ``@timeout``'s): the gang is told
-        and the ranks get the grace before it goes on up."""
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        self._tell(what)
-        reason = should_stop() if should_stop is not None else None
-        self.stop(reason.grace if isinstance(reason, GracefulStop) else self.shutdown_grace)
 
     def _told_to_stop(self, signum, frame):
         self.signalled = signum
@@ -290,10 +271,8 @@ class Supervisor:
         return {p[0] for p in proctree.alive(self._seen)}
 
     def stop(self, grace: Optional[float] = None) -> None:
-        """SIGTERM the agent (it stops its workers), then SIGKILL all that is
-        left: after ``grace`` seconds (a graceful stop of the gang), else after
-        ``shutdown_grace`` when this task was told to stop, else at once but for
-        ``grace_seconds`` (a failure: the fast stop)."""
+        """SIGTERM the agent (it stops its workers), then SIGKILL all that is left,
+        ``grace`` (a gang's graceful stop) or ``grace_seconds`` (the fast one) later."""
         if self.proc is None:
             return
         if self.proc.poll() is None:
@@ -363,3 +342,20 @@ class Supervisor:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def stop_told(sup: Supervisor, what: str, should_stop: Optional[Callable[[], Optional[StopReason]]]) -> None:
+    """An exception ends the wait (Ctrl-C, ``@timeout``'s): the gang is told
+    and the ranks get the grace before it goes on up."""
+    if sup.proc is None or sup.proc.poll() is not None:
+        return
+    tell(sup, what)
+    reason = should_stop() if should_stop is not None else None
+    sup.stop(reason.grace if isinstance(reason, GracefulStop) else sup.shutdown_grace)
+
+
+def tell(sup: Supervisor, what: str) -> None:
+    """Once: hand this task's being told to stop to ``on_told`` (the gang)."""
+    if sup.on_told is not None and not sup._told:
+        sup._told = True
+        sup.on_told(what)
