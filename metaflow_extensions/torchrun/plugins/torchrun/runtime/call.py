@@ -156,7 +156,7 @@ class CallRun:
         # A node told to stop tells the gang; the gang's stop is graceful (stop.py).
         gang_stop = GangStop(self.node_index, self.index, self.session.defaults.shutdown_grace,
                              report=lambda cause: client.report_failure(cause, call=self.index),
-                             verdict=lambda: client.cause, wait_verdict=client.wait_for_verdict,
+                             verdict=lambda: client.cause, wait_verdict=lambda s: client.wait_for_verdict(s),
                              notice=notice_path())
 
         def should_stop() -> Optional[StopReason]:
