@@ -231,12 +231,13 @@ def _with_token(token: str) -> List[int]:
     return found
 
 
-def _run_flow(env: Dict[str, str], tmp: str, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+def _run_flow(env: Dict[str, str], tmp: str, *args: str, timeout: float = 120,
+              flow: str = FLOW) -> subprocess.CompletedProcess:
     """Run the flow; fail if any process it started is still alive afterwards."""
     token = uuid.uuid4().hex
     try:
         return subprocess.run(
-            [sys.executable, FLOW, "--no-pylint", *args], cwd=tmp, env=dict(env, **{TOKEN_VAR: token}),
+            [sys.executable, flow, "--no-pylint", *args], cwd=tmp, env=dict(env, **{TOKEN_VAR: token}),
             stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout,
         )
     finally:
@@ -606,7 +607,7 @@ def test_kubernetes_jobset_of_run_with_kubernetes_is_valid():
 
 
 def batch_submission(tmp_path, moto, role: str, attrs: Dict, nodes: int,
-                     resources: Optional[Dict] = None) -> Dict:
+                     resources: Optional[Dict] = None, flow: str = FLOW) -> Dict:
     tmp = str(tmp_path)
     env = _flow_env(moto, tmp, "batch", attrs, nodes, resources, extra={
         "METAFLOW_BATCH_JOB_QUEUE": QUEUE,
@@ -614,7 +615,7 @@ def batch_submission(tmp_path, moto, role: str, attrs: Dict, nodes: int,
     })
     moto.record(True)
     try:
-        proc = _run_flow(env, tmp, "run", timeout=120)
+        proc = _run_flow(env, tmp, "run", timeout=120, flow=flow)
     finally:
         moto.record(False)
     output = proc.stdout + proc.stderr
