@@ -47,3 +47,25 @@ def test_step_functions_is_refused_at_once_naming_what_works(tmp_path, moto):  #
     assert proc.returncode != 0
     assert "@torchrun steps cannot be deployed to AWS Step Functions" in out, out[-3000:]
     assert "argo-workflows create" in out and "--with batch" in out
+
+
+def test_one_node_on_kubernetes_is_refused_at_compile_time(tmp_path, moto):  # noqa: F811
+    """Metaflow itself refuses num_parallel=1 on Kubernetes only when it launches
+    the pod; @torchrun refuses a literal 1 when the flow is compiled."""
+    import os
+    import shutil
+
+    from .test_submitted import REPO
+
+    example = os.path.join(REPO, "examples", "kubernetes")
+    with open(os.path.join(example, "flow.py")) as f:
+        text = f.read()
+    assert "num_parallel=2)" in text
+    flow = tmp_path / "flow.py"
+    flow.write_text(text.replace("num_parallel=2)", "num_parallel=1)"))
+    shutil.copy(os.path.join(example, "train.py"), tmp_path / "train.py")
+    env = _flow_env(moto, str(tmp_path), "kubernetes", {}, 1)
+    proc = _run_flow(env, str(tmp_path), "argo-workflows", "create", "--only-json", timeout=90, flow=str(flow))
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and "num_parallel=1 on a @kubernetes step" in out, out[-3000:]
+    assert "TorchrunSingleNodeMultiGPU" in out

@@ -56,3 +56,14 @@ def test_step_functions_create_is_refused(argv):
 ])
 def test_other_commands_are_not(argv):
     refuse_step_functions(argv)
+
+
+def test_one_node_on_kubernetes_is_refused_naming_what_works():
+    from metaflow_extensions.torchrun.plugins.torchrun.launch.platforms import refuse_one_node_on_kubernetes
+
+    with pytest.raises(TorchrunInvalidArgument, match="TorchrunSingleNodeMultiGPU"):
+        refuse_one_node_on_kubernetes(K8S, ["1"])
+    refuse_one_node_on_kubernetes(K8S, ["2"])
+    refuse_one_node_on_kubernetes(K8S, ["self.nodes"])  # known only at run time: Metaflow's refusal stands
+    refuse_one_node_on_kubernetes([("batch", {})], ["1"])  # Batch runs a one-node MNP job
+    refuse_one_node_on_kubernetes([], ["1"])  # local: one node, several processes

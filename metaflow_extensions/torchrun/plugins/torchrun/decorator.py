@@ -48,7 +48,7 @@ from .launch.plan import (
 from .gang.ports import LOCAL_PORT_ENV, find_free_port, parse_port
 from .launch.command import none_keys
 from .launch.inputs import validate_args_as
-from .launch.platforms import check_port_clash, refuse_step_functions
+from .launch.platforms import check_port_clash, refuse_one_node_on_kubernetes, refuse_step_functions
 from .launch.resources import NONE as NO_ACCELERATORS
 from .launch.resources import requested_accelerators, small_shm_warning
 from .runtime import attempts as attempts_
@@ -191,6 +191,8 @@ class TorchrunDecorator(ParallelDecorator):
         source = "@torchrun(rdzv_port)" if self.attributes.get("rdzv_port") is not None else "master_port"
         problems.check(check_port_clash, specs, self._port, self._rdzv_port, source)
         problems.check(refuse_step_functions, sys.argv)
+        entries = [str(getattr(graph[p], "num_parallel", "")) for p in graph[step_name].in_funcs]
+        problems.check(refuse_one_node_on_kubernetes, specs, entries)
         problems.check(validate_timeouts, self.attributes.get("heartbeat_timeout"), self.attributes.get("start_timeout"))
         self._hang_timeout = problems.check(validate_hang_timeout, self.attributes.get("hang_timeout"))
         self._shutdown_grace = problems.check(

@@ -56,3 +56,17 @@ def refuse_step_functions(argv: Sequence[str]) -> None:
         "@torchrun steps cannot be deployed to AWS Step Functions: Step Functions runs no @parallel "
         "step (Metaflow refuses them). Deploy with `argo-workflows create` (a JobSet on Kubernetes), "
         "or run the flow with `run --with batch`, `run --with kubernetes` or locally with `run`.")
+
+
+def refuse_one_node_on_kubernetes(specs: Iterable[DecoratorSpec], num_parallel: Sequence[str]) -> None:
+    """``num_parallel=1`` (written as the literal 1: ``num_parallel`` is the
+    source text of ``self.next(..., num_parallel=...)``) on a ``@kubernetes``
+    step: Metaflow refuses it only when it launches the pod, after the steps
+    before it ran."""
+    if not any(name == "kubernetes" for name, _ in specs):
+        return
+    if any(str(text).strip() == "1" for text in num_parallel):
+        raise TorchrunInvalidArgument(
+            "num_parallel=1 on a @kubernetes step: Metaflow runs @parallel on Kubernetes only with 2 or more "
+            "nodes (it refuses 1 when it launches the pod). For one node with several GPUs, use "
+            "num_parallel=2 or more, or TorchrunSingleNodeMultiGPU in an ordinary step.")
