@@ -11,7 +11,7 @@ export PATH := $(BIN):$(PATH)
 # mkdocs-material prints a banner about its successor on every build.
 export NO_MKDOCS_2_WARNING := 1
 
-.PHONY: install demo-install demo hello test unit lint docs docs-serve pictures dist package-check matrix bench bench-gang gpu-check clean
+.PHONY: install demo-install demo hello test unit lint docs docs-install docs-serve docs-screenshots pictures dist package-check matrix bench bench-gang gpu-check clean
 
 install: $(VENV)/.installed
 
@@ -56,11 +56,29 @@ lint: install
 	$(BIN)/python tools/sizes.py
 
 # The docs site (docs/, mkdocs.yml) into site/; `make docs-serve` to read it at localhost:8000.
-docs: install
-	$(BIN)/mkdocs build --strict --site-dir site
+# Its own venv with the `docs` extra's pins only (requirements-docs.txt; docs/development.md
+# says its size): the API page reads the code's source, so neither metaflow nor torch is needed.
+DOCS_VENV ?= .venv-docs
+DOCS_BIN := $(abspath $(DOCS_VENV))/bin
 
-docs-serve: install
-	$(BIN)/mkdocs serve
+docs-install: $(DOCS_VENV)/.installed
+
+$(DOCS_VENV)/.installed: requirements-docs.txt
+	$(PYTHON) -m venv $(DOCS_VENV)
+	$(DOCS_BIN)/python -m pip install --upgrade --quiet "pip>=23.1"
+	$(DOCS_BIN)/python -m pip install --quiet -r requirements-docs.txt
+	touch $@
+
+docs: docs-install
+	$(DOCS_BIN)/mkdocs build --strict --site-dir site
+
+docs-serve: docs-install
+	$(DOCS_BIN)/mkdocs serve
+
+# Every page of site/ photographed by headless Chromium into build/screenshots/ (out of
+# git), and each SVG's text measured as drawn (Debian: apt-get install -y chromium).
+docs-screenshots: docs
+	$(DOCS_BIN)/python tools/docs_screenshots.py site build/screenshots
 
 # The pictures in docs/, each made by a script (never pasted). The plot needs
 # benchmarks/requirements.txt; the card screenshot needs Chromium (Debian:
@@ -115,4 +133,4 @@ gpu-check: install
 	$(BIN)/python benchmarks/gpu.py $(GPU_ARGS)
 
 clean:
-	rm -rf $(VENV) .venv-wheel build dist site .metaflow examples/*/.metaflow
+	rm -rf $(VENV) .venv-wheel $(DOCS_VENV) build dist site .metaflow examples/*/.metaflow

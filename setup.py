@@ -15,6 +15,13 @@ def for_pypi(readme: str) -> str:
 with open(os.path.join(HERE, "README.md"), encoding="utf-8") as f:
     README = for_pypi(f.read())
 
+
+def requirements(name: str) -> list:
+    """The pins of a requirements file (comments and blank lines left out)."""
+    with open(os.path.join(HERE, name), encoding="utf-8") as f:
+        return [line.split("#", 1)[0].strip() for line in f if line.split("#", 1)[0].strip()]
+
+
 # Build metadata (the .egg-info) goes under build/, not beside metaflow_extensions/:
 # on sys.path (an editable install, or `python -m` from the repository) it reads as a
 # second copy of this distribution, and Metaflow before 2.19 then skips the extension
@@ -44,6 +51,8 @@ setup(
         "torch": ["torch>=2.11"],
         # @checkpoint / @model (docs/resume.md): resume a failed gang from its last save.
         "checkpoint": ["metaflow-checkpoint>=0.2.14"],
+        # What `make docs` installs to build the site (requirements-docs.txt, pinned).
+        "docs": requirements("requirements-docs.txt"),
     },
     classifiers=[
         "Development Status :: 3 - Alpha",

@@ -2,7 +2,7 @@
 
 Lays out N runs' logs as @torchrun does (one step, one call, 2 nodes x 2 ranks:
 4 log files, the agent's log and the lock per node), all within the retention age,
-then times ``workdirs.prune_logs`` with the default policy: the first prune (no
+then times ``logs.prune_logs`` with the default policy: the first prune (no
 ledger: every run is walked once), the next ones (nothing changed: one ``lstat``
 per run and the ledger), and one after a run's new call (that run alone walked).
 Medians of ``--repeat``; merged into benchmarks/results/log_retention.json by size.
@@ -26,7 +26,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
 import metaflow  # noqa: E402,F401  (first: the extension's modules import it)
-from metaflow_extensions.torchrun.plugins.torchrun.host import workdirs  # noqa: E402
+from metaflow_extensions.torchrun.plugins.torchrun.host import logs  # noqa: E402
 
 FILES = ("rank-0.stdout.log", "rank-0.stderr.log", "rank-1.stdout.log", "rank-1.stderr.log",
          "torchrun-agent.log", ".lock")
@@ -48,7 +48,7 @@ def lay_out(root: str, runs: int) -> None:
 
 def timed(root: str) -> float:
     began = time.perf_counter()
-    removed = workdirs.prune_logs(root, workdirs.retention_policy())
+    removed = logs.prune_logs(root, logs.retention_policy())
     assert removed == [], removed  # all within the age: the scan is the whole cost
     return time.perf_counter() - began
 
@@ -66,7 +66,7 @@ def main() -> None:
         first: List[float] = []
         for _ in range(args.repeat):  # each without the ledger: every run walked
             try:
-                os.unlink(os.path.join(root, workdirs.LEDGER_FILE))
+                os.unlink(os.path.join(root, logs.LEDGER_FILE))
             except FileNotFoundError:
                 pass
             first.append(timed(root))

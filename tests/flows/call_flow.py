@@ -1,9 +1,9 @@
 """One current.torch.run call whose keyword arguments come from the environment.
 
 MFTR_CALL: a JSON object of current.torch.run's keywords (entrypoint relative to
-this file's scripts/ unless null). MFTR_SLOW_NODE: a node that waits 3 s before
-its call, so the other node's call comes first. The step stores the result's
-nproc_per_node as an artifact.
+this file's scripts/ unless null). MFTR_SLOW_NODE: a node that does not make its
+call until the gang stops it (the other node's call refused is the gang's root
+cause; at most 120 s). The step stores the result's nproc_per_node as an artifact.
 """
 
 import json
@@ -27,7 +27,11 @@ class CallFlow(FlowSpec):
         if kwargs.get("entrypoint"):
             kwargs["entrypoint"] = os.path.join("scripts", kwargs["entrypoint"])
         if current.parallel.node_index == int(os.environ.get("MFTR_SLOW_NODE", "-1")):
-            time.sleep(3)
+            # A barrier on the event itself: the gang's abort interrupts this
+            # wait (GangAborted), so the other node's refusal comes first.
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline:
+                time.sleep(0.1)
         os.chdir(HERE)  # the entrypoint is looked up from the working directory
         result = current.torch.run(**kwargs)
         self.nproc = result.nproc_per_node

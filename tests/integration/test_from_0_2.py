@@ -14,10 +14,25 @@ from .helpers import finish_or_explain, output
 pytestmark = pytest.mark.integration
 
 
-def _free_port():
-    with socket.socket() as s:
+@pytest.fixture
+def held_ports():
+    """Ports reserved for the test's flow, held for the whole test: each is
+    bound (never listening) with SO_REUSEADDR, so no other process's bind or
+    outgoing connection can take it meanwhile (a port found free, then closed,
+    could be), while the flow's own listeners, which bind with SO_REUSEADDR (the
+    gang's service, the rendezvous store), still can."""
+    held = []
+
+    def hold():
+        s = socket.socket()
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         s.bind(("127.0.0.1", 0))
+        held.append(s)
         return s.getsockname()[1]
+
+    yield hold
+    for s in held:
+        s.close()
 
 
 def _finish(proc, timeout=180):
@@ -107,8 +122,8 @@ def test_none_values_reach_the_script_as_bare_flags_with_one_line(gang):
 # -- 3. master_port ----------------------------------------------------------------
 
 
-def test_master_port_in_run_pins_the_rendezvous_port(gang):
-    port = _free_port()
+def test_master_port_in_run_pins_the_rendezvous_port(gang, held_ports):
+    port = held_ports()
     proc = gang.run("--torchrun-args", json.dumps({"master_port": port}), timeout=240)
     text = output(proc)
     assert proc.returncode == 0, text
@@ -116,8 +131,8 @@ def test_master_port_in_run_pins_the_rendezvous_port(gang):
     assert _control_record(gang, "GangFlow")["rdzv_port"] == port
 
 
-def test_master_port_in_the_decorators_torchrun_args_pins_the_rendezvous_port(gang):
-    port = _free_port()
+def test_master_port_in_the_decorators_torchrun_args_pins_the_rendezvous_port(gang, held_ports):
+    port = held_ports()
     proc = gang.run(flow="legacy_flow.py", env={"MFTR_LEGACY": "step_master_port", "MFTR_PORT": str(port)},
                     timeout=240)
     text = output(proc)
@@ -126,8 +141,8 @@ def test_master_port_in_the_decorators_torchrun_args_pins_the_rendezvous_port(ga
     assert gang.client("result = Flow('LegacyFlow').latest_run['join'].task['ports'].data") == [port, port]
 
 
-def test_rdzv_port_and_port_pin_both_ports(gang):
-    rdzv, service = _free_port(), _free_port()
+def test_rdzv_port_and_port_pin_both_ports(gang, held_ports):
+    rdzv, service = held_ports(), held_ports()
     proc = gang.run(env={"MFTR_TORCHRUN_ATTRS": json.dumps({"rdzv_port": rdzv, "port": service})}, timeout=240)
     assert proc.returncode == 0, output(proc)
     record = _control_record(gang, "GangFlow")

@@ -70,8 +70,11 @@ def test_result_record_is_returned_and_stored_as_metadata(gang):
 
 
 def test_failed_run_keeps_its_record_with_the_root_cause(gang):
+    gang.env.pop("METAFLOW_TORCHRUN_DEBUG", None)
     proc = gang.run("--script", "fail.py", "--script-args", json.dumps({"rank": 1}), timeout=180)
     assert proc.returncode != 0
+    # The debug channel is off unless asked for (test_the_debug_channel_...).
+    assert "metaflow_torchrun." not in output(proc), output(proc)[-3000:]
     record = gang.client(
         "import json\n"
         "t = Flow('GangFlow').latest_run['train'].control_task\n"
@@ -249,3 +252,37 @@ def test_card_a_ranks_5000_character_line_never_widens_the_page(gang):
     log = os.path.join(record["log_dir"], "rank-0.stdout.log")
     with open(log) as f:
         assert "L" * 5000 in f.read()  # the whole line, where the card says it is
+
+
+# A debug line as host/log.py writes it: time to the millisecond, logger, pid.
+DEBUG_LINE = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{3} metaflow_torchrun\.([a-z_.]+)\[\d+\] debug: (.*)$")
+
+
+def test_the_debug_channel_shows_the_gang_and_its_timing(gang):
+    """METAFLOW_TORCHRUN_DEBUG=1; without it, no such line
+    (test_failed_run_keeps_its_record_with_the_root_cause)."""
+    proc = gang.run("--script", "fail.py", "--script-args", json.dumps({"rank": 1}), "--nproc", "1",
+                    timeout=180, env={"METAFLOW_TORCHRUN_DEBUG": "1"})
+    text = output(proc)
+    assert proc.returncode != 0 and "boom from rank 1" in text, text[-3000:]
+    found = [m.groups() for m in map(DEBUG_LINE.search, text.splitlines()) if m]
+    said = "\n".join("%s: %s" % pair for pair in found)
+    for logger, what in [
+        ("gang.server", "node 1 joined from "),
+        ("gang.client", "node 1: joined the gang at "),
+        ("gang.client", "node 0: call 0 entered"),
+        ("gang.server", "call 0: go to node 1 (rendezvous port "),
+        ("gang.client", "node 1: call 0: go (rendezvous port "),
+        ("runtime.supervisor", "torchrun's agent started: pid "),
+        ("runtime.session", "node 1: call 0: begun"),
+        ("gang.client", "node 1: failure reported (call 0): failed: "),
+        ("gang.server", "failure seen from node 1: failed: "),
+        ("gang.server", "verdict: failed (node 1): "),
+        ("gang.client", "node 0: the gang's verdict: failed: "),
+        ("runtime.supervisor", "stop begun after "),
+        ("runtime.supervisor", "stop ended in "),
+        ("runtime.session", "node 0: call 0: ended after "),
+        ("gang.server", "node 1 left after 1 calls (failed)"),
+        ("runtime.session", "node 0: closing the gang (the control lingers after a failure): ended after "),
+    ]:
+        assert "%s: %s" % (logger, what) in said, "%s: %s\nnot in:\n%s" % (logger, what, said)

@@ -56,7 +56,7 @@ def test_a_refused_call_is_said_once_naming_the_call(gang, case):
 
 
 def test_the_other_node_refusing_first_is_still_said_once(gang):
-    """Node 0 sleeps, so node 1's refusal is the gang's root cause."""
+    """Node 0 waits until the gang stops it, so node 1's refusal is the gang's root cause."""
     call, problem, _ = REFUSED["typo"]
     proc = _run(gang, call, slow_node=0)
     text = output(proc)
@@ -95,3 +95,44 @@ def test_nproc_gpu_on_a_node_without_one_is_refused_naming_it(gang):
     text = output(proc)
     assert proc.returncode != 0, text
     assert text.count("nproc_per_node='gpu' but this node has no visible CUDA device") == 1, text
+
+
+# Installed in every Python process of the run (PYTHONPATH): each notes its own
+# command line and every process it starts, so a test sees what started.
+AUDIT = '''
+import os, sys
+_out = os.environ["MFTR_AUDIT_DIR"]
+def _note(kind, text):
+    with open(os.path.join(_out, "%d.%s" % (os.getpid(), kind)), "a") as f:
+        f.write(text + "\\n")
+_note("argv", repr(getattr(sys, "orig_argv", sys.argv)))
+def _hook(event, args):
+    if event in ("subprocess.Popen", "os.exec", "os.posix_spawn", "os.spawn", "os.fork"):
+        _note("spawn", "%s %r" % (event, args))
+sys.addaudithook(_hook)
+'''
+
+
+def test_a_none_for_a_value_option_is_refused_before_any_agent_starts(gang, tmp_path):
+    """Issue 38: torchrun_args={"max_restarts": None} became a bare
+    --max-restarts; both nodes started torchrun, which died on its own parser
+    (exit 2) and the user read TorchrunFailed. Now it is refused in the step,
+    and no torchrun agent starts on either node."""
+    site, seen = tmp_path / "site", tmp_path / "seen"
+    site.mkdir()
+    seen.mkdir()
+    (site / "sitecustomize.py").write_text(AUDIT)
+    call = {"entrypoint": "report.py", "torchrun_args": {"max_restarts": None}}
+    proc = gang.run(flow=FLOW, timeout=180, env={
+        "MFTR_CALL": json.dumps(call), "MFTR_AUDIT_DIR": str(seen),
+        "PYTHONPATH": os.pathsep.join(p for p in (str(site), os.environ.get("PYTHONPATH")) if p)})
+    text = output(proc)
+    records = {p.name: p.read_text() for p in seen.iterdir()}
+    train_tasks = [r for name, r in records.items() if name.endswith(".argv") and "'train'" in r and "'step'" in r]
+    assert len(train_tasks) >= 2, records  # both nodes' tasks were watched
+    for name, record in records.items():
+        assert "procs.agent" not in record and "torch.distributed.run" not in record, (name, record)
+    assert proc.returncode != 0, text
+    assert text.count("torchrun_args['max_restarts'] is None, but torchrun's --max-restarts takes an "
+                      "integer, it is not a flag") == 1, text
+    assert "expected one argument" not in text and "torchrun on node" not in text, text

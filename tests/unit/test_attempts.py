@@ -20,10 +20,19 @@ def wire(kind, **kw):
     return Cause(kind, kw.pop("summary", "s"), **kw).to_wire()
 
 
+def previous(record):
+    """A previous attempt's record as attempt k reads it (task metadata)."""
+    return attempts.Previous.from_wire(record)
+
+
+def typed(history):
+    return [attempts.Attempt.from_wire(a) for a in history]
+
+
 def test_a_python_exception_of_the_users_code_is_named_with_its_place():
-    assert attempts.user_code_failure(wire(CauseKind.RANK_FAILED, exc_type="ValueError", traceback=TB)) \
+    assert attempts.user_code_failure(Cause(CauseKind.RANK_FAILED, "s", exc_type="ValueError", traceback=TB)) \
         == "ValueError at train.py:88"
-    assert attempts.user_code_failure(wire(CauseKind.STEP_FAILED, exc_type="TypeError", traceback=TB)) \
+    assert attempts.user_code_failure(Cause(CauseKind.STEP_FAILED, "s", exc_type="TypeError", traceback=TB)) \
         == "TypeError at train.py:88"
 
 
@@ -43,22 +52,22 @@ def test_a_python_exception_of_the_users_code_is_named_with_its_place():
     None, {}, {"kind": "failed"}, "not a dict", {"kind": "failed", "exc_type": 3},
 ])
 def test_infrastructure_and_unknown_failures_are_retried(cause):
-    assert attempts.user_code_failure(cause) is None
-    assert attempts.refusal("infrastructure", 1, {"cause": cause}) is None
+    assert attempts.user_code_failure(Cause.from_wire(cause)) is None
+    assert attempts.refusal("infrastructure", 1, previous({"cause": cause})) is None
 
 
 def test_the_refusal_is_one_line_naming_the_attempt_and_the_place():
-    previous = {"cause": wire(CauseKind.RANK_FAILED, exc_type="ValueError", traceback=TB)}
-    line = attempts.refusal("infrastructure", 1, previous)
+    record = {"cause": wire(CauseKind.RANK_FAILED, exc_type="ValueError", traceback=TB)}
+    line = attempts.refusal("infrastructure", 1, previous(record))
     assert line == ("not retried: attempt 0 failed in your code, ValueError at train.py:88; "
                     "@torchrun(retry_on='infrastructure') retries only infrastructure failures")
     assert "\n" not in line
-    assert attempts.refusal("any", 1, previous) is None
-    assert attempts.refusal("infrastructure", 0, previous) is None
+    assert attempts.refusal("any", 1, previous(record)) is None
+    assert attempts.refusal("infrastructure", 0, previous(record)) is None
     assert attempts.refusal("infrastructure", 1, None) is None  # a task killed leaves no record
     # A refused attempt carries attempt 0's cause: attempt 2 names attempt 0.
-    carried = dict(previous, attempts=[{"attempt": 0}, {"attempt": 1, "refused_for": 0}])
-    assert attempts.refusal("infrastructure", 2, carried).startswith("not retried: attempt 0 failed")
+    carried = dict(record, attempts=[{"attempt": 0}, {"attempt": 1, "refused_for": 0}])
+    assert attempts.refusal("infrastructure", 2, previous(carried)).startswith("not retried: attempt 0 failed")
 
 
 @pytest.mark.parametrize("value", ["Infrastructure", "all", 1, True, ["any"], ""])
@@ -80,42 +89,43 @@ def test_what_a_failure_cost_from_the_checkpoint_resumed_from():
         {"attempt": 1, "started_at": 203.0, "calls": [{"call": 0, "started_at": 215.0}],
          "resumed_from": {"created_at": 180.0}, "ended_at": 300.0},
     ]
-    out = attempts.with_costs(history)
+    out = [a.to_wire() for a in attempts.with_costs(typed(history))]
     assert out[0]["lost_work_seconds"] == 20.0 and out[0]["restart_seconds"] == 15.0
     assert out[0]["lost_seconds"] == 35.0
     assert "lost_seconds" not in out[1]
     # Without a checkpoint, the whole attempt's work since its first call.
     history[1]["resumed_from"] = None
-    assert attempts.with_costs(history)[0]["lost_work_seconds"] == 90.0
+    assert attempts.with_costs(typed(history))[0].lost_work_seconds == 90.0
     # The restart ends when the next attempt's call has its whole gang.
     history[1]["gang_formed_at"] = 230.0
-    assert attempts.with_costs(history)[0]["restart_seconds"] == 30.0
+    assert attempts.with_costs(typed(history))[0].restart_seconds == 30.0
 
 
 def test_an_attempt_without_a_record_is_named_unknown():
-    past = attempts.fill_missing([{"attempt": 1, "stopped": "x"}], 3)
-    assert [a["attempt"] for a in past] == [0, 1, 2]
-    assert past[0]["stopped"].startswith("unknown") and past[1]["stopped"] == "x"
+    past = attempts.fill_missing(typed([{"attempt": 1, "stopped": "x"}]), 3)
+    assert [a.attempt for a in past] == [0, 1, 2]
+    assert past[0].stopped.startswith("unknown") and past[1].stopped == "x"
 
 
 def test_history_ignores_what_is_not_a_list_of_objects():
-    assert attempts.history({"attempts": "x"}) == []
-    assert attempts.history({"attempts": [1, {"attempt": 0}]}) == [{"attempt": 0}]
-    assert attempts.history(None) == []
+    assert attempts.history(previous({"attempts": "x"})) == []
+    assert [a.to_wire() for a in attempts.history(previous({"attempts": [1, {"attempt": 0}]}))] \
+        == [attempts.Attempt(0).to_wire()]
+    assert attempts.history(previous(None)) == []
 
 
 def test_the_card_shows_every_attempt_once_there_are_two():
     result = TorchrunResult(command=[], node_index=0, num_nodes=2, nproc_per_node=2, exit_code=0,
                             started_at=0.0, ended_at=1.0)
-    result.attempts = [{"attempt": 0, "started_at": 100.0}]
+    result.attempts = typed([{"attempt": 0, "started_at": 100.0}])
     assert attempt_rows(result) == []
-    result.attempts = attempts.with_costs([
+    result.attempts = attempts.with_costs(typed([
         {"attempt": 0, "started_at": 100.0, "gang_formed_seconds": 2.0,
          "calls": [{"call": 0, "started_at": 104.0}], "ended_at": 150.0, "stopped": "node 1 *lost*"},
         {"attempt": 1, "started_at": 152.0, "calls": [{"call": 0, "started_at": 160.0}],
          "resumed_from": {"created_on": "2026-01-01T00:00:00", "created_at": 140.0, "metadata": {"epoch": 2}},
          "stopped": "succeeded"},
-    ])
+    ]))
     rows = attempt_rows(result)
     assert [r[0] for r in rows] == ["0", "1"]
     # A table cell is drawn as plain text (a backslash escape would show as a

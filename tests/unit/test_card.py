@@ -7,6 +7,7 @@ temporary directory) and then calls what ``@torchrun`` calls after the step.
 """
 
 import base64
+import dataclasses
 import html
 import json
 import re
@@ -22,6 +23,7 @@ from metaflow.metaflow_environment import MetaflowEnvironment
 from metaflow.plugins.cards.card_decorator import CardDecorator
 from metaflow.plugins.datastores.local_storage import LocalStorage
 
+import records
 from metaflow_extensions.torchrun.plugins.torchrun.runtime import card as card_mod
 from metaflow_extensions.torchrun.plugins.torchrun.compat import meta_datum
 from metaflow_extensions.torchrun.plugins.torchrun.launch.resources import NONE, Accelerators
@@ -99,9 +101,9 @@ def task(tmp_path, monkeypatch):
 def _result(succeeded=True) -> TorchrunResult:
     now = time.time()
     ranks = [RankRecord(rank=r, local_rank=r, pid=100 + r, start=now - 3, end=now - 1, exit_code=0) for r in (0, 1)]
-    cause = None if succeeded else {"summary": "rank 1 raised: boom from rank 1"}
+    cause = None if succeeded else records.cause({"summary": "rank 1 raised: boom from rank 1"})
     if not succeeded:
-        ranks[1].exit_code = 1
+        ranks[1] = dataclasses.replace(ranks[1], exit_code=1)
     return TorchrunResult(
         command=["torchrun"], node_index=0, num_nodes=1, nproc_per_node=2,
         exit_code=0 if succeeded else 1, started_at=now - 4, ended_at=now,
@@ -292,11 +294,11 @@ def _rendered(source: str) -> str:
 def test_rank_output_stacks_and_root_cause_are_text_in_the_card(task):
     result = _result(succeeded=False)
     text = "\n".join(HOSTILE)
-    result.cause = {"summary": "rank 1 raised: " + " ".join(HOSTILE)}
+    result.cause = records.cause({"summary": "rank 1 raised: " + " ".join(HOSTILE)})
     result.stacks = {1: 'Current thread 0x1 (most recent call first):\n'
                         '  File "<frozen importlib._bootstrap>", line 550 in _init_module_attrs\n'
                         '  File "/work/x.py", line 3 in <img src=x onerror=alert(1)>\n' + text}
-    result.gang = {"reports": {"0": {"tails": {"1": {"stdout": HOSTILE, "stderr": [text]}}}}}
+    result.gang = records.gang({"reports": {"0": {"tails": {"1": {"stdout": HOSTILE, "stderr": [text]}}}}})
     assert card_mod.finish_card(task.deco, result, FLOW, NONE, 0)
     sources = [p.get("source", "") for p in _components(_card(task).get()) if p["type"] == "markdown"]
     page = "\n".join(_rendered(s) for s in sources)
@@ -358,13 +360,13 @@ def test_no_line_from_a_rank_can_widen_the_page(task):
     cell stays short, no text outside a wrapping block holds a long word, and
     each block wraps (white-space: pre-wrap) with the line cut, saying so."""
     result = _result(succeeded=False)
-    result.cause = {"summary": "rank 1 raised: ValueError: " + LONG, "rank": 1, "node_index": 0}
+    result.cause = records.cause({"summary": "rank 1 raised: ValueError: " + LONG, "rank": 1, "node_index": 0})
     result.stacks = {1: 'Current thread 0x1 (most recent call first):\n'
                         '  File "/work/%s.py", line 3 in %s\n' % (LONG, LONG)}
     line = "… [5000 characters in all]"
     tail = "L" * (1000 - len(line)) + line  # as the gang carries it (call.bounded_line)
-    result.gang = {"reports": {"0": {"ranks": [vars(r) for r in result.ranks],
-                                     "tails": {"1": {"stdout": ["short", tail], "stderr": [LONG]}}}}}
+    result.gang = records.gang({"reports": {"0": {"ranks": [vars(r) for r in result.ranks],
+                                                  "tails": {"1": {"stdout": ["short", tail], "stderr": [LONG]}}}}})
     assert card_mod.finish_card(task.deco, result, FLOW, NONE, 0)
     parts = _components(_card(task).get())
     longest = card_mod.CARD_CELL_CHARS + len("… [99999 more characters]")
@@ -405,12 +407,12 @@ def _gang(nodes: int, per_node: int, tail_chars: int, stack_chars: int) -> Torch
     return TorchrunResult(
         command=["torchrun"], node_index=0, num_nodes=nodes, nproc_per_node=per_node, exit_code=-15,
         started_at=now - 62, ended_at=now, ranks=[RankRecord(**r) for r in reports["0"]["ranks"]],
-        cause={"summary": "node %d, rank %d: ValueError: boom" % (nodes - 1, failing), "node_index": nodes - 1,
-               "rank": failing, "time": now - 1.5},
-        gang={"joined_at": {str(n): now - 70 + n * 0.001 for n in range(nodes)},
-              "finished_at": {str(n): now - 0.5 for n in range(nodes)}, "reports": reports},
+        cause=records.cause({"summary": "node %d, rank %d: ValueError: boom" % (nodes - 1, failing),
+                             "node_index": nodes - 1, "rank": failing, "time": now - 1.5}),
+        gang=records.gang({"joined_at": {str(n): now - 70 + n * 0.001 for n in range(nodes)},
+                           "finished_at": {str(n): now - 0.5 for n in range(nodes)}, "reports": reports}),
         stacks={r: dump.replace("line 42", "line %d" % (42 + r % 3)) for r in range(nodes * per_node)},
-        attempts=[{"attempt": 0, "calls": [{"call": 0, "started_at": now - 65}]}],
+        attempts=records.attempts([{"attempt": 0, "calls": [{"call": 0, "started_at": now - 65}]}]),
     )
 
 
@@ -505,13 +507,14 @@ def test_a_browser_shows_rank_text_exactly_and_runs_none_of_it(task, tmp_path):
     offline."""
     result = _result(succeeded=False)
     summary = "rank 1 raised: ValueError: (hang_timeout=6s) a\\b `x` " + HOSTILE[0]
-    result.cause = {"summary": summary, "rank": 1, "node_index": 0}
+    result.cause = records.cause({"summary": summary, "rank": 1, "node_index": 0})
     result.stacks = {1: 'Current thread 0x1 (most recent call first):\n'
                         '  File "/work/x.py", line 3 in <img src=x onerror=alert(1)>\n\n' + "\n".join(HOSTILE)}
-    result.gang = {"reports": {"0": {"ranks": [vars(r) for r in result.ranks],
-                                     "tails": {"1": {"stdout": HOSTILE, "stderr": ["\r".join(HOSTILE)]}}}}}
+    result.gang = records.gang({"reports": {"0": {"ranks": [vars(r) for r in result.ranks],
+                                                  "tails": {"1": {"stdout": HOSTILE, "stderr": ["\r".join(HOSTILE)]}}}}})
     stopped = "node 1 (a\\b) *lost* <i>it</i> [x](y)"
-    result.attempts = [{"attempt": 0, "started_at": 1.0, "stopped": stopped}, {"attempt": 1, "started_at": 2.0}]
+    result.attempts = records.attempts([{"attempt": 0, "started_at": 1.0, "stopped": stopped},
+                                        {"attempt": 1, "started_at": 2.0}])
     assert card_mod.finish_card(task.deco, result, FLOW, NONE, 0)
     dom = _browser_dom(_card(task).get(), tmp_path)
     body = dom[dom.index("<main"):]

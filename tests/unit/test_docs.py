@@ -52,3 +52,108 @@ def test_the_long_description_has_no_relative_link():
         described = namespace["for_pypi"](f.read())
     assert not re.search(r"\]\((?!https?://)", described)
     assert "![" not in described
+
+
+# -- issue 41: the docs read whole unbuilt, and every relative link lands -------------------
+
+import docs_examples  # noqa: E402
+
+LINK = re.compile(r"!?\[(?:[^\[\]]|\[[^\]]*\])*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
+HTML_LINK = re.compile(r"""(?:href|src)=["']([^"']+)["']""")
+FENCE = re.compile(r"^(```|~~~).*?^\1\s*$", re.M | re.S)
+
+
+def slug(heading: str) -> str:
+    """A heading's anchor as Python-Markdown's toc (mkdocs) makes it; GitHub's is the
+    same for the headings these pages have (checked by the test below)."""
+    text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", heading)  # a link's text
+    text = text.replace("`", "").replace("*", "")  # code and emphasis marks (never `_`: names keep theirs)
+    text = re.sub(r"[^\w\s-]", "", text).strip().lower()
+    return re.sub(r"[-\s]+", "-", text)
+
+
+def anchors(path: str) -> set:
+    with open(path, encoding="utf-8") as f:
+        text = FENCE.sub("", f.read())
+    found = set()
+    for heading in re.findall(r"^#{1,6}\s+(.+?)\s*#*\s*$", text, re.M):
+        explicit = re.search(r"\{\s*#([\w-]+)[^}]*\}\s*$", heading)
+        found.add(explicit.group(1) if explicit else slug(heading))
+    found.update(re.findall(r"""<a\s+(?:name|id)=["']([^"']+)["']""", text))
+    return found
+
+
+def links(path: str) -> list:
+    """The relative links and anchors of a Markdown file, code blocks left out."""
+    with open(path, encoding="utf-8") as f:
+        text = FENCE.sub("", f.read())
+    text = re.sub(r"`[^`\n]*`", "", text)  # inline code
+    targets = LINK.findall(text) + HTML_LINK.findall(text)
+    return [t for t in targets if not re.match(r"[a-z][a-z0-9+.-]*:", t, re.I)]  # http:, mailto:, ...
+
+
+def broken_links(path: str) -> list:
+    problems = []
+    for target in links(path):
+        file_part, _, anchor = target.partition("#")
+        where = os.path.normpath(os.path.join(os.path.dirname(path), file_part)) if file_part else path
+        if not os.path.exists(where):
+            problems.append("%s: %s does not exist" % (os.path.relpath(path, REPO), target))
+        elif anchor and where.endswith(".md") and anchor not in anchors(where):
+            problems.append("%s: %s has no heading #%s" % (os.path.relpath(path, REPO), file_part or "the page", anchor))
+    return problems
+
+
+def test_every_relative_link_and_anchor_in_the_docs_and_the_readme_lands():
+    assert [p for page in docs_examples.pages() for p in broken_links(page)] == []
+
+
+def test_the_link_check_finds_a_missing_file_and_a_missing_heading(tmp_path):
+    (tmp_path / "b.md").write_text("# Where every rank was: stacks, hangs and preemption\n\n## `torchrun_args`\n")
+    page = tmp_path / "a.md"
+    page.write_text("[ok](b.md#where-every-rank-was-stacks-hangs-and-preemption) [ok](b.md#torchrun_args) "
+                    "[gone](c.md) [no](b.md#nowhere) [web](https://example.com/x.md) `[code](d.md)`\n"
+                    "```\n[in a block](e.md)\n```\n")
+    assert broken_links(str(page)) == ["%s: c.md does not exist" % os.path.relpath(str(page), REPO),
+                                       "%s: b.md has no heading #nowhere" % os.path.relpath(str(page), REPO)]
+
+
+def test_pasted_examples_equal_their_files_and_no_page_is_only_an_include_line():
+    found = []
+    for page in docs_examples.pages():
+        with open(page, encoding="utf-8") as f:
+            text = f.read()
+        assert "--8<--" not in text, "%s: an include line reads as itself unbuilt: paste the code" % page
+        for rel, code in docs_examples.pasted(text):
+            found.append(rel)
+            assert code == docs_examples.source(rel), (
+                "%s: the copy of %s differs from the file: python tests/docs_examples.py --write" % (page, rel))
+    assert {"examples/hello/flow.py", "examples/hello/hello.py", "examples/function/flow.py",
+            "examples/kubernetes/flow.py", "examples/batch/flow.py"} <= set(found)
+
+
+def test_the_docs_build_from_the_docs_extra_alone():
+    with open(os.path.join(REPO, "requirements-docs.txt")) as f:
+        pins = [l.split("#", 1)[0].strip() for l in f if l.split("#", 1)[0].strip()]
+    assert pins and all("==" in p for p in pins)
+    assert not any(p.startswith(("metaflow", "torch")) for p in pins)
+    with open(os.path.join(REPO, "requirements-dev.txt")) as f:
+        assert "-r requirements-docs.txt" in f.read().splitlines()
+    with open(os.path.join(REPO, "setup.py")) as f:
+        assert '"docs": requirements("requirements-docs.txt")' in f.read()
+    with open(os.path.join(REPO, "Makefile")) as f:
+        makefile = f.read()
+    assert re.search(r"^docs: docs-install$", makefile, re.M)
+    assert "$(DOCS_BIN)/python -m pip install --quiet -r requirements-docs.txt" in makefile
+    with open(os.path.join(REPO, ".github", "workflows", "docs.yml")) as f:
+        workflow = f.read()
+    assert "run: make docs" in workflow and "path: site" in workflow and "actions/deploy-pages" in workflow
+
+
+def test_the_readme_says_what_ci_adds_to_its_test_command():
+    with open(os.path.join(REPO, ".ci", "run")) as f:
+        ci = [l.strip() for l in f if l.strip().startswith("make ")]
+    with open(os.path.join(REPO, "README.md")) as f:
+        readme = f.read()
+    assert ci == ["make package-check", 'make test PYTEST_ARGS="-ra"']
+    assert "make test" in readme and "runs `make package-check` first" in readme

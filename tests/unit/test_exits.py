@@ -13,6 +13,7 @@ from proc_helpers import wait_until
 
 from metaflow_extensions.torchrun.plugins.torchrun.procs import agent, exits
 from metaflow_extensions.torchrun.plugins.torchrun.procs.names import STATUS_SUFFIX, rank_file
+from metaflow_extensions.torchrun.plugins.torchrun.procs.status import read_status
 
 
 def _status(directory, rank, **fields):
@@ -79,8 +80,9 @@ def test_torch_closing_its_workers_records_their_exits(tmp_path, monkeypatch):
         args={r: ("-c", RANK, str(tmp_path), str(r)) for r in range(2)}, envs={0: {}, 1: {}},
         logs_specs=DefaultLogsSpecs(log_dir=str(work)))
     try:
-        assert wait_until(lambda: all(os.path.exists(rank_file(str(tmp_path), r, STATUS_SUFFIX)) for r in range(2)),
-                   timeout=30)
+        # Each status whole (the file exists before its JSON is written).
+        assert wait_until(lambda: all(read_status(rank_file(str(tmp_path), r, STATUS_SUFFIX)) for r in range(2)),
+                          timeout=30)
         began = time.time()
     finally:
         context.close()

@@ -1,11 +1,13 @@
-"""How a node's failure is reported: torchrun's own summary, merged with the
+"""How a node's failure is reported: torch's typed failures as the agent records them, merged with the
 ranks' records; the message of a node stopped by the gang; and the rendezvous
 settings on the command line."""
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
+import socket
 import subprocess
 import sys
 import textwrap
@@ -23,62 +25,50 @@ from metaflow_extensions.torchrun.plugins.torchrun.procs.failures import (
     RankFailure,
     crash_output,
     merge_failures,
-    parse_torchrun_summary,
+    read_agent_failures,
     with_last_output,
 )
+from metaflow_extensions.torchrun.plugins.torchrun.procs import agent
+from metaflow_extensions.torchrun.plugins.torchrun.procs.names import AGENT_FAILURES_FILE, LOG_DIR_ENV, WORK_DIR_ENV
 
-# -- torchrun's report ---------------------------------------------------------
-
-# Written the way torch 2.x prints a ChildFailedError (note the trailing spaces
-# after "(pid: N)" and the "(SIGSEGV)" after a signal), around other log noise.
-HAND_WRITTEN = b"""\
-[rank1]: some output from the user's script
-W1122 02:48:49.128000 13042 torch/distributed/elastic/multiprocessing/api.py:1028] Sending process 4243 closing signal SIGTERM
-Traceback (most recent call last):
-  File "/venv/lib/python3.11/site-packages/torch/distributed/launcher/api.py", line 383, in launch_agent
-    raise ChildFailedError(
-torch.distributed.elastic.multiprocessing.errors.ChildFailedError: 
-============================================================
-/flow/train.py FAILED
-------------------------------------------------------------
-Failures:
-[1]:
-  time      : 2024-03-05_10:15:09
-  host      : ip-10-0-1-7.ec2.internal
-  rank      : 6 (local_rank: 2)
-  exitcode  : 1 (pid: 4243)
-  error_file: /tmp/torchelastic_x/none_y/attempt_0/2/error.json
-  traceback : Traceback (most recent call last):
-    File "/flow/train.py", line 9, in <module>
-      raise ValueError("boom")
-  ValueError: boom
-[2]:
-  time      : 2024-03-05_10:15:10
-  host      : ip-10-0-1-7.ec2.internal
-  rank      : 7 (local_rank: 3)
-  exitcode  : -9 (pid: 4244)  (SIGKILL)
-  error_file: <N/A>
-  traceback : Signal 9 (SIGKILL) received by PID 4244
-------------------------------------------------------------
-Root Cause (first observed failure):
-[0]:
-  time      : 2024-03-05_10:15:08
-  host      : ip-10-0-1-7.ec2.internal
-  rank      : 5 (local_rank: 1)
-  exitcode  : -11 (pid: 4242)  (SIGSEGV)
-  error_file: <N/A>
-  traceback : Signal 11 (SIGSEGV) received by PID 4242
-============================================================
-"""
+# -- torchrun's report: the agent's records of torch's typed failures ----------------
 
 
-def stamp(text):
-    return time.mktime(time.strptime(text, "%Y-%m-%d_%H:%M:%S"))
+def process_failure(local_rank, pid, exitcode, timestamp, error_file="<N/A>"):
+    """torch's own ProcessFailure, as its agent builds it for a failed worker."""
+    from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+
+    failure = ProcessFailure(local_rank=local_rank, pid=pid, exitcode=exitcode, error_file=error_file)
+    if timestamp is not None:  # else torch's, read from the error file
+        failure.timestamp = timestamp  # torch: when its agent noticed, to the second
+    return failure
 
 
-class TestParseHandWritten:
-    def test_every_entry_earliest_first(self):
-        parsed = parse_torchrun_summary(HAND_WRITTEN, node_index=1)
+def child_failed(failures):
+    pytest.importorskip("torch.distributed.elastic.multiprocessing.errors")
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+    return ChildFailedError("/flow/train.py", failures)
+
+
+# Three workers as torch's agent reports them: rank 5 segfaulted first, rank 6
+# exited with 1, rank 7 was SIGKILLed.
+def three_failures():
+    return child_failed({
+        6: process_failure(2, 4243, 1, 1709633709),
+        7: process_failure(3, 4244, -9, 1709633710),
+        5: process_failure(1, 4242, -11, 1709633708),
+    })
+
+
+def recorded(tmp_path, error, node_index=0):
+    assert agent.record_child_failures(str(tmp_path), error)
+    return read_agent_failures(str(tmp_path), node_index)
+
+
+class TestAgentRecords:
+    def test_every_failure_earliest_first(self, tmp_path):
+        parsed = recorded(tmp_path, three_failures(), node_index=1)
         assert [f.rank for f in parsed] == [5, 6, 7]
         assert [f.local_rank for f in parsed] == [1, 2, 3]
         assert [f.pid for f in parsed] == [4242, 4243, 4244]
@@ -87,61 +77,67 @@ class TestParseHandWritten:
             "exit code 1",
             "killed by signal SIGKILL",
         ]
-        assert [f.timestamp for f in parsed] == [
-            stamp("2024-03-05_10:15:08"),
-            stamp("2024-03-05_10:15:09"),
-            stamp("2024-03-05_10:15:10"),
-        ]
+        assert [f.timestamp for f in parsed] == [1709633708.0, 1709633709.0, 1709633710.0]
         for f in parsed:
             assert isinstance(f, RankFailure)
             assert f.node_index == 1
-            assert f.host == "ip-10-0-1-7.ec2.internal"
+            assert f.host == socket.gethostname()
             assert f.traceback == ""
         assert parsed[0].message == NO_EXCEPTION
         assert "SIGSEGV" in parsed[0].summary()
 
-    def test_crlf_line_endings(self):
-        parsed = parse_torchrun_summary(HAND_WRITTEN.replace(b"\n", b"\r\n"), node_index=0)
-        assert [f.rank for f in parsed] == [5, 6, 7]
-        assert parsed[0].host == "ip-10-0-1-7.ec2.internal"
+    def test_the_record_holds_torchs_fields(self, tmp_path):
+        """Global and local rank, exit code and signal, pid, time, and the
+        rank's torchelastic error file with what torch read from it."""
+        error_file = tmp_path / "error.json"
+        data = {"message": {"message": "ValueError: boom", "extraInfo": {"py_callstack": "Traceback...",
+                                                                         "timestamp": "1709633711"}}}
+        error_file.write_text(json.dumps(data))
+        error = child_failed({4: process_failure(0, 11, 1, None, error_file=str(error_file)),
+                              5: process_failure(1, 12, -11, 1709633712)})
+        assert agent.record_child_failures(str(tmp_path), error)
+        path = tmp_path / AGENT_FAILURES_FILE
+        assert oct(os.stat(path).st_mode & 0o777) == "0o600"
+        by_rank = {r["rank"]: r for r in json.loads(path.read_text())}
+        assert by_rank[4] == {"rank": 4, "local_rank": 0, "pid": 11, "exitcode": 1, "signal": None,
+                              "timestamp": 1709633711.0, "host": socket.gethostname(),
+                              "error_file": str(error_file), "error_file_data": data}
+        assert (by_rank[5]["signal"], by_rank[5]["exitcode"], by_rank[5]["error_file"]) == ("SIGSEGV", -11, None)
 
-    def test_a_tail_that_cut_the_report_keeps_the_whole_entries(self):
-        cut = HAND_WRITTEN[HAND_WRITTEN.index(b"  host      : ip-10-0-1-7.ec2.internal\n  rank      : 6"):]
-        parsed = parse_torchrun_summary(cut, node_index=0)
-        assert [f.rank for f in parsed] == [5, 7]
-
-    def test_an_unreadable_time_still_gives_the_entry(self):
-        text = HAND_WRITTEN.replace(b"2024-03-05_10:15:08", b"<N/A>")
-        before = time.time()
-        parsed = {f.rank: f for f in parsed_list(text)}
-        assert before - 1 <= parsed[5].timestamp <= time.time() + 1
-        assert parsed[6].timestamp == stamp("2024-03-05_10:15:09")
+    def test_nothing_recorded_reads_as_nothing(self, tmp_path):
+        assert read_agent_failures(str(tmp_path), 0) == []
+        assert read_agent_failures(str(tmp_path / "gone"), 0) == []
 
     @pytest.mark.parametrize(
         "garbage",
         [
             b"",
             b"\n\n\n",
-            b"Traceback (most recent call last):\nValueError: nothing to see\n",
+            b"{}",
+            b"[1, 2, null]",
+            b'[{"rank": "5", "local_rank": 1, "pid": 3, "exitcode": 1, "timestamp": 1.0, "host": "h"}]',
+            b'[{"rank": 5, "local_rank": 1, "pid": 3, "exitcode": true, "timestamp": 1.0, "host": "h"}]',
+            b'[{"rank": 5, "local_rank": 1, "pid": 3, "exitcode": 1, "host": "h"}]',
             bytes(range(256)) * 4,
-            b"  time      : 2024-03-05_10:15:08\n  host      : h\n  rank      : x (local_rank: 1)\n"
-            b"  exitcode  : 1 (pid: 3)\n",
-            b"  time      : 2024-03-05_10:15:08\n  host      : h\n  rank      : 1 (local_rank: 1)\n",
-            "time : 2024 \u00e9\u00e8 rank exitcode".encode("utf-8"),
         ],
     )
-    def test_garbage_gives_nothing(self, garbage):
-        assert parse_torchrun_summary(garbage, node_index=0) == []
+    def test_garbage_gives_nothing(self, tmp_path, garbage):
+        (tmp_path / AGENT_FAILURES_FILE).write_bytes(garbage)
+        assert read_agent_failures(str(tmp_path), 0) == []
 
-    def test_non_utf8_host_does_not_break_parsing(self):
-        text = HAND_WRITTEN.replace(b"ip-10-0-1-7.ec2.internal", b"h\xff\xfeost")
-        parsed = parse_torchrun_summary(text, node_index=0)
-        assert [f.rank for f in parsed] == [5, 6, 7]
-        assert parsed[0].host.startswith("h") and parsed[0].host.endswith("ost")
+    def test_a_record_is_never_read_through_a_symlink(self, tmp_path):
+        elsewhere = tmp_path / "elsewhere"
+        elsewhere.mkdir()
+        assert agent.record_child_failures(str(elsewhere), three_failures())
+        work = tmp_path / "work"
+        work.mkdir()
+        os.symlink(elsewhere / AGENT_FAILURES_FILE, work / AGENT_FAILURES_FILE)
+        assert read_agent_failures(str(work), 0) == []
 
-
-def parsed_list(text):
-    return parse_torchrun_summary(text, node_index=0)
+    def test_recording_never_raises(self, tmp_path):
+        assert not agent.record_child_failures(None, three_failures())
+        assert not agent.record_child_failures(str(tmp_path / "gone"), three_failures())
+        assert not agent.record_child_failures(str(tmp_path), ValueError("no failures here"))
 
 
 # The ranks of a real torchrun: local rank 1 segfaults; local rank 0 exits with 3
@@ -166,19 +162,23 @@ CRASHING_SCRIPT = textwrap.dedent(
 
 @pytest.fixture(scope="module")
 def real_torchrun_report(tmp_path_factory):
+    """Our agent (procs/agent.py: torch's own, recording what its
+    ChildFailedError holds) running a real torchrun job that fails."""
     pytest.importorskip("torch.distributed.run")
     tmp = tmp_path_factory.mktemp("torchrun")
+    work = tmp_path_factory.mktemp("work")
     script = tmp / "crash.py"
     script.write_text(CRASHING_SCRIPT)
     port = ports.find_free_port()
-    env = dict(os.environ, OMP_NUM_THREADS="1")
+    env = dict(os.environ, OMP_NUM_THREADS="1", **{WORK_DIR_ENV: str(work)})
     env.pop("TORCHELASTIC_ERROR_FILE", None)
+    env.pop(LOG_DIR_ENV, None)
     started = time.time()
     proc = subprocess.run(
         [
             sys.executable,
             "-m",
-            "torch.distributed.run",
+            command.AGENT_MODULE,
             "--nproc-per-node",
             "2",
             "--rdzv-backend",
@@ -194,15 +194,15 @@ def real_torchrun_report(tmp_path_factory):
         timeout=120,
     )
     pids = {r: int((tmp / ("pid-%d" % r)).read_text()) for r in (0, 1)}
-    return proc, pids, started
+    return proc, pids, started, str(work)
 
 
-class TestParseRealTorchrun:
+class TestRealTorchrun:
     def test_segfault_and_exit_code(self, real_torchrun_report):
-        proc, pids, started = real_torchrun_report
-        assert proc.returncode != 0
-        assert b"ChildFailedError" in proc.stderr, proc.stderr[-3000:]
-        parsed = parse_torchrun_summary(proc.stderr, node_index=3)
+        proc, pids, started, work = real_torchrun_report
+        assert proc.returncode == 1  # as torch's own torchrun ends
+        assert b"ChildFailedError" in proc.stderr, proc.stderr[-3000:]  # torch's report, unchanged
+        parsed = read_agent_failures(work, node_index=3)
         by_rank = {f.rank: f for f in parsed}
         assert sorted(by_rank) == [0, 1], proc.stderr[-3000:]
         assert "SIGSEGV" in by_rank[1].exc_type
@@ -214,12 +214,13 @@ class TestParseRealTorchrun:
             assert f.pid == pids[rank]
             assert f.node_index == 3
             assert f.host
-            # torchrun prints local time to the second.
+            assert f.message == NO_EXCEPTION and f.traceback == ""
+            # torch stamps a failure to the second.
             assert started - 2 <= f.timestamp <= time.time() + 1
 
     def test_a_ranks_own_record_replaces_torchruns_entry(self, real_torchrun_report):
-        proc, pids, _ = real_torchrun_report
-        reported = parse_torchrun_summary(proc.stderr, node_index=0)
+        proc, pids, _, work = real_torchrun_report
+        reported = read_agent_failures(work, node_index=0)
         own = RankFailure(
             rank=0, local_rank=0, node_index=0, host="h", pid=pids[0], exc_type="SystemExit",
             message="3", traceback="Traceback...\nSystemExit: 3\n", timestamp=time.time() - 10,
@@ -267,10 +268,10 @@ class TestMerge:
         assert merge_failures(a, []) == [a[1], a[0]]
         assert merge_failures([], []) == []
 
-    def test_the_root_cause_of_torchrun_failed_follows_the_merge(self):
+    def test_the_root_cause_of_torchrun_failed_follows_the_merge(self, tmp_path):
         merged = merge_failures(
-            [failure(1, stamp("2024-03-05_10:15:20"), traceback="Traceback\nValueError: m1\n")],
-            parse_torchrun_summary(HAND_WRITTEN, node_index=0),
+            [failure(1, 1709633720.0, traceback="Traceback\nValueError: m1\n")],
+            recorded(tmp_path, three_failures()),
         )
         err = errors.TorchrunFailed(1, 0, merged)
         # rank 5's segfault (torchrun's report) came first; rank 1's own record is later.

@@ -8,7 +8,7 @@ import pickle
 
 import pytest
 
-from metaflow_extensions.torchrun.plugins.torchrun.host import workdirs
+from metaflow_extensions.torchrun.plugins.torchrun.host import basedir, private
 from metaflow_extensions.torchrun.plugins.torchrun.procs import functions
 
 
@@ -70,7 +70,7 @@ def test_a_world_writable_tmpdir_without_sticky_bit_is_refused(tmp_path):
     shared = tmp_path / "shared"
     shared.mkdir()
     os.chmod(shared, 0o777)
-    with pytest.raises(workdirs.UnsafePath, match="sticky bit"):
-        workdirs.base_dir(str(shared))
+    with pytest.raises(private.UnsafePath, match="sticky bit"):
+        basedir.base_dir(str(shared))
     os.chmod(shared, 0o1777)  # as /tmp: fine
-    assert workdirs.base_dir(str(shared)).startswith(str(shared))
+    assert basedir.base_dir(str(shared)).startswith(str(shared))

@@ -151,7 +151,7 @@ class TestStopOptions:
     @pytest.mark.parametrize("options, expected", [
         ({}, False), ({"max-restarts": "0"}, False), ({"max-restarts": 0}, False), ({"max-restarts": " 0 "}, False),
         ({"max-restarts": False}, False), ({"max-restarts": "2"}, True), ({"max-restarts": 1}, True),
-        ({"max-restarts": "two"}, True),  # torch refuses it and says why; nothing to save here
+        ({"max-restarts": "two"}, False), ({"max-restarts": True}, False),  # plan_call refuses both: never c10d for them
     ])
     def test_restarts_allowed(self, options, expected):
         assert plan.restarts_allowed(options) is expected
@@ -278,7 +278,8 @@ class TestFunctionArguments:
 class TestNothingLeftBehind:
     def test_record_removes_the_work_dir_even_when_recording_fails(self, tmp_path):
         from metaflow_extensions.torchrun.plugins.torchrun.runtime.call import CallRun
-        from metaflow_extensions.torchrun.plugins.torchrun.host.workdirs import CallFiles, LogKey
+        from metaflow_extensions.torchrun.plugins.torchrun.host.logs import LogKey
+        from metaflow_extensions.torchrun.plugins.torchrun.host.workdirs import CallFiles
 
         files = CallFiles(LogKey("Flow-1", "train-2-0", "c0"), 0, str(tmp_path))
         run = CallRun(session=None, plan=None, index=0)  # type: ignore[arg-type]

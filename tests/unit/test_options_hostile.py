@@ -130,5 +130,5 @@ def test_the_issue_s_examples_are_refused_by_name(attempt, words):
 def test_ordinary_options_still_pass():
     user = merged_options(StepDefaults(torchrun_args={"max_restarts": 2}),
                           ["--monitor-interval", "1", "--tee=3", "-r", "3", "--role", "-1"])
-    assert user == {"max-restarts": "2", "monitor-interval": "1", "tee": "3", "redirects": "3", "role": "-1"}
+    assert user == {"max-restarts": 2, "monitor-interval": "1", "tee": "3", "redirects": "3", "role": "-1"}
     assert list(itertools.islice(attempts("nnodes"), 1))  # the generator yields

@@ -132,9 +132,9 @@ def test_the_record_is_bounded_at_1024_nodes():
     small = msg.PreflightCheck("shm", "warn", "64 MiB", "at least 8 GiB", "raise it")
     disk = [msg.PreflightCheck("disk", "warn", "%d MiB free" % i, "1 GiB", "free space") for i in range(1024)]
     prints = gang_of(1024, {i: {"torch": "v%d" % i} for i in range(0, 1024, 2)})
-    record = pf.record(prints, {i: (small, disk[i]) for i in range(1024)}, 1024)
-    assert len(json.dumps(record)) < 64 * 1024
-    assert len(record["rows"]) == pf.MAX_ROWS and record["reported"] == 1024
+    record = pf.record(prints, {i: (small, disk[i]) for i in range(1024)}, 1024, "versions")
+    assert len(json.dumps(record.to_wire())) < 64 * 1024
+    assert len(record.rows) == pf.MAX_ROWS and record.reported == 1024
 
 
 def test_the_service_refuses_before_the_last_node_gets_its_go(net):
@@ -152,7 +152,7 @@ def test_the_service_refuses_before_the_last_node_gets_its_go(net):
     assert c0.cause.kind is CauseKind.PREFLIGHT and "node 1 has 2.12.0" in c0.cause.summary
     t.join(GUARD)
     assert server.calls.get(0) is None or 1 not in server.calls[0].went  # node 1 never got its go
-    assert server.preflight_record()["reported"] == 2
+    assert server.preflight_record("versions").reported == 2
 
 
 def test_a_second_preflight_from_one_node_drops_it(net):
@@ -234,7 +234,7 @@ def test_a_node_well_below_the_median_is_named_slow():
                 "init_s": {0: 0.2, 1: 0.3, 2: 0.2, 3: 0.25},
                 "link_gbps": {1: 10.0, 2: 9.0, 3: 2.0}}
     job = pf.job_record(returned, 3.2)
-    assert job["slow"] == [3] and job["link_median_gbps"] == 9.0
+    assert list(job.slow) == [3] and job.link_median_gbps == 9.0
     lines = pf.describe_job(job)
     assert "node 3 is slow: 2 GB/s to node 0, under 50% of the median 9 GB/s" in lines[1]
     assert "process-group init up to 0.30s (node 1)" in lines[0]
@@ -242,7 +242,7 @@ def test_a_node_well_below_the_median_is_named_slow():
 
 def test_junk_from_the_job_is_left_out():
     job = pf.job_record({"link_gbps": {1: "fast", "2": 3.0, 3: float("nan"), 4: True}, "busbw_gbps": "x"}, 1.0)
-    assert job["link_gbps"] == {} and job["busbw_gbps"] is None and job["slow"] == []
+    assert job.link_gbps == {} and job.busbw_gbps is None and list(job.slow) == []
 
 
 # -- the job's deadlines on a node (runtime/preflight.py) ---------------------------------------

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 
+import records
 from metaflow_extensions.torchrun.plugins.torchrun.runtime.result import (
     METADATA_LIMIT,
     RankRecord,
@@ -29,9 +30,9 @@ def gang_result(nodes: int, per_node: int) -> TorchrunResult:
     stacks = {r: DUMP % (77 if r == 17 else 42) for r in range(nodes * per_node)}
     return TorchrunResult(
         command=["torchrun"], node_index=0, num_nodes=nodes, nproc_per_node=per_node, exit_code=1,
-        started_at=1.0, ended_at=2.0, cause={"kind": "failed", "summary": "rank 17 failed"},
-        gang={"joined_at": {n: 1.0 + n / 1000 for n in range(nodes)},
-              "finished_at": {n: 2.0 for n in range(nodes)}, "reports": reports},
+        started_at=1.0, ended_at=2.0, cause=records.cause({"kind": "failed", "summary": "rank 17 failed"}),
+        gang=records.gang({"joined_at": {n: 1.0 + n / 1000 for n in range(nodes)},
+                           "finished_at": {n: 2.0 for n in range(nodes)}, "reports": reports}),
         stacks=stacks,
     )
 

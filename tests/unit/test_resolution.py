@@ -267,13 +267,13 @@ class TestMergedOptions:
     def test_call_overrides_decorator(self):
         defaults = StepDefaults(torchrun_args={"max_restarts": 1, "monitor_interval": 5})
         assert merged_options(defaults, ["--max-restarts", "3"]) == {
-            "max-restarts": "3",
+            "max-restarts": 3,
             "monitor-interval": "5",
         }
 
     def test_override_across_spellings(self):
         defaults = StepDefaults(torchrun_args=["--max_restarts=1"])
-        assert merged_options(defaults, {"max-restarts": 2}) == {"max-restarts": "2"}
+        assert merged_options(defaults, {"max-restarts": 2}) == {"max-restarts": 2}  # typed: torch reads it as an int
 
     def test_call_can_remove_a_decorator_option(self):
         defaults = StepDefaults(torchrun_args={"monitor_interval": 5})

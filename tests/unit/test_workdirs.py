@@ -1,4 +1,4 @@
-"""workdirs.py: every file @torchrun writes is private, never reached through a
+"""host/private.py, basedir.py, logs.py, workdirs.py: every file @torchrun writes is private, never reached through a
 symlink, and nothing is left behind (issue 13, item 5).
 
 The attacks are run by a real second user where root can make one
@@ -16,21 +16,18 @@ import time
 import pytest
 
 import other_user
-from metaflow_extensions.torchrun.plugins.torchrun.host import workdirs
+from metaflow_extensions.torchrun.plugins.torchrun.host import logs, private
 from metaflow_extensions.torchrun.plugins.torchrun.host.retention import RetentionPolicy
-from metaflow_extensions.torchrun.plugins.torchrun.host.workdirs import (
-    CallFiles,
+from metaflow_extensions.torchrun.plugins.torchrun.host.basedir import base_dir
+from metaflow_extensions.torchrun.plugins.torchrun.host.logs import (
     LogKey,
-    UnsafePath,
-    base_dir,
-    open_private,
     prune_logs,
-    prune_work_dirs,
     retention_policy,
     step_log_dir,
-    tail_lines,
     where_logs_are,
 )
+from metaflow_extensions.torchrun.plugins.torchrun.host.private import UnsafePath, open_private, tail_lines
+from metaflow_extensions.torchrun.plugins.torchrun.host.workdirs import CallFiles, prune_work_dirs
 
 KEY = LogKey("Flow-1", "train-2-0", "c0")
 
@@ -102,7 +99,9 @@ class TestFallbackBound:
         if not os.path.exists(path):
             with open(path, "w") as f:
                 f.write("not a directory")  # as good as a stranger's for the fallback
-        code = ("import sys; from metaflow_extensions.torchrun.plugins.torchrun.host.workdirs import CallFiles, LogKey, base_dir;"
+        code = ("import sys; from metaflow_extensions.torchrun.plugins.torchrun.host.workdirs import CallFiles;"
+                "from metaflow_extensions.torchrun.plugins.torchrun.host.logs import LogKey;"
+                "from metaflow_extensions.torchrun.plugins.torchrun.host.basedir import base_dir;"
                 "CallFiles(LogKey('Flow-1', 'train-2-0', 'c%s' % sys.argv[1]), 0, base_dir(sys.argv[2])).close()")
         for i in range(tasks):  # each task is a process of its own, as on a real run
             subprocess.run([sys.executable, "-c", code, str(i), tmp], check=True, capture_output=True, timeout=60)
@@ -119,7 +118,7 @@ class TestFallbackBound:
             os.mkdir(path, 0o700)
         busy = os.path.join(old[2], "work", "1-x")
         os.makedirs(busy, 0o700)
-        lock = workdirs.hold_lock(busy)
+        lock = private.hold_lock(busy)
         for path in old:
             age(path, 1000)
         target = tmp_path / "not-ours-to-use"
@@ -128,7 +127,7 @@ class TestFallbackBound:
         try:
             left = self.squat_and_run(tmp, 2)
         finally:
-            workdirs.release_lock(lock)
+            private.release_lock(lock)
         assert left == [prefix + "0", prefix + "a", prefix + "c"]  # the link, the one used, the busy one
         assert os.listdir(str(target)) == []
 
@@ -209,6 +208,95 @@ class TestBaseDirAgainstAnotherUser:
             assert other_user.as_user(other, peek) == {}
         finally:
             files.close()
+
+
+TASK = (
+    "import sys\n"
+    "from metaflow_extensions.torchrun.plugins.torchrun.host.basedir import base_dir\n"
+    "from metaflow_extensions.torchrun.plugins.torchrun.host.logs import LogKey\n"
+    "from metaflow_extensions.torchrun.plugins.torchrun.host.private import open_private\n"
+    "from metaflow_extensions.torchrun.plugins.torchrun.host.workdirs import CallFiles\n"
+    "files = CallFiles(LogKey(sys.argv[2], 'train-2-0', 'c0'), 0, base_dir(sys.argv[1]))\n"
+    "fd = open_private(files.log_dir + '/rank-0.stdout.log')\n"
+    "import os; os.write(fd, b'loss ' + sys.argv[2].encode() + b'\\n'); os.close(fd)\n"
+    "print(files.base, flush=True)\n"
+    "if len(sys.argv) > 3: sys.stdin.readline()\n"
+    "files.close()\n"
+)
+
+
+def run_task(tmp, run, hold=False):
+    """One task of a run on this host, a process of its own: a call's files and
+    one rank's log line. ``hold``: it stays (holding them) until told to end."""
+    proc = subprocess.Popen([sys.executable, "-c", TASK, tmp, run] + (["hold"] if hold else []),
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    if hold:
+        return proc, proc.stdout.readline().strip()
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    return out.strip()
+
+
+def fallbacks(tmp):
+    prefix = "metaflow-torchrun-%d-" % os.geteuid()
+    return sorted(n for n in os.listdir(tmp) if n.startswith(prefix))
+
+
+class TestFallbackAfterTheSquat:
+    """Issue 38: once a squat ended, the fallback base and its runs' logs were
+    kept for ever; retention ran only under the base a call used."""
+
+    @pytest.fixture
+    def squat(self, other, tmp):
+        path = os.path.join(tmp, "metaflow-torchrun-%d" % os.geteuid())
+        other_user.as_user(other, lambda: os.mkdir(path, 0o777))
+        return path
+
+    def test_the_next_call_brings_its_logs_home_and_no_fallback_is_left(self, other, squat, tmp):
+        fallback = run_task(tmp, "Squatted-1")
+        assert fallback != squat and fallbacks(tmp) == [os.path.basename(fallback)]
+        age(os.path.join(fallback, "logs", "Squatted-1"), HOUR)
+        used = os.lstat(os.path.join(fallback, "logs", "Squatted-1")).st_mtime_ns
+        other_user.as_user(other, lambda: os.rmdir(squat))  # the squat ends
+        assert run_task(tmp, "After-2") == squat
+        assert fallbacks(tmp) == []
+        log = os.path.join(squat, "logs", "Squatted-1", "train-2-0", "c0", "node-0", "rank-0.stdout.log")
+        with open(log) as f:
+            assert f.read() == "loss Squatted-1\n"  # kept, now under the retention of the usual base
+        assert mode(os.path.dirname(log)) == 0o700
+        assert os.lstat(os.path.join(squat, "logs", "Squatted-1")).st_mtime_ns == used  # its age kept
+
+    def test_adopted_runs_are_pruned_by_the_usual_policy(self, squat, tmp, monkeypatch):
+        run_task(tmp, "Squatted-1")
+        os.rmdir(squat)
+        monkeypatch.setenv(logs.KEEP_LOGS_ENV, "0")
+        monkeypatch.setenv(logs.KEEP_LOGS_HOURS_ENV, "0")
+        monkeypatch.setattr(private, "YOUNG_SECONDS", 0.0)
+        CallFiles(LogKey("After-2", "train-2-0", "c0"), 0, base_dir(tmp)).close()
+        assert fallbacks(tmp) == []
+        assert run_names(os.path.join(squat, "logs")) == ["After-2"]
+
+    def test_a_fallback_a_live_task_uses_is_kept_until_it_ends(self, squat, tmp):
+        proc, fallback = run_task(tmp, "Squatted-1", hold=True)
+        try:
+            os.rmdir(squat)
+            assert run_task(tmp, "After-2") == squat
+            assert fallbacks(tmp) == [os.path.basename(fallback)]  # its task still runs there
+        finally:
+            proc.communicate("end\n", timeout=60)
+        run_task(tmp, "After-3")
+        assert fallbacks(tmp) == []
+        assert "Squatted-1" in run_names(os.path.join(squat, "logs"))
+
+    def test_a_strangers_directory_or_a_link_by_that_name_is_never_touched(self, other, tmp, tmp_path):
+        prefix = os.path.join(tmp, "metaflow-torchrun-%d-" % os.geteuid())
+        other_user.as_user(other, lambda: os.mkdir(prefix + "theirs", 0o700))
+        target = tmp_path / "elsewhere"
+        (target / "logs" / "Run-1").mkdir(parents=True)
+        os.symlink(str(target), prefix + "link")
+        run_task(tmp, "After-2")
+        assert fallbacks(tmp) == ["metaflow-torchrun-%d-link" % os.geteuid(), "metaflow-torchrun-%d-theirs" % os.geteuid()]
+        assert os.listdir(str(target / "logs")) == ["Run-1"]
 
 
 # -- files ------------------------------------------------------------------------
@@ -321,7 +409,8 @@ class TestCallFiles:
         base = base_dir(tmp)
         code = (
             "import sys, time\n"
-            "from metaflow_extensions.torchrun.plugins.torchrun.host.workdirs import CallFiles, LogKey\n"
+            "from metaflow_extensions.torchrun.plugins.torchrun.host.workdirs import CallFiles\n"
+            "from metaflow_extensions.torchrun.plugins.torchrun.host.logs import LogKey\n"
             "f = CallFiles(LogKey('Flow-1', 'train-2-0', 'c0'), 0, sys.argv[1])\n"
             "print(f.work_dir, flush=True)\n"
             "time.sleep(60)\n"
@@ -357,7 +446,7 @@ class TestCallFiles:
         def full(*args, **kwargs):
             raise OSError(28, "No space left on device")
 
-        monkeypatch.setattr(workdirs, "prune_logs", full)
+        monkeypatch.setattr(logs, "prune_logs", full)
         files = CallFiles(KEY, 0, base)
         try:
             assert files.log_dir is None and os.path.isdir(files.work_dir)
@@ -398,11 +487,11 @@ class TestLogRetention:
 
     @pytest.fixture(autouse=True)
     def knobs(self, monkeypatch):
-        for name in (workdirs.KEEP_LOGS_ENV, workdirs.KEEP_LOGS_HOURS_ENV, workdirs.MAX_LOG_MB_ENV):
+        for name in (logs.KEEP_LOGS_ENV, logs.KEEP_LOGS_HOURS_ENV, logs.MAX_LOG_MB_ENV):
             monkeypatch.delenv(name, raising=False)
 
     def test_a_run_within_the_age_survives_30_other_runs_on_the_host(self, tmp, monkeypatch):
-        monkeypatch.setattr(workdirs, "YOUNG_SECONDS", 0.0)
+        monkeypatch.setattr(private, "YOUNG_SECONDS", 0.0)
         base = base_dir(tmp)
         CallFiles(LogKey("A-1", "train-2-0", "c0"), 0, base).close()
         a = os.path.join(base, "logs", "A-1")
@@ -462,7 +551,7 @@ class TestLogRetention:
     def test_a_run_in_use_or_just_made_is_kept(self, tmp_path):
         root = str(tmp_path)
         busy = make_run(root, "busy", size=10_000, seconds_ago=5000)
-        lock = workdirs.hold_lock(os.path.join(busy, "train-2-0", "c0", "node-0"))
+        lock = private.hold_lock(os.path.join(busy, "train-2-0", "c0", "node-0"))
         age(busy, 5000)
         make_run(root, "young", size=10_000, seconds_ago=0)
         make_run(root, "old", size=10_000, seconds_ago=4000)
@@ -471,7 +560,7 @@ class TestLogRetention:
             prune_logs(root, nothing)
             assert run_names(root) == ["busy", "young"]
         finally:
-            workdirs.release_lock(lock)
+            private.release_lock(lock)
         prune_logs(root, nothing)
         assert run_names(root) == ["young"]
 
@@ -479,7 +568,8 @@ class TestLogRetention:
         base = base_dir(tmp)
         code = (
             "import sys, time\n"
-            "from metaflow_extensions.torchrun.plugins.torchrun.host.workdirs import CallFiles, LogKey\n"
+            "from metaflow_extensions.torchrun.plugins.torchrun.host.workdirs import CallFiles\n"
+            "from metaflow_extensions.torchrun.plugins.torchrun.host.logs import LogKey\n"
             "f = CallFiles(LogKey('Live-1', 'train-2-0', 'c0'), 0, sys.argv[1])\n"
             "open(f.log_dir + '/rank-0.stdout.log', 'w').write('x' * 100000)\n"
             "print(f.log_dir, flush=True)\n"
@@ -501,19 +591,19 @@ class TestLogRetention:
         root = str(tmp_path)
         node = os.path.join(root, "Flow-1-train-2-0-c0", "node-0")
         os.makedirs(node)
-        lock = workdirs.hold_lock(node)
+        lock = private.hold_lock(node)
         age(os.path.dirname(node), 100 * HOUR)
         nothing = RetentionPolicy(keep=0, hours=0, max_bytes=0)
         try:
             assert prune_logs(root, nothing) == []
         finally:
-            workdirs.release_lock(lock)
+            private.release_lock(lock)
         assert prune_logs(root, nothing) == [os.path.dirname(node)]
 
     def test_the_bound_holds_across_many_calls(self, tmp, monkeypatch):
-        monkeypatch.setenv(workdirs.KEEP_LOGS_ENV, "5")
-        monkeypatch.setenv(workdirs.KEEP_LOGS_HOURS_ENV, "0")
-        monkeypatch.setattr(workdirs, "YOUNG_SECONDS", 0.0)
+        monkeypatch.setenv(logs.KEEP_LOGS_ENV, "5")
+        monkeypatch.setenv(logs.KEEP_LOGS_HOURS_ENV, "0")
+        monkeypatch.setattr(private, "YOUNG_SECONDS", 0.0)
         base = base_dir(tmp)
         for i in range(30):
             CallFiles(LogKey("Flow-%d" % i, "train-2-0", "c0"), 0, base).close()
@@ -522,20 +612,20 @@ class TestLogRetention:
         assert os.listdir(os.path.join(base, "work")) == []
 
     def prune_everything(self, monkeypatch):
-        monkeypatch.setenv(workdirs.KEEP_LOGS_ENV, "0")
-        monkeypatch.setenv(workdirs.KEEP_LOGS_HOURS_ENV, "0")
+        monkeypatch.setenv(logs.KEEP_LOGS_ENV, "0")
+        monkeypatch.setenv(logs.KEEP_LOGS_HOURS_ENV, "0")
 
     def test_a_call_waits_for_another_tasks_prune_then_prunes(self, tmp, monkeypatch):
         """Calls make their directories under the host's prune lock: a prune
         never removes an old run between its choice and a new call of it."""
         self.prune_everything(monkeypatch)
         base = base_dir(tmp)
-        root = workdirs.private_dir(os.path.join(base, "logs"))
+        root = private.private_dir(os.path.join(base, "logs"))
         old = make_run(root, "Old-1", seconds_ago=100 * HOUR)
         code = (
             "import sys, time\n"
-            "from metaflow_extensions.torchrun.plugins.torchrun.host import workdirs\n"
-            "fd = workdirs.hold_lock(sys.argv[1], workdirs.PRUNE_LOCK_FILE)\n"
+            "from metaflow_extensions.torchrun.plugins.torchrun.host import logs, private\n"
+            "fd = private.hold_lock(sys.argv[1], logs.PRUNE_LOCK_FILE)\n"
             "print('held', flush=True)\n"
             "time.sleep(1)\n"
         )
@@ -543,7 +633,7 @@ class TestLogRetention:
         try:
             assert proc.stdout.readline().strip() == "held"
             began = time.monotonic()
-            log_dir = workdirs.call_log_dir(KEY, 0, base)
+            log_dir = logs.call_log_dir(KEY, 0, base)
             waited = time.monotonic() - began
         finally:
             proc.wait(timeout=30)
@@ -552,15 +642,15 @@ class TestLogRetention:
 
     def test_a_prune_that_never_ends_costs_a_call_prune_wait_not_its_logs(self, tmp, monkeypatch):
         self.prune_everything(monkeypatch)
-        monkeypatch.setattr(workdirs, "PRUNE_WAIT", 0.2)
+        monkeypatch.setattr(logs, "PRUNE_WAIT", 0.2)
         base = base_dir(tmp)
-        root = workdirs.private_dir(os.path.join(base, "logs"))
+        root = private.private_dir(os.path.join(base, "logs"))
         old = make_run(root, "Old-1", seconds_ago=100 * HOUR)
-        guard = workdirs.hold_lock(root, workdirs.PRUNE_LOCK_FILE)
+        guard = private.hold_lock(root, logs.PRUNE_LOCK_FILE)
         try:
-            log_dir = workdirs.call_log_dir(KEY, 0, base)
+            log_dir = logs.call_log_dir(KEY, 0, base)
         finally:
-            workdirs.release_lock(guard)
+            private.release_lock(guard)
         assert log_dir is not None and os.path.isdir(log_dir)
         assert os.path.isdir(old)  # left for the next call
 
@@ -572,13 +662,13 @@ class TestPruneCost:
 
     def count_walks(self, monkeypatch):
         walked = []
-        real = workdirs._size
+        real = logs._size
 
         def counting(path):
             walked.append(os.path.basename(path))
             return real(path)
 
-        monkeypatch.setattr(workdirs, "_size", counting)
+        monkeypatch.setattr(logs, "_size", counting)
         return walked
 
     def test_a_run_is_walked_once_until_it_changes(self, tmp_path, monkeypatch):
@@ -589,11 +679,11 @@ class TestPruneCost:
         walked = self.count_walks(monkeypatch)
         prune_logs(root, loose)
         assert len(walked) == 50
-        assert mode(os.path.join(root, workdirs.LEDGER_FILE)) == 0o600
+        assert mode(os.path.join(root, logs.LEDGER_FILE)) == 0o600
         del walked[:]
         prune_logs(root, loose)
         assert walked == []
-        workdirs._touch(os.path.join(root, "r07"))  # a new call of that run
+        logs.touch(os.path.join(root, "r07"))  # a new call of that run
         prune_logs(root, loose)
         assert walked == ["r07"]
 
@@ -602,7 +692,7 @@ class TestPruneCost:
         make_run(root, "small", size=10, seconds_ago=HOUR)
         make_run(root, "other", size=10, seconds_ago=2 * HOUR)
         st = os.lstat(os.path.join(root, "small"))
-        with open(os.path.join(root, workdirs.LEDGER_FILE), "w") as f:  # a stale entry: another inode
+        with open(os.path.join(root, logs.LEDGER_FILE), "w") as f:  # a stale entry: another inode
             f.write("small\t%d\t%d\t%d\n" % (st.st_ino + 1, st.st_mtime_ns, 10**12))
         assert prune_logs(root, RetentionPolicy(keep=10, hours=72, max_bytes=100)) == []
 
@@ -611,11 +701,11 @@ class TestPruneCost:
         root.mkdir()
         target = tmp_path / "elsewhere"
         target.write_text("keep\n")
-        os.symlink(str(target), str(root / workdirs.LEDGER_FILE))
+        os.symlink(str(target), str(root / logs.LEDGER_FILE))
         make_run(str(root), "r0", size=10, seconds_ago=HOUR)
         prune_logs(str(root), RetentionPolicy(keep=10, hours=72, max_bytes=1 << 30))
         assert target.read_text() == "keep\n"
-        assert not os.path.islink(str(root / workdirs.LEDGER_FILE))
+        assert not os.path.islink(str(root / logs.LEDGER_FILE))
 
     def test_symlinks_and_files_in_the_logs_are_never_followed_counted_or_removed(self, tmp_path):
         root = tmp_path / "logs"
@@ -633,13 +723,13 @@ class TestPruneCost:
 
 class TestKnobs:
     def test_the_defaults(self, monkeypatch):
-        for name in (workdirs.KEEP_LOGS_ENV, workdirs.KEEP_LOGS_HOURS_ENV, workdirs.MAX_LOG_MB_ENV):
+        for name in (logs.KEEP_LOGS_ENV, logs.KEEP_LOGS_HOURS_ENV, logs.MAX_LOG_MB_ENV):
             monkeypatch.delenv(name, raising=False)
         assert retention_policy() == RetentionPolicy(keep=20, hours=72.0, max_bytes=500 * MB)
 
     @pytest.mark.parametrize("value", ["inf", "-inf", "nan", "-1", "lots", ""])
     def test_a_value_that_is_not_a_finite_number_falls_back_to_the_default(self, tmp, monkeypatch, value):
-        for name in (workdirs.KEEP_LOGS_ENV, workdirs.KEEP_LOGS_HOURS_ENV, workdirs.MAX_LOG_MB_ENV):
+        for name in (logs.KEEP_LOGS_ENV, logs.KEEP_LOGS_HOURS_ENV, logs.MAX_LOG_MB_ENV):
             monkeypatch.setenv(name, value)
         assert retention_policy() == RetentionPolicy(keep=20, hours=72.0, max_bytes=500 * MB)
         files = CallFiles(KEY, 0, base_dir(tmp))  # "inf" once failed every call with OverflowError

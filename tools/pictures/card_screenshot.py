@@ -15,11 +15,13 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 import tempfile
 from typing import Dict, List, Tuple
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import chromium  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 HELLO = os.path.join(REPO, "examples", "hello")
@@ -31,14 +33,10 @@ PICTURES: Dict[str, Tuple[str, str, List[str], Dict[str, str], str]] = {
     "card-failure.png": (TEST_FLOWS, "gang_flow.py", ["--script", "stuck.py"],
                          {"MFTR_TORCHRUN_ATTRS": json.dumps({"hang_timeout": 6})}, "1200,2300"),
 }
-# A fresh profile, no network, nothing but the page.
-CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                  "--hide-scrollbars", "--virtual-time-budget=10000"]
 
 
 def browser() -> str:
-    found = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+    found = chromium.find()
     if found is None:
         sys.exit("no Chromium on PATH: apt-get install -y chromium")
     return found
@@ -64,7 +62,7 @@ def card_html(name: str, tmp: str) -> str:
 
 def photograph(html: str, out: str, window: str) -> None:
     with tempfile.TemporaryDirectory() as profile:
-        subprocess.run([browser(), *CHROMIUM_FLAGS, "--user-data-dir=%s" % profile, "--window-size=%s" % window,
+        subprocess.run([browser(), *chromium.FLAGS, "--user-data-dir=%s" % profile, "--window-size=%s" % window,
                         "--screenshot=%s" % os.path.abspath(out), "file://" + html],
                        check=True, capture_output=True, timeout=120)
 

@@ -69,14 +69,14 @@ class TorchrunDecorator(ParallelDecorator):
 
     Parameters
     ----------
-    nproc_per_node : int, optional
+    nproc_per_node : int, optional, default None
         Processes per node; overrides what is derived from the step's resources.
-    torchrun_args : dict or list, optional
+    torchrun_args : dict or list, optional, default None
         Extra torchrun options, e.g. ``{"max_restarts": 2}``.
-    port : int, optional
+    port : int, optional, default None
         The control node's main port, where the gang service listens (default:
         chosen automatically; ``@kubernetes(port=...)`` on Kubernetes).
-    rdzv_port : int, optional
+    rdzv_port : int, optional, default None
         torchrun's rendezvous port on the control node, for every call (default:
         picked free per call by the control and announced to the nodes).
         metaflow-torchrun 0.2's ``master_port`` pinned this port.
@@ -88,7 +88,7 @@ class TorchrunDecorator(ParallelDecorator):
         Prefix every output line of a rank with ``[rank<N>]: ``.
     card : bool, default True
         Add a card (id ``torchrun``) of the distributed run to the control task.
-    hang_timeout : float, optional
+    hang_timeout : float, optional, default None
         Seconds without a line of output from any rank of the gang before the
         gang stops as hung, showing where every rank was. Off by default.
     shutdown_grace : float, default 30
@@ -102,7 +102,7 @@ class TorchrunDecorator(ParallelDecorator):
         each node's fitness (/dev/shm, disk, GPUs, network; no process, no
         wait); ``"full"`` also runs a short collective job on every rank
         (all-reduce, bandwidth per node); ``False`` checks nothing.
-    args_as : str, optional
+    args_as : str, optional, default None
         ``"0.2"``: spell a dict of entrypoint_args as metaflow-torchrun 0.2 did
         (``True`` -> ``--k true``, ``[1, 2]`` -> ``--k "[1, 2]"``). Off by default.
     retry_on : str, default "any"
@@ -120,6 +120,9 @@ class TorchrunDecorator(ParallelDecorator):
         module-level function under torchrun on this node, with every other node
         of the step; it raises ``TorchrunFailed`` when a rank fails anywhere.
         ``current.torch.last_result`` is the latest call's ``TorchrunResult``.
+        ``current.torch.torchrun_args`` is metaflow-torchrun 0.2's dict of this
+        node's ``nnodes``, ``master_addr``, ``master_port``, ``node_rank`` and
+        ``nproc_per_node``, for a torchrun command of your own.
 
         @@ Returns
         -------
@@ -287,9 +290,9 @@ class TorchrunDecorator(ParallelDecorator):
         self._defaults = self._step_defaults()
         self._metadata = (metadata, run_id, step_name, task_id)
         self._attempt_started = time.time()
-        self._previous: Optional[Dict[str, Any]] = None
+        self._previous: Optional[attempts_.Previous] = None
         self._refusal: Optional[str] = None
-        self._resumed_from: Optional[Dict[str, Any]] = None
+        self._resumed_from: Optional[attempts_.Checkpoint] = None
         self._code_started: Optional[float] = None
         if is_control and int(retry_count) > 0:
             self._read_previous("%s/%s/%s/%s" % (self._flow_name, run_id, step_name, task_id), int(retry_count))
@@ -329,7 +332,7 @@ class TorchrunDecorator(ParallelDecorator):
         """Attempt k-1's record: the attempts so far, and whether to run this one."""
         self._previous, note = attempts_.read_previous(pathspec, attempt - 1, METADATA_FIELD)
         if note:
-            print("@torchrun: %s" % note, file=sys.stderr)
+            say(note)
         self._refusal = attempts_.refusal(self._retry_on, attempt, self._previous)
 
     def task_decorate(
@@ -371,7 +374,7 @@ class TorchrunDecorator(ParallelDecorator):
             try:
                 with session.user_code():
                     if self._refusal is not None:
-                        print("@torchrun: %s" % self._refusal, file=sys.stderr, flush=True)
+                        say(self._refusal)
                         raise TorchrunNotRetried(self._refusal)
                     step_func()
             except BaseException as e:
@@ -413,7 +416,7 @@ class TorchrunDecorator(ParallelDecorator):
         if not is_task_ok and self._card is not None:
             render_card_now(self._card, retry_count)
         if getattr(self, "_card_hint", None):
-            print("@torchrun: this step's card: %s" % self._card_hint, file=sys.stderr, flush=True)
+            say("this step's card: %s" % self._card_hint)
 
     def _record_result(self, flow: Any, retry_count: int) -> None:
         """Keep the run's record as task metadata: readable after the run with
@@ -469,11 +472,10 @@ class TorchrunDecorator(ParallelDecorator):
         assert session is not None
         refused_for = None
         if self._refusal is not None and self._previous is not None:
-            cause = self._previous.get("cause")  # carried: the next attempt refuses too
+            cause = self._previous.cause  # carried: the next attempt refuses too
             refused_for = attempts_.previous_origin(self._previous, retry_count - 1)
         else:
-            own = session.cause
-            cause = (result.cause if result is not None else None) or (own.to_wire() if own is not None else None)
+            cause = (result.cause if result is not None else None) or session.cause
         if result is None:
             now = time.time()
             result = TorchrunResult(

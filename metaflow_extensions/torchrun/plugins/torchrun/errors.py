@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Iterable, List, Optional
 from . import load_order  # noqa: F401  (Metaflow first, whatever the user imports first)
 from metaflow.exception import MetaflowException
 
+from .cause import CauseKind
 from .procs.failures import RankFailure, describe_exit_code, root_cause_order
 
 if TYPE_CHECKING:
@@ -63,6 +64,10 @@ class TorchrunCallRefused(TorchrunInvalidArgument):
         self.where = where
         self.problem = problem
         super().__init__("%s call %d%s: %s" % (api, call, " (%s)" % where if where else "", problem))
+
+
+# Causes a stopped node's error names as "node N failed first", with its traceback.
+_FAILED_FIRST = (CauseKind.RANK_FAILED, CauseKind.STEP_FAILED)
 
 
 def is_refusal(cause: "Cause") -> bool:
@@ -133,7 +138,7 @@ class GangAborted(TorchrunException):
             # refusing node's own error says the problem once.
             text = "node %d stopped because node %s refused its current.torch.run call (its error is in this log)." % (
                 node_index, origin if origin is not None else "?")
-        elif origin is not None and origin != node_index and cause.kind.value in ("failed", "step_failed"):
+        elif origin is not None and origin != node_index and cause.kind in _FAILED_FIRST:
             text = "node %d stopped because node %d failed first: %s" % (node_index, origin, cause.summary)
             if cause.traceback:
                 lines = cause.traceback.rstrip().splitlines()
@@ -143,7 +148,7 @@ class GangAborted(TorchrunException):
                     "\n".join(shown))
         else:
             text = "node %d stopped: %s" % (node_index, cause.summary)
-        if cause.kind.value == "preflight" and cause.message:
+        if cause.kind is CauseKind.PREFLIGHT and cause.message:
             text += "\n" + cause.message  # every field and node, and the fix
         super().__init__(text)
 

@@ -11,6 +11,7 @@ from .launch.plan import CallRequest
 from .runtime import api as runtime
 from .runtime.result import TorchrunResult
 from .runtime.session import GangSession
+from .runtime.torchrun_args import TorchrunArgs, torchrun_args_of
 
 
 class TorchrunHandle:
@@ -24,6 +25,17 @@ class TorchrunHandle:
     def last_result(self) -> Optional[TorchrunResult]:
         session = self.session
         return session.last_result if session is not None else None
+
+    @property
+    def torchrun_args(self) -> TorchrunArgs:
+        """metaflow-torchrun 0.2's ``nnodes``, ``master_addr``, ``master_port``,
+        ``node_rank`` and ``nproc_per_node`` for this node, for code that launches
+        torchrun itself (docs/from-0.2.md says what such a launch gets and loses).
+        Read-only; the same values for the whole step."""
+        session = self.session
+        if session is None:
+            raise TorchrunException("current.torch.torchrun_args can only be read in the step's own code.")
+        return torchrun_args_of(session)
 
     def run(
         self,

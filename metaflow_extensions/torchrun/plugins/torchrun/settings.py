@@ -11,7 +11,8 @@ from __future__ import annotations
 import os
 from typing import Dict, Mapping, MutableMapping, Optional
 
-from .procs.names import SECRET_ENV, USER_KNOBS, conf_key
+from .host import log
+from .procs.names import DEBUG_ENV, SECRET_ENV, USER_KNOBS, conf_key
 
 
 def profile_value(env_name: str) -> Optional[str]:
@@ -42,3 +43,4 @@ def export_knobs(environ: MutableMapping[str, str] = os.environ) -> None:
     for name, value in knob_environ(environ).items():
         if name in USER_KNOBS and name != SECRET_ENV:
             environ.setdefault(name, value)
+    log.configure(environ.get(DEBUG_ENV))  # the debug channel, if asked for

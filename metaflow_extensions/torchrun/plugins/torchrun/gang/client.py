@@ -24,6 +24,9 @@ from . import auth as gang_auth
 from . import messages as msg
 from . import wire
 from .config import GangConfig
+from ..host import log
+
+_log = log.get("gang.client")
 
 
 # size: a node's whole side of the gang (join and handshake, the reader thread, heartbeats, call sync, leaving); issue 24 reworks it
@@ -77,7 +80,8 @@ class GangClient:
         """Connect and say hello, retrying while the control is not up yet: nodes
         start in any order (on Kubernetes workers often start first)."""
         patience = give_up_after if give_up_after is not None else self.config.start_timeout
-        deadline = time.monotonic() + patience
+        began = time.monotonic()
+        deadline = began + patience
         last_error: Optional[BaseException] = None
         if not self._have_secret():
             self.joined.set()
@@ -104,6 +108,8 @@ class GangClient:
                 )
             self.joined.set()
             return
+        _log.debug("node %d: joined the gang at %s port %s in %.3fs", self.node_index, self.host, self.port,
+                   time.monotonic() - began)
         for target, name in ((self._read_loop, "reader"), (self._beat_loop, "heartbeat")):
             t = threading.Thread(target=target, name="torchrun-gang-" + name, daemon=True)
             t.start()
@@ -217,10 +223,15 @@ class GangClient:
             if self.cause is not None or self._closing.is_set() or self._sock is None:
                 break
         self._safe_send(msg.Call(index, entry[:1000]))
+        entered = time.monotonic()
+        _log.debug("node %d: call %d entered", self.node_index, index)
         with self._news:
             while index not in self._go and self.cause is None and not self._closing.is_set():
                 self._news.wait(0.2)
-            return self._go.get(index) if self.cause is None else None
+            port = self._go.get(index) if self.cause is None else None
+        _log.debug("node %d: call %d: %s after %.3fs", self.node_index, index,
+                   "go (rendezvous port %s)" % port if port is not None else "no go", time.monotonic() - entered)
+        return port
 
     def call_done(self, index: int, rank0: Optional[bytes], report: msg.NodeReport) -> None:
         """This node's part of call ``index`` succeeded. ``rank0``: rank 0's
@@ -236,13 +247,17 @@ class GangClient:
         if not self._fits(message):
             message = msg.CallDone(index, report.cut(), message.rank0, message.rank0_proof, message.rank0_size)
         self._safe_send(message)
+        _log.debug("node %d: call %d: done sent", self.node_index, index)
 
     def wait_call_done(self, index: int) -> bool:
         """The control waits for every node to finish a call, so that it can
         report on the whole gang; False when the gang aborted instead."""
+        began = time.monotonic()
         with self._news:
             while index not in self._calls_done and self.cause is None and not self._closing.is_set():
                 self._news.wait(0.2)
+        _log.debug("node %d: call %d: %s after %.3fs", self.node_index, index,
+                   "every node done" if index in self._calls_done else "not done", time.monotonic() - began)
         return index in self._calls_done
 
     def report_failure(self, cause: Cause, call: Optional[int] = None,
@@ -251,6 +266,8 @@ class GangClient:
         if report is not None and not self._fits(message):
             message = msg.Failed(cause, call, report.cut())
         self._safe_send(message)
+        _log.debug("node %d: failure reported (call %s): %s: %s", self.node_index, call, cause.kind.value,
+                   cause.summary)
 
     @staticmethod
     def _fits(message: msg.GangMessage) -> bool:
@@ -276,16 +293,19 @@ class GangClient:
     def wait_for_verdict(self, seconds: float) -> Optional[Cause]:
         """After reporting a failure: the service decides the root cause (it may
         wait for a better one than an echo); hear it."""
-        deadline = time.monotonic() + seconds
+        began = time.monotonic()
         with self._news:
-            while self.cause is None and time.monotonic() < deadline and not self._closing.is_set():
+            while self.cause is None and time.monotonic() < began + seconds and not self._closing.is_set():
                 self._news.wait(0.05)
+        _log.debug("node %d: %s after %.3fs", self.node_index, "verdict heard" if self.cause else "no verdict",
+                   time.monotonic() - began)
         return self.cause
 
     def leave(self, calls: int, ok: bool) -> None:
         """This node's step ended; from now on its silence means nothing."""
         self._left = True
         self._safe_send(msg.Leave(calls, ok))
+        _log.debug("node %d: left after %d calls (%s)", self.node_index, calls, "ok" if ok else "failed")
 
     def wait_all_left(self) -> bool:
         """The control's service must outlive every node's step."""
@@ -302,6 +322,7 @@ class GangClient:
                 return
             self.cause = cause
             self._news.notify_all()
+        _log.debug("node %d: the gang's verdict: %s: %s", self.node_index, cause.kind.value, cause.summary)
         try:
             self.on_abort(cause)
         except Exception:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..host.workdirs import LogKey
+from ..host.logs import LogKey
 
 
 def safe_id(raw: str) -> str:

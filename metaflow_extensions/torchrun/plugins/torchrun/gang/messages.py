@@ -23,6 +23,7 @@ from typing import Any, ClassVar, Dict, Mapping, Optional, Tuple, Type, TypeVar
 
 from ..cause import Cause
 from ..procs.stacks import MAX_STACK_BYTES
+from ..procs.status import RankStatus, StatusError
 from .wire import Message as WireDict
 from .wire import ProtocolError
 
@@ -256,57 +257,6 @@ class Go(GangMessage):
         return cls(index=_int(data, "index", 0, MAX_CALL), rdzv_port=_int(data, "rdzv_port", 1, 65535))
 
 
-@dataclass(frozen=True)
-class RankStatus:
-    """One rank as its node saw it (``runtime.result.RankRecord`` on the wire)."""
-
-    rank: int
-    local_rank: int
-    group_rank: int = -1
-    restart: int = 0
-    pid: int = -1
-    start: Optional[float] = None
-    end: Optional[float] = None
-    exit_code: Optional[int] = None
-
-    @classmethod
-    def of(cls, record: Any) -> "RankStatus":
-        """From a rank's own record (``runtime.result.RankRecord``), whose
-        fields come from a file the rank wrote: anything odd becomes unknown."""
-        def whole(value: Any, default: Optional[int]) -> Optional[int]:
-            ok = isinstance(value, int) and not isinstance(value, bool) and -(1 << 31) < value < 1 << 31
-            return value if ok else default
-
-        def stamp(value: Any) -> Optional[float]:
-            ok = isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value <= 1e12
-            return float(value) if ok else None
-
-        return cls(rank=max(0, whole(record.rank, 0) or 0), local_rank=max(-1, whole(record.local_rank, -1) or 0),
-                   group_rank=max(-1, whole(record.group_rank, -1) or 0), restart=max(0, whole(record.restart, 0) or 0),
-                   pid=max(-1, whole(record.pid, -1) or 0), start=stamp(record.start), end=stamp(record.end),
-                   exit_code=whole(record.exit_code, None))
-
-    @classmethod
-    def from_wire(cls, data: Any) -> "RankStatus":
-        if not isinstance(data, Mapping):
-            raise ProtocolError("a rank's status is not an object")
-        small = 1 << 31
-
-        def unless_absent(value: Optional[int], absent: int) -> int:
-            return absent if value is None else value  # not `or`: 0 is node 0's group rank
-
-        return cls(
-            rank=_int(data, "rank", 0, small),
-            local_rank=_int(data, "local_rank", -1, small),
-            group_rank=unless_absent(_int(data, "group_rank", -1, small, optional=True), -1),
-            restart=unless_absent(_int(data, "restart", 0, small, optional=True), 0),
-            pid=unless_absent(_int(data, "pid", -1, small, optional=True), -1),
-            start=_real(data, "start", 0.0, 1e12),
-            end=_real(data, "end", 0.0, 1e12),
-            exit_code=_int(data, "exit_code", -small, small, optional=True),
-        )
-
-
 Tails = Dict[int, Dict[str, Tuple[str, ...]]]
 
 
@@ -324,7 +274,7 @@ class NodeReport:
 
     def to_wire(self) -> Dict[str, Any]:
         return {
-            "ranks": [vars(r) for r in self.ranks],
+            "ranks": [r.to_wire() for r in self.ranks],
             "tails": {str(rank): {s: list(lines) for s, lines in streams.items()}
                       for rank, streams in self.tails.items()},
             "started": self.started,
@@ -342,7 +292,7 @@ class NodeReport:
                 or len(tails) > MAX_RANKS_PER_NODE:
             raise ProtocolError("a report's ranks or tails are malformed")
         return cls(
-            ranks=tuple(RankStatus.from_wire(r) for r in ranks),
+            ranks=tuple(_rank_status(r) for r in ranks),
             tails={_rank_key(k): _streams(v) for k, v in tails.items()},
             started=_real(data, "started", 0.0, 1e12),
             ended=_real(data, "ended", 0.0, 1e12),
@@ -353,6 +303,14 @@ class NodeReport:
         """The same report without output tails: what is sent when the whole
         does not fit one line (a lost done would hang the control)."""
         return NodeReport(self.ranks[:MAX_RANKS_PER_NODE], {}, self.started, self.ended, truncated=True)
+
+
+def _rank_status(data: Any) -> RankStatus:
+    """A rank's status in a report (``procs/status.py`` holds the schema)."""
+    try:
+        return RankStatus.from_wire(data)
+    except StatusError as e:
+        raise ProtocolError(str(e)) from None
 
 
 def _rank_key(key: Any) -> int:

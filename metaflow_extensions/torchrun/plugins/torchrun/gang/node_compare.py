@@ -11,7 +11,7 @@ cap of node ranges, so at 1,024 nodes a refusal is still a few lines:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from ..cause import Cause, CauseKind, plural
@@ -188,25 +188,97 @@ def warnings(fingerprints: Mapping[int, Mapping[str, str]],
 # -- the record: bounded whatever the gang's size -------------------------------------------
 
 
+@dataclass(frozen=True)
+class ValueGroup:
+    """One value of a fingerprint field and the nodes that have it."""
+
+    value: str
+    count: int
+    nodes: Tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Finding:
+    """A check that was not ok, with the nodes it was found on."""
+
+    check: msg.PreflightCheck
+    count: int
+    nodes: Tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class JobRecord:
+    """``preflight="full"``'s collective job, as rank 0 returned it, checked."""
+
+    backend: str = "?"
+    allreduce_ok: bool = False
+    busbw_gbps: Optional[float] = None
+    size_mib: Optional[int] = None
+    home_node: int = 0
+    link_gbps: Dict[int, float] = field(default_factory=dict)
+    link_median_gbps: float = 0.0
+    init_s: Dict[int, float] = field(default_factory=dict)
+    slow: Tuple[int, ...] = ()
+    seconds: float = 0.0
+
+    def to_wire(self) -> Dict[str, Any]:
+        data = asdict(self)
+        data["slow"] = list(self.slow)
+        return data
+
+
+@dataclass(frozen=True)
+class PreflightRecord:
+    """What the result record, the task metadata and the card keep of the
+    gang's preflight: bounded whatever the gang's size."""
+
+    mode: str
+    nodes: int = 0
+    reported: int = 0
+    versions: Dict[str, Tuple[ValueGroup, ...]] = field(default_factory=dict)
+    differences: Tuple[str, ...] = ()
+    findings: Tuple[Finding, ...] = ()
+    # The card's table: nodes with a problem first, a cell per check.
+    rows: Tuple[Dict[str, Union[int, str]], ...] = ()
+    job: Optional[JobRecord] = None
+
+    def to_wire(self) -> Dict[str, Any]:
+        data: Dict[str, Any] = {"mode": self.mode}
+        if self.reported or self.rows or self.versions:
+            data.update({
+                "nodes": self.nodes,
+                "reported": self.reported,
+                "versions": {name: [{"value": g.value, "count": g.count, "nodes": list(g.nodes)} for g in groups]
+                             for name, groups in self.versions.items()},
+                "differences": list(self.differences),
+                "findings": [dict(f.check.to_wire(), count=f.count, nodes=list(f.nodes)) for f in self.findings],
+                "rows": [dict(r) for r in self.rows],
+            })
+        if self.job is not None:
+            data["job"] = self.job.to_wire()
+        return data
+
+
 def record(fingerprints: Mapping[int, Mapping[str, str]], checks: Mapping[int, Sequence[msg.PreflightCheck]],
-           num_nodes: int) -> Dict[str, Any]:
+           num_nodes: int, mode: str) -> PreflightRecord:
     """What the result record, the task metadata and the card keep."""
-    versions: Dict[str, Any] = {}
+    versions: Dict[str, Tuple[ValueGroup, ...]] = {}
     for name, by_value in group_values(fingerprints).items():
         ordered = sorted(by_value.items(), key=lambda kv: (-len(kv[1]), kv[1][0]))
-        versions[name] = [{"value": v, "count": len(n), "nodes": n[:MAX_LISTED]} for v, n in ordered[:MAX_GROUPS]]
-    findings: List[Dict[str, Any]] = []
+        versions[name] = tuple(ValueGroup(v, len(n), tuple(n[:MAX_LISTED])) for v, n in ordered[:MAX_GROUPS])
+    findings: List[Finding] = []
     for status in ("fail", "warn"):
         for check, nodes in group_checks(checks, status)[:4 * MAX_GROUPS]:
-            findings.append(dict(check.to_wire(), count=len(nodes), nodes=nodes[:MAX_LISTED]))
-    return {
-        "nodes": num_nodes,
-        "reported": len(fingerprints),
-        "versions": versions,
-        "differences": [d.describe() for d in differences(fingerprints)][:len(msg.FINGERPRINT_FIELDS)],
-        "findings": findings,
-        "rows": rows(fingerprints, checks),
-    }
+            findings.append(Finding(check, len(nodes), tuple(nodes[:MAX_LISTED])))
+    return PreflightRecord(
+        mode=mode,
+        nodes=num_nodes,
+        reported=len(fingerprints),
+        versions=versions,
+        differences=tuple(d.describe() for d in differences(fingerprints))[:len(msg.FINGERPRINT_FIELDS)],
+        findings=tuple(findings),
+        rows=tuple(rows(fingerprints, checks)),
+    )
 
 
 def rows(fingerprints: Mapping[int, Mapping[str, str]],
@@ -258,8 +330,8 @@ class PreflightBook:
     def warnings(self) -> List[str]:
         return warnings(self.fingerprints, self.checks)
 
-    def record(self) -> Dict[str, Any]:
-        return record(self.fingerprints, self.checks, self.num_nodes)
+    def record(self, mode: str) -> PreflightRecord:
+        return record(self.fingerprints, self.checks, self.num_nodes, mode)
 
 
 # -- the collective job (preflight="full") -------------------------------------------------
@@ -285,7 +357,7 @@ def median(values: Sequence[float]) -> float:
     return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2.0
 
 
-def job_record(returned: Any, took: float) -> Dict[str, Any]:
+def job_record(returned: Any, took: float) -> JobRecord:
     """What rank 0 of the job returned, checked, with the slow nodes named;
     one number per node (bounded: 1,024 nodes are a few tens of kB)."""
     data = returned if isinstance(returned, Mapping) else {}
@@ -294,32 +366,32 @@ def job_record(returned: Any, took: float) -> Dict[str, Any]:
     mid = median(list(links.values())) if links else 0.0
     slow = sorted(n for n, v in links.items() if len(links) >= 2 and v < SLOW_FRACTION * mid)
     busbw = data.get("busbw_gbps")
-    return {
-        "backend": str(data.get("backend", "?"))[:16],
-        "allreduce_ok": data.get("allreduce_ok") is True,
-        "busbw_gbps": float(busbw) if isinstance(busbw, (int, float)) and not isinstance(busbw, bool) else None,
-        "size_mib": data.get("size_mib") if isinstance(data.get("size_mib"), int) else None,
-        "home_node": data.get("home_node") if isinstance(data.get("home_node"), int) else 0,
-        "link_gbps": links,
-        "link_median_gbps": round(mid, 3),
-        "init_s": init,
-        "slow": slow,
-        "seconds": round(took, 3),
-    }
+    size = data.get("size_mib")
+    home = data.get("home_node")
+    return JobRecord(
+        backend=str(data.get("backend", "?"))[:16],
+        allreduce_ok=data.get("allreduce_ok") is True,
+        busbw_gbps=float(busbw) if isinstance(busbw, (int, float)) and not isinstance(busbw, bool) else None,
+        size_mib=size if isinstance(size, int) and not isinstance(size, bool) else None,
+        home_node=home if isinstance(home, int) and not isinstance(home, bool) else 0,
+        link_gbps=links,
+        link_median_gbps=round(mid, 3),
+        init_s=init,
+        slow=tuple(slow),
+        seconds=round(took, 3),
+    )
 
 
-def describe_job(job: Mapping[str, Any]) -> List[str]:
+def describe_job(job: JobRecord) -> List[str]:
     """The control's lines about the job: what it proved, what is slow."""
-    init = job.get("init_s") or {}
-    slowest = max(init.items(), key=lambda kv: kv[1]) if init else None
+    slowest = max(job.init_s.items(), key=lambda kv: kv[1]) if job.init_s else None
     lines = ["collective job (%s) in %.1fs: all-reduce %s, bus bandwidth %s GB/s%s" % (
-        job.get("backend"), job.get("seconds") or 0.0, "ok" if job.get("allreduce_ok") else "WRONG SUM",
-        "%.3g" % job["busbw_gbps"] if job.get("busbw_gbps") is not None else "?",
+        job.backend, job.seconds, "ok" if job.allreduce_ok else "WRONG SUM",
+        "%.3g" % job.busbw_gbps if job.busbw_gbps is not None else "?",
         ", process-group init up to %.2fs (node %d)" % (slowest[1], slowest[0]) if slowest else "")]
-    links = job.get("link_gbps") or {}
-    for node in job.get("slow") or []:
+    for node in job.slow:
         lines.append("node %d is slow: %.3g GB/s to node %d, under %d%% of the median %.3g GB/s. Fix: check that "
                      "node's network link (NIC, cable, placement) or leave it out" % (
-                         node, links.get(node, 0.0), job.get("home_node") or 0, SLOW_FRACTION * 100,
-                         job.get("link_median_gbps") or 0.0))
+                         node, job.link_gbps.get(node, 0.0), job.home_node, SLOW_FRACTION * 100,
+                         job.link_median_gbps))
     return lines

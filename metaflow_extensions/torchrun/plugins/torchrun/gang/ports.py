@@ -81,6 +81,14 @@ def choose_ports(
     return tuple(ports)
 
 
+def own_command_port(gang_key: str) -> int:
+    """The rendezvous port ``current.torch.torchrun_args`` gives a user who
+    launches torchrun themselves: derived from the gang's id, so every node
+    computes the same one before any call and without asking the control. Our
+    own calls never need it: each gets a fresh port from the control."""
+    return hashed_port("%s#own-torchrun" % gang_key)
+
+
 def find_free_port(host: str = "127.0.0.1", attempts: int = 200, avoid: tuple = ()) -> int:
     """A port nobody on this host listens on right now, for local runs where many
     gangs (concurrent runs, CI) share one host."""

@@ -36,11 +36,14 @@ from .calls import CallBook, CallState, CallView
 from .config import CONTROL_NODE, GangConfig
 from .membership import Membership
 from .peer import Peer
-from .node_compare import PreflightBook
+from .node_compare import PreflightBook, PreflightRecord
 from .ports import find_free_port
 from .transport import Transport
 from .wire import MAX_LINE, ProtocolError, encode
 from ..host.console import say
+from ..host import log
+
+_log = log.get("gang.server")
 
 # How often timeouts, silences and progress are checked: detection of a silent
 # node is heartbeat_timeout plus at most this.
@@ -133,10 +136,10 @@ class GangServer:
         with self._lock:
             return self.book.reports_pending(index, lambda n: n in self.members.by_node, self.members.left)
 
-    def preflight_record(self) -> Dict[str, object]:
+    def preflight_record(self, mode: str) -> PreflightRecord:
         """The gang's preflight as the record keeps it (gang/node_compare.py)."""
         with self._lock:
-            return self.preflight.record()
+            return self.preflight.record(mode)
 
     # -- lifecycle ------------------------------------------------------------------
 
@@ -219,6 +222,8 @@ class GangServer:
         self.members.join(node, peer)
         peer.reader.max_line = MAX_LINE
         self.admission.welcome(peer, node, client_nonce, self.cause)
+        _log.debug("node %d joined from %s (%d of %d)", node, peer.host, len(self.members.by_node),
+                   self.config.num_nodes)
         self.transport.flush(peer)
         self.transport.resume(time.monotonic())
 
@@ -233,6 +238,7 @@ class GangServer:
     def _on_call(self, peer: Peer, message: msg.GangMessage) -> None:
         assert isinstance(message, msg.Call) and peer.node is not None
         state, cause = self.book.enter(peer.node, message, self.members.left)
+        _log.debug("node %d entered call %d", peer.node, message.index)
         if self.cause is not None:
             return
         if cause is not None:
@@ -240,11 +246,13 @@ class GangServer:
             return
         for node in self.book.to_launch(state, lambda: find_free_port(self.host)):
             self._send(node, msg.Go(state.index, state.rdzv_port or 0))
+            _log.debug("call %d: go to node %d (rendezvous port %s)", state.index, node, state.rdzv_port)
 
     def _on_call_done(self, peer: Peer, message: msg.GangMessage) -> None:
         assert isinstance(message, msg.CallDone) and peer.node is not None
         node = peer.node
         state = self.book.finish(node, message, lambda done: self.admission.check_payload(node, done))
+        _log.debug("call %d: node %d done (%d of %d)", state.index, node, len(state.done), self.config.num_nodes)
         if len(state.done) == self.config.num_nodes:
             self._send(CONTROL_NODE, msg.CallAllDone(state.index))
 
@@ -255,6 +263,8 @@ class GangServer:
         if self.cause is not None:
             return
         cause = message.cause.with_node(peer.node)
+        _log.debug("failure seen from node %d%s: %s: %s", peer.node, " (an echo?)" if cause.secondary else "",
+                   cause.kind.value, cause.summary)
         if not cause.secondary:
             self._abort(cause)
         elif self._pending is None:
@@ -284,6 +294,7 @@ class GangServer:
         entered = self.book.node_calls.get(node, 0)
         made = message.calls if message.calls == entered else entered
         self.members.left[node] = (made, message.ok)
+        _log.debug("node %d left after %d calls (%s)", node, made, "ok" if message.ok else "failed")
         if self.cause is None:
             if not message.ok:
                 self._abort(Cause(CauseKind.STEP_FAILED, "node %d ended its step with an error" % node,
@@ -341,6 +352,7 @@ class GangServer:
     def _abort(self, cause: Cause) -> None:
         self._pending = None
         self.cause = cause
+        _log.debug("verdict: %s (node %s): %s", cause.kind.value, cause.node_index, cause.summary)
         data = encode(msg.Abort(cause).to_wire())
         for peer in list(self.members.by_node.values()):
             self.transport.send(peer, data)

@@ -27,7 +27,7 @@ Why a run, and why an age:
   another node of the same local run is making it right now.
 
 ``select_removals`` takes each run's metadata and the time, and nothing else:
-the caller (``workdirs.prune_logs``) reads the directories, knows which runs
+the caller (``logs.prune_logs``) reads the directories, knows which runs
 are in use, and removes. The sizes of runs the host measured before come from
 a small ledger (``parse_ledger``/``format_ledger``), checked against each run
 directory's inode and modification time, so a prune walks only the runs that

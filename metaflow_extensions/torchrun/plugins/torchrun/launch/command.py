@@ -101,6 +101,13 @@ def none_keys(args: ArgSpec) -> List[str]:
     return [str(k) for k, v in args.items() if v is None]
 
 
+def false_keys(args: ArgSpec) -> List[str]:
+    """The keys of a dict given as ``False``: left out here, ``--key false`` in 0.2."""
+    if not isinstance(args, Mapping):
+        return []
+    return [str(k).lstrip("-") for k, v in args.items() if v is False]
+
+
 def true_keys(args: ArgSpec) -> List[str]:
     """The keys of a dict given as ``True``: a bare flag here, ``--key true`` in 0.2."""
     if not isinstance(args, Mapping):
@@ -151,14 +158,19 @@ def format_endpoint(host: str, port: int) -> str:
 
 def restarts_allowed(options: Mapping[str, Any]) -> bool:
     """Whether torchrun may start a second round of ranks (``max_restarts``
-    above 0). A value torch would refuse counts as yes: torch names it."""
+    above 0). ``plan_call`` has checked the value against torch's parser (an
+    ``int``, or ``False`` for torchrun's default); anything else (a bare flag,
+    text that is not a number) counts as no: the static rendezvous, which
+    unpickles nothing, is never switched off by a value torch would refuse."""
     value = options.get("max-restarts", 0)
-    if value is False:  # removed: torchrun's default, none
+    if isinstance(value, bool):
         return False
+    if isinstance(value, int):
+        return value > 0
     try:
         return int(str(value).strip()) > 0
     except ValueError:
-        return True
+        return False
 
 
 def uses_static_rendezvous(launch: Launch) -> bool:

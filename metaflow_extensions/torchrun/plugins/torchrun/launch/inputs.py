@@ -109,6 +109,24 @@ def validate_shutdown_grace(value: Any, step_timeout: Optional[float]) -> float:
 # -- the entrypoint ----------------------------------------------------------------
 
 
+def check_path_text(path: str, what: str) -> None:
+    """A path the system can be asked about: no NUL (which ends a C string:
+    ``os.stat`` raises ``ValueError``) and encodable for the file system (a
+    lone surrogate raises ``UnicodeEncodeError``)."""
+    if not isinstance(path, str):
+        return
+    if "\0" in path:
+        raise TorchrunInvalidArgument(
+            "%s %s contains a NUL character, which no file path can hold." % (what, shown(path[:200]))
+        )
+    try:
+        os.fsencode(path)
+    except UnicodeEncodeError as e:
+        raise TorchrunInvalidArgument(
+            "%s %s cannot be a file path on this system: %s." % (what, shown(path[:200]), e.reason)
+        ) from None
+
+
 def refuse_directory(candidate: str, shown: str) -> None:
     if not os.path.isdir(candidate):
         return
@@ -135,7 +153,7 @@ def refuse_special(candidate: str, shown: str) -> None:
     does not open it, so a FIFO cannot block the check."""
     try:
         mode = os.stat(candidate).st_mode
-    except OSError:
+    except (OSError, ValueError):  # ValueError: a path no system call takes (check_path_text)
         return
     kind = next((name for test, name in _KINDS if test(mode)), None)
     if kind is None:

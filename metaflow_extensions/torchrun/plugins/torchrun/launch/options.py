@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import os
 import re
+from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
-from ..errors import Problems, TorchrunInvalidArgument, shown
+from ..errors import Problems, TorchrunInvalidArgument, did_you_mean, shown
 
 ArgSpec = Any  # a list, a tuple, a mapping or None (command.ArgSpec)
 
@@ -139,8 +140,23 @@ def _checked_value(text: str, what: str, name: str) -> str:
     return text
 
 
+@dataclass(frozen=True)
+class OptionSpec:
+    """How torchrun's parser reads one option: a flag (no value) or one value,
+    and what its value is turned into (``torch_checks`` reads this from torch's
+    own ``get_args_parser``, without importing torch)."""
+
+    takes_value: bool
+    type: str = "str"  # "int", "float" or "str"
+    choices: Optional[Tuple[str, ...]] = None  # the values it takes, where torch lists them
+
+
+Specs = Mapping[str, OptionSpec]
+
+
 def parse_options(
-    args: ArgSpec, what: str = "torchrun_args", check_owned: bool = True, allow: Tuple[str, ...] = ()
+    args: ArgSpec, what: str = "torchrun_args", check_owned: bool = True, allow: Tuple[str, ...] = (),
+    specs: Optional[Specs] = None,
 ) -> Dict[str, Any]:
     """Read user torchrun options into ``{canonical name: value}``.
 
@@ -153,6 +169,12 @@ def parse_options(
     are refused with the @torchrun way, unless ``check_owned`` is False or the
     name is in ``allow`` (the caller translates it); in a dict, before its value
     is looked at. Every problem is named in one message.
+
+    With ``specs`` (torchrun's options as its parser reads them), every value
+    is checked against its option: a value option given None, True or nothing
+    is refused, a flag given a value too, and an int option's value is an
+    ``int``; so whatever reads the result (``restarts_allowed``) sees only
+    values torchrun takes.
     """
     if args is None:
         return {}
@@ -165,15 +187,15 @@ def parse_options(
             if owned:
                 problems.add(owned)  # the @torchrun way, whatever the value
             elif name is not None:
-                value = problems.check(_option_value, value, what, key)
+                value = problems.check(_option_value, value, what, key, _spec(specs, name))
                 if value is not None:
                     out[name] = value
         problems.raise_all()
     elif isinstance(args, (list, tuple)):
         if args and isinstance(args[0], str) and is_pair_list([args[0]]):
-            out = _parse_pairs(list(args), what)
+            out = _parse_pairs(list(args), what, specs)
         else:
-            out = _parse_argv([scalar(v, what) for v in args], args, what)
+            out = _typed_argv(_parse_argv([scalar(v, what) for v in args], args, what), what, specs)
     else:
         raise TorchrunInvalidArgument(
             "%s must be a list or a dict, not %s %s." % (what, type(args).__name__, shown(args))
@@ -183,15 +205,23 @@ def parse_options(
     return out
 
 
-def _option_value(value: Any, what: str, key: Any) -> Any:
-    if value is None:  # metaflow-torchrun 0.2's bare flag (deprecated, see plan.py)
-        return True
-    if value is True or value is False:
-        return value
+def _spec(specs: Optional[Specs], name: Optional[str]) -> Optional[OptionSpec]:
+    return specs.get(name) if specs is not None and name is not None else None
+
+
+def _option_value(value: Any, what: str, key: Any, spec: Optional[OptionSpec] = None,
+                  pair: bool = False) -> Any:
     if isinstance(value, (list, tuple)):
         if len(value) != 1:
             raise TorchrunInvalidArgument(_several_values_error(what, key, list(value)))
         value = value[0]
+    if spec is not None:
+        where = "%s %s" % (what, shown([key, value])) if pair else "%s[%s]" % (what, shown(key))
+        return typed_value(value, canonical_option(str(key)), spec, where, _spelling(key, pair))
+    if value is None:  # metaflow-torchrun 0.2's bare flag (deprecated, see plan.py)
+        return True
+    if value is True or value is False:
+        return value
     text = scalar(value, "%s[%s]" % (what, shown(key)))
     if text == "":
         raise TorchrunInvalidArgument(empty_option_error(what, key))
@@ -206,7 +236,91 @@ def _several_values_error(what: str, key: Any, values: List[Any]) -> str:
     )
 
 
-def _parse_pairs(items: List[Any], what: str) -> Dict[str, Any]:
+_KINDS = {"int": "an integer", "float": "a number", "str": "a value"}
+_EXAMPLES = {"int": 2, "float": 0.5, "str": "..."}
+
+
+def _spelling(key: Any, pair: bool) -> str:
+    """How the user writes ``key: VALUE`` where they wrote it, as a %-template."""
+    return "[..., %r, %%s]" % (key,) if pair else "{%r: %%s}" % (key,)
+
+
+def typed_value(value: Any, name: str, spec: OptionSpec, where: str, spelling: Optional[str] = None) -> Any:
+    """``value`` for torchrun's ``--name`` as its parser reads it: ``True``
+    (a flag passed), ``False`` (left out), an ``int`` for an int option, else
+    the text. Anything torchrun would refuse, or read as something else, is
+    refused here, naming the option, the value and the right spelling."""
+    if value is False:
+        return False
+    if not spec.takes_value:
+        if value is True or value is None:  # None: 0.2's bare flag (deprecated, see plan.py)
+            return True
+        raise TorchrunInvalidArgument(
+            "%s is %s, but torchrun's --%s is a flag and takes no value: write %s to pass it, "
+            "or %s to leave it out." % (where, shown(value), name, (spelling or "%s") % True, (spelling or "%s") % False)
+        )
+    kind = _KINDS.get(spec.type, "a value")
+    example = _EXAMPLES.get(spec.type, "...")
+    if spelling is None:  # argv: the value after the name
+        fix = "write %s" % shown(["--" + name, str(example)])
+    else:
+        fix = "write %s, or %s to leave it out" % (spelling % repr(example), spelling % False)
+    if value is None or value is True:
+        raise TorchrunInvalidArgument(
+            "%s is %s, but torchrun's --%s takes %s, it is not a flag%s: %s."
+            % (where, shown(value), name, kind,
+               " (None was metaflow-torchrun 0.2's bare flag)" if value is None else "", fix)
+        )
+    text = scalar(value, where)
+    if not text.strip():
+        raise TorchrunInvalidArgument("%s is %s, but torchrun's --%s takes %s: %s." % (where, shown(value), name, kind, fix))
+    text = _checked_value(text, where, name)
+    try:
+        if spec.type == "int":
+            return int(text)
+        if spec.type == "float":
+            float(text)
+    except ValueError:
+        raise TorchrunInvalidArgument(
+            "%s is %s, but torchrun's --%s takes %s: %s." % (where, shown(value), name, kind, fix)
+        ) from None
+    if spec.choices is not None and text not in spec.choices:
+        raise TorchrunInvalidArgument(
+            "%s is %s, but torchrun's --%s takes one of %s%s."
+            % (where, shown(value), name, ", ".join(map(repr, spec.choices)), did_you_mean(text, spec.choices))
+        )
+    return text
+
+
+def _typed_argv(raw: Dict[str, Any], what: str, specs: Optional[Specs]) -> Dict[str, Any]:
+    """argv read without knowing the options (``True``: nothing followed the
+    name), checked against ``specs``."""
+    if specs is None:
+        return raw
+    out: Dict[str, Any] = {}
+    problems = Problems()
+    for name, value in raw.items():
+        spec = specs.get(name)
+        if spec is None:
+            out[name] = value
+        elif value is True and spec.takes_value:
+            problems.add(
+                "%s: --%s has no value after it, but torchrun's --%s takes %s: write %s."
+                % (what, name, name, _KINDS.get(spec.type, "a value"),
+                   shown(["--" + name, str(_EXAMPLES.get(spec.type, "..."))])))
+        elif isinstance(value, str) and not spec.takes_value:
+            problems.add(
+                "%s: --%s is a flag and takes no value, but is given %s: write %s alone."
+                % (what, name, shown(value), shown("--" + name)))
+        else:
+            typed = problems.check(typed_value, value, name, spec, "%s: the value of --%s" % (what, name))
+            if typed is not None:
+                out[name] = typed
+    problems.raise_all()
+    return out
+
+
+def _parse_pairs(items: List[Any], what: str, specs: Optional[Specs] = None) -> Dict[str, Any]:
     """metaflow-torchrun 0.2's list form: ``["nproc_per_node", 2, "max_restarts", 1]``."""
     if len(items) % 2:
         raise TorchrunInvalidArgument(
@@ -215,8 +329,14 @@ def _parse_pairs(items: List[Any], what: str) -> Dict[str, Any]:
             "[\"--name\", \"value\", ...] (torchrun's argv) or a dict." % (what, shown(items))
         )
     out: Dict[str, Any] = {}
+    problems = Problems()
     for key, value in zip(items[0::2], items[1::2]):
-        out[_checked_name(key, what)] = _option_value(value, what, key)
+        name = problems.check(_checked_name, key, what)
+        if name is not None:
+            typed = problems.check(_option_value, value, what, key, _spec(specs, name), True)
+            if typed is not None:
+                out[name] = typed
+    problems.raise_all()
     return out
 
 

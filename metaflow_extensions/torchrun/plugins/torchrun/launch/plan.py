@@ -15,12 +15,13 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from .. import defaults as DEFAULTS
 from ..procs import functions
-from .command import ArgSpec, encode_args, none_keys, restarts_allowed, true_keys  # noqa: F401 (tests)
+from .command import ArgSpec, encode_args, false_keys, none_keys, restarts_allowed, true_keys  # noqa: F401 (tests)
 from .options import canonical_option, parse_options
-from .torch_checks import known_torchrun_options, require_torch
+from .torch_checks import known_option_specs, known_torchrun_options, require_torch
 from .inputs import (
     check_arguments,
     check_command_size,
+    check_path_text,
     check_picklable,
     check_python_source,
     check_nproc_bound,
@@ -147,11 +148,17 @@ def resolve_entrypoint(entrypoint: Any, search_dirs: Sequence[str]) -> str:
     """An absolute path to an existing script, looked up relative to the task's
     working directory first and then to the flow file's directory, so
     ``python examples/ddp/flow.py run`` finds ``train.py`` beside the flow."""
-    if not isinstance(entrypoint, (str, os.PathLike)) or not os.fspath(entrypoint):
+    try:
+        path = os.fspath(entrypoint) if isinstance(entrypoint, (str, os.PathLike)) else None
+    except Exception as e:  # a user's __fspath__
+        raise TorchrunInvalidArgument(
+            "entrypoint %s: os.fspath() failed: %s: %s." % (shown(entrypoint), type(e).__name__, e)
+        ) from None
+    if not path or not isinstance(path, str):  # bytes from __fspath__ too: paths here are text
         raise TorchrunInvalidArgument(
             "entrypoint must be the path of a Python script, not %s." % (shown(entrypoint),)
         )
-    path = os.fspath(entrypoint)
+    check_path_text(path, "entrypoint")
     candidates = [path] if os.path.isabs(path) else list(dict.fromkeys(
         os.path.join(os.path.abspath(d), path) for d in search_dirs  # the flow's dir is often the cwd
     ))
@@ -216,16 +223,19 @@ def merged_options(defaults: StepDefaults, call_args: ArgSpec,
     """The step's and the call's torchrun options, the call's winning; both
     read in full, so that every problem in either is named at once: kept in
     ``problems`` (then ``{}``), or raised. May hold ``LEGACY_PORT_OPTION``
-    (``legacy_rdzv_port`` takes it out)."""
+    (``legacy_rdzv_port`` takes it out). Each value is checked against how
+    this torch's torchrun reads its option (a flag or a value, its type),
+    read from torch's source without importing it."""
     found = problems if problems is not None else Problems()
     before = len(found.messages)
     allow = (LEGACY_PORT_OPTION,)
+    specs = known_option_specs()
     step: Dict[str, Any] = {}
     call: Dict[str, Any] = {}
     with found:
-        step = parse_options(defaults.torchrun_args, "@torchrun(torchrun_args)", allow=allow)
+        step = parse_options(defaults.torchrun_args, "@torchrun(torchrun_args)", allow=allow, specs=specs)
     with found:
-        call = parse_options(call_args, "torchrun_args", allow=allow)
+        call = parse_options(call_args, "torchrun_args", allow=allow, specs=specs)
     if problems is None:
         found.raise_all()
     if len(found.messages) > before:
@@ -267,6 +277,18 @@ def none_note(keys: Sequence[str], what: str) -> str:
         "%s: None for a bare flag is deprecated (metaflow-torchrun 0.2): %s passed as "
         "bare flag%s; write True." % (what, ", ".join("--" + k.lstrip("-") for k in keys),
                                        "s" if len(keys) > 1 else "")
+    )
+
+
+def false_note(keys: Sequence[str]) -> str:
+    """The one line that keeps ``False`` from changing meaning silently: left
+    out is right for a ``store_true`` flag, but an option that takes a value
+    (an ``HfArgumentParser`` bool) then keeps its default, which may be True."""
+    flags = ", ".join("--" + k for k in keys)
+    return (
+        "entrypoint_args: False leaves %s out, so the script's default applies, and an option that "
+        "defaults to True (an HfArgumentParser bool) stays True: write '%s': 'false' to pass false, "
+        "or drop the key." % (flags, keys[0])
     )
 
 
@@ -320,6 +342,8 @@ def plan_call(
             check_arguments(entry_argv)
         if none_keys(entrypoint_args):
             notes.append(none_note(none_keys(entrypoint_args), "entrypoint_args"))
+        if false_keys(entrypoint_args) and defaults.args_as != "0.2":
+            notes.append(false_note(false_keys(entrypoint_args)))
     options = merged_options(defaults, torchrun_args, problems)
     for source, args in (("@torchrun(torchrun_args)", defaults.torchrun_args), ("torchrun_args", torchrun_args)):
         if none_keys(args):

@@ -5,14 +5,17 @@ milliseconds, not the seconds an ``import torch`` takes in every task.
 
 from __future__ import annotations
 
+import ast
+import functools
 import importlib.util
 import os
 import re
 import sys
 from dataclasses import dataclass
-from typing import Iterable, Optional, Set, Tuple
+from typing import Dict, Iterable, Optional, Set, Tuple
 
 from ..errors import TorchrunInvalidArgument
+from .options import OptionSpec
 
 TORCH_INSTALL_HINT = "pip install metaflow-torchrun[torch]"
 # The torch this package is tested with (README "Versions").
@@ -59,6 +62,84 @@ def torchrun_options(run_py_source: str) -> Set[str]:
     end = run_py_source.find("\ndef ", start + 1)
     body = run_py_source[start:end] if start >= 0 else run_py_source
     return {m.group(1).replace("_", "-") for m in re.finditer(r"""["']--([A-Za-z][\w-]*)["']""", body)}
+
+
+# argparse actions that take no value (nargs=0); torch's own ``check_env`` is one.
+FLAG_ACTIONS = frozenset({"check_env", "store_true", "store_false", "store_const", "count", "help", "version"})
+# Actions that take one value: argparse's default, and torch's own ``env``.
+VALUE_ACTIONS = frozenset({"store", "env"})
+_ADD = re.compile(r"\.add_argument\(")
+_KEYWORD = re.compile(r"\b[a-z_]+\s*=")
+_NAME = re.compile(r"""["'](--?[A-Za-z][\w-]*)["']""")
+_ACTION = re.compile(r"""\baction\s*=\s*["']?([\w.]+)""")
+_TYPE = re.compile(r"\btype\s*=\s*(\w+)")
+_NARGS = re.compile(r"""\bnargs\s*=\s*["']?([^,"'\s)]+)""")
+_CHOICES = re.compile(r"\bchoices\s*=\s*(\[[^\]]*\]|\([^)]*\))")
+
+# The options @torchrun itself reads, as torch's parser takes them: used when
+# this torch's source cannot be read, so that ``restarts_allowed`` and
+# ``resolve_nproc`` still see checked values.
+READ_BY_US: Dict[str, OptionSpec] = {
+    "max-restarts": OptionSpec(takes_value=True, type="int"),
+    "nproc-per-node": OptionSpec(takes_value=True, type="str"),
+}
+
+
+@functools.lru_cache(maxsize=4)
+def torchrun_option_specs(run_py_source: str) -> Dict[str, OptionSpec]:
+    """How torchrun's parser reads each of its options, from the
+    ``add_argument`` calls of ``get_args_parser`` in torch/distributed/run.py:
+    a flag (an action that takes no value, or ``nargs=0``) or one value, and its
+    ``type``. An option whose action or ``nargs`` is none of these is left out
+    (its values are passed unchecked); tests/unit/test_torch_options.py
+    compares the result with the real parser."""
+    start = run_py_source.find("def get_args_parser")
+    if start < 0:
+        return {}
+    end = run_py_source.find("\ndef ", start + 1)
+    body = run_py_source[start:end if end > 0 else len(run_py_source)]
+    starts = [m.end() for m in _ADD.finditer(body)] + [len(body)]
+    specs: Dict[str, OptionSpec] = {}
+    for begin, stop in zip(starts, starts[1:]):
+        call = body[begin:stop]
+        first_keyword = _KEYWORD.search(call)
+        names = [n for n in _NAME.findall(call[:first_keyword.start() if first_keyword else len(call)])]
+        long_names = [n for n in names if n.startswith("--")]
+        if not long_names:
+            continue  # a positional argument (the script and its arguments)
+        spec = _spec_of(call)
+        if spec is not None:
+            specs[long_names[0][2:].replace("_", "-")] = spec
+    return specs
+
+
+def _spec_of(call: str) -> Optional[OptionSpec]:
+    action = _ACTION.search(call)
+    nargs = _NARGS.search(call)
+    kind = _TYPE.search(call)
+    name = action.group(1).rsplit(".", 1)[-1] if action else "store"
+    if nargs is not None:
+        return OptionSpec(takes_value=False) if nargs.group(1) == "0" else None
+    if name in FLAG_ACTIONS:
+        return OptionSpec(takes_value=False)
+    if name not in VALUE_ACTIONS:
+        return None
+    type_name = kind.group(1) if kind else "str"
+    return OptionSpec(takes_value=True, type=type_name if type_name in ("int", "float") else "str",
+                      choices=_choices(call))
+
+
+def _choices(call: str) -> Optional[Tuple[str, ...]]:
+    """The literal choices of an option; None when there are none or they are
+    computed (torch's ``--numa-binding``): then torch's parser names a wrong one."""
+    found = _CHOICES.search(call)
+    if found is None:
+        return None
+    try:
+        values = ast.literal_eval(found.group(1))
+    except (ValueError, SyntaxError):
+        return None
+    return tuple(str(v) for v in values) if all(isinstance(v, str) for v in values) else None
 
 
 def torch_problem(torch: TorchInstall, python: str, passed: Iterable[str], known: Optional[Set[str]]) -> Optional[str]:
@@ -112,11 +193,37 @@ def known_torchrun_options() -> Optional[Set[str]]:
     return _options_of(find_torch().run_py)
 
 
+def known_option_specs() -> Dict[str, OptionSpec]:
+    """How this task's torchrun reads each option (``torchrun_option_specs``),
+    over ``READ_BY_US``: the options @torchrun reads are always checked."""
+    source = _source_of(find_torch().run_py)
+    specs = dict(READ_BY_US)
+    if source is not None:
+        specs.update(torchrun_option_specs(source))
+    return specs
+
+
 def _options_of(run_py: Optional[str]) -> Optional[Set[str]]:
+    source = _source_of(run_py)
+    return (torchrun_options(source) or None) if source is not None else None
+
+
+def _source_of(run_py: Optional[str]) -> Optional[str]:
+    """torch/distributed/run.py's text, read again only when the file changed
+    (every call of a step checks its options against it)."""
     if run_py is None:
         return None
     try:
+        st = os.stat(run_py)
+    except (OSError, ValueError):
+        return None
+    return _read_source(run_py, st.st_mtime_ns, st.st_size)
+
+
+@functools.lru_cache(maxsize=4)
+def _read_source(run_py: str, mtime_ns: int, size: int) -> Optional[str]:
+    try:
         with open(run_py, encoding="utf-8") as f:
-            return torchrun_options(f.read()) or None
-    except OSError:
+            return f.read()
+    except (OSError, UnicodeError, ValueError):
         return None

@@ -26,8 +26,9 @@ from typing import IO, Any, Dict, List, Mapping, Optional, Sequence
 
 from ..host.console import say
 from ..host.network import is_loopback
-from ..host.workdirs import open_private
+from ..host.private import open_private
 from . import exits
+from .failures import AgentFailure, write_agent_failures
 from .names import WORK_DIR_ENV, LOG_DIR_ENV, agent_log_path
 
 # torchrun's own loggers: their lines go to the node's agent log, not the console.
@@ -172,6 +173,23 @@ def record_worker_exits(directory: Optional[str]) -> bool:
     return True
 
 
+def record_child_failures(directory: Optional[str], error: Any) -> bool:
+    """Write what torch's ``ChildFailedError`` holds (its ``failures``: global
+    rank -> ``ProcessFailure``) as records in the call's work directory, for
+    the node's report of ranks that could not record their own failure
+    (``failures.read_agent_failures``). Never raises: torch's own handling of
+    the error goes on as it would without us."""
+    if not directory:
+        return False
+    try:
+        host = socket.gethostname()
+        found = [AgentFailure.of(rank, failure, host) for rank, failure in dict(error.failures).items()]
+        write_agent_failures(directory, found)
+    except Exception:
+        return False
+    return True
+
+
 def main(argv: Sequence[str]) -> None:
     from torch.distributed import run
     from torch.distributed.elastic.multiprocessing.api import SignalException
@@ -186,6 +204,8 @@ def main(argv: Sequence[str]) -> None:
     try:
         run.main(list(argv))
     except (ChildFailedError, SignalException) as e:
+        if isinstance(e, ChildFailedError):
+            record_child_failures(os.environ.get(WORK_DIR_ENV), e)
         if log is None:
             raise
         log.write(traceback.format_exc())

@@ -9,7 +9,6 @@ and then re-raised unchanged. It also ties the rank's life to its agent's.
 from __future__ import annotations
 
 import faulthandler
-import json
 import os
 import runpy
 import socket
@@ -18,8 +17,9 @@ import time
 import traceback
 
 from . import agent, entry, relay, stacks
-from .names import ARGS_FILE, WORK_DIR_ENV, LABELS_ENV, LOG_DIR_ENV, NODE_INDEX_ENV, STATUS_SUFFIX, rank_file
-from .failures import PRIVATE_NEW, RankFailure, write_failure
+from .names import ARGS_FILE, WORK_DIR_ENV, LABELS_ENV, LOG_DIR_ENV, NODE_INDEX_ENV
+from .failures import RankFailure, write_failure
+from .status import RankStatus, write_status
 
 
 def _env_int(name: str, default: int = -1) -> int:
@@ -123,23 +123,13 @@ def run_function(ref_text: str, workdir: str) -> None:
         raise err from e
 
 
-def _status(**fields) -> None:
+def _status(status: RankStatus) -> None:
     """This rank's life for the result object: written at start, then at exit."""
     directory = os.environ.get(WORK_DIR_ENV)
-    if not directory:
-        return
-    record = dict(_STATUS, **fields)
-    _STATUS.update(record)
-    path = rank_file(directory, record["rank"], STATUS_SUFFIX)
-    try:
-        with os.fdopen(os.open(path + ".tmp", PRIVATE_NEW, 0o600), "w") as f:
-            json.dump(record, f)
-        os.replace(path + ".tmp", path)
-    except OSError:
-        pass
+    if directory:
+        write_status(directory, status)
 
 
-_STATUS: dict = {}
 _KEEP: list = []  # the stack file stays open for the rank's life
 
 
@@ -163,16 +153,15 @@ def main(argv: list) -> None:
     faulthandler.enable()  # a segfaulting rank prints its Python stack
     # Where this rank is, on request, when the gang stops (stacks.py).
     _KEEP.append(stacks.register(os.environ.get(WORK_DIR_ENV), rank))
-    _status(
+    started = RankStatus(
         rank=rank,
         local_rank=_env_int("LOCAL_RANK"),
         group_rank=_env_int("GROUP_RANK"),
         restart=_env_int("TORCHELASTIC_RESTART_COUNT", 0),
         pid=os.getpid(),
         start=time.time(),
-        end=None,
-        exit_code=None,
     )
+    _status(started)
     code = 1
     try:
         _main(argv)
@@ -181,7 +170,7 @@ def main(argv: list) -> None:
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
         raise
     finally:
-        _status(end=time.time(), exit_code=code)
+        _status(started.ended(code, time.time()))
 
 
 def _main(argv: list) -> None:

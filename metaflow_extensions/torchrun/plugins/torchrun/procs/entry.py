@@ -28,7 +28,7 @@ from .names import AGENT_TMP, ENTRY_ENV, ENTRY_FILE, USER_TMPDIR_ENV
 def write_entry(work_dir: str, argv: List[str]) -> str:
     """Write the bootstrap's argv (``[script, *args]``, or the function form)
     to a new private file in ``work_dir``; return its path."""
-    from ..host.workdirs import open_private
+    from ..host.private import open_private
 
     path = os.path.join(work_dir, ENTRY_FILE)
     fd = open_private(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL)

@@ -13,12 +13,9 @@ Runs in the agent process: no Metaflow, no torch.
 
 from __future__ import annotations
 
-import json
-import os
-from typing import Any, Dict, List, Mapping
+from typing import List, Mapping
 
-from .failures import PRIVATE_NEW
-from .names import STATUS_SUFFIX, rank_of
+from .status import read_statuses, write_status
 
 
 def complete(directory: str, exits: Mapping[int, int], when: float) -> List[int]:
@@ -29,47 +26,9 @@ def complete(directory: str, exits: Mapping[int, int], when: float) -> List[int]
     done: List[int] = []
     if not exits:
         return done
-    try:
-        names = os.listdir(directory)
-    except OSError:
-        return done
-    for name in sorted(names):
-        rank = rank_of(name, STATUS_SUFFIX)
-        if rank is None:
+    for rank, status in sorted(read_statuses(directory).items()):
+        if status.exit_code is not None or status.pid not in exits:
             continue
-        path = os.path.join(directory, name)
-        status = _read(path)
-        pid = status.get("pid")
-        if status.get("exit_code") is not None or not isinstance(pid, int) or pid not in exits:
-            continue
-        status["exit_code"] = int(exits[pid])
-        if status.get("end") is None:
-            status["end"] = when
-        if _write(path, status):
+        if write_status(directory, status.ended(int(exits[status.pid]), when)):
             done.append(rank)
     return done
-
-
-def _read(path: str) -> Dict[str, Any]:
-    try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
-    except OSError:
-        return {}
-    try:
-        with os.fdopen(fd) as f:
-            data = json.load(f)
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
-
-
-def _write(path: str, status: Mapping[str, Any]) -> bool:
-    """Atomically, as the rank writes it: a reader never sees half a record."""
-    tmp = "%s.%d.tmp" % (path, os.getpid())
-    try:
-        with os.fdopen(os.open(tmp, PRIVATE_NEW, 0o600), "w") as f:
-            json.dump(dict(status), f)
-        os.replace(tmp, path)
-    except OSError:
-        return False
-    return True

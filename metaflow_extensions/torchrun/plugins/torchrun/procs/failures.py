@@ -6,15 +6,13 @@ where start-up time matters and the Metaflow package need not be loaded.
 
 from __future__ import annotations
 
-import json
 import os
-import re
 import signal
-import time
-from dataclasses import asdict, dataclass, replace
-from typing import List
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any, Dict, List, Optional
 
-from .names import FAILURE_SUFFIX, rank_file, rank_of
+from .names import AGENT_FAILURES_FILE, FAILURE_SUFFIX, rank_file, rank_of
+from .records import read_json, write_json
 
 # What a rank that died without recording an exception is said to have done;
 # its exit (a signal, a code) is the failure's type.
@@ -53,10 +51,6 @@ class RankFailure:
             self.exc_type,
             self.message,
         )
-
-
-# A new file only this user can read (0600), never through a symlink.
-PRIVATE_NEW = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0)
 
 
 def describe_exit_code(code: int) -> str:
@@ -116,11 +110,7 @@ def failure_path(directory: str, rank: int) -> str:
 
 def write_failure(directory: str, failure: RankFailure) -> None:
     """Write atomically so a reader never sees half a record."""
-    path = failure_path(directory, failure.rank)
-    tmp = "%s.%d.tmp" % (path, os.getpid())
-    with os.fdopen(os.open(tmp, PRIVATE_NEW, 0o600), "w") as f:
-        json.dump(asdict(failure), f)
-    os.replace(tmp, path)
+    write_json(failure_path(directory, failure.rank), asdict(failure))
 
 
 def read_failures(directory: str) -> List[RankFailure]:
@@ -133,44 +123,80 @@ def read_failures(directory: str) -> List[RankFailure]:
     for name in names:
         if rank_of(name, FAILURE_SUFFIX) is None:
             continue
+        data = read_json(os.path.join(directory, name))
         try:
-            with open(os.path.join(directory, name)) as f:
-                found.append(RankFailure(**json.load(f)))
-        except (OSError, ValueError, TypeError):
+            found.append(RankFailure(**data))
+        except TypeError:  # not an object, or not our fields
             continue
     return sorted(found, key=lambda f: f.timestamp)
 
 
-# torchrun's failure report ("rank : 1 (local_rank: 1)" / "exitcode : -11 (pid: 42)").
-_SUMMARY_ENTRY = re.compile(
-    rb"time\s*:\s*(?P<time>\S+)\s*\n"
-    rb"\s*host\s*:\s*(?P<host>\S+)\s*\n"
-    rb"\s*rank\s*:\s*(?P<rank>\d+)\s*\(local_rank:\s*(?P<local>\d+)\)\s*\n"
-    rb"\s*exitcode\s*:\s*(?P<code>-?\d+)\s*\(pid:\s*(?P<pid>\d+)\)"
-)
+@dataclass(frozen=True)
+class AgentFailure:
+    """One worker that torch's agent saw fail, as its ``ChildFailedError``
+    holds it (a ``ProcessFailure`` under its global rank): the record for a
+    rank that could not write its own (a signal: segfault, OOM killer,
+    SIGKILL). The agent writes these where it catches the error
+    (``agent.py``); the node reads them back as ``RankFailure`` s."""
+
+    rank: int  # the global rank
+    local_rank: int
+    pid: int
+    exitcode: int  # negative: the signal that ended it
+    signal: Optional[str]  # its name, when a signal ended it
+    timestamp: float
+    host: str
+    error_file: Optional[str] = None  # torchelastic's error file of the rank, if it wrote one
+    error_file_data: Dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, rank: int, failure: Any, host: str) -> "AgentFailure":
+        """From torch's ``ProcessFailure`` (read by attribute: no torch import here)."""
+        name = failure.signal_name() if failure.exitcode < 0 else None
+        data = failure.error_file_data if isinstance(failure.error_file_data, dict) else {}
+        error_file = failure.error_file if os.path.isfile(str(failure.error_file)) else None
+        return cls(rank=int(rank), local_rank=int(failure.local_rank), pid=int(failure.pid),
+                   exitcode=int(failure.exitcode), signal=name, timestamp=float(failure.timestamp),
+                   host=host, error_file=error_file, error_file_data=data)
+
+    def rank_failure(self, node_index: int) -> RankFailure:
+        return RankFailure(rank=self.rank, local_rank=self.local_rank, node_index=node_index, host=self.host,
+                           pid=self.pid, exc_type=describe_exit_code(self.exitcode), message=NO_EXCEPTION,
+                           traceback="", timestamp=self.timestamp)
+
+    @classmethod
+    def from_file(cls, data: Any) -> Optional["AgentFailure"]:
+        """None for anything but a whole record (a file is never trusted blindly)."""
+        if not isinstance(data, dict):
+            return None
+        numbers = [data.get(k) for k in ("rank", "local_rank", "pid", "exitcode")]
+        if not all(isinstance(v, int) and not isinstance(v, bool) for v in numbers) \
+                or not isinstance(data.get("timestamp"), (int, float)) or not isinstance(data.get("host"), str):
+            return None
+        signal_name, error_file = data.get("signal"), data.get("error_file")
+        extra = data.get("error_file_data")
+        rank, local_rank, pid, exitcode = (int(v) for v in numbers)  # type: ignore[arg-type]
+        return cls(rank=rank, local_rank=local_rank, pid=pid, exitcode=exitcode,
+                   signal=signal_name if isinstance(signal_name, str) else None,
+                   timestamp=float(data["timestamp"]), host=data["host"],
+                   error_file=error_file if isinstance(error_file, str) else None,
+                   error_file_data=extra if isinstance(extra, dict) else {})
 
 
-def parse_torchrun_summary(text: bytes, node_index: int) -> List[RankFailure]:
-    """Rank failures from torchrun's own report, for ranks that could not record
-    anything themselves (killed by a signal: segfault, OOM killer, SIGKILL)."""
+def write_agent_failures(directory: str, failures: List[AgentFailure]) -> None:
+    """The agent's record of the workers torch saw fail; raises OSError."""
+    write_json(os.path.join(directory, AGENT_FAILURES_FILE), [asdict(f) for f in failures])
+
+
+def read_agent_failures(directory: str, node_index: int) -> List[RankFailure]:
+    """The failures the agent recorded (``write_agent_failures``), earliest
+    first, one per rank; nothing when it recorded none or the file is not ours."""
+    data = read_json(os.path.join(directory, AGENT_FAILURES_FILE))
     found = {}
-    for m in _SUMMARY_ENTRY.finditer(text):
-        code = int(m.group("code"))
-        try:
-            stamp = time.mktime(time.strptime(m.group("time").decode(), "%Y-%m-%d_%H:%M:%S"))
-        except ValueError:
-            stamp = time.time()
-        found[int(m.group("rank"))] = RankFailure(
-            rank=int(m.group("rank")),
-            local_rank=int(m.group("local")),
-            node_index=node_index,
-            host=m.group("host").decode(errors="replace"),
-            pid=int(m.group("pid")),
-            exc_type=describe_exit_code(code),
-            message=NO_EXCEPTION,
-            traceback="",
-            timestamp=stamp,
-        )
+    for item in data if isinstance(data, list) else []:
+        record = AgentFailure.from_file(item)
+        if record is not None:
+            found[record.rank] = record.rank_failure(node_index)
     return sorted(found.values(), key=lambda f: f.timestamp)
 
 

@@ -17,7 +17,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
-from .failures import PRIVATE_NEW
+from .records import PRIVATE_NEW
 from .names import EXCEPTION_SUFFIX, RETURN_SUFFIX, STATUS_SUFFIX, rank_file, rank_of
 
 # The name a flow file gets when a rank imports it (it is ``__main__`` in the task).

@@ -20,7 +20,8 @@ PROGRESS_ENV = "METAFLOW_TORCHRUN_PROGRESS_SECONDS"  # "still waiting for ..." e
 KEEP_LOGS_HOURS_ENV = "METAFLOW_TORCHRUN_KEEP_LOGS_HOURS"  # a run's per-rank logs kept N h
 KEEP_LOGS_ENV = "METAFLOW_TORCHRUN_KEEP_LOGS"  # and beyond that, the newest N runs' logs
 MAX_LOG_MB_ENV = "METAFLOW_TORCHRUN_MAX_LOG_MB"  # and at most this many MB of them
-USER_KNOBS = (PORT_ENV, SECRET_ENV, PROGRESS_ENV, KEEP_LOGS_HOURS_ENV, KEEP_LOGS_ENV, MAX_LOG_MB_ENV)
+DEBUG_ENV = "METAFLOW_TORCHRUN_DEBUG"  # "1": the debug channel on stderr (host/log.py)
+USER_KNOBS = (PORT_ENV, SECRET_ENV, PROGRESS_ENV, KEEP_LOGS_HOURS_ENV, KEEP_LOGS_ENV, MAX_LOG_MB_ENV, DEBUG_ENV)
 
 # -- environment: what the task sets for its torchrun and ranks -------------------
 WORK_DIR_ENV = "METAFLOW_TORCHRUN_WORK_DIR"  # the call's work directory
@@ -47,7 +48,8 @@ AGENT_TMP = "tmp"  # torchrun's agent's TMPDIR (its own directories)
 ARGS_FILE = "function-args.pkl"  # a function's arguments (procs/functions.py)
 RANK_PREFIX = "rank-"
 FAILURE_SUFFIX = ".failure.json"  # a rank's failure record (procs/failures.py)
-STATUS_SUFFIX = ".status.json"  # a rank's start and exit (procs/bootstrap.py)
+STATUS_SUFFIX = ".status.json"  # a rank's start and exit (procs/status.py)
+AGENT_FAILURES_FILE = "agent-failures.json"  # the ranks torch's agent saw fail (procs/agent.py)
 RETURN_SUFFIX = ".return.pkl"  # a function's return value
 EXCEPTION_SUFFIX = ".exception.pkl"  # a function's exception
 STACKS_SUFFIX = ".stacks.txt"  # where a rank was when stopped (procs/stacks.py)

@@ -17,7 +17,7 @@ import signal
 import time
 from typing import Dict, Optional, Tuple
 
-from ..host.workdirs import open_private
+from ..host.private import open_private
 from .names import rank_log_path
 
 # Writes of at most PIPE_BUF bytes to a pipe are atomic: a batch of whole lines

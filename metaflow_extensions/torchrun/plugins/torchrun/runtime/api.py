@@ -30,12 +30,12 @@ def run(session: GangSession, request: CallRequest) -> TorchrunResult:
     when all of this node's ranks succeeded, raise otherwise."""
     search = [os.getcwd()] + ([session.flow_dir] if session.flow_dir else [])
     try:
-        plan = with_nproc_resolved(plan_request(request, session.defaults, search))
+        plan = with_nproc_resolved(plan_request(request, session.defaults, search), session.defaults.accelerators)
     except TorchrunInvalidArgument as e:
         site = caller()
         raise TorchrunCallRefused(session.calls_made + 1, site, e.message, api=request.api) from None
     before_first_call(session)  # @torchrun(preflight="full"): the collective job, once
-    if session.is_control:  # one line per step, not one per node
+    if plan.notes and session.is_control:  # one line per step, not one per node
         say_once(session.notes_key, plan.notes)
     return run_call(session, plan)
 

@@ -12,8 +12,8 @@ The attempts of a step also make the record's ``attempts`` list: when each
 started, how long its gang took to form, when its calls started, why it
 stopped, the checkpoint it resumed from, and what each failure cost.
 
-Pure functions over plain dicts (the record as stored), except
-``read_previous``, which asks the Metaflow client.
+Pure functions over typed records (``Attempt``, ``Previous``; JSON only in the
+record as stored), except ``read_previous``, which asks the Metaflow client.
 """
 
 from __future__ import annotations
@@ -21,14 +21,20 @@ from __future__ import annotations
 import datetime
 import os
 import re
+from dataclasses import asdict, dataclass, replace
 from typing import Any, Dict, List, Mapping, Optional, Tuple
+
+from ..cause import Cause, CauseKind
 
 RETRY_ON = ("any", "infrastructure")
 # "any" keeps Metaflow's @retry as it is: see docs/resume.md for why.
 DEFAULT_RETRY_ON = "any"
 
-# Kinds of a gang's stop that the user's code raised (cause.CauseKind values).
-_CODE_KINDS = ("failed", "step_failed", "call_mismatch")
+# Kinds of a gang's stop that the user's code raised.
+_CODE_KINDS = (CauseKind.RANK_FAILED, CauseKind.STEP_FAILED, CauseKind.CALL_MISMATCH)
+# A record read back holds at most this many attempts, and each this many calls.
+MAX_ATTEMPTS = 64
+MAX_CALLS = 1024
 # Exceptions that are the world's, not the code's: a peer or the network gone,
 # torch's store or a collective timing out, the task told to stop.
 _INFRA_TYPES = frozenset((
@@ -67,32 +73,46 @@ def place(traceback: Optional[str]) -> Optional[str]:
     return "%s:%s" % (os.path.basename(path), line)
 
 
-def user_code_failure(cause: Optional[Mapping[str, Any]]) -> Optional[str]:
+def user_code_failure(cause: Optional[Cause]) -> Optional[str]:
     """``ValueError at train.py:88`` when the cause is a Python exception the
     user's code raised (in a rank, or in the step's own code); None for
     everything else: a node lost, frozen or preempted, a signal, a NCCL/gloo
     error, a stop asked for, a hang, an exit without a Python exception."""
-    if not isinstance(cause, Mapping) or cause.get("kind") not in _CODE_KINDS:
+    if cause is None or cause.kind not in _CODE_KINDS or cause.secondary:
         return None
-    if cause.get("secondary") is True:
-        return None
-    if cause.get("kind") == "call_mismatch":
+    if cause.kind is CauseKind.CALL_MISMATCH:
         return "a mismatch of current.torch.run calls between nodes"
-    exc_type = cause.get("exc_type")
-    if not isinstance(exc_type, str) or not exc_type or exc_type.split(".")[-1] in _INFRA_TYPES:
+    exc_type = cause.exc_type
+    if not exc_type or exc_type.split(".")[-1] in _INFRA_TYPES:
         return None
-    text = "%s\n%s" % (cause.get("message") or "", cause.get("summary") or "")
-    if _INFRA_TEXT.search(text):
+    if _INFRA_TEXT.search("%s\n%s" % (cause.message or "", cause.summary)):
         return None
-    where = place(cause.get("traceback") if isinstance(cause.get("traceback"), str) else None)
+    where = place(cause.traceback)
     return "%s at %s" % (exc_type, where) if where else exc_type
 
 
-def refusal(retry_on: str, attempt: int, previous: Optional[Mapping[str, Any]]) -> Optional[str]:
+@dataclass(frozen=True)
+class Previous:
+    """What attempt k reads of attempt k-1's record (task metadata: a peer's
+    words, checked field by field)."""
+
+    cause: Optional[Cause] = None
+    attempts: Tuple["Attempt", ...] = ()
+
+    @classmethod
+    def from_wire(cls, record: Any) -> Optional["Previous"]:
+        if not isinstance(record, Mapping):
+            return None
+        listed = record.get("attempts")
+        attempts = [Attempt.from_wire(a) for a in listed[:MAX_ATTEMPTS]] if isinstance(listed, list) else []
+        return cls(Cause.from_wire(record.get("cause")), tuple(a for a in attempts if a is not None))
+
+
+def refusal(retry_on: str, attempt: int, previous: Optional[Previous]) -> Optional[str]:
     """The one line that refuses attempt ``attempt``, or None to run it."""
-    if retry_on != "infrastructure" or attempt <= 0 or not isinstance(previous, Mapping):
+    if retry_on != "infrastructure" or attempt <= 0 or previous is None:
         return None
-    what = user_code_failure(previous.get("cause"))
+    what = user_code_failure(previous.cause)
     if what is None:
         return None
     origin = previous_origin(previous, attempt - 1)
@@ -100,32 +120,52 @@ def refusal(retry_on: str, attempt: int, previous: Optional[Mapping[str, Any]]) 
             "retries only infrastructure failures" % (origin, what))
 
 
-def previous_origin(previous: Mapping[str, Any], default: int) -> int:
+def previous_origin(previous: Previous, default: int) -> int:
     """The attempt whose failure a refused attempt carried forward."""
-    history = previous.get("attempts")
-    if isinstance(history, list) and history and isinstance(history[-1], Mapping):
-        carried = history[-1].get("refused_for")
-        if isinstance(carried, int) and not isinstance(carried, bool):
-            return carried
+    if previous.attempts and previous.attempts[-1].refused_for is not None:
+        return previous.attempts[-1].refused_for
     return default
 
 
-def history(previous: Optional[Mapping[str, Any]]) -> List[Dict[str, Any]]:
+def history(previous: Optional[Previous]) -> List["Attempt"]:
     """The attempts before this one, from the previous attempt's record."""
-    if not isinstance(previous, Mapping) or not isinstance(previous.get("attempts"), list):
-        return []
-    return [dict(a) for a in previous["attempts"] if isinstance(a, Mapping)][:64]
+    return list(previous.attempts) if previous is not None else []
 
 
-def fill_missing(past: List[Dict[str, Any]], attempt: int) -> List[Dict[str, Any]]:
+def fill_missing(past: List["Attempt"], attempt: int) -> List["Attempt"]:
     """Attempts 0..attempt-1, each once: an attempt whose control task died
     before writing its record is named as unknown rather than left out."""
-    by_attempt = {a.get("attempt"): a for a in past}
-    return [by_attempt.get(k) or {"attempt": k, "stopped": "unknown: its control task left no record "
-                                  "(killed before the end of its step?)"} for k in range(attempt)]
+    by_attempt = {a.attempt: a for a in past}
+    return [by_attempt.get(k) or Attempt(k, stopped="unknown: its control task left no record "
+                                           "(killed before the end of its step?)") for k in range(attempt)]
 
 
-def checkpoint_info(current: Any) -> Optional[Dict[str, Any]]:
+@dataclass(frozen=True)
+class Checkpoint:
+    """The checkpoint ``@checkpoint`` loaded for an attempt."""
+
+    key: str = ""
+    pathspec: Optional[str] = None
+    attempt: Optional[int] = None
+    created_on: Optional[str] = None
+    created_at: Optional[float] = None
+    metadata: Optional[Dict[str, Any]] = None
+
+    def to_wire(self) -> Dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_wire(cls, data: Any) -> Optional["Checkpoint"]:
+        if not isinstance(data, Mapping):
+            return None
+        meta = data.get("metadata")
+        return cls(key=str(data.get("key") or "")[:1000], pathspec=_text(data.get("pathspec")),
+                   attempt=_whole(data.get("attempt")), created_on=_text(data.get("created_on")),
+                   created_at=_num(data.get("created_at")),
+                   metadata={str(k)[:200]: v for k, v in list(meta.items())[:64]} if isinstance(meta, Mapping) else None)
+
+
+def checkpoint_info(current: Any) -> Optional[Checkpoint]:
     """The checkpoint ``@checkpoint`` loaded for this attempt, if any."""
     ckpt = getattr(current, "checkpoint", None) if current is not None else None
     try:
@@ -133,14 +173,14 @@ def checkpoint_info(current: Any) -> Optional[Dict[str, Any]]:
             return None
         info = ckpt.info
         meta = getattr(info, "metadata", None)
-        return {
-            "key": str(getattr(info, "key", "")),
-            "pathspec": getattr(info, "pathspec", None),
-            "attempt": getattr(info, "attempt", None),
-            "created_on": getattr(info, "created_on", None),
-            "created_at": _epoch(getattr(info, "created_on", None)),
-            "metadata": dict(meta) if isinstance(meta, Mapping) else None,
-        }
+        return Checkpoint(
+            key=str(getattr(info, "key", "")),
+            pathspec=getattr(info, "pathspec", None),
+            attempt=getattr(info, "attempt", None),
+            created_on=getattr(info, "created_on", None),
+            created_at=_epoch(getattr(info, "created_on", None)),
+            metadata=dict(meta) if isinstance(meta, Mapping) else None,
+        )
     except Exception:  # a checkpoint package we do not know: no resume shown
         return None
 
@@ -154,58 +194,113 @@ def _epoch(stamp: Any) -> Optional[float]:
         return None
 
 
+@dataclass(frozen=True)
+class CallStart:
+    call: int
+    started_at: float
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One attempt of the step, as the control's record keeps it."""
+
+    attempt: int
+    started_at: Optional[float] = None
+    # The step's code began: every decorator's task_pre_step done
+    # (@checkpoint's load among them), the local nodes started.
+    code_started_at: Optional[float] = None
+    gang_formed_at: Optional[float] = None
+    gang_formed_seconds: Optional[float] = None
+    calls: Tuple[CallStart, ...] = ()
+    ended_at: Optional[float] = None
+    stopped: Optional[str] = None  # the cause's summary, "succeeded", "refused", or unknown
+    kind: Optional[CauseKind] = None
+    resumed_from: Optional[Checkpoint] = None
+    refused_for: Optional[int] = None
+    # What its failure cost (with_costs), once a next attempt is known.
+    lost_work_seconds: Optional[float] = None
+    restart_seconds: Optional[float] = None
+    lost_seconds: Optional[float] = None
+    costed: bool = False
+
+    def to_wire(self) -> Dict[str, Any]:
+        data = {f: getattr(self, f) for f in self.__dataclass_fields__ if f != "costed"}
+        data["calls"] = [asdict(c) for c in self.calls]
+        data["kind"] = self.kind.value if self.kind is not None else None
+        data["resumed_from"] = self.resumed_from.to_wire() if self.resumed_from is not None else None
+        if not self.costed:  # only a failure followed by another attempt has costs
+            for name in ("lost_work_seconds", "restart_seconds", "lost_seconds"):
+                del data[name]
+        return data
+
+    @classmethod
+    def from_wire(cls, data: Any) -> Optional["Attempt"]:
+        if not isinstance(data, Mapping) or _whole(data.get("attempt")) is None:
+            return None
+        calls = data.get("calls")
+        starts = [CallStart(c["call"], float(c["started_at"])) for c in (calls if isinstance(calls, list) else [])
+                  if isinstance(c, Mapping) and _whole(c.get("call")) is not None and _num(c.get("started_at")) is not None]
+        try:
+            kind: Optional[CauseKind] = CauseKind(data.get("kind"))
+        except ValueError:
+            kind = None
+        return cls(attempt=int(data["attempt"]), started_at=_num(data.get("started_at")),
+                   code_started_at=_num(data.get("code_started_at")), gang_formed_at=_num(data.get("gang_formed_at")),
+                   gang_formed_seconds=_num(data.get("gang_formed_seconds")), calls=tuple(starts[:MAX_CALLS]),
+                   ended_at=_num(data.get("ended_at")), stopped=_text(data.get("stopped")), kind=kind,
+                   resumed_from=Checkpoint.from_wire(data.get("resumed_from")),
+                   refused_for=_whole(data.get("refused_for")), lost_work_seconds=_num(data.get("lost_work_seconds")),
+                   restart_seconds=_num(data.get("restart_seconds")), lost_seconds=_num(data.get("lost_seconds")),
+                   costed="lost_seconds" in data)
+
+
 def this_attempt(
-    attempt: int, started_at: float, results: List[Any], cause: Optional[Mapping[str, Any]],
-    resumed_from: Optional[Dict[str, Any]], refused_for: Optional[int] = None,
+    attempt: int, started_at: float, results: List[Any], cause: Optional[Cause],
+    resumed_from: Optional[Checkpoint], refused_for: Optional[int] = None,
     code_started_at: Optional[float] = None,
-) -> Dict[str, Any]:
+) -> Attempt:
     """One entry of ``attempts``, from this attempt's calls on the control."""
     joined: List[float] = []
     for r in results[:1]:
-        joined = [float(t) for t in (r.gang.get("joined_at") or {}).values() if isinstance(t, (int, float))]
+        joined = [float(t) for t in r.gang.joined_at.values()]
     ended = max([r.ended_at for r in results] or [started_at])
-    stopped = (cause or {}).get("summary") if cause else ("refused" if refused_for is not None else "succeeded")
-    return {
-        "attempt": attempt,
-        "started_at": started_at,
-        # The step's code began: every decorator's task_pre_step done
-        # (@checkpoint's load among them), the local nodes started.
-        "code_started_at": code_started_at,
-        "gang_formed_at": max(joined) if joined else None,
-        "gang_formed_seconds": (max(joined) - started_at) if joined else None,
-        "calls": [{"call": r.call, "started_at": r.started_at} for r in results],
-        "ended_at": (cause or {}).get("time") or ended,
-        "stopped": stopped,
-        "kind": (cause or {}).get("kind"),
-        "resumed_from": resumed_from,
-        "refused_for": refused_for,
-    }
+    stopped = cause.summary if cause is not None else ("refused" if refused_for is not None else "succeeded")
+    return Attempt(
+        attempt=attempt,
+        started_at=started_at,
+        code_started_at=code_started_at,
+        gang_formed_at=max(joined) if joined else None,
+        gang_formed_seconds=(max(joined) - started_at) if joined else None,
+        calls=tuple(CallStart(r.call, r.started_at) for r in results),
+        ended_at=(cause.time if cause is not None else None) or ended,
+        stopped=stopped,
+        kind=cause.kind if cause is not None else None,
+        resumed_from=resumed_from,
+        refused_for=refused_for,
+    )
 
 
-def with_costs(attempts: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+def with_costs(attempts: List[Attempt]) -> List[Attempt]:
     """What each failure cost: the work since the last checkpoint before it
     (the one the next attempt resumed from; the whole attempt without one)
     and the restart (the failure to the next attempt's first call with its
     whole gang there: the later of the call's start and the gang formed)."""
-    out = [dict(a) for a in attempts]
-    for failed, nxt in zip(out, out[1:]):
-        end = _num(failed.get("ended_at"))
+    out = list(attempts)
+    for i, (failed, nxt) in enumerate(zip(attempts, attempts[1:])):
+        end = failed.ended_at
         if end is None:
             continue
-        resumed = nxt.get("resumed_from") or {}
-        saved = _num(resumed.get("created_at")) if isinstance(resumed, Mapping) else None
-        calls = failed.get("calls") or []
-        began = _num(calls[0].get("started_at")) if calls else _num(failed.get("started_at"))
+        saved = nxt.resumed_from.created_at if nxt.resumed_from is not None else None
+        began = failed.calls[0].started_at if failed.calls else failed.started_at
         since = saved if saved is not None and saved <= end else began
-        nxt_calls = nxt.get("calls") or []
-        restart_to = _num(nxt_calls[0].get("started_at")) if nxt_calls else None
-        formed = _num(nxt.get("gang_formed_at"))
-        if restart_to is not None and formed is not None:
-            restart_to = max(restart_to, formed)
-        failed["lost_work_seconds"] = max(0.0, end - since) if since is not None else None
-        failed["restart_seconds"] = max(0.0, restart_to - end) if restart_to is not None else None
-        parts = [failed["lost_work_seconds"], failed["restart_seconds"]]
-        failed["lost_seconds"] = sum(p for p in parts if p is not None) if any(p is not None for p in parts) else None
+        restart_to = nxt.calls[0].started_at if nxt.calls else None
+        if restart_to is not None and nxt.gang_formed_at is not None:
+            restart_to = max(restart_to, nxt.gang_formed_at)
+        lost_work = max(0.0, end - since) if since is not None else None
+        restart = max(0.0, restart_to - end) if restart_to is not None else None
+        parts = [p for p in (lost_work, restart) if p is not None]
+        out[i] = replace(failed, lost_work_seconds=lost_work, restart_seconds=restart,
+                         lost_seconds=sum(parts) if parts else None, costed=True)
     return out
 
 
@@ -213,7 +308,15 @@ def _num(value: Any) -> Optional[float]:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
-def read_previous(pathspec: str, attempt: int, field: str) -> Tuple[Optional[Dict[str, Any]], Optional[str]]:
+def _whole(value: Any) -> Optional[int]:
+    return value if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 1 << 31 else None
+
+
+def _text(value: Any, limit: int = 4000) -> Optional[str]:
+    return value[:limit] if isinstance(value, str) else None
+
+
+def read_previous(pathspec: str, attempt: int, field: str) -> Tuple[Optional[Previous], Optional[str]]:
     """Attempt ``attempt``'s record of this task through the Metaflow client,
     and a note when it could not be read (None, None: it left none, as a task
     killed before its end leaves none)."""
@@ -233,4 +336,5 @@ def read_previous(pathspec: str, attempt: int, field: str) -> Tuple[Optional[Dic
         record = json.loads(latest.value)
     except (TypeError, ValueError):
         return None, "attempt %d's record is not JSON" % attempt
-    return (record, None) if isinstance(record, dict) else (None, "attempt %d's record is not an object" % attempt)
+    previous = Previous.from_wire(record)
+    return (previous, None) if previous is not None else (None, "attempt %d's record is not an object" % attempt)

@@ -17,14 +17,13 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from ..procs import bootstrap, entry, functions, stacks
 from ..cause import Cause, CauseKind
-from ..gang.messages import MAX_RANKS_PER_NODE, STREAMS, TAIL_LINE_CHARS, TAIL_LINES, NodeReport, RankStatus
-from ..host.devices import cuda_devices
+from ..gang.messages import MAX_RANKS_PER_NODE, STREAMS, TAIL_LINE_CHARS, TAIL_LINES, NodeReport
 from ..errors import GangAborted, TorchrunException, TorchrunFailed, TorchrunInvalidArgument
 from ..procs.failures import (
     RankFailure,
     describe_exit_code,
     merge_failures,
-    parse_torchrun_summary,
+    read_agent_failures,
     read_failures,
     with_last_output,
 )
@@ -32,15 +31,14 @@ from ..host.network import route_to
 from ..launch.command import argparse_hint
 from ..launch.plan import CallPlan
 from ..launch.prepare import NodeFacts, prepare
-from ..launch.resources import check_visible_devices
-from .result import FULL_REPORT_HINT, TorchrunResult, read_rank_records
+from .result import FULL_REPORT_HINT, GangView, TorchrunResult, read_rank_records
 from .session import GangSession
 from ..host.console import say
 from .stop import GangStop, interrupted, notice_path
 from .supervisor import StopReason, Supervisor
 from ..host.workdirs import CallFiles
-from ..procs.names import ARGS_FILE, agent_log_path, rank_log_path
-from ..host.workdirs import tail_lines as _tail_lines
+from ..procs.names import ARGS_FILE, rank_log_path
+from ..host.private import tail_lines as _tail_lines
 
 # What stacks may add to the control's stop, its own collecting included: a
 # frozen node never sends any, so this bounds the wait for the others'.
@@ -85,7 +83,6 @@ class CallRun:
 
     def run(self) -> TorchrunResult:
         try:
-            self.check_devices()
             self.enter()
             env = self.prepare()
             self.supervise(env)
@@ -102,16 +99,6 @@ class CallRun:
                 except AttributeError:
                     pass
         return result
-
-    def check_devices(self) -> None:
-        """From the driver's files, not torch: importing torch in the task
-        process costs seconds before the first rank starts."""
-        nproc = self.plan.nproc
-        count = cuda_devices(os.environ)
-        if isinstance(nproc, int) and count is not None:
-            notice = check_visible_devices(nproc, self.session.defaults.accelerators, count > 0, count)
-            if notice and self.node_index == 0:
-                say(notice)
 
     def enter(self) -> None:
         client = self.session.client
@@ -211,7 +198,7 @@ class CallRun:
         if self.exit_code != 0:
             self.failures = [self._with_last_output(f) for f in merge_failures(
                 read_failures(self.workdir),
-                parse_torchrun_summary(self._agent_report(), self.node_index),
+                read_agent_failures(self.workdir, self.node_index),
             )]
             if client.cause is None:
                 client.report_failure(self._own_cause(), call=self.index, report=self._report(self.failures))
@@ -254,14 +241,10 @@ class CallRun:
         topology = self.session.topology
         sup = self.supervisor
         server = self.session.server
-        gang_view: Dict[str, Any] = {}
+        gang_view = GangView()
         if server is not None:
             view = server.call_view(self.index)
-            gang_view = {
-                "joined_at": dict(view.joined_at),
-                "finished_at": dict(view.finished_at),
-                "reports": {node: report.to_wire() for node, report in view.reports.items()},
-            }
+            gang_view = GangView(dict(view.joined_at), dict(view.finished_at), dict(view.reports))
         ranks = read_rank_records(self.workdir, self.failures) if self.workdir else []
         cause = self.session.cause
         client = self.session.client
@@ -280,7 +263,7 @@ class CallRun:
             ranks=ranks,
             restarts=max([r.restart or 0 for r in ranks] or [0]),
             log_dir=self.log_dir,
-            cause=cause.to_wire() if cause is not None else None,
+            cause=cause,
             gang=gang_view,
             returns=self.returns,
             call=self.index,
@@ -372,14 +355,6 @@ class CallRun:
             call=self.index,
         )
 
-    def _agent_report(self) -> bytes:
-        """What torchrun said of the failure: its stderr, and its log file
-        (``procs/agent.py`` keeps its report out of the console)."""
-        text = self.supervisor.stderr_tail if self.supervisor else b""
-        if self.log_dir:
-            text += "\n".join(tail_lines(agent_log_path(self.log_dir), count=400, max_bytes=256 * 1024)).encode()
-        return text
-
     def _with_last_output(self, failure: RankFailure) -> RankFailure:
         if failure.traceback or not self.log_dir:
             return failure
@@ -398,7 +373,7 @@ class CallRun:
                     for s in STREAMS
                 }
         return NodeReport(
-            ranks=tuple(RankStatus.of(r) for r in ranks[:MAX_RANKS_PER_NODE]),
+            ranks=tuple(r.for_wire() for r in ranks[:MAX_RANKS_PER_NODE]),
             tails=tails,
             started=self.supervisor.started_at if self.supervisor else None,
             ended=time.time(),
@@ -440,7 +415,7 @@ def add_argparse_hint(error: TorchrunException, keys: Tuple[str, ...]) -> None:
 
 
 def tail_lines(path: str, count: int = TAIL_LINES, max_bytes: int = 64 * 1024) -> List[str]:
-    """The last lines of a per-rank log: never through a symlink (workdirs.py)."""
+    """The last lines of a per-rank log: never through a symlink (host/private.py)."""
     return _tail_lines(path, count, max_bytes)
 
 

@@ -27,8 +27,9 @@ import html
 import os
 import re
 import time
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
+from ..gang.messages import RankStatus
 from ..host.console import say
 from ..host.devices import cuda_devices
 from ..procs.failures import describe_exit_code
@@ -80,20 +81,18 @@ def _fmt_code(code: Optional[int]) -> str:
     return "0 (ok)" if code == 0 else describe_exit_code(code)
 
 
-def gang_ranks(result: TorchrunResult) -> Dict[int, List[Dict[str, Any]]]:
+def gang_ranks(result: TorchrunResult) -> Dict[int, List[RankStatus]]:
     """Rank records per node: every node on the control, this node elsewhere."""
-    reports = (result.gang or {}).get("reports") or {}
-    out = {int(node): list(rep.get("ranks") or []) for node, rep in reports.items()}
+    out = {node: list(report.ranks) for node, report in result.gang.reports.items()}
     if result.node_index not in out:
-        out[result.node_index] = [dict(vars(r)) for r in result.ranks]
+        out[result.node_index] = [r.for_wire() for r in result.ranks]
     return dict(sorted(out.items()))
 
 
-def gang_tails(result: TorchrunResult) -> Dict[int, Dict[str, List[str]]]:
-    tails: Dict[int, Dict[str, List[str]]] = {}
-    for rep in ((result.gang or {}).get("reports") or {}).values():
-        for rank, streams in (rep.get("tails") or {}).items():
-            tails[int(rank)] = streams
+def gang_tails(result: TorchrunResult) -> Dict[int, Mapping[str, Sequence[str]]]:
+    tails: Dict[int, Mapping[str, Sequence[str]]] = {}
+    for report in result.gang.reports.values():
+        tails.update(report.tails)
     return dict(sorted(tails.items()))
 
 
@@ -203,9 +202,9 @@ def summary_markdown(result: TorchrunResult, flow: str, pathspec: str) -> str:
     if result.succeeded:
         status = "**Succeeded** in %.1f s" % result.duration
     else:
-        cause = result.cause or {}
+        summary = result.cause.summary if result.cause is not None else None
         # An HTML block, one line: the cause's text exactly as it is.
-        status = "<p><strong>Failed</strong>: %s</p>" % html_line(cause.get("summary") or _fmt_code(result.exit_code))
+        status = "<p><strong>Failed</strong>: %s</p>" % html_line(summary or _fmt_code(result.exit_code))
     # A flow's name is a Python identifier; the pathspec is Metaflow's (flow/run/step/task).
     name = flow if flow.isidentifier() else escape_markdown(flow)
     return "# @torchrun: %s\n\n`%s`\n\n%s" % (name, pathspec, status)
@@ -249,7 +248,7 @@ def timeline_parts(result: TorchrunResult, Markdown: Any) -> list:
     return parts
 
 
-def shown_ranks(ranks: List[Tuple[int, Dict[str, Any]]], limit: int) -> List[Tuple[int, Dict[str, Any]]]:
+def shown_ranks(ranks: List[Tuple[int, RankStatus]], limit: int) -> List[Tuple[int, RankStatus]]:
     """At most ``limit`` of (node, rank record), in rank order: every rank
     that failed (not stopped by the gang) first, then the lowest ranks."""
     if len(ranks) <= limit:
@@ -262,17 +261,17 @@ def shown_ranks(ranks: List[Tuple[int, Dict[str, Any]]], limit: int) -> List[Tup
 
 def rank_rows(result: TorchrunResult, limit: int = CARD_RANK_ROWS) -> List[List[str]]:
     every = [(node, r) for node, ranks in gang_ranks(result).items() for r in ranks]
-    every.sort(key=lambda nr: (nr[1].get("rank") if isinstance(nr[1].get("rank"), int) else 0, nr[0]))
+    every.sort(key=lambda nr: (nr[1].rank, nr[0]))
     rows = []
     for node, r in shown_ranks(every, limit):
-        start, end = r.get("start"), r.get("end")
+        start, end = r.start, r.end
         rows.append(
             [
-                str(r.get("rank")),
+                str(r.rank),
                 str(node),
-                str(r.get("local_rank")),
-                str(r.get("pid")),
-                _fmt_code(r.get("exit_code")),
+                str(r.local_rank),
+                str(r.pid),
+                _fmt_code(r.exit_code),
                 "%.1f s" % (end - start) if start and end else "",
             ]
         )
@@ -316,24 +315,24 @@ def attempt_rows(result: TorchrunResult) -> List[List[str]]:
     """Every attempt of the step (runtime/attempts.py), times from the first
     attempt's start, and what each failure cost."""
     rows: List[List[str]] = []
-    attempts = [a for a in result.attempts if isinstance(a, dict)]
+    attempts = result.attempts
     if len(attempts) < 2:
         return rows
-    origin = attempts[0].get("started_at") or 0.0
+    origin = attempts[0].started_at or 0.0
 
-    def secs(value: Any) -> str:
-        return "%.1f s" % value if isinstance(value, (int, float)) else ""
+    def secs(value: Optional[float]) -> str:
+        return "%.1f s" % value if value is not None else ""
 
     for a in attempts:
-        calls = ", ".join(_fmt_time(c.get("started_at"), origin) for c in a.get("calls") or [])
-        resumed = a.get("resumed_from") or {}
-        meta = resumed.get("metadata") or {}
-        label = ("%s (%s)" % (resumed.get("created_on"), ", ".join("%s=%s" % kv for kv in sorted(meta.items())))
-                 if resumed else "")
+        calls = ", ".join(_fmt_time(c.started_at, origin) for c in a.calls)
+        resumed = a.resumed_from
+        meta = (resumed.metadata if resumed is not None else None) or {}
+        label = ("%s (%s)" % (resumed.created_on, ", ".join("%s=%s" % kv for kv in sorted(meta.items())))
+                 if resumed is not None else "")
         rows.append([
-            str(a.get("attempt")), _fmt_time(a.get("started_at"), origin), secs(a.get("gang_formed_seconds")),
-            calls, clip(a.get("stopped") or ""), clip(label),
-            secs(a.get("lost_work_seconds")), secs(a.get("restart_seconds")),
+            str(a.attempt), _fmt_time(a.started_at, origin), secs(a.gang_formed_seconds),
+            calls, clip(a.stopped or ""), clip(label),
+            secs(a.lost_work_seconds), secs(a.restart_seconds),
         ])
     return rows
 
@@ -350,9 +349,9 @@ def tail_parts(result: TorchrunResult, Markdown: Any) -> list:
              if any(streams.get(s) for s in ("stdout", "stderr"))}
     if not tails:
         return []
-    failed = {r.get("rank") for ranks in gang_ranks(result).values() for r in ranks
+    failed = {r.rank for ranks in gang_ranks(result).values() for r in ranks
               if timeline.rank_state(r, None) == "rank: failed"}
-    root = (result.cause or {}).get("rank")
+    root = result.cause.rank if result.cause is not None else None
     order = sorted(tails, key=lambda rank: (rank != root, rank not in failed, rank))[:CARD_TAIL_RANKS]
     parts = [Markdown("## Last lines of each rank")]
     cut = False
@@ -389,8 +388,8 @@ def build_components(result: TorchrunResult, flow: str, pathspec: str, backend: 
     if attempt_rows(result):
         parts += [Markdown("## Attempts"), Table(attempt_rows(result), headers=ATTEMPT_HEADERS)]
     cause = result.cause
-    if cause:
-        text, _ = clip_lines(cause.get("summary") or str(cause), CARD_CAUSE_CHARS)
+    if cause is not None:
+        text, _ = clip_lines(cause.summary, CARD_CAUSE_CHARS)
         parts.append(Markdown("## Root cause\n\n%s" % text_block(text)))
     parts.extend(stack_parts(result, Markdown, Table))
     parts.extend(card_preflight.parts(result.preflight, escape_markdown, code_block))

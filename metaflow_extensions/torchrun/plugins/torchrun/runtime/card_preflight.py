@@ -5,42 +5,44 @@ so the section is too at 1,024 nodes."""
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Mapping
+from typing import Any, Dict, List, Optional
+
+from ..gang.node_compare import JobRecord, PreflightRecord, describe_job
 
 
-def table(record: Mapping[str, Any]) -> List[List[str]]:
-    rows = record.get("rows") or []
+def table(record: PreflightRecord) -> List[List[str]]:
+    rows = record.rows
     names: List[str] = []
     for row in rows:
         names.extend(k for k in row if k not in ("node",) and k not in names)
     out = [["node"] + names]
     for row in rows:
         out.append([str(row.get("node"))] + [str(row.get(name, "")) for name in names])
-    shown, total = len(rows), int(record.get("reported") or 0)
+    shown, total = len(rows), record.reported
     if total > shown:
         out.append(["...", "%d more nodes, every check ok" % (total - shown)] + [""] * (len(names) - 1))
     return out
 
 
-def findings_markdown(record: Mapping[str, Any], escape: Any) -> str:
+def findings_markdown(record: PreflightRecord, escape: Any) -> str:
     lines = []
-    for text in record.get("differences") or []:
+    for text in record.differences:
         lines.append("- versions differ: %s" % escape(text))
-    for f in record.get("findings") or []:
-        nodes = ", ".join(str(n) for n in f.get("nodes") or [])
-        more = f.get("count", 0) - len(f.get("nodes") or [])
+    for f in record.findings:
+        check = f.check
+        nodes = ", ".join(str(n) for n in f.nodes)
+        more = f.count - len(f.nodes)
         lines.append("- **%s** %s on node%s %s%s: found %s, expected %s. %s" % (
-            escape(f.get("name")), escape(f.get("status")), "s" if f.get("count", 0) != 1 else "", nodes,
-            " and %d more" % more if more > 0 else "", escape(f.get("found")), escape(f.get("expected") or "-"),
-            ("Fix: " + escape(f.get("fix"))) if f.get("fix") else ""))
+            escape(check.name), escape(check.status), "s" if f.count != 1 else "", nodes,
+            " and %d more" % more if more > 0 else "", escape(check.found), escape(check.expected or "-"),
+            ("Fix: " + escape(check.fix)) if check.fix else ""))
     return "\n".join(lines)
 
 
-def bandwidth_spec(job: Mapping[str, Any]) -> Dict[str, Any]:
+def bandwidth_spec(job: JobRecord) -> Dict[str, Any]:
     """A Vega-Lite bar chart: GB/s from each node to the reference node."""
-    links = job.get("link_gbps") or {}
-    slow = set(job.get("slow") or [])
-    values = [{"node": str(n), "GB/s": v, "slow": n in slow} for n, v in sorted(links.items())]
+    slow = set(job.slow)
+    values = [{"node": str(n), "GB/s": v, "slow": n in slow} for n, v in sorted(job.link_gbps.items())]
     return {
         "$schema": "https://vega.github.io/schema/vega-lite/v5.json",
         "width": min(600, 40 + 12 * len(values)), "height": 120,
@@ -55,36 +57,33 @@ def bandwidth_spec(job: Mapping[str, Any]) -> Dict[str, Any]:
     }
 
 
-def parts(record: Mapping[str, Any], escape: Any, code_block: Any) -> list:
+def parts(record: Optional[PreflightRecord], escape: Any, code_block: Any) -> list:
     """The section's components; [] when the step had no preflight."""
-    if not record:
+    if record is None:
         return []
     from metaflow.cards import Markdown, Table
 
-    out: list = [Markdown("## Preflight (%s)" % escape(record.get("mode", "?")))]
-    if record.get("rows"):
+    out: list = [Markdown("## Preflight (%s)" % escape(record.mode))]
+    if record.rows:
         rows = table(record)
         out.append(Table(rows[1:], headers=rows[0]))
     text = findings_markdown(record, escape)
     out.append(Markdown(text or "Every node runs the same software and passed every check."))
-    job = record.get("job")
-    if job:
-        from ..gang.node_compare import describe_job
-
+    job = record.job
+    if job is not None:
         out.append(Markdown(code_block("\n".join(describe_job(job)))))
-        if job.get("link_gbps"):
+        if job.link_gbps:
             try:
                 from metaflow.cards import VegaChart
 
                 out.append(Markdown("GB/s from each node to node %s (a round trip of %s MiB):" % (
-                    job.get("home_node"), job.get("size_mib"))))
+                    job.home_node, job.size_mib)))
                 out.append(VegaChart(bandwidth_spec(job)))
             except ImportError:  # an older Metaflow: the table says it
                 pass
-        init = job.get("init_s") or {}
-        links = job.get("link_gbps") or {}
+        init, links = job.init_s, job.link_gbps
         nodes = sorted(set(init) | set(links))[:64]
         out.append(Table([[str(n), "%.3f" % init[n] if n in init else "",
                            "%.3f" % links[n] if n in links else "reference"] for n in nodes],
-                         headers=["node", "process-group init (s)", "GB/s to node %s" % job.get("home_node")]))
+                         headers=["node", "process-group init (s)", "GB/s to node %s" % job.home_node]))
     return out

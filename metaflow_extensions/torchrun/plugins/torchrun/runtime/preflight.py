@@ -14,9 +14,10 @@ the control keeps for the record and the card.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
-from typing import Any, Callable, Dict, Optional
+from typing import Callable, Dict, Optional
 
 from ..cause import Cause, CauseKind
 from ..gang import messages as msg
@@ -54,7 +55,7 @@ def attach(session: GangSession) -> None:
     """Before ``session.join``: the preflight travels with the join."""
     if session.defaults.preflight != verdicts.OFF:
         session.preflight_source = source(session)
-        session.preflight["mode"] = session.defaults.preflight
+        session.preflight.mode = session.defaults.preflight
 
 
 def backend(session: GangSession) -> str:
@@ -65,9 +66,9 @@ def backend(session: GangSession) -> str:
 def before_first_call(session: GangSession) -> None:
     """``preflight="full"``: the collective job, once per step attempt,
     before the step's first call starts the user's ranks."""
-    if session.defaults.preflight != verdicts.FULL or session.calls_made or session.preflight.get("job_ran"):
+    if session.defaults.preflight != verdicts.FULL or session.calls_made or session.preflight.job_ran:
         return
-    session.preflight["job_ran"] = True
+    session.preflight.job_ran = True
     plan = plan_call(collective_check.preflight_job, {"backend": backend(session)}, None, None,
                      session.defaults, [os.getcwd()])
     began = time.monotonic()
@@ -75,7 +76,7 @@ def before_first_call(session: GangSession) -> None:
         result = PreflightRun(session, plan, index).run()
     if session.is_control:
         job = verdicts.job_record(result.returns.get(0), time.monotonic() - began)
-        session.preflight["job"] = job
+        session.preflight.job = job
         for line in verdicts.describe_job(job):
             say("preflight: " + line)
 
@@ -141,15 +142,12 @@ def _outside(phases: Dict[int, Optional[str]]) -> str:
                      for local, phase in sorted(phases.items()) if phase not in collective_check.WAITING)
 
 
-def record(session: GangSession) -> Dict[str, Any]:
+def record(session: GangSession) -> Optional[verdicts.PreflightRecord]:
     """On the control: the gang's preflight for the record and the card."""
-    if session.server is None or not session.preflight.get("mode"):
-        return {}
-    out = {"mode": session.preflight["mode"]}
-    out.update(session.server.preflight_record())
-    if session.preflight.get("job"):
-        out["job"] = session.preflight["job"]
-    return out
+    mode = session.preflight.mode
+    if session.server is None or not mode:
+        return None
+    return dataclasses.replace(session.server.preflight_record(mode), job=session.preflight.job)
 
 
 def refusal_result(session: GangSession) -> Optional[TorchrunResult]:
@@ -163,5 +161,5 @@ def refusal_result(session: GangSession) -> Optional[TorchrunResult]:
                           nproc_per_node=checks.default_nproc(session.defaults.nproc_per_node,
                                                               session.defaults.derived_nproc),
                           exit_code=None, started_at=now, ended_at=now, main_addr=session.topology.main_addr,
-                          cause=cause.to_wire())
+                          cause=cause)
 

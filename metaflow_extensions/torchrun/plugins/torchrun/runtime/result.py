@@ -8,14 +8,20 @@ client after the run) and drawn in the step's card.
 from __future__ import annotations
 
 import json
-import os
-from dataclasses import asdict, dataclass, field
-from typing import Any, Dict, List, Optional, Union
+from dataclasses import asdict, dataclass, field, replace
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Union
 
+if TYPE_CHECKING:
+    from .attempts import Attempt
+
+from ..cause import Cause
+from ..gang.messages import NodeReport, ProtocolError
+from ..gang.node_compare import PreflightRecord
 from ..procs.failures import RankFailure
 from ..procs.ranges import numbers
 from ..procs.stacks import SUMMARY_PLACES, bound, group
-from ..procs.names import STATUS_SUFFIX, rank_log_path
+from ..procs.names import rank_log_path
+from ..procs.status import RankStatus, read_statuses
 
 METADATA_FIELD = "torchrun-result"
 # The record is stored in the metadata service: at most this many bytes of JSON,
@@ -35,22 +41,44 @@ STACKS_IN_REPORT = 64 << 20
 FAILED_PER_NODE = 8
 
 
-@dataclass
-class RankRecord:
-    rank: int
-    local_rank: int
-    group_rank: int = -1
-    restart: int = 0
-    pid: int = -1
-    start: Optional[float] = None
-    end: Optional[float] = None
-    exit_code: Optional[int] = None
+# One rank's record in the result: the rank status schema (procs/status.py).
+RankRecord = RankStatus
 
-    @property
-    def duration(self) -> Optional[float]:
-        if self.start is None or self.end is None:
-            return None
-        return self.end - self.start
+
+@dataclass(frozen=True)
+class GangView:
+    """The gang as the control saw one call: when each node joined it and
+    finished it, and each node's report (its ranks and their last lines)."""
+
+    joined_at: Dict[int, float] = field(default_factory=dict)
+    finished_at: Dict[int, float] = field(default_factory=dict)
+    reports: Dict[int, NodeReport] = field(default_factory=dict)
+
+    def to_wire(self) -> Dict[str, Any]:
+        return {
+            "joined_at": {str(k): v for k, v in self.joined_at.items()},
+            "finished_at": {str(k): v for k, v in self.finished_at.items()},
+            "reports": {str(k): r.to_wire() for k, r in self.reports.items()},
+        }
+
+    @classmethod
+    def from_wire(cls, data: Any) -> "GangView":
+        """A stored record's view (``to_dict``'s ``gang``), checked: what is not
+        a node's time or report is left out."""
+        data = data if isinstance(data, dict) else {}
+
+        def times(value: Any) -> Dict[int, float]:
+            items = value.items() if isinstance(value, dict) else []
+            return {int(k): float(v) for k, v in items
+                    if str(k).isdigit() and isinstance(v, (int, float)) and not isinstance(v, bool)}
+
+        reports: Dict[int, NodeReport] = {}
+        for k, v in (data.get("reports") or {}).items() if isinstance(data.get("reports"), dict) else []:
+            try:
+                reports[int(k)] = NodeReport.from_wire(v)
+            except (ProtocolError, ValueError):
+                continue
+        return cls(times(data.get("joined_at")), times(data.get("finished_at")), reports)
 
 
 @dataclass
@@ -71,12 +99,10 @@ class TorchrunResult:
     ranks: List[RankRecord] = field(default_factory=list)
     restarts: int = 0
     log_dir: Optional[str] = None
-    # Set when the run failed: the gang's root cause (a dict, see gang.py).
-    cause: Optional[Dict[str, Any]] = None
-    # On the control node: the gang as the control saw it: "joined_at" and
-    # "finished_at" (node -> epoch seconds) and "reports" (node -> its ranks and
-    # the last lines of their output).
-    gang: Dict[str, Any] = field(default_factory=dict)
+    # Set when the run failed: the gang's root cause.
+    cause: Optional[Cause] = None
+    # On the control node: the gang as the control saw it (empty elsewhere).
+    gang: GangView = field(default_factory=GangView)
     # Function entrypoints: return values of this node's ranks by global rank;
     # on the control node rank 0's value is always there.
     returns: Dict[int, Any] = field(default_factory=dict)
@@ -88,12 +114,12 @@ class TorchrunResult:
     stacks: Dict[int, str] = field(default_factory=dict)
     stack_seconds: float = 0.0
     # On the control: @torchrun(preflight=...)'s findings for the whole gang,
-    # bounded whatever its size (gang/node_compare.py record, runtime/preflight.py).
-    preflight: Dict[str, Any] = field(default_factory=dict)
+    # bounded whatever its size (gang/node_compare.py, runtime/preflight.py).
+    preflight: Optional[PreflightRecord] = None
     # On the control: every attempt of the step so far, this one last
     # (runtime/attempts.py: start, gang formed, calls, why it stopped, the
     # checkpoint it resumed from, what each failure cost).
-    attempts: List[Dict[str, Any]] = field(default_factory=list)
+    attempts: List["Attempt"] = field(default_factory=list)
 
     @property
     def duration(self) -> float:
@@ -118,14 +144,15 @@ class TorchrunResult:
     def to_dict(self, stacks_limit: int = STACKS_IN_REPORT) -> Dict[str, Any]:
         """JSON-able, without return values (they may be anything): the full
         report (``REPORT_ARTIFACT``)."""
-        data = asdict(self)
-        data.pop("returns", None)
+        data = {f: getattr(self, f) for f in self.__dataclass_fields__ if f not in ("returns",)}
+        data["ranks"] = [asdict(r) for r in self.ranks]
+        data["cause"] = self.cause.to_wire() if self.cause is not None else None
+        data["gang"] = self.gang.to_wire()
+        data["preflight"] = self.preflight.to_wire() if self.preflight is not None else {}
+        data["attempts"] = [a.to_wire() for a in self.attempts]
+        data["command"] = list(self.command)
         data["duration"] = self.duration
         data["succeeded"] = self.succeeded
-        data["gang"] = {
-            key: {str(k): v for k, v in (self.gang.get(key) or {}).items()}
-            for key in ("joined_at", "finished_at", "reports")
-        }
         for r, rec in zip(data["ranks"], self.ranks):
             r["duration"] = rec.duration
         data["stacks"] = {str(k): v for k, v in bound(self.stacks, stacks_limit).items()}
@@ -184,31 +211,14 @@ def _times(stamps: Dict[str, Any]) -> Dict[str, Any]:
 def read_rank_records(directory: str, failures: List[RankFailure]) -> List[RankRecord]:
     """The status each rank wrote, completed with torchrun's report for ranks
     that died before they could write their exit."""
-    records: Dict[int, RankRecord] = {}
-    try:
-        names = os.listdir(directory)
-    except OSError:
-        names = []
-    for name in names:
-        if not name.endswith(STATUS_SUFFIX):
-            continue
-        try:
-            with open(os.path.join(directory, name)) as f:
-                raw = json.load(f)
-            rec = RankRecord(**{k: raw.get(k) for k in RankRecord.__dataclass_fields__})
-        except (OSError, ValueError, TypeError):
-            continue
-        records[rec.rank] = rec
+    records: Dict[int, RankRecord] = read_statuses(directory)
     for failure in failures:
-        found = records.get(failure.rank)
-        if found is None:
-            rec = records[failure.rank] = RankRecord(failure.rank, failure.local_rank, pid=failure.pid)
-        else:
-            rec = found
+        rec = records.get(failure.rank)
+        if rec is None:
+            rec = RankRecord(failure.rank, failure.local_rank, pid=failure.pid)
         if rec.exit_code is None:
-            code = _code_from(failure.exc_type)
-            rec.exit_code = code
-            rec.end = rec.end or failure.timestamp
+            rec = replace(rec, exit_code=_code_from(failure.exc_type), end=rec.end or failure.timestamp)
+        records[failure.rank] = rec
     return [records[k] for k in sorted(records)]
 
 

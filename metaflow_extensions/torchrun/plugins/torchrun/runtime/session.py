@@ -21,13 +21,15 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import logging
 import os
 import signal
 import sys
 import threading
 import time
 import traceback
-from typing import Any, Callable, Dict, Iterator, List, Optional, Union
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, List, Optional, Union
 
 from ..cause import Cause, CauseKind
 from ..errors import GangAborted, TorchrunCallRefused, TorchrunException, is_refusal
@@ -35,13 +37,17 @@ from ..gang.config import GangConfig
 from ..gang.client import GangClient
 from ..gang.server import GangServer
 from ..gang.identity import GangIdentity
+from ..gang.node_compare import JobRecord
 from ..launch.plan import StepDefaults
 from .result import TorchrunResult
 from ..gang.topology import Topology
 from .. import defaults as DEFAULTS
 from ..procs.names import PROGRESS_ENV
 from ..host.console import say
-from ..host.workdirs import where_logs_are
+from ..host.logs import where_logs_are
+from ..host import log
+
+_log = log.get("runtime.session")
 
 # Raised in the main thread to stop the step's code when the gang aborts. A
 # real-time signal: user code (SLURM-style checkpoint triggers) uses SIGUSR1/2.
@@ -54,6 +60,16 @@ INTERRUPT_GRACE = 10.0
 JOIN_WAIT = 2.0
 # How long a failed gang's service waits for nodes that have not heard yet.
 LINGER = 15.0
+
+
+@dataclass
+class PreflightState:
+    """The step's preflight (runtime/preflight.py): its mode, and on the
+    control the collective job's record once it ran."""
+
+    mode: Optional[str] = None
+    job_ran: bool = False
+    job: Optional[JobRecord] = None
 
 
 class Phase(enum.Enum):
@@ -107,7 +123,7 @@ class GangSession:
         # This node's preflight (runtime/preflight.py): what it sends on joining,
         # and what the control keeps of the gang's.
         self.preflight_source: Optional[Callable[[], Any]] = None
-        self.preflight: Dict[str, Any] = {}
+        self.preflight = PreflightState()
 
     @property
     def cause(self) -> Optional[Cause]:
@@ -168,7 +184,8 @@ class GangSession:
         self._interruptible = False
         self.phase = Phase.IN_CALL
         try:
-            yield index
+            with _timed("node %d: call %d" % (self.topology.node_index, index)):
+                yield index
         finally:
             self._call_error = sys.exc_info()[1] or self._call_error  # step_cause says where, after the reset
             self.phase = Phase.IN_STEP
@@ -286,12 +303,13 @@ class GangSession:
 
     def close(self) -> None:
         self.phase = Phase.LEFT
-        if self.client is not None:
-            self.client.close()
-        if self.server is not None:
-            if self.server.cause is not None:
-                self._linger(self.server)
-            self.server.close()
+        with _timed("node %d: closing the gang (the control lingers after a failure)" % self.topology.node_index):
+            if self.client is not None:
+                self.client.close()
+            if self.server is not None:
+                if self.server.cause is not None:
+                    self._linger(self.server)
+                self.server.close()
 
     def say_where_logs_are(self) -> None:
         """Once, at the step's end, on the control of a local run: every node
@@ -313,6 +331,22 @@ class GangSession:
         deadline = time.monotonic() + min(LINGER, self.config.start_timeout)
         while not server.everyone_heard() and time.monotonic() < deadline:
             time.sleep(0.05)
+
+
+@contextlib.contextmanager
+def _timed(what: str) -> Iterator[None]:
+    """Debug records (host/log.py) of ``what`` begun and ended, with its duration."""
+    if not _log.isEnabledFor(logging.DEBUG):
+        yield
+        return
+    began = time.monotonic()
+    _log.debug("%s: begun", what)
+    try:
+        yield
+    except BaseException as e:
+        _log.debug("%s: ended after %.3fs, raising %s", what, time.monotonic() - began, type(e).__name__)
+        raise
+    _log.debug("%s: ended after %.3fs", what, time.monotonic() - began)
 
 
 def same_problem(mine: Cause, cause: Cause) -> bool:

@@ -17,9 +17,11 @@ import threading
 import time
 from typing import BinaryIO, Callable, List, Mapping, NamedTuple, Optional, Set, Union
 
-from ..host import proctree
+from ..host import log, proctree
 from ..procs import relay
 from ..errors import TorchrunInterrupted
+
+_log = log.get("runtime.supervisor")
 
 ChunkSink = Callable[[bytes], None]
 
@@ -127,8 +129,6 @@ class Supervisor:
         self.signalled: Optional[int] = None
         # When the job last wrote anything (monotonic): hang detection reads it.
         self.last_output: Optional[float] = None
-        self._tail = bytearray()
-        self._tail_limit = 256 * 1024
         err_sink = stderr_sink or _default_sink(sys.stderr)
 
         out_sink = stdout_sink or _default_sink(sys.stdout)
@@ -137,14 +137,11 @@ class Supervisor:
             self.last_output = time.monotonic()
             out_sink(chunk)
 
-        def stderr_with_tail(chunk: bytes) -> None:
+        def stderr_seen(chunk: bytes) -> None:
             self.last_output = time.monotonic()
             err_sink(chunk)
-            self._tail += chunk
-            if len(self._tail) > 2 * self._tail_limit:
-                del self._tail[: -self._tail_limit]
 
-        self._sinks = (stdout_seen, stderr_with_tail)
+        self._sinks = (stdout_seen, stderr_seen)
         self.proc: Optional[subprocess.Popen] = None
         self._seen: Set[proctree.ProcId] = set()
         self._pumps: List[threading.Thread] = []
@@ -153,11 +150,6 @@ class Supervisor:
         self._tracked_at = 0.0
         self.ended_at: Optional[float] = None
         self.stop_sent_at: Optional[float] = None  # when the agent was sent SIGTERM (epoch)
-
-    @property
-    def stderr_tail(self) -> bytes:
-        """The last stderr bytes: torchrun's failure report is read from here."""
-        return bytes(self._tail[-self._tail_limit :])
 
     def start(self) -> None:
         for stream in (sys.stdout, sys.stderr):
@@ -187,6 +179,7 @@ class Supervisor:
             os.close(err_w)
         self.started_at = time.time()
         self.started_mono = self.last_output = time.monotonic()
+        _log.debug("torchrun's agent started: pid %d", self.proc.pid)
         me = proctree.process_id(self.proc.pid)
         if me:
             self._seen.add(me)
@@ -235,6 +228,7 @@ class Supervisor:
             while True:
                 code = self.poll()
                 if code is not None:
+                    _log.debug("torchrun's agent ended with %d after %.3fs", code, self._ran())
                     return code
                 if self.signalled is not None:
                     tell(self, signal.Signals(self.signalled).name)
@@ -275,7 +269,10 @@ class Supervisor:
         ``grace`` (a gang's graceful stop) or ``grace_seconds`` (the fast one) later."""
         if self.proc is None:
             return
+        began = time.monotonic()
         if self.proc.poll() is None:
+            _log.debug("stop begun after %.3fs (%s)", self._ran(),
+                       "told to stop: SIGTERM" if self.signalled is not None else "the gang stopped")
             self._track()
             if self.before_stop is not None and grace is None:
                 try:
@@ -299,7 +296,14 @@ class Supervisor:
             while self.proc.poll() is None and time.monotonic() < deadline:
                 self._track()
                 time.sleep(0.05)
+            _log.debug("the agent %s %.3fs after the stop began (grace %gs)",
+                       "ended" if self.proc.poll() is not None else "outlived its grace", time.monotonic() - began,
+                       grace)
         self.kill_all()
+        _log.debug("stop ended in %.3fs", time.monotonic() - began)
+
+    def _ran(self) -> float:
+        return time.monotonic() - self.started_mono if self.started_mono is not None else 0.0
 
     def kill_all(self, drain_seconds: float = 3.0) -> None:
         """SIGKILL the agent; let the ranks' output relays drain what the ranks

@@ -54,13 +54,13 @@ class Gang:
     num_nodes: int
     joined: Mapping[int, float]
     finished: Mapping[int, float]
-    ranks: Mapping[int, Sequence[Mapping[str, Any]]]  # node -> its ranks' records
+    ranks: Mapping[int, Sequence[Any]]  # node -> its ranks' records (RankStatus)
     calls: Sequence[Tuple[int, float]] = ()  # (0-based call index, started at)
     failed_at: Optional[float] = None
     failed_node: Optional[int] = None
     failed_rank: Optional[int] = None
     ended_at: Optional[float] = None
-    failed_kind: Optional[str] = None  # a CauseKind's value
+    failed_kind: Optional[CauseKind] = None
 
 
 def _number(value: Any) -> Optional[float]:
@@ -73,53 +73,44 @@ def _index(value: Any) -> Optional[int]:
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
 
-def from_result(result: Any, ranks: Mapping[int, Sequence[Mapping[str, Any]]]) -> Gang:
+def from_result(result: Any, ranks: Mapping[int, Sequence[Any]]) -> Gang:
     """The chart's input from a ``TorchrunResult`` and its ranks per node
-    (``card.gang_ranks``). The calls are the attempt's (``result.attempts``,
-    on the control), else this one."""
-    gang = result.gang or {}
-    joined = {int(k): t for k, v in (gang.get("joined_at") or {}).items() if (t := _number(v)) is not None}
-    finished = {int(k): t for k, v in (gang.get("finished_at") or {}).items() if (t := _number(v)) is not None}
+    (``card.gang_ranks``: rank records, each with ``rank``, ``start``, ``end``
+    and ``exit_code``). The calls are the attempt's (``result.attempts``, on
+    the control), else this one."""
+    joined = {k: t for k, v in result.gang.joined_at.items() if (t := _number(v)) is not None}
+    finished = {k: t for k, v in result.gang.finished_at.items() if (t := _number(v)) is not None}
     if not joined:
         joined = {result.node_index: result.started_at}
         finished = {result.node_index: result.ended_at}
-    attempt = result.attempts[-1] if result.attempts and isinstance(result.attempts[-1], dict) else {}
     calls: List[Tuple[int, float]] = []
-    for c in attempt.get("calls") or []:
-        index, started = _index(c.get("call")) if isinstance(c, dict) else None, None
-        if index is not None and (started := _number(c.get("started_at"))) is not None:
-            calls.append((index, started))
+    if result.attempts:
+        calls = [(c.call, c.started_at) for c in result.attempts[-1].calls
+                 if _index(c.call) is not None and _number(c.started_at) is not None]
     if not calls and _index(result.call) is not None:
         calls = [(result.call, result.started_at)]
-    cause = result.cause or {}
+    cause = result.cause
     return Gang(
         num_nodes=max(1, int(result.num_nodes or 1)),
         joined=joined,
         finished=finished,
         ranks=ranks,
         calls=calls,
-        failed_at=_number(cause.get("time")) if cause else None,
-        failed_node=_index(cause.get("node_index")),
-        failed_rank=_index(cause.get("rank")),
+        failed_at=_number(cause.time) if cause is not None else None,
+        failed_node=_index(cause.node_index) if cause is not None else None,
+        failed_rank=_index(cause.rank) if cause is not None else None,
         ended_at=_number(result.ended_at),
-        failed_kind=_kind(cause.get("kind")),
+        failed_kind=cause.kind if cause is not None else None,
     )
 
 
-def _kind(value: Any) -> Optional[str]:
-    try:
-        return CauseKind(value).value
-    except ValueError:
-        return None
-
-
-def rank_state(record: Mapping[str, Any], failed_rank: Optional[int]) -> str:
-    code = record.get("exit_code")
+def rank_state(record: Any, failed_rank: Optional[int]) -> str:
+    code = record.exit_code
     if not isinstance(code, int) or isinstance(code, bool):
         return "rank: no exit"
     if code == 0:
         return "rank: exit 0"
-    if code in _STOPPED and record.get("rank") != failed_rank:
+    if code in _STOPPED and record.rank != failed_rank:
         return "rank: stopped"
     return "rank: failed"
 
@@ -174,14 +165,14 @@ def _rank_nodes(g: Gang) -> List[int]:
 def _rank_rows(g: Gang, origin: float, end: float) -> List[Dict[str, Any]]:
     rows: List[Dict[str, Any]] = []
     for node in _rank_nodes(g):
-        records = sorted(g.ranks[node], key=lambda r: _index(r.get("rank")) or 0)
+        records = sorted(g.ranks[node], key=lambda r: _index(r.rank) or 0)
         for r in records[:RANK_LANES]:
-            rank, start = _index(r.get("rank")), _number(r.get("start"))
+            rank, start = _index(r.rank), _number(r.start)
             if rank is None or start is None:
                 continue
-            stop = _number(r.get("end"))
+            stop = _number(r.end)
             state = rank_state(r, g.failed_rank)
-            code = r.get("exit_code")
+            code = r.exit_code
             rows.append({
                 "lane": "rank %d (node %d)" % (rank, node), "state": state, "start": start - origin,
                 "end": (stop if stop is not None else end) - origin,
@@ -202,7 +193,7 @@ def _failure_label(g: Gang) -> str:
     """Numbers and the cause's kind (a name of ``CauseKind``), never its text."""
     if g.failed_rank is not None and g.failed_node is not None:
         return "failed: rank %d (node %d)" % (g.failed_rank, g.failed_node)
-    what = g.failed_kind.replace("_", " ") if g.failed_kind else "failed"
+    what = g.failed_kind.value.replace("_", " ") if g.failed_kind is not None else "failed"
     if g.failed_node is not None:
         return "node %d: %s" % (g.failed_node, what)
     return "gang stopped: %s" % what

@@ -1,0 +1,64 @@
+"""The debug channel: ``logging.getLogger("metaflow_torchrun")``.
+
+Debugging the gang's protocol or the stop path should not mean editing code.
+The task's modules log what happens there (a node joins, a call is entered,
+told to go and done, a failure is seen, the verdict, a stop begun and ended,
+with how long each took) as debug records under this logger. They cost one
+level check while nobody listens.
+
+``METAFLOW_TORCHRUN_DEBUG=1`` (or a Metaflow profile's value; ``settings.py``
+exports it) switches them on: ``configure`` then sends them to stderr, each
+with its time to the millisecond, the logger's name and the process id.
+Without it this module installs nothing, and the records go where the
+application's own ``logging`` configuration sends them, as any library's do.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import Optional
+
+LOGGER_NAME = "metaflow_torchrun"
+FORMAT = "%(asctime)s.%(msecs)03d %(name)s[%(process)d] debug: %(message)s"
+DATE_FORMAT = "%Y-%m-%d %H:%M:%S"
+_ON = ("1", "true", "yes", "on")
+
+
+def get(part: str) -> logging.Logger:
+    """The logger of one part of the package (``gang.client``, ...), under ours."""
+    return logging.getLogger("%s.%s" % (LOGGER_NAME, part))
+
+
+def debug_on(value: Optional[str]) -> bool:
+    """``METAFLOW_TORCHRUN_DEBUG``'s value (``procs/names.DEBUG_ENV``) says on."""
+    return (value or "").strip().lower() in _ON
+
+
+class _Stderr(logging.StreamHandler):
+    """sys.stderr as it is when a record is written (Metaflow swaps it)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.setFormatter(logging.Formatter(FORMAT, DATE_FORMAT))
+
+    @property
+    def stream(self):  # noqa: D401
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value) -> None:
+        pass
+
+
+def configure(value: Optional[str]) -> bool:
+    """Switch the channel on when ``value`` (``METAFLOW_TORCHRUN_DEBUG``'s, as
+    ``settings.py`` reads it) asks for it; once per process."""
+    if not debug_on(value):
+        return False
+    logger = logging.getLogger(LOGGER_NAME)
+    if not any(isinstance(h, _Stderr) for h in logger.handlers):
+        logger.addHandler(_Stderr())
+    logger.setLevel(logging.DEBUG)
+    logger.propagate = False
+    return True

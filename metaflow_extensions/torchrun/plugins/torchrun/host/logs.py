@@ -1,0 +1,307 @@
+"""The per-rank logs on a node: where each call's go, how long they stay, and
+their sizes in a ledger.
+
+Layout, under this user's base directory (basedir.py)::
+
+    logs/<flow>-<run id>/               one run's per-rank copies of the output,
+        <step>-<task>-<attempt>/         kept by run (retention.py: KEEP_LOGS_HOURS
+            c<call>/node-<N>/            after the run's last call here, then the
+                rank-<R>.stdout.log      newest KEEP_LOGS runs, at most MAX_LOG_MB)
+                rank-<R>.stderr.log
+    logs/.ledger                        the sizes of the runs measured before
+    logs/.pruning                       the lock under which calls prune and make
+                                         their directories, one task at a time
+
+Each call prunes at its start, under the prune lock, never a run any call
+holds; the runs a squat left in a fallback base are brought in first
+(``adopt_fallbacks``), so the policy reaches them too.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import stat
+import time
+from dataclasses import dataclass
+from typing import Dict, Iterable, List, Optional, Set, Tuple
+
+# The one module above host/ that host/ reads (a leaf: it imports nothing; pyproject.toml).
+from ..procs.names import KEEP_LOGS_ENV, KEEP_LOGS_HOURS_ENV, MAX_LOG_MB_ENV
+from .. import defaults as DEFAULTS
+from . import private
+from .basedir import LOGS, RUN_LOCK_DEPTH, base_dir, left_fallbacks, remove_fallback
+from .console import say
+from .private import hold_lock, in_use, open_private, private_dir, read_tail, release_lock
+from .retention import (
+    Measured,
+    Removal,
+    RetentionPolicy,
+    RunLogs,
+    format_ledger,
+    is_run_name,
+    parse_ledger,
+    select_removals,
+)
+
+LEDGER_FILE = ".ledger"  # in logs/: the sizes of the runs measured before
+PRUNE_LOCK_FILE = ".pruning"  # in logs/: calls prune and make their directories under it
+
+# Retention of the per-rank logs, per user and host: the policy is retention.py's.
+DEFAULT_KEEP_LOGS_HOURS = DEFAULTS.KEEP_LOGS_HOURS
+DEFAULT_KEEP_LOGS = DEFAULTS.KEEP_LOGS
+DEFAULT_MAX_LOG_MB = DEFAULTS.MAX_LOG_MB
+# Seconds a call waits for another task's prune on the host before it goes on
+# without pruning (a prune takes milliseconds; 0.1 s at 10,000 runs).
+PRUNE_WAIT = 10.0
+# A ledger longer than this is not read (it is rebuilt by walking).
+MAX_LEDGER_BYTES = 16 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class LogKey:
+    """Where one call's per-rank logs go: ``logs/<run>/<step>/<call>/``. The
+    run is what retention keeps or removes whole (retention.py); the names come
+    from the gang's identity (``gang/identity.py``). Each part is one plain
+    path component: never ``..``, a separator or a hidden name."""
+
+    run: str  # <flow>-<run id>
+    step: str  # <step>-<control task>-<attempt>
+    call: str  # c<call index>
+
+    def __post_init__(self) -> None:
+        for part in (self.run, self.step, self.call):
+            if not is_run_name(part) or os.sep in part:
+                raise ValueError("not a plain directory name: %r" % (part,))
+
+
+
+def _env_number(name: str, default: float) -> float:
+    try:
+        value = float(os.environ.get(name, default))
+    except ValueError:
+        return default
+    return value if math.isfinite(value) and value >= 0 else default
+
+
+def retention_policy() -> RetentionPolicy:
+    """The retention knobs as this task has them (settings.export_knobs puts a
+    Metaflow profile's values in the environment)."""
+    return RetentionPolicy(
+        keep=int(_env_number(KEEP_LOGS_ENV, DEFAULT_KEEP_LOGS)),
+        hours=_env_number(KEEP_LOGS_HOURS_ENV, DEFAULT_KEEP_LOGS_HOURS),
+        max_bytes=int(_env_number(MAX_LOG_MB_ENV, DEFAULT_MAX_LOG_MB) * 1024 * 1024),
+        young_seconds=private.YOUNG_SECONDS,
+    )
+
+
+def touch(path: str) -> None:
+    """Mark a run's logs used now (its retention age starts again)."""
+    try:
+        os.utime(path, follow_symlinks=False)
+    except OSError:
+        pass
+
+
+def call_log_dir(key: LogKey, node_index: int, base: Optional[str] = None) -> Optional[str]:
+    """``logs/<run>/<step>/<call>/node-<N>``, private; other runs' logs beyond
+    the retention bound are removed first. None when no such directory can be
+    made (the logs are a convenience, never a reason to fail the step)."""
+    try:
+        base = base or base_dir()
+        root = private_dir(os.path.join(base, LOGS))
+        guard = _prune_guard(root)
+        try:
+            if guard is not None:  # else another task has been pruning for PRUNE_WAIT: it does the work
+                adopt_fallbacks(base, root)
+                prune_logs(root, retention_policy(), exclude=(key.run,))
+            path = root
+            for part in (key.run, key.step, key.call, "node-%d" % node_index):
+                path = private_dir(os.path.join(path, part))
+            touch(os.path.join(root, key.run))  # young now: no prune takes it before our lock
+            return path
+        finally:
+            release_lock(guard)
+    except OSError:
+        return None
+
+
+def _prune_guard(root: str, wait: Optional[float] = None) -> Optional[int]:
+    """The host's prune lock, waited for up to ``PRUNE_WAIT``: a task makes its
+    call's directories under it, so no prune can remove a run (an old one
+    getting a new call) between its choice and the new call's lock. None when
+    it cannot be had."""
+    deadline = time.monotonic() + (PRUNE_WAIT if wait is None else wait)
+    while True:
+        try:
+            return hold_lock(root, PRUNE_LOCK_FILE)
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                return None
+            time.sleep(0.02)
+        except OSError:
+            return None
+
+
+def step_log_dir(node_log_dir: str) -> str:
+    """The directory of one step's logs on this host (every call, every node
+    there), from one node's ``log_dir``."""
+    return os.path.dirname(os.path.dirname(node_log_dir))
+
+
+def where_logs_are(node_log_dir: str, policy: Optional[RetentionPolicy] = None) -> str:
+    """The line that tells a local run's user where every rank's files are."""
+    policy = policy or retention_policy()
+    if policy.hours > 0:
+        kept = "kept at least %g h" % policy.hours
+    else:
+        kept = "kept while among this host's newest %d runs" % policy.keep
+    return "this step's per-rank log files on this host (%s, less if all logs here pass %g MB): %s" % (
+        kept, policy.max_bytes / (1024 * 1024), step_log_dir(node_log_dir))
+
+
+def _size(path: str) -> int:
+    total = 0
+    for top, _dirs, files in os.walk(path):  # never into a symbolic link
+        for name in files:
+            try:
+                total += os.lstat(os.path.join(top, name)).st_size
+            except OSError:
+                pass
+    return total
+
+
+def _read_ledger(root: str) -> Dict[str, Measured]:
+    try:
+        data = read_tail(os.path.join(root, LEDGER_FILE), MAX_LEDGER_BYTES + 1)
+    except OSError:
+        return {}
+    if len(data) > MAX_LEDGER_BYTES:
+        return {}
+    return parse_ledger(data.decode("utf-8", errors="replace"))
+
+
+def _write_ledger(root: str, entries: Dict[str, Measured]) -> None:
+    """Replaced whole (rename), so a reader never sees half of it. Only the
+    task holding the prune lock writes it."""
+    tmp = os.path.join(root, LEDGER_FILE + ".tmp")
+    try:
+        fd = open_private(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+        try:
+            data = memoryview(format_ledger(entries).encode())
+            while data:
+                data = data[os.write(fd, data):]
+        finally:
+            os.close(fd)
+        os.replace(tmp, os.path.join(root, LEDGER_FILE))
+    except OSError:
+        pass
+
+
+def _scan_runs(root: str) -> Tuple[List[RunLogs], Dict[str, Measured], bool]:
+    """Every run directory of ours under ``root``, with its size: from the
+    ledger where the directory has not changed since it was measured, else
+    walked. Returns the runs, the ledger as it should now be, and whether that
+    differs from the one on disk."""
+    ledger = _read_ledger(root)
+    measured: Dict[str, Measured] = {}
+    runs: List[RunLogs] = []
+    try:
+        with os.scandir(root) as entries:
+            found = [(e.name, e.path, e.stat(follow_symlinks=False)) for e in entries if is_run_name(e.name)]
+    except OSError:
+        return [], ledger, False
+    uid = private.uid()
+    for name, path, st in found:
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != uid:
+            continue  # never counted, never removed: not a run directory of ours
+        known = ledger.get(name)
+        if known is None or (known.inode, known.mtime_ns) != (st.st_ino, st.st_mtime_ns):
+            known = Measured(st.st_ino, st.st_mtime_ns, _size(path))
+        measured[name] = known
+        runs.append(RunLogs(name, st.st_mtime, known.size))
+    return runs, measured, measured != ledger
+
+
+def _choose(root: str, runs: List[RunLogs], now: float, policy: RetentionPolicy,
+            exclude: Iterable[str]) -> List[Removal]:
+    """``select_removals`` with the runs in use protected. Whether a run is in
+    use costs a few opens, so it is asked only of the runs the policy would
+    remove; a run found in use is protected and the choice made again (the disk
+    bound may then take an older one)."""
+    protected: Set[str] = set(exclude)
+    asked: Set[str] = set(protected)
+    while True:
+        chosen = select_removals(runs, now, policy, frozenset(protected))
+        unasked = [r.run.name for r in chosen if r.run.name not in asked]
+        if not unasked:
+            return chosen
+        for name in unasked:
+            asked.add(name)
+            if in_use(os.path.join(root, name), RUN_LOCK_DEPTH):
+                protected.add(name)
+
+
+def _say_removed_for_space(removals: List[Removal], policy: RetentionPolicy) -> None:
+    recent = [r.run.name for r in removals if r.for_space and r.recent]
+    if not recent:
+        return
+    names = ", ".join(recent[:5]) + (" and %d more" % (len(recent) - 5) if len(recent) > 5 else "")
+    say("the per-rank logs on this host passed %s=%g: removed those of %d run%s used in the last %g h "
+        "(least recently used first): %s" % (
+            MAX_LOG_MB_ENV, policy.max_bytes / (1024 * 1024), len(recent), "" if len(recent) == 1 else "s",
+            policy.hours, names))
+
+
+def prune_logs(root: str, policy: RetentionPolicy, exclude: Iterable[str] = (),
+               now: Optional[float] = None) -> List[str]:
+    """Remove the runs' logs that ``policy`` lets go (retention.py), never
+    those of a run in ``exclude`` or in use. Returns the removed paths. The
+    caller holds the prune lock (``call_log_dir``), so one task prunes at a
+    time and the ledger has one writer."""
+    now = time.time() if now is None else now
+    runs, measured, changed = _scan_runs(root)
+    removals = _choose(root, runs, now, policy, exclude)
+    removed: List[str] = []
+    for removal in removals:
+        path = os.path.join(root, removal.run.name)
+        shutil.rmtree(path, ignore_errors=True)
+        measured.pop(removal.run.name, None)
+        removed.append(path)
+    _say_removed_for_space(removals, policy)
+    if changed or removed:
+        _write_ledger(root, measured)
+    return removed
+
+
+def adopt_fallbacks(base: str, root: str) -> List[str]:
+    """Retention reaches the fallback bases a squat left (basedir.py): each
+    run's logs in one move under ``root`` (this base's ``logs/``; a name
+    already there gets the fallback's suffix), keeping their age (a rename
+    keeps a directory's modification time), so the policy that follows treats
+    them as any other run; then the fallback base goes. A fallback whose logs
+    cannot all be moved is left whole. Returns the moved runs' new paths."""
+    moved: List[str] = []
+    for fallback, hold in left_fallbacks(base):
+        left = False
+        source = os.path.join(fallback, LOGS)
+        try:
+            names = sorted(n for n in os.listdir(source) if is_run_name(n))
+        except OSError:
+            names = []
+        for name in names:
+            path = os.path.join(source, name)
+            try:
+                st = os.lstat(path)
+                if not stat.S_ISDIR(st.st_mode) or st.st_uid != private.uid():
+                    continue  # never ours to keep: goes with the fallback
+                target = os.path.join(root, name)
+                if os.path.lexists(target):
+                    target = "%s-%s" % (target, os.path.basename(fallback).rsplit("-", 1)[-1])
+                os.rename(path, target)
+                moved.append(target)
+            except OSError:
+                left = True
+        remove_fallback(fallback, hold, keep=left)
+    return moved

@@ -1,0 +1,228 @@
+"""Files and directories private to the user who runs the task.
+
+Every path ``@torchrun`` writes on a node goes through here: a directory is
+checked with ``lstat`` (a directory, ours, closed to others, not a symlink)
+before anything goes in it, and what is not is moved aside and removed; a
+file is opened with ``O_NOFOLLOW`` and mode 0600 and checked to be a regular
+file of ours, so a FIFO or a link planted by another user is never written
+through or read.
+
+A directory in use holds an exclusive ``flock`` on its ``.lock`` file (the
+kernel drops it when the process dies, even by SIGKILL): whoever cleans up
+(work directories, per-rank logs, fallback bases) asks ``in_use`` first.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import shutil
+import stat
+from typing import List, Optional
+
+LOCK_FILE = ".lock"
+# A directory this young is never removed: another node of the same call
+# (local runs put every node on one host) may be creating it right now.
+YOUNG_SECONDS = 120.0
+
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+
+
+class UnsafePath(OSError):
+    """A path that is not ours alone: a symlink, another user's, or not a
+    regular file or directory."""
+
+
+# -- directories -----------------------------------------------------------------
+
+
+def uid() -> int:
+    return os.geteuid()
+
+
+def check_private_dir(path: str) -> None:
+    """``path`` is a real directory (not a symlink) owned by us and closed to
+    others; a directory of ours with group or other bits set is tightened."""
+    st = os.lstat(path)
+    if stat.S_ISLNK(st.st_mode):
+        raise UnsafePath(errno.ELOOP, "is a symbolic link", path)
+    if not stat.S_ISDIR(st.st_mode):
+        raise UnsafePath(errno.ENOTDIR, "is not a directory", path)
+    if st.st_uid != uid():
+        raise UnsafePath(errno.EPERM, "is owned by uid %d, not %d" % (st.st_uid, uid()), path)
+    if stat.S_IMODE(st.st_mode) & 0o077:
+        os.chmod(path, 0o700)
+
+
+def check_parent(path: str) -> None:
+    """Refuse a parent that any user may write without the sticky bit: there
+    another user can rename our directory away and put theirs in its place
+    mid-call, with files we would read back (return values are pickles)."""
+    st = os.stat(path)
+    if st.st_mode & stat.S_IWOTH and not st.st_mode & stat.S_ISVTX:
+        raise UnsafePath(
+            errno.EPERM,
+            "is writable by every user and has no sticky bit, so another user could replace "
+            "@torchrun's private directory in it; set TMPDIR to a directory of your own (or "
+            "chmod +t it)",
+            path,
+        )
+
+
+def private_dir(path: str) -> str:
+    """Make ``path`` (its parent must be private already) a 0700 directory of
+    ours, or check that it is one. Whatever else is there (a symlink, a file,
+    another user's directory, left from before the parent was private) is
+    moved aside and removed."""
+    for attempt in range(2):
+        try:
+            os.mkdir(path, 0o700)
+        except FileExistsError:
+            pass
+        try:
+            check_private_dir(path)
+            return path
+        except UnsafePath:
+            if attempt:
+                raise
+            discard(path)
+    return path
+
+
+def discard(path: str) -> None:
+    aside = "%s.discarded-%s" % (path, os.urandom(6).hex())
+    try:
+        os.rename(path, aside)
+    except OSError:
+        return
+    try:
+        if stat.S_ISDIR(os.lstat(aside).st_mode):
+            shutil.rmtree(aside, ignore_errors=True)
+        else:
+            os.unlink(aside)
+    except OSError:
+        pass
+
+
+# -- files -----------------------------------------------------------------------
+
+
+def _check_own_regular(fd: int, path: str) -> os.stat_result:
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        raise UnsafePath(errno.EINVAL, "is not a regular file", path)
+    if st.st_uid != uid():
+        raise UnsafePath(errno.EPERM, "is owned by uid %d, not %d" % (st.st_uid, uid()), path)
+    return st
+
+
+def open_private(path: str, flags: int = os.O_WRONLY | os.O_CREAT | os.O_APPEND) -> int:
+    """Open (creating it 0600) a regular file of ours; never through a symlink,
+    never a FIFO or device; a file of ours open to others is tightened."""
+    fd = os.open(path, flags | _NOFOLLOW | _CLOEXEC | os.O_NONBLOCK, 0o600)
+    try:
+        st = _check_own_regular(fd, path)
+        if stat.S_IMODE(st.st_mode) & 0o077:
+            os.fchmod(fd, 0o600)
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def read_tail(path: str, max_bytes: int) -> bytes:
+    """The last ``max_bytes`` of a regular file of ours (not through a symlink)."""
+    fd = os.open(path, os.O_RDONLY | _NOFOLLOW | _CLOEXEC | os.O_NONBLOCK)
+    try:
+        st = _check_own_regular(fd, path)
+        os.lseek(fd, max(0, st.st_size - max_bytes), os.SEEK_SET)
+        chunks = []
+        left = max_bytes
+        while left > 0:
+            data = os.read(fd, min(left, 65536))
+            if not data:
+                break
+            chunks.append(data)
+            left -= len(data)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def tail_lines(path: str, count: int, max_bytes: int = 64 * 1024) -> List[str]:
+    try:
+        data = read_tail(path, max_bytes)
+    except OSError:
+        return []
+    return data.decode(errors="replace").splitlines()[-count:]
+
+
+# -- locks: "in use" -------------------------------------------------------------
+
+
+def hold_lock(directory: str, name: str = LOCK_FILE) -> int:
+    """Mark ``directory`` in use for as long as this process holds the returned
+    fd (an exclusive ``flock``, released by the kernel even after a SIGKILL,
+    and seen across PID namespaces that share the file system). Raises
+    ``OSError`` when another process holds it."""
+    fd = open_private(os.path.join(directory, name), os.O_RDWR | os.O_CREAT)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def release_lock(fd: Optional[int]) -> None:
+    if fd is not None:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+
+
+def lock_held(path: str) -> bool:
+    try:
+        fd = os.open(path, os.O_RDONLY | _NOFOLLOW | _CLOEXEC | os.O_NONBLOCK)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except OSError:
+        return True
+    finally:
+        os.close(fd)
+    return False
+
+
+def in_use(directory: str, depth: int) -> bool:
+    """Some live process holds the lock of ``directory`` or of a directory up
+    to ``depth`` levels below it (a run's logs: ``<step>/c<call>/node-<N>``).
+    Symbolic links are not followed."""
+    if lock_held(os.path.join(directory, LOCK_FILE)):
+        return True
+    if depth <= 0:
+        return False
+    try:
+        with os.scandir(directory) as entries:
+            below = [e.path for e in entries if e.is_dir(follow_symlinks=False)]
+    except OSError:
+        return False
+    return any(in_use(path, depth - 1) for path in below)
+
+
+def removable(path: str, now: float, depth: int) -> bool:
+    """A directory (not a link) older than ``YOUNG_SECONDS`` that no live process holds."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    if not stat.S_ISDIR(st.st_mode):
+        return False
+    return now - st.st_mtime >= YOUNG_SECONDS and not in_use(path, depth)
+
+
