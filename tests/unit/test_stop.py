@@ -142,9 +142,15 @@ class TestTheCause:
             assert Cause.from_wire(data).grace == read, bad
 
     def test_a_preemption_is_infrastructure_for_retry_on(self):
-        cause = preempted(1, "SIGTERM", 30.0, 30.0).to_wire()
-        assert attempts.user_code_failure(cause) is None
-        assert attempts.refusal("infrastructure", 1, {"cause": cause}) is None  # retried
+        """As attempt k+1 reads attempt k's stored record."""
+        stored = {"cause": preempted(1, "SIGTERM", 30.0, 30.0).to_wire()}
+        previous = attempts.Previous.from_wire(stored)
+        assert previous.cause.kind is CauseKind.PREEMPTED and previous.cause.grace == 30.0
+        assert attempts.user_code_failure(previous.cause) is None
+        assert attempts.refusal("infrastructure", 1, previous) is None  # retried
+        own_code = Cause(CauseKind.STEP_FAILED, "node 1 failed in its step", node_index=1, exc_type="ValueError",
+                         traceback='File "train.py", line 3, in <module>\n')
+        assert attempts.refusal("infrastructure", 1, attempts.Previous.from_wire({"cause": own_code.to_wire()}))
 
 
 SLOW_SAVE = r"""

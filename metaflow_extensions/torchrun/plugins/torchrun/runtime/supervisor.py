@@ -282,11 +282,8 @@ class Supervisor:
             # torchrun's agent passes SIGTERM on to its ranks (their own process
             # groups) and gives them its shutdown timeout before SIGKILL; the
             # extra seconds here are the agent's, to see that through.
-            wait = self.grace_seconds
-            if grace is not None:
-                wait = grace + AGENT_MARGIN
-            elif self.signalled is not None:
-                wait = self.shutdown_grace + AGENT_MARGIN
+            wait = grace + AGENT_MARGIN if grace is not None else (
+                self.shutdown_grace + AGENT_MARGIN if self.signalled is not None else self.grace_seconds)
             try:
                 os.killpg(self.proc.pid, signal.SIGTERM)
             except OSError:
