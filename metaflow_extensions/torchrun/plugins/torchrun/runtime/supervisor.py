@@ -272,7 +272,8 @@ class Supervisor:
         began = time.monotonic()
         if self.proc.poll() is None:
             _log.debug("stop begun after %.3fs (%s)", self._ran(),
-                       "told to stop: SIGTERM" if self.signalled is not None else "the gang stopped")
+                       "a graceful stop" if grace is not None else "told to stop: SIGTERM"
+                       if self.signalled is not None else "the gang stopped")
             self._track()
             if self.before_stop is not None and grace is None:
                 try:
@@ -295,7 +296,7 @@ class Supervisor:
                 time.sleep(0.05)
             _log.debug("the agent %s %.3fs after the stop began (grace %gs)",
                        "ended" if self.proc.poll() is not None else "outlived its grace", time.monotonic() - began,
-                       grace)
+                       wait)
         self.kill_all()
         _log.debug("stop ended in %.3fs", time.monotonic() - began)
 
