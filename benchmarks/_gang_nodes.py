@@ -170,12 +170,19 @@ class Nodes:
     def do_counters(self) -> Dict[str, Any]:
         return {"counters": tcp_counters(self.port, local=False)}
 
-    def do_report(self, node: int) -> Dict[str, Any]:
-        """Node ``node`` says one of its ranks failed, as a session would."""
+    def do_report(self, node: int, stop: bool = False) -> Dict[str, Any]:
+        """Node ``node`` says one of its ranks failed, as a session would; or,
+        with ``stop``, that it was told to stop (SIGTERM), as a call's
+        ``GangStop`` does (runtime/stop.py)."""
         _, _, Cause, CauseKind = self._api
         t = time.monotonic()
-        self.clients[node].report_failure(
-            Cause(CauseKind.RANK_FAILED, "harness: a rank of node %d failed" % node, rank=8 * node, exit_code=1))
+        if stop:
+            from metaflow_extensions.torchrun.plugins.torchrun.runtime.stop import preempted
+
+            self.clients[node].report_failure(preempted(node, "SIGTERM", 30.0, 30.0, call=0), call=0)
+        else:
+            self.clients[node].report_failure(
+                Cause(CauseKind.RANK_FAILED, "harness: a rank of node %d failed" % node, rank=8 * node, exit_code=1))
         return {"t": t}
 
     def _stamp_polled(self) -> None:

@@ -3,7 +3,8 @@ captures what Metaflow would submit for it (no cluster is contacted).
 
 MFTR_SUBMIT_PLATFORM picks the compute decorator of ``train`` ("kubernetes" or
 "batch"), MFTR_SUBMIT_ATTRS (JSON) its attributes, MFTR_SUBMIT_RESOURCES (JSON,
-optional) adds ``@resources(...)`` above it, MFTR_SUBMIT_NODES is num_parallel.
+optional) adds ``@resources(...)`` above it, MFTR_SUBMIT_NODES is num_parallel,
+MFTR_SUBMIT_TORCHRUN (JSON, optional) is ``@torchrun``'s attributes.
 The body of ``train`` never runs in those tests.
 """
 
@@ -16,6 +17,7 @@ PLATFORM = os.environ.get("MFTR_SUBMIT_PLATFORM", "kubernetes")
 ATTRS = json.loads(os.environ.get("MFTR_SUBMIT_ATTRS", '{"gpu": 2}'))
 RESOURCES = json.loads(os.environ.get("MFTR_SUBMIT_RESOURCES", "null"))
 NODES = int(os.environ.get("MFTR_SUBMIT_NODES", "2"))
+TORCHRUN = json.loads(os.environ.get("MFTR_SUBMIT_TORCHRUN", "{}"))  # @torchrun's attributes
 compute = {"kubernetes": kubernetes, "batch": batch}[PLATFORM]
 
 
@@ -30,7 +32,7 @@ class SubmitFlow(FlowSpec):
 
     @_maybe_resources
     @compute(**ATTRS)
-    @torchrun
+    @torchrun(**TORCHRUN)
     @step
     def train(self):
         current.torch.run(entrypoint="train.py")

@@ -154,5 +154,5 @@ def test_sigterm_gives_the_ranks_time_to_save_a_checkpoint(gang):
     saved = gang.reports("ckpt-")
     assert sorted(saved) == [0, 1, 2, 3], text[-4000:]
     assert all(c["signal"] == signal.SIGTERM for c in saved.values())
-    assert "received SIGTERM" in text and "(shutdown_grace)" in text, text[-4000:]
+    assert "was told to stop (SIGTERM" in text and "(shutdown_grace=30)" in text, text[-4000:]
     assert time.monotonic() - told < 60

@@ -231,12 +231,13 @@ def _with_token(token: str) -> List[int]:
     return found
 
 
-def _run_flow(env: Dict[str, str], tmp: str, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+def _run_flow(env: Dict[str, str], tmp: str, *args: str, timeout: float = 120,
+              flow: str = FLOW) -> subprocess.CompletedProcess:
     """Run the flow; fail if any process it started is still alive afterwards."""
     token = uuid.uuid4().hex
     try:
         return subprocess.run(
-            [sys.executable, FLOW, "--no-pylint", *args], cwd=tmp, env=dict(env, **{TOKEN_VAR: token}),
+            [sys.executable, flow, "--no-pylint", *args], cwd=tmp, env=dict(env, **{TOKEN_VAR: token}),
             stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout,
         )
     finally:
@@ -360,7 +361,7 @@ def validate_jobset(manifest: Dict) -> None:
                 and any("dependsOn" in r for r in spec["replicatedJobs"]))
 
 
-def _argo_values(workflow: Dict, num_parallel: int, entropy: str) -> Dict[str, str]:
+def _argo_values(workflow: Dict, num_parallel: int, entropy: str, step: str = "train") -> Dict[str, str]:
     """The values Argo gives the ``train`` resource template's placeholders, from
     the DAG task that calls it (its argument expressions evaluated as Argo would:
     only the forms Metaflow 2.19 writes are known; anything else fails)."""
@@ -371,7 +372,7 @@ def _argo_values(workflow: Dict, num_parallel: int, entropy: str) -> Dict[str, s
         "split-index": "0",
     }
     calls = [task for t in workflow["spec"]["templates"] if "dag" in t
-             for task in t["dag"]["tasks"] if task.get("template") == "train"]
+             for task in t["dag"]["tasks"] if task.get("template") == step]
     assert len(calls) == 1, calls
     values = {"workflow.name": "submitflow-x7k2p"}
     for param in calls[0]["arguments"]["parameters"]:
@@ -380,6 +381,7 @@ def _argo_values(workflow: Dict, num_parallel: int, entropy: str) -> Dict[str, s
             value = str(int(caller_inputs["num-parallel"]) - 1)
         else:
             value = re.sub(r"\{\{inputs\.parameters\.([\w-]+)\}\}", lambda m: caller_inputs[m.group(1)], raw)
+            value = value.replace("{{retries}}", "0")  # Argo's retry count, under @retry: the first attempt
         assert "{{" not in value, "unknown Argo expression %r" % raw
         values["inputs.parameters." + param["name"]] = value
     return values
@@ -605,7 +607,7 @@ def test_kubernetes_jobset_of_run_with_kubernetes_is_valid():
 
 
 def batch_submission(tmp_path, moto, role: str, attrs: Dict, nodes: int,
-                     resources: Optional[Dict] = None) -> Dict:
+                     resources: Optional[Dict] = None, flow: str = FLOW) -> Dict:
     tmp = str(tmp_path)
     env = _flow_env(moto, tmp, "batch", attrs, nodes, resources, extra={
         "METAFLOW_BATCH_JOB_QUEUE": QUEUE,
@@ -613,7 +615,7 @@ def batch_submission(tmp_path, moto, role: str, attrs: Dict, nodes: int,
     })
     moto.record(True)
     try:
-        proc = _run_flow(env, tmp, "run", timeout=120)
+        proc = _run_flow(env, tmp, "run", timeout=120, flow=flow)
     finally:
         moto.record(False)
     output = proc.stdout + proc.stderr

@@ -163,6 +163,19 @@ class TestCauseText:
         assert cause.summary == "node 1 failed in its step %s: ValueError: bad" % where
         assert cause.message == "bad\nsecond line" and cause.exc_type == "ValueError"
 
+    def test_an_error_from_a_call_is_said_in_that_call_after_the_phase_reset(self, gang):
+        """The cause is written after ``in_call`` has left its phase: issue 35
+        saw "after call 1" for an error raised inside call 1."""
+        s = gang(1)
+        error = RuntimeError("told to stop")
+        with pytest.raises(RuntimeError):
+            with s.in_call():
+                raise error
+        assert s.phase is Phase.IN_STEP
+        assert "in call 1 of current.torch.run" in s.step_cause(error).summary
+        # A later error of the step's own code, after the call, is said as after it.
+        assert "after call 1 of current.torch.run" in s.step_cause(ValueError("later")).summary
+
 
 class TestInterrupt:
     def test_an_abort_interrupts_the_steps_own_code(self, gang):

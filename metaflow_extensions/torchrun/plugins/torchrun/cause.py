@@ -37,6 +37,7 @@ class CauseKind(str, enum.Enum):
     INTERRUPTED = "interrupted"  # the step was asked to stop (SIGTERM, Ctrl-C)
     HANG = "hang"  # no rank wrote a line for hang_timeout
     PREFLIGHT = "preflight"  # a preflight check failed before the user's ranks started
+    PREEMPTED = "preempted"  # a node was told to stop (SIGTERM, a spot notice): the whole gang stops gracefully
 
 
 @dataclass(frozen=True)
@@ -57,6 +58,8 @@ class Cause:
     missing: Tuple[int, ...] = ()
     # Which current.torch.run call of the step (0-based) it happened in, if any.
     call: Optional[int] = None
+    # PREEMPTED: the seconds every node's ranks get to stop (runtime/stop.py).
+    grace: Optional[float] = None
     time: float = field(default_factory=time.time)
 
     def to_wire(self) -> Dict[str, Any]:
@@ -93,6 +96,7 @@ class Cause:
             secondary=data.get("secondary") is True,
             missing=tuple(m for m in (_int_list(data.get("missing")) or []))[:1024],
             call=_small_int(data.get("call")),
+            grace=_grace(data.get("grace")),
             time=when,
         )
 
@@ -111,6 +115,13 @@ def _small_int(value: Any) -> Optional[int]:
     if isinstance(value, bool) or not isinstance(value, int):
         return None
     return value if -(2**31) <= value < 2**31 else None
+
+
+def _grace(value: Any) -> Optional[float]:
+    """Seconds of grace from a peer: a finite number, at most a day."""
+    if value is None or not _is_real(value):
+        return None
+    return min(max(float(value), 0.0), 86400.0)
 
 
 def _int_list(value: Any) -> Optional[List[int]]:

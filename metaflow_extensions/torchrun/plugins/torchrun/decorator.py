@@ -48,6 +48,7 @@ from .launch import (
 from .gang import LOCAL_PORT_ENV, find_free_port, parse_port
 from .launch import none_keys
 from .launch import validate_args_as
+from .launch import check_port_clash, refuse_one_node_on_kubernetes, refuse_step_functions
 from .launch import NO_ACCELERATORS
 from .launch import requested_accelerators, small_shm_warning
 from .runtime import attempts as attempts_
@@ -91,8 +92,10 @@ class TorchrunDecorator(ParallelDecorator):
         Seconds without a line of output from any rank of the gang before the
         gang stops as hung, showing where every rank was. Off by default.
     shutdown_grace : float, default 30
-        Seconds the ranks get to stop (save a checkpoint) when the task is told
-        to stop with SIGTERM, before SIGKILL; at most the step's ``@timeout``.
+        Seconds every node's ranks get to stop (save a checkpoint) when any
+        node is told to stop (SIGTERM, Ctrl-C, ``@timeout``, a spot termination
+        notice), before SIGKILL; at most the step's ``@timeout``, and a spot
+        notice's time left.
     preflight : str or bool, default "versions"
         Before the first ``current.torch.run`` starts the user's ranks, check
         the gang: ``"versions"`` compares every node's software and checks
@@ -188,6 +191,11 @@ class TorchrunDecorator(ParallelDecorator):
         self._accelerators = problems.check(requested_accelerators, specs) or NO_ACCELERATORS
         self._port = problems.check(parse_port, self.attributes.get("port"), "@torchrun(port)")
         self._rdzv_port = problems.check(self._pinned_rdzv_port, legacy_port)
+        source = "@torchrun(rdzv_port)" if self.attributes.get("rdzv_port") is not None else "master_port"
+        problems.check(check_port_clash, specs, self._port, self._rdzv_port, source)
+        problems.check(refuse_step_functions, sys.argv)
+        entries = [str(getattr(graph[p], "num_parallel", "")) for p in graph[step_name].in_funcs]
+        problems.check(refuse_one_node_on_kubernetes, specs, entries)
         problems.check(validate_timeouts, self.attributes.get("heartbeat_timeout"), self.attributes.get("start_timeout"))
         self._hang_timeout = problems.check(validate_hang_timeout, self.attributes.get("hang_timeout"))
         self._shutdown_grace = problems.check(

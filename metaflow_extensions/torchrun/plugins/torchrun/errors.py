@@ -161,7 +161,8 @@ class GangAborted(TorchrunException):
 
 
 class TorchrunInterrupted(TorchrunException):
-    """The step was asked to stop (SIGTERM) while torchrun was running."""
+    """The step was asked to stop (SIGTERM, Ctrl-C, ``@timeout``, a spot
+    notice) while torchrun was running: the whole gang was stopped gracefully."""
 
     headline = "@torchrun interrupted"
 

@@ -19,6 +19,9 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 __all__ = [
+    "refuse_step_functions",
+    "refuse_one_node_on_kubernetes",
+    "check_port_clash",
     "Accelerators",
     "ArgSpec",
     "CallPlan",
@@ -53,6 +56,9 @@ __all__ = [
 
 # Where each name lives: loaded on first use, so that importing the face costs nothing.
 _HOME = {
+    "refuse_step_functions": "platforms",
+    "refuse_one_node_on_kubernetes": "platforms",
+    "check_port_clash": "platforms",
     "Accelerators": "resources",
     "ArgSpec": "command",
     "CallPlan": "plan",
@@ -85,6 +91,9 @@ _HOME = {
 }
 
 if TYPE_CHECKING:
+    from .platforms import refuse_step_functions
+    from .platforms import refuse_one_node_on_kubernetes
+    from .platforms import check_port_clash
     from .command import ArgSpec, argparse_hint, none_keys
     from .inputs import step_timeout, validate_args_as, validate_hang_timeout, validate_shutdown_grace, validate_timeouts
     from .plan import CallPlan, CallRequest, StepDefaults, check_options, legacy_rdzv_port, merged_options, none_note, option_names, plan_call, plan_request, resolve_nproc, validate_nproc

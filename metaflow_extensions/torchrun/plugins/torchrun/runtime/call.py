@@ -34,7 +34,8 @@ from ..launch import NodeFacts, prepare_launch
 from .result import FULL_REPORT_HINT, GangView, TorchrunResult, read_rank_records
 from .session import GangSession
 from ..host import say
-from .supervisor import Supervisor
+from .stop import GangStop, interrupted, notice_path
+from .supervisor import StopReason, Supervisor
 from ..host import CallFiles
 from ..procs import ARGS_FILE, rank_log_path
 from ..host import tail_lines as _tail_lines
@@ -139,13 +140,18 @@ class CallRun:
         client = self.session.client
         assert client is not None
 
-        def should_stop() -> Optional[str]:
-            cause = client.cause
-            return cause.summary if cause is not None else self.stop_reason()
+        # A node told to stop tells the gang; the gang's stop is graceful (stop.py).
+        gang_stop = GangStop(self.node_index, self.index, self.session.defaults.shutdown_grace,
+                             report=lambda cause: client.report_failure(cause, call=self.index),
+                             verdict=lambda: client.cause, wait_verdict=lambda s: client.wait_for_verdict(s),
+                             notice=notice_path())
+
+        def should_stop() -> Optional[StopReason]:
+            return gang_stop.check() or self.stop_reason()
 
         try:
             with Supervisor(self.argv, env=env, shutdown_grace=self.session.defaults.shutdown_grace,
-                            before_stop=self._collect_stacks) as sup:
+                            before_stop=self._collect_stacks, on_told=gang_stop.told) as sup:
                 self.supervisor = sup
                 client.quiet = lambda: None if sup.last_output is None else time.monotonic() - sup.last_output
                 self.exit_code = sup.wait(should_stop=should_stop)
@@ -218,6 +224,8 @@ class CallRun:
                 original.__cause__ = error
                 raise original
             raise error
+        if cause.kind is CauseKind.PREEMPTED and cause.node_index == self.node_index:
+            raise interrupted(cause)  # told to stop, not failed: the gang saved (stop.py)
         aborted = self.session.aborted(cause, self.exit_code)
         _add_text(aborted, where)
         raise aborted

@@ -120,6 +120,7 @@ class GangSession:
         self._in_user_code = False
         self._main = threading.main_thread().ident
         self._previous_handler: Any = None
+        self._call_error: Optional[BaseException] = None  # what the last failed call raised
         # This node's preflight (runtime/preflight.py): what it sends on joining,
         # and what the control keeps of the gang's.
         self.preflight_source: Optional[Callable[[], Any]] = None
@@ -188,6 +189,7 @@ class GangSession:
             with _timed("node %d: call %d" % (self.topology.node_index, index)):
                 yield index
         finally:
+            self._call_error = sys.exc_info()[1] or self._call_error  # step_cause says where, after the reset
             self.phase = Phase.IN_STEP
             self._interruptible = was
             if was and self.cause is not None and sys.exc_info()[1] is None:
@@ -275,11 +277,9 @@ class GangSession:
             # message; a traceback through our planning would only bury it.
             return Cause(CauseKind.STEP_FAILED, "node %d refused %s" % (node, _first_line(message)),
                          node_index=node, exc_type=exc_type, message=message[:4000], call=error.call - 1)
-        where = (
-            "in call %d of current.torch.run" % self.calls_made if self.phase is Phase.IN_CALL
-            else "before current.torch.run" if self.calls_made == 0
-            else "after call %d of current.torch.run" % self.calls_made
-        )
+        raised = self._call_error
+        in_call = self.phase is Phase.IN_CALL or (raised is not None and raised in (error, error.__cause__))
+        where = _where(self.calls_made, in_call)
         return Cause(
             CauseKind.STEP_FAILED,
             "node %d failed in its step %s: %s: %s" % (node, where, exc_type, _first_line(message)),
@@ -364,6 +364,13 @@ def same_problem(mine: Cause, cause: Cause) -> bool:
     compared as both crossed the wire (a long message is cut there)."""
     sent = Cause.from_wire(mine.to_wire())
     return sent is not None and sent.message == cause.message
+
+
+def _where(calls_made: int, in_call: bool) -> str:
+    """Where in the step a node's error was raised, for its cause."""
+    if in_call:
+        return "in call %d of current.torch.run" % calls_made
+    return "before current.torch.run" if calls_made == 0 else "after call %d of current.torch.run" % calls_made
 
 
 def _first_line(text: str) -> str:

@@ -15,7 +15,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import BinaryIO, Callable, List, Mapping, Optional, Set
+from typing import BinaryIO, Callable, List, Mapping, NamedTuple, Optional, Set, Union
 
 from ..host import log, proctree
 from ..procs import relay
@@ -25,12 +25,27 @@ _log = log.get("runtime.supervisor")
 
 ChunkSink = Callable[[bytes], None]
 
+
+class GracefulStop(NamedTuple):
+    """A stop of the whole gang that gives the ranks time to save (a node was
+    told to stop): ``should_stop`` returns one instead of a plain reason, which
+    stops the ranks at once (a failure elsewhere: the fast stop)."""
+
+    reason: str
+    grace: float
+
+
+StopReason = Union[str, GracefulStop]
+
 # How often the agent's process tree is scanned (see Supervisor._track_now).
 TRACK_EVERY_POLL_FOR = 3.0
 TRACK_INTERVAL = 1.0
 # Beyond a graceful shutdown's grace: the agent's own time to SIGKILL the ranks
 # that did not stop and to exit.
 AGENT_MARGIN = 2.0
+# Exceptions that mean this task was told to stop while it waited (raised by a
+# signal's handler: Ctrl-C's, Metaflow's @timeout's SIGALRM): a gang-wide stop.
+TOLD_BY = ("KeyboardInterrupt", "TimeoutException", "SystemExit")
 
 
 def _default_sink(stream) -> ChunkSink:
@@ -92,19 +107,24 @@ class Supervisor:
         stderr_sink: Optional[ChunkSink] = None,
         shutdown_grace: Optional[float] = None,
         before_stop: Optional[Callable[[], None]] = None,
+        on_told: Optional[Callable[[str], None]] = None,
     ):
         """``grace_seconds``: how long the ranks get to stop when the job is
         stopped for a failure (elsewhere in the gang, a timeout). ``shutdown_grace``:
         how long they get when this task itself was told to stop (SIGTERM: an
         eviction, a terminated job), to save a checkpoint; torchrun's agent is
         told the same through ``TORCH_ELASTIC_SHUTDOWN_TIMEOUT``. ``before_stop``
-        runs while the ranks are still alive, before any of them is signalled."""
+        runs while the ranks are still alive, before a fast stop. ``on_told``:
+        this task told to stop (SIGTERM, Ctrl-C, ``@timeout``) tells the gang
+        (runtime/stop.py); without it, SIGTERM raises ``TorchrunInterrupted``."""
         self.argv = list(argv)
         self.env = dict(env) if env is not None else None
         self.cwd = cwd
         self.grace_seconds = grace_seconds
         self.shutdown_grace = grace_seconds if shutdown_grace is None else shutdown_grace
         self.before_stop = before_stop
+        self.on_told = on_told
+        self._told = False
         # The signal that told this task to stop while the job ran, if any.
         self.signalled: Optional[int] = None
         # When the job last wrote anything (monotonic): hang detection reads it.
@@ -129,6 +149,7 @@ class Supervisor:
         self.started_mono: Optional[float] = None
         self._tracked_at = 0.0
         self.ended_at: Optional[float] = None
+        self.stop_sent_at: Optional[float] = None  # when the agent was sent SIGTERM (epoch)
 
     def start(self) -> None:
         for stream in (sys.stdout, sys.stderr):
@@ -190,13 +211,14 @@ class Supervisor:
 
     def wait(
         self,
-        should_stop: Optional[Callable[[], Optional[str]]] = None,
+        should_stop: Optional[Callable[[], Optional[StopReason]]] = None,
         interval: float = 0.1,
     ) -> int:
         """Wait for the agent; SIGTERM to this task stops the job cleanly.
 
         ``should_stop`` is asked on every tick; a reason it returns ends the job
-        (this is how a failure elsewhere in the gang reaches this node).
+        (this is how a failure elsewhere in the gang reaches this node); a
+        ``GracefulStop`` gives the ranks its grace.
         """
         previous = None
         in_main = threading.current_thread() is threading.main_thread()
@@ -208,14 +230,18 @@ class Supervisor:
                 if code is not None:
                     _log.debug("torchrun's agent ended with %d after %.3fs", code, self._ran())
                     return code
-                if should_stop is not None:
-                    reason = should_stop()
-                    if reason:
-                        self.stop()
-                        return self.proc.returncode if self.proc else -1
+                if self.signalled is not None:
+                    tell(self, signal.Signals(self.signalled).name)
+                reason = should_stop() if should_stop is not None else None
+                if reason:
+                    self.stop(reason.grace if isinstance(reason, GracefulStop) else None)
+                    return self.proc.returncode if self.proc else -1
                 time.sleep(interval)
-        except KeyboardInterrupt:
-            self.signalled = signal.SIGINT  # Ctrl-C: a stop asked for, like SIGTERM
+        except BaseException as e:
+            if isinstance(e, KeyboardInterrupt):
+                self.signalled = signal.SIGINT  # Ctrl-C: a stop asked for, like SIGTERM
+            if self.on_told is not None and type(e).__name__ in TOLD_BY:
+                stop_told(self, type(e).__name__, should_stop)
             raise
         finally:
             if in_main:
@@ -223,6 +249,8 @@ class Supervisor:
 
     def _told_to_stop(self, signum, frame):
         self.signalled = signum
+        if self.on_told is not None:
+            return  # the wait loop tells the gang, outside the handler
         raise TorchrunInterrupted(
             "the step received %s while torchrun was running: its ranks got SIGTERM and up to %g s "
             "(shutdown_grace) to stop, e.g. to save a checkpoint, before SIGKILL."
@@ -236,16 +264,18 @@ class Supervisor:
         self._track()
         return {p[0] for p in proctree.alive(self._seen)}
 
-    def stop(self) -> None:
-        """SIGTERM the agent (it stops its workers), then SIGKILL all that is left."""
+    def stop(self, grace: Optional[float] = None) -> None:
+        """SIGTERM the agent (it stops its workers), then SIGKILL all that is left,
+        ``grace`` (a gang's graceful stop) or ``grace_seconds`` (the fast one) later."""
         if self.proc is None:
             return
         began = time.monotonic()
         if self.proc.poll() is None:
             _log.debug("stop begun after %.3fs (%s)", self._ran(),
-                       "told to stop: SIGTERM" if self.signalled is not None else "the gang stopped")
+                       "a graceful stop" if grace is not None else "told to stop: SIGTERM"
+                       if self.signalled is not None else "the gang stopped")
             self._track()
-            if self.before_stop is not None:
+            if self.before_stop is not None and grace is None:
                 try:
                     self.before_stop()
                 except Exception:
@@ -253,20 +283,20 @@ class Supervisor:
             # torchrun's agent passes SIGTERM on to its ranks (their own process
             # groups) and gives them its shutdown timeout before SIGKILL; the
             # extra seconds here are the agent's, to see that through.
-            grace = self.grace_seconds
-            if self.signalled is not None:
-                grace = self.shutdown_grace + AGENT_MARGIN
+            wait = grace + AGENT_MARGIN if grace is not None else (
+                self.shutdown_grace + AGENT_MARGIN if self.signalled is not None else self.grace_seconds)
             try:
                 os.killpg(self.proc.pid, signal.SIGTERM)
             except OSError:
                 pass
-            deadline = time.monotonic() + grace
+            self.stop_sent_at = time.time()
+            deadline = time.monotonic() + wait
             while self.proc.poll() is None and time.monotonic() < deadline:
                 self._track()
                 time.sleep(0.05)
             _log.debug("the agent %s %.3fs after the stop began (grace %gs)",
                        "ended" if self.proc.poll() is not None else "outlived its grace", time.monotonic() - began,
-                       grace)
+                       wait)
         self.kill_all()
         _log.debug("stop ended in %.3fs", time.monotonic() - began)
 
@@ -314,3 +344,20 @@ class Supervisor:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def stop_told(sup: Supervisor, what: str, should_stop: Optional[Callable[[], Optional[StopReason]]]) -> None:
+    """An exception ends the wait (Ctrl-C, ``@timeout``'s): the gang is told
+    and the ranks get the grace before it goes on up."""
+    if sup.proc is None or sup.proc.poll() is not None:
+        return
+    tell(sup, what)
+    reason = should_stop() if should_stop is not None else None
+    sup.stop(reason.grace if isinstance(reason, GracefulStop) else sup.shutdown_grace)
+
+
+def tell(sup: Supervisor, what: str) -> None:
+    """Once: hand this task's being told to stop to ``on_told`` (the gang)."""
+    if sup.on_told is not None and not sup._told:
+        sup._told = True
+        sup.on_told(what)

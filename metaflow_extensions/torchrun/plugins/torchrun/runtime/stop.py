@@ -1,0 +1,172 @@
+"""A stop is the gang's: when one node is told to stop, every node's ranks are.
+
+A collective checkpoint (``torch.distributed.checkpoint``, FSDP or DeepSpeed
+state dicts, a barrier before rank 0 saves) needs every rank. So when any node
+is told to stop (SIGTERM to its task: a Batch job stopped, a run cancelled; a
+Ctrl-C; ``@timeout``; or a spot termination notice in the file Metaflow names
+``current.spot_termination_notice``), that node reports a ``PREEMPTED`` cause to
+the gang service, which passes it to every node at once (the abort every
+failure already takes), and every node's ranks get SIGTERM on hearing it, with
+the same grace: ``shutdown_grace``, capped by the time left before a spot
+notice's termination time. A failure keeps its fast stop: only this path gives
+the grace.
+
+The told node stops its own ranks when the verdict comes back to it too, so all
+nodes are told within one message's latency of each other; if no verdict comes
+within ``VERDICT_WAIT`` (the control is gone), it stops its own anyway.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import time
+from typing import Callable, Optional
+
+from ..cause import Cause, CauseKind
+from ..errors import TorchrunInterrupted
+from .supervisor import AGENT_MARGIN, GracefulStop, StopReason
+
+# How long the told node waits for the gang's verdict before it stops its own
+# ranks anyway (a round trip to the control takes milliseconds).
+VERDICT_WAIT = 1.0
+# How often the spot notice file is looked at while a call runs (Metaflow's
+# monitor polls the instance metadata every 5 s).
+NOTICE_POLL = 0.5
+# Kept back from the time left before a spot termination: the agent's own
+# SIGKILL and exit (AGENT_MARGIN) and the node's report, before the instance goes.
+SPOT_MARGIN = AGENT_MARGIN + 3.0
+# What the platforms' SIGTERM stands for, in the one line a user reads.
+_WHY = {
+    "SIGTERM": "SIGTERM: a stopped job, a cancelled run, a deleted pod",
+    "SIGINT": "Ctrl-C",
+    "KeyboardInterrupt": "Ctrl-C",
+    "TimeoutException": "the step's @timeout",
+    "SystemExit": "the task exiting",
+}
+
+
+def read_notice(path: Optional[str]) -> Optional[str]:
+    """The termination time Metaflow's spot monitor wrote (an ISO 8601 UTC time,
+    e.g. ``2026-11-25T06:30:00Z``), or None while there is no notice. An empty
+    file is no notice yet: the monitor truncates, then writes."""
+    if not path:
+        return None
+    try:
+        with open(path, "rb") as f:
+            text = f.read(200).decode("utf-8", "replace").strip()
+    except OSError:
+        return None
+    return text or None
+
+
+def seconds_left(termination_time: str, now: Optional[float] = None) -> Optional[float]:
+    """Seconds from ``now`` to the notice's termination time; None when the
+    text is not a time (the notice still stops the gang, with the full grace)."""
+    text = termination_time.strip()
+    if text.endswith("Z"):
+        text = text[:-1] + "+00:00"
+    try:
+        when = datetime.datetime.fromisoformat(text)
+    except ValueError:
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=datetime.timezone.utc)
+    return when.timestamp() - (time.time() if now is None else now)
+
+
+def grace_for(shutdown_grace: float, notice: Optional[str], now: Optional[float] = None) -> float:
+    """``shutdown_grace``, capped by the time a spot notice leaves (less
+    ``SPOT_MARGIN``): the instance goes at its termination time, saved or not."""
+    if notice is None:
+        return shutdown_grace
+    left = seconds_left(notice, now)
+    if left is None:
+        return shutdown_grace
+    return max(0.0, min(shutdown_grace, left - SPOT_MARGIN))
+
+
+def preempted(node: int, what: str, grace: float, shutdown_grace: float, notice: Optional[str] = None,
+              call: Optional[int] = None) -> Cause:
+    """The gang's cause when node ``node`` was told to stop by ``what`` (a
+    signal's or an exception's name), or by a spot ``notice``."""
+    if notice is not None:
+        told = "node %d got a spot termination notice (the instance terminates at %s)" % (node, notice)
+    else:
+        told = "node %d was told to stop (%s)" % (node, _WHY.get(what, what))
+    capped = "" if grace >= shutdown_grace else ", capped by the time left before the termination"
+    summary = ("%s while torchrun was running: every node's ranks got SIGTERM at once and up to %g s "
+               "(shutdown_grace=%g%s) to save and exit, before SIGKILL" % (told, grace, shutdown_grace, capped))
+    return Cause(CauseKind.PREEMPTED, summary, node_index=node, exc_type=None if notice else what,
+                 message=notice, grace=grace, call=call)
+
+
+def interrupted(cause: Cause) -> TorchrunInterrupted:
+    """The told node's own error: it was preempted, not failed."""
+    return TorchrunInterrupted(cause.summary + ".")
+
+
+def notice_path() -> Optional[str]:
+    """Where Metaflow's spot monitor writes its notice on this node
+    (``current.spot_termination_notice``: set by ``@kubernetes`` and ``@batch``)."""
+    try:
+        from metaflow import current
+
+        path = getattr(current, "spot_termination_notice", None)
+    except Exception:
+        return None
+    return path if isinstance(path, str) and path else None
+
+
+class GangStop:
+    """One call's side of a gang-wide stop: tells the gang when this node is
+    told, and says how the job stops when the gang is."""
+
+    def __init__(self, node: int, call: int, shutdown_grace: float, report: Callable[[Cause], None],
+                 verdict: Callable[[], Optional[Cause]], wait_verdict: Callable[[float], object],
+                 notice: Optional[str] = None):
+        """``report`` sends a cause to the gang; ``verdict`` is the gang's cause
+        so far; ``wait_verdict(seconds)`` waits for one; ``notice``: the spot
+        notice file to watch."""
+        self.node = node
+        self.call = call
+        self.shutdown_grace = shutdown_grace
+        self._report = report
+        self._verdict = verdict
+        self._wait_verdict = wait_verdict
+        self.notice = notice
+        self.own: Optional[Cause] = None
+        self._told_at = 0.0
+        self._next_look = 0.0
+
+    def told(self, what: str, notice: Optional[str] = None) -> None:
+        """This node was told to stop: the gang hears it first, then this node
+        waits (briefly) to be told back, with every other node."""
+        if self.own is not None:
+            return
+        grace = grace_for(self.shutdown_grace, notice)
+        self.own = preempted(self.node, what, grace, self.shutdown_grace, notice, self.call)
+        self._told_at = time.monotonic()
+        if self._verdict() is None:
+            self._report(self.own)
+            self._wait_verdict(VERDICT_WAIT)
+
+    def check(self) -> Optional[StopReason]:
+        """Asked on every tick of the call's wait: how the job stops, if it does."""
+        cause = self._verdict()
+        if cause is None and self.own is None and self.notice is not None:
+            now = time.monotonic()
+            if now >= self._next_look:
+                self._next_look = now + NOTICE_POLL
+                notice = read_notice(self.notice) if os.path.exists(self.notice) else None
+                if notice is not None:
+                    self.told("spot", notice)
+                    cause = self._verdict()
+        if cause is not None:
+            if cause.kind is CauseKind.PREEMPTED:
+                return GracefulStop(cause.summary, self.shutdown_grace if cause.grace is None else cause.grace)
+            return cause.summary
+        if self.own is not None and time.monotonic() - self._told_at >= VERDICT_WAIT:
+            assert self.own.grace is not None
+            return GracefulStop(self.own.summary, self.own.grace)  # no verdict: the control is gone
+        return None
