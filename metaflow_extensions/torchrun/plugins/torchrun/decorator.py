@@ -14,7 +14,7 @@ from . import load_order  # noqa: F401  (Metaflow first, whatever the user impor
 from metaflow.plugins.parallel_decorator import ParallelDecorator
 from metaflow.unbounded_foreach import UBF_CONTROL
 
-from .runtime.card import attach_card, finish_card, render_card_now, skip_render
+from .runtime.card import attach_card, card_ready, finish_card, render_card_now, skip_render
 from .compat import (
     decorator_init_kwargs,
     is_task_process,
@@ -358,6 +358,7 @@ class TorchrunDecorator(ParallelDecorator):
             session = self._session = self._handle.session = GangSession(
                 self._identity, self._defaults, topology, self._flow_dir, secret=self._secret
             )
+            session.card_hint = getattr(self, "_card_hint", None)
             preflight_runtime.attach(session)
             session.join()
             try:
@@ -402,9 +403,11 @@ class TorchrunDecorator(ParallelDecorator):
         if self._session is not None:
             self._session.close()
         self._published.withdraw()  # also when the step's code never ran
+        card_exists = self._card is None or card_ready(self._card)  # None: rendered in _record_result
         if not is_task_ok and self._card is not None:
-            render_card_now(self._card, retry_count)
-        if getattr(self, "_card_hint", None):
+            card_exists = render_card_now(self._card, retry_count)
+        said = self._session is not None and self._session.card_hint_said
+        if getattr(self, "_card_hint", None) and card_exists and not said:
             print("@torchrun: this step's card: %s" % self._card_hint, file=sys.stderr, flush=True)
 
     def _record_result(self, flow: Any, retry_count: int) -> None:

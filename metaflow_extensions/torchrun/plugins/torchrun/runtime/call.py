@@ -8,8 +8,10 @@ port) -> ``prepare`` (work directory, environment, argv) -> ``supervise``
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import pickle
+import socket
 import sys
 import time
 from dataclasses import dataclass, field
@@ -19,7 +21,8 @@ from ..procs import bootstrap, entry, functions, stacks
 from ..cause import Cause, CauseKind
 from ..gang.messages import MAX_RANKS_PER_NODE, STREAMS, TAIL_LINE_CHARS, TAIL_LINES, NodeReport, RankStatus
 from ..host.devices import cuda_devices
-from ..errors import GangAborted, TorchrunException, TorchrunFailed, TorchrunInvalidArgument
+from ..errors import (FULL_REPORT, GangAborted, TorchrunException, TorchrunFailed, TorchrunInvalidArgument,
+                      failure_summary, rank_raised)
 from ..procs.failures import (
     RankFailure,
     describe_exit_code,
@@ -33,12 +36,13 @@ from ..launch.command import argparse_hint
 from ..launch.plan import CallPlan
 from ..launch.prepare import NodeFacts, prepare
 from ..launch.resources import check_visible_devices
-from .result import FULL_REPORT_HINT, TorchrunResult, read_rank_records
+from .result import TorchrunResult, read_rank_records
 from .session import GangSession
 from ..host.console import say
 from .supervisor import Supervisor
 from ..host.workdirs import CallFiles
 from ..procs.names import ARGS_FILE, agent_log_path, rank_log_path
+from ..host.workdirs import step_log_dir
 from ..host.workdirs import tail_lines as _tail_lines
 
 # What stacks may add to the control's stop, its own collecting included: a
@@ -167,7 +171,7 @@ class CallRun:
             # to word, so where the ranks were goes to the log.
             self._share_stacks()
             if self.stacks:
-                say(stacks.summarize(self.stacks, full=FULL_REPORT_HINT))
+                say(stacks.summarize(self.stacks, full=FULL_REPORT))
             raise
         finally:
             client.quiet = None
@@ -203,7 +207,7 @@ class CallRun:
         self._share_stacks()
         reported = False
         if self.exit_code != 0:
-            self.failures = [self._with_last_output(f) for f in merge_failures(
+            self.failures = [self._with_last_output(self._named(f)) for f in merge_failures(
                 read_failures(self.workdir),
                 parse_torchrun_summary(self._agent_report(), self.node_index),
             )]
@@ -220,20 +224,37 @@ class CallRun:
             client.report_failure(client.cause, call=self.index, report=self._report(self.failures))
         self._gather_stacks()
         self.session.announce(cause)
-        where = stacks.summarize(self.stacks, full=FULL_REPORT_HINT)
+        # On a local run every node writes to the control's log: the control's
+        # error alone says where the ranks were and where the logs are.
+        speaks = self.session.is_control or not self.session.topology.is_local
+        logs = self._logs_line() if speaks else ""
+        where = self.stacks if speaks else {}
         if cause.kind is CauseKind.RANK_FAILED and cause.node_index == self.node_index:
             self.session.reported = True
             error: TorchrunException = TorchrunFailed(
-                self.exit_code if self.exit_code is not None else -1, self.node_index, self.failures, self.argv)
-            _add_text(error, where)
+                self.exit_code if self.exit_code is not None else -1, self.node_index, self.failures, self.argv,
+                stacks=where, logs=logs, host=socket.gethostname())
             original = self._original_exception(error)
             if original is not None:
-                original.__cause__ = error
-                raise original
+                raise rank_raised(original, error) from None
             raise error
-        aborted = self.session.aborted(cause, self.exit_code)
-        _add_text(aborted, where)
-        raise aborted
+        raise GangAborted(self.node_index, cause, self.exit_code, same_log=self.session.topology.is_local,
+                          stacks=where, logs=logs)
+
+    def _logs_line(self) -> str:
+        """Where every rank's whole output is: on a local run one directory
+        holds every node's; on a cluster each node's host keeps its own."""
+        if not self.log_dir:
+            return ""
+        if self.session.topology.is_local:
+            text = "Every rank's output, whole: %s" % step_log_dir(self.log_dir)
+        else:
+            text = "This node's ranks' output, whole: %s on %s (each node's host keeps its own)" % (
+                self.log_dir, socket.gethostname())
+        if self.session.card_hint:
+            self.session.card_hint_said = True
+            text += "\nThe card: %s" % self.session.card_hint
+        return text
 
     def record(self) -> TorchrunResult:
         try:
@@ -345,7 +366,7 @@ class CallRun:
             first = self.failures[0]
             return Cause(
                 CauseKind.RANK_FAILED,
-                first.summary(),
+                failure_summary(first),
                 node_index=self.node_index,
                 rank=first.rank,
                 local_rank=first.local_rank,
@@ -371,6 +392,13 @@ class CallRun:
         if self.log_dir:
             text += "\n".join(tail_lines(agent_log_path(self.log_dir), count=400, max_bytes=256 * 1024)).encode()
         return text
+
+    @staticmethod
+    def _named(failure: RankFailure) -> RankFailure:
+        """One name per node: torchrun's report names the host as the agent
+        saw it (``localhost``), a rank's own record by its host name."""
+        host = socket.gethostname()
+        return failure if failure.host == host else dataclasses.replace(failure, host=host)
 
     def _with_last_output(self, failure: RankFailure) -> RankFailure:
         if failure.traceback or not self.log_dir:
@@ -413,6 +441,8 @@ def run_call(session: GangSession, plan: CallPlan) -> TorchrunResult:
     except BaseException as e:
         error = e if isinstance(e, (TorchrunFailed, GangAborted)) else e.__cause__  # a function's own exception
         if isinstance(error, (TorchrunFailed, GangAborted)):
+            # The message was the block; a hint goes on it (BaseException's
+            # args are the user's for a function's exception: untouched).
             add_argparse_hint(error, plan.true_keys)
         raise
 
@@ -444,11 +474,6 @@ def bounded_line(line: str, limit: int = TAIL_LINE_CHARS) -> str:
         return line
     note = "… [%d characters in all]" % len(line)
     return line[: max(0, limit - len(note))] + note
-
-
-def _add_text(error: TorchrunException, text: str) -> None:
-    if text:
-        error.message = "%s\n\n%s" % (error.message, text)
 
 
 def _read_bytes(path: str) -> bytes:

@@ -461,12 +461,22 @@ def finish_card(deco: Any, result: TorchrunResult, flow_name: str, accelerators:
     return render_in_task(deco, attempt)
 
 
-def render_card_now(deco: Any, attempt: int) -> None:
+def card_ready(deco: Any) -> bool:
+    """Whether the card decorator got as far as its own ``task_pre_step`` (a
+    step refused before it, by our checks or another decorator's, has no card
+    to render and none to name)."""
+    return getattr(deco, "_card_uuid", None) is not None and getattr(deco, "card_creator", None) is not None
+
+
+def render_card_now(deco: Any, attempt: int) -> bool:
     """Metaflow renders cards of successful tasks only; the card of a failed
     run is the one that matters most. In this process where possible, else with
-    Metaflow's own ``card create`` subprocess."""
+    Metaflow's own ``card create`` subprocess. False, and nothing said, when
+    there is no card to render; one plain line when rendering it failed."""
+    if not card_ready(deco):
+        return False
     if render_in_task(deco, attempt):
-        return
+        return True
     try:
         deco.card_creator.create(
             mode="render",
@@ -479,8 +489,10 @@ def render_card_now(deco: Any, attempt: int) -> None:
             logger=deco._logger,
             sync=True,
         )
+        return True
     except Exception as e:
         say("could not render the card of the failed task: %s" % e)
+        return False
 
 
 # -- Rendering in the task ----------------------------------------------------

@@ -103,6 +103,12 @@ class TorchrunResult:
     def succeeded(self) -> bool:
         return self.exit_code == 0 and self.cause is None
 
+    def __str__(self) -> str:
+        """One short line (``print(result)``); ``repr`` keeps every field."""
+        code = "not run" if self.exit_code is None else "exit code %d" % self.exit_code
+        return "TorchrunResult(node %d of %d, %s, %d ranks here, %.1f s, logs: %s)" % (
+            self.node_index, self.num_nodes, code, len(self.ranks), self.duration, self.log_dir or "none")
+
     def rank_logs(self) -> Dict[int, Dict[str, str]]:
         """Where each rank's stdout and stderr were copied on this node."""
         if not self.log_dir:

@@ -97,6 +97,10 @@ class GangSession:
         self.client: Optional[GangClient] = None
         self.results: List[TorchrunResult] = []
         self.reported = False  # this node's own failure is already the gang's
+        # The command that shows the step's card (the control's), set by the
+        # decorator; a failed call's error names it once (call.py).
+        self.card_hint: Optional[str] = None
+        self.card_hint_said = False
         self._announced = False
         self._logs_said = False
         self._interruptible = False
@@ -271,15 +275,13 @@ class GangSession:
         )
 
     def announce(self, cause: Cause) -> None:
-        """The control prints the gang's root cause once, apart from the
-        interleaved logs, so it is the first thing a reader of its log finds."""
+        """Nothing is printed apart from the errors: the failing node's error
+        is the failure block (the traceback once, where the ranks were, the
+        logs), and every other node's names it in one line. Kept as the one
+        place a node learns it has said the cause."""
         if not self.is_control or self._announced:
             return
-        if self.topology.is_local and is_refusal(cause):
-            return  # the refusing node's own error says it, in this same log
         self._announced = True
-        bar = "=" * 72
-        say("the gang failed. Root cause: %s" % cause.summary, frame=bar)
 
     def close(self) -> None:
         self.phase = Phase.LEFT
@@ -298,6 +300,8 @@ class GangSession:
         instance and its own task log holds its ranks."""
         if self._logs_said or not (self.is_control and self.topology.is_local):
             return
+        if self.cause is not None:
+            return  # the failure's error names the folder already
         log_dirs = [r.log_dir for r in self.results if r.log_dir]
         if log_dirs:
             self._logs_said = True

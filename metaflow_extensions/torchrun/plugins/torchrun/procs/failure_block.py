@@ -1,0 +1,111 @@
+"""The few lines a failed call shows, whatever the gang's size (pure).
+
+In this order: the failing rank's traceback once, the user's frames only; one
+line for the echoes of it (the peers that lost it), one per other failure of
+its own kind; one line per place where the stopped ranks were; where every
+rank's whole output is; the one-line fix when one is known. At most
+``BUDGET`` lines: a deep traceback keeps its innermost frames, places past
+``PLACES`` are counted, never listed.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Sequence
+
+from .failures import RankFailure
+from .ranges import numbers
+from .stacks import group
+
+# gloo's and NCCL's "[/path/to/pair.cc:553] " in front of what happened.
+_SOURCE = re.compile(r"^\[[^\]\s]+:\d+\]\s*")
+BUDGET = 26  # lines of the block; Metaflow adds its own two around it
+TRACEBACK_LINES = 12
+OTHER_FAILURES = 2  # failures of their own kind named besides the root cause
+PLACES = 5
+
+
+@dataclass
+class Block:
+    """What goes into one failure block; every field may be empty."""
+
+    root: Optional[RankFailure] = None
+    others: Sequence[RankFailure] = ()
+    stacks: Dict[int, str] = field(default_factory=dict)
+    logs: str = ""  # where every rank's whole output is
+    fix: str = ""
+    headline: str = ""  # for a failure with no rank (a node lost, a hang)
+
+
+def traceback_lines(text: str, limit: int = TRACEBACK_LINES) -> List[str]:
+    """A traceback cut to its last ``limit`` lines (the innermost frames and
+    the exception), saying what was left out."""
+    lines = (text or "").rstrip().splitlines()
+    if len(lines) <= limit:
+        return lines
+    return ["Traceback (most recent call last, %d lines above are in the rank's log):"
+            % (len(lines) - limit + 1)] + lines[-(limit - 1):]
+
+
+def echo_lines(others: Sequence[RankFailure]) -> List[str]:
+    """The echoes in one line with their count; other failures of their own
+    kind one line each (a few), then counted."""
+    echoes = [f for f in others if f.secondary]
+    own = [f for f in others if not f.secondary]
+    out = []
+    if echoes:
+        kinds = sorted({_first_line("%s: %s" % (f.exc_type, _SOURCE.sub("", f.message))) for f in echoes})
+        out.append("%d other rank%s failed as echoes of it (%s%s): %s; their tracebacks are in their logs"
+                   % (len(echoes), "s" if len(echoes) != 1 else "", _cut(kinds[0], 90),
+                      " and %d other messages" % (len(kinds) - 1) if len(kinds) > 1 else "",
+                      "ranks " + numbers(f.rank for f in echoes) if len(echoes) > 1 else "rank %d" % echoes[0].rank))
+    for f in own[:OTHER_FAILURES]:
+        out.append("Also failed: rank %d (node %d): %s" % (f.rank, f.node_index, _cut(
+            _first_line("%s: %s" % (f.exc_type, f.message)), 120)))
+    if len(own) > OTHER_FAILURES:
+        rest = own[OTHER_FAILURES:]
+        out.append("Also failed: %d more ranks (%s)" % (len(rest), numbers(f.rank for f in rest)))
+    return out
+
+
+def place_lines(stacks: Dict[int, str], full: str, limit: int = PLACES) -> List[str]:
+    """One line per place the stopped ranks were (the grouping of stacks.py)."""
+    if not stacks:
+        return []
+    groups = group(stacks)
+    out = ["Where the other ranks were when stopped (every stack: %s):" % full]
+    for place, ranks in groups[:limit]:
+        label = "rank %d" % ranks[0] if len(ranks) == 1 else "ranks %s (%d)" % (numbers(ranks), len(ranks))
+        out.append("  %s: %s" % (label, _cut(place[0], 140)))
+    rest = groups[limit:]
+    if rest:
+        out.append("  ... and %d more places (%d ranks)" % (len(rest), sum(len(r) for _, r in rest)))
+    return out
+
+
+def render(block: Block, full: str = "the card") -> str:
+    """The block's text, at most ``BUDGET`` lines."""
+    lines: List[str] = []
+    if block.headline:
+        lines.append(block.headline)
+    if block.root is not None:
+        tb = block.root.traceback
+        lines.extend(traceback_lines(tb) if tb else ["%s: %s" % (block.root.exc_type, block.root.message)])
+    lines.extend(echo_lines(block.others))
+    stacks = {r: s for r, s in block.stacks.items() if block.root is None or r != block.root.rank}
+    lines.extend(place_lines(stacks, full))
+    if block.logs:
+        lines.append(block.logs)
+    if block.fix:
+        lines.extend(block.fix.splitlines()[:3])
+    return "\n".join(lines[:BUDGET])
+
+
+def _first_line(text: str) -> str:
+    lines = (text or "").strip().splitlines()
+    return lines[0] if lines else ""
+
+
+def _cut(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
