@@ -51,6 +51,9 @@ def user_traceback(exc: BaseException, script: str = "") -> str:
     the frames of this bootstrap, of runpy and of torch's launcher are noise
     in an error report. Chained exceptions keep their own user frames."""
     te = traceback.TracebackException(type(exc), exc, exc.__traceback__)
+    target = os.path.abspath(script) if script else None
+    at = next((i for i, f in enumerate(te.stack) if os.path.abspath(f.filename) == target), 0)
+    te.stack = traceback.StackSummary.from_list(list(te.stack)[at:])
     seen = set()
     todo = [te]
     while todo:

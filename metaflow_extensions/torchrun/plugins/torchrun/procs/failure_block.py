@@ -35,7 +35,7 @@ class Block:
     stacks: Dict[int, str] = field(default_factory=dict)
     logs: str = ""  # where every rank's whole output is
     fix: str = ""
-    headline: str = ""  # for a failure with no rank (a node lost, a hang)
+    headline: str = ""  # who failed first (with what, when no traceback says it)
 
 
 def traceback_lines(text: str, limit: int = TRACEBACK_LINES) -> List[str]:
@@ -89,9 +89,8 @@ def render(block: Block, full: str = "the card") -> str:
     lines: List[str] = []
     if block.headline:
         lines.append(block.headline)
-    if block.root is not None:
-        tb = block.root.traceback
-        lines.extend(traceback_lines(tb) if tb else ["%s: %s" % (block.root.exc_type, block.root.message)])
+    if block.root is not None and block.root.traceback:
+        lines.extend(traceback_lines(block.root.traceback))
     lines.extend(echo_lines(block.others))
     stacks = {r: s for r, s in block.stacks.items() if block.root is None or r != block.root.rank}
     lines.extend(place_lines(stacks, full))
