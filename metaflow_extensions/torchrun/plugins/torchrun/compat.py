@@ -6,8 +6,10 @@ launcher). The torch a task has is ``launch/torch_checks.py``'s.
 from __future__ import annotations
 
 import inspect
+import os
+import sys
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence
 
 from .errors import TorchrunInvalidArgument, shown
 
@@ -139,3 +141,31 @@ class TorchrunSingleNodeMultiGPU:
     ) -> Any:
         """0.2's signature and positional order (``torchrun_args`` first)."""
         return self._launcher.run(torchrun_args, entrypoint, entrypoint_args, nproc_per_node)
+
+
+def headless_card_view(argv: Sequence[str]) -> bool:
+    """``flow.py card view`` on a machine without a browser (SSH to a dev box)
+    printed nothing and exited 0: Metaflow's ``open_in_browser`` ignores what
+    ``webbrowser.open`` returns. Wrapped, for that command only, to say where
+    the card's HTML is when no browser took it. True when wrapped."""
+    if "card" not in argv or "view" not in argv:
+        return False
+    try:
+        from metaflow.plugins.cards import card_cli
+    except ImportError:
+        return False
+    original = getattr(card_cli, "open_in_browser", None)
+    if not callable(original) or getattr(original, "_torchrun_headless", False):
+        return False
+
+    def open_in_browser(card_path: str) -> None:
+        import webbrowser
+
+        url = "file://" + os.path.abspath(card_path)
+        if not webbrowser.open(url):
+            print("No web browser here: the card is at %s (`card get` writes it where you like)."
+                  % os.path.abspath(card_path), file=sys.stderr, flush=True)
+
+    open_in_browser._torchrun_headless = True  # type: ignore[attr-defined]
+    card_cli.open_in_browser = open_in_browser
+    return True

@@ -148,7 +148,7 @@ def rank_raised(original: BaseException, error: TorchrunFailed) -> BaseException
             mixed = _MIXED[kind] = type(kind.__name__, (kind, TorchrunFailed), {
                 "__module__": kind.__module__, "__qualname__": kind.__qualname__,
                 "__str__": lambda self: self._user_text, "headline": "@torchrun: a rank raised %s" % kind.__name__})
-        new = kind.__new__(mixed, *original.args)
+        new: Any = kind.__new__(mixed, *original.args)
         new.__dict__.update(original.__dict__)
         new.__dict__.update(error.__dict__)
         new.args = original.args

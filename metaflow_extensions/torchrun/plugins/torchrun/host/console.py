@@ -23,7 +23,11 @@ PREFIX = "@torchrun: "
 QUIET = 0.05
 QUIET_WAIT = 1.0
 _lock = threading.Lock()
-_ranks = {"stream": None, "at": 0.0}
+
+
+class _Ranks:
+    stream: Optional[IO[str]] = None  # where the ranks wrote last
+    at = 0.0  # when (monotonic)
 
 
 def rank_output(stream: IO[str], write: Callable[[], None]) -> None:
@@ -32,7 +36,7 @@ def rank_output(stream: IO[str], write: Callable[[], None]) -> None:
         try:
             write()
         finally:
-            _ranks["stream"], _ranks["at"] = stream, time.monotonic()
+            _Ranks.stream, _Ranks.at = stream, time.monotonic()
 
 
 def line(text: str) -> str:
@@ -48,10 +52,10 @@ def say(text: str, frame: Optional[str] = None, stream: Optional[IO[str]] = None
     deadline = time.monotonic() + QUIET_WAIT
     while True:
         with _lock:
-            since = time.monotonic() - _ranks["at"]
+            since = time.monotonic() - _Ranks.at
             if since >= QUIET or time.monotonic() >= deadline:
                 try:
-                    print(out, file=stream or _ranks["stream"] or sys.stderr, flush=True)
+                    print(out, file=stream or _Ranks.stream or sys.stderr, flush=True)
                 except (OSError, ValueError):  # a closed stream must not fail the step
                     pass
                 return

@@ -38,6 +38,7 @@ from ..launch.prepare import NodeFacts, prepare
 from ..launch.resources import check_visible_devices
 from .result import TorchrunResult, read_rank_records
 from .session import GangSession
+from . import what_ran
 from ..host.console import say
 from .supervisor import Supervisor
 from ..host.workdirs import CallFiles
@@ -299,6 +300,7 @@ class CallRun:
             call=self.index,
             stacks=dict(self.stacks),
             stack_seconds=round(self.stack_seconds, 3),
+            ran=what_ran.record(self.plan, self.argv, self.log_dir, topology.node_index),
         )
         self.session.results.append(result)
         return result

@@ -35,7 +35,7 @@ from ..procs.failures import describe_exit_code
 from ..launch.resources import Accelerators
 from ..procs import stacks
 from ..procs.ranges import numbers
-from . import card_preflight, timeline
+from . import card_preflight, timeline, what_ran
 from .result import REPORT_ARTIFACT, TorchrunResult
 
 CARD_ID = "torchrun"
@@ -373,11 +373,44 @@ def tail_parts(result: TorchrunResult, Markdown: Any) -> list:
     return parts
 
 
+def refusal_reason(result: TorchrunResult) -> Optional[str]:
+    """Why a call was refused before any rank started, or None: such a card
+    shows no empty tables and no checks that were not run."""
+    cause = result.cause or {}
+    refused = cause.get("exc_type") == "TorchrunCallRefused" or cause.get("kind") == "preflight"
+    if not refused or result.ranks or result.exit_code is not None:
+        return None
+    return str(cause.get("message") or cause.get("summary") or "")
+
+
+def what_ran_parts(result: TorchrunResult, Markdown: Any, Table: Any) -> list:
+    """The "what ran" section (what_ran.py)."""
+    rows = [[html_line(k), html_line(v, CARD_LINE_CHARS)] for k, v in what_ran.rows(result.ran, result.num_nodes)]
+    return [Markdown("## What ran"), Table(rows, headers=["", ""])] if rows else []
+
+
+def refused_components(result: TorchrunResult, flow: str, pathspec: str, reason: str) -> list:
+    from metaflow.cards import Markdown, Table
+
+    name = flow if flow.isidentifier() else escape_markdown(flow)
+    parts = [Markdown("# @torchrun: %s\n\n`%s`" % (name, pathspec)),
+             Markdown("**Refused before any rank started:**\n\n%s" % text_block(clip_lines(reason, CARD_CAUSE_CHARS)[0]))]
+    parts += what_ran_parts(result, Markdown, Table)
+    if attempt_rows(result):
+        parts += [Markdown("## Attempts"), Table(attempt_rows(result), headers=ATTEMPT_HEADERS)]
+    parts.append(Markdown("_Generated %s_" % time.strftime("%Y-%m-%d %H:%M:%S")))
+    return parts
+
+
 def build_components(result: TorchrunResult, flow: str, pathspec: str, backend: str) -> list:
     from metaflow.cards import Markdown, Table
 
+    reason = refusal_reason(result)
+    if reason is not None:
+        return refused_components(result, flow, pathspec, reason)
     parts = [
         Markdown(summary_markdown(result, flow, pathspec)),
+        *what_ran_parts(result, Markdown, Table),
         Markdown("## Topology"),
         Table(topology_rows(result, backend), headers=["", ""]),
     ]

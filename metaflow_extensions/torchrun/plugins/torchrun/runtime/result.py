@@ -94,6 +94,9 @@ class TorchrunResult:
     # (runtime/attempts.py: start, gang formed, calls, why it stopped, the
     # checkpoint it resumed from, what each failure cost).
     attempts: List[Dict[str, Any]] = field(default_factory=list)
+    # What ran (runtime/what_ran.py): the entrypoint, its arguments with
+    # secret-looking ones masked, the torchrun command, versions.
+    ran: Dict[str, Any] = field(default_factory=dict)
 
     @property
     def duration(self) -> float:

@@ -92,18 +92,32 @@ def from_result(result: Any, ranks: Mapping[int, Sequence[Mapping[str, Any]]]) -
     if not calls and _index(result.call) is not None:
         calls = [(result.call, result.started_at)]
     cause = result.cause or {}
+    failed_node, failed_rank = _index(cause.get("node_index")), _index(cause.get("rank"))
+    # The failure is drawn where the failing rank ended, not when its node
+    # reported it (after its agent had stopped the others: seconds later).
+    failed_at = _rank_end(ranks, failed_node, failed_rank) or (_number(cause.get("time")) if cause else None)
     return Gang(
         num_nodes=max(1, int(result.num_nodes or 1)),
         joined=joined,
         finished=finished,
         ranks=ranks,
         calls=calls,
-        failed_at=_number(cause.get("time")) if cause else None,
-        failed_node=_index(cause.get("node_index")),
-        failed_rank=_index(cause.get("rank")),
+        failed_at=failed_at,
+        failed_node=failed_node,
+        failed_rank=failed_rank,
         ended_at=_number(result.ended_at),
         failed_kind=_kind(cause.get("kind")),
     )
+
+
+def _rank_end(ranks: Mapping[int, Sequence[Mapping[str, Any]]], node: Optional[int],
+              rank: Optional[int]) -> Optional[float]:
+    if node is None or rank is None:
+        return None
+    for record in ranks.get(node) or ():
+        if isinstance(record, Mapping) and record.get("rank") == rank:
+            return _number(record.get("end"))
+    return None
 
 
 def _kind(value: Any) -> Optional[str]:
