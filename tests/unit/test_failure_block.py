@@ -111,3 +111,14 @@ def test_the_block_is_bounded_whatever_it_is_given():
     block = failure_block.Block(root=own[0], others=own[1:] + many, stacks={r: dump(r) for r in range(4096)},
                                 logs="logs", fix="Fix: a\nb\nc\nd", headline="First failure: ...")
     assert len(failure_block.render(block).splitlines()) <= failure_block.BUDGET
+
+
+def test_the_echoes_of_other_nodes_are_counted_in_the_same_line():
+    failures = [rank_failure(r, root=(r == ROOT_RANK)) for r in range(ROOT_NODE * NPROC, (ROOT_NODE + 1) * NPROC)]
+    others = [r for r in range(NODES * NPROC) if r // NPROC != ROOT_NODE]
+    error = TorchrunFailed(1, ROOT_NODE, failures, elsewhere=others)
+    echoes = [line for line in error.message.splitlines() if "echoes" in line]
+    assert len(echoes) == 1 and echoes[0].startswith("127 other ranks failed as echoes of it (RuntimeError: ")
+    cause = Cause(CauseKind.RANK_FAILED, "node 5 ...", node_index=ROOT_NODE, rank=ROOT_RANK)
+    aborted = GangAborted(0, cause, same_log=False, elsewhere=list(range(NODES * NPROC)))
+    assert "127 other ranks failed as echoes of it: ranks 0-41, 43-127" in aborted.message

@@ -107,3 +107,23 @@ def test_metaflows_banner_names_this_extension_and_its_version():
     out = subprocess.run([sys.executable, "-c", "from metaflow.metaflow_version import get_version; print(get_version())"],
                          capture_output=True, text=True, timeout=120)
     assert "torchrun(" in out.stdout and "<unk>" not in out.stdout, out.stdout + out.stderr
+
+
+class _Task:
+    def __init__(self, pathspec):
+        self.pathspec = pathspec
+        self.id = pathspec.rsplit("/", 1)[1]
+
+
+def test_card_view_of_a_step_resolves_to_its_control_task(monkeypatch):
+    import metaflow
+
+    from metaflow_extensions.torchrun.plugins.torchrun.compat import control_task_of
+
+    tasks = {"F/1/train": [_Task("F/1/train/2_node_1"), _Task("F/1/train/2"), _Task("F/1/train/2_node_2")],
+             "F/2/train": [_Task("F/2/train/t-node-1"), _Task("F/2/train/t-control")]}
+    monkeypatch.setattr(metaflow, "Step", lambda pathspec: tasks[pathspec])
+    assert control_task_of(_Task("F/1/train/2_node_1")).pathspec == "F/1/train/2"  # local: "<control>_node_<i>"
+    assert control_task_of(_Task("F/2/train/t-node-1")).pathspec == "F/2/train/t-control"  # the one non-worker
+    plain = _Task("F/1/start/1")
+    assert control_task_of(plain) is plain  # not a worker: as Metaflow resolved it

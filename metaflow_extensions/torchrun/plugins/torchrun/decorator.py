@@ -17,7 +17,7 @@ from metaflow.unbounded_foreach import UBF_CONTROL
 from .runtime.card import attach_card, card_ready, finish_card, render_card_now, skip_render
 from .compat import (
     decorator_init_kwargs,
-    headless_card_view,
+    card_commands,
     is_task_process,
     legacy_notes,
     local_control_task_id,
@@ -151,9 +151,10 @@ class TorchrunDecorator(ParallelDecorator):
         self._unknown = sorted(k for k in attributes if k not in self.defaults)
         for k in self._unknown:
             attributes.pop(k)
-        # `card view` without a browser says where the card is (Metaflow has
-        # finished importing itself by the time a flow's decorators are made).
-        headless_card_view(sys.argv)
+        # `card view <run>/<step>` shows the control's card, and without a browser
+        # says where it is (Metaflow has finished importing itself by the time a
+        # flow's decorators are made).
+        card_commands(sys.argv)
         # inserted_by exists from Metaflow 2.16 on.
         super().__init__(attributes, statically_defined, **decorator_init_kwargs(ParallelDecorator.__init__, inserted_by))
 

@@ -7,7 +7,7 @@ clean one-paragraph message instead of a traceback from inside the launcher.
 from __future__ import annotations
 
 import difflib
-from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional
+from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional, Sequence
 
 from . import load_order  # noqa: F401  (Metaflow first, whatever the user imports first)
 from metaflow.exception import MetaflowException
@@ -95,6 +95,7 @@ class TorchrunFailed(TorchrunException):
         stacks: Optional[Dict[int, str]] = None,
         logs: str = "",
         host: str = "",
+        elsewhere: Sequence[int] = (),
     ):
         self.exit_code = exit_code
         self.node_index = node_index
@@ -108,7 +109,7 @@ class TorchrunFailed(TorchrunException):
             head = ("torchrun on node %d ended with %s; no rank recorded a Python exception (a rank may have "
                     "been killed by a signal, or torchrun itself failed)." % (node_index, describe_exit_code(exit_code)))
         block = failure_block.Block(root=root, others=self.failures[1:], stacks=dict(stacks or {}), logs=logs,
-                                    headline=head)
+                                    headline=head, elsewhere=elsewhere)
         super().__init__(failure_block.render(block, FULL_REPORT))
 
 
@@ -171,7 +172,8 @@ class GangAborted(TorchrunException):
     headline = "@torchrun gang stopped"
 
     def __init__(self, node_index: int, cause: "Cause", own_exit_code: Optional[int] = None,
-                 same_log: bool = False, stacks: Optional[Dict[int, str]] = None, logs: str = ""):
+                 same_log: bool = False, stacks: Optional[Dict[int, str]] = None, logs: str = "",
+                 elsewhere: Sequence[int] = ()):
         self.node_index = node_index
         self.cause = cause
         origin = cause.node_index
@@ -195,7 +197,8 @@ class GangAborted(TorchrunException):
             text = "node %d stopped: %s" % (node_index, cause.summary)
         if cause.kind.value == "preflight" and cause.message:
             text += "\n" + cause.message  # every field and node, and the fix
-        block = failure_block.Block(stacks=dict(stacks or {}), logs=logs)
+        block = failure_block.Block(stacks=dict(stacks or {}), logs=logs,
+                                    elsewhere=[r for r in elsewhere if r != cause.rank])
         rest = failure_block.render(block, FULL_REPORT)
         super().__init__("\n".join([text] + lines + ([rest] if rest else [])))
 

@@ -36,6 +36,9 @@ class Block:
     logs: str = ""  # where every rank's whole output is
     fix: str = ""
     headline: str = ""  # who failed first (with what, when no traceback says it)
+    # Ranks of other nodes that ended unsuccessfully after it (from their
+    # nodes' reports to the control): counted with the echoes.
+    elsewhere: Sequence[int] = ()
 
 
 def traceback_lines(text: str, limit: int = TRACEBACK_LINES) -> List[str]:
@@ -48,18 +51,20 @@ def traceback_lines(text: str, limit: int = TRACEBACK_LINES) -> List[str]:
             % (len(lines) - limit + 1)] + lines[-(limit - 1):]
 
 
-def echo_lines(others: Sequence[RankFailure]) -> List[str]:
-    """The echoes in one line with their count; other failures of their own
-    kind one line each (a few), then counted."""
+def echo_lines(others: Sequence[RankFailure], elsewhere: Sequence[int] = ()) -> List[str]:
+    """The echoes in one line with their count (those of other nodes too);
+    other failures of their own kind one line each (a few), then counted."""
     echoes = [f for f in others if f.secondary]
     own = [f for f in others if not f.secondary]
+    ranks = sorted({f.rank for f in echoes} | set(elsewhere) - {f.rank for f in own})
     out = []
-    if echoes:
+    if ranks:
         kinds = sorted({_first_line("%s: %s" % (f.exc_type, _SOURCE.sub("", f.message))) for f in echoes})
-        out.append("%d other rank%s failed as echoes of it (%s%s): %s; their tracebacks are in their logs"
-                   % (len(echoes), "s" if len(echoes) != 1 else "", _cut(kinds[0], 90),
-                      " and %d other messages" % (len(kinds) - 1) if len(kinds) > 1 else "",
-                      "ranks " + numbers(f.rank for f in echoes) if len(echoes) > 1 else "rank %d" % echoes[0].rank))
+        what = " (%s%s)" % (_cut(kinds[0], 90), " and %d other messages" % (len(kinds) - 1) if len(kinds) > 1 else "") \
+            if kinds else ""
+        out.append("%d other rank%s failed as echoes of it%s: %s; their tracebacks are in their logs"
+                   % (len(ranks), "s" if len(ranks) != 1 else "", what,
+                      "ranks " + numbers(ranks) if len(ranks) > 1 else "rank %d" % ranks[0]))
     for f in own[:OTHER_FAILURES]:
         out.append("Also failed: rank %d (node %d): %s" % (f.rank, f.node_index, _cut(
             _first_line("%s: %s" % (f.exc_type, f.message)), 120)))
@@ -91,7 +96,7 @@ def render(block: Block, full: str = "the card") -> str:
         lines.append(block.headline)
     if block.root is not None and block.root.traceback:
         lines.extend(traceback_lines(block.root.traceback))
-    lines.extend(echo_lines(block.others))
+    lines.extend(echo_lines(block.others, [r for r in block.elsewhere if block.root is None or r != block.root.rank]))
     stacks = {r: s for r, s in block.stacks.items() if block.root is None or r != block.root.rank}
     lines.extend(place_lines(stacks, full))
     if block.logs:

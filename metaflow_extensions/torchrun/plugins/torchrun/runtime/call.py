@@ -230,17 +230,27 @@ class CallRun:
         speaks = self.session.is_control or not self.session.topology.is_local
         logs = self._logs_line() if speaks else ""
         where = self.stacks if speaks else {}
+        elsewhere = self._failed_elsewhere() if speaks else []
         if cause.kind is CauseKind.RANK_FAILED and cause.node_index == self.node_index:
             self.session.reported = True
             error: TorchrunException = TorchrunFailed(
                 self.exit_code if self.exit_code is not None else -1, self.node_index, self.failures, self.argv,
-                stacks=where, logs=logs, host=socket.gethostname())
+                stacks=where, logs=logs, host=socket.gethostname(), elsewhere=elsewhere)
             original = self._original_exception(error)
             if original is not None:
                 raise rank_raised(original, error) from None
             raise error
         raise GangAborted(self.node_index, cause, self.exit_code, same_log=self.session.topology.is_local,
-                          stacks=where, logs=logs)
+                          stacks=where, logs=logs, elsewhere=elsewhere)
+
+    def _failed_elsewhere(self) -> List[int]:
+        """The control: ranks of the other nodes that ended unsuccessfully, from
+        the reports they sent (``_gather_stacks`` waited for them)."""
+        server = self.session.server
+        if server is None:
+            return []
+        return sorted(status.rank for node, report in server.call_view(self.index).reports.items()
+                      if node != self.node_index for status in report.ranks if status.exit_code not in (0, None))
 
     def _logs_line(self) -> str:
         """Where every rank's whole output is: on a local run one directory
