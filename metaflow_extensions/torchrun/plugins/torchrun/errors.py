@@ -196,7 +196,11 @@ class GangAborted(TorchrunException):
         else:
             text = "node %d stopped: %s" % (node_index, cause.summary)
         if cause.kind.value == "preflight" and cause.message:
-            text += "\n" + cause.message  # every field and node, and the fix
+            if same_log and node_index != 0:
+                # Every node writes to the control's log: node 0's error has it.
+                text += " (node 0's error in this log has every field and the fix)"
+            else:
+                text += "\n" + cause.message  # every field and node, and the fix
         block = failure_block.Block(stacks=dict(stacks or {}), logs=logs,
                                     elsewhere=[r for r in elsewhere if r != cause.rank])
         rest = failure_block.render(block, FULL_REPORT)
