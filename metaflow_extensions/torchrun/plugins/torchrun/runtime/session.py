@@ -97,8 +97,7 @@ class GangSession:
         self.client: Optional[GangClient] = None
         self.results: List[TorchrunResult] = []
         self.reported = False  # this node's own failure is already the gang's
-        # The command that shows the step's card (the control's), set by the
-        # decorator; a failed call's error names it once (call.py).
+        # `card view` of the control's card (decorator); a failed call's error names it.
         self.card_hint: Optional[str] = None
         self.card_hint_said = False
         self._announced = False
@@ -275,10 +274,8 @@ class GangSession:
         )
 
     def announce(self, cause: Cause) -> None:
-        """Nothing is printed apart from the errors: the failing node's error
-        is the failure block (the traceback once, where the ranks were, the
-        logs), and every other node's names it in one line. Kept as the one
-        place a node learns it has said the cause."""
+        """Prints nothing: the failing node's error is the failure block, every
+        other node's names the cause in one line (issue 36: cause first, once)."""
         if not self.is_control or self._announced:
             return
         self._announced = True
