@@ -93,6 +93,10 @@ def test_a_functions_exception_keeps_its_type_and_prints_as_the_block():
     assert raised.args == ("[rank 42] saw a NaN",) and raised.root_cause.rank == ROOT_RANK
     assert raised.__cause__ is None and raised.__suppress_context__
     check(as_metaflow_prints(raised))
+    import pickle
+
+    back = pickle.loads(pickle.dumps(raised))  # e.g. kept as an artifact: the user's own type
+    assert type(back) is ValueError and back.args == raised.args
 
     class Odd(Exception):
         def __init__(self, a, b):

@@ -341,9 +341,10 @@ class TorchrunDecorator(ParallelDecorator):
         def control_step():
             try:
                 return decorated()
-            except BaseException:
+            except BaseException as e:
                 self._published.withdraw()
                 stop_local_nodes()
+                _without_our_frame(e)
                 raise
 
         return control_step
@@ -376,6 +377,7 @@ class TorchrunDecorator(ParallelDecorator):
                 echo = session.step_failed(e)
                 if echo is not None:
                     raise echo from None
+                _without_our_frame(e)
                 raise
             else:
                 session.step_succeeded()
@@ -485,6 +487,15 @@ class TorchrunDecorator(ParallelDecorator):
         past = attempts_.fill_missing(attempts_.history(self._previous), retry_count)
         result.attempts = attempts_.with_costs(past + [entry])
         return result
+
+
+def _without_our_frame(error: BaseException) -> None:
+    """A step's own exception, re-raised (bare ``raise``: no frame is added),
+    without this wrapper's frame at its head: Metaflow prints the traceback of
+    a step's exception, and ours in it is noise (issue 36)."""
+    tb = error.__traceback__
+    if tb is not None and tb.tb_frame.f_code.co_filename == __file__ and tb.tb_next is not None:
+        error.__traceback__ = tb.tb_next
 
 
 def _local_nodes(flow: Any) -> int:

@@ -148,12 +148,15 @@ def rank_raised(original: BaseException, error: TorchrunFailed) -> BaseException
         if mixed is None:
             mixed = _MIXED[kind] = type(kind.__name__, (kind, TorchrunFailed), {
                 "__module__": kind.__module__, "__qualname__": kind.__qualname__,
-                "__str__": lambda self: self._user_text, "headline": "@torchrun: a rank raised %s" % kind.__name__})
+                "__str__": lambda self: self._user_text, "headline": "@torchrun: a rank raised %s" % kind.__name__,
+                # Pickled (an artifact, a Metaflow wrapper) as the user's own exception.
+                "__reduce_ex__": lambda self, protocol: self._original.__reduce_ex__(protocol)})
         new: Any = kind.__new__(mixed, *original.args)
         new.__dict__.update(original.__dict__)
         new.__dict__.update(error.__dict__)
         new.args = original.args
         new._user_text = str(original)
+        new._original = original
         new.__cause__ = None
         new.__suppress_context__ = True
         return new
