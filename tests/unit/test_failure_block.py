@@ -126,3 +126,19 @@ def test_the_echoes_of_other_nodes_are_counted_in_the_same_line():
     cause = Cause(CauseKind.RANK_FAILED, "node 5 ...", node_index=ROOT_NODE, rank=ROOT_RANK)
     aborted = GangAborted(0, cause, same_log=False, elsewhere=list(range(NODES * NPROC)))
     assert "127 other ranks failed as echoes of it: ranks 0-41, 43-127" in aborted.message
+
+
+def test_a_crash_dump_keeps_its_first_lines_without_our_frames():
+    ours = failure_block._OURS + "procs/bootstrap.py"
+    dump = ("The rank's last lines of stderr:\nFatal Python error: Segmentation fault\n\n"
+            "Current thread 0x00007f7882e60b80 (most recent call first):\n"
+            '  File "/usr/lib/python3.11/ctypes/__init__.py", line 519 in string_at\n'
+            '  File "/w/segfault.py", line 19 in <module>\n'
+            '  File "<frozen runpy>", line 88 in _run_code\n'
+            '  File "%s", line 256 in _main\n' % ours)
+    lines = failure_block.traceback_lines(dump)
+    assert lines[:2] == ["The rank's last lines of stderr:", "Fatal Python error: Segmentation fault"]
+    assert lines[-1] == '  File "/w/segfault.py", line 19 in <module>'
+    long = failure_block.traceback_lines(dump + "".join("  File \"/w/x.py\", line %d in f\n" % i for i in range(40)))
+    assert len(long) == failure_block.TRACEBACK_LINES and long[1].startswith("Fatal Python error")
+    assert long[-1] == "... 35 more lines in the rank's log"

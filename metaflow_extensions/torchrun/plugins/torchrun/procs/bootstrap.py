@@ -20,6 +20,7 @@ import traceback
 from . import agent, entry, relay, stacks
 from .names import ARGS_FILE, WORK_DIR_ENV, LABELS_ENV, LOG_DIR_ENV, NODE_INDEX_ENV, STATUS_SUFFIX, rank_file
 from .failures import PRIVATE_NEW, RankFailure, write_failure
+from .failure_block import is_users
 from .names import rank_log_path
 from ..host.workdirs import open_private
 
@@ -29,21 +30,6 @@ def _env_int(name: str, default: int = -1) -> int:
         return int(os.environ.get(name, default))
     except ValueError:
         return default
-
-
-# Frames that are not the user's: this package's (the bootstrap, the relay),
-# runpy's (how a script is run) and torch's launcher (torchrun's @record).
-_OURS = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
-_NOT_USERS = (_OURS, os.path.join("torch", "distributed", "elastic") + os.sep)
-
-
-def _users(filename: str) -> bool:
-    if filename.startswith("<frozen runpy"):
-        return False
-    path = os.path.abspath(filename)
-    if path.startswith(_OURS) or os.path.basename(path) == "runpy.py":
-        return False
-    return not any(part in path for part in _NOT_USERS[1:])
 
 
 def user_traceback(exc: BaseException, script: str = "") -> str:
@@ -61,7 +47,7 @@ def user_traceback(exc: BaseException, script: str = "") -> str:
         if id(one) in seen:
             continue
         seen.add(id(one))
-        frames = [f for f in one.stack if _users(f.filename)]
+        frames = [f for f in one.stack if is_users(f.filename)]
         one.stack = traceback.StackSummary.from_list(frames or list(one.stack))
         todo.extend(x for x in (one.__cause__, one.__context__) if x is not None)
     return "".join(te.format())

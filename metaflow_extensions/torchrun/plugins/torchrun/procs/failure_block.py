@@ -10,6 +10,7 @@ rank's whole output is; the one-line fix when one is known. At most
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence
@@ -41,10 +42,33 @@ class Block:
     elsewhere: Sequence[int] = ()
 
 
+# Frames that are not the user's: this package's (the bootstrap, the relay),
+# runpy's (how a script is run) and torch's launcher (torchrun's @record).
+_OURS = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+_LAUNCHER = os.path.join("torch", "distributed", "elastic") + os.sep
+# faulthandler's frame lines ("  File "x.py", line 3 in f"): one line each.
+_DUMP_FRAME = re.compile(r'^\s+File "(?P<file>[^"]*)", line \d+ in ')
+
+
+def is_users(filename: str) -> bool:
+    """Whether a frame's file is the user's (or a library's), not ours."""
+    if filename.startswith("<frozen runpy"):
+        return False
+    path = os.path.abspath(filename)
+    return not (path.startswith(_OURS) or os.path.basename(path) == "runpy.py" or _LAUNCHER in path)
+
+
 def traceback_lines(text: str, limit: int = TRACEBACK_LINES) -> List[str]:
     """A traceback cut to its last ``limit`` lines (the innermost frames and
-    the exception), saying what was left out."""
+    the exception), saying what was left out. A crash's last output
+    (faulthandler's dump, innermost frame first) keeps its first lines
+    instead, without our frames."""
     lines = (text or "").rstrip().splitlines()
+    if lines and not lines[0].startswith("Traceback"):
+        lines = [line for line in lines if not ((m := _DUMP_FRAME.match(line)) and not is_users(m.group("file")))]
+        if len(lines) <= limit:
+            return lines
+        return lines[:limit - 1] + ["... %d more lines in the rank's log" % (len(lines) - limit + 1)]
     if len(lines) <= limit:
         return lines
     return ["Traceback (most recent call last, %d lines above are in the rank's log):"
