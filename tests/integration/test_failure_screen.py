@@ -52,3 +52,15 @@ def test_a_script_raising_shows_the_root_cause_once_in_one_screen(gang):
     shown = "\n".join(screen)
     assert "runpy" not in shown and "Also failed" not in shown
     assert "Internal error" not in shown
+
+
+def test_an_early_failure_says_one_thing(gang):
+    """The other local nodes' `python` is not this environment's: the step is
+    refused before the card's own start, so no card line, no card command."""
+    proc = gang.run("--mode", "function", flow="ddp_fail_flow.py", timeout=240, env={"PATH": "/usr/bin:/bin"})
+    text = output(proc)
+    assert proc.returncode != 0
+    assert "the other local nodes cannot start" in text, text[-3000:]
+    ours = [line for line in without_task_prefix(text).splitlines() if "@torchrun" in line]
+    assert not [line for line in ours if "card" in line], ours
+    assert "Card not found" not in text and "_card_uuid" not in text

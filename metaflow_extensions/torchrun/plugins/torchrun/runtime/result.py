@@ -27,8 +27,6 @@ STACKS_IN_RECORD = 64 * 1024
 # On the control node, the artifact that holds the full report of every call:
 # every rank's stack and output tail, however many.
 REPORT_ARTIFACT = "torchrun_report"
-# What a failure message says of where every rank's full stack is.
-FULL_REPORT_HINT = "the card, and the artifact %s of node 0's task" % REPORT_ARTIFACT
 # The full report's stacks, at most (a rank's dump is already cut to 16 KiB).
 STACKS_IN_REPORT = 64 << 20
 # In a compacted record, per node: at most this many failed ranks named.
