@@ -81,7 +81,7 @@ def record(plan: CallPlan, command: Sequence[str], log_dir: Optional[str], node_
         args: Any = mask_value(plan.function_args)
     else:
         args = mask_argv(plan.entry_argv)
-    return {"entrypoint": plan.entry_name, "kind": "function" if plan.function is not None else "script",
+    return {"entrypoint": plan.script or plan.entry_name, "kind": "function" if plan.function is not None else "script",
             "args": args, "command": mask_argv(command), "log_dir": log_dir or "", "node": node_index,
             "versions": versions()}
 
