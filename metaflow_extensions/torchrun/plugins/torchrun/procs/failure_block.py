@@ -46,6 +46,8 @@ class Block:
 # runpy's (how a script is run) and torch's launcher (torchrun's @record).
 _OURS = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 _LAUNCHER = os.path.join("torch", "distributed", "elastic") + os.sep
+# How failures.with_last_output heads a crashed rank's last output.
+CRASH_OUTPUT = "The rank's last lines of stderr"
 # faulthandler's frame lines ("  File "x.py", line 3 in f"): one line each.
 _DUMP_FRAME = re.compile(r'^\s+File "(?P<file>[^"]*)", line \d+ in ')
 
@@ -64,7 +66,7 @@ def traceback_lines(text: str, limit: int = TRACEBACK_LINES) -> List[str]:
     (faulthandler's dump, innermost frame first) keeps its first lines
     instead, without our frames."""
     lines = (text or "").rstrip().splitlines()
-    if lines and not lines[0].startswith("Traceback"):
+    if lines and lines[0].startswith(CRASH_OUTPUT):
         lines = [line for line in lines if not ((m := _DUMP_FRAME.match(line)) and not is_users(m.group("file")))]
         if len(lines) <= limit:
             return lines
