@@ -28,9 +28,12 @@ def requirements(name: str) -> list:
 # as a duplicate ("cannot import name 'torchrun' from 'metaflow'").
 os.makedirs("build", exist_ok=True)
 
+with open(os.path.join(HERE, "metaflow_extensions", "torchrun", "plugins", "torchrun", "version.py")) as f:
+    VERSION = re.search(r'^__version__ = "([^"]+)"', f.read(), re.M).group(1)
+
 setup(
     name="metaflow-torchrun",
-    version="0.3.0.dev0",
+    version=VERSION,
     description="A Metaflow @torchrun decorator: PyTorch distributed across the nodes "
     "of a @parallel step, locally, on Kubernetes and on AWS Batch.",
     long_description=README,

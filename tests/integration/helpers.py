@@ -152,3 +152,44 @@ _TASK_PREFIX = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+ \[[^\]]*\] ?", 
 def without_task_prefix(text: str) -> str:
     """The task's own lines, as the task wrote them."""
     return _TASK_PREFIX.sub("", text)
+
+
+# -- the failure screen (issue 36): what a user reads when a run fails ------------
+
+# The first line that is about a failure: a traceback, a crash, an echo, our
+# error or Metaflow's "<flow ...> failed:".
+_FAILURE_START = re.compile(r"Traceback \(most recent call last\)|Fatal Python error|Connection closed by peer"
+                            r"|failed:$|@torchrun: the gang|stopped because|First failure|Internal error")
+SCREEN_BUDGET = 30
+OUR_PACKAGE = "metaflow_extensions/torchrun"
+
+
+def failure_screen(text: str) -> List[str]:
+    """The console lines from the first failure line to Metaflow's "Task
+    failed." of the step (inclusive), without Metaflow's per-line prefix."""
+    lines = without_task_prefix(text).splitlines()
+    start = next((i for i, line in enumerate(lines) if _FAILURE_START.search(line)), None)
+    assert start is not None, "no failure line in:\n" + "\n".join(lines[-60:])
+    end = next((i for i in range(start, len(lines)) if lines[i].strip() == "Task failed."), len(lines) - 1)
+    return lines[start:end + 1]
+
+
+def check_failure_screen(text: str, *in_order: str, once: str = "") -> List[str]:
+    """What issue 36 asks of every failure: at most SCREEN_BUDGET lines after
+    the first failure line, no frame of this package or of torch's launcher, no
+    "Internal error" with our frames after it, ``in_order`` in this order, and
+    ``once`` (the root cause's own frame line) exactly once."""
+    screen = failure_screen(text)
+    shown = "\n".join(screen)
+    assert len(screen) <= SCREEN_BUDGET, "%d lines:\n%s" % (len(screen), shown)
+    assert OUR_PACKAGE not in shown and "procs/bootstrap.py" not in shown, shown
+    assert "torch/distributed/elastic" not in shown and "torch/distributed/run.py" not in shown, shown
+    at = -1
+    for piece in in_order:
+        found = shown.find(piece, at + 1)
+        assert found > at, "%r not after the previous piece in:\n%s" % (piece, shown)
+        at = found
+    if once:
+        assert shown.count(once) == 1, "%r %d times in:\n%s" % (once, shown.count(once), shown)
+        assert without_task_prefix(text).count(once) == 1, "%r more than once in the whole output" % once
+    return screen

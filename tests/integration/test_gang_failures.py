@@ -16,7 +16,7 @@ import time
 import pytest
 from our_processes import descendants, node_tasks
 
-from .helpers import output, without_task_prefix
+from .helpers import check_failure_screen, output
 
 pytestmark = pytest.mark.integration
 
@@ -57,43 +57,32 @@ def test_rank_raising_names_node_rank_and_traceback_once(gang):
     proc = gang.run("--script", "fail.py", "--script-args", json.dumps({"rank": 2}), timeout=180)
     text = output(proc)
     assert proc.returncode != 0
-    assert "@torchrun: the gang failed. Root cause:" in text
-    root = [l for l in text.splitlines() if "Root cause:" in l]
-    assert len(root) == 1 and "rank 2" in root[0] and "ValueError: boom from rank 2" in root[0]
-    # The traceback of the failing rank appears in the failing node's error.
-    assert "in explode" in text
-    # The other node says it was stopped because of that failure, naming the node.
-    assert "stopped because node" in text
+    # Rank 2 is on node 1: its error has the traceback, once, in the user's
+    # frames; the control's says where the logs are.
+    screen = check_failure_screen(
+        text, "First failure: node 1 (", "rank 2", "in explode", "ValueError: boom from rank 2",
+        "node 0 stopped because node 1 failed first", "Every rank's output, whole: ",
+        once='raise ValueError("boom from rank %d" % r)')
     # torchrun's own chatter waits in the node's agent log, not on the console:
     # its ChildFailedError box, the SignalException of an agent we stopped, its W/E lines.
     for noise in ("ChildFailedError", "SignalException", "closing signal SIGTERM", "torch/distributed/elastic"):
         assert noise not in text, noise
-    pointer = re.search(r"@torchrun: torchrun's agent on this node ended \(its ranks failed\); "
-                        r"its own report is in (\S+)", text)
-    assert pointer is not None, text[-3000:]
-    with open(pointer.group(1)) as f:
-        assert "ChildFailedError" in f.read()  # kept, where the pointer says
-    assert text.index("[rank2]: ") < text.index("@torchrun: the gang failed. Root cause:")
+    logs = re.search(r"Every rank's output, whole: (\S+)", "\n".join(screen)).group(1)
+    agent_logs = [os.path.join(top, name) for top, _, names in os.walk(logs) for name in names if "agent" in name]
+    assert any("ChildFailedError" in open(path).read() for path in agent_logs), agent_logs  # kept there
 
 
 def test_rank_segfault_is_named_with_its_signal(gang):
     proc = gang.run("--script", "segfault.py", "--script-args", json.dumps({"rank": 1}), timeout=180)
     text = output(proc)
     assert proc.returncode != 0
-    root = [l for l in text.splitlines() if "Root cause:" in l]
-    assert len(root) == 1, text[-4000:]
-    assert "rank 1" in root[0] and "SIGSEGV" in root[0]
     # The rank left no traceback: the error carries its last stderr (faulthandler's
-    # dump), which says where it crashed (the log above has it too, among other lines).
-    plain = without_task_prefix(text)
-    error = plain[plain.index("First failure: node 0, rank 1"):]
-    assert re.match(r"First failure: [^\n]*SIGSEGV[^\n]*\nThe rank's last lines of stderr:\n", error), error[:2000]
-    shown = error.split("Also failed")[0]  # the error's own lines
-    assert "Fatal Python error: Segmentation fault" in shown, error[:2000]
-    assert re.search(r'File ".*segfault\.py", line 19 in <module>', shown), error[:2000]
-    # The other node's error shows it too, as node 0's traceback.
-    assert re.search(r"Node 0's traceback[^\n]*:\nThe rank's last lines of stderr:\n"
-                     r"Fatal Python error: Segmentation fault", plain), plain[-6000:]
+    # dump, from the rank's log: not on the console a second time), which says where it crashed.
+    screen = check_failure_screen(text, "First failure: node 0 (", "SIGSEGV", "The rank's last lines of stderr:",
+                                  "Fatal Python error: Segmentation fault", once="Fatal Python error")
+    shown = "\n".join(screen)
+    assert re.search(r'File ".*segfault\.py", line 19 in <module>', shown), shown
+    assert "node 1 stopped because node 0 failed first (its error in this log has the traceback)" in shown
 
 
 def test_node_task_sigkilled_stops_the_gang(gang):
@@ -103,6 +92,7 @@ def test_node_task_sigkilled_stops_the_gang(gang):
     assert code != 0
     assert took < HANG_GUARD
     assert "node 1" in text and "disconnected before its step ended" in text, text[-4000:]
+    check_failure_screen(text, "disconnected before its step ended")
 
 
 def test_frozen_node_is_detected_by_heartbeat(gang):
@@ -119,6 +109,7 @@ def test_frozen_node_is_detected_by_heartbeat(gang):
     assert "lost contact between node 0 (the control, " in text, text[-4000:]
     assert re.search(r"no heartbeat from node 1 for \d+s \(heartbeat_timeout=6s\)", text), text[-4000:]
     assert "node 1 is frozen" in text, text[-4000:]
+    check_failure_screen(text, "no heartbeat from node 1")
 
 
 def test_max_restarts_recovers_across_nodes(gang):

@@ -168,13 +168,17 @@ def test_card_shows_topology_ranks_and_timeline(gang):
     sources = [p.get("source", "").strip() for p in parts if p["type"] == "markdown"]
     tables = [p for p in parts if p["type"] == "table"]
     assert "Succeeded" in sources[0]
-    topology = dict(map(tuple, tables[0]["data"]))
+    # What ran first (issue 36): the entrypoint, its arguments, versions, each node's log folder.
+    ran = dict(map(tuple, tables[0]["data"]))
+    assert ran["entrypoint (script)"].endswith("/scripts/many_lines.py") and ran["arguments"] == "--lines 30"
+    assert ran["log folder, node 1"].endswith("node-1") and "version of metaflow-torchrun" in ran
+    topology = dict(map(tuple, tables[1]["data"]))
     assert topology["nodes x processes"] == "2 x 2"
     assert topology["control address"] == "127.0.0.1"
     chart = [p for p in parts if p["type"] == "vegaChart"][0]["spec"]
     bars = [layer for layer in chart["layer"] if layer["mark"]["type"] == "bar"][0]
     assert bars["encoding"]["y"]["sort"] == ["node 0", "node 1"] + ["rank %d (node %d)" % (r, r // 2) for r in range(4)]
-    ranks = tables[1]["data"]
+    ranks = tables[2]["data"]
     assert sorted(int(r[0]) for r in ranks) == [0, 1, 2, 3]
     assert all(r[4] == "0 (ok)" for r in ranks)
     tails = "\n".join(s for s in sources if s.startswith("**rank"))

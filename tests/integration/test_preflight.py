@@ -111,7 +111,7 @@ def test_a_node_that_hangs_in_the_preflight_job_is_named_within_heartbeat_timeou
     took = time.monotonic() - began
     text = without_task_prefix(output(proc))
     assert proc.returncode != 0, text[-3000:]
-    assert ("Root cause: preflight job: node 1 did not get through its collectives within 20s "
+    assert ("stopped: preflight job: node 1 did not get through its collectives within 20s "
             "(heartbeat_timeout): local rank ") in text
     assert "in 'ready', outside any collective, while its peers waited" in text, text[-4000:]
     assert not _rank_reports(gang)  # the user's call never started

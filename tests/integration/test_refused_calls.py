@@ -12,7 +12,7 @@ import re
 import pytest
 from our_processes import mentions_torchrun
 
-from .helpers import output
+from .helpers import check_failure_screen, output
 
 pytestmark = pytest.mark.integration
 
@@ -54,6 +54,7 @@ def test_a_refused_call_is_said_once_naming_the_call(gang, case):
     assert "Root cause" not in text  # the banner would say it a second time
     assert "refused its current.torch.run call (its error is in this log)" in text
     assert "torch.distributed.run" not in text.replace("python -m torch.distributed.run --help", "")
+    check_failure_screen(text, problem, once=problem)
 
 
 def test_the_other_node_refusing_first_is_still_said_once(gang):

@@ -12,7 +12,7 @@ import time
 import pytest
 from our_processes import descendants
 
-from .helpers import FLOWS, output
+from .helpers import check_failure_screen, FLOWS, output
 from .test_gang_failures import _attrs, _node_task
 
 pytestmark = pytest.mark.integration
@@ -101,6 +101,7 @@ def test_hang_timeout_stops_a_silent_gang_with_every_ranks_stack(gang):
         text = _finish(proc)
     assert proc.returncode != 0
     assert "no output from any rank for 10 s (hang_timeout=10s)" in text, text[-4000:]
+    check_failure_screen(text, "hang_timeout=10s", "silent.py")
     line = _line_of(os.path.join(SCRIPTS, "silent.py"), "time.sleep(3600)")
     # All four ranks at one place: one line names them.
     assert _ranks_at(text, r"\S*silent\.py:%d in <module>: time\.sleep\(3600\)" % line) == {0, 1, 2, 3}, text[-4000:]

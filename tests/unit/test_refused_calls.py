@@ -101,7 +101,10 @@ class TestRefusalInTheGang:
     def test_other_causes_are_not_shortened(self):
         cause = Cause(CauseKind.STEP_FAILED, "node 0 failed in its step: ValueError: x", node_index=0,
                       exc_type="ValueError", traceback="Traceback...\nValueError: x")
-        assert "Node 0's traceback" in GangAborted(1, cause, same_log=True).message
+        message = GangAborted(1, cause, same_log=True).message
+        assert "node 0 failed in its step: ValueError: x" in message  # said whole, in one line
+        assert "Traceback" not in message  # node 0's own error in the same log has it
+        assert "Traceback" in GangAborted(1, cause, same_log=False).message  # a cluster: its own log
 
 
 class TestNprocWords:

@@ -107,7 +107,8 @@ def test_every_call_is_marked_and_the_failure_named():
     assert [(c["label"], c["at"]) for c in calls] == [("call 1", 1.0), ("call 2", 4.0), ("call 3", 7.0)]
     failure = _layer(spec, "rule")[1]
     assert failure["mark"]["color"] == "#d62728"
-    assert failure["data"]["values"] == [{"at": pytest.approx(8.5), "label": "failed: rank 2 (node 1)"}]
+    # At the failing rank's end (its record: T0 + 9), not when its node reported it.
+    assert failure["data"]["values"] == [{"at": pytest.approx(9.0), "label": "failed: rank 2 (node 1)"}]
     assert [layer["data"]["values"][0]["label"] for layer in _layer(spec, "text")] == ["call 1",
                                                                                         "failed: rank 2 (node 1)"]
 

@@ -28,8 +28,11 @@ from metaflow_extensions.torchrun.plugins.torchrun.runtime.result import Torchru
 # see current.torch.run with its signature.
 from metaflow_extensions.torchrun.plugins.torchrun.handle import TorchrunHandle  # noqa: F401, E402
 
-# Metaflow reads this from every top-level extension module (before 2.16 it must exist).
-__version__ = None
+# Metaflow's banner names every extension by these two ("torchrun(0.3.0)"); before 2.16
+# __version__ must exist. Dunder names: Metaflow does not copy them into its namespace.
+from metaflow_extensions.torchrun.plugins.torchrun.version import __version__  # noqa: F401, E402
+
+__mf_extensions__ = "torchrun"
 
 
 

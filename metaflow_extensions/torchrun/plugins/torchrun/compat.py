@@ -6,8 +6,11 @@ launcher). The torch a task has is ``launch/torch_checks.py``'s.
 from __future__ import annotations
 
 import inspect
+import os
+import re
+import sys
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence
 
 from .errors import TorchrunInvalidArgument, shown
 
@@ -139,3 +142,77 @@ class TorchrunSingleNodeMultiGPU:
     ) -> Any:
         """0.2's signature and positional order (``torchrun_args`` first)."""
         return self._launcher.run(torchrun_args, entrypoint, entrypoint_args, nproc_per_node)
+
+
+# A @parallel step's worker task: "<control>_node_<i>" locally, "<id>-node-<i>"
+# on Kubernetes and AWS Batch (Metaflow's own naming).
+_WORKER_TASK = re.compile(r"^(?P<control>.+?)[-_]node[-_]\d+$")
+
+
+def control_task_of(task: Any) -> Any:
+    """``card view <run>/train`` resolves to any task of the step, mostly a
+    worker, which has no card: the control task of a @parallel step instead.
+    ``task`` itself when it is no worker or no control can be told."""
+    match = _WORKER_TASK.match(str(getattr(task, "id", "")))
+    if match is None:
+        return task
+    try:
+        from metaflow import Step
+
+        step = Step(task.pathspec.rsplit("/", 1)[0])
+        others = [t for t in step if not _WORKER_TASK.match(t.id)]
+    except Exception:
+        return task
+    exact = [t for t in others if t.id == match.group("control")]
+    if exact or len(others) == 1:
+        return (exact or others)[0]
+    return task
+
+
+def card_commands(argv: Sequence[str]) -> bool:
+    """``card view``/``card get``: a step's pathspec names its control task's
+    card (``control_task_of``), and ``card view`` without a browser says where
+    the card is (``headless_card_view``). True when Metaflow's CLI was wrapped."""
+    if "card" not in argv or not ({"view", "get"} & set(argv)):
+        return False
+    try:
+        from metaflow.plugins.cards import card_cli
+    except ImportError:
+        return False
+    resolve = getattr(card_cli, "resolve_task_from_pathspec", None)
+    if callable(resolve) and not getattr(resolve, "_torchrun", False):
+        def resolve_task_from_pathspec(flow_name: str, pathspec: str) -> Any:
+            task = resolve(flow_name, pathspec)
+            return control_task_of(task) if pathspec.count("/") < 2 else task
+
+        resolve_task_from_pathspec._torchrun = True  # type: ignore[attr-defined]
+        card_cli.resolve_task_from_pathspec = resolve_task_from_pathspec
+    return headless_card_view(argv) or callable(resolve)
+
+
+def headless_card_view(argv: Sequence[str]) -> bool:
+    """``flow.py card view`` on a machine without a browser (SSH to a dev box)
+    printed nothing and exited 0: Metaflow's ``open_in_browser`` ignores what
+    ``webbrowser.open`` returns. Wrapped, for that command only, to say where
+    the card's HTML is when no browser took it. True when wrapped."""
+    if "card" not in argv or "view" not in argv:
+        return False
+    try:
+        from metaflow.plugins.cards import card_cli
+    except ImportError:
+        return False
+    original = getattr(card_cli, "open_in_browser", None)
+    if not callable(original) or getattr(original, "_torchrun_headless", False):
+        return False
+
+    def open_in_browser(card_path: str) -> None:
+        import webbrowser
+
+        url = "file://" + os.path.abspath(card_path)
+        if not webbrowser.open(url):
+            print("No web browser here: the card is at %s (`card get` writes it where you like)."
+                  % os.path.abspath(card_path), file=sys.stderr, flush=True)
+
+    open_in_browser._torchrun_headless = True  # type: ignore[attr-defined]
+    card_cli.open_in_browser = open_in_browser
+    return True

@@ -14,9 +14,10 @@ from . import load_order  # noqa: F401  (Metaflow first, whatever the user impor
 from metaflow.plugins.parallel_decorator import ParallelDecorator
 from metaflow.unbounded_foreach import UBF_CONTROL
 
-from .runtime import attach_card, finish_card, render_card_now, skip_render
+from .runtime import attach_card, card_ready, finish_card, render_card_now, skip_render
 from .compat import (
     decorator_init_kwargs,
+    card_commands,
     is_task_process,
     legacy_notes,
     local_control_task_id,
@@ -156,6 +157,10 @@ class TorchrunDecorator(ParallelDecorator):
         self._unknown = sorted(k for k in attributes if k not in self.defaults)
         for k in self._unknown:
             attributes.pop(k)
+        # `card view <run>/<step>` shows the control's card, and without a browser
+        # says where it is (Metaflow has finished importing itself by the time a
+        # flow's decorators are made).
+        card_commands(sys.argv)
         # inserted_by exists from Metaflow 2.16 on.
         super().__init__(attributes, statically_defined, **decorator_init_kwargs(ParallelDecorator.__init__, inserted_by))
 
@@ -347,9 +352,10 @@ class TorchrunDecorator(ParallelDecorator):
         def control_step():
             try:
                 return decorated()
-            except BaseException:
+            except BaseException as e:
                 self._published.withdraw()
                 stop_local_nodes()
+                _without_our_frame(e)
                 raise
 
         return control_step
@@ -369,6 +375,7 @@ class TorchrunDecorator(ParallelDecorator):
             session = self._session = self._handle.session = GangSession(
                 self._identity, self._defaults, topology, self._flow_dir, secret=self._secret
             )
+            session.card_hint = getattr(self, "_card_hint", None)
             preflight_runtime.attach(session)
             session.join()
             try:
@@ -381,6 +388,7 @@ class TorchrunDecorator(ParallelDecorator):
                 echo = session.step_failed(e)
                 if echo is not None:
                     raise echo from None
+                _without_our_frame(e)
                 raise
             else:
                 session.step_succeeded()
@@ -413,9 +421,11 @@ class TorchrunDecorator(ParallelDecorator):
         if self._session is not None:
             self._session.close()
         self._published.withdraw()  # also when the step's code never ran
+        card_exists = self._card is None or card_ready(self._card)  # None: rendered in _record_result
         if not is_task_ok and self._card is not None:
-            render_card_now(self._card, retry_count)
-        if getattr(self, "_card_hint", None):
+            card_exists = render_card_now(self._card, retry_count)
+        said = self._session is not None and self._session.card_hint_said
+        if getattr(self, "_card_hint", None) and card_exists and not said:
             say("this step's card: %s" % self._card_hint)
 
     def _record_result(self, flow: Any, retry_count: int) -> None:
@@ -487,6 +497,15 @@ class TorchrunDecorator(ParallelDecorator):
         past = attempts_.fill_missing(attempts_.history(self._previous), retry_count)
         result.attempts = attempts_.with_costs(past + [entry])
         return result
+
+
+def _without_our_frame(error: BaseException) -> None:
+    """A step's own exception, re-raised (bare ``raise``: no frame is added),
+    without this wrapper's frame at its head: Metaflow prints the traceback of
+    a step's exception, and ours in it is noise (issue 36)."""
+    tb = error.__traceback__
+    if tb is not None and tb.tb_frame.f_code.co_filename == __file__ and tb.tb_next is not None:
+        error.__traceback__ = tb.tb_next
 
 
 def _local_nodes(flow: Any) -> int:

@@ -7,19 +7,20 @@ clean one-paragraph message instead of a traceback from inside the launcher.
 from __future__ import annotations
 
 import difflib
-from typing import TYPE_CHECKING, Any, Iterable, List, Optional
+from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional, Sequence
 
 from . import load_order  # noqa: F401  (Metaflow first, whatever the user imports first)
 from metaflow.exception import MetaflowException
 
 from .cause import CauseKind
+from .procs import failure_block
 from .procs import RankFailure, describe_exit_code, root_cause_order
 
 if TYPE_CHECKING:
     from .cause import Cause
 
-# How much of another node's traceback a stopped node's error shows.
-TRACEBACK_LINES = 30
+# Where every rank's full stack is, as a failure message says it.
+FULL_REPORT = "the card, and the artifact torchrun_report of node 0's task"
 
 
 def shown(value: Any) -> str:
@@ -91,7 +92,9 @@ class TorchrunNotRetried(TorchrunException):
 
 
 class TorchrunFailed(TorchrunException):
-    """torchrun on this node ended unsuccessfully."""
+    """torchrun on this node ended unsuccessfully. Its message is the failure
+    block (``procs/failure_block.py``): the failing rank's traceback once, the
+    user's frames only, then the echoes, where the ranks were, the logs, a fix."""
 
     headline = "@torchrun job failed"
 
@@ -101,32 +104,80 @@ class TorchrunFailed(TorchrunException):
         node_index: int,
         failures: Optional[List[RankFailure]] = None,
         command: Optional[List[str]] = None,
+        stacks: Optional[Dict[int, str]] = None,
+        logs: str = "",
+        host: str = "",
+        elsewhere: Sequence[int] = (),
     ):
         self.exit_code = exit_code
         self.node_index = node_index
         self.failures = root_cause_order(list(failures or []))
         self.root_cause = self.failures[0] if self.failures else None
         self.command = command
-        lines = [
-            "torchrun on node %d ended with %s."
-            % (node_index, describe_exit_code(exit_code))
-        ]
-        if self.root_cause is not None:
-            lines.append("First failure: %s" % self.root_cause.summary())
-            if self.root_cause.traceback:
-                lines.append(self.root_cause.traceback.rstrip())
-            others = self.failures[1:]
-            if others:
-                lines.append(
-                    "Also failed: %s"
-                    % ", ".join("rank %d" % f.rank for f in others)
-                )
+        root = self.root_cause
+        if root is not None:
+            head = "First failure: %s" % first_failure(root, host or root.host)
         else:
-            lines.append(
-                "No rank recorded a Python exception (a rank may have been killed by a "
-                "signal, or torchrun itself failed); see the log above."
-            )
-        super().__init__("\n".join(lines))
+            head = ("torchrun on node %d ended with %s; no rank recorded a Python exception (a rank may have "
+                    "been killed by a signal, or torchrun itself failed)." % (node_index, describe_exit_code(exit_code)))
+        block = failure_block.Block(root=root, others=self.failures[1:], stacks=dict(stacks or {}), logs=logs,
+                                    headline=head, elsewhere=elsewhere)
+        super().__init__(failure_block.render(block, FULL_REPORT))
+
+
+def node_name(index: Optional[int], host: str = "") -> str:
+    """A node's one name, everywhere: its index and its host."""
+    if index is None:
+        return "node ?"
+    return "node %d (%s)" % (index, host) if host else "node %d" % index
+
+
+def first_failure(failure: RankFailure, host: str = "") -> str:
+    """Who failed first; what it raised is the traceback's last line, or its
+    signal when it left no traceback."""
+    text = "%s, rank %d (local rank %d, pid %d)" % (
+        node_name(failure.node_index, host), failure.rank, failure.local_rank, failure.pid)
+    if not failure.traceback or not failure.traceback.lstrip().startswith("Traceback"):
+        text += ": %s: %s" % (failure.exc_type, failure.message)
+    return text
+
+
+def failure_summary(failure: RankFailure) -> str:
+    """One line for a rank's failure: who (one name per node), what."""
+    return "%s, rank %d (local rank %d, pid %d): %s: %s" % (
+        node_name(failure.node_index, failure.host), failure.rank, failure.local_rank, failure.pid,
+        failure.exc_type, _first_line(failure.message))
+
+
+def rank_raised(original: BaseException, error: TorchrunFailed) -> BaseException:
+    """A function entrypoint's exception as the step raises it: the user's
+    type (``except ValueError`` still catches it) and a ``TorchrunFailed``,
+    which Metaflow prints as the failure block, with none of our frames and no
+    "Internal error". The original is returned when its type cannot be mixed."""
+    kind = type(original)
+    try:
+        mixed = _MIXED.get(kind)
+        if mixed is None:
+            mixed = _MIXED[kind] = type(kind.__name__, (kind, TorchrunFailed), {
+                "__module__": kind.__module__, "__qualname__": kind.__qualname__,
+                "__str__": lambda self: self._user_text, "headline": "@torchrun: a rank raised %s" % kind.__name__,
+                # Pickled (an artifact, a Metaflow wrapper) as the user's own exception.
+                "__reduce_ex__": lambda self, protocol: self._original.__reduce_ex__(protocol)})
+        new: Any = kind.__new__(mixed, *original.args)
+        new.__dict__.update(original.__dict__)
+        new.__dict__.update(error.__dict__)
+        new.args = original.args
+        new._user_text = str(original)
+        new._original = original
+        new.__cause__ = None
+        new.__suppress_context__ = True
+        return new
+    except Exception:
+        original.__cause__ = error
+        return original
+
+
+_MIXED: Dict[type, type] = {}
 
 
 class GangAborted(TorchrunException):
@@ -136,28 +187,44 @@ class GangAborted(TorchrunException):
     headline = "@torchrun gang stopped"
 
     def __init__(self, node_index: int, cause: "Cause", own_exit_code: Optional[int] = None,
-                 same_log: bool = False):
+                 same_log: bool = False, stacks: Optional[Dict[int, str]] = None, logs: str = "",
+                 elsewhere: Sequence[int] = ()):
         self.node_index = node_index
         self.cause = cause
         origin = cause.node_index
+        lines = []
         if same_log and is_refusal(cause):
             # A local run: every node's output is the control's log, where the
             # refusing node's own error says the problem once.
             text = "node %d stopped because node %s refused its current.torch.run call (its error is in this log)." % (
                 node_index, origin if origin is not None else "?")
         elif origin is not None and origin != node_index and cause.kind in _FAILED_FIRST:
-            text = "node %d stopped because node %d failed first: %s" % (node_index, origin, cause.summary)
-            if cause.traceback:
-                lines = cause.traceback.rstrip().splitlines()
-                shown = lines[-TRACEBACK_LINES:]
-                text += "\nNode %d's traceback%s:\n%s" % (
-                    origin, " (last %d lines)" % len(shown) if len(lines) > len(shown) else "",
-                    "\n".join(shown))
+            if same_log:
+                # Every node writes to this one log: the failing node's own error
+                # in it has the traceback; it is not repeated here.
+                text = "node %d stopped because node %d failed first (its error in this log has the traceback): %s" % (
+                    node_index, origin, _first_line(cause.summary))
+            else:
+                text = "node %d stopped because node %d failed first: %s" % (node_index, origin, cause.summary)
+                if cause.traceback:
+                    lines = failure_block.traceback_lines(cause.traceback)
         else:
             text = "node %d stopped: %s" % (node_index, cause.summary)
         if cause.kind is CauseKind.PREFLIGHT and cause.message:
-            text += "\n" + cause.message  # every field and node, and the fix
-        super().__init__(text)
+            if same_log and node_index != 0:
+                # Every node writes to the control's log: node 0's error has it.
+                text += " (node 0's error in this log has every field and the fix)"
+            else:
+                text += "\n" + cause.message  # every field and node, and the fix
+        block = failure_block.Block(stacks=dict(stacks or {}), logs=logs,
+                                    elsewhere=[r for r in elsewhere if r != cause.rank])
+        rest = failure_block.render(block, FULL_REPORT)
+        super().__init__("\n".join([text] + lines + ([rest] if rest else [])))
+
+
+def _first_line(text: str) -> str:
+    lines = (text or "").strip().splitlines()
+    return lines[0] if lines else ""
 
 
 class TorchrunInterrupted(TorchrunException):

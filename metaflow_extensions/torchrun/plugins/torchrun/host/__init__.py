@@ -14,6 +14,8 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 __all__ = [
+    "rank_output",
+    "step_log_dir",
     "CallFiles",
     "LogKey",
     "count_with_torch",
@@ -35,6 +37,8 @@ __all__ = [
 
 # Where each name lives: loaded on first use, so that importing the face costs nothing.
 _HOME = {
+    "rank_output": "console",
+    "step_log_dir": "logs",
     "CallFiles": "workdirs",
     "LogKey": "logs",
     "count_with_torch": "devices",
@@ -53,6 +57,8 @@ _HOME = {
 }
 
 if TYPE_CHECKING:
+    from .console import rank_output
+    from .logs import step_log_dir
     from .console import say, say_once
     from .devices import count_with_torch, cuda_devices, usable_cpus
     from .logs import LogKey, where_logs_are

@@ -6,9 +6,37 @@ stderr that starts with ``@torchrun: `` (stdout may be machine-readable, e.g.
 from __future__ import annotations
 
 import sys
+import threading
+import time
 from typing import IO, Callable, Iterable, Optional, Set, Tuple
 
 PREFIX = "@torchrun: "
+
+# Our lines and the ranks' share the task's streams. A line of ours goes out
+# whole, between the ranks' writes, never inside one (a rank printing a tensor
+# over 200 lines): the ranks' output is written under this lock (the
+# supervisor's pumps, ``rank_output``), and ``say`` waits for a pause in it of
+# ``QUIET`` seconds (at most ``QUIET_WAIT``). It writes to the stream the ranks
+# wrote to last: Metaflow's runtime reads a task's stdout and stderr a line at
+# a time each, in turn, so a line on the other stream would land inside their
+# lines on the console.
+QUIET = 0.05
+QUIET_WAIT = 1.0
+_lock = threading.Lock()
+
+
+class _Ranks:
+    stream: Optional[IO[str]] = None  # where the ranks wrote last
+    at = 0.0  # when (monotonic)
+
+
+def rank_output(stream: IO[str], write: Callable[[], None]) -> None:
+    """Write the ranks' output (whole lines) with ``write``, apart from ours."""
+    with _lock:
+        try:
+            write()
+        finally:
+            _Ranks.stream, _Ranks.at = stream, time.monotonic()
 
 
 def line(text: str) -> str:
@@ -21,10 +49,17 @@ def say(text: str, frame: Optional[str] = None, stream: Optional[IO[str]] = None
     out = line(text)
     if frame:
         out = "\n%s\n%s\n%s" % (frame, out, frame)
-    try:
-        print(out, file=stream or sys.stderr, flush=True)
-    except (OSError, ValueError):  # a closed stderr must not fail the step
-        pass
+    deadline = time.monotonic() + QUIET_WAIT
+    while True:
+        with _lock:
+            since = time.monotonic() - _Ranks.at
+            if since >= QUIET or time.monotonic() >= deadline:
+                try:
+                    print(out, file=stream or _Ranks.stream or sys.stderr, flush=True)
+                except (OSError, ValueError):  # a closed stream must not fail the step
+                    pass
+                return
+        time.sleep(max(0.005, QUIET - since))
 
 
 # Lines already said, by (key, text): a deprecation note is said once per step

@@ -19,6 +19,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 __all__ = [
+    "find_torch",
     "refuse_step_functions",
     "refuse_one_node_on_kubernetes",
     "check_port_clash",
@@ -56,6 +57,7 @@ __all__ = [
 
 # Where each name lives: loaded on first use, so that importing the face costs nothing.
 _HOME = {
+    "find_torch": "torch_checks",
     "refuse_step_functions": "platforms",
     "refuse_one_node_on_kubernetes": "platforms",
     "check_port_clash": "platforms",
@@ -91,6 +93,7 @@ _HOME = {
 }
 
 if TYPE_CHECKING:
+    from .torch_checks import find_torch
     from .platforms import refuse_step_functions
     from .platforms import refuse_one_node_on_kubernetes
     from .platforms import check_port_clash

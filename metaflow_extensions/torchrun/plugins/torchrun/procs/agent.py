@@ -24,7 +24,6 @@ import time
 import traceback
 from typing import IO, Any, Dict, List, Mapping, Optional, Sequence
 
-from ..host import say
 from ..host import is_loopback
 from ..host import open_private
 from . import exits
@@ -208,11 +207,10 @@ def main(argv: Sequence[str]) -> None:
             record_child_failures(os.environ.get(WORK_DIR_ENV), e)
         if log is None:
             raise
+        # Its report stays in its log, in the folder the node's error names:
+        # the error says the root cause once, in the user's frames.
         log.write(traceback.format_exc())
         log.flush()
-        what = "its ranks failed" if isinstance(e, ChildFailedError) else "it was stopped"
-        say("torchrun's agent on this node ended (%s); its own report is in %s"
-            % (what, agent_log_path(os.environ[LOG_DIR_ENV])))
         sys.exit(1)
 
 

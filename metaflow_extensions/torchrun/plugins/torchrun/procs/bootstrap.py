@@ -17,9 +17,11 @@ import time
 import traceback
 
 from . import agent, entry, relay, stacks
-from .names import ARGS_FILE, WORK_DIR_ENV, LABELS_ENV, LOG_DIR_ENV, NODE_INDEX_ENV
+from .names import ARGS_FILE, WORK_DIR_ENV, LABELS_ENV, LOG_DIR_ENV, NODE_INDEX_ENV, rank_log_path
 from .failures import RankFailure, write_failure
 from .status import RankStatus, write_status
+from .failure_block import is_users
+from ..host import open_private
 
 
 def _env_int(name: str, default: int = -1) -> int:
@@ -29,15 +31,43 @@ def _env_int(name: str, default: int = -1) -> int:
         return default
 
 
-def user_traceback(exc: BaseException, script: str) -> str:
-    """The traceback as the user would see it running the script directly: the
-    frames of this bootstrap and of runpy are noise in an error report."""
-    tb = exc.__traceback__
-    target = os.path.abspath(script)
-    walk = tb
-    while walk is not None and os.path.abspath(walk.tb_frame.f_code.co_filename) != target:
-        walk = walk.tb_next
-    return "".join(traceback.format_exception(type(exc), exc, walk or tb))
+def user_traceback(exc: BaseException, script: str = "") -> str:
+    """The traceback as the user would see it running their code directly:
+    the frames of this bootstrap, of runpy and of torch's launcher are noise
+    in an error report. Chained exceptions keep their own user frames."""
+    te = traceback.TracebackException(type(exc), exc, exc.__traceback__)
+    target = os.path.abspath(script) if script else None
+    at = next((i for i, f in enumerate(te.stack) if os.path.abspath(f.filename) == target), 0)
+    te.stack = traceback.StackSummary.from_list(list(te.stack)[at:])
+    seen = set()
+    todo = [te]
+    while todo:
+        one = todo.pop()
+        if id(one) in seen:
+            continue
+        seen.add(id(one))
+        frames = [f for f in one.stack if is_users(f.filename)]
+        one.stack = traceback.StackSummary.from_list(frames or list(one.stack))
+        todo.extend(x for x in (one.__cause__, one.__context__) if x is not None)
+    return "".join(te.format())
+
+
+def report_failure(formatted: str) -> None:
+    """The rank's traceback, to its log only (relay.py): its node's error shows
+    the root cause once; an echo of it would only bury it. Where torchrun may
+    restart the ranks, the traceback shows as it is: no error will."""
+    restarts = _env_int("TORCHELASTIC_MAX_RESTARTS", 0)
+    quiet = os.environ.get(LOG_DIR_ENV) and _env_int("TORCHELASTIC_RESTART_COUNT", 0) >= restarts
+    try:
+        sys.stderr.flush()
+        if quiet:
+            sys.stderr.write(relay.LOG_ONLY_BEGIN.decode())
+        sys.stderr.write(formatted if formatted.endswith("\n") else formatted + "\n")
+        if quiet:
+            sys.stderr.write(relay.LOG_ONLY_END.decode())
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        pass
 
 
 def _record(exc: BaseException, formatted: str) -> None:
@@ -106,14 +136,13 @@ def run_function(ref_text: str, workdir: str) -> None:
     except SystemExit:
         raise
     except BaseException as e:
-        formatted = "".join(traceback.format_exception(type(e), e, e.__traceback__))
+        formatted = user_traceback(e)
         _record(e, formatted)
         try:
             functions.write_pickle(functions.exception_path(workdir, rank), e)
         except Exception:
             pass  # an exception that cannot be pickled is still named in the record
-        sys.stderr.write(formatted)
-        sys.stderr.flush()
+        report_failure(formatted)
         sys.exit(1)
     try:
         functions.write_pickle(functions.result_path(workdir, rank), value)
@@ -129,6 +158,19 @@ def _status(status: RankStatus) -> None:
     if directory:
         write_status(directory, status)
 
+
+def _crash_dumps_to_log(rank: int, log_dir) -> None:
+    """A segfaulting rank's Python stack goes to its stderr log (the node's
+    error shows it, from there), not through the console a second time."""
+    if log_dir:
+        try:
+            fd = open_private(rank_log_path(log_dir, rank, "stderr"))
+            _KEEP.append(fd)
+            faulthandler.enable(file=fd)
+            return
+        except OSError:
+            pass
+    faulthandler.enable()
 
 _KEEP: list = []  # the stack file stays open for the rank's life
 
@@ -150,7 +192,7 @@ def main(argv: list) -> None:
     if labels or log_dir:
         relay.start(rank, labels, log_dir)
     _line_buffered()
-    faulthandler.enable()  # a segfaulting rank prints its Python stack
+    _crash_dumps_to_log(rank, log_dir)
     # Where this rank is, on request, when the gang stops (stacks.py).
     _KEEP.append(stacks.register(os.environ.get(WORK_DIR_ENV), rank))
     started = RankStatus(
@@ -192,8 +234,7 @@ def _main(argv: list) -> None:
     except BaseException as e:
         formatted = user_traceback(e, script)
         _record(e, formatted)
-        sys.stderr.write(formatted)
-        sys.stderr.flush()
+        report_failure(formatted)
         sys.exit(1)
 
 

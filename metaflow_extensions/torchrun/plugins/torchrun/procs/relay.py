@@ -32,6 +32,11 @@ READ_SIZE = 65536
 # a burst is never held back, the next ones at most this long; a full buffer
 # (a flood) is read again at once.
 SETTLE_SECONDS = 0.002
+# A rank's own failure report (bootstrap.py) goes to its log only, between these
+# two whole lines: the node's error shows the root cause once, with the user's
+# frames; the echoes of it stay whole in the per-rank logs, off the console.
+LOG_ONLY_BEGIN = b"\x00mftr-log-only-begin\x00\n"
+LOG_ONLY_END = b"\x00mftr-log-only-end\x00\n"
 
 
 def settle_after(nbytes: int) -> None:
@@ -116,7 +121,32 @@ class LineSplitter:
         return prefix_lines(tail + b"\n", self.label) if tail else b""
 
 
+class LogOnly:
+    """Splits whole lines into what the console gets and what the log gets:
+    the lines between ``LOG_ONLY_BEGIN`` and ``LOG_ONLY_END`` go to the log
+    only; the markers go nowhere."""
+
+    def __init__(self) -> None:
+        self.quiet = False
+
+    def split(self, lines: bytes) -> Tuple[bytes, bytes]:
+        if not self.quiet and b"\x00mftr-log-only-" not in lines:
+            return lines, lines  # the common case: no copy, no scan per line
+        console, log = [], []
+        for line in lines.splitlines(keepends=True):
+            if line == LOG_ONLY_BEGIN:
+                self.quiet = True
+            elif line == LOG_ONLY_END:
+                self.quiet = False
+            else:
+                log.append(line)
+                if not self.quiet:
+                    console.append(line)
+        return b"".join(console), b"".join(log)
+
+
 def _run(streams: Dict[int, Tuple[int, LineSplitter, Optional[int]]]) -> None:
+    quiet = {fd: LogOnly() for fd in streams}
     while streams:
         try:
             ready, _, _ = select.select(list(streams), [], [])
@@ -131,12 +161,16 @@ def _run(streams: Dict[int, Tuple[int, LineSplitter, Optional[int]]]) -> None:
                 continue
             except OSError:
                 data = b""
-            if log_fd is not None and data:
+            label, splitter.label = splitter.label, b""
+            whole = splitter.feed(data) if data else splitter.finish()
+            splitter.label = label
+            console, logged = quiet[fd].split(whole)
+            if log_fd is not None and logged:
                 try:
-                    os.write(log_fd, data)
+                    os.write(log_fd, logged)
                 except OSError:
                     pass
-            chunk = splitter.feed(data) if data else splitter.finish()
+            chunk = prefix_lines(console, label) if console else b""
             if chunk and not write_all(out_fd, chunk):
                 data = b""  # nobody reads us any more: stop relaying this stream
             if not data:

@@ -19,6 +19,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 __all__ = [
+    "card_ready",
     "GangSession",
     "METADATA_FIELD",
     "REPORT_ARTIFACT",
@@ -39,6 +40,7 @@ __all__ = [
 
 # Where each name lives: loaded on first use, so that importing the face costs nothing.
 _HOME = {
+    "card_ready": "card",
     "GangSession": "session",
     "METADATA_FIELD": "result",
     "REPORT_ARTIFACT": "result",
@@ -55,6 +57,7 @@ _HOME = {
 }
 
 if TYPE_CHECKING:
+    from .card import card_ready
     from .card import attach_card, finish_card, render_card_now, skip_render
     from .local_nodes import stop_local_nodes, worker_python_problem
     from .result import METADATA_FIELD, REPORT_ARTIFACT, TorchrunResult

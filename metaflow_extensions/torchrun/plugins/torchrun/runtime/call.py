@@ -8,8 +8,10 @@ port) -> ``prepare`` (work directory, environment, argv) -> ``supervise``
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import pickle
+import socket
 import sys
 import time
 from dataclasses import dataclass, field
@@ -18,7 +20,8 @@ from typing import Any, Dict, List, Optional, Tuple
 from ..procs import bootstrap, entry, functions, stacks
 from ..cause import Cause, CauseKind
 from ..gang import MAX_RANKS_PER_NODE, STREAMS, TAIL_LINE_CHARS, TAIL_LINES, NodeReport
-from ..errors import GangAborted, TorchrunException, TorchrunFailed, TorchrunInvalidArgument
+from ..errors import (FULL_REPORT, GangAborted, TorchrunException, TorchrunFailed, TorchrunInvalidArgument,
+                      failure_summary, rank_raised)
 from ..procs import (
     RankFailure,
     describe_exit_code,
@@ -31,13 +34,15 @@ from ..host import route_to
 from ..launch import argparse_hint
 from ..launch import CallPlan
 from ..launch import NodeFacts, prepare_launch
-from .result import FULL_REPORT_HINT, GangView, TorchrunResult, read_rank_records
+from .result import GangView, TorchrunResult, read_rank_records
 from .session import GangSession
+from . import what_ran
 from ..host import say
 from .stop import GangStop, interrupted, notice_path
 from .supervisor import StopReason, Supervisor
 from ..host import CallFiles
 from ..procs import ARGS_FILE, rank_log_path
+from ..host import step_log_dir
 from ..host import tail_lines as _tail_lines
 
 # What stacks may add to the control's stop, its own collecting included: a
@@ -160,7 +165,7 @@ class CallRun:
             # to word, so where the ranks were goes to the log.
             self._share_stacks()
             if self.stacks:
-                say(stacks.summarize(self.stacks, full=FULL_REPORT_HINT))
+                say(stacks.summarize(self.stacks, full=FULL_REPORT))
             raise
         finally:
             client.quiet = None
@@ -196,7 +201,7 @@ class CallRun:
         self._share_stacks()
         reported = False
         if self.exit_code != 0:
-            self.failures = [self._with_last_output(f) for f in merge_failures(
+            self.failures = [self._with_last_output(self._named(f)) for f in merge_failures(
                 read_failures(self.workdir),
                 read_agent_failures(self.workdir, self.node_index),
             )]
@@ -213,22 +218,49 @@ class CallRun:
             client.report_failure(client.cause, call=self.index, report=self._report(self.failures))
         self._gather_stacks()
         self.session.announce(cause)
-        where = stacks.summarize(self.stacks, full=FULL_REPORT_HINT)
+        # On a local run every node writes to the control's log: the control's
+        # error alone says where the ranks were and where the logs are.
+        speaks = self.session.is_control or not self.session.topology.is_local
+        logs = self._logs_line() if speaks else ""
+        where = self.stacks if speaks else {}
+        elsewhere = self._failed_elsewhere() if speaks else []
         if cause.kind is CauseKind.RANK_FAILED and cause.node_index == self.node_index:
             self.session.reported = True
             error: TorchrunException = TorchrunFailed(
-                self.exit_code if self.exit_code is not None else -1, self.node_index, self.failures, self.argv)
-            _add_text(error, where)
+                self.exit_code if self.exit_code is not None else -1, self.node_index, self.failures, self.argv,
+                stacks=where, logs=logs, host=socket.gethostname(), elsewhere=elsewhere)
             original = self._original_exception(error)
             if original is not None:
-                original.__cause__ = error
-                raise original
+                raise rank_raised(original, error) from None
             raise error
         if cause.kind is CauseKind.PREEMPTED and cause.node_index == self.node_index:
             raise interrupted(cause)  # told to stop, not failed: the gang saved (stop.py)
-        aborted = self.session.aborted(cause, self.exit_code)
-        _add_text(aborted, where)
-        raise aborted
+        raise GangAborted(self.node_index, cause, self.exit_code, same_log=self.session.topology.is_local,
+                          stacks=where, logs=logs, elsewhere=elsewhere)
+
+    def _failed_elsewhere(self) -> List[int]:
+        """The control: ranks of the other nodes that ended unsuccessfully, from
+        the reports they sent (``_gather_stacks`` waited for them)."""
+        server = self.session.server
+        if server is None:
+            return []
+        return sorted(status.rank for node, report in server.call_view(self.index).reports.items()
+                      if node != self.node_index for status in report.ranks if status.exit_code not in (0, None))
+
+    def _logs_line(self) -> str:
+        """Where every rank's whole output is: on a local run one directory
+        holds every node's; on a cluster each node's host keeps its own."""
+        if not self.log_dir:
+            return ""
+        if self.session.topology.is_local:
+            text = "Every rank's output, whole: %s" % step_log_dir(self.log_dir)
+        else:
+            text = "This node's ranks' output, whole: %s on %s (each node's host keeps its own)" % (
+                self.log_dir, socket.gethostname())
+        if self.session.card_hint:
+            self.session.card_hint_said = True
+            text += "\nThe card: %s" % self.session.card_hint
+        return text
 
     def record(self) -> TorchrunResult:
         try:
@@ -269,6 +301,7 @@ class CallRun:
             call=self.index,
             stacks=dict(self.stacks),
             stack_seconds=round(self.stack_seconds, 3),
+            ran=what_ran.record(self.plan, self.argv, self.log_dir, topology.node_index),
         )
         self.session.results.append(result)
         return result
@@ -336,7 +369,7 @@ class CallRun:
             first = self.failures[0]
             return Cause(
                 CauseKind.RANK_FAILED,
-                first.summary(),
+                failure_summary(first),
                 node_index=self.node_index,
                 rank=first.rank,
                 local_rank=first.local_rank,
@@ -354,6 +387,13 @@ class CallRun:
             exit_code=code,
             call=self.index,
         )
+
+    @staticmethod
+    def _named(failure: RankFailure) -> RankFailure:
+        """One name per node: torchrun's report names the host as the agent
+        saw it (``localhost``), a rank's own record by its host name."""
+        host = socket.gethostname()
+        return failure if failure.host == host else dataclasses.replace(failure, host=host)
 
     def _with_last_output(self, failure: RankFailure) -> RankFailure:
         if failure.traceback or not self.log_dir:
@@ -396,6 +436,8 @@ def run_call(session: GangSession, plan: CallPlan) -> TorchrunResult:
     except BaseException as e:
         error = e if isinstance(e, (TorchrunFailed, GangAborted)) else e.__cause__  # a function's own exception
         if isinstance(error, (TorchrunFailed, GangAborted)):
+            # The message was the block; a hint goes on it (BaseException's
+            # args are the user's for a function's exception: untouched).
             add_argparse_hint(error, plan.true_keys)
         raise
 
@@ -427,11 +469,6 @@ def bounded_line(line: str, limit: int = TAIL_LINE_CHARS) -> str:
         return line
     note = "… [%d characters in all]" % len(line)
     return line[: max(0, limit - len(note))] + note
-
-
-def _add_text(error: TorchrunException, text: str) -> None:
-    if text:
-        error.message = "%s\n\n%s" % (error.message, text)
 
 
 def _read_bytes(path: str) -> bytes:

@@ -35,8 +35,10 @@ from ..host import cuda_devices
 from ..procs import describe_exit_code
 from ..launch import Accelerators
 from ..procs import stacks
+from ..cause import CauseKind
+from ..errors import is_refusal
 from ..procs import numbers
-from . import card_preflight, timeline
+from . import card_preflight, timeline, what_ran
 from .result import REPORT_ARTIFACT, TorchrunResult
 
 CARD_ID = "torchrun"
@@ -372,11 +374,45 @@ def tail_parts(result: TorchrunResult, Markdown: Any) -> list:
     return parts
 
 
+def refusal_reason(result: TorchrunResult) -> Optional[str]:
+    """Why a call was refused before any rank started, or None: such a card
+    shows no empty tables and no checks that were not run."""
+    cause = result.cause
+    if cause is None or not (is_refusal(cause) or cause.kind is CauseKind.PREFLIGHT):
+        return None
+    if result.ranks or result.exit_code is not None:
+        return None
+    return cause.message or cause.summary
+
+
+def what_ran_parts(result: TorchrunResult, Markdown: Any, Table: Any) -> list:
+    """The "what ran" section (what_ran.py)."""
+    rows = [[html_line(k), html_line(v, CARD_LINE_CHARS)] for k, v in what_ran.rows(result.ran, result.num_nodes)]
+    return [Markdown("## What ran"), Table(rows, headers=["", ""])] if rows else []
+
+
+def refused_components(result: TorchrunResult, flow: str, pathspec: str, reason: str) -> list:
+    from metaflow.cards import Markdown, Table
+
+    name = flow if flow.isidentifier() else escape_markdown(flow)
+    parts = [Markdown("# @torchrun: %s\n\n`%s`" % (name, pathspec)),
+             Markdown("**Refused before any rank started:**\n\n%s" % text_block(clip_lines(reason, CARD_CAUSE_CHARS)[0]))]
+    parts += what_ran_parts(result, Markdown, Table)
+    if attempt_rows(result):
+        parts += [Markdown("## Attempts"), Table(attempt_rows(result), headers=ATTEMPT_HEADERS)]
+    parts.append(Markdown("_Generated %s_" % time.strftime("%Y-%m-%d %H:%M:%S")))
+    return parts
+
+
 def build_components(result: TorchrunResult, flow: str, pathspec: str, backend: str) -> list:
     from metaflow.cards import Markdown, Table
 
+    reason = refusal_reason(result)
+    if reason is not None:
+        return refused_components(result, flow, pathspec, reason)
     parts = [
         Markdown(summary_markdown(result, flow, pathspec)),
+        *what_ran_parts(result, Markdown, Table),
         Markdown("## Topology"),
         Table(topology_rows(result, backend), headers=["", ""]),
     ]
@@ -460,12 +496,22 @@ def finish_card(deco: Any, result: TorchrunResult, flow_name: str, accelerators:
     return render_in_task(deco, attempt)
 
 
-def render_card_now(deco: Any, attempt: int) -> None:
+def card_ready(deco: Any) -> bool:
+    """Whether the card decorator got as far as its own ``task_pre_step`` (a
+    step refused before it, by our checks or another decorator's, has no card
+    to render and none to name)."""
+    return getattr(deco, "_card_uuid", None) is not None and getattr(deco, "card_creator", None) is not None
+
+
+def render_card_now(deco: Any, attempt: int) -> bool:
     """Metaflow renders cards of successful tasks only; the card of a failed
     run is the one that matters most. In this process where possible, else with
-    Metaflow's own ``card create`` subprocess."""
+    Metaflow's own ``card create`` subprocess. False, and nothing said, when
+    there is no card to render; one plain line when rendering it failed."""
+    if not card_ready(deco):
+        return False
     if render_in_task(deco, attempt):
-        return
+        return True
     try:
         deco.card_creator.create(
             mode="render",
@@ -478,8 +524,10 @@ def render_card_now(deco: Any, attempt: int) -> None:
             logger=deco._logger,
             sync=True,
         )
+        return True
     except Exception as e:
         say("could not render the card of the failed task: %s" % e)
+        return False
 
 
 # -- Rendering in the task ----------------------------------------------------

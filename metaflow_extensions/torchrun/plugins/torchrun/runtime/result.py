@@ -33,8 +33,6 @@ STACKS_IN_RECORD = 64 * 1024
 # On the control node, the artifact that holds the full report of every call:
 # every rank's stack and output tail, however many.
 REPORT_ARTIFACT = "torchrun_report"
-# What a failure message says of where every rank's full stack is.
-FULL_REPORT_HINT = "the card, and the artifact %s of node 0's task" % REPORT_ARTIFACT
 # The full report's stacks, at most (a rank's dump is already cut to 16 KiB).
 STACKS_IN_REPORT = 64 << 20
 # In a compacted record, per node: at most this many failed ranks named.
@@ -120,6 +118,9 @@ class TorchrunResult:
     # (runtime/attempts.py: start, gang formed, calls, why it stopped, the
     # checkpoint it resumed from, what each failure cost).
     attempts: List["Attempt"] = field(default_factory=list)
+    # What ran (runtime/what_ran.py): the entrypoint, its arguments with
+    # secret-looking ones masked, the torchrun command, versions.
+    ran: Dict[str, Any] = field(default_factory=dict)
 
     @property
     def duration(self) -> float:
@@ -128,6 +129,12 @@ class TorchrunResult:
     @property
     def succeeded(self) -> bool:
         return self.exit_code == 0 and self.cause is None
+
+    def __str__(self) -> str:
+        """One short line (``print(result)``); ``repr`` keeps every field."""
+        code = "not run" if self.exit_code is None else "exit code %d" % self.exit_code
+        return "TorchrunResult(node %d of %d, %s, %d ranks here, %.1f s, logs: %s)" % (
+            self.node_index, self.num_nodes, code, len(self.ranks), self.duration, self.log_dir or "none")
 
     def rank_logs(self) -> Dict[int, Dict[str, str]]:
         """Where each rank's stdout and stderr were copied on this node."""

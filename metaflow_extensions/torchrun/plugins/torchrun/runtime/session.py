@@ -113,6 +113,9 @@ class GangSession:
         self.client: Optional[GangClient] = None
         self.results: List[TorchrunResult] = []
         self.reported = False  # this node's own failure is already the gang's
+        # `card view` of the control's card (decorator); a failed call's error names it.
+        self.card_hint: Optional[str] = None
+        self.card_hint_said = False
         self._announced = False
         self._logs_said = False
         self._closed = False
@@ -290,15 +293,11 @@ class GangSession:
         )
 
     def announce(self, cause: Cause) -> None:
-        """The control prints the gang's root cause once, apart from the
-        interleaved logs, so it is the first thing a reader of its log finds."""
+        """Prints nothing: the failing node's error is the failure block, every
+        other node's names the cause in one line (issue 36: cause first, once)."""
         if not self.is_control or self._announced:
             return
-        if self.topology.is_local and is_refusal(cause):
-            return  # the refusing node's own error says it, in this same log
         self._announced = True
-        bar = "=" * 72
-        say("the gang failed. Root cause: %s" % cause.summary, frame=bar)
 
     def close(self) -> None:
         """Once: the step's wrapper closes the gang as the step's code ends, and
@@ -324,6 +323,8 @@ class GangSession:
         instance and its own task log holds its ranks."""
         if self._logs_said or not (self.is_control and self.topology.is_local):
             return
+        if self.cause is not None:
+            return  # the failure's error names the folder already
         log_dirs = [r.log_dir for r in self.results if r.log_dir]
         if log_dirs:
             self._logs_said = True

@@ -19,6 +19,7 @@ from typing import BinaryIO, Callable, List, Mapping, NamedTuple, Optional, Set,
 
 from ..host import log, proctree
 from ..procs import relay
+from ..host import rank_output
 from ..errors import TorchrunInterrupted
 
 _log = log.get("runtime.supervisor")
@@ -58,7 +59,7 @@ def _default_sink(stream) -> ChunkSink:
     except (AttributeError, OSError, ValueError):
         fd = None
 
-    def write(chunk: bytes) -> None:
+    def write_now(chunk: bytes) -> None:
         try:
             if fd is not None:
                 out.flush()
@@ -68,6 +69,9 @@ def _default_sink(stream) -> ChunkSink:
                 out.flush()
         except (OSError, ValueError):
             pass  # a closed task stream must not kill the job it reports on
+
+    def write(chunk: bytes) -> None:
+        rank_output(stream, lambda: write_now(chunk))  # never inside a line of ours, nor ours inside it
 
     return write
 

@@ -90,18 +90,32 @@ def from_result(result: Any, ranks: Mapping[int, Sequence[Any]]) -> Gang:
     if not calls and _index(result.call) is not None:
         calls = [(result.call, result.started_at)]
     cause = result.cause
+    failed_node = _index(cause.node_index) if cause is not None else None
+    failed_rank = _index(cause.rank) if cause is not None else None
+    # The failure is drawn where the failing rank ended, not when its node
+    # reported it (after its agent had stopped the others: seconds later).
+    failed_at = _rank_end(ranks, failed_node, failed_rank) or (_number(cause.time) if cause is not None else None)
     return Gang(
         num_nodes=max(1, int(result.num_nodes or 1)),
         joined=joined,
         finished=finished,
         ranks=ranks,
         calls=calls,
-        failed_at=_number(cause.time) if cause is not None else None,
-        failed_node=_index(cause.node_index) if cause is not None else None,
-        failed_rank=_index(cause.rank) if cause is not None else None,
+        failed_at=failed_at,
+        failed_node=failed_node,
+        failed_rank=failed_rank,
         ended_at=_number(result.ended_at),
         failed_kind=cause.kind if cause is not None else None,
     )
+
+
+def _rank_end(ranks: Mapping[int, Sequence[Any]], node: Optional[int], rank: Optional[int]) -> Optional[float]:
+    if node is None or rank is None:
+        return None
+    for record in ranks.get(node) or ():
+        if record.rank == rank:
+            return _number(record.end)
+    return None
 
 
 def rank_state(record: Any, failed_rank: Optional[int]) -> str:

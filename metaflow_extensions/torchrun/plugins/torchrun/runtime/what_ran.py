@@ -1,0 +1,113 @@
+"""What a call ran, for the card and the record: the entrypoint, its arguments
+with secret-looking ones masked, node 0's torchrun command, the log folder of
+each node, and the versions of torch, Metaflow, Python and this package.
+
+Kept as plain JSON (``TorchrunResult.ran``): the record is read back by the
+next attempt and by users with the Metaflow client.
+"""
+
+from __future__ import annotations
+
+import platform
+import re
+from typing import Any, Dict, List, Mapping, Optional, Sequence
+
+from ..launch import CallPlan
+from ..launch import find_torch
+from ..version import __version__
+
+MASK = "****"
+# An argument whose name says it holds a secret: its value is never shown.
+SECRET_NAME = re.compile(r"token|key|password|passwd|secret", re.I)
+MAX_ARG_CHARS = 200
+MAX_ARGS = 64
+
+
+def mask_argv(argv: Sequence[str]) -> List[str]:
+    """``--api-token x`` and ``--api-token=x`` -> the value masked; the rest as
+    it was, each cut to ``MAX_ARG_CHARS``."""
+    out: List[str] = []
+    hide_next = False
+    for arg in list(argv)[:MAX_ARGS]:
+        arg = str(arg)
+        if hide_next and not arg.startswith("--"):
+            out.append(MASK)
+            hide_next = False
+            continue
+        hide_next = False
+        name, eq, _ = arg.partition("=")
+        if arg.startswith("-") and SECRET_NAME.search(name):
+            if eq:
+                out.append(name + "=" + MASK)
+            else:
+                out.append(arg)
+                hide_next = True
+            continue
+        out.append(arg if len(arg) <= MAX_ARG_CHARS else arg[: MAX_ARG_CHARS - 1] + "…")
+    if len(argv) > MAX_ARGS:
+        out.append("… %d more" % (len(argv) - MAX_ARGS))
+    return out
+
+
+def mask_value(value: Any) -> Any:
+    """A function's arguments: values under secret-looking keys masked, the
+    rest shown as ``repr`` (cut)."""
+    if isinstance(value, Mapping):
+        return {str(k): MASK if SECRET_NAME.search(str(k)) else _short(v) for k, v in list(value.items())[:MAX_ARGS]}
+    if isinstance(value, (list, tuple)):
+        return [_short(v) for v in list(value)[:MAX_ARGS]]
+    return _short(value)
+
+
+def _short(value: Any) -> str:
+    try:
+        text = repr(value)
+    except Exception:
+        text = "<%s>" % type(value).__name__
+    return text if len(text) <= MAX_ARG_CHARS else text[: MAX_ARG_CHARS - 1] + "…"
+
+
+def versions() -> Dict[str, str]:
+    """Read without importing torch (seconds on a GPU node)."""
+    import metaflow
+
+    return {"torch": find_torch().version or "not found", "metaflow": str(getattr(metaflow, "__version__", "?")),
+            "python": platform.python_version(), "metaflow-torchrun": __version__}
+
+
+def record(plan: CallPlan, command: Sequence[str], log_dir: Optional[str], node_index: int) -> Dict[str, Any]:
+    """What this node ran, as the card shows it (node 0's is the gang's)."""
+    if plan.function is not None:
+        args: Any = mask_value(plan.function_args)
+    else:
+        args = mask_argv(plan.entry_argv)
+    return {"entrypoint": plan.script or plan.entry_name, "kind": "function" if plan.function is not None else "script",
+            "args": args, "command": mask_argv(command), "log_dir": log_dir or "", "node": node_index,
+            "versions": versions()}
+
+
+def log_dirs(ran: Mapping[str, Any], num_nodes: int, limit: int = 8) -> List[List[str]]:
+    """Each node's log folder: the same path on each node's host (the folder
+    is named by the run, step, task, call and node)."""
+    own = str(ran.get("log_dir") or "")
+    mine = "node-%s" % ran.get("node", 0)
+    if not own.endswith(mine):
+        return [["node %s" % ran.get("node", 0), own]] if own else []
+    rows = [["node %d" % i, own[: -len(mine)] + "node-%d" % i] for i in range(min(num_nodes, limit))]
+    if num_nodes > limit:
+        rows.append(["…", "%d more nodes, the same path with their index" % (num_nodes - limit)])
+    return rows
+
+
+def rows(ran: Mapping[str, Any], num_nodes: int) -> List[List[str]]:
+    """The card's "what ran" table (each value one line)."""
+    if not ran:
+        return []
+    args = ran.get("args")
+    shown_args = " ".join(args) if isinstance(args, list) and ran.get("kind") == "script" else str(args)
+    out = [["entrypoint (%s)" % ran.get("kind", "?"), str(ran.get("entrypoint", ""))],
+           ["arguments", shown_args or "(none)"],
+           ["node 0's torchrun command", " ".join(str(a) for a in ran.get("command") or [])]]
+    out += [["log folder, %s" % node, path] for node, path in log_dirs(ran, num_nodes)]
+    out += [["version of %s" % name, str(v)] for name, v in sorted((ran.get("versions") or {}).items())]
+    return out

@@ -1,0 +1,66 @@
+"""A failure reads in one screen (issue 36): a real 2-node x 2-process DDP loop
+where rank 1 raises after ``loss.backward()``, as a function and as a script.
+The console shows the failing rank's traceback once, in the user's frames only,
+the echoes of it in one line, where the logs are; at most 30 lines from the
+first failure line, no frame of ours, no "Internal error"."""
+
+import pytest
+
+from .helpers import check_failure_screen, output, without_task_prefix
+
+pytestmark = pytest.mark.integration
+
+RAISE = 'raise ValueError("rank %d saw a NaN" % bad_rank)'
+
+
+def test_a_function_raising_fails_the_step_with_its_own_exception_in_one_screen(gang):
+    proc = gang.run("--mode", "function", flow="ddp_fail_flow.py", timeout=240)
+    text = output(proc)
+    assert proc.returncode != 0
+    screen = check_failure_screen(
+        text,
+        "First failure: node 0 (", "rank 1",
+        "Traceback (most recent call last)", "ddp_fail_flow.py", RAISE, "ValueError: rank 1 saw a NaN",
+        "failed as echoes of it", "Connection closed by peer",
+        "Every rank's output, whole: ",
+        once=RAISE)
+    shown = "\n".join(screen)
+    assert "Internal error" not in shown and "The above exception" not in shown
+    assert "@torchrun: a rank raised ValueError" in shown  # Metaflow's headline for it
+    # The echo tracebacks are kept whole in the per-rank logs, not on the console.
+    assert "loss.backward()" not in without_task_prefix(text)
+
+
+def test_except_value_error_around_the_call_still_catches_it(gang):
+    proc = gang.run("--mode", "function", "--caught", "true", flow="ddp_fail_flow.py", timeout=240)
+    text = output(proc)
+    assert "caught ValueError: [rank 1] rank 1 saw a NaN" in text, text[-3000:]
+
+
+def test_a_script_raising_shows_the_root_cause_once_in_one_screen(gang):
+    raise_line = 'raise ValueError("rank 1 saw a NaN")'
+    proc = gang.run("--mode", "script", flow="ddp_fail_flow.py", timeout=240)
+    text = output(proc)
+    assert proc.returncode != 0
+    screen = check_failure_screen(
+        text,
+        "stopped because node 0 failed first",
+        "@torchrun job failed", "First failure: node 0 (",
+        "Traceback (most recent call last)", "ddp_fail.py", raise_line, "ValueError: rank 1 saw a NaN",
+        "failed as echoes of it", "Every rank's output, whole: ",
+        once=raise_line)
+    shown = "\n".join(screen)
+    assert "runpy" not in shown and "Also failed" not in shown
+    assert "Internal error" not in shown
+
+
+def test_an_early_failure_says_one_thing(gang):
+    """The other local nodes' `python` is not this environment's: the step is
+    refused before the card's own start, so no card line, no card command."""
+    proc = gang.run("--mode", "function", flow="ddp_fail_flow.py", timeout=240, env={"PATH": "/usr/bin:/bin"})
+    text = output(proc)
+    assert proc.returncode != 0
+    assert "the other local nodes cannot start" in text, text[-3000:]
+    ours = [line for line in without_task_prefix(text).splitlines() if "@torchrun" in line]
+    assert not [line for line in ours if "card" in line], ours
+    assert "Card not found" not in text and "_card_uuid" not in text

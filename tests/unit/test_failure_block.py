@@ -1,0 +1,144 @@
+"""The failure block at 16 nodes x 8 processes (issue 36), simulated: the
+messages the failing node and the control build from 128 ranks' records and
+stacks, printed as Metaflow prints a step's error. At most 30 lines, whatever
+the gang's size; the root cause's traceback once; no frame of ours."""
+
+from __future__ import annotations
+
+from metaflow_extensions.torchrun.plugins.torchrun.cause import Cause, CauseKind
+from metaflow_extensions.torchrun.plugins.torchrun.errors import GangAborted, TorchrunFailed, rank_raised
+from metaflow_extensions.torchrun.plugins.torchrun.procs import failure_block
+from metaflow_extensions.torchrun.plugins.torchrun.procs.failures import RankFailure
+
+NODES, NPROC = 16, 8
+ROOT_NODE, ROOT_RANK = 5, 42
+SCREEN = 30
+
+DEEP = "".join('  File "/home/me/train.py", line %d, in layer%d\n    x = layer%d(x)\n' % (10 + i, i, i + 1)
+               for i in range(20))
+ROOT_TB = ("Traceback (most recent call last):\n" + DEEP
+           + '  File "/home/me/train.py", line 99, in loss_step\n    raise ValueError("saw a NaN")\n'
+           + "ValueError: saw a NaN\n")
+ECHO_TB = ("Traceback (most recent call last):\n  File \"/home/me/train.py\", line 50, in step\n    loss.backward()\n"
+           "RuntimeError: [/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer "
+           "[10.0.0.5]:4242\n")
+
+
+def rank_failure(rank: int, root: bool = False) -> RankFailure:
+    return RankFailure(rank=rank, local_rank=rank % NPROC, node_index=rank // NPROC, host="ip-10-0-0-%d" % (rank // NPROC),
+                       pid=1000 + rank, exc_type="ValueError" if root else "RuntimeError",
+                       message="saw a NaN" if root else "[/pytorch/gloo/pair.cc:553] Connection closed by peer",
+                       traceback=ROOT_TB if root else ECHO_TB, timestamp=100.0 + (0 if root else 1 + rank))
+
+
+def dump(place: int) -> str:
+    return ("Current thread 0x00007f0000000001 (most recent call first):\n"
+            '  File "/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py", line 2800 in all_reduce\n'
+            '  File "/home/me/train.py", line %d in step\n  File "/home/me/train.py", line 120 in <module>\n' % (40 + place))
+
+
+def gang_stacks() -> dict:
+    """128 ranks: most in one all_reduce, a few odd ones out at 9 other places."""
+    return {r: dump(0 if r % 13 else r % 10) for r in range(NODES * NPROC) if r != ROOT_RANK}
+
+
+def as_metaflow_prints(error) -> list:
+    """cli.print_metaflow_exception: the headline line, the message, a blank line."""
+    return ["%s:" % error.headline] + error.message.splitlines() + [""]
+
+
+def check(lines: list) -> str:
+    text = "\n".join(lines)
+    assert len(lines) + 1 <= SCREEN, "%d lines:\n%s" % (len(lines) + 1, text)  # + "<flow ...> failed:"
+    assert "metaflow_extensions" not in text and "torch/distributed/elastic" not in text
+    return text
+
+
+def test_the_failing_nodes_error_at_16_by_8_fits_one_screen():
+    failures = [rank_failure(r, root=(r == ROOT_RANK)) for r in range(ROOT_NODE * NPROC, (ROOT_NODE + 1) * NPROC)]
+    error = TorchrunFailed(1, ROOT_NODE, failures, stacks=gang_stacks(),
+                           logs="This node's ranks' output, whole: /tmp/logs/x on ip-10-0-0-5", host="ip-10-0-0-5")
+    text = check(as_metaflow_prints(error))
+    assert text.count('raise ValueError("saw a NaN")') == 1
+    assert text.index("First failure: node 5 (ip-10-0-0-5), rank 42") < text.index("ValueError: saw a NaN")
+    # The 7 echoes in one line, with their count, the gloo path left out.
+    echoes = [line for line in text.splitlines() if "echoes" in line]
+    assert echoes == ["7 other ranks failed as echoes of it (RuntimeError: Connection closed by peer): "
+                      "ranks 40, 41, 43-47; their tracebacks are in their logs"]
+    # Then one line per place (the odd ones out first), counted past 5; then the logs.
+    assert text.index("echoes") < text.index("Where the other ranks were") < text.index("output, whole")
+    assert "... and 5 more places" in text
+    assert "lines above are in the rank's log" in text  # the deep traceback, its innermost frames kept
+
+
+def test_the_controls_error_at_16_by_8_fits_one_screen():
+    root = rank_failure(ROOT_RANK, root=True)
+    cause = Cause(CauseKind.RANK_FAILED, "node 5 (ip-10-0-0-5), rank 42 (local rank 2, pid 1042): ValueError: saw a NaN",
+                  node_index=ROOT_NODE, rank=ROOT_RANK, exc_type="ValueError", message="saw a NaN",
+                  traceback=root.traceback)
+    error = GangAborted(0, cause, -15, same_log=False, stacks=gang_stacks(), logs="This node's ranks' output: /x")
+    text = check(as_metaflow_prints(error))
+    assert text.count('raise ValueError("saw a NaN")') == 1
+    # On a local run the failing node's error is in the same log: one line here.
+    local = GangAborted(0, cause, -15, same_log=True)
+    assert len(local.message.splitlines()) == 1 and "Traceback" not in local.message
+
+
+def test_a_functions_exception_keeps_its_type_and_prints_as_the_block():
+    failures = [rank_failure(r, root=(r == ROOT_RANK)) for r in range(ROOT_NODE * NPROC, (ROOT_NODE + 1) * NPROC)]
+    error = TorchrunFailed(1, ROOT_NODE, failures, stacks=gang_stacks())
+    raised = rank_raised(ValueError("[rank 42] saw a NaN"), error)
+    assert isinstance(raised, ValueError) and isinstance(raised, TorchrunFailed)
+    assert type(raised).__name__ == "ValueError" and str(raised) == "[rank 42] saw a NaN"
+    assert raised.args == ("[rank 42] saw a NaN",) and raised.root_cause.rank == ROOT_RANK
+    assert raised.__cause__ is None and raised.__suppress_context__
+    check(as_metaflow_prints(raised))
+    import pickle
+
+    back = pickle.loads(pickle.dumps(raised))  # e.g. kept as an artifact: the user's own type
+    assert type(back) is ValueError and back.args == raised.args
+
+    class Odd(Exception):
+        def __init__(self, a, b):
+            super().__init__(a, b)
+            self.b = b
+
+    odd = rank_raised(Odd(1, 2), error)
+    assert isinstance(odd, Odd) and odd.b == 2 and odd.args == (1, 2)
+    oserror = rank_raised(FileNotFoundError(2, "no such file"), error)
+    assert isinstance(oserror, FileNotFoundError) and oserror.errno == 2
+
+
+def test_the_block_is_bounded_whatever_it_is_given():
+    many = [rank_failure(r) for r in range(4096)]
+    own = [rank_failure(r, root=True) for r in range(50)]
+    block = failure_block.Block(root=own[0], others=own[1:] + many, stacks={r: dump(r) for r in range(4096)},
+                                logs="logs", fix="Fix: a\nb\nc\nd", headline="First failure: ...")
+    assert len(failure_block.render(block).splitlines()) <= failure_block.BUDGET
+
+
+def test_the_echoes_of_other_nodes_are_counted_in_the_same_line():
+    failures = [rank_failure(r, root=(r == ROOT_RANK)) for r in range(ROOT_NODE * NPROC, (ROOT_NODE + 1) * NPROC)]
+    others = [r for r in range(NODES * NPROC) if r // NPROC != ROOT_NODE]
+    error = TorchrunFailed(1, ROOT_NODE, failures, elsewhere=others)
+    echoes = [line for line in error.message.splitlines() if "echoes" in line]
+    assert len(echoes) == 1 and echoes[0].startswith("127 other ranks failed as echoes of it (RuntimeError: ")
+    cause = Cause(CauseKind.RANK_FAILED, "node 5 ...", node_index=ROOT_NODE, rank=ROOT_RANK)
+    aborted = GangAborted(0, cause, same_log=False, elsewhere=list(range(NODES * NPROC)))
+    assert "127 other ranks failed as echoes of it: ranks 0-41, 43-127" in aborted.message
+
+
+def test_a_crash_dump_keeps_its_first_lines_without_our_frames():
+    ours = failure_block._OURS + "procs/bootstrap.py"
+    dump = ("The rank's last lines of stderr:\nFatal Python error: Segmentation fault\n\n"
+            "Current thread 0x00007f7882e60b80 (most recent call first):\n"
+            '  File "/usr/lib/python3.11/ctypes/__init__.py", line 519 in string_at\n'
+            '  File "/w/segfault.py", line 19 in <module>\n'
+            '  File "<frozen runpy>", line 88 in _run_code\n'
+            '  File "%s", line 256 in _main\n' % ours)
+    lines = failure_block.traceback_lines(dump)
+    assert lines[:2] == ["The rank's last lines of stderr:", "Fatal Python error: Segmentation fault"]
+    assert lines[-1] == '  File "/w/segfault.py", line 19 in <module>'
+    long = failure_block.traceback_lines(dump + "".join("  File \"/w/x.py\", line %d in f\n" % i for i in range(40)))
+    assert len(long) == failure_block.TRACEBACK_LINES and long[1].startswith("Fatal Python error")
+    assert long[-1] == "... 35 more lines in the rank's log"
