@@ -7,6 +7,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import records
+from metaflow_extensions.torchrun.plugins.torchrun.procs import RankStatus
 from metaflow_extensions.torchrun.plugins.torchrun.runtime import card as card_mod
 from metaflow_extensions.torchrun.plugins.torchrun.runtime import timeline, what_ran
 from metaflow_extensions.torchrun.plugins.torchrun.runtime.result import RankRecord, TorchrunResult
@@ -53,9 +55,9 @@ def test_versions_are_read_without_importing_torch():
 def test_a_refused_calls_card_says_so_and_shows_no_empty_tables():
     result = TorchrunResult(command=[], node_index=0, num_nodes=2, nproc_per_node="", exit_code=None,
                             started_at=T0, ended_at=T0 + 1, call=-1,
-                            cause={"kind": "step_failed", "exc_type": "TorchrunCallRefused",
+                            cause=records.cause({"kind": "step_failed", "exc_type": "TorchrunCallRefused",
                                    "summary": "node 0 refused current.torch.run call 1",
-                                   "message": "current.torch.run call 1 (flow.py, line 9): entrypoint 'x.py' does not exist"})
+                                   "message": "current.torch.run call 1 (flow.py, line 9): entrypoint 'x.py' does not exist"}))
     assert card_mod.refusal_reason(result).endswith("does not exist")
 
     class Md:
@@ -85,10 +87,11 @@ def test_a_refused_calls_card_says_so_and_shows_no_empty_tables():
 
 
 def test_the_failure_is_drawn_where_the_failing_rank_ended():
-    ranks = {0: [{"rank": 0, "end": T0 + 5.0}, {"rank": 1, "end": T0 + 3.0}]}
+    ranks = {0: [RankStatus(rank=0, local_rank=0, end=T0 + 5.0), RankStatus(rank=1, local_rank=1, end=T0 + 3.0)]}
     result = TorchrunResult(command=[], node_index=0, num_nodes=1, nproc_per_node=2, exit_code=1,
-                            started_at=T0, ended_at=T0 + 9, cause={"kind": "failed", "node_index": 0, "rank": 1,
-                                                                  "time": T0 + 5.4})
+                            started_at=T0, ended_at=T0 + 9, cause=records.cause({"kind": "failed", "node_index": 0,
+                                                                                 "rank": 1, "summary": "x",
+                                                                                 "time": T0 + 5.4}))
     assert timeline.from_result(result, ranks).failed_at == T0 + 3.0
     assert timeline.from_result(result, {}).failed_at == T0 + 5.4  # no record of the rank: when it was reported
 
