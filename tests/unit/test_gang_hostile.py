@@ -31,6 +31,7 @@ import metaflow  # noqa: F401  (must come before our modules)
 import pytest
 
 from gang_net import GUARD, HOST, SECRET, Net, RawPeer, closed_by_peer, wait_cause, node_report
+from metaflow_extensions.torchrun.plugins.torchrun import timeouts
 from metaflow_extensions.torchrun.plugins.torchrun.gang import auth as gang_auth
 from metaflow_extensions.torchrun.plugins.torchrun.gang import admission as gang_admission
 from metaflow_extensions.torchrun.plugins.torchrun.gang import wire
@@ -54,7 +55,7 @@ class Boom:
 
 @pytest.fixture
 def fast_hello(monkeypatch):
-    monkeypatch.setattr(gang_admission, "HELLO_TIMEOUT", 0.5)
+    monkeypatch.setattr(timeouts, "HELLO_TIMEOUT", 0.5)
 
 
 def legit_step(net: Net, server) -> None:

@@ -13,7 +13,7 @@ import uuid
 import metaflow  # noqa: F401  (must come before our modules)
 import pytest
 
-from metaflow_extensions.torchrun.plugins.torchrun.runtime import session as session_mod
+from metaflow_extensions.torchrun.plugins.torchrun import timeouts
 from metaflow_extensions.torchrun.plugins.torchrun.cause import CauseKind
 from metaflow_extensions.torchrun.plugins.torchrun.errors import GangAborted
 from metaflow_extensions.torchrun.plugins.torchrun.gang.identity import GangIdentity
@@ -30,7 +30,7 @@ GUARD = 10.0
 def short_linger(monkeypatch):
     """A failed control lingers for nodes that have not heard; tests that do not
     look at that should not wait for it at teardown."""
-    monkeypatch.setattr(session_mod, "LINGER", 0.2)
+    monkeypatch.setattr(timeouts, "LINGER", 0.2)
 
 
 @pytest.fixture
@@ -86,7 +86,7 @@ class TestJoin:
         worker = gang(1)
         started = time.monotonic()
         worker.join()  # nobody listens yet: waits JOIN_WAIT at most, then goes on
-        assert time.monotonic() - started < session_mod.JOIN_WAIT + 1
+        assert time.monotonic() - started < timeouts.JOIN_WAIT + 1
         assert not worker.client.joined.is_set()
         control = gang(0)
         control.join()
@@ -227,7 +227,7 @@ class TestInterrupt:
 
 class TestLinger:
     def test_a_failed_control_waits_for_a_late_node_to_hear(self, gang, monkeypatch):
-        monkeypatch.setattr(session_mod, "LINGER", 15.0)
+        monkeypatch.setattr(timeouts, "LINGER", 15.0)
         control = gang(0)
         control.join()
         _fail(control, OSError("x"))
@@ -243,7 +243,7 @@ class TestLinger:
     def test_the_gang_is_closed_once(self, gang, monkeypatch):
         """The step's wrapper and ``task_finished`` both close it: the second
         close finds nothing to do, and does not linger again."""
-        monkeypatch.setattr(session_mod, "LINGER", 3.0)
+        monkeypatch.setattr(timeouts, "LINGER", 3.0)
         control = gang(0)
         control.join()
         _fail(control, OSError("x"))
@@ -257,7 +257,7 @@ class TestLinger:
     def test_no_linger_for_nodes_whose_start_timeout_has_passed(self, gang, monkeypatch):
         """Nodes missing at start_timeout have given up on their side too:
         nobody is left to hear the cause late."""
-        monkeypatch.setattr(session_mod, "LINGER", 15.0)
+        monkeypatch.setattr(timeouts, "LINGER", 15.0)
         control = gang(0, start_timeout=3.0)  # a linger would last this long
         control.join()
         assert wait_until(lambda: control.cause is not None, GUARD)
@@ -267,7 +267,7 @@ class TestLinger:
         assert time.monotonic() - started < 2.0
 
     def test_the_linger_is_bounded(self, gang, monkeypatch):
-        monkeypatch.setattr(session_mod, "LINGER", 0.5)
+        monkeypatch.setattr(timeouts, "LINGER", 0.5)
         control = gang(0)
         control.join()
         _fail(control, OSError("x"))

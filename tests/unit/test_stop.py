@@ -13,10 +13,8 @@ from proc_helpers import PY, is_running, wait_until
 
 from metaflow_extensions.torchrun.plugins.torchrun.cause import Cause, CauseKind
 from metaflow_extensions.torchrun.plugins.torchrun.runtime import attempts
+from metaflow_extensions.torchrun.plugins.torchrun.timeouts import NOTICE_POLL, SPOT_MARGIN, VERDICT_WAIT
 from metaflow_extensions.torchrun.plugins.torchrun.runtime.stop import (
-    NOTICE_POLL,
-    SPOT_MARGIN,
-    VERDICT_WAIT,
     GangStop,
     grace_for,
     preempted,

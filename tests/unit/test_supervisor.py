@@ -13,6 +13,7 @@ import time
 import pytest
 from proc_helpers import PY, SLEEPER_WRITING_PID, is_running, read_pid_file, wait_until
 
+from metaflow_extensions.torchrun.plugins.torchrun import timeouts
 from metaflow_extensions.torchrun.plugins.torchrun.errors import TorchrunInterrupted
 from metaflow_extensions.torchrun.plugins.torchrun.runtime.supervisor import Supervisor, _default_sink
 
@@ -372,9 +373,8 @@ class TestTracking:
 
     def test_scans_slow_down_after_the_start(self, monkeypatch):
         from metaflow_extensions.torchrun.plugins.torchrun.host import proctree
-        from metaflow_extensions.torchrun.plugins.torchrun.runtime import supervisor
 
-        monkeypatch.setattr(supervisor, "TRACK_EVERY_POLL_FOR", 0.3)
+        monkeypatch.setattr(timeouts, "TRACK_EVERY_POLL_FOR", 0.3)
         scans = []
         real = proctree.descendants
         monkeypatch.setattr(proctree, "descendants", lambda pid: scans.append(pid) or real(pid))
@@ -385,9 +385,8 @@ class TestTracking:
     def test_a_worker_started_late_is_still_killed_when_the_agent_leaves_it(
         self, monkeypatch, procs, tmp_path
     ):
-        from metaflow_extensions.torchrun.plugins.torchrun.runtime import supervisor
 
-        monkeypatch.setattr(supervisor, "TRACK_EVERY_POLL_FOR", 0.2)
+        monkeypatch.setattr(timeouts, "TRACK_EVERY_POLL_FOR", 0.2)
         pidfile = str(tmp_path / "worker.pid")
         code = textwrap.dedent(
             """

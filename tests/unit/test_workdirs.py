@@ -377,7 +377,7 @@ class TestTail:
         assert tail_lines(str(link), 20) == []
 
     def test_call_tail_lines_does_not_follow_symlinks(self, tmp_path):
-        from metaflow_extensions.torchrun.plugins.torchrun.runtime import call
+        from metaflow_extensions.torchrun.plugins.torchrun.runtime import node_report as call
 
         secret = tmp_path / "secret"
         secret.write_text("password=hunter2\n")

@@ -36,6 +36,3 @@ KEEP_LOGS = 20
 # ... and the least recently used runs go while all logs take more than this many MB.
 MAX_LOG_MB = 500
 
-# -- internal ----------------------------------------------------------------------
-# A report that blames a peer is held this long for a better root cause (gang/config.py).
-SECONDARY_GRACE = 3.0

@@ -22,15 +22,11 @@ from .config import GangConfig
 from .peer import Peer, address
 from ..cause import Cause
 from .wire import encode
+from .. import timeouts
 
 # Connections that have not proved themselves yet, at most (a 1,024-node gang
 # may all knock at once).
 MAX_PENDING = 1024
-# A stranger that has not answered its challenge within this long may lose its
-# place to a newcomer.
-EVICT_AGE = 1.0
-# A connection must say hello within this many seconds.
-HELLO_TIMEOUT = 5.0
 
 
 class Admission:
@@ -83,7 +79,7 @@ class Admission:
                                       cause=cause)))
 
     def expired(self, now: float) -> List[Peer]:
-        return [p for p in self.pending.values() if now - p.connected > HELLO_TIMEOUT]
+        return [p for p in self.pending.values() if now - p.connected > timeouts.HELLO_TIMEOUT]
 
     def check_payload(self, node: int, done: msg.CallDone) -> bool:
         """Rank 0's return value: its MAC binds it to this gang, call and node."""

@@ -12,7 +12,6 @@ program, an impostor) is passed over like a closed port.
 
 from __future__ import annotations
 
-import os
 import socket
 import threading
 import time
@@ -24,17 +23,16 @@ from . import auth as gang_auth
 from . import messages as msg
 from . import wire
 from .config import GangConfig
+from .joining import Joining
 from ..host import log
 
 _log = log.get("gang.client")
 
-# Seconds one connection attempt to a candidate port may take.
-CONNECT_TIMEOUT = 2.0
 
 
-# size: a node's whole side of the gang (join and handshake, the reader thread, heartbeats, call sync, leaving); issue 24 reworks it
-class GangClient:
-    """Runs on every node (the control included)."""
+class GangClient(Joining):
+    """Runs on every node (the control included). Joining is ``joining.py``'s
+    (a mixin: it sets up the state kept here)."""
 
     def __init__(self, config: GangConfig, host: str, ports: Sequence[int], node_index: int,
                  secret: Union[bytes, Callable[[], bytes]]):
@@ -80,138 +78,6 @@ class GangClient:
         t.start()
         self._threads.append(t)
         return self
-
-    def connect(self, give_up_after: Optional[float] = None) -> None:
-        """Connect and say hello, retrying while the control is not up yet: nodes
-        start in any order (on Kubernetes workers often start first)."""
-        patience = give_up_after if give_up_after is not None else self.config.start_timeout
-        began = time.monotonic()
-        if not self._have_secret():
-            self.joined.set()
-            return
-        last_error = self._try_ports(patience)
-        if self._sock is None:
-            if not self._closing.is_set():
-                self._set_cause(
-                    Cause(
-                        CauseKind.CONTROL_UNREACHABLE,
-                        "could not reach the control node's gang service at %s within %gs (last error: %s)"
-                        % (self._where(), patience, error_text(last_error)),
-                    )
-                )
-            self.joined.set()
-            return
-        _log.debug("node %d: joined the gang at %s port %s in %.3fs", self.node_index, self.host, self.port,
-                   time.monotonic() - began)
-        for target, name in ((self._read_loop, "reader"), (self._beat_loop, "heartbeat")):
-            t = threading.Thread(target=target, name="torchrun-gang-" + name, daemon=True)
-            t.start()
-            self._threads.append(t)
-        self.joined.set()
-        self._send_preflight()
-
-    def _try_ports(self, patience: float) -> Optional[BaseException]:
-        """Each candidate port in turn until one holds our gang's service, for
-        ``patience`` seconds at most (no attempt outlives it); the last error.
-        Every ``progress_interval`` it says what it is trying, and what went
-        wrong last (a worker cut off from the control learns it here, not once
-        ``start_timeout`` has passed)."""
-        started = time.monotonic()
-        deadline = started + patience
-        next_word = started + self.config.progress_interval
-        last_error: Optional[BaseException] = None
-        while not self._closing.is_set():
-            for port in self.ports:
-                left = deadline - time.monotonic()
-                if left <= 0 or self._closing.is_set():
-                    return last_error
-                try:
-                    self._handshake(port, min(CONNECT_TIMEOUT, left))
-                    return None
-                except (OSError, ValueError, RuntimeError) as e:
-                    last_error = e
-                now = time.monotonic()
-                if now >= next_word:
-                    next_word = now + self.config.progress_interval
-                    self.progress("still trying to reach the control node's gang service at %s: %.0f s of %g s "
-                                  "(last error: %s)" % (self._where(), now - started, patience,
-                                                        error_text(last_error)))
-            self._closing.wait(min(0.2, max(0.0, deadline - time.monotonic())))
-        return last_error
-
-    def _where(self) -> str:
-        return "%s port %s" % (self.host, " or ".join(map(str, self.ports)))
-
-    def _send_preflight(self) -> None:
-        """After ``joined``: the step's code does not wait for it; a call
-        does (``enter_call``), so the service has it before this node's call."""
-        try:
-            if self.preflight is not None:
-                self._safe_send(self.preflight())
-        except Exception as e:  # a check of our own must not cost the step
-            self._safe_send(msg.Preflight(checks=(msg.PreflightCheck(
-                "preflight", "warn", "could not measure: %s: %s" % (type(e).__name__, e)),)))
-        finally:
-            self._preflight_sent.set()
-
-    def _have_secret(self) -> bool:
-        if self._get_secret is None:
-            return True
-        try:
-            self._secret = gang_auth.check_secret(self._get_secret())
-        except Exception as e:
-            self._set_cause(Cause(CauseKind.CONTROL_UNREACHABLE,
-                                  "could not get the gang's secret: %s: %s" % (type(e).__name__, e)))
-            return False
-        self._get_secret = None
-        return True
-
-    def _handshake(self, port: int, connect_timeout: float = CONNECT_TIMEOUT) -> None:
-        """Prove this node holds the secret on ``port``, and have the service
-        prove it too; a port held by anything but our gang (another gang's
-        service, an unrelated server, an impostor) fails here and the next is
-        tried."""
-        sock = socket.create_connection((self.host, port), timeout=connect_timeout)
-        try:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            sock.settimeout(connect_timeout)
-            self._early = b""
-            server_nonce = gang_auth.read_challenge(self._read_one(sock))
-            client_nonce = gang_auth.new_nonce()
-            wire.send(sock, gang_auth.hello(self._secret, self.config.gang_id, server_nonce, self.node_index,
-                                            host=socket.gethostname(), pid=os.getpid(),
-                                            client_nonce=client_nonce).to_wire())
-            # Once a service has our hello it may count this node in: giving up
-            # now would read as a node that died (a busy control answers late),
-            # so its answer is waited for as long as any silence is.
-            sock.settimeout(max(2.0, self.config.heartbeat_timeout))
-            welcome = gang_auth.check_welcome(self._secret, self.config.gang_id, server_nonce, client_nonce,
-                                              self.node_index, self._read_one(sock))
-        except BaseException:
-            wire.close_quietly(sock)
-            raise
-        sock.settimeout(None)
-        self._sock = sock
-        self.port = port
-        if welcome.cause is not None:
-            self._set_cause(welcome.cause)
-
-    def _read_one(self, sock: socket.socket) -> wire.Message:
-        """One line of the handshake (what came after it is kept for the
-        reader): ValueError when it is not a JSON object, or too long."""
-        data = self._early
-        while b"\n" not in data:
-            if len(data) > wire.PRE_AUTH_LINE:
-                raise ValueError("not a gang service (a greeting that does not end)")
-            chunk = sock.recv(4096)
-            if not chunk:
-                raise ValueError("connection closed during the handshake")
-            data += chunk
-        line, self._early = data.split(b"\n", 1)
-        message = wire.decode(line)
-        if message is None:
-            raise ValueError("not a gang service")
-        return message
 
     def close(self) -> None:
         self._closing.set()
@@ -269,7 +135,7 @@ class GangClient:
                 self._secret, self.config.gang_id, index, self.node_index, rank0))
         elif rank0 is not None:
             message = msg.CallDone(index, report, rank0_size=len(rank0))
-        if not self._fits(message):
+        if not fits(message):
             message = msg.CallDone(index, report.cut(), message.rank0, message.rank0_proof, message.rank0_size)
         self._safe_send(message)
         _log.debug("node %d: call %d: done sent", self.node_index, index)
@@ -288,21 +154,11 @@ class GangClient:
     def report_failure(self, cause: Cause, call: Optional[int] = None,
                        report: Optional[msg.NodeReport] = None) -> None:
         message = msg.Failed(cause, call, report)
-        if report is not None and not self._fits(message):
+        if report is not None and not fits(message):
             message = msg.Failed(cause, call, report.cut())
         self._safe_send(message)
         _log.debug("node %d: failure reported (call %s): %s: %s", self.node_index, call, cause.kind.value,
                    cause.summary)
-
-    @staticmethod
-    def _fits(message: msg.GangMessage) -> bool:
-        """A message over the line limit would be refused by ``wire.encode``:
-        the caller trims it rather than lose it (a lost done hangs the control)."""
-        try:
-            wire.encode(message.to_wire())
-        except ValueError:
-            return False
-        return True
 
     def send_stacks(self, index: int, stacks: Dict[int, str]) -> None:
         """Where this node's ranks were when it stopped them (``stacks.py``),
@@ -310,7 +166,7 @@ class GangClient:
         budget = wire.MAX_LINE // 2
         while True:
             message = msg.Stacks(index, rank_stacks.bound(stacks, budget))
-            if self._fits(message) or budget < 1024:
+            if fits(message) or budget < 1024:
                 break
             budget //= 2
         self._safe_send(message)
@@ -390,26 +246,11 @@ class GangClient:
                 return
             if data == b"":
                 if not self._left:
-                    self._set_cause(
-                        Cause(
-                            CauseKind.CONTROL_LOST,
-                            "lost the connection to the control node (node 0): its task died "
-                            "or was killed",
-                            node_index=0,
-                        )
-                    )
+                    self._set_cause(control_lost())
                 return
             silent = time.monotonic() - last_heard
             if silent > self.config.heartbeat_timeout:
-                self._set_cause(
-                    Cause(
-                        CauseKind.CONTROL_UNRESPONSIVE,
-                        "heard nothing from the control node (node 0) for %.0fs "
-                        "(heartbeat_timeout=%gs): it is frozen, or it or this node is cut off from the network"
-                        % (silent, self.config.heartbeat_timeout),
-                        node_index=0,
-                    )
-                )
+                self._set_cause(control_silent(silent, self.config.heartbeat_timeout))
                 return
 
     def _on_message(self, line: wire.Message) -> None:
@@ -435,21 +276,38 @@ class GangClient:
         while not self._closing.wait(self.config.heartbeat_interval):
             if self._left and self.cause is not None:
                 return
-            self._safe_send(self._heartbeat())
-
-    def _heartbeat(self) -> msg.Heartbeat:
-        quiet = None
-        try:
-            quiet = self.quiet() if self.quiet is not None else None
-        except Exception:
-            pass
-        return msg.Heartbeat(None if quiet is None else max(0.0, float(quiet)))
+            self._safe_send(heartbeat(self.quiet))
 
 
-def error_text(error: Optional[BaseException]) -> str:
-    """An error as a user reads it: ``[Errno 113] No route to host``."""
-    if error is None:
-        return "none"
-    if isinstance(error, socket.timeout):
-        return "connection timed out"
-    return str(error) or type(error).__name__
+
+def fits(message: msg.GangMessage) -> bool:
+    """A message over the line limit would be refused by ``wire.encode``:
+    the caller trims it rather than lose it (a lost done hangs the control)."""
+    try:
+        wire.encode(message.to_wire())
+    except ValueError:
+        return False
+    return True
+
+
+def control_lost() -> Cause:
+    return Cause(CauseKind.CONTROL_LOST,
+                 "lost the connection to the control node (node 0): its task died or was killed", node_index=0)
+
+
+def control_silent(silent: float, heartbeat_timeout: float) -> Cause:
+    """From inside a partition this node cannot tell which side is cut."""
+    return Cause(CauseKind.CONTROL_UNRESPONSIVE,
+                 "heard nothing from the control node (node 0) for %.0fs (heartbeat_timeout=%gs): it is frozen, "
+                 "or it or this node is cut off from the network" % (silent, heartbeat_timeout), node_index=0)
+
+
+def heartbeat(quiet: Optional[Callable[[], Optional[float]]]) -> msg.Heartbeat:
+    """With the seconds since this node's ranks last wrote (the control's
+    hang_timeout reads it); a failing probe sends none rather than no beat."""
+    seconds = None
+    try:
+        seconds = quiet() if quiet is not None else None
+    except Exception:
+        pass
+    return msg.Heartbeat(None if seconds is None else max(0.0, float(seconds)))

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from .. import defaults as DEFAULTS
+from .. import timeouts
 
 # The node whose torchrun hosts the rendezvous store (``is_host=1`` in
 # command.py): the gang launches the other nodes only once it is there.
@@ -42,7 +43,7 @@ class GangConfig:
     # happened: its report is held this long for a better root cause. That node
     # reports once its torchrun agent has stopped its other ranks and exited:
     # about 1 s on an idle 2-core machine, over 1.5 s seen under load.
-    secondary_grace: float = DEFAULTS.SECONDARY_GRACE
+    secondary_grace: float = timeouts.SECONDARY_GRACE
     # Seconds without a line from any rank of a running call before the gang
     # stops as hung; None: never (``@torchrun(hang_timeout)``).
     hang_timeout: Optional[float] = DEFAULTS.HANG_TIMEOUT

@@ -29,8 +29,8 @@ from .auth import MIN_SECRET_BYTES
 from .identity import GangIdentity
 
 from ..procs import SECRET_ENV as ENV
+from .. import timeouts
 SECRET_BYTES = 32
-POLL_SECONDS = 0.5
 _PREFIX = b"metaflow-torchrun gang secret v1\n"
 
 
@@ -141,7 +141,7 @@ def fetch(
     storage: Storage,
     identity: GangIdentity,
     timeout: float,
-    poll: float = POLL_SECONDS,
+    poll: float = timeouts.SECRET_POLL,
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
 ) -> bytes:

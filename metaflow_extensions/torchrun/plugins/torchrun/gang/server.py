@@ -32,38 +32,35 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 from ..cause import Cause, CauseKind
 from . import messages as msg
 from .admission import Admission
+from .handlers import MessageHandlers
 from .calls import CallBook, CallState, CallView
-from .config import CONTROL_NODE, GangConfig
+from .config import GangConfig
 from .membership import Membership
 from .peer import Peer
 from .node_compare import PreflightBook, PreflightRecord
-from .ports import find_free_port
 from .transport import Transport
-from .wire import MAX_LINE, ProtocolError, encode
+from .wire import encode
 from ..host import say
 from ..host import log
+from .. import timeouts
 
 _log = log.get("gang.server")
 
-# How often timeouts, silences and progress are checked: detection of a silent
-# node is heartbeat_timeout plus at most this.
-CHECK_PERIOD = 0.25
 
 Handler = Callable[[Peer, msg.GangMessage], None]
 
 
-# size: owned by the lead (issue 24); admission, membership, calls and peers are already modules of their own, this is the loop
-class GangServer:
+class GangServer(MessageHandlers):
     """Runs in the control task; one thread, one selector, no dependencies.
 
     State belongs to the service thread. The control's own code reads it only
     through ``call_view``/``stacks_pending`` (copies taken under the lock), or
     hears it as any node does, by message.
 
-    Longer than 250 lines, docstrings included, on purpose: what is left here
-    is the decisions, one handler per message and the checks, which share the
-    service's state under one lock; sockets are ``transport.py``'s, strangers
-    ``admission.py``'s, members ``membership.py``'s, calls ``calls.py``'s."""
+    What is here is the loop, the checks and the sending; each message's
+    handler is ``handlers.py``'s (a mixin: they share this state), sockets
+    ``transport.py``'s, strangers ``admission.py``'s, members
+    ``membership.py``'s, calls ``calls.py``'s."""
 
     def __init__(self, config: GangConfig, host: str, ports: Sequence[int], secret: bytes):
         """Listen on the first of ``ports`` that is free on ``host``; ``secret``
@@ -165,7 +162,7 @@ class GangServer:
                 next_beat, next_check = self._turn(next_beat, next_check)
             except Exception as e:  # the service outlives any bug of its own
                 self.warn("gang service: %s: %s" % (type(e).__name__, e))
-                self._closing.wait(CHECK_PERIOD)
+                self._closing.wait(timeouts.CHECK_PERIOD)
 
     def _turn(self, next_beat: float, next_check: float) -> Tuple[float, float]:
         """One turn of the loop; returns when the next heartbeat and check are due."""
@@ -182,7 +179,7 @@ class GangServer:
                 next_beat = now + self.config.heartbeat_interval
             if now >= next_check:
                 self._check(now)
-                next_check = now + min(CHECK_PERIOD, self.config.heartbeat_interval / 2)
+                next_check = now + min(timeouts.CHECK_PERIOD, self.config.heartbeat_interval / 2)
         return next_beat, next_check
 
     def _on_ready(self, peer: Peer, mask: int) -> None:
@@ -194,117 +191,6 @@ class GangServer:
             except Exception:  # a malformed message costs its sender, not the gang
                 self.transport.drop(peer)
                 return
-
-    # -- messages -----------------------------------------------------------------------
-
-    def _handle(self, peer: Peer, line: msg.WireDict) -> None:
-        if peer.node is None:
-            self._on_hello(peer, line)
-            return
-        message = msg.parse(line)
-        handler = self._handlers.get(message.TYPE)
-        left = peer.node in self.members.left
-        if handler is None or left and message.TYPE not in (msg.MessageType.HEARTBEAT, msg.MessageType.STACKS):
-            raise ProtocolError("%s is not the service's to hear now" % message.TYPE.value)
-        handler(peer, message)
-
-    def _on_hello(self, peer: Peer, line: msg.WireDict) -> None:
-        proved = self.admission.hello(peer, line)
-        if proved is not None and self.members.taken(proved[0]):
-            self.transport.send(peer, encode(msg.Reject("node %d is taken" % proved[0]).to_wire()))
-            proved = None
-        if proved is None:
-            self.transport.flush(peer)
-            self.transport.drop(peer)
-            return
-        node, client_nonce, peer.host = proved
-        self.admission.forget(peer)
-        self.members.join(node, peer)
-        peer.reader.max_line = MAX_LINE
-        self.admission.welcome(peer, node, client_nonce, self.cause)
-        _log.debug("node %d joined from %s (%d of %d)", node, peer.host, len(self.members.by_node),
-                   self.config.num_nodes)
-        self.transport.flush(peer)
-        self.transport.resume(time.monotonic())
-
-    def _on_heartbeat(self, peer: Peer, message: msg.GangMessage) -> None:
-        assert isinstance(message, msg.Heartbeat)
-        peer.last_output = None if message.quiet is None else time.monotonic() - message.quiet
-
-    def _on_stacks(self, peer: Peer, message: msg.GangMessage) -> None:
-        assert isinstance(message, msg.Stacks) and peer.node is not None
-        self.book.keep_stacks(peer.node, message)
-
-    def _on_call(self, peer: Peer, message: msg.GangMessage) -> None:
-        assert isinstance(message, msg.Call) and peer.node is not None
-        state, cause = self.book.enter(peer.node, message, self.members.left)
-        _log.debug("node %d entered call %d", peer.node, message.index)
-        if self.cause is not None:
-            return
-        if cause is not None:
-            self._abort(cause)
-            return
-        for node in self.book.to_launch(state, lambda: find_free_port(self.host)):
-            self._send(node, msg.Go(state.index, state.rdzv_port or 0))
-            _log.debug("call %d: go to node %d (rendezvous port %s)", state.index, node, state.rdzv_port)
-
-    def _on_call_done(self, peer: Peer, message: msg.GangMessage) -> None:
-        assert isinstance(message, msg.CallDone) and peer.node is not None
-        node = peer.node
-        state = self.book.finish(node, message, lambda done: self.admission.check_payload(node, done))
-        _log.debug("call %d: node %d done (%d of %d)", state.index, node, len(state.done), self.config.num_nodes)
-        if len(state.done) == self.config.num_nodes:
-            self._send(CONTROL_NODE, msg.CallAllDone(state.index))
-
-    def _on_failed(self, peer: Peer, message: msg.GangMessage) -> None:
-        assert isinstance(message, msg.Failed) and peer.node is not None
-        if message.call is not None and message.call in self.book.calls:
-            self.book.keep_report(self.book.calls[message.call], peer.node, message.report)
-        if self.cause is not None:
-            return
-        cause = message.cause.with_node(peer.node)
-        _log.debug("failure seen from node %d%s: %s: %s", peer.node, " (an echo?)" if cause.secondary else "",
-                   cause.kind.value, cause.summary)
-        if not cause.secondary:
-            self._abort(cause)
-        elif self._pending is None:
-            self._pending = (cause, time.monotonic() + self.config.secondary_grace)
-
-    def _on_preflight(self, peer: Peer, message: msg.GangMessage) -> None:
-        """Kept per node; the last one decides, before its node can send the
-        ``call`` that would launch it: a refusal stops the gang before the
-        rendezvous can complete, so before any rank starts."""
-        assert isinstance(message, msg.Preflight) and peer.node is not None
-        try:
-            complete = self.preflight.keep(peer.node, message)
-        except ValueError as e:
-            raise ProtocolError(str(e)) from None
-        if not complete or self.cause is not None:
-            return
-        cause = self.preflight.verdict()
-        if cause is not None:
-            self._abort(cause)
-            return
-        for line in self.preflight.warnings():
-            self.progress("preflight: " + line)
-
-    def _on_leave(self, peer: Peer, message: msg.GangMessage) -> None:
-        assert isinstance(message, msg.Leave) and peer.node is not None
-        node = peer.node
-        entered = self.book.node_calls.get(node, 0)
-        made = message.calls if message.calls == entered else entered
-        self.members.left[node] = (made, message.ok)
-        _log.debug("node %d left after %d calls (%s)", node, made, "ok" if message.ok else "failed")
-        if self.cause is None:
-            if not message.ok:
-                self._abort(Cause(CauseKind.STEP_FAILED, "node %d ended its step with an error" % node,
-                                  node_index=node))
-            else:
-                cause = self.book.check_left(node, made, self.members.left)
-                if cause is not None:
-                    self._abort(cause)
-        if self.members.all_left:
-            self._send(CONTROL_NODE, msg.AllLeft())
 
     # -- timeouts and progress -----------------------------------------------------------
 

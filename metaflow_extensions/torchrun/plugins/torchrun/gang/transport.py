@@ -14,12 +14,11 @@ import socket
 import time
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
-from .admission import EVICT_AGE, MAX_PENDING, Admission
+from .admission import MAX_PENDING, Admission
 from .peer import Peer
 from .wire import close_quietly
+from .. import timeouts
 
-# After accept() fails (EMFILE), wait this long before accepting again.
-ACCEPT_BACKOFF = 0.5
 
 Event = Tuple[Optional[Peer], int]  # (None, 0): woken to close
 
@@ -121,8 +120,8 @@ class Transport:
     def _accept(self) -> None:
         if self.admission.full:
             oldest = self.admission.oldest()
-            if oldest is not None and time.monotonic() - oldest.connected < EVICT_AGE:
-                self._pause(oldest.connected + EVICT_AGE)
+            if oldest is not None and time.monotonic() - oldest.connected < timeouts.EVICT_AGE:
+                self._pause(oldest.connected + timeouts.EVICT_AGE)
                 return
             if oldest is not None:
                 self.drop(oldest)
@@ -133,7 +132,7 @@ class Transport:
         except OSError:
             # Out of file descriptors (EMFILE) leaves the connection queued and
             # the listener readable: pause instead of spinning on it.
-            self._pause(time.monotonic() + ACCEPT_BACKOFF)
+            self._pause(time.monotonic() + timeouts.ACCEPT_BACKOFF)
             return
         peer = self.admission.admit(sock)
         self.peers[sock] = peer

@@ -9,19 +9,18 @@ import sys
 import threading
 import time
 from typing import IO, Callable, Iterable, Optional, Set, Tuple
+from .. import timeouts
 
 PREFIX = "@torchrun: "
-
 # Our lines and the ranks' share the task's streams. A line of ours goes out
 # whole, between the ranks' writes, never inside one (a rank printing a tensor
 # over 200 lines): the ranks' output is written under this lock (the
 # supervisor's pumps, ``rank_output``), and ``say`` waits for a pause in it of
-# ``QUIET`` seconds (at most ``QUIET_WAIT``). It writes to the stream the ranks
-# wrote to last: Metaflow's runtime reads a task's stdout and stderr a line at
-# a time each, in turn, so a line on the other stream would land inside their
-# lines on the console.
-QUIET = 0.05
-QUIET_WAIT = 1.0
+# ``timeouts.QUIET`` seconds (at most ``QUIET_WAIT``). It writes to the stream
+# the ranks wrote to last: Metaflow's runtime reads a task's stdout and stderr a
+# line at a time each, in turn, so a line on the other stream would land inside
+# their lines on the console.
+
 _lock = threading.Lock()
 
 
@@ -49,17 +48,17 @@ def say(text: str, frame: Optional[str] = None, stream: Optional[IO[str]] = None
     out = line(text)
     if frame:
         out = "\n%s\n%s\n%s" % (frame, out, frame)
-    deadline = time.monotonic() + QUIET_WAIT
+    deadline = time.monotonic() + timeouts.QUIET_WAIT
     while True:
         with _lock:
             since = time.monotonic() - _Ranks.at
-            if since >= QUIET or time.monotonic() >= deadline:
+            if since >= timeouts.QUIET or time.monotonic() >= deadline:
                 try:
                     print(out, file=stream or _Ranks.stream or sys.stderr, flush=True)
                 except (OSError, ValueError):  # a closed stream must not fail the step
                     pass
                 return
-        time.sleep(max(0.005, QUIET - since))
+        time.sleep(max(0.005, timeouts.QUIET - since))
 
 
 # Lines already said, by (key, text): a deprecation note is said once per step

@@ -26,14 +26,12 @@ from typing import IO, Dict, Iterable, List, Mapping, Optional, Tuple
 
 from .names import STACKS_SUFFIX, rank_file
 from .ranges import numbers
+from .. import timeouts
 
 # Real-time, like the gang's interrupt: SIGUSR1/2 belong to user code (SLURM-style
 # checkpoint triggers), and a real-time signal nobody handles would kill a rank,
 # which is why the bootstrap registers it before the user's code runs.
 STACK_SIGNAL = signal.SIGRTMIN + 3
-# How long a node waits for its ranks' dumps: a dump takes milliseconds; a rank
-# that is stopped (SIGSTOP) or in uninterruptible sleep writes nothing.
-COLLECT_SECONDS = 1.0
 # A rank's dump is cut to this many bytes (faulthandler prints at most 100
 # frames per thread, but a rank may have hundreds of threads).
 MAX_STACK_BYTES = 16 * 1024
@@ -70,7 +68,7 @@ def register(directory: Optional[str], rank: int) -> Optional[IO[str]]:
 # -- on the node (before it stops its ranks) ----------------------------------------
 
 
-def collect(directory: str, pids: Mapping[int, int], seconds: float = COLLECT_SECONDS) -> Dict[int, str]:
+def collect(directory: str, pids: Mapping[int, int], seconds: float = timeouts.COLLECT_SECONDS) -> Dict[int, str]:
     """Signal each live rank (rank -> pid) and read back what it wrote. A rank
     that does not answer within ``seconds`` is left out."""
     sizes: Dict[int, int] = {}

@@ -8,7 +8,6 @@ port) -> ``prepare`` (work directory, environment, argv) -> ``supervise``
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import pickle
 import socket
@@ -19,16 +18,14 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from ..procs import bootstrap, entry, functions, stacks
 from ..cause import Cause, CauseKind
-from ..gang import MAX_RANKS_PER_NODE, STREAMS, TAIL_LINE_CHARS, TAIL_LINES, NodeReport
+from ..gang import NodeReport
 from ..errors import (FULL_REPORT, GangAborted, TorchrunException, TorchrunFailed, TorchrunInvalidArgument,
-                      failure_summary, rank_raised)
+                      rank_raised)
 from ..procs import (
     RankFailure,
-    describe_exit_code,
     merge_failures,
     read_agent_failures,
     read_failures,
-    with_last_output,
 )
 from ..host import route_to
 from ..launch import argparse_hint
@@ -36,28 +33,20 @@ from ..launch import CallPlan
 from ..launch import NodeFacts, prepare_launch
 from .result import GangView, TorchrunResult, read_rank_records
 from .session import GangSession
-from . import what_ran
+from . import node_report, what_ran
+from .call_stacks import CallStacks
 from ..host import say
 from .stop import GangStop, interrupted, notice_path
 from .supervisor import StopReason, Supervisor
 from ..host import CallFiles
-from ..procs import ARGS_FILE, rank_log_path
+from ..procs import ARGS_FILE
 from ..host import step_log_dir
-from ..host import tail_lines as _tail_lines
 
-# What stacks may add to the control's stop, its own collecting included: a
-# frozen node never sends any, so this bounds the wait for the others'.
-STACKS_WAIT = 2.0
-# How long the control waits, once its own job has ended, for the reports of
-# nodes the gang stopped (each sends its ranks once its own stop is over): for
-# the card and the record, never for the stop itself.
-REPORTS_WAIT = 2.0
 # Causes a node finds on its own (the control is gone or silent): the service
 # may not know them, so they are never sent to it as a report's cause.
 _CLIENT_SIDE = (CauseKind.CONTROL_LOST, CauseKind.CONTROL_UNRESPONSIVE, CauseKind.CONTROL_UNREACHABLE)
 
 
-# size: one call's phases (enter, prepare, supervise, finish, record) over one shared state; the lead reworks it for scale (issue 24)
 @dataclass
 class CallRun:
     session: GangSession
@@ -74,11 +63,8 @@ class CallRun:
     started: float = field(default_factory=time.time)
     supervisor: Optional[Supervisor] = None
     files: Optional[CallFiles] = None  # work and log directories (workdirs.py)
-    # Where the ranks were when the job was stopped (stacks.py): this node's,
-    # and on the control every node's that arrived in time. Rank -> text.
-    stacks: Dict[int, str] = field(default_factory=dict)
-    stack_seconds: float = 0.0  # what collecting (and gathering) them took
-    _stacks_shared: bool = False
+    # Where the ranks were when the job was stopped (call_stacks.py).
+    where: CallStacks = field(default_factory=CallStacks)
 
     @property
     def node_index(self) -> int:
@@ -156,16 +142,16 @@ class CallRun:
 
         try:
             with Supervisor(self.argv, env=env, shutdown_grace=self.session.defaults.shutdown_grace,
-                            before_stop=self._collect_stacks, on_told=gang_stop.told) as sup:
+                            before_stop=lambda: self.where.collect(self.session, self.index, self.supervisor, self.workdir), on_told=gang_stop.told) as sup:
                 self.supervisor = sup
                 client.quiet = lambda: None if sup.last_output is None else time.monotonic() - sup.last_output
                 self.exit_code = sup.wait(should_stop=should_stop)
         except BaseException:
             # Told to stop (SIGTERM, Ctrl-C, @timeout): the error is not ours
             # to word, so where the ranks were goes to the log.
-            self._share_stacks()
-            if self.stacks:
-                say(stacks.summarize(self.stacks, full=FULL_REPORT))
+            self.where.share(self.session, self.index, self.rdzv_port is not None)
+            if self.where.stacks:
+                say(stacks.summarize(self.where.stacks, full=FULL_REPORT))
             raise
         finally:
             client.quiet = None
@@ -198,10 +184,10 @@ class CallRun:
     def finish_failed(self) -> None:
         client = self.session.client
         assert client is not None
-        self._share_stacks()
+        self.where.share(self.session, self.index, self.rdzv_port is not None)
         reported = False
         if self.exit_code != 0:
-            self.failures = [self._with_last_output(self._named(f)) for f in merge_failures(
+            self.failures = [node_report.completed(node_report.named(f), self.log_dir) for f in merge_failures(
                 read_failures(self.workdir),
                 read_agent_failures(self.workdir, self.node_index),
             )]
@@ -216,20 +202,20 @@ class CallRun:
             # keeps the report, so the control's card and record show this
             # node's ranks (their exits, durations, last lines) too.
             client.report_failure(client.cause, call=self.index, report=self._report(self.failures))
-        self._gather_stacks()
+        self.where.gather(self.session, self.index)
         self.session.announce(cause)
         # On a local run every node writes to the control's log: the control's
         # error alone says where the ranks were and where the logs are.
         speaks = self.session.is_control or not self.session.topology.is_local
         logs = self._logs_line() if speaks else ""
-        where = self.stacks if speaks else {}
-        elsewhere = self._failed_elsewhere() if speaks else []
+        where = self.where.stacks if speaks else {}
+        elsewhere = node_report.failed_elsewhere(self.session.server, self.index, self.node_index) if speaks else []
         if cause.kind is CauseKind.RANK_FAILED and cause.node_index == self.node_index:
             self.session.reported = True
             error: TorchrunException = TorchrunFailed(
                 self.exit_code if self.exit_code is not None else -1, self.node_index, self.failures, self.argv,
                 stacks=where, logs=logs, host=socket.gethostname(), elsewhere=elsewhere)
-            original = self._original_exception(error)
+            original = node_report.original_exception(self.plan, self.workdir, error)
             if original is not None:
                 raise rank_raised(original, error) from None
             raise error
@@ -237,15 +223,6 @@ class CallRun:
             raise interrupted(cause)  # told to stop, not failed: the gang saved (stop.py)
         raise GangAborted(self.node_index, cause, self.exit_code, same_log=self.session.topology.is_local,
                           stacks=where, logs=logs, elsewhere=elsewhere)
-
-    def _failed_elsewhere(self) -> List[int]:
-        """The control: ranks of the other nodes that ended unsuccessfully, from
-        the reports they sent (``_gather_stacks`` waited for them)."""
-        server = self.session.server
-        if server is None:
-            return []
-        return sorted(status.rank for node, report in server.call_view(self.index).reports.items()
-                      if node != self.node_index for status in report.ranks if status.exit_code not in (0, None))
 
     def _logs_line(self) -> str:
         """Where every rank's whole output is: on a local run one directory
@@ -299,62 +276,12 @@ class CallRun:
             gang=gang_view,
             returns=self.returns,
             call=self.index,
-            stacks=dict(self.stacks),
-            stack_seconds=round(self.stack_seconds, 3),
+            stacks=dict(self.where.stacks),
+            stack_seconds=round(self.where.seconds, 3),
             ran=what_ran.record(self.plan, self.argv, self.log_dir, topology.node_index),
         )
         self.session.results.append(result)
         return result
-
-    # -- stacks ------------------------------------------------------------------
-
-    def _collect_stacks(self) -> None:
-        """Before the supervisor stops the ranks: each live rank's stacks."""
-        if self.supervisor is None or not self.workdir:
-            return
-        began = time.monotonic()
-        live = self.supervisor.live_pids()
-        pids = {r.rank: r.pid for r in read_rank_records(self.workdir, [])
-                if r.end is None and isinstance(r.pid, int) and r.pid in live}
-        self.stacks = stacks.collect(self.workdir, pids)
-        self.stack_seconds += time.monotonic() - began
-        # At once, not after the stop: the control waits for them only so long.
-        self._share_stacks()
-
-    def _share_stacks(self) -> None:
-        """Once per failed call, even empty: the control waits for every node's."""
-        client = self.session.client
-        if self._stacks_shared or client is None or self.rdzv_port is None:
-            return
-        self._stacks_shared = True
-        client.send_stacks(self.index, self.stacks)
-
-    def _gather_stacks(self) -> None:
-        """The control: every node's stacks, as long as ``STACKS_WAIT`` allows,
-        and every node's report (its ranks once stopped), ``REPORTS_WAIT``."""
-        server = self.session.server
-        if server is None:
-            return
-        began = time.monotonic()
-        budget = max(0.0, STACKS_WAIT - self.stack_seconds)  # collecting our own counts too
-        cause = self.session.cause
-        # A node the gang lost or found frozen sends nothing: not waited for.
-        silent = {cause.node_index, *cause.missing} if cause is not None and cause.kind in (
-            CauseKind.NODE_LOST, CauseKind.UNRESPONSIVE) else set()
-        while True:
-            waited = time.monotonic() - began
-            pending = set(server.stacks_pending(self.index)) if waited < budget else set()
-            if waited < REPORTS_WAIT:
-                pending |= set(server.reports_pending(self.index))
-            if not pending - silent:
-                break
-            time.sleep(0.02)
-        gathered: Dict[int, str] = {}
-        for node_stacks in server.call_view(self.index).stacks.values():
-            gathered.update(node_stacks)
-        gathered.update(self.stacks)  # this node's own, uncut
-        self.stacks = gathered
-        self.stack_seconds += time.monotonic() - began
 
     # -- helpers -----------------------------------------------------------------
 
@@ -364,67 +291,11 @@ class CallRun:
         return self.session.aborted(cause)
 
     def _own_cause(self) -> Cause:
-        code = self.exit_code if self.exit_code is not None else -1
-        if self.failures:
-            first = self.failures[0]
-            return Cause(
-                CauseKind.RANK_FAILED,
-                failure_summary(first),
-                node_index=self.node_index,
-                rank=first.rank,
-                local_rank=first.local_rank,
-                exit_code=code,
-                exc_type=first.exc_type,
-                message=first.message,
-                traceback=first.traceback[-16000:] or None,
-                secondary=first.secondary,
-                call=self.index,
-            )
-        return Cause(
-            CauseKind.RANK_FAILED,
-            "node %d: torchrun ended with %s" % (self.node_index, describe_exit_code(code)),
-            node_index=self.node_index,
-            exit_code=code,
-            call=self.index,
-        )
-
-    @staticmethod
-    def _named(failure: RankFailure) -> RankFailure:
-        """One name per node: torchrun's report names the host as the agent
-        saw it (``localhost``), a rank's own record by its host name."""
-        host = socket.gethostname()
-        return failure if failure.host == host else dataclasses.replace(failure, host=host)
-
-    def _with_last_output(self, failure: RankFailure) -> RankFailure:
-        if failure.traceback or not self.log_dir:
-            return failure
-        lines = tail_lines(rank_log_path(self.log_dir, failure.rank, "stderr"), count=200)
-        return with_last_output(failure, lines)
+        return node_report.own_cause(self.node_index, self.index, self.exit_code, self.failures)
 
     def _report(self, failures: Optional[List[RankFailure]] = None) -> NodeReport:
-        """What this node tells the control when it finishes: its ranks and the
-        last lines of their output (for the control's card)."""
-        ranks = read_rank_records(self.workdir, failures or [])
-        tails = {}
-        if self.log_dir:
-            for rec in ranks:
-                tails[rec.rank] = {
-                    s: tuple(bounded_line(line) for line in tail_lines(rank_log_path(self.log_dir, rec.rank, s)))
-                    for s in STREAMS
-                }
-        return NodeReport(
-            ranks=tuple(r.for_wire() for r in ranks[:MAX_RANKS_PER_NODE]),
-            tails=tails,
-            started=self.supervisor.started_at if self.supervisor else None,
-            ended=time.time(),
-        )
-
-    def _original_exception(self, error: TorchrunFailed) -> Optional[BaseException]:
-        """For a function entrypoint, the failing rank's own exception object."""
-        if self.plan.function is None or error.root_cause is None:
-            return None
-        exc = functions.read_exception(self.workdir, error.root_cause.rank)
-        return functions.with_rank(exc, error.root_cause.rank) if exc is not None else None
+        return node_report.report(self.workdir, self.log_dir, failures or [],
+                                  self.supervisor.started_at if self.supervisor else None)
 
 
 def run_call(session: GangSession, plan: CallPlan) -> TorchrunResult:
@@ -454,21 +325,6 @@ def add_argparse_hint(error: TorchrunException, keys: Tuple[str, ...]) -> None:
     hint = argparse_hint(text, keys)
     if hint:
         error.message = "%s\n\n%s" % (error.message, hint)
-
-
-def tail_lines(path: str, count: int = TAIL_LINES, max_bytes: int = 64 * 1024) -> List[str]:
-    """The last lines of a per-rank log: never through a symlink (host/private.py)."""
-    return _tail_lines(path, count, max_bytes)
-
-
-def bounded_line(line: str, limit: int = TAIL_LINE_CHARS) -> str:
-    """A line of a rank's output as the gang carries it: at most ``limit``
-    characters, saying how many it had when cut (the control would cut it
-    silently). The whole line stays in the rank's log file."""
-    if len(line) <= limit:
-        return line
-    note = "… [%d characters in all]" % len(line)
-    return line[: max(0, limit - len(note))] + note
 
 
 def _read_bytes(path: str) -> bytes:

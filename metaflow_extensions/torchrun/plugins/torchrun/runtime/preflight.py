@@ -31,10 +31,8 @@ from ..procs import collective_check
 from .call import CallRun
 from .result import TorchrunResult
 from .session import GangSession, say
+from .. import timeouts
 
-# Nodes whose ranks wait inside a collective at the deadline report this much
-# later than the node stuck outside one, so that the root cause arrives first.
-ECHO_DELAY = 2.0
 
 
 def source(session: GangSession) -> Callable[[], msg.Preflight]:
@@ -113,7 +111,7 @@ class PreflightRun(CallRun):
                 return None
         elif now >= self.started_at + limit:
             self.stuck = _outside(phases)
-            if not self.stuck and now < self.started_at + 2 * limit + ECHO_DELAY:
+            if not self.stuck and now < self.started_at + 2 * limit + timeouts.ECHO_DELAY:
                 return None
         else:
             return None

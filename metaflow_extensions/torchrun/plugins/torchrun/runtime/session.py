@@ -46,20 +46,13 @@ from ..procs import PROGRESS_ENV
 from ..host import say
 from ..host import where_logs_are
 from ..host import log
+from .. import timeouts
 
 _log = log.get("runtime.session")
 
 # Raised in the main thread to stop the step's code when the gang aborts. A
 # real-time signal: user code (SLURM-style checkpoint triggers) uses SIGUSR1/2.
 INTERRUPT_SIGNAL = signal.SIGRTMIN + 2
-# Seconds the step's code has to stop once interrupted before the task ends:
-# code stuck in a C call never returns to the interpreter to see the signal.
-INTERRUPT_GRACE = 10.0
-# How long a node waits for its join at the start of its step before its code
-# goes on (the join itself goes on in the background).
-JOIN_WAIT = 2.0
-# How long a failed gang's service waits for nodes that have not heard yet.
-LINGER = 15.0
 
 
 @dataclass
@@ -157,7 +150,7 @@ class GangSession:
         # Joining takes a round trip when the control is up: wait that long, so
         # that a node that dies at once is known to the gang (and so lost, not
         # missing), but not for a control that is still starting.
-        self.client.joined.wait(JOIN_WAIT)
+        self.client.joined.wait(timeouts.JOIN_WAIT)
         self.phase = Phase.IN_STEP
 
     # -- the step's own code -----------------------------------------------------
@@ -220,14 +213,14 @@ class GangSession:
             raise self.aborted(cause)
 
     def _backstop(self, cause: Cause) -> None:
-        deadline = time.monotonic() + INTERRUPT_GRACE
+        deadline = time.monotonic() + timeouts.INTERRUPT_GRACE
         while time.monotonic() < deadline:
             if not self._in_user_code or self.phase is Phase.LEFT:
                 return
             time.sleep(0.1)
         if self._in_user_code and self.phase is not Phase.LEFT:
             say("the gang stopped (%s) but this node's step did not stop within %gs of being "
-                "interrupted (stuck outside Python?): ending the task." % (cause.summary, INTERRUPT_GRACE))
+                "interrupted (stuck outside Python?): ending the task." % (cause.summary, timeouts.INTERRUPT_GRACE))
             os._exit(1)
 
     # -- the step's end ----------------------------------------------------------
@@ -339,7 +332,7 @@ def linger(server: GangServer, start_timeout: float) -> None:
     they have given up as well."""
     if server.cause is not None and server.cause.kind is CauseKind.NEVER_JOINED:
         return
-    deadline = time.monotonic() + min(LINGER, start_timeout)
+    deadline = time.monotonic() + min(timeouts.LINGER, start_timeout)
     while not server.everyone_heard() and time.monotonic() < deadline:
         time.sleep(0.05)
 

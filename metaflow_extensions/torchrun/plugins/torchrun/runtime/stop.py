@@ -25,17 +25,9 @@ from typing import Callable, Optional
 
 from ..cause import Cause, CauseKind
 from ..errors import TorchrunInterrupted
-from .supervisor import AGENT_MARGIN, GracefulStop, StopReason
+from .supervisor import GracefulStop, StopReason
+from .. import timeouts
 
-# How long the told node waits for the gang's verdict before it stops its own
-# ranks anyway (a round trip to the control takes milliseconds).
-VERDICT_WAIT = 1.0
-# How often the spot notice file is looked at while a call runs (Metaflow's
-# monitor polls the instance metadata every 5 s).
-NOTICE_POLL = 0.5
-# Kept back from the time left before a spot termination: the agent's own
-# SIGKILL and exit (AGENT_MARGIN) and the node's report, before the instance goes.
-SPOT_MARGIN = AGENT_MARGIN + 3.0
 # What the platforms' SIGTERM stands for, in the one line a user reads.
 _WHY = {
     "SIGTERM": "SIGTERM: a stopped job, a cancelled run, a deleted pod",
@@ -83,7 +75,7 @@ def grace_for(shutdown_grace: float, notice: Optional[str], now: Optional[float]
     left = seconds_left(notice, now)
     if left is None:
         return shutdown_grace
-    return max(0.0, min(shutdown_grace, left - SPOT_MARGIN))
+    return max(0.0, min(shutdown_grace, left - timeouts.SPOT_MARGIN))
 
 
 def preempted(node: int, what: str, grace: float, shutdown_grace: float, notice: Optional[str] = None,
@@ -149,7 +141,7 @@ class GangStop:
         self._told_at = time.monotonic()
         if self._verdict() is None:
             self._report(self.own)
-            self._wait_verdict(VERDICT_WAIT)
+            self._wait_verdict(timeouts.VERDICT_WAIT)
 
     def check(self) -> Optional[StopReason]:
         """Asked on every tick of the call's wait: how the job stops, if it does."""
@@ -157,7 +149,7 @@ class GangStop:
         if cause is None and self.own is None and self.notice is not None:
             now = time.monotonic()
             if now >= self._next_look:
-                self._next_look = now + NOTICE_POLL
+                self._next_look = now + timeouts.NOTICE_POLL
                 notice = read_notice(self.notice) if os.path.exists(self.notice) else None
                 if notice is not None:
                     self.told("spot", notice)
@@ -166,7 +158,7 @@ class GangStop:
             if cause.kind is CauseKind.PREEMPTED:
                 return GracefulStop(cause.summary, self.shutdown_grace if cause.grace is None else cause.grace)
             return cause.summary
-        if self.own is not None and time.monotonic() - self._told_at >= VERDICT_WAIT:
+        if self.own is not None and time.monotonic() - self._told_at >= timeouts.VERDICT_WAIT:
             assert self.own.grace is not None
             return GracefulStop(self.own.summary, self.own.grace)  # no verdict: the control is gone
         return None

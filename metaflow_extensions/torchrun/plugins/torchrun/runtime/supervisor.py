@@ -21,6 +21,7 @@ from ..host import log, proctree
 from ..procs import relay
 from ..host import rank_output
 from ..errors import TorchrunInterrupted
+from .. import timeouts
 
 _log = log.get("runtime.supervisor")
 
@@ -38,12 +39,6 @@ class GracefulStop(NamedTuple):
 
 StopReason = Union[str, GracefulStop]
 
-# How often the agent's process tree is scanned (see Supervisor._track_now).
-TRACK_EVERY_POLL_FOR = 3.0
-TRACK_INTERVAL = 1.0
-# Beyond a graceful shutdown's grace: the agent's own time to SIGKILL the ranks
-# that did not stop and to exit.
-AGENT_MARGIN = 2.0
 # Exceptions that mean this task was told to stop while it waited (raised by a
 # signal's handler: Ctrl-C's, Metaflow's @timeout's SIGALRM): a gang-wide stop.
 TOLD_BY = ("KeyboardInterrupt", "TimeoutException", "SystemExit")
@@ -106,7 +101,7 @@ class Supervisor:
         argv: List[str],
         env: Optional[Mapping[str, str]] = None,
         cwd: Optional[str] = None,
-        grace_seconds: float = 3.0,
+        grace_seconds: float = timeouts.PEER_STOP_GRACE,
         stdout_sink: Optional[ChunkSink] = None,
         stderr_sink: Optional[ChunkSink] = None,
         shutdown_grace: Optional[float] = None,
@@ -203,9 +198,9 @@ class Supervisor:
         with their agent (the bootstrap's PDEATHSIG) and every stop scans again
         first, so the record is only a safety net for what outlives the agent."""
         now = time.monotonic()
-        if self.started_mono is None or now - self.started_mono < TRACK_EVERY_POLL_FOR:
+        if self.started_mono is None or now - self.started_mono < timeouts.TRACK_EVERY_POLL_FOR:
             return True
-        return now - self._tracked_at >= TRACK_INTERVAL
+        return now - self._tracked_at >= timeouts.TRACK_INTERVAL
 
     def poll(self) -> Optional[int]:
         assert self.proc is not None
@@ -287,8 +282,8 @@ class Supervisor:
             # torchrun's agent passes SIGTERM on to its ranks (their own process
             # groups) and gives them its shutdown timeout before SIGKILL; the
             # extra seconds here are the agent's, to see that through.
-            wait = grace + AGENT_MARGIN if grace is not None else (
-                self.shutdown_grace + AGENT_MARGIN if self.signalled is not None else self.grace_seconds)
+            wait = grace + timeouts.AGENT_MARGIN if grace is not None else (
+                self.shutdown_grace + timeouts.AGENT_MARGIN if self.signalled is not None else self.grace_seconds)
             try:
                 os.killpg(self.proc.pid, signal.SIGTERM)
             except OSError:
@@ -307,7 +302,7 @@ class Supervisor:
     def _ran(self) -> float:
         return time.monotonic() - self.started_mono if self.started_mono is not None else 0.0
 
-    def kill_all(self, drain_seconds: float = 3.0) -> None:
+    def kill_all(self, drain_seconds: float = timeouts.DRAIN_SECONDS) -> None:
         """SIGKILL the agent; let the ranks' output relays drain what the ranks
         wrote last (they end when the ranks are gone); SIGKILL every descendant
         ever seen that is still there; reap; finish the pumps."""

@@ -1,0 +1,154 @@
+"""What the gang service does with each message of a member, one handler per
+message type (``GangServer._handlers`` dispatches on it). A mixin of
+``GangServer``: the handlers share the service's state, under its one thread,
+and are kept apart from the loop, the checks and the sending (``server.py``)."""
+
+from __future__ import annotations
+
+import time
+from typing import Callable, Dict, Optional, Tuple
+
+from ..cause import Cause, CauseKind
+from ..host import log
+from . import messages as msg
+from .admission import Admission
+from .calls import CallBook
+from .config import CONTROL_NODE, GangConfig
+from .membership import Membership
+from .node_compare import PreflightBook
+from .peer import Peer
+from .ports import find_free_port
+from .transport import Transport
+from .wire import MAX_LINE, ProtocolError, encode
+
+_log = log.get("gang.server")
+
+
+class MessageHandlers:
+    # The service's state the handlers read and change (GangServer.__init__ sets it).
+    config: GangConfig
+    host: str
+    admission: Admission
+    members: Membership
+    book: CallBook
+    preflight: PreflightBook
+    transport: Transport
+    cause: Optional[Cause]
+    progress: Callable[[str], None]
+    _pending: Optional[Tuple[Cause, float]]
+    _handlers: Dict[msg.MessageType, Callable[[Peer, msg.GangMessage], None]]
+
+    def _abort(self, cause: Cause) -> None:
+        raise NotImplementedError
+
+    def _send(self, node: int, message: msg.GangMessage) -> None:
+        raise NotImplementedError
+
+    def _handle(self, peer: Peer, line: msg.WireDict) -> None:
+        if peer.node is None:
+            self._on_hello(peer, line)
+            return
+        message = msg.parse(line)
+        handler = self._handlers.get(message.TYPE)
+        left = peer.node in self.members.left
+        if handler is None or left and message.TYPE not in (msg.MessageType.HEARTBEAT, msg.MessageType.STACKS):
+            raise ProtocolError("%s is not the service's to hear now" % message.TYPE.value)
+        handler(peer, message)
+
+    def _on_hello(self, peer: Peer, line: msg.WireDict) -> None:
+        proved = self.admission.hello(peer, line)
+        if proved is not None and self.members.taken(proved[0]):
+            self.transport.send(peer, encode(msg.Reject("node %d is taken" % proved[0]).to_wire()))
+            proved = None
+        if proved is None:
+            self.transport.flush(peer)
+            self.transport.drop(peer)
+            return
+        node, client_nonce, peer.host = proved
+        self.admission.forget(peer)
+        self.members.join(node, peer)
+        peer.reader.max_line = MAX_LINE
+        self.admission.welcome(peer, node, client_nonce, self.cause)
+        _log.debug("node %d joined from %s (%d of %d)", node, peer.host, len(self.members.by_node),
+                   self.config.num_nodes)
+        self.transport.flush(peer)
+        self.transport.resume(time.monotonic())
+
+    def _on_heartbeat(self, peer: Peer, message: msg.GangMessage) -> None:
+        assert isinstance(message, msg.Heartbeat)
+        peer.last_output = None if message.quiet is None else time.monotonic() - message.quiet
+
+    def _on_stacks(self, peer: Peer, message: msg.GangMessage) -> None:
+        assert isinstance(message, msg.Stacks) and peer.node is not None
+        self.book.keep_stacks(peer.node, message)
+
+    def _on_call(self, peer: Peer, message: msg.GangMessage) -> None:
+        assert isinstance(message, msg.Call) and peer.node is not None
+        state, cause = self.book.enter(peer.node, message, self.members.left)
+        _log.debug("node %d entered call %d", peer.node, message.index)
+        if self.cause is not None:
+            return
+        if cause is not None:
+            self._abort(cause)
+            return
+        for node in self.book.to_launch(state, lambda: find_free_port(self.host)):
+            self._send(node, msg.Go(state.index, state.rdzv_port or 0))
+            _log.debug("call %d: go to node %d (rendezvous port %s)", state.index, node, state.rdzv_port)
+
+    def _on_call_done(self, peer: Peer, message: msg.GangMessage) -> None:
+        assert isinstance(message, msg.CallDone) and peer.node is not None
+        node = peer.node
+        state = self.book.finish(node, message, lambda done: self.admission.check_payload(node, done))
+        _log.debug("call %d: node %d done (%d of %d)", state.index, node, len(state.done), self.config.num_nodes)
+        if len(state.done) == self.config.num_nodes:
+            self._send(CONTROL_NODE, msg.CallAllDone(state.index))
+
+    def _on_failed(self, peer: Peer, message: msg.GangMessage) -> None:
+        assert isinstance(message, msg.Failed) and peer.node is not None
+        if message.call is not None and message.call in self.book.calls:
+            self.book.keep_report(self.book.calls[message.call], peer.node, message.report)
+        if self.cause is not None:
+            return
+        cause = message.cause.with_node(peer.node)
+        _log.debug("failure seen from node %d%s: %s: %s", peer.node, " (an echo?)" if cause.secondary else "",
+                   cause.kind.value, cause.summary)
+        if not cause.secondary:
+            self._abort(cause)
+        elif self._pending is None:
+            self._pending = (cause, time.monotonic() + self.config.secondary_grace)
+
+    def _on_preflight(self, peer: Peer, message: msg.GangMessage) -> None:
+        """Kept per node; the last one decides, before its node can send the
+        ``call`` that would launch it: a refusal stops the gang before the
+        rendezvous can complete, so before any rank starts."""
+        assert isinstance(message, msg.Preflight) and peer.node is not None
+        try:
+            complete = self.preflight.keep(peer.node, message)
+        except ValueError as e:
+            raise ProtocolError(str(e)) from None
+        if not complete or self.cause is not None:
+            return
+        cause = self.preflight.verdict()
+        if cause is not None:
+            self._abort(cause)
+            return
+        for line in self.preflight.warnings():
+            self.progress("preflight: " + line)
+
+    def _on_leave(self, peer: Peer, message: msg.GangMessage) -> None:
+        assert isinstance(message, msg.Leave) and peer.node is not None
+        node = peer.node
+        entered = self.book.node_calls.get(node, 0)
+        made = message.calls if message.calls == entered else entered
+        self.members.left[node] = (made, message.ok)
+        _log.debug("node %d left after %d calls (%s)", node, made, "ok" if message.ok else "failed")
+        if self.cause is None:
+            if not message.ok:
+                self._abort(Cause(CauseKind.STEP_FAILED, "node %d ended its step with an error" % node,
+                                  node_index=node))
+            else:
+                cause = self.book.check_left(node, made, self.members.left)
+                if cause is not None:
+                    self._abort(cause)
+        if self.members.all_left:
+            self._send(CONTROL_NODE, msg.AllLeft())

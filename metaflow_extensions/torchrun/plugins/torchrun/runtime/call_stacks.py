@@ -1,0 +1,75 @@
+"""Where the ranks of one call were when its job was stopped.
+
+Each node collects its own live ranks' stacks just before its supervisor stops
+them, and sends them to the control at once (even none: the control waits for
+every node's). The control gathers every node's for as long as
+``timeouts.STACKS_WAIT`` allows, its own collecting included, and waits up to
+``timeouts.REPORTS_WAIT`` for the reports of the nodes the gang stopped. A node
+the gang lost or found frozen sends nothing and is not waited for.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Dict
+
+from .. import timeouts
+from ..cause import CauseKind
+from ..procs import stacks
+from .result import read_rank_records
+
+
+@dataclass
+class CallStacks:
+    stacks: Dict[int, str] = field(default_factory=dict)  # rank -> faulthandler's dump
+    seconds: float = 0.0  # what collecting (and gathering) them took
+    shared: bool = False
+
+    def collect(self, session: Any, index: int, supervisor: Any, workdir: str) -> None:
+        """Before the supervisor stops the ranks: each live rank's stacks."""
+        if supervisor is None or not workdir:
+            return
+        began = time.monotonic()
+        live = supervisor.live_pids()
+        pids = {r.rank: r.pid for r in read_rank_records(workdir, [])
+                if r.end is None and isinstance(r.pid, int) and r.pid in live}
+        self.stacks = stacks.collect(workdir, pids)
+        self.seconds += time.monotonic() - began
+        # At once, not after the stop: the control waits for them only so long.
+        self.share(session, index, entered=True)
+
+    def share(self, session: Any, index: int, entered: bool) -> None:
+        """Once per failed call, even empty: the control waits for every node's.
+        Not before the call was entered (no port yet): the gang has no such call."""
+        client = session.client
+        if self.shared or client is None or not entered:
+            return
+        self.shared = True
+        client.send_stacks(index, self.stacks)
+
+    def gather(self, session: Any, index: int) -> None:
+        """The control: every node's stacks and reports, as long as allowed."""
+        server = session.server
+        if server is None:
+            return
+        began = time.monotonic()
+        budget = max(0.0, timeouts.STACKS_WAIT - self.seconds)  # collecting our own counts too
+        cause = session.cause
+        silent = {cause.node_index, *cause.missing} if cause is not None and cause.kind in (
+            CauseKind.NODE_LOST, CauseKind.UNRESPONSIVE) else set()
+        while True:
+            waited = time.monotonic() - began
+            pending = set(server.stacks_pending(index)) if waited < budget else set()
+            if waited < timeouts.REPORTS_WAIT:
+                pending |= set(server.reports_pending(index))
+            if not pending - silent:
+                break
+            time.sleep(0.02)
+        gathered: Dict[int, str] = {}
+        for node_stacks in server.call_view(index).stacks.values():
+            gathered.update(node_stacks)
+        gathered.update(self.stacks)  # this node's own, uncut
+        self.stacks = gathered
+        self.seconds += time.monotonic() - began
+

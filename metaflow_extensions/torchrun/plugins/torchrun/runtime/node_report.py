@@ -1,0 +1,111 @@
+"""What one node says of its share of a failed or finished call: its own
+cause (the first of its ranks to fail, or torchrun's exit) and its report to
+the control (its ranks and the last lines of their output, for the card).
+Pure over what the ranks left in the work and log directories."""
+
+from __future__ import annotations
+
+import dataclasses
+import socket
+import time
+from typing import Any, List, Optional
+
+from ..cause import Cause, CauseKind
+from ..errors import failure_summary
+from ..gang import MAX_RANKS_PER_NODE, STREAMS, TAIL_LINE_CHARS, TAIL_LINES, NodeReport
+from ..host import tail_lines as _tail_lines
+from ..procs import RankFailure, functions, describe_exit_code, rank_log_path, with_last_output
+from .result import read_rank_records
+
+
+def own_cause(node_index: int, call: int, exit_code: Optional[int], failures: List[RankFailure]) -> Cause:
+    code = exit_code if exit_code is not None else -1
+    if failures:
+        first = failures[0]
+        return Cause(
+            CauseKind.RANK_FAILED,
+            failure_summary(first),
+            node_index=node_index,
+            rank=first.rank,
+            local_rank=first.local_rank,
+            exit_code=code,
+            exc_type=first.exc_type,
+            message=first.message,
+            traceback=first.traceback[-16000:] or None,
+            secondary=first.secondary,
+            call=call,
+        )
+    return Cause(
+        CauseKind.RANK_FAILED,
+        "node %d: torchrun ended with %s" % (node_index, describe_exit_code(code)),
+        node_index=node_index,
+        exit_code=code,
+        call=call,
+    )
+
+
+def named(failure: RankFailure) -> RankFailure:
+    """One name per node: torchrun's report names the host as the agent saw it
+    (``localhost``), a rank's own record by its host name."""
+    host = socket.gethostname()
+    return failure if failure.host == host else dataclasses.replace(failure, host=host)
+
+
+def completed(failure: RankFailure, log_dir: Optional[str]) -> RankFailure:
+    """A failure without a traceback of its own, with the last lines its rank wrote."""
+    if failure.traceback or not log_dir:
+        return failure
+    lines = tail_lines(rank_log_path(log_dir, failure.rank, "stderr"), count=200)
+    return with_last_output(failure, lines)
+
+
+def report(workdir: str, log_dir: Optional[str], failures: List[RankFailure],
+           started: Optional[float]) -> NodeReport:
+    """What this node tells the control when it finishes: its ranks and the
+    last lines of their output (for the control's card)."""
+    ranks = read_rank_records(workdir, failures)
+    tails = {}
+    if log_dir:
+        for rec in ranks:
+            tails[rec.rank] = {
+                s: tuple(bounded_line(line) for line in tail_lines(rank_log_path(log_dir, rec.rank, s)))
+                for s in STREAMS
+            }
+    return NodeReport(
+        ranks=tuple(r.for_wire() for r in ranks[:MAX_RANKS_PER_NODE]),
+        tails=tails,
+        started=started,
+        ended=time.time(),
+    )
+
+
+def tail_lines(path: str, count: int = TAIL_LINES, max_bytes: int = 64 * 1024) -> List[str]:
+    """The last lines of a per-rank log: never through a symlink (host/private.py)."""
+    return _tail_lines(path, count, max_bytes)
+
+
+def bounded_line(line: str, limit: int = TAIL_LINE_CHARS) -> str:
+    """A line of a rank's output as the gang carries it: at most ``limit``
+    characters, saying how many it had when cut (the control would cut it
+    silently). The whole line stays in the rank's log file."""
+    if len(line) <= limit:
+        return line
+    note = "… [%d characters in all]" % len(line)
+    return line[: max(0, limit - len(note))] + note
+
+
+def failed_elsewhere(server: Any, call: int, node_index: int) -> List[int]:
+    """The control: ranks of the other nodes that ended unsuccessfully, from the
+    reports they sent (``CallStacks.gather`` waited for them)."""
+    if server is None:
+        return []
+    return sorted(status.rank for node, report in server.call_view(call).reports.items()
+                  if node != node_index for status in report.ranks if status.exit_code not in (0, None))
+
+
+def original_exception(plan: Any, workdir: str, error: Any) -> Optional[BaseException]:
+    """For a function entrypoint, the failing rank's own exception object."""
+    if plan.function is None or error.root_cause is None:
+        return None
+    exc = functions.read_exception(workdir, error.root_cause.rank)
+    return functions.with_rank(exc, error.root_cause.rank) if exc is not None else None
