@@ -33,3 +33,14 @@ def test_every_module_has_a_row_in_the_design_map():
 def test_every_row_of_the_design_map_is_a_module():
     stale = sorted(table_rows() - package_modules())
     assert not stale, "docs/design.md's module table names modules that do not exist: %s" % ", ".join(stale)
+
+
+def test_the_timings_table_lists_every_fixed_time():
+    from metaflow_extensions.torchrun.plugins.torchrun import timeouts
+
+    with open(os.path.join(ROOT, "docs", "design.md"), encoding="utf-8") as f:
+        text = f.read()
+    table = text[text.index("## Timings"):text.index("## One home for every name")]
+    listed = set(re.findall(r"^\| `([A-Z_]+)` \|", table, re.M))
+    defined = {name for name in vars(timeouts) if name.isupper()}
+    assert listed == defined, (sorted(defined - listed), sorted(listed - defined))
