@@ -15,8 +15,9 @@ Usage (the runtime's ``api.run`` does this)::
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from ..lazy import names_from
 
 __all__ = [
     "find_torch",
@@ -107,9 +108,4 @@ if TYPE_CHECKING:
     from . import node_checks
 
 
-def __getattr__(name: str) -> Any:
-    if name in _HOME:
-        return getattr(importlib.import_module("." + _HOME[name], __name__), name)
-    if name in __all__:  # a module of the subpackage, shown as a namespace
-        return importlib.import_module("." + name, __name__)
-    raise AttributeError("module %r has no attribute %r" % (__name__, name))
+__getattr__ = names_from(__name__, _HOME, __all__)

@@ -1,0 +1,22 @@
+"""A subpackage's face loads each of its names on first use (PEP 562), so that
+importing the face costs nothing: the ranks import ``procs`` and ``host``
+through theirs, and must not pull in the task's side."""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any, Callable, Mapping, Sequence
+
+
+def names_from(package: str, home: Mapping[str, str], shown: Sequence[str]) -> Callable[[str], Any]:
+    """The face's ``__getattr__``: a name from the module ``home`` gives for it,
+    or one of the subpackage's modules shown as a namespace."""
+
+    def __getattr__(name: str) -> Any:
+        if name in home:
+            return getattr(importlib.import_module("." + home[name], package), name)
+        if name in shown:
+            return importlib.import_module("." + name, package)
+        raise AttributeError("module %r has no attribute %r" % (package, name))
+
+    return __getattr__
