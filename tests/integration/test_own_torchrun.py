@@ -3,6 +3,8 @@ command from 0.2's ``current.torch.torchrun_args`` (Outerbounds' TorchTune plugi
 does), and an HfArgumentParser bool that defaults to True given ``False``. One
 run of tests/flows/own_torchrun_flow.py, read by both tests."""
 
+import os
+
 import pytest
 
 from .helpers import Gang, describe, output
@@ -45,4 +47,8 @@ def test_false_for_a_bool_that_defaults_to_true_is_said_once_and_false_as_text_p
     said = [line for line in text.splitlines() if "False leaves --use_feature out" in line]
     assert len(said) == 1, text[-6000:]  # once per step, not once per node or call
     assert "write 'use_feature': 'false'" in said[0]
+    # docs/from-0.2.md quotes this line as the run says it.
+    with open(os.path.join(os.path.dirname(__file__), "..", "..", "docs", "from-0.2.md"), encoding="utf-8") as f:
+        quoted = [q for q in f.read().splitlines() if q.startswith("@torchrun: entrypoint_args: False leaves")]
+    assert quoted and quoted[0] in said[0], (quoted, said[0])
     assert {r["use_feature"] for r in gang.reports("hf-text-").values()} == {False}  # 'false' reaches the parser

@@ -66,8 +66,8 @@ def _ended(sandbox, run, since: float, timeout: float) -> Tuple[Dict[int, int], 
 
 
 def _root_cause(log: str) -> str:
-    """The control's banner: ``the gang failed. Root cause: ...``."""
-    found = re.findall(r"Root cause: (.*)", log)
+    """The control's error names the gang's root cause: ``node 0 stopped: ...``."""
+    found = re.findall(r"node 0 stopped: (.*)", log)
     assert found, log[-4000:]
     return found[0]
 

@@ -53,8 +53,10 @@ def say(text: str, frame: Optional[str] = None, stream: Optional[IO[str]] = None
         with _lock:
             since = time.monotonic() - _Ranks.at
             if since >= timeouts.QUIET or time.monotonic() >= deadline:
+                # The ranks' last stream, while it is still one of the task's own.
+                ranks = _Ranks.stream if _Ranks.stream in (sys.stdout, sys.stderr) else None
                 try:
-                    print(out, file=stream or _Ranks.stream or sys.stderr, flush=True)
+                    print(out, file=stream or ranks or sys.stderr, flush=True)
                 except (OSError, ValueError):  # a closed stream must not fail the step
                     pass
                 return

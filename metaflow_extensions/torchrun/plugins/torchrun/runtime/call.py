@@ -205,8 +205,9 @@ class CallRun:
         self.where.gather(self.session, self.index)
         self.session.announce(cause)
         # On a local run every node writes to the control's log: the control's
-        # error alone says where the ranks were and where the logs are.
-        speaks = self.session.is_control or not self.session.topology.is_local
+        # error alone says where the ranks were and where the logs are, unless the
+        # control is gone or silent: then this node's is the only one.
+        speaks = self.session.is_control or not self.session.topology.is_local or cause.kind in _CLIENT_SIDE
         logs = self._logs_line() if speaks else ""
         where = self.where.stacks if speaks else {}
         elsewhere = node_report.failed_elsewhere(self.session.server, self.index, self.node_index) if speaks else []
