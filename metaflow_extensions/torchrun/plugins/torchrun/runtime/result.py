@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from .attempts import Attempt
 
 from ..cause import Cause
-from ..gang import NodeReport, ProtocolError
+from ..gang import NodeReport
 from ..gang import PreflightRecord
 from ..procs import RankFailure
 from ..procs import numbers
@@ -58,25 +58,6 @@ class GangView:
             "finished_at": {str(k): v for k, v in self.finished_at.items()},
             "reports": {str(k): r.to_wire() for k, r in self.reports.items()},
         }
-
-    @classmethod
-    def from_wire(cls, data: Any) -> "GangView":
-        """A stored record's view (``to_dict``'s ``gang``), checked: what is not
-        a node's time or report is left out."""
-        data = data if isinstance(data, dict) else {}
-
-        def times(value: Any) -> Dict[int, float]:
-            items = value.items() if isinstance(value, dict) else []
-            return {int(k): float(v) for k, v in items
-                    if str(k).isdigit() and isinstance(v, (int, float)) and not isinstance(v, bool)}
-
-        reports: Dict[int, NodeReport] = {}
-        for k, v in (data.get("reports") or {}).items() if isinstance(data.get("reports"), dict) else []:
-            try:
-                reports[int(k)] = NodeReport.from_wire(v)
-            except (ProtocolError, ValueError):
-                continue
-        return cls(times(data.get("joined_at")), times(data.get("finished_at")), reports)
 
 
 @dataclass
