@@ -504,6 +504,27 @@ class TestLogRetention:
         CallFiles(LogKey("Next-1", "train-2-0", "c0"), 0, base).close()
         assert not os.path.exists(a)
 
+    def test_a_call_that_prunes_later_prunes_only_when_told_and_once(self, tmp, monkeypatch):
+        """A call makes its directories first and prunes once its agent has
+        started (runtime/call.py): nothing goes before ``prune()``."""
+        monkeypatch.setattr(private, "YOUNG_SECONDS", 0.0)
+        monkeypatch.setenv(logs.KEEP_LOGS_ENV, "1")
+        monkeypatch.setenv(logs.KEEP_LOGS_HOURS_ENV, "0")
+        base = base_dir(tmp)
+        CallFiles(LogKey("Old-1", "train-2-0", "c0"), 0, base).close()
+        old = os.path.join(base, "logs", "Old-1")
+        age(old, HOUR)
+        left = os.path.join(base, "work", "1-left")  # a killed task's work directory: nobody holds it
+        os.makedirs(left)
+        age(left, HOUR)
+        files = CallFiles(LogKey("New-2", "train-2-0", "c0"), 0, base, prune_first=False)
+        assert os.path.isdir(old) and os.path.isdir(left)
+        files.prune()
+        assert not os.path.exists(old) and not os.path.exists(left)
+        assert files.log_dir is not None and os.path.isdir(files.log_dir)  # its own run is never pruned
+        files.prune()  # once: a second call is a no-op
+        files.close()
+
     def test_beyond_the_age_the_newest_runs_are_kept(self, tmp_path):
         root = str(tmp_path)
         runs = [make_run(root, "r%d" % i, seconds_ago=100 * HOUR + 10 * (9 - i)) for i in range(10)]

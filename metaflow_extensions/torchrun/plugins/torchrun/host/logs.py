@@ -12,8 +12,8 @@ Layout, under this user's base directory (basedir.py)::
     logs/.pruning                       the lock under which calls prune and make
                                          their directories, one task at a time
 
-Each call prunes at its start, under the prune lock, never a run any call
-holds; the runs a squat left in a fallback base are brought in first
+Each call prunes once its agent has started (or, with ``prune=True``, before
+making its directories), under the prune lock, never a run any call holds; the runs a squat left in a fallback base are brought in first
 (``adopt_fallbacks``), so the policy reaches them too.
 """
 
@@ -104,16 +104,18 @@ def touch(path: str) -> None:
         pass
 
 
-def call_log_dir(key: LogKey, node_index: int, base: Optional[str] = None) -> Optional[str]:
+def call_log_dir(key: LogKey, node_index: int, base: Optional[str] = None, prune: bool = True) -> Optional[str]:
     """``logs/<run>/<step>/<call>/node-<N>``, private; other runs' logs beyond
-    the retention bound are removed first. None when no such directory can be
-    made (the logs are a convenience, never a reason to fail the step)."""
+    the retention bound are removed first, unless ``prune`` is False (the call
+    prunes later, with ``prune_other_runs``, off its start's critical path).
+    None when no such directory can be made (the logs are a convenience, never
+    a reason to fail the step)."""
     try:
         base = base or base_dir()
         root = private_dir(os.path.join(base, LOGS))
         guard = _prune_guard(root)
         try:
-            if guard is not None:  # else another task has been pruning for PRUNE_WAIT: it does the work
+            if guard is not None and prune:  # else another task has been pruning for PRUNE_WAIT: it does the work
                 adopt_fallbacks(base, root)
                 prune_logs(root, retention_policy(), exclude=(key.run,))
             path = root
@@ -125,6 +127,24 @@ def call_log_dir(key: LogKey, node_index: int, base: Optional[str] = None) -> Op
             release_lock(guard)
     except OSError:
         return None
+
+
+def prune_other_runs(key: LogKey, base: str) -> None:
+    """The prune ``call_log_dir`` skipped: under the prune lock, never ``key``'s
+    run. A call runs it once its agent has started, so a host with many runs
+    kept does not delay the ranks' start."""
+    try:
+        root = private_dir(os.path.join(base, LOGS))
+        guard = _prune_guard(root)
+        if guard is None:
+            return
+        try:
+            adopt_fallbacks(base, root)
+            prune_logs(root, retention_policy(), exclude=(key.run,))
+        finally:
+            release_lock(guard)
+    except OSError:
+        pass
 
 
 def _prune_guard(root: str, wait: Optional[float] = None) -> Optional[int]:

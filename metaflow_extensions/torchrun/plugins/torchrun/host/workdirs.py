@@ -23,7 +23,7 @@ import time
 from typing import List, Optional
 
 from .basedir import WORK, base_dir
-from .logs import LOGS, LogKey, call_log_dir, touch
+from .logs import LOGS, LogKey, call_log_dir, prune_other_runs, touch
 from .private import hold_lock, private_dir, release_lock, removable
 
 
@@ -33,16 +33,18 @@ class CallFiles:
     (the logs stay, within the retention bound) and marks the run used now: a
     run's retention age counts from its last call's end."""
 
-    def __init__(self, key: LogKey, node_index: int, base: Optional[str] = None):
+    def __init__(self, key: LogKey, node_index: int, base: Optional[str] = None, prune_first: bool = True):
         self.base = base or base_dir()
+        self._key = key
+        self._pruned = prune_first
         self.work_dir = ""
         self.log_dir: Optional[str] = None
         self._run_dir = os.path.join(self.base, LOGS, key.run)
         self._locks: List[int] = []
         try:
-            self.work_dir = make_work_dir(self.base)
+            self.work_dir = make_work_dir(self.base, prune=prune_first)
             self._locks.append(hold_lock(self.work_dir))
-            self.log_dir = call_log_dir(key, node_index, self.base)
+            self.log_dir = call_log_dir(key, node_index, self.base, prune=prune_first)
             if self.log_dir is not None:
                 try:
                     self._locks.append(hold_lock(self.log_dir))
@@ -51,6 +53,15 @@ class CallFiles:
         except BaseException:
             self.close()
             raise
+
+    def prune(self) -> None:
+        """Remove what killed tasks left and other runs' logs beyond retention,
+        when the constructor was told not to (``prune_first=False``): once,
+        whenever the caller chooses."""
+        if not self._pruned:
+            self._pruned = True
+            prune_work_dirs(work_root(self.base))
+            prune_other_runs(self._key, self.base)
 
     def close(self) -> None:
         remove_work_dir(self.work_dir)
@@ -75,11 +86,13 @@ def work_root(base: Optional[str] = None) -> str:
     return private_dir(os.path.join(base or base_dir(), WORK))
 
 
-def make_work_dir(base: Optional[str] = None) -> str:
+def make_work_dir(base: Optional[str] = None, prune: bool = True) -> str:
     """A fresh private work directory for one call; leftovers of tasks that
-    are gone (a SIGKILL leaves its directory) are removed first."""
+    are gone (a SIGKILL leaves its directory) are removed first, unless the
+    caller prunes later (``CallFiles.prune``)."""
     root = work_root(base)
-    prune_work_dirs(root)
+    if prune:
+        prune_work_dirs(root)
     return tempfile.mkdtemp(prefix="%d-" % os.getpid(), dir=root)
 
 

@@ -104,7 +104,8 @@ class CallRun:
         topology = self.session.topology
         self.local_addr, iface = route_to(topology.main_addr, topology.is_local)
         # Private to this user; the work directory goes in record() (workdirs.py).
-        self.files = CallFiles(self.session.identity.log_key(self.index), self.node_index)
+        # Other runs' logs are pruned once the agent has started (supervise).
+        self.files = CallFiles(self.session.identity.log_key(self.index), self.node_index, prune_first=False)
         self.workdir, self.log_dir = self.files.work_dir, self.files.log_dir
         plan = self.plan
         if plan.function is not None:
@@ -144,6 +145,8 @@ class CallRun:
             with Supervisor(self.argv, env=env, shutdown_grace=self.session.defaults.shutdown_grace,
                             before_stop=lambda: self.where.collect(self.session, self.index, self.supervisor, self.workdir), on_told=gang_stop.told) as sup:
                 self.supervisor = sup
+                if self.files is not None:
+                    self.files.prune()  # while torchrun imports torch: off the start's critical path
                 client.quiet = lambda: None if sup.last_output is None else time.monotonic() - sup.last_output
                 self.exit_code = sup.wait(should_stop=should_stop)
         except BaseException:
