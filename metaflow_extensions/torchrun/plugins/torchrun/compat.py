@@ -10,7 +10,7 @@ import os
 import re
 import sys
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from .errors import TorchrunInvalidArgument, shown
 
@@ -43,6 +43,14 @@ def meta_datum() -> Any:
     except ImportError:
         from metaflow.metadata import MetaDatum
     return MetaDatum
+
+
+def register_metadata(metadata: Any, pathspec: Tuple[Any, str, Any], field: str, value: str, attempt: int) -> None:
+    """One task metadata entry, tagged with its attempt as Metaflow tags its own."""
+    MetaDatum = meta_datum()
+    run_id, step_name, task_id = pathspec
+    metadata.register_metadata(run_id, step_name, task_id, [
+        MetaDatum(field=field, value=value, type=field, tags=["attempt_id:%d" % attempt])])
 
 
 def local_control_task_id(task_id: str) -> str:

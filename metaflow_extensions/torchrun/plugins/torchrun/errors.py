@@ -286,3 +286,13 @@ def _split(message: str) -> List[str]:
     if lines and lines[0].endswith(" problems:") and all(l.startswith("- ") for l in lines[1:]):
         return [l[2:] for l in lines[1:]]
     return [message]
+
+
+def drop_own_frame(error: BaseException, filename: str) -> None:
+    """A step's own exception, re-raised (bare ``raise``: no frame is added),
+    without the re-raising wrapper's frame (in ``filename``) at its head:
+    Metaflow prints the traceback of a step's exception, and ours in it is
+    noise (issue 36)."""
+    tb = error.__traceback__
+    if tb is not None and tb.tb_frame.f_code.co_filename == filename and tb.tb_next is not None:
+        error.__traceback__ = tb.tb_next

@@ -23,7 +23,7 @@ import io
 import os
 import secrets
 import time
-from typing import Callable, Mapping, Optional, Protocol, Tuple
+from typing import Any, Callable, Mapping, Optional, Protocol, Tuple
 
 from .auth import MIN_SECRET_BYTES
 from .identity import GangIdentity
@@ -192,6 +192,16 @@ class Published:
         where, self._where = self._where, None
         if where is not None:
             withdraw(*where)
+
+
+def for_task(storage: Storage, identity: GangIdentity, env: Mapping[str, str], is_control: bool,
+             timeout: float) -> Tuple[Any, "Published"]:
+    """The control publishes the gang's secret before Metaflow spawns the local
+    nodes, so that they find it at once; the others fetch it while joining
+    (the first element is then a callable). The second withdraws it."""
+    if is_control:
+        return control_secret(storage, identity, env)
+    return (lambda: for_worker(storage, identity, env, timeout)), Published(None)
 
 
 def for_worker(storage: Storage, identity: GangIdentity, env: Mapping[str, str], timeout: float) -> bytes:

@@ -21,16 +21,21 @@ from ..lazy import names_from
 
 __all__ = [
     "card_ready",
+    "card_of_task",
     "GangSession",
     "METADATA_FIELD",
     "REPORT_ARTIFACT",
     "SingleNodeLauncher",
+    "ThisAttempt",
     "TorchrunArgs",
     "TorchrunResult",
     "attach_card",
     "finish_card",
+    "in_gang",
     "render_card_now",
     "skip_render",
+    "step_result",
+    "prepare_local_nodes",
     "stop_local_nodes",
     "torchrun_args_of",
     "worker_python_problem",
@@ -42,10 +47,15 @@ __all__ = [
 # Where each name lives: loaded on first use, so that importing the face costs nothing.
 _HOME = {
     "card_ready": "card",
+    "card_of_task": "card",
+    "prepare_local_nodes": "local_nodes",
     "GangSession": "session",
     "METADATA_FIELD": "result",
     "REPORT_ARTIFACT": "result",
     "SingleNodeLauncher": "single_node",
+    "ThisAttempt": "step_record",
+    "in_gang": "step_run",
+    "step_result": "step_record",
     "TorchrunArgs": "torchrun_args",
     "TorchrunResult": "result",
     "attach_card": "card",
@@ -58,12 +68,14 @@ _HOME = {
 }
 
 if TYPE_CHECKING:
-    from .card import card_ready
+    from .card import card_of_task, card_ready
     from .card import attach_card, finish_card, render_card_now, skip_render
-    from .local_nodes import stop_local_nodes, worker_python_problem
+    from .local_nodes import prepare_local_nodes, stop_local_nodes, worker_python_problem
     from .result import METADATA_FIELD, REPORT_ARTIFACT, TorchrunResult
     from .session import GangSession
     from .single_node import SingleNodeLauncher
+    from .step_record import ThisAttempt, step_result
+    from .step_run import in_gang
     from .torchrun_args import TorchrunArgs, torchrun_args_of
 
 if TYPE_CHECKING:

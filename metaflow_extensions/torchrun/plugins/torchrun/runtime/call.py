@@ -63,8 +63,7 @@ class CallRun:
     started: float = field(default_factory=time.time)
     supervisor: Optional[Supervisor] = None
     files: Optional[CallFiles] = None  # work and log directories (workdirs.py)
-    # Where the ranks were when the job was stopped (call_stacks.py).
-    where: CallStacks = field(default_factory=CallStacks)
+    where: CallStacks = field(default_factory=CallStacks)  # the ranks' stacks when stopped
 
     @property
     def node_index(self) -> int:
@@ -104,7 +103,6 @@ class CallRun:
         topology = self.session.topology
         self.local_addr, iface = route_to(topology.main_addr, topology.is_local)
         # Private to this user; the work directory goes in record() (workdirs.py).
-        # Other runs' logs are pruned once the agent has started (supervise).
         self.files = CallFiles(self.session.identity.log_key(self.index), self.node_index, prune_first=False)
         self.workdir, self.log_dir = self.files.work_dir, self.files.log_dir
         plan = self.plan
@@ -145,8 +143,8 @@ class CallRun:
             with Supervisor(self.argv, env=env, shutdown_grace=self.session.defaults.shutdown_grace,
                             before_stop=lambda: self.where.collect(self.session, self.index, self.supervisor, self.workdir), on_told=gang_stop.told) as sup:
                 self.supervisor = sup
-                if self.files is not None:
-                    self.files.prune()  # while torchrun imports torch: off the start's critical path
+                assert self.files is not None  # prepare() made them
+                self.files.prune()  # other runs' logs: while torchrun imports torch, off the critical path
                 client.quiet = lambda: None if sup.last_output is None else time.monotonic() - sup.last_output
                 self.exit_code = sup.wait(should_stop=should_stop)
         except BaseException:

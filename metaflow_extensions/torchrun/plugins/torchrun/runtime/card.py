@@ -653,6 +653,20 @@ def _register_card_info(deco: Any, attempt: int) -> None:
     )
 
 
+def card_of_task(deco: Any, is_control: bool) -> Any:
+    """The card decorator this task renders: the control's only, since it
+    sees the whole gang. Rendering one on every other node would cost each a
+    Metaflow start-up on its critical path. The card decorator stays on the
+    step's list: Metaflow counted it at step_init and finalises current.card
+    only once every counted card has been through task_pre_step, so taking
+    it off would break every other card of the step (a user's @card,
+    @model's) on this node. Only its render is skipped."""
+    if deco is None or is_control:
+        return deco
+    skip_render(deco)
+    return None
+
+
 def skip_render(deco: Any) -> None:
     """Metaflow calls the card decorator's ``task_finished`` after ours and
     renders the card there. Removing the decorator from the step's list while

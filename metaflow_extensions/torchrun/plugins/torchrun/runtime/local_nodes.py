@@ -6,9 +6,25 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 from typing import List, Optional
 
+from ..errors import TorchrunException
+from ..gang import LOCAL_PORT_ENV, find_free_port
 from ..host import proctree
+
+
+def prepare_local_nodes(num_nodes: int, pinned_port: Optional[int]) -> None:
+    """On a local run's control, before Metaflow starts the other nodes from
+    this process (they inherit its environment): their Python is checked now,
+    so the step fails at once rather than at start_timeout, and they are given
+    the gang's port unless the step pinned one."""
+    if num_nodes > 1:
+        problem = worker_python_problem(os.environ.get("PATH", os.defpath), sys.executable)
+        if problem:
+            raise TorchrunException(problem)
+    if pinned_port is None:
+        os.environ[LOCAL_PORT_ENV] = str(find_free_port())
 
 
 def stop_local_nodes(settle: float = 3.0, grace: float = 3.0) -> None:

@@ -1,0 +1,189 @@
+"""What the user wrote in ``@torchrun(...)``, read once, at ``step_init``.
+
+Metaflow splits a decorator's hooks from the reading of its attributes; so do
+we. ``read_step_spec`` checks every attribute against the step's other
+decorators and the graph, and keeps each problem in one ``Problems``, so a
+flow is refused once, naming all of them, before any task starts.
+``step_defaults`` turns the spec into the ``StepDefaults`` each task's calls
+start from.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping, Optional, Sequence, Tuple
+
+from . import defaults as DEFAULTS
+from .errors import Problems, TorchrunInvalidArgument
+from .gang import DEFAULT_MODE as DEFAULT_PREFLIGHT
+from .gang import parse_mode as parse_preflight
+from .gang import parse_port
+from .launch import (
+    NO_ACCELERATORS,
+    Accelerators,
+    ArgSpec,
+    StepDefaults,
+    check_options,
+    check_port_clash,
+    legacy_rdzv_port,
+    merged_options,
+    none_keys,
+    none_note,
+    option_names,
+    refuse_one_node_on_kubernetes,
+    refuse_step_functions,
+    requested_accelerators,
+    step_timeout,
+    validate_args_as,
+    validate_hang_timeout,
+    validate_nproc,
+    validate_shutdown_grace,
+    validate_timeouts,
+)
+from .runtime import attempts as attempts_
+
+# @torchrun's attributes and their defaults, as Metaflow's decorator takes them
+# (TorchrunDecorator.defaults; its docstring documents each).
+ATTRIBUTE_DEFAULTS: Mapping[str, Any] = {
+    "nproc_per_node": None,
+    "torchrun_args": None,
+    "port": None,
+    "heartbeat_timeout": DEFAULTS.HEARTBEAT_TIMEOUT,
+    "start_timeout": DEFAULTS.START_TIMEOUT,
+    "label_logs": DEFAULTS.LABEL_LOGS,
+    "card": DEFAULTS.CARD,
+    "hang_timeout": DEFAULTS.HANG_TIMEOUT,
+    "shutdown_grace": DEFAULTS.SHUTDOWN_GRACE,
+    "rdzv_port": None,
+    "args_as": None,
+    "preflight": DEFAULT_PREFLIGHT,
+    "retry_on": None,
+}
+
+# (name, attributes) of each decorator on the step, as Metaflow lists them.
+DecoratorSpecs = Sequence[Tuple[str, Mapping[str, Any]]]
+
+
+@dataclass(frozen=True)
+class StepSpec:
+    """The step's attributes, checked; what ``step_defaults`` and the hooks read."""
+
+    attributes: Mapping[str, Any]
+    torchrun_args: ArgSpec = None  # 0.2's spellings translated
+    accelerators: Accelerators = NO_ACCELERATORS
+    port: Optional[int] = None
+    rdzv_port: Optional[int] = None
+    hang_timeout: Optional[float] = DEFAULTS.HANG_TIMEOUT
+    shutdown_grace: float = DEFAULTS.SHUTDOWN_GRACE
+    args_as: str = DEFAULTS.ARGS_AS
+    preflight: str = DEFAULT_PREFLIGHT
+    retry_on: Any = None
+    # Deprecation lines for 0.2's spellings in torchrun_args: said once, by the launcher.
+    notes: Tuple[str, ...] = ()
+
+
+def read_step_spec(attributes: Mapping[str, Any], decorators: DecoratorSpecs, entries: Sequence[str],
+                   argv: Sequence[str], problems: Problems) -> StepSpec:
+    """Every attribute checked, each problem kept in ``problems`` (the caller
+    raises them all at once). ``entries``: the ``num_parallel`` of each step
+    that leads here, as the graph has them."""
+    nproc = attributes.get("nproc_per_node")
+    if nproc is not None:
+        problems.check(validate_nproc, nproc, "@torchrun(nproc_per_node)")
+    torchrun_args, legacy_port, notes = _torchrun_args(attributes.get("torchrun_args"), problems)
+    accelerators = problems.check(requested_accelerators, decorators) or NO_ACCELERATORS
+    port = problems.check(parse_port, attributes.get("port"), "@torchrun(port)")
+    rdzv_port = problems.check(pinned_rdzv_port, attributes.get("rdzv_port"), legacy_port, port)
+    source = "@torchrun(rdzv_port)" if attributes.get("rdzv_port") is not None else "master_port"
+    problems.check(check_port_clash, decorators, port, rdzv_port, source)
+    problems.check(refuse_step_functions, list(argv))
+    problems.check(refuse_one_node_on_kubernetes, decorators, list(entries))
+    problems.check(validate_timeouts, attributes.get("heartbeat_timeout"), attributes.get("start_timeout"))
+    return StepSpec(
+        attributes=attributes,
+        torchrun_args=torchrun_args,
+        accelerators=accelerators,
+        port=port,
+        rdzv_port=rdzv_port,
+        hang_timeout=problems.check(validate_hang_timeout, attributes.get("hang_timeout")),
+        shutdown_grace=_given(problems.check(
+            validate_shutdown_grace, attributes.get("shutdown_grace"), step_timeout(decorators)
+        ), DEFAULTS.SHUTDOWN_GRACE),
+        args_as=problems.check(validate_args_as, attributes.get("args_as"), "@torchrun(args_as)") or DEFAULTS.ARGS_AS,
+        preflight=problems.check(preflight_mode, attributes.get("preflight")) or DEFAULT_PREFLIGHT,
+        retry_on=problems.check(attempts_.validate_retry_on, attributes.get("retry_on")),
+        notes=tuple(notes),
+    )
+
+
+def _given(value: Any, default: Any) -> Any:
+    """``value`` unless a refused check left None (the step is refused then anyway)."""
+    return default if value is None else value
+
+
+def _torchrun_args(args: ArgSpec, problems: Problems) -> Tuple[ArgSpec, Optional[int], list]:
+    """The step's torchrun_args, parsed, with 0.2's ``master_port`` taken out
+    (returned as the pinned port) and the deprecation lines for its spellings."""
+    if args is None:
+        return None, None, []
+    options = problems.check(merged_options, StepDefaults(torchrun_args=args), None)
+    pinned = problems.check(legacy_rdzv_port, options, "@torchrun(torchrun_args)") if options else None
+    legacy_port, notes, parsed = None, [], args
+    if pinned is not None:
+        legacy_port, notes = pinned
+        if none_keys(args):
+            notes = notes + [none_note(none_keys(args), "@torchrun(torchrun_args)")]
+        parsed = options
+    # Names torchrun does not know, also where a value was refused.
+    problems.check(check_options, options if options is not None else option_names(args))
+    return parsed, legacy_port, notes
+
+
+def pinned_rdzv_port(value: Any, legacy_port: Optional[int], port: Optional[int]) -> Optional[int]:
+    """``rdzv_port``, or 0.2's ``master_port`` in ``torchrun_args``; never
+    the gang service's own port."""
+    rdzv = parse_port(value, "@torchrun(rdzv_port)")
+    if legacy_port is not None and rdzv is not None and legacy_port != rdzv:
+        raise TorchrunInvalidArgument(
+            "@torchrun(rdzv_port=%d) and torchrun_args master_port=%d: both pin torchrun's "
+            "rendezvous port; give only rdzv_port." % (rdzv, legacy_port))
+    rdzv = rdzv if rdzv is not None else legacy_port
+    if rdzv is not None and rdzv == port:
+        raise TorchrunInvalidArgument(
+            "@torchrun(port=%d, rdzv_port=%d): the gang service and torchrun's rendezvous "
+            "both listen on the control node and need two ports." % (rdzv, rdzv))
+    return rdzv
+
+
+def preflight_mode(value: Any) -> str:
+    try:
+        return parse_preflight(value)
+    except ValueError as e:
+        raise TorchrunInvalidArgument(str(e)) from None
+
+
+def truthy(value: Any) -> bool:
+    """An attribute's on/off, as a flag on Metaflow's command line spells it too."""
+    if isinstance(value, str):
+        return value.strip().lower() not in ("0", "false", "no", "off", "")
+    return bool(value)
+
+
+def step_defaults(spec: StepSpec) -> StepDefaults:
+    """What every call of the step starts from (call arguments override it)."""
+    attributes = spec.attributes
+    return StepDefaults(
+        nproc_per_node=attributes.get("nproc_per_node"),
+        torchrun_args=spec.torchrun_args,
+        port=spec.port,
+        rdzv_port=spec.rdzv_port,
+        args_as=spec.args_as,
+        derived_nproc=spec.accelerators.nproc,
+        heartbeat_timeout=float(attributes["heartbeat_timeout"]),
+        label_logs=truthy(attributes["label_logs"]),
+        start_timeout=float(attributes["start_timeout"]),
+        accelerators=spec.accelerators,
+        hang_timeout=spec.hang_timeout,
+        shutdown_grace=spec.shutdown_grace,
+        preflight=spec.preflight,
+    )
