@@ -30,7 +30,7 @@ from .gang import secret as gang_secret
 from .handle import TorchrunHandle
 from .gang import GangIdentity
 from .lint import register_lint_check, require_parallel_entry
-from .host import say
+from .host import log, say
 from .settings import export_knobs, knob_environ
 from .runtime import stop_local_nodes, worker_python_problem
 from .launch import (
@@ -59,6 +59,9 @@ from .runtime import preflight as preflight_runtime
 from .gang import DEFAULT_MODE as DEFAULT_PREFLIGHT
 from .gang import parse_mode as parse_preflight
 from .gang import CONTROL_TASK_ID_ENV, is_local_runtime, topology_from
+
+
+_log = log.get("decorator")
 
 
 # size: Metaflow's hook surface, one method per hook, each delegating; 70 of its lines are the docstring
@@ -354,7 +357,7 @@ class TorchrunDecorator(ParallelDecorator):
                 return decorated()
             except BaseException as e:
                 self._published.withdraw()
-                stop_local_nodes()
+                self._nodes_stopping = stop_local_nodes()  # joined in task_finished
                 _without_our_frame(e)
                 raise
 
@@ -401,7 +404,9 @@ class TorchrunDecorator(ParallelDecorator):
 
     def task_post_step(self, step_name, flow, graph, retry_count, max_user_code_retries):
         super().task_post_step(step_name, flow, graph, retry_count, max_user_code_retries)
+        began = time.monotonic()
         self._record_result(flow, retry_count)
+        _log.debug("record and card written in %.3fs", time.monotonic() - began)
 
     def task_exception(
         self, exception, step_name, flow, graph, retry_count, max_user_code_retries
@@ -409,12 +414,15 @@ class TorchrunDecorator(ParallelDecorator):
         handled = super().task_exception(
             exception, step_name, flow, graph, retry_count, max_user_code_retries
         )
+        began = time.monotonic()
         self._record_result(flow, retry_count)
+        _log.debug("record and card written in %.3fs (the step failed)", time.monotonic() - began)
         return handled
 
     def task_finished(
         self, step_name, flow, graph, is_task_ok, retry_count, max_user_code_retries
     ):
+        began = time.monotonic()
         super().task_finished(
             step_name, flow, graph, is_task_ok, retry_count, max_user_code_retries
         )
@@ -427,6 +435,10 @@ class TorchrunDecorator(ParallelDecorator):
         said = self._session is not None and self._session.card_hint_said
         if getattr(self, "_card_hint", None) and card_exists and not said:
             say("this step's card: %s" % self._card_hint)
+        stopping = getattr(self, "_nodes_stopping", None)
+        if stopping is not None:
+            stopping.join()
+        _log.debug("task_finished in %.3fs (the local nodes' tasks gone with it)", time.monotonic() - began)
 
     def _record_result(self, flow: Any, retry_count: int) -> None:
         """Keep the run's record as task metadata: readable after the run with
