@@ -358,6 +358,7 @@ class TorchrunDecorator(ParallelDecorator):
             except BaseException as e:
                 self._published.withdraw()
                 self._nodes_stopping = stop_local_nodes()  # joined in task_finished
+                _log.debug("the step failed: %s", type(e).__name__)
                 _without_our_frame(e)
                 raise
 
@@ -411,6 +412,7 @@ class TorchrunDecorator(ParallelDecorator):
     def task_exception(
         self, exception, step_name, flow, graph, retry_count, max_user_code_retries
     ):
+        _log.debug("Metaflow's task_exception reached us")  # after the decorators above ours (@checkpoint's end)
         handled = super().task_exception(
             exception, step_name, flow, graph, retry_count, max_user_code_retries
         )
