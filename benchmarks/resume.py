@@ -394,8 +394,11 @@ def draw_card(plt, docs: str) -> None:
     from metaflow_extensions.torchrun.plugins.torchrun.runtime.card import ATTEMPT_HEADERS, attempt_rows
     from metaflow_extensions.torchrun.plugins.torchrun.runtime.result import TorchrunResult
 
+    from metaflow_extensions.torchrun.plugins.torchrun.runtime.attempts import Attempt
+
+    typed = [a for a in (Attempt.from_wire(x) for x in attempts) if a is not None]
     result = TorchrunResult(command=[], node_index=0, num_nodes=2, nproc_per_node=2, exit_code=0,
-                            started_at=0.0, ended_at=0.0, attempts=attempts)
+                            started_at=0.0, ended_at=0.0, attempts=typed)
     rows = [[re.sub(r"\\(.)", r"\1", cell) for cell in row] for row in attempt_rows(result)]
     fig, ax = plt.subplots(figsize=(13, 1.4))
     ax.axis("off")
