@@ -1,30 +1,45 @@
-"""What a node's failure costs on this machine, locally: from node 1's task
-SIGKILLed after epoch 2 of attempt 0 to the first training line of attempt 1,
-which resumes from epoch 2's checkpoint (tests/flows/checkpoint_flow.py:
-@retry @checkpoint @torchrun, 2 nodes x 2 processes, gloo, metaflow-checkpoint).
+"""What a failure costs on this machine, locally, from the failure to the
+first line of the user's script in the new ranks and on to training, with the
+floors of each phase measured in the same run (issue 37).
 
-Phases, each from the end of the one before:
+The job (benchmarks/flows/resume_flow.py, benchmarks/scripts/resume_train.py):
+a small DDP model with @checkpoint, 2 nodes x 2 processes, gloo, that fails
+once after epoch 1. Three cases, run in turn (A, B, C, A, B, C ...) with the
+floors before each round, so that load falls on all alike:
 
-- detected: the gang names the lost node (attempt 0's cause, in the record);
-- attempt 0 ended: the control task ends (Metaflow's "Task failed." line);
-- attempt 1 started: Metaflow has started attempt 1's task and imported the
-  flow, up to @torchrun's task_pre_step (locally, minutes_between_retries=0);
-- checkpoint loaded: the step's code begins: every task_pre_step done,
-  @checkpoint's load of epoch 2's checkpoint among them;
-- call started: ``current.torch.run`` of attempt 1 begins on the control;
-- gang formed: node 1's task (started by the control, locally) has joined;
-- first training line: every rank of attempt 1 has started training (torchrun
-  started, torch imported, the rendezvous and init_process_group done).
+- ``retry/node-kill``: node 1's task SIGKILLed; @retry reruns the gang, which
+  resumes from epoch 1's checkpoint;
+- ``retry/rank-raise``: a rank of node 1 raises; @retry reruns the gang;
+- ``instep/rank-kill``: a rank of node 1 SIGKILLs itself; the ranks start again
+  inside the same tasks (torchrun's own ``max_restarts=1`` until
+  ``@torchrun(restarts=N)`` lands: one line, ``INSTEP`` in resume_flow.py).
 
-Times come from the ranks' own notes (epochs.jsonl), the step's record
-(``attempts``: our own clocks in the tasks) and, for the end of attempt 0,
-Metaflow's time stamp on its own "Task failed." line. (The tasks' other log
-lines are stamped when Metaflow reads them, seconds late under load.) Writes
-results/resume.json, prints a table, and draws docs/resume.png (the phases) and
-docs/card-attempts.png (the card's Attempts table of the last run, as the card
-shows it) when matplotlib is there.
+Marks, in seconds from the failure (the failing rank's own note):
 
-    python benchmarks/resume.py [--repeat 3]
+- detected: the record's cause time (retry only: the gang names it);
+- old ranks gone: every rank process of the failed start has exited (this
+  script watches their pids, every 20 ms);
+- old tasks gone: both nodes' Metaflow tasks of attempt 0 have exited (retry);
+- attempt 0 ended: Metaflow's own time stamp on its "Task failed." line;
+- attempt 1 started: @torchrun's task_pre_step of the retry (our clock);
+- step code: the step's code begins (every task_pre_step done, @checkpoint's
+  load among them);
+- gang formed: the last node of attempt 1 joined;
+- first script line: the last new rank runs the first line of the script;
+- torch imported, process group, first training line: the last new rank has
+  imported torch, finished init_process_group, built the DDP model.
+
+The floors: a bare ``python -c 'import torch'``; Metaflow's own start of a task
+(a trivial two-step flow: the first step's last line to the second step's
+first, and that task's process start to its step's first line); a bare
+torchrun, static rendezvous, 2 processes, gloo, init_process_group only (its
+launch to the last rank's first line, to torch imported, to the group).
+
+Writes results/resume.json (every run, and the medians), prints the tables, and
+draws docs/resume.png when matplotlib is there. ``--debug`` runs the flows
+with METAFLOW_TORCHRUN_DEBUG=1 and keeps their output in results/resume-debug/.
+
+    python benchmarks/resume.py [--repeat 3] [--cases retry/node-kill,instep/rank-kill]
 """
 
 from __future__ import annotations
@@ -34,18 +49,27 @@ import json
 import os
 import re
 import shutil
+import socket
+import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from typing import Dict, List, Optional
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
-FLOW = os.path.join(REPO, "tests", "flows", "checkpoint_flow.py")
+FLOW = os.path.join(HERE, "flows", "resume_flow.py")
 RESULTS = os.path.join(HERE, "results")
-PHASES = ["detected", "attempt 0 ended", "attempt 1 started", "checkpoint loaded", "call started",
-          "gang formed", "first training line"]
+CASES = ["retry/node-kill", "retry/rank-raise", "instep/rank-kill"]
+RETRY_MARKS = ["detected", "old ranks gone", "old tasks gone", "attempt 0 ended", "attempt 1 started",
+               "step code", "gang formed", "first script line", "torch imported", "process group",
+               "first training line"]
+INSTEP_MARKS = ["old ranks gone", "first script line", "torch imported", "process group", "first training line"]
+FLOORS = ["import torch", "metaflow: step to next step's code", "metaflow: task process to step code",
+          "torchrun: launch to first script line", "torchrun: to torch imported", "torchrun: to process group",
+          "torchrun: launch to exit"]
 _STAMP = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+) \[[^\]]*/train/[^\]]*\] (.*)$")
 
 
@@ -64,96 +88,272 @@ def first_line(log: str, needle: str, after: float) -> Optional[float]:
     return None
 
 
-def one_run(workdir: str) -> Dict[str, object]:
+def _env(workdir: str, **extra: str) -> Dict[str, str]:
+    return dict(os.environ, METAFLOW_DATASTORE_SYSROOT_LOCAL=workdir,
+                METAFLOW_USER=os.environ.get("METAFLOW_USER", "bench"),
+                PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""), **extra)
+
+
+# -- the floors ----------------------------------------------------------------
+
+FLOOR_FLOW = '''
+import os, time
+from metaflow import FlowSpec, step
+
+
+def _process_start():
+    with open("/proc/self/stat") as f:
+        ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+    with open("/proc/uptime") as f:
+        uptime = float(f.read().split()[0])
+    return time.time() - (uptime - ticks / os.sysconf("SC_CLK_TCK"))
+
+
+class FloorFlow(FlowSpec):
+    @step
+    def start(self):
+        self.left = time.time()
+        self.next(self.end)
+
+    @step
+    def end(self):
+        print("FLOOR %.3f %.3f %.3f" % (self.left, _process_start(), time.time()))
+
+
+if __name__ == "__main__":
+    FloorFlow()
+'''
+
+FLOOR_SCRIPT = '''
+import os, time
+T0 = time.time()
+import torch
+import torch.distributed as dist
+T1 = time.time()
+dist.init_process_group("gloo")
+T2 = time.time()
+print("TR %s %.6f %.6f %.6f" % (os.environ["RANK"], T0, T1, T2), flush=True)
+dist.destroy_process_group()
+'''
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def floors(workdir: str) -> Dict[str, float]:
+    """One sample of each floor."""
+    out: Dict[str, float] = {}
+    t0 = time.time()
+    subprocess.run([sys.executable, "-c", "import torch"], check=True)
+    out["import torch"] = time.time() - t0
+    flow = os.path.join(workdir, "floor_flow.py")
+    with open(flow, "w") as f:
+        f.write(FLOOR_FLOW)
+    proc = subprocess.run([sys.executable, flow, "--no-pylint", "run"], cwd=workdir, env=_env(workdir),
+                          capture_output=True, text=True, timeout=300)
+    m = re.search(r"FLOOR ([\d.]+) ([\d.]+) ([\d.]+)", proc.stdout + proc.stderr)
+    if m:
+        left, started, code = (float(x) for x in m.groups())
+        out["metaflow: step to next step's code"] = code - left
+        out["metaflow: task process to step code"] = code - started
+    script = os.path.join(workdir, "floor_rdzv.py")
+    with open(script, "w") as f:
+        f.write(FLOOR_SCRIPT)
+    t0 = time.time()
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "2",
+                           "--master-addr", "127.0.0.1", "--master-port", str(_free_port()), script],
+                          capture_output=True, text=True, timeout=300)
+    t_exit = time.time()
+    ranks = [tuple(float(x) for x in m.groups()) for m in re.finditer(r"TR \d+ ([\d.]+) ([\d.]+) ([\d.]+)", proc.stdout)]
+    if len(ranks) == 2:
+        out["torchrun: launch to first script line"] = max(r[0] for r in ranks) - t0
+        out["torchrun: to torch imported"] = max(r[1] for r in ranks) - t0
+        out["torchrun: to process group"] = max(r[2] for r in ranks) - t0
+        out["torchrun: launch to exit"] = t_exit - t0
+    return {k: round(v, 3) for k, v in out.items()}
+
+
+# -- the failure cases ---------------------------------------------------------
+
+
+def _gone(pid: int) -> bool:
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except OSError:
+        return True
+
+
+class Watcher(threading.Thread):
+    """Notes when the failed start's rank processes, and attempt 0's tasks,
+    have all exited (the ranks' own notes name their pids)."""
+
+    def __init__(self, out: str) -> None:
+        super().__init__(daemon=True)
+        self.out, self.done = out, threading.Event()
+        self.ranks_gone: Optional[float] = None
+        self.tasks_gone: Optional[float] = None
+
+    def _events(self) -> List[dict]:
+        try:
+            with open(os.path.join(self.out, "events.jsonl")) as f:
+                return [json.loads(line) for line in f if line.strip()]
+        except (OSError, ValueError):
+            return []
+
+    def run(self) -> None:
+        ranks: List[int] = []
+        tasks: List[int] = []
+        while not self.done.is_set():
+            events = self._events()
+            if not ranks and any(e["event"] == "kill" for e in events):
+                ranks = [e["pid"] for e in events if e["event"] == "script"]
+                for node in (0, 1):
+                    try:
+                        with open(os.path.join(self.out, "task-pid-%d" % node)) as f:
+                            tasks.append(int(f.read()))
+                    except (OSError, ValueError):
+                        pass
+            now = time.time()
+            if ranks and self.ranks_gone is None and all(_gone(p) for p in ranks):
+                self.ranks_gone = now
+            if tasks and self.tasks_gone is None and all(_gone(p) for p in tasks):
+                self.tasks_gone = now
+            time.sleep(0.02)
+
+
+def one_run(workdir: str, case: str, debug: bool = False) -> Dict[str, object]:
+    path, fail = case.split("/")
     out = os.path.join(workdir, "out")
     os.makedirs(out)
-    env = dict(os.environ, MFTR_TEST_OUT=out, METAFLOW_DATASTORE_SYSROOT_LOCAL=workdir,
-               METAFLOW_USER=os.environ.get("METAFLOW_USER", "bench"),
-               PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""),
-               MFTR_CKPT=json.dumps({"kill-after-epoch": 2, "epochs": 3}))
+    env = _env(workdir, BENCH_OUT=out, BENCH_RESUME=json.dumps({"path": path, "fail": fail, "after": 1, "epochs": 2}))
+    if debug:
+        env["METAFLOW_TORCHRUN_DEBUG"] = "1"
+    watcher = Watcher(out)
+    watcher.start()
     started = time.time()
     proc = subprocess.run([sys.executable, FLOW, "--no-pylint", "run"], cwd=workdir, env=env,
                           capture_output=True, text=True, timeout=600)
+    watcher.done.set()
     log = proc.stdout + proc.stderr
+    if debug:
+        os.makedirs(os.path.join(RESULTS, "resume-debug"), exist_ok=True)
+        with open(os.path.join(RESULTS, "resume-debug", case.replace("/", "-") + ".log"), "w") as f:
+            f.write(log)
     if proc.returncode != 0:
         raise RuntimeError("the flow failed:\n" + log[-3000:])
-    with open(os.path.join(out, "epochs.jsonl")) as f:
+    with open(os.path.join(out, "events.jsonl")) as f:
         events = [json.loads(line) for line in f if line.strip()]
     kill = min(e["t"] for e in events if e["event"] == "kill")
-    first_epoch = max(e["t"] for e in events if e["event"] == "start" and e["attempt"] == 1)
-    record = json.loads(subprocess.run(
+
+    def last(event: str) -> Optional[float]:
+        new = [e["t"] for e in events if e["event"] == event and e["t"] > kill]
+        return max(new) if len(new) == 4 else None
+
+    marks: Dict[str, Optional[float]] = {
+        "old ranks gone": watcher.ranks_gone, "first script line": last("script"),
+        "torch imported": last("imported"), "process group": last("group"), "first training line": last("start")}
+    if path == "retry":
+        record = _record(workdir, env)
+        second = record["attempts"][1]
+        with open(os.path.join(RESULTS, "resume-record.json"), "w") as f:  # the card's table, drawn below
+            json.dump({"attempts": record["attempts"]}, f, indent=1)
+        marks.update({
+            "detected": record["attempts"][0].get("ended_at"),
+            "old tasks gone": watcher.tasks_gone,
+            "attempt 0 ended": first_line(log, "Task failed.", kill),
+            "attempt 1 started": second["started_at"],
+            "step code": second.get("code_started_at"),
+            "gang formed": second.get("gang_formed_at"),
+        })
+    names = RETRY_MARKS if path == "retry" else INSTEP_MARKS
+    return {
+        "case": case,
+        "marks_s": {n: None if marks.get(n) is None else round(marks[n] - kill, 2) for n in names},  # type: ignore[operator]
+        "run_s": round(time.time() - started, 1),
+        "load_avg": os.getloadavg()[0],
+    }
+
+
+def _record(workdir: str, env: Dict[str, str]) -> dict:
+    text = subprocess.run(
         [sys.executable, "-c",
          "import json; from metaflow import Flow, namespace; namespace(None)\n"
-         "t = [t for t in Flow('CheckpointFlow').latest_run['train'] if t.id.isdigit()][0]\n"
+         "t = [t for t in Flow('BenchResumeFlow').latest_run['train'] if t.id.isdigit()][0]\n"
          "print(t.metadata_dict['torchrun-result'])"],
-        cwd=workdir, env=env, capture_output=True, text=True, timeout=120).stdout.strip().splitlines()[-1])
-    second = record["attempts"][1]
-    with open(os.path.join(RESULTS, "resume-record.json"), "w") as f:
-        json.dump({"attempts": record["attempts"]}, f, indent=1)
-    marks = {
-        "detected": record["attempts"][0].get("ended_at"),
-        "attempt 0 ended": first_line(log, "Task failed.", kill),
-        "attempt 1 started": second["started_at"],
-        "checkpoint loaded": second.get("code_started_at"),
-        "call started": second["calls"][0]["started_at"],
-        "gang formed": second.get("gang_formed_at"),
-        "first training line": first_epoch,
-    }
-    phases: Dict[str, Optional[float]] = {}
-    before = kill
-    for name in PHASES:
-        t = marks[name]
-        phases[name] = None if t is None else round(t - before, 2)
-        before = t if t is not None else before
-    return {
-        "kill_to_first_training_line_s": round(first_epoch - kill, 2),
-        "phases_s": phases,
-        "gang_formed_s": second.get("gang_formed_seconds"),
-        "lost_work_s": record["attempts"][0].get("lost_work_seconds"),
-        "restart_s": record["attempts"][0].get("restart_seconds"),
-        "run_s": round(time.time() - started, 1),
-    }
+        cwd=workdir, env=env, capture_output=True, text=True, timeout=120).stdout.strip().splitlines()[-1]
+    return json.loads(text)
+
+
+# -- the whole -----------------------------------------------------------------
+
+
+def _median(values: List[Optional[float]]) -> Optional[float]:
+    got = [v for v in values if v is not None]
+    return round(statistics.median(got), 2) if got else None
+
+
+def summarise(rounds: List[dict], cases: List[str]) -> Dict[str, object]:
+    floors_ = {n: _median([r["floors"].get(n) for r in rounds]) for n in FLOORS}
+    per_case = {}
+    for case in cases:
+        runs = [r["cases"][case] for r in rounds if case in r["cases"]]
+        names = RETRY_MARKS if case.startswith("retry") else INSTEP_MARKS
+        per_case[case] = {n: _median([run["marks_s"].get(n) for run in runs]) for n in names}
+    return {"floors_median_s": floors_, "marks_median_s": per_case}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--cases", default=",".join(CASES))
+    parser.add_argument("--debug", action="store_true", help="METAFLOW_TORCHRUN_DEBUG=1; logs kept")
     parser.add_argument("--output", default=os.path.join(RESULTS, "resume.json"))
     args = parser.parse_args()
-    runs: List[Dict[str, object]] = []
+    cases = [c for c in args.cases.split(",") if c]
+    rounds: List[dict] = []
     for i in range(args.repeat):
         workdir = tempfile.mkdtemp(prefix="mftr-resume-")
         try:
-            runs.append(one_run(workdir))
+            one = {"floors": floors(workdir), "load_avg": os.getloadavg()[0], "cases": {}}
+            print("round %d floors: %s (load %.1f)" % (i + 1, one["floors"], one["load_avg"]), flush=True)
+            for case in cases:
+                case_dir = tempfile.mkdtemp(prefix="mftr-resume-", dir=workdir)
+                try:
+                    one["cases"][case] = one_run(case_dir, case, args.debug)
+                except Exception as e:  # noqa: BLE001 -- a failed run is reported, the others go on
+                    one["cases"][case] = {"case": case, "error": str(e)[-2000:], "marks_s": {}}
+                print("round %d %s: %s" % (i + 1, case, one["cases"][case].get("marks_s") or
+                                           one["cases"][case].get("error")), flush=True)
+            rounds.append(one)
         finally:
             shutil.rmtree(workdir, ignore_errors=True)
-        print("run %d: %.1f s from the kill to the first training line of attempt 1"
-              % (i + 1, runs[-1]["kill_to_first_training_line_s"]), flush=True)
-    totals = sorted(float(r["kill_to_first_training_line_s"]) for r in runs)  # type: ignore[arg-type]
-    summary = {
-        "what": "node 1 SIGKILLed after epoch 2 of attempt 0 -> first training line of attempt 1 "
-                "(2 nodes x 2 processes, gloo, local, @retry(minutes_between_retries=0))",
-        "median_s": totals[len(totals) // 2],
-        "runs": runs,
-        "cpus": os.cpu_count(),
-        "load_avg_at_end": os.getloadavg(),
-        "measured_at": time.strftime("%Y-%m-%d %H:%M:%S"),
-    }
+    summary = dict(summarise(rounds, cases), rounds=rounds, cpus=os.cpu_count(),
+                   load_avg_at_end=os.getloadavg(), measured_at=time.strftime("%Y-%m-%d %H:%M:%S"),
+                   what="2 nodes x 2 processes, gloo, local; seconds from the failure")
     os.makedirs(os.path.dirname(args.output), exist_ok=True)
     with open(args.output, "w") as f:
         json.dump(summary, f, indent=1)
-    print("\n| phase | " + " | ".join("run %d" % (i + 1) for i in range(len(runs))) + " |")
-    print("|---|" + "---|" * len(runs))
-    for name in PHASES:
-        cells = [r["phases_s"].get(name) for r in runs]  # type: ignore[union-attr]
-        print("| %s | %s |" % (name, " | ".join("%.1f s" % c if c is not None else "?" for c in cells)))
-    print("| **kill -> first training line** | %s |"
-          % " | ".join("**%.1f s**" % r["kill_to_first_training_line_s"] for r in runs))
-    draw(summary, os.path.join(REPO, "docs"))
+    print(table(summary, cases))
+    draw(summary, cases, os.path.join(REPO, "docs"))
 
 
-def draw(summary: Dict[str, object], docs: str) -> None:
-    """The phases of each run as stacked bars, and the card's Attempts table."""
+def table(summary: Dict[str, object], cases: List[str]) -> str:
+    rows = ["| floor | median |", "|---|---|"]
+    for name, value in summary["floors_median_s"].items():  # type: ignore[union-attr]
+        rows.append("| %s | %s |" % (name, "?" if value is None else "%.2f s" % value))
+    for case in cases:
+        rows += ["", "| %s: from the failure to | median |" % case, "|---|---|"]
+        for name, value in summary["marks_median_s"][case].items():  # type: ignore[index]
+            rows.append("| %s | %s |" % (name, "?" if value is None else "%.2f s" % value))
+    return "\n".join(rows)
+
+
+def draw(summary: Dict[str, object], cases: List[str], docs: str) -> None:
+    """Each case's marks (medians) as one bar of phases."""
     try:
         import matplotlib
 
@@ -162,29 +362,43 @@ def draw(summary: Dict[str, object], docs: str) -> None:
     except ImportError:
         print("no matplotlib: no figure (pip install -r benchmarks/requirements.txt)")
         return
-    runs = summary["runs"]
-    fig, ax = plt.subplots(figsize=(8, 1.2 + 0.5 * len(runs)))  # type: ignore[arg-type]
-    for i, run in enumerate(runs):  # type: ignore[arg-type]
+    fig, ax = plt.subplots(figsize=(9, 1.4 + 0.6 * len(cases)))
+    colours: Dict[str, object] = {}
+    for i, case in enumerate(cases):
         left = 0.0
-        for j, name in enumerate(PHASES):
-            width = run["phases_s"].get(name) or 0.0
-            ax.barh(i, width, left=left, color=plt.cm.tab10(j), label=name if i == 0 else None)
-            left += width
+        for name, value in summary["marks_median_s"][case].items():  # type: ignore[index]
+            if value is None or value < left:
+                continue
+            colour = colours.setdefault(name, plt.cm.tab20(len(colours)))
+            ax.barh(i, value - left, left=left, color=colour, label=name if list(colours)[-1] == name and
+                    name not in ax.get_legend_handles_labels()[1] else None)
+            left = value
         ax.text(left + 0.2, i, "%.1f s" % left, va="center", fontsize=8)
-    ax.set_yticks(range(len(runs)), ["run %d" % (i + 1) for i in range(len(runs))])  # type: ignore[arg-type]
-    ax.set_xlabel("seconds from node 1's SIGKILL (attempt 0) to the first training line of attempt 1")
-    ax.legend(fontsize=7, ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.45))
+    ax.set_yticks(range(len(cases)), cases)
+    ax.set_xlabel("seconds from the failure (medians); each colour ends at its mark")
+    ax.legend(fontsize=7, ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.35))
     fig.tight_layout()
     fig.savefig(os.path.join(docs, "resume.png"), dpi=120)
     plt.close(fig)
-    with open(os.path.join(RESULTS, "resume-record.json")) as f:
+    draw_card(plt, docs)
+
+
+def draw_card(plt, docs: str) -> None:
+    """The card's Attempts table of the last @retry run, as the card shows it."""
+    path = os.path.join(RESULTS, "resume-record.json")
+    if not os.path.exists(path):
+        return
+    with open(path) as f:
         attempts = json.load(f)["attempts"]
     import metaflow  # noqa: F401  (the extension loads under it)
     from metaflow_extensions.torchrun.plugins.torchrun.runtime.card import ATTEMPT_HEADERS, attempt_rows
     from metaflow_extensions.torchrun.plugins.torchrun.runtime.result import TorchrunResult
 
+    from metaflow_extensions.torchrun.plugins.torchrun.runtime.attempts import Attempt
+
+    typed = [a for a in (Attempt.from_wire(x) for x in attempts) if a is not None]
     result = TorchrunResult(command=[], node_index=0, num_nodes=2, nproc_per_node=2, exit_code=0,
-                            started_at=0.0, ended_at=0.0, attempts=attempts)
+                            started_at=0.0, ended_at=0.0, attempts=typed)
     rows = [[re.sub(r"\\(.)", r"\1", cell) for cell in row] for row in attempt_rows(result)]
     fig, ax = plt.subplots(figsize=(13, 1.4))
     ax.axis("off")

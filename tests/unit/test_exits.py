@@ -110,3 +110,29 @@ def test_worker_exits_reads_what_torch_has_and_skips_the_rest():
 @pytest.mark.parametrize("directory", [None, ""])
 def test_no_work_directory_no_hook(directory):
     assert not agent.record_worker_exits(directory)
+
+
+EXIT_NOW = r"""
+import sys
+from metaflow_extensions.torchrun.plugins.torchrun.procs import agent
+log = open(sys.argv[1], "a")
+log.write("in the log")  # buffered: exit_now flushes it
+sys.stdout.write("on stdout")
+agent.exit_now(int(sys.argv[2]), log, sys.argv[3])
+raise SystemExit("not reached")
+"""
+
+
+@pytest.mark.parametrize("code", [0, 1])
+def test_the_agent_exits_at_once_with_its_streams_flushed(tmp_path, code):
+    """agent.exit_now: os._exit with the code, after flushing the agent log,
+    stdout and the report on stderr (no interpreter teardown to wait for)."""
+    import subprocess
+
+    log = tmp_path / "agent.log"
+    proc = subprocess.run([sys.executable, "-c", EXIT_NOW, str(log), str(code), "the report\n"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == code, proc.stderr
+    assert proc.stdout == "on stdout"
+    assert proc.stderr == "the report\n"
+    assert log.read_text() == "in the log"

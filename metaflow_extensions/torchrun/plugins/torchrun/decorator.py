@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import shlex
 import sys
+import time
 from typing import Any, Dict, Optional
 
 from . import load_order  # noqa: F401  (Metaflow first, whatever the user imports first)
@@ -29,13 +30,16 @@ from .handle import TorchrunHandle
 from .spec import ATTRIBUTE_DEFAULTS, read_step_spec, step_defaults, truthy
 from .gang import GangIdentity
 from .lint import register_lint_check, require_parallel_entry
-from .host import say
+from .host import log, say
 from .settings import export_knobs, knob_environ
 from .runtime import card_of_task, prepare_local_nodes, stop_local_nodes
 from .launch import small_shm_warning
 from .runtime import METADATA_FIELD, REPORT_ARTIFACT
 from .runtime import GangSession, ThisAttempt, in_gang, step_result
 from .gang import CONTROL_TASK_ID_ENV, is_local_runtime, topology_from
+
+
+_log = log.get("decorator")
 
 
 class TorchrunDecorator(ParallelDecorator):
@@ -182,9 +186,7 @@ class TorchrunDecorator(ParallelDecorator):
         is_control = ubf_context == UBF_CONTROL
         self._card = card_of_task(self._card, is_control)
         # `card view <step>` would pick a node without the card: name the control's task.
-        self._card_hint = (
-            card_view_command(sys.argv[0], run_id, step_name, task_id) if self._card is not None else None
-        )
+        self._card_hint = card_view_command(sys.argv[0], run_id, step_name, task_id) if self._card is not None else None
         if is_control and is_local_runtime(os.environ):
             prepare_local_nodes(_local_nodes(flow), self._port)
         control_task_id = os.environ.get(CONTROL_TASK_ID_ENV) or (task_id if is_control else None)
@@ -218,7 +220,8 @@ class TorchrunDecorator(ParallelDecorator):
                 return decorated()
             except BaseException as e:
                 self._published.withdraw()
-                stop_local_nodes()
+                self._nodes_stopping = stop_local_nodes()  # joined in task_finished
+                _log.debug("the step failed: %s", type(e).__name__)
                 drop_own_frame(e, __file__)
                 raise
 
@@ -239,6 +242,7 @@ class TorchrunDecorator(ParallelDecorator):
     def task_exception(
         self, exception, step_name, flow, graph, retry_count, max_user_code_retries
     ):
+        _log.debug("Metaflow's task_exception reached us")  # after the decorators above ours (@checkpoint's end)
         handled = super().task_exception(
             exception, step_name, flow, graph, retry_count, max_user_code_retries
         )
@@ -248,6 +252,7 @@ class TorchrunDecorator(ParallelDecorator):
     def task_finished(
         self, step_name, flow, graph, is_task_ok, retry_count, max_user_code_retries
     ):
+        began = time.monotonic()
         super().task_finished(
             step_name, flow, graph, is_task_ok, retry_count, max_user_code_retries
         )
@@ -260,12 +265,15 @@ class TorchrunDecorator(ParallelDecorator):
         said = self._session is not None and self._session.card_hint_said
         if getattr(self, "_card_hint", None) and card_exists and not said:
             say("this step's card: %s" % self._card_hint)
+        if getattr(self, "_nodes_stopping", None) is not None:
+            self._nodes_stopping.join()
+        _log.debug("task_finished in %.3fs (the local nodes' tasks gone with it)", time.monotonic() - began)
 
     def _record_result(self, flow: Any, retry_count: int) -> None:
         """The record as task metadata (``Task(...).metadata_dict["torchrun-result"]``,
         bounded); the full report as an artifact when the record leaves some out;
         the card rendered here, in the task, not by Metaflow in a subprocess after it."""
-        session = self._session
+        began, session = time.monotonic(), self._session
         result = step_result(session, self._attempt)
         if result is None or session is None:
             return
@@ -282,6 +290,7 @@ class TorchrunDecorator(ParallelDecorator):
             register_metadata(metadata, (run_id, step_name, task_id), METADATA_FIELD, record, retry_count)
         except Exception as e:  # the record must never fail the step
             say("could not store the run's record: %s" % e)
+        _log.debug("record and card written in %.3fs", time.monotonic() - began)
 
 
 def _local_nodes(flow: Any) -> int:

@@ -22,7 +22,7 @@ import socket
 import sys
 import time
 import traceback
-from typing import IO, Any, Dict, List, Mapping, Optional, Sequence
+from typing import IO, Any, Dict, List, Mapping, NoReturn, Optional, Sequence
 
 from ..host import is_loopback
 from ..host import open_private
@@ -205,13 +205,32 @@ def main(argv: Sequence[str]) -> None:
     except (ChildFailedError, SignalException) as e:
         if isinstance(e, ChildFailedError):
             record_child_failures(os.environ.get(WORK_DIR_ENV), e)
-        if log is None:
-            raise
+        if log is None:  # torch's own report, as its torchrun prints it
+            exit_now(1, None, traceback.format_exc())
         # Its report stays in its log, in the folder the node's error names:
-        # the error says the root cause once, in the user's frames.
-        log.write(traceback.format_exc())
-        log.flush()
-        sys.exit(1)
+        # the error says the root cause once, in the user's frames. Only the
+        # exception's own text (the box of failures): its frames are torch's.
+        log.write("".join(traceback.format_exception_only(type(e), e)))
+        exit_now(1, log)
+    exit_now(0, log)  # the job is done on every node: past torch's exit barrier
+
+
+def exit_now(code: int, log: Optional[IO[str]], report: str = "") -> NoReturn:
+    """End the agent once its workers are reaped and its records written.
+
+    Every rank is gone by then (torch's ``PContext.close`` has reaped them and
+    ``exits.complete`` has written their exits), and what is left of a normal
+    exit is the interpreter tearing torch down: seconds under load, during
+    which the node's supervisor waits (a peer's stop) or the failure is not yet
+    seen (the failing node). Nothing of ours needs it."""
+    try:
+        if report:
+            sys.stderr.write(report)
+        for stream in (log, sys.stdout, sys.stderr):
+            if stream is not None:
+                stream.flush()
+    finally:
+        os._exit(code)
 
 
 if __name__ == "__main__":

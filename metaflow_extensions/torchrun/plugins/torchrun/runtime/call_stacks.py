@@ -16,8 +16,11 @@ from typing import Any, Dict
 
 from .. import timeouts
 from ..cause import CauseKind
+from ..host import log
 from ..procs import stacks
 from .result import read_rank_records
+
+_log = log.get("runtime.call_stacks")
 
 
 @dataclass
@@ -36,6 +39,7 @@ class CallStacks:
                 if r.end is None and isinstance(r.pid, int) and r.pid in live}
         self.stacks = stacks.collect(workdir, pids)
         self.seconds += time.monotonic() - began
+        _log.debug("call %d: %d ranks' stacks collected in %.3fs", index, len(self.stacks), self.seconds)
         # At once, not after the stop: the control waits for them only so long.
         self.share(session, index, entered=True)
 
@@ -72,4 +76,5 @@ class CallStacks:
         gathered.update(self.stacks)  # this node's own, uncut
         self.stacks = gathered
         self.seconds += time.monotonic() - began
+        _log.debug("call %d: every node's stacks and reports gathered in %.3fs", index, time.monotonic() - began)
 

@@ -7,7 +7,8 @@ import shutil
 import signal
 import subprocess
 import sys
-from typing import List, Optional
+import threading
+from typing import List, Optional, Set
 
 from ..errors import TorchrunException
 from ..gang import LOCAL_PORT_ENV, find_free_port
@@ -27,18 +28,27 @@ def prepare_local_nodes(num_nodes: int, pinned_port: Optional[int]) -> None:
         os.environ[LOCAL_PORT_ENV] = str(find_free_port())
 
 
-def stop_local_nodes(settle: float = 3.0, grace: float = 3.0) -> None:
+def stop_local_nodes(settle: float = 3.0, grace: float = 3.0) -> "threading.Thread":
     """Give this task's node subprocesses ``settle`` seconds to finish on their own
     (the gang has told them to stop, and they are reporting why), then SIGTERM
     them (each stops its own torchrun), then SIGKILL what is left.
 
     Metaflow's local control task only waits for them when its own step
-    succeeds: without this, a failed control would leave them running."""
+    succeeds: without this, a failed control would leave them running. The
+    wait runs beside the control's own end (its record, its card, Metaflow's
+    bookkeeping of the failed task), not before it: the caller joins the
+    thread returned as the task finishes."""
     nodes = {
         proc
         for proc, cmdline in proctree.children(os.getpid())
         if "step" in cmdline and "ubf_task" in cmdline
     }
+    thread = threading.Thread(target=_stop, args=(nodes, settle, grace), name="torchrun-local-nodes")
+    thread.start()
+    return thread
+
+
+def _stop(nodes: Set[proctree.ProcId], settle: float, grace: float) -> None:
     nodes = proctree.wait_gone(nodes, settle)
     if not nodes:
         return

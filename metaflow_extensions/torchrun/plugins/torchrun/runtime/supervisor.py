@@ -93,6 +93,19 @@ def _pump(fd: int, sink: ChunkSink) -> None:
         os.close(fd)
 
 
+
+def _sleep_unless_exited(proc: Optional[subprocess.Popen], interval: float) -> None:
+    """One tick of ``Supervisor.wait``, cut short when the agent exits: the
+    call's end is seen at once, not up to a tick later (on every node, at the
+    end of every call)."""
+    if proc is None:
+        time.sleep(interval)
+        return
+    try:
+        proc.wait(timeout=interval)
+    except subprocess.TimeoutExpired:
+        pass
+
 class Supervisor:
     """Owns the torchrun agent process, its descendants and its output pumps."""
 
@@ -235,7 +248,7 @@ class Supervisor:
                 if reason:
                     self.stop(reason.grace if isinstance(reason, GracefulStop) else None)
                     return self.proc.returncode if self.proc else -1
-                time.sleep(interval)
+                _sleep_unless_exited(self.proc, interval)
         except BaseException as e:
             if isinstance(e, KeyboardInterrupt):
                 self.signalled = signal.SIGINT  # Ctrl-C: a stop asked for, like SIGTERM
