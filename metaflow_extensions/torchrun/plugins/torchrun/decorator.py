@@ -42,6 +42,8 @@ from .launch import (
     option_names,
     step_timeout,
     validate_hang_timeout,
+    validate_restarts,
+    restarts_allowed,
     validate_nproc,
     validate_shutdown_grace,
     validate_timeouts,
@@ -111,6 +113,13 @@ class TorchrunDecorator(ParallelDecorator):
         ``"any"`` (Metaflow's @retry as it is) or ``"infrastructure"``: not after
         a Python exception of the user's code (in a rank or in the step), which
         would only raise again; the attempt fails at once, before any rank starts.
+    restarts : int, default 0
+        How many times a call's ranks are restarted on every node, in the same
+        tasks, after a failure that left every node's task alive (a rank killed
+        by a signal or out of memory, a NCCL/gloo error, ``hang_timeout``):
+        rank 0 stays on node 0, ``TORCHELASTIC_RESTART_COUNT`` says which
+        restart it is. Not after a Python exception in your code; a node lost
+        or preempted ends the attempt (``@retry``). Not with ``max_restarts``.
 
     MF Add To Current
     -----------------
@@ -146,6 +155,7 @@ class TorchrunDecorator(ParallelDecorator):
         "args_as": None,
         "preflight": DEFAULT_PREFLIGHT,
         "retry_on": None,
+        "restarts": DEFAULTS.RESTARTS,
     }
     IS_PARALLEL = True
 
@@ -179,9 +189,11 @@ class TorchrunDecorator(ParallelDecorator):
         if nproc is not None:
             problems.check(validate_nproc, nproc, "@torchrun(nproc_per_node)")
         self._torchrun_args, legacy_port = self.attributes.get("torchrun_args"), None
+        torch_restarts = False  # torchrun_args asks torch's own max_restarts
         if self._torchrun_args is not None:
             options = problems.check(merged_options, StepDefaults(torchrun_args=self._torchrun_args), None)
             pinned = problems.check(legacy_rdzv_port, options, "@torchrun(torchrun_args)") if options else None
+            torch_restarts = bool(options) and restarts_allowed(options)
             if pinned is not None:
                 legacy_port, notes = pinned
                 if none_keys(self._torchrun_args):
@@ -208,6 +220,7 @@ class TorchrunDecorator(ParallelDecorator):
         self._args_as = problems.check(validate_args_as, self.attributes.get("args_as"), "@torchrun(args_as)")
         self._preflight = problems.check(_preflight_mode, self.attributes.get("preflight"))
         self._retry_on = problems.check(attempts_.validate_retry_on, self.attributes.get("retry_on"))
+        self._restarts = problems.check(validate_restarts, self.attributes.get("restarts"), torch_restarts) or 0
         problems.raise_all()
         self._card = attach_card(decorators) if _truthy(self.attributes["card"]) else None
         warning = small_shm_warning(specs, self._accelerators, nproc)
@@ -331,6 +344,7 @@ class TorchrunDecorator(ParallelDecorator):
             hang_timeout=self._hang_timeout,
             shutdown_grace=self._shutdown_grace,
             preflight=self._preflight or DEFAULT_PREFLIGHT,
+            restarts=self._restarts,
         )
 
     def _read_previous(self, pathspec: str, attempt: int) -> None:

@@ -61,6 +61,7 @@ class GangClient(Joining):
         self.preflight: Optional[Callable[[], msg.Preflight]] = None
         self._preflight_sent = threading.Event()
         self._go: Dict[int, int] = {}  # call index -> rendezvous port
+        self._restarts: Dict[int, msg.Restart] = {}  # call index -> the latest restart decided
         self._calls_done: Set[int] = set()
         self._news = threading.Condition()
         self._sock: Optional[socket.socket] = None
@@ -152,10 +153,11 @@ class GangClient(Joining):
         return index in self._calls_done
 
     def report_failure(self, cause: Cause, call: Optional[int] = None,
-                       report: Optional[msg.NodeReport] = None) -> None:
-        message = msg.Failed(cause, call, report)
+                       report: Optional[msg.NodeReport] = None, restart: int = 0) -> None:
+        """``restart``: which start of the call's ranks failed (0: the first)."""
+        message = msg.Failed(cause, call, report, restart)
         if report is not None and not fits(message):
-            message = msg.Failed(cause, call, report.cut())
+            message = msg.Failed(cause, call, report.cut(), restart)
         self._safe_send(message)
         _log.debug("node %d: failure reported (call %s): %s: %s", self.node_index, call, cause.kind.value,
                    cause.summary)
@@ -181,6 +183,23 @@ class GangClient(Joining):
         _log.debug("node %d: %s after %.3fs", self.node_index, "verdict heard" if self.cause else "no verdict",
                    time.monotonic() - began)
         return self.cause
+
+    def restart_after(self, index: int, restart: int) -> Optional[msg.Restart]:
+        """The gang's latest restart of call ``index`` if it is later than
+        ``restart`` (the start this node's ranks are in), else None."""
+        with self._news:
+            latest = self._restarts.get(index)
+        return latest if latest is not None and latest.restart > restart else None
+
+    def wait_for_restart_or_verdict(self, index: int, restart: int, seconds: float) -> Optional[msg.Restart]:
+        """After reporting a failure of call ``index``'s ranks: the service
+        restarts them or ends the gang; the restart, or None."""
+        deadline = time.monotonic() + seconds
+        with self._news:
+            while (self.cause is None and not self._closing.is_set() and time.monotonic() < deadline
+                   and not (index in self._restarts and self._restarts[index].restart > restart)):
+                self._news.wait(0.02)
+        return self.restart_after(index, restart)
 
     def leave(self, calls: int, ok: bool) -> None:
         """This node's step ended; from now on its silence means nothing."""
@@ -264,6 +283,14 @@ class GangClient(Joining):
             self._set_cause(message.cause)
         elif isinstance(message, msg.AllLeft):
             self.all_left.set()
+        elif isinstance(message, msg.Restart):
+            with self._news:
+                known = self._restarts.get(message.index)
+                if known is None or message.restart > known.restart:
+                    self._restarts[message.index] = message
+                self._news.notify_all()
+            _log.debug("node %d: restart %d of call %d decided (port %d)", self.node_index, message.restart,
+                       message.index, message.rdzv_port)
         elif isinstance(message, (msg.Go, msg.CallAllDone)):
             with self._news:
                 if isinstance(message, msg.Go):

@@ -12,6 +12,7 @@ import os
 import pickle
 import socket
 import sys
+import dataclasses
 import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
@@ -39,7 +40,9 @@ from ..host import say
 from .stop import GangStop, interrupted, notice_path
 from .supervisor import StopReason, Supervisor
 from ..host import CallFiles
-from ..procs import ARGS_FILE
+from ..procs import ARGS_FILE, RESTART_ENV, clear_round
+from . import restarts as restarts_
+from .restarts import InStepRestart
 from ..host import step_log_dir
 
 # Causes a node finds on its own (the control is gone or silent): the service
@@ -65,6 +68,14 @@ class CallRun:
     files: Optional[CallFiles] = None  # work and log directories (workdirs.py)
     # Where the ranks were when the job was stopped (call_stacks.py).
     where: CallStacks = field(default_factory=CallStacks)
+    # Which start of the ranks runs (0: the first; k: the gang's restart k,
+    # restarts.py) and every restart so far.
+    restart: int = 0
+    restarts: List[InStepRestart] = field(default_factory=list)
+    first_started: Optional[float] = None  # the first torchrun's start
+    _entry_path: str = ""
+    _iface: Optional[str] = None
+    _reported: bool = False  # this start's failure is already the gang's to decide on
 
     @property
     def node_index(self) -> int:
@@ -117,17 +128,37 @@ class CallRun:
             bootstrap_argv = [plan.script or ""] + list(plan.entry_argv)
         # The script and its arguments reach the bootstrap through a file, never
         # through torchrun's own parser (entry.py): arguments stay verbatim.
-        entry_path = entry.write_entry(self.workdir, bootstrap_argv)
+        self._entry_path, self._iface = entry.write_entry(self.workdir, bootstrap_argv), iface
+        return self._launch_environment()
+
+    def _launch_environment(self) -> Dict[str, str]:
+        """torchrun's argv and environment for this start of the ranks: a
+        restart has a rendezvous of its own (a fresh id, the port the gang
+        announced), the same static shape (rank 0 on node 0)."""
+        topology = self.session.topology
+        rdzv_id = self.session.identity.call_id(self.index) + ("-r%d" % self.restart if self.restart else "")
         node = NodeFacts(
             python=sys.executable, node_index=topology.node_index, num_nodes=topology.num_nodes,
-            main_addr=topology.main_addr, local_addr=self.local_addr, iface=iface,
-            rdzv_port=int(self.rdzv_port or 0), rdzv_id=self.session.identity.call_id(self.index),
-            workdir=self.workdir, log_dir=self.log_dir, entry_path=entry_path, flow_dir=self.session.flow_dir,
+            main_addr=topology.main_addr, local_addr=self.local_addr, iface=self._iface,
+            rdzv_port=int(self.rdzv_port or 0), rdzv_id=rdzv_id,
+            workdir=self.workdir, log_dir=self.log_dir, entry_path=self._entry_path, flow_dir=self.session.flow_dir,
         )
-        self.argv, env = prepare_launch(plan, self.session.defaults, node, os.environ)
-        return entry.agent_environment(env, self.workdir, entry_path)
+        self.argv, env = prepare_launch(self.plan, self.session.defaults, node, os.environ)
+        if self.restart:
+            env[RESTART_ENV] = str(self.restart)
+        return entry.agent_environment(env, self.workdir, self._entry_path)
 
     def supervise(self, env: Dict[str, str]) -> None:
+        """Run this node's torchrun; where the gang restarts the ranks
+        (``@torchrun(restarts)``), run the next one, until one ends for good."""
+        while True:
+            self._supervise_once(env)
+            decided = self._restart_decided()
+            if decided is None:
+                return
+            env = self._restart(decided)
+
+    def _supervise_once(self, env: Dict[str, str]) -> None:
         client = self.session.client
         assert client is not None
 
@@ -138,12 +169,18 @@ class CallRun:
                              notice=notice_path())
 
         def should_stop() -> Optional[StopReason]:
-            return gang_stop.check() or self.stop_reason()
+            reason = gang_stop.check() or self.stop_reason()
+            if reason is None and client.restart_after(self.index, self.restart) is not None:
+                if self.supervisor is not None:
+                    self.supervisor.before_stop = None  # no stacks: the ranks start again at once
+                return "the gang restarts the ranks"
+            return reason
 
         try:
             with Supervisor(self.argv, env=env, shutdown_grace=self.session.defaults.shutdown_grace,
                             before_stop=lambda: self.where.collect(self.session, self.index, self.supervisor, self.workdir), on_told=gang_stop.told) as sup:
                 self.supervisor = sup
+                self._started(sup)
                 client.quiet = lambda: None if sup.last_output is None else time.monotonic() - sup.last_output
                 self.exit_code = sup.wait(should_stop=should_stop)
         except BaseException:
@@ -155,6 +192,58 @@ class CallRun:
             raise
         finally:
             client.quiet = None
+
+    def _started(self, sup: Supervisor) -> None:
+        if self.first_started is None:
+            self.first_started = sup.started_at
+        if self.restarts and self.restarts[-1].restarted_at is None:
+            self.restarts[-1] = dataclasses.replace(self.restarts[-1], restarted_at=sup.started_at)
+
+    def _restart_decided(self) -> Optional[Any]:
+        """The gang's restart of this call's ranks, if it decided one; this
+        node's own failure, while restarts are left, is reported first and the
+        decision heard (the service restarts, or ends the gang)."""
+        client = self.session.client
+        assert client is not None
+        decided = client.restart_after(self.index, self.restart)
+        if decided is not None or self.restart >= self.session.defaults.restarts:
+            return decided
+        if self.exit_code in (0, None) or client.cause is not None:
+            return None
+        self.failures = self._read_failures()
+        client.report_failure(self._own_cause(), call=self.index, report=self._report(self.failures),
+                              restart=self.restart)
+        self._reported = True
+        return client.wait_for_restart_or_verdict(self.index, self.restart, self.session.config.secondary_grace + 2.0)
+
+    def _restart(self, decided: Any) -> Dict[str, str]:
+        """Carry out restart ``decided.restart``: this node's old ranks are
+        gone (the supervisor stopped them); the next start's rendezvous and
+        environment, with the replaced ranks' records cleared."""
+        sup = self.supervisor
+        self.restarts = restarts_.with_ranks_start(self.restarts, self._rank_starts())
+        self.restarts.append(InStepRestart(
+            decided.restart, decided.cause, ran_from=sup.started_at if sup else None, failed_at=decided.cause.time,
+            stopped_at=sup.ended_at if sup else None))
+        clear_round(self.workdir)
+        self.failures, self._reported, self.exit_code = [], False, None
+        self.restart = decided.restart
+        if self.plan.rdzv_port is None:  # pinned: the same port for every start
+            self.rdzv_port = decided.rdzv_port
+        if self.session.is_control:
+            say("call %d: restarting every node's ranks (restart %d of %d): %s"
+                % (self.index + 1, decided.restart, self.session.defaults.restarts, decided.cause.summary))
+        return self._launch_environment()
+
+    def _rank_starts(self) -> List[Optional[float]]:
+        return [r.start for r in read_rank_records(self.workdir, []) if (r.restart or 0) == self.restart] \
+            if self.workdir else []
+
+    def _read_failures(self) -> List[RankFailure]:
+        return [node_report.completed(node_report.named(f), self.log_dir) for f in merge_failures(
+            read_failures(self.workdir),
+            read_agent_failures(self.workdir, self.node_index),
+        )]
 
     def stop_reason(self) -> Optional[str]:
         """A reason of the call's own to stop its job (runtime/preflight.py's deadline)."""
@@ -187,12 +276,11 @@ class CallRun:
         self.where.share(self.session, self.index, self.rdzv_port is not None)
         reported = False
         if self.exit_code != 0:
-            self.failures = [node_report.completed(node_report.named(f), self.log_dir) for f in merge_failures(
-                read_failures(self.workdir),
-                read_agent_failures(self.workdir, self.node_index),
-            )]
+            self.failures = self.failures if self._reported else self._read_failures()
             if client.cause is None:
-                client.report_failure(self._own_cause(), call=self.index, report=self._report(self.failures))
+                if not self._reported:
+                    client.report_failure(self._own_cause(), call=self.index, report=self._report(self.failures),
+                                          restart=self.restart)
                 self.session.reported = True
                 reported = True
                 client.wait_for_verdict(self.session.config.secondary_grace + 2.0)
@@ -201,7 +289,8 @@ class CallRun:
             # Stopped by the gang: the service has its cause already and only
             # keeps the report, so the control's card and record show this
             # node's ranks (their exits, durations, last lines) too.
-            client.report_failure(client.cause, call=self.index, report=self._report(self.failures))
+            client.report_failure(client.cause, call=self.index, report=self._report(self.failures),
+                                  restart=self.restart)
         self.where.gather(self.session, self.index)
         self.session.announce(cause)
         # On a local run every node writes to the control's log: the control's
@@ -264,14 +353,15 @@ class CallRun:
             num_nodes=topology.num_nodes,
             nproc_per_node=self.plan.nproc,
             exit_code=self.exit_code,
-            started_at=(sup.started_at if sup and sup.started_at else self.started),
+            started_at=self.first_started or (sup.started_at if sup and sup.started_at else self.started),
             ended_at=(sup.ended_at if sup and sup.ended_at else time.time()),
             main_addr=topology.main_addr,
             local_addr=self.local_addr,
             rdzv_port=self.rdzv_port,
             gang_port=client.port if client else None,
             ranks=ranks,
-            restarts=max([r.restart or 0 for r in ranks] or [0]),
+            restarts=max([r.restart or 0 for r in ranks] + [self.restart]),
+            in_step_restarts=restarts_.with_ranks_start(self.restarts, self._rank_starts()),
             log_dir=self.log_dir,
             cause=cause,
             gang=gang_view,
