@@ -12,7 +12,7 @@ SCRIPT = "restart_resume.py"
 
 def _run(gang, restarts, **script_args):
     env = {"MFTR_TORCHRUN_ATTRS": json.dumps({"restarts": restarts})}
-    return gang.run("--script", SCRIPT, "--script-args", json.dumps(script_args), env=env, timeout=180)
+    return gang.run("--script", SCRIPT, "--script-args", json.dumps(script_args), env=env, timeout=400)
 
 
 def _events(gang):

@@ -94,7 +94,7 @@ def test_a_restart_launches_its_own_rendezvous_and_says_which_restart_it_is(run)
     first = run.prepare()
     assert names.RESTART_ENV not in first
     first_id = run.argv[run.argv.index("--rdzv-id") + 1]
-    run.restart, run.rdzv_port = 2, 29555
+    run.again.restart, run.rdzv_port = 2, 29555
     env = run._launch_environment()
     assert env[names.RESTART_ENV] == "2"
     argv = " ".join(run.argv)

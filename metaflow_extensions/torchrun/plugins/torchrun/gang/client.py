@@ -24,15 +24,15 @@ from . import messages as msg
 from . import wire
 from .config import GangConfig
 from .joining import Joining
+from .restarts import RestartNews
 from ..host import log
 
 _log = log.get("gang.client")
 
 
 
-class GangClient(Joining):
-    """Runs on every node (the control included). Joining is ``joining.py``'s
-    (a mixin: it sets up the state kept here)."""
+class GangClient(Joining, RestartNews):
+    """Runs on every node (the control included); joining and restarts are mixins (joining.py, restarts.py)."""
 
     def __init__(self, config: GangConfig, host: str, ports: Sequence[int], node_index: int,
                  secret: Union[bytes, Callable[[], bytes]]):
@@ -61,7 +61,7 @@ class GangClient(Joining):
         self.preflight: Optional[Callable[[], msg.Preflight]] = None
         self._preflight_sent = threading.Event()
         self._go: Dict[int, int] = {}  # call index -> rendezvous port
-        self._restarts: Dict[int, msg.Restart] = {}  # call index -> the latest restart decided
+        self._restarts: Dict[int, msg.Restart] = {}  # call index -> the latest restart decided (RestartNews)
         self._calls_done: Set[int] = set()
         self._news = threading.Condition()
         self._sock: Optional[socket.socket] = None
@@ -184,23 +184,6 @@ class GangClient(Joining):
                    time.monotonic() - began)
         return self.cause
 
-    def restart_after(self, index: int, restart: int) -> Optional[msg.Restart]:
-        """The gang's latest restart of call ``index`` if it is later than
-        ``restart`` (the start this node's ranks are in), else None."""
-        with self._news:
-            latest = self._restarts.get(index)
-        return latest if latest is not None and latest.restart > restart else None
-
-    def wait_for_restart_or_verdict(self, index: int, restart: int, seconds: float) -> Optional[msg.Restart]:
-        """After reporting a failure of call ``index``'s ranks: the service
-        restarts them or ends the gang; the restart, or None."""
-        deadline = time.monotonic() + seconds
-        with self._news:
-            while (self.cause is None and not self._closing.is_set() and time.monotonic() < deadline
-                   and not (index in self._restarts and self._restarts[index].restart > restart)):
-                self._news.wait(0.02)
-        return self.restart_after(index, restart)
-
     def leave(self, calls: int, ok: bool) -> None:
         """This node's step ended; from now on its silence means nothing."""
         self._left = True
@@ -284,13 +267,7 @@ class GangClient(Joining):
         elif isinstance(message, msg.AllLeft):
             self.all_left.set()
         elif isinstance(message, msg.Restart):
-            with self._news:
-                known = self._restarts.get(message.index)
-                if known is None or message.restart > known.restart:
-                    self._restarts[message.index] = message
-                self._news.notify_all()
-            _log.debug("node %d: restart %d of call %d decided (port %d)", self.node_index, message.restart,
-                       message.index, message.rdzv_port)
+            self._heard_restart(message)
         elif isinstance(message, (msg.Go, msg.CallAllDone)):
             with self._news:
                 if isinstance(message, msg.Go):

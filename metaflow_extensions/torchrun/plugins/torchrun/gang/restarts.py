@@ -10,11 +10,16 @@ port the decision names (``runtime/call.py``). What may be restarted is
 
 from __future__ import annotations
 
+import threading
 import time
-from typing import Optional
+from typing import Dict, Optional
 
 from ..cause import Cause, restartable_in_step
+from ..host import log
+from . import messages as msg
 from .calls import CallState
+
+_log = log.get("gang.client")
 
 
 def may_restart(state: Optional[CallState], cause: Cause, allowed: int) -> bool:
@@ -42,3 +47,40 @@ def begin(state: CallState, rdzv_port: int, cause: Cause) -> int:
 def stale(state: Optional[CallState], restart: int) -> bool:
     """A failure reported of ranks a restart has already replaced."""
     return state is not None and restart < state.restart
+
+
+class RestartNews:
+    """A node's end (a mixin of ``GangClient``): the restarts it heard of,
+    which its call's supervision loop reads."""
+
+    node_index: int
+    cause: Optional[Cause]
+    _news: threading.Condition
+    _closing: threading.Event
+    _restarts: Dict[int, msg.Restart]
+
+    def _heard_restart(self, message: msg.Restart) -> None:
+        with self._news:
+            known = self._restarts.get(message.index)
+            if known is None or message.restart > known.restart:
+                self._restarts[message.index] = message
+            self._news.notify_all()
+        _log.debug("node %d: restart %d of call %d decided (port %d)", self.node_index, message.restart,
+                   message.index, message.rdzv_port)
+
+    def restart_after(self, index: int, restart: int) -> Optional[msg.Restart]:
+        """The gang's latest restart of call ``index`` if it is later than
+        ``restart`` (the start this node's ranks are in), else None."""
+        with self._news:
+            latest = self._restarts.get(index)
+        return latest if latest is not None and latest.restart > restart else None
+
+    def wait_for_restart_or_verdict(self, index: int, restart: int, seconds: float) -> Optional[msg.Restart]:
+        """After reporting a failure of call ``index``'s ranks: the service
+        restarts them or ends the gang; the restart, or None."""
+        deadline = time.monotonic() + seconds
+        with self._news:
+            while (self.cause is None and not self._closing.is_set() and time.monotonic() < deadline
+                   and self.restart_after(index, restart) is None):
+                self._news.wait(0.02)
+        return self.restart_after(index, restart)

@@ -12,12 +12,11 @@ import os
 import pickle
 import socket
 import sys
-import dataclasses
 import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
-from ..procs import bootstrap, entry, functions, stacks
+from ..procs import functions, stacks
 from ..cause import Cause, CauseKind
 from ..gang import NodeReport
 from ..errors import (FULL_REPORT, GangAborted, TorchrunException, TorchrunFailed, TorchrunInvalidArgument,
@@ -28,10 +27,8 @@ from ..procs import (
     read_agent_failures,
     read_failures,
 )
-from ..host import route_to
 from ..launch import argparse_hint
 from ..launch import CallPlan
-from ..launch import NodeFacts, prepare_launch
 from .result import GangView, TorchrunResult, read_rank_records
 from .session import GangSession
 from . import node_report, what_ran
@@ -40,10 +37,8 @@ from ..host import say
 from .stop import GangStop, interrupted, notice_path
 from .supervisor import StopReason, Supervisor
 from ..host import CallFiles
-from ..procs import ARGS_FILE, RESTART_ENV, clear_round
-from . import restarts as restarts_
-from .restarts import InStepRestart
-from ..host import step_log_dir
+from .call_launch import CallLaunch
+from .restarts import CallRestarts, with_ranks_start
 
 # Causes a node finds on its own (the control is gone or silent): the service
 # may not know them, so they are never sent to it as a report's cause.
@@ -51,7 +46,9 @@ _CLIENT_SIDE = (CauseKind.CONTROL_LOST, CauseKind.CONTROL_UNRESPONSIVE, CauseKin
 
 
 @dataclass
-class CallRun:
+class CallRun(CallLaunch):
+    """One call on this node; its launch (and each restart's) is ``call_launch.py``'s."""
+
     session: GangSession
     plan: CallPlan
     index: int
@@ -68,18 +65,10 @@ class CallRun:
     files: Optional[CallFiles] = None  # work and log directories (workdirs.py)
     # Where the ranks were when the job was stopped (call_stacks.py).
     where: CallStacks = field(default_factory=CallStacks)
-    # Which start of the ranks runs (0: the first; k: the gang's restart k,
-    # restarts.py) and every restart so far.
-    restart: int = 0
-    restarts: List[InStepRestart] = field(default_factory=list)
-    first_started: Optional[float] = None  # the first torchrun's start
-    _entry_path: str = ""
-    _iface: Optional[str] = None
-    _reported: bool = False  # this start's failure is already the gang's to decide on
-
-    @property
-    def node_index(self) -> int:
-        return self.session.topology.node_index
+    # The gang's in-step restarts of the ranks (restarts.py); the first torchrun's start.
+    again: CallRestarts = field(default_factory=CallRestarts)
+    first_started: Optional[float] = None
+    _entry: Tuple[str, Optional[str]] = ("", None)  # the entry file, the interface to the control
 
     # -- phases ----------------------------------------------------------------
 
@@ -111,49 +100,14 @@ class CallRun:
         if self.plan.rdzv_port is not None:  # pinned (@torchrun(rdzv_port=N)): every node has it
             self.rdzv_port = self.plan.rdzv_port
 
-    def prepare(self) -> Dict[str, str]:
-        topology = self.session.topology
-        self.local_addr, iface = route_to(topology.main_addr, topology.is_local)
-        # Private to this user; the work directory goes in record() (workdirs.py).
-        self.files = CallFiles(self.session.identity.log_key(self.index), self.node_index)
-        self.workdir, self.log_dir = self.files.work_dir, self.files.log_dir
-        plan = self.plan
-        if plan.function is not None:
-            try:
-                functions.write_pickle(os.path.join(self.workdir, ARGS_FILE), plan.function_args)
-            except Exception as e:
-                raise TorchrunInvalidArgument("entrypoint_args cannot be pickled for the ranks: %s" % e) from None
-            bootstrap_argv = [bootstrap.FUNCTION_FLAG, plan.function.encode(), self.workdir]
-        else:
-            bootstrap_argv = [plan.script or ""] + list(plan.entry_argv)
-        # The script and its arguments reach the bootstrap through a file, never
-        # through torchrun's own parser (entry.py): arguments stay verbatim.
-        self._entry_path, self._iface = entry.write_entry(self.workdir, bootstrap_argv), iface
-        return self._launch_environment()
-
-    def _launch_environment(self) -> Dict[str, str]:
-        """torchrun's argv and environment for this start of the ranks: a
-        restart has a rendezvous of its own (a fresh id, the port the gang
-        announced), the same static shape (rank 0 on node 0)."""
-        topology = self.session.topology
-        rdzv_id = self.session.identity.call_id(self.index) + ("-r%d" % self.restart if self.restart else "")
-        node = NodeFacts(
-            python=sys.executable, node_index=topology.node_index, num_nodes=topology.num_nodes,
-            main_addr=topology.main_addr, local_addr=self.local_addr, iface=self._iface,
-            rdzv_port=int(self.rdzv_port or 0), rdzv_id=rdzv_id,
-            workdir=self.workdir, log_dir=self.log_dir, entry_path=self._entry_path, flow_dir=self.session.flow_dir,
-        )
-        self.argv, env = prepare_launch(self.plan, self.session.defaults, node, os.environ)
-        if self.restart:
-            env[RESTART_ENV] = str(self.restart)
-        return entry.agent_environment(env, self.workdir, self._entry_path)
-
     def supervise(self, env: Dict[str, str]) -> None:
         """Run this node's torchrun; where the gang restarts the ranks
         (``@torchrun(restarts)``), run the next one, until one ends for good."""
+        client = self.session.client
         while True:
             self._supervise_once(env)
-            decided = self._restart_decided()
+            decided = self.again.decided(client, self.index, self.session.defaults.restarts, self.exit_code,
+                                         self._report_own_failure, self.session.config.secondary_grace + 2.0)
             if decided is None:
                 return
             env = self._restart(decided)
@@ -170,7 +124,7 @@ class CallRun:
 
         def should_stop() -> Optional[StopReason]:
             reason = gang_stop.check() or self.stop_reason()
-            if reason is None and client.restart_after(self.index, self.restart) is not None:
+            if reason is None and client.restart_after(self.index, self.again.restart) is not None:
                 if self.supervisor is not None:
                     self.supervisor.before_stop = None  # no stacks: the ranks start again at once
                 return "the gang restarts the ranks"
@@ -180,7 +134,8 @@ class CallRun:
             with Supervisor(self.argv, env=env, shutdown_grace=self.session.defaults.shutdown_grace,
                             before_stop=lambda: self.where.collect(self.session, self.index, self.supervisor, self.workdir), on_told=gang_stop.told) as sup:
                 self.supervisor = sup
-                self._started(sup)
+                self.first_started = self.first_started or sup.started_at
+                self.again.started(sup.started_at)
                 client.quiet = lambda: None if sup.last_output is None else time.monotonic() - sup.last_output
                 self.exit_code = sup.wait(should_stop=should_stop)
         except BaseException:
@@ -193,51 +148,16 @@ class CallRun:
         finally:
             client.quiet = None
 
-    def _started(self, sup: Supervisor) -> None:
-        if self.first_started is None:
-            self.first_started = sup.started_at
-        if self.restarts and self.restarts[-1].restarted_at is None:
-            self.restarts[-1] = dataclasses.replace(self.restarts[-1], restarted_at=sup.started_at)
-
-    def _restart_decided(self) -> Optional[Any]:
-        """The gang's restart of this call's ranks, if it decided one; this
-        node's own failure, while restarts are left, is reported first and the
-        decision heard (the service restarts, or ends the gang)."""
-        client = self.session.client
-        assert client is not None
-        decided = client.restart_after(self.index, self.restart)
-        if decided is not None or self.restart >= self.session.defaults.restarts:
-            return decided
-        if self.exit_code in (0, None) or client.cause is not None:
-            return None
+    def _report_own_failure(self) -> None:
         self.failures = self._read_failures()
-        client.report_failure(self._own_cause(), call=self.index, report=self._report(self.failures),
-                              restart=self.restart)
-        self._reported = True
-        return client.wait_for_restart_or_verdict(self.index, self.restart, self.session.config.secondary_grace + 2.0)
+        self._send_failure(self._own_cause())
 
-    def _restart(self, decided: Any) -> Dict[str, str]:
-        """Carry out restart ``decided.restart``: this node's old ranks are
-        gone (the supervisor stopped them); the next start's rendezvous and
-        environment, with the replaced ranks' records cleared."""
-        sup = self.supervisor
-        self.restarts = restarts_.with_ranks_start(self.restarts, self._rank_starts())
-        self.restarts.append(InStepRestart(
-            decided.restart, decided.cause, ran_from=sup.started_at if sup else None, failed_at=decided.cause.time,
-            stopped_at=sup.ended_at if sup else None))
-        clear_round(self.workdir)
-        self.failures, self._reported, self.exit_code = [], False, None
-        self.restart = decided.restart
-        if self.plan.rdzv_port is None:  # pinned: the same port for every start
-            self.rdzv_port = decided.rdzv_port
-        if self.session.is_control:
-            say("call %d: restarting every node's ranks (restart %d of %d): %s"
-                % (self.index + 1, decided.restart, self.session.defaults.restarts, decided.cause.summary))
-        return self._launch_environment()
-
-    def _rank_starts(self) -> List[Optional[float]]:
-        return [r.start for r in read_rank_records(self.workdir, []) if (r.restart or 0) == self.restart] \
-            if self.workdir else []
+    def _send_failure(self, cause: Cause) -> None:
+        """To the gang, with which start of the ranks it was about (a report
+        of ranks a restart replaced is not taken for the new ones')."""
+        assert self.session.client is not None
+        self.session.client.report_failure(cause, call=self.index, report=self._report(self.failures),
+                                           restart=self.again.restart)
 
     def _read_failures(self) -> List[RankFailure]:
         return [node_report.completed(node_report.named(f), self.log_dir) for f in merge_failures(
@@ -276,11 +196,10 @@ class CallRun:
         self.where.share(self.session, self.index, self.rdzv_port is not None)
         reported = False
         if self.exit_code != 0:
-            self.failures = self.failures if self._reported else self._read_failures()
+            self.failures = self.failures if self.again.reported else self._read_failures()
             if client.cause is None:
-                if not self._reported:
-                    client.report_failure(self._own_cause(), call=self.index, report=self._report(self.failures),
-                                          restart=self.restart)
+                if not self.again.reported:
+                    self._send_failure(self._own_cause())
                 self.session.reported = True
                 reported = True
                 client.wait_for_verdict(self.session.config.secondary_grace + 2.0)
@@ -289,15 +208,14 @@ class CallRun:
             # Stopped by the gang: the service has its cause already and only
             # keeps the report, so the control's card and record show this
             # node's ranks (their exits, durations, last lines) too.
-            client.report_failure(client.cause, call=self.index, report=self._report(self.failures),
-                                  restart=self.restart)
+            self._send_failure(client.cause)
         self.where.gather(self.session, self.index)
         self.session.announce(cause)
         # On a local run every node writes to the control's log: the control's
         # error alone says where the ranks were and where the logs are, unless the
         # control is gone or silent: then this node's is the only one.
         speaks = self.session.is_control or not self.session.topology.is_local or cause.kind in _CLIENT_SIDE
-        logs = self._logs_line() if speaks else ""
+        logs = node_report.logs_line(self.session, self.log_dir) if speaks else ""
         where = self.where.stacks if speaks else {}
         elsewhere = node_report.failed_elsewhere(self.session.server, self.index, self.node_index) if speaks else []
         if cause.kind is CauseKind.RANK_FAILED and cause.node_index == self.node_index:
@@ -313,21 +231,6 @@ class CallRun:
             raise interrupted(cause)  # told to stop, not failed: the gang saved (stop.py)
         raise GangAborted(self.node_index, cause, self.exit_code, same_log=self.session.topology.is_local,
                           stacks=where, logs=logs, elsewhere=elsewhere)
-
-    def _logs_line(self) -> str:
-        """Where every rank's whole output is: on a local run one directory
-        holds every node's; on a cluster each node's host keeps its own."""
-        if not self.log_dir:
-            return ""
-        if self.session.topology.is_local:
-            text = "Every rank's output, whole: %s" % step_log_dir(self.log_dir)
-        else:
-            text = "This node's ranks' output, whole: %s on %s (each node's host keeps its own)" % (
-                self.log_dir, socket.gethostname())
-        if self.session.card_hint:
-            self.session.card_hint_said = True
-            text += "\nThe card: %s" % self.session.card_hint
-        return text
 
     def record(self) -> TorchrunResult:
         try:
@@ -360,8 +263,8 @@ class CallRun:
             rdzv_port=self.rdzv_port,
             gang_port=client.port if client else None,
             ranks=ranks,
-            restarts=max([r.restart or 0 for r in ranks] + [self.restart]),
-            in_step_restarts=restarts_.with_ranks_start(self.restarts, self._rank_starts()),
+            restarts=max([r.restart or 0 for r in ranks] + [self.again.restart]),
+            in_step_restarts=with_ranks_start(self.again.records, self._rank_starts()),
             log_dir=self.log_dir,
             cause=cause,
             gang=gang_view,

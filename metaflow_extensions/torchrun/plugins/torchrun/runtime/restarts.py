@@ -11,8 +11,8 @@ every field read back checked.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
-from typing import Any, Dict, List, Optional
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Optional
 
 from ..cause import Cause
 
@@ -100,6 +100,43 @@ def with_ranks_start(restarts: List[InStepRestart], starts: List[Optional[float]
     if not known:
         return restarts
     return restarts[:-1] + [dataclasses.replace(restarts[-1], ranks_at=min(known))]
+
+
+@dataclass
+class CallRestarts:
+    """A call's restarts as this node runs them: which start of the ranks
+    runs (0: the first; k: the gang's restart k) and each restart so far."""
+
+    restart: int = 0
+    records: List[InStepRestart] = field(default_factory=list)
+    reported: bool = False  # this start's failure is already the gang's to decide on
+
+    def decided(self, client: Any, index: int, allowed: int, exit_code: Optional[int],
+                report: Callable[[], None], wait: float) -> Optional[Any]:
+        """The gang's restart of call ``index``, if it decided one. This
+        node's own failure, while restarts are left, is reported first
+        (``report``) and the decision heard: the service restarts, or ends the gang."""
+        decided = client.restart_after(index, self.restart)
+        if decided is not None or self.restart >= allowed:
+            return decided
+        if exit_code in (0, None) or client.cause is not None:
+            return None
+        report()
+        self.reported = True
+        return client.wait_for_restart_or_verdict(index, self.restart, wait)
+
+    def begin(self, decided: Any, ran_from: Optional[float], stopped_at: Optional[float],
+              rank_starts: List[Optional[float]]) -> None:
+        """Restart ``decided.restart``: this node's old ranks are gone."""
+        self.records = with_ranks_start(self.records, rank_starts)
+        self.records.append(InStepRestart(decided.restart, decided.cause, ran_from=ran_from,
+                                          failed_at=decided.cause.time, stopped_at=stopped_at))
+        self.restart, self.reported = decided.restart, False
+
+    def started(self, at: Optional[float]) -> None:
+        """The latest restart's torchrun started."""
+        if self.records and self.records[-1].restarted_at is None:
+            self.records[-1] = dataclasses.replace(self.records[-1], restarted_at=at)
 
 
 def _tail(text: Optional[str], limit: int) -> Optional[str]:
