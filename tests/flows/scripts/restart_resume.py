@@ -3,15 +3,19 @@ it: for @torchrun(restarts=N). One rank SIGKILLs itself (or raises, --bug)
 after step --fail-after of the restarts named in --fail-at; every start writes
 which restart it is, where each rank runs and what it resumed from."""
 
-import argparse
+import time
+
+STARTED = time.time()  # the script's first line: where a restart's cost ends (benchmarks/restart_scale.py)
+
+import argparse  # noqa: E402
 import json
-import os
-import signal
+import os  # noqa: E402
+import signal  # noqa: E402
 
-import torch
-import torch.distributed as dist
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
 
-from _common import init, out_dir, rank
+from _common import init, out_dir, rank  # noqa: E402
 
 p = argparse.ArgumentParser()
 p.add_argument("--steps", type=int, default=3)
@@ -39,7 +43,7 @@ init()
 with open(os.path.join(out_dir(), "events.jsonl"), "a") as f:
     f.write(json.dumps({"restart": restart, "rank": rank(), "group_rank": int(os.environ["GROUP_RANK"]),
                         "node": int(os.environ["METAFLOW_TORCHRUN_NODE_INDEX"]), "resumed_from": resumed,
-                        "task_pid": task_pid()}) + "\n")
+                        "task_pid": task_pid(), "script_at": STARTED}) + "\n")
 fail_at = {int(x) for x in args.fail_at.split(",") if x}
 for step in range((resumed or 0) + 1, args.steps + 1):
     t = torch.ones(1)
