@@ -8,7 +8,7 @@ import time
 STARTED = time.time()  # the script's first line: where a restart's cost ends (benchmarks/restart_scale.py)
 
 import argparse  # noqa: E402
-import json
+import json  # noqa: E402
 import os  # noqa: E402
 import signal  # noqa: E402
 
