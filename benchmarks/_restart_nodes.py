@@ -16,7 +16,7 @@ import os
 import socket
 import threading
 import time
-from typing import Any, Dict
+from typing import Any, Dict, List, Tuple
 
 from _gang_nodes import HOST, Nodes, _die_with_parent, raise_nofile, STACK_BYTES
 
@@ -46,31 +46,41 @@ class RestartNodes(Nodes):
         return {"entered": len(self.entered)}
 
     def do_arm(self, bound: float) -> Dict[str, Any]:
-        """Each node waits for the gang's restart of call 0, then meets the
-        others at its rendezvous port."""
+        """Watch this share's nodes for the gang's restart of call 0; each
+        told node then meets the others at its rendezvous port. One thread
+        per worker (not one per node): on one host, a thousand waiting
+        threads would measure the scheduler, not the gang."""
         self.told_at, self.agreed_at = {}, {}
-        for n, client in self.clients.items():
-            threading.Thread(target=self._restart, args=(n, client, bound), daemon=True).start()
+        threading.Thread(target=self._watch, args=(bound,), daemon=True).start()
         return {}
 
-    def _restart(self, node: int, client: Any, bound: float) -> None:
-        decided = client.wait_for_restart_or_verdict(0, 0, bound)
-        if decided is None:
-            return
-        self.told_at[node] = time.monotonic()
-        if node == 0:
-            self._serve(decided.rdzv_port)
-            self.agreed_at[node] = time.monotonic()
-            return
+    def _watch(self, bound: float) -> None:
         deadline = time.monotonic() + bound
-        while time.monotonic() < deadline:
-            try:
-                with socket.create_connection((HOST, decided.rdzv_port), timeout=1.0) as sock:
-                    sock.recv(1)  # the "store" answers one byte to each node
-                self.agreed_at[node] = time.monotonic()
-                return
-            except OSError:
-                time.sleep(0.01)
+        pending = dict(self.clients)
+        todo: List[Tuple[int, int]] = []  # (node, port): told, not yet connected
+        while (pending or todo) and time.monotonic() < deadline:
+            for node, client in list(pending.items()):
+                decided = client.restart_after(0, 0)
+                if decided is None:
+                    continue
+                self.told_at[node] = time.monotonic()
+                del pending[node]
+                if node == 0:
+                    self._serve(decided.rdzv_port)
+                    self.agreed_at[node] = time.monotonic()
+                else:
+                    todo.append((node, decided.rdzv_port))
+            todo = [(node, port) for node, port in todo if not self._meet(node, port)]
+            time.sleep(0.002)
+
+    def _meet(self, node: int, port: int) -> bool:
+        try:
+            with socket.create_connection((HOST, port), timeout=1.0) as sock:
+                sock.recv(1)  # the "store" answers one byte to each node
+        except OSError:
+            return False
+        self.agreed_at[node] = time.monotonic()
+        return True
 
     def _serve(self, port: int) -> None:
         listener = socket.socket()

@@ -75,8 +75,9 @@ def coordination(n: int, workers: int, bound: float) -> Dict[str, Any]:
             pool.ask(everyone, "enter", 30.0)
             entered = pool.ask(everyone, "wait_entered", bound + 5, seconds=bound)
             row["entered"] = sum(r["entered"] for r in entered.values() if r)
+            time.sleep(2.0)  # the join's and the calls' last messages land: not counted
             pool.ask(everyone, "arm", 30.0, bound=bound)
-            time.sleep(0.5)  # every waiting thread is waiting
+            time.sleep(0.5)  # every watcher is watching
             reported = pool.ask([pool.solo], "report_kill", 10.0, node=n - 1)[pool.solo]
             t0 = reported["t"] if reported else time.monotonic()
             got = pool.ask(everyone, "restart_status", bound + 10, seconds=bound)

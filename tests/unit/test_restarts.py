@@ -173,3 +173,14 @@ def test_a_restart_clears_the_replaced_ranks_records_only(tmp_path):
         open(path, "w").close()
     clear_round(str(tmp_path))
     assert all(os.path.exists(p) for p in keep) and not any(os.path.exists(p) for p in gone)
+
+
+def test_the_card_counts_each_restart_like_an_attempt():
+    from metaflow_extensions.torchrun.plugins.torchrun.runtime import card
+    restarts = [records.InStepRestart(1, KILLED, 100.0, 110.0, restarted_at=111.0, ranks_at=112.5),
+                records.InStepRestart(2, KILLED, 112.5, 120.0)]
+    result = TorchrunResult(["torchrun"], 0, 2, 2, 0, 100.0, 130.0, in_step_restarts=restarts)
+    assert card.restart_rows(result) == [
+        ["1", "+10.0 s", KILLED.summary, "10.0 s", "2.5 s"],
+        ["2", "+20.0 s", KILLED.summary, "7.5 s", ""],
+    ]

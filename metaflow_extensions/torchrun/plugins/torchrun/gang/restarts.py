@@ -79,8 +79,8 @@ class RestartNews:
         """After reporting a failure of call ``index``'s ranks: the service
         restarts them or ends the gang; the restart, or None."""
         deadline = time.monotonic() + seconds
-        with self._news:
+        with self._news:  # woken by the news itself (a restart, a verdict, the close)
             while (self.cause is None and not self._closing.is_set() and time.monotonic() < deadline
                    and self.restart_after(index, restart) is None):
-                self._news.wait(0.02)
+                self._news.wait(max(0.0, min(0.5, deadline - time.monotonic())))
         return self.restart_after(index, restart)
