@@ -26,6 +26,7 @@ class RestartNodes(Nodes):
         super().__init__()
         self.told_at: Dict[int, float] = {}
         self.agreed_at: Dict[int, float] = {}
+        self.heard_at: Dict[int, float] = {}
         self.entered: Dict[int, Any] = {}
         self._listener: Any = None
 
@@ -50,9 +51,19 @@ class RestartNodes(Nodes):
         told node then meets the others at its rendezvous port. One thread
         per worker (not one per node): on one host, a thousand waiting
         threads would measure the scheduler, not the gang."""
-        self.told_at, self.agreed_at = {}, {}
+        self.told_at, self.agreed_at, self.heard_at = {}, {}, {}
+        for node, client in self.clients.items():
+            client._heard_restart = self._stamped(node, client._heard_restart)
         threading.Thread(target=self._watch, args=(bound,), daemon=True).start()
         return {}
+
+    def _stamped(self, node: int, heard: Any) -> Any:
+        """When the client's reader thread read the restart message (the
+        gang's delivery, apart from this harness's watcher)."""
+        def stamp(message: Any) -> None:
+            self.heard_at.setdefault(node, time.monotonic())
+            heard(message)
+        return stamp
 
     def _watch(self, bound: float) -> None:
         deadline = time.monotonic() + bound
@@ -116,7 +127,7 @@ class RestartNodes(Nodes):
         deadline = time.monotonic() + seconds
         while len(self.agreed_at) < len(self.clients) and time.monotonic() < deadline:
             time.sleep(0.005)
-        return {"told": dict(self.told_at), "agreed": dict(self.agreed_at)}
+        return {"told": dict(self.told_at), "agreed": dict(self.agreed_at), "heard": dict(self.heard_at)}
 
 
 def restart_worker_main(conn: Any, parent_pid: int) -> None:

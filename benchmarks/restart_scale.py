@@ -83,10 +83,13 @@ def coordination(n: int, workers: int, bound: float) -> Dict[str, Any]:
             got = pool.ask(everyone, "restart_status", bound + 10, seconds=bound)
             told = [t for r in got.values() if r for t in r["told"].values()]
             agreed = [t for r in got.values() if r for t in r["agreed"].values()]
+            heard = [t for r in got.values() if r for t in r["heard"].values()]
             state = gang.server.calls[0]
             row.update({
                 "decided_s": round(state.restarted_at - t0, 4) if state.restarted_at else None,
                 "told": len(told), "agreed": len(agreed),
+                "heard_p50_s": round(percentile([t - t0 for t in heard], 0.5), 4) if heard else None,
+                "heard_max_s": round(max(heard) - t0, 4) if heard else None,
                 "told_p50_s": round(percentile([t - t0 for t in told], 0.5), 4) if told else None,
                 "told_max_s": round(max(told) - t0, 4) if told else None,
                 "agreed_p50_s": round(percentile([t - t0 for t in agreed], 0.5), 4) if agreed else None,
