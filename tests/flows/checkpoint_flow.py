@@ -4,7 +4,7 @@ checkpoints; a retried gang resumes from the last one.
 
 $MFTR_CKPT: JSON of the training script's options (kill-after-epoch, epochs,
 save-seconds); $MFTR_CKPT_POLICY: @checkpoint's load_policy (default "fresh");
-$MFTR_RETRY_ON: @torchrun(retry_on=...); $MFTR_CKPT_BUG: "1" makes the step's
+$MFTR_RETRY_ON: @torchrun(retry_on=...); $MFTR_RESTARTS: @torchrun(restarts=...); $MFTR_CKPT_BUG: "1" makes the step's
 code raise a ValueError on every attempt, before its call."""
 
 import json
@@ -13,7 +13,8 @@ import os
 from metaflow import FlowSpec, checkpoint, current, retry, step, torchrun
 
 RETRY_ON = os.environ.get("MFTR_RETRY_ON")
-TORCHRUN = {"retry_on": RETRY_ON} if RETRY_ON else {}
+TORCHRUN = dict({"retry_on": RETRY_ON} if RETRY_ON else {},
+                **({"restarts": int(os.environ["MFTR_RESTARTS"])} if os.environ.get("MFTR_RESTARTS") else {}))
 
 
 class CheckpointFlow(FlowSpec):

@@ -35,9 +35,9 @@ def _record(gang, attempt=None):
         "result = json.loads(t.metadata_dict['torchrun-result'])" % (attempt, attempt))
 
 
-def _resumes_after_kill(gang, kill_node, resumed_from=2, **options):
+def _resumes_after_kill(gang, kill_node, resumed_from=2, restarts=0, **options):
     ckpt = dict({"kill-after-epoch": 2, "kill-node": kill_node, "epochs": 3}, **options)
-    env = {"MFTR_CKPT": json.dumps(ckpt), "MFTR_RETRY_ON": "infrastructure"}
+    env = {"MFTR_CKPT": json.dumps(ckpt), "MFTR_RETRY_ON": "infrastructure", "MFTR_RESTARTS": str(restarts)}
     proc = gang.run(flow=FLOW, env=env, timeout=400)
     text = output(proc)
     assert proc.returncode == 0, text[-5000:]
@@ -59,7 +59,10 @@ def _resumes_after_kill(gang, kill_node, resumed_from=2, **options):
 
 
 def test_a_killed_worker_resumes_from_the_last_epoch_even_under_retry_on_infrastructure(gang):
-    _resumes_after_kill(gang, kill_node=1)
+    """With in-step restarts allowed too: a lost node ends the attempt (a
+    restart needs every task alive), and @retry resumes."""
+    text = _resumes_after_kill(gang, kill_node=1, restarts=2)
+    assert "restarting" not in text, text[-3000:]
     record = _record(gang)
     attempts = record["attempts"]
     assert [a["attempt"] for a in attempts] == [0, 1], attempts

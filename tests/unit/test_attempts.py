@@ -49,6 +49,8 @@ def test_a_python_exception_of_the_users_code_is_named_with_its_place():
     wire(CauseKind.RANK_FAILED, exc_type="torch.distributed.DistNetworkError", message="x"),
     wire(CauseKind.RANK_FAILED, exc_type="ValueError", secondary=True),
     wire(CauseKind.STEP_FAILED, exc_type="GangAborted"),
+    # A rank killed by a signal (an OOM kill) or ended by an exit code: no exception of the code.
+    wire(CauseKind.RANK_FAILED, exc_type="killed by signal SIGKILL", message="the process ended without a Python exception"),
     None, {}, {"kind": "failed"}, "not a dict", {"kind": "failed", "exc_type": 3},
 ])
 def test_infrastructure_and_unknown_failures_are_retried(cause):

@@ -24,7 +24,7 @@ from metaflow_extensions.torchrun.plugins.torchrun.runtime.session import GangSe
 # Each field at a value no default has, and where the test below looks for it.
 CHANGED = dict(
     nproc_per_node=3,  # the plan's nproc
-    torchrun_args={"max_restarts": 2},  # torchrun's argv
+    torchrun_args={"monitor_interval": 0.5},  # torchrun's argv
     port=29999,  # the gang's port: the topology (gang/topology.py), not a StepDefaults reader
     derived_nproc=5,  # the plan's nproc when nothing else is given (test_inputs)
     accelerators=Accelerators(kind="gpu", count=5, source="@resources(gpu=5)"),  # the device check
@@ -36,6 +36,7 @@ CHANGED = dict(
     rdzv_port=29777,  # the plan
     args_as="0.2",  # the plan's encoding of entrypoint_args
     preflight="full",  # the session's preflight (runtime/preflight.py)
+    restarts=2,  # the gang config (the service decides restarts) and a restart's launch
 )
 
 
@@ -66,12 +67,13 @@ def run(tmp_path, monkeypatch):
 def test_the_session_carries_the_gang_settings(run):
     config = run.session.config
     assert (config.heartbeat_timeout, config.start_timeout, config.hang_timeout) == (7.0, 123.0, 9.0)
+    assert config.restarts == 2
 
 
 def test_the_plan_carries_the_call_settings(run):
     assert run.plan.nproc == 3
     assert run.plan.rdzv_port == 29777
-    assert str(run.plan.options["max-restarts"]) == "2"
+    assert str(run.plan.options["monitor-interval"]) == "0.5"
     assert run.plan.entry_argv == ["--epochs", "true"]  # args_as="0.2"
 
 
@@ -82,10 +84,22 @@ def test_the_ranks_environment_and_argv_carry_the_launch_settings(run):
     assert env[names.NODE_INDEX_ENV] == "0"
     assert env[names.WORK_DIR_ENV] == run.workdir and os.path.isdir(run.workdir)
     argv = " ".join(run.argv)
-    assert "--max-restarts 2" in argv or "--max-restarts=2" in argv
+    assert "--monitor-interval 0.5" in argv
     assert "--nproc-per-node 3" in argv or "--nproc-per-node=3" in argv
     assert str(join_timeout(123.0)) in argv and str(join_timeout(DEFAULTS.START_TIMEOUT)) not in argv
     assert "127.0.0.1:29777" in argv
+
+
+def test_a_restart_launches_its_own_rendezvous_and_says_which_restart_it_is(run):
+    first = run.prepare()
+    assert names.RESTART_ENV not in first
+    first_id = run.argv[run.argv.index("--rdzv-id") + 1]
+    run.again.restart, run.rdzv_port = 2, 29555
+    env = run._launch_environment()
+    assert env[names.RESTART_ENV] == "2"
+    argv = " ".join(run.argv)
+    assert "127.0.0.1:29555" in argv and "--rdzv-backend static" in argv and "--node-rank 0" in argv
+    assert run.argv[run.argv.index("--rdzv-id") + 1] == first_id + "-r2"
 
 
 def test_the_supervisor_gets_the_grace(run, monkeypatch):

@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import enum
 import math
+import os
+import re
 import time
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
-from .procs import numbers
+from .procs import NO_EXCEPTION, numbers
 
 # Text fields from the wire are cut to these many characters.
 MAX_TEXT = 4000
@@ -144,3 +146,69 @@ def _is_real(value: Any) -> bool:
 def plural(items: List[int], noun: str = "node", cap: int = 16) -> str:
     """``nodes 1, 4-9, 12``: a message about 4,000 nodes stays one short line."""
     return "%s%s %s" % (noun, "s" if len(items) != 1 else "", numbers(items, cap))
+
+
+# -- whose failure it was: one classification for retry_on and the in-step restart --
+
+# Kinds of a gang's stop that the user's code raised.
+_CODE_KINDS = (CauseKind.RANK_FAILED, CauseKind.STEP_FAILED, CauseKind.CALL_MISMATCH)
+# Exceptions that are the world's, not the code's: a peer or the network gone,
+# torch's store or a collective timing out, the task told to stop.
+_INFRA_TYPES = frozenset((
+    "DistBackendError", "DistNetworkError", "DistStoreError", "DistError",
+    "GangAborted", "TorchrunInterrupted", "KeyboardInterrupt", "SystemExit",
+    "ConnectionError", "ConnectionResetError", "ConnectionRefusedError", "BrokenPipeError",
+))
+_INFRA_TEXT = re.compile(
+    r"NCCL|gloo|Connection (closed|reset|refused)|Broken pipe|ECC error|uncorrectable|Xid|"
+    r"collective operation timeout|Watchdog caught", re.I)
+# Frames of the launcher, Metaflow, installed packages and the standard
+# library are not "your code": the place named is the user's last frame.
+_NOT_USER = re.compile(r"site-packages|dist-packages|/metaflow_extensions/|/metaflow/|/lib/python3\.\d+/")
+_FRAME = re.compile(r'File "([^"]+)", line (\d+)')
+
+
+def place(traceback: Optional[str]) -> Optional[str]:
+    """``train.py:88``: the innermost frame of the user's code in a
+    traceback, or the innermost frame when none is the user's."""
+    frames = _FRAME.findall(traceback or "")
+    if not frames:
+        return None
+    mine = [f for f in frames if not _NOT_USER.search(f[0])]
+    path, line = (mine or frames)[-1]
+    return "%s:%s" % (os.path.basename(path), line)
+
+
+def user_code_failure(cause: Optional[Cause]) -> Optional[str]:
+    """``ValueError at train.py:88`` when the cause is a Python exception the
+    user's code raised (in a rank, or in the step's own code); None for
+    everything else: a node lost, frozen or preempted, a signal, a NCCL/gloo
+    error, a stop asked for, a hang, an exit without a Python exception."""
+    if cause is None or cause.kind not in _CODE_KINDS or cause.secondary:
+        return None
+    if cause.kind is CauseKind.CALL_MISMATCH:
+        return "a mismatch of current.torch.run calls between nodes"
+    exc_type = cause.exc_type
+    if not exc_type or exc_type.split(".")[-1] in _INFRA_TYPES or cause.message == NO_EXCEPTION:
+        return None  # not an exception of the code: a signal (an OOM kill), an exit code
+    if _INFRA_TEXT.search("%s\n%s" % (cause.message or "", cause.summary)):
+        return None
+    where = place(cause.traceback)
+    return "%s at %s" % (exc_type, where) if where else exc_type
+
+
+# A failure the gang may restart in the step (@torchrun(restarts=N)): the ranks
+# ended with every node's task alive. Anything else ends the attempt.
+_RESTARTABLE = (CauseKind.RANK_FAILED, CauseKind.HANG)
+
+
+def restartable_in_step(cause: Optional[Cause]) -> bool:
+    """A rank killed by a signal (an OOM kill among them), a NCCL/gloo or
+    connection error, an exit without a Python exception, a hang stopped by
+    ``hang_timeout``: every node's task is alive, so new ranks in the same
+    tasks can go on. Not a Python exception of the user's code (it would raise
+    again at the same place), nor a node lost, frozen or preempted, nor a stop
+    asked for: those end the attempt, and ``@retry`` decides."""
+    if cause is None or cause.kind not in _RESTARTABLE:
+        return False
+    return cause.kind is CauseKind.HANG or user_code_failure(cause) is None

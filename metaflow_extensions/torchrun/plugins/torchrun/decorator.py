@@ -32,7 +32,7 @@ from .gang import GangIdentity
 from .lint import register_lint_check, require_parallel_entry
 from .host import log, say
 from .settings import export_knobs, knob_environ
-from .runtime import card_of_task, prepare_local_nodes, stop_local_nodes
+from .runtime import card_of_task, name_local_control, prepare_local_nodes, stop_local_nodes
 from .launch import small_shm_warning
 from .runtime import METADATA_FIELD, REPORT_ARTIFACT
 from .runtime import GangSession, ThisAttempt, in_gang, step_result
@@ -90,6 +90,13 @@ class TorchrunDecorator(ParallelDecorator):
         ``"any"`` (Metaflow's @retry as it is) or ``"infrastructure"``: not after
         a Python exception of the user's code (in a rank or in the step), which
         would only raise again; the attempt fails at once, before any rank starts.
+    restarts : int, default 0
+        How many times a call's ranks are restarted on every node, in the same
+        tasks, after a failure that left every node's task alive (a rank killed
+        by a signal or out of memory, a NCCL/gloo error, ``hang_timeout``):
+        rank 0 stays on node 0, ``TORCHELASTIC_RESTART_COUNT`` says which
+        restart it is. Not after a Python exception in your code; a node lost
+        or preempted ends the attempt (``@retry``). Not with ``max_restarts``.
 
     MF Add To Current
     -----------------
@@ -162,14 +169,8 @@ class TorchrunDecorator(ParallelDecorator):
 
     def runtime_step_cli(self, cli_args, retry_count, max_user_code_retries, ubf_context):
         super().runtime_step_cli(cli_args, retry_count, max_user_code_retries, ubf_context)
-        env = getattr(cli_args, "env", None)
-        if ubf_context == UBF_CONTROL and is_local_runtime(os.environ) and isinstance(env, dict):
-            # Metaflow sets this on the local control only inside the step's
-            # code, after every task_pre_step: @checkpoint reads it there, and
-            # without it the control took an identity of its own while the
-            # other nodes took the gang's (two checkpoint lineages per gang).
-            # Kubernetes and Batch set it on every node from the start.
-            env[CONTROL_TASK_ID_ENV] = str(cli_args.task.task_id)
+        if ubf_context == UBF_CONTROL and is_local_runtime(os.environ):
+            name_local_control(getattr(cli_args, "env", None), cli_args.task.task_id)
 
     def task_pre_step(
         self, step_name, task_datastore, metadata, run_id, task_id, flow, graph,

@@ -36,3 +36,5 @@ KEEP_LOGS = 20
 # ... and the least recently used runs go while all logs take more than this many MB.
 MAX_LOG_MB = 500
 
+# In-step restarts of a call's ranks the gang coordinates (@torchrun(restarts=N)).
+RESTARTS = 0

@@ -33,10 +33,12 @@ from .launch import (
     refuse_one_node_on_kubernetes,
     refuse_step_functions,
     requested_accelerators,
+    restarts_allowed,
     step_timeout,
     validate_args_as,
     validate_hang_timeout,
     validate_nproc,
+    validate_restarts,
     validate_shutdown_grace,
     validate_timeouts,
 )
@@ -58,6 +60,7 @@ ATTRIBUTE_DEFAULTS: Mapping[str, Any] = {
     "args_as": None,
     "preflight": DEFAULT_PREFLIGHT,
     "retry_on": None,
+    "restarts": DEFAULTS.RESTARTS,
 }
 
 # (name, attributes) of each decorator on the step, as Metaflow lists them.
@@ -78,6 +81,7 @@ class StepSpec:
     args_as: str = DEFAULTS.ARGS_AS
     preflight: str = DEFAULT_PREFLIGHT
     retry_on: Any = None
+    restarts: int = DEFAULTS.RESTARTS  # in-step restarts the gang coordinates
     # Deprecation lines for 0.2's spellings in torchrun_args: said once, by the launcher.
     notes: Tuple[str, ...] = ()
 
@@ -90,7 +94,7 @@ def read_step_spec(attributes: Mapping[str, Any], decorators: DecoratorSpecs, en
     nproc = attributes.get("nproc_per_node")
     if nproc is not None:
         problems.check(validate_nproc, nproc, "@torchrun(nproc_per_node)")
-    torchrun_args, legacy_port, notes = _torchrun_args(attributes.get("torchrun_args"), problems)
+    torchrun_args, legacy_port, notes, torch_restarts = _torchrun_args(attributes.get("torchrun_args"), problems)
     accelerators = problems.check(requested_accelerators, decorators) or NO_ACCELERATORS
     port = problems.check(parse_port, attributes.get("port"), "@torchrun(port)")
     rdzv_port = problems.check(pinned_rdzv_port, attributes.get("rdzv_port"), legacy_port, port)
@@ -112,6 +116,8 @@ def read_step_spec(attributes: Mapping[str, Any], decorators: DecoratorSpecs, en
         args_as=problems.check(validate_args_as, attributes.get("args_as"), "@torchrun(args_as)") or DEFAULTS.ARGS_AS,
         preflight=problems.check(preflight_mode, attributes.get("preflight")) or DEFAULT_PREFLIGHT,
         retry_on=problems.check(attempts_.validate_retry_on, attributes.get("retry_on")),
+        # Not with torchrun_args' max_restarts (torch's own restart): one or the other.
+        restarts=problems.check(validate_restarts, attributes.get("restarts"), torch_restarts) or 0,
         notes=tuple(notes),
     )
 
@@ -121,12 +127,14 @@ def _given(value: Any, default: Any) -> Any:
     return default if value is None else value
 
 
-def _torchrun_args(args: ArgSpec, problems: Problems) -> Tuple[ArgSpec, Optional[int], list]:
+def _torchrun_args(args: ArgSpec, problems: Problems) -> Tuple[ArgSpec, Optional[int], list, bool]:
     """The step's torchrun_args, parsed, with 0.2's ``master_port`` taken out
-    (returned as the pinned port) and the deprecation lines for its spellings."""
+    (returned as the pinned port), the deprecation lines for its spellings,
+    and whether they ask for torch's own restarts (``max_restarts``)."""
     if args is None:
-        return None, None, []
+        return None, None, [], False
     options = problems.check(merged_options, StepDefaults(torchrun_args=args), None)
+    torch_restarts = bool(options) and restarts_allowed(options or {})
     pinned = problems.check(legacy_rdzv_port, options, "@torchrun(torchrun_args)") if options else None
     legacy_port, notes, parsed = None, [], args
     if pinned is not None:
@@ -136,7 +144,7 @@ def _torchrun_args(args: ArgSpec, problems: Problems) -> Tuple[ArgSpec, Optional
         parsed = options
     # Names torchrun does not know, also where a value was refused.
     problems.check(check_options, options if options is not None else option_names(args))
-    return parsed, legacy_port, notes
+    return parsed, legacy_port, notes, torch_restarts
 
 
 def pinned_rdzv_port(value: Any, legacy_port: Optional[int], port: Optional[int]) -> Optional[int]:
@@ -186,4 +194,5 @@ def step_defaults(spec: StepSpec) -> StepDefaults:
         hang_timeout=spec.hang_timeout,
         shutdown_grace=spec.shutdown_grace,
         preflight=spec.preflight,
+        restarts=spec.restarts,
     )

@@ -46,6 +46,11 @@ class CallState:
     # After a failure: each node's ranks' stacks (node -> rank -> text), sent
     # once per node (an empty dict from a node with no live rank to stop).
     stacks: Dict[int, Dict[int, str]] = field(default_factory=dict)
+    # In-step restarts (restarts.py): how many so far, the latest's start
+    # (monotonic; hang detection counts from it), and what caused each.
+    restart: int = 0
+    restarted_at: Optional[float] = None
+    restart_causes: List[Cause] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -208,7 +213,8 @@ class CallBook:
             running = [n for n in state.entries if n not in state.done and n not in left]
             if not running:
                 continue
-            latest = max([state.all_entered_at] + [t for t in map(last_output, running) if t is not None])
+            begun = max(state.all_entered_at, state.restarted_at or 0.0)
+            latest = max([begun] + [t for t in map(last_output, running) if t is not None])
             if now - latest >= limit:
                 return Cause(
                     CauseKind.HANG,

@@ -24,15 +24,15 @@ from . import messages as msg
 from . import wire
 from .config import GangConfig
 from .joining import Joining
+from .restarts import RestartNews
 from ..host import log
 
 _log = log.get("gang.client")
 
 
 
-class GangClient(Joining):
-    """Runs on every node (the control included). Joining is ``joining.py``'s
-    (a mixin: it sets up the state kept here)."""
+class GangClient(Joining, RestartNews):
+    """Runs on every node (the control included); joining and restarts are mixins (joining.py, restarts.py)."""
 
     def __init__(self, config: GangConfig, host: str, ports: Sequence[int], node_index: int,
                  secret: Union[bytes, Callable[[], bytes]]):
@@ -61,6 +61,7 @@ class GangClient(Joining):
         self.preflight: Optional[Callable[[], msg.Preflight]] = None
         self._preflight_sent = threading.Event()
         self._go: Dict[int, int] = {}  # call index -> rendezvous port
+        self._restarts: Dict[int, msg.Restart] = {}  # call index -> the latest restart decided (RestartNews)
         self._calls_done: Set[int] = set()
         self._news = threading.Condition()
         self._sock: Optional[socket.socket] = None
@@ -152,10 +153,11 @@ class GangClient(Joining):
         return index in self._calls_done
 
     def report_failure(self, cause: Cause, call: Optional[int] = None,
-                       report: Optional[msg.NodeReport] = None) -> None:
-        message = msg.Failed(cause, call, report)
+                       report: Optional[msg.NodeReport] = None, restart: int = 0) -> None:
+        """``restart``: which start of the call's ranks failed (0: the first)."""
+        message = msg.Failed(cause, call, report, restart)
         if report is not None and not fits(message):
-            message = msg.Failed(cause, call, report.cut())
+            message = msg.Failed(cause, call, report.cut(), restart)
         self._safe_send(message)
         _log.debug("node %d: failure reported (call %s): %s: %s", self.node_index, call, cause.kind.value,
                    cause.summary)
@@ -264,6 +266,8 @@ class GangClient(Joining):
             self._set_cause(message.cause)
         elif isinstance(message, msg.AllLeft):
             self.all_left.set()
+        elif isinstance(message, msg.Restart):
+            self._heard_restart(message)
         elif isinstance(message, (msg.Go, msg.CallAllDone)):
             with self._news:
                 if isinstance(message, msg.Go):

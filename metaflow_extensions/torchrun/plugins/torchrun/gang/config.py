@@ -47,6 +47,9 @@ class GangConfig:
     # Seconds without a line from any rank of a running call before the gang
     # stops as hung; None: never (``@torchrun(hang_timeout)``).
     hang_timeout: Optional[float] = DEFAULTS.HANG_TIMEOUT
+    # Times a call's ranks may be restarted in the same tasks (@torchrun(restarts)):
+    # the service decides each restart (gang/restarts.py).
+    restarts: int = DEFAULTS.RESTARTS
 
     @property
     def heartbeat_interval(self) -> float:

@@ -11,6 +11,7 @@ from typing import Callable, Dict, Optional, Tuple
 from ..cause import Cause, CauseKind
 from ..host import log
 from . import messages as msg
+from . import restarts
 from .admission import Admission
 from .calls import CallBook
 from .config import CONTROL_NODE, GangConfig
@@ -106,6 +107,8 @@ class MessageHandlers:
     def _on_failed(self, peer: Peer, message: msg.GangMessage) -> None:
         assert isinstance(message, msg.Failed) and peer.node is not None
         if message.call is not None and message.call in self.book.calls:
+            if restarts.stale(self.book.calls[message.call], message.restart):
+                return  # of ranks a restart already replaced: the new ones are what counts
             self.book.keep_report(self.book.calls[message.call], peer.node, message.report)
         if self.cause is not None:
             return

@@ -35,6 +35,7 @@ NONCE_BYTES = 32
 PROOF_HEX = 64  # sha256, in hex
 MAX_NODE = 1 << 20
 MAX_CALL = 1 << 20
+MAX_RESTART = 1 << 16
 # A node runs at most this many ranks (nproc_per_node); its report and its
 # stacks carry at most this many entries.
 MAX_RANKS_PER_NODE = 4096
@@ -60,6 +61,7 @@ class MessageType(str, enum.Enum):
     ALL_LEFT = "all_left"  # service -> control: every node left
     ABORT = "abort"  # service -> every node: the gang is over, and why
     PREFLIGHT = "preflight"  # node -> service: its software fingerprint and fitness checks
+    RESTART = "restart"  # service -> every node: restart call k's ranks, on this rendezvous port
 
 
 # -- field readers: each returns the value or raises ProtocolError ---------------------
@@ -397,19 +399,48 @@ class CallAllDone(GangMessage):
 
 @dataclass(frozen=True)
 class Failed(GangMessage):
+    """``restart``: which start of the call's ranks failed (0: the first; k: the
+    k-th restart), so that a report of ranks already replaced is not taken for
+    a failure of the new ones."""
+
     TYPE: ClassVar[MessageType] = MessageType.FAILED
     cause: Cause
     call: Optional[int] = None
     report: Optional[NodeReport] = None
+    restart: int = 0
 
     def fields(self) -> Dict[str, Any]:
         return {"cause": self.cause.to_wire(), "call": self.call,
-                "report": self.report.to_wire() if self.report else None}
+                "report": self.report.to_wire() if self.report else None, "restart": self.restart or None}
 
     @classmethod
     def from_wire(cls, data: Mapping[str, Any]) -> "Failed":
         return cls(cause=_cause(data, "cause"), call=_int(data, "call", 0, MAX_CALL, optional=True),
-                   report=_report(data, "report"))
+                   report=_report(data, "report"), restart=_int(data, "restart", 0, MAX_RESTART, optional=True) or 0)
+
+
+@dataclass(frozen=True)
+class Restart(GangMessage):
+    """The service's decision, to every node at once: stop call ``index``'s
+    ranks and start them again as restart ``restart`` (1, 2, ...), with a
+    fresh static rendezvous on ``rdzv_port`` (the previous one's store dies
+    with node 0's old agent). ``cause``: what failed. The same few fields
+    whatever the gang's size."""
+
+    TYPE: ClassVar[MessageType] = MessageType.RESTART
+    index: int
+    restart: int
+    rdzv_port: int
+    cause: Cause
+
+    def fields(self) -> Dict[str, Any]:
+        return {"index": self.index, "restart": self.restart, "rdzv_port": self.rdzv_port,
+                "cause": self.cause.to_wire()}
+
+    @classmethod
+    def from_wire(cls, data: Mapping[str, Any]) -> "Restart":
+        return cls(index=_int(data, "index", 0, MAX_CALL), restart=_int(data, "restart", 1, MAX_RESTART),
+                   rdzv_port=_int(data, "rdzv_port", 1, 65535), cause=_cause(data, "cause"))
 
 
 @dataclass(frozen=True)
@@ -556,7 +587,7 @@ class Preflight(GangMessage):
 
 KINDS: Dict[MessageType, Type[GangMessage]] = {
     cls.TYPE: cls for cls in (Challenge, Hello, Welcome, Reject, Heartbeat, Call, Go, CallDone, CallAllDone, Failed,
-                              Stacks, Leave, AllLeft, Abort, Preflight)
+                              Stacks, Leave, AllLeft, Abort, Preflight, Restart)
 }
 
 

@@ -31,6 +31,8 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from ..cause import Cause, CauseKind
 from . import messages as msg
+from . import restarts
+from .ports import find_free_port
 from .admission import Admission
 from .handlers import MessageHandlers
 from .calls import CallBook, CallState, CallView
@@ -236,12 +238,30 @@ class GangServer(MessageHandlers):
     # -- sending and ending ----------------------------------------------------------------
 
     def _abort(self, cause: Cause) -> None:
+        """The gang's verdict: a restart of the call's ranks where one is
+        allowed (``restarts.py``), else the end, to every node."""
+        if self._restart(cause):
+            return
         self._pending = None
         self.cause = cause
         _log.debug("verdict: %s (node %s): %s", cause.kind.value, cause.node_index, cause.summary)
         data = encode(msg.Abort(cause).to_wire())
         for peer in list(self.members.by_node.values()):
             self.transport.send(peer, data)
+
+    def _restart(self, cause: Cause) -> bool:
+        state = self.book.calls.get(cause.call) if cause.call is not None else None
+        if not restarts.may_restart(state, cause, self.config.restarts):
+            return False
+        assert state is not None
+        self._pending = None  # an echo held of the ranks being replaced
+        index = restarts.begin(state, find_free_port(self.host), cause)
+        _log.debug("restart %d of call %d (port %s): %s (node %s): %s", index, state.index, state.rdzv_port,
+                   cause.kind.value, cause.node_index, cause.summary)
+        data = encode(msg.Restart(state.index, index, state.rdzv_port or 0, cause).to_wire())
+        for peer in list(self.members.by_node.values()):
+            self.transport.send(peer, data)
+        return True
 
     def _heartbeat(self) -> None:
         """To every node with nothing queued: a node that has not read what is

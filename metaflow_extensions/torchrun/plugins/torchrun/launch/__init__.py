@@ -50,6 +50,9 @@ __all__ = [
     "step_timeout",
     "validate_args_as",
     "validate_hang_timeout",
+    "validate_restarts",
+    "restarts_allowed",
+    "restarts_clash",
     "validate_nproc",
     "validate_shutdown_grace",
     "validate_timeouts",
@@ -88,6 +91,9 @@ _HOME = {
     "step_timeout": "inputs",
     "validate_args_as": "inputs",
     "validate_hang_timeout": "inputs",
+    "validate_restarts": "inputs",
+    "restarts_allowed": "command",
+    "restarts_clash": "inputs",
     "validate_nproc": "plan",
     "validate_shutdown_grace": "inputs",
     "validate_timeouts": "inputs",
@@ -98,8 +104,9 @@ if TYPE_CHECKING:
     from .platforms import refuse_step_functions
     from .platforms import refuse_one_node_on_kubernetes
     from .platforms import check_port_clash
-    from .command import ArgSpec, argparse_hint, none_keys
-    from .inputs import step_timeout, validate_args_as, validate_hang_timeout, validate_shutdown_grace, validate_timeouts
+    from .command import ArgSpec, argparse_hint, none_keys, restarts_allowed
+    from .inputs import (restarts_clash, step_timeout, validate_args_as, validate_hang_timeout, validate_restarts,
+                         validate_shutdown_grace, validate_timeouts)
     from .plan import CallPlan, CallRequest, StepDefaults, check_options, legacy_rdzv_port, merged_options, none_note, option_names, plan_call, plan_request, resolve_nproc, validate_nproc
     from .prepare import NodeFacts, prepare_launch
     from .resources import Accelerators, NO_ACCELERATORS, check_visible_devices, keyword_note, nproc_for_keyword, requested_accelerators, small_shm_warning

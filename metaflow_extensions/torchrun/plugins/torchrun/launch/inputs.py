@@ -28,6 +28,8 @@ MAX_NPROC_PER_NODE = 1024
 MIN_HEARTBEAT_TIMEOUT = 2.0
 MIN_START_TIMEOUT = 5.0
 MIN_HANG_TIMEOUT = 2.0
+# @torchrun(restarts=N): more than this is a loop, not a recovery.
+MAX_RESTARTS = 100
 
 # A source file bigger than this is not compiled before the start (a script
 # that size is generated, and compiling it would cost every node the time).
@@ -80,6 +82,28 @@ def validate_hang_timeout(value: Any) -> Optional[float]:
         return None
     return _seconds(value, "@torchrun(hang_timeout)", MIN_HANG_TIMEOUT,
                     "the gang hears each node's silence once a second; None turns it off")
+
+
+def validate_restarts(value: Any, max_restarts: bool) -> int:
+    """``@torchrun(restarts=N)``: how many times the gang restarts a call's
+    ranks in the same tasks. ``max_restarts``: whether the step's
+    ``torchrun_args`` also asks torch's own restart, which both cannot be."""
+    if value is None:
+        return 0
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_RESTARTS:
+        raise TorchrunInvalidArgument(
+            "@torchrun(restarts=%s): a whole number of restarts from 0 to %d." % (shown(value), MAX_RESTARTS))
+    if value and max_restarts:
+        raise TorchrunInvalidArgument(restarts_clash("@torchrun(torchrun_args)", value))
+    return value
+
+
+def restarts_clash(where: str, restarts: int) -> str:
+    """``restarts`` (the gang's) and ``max_restarts`` (torch's own) both restart
+    the ranks, each in its own way: one of them, never both."""
+    return ("@torchrun(restarts=%d) and %s max_restarts both restart the ranks: give one. restarts is the "
+            "gang's (every node's ranks restarted together, rank 0 on node 0, not after a Python exception "
+            "in your code); max_restarts is torch's own (docs/resume.md)." % (restarts, where))
 
 
 def step_timeout(specs: Iterable[Tuple[str, Mapping[str, Any]]]) -> Optional[float]:

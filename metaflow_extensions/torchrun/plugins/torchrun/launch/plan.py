@@ -19,6 +19,7 @@ from .command import ArgSpec, encode_args, false_keys, none_keys, restarts_allow
 from .options import canonical_option, parse_options
 from .torch_checks import known_option_specs, known_torchrun_options, require_torch
 from .inputs import (
+    restarts_clash,
     check_arguments,
     check_command_size,
     check_path_text,
@@ -58,6 +59,8 @@ class StepDefaults:
     args_as: str = DEFAULTS.ARGS_AS
     # @torchrun(preflight=...): gang/node_compare.py MODES.
     preflight: str = "versions"
+    # @torchrun(restarts=N): the gang restarts a call's ranks in the same tasks.
+    restarts: int = DEFAULTS.RESTARTS
 
 
 @dataclass(frozen=True)
@@ -349,6 +352,8 @@ def plan_call(
         notes.extend(port_notes)
     with problems:
         check_options(options)
+    if defaults.restarts and restarts_allowed(options):
+        problems.add(restarts_clash("torchrun_args", defaults.restarts))
     with problems:
         check_command_size(options, os.environ)
     with problems:

@@ -22,6 +22,7 @@ __all__ = [
     "ARGS_FILE",
     "DEBUG_ENV",
     "MAX_STACK_BYTES",
+    "NO_EXCEPTION",
     "PORT_ENV",
     "PROGRESS_ENV",
     "RankFailure",
@@ -31,6 +32,8 @@ __all__ = [
     "StatusError",
     "USER_KNOBS",
     "bound",
+    "clear_round",
+    "RESTART_ENV",
     "conf_key",
     "describe_exit_code",
     "group",
@@ -56,6 +59,7 @@ _HOME = {
     "ARGS_FILE": "names",
     "DEBUG_ENV": "names",
     "MAX_STACK_BYTES": "stacks",
+    "NO_EXCEPTION": "failures",
     "PORT_ENV": "names",
     "PROGRESS_ENV": "names",
     "RankFailure": "failures",
@@ -65,6 +69,8 @@ _HOME = {
     "StatusError": "status",
     "USER_KNOBS": "names",
     "bound": "stacks",
+    "clear_round": "failures",
+    "RESTART_ENV": "names",
     "conf_key": "names",
     "describe_exit_code": "failures",
     "group": "stacks",
@@ -79,8 +85,8 @@ _HOME = {
 }
 
 if TYPE_CHECKING:
-    from .failures import RankFailure, describe_exit_code, merge_failures, read_agent_failures, read_failures, root_cause_order, with_last_output
-    from .names import ARGS_FILE, DEBUG_ENV, PORT_ENV, PROGRESS_ENV, SECRET_ENV, USER_KNOBS, conf_key, rank_log_path
+    from .failures import NO_EXCEPTION, RankFailure, clear_round, describe_exit_code, merge_failures, read_agent_failures, read_failures, root_cause_order, with_last_output
+    from .names import RESTART_ENV, ARGS_FILE, DEBUG_ENV, PORT_ENV, PROGRESS_ENV, SECRET_ENV, USER_KNOBS, conf_key, rank_log_path
     from .ranges import numbers
     from .stacks import MAX_STACK_BYTES, SUMMARY_PLACES, bound, group
     from .status import RankStatus, StatusError, read_statuses

@@ -17,7 +17,8 @@ import time
 import traceback
 
 from . import agent, entry, relay, stacks
-from .names import ARGS_FILE, WORK_DIR_ENV, LABELS_ENV, LOG_DIR_ENV, NODE_INDEX_ENV, rank_log_path
+from .names import (ARGS_FILE, WORK_DIR_ENV, LABELS_ENV, LOG_DIR_ENV, NODE_INDEX_ENV, RESTART_COUNT_ENV, RESTART_ENV,
+                    rank_log_path)
 from .failures import RankFailure, write_failure
 from .status import RankStatus, write_status
 from .failure_block import is_users
@@ -186,6 +187,10 @@ def main(argv: list) -> None:
         sys.exit(2)
     entry.restore_user_tmpdir()
     agent.keep_ranks_store_on_loopback(os.environ)
+    if os.environ.get(RESTART_ENV):
+        # The gang's restart k runs a fresh torchrun, whose count says 0: the
+        # ranks read which restart this is where torchrun's restarts put it.
+        os.environ[RESTART_COUNT_ENV] = os.environ[RESTART_ENV]
     rank = _env_int("RANK")
     labels = os.environ.get(LABELS_ENV, "1") != "0"
     log_dir = os.environ.get(LOG_DIR_ENV)

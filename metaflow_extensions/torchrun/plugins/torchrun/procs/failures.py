@@ -11,7 +11,8 @@ import signal
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Dict, List, Optional
 
-from .names import AGENT_FAILURES_FILE, FAILURE_SUFFIX, rank_file, rank_of
+from .names import (AGENT_FAILURES_FILE, EXCEPTION_SUFFIX, FAILURE_SUFFIX, RETURN_SUFFIX, STACKS_SUFFIX, rank_file,
+                    rank_of)
 from .records import read_json, write_json
 
 # What a rank that died without recording an exception is said to have done;
@@ -230,3 +231,24 @@ def merge_failures(recorded: List[RankFailure], reported: List[RankFailure]) -> 
     it; the result is in root-cause order (``root_cause_order``)."""
     ranks = {f.rank for f in recorded}
     return root_cause_order(recorded + [f for f in reported if f.rank not in ranks])
+
+
+# What a start of the ranks leaves that would be read as the next start's:
+# their failures, the agent's report of them, their stacks, a function's result.
+_ROUND_SUFFIXES = (FAILURE_SUFFIX, STACKS_SUFFIX, RETURN_SUFFIX, EXCEPTION_SUFFIX)
+
+
+def clear_round(directory: str) -> None:
+    """Before an in-step restart: forget the replaced ranks' records, so
+    that the new ranks' are the only ones read (their status files are
+    rewritten as they start)."""
+    try:
+        entries = os.listdir(directory)
+    except OSError:
+        return
+    for name in entries:
+        if name == AGENT_FAILURES_FILE or any(rank_of(name, s) is not None for s in _ROUND_SUFFIXES):
+            try:
+                os.unlink(os.path.join(directory, name))
+            except OSError:
+                pass

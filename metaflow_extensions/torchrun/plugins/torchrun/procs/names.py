@@ -30,6 +30,10 @@ LABELS_ENV = "METAFLOW_TORCHRUN_LABELS"  # "0": leave output lines as they are
 LOG_DIR_ENV = "METAFLOW_TORCHRUN_LOG_DIR"  # per-rank copies of stdout and stderr
 ENTRY_ENV = "METAFLOW_TORCHRUN_ENTRY"  # the entry file's path
 USER_TMPDIR_ENV = "METAFLOW_TORCHRUN_USER_TMPDIR"  # the ranks' TMPDIR ("": none)
+# Which restart of the call's ranks this is (@torchrun(restarts)): the bootstrap
+# sets torch's own TORCHELASTIC_RESTART_COUNT from it (a fresh agent says 0).
+RESTART_ENV = "METAFLOW_TORCHRUN_RESTART"
+RESTART_COUNT_ENV = "TORCHELASTIC_RESTART_COUNT"
 # torch's own, set by the plan.
 SHARE_STORE_OFF_ENV = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
 SHUTDOWN_TIMEOUT_ENV = "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"

@@ -35,6 +35,7 @@ __all__ = [
     "render_card_now",
     "skip_render",
     "step_result",
+    "name_local_control",
     "prepare_local_nodes",
     "stop_local_nodes",
     "torchrun_args_of",
@@ -49,6 +50,7 @@ _HOME = {
     "card_ready": "card",
     "card_of_task": "card",
     "prepare_local_nodes": "local_nodes",
+    "name_local_control": "local_nodes",
     "GangSession": "session",
     "METADATA_FIELD": "result",
     "REPORT_ARTIFACT": "result",
@@ -70,7 +72,7 @@ _HOME = {
 if TYPE_CHECKING:
     from .card import card_of_task, card_ready
     from .card import attach_card, finish_card, render_card_now, skip_render
-    from .local_nodes import prepare_local_nodes, stop_local_nodes, worker_python_problem
+    from .local_nodes import name_local_control, prepare_local_nodes, stop_local_nodes, worker_python_problem
     from .result import METADATA_FIELD, REPORT_ARTIFACT, TorchrunResult
     from .session import GangSession
     from .single_node import SingleNodeLauncher

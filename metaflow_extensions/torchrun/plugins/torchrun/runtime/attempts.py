@@ -19,38 +19,18 @@ record as stored), except ``read_previous``, which asks the Metaflow client.
 from __future__ import annotations
 
 import datetime
-import os
-import re
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
-from ..cause import Cause, CauseKind
+from ..cause import Cause, CauseKind, place, user_code_failure  # noqa: F401 (one classification, cause.py)
 
 RETRY_ON = ("any", "infrastructure")
 # "any" keeps Metaflow's @retry as it is: see docs/resume.md for why.
 DEFAULT_RETRY_ON = "any"
 
-# Kinds of a gang's stop that the user's code raised.
-_CODE_KINDS = (CauseKind.RANK_FAILED, CauseKind.STEP_FAILED, CauseKind.CALL_MISMATCH)
 # A record read back holds at most this many attempts, and each this many calls.
 MAX_ATTEMPTS = 64
 MAX_CALLS = 1024
-# Exceptions that are the world's, not the code's: a peer or the network gone,
-# torch's store or a collective timing out, the task told to stop.
-_INFRA_TYPES = frozenset((
-    "DistBackendError", "DistNetworkError", "DistStoreError", "DistError",
-    "GangAborted", "TorchrunInterrupted", "KeyboardInterrupt", "SystemExit",
-    "ConnectionError", "ConnectionResetError", "ConnectionRefusedError", "BrokenPipeError",
-))
-_INFRA_TEXT = re.compile(
-    r"NCCL|gloo|Connection (closed|reset|refused)|Broken pipe|ECC error|uncorrectable|Xid|"
-    r"collective operation timeout|Watchdog caught", re.I)
-# Frames of the launcher, Metaflow, installed packages and the standard
-# library are not "your code": the place named is the user's last frame.
-_NOT_USER = re.compile(r"site-packages|dist-packages|/metaflow_extensions/|/metaflow/|/lib/python3\.\d+/")
-_FRAME = re.compile(r'File "([^"]+)", line (\d+)')
-
-
 def validate_retry_on(value: Any) -> str:
     from ..errors import TorchrunInvalidArgument
 
@@ -60,35 +40,6 @@ def validate_retry_on(value: Any) -> str:
         raise TorchrunInvalidArgument(
             "@torchrun(retry_on=%r): takes %s." % (value, " or ".join(repr(v) for v in RETRY_ON)))
     return value
-
-
-def place(traceback: Optional[str]) -> Optional[str]:
-    """``train.py:88``: the innermost frame of the user's code in a
-    traceback, or the innermost frame when none is the user's."""
-    frames = _FRAME.findall(traceback or "")
-    if not frames:
-        return None
-    mine = [f for f in frames if not _NOT_USER.search(f[0])]
-    path, line = (mine or frames)[-1]
-    return "%s:%s" % (os.path.basename(path), line)
-
-
-def user_code_failure(cause: Optional[Cause]) -> Optional[str]:
-    """``ValueError at train.py:88`` when the cause is a Python exception the
-    user's code raised (in a rank, or in the step's own code); None for
-    everything else: a node lost, frozen or preempted, a signal, a NCCL/gloo
-    error, a stop asked for, a hang, an exit without a Python exception."""
-    if cause is None or cause.kind not in _CODE_KINDS or cause.secondary:
-        return None
-    if cause.kind is CauseKind.CALL_MISMATCH:
-        return "a mismatch of current.torch.run calls between nodes"
-    exc_type = cause.exc_type
-    if not exc_type or exc_type.split(".")[-1] in _INFRA_TYPES:
-        return None
-    if _INFRA_TEXT.search("%s\n%s" % (cause.message or "", cause.summary)):
-        return None
-    where = place(cause.traceback)
-    return "%s at %s" % (exc_type, where) if where else exc_type
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
-from ..procs import bootstrap, entry, functions, stacks
+from ..procs import functions, stacks
 from ..cause import Cause, CauseKind
 from ..gang import NodeReport
 from ..errors import (FULL_REPORT, GangAborted, TorchrunException, TorchrunFailed, TorchrunInvalidArgument,
@@ -27,10 +27,8 @@ from ..procs import (
     read_agent_failures,
     read_failures,
 )
-from ..host import route_to
 from ..launch import argparse_hint
 from ..launch import CallPlan
-from ..launch import NodeFacts, prepare_launch
 from .result import GangView, TorchrunResult, read_rank_records
 from .session import GangSession
 from . import node_report, what_ran
@@ -39,8 +37,8 @@ from ..host import say
 from .stop import GangStop, interrupted, notice_path
 from .supervisor import StopReason, Supervisor
 from ..host import CallFiles
-from ..procs import ARGS_FILE
-from ..host import step_log_dir
+from .call_launch import CallLaunch
+from .restarts import CallRestarts, with_ranks_start
 
 # Causes a node finds on its own (the control is gone or silent): the service
 # may not know them, so they are never sent to it as a report's cause.
@@ -48,7 +46,9 @@ _CLIENT_SIDE = (CauseKind.CONTROL_LOST, CauseKind.CONTROL_UNRESPONSIVE, CauseKin
 
 
 @dataclass
-class CallRun:
+class CallRun(CallLaunch):
+    """One call on this node; its launch (and each restart's) is ``call_launch.py``'s."""
+
     session: GangSession
     plan: CallPlan
     index: int
@@ -63,11 +63,12 @@ class CallRun:
     started: float = field(default_factory=time.time)
     supervisor: Optional[Supervisor] = None
     files: Optional[CallFiles] = None  # work and log directories (workdirs.py)
-    where: CallStacks = field(default_factory=CallStacks)  # the ranks' stacks when stopped
-
-    @property
-    def node_index(self) -> int:
-        return self.session.topology.node_index
+    # Where the ranks were when the job was stopped (call_stacks.py).
+    where: CallStacks = field(default_factory=CallStacks)
+    # The gang's in-step restarts of the ranks (restarts.py); the first torchrun's start.
+    again: CallRestarts = field(default_factory=CallRestarts)
+    first_started: Optional[float] = None
+    _entry: Tuple[str, Optional[str]] = ("", None)  # the entry file, the interface to the control
 
     # -- phases ----------------------------------------------------------------
 
@@ -99,34 +100,19 @@ class CallRun:
         if self.plan.rdzv_port is not None:  # pinned (@torchrun(rdzv_port=N)): every node has it
             self.rdzv_port = self.plan.rdzv_port
 
-    def prepare(self) -> Dict[str, str]:
-        topology = self.session.topology
-        self.local_addr, iface = route_to(topology.main_addr, topology.is_local)
-        # Private to this user; the work directory goes in record() (workdirs.py).
-        self.files = CallFiles(self.session.identity.log_key(self.index), self.node_index, prune_first=False)
-        self.workdir, self.log_dir = self.files.work_dir, self.files.log_dir
-        plan = self.plan
-        if plan.function is not None:
-            try:
-                functions.write_pickle(os.path.join(self.workdir, ARGS_FILE), plan.function_args)
-            except Exception as e:
-                raise TorchrunInvalidArgument("entrypoint_args cannot be pickled for the ranks: %s" % e) from None
-            bootstrap_argv = [bootstrap.FUNCTION_FLAG, plan.function.encode(), self.workdir]
-        else:
-            bootstrap_argv = [plan.script or ""] + list(plan.entry_argv)
-        # The script and its arguments reach the bootstrap through a file, never
-        # through torchrun's own parser (entry.py): arguments stay verbatim.
-        entry_path = entry.write_entry(self.workdir, bootstrap_argv)
-        node = NodeFacts(
-            python=sys.executable, node_index=topology.node_index, num_nodes=topology.num_nodes,
-            main_addr=topology.main_addr, local_addr=self.local_addr, iface=iface,
-            rdzv_port=int(self.rdzv_port or 0), rdzv_id=self.session.identity.call_id(self.index),
-            workdir=self.workdir, log_dir=self.log_dir, entry_path=entry_path, flow_dir=self.session.flow_dir,
-        )
-        self.argv, env = prepare_launch(plan, self.session.defaults, node, os.environ)
-        return entry.agent_environment(env, self.workdir, entry_path)
-
     def supervise(self, env: Dict[str, str]) -> None:
+        """Run this node's torchrun; where the gang restarts the ranks
+        (``@torchrun(restarts)``), run the next one, until one ends for good."""
+        client = self.session.client
+        while True:
+            self._supervise_once(env)
+            decided = self.again.decided(client, self.index, self.session.defaults.restarts, self.exit_code,
+                                         self._report_own_failure, self.session.config.secondary_grace + 2.0)
+            if decided is None:
+                return
+            env = self._restart(decided)
+
+    def _supervise_once(self, env: Dict[str, str]) -> None:
         client = self.session.client
         assert client is not None
 
@@ -137,12 +123,19 @@ class CallRun:
                              notice=notice_path())
 
         def should_stop() -> Optional[StopReason]:
-            return gang_stop.check() or self.stop_reason()
+            reason = gang_stop.check() or self.stop_reason()
+            if reason is None and client.restart_after(self.index, self.again.restart) is not None:
+                if self.supervisor is not None:
+                    self.supervisor.before_stop = None  # no stacks: the ranks start again at once
+                return "the gang restarts the ranks"
+            return reason
 
         try:
             with Supervisor(self.argv, env=env, shutdown_grace=self.session.defaults.shutdown_grace,
                             before_stop=lambda: self.where.collect(self.session, self.index, self.supervisor, self.workdir), on_told=gang_stop.told) as sup:
                 self.supervisor = sup
+                self.first_started = self.first_started or sup.started_at
+                self.again.started(sup.started_at)
                 assert self.files is not None  # prepare() made them
                 self.files.prune()  # other runs' logs: while torchrun imports torch, off the critical path
                 client.quiet = lambda: None if sup.last_output is None else time.monotonic() - sup.last_output
@@ -156,6 +149,23 @@ class CallRun:
             raise
         finally:
             client.quiet = None
+
+    def _report_own_failure(self) -> None:
+        self.failures = self._read_failures()
+        self._send_failure(self._own_cause())
+
+    def _send_failure(self, cause: Cause) -> None:
+        """To the gang, with which start of the ranks it was about (a report
+        of ranks a restart replaced is not taken for the new ones')."""
+        assert self.session.client is not None
+        self.session.client.report_failure(cause, call=self.index, report=self._report(self.failures),
+                                           restart=self.again.restart)
+
+    def _read_failures(self) -> List[RankFailure]:
+        return [node_report.completed(node_report.named(f), self.log_dir) for f in merge_failures(
+            read_failures(self.workdir),
+            read_agent_failures(self.workdir, self.node_index),
+        )]
 
     def stop_reason(self) -> Optional[str]:
         """A reason of the call's own to stop its job (runtime/preflight.py's deadline)."""
@@ -188,12 +198,10 @@ class CallRun:
         self.where.share(self.session, self.index, self.rdzv_port is not None)
         reported = False
         if self.exit_code != 0:
-            self.failures = [node_report.completed(node_report.named(f), self.log_dir) for f in merge_failures(
-                read_failures(self.workdir),
-                read_agent_failures(self.workdir, self.node_index),
-            )]
+            self.failures = self.failures if self.again.reported else self._read_failures()
             if client.cause is None:
-                client.report_failure(self._own_cause(), call=self.index, report=self._report(self.failures))
+                if not self.again.reported:
+                    self._send_failure(self._own_cause())
                 self.session.reported = True
                 reported = True
                 client.wait_for_verdict(self.session.config.secondary_grace + 2.0)
@@ -202,14 +210,14 @@ class CallRun:
             # Stopped by the gang: the service has its cause already and only
             # keeps the report, so the control's card and record show this
             # node's ranks (their exits, durations, last lines) too.
-            client.report_failure(client.cause, call=self.index, report=self._report(self.failures))
+            self._send_failure(client.cause)
         self.where.gather(self.session, self.index)
         self.session.announce(cause)
         # On a local run every node writes to the control's log: the control's
         # error alone says where the ranks were and where the logs are, unless the
         # control is gone or silent: then this node's is the only one.
         speaks = self.session.is_control or not self.session.topology.is_local or cause.kind in _CLIENT_SIDE
-        logs = self._logs_line() if speaks else ""
+        logs = node_report.logs_line(self.session, self.log_dir) if speaks else ""
         where = self.where.stacks if speaks else {}
         elsewhere = node_report.failed_elsewhere(self.session.server, self.index, self.node_index) if speaks else []
         if cause.kind is CauseKind.RANK_FAILED and cause.node_index == self.node_index:
@@ -225,21 +233,6 @@ class CallRun:
             raise interrupted(cause)  # told to stop, not failed: the gang saved (stop.py)
         raise GangAborted(self.node_index, cause, self.exit_code, same_log=self.session.topology.is_local,
                           stacks=where, logs=logs, elsewhere=elsewhere)
-
-    def _logs_line(self) -> str:
-        """Where every rank's whole output is: on a local run one directory
-        holds every node's; on a cluster each node's host keeps its own."""
-        if not self.log_dir:
-            return ""
-        if self.session.topology.is_local:
-            text = "Every rank's output, whole: %s" % step_log_dir(self.log_dir)
-        else:
-            text = "This node's ranks' output, whole: %s on %s (each node's host keeps its own)" % (
-                self.log_dir, socket.gethostname())
-        if self.session.card_hint:
-            self.session.card_hint_said = True
-            text += "\nThe card: %s" % self.session.card_hint
-        return text
 
     def record(self) -> TorchrunResult:
         try:
@@ -265,14 +258,15 @@ class CallRun:
             num_nodes=topology.num_nodes,
             nproc_per_node=self.plan.nproc,
             exit_code=self.exit_code,
-            started_at=(sup.started_at if sup and sup.started_at else self.started),
+            started_at=self.first_started or (sup.started_at if sup and sup.started_at else self.started),
             ended_at=(sup.ended_at if sup and sup.ended_at else time.time()),
             main_addr=topology.main_addr,
             local_addr=self.local_addr,
             rdzv_port=self.rdzv_port,
             gang_port=client.port if client else None,
             ranks=ranks,
-            restarts=max([r.restart or 0 for r in ranks] or [0]),
+            restarts=max([r.restart or 0 for r in ranks] + [self.again.restart]),
+            in_step_restarts=with_ranks_start(self.again.records, self._rank_starts()),
             log_dir=self.log_dir,
             cause=cause,
             gang=gang_view,

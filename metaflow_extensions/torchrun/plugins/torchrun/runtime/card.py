@@ -343,6 +343,19 @@ ATTEMPT_HEADERS = ["attempt", "started", "gang formed in", "calls started", "sto
                    "work lost", "restart"]
 
 
+def restart_rows(result: TorchrunResult) -> List[List[str]]:
+    """The call's in-step restarts (runtime/restarts.py), counted like attempts:
+    times from the call's start, what each cost."""
+    def secs(value: Optional[float]) -> str:
+        return "%.1f s" % value if value is not None else ""
+
+    return [[str(r.restart), _fmt_time(r.failed_at, result.started_at), clip(r.cause.summary),
+             secs(r.lost_work_seconds), secs(r.restart_seconds)] for r in result.in_step_restarts[-CARD_RANK_ROWS:]]
+
+
+RESTART_HEADERS = ["restart", "failed at", "cause", "work lost (at most)", "back to your script in"]
+
+
 def tail_parts(result: TorchrunResult, Markdown: Any) -> list:
     """The last lines of each rank's output: at most ``CARD_TAIL_RANKS`` ranks
     (the root cause's rank, then failed ranks, then the lowest), each stream's
@@ -423,6 +436,8 @@ def build_components(result: TorchrunResult, flow: str, pathspec: str, backend: 
     ]
     if attempt_rows(result):
         parts += [Markdown("## Attempts"), Table(attempt_rows(result), headers=ATTEMPT_HEADERS)]
+    if result.in_step_restarts:
+        parts += [Markdown("## Restarts in the step"), Table(restart_rows(result), headers=RESTART_HEADERS)]
     cause = result.cause
     if cause is not None:
         text, _ = clip_lines(cause.summary, CARD_CAUSE_CHARS)

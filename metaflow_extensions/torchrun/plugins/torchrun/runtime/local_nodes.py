@@ -8,11 +8,21 @@ import signal
 import subprocess
 import sys
 import threading
-from typing import List, Optional, Set
+from typing import Any, List, Optional, Set
 
 from ..errors import TorchrunException
-from ..gang import LOCAL_PORT_ENV, find_free_port
+from ..gang import CONTROL_TASK_ID_ENV, LOCAL_PORT_ENV, find_free_port
 from ..host import proctree
+
+
+def name_local_control(env: Any, task_id: Any) -> None:
+    """The control task's id in the local control's own environment. Metaflow
+    sets it there only inside the step's code, after every task_pre_step:
+    @checkpoint reads it there, and without it the control took an identity
+    of its own while the other nodes took the gang's (two checkpoint lineages
+    per gang). Kubernetes and Batch set it on every node from the start."""
+    if isinstance(env, dict):
+        env[CONTROL_TASK_ID_ENV] = str(task_id)
 
 
 def prepare_local_nodes(num_nodes: int, pinned_port: Optional[int]) -> None:

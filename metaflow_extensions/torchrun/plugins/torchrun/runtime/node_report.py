@@ -13,6 +13,7 @@ from typing import Any, List, Optional
 from ..cause import Cause, CauseKind
 from ..errors import failure_summary
 from ..gang import MAX_RANKS_PER_NODE, STREAMS, TAIL_LINE_CHARS, TAIL_LINES, NodeReport
+from ..host import step_log_dir
 from ..host import tail_lines as _tail_lines
 from ..procs import RankFailure, functions, describe_exit_code, rank_log_path, with_last_output
 from .result import read_rank_records
@@ -109,3 +110,19 @@ def original_exception(plan: Any, workdir: str, error: Any) -> Optional[BaseExce
         return None
     exc = functions.read_exception(workdir, error.root_cause.rank)
     return functions.with_rank(exc, error.root_cause.rank) if exc is not None else None
+
+
+def logs_line(session: Any, log_dir: Optional[str]) -> str:
+        """Where every rank's whole output is: on a local run one directory
+        holds every node's; on a cluster each node's host keeps its own."""
+        if not log_dir:
+            return ""
+        if session.topology.is_local:
+            text = "Every rank's output, whole: %s" % step_log_dir(log_dir)
+        else:
+            text = "This node's ranks' output, whole: %s on %s (each node's host keeps its own)" % (
+                log_dir, socket.gethostname())
+        if session.card_hint:
+            session.card_hint_said = True
+            text += "\nThe card: %s" % session.card_hint
+        return text

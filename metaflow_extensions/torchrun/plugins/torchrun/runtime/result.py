@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional, Union
 
 if TYPE_CHECKING:
     from .attempts import Attempt
+    from .restarts import InStepRestart
 
 from ..cause import Cause
 from ..gang import NodeReport
@@ -24,6 +25,8 @@ from ..procs import rank_log_path
 from ..procs import RankStatus, read_statuses
 
 METADATA_FIELD = "torchrun-result"
+# A compacted record keeps this many of a call's in-step restarts.
+RESTARTS_IN_COMPACT = 8
 # The record is stored in the metadata service: at most this many bytes of JSON,
 # whatever the gang's size (8,192 ranks' stacks and output tails are megabytes).
 METADATA_LIMIT = 96 * 1024
@@ -99,6 +102,9 @@ class TorchrunResult:
     # (runtime/attempts.py: start, gang formed, calls, why it stopped, the
     # checkpoint it resumed from, what each failure cost).
     attempts: List["Attempt"] = field(default_factory=list)
+    # This call's in-step restarts (@torchrun(restarts), runtime/restarts.py),
+    # each like an attempt: its cause, the work it lost, the time to restart.
+    in_step_restarts: List["InStepRestart"] = field(default_factory=list)
     # What ran (runtime/what_ran.py): the entrypoint, its arguments with
     # secret-looking ones masked, the torchrun command, versions.
     ran: Dict[str, Any] = field(default_factory=dict)
@@ -138,6 +144,7 @@ class TorchrunResult:
         data["gang"] = self.gang.to_wire()
         data["preflight"] = self.preflight.to_wire() if self.preflight is not None else {}
         data["attempts"] = [a.to_wire() for a in self.attempts]
+        data["in_step_restarts"] = [r.to_wire() for r in self.in_step_restarts]
         data["command"] = list(self.command)
         data["duration"] = self.duration
         data["succeeded"] = self.succeeded
@@ -184,6 +191,10 @@ def compact(data: Dict[str, Any], stacks: Dict[int, str], full_report: str) -> D
         {"ranks": numbers(ranks), "count": len(ranks), "place": list(place)}
         for place, ranks in group(stacks)[:SUMMARY_PLACES]
     ]
+    restarts = data.get("in_step_restarts") or []
+    if len(restarts) > RESTARTS_IN_COMPACT:  # the first and the latest few, each whole
+        data["in_step_restarts"] = restarts[:1] + restarts[-(RESTARTS_IN_COMPACT - 1):]
+        data["in_step_restarts_count"] = len(restarts)
     data["compacted"] = True
     data["full_report"] = full_report
     return data

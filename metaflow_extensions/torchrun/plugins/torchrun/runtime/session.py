@@ -98,7 +98,7 @@ class GangSession:
             heartbeat_timeout=defaults.heartbeat_timeout,
             start_timeout=defaults.start_timeout,
             progress_interval=progress_interval(),
-            hang_timeout=defaults.hang_timeout,
+            hang_timeout=defaults.hang_timeout, restarts=defaults.restarts,
         )
         self.phase = Phase.NEW
         self.calls_made = 0

@@ -1,0 +1,97 @@
+"""How one node launches its share of a call: the work directory, the entry
+file, torchrun's argv and environment; and, for each in-step restart the gang
+decides (``@torchrun(restarts)``), the next start of the ranks on the fresh
+rendezvous the gang announced, with the replaced ranks' records cleared. A
+mixin of ``CallRun`` (``call.py``), which holds the state it sets."""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any, Dict, List, Optional, Tuple
+
+from ..errors import TorchrunInvalidArgument
+from ..host import CallFiles, route_to, say
+from ..launch import CallPlan, NodeFacts, prepare_launch
+from ..procs import ARGS_FILE, RESTART_ENV, RankFailure, bootstrap, clear_round, entry, functions
+from .restarts import CallRestarts
+from .result import read_rank_records
+from .session import GangSession
+from .supervisor import Supervisor
+
+
+class CallLaunch:
+    # CallRun's state, set here and read there.
+    session: GangSession
+    plan: CallPlan
+    index: int
+    workdir: str
+    log_dir: Optional[str]
+    local_addr: str
+    rdzv_port: Optional[int]
+    argv: List[str]
+    exit_code: Optional[int]
+    failures: List[RankFailure]
+    supervisor: Optional[Supervisor]
+    files: Optional[CallFiles]
+    again: CallRestarts
+    _entry: Tuple[str, Optional[str]]
+
+    @property
+    def node_index(self) -> int:
+        return self.session.topology.node_index
+
+    def prepare(self) -> Dict[str, str]:
+        topology = self.session.topology
+        self.local_addr, iface = route_to(topology.main_addr, topology.is_local)
+        # Private to this user; the work directory goes in record() (workdirs.py).
+        self.files = CallFiles(self.session.identity.log_key(self.index), self.node_index, prune_first=False)
+        self.workdir, self.log_dir = self.files.work_dir, self.files.log_dir
+        plan = self.plan
+        if plan.function is not None:
+            try:
+                functions.write_pickle(os.path.join(self.workdir, ARGS_FILE), plan.function_args)
+            except Exception as e:
+                raise TorchrunInvalidArgument("entrypoint_args cannot be pickled for the ranks: %s" % e) from None
+            bootstrap_argv = [bootstrap.FUNCTION_FLAG, plan.function.encode(), self.workdir]
+        else:
+            bootstrap_argv = [plan.script or ""] + list(plan.entry_argv)
+        # The script and its arguments reach the bootstrap through a file, never
+        # through torchrun's own parser (entry.py): arguments stay verbatim.
+        self._entry = (entry.write_entry(self.workdir, bootstrap_argv), iface)
+        return self._launch_environment()
+
+    def _launch_environment(self) -> Dict[str, str]:
+        """torchrun's argv and environment for this start of the ranks: a
+        restart has a rendezvous of its own (a fresh id, the port the gang
+        announced), the same static shape (rank 0 on node 0)."""
+        topology, restart, (entry_path, iface) = self.session.topology, self.again.restart, self._entry
+        node = NodeFacts(
+            python=sys.executable, node_index=topology.node_index, num_nodes=topology.num_nodes,
+            main_addr=topology.main_addr, local_addr=self.local_addr, iface=iface, rdzv_port=int(self.rdzv_port or 0),
+            rdzv_id=self.session.identity.call_id(self.index) + ("-r%d" % restart if restart else ""),
+            workdir=self.workdir, log_dir=self.log_dir, entry_path=entry_path, flow_dir=self.session.flow_dir,
+        )
+        self.argv, env = prepare_launch(self.plan, self.session.defaults, node, os.environ)
+        if restart:
+            env[RESTART_ENV] = str(restart)
+        return entry.agent_environment(env, self.workdir, entry_path)
+
+    def _restart(self, decided: Any) -> Dict[str, str]:
+        """Carry out restart ``decided.restart``: this node's old ranks are
+        gone (the supervisor stopped them); the next start's rendezvous and
+        environment, with the replaced ranks' records cleared."""
+        sup = self.supervisor
+        self.again.begin(decided, sup.started_at if sup else None, sup.ended_at if sup else None, self._rank_starts())
+        clear_round(self.workdir)
+        self.failures, self.exit_code = [], None
+        if self.plan.rdzv_port is None:  # pinned: the same port for every start
+            self.rdzv_port = decided.rdzv_port
+        if self.session.is_control:
+            say("call %d: restarting every node's ranks (restart %d of %d): %s"
+                % (self.index + 1, decided.restart, self.session.defaults.restarts, decided.cause.summary))
+        return self._launch_environment()
+
+    def _rank_starts(self) -> List[Optional[float]]:
+        return [r.start for r in read_rank_records(self.workdir, []) if (r.restart or 0) == self.again.restart] \
+            if self.workdir else []

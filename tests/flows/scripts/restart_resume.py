@@ -1,0 +1,62 @@
+"""A training loop that saves its own checkpoint every step and resumes from
+it: for @torchrun(restarts=N). One rank SIGKILLs itself (or raises, --bug)
+after step --fail-after of the restarts named in --fail-at; every start writes
+which restart it is, where each rank runs and what it resumed from."""
+
+import time
+
+STARTED = time.time()  # the script's first line: where a restart's cost ends (benchmarks/restart_scale.py)
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import os  # noqa: E402
+import signal  # noqa: E402
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+from _common import init, out_dir, rank  # noqa: E402
+
+p = argparse.ArgumentParser()
+p.add_argument("--steps", type=int, default=3)
+p.add_argument("--fail-rank", type=int, default=3)
+p.add_argument("--fail-at", default="0,1", help="restart counts at which --fail-rank fails")
+p.add_argument("--fail-after", type=int, default=1, help="steps done (and saved) before it fails")
+p.add_argument("--bug", action="store_true", help="raise ValueError instead of SIGKILL")
+args = p.parse_args()
+
+restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+ckpt = os.path.join(out_dir(), "ckpt-rank-%d.json" % rank())
+resumed = None
+if os.path.exists(ckpt):
+    with open(ckpt) as f:
+        resumed = json.load(f)["step"]
+
+
+def task_pid() -> int:
+    """The Metaflow task's pid: the parent of this rank's torchrun agent."""
+    with open("/proc/%d/stat" % os.getppid()) as f:
+        return int(f.read().rsplit(")", 1)[1].split()[1])
+
+
+init()
+with open(os.path.join(out_dir(), "events.jsonl"), "a") as f:
+    f.write(json.dumps({"restart": restart, "rank": rank(), "group_rank": int(os.environ["GROUP_RANK"]),
+                        "node": int(os.environ["METAFLOW_TORCHRUN_NODE_INDEX"]), "resumed_from": resumed,
+                        "task_pid": task_pid(), "script_at": STARTED}) + "\n")
+fail_at = {int(x) for x in args.fail_at.split(",") if x}
+for step in range((resumed or 0) + 1, args.steps + 1):
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    tmp = ckpt + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump({"step": step}, f)
+    os.replace(tmp, ckpt)
+    if rank() == args.fail_rank and restart in fail_at and step == args.fail_after + (resumed or 0):
+        if args.bug:
+            raise ValueError("a bug in the training loop")
+        os.kill(os.getpid(), signal.SIGKILL)
+dist.barrier()
+with open(os.path.join(out_dir(), "done-%d.json" % rank()), "w") as f:
+    json.dump({"restart": restart, "steps": args.steps}, f)
+dist.destroy_process_group()

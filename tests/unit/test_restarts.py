@@ -1,0 +1,186 @@
+"""@torchrun(restarts=N) below the flows: the service decides a restart in one
+place and tells every node (real servers and clients on 127.0.0.1); what may
+be restarted (the classification retry_on uses); the option's checks; the
+record of each restart."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+import metaflow  # noqa: F401  (must come before our modules)
+import pytest
+
+from gang_net import GUARD, wait_cause
+from metaflow_extensions.torchrun.plugins.torchrun.cause import Cause, CauseKind, restartable_in_step
+from metaflow_extensions.torchrun.plugins.torchrun.errors import TorchrunInvalidArgument
+from metaflow_extensions.torchrun.plugins.torchrun.gang import restarts as gang_restarts
+from metaflow_extensions.torchrun.plugins.torchrun.gang.calls import CallState
+from metaflow_extensions.torchrun.plugins.torchrun.launch.inputs import validate_restarts
+from metaflow_extensions.torchrun.plugins.torchrun.launch.plan import StepDefaults, plan_call
+from metaflow_extensions.torchrun.plugins.torchrun.procs import names
+from metaflow_extensions.torchrun.plugins.torchrun.procs.failures import clear_round
+from metaflow_extensions.torchrun.plugins.torchrun.runtime import restarts as records
+from metaflow_extensions.torchrun.plugins.torchrun.runtime.result import TorchrunResult, compact
+from proc_helpers import wait_until
+
+TB = 'Traceback (most recent call last):\n  File "/home/u/train.py", line 88, in <module>\n    x()\n'
+# As node_report.own_cause words a rank the kernel killed (torch's agent saw it die).
+KILLED = Cause(CauseKind.RANK_FAILED, "rank 3 (node 1) was killed by SIGKILL", node_index=1, rank=3,
+               exit_code=-9, exc_type="killed by signal SIGKILL",
+               message="the process ended without a Python exception", call=0)
+BUG = Cause(CauseKind.RANK_FAILED, "rank 3 raised ValueError", rank=3, exc_type="ValueError", message="bad",
+            traceback=TB, call=0)
+
+
+def _in_call(server, clients, index=0):
+    threads = [threading.Thread(target=c.enter_call, args=(index, "train.py"), daemon=True) for c in clients]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(GUARD)
+    assert wait_until(lambda: server.calls[index].all_entered_at is not None, GUARD)
+    return server.calls[index].rdzv_port
+
+
+@pytest.mark.parametrize("cause, restarted", [
+    (KILLED, True),
+    (Cause(CauseKind.RANK_FAILED, "node 1: torchrun ended with exit code 1", exit_code=1), True),
+    (Cause(CauseKind.RANK_FAILED, "gloo", exc_type="RuntimeError", message="[gloo] Connection closed by peer",
+           traceback=TB, secondary=True), True),
+    (Cause(CauseKind.RANK_FAILED, "dist", exc_type="torch.distributed.DistBackendError", traceback=TB), True),
+    (Cause(CauseKind.HANG, "no output from any rank for 9 s"), True),
+    (BUG, False),
+    (Cause(CauseKind.STEP_FAILED, "the step raised", exc_type="KeyError", traceback=TB), False),
+    (Cause(CauseKind.NODE_LOST, "node 1 disconnected"), False),
+    (Cause(CauseKind.UNRESPONSIVE, "node 1 silent"), False),
+    (Cause(CauseKind.PREEMPTED, "node 1 was told to stop", grace=30.0), False),
+    (Cause(CauseKind.INTERRUPTED, "Ctrl-C"), False),
+    (Cause(CauseKind.CALL_MISMATCH, "different calls"), False),
+])
+def test_what_the_gang_restarts_in_the_step(cause, restarted):
+    assert restartable_in_step(cause) is restarted
+
+
+def test_a_killed_rank_restarts_every_node_on_a_fresh_port_until_the_restarts_are_spent(net):
+    server = net.server(2, restarts=1)
+    c0, c1 = net.join(server, [0, 1])
+    first = _in_call(server, [c0, c1])
+    c1.report_failure(KILLED, call=0, restart=0)
+    decided = [c.wait_for_restart_or_verdict(0, 0, GUARD) for c in (c0, c1)]
+    assert all(d is not None and d.restart == 1 and d.index == 0 for d in decided), decided
+    assert decided[0].rdzv_port == decided[1].rdzv_port != first
+    assert decided[0].cause.summary == KILLED.summary and decided[0].cause.node_index == 1
+    assert c0.cause is None and c1.cause is None and server.cause is None
+    # Node 0's report of the replaced ranks (an echo of the kill) changes nothing.
+    c0.report_failure(Cause(CauseKind.RANK_FAILED, "echo", secondary=True, call=0), call=0, restart=0)
+    time.sleep(0.3)
+    assert server.cause is None and server.calls[0].restart == 1
+    # The restarted ranks fail too: no restart is left, the gang ends.
+    c1.report_failure(KILLED, call=0, restart=1)
+    for cause in wait_cause([c0, c1]):
+        assert cause.kind is CauseKind.RANK_FAILED and cause.node_index == 1
+    assert c0.restart_after(0, 1) is None
+
+
+def test_a_bug_in_the_users_code_ends_the_gang_even_with_restarts_left(net):
+    server = net.server(2, restarts=3)
+    c0, c1 = net.join(server, [0, 1])
+    _in_call(server, [c0, c1])
+    c1.report_failure(BUG, call=0)
+    for cause in wait_cause([c0, c1]):
+        assert cause.exc_type == "ValueError"
+    assert c0.restart_after(0, 0) is None and server.calls[0].restart == 0
+
+
+def test_a_lost_node_ends_the_gang_even_with_restarts_left(net):
+    server = net.server(2, restarts=3)
+    c0, c1 = net.join(server, [0, 1])
+    _in_call(server, [c0, c1])
+    c1.close()
+    assert wait_cause([c0])[0].kind is CauseKind.NODE_LOST
+    assert c0.restart_after(0, 0) is None
+
+
+def test_no_restart_before_every_node_reached_the_call_or_once_one_is_done():
+    state = CallState(0)
+    assert not gang_restarts.may_restart(state, KILLED, 2)  # not every node there: its ranks never ran
+    state.all_entered_at = time.monotonic()
+    assert gang_restarts.may_restart(state, KILLED, 2)
+    assert not gang_restarts.may_restart(state, KILLED, 0)
+    assert not gang_restarts.may_restart(state, Cause(CauseKind.RANK_FAILED, "x", call=1), 2)  # another call
+    state.done.add(0)
+    assert not gang_restarts.may_restart(state, KILLED, 2)
+
+
+def test_hang_detection_counts_from_the_restart():
+    from metaflow_extensions.torchrun.plugins.torchrun.gang.calls import CallBook
+    book = CallBook(1)
+    state = book.calls.setdefault(0, CallState(0, entries={0: "x"}))
+    state.all_entered_at = time.monotonic() - 100
+    assert book.hung(time.monotonic(), 10.0, lambda n: None, {}) is not None
+    gang_restarts.begin(state, 29555, KILLED)
+    assert book.hung(time.monotonic(), 10.0, lambda n: None, {}) is None
+    assert (state.restart, state.rdzv_port, state.restart_causes) == (1, 29555, [KILLED])
+
+
+@pytest.mark.parametrize("value", [True, -1, 101, "2", 2.0])
+def test_restarts_must_be_a_small_whole_number(value):
+    with pytest.raises(TorchrunInvalidArgument, match="restarts"):
+        validate_restarts(value, False)
+
+
+def test_restarts_and_torchs_own_max_restarts_are_not_given_together(tmp_path):
+    assert validate_restarts(None, True) == 0 and validate_restarts(0, True) == 0 and validate_restarts(3, False) == 3
+    with pytest.raises(TorchrunInvalidArgument, match="give one"):
+        validate_restarts(2, True)
+    script = tmp_path / "train.py"
+    script.write_text("print(1)\n")
+    with pytest.raises(TorchrunInvalidArgument, match=r"restarts=2\) and torchrun_args max_restarts"):
+        plan_call(str(script), None, 1, {"max_restarts": 1}, StepDefaults(restarts=2), [str(tmp_path)])
+    # Each alone is fine; max_restarts=0 asks no restart of torch.
+    plan_call(str(script), None, 1, {"max_restarts": 1}, StepDefaults(), [str(tmp_path)])
+    plan_call(str(script), None, 1, {"max_restarts": 0}, StepDefaults(restarts=2), [str(tmp_path)])
+
+
+def test_a_restart_is_recorded_with_what_it_cost_and_reads_back():
+    first = records.InStepRestart(1, KILLED, ran_from=100.0, failed_at=110.0, stopped_at=110.5, restarted_at=111.0)
+    assert (first.lost_work_seconds, first.restart_seconds, first.lost_seconds) == (10.0, 1.0, 11.0)
+    [done] = records.with_ranks_start([first], [113.0, None, 112.5])
+    assert done.ranks_at == 112.5 and done.restart_seconds == 2.5
+    wire = done.to_wire()
+    assert wire["kind"] == "failed" and wire["stopped"] == KILLED.summary and wire["restart_seconds"] == 2.5
+    assert records.read_back([wire, {"restart": 0}, "junk", {"restart": 1, "cause": {}}]) == [done]
+
+
+def test_the_record_stays_small_with_many_restarts():
+    noisy = Cause(CauseKind.RANK_FAILED, "gloo", traceback="x" * 20000, message="m" * 5000, call=0)
+    many = [records.InStepRestart(k, noisy, 1.0, 2.0) for k in range(1, 101)]
+    result = TorchrunResult(["torchrun"], 0, 2, 2, 0, 1.0, 2.0, in_step_restarts=many)
+    data = result.to_dict()
+    assert len(data["in_step_restarts"]) == 100 and len(data["in_step_restarts"][0]["cause"]["traceback"]) < 700
+    small = compact(data, {}, "report")
+    assert [r["restart"] for r in small["in_step_restarts"]] == [1, 94, 95, 96, 97, 98, 99, 100]
+    assert small["in_step_restarts_count"] == 100
+
+
+def test_a_restart_clears_the_replaced_ranks_records_only(tmp_path):
+    keep = [names.rank_file(str(tmp_path), 0, names.STATUS_SUFFIX), str(tmp_path / names.ENTRY_FILE)]
+    gone = [names.rank_file(str(tmp_path), 3, names.FAILURE_SUFFIX), names.rank_file(str(tmp_path), 1, names.STACKS_SUFFIX),
+            names.rank_file(str(tmp_path), 0, names.RETURN_SUFFIX), str(tmp_path / names.AGENT_FAILURES_FILE)]
+    for path in keep + gone:
+        open(path, "w").close()
+    clear_round(str(tmp_path))
+    assert all(os.path.exists(p) for p in keep) and not any(os.path.exists(p) for p in gone)
+
+
+def test_the_card_counts_each_restart_like_an_attempt():
+    from metaflow_extensions.torchrun.plugins.torchrun.runtime import card
+    restarts = [records.InStepRestart(1, KILLED, 100.0, 110.0, restarted_at=111.0, ranks_at=112.5),
+                records.InStepRestart(2, KILLED, 112.5, 120.0)]
+    result = TorchrunResult(["torchrun"], 0, 2, 2, 0, 100.0, 130.0, in_step_restarts=restarts)
+    assert card.restart_rows(result) == [
+        ["1", "+10.0 s", KILLED.summary, "10.0 s", "2.5 s"],
+        ["2", "+20.0 s", KILLED.summary, "7.5 s", ""],
+    ]
