@@ -143,6 +143,13 @@ def _say(text: str) -> None:
     print("restart_scale: " + text, file=sys.stderr, flush=True)
 
 
+def save(rows: Dict[str, Any]) -> None:
+    """After every run: a run cut short still leaves the ones before it."""
+    os.makedirs(os.path.dirname(RESULTS), exist_ok=True)
+    with open(RESULTS, "w") as f:
+        json.dump(rows, f, indent=1)
+
+
 def main(argv: Optional[List[str]] = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--nodes", type=int, default=1024)
@@ -150,25 +157,29 @@ def main(argv: Optional[List[str]] = None) -> None:
     p.add_argument("--workers", type=int, default=8)
     p.add_argument("--bound", type=float, default=60.0, help="seconds any phase may take (60)")
     p.add_argument("--flows", type=int, default=2, help="2 x 2 flows with one restart each (2); 0: none")
+    p.add_argument("--replace", action="store_true", help="start the results afresh (default: add to them)")
     opts = p.parse_args(argv)
     rows: Dict[str, Any] = {"coordination": [], "flows": []}
+    if os.path.exists(RESULTS) and not opts.replace:
+        with open(RESULTS) as f:
+            rows = json.load(f)
+    stamp = {"at": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())}
     try:
         for run in range(opts.runs):
             _say("%d nodes, run %d" % (opts.nodes, run + 1))
-            row = coordination(opts.nodes, opts.workers, opts.bound)
+            row = dict(stamp, **coordination(opts.nodes, opts.workers, opts.bound))
             _say(json.dumps(row))
             rows["coordination"].append(row)
+            save(rows)
     finally:
         kill_all()
     for run in range(opts.flows):
         with tempfile.TemporaryDirectory(prefix="restart-flow-") as workdir:
             _say("2 x 2 flow, run %d" % (run + 1))
-            row = one_flow(workdir)
+            row = dict(stamp, **one_flow(workdir))
             _say(json.dumps(row))
             rows["flows"].append(row)
-    os.makedirs(os.path.dirname(RESULTS), exist_ok=True)
-    with open(RESULTS, "w") as f:
-        json.dump(rows, f, indent=1)
+            save(rows)
     print(json.dumps(rows, indent=1))
 
 
