@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import sys
@@ -53,6 +54,7 @@ from .launch import check_port_clash, refuse_one_node_on_kubernetes, refuse_step
 from .launch import NO_ACCELERATORS
 from .launch import requested_accelerators, small_shm_warning
 from .runtime import attempts as attempts_
+from .runtime import attempt_record, goodput
 from .runtime import METADATA_FIELD, REPORT_ARTIFACT, TorchrunResult
 from .runtime import GangSession
 from .runtime import preflight as preflight_runtime
@@ -301,6 +303,7 @@ class TorchrunDecorator(ParallelDecorator):
         self._code_started: Optional[float] = None
         if is_control and int(retry_count) > 0:
             self._read_previous("%s/%s/%s/%s" % (self._flow_name, run_id, step_name, task_id), int(retry_count))
+        self._history = self._node_history(is_control, str(run_id), step_name)
         self._handle = TorchrunHandle()
         current._update_env({"torch": self._handle})
 
@@ -332,6 +335,16 @@ class TorchrunDecorator(ParallelDecorator):
             shutdown_grace=self._shutdown_grace,
             preflight=self._preflight or DEFAULT_PREFLIGHT,
         )
+
+    def _node_history(self, is_control: bool, run_id: str, step_name: str) -> Optional[Any]:
+        """On the control, the node history read in the background for the
+        preflight's check of the gang's hosts (runtime/node_history.py)."""
+        if not is_control or (self._preflight or DEFAULT_PREFLIGHT) == "off":
+            return None
+        try:
+            return preflight_runtime.History(self._flow_name, run_id, step_name, self._previous, knob_environ())
+        except ValueError as e:  # the knob's value, named
+            raise TorchrunInvalidArgument(str(e)) from None
 
     def _read_previous(self, pathspec: str, attempt: int) -> None:
         """Attempt k-1's record: the attempts so far, and whether to run this one."""
@@ -376,7 +389,7 @@ class TorchrunDecorator(ParallelDecorator):
                 self._identity, self._defaults, topology, self._flow_dir, secret=self._secret
             )
             session.card_hint = getattr(self, "_card_hint", None)
-            preflight_runtime.attach(session)
+            preflight_runtime.attach(session, self._history)
             session.join()
             try:
                 with session.user_code():
@@ -441,6 +454,7 @@ class TorchrunDecorator(ParallelDecorator):
         if result is None and session is not None:
             result = preflight_runtime.refusal_result(session)  # refused before any call
         if session is not None and session.is_control:
+            self._mapper_tasks = getattr(flow, "_control_mapper_tasks", None)
             result = self._with_attempts(result, retry_count)
         if result is None or session is None:
             return
@@ -457,19 +471,18 @@ class TorchrunDecorator(ParallelDecorator):
         MetaDatum = meta_datum()  # its module moved within Metaflow 2.12.x
 
         metadata, run_id, step_name, task_id = self._metadata
+        fields = [(METADATA_FIELD, record)]
+        if session.is_control and result.goodput is not None:
+            ledger = result.goodput.to_wire()
+            setattr(flow, goodput.ARTIFACT, ledger)
+            fields.append((goodput.METADATA_FIELD, json.dumps(ledger)))
         try:
             metadata.register_metadata(
                 run_id,
                 step_name,
                 task_id,
-                [
-                    MetaDatum(
-                        field=METADATA_FIELD,
-                        value=record,
-                        type=METADATA_FIELD,
-                        tags=["attempt_id:%d" % retry_count],
-                    )
-                ],
+                [MetaDatum(field=name, value=value, type=name, tags=["attempt_id:%d" % retry_count])
+                 for name, value in fields],
             )
         except Exception as e:  # the record must never fail the step
             say("could not store the run's record: %s" % e)
@@ -492,11 +505,9 @@ class TorchrunDecorator(ParallelDecorator):
                 command=[], node_index=0, num_nodes=session.topology.num_nodes, nproc_per_node="",
                 exit_code=None, started_at=self._attempt_started, ended_at=now, call=-1)
         result.cause = cause
-        entry = attempts_.this_attempt(retry_count, self._attempt_started, session.results, cause,
-                                       self._resumed_from, refused_for, self._code_started)
-        past = attempts_.fill_missing(attempts_.history(self._previous), retry_count)
-        result.attempts = attempts_.with_costs(past + [entry])
-        return result
+        tasks = [str(t) for t in getattr(self, "_mapper_tasks", None) or []]
+        return attempt_record.complete(result, session, retry_count, self._attempt_started, cause, self._previous,
+                                       self._resumed_from, refused_for, self._code_started, tasks)
 
 
 def _without_our_frame(error: BaseException) -> None:

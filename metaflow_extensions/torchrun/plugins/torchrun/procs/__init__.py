@@ -23,6 +23,8 @@ __all__ = [
     "DEBUG_ENV",
     "MAX_STACK_BYTES",
     "PORT_ENV",
+    "NODE_HISTORY_ENV",
+    "NODE_HISTORY_RUNS_ENV",
     "PROGRESS_ENV",
     "RankFailure",
     "RankStatus",
@@ -57,6 +59,8 @@ _HOME = {
     "DEBUG_ENV": "names",
     "MAX_STACK_BYTES": "stacks",
     "PORT_ENV": "names",
+    "NODE_HISTORY_ENV": "names",
+    "NODE_HISTORY_RUNS_ENV": "names",
     "PROGRESS_ENV": "names",
     "RankFailure": "failures",
     "RankStatus": "status",
@@ -80,6 +84,7 @@ _HOME = {
 
 if TYPE_CHECKING:
     from .failures import RankFailure, describe_exit_code, merge_failures, read_agent_failures, read_failures, root_cause_order, with_last_output
+    from .names import NODE_HISTORY_ENV, NODE_HISTORY_RUNS_ENV
     from .names import ARGS_FILE, DEBUG_ENV, PORT_ENV, PROGRESS_ENV, SECRET_ENV, USER_KNOBS, conf_key, rank_log_path
     from .ranges import numbers
     from .stacks import MAX_STACK_BYTES, SUMMARY_PLACES, bound, group

@@ -35,7 +35,10 @@ __all__ = [
     "torchrun_args_of",
     "worker_python_problem",
     "api",
+    "attempt_record",
     "attempts",
+    "goodput",
+    "node_history",
     "preflight",
 ]
 
@@ -67,7 +70,7 @@ if TYPE_CHECKING:
     from .torchrun_args import TorchrunArgs, torchrun_args_of
 
 if TYPE_CHECKING:
-    from . import api, attempts, preflight
+    from . import api, attempt_record, attempts, goodput, node_history, preflight
 
 
 __getattr__ = names_from(__name__, _HOME, __all__)

@@ -39,6 +39,7 @@ from ..cause import CauseKind
 from ..errors import is_refusal
 from ..procs import numbers
 from . import card_preflight, timeline, what_ran
+from . import goodput
 from .result import REPORT_ARTIFACT, TorchrunResult
 
 CARD_ID = "torchrun"
@@ -339,6 +340,23 @@ def attempt_rows(result: TorchrunResult) -> List[List[str]]:
     return rows
 
 
+def goodput_parts(result: TorchrunResult, Markdown: Any, Table: Any) -> list:
+    """The goodput ledger (runtime/goodput.py): effective training time, one
+    bar per attempt, and the seconds of each part."""
+    led = result.goodput
+    if led is None:
+        return []
+    parts = [Markdown("## Goodput\n\n%s" % escape_markdown(led.summary()))]
+    try:
+        from metaflow.cards import VegaChart
+
+        parts.append(VegaChart(goodput.bar_spec(led)))
+    except ImportError:  # an older Metaflow: the table says it
+        pass
+    parts.append(Table(goodput.rows(led), headers=goodput.HEADERS))
+    return parts
+
+
 ATTEMPT_HEADERS = ["attempt", "started", "gang formed in", "calls started", "stopped", "resumed from",
                    "work lost", "restart"]
 
@@ -423,6 +441,7 @@ def build_components(result: TorchrunResult, flow: str, pathspec: str, backend: 
     ]
     if attempt_rows(result):
         parts += [Markdown("## Attempts"), Table(attempt_rows(result), headers=ATTEMPT_HEADERS)]
+    parts += goodput_parts(result, Markdown, Table)
     cause = result.cause
     if cause is not None:
         text, _ = clip_lines(cause.summary, CARD_CAUSE_CHARS)

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional, Union
 
 if TYPE_CHECKING:
     from .attempts import Attempt
+    from .goodput import Ledger
 
 from ..cause import Cause
 from ..gang import NodeReport
@@ -102,6 +103,12 @@ class TorchrunResult:
     # What ran (runtime/what_ran.py): the entrypoint, its arguments with
     # secret-looking ones masked, the torchrun command, versions.
     ran: Dict[str, Any] = field(default_factory=dict)
+    # When a rank of this node first wrote a line (epoch; None: none did, or
+    # labels were off): where start-up ends in the goodput ledger.
+    first_output_at: Optional[float] = None
+    # On the control: where the step's wall time went, across its attempts
+    # (runtime/goodput.py).
+    goodput: Optional["Ledger"] = None
 
     @property
     def duration(self) -> float:
@@ -138,6 +145,7 @@ class TorchrunResult:
         data["gang"] = self.gang.to_wire()
         data["preflight"] = self.preflight.to_wire() if self.preflight is not None else {}
         data["attempts"] = [a.to_wire() for a in self.attempts]
+        data["goodput"] = self.goodput.to_wire() if self.goodput is not None else None
         data["command"] = list(self.command)
         data["duration"] = self.duration
         data["succeeded"] = self.succeeded
