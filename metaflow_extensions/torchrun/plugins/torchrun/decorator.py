@@ -54,7 +54,7 @@ from .launch import check_port_clash, refuse_one_node_on_kubernetes, refuse_step
 from .launch import NO_ACCELERATORS
 from .launch import requested_accelerators, small_shm_warning
 from .runtime import attempts as attempts_
-from .runtime import attempt_record, goodput
+from .runtime import attempt_record, evidence, goodput
 from .runtime import METADATA_FIELD, REPORT_ARTIFACT, TorchrunResult
 from .runtime import GangSession
 from .runtime import preflight as preflight_runtime
@@ -464,6 +464,9 @@ class TorchrunDecorator(ParallelDecorator):
             REPORT_ARTIFACT, self._flow_name, run_id, step_name, task_id))
         if session.is_control and (result.stacks or '"compacted": true' in record):
             setattr(flow, REPORT_ARTIFACT, [r.to_dict() for r in session.results])
+        bundle = evidence.bundle(result, session.is_control, session.topology.node_index, retry_count, os.environ)
+        if bundle is not None:
+            setattr(flow, evidence.ARTIFACT, bundle)
         if self._card is not None and finish_card(
             self._card, result, self._flow_name, self._accelerators, retry_count
         ):

@@ -37,6 +37,7 @@ __all__ = [
     "api",
     "attempt_record",
     "attempts",
+    "evidence",
     "goodput",
     "node_history",
     "preflight",
@@ -70,7 +71,7 @@ if TYPE_CHECKING:
     from .torchrun_args import TorchrunArgs, torchrun_args_of
 
 if TYPE_CHECKING:
-    from . import api, attempt_record, attempts, goodput, node_history, preflight
+    from . import api, attempt_record, attempts, evidence, goodput, node_history, preflight
 
 
 __getattr__ = names_from(__name__, _HOME, __all__)

@@ -39,7 +39,7 @@ from ..cause import CauseKind
 from ..errors import is_refusal
 from ..procs import numbers
 from . import card_preflight, timeline, what_ran
-from . import goodput
+from . import evidence, goodput
 from .result import REPORT_ARTIFACT, TorchrunResult
 
 CARD_ID = "torchrun"
@@ -340,6 +340,18 @@ def attempt_rows(result: TorchrunResult) -> List[List[str]]:
     return rows
 
 
+def evidence_markdown(pathspec: str, result: TorchrunResult) -> str:
+    """Where this attempt's evidence bundle is (runtime/evidence.py), and the
+    previous attempt's, to compare."""
+    attempt = result.attempts[-1].attempt if result.attempts else 0
+    line = "Evidence (grouped stacks, every rank's last lines, NCCL Flight Recorder dumps, `nvidia-smi -q` of " \
+           "the failing node where present): artifact `%s` of this task, `Task(%r, attempt=%d)['%s'].data`" % (
+               evidence.ARTIFACT, pathspec, attempt, evidence.ARTIFACT)
+    if attempt > 0:
+        line += "; the previous attempt's: `attempt=%d`" % (attempt - 1)
+    return line + "."
+
+
 def goodput_parts(result: TorchrunResult, Markdown: Any, Table: Any) -> list:
     """The goodput ledger (runtime/goodput.py): effective training time, one
     bar per attempt, and the seconds of each part."""
@@ -446,6 +458,7 @@ def build_components(result: TorchrunResult, flow: str, pathspec: str, backend: 
     if cause is not None:
         text, _ = clip_lines(cause.summary, CARD_CAUSE_CHARS)
         parts.append(Markdown("## Root cause\n\n%s" % text_block(text)))
+        parts.append(Markdown(evidence_markdown(pathspec, result)))
     parts.extend(stack_parts(result, Markdown, Table))
     parts.extend(card_preflight.parts(result.preflight, escape_markdown, code_block))
     parts.extend(tail_parts(result, Markdown))
