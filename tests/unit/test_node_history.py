@@ -2,6 +2,8 @@
 who is blamed for a cause, bounded entries, the K-of-M flag with its
 evidence, strict refusal, bandwidth against a host's own past, steering."""
 
+import json
+
 import pytest
 
 from metaflow_extensions.torchrun.plugins.torchrun.cause import Cause, CauseKind
@@ -111,3 +113,16 @@ def test_bandwidth_below_its_own_past():
         "a", 2.0, seen)
     assert nh.slower_than_its_past("a", 9.0, seen) is None
     assert nh.slower_than_its_past("a", 2.0, seen, fraction=0.1) is None
+
+
+def test_an_attempts_record_round_trips_its_nodes_and_the_table_reads_it():
+    from metaflow_extensions.torchrun.plugins.torchrun import cli
+
+    wire = {"attempts": [_attempt(0, 5.0, ["good", "bad"], {1: "lost"}).to_wire()]}
+    (attempt,) = nh.record_attempts(json.dumps(wire))
+    assert [(n.host, n.role) for n in attempt.nodes] == [("good", "bystander"), ("bad", "lost")]
+    assert nh.record_attempts("not json") == [] and nh.record_attempts('{"attempts": 3}') == []
+    lines = cli.table(nh.report(_seen()))
+    assert lines[0] == "3 runs, 3 attempts, 2 hosts"
+    assert lines[3].split()[:4] == ["bad", "3", "3", "0"]
+    assert any("3x  node N (h), rank N: killed by signal SIGSEGV  (hosts: bad)" in line for line in lines)

@@ -104,7 +104,9 @@ class TorchrunDecorator(ParallelDecorator):
         the gang: ``"versions"`` compares every node's software and checks
         each node's fitness (/dev/shm, disk, GPUs, network; no process, no
         wait); ``"full"`` also runs a short collective job on every rank
-        (all-reduce, bandwidth per node); ``False`` checks nothing.
+        (all-reduce, bandwidth per node); ``"strict"`` refuses a node whose
+        host was blamed for recent failures (node history) instead of
+        warning; ``False`` checks nothing.
     args_as : str, optional, default None
         ``"0.2"``: spell a dict of entrypoint_args as metaflow-torchrun 0.2 did
         (``True`` -> ``--k true``, ``[1, 2]`` -> ``--k "[1, 2]"``). Off by default.
