@@ -52,6 +52,15 @@ def test_three_failures_of_one_host_make_the_history_name_it(history_gang):
     assert report["hosts"][1]["host"] == "good-host" and report["hosts"][1]["blamed"] == 0
     cause = report["causes"][0]
     assert cause["times"] == 3 and cause["hosts"] == ["bad-host"] and "SIGKILL" in cause["cause"], report
+    # Each failed attempt kept its evidence bundle: the control's, and node 1's own (no nvidia-smi here).
+    bundles = gang.client(
+        "from metaflow_extensions.torchrun.plugins.torchrun.runtime import evidence\n"
+        "run = list(Flow('GangFlow').runs())[-1]\n"
+        "result = {t.id: evidence.read(t.pathspec) for t in run['train']}")
+    control = [b for b in bundles.values() if b and "tails" in b][0]
+    assert control["cause"]["node_index"] == 1 and control["attempt"] == 0, bundles
+    assert "rank 0 up" in str(control["tails"]["ranks"]["0"]), control["tails"]
+    assert [b for b in bundles.values() if b and b.get("node") == 1 and "nvidia_smi" in b], bundles
     table = _history(gang, "--last", "20")
     assert "bad-host" in table and "causes that recurred" in table
 
