@@ -167,6 +167,12 @@ class TorchrunResult:
         if len(text) > METADATA_LIMIT:  # a gang of many thousand nodes: counts only
             data["gang"] = {"nodes": data["gang"].get("nodes")}
             text = json.dumps(data, default=str)
+        if len(text) > METADATA_LIMIT:  # attempts of big gangs: their bystanders counted, not listed
+            for attempt in data["attempts"]:
+                nodes = attempt.get("nodes") or []
+                attempt["nodes"] = [n for n in nodes if n.get("role") != "bystander"]
+                attempt["nodes_left_out"] = attempt.get("nodes_left_out", 0) + len(nodes) - len(attempt["nodes"])
+            text = json.dumps(data, default=str)
         return text
 
 
