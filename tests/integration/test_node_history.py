@@ -25,7 +25,8 @@ def history_gang(tmp_path_factory):
     gang = Gang(tmp_path_factory.mktemp("history"))
     try:
         failed = [gang.run(*DIES, env=HOSTS, timeout=300) for _ in range(3)]
-        warned = gang.run(*FINE, env=HOSTS, timeout=300)
+        # A non-default threshold where it takes effect: 1 of the last 1 (the default is 2 of 5).
+        warned = gang.run(*FINE, env=dict(HOSTS, METAFLOW_TORCHRUN_NODE_HISTORY="1/1"), timeout=300)
         refused = gang.run(*FINE, env=dict(HOSTS, MFTR_TORCHRUN_ATTRS='{"preflight": "strict"}'), timeout=300)
         yield gang, failed, warned, refused
     finally:
@@ -69,7 +70,7 @@ def test_the_fourth_run_warns_naming_the_evidence(history_gang):
     _, _, warned, _ = history_gang
     text = output(warned)
     assert warned.returncode == 0, text[-4000:]
-    assert ("preflight: node 1: bad-host was blamed in 3 of its last 3 appearances" in text), text[-4000:]
+    assert ("preflight: node 1: bad-host was blamed in 1 of its last 1 appearances" in text), text[-4000:]
     assert 'preflight="strict" would' in text
 
 
@@ -77,7 +78,8 @@ def test_strict_refuses_the_node_before_any_rank_starts(history_gang):
     gang, _, _, refused = history_gang
     text = output(refused)
     assert refused.returncode != 0
-    assert "preflight refused the gang before any rank started: node 1: bad-host was blamed in" in text, text[-4000:]
+    assert ("preflight refused the gang before any rank started: node 1: bad-host was blamed in 3 of its last 4 "
+            "appearances" in text), text[-4000:]
     assert "rank 0 up" not in text and "rank 1 up" not in text
     # The history counts the refusal too: the host was the culprit again.
     report = json.loads(_history(gang, "--last", "1", "--json"))

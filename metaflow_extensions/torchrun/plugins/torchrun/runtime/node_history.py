@@ -272,9 +272,10 @@ def read_run(run: Any, step_names: Optional[Sequence[str]] = None) -> List[Appea
 
 
 def read(flow: Optional[str], last: Optional[int] = None, days: Optional[float] = None,
-         skip_run: Optional[str] = None) -> List[Appearance]:
+         skip_run: Optional[str] = None, steps: Optional[Sequence[str]] = None) -> List[Appearance]:
     """The appearances in the last ``last`` runs (or ``days``) of ``flow``, or
-    of every flow of the current namespace when ``flow`` is None."""
+    of every flow of the current namespace when ``flow`` is None; of the
+    ``steps`` named only, when given (the preflight reads its own step's)."""
     from metaflow import Flow, Metaflow
     from metaflow.exception import MetaflowNotFound
 
@@ -291,7 +292,7 @@ def read(flow: Optional[str], last: Optional[int] = None, days: Optional[float] 
             if since is not None and run.created_at.timestamp() < since:
                 break
             if run.id != skip_run:
-                out.extend(read_run(run))
+                out.extend(read_run(run, steps))
     return out
 
 

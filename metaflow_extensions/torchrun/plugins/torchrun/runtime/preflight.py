@@ -64,6 +64,7 @@ def attach(session: GangSession, history: Optional["History"] = None) -> None:
         session.preflight_source = source(session)
         session.preflight.mode = session.defaults.preflight
         if history is not None and session.is_control:
+            session.preflight.history = history
             session.preflight.host_check = node_history.host_check(
                 history.get, history.threshold, session.defaults.preflight == verdicts.STRICT,
                 node_history.platform_of(os.environ))
@@ -82,14 +83,14 @@ class History:
             previous.attempts if previous is not None else (), flow, run_id, step)
         self.error: Optional[str] = None
         self._done = threading.Event()
-        self._args = (flow, run_id)
+        self._args = (flow, run_id, step)
         threading.Thread(target=self._read, name="torchrun-node-history", daemon=True).start()
 
     def _read(self) -> None:
-        flow, run_id = self._args
+        flow, run_id, step = self._args
         try:
             if self.runs > 0 and self.threshold is not None:
-                self.seen = self.seen + node_history.read(flow, last=self.runs + 1, skip_run=run_id)
+                self.seen = self.seen + node_history.read(flow, last=self.runs + 1, skip_run=run_id, steps=[step])
         except Exception as e:  # a history that cannot be read never stops the step
             self.error = "%s: %s" % (type(e).__name__, e)
             _log.debug("node history: %s", self.error)
@@ -119,8 +120,20 @@ def before_first_call(session: GangSession) -> None:
     if session.is_control:
         job = verdicts.job_record(result.returns.get(0), time.monotonic() - began)
         session.preflight.job = job
-        for line in verdicts.describe_job(job):
+        for line in verdicts.describe_job(job) + slower_than_before(session, job):
             say("preflight: " + line)
+
+
+def slower_than_before(session: GangSession, job: verdicts.JobRecord) -> List[str]:
+    """Nodes whose bandwidth now is under their host's own past (the node history)."""
+    history = session.preflight.history
+    seen = history.get() if history is not None else None
+    if not seen or session.server is None:
+        return []
+    hosts = session.server.hosts()
+    found = [(node, node_history.slower_than_its_past(hosts.get(node, "?"), gbps, seen))
+             for node, gbps in sorted(job.link_gbps.items())]
+    return ["node %d: %s" % (node, why) for node, why in found if why][:node_history.MAX_FLAGGED]
 
 
 class PreflightRun(CallRun):

@@ -65,6 +65,7 @@ class PreflightState:
     job: Optional[JobRecord] = None
     # On the control: the node history's check of the gang's hosts (gang/handlers.py).
     host_check: Optional[Callable[[Dict[int, str]], Tuple[List[str], Optional[Cause]]]] = None
+    history: Any = None  # runtime/preflight.History: the job's bandwidth against each host's past
 
 
 class Phase(enum.Enum):
