@@ -71,6 +71,34 @@ def test_a_killed_worker_resumes_from_the_last_epoch_even_under_retry_on_infrast
     assert attempts[1]["resumed_from"]["metadata"] == {"epoch": 2}, attempts[1]
     assert attempts[1]["stopped"] == "succeeded" and attempts[1]["calls"], attempts[1]
     assert attempts[1]["gang_formed_seconds"] is not None
+    _ledger_matches_the_kill(gang, record)
+
+
+def _ledger_matches_the_kill(gang, record):
+    """The goodput ledger (runtime/goodput.py) of the same run: its parts add
+    up to the wall time, and what it counts lost is the injected failure's."""
+    ledger = record["goodput"]
+    parts = ledger["parts"]
+    assert abs(sum(parts.values()) - ledger["wall_seconds"]) < 1.0, ledger
+    first, second = ledger["segments"]
+    assert abs(sum(first["parts"].values()) + sum(second["parts"].values()) - ledger["wall_seconds"]) < 1.0
+    events = _events(gang)
+    kill = [e for e in events if e["event"] == "kill"][0]["t"]
+    saved = max(e["t"] for e in events if e["event"] == "saved" and e["attempt"] == 0 and e["epoch"] == 2)
+    resumed = min(e["t"] for e in events if e["event"] == "start" and e["attempt"] == 1)
+    # Work since epoch 2's checkpoint to the kill (its detection takes a moment more).
+    assert 0 <= first["parts"]["lost_work"] - (kill - saved) < 3.0, (first, kill - saved)
+    # From the failure to attempt 1's first line: the stop, Metaflow's retry, the new gang's start.
+    assert abs(first["time_to_restart"] - (resumed - kill)) < 3.0, (first, resumed - kill)
+    assert abs(parts["lost_work"] + parts["stop"] + parts["restart"] - ledger["lost_seconds"]) < 0.01
+    assert second["cause"] is None and parts["productive"] > 0 and 0 < ledger["effective_percent"] < 100
+    assert first["cause"] and "disconnected" in first["cause"]
+    # The same ledger as task metadata and as an artifact of the control task.
+    same = gang.client(
+        "import json\nfrom metaflow import Flow\n"
+        "t = [t for t in Flow('CheckpointFlow').latest_run['train'] if t.id.isdigit()][0]\n"
+        "result = {'meta': json.loads(t.metadata_dict['torchrun-goodput']), 'artifact': t['torchrun_goodput'].data}")
+    assert same["meta"] == same["artifact"] == ledger
 
 
 def test_a_killed_control_resumes_from_the_last_epoch(gang):

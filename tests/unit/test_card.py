@@ -167,6 +167,25 @@ def test_the_card_of_a_failed_task_names_the_cause(task):
     assert any(s.startswith("## Root cause") for s in sources)
 
 
+def test_the_card_draws_the_goodput_ledger_and_names_the_evidence(task):
+    from metaflow_extensions.torchrun.plugins.torchrun.runtime import goodput
+    from metaflow_extensions.torchrun.plugins.torchrun.runtime.attempts import Attempt, CallStart
+
+    result = _result(succeeded=False)
+    result.attempts = [Attempt(0, started_at=1.0, gang_formed_at=2.0, calls=(CallStart(0, 2.0),), first_output_at=3.0,
+                               ended_at=9.0, stopped="node 1 lost", recorded_at=10.0),
+                       Attempt(1, started_at=12.0, gang_formed_at=13.0, calls=(CallStart(0, 13.0),),
+                               first_output_at=14.0, ended_at=20.0, stopped="rank 1 raised", recorded_at=21.0)]
+    result.goodput = goodput.ledger(result.attempts, now=21.0)
+    assert card_mod.finish_card(task.deco, result, FLOW, NONE, 1)
+    parts = _components(_card(task).get())
+    sources = [p.get("source", "") for p in parts if p["type"] == "markdown"]
+    assert any(s.startswith("## Goodput") and "effective training 0.0% of 20.0s over 2 attempts" in s
+               for s in sources), sources
+    assert any(p["type"] == "vegaChart" for p in parts) or any("Goodput" in s for s in sources)
+    assert any("torchrun_evidence" in s and "attempt=1" in s and "attempt=0" in s for s in sources), sources
+
+
 def test_a_failed_task_without_a_result_gets_its_card_in_the_task(task, monkeypatch):
     monkeypatch.setattr(task.deco.card_creator, "create", lambda **kw: pytest.fail("card create was run"))
     card_mod.render_card_now(task.deco, 0)

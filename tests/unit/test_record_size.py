@@ -64,3 +64,22 @@ def test_the_full_report_keeps_every_rank():
     result = gang_result(1024, 8)
     full = result.to_dict()
     assert len(full["stacks"]) == 8192 and len(full["gang"]["reports"]) == 1024
+
+
+def test_attempts_of_1024_nodes_fit_keeping_the_nodes_with_a_role():
+    from metaflow_extensions.torchrun.plugins.torchrun.runtime import goodput, node_roles
+    from metaflow_extensions.torchrun.plugins.torchrun.runtime.attempts import Attempt
+
+    hosts = {n: "ip-10-0-%d-%d.ec2.internal" % (n // 256, n % 256) for n in range(1024)}
+    result = gang_result(1024, 8)
+    for k in range(3):
+        nodes, _ = node_roles.entries(1024, hosts, {17 + k: "culprit"}, {}, {n: 10.0 for n in range(1024)}, {})
+        result.attempts.append(Attempt(attempt=k, started_at=10.0 * k, ended_at=10.0 * k + 5, nodes=nodes,
+                                       stopped="x", recorded_at=10.0 * k + 6))
+    result.goodput = goodput.ledger(result.attempts, now=30.0)
+    text = result.to_json()
+    assert len(text) <= METADATA_LIMIT
+    record = json.loads(text)
+    assert [[n["node"] for n in a["nodes"]] for a in record["attempts"]] == [[17], [18], [19]]
+    assert [a["nodes_left_out"] for a in record["attempts"]] == [1023] * 3
+    assert record["goodput"]["wall_seconds"] == 30.0

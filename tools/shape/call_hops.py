@@ -44,7 +44,7 @@ def subpackage_of(module: str) -> str:
 
 # The layers, top first (pyproject.toml's import contract): a hop from a lower
 # one into a higher one is a callback crossing the layers upward.
-LAYERS = ["decorator", "handle lint compat settings spec", "runtime", "launch", "gang", "errors", "cause", "procs",
+LAYERS = ["decorator cli", "handle lint compat settings spec", "runtime", "launch", "gang", "errors", "cause", "procs",
           "host", "defaults load_order"]
 
 

@@ -159,6 +159,7 @@ _INFRA_TYPES = frozenset((
     "GangAborted", "TorchrunInterrupted", "KeyboardInterrupt", "SystemExit",
     "ConnectionError", "ConnectionResetError", "ConnectionRefusedError", "BrokenPipeError",
 ))
+_EXC_NAME = re.compile(r"[A-Za-z_][\w.]*")
 _INFRA_TEXT = re.compile(
     r"NCCL|gloo|Connection (closed|reset|refused)|Broken pipe|ECC error|uncorrectable|Xid|"
     r"collective operation timeout|Watchdog caught", re.I)
@@ -189,7 +190,8 @@ def user_code_failure(cause: Optional[Cause]) -> Optional[str]:
     if cause.kind is CauseKind.CALL_MISMATCH:
         return "a mismatch of current.torch.run calls between nodes"
     exc_type = cause.exc_type
-    if not exc_type or exc_type.split(".")[-1] in _INFRA_TYPES or cause.message == NO_EXCEPTION:
+    if (not exc_type or exc_type.split(".")[-1] in _INFRA_TYPES or cause.message == NO_EXCEPTION
+            or not _EXC_NAME.fullmatch(exc_type)):  # "killed by signal SIGSEGV": an exit
         return None  # not an exception of the code: a signal (an OOM kill), an exit code
     if _INFRA_TEXT.search("%s\n%s" % (cause.message or "", cause.summary)):
         return None

@@ -10,7 +10,7 @@ import os
 import re
 import sys
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence
 
 from .errors import TorchrunInvalidArgument, shown
 
@@ -36,21 +36,10 @@ def decorator_init_kwargs(parent_init: Callable[..., Any], inserted_by: Any) -> 
 
 
 def meta_datum() -> Any:
-    """Metaflow's ``MetaDatum``: in ``metaflow.metadata_provider`` since Metaflow
-    2.12.x renamed the package, in ``metaflow.metadata`` before."""
-    try:
-        from metaflow.metadata_provider import MetaDatum
-    except ImportError:
-        from metaflow.metadata import MetaDatum
-    return MetaDatum
+    """Metaflow's ``MetaDatum``, wherever this Metaflow keeps it (runtime/step_record.py)."""
+    from .runtime import meta_datum as found
 
-
-def register_metadata(metadata: Any, pathspec: Tuple[Any, str, Any], field: str, value: str, attempt: int) -> None:
-    """One task metadata entry, tagged with its attempt as Metaflow tags its own."""
-    MetaDatum = meta_datum()
-    run_id, step_name, task_id = pathspec
-    metadata.register_metadata(run_id, step_name, task_id, [
-        MetaDatum(field=field, value=value, type=field, tags=["attempt_id:%d" % attempt])])
+    return found()
 
 
 def local_control_task_id(task_id: str) -> str:

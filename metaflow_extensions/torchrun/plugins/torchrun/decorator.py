@@ -21,7 +21,6 @@ from .compat import (
     is_task_process,
     legacy_notes,
     local_control_task_id,
-    register_metadata,
     translate_attributes,
 )
 from .errors import Problems, did_you_mean, drop_own_frame
@@ -34,8 +33,7 @@ from .host import log, say
 from .settings import export_knobs, knob_environ
 from .runtime import card_of_task, name_local_control, prepare_local_nodes, stop_local_nodes
 from .launch import small_shm_warning
-from .runtime import METADATA_FIELD, REPORT_ARTIFACT
-from .runtime import GangSession, ThisAttempt, in_gang, step_result
+from .runtime import GangSession, ThisAttempt, in_gang, keep_record, read_node_history
 from .gang import CONTROL_TASK_ID_ENV, is_local_runtime, topology_from
 
 
@@ -81,7 +79,9 @@ class TorchrunDecorator(ParallelDecorator):
         the gang: ``"versions"`` compares every node's software and checks
         each node's fitness (/dev/shm, disk, GPUs, network; no process, no
         wait); ``"full"`` also runs a short collective job on every rank
-        (all-reduce, bandwidth per node); ``False`` checks nothing.
+        (all-reduce, bandwidth per node); ``"strict"`` refuses a node whose
+        host was blamed for recent failures (node history) instead of
+        warning; ``False`` checks nothing.
     args_as : str, optional, default None
         ``"0.2"``: spell a dict of entrypoint_args as metaflow-torchrun 0.2 did
         (``True`` -> ``--k true``, ``[1, 2]`` -> ``--k "[1, 2]"``). Off by default.
@@ -203,6 +203,8 @@ class TorchrunDecorator(ParallelDecorator):
                 "%s/%s/%s/%s" % (self._flow_name, run_id, step_name, task_id), self._spec.retry_on)
             if note:
                 say(note)
+        self._attempt.history = read_node_history(self._attempt, is_control, self._flow_name, str(run_id), step_name,
+                                             self._spec.preflight, knob_environ())
         self._handle = TorchrunHandle()
         current._update_env({"torch": self._handle})
 
@@ -272,25 +274,15 @@ class TorchrunDecorator(ParallelDecorator):
 
     def _record_result(self, flow: Any, retry_count: int) -> None:
         """The record as task metadata (``Task(...).metadata_dict["torchrun-result"]``,
-        bounded); the full report as an artifact when the record leaves some out;
-        the card rendered here, in the task, not by Metaflow in a subprocess after it."""
+        bounded), with its artifacts; the card rendered here, in the task, not
+        by Metaflow in a subprocess after it."""
         began, session = time.monotonic(), self._session
-        result = step_result(session, self._attempt)
-        if result is None or session is None:
-            return
-        metadata, run_id, step_name, task_id = self._metadata
-        record = result.to_json("artifact %s of %s/%s/%s/%s" % (
-            REPORT_ARTIFACT, self._flow_name, run_id, step_name, task_id))
-        if session.is_control and (result.stacks or '"compacted": true' in record):
-            setattr(flow, REPORT_ARTIFACT, [r.to_dict() for r in session.results])
-        if self._card is not None and finish_card(
-            self._card, result, self._flow_name, self._accelerators, retry_count
-        ):
+        if session is not None and session.is_control:
+            self._attempt.mapper_tasks = tuple(str(t) for t in getattr(flow, "_control_mapper_tasks", None) or [])
+        if keep_record(flow, session, self._attempt, self._metadata, self._flow_name,
+                       lambda result: finish_card(self._card, result, self._flow_name, self._accelerators, retry_count)
+                       if self._card is not None else False):
             self._card = None
-        try:
-            register_metadata(metadata, (run_id, step_name, task_id), METADATA_FIELD, record, retry_count)
-        except Exception as e:  # the record must never fail the step
-            say("could not store the run's record: %s" % e)
         _log.debug("record and card written in %.3fs", time.monotonic() - began)
 
 

@@ -35,6 +35,16 @@ KEEP_LOGS_HOURS = 72.0
 KEEP_LOGS = 20
 # ... and the least recently used runs go while all logs take more than this many MB.
 MAX_LOG_MB = 500
+# Node history (runtime/node_history.py): a host blamed for a failure (culprit,
+# lost or frozen, the user's own exceptions excepted) in this many ...
+NODE_HISTORY_CULPRIT = 2
+# ... of its last this many appearances is flagged by the next preflight ...
+NODE_HISTORY_APPEARANCES = 5
+# ... read from the flow's last this many runs (one metadata read per run).
+NODE_HISTORY_RUNS = 20
+# A host whose preflight bandwidth is under this fraction of the median of its
+# own past measurements is flagged too.
+NODE_HISTORY_BANDWIDTH_FRACTION = 0.5
 
 # In-step restarts of a call's ranks the gang coordinates (@torchrun(restarts=N)).
 RESTARTS = 0

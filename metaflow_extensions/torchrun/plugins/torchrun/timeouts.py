@@ -69,6 +69,9 @@ ECHO_DELAY = 2.0
 INTERRUPT_GRACE = 10.0
 # A failed gang's service stays this long for nodes that have not heard yet.
 LINGER = 15.0
+# Once every node's preflight is in, the control waits at most this long for the
+# node history it began reading at the task's start (then checks without it).
+HISTORY_WAIT = 2.0
 
 # -- the console ---------------------------------------------------------------------
 # A line of ours waits for a pause this long in the ranks' output, at most QUIET_WAIT.

@@ -6,7 +6,7 @@ and are kept apart from the loop, the checks and the sending (``server.py``)."""
 from __future__ import annotations
 
 import time
-from typing import Callable, Dict, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 from ..cause import Cause, CauseKind
 from ..host import log
@@ -36,6 +36,9 @@ class MessageHandlers:
     transport: Transport
     cause: Optional[Cause]
     progress: Callable[[str], None]
+    # node -> host in, (lines to say, a refusal) out: the node history's check
+    # (runtime/node_history.py), once every node's preflight is in.
+    host_check: Optional[Callable[[Dict[int, str]], Tuple[List[str], Optional[Cause]]]]
     _pending: Optional[Tuple[Cause, float]]
     _handlers: Dict[msg.MessageType, Callable[[Peer, msg.GangMessage], None]]
 
@@ -137,6 +140,12 @@ class MessageHandlers:
             return
         for line in self.preflight.warnings():
             self.progress("preflight: " + line)
+        if self.host_check is not None:
+            lines, cause = self.host_check(dict(self.members.hosts))
+            for line in lines:
+                self.progress("preflight: " + line)
+            if cause is not None:
+                self._abort(cause)
 
     def _on_leave(self, peer: Peer, message: msg.GangMessage) -> None:
         assert isinstance(message, msg.Leave) and peer.node is not None

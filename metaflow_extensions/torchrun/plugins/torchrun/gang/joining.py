@@ -14,6 +14,7 @@ from typing import Callable, List, Optional, Sequence
 
 from ..cause import Cause, CauseKind
 from ..host import log
+from ..host import host_name
 from .. import timeouts
 from . import auth as gang_auth
 from . import messages as msg
@@ -151,7 +152,7 @@ class Joining:
             server_nonce = gang_auth.read_challenge(self._read_one(sock))
             client_nonce = gang_auth.new_nonce()
             wire.send(sock, gang_auth.hello(self._secret, self.config.gang_id, server_nonce, self.node_index,
-                                            host=socket.gethostname(), pid=os.getpid(),
+                                            host=host_name(self.node_index), pid=os.getpid(),
                                             client_nonce=client_nonce).to_wire())
             # Once a service has our hello it may count this node in: giving up
             # now would read as a node that died (a busy control answers late),

@@ -24,6 +24,7 @@ class Membership:
         self.by_node: Dict[int, Peer] = {}  # node -> its one authenticated connection
         self.joined_at: Dict[int, float] = {}  # node -> epoch seconds of its first join
         self.left: Dict[int, Tuple[int, bool]] = {}  # node -> (calls made, ended fine)
+        self.hosts: Dict[int, str] = {}  # node -> the host it said it is on (kept after it leaves)
         self.started = time.monotonic()
 
     def taken(self, node: int) -> bool:
@@ -34,6 +35,7 @@ class Membership:
         peer.node = node
         self.by_node[node] = peer
         self.joined_at.setdefault(node, time.time())
+        self.hosts.setdefault(node, peer.host)
 
     @property
     def all_joined(self) -> bool:

@@ -22,8 +22,11 @@ from . import messages as msg
 # job of its own before the first call; "off" (False) does nothing.
 VERSIONS = "versions"
 FULL = "full"
+# "versions", and a node whose host has a bad history (runtime/node_history.py)
+# is refused rather than warned about.
+STRICT = "strict"
 OFF = "off"
-MODES = (VERSIONS, FULL, OFF)
+MODES = (VERSIONS, FULL, STRICT, OFF)
 DEFAULT_MODE = VERSIONS
 # Fields whose difference is reported, not refused: nodes of one cluster often
 # run different kernel patch levels, and training does not care.
@@ -48,9 +51,10 @@ def parse_mode(value: Any) -> str:
         return OFF
     if value is True:
         return DEFAULT_MODE
-    if isinstance(value, str) and value.strip().lower() in (VERSIONS, FULL):
+    if isinstance(value, str) and value.strip().lower() in (VERSIONS, FULL, STRICT):
         return value.strip().lower()
-    raise ValueError("@torchrun(preflight=%r): use \"versions\" (the default), \"full\" or False." % (value,))
+    raise ValueError("@torchrun(preflight=%r): use \"versions\" (the default), \"full\", \"strict\" or False."
+                     % (value,))
 
 
 # -- versions --------------------------------------------------------------------------

@@ -81,6 +81,7 @@ class GangServer(MessageHandlers):
         self._last_progress = self.members.started
         self._said_waiting = False
         self.progress: Callable[[str], None] = lambda text: None
+        self.host_check: Optional[Callable[[Dict[int, str]], Tuple[List[str], Optional[Cause]]]] = None
         # Said once per gang: someone without the secret tried to join.
         self.warn: Callable[[str], None] = say
         self._handlers: Dict[msg.MessageType, Handler] = {
@@ -134,6 +135,11 @@ class GangServer(MessageHandlers):
     def reports_pending(self, index: int) -> List[int]:
         with self._lock:
             return self.book.reports_pending(index, lambda n: n in self.members.by_node, self.members.left)
+
+    def hosts(self) -> Dict[int, str]:
+        """node -> the host it joined from, for the record's nodes."""
+        with self._lock:
+            return dict(self.members.hosts)
 
     def preflight_record(self, mode: str) -> PreflightRecord:
         """The gang's preflight as the record keeps it (gang/node_compare.py)."""

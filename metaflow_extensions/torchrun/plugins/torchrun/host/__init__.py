@@ -22,6 +22,7 @@ __all__ = [
     "count_with_torch",
     "cuda_devices",
     "die_with_parent",
+    "host_name",
     "interfaces",
     "is_loopback",
     "open_private",
@@ -46,6 +47,7 @@ _HOME = {
     "cuda_devices": "devices",
     "die_with_parent": "proctree",
     "interfaces": "network",
+    "host_name": "network",
     "is_loopback": "network",
     "open_private": "private",
     "route_to": "network",
@@ -63,7 +65,7 @@ if TYPE_CHECKING:
     from .console import say, say_once
     from .devices import count_with_torch, cuda_devices, usable_cpus
     from .logs import LogKey, where_logs_are
-    from .network import interfaces, is_loopback, route_to
+    from .network import host_name, interfaces, is_loopback, route_to
     from .private import open_private, tail_lines
     from .proctree import die_with_parent
     from .workdirs import CallFiles, work_root

@@ -12,7 +12,10 @@ import fcntl
 import ipaddress
 import socket
 import struct
-from typing import List, Optional, Tuple
+import os
+from typing import List, Mapping, Optional, Tuple
+
+from ..procs.names import TEST_HOSTS_ENV
 
 _SIOCGIFADDR = 0x8915
 
@@ -37,6 +40,21 @@ def local_address_towards(host: str, port: int = 9) -> Optional[str]:
             return s.getsockname()[0]
     except (OSError, IndexError):
         return None
+
+
+def host_name(node_index: int, env: Optional[Mapping[str, str]] = None) -> str:
+    """The name this node reports as its host (the gang's records, the node
+    history): on Kubernetes its node's IP; tests give local "nodes" names of
+    their own (``TEST_HOSTS_ENV``)."""
+    env = env if env is not None else os.environ
+    names = env.get(TEST_HOSTS_ENV, "").split(",")
+    if 0 <= node_index < len(names) and names[node_index].strip():
+        return names[node_index].strip()[:255]
+    if env.get("METAFLOW_KUBERNETES_NODE_IP"):
+        # A pod's host name is the pod's, new on every attempt: the node is
+        # what a history of failures is about (Metaflow sets its IP).
+        return "node " + env["METAFLOW_KUBERNETES_NODE_IP"][:200]
+    return socket.gethostname()
 
 
 def interface_of(address: str) -> Optional[str]:

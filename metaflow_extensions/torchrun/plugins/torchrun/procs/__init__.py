@@ -24,6 +24,8 @@ __all__ = [
     "MAX_STACK_BYTES",
     "NO_EXCEPTION",
     "PORT_ENV",
+    "NODE_HISTORY_ENV",
+    "NODE_HISTORY_RUNS_ENV",
     "PROGRESS_ENV",
     "RankFailure",
     "RankStatus",
@@ -61,6 +63,8 @@ _HOME = {
     "MAX_STACK_BYTES": "stacks",
     "NO_EXCEPTION": "failures",
     "PORT_ENV": "names",
+    "NODE_HISTORY_ENV": "names",
+    "NODE_HISTORY_RUNS_ENV": "names",
     "PROGRESS_ENV": "names",
     "RankFailure": "failures",
     "RankStatus": "status",
@@ -87,6 +91,7 @@ _HOME = {
 if TYPE_CHECKING:
     from .failures import NO_EXCEPTION, RankFailure, clear_round, describe_exit_code, merge_failures, read_agent_failures, read_failures, root_cause_order, with_last_output
     from .names import RESTART_ENV, ARGS_FILE, DEBUG_ENV, PORT_ENV, PROGRESS_ENV, SECRET_ENV, USER_KNOBS, conf_key, rank_log_path
+    from .names import NODE_HISTORY_ENV, NODE_HISTORY_RUNS_ENV
     from .ranges import numbers
     from .stacks import MAX_STACK_BYTES, SUMMARY_PLACES, bound, group
     from .status import RankStatus, StatusError, read_statuses

@@ -21,7 +21,15 @@ KEEP_LOGS_HOURS_ENV = "METAFLOW_TORCHRUN_KEEP_LOGS_HOURS"  # a run's per-rank lo
 KEEP_LOGS_ENV = "METAFLOW_TORCHRUN_KEEP_LOGS"  # and beyond that, the newest N runs' logs
 MAX_LOG_MB_ENV = "METAFLOW_TORCHRUN_MAX_LOG_MB"  # and at most this many MB of them
 DEBUG_ENV = "METAFLOW_TORCHRUN_DEBUG"  # "1": the debug channel on stderr (host/log.py)
-USER_KNOBS = (PORT_ENV, SECRET_ENV, PROGRESS_ENV, KEEP_LOGS_HOURS_ENV, KEEP_LOGS_ENV, MAX_LOG_MB_ENV, DEBUG_ENV)
+# "K/M": a node blamed for K of its last M appearances is flagged by the preflight
+# (runtime/node_history.py); "off": the history is not read.
+NODE_HISTORY_ENV = "METAFLOW_TORCHRUN_NODE_HISTORY"
+NODE_HISTORY_RUNS_ENV = "METAFLOW_TORCHRUN_NODE_HISTORY_RUNS"  # how many past runs it reads
+USER_KNOBS = (PORT_ENV, SECRET_ENV, PROGRESS_ENV, KEEP_LOGS_HOURS_ENV, KEEP_LOGS_ENV, MAX_LOG_MB_ENV, DEBUG_ENV,
+              NODE_HISTORY_ENV, NODE_HISTORY_RUNS_ENV)
+# Tests only: comma-separated host names by node index, reported instead of the
+# host's own name (several local "nodes" share one host).
+TEST_HOSTS_ENV = "METAFLOW_TORCHRUN_TEST_HOSTS"
 
 # -- environment: what the task sets for its torchrun and ranks -------------------
 WORK_DIR_ENV = "METAFLOW_TORCHRUN_WORK_DIR"  # the call's work directory

@@ -32,6 +32,9 @@ __all__ = [
     "attach_card",
     "finish_card",
     "in_gang",
+    "keep_record",
+    "meta_datum",
+    "read_node_history",
     "render_card_now",
     "skip_render",
     "step_result",
@@ -41,7 +44,11 @@ __all__ = [
     "torchrun_args_of",
     "worker_python_problem",
     "api",
+    "attempt_record",
     "attempts",
+    "evidence",
+    "goodput",
+    "node_history",
     "preflight",
 ]
 
@@ -57,6 +64,9 @@ _HOME = {
     "SingleNodeLauncher": "single_node",
     "ThisAttempt": "step_record",
     "in_gang": "step_run",
+    "read_node_history": "step_record",
+    "keep_record": "step_record",
+    "meta_datum": "step_record",
     "step_result": "step_record",
     "TorchrunArgs": "torchrun_args",
     "TorchrunResult": "result",
@@ -76,12 +86,12 @@ if TYPE_CHECKING:
     from .result import METADATA_FIELD, REPORT_ARTIFACT, TorchrunResult
     from .session import GangSession
     from .single_node import SingleNodeLauncher
-    from .step_record import ThisAttempt, step_result
+    from .step_record import ThisAttempt, keep_record, meta_datum, read_node_history, step_result
     from .step_run import in_gang
     from .torchrun_args import TorchrunArgs, torchrun_args_of
 
 if TYPE_CHECKING:
-    from . import api, attempts, preflight
+    from . import api, attempt_record, attempts, evidence, goodput, node_history, preflight
 
 
 __getattr__ = names_from(__name__, _HOME, __all__)

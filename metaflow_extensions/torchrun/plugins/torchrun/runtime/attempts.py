@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from ..cause import Cause, CauseKind, place, user_code_failure  # noqa: F401 (one classification, cause.py)
+from .node_roles import NodeEntry
 
 RETRY_ON = ("any", "infrastructure")
 # "any" keeps Metaflow's @retry as it is: see docs/resume.md for why.
@@ -31,6 +32,7 @@ DEFAULT_RETRY_ON = "any"
 # A record read back holds at most this many attempts, and each this many calls.
 MAX_ATTEMPTS = 64
 MAX_CALLS = 1024
+MAX_NODES = 4096
 def validate_retry_on(value: Any) -> str:
     from ..errors import TorchrunInvalidArgument
 
@@ -173,10 +175,21 @@ class Attempt:
     restart_seconds: Optional[float] = None
     lost_seconds: Optional[float] = None
     costed: bool = False
+    # The goodput ledger's marks (runtime/goodput.py): a rank's first line on
+    # the control, and when the control wrote this record (its stop done).
+    first_output_at: Optional[float] = None
+    recorded_at: Optional[float] = None
+    # The node history's (runtime/node_roles.py): each node's host and role, and
+    # how many bystanders a gang over MAX_NODES left out; "ValueError at
+    # train.py:88" when the user's code failed (no node is blamed then).
+    nodes: Tuple[NodeEntry, ...] = ()
+    nodes_left_out: int = 0
+    code_failure: Optional[str] = None
 
     def to_wire(self) -> Dict[str, Any]:
         data = {f: getattr(self, f) for f in self.__dataclass_fields__ if f != "costed"}
         data["calls"] = [asdict(c) for c in self.calls]
+        data["nodes"] = [n.to_wire() for n in self.nodes]
         data["kind"] = self.kind.value if self.kind is not None else None
         data["resumed_from"] = self.resumed_from.to_wire() if self.resumed_from is not None else None
         if not self.costed:  # only a failure followed by another attempt has costs
@@ -202,13 +215,22 @@ class Attempt:
                    resumed_from=Checkpoint.from_wire(data.get("resumed_from")),
                    refused_for=_whole(data.get("refused_for")), lost_work_seconds=_num(data.get("lost_work_seconds")),
                    restart_seconds=_num(data.get("restart_seconds")), lost_seconds=_num(data.get("lost_seconds")),
-                   costed="lost_seconds" in data)
+                   costed="lost_seconds" in data, first_output_at=_num(data.get("first_output_at")),
+                   recorded_at=_num(data.get("recorded_at")), nodes=_nodes(data.get("nodes")),
+                   nodes_left_out=_whole(data.get("nodes_left_out")) or 0,
+                   code_failure=_text(data.get("code_failure"), 400))
+
+
+def _nodes(listed: Any) -> Tuple[NodeEntry, ...]:
+    entries = [NodeEntry.from_wire(n) for n in (listed if isinstance(listed, list) else [])[:MAX_NODES]]
+    return tuple(n for n in entries if n is not None)
 
 
 def this_attempt(
     attempt: int, started_at: float, results: List[Any], cause: Optional[Cause],
     resumed_from: Optional[Checkpoint], refused_for: Optional[int] = None,
-    code_started_at: Optional[float] = None,
+    code_started_at: Optional[float] = None, recorded_at: Optional[float] = None,
+    nodes: Tuple[NodeEntry, ...] = (), nodes_left_out: int = 0,
 ) -> Attempt:
     """One entry of ``attempts``, from this attempt's calls on the control."""
     joined: List[float] = []
@@ -228,7 +250,23 @@ def this_attempt(
         kind=cause.kind if cause is not None else None,
         resumed_from=resumed_from,
         refused_for=refused_for,
+        first_output_at=first_output(results),
+        recorded_at=recorded_at,
+        nodes=nodes,
+        nodes_left_out=nodes_left_out,
+        code_failure=user_code_failure(cause),
     )
+
+
+def first_output(results: List[Any]) -> Optional[float]:
+    """The end of start-up: a rank's first line on the control in the first
+    call, else the latest start of the control's ranks in it."""
+    for r in results[:1]:
+        if getattr(r, "first_output_at", None) is not None:
+            return float(r.first_output_at)
+        starts = [rank.start for rank in r.ranks if rank.start is not None]
+        return max(starts) if starts else None
+    return None
 
 
 def with_costs(attempts: List[Attempt]) -> List[Attempt]:

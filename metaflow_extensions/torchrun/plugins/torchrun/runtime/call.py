@@ -275,6 +275,7 @@ class CallRun(CallLaunch):
             stacks=dict(self.where.stacks),
             stack_seconds=round(self.where.seconds, 3),
             ran=what_ran.record(self.plan, self.argv, self.log_dir, topology.node_index),
+            first_output_at=sup.first_output if sup else None,
         )
         self.session.results.append(result)
         return result

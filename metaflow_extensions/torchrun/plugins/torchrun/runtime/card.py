@@ -39,6 +39,7 @@ from ..cause import CauseKind
 from ..errors import is_refusal
 from ..procs import numbers
 from . import card_preflight, timeline, what_ran
+from . import evidence, goodput
 from .result import REPORT_ARTIFACT, TorchrunResult
 
 CARD_ID = "torchrun"
@@ -339,6 +340,35 @@ def attempt_rows(result: TorchrunResult) -> List[List[str]]:
     return rows
 
 
+def evidence_markdown(pathspec: str, result: TorchrunResult) -> str:
+    """Where this attempt's evidence bundle is (runtime/evidence.py), and the
+    previous attempt's, to compare."""
+    attempt = result.attempts[-1].attempt if result.attempts else 0
+    line = "Evidence (grouped stacks, every rank's last lines, NCCL Flight Recorder dumps, `nvidia-smi -q` of " \
+           "the failing node where present): artifact `%s` of this task, `Task(%r, attempt=%d)['%s'].data`" % (
+               evidence.ARTIFACT, pathspec, attempt, evidence.ARTIFACT)
+    if attempt > 0:
+        line += "; the previous attempt's: `attempt=%d`" % (attempt - 1)
+    return line + "."
+
+
+def goodput_parts(result: TorchrunResult, Markdown: Any, Table: Any) -> list:
+    """The goodput ledger (runtime/goodput.py): effective training time, one
+    bar per attempt, and the seconds of each part."""
+    led = result.goodput
+    if led is None:
+        return []
+    parts = [Markdown("## Goodput\n\n%s" % escape_markdown(led.summary()))]
+    try:
+        from metaflow.cards import VegaChart
+
+        parts.append(VegaChart(goodput.bar_spec(led)))
+    except ImportError:  # an older Metaflow: the table says it
+        pass
+    parts.append(Table(goodput.rows(led), headers=goodput.HEADERS))
+    return parts
+
+
 ATTEMPT_HEADERS = ["attempt", "started", "gang formed in", "calls started", "stopped", "resumed from",
                    "work lost", "restart"]
 
@@ -438,10 +468,12 @@ def build_components(result: TorchrunResult, flow: str, pathspec: str, backend: 
         parts += [Markdown("## Attempts"), Table(attempt_rows(result), headers=ATTEMPT_HEADERS)]
     if result.in_step_restarts:
         parts += [Markdown("## Restarts in the step"), Table(restart_rows(result), headers=RESTART_HEADERS)]
+    parts += goodput_parts(result, Markdown, Table)
     cause = result.cause
     if cause is not None:
         text, _ = clip_lines(cause.summary, CARD_CAUSE_CHARS)
         parts.append(Markdown("## Root cause\n\n%s" % text_block(text)))
+        parts.append(Markdown(evidence_markdown(pathspec, result)))
     parts.extend(stack_parts(result, Markdown, Table))
     parts.extend(card_preflight.parts(result.preflight, escape_markdown, code_block))
     parts.extend(tail_parts(result, Markdown))

@@ -15,9 +15,11 @@ the control keeps for the record and the card.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
+import threading
 import time
-from typing import Callable, Dict, Optional
+from typing import Callable, Dict, List, Mapping, Optional
 
 from ..cause import Cause, CauseKind
 from ..gang import messages as msg
@@ -32,6 +34,12 @@ from .call import CallRun
 from .result import TorchrunResult
 from .session import GangSession, say
 from .. import timeouts
+from .. import defaults as DEFAULTS
+from ..procs import NODE_HISTORY_ENV, NODE_HISTORY_RUNS_ENV
+from . import node_history
+from .attempts import Previous
+
+_log = logging.getLogger("metaflow_torchrun")
 
 
 
@@ -49,11 +57,48 @@ def source(session: GangSession) -> Callable[[], msg.Preflight]:
     return measure
 
 
-def attach(session: GangSession) -> None:
-    """Before ``session.join``: the preflight travels with the join."""
+def attach(session: GangSession, history: Optional["History"] = None) -> None:
+    """Before ``session.join``: the preflight travels with the join; on the
+    control, the node history checks the gang's hosts once all are in."""
     if session.defaults.preflight != verdicts.OFF:
         session.preflight_source = source(session)
         session.preflight.mode = session.defaults.preflight
+        if history is not None and session.is_control:
+            session.preflight.history = history
+            session.preflight.host_check = node_history.host_check(
+                history.get, history.threshold, session.defaults.preflight == verdicts.STRICT,
+                node_history.platform_of(os.environ))
+
+
+class History:
+    """The node history, read in the background from the control task's start
+    (a metadata read per past run: never on the gang's critical path)."""
+
+    def __init__(self, flow: str, run_id: str, step: str, previous: Optional[Previous],
+                 env: Mapping[str, str]):
+        self.threshold = node_history.parse_threshold(env.get(NODE_HISTORY_ENV))
+        runs = env.get(NODE_HISTORY_RUNS_ENV, "").strip()
+        self.runs = int(runs) if runs.isdigit() else DEFAULTS.NODE_HISTORY_RUNS
+        self.seen: List[node_history.Appearance] = node_history.appearances(
+            previous.attempts if previous is not None else (), flow, run_id, step)
+        self.error: Optional[str] = None
+        self._done = threading.Event()
+        self._args = (flow, run_id, step)
+        threading.Thread(target=self._read, name="torchrun-node-history", daemon=True).start()
+
+    def _read(self) -> None:
+        flow, run_id, step = self._args
+        try:
+            if self.runs > 0 and self.threshold is not None:
+                self.seen = self.seen + node_history.read(flow, last=self.runs + 1, skip_run=run_id, steps=[step])
+        except Exception as e:  # a history that cannot be read never stops the step
+            self.error = "%s: %s" % (type(e).__name__, e)
+            _log.debug("node history: %s", self.error)
+        finally:
+            self._done.set()
+
+    def get(self) -> Optional[List[node_history.Appearance]]:
+        return self.seen if self._done.wait(timeouts.HISTORY_WAIT) else None
 
 
 def backend(session: GangSession) -> str:
@@ -75,8 +120,20 @@ def before_first_call(session: GangSession) -> None:
     if session.is_control:
         job = verdicts.job_record(result.returns.get(0), time.monotonic() - began)
         session.preflight.job = job
-        for line in verdicts.describe_job(job):
+        for line in verdicts.describe_job(job) + slower_than_before(session, job):
             say("preflight: " + line)
+
+
+def slower_than_before(session: GangSession, job: verdicts.JobRecord) -> List[str]:
+    """Nodes whose bandwidth now is under their host's own past (the node history)."""
+    history = session.preflight.history
+    seen = history.get() if history is not None else None
+    if not seen or session.server is None:
+        return []
+    hosts = session.server.hosts()
+    found = [(node, node_history.slower_than_its_past(hosts.get(node, "?"), gbps, seen))
+             for node, gbps in sorted(job.link_gbps.items())]
+    return ["node %d: %s" % (node, why) for node, why in found if why][:node_history.MAX_FLAGGED]
 
 
 class PreflightRun(CallRun):

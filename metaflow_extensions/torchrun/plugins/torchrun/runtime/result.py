@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional, Union
 if TYPE_CHECKING:
     from .attempts import Attempt
     from .restarts import InStepRestart
+    from .goodput import Ledger
 
 from ..cause import Cause
 from ..gang import NodeReport
@@ -108,6 +109,12 @@ class TorchrunResult:
     # What ran (runtime/what_ran.py): the entrypoint, its arguments with
     # secret-looking ones masked, the torchrun command, versions.
     ran: Dict[str, Any] = field(default_factory=dict)
+    # When a rank of this node first wrote a line (epoch; None: none did, or
+    # labels were off): where start-up ends in the goodput ledger.
+    first_output_at: Optional[float] = None
+    # On the control: where the step's wall time went, across its attempts
+    # (runtime/goodput.py).
+    goodput: Optional["Ledger"] = None
 
     @property
     def duration(self) -> float:
@@ -145,6 +152,7 @@ class TorchrunResult:
         data["preflight"] = self.preflight.to_wire() if self.preflight is not None else {}
         data["attempts"] = [a.to_wire() for a in self.attempts]
         data["in_step_restarts"] = [r.to_wire() for r in self.in_step_restarts]
+        data["goodput"] = self.goodput.to_wire() if self.goodput is not None else None
         data["command"] = list(self.command)
         data["duration"] = self.duration
         data["succeeded"] = self.succeeded
@@ -165,6 +173,12 @@ class TorchrunResult:
         text = json.dumps(data, default=str)
         if len(text) > METADATA_LIMIT:  # a gang of many thousand nodes: counts only
             data["gang"] = {"nodes": data["gang"].get("nodes")}
+            text = json.dumps(data, default=str)
+        if len(text) > METADATA_LIMIT:  # attempts of big gangs: their bystanders counted, not listed
+            for attempt in data["attempts"]:
+                nodes = attempt.get("nodes") or []
+                attempt["nodes"] = [n for n in nodes if n.get("role") != "bystander"]
+                attempt["nodes_left_out"] = attempt.get("nodes_left_out", 0) + len(nodes) - len(attempt["nodes"])
             text = json.dumps(data, default=str)
         return text
 

@@ -29,7 +29,7 @@ import threading
 import time
 import traceback
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, List, Optional, Union
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple, Union
 
 from ..cause import Cause, CauseKind
 from ..errors import GangAborted, TorchrunCallRefused, TorchrunException, is_refusal
@@ -63,6 +63,9 @@ class PreflightState:
     mode: Optional[str] = None
     job_ran: bool = False
     job: Optional[JobRecord] = None
+    # On the control: the node history's check of the gang's hosts (gang/handlers.py).
+    host_check: Optional[Callable[[Dict[int, str]], Tuple[List[str], Optional[Cause]]]] = None
+    history: Any = None  # runtime/preflight.History: the job's bandwidth against each host's past
 
 
 class Phase(enum.Enum):
@@ -137,7 +140,7 @@ class GangSession:
         if self.is_control:
             assert isinstance(self.secret, bytes), "the control holds the gang's secret itself"
             self.server = GangServer(self.config, bind_host(self.topology), ports, secret=self.secret)
-            self.server.progress = say
+            self.server.progress, self.server.host_check = say, self.preflight.host_check
             self.server.start()
             ports = (self.server.port,)
         self.client = GangClient(

@@ -10,11 +10,16 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Optional
+import json
+import os
+from typing import Any, Callable, Mapping, Optional, Sequence, Tuple
 
+from ..errors import TorchrunInvalidArgument
+from ..host import say
+from . import attempt_record, evidence, goodput
 from . import attempts as attempts_
 from . import preflight as preflight_runtime
-from .result import METADATA_FIELD, TorchrunResult
+from .result import METADATA_FIELD, REPORT_ARTIFACT, TorchrunResult
 from .session import GangSession
 
 
@@ -28,6 +33,8 @@ class ThisAttempt:
     refusal: Optional[str] = None  # retry_on refused this attempt: why
     resumed_from: Optional[attempts_.Checkpoint] = None  # @checkpoint's load, as the code starts
     code_started: Optional[float] = None
+    history: Any = None  # the node history, read in the background for the preflight (the control)
+    mapper_tasks: Tuple[str, ...] = ()  # every node's task, as Metaflow lists them on the control
 
     def read_previous(self, pathspec: str, retry_on: str) -> Optional[str]:
         """Attempt k-1's record: the attempts so far, and whether to run this
@@ -67,8 +74,68 @@ def with_attempts(session: GangSession, result: Optional[TorchrunResult], attemp
             command=[], node_index=0, num_nodes=session.topology.num_nodes, nproc_per_node="",
             exit_code=None, started_at=attempt.started, ended_at=time.time(), call=-1)
     result.cause = cause
-    entry = attempts_.this_attempt(attempt.number, attempt.started, session.results, cause,
-                                   attempt.resumed_from, refused_for, attempt.code_started)
-    past = attempts_.fill_missing(attempts_.history(attempt.previous), attempt.number)
-    result.attempts = attempts_.with_costs(past + [entry])
-    return result
+    return attempt_record.complete(result, session, attempt.number, attempt.started, cause, attempt.previous,
+                                   attempt.resumed_from, refused_for, attempt.code_started, attempt.mapper_tasks)
+
+
+def read_node_history(attempt: ThisAttempt, is_control: bool, flow_name: str, run_id: str, step_name: str,
+                 preflight_mode: str, env: Mapping[str, str]) -> Any:
+    """On the control, the node history read in the background for the
+    preflight's check of the gang's hosts (runtime/node_history.py)."""
+    if not is_control or preflight_mode == "off":
+        return None
+    try:
+        return preflight_runtime.History(flow_name, run_id, step_name, attempt.previous, env)
+    except ValueError as e:  # the knob's value, named
+        raise TorchrunInvalidArgument(str(e)) from None
+
+
+def keep_record(flow: Any, session: Optional[GangSession], attempt: ThisAttempt,
+                where: Tuple[Any, Any, str, Any], flow_name: str,
+                render_card: Callable[[TorchrunResult], bool]) -> bool:
+    """Keep the task's record: as task metadata (bounded), the full report of
+    every call as the artifact ``torchrun_report`` when the record leaves any
+    of it out (the control), the evidence bundle of a failed attempt and the
+    goodput ledger as artifacts. ``where``: Metaflow's metadata provider and
+    the task's run, step and task ids. Returns whether ``render_card`` drew
+    the card."""
+    result = step_result(session, attempt)
+    if result is None or session is None:
+        return False
+    metadata, run_id, step_name, task_id = where
+    record = result.to_json("artifact %s of %s/%s/%s/%s" % (REPORT_ARTIFACT, flow_name, run_id, step_name, task_id))
+    if session.is_control and (result.stacks or '"compacted": true' in record):
+        setattr(flow, REPORT_ARTIFACT, [r.to_dict() for r in session.results])
+    bundle = evidence.bundle(result, session.is_control, session.topology.node_index, attempt.number, os.environ)
+    if bundle is not None:
+        setattr(flow, evidence.ARTIFACT, bundle)
+    rendered = render_card(result)
+    fields = [(METADATA_FIELD, record)]
+    if session.is_control and result.goodput is not None:
+        ledger = result.goodput.to_wire()
+        setattr(flow, goodput.ARTIFACT, ledger)
+        fields.append((goodput.METADATA_FIELD, json.dumps(ledger)))
+    try:
+        register_metadata(metadata, (run_id, step_name, task_id), fields, attempt.number)
+    except Exception as e:  # the record must never fail the step
+        say("could not store the run's record: %s" % e)
+    return rendered
+
+
+def meta_datum() -> Any:
+    """Metaflow's ``MetaDatum``: in ``metaflow.metadata_provider`` since Metaflow
+    2.12.x renamed the package, in ``metaflow.metadata`` before."""
+    try:
+        from metaflow.metadata_provider import MetaDatum
+    except ImportError:
+        from metaflow.metadata import MetaDatum
+    return MetaDatum
+
+
+def register_metadata(metadata: Any, pathspec: Tuple[Any, str, Any], fields: Sequence[Tuple[str, str]],
+                      attempt: int) -> None:
+    """Task metadata entries, each tagged with its attempt as Metaflow tags its own."""
+    MetaDatum = meta_datum()
+    run_id, step_name, task_id = pathspec
+    metadata.register_metadata(run_id, step_name, task_id, [
+        MetaDatum(field=name, value=value, type=name, tags=["attempt_id:%d" % attempt]) for name, value in fields])

@@ -32,7 +32,7 @@ def in_gang(step_func: Callable[[], Any], start_session: Callable[[Any], GangSes
         attempt.resumed_from = attempts_.checkpoint_info(current)
         attempt.code_started = time.time()
         session = start_session(current.parallel)
-        preflight.attach(session)
+        preflight.attach(session, attempt.history)
         session.join()
         try:
             with session.user_code():

@@ -106,6 +106,20 @@ def _sleep_unless_exited(proc: Optional[subprocess.Popen], interval: float) -> N
     except subprocess.TimeoutExpired:
         pass
 
+
+def _watched(sup: "Supervisor", sink: ChunkSink) -> ChunkSink:
+    """``sink``, noting when the job wrote (hang detection) and when a rank
+    first wrote a labelled line."""
+
+    def seen(chunk: bytes) -> None:
+        sup.last_output = time.monotonic()
+        if sup.first_output is None and chunk.startswith(b"[rank"):
+            sup.first_output = time.time()
+        sink(chunk)
+
+    return seen
+
+
 class Supervisor:
     """Owns the torchrun agent process, its descendants and its output pumps."""
 
@@ -145,15 +159,10 @@ class Supervisor:
 
         out_sink = stdout_sink or _default_sink(sys.stdout)
 
-        def stdout_seen(chunk: bytes) -> None:
-            self.last_output = time.monotonic()
-            out_sink(chunk)
-
-        def stderr_seen(chunk: bytes) -> None:
-            self.last_output = time.monotonic()
-            err_sink(chunk)
-
-        self._sinks = (stdout_seen, stderr_seen)
+        # When a rank first wrote a labelled line (epoch): the goodput ledger's
+        # end of start-up (runtime/goodput.py). One comparison per chunk.
+        self.first_output: Optional[float] = None
+        self._sinks = (_watched(self, out_sink), _watched(self, err_sink))
         self.proc: Optional[subprocess.Popen] = None
         self._seen: Set[proctree.ProcId] = set()
         self._pumps: List[threading.Thread] = []

@@ -1,0 +1,80 @@
+"""``python flow.py torchrun history``: the node history as a command of the
+flow's own CLI (Metaflow's ``CLIS_DESC``), over the flow's metadata and
+datastore as the flow's options name them (``--metadata``, ``--datastore``).
+
+    python flow.py torchrun history --last 20
+    python flow.py torchrun history --days 7 --all-flows --json
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+from typing import Any, List, Optional
+
+from metaflow._vendor import click
+
+from .runtime import node_history
+
+MAX_ROWS = 50
+
+
+@click.group()
+def cli() -> None:
+    pass
+
+
+@cli.group(help="Commands of @torchrun.")
+@click.pass_context
+def torchrun(ctx: Any) -> None:
+    # The client reads what the flow's options name (as `card` does), not the profile's defaults.
+    from metaflow import metadata
+
+    metadata("@".join([ctx.obj.metadata.TYPE, ctx.obj.metadata.default_info()]))
+
+
+@torchrun.command(help="Which hosts failed or were slow, how often, and which causes recurred, "
+                       "over this flow's last runs (or every flow's in the namespace).")
+@click.option("--last", "last", type=int, default=None, help="The last N runs of each flow (default 20).")
+@click.option("--days", type=float, default=None, help="The runs of the last D days.")
+@click.option("--all-flows", is_flag=True, default=False, help="Every flow in the current namespace.")
+@click.option("--json", "as_json", is_flag=True, default=False, help="JSON instead of a table.")
+@click.pass_obj
+def history(obj: Any, last: Optional[int], days: Optional[float], all_flows: bool, as_json: bool) -> None:
+    if last is None and days is None:
+        last = 20
+    if (last is not None and last < 1) or (days is not None and days <= 0):
+        raise click.BadParameter("--last and --days take a positive number")
+    seen = node_history.read(None if all_flows else obj.flow.name, last=last, days=days)
+    report = node_history.report(seen)
+    if as_json:
+        click.echo(json.dumps(report, indent=2, default=str))
+        return
+    for line in table(report):
+        click.echo(line)
+
+
+def table(report: Any) -> List[str]:
+    """The readable form: hosts, then the causes that recurred."""
+    hosts = report["hosts"]
+    lines = ["%d runs, %d attempts, %d hosts" % (report["runs"], report["attempts"], len(hosts)), ""]
+    head = ("host", "seen", "blamed", "slow", "last seen", "blamed for")
+    rows = [(h["host"], str(h["appearances"]), str(h["blamed"]), str(h["slow"]), _when(h["last_seen"]),
+             "; ".join("%s (%dx)" % kv for kv in sorted(h["causes"].items(), key=lambda kv: -kv[1])[:2]))
+            for h in hosts[:MAX_ROWS]]
+    widths = [min(40, max([len(head[i])] + [len(r[i]) for r in rows])) for i in range(len(head) - 1)]
+    for row in [head] + rows:
+        lines.append("  ".join(c[:40].ljust(w) for c, w in zip(row, widths)) + "  " + row[-1][:120])
+    if len(hosts) > MAX_ROWS:
+        lines.append("... %d more hosts (--json lists them all)" % (len(hosts) - MAX_ROWS))
+    if report["causes"]:
+        lines += ["", "causes that recurred (blamed attempts):"]
+        for c in report["causes"][:10]:
+            lines.append("  %dx  %s  (hosts: %s)" % (c["times"], c["cause"][:100], ", ".join(c["hosts"][:5])))
+    return lines
+
+
+def _when(stamp: float) -> str:
+    if not stamp:
+        return "?"
+    return datetime.datetime.fromtimestamp(stamp).strftime("%Y-%m-%d %H:%M")

@@ -1,0 +1,137 @@
+"""One evidence bundle per failed attempt: what to look at, kept where the
+next attempt (and anyone with the client) can compare it.
+
+The control's bundle is the artifact ``torchrun_evidence`` of its task, for
+that attempt: the cause, the ranks' stacks grouped by place (one example
+stack per place), the last lines of every rank, and the NCCL Flight Recorder
+dumps found on its host. The node a failure names adds ``nvidia-smi -q`` of
+itself, where the tool exists, as the same artifact of its own task. Built
+only once an attempt has failed, from what the control already holds:
+nothing runs on the training path. Bounded at any gang size:
+``MAX_BYTES`` in all, the places and dumps counted beyond their caps.
+"""
+
+from __future__ import annotations
+
+import base64
+import glob
+import os
+import shutil
+import subprocess
+from typing import Any, Dict, List, Mapping, Optional
+
+from ..procs import SUMMARY_PLACES, group, numbers
+
+ARTIFACT = "torchrun_evidence"
+# The whole bundle, at most (JSON characters), and its parts' shares.
+MAX_BYTES = 4 << 20
+STACK_CHARS = 16 << 10
+TAIL_LINES = 5
+TAIL_LINE_CHARS = 300
+TAIL_BYTES = 2 << 20
+# Flight Recorder dumps (torch's TORCH_NCCL_DEBUG_INFO_TEMP_FILE prefix): at most
+# this many, each cut to this many bytes (base64 in the bundle).
+FLIGHT_ENV = "TORCH_NCCL_DEBUG_INFO_TEMP_FILE"
+FLIGHT_DEFAULT = "/tmp/nccl_trace_rank_"
+MAX_DUMPS = 8
+DUMP_BYTES = 128 << 10
+SMI_CHARS = 64 << 10
+SMI_TIMEOUT = 10.0
+
+
+def stacks_part(stacks: Mapping[int, str]) -> List[Dict[str, Any]]:
+    """Ranks grouped by where they were, odd ones out first; one stack each."""
+    out = []
+    for place, ranks in group(stacks)[:SUMMARY_PLACES]:
+        out.append({"ranks": numbers(ranks), "count": len(ranks), "place": list(place),
+                    "example_rank": ranks[0], "stack": stacks[ranks[0]][:STACK_CHARS]})
+    return out
+
+
+def tails_part(reports: Mapping[int, Any], budget: int = TAIL_BYTES) -> Dict[str, Any]:
+    """rank -> stream -> its last lines, every rank of every node, until the
+    budget is spent (the failing ranks' nodes come first)."""
+    out: Dict[str, Any] = {}
+    used, left_out = 0, 0
+    for node in sorted(reports):
+        for rank, streams in sorted(getattr(reports[node], "tails", {}).items()):
+            kept = {s: [line[:TAIL_LINE_CHARS] for line in list(lines)[-TAIL_LINES:]] for s, lines in streams.items()}
+            size = sum(len(line) + 4 for lines in kept.values() for line in lines) + 16
+            if used + size > budget:
+                left_out += 1
+                continue
+            used += size
+            out[str(rank)] = dict(kept, node=node)
+    return {"ranks": out, "left_out": left_out}
+
+
+def flight_recorder(env: Mapping[str, str]) -> Dict[str, Any]:
+    """The Flight Recorder dumps NCCL wrote on this host, cut and counted."""
+    prefix = env.get(FLIGHT_ENV) or FLIGHT_DEFAULT
+    paths = sorted(glob.glob(glob.escape(prefix) + "*"))
+    dumps = []
+    for path in paths[:MAX_DUMPS]:
+        try:
+            with open(path, "rb") as f:
+                data = f.read(DUMP_BYTES + 1)
+        except OSError:
+            continue
+        dumps.append({"file": path, "bytes": os.path.getsize(path), "cut": len(data) > DUMP_BYTES,
+                      "base64": base64.b64encode(data[:DUMP_BYTES]).decode("ascii")})
+    return {"prefix": prefix, "dumps": dumps, "left_out": max(0, len(paths) - MAX_DUMPS)}
+
+
+def nvidia_smi() -> Optional[str]:
+    """``nvidia-smi -q`` of this node, where the tool exists (None otherwise)."""
+    tool = shutil.which("nvidia-smi")
+    if tool is None:
+        return None
+    try:
+        proc = subprocess.run([tool, "-q"], capture_output=True, text=True, timeout=SMI_TIMEOUT)
+    except (OSError, subprocess.SubprocessError) as e:
+        return "nvidia-smi -q failed: %s" % e
+    return (proc.stdout or proc.stderr)[:SMI_CHARS]
+
+
+def control_bundle(result: Any, attempt: int, env: Mapping[str, str]) -> Dict[str, Any]:
+    """The control's bundle for a failed attempt, bounded."""
+    cause = result.cause
+    bundle: Dict[str, Any] = {
+        "attempt": attempt,
+        "cause": cause.to_wire() if cause is not None else None,
+        "stacks": stacks_part(result.stacks),
+        "tails": tails_part(result.gang.reports),
+        "flight_recorder": flight_recorder(env),
+    }
+    return bundle
+
+
+def node_bundle(node: int, attempt: int) -> Dict[str, Any]:
+    """What the failing node adds of itself: ``nvidia-smi -q``."""
+    return {"attempt": attempt, "node": node, "nvidia_smi": nvidia_smi()}
+
+
+def bundle(result: Any, is_control: bool, node: int, attempt: int, env: Mapping[str, str]) -> Optional[Dict[str, Any]]:
+    """This task's bundle when the attempt failed: the control's, and the
+    failing node's ``nvidia-smi -q`` (the control may be both); None when the
+    attempt succeeded or this node has nothing to add."""
+    cause = getattr(result, "cause", None)
+    if cause is None:
+        return None
+    named = cause.node_index == node
+    if not is_control:
+        return node_bundle(node, attempt) if named else None
+    out = control_bundle(result, attempt, env)
+    if named:
+        out["nvidia_smi"] = nvidia_smi()
+    return out
+
+
+def read(pathspec: str, attempt: Optional[int] = None) -> Optional[Dict[str, Any]]:
+    """The client helper: attempt ``attempt``'s bundle of a task (its latest
+    attempt's when None), or None when that attempt kept none."""
+    from metaflow import Task
+
+    task = Task(pathspec, attempt=attempt, _namespace_check=False) if attempt is not None else Task(
+        pathspec, _namespace_check=False)
+    return task[ARTIFACT].data if ARTIFACT in task else None

@@ -1,0 +1,263 @@
+"""The goodput ledger: where a step's wall time went, across its attempts.
+
+At scale failures are routine, and the number that says whether a job runs
+well is its effective training time: the share of the wall time spent
+training rather than forming gangs, starting, saving, or redoing and waiting
+out failures. Everything here is read from the attempts record the control
+already keeps (runtime/attempts.py), so the ranks do no extra work for it.
+
+Each attempt is one segment on the step's clock, from its task's start to the
+next attempt's (the last: to its record), cut into parts that never overlap,
+so the parts add up to the wall time by construction:
+
+- ``gang``: the task's start until every node has joined;
+- ``startup``: until a rank's first line (imports, rendezvous, process group);
+- ``productive``: training, up to the last checkpoint before a failure;
+- ``checkpoint``: saves, where ``@checkpoint`` records how long they took
+  (metaflow-checkpoint records when, not how long: counted as training);
+- ``lost_work``: training since the last checkpoint, redone after a failure;
+- ``stop``: the failure's detection and the gang's stop, until the record;
+- ``restart``: from the record to the next attempt's first line (Metaflow's
+  retry, scheduling, the new gang's start: all of it caused by the failure);
+- ``other``: the step's code after its last call, and what no mark places.
+
+An in-step restart (``@torchrun(restarts=N)``) is one more segment of the
+same shape: ``Segment.restart`` numbers it within its attempt.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+
+from .attempts import Attempt
+
+PARTS = ("productive", "gang", "startup", "checkpoint", "lost_work", "stop", "restart", "other")
+LOST_PARTS = ("lost_work", "stop", "restart")
+METADATA_FIELD = "torchrun-goodput"
+ARTIFACT = "torchrun_goodput"
+MAX_SEGMENTS = 256
+
+
+@dataclass(frozen=True)
+class Segment:
+    """One attempt (or one in-step restart of it) on the step's clock."""
+
+    attempt: int
+    started_at: float
+    ended_at: float
+    parts: Dict[str, float] = field(default_factory=dict)
+    restart: Optional[int] = None
+    cause: Optional[str] = None  # why it stopped; None: it succeeded
+    # A failure's cost: its lost parts, and from the failure to the next
+    # segment's first line.
+    lost_seconds: float = 0.0
+    time_to_restart: Optional[float] = None
+
+    @property
+    def seconds(self) -> float:
+        return self.ended_at - self.started_at
+
+    def to_wire(self) -> Dict[str, Any]:
+        return {"attempt": self.attempt, "restart": self.restart, "started_at": self.started_at,
+                "ended_at": self.ended_at, "seconds": round(self.seconds, 3),
+                "parts": {k: round(v, 3) for k, v in self.parts.items()}, "cause": self.cause,
+                "lost_seconds": round(self.lost_seconds, 3),
+                "time_to_restart": None if self.time_to_restart is None else round(self.time_to_restart, 3)}
+
+    @classmethod
+    def from_wire(cls, data: Any) -> Optional["Segment"]:
+        if not isinstance(data, Mapping):
+            return None
+        attempt, start, end = data.get("attempt"), _num(data.get("started_at")), _num(data.get("ended_at"))
+        if not isinstance(attempt, int) or isinstance(attempt, bool) or start is None or end is None:
+            return None
+        parts = _mapping(data.get("parts"))
+        restart = data.get("restart")
+        cause = data.get("cause")
+        return cls(attempt=attempt, started_at=start, ended_at=end,
+                   parts={k: v for k in PARTS for v in [_num(parts.get(k))] if v is not None},
+                   restart=restart if isinstance(restart, int) and not isinstance(restart, bool) else None,
+                   cause=cause[:400] if isinstance(cause, str) else None,
+                   lost_seconds=_num(data.get("lost_seconds")) or 0.0,
+                   time_to_restart=_num(data.get("time_to_restart")))
+
+
+@dataclass(frozen=True)
+class Ledger:
+    """The step's wall time, its parts, and the segments they came from."""
+
+    started_at: float
+    ended_at: float
+    parts: Dict[str, float]
+    segments: Tuple[Segment, ...] = ()
+
+    @property
+    def wall_seconds(self) -> float:
+        return self.ended_at - self.started_at
+
+    @property
+    def effective_percent(self) -> float:
+        wall = self.wall_seconds
+        return 100.0 * self.parts.get("productive", 0.0) / wall if wall > 0 else 0.0
+
+    @property
+    def lost_seconds(self) -> float:
+        return sum(self.parts.get(p, 0.0) for p in LOST_PARTS)
+
+    def summary(self) -> str:
+        """``effective training 71.2% of 3m 20s; lost to failures 41.0s (...)``."""
+        wall = self.wall_seconds
+        rest = ", ".join("%s %s" % (p.replace("_", " "), _dur(self.parts[p])) for p in PARTS[1:]
+                         if self.parts.get(p, 0.0) >= 0.05)
+        return "effective training %.1f%% of %s over %d attempt%s%s" % (
+            self.effective_percent, _dur(wall), len({s.attempt for s in self.segments}),
+            "" if len(self.segments) == 1 else "s", "; the rest: " + rest if rest else "")
+
+    def to_wire(self) -> Dict[str, Any]:
+        return {"started_at": self.started_at, "ended_at": self.ended_at,
+                "wall_seconds": round(self.wall_seconds, 3),
+                "effective_percent": round(self.effective_percent, 2),
+                "lost_seconds": round(self.lost_seconds, 3),
+                "parts": {k: round(self.parts.get(k, 0.0), 3) for k in PARTS},
+                "segments": [s.to_wire() for s in self.segments[-MAX_SEGMENTS:]]}
+
+    @classmethod
+    def from_wire(cls, data: Any) -> Optional["Ledger"]:
+        if not isinstance(data, Mapping):
+            return None
+        start, end = _num(data.get("started_at")), _num(data.get("ended_at"))
+        if start is None or end is None:
+            return None
+        parts = _mapping(data.get("parts"))
+        listed = data.get("segments")
+        listed = listed if isinstance(listed, list) else []
+        segments = [Segment.from_wire(s) for s in listed[:MAX_SEGMENTS]]
+        return cls(start, end, {k: _num(parts.get(k)) or 0.0 for k in PARTS},
+                   tuple(s for s in segments if s is not None))
+
+
+@dataclass(frozen=True)
+class _Marks:
+    """One attempt's marks on the clock, each clamped to the ones before."""
+
+    start: float
+    formed: float
+    first: float
+    work_end: float
+    end: float
+
+
+def _marks(a: Attempt, end: float) -> _Marks:
+    start = a.started_at if a.started_at is not None else end
+    start = min(start, end)
+    formed = _clamp(a.gang_formed_at, start, end)
+    call = a.calls[0].started_at if a.calls else None
+    first = _clamp(a.first_output_at if a.first_output_at is not None else call, formed, end)
+    work_end = _clamp(a.ended_at if a.calls else None, first, end)
+    return _Marks(start, formed, first, work_end, end)
+
+
+def _clamp(value: Optional[float], low: float, high: float) -> float:
+    return low if value is None else min(max(value, low), high)
+
+
+def segment(a: Attempt, end: float, after_failure: bool, saved_at: Optional[float], failed: bool,
+            next_first: Optional[float]) -> Segment:
+    """One attempt's parts. ``end``: where its segment ends (the next
+    attempt's start, or its own record); ``after_failure``: its start-up is
+    the previous failure's restart; ``saved_at``: the checkpoint the next
+    attempt resumed from."""
+    m = _marks(a, min(a.recorded_at, end) if a.recorded_at is not None else end)
+    parts = dict.fromkeys(PARTS, 0.0)
+    parts["restart" if after_failure else "gang"] += m.formed - m.start
+    parts["restart" if after_failure else "startup"] += m.first - m.formed
+    if failed:
+        since = _clamp(saved_at, m.first, m.work_end) if saved_at is not None else m.first
+        parts["productive"] += since - m.first
+        parts["lost_work"] += m.work_end - since
+        parts["stop"] += m.end - m.work_end
+        parts["restart"] += end - m.end
+    else:
+        parts["productive"] += m.work_end - m.first
+        parts["other"] += (m.end - m.work_end) + (end - m.end)
+    lost = parts["lost_work"] + parts["stop"] + (end - m.end if failed else 0.0)
+    return Segment(attempt=a.attempt, started_at=m.start, ended_at=end, parts=parts,
+                   cause=a.stopped if failed else None, lost_seconds=lost if failed else 0.0,
+                   time_to_restart=(next_first - m.work_end) if failed and next_first is not None else None)
+
+
+def ledger(attempts: Sequence[Attempt], now: float) -> Optional[Ledger]:
+    """The step's ledger from every attempt so far (this one last, its
+    record written at ``now``); None when no attempt has a start."""
+    known = [a for a in attempts if a.started_at is not None]
+    if not known:
+        return None
+    known.sort(key=lambda a: a.started_at or 0.0)
+    segments: List[Segment] = []
+    after_failure = False
+    for i, a in enumerate(known):
+        nxt = known[i + 1] if i + 1 < len(known) else None
+        end = (nxt.started_at or now) if nxt is not None else max(now, a.started_at or now)
+        failed = a.stopped != "succeeded"
+        saved = nxt.resumed_from.created_at if nxt is not None and nxt.resumed_from is not None else None
+        next_first = _marks(nxt, now).first if nxt is not None else None
+        segments.append(segment(a, end, after_failure, saved, failed, next_first))
+        after_failure = failed
+    totals = dict.fromkeys(PARTS, 0.0)
+    for s in segments:
+        for k, v in s.parts.items():
+            totals[k] += v
+    return Ledger(segments[0].started_at, segments[-1].ended_at, totals, tuple(segments))
+
+
+def bar_spec(led: Ledger) -> Dict[str, Any]:
+    """A Vega-Lite chart for the card: one stacked bar per attempt."""
+    values = [{"attempt": "attempt %d" % s.attempt + ("" if s.restart is None else " restart %d" % s.restart),
+               "part": k.replace("_", " "), "seconds": round(v, 3), "order": PARTS.index(k)}
+              for s in led.segments[-64:] for k, v in s.parts.items() if v > 0]
+    return {
+        "$schema": "https://vega.github.io/schema/vega-lite/v5.json",
+        "width": 600, "height": max(40, 28 * len(led.segments[-64:])),
+        "data": {"values": values},
+        "mark": "bar",
+        "encoding": {
+            "y": {"field": "attempt", "type": "nominal", "sort": None, "title": None},
+            "x": {"field": "seconds", "type": "quantitative", "stack": "zero"},
+            "order": {"field": "order", "type": "quantitative"},
+            "color": {"field": "part", "type": "nominal",
+                      "scale": {"domain": [p.replace("_", " ") for p in PARTS],
+                                "range": ["#54a24b", "#9ecae9", "#4c78a8", "#b279a2", "#e45756",
+                                          "#f58518", "#ff9d98", "#bab0ac"]}},
+            "tooltip": [{"field": "attempt"}, {"field": "part"}, {"field": "seconds"}],
+        },
+    }
+
+
+def rows(led: Ledger) -> List[List[str]]:
+    """The card's table: one row per segment, the seconds of each part."""
+    out = []
+    for s in led.segments[-64:]:
+        out.append(["%d" % s.attempt if s.restart is None else "%d.%d" % (s.attempt, s.restart), _dur(s.seconds)]
+                   + ["%.1f" % s.parts.get(p, 0.0) for p in PARTS] + [s.cause or "succeeded"])
+    return out
+
+
+HEADERS = ["attempt", "wall"] + [p.replace("_", " ") + " (s)" for p in PARTS] + ["stopped"]
+
+
+def _dur(seconds: float) -> str:
+    if seconds < 60:
+        return "%.1fs" % seconds
+    minutes, secs = divmod(int(round(seconds)), 60)
+    if minutes < 60:
+        return "%dm %02ds" % (minutes, secs)
+    return "%dh %02dm" % divmod(minutes, 60)
+
+
+def _mapping(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def _num(value: Any) -> Optional[float]:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None

@@ -1,0 +1,318 @@
+"""Node history across runs: which hosts failed, how often, and why.
+
+Every attempt's record (``torchrun-result`` task metadata of the control
+task) lists its nodes with their hosts and roles (runtime/node_roles.py).
+Read back through the Metaflow client for a flow's last runs, they answer
+which hosts were culprits or stragglers and which causes recurred
+(``python flow.py torchrun history``), and let the next attempt's preflight
+warn about a host that was blamed for K of its last M appearances, or refuse
+it under ``preflight="strict"``: "prioritize rapid isolation over precise
+root cause localization".
+
+Pure functions over typed records (``Appearance``, ``HostStats``), except
+``read_*``, which ask the Metaflow client.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+
+from .. import defaults as DEFAULTS
+from ..cause import Cause, CauseKind
+from .attempts import Attempt, Previous
+from .node_roles import BLAMED, ROLES, SLOW
+
+RESULT_FIELD = "torchrun-result"
+# Appearances a host is judged on, whatever the knob says.
+MAX_WINDOW = 100
+# Hosts named in the preflight's lines and in a refusal.
+MAX_FLAGGED = 16
+
+
+@dataclass(frozen=True)
+class Appearance:
+    """One host in one attempt of one run (its most telling role when it held
+    several nodes)."""
+
+    host: str
+    flow: str
+    run: str
+    step: str
+    attempt: int
+    role: str
+    nodes: Tuple[int, ...] = ()
+    at: float = 0.0
+    cause: Optional[str] = None  # the attempt's stop, when the host was blamed
+    kind: Optional[str] = None
+    link_gbps: Optional[float] = None
+    task: Optional[str] = None
+
+    @property
+    def where(self) -> str:
+        return "%s/%s attempt %d" % (self.run, self.step, self.attempt)
+
+
+@dataclass
+class HostStats:
+    """What the history says of one host."""
+
+    host: str
+    appearances: int = 0
+    roles: Dict[str, int] = field(default_factory=dict)
+    causes: Dict[str, int] = field(default_factory=dict)
+    last_seen: float = 0.0
+    runs: List[str] = field(default_factory=list)
+
+    @property
+    def blamed(self) -> int:
+        return sum(self.roles.get(r, 0) for r in BLAMED)
+
+    def to_wire(self) -> Dict[str, Any]:
+        return {"host": self.host, "appearances": self.appearances, "blamed": self.blamed,
+                "slow": self.roles.get(SLOW, 0), "roles": dict(self.roles), "causes": dict(self.causes),
+                "last_seen": self.last_seen, "blamed_in": self.runs[:10]}
+
+
+_RANK = {r: i for i, r in enumerate(ROLES)}  # culprit first, bystander last
+
+
+def appearances(attempts: Iterable[Attempt], flow: str, run: str, step: str) -> List[Appearance]:
+    """One appearance per host per attempt, from an attempts record."""
+    out: List[Appearance] = []
+    for a in attempts:
+        by_host: Dict[str, List[Any]] = {}
+        for n in a.nodes:
+            by_host.setdefault(n.host, []).append(n)
+        for host, nodes in by_host.items():
+            worst = min(nodes, key=lambda n: _RANK.get(n.role, len(ROLES)))
+            blamed = worst.role in BLAMED
+            out.append(Appearance(
+                host=host, flow=flow, run=run, step=step, attempt=a.attempt, role=worst.role,
+                nodes=tuple(sorted(n.node for n in nodes))[:8], at=a.started_at or 0.0,
+                cause=(a.stopped or "")[:300] if blamed else None,
+                kind=a.kind.value if a.kind is not None and blamed else None,
+                link_gbps=next((n.link_gbps for n in nodes if n.link_gbps is not None), None),
+                task=worst.task))
+    return out
+
+
+def summarize(seen: Iterable[Appearance]) -> List[HostStats]:
+    """Per host: appearances, roles, the causes it was blamed for; the most
+    blamed first, then the slowest."""
+    stats: Dict[str, HostStats] = {}
+    for a in seen:
+        s = stats.setdefault(a.host, HostStats(a.host))
+        s.appearances += 1
+        s.roles[a.role] = s.roles.get(a.role, 0) + 1
+        s.last_seen = max(s.last_seen, a.at)
+        if a.cause is not None:
+            key = cause_key(a.cause)
+            s.causes[key] = s.causes.get(key, 0) + 1
+            if a.run not in s.runs:
+                s.runs.append(a.run)
+    return sorted(stats.values(), key=lambda s: (-s.blamed, -s.roles.get(SLOW, 0), -s.appearances, s.host))
+
+
+def cause_key(stopped: str) -> str:
+    """A cause as it recurs: numbers (nodes, ranks, pids, seconds) made ``N``."""
+    return re.sub(r"\d+(\.\d+)?", "N", stopped.split("\n")[0])[:120]
+
+
+def recurring_causes(seen: Iterable[Appearance]) -> List[Tuple[str, int, List[str]]]:
+    """Causes of blamed attempts, most frequent first: (cause, times, hosts)."""
+    by: Dict[str, Tuple[set, List[str]]] = {}
+    for a in seen:
+        if a.cause is None:
+            continue
+        attempts, hosts = by.setdefault(cause_key(a.cause), (set(), []))
+        attempts.add((a.flow, a.run, a.step, a.attempt))
+        if a.host not in hosts:
+            hosts.append(a.host)
+    return sorted(((k, len(v[0]), v[1]) for k, v in by.items()), key=lambda t: (-t[1], t[0]))
+
+
+def report(seen: Sequence[Appearance]) -> Dict[str, Any]:
+    """The history as ``--json`` prints it and the client helper returns it."""
+    return {
+        "runs": len({(a.flow, a.run) for a in seen}),
+        "attempts": len({(a.flow, a.run, a.step, a.attempt) for a in seen}),
+        "hosts": [s.to_wire() for s in summarize(seen)],
+        "causes": [{"cause": c, "times": n, "hosts": hosts} for c, n, hosts in recurring_causes(seen)],
+    }
+
+
+def history(flow: Optional[str] = None, last: Optional[int] = 20, days: Optional[float] = None) -> Dict[str, Any]:
+    """The client helper: ``history("TrainFlow", last=20)`` (every flow of the
+    current namespace when ``flow`` is None)."""
+    return report(read(flow, last=last, days=days))
+
+
+# -- the preflight's warning -----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Threshold:
+    """A host blamed in ``culprit`` of its last ``appearances`` is flagged."""
+
+    culprit: int = DEFAULTS.NODE_HISTORY_CULPRIT
+    appearances: int = DEFAULTS.NODE_HISTORY_APPEARANCES
+
+
+def parse_threshold(text: Optional[str]) -> Optional[Threshold]:
+    """``"K/M"`` (the knob ``METAFLOW_TORCHRUN_NODE_HISTORY``); None for
+    ``"off"``; ValueError naming the problem for anything else."""
+    if text is None or not text.strip():
+        return Threshold()
+    if text.strip().lower() in ("off", "0", "false", "no"):
+        return None
+    match = re.fullmatch(r"\s*(\d+)\s*/\s*(\d+)\s*", text)
+    if not match or not 1 <= int(match.group(1)) <= int(match.group(2)) <= MAX_WINDOW:
+        raise ValueError("METAFLOW_TORCHRUN_NODE_HISTORY=%r: give K/M (a host blamed in K of its last M "
+                         "appearances is flagged, 1 <= K <= M <= %d), or off" % (text[:40], MAX_WINDOW))
+    return Threshold(int(match.group(1)), int(match.group(2)))
+
+
+def evidence(host: str, seen: Sequence[Appearance], threshold: Threshold) -> Optional[str]:
+    """Why ``host`` is flagged, naming the attempts; None when it is not.
+    ``seen``: every appearance known, any host, any order."""
+    mine = sorted((a for a in seen if a.host == host), key=lambda a: -a.at)[:threshold.appearances]
+    blamed = [a for a in mine if a.role in BLAMED]
+    if len(blamed) < threshold.culprit:
+        return None
+    named = "; ".join("%s (%s: %s)" % (a.where, a.role, (a.cause or "")[:100]) for a in blamed[:3])
+    return "%s was blamed in %d of its last %d appearances: %s%s" % (
+        host, len(blamed), len(mine), named, "; ..." if len(blamed) > 3 else "")
+
+
+def slower_than_its_past(host: str, gbps: float, seen: Sequence[Appearance],
+                         fraction: float = DEFAULTS.NODE_HISTORY_BANDWIDTH_FRACTION) -> Optional[str]:
+    """Why a host's bandwidth now is suspect: under ``fraction`` of the
+    median of its own past measurements."""
+    past = sorted(a.link_gbps for a in seen if a.host == host and a.link_gbps is not None)
+    if len(past) < 2:
+        return None
+    mid = past[len(past) // 2] if len(past) % 2 else (past[len(past) // 2 - 1] + past[len(past) // 2]) / 2
+    if gbps >= fraction * mid:
+        return None
+    return "%s measured %.3g GB/s, under %d%% of its own median %.3g GB/s over %d past runs" % (
+        host, gbps, fraction * 100, mid, len(past))
+
+
+def steering(hosts: Sequence[str], platform: str) -> str:
+    """How to keep the next attempt off these hosts, where the platform lets a user."""
+    if platform == "kubernetes":
+        ips = " ".join(h.split(" ", 1)[1] for h in hosts if h.startswith("node "))
+        return ("Metaflow's @kubernetes cannot exclude a node (node_selector matches labels, tolerations only "
+                "allow taints); keep new pods off it with a taint, e.g. for each node IP in [%s]: kubectl taint "
+                "nodes $(kubectl get nodes -o jsonpath='{.items[?(@.status.addresses[0].address==\"<IP>\")]"
+                ".metadata.name}') metaflow-torchrun/suspect=true:NoSchedule" % ips)
+    if platform == "batch":
+        return ("AWS Batch offers a job no way to avoid an instance: the next attempt may land on it again "
+                "(terminate the instance, or drain it from the compute environment)")
+    return ""
+
+
+def check(hosts: Mapping[int, str], seen: Sequence[Appearance], threshold: Optional[Threshold], strict: bool,
+          platform: str) -> Tuple[List[str], Optional[Cause]]:
+    """The preflight's lines about hosts with a bad history, and under
+    ``strict`` the refusal, before any rank starts."""
+    if threshold is None or not seen:
+        return [], None
+    by_host: Dict[str, List[int]] = {}
+    for node, host in sorted(hosts.items()):
+        by_host.setdefault(host, []).append(node)
+    flagged = [(host, nodes, why) for host, nodes in by_host.items()
+               for why in [evidence(host, seen, threshold)] if why is not None][:MAX_FLAGGED]
+    if not flagged:
+        return [], None
+    lines = ["node%s %s: %s" % ("s" if len(nodes) > 1 else "", ", ".join(map(str, nodes[:8])), why)
+             for host, nodes, why in flagged]
+    advice = steering([h for h, _, _ in flagged], platform)
+    if not strict:
+        return ["%s (not refused: preflight=\"strict\" would)" % line for line in lines] + (
+            [advice] if advice else []), None
+    first = flagged[0]
+    cause = Cause(CauseKind.PREFLIGHT, "preflight refused the gang before any rank started: node %d: %s"
+                  % (first[1][0], first[2]), node_index=first[1][0], message="\n".join(lines + [advice])[:4000])
+    return ([advice] if advice else []), cause
+
+
+# -- reading the history through the Metaflow client ------------------------------------
+
+
+def record_attempts(value: Any) -> List[Attempt]:
+    """The attempts of a ``torchrun-result`` record (a JSON string)."""
+    try:
+        record = json.loads(value) if isinstance(value, str) else value
+    except ValueError:
+        return []
+    previous = Previous.from_wire(record)
+    return list(previous.attempts) if previous is not None else []
+
+
+def read_run(run: Any, step_names: Optional[Sequence[str]] = None) -> List[Appearance]:
+    """Every appearance in one run (a Metaflow client ``Run``): the control
+    tasks' latest records, each with every attempt."""
+    out: List[Appearance] = []
+    for step in run:
+        if step_names is not None and step.id not in step_names:
+            continue
+        for task in step:
+            try:
+                value = task.metadata_dict.get(RESULT_FIELD)
+            except Exception:  # a task whose metadata cannot be read: skipped
+                continue
+            if value:
+                out.extend(appearances(record_attempts(value), run.parent.id, run.id, step.id))
+    return out
+
+
+def read(flow: Optional[str], last: Optional[int] = None, days: Optional[float] = None,
+         skip_run: Optional[str] = None, steps: Optional[Sequence[str]] = None) -> List[Appearance]:
+    """The appearances in the last ``last`` runs (or ``days``) of ``flow``, or
+    of every flow of the current namespace when ``flow`` is None; of the
+    ``steps`` named only, when given (the preflight reads its own step's)."""
+    from metaflow import Flow, Metaflow
+    from metaflow.exception import MetaflowNotFound
+
+    try:
+        flows = [Flow(flow)] if flow is not None else list(Metaflow())
+    except MetaflowNotFound:  # no run yet: no history
+        return []
+    since = time.time() - days * 86400 if days is not None else None
+    out: List[Appearance] = []
+    for f in flows:
+        for i, run in enumerate(f.runs()):
+            if last is not None and i >= last:
+                break
+            if since is not None and run.created_at.timestamp() < since:
+                break
+            if run.id != skip_run:
+                out.extend(read_run(run, steps))
+    return out
+
+
+def platform_of(env: Mapping[str, str]) -> str:
+    if env.get("METAFLOW_KUBERNETES_WORKLOAD") or env.get("METAFLOW_KUBERNETES_NODE_IP"):
+        return "kubernetes"
+    if env.get("AWS_BATCH_JOB_ID"):
+        return "batch"
+    return "local"
+
+
+def host_check(read_history: Callable[[], Optional[List[Appearance]]], threshold: Optional[Threshold],
+               strict: bool, platform: str) -> Callable[[Dict[int, str]], Tuple[List[str], Optional[Cause]]]:
+    """What the gang service calls when every node's preflight is in (its own
+    thread: the history was read beforehand, in the background)."""
+
+    def run(hosts: Dict[int, str]) -> Tuple[List[str], Optional[Cause]]:
+        seen = read_history()
+        if seen is None:
+            return ["the node history was not read in time: this gang's hosts were not checked"], None
+        return check(hosts, seen, threshold, strict, platform)
+
+    return run

@@ -1,0 +1,128 @@
+"""Node roles and the node history (runtime/node_roles.py, node_history.py):
+who is blamed for a cause, bounded entries, the K-of-M flag with its
+evidence, strict refusal, bandwidth against a host's own past, steering."""
+
+import json
+
+import pytest
+
+from metaflow_extensions.torchrun.plugins.torchrun.cause import Cause, CauseKind
+from metaflow_extensions.torchrun.plugins.torchrun.runtime import node_history as nh
+from metaflow_extensions.torchrun.plugins.torchrun.runtime import node_roles as roles
+from metaflow_extensions.torchrun.plugins.torchrun.runtime.attempts import Attempt
+
+
+def test_roles_follow_the_cause():
+    assert roles.blamed_nodes(Cause(CauseKind.RANK_FAILED, "x", node_index=3), False) == {3: "culprit"}
+    assert roles.blamed_nodes(Cause(CauseKind.NODE_LOST, "x", node_index=1), False) == {1: "lost"}
+    assert roles.blamed_nodes(Cause(CauseKind.UNRESPONSIVE, "x", node_index=1, missing=(1, 2)), False) == {
+        1: "frozen", 2: "frozen"}
+    # The user's own exception, a preemption, an echo: nobody's node.
+    assert roles.blamed_nodes(Cause(CauseKind.RANK_FAILED, "x", node_index=3), True) == {}
+    assert roles.blamed_nodes(Cause(CauseKind.PREEMPTED, "x", node_index=3), False) == {}
+    assert roles.blamed_nodes(Cause(CauseKind.RANK_FAILED, "x", node_index=3, secondary=True), False) == {}
+
+
+def test_entries_are_bounded_at_a_thousand_nodes():
+    n = roles.MAX_NODES + 500
+    entries, left_out = roles.entries(n, {i: "h%d" % i for i in range(n)}, {7: "culprit"}, {9: 2.5}, {}, {},
+                                      tasks=["r/s/t%d" % i for i in range(n)])
+    assert left_out == n - 2 and [e.role for e in entries] == ["culprit", "slow"]
+    assert entries[0].task == "t7" and entries[1].ratio == 2.5
+    small, none_out = roles.entries(3, {0: "a"}, {}, {}, {1: 4.0}, {2: "shm"})
+    assert none_out == 0 and [e.host for e in small] == ["a", "?", "?"] and small[1].link_gbps == 4.0
+
+
+def test_stragglers_read_the_progress_section_when_present():
+    progress = {"stragglers": [{"node_index": 2, "host": "h", "ranks": [4], "ratio": 1.8, "seconds": 3.0}, "junk"]}
+    assert roles.stragglers(progress) == {2: 1.8}
+    assert roles.stragglers(None) == {}
+
+
+def test_entries_round_trip_and_hostile_ones_are_dropped():
+    e = roles.NodeEntry(node=1, host="h", role="culprit", link_gbps=3.0, task="7")
+    assert roles.NodeEntry.from_wire(e.to_wire()) == e
+    for bad in ({"node": -1, "role": "culprit"}, {"node": 1, "role": "villain"}, {"node": True, "role": "lost"}, 3):
+        assert roles.NodeEntry.from_wire(bad) is None
+
+
+def _attempt(k, at, hosts, blamed=None, stopped="node 1 (h), rank 1: killed by signal SIGSEGV", links=None):
+    nodes = tuple(roles.NodeEntry(node=i, host=h, role=(blamed or {}).get(i, "bystander"),
+                                  link_gbps=(links or {}).get(i)) for i, h in enumerate(hosts))
+    return Attempt(attempt=k, started_at=at, stopped=stopped, kind=CauseKind.RANK_FAILED, nodes=nodes)
+
+
+def _seen(bad_runs=3, ok_runs=0):
+    seen = []
+    for r in range(bad_runs):
+        seen += nh.appearances([_attempt(0, 100.0 + r, ["good", "bad"], {1: "culprit"})], "F", str(r), "train")
+    for r in range(ok_runs):
+        seen += nh.appearances([_attempt(0, 200.0 + r, ["good", "bad"], stopped="succeeded")], "F", "ok%d" % r,
+                               "train")
+    return seen
+
+
+def test_the_history_names_the_host_and_the_cause_that_recurred():
+    report = nh.report(_seen())
+    assert report["runs"] == 3 and report["hosts"][0]["host"] == "bad" and report["hosts"][0]["blamed"] == 3
+    assert report["hosts"][1] == dict(report["hosts"][1], host="good", blamed=0, appearances=3)
+    assert report["causes"] == [{"cause": "node N (h), rank N: killed by signal SIGSEGV", "times": 3,
+                                 "hosts": ["bad"]}]
+
+
+def test_k_of_m_flags_with_evidence_and_a_non_default_threshold():
+    seen = _seen(bad_runs=2, ok_runs=3)
+    # Defaults (2 of the last 5): the two failures are within the window.
+    assert "bad was blamed in 2 of its last 5 appearances: 1/train attempt 0 (culprit: " in nh.evidence(
+        "bad", seen, nh.Threshold())
+    # 2 of the last 3: the three newer successes push them out.
+    assert nh.evidence("bad", seen, nh.parse_threshold("2/3")) is None
+    assert nh.evidence("good", seen, nh.Threshold(1, 5)) is None
+
+
+def test_warn_or_refuse_under_strict():
+    lines, cause = nh.check({0: "good", 1: "bad"}, _seen(), nh.Threshold(), strict=False, platform="local")
+    assert cause is None and lines[0].startswith("node 1: bad was blamed in 3 of its last 3 appearances")
+    assert 'preflight="strict" would' in lines[0]
+    lines, cause = nh.check({0: "good", 1: "bad"}, _seen(), nh.Threshold(), strict=True, platform="batch")
+    assert cause.kind is CauseKind.PREFLIGHT and cause.node_index == 1 and "bad was blamed in 3" in cause.summary
+    assert "AWS Batch offers a job no way to avoid an instance" in lines[0]
+    assert nh.check({0: "good"}, _seen(), None, strict=True, platform="local") == ([], None)
+
+
+def test_kubernetes_steering_names_the_node():
+    text = nh.steering(["node 10.0.0.7"], "kubernetes")
+    assert "10.0.0.7" in text and "NoSchedule" in text and "cannot exclude a node" in text
+
+
+@pytest.mark.parametrize("text", ["3/2", "x", "0/5", "1/1000"])
+def test_a_bad_threshold_is_named(text):
+    with pytest.raises(ValueError, match="METAFLOW_TORCHRUN_NODE_HISTORY"):
+        nh.parse_threshold(text)
+
+
+def test_off_reads_no_history():
+    assert nh.parse_threshold("off") is None and nh.parse_threshold(None) == nh.Threshold(2, 5)
+
+
+def test_bandwidth_below_its_own_past():
+    seen = []
+    for r, gbps in enumerate((10.0, 12.0, 11.0)):
+        seen += nh.appearances([_attempt(0, r, ["a"], stopped="succeeded", links={0: gbps})], "F", str(r), "t")
+    assert "a measured 2 GB/s, under 50% of its own median 11 GB/s over 3 past runs" in nh.slower_than_its_past(
+        "a", 2.0, seen)
+    assert nh.slower_than_its_past("a", 9.0, seen) is None
+    assert nh.slower_than_its_past("a", 2.0, seen, fraction=0.1) is None
+
+
+def test_an_attempts_record_round_trips_its_nodes_and_the_table_reads_it():
+    from metaflow_extensions.torchrun.plugins.torchrun import cli
+
+    wire = {"attempts": [_attempt(0, 5.0, ["good", "bad"], {1: "lost"}).to_wire()]}
+    (attempt,) = nh.record_attempts(json.dumps(wire))
+    assert [(n.host, n.role) for n in attempt.nodes] == [("good", "bystander"), ("bad", "lost")]
+    assert nh.record_attempts("not json") == [] and nh.record_attempts('{"attempts": 3}') == []
+    lines = cli.table(nh.report(_seen()))
+    assert lines[0] == "3 runs, 3 attempts, 2 hosts"
+    assert lines[3].split()[:4] == ["bad", "3", "3", "0"]
+    assert any("3x  node N (h), rank N: killed by signal SIGSEGV  (hosts: bad)" in line for line in lines)
