@@ -74,3 +74,6 @@ LINGER = 15.0
 # A line of ours waits for a pause this long in the ranks' output, at most QUIET_WAIT.
 QUIET = 0.05
 QUIET_WAIT = 1.0
+# A rank's line redrawn with carriage returns (a progress bar) shows its latest
+# state as a line of its own at most this often (procs/redraw.py).
+REDRAW_SECONDS = 5.0

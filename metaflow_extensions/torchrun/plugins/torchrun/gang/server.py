@@ -111,6 +111,11 @@ class GangServer(MessageHandlers):
     def rejected(self) -> int:
         return self.admission.rejected
 
+    def hosts(self) -> Dict[int, str]:
+        """Each connected node's host, as it said when it joined."""
+        with self._lock:
+            return {node: peer.host for node, peer in self.members.by_node.items()}
+
     def missing(self) -> List[int]:
         with self._lock:
             return self.members.missing()

@@ -20,6 +20,7 @@ from ..lazy import names_from
 
 __all__ = [
     "ARGS_FILE",
+    "Culprits",
     "DEBUG_ENV",
     "MAX_STACK_BYTES",
     "PORT_ENV",
@@ -33,6 +34,7 @@ __all__ = [
     "bound",
     "conf_key",
     "describe_exit_code",
+    "find_culprits",
     "group",
     "merge_failures",
     "numbers",
@@ -54,6 +56,7 @@ __all__ = [
 # Where each name lives: loaded on first use, so that importing the face costs nothing.
 _HOME = {
     "ARGS_FILE": "names",
+    "Culprits": "culprit",
     "DEBUG_ENV": "names",
     "MAX_STACK_BYTES": "stacks",
     "PORT_ENV": "names",
@@ -67,6 +70,7 @@ _HOME = {
     "bound": "stacks",
     "conf_key": "names",
     "describe_exit_code": "failures",
+    "find_culprits": "culprit",
     "group": "stacks",
     "merge_failures": "failures",
     "numbers": "ranges",
@@ -79,6 +83,7 @@ _HOME = {
 }
 
 if TYPE_CHECKING:
+    from .culprit import Culprits, find_culprits
     from .failures import RankFailure, describe_exit_code, merge_failures, read_agent_failures, read_failures, root_cause_order, with_last_output
     from .names import ARGS_FILE, DEBUG_ENV, PORT_ENV, PROGRESS_ENV, SECRET_ENV, USER_KNOBS, conf_key, rank_log_path
     from .ranges import numbers

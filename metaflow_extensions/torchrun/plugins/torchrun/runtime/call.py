@@ -209,7 +209,7 @@ class CallRun:
         # control is gone or silent: then this node's is the only one.
         speaks = self.session.is_control or not self.session.topology.is_local or cause.kind in _CLIENT_SIDE
         logs = self._logs_line() if speaks else ""
-        where = self.where.stacks if speaks else {}
+        where, suspects = (self.where.stacks, self.where.suspects(self.session, cause)) if speaks else ({}, [])  # stacks, culprit
         elsewhere = node_report.failed_elsewhere(self.session.server, self.index, self.node_index) if speaks else []
         if cause.kind is CauseKind.RANK_FAILED and cause.node_index == self.node_index:
             self.session.reported = True
@@ -223,7 +223,7 @@ class CallRun:
         if cause.kind is CauseKind.PREEMPTED and cause.node_index == self.node_index:
             raise interrupted(cause)  # told to stop, not failed: the gang saved (stop.py)
         raise GangAborted(self.node_index, cause, self.exit_code, same_log=self.session.topology.is_local,
-                          stacks=where, logs=logs, elsewhere=elsewhere)
+                          stacks=where, logs=logs, elsewhere=elsewhere, suspects=suspects)
 
     def _logs_line(self) -> str:
         """Where every rank's whole output is: on a local run one directory
@@ -279,6 +279,7 @@ class CallRun:
             call=self.index,
             stacks=dict(self.where.stacks),
             stack_seconds=round(self.where.seconds, 3),
+            culprits=dict(self.where.culprits),
             ran=what_ran.record(self.plan, self.argv, self.log_dir, topology.node_index),
         )
         self.session.results.append(result)

@@ -92,6 +92,9 @@ class TorchrunResult:
     # collecting them added to the stop.
     stacks: Dict[int, str] = field(default_factory=dict)
     stack_seconds: float = 0.0
+    # On the control, when ranks waited in a collective at the stop: the ranks
+    # not in it, by rank, node and host (procs/culprit.py); bounded.
+    culprits: Dict[str, Any] = field(default_factory=dict)
     # On the control: @torchrun(preflight=...)'s findings for the whole gang,
     # bounded whatever its size (gang/node_compare.py, runtime/preflight.py).
     preflight: Optional[PreflightRecord] = None
