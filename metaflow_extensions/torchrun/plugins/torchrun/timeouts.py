@@ -36,6 +36,8 @@ NOTICE_POLL = 0.5
 # a start or a change, then every TRACK_INTERVAL.
 TRACK_EVERY_POLL_FOR = 3.0
 TRACK_INTERVAL = 1.0
+# A rank's progress reports leave it (its progress file is written) at most this often.
+REPORT_INTERVAL = 1.0
 
 # -- the stop, in the order it happens ----------------------------------------------
 # A report that blames a peer is held this long for a better root cause.

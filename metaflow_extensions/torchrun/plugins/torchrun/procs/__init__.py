@@ -4,7 +4,8 @@ Ranks import this, so it imports no Metaflow and loads its names on first use.
 ``names`` is the one home of every name the task and the ranks share
 (environment variables, per-rank file names); ``bootstrap`` runs first in every
 rank; ``agent`` runs torchrun's agent; ``stacks``, ``failures`` and ``exits``
-are what a rank leaves behind for the task to read.
+are what a rank leaves behind for the task to read; ``report`` (``progress``)
+is what a training loop calls each step.
 
 Usage (the task reads what the ranks wrote)::
 
@@ -25,6 +26,7 @@ __all__ = [
     "MAX_STACK_BYTES",
     "PORT_ENV",
     "PROGRESS_ENV",
+    "ProgressReport",
     "RankFailure",
     "RankStatus",
     "SECRET_ENV",
@@ -40,6 +42,7 @@ __all__ = [
     "numbers",
     "rank_log_path",
     "read_agent_failures",
+    "read_progress",
     "read_failures",
     "read_statuses",
     "root_cause_order",
@@ -50,6 +53,7 @@ __all__ = [
     "functions",
     "names",
     "relay",
+    "report",
     "stacks",
 ]
 
@@ -61,6 +65,7 @@ _HOME = {
     "MAX_STACK_BYTES": "stacks",
     "PORT_ENV": "names",
     "PROGRESS_ENV": "names",
+    "ProgressReport": "progress",
     "RankFailure": "failures",
     "RankStatus": "status",
     "SECRET_ENV": "names",
@@ -76,8 +81,10 @@ _HOME = {
     "numbers": "ranges",
     "rank_log_path": "names",
     "read_agent_failures": "failures",
+    "read_progress": "progress",
     "read_failures": "failures",
     "read_statuses": "status",
+    "report": "progress",
     "root_cause_order": "failures",
     "with_last_output": "failures",
 }
@@ -85,6 +92,7 @@ _HOME = {
 if TYPE_CHECKING:
     from .culprit import Culprits, find_culprits
     from .failures import RankFailure, describe_exit_code, merge_failures, read_agent_failures, read_failures, root_cause_order, with_last_output
+    from .progress import ProgressReport, read_progress, report
     from .names import ARGS_FILE, DEBUG_ENV, PORT_ENV, PROGRESS_ENV, SECRET_ENV, USER_KNOBS, conf_key, rank_log_path
     from .ranges import numbers
     from .stacks import MAX_STACK_BYTES, SUMMARY_PLACES, bound, group

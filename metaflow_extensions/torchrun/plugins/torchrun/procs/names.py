@@ -53,6 +53,7 @@ AGENT_FAILURES_FILE = "agent-failures.json"  # the ranks torch's agent saw fail 
 RETURN_SUFFIX = ".return.pkl"  # a function's return value
 EXCEPTION_SUFFIX = ".exception.pkl"  # a function's exception
 STACKS_SUFFIX = ".stacks.txt"  # where a rank was when stopped (procs/stacks.py)
+PROGRESS_SUFFIX = ".progress.json"  # a rank's latest progress report (procs/progress.py)
 LOG_SUFFIX = ".log"  # rank-<R>.<stream>.log in the call's log directory
 
 
