@@ -106,8 +106,15 @@ def test_a_final_state_already_shown_is_not_repeated_and_a_state_not_shown_is_no
         c.stream.take(b"\r", now=1.1)
         c.stream.take(b"\n", now=1.2)  # the line ends: its state not shown yet goes out now
         c.stream.take(b"\rthird\r", now=1.3)
-        assert not c.stream.take(b"", now=1.4)  # the end: the pending state, then done
+        c.stream.take(b"\n", now=1.4)
         assert c.lines() == [b"first", b"second", b"third"]
+        c.stream.take(b"\rfourth", now=20.0)
+        c.stream.take(b"[W reducer.cpp] a warning from C++\n", now=20.1)  # another writer, same line
+        assert c.lines()[3:] == [b"fourth", b"[W reducer.cpp] a warning from C++"]
+        c.stream.take(b"\rfifth\r", now=30.0)
+        c.stream.take(b"\rsixth\r", now=30.1)
+        assert not c.stream.take(b"", now=30.2)  # the end: the state not shown yet, then done
+        assert c.lines()[5:] == [b"fifth", b"sixth"]
     finally:
         c.close()
 

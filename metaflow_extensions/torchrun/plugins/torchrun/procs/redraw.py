@@ -83,15 +83,18 @@ class Redraw:
 
     def end_line(self, lines: bytes) -> bytes:
         """Whole lines for the console: the first ends the line being redrawn.
-        Its final state is shown unless it was just shown; an empty end (``\\r``
-        then a newline) shows the state not shown yet, or nothing."""
+        Its final state is shown unless it was just shown (then only what was
+        written after it); an empty end (``\\r`` then a newline) shows the
+        state not shown yet, or nothing."""
         lines = collapse(lines)
         if not self.active:
             return lines
         first, _, rest = lines.partition(b"\n")
         final = first if first.strip() else self.state
-        if final == self.shown:
-            final = b""
+        if self.shown and final.startswith(self.shown):
+            # Shown already; what another writer added to it (a library's
+            # warning from C++, without a newline of its own) is a line of its own.
+            final = final[len(self.shown):]
         self.active, self.state, self.shown = False, b"", b""
         return (final + b"\n" if final else b"") + rest
 
