@@ -22,6 +22,7 @@ from ..lazy import names_from
 __all__ = [
     "ARGS_FILE",
     "DEBUG_ENV",
+    "MAX_METRICS",
     "MAX_STACK_BYTES",
     "PORT_ENV",
     "PROGRESS_ENV",
@@ -29,10 +30,13 @@ __all__ = [
     "RankFailure",
     "RankStatus",
     "SECRET_ENV",
+    "STRAGGLER_RATIO_ENV",
+    "STRAGGLER_SECONDS_ENV",
     "SUMMARY_PLACES",
     "StatusError",
     "USER_KNOBS",
     "bound",
+    "clean_metrics",
     "conf_key",
     "describe_exit_code",
     "group",
@@ -59,6 +63,7 @@ __all__ = [
 _HOME = {
     "ARGS_FILE": "names",
     "DEBUG_ENV": "names",
+    "MAX_METRICS": "progress",
     "MAX_STACK_BYTES": "stacks",
     "PORT_ENV": "names",
     "PROGRESS_ENV": "names",
@@ -66,10 +71,13 @@ _HOME = {
     "RankFailure": "failures",
     "RankStatus": "status",
     "SECRET_ENV": "names",
+    "STRAGGLER_RATIO_ENV": "names",
+    "STRAGGLER_SECONDS_ENV": "names",
     "SUMMARY_PLACES": "stacks",
     "StatusError": "status",
     "USER_KNOBS": "names",
     "bound": "stacks",
+    "clean_metrics": "progress",
     "conf_key": "names",
     "describe_exit_code": "failures",
     "group": "stacks",
@@ -87,8 +95,8 @@ _HOME = {
 
 if TYPE_CHECKING:
     from .failures import RankFailure, describe_exit_code, merge_failures, read_agent_failures, read_failures, root_cause_order, with_last_output
-    from .progress import ProgressReport, read_progress, report
-    from .names import ARGS_FILE, DEBUG_ENV, PORT_ENV, PROGRESS_ENV, SECRET_ENV, USER_KNOBS, conf_key, rank_log_path
+    from .progress import MAX_METRICS, ProgressReport, clean_metrics, read_progress, report
+    from .names import ARGS_FILE, DEBUG_ENV, PORT_ENV, PROGRESS_ENV, SECRET_ENV, STRAGGLER_RATIO_ENV, STRAGGLER_SECONDS_ENV, USER_KNOBS, conf_key, rank_log_path
     from .ranges import numbers
     from .stacks import MAX_STACK_BYTES, SUMMARY_PLACES, bound, group
     from .status import RankStatus, StatusError, read_statuses
