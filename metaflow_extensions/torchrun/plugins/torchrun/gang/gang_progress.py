@@ -3,8 +3,8 @@
 Each node's heartbeat brings its ranks summed up (``node_progress.NodeProgress``):
 keeping it costs the service one dictionary entry per heartbeat. Once a
 second (``timeouts.PROGRESS_CHECK``) the book sums up the gang (the step,
-steps per second, the ETA, the slowest node), samples steps/s per group of
-nodes for the card's chart (at most ``CHART_GROUPS`` groups and
+steps per second, the ETA, the slowest node), samples steps/s of the slowest
+node of each group of nodes for the card's chart (at most ``CHART_GROUPS`` groups and
 ``CHART_SAMPLES`` samples: the same size at any gang size) and looks for
 stragglers: a node slower than the median by ``straggler_ratio`` for
 ``straggler_seconds`` in a row is named once, and kept in the record.
@@ -25,7 +25,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from .node_progress import NodeProgress
 
 CHART_GROUPS = 32
-CHART_SAMPLES = 120
+CHART_SAMPLES = 90
 MAX_STRAGGLERS = 16
 RATIO_CAP = 99.0
 SIGNAL_PROGRESS = "progress reports (steps/s of each node's slowest rank)"
@@ -125,10 +125,10 @@ class ProgressBook:
             self.started = now
         reporting = {n: ph for n, ph in self.nodes.items() if ph[0].reporting}
         named = self._stragglers(now, reporting)
-        self.summary = self._summary(reporting)
         if reporting and now >= self.next_sample:
             self._sample(now - self.started, reporting)
             self.next_sample = now + self.chart_every
+        self.summary = self._summary(reporting)
         return named
 
     # -- stragglers ----------------------------------------------------------------------
@@ -210,8 +210,8 @@ class ProgressBook:
     def _sample(self, at: float, reporting: Dict[int, Tuple[NodeProgress, str]]) -> None:
         values: List[Optional[float]] = []
         for _, span in self._groups():
-            rates = [r for r in (reporting[n][0].rate for n in span if n in reporting) if r is not None]
-            values.append(round(statistics.median(rates), 4) if rates else None)
+            rates = [r for r in (reporting[n][0].rate_min for n in span if n in reporting) if r is not None]
+            values.append(round(min(rates), 4) if rates else None)  # the group's slowest node: a straggler shows
         self.chart.append((round(at, 1), tuple(values)))
         if len(self.chart) > CHART_SAMPLES:  # keep the whole call, at half the resolution
             self.chart = self.chart[::2]
