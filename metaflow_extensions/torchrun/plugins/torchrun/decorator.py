@@ -14,7 +14,7 @@ from . import load_order  # noqa: F401  (Metaflow first, whatever the user impor
 from metaflow.plugins.parallel_decorator import ParallelDecorator
 from metaflow.unbounded_foreach import UBF_CONTROL
 
-from .runtime import attach_card, card_ready, finish_card, render_card_now, skip_render
+from .runtime import attach_card, card_ready, finish_card, refresh_live, render_card_now, skip_render
 from .compat import (
     decorator_init_kwargs,
     card_commands,
@@ -376,6 +376,9 @@ class TorchrunDecorator(ParallelDecorator):
                 self._identity, self._defaults, topology, self._flow_dir, secret=self._secret
             )
             session.card_hint = getattr(self, "_card_hint", None)
+            if self._card is not None and session.is_control:
+                flow_name = self._flow_name
+                session.live_card = lambda record: refresh_live(record, flow_name)
             preflight_runtime.attach(session)
             session.join()
             try:

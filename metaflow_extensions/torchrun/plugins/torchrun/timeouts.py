@@ -39,6 +39,14 @@ TRACK_INTERVAL = 1.0
 # A rank's progress reports leave it (its progress file is written) at most this often.
 REPORT_INTERVAL = 1.0
 
+# How often the service sums up the gang's training progress and looks for stragglers
+# (past 1,024 nodes, once per 1,024 nodes a second, as heartbeats).
+PROGRESS_CHECK = 1.0
+
+# While the ranks report progress, the control's card is refreshed this often
+# (Metaflow renders each refresh in a `card create` subprocess: about 1 s of CPU).
+LIVE_CARD_EVERY = 30.0
+
 # -- the stop, in the order it happens ----------------------------------------------
 # A report that blames a peer is held this long for a better root cause.
 SECONDARY_GRACE = 3.0

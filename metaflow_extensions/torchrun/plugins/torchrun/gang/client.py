@@ -24,6 +24,7 @@ from . import messages as msg
 from . import wire
 from .config import GangConfig
 from .joining import Joining
+from .node_progress import NodeProgress
 from ..host import log
 
 _log = log.get("gang.client")
@@ -56,6 +57,9 @@ class GangClient(Joining):
         # While a call's job runs: seconds since its ranks last wrote output,
         # sent with every heartbeat (the control's hang_timeout reads it).
         self.quiet: Optional[Callable[[], Optional[float]]] = None
+        # While a call's job runs: its ranks' progress summed up
+        # (node_progress.ProgressTracker.sample), sent with every heartbeat.
+        self.training: Optional[Callable[[], Optional[NodeProgress]]] = None
         # This node's preflight (fingerprint and fitness checks), measured and
         # sent on the join's thread right after joining, before any call.
         self.preflight: Optional[Callable[[], msg.Preflight]] = None
@@ -276,7 +280,7 @@ class GangClient(Joining):
         while not self._closing.wait(self.config.heartbeat_interval):
             if self._left and self.cause is not None:
                 return
-            self._safe_send(heartbeat(self.quiet))
+            self._safe_send(heartbeat(self.quiet, self.training))
 
 
 
@@ -302,12 +306,18 @@ def control_silent(silent: float, heartbeat_timeout: float) -> Cause:
                  "or it or this node is cut off from the network" % (silent, heartbeat_timeout), node_index=0)
 
 
-def heartbeat(quiet: Optional[Callable[[], Optional[float]]]) -> msg.Heartbeat:
+def heartbeat(quiet: Optional[Callable[[], Optional[float]]],
+              training: Optional[Callable[[], Optional[NodeProgress]]] = None) -> msg.Heartbeat:
     """With the seconds since this node's ranks last wrote (the control's
-    hang_timeout reads it); a failing probe sends none rather than no beat."""
-    seconds = None
+    hang_timeout reads it) and their progress; a failing probe sends none
+    rather than no beat."""
+    seconds = progress = None
     try:
         seconds = quiet() if quiet is not None else None
     except Exception:
         pass
-    return msg.Heartbeat(None if seconds is None else max(0.0, float(seconds)))
+    try:
+        progress = training() if training is not None else None
+    except Exception:
+        pass
+    return msg.Heartbeat(None if seconds is None else max(0.0, float(seconds)), progress)

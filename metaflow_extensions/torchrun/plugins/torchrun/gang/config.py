@@ -47,6 +47,10 @@ class GangConfig:
     # Seconds without a line from any rank of a running call before the gang
     # stops as hung; None: never (``@torchrun(hang_timeout)``).
     hang_timeout: Optional[float] = DEFAULTS.HANG_TIMEOUT
+    # A node this many times slower than the median node for this many seconds
+    # is named a straggler (gang_progress.py).
+    straggler_ratio: float = DEFAULTS.STRAGGLER_RATIO
+    straggler_seconds: float = DEFAULTS.STRAGGLER_SECONDS
 
     @property
     def heartbeat_interval(self) -> float:

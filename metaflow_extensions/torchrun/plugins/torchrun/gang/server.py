@@ -34,10 +34,11 @@ from . import messages as msg
 from .admission import Admission
 from .handlers import MessageHandlers
 from .calls import CallBook, CallState, CallView
-from .config import GangConfig
+from .config import HEARTBEATS_PER_SECOND, GangConfig
 from .membership import Membership
 from .peer import Peer
 from .node_compare import PreflightBook, PreflightRecord
+from .gang_progress import ProgressBook, ProgressRecord
 from .transport import Transport
 from .wire import encode
 from ..host import say
@@ -71,6 +72,10 @@ class GangServer(MessageHandlers):
         self.members = Membership(config)
         self.book = CallBook(config.num_nodes)
         self.preflight = PreflightBook(config.num_nodes)
+        self.training = ProgressBook(config.num_nodes, config.straggler_ratio, config.straggler_seconds)
+        self._next_training = 0.0
+        self._last_line = self.members.started
+        self._said_line: Optional[str] = None  # the same line is not said twice
         self.cause: Optional[Cause] = None
         self._pending: Optional[Tuple[Cause, float]] = None  # an echo, held
         self._lock = threading.RLock()
@@ -142,6 +147,11 @@ class GangServer(MessageHandlers):
         """The gang's preflight as the record keeps it (gang/node_compare.py)."""
         with self._lock:
             return self.preflight.record(mode)
+
+    def progress_record(self) -> ProgressRecord:
+        """The gang's training progress now, and the stragglers named (gang_progress.py)."""
+        with self._lock:
+            return self.training.summary
 
     # -- lifecycle ------------------------------------------------------------------
 
@@ -215,18 +225,33 @@ class GangServer(MessageHandlers):
         return (
             self.members.never_joined(now)
             or self.book.timed_out(now, self.config.start_timeout)
-            or self.book.hung(now, self.config.hang_timeout, self._last_output, self.members.left)
+            or self.book.hung(now, self.config.hang_timeout, self._last_output, self.members.left,
+                              advanced=self.training.reporting)
             or self.members.silent(now)
         )
 
     def _last_output(self, node: int) -> Optional[float]:
+        """hang_timeout's clock for a node: when its ranks last advanced a step
+        while they report progress, else when they last wrote output."""
         peer = self.members.by_node.get(node)
-        return peer.last_output if peer is not None else None
+        if peer is None:
+            return None
+        return peer.last_advance if peer.last_advance is not None else peer.last_output
 
     def _report_progress(self, now: float) -> None:
-        """While nodes join or meet at a call, say who is missing, at a calm rate."""
+        """While nodes join or meet at a call, say who is missing, at a calm rate;
+        while they train, their progress and any straggler (said once)."""
         if self.cause is not None:
             return
+        if now >= self._next_training:
+            # O(nodes): past 1,024 nodes, less often, as heartbeats (config.heartbeat_interval).
+            self._next_training = now + timeouts.PROGRESS_CHECK * max(1.0, self.config.num_nodes / HEARTBEATS_PER_SECOND)
+            for straggler in self.training.check(now):
+                self.progress(straggler.sentence())
+            line = self.training.line()
+            if line not in (None, self._said_line) and now - self._last_line >= self.config.progress_interval:
+                self._last_line, self._said_line = now, line
+                self.progress(line)
         waiting = self.members.waiting(now) or self.book.waiting(now)
         if not waiting:
             if self._said_waiting:

@@ -23,6 +23,7 @@ __all__ = [
     "ARGS_FILE",
     "Culprits",
     "DEBUG_ENV",
+    "MAX_METRICS",
     "MAX_STACK_BYTES",
     "PORT_ENV",
     "PROGRESS_ENV",
@@ -30,10 +31,13 @@ __all__ = [
     "RankFailure",
     "RankStatus",
     "SECRET_ENV",
+    "STRAGGLER_RATIO_ENV",
+    "STRAGGLER_SECONDS_ENV",
     "SUMMARY_PLACES",
     "StatusError",
     "USER_KNOBS",
     "bound",
+    "clean_metrics",
     "conf_key",
     "describe_exit_code",
     "find_culprits",
@@ -62,6 +66,7 @@ _HOME = {
     "ARGS_FILE": "names",
     "Culprits": "culprit",
     "DEBUG_ENV": "names",
+    "MAX_METRICS": "progress",
     "MAX_STACK_BYTES": "stacks",
     "PORT_ENV": "names",
     "PROGRESS_ENV": "names",
@@ -69,10 +74,13 @@ _HOME = {
     "RankFailure": "failures",
     "RankStatus": "status",
     "SECRET_ENV": "names",
+    "STRAGGLER_RATIO_ENV": "names",
+    "STRAGGLER_SECONDS_ENV": "names",
     "SUMMARY_PLACES": "stacks",
     "StatusError": "status",
     "USER_KNOBS": "names",
     "bound": "stacks",
+    "clean_metrics": "progress",
     "conf_key": "names",
     "describe_exit_code": "failures",
     "find_culprits": "culprit",
@@ -92,8 +100,8 @@ _HOME = {
 if TYPE_CHECKING:
     from .culprit import Culprits, find_culprits
     from .failures import RankFailure, describe_exit_code, merge_failures, read_agent_failures, read_failures, root_cause_order, with_last_output
-    from .progress import ProgressReport, read_progress, report
-    from .names import ARGS_FILE, DEBUG_ENV, PORT_ENV, PROGRESS_ENV, SECRET_ENV, USER_KNOBS, conf_key, rank_log_path
+    from .progress import MAX_METRICS, ProgressReport, clean_metrics, read_progress, report
+    from .names import ARGS_FILE, DEBUG_ENV, PORT_ENV, PROGRESS_ENV, SECRET_ENV, STRAGGLER_RATIO_ENV, STRAGGLER_SECONDS_ENV, USER_KNOBS, conf_key, rank_log_path
     from .ranges import numbers
     from .stacks import MAX_STACK_BYTES, SUMMARY_PLACES, bound, group
     from .status import RankStatus, StatusError, read_statuses

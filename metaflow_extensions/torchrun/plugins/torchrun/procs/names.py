@@ -16,12 +16,14 @@ from typing import Optional
 # so a Metaflow profile can set them too; ``conf_key`` is the name there.
 PORT_ENV = "METAFLOW_TORCHRUN_PORT"  # the gang service's port on a local run
 SECRET_ENV = "METAFLOW_TORCHRUN_SECRET"  # the gang's secret, instead of a stored one
-PROGRESS_ENV = "METAFLOW_TORCHRUN_PROGRESS_SECONDS"  # "still waiting for ..." every N s
+PROGRESS_ENV = "METAFLOW_TORCHRUN_PROGRESS_SECONDS"  # "still waiting for ...", "progress: ..." every N s
+STRAGGLER_RATIO_ENV = "METAFLOW_TORCHRUN_STRAGGLER_RATIO"  # a node this many times slower than the median ...
+STRAGGLER_SECONDS_ENV = "METAFLOW_TORCHRUN_STRAGGLER_SECONDS"  # ... for this long is named
 KEEP_LOGS_HOURS_ENV = "METAFLOW_TORCHRUN_KEEP_LOGS_HOURS"  # a run's per-rank logs kept N h
 KEEP_LOGS_ENV = "METAFLOW_TORCHRUN_KEEP_LOGS"  # and beyond that, the newest N runs' logs
 MAX_LOG_MB_ENV = "METAFLOW_TORCHRUN_MAX_LOG_MB"  # and at most this many MB of them
 DEBUG_ENV = "METAFLOW_TORCHRUN_DEBUG"  # "1": the debug channel on stderr (host/log.py)
-USER_KNOBS = (PORT_ENV, SECRET_ENV, PROGRESS_ENV, KEEP_LOGS_HOURS_ENV, KEEP_LOGS_ENV, MAX_LOG_MB_ENV, DEBUG_ENV)
+USER_KNOBS = (PORT_ENV, SECRET_ENV, PROGRESS_ENV, STRAGGLER_RATIO_ENV, STRAGGLER_SECONDS_ENV, KEEP_LOGS_HOURS_ENV, KEEP_LOGS_ENV, MAX_LOG_MB_ENV, DEBUG_ENV)
 # Read in the ranks, from the environment the step's ranks inherit (``@environment``).
 # "0": HF's and Lightning's Trainer do not report progress (trainer_hooks.py).
 TRAINER_PROGRESS_ENV = "METAFLOW_TORCHRUN_TRAINER_PROGRESS"

@@ -29,6 +29,7 @@ __all__ = [
     "TorchrunResult",
     "attach_card",
     "finish_card",
+    "refresh_live",
     "render_card_now",
     "skip_render",
     "stop_local_nodes",
@@ -50,6 +51,7 @@ _HOME = {
     "TorchrunResult": "result",
     "attach_card": "card",
     "finish_card": "card",
+    "refresh_live": "card",
     "render_card_now": "card",
     "skip_render": "card",
     "stop_local_nodes": "local_nodes",
@@ -59,7 +61,7 @@ _HOME = {
 
 if TYPE_CHECKING:
     from .card import card_ready
-    from .card import attach_card, finish_card, render_card_now, skip_render
+    from .card import attach_card, finish_card, refresh_live, render_card_now, skip_render
     from .local_nodes import stop_local_nodes, worker_python_problem
     from .result import METADATA_FIELD, REPORT_ARTIFACT, TorchrunResult
     from .session import GangSession

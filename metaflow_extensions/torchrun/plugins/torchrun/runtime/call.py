@@ -18,7 +18,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from ..procs import bootstrap, entry, functions, stacks
 from ..cause import Cause, CauseKind
-from ..gang import NodeReport
+from ..gang import NodeReport, ProgressTracker
 from ..errors import (FULL_REPORT, GangAborted, TorchrunException, TorchrunFailed, TorchrunInvalidArgument,
                       rank_raised)
 from ..procs import (
@@ -41,6 +41,7 @@ from .supervisor import StopReason, Supervisor
 from ..host import CallFiles
 from ..procs import ARGS_FILE
 from ..host import step_log_dir
+from .. import timeouts
 
 # Causes a node finds on its own (the control is gone or silent): the service
 # may not know them, so they are never sent to it as a report's cause.
@@ -130,31 +131,31 @@ class CallRun:
     def supervise(self, env: Dict[str, str]) -> None:
         client = self.session.client
         assert client is not None
-
         # A node told to stop tells the gang; the gang's stop is graceful (stop.py).
         gang_stop = GangStop(self.node_index, self.index, self.session.defaults.shutdown_grace,
                              report=lambda cause: client.report_failure(cause, call=self.index),
                              verdict=lambda: client.cause, wait_verdict=lambda s: client.wait_for_verdict(s),
                              notice=notice_path())
+        live = LiveCard(self.session)  # the control's card, refreshed between the checks
 
         def should_stop() -> Optional[StopReason]:
-            return gang_stop.check() or self.stop_reason()
+            return live.tick() or gang_stop.check() or self.stop_reason()
 
         try:
             with Supervisor(self.argv, env=env, shutdown_grace=self.session.defaults.shutdown_grace,
                             before_stop=lambda: self.where.collect(self.session, self.index, self.supervisor, self.workdir), on_told=gang_stop.told) as sup:
                 self.supervisor = sup
                 client.quiet = lambda: None if sup.last_output is None else time.monotonic() - sup.last_output
+                client.training = ProgressTracker(self.workdir).sample
                 self.exit_code = sup.wait(should_stop=should_stop)
         except BaseException:
-            # Told to stop (SIGTERM, Ctrl-C, @timeout): the error is not ours
-            # to word, so where the ranks were goes to the log.
+            # Told to stop (SIGTERM, Ctrl-C, @timeout): the error is not ours to word, so where the ranks were goes to the log.
             self.where.share(self.session, self.index, self.rdzv_port is not None)
             if self.where.stacks:
                 say(stacks.summarize(self.where.stacks, full=FULL_REPORT))
             raise
         finally:
-            client.quiet = None
+            client.quiet = client.training = None
 
     def stop_reason(self) -> Optional[str]:
         """A reason of the call's own to stop its job (runtime/preflight.py's deadline)."""
@@ -281,6 +282,7 @@ class CallRun:
             stack_seconds=round(self.where.seconds, 3),
             culprits=dict(self.where.culprits),
             ran=what_ran.record(self.plan, self.argv, self.log_dir, topology.node_index),
+            progress=server.progress_record() if server is not None else None,
         )
         self.session.results.append(result)
         return result
@@ -298,6 +300,30 @@ class CallRun:
     def _report(self, failures: Optional[List[RankFailure]] = None) -> NodeReport:
         return node_report.report(self.workdir, self.log_dir, failures or [],
                                   self.supervisor.started_at if self.supervisor else None)
+
+
+class LiveCard:
+    """The control's card, refreshed while a call runs and its ranks report
+    progress (or a straggler was named): at the first report, then every
+    LIVE_CARD_EVERY. Looked at every TRACK_INTERVAL at most."""
+
+    def __init__(self, session: GangSession) -> None:
+        self.session = session
+        self.next = 0.0
+        self.looked = 0.0
+
+    def tick(self) -> Optional[StopReason]:
+        """Refresh the card when due; never a reason to stop (None)."""
+        server, refresh = self.session.server, self.session.live_card
+        now = time.monotonic()
+        if server is None or refresh is None or now < self.next or now - self.looked < timeouts.TRACK_INTERVAL:
+            return None
+        self.looked = now
+        record = server.progress_record()
+        if record.step is not None or record.stragglers:
+            self.next = now + timeouts.LIVE_CARD_EVERY
+            refresh(record)
+        return None
 
 
 def run_call(session: GangSession, plan: CallPlan) -> TorchrunResult:

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 
 from ..cause import Cause
 from ..gang import NodeReport
-from ..gang import PreflightRecord
+from ..gang import PreflightRecord, ProgressRecord
 from ..procs import RankFailure
 from ..procs import numbers
 from ..procs import SUMMARY_PLACES, bound, group
@@ -105,6 +105,10 @@ class TorchrunResult:
     # What ran (runtime/what_ran.py): the entrypoint, its arguments with
     # secret-looking ones masked, the torchrun command, versions.
     ran: Dict[str, Any] = field(default_factory=dict)
+    # On the control: the gang's training progress when the call ended (step,
+    # total, ETA, steps/s, the last metrics, the slowest node) and the
+    # stragglers named (gang/gang_progress.py); None elsewhere.
+    progress: Optional[ProgressRecord] = None
 
     @property
     def duration(self) -> float:
@@ -141,6 +145,7 @@ class TorchrunResult:
         data["gang"] = self.gang.to_wire()
         data["preflight"] = self.preflight.to_wire() if self.preflight is not None else {}
         data["attempts"] = [a.to_wire() for a in self.attempts]
+        data["progress"] = self.progress.to_wire() if self.progress is not None else None
         data["command"] = list(self.command)
         data["duration"] = self.duration
         data["succeeded"] = self.succeeded
