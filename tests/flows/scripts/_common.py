@@ -26,17 +26,3 @@ def write_json(name: str, data) -> None:
 def init() -> None:
     dist.init_process_group("gloo")
 
-
-def keep_progress() -> None:
-    """The test's check, not the user's code: this rank's progress report (what
-    the node reads from the call's work directory, gone when the call ends),
-    copied to the test's output once its writer has had its second."""
-    import shutil
-    import time
-
-    time.sleep(1.5)
-    name = "rank-%d.progress.json" % rank()
-    try:
-        shutil.copy(os.path.join(os.environ["METAFLOW_TORCHRUN_WORK_DIR"], name), os.path.join(out_dir(), name))
-    except OSError:
-        pass

@@ -6,8 +6,6 @@ import tempfile
 import torch
 from transformers import BertConfig, BertForSequenceClassification, Trainer, TrainingArguments
 
-from _common import keep_progress
-
 STEPS = 12
 
 
@@ -25,5 +23,3 @@ config = BertConfig(vocab_size=64, hidden_size=16, num_hidden_layers=1, num_atte
 args = TrainingArguments(output_dir=tempfile.mkdtemp(), max_steps=STEPS, per_device_train_batch_size=4,
                          logging_steps=1, learning_rate=1e-3, report_to=[], save_strategy="no", use_cpu=True)
 Trainer(model=BertForSequenceClassification(config), args=args, train_dataset=Tokens()).train()
-
-keep_progress()  # the test's own check, after the user's code

@@ -278,9 +278,7 @@ class CallRun:
             gang=gang_view,
             returns=self.returns,
             call=self.index,
-            stacks=dict(self.where.stacks),
-            stack_seconds=round(self.where.seconds, 3),
-            culprits=dict(self.where.culprits),
+            **self.where.record(),
             ran=what_ran.record(self.plan, self.argv, self.log_dir, topology.node_index),
             progress=server.progress_record() if server is not None else None,
         )

@@ -81,6 +81,10 @@ class CallStacks:
         self.seconds += time.monotonic() - began
 
 
+    def record(self) -> Dict[str, Any]:
+        """The result record's fields: the stacks, what they cost, the suspects."""
+        return {"stacks": dict(self.stacks), "stack_seconds": round(self.seconds, 3), "culprits": dict(self.culprits)}
+
     def suspects(self, session: Any, cause: Cause) -> List[str]:
         """The control, after ``gather``: the ranks not in the collective the
         others wait in (procs/culprit.py), by rank, node and host; kept for
