@@ -24,6 +24,7 @@ class Membership:
         self.by_node: Dict[int, Peer] = {}  # node -> its one authenticated connection
         self.joined_at: Dict[int, float] = {}  # node -> epoch seconds of its first join
         self.left: Dict[int, Tuple[int, bool]] = {}  # node -> (calls made, ended fine)
+        self.hosts: Dict[int, str] = {}  # node -> its host, as it said when it joined (kept after it left)
         self.started = time.monotonic()
 
     def taken(self, node: int) -> bool:
@@ -33,6 +34,7 @@ class Membership:
     def join(self, node: int, peer: Peer) -> None:
         peer.node = node
         self.by_node[node] = peer
+        self.hosts[node] = peer.host
         self.joined_at.setdefault(node, time.time())
 
     @property

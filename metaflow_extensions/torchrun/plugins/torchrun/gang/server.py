@@ -117,9 +117,9 @@ class GangServer(MessageHandlers):
         return self.admission.rejected
 
     def hosts(self) -> Dict[int, str]:
-        """Each connected node's host, as it said when it joined."""
+        """Each node's host, as it said when it joined (a node that has left too)."""
         with self._lock:
-            return {node: peer.host for node, peer in self.members.by_node.items()}
+            return dict(self.members.hosts)
 
     def missing(self) -> List[int]:
         with self._lock:
