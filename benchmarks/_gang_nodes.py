@@ -134,8 +134,11 @@ class Nodes:
         self.port = 0
 
     def do_join(self, gang_id: str, num_nodes: int, heartbeat_timeout: float, start_timeout: float,
-                port: int, secret: bytes, nodes: List[int], give_up_after: float) -> Dict[str, Any]:
-        """Every node of the share starts joining at once (a join storm)."""
+                port: int, secret: bytes, nodes: List[int], give_up_after: float,
+                progress: bool = False) -> Dict[str, Any]:
+        """Every node of the share starts joining at once (a join storm); with
+        ``progress``, every heartbeat carries its node's 8 ranks summed up
+        (``NodeProgress``, as a real node's ``ProgressTracker`` makes it)."""
         GangConfig, GangClient, _, _ = self._api
         config = GangConfig(gang_id, num_nodes, heartbeat_timeout=heartbeat_timeout, start_timeout=start_timeout)
         self.port = port
@@ -143,6 +146,8 @@ class Nodes:
         self.clients = {n: GangClient(config, HOST, [port], n, secret=secret) for n in nodes}
         for n, client in self.clients.items():
             client.on_abort = self._stamper(n)
+            if progress:
+                client.training = _training(n)
         first = time.monotonic()
         for n, client in self.clients.items():
             threading.Thread(target=self._connect, args=(n, client, give_up_after), daemon=True).start()
@@ -221,6 +226,23 @@ class Nodes:
         for t in threads:
             t.join(max(0.0, deadline - time.monotonic()))
         return {"closed": not any(t.is_alive() for t in threads)}
+
+
+def _training(node: int) -> Callable[[], Any]:
+    """A node of 8 ranks training at about 2 steps/s (node 7 at half that), with 3 metrics."""
+    from metaflow_extensions.torchrun.plugins.torchrun.gang.node_progress import NodeProgress
+
+    started = time.monotonic()
+    rate = 1.0 if node == 7 else 2.0 + (node % 5) * 0.01
+
+    def sample() -> Any:
+        step = int((time.monotonic() - started) * rate)
+        return NodeProgress(ranks=8, step_min=max(0, step - 1), step_median=step, step_max=step + 1, total=100000,
+                            rate=rate, rate_min=rate * 0.98, slowest_rank=8 * node + 3, rank_lo=8 * node,
+                            rank_hi=8 * node + 7, stalled=0.2, cpu=0.95,
+                            metrics={"loss": 2.5 / (1 + step), "lr": 3e-4, "tokens_per_s": 51234.0})
+
+    return sample
 
 
 def worker_main(conn: Any, parent_pid: int) -> None:

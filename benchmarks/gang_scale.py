@@ -181,8 +181,8 @@ def shares(n: int, workers: int) -> List[List[int]]:
 class Gang:
     """A real service in this process and its N clients in the pool's workers."""
 
-    def __init__(self, pool: Pool, n: int, heartbeat_timeout: float, join_bound: float):
-        self.pool, self.n, self.join_bound = pool, n, join_bound
+    def __init__(self, pool: Pool, n: int, heartbeat_timeout: float, join_bound: float, progress: bool = False):
+        self.pool, self.n, self.join_bound, self.progress = pool, n, join_bound, progress
         self.secret = os.urandom(32)
         config = GangConfig("scale-%s" % uuid.uuid4().hex[:8], n, heartbeat_timeout=heartbeat_timeout,
                             start_timeout=join_bound + 60)
@@ -198,7 +198,8 @@ class Gang:
         for i, share in enumerate(self.shares):
             self.pool.send(i, "join", gang_id=config.gang_id, num_nodes=self.n,
                            heartbeat_timeout=config.heartbeat_timeout, start_timeout=config.start_timeout,
-                           port=self.server.port, secret=self.secret, nodes=share, give_up_after=self.join_bound)
+                           port=self.server.port, secret=self.secret, nodes=share, give_up_after=self.join_bound,
+                           progress=self.progress)
         deadline = time.monotonic() + self.join_bound
         replies: Dict[int, Optional[Dict]] = {}
         t_all = None
@@ -307,6 +308,15 @@ def idle_phase(gang: Gang, seconds: float, rss_before: int) -> Dict[str, Any]:
     return out
 
 
+def progress_seen(gang: Gang) -> Dict[str, Any]:
+    """What the control made of the nodes' progress: its line, the slowest node, the stragglers."""
+    record = gang.server.progress_record()
+    line = gang.server.training.line() or ""
+    return {"progress_nodes": record.nodes_reporting, "progress_line_chars": len(line),
+            "progress_slowest": (record.slowest or {}).get("node_index"),
+            "progress_chart_samples": len(record.chart)}
+
+
 def percentile(values: Sequence[float], q: float) -> float:
     """Nearest rank: the smallest value with at least q of them at or below it."""
     ordered = sorted(values)
@@ -377,8 +387,8 @@ def _merge(row: Dict[str, Any], part: Dict[str, Any], prefix: str = "") -> None:
             row[prefix + key] = value
 
 
-def measure(n: int, run: int, opts: argparse.Namespace, base: Dict[str, Any]) -> Dict[str, Any]:
-    row = dict(base, nodes=n, run=run + 1, workers=opts.workers, settle_s=opts.settle,
+def measure(n: int, run: int, opts: argparse.Namespace, base: Dict[str, Any], progress: bool = False) -> Dict[str, Any]:
+    row = dict(base, nodes=n, run=run + 1, workers=opts.workers, settle_s=opts.settle, progress=progress,
                heartbeat_timeout=opts.heartbeat_timeout,
                frozen_heartbeat_timeout=opts.frozen_heartbeat_timeout, join_bound_s=opts.join_bound,
                load_1m=round(os.getloadavg()[0], 2))
@@ -386,21 +396,23 @@ def measure(n: int, run: int, opts: argparse.Namespace, base: Dict[str, Any]) ->
     pool = Pool(min(opts.workers, max(1, n - 1)))
     try:
         rss_before = rss_kb()
-        gang = Gang(pool, n, opts.heartbeat_timeout, opts.join_bound)
+        gang = Gang(pool, n, opts.heartbeat_timeout, opts.join_bound, progress)
         try:
-            _say("%d nodes, run %d: joining" % (n, run + 1))
+            _say("%d nodes, run %d, progress %s: joining" % (n, run + 1, "on" if progress else "off"))
             _merge(row, gang.join())
             if row["formed"]:
                 _say("%d nodes: joined in %.2f s; idle %g s" % (n, row.get("join_s", -1), opts.idle))
                 time.sleep(opts.settle)  # the join's last broadcasts land: not counted as idle
                 _merge(row, idle_phase(gang, opts.idle, rss_before))
+                if progress:
+                    _merge(row, progress_seen(gang))
             if row["formed"] and row.get("false_abort") is None:
                 _merge(row, verdict_phase(gang, opts.verdict_bound))
         finally:
             gang.close()
         if row["formed"] and row.get("false_abort") is None and not opts.no_frozen:
             _say("%d nodes: frozen node, heartbeat_timeout %g s" % (n, opts.frozen_heartbeat_timeout))
-            gang = Gang(pool, n, opts.frozen_heartbeat_timeout, opts.join_bound)
+            gang = Gang(pool, n, opts.frozen_heartbeat_timeout, opts.join_bound, progress)
             try:
                 joined = gang.join()
                 row["frozen_formed"] = joined["formed"]
@@ -443,9 +455,9 @@ def _fmt(value: Any, unit: str = "", digits: int = 2) -> str:
 
 
 def table(rows: List[Dict[str, Any]]) -> str:
-    lines = ["| nodes | label | join (last start -> all joined) | false abort | control CPU idle | control RSS (delta) "
-             "| bytes/node, join | bytes/node/s idle | verdict p50 / p99 / max | frozen detected (hb) |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| nodes | label | progress | join (last start -> all joined) | false abort | control CPU idle "
+             "| control RSS (delta) | bytes/node, join | bytes/node/s idle | verdict p50 / p99 / max | frozen detected (hb) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if r.get("skipped"):
             join = "skipped (%s)" % r["skipped"]
@@ -465,8 +477,8 @@ def table(rows: List[Dict[str, Any]]) -> str:
             frozen = "**gang not formed**" + (": " + r["frozen_join_false_abort"][:72]
                                               if r.get("frozen_join_false_abort") else "")
         abort = r.get("false_abort") or r.get("client_cause_before")
-        lines.append("| %d | %s | %s | %s | %s | %s | %s | %s | %s | %s |" % (
-            r["nodes"], r.get("label") or r.get("commit", ""), join, ("**" + abort[:80] + "**") if abort else "no",
+        lines.append("| %d | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |" % (
+            r["nodes"], r.get("label") or r.get("commit", ""), "on" if r.get("progress") else "off", join, ("**" + abort[:80] + "**") if abort else "no",
             _fmt(r.get("cpu_idle_pct"), " %", 1), "%s (%s) MB" % (_fmt(r.get("rss_mb")), _fmt(r.get("rss_delta_mb")))
             if r.get("rss_mb") is not None else "-",
             _fmt(r.get("bytes_join_per_node")), _fmt(r.get("bytes_idle_per_node_s"), "", 0), verdict, frozen))
@@ -502,6 +514,13 @@ def _sizes(text: str) -> List[int]:
     return sizes
 
 
+def _switches(text: str) -> List[bool]:
+    words = [w.strip() for w in text.split(",") if w.strip()]
+    if not words or any(w not in ("on", "off") for w in words):
+        raise argparse.ArgumentTypeError("--progress: off, on, or off,on (got %r)" % text)
+    return [w == "on" for w in words]
+
+
 def _positive(text: str) -> float:
     try:
         value = float(text)
@@ -527,6 +546,8 @@ def parse(argv: Optional[Sequence[str]]) -> argparse.Namespace:
                    help="heartbeat_timeout of the frozen-node gang (5)")
     p.add_argument("--verdict-bound", type=_positive, default=30.0, help="seconds to wait for every verdict (30)")
     p.add_argument("--no-frozen", action="store_true", help="skip the frozen-node phase")
+    p.add_argument("--progress", type=_switches, default=_switches("off"),
+                   help="progress reports in the heartbeats: off, on, or off,on (both, one after the other, per size)")
     p.add_argument("--keep-going", action="store_true", help="try larger sizes after one did not form")
     p.add_argument("--label", default="", help="a name for these rows, e.g. before / after")
     p.add_argument("--out", default=RESULTS, help="JSON file the rows are appended to (%(default)s)")
@@ -557,10 +578,11 @@ def main(argv: Optional[Sequence[str]] = None) -> List[Dict[str, Any]]:
                 if failed_at is not None and not opts.keep_going:
                     rows.append(dict(base, nodes=n, run=run + 1, skipped="%d did not form" % failed_at))
                     continue
-                row = measure(n, run, opts, base)
-                rows.append(row)
-                if not row.get("formed"):
-                    failed_at = n
+                for progress in opts.progress:
+                    row = measure(n, run, opts, base, progress)
+                    rows.append(row)
+                    if not row.get("formed"):
+                        failed_at = n
     finally:
         kill_all()
         if rows:

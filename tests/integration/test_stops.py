@@ -7,10 +7,13 @@ import json
 import os
 import re
 import signal
+import socket
 import time
 
 import pytest
 from our_processes import descendants
+
+from metaflow_extensions.torchrun.plugins.torchrun.procs import numbers
 
 from .helpers import check_failure_screen, FLOWS, output
 from .test_gang_failures import _attrs, _node_task
@@ -158,3 +161,25 @@ def test_sigterm_gives_the_ranks_time_to_save_a_checkpoint(gang):
     assert all(c["signal"] == signal.SIGTERM for c in saved.values())
     assert "was told to stop (SIGTERM" in text and "(shutdown_grace=30)" in text, text[-4000:]
     assert time.monotonic() - told < 60
+
+
+def test_hang_timeout_names_the_rank_that_skipped_a_collective(gang):
+    """One rank skips an all_reduce the other three wait in (issue 39): it is
+    named, with its node and host, before where the ranks were."""
+    gang.env.update(_attrs(hang_timeout=20))  # torchrun's agents import torch in silence first
+    proc = gang.run("--script", "skip_collective.py", timeout=180)
+    text = output(proc)
+    assert proc.returncode != 0 and "hang_timeout=20s" in text, text[-4000:]
+    assert os.path.exists(os.path.join(gang.out, "skipper.json")), text[-6000:]
+    skipper = _read_json(os.path.join(gang.out, "skipper.json"))["rank"]
+    others = sorted({0, 1, 2, 3} - {skipper})
+    line = _line_of(os.path.join(SCRIPTS, "skip_collective.py"), "time.sleep(0.1)  # skipped")
+    head = "Suspected cause: rank %d is not in the all_reduce that ranks %s wait in:" % (skipper, numbers(others))
+    assert head in text, text[-4000:]
+    named = re.search(r"rank %d \(node 1, ([^)]+)\): \S*skip_collective\.py:%d in <module>" % (skipper, line), text)
+    assert named and named.group(1) == socket.gethostname(), text[-4000:]
+    assert text.index(head) < text.index("Where the other ranks were", text.index(head)), text[-4000:]
+    record = _control_record(gang)
+    assert record["cause"]["kind"] == "hang"
+    assert record["culprits"]["collective"] == "all_reduce" and record["culprits"]["waiting"] == others
+    assert [(s["rank"], s["node"]) for s in record["culprits"]["suspects"]] == [(skipper, 1)]

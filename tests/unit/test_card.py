@@ -439,10 +439,31 @@ def _gang(nodes: int, per_node: int, tail_chars: int, stack_chars: int) -> Torch
 # (the most the gang carries) on both streams and a 2 KiB stack, at most
 # (Metaflow's own page, its Vega bundle included, is about 1.1 MB of it).
 CARD_BYTES_AT_1024x8 = 2_000_000
+CHART_SAMPLES = 90
+
+
+def _progress(nodes: int):
+    """The gang's progress as the control's book keeps it: a full chart, 16
+    stragglers named and more counted (every 50th node at a quarter of the pace)."""
+    from metaflow_extensions.torchrun.plugins.torchrun.gang.gang_progress import CHART_SAMPLES, ProgressBook
+    from metaflow_extensions.torchrun.plugins.torchrun.gang.node_progress import NodeProgress
+
+    book = ProgressBook(nodes, 1.5, 0.0)
+    for n in range(nodes):
+        rate = 0.5 if n % 50 == 0 else 2.0
+        book.update(n, "ip-10-0-%d-%d.ec2.internal" % (n // 256, n % 256), NodeProgress(
+            ranks=8, step_min=900, step_median=901, step_max=902, total=5000, rate=rate, rate_min=rate,
+            slowest_rank=8 * n, rank_lo=8 * n, rank_hi=8 * n + 7, stalled=0.1,
+            metrics={"loss": 1.25, "lr": 3e-4, "tokens_per_s": 51234.0, "grad_norm": 0.9}))
+    for second in range(0, 5 * (CHART_SAMPLES - 1), 5):
+        book.check(float(second))
+    return book.summary
 
 
 def test_the_card_of_1024_nodes_x_8_ranks_stays_small(task):
     result = _gang(1024, 8, tail_chars=1000, stack_chars=2048)
+    result.progress = _progress(1024)
+    assert len(result.progress.chart) == CHART_SAMPLES - 1 and len(result.progress.stragglers) == 16
     started = time.monotonic()
     assert card_mod.finish_card(task.deco, result, FLOW, NONE, 0)
     took = time.monotonic() - started
@@ -455,6 +476,8 @@ def test_the_card_of_1024_nodes_x_8_ranks_stays_small(task):
     assert len(ranks) == card_mod.CARD_RANK_ROWS + 1 and ranks[-1][0] == "%d more ranks" % (8192 - 256)
     assert ["8191", "1023", "7", "1007", "exit code 1", "59.0 s"] in ranks  # the failed rank is always shown
     sources = [p.get("source", "") for p in parts if p["type"] == "markdown"]
+    assert "## Progress" in [s.strip() for s in sources]
+    assert any(s.strip().startswith("**Stragglers**") and "and 5 more nodes" in s for s in sources)
     tails = [s for s in sources if s.lstrip().startswith("**rank ")]
     assert len(tails) == 2 * card_mod.CARD_TAIL_RANKS and tails[0].lstrip().startswith("**rank 8191 stdout**")
     assert any("16 of 8192 ranks shown" in s for s in sources)

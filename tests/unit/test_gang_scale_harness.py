@@ -36,9 +36,9 @@ def test_the_harness_measures_every_phase_at_8_nodes(tmp_path, monkeypatch):
     seen = Seen()
     monkeypatch.setattr(gang_scale, "_LIVE", seen)
     try:
-        rows = gang_scale.main(["--nodes", "8", "--workers", "2", "--idle", "1", "--settle", "0.2",
+        rows = gang_scale.main(["--nodes", "8", "--workers", "2", "--idle", "2.5", "--settle", "0.2",
                                 "--join-bound", "30", "--frozen-heartbeat-timeout", "1", "--verdict-bound", "10",
-                                "--label", "test", "--out", str(out)])
+                                "--label", "test", "--progress", "on", "--out", str(out)])
     finally:
         gang_scale.kill_all()
     pids = seen.pids
@@ -53,7 +53,8 @@ def test_the_harness_measures_every_phase_at_8_nodes(tmp_path, monkeypatch):
     assert row["verdict_told"] == 8 and row["verdict_wrong_cause"] == 0
     assert 0 <= row["verdict_p50_s"] <= row["verdict_p99_s"] <= row["verdict_max_s"]
     assert (row["frozen_named"], row["frozen_kind"]) == (7, "unresponsive")
-    assert "| 8 | test |" in gang_scale.table(rows)
+    assert row["progress"] and row["progress_nodes"] == 8 and row["progress_slowest"] == 7  # the slow one
+    assert "| 8 | test | on |" in gang_scale.table(rows)
 
 
 def test_a_gang_that_does_not_form_is_recorded_and_larger_sizes_skipped(tmp_path, monkeypatch):

@@ -25,3 +25,4 @@ def write_json(name: str, data) -> None:
 
 def init() -> None:
     dist.init_process_group("gloo")
+

@@ -14,7 +14,7 @@ from . import load_order  # noqa: F401  (Metaflow first, whatever the user impor
 from metaflow.plugins.parallel_decorator import ParallelDecorator
 from metaflow.unbounded_foreach import UBF_CONTROL
 
-from .runtime import attach_card, card_ready, finish_card, render_card_now
+from .runtime import attach_card, card_ready, finish_card, refresh_live, render_card_now
 from .compat import (
     decorator_init_kwargs,
     card_commands,
@@ -236,6 +236,8 @@ class TorchrunDecorator(ParallelDecorator):
             self._identity, self._defaults, topology, self._flow_dir, secret=self._secret
         )
         session.card_hint = getattr(self, "_card_hint", None)
+        if self._card is not None and session.is_control:  # the card, refreshed while the ranks report progress
+            session.live_card = lambda record: refresh_live(record, self._flow_name)
         return session
 
     def task_post_step(self, step_name, flow, graph, retry_count, max_user_code_retries):

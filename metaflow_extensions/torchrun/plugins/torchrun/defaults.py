@@ -26,8 +26,14 @@ CARD = True
 ARGS_AS = "ours"
 
 # -- Metaflow configuration knobs (procs/names.USER_KNOBS) --------------------------
-# "still waiting for node N" lines while a gang forms, every this many seconds.
+# "still waiting for node N" lines while a gang forms, and the training progress
+# line while it trains, every this many seconds.
 PROGRESS_SECONDS = 15.0
+# A node is named a straggler when it is this many times slower than the median
+# node (gang/gang_progress.py) ...
+STRAGGLER_RATIO = 1.5
+# ... for this many seconds in a row.
+STRAGGLER_SECONDS = 300.0
 # Per-rank logs, per user and host (host/retention.py): a run's are kept this many
 # hours after its last call on the host ...
 KEEP_LOGS_HOURS = 72.0

@@ -108,6 +108,7 @@ class TorchrunFailed(TorchrunException):
         logs: str = "",
         host: str = "",
         elsewhere: Sequence[int] = (),
+        suspects: Sequence[str] = (),
     ):
         self.exit_code = exit_code
         self.node_index = node_index
@@ -121,7 +122,7 @@ class TorchrunFailed(TorchrunException):
             head = ("torchrun on node %d ended with %s; no rank recorded a Python exception (a rank may have "
                     "been killed by a signal, or torchrun itself failed)." % (node_index, describe_exit_code(exit_code)))
         block = failure_block.Block(root=root, others=self.failures[1:], stacks=dict(stacks or {}), logs=logs,
-                                    headline=head, elsewhere=elsewhere)
+                                    headline=head, elsewhere=elsewhere, suspects=suspects)
         super().__init__(failure_block.render(block, FULL_REPORT))
 
 
@@ -188,7 +189,7 @@ class GangAborted(TorchrunException):
 
     def __init__(self, node_index: int, cause: "Cause", own_exit_code: Optional[int] = None,
                  same_log: bool = False, stacks: Optional[Dict[int, str]] = None, logs: str = "",
-                 elsewhere: Sequence[int] = ()):
+                 elsewhere: Sequence[int] = (), suspects: Sequence[str] = ()):
         self.node_index = node_index
         self.cause = cause
         origin = cause.node_index
@@ -216,7 +217,7 @@ class GangAborted(TorchrunException):
                 text += " (node 0's error in this log has every field and the fix)"
             else:
                 text += "\n" + cause.message  # every field and node, and the fix
-        block = failure_block.Block(stacks=dict(stacks or {}), logs=logs,
+        block = failure_block.Block(stacks=dict(stacks or {}), logs=logs, suspects=suspects,
                                     elsewhere=[r for r in elsewhere if r != cause.rank])
         rest = failure_block.render(block, FULL_REPORT)
         super().__init__("\n".join([text] + lines + ([rest] if rest else [])))

@@ -36,6 +36,16 @@ NOTICE_POLL = 0.5
 # a start or a change, then every TRACK_INTERVAL.
 TRACK_EVERY_POLL_FOR = 3.0
 TRACK_INTERVAL = 1.0
+# A rank's progress reports leave it (its progress file is written) at most this often.
+REPORT_INTERVAL = 1.0
+
+# How often the service sums up the gang's training progress and looks for stragglers
+# (past 1,024 nodes, once per 1,024 nodes a second, as heartbeats).
+PROGRESS_CHECK = 1.0
+
+# While the ranks report progress, the control's card is refreshed this often
+# (Metaflow renders each refresh in a `card create` subprocess: about 1 s of CPU).
+LIVE_CARD_EVERY = 30.0
 
 # -- the stop, in the order it happens ----------------------------------------------
 # A report that blames a peer is held this long for a better root cause.
@@ -77,3 +87,6 @@ HISTORY_WAIT = 2.0
 # A line of ours waits for a pause this long in the ranks' output, at most QUIET_WAIT.
 QUIET = 0.05
 QUIET_WAIT = 1.0
+# A rank's line redrawn with carriage returns (a progress bar) shows its latest
+# state as a line of its own at most this often (procs/redraw.py).
+REDRAW_SECONDS = 5.0

@@ -32,6 +32,9 @@ __all__ = [
     "MAX_RANKS_PER_NODE",
     "NodeReport",
     "PreflightRecord",
+    "ProgressRecord",
+    "ProgressTracker",
+    "Straggler",
     "ProtocolError",
     "RDZV_STORE_NODE",
     "RankStatus",
@@ -47,6 +50,7 @@ __all__ = [
     "parse_mode",
     "parse_port",
     "topology_from",
+    "gang_progress",
     "messages",
     "node_compare",
     "secret",
@@ -65,6 +69,9 @@ _HOME = {
     "MAX_RANKS_PER_NODE": "messages",
     "NodeReport": "messages",
     "PreflightRecord": "node_compare",
+    "ProgressRecord": "gang_progress",
+    "ProgressTracker": "node_progress",
+    "Straggler": "gang_progress",
     "ProtocolError": "messages",
     "RDZV_STORE_NODE": "config",
     "RankStatus": "messages",
@@ -88,13 +95,15 @@ if TYPE_CHECKING:
     from .identity import GangIdentity
     from .messages import MAX_RANKS_PER_NODE, NodeReport, ProtocolError, RankStatus, STREAMS, TAIL_LINES, TAIL_LINE_CHARS
     from .node_compare import DEFAULT_MODE, JobRecord, PreflightRecord, describe_job, parse_mode
+    from .gang_progress import ProgressRecord, Straggler
+    from .node_progress import ProgressTracker
     from .ports import LOCAL_PORT_ENV, find_free_port, own_command_port, parse_port
     from .secret import make_secret
     from .server import GangServer
     from .topology import CONTROL_TASK_ID_ENV, Topology, is_local_runtime, topology_from
 
 if TYPE_CHECKING:
-    from . import messages, node_compare, secret
+    from . import gang_progress, messages, node_compare, secret
 
 
 __getattr__ = names_from(__name__, _HOME, __all__)

@@ -201,10 +201,12 @@ class CallBook:
         return None
 
     def hung(self, now: float, limit: Optional[float], last_output: Callable[[int], Optional[float]],
-             left: Left) -> Optional[Cause]:
+             left: Left, advanced: bool = False) -> Optional[Cause]:
         """``hang_timeout``: no rank of the running call wrote anything for that
-        long, on any node still running it. A node's silence is measured on its
-        own host and sent as a duration, so clocks need not agree."""
+        long, on any node still running it; ``advanced``: the ranks report
+        progress, and ``last_output`` says when a rank last advanced a step
+        instead. A node's silence is measured on its own host and sent as a
+        duration, so clocks need not agree."""
         if not limit:
             return None
         for state in self.calls.values():
@@ -218,8 +220,9 @@ class CallBook:
             if now - latest >= limit:
                 return Cause(
                     CauseKind.HANG,
-                    "no output from any rank for %.0f s (hang_timeout=%gs), in call %d of current.torch.run"
-                    % (now - latest, limit, state.index + 1),
+                    "%s for %.0f s (hang_timeout=%gs), in call %d of current.torch.run"
+                    % ("no rank advanced a step" if advanced else "no output from any rank", now - latest, limit,
+                       state.index + 1),
                     call=state.index,
                 )
         return None

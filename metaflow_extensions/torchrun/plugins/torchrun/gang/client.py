@@ -25,6 +25,7 @@ from . import wire
 from .config import GangConfig
 from .joining import Joining
 from .restarts import RestartNews
+from .node_progress import NodeProgress
 from ..host import log
 
 _log = log.get("gang.client")
@@ -36,10 +37,8 @@ class GangClient(Joining, RestartNews):
 
     def __init__(self, config: GangConfig, host: str, ports: Sequence[int], node_index: int,
                  secret: Union[bytes, Callable[[], bytes]]):
-        """``secret``: the gang's (``secret.py``), or a function that gets it
-        (called once, as joining starts, on the joining thread: a worker may
-        have to wait for the control to publish it, and its step's code need
-        not wait with it)."""
+        """``secret``: the gang's (``secret.py``), or a function that gets it, called
+        once on the joining thread (a worker may wait for the control to publish it)."""
         self._get_secret: Optional[Callable[[], bytes]] = secret if callable(secret) else None
         self._secret = b"" if callable(secret) else gang_auth.check_secret(secret)
         self.config = config
@@ -53,9 +52,10 @@ class GangClient(Joining, RestartNews):
         self.on_abort: Callable[[Cause], None] = lambda cause: None
         # Where a node that cannot reach the control yet says what it tries.
         self.progress: Callable[[str], None] = lambda text: None
-        # While a call's job runs: seconds since its ranks last wrote output,
-        # sent with every heartbeat (the control's hang_timeout reads it).
+        # While a call's job runs, sent with every heartbeat: seconds since its ranks last
+        # wrote (hang_timeout's clock) and their progress summed up (node_progress.py).
         self.quiet: Optional[Callable[[], Optional[float]]] = None
+        self.training: Optional[Callable[[], Optional[NodeProgress]]] = None
         # This node's preflight (fingerprint and fitness checks), measured and
         # sent on the join's thread right after joining, before any call.
         self.preflight: Optional[Callable[[], msg.Preflight]] = None
@@ -280,7 +280,7 @@ class GangClient(Joining, RestartNews):
         while not self._closing.wait(self.config.heartbeat_interval):
             if self._left and self.cause is not None:
                 return
-            self._safe_send(heartbeat(self.quiet))
+            self._safe_send(heartbeat(self.quiet, self.training))
 
 
 
@@ -306,12 +306,18 @@ def control_silent(silent: float, heartbeat_timeout: float) -> Cause:
                  "or it or this node is cut off from the network" % (silent, heartbeat_timeout), node_index=0)
 
 
-def heartbeat(quiet: Optional[Callable[[], Optional[float]]]) -> msg.Heartbeat:
+def heartbeat(quiet: Optional[Callable[[], Optional[float]]],
+              training: Optional[Callable[[], Optional[NodeProgress]]] = None) -> msg.Heartbeat:
     """With the seconds since this node's ranks last wrote (the control's
-    hang_timeout reads it); a failing probe sends none rather than no beat."""
-    seconds = None
+    hang_timeout reads it) and their progress; a failing probe sends none
+    rather than no beat."""
+    seconds = progress = None
     try:
         seconds = quiet() if quiet is not None else None
     except Exception:
         pass
-    return msg.Heartbeat(None if seconds is None else max(0.0, float(seconds)))
+    try:
+        progress = training() if training is not None else None
+    except Exception:
+        pass
+    return msg.Heartbeat(None if seconds is None else max(0.0, float(seconds)), progress)

@@ -50,6 +50,10 @@ class GangConfig:
     # Times a call's ranks may be restarted in the same tasks (@torchrun(restarts)):
     # the service decides each restart (gang/restarts.py).
     restarts: int = DEFAULTS.RESTARTS
+    # A node this many times slower than the median node for this many seconds
+    # is named a straggler (gang_progress.py).
+    straggler_ratio: float = DEFAULTS.STRAGGLER_RATIO
+    straggler_seconds: float = DEFAULTS.STRAGGLER_SECONDS
 
     @property
     def heartbeat_interval(self) -> float:

@@ -15,6 +15,7 @@ from . import restarts
 from .admission import Admission
 from .calls import CallBook
 from .config import CONTROL_NODE, GangConfig
+from .gang_progress import ProgressBook
 from .membership import Membership
 from .node_compare import PreflightBook
 from .peer import Peer
@@ -33,6 +34,7 @@ class MessageHandlers:
     members: Membership
     book: CallBook
     preflight: PreflightBook
+    training: ProgressBook
     transport: Transport
     cause: Optional[Cause]
     progress: Callable[[str], None]
@@ -80,7 +82,13 @@ class MessageHandlers:
 
     def _on_heartbeat(self, peer: Peer, message: msg.GangMessage) -> None:
         assert isinstance(message, msg.Heartbeat)
-        peer.last_output = None if message.quiet is None else time.monotonic() - message.quiet
+        now = time.monotonic()
+        peer.last_output = None if message.quiet is None else now - message.quiet
+        progress = message.progress
+        reporting = progress is not None and progress.reporting and progress.stalled is not None
+        peer.last_advance = now - progress.stalled if reporting and progress and progress.stalled is not None else None
+        if peer.node is not None:
+            self.training.update(peer.node, peer.host, progress)
 
     def _on_stacks(self, peer: Peer, message: msg.GangMessage) -> None:
         assert isinstance(message, msg.Stacks) and peer.node is not None
@@ -90,6 +98,8 @@ class MessageHandlers:
         assert isinstance(message, msg.Call) and peer.node is not None
         state, cause = self.book.enter(peer.node, message, self.members.left)
         _log.debug("node %d entered call %d", peer.node, message.index)
+        if len(state.entries) == 1:
+            self.training.new_call()
         if self.cause is not None:
             return
         if cause is not None:

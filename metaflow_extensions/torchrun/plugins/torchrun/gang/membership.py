@@ -34,8 +34,8 @@ class Membership:
     def join(self, node: int, peer: Peer) -> None:
         peer.node = node
         self.by_node[node] = peer
+        self.hosts[node] = peer.host
         self.joined_at.setdefault(node, time.time())
-        self.hosts.setdefault(node, peer.host)
 
     @property
     def all_joined(self) -> bool:

@@ -24,6 +24,7 @@ from typing import Any, ClassVar, Dict, Mapping, Optional, Tuple, Type, TypeVar
 from ..cause import Cause
 from ..procs import MAX_STACK_BYTES
 from ..procs import RankStatus, StatusError
+from .node_progress import NodeProgress
 from .wire import Message as WireDict
 from .wire import ProtocolError
 
@@ -218,17 +219,23 @@ class Reject(GangMessage):
 @dataclass(frozen=True)
 class Heartbeat(GangMessage):
     """From a node while its call's job runs: seconds since its ranks last
-    wrote output (its own clock; the control's hang_timeout reads it)."""
+    wrote output (its own clock; the control's hang_timeout reads it), and
+    its ranks' progress summed up (``node_progress.py``: one bounded record
+    per node whatever its number of ranks)."""
 
     TYPE: ClassVar[MessageType] = MessageType.HEARTBEAT
     quiet: Optional[float] = None
+    progress: Optional[NodeProgress] = None
 
     def fields(self) -> Dict[str, Any]:
-        return {"quiet": None if self.quiet is None else round(max(0.0, self.quiet), 3)}
+        return {"quiet": None if self.quiet is None else round(max(0.0, self.quiet), 3),
+                "progress": None if self.progress is None else self.progress.to_wire()}
 
     @classmethod
     def from_wire(cls, data: Mapping[str, Any]) -> "Heartbeat":
-        return cls(quiet=_real(data, "quiet", 0.0, 1e9 - 1))
+        progress = data.get("progress")
+        return cls(quiet=_real(data, "quiet", 0.0, 1e9 - 1),
+                   progress=None if progress is None else NodeProgress.from_wire(progress))
 
 
 @dataclass(frozen=True)

@@ -36,6 +36,9 @@ class Peer:
     # When this node's ranks last wrote output (monotonic, this host's clock),
     # from its heartbeats while a call runs; None outside a call's job.
     last_output: Optional[float] = None
+    # When any of its ranks last advanced a step (monotonic), while they report
+    # progress: hang_timeout's clock then.
+    last_advance: Optional[float] = None
     outbox: bytearray = field(default_factory=bytearray)
     sent: int = 0  # bytes written to this peer, in all
 

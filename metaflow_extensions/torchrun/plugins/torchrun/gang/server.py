@@ -37,9 +37,11 @@ from .admission import Admission
 from .handlers import MessageHandlers
 from .calls import CallBook, CallState, CallView
 from .config import GangConfig
+from .speaker import Speaker
 from .membership import Membership
 from .peer import Peer
 from .node_compare import PreflightBook, PreflightRecord
+from .gang_progress import ProgressBook, ProgressRecord
 from .transport import Transport
 from .wire import encode
 from ..host import say
@@ -73,13 +75,13 @@ class GangServer(MessageHandlers):
         self.members = Membership(config)
         self.book = CallBook(config.num_nodes)
         self.preflight = PreflightBook(config.num_nodes)
+        self.training = ProgressBook(config.num_nodes, config.straggler_ratio, config.straggler_seconds)
+        self.speaker = Speaker(config, self.members.started, lambda text: self.progress(text))
         self.cause: Optional[Cause] = None
         self._pending: Optional[Tuple[Cause, float]] = None  # an echo, held
         self._lock = threading.RLock()
         self.transport = Transport(host, ports, config.num_nodes, self.admission, on_drop=self._on_drop)
         self.port: int = self.transport.port
-        self._last_progress = self.members.started
-        self._said_waiting = False
         self.progress: Callable[[str], None] = lambda text: None
         self.host_check: Optional[Callable[[Dict[int, str]], Tuple[List[str], Optional[Cause]]]] = None
         # Said once per gang: someone without the secret tried to join.
@@ -114,6 +116,11 @@ class GangServer(MessageHandlers):
     def rejected(self) -> int:
         return self.admission.rejected
 
+    def hosts(self) -> Dict[int, str]:
+        """Each node's host, as it said when it joined (a node that has left too)."""
+        with self._lock:
+            return dict(self.members.hosts)
+
     def missing(self) -> List[int]:
         with self._lock:
             return self.members.missing()
@@ -136,15 +143,15 @@ class GangServer(MessageHandlers):
         with self._lock:
             return self.book.reports_pending(index, lambda n: n in self.members.by_node, self.members.left)
 
-    def hosts(self) -> Dict[int, str]:
-        """node -> the host it joined from, for the record's nodes."""
-        with self._lock:
-            return dict(self.members.hosts)
-
     def preflight_record(self, mode: str) -> PreflightRecord:
         """The gang's preflight as the record keeps it (gang/node_compare.py)."""
         with self._lock:
             return self.preflight.record(mode)
+
+    def progress_record(self) -> ProgressRecord:
+        """The gang's training progress now, and the stragglers named (gang_progress.py)."""
+        with self._lock:
+            return self.training.summary
 
     # -- lifecycle ------------------------------------------------------------------
 
@@ -218,28 +225,22 @@ class GangServer(MessageHandlers):
         return (
             self.members.never_joined(now)
             or self.book.timed_out(now, self.config.start_timeout)
-            or self.book.hung(now, self.config.hang_timeout, self._last_output, self.members.left)
+            or self.book.hung(now, self.config.hang_timeout, self._last_output, self.members.left,
+                              advanced=self.training.reporting)
             or self.members.silent(now)
         )
 
     def _last_output(self, node: int) -> Optional[float]:
+        """hang_timeout's clock for a node: when its ranks last advanced a step
+        while they report progress, else when they last wrote output."""
         peer = self.members.by_node.get(node)
-        return peer.last_output if peer is not None else None
+        if peer is None:
+            return None
+        return peer.last_advance if peer.last_advance is not None else peer.last_output
 
     def _report_progress(self, now: float) -> None:
-        """While nodes join or meet at a call, say who is missing, at a calm rate."""
-        if self.cause is not None:
-            return
-        waiting = self.members.waiting(now) or self.book.waiting(now)
-        if not waiting:
-            if self._said_waiting:
-                self._said_waiting = False
-                self.progress("all %d nodes are there" % self.config.num_nodes)
-            return
-        if now - self._last_progress >= self.config.progress_interval:
-            self._last_progress = now
-            self._said_waiting = True
-            self.progress(waiting)
+        if self.cause is None:
+            self.speaker.tick(now, self.training, lambda: self.members.waiting(now) or self.book.waiting(now))
 
     # -- sending and ending ----------------------------------------------------------------
 

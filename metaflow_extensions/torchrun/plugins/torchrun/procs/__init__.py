@@ -4,7 +4,8 @@ Ranks import this, so it imports no Metaflow and loads its names on first use.
 ``names`` is the one home of every name the task and the ranks share
 (environment variables, per-rank file names); ``bootstrap`` runs first in every
 rank; ``agent`` runs torchrun's agent; ``stacks``, ``failures`` and ``exits``
-are what a rank leaves behind for the task to read.
+are what a rank leaves behind for the task to read; ``report`` (``progress``)
+is what a training loop calls each step.
 
 Usage (the task reads what the ranks wrote)::
 
@@ -20,29 +21,37 @@ from ..lazy import names_from
 
 __all__ = [
     "ARGS_FILE",
+    "Culprits",
     "DEBUG_ENV",
+    "MAX_METRICS",
     "MAX_STACK_BYTES",
     "NO_EXCEPTION",
     "PORT_ENV",
     "NODE_HISTORY_ENV",
     "NODE_HISTORY_RUNS_ENV",
     "PROGRESS_ENV",
+    "ProgressReport",
     "RankFailure",
     "RankStatus",
     "SECRET_ENV",
+    "STRAGGLER_RATIO_ENV",
+    "STRAGGLER_SECONDS_ENV",
     "SUMMARY_PLACES",
     "StatusError",
     "USER_KNOBS",
     "bound",
     "clear_round",
     "RESTART_ENV",
+    "clean_metrics",
     "conf_key",
     "describe_exit_code",
+    "find_culprits",
     "group",
     "merge_failures",
     "numbers",
     "rank_log_path",
     "read_agent_failures",
+    "read_progress",
     "read_failures",
     "read_statuses",
     "root_cause_order",
@@ -53,44 +62,56 @@ __all__ = [
     "functions",
     "names",
     "relay",
+    "report",
     "stacks",
 ]
 
 # Where each name lives: loaded on first use, so that importing the face costs nothing.
 _HOME = {
     "ARGS_FILE": "names",
+    "Culprits": "culprit",
     "DEBUG_ENV": "names",
+    "MAX_METRICS": "progress",
     "MAX_STACK_BYTES": "stacks",
     "NO_EXCEPTION": "failures",
     "PORT_ENV": "names",
     "NODE_HISTORY_ENV": "names",
     "NODE_HISTORY_RUNS_ENV": "names",
     "PROGRESS_ENV": "names",
+    "ProgressReport": "progress",
     "RankFailure": "failures",
     "RankStatus": "status",
     "SECRET_ENV": "names",
+    "STRAGGLER_RATIO_ENV": "names",
+    "STRAGGLER_SECONDS_ENV": "names",
     "SUMMARY_PLACES": "stacks",
     "StatusError": "status",
     "USER_KNOBS": "names",
     "bound": "stacks",
     "clear_round": "failures",
     "RESTART_ENV": "names",
+    "clean_metrics": "progress",
     "conf_key": "names",
     "describe_exit_code": "failures",
+    "find_culprits": "culprit",
     "group": "stacks",
     "merge_failures": "failures",
     "numbers": "ranges",
     "rank_log_path": "names",
     "read_agent_failures": "failures",
+    "read_progress": "progress",
     "read_failures": "failures",
     "read_statuses": "status",
+    "report": "progress",
     "root_cause_order": "failures",
     "with_last_output": "failures",
 }
 
 if TYPE_CHECKING:
+    from .culprit import Culprits, find_culprits
     from .failures import NO_EXCEPTION, RankFailure, clear_round, describe_exit_code, merge_failures, read_agent_failures, read_failures, root_cause_order, with_last_output
-    from .names import RESTART_ENV, ARGS_FILE, DEBUG_ENV, PORT_ENV, PROGRESS_ENV, SECRET_ENV, USER_KNOBS, conf_key, rank_log_path
+    from .progress import MAX_METRICS, ProgressReport, clean_metrics, read_progress, report
+    from .names import RESTART_ENV, ARGS_FILE, DEBUG_ENV, PORT_ENV, PROGRESS_ENV, SECRET_ENV, STRAGGLER_RATIO_ENV, STRAGGLER_SECONDS_ENV, USER_KNOBS, conf_key, rank_log_path
     from .names import NODE_HISTORY_ENV, NODE_HISTORY_RUNS_ENV
     from .ranges import numbers
     from .stacks import MAX_STACK_BYTES, SUMMARY_PLACES, bound, group

@@ -2,7 +2,8 @@
 
 In this order: the failing rank's traceback once, the user's frames only; one
 line for the echoes of it (the peers that lost it), one per other failure of
-its own kind; one line per place where the stopped ranks were; where every
+its own kind; the suspected culprit when ranks wait in a collective (by rank,
+node and host); one line per place where the stopped ranks were; where every
 rank's whole output is; the one-line fix when one is known. At most
 ``BUDGET`` lines: a deep traceback keeps its innermost frames, places past
 ``PLACES`` are counted, never listed.
@@ -40,6 +41,9 @@ class Block:
     # Ranks of other nodes that ended unsuccessfully after it (from their
     # nodes' reports to the control): counted with the echoes.
     elsewhere: Sequence[int] = ()
+    # The ranks not in the collective the others wait in (culprit.py), named
+    # before where the ranks were.
+    suspects: Sequence[str] = ()
 
 
 # Frames that are not the user's: this package's (the bootstrap, the relay),
@@ -124,6 +128,7 @@ def render(block: Block, full: str = "the card") -> str:
         lines.extend(traceback_lines(block.root.traceback))
     lines.extend(echo_lines(block.others, [r for r in block.elsewhere if block.root is None or r != block.root.rank]))
     stacks = {r: s for r, s in block.stacks.items() if block.root is None or r != block.root.rank}
+    lines.extend(block.suspects)
     lines.extend(place_lines(stacks, full))
     if block.logs:
         lines.append(block.logs)

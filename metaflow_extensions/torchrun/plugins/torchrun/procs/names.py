@@ -16,7 +16,9 @@ from typing import Optional
 # so a Metaflow profile can set them too; ``conf_key`` is the name there.
 PORT_ENV = "METAFLOW_TORCHRUN_PORT"  # the gang service's port on a local run
 SECRET_ENV = "METAFLOW_TORCHRUN_SECRET"  # the gang's secret, instead of a stored one
-PROGRESS_ENV = "METAFLOW_TORCHRUN_PROGRESS_SECONDS"  # "still waiting for ..." every N s
+PROGRESS_ENV = "METAFLOW_TORCHRUN_PROGRESS_SECONDS"  # "still waiting for ...", "progress: ..." every N s
+STRAGGLER_RATIO_ENV = "METAFLOW_TORCHRUN_STRAGGLER_RATIO"  # a node this many times slower than the median ...
+STRAGGLER_SECONDS_ENV = "METAFLOW_TORCHRUN_STRAGGLER_SECONDS"  # ... for this long is named
 KEEP_LOGS_HOURS_ENV = "METAFLOW_TORCHRUN_KEEP_LOGS_HOURS"  # a run's per-rank logs kept N h
 KEEP_LOGS_ENV = "METAFLOW_TORCHRUN_KEEP_LOGS"  # and beyond that, the newest N runs' logs
 MAX_LOG_MB_ENV = "METAFLOW_TORCHRUN_MAX_LOG_MB"  # and at most this many MB of them
@@ -25,11 +27,14 @@ DEBUG_ENV = "METAFLOW_TORCHRUN_DEBUG"  # "1": the debug channel on stderr (host/
 # (runtime/node_history.py); "off": the history is not read.
 NODE_HISTORY_ENV = "METAFLOW_TORCHRUN_NODE_HISTORY"
 NODE_HISTORY_RUNS_ENV = "METAFLOW_TORCHRUN_NODE_HISTORY_RUNS"  # how many past runs it reads
-USER_KNOBS = (PORT_ENV, SECRET_ENV, PROGRESS_ENV, KEEP_LOGS_HOURS_ENV, KEEP_LOGS_ENV, MAX_LOG_MB_ENV, DEBUG_ENV,
-              NODE_HISTORY_ENV, NODE_HISTORY_RUNS_ENV)
+USER_KNOBS = (PORT_ENV, SECRET_ENV, PROGRESS_ENV, STRAGGLER_RATIO_ENV, STRAGGLER_SECONDS_ENV, KEEP_LOGS_HOURS_ENV,
+              KEEP_LOGS_ENV, MAX_LOG_MB_ENV, DEBUG_ENV, NODE_HISTORY_ENV, NODE_HISTORY_RUNS_ENV)
 # Tests only: comma-separated host names by node index, reported instead of the
 # host's own name (several local "nodes" share one host).
 TEST_HOSTS_ENV = "METAFLOW_TORCHRUN_TEST_HOSTS"
+# Read in the ranks, from the environment the step's ranks inherit (``@environment``).
+# "0": HF's and Lightning's Trainer do not report progress (trainer_hooks.py).
+TRAINER_PROGRESS_ENV = "METAFLOW_TORCHRUN_TRAINER_PROGRESS"
 
 # -- environment: what the task sets for its torchrun and ranks -------------------
 WORK_DIR_ENV = "METAFLOW_TORCHRUN_WORK_DIR"  # the call's work directory
@@ -65,6 +70,7 @@ AGENT_FAILURES_FILE = "agent-failures.json"  # the ranks torch's agent saw fail 
 RETURN_SUFFIX = ".return.pkl"  # a function's return value
 EXCEPTION_SUFFIX = ".exception.pkl"  # a function's exception
 STACKS_SUFFIX = ".stacks.txt"  # where a rank was when stopped (procs/stacks.py)
+PROGRESS_SUFFIX = ".progress.json"  # a rank's latest progress report (procs/progress.py)
 LOG_SUFFIX = ".log"  # rank-<R>.<stream>.log in the call's log directory
 
 

@@ -1,4 +1,5 @@
-"""A rank's output, labelled with its global rank, one whole line per write.
+"""A rank's output, labelled with its global rank, one whole line per write
+(a line redrawn with ``\r``, a progress bar, as its latest state: redraw.py).
 
 Ranks of a node share their agent's stdout and stderr; written straight through,
 their lines interleave mid-line and nothing says which rank wrote what. The
@@ -19,6 +20,7 @@ from typing import Dict, Optional, Tuple
 
 from ..host import open_private
 from .names import rank_log_path
+from .redraw import Redraw
 
 # Writes of at most PIPE_BUF bytes to a pipe are atomic: a batch of whole lines
 # this size never mixes with another writer's bytes.
@@ -145,40 +147,77 @@ class LogOnly:
         return b"".join(console), b"".join(log)
 
 
-def _run(streams: Dict[int, Tuple[int, LineSplitter, Optional[int]]]) -> None:
-    quiet = {fd: LogOnly() for fd in streams}
+class RankStream:
+    """One of a rank's two outputs on its way to the console and its log."""
+
+    def __init__(self, out_fd: int, splitter: LineSplitter, log_fd: Optional[int]) -> None:
+        self.out_fd, self.splitter, self.log_fd = out_fd, splitter, log_fd
+        # The label goes on the console's lines only; the log keeps the text as written.
+        self.label, splitter.label = splitter.label, b""
+        self.quiet = LogOnly()
+        self.redraw = Redraw()
+
+    def take(self, data: bytes, now: float) -> bool:
+        """Pass on what ``data`` completes (b"": the stream's end). False once
+        this stream is done: ended, or nobody reads the console any more."""
+        whole = self.splitter.feed(data) if data else self.splitter.finish()
+        console, logged = self.quiet.split(whole) if whole else (b"", b"")
+        if whole:
+            console = self.redraw.end_line(console)
+        # A line redrawn with \r: its drawn-over text to the log now, its
+        # latest state to the console when due (redraw.py).
+        drawn, self.splitter.pending = self.redraw.take(self.splitter.pending, show=not self.quiet.quiet)
+        console += self.redraw.show(now) if data else self.redraw.flush()
+        self._log(logged + drawn)
+        return self._console(console) and bool(data)
+
+    def tick(self, now: float) -> bool:
+        return self._console(self.redraw.show(now))
+
+    def _log(self, data: bytes) -> None:
+        if self.log_fd is not None and data:
+            try:
+                os.write(self.log_fd, data)
+            except OSError:
+                pass
+
+    def _console(self, lines: bytes) -> bool:
+        return not lines or write_all(self.out_fd, prefix_lines(lines, self.label))
+
+    def close(self, fd: int) -> None:
+        os.close(fd)
+        if self.log_fd is not None:
+            os.close(self.log_fd)
+
+
+def _wait(streams: Dict[int, RankStream]) -> Optional[float]:
+    """How long select may sleep: until the first redrawn line's state is due."""
+    due = [at for at in (s.redraw.due() for s in streams.values()) if at is not None]
+    return max(0.0, min(due) - time.monotonic()) if due else None
+
+
+def _run(streams_in: Dict[int, Tuple[int, LineSplitter, Optional[int]]]) -> None:
+    streams = {fd: RankStream(*plan) for fd, plan in streams_in.items()}
     while streams:
         try:
-            ready, _, _ = select.select(list(streams), [], [])
+            ready, _, _ = select.select(list(streams), [], [], _wait(streams))
         except InterruptedError:
             continue
+        now = time.monotonic()
         most = 0
         for fd in ready:
-            out_fd, splitter, log_fd = streams[fd]
             try:
                 data = os.read(fd, READ_SIZE)
             except InterruptedError:
                 continue
             except OSError:
                 data = b""
-            label, splitter.label = splitter.label, b""
-            whole = splitter.feed(data) if data else splitter.finish()
-            splitter.label = label
-            console, logged = quiet[fd].split(whole)
-            if log_fd is not None and logged:
-                try:
-                    os.write(log_fd, logged)
-                except OSError:
-                    pass
-            chunk = prefix_lines(console, label) if console else b""
-            if chunk and not write_all(out_fd, chunk):
-                data = b""  # nobody reads us any more: stop relaying this stream
-            if not data:
-                os.close(fd)
-                if log_fd is not None:
-                    os.close(log_fd)
-                del streams[fd]
+            if not streams[fd].take(data, now):
+                streams.pop(fd).close(fd)  # ended, or nobody reads us any more
             most = max(most, len(data))
+        for fd, stream in list(streams.items()):
+            if fd not in ready and not stream.tick(now):
+                streams.pop(fd).close(fd)
         settle_after(most)
 
 

@@ -35,6 +35,7 @@ __all__ = [
     "keep_record",
     "meta_datum",
     "read_node_history",
+    "refresh_live",
     "render_card_now",
     "skip_render",
     "step_result",
@@ -72,6 +73,7 @@ _HOME = {
     "TorchrunResult": "result",
     "attach_card": "card",
     "finish_card": "card",
+    "refresh_live": "card",
     "render_card_now": "card",
     "skip_render": "card",
     "stop_local_nodes": "local_nodes",
@@ -81,7 +83,7 @@ _HOME = {
 
 if TYPE_CHECKING:
     from .card import card_of_task, card_ready
-    from .card import attach_card, finish_card, render_card_now, skip_render
+    from .card import attach_card, finish_card, refresh_live, render_card_now, skip_render
     from .local_nodes import name_local_control, prepare_local_nodes, stop_local_nodes, worker_python_problem
     from .result import METADATA_FIELD, REPORT_ARTIFACT, TorchrunResult
     from .session import GangSession

@@ -18,7 +18,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from ..procs import functions, stacks
 from ..cause import Cause, CauseKind
-from ..gang import NodeReport
+from ..gang import NodeReport, ProgressTracker
 from ..errors import (FULL_REPORT, GangAborted, TorchrunException, TorchrunFailed, TorchrunInvalidArgument,
                       rank_raised)
 from ..procs import (
@@ -39,6 +39,7 @@ from .supervisor import StopReason, Supervisor
 from ..host import CallFiles
 from .call_launch import CallLaunch
 from .restarts import CallRestarts, with_ranks_start
+from .. import timeouts
 
 # Causes a node finds on its own (the control is gone or silent): the service
 # may not know them, so they are never sent to it as a report's cause.
@@ -115,15 +116,15 @@ class CallRun(CallLaunch):
     def _supervise_once(self, env: Dict[str, str]) -> None:
         client = self.session.client
         assert client is not None
-
         # A node told to stop tells the gang; the gang's stop is graceful (stop.py).
         gang_stop = GangStop(self.node_index, self.index, self.session.defaults.shutdown_grace,
                              report=lambda cause: client.report_failure(cause, call=self.index),
                              verdict=lambda: client.cause, wait_verdict=lambda s: client.wait_for_verdict(s),
                              notice=notice_path())
+        live = LiveCard(self.session)  # the control's card, refreshed between the checks
 
         def should_stop() -> Optional[StopReason]:
-            reason = gang_stop.check() or self.stop_reason()
+            reason = live.tick() or gang_stop.check() or self.stop_reason()
             if reason is None and client.restart_after(self.index, self.again.restart) is not None:
                 if self.supervisor is not None:
                     self.supervisor.before_stop = None  # no stacks: the ranks start again at once
@@ -139,16 +140,16 @@ class CallRun(CallLaunch):
                 assert self.files is not None  # prepare() made them
                 self.files.prune()  # other runs' logs: while torchrun imports torch, off the critical path
                 client.quiet = lambda: None if sup.last_output is None else time.monotonic() - sup.last_output
+                client.training = ProgressTracker(self.workdir).sample
                 self.exit_code = sup.wait(should_stop=should_stop)
         except BaseException:
-            # Told to stop (SIGTERM, Ctrl-C, @timeout): the error is not ours
-            # to word, so where the ranks were goes to the log.
+            # Told to stop (SIGTERM, Ctrl-C, @timeout): the error is not ours to word, so where the ranks were goes to the log.
             self.where.share(self.session, self.index, self.rdzv_port is not None)
             if self.where.stacks:
                 say(stacks.summarize(self.where.stacks, full=FULL_REPORT))
             raise
         finally:
-            client.quiet = None
+            client.quiet = client.training = None
 
     def _report_own_failure(self) -> None:
         self.failures = self._read_failures()
@@ -218,7 +219,7 @@ class CallRun(CallLaunch):
         # control is gone or silent: then this node's is the only one.
         speaks = self.session.is_control or not self.session.topology.is_local or cause.kind in _CLIENT_SIDE
         logs = node_report.logs_line(self.session, self.log_dir) if speaks else ""
-        where = self.where.stacks if speaks else {}
+        where, suspects = (self.where.stacks, self.where.suspects(self.session, cause)) if speaks else ({}, [])
         elsewhere = node_report.failed_elsewhere(self.session.server, self.index, self.node_index) if speaks else []
         if cause.kind is CauseKind.RANK_FAILED and cause.node_index == self.node_index:
             self.session.reported = True
@@ -232,7 +233,7 @@ class CallRun(CallLaunch):
         if cause.kind is CauseKind.PREEMPTED and cause.node_index == self.node_index:
             raise interrupted(cause)  # told to stop, not failed: the gang saved (stop.py)
         raise GangAborted(self.node_index, cause, self.exit_code, same_log=self.session.topology.is_local,
-                          stacks=where, logs=logs, elsewhere=elsewhere)
+                          stacks=where, logs=logs, elsewhere=elsewhere, suspects=suspects)
 
     def record(self) -> TorchrunResult:
         try:
@@ -272,10 +273,10 @@ class CallRun(CallLaunch):
             gang=gang_view,
             returns=self.returns,
             call=self.index,
-            stacks=dict(self.where.stacks),
-            stack_seconds=round(self.where.seconds, 3),
+            **self.where.record(),
             ran=what_ran.record(self.plan, self.argv, self.log_dir, topology.node_index),
             first_output_at=sup.first_output if sup else None,
+            progress=server.progress_record() if server is not None else None,
         )
         self.session.results.append(result)
         return result
@@ -293,6 +294,30 @@ class CallRun(CallLaunch):
     def _report(self, failures: Optional[List[RankFailure]] = None) -> NodeReport:
         return node_report.report(self.workdir, self.log_dir, failures or [],
                                   self.supervisor.started_at if self.supervisor else None)
+
+
+class LiveCard:
+    """The control's card, refreshed while a call runs and its ranks report
+    progress (or a straggler was named): at the first report, then every
+    LIVE_CARD_EVERY. Looked at every TRACK_INTERVAL at most."""
+
+    def __init__(self, session: GangSession) -> None:
+        self.session = session
+        self.next = 0.0
+        self.looked = 0.0
+
+    def tick(self) -> Optional[StopReason]:
+        """Refresh the card when due; never a reason to stop (None)."""
+        server, refresh = self.session.server, self.session.live_card
+        now = time.monotonic()
+        if server is None or refresh is None or now < self.next or now - self.looked < timeouts.TRACK_INTERVAL:
+            return None
+        self.looked = now
+        record = server.progress_record()
+        if record.step is not None or record.stragglers:
+            self.next = now + timeouts.LIVE_CARD_EVERY
+            refresh(record)
+        return None
 
 
 def run_call(session: GangSession, plan: CallPlan) -> TorchrunResult:

@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Dict
+from typing import Any, Dict, List
 
 from .. import timeouts
-from ..cause import CauseKind
+from ..cause import Cause, CauseKind
 from ..host import log
-from ..procs import stacks
+from ..procs import find_culprits, stacks
 from .result import read_rank_records
 
 _log = log.get("runtime.call_stacks")
@@ -28,6 +28,8 @@ class CallStacks:
     stacks: Dict[int, str] = field(default_factory=dict)  # rank -> faulthandler's dump
     seconds: float = 0.0  # what collecting (and gathering) them took
     shared: bool = False
+    nodes: Dict[int, int] = field(default_factory=dict)  # rank -> its node, for the ranks seen
+    culprits: Dict[str, Any] = field(default_factory=dict)  # the control's suspects, for the record
 
     def collect(self, session: Any, index: int, supervisor: Any, workdir: str) -> None:
         """Before the supervisor stops the ranks: each live rank's stacks."""
@@ -71,10 +73,33 @@ class CallStacks:
                 break
             time.sleep(0.02)
         gathered: Dict[int, str] = {}
-        for node_stacks in server.call_view(index).stacks.values():
+        view = server.call_view(index)
+        for node, node_stacks in view.stacks.items():
             gathered.update(node_stacks)
+            self.nodes.update(dict.fromkeys(node_stacks, node))
+        for node, report in view.reports.items():
+            self.nodes.update((r.rank, node) for r in report.ranks if r.rank >= 0)
         gathered.update(self.stacks)  # this node's own, uncut
+        self.nodes.update(dict.fromkeys(self.stacks, session.topology.node_index))
         self.stacks = gathered
         self.seconds += time.monotonic() - began
         _log.debug("call %d: every node's stacks and reports gathered in %.3fs", index, time.monotonic() - began)
 
+
+    def record(self) -> Dict[str, Any]:
+        """The result record's fields: the stacks, what they cost, the suspects."""
+        return {"stacks": dict(self.stacks), "stack_seconds": round(self.seconds, 3), "culprits": dict(self.culprits)}
+
+    def suspects(self, session: Any, cause: Cause) -> List[str]:
+        """The control, after ``gather``: the ranks not in the collective the
+        others wait in (procs/culprit.py), by rank, node and host; kept for
+        the record, said unless a failed rank is the root cause (named already).
+        Not on a worker: its own ranks' stacks alone would mislead."""
+        server = session.server
+        if server is None or not self.stacks:
+            return []
+        found = find_culprits(self.stacks, self.nodes, server.hosts(), tuple(self.nodes))
+        if found is None:
+            return []
+        self.culprits = found.to_wire()
+        return [] if cause.kind is CauseKind.RANK_FAILED else found.lines()

@@ -29,8 +29,8 @@ import re
 import time
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from ..gang import RankStatus
-from ..host import say
+from ..gang import ProgressRecord, RankStatus
+from ..host import log, say
 from ..host import cuda_devices
 from ..procs import describe_exit_code
 from ..launch import Accelerators
@@ -38,7 +38,7 @@ from ..procs import stacks
 from ..cause import CauseKind
 from ..errors import is_refusal
 from ..procs import numbers
-from . import card_preflight, timeline, what_ran
+from . import card_preflight, card_progress, timeline, what_ran
 from . import evidence, goodput
 from .result import REPORT_ARTIFACT, TorchrunResult
 
@@ -455,6 +455,7 @@ def build_components(result: TorchrunResult, flow: str, pathspec: str, backend: 
         return refused_components(result, flow, pathspec, reason)
     parts = [
         Markdown(summary_markdown(result, flow, pathspec)),
+        *card_progress.parts(result.progress, escape_markdown, Markdown, Table),
         *what_ran_parts(result, Markdown, Table),
         Markdown("## Topology"),
         Table(topology_rows(result, backend), headers=["", ""]),
@@ -532,6 +533,27 @@ def fill_card(result: TorchrunResult, flow_name: str, accelerators: Accelerators
     except Exception as e:
         say("could not build the card: %s" % e)
         return False
+
+
+def refresh_live(progress: ProgressRecord, flow_name: str) -> None:
+    """While a call runs on the control: the card's progress section, through
+    Metaflow's own runtime refresh (``current.card[...].refresh``, rendered
+    by Metaflow in the background); the final card replaces it. Never raises."""
+    from metaflow import current
+    from metaflow.cards import Markdown, Table
+
+    try:
+        card = current.card[CARD_ID]
+        card.clear()
+        card.extend([
+            Markdown("# %s: running (%s)" % (escape_markdown(flow_name), escape_markdown(current.pathspec))),
+            *card_progress.parts(progress, escape_markdown, Markdown, Table),
+            Markdown("_Refreshed %s while the step runs; the whole card comes when it ends._"
+                     % time.strftime("%Y-%m-%d %H:%M:%S")),
+        ])
+        card.refresh(force=True)
+    except Exception as e:  # a card must never fail the step
+        log.get("card").debug("live card not refreshed: %s", e)
 
 
 def finish_card(deco: Any, result: TorchrunResult, flow_name: str, accelerators: Accelerators, attempt: int) -> bool:

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 
 from ..cause import Cause
 from ..gang import NodeReport
-from ..gang import PreflightRecord
+from ..gang import PreflightRecord, ProgressRecord
 from ..procs import RankFailure
 from ..procs import numbers
 from ..procs import SUMMARY_PLACES, bound, group
@@ -96,6 +96,9 @@ class TorchrunResult:
     # collecting them added to the stop.
     stacks: Dict[int, str] = field(default_factory=dict)
     stack_seconds: float = 0.0
+    # On the control, when ranks waited in a collective at the stop: the ranks
+    # not in it, by rank, node and host (procs/culprit.py); bounded.
+    culprits: Dict[str, Any] = field(default_factory=dict)
     # On the control: @torchrun(preflight=...)'s findings for the whole gang,
     # bounded whatever its size (gang/node_compare.py, runtime/preflight.py).
     preflight: Optional[PreflightRecord] = None
@@ -115,6 +118,10 @@ class TorchrunResult:
     # On the control: where the step's wall time went, across its attempts
     # (runtime/goodput.py).
     goodput: Optional["Ledger"] = None
+    # On the control: the gang's training progress when the call ended (step,
+    # total, ETA, steps/s, the last metrics, the slowest node) and the
+    # stragglers named (gang/gang_progress.py); None elsewhere.
+    progress: Optional[ProgressRecord] = None
 
     @property
     def duration(self) -> float:
@@ -153,6 +160,7 @@ class TorchrunResult:
         data["attempts"] = [a.to_wire() for a in self.attempts]
         data["in_step_restarts"] = [r.to_wire() for r in self.in_step_restarts]
         data["goodput"] = self.goodput.to_wire() if self.goodput is not None else None
+        data["progress"] = self.progress.to_wire() if self.progress is not None else None
         data["command"] = list(self.command)
         data["duration"] = self.duration
         data["succeeded"] = self.succeeded

@@ -37,12 +37,12 @@ from ..gang import GangConfig
 from ..gang import GangClient
 from ..gang import GangServer
 from ..gang import GangIdentity
-from ..gang import JobRecord
+from ..gang import JobRecord, ProgressRecord
 from ..launch import StepDefaults
 from .result import TorchrunResult
 from ..gang import Topology
 from .. import defaults as DEFAULTS
-from ..procs import PROGRESS_ENV
+from ..procs import PROGRESS_ENV, STRAGGLER_RATIO_ENV, STRAGGLER_SECONDS_ENV
 from ..host import say
 from ..host import where_logs_are
 from ..host import log
@@ -95,14 +95,7 @@ class GangSession:
         self.flow_dir = flow_dir
         # A deprecation note is said once per step: per gang (per pathspec for 0.2's launcher).
         self.notes_key = identity.gang_id
-        self.config = GangConfig(
-            gang_id=identity.gang_id,
-            num_nodes=topology.num_nodes,
-            heartbeat_timeout=defaults.heartbeat_timeout,
-            start_timeout=defaults.start_timeout,
-            progress_interval=progress_interval(),
-            hang_timeout=defaults.hang_timeout, restarts=defaults.restarts,
-        )
+        self.config = gang_config(identity, defaults, topology)
         self.phase = Phase.NEW
         self.calls_made = 0
         self.server: Optional[GangServer] = None
@@ -112,6 +105,8 @@ class GangSession:
         # `card view` of the control's card (decorator); a failed call's error names it.
         self.card_hint: Optional[str] = None
         self.card_hint_said = False
+        # The control's card refreshed while a call runs (card.refresh_live; the decorator's).
+        self.live_card: Optional[Callable[[ProgressRecord], None]] = None
         self._announced = False
         self._logs_said = False
         self._closed = False
@@ -375,11 +370,35 @@ def _first_line(text: str) -> str:
     return lines[0] if lines else ""
 
 
+def gang_config(identity: GangIdentity, defaults: StepDefaults, topology: Topology) -> GangConfig:
+    """The gang's settings: the step's, and the knobs of Metaflow's configuration."""
+    return GangConfig(
+        gang_id=identity.gang_id,
+        num_nodes=topology.num_nodes,
+        heartbeat_timeout=defaults.heartbeat_timeout,
+        start_timeout=defaults.start_timeout,
+        progress_interval=progress_interval(),
+        straggler_ratio=knob(STRAGGLER_RATIO_ENV, DEFAULTS.STRAGGLER_RATIO, 1.01),
+        straggler_seconds=knob(STRAGGLER_SECONDS_ENV, DEFAULTS.STRAGGLER_SECONDS, 0.0),
+        hang_timeout=defaults.hang_timeout,
+        restarts=defaults.restarts,
+    )
+
+
 def progress_interval() -> float:
     try:
         return max(0.5, float(os.environ.get(PROGRESS_ENV, DEFAULTS.PROGRESS_SECONDS)))
     except ValueError:
         return DEFAULTS.PROGRESS_SECONDS
+
+
+def knob(name: str, default: float, low: float) -> float:
+    """A number from a knob of Metaflow's configuration (exported to the
+    environment); the default where it is unset or not a number, ``low`` at least."""
+    try:
+        return max(low, float(os.environ.get(name, default)))
+    except ValueError:
+        return default
 
 
 def bind_host(topology: Topology) -> str:

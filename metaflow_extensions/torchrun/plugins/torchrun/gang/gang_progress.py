@@ -1,0 +1,252 @@
+"""The gang's training progress as the control sees it, and its stragglers.
+
+Each node's heartbeat brings its ranks summed up (``node_progress.NodeProgress``):
+keeping it costs the service one dictionary entry per heartbeat. Once a
+second (``timeouts.PROGRESS_CHECK``) the book sums up the gang (the step,
+steps per second, the ETA, the slowest node), samples steps/s of the slowest
+node of each group of nodes for the card's chart (at most ``CHART_GROUPS`` groups and
+``CHART_SAMPLES`` samples: the same size at any gang size) and looks for
+stragglers: a node slower than the median by ``straggler_ratio`` for
+``straggler_seconds`` in a row is named once, and kept in the record.
+
+The signal: with progress reports, the steps per second of each node's slowest
+rank (a straggler is ``ratio`` times slower than the median node). Without
+them, the CPU its ranks use: in a synchronous job the others wait in their
+collectives while the straggler computes, so the straggler is the node whose
+ranks use ``ratio`` times the median's CPU. Which one was used is said.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Tuple
+
+from .node_progress import NodeProgress
+
+CHART_GROUPS = 32
+CHART_SAMPLES = 90
+MAX_STRAGGLERS = 16
+RATIO_CAP = 99.0
+SIGNAL_PROGRESS = "progress reports (steps/s of each node's slowest rank)"
+SIGNAL_CPU = "CPU time of each node's ranks (no rank reports progress)"
+
+
+@dataclass(frozen=True)
+class Straggler:
+    """A node named slower than the median: by how much, for how long, by which signal."""
+
+    node_index: int
+    host: str
+    ranks: str  # "136-143"
+    ratio: float
+    seconds: float
+    signal: str
+
+    def to_wire(self) -> Dict[str, Any]:
+        return {"node_index": self.node_index, "host": self.host, "ranks": self.ranks,
+                "ratio": round(self.ratio, 2), "seconds": round(self.seconds, 1), "signal": self.signal}
+
+    def sentence(self) -> str:
+        what = "slower than the median" if self.signal == SIGNAL_PROGRESS else \
+            "busier on CPU than the median (the others wait for it)"
+        return "node %d (%s, ranks %s) is %.1fx %s for %s" % (
+            self.node_index, self.host, self.ranks or "?", self.ratio, what, duration(self.seconds))
+
+
+@dataclass(frozen=True)
+class ProgressRecord:
+    """The gang's progress at the end of a call, or now (the live card)."""
+
+    step: Optional[int] = None
+    total: Optional[int] = None
+    percent: Optional[float] = None
+    eta_seconds: Optional[float] = None
+    steps_per_second: Optional[float] = None
+    metrics: Dict[str, float] = field(default_factory=dict)
+    nodes_reporting: int = 0
+    signal: Optional[str] = None
+    slowest: Optional[Dict[str, Any]] = None  # node_index, host, ranks, ratio (to the median)
+    stragglers: Tuple[Straggler, ...] = ()
+    stragglers_more: int = 0
+    # For the card: seconds since the call's first report, and steps/s per group of nodes.
+    chart_groups: Tuple[str, ...] = ()
+    chart: Tuple[Tuple[float, Tuple[Optional[float], ...]], ...] = ()
+
+    def to_wire(self) -> Dict[str, Any]:
+        return {"step": self.step, "total": self.total, "percent": self.percent, "eta_seconds": self.eta_seconds,
+                "steps_per_second": self.steps_per_second, "metrics": dict(self.metrics),
+                "nodes_reporting": self.nodes_reporting, "signal": self.signal, "slowest": self.slowest,
+                "stragglers": [s.to_wire() for s in self.stragglers], "stragglers_more": self.stragglers_more}
+
+
+class ProgressBook:
+    """The service's view of every node's progress (its one thread only)."""
+
+    def __init__(self, num_nodes: int, ratio: float, window: float) -> None:
+        self.num_nodes = num_nodes
+        self.ratio = ratio
+        self.window = window
+        self.nodes: Dict[int, Tuple[NodeProgress, str]] = {}
+        self.started: Optional[float] = None
+        self.slow_since: Dict[int, float] = {}
+        self.named: Dict[int, Straggler] = {}
+        self.named_order: List[int] = []
+        self.more = 0
+        self.chart: List[Tuple[float, Tuple[Optional[float], ...]]] = []
+        self.chart_every = 5.0
+        self.next_sample = 0.0
+        self.summary = ProgressRecord()
+
+    def new_call(self) -> None:
+        """A new call's ranks count their steps afresh; stragglers named stay named."""
+        self.nodes.clear()
+        self.slow_since.clear()
+        self.chart = []
+        self.started = None
+        self.chart_every = 5.0
+        self.summary = ProgressRecord(stragglers=self.summary.stragglers, stragglers_more=self.more)
+
+    def update(self, node: int, host: str, progress: Optional[NodeProgress]) -> None:
+        if progress is None:
+            self.nodes.pop(node, None)
+        else:
+            self.nodes[node] = (progress, host)
+
+    @property
+    def reporting(self) -> bool:
+        return any(p.reporting for p, _ in self.nodes.values())
+
+    def check(self, now: float) -> List[Straggler]:
+        """Sum up the gang, sample the chart; the stragglers named just now."""
+        if not self.nodes:
+            return []
+        if self.started is None:
+            self.started = now
+        reporting = {n: ph for n, ph in self.nodes.items() if ph[0].reporting}
+        named = self._stragglers(now, reporting)
+        if reporting and now >= self.next_sample:
+            self._sample(now - self.started, reporting)
+            self.next_sample = now + self.chart_every
+        self.summary = self._summary(reporting)
+        return named
+
+    # -- stragglers ----------------------------------------------------------------------
+
+    def _stragglers(self, now: float, reporting: Dict[int, Tuple[NodeProgress, str]]) -> List[Straggler]:
+        ratios, signal = self._ratios(reporting)
+        for node in [n for n in self.slow_since if ratios.get(n, 0.0) < self.ratio]:
+            del self.slow_since[node]
+        named = []
+        for node, ratio in ratios.items():
+            since = self.slow_since.setdefault(node, now)
+            progress, host = self.nodes[node]
+            one = Straggler(node, host, _ranks(progress), ratio, now - since, signal)
+            if node in self.named:
+                self.named[node] = one  # how long it has been slow, kept up to date
+            elif now - since >= self.window:
+                self._name(one)
+                named.append(one)
+        return named
+
+    def _ratios(self, reporting: Dict[int, Tuple[NodeProgress, str]]) -> Tuple[Dict[int, float], str]:
+        """The nodes at least ``ratio`` times slower than the median node, and by how much."""
+        if reporting:
+            rates = [(p.rate_min, n) for n, (p, _) in reporting.items() if p.rate_min is not None]
+            middle = statistics.median([r for r, _ in rates]) if len(rates) >= 2 else 0.0
+            if middle <= 0:
+                return {}, SIGNAL_PROGRESS
+            limit = middle / self.ratio
+            return {n: min(RATIO_CAP, middle / r) if r > 0 else RATIO_CAP for r, n in rates if r <= limit}, \
+                SIGNAL_PROGRESS
+        cpus = [(p.cpu, n) for n, (p, _) in self.nodes.items() if p.cpu is not None]
+        middle = statistics.median([c for c, _ in cpus]) if len(cpus) >= 2 else 0.0
+        if middle < 0.01:  # idle ranks: nothing to compare
+            return {}, SIGNAL_CPU
+        return {n: min(RATIO_CAP, c / middle) for c, n in cpus if c >= middle * self.ratio}, SIGNAL_CPU
+
+    def _name(self, one: Straggler) -> None:
+        if len(self.named) >= MAX_STRAGGLERS:
+            self.more += 1
+            return
+        self.named[one.node_index] = one
+        self.named_order.append(one.node_index)
+
+    # -- the summary and the chart ----------------------------------------------------
+
+    def _summary(self, reporting: Dict[int, Tuple[NodeProgress, str]]) -> ProgressRecord:
+        stragglers = tuple(self.named[n] for n in self.named_order)
+        signal = SIGNAL_PROGRESS if reporting else SIGNAL_CPU if self.nodes else None
+        if not reporting:
+            return ProgressRecord(signal=signal, stragglers=stragglers, stragglers_more=self.more)
+        nodes = [p for p, _ in reporting.values()]
+        step = int(statistics.median_low([p.step_median for p in nodes]))
+        total = max([p.total for p in nodes if p.total] or [0]) or None
+        rates = [p.rate for p in nodes if p.rate is not None]
+        rate = statistics.median(rates) if rates else None
+        eta = (total - step) / rate if total and rate and total >= step else None
+        first = min(reporting)
+        return ProgressRecord(
+            step=step, total=total, percent=round(100.0 * step / total, 1) if total else None,
+            eta_seconds=None if eta is None else round(eta, 1), steps_per_second=None if rate is None else round(rate, 4),
+            metrics=dict(reporting[first][0].metrics), nodes_reporting=len(reporting), signal=signal,
+            slowest=self._slowest(reporting, rate), stragglers=stragglers, stragglers_more=self.more,
+            chart_groups=tuple(label for label, _ in self._groups()), chart=tuple(self.chart))
+
+    def _slowest(self, reporting: Dict[int, Tuple[NodeProgress, str]], rate: Optional[float]) -> Optional[Dict[str, Any]]:
+        rated = [(p.rate_min, n) for n, (p, _) in reporting.items() if p.rate_min is not None]
+        if not rated or not rate:
+            return None
+        slowest, node = min(rated)
+        progress, host = reporting[node]
+        return {"node_index": node, "host": host, "ranks": _ranks(progress), "rank": progress.slowest_rank,
+                "ratio": round(slowest / rate, 2)}
+
+    def _groups(self) -> List[Tuple[str, range]]:
+        count = min(CHART_GROUPS, self.num_nodes)
+        spans = [range(g * self.num_nodes // count, (g + 1) * self.num_nodes // count) for g in range(count)]
+        return [("node %d" % s.start if len(s) == 1 else "nodes %d-%d" % (s.start, s.stop - 1), s) for s in spans]
+
+    def _sample(self, at: float, reporting: Dict[int, Tuple[NodeProgress, str]]) -> None:
+        values: List[Optional[float]] = []
+        for _, span in self._groups():
+            rates = [r for r in (reporting[n][0].rate_min for n in span if n in reporting) if r is not None]
+            values.append(round(min(rates), 4) if rates else None)  # the group's slowest node: a straggler shows
+        self.chart.append((round(at, 1), tuple(values)))
+        if len(self.chart) > CHART_SAMPLES:  # keep the whole call, at half the resolution
+            self.chart = self.chart[::2]
+            self.chart_every *= 2
+
+    def line(self) -> Optional[str]:
+        """One line for the control's log: step, %, ETA, steps/s, metrics, the slowest node."""
+        s = self.summary
+        if s.step is None:
+            return None
+        parts = ["step %d%s" % (s.step, "/%d (%.0f%%)" % (s.total, s.percent or 0) if s.total else "")]
+        if s.eta_seconds is not None:
+            parts.append("ETA %s" % duration(s.eta_seconds))
+        if s.steps_per_second is not None:
+            parts.append("%.3g steps/s" % s.steps_per_second)
+        parts += ["%s %.4g" % (k, v) for k, v in list(s.metrics.items())[:4]]
+        text = "progress: " + ", ".join(parts)
+        if s.slowest is not None and s.nodes_reporting > 1:
+            text += "; slowest: node %d (%s, ranks %s) at %.2fx the median steps/s" % (
+                s.slowest["node_index"], s.slowest["host"], s.slowest["ranks"], s.slowest["ratio"])
+        return text
+
+
+def _ranks(progress: NodeProgress) -> str:
+    if progress.rank_lo is None or progress.rank_hi is None:
+        return ""
+    lo, hi = progress.rank_lo, progress.rank_hi
+    return "%d" % lo if lo == hi else "%d-%d" % (lo, hi)
+
+
+def duration(seconds: float) -> str:
+    """``45 s``, ``5 min``, ``2 h 10 min``: how long, as a person says it."""
+    seconds = max(0.0, seconds)
+    if seconds < 90:
+        return "%.0f s" % seconds
+    if seconds < 5400:
+        return "%.0f min" % (seconds / 60)
+    return "%d h %02d min" % (seconds // 3600, seconds % 3600 // 60)

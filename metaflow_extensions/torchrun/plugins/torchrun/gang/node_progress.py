@@ -1,0 +1,189 @@
+"""A node's training progress, as its heartbeat carries it.
+
+Each node sums up its own ranks (the step of its slowest, median and fastest
+rank, its steps per second, how long since any rank advanced, a few metrics,
+the CPU its ranks used), so the control reads one small record per node per
+heartbeat whatever the number of ranks: its cost stays constant per node.
+``ProgressTracker`` makes that record on the node from the ranks' progress
+files (``procs/progress.py``) and ``/proc``; ``NodeProgress.from_wire`` checks
+every field of a peer's.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import statistics
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Callable, Deque, Dict, Iterable, Mapping, Optional, Tuple
+
+from ..procs import MAX_METRICS, ProgressReport, clean_metrics, read_progress, read_statuses
+from .wire import ProtocolError
+
+STEP_LIMIT = 1 << 53
+RANK_LIMIT = 1 << 31
+MAX_RATE = 1e9
+MAX_SECONDS = 1e9
+# A node's steps per second are measured over its ranks' reports of this many
+# seconds (a rate from two reports a second apart would jump with every step).
+RATE_WINDOW = 30.0
+RATE_SAMPLES = 64
+
+
+@dataclass(frozen=True)
+class NodeProgress:
+    """One node's ranks, summed up. Steps per second of its slowest rank
+    (``rate_min``) set the node's pace; ``stalled``: seconds since any of its
+    ranks advanced a step, on the node's own clock (the control's
+    ``hang_timeout`` reads it); ``cpu``: CPU seconds per second per rank,
+    the fallback signal where no rank reports progress."""
+
+    ranks: int = 0  # ranks with a report
+    step_min: int = 0
+    step_median: int = 0
+    step_max: int = 0
+    total: Optional[int] = None
+    rate: Optional[float] = None  # steps/s of the median rank
+    rate_min: Optional[float] = None  # steps/s of the slowest rank
+    slowest_rank: Optional[int] = None
+    rank_lo: Optional[int] = None  # the node's ranks, lowest and highest (torchrun numbers them in a row)
+    rank_hi: Optional[int] = None
+    stalled: Optional[float] = None
+    cpu: Optional[float] = None
+    metrics: Dict[str, float] = field(default_factory=dict)
+
+    @property
+    def reporting(self) -> bool:
+        return self.ranks > 0
+
+    def to_wire(self) -> Dict[str, Any]:
+        data = {"ranks": self.ranks, "step_min": self.step_min, "step_median": self.step_median,
+                "step_max": self.step_max, "total": self.total, "rate": _round(self.rate),
+                "rate_min": _round(self.rate_min), "slowest_rank": self.slowest_rank, "rank_lo": self.rank_lo,
+                "rank_hi": self.rank_hi, "stalled": _round(self.stalled), "cpu": _round(self.cpu),
+                "metrics": {k: float("%.6g" % v) for k, v in self.metrics.items()} or None}
+        return {k: v for k, v in data.items() if v is not None}
+
+    @classmethod
+    def from_wire(cls, data: Any) -> "NodeProgress":
+        """Checked field by field; ``ProtocolError`` names the first bad one."""
+        if not isinstance(data, Mapping):
+            raise ProtocolError("field 'progress': not an object")
+        metrics = data.get("metrics") or {}
+        if not isinstance(metrics, Mapping) or len(metrics) > MAX_METRICS or clean_metrics(metrics) != metrics:
+            raise ProtocolError("field 'progress.metrics': not at most %d named finite numbers" % MAX_METRICS)
+        steps = [_int(data, name, STEP_LIMIT, absent=0) for name in ("step_min", "step_median", "step_max")]
+        if not steps[0] <= steps[1] <= steps[2]:
+            raise ProtocolError("field 'progress': steps not in order (min <= median <= max)")
+        return cls(ranks=_int(data, "ranks", RANK_LIMIT, absent=0), step_min=steps[0], step_median=steps[1],
+                   step_max=steps[2], total=_int(data, "total", STEP_LIMIT) or None,
+                   rate=_real(data, "rate", MAX_RATE), rate_min=_real(data, "rate_min", MAX_RATE),
+                   slowest_rank=_int(data, "slowest_rank", RANK_LIMIT), rank_lo=_int(data, "rank_lo", RANK_LIMIT),
+                   rank_hi=_int(data, "rank_hi", RANK_LIMIT), stalled=_real(data, "stalled", MAX_SECONDS),
+                   cpu=_real(data, "cpu", 1e6), metrics=dict(metrics))
+
+
+def _round(value: Optional[float]) -> Optional[float]:
+    return None if value is None else round(value, 4)
+
+
+def _int(data: Mapping[str, Any], name: str, limit: int, absent: Any = None) -> Any:
+    value = data.get(name)
+    if value is None:
+        return absent
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < limit:
+        raise ProtocolError("field 'progress.%s': not an integer in [0, %d)" % (name, limit))
+    return value
+
+
+def _real(data: Mapping[str, Any], name: str, limit: float) -> Optional[float]:
+    value = data.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+            or not 0 <= value <= limit:
+        raise ProtocolError("field 'progress.%s': not a number in [0, %g]" % (name, limit))
+    return float(value)
+
+
+# -- on the node ---------------------------------------------------------------------
+
+
+class ProgressTracker:
+    """Sums up this node's ranks once a heartbeat: their progress files and
+    their CPU time. Kept per call (a new call is a new work directory)."""
+
+    def __init__(self, workdir: str, clock: Callable[[], float] = time.monotonic) -> None:
+        self.workdir = workdir
+        self.clock = clock
+        self.history: Dict[int, Deque[Tuple[float, int]]] = {}  # rank -> (report time, step)
+        self.last_steps: Dict[int, int] = {}
+        self.advanced_at: Optional[float] = None
+        self.cpu_seen: Optional[Tuple[float, float, int]] = None  # (clock, CPU seconds, ranks)
+
+    def sample(self) -> Optional[NodeProgress]:
+        """This node's record now; None while no rank reports and no CPU time is known."""
+        now = self.clock()
+        reports = read_progress(self.workdir)
+        cpu = self._cpu(now)
+        if not reports:
+            return NodeProgress(cpu=cpu) if cpu is not None else None
+        if any(self.last_steps.get(r) != one.step for r, one in reports.items()) or self.advanced_at is None:
+            self.advanced_at = now
+        self.last_steps = {r: one.step for r, one in reports.items()}
+        rates = {r: rate for r, rate in ((r, self._rate(one)) for r, one in reports.items()) if rate is not None}
+        steps = sorted(one.step for one in reports.values())
+        slowest = min(rates, key=lambda r: (rates[r], r)) if rates else min(reports, key=lambda r: reports[r].step)
+        totals = [one.total for one in reports.values() if one.total]
+        return NodeProgress(
+            ranks=len(reports), step_min=steps[0], step_median=steps[(len(steps) - 1) // 2], step_max=steps[-1],
+            total=max(totals) if totals else None,
+            rate=statistics.median(rates.values()) if rates else None,
+            rate_min=rates[slowest] if rates else None, slowest_rank=slowest,
+            rank_lo=min(reports), rank_hi=max(reports), stalled=max(0.0, now - self.advanced_at), cpu=cpu,
+            metrics=mean_metrics(reports[r].metrics for r in sorted(reports)))
+
+    def _rate(self, one: ProgressReport) -> Optional[float]:
+        """Steps per second of one rank over its reports of the last RATE_WINDOW."""
+        seen = self.history.setdefault(one.rank, deque(maxlen=RATE_SAMPLES))
+        if not seen or seen[-1] != (one.time, one.step):
+            seen.append((one.time, one.step))
+        while len(seen) > 2 and one.time - seen[0][0] > RATE_WINDOW:
+            seen.popleft()
+        (t0, s0), (t1, s1) = seen[0], seen[-1]
+        return max(0.0, (s1 - s0) / (t1 - t0)) if t1 - t0 >= 1.0 else None
+
+    def _cpu(self, now: float) -> Optional[float]:
+        """CPU seconds per second per rank since the last sample (from /proc)."""
+        pids = [s.pid for s in read_statuses(self.workdir).values() if s.pid > 0 and s.end is None]
+        used = sum(cpu_seconds(pid) for pid in pids)
+        before, self.cpu_seen = self.cpu_seen, (now, used, len(pids))
+        if before is None or not pids or now - before[0] < 0.5 or used < before[1]:
+            return None
+        return round((used - before[1]) / (now - before[0]) / len(pids), 4)
+
+
+def mean_metrics(each: Iterable[Mapping[str, float]]) -> Dict[str, float]:
+    """The mean of every metric over the ranks that report it, in the order first seen, at most MAX_METRICS."""
+    sums: Dict[str, Tuple[float, int]] = {}
+    for metrics in each:
+        for name, value in metrics.items():
+            if name in sums or len(sums) < MAX_METRICS:
+                total, count = sums.get(name, (0.0, 0))
+                sums[name] = (total + value, count + 1)
+    return {name: total / count for name, (total, count) in sums.items() if math.isfinite(total / count)}
+
+
+_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def cpu_seconds(pid: int) -> float:
+    """User and system CPU seconds of a process (0 where /proc has none)."""
+    try:
+        with open("/proc/%d/stat" % pid, "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / _TICKS
+    except (OSError, IndexError, ValueError):
+        return 0.0

@@ -1,0 +1,225 @@
+"""A rank's progress: its step, the total if known, a few numeric metrics.
+
+Training loops call ``report`` every step, so it must cost next to nothing:
+it keeps the latest report in memory and returns. A daemon thread, started by
+the first report, writes the latest one to the rank's progress file in the
+call's work directory (atomically, privately) at most once every
+``REPORT_INTERVAL`` seconds, and once more when the rank exits; the node's gang
+client reads those files with its heartbeat. Outside ``@torchrun`` (no work
+directory) a report goes nowhere.
+
+No Metaflow, no torch: users import it in their ranks as
+``from metaflow_extensions.torchrun.progress import report``.
+"""
+
+from __future__ import annotations
+
+import atexit
+import math
+import operator
+import os
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Dict, Mapping, Optional, Tuple
+
+from ..timeouts import REPORT_INTERVAL
+from .names import PROGRESS_SUFFIX, WORK_DIR_ENV, rank_file, rank_of
+from .records import read_json, write_json
+
+# Bounds of one report, so a node's heartbeat stays small whatever a script passes.
+MAX_METRICS = 8
+MAX_METRIC_NAME = 40
+STEP_LIMIT = 1 << 53  # an exact float in JSON
+MAX_TIME = 1e12
+
+
+@dataclass(frozen=True)
+class ProgressReport:
+    """One rank's latest report, as its file holds it. ``time``: the rank's
+    wall clock when it reported (the node compares reports of its own ranks
+    only, so clocks of different hosts never meet)."""
+
+    rank: int
+    step: int
+    total: Optional[int] = None
+    metrics: Dict[str, float] = field(default_factory=dict)
+    time: float = 0.0
+
+    def to_wire(self) -> Dict[str, Any]:
+        return {"rank": self.rank, "step": self.step, "total": self.total,
+                "metrics": dict(self.metrics), "time": self.time}
+
+    @classmethod
+    def from_file(cls, data: Any) -> Optional["ProgressReport"]:
+        """What a rank wrote, or None where a required field is wrong; metrics
+        beyond the bounds or not finite numbers are left out."""
+        if not isinstance(data, Mapping):
+            return None
+        rank, step, when = _count(data.get("rank")), _count(data.get("step")), _stamp(data.get("time"))
+        if rank is None or step is None or when is None:
+            return None
+        total = _count(data.get("total"))
+        return cls(rank=rank, step=step, total=total if total else None,
+                   metrics=clean_metrics(data.get("metrics")), time=when)
+
+
+def clean_metrics(metrics: Any) -> Dict[str, float]:
+    """At most ``MAX_METRICS`` finite numbers under short string names, in
+    the order given; anything else left out (a metric is never worth an error)."""
+    kept: Dict[str, float] = {}
+    if not isinstance(metrics, Mapping):
+        return kept
+    for name, value in metrics.items():
+        if len(kept) >= MAX_METRICS:
+            break
+        if not isinstance(name, str) or not 0 < len(name) <= MAX_METRIC_NAME:
+            continue
+        try:
+            number = float(value)  # a Python or numpy number, a 0-d tensor
+        except (TypeError, ValueError, RuntimeError):
+            continue
+        if math.isfinite(number) and not isinstance(value, bool):
+            kept[name] = number
+    return kept
+
+
+def _count(value: Any) -> Optional[int]:
+    """A whole number in [0, 2**53) from anything with ``__index__`` (int,
+    numpy or 0-d integer tensor); None for anything else."""
+    if isinstance(value, bool):
+        return None
+    try:
+        number = operator.index(value)
+    except (TypeError, ValueError, RuntimeError):
+        return None
+    return number if 0 <= number < STEP_LIMIT else None
+
+
+def _stamp(value: Any) -> Optional[float]:
+    """A wall-clock time in [0, MAX_TIME], or None."""
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    return float(value) if ok and 0 <= value <= MAX_TIME else None
+
+
+# -- the rank's side -----------------------------------------------------------------
+
+# (step, total, metrics, time) of the latest report; replaced whole, so the
+# writer thread never sees half of one (an assignment is atomic under the GIL).
+_latest: Optional[Tuple[Any, Any, Dict[str, Any], float]] = None
+_writer: Optional["_Writer"] = None
+_start_lock = threading.Lock()
+
+
+def report(step: int, total: Optional[int] = None, **metrics: float) -> None:
+    """Report this rank's training step (``total``: the steps the run will
+    take, for the percentage and the ETA) and a few numbers such as
+    ``loss=0.31, lr=3e-4``: at most 8 are kept, in the order given. Cheap
+    enough for every step: nothing is checked or written here; at most one
+    report a second leaves the rank. Pass Python numbers (``loss.item()``):
+    a tensor is kept, with its graph, until the next report replaces it."""
+    global _latest
+    _latest = (step, total, metrics, time.time())
+    if _writer is None:
+        _start()
+
+
+def _start() -> None:
+    global _writer
+    with _start_lock:
+        if _writer is not None:
+            return
+        _writer = _Writer(os.environ.get(WORK_DIR_ENV, ""), os.environ.get("RANK", ""))
+        _writer.start()
+
+
+def _forget_in_child() -> None:
+    """A forked child (a DataLoader worker) keeps the parent's memory but not
+    its thread: its reports go nowhere rather than race its parent's file."""
+    global _writer, _latest
+    _writer = _Writer("", "")
+    _latest = None
+
+
+os.register_at_fork(after_in_child=_forget_in_child)
+
+
+class _Writer:
+    """Writes the latest report to this rank's file once a second, when it changed."""
+
+    def __init__(self, directory: str, rank: str) -> None:
+        number = _count(int(rank)) if rank.isdigit() and rank.isascii() else None
+        self.path = rank_file(directory, number, PROGRESS_SUFFIX) if directory and number is not None else ""
+        self.rank = number or 0
+        self.written: Any = None
+        self.warned = False
+        self.stop = threading.Event()
+        self.lock = threading.Lock()
+
+    def start(self) -> None:
+        if not self.path:
+            return
+        threading.Thread(target=self._loop, name="torchrun-progress", daemon=True).start()
+        atexit.register(self._last)
+
+    def _loop(self) -> None:
+        while not self.stop.wait(REPORT_INTERVAL):
+            self.write()
+
+    def _last(self) -> None:
+        self.stop.set()
+        self.write()
+
+    def write(self) -> None:
+        latest = _latest
+        with self.lock:
+            if latest is None or latest is self.written:
+                return
+            self.written = latest
+            record = self._record(latest)
+            if record is None:
+                return
+            try:
+                write_json(self.path, record.to_wire())
+            except OSError:
+                pass  # the work directory is gone: the call has ended
+
+    def _record(self, latest: Tuple[Any, Any, Dict[str, Any], float]) -> Optional[ProgressReport]:
+        step, total, metrics, when = latest
+        number = _count(step)
+        if number is None:
+            if not self.warned:
+                self.warned = True
+                sys.stderr.write("metaflow-torchrun: progress.report(step=%.40r) ignored: the step must be a "
+                                 "whole number >= 0\n" % (step,))
+            return None
+        whole = _count(total)
+        return ProgressReport(rank=self.rank, step=number, total=whole if whole else None,
+                              metrics=clean_metrics(metrics), time=when)
+
+
+# -- the task's side -----------------------------------------------------------------
+
+
+def progress_path(directory: str, rank: int) -> str:
+    return rank_file(directory, rank, PROGRESS_SUFFIX)
+
+
+def read_progress(directory: str) -> Dict[int, ProgressReport]:
+    """Every rank's latest report in a call's work directory, by rank; a
+    missing or unreadable file is no report."""
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return {}
+    found: Dict[int, ProgressReport] = {}
+    for name in names:
+        rank = rank_of(name, PROGRESS_SUFFIX)
+        if rank is None:
+            continue
+        one = ProgressReport.from_file(read_json(os.path.join(directory, name)))
+        if one is not None and one.rank == rank:
+            found[rank] = one
+    return found
+

@@ -1,0 +1,201 @@
+"""Progress from HF's ``Trainer`` and Lightning's ``Trainer`` with no change
+to the user's code.
+
+Why: most training scripts run one of these two trainers, and their users
+should see step, total, loss and learning rate without writing a line. The
+bootstrap calls ``install`` before the user's script: it adds an import hook
+that imports nothing itself and waits for the trainer's own module to be
+imported by the script; only then does it add a callback of that library's own
+kind, which calls ``progress.report`` (progress.py). A script that uses neither
+library pays one dictionary look-up per import. ``TRAINER_PROGRESS_ENV=0``
+turns it off (names.py).
+
+On the hot path a callback does no I/O and forces no device sync: the loss goes
+to ``report`` as the trainer holds it (HF: a float it logged; Lightning: the
+step's loss tensor, detached), read by progress.py's writer once a second.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import importlib.abc
+import importlib.machinery
+import logging
+import math
+import sys
+from typing import Any, Callable, Dict, Mapping, Optional, Sequence
+
+from . import progress
+
+_log = logging.getLogger("metaflow_torchrun")
+
+# The module that defines each trainer -> what adds our callback to it.
+_HF = "transformers.trainer"
+_LIGHTNING = ("lightning.pytorch.trainer.trainer", "pytorch_lightning.trainer.trainer")
+CALLBACK_NAME = "TorchrunProgress"
+
+
+def install() -> None:
+    """Watch for the trainers' modules (once per process)."""
+    if not any(isinstance(f, _AfterImport) for f in sys.meta_path):
+        watched: Dict[str, Callable[[Any], None]] = {_HF: add_to_hf}
+        watched.update(dict.fromkeys(_LIGHTNING, add_to_lightning))
+        for name in [n for n in watched if n in sys.modules]:  # imported already (function mode, a test)
+            _patch(watched.pop(name), sys.modules[name])
+        sys.meta_path.insert(0, _AfterImport(watched))
+
+
+def _patch(patch: Callable[[Any], None], module: Any) -> None:
+    """Never fails the user's import: a trainer we cannot hook trains unreported."""
+    try:
+        patch(module)
+    except Exception as e:  # a version whose internals moved
+        _log.debug("progress: could not hook %s: %s", getattr(module, "__name__", module), e)
+
+
+class _AfterImport(importlib.abc.MetaPathFinder):
+    """Finds nothing itself: for a watched module, it wraps the loader the
+    other finders give, so the patch runs once the module has run."""
+
+    def __init__(self, watched: Dict[str, Callable[[Any], None]]) -> None:
+        self.watched = watched
+
+    def find_spec(self, name: str, path: Optional[Sequence[str]], target: Any = None) -> Any:
+        patch = self.watched.get(name)
+        if patch is None:
+            return None
+        for finder in sys.meta_path:
+            find = getattr(finder, "find_spec", None)
+            spec = find(name, path, target) if finder is not self and find is not None else None
+            if spec is not None:
+                break
+        else:
+            return None
+        if spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        del self.watched[name]
+        spec.loader = _Patching(spec.loader, patch)
+        return spec
+
+
+class _Patching(importlib.abc.Loader):
+    """The real loader, then the patch; everything else is the real loader's."""
+
+    def __init__(self, loader: Any, patch: Callable[[Any], None]) -> None:
+        self.loader, self.patch = loader, patch
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> Any:
+        return self.loader.create_module(spec)
+
+    def exec_module(self, module: Any) -> None:
+        self.loader.exec_module(module)
+        _patch(self.patch, module)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.loader, name)
+
+
+# -- HF transformers -------------------------------------------------------------------
+
+
+def add_to_hf(module: Any) -> None:
+    """Every ``Trainer`` built from now on has our callback among its defaults
+    (the list HF itself starts every trainer's callbacks from)."""
+    from transformers.trainer_callback import TrainerCallback
+
+    defaults = module.DEFAULT_CALLBACKS
+    if not any(getattr(c, "__name__", "") == CALLBACK_NAME for c in defaults):
+        defaults.append(hf_callback(TrainerCallback))
+
+
+def hf_callback(base: type) -> type:
+    class TorchrunProgress(base):
+        """Reports the step, ``max_steps``, the last logged loss and the learning rate."""
+
+        def __init__(self) -> None:
+            self.metrics: Dict[str, Any] = {}
+
+        def on_log(self, args: Any, state: Any, control: Any, logs: Optional[Mapping] = None, **kwargs: Any) -> None:
+            # HF logs after the step's end: the step goes again, with its own loss.
+            logged = {n: v for n, v in (logs or {}).items() if n in ("loss", "learning_rate")
+                      and isinstance(v, (int, float))}
+            if logged:
+                self.metrics.update(logged)
+                progress.report(state.global_step, state.max_steps or None, **self.metrics)
+
+        def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            lr = last_lr(kwargs.get("lr_scheduler"))
+            if lr is not None:
+                self.metrics["learning_rate"] = lr
+            progress.report(state.global_step, state.max_steps or None, **self.metrics)
+
+    TorchrunProgress.__name__ = TorchrunProgress.__qualname__ = CALLBACK_NAME
+    return TorchrunProgress
+
+
+def last_lr(scheduler: Any) -> Optional[float]:
+    try:
+        return float(scheduler.get_last_lr()[0])
+    except Exception:
+        return None
+
+
+# -- Lightning -------------------------------------------------------------------------
+
+
+def add_to_lightning(module: Any) -> None:
+    """Every ``Trainer`` built from now on gets our callback after its own
+    (``lightning.pytorch`` and the older ``pytorch_lightning`` alike)."""
+    package = module.__name__.rsplit(".trainer.trainer", 1)[0]
+    callback = lightning_callback(importlib.import_module(package + ".callbacks").Callback)
+    trainer = module.Trainer
+    init = trainer.__init__
+    if getattr(init, "_torchrun_progress", False):
+        return
+
+    @functools.wraps(init)
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        if not any(type(c).__name__ == CALLBACK_NAME for c in self.callbacks):
+            self.callbacks.append(callback())
+
+    __init__._torchrun_progress = True  # type: ignore[attr-defined]
+    trainer.__init__ = __init__
+
+
+def lightning_callback(base: type) -> type:
+    class TorchrunProgress(base):
+        """Reports the global step, ``max_steps`` (or the steps Lightning
+        expects), the step's loss and the first optimizer's learning rate."""
+
+        def __init__(self) -> None:
+            self.total: Optional[int] = None
+
+        def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+            self.total = lightning_total(trainer)
+
+        def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+            metrics: Dict[str, Any] = {}
+            loss: Any = outputs.get("loss") if isinstance(outputs, Mapping) else outputs
+            if hasattr(loss, "detach"):
+                metrics["loss"] = loss.detach()  # read once a second, off the hot path
+            try:
+                metrics["learning_rate"] = float(trainer.optimizers[0].param_groups[0]["lr"])
+            except Exception:
+                pass
+            progress.report(trainer.global_step, self.total, **metrics)
+
+    TorchrunProgress.__name__ = TorchrunProgress.__qualname__ = CALLBACK_NAME
+    return TorchrunProgress
+
+
+def lightning_total(trainer: Any) -> Optional[int]:
+    steps = getattr(trainer, "max_steps", -1)
+    if isinstance(steps, int) and steps > 0:
+        return steps
+    try:
+        expected = float(trainer.estimated_stepping_batches)
+    except Exception:
+        return None
+    return int(expected) if math.isfinite(expected) and expected > 0 else None

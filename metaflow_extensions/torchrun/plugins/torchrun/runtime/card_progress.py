@@ -1,0 +1,89 @@
+"""The card's training progress: the step, %, ETA, steps/s, the last metrics,
+the slowest node and the stragglers named, and a chart of steps/s per node over
+time. From the record alone (``gang/gang_progress.ProgressRecord``), so the
+live card (refreshed while a call runs) and the final one say the same.
+
+Bounded at any gang size: the chart has at most ``CHART_GROUPS`` lines (groups
+of consecutive nodes past 32 nodes) of at most ``CHART_SAMPLES`` points each,
+and at most ``MAX_STRAGGLERS`` stragglers are listed (the rest counted).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Dict, List, Optional
+
+from ..gang import ProgressRecord, gang_progress
+from .timeline import SCHEMA, WIDTH_PX
+
+CHART_HEIGHT_PX = 220
+
+
+def rows(progress: ProgressRecord, escape: Callable[[Any], str]) -> List[List[str]]:
+    """The progress table: one row a fact; text a rank sent (a metric's name) escaped."""
+    out: List[List[str]] = []
+    if progress.step is not None:
+        step = "%d" % progress.step
+        if progress.total:
+            step += " of %d (%.0f%%)" % (progress.total, progress.percent or 0)
+        out.append(["step", step])
+    if progress.eta_seconds is not None:
+        out.append(["ETA", gang_progress.duration(progress.eta_seconds)])
+    if progress.steps_per_second is not None:
+        out.append(["steps/s", "%.3g (median node)" % progress.steps_per_second])
+    for name, value in progress.metrics.items():
+        out.append([escape(name), "%.6g" % value])
+    if progress.slowest is not None and progress.nodes_reporting > 1:
+        s = progress.slowest
+        out.append(["slowest node", "node %d (%s, ranks %s): %.2fx the median steps/s" % (
+            s["node_index"], escape(s["host"]), s["ranks"], s["ratio"])])
+    if progress.signal is not None:
+        out.append(["straggler signal", progress.signal])
+    return out
+
+
+def parts(progress: Optional[ProgressRecord], escape: Callable[[Any], str], Markdown: Any, Table: Any) -> list:
+    """The card's section: nothing when no rank reported progress and no straggler was named."""
+    if progress is None or (progress.step is None and not progress.stragglers):
+        return []
+    out = [Markdown("## Progress")]
+    table = rows(progress, escape)
+    if table:
+        out.append(Table(table, headers=["", ""]))
+    if progress.stragglers:
+        named = ["- %s" % escape(s.sentence()) for s in progress.stragglers]
+        if progress.stragglers_more:
+            named.append("- and %d more nodes" % progress.stragglers_more)
+        out.append(Markdown("**Stragglers**\n\n" + "\n".join(named)))
+    if progress.chart:
+        try:
+            from metaflow.cards import VegaChart
+        except ImportError:
+            return out
+        out.append(VegaChart(chart_spec(progress)))
+    return out
+
+
+def chart_spec(progress: ProgressRecord) -> Dict[str, Any]:
+    """Steps/s of each group of nodes over the call (a line each). One row per
+    sample, a column per group, folded by Vega-Lite: the group's name is
+    written once per sample, not once per point (the card of 1,024 nodes
+    stays under 2 MB)."""
+    labels = [label.replace("nodes ", "").replace("node ", "") for label in progress.chart_groups]
+    values = [dict({"t": t}, **{labels[g]: float("%.3g" % r) for g, r in enumerate(rates)
+                                if r is not None and g < len(labels)}) for t, rates in progress.chart]
+    return {
+        "$schema": SCHEMA,
+        "width": WIDTH_PX,
+        "height": CHART_HEIGHT_PX,
+        "title": "steps/s per node over time",
+        "data": {"values": values},
+        "transform": [{"fold": labels, "as": ["nodes", "rate"]}, {"filter": "isValid(datum.rate)"}],
+        "mark": {"type": "line", "point": False},
+        "encoding": {
+            "x": {"field": "t", "type": "quantitative", "title": "seconds since the first report"},
+            "y": {"field": "rate", "type": "quantitative", "title": "steps/s"},
+            "color": {"field": "nodes", "type": "nominal", "title": "nodes", "legend": {"columns": 2}},
+            "tooltip": [{"field": "nodes"}, {"field": "t"}, {"field": "rate"}],
+        },
+    }
+

@@ -1,0 +1,26 @@
+"""A plain Lightning script, as a user writes it: nothing of @torchrun's in it.
+A tiny model, a few steps on CPU with DDP (gloo)."""
+
+import lightning as L
+import torch
+
+STEPS = 12
+
+
+class Tiny(L.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.layer = torch.nn.Linear(8, 1)
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return torch.nn.functional.mse_loss(self.layer(x), y)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.05)
+
+
+data = torch.utils.data.TensorDataset(torch.randn(256, 8), torch.randn(256, 1))
+trainer = L.Trainer(max_steps=STEPS, accelerator="cpu", devices=2, num_nodes=2, strategy="ddp",
+                    logger=False, enable_checkpointing=False, enable_model_summary=False)
+trainer.fit(Tiny(), torch.utils.data.DataLoader(data, batch_size=8))

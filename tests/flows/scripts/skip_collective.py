@@ -1,0 +1,33 @@
+"""One rank (node 1, local rank 1) skips an all_reduce the other three wait in,
+and goes on quietly elsewhere: a desync, the hang hang_timeout stops. Every
+rank talks while it starts (silence is what hang_timeout measures)."""
+
+import os
+import threading
+import time
+
+ready = threading.Event()
+
+
+def chatter():
+    while not ready.wait(1.0):
+        print("starting...", flush=True)
+
+
+threading.Thread(target=chatter, daemon=True).start()
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+from _common import init, rank, write_json  # noqa: E402
+
+init()
+dist.barrier()
+ready.set()
+write_json("ready-%d.json" % rank(), {"rank": rank()})
+if os.environ["METAFLOW_TORCHRUN_NODE_INDEX"] == "1" and os.environ["LOCAL_RANK"] == "1":
+    write_json("skipper.json", {"rank": rank()})
+    while True:
+        time.sleep(0.1)  # skipped the all_reduce: the others wait for it here
+dist.all_reduce(torch.ones(1))
+

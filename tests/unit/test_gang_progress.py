@@ -1,0 +1,175 @@
+"""Progress on the wire and on the control: a node's ranks summed up for its
+heartbeat (node_progress.py), the gang's view, its line and its stragglers
+(gang_progress.py), hang_timeout's clock, the card's section."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from metaflow_extensions.torchrun.plugins.torchrun.gang import messages as msg
+from metaflow_extensions.torchrun.plugins.torchrun.gang.calls import CallBook
+from metaflow_extensions.torchrun.plugins.torchrun.gang.gang_progress import (
+    CHART_GROUPS, CHART_SAMPLES, SIGNAL_CPU, SIGNAL_PROGRESS, ProgressBook, duration)
+from metaflow_extensions.torchrun.plugins.torchrun.gang.node_progress import NodeProgress, ProgressTracker
+from metaflow_extensions.torchrun.plugins.torchrun.gang.wire import ProtocolError
+from metaflow_extensions.torchrun.plugins.torchrun.procs.progress import ProgressReport
+from metaflow_extensions.torchrun.plugins.torchrun.procs.records import write_json
+from metaflow_extensions.torchrun.plugins.torchrun.runtime import card_progress
+from metaflow_extensions.torchrun.plugins.torchrun.runtime.card import escape_markdown
+
+
+def _node(rate, step=100, lo=0, hi=7, total=1000, cpu=None, **metrics):
+    return NodeProgress(ranks=hi - lo + 1, step_min=step, step_median=step, step_max=step, total=total,
+                        rate=rate, rate_min=rate, slowest_rank=lo, rank_lo=lo, rank_hi=hi, stalled=0.5, cpu=cpu,
+                        metrics=metrics)
+
+
+# -- the wire -------------------------------------------------------------------------
+
+
+def test_a_heartbeat_carries_a_node_s_progress_and_it_reads_back():
+    beat = msg.Heartbeat(quiet=1.5, progress=_node(2.0, loss=0.25))
+    back = msg.parse(json.loads(json.dumps(beat.to_wire())))
+    assert back == beat and back.progress.metrics == {"loss": 0.25}
+    assert msg.parse({"type": "hb"}) == msg.Heartbeat()
+
+
+@pytest.mark.parametrize("bad", [
+    {"step_min": -1}, {"step_min": 5, "step_median": 3}, {"rate": float("inf")}, {"rate": "fast"},
+    {"ranks": True}, {"metrics": {"x" * 41: 1.0}}, {"metrics": {"m%d" % i: 1.0 for i in range(9)}},
+    {"metrics": {"loss": "low"}}, {"metrics": [1]}, {"stalled": -1}, {"total": 2**60}, "progress",
+])
+def test_a_hostile_progress_is_a_protocol_error(bad):
+    wire = _node(1.0).to_wire()
+    progress = {**wire, **bad} if isinstance(bad, dict) else bad
+    with pytest.raises(ProtocolError):
+        msg.parse({"type": "hb", "progress": progress})
+
+
+def test_a_node_s_record_stays_small_whatever_its_ranks():
+    wire = json.dumps(msg.Heartbeat(0.1, _node(1.0, lo=0, hi=4095, **{"m%d" % i: 1e300 for i in range(8)})).to_wire())
+    assert len(wire) < 600
+
+
+# -- on the node ---------------------------------------------------------------------
+
+
+def test_the_tracker_sums_up_the_node_s_ranks(tmp_path):
+    clock = [100.0]
+    tracker = ProgressTracker(str(tmp_path), clock=lambda: clock[0])
+    assert tracker.sample() is None  # nothing reported, no rank to measure
+    for second in range(4):
+        for rank, pace in ((4, 10), (5, 10), (6, 2)):
+            write_json(str(tmp_path / ("rank-%d.progress.json" % rank)),
+                       ProgressReport(rank, pace * second, 100, {"loss": float(rank)}, 1000.0 + second).to_wire())
+        clock[0] += 1.0
+        node = tracker.sample()
+    assert (node.ranks, node.step_min, node.step_median, node.step_max) == (3, 6, 30, 30)
+    assert node.rate == 10.0 and node.rate_min == 2.0 and node.slowest_rank == 6
+    assert (node.rank_lo, node.rank_hi, node.total) == (4, 6, 100)
+    assert node.metrics == {"loss": 5.0} and node.stalled == 0.0
+    clock[0] += 7.0  # no rank advanced since
+    assert tracker.sample().stalled == 7.0
+
+
+# -- on the control ---------------------------------------------------------------------
+
+
+def _book(nodes=4, ratio=1.5, window=10.0):
+    return ProgressBook(nodes, ratio, window)
+
+
+def test_a_slow_node_is_named_once_after_the_window_with_its_ranks():
+    book = _book(ratio=1.8, window=20.0)
+    named = []
+    for second in range(60):
+        for node in range(4):
+            book.update(node, "host%d" % node, _node(1.0 if node == 2 else 2.0, lo=8 * node, hi=8 * node + 7))
+        named += book.check(1000.0 + second)
+    assert [n.node_index for n in named] == [2]
+    assert named[0].sentence() == "node 2 (host2, ranks 16-23) is 2.0x slower than the median for 20 s"
+    record = book.summary
+    assert [s.node_index for s in record.stragglers] == [2] and record.stragglers[0].seconds == 59
+    assert record.signal == SIGNAL_PROGRESS
+    assert json.loads(json.dumps(record.to_wire()))["stragglers"][0] == {
+        "node_index": 2, "host": "host2", "ranks": "16-23", "ratio": 2.0, "seconds": 59.0, "signal": SIGNAL_PROGRESS}
+
+
+def test_a_node_slow_for_less_than_the_window_or_by_less_than_the_ratio_is_not_named():
+    book = _book(ratio=1.5, window=10.0)
+    named = []
+    for second in range(40):
+        slow = 1.0 if second % 10 < 5 else 2.0  # slow 5 s at a time
+        for node in range(4):
+            book.update(node, "h", _node(slow if node == 1 else 2.0 if node != 3 else 1.5))
+        named += book.check(float(second))
+    assert named == []
+
+
+def test_without_progress_the_busiest_node_on_cpu_is_named_and_the_signal_said():
+    book = _book(ratio=1.5, window=3.0)
+    named = []
+    for second in range(5):
+        for node in range(4):
+            book.update(node, "h", NodeProgress(cpu=0.9 if node == 0 else 0.3, rank_lo=None))
+        named += book.check(float(second))
+    assert [n.node_index for n in named] == [0] and named[0].signal == SIGNAL_CPU
+    assert "3.0x busier on CPU than the median" in named[0].sentence()
+    assert book.summary.signal == SIGNAL_CPU and book.line() is None  # no step: no progress line
+
+
+def test_the_line_says_step_percent_eta_rate_metrics_and_the_slowest_node():
+    book = _book(nodes=3)
+    for node, rate in enumerate((2.0, 2.0, 0.5)):
+        book.update(node, "h%d" % node, _node(rate, step=250, lo=2 * node, hi=2 * node + 1, loss=0.5, lr=0.001))
+    book.check(0.0)
+    assert book.line() == ("progress: step 250/1000 (25%), ETA 6 min, 2 steps/s, loss 0.5, lr 0.001; "
+                           "slowest: node 2 (h2, ranks 4-5) at 0.25x the median steps/s")
+
+
+def test_the_chart_stays_the_same_size_at_4096_nodes():
+    book = _book(nodes=4096)
+    for node in range(4096):
+        book.update(node, "h", _node(1.0 + node % 3))
+    for second in range(0, 4000, 25):
+        book.check(float(second))
+    record = book.summary
+    assert len(record.chart_groups) == CHART_GROUPS and len(record.chart) <= CHART_SAMPLES
+    assert record.chart[-1][0] >= 3000  # the whole call, at a coarser resolution
+    assert len(json.dumps(card_progress.chart_spec(record))) < 200_000
+
+
+def test_a_new_call_counts_afresh_and_keeps_the_stragglers():
+    book = _book(window=0.0)
+    for node in range(4):
+        book.update(node, "h", _node(0.5 if node == 3 else 2.0))
+    book.check(0.0)
+    book.new_call()
+    assert book.nodes == {} and [s.node_index for s in book.summary.stragglers] == [3]
+
+
+def test_hang_timeout_counts_from_the_last_step_when_ranks_report_progress():
+    book = CallBook(2)
+    for node in (0, 1):
+        book.enter(node, msg.Call(0, "train.py"), {})
+    start = book.calls[0].all_entered_at
+    cause = book.hung(start + 100, 30.0, lambda n: start + 60, {}, advanced=True)
+    assert cause is not None and cause.summary.startswith("no rank advanced a step for 40 s (hang_timeout=30s)")
+    assert "no output from any rank" in book.hung(start + 100, 30.0, lambda n: start + 60, {}).summary
+
+
+def test_durations_read_as_a_person_says_them():
+    assert [duration(s) for s in (5, 300, 7500)] == ["5 s", "5 min", "2 h 05 min"]
+
+
+def test_the_card_section_escapes_what_a_rank_sent():
+    book = _book(nodes=2, window=0.0)
+    book.update(0, "<b>h</b>", _node(2.0, **{"*loss*": 0.5}))
+    book.update(1, "h1", _node(0.5))
+    book.check(0.0)
+    rows = card_progress.rows(book.summary, escape_markdown)
+    text = json.dumps(rows)
+    assert ["`` *loss* ``", "0.5"] in rows and "<b>" not in text  # a code span: never read as Markdown
+    assert rows[0] == ["step", "100 of 1000 (10%)"]
