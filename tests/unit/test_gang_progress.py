@@ -173,3 +173,14 @@ def test_the_card_section_escapes_what_a_rank_sent():
     text = json.dumps(rows)
     assert ["`` *loss* ``", "0.5"] in rows and "<b>" not in text  # a code span: never read as Markdown
     assert rows[0] == ["step", "100 of 1000 (10%)"]
+
+
+def test_past_16_stragglers_the_rest_are_counted_once_each():
+    book = _book(nodes=60, window=0.0)
+    named = []
+    for second in range(10):
+        for node in range(60):
+            book.update(node, "h", _node(0.5 if node % 3 == 0 else 2.0))
+        named += book.check(float(second))
+    assert len(book.summary.stragglers) == 16 and book.summary.stragglers_more == 4
+    assert sorted(n.node_index for n in named) == list(range(0, 60, 3))  # each said once; the record lists 16

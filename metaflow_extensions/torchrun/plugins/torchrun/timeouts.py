@@ -43,6 +43,9 @@ REPORT_INTERVAL = 1.0
 # (past 1,024 nodes, once per 1,024 nodes a second, as heartbeats).
 PROGRESS_CHECK = 1.0
 
+# A node's progress rides one heartbeat in this many seconds (the control parses
+# each: about 4 times a bare heartbeat's cost).
+PROGRESS_SEND = 3.0
 # While the ranks report progress, the control's card is refreshed this often
 # (Metaflow renders each refresh in a `card create` subprocess: about 1 s of CPU).
 LIVE_CARD_EVERY = 30.0

@@ -23,6 +23,7 @@ from . import auth as gang_auth
 from . import messages as msg
 from . import wire
 from .config import GangConfig
+from .. import timeouts
 from .joining import Joining
 from .restarts import RestartNews
 from .node_progress import NodeProgress
@@ -277,10 +278,11 @@ class GangClient(Joining, RestartNews):
                 self._news.notify_all()
 
     def _beat_loop(self) -> None:
+        due = [0.0]  # progress rides one heartbeat every PROGRESS_SEND: the control parses less
         while not self._closing.wait(self.config.heartbeat_interval):
             if self._left and self.cause is not None:
                 return
-            self._safe_send(heartbeat(self.quiet, self.training))
+            self._safe_send(heartbeat(self.quiet, paced(self.training, due)))
 
 
 
@@ -304,6 +306,17 @@ def control_silent(silent: float, heartbeat_timeout: float) -> Cause:
     return Cause(CauseKind.CONTROL_UNRESPONSIVE,
                  "heard nothing from the control node (node 0) for %.0fs (heartbeat_timeout=%gs): it is frozen, "
                  "or it or this node is cut off from the network" % (silent, heartbeat_timeout), node_index=0)
+
+
+def paced(training: Optional[Callable[[], Optional[NodeProgress]]],
+          due: List[float]) -> Optional[Callable[[], Optional[NodeProgress]]]:
+    """``training`` when a heartbeat should carry the progress (once every
+    PROGRESS_SEND; ``due`` holds when next), else None."""
+    now = time.monotonic()
+    if training is None or now < due[0]:
+        return None
+    due[0] = now + timeouts.PROGRESS_SEND
+    return training
 
 
 def heartbeat(quiet: Optional[Callable[[], Optional[float]]],

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Set, Tuple
 
 from .node_progress import NodeProgress
 
@@ -93,6 +93,7 @@ class ProgressBook:
         self.named: Dict[int, Straggler] = {}
         self.named_order: List[int] = []
         self.more = 0
+        self.unlisted: Set[int] = set()
         self.chart: List[Tuple[float, Tuple[Optional[float], ...]]] = []
         self.chart_every = 5.0
         self.next_sample = 0.0
@@ -144,7 +145,7 @@ class ProgressBook:
             one = Straggler(node, host, _ranks(progress), ratio, now - since, signal)
             if node in self.named:
                 self.named[node] = one  # how long it has been slow, kept up to date
-            elif now - since >= self.window:
+            elif now - since >= self.window and node not in self.unlisted:
                 self._name(one)
                 named.append(one)
         return named
@@ -167,7 +168,8 @@ class ProgressBook:
 
     def _name(self, one: Straggler) -> None:
         if len(self.named) >= MAX_STRAGGLERS:
-            self.more += 1
+            self.unlisted.add(one.node_index)  # named in the log, counted in the record
+            self.more = len(self.unlisted)
             return
         self.named[one.node_index] = one
         self.named_order.append(one.node_index)

@@ -84,10 +84,9 @@ class MessageHandlers:
         assert isinstance(message, msg.Heartbeat)
         now = time.monotonic()
         peer.last_output = None if message.quiet is None else now - message.quiet
-        progress = message.progress
-        reporting = progress is not None and progress.reporting and progress.stalled is not None
-        peer.last_advance = now - progress.stalled if reporting and progress and progress.stalled is not None else None
-        if peer.node is not None:
+        progress = message.progress  # on one heartbeat in PROGRESS_SEND s: the last one holds till then
+        if progress is not None and peer.node is not None:
+            peer.last_advance = None if progress.stalled is None or not progress.reporting else now - progress.stalled
             self.training.update(peer.node, peer.host, progress)
 
     def _on_stacks(self, peer: Peer, message: msg.GangMessage) -> None:
@@ -97,6 +96,7 @@ class MessageHandlers:
     def _on_call(self, peer: Peer, message: msg.GangMessage) -> None:
         assert isinstance(message, msg.Call) and peer.node is not None
         state, cause = self.book.enter(peer.node, message, self.members.left)
+        peer.last_advance = None  # a new call: its ranks' steps, if any, count afresh
         _log.debug("node %d entered call %d", peer.node, message.index)
         if len(state.entries) == 1:
             self.training.new_call()
