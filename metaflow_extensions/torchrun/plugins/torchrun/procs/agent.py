@@ -22,7 +22,7 @@ import socket
 import sys
 import time
 import traceback
-from typing import IO, Any, Dict, List, Mapping, Optional, Sequence
+from typing import IO, Any, Dict, List, Mapping, NoReturn, Optional, Sequence
 
 from ..host import is_loopback
 from ..host import open_private
@@ -215,7 +215,7 @@ def main(argv: Sequence[str]) -> None:
     exit_now(0, log)  # the job is done on every node: past torch's exit barrier
 
 
-def exit_now(code: int, log: Optional[IO[str]], report: str = "") -> None:
+def exit_now(code: int, log: Optional[IO[str]], report: str = "") -> NoReturn:
     """End the agent once its workers are reaped and its records written.
 
     Every rank is gone by then (torch's ``PContext.close`` has reaped them and
