@@ -48,7 +48,7 @@ def test_a_rank_killed_twice_restarts_twice_in_the_same_tasks_and_resumes(gang):
     assert "restarting every node's ranks (restart 1 of 2)" in text, text[-5000:]
     assert "restart 2 of 2" in text
     found = _record(gang)
-    assert found["attempts"] == [0, 0], found  # no @retry attempt: the same tasks
+    assert found["attempts"] and set(found["attempts"]) == {0}, found  # no @retry attempt: the same tasks
     record = found["record"][0]
     restarts = record["in_step_restarts"]
     assert [r["restart"] for r in restarts] == [1, 2], restarts

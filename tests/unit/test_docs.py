@@ -155,5 +155,5 @@ def test_the_readme_says_what_ci_adds_to_its_test_command():
         ci = [l.strip() for l in f if l.strip().startswith("make ")]
     with open(os.path.join(REPO, "README.md")) as f:
         readme = f.read()
-    assert ci == ["make package-check", 'make test PYTEST_ARGS="-ra"']
-    assert "make test" in readme and "runs `make package-check` first" in readme
+    assert ci == ["make install", 'make package-check >"$package_log" 2>&1 &', 'make test PYTEST_ARGS="-ra" || status=$?']
+    assert "make test" in readme and "runs `make package-check` beside `make test`" in readme

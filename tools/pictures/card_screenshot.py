@@ -6,12 +6,16 @@ Vega bundle, and nothing is fetched.
 - docs/card.png: examples/hello, 2 nodes x 2 processes, succeeded.
 - docs/card-failure.png: tests/flows/gang_flow.py with stuck.py: node 1's first
   rank waits in a collective nobody else joins, `hang_timeout` stops the gang.
+- docs/card-goodput.png: the Goodput section alone, of tests/flows/checkpoint_flow.py's
+  card after node 1's task is SIGKILLed past epoch 2's checkpoint and @retry resumes
+  (the card of the last attempt, its other sections left out of the picture).
 
 Not part of CI: `python tools/pictures/card_screenshot.py docs` (both), or
 `python tools/pictures/card_screenshot.py docs/card.png` (one, by its name)."""
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import re
@@ -32,7 +36,12 @@ PICTURES: Dict[str, Tuple[str, str, List[str], Dict[str, str], str]] = {
     "card.png": (HELLO, "flow.py", [], {}, "1200,2000"),
     "card-failure.png": (TEST_FLOWS, "gang_flow.py", ["--script", "stuck.py"],
                          {"MFTR_TORCHRUN_ATTRS": json.dumps({"hang_timeout": 6})}, "1200,2300"),
+    "card-goodput.png": (TEST_FLOWS, "checkpoint_flow.py", [],
+                         {"MFTR_CKPT": json.dumps({"kill-after-epoch": 2, "kill-node": 1, "epochs": 3}),
+                          "MFTR_RETRY_ON": "infrastructure"}, "1200,900"),
 }
+# Pictures of one section of the card: the heading it starts at (up to the next "## ").
+SECTIONS = {"card-goodput.png": "## Goodput"}
 
 
 def browser() -> str:
@@ -60,6 +69,34 @@ def card_html(name: str, tmp: str) -> str:
     return html
 
 
+def only_section(html: str, heading: str) -> None:
+    """Keep, of the card's components, those from ``heading`` to the next
+    section: the card's own renderer then draws that section alone."""
+    with open(html) as f:
+        page = f.read()
+    found = re.search(r'(window\.__MF_DATA__\["[^"]+"\] = ")([A-Za-z0-9+/=]+)(")', page)
+    if found is None:
+        sys.exit("no card data in %s" % html)
+    data = json.loads(base64.b64decode(found.group(2)))
+
+    def cut(components: List[dict]) -> bool:
+        starts = [i for i, c in enumerate(components)
+                  if c.get("type") == "markdown" and str(c.get("source", "")).lstrip().startswith(heading)]
+        if starts:
+            rest = components[starts[0]:]
+            end = next((i for i, c in enumerate(rest) if i and c.get("type") == "markdown"
+                        and str(c.get("source", "")).lstrip().startswith("## ")), len(rest))
+            components[:] = rest[:end]
+            return True
+        return any(cut(c["contents"]) for c in components if isinstance(c.get("contents"), list))
+
+    if not cut(data["components"]):
+        sys.exit("no %r section in the card" % heading)
+    encoded = base64.b64encode(json.dumps(data).encode()).decode()
+    with open(html, "w") as f:
+        f.write(page[:found.start(2)] + encoded + page[found.end(2):])
+
+
 def photograph(html: str, out: str, window: str) -> None:
     with tempfile.TemporaryDirectory() as profile:
         subprocess.run([browser(), *chromium.FLAGS, "--user-data-dir=%s" % profile, "--window-size=%s" % window,
@@ -70,7 +107,10 @@ def photograph(html: str, out: str, window: str) -> None:
 def make(out: str) -> None:
     name = os.path.basename(out)
     with tempfile.TemporaryDirectory() as tmp:
-        photograph(card_html(name, tmp), out, PICTURES[name][4])
+        html = card_html(name, tmp)
+        if name in SECTIONS:
+            only_section(html, SECTIONS[name])
+        photograph(html, out, PICTURES[name][4])
     print("wrote %s" % out)
 
 

@@ -38,9 +38,10 @@ def prepare_local_nodes(num_nodes: int, pinned_port: Optional[int]) -> None:
         os.environ[LOCAL_PORT_ENV] = str(find_free_port())
 
 
-def stop_local_nodes(settle: float = 3.0, grace: float = 3.0) -> "threading.Thread":
+def stop_local_nodes(settle: float = 10.0, grace: float = 3.0) -> "threading.Thread":
     """Give this task's node subprocesses ``settle`` seconds to finish on their own
-    (the gang has told them to stop, and they are reporting why), then SIGTERM
+    (the gang has told them to stop, and they are writing their record and
+    their cards: 3 s cut a worker's card off under CI's load), then SIGTERM
     them (each stops its own torchrun), then SIGKILL what is left.
 
     Metaflow's local control task only waits for them when its own step
