@@ -365,7 +365,8 @@ def goodput_parts(result: TorchrunResult, Markdown: Any, Table: Any) -> list:
         parts.append(VegaChart(goodput.bar_spec(led)))
     except ImportError:  # an older Metaflow: the table says it
         pass
-    parts.append(Table(goodput.rows(led), headers=goodput.HEADERS))
+    # The cause column is a rank's own text: clipped and breakable, as every cell here.
+    parts.append(Table([row[:-1] + [clip(row[-1])] for row in goodput.rows(led)], headers=goodput.HEADERS))
     return parts
 
 
