@@ -19,6 +19,7 @@ import base64
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -38,7 +39,7 @@ PICTURES: Dict[str, Tuple[str, str, List[str], Dict[str, str], str]] = {
                          {"MFTR_TORCHRUN_ATTRS": json.dumps({"hang_timeout": 6})}, "1200,2300"),
     "card-goodput.png": (TEST_FLOWS, "checkpoint_flow.py", [],
                          {"MFTR_CKPT": json.dumps({"kill-after-epoch": 2, "kill-node": 1, "epochs": 3}),
-                          "MFTR_RETRY_ON": "infrastructure"}, "1200,900"),
+                          "MFTR_RETRY_ON": "infrastructure"}, "1500,800"),
 }
 # Pictures of one section of the card: the heading it starts at (up to the next "## ").
 SECTIONS = {"card-goodput.png": "## Goodput"}
@@ -58,14 +59,20 @@ def card_html(name: str, tmp: str) -> str:
     env = dict(os.environ, METAFLOW_DATASTORE_SYSROOT_LOCAL=tmp, MFTR_TEST_OUT=os.path.join(tmp, "out"),
                METAFLOW_USER=os.environ.get("METAFLOW_USER", "docs"),
                PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""), **extra)
+    os.makedirs(env["MFTR_TEST_OUT"], exist_ok=True)  # where the test flows write their notes
     run = subprocess.run([sys.executable, flow, "--no-pylint", "run", *args], cwd=directory, env=env,
                          capture_output=True, text=True, timeout=300)
     found = re.search(r"card view (\S+) --id torchrun", run.stdout + run.stderr)
     if found is None:
         sys.exit("%s printed no card command:\n%s" % (flow, (run.stdout + run.stderr)[-3000:]))
     html = os.path.join(tmp, "card.html")
-    subprocess.run([sys.executable, flow, "--no-pylint", "card", "get", found.group(1), "--id", "torchrun", html],
-                   cwd=directory, env=env, check=True, capture_output=True, timeout=120)
+    got = subprocess.run([sys.executable, flow, "--no-pylint", "card", "get", found.group(1), "--id", "torchrun", html],
+                         cwd=directory, env=env, check=True, capture_output=True, text=True, timeout=120)
+    if not os.path.exists(html):  # one card per attempt: Metaflow lists them; the last attempt's is the newest
+        paths = re.findall(r"Card Path: (\S+\.html)", got.stdout + got.stderr)
+        if not paths:
+            sys.exit("no card for %s:\n%s" % (found.group(1), (got.stdout + got.stderr)[-3000:]))
+        shutil.copy(max(paths, key=os.path.getmtime), html)
     return html
 
 
