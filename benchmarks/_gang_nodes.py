@@ -245,13 +245,14 @@ def _training(node: int) -> Callable[[], Any]:
     return sample
 
 
-def worker_main(conn: Any, parent_pid: int) -> None:
+def worker_main(conn: Any, parent_pid: int, make_nodes: Any = None) -> None:
     """A worker's command loop: (command, arguments) in, a dict out, until
-    "exit" or the harness goes away."""
+    "exit" or the harness goes away. ``make_nodes``: the class whose
+    ``do_<command>`` methods answer (``Nodes`` by default)."""
     _die_with_parent(parent_pid)
     raise_nofile()
     threading.stack_size(STACK_BYTES)
-    nodes = Nodes()
+    nodes = (make_nodes or Nodes)()
     conn.send({"ready": os.getpid()})
     while True:
         try:

@@ -12,13 +12,12 @@ Only the gang's public entry points are used (``enter_call``,
 
 from __future__ import annotations
 
-import os
 import socket
 import threading
 import time
 from typing import Any, Dict, List, Tuple
 
-from _gang_nodes import HOST, Nodes, _die_with_parent, raise_nofile, STACK_BYTES
+from _gang_nodes import HOST, Nodes, worker_main
 
 
 class RestartNodes(Nodes):
@@ -132,24 +131,4 @@ class RestartNodes(Nodes):
 
 def restart_worker_main(conn: Any, parent_pid: int) -> None:
     """``_gang_nodes.worker_main``'s loop, with ``RestartNodes``."""
-    _die_with_parent(parent_pid)
-    raise_nofile()
-    threading.stack_size(STACK_BYTES)
-    nodes = RestartNodes()
-    conn.send({"ready": os.getpid()})
-    while True:
-        try:
-            command, args = conn.recv()
-        except (EOFError, OSError, KeyboardInterrupt):
-            break
-        if command == "exit":
-            break
-        try:
-            reply = getattr(nodes, "do_" + command)(**args)
-        except Exception as e:
-            reply = {"error": "%s: %s" % (type(e).__name__, e)}
-        try:
-            conn.send(reply)
-        except (OSError, ValueError):
-            break
-    os._exit(0)
+    worker_main(conn, parent_pid, RestartNodes)
