@@ -53,7 +53,7 @@ class RestartGang(Gang):
     """``gang_scale.Gang`` with ``restarts=1``."""
 
     def __init__(self, pool: Pool, n: int, join_bound: float):
-        self.pool, self.n, self.join_bound = pool, n, join_bound
+        self.pool, self.n, self.join_bound, self.progress = pool, n, join_bound, False
         self.secret = os.urandom(32)
         config = GangConfig("restart-%s" % uuid.uuid4().hex[:8], n, heartbeat_timeout=60.0,
                             start_timeout=join_bound + 60, restarts=1)
