@@ -25,7 +25,7 @@ from metaflow.plugins.datastores.local_storage import LocalStorage
 
 import records
 from metaflow_extensions.torchrun.plugins.torchrun.runtime import card as card_mod
-from metaflow_extensions.torchrun.plugins.torchrun.compat import meta_datum
+from metaflow_extensions.torchrun.plugins.torchrun.runtime import meta_datum
 from metaflow_extensions.torchrun.plugins.torchrun.launch.resources import NONE, Accelerators
 from metaflow_extensions.torchrun.plugins.torchrun.runtime.result import RankRecord, TorchrunResult
 

@@ -35,13 +35,6 @@ def decorator_init_kwargs(parent_init: Callable[..., Any], inserted_by: Any) -> 
     return {}
 
 
-def meta_datum() -> Any:
-    """Metaflow's ``MetaDatum``, wherever this Metaflow keeps it (runtime/step_record.py)."""
-    from .runtime import meta_datum as found
-
-    return found()
-
-
 def local_control_task_id(task_id: str) -> str:
     """The control task's id, seen from a local worker node whose environment does
     not name it (Metaflow before 2.16 sets no MF_PARALLEL_CONTROL_TASK_ID). Local
