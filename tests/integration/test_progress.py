@@ -16,7 +16,10 @@ pytestmark = pytest.mark.integration
 def test_the_slow_node_is_named_in_the_log_the_record_and_the_card(gang):
     gang.env.update({"METAFLOW_TORCHRUN_PROGRESS_SECONDS": "2", "METAFLOW_TORCHRUN_STRAGGLER_RATIO": "1.8",
                      "METAFLOW_TORCHRUN_STRAGGLER_SECONDS": "2"})
-    proc = gang.run("--script", "progress_slow.py", "--script-args", json.dumps({"slow-rank": 3, "seconds": 8}))
+    # 16 s: naming takes three progress beats (PROGRESS_SEND) after the first
+    # report, which on a loaded CI machine arrives seconds late.
+    slow = {"slow-rank": 3, "seconds": 16, "every": 0.1}
+    proc = gang.run("--script", "progress_slow.py", "--script-args", json.dumps(slow))
     text = output(proc)
     assert proc.returncode == 0, text[-3000:]
     host = socket.gethostname()

@@ -9,6 +9,9 @@ Vega bundle, and nothing is fetched.
 - docs/card-goodput.png: the Goodput section alone, of tests/flows/checkpoint_flow.py's
   card after node 1's task is SIGKILLed past epoch 2's checkpoint and @retry resumes
   (the card of the last attempt, its other sections left out of the picture).
+- docs/card-live.png: the control's card while the step still runs (Metaflow's runtime
+  render): tests/flows/gang_flow.py with progress_slow.py, rank 3 three times slower,
+  taken with `card get` once the refreshed card names the slow node.
 
 Not part of CI: `python tools/pictures/card_screenshot.py docs` (both), or
 `python tools/pictures/card_screenshot.py docs/card.png` (one, by its name)."""
@@ -23,6 +26,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from typing import Dict, List, Tuple
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -41,6 +45,11 @@ PICTURES: Dict[str, Tuple[str, str, List[str], Dict[str, str], str]] = {
                          {"MFTR_CKPT": json.dumps({"kill-after-epoch": 2, "kill-node": 1, "epochs": 3}),
                           "MFTR_RETRY_ON": "infrastructure"}, "1500,800"),
 }
+# The live card: the flow runs this long; its card is taken while it runs.
+LIVE = (TEST_FLOWS, "gang_flow.py",
+        ["--script", "progress_slow.py", "--script-args", json.dumps({"slow-rank": 3, "seconds": 75, "every": 0.1})],
+        {"METAFLOW_TORCHRUN_PROGRESS_SECONDS": "5", "METAFLOW_TORCHRUN_STRAGGLER_SECONDS": "10"}, "1200,1080")
+LIVE_NAME = "card-live.png"
 # Pictures of one section of the card: the heading it starts at (up to the next "## ").
 SECTIONS = {"card-goodput.png": "## Goodput"}
 
@@ -56,10 +65,7 @@ def card_html(name: str, tmp: str) -> str:
     """Run the picture's flow in a datastore of its own; save the control
     task's card (whose command the control prints) as HTML."""
     directory, flow, args, extra, _ = PICTURES[name]
-    env = dict(os.environ, METAFLOW_DATASTORE_SYSROOT_LOCAL=tmp, MFTR_TEST_OUT=os.path.join(tmp, "out"),
-               METAFLOW_USER=os.environ.get("METAFLOW_USER", "docs"),
-               PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""), **extra)
-    os.makedirs(env["MFTR_TEST_OUT"], exist_ok=True)  # where the test flows write their notes
+    env = _env(tmp, extra)
     run = subprocess.run([sys.executable, flow, "--no-pylint", "run", *args], cwd=directory, env=env,
                          capture_output=True, text=True, timeout=300)
     found = re.search(r"card view (\S+) --id torchrun", run.stdout + run.stderr)
@@ -74,6 +80,47 @@ def card_html(name: str, tmp: str) -> str:
             sys.exit("no card for %s:\n%s" % (found.group(1), (got.stdout + got.stderr)[-3000:]))
         shutil.copy(max(paths, key=os.path.getmtime), html)
     return html
+
+
+def live_card_html(tmp: str) -> str:
+    """Run the live picture's flow; while it runs, take the control task's
+    card (the task is named in its log lines) until a refresh names the slow
+    node; then let the run end."""
+    directory, flow, args, extra, _ = LIVE
+    env = _env(tmp, extra)
+    html = os.path.join(tmp, "card.html")
+    with open(os.path.join(tmp, "run.log"), "w+") as log:
+        run = subprocess.Popen([sys.executable, flow, "--no-pylint", "run", *args], cwd=directory, env=env,
+                               stdout=log, stderr=subprocess.STDOUT, text=True)
+        try:
+            while run.poll() is None:
+                time.sleep(3)
+                log.seek(0)
+                found = re.search(r"\[(\d+/train/\d+) \(pid \d+\)\] @torchrun: progress", log.read())
+                if found is None:
+                    continue
+                subprocess.run([sys.executable, flow, "--no-pylint", "card", "get", found.group(1), "--id", "torchrun",
+                                html], cwd=directory, env=env, capture_output=True, text=True, timeout=120)
+                if os.path.exists(html) and "slower than the median" in _components(html):
+                    return html
+            log.seek(0)
+            sys.exit("the run ended before its live card named the slow node:\n%s" % log.read()[-3000:])
+        finally:
+            run.wait(timeout=300)
+
+
+def _env(tmp: str, extra: Dict[str, str]) -> Dict[str, str]:
+    env = dict(os.environ, METAFLOW_DATASTORE_SYSROOT_LOCAL=tmp, MFTR_TEST_OUT=os.path.join(tmp, "out"),
+               METAFLOW_USER=os.environ.get("METAFLOW_USER", "docs"),
+               PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""), **extra)
+    os.makedirs(env["MFTR_TEST_OUT"], exist_ok=True)  # where the test flows write their notes
+    return env
+
+
+def _components(html: str) -> str:
+    with open(html) as f:
+        found = re.search(r'window\.__MF_DATA__\["[^"]+"\] = "([A-Za-z0-9+/=]+)"', f.read())
+    return base64.b64decode(found.group(1)).decode() if found else ""
 
 
 def only_section(html: str, heading: str) -> None:
@@ -114,6 +161,10 @@ def photograph(html: str, out: str, window: str) -> None:
 def make(out: str) -> None:
     name = os.path.basename(out)
     with tempfile.TemporaryDirectory() as tmp:
+        if name == LIVE_NAME:
+            photograph(live_card_html(tmp), out, LIVE[4])
+            print("wrote %s" % out)
+            return
         html = card_html(name, tmp)
         if name in SECTIONS:
             only_section(html, SECTIONS[name])
@@ -123,12 +174,12 @@ def make(out: str) -> None:
 
 def main(target: str) -> None:
     if os.path.isdir(target):
-        for name in PICTURES:
+        for name in [*PICTURES, LIVE_NAME]:
             make(os.path.join(target, name))
-    elif os.path.basename(target) in PICTURES:
+    elif os.path.basename(target) in [*PICTURES, LIVE_NAME]:
         make(target)
     else:
-        sys.exit("%s: one of %s, or a directory for all" % (target, ", ".join(PICTURES)))
+        sys.exit("%s: one of %s, or a directory for all" % (target, ", ".join([*PICTURES, LIVE_NAME])))
 
 
 if __name__ == "__main__":
