@@ -11,7 +11,7 @@ import pytest
 from metaflow_extensions.torchrun.plugins.torchrun.gang import messages as msg
 from metaflow_extensions.torchrun.plugins.torchrun.gang.calls import CallBook
 from metaflow_extensions.torchrun.plugins.torchrun.gang.gang_progress import (
-    CHART_GROUPS, CHART_SAMPLES, SIGNAL_CPU, SIGNAL_PROGRESS, ProgressBook, duration)
+    CHART_GROUPS, CHART_SAMPLES, SIGNAL_CPU, SIGNAL_GPU, SIGNAL_PROGRESS, ProgressBook, duration)
 from metaflow_extensions.torchrun.plugins.torchrun.gang.node_progress import NodeProgress, ProgressTracker
 from metaflow_extensions.torchrun.plugins.torchrun.gang.wire import ProtocolError
 from metaflow_extensions.torchrun.plugins.torchrun.procs.progress import ProgressReport
@@ -40,6 +40,7 @@ def test_a_heartbeat_carries_a_node_s_progress_and_it_reads_back():
     {"step_min": -1}, {"step_min": 5, "step_median": 3}, {"rate": float("inf")}, {"rate": "fast"},
     {"ranks": True}, {"metrics": {"x" * 41: 1.0}}, {"metrics": {"m%d" % i: 1.0 for i in range(9)}},
     {"metrics": {"loss": "low"}}, {"metrics": [1]}, {"stalled": -1}, {"total": 2**60}, "progress",
+    {"gpu": 100.5}, {"gpu": -1}, {"gpu": "busy"}, {"gpu": True}, {"gpu": float("nan")},
 ])
 def test_a_hostile_progress_is_a_protocol_error(bad):
     wire = _node(1.0).to_wire()
@@ -118,6 +119,40 @@ def test_without_progress_the_busiest_node_on_cpu_is_named_and_the_signal_said()
     assert [n.node_index for n in named] == [0] and named[0].signal == SIGNAL_CPU
     assert "3.0x busier on CPU than the median" in named[0].sentence()
     assert book.summary.signal == SIGNAL_CPU and book.line() is None  # no step: no progress line
+
+
+def test_without_progress_on_gpu_nodes_the_idlest_gpus_are_named_and_the_signal_said():
+    book = _book(ratio=1.5, window=3.0)
+    named = []
+    for second in range(5):
+        for node in range(4):  # node 2's GPUs wait for its input; CPU would blame node 0
+            book.update(node, "h", NodeProgress(cpu=0.9 if node == 0 else 0.3, gpu=30.0 if node == 2 else 90.0))
+        named += book.check(float(second))
+    assert [n.node_index for n in named] == [2] and named[0].signal == SIGNAL_GPU
+    assert "3.0x less busy on GPU than the median" in named[0].sentence()
+    assert book.summary.signal == SIGNAL_GPU and book.summary.to_wire()["signal"] == SIGNAL_GPU
+
+
+@pytest.mark.parametrize("gpus, signal", [
+    ((2.0, 2.0, 0.0, 2.0), SIGNAL_GPU),  # idle GPUs gang-wide (median under GPU_IDLE): nothing to compare
+    ((None, None, 10.0, None), SIGNAL_CPU),  # one node's answer is no comparison: the CPU signal
+])
+def test_the_gpu_signal_names_no_one_when_it_cannot_compare(gpus, signal):
+    book = _book(ratio=1.5, window=0.0)
+    named = []
+    for second in range(3):
+        for node in range(4):
+            book.update(node, "h", NodeProgress(cpu=0.3, gpu=gpus[node]))
+        named += book.check(float(second))
+    assert named == [] and book.summary.signal == signal
+
+
+def test_the_tracker_carries_the_gpus_utilisation_with_or_without_reports(tmp_path):
+    tracker = ProgressTracker(str(tmp_path), gpu=lambda: 42.5)
+    one = tracker.sample()
+    assert one is not None and one.gpu == 42.5 and not one.reporting
+    assert msg.parse(json.loads(json.dumps(msg.Heartbeat(None, one).to_wire()))).progress.gpu == 42.5
+    assert ProgressTracker(str(tmp_path)).sample() is None  # no reports, no CPU seen yet, no GPU
 
 
 def test_the_line_says_step_percent_eta_rate_metrics_and_the_slowest_node():

@@ -46,6 +46,9 @@ PROGRESS_CHECK = 1.0
 # A node's progress rides one heartbeat in this many seconds (the control parses
 # each: about 4 times a bare heartbeat's cost).
 PROGRESS_SEND = 3.0
+# One nvidia-smi query of the GPUs' utilisation (host/gpu_usage.py: the straggler
+# signal without progress reports) may take this long; a hung one is abandoned.
+GPU_QUERY_TIMEOUT = 5.0
 # While the ranks report progress, the control's card is refreshed this often
 # (Metaflow renders each refresh in a `card create` subprocess: about 1 s of CPU).
 LIVE_CARD_EVERY = 30.0

@@ -11,7 +11,10 @@ stragglers: a node slower than the median by ``straggler_ratio`` for
 
 The signal: with progress reports, the steps per second of each node's slowest
 rank (a straggler is ``ratio`` times slower than the median node). Without
-them, the CPU its ranks use: in a synchronous job the others wait in their
+them, on GPU nodes where nvidia-smi answers, the GPUs' utilisation: a node held
+up by its input or its CPU leaves its GPUs idle while the others' spin waiting
+for it, so the straggler is the node at ``1/ratio`` of the median's. Else the
+CPU its ranks use: in a synchronous CPU job the others wait in their
 collectives while the straggler computes, so the straggler is the node whose
 ranks use ``ratio`` times the median's CPU. Which one was used is said.
 """
@@ -29,7 +32,10 @@ CHART_SAMPLES = 90
 MAX_STRAGGLERS = 16
 RATIO_CAP = 99.0
 SIGNAL_PROGRESS = "progress reports (steps/s of each node's slowest rank)"
+SIGNAL_GPU = "GPU utilisation of each node (nvidia-smi; no rank reports progress)"
 SIGNAL_CPU = "CPU time of each node's ranks (no rank reports progress)"
+# Below this median utilisation (%) the GPUs are idle gang-wide: nothing to compare.
+GPU_IDLE = 5.0
 
 
 @dataclass(frozen=True)
@@ -48,8 +54,9 @@ class Straggler:
                 "ratio": round(self.ratio, 2), "seconds": round(self.seconds, 1), "signal": self.signal}
 
     def sentence(self) -> str:
-        what = "slower than the median" if self.signal == SIGNAL_PROGRESS else \
-            "busier on CPU than the median (the others wait for it)"
+        what = {SIGNAL_PROGRESS: "slower than the median",
+                SIGNAL_GPU: "less busy on GPU than the median (its GPUs wait for its input or CPU)"}.get(
+            self.signal, "busier on CPU than the median (the others wait for it)")
         return "node %d (%s, ranks %s) is %.1fx %s for %s" % (
             self.node_index, self.host, self.ranks or "?", self.ratio, what, duration(self.seconds))
 
@@ -160,11 +167,21 @@ class ProgressBook:
             limit = middle / self.ratio
             return {n: min(RATIO_CAP, middle / r) if r > 0 else RATIO_CAP for r, n in rates if r <= limit}, \
                 SIGNAL_PROGRESS
+        gpus = [(p.gpu, n) for n, (p, _) in self.nodes.items() if p.gpu is not None]
+        if len(gpus) >= 2:
+            middle = statistics.median([g for g, _ in gpus])
+            if middle < GPU_IDLE:
+                return {}, SIGNAL_GPU
+            return {n: min(RATIO_CAP, middle / g) if g > 0 else RATIO_CAP for g, n in gpus
+                    if g * self.ratio <= middle}, SIGNAL_GPU
         cpus = [(p.cpu, n) for n, (p, _) in self.nodes.items() if p.cpu is not None]
         middle = statistics.median([c for c, _ in cpus]) if len(cpus) >= 2 else 0.0
         if middle < 0.01:  # idle ranks: nothing to compare
             return {}, SIGNAL_CPU
         return {n: min(RATIO_CAP, c / middle) for c, n in cpus if c >= middle * self.ratio}, SIGNAL_CPU
+
+    def _fallback(self) -> str:
+        return SIGNAL_GPU if sum(p.gpu is not None for p, _ in self.nodes.values()) >= 2 else SIGNAL_CPU
 
     def _name(self, one: Straggler) -> None:
         if len(self.named) >= MAX_STRAGGLERS:
@@ -178,7 +195,7 @@ class ProgressBook:
 
     def _summary(self, reporting: Dict[int, Tuple[NodeProgress, str]]) -> ProgressRecord:
         stragglers = tuple(self.named[n] for n in self.named_order)
-        signal = SIGNAL_PROGRESS if reporting else SIGNAL_CPU if self.nodes else None
+        signal = SIGNAL_PROGRESS if reporting else self._fallback() if self.nodes else None
         if not reporting:
             return ProgressRecord(signal=signal, stragglers=stragglers, stragglers_more=self.more)
         nodes = [p for p, _ in reporting.values()]

@@ -38,7 +38,9 @@ class NodeProgress:
     (``rate_min``) set the node's pace; ``stalled``: seconds since any of its
     ranks advanced a step, on the node's own clock (the control's
     ``hang_timeout`` reads it); ``cpu``: CPU seconds per second per rank,
-    the fallback signal where no rank reports progress."""
+    the fallback signal where no rank reports progress; ``gpu``: the mean
+    utilisation (%) of the node's visible GPUs, where nvidia-smi answers,
+    the fallback that comes first on GPU nodes (host/gpu_usage.py)."""
 
     ranks: int = 0  # ranks with a report
     step_min: int = 0
@@ -52,6 +54,7 @@ class NodeProgress:
     rank_hi: Optional[int] = None
     stalled: Optional[float] = None
     cpu: Optional[float] = None
+    gpu: Optional[float] = None
     metrics: Dict[str, float] = field(default_factory=dict)
 
     @property
@@ -62,7 +65,7 @@ class NodeProgress:
         data = {"ranks": self.ranks, "step_min": self.step_min, "step_median": self.step_median,
                 "step_max": self.step_max, "total": self.total, "rate": _round(self.rate),
                 "rate_min": _round(self.rate_min), "slowest_rank": self.slowest_rank, "rank_lo": self.rank_lo,
-                "rank_hi": self.rank_hi, "stalled": _round(self.stalled), "cpu": _round(self.cpu),
+                "rank_hi": self.rank_hi, "stalled": _round(self.stalled), "cpu": _round(self.cpu), "gpu": _round(self.gpu),
                 "metrics": {k: float("%.6g" % v) for k, v in self.metrics.items()} or None}
         return {k: v for k, v in data.items() if v is not None}
 
@@ -82,7 +85,7 @@ class NodeProgress:
                    rate=_real(data, "rate", MAX_RATE), rate_min=_real(data, "rate_min", MAX_RATE),
                    slowest_rank=_int(data, "slowest_rank", RANK_LIMIT), rank_lo=_int(data, "rank_lo", RANK_LIMIT),
                    rank_hi=_int(data, "rank_hi", RANK_LIMIT), stalled=_real(data, "stalled", MAX_SECONDS),
-                   cpu=_real(data, "cpu", 1e6), metrics=dict(metrics))
+                   cpu=_real(data, "cpu", 1e6), gpu=_real(data, "gpu", 100.0), metrics=dict(metrics))
 
 
 def _round(value: Optional[float]) -> Optional[float]:
@@ -113,23 +116,27 @@ def _real(data: Mapping[str, Any], name: str, limit: float) -> Optional[float]:
 
 class ProgressTracker:
     """Sums up this node's ranks once a heartbeat: their progress files and
-    their CPU time. Kept per call (a new call is a new work directory)."""
+    their CPU time, and the GPUs' utilisation where ``gpu`` knows it. Kept
+    per call (a new call is a new work directory)."""
 
-    def __init__(self, workdir: str, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, workdir: str, clock: Callable[[], float] = time.monotonic,
+                 gpu: Callable[[], Optional[float]] = lambda: None) -> None:
         self.workdir = workdir
         self.clock = clock
+        self.gpu = gpu
         self.history: Dict[int, Deque[Tuple[float, int]]] = {}  # rank -> (report time, step)
         self.last_steps: Dict[int, int] = {}
         self.advanced_at: Optional[float] = None
         self.cpu_seen: Optional[Tuple[float, float, int]] = None  # (clock, CPU seconds, ranks)
 
     def sample(self) -> Optional[NodeProgress]:
-        """This node's record now; None while no rank reports and no CPU time is known."""
+        """This node's record now; None while no rank reports and no CPU time
+        or GPU utilisation is known."""
         now = self.clock()
         reports = read_progress(self.workdir)
-        cpu = self._cpu(now)
+        cpu, gpu = self._cpu(now), self.gpu()
         if not reports:
-            return NodeProgress(cpu=cpu) if cpu is not None else None
+            return NodeProgress(cpu=cpu, gpu=gpu) if cpu is not None or gpu is not None else None
         if any(self.last_steps.get(r) != one.step for r, one in reports.items()) or self.advanced_at is None:
             self.advanced_at = now
         self.last_steps = {r: one.step for r, one in reports.items()}
@@ -142,7 +149,7 @@ class ProgressTracker:
             total=max(totals) if totals else None,
             rate=statistics.median(rates.values()) if rates else None,
             rate_min=rates[slowest] if rates else None, slowest_rank=slowest,
-            rank_lo=min(reports), rank_hi=max(reports), stalled=max(0.0, now - self.advanced_at), cpu=cpu,
+            rank_lo=min(reports), rank_hi=max(reports), stalled=max(0.0, now - self.advanced_at), cpu=cpu, gpu=gpu,
             metrics=mean_metrics(reports[r].metrics for r in sorted(reports)))
 
     def _rate(self, one: ProgressReport) -> Optional[float]:

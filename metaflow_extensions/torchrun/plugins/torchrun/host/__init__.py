@@ -18,6 +18,7 @@ __all__ = [
     "rank_output",
     "step_log_dir",
     "CallFiles",
+    "GpuUsage",
     "LogKey",
     "count_with_torch",
     "cuda_devices",
@@ -42,6 +43,7 @@ _HOME = {
     "rank_output": "console",
     "step_log_dir": "logs",
     "CallFiles": "workdirs",
+    "GpuUsage": "gpu_usage",
     "LogKey": "logs",
     "count_with_torch": "devices",
     "cuda_devices": "devices",
@@ -64,6 +66,7 @@ if TYPE_CHECKING:
     from .logs import step_log_dir
     from .console import say, say_once
     from .devices import count_with_torch, cuda_devices, usable_cpus
+    from .gpu_usage import GpuUsage
     from .logs import LogKey, where_logs_are
     from .network import host_name, interfaces, is_loopback, route_to
     from .private import open_private, tail_lines

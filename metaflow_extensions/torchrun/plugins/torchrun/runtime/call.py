@@ -36,7 +36,7 @@ from .call_stacks import CallStacks
 from ..host import say
 from .stop import GangStop, interrupted, notice_path
 from .supervisor import StopReason, Supervisor
-from ..host import CallFiles
+from ..host import CallFiles, GpuUsage
 from .call_launch import CallLaunch
 from .restarts import CallRestarts, with_ranks_start
 from .. import timeouts
@@ -133,14 +133,15 @@ class CallRun(CallLaunch):
 
         try:
             with Supervisor(self.argv, env=env, shutdown_grace=self.session.defaults.shutdown_grace,
-                            before_stop=lambda: self.where.collect(self.session, self.index, self.supervisor, self.workdir), on_told=gang_stop.told) as sup:
+                            before_stop=lambda: self.where.collect(self.session, self.index, self.supervisor, self.workdir), on_told=gang_stop.told) as sup, \
+                    GpuUsage(os.environ) as gpus:
                 self.supervisor = sup
                 self.first_started = self.first_started or sup.started_at
                 self.again.started(sup.started_at)
                 assert self.files is not None  # prepare() made them
                 self.files.prune()  # other runs' logs: while torchrun imports torch, off the critical path
                 client.quiet = lambda: None if sup.last_output is None else time.monotonic() - sup.last_output
-                client.training = ProgressTracker(self.workdir).sample
+                client.training = ProgressTracker(self.workdir, gpu=gpus.latest).sample
                 self.exit_code = sup.wait(should_stop=should_stop)
         except BaseException:
             # Told to stop (SIGTERM, Ctrl-C, @timeout): the error is not ours to word, so where the ranks were goes to the log.

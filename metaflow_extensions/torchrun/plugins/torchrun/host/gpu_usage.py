@@ -1,0 +1,115 @@
+"""How busy this node's GPUs are: the straggler signal of a job whose ranks
+report no progress.
+
+Why nvidia-smi, and in a thread of its own: it is on every NVIDIA node (NVML's
+Python binding is not), and it can hang when a GPU has fallen off the bus,
+the moment a straggler matters most. So the heartbeat never runs it: a daemon
+thread asks it every ``every`` seconds, under a timeout, and the heartbeat reads
+the last answer (``latest``), none once it is stale. Only the GPUs this task's
+processes see count (``CUDA_VISIBLE_DEVICES``, by index or UUID, as CUDA reads it).
+
+Why it tells a straggler at all: a node held up by its input pipeline or its
+CPU leaves its GPUs idle while the others' spin in their collectives waiting for
+it, so its utilisation falls below the others'. A GPU that is itself slow
+(throttled) is as busy as the rest and is not seen by this signal.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import threading
+import time
+from typing import List, Mapping, Optional, Sequence, Tuple
+
+from .. import timeouts
+
+TOOL = "nvidia-smi"
+QUERY = ["--query-gpu=index,uuid,utilization.gpu", "--format=csv,noheader,nounits"]
+MAX_GPUS = 1024  # lines read of one answer
+
+
+def parse_query(text: str) -> List[Tuple[int, str, float]]:
+    """``(index, uuid, percent)`` per GPU of nvidia-smi's CSV answer; lines
+    it cannot read (``[N/A]``, ``[Not Supported]``, garbage) are left out."""
+    out = []
+    for line in text.splitlines()[:MAX_GPUS]:
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) != 3 or not parts[0].isdigit():
+            continue
+        try:
+            percent = float(parts[2])
+        except ValueError:
+            continue
+        if 0.0 <= percent <= 100.0:
+            out.append((int(parts[0]), parts[1], percent))
+    return out
+
+
+def visible(gpus: Sequence[Tuple[int, str, float]], spec: Optional[str]) -> List[float]:
+    """The utilisation of the GPUs ``CUDA_VISIBLE_DEVICES`` names (all when
+    unset; none when set empty), up to the first entry CUDA would not accept."""
+    if spec is None:
+        return [p for _, _, p in gpus]
+    by_index = {i: p for i, _, p in gpus}
+    out = []
+    for entry in (e.strip() for e in spec.split(",")):
+        if entry.isdigit() and int(entry) in by_index:
+            out.append(by_index[int(entry)])
+            continue
+        match = [p for _, uuid, p in gpus if entry and uuid.startswith(entry)]
+        if len(match) != 1:  # CUDA stops at the first entry it cannot resolve
+            break
+        out.append(match[0])
+    return out
+
+
+def mean_percent(text: str, spec: Optional[str]) -> Optional[float]:
+    """The mean utilisation of the visible GPUs, None when none is known."""
+    values = visible(parse_query(text), spec)
+    return round(sum(values) / len(values), 1) if values else None
+
+
+class GpuUsage:
+    """Asks nvidia-smi in a daemon thread; ``latest`` is the last answer while
+    fresh (at most ``3 * every`` old). Nothing runs where the tool is absent."""
+
+    def __init__(self, env: Mapping[str, str], every: float = timeouts.PROGRESS_SEND,
+                 tool: Optional[str] = None) -> None:
+        self.spec = env.get("CUDA_VISIBLE_DEVICES")
+        self.every = every
+        self.tool = tool if tool is not None else shutil.which(TOOL)
+        self._latest: Optional[Tuple[float, float]] = None  # (monotonic time, percent)
+        self._stop = threading.Event()
+
+    def __enter__(self) -> "GpuUsage":
+        if self.tool:
+            threading.Thread(target=self._loop, name="torchrun-gpu-usage", daemon=True).start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+
+    def latest(self) -> Optional[float]:
+        seen = self._latest
+        if seen is None or time.monotonic() - seen[0] > 3 * self.every:
+            return None
+        return seen[1]
+
+    def ask(self) -> Optional[float]:
+        """One answer of the tool, within ``GPU_QUERY_TIMEOUT``; None when it failed."""
+        assert self.tool
+        try:
+            done = subprocess.run([self.tool, *QUERY], capture_output=True, text=True, errors="replace",
+                                  timeout=timeouts.GPU_QUERY_TIMEOUT, check=False)
+        except (OSError, subprocess.SubprocessError):
+            return None
+        return mean_percent(done.stdout, self.spec) if done.returncode == 0 else None
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            percent = self.ask()
+            if percent is not None:
+                self._latest = (time.monotonic(), percent)
+            if self._stop.wait(self.every):
+                return
