@@ -1,8 +1,10 @@
 """Training progress while it runs: a plain script reports its steps, one rank
 is three times slower; its node is named in the control's log, the record and
-the card."""
+the card. Without progress reports, on GPU nodes, the node whose GPUs idle is
+named from nvidia-smi's answer."""
 
 import json
+import os
 import socket
 
 import pytest
@@ -46,3 +48,30 @@ def test_the_slow_node_is_named_in_the_log_the_record_and_the_card(gang):
     text = json.dumps(parts)
     assert "## Progress" in text and "node 1 (%s, ranks 2-3) is" % host in text
     assert "slower than the median" in text and "steps/s per node over time" in text
+
+
+def test_without_progress_the_node_whose_gpus_idle_is_named_from_nvidia_smi(gang, tmp_path):
+    # A stand-in nvidia-smi (no GPU here) that answers as the real one does:
+    # node 1's GPU at 20 %, node 0's at 90 %.
+    tools = tmp_path / "tools"
+    tools.mkdir()
+    smi = tools / "nvidia-smi"
+    smi.write_text('#!/bin/sh\nif [ "$MF_PARALLEL_NODE_INDEX" = 1 ]; then u=20; else u=90; fi\n'
+                   'echo "0, GPU-5e0c2b1a-0000-4000-8000-000000000000, $u"\n')
+    smi.chmod(0o755)
+    gang.env.update({"METAFLOW_TORCHRUN_STRAGGLER_RATIO": "1.8", "METAFLOW_TORCHRUN_STRAGGLER_SECONDS": "2",
+                     "PATH": str(tools) + os.pathsep + gang.env["PATH"]})
+    gang.env.pop("CUDA_VISIBLE_DEVICES", None)
+    proc = gang.run("--script", "wait.py", "--script-args", json.dumps({"seconds": 12}))
+    text = output(proc)
+    assert proc.returncode == 0, text[-3000:]
+    named = [line for line in text.splitlines() if "less busy on GPU than the median" in line]
+    assert len(named) == 1 and "node 1 (" in named[0], text[-3000:]
+    record = gang.client(
+        "import json\n"
+        "t = Flow('GangFlow').latest_run['train'].control_task\n"
+        "result = json.loads(t.metadata_dict['torchrun-result'])"
+    )
+    progress = record["progress"]
+    assert progress["signal"].startswith("GPU utilisation") and progress["step"] is None
+    assert [(s["node_index"], s["signal"]) for s in progress["stragglers"]] == [(1, progress["signal"])]
