@@ -51,6 +51,10 @@ NODE_HISTORY_RUNS = 20
 # A host whose preflight bandwidth is under this fraction of the median of its
 # own past measurements is flagged too.
 NODE_HISTORY_BANDWIDTH_FRACTION = 0.5
+# Entries of torch's Flight Recorder each rank keeps (procs/flight.py reads it
+# when a hang is stopped): torch 2.13's own default, kept on older torch too.
+# A few hundred bytes each, in the rank's memory.
+FLIGHT_RECORDER_ENTRIES = 2000
 
 # In-step restarts of a call's ranks the gang coordinates (@torchrun(restarts=N)).
 RESTARTS = 0

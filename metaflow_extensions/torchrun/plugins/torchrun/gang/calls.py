@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Mapping, Optional, Set, Tuple
 
 from ..cause import Cause, CauseKind, plural
+from ..procs import FlightSummary
 from . import messages as msg
 from .config import RDZV_STORE_NODE
 from .wire import RANK0_MAX, ProtocolError
@@ -46,6 +47,8 @@ class CallState:
     # After a failure: each node's ranks' stacks (node -> rank -> text), sent
     # once per node (an empty dict from a node with no live rank to stop).
     stacks: Dict[int, Dict[int, str]] = field(default_factory=dict)
+    # With them, the ranks' Flight Recorder summaries (node -> rank -> summary).
+    flights: Dict[int, Dict[int, FlightSummary]] = field(default_factory=dict)
     # In-step restarts (restarts.py): how many so far, the latest's start
     # (monotonic; hang detection counts from it), and what caused each.
     restart: int = 0
@@ -66,6 +69,7 @@ class CallView:
     rank0: Optional[bytes] = None
     rank0_node: Optional[int] = None
     rank0_error: Optional[str] = None
+    flights: Mapping[int, Mapping[int, FlightSummary]] = field(default_factory=dict)
 
     @classmethod
     def of(cls, state: Optional[CallState], index: int, joined_at: Mapping[int, float]) -> "CallView":
@@ -73,7 +77,8 @@ class CallView:
             return cls(index, dict(joined_at), {}, {}, {}, frozenset())
         return cls(index, dict(joined_at), dict(state.finished_at), dict(state.reports),
                    {n: dict(s) for n, s in state.stacks.items()}, frozenset(state.done),
-                   state.rank0, state.rank0_node, state.rank0_error)
+                   state.rank0, state.rank0_node, state.rank0_error,
+                   {n: dict(f) for n, f in state.flights.items()})
 
 
 class CallBook:
@@ -150,6 +155,7 @@ class CallBook:
         if state is None or node not in state.entries or node in state.stacks:
             raise ProtocolError("stacks out of turn")
         state.stacks[node] = stacks.stacks
+        state.flights[node] = stacks.flights
 
     def stacks_pending(self, index: int, connected: Callable[[int], bool], left: Left) -> List[int]:
         """Nodes of call ``index`` that may still send their stacks: in the call

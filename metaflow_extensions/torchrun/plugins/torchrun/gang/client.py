@@ -18,6 +18,8 @@ import time
 from typing import Callable, Dict, List, Optional, Sequence, Set, Union
 
 from ..cause import Cause, CauseKind
+from ..procs import FlightSummary
+from ..procs import flight as rank_flight
 from ..procs import stacks as rank_stacks
 from . import auth as gang_auth
 from . import messages as msg
@@ -163,12 +165,15 @@ class GangClient(Joining, RestartNews):
         _log.debug("node %d: failure reported (call %s): %s: %s", self.node_index, call, cause.kind.value,
                    cause.summary)
 
-    def send_stacks(self, index: int, stacks: Dict[int, str]) -> None:
-        """Where this node's ranks were when it stopped them (``stacks.py``),
-        for the control's report; an empty dict says there were none."""
+    def send_stacks(self, index: int, stacks: Dict[int, str],
+                    flights: Optional[Dict[int, FlightSummary]] = None) -> None:
+        """Where this node's ranks were when it stopped them (``stacks.py``)
+        and what their Flight Recorders said (``flight.py``), for the
+        control's report; empty dicts say there were none."""
+        flights = rank_flight.bound(flights or {}, wire.MAX_LINE // 8)
         budget = wire.MAX_LINE // 2
         while True:
-            message = msg.Stacks(index, rank_stacks.bound(stacks, budget))
+            message = msg.Stacks(index, rank_stacks.bound(stacks, budget), flights)
             if fits(message) or budget < 1024:
                 break
             budget //= 2

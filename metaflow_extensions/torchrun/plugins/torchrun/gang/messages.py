@@ -19,11 +19,11 @@ import binascii
 import enum
 import math
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Dict, Mapping, Optional, Tuple, Type, TypeVar
+from typing import Any, ClassVar, Dict, Iterator, Mapping, Optional, Tuple, Type, TypeVar
 
 from ..cause import Cause
 from ..procs import MAX_STACK_BYTES
-from ..procs import RankStatus, StatusError
+from ..procs import FlightError, FlightSummary, RankStatus, StatusError
 from .node_progress import NodeProgress
 from .wire import Message as WireDict
 from .wire import ProtocolError
@@ -453,15 +453,19 @@ class Restart(GangMessage):
 @dataclass(frozen=True)
 class Stacks(GangMessage):
     """Where a node's ranks were when it stopped them (rank -> faulthandler's
-    dump); empty when it had no live rank. Entries that are not a rank and a
-    text are left out, not fatal: a dump is best effort."""
+    dump) and, where torch records them, the collectives each had entered
+    (rank -> its Flight Recorder summary, procs/flight.py: a few hundred bytes
+    at most); both empty when it had no live rank. Entries that are not a rank
+    and a text or a summary are left out, not fatal: both are best effort."""
 
     TYPE: ClassVar[MessageType] = MessageType.STACKS
     call: int
     stacks: Dict[int, str] = field(default_factory=dict)
+    flights: Dict[int, FlightSummary] = field(default_factory=dict)
 
     def fields(self) -> Dict[str, Any]:
-        return {"call": self.call, "stacks": {str(r): t for r, t in self.stacks.items()}}
+        return {"call": self.call, "stacks": {str(r): t for r, t in self.stacks.items()},
+                "flights": {str(r): s.to_wire() for r, s in self.flights.items()}}
 
     @classmethod
     def from_wire(cls, data: Mapping[str, Any]) -> "Stacks":
@@ -469,14 +473,31 @@ class Stacks(GangMessage):
         if not isinstance(value, Mapping):
             raise ProtocolError("field 'stacks': not an object")
         stacks: Dict[int, str] = {}
-        for key, text in list(value.items())[:MAX_RANKS_PER_NODE]:
-            try:
-                rank = int(key)
-            except (TypeError, ValueError):
-                continue
-            if 0 <= rank < 1 << 31 and isinstance(text, str):
+        for rank, text in _by_rank(value):
+            if isinstance(text, str):
                 stacks[rank] = text[:MAX_STACK_BYTES]
-        return cls(call=_int(data, "call", 0, MAX_CALL), stacks=stacks)
+        flights: Dict[int, FlightSummary] = {}
+        value = data.get("flights", {})
+        if not isinstance(value, Mapping):
+            raise ProtocolError("field 'flights': not an object")
+        for rank, summary in _by_rank(value):
+            try:
+                flights[rank] = FlightSummary.from_wire(summary)
+            except FlightError:
+                continue
+        return cls(call=_int(data, "call", 0, MAX_CALL), stacks=stacks, flights=flights)
+
+
+def _by_rank(value: Mapping[str, Any]) -> Iterator[Tuple[int, Any]]:
+    """A node's entries keyed by rank: at most ``MAX_RANKS_PER_NODE``, keys
+    that are not a rank left out."""
+    for key, item in list(value.items())[:MAX_RANKS_PER_NODE]:
+        try:
+            rank = int(key)
+        except (TypeError, ValueError):
+            continue
+        if 0 <= rank < 1 << 31:
+            yield rank, item
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ import os
 from dataclasses import dataclass
 from typing import Dict, List, Mapping, Optional, Tuple
 
+from .. import defaults as DEFAULTS
 from ..procs import names
 from .command import Launch, build_command, restarts_allowed
 from .plan import CallPlan, StepDefaults
@@ -87,4 +88,22 @@ def rank_environment(base: Mapping[str, str], defaults: StepDefaults, plan: Call
     env[names.LABELS_ENV] = "1" if defaults.label_logs else "0"
     if node.log_dir:
         env[names.LOG_DIR_ENV] = node.log_dir
+    if names.FR_BUFFER_ENV not in env and names.FR_BUFFER_OLD_ENV not in env:
+        # torch's Flight Recorder, read when a hang is stopped (procs/flight_ask.py):
+        # on by our default on every torch, off (0) when the knob says so; a
+        # user's own setting of torch's variables stands.
+        env[names.FR_BUFFER_ENV] = str(flight_entries(env.get(names.FLIGHT_RECORDER_ENV)))
     return env
+
+
+def flight_entries(value: Optional[str]) -> int:
+    """The Flight Recorder's size in entries from its knob: "off" or 0 turns
+    it off; a value that is not a whole number of at least 0 is the default."""
+    text = (value or "").strip().lower()
+    if text in ("off", "false", "no"):
+        return 0
+    try:
+        entries = int(text)
+    except ValueError:
+        return DEFAULTS.FLIGHT_RECORDER_ENTRIES
+    return entries if entries >= 0 else DEFAULTS.FLIGHT_RECORDER_ENTRIES

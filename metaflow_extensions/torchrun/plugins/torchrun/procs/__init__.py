@@ -23,6 +23,8 @@ __all__ = [
     "ARGS_FILE",
     "Culprits",
     "DEBUG_ENV",
+    "FlightError",
+    "FlightSummary",
     "MAX_METRICS",
     "MAX_STACK_BYTES",
     "NO_EXCEPTION",
@@ -46,6 +48,8 @@ __all__ = [
     "conf_key",
     "describe_exit_code",
     "find_culprits",
+    "flight",
+    "flight_ask",
     "group",
     "merge_failures",
     "numbers",
@@ -71,6 +75,8 @@ _HOME = {
     "ARGS_FILE": "names",
     "Culprits": "culprit",
     "DEBUG_ENV": "names",
+    "FlightError": "flight",
+    "FlightSummary": "flight",
     "MAX_METRICS": "progress",
     "MAX_STACK_BYTES": "stacks",
     "NO_EXCEPTION": "failures",
@@ -109,6 +115,7 @@ _HOME = {
 
 if TYPE_CHECKING:
     from .culprit import Culprits, find_culprits
+    from .flight import FlightError, FlightSummary
     from .failures import NO_EXCEPTION, RankFailure, clear_round, describe_exit_code, merge_failures, read_agent_failures, read_failures, root_cause_order, with_last_output
     from .progress import MAX_METRICS, ProgressReport, clean_metrics, read_progress, report
     from .names import RESTART_ENV, ARGS_FILE, DEBUG_ENV, PORT_ENV, PROGRESS_ENV, SECRET_ENV, STRAGGLER_RATIO_ENV, STRAGGLER_SECONDS_ENV, USER_KNOBS, conf_key, rank_log_path
@@ -118,7 +125,7 @@ if TYPE_CHECKING:
     from .status import RankStatus, StatusError, read_statuses
 
 if TYPE_CHECKING:
-    from . import bootstrap, collective_check, entry, functions, names, relay, stacks
+    from . import bootstrap, collective_check, entry, flight, flight_ask, functions, names, relay, stacks
 
 
 __getattr__ = names_from(__name__, _HOME, __all__)

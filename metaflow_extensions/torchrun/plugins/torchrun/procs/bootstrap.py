@@ -16,7 +16,7 @@ import sys
 import time
 import traceback
 
-from . import agent, entry, relay, stacks
+from . import agent, entry, flight_ask, relay, stacks
 from .names import (ARGS_FILE, WORK_DIR_ENV, LABELS_ENV, LOG_DIR_ENV, NODE_INDEX_ENV, RESTART_COUNT_ENV, RESTART_ENV,
                     TRAINER_PROGRESS_ENV,
                     rank_log_path)
@@ -201,6 +201,9 @@ def main(argv: list) -> None:
     _crash_dumps_to_log(rank, log_dir)
     # Where this rank is, on request, when the gang stops (stacks.py).
     _KEEP.append(stacks.register(os.environ.get(WORK_DIR_ENV), rank))
+    # And which collectives it entered, from torch's Flight Recorder (flight_ask.py).
+    if flight_ask.recording(os.environ):
+        flight_ask.listen(os.environ.get(WORK_DIR_ENV), rank)
     # HF's and Lightning's Trainer report progress, once the script imports one (trainer_hooks.py).
     if os.environ.get(TRAINER_PROGRESS_ENV, "1") != "0":
         from . import trainer_hooks

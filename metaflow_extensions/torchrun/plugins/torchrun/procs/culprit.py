@@ -5,14 +5,19 @@ collective, and the one to look at is the rank that is not: it is somewhere
 else in its code (a desync: a skipped or extra collective, a branch taken on one
 rank only), or it has ended. A longer NCCL timeout does not find it; the grouped
 stacks show it only to a reader who compares them. This names it, by rank,
-node and host, from the stacks the gang already collects at a stop
-(stacks.py): the collective of ``torch.distributed`` each rank's main thread is
-in, the one most of them wait in, and the ranks outside it.
+node and host, from what the gang already collects at a stop, and says which
+of two signals named it:
 
-Only what the Python stacks show: a collective issued without a Python frame
-that waits (NCCL's asynchronous work, DDP's gradient hooks) is not seen. torch's
-Flight Recorder (NCCL's trace buffer) would see those; it is not read here
-(docs/seeing-the-gang.md). Pure: no I/O, no Metaflow.
+- torch's Flight Recorder (flight.py), where the ranks answered: per process
+  group, the collective most ranks entered and wait in (its sequence number and
+  op), and the ranks behind it or in another op there. It sees what no Python
+  frame shows: a collective issued with ``async_op=True`` and waited on later,
+  DDP's gradient hooks, NCCL's asynchronous work.
+- Otherwise the Python stacks (stacks.py): the collective of
+  ``torch.distributed`` each rank's main thread is in, the one most of them wait
+  in, and the ranks outside it.
+
+Pure: no I/O, no Metaflow (docs/seeing-the-gang.md).
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
+from .flight import NO_GROUP, OK, FlightGroup, FlightSummary
 from .ranges import numbers
 from .stacks import main_thread, parse, where
 
@@ -31,6 +37,12 @@ _C10D = os.path.join("torch", "distributed", "distributed_c10d.py")
 # waits and the rest are elsewhere is not a hang of one rank).
 NAMED = 4
 NO_STACK = "left no stack (it had ended, or did not answer)"
+# Which signal named the suspects, as the record says it, and as the message does.
+STACKS = "stacks"
+FLIGHT_RECORDER = "flight_recorder"
+_SAID = {STACKS: "from the stacks", FLIGHT_RECORDER: "from torch's Flight Recorder"}
+# torch names its default process group "0" and describes it so: every rank is in it.
+_DEFAULT_GROUP = ("0", "default_pg")
 
 
 def collective(text: str) -> Optional[str]:
@@ -48,38 +60,55 @@ class Suspect:
     rank: int
     node: Optional[int]
     host: str
-    where: str  # its place (stacks.py), or NO_STACK
+    where: str  # its place (stacks.py), NO_STACK, or "" when its recorder says enough
+    flight: str = ""  # what its Flight Recorder said, when that named it
 
     def to_wire(self) -> Dict[str, Any]:
-        return {"rank": self.rank, "node": self.node, "host": self.host, "where": self.where}
+        out = {"rank": self.rank, "node": self.node, "host": self.host, "where": self.where}
+        if self.flight:
+            out["flight"] = self.flight
+        return out
+
+    def line(self) -> str:
+        node = "node %d" % self.node if self.node is not None else "node ?"
+        said = "%s; at %s" % (self.flight, self.where) if self.flight and self.where else self.flight or self.where
+        return "  rank %d (%s, %s): %s" % (self.rank, node, self.host or "?", said)
 
 
 @dataclass(frozen=True)
 class Culprits:
-    """Ranks wait in ``collective``; ``suspects`` are the ranks not in it."""
+    """Ranks wait in ``collective``; ``suspects`` are the ranks not in it.
+    From the Flight Recorder, ``group`` and ``seq`` say which collective:
+    the ``seq``-th of process group ``group``."""
 
     collective: str
     waiting: Tuple[int, ...]
     suspects: Tuple[Suspect, ...]
     more: int = 0  # suspects past NAMED, counted only
+    signal: str = STACKS
+    group: str = ""
+    seq: int = 0
 
     def lines(self) -> List[str]:
         """What the failure message says, before where the ranks were."""
         count = len(self.suspects) + self.more
-        head = "Suspected cause: %s not in the %s that %s wait%s in:" % (
-            "rank %d is" % self.suspects[0].rank if count == 1 else "%d ranks are" % count, self.collective,
-            _ranks(self.waiting), "s" if len(self.waiting) == 1 else "")
-        out = [head]
-        for s in self.suspects:
-            node = "node %d" % s.node if s.node is not None else "node ?"
-            out.append("  rank %d (%s, %s): %s" % (s.rank, node, s.host or "?", s.where))
+        which = self.collective
+        if self.signal == FLIGHT_RECORDER:
+            which = "%s #%d of process group %s" % (self.collective, self.seq, self.group)
+        head = "Suspected cause: %s not in the %s that %s wait%s in (%s):" % (
+            "rank %d is" % self.suspects[0].rank if count == 1 else "%d ranks are" % count, which,
+            _ranks(self.waiting), "s" if len(self.waiting) == 1 else "", _SAID[self.signal])
+        out = [head] + [s.line() for s in self.suspects]
         if self.more:
             out.append("  ... and %d more ranks" % self.more)
         return out
 
     def to_wire(self) -> Dict[str, Any]:
-        return {"collective": self.collective, "waiting": list(self.waiting),
-                "suspects": [s.to_wire() for s in self.suspects], "more": self.more}
+        out = {"signal": self.signal, "collective": self.collective, "waiting": list(self.waiting),
+               "suspects": [s.to_wire() for s in self.suspects], "more": self.more}
+        if self.signal == FLIGHT_RECORDER:
+            out.update(group=self.group, seq=self.seq)
+        return out
 
 
 def _ranks(ranks: Tuple[int, ...]) -> str:
@@ -87,24 +116,78 @@ def _ranks(ranks: Tuple[int, ...]) -> str:
 
 
 def find_culprits(stacks: Mapping[int, str], nodes: Mapping[int, int], hosts: Mapping[int, str],
-         ranks: Optional[Tuple[int, ...]] = None, base: Optional[str] = None) -> Optional[Culprits]:
-    """The ranks outside the collective most waiting ranks are in. ``nodes``:
-    rank -> node index; ``hosts``: node index -> host; ``ranks``: every rank of
-    the call (those without a stack are suspects too). None when no rank waits
-    in a collective, or none is outside it."""
-    inside = {rank: collective(text) for rank, text in stacks.items()}
-    counts = Counter(name for name in inside.values() if name is not None)
-    if not counts:
-        return None
-    name = max(sorted(counts), key=lambda n: counts[n])
-    waiting = tuple(sorted(r for r, n in inside.items() if n == name))
-    every = sorted(set(ranks or ()) | set(stacks))
-    outside = [r for r in every if inside.get(r) != name]
+                  ranks: Optional[Tuple[int, ...]] = None, base: Optional[str] = None,
+                  flights: Optional[Mapping[int, FlightSummary]] = None) -> Optional[Culprits]:
+    """The ranks outside the collective most waiting ranks are in: from the
+    Flight Recorder's summaries (``flights``) when they show ranks waiting in
+    one, else from the stacks. ``nodes``: rank -> node index; ``hosts``: node
+    index -> host; ``ranks``: every rank of the call (those that left nothing
+    are suspects too). None when no rank waits in a collective, or none is
+    outside it."""
+    every = sorted(set(ranks or ()) | set(stacks) | set(flights or ()))
+    found = _from_flights(flights or {}, every)
+    if found is not None:
+        name, waiting, outside, said, (group, seq) = found
+        signal = FLIGHT_RECORDER
+    else:
+        inside = {rank: collective(text) for rank, text in stacks.items()}
+        counts = Counter(name for name in inside.values() if name is not None)
+        if not counts:
+            return None
+        name = max(sorted(counts), key=lambda n: counts[n])
+        waiting = tuple(sorted(r for r, n in inside.items() if n == name))
+        outside = [r for r in every if inside.get(r) != name]
+        said, signal, group, seq = {}, STACKS, "", 0
     if not outside:
         return None
     suspects = []
     for rank in outside[:NAMED]:
-        place = where(rank, stacks[rank]).place(base)[0] if rank in stacks else NO_STACK
+        place = where(rank, stacks[rank]).place(base)[0] if rank in stacks else ("" if said else NO_STACK)
         node = nodes.get(rank)
-        suspects.append(Suspect(rank, node, hosts.get(node, "") if node is not None else "", place))
-    return Culprits(name, waiting, tuple(suspects), max(0, len(outside) - NAMED))
+        suspects.append(Suspect(rank, node, hosts.get(node, "") if node is not None else "", place,
+                                said.get(rank, "")))
+    return Culprits(name, waiting, tuple(suspects), max(0, len(outside) - NAMED), signal, group, seq)
+
+
+def _from_flights(flights: Mapping[int, FlightSummary], every: List[int]) -> Optional[Tuple[
+        str, Tuple[int, ...], List[int], Dict[int, str], Tuple[str, int]]]:
+    """From the recorders: the collective (group, sequence number, op) most
+    ranks entered and still wait in; the ranks that did not enter it (furthest
+    behind first) or entered another op there; what each one's recorder said.
+    A rank that left no summary is a suspect only for the default group, the
+    one every rank is in."""
+    usable = {r: s for r, s in flights.items() if s.state == OK}
+    open_at = Counter((g.name, g.entered) for s in usable.values() for g in s.groups if g.waiting)
+    if not open_at:
+        return None
+    group, seq = max(sorted(open_at), key=lambda k: open_at[k])
+    at = {r: s.group(group) for r, s in usable.items()}
+    ops = Counter(g.op for g in at.values() if g is not None and g.waiting and g.entered == seq)
+    op = max(sorted(ops), key=lambda o: ops[o])
+    waiting = tuple(sorted(r for r, g in at.items() if g is not None and g.waiting and g.entered == seq and g.op == op))
+    default = any(g is not None and (g.name, g.desc) == _DEFAULT_GROUP for g in at.values())
+    said: Dict[int, str] = {}
+    for rank in every:
+        g = at.get(rank)
+        if g is not None and (g.entered > seq or (g.entered == seq and g.op == op)):
+            continue  # in it, or past it
+        if g is None and not default:
+            continue  # not in that group, as far as can be told
+        said[rank] = _behind(g, seq, group, flights.get(rank))
+    order = sorted(said, key=lambda r: (at.get(r) is None, at[r].entered if at.get(r) else 0, r))
+    return op, waiting, order, said, (group, seq)
+
+
+def _behind(g: Optional[FlightGroup], seq: int, group: str, summary: Optional[FlightSummary]) -> str:
+    """One suspect's recorder, in words."""
+    if g is not None and g.entered == seq:
+        return "entered %s #%d instead" % (g.op, g.entered)
+    if g is not None:
+        return "its last was %s #%d (%s)" % (g.op, g.entered, "completed" if g.done else "still waiting")
+    if summary is None:
+        return "its Flight Recorder did not answer"
+    if summary.state == OK:
+        return "no collective of process group %s recorded" % group
+    if summary.state == NO_GROUP:
+        return "no process group of torch.distributed"
+    return "its Flight Recorder: %s" % summary.state

@@ -27,8 +27,11 @@ DEBUG_ENV = "METAFLOW_TORCHRUN_DEBUG"  # "1": the debug channel on stderr (host/
 # (runtime/node_history.py); "off": the history is not read.
 NODE_HISTORY_ENV = "METAFLOW_TORCHRUN_NODE_HISTORY"
 NODE_HISTORY_RUNS_ENV = "METAFLOW_TORCHRUN_NODE_HISTORY_RUNS"  # how many past runs it reads
+# The entries of torch's Flight Recorder each rank keeps (launch/prepare.py sets
+# torch's own variable from it); "off" or 0: none, and no rank is asked for it.
+FLIGHT_RECORDER_ENV = "METAFLOW_TORCHRUN_FLIGHT_RECORDER"
 USER_KNOBS = (PORT_ENV, SECRET_ENV, PROGRESS_ENV, STRAGGLER_RATIO_ENV, STRAGGLER_SECONDS_ENV, KEEP_LOGS_HOURS_ENV,
-              KEEP_LOGS_ENV, MAX_LOG_MB_ENV, DEBUG_ENV, NODE_HISTORY_ENV, NODE_HISTORY_RUNS_ENV)
+              KEEP_LOGS_ENV, MAX_LOG_MB_ENV, DEBUG_ENV, NODE_HISTORY_ENV, NODE_HISTORY_RUNS_ENV, FLIGHT_RECORDER_ENV)
 # Tests only: comma-separated host names by node index, reported instead of the
 # host's own name (several local "nodes" share one host).
 TEST_HOSTS_ENV = "METAFLOW_TORCHRUN_TEST_HOSTS"
@@ -50,6 +53,10 @@ RESTART_COUNT_ENV = "TORCHELASTIC_RESTART_COUNT"
 # torch's own, set by the plan.
 SHARE_STORE_OFF_ENV = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
 SHUTDOWN_TIMEOUT_ENV = "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"
+# torch's Flight Recorder's size in entries (0: off), and its older name, which
+# torch reads when the first is unset. A user's own value of either wins.
+FR_BUFFER_ENV = "TORCH_FR_BUFFER_SIZE"
+FR_BUFFER_OLD_ENV = "TORCH_NCCL_TRACE_BUFFER_SIZE"
 
 _CONF_PREFIX = "METAFLOW_"
 
@@ -71,6 +78,8 @@ RETURN_SUFFIX = ".return.pkl"  # a function's return value
 EXCEPTION_SUFFIX = ".exception.pkl"  # a function's exception
 STACKS_SUFFIX = ".stacks.txt"  # where a rank was when stopped (procs/stacks.py)
 PROGRESS_SUFFIX = ".progress.json"  # a rank's latest progress report (procs/progress.py)
+FLIGHT_ASK_SUFFIX = ".flight.fifo"  # where the node asks a rank for its Flight Recorder (procs/flight_ask.py)
+FLIGHT_SUFFIX = ".flight.json"  # and where the rank answers
 LOG_SUFFIX = ".log"  # rank-<R>.<stream>.log in the call's log directory
 
 

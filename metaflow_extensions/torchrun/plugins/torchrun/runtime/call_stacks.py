@@ -1,8 +1,9 @@
 """Where the ranks of one call were when its job was stopped.
 
-Each node collects its own live ranks' stacks just before its supervisor stops
-them, and sends them to the control at once (even none: the control waits for
-every node's). The control gathers every node's for as long as
+Each node collects its own live ranks' stacks, and asks their Flight Recorders
+for the collectives they entered (procs/flight_ask.py, in the same
+``timeouts.COLLECT_SECONDS``), just before its supervisor stops them, and sends
+both to the control at once (even none: the control waits for every node's). The control gathers every node's for as long as
 ``timeouts.STACKS_WAIT`` allows, its own collecting included, and waits up to
 ``timeouts.REPORTS_WAIT`` for the reports of the nodes the gang stopped. A node
 the gang lost or found frozen sends nothing and is not waited for.
@@ -17,7 +18,7 @@ from typing import Any, Dict, List
 from .. import timeouts
 from ..cause import Cause, CauseKind
 from ..host import log
-from ..procs import find_culprits, stacks
+from ..procs import FlightSummary, find_culprits, flight_ask, stacks
 from .result import read_rank_records
 
 _log = log.get("runtime.call_stacks")
@@ -30,6 +31,7 @@ class CallStacks:
     shared: bool = False
     nodes: Dict[int, int] = field(default_factory=dict)  # rank -> its node, for the ranks seen
     culprits: Dict[str, Any] = field(default_factory=dict)  # the control's suspects, for the record
+    flights: Dict[int, FlightSummary] = field(default_factory=dict)  # rank -> its Flight Recorder's summary
 
     def collect(self, session: Any, index: int, supervisor: Any, workdir: str) -> None:
         """Before the supervisor stops the ranks: each live rank's stacks."""
@@ -39,9 +41,13 @@ class CallStacks:
         live = supervisor.live_pids()
         pids = {r.rank: r.pid for r in read_rank_records(workdir, [])
                 if r.end is None and isinstance(r.pid, int) and r.pid in live}
+        # Both at once: the recorders answer while faulthandler writes.
+        asked = flight_ask.ask(workdir, sorted(pids))
         self.stacks = stacks.collect(workdir, pids)
+        self.flights = asked.answers(began + timeouts.COLLECT_SECONDS)
         self.seconds += time.monotonic() - began
-        _log.debug("call %d: %d ranks' stacks collected in %.3fs", index, len(self.stacks), self.seconds)
+        _log.debug("call %d: %d ranks' stacks and %d of %d Flight Recorders collected in %.3fs", index,
+                   len(self.stacks), len(self.flights), len(asked.asked), self.seconds)
         # At once, not after the stop: the control waits for them only so long.
         self.share(session, index, entered=True)
 
@@ -52,7 +58,7 @@ class CallStacks:
         if self.shared or client is None or not entered:
             return
         self.shared = True
-        client.send_stacks(index, self.stacks)
+        client.send_stacks(index, self.stacks, self.flights)
 
     def gather(self, session: Any, index: int) -> None:
         """The control: every node's stacks and reports, as long as allowed."""
@@ -77,11 +83,17 @@ class CallStacks:
         for node, node_stacks in view.stacks.items():
             gathered.update(node_stacks)
             self.nodes.update(dict.fromkeys(node_stacks, node))
+        flights: Dict[int, FlightSummary] = {}
+        for node, node_flights in view.flights.items():
+            flights.update(node_flights)
+            self.nodes.update(dict.fromkeys(node_flights, node))
         for node, report in view.reports.items():
             self.nodes.update((r.rank, node) for r in report.ranks if r.rank >= 0)
         gathered.update(self.stacks)  # this node's own, uncut
         self.nodes.update(dict.fromkeys(self.stacks, session.topology.node_index))
+        self.nodes.update(dict.fromkeys(self.flights, session.topology.node_index))
         self.stacks = gathered
+        self.flights = {**flights, **self.flights}
         self.seconds += time.monotonic() - began
         _log.debug("call %d: every node's stacks and reports gathered in %.3fs", index, time.monotonic() - began)
 
@@ -92,13 +104,14 @@ class CallStacks:
 
     def suspects(self, session: Any, cause: Cause) -> List[str]:
         """The control, after ``gather``: the ranks not in the collective the
-        others wait in (procs/culprit.py), by rank, node and host; kept for
-        the record, said unless a failed rank is the root cause (named already).
-        Not on a worker: its own ranks' stacks alone would mislead."""
+        others wait in (procs/culprit.py: from the Flight Recorders where they
+        show it, else the stacks), by rank, node and host; kept for the record,
+        said unless a failed rank is the root cause (named already). Not on a
+        worker: its own ranks' alone would mislead."""
         server = session.server
-        if server is None or not self.stacks:
+        if server is None or not (self.stacks or self.flights):
             return []
-        found = find_culprits(self.stacks, self.nodes, server.hosts(), tuple(self.nodes))
+        found = find_culprits(self.stacks, self.nodes, server.hosts(), tuple(self.nodes), flights=self.flights)
         if found is None:
             return []
         self.culprits = found.to_wire()

@@ -1,0 +1,169 @@
+"""What torch's Flight Recorder says of one rank, in a few typed lines.
+
+Why: the Flight Recorder logs every collective a process group issues (its
+sequence number, its op, whether it completed) in C++, whatever issued it: a
+call with ``async_op=True`` waited on later, DDP's gradient hooks, NCCL's
+asynchronous work. The Python stacks miss all of those. Its dump is large (about
+half a kilobyte per entry, 2,000 entries) and says far more than a hang needs,
+so the rank boils it down here to a record of a few hundred bytes: per process
+group, the last collective it entered and whether that completed. That record
+crosses the gang (gang/messages.py ``Stacks``); culprit.py compares the ranks'.
+
+The dump's keys are torch's (``_dump_fr_trace_json``, format "2.10" in torch
+2.13): ``entries`` (each with ``collective_seq_id``, ``op_id``, ``pg_id``,
+``process_group`` as [name, description], ``profiling_name``, ``is_p2p``) and
+``pg_status`` (per ``pg_id``: ``last_enqueued_collective`` and
+``last_completed_collective``, counted in ``op_id``). Pure: no torch, no I/O.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Dict, List, Mapping, Optional, Tuple
+
+# A rank reports at most this many process groups: those with a collective
+# still open first, then the busiest.
+MAX_GROUPS = 4
+NAME_CHARS = 64
+OP_CHARS = 32
+MAX_SEQ = 1 << 62
+# What a rank's answer says of its recorder.
+OK = "ok"  # groups as recorded
+EMPTY = "empty"  # torch.distributed is up but the recorder holds nothing (off)
+NO_GROUP = "no_group"  # torch.distributed not imported, or no process group yet
+UNSUPPORTED = "unsupported"  # this torch has no Flight Recorder dump
+FAILED = "failed"  # the dump raised or did not parse
+STATES = (OK, EMPTY, NO_GROUP, UNSUPPORTED, FAILED)
+
+
+class FlightError(ValueError):
+    """A summary from another process that is not one."""
+
+
+@dataclass(frozen=True)
+class FlightGroup:
+    """One process group as one rank saw it. ``entered``: the sequence number
+    (among the group's collectives, the same on every rank that issued the
+    same ones) of the last collective this rank entered; ``op`` its name;
+    ``done`` whether it completed here."""
+
+    name: str  # torch's name of the group: "0" is the default group
+    entered: int
+    op: str
+    done: bool
+    desc: str = ""  # torch's description ("default_pg"), when it has one
+
+    def to_wire(self) -> Dict[str, Any]:
+        return {"name": self.name, "entered": self.entered, "op": self.op, "done": self.done, "desc": self.desc}
+
+    @classmethod
+    def from_wire(cls, data: Any) -> "FlightGroup":
+        if not isinstance(data, Mapping):
+            raise FlightError("a group is not an object")
+        entered = data.get("entered")
+        if isinstance(entered, bool) or not isinstance(entered, int) or not 0 <= entered <= MAX_SEQ:
+            raise FlightError("field 'entered': not a sequence number")
+        if not isinstance(data.get("done"), bool):
+            raise FlightError("field 'done': not a boolean")
+        return cls(name=_text(data, "name", NAME_CHARS), entered=entered, op=_text(data, "op", OP_CHARS),
+                   done=data["done"], desc=_text(data, "desc", NAME_CHARS))
+
+    @property
+    def waiting(self) -> bool:
+        return not self.done
+
+
+@dataclass(frozen=True)
+class FlightSummary:
+    """One rank's answer: the state of its recorder and, when ``OK``, its groups."""
+
+    state: str
+    groups: Tuple[FlightGroup, ...] = ()
+    entries: int = 0  # how many the recorder held (at most its size)
+
+    def group(self, name: str) -> Optional[FlightGroup]:
+        return next((g for g in self.groups if g.name == name), None)
+
+    def to_wire(self) -> Dict[str, Any]:
+        return {"state": self.state, "entries": self.entries, "groups": [g.to_wire() for g in self.groups]}
+
+    @classmethod
+    def from_wire(cls, data: Any) -> "FlightSummary":
+        if not isinstance(data, Mapping):
+            raise FlightError("a flight summary is not an object")
+        state = data.get("state")
+        if state not in STATES:
+            raise FlightError("field 'state': not one of %s" % ", ".join(STATES))
+        groups = data.get("groups", [])
+        if not isinstance(groups, list) or len(groups) > MAX_GROUPS:
+            raise FlightError("field 'groups': not a list of at most %d groups" % MAX_GROUPS)
+        entries = data.get("entries", 0)
+        if isinstance(entries, bool) or not isinstance(entries, int) or not 0 <= entries <= MAX_SEQ:
+            raise FlightError("field 'entries': not a count")
+        return cls(state, tuple(FlightGroup.from_wire(g) for g in groups), entries)
+
+
+def _text(data: Mapping[str, Any], name: str, limit: int) -> str:
+    value = data.get(name, "")
+    if not isinstance(value, str) or len(value) > limit:
+        raise FlightError("field %r: not a string of at most %d characters" % (name, limit))
+    return value
+
+
+def summarize(dump: Any) -> FlightSummary:
+    """The summary of one dump (bytes or text of torch's JSON). Whatever does
+    not read as torch's format reads as ``FAILED``, never as an exception:
+    the dump's format is torch's, and it may change."""
+    try:
+        data = json.loads(dump)
+        entries = data.get("entries", [])
+        status = data.get("pg_status", {})
+        if not isinstance(entries, list) or not isinstance(status, dict):
+            return FlightSummary(FAILED)
+        if not entries:
+            return FlightSummary(EMPTY)
+        groups = _groups(entries, status)
+    except (TypeError, ValueError, AttributeError, KeyError, IndexError):
+        return FlightSummary(FAILED)
+    return FlightSummary(OK, tuple(groups), len(entries))
+
+
+def _groups(entries: List[Any], status: Mapping[str, Any]) -> List[FlightGroup]:
+    """The last collective (not a send or receive) of each group in the ring,
+    and whether it completed: its ``op_id`` is at most the group's last
+    completed one in ``pg_status`` (gloo never updates an entry's own state)."""
+    last: Dict[str, Mapping[str, Any]] = {}
+    for entry in entries:
+        if isinstance(entry, Mapping) and not entry.get("is_p2p"):
+            last[str(entry["process_group"][0])] = entry  # in the order recorded: the last wins
+    out = []
+    for name, entry in last.items():
+        pg = status.get(str(entry.get("pg_id")), {})
+        completed = pg.get("last_completed_collective") if isinstance(pg, Mapping) else None
+        if completed is not None:
+            done = int(entry["op_id"]) <= int(completed)
+        else:
+            done = bool(entry.get("retired"))
+        op = str(entry.get("profiling_name", "")).split(":")[-1]  # "gloo:all_reduce" -> "all_reduce"
+        desc = entry["process_group"][1] if len(entry["process_group"]) > 1 else ""
+        out.append(FlightGroup(name[:NAME_CHARS], max(0, min(int(entry["collective_seq_id"]), MAX_SEQ)),
+                               op[:OP_CHARS], done, str(desc)[:NAME_CHARS]))
+    out.sort(key=lambda g: (g.done, -g.entered, g.name))  # open first, then the busiest
+    return out[:MAX_GROUPS]
+
+
+def bound(summaries: Mapping[int, FlightSummary], budget: int) -> Dict[int, FlightSummary]:
+    """At most about ``budget`` bytes of wire for one node's ranks: each rank
+    keeps its first group only when all of theirs would not fit (the one with
+    a collective open, if any), then ranks past what fits are left out."""
+    out = dict(summaries)
+    if _size(out) <= budget:
+        return out
+    out = {r: FlightSummary(s.state, s.groups[:1], s.entries) for r, s in out.items()}
+    each = max(1, _size(out) // max(1, len(out)))
+    return dict(sorted(out.items())[:max(0, budget // each)])
+
+
+def _size(summaries: Mapping[int, FlightSummary]) -> int:
+    return len(json.dumps({str(r): s.to_wire() for r, s in summaries.items()}))

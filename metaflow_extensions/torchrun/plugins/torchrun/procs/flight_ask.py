@@ -1,0 +1,167 @@
+"""Asking a live rank for its Flight Recorder summary (flight.py), as a hang is stopped.
+
+Why a FIFO and a thread: the dump is a call into torch, which a signal handler
+cannot make (faulthandler, stacks.py, writes from C; this must run Python).
+Each rank's bootstrap starts one daemon thread that blocks in ``open()`` of the
+rank's FIFO in the call's work directory: no CPU, no wake-ups, the GIL released,
+until the node opens the other end. It then reads the node's token, dumps the
+recorder and writes the summary with that token to the rank's answer file
+(records.py: atomic). A main thread blocked in a collective does not stop it:
+torch releases the GIL while it waits. A rank that never imported
+``torch.distributed`` answers so at once; this module never imports torch.
+
+A process forked from the rank (a data loader's worker) has no copy of the
+thread, and nothing of this runs in it. Nothing here raises into the rank.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Dict, Iterable, Mapping, Optional, Tuple
+
+from .flight import FAILED, NO_GROUP, UNSUPPORTED, FlightError, FlightSummary, summarize
+from .names import FLIGHT_ASK_SUFFIX, FLIGHT_SUFFIX, FR_BUFFER_ENV, FR_BUFFER_OLD_ENV, rank_file
+from .records import read_json, write_json
+
+TOKEN_CHARS = 16
+# The node's end: never blocks (no reader: ENXIO at once), never follows a link.
+_ASK_FLAGS = os.O_WRONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0)
+
+
+def ask_path(directory: str, rank: int) -> str:
+    return rank_file(directory, rank, FLIGHT_ASK_SUFFIX)
+
+
+def answer_path(directory: str, rank: int) -> str:
+    return rank_file(directory, rank, FLIGHT_SUFFIX)
+
+
+def recording(env: Mapping[str, str]) -> bool:
+    """Whether torch keeps a Flight Recorder in this rank, by torch's own
+    reading of its variables (the first set one wins; 2.13 keeps 2,000 entries
+    unless told 0, older versions none unless told)."""
+    for name in (FR_BUFFER_ENV, FR_BUFFER_OLD_ENV):
+        value = env.get(name)
+        if value is not None:
+            try:
+                return int(value) > 0
+            except ValueError:
+                return False
+    return False
+
+
+# -- in the rank (bootstrap) -------------------------------------------------------
+
+
+def listen(directory: Optional[str], rank: int) -> Optional[threading.Thread]:
+    """Make this rank's FIFO and the thread that answers on it; None when the
+    rank has no work directory or the FIFO cannot be made."""
+    if not directory or rank < 0:
+        return None
+    path = ask_path(directory, rank)
+    try:
+        if os.path.lexists(path):
+            os.unlink(path)
+        os.mkfifo(path, 0o600)
+        thread = threading.Thread(target=_serve, args=(path, answer_path(directory, rank)),
+                                  name="torchrun-flight", daemon=True)
+        thread.start()
+    except (OSError, RuntimeError):
+        return None
+    return thread
+
+
+def _serve(path: str, answer: str) -> None:
+    while True:
+        try:
+            fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))  # blocks until asked
+        except OSError:
+            return  # the work directory is gone: the call is over
+        try:
+            token = os.read(fd, TOKEN_CHARS).decode("ascii", "replace")
+        except OSError:
+            token = ""
+        finally:
+            os.close(fd)
+        try:
+            write_json(answer, {"token": token, "summary": own_summary().to_wire()})
+        except Exception:
+            pass  # best effort: the node goes by the stacks then
+
+
+def own_summary() -> FlightSummary:
+    """This process's recorder, if the user's code brought up torch.distributed."""
+    dist = sys.modules.get("torch.distributed")
+    c10d = sys.modules.get("torch._C._distributed_c10d")
+    try:
+        if dist is None or not dist.is_available() or not dist.is_initialized():
+            return FlightSummary(NO_GROUP)
+        dump = getattr(c10d, "_dump_fr_trace_json", None)
+        if dump is None:
+            return FlightSummary(UNSUPPORTED)
+        return summarize(dump(True, False))  # (include collectives, only active ones): all of them
+    except Exception:
+        return FlightSummary(FAILED)
+
+
+# -- on the node (before it stops its ranks) ----------------------------------------
+
+
+@dataclass
+class FlightAsk:
+    """One question to a node's live ranks; ``answers`` reads what came back."""
+
+    directory: str
+    token: str = field(default_factory=lambda: secrets.token_hex(TOKEN_CHARS // 2))
+    asked: Tuple[int, ...] = ()
+
+    def send(self, ranks: Iterable[int]) -> "FlightAsk":
+        """Wake each rank's thread. A rank that listens on no FIFO (recording
+        off, not started, busy answering) is not waited for."""
+        asked = []
+        for rank in ranks:
+            try:
+                fd = os.open(ask_path(self.directory, rank), _ASK_FLAGS)
+            except OSError:  # ENXIO: nobody reads; ENOENT: no FIFO
+                continue
+            try:
+                os.write(fd, self.token.encode("ascii"))
+                asked.append(rank)
+            except OSError:
+                pass
+            finally:
+                os.close(fd)
+        self.asked = tuple(asked)
+        return self
+
+    def answers(self, deadline: float) -> Dict[int, FlightSummary]:
+        """Each asked rank's summary, as long as ``deadline`` (monotonic) allows."""
+        out: Dict[int, FlightSummary] = {}
+        while True:
+            for rank in self.asked:
+                if rank not in out:
+                    summary = self._answer(rank)
+                    if summary is not None:
+                        out[rank] = summary
+            if len(out) == len(self.asked) or time.monotonic() >= deadline:
+                return out
+            time.sleep(0.02)
+
+    def _answer(self, rank: int) -> Optional[FlightSummary]:
+        data = read_json(answer_path(self.directory, rank))
+        if not isinstance(data, dict) or data.get("token") != self.token:
+            return None  # not yet, or an earlier question's
+        try:
+            return FlightSummary.from_wire(data.get("summary"))
+        except FlightError:
+            return FlightSummary(FAILED)
+
+
+def ask(directory: str, ranks: Iterable[int]) -> FlightAsk:
+    return FlightAsk(directory).send(ranks)
+

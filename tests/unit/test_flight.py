@@ -1,0 +1,185 @@
+"""flight.py and flight_ask.py: torch's Flight Recorder, read in a live rank and
+boiled down to a few lines per process group. Dumps are real JSON of torch
+2.13's gloo backend (flight_dumps/capture.py made them); the rank side runs a
+real two-process gloo group, one rank blocked in a collective the other skips."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+from proc_helpers import wait_until
+
+from metaflow_extensions.torchrun.plugins.torchrun.launch.prepare import flight_entries
+from metaflow_extensions.torchrun.plugins.torchrun.procs import flight, flight_ask
+from metaflow_extensions.torchrun.plugins.torchrun.procs.flight import (EMPTY, FAILED, NO_GROUP, OK, FlightError,
+                                                                        FlightGroup, FlightSummary, summarize)
+
+DUMPS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "flight_dumps")
+PKG_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def dump(name: str) -> bytes:
+    with open(os.path.join(DUMPS, name), "rb") as f:
+        return f.read()
+
+
+# -- the summary of a dump ------------------------------------------------------------
+
+
+def test_a_rank_waiting_in_an_async_all_reduce_shows_it_open():
+    summary = summarize(dump("gloo-hang-rank0.json"))
+    assert summary.state == OK and summary.entries == 6
+    assert summary.groups == (
+        FlightGroup("0", 5, "all_reduce", False, "default_pg"),  # entered, not completed: open first
+        FlightGroup("1", 1, "all_reduce", True, "undefined"),
+    )
+
+
+def test_the_rank_that_skipped_it_shows_its_last_collective_completed():
+    summary = summarize(dump("gloo-hang-rank1.json"))
+    assert summary.group("0") == FlightGroup("0", 4, "barrier", True, "default_pg")
+    assert summary.group("9") is None
+
+
+def test_a_recorder_turned_off_or_a_dump_that_is_not_torchs_reads_as_such():
+    assert summarize(dump("gloo-off-rank0.json")) == FlightSummary(EMPTY)
+    for text in (b"", b"not json", b"[]", b'{"entries": {}}', b'{"entries": [{"op_id": 1}]}',
+                 b'{"entries": [{"process_group": 5, "collective_seq_id": 1, "op_id": 1}]}'):
+        assert summarize(text).state == FAILED, text
+
+
+def test_at_most_a_few_groups_open_ones_first():
+    data = json.loads(dump("gloo-hang-rank1.json"))
+    template = data["entries"][-1]
+    data["entries"] = [dict(template, process_group=[str(g), "g"], pg_id=g, collective_seq_id=g, op_id=g)
+                       for g in range(1, 10)]
+    data["pg_status"] = {str(g): {"last_completed_collective": str(g if g != 3 else 2)} for g in range(1, 10)}
+    groups = summarize(json.dumps(data)).groups
+    assert len(groups) == flight.MAX_GROUPS
+    assert [g.name for g in groups] == ["3", "9", "8", "7"] and not groups[0].done
+
+
+# -- on the wire ------------------------------------------------------------------------
+
+
+def test_a_summary_crosses_the_wire_unchanged():
+    summary = summarize(dump("gloo-hang-rank0.json"))
+    assert FlightSummary.from_wire(json.loads(json.dumps(summary.to_wire()))) == summary
+
+
+@pytest.mark.parametrize("bad", [
+    None, [], {"state": "nope"}, {"state": OK, "groups": {}}, {"state": OK, "entries": -1},
+    {"state": OK, "entries": True}, {"state": OK, "groups": [{}] * (flight.MAX_GROUPS + 1)},
+    {"state": OK, "groups": [{"name": "0", "entered": "5", "op": "x", "done": False}]},
+    {"state": OK, "groups": [{"name": "0", "entered": True, "op": "x", "done": False}]},
+    {"state": OK, "groups": [{"name": "0", "entered": -1, "op": "x", "done": False}]},
+    {"state": OK, "groups": [{"name": "0", "entered": 1, "op": "x", "done": 0}]},
+    {"state": OK, "groups": [{"name": "0" * 65, "entered": 1, "op": "x", "done": False}]},
+    {"state": OK, "groups": [{"name": "0", "entered": 1, "op": ["x"], "done": False}]},
+    {"state": OK, "groups": [7]},
+])
+def test_hostile_summaries_are_refused_field_by_field(bad):
+    with pytest.raises(FlightError):
+        FlightSummary.from_wire(bad)
+
+
+def test_a_nodes_summaries_are_bounded():
+    one = summarize(dump("gloo-hang-rank0.json"))
+    many = {r: one for r in range(4096)}
+    cut = flight.bound(many, 64 * 1024)
+    assert 0 < len(cut) < 4096 and all(len(s.groups) == 1 and s.groups[0].waiting for s in cut.values())
+    assert len(json.dumps({str(r): s.to_wire() for r, s in cut.items()})) <= 64 * 1024
+    assert flight.bound({0: one}, 64 * 1024) == {0: one}
+
+
+# -- in a live rank ---------------------------------------------------------------------
+
+RANK = textwrap.dedent(
+    """
+    import datetime, os, sys, time
+    sys.path.insert(0, sys.argv[3])
+    from metaflow_extensions.torchrun.plugins.torchrun.procs import flight_ask
+    rank, work = int(sys.argv[1]), sys.argv[2]
+    flight_ask.listen(work, rank)
+    import torch, torch.distributed as dist
+    dist.init_process_group("gloo", init_method="file://" + os.path.join(work, "store"), rank=rank, world_size=2,
+                            timeout=datetime.timedelta(seconds=60))
+    for _ in range(5):
+        dist.all_reduce(torch.ones(1))
+    if os.fork() == 0:  # a data loader's worker: no thread of ours in it
+        time.sleep(60)
+        os._exit(0)
+    print("ready", flush=True)
+    if rank == 0:
+        dist.all_reduce(torch.ones(1))  # blocked: rank 1 skips it
+    time.sleep(60)
+    """
+)
+
+
+def test_a_rank_blocked_in_a_collective_answers_with_what_its_recorder_holds(tmp_path, procs):
+    """The knob's value (3 entries, not the default) is what torch keeps."""
+    work = str(tmp_path)
+    script = tmp_path / "rank.py"
+    script.write_text(RANK)
+    env = dict(os.environ, TORCH_FR_BUFFER_SIZE=str(flight_entries("3")))
+    ranks = [procs.popen([sys.executable, str(script), str(r), work, PKG_ROOT], env=env, stdout=subprocess.PIPE,
+                         start_new_session=True) for r in (0, 1)]
+    try:
+        _blocked_rank_answers(work, ranks)
+    finally:
+        for p in ranks:  # each rank with its forked child
+            os.killpg(p.pid, signal.SIGKILL)
+
+
+def _blocked_rank_answers(work, ranks):
+    for p in ranks:
+        assert p.stdout.readline().strip() == b"ready"
+    time.sleep(0.3)  # rank 0 into its all_reduce
+    began = time.monotonic()
+    asked = flight_ask.ask(work, [0, 1, 2])
+    got = asked.answers(time.monotonic() + 10)
+    assert asked.asked == (0, 1) and time.monotonic() - began < 5
+    assert got[0] == FlightSummary(OK, (FlightGroup("0", 6, "all_reduce", False, "default_pg"),), 3)
+    assert got[1] == FlightSummary(OK, (FlightGroup("0", 5, "all_reduce", True, "default_pg"),), 3)
+    again = flight_ask.ask(work, [0]).answers(time.monotonic() + 10)  # asked twice: answered twice
+    assert again == {0: got[0]}
+
+
+def test_a_rank_without_torch_distributed_answers_at_once_and_nothing_listens_when_off(tmp_path, procs):
+    script = tmp_path / "rank.py"
+    script.write_text(textwrap.dedent("""
+        import sys, time
+        sys.path.insert(0, sys.argv[2])
+        from metaflow_extensions.torchrun.plugins.torchrun.procs import flight_ask
+        flight_ask.listen(sys.argv[1], 4)
+        print("ready", flush=True)
+        time.sleep(60)
+    """))
+    p = procs.popen([sys.executable, str(script), str(tmp_path), PKG_ROOT], stdout=subprocess.PIPE)
+    assert p.stdout.readline().strip() == b"ready"
+    assert wait_until(lambda: os.path.exists(flight_ask.ask_path(str(tmp_path), 4)))
+    assert flight_ask.ask(str(tmp_path), [4]).answers(time.monotonic() + 5) == {4: FlightSummary(NO_GROUP)}
+    assert flight_ask.ask(str(tmp_path), [5]).asked == ()  # no FIFO: not waited for
+
+
+@pytest.mark.parametrize("env, on", [
+    ({}, False), ({"TORCH_FR_BUFFER_SIZE": "0"}, False), ({"TORCH_FR_BUFFER_SIZE": "5"}, True),
+    ({"TORCH_NCCL_TRACE_BUFFER_SIZE": "5"}, True), ({"TORCH_FR_BUFFER_SIZE": "0", "TORCH_NCCL_TRACE_BUFFER_SIZE": "5"},
+                                                   False),
+    ({"TORCH_FR_BUFFER_SIZE": "x"}, False),
+])
+def test_a_rank_listens_only_where_torch_records(env, on):
+    assert flight_ask.recording(env) is on
+
+
+def test_the_knob_reads_as_entries():
+    assert [flight_entries(v) for v in (None, "", "500", " 7 ", "0", "off", "OFF", "no", "-3", "x", "1.5")] == [
+        2000, 2000, 500, 7, 0, 0, 0, 0, 2000, 2000, 2000]
