@@ -163,10 +163,19 @@ def test_sigterm_gives_the_ranks_time_to_save_a_checkpoint(gang):
     assert time.monotonic() - told < 60
 
 
-def test_hang_timeout_names_the_rank_that_skipped_a_collective(gang):
+@pytest.mark.parametrize("signal_used", ["stacks", "flight_recorder"])
+def test_hang_timeout_names_the_rank_that_skipped_a_collective(gang, signal_used):
     """One rank skips an all_reduce the other three wait in (issue 39): it is
-    named, with its node and host, before where the ranks were."""
+    named, with its node and host, before where the ranks were. ``stacks``:
+    the Flight Recorder turned off by its knob, the others wait in
+    ``all_reduce``. ``flight_recorder``: they wait on the work of an
+    ``all_reduce(async_op=True)``, a wait no stack shows, and torch's
+    Flight Recorder (on by default) names the rank."""
     gang.env.update(_attrs(hang_timeout=20))  # torchrun's agents import torch in silence first
+    if signal_used == "stacks":
+        gang.env["METAFLOW_TORCHRUN_FLIGHT_RECORDER"] = "off"
+    else:
+        gang.env["MFTR_ASYNC"] = "1"
     proc = gang.run("--script", "skip_collective.py", timeout=180)
     text = output(proc)
     assert proc.returncode != 0 and "hang_timeout=20s" in text, text[-4000:]
@@ -174,12 +183,22 @@ def test_hang_timeout_names_the_rank_that_skipped_a_collective(gang):
     skipper = _read_json(os.path.join(gang.out, "skipper.json"))["rank"]
     others = sorted({0, 1, 2, 3} - {skipper})
     line = _line_of(os.path.join(SCRIPTS, "skip_collective.py"), "time.sleep(0.1)  # skipped")
-    head = "Suspected cause: rank %d is not in the all_reduce that ranks %s wait in:" % (skipper, numbers(others))
+    if signal_used == "stacks":
+        head = "Suspected cause: rank %d is not in the all_reduce that ranks %s wait in (from the stacks):" % (
+            skipper, numbers(others))
+        said = ""
+    else:
+        # The script's barrier is the group's first collective (init_process_group's is the store's).
+        head = ("Suspected cause: rank %d is not in the all_reduce #2 of process group 0 that ranks %s wait in "
+                "(from torch's Flight Recorder):" % (skipper, numbers(others)))
+        said = re.escape("its last was barrier #1 (completed); at ")
     assert head in text, text[-4000:]
-    named = re.search(r"rank %d \(node 1, ([^)]+)\): \S*skip_collective\.py:%d in <module>" % (skipper, line), text)
+    named = re.search(r"rank %d \(node 1, ([^)]+)\): %s\S*skip_collective\.py:%d in <module>" % (skipper, said, line),
+                      text)
     assert named and named.group(1) == socket.gethostname(), text[-4000:]
     assert text.index(head) < text.index("Where the other ranks were", text.index(head)), text[-4000:]
     record = _control_record(gang)
     assert record["cause"]["kind"] == "hang"
-    assert record["culprits"]["collective"] == "all_reduce" and record["culprits"]["waiting"] == others
-    assert [(s["rank"], s["node"]) for s in record["culprits"]["suspects"]] == [(skipper, 1)]
+    culprits = record["culprits"]
+    assert (culprits["signal"], culprits["collective"], culprits["waiting"]) == (signal_used, "all_reduce", others)
+    assert [(s["rank"], s["node"]) for s in culprits["suspects"]] == [(skipper, 1)]

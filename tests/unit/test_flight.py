@@ -166,7 +166,8 @@ def test_a_rank_without_torch_distributed_answers_at_once_and_nothing_listens_wh
     p = procs.popen([sys.executable, str(script), str(tmp_path), PKG_ROOT], stdout=subprocess.PIPE)
     assert p.stdout.readline().strip() == b"ready"
     assert wait_until(lambda: os.path.exists(flight_ask.ask_path(str(tmp_path), 4)))
-    assert flight_ask.ask(str(tmp_path), [4]).answers(time.monotonic() + 5) == {4: FlightSummary(NO_GROUP)}
+    for _ in range(20):  # asked again at once: the thread, back before the node closed its end, answers no echo
+        assert flight_ask.ask(str(tmp_path), [4]).answers(time.monotonic() + 5) == {4: FlightSummary(NO_GROUP)}
     assert flight_ask.ask(str(tmp_path), [5]).asked == ()  # no FIFO: not waited for
 
 

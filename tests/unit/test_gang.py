@@ -25,6 +25,7 @@ import pytest
 from gang_net import GUARD, HOST, SECRET, new_config, read_line, wait_cause, node_report
 from metaflow_extensions.torchrun.plugins.torchrun.gang import wire
 from metaflow_extensions.torchrun.plugins.torchrun.gang import messages
+from metaflow_extensions.torchrun.plugins.torchrun.procs.flight import OK, FlightGroup, FlightSummary
 from metaflow_extensions.torchrun.plugins.torchrun.cause import Cause, CauseKind
 from metaflow_extensions.torchrun.plugins.torchrun.gang.config import GangConfig
 from metaflow_extensions.torchrun.plugins.torchrun.gang.client import GangClient
@@ -888,8 +889,11 @@ class TestStacks:
         b.report_failure(Cause(CauseKind.RANK_FAILED, "boom"), call=0)
         wait_cause([a, b])
         b.send_stacks(0, {})
-        a.send_stacks(0, {0: "Current thread 0x1:\n  File \"t.py\", line 3 in f\n", 1: "x"})
+        a.send_stacks(0, {0: "Current thread 0x1:\n  File \"t.py\", line 3 in f\n", 1: "x"},
+                      {0: FlightSummary(OK, (FlightGroup("0", 5, "all_reduce", False),), 5)})
         assert wait_until(lambda: server.stacks_pending(0) == [], GUARD)
+        assert server.call_view(0).flights == {0: {0: FlightSummary(OK, (FlightGroup("0", 5, "all_reduce", False),),
+                                                                    5)}, 1: {}}
         assert server.calls[0].stacks == {0: {0: "Current thread 0x1:\n  File \"t.py\", line 3 in f\n", 1: "x"},
                                           1: {}}
 
@@ -924,9 +928,12 @@ class TestStacks:
         a_t, _ = enter_in_background(a, 0)
         raw.send({"type": "call", "index": 0, "entry": "train.py"})
         a_t.join(GUARD)
-        raw.send({"type": "stacks", "call": 0, "stacks": {"x": 1, "-3": "y", "2": ["no"], "4": "ok"}})
+        good = {"state": "ok", "entries": 2, "groups": [{"name": "0", "entered": 2, "op": "barrier", "done": False}]}
+        raw.send({"type": "stacks", "call": 0, "stacks": {"x": 1, "-3": "y", "2": ["no"], "4": "ok"},
+                  "flights": {"4": good, "5": {"state": "ok", "groups": [{"entered": -1}]}, "y": good, "6": 7}})
         assert wait_until(lambda: 1 in server.calls[0].stacks, GUARD)
         assert server.calls[0].stacks[1] == {4: "ok"}
+        assert list(server.call_view(0).flights[1]) == [4]  # a bad summary is left out, not fatal
         raw.send({"type": "stacks", "call": 0, "stacks": {}})
         (cause,) = wait_cause([a])
         assert (cause.kind, cause.node_index) == (CauseKind.NODE_LOST, 1)

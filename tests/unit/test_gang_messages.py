@@ -11,6 +11,7 @@ import pytest
 from metaflow_extensions.torchrun.plugins.torchrun.cause import Cause, CauseKind
 from metaflow_extensions.torchrun.plugins.torchrun.gang import messages as msg
 from metaflow_extensions.torchrun.plugins.torchrun.gang.wire import ProtocolError, decode, encode
+from metaflow_extensions.torchrun.plugins.torchrun.procs.flight import NO_GROUP, OK, FlightGroup, FlightSummary
 
 CAUSE = Cause(CauseKind.RANK_FAILED, "rank 3 failed", node_index=1, rank=3, exit_code=1, time=1.5)
 REPORT = msg.NodeReport(
@@ -36,7 +37,9 @@ EXAMPLES = [
     msg.Failed(CAUSE, call=0, report=REPORT, restart=2),
     msg.Failed(CAUSE, call=0, report=REPORT),
     msg.Failed(CAUSE),
-    msg.Stacks(0, {2: "Current thread 0x1", 3: ""}),
+    msg.Stacks(0, {2: "Current thread 0x1", 3: ""},
+               {2: FlightSummary(OK, (FlightGroup("0", 5, "all_reduce", False, "default_pg"),), 6),
+                3: FlightSummary(NO_GROUP)}),
     msg.Leave(2, True),
     msg.AllLeft(),
     msg.Abort(CAUSE),
@@ -81,7 +84,8 @@ BAD = {
                ("call", "0"), ("report", []), ("restart", -1), ("restart", "1"), ("restart", 1 << 17)],
     "restart": [("index", None), ("restart", 0), ("restart", "1"), ("restart", None), ("rdzv_port", 0),
                 ("rdzv_port", 65536), ("cause", None), ("cause", {"kind": "nope", "summary": "x"})],
-    "stacks": [("stacks", None), ("stacks", []), ("call", None), ("call", "0")],
+    "stacks": [("stacks", None), ("stacks", []), ("call", None), ("call", "0"), ("flights", []),
+               ("flights", "x")],
     "leave": [("calls", "many"), ("calls", -1), ("ok", "yes"), ("ok", None)],
     "abort": [("cause", None), ("cause", {"summary": "no kind"})],
     "preflight": [("versions", None), ("versions", {"torch": 2}), ("versions", {"gpu_brand": "x"}),

@@ -117,3 +117,21 @@ def test_the_supervisor_gets_the_grace(run, monkeypatch):
     with pytest.raises(Stop):
         run.supervise({})
     assert seen["shutdown_grace"] == 47.0
+
+
+@pytest.mark.parametrize("knob, theirs, expected", [
+    (None, {}, {names.FR_BUFFER_ENV: str(DEFAULTS.FLIGHT_RECORDER_ENTRIES)}),
+    ("300", {}, {names.FR_BUFFER_ENV: "300"}),
+    ("off", {}, {names.FR_BUFFER_ENV: "0"}),  # torch 2.13 records unless told 0
+    ("300", {names.FR_BUFFER_ENV: "7"}, {names.FR_BUFFER_ENV: "7"}),  # the user's own setting stands
+    ("300", {names.FR_BUFFER_OLD_ENV: "0"}, {names.FR_BUFFER_OLD_ENV: "0"}),  # so does torch's older name
+])
+def test_the_flight_recorder_knob_reaches_the_ranks(run, monkeypatch, knob, theirs, expected):
+    for name in (names.FLIGHT_RECORDER_ENV, names.FR_BUFFER_ENV, names.FR_BUFFER_OLD_ENV):
+        monkeypatch.delenv(name, raising=False)
+    if knob is not None:
+        monkeypatch.setenv(names.FLIGHT_RECORDER_ENV, knob)
+    for name, value in theirs.items():
+        monkeypatch.setenv(name, value)
+    env = run.prepare()
+    assert {n: env[n] for n in (names.FR_BUFFER_ENV, names.FR_BUFFER_OLD_ENV) if n in env} == expected

@@ -16,6 +16,7 @@ thread, and nothing of this runs in it. Nothing here raises into the rank.
 
 from __future__ import annotations
 
+import errno
 import os
 import secrets
 import sys
@@ -88,6 +89,11 @@ def _serve(path: str, answer: str) -> None:
             token = ""
         finally:
             os.close(fd)
+        if len(token) != TOKEN_CHARS:
+            # Back in open() before the node closed its end, this thread gets
+            # in at once and reads the end of the file: not a question. An
+            # answer to it would overwrite the true one before the node read it.
+            continue
         try:
             write_json(answer, {"token": token, "summary": own_summary().to_wire()})
         except Exception:
@@ -119,15 +125,20 @@ class FlightAsk:
     directory: str
     token: str = field(default_factory=lambda: secrets.token_hex(TOKEN_CHARS // 2))
     asked: Tuple[int, ...] = ()
+    # Ranks whose thread was not in open() just then (still writing an
+    # answer): asked again while ``answers`` waits.
+    later: Tuple[int, ...] = ()
 
     def send(self, ranks: Iterable[int]) -> "FlightAsk":
-        """Wake each rank's thread. A rank that listens on no FIFO (recording
-        off, not started, busy answering) is not waited for."""
-        asked = []
+        """Wake each rank's thread. A rank with no FIFO (recording off, or
+        not started) is not waited for."""
+        asked, later = list(self.asked), []
         for rank in ranks:
             try:
                 fd = os.open(ask_path(self.directory, rank), _ASK_FLAGS)
-            except OSError:  # ENXIO: nobody reads; ENOENT: no FIFO
+            except OSError as e:
+                if e.errno == errno.ENXIO:  # a FIFO, nobody in open() on it yet
+                    later.append(rank)
                 continue
             try:
                 os.write(fd, self.token.encode("ascii"))
@@ -136,19 +147,21 @@ class FlightAsk:
                 pass
             finally:
                 os.close(fd)
-        self.asked = tuple(asked)
+        self.asked, self.later = tuple(asked), tuple(later)
         return self
 
     def answers(self, deadline: float) -> Dict[int, FlightSummary]:
         """Each asked rank's summary, as long as ``deadline`` (monotonic) allows."""
         out: Dict[int, FlightSummary] = {}
         while True:
+            if self.later:
+                self.send(self.later)
             for rank in self.asked:
                 if rank not in out:
                     summary = self._answer(rank)
                     if summary is not None:
                         out[rank] = summary
-            if len(out) == len(self.asked) or time.monotonic() >= deadline:
+            if (len(out) == len(self.asked) and not self.later) or time.monotonic() >= deadline:
                 return out
             time.sleep(0.02)
 
