@@ -59,8 +59,9 @@ SECONDARY_GRACE = 3.0
 # A node told to stop (SIGTERM, a spot notice) waits this long for the gang's
 # verdict before it stops its own ranks anyway (a round trip takes milliseconds).
 VERDICT_WAIT = 1.0
-# How long a node waits for its live ranks' stack dumps before the stop (a dump
-# takes milliseconds; a rank stopped or in uninterruptible sleep writes nothing).
+# How long a node waits for its live ranks' stack dumps and Flight Recorder
+# summaries before the stop (each takes milliseconds; a rank stopped or in
+# uninterruptible sleep writes nothing).
 COLLECT_SECONDS = 1.0
 # A peer's failure (not a preemption): the ranks get this long after SIGTERM.
 PEER_STOP_GRACE = 3.0

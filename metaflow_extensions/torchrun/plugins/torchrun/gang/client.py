@@ -165,13 +165,10 @@ class GangClient(Joining, RestartNews):
         _log.debug("node %d: failure reported (call %s): %s: %s", self.node_index, call, cause.kind.value,
                    cause.summary)
 
-    def send_stacks(self, index: int, stacks: Dict[int, str],
-                    flights: Optional[Dict[int, FlightSummary]] = None) -> None:
-        """Where this node's ranks were when it stopped them (``stacks.py``)
-        and what their Flight Recorders said (``flight.py``), for the
-        control's report; empty dicts say there were none."""
-        flights = rank_flight.bound(flights or {}, wire.MAX_LINE // 8)
-        budget = wire.MAX_LINE // 2
+    def send_stacks(self, index: int, stacks: Dict[int, str], flights: Optional[Dict[int, FlightSummary]] = None) -> None:
+        """Where this node's ranks were when it stopped them (``stacks.py``) and
+        their Flight Recorders' summaries, for the control; empty says none."""
+        flights, budget = rank_flight.bound(flights or {}, wire.MAX_LINE // 8), wire.MAX_LINE // 2
         while True:
             message = msg.Stacks(index, rank_stacks.bound(stacks, budget), flights)
             if fits(message) or budget < 1024:

@@ -174,8 +174,13 @@ def _from_flights(flights: Mapping[int, FlightSummary], every: List[int]) -> Opt
         if g is None and not default:
             continue  # not in that group, as far as can be told
         said[rank] = _behind(g, seq, group, flights.get(rank))
-    order = sorted(said, key=lambda r: (at.get(r) is None, at[r].entered if at.get(r) else 0, r))
+    order = sorted(said, key=lambda r: _behind_key(r, at.get(r)))
     return op, waiting, order, said, (group, seq)
+
+
+def _behind_key(rank: int, g: Optional[FlightGroup]) -> Tuple[bool, int, int]:
+    """Furthest behind first; the ranks with no record of the group last."""
+    return (g is None, g.entered if g is not None else 0, rank)
 
 
 def _behind(g: Optional[FlightGroup], seq: int, group: str, summary: Optional[FlightSummary]) -> str:
