@@ -73,6 +73,10 @@ def test_many_suspects_are_counted_not_listed():
     assert found.lines()[0] == "Suspected cause: 3999 ranks are not in the all_reduce that rank 0 waits in (from the stacks):"
     assert found.lines()[1] == "  rank 1 (node ?, ?): /work/train.py:10 in <module>"
     assert found.lines()[-1] == "  ... and %d more ranks" % (3999 - culprit.NAMED)
+    many_waiting = find_culprits({**{r: IN_ALL_REDUCE for r in range(4000)}, 4000: SLEEPING}, {}, {})
+    assert many_waiting is not None
+    wire = many_waiting.to_wire()  # the record stays small whatever the gang's size
+    assert wire["waiting"] == list(range(culprit.RECORDED_WAITING)) and wire["waiting_count"] == 4000
 
 
 def test_the_suspects_come_before_where_the_ranks_were():

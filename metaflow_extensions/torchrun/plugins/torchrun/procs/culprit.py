@@ -36,6 +36,8 @@ _C10D = os.path.join("torch", "distributed", "distributed_c10d.py")
 # Suspects named one by one; more are counted (a gang of 8,192 ranks where one
 # waits and the rest are elsewhere is not a hang of one rank).
 NAMED = 4
+# The record lists this many of the waiting ranks, and counts them all.
+RECORDED_WAITING = 64
 NO_STACK = "left no stack (it had ended, or did not answer)"
 # Which signal named the suspects, as the record says it, and as the message does.
 STACKS = "stacks"
@@ -104,7 +106,8 @@ class Culprits:
         return out
 
     def to_wire(self) -> Dict[str, Any]:
-        out = {"signal": self.signal, "collective": self.collective, "waiting": list(self.waiting),
+        out = {"signal": self.signal, "collective": self.collective,
+               "waiting": list(self.waiting[:RECORDED_WAITING]), "waiting_count": len(self.waiting),
                "suspects": [s.to_wire() for s in self.suspects], "more": self.more}
         if self.signal == FLIGHT_RECORDER:
             out.update(group=self.group, seq=self.seq)
