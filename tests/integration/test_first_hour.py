@@ -15,6 +15,7 @@ import time
 import pytest
 
 from .helpers import REPO, Gang, output
+from .test_step_gang import _root_cause
 
 sys.path.insert(0, os.path.join(REPO, "tests"))
 import docs_quotes  # noqa: E402
@@ -79,7 +80,7 @@ def test_the_examples_run(outputs, tmp_path):
     gang, runs = outputs
     assert runs["hello"].returncode == 0, output(runs["hello"])[-3000:]
     assert "all-reduce sum 6" in output(runs["hello"])
-    ddp = _example(gang, "ddp", "run", "--epochs", "2")
+    ddp = _example(gang, "ddp", "run", "--epochs", "1")
     assert ddp.returncode == 0, output(ddp)[-3000:]
     function = _example(gang, "function", "run")
     assert function.returncode == 0, output(function)[-3000:]
@@ -110,6 +111,21 @@ def test_the_card_command_the_control_prints_works(outputs, tmp_path):
     got = _example(gang, "hello", "card", "get", view.group(1), "--id", "torchrun", str(html))
     assert got.returncode == 0, output(got)
     assert html.stat().st_size > 1000
+
+
+def test_a_gang_whose_nodes_disagree_on_their_calls_names_the_node_at_once(outputs):
+    """The step_flow scenarios the docs quote are also the gang's behaviours
+    (run once here, not again in test_step_gang.py)."""
+    _, runs = outputs
+    for name in ("left-early", "differs", "late"):
+        assert runs[name].returncode != 0, (name, output(runs[name])[-3000:])
+    left = _root_cause(output(runs["left-early"]))
+    assert "node 1 ended its step after 0 calls of current.torch.run while node 0 waits in call 1" in left
+    assert "timeout" not in left.lower()
+    differs = _root_cause(output(runs["differs"]))
+    assert "call 2 of current.torch.run differs between nodes" in differs
+    assert "'report.py'" in differs and "'tagged.py'" in differs
+    assert "node 1 did not reach call 1 of current.torch.run within 5s" in _root_cause(output(runs["late"]))
 
 
 def test_every_console_message_the_docs_quote_is_in_real_output(outputs):

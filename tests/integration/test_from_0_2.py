@@ -124,13 +124,15 @@ def test_none_values_reach_the_script_as_bare_flags_with_one_line(gang):
 # -- 3. master_port ----------------------------------------------------------------
 
 
-def test_master_port_in_run_pins_the_rendezvous_port(gang, held_ports):
-    port = held_ports()
-    proc = gang.run("--torchrun-args", json.dumps({"master_port": port}), timeout=240)
+def test_master_port_in_run_pins_the_rendezvous_port_and_port_the_gangs(gang, held_ports):
+    port, service = held_ports(), held_ports()
+    proc = gang.run("--torchrun-args", json.dumps({"master_port": port}),
+                    env={"MFTR_TORCHRUN_ATTRS": json.dumps({"port": service})}, timeout=240)
     text = output(proc)
     assert proc.returncode == 0, text
     assert text.count("master_port=%d is deprecated" % port) == 1, text
-    assert _control_record(gang, "GangFlow")["rdzv_port"] == port
+    record = _control_record(gang, "GangFlow")
+    assert (record["rdzv_port"], record["gang_port"]) == (port, service)
 
 
 def test_master_port_in_the_decorators_torchrun_args_pins_the_rendezvous_port(gang, held_ports):
@@ -141,14 +143,6 @@ def test_master_port_in_the_decorators_torchrun_args_pins_the_rendezvous_port(ga
     assert proc.returncode == 0, text
     assert text.count("master_port=%d is deprecated" % port) == 1, text
     assert gang.client("result = Flow('LegacyFlow').latest_run['join'].task['ports'].data") == [port, port]
-
-
-def test_rdzv_port_and_port_pin_both_ports(gang, held_ports):
-    rdzv, service = held_ports(), held_ports()
-    proc = gang.run(env={"MFTR_TORCHRUN_ATTRS": json.dumps({"rdzv_port": rdzv, "port": service})}, timeout=240)
-    assert proc.returncode == 0, output(proc)
-    record = _control_record(gang, "GangFlow")
-    assert (record["rdzv_port"], record["gang_port"]) == (rdzv, service)
 
 
 # -- 4. one run, every problem -------------------------------------------------------

@@ -86,13 +86,6 @@ def test_a_node_killed_before_run_is_named(gang):
     assert _time_to_failure(gang, "node 1 killed before run") < BOUND
 
 
-def test_a_node_that_never_calls_run_while_the_other_waits_is_named_at_once(gang):
-    proc, text, took = _run(gang, {"node": {"1": {"calls": 0}}})
-    assert proc.returncode != 0
-    root = _root_cause(text)
-    assert "node 1 ended its step after 0 calls of current.torch.run while node 0 waits in call 1" in root
-    assert "timeout" not in root.lower()
-    print("run with a node that never calls run(): %.1f s" % took)
 
 
 def test_a_node_sleeping_before_run_is_interrupted_when_the_other_fails(gang):
@@ -106,23 +99,17 @@ def test_a_node_sleeping_before_run_is_interrupted_when_the_other_fails(gang):
 
 
 def test_several_calls_each_their_own_rendezvous(gang):
-    proc, text, _ = _run(gang, {"calls": 3})
+    proc, text, _ = _run(gang, {"calls": 2})
     assert proc.returncode == 0, text[-4000:]
-    for k in range(3):
+    for k in range(2):
         reports = gang.reports("a0-c%d-rank-" % k)
         assert sorted(reports) == [0, 1, 2, 3], (k, reports)
         assert all(r["sum"] == 6 and r["world"] == 4 for r in reports.values())
     assert gang.client(
         "t = list(Flow('StepFlow').latest_run['join'])[0]\nresult = t.data.calls"
-    ) == [3, 3]
+    ) == [2, 2]
 
 
-def test_nodes_making_different_calls_are_named(gang):
-    proc, text, _ = _run(gang, {"calls": 2, "node": {"1": {"script": "report.py"}}})
-    assert proc.returncode != 0
-    root = _root_cause(text)
-    assert "call 2 of current.torch.run differs between nodes" in root
-    assert "'report.py'" in root and "'tagged.py'" in root
 
 
 def test_a_node_making_fewer_calls_is_named(gang):
@@ -140,10 +127,6 @@ def test_a_node_that_never_starts_is_named_after_start_timeout(gang):
     assert "waiting for nodes: 1/2 joined; node 1 missing for" in text
 
 
-def test_a_node_that_never_reaches_its_call_is_named_after_start_timeout(gang):
-    proc, text, _ = _run(gang, {"node": {"1": {"sleep": 3600}}}, attrs={"start_timeout": 8})
-    assert proc.returncode != 0
-    assert "node 1 did not reach call 1 of current.torch.run within 8s" in _root_cause(text)
 
 
 def test_retry_reruns_promptly_and_meets_nothing_of_the_failed_attempt(gang):
