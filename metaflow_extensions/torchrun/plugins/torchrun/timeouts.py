@@ -43,8 +43,9 @@ REPORT_INTERVAL = 1.0
 # (past 1,024 nodes, once per 1,024 nodes a second, as heartbeats).
 PROGRESS_CHECK = 1.0
 
-# A node's progress rides one heartbeat in this many seconds (the control parses
-# each: about 4 times a bare heartbeat's cost).
+# A node's progress rides one heartbeat in this many seconds, less often past 768
+# nodes (GangConfig.progress_send; the control parses each: about 7 times a bare
+# heartbeat's cost).
 PROGRESS_SEND = 3.0
 # One nvidia-smi query of the GPUs' utilisation (host/gpu_usage.py: the straggler
 # signal without progress reports) may take this long; a hung one is abandoned.

@@ -280,11 +280,11 @@ class GangClient(Joining, RestartNews):
                 self._news.notify_all()
 
     def _beat_loop(self) -> None:
-        due = [0.0]  # progress rides one heartbeat every PROGRESS_SEND: the control parses less
+        due = [0.0]  # progress rides one heartbeat every progress_send: the control parses less
         while not self._closing.wait(self.config.heartbeat_interval):
             if self._left and self.cause is not None:
                 return
-            self._safe_send(heartbeat(self.quiet, paced(self.training, due)))
+            self._safe_send(heartbeat(self.quiet, paced(self.training, due, self.config.progress_send)))
 
 
 
@@ -310,14 +310,14 @@ def control_silent(silent: float, heartbeat_timeout: float) -> Cause:
                  "or it or this node is cut off from the network" % (silent, heartbeat_timeout), node_index=0)
 
 
-def paced(training: Optional[Callable[[], Optional[NodeProgress]]],
-          due: List[float]) -> Optional[Callable[[], Optional[NodeProgress]]]:
+def paced(training: Optional[Callable[[], Optional[NodeProgress]]], due: List[float],
+          every: float = timeouts.PROGRESS_SEND) -> Optional[Callable[[], Optional[NodeProgress]]]:
     """``training`` when a heartbeat should carry the progress (once every
-    PROGRESS_SEND; ``due`` holds when next), else None."""
+    ``every``; ``due`` holds when next), else None."""
     now = time.monotonic()
     if training is None or now < due[0]:
         return None
-    due[0] = now + timeouts.PROGRESS_SEND
+    due[0] = now + every
     return training
 
 

@@ -28,6 +28,9 @@ CONTROL_NODE = 0
 # Heartbeats the control's service takes in a second, at most, whatever the
 # gang's size: past 1,024 nodes the interval grows with the gang (see below).
 HEARTBEATS_PER_SECOND = 1024.0
+# Progress records (gang/node_progress.py) it parses in a second, at most: one
+# costs it about 7 bare heartbeats, so past 768 nodes they come less often.
+PROGRESS_PER_SECOND = 256.0
 
 
 @dataclass(frozen=True)
@@ -64,3 +67,12 @@ class GangConfig:
         base = max(0.05, min(1.0, self.heartbeat_timeout / 10.0))
         scaled = self.num_nodes / HEARTBEATS_PER_SECOND
         return max(base, min(scaled, self.heartbeat_timeout / 4.0))
+
+    @property
+    def progress_send(self) -> float:
+        """How often a node's heartbeat carries its ranks' progress: every
+        ``PROGRESS_SEND`` seconds, and no more than ``PROGRESS_PER_SECOND``
+        records a second reach the control whatever the gang's size (every
+        4 s at 1,024 nodes, 16 s at 4,096: the ranks' own time stamps keep
+        the rates right; the step shown is that much older)."""
+        return max(timeouts.PROGRESS_SEND, self.num_nodes / PROGRESS_PER_SECOND)
