@@ -84,14 +84,22 @@ def kind_of(cause: Any) -> str:
 # -- worker processes ------------------------------------------------------------------
 
 
+# The cores this run may use, read once: --pin narrows the process's own affinity per size.
+CORES = sorted(os.sched_getaffinity(0))
+
+
 class Pool:
     """``workers`` processes for nodes 0..N-2 and a solo one (the last) for node N-1."""
 
-    def __init__(self, workers: int):
+    def __init__(self, workers: int, pin: bool = False):
         ctx = multiprocessing.get_context("spawn")
         self.procs: List[Any] = []
         self.conns: List[Any] = []
         self.broken: set = set()
+        cores = CORES
+        if pin:
+            # The workers inherit this affinity: every core but the first.
+            os.sched_setaffinity(0, cores[1:])
         for i in range(workers + 1):
             parent, child = ctx.Pipe()
             proc = ctx.Process(target=worker_main, args=(child, os.getpid()), name="gang-scale-%d" % i, daemon=True)
@@ -100,6 +108,9 @@ class Pool:
             child.close()
             self.procs.append(proc)
             self.conns.append(parent)
+        if pin:
+            # The control (the service's threads in this process) gets the first core to itself.
+            os.sched_setaffinity(0, cores[:1])
         deadline = time.monotonic() + READY_TIMEOUT
         for i in range(len(self.procs)):
             if self.recv(i, deadline) is None:
@@ -389,11 +400,11 @@ def _merge(row: Dict[str, Any], part: Dict[str, Any], prefix: str = "") -> None:
 
 def measure(n: int, run: int, opts: argparse.Namespace, base: Dict[str, Any], progress: bool = False) -> Dict[str, Any]:
     row = dict(base, nodes=n, run=run + 1, workers=opts.workers, settle_s=opts.settle, progress=progress,
-               heartbeat_timeout=opts.heartbeat_timeout,
+               heartbeat_timeout=opts.heartbeat_timeout, pinned=opts.pin,
                frozen_heartbeat_timeout=opts.frozen_heartbeat_timeout, join_bound_s=opts.join_bound,
                load_1m=round(os.getloadavg()[0], 2))
     started = time.monotonic()
-    pool = Pool(min(opts.workers, max(1, n - 1)))
+    pool = Pool(min(opts.workers, max(1, n - 1)), opts.pin)
     try:
         rss_before = rss_kb()
         gang = Gang(pool, n, opts.heartbeat_timeout, opts.join_bound, progress)
@@ -423,6 +434,7 @@ def measure(n: int, run: int, opts: argparse.Namespace, base: Dict[str, Any], pr
                 gang.close()
     finally:
         pool.kill()
+        os.sched_setaffinity(0, CORES)
     row["elapsed_s"] = round(time.monotonic() - started, 1)
     return row
 
@@ -548,6 +560,9 @@ def parse(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     p.add_argument("--no-frozen", action="store_true", help="skip the frozen-node phase")
     p.add_argument("--progress", type=_switches, default=_switches("off"),
                    help="progress reports in the heartbeats: off, on, or off,on (both, one after the other, per size)")
+    p.add_argument("--pin", action="store_true",
+                   help="the control alone on the first core, the clients on the others, as on a cluster where "
+                        "they run elsewhere (2 or more cores)")
     p.add_argument("--keep-going", action="store_true", help="try larger sizes after one did not form")
     p.add_argument("--label", default="", help="a name for these rows, e.g. before / after")
     p.add_argument("--out", default=RESULTS, help="JSON file the rows are appended to (%(default)s)")

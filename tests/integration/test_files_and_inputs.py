@@ -133,17 +133,15 @@ def _leftovers(tmp):
     }
 
 
-def test_a_failed_run_leaves_no_work_directory(gang, tmp_path):
-    tmp = str(tmp_path / "tmp")
-    os.makedirs(tmp)
-    proc = gang.run("--script", "fail.py", "--script-args", json.dumps({"rank": 1}),
-                    env={"TMPDIR": tmp}, timeout=180)
-    assert proc.returncode != 0
-    assert "boom from rank 1" in output(proc)
-    assert _leftovers(tmp) == {"work": [], "torchelastic": []}
+def test_a_failed_run_leaves_no_work_directory(failed_run):
+    assert failed_run.proc.returncode != 0
+    assert "boom from rank 2" in failed_run.text
+    assert _leftovers(failed_run.tmpdir) == {"work": [], "torchelastic": []}
 
 
 def test_sigterm_to_the_control_task_leaves_no_work_directory(gang, tmp_path):
+    """Also the test that a SIGTERM to the control task stops everything,
+    said as such (the gang fixture fails a test whose processes outlive it)."""
     import signal
 
     tmp = str(tmp_path / "tmp")
@@ -161,5 +159,7 @@ def test_sigterm_to_the_control_task_leaves_no_work_directory(gang, tmp_path):
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-    assert proc.returncode != 0, out.decode(errors="replace")
+    text = out.decode(errors="replace")
+    assert proc.returncode != 0, text
+    assert "SIGTERM" in text, text[-3000:]
     assert _leftovers(tmp) == {"work": [], "torchelastic": []}

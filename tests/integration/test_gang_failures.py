@@ -53,10 +53,9 @@ def _run_and_inject(gang, inject, *args, env=None, timeout=240):
     return proc.returncode, out.decode(errors="replace"), ended_after
 
 
-def test_rank_raising_names_node_rank_and_traceback_once(gang):
-    proc = gang.run("--script", "fail.py", "--script-args", json.dumps({"rank": 2}), timeout=180)
-    text = output(proc)
-    assert proc.returncode != 0
+def test_rank_raising_names_node_rank_and_traceback_once(failed_run):
+    text = failed_run.text
+    assert failed_run.proc.returncode != 0
     # Rank 2 is on node 1: its error has the traceback, once, in the user's
     # frames; the control's says where the logs are.
     screen = check_failure_screen(

@@ -6,16 +6,15 @@ import signal
 import time
 
 import pytest
-from our_processes import node_tasks
 
-from .helpers import finish_or_explain, output
+from .helpers import output
 
 pytestmark = pytest.mark.integration
 
 
-def test_two_nodes_two_processes(gang):
-    proc = gang.run()
-    assert proc.returncode == 0, output(proc)
+def test_two_nodes_two_processes(succeeded_run):
+    gang, proc = succeeded_run.gang, succeeded_run.proc
+    assert proc.returncode == 0, succeeded_run.text
     reports = gang.reports("rank-")
     assert sorted(reports) == [0, 1, 2, 3]
     for r, rep in reports.items():
@@ -64,12 +63,11 @@ def test_dict_arguments_become_flags(gang):
         assert argv == ["--lr", "0.5", "--name", "a b $(x) `y`", "--verbose", "--layers", "1", "2", "3"]
 
 
-def test_a_rank_raising_fails_the_step_and_names_it(gang):
-    proc = gang.run("--script", "fail.py", "--script-args", json.dumps({"rank": 1}), timeout=180)
-    text = output(proc)
-    assert proc.returncode != 0, text
-    assert "ValueError: boom from rank 1" in text
-    assert "rank 1" in text and "@torchrun job failed" in text
+def test_a_rank_raising_fails_the_step_and_names_it(failed_run):
+    text = failed_run.text
+    assert failed_run.proc.returncode != 0, text
+    assert "ValueError: boom from rank 2" in text
+    assert "rank 2" in text and "@torchrun job failed" in text
     # The user's traceback is there, pointing into their script.
     assert "in explode" in text
 
@@ -97,37 +95,6 @@ def test_non_utf8_output_is_not_dropped(gang):
                 with open(os.path.join(root, name), "rb") as f:
                     raw += f.read()
     assert raw.count(b"\xff\xfe\x80\xc3") == 4
-
-
-def test_ctrl_c_leaves_no_process(gang):
-    proc = gang.start("--script", "spin.py")
-    try:
-        gang.wait_for_reports("ready-", 4, timeout=120)
-        os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does
-        out = finish_or_explain(proc, gang, 60)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    assert proc.returncode != 0, out.decode(errors="replace")
-    # The gang fixture asserts no process is left.
-
-
-def test_sigterm_to_the_control_task_stops_everything(gang):
-    proc = gang.start("--script", "spin.py")
-    try:
-        gang.wait_for_reports("ready-", 4, timeout=120)
-        control = node_tasks(proc.pid, control=True)
-        assert control, "control task not found"
-        os.kill(control[0], signal.SIGTERM)
-        out, _ = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    text = out.decode(errors="replace")
-    assert proc.returncode != 0, text
-    assert "SIGTERM" in text
 
 
 def test_timeout_decorator_stops_everything(gang):

@@ -51,10 +51,9 @@ def test_labels_can_be_turned_off(gang):
     assert "[rank" not in log
 
 
-def test_result_record_is_returned_and_stored_as_metadata(gang):
-    proc = gang.run("--script", "report.py")
-    assert proc.returncode == 0, output(proc)[-3000:]
-    record = gang.client(
+def test_result_record_is_returned_and_stored_as_metadata(succeeded_run):
+    assert succeeded_run.proc.returncode == 0, succeeded_run.text[-3000:]
+    record = succeeded_run.gang.client(
         "import json\n"
         "t = Flow('GangFlow').latest_run['train'].control_task\n"
         "result = json.loads(t.metadata_dict['torchrun-result'])"
@@ -70,19 +69,17 @@ def test_result_record_is_returned_and_stored_as_metadata(gang):
     assert record["log_dir"] and record["restarts"] == 0
 
 
-def test_failed_run_keeps_its_record_with_the_root_cause(gang):
-    gang.env.pop("METAFLOW_TORCHRUN_DEBUG", None)
-    proc = gang.run("--script", "fail.py", "--script-args", json.dumps({"rank": 1}), timeout=180)
-    assert proc.returncode != 0
+def test_failed_run_keeps_its_record_with_the_root_cause(failed_run):
+    assert failed_run.proc.returncode != 0
     # The debug channel is off unless asked for (test_the_debug_channel_...).
-    assert "metaflow_torchrun." not in output(proc), output(proc)[-3000:]
-    record = gang.client(
+    assert "metaflow_torchrun." not in failed_run.text, failed_run.text[-3000:]
+    record = failed_run.gang.client(
         "import json\n"
         "t = Flow('GangFlow').latest_run['train'].control_task\n"
         "result = json.loads(t.metadata_dict['torchrun-result'])"
     )
     assert not record["succeeded"]
-    assert "boom from rank 1" in record["cause"]["summary"]
+    assert "boom from rank 2" in record["cause"]["summary"]
 
 
 def test_control_reports_who_is_missing_at_a_call(gang):
@@ -186,9 +183,9 @@ def test_card_shows_topology_ranks_and_timeline(gang):
         assert "LINE %d 29 payload-" % r in tails
 
 
-def test_card_of_a_failed_run_names_the_root_cause(gang):
-    proc = gang.run("--script", "fail.py", "--script-args", json.dumps({"rank": 2}), timeout=180)
-    assert proc.returncode != 0
+def test_card_of_a_failed_run_names_the_root_cause(failed_run):
+    gang = failed_run.gang
+    assert failed_run.proc.returncode != 0
     parts = _card_components(gang)
     sources = [p.get("source", "").strip() for p in parts if p["type"] == "markdown"]
     assert "Failed" in sources[0] and "boom from rank 2" in sources[0]

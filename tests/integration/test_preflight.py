@@ -44,9 +44,9 @@ def test_a_node_with_another_torch_is_refused_before_any_rank_starts(gang):
     assert pre["differences"][0].startswith("torch: node 1 has 2.12.0")
 
 
-def test_the_default_mode_passes_and_records_every_node(gang):
-    proc = gang.run("--script", "report.py")
-    assert proc.returncode == 0, output(proc)[-3000:]
+def test_the_default_mode_passes_and_records_every_node(succeeded_run):
+    gang = succeeded_run.gang
+    assert succeeded_run.proc.returncode == 0, succeeded_run.text[-3000:]
     assert len(_rank_reports(gang)) == 4
     pre = _record(gang)["preflight"]
     assert pre["mode"] == "versions" and pre["reported"] == 2 and not pre["differences"]

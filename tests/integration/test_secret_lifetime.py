@@ -7,7 +7,6 @@ import signal
 
 import pytest
 
-from .helpers import output
 
 pytestmark = pytest.mark.integration
 
@@ -19,19 +18,19 @@ def secret_files(gang):
     return found
 
 
-def test_removed_after_a_successful_step(gang):
-    proc = gang.run()
-    assert proc.returncode == 0, output(proc)[-3000:]
-    assert secret_files(gang) == []
+def test_removed_after_a_successful_step(succeeded_run):
+    assert succeeded_run.proc.returncode == 0, succeeded_run.text[-3000:]
+    assert secret_files(succeeded_run.gang) == []
 
 
-def test_removed_after_a_failed_step(gang):
-    proc = gang.run("--script", "fail.py", "--script-args", '["--rank", "1"]')
-    assert proc.returncode != 0
-    assert secret_files(gang) == []
+def test_removed_after_a_failed_step(failed_run):
+    assert failed_run.proc.returncode != 0
+    assert secret_files(failed_run.gang) == []
 
 
 def test_removed_after_ctrl_c(gang):
+    """Also the test that a terminal's Ctrl-C leaves no process behind (the
+    gang fixture fails a test whose processes outlive it)."""
     proc = gang.start("--script", "spin.py")
     try:
         gang.wait_for_reports("ready-", 4, timeout=120)

@@ -3,8 +3,6 @@
 import json
 import os
 
-import torch.distributed as dist
-
 
 def out_dir() -> str:
     path = os.environ["MFTR_TEST_OUT"]
@@ -24,5 +22,9 @@ def write_json(name: str, data) -> None:
 
 
 def init() -> None:
+    # torch is imported here, not at the top: the scripts that only print or
+    # echo their arguments spare each rank its `import torch` (about 3 CPU-s).
+    import torch.distributed as dist
+
     dist.init_process_group("gloo")
 
