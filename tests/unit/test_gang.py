@@ -994,12 +994,13 @@ class TestCostPerNode:
             server._heartbeat()
         assert counts == {"hb": nodes}
 
-    def test_the_heartbeat_interval_grows_past_1024_nodes_within_the_timeout(self):
+    def test_the_heartbeat_interval_grows_past_512_nodes_within_the_timeout(self):
         from metaflow_extensions.torchrun.plugins.torchrun.gang.config import GangConfig
 
-        small, big = GangConfig("g", 64), GangConfig("g", 4096)
+        small, big = GangConfig("g", 512), GangConfig("g", 1024)
         assert small.heartbeat_interval == 1.0
-        assert big.heartbeat_interval == 4.0 <= big.heartbeat_timeout / 4
+        assert big.heartbeat_interval == 2.0
+        assert GangConfig("g", 4096).heartbeat_interval == 7.5 == GangConfig("g", 4096).heartbeat_timeout / 4
         assert GangConfig("g", 4096, heartbeat_timeout=8).heartbeat_interval == 2.0
 
     def test_progress_rides_a_heartbeat_less_often_past_1024_nodes(self, monkeypatch):

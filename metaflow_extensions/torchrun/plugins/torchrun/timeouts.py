@@ -40,7 +40,7 @@ TRACK_INTERVAL = 1.0
 REPORT_INTERVAL = 1.0
 
 # How often the service sums up the gang's training progress and looks for stragglers
-# (past 1,024 nodes, once per 1,024 nodes a second, as heartbeats).
+# (past 512 nodes, once per 512 nodes a second, as heartbeats).
 PROGRESS_CHECK = 1.0
 
 # A node's progress rides one heartbeat in this many seconds, less often past 768

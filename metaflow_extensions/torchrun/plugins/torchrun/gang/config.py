@@ -25,9 +25,11 @@ from .. import timeouts
 RDZV_STORE_NODE = 0
 # The node whose task hosts the gang service (Metaflow's control task).
 CONTROL_NODE = 0
-# Heartbeats the control's service takes in a second, at most, whatever the
-# gang's size: past 1,024 nodes the interval grows with the gang (see below).
-HEARTBEATS_PER_SECOND = 1024.0
+# Heartbeats the control's service takes (and sends) in a second, at most,
+# whatever the gang's size: past 512 nodes the interval grows with the gang (see
+# below). With every heartbeat on time, 1,024 a second each way cost the control
+# 12 to 13 % of a core on a 2-core machine, 512 half that (docs/benchmarks.md).
+HEARTBEATS_PER_SECOND = 512.0
 # Progress records (gang/node_progress.py) it parses in a second, at most: one
 # costs it about 7 bare heartbeats, so past 768 nodes they come less often.
 PROGRESS_PER_SECOND = 256.0
@@ -61,7 +63,7 @@ class GangConfig:
     @property
     def heartbeat_interval(self) -> float:
         """A tenth of the timeout, at most 1 s, so a silence is a real one; past
-        1,024 nodes, one second per 1,024 nodes, so the control's cost per
+        512 nodes, one second per 512 nodes, so the control's cost per
         second stays flat (at most a quarter of the timeout: detection is
         heartbeat_timeout plus the check period whatever the interval)."""
         base = max(0.05, min(1.0, self.heartbeat_timeout / 10.0))

@@ -3,7 +3,7 @@
 While nodes join or meet at a call: who the gang still waits for, at a calm
 rate (``progress_interval``), and once that all are there. While they train:
 the gang's progress line when it changed, and each straggler once. Its cost
-stays flat with the gang: past 1,024 nodes the training summary is made less
+stays flat with the gang: past 512 nodes the training summary is made less
 often, as heartbeats are.
 """
 
