@@ -43,7 +43,7 @@ REPORT_INTERVAL = 1.0
 # (past 512 nodes, once per 512 nodes a second, as heartbeats).
 PROGRESS_CHECK = 1.0
 
-# A node's progress rides one heartbeat in this many seconds, less often past 768
+# A node's progress rides one heartbeat in this many seconds, less often past 384
 # nodes (GangConfig.progress_send; the control parses each: about 7 times a bare
 # heartbeat's cost).
 PROGRESS_SEND = 3.0

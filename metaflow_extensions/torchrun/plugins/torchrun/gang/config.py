@@ -31,8 +31,9 @@ CONTROL_NODE = 0
 # 12 to 13 % of a core on a 2-core machine, 512 half that (docs/benchmarks.md).
 HEARTBEATS_PER_SECOND = 512.0
 # Progress records (gang/node_progress.py) it parses in a second, at most: one
-# costs it about 7 bare heartbeats, so past 768 nodes they come less often.
-PROGRESS_PER_SECOND = 256.0
+# costs it about 7 bare heartbeats, so past 384 nodes they come less often (at
+# 256 a second, progress added 10 to 25 % to the control's idle CPU at 1,024 nodes).
+PROGRESS_PER_SECOND = 128.0
 
 
 @dataclass(frozen=True)
@@ -75,6 +76,6 @@ class GangConfig:
         """How often a node's heartbeat carries its ranks' progress: every
         ``PROGRESS_SEND`` seconds, and no more than ``PROGRESS_PER_SECOND``
         records a second reach the control whatever the gang's size (every
-        4 s at 1,024 nodes, 16 s at 4,096: the ranks' own time stamps keep
+        8 s at 1,024 nodes, 32 s at 4,096: the ranks' own time stamps keep
         the rates right; the step shown is that much older)."""
         return max(timeouts.PROGRESS_SEND, self.num_nodes / PROGRESS_PER_SECOND)
