@@ -573,6 +573,8 @@ def parse(argv: Optional[Sequence[str]]) -> argparse.Namespace:
         p.error("--runs and --workers must be at least 1")
     if not 0 <= opts.settle < 3600:
         p.error("--settle: seconds, at least 0 (got %r)" % opts.settle)
+    if opts.pin and len(CORES) < 2:
+        p.error("--pin needs 2 or more cores; this process may use %d" % len(CORES))
     return opts
 
 

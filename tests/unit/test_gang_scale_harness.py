@@ -11,6 +11,7 @@ import os
 import sys
 
 import metaflow  # noqa: F401  (must come before our modules)
+import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
                                 "benchmarks"))
@@ -74,3 +75,35 @@ def test_a_gang_that_does_not_form_is_recorded_and_larger_sizes_skipped(tmp_path
     assert (rows[0]["formed"], rows[0]["joined_at_end"], rows[0]["false_abort"]) == (False, 3, None)
     assert rows[1]["skipped"] == "4 did not form"
     assert "not formed in 2 s** (3/4 joined)" in gang_scale.table(rows)
+
+
+def test_pin_puts_the_control_alone_on_the_first_core_and_gives_every_core_back(tmp_path, monkeypatch):
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < 2:
+        pytest.skip("--pin needs 2 or more cores")
+    seen_affinity = []
+    original = gang_scale.Pool.__init__
+
+    def recording(self, workers, pin=False):
+        original(self, workers, pin)
+        seen_affinity.append((sorted(os.sched_getaffinity(0)), [sorted(os.sched_getaffinity(p.pid)) for p in self.procs]))
+
+    monkeypatch.setattr(gang_scale.Pool, "__init__", recording)
+    monkeypatch.setattr(gang_scale, "_LIVE", Seen())
+    try:
+        (row,) = gang_scale.main(["--nodes", "4", "--workers", "1", "--idle", "0.5", "--settle", "0.1",
+                                  "--join-bound", "30", "--no-frozen", "--verdict-bound", "10", "--pin",
+                                  "--out", str(tmp_path / "rows.json")])
+    finally:
+        gang_scale.kill_all()
+    assert row["pinned"] and row["formed"]
+    (control, workers), = seen_affinity
+    assert control == cores[:1] and workers == [cores[1:]] * 2
+    assert sorted(os.sched_getaffinity(0)) == cores  # given back after the size
+
+
+def test_pin_on_one_core_is_refused_naming_it(monkeypatch, capsys):
+    monkeypatch.setattr(gang_scale, "CORES", [0])
+    with pytest.raises(SystemExit):
+        gang_scale.parse(["--pin"])
+    assert "--pin needs 2 or more cores" in capsys.readouterr().err

@@ -134,7 +134,7 @@ class CallRun(CallLaunch):
         try:
             with Supervisor(self.argv, env=env, shutdown_grace=self.session.defaults.shutdown_grace,
                             before_stop=lambda: self.where.collect(self.session, self.index, self.supervisor, self.workdir), on_told=gang_stop.told) as sup, \
-                    GpuUsage(os.environ) as gpus:
+                    GpuUsage(os.environ, every=client.config.progress_send) as gpus:  # asked as often as it is sent
                 self.supervisor = sup
                 self.first_started = self.first_started or sup.started_at
                 self.again.started(sup.started_at)
