@@ -142,11 +142,18 @@ def test_a_rank_blocked_in_a_collective_answers_with_what_its_recorder_holds(tmp
 def _blocked_rank_answers(work, ranks):
     for p in ranks:
         assert p.stdout.readline().strip() == b"ready"
-    time.sleep(0.3)  # rank 0 into its all_reduce
-    began = time.monotonic()
-    asked = flight_ask.ask(work, [0, 1, 2])
-    got = asked.answers(time.monotonic() + 10)
-    assert asked.asked == (0, 1) and time.monotonic() - began < 5
+    # Rank 0 enters its all_reduce after "ready": asked until its recorder has
+    # it (a loaded machine may take more than a moment), not after a sleep.
+    deadline = time.monotonic() + 30
+    while True:
+        began = time.monotonic()
+        asked = flight_ask.ask(work, [0, 1, 2])
+        got = asked.answers(time.monotonic() + 10)
+        assert asked.asked == (0, 1) and time.monotonic() - began < 5
+        first = got[0].groups[:1] if 0 in got else ()
+        if (first and first[0].entered == 6) or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
     assert got[0] == FlightSummary(OK, (FlightGroup("0", 6, "all_reduce", False, "default_pg"),), 3)
     assert got[1] == FlightSummary(OK, (FlightGroup("0", 5, "all_reduce", True, "default_pg"),), 3)
     again = flight_ask.ask(work, [0]).answers(time.monotonic() + 10)  # asked twice: answered twice
