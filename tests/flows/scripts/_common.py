@@ -2,6 +2,12 @@
 
 import json
 import os
+import subprocess
+
+# A shell, not a thread: a thread needs the GIL, and a rank loading torch's
+# libraries on a loaded machine can hold it past hang_timeout; the shell ends
+# with its rank.
+_CHATTER = 'while kill -0 %d 2>/dev/null; do echo starting...; sleep 1; done'
 
 
 def out_dir() -> str:
@@ -28,3 +34,14 @@ def init() -> None:
 
     dist.init_process_group("gloo")
 
+
+
+def talk_while_starting() -> subprocess.Popen:
+    """Every second a line until ``.kill()``: imports and the rendezvous are
+    slow on a small machine, and silence is what hang_timeout measures."""
+    return subprocess.Popen(["/bin/sh", "-c", _CHATTER % os.getpid()])
+
+
+def done_starting(chatter: subprocess.Popen) -> None:
+    chatter.kill()
+    chatter.wait()

@@ -2,26 +2,16 @@
 small machine, and silence is what hang_timeout measures), says it is ready,
 then sleeps without a word."""
 
-import threading
 import time
 
-ready = threading.Event()
+from _common import done_starting, init, rank, talk_while_starting, write_json
 
-
-def chatter():
-    while not ready.wait(1.0):
-        print("starting...", flush=True)
-
-
-threading.Thread(target=chatter, daemon=True).start()
-
+chatter = talk_while_starting()
 import torch.distributed as dist  # noqa: E402
-
-from _common import init, rank, write_json  # noqa: E402
 
 init()
 dist.barrier()
-ready.set()
+done_starting(chatter)
 print("rank %d ready, going quiet" % rank(), flush=True)
 write_json("ready-%d.json" % rank(), {"rank": rank()})
 time.sleep(3600)  # silent

@@ -5,27 +5,17 @@ MFTR_ASYNC=1: the others issue it with async_op=True and wait on its work, so
 no frame of torch's collectives is on their stacks."""
 
 import os
-import threading
 import time
 
-ready = threading.Event()
+from _common import done_starting, init, rank, talk_while_starting, write_json
 
-
-def chatter():
-    while not ready.wait(1.0):
-        print("starting...", flush=True)
-
-
-threading.Thread(target=chatter, daemon=True).start()
-
+chatter = talk_while_starting()
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-from _common import init, rank, write_json  # noqa: E402
-
 init()
 dist.barrier()
-ready.set()
+done_starting(chatter)
 write_json("ready-%d.json" % rank(), {"rank": rank()})
 if os.environ["METAFLOW_TORCHRUN_NODE_INDEX"] == "1" and os.environ["LOCAL_RANK"] == "1":
     write_json("skipper.json", {"rank": rank()})
