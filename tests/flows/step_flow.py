@@ -7,6 +7,7 @@ node's entry may hold "raise" (before | between | after), "kill" (before),
 "sleep" (seconds, before anything else), "calls" (its own number of calls), "script" (its own
 script for the second call), "attempt" (only on this retry attempt).
 MFTR_NEVER_START: the index of a node whose task never reaches its step.
+MFTR_NPROC: processes per node (default 1: these are failures of nodes and steps).
 """
 
 import json
@@ -64,7 +65,7 @@ class StepFlow(FlowSpec):
             result = current.torch.run(
                 entrypoint=os.path.join("scripts", script),
                 entrypoint_args=["a%d-c%d" % (current.retry_count, k)],
-                nproc_per_node=2,
+                nproc_per_node=int(os.environ.get("MFTR_NPROC", "1")),
             )
             self.sums.append(result.exit_code)
         _act(mine, "after")

@@ -147,9 +147,9 @@ def test_sigterm_to_the_control_task_leaves_no_work_directory(gang, tmp_path):
     tmp = str(tmp_path / "tmp")
     os.makedirs(tmp)
     gang.env["TMPDIR"] = tmp
-    proc = gang.start("--script", "spin.py")
+    proc = gang.start("--script", "spin.py", "--nproc", "1")
     try:
-        gang.wait_for_reports("ready-", 4, timeout=120)
+        gang.wait_for_reports("ready-", 2, timeout=120)
         assert len(_leftovers(tmp)["work"]) == 2  # one per node while it runs
         control = node_tasks(proc.pid, control=True)
         assert control, "control task not found"

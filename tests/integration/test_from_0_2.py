@@ -126,7 +126,7 @@ def test_none_values_reach_the_script_as_bare_flags_with_one_line(gang):
 
 def test_master_port_in_run_pins_the_rendezvous_port_and_port_the_gangs(gang, held_ports):
     port, service = held_ports(), held_ports()
-    proc = gang.run("--torchrun-args", json.dumps({"master_port": port}),
+    proc = gang.run("--torchrun-args", json.dumps({"master_port": port}), "--nproc", "1",
                     env={"MFTR_TORCHRUN_ATTRS": json.dumps({"port": service})}, timeout=240)
     text = output(proc)
     assert proc.returncode == 0, text

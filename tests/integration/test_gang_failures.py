@@ -113,14 +113,14 @@ def test_frozen_node_is_detected_by_heartbeat(gang):
 
 def test_max_restarts_recovers_across_nodes(gang):
     proc = gang.run(
-        "--script", "fail_once.py", "--script-args", json.dumps({"mode": "restart"}),
+        "--script", "fail_once.py", "--script-args", json.dumps({"mode": "restart"}), "--nproc", "1",
         "--torchrun-args", json.dumps({"max_restarts": 1}), timeout=240,
     )
     text = output(proc)
     assert proc.returncode == 0, text[-4000:]
     reports = gang.reports("rank-")
-    assert sorted(reports) == [0, 1, 2, 3]
-    assert all(r["sum"] == 4 for r in reports.values())
+    assert sorted(reports) == [0, 1]  # rank 1 is node 1's: the restart crosses nodes
+    assert all(r["sum"] == 2 for r in reports.values())
     # Rank 1 fails while its restart count is 0, so it ran again after a restart.
     # (A node whose own workers were healthy restarts them for the new round
     # without counting it: torch counts only a node's own failures.)
@@ -130,15 +130,15 @@ def test_max_restarts_recovers_across_nodes(gang):
 
 def test_retry_reruns_the_whole_gang(gang):
     proc = gang.run(
-        "--script", "fail_once.py", "--script-args", json.dumps({"mode": "retry"}),
+        "--script", "fail_once.py", "--script-args", json.dumps({"mode": "retry"}), "--nproc", "1",
         top_args=("--with", "retry:times=1,minutes_between_retries=0"), timeout=300,
     )
     text = output(proc)
     assert proc.returncode == 0, text[-4000:]
     assert "first attempt fails" in text
     reports = gang.reports("rank-")
-    assert sorted(reports) == [0, 1, 2, 3]
-    assert all(r["sum"] == 4 for r in reports.values())
+    assert sorted(reports) == [0, 1]
+    assert all(r["sum"] == 2 for r in reports.values())
     attempts = gang.client(
         "t = Flow('GangFlow').latest_run['train'].task\n"
         "result = t.current_attempt"

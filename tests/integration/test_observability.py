@@ -231,7 +231,7 @@ def test_card_every_rank_of_every_node_has_an_exit_and_a_duration_when_the_gang_
 
 
 def test_card_a_ranks_5000_character_line_never_widens_the_page(gang):
-    proc = gang.run("--script", "long_line.py", "--script-args", json.dumps({"rank": 3}), timeout=180)
+    proc = gang.run("--script", "long_line.py", "--script-args", json.dumps({"rank": 1}), "--nproc", "1", timeout=180)
     assert proc.returncode != 0, output(proc)[-3000:]
     parts = _card_components(gang)
     sources = [p.get("source", "") for p in parts if p["type"] == "markdown"]
@@ -245,9 +245,9 @@ def test_card_a_ranks_5000_character_line_never_widens_the_page(gang):
     # Every line is cut where it is shown, saying how long it was; the rank's log has it whole.
     assert max(len(line) for b in blocks for line in b.split("&#10;")) < 1200
     tails = "\n".join(s for s in sources if s.lstrip().startswith("**rank"))
-    for r in range(4):
+    for r in range(2):
         assert "short line from rank %d" % r in tails
-    assert tails.count("[5000 characters in all]") >= 4
+    assert tails.count("[5000 characters in all]") >= 2
     assert any("rank-N.stdout.log" in s for s in sources)
     assert "Failed" in sources[0] and "more characters]" in sources[0].replace("\\", "")
     record = _record(gang)

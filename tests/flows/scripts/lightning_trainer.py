@@ -1,6 +1,8 @@
 """A plain Lightning script, as a user writes it: nothing of @torchrun's in it.
 A tiny model, a few steps on CPU with DDP (gloo)."""
 
+import os
+
 import lightning as L
 import torch
 
@@ -21,6 +23,6 @@ class Tiny(L.LightningModule):
 
 
 data = torch.utils.data.TensorDataset(torch.randn(256, 8), torch.randn(256, 1))
-trainer = L.Trainer(max_steps=STEPS, accelerator="cpu", devices=2, num_nodes=2, strategy="ddp",
+trainer = L.Trainer(max_steps=STEPS, accelerator="cpu", devices=int(os.environ["LOCAL_WORLD_SIZE"]), num_nodes=2, strategy="ddp",
                     logger=False, enable_checkpointing=False, enable_model_summary=False)
 trainer.fit(Tiny(), torch.utils.data.DataLoader(data, batch_size=8))
