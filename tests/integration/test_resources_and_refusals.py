@@ -104,3 +104,36 @@ def test_unusable_argument_type_fails_naming_it(gang):
     text = output(proc)
     assert proc.returncode != 0, text
     assert "cannot pass {'nested': 1} (a dict)" in text
+
+
+BAD_KNOBS = {
+    "METAFLOW_TORCHRUN_FLIGHT_RECORDER": ("2k", "METAFLOW_TORCHRUN_FLIGHT_RECORDER='2k': give a whole number of "
+                                                "at least 0, or off"),
+    "METAFLOW_TORCHRUN_PROGRESS_SECONDS": ("fast", "METAFLOW_TORCHRUN_PROGRESS_SECONDS='fast': give a number of "
+                                                   "at least 0.5"),
+    "METAFLOW_TORCHRUN_KEEP_LOGS": ("-1", "METAFLOW_TORCHRUN_KEEP_LOGS='-1': give a whole number of at least 0"),
+}
+
+
+def test_knobs_a_reader_would_misread_are_refused_at_flow_start_each_named(gang):
+    proc = gang.run("--nproc", "1", env={name: value for name, (value, _) in BAD_KNOBS.items()}, timeout=120)
+    text = output(proc)
+    assert proc.returncode != 0, text
+    for _, message in BAD_KNOBS.values():
+        assert message in text, text[-3000:]
+    assert "Task is starting" not in text
+    assert "Traceback" not in text
+
+
+def test_a_knob_only_the_tasks_environment_sets_is_refused_by_the_task(gang):
+    """@environment's variables reach the tasks, not the launcher: the first
+    task whose environment holds the knob refuses (Metaflow sets up every step's
+    decorators in each task), before any rank starts."""
+    value, message = BAD_KNOBS["METAFLOW_TORCHRUN_FLIGHT_RECORDER"]
+    vars_ = json.dumps({"METAFLOW_TORCHRUN_FLIGHT_RECORDER": value})
+    proc = gang.run("--nproc", "1", top_args=("--with", "environment:vars=%s" % vars_), timeout=120)
+    text = output(proc)
+    assert proc.returncode != 0, text
+    assert message in text, text[-3000:]
+    assert "Task is starting" in text  # the launcher's own environment is fine
+    assert not gang.reports("rank-") and not mentions_torchrun(text)

@@ -33,7 +33,7 @@ from .host import log, say
 from .settings import export_knobs, knob_environ
 from .runtime import card_of_task, name_local_control, prepare_local_nodes, stop_local_nodes
 from .launch import small_shm_warning
-from .runtime import GangSession, ThisAttempt, in_gang, keep_record, read_node_history
+from .runtime import GangSession, ThisAttempt, in_gang, keep_record, knob_problems, read_node_history
 from .gang import CONTROL_TASK_ID_ENV, is_local_runtime, topology_from
 
 
@@ -150,6 +150,8 @@ class TorchrunDecorator(ParallelDecorator):
         specs = [(deco.name, deco.attributes) for deco in decorators]
         entries = [str(getattr(graph[p], "num_parallel", "")) for p in graph[step_name].in_funcs]
         self._spec = read_step_spec(self.attributes, specs, entries, sys.argv, problems)
+        for message in knob_problems(knob_environ()):  # the launcher's knobs, and each task's own
+            problems.add(message)
         problems.raise_all()
         if not is_task_process(sys.argv):
             for line in self._spec.notes:  # 0.2's spellings, said once, by the launcher

@@ -36,6 +36,7 @@ __all__ = [
     "work_root",
     "log",
     "proctree",
+    "retention_policy",
 ]
 
 # Where each name lives: loaded on first use, so that importing the face costs nothing.
@@ -59,6 +60,7 @@ _HOME = {
     "usable_cpus": "devices",
     "where_logs_are": "logs",
     "work_root": "workdirs",
+    "retention_policy": "logs",
 }
 
 if TYPE_CHECKING:
@@ -67,7 +69,7 @@ if TYPE_CHECKING:
     from .console import say, say_once
     from .devices import count_with_torch, cuda_devices, usable_cpus
     from .gpu_usage import GpuUsage
-    from .logs import LogKey, where_logs_are
+    from .logs import LogKey, retention_policy, where_logs_are
     from .network import host_name, interfaces, is_loopback, route_to
     from .private import open_private, tail_lines
     from .proctree import die_with_parent

@@ -19,10 +19,11 @@ import logging
 import sys
 from typing import Optional
 
+from .. import knob_text
+
 LOGGER_NAME = "metaflow_torchrun"
 FORMAT = "%(asctime)s.%(msecs)03d %(name)s[%(process)d] debug: %(message)s"
 DATE_FORMAT = "%Y-%m-%d %H:%M:%S"
-_ON = ("1", "true", "yes", "on")
 
 
 def get(part: str) -> logging.Logger:
@@ -32,7 +33,7 @@ def get(part: str) -> logging.Logger:
 
 def debug_on(value: Optional[str]) -> bool:
     """``METAFLOW_TORCHRUN_DEBUG``'s value (``procs/names.DEBUG_ENV``) says on."""
-    return (value or "").strip().lower() in _ON
+    return knob_text.is_on(value)
 
 
 class _Stderr(logging.StreamHandler):

@@ -19,17 +19,17 @@ making its directories), under the prune lock, never a run any call holds; the r
 
 from __future__ import annotations
 
-import math
 import os
 import shutil
 import stat
 import time
 from dataclasses import dataclass
-from typing import Dict, Iterable, List, Optional, Set, Tuple
+from typing import Dict, Iterable, List, Mapping, Optional, Set, Tuple
 
 # The one module above host/ that host/ reads (a leaf: it imports nothing; pyproject.toml).
 from ..procs.names import KEEP_LOGS_ENV, KEEP_LOGS_HOURS_ENV, MAX_LOG_MB_ENV
 from .. import defaults as DEFAULTS
+from .. import knob_text
 from . import private
 from .basedir import LOGS, RUN_LOCK_DEPTH, base_dir, left_fallbacks, remove_fallback
 from .console import say
@@ -77,21 +77,18 @@ class LogKey:
 
 
 
-def _env_number(name: str, default: float) -> float:
-    try:
-        value = float(os.environ.get(name, default))
-    except ValueError:
-        return default
-    return value if math.isfinite(value) and value >= 0 else default
-
-
-def retention_policy() -> RetentionPolicy:
+def retention_policy(env: Optional[Mapping[str, str]] = None, strict: bool = False) -> RetentionPolicy:
     """The retention knobs as this task has them (settings.export_knobs puts a
-    Metaflow profile's values in the environment)."""
+    Metaflow profile's values in the environment); read leniently, a value the
+    step's start refused (settings.check_knobs) is the default."""
+    env = os.environ if env is None else env
     return RetentionPolicy(
-        keep=int(_env_number(KEEP_LOGS_ENV, DEFAULT_KEEP_LOGS)),
-        hours=_env_number(KEEP_LOGS_HOURS_ENV, DEFAULT_KEEP_LOGS_HOURS),
-        max_bytes=int(_env_number(MAX_LOG_MB_ENV, DEFAULT_MAX_LOG_MB) * 1024 * 1024),
+        keep=int(knob_text.number(KEEP_LOGS_ENV, env.get(KEEP_LOGS_ENV), DEFAULT_KEEP_LOGS, whole=True,
+                                  strict=strict)),
+        hours=knob_text.number(KEEP_LOGS_HOURS_ENV, env.get(KEEP_LOGS_HOURS_ENV), DEFAULT_KEEP_LOGS_HOURS,
+                               strict=strict),
+        max_bytes=int(knob_text.number(MAX_LOG_MB_ENV, env.get(MAX_LOG_MB_ENV), DEFAULT_MAX_LOG_MB,
+                                       strict=strict) * 1024 * 1024),
         young_seconds=private.YOUNG_SECONDS,
     )
 

@@ -57,6 +57,7 @@ __all__ = [
     "validate_shutdown_grace",
     "validate_timeouts",
     "node_checks",
+    "flight_entries",
 ]
 
 # Where each name lives: loaded on first use, so that importing the face costs nothing.
@@ -71,6 +72,7 @@ _HOME = {
     "CallRequest": "plan",
     "NO_ACCELERATORS": "resources",
     "NodeFacts": "prepare",
+    "flight_entries": "prepare",
     "StepDefaults": "plan",
     "argparse_hint": "command",
     "check_options": "plan",
@@ -108,7 +110,7 @@ if TYPE_CHECKING:
     from .inputs import (restarts_clash, step_timeout, validate_args_as, validate_hang_timeout, validate_restarts,
                          validate_shutdown_grace, validate_timeouts)
     from .plan import CallPlan, CallRequest, StepDefaults, check_options, legacy_rdzv_port, merged_options, none_note, option_names, plan_call, plan_request, resolve_nproc, validate_nproc
-    from .prepare import NodeFacts, prepare_launch
+    from .prepare import NodeFacts, flight_entries, prepare_launch
     from .resources import Accelerators, NO_ACCELERATORS, check_visible_devices, keyword_note, nproc_for_keyword, requested_accelerators, small_shm_warning
 
 if TYPE_CHECKING:

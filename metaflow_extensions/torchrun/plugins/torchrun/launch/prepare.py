@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Dict, List, Mapping, Optional, Tuple
 
 from .. import defaults as DEFAULTS
+from .. import knob_text
 from ..procs import names
 from .command import Launch, build_command, restarts_allowed
 from .plan import CallPlan, StepDefaults
@@ -96,14 +97,8 @@ def rank_environment(base: Mapping[str, str], defaults: StepDefaults, plan: Call
     return env
 
 
-def flight_entries(value: Optional[str]) -> int:
+def flight_entries(value: Optional[str], strict: bool = False) -> int:
     """The Flight Recorder's size in entries from its knob: "off" or 0 turns
-    it off; a value that is not a whole number of at least 0 is the default."""
-    text = (value or "").strip().lower()
-    if text in ("off", "false", "no"):
-        return 0
-    try:
-        entries = int(text)
-    except ValueError:
-        return DEFAULTS.FLIGHT_RECORDER_ENTRIES
-    return entries if entries >= 0 else DEFAULTS.FLIGHT_RECORDER_ENTRIES
+    it off; read leniently, a value that is not a whole number of at least 0
+    is the default (the step's start refused it: settings.check_knobs)."""
+    return knob_text.count_or_off(names.FLIGHT_RECORDER_ENV, value, DEFAULTS.FLIGHT_RECORDER_ENTRIES, strict=strict)

@@ -23,6 +23,10 @@ __all__ = [
     "ARGS_FILE",
     "Culprits",
     "DEBUG_ENV",
+    "FLIGHT_RECORDER_ENV",
+    "KEEP_LOGS_ENV",
+    "KEEP_LOGS_HOURS_ENV",
+    "MAX_LOG_MB_ENV",
     "FlightError",
     "FlightSummary",
     "MAX_METRICS",
@@ -75,6 +79,10 @@ _HOME = {
     "ARGS_FILE": "names",
     "Culprits": "culprit",
     "DEBUG_ENV": "names",
+    "FLIGHT_RECORDER_ENV": "names",
+    "KEEP_LOGS_ENV": "names",
+    "KEEP_LOGS_HOURS_ENV": "names",
+    "MAX_LOG_MB_ENV": "names",
     "FlightError": "flight",
     "FlightSummary": "flight",
     "MAX_METRICS": "progress",
@@ -118,6 +126,7 @@ if TYPE_CHECKING:
     from .flight import FlightError, FlightSummary
     from .failures import NO_EXCEPTION, RankFailure, clear_round, describe_exit_code, merge_failures, read_agent_failures, read_failures, root_cause_order, with_last_output
     from .progress import MAX_METRICS, ProgressReport, clean_metrics, read_progress, report
+    from .names import FLIGHT_RECORDER_ENV, KEEP_LOGS_ENV, KEEP_LOGS_HOURS_ENV, MAX_LOG_MB_ENV
     from .names import RESTART_ENV, ARGS_FILE, DEBUG_ENV, PORT_ENV, PROGRESS_ENV, SECRET_ENV, STRAGGLER_RATIO_ENV, STRAGGLER_SECONDS_ENV, USER_KNOBS, conf_key, rank_log_path
     from .names import NODE_HISTORY_ENV, NODE_HISTORY_RUNS_ENV
     from .ranges import numbers

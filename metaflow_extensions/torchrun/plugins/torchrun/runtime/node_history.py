@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from .. import defaults as DEFAULTS
+from .. import knob_text
 from ..cause import Cause, CauseKind
 from .attempts import Attempt, Previous
 from .node_roles import BLAMED, ROLES, SLOW
@@ -167,11 +168,11 @@ def parse_threshold(text: Optional[str]) -> Optional[Threshold]:
     ``"off"``; ValueError naming the problem for anything else."""
     if text is None or not text.strip():
         return Threshold()
-    if text.strip().lower() in ("off", "0", "false", "no"):
+    if knob_text.is_off(text) or text.strip() == "0":
         return None
     match = re.fullmatch(r"\s*(\d+)\s*/\s*(\d+)\s*", text)
     if not match or not 1 <= int(match.group(1)) <= int(match.group(2)) <= MAX_WINDOW:
-        raise ValueError("METAFLOW_TORCHRUN_NODE_HISTORY=%r: give K/M (a host blamed in K of its last M "
+        raise knob_text.KnobError("METAFLOW_TORCHRUN_NODE_HISTORY=%r: give K/M (a host blamed in K of its last M "
                          "appearances is flagged, 1 <= K <= M <= %d), or off" % (text[:40], MAX_WINDOW))
     return Threshold(int(match.group(1)), int(match.group(2)))
 

@@ -29,7 +29,7 @@ import threading
 import time
 import traceback
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple, Union
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Tuple, Union
 
 from ..cause import Cause, CauseKind
 from ..errors import GangAborted, TorchrunCallRefused, TorchrunException, is_refusal
@@ -42,6 +42,7 @@ from ..launch import StepDefaults
 from .result import TorchrunResult
 from ..gang import Topology
 from .. import defaults as DEFAULTS
+from .. import knob_text
 from ..procs import PROGRESS_ENV, STRAGGLER_RATIO_ENV, STRAGGLER_SECONDS_ENV
 from ..host import say
 from ..host import where_logs_are
@@ -378,27 +379,31 @@ def gang_config(identity: GangIdentity, defaults: StepDefaults, topology: Topolo
         heartbeat_timeout=defaults.heartbeat_timeout,
         start_timeout=defaults.start_timeout,
         progress_interval=progress_interval(),
-        straggler_ratio=knob(STRAGGLER_RATIO_ENV, DEFAULTS.STRAGGLER_RATIO, 1.01),
-        straggler_seconds=knob(STRAGGLER_SECONDS_ENV, DEFAULTS.STRAGGLER_SECONDS, 0.0),
+        straggler_ratio=straggler_ratio(),
+        straggler_seconds=straggler_seconds(),
         hang_timeout=defaults.hang_timeout,
         restarts=defaults.restarts,
     )
 
 
-def progress_interval() -> float:
-    try:
-        return max(0.5, float(os.environ.get(PROGRESS_ENV, DEFAULTS.PROGRESS_SECONDS)))
-    except ValueError:
-        return DEFAULTS.PROGRESS_SECONDS
+# The gang's knobs of Metaflow's configuration (exported to the environment):
+# read leniently here, strictly at the step's start (settings.check_knobs).
+def progress_interval(env: Optional[Mapping[str, str]] = None, strict: bool = False) -> float:
+    env = os.environ if env is None else env
+    return knob_text.number(PROGRESS_ENV, env.get(PROGRESS_ENV), DEFAULTS.PROGRESS_SECONDS, low=0.5, strict=strict)
 
 
-def knob(name: str, default: float, low: float) -> float:
-    """A number from a knob of Metaflow's configuration (exported to the
-    environment); the default where it is unset or not a number, ``low`` at least."""
-    try:
-        return max(low, float(os.environ.get(name, default)))
-    except ValueError:
-        return default
+def straggler_ratio(env: Optional[Mapping[str, str]] = None, strict: bool = False) -> float:
+    env = os.environ if env is None else env
+    ratio = knob_text.number(STRAGGLER_RATIO_ENV, env.get(STRAGGLER_RATIO_ENV), DEFAULTS.STRAGGLER_RATIO, low=1.0,
+                             above=True, strict=strict)
+    return max(1.01, ratio)
+
+
+def straggler_seconds(env: Optional[Mapping[str, str]] = None, strict: bool = False) -> float:
+    env = os.environ if env is None else env
+    return knob_text.number(STRAGGLER_SECONDS_ENV, env.get(STRAGGLER_SECONDS_ENV), DEFAULTS.STRAGGLER_SECONDS,
+                            strict=strict)
 
 
 def bind_host(topology: Topology) -> str:
