@@ -8,7 +8,7 @@ import pytest
 from metaflow_extensions.torchrun.plugins.torchrun import knob_text
 from metaflow_extensions.torchrun.plugins.torchrun.procs import names
 from metaflow_extensions.torchrun.plugins.torchrun.runtime.knob_check import knob_problems
-from metaflow_extensions.torchrun.plugins.torchrun.runtime.preflight import history_runs
+from metaflow_extensions.torchrun.plugins.torchrun.runtime.node_history import history_runs
 from metaflow_extensions.torchrun.plugins.torchrun.runtime.session import (progress_interval, straggler_ratio,
                                                                            straggler_seconds)
 

@@ -21,7 +21,6 @@ from ..launch import flight_entries
 from ..procs import (DEBUG_ENV, FLIGHT_RECORDER_ENV, KEEP_LOGS_ENV, KEEP_LOGS_HOURS_ENV, MAX_LOG_MB_ENV,
                      NODE_HISTORY_ENV, PORT_ENV)
 from . import node_history
-from .preflight import history_runs
 from .session import progress_interval, straggler_ratio, straggler_seconds
 
 
@@ -39,7 +38,7 @@ def knob_problems(env: Mapping[str, str]) -> List[str]:
         lambda: straggler_seconds(env, strict=True),
         lambda: knob_text.switch(DEBUG_ENV, env.get(DEBUG_ENV), strict=True),
         lambda: node_history.parse_threshold(env.get(NODE_HISTORY_ENV)),
-        lambda: history_runs(env, strict=True),
+        lambda: node_history.history_runs(env, strict=True),
         lambda: flight_entries(env.get(FLIGHT_RECORDER_ENV), strict=True),
     ]
     # The retention knobs one at a time: each is named, not only the first.

@@ -24,6 +24,7 @@ from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Seque
 from .. import defaults as DEFAULTS
 from .. import knob_text
 from ..cause import Cause, CauseKind
+from ..procs import NODE_HISTORY_RUNS_ENV
 from .attempts import Attempt, Previous
 from .node_roles import BLAMED, ROLES, SLOW
 
@@ -175,6 +176,12 @@ def parse_threshold(text: Optional[str]) -> Optional[Threshold]:
         raise knob_text.KnobError("METAFLOW_TORCHRUN_NODE_HISTORY=%r: give K/M (a host blamed in K of its last M "
                          "appearances is flagged, 1 <= K <= M <= %d), or off" % (text[:40], MAX_WINDOW))
     return Threshold(int(match.group(1)), int(match.group(2)))
+
+
+def history_runs(env: Mapping[str, str], strict: bool = False) -> int:
+    """How many past runs the node history reads (``METAFLOW_TORCHRUN_NODE_HISTORY_RUNS``)."""
+    return int(knob_text.number(NODE_HISTORY_RUNS_ENV, env.get(NODE_HISTORY_RUNS_ENV), DEFAULTS.NODE_HISTORY_RUNS,
+                                whole=True, strict=strict))
 
 
 def evidence(host: str, seen: Sequence[Appearance], threshold: Threshold) -> Optional[str]:

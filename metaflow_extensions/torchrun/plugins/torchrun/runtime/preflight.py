@@ -34,9 +34,7 @@ from .call import CallRun
 from .result import TorchrunResult
 from .session import GangSession, say
 from .. import timeouts
-from .. import defaults as DEFAULTS
-from .. import knob_text
-from ..procs import NODE_HISTORY_ENV, NODE_HISTORY_RUNS_ENV
+from ..procs import NODE_HISTORY_ENV
 from . import node_history
 from .attempts import Previous
 
@@ -71,12 +69,6 @@ def attach(session: GangSession, history: Optional["History"] = None) -> None:
                 node_history.platform_of(os.environ))
 
 
-def history_runs(env: Mapping[str, str], strict: bool = False) -> int:
-    """How many past runs the node history reads (``METAFLOW_TORCHRUN_NODE_HISTORY_RUNS``)."""
-    return int(knob_text.number(NODE_HISTORY_RUNS_ENV, env.get(NODE_HISTORY_RUNS_ENV), DEFAULTS.NODE_HISTORY_RUNS,
-                                whole=True, strict=strict))
-
-
 class History:
     """The node history, read in the background from the control task's start
     (a metadata read per past run: never on the gang's critical path)."""
@@ -84,7 +76,7 @@ class History:
     def __init__(self, flow: str, run_id: str, step: str, previous: Optional[Previous],
                  env: Mapping[str, str]):
         self.threshold = node_history.parse_threshold(env.get(NODE_HISTORY_ENV))
-        self.runs = history_runs(env)
+        self.runs = node_history.history_runs(env)
         self.seen: List[node_history.Appearance] = node_history.appearances(
             previous.attempts if previous is not None else (), flow, run_id, step)
         self.error: Optional[str] = None
