@@ -372,6 +372,31 @@ class TestStartTimeout:
         time.sleep(1.2)
         assert server.cause is None and c0.cause is None and c1.cause is None
 
+    def test_the_last_progress_is_heard_at_once_and_summed_up_for_the_record(self, net, monkeypatch):
+        """A call's ranks ended at step 12 while the paced heartbeats last
+        carried step 5 (the next is a minute away here): the node's last
+        progress, sent as its ranks are gone, is the record's step, with no
+        check of the book in between."""
+        from metaflow_extensions.torchrun.plugins.torchrun import timeouts
+        from metaflow_extensions.torchrun.plugins.torchrun.gang.node_progress import NodeProgress
+
+        monkeypatch.setattr(timeouts, "PROGRESS_SEND", 60.0)
+        monkeypatch.setattr(timeouts, "PROGRESS_CHECK", 60.0)
+        server = net.server(2)
+        c0, c1 = net.join(server, [0, 1])
+
+        def at(step):
+            return lambda: NodeProgress(ranks=1, step_min=step, step_median=step, step_max=step, total=12,
+                                        rank_lo=1, rank_hi=1, stalled=0.0)
+
+        c0.training, c1.training = at(12), at(5)
+        assert wait_until(lambda: server.progress_record().step == 5, GUARD), server.progress_record()
+        c1.training = at(12)
+        time.sleep(1.5)  # heartbeats go on, without progress
+        assert server.progress_record().step == 5
+        c1.send_last_progress()
+        assert wait_until(lambda: server.progress_record().step == 12, 1.0), server.progress_record()
+
     def test_progress_names_the_missing(self, net):
         server = net.server(3, progress_interval=0.2)
         said = []

@@ -2,6 +2,7 @@
 A one-layer BERT built from a config (no download), a few steps on CPU."""
 
 import tempfile
+import time
 
 import torch
 from transformers import BertConfig, BertForSequenceClassification, Trainer, TrainingArguments
@@ -14,6 +15,7 @@ class Tokens(torch.utils.data.Dataset):
         return 256
 
     def __getitem__(self, i):
+        time.sleep(0.1)  # read from somewhere, as a real dataset is: 12 steps take a few seconds
         g = torch.Generator().manual_seed(i)
         return {"input_ids": torch.randint(0, 64, (8,), generator=g), "labels": torch.tensor(i % 2)}
 

@@ -151,7 +151,7 @@ class GangServer(MessageHandlers):
     def progress_record(self) -> ProgressRecord:
         """The gang's training progress now, and the stragglers named (gang_progress.py)."""
         with self._lock:
-            return self.training.summary
+            return self.training.current()
 
     # -- lifecycle ------------------------------------------------------------------
 

@@ -143,6 +143,7 @@ class CallRun(CallLaunch):
                 client.quiet = lambda: None if sup.last_output is None else time.monotonic() - sup.last_output
                 client.training = ProgressTracker(self.workdir, gpu=gpus.latest).sample
                 self.exit_code = sup.wait(should_stop=should_stop)
+                client.send_last_progress()
         except BaseException:
             # Told to stop (SIGTERM, Ctrl-C, @timeout): the error is not ours to word, so where the ranks were goes to the log.
             self.where.share(self.session, self.index, self.rdzv_port is not None)
