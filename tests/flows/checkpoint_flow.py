@@ -5,7 +5,7 @@ checkpoints; a retried gang resumes from the last one.
 $MFTR_CKPT: JSON of the training script's options (kill-after-epoch, epochs,
 save-seconds); $MFTR_CKPT_POLICY: @checkpoint's load_policy (default "fresh");
 $MFTR_RETRY_ON: @torchrun(retry_on=...); $MFTR_RESTARTS: @torchrun(restarts=...); $MFTR_CKPT_BUG: "1" makes the step's
-code raise a ValueError on every attempt, before its call."""
+code raise a ValueError on every attempt, before its call; $MFTR_CKPT_NPROC: processes per node (2)."""
 
 import json
 import os
@@ -44,7 +44,8 @@ class CheckpointFlow(FlowSpec):
         args = dict(json.loads(os.environ.get("MFTR_CKPT", "{}")), attempt=current.retry_count)
         if current.checkpoint.is_loaded:
             args["resume-dir"] = current.checkpoint.directory
-        current.torch.run(entrypoint="scripts/ckpt_train.py", entrypoint_args=args, nproc_per_node=2)
+        current.torch.run(entrypoint="scripts/ckpt_train.py", entrypoint_args=args,
+                          nproc_per_node=int(os.environ.get("MFTR_CKPT_NPROC", "2")))
         self.next(self.join)
 
     @step

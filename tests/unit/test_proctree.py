@@ -157,6 +157,66 @@ class TestSignalling:
         assert proctree.wait_gone([ident], timeout=2) == set()
 
 
+# A child whose main thread blocks the signal while another thread does not;
+# faulthandler prints the stack of whichever thread the signal lands on.
+MAIN_BLOCKS = textwrap.dedent(
+    """
+    import faulthandler, os, signal, sys, threading, time
+    sig = int(sys.argv[1])
+    faulthandler.register(sig, file=sys.stdout, all_threads=False)
+    def other_thread():
+        while True:
+            time.sleep(0.01)
+    threading.Thread(target=other_thread, daemon=True).start()
+    signal.pthread_sigmask(signal.SIG_BLOCK, {sig})
+    os.write(1, b"ready\\n")
+    time.sleep(float(sys.argv[2]))
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {sig})  # one pending on this thread lands now
+    time.sleep(60)
+    """
+)
+
+
+def _dumped_stack(p) -> str:
+    lines = []
+    while True:
+        line = p.stdout.readline().decode()
+        assert line, "the child exited"
+        lines.append(line)
+        if "in <module>" in line or "in other_thread" in line:  # the thread's outermost frame
+            return "".join(lines)
+
+
+class TestSignalMainThread:
+    """stacks.collect signals a rank's main thread: faulthandler's dump run on a
+    torch thread while the main thread runs on can crash the rank."""
+
+    def _start(self, procs, hold):
+        sig = signal.SIGRTMIN + 3
+        p = procs.popen([PY, "-u", "-c", MAIN_BLOCKS, str(int(sig)), str(hold)], stdout=subprocess.PIPE)
+        assert p.stdout.readline() == b"ready\n"
+        return p, sig
+
+    def test_it_lands_on_the_main_thread_even_where_another_thread_would_take_it(self, procs):
+        p, sig = self._start(procs, hold=1.0)
+        proctree.signal_main_thread(p.pid, sig)
+        stack = _dumped_stack(p)  # pending on the main thread until it unblocks it
+        assert "in <module>" in stack and "other_thread" not in stack, stack
+
+    def test_a_signal_to_the_process_lands_on_the_other_thread(self, procs):
+        """What the test above rules out: os.kill's signal goes to a thread that takes it."""
+        p, sig = self._start(procs, hold=30.0)
+        os.kill(p.pid, sig)
+        stack = _dumped_stack(p)
+        assert "in other_thread" in stack, stack
+
+    def test_a_process_gone_raises_as_os_kill_does(self, procs):
+        p = procs.popen([PY, "-c", "pass"])
+        p.wait()
+        with pytest.raises(OSError):
+            proctree.signal_main_thread(p.pid, signal.SIGRTMIN + 3)
+
+
 class TestDieWithParent:
     def test_returns_true_on_linux(self):
         code = (

@@ -23,6 +23,7 @@ __all__ = [
     "count_with_torch",
     "cuda_devices",
     "die_with_parent",
+    "signal_main_thread",
     "host_name",
     "interfaces",
     "is_loopback",
@@ -49,6 +50,7 @@ _HOME = {
     "count_with_torch": "devices",
     "cuda_devices": "devices",
     "die_with_parent": "proctree",
+    "signal_main_thread": "proctree",
     "interfaces": "network",
     "host_name": "network",
     "is_loopback": "network",
@@ -72,7 +74,7 @@ if TYPE_CHECKING:
     from .logs import LogKey, retention_policy, where_logs_are
     from .network import host_name, interfaces, is_loopback, route_to
     from .private import open_private, tail_lines
-    from .proctree import die_with_parent
+    from .proctree import die_with_parent, signal_main_thread
     from .workdirs import CallFiles, work_root
 
 if TYPE_CHECKING:

@@ -109,15 +109,32 @@ def wait_gone(procs: Iterable[ProcId], timeout: float) -> Set[ProcId]:
     return left
 
 
-def _load_prctl():
+def _load_libc(name: str):
     try:
         libc = ctypes.CDLL(None, use_errno=True)
-        return libc.prctl
+        return getattr(libc, name)
     except (OSError, AttributeError):
         return None
 
 
-_prctl = _load_prctl()
+_prctl = _load_libc("prctl")
+_tgkill = _load_libc("tgkill")  # glibc 2.30 and later
+
+
+def signal_main_thread(pid: int, sig: int) -> None:
+    """``sig`` to the main thread of ``pid`` (its thread id is its pid), as
+    ``os.kill`` raises where the process is gone. A signal to the process
+    goes to any of its threads that does not block it: a handler that walks
+    the Python threads from a torch thread (faulthandler's), while the main
+    thread runs on, can crash the process. Falls back to ``os.kill`` where the
+    C library has no ``tgkill``."""
+    if _tgkill is not None:
+        if _tgkill(int(pid), int(pid), int(sig)) == 0:
+            return
+        err = ctypes.get_errno()
+        if err in (errno.ESRCH, errno.EPERM):
+            raise OSError(err, os.strerror(err))
+    os.kill(pid, sig)
 
 
 def die_with_parent(sig: int = signal.SIGKILL) -> bool:

@@ -24,6 +24,7 @@ import time
 from dataclasses import dataclass
 from typing import IO, Dict, Iterable, List, Mapping, Optional, Tuple
 
+from ..host import signal_main_thread
 from .names import STACKS_SUFFIX, rank_file
 from .ranges import numbers
 from .. import timeouts
@@ -75,7 +76,7 @@ def collect(directory: str, pids: Mapping[int, int], seconds: float = timeouts.C
     for rank, pid in pids.items():
         sizes[rank] = _size(stack_path(directory, rank))
         try:
-            os.kill(pid, STACK_SIGNAL)
+            signal_main_thread(pid, STACK_SIGNAL)  # not a torch thread: faulthandler walks the others
         except OSError:
             sizes.pop(rank)
     waiting = dict(sizes)
