@@ -28,7 +28,7 @@ from metaflow_extensions.torchrun.plugins.torchrun.gang import messages
 from metaflow_extensions.torchrun.plugins.torchrun.procs.flight import OK, FlightGroup, FlightSummary
 from metaflow_extensions.torchrun.plugins.torchrun.cause import Cause, CauseKind
 from metaflow_extensions.torchrun.plugins.torchrun.gang.config import GangConfig
-from metaflow_extensions.torchrun.plugins.torchrun.gang.client import GangClient
+from metaflow_extensions.torchrun.plugins.torchrun.gang.client import GangClient, send_last_progress
 from metaflow_extensions.torchrun.plugins.torchrun.gang.server import CallState, GangServer
 from metaflow_extensions.torchrun.plugins.torchrun.gang.ports import find_free_port
 from proc_helpers import wait_until
@@ -394,7 +394,7 @@ class TestStartTimeout:
         c1.training = at(12)
         time.sleep(1.5)  # heartbeats go on, without progress
         assert server.progress_record().step == 5
-        c1.send_last_progress()
+        send_last_progress(c1)
         assert wait_until(lambda: server.progress_record().step == 12, 1.0), server.progress_record()
 
     def test_progress_names_the_missing(self, net):

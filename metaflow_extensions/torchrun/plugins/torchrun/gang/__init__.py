@@ -24,6 +24,7 @@ __all__ = [
     "CONTROL_TASK_ID_ENV",
     "DEFAULT_MODE",
     "GangClient",
+    "send_last_progress",
     "GangConfig",
     "GangIdentity",
     "GangServer",
@@ -61,6 +62,7 @@ _HOME = {
     "CONTROL_TASK_ID_ENV": "topology",
     "DEFAULT_MODE": "node_compare",
     "GangClient": "client",
+    "send_last_progress": "client",
     "GangConfig": "config",
     "GangIdentity": "identity",
     "GangServer": "server",
@@ -90,7 +92,7 @@ _HOME = {
 }
 
 if TYPE_CHECKING:
-    from .client import GangClient
+    from .client import GangClient, send_last_progress
     from .config import GangConfig, RDZV_STORE_NODE
     from .identity import GangIdentity
     from .messages import MAX_RANKS_PER_NODE, NodeReport, ProtocolError, RankStatus, STREAMS, TAIL_LINES, TAIL_LINE_CHARS

@@ -279,14 +279,6 @@ class GangClient(Joining, RestartNews):
                     self._calls_done.add(message.index)
                 self._news.notify_all()
 
-    def send_last_progress(self) -> None:
-        """The ranks' progress as they left it, once they are gone: the paced
-        heartbeats may have last carried it seconds before the end, and the
-        result record keeps what the control last heard. Sent before this
-        node's report of the call, on the same connection, so heard first."""
-        if self.training is not None:
-            self._safe_send(heartbeat(self.quiet, self.training))
-
     def _beat_loop(self) -> None:
         due = [0.0]  # progress rides one heartbeat every progress_send: the control parses less
         while not self._closing.wait(self.config.heartbeat_interval):
@@ -294,6 +286,15 @@ class GangClient(Joining, RestartNews):
                 return
             self._safe_send(heartbeat(self.quiet, paced(self.training, due, self.config.progress_send)))
 
+
+
+def send_last_progress(client: GangClient) -> None:
+    """The ranks' progress as they left it, once they are gone: the paced
+    heartbeats may have last carried it seconds before the end, and the
+    result record keeps what the control last heard. Sent before this
+    node's report of the call, on the same connection, so heard first."""
+    if client.training is not None:
+        client._safe_send(heartbeat(client.quiet, client.training))
 
 
 def fits(message: msg.GangMessage) -> bool:

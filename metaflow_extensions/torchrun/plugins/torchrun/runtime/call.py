@@ -18,7 +18,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from ..procs import functions, stacks
 from ..cause import Cause, CauseKind
-from ..gang import NodeReport, ProgressTracker
+from ..gang import NodeReport, ProgressTracker, send_last_progress
 from ..errors import (FULL_REPORT, GangAborted, TorchrunException, TorchrunFailed, TorchrunInvalidArgument,
                       rank_raised)
 from ..procs import (
@@ -143,7 +143,7 @@ class CallRun(CallLaunch):
                 client.quiet = lambda: None if sup.last_output is None else time.monotonic() - sup.last_output
                 client.training = ProgressTracker(self.workdir, gpu=gpus.latest).sample
                 self.exit_code = sup.wait(should_stop=should_stop)
-                client.send_last_progress()
+                send_last_progress(client)
         except BaseException:
             # Told to stop (SIGTERM, Ctrl-C, @timeout): the error is not ours to word, so where the ranks were goes to the log.
             self.where.share(self.session, self.index, self.rdzv_port is not None)
