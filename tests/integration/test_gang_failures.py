@@ -36,12 +36,13 @@ def _node_task(run_pid, node_index):
 
 
 def _run_and_inject(gang, inject, *args, env=None, timeout=240):
-    """Start a run, wait until all 4 ranks are ready, inject, wait for the end."""
+    """Start a run of one process a node (what fails here is a node), wait
+    until both ranks are ready, inject, wait for the end."""
     if env:
         gang.env.update(env)
-    proc = gang.start("--script", "spin.py", *args)
+    proc = gang.start("--script", "spin.py", "--nproc", "1", *args)
     try:
-        gang.wait_for_reports("ready-", 4, timeout=120)
+        gang.wait_for_reports("ready-", 2, timeout=120)
         injected_at = time.monotonic()
         inject(proc)
         out, _ = proc.communicate(timeout=timeout)

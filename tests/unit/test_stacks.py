@@ -102,6 +102,43 @@ class TestCollect:
         finally:
             os.kill(p.pid, signal.SIGCONT)
 
+    def test_a_dump_that_pauses_half_way_is_read_whole(self, tmp_path, procs):
+        """On a starved host the writer can stop mid-dump for longer than a
+        tick: a dump is whole once it reaches the main thread's outermost frame
+        (the bootstrap runs as ``-m``). Here a stand-in writes its dump in two
+        parts, 0.15 s apart."""
+        halves = ('Thread 0x1 (most recent call first):\n  File "x.py", line 3 in serve\n\n'
+                  'Current thread 0x2 (most recent call first):\n  File ',
+                  '"train.py", line 9 in <module>\n  File "<frozen runpy>", line 198 in _run_module_as_main\n')
+        writer = textwrap.dedent("""
+            import os, signal, sys, time
+            path, first, second = sys.argv[1:4]
+            def dump(*_):
+                with open(path, "a") as f:
+                    f.write(first); f.flush(); time.sleep(0.15); f.write(second)
+            signal.signal(int(sys.argv[4]), dump)
+            print("ready", flush=True)
+            time.sleep(60)
+        """)
+        path = stacks.stack_path(str(tmp_path), 5)
+        open(path, "w").close()
+        p = procs.popen([sys.executable, "-c", writer, path, *halves, str(int(stacks.STACK_SIGNAL))],
+                        stdout=subprocess.PIPE)
+        assert p.stdout.readline().strip() == b"ready"
+        assert stacks.collect(str(tmp_path), {5: p.pid}) == {5: "".join(halves)}
+
+    @pytest.mark.parametrize("dump,whole", [
+        ('Current thread 0x2 (most recent call first):\n  File "<frozen runpy>", line 198 in _run_module_as_main\n',
+         True),
+        ("Thread 0x1 (most recent call first):\n  File \"a.py\", line 1 in f\n\n...\n", True),  # the 100-thread cut
+        ('Current thread 0x2 (most recent call first):\n  File "<frozen runpy>", line 198 in _run_module_as_main',
+         False),  # the line's end not written yet
+        ('Current thread 0x2 (most recent call first):\n  File "train.py", line 9 in <module>\n', False),
+        ('Thread 0x1 (most recent call first):\n  ...\n', False),  # one thread's frames cut, more to come
+    ])
+    def test_a_dump_is_whole_at_the_main_threads_outermost_frame(self, dump, whole):
+        assert stacks._whole(dump) is whole
+
     def test_a_gone_rank_is_skipped(self, tmp_path, rank):
         p, _ = rank("py")
         p.kill()

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Optional, Sequence, Tuple
 
 from . import defaults as DEFAULTS
+from . import knob_text
 from .errors import Problems, TorchrunInvalidArgument
 from .gang import DEFAULT_MODE as DEFAULT_PREFLIGHT
 from .gang import parse_mode as parse_preflight
@@ -173,7 +174,7 @@ def preflight_mode(value: Any) -> str:
 def truthy(value: Any) -> bool:
     """An attribute's on/off, as a flag on Metaflow's command line spells it too."""
     if isinstance(value, str):
-        return value.strip().lower() not in ("0", "false", "no", "off", "")
+        return not (knob_text.is_off(value) or value.strip() in ("0", ""))
     return bool(value)
 
 

@@ -64,6 +64,10 @@ VERDICT_WAIT = 1.0
 # summaries before the stop (each takes milliseconds; a rank stopped or in
 # uninterruptible sleep writes nothing).
 COLLECT_SECONDS = 1.0
+# A rank's dump that stopped growing for this long is taken as whole, where it
+# does not end at the main thread's outermost frame (a script run directly): on
+# a starved host faulthandler can pause mid-dump for longer than a tick.
+STACKS_QUIET = 0.25
 # A peer's failure (not a preemption): the ranks get this long after SIGTERM.
 PEER_STOP_GRACE = 3.0
 # Beyond a graceful stop's grace: the agent's own time to SIGKILL the ranks that

@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
+from .. import knob_text
 from ..cause import Cause, CauseKind, plural
 from . import messages as msg
 
@@ -46,8 +47,8 @@ FIX_VERSIONS = ("build every node from one image (or one environment: @pypi/@con
 def parse_mode(value: Any) -> str:
     """``@torchrun(preflight=...)``: "versions", "full", or False/"off"/None
     for none; anything else is refused by name."""
-    if value is None or value is False or (isinstance(value, str) and value.strip().lower() in (
-            "off", "false", "no", "none", "0", "")):
+    if value is None or value is False or (isinstance(value, str) and (
+            knob_text.is_off(value) or value.strip() in ("0", ""))):
         return OFF
     if value is True:
         return DEFAULT_MODE

@@ -81,23 +81,34 @@ def collect(directory: str, pids: Mapping[int, int], seconds: float = timeouts.C
             sizes.pop(rank)
     waiting = dict(sizes)
     deadline = time.monotonic() + seconds
-    last: Dict[int, int] = {}
+    last: Dict[int, Tuple[int, float]] = {}  # rank -> (size, when it last grew)
     out: Dict[int, str] = {}
     while waiting and time.monotonic() < deadline:
         time.sleep(0.02)
+        now = time.monotonic()
         for rank, before in list(waiting.items()):
             size = _size(stack_path(directory, rank))
-            # Written and no longer growing over one tick: the dump is complete
-            # (faulthandler writes it in one go from the handler).
-            if size > before and last.get(rank) == size:
-                out[rank] = _read_from(stack_path(directory, rank), before)
+            if size <= before:
+                continue
+            if last.get(rank, (0, 0.0))[0] != size:
+                last[rank] = (size, now)
+            text = _read_from(stack_path(directory, rank), before)
+            if _whole(text) or now - last[rank][1] >= timeouts.STACKS_QUIET:
+                out[rank] = text
                 del waiting[rank]
-            last[rank] = size
     for rank, before in waiting.items():  # partial dumps are still worth showing
         text = _read_from(stack_path(directory, rank), before)
         if text.strip():
             out[rank] = text
     return out
+
+
+def _whole(dump: str) -> bool:
+    """A dump that reached the main thread's outermost frame (the bootstrap
+    runs as ``python -m``; the main thread comes last) or faulthandler's cut
+    after its 100th thread: whole, however long the writer paused on the way."""
+    last = dump.rstrip("\n").rsplit("\n", 1)[-1]
+    return dump.endswith("\n") and (last.endswith(" in _run_module_as_main") or last == "...")
 
 
 def _size(path: str) -> int:
