@@ -35,22 +35,23 @@ def _record(gang, attempt=None):
         "result = json.loads(t.metadata_dict['torchrun-result'])" % (attempt, attempt))
 
 
-def _resumes_after_kill(gang, kill_node, resumed_from=2, restarts=0, **options):
+def _resumes_after_kill(gang, kill_node, resumed_from=2, restarts=0, nproc=2, **options):
     ckpt = dict({"kill-after-epoch": 2, "kill-node": kill_node, "epochs": 3}, **options)
-    env = {"MFTR_CKPT": json.dumps(ckpt), "MFTR_RETRY_ON": "infrastructure", "MFTR_RESTARTS": str(restarts)}
+    env = {"MFTR_CKPT": json.dumps(ckpt), "MFTR_RETRY_ON": "infrastructure", "MFTR_RESTARTS": str(restarts),
+           "MFTR_CKPT_NPROC": str(nproc)}
     proc = gang.run(flow=FLOW, env=env, timeout=400)
     text = output(proc)
     assert proc.returncode == 0, text[-5000:]
     events = _events(gang)
     starts = {(e["attempt"], e["rank"]): e for e in events if e["event"] == "start"}
     # Attempt 0 trained from scratch; attempt 1, on every rank, from epoch 2's checkpoint.
-    assert all(starts[(0, r)]["resumed_from"] is None for r in range(4)), starts
-    assert all(starts[(1, r)]["resumed_from"] == resumed_from for r in range(4)), starts
+    assert all(starts[(0, r)]["resumed_from"] is None for r in range(2 * nproc)), starts
+    assert all(starts[(1, r)]["resumed_from"] == resumed_from for r in range(2 * nproc)), starts
     trained = sorted({e["epoch"] for e in events if e["event"] == "epoch" and e["attempt"] == 1})
     assert trained == list(range(resumed_from + 1, 4)), trained
     # Global rank 0 on node 0 and ranks in node order, in both attempts: the
     # idiom of saving rank 0's file from node 0's step relies on it.
-    assert all(e["metaflow_node"] == e["rank"] // 2 == e["node"] for e in starts.values()), starts
+    assert all(e["metaflow_node"] == e["rank"] // nproc == e["node"] for e in starts.values()), starts
     # Both nodes of attempt 1 loaded the same checkpoint, under one identity.
     nodes = [_loaded(gang, n, 1) for n in (0, 1)]
     assert all(n["is_loaded"] for n in nodes) and nodes[0]["key"] == nodes[1]["key"], nodes
@@ -105,14 +106,15 @@ def test_a_kill_of_the_saving_node_during_a_save_resumes_from_the_save_before(ga
     """Node 0 (rank 0 saves) dies in the middle of epoch 2's save: that save
     never became the latest, so attempt 1 resumes from epoch 1. Also the test
     that a killed control task resumes from its last whole checkpoint."""
-    _resumes_after_kill(gang, kill_node=0, resumed_from=1, **{"kill-during-save": True, "save-seconds": 20})
+    # One process a node: who saves and who dies are nodes (rank 0 saves).
+    _resumes_after_kill(gang, kill_node=0, resumed_from=1, nproc=1, **{"kill-during-save": True, "save-seconds": 20})
 
 
 def test_our_stop_during_a_save_resumes_from_the_save_before(gang):
     """Node 1 dies while rank 0 is saving epoch 2: the gang stops rank 0 in its
     save (a failure elsewhere gives it the supervisor's 3 s, then SIGKILL; the
     save takes 20), so attempt 1 resumes from epoch 1."""
-    _resumes_after_kill(gang, kill_node=1, resumed_from=1, **{"kill-during-save": True, "save-seconds": 20})
+    _resumes_after_kill(gang, kill_node=1, resumed_from=1, nproc=1, **{"kill-during-save": True, "save-seconds": 20})
     saved = [e["epoch"] for e in _events(gang) if e["event"] == "saved" and e["attempt"] == 0]
     assert saved == [1], saved
 
