@@ -1,7 +1,7 @@
 """What the text of a ``METAFLOW_TORCHRUN_*`` knob means, in one place.
 
 Every reader of a knob parses it with these functions, and the step's start runs
-the same readers strictly (``settings.check_knobs``): a value a reader could only
+the same readers strictly (``runtime/knob_check.py``): a value a reader could only
 misread (a word where a number is due, a negative count, a typo for "off") stops
 the step naming the knob and what it takes, instead of quietly becoming the
 default. Read leniently, as the readers do where no one could be told (a rank, a
@@ -29,6 +29,11 @@ def is_off(text: Optional[str]) -> bool:
 
 def is_on(text: Optional[str]) -> bool:
     return (text or "").strip().lower() in ON_WORDS
+
+
+def says_off(text: Optional[str]) -> bool:
+    """Off as a switch reads it: ``OFF_WORDS``, 0, or nothing at all."""
+    return is_off(text) or (text or "").strip() in ("0", "")
 
 
 def _shown(text: str) -> str:
@@ -71,7 +76,7 @@ def switch(name: str, text: Optional[str], strict: bool = False) -> bool:
     """On (``ON_WORDS``) or off (unset, blank, 0 or ``OFF_WORDS``)."""
     if is_on(text):
         return True
-    word = (text or "").strip().lower()
-    if strict and word not in OFF_WORDS + ("0", ""):
-        raise KnobError("%s=%s: give 1 (or true, yes, on) or 0 (or false, no, off)" % (name, _shown(word)))
+    if strict and not says_off(text):
+        raise KnobError("%s=%s: give 1 (or true, yes, on) or 0 (or false, no, off)" % (
+            name, _shown((text or "").strip().lower())))
     return False

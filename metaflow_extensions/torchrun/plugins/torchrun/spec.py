@@ -174,7 +174,7 @@ def preflight_mode(value: Any) -> str:
 def truthy(value: Any) -> bool:
     """An attribute's on/off, as a flag on Metaflow's command line spells it too."""
     if isinstance(value, str):
-        return not (knob_text.is_off(value) or value.strip() in ("0", ""))
+        return not knob_text.says_off(value)
     return bool(value)
 
 

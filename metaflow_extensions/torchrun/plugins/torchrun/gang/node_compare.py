@@ -47,8 +47,7 @@ FIX_VERSIONS = ("build every node from one image (or one environment: @pypi/@con
 def parse_mode(value: Any) -> str:
     """``@torchrun(preflight=...)``: "versions", "full", or False/"off"/None
     for none; anything else is refused by name."""
-    if value is None or value is False or (isinstance(value, str) and (
-            knob_text.is_off(value) or value.strip() in ("0", ""))):
+    if value is None or value is False or (isinstance(value, str) and knob_text.says_off(value)):
         return OFF
     if value is True:
         return DEFAULT_MODE

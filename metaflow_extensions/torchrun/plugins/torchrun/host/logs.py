@@ -80,7 +80,7 @@ class LogKey:
 def retention_policy(env: Optional[Mapping[str, str]] = None, strict: bool = False) -> RetentionPolicy:
     """The retention knobs as this task has them (settings.export_knobs puts a
     Metaflow profile's values in the environment); read leniently, a value the
-    step's start refused (settings.check_knobs) is the default."""
+    step's start refused (runtime/knob_check.py) is the default."""
     env = os.environ if env is None else env
     return RetentionPolicy(
         keep=int(knob_text.number(KEEP_LOGS_ENV, env.get(KEEP_LOGS_ENV), DEFAULT_KEEP_LOGS, whole=True,

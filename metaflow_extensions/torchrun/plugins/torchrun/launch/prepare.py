@@ -100,5 +100,5 @@ def rank_environment(base: Mapping[str, str], defaults: StepDefaults, plan: Call
 def flight_entries(value: Optional[str], strict: bool = False) -> int:
     """The Flight Recorder's size in entries from its knob: "off" or 0 turns
     it off; read leniently, a value that is not a whole number of at least 0
-    is the default (the step's start refused it: settings.check_knobs)."""
+    is the default (the step's start refused it: runtime/knob_check.py)."""
     return knob_text.count_or_off(names.FLIGHT_RECORDER_ENV, value, DEFAULTS.FLIGHT_RECORDER_ENTRIES, strict=strict)

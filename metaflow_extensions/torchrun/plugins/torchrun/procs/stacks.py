@@ -81,7 +81,7 @@ def collect(directory: str, pids: Mapping[int, int], seconds: float = timeouts.C
             sizes.pop(rank)
     waiting = dict(sizes)
     deadline = time.monotonic() + seconds
-    last: Dict[int, Tuple[int, float]] = {}  # rank -> (size, when it last grew)
+    grew: Dict[int, Tuple[int, float]] = {}  # rank -> (size, when it last grew)
     out: Dict[int, str] = {}
     while waiting and time.monotonic() < deadline:
         time.sleep(0.02)
@@ -90,11 +90,14 @@ def collect(directory: str, pids: Mapping[int, int], seconds: float = timeouts.C
             size = _size(stack_path(directory, rank))
             if size <= before:
                 continue
-            if last.get(rank, (0, 0.0))[0] != size:
-                last[rank] = (size, now)
-            text = _read_from(stack_path(directory, rank), before)
-            if _whole(text) or now - last[rank][1] >= timeouts.STACKS_QUIET:
-                out[rank] = text
+            if grew.get(rank, (0, 0.0))[0] != size:  # read again only once it grew
+                grew[rank] = (size, now)
+                text = _read_from(stack_path(directory, rank), before)
+                if _whole(text):
+                    out[rank] = text
+                    del waiting[rank]
+            elif now - grew[rank][1] >= timeouts.STACKS_QUIET:
+                out[rank] = _read_from(stack_path(directory, rank), before)
                 del waiting[rank]
     for rank, before in waiting.items():  # partial dumps are still worth showing
         text = _read_from(stack_path(directory, rank), before)

@@ -169,7 +169,7 @@ def parse_threshold(text: Optional[str]) -> Optional[Threshold]:
     ``"off"``; ValueError naming the problem for anything else."""
     if text is None or not text.strip():
         return Threshold()
-    if knob_text.is_off(text) or text.strip() == "0":
+    if knob_text.says_off(text):  # blank is the default, above
         return None
     match = re.fullmatch(r"\s*(\d+)\s*/\s*(\d+)\s*", text)
     if not match or not 1 <= int(match.group(1)) <= int(match.group(2)) <= MAX_WINDOW:

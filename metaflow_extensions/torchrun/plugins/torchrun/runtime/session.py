@@ -387,7 +387,7 @@ def gang_config(identity: GangIdentity, defaults: StepDefaults, topology: Topolo
 
 
 # The gang's knobs of Metaflow's configuration (exported to the environment):
-# read leniently here, strictly at the step's start (settings.check_knobs).
+# read leniently here, strictly at the step's start (runtime/knob_check.py).
 def progress_interval(env: Optional[Mapping[str, str]] = None, strict: bool = False) -> float:
     env = os.environ if env is None else env
     return knob_text.number(PROGRESS_ENV, env.get(PROGRESS_ENV), DEFAULTS.PROGRESS_SECONDS, low=0.5, strict=strict)
