@@ -91,6 +91,7 @@ def test_good_and_unset_knobs_have_no_problem():
         names.STRAGGLER_RATIO_ENV: "1.8", names.STRAGGLER_SECONDS_ENV: "0", names.KEEP_LOGS_HOURS_ENV: "0",
         names.KEEP_LOGS_ENV: "5", names.MAX_LOG_MB_ENV: "7.5", names.DEBUG_ENV: "yes",
         names.NODE_HISTORY_ENV: "off", names.NODE_HISTORY_RUNS_ENV: "0", names.FLIGHT_RECORDER_ENV: "off",
+        names.WARM_START_ENV: "off",
     }) == []
 
 
@@ -100,6 +101,7 @@ def test_every_knob_with_a_bad_value_is_named_with_what_it_takes():
         names.STRAGGLER_RATIO_ENV: "1", names.STRAGGLER_SECONDS_ENV: "-5", names.KEEP_LOGS_HOURS_ENV: "3 days",
         names.KEEP_LOGS_ENV: "2.5", names.MAX_LOG_MB_ENV: "inf", names.DEBUG_ENV: "verbose",
         names.NODE_HISTORY_ENV: "3 of 5", names.NODE_HISTORY_RUNS_ENV: "-1", names.FLIGHT_RECORDER_ENV: "2k",
+        names.WARM_START_ENV: "fast",
     }
     problems = knob_problems(bad)
     # One message a knob, the secret's value never shown.

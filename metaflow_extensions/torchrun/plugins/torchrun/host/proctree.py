@@ -47,15 +47,16 @@ def process_id(pid: int) -> Optional[ProcId]:
     return (pid, st[1]) if st else None
 
 
-def descendants(root: int) -> Set[ProcId]:
-    """Every live process below ``root`` in the parent tree (not root itself)."""
+def descendants(root: int, *more: int) -> Set[ProcId]:
+    """Every live process below ``root`` (and each of ``more``) in the parent
+    tree, not the roots themselves: one scan of ``/proc``."""
     children: Dict[int, list] = {}
     for pid in _pids():
         st = _stat(pid)
         if st is not None:
             children.setdefault(st[0], []).append((pid, st[1]))
     found: Set[ProcId] = set()
-    stack = [root]
+    stack = [root, *more]
     while stack:
         for child in children.get(stack.pop(), ()):
             if child not in found:

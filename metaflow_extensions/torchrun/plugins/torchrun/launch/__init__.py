@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 from ..lazy import names_from
 
 __all__ = [
+    "ZYGOTE_MODULE",
     "find_torch",
     "refuse_step_functions",
     "refuse_one_node_on_kubernetes",
@@ -62,6 +63,7 @@ __all__ = [
 
 # Where each name lives: loaded on first use, so that importing the face costs nothing.
 _HOME = {
+    "ZYGOTE_MODULE": "command",
     "find_torch": "torch_checks",
     "refuse_step_functions": "platforms",
     "refuse_one_node_on_kubernetes": "platforms",
@@ -106,7 +108,7 @@ if TYPE_CHECKING:
     from .platforms import refuse_step_functions
     from .platforms import refuse_one_node_on_kubernetes
     from .platforms import check_port_clash
-    from .command import ArgSpec, argparse_hint, none_keys, restarts_allowed
+    from .command import ZYGOTE_MODULE, ArgSpec, argparse_hint, none_keys, restarts_allowed
     from .inputs import (restarts_clash, step_timeout, validate_args_as, validate_hang_timeout, validate_restarts,
                          validate_shutdown_grace, validate_timeouts)
     from .plan import CallPlan, CallRequest, StepDefaults, check_options, legacy_rdzv_port, merged_options, none_note, option_names, plan_call, plan_request, resolve_nproc, validate_nproc

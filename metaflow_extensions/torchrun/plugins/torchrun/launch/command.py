@@ -26,6 +26,8 @@ ArgSpec = Union[None, Sequence[Any], Mapping[str, Any]]
 BOOTSTRAP_MODULE = "metaflow_extensions.torchrun.plugins.torchrun.procs.bootstrap"
 # torchrun itself, keeping its store on loopback when the endpoint is (procs/agent.py).
 AGENT_MODULE = "metaflow_extensions.torchrun.plugins.torchrun.procs.agent"
+# The node's warm process, which forks the agent and the ranks (procs/zygote.py).
+ZYGOTE_MODULE = "metaflow_extensions.torchrun.plugins.torchrun.procs.zygote"
 
 # torch's c10d rendezvous waits this long by default (join_timeout).
 TORCH_JOIN_TIMEOUT = 600

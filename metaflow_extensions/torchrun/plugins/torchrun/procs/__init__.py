@@ -20,6 +20,10 @@ from typing import TYPE_CHECKING
 from ..lazy import names_from
 
 __all__ = [
+    "zygote_log_path",
+    "ZYGOTE_SOCKET",
+    "ZYGOTE_ENV",
+    "WARM_START_ENV",
     "ARGS_FILE",
     "Culprits",
     "DEBUG_ENV",
@@ -76,6 +80,10 @@ __all__ = [
 
 # Where each name lives: loaded on first use, so that importing the face costs nothing.
 _HOME = {
+    "zygote_log_path": "names",
+    "ZYGOTE_SOCKET": "names",
+    "ZYGOTE_ENV": "names",
+    "WARM_START_ENV": "names",
     "ARGS_FILE": "names",
     "Culprits": "culprit",
     "DEBUG_ENV": "names",
@@ -129,6 +137,7 @@ if TYPE_CHECKING:
     from .names import FLIGHT_RECORDER_ENV, KEEP_LOGS_ENV, KEEP_LOGS_HOURS_ENV, MAX_LOG_MB_ENV
     from .names import RESTART_ENV, ARGS_FILE, DEBUG_ENV, PORT_ENV, PROGRESS_ENV, SECRET_ENV, STRAGGLER_RATIO_ENV, STRAGGLER_SECONDS_ENV, USER_KNOBS, conf_key, rank_log_path
     from .names import NODE_HISTORY_ENV, NODE_HISTORY_RUNS_ENV
+    from .names import WARM_START_ENV, ZYGOTE_ENV, ZYGOTE_SOCKET, zygote_log_path
     from .ranges import numbers
     from .stacks import MAX_STACK_BYTES, SUMMARY_PLACES, bound, group
     from .status import RankStatus, StatusError, read_statuses

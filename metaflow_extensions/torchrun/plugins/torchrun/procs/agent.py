@@ -190,6 +190,9 @@ def record_child_failures(directory: Optional[str], error: Any) -> bool:
 
 
 def main(argv: Sequence[str]) -> None:
+    from .handoff import hand_off
+
+    hand_off("agent", argv)  # forked from the node's warm process (zygote.py), where there is one
     from torch.distributed import run
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError

@@ -16,7 +16,7 @@ import sys
 import time
 import traceback
 
-from . import agent, entry, flight_ask, relay, stacks
+from . import agent, entry, flight_ask, handoff, relay, stacks
 from .names import (ARGS_FILE, WORK_DIR_ENV, LABELS_ENV, LOG_DIR_ENV, NODE_INDEX_ENV, RESTART_COUNT_ENV, RESTART_ENV,
                     TRAINER_PROGRESS_ENV,
                     rank_log_path)
@@ -179,6 +179,9 @@ _KEEP: list = []  # the stack file stays open for the rank's life
 
 def main(argv: list) -> None:
     _tie_to_parent()
+    # Forked from the node's warm process, torch already imported (zygote.py);
+    # this process stands in for it. Returns where there is none.
+    handoff.hand_off("bootstrap", argv)
     # What to run comes from the entry file, out of torchrun's sight (entry.py);
     # TMPDIR goes back to the user's (torchrun's agent had the work directory).
     try:

@@ -30,8 +30,12 @@ NODE_HISTORY_RUNS_ENV = "METAFLOW_TORCHRUN_NODE_HISTORY_RUNS"  # how many past r
 # The entries of torch's Flight Recorder each rank keeps (launch/prepare.py sets
 # torch's own variable from it); "off" or 0: none, and no rank is asked for it.
 FLIGHT_RECORDER_ENV = "METAFLOW_TORCHRUN_FLIGHT_RECORDER"
+# "off": every rank and torchrun's agent start as fresh processes, each importing
+# torch, instead of forked from the node's warm process (procs/zygote.py).
+WARM_START_ENV = "METAFLOW_TORCHRUN_WARM_START"
 USER_KNOBS = (PORT_ENV, SECRET_ENV, PROGRESS_ENV, STRAGGLER_RATIO_ENV, STRAGGLER_SECONDS_ENV, KEEP_LOGS_HOURS_ENV,
-              KEEP_LOGS_ENV, MAX_LOG_MB_ENV, DEBUG_ENV, NODE_HISTORY_ENV, NODE_HISTORY_RUNS_ENV, FLIGHT_RECORDER_ENV)
+              KEEP_LOGS_ENV, MAX_LOG_MB_ENV, DEBUG_ENV, NODE_HISTORY_ENV, NODE_HISTORY_RUNS_ENV, FLIGHT_RECORDER_ENV,
+              WARM_START_ENV)
 # Tests only: comma-separated host names by node index, reported instead of the
 # host's own name (several local "nodes" share one host).
 TEST_HOSTS_ENV = "METAFLOW_TORCHRUN_TEST_HOSTS"
@@ -50,6 +54,9 @@ USER_TMPDIR_ENV = "METAFLOW_TORCHRUN_USER_TMPDIR"  # the ranks' TMPDIR ("": none
 # sets torch's own TORCHELASTIC_RESTART_COUNT from it (a fresh agent says 0).
 RESTART_ENV = "METAFLOW_TORCHRUN_RESTART"
 RESTART_COUNT_ENV = "TORCHELASTIC_RESTART_COUNT"
+# The node's warm process's socket (procs/zygote.py): torchrun's agent and the
+# ranks hand their start to it (procs/handoff.py). Unset: they start fresh.
+ZYGOTE_ENV = "METAFLOW_TORCHRUN_ZYGOTE"
 # torch's own, set by the plan.
 SHARE_STORE_OFF_ENV = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
 SHUTDOWN_TIMEOUT_ENV = "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"
@@ -81,6 +88,7 @@ PROGRESS_SUFFIX = ".progress.json"  # a rank's latest progress report (procs/pro
 FLIGHT_ASK_SUFFIX = ".flight.fifo"  # where the node asks a rank for its Flight Recorder (procs/flight_ask.py)
 FLIGHT_SUFFIX = ".flight.json"  # and where the rank answers
 LOG_SUFFIX = ".log"  # rank-<R>.<stream>.log in the call's log directory
+ZYGOTE_SOCKET = "zygote.sock"  # the warm process's socket (procs/zygote.py)
 
 
 def rank_file(directory: str, rank: int, suffix: str) -> str:
@@ -101,6 +109,11 @@ def agent_log_path(log_dir: str) -> str:
     """Where torchrun's agent logs on this node (its own W/E lines and its
     report of a failure): kept out of the console, where our root cause leads."""
     return os.path.join(log_dir, "torchrun-agent.log")
+
+
+def zygote_log_path(log_dir: str) -> str:
+    """What the node's warm process itself says (torch's import warnings)."""
+    return os.path.join(log_dir, "zygote.log")
 
 
 def rank_log_path(log_dir: str, rank: int, stream: str) -> str:

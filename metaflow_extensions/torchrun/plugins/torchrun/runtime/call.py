@@ -39,6 +39,7 @@ from .supervisor import StopReason, Supervisor
 from ..host import CallFiles, GpuUsage
 from .call_launch import CallLaunch
 from .restarts import CallRestarts, with_ranks_start
+from .warm_start import WarmStart
 from .. import timeouts
 
 # Causes a node finds on its own (the control is gone or silent): the service
@@ -69,6 +70,7 @@ class CallRun(CallLaunch):
     # The gang's in-step restarts of the ranks (restarts.py); the first torchrun's start.
     again: CallRestarts = field(default_factory=CallRestarts)
     first_started: Optional[float] = None
+    warm: WarmStart = field(default_factory=lambda: WarmStart("", None))  # the node's warm process (warm_start.py)
     _entry: Tuple[str, Optional[str]] = ("", None)  # the entry file, the interface to the control
 
     # -- phases ----------------------------------------------------------------
@@ -132,7 +134,7 @@ class CallRun(CallLaunch):
             return reason
 
         try:
-            with Supervisor(self.argv, env=env, shutdown_grace=self.session.defaults.shutdown_grace,
+            with Supervisor(self.argv, env=env, shutdown_grace=self.session.defaults.shutdown_grace, also_under=self.warm.pid,
                             before_stop=lambda: self.where.collect(self.session, self.index, self.supervisor, self.workdir), on_told=gang_stop.told) as sup, \
                     GpuUsage(os.environ, every=client.config.progress_send) as gpus:  # asked as often as it is sent
                 self.supervisor = sup
@@ -241,8 +243,7 @@ class CallRun(CallLaunch):
         try:
             return self._record()
         finally:
-            if self.files is not None:
-                self.files.close()  # the work directory goes, whatever happened
+            self.release()
 
     def _record(self) -> TorchrunResult:
         topology = self.session.topology

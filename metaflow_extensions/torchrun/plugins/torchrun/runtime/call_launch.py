@@ -18,6 +18,7 @@ from .restarts import CallRestarts
 from .result import read_rank_records
 from .session import GangSession
 from .supervisor import Supervisor
+from .warm_start import WarmStart
 
 
 class CallLaunch:
@@ -35,6 +36,7 @@ class CallLaunch:
     supervisor: Optional[Supervisor]
     files: Optional[CallFiles]
     again: CallRestarts
+    warm: WarmStart
     _entry: Tuple[str, Optional[str]]
 
     @property
@@ -47,6 +49,7 @@ class CallLaunch:
         # Private to this user; the work directory goes in record() (workdirs.py).
         self.files = CallFiles(self.session.identity.log_key(self.index), self.node_index, prune_first=False)
         self.workdir, self.log_dir = self.files.work_dir, self.files.log_dir
+        self.warm = WarmStart(self.workdir, self.log_dir)
         plan = self.plan
         if plan.function is not None:
             try:
@@ -75,7 +78,9 @@ class CallLaunch:
         self.argv, env = prepare_launch(self.plan, self.session.defaults, node, os.environ)
         if restart:
             env[RESTART_ENV] = str(restart)
-        return entry.agent_environment(env, self.workdir, entry_path)
+        env = entry.agent_environment(env, self.workdir, entry_path)
+        self.warm.start(env, self.plan.nproc if isinstance(self.plan.nproc, int) else 1)  # once, with the first
+        return self.warm.environment(env)
 
     def _restart(self, decided: Any) -> Dict[str, str]:
         """Carry out restart ``decided.restart``: this node's old ranks are
@@ -91,6 +96,12 @@ class CallLaunch:
             say("call %d: restarting every node's ranks (restart %d of %d): %s"
                 % (self.index + 1, decided.restart, self.session.defaults.restarts, decided.cause.summary))
         return self._launch_environment()
+
+    def release(self) -> None:
+        """The warm process and the work directory go, whatever happened."""
+        self.warm.close()
+        if self.files is not None:
+            self.files.close()
 
     def _rank_starts(self) -> List[Optional[float]]:
         return [r.start for r in read_rank_records(self.workdir, []) if (r.restart or 0) == self.again.restart] \

@@ -22,6 +22,7 @@ from ..procs import (DEBUG_ENV, FLIGHT_RECORDER_ENV, KEEP_LOGS_ENV, KEEP_LOGS_HO
                      NODE_HISTORY_ENV, PORT_ENV)
 from . import node_history
 from .session import progress_interval, straggler_ratio, straggler_seconds
+from .warm_start import warm_start
 
 
 def _only(env: Mapping[str, str], name: str) -> Dict[str, str]:
@@ -40,6 +41,7 @@ def knob_problems(env: Mapping[str, str]) -> List[str]:
         lambda: node_history.parse_threshold(env.get(NODE_HISTORY_ENV)),
         lambda: node_history.history_runs(env, strict=True),
         lambda: flight_entries(env.get(FLIGHT_RECORDER_ENV), strict=True),
+        lambda: warm_start(env, strict=True),
     ]
     # The retention knobs one at a time: each is named, not only the first.
     for name in (KEEP_LOGS_HOURS_ENV, KEEP_LOGS_ENV, MAX_LOG_MB_ENV):

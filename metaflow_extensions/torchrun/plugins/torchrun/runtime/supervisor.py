@@ -134,6 +134,7 @@ class Supervisor:
         shutdown_grace: Optional[float] = None,
         before_stop: Optional[Callable[[], None]] = None,
         on_told: Optional[Callable[[str], None]] = None,
+        also_under: Optional[int] = None,
     ):
         """``grace_seconds``: how long the ranks get to stop when the job is
         stopped for a failure (elsewhere in the gang, a timeout). ``shutdown_grace``:
@@ -142,7 +143,9 @@ class Supervisor:
         told the same through ``TORCH_ELASTIC_SHUTDOWN_TIMEOUT``. ``before_stop``
         runs while the ranks are still alive, before a fast stop. ``on_told``:
         this task told to stop (SIGTERM, Ctrl-C, ``@timeout``) tells the gang
-        (runtime/stop.py); without it, SIGTERM raises ``TorchrunInterrupted``."""
+        (runtime/stop.py); without it, SIGTERM raises ``TorchrunInterrupted``.
+        ``also_under``: the node's warm process (warm_start.py), whose children
+        are the real agent and ranks: tracked, stopped and killed as the agent's."""
         self.argv = list(argv)
         self.env = dict(env) if env is not None else None
         self.cwd = cwd
@@ -150,6 +153,7 @@ class Supervisor:
         self.shutdown_grace = grace_seconds if shutdown_grace is None else shutdown_grace
         self.before_stop = before_stop
         self.on_told = on_told
+        self.also_under = also_under
         self._told = False
         # The signal that told this task to stop while the job ran, if any.
         self.signalled: Optional[int] = None
@@ -211,7 +215,7 @@ class Supervisor:
 
     def _track(self) -> None:
         assert self.proc is not None
-        self._seen |= proctree.descendants(self.proc.pid)
+        self._seen |= proctree.descendants(self.proc.pid, *([self.also_under] if self.also_under else []))
         self._tracked_at = time.monotonic()
 
     def _track_now(self) -> bool:

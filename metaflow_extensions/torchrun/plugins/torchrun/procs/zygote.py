@@ -1,0 +1,287 @@
+"""The node's warm process: it imports torch once, then forks torchrun's agent
+and every rank from there (issue 37's zygote).
+
+A fresh rank spends about 2.5 CPU-seconds in ``import torch`` before the
+user's first line, and so does torchrun's agent; on a restart that is most of
+the time back to training. Here the import is paid once per node and call;
+a child forked after it starts the user's script within milliseconds, the
+pages torch loaded shared with its siblings.
+
+It is safe because nothing in this process runs before the fork but the
+import: no thread of ours, no CUDA (torch initialises CUDA lazily), no
+process group. What a fresh process would have differently is made the same
+in the child (``become``): its own session, the stand-in's stdin, stdout,
+stderr, environment, working directory, ``sys.path`` and umask, signals at
+their defaults, numpy's global generator reseeded, torch's thread count from
+the child's own ``OMP_NUM_THREADS``.
+
+Who asks is a stand-in (``handoff.py``): the process torchrun (or the node's
+supervisor) started, which passes its descriptors over the Unix socket and
+stays to forward signals and to exit as its child did. The zygote completes
+a rank's status with its exit the moment it reaps it (``exits.py``), as
+torch's agent would for a rank of its own; a stand-in that goes away takes
+its child with it. Run as ``python -u -m <this module> SOCKET``.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import selectors
+import signal
+import socket
+import struct
+import sys
+import time
+from typing import Dict, List, Optional, Tuple
+
+from .names import WORK_DIR_ENV, ZYGOTE_ENV
+from .zygote_wire import Request, WireError, recv_request, reply
+
+# OMP_NUM_THREADS as the zygote imported torch with it: a child with another value sets its own.
+_WARMED_THREADS: Optional[str] = None
+_REQUEST_SECONDS = 5.0  # a stand-in sends its request as it connects
+
+
+def listen(path: str) -> socket.socket:
+    """Bound before torch is imported: stand-ins that come early wait in the backlog."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    old = os.umask(0o077)
+    try:
+        sock.bind(path)
+    finally:
+        os.umask(old)
+    sock.listen(128)
+    return sock
+
+
+def warm() -> None:
+    """Import what every child imports first. One that cannot be imported is
+    left to the child, which fails as a fresh process would, in its own words."""
+    global _WARMED_THREADS
+    _WARMED_THREADS = os.environ.get("OMP_NUM_THREADS")
+    try:
+        import torch  # noqa: F401
+        import torch.distributed.run  # noqa: F401  (torchrun's agent)
+    except Exception:
+        pass
+    # What the import made lives as long as the process: out of the collector's
+    # sight, a child neither copies its pages by touching them nor spends most
+    # of a second collecting them at its exit (0.75 s down to 0.14 s here).
+    gc.freeze()
+
+
+def _same_user(conn: socket.socket) -> bool:
+    creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    _pid, uid, _gid = struct.unpack("3i", creds)
+    return uid == os.getuid()
+
+
+class Server:
+    """Accept requests, fork, and tell each stand-in its child's pid and exit."""
+
+    def __init__(self, listener: socket.socket):
+        self.listener = listener
+        self.children: Dict[int, Tuple[Optional[socket.socket], Request]] = {}
+        self.wake_r, self.wake_w = os.pipe()
+        for fd in (self.wake_r, self.wake_w):
+            os.set_blocking(fd, False)
+        signal.signal(signal.SIGCHLD, lambda *_: None)
+        signal.set_wakeup_fd(self.wake_w)
+        self.selector = selectors.DefaultSelector()
+        self.selector.register(listener, selectors.EVENT_READ, "accept")
+        self.selector.register(self.wake_r, selectors.EVENT_READ, "reap")
+
+    def serve(self) -> Tuple[Request, List[int]]:
+        """Runs until this process is killed; returns only in a forked child."""
+        while True:
+            for key, _ in self.selector.select():
+                if key.data == "accept":
+                    forked = self._accept()
+                    if forked is not None:
+                        return forked
+                elif key.data == "reap":
+                    self._drain_wake()
+                    self.reap()
+                else:
+                    self._stand_in_gone(key.data)
+
+    def _accept(self) -> Optional[Tuple[Request, List[int]]]:
+        try:
+            conn, _ = self.listener.accept()
+        except OSError:
+            return None
+        fds: List[int] = []
+        try:
+            if not _same_user(conn):
+                raise WireError("a peer of another user")
+            conn.settimeout(_REQUEST_SECONDS)
+            request, fds = recv_request(conn)
+        except (OSError, WireError) as e:
+            for fd in getattr(e, "fds", fds):
+                os.close(fd)
+            conn.close()
+            return None
+        pid = os.fork()
+        if pid == 0:
+            conn.close()
+            self._leave()
+            return request, fds
+        for fd in fds:
+            os.close(fd)
+        conn.settimeout(None)
+        self.children[pid] = (conn, request)
+        try:
+            conn.sendall(reply("pid", pid))
+            self.selector.register(conn, selectors.EVENT_READ, pid)
+        except OSError:
+            self._stand_in_gone(pid)
+        return None
+
+    def _drain_wake(self) -> None:
+        try:
+            while os.read(self.wake_r, 4096):
+                pass
+        except OSError:
+            pass
+
+    def reap(self) -> None:
+        """Every child that ended: its rank's status completed before it is
+        reaped (so whoever waits for the pid to go sees the record), then its
+        stand-in told."""
+        while True:
+            try:
+                info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+            except ChildProcessError:
+                return
+            if info is None or not info.si_pid:
+                return
+            pid = info.si_pid
+            code = info.si_status if info.si_code == os.CLD_EXITED else -info.si_status
+            conn, request = self.children.pop(pid, (None, None))
+            if request is not None and request.module == "bootstrap":
+                _complete_status(request, pid, code)
+            os.waitpid(pid, 0)
+            if conn is not None:
+                try:
+                    conn.sendall(reply("exit", code))
+                except OSError:
+                    pass
+                self._forget(conn)
+
+    def _stand_in_gone(self, pid: int) -> None:
+        """The stand-in hung up (it sends nothing after its request): killed,
+        or its own parent gone. Its child goes too, as a rank goes with its agent."""
+        conn, request = self.children.get(pid, (None, None))
+        if conn is not None:
+            self._forget(conn)
+            self.children[pid] = (None, request)  # type: ignore[assignment]
+        for kill in (os.killpg, os.kill):  # its own group, once it has made one
+            try:
+                kill(pid, signal.SIGKILL)
+                break
+            except OSError:
+                continue
+
+    def _forget(self, conn: socket.socket) -> None:
+        try:
+            self.selector.unregister(conn)
+        except (KeyError, ValueError):
+            pass
+        conn.close()
+
+    def _leave(self) -> None:
+        """In the child: none of the server's descriptors stay open (a stand-in
+        must see EOF when the zygote is gone), and no SIGCHLD handler."""
+        signal.set_wakeup_fd(-1)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        for conn, _ in self.children.values():
+            if conn is not None:
+                conn.close()
+        self.selector.close()
+        self.listener.close()
+        os.close(self.wake_r)
+        os.close(self.wake_w)
+
+
+def _complete_status(request: Request, pid: int, code: int) -> None:
+    directory = request.env.get(WORK_DIR_ENV)
+    if directory:
+        from . import exits
+
+        try:
+            exits.complete(directory, {pid: code}, time.time())
+        except Exception:
+            pass  # a record is a bonus; the stand-in still reports the exit
+
+
+# Signals a fresh process starts with at their defaults (Python's own for SIGINT).
+_RESET = (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGCHLD,
+          signal.SIGPIPE, signal.SIGXFSZ)
+
+
+def become(request: Request, fds: List[int]) -> None:
+    """In the forked child: be what ``python -m <module> ARGV`` would have
+    been in the stand-in's place, then run it. Returns as that module's
+    ``main`` returns; its ``SystemExit`` goes up to the interpreter's exit,
+    so ``atexit`` handlers run as in a fresh process."""
+    os.setsid()
+    for target, fd in enumerate(fds[:3]):
+        os.dup2(fd, target)
+    for fd in fds:
+        if fd > 2:
+            os.close(fd)
+    for sig in _RESET:
+        signal.signal(sig, signal.SIG_IGN if sig in (signal.SIGPIPE, signal.SIGXFSZ) else signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.pthread_sigmask(signal.SIG_SETMASK, [])
+    env = dict(request.env)
+    if request.module == "bootstrap":
+        env.pop(ZYGOTE_ENV, None)  # the user's code never sees it; an agent passes it on to its ranks
+    os.environ.clear()
+    os.environ.update(env)
+    os.chdir(request.cwd)
+    os.umask(request.umask)
+    sys.path[:] = request.path
+    _fresh_state()
+    from . import handoff
+
+    handoff.FORKED = True
+    if request.module == "bootstrap":
+        from . import bootstrap as module
+    else:
+        from . import agent as module  # type: ignore[no-redef]
+    sys.argv = [module.__file__ or request.module] + list(request.argv)
+    module.main(list(request.argv))
+
+
+def _fresh_state() -> None:
+    """What a fresh process would not share with its siblings. Python's own
+    ``random`` reseeds itself after a fork; numpy's global generator does not."""
+    np_random = sys.modules.get("numpy.random")
+    if np_random is not None:
+        try:
+            np_random.seed()
+        except Exception:
+            pass
+    threads = os.environ.get("OMP_NUM_THREADS") or ""
+    torch = sys.modules.get("torch")
+    if torch is not None and threads != (_WARMED_THREADS or "") and threads.strip().isdigit() and int(threads) > 0:
+        try:
+            torch.set_num_threads(int(threads))
+        except Exception:
+            pass
+
+
+def main(argv: List[str]) -> None:
+    if len(argv) != 1:
+        sys.stderr.write("usage: python -m %s SOCKET\n" % __name__)
+        sys.exit(2)
+    listener = listen(argv[0])
+    warm()
+    request, fds = Server(listener).serve()
+    become(request, fds)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,143 @@
+"""What a stand-in (``handoff.py``) and the node's warm process (``zygote.py``)
+say to each other over the zygote's Unix socket.
+
+A request is one length-prefixed JSON object, with the stand-in's stdin, stdout
+and stderr passed alongside it (``SCM_RIGHTS``); the zygote answers with JSON
+lines: ``{"pid": N}`` once it forked, ``{"exit": S}`` once that child ended
+(``subprocess``'s convention: negative for a signal). The socket lives in the
+call's private directory and the zygote checks its peer's user, but a request
+is still read as hostile: bounded, and checked field by field.
+
+No Metaflow, no torch: both ends import this before anything else.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import struct
+from dataclasses import asdict, dataclass, field
+from typing import Any, Dict, List, Optional, Tuple
+
+# What a zygote child may become: the modules of procs/ that torchrun runs.
+MODULES = ("bootstrap", "agent")
+MAX_REQUEST = 4 << 20  # an environment of a few MB is already absurd
+MAX_REPLY = 4096
+_LENGTH = struct.Struct("!I")
+
+
+class WireError(ValueError):
+    """A request or reply that does not hold to the format."""
+
+
+@dataclass(frozen=True)
+class Request:
+    """Everything that makes a fresh ``python -m <module> ARGV`` what it is,
+    beyond what the zygote already holds (the interpreter, torch imported)."""
+
+    module: str
+    argv: List[str]
+    env: Dict[str, str]
+    cwd: str
+    path: List[str]  # sys.path as the stand-in's interpreter computed it
+    umask: int = 0o022
+    stand_in: int = -1  # the pid torchrun (or the supervisor) knows
+
+    def to_bytes(self) -> bytes:
+        body = json.dumps(asdict(self)).encode()
+        if len(body) > MAX_REQUEST:
+            raise WireError("a request of %d bytes is over %d" % (len(body), MAX_REQUEST))
+        return _LENGTH.pack(len(body)) + body
+
+    @classmethod
+    def from_json(cls, data: Any) -> "Request":
+        if not isinstance(data, dict):
+            raise WireError("not an object")
+        module, argv, env = data.get("module"), data.get("argv"), data.get("env")
+        if module not in MODULES:
+            raise WireError("module %r is not one a zygote child runs" % (module,))
+        if not _strings(argv) or not isinstance(env, dict) or not _strings(list(env)) or not _strings(list(env.values())):
+            raise WireError("argv and env must be strings")
+        cwd, path, umask, stand_in = data.get("cwd"), data.get("path"), data.get("umask"), data.get("stand_in")
+        if not isinstance(cwd, str) or not _strings(path):
+            raise WireError("cwd and path must be strings")
+        if not _small_int(umask, 0, 0o777) or not _small_int(stand_in, -1, 1 << 31):
+            raise WireError("umask or stand_in out of range")
+        return cls(module=str(module), argv=list(argv or ()), env=dict(env), cwd=cwd, path=list(path or ()),
+                   umask=int(umask or 0), stand_in=int(stand_in or 0))
+
+
+def _strings(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(v, str) and "\0" not in v for v in value)
+
+
+def _small_int(value: Any, low: int, high: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
+
+
+def send_request(sock: socket.socket, request: Request, fds: List[int]) -> None:
+    data = request.to_bytes()
+    socket.send_fds(sock, [data[:65536]], fds)
+    if len(data) > 65536:
+        sock.sendall(data[65536:])
+
+
+def recv_request(sock: socket.socket, max_fds: int = 3) -> Tuple[Request, List[int]]:
+    """The request and the descriptors that came with it (the caller owns
+    them, also when this raises ``WireError`` after receiving them)."""
+    first, fds, _flags, _addr = socket.recv_fds(sock, 65536, max_fds)
+    received = list(fds)
+    try:
+        if len(first) < _LENGTH.size:
+            raise WireError("short request")
+        (size,) = _LENGTH.unpack(first[:_LENGTH.size])
+        if size > MAX_REQUEST:
+            raise WireError("a request of %d bytes is over %d" % (size, MAX_REQUEST))
+        body = bytearray(first[_LENGTH.size:])
+        while len(body) < size:
+            more = sock.recv(min(1 << 20, size - len(body)))
+            if not more:
+                raise WireError("the request ended early")
+            body += more
+        if len(body) != size:
+            raise WireError("more than the request")
+        try:
+            data = json.loads(bytes(body))
+        except ValueError as e:
+            raise WireError("not JSON: %s" % e) from None
+        return Request.from_json(data), received
+    except WireError as e:
+        e.fds = received  # type: ignore[attr-defined]
+        raise
+
+
+@dataclass
+class ReplyReader:
+    """The zygote's JSON lines, one at a time; None at the end of the stream."""
+
+    sock: socket.socket
+    _buffer: bytes = field(default=b"")
+
+    def next(self) -> Optional[Dict[str, int]]:
+        while b"\n" not in self._buffer:
+            if len(self._buffer) > MAX_REPLY:
+                raise WireError("a reply line over %d bytes" % MAX_REPLY)
+            chunk = self.sock.recv(MAX_REPLY)
+            if not chunk:
+                return None
+            self._buffer += chunk
+        line, _, self._buffer = self._buffer.partition(b"\n")
+        try:
+            data = json.loads(line)
+        except ValueError:
+            raise WireError("a reply that is not JSON") from None
+        if not isinstance(data, dict) or len(data) != 1:
+            raise WireError("a reply that is not one field")
+        (key, value), = data.items()
+        if key not in ("pid", "exit") or not _small_int(value, -(1 << 31), 1 << 31):
+            raise WireError("a reply of %r" % (key,))
+        return {key: value}
+
+
+def reply(key: str, value: int) -> bytes:
+    return (json.dumps({key: int(value)}) + "\n").encode()

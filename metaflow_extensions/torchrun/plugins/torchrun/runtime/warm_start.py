@@ -1,0 +1,103 @@
+"""A call's warm process on this node (``procs/zygote.py``): started with the
+call, before torchrun, so that ``import torch`` is paid once here instead of
+once in torchrun's agent and once in every rank, and again on every in-step
+restart; stopped with the call.
+
+It runs with torchrun's environment (and ``OMP_NUM_THREADS=1`` where torchrun
+would give the ranks that, since libraries read it as they load). The agent and
+the ranks find it through ``ZYGOTE_ENV``; without it (``METAFLOW_TORCHRUN_WARM_START=0``,
+or a socket path too long for Linux), everything starts fresh as before.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+from typing import Any, Dict, Mapping, Optional
+
+from .. import knob_text
+from ..host import die_with_parent
+from ..launch import ZYGOTE_MODULE
+from ..procs import WARM_START_ENV, ZYGOTE_ENV, ZYGOTE_SOCKET, zygote_log_path
+
+_log = logging.getLogger("metaflow_torchrun")
+# A Unix socket's path holds at most 107 bytes on Linux.
+_MAX_SOCKET_PATH = 107
+
+
+def warm_start(env: Mapping[str, str], strict: bool = False) -> bool:
+    """``METAFLOW_TORCHRUN_WARM_START``: on unless switched off."""
+    text = env.get(WARM_START_ENV)
+    if text is None or not text.strip():
+        return True
+    return knob_text.switch(WARM_START_ENV, text, strict=strict)
+
+
+class WarmStart:
+    """The zygote of one call on this node, or nothing where it is switched off."""
+
+    def __init__(self, workdir: str, log_dir: Optional[str], environ: Mapping[str, str] = os.environ):
+        self.proc: Optional[subprocess.Popen] = None
+        self.path = os.path.join(workdir, ZYGOTE_SOCKET) if workdir else ""
+        self.log_dir = log_dir
+        if not warm_start(environ) or not self.path or len(self.path.encode()) > _MAX_SOCKET_PATH:
+            self.path = ""
+
+    @property
+    def pid(self) -> Optional[int]:
+        return self.proc.pid if self.proc is not None and self.proc.poll() is None else None
+
+    def start(self, env: Mapping[str, str], nproc: int) -> None:
+        """Once per call; the next starts of the ranks (restarts) fork from the same one."""
+        if self.proc is not None or not self.path:
+            return
+        zenv = dict(env)
+        if nproc > 1 and "OMP_NUM_THREADS" not in zenv:
+            zenv["OMP_NUM_THREADS"] = "1"  # torchrun's own choice for its ranks
+        out: Any = subprocess.DEVNULL
+        if self.log_dir:
+            try:
+                out = open(zygote_log_path(self.log_dir), "ab")
+            except OSError:
+                pass
+        try:
+            self.proc = subprocess.Popen([sys.executable, "-u", "-m", ZYGOTE_MODULE, self.path], env=zenv,
+                                         stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                         start_new_session=True, preexec_fn=die_with_parent)
+            _log.debug("the warm process started: pid %d", self.proc.pid)
+        except OSError as e:
+            _log.debug("no warm process: %s", e)
+            self.path = ""
+        finally:
+            if out is not subprocess.DEVNULL:
+                out.close()
+
+    def environment(self, env: Mapping[str, str]) -> Dict[str, str]:
+        """torchrun's environment, pointing its agent and ranks at the zygote."""
+        out = dict(env)
+        if self.proc is not None and self.path:
+            out[ZYGOTE_ENV] = self.path
+        else:
+            out.pop(ZYGOTE_ENV, None)
+        return out
+
+    def close(self) -> None:
+        """It holds nothing worth a grace: the ranks it forked are gone by now."""
+        if self.proc is None:
+            return
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except OSError:
+            pass
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pass
+        if self.path:
+            try:
+                os.unlink(self.path)
+            except OSError:
+                pass

@@ -1,0 +1,228 @@
+"""The node's warm process (procs/zygote.py) and its stand-ins (procs/handoff.py),
+with real processes: one zygote that imports torch, stand-ins started as
+torchrun starts a rank (``python -u -m <bootstrap> SCRIPT``)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+
+import pytest
+
+from metaflow_extensions.torchrun.plugins.torchrun.procs import read_statuses
+from metaflow_extensions.torchrun.plugins.torchrun.procs.names import LABELS_ENV, WORK_DIR_ENV, ZYGOTE_ENV
+from metaflow_extensions.torchrun.plugins.torchrun.procs.zygote_wire import MAX_REQUEST, Request, ReplyReader, send_request
+
+PKG = "metaflow_extensions.torchrun.plugins.torchrun.procs"
+
+SCRIPT = r'''
+import json, os, sys, time
+warm = "torch" in sys.modules
+import numpy
+def link(n):
+    try:
+        return os.readlink("/proc/self/fd/" + n)
+    except OSError:  # the listing's own descriptor
+        return ""
+sockets = [n for n in os.listdir("/proc/self/fd") if link(n).startswith("socket:")]
+umask = os.umask(0); os.umask(umask)
+print(json.dumps({"warm": warm, "argv": sys.argv, "cwd": os.getcwd(), "env": os.environ.get("MARK"),
+                  "zygote_env": os.environ.get("ZYGOTE_NAME"), "path0": sys.path[0], "umask": umask,
+                  "own_session": os.getsid(0) == os.getpid(), "sockets": sockets, "pid": os.getpid(),
+                  "ppid": os.getppid(), "random": float(numpy.random.rand())}), flush=True)
+what = sys.argv[1] if len(sys.argv) > 1 else ""
+if what == "sleep":
+    time.sleep(60)
+if what == "raise":
+    raise ValueError("boom")
+sys.exit(int(what) if what.isdigit() else 0)
+'''.replace("ZYGOTE_NAME", ZYGOTE_ENV)
+
+
+@pytest.fixture(scope="module")
+def zygote():
+    directory = tempfile.mkdtemp(prefix="zyg-")
+    path = os.path.join(directory, "z.sock")
+    proc = subprocess.Popen([sys.executable, "-u", "-m", PKG + ".zygote", path], stdin=subprocess.DEVNULL,
+                            start_new_session=True)
+    deadline = time.monotonic() + 10
+    while not os.path.exists(path) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    yield path, proc
+    proc.kill()
+    proc.wait()
+
+
+@pytest.fixture
+def script(tmp_path):
+    path = tmp_path / "sub" / "s.py"
+    path.parent.mkdir()
+    path.write_text(SCRIPT)
+    return str(path)
+
+
+def _env(zygote_path, **extra):
+    env = dict(os.environ, MARK="m-1", **{LABELS_ENV: "0"})
+    env.pop(WORK_DIR_ENV, None)
+    env.update(extra)
+    if zygote_path:
+        env[ZYGOTE_ENV] = zygote_path
+    return env
+
+
+def _start(script, args, zygote_path, cwd, **extra):
+    return subprocess.Popen([sys.executable, "-u", "-m", PKG + ".bootstrap", script] + list(args),
+                            env=_env(zygote_path, **extra), cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+
+
+def _run(script, args, zygote_path, cwd, **extra):
+    p = _start(script, args, zygote_path, cwd, **extra)
+    out, err = p.communicate(timeout=60)
+    return p.returncode, (json.loads(out.splitlines()[0]) if out.strip() else None), err
+
+
+def _gone(pid, seconds=10.0):
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            with open("/proc/%d/stat" % pid) as f:
+                if f.read().split(") ")[-1].startswith("Z"):
+                    return True
+        except OSError:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_a_forked_rank_is_what_a_fresh_one_would_be_with_torch_already_imported(zygote, script, tmp_path):
+    code, warm, _ = _run(script, ["a b", "--x"], zygote[0], str(tmp_path))
+    code_fresh, fresh, _ = _run(script, ["a b", "--x"], None, str(tmp_path))
+    assert code == code_fresh == 0
+    assert warm["warm"] is True and fresh["warm"] is False
+    same = ("argv", "cwd", "env", "path0", "umask", "own_session", "zygote_env", "sockets")
+    assert {k: warm[k] for k in same} == {k: fresh[k] for k in same}
+    assert warm["argv"] == [script, "a b", "--x"] and warm["path0"] == os.path.dirname(script)
+    assert warm["zygote_env"] is None and warm["sockets"] == [] and warm["own_session"]
+    assert warm["ppid"] == zygote[1].pid  # forked there, not started by the stand-in
+
+
+def test_siblings_do_not_share_numpys_random_stream(zygote, script, tmp_path):
+    draws = [_run(script, [], zygote[0], str(tmp_path))[1]["random"] for _ in range(2)]
+    assert draws[0] != draws[1]
+
+
+def test_the_stand_in_exits_as_its_child_did(zygote, script, tmp_path):
+    assert _run(script, ["7"], zygote[0], str(tmp_path))[0] == 7
+    code, _, err = _run(script, ["raise"], zygote[0], str(tmp_path))
+    assert code == 1 and "ValueError: boom" in err and 'File "%s"' % script in err
+    p = _start(script, ["sleep"], zygote[0], str(tmp_path))
+    child = json.loads(p.stdout.readline())["pid"]
+    p.send_signal(signal.SIGTERM)  # as torchrun stops a worker: the stand-in passes it on
+    assert p.wait(timeout=20) == -signal.SIGTERM
+    assert _gone(child)
+
+
+def test_a_killed_stand_in_takes_its_child_and_the_zygote_completes_the_rank_status(zygote, script, tmp_path):
+    work = tempfile.mkdtemp(prefix="w-", dir=str(tmp_path))
+    p = _start(script, ["sleep"], zygote[0], str(tmp_path), **{WORK_DIR_ENV: work, "RANK": "3", "LOCAL_RANK": "1"})
+    child = json.loads(p.stdout.readline())["pid"]
+    os.kill(child, signal.SIGKILL)  # the rank itself killed: the stand-in reports it
+    assert p.wait(timeout=20) == -signal.SIGKILL
+    status = read_statuses(work)[3]
+    assert status.pid == child and status.exit_code == -signal.SIGKILL and status.end is not None
+    p = _start(script, ["sleep"], zygote[0], str(tmp_path))
+    child = json.loads(p.stdout.readline())["pid"]
+    p.kill()  # torchrun's SIGKILL after its grace reaches only the stand-in
+    p.wait(timeout=20)
+    assert _gone(child)
+
+
+def test_without_a_zygote_the_module_runs_in_the_stand_in(script, tmp_path):
+    code, out, _ = _run(script, ["5"], str(tmp_path / "no.sock"), str(tmp_path))
+    assert code == 5 and out["warm"] is False and out["ppid"] != 1
+
+
+def _raw(path):
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.connect(path)
+    s.settimeout(10)
+    return s
+
+
+@pytest.mark.parametrize("body", [
+    b"not json",
+    json.dumps({"module": "os", "argv": [], "env": {}, "cwd": "/", "path": [], "umask": 18, "stand_in": 1}).encode(),
+    json.dumps({"module": "bootstrap", "argv": [1], "env": {}, "cwd": "/", "path": [], "umask": 18,
+                "stand_in": 1}).encode(),
+    json.dumps({"module": "bootstrap", "argv": [], "env": {"A": "x\u0000y"}, "cwd": "/", "path": [],
+                "umask": 18, "stand_in": 1}).encode(),
+    json.dumps({"module": "bootstrap", "argv": [], "env": {}, "cwd": "/", "path": [], "umask": 4096,
+                "stand_in": 1}).encode(),
+])
+def test_a_bad_request_is_refused_and_the_zygote_serves_on(zygote, script, tmp_path, body):
+    s = _raw(zygote[0])
+    s.sendall(struct.pack("!I", len(body)) + body)
+    assert s.recv(100) == b""  # hung up, nothing forked
+    s.close()
+    assert _run(script, ["3"], zygote[0], str(tmp_path))[0] == 3
+
+
+def test_an_oversized_or_silent_request_is_refused(zygote, script, tmp_path):
+    s = _raw(zygote[0])
+    s.sendall(struct.pack("!I", MAX_REQUEST + 1))
+    assert s.recv(100) == b""
+    s.close()
+    with pytest.raises(ValueError):
+        Request("bootstrap", ["x" * MAX_REQUEST], {}, "/", []).to_bytes()
+
+
+def test_the_zygote_gone_means_the_stand_in_exits_as_killed(script, tmp_path):
+    path = tempfile.mkdtemp(prefix="zyg-") + "/z.sock"
+    zyg = subprocess.Popen([sys.executable, "-u", "-m", PKG + ".zygote", path], start_new_session=True)
+    try:
+        p = _start(script, ["sleep"], path, str(tmp_path))
+        child = json.loads(p.stdout.readline())["pid"]
+        zyg.kill()
+        assert p.wait(timeout=20) == -signal.SIGKILL
+        assert _gone(child)  # its parent-death signal
+    finally:
+        zyg.kill()
+        zyg.wait()
+
+
+def test_the_reply_reader_refuses_what_is_not_a_reply():
+    a, b = socket.socketpair()
+    b.sendall(b'{"pid": 12}\n{"exit": -9}\n{"rm": 1}\n')
+    reader = ReplyReader(a)
+    assert reader.next() == {"pid": 12} and reader.next() == {"exit": -9}
+    with pytest.raises(ValueError):
+        reader.next()
+    b.sendall(b"x" * 5000)
+    with pytest.raises(ValueError):
+        reader.next()
+    a.close(), b.close()
+
+
+def test_a_request_round_trips_with_its_descriptors(tmp_path):
+    from metaflow_extensions.torchrun.plugins.torchrun.procs.zygote_wire import recv_request
+
+    a, b = socket.socketpair()
+    r, w = os.pipe()
+    big = {"K%d" % i: "v" * 100 for i in range(2000)}  # past one datagram's worth
+    sent = Request("agent", ["--nnodes", "2"], big, "/tmp", ["/x"], 0o027, 42)
+    send_request(a, sent, [r, w])
+    got, fds = recv_request(b)
+    assert got == sent and len(fds) == 2
+    os.write(fds[1], b"hi")
+    assert os.read(r, 2) == b"hi"
+    for fd in fds + [r, w]:
+        os.close(fd)
+    a.close(), b.close()
