@@ -17,7 +17,7 @@ coordination costs at scale, and what a restart costs end to end at 2 x 2.
 Results in ``benchmarks/results/restart_scale.json``. A benchmark, not a
 test: nothing here asserts a timing.
 
-    python benchmarks/restart_scale.py [--nodes 1024] [--runs 3] [--flows 3]
+    python benchmarks/restart_scale.py [--nodes 1024] [--runs 3] [--flows 3] [--warm both]
 """
 
 from __future__ import annotations
@@ -103,10 +103,12 @@ def coordination(n: int, workers: int, bound: float) -> Dict[str, Any]:
     return row
 
 
-def one_flow(workdir: str) -> Dict[str, Any]:
-    """One 2 x 2 flow whose rank 3 is SIGKILLed once; the restart's phases."""
+def one_flow(workdir: str, warm: bool = True) -> Dict[str, Any]:
+    """One 2 x 2 flow whose rank 3 is SIGKILLed once; the restart's phases.
+    ``warm``: the ranks forked from the node's warm process (procs/zygote.py),
+    or started fresh (``METAFLOW_TORCHRUN_WARM_START=0``)."""
     out = os.path.join(workdir, "out")
-    env = dict(os.environ, MFTR_TEST_OUT=out, METAFLOW_DATASTORE_SYSROOT_LOCAL=workdir,
+    env = dict(os.environ, MFTR_TEST_OUT=out, METAFLOW_TORCHRUN_WARM_START="1" if warm else "0", METAFLOW_DATASTORE_SYSROOT_LOCAL=workdir,
                METAFLOW_USER=os.environ.get("METAFLOW_USER", "bench"),
                MFTR_TORCHRUN_ATTRS=json.dumps({"restarts": 1}),
                PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
@@ -126,7 +128,7 @@ def one_flow(workdir: str) -> Dict[str, Any]:
     [r] = record["in_step_restarts"]
     failed = r["failed_at"]
     new = [e["script_at"] for e in events if e["restart"] == 1]
-    return {"ok": True, "load_1m": round(load, 2),
+    return {"ok": True, "warm": warm, "load_1m": round(load, 2),
             "control_stopped_s": _since(r.get("stopped_at"), failed),
             "control_new_torchrun_s": _since(r.get("restarted_at"), failed),
             "first_script_line_s": round(min(new) - failed, 3),
@@ -157,6 +159,8 @@ def main(argv: Optional[List[str]] = None) -> None:
     p.add_argument("--workers", type=int, default=8)
     p.add_argument("--bound", type=float, default=60.0, help="seconds any phase may take (60)")
     p.add_argument("--flows", type=int, default=2, help="2 x 2 flows with one restart each (2); 0: none")
+    p.add_argument("--warm", choices=("on", "off", "both"), default="on",
+                   help="ranks forked from the warm process (on), fresh (off), or each flow run both ways (both)")
     p.add_argument("--replace", action="store_true", help="start the results afresh (default: add to them)")
     opts = p.parse_args(argv)
     rows: Dict[str, Any] = {"coordination": [], "flows": []}
@@ -173,13 +177,15 @@ def main(argv: Optional[List[str]] = None) -> None:
             save(rows)
     finally:
         kill_all()
+    modes = {"on": [True], "off": [False], "both": [True, False]}[opts.warm]
     for run in range(opts.flows):
-        with tempfile.TemporaryDirectory(prefix="restart-flow-") as workdir:
-            _say("2 x 2 flow, run %d" % (run + 1))
-            row = dict(stamp, **one_flow(workdir))
-            _say(json.dumps(row))
-            rows["flows"].append(row)
-            save(rows)
+        for warm in modes:  # paired and interleaved where both
+            with tempfile.TemporaryDirectory(prefix="restart-flow-") as workdir:
+                _say("2 x 2 flow, run %d (%s)" % (run + 1, "warm" if warm else "fresh"))
+                row = dict(stamp, **one_flow(workdir, warm))
+                _say(json.dumps(row))
+                rows["flows"].append(row)
+                save(rows)
     print(json.dumps(rows, indent=1))
 
 

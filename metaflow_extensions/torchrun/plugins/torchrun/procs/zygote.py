@@ -35,6 +35,7 @@ import sys
 import time
 from typing import Dict, List, Optional, Tuple
 
+from ..host import die_with_parent
 from .names import WORK_DIR_ENV, ZYGOTE_ENV
 from .zygote_wire import Request, WireError, recv_request, reply
 
@@ -226,6 +227,10 @@ def become(request: Request, fds: List[int]) -> None:
     ``main`` returns; its ``SystemExit`` goes up to the interpreter's exit,
     so ``atexit`` handlers run as in a fresh process."""
     os.setsid()
+    zygote = os.getppid()
+    die_with_parent()  # as a fresh agent dies with its supervisor, and a rank with its agent
+    if os.getppid() != zygote:
+        os._exit(1)  # the zygote went before we asked
     for target, fd in enumerate(fds[:3]):
         os.dup2(fd, target)
     for fd in fds:
