@@ -12,6 +12,7 @@ import struct
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 import pytest
@@ -218,8 +219,10 @@ def test_a_request_round_trips_with_its_descriptors(tmp_path):
     r, w = os.pipe()
     big = {"K%d" % i: "v" * 100 for i in range(2000)}  # past one datagram's worth
     sent = Request("agent", ["--nnodes", "2"], big, "/tmp", ["/x"], 0o027, 42)
-    send_request(a, sent, [r, w])
+    sender = threading.Thread(target=send_request, args=(a, sent, [r, w]))
+    sender.start()  # more than a socket buffer: the other end reads as it comes
     got, fds = recv_request(b)
+    sender.join()
     assert got == sent and len(fds) == 2
     os.write(fds[1], b"hi")
     assert os.read(r, 2) == b"hi"
