@@ -70,6 +70,9 @@ COLLECT_SECONDS = 1.0
 STACKS_QUIET = 0.25
 # A peer's failure (not a preemption): the ranks get this long after SIGTERM.
 PEER_STOP_GRACE = 3.0
+# A node other than 0, its ranks forked warm, waits this long at most for node
+# 0's rendezvous store to listen before it starts its torchrun (host/network.wait_listening).
+STORE_WAIT = 3.0
 # Beyond a graceful stop's grace: the agent's own time to SIGKILL the ranks that
 # did not stop, and to exit.
 AGENT_MARGIN = 2.0

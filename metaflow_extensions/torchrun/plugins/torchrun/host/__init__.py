@@ -29,6 +29,7 @@ __all__ = [
     "is_loopback",
     "open_private",
     "route_to",
+    "wait_listening",
     "say",
     "say_once",
     "tail_lines",
@@ -56,6 +57,7 @@ _HOME = {
     "is_loopback": "network",
     "open_private": "private",
     "route_to": "network",
+    "wait_listening": "network",
     "say": "console",
     "say_once": "console",
     "tail_lines": "private",
@@ -72,7 +74,7 @@ if TYPE_CHECKING:
     from .devices import count_with_torch, cuda_devices, usable_cpus
     from .gpu_usage import GpuUsage
     from .logs import LogKey, retention_policy, where_logs_are
-    from .network import host_name, interfaces, is_loopback, route_to
+    from .network import host_name, interfaces, is_loopback, route_to, wait_listening
     from .private import open_private, tail_lines
     from .proctree import die_with_parent, signal_main_thread
     from .workdirs import CallFiles, work_root

@@ -13,6 +13,7 @@ import ipaddress
 import socket
 import struct
 import os
+import time
 from typing import List, Mapping, Optional, Tuple
 
 from ..procs.names import TEST_HOSTS_ENV
@@ -73,6 +74,27 @@ def route_to(main_addr: str, is_local: bool) -> Tuple[str, Optional[str]]:
     if not is_local and is_loopback(address):
         address = local_address_towards("192.0.2.1") or address
     return address, interface_of(address)
+
+
+def wait_listening(endpoint: str, seconds: float, every: float = 0.01) -> bool:
+    """Whether something listens at ``endpoint`` (``host:port``, ``[v6]:port``)
+    within ``seconds``: a connection made and closed at once, tried every
+    ``every`` s. Why: torch's store client backs off for most of a second
+    after a refused connection, so a node whose torchrun starts before node
+    0's store listens reaches its ranks that much later."""
+    host, _, port = endpoint.rpartition(":")
+    host = host.strip("[]")
+    if not host or not port.isdigit():
+        return False
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            socket.create_connection((host, int(port)), timeout=max(0.05, min(1.0, seconds))).close()
+            return True
+        except OSError:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(every)
 
 
 def interfaces() -> List[Tuple[str, str]]:

@@ -11,7 +11,8 @@ import sys
 from typing import Any, Dict, List, Optional, Tuple
 
 from ..errors import TorchrunInvalidArgument
-from ..host import CallFiles, route_to, say
+from .. import timeouts
+from ..host import CallFiles, route_to, say, wait_listening
 from ..launch import CallPlan, NodeFacts, prepare_launch
 from ..procs import ARGS_FILE, RESTART_ENV, RankFailure, bootstrap, clear_round, entry, functions
 from .restarts import CallRestarts
@@ -80,6 +81,9 @@ class CallLaunch:
             env[RESTART_ENV] = str(restart)
         env = entry.agent_environment(env, self.workdir, entry_path)
         self.warm.start(env, self.plan.nproc if isinstance(self.plan.nproc, int) else 1)  # once, with the first
+        endpoint = _option(self.argv, "rdzv-endpoint")
+        if self.warm.pid and topology.node_index != 0 and endpoint:
+            wait_listening(endpoint, timeouts.STORE_WAIT)  # node 0's store first: no backoff in torch's client
         return self.warm.environment(env)
 
     def _restart(self, decided: Any) -> Dict[str, str]:
@@ -106,3 +110,14 @@ class CallLaunch:
     def _rank_starts(self) -> List[Optional[float]]:
         return [r.start for r in read_rank_records(self.workdir, []) if (r.restart or 0) == self.again.restart] \
             if self.workdir else []
+
+
+def _option(argv: List[str], name: str) -> Optional[str]:
+    """The value torchrun's argv gives option ``name`` (either spelling; the last wins)."""
+    found = None
+    spellings = ("--" + name, "--" + name.replace("-", "_"))
+    for i, arg in enumerate(argv):
+        key, eq, value = arg.partition("=")
+        if key in spellings:
+            found = value if eq else (argv[i + 1] if i + 1 < len(argv) else None)
+    return found
