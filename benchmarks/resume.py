@@ -11,8 +11,8 @@ floors before each round, so that load falls on all alike:
   resumes from epoch 1's checkpoint;
 - ``retry/rank-raise``: a rank of node 1 raises; @retry reruns the gang;
 - ``instep/rank-kill``: a rank of node 1 SIGKILLs itself; the ranks start again
-  inside the same tasks (torchrun's own ``max_restarts=1`` until
-  ``@torchrun(restarts=N)`` lands: one line, ``INSTEP`` in resume_flow.py).
+  inside the same tasks (``@torchrun(restarts=1)``, forked from the node's
+  warm process unless METAFLOW_TORCHRUN_WARM_START=0).
 
 Marks, in seconds from the failure (the failing rank's own note):
 

@@ -18,7 +18,7 @@ SCRIPTS = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__
 CONF = json.loads(os.environ.get("BENCH_RESUME") or "{}")
 # The in-step path: torchrun's own restart until @torchrun(restarts=N) lands;
 # then this one line becomes {"restarts": 1}.
-INSTEP = {"torchrun_args": {"max_restarts": 1}}
+INSTEP = {"restarts": 1}  # the gang restarts the ranks in the same tasks
 TORCHRUN = INSTEP if CONF.get("path") == "instep" else {}
 
 

@@ -10,8 +10,8 @@ from .helpers import output
 SCRIPT = "restart_resume.py"
 
 
-def _run(gang, restarts, **script_args):
-    env = {"MFTR_TORCHRUN_ATTRS": json.dumps({"restarts": restarts})}
+def _run(gang, restarts, env=None, **script_args):
+    env = dict(env or {}, MFTR_TORCHRUN_ATTRS=json.dumps({"restarts": restarts}))
     return gang.run("--script", SCRIPT, "--script-args", json.dumps(script_args), env=env, timeout=400)
 
 
@@ -38,6 +38,8 @@ def test_a_rank_killed_twice_restarts_twice_in_the_same_tasks_and_resumes(gang):
     assert sorted((e["restart"], e["rank"]) for e in events) == [(k, r) for k in range(3) for r in range(4)], events
     # Rank 0 on node 0, ranks in node order, after every restart.
     assert all(e["node"] == e["group_rank"] == e["rank"] // 2 for e in events), events
+    # Every start's ranks were forked from their node's warm process, torch already imported.
+    assert all(e["warm"] for e in events), events
     # The same two Metaflow tasks (one process each) ran every start.
     for node in (0, 1):
         assert len({e["task_pid"] for e in events if e["node"] == node}) == 1, events
@@ -58,9 +60,12 @@ def test_a_rank_killed_twice_restarts_twice_in_the_same_tasks_and_resumes(gang):
 
 
 def test_a_bug_in_the_users_code_is_not_restarted(gang):
-    proc = _run(gang, 2, **{"fail-at": "0", "steps": 2, "bug": True})
+    # And with the warm process switched off, every rank starts fresh: its own import of torch.
+    proc = _run(gang, 2, env={"METAFLOW_TORCHRUN_WARM_START": "0"}, **{"fail-at": "0", "steps": 2, "bug": True})
     text = output(proc)
     assert proc.returncode != 0
     assert "ValueError: a bug in the training loop" in text, text[-5000:]
     assert "restarting" not in text, text[-5000:]
-    assert {e["restart"] for e in _events(gang)} == {0}
+    events = _events(gang)
+    assert {e["restart"] for e in events} == {0} and len(events) == 4, events
+    assert not any(e["warm"] for e in events), events

@@ -7,6 +7,10 @@ import time
 
 STARTED = time.time()  # the script's first line: where a restart's cost ends (benchmarks/restart_scale.py)
 
+import sys  # noqa: E402
+
+WARM = "torch" in sys.modules  # forked from the node's warm process (METAFLOW_TORCHRUN_WARM_START)
+
 import argparse  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
@@ -43,7 +47,7 @@ init()
 with open(os.path.join(out_dir(), "events.jsonl"), "a") as f:
     f.write(json.dumps({"restart": restart, "rank": rank(), "group_rank": int(os.environ["GROUP_RANK"]),
                         "node": int(os.environ["METAFLOW_TORCHRUN_NODE_INDEX"]), "resumed_from": resumed,
-                        "task_pid": task_pid(), "script_at": STARTED}) + "\n")
+                        "task_pid": task_pid(), "script_at": STARTED, "warm": WARM}) + "\n")
 fail_at = {int(x) for x in args.fail_at.split(",") if x}
 for step in range((resumed or 0) + 1, args.steps + 1):
     t = torch.ones(1)
