@@ -50,6 +50,8 @@ class CallStacks:
                    len(self.stacks), len(self.flights), len(asked.asked), self.seconds)
         # At once, not after the stop: the control waits for them only so long.
         self.share(session, index, entered=True)
+        # The other nodes' collecting, begun up to a tick later, finds these ranks alive.
+        time.sleep(max(0.0, began + timeouts.STACKS_HOLD - time.monotonic()))
 
     def share(self, session: Any, index: int, entered: bool) -> None:
         """Once per failed call, even empty: the control waits for every node's.
