@@ -17,6 +17,7 @@ import time
 
 import pytest
 
+from metaflow_extensions.torchrun.plugins.torchrun.host import die_with_parent
 from metaflow_extensions.torchrun.plugins.torchrun.procs import read_statuses
 from metaflow_extensions.torchrun.plugins.torchrun.procs.names import LABELS_ENV, WORK_DIR_ENV, ZYGOTE_ENV
 from metaflow_extensions.torchrun.plugins.torchrun.procs.zygote_wire import MAX_REQUEST, Request, ReplyReader, send_request
@@ -52,7 +53,7 @@ def zygote():
     directory = tempfile.mkdtemp(prefix="zyg-")
     path = os.path.join(directory, "z.sock")
     proc = subprocess.Popen([sys.executable, "-u", "-m", PKG + ".zygote", path], stdin=subprocess.DEVNULL,
-                            start_new_session=True)
+                            start_new_session=True, preexec_fn=die_with_parent)
     deadline = time.monotonic() + 10
     while not os.path.exists(path) and time.monotonic() < deadline:
         time.sleep(0.02)
@@ -187,7 +188,8 @@ def test_an_oversized_or_silent_request_is_refused(zygote, script, tmp_path):
 
 def test_the_zygote_gone_means_the_stand_in_exits_as_killed(script, tmp_path):
     path = tempfile.mkdtemp(prefix="zyg-") + "/z.sock"
-    zyg = subprocess.Popen([sys.executable, "-u", "-m", PKG + ".zygote", path], start_new_session=True)
+    zyg = subprocess.Popen([sys.executable, "-u", "-m", PKG + ".zygote", path], start_new_session=True,
+                           preexec_fn=die_with_parent)
     try:
         p = _start(script, ["sleep"], path, str(tmp_path))
         child = json.loads(p.stdout.readline())["pid"]

@@ -18,6 +18,7 @@ __all__ = [
     "rank_output",
     "step_log_dir",
     "CallFiles",
+    "StepDir",
     "GpuUsage",
     "LogKey",
     "count_with_torch",
@@ -46,6 +47,7 @@ _HOME = {
     "rank_output": "console",
     "step_log_dir": "logs",
     "CallFiles": "workdirs",
+    "StepDir": "workdirs",
     "GpuUsage": "gpu_usage",
     "LogKey": "logs",
     "count_with_torch": "devices",
@@ -77,7 +79,7 @@ if TYPE_CHECKING:
     from .network import host_name, interfaces, is_loopback, route_to, wait_listening
     from .private import open_private, tail_lines
     from .proctree import die_with_parent, signal_main_thread
-    from .workdirs import CallFiles, work_root
+    from .workdirs import CallFiles, StepDir, work_root
 
 if TYPE_CHECKING:
     from . import log, proctree

@@ -78,6 +78,23 @@ class CallFiles:
         self.close()
 
 
+class StepDir:
+    """A private work directory for what outlives one call (the step's warm
+    process and its socket), held "in use" until ``close`` removes it."""
+
+    def __init__(self, base: Optional[str] = None):
+        self.path = make_work_dir(base, prune=False)
+        try:
+            self._lock: Optional[int] = hold_lock(self.path)
+        except BaseException:
+            remove_work_dir(self.path)
+            raise
+
+    def close(self) -> None:
+        remove_work_dir(self.path)
+        release_lock(self._lock)
+        self._lock = None
+
 
 # -- work directories ----------------------------------------------------------------
 

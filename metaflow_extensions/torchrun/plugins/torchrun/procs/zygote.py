@@ -33,7 +33,7 @@ import socket
 import struct
 import sys
 import time
-from typing import Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from ..host import die_with_parent
 from .names import WORK_DIR_ENV, ZYGOTE_ENV
@@ -269,13 +269,23 @@ def _fresh_state() -> None:
             np_random.seed()
         except Exception:
             pass
-    threads = os.environ.get("OMP_NUM_THREADS") or ""
+    tempfile: Any = sys.modules.get("tempfile")
+    if tempfile is not None:
+        tempfile.tempdir = None  # chosen again from this child's TMPDIR (the agent's is the work directory's)
+    threads = (os.environ.get("OMP_NUM_THREADS") or "").strip()
     torch = sys.modules.get("torch")
-    if torch is not None and threads != (_WARMED_THREADS or "") and threads.strip().isdigit() and int(threads) > 0:
-        try:
-            torch.set_num_threads(int(threads))
-        except Exception:
-            pass
+    if torch is None or threads == (_WARMED_THREADS or "").strip():
+        return
+    if threads.isdigit() and int(threads) > 0:
+        count = int(threads)
+    elif not threads:  # the zygote was given 1 for many ranks a node; this torchrun runs one
+        count = len(os.sched_getaffinity(0))
+    else:
+        return
+    try:
+        torch.set_num_threads(count)
+    except Exception:
+        pass
 
 
 def main(argv: List[str]) -> None:

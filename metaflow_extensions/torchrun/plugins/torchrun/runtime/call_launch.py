@@ -50,7 +50,8 @@ class CallLaunch:
         # Private to this user; the work directory goes in record() (workdirs.py).
         self.files = CallFiles(self.session.identity.log_key(self.index), self.node_index, prune_first=False)
         self.workdir, self.log_dir = self.files.work_dir, self.files.log_dir
-        self.warm = WarmStart(self.workdir, self.log_dir)
+        step = getattr(self.session, "warm", None)  # the step's, importing torch since the gang began to form
+        self.warm = step if step is not None and step.pid else WarmStart(self.workdir, self.log_dir)
         plan = self.plan
         if plan.function is not None:
             try:
@@ -102,8 +103,9 @@ class CallLaunch:
         return self._launch_environment()
 
     def release(self) -> None:
-        """The warm process and the work directory go, whatever happened."""
-        self.warm.close()
+        """The call's own warm process (not the step's) and the work directory go, whatever happened."""
+        if self.warm is not getattr(self.session, "warm", None):
+            self.warm.close()
         if self.files is not None:
             self.files.close()
 

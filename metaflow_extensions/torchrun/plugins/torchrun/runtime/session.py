@@ -40,6 +40,7 @@ from ..gang import GangIdentity
 from ..gang import JobRecord, ProgressRecord
 from ..launch import StepDefaults
 from .result import TorchrunResult
+from .warm_start import WarmStart
 from ..gang import Topology
 from .. import defaults as DEFAULTS
 from .. import knob_text
@@ -120,6 +121,7 @@ class GangSession:
         # and what the control keeps of the gang's.
         self.preflight_source: Optional[Callable[[], Any]] = None
         self.preflight = PreflightState()
+        self.warm: Optional[WarmStart] = None  # the node's warm process (warm_start.py)
 
     @property
     def cause(self) -> Optional[Cause]:
@@ -132,6 +134,8 @@ class GangSession:
     # -- join ------------------------------------------------------------------
 
     def join(self) -> None:
+        self.warm = WarmStart.for_step()
+        self.warm.start(os.environ, self.defaults.derived_nproc or _int_or(self.defaults.nproc_per_node, 2))
         ports = self.topology.ports
         if self.is_control:
             assert isinstance(self.secret, bytes), "the control holds the gang's secret itself"
@@ -300,6 +304,8 @@ class GangSession:
             return
         self._closed = True
         with _timed("node %d: closing the gang (the control lingers after a failure)" % self.topology.node_index):
+            if self.warm is not None:
+                self.warm.close()
             if self.client is not None:
                 self.client.close()
             if self.server is not None:
@@ -404,6 +410,10 @@ def straggler_seconds(env: Optional[Mapping[str, str]] = None, strict: bool = Fa
     env = os.environ if env is None else env
     return knob_text.number(STRAGGLER_SECONDS_ENV, env.get(STRAGGLER_SECONDS_ENV), DEFAULTS.STRAGGLER_SECONDS,
                             strict=strict)
+
+
+def _int_or(value: Any, default: int) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else default
 
 
 def bind_host(topology: Topology) -> str:

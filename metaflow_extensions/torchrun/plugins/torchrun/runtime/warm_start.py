@@ -1,12 +1,14 @@
-"""A call's warm process on this node (``procs/zygote.py``): started with the
-call, before torchrun, so that ``import torch`` is paid once here instead of
-once in torchrun's agent and once in every rank, and again on every in-step
-restart; stopped with the call.
+"""The step's warm process on this node (``procs/zygote.py``): started as the
+step joins its gang, so that ``import torch`` is paid once here, while the gang
+forms, instead of once in torchrun's agent and once in every rank of every call,
+and again on every in-step restart; stopped with the step.
 
-It runs with torchrun's environment (and ``OMP_NUM_THREADS=1`` where torchrun
-would give the ranks that, since libraries read it as they load). The agent and
-the ranks find it through ``ZYGOTE_ENV``; without it (``METAFLOW_TORCHRUN_WARM_START=0``,
-or a socket path too long for Linux), everything starts fresh as before.
+It runs with the task's environment (and ``OMP_NUM_THREADS=1`` where torchrun
+would give the ranks that, since libraries read it as they load; a child whose
+torchrun did not set it gets torch's default back). The agent and the ranks
+find it through ``ZYGOTE_ENV``; without it (``METAFLOW_TORCHRUN_WARM_START=0``,
+or a socket path too long for Linux), everything starts fresh as before. A call
+whose step has none (0.2's launcher) starts its own (``WarmStart(workdir)``).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import sys
 from typing import Any, Dict, Mapping, Optional
 
 from .. import knob_text
-from ..host import die_with_parent
+from ..host import StepDir, die_with_parent
 from ..launch import ZYGOTE_MODULE
 from ..procs import WARM_START_ENV, ZYGOTE_ENV, ZYGOTE_SOCKET, zygote_log_path
 
@@ -39,12 +41,26 @@ def warm_start(env: Mapping[str, str], strict: bool = False) -> bool:
 class WarmStart:
     """The zygote of one call on this node, or nothing where it is switched off."""
 
-    def __init__(self, workdir: str, log_dir: Optional[str], environ: Mapping[str, str] = os.environ):
+    def __init__(self, workdir: str, log_dir: Optional[str], environ: Mapping[str, str] = os.environ,
+                 owned: Optional[StepDir] = None):
         self.proc: Optional[subprocess.Popen] = None
+        self._dir = owned  # removed with the process
         self.path = os.path.join(workdir, ZYGOTE_SOCKET) if workdir else ""
         self.log_dir = log_dir
         if not warm_start(environ) or not self.path or len(self.path.encode()) > _MAX_SOCKET_PATH:
             self.path = ""
+
+    @classmethod
+    def for_step(cls, environ: Mapping[str, str] = os.environ) -> "WarmStart":
+        """In a directory of its own, which goes with it."""
+        if not warm_start(environ):
+            return cls("", None, environ)
+        try:
+            directory = StepDir()
+        except OSError as e:
+            _log.debug("no warm process: %s", e)
+            return cls("", None, environ)
+        return cls(directory.path, directory.path, environ, owned=directory)
 
     @property
     def pid(self) -> Optional[int]:
@@ -86,18 +102,20 @@ class WarmStart:
 
     def close(self) -> None:
         """It holds nothing worth a grace: the ranks it forked are gone by now."""
-        if self.proc is None:
-            return
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except OSError:
-            pass
-        try:
-            self.proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            pass
-        if self.path:
+        if self.proc is not None and self.proc.returncode is None:
             try:
-                os.unlink(self.path)
+                os.killpg(self.proc.pid, signal.SIGKILL)
             except OSError:
                 pass
+            try:
+                self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                pass
+            if self.path:
+                try:
+                    os.unlink(self.path)
+                except OSError:
+                    pass
+        if self._dir is not None:
+            self._dir.close()
+            self._dir = None
