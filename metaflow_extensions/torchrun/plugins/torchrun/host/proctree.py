@@ -13,6 +13,7 @@ import ctypes
 import errno
 import os
 import signal
+import subprocess
 import time
 from typing import Dict, Iterable, List, Optional, Set, Tuple
 
@@ -136,6 +137,19 @@ def signal_main_thread(pid: int, sig: int) -> None:
         if err in (errno.ESRCH, errno.EPERM):
             raise OSError(err, os.strerror(err))
     os.kill(pid, sig)
+
+
+def kill_group(proc: "subprocess.Popen", timeout: float = 5.0) -> None:
+    """SIGKILL the process group ``proc`` leads (started with its own session)
+    and reap it, waiting at most ``timeout``."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except OSError:
+        pass
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        pass
 
 
 def die_with_parent(sig: int = signal.SIGKILL) -> bool:

@@ -336,14 +336,7 @@ class Supervisor:
             return
         if self.proc.poll() is None:
             self._track()
-            try:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            except OSError:
-                pass
-        try:
-            self.proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            pass
+            proctree.kill_group(self.proc)
         deadline = time.monotonic() + drain_seconds
         for t in self._pumps:
             t.join(timeout=max(0.0, deadline - time.monotonic()))

@@ -15,13 +15,12 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
 import subprocess
 import sys
 from typing import Any, Dict, Mapping, Optional
 
 from .. import knob_text
-from ..host import StepDir, die_with_parent
+from ..host import StepDir, die_with_parent, kill_group
 from ..launch import ZYGOTE_MODULE
 from ..procs import WARM_START_ENV, ZYGOTE_ENV, ZYGOTE_SOCKET, zygote_log_path
 
@@ -103,14 +102,7 @@ class WarmStart:
     def close(self) -> None:
         """It holds nothing worth a grace: the ranks it forked are gone by now."""
         if self.proc is not None and self.proc.returncode is None:
-            try:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            except OSError:
-                pass
-            try:
-                self.proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                pass
+            kill_group(self.proc)
             if self.path:
                 try:
                     os.unlink(self.path)
