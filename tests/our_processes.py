@@ -22,7 +22,8 @@ from typing import Dict, List, Optional, Sequence
 
 from metaflow.unbounded_foreach import UBF_CONTROL, UBF_TASK
 
-from metaflow_extensions.torchrun.plugins.torchrun.launch.command import AGENT_MODULE, BOOTSTRAP_MODULE
+from metaflow_extensions.torchrun.plugins.torchrun.launch.command import AGENT_MODULE, BOOTSTRAP_MODULE, ZYGOTE_MODULE
+from metaflow_extensions.torchrun.plugins.torchrun.procs.names import ZYGOTE_NAME, ZYGOTE_PID_SUFFIX
 
 TOKEN_VAR = "MFTR_TEST_TOKEN"
 # A node's torchrun: its agent and the ranks the agent starts.
@@ -137,6 +138,42 @@ def descendants(root: int) -> List[int]:
             out.append(child)
             stack.append(child)
     return out
+
+
+def _name(pid: int) -> bytes:
+    try:
+        with open("/proc/%d/comm" % pid, "rb") as f:
+            return f.read().strip()
+    except OSError:
+        return b""
+
+
+def node_processes(task: int) -> List[int]:
+    """A local node's processes, as a host would hold them: its task's tree,
+    with its warm process's when that was forked from the control's
+    (runtime/warm_start.py), and without another node's below its own."""
+    mine = [p for p in descendants(task)]
+    forked = {p for p in mine if _name(p) == ZYGOTE_NAME and _name(_parent(p)) == ZYGOTE_NAME}
+    for p in forked:
+        mine = [q for q in mine if q != p and q not in descendants(p)]
+    for p in list(mine):
+        args = argv(p)
+        if ZYGOTE_MODULE in args and args[-1] != ZYGOTE_MODULE:
+            try:
+                with open(args[-1] + ZYGOTE_PID_SUFFIX) as f:
+                    warm = int(f.read())
+            except (OSError, ValueError):
+                continue
+            mine += [warm] + descendants(warm)
+    return mine
+
+
+def _parent(pid: int) -> int:
+    try:
+        with open("/proc/%d/stat" % pid, "rb") as f:
+            return int(f.read().rsplit(b")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return 0
 
 
 def is_node_task(pid: int, control: bool) -> bool:

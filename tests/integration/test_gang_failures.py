@@ -14,7 +14,7 @@ import signal
 import time
 
 import pytest
-from our_processes import descendants, node_tasks
+from our_processes import node_processes, node_tasks
 
 from .helpers import check_failure_screen, output
 
@@ -98,7 +98,7 @@ def test_node_task_sigkilled_stops_the_gang(gang):
 def test_frozen_node_is_detected_by_heartbeat(gang):
     def freeze(p):
         task = _node_task(p.pid, 1)
-        for pid in [task] + descendants(task):
+        for pid in [task] + node_processes(task):
             os.kill(pid, signal.SIGSTOP)
 
     code, text, took = _run_and_inject(gang, freeze, env=_attrs(heartbeat_timeout=6))

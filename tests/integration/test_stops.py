@@ -11,7 +11,7 @@ import socket
 import time
 
 import pytest
-from our_processes import descendants
+from our_processes import node_processes
 
 from metaflow_extensions.torchrun.plugins.torchrun.procs import numbers
 
@@ -65,9 +65,9 @@ def test_a_rank_stuck_in_a_collective_shows_where_when_the_control_freezes(gang)
         time.sleep(1)  # rank 2 is in its all-reduce by now
         control = _node_task(proc.pid, 0)
         node1 = _node_task(proc.pid, 1)
-        spared = {node1, *descendants(node1)}
+        spared = {node1, *node_processes(node1)}
         # Node 0 freezes: its task and its own ranks, not node 1 (its child here).
-        frozen = [control] + [p for p in descendants(control) if p not in spared]
+        frozen = [control] + [p for p in node_processes(control) if p not in spared]
         for pid in frozen:
             os.kill(pid, signal.SIGSTOP)
         time.sleep(9)  # past heartbeat_timeout (5 s): node 1 has stopped its ranks

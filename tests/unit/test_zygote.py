@@ -17,9 +17,10 @@ import time
 
 import pytest
 
-from metaflow_extensions.torchrun.plugins.torchrun.host import die_with_parent
+from metaflow_extensions.torchrun.plugins.torchrun.host import die_with_parent, proctree
 from metaflow_extensions.torchrun.plugins.torchrun.procs import read_statuses
-from metaflow_extensions.torchrun.plugins.torchrun.procs.names import LABELS_ENV, WORK_DIR_ENV, ZYGOTE_ENV
+from metaflow_extensions.torchrun.plugins.torchrun.procs.names import (LABELS_ENV, WORK_DIR_ENV, ZYGOTE_ENV, ZYGOTE_NAME,
+                                                                       ZYGOTE_PID_SUFFIX)
 from metaflow_extensions.torchrun.plugins.torchrun.procs.zygote_wire import MAX_REQUEST, Request, ReplyReader, send_request
 
 PKG = "metaflow_extensions.torchrun.plugins.torchrun.procs"
@@ -38,7 +39,8 @@ umask = os.umask(0); os.umask(umask)
 print(json.dumps({"warm": warm, "argv": sys.argv, "cwd": os.getcwd(), "env": os.environ.get("MARK"),
                   "zygote_env": os.environ.get("ZYGOTE_NAME"), "path0": sys.path[0], "umask": umask,
                   "own_session": os.getsid(0) == os.getpid(), "sockets": sockets, "pid": os.getpid(),
-                  "ppid": os.getppid(), "random": float(numpy.random.rand())}), flush=True)
+                  "ppid": os.getppid(), "random": float(numpy.random.rand()),
+                  "name": open("/proc/self/comm").read().strip()}), flush=True)
 what = sys.argv[1] if len(sys.argv) > 1 else ""
 if what == "sleep":
     time.sleep(60)
@@ -109,7 +111,7 @@ def test_a_forked_rank_is_what_a_fresh_one_would_be_with_torch_already_imported(
     code_fresh, fresh, _ = _run(script, ["a b", "--x"], None, str(tmp_path))
     assert code == code_fresh == 0
     assert warm["warm"] is True and fresh["warm"] is False
-    same = ("argv", "cwd", "env", "path0", "umask", "own_session", "zygote_env", "sockets")
+    same = ("argv", "cwd", "env", "path0", "umask", "own_session", "zygote_env", "sockets", "name")
     assert {k: warm[k] for k in same} == {k: fresh[k] for k in same}
     assert warm["argv"] == [script, "a b", "--x"] and warm["path0"] == os.path.dirname(script)
     assert warm["zygote_env"] is None and warm["sockets"] == [] and warm["own_session"]
@@ -231,3 +233,61 @@ def test_a_request_round_trips_with_its_descriptors(tmp_path):
     for fd in fds + [r, w]:
         os.close(fd)
     a.close(), b.close()
+
+
+def _start_zygote(path, host_path):
+    env = dict(os.environ)
+    env.pop(ZYGOTE_ENV, None)
+    if host_path:
+        env[ZYGOTE_ENV] = host_path
+    return subprocess.Popen([sys.executable, "-u", "-m", PKG + ".zygote", path], env=env, stdin=subprocess.DEVNULL,
+                            start_new_session=True, preexec_fn=die_with_parent)
+
+
+def _wait_for(path, seconds=30.0):
+    deadline = time.monotonic() + seconds
+    while not os.path.exists(path):
+        assert time.monotonic() < deadline, path
+        time.sleep(0.02)
+
+
+def test_a_nodes_zygote_forked_from_the_hosts_serves_warm_and_is_that_nodes_alone(zygote, script, tmp_path):
+    """A local run's other nodes: their warm process is forked from the
+    control's, torch imported once on the host. What it forks is its node's:
+    the host zygote's own node does not count it (``not_below``)."""
+    host_path, host = zygote
+    path = tempfile.mkdtemp(prefix="zyg-") + "/z.sock"
+    stand_in = _start_zygote(path, host_path)
+    try:
+        _wait_for(path + ZYGOTE_PID_SUFFIX)
+        forked = int(open(path + ZYGOTE_PID_SUFFIX).read())
+        assert forked != stand_in.pid and proctree._stat(forked)[0] == host.pid
+        assert proctree.process_name(forked) == ZYGOTE_NAME == proctree.process_name(host.pid)
+        code, rank, _ = _run(script, ["0"], path, str(tmp_path))
+        assert code == 0 and rank["warm"] and rank["ppid"] == forked
+        assert rank["name"] != ZYGOTE_NAME.decode()  # named as a fresh process is
+        p = _start(script, ["sleep"], path, str(tmp_path))
+        sleeper = json.loads(p.stdout.readline())["pid"]
+        mine = {pid for pid, _ in proctree.descendants(forked, not_below=ZYGOTE_NAME)}
+        hosts = {pid for pid, _ in proctree.descendants(host.pid, not_below=ZYGOTE_NAME)}
+        assert sleeper in mine and sleeper not in hosts and forked not in hosts
+        assert sleeper in {pid for pid, _ in proctree.descendants(host.pid)}  # without the rule, the host's node took it
+        stand_in.kill()  # the node's task gone: its warm process and what it forked go too
+        assert _gone(forked) and _gone(sleeper)
+        assert p.wait(timeout=20) == -signal.SIGKILL
+    finally:
+        stand_in.kill()
+        stand_in.wait()
+
+
+def test_with_no_host_zygote_a_nodes_zygote_imports_torch_itself(script, tmp_path):
+    path = tempfile.mkdtemp(prefix="zyg-") + "/z.sock"
+    zyg = _start_zygote(path, path + ".nobody")
+    try:
+        _wait_for(path)
+        code, rank, _ = _run(script, ["0"], path, str(tmp_path))
+        assert code == 0 and rank["warm"] and rank["ppid"] == zyg.pid
+        assert not os.path.exists(path + ZYGOTE_PID_SUFFIX)
+    finally:
+        zyg.kill()
+        zyg.wait()

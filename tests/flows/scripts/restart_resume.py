@@ -37,17 +37,30 @@ if os.path.exists(ckpt):
         resumed = json.load(f)["step"]
 
 
-def task_pid() -> int:
-    """The Metaflow task's pid: the parent of this rank's torchrun agent."""
-    with open("/proc/%d/stat" % os.getppid()) as f:
+def parent_of(pid: int) -> int:
+    with open("/proc/%d/stat" % pid) as f:
         return int(f.read().rsplit(")", 1)[1].split()[1])
+
+
+def task_pid() -> int:
+    """The parent of the process that started this rank: the Metaflow task (a
+    fresh start's agent, or the node's warm process), or on a local run's other
+    nodes the control's warm process, which theirs was forked from."""
+    return parent_of(os.getppid())
+
+
+def host_forked() -> bool:
+    """This node's warm process was forked from another's (a local run's control's)."""
+    with open("/proc/%d/comm" % task_pid()) as f:
+        return f.read().strip() == "mftr-zygote"
 
 
 init()
 with open(os.path.join(out_dir(), "events.jsonl"), "a") as f:
     f.write(json.dumps({"restart": restart, "rank": rank(), "group_rank": int(os.environ["GROUP_RANK"]),
                         "node": int(os.environ["METAFLOW_TORCHRUN_NODE_INDEX"]), "resumed_from": resumed,
-                        "task_pid": task_pid(), "script_at": STARTED, "warm": WARM}) + "\n")
+                        "task_pid": task_pid(), "script_at": STARTED, "warm": WARM,
+                        "host_forked": host_forked()}) + "\n")
 fail_at = {int(x) for x in args.fail_at.split(",") if x}
 for step in range((resumed or 0) + 1, args.steps + 1):
     t = torch.ones(1)

@@ -190,14 +190,14 @@ class TorchrunDecorator(ParallelDecorator):
         self._card = card_of_task(self._card, is_control)
         # `card view <step>` would pick a node without the card: name the control's task.
         self._card_hint = card_view_command(sys.argv[0], run_id, step_name, task_id) if self._card is not None else None
-        if is_control and is_local_runtime(os.environ):
-            prepare_local_nodes(_local_nodes(flow), self._port)
         control_task_id = os.environ.get(CONTROL_TASK_ID_ENV) or (task_id if is_control else None)
         self._identity = GangIdentity(self._flow_name, str(run_id), step_name,
                                       str(control_task_id or local_control_task_id(task_id)), int(retry_count))
         self._secret, self._published = gang_secret.for_task(
             task_datastore._storage_impl, self._identity, knob_environ(), is_control, float(self.attributes["start_timeout"]))
         self._defaults = step_defaults(self._spec)
+        if is_control and is_local_runtime(os.environ):
+            self._warm = prepare_local_nodes(_local_nodes(flow), self._port, self._defaults)
         self._metadata = (metadata, run_id, step_name, task_id)
         self._attempt = ThisAttempt(int(retry_count))
         if is_control and int(retry_count) > 0:
@@ -237,7 +237,7 @@ class TorchrunDecorator(ParallelDecorator):
         session = self._session = self._handle.session = GangSession(
             self._identity, self._defaults, topology, self._flow_dir, secret=self._secret
         )
-        session.card_hint = getattr(self, "_card_hint", None)
+        session.card_hint, session.warm = getattr(self, "_card_hint", None), getattr(self, "_warm", None)
         if self._card is not None and session.is_control:  # the card, refreshed while the ranks report progress
             session.live_card = lambda record: refresh_live(record, self._flow_name)
         return session
@@ -263,8 +263,9 @@ class TorchrunDecorator(ParallelDecorator):
         super().task_finished(
             step_name, flow, graph, is_task_ok, retry_count, max_user_code_retries
         )
-        if self._session is not None:
-            self._session.close()
+        for ending in (self._session, getattr(self, "_warm", None)):  # the warm process: the step's code never ran
+            if ending is not None:
+                ending.close()
         self._published.withdraw()  # also when the step's code never ran
         card_exists = self._card is None or card_ready(self._card)  # None: rendered in _record_result
         if not is_task_ok and self._card is not None:

@@ -24,6 +24,7 @@ __all__ = [
     "count_with_torch",
     "cuda_devices",
     "die_with_parent",
+    "name_this_process",
     "kill_group",
     "signal_main_thread",
     "host_name",
@@ -54,6 +55,7 @@ _HOME = {
     "count_with_torch": "devices",
     "cuda_devices": "devices",
     "die_with_parent": "proctree",
+    "name_this_process": "proctree",
     "kill_group": "proctree",
     "signal_main_thread": "proctree",
     "interfaces": "network",
@@ -80,7 +82,7 @@ if TYPE_CHECKING:
     from .logs import LogKey, retention_policy, where_logs_are
     from .network import host_name, interfaces, is_loopback, route_to, wait_listening
     from .private import open_private, tail_lines
-    from .proctree import die_with_parent, kill_group, signal_main_thread
+    from .proctree import die_with_parent, kill_group, name_this_process, signal_main_thread
     from .workdirs import CallFiles, StepDir, work_root
 
 if TYPE_CHECKING:

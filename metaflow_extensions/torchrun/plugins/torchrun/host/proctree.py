@@ -22,18 +22,19 @@ ProcId = Tuple[int, int]  # (pid, start time in clock ticks since boot)
 _PR_SET_PDEATHSIG = 1
 
 
-def _stat(pid: int) -> Optional[Tuple[int, int]]:
-    """(parent pid, start time) of a live process, None if it is gone."""
+def _stat(pid: int) -> Optional[Tuple[int, int, bytes]]:
+    """(parent pid, start time, name) of a live process, None if it is gone."""
     try:
         with open("/proc/%d/stat" % pid, "rb") as f:
             data = f.read()
     except OSError:
         return None
     # The command name is in parentheses and may itself contain spaces or ')'.
-    rest = data[data.rfind(b")") + 2 :].split()
+    end = data.rfind(b")")
+    rest = data[end + 2 :].split()
     if rest[0] == b"Z":  # a zombie is already dead; it only waits to be reaped
         return None
-    return int(rest[1]), int(rest[19])
+    return int(rest[1]), int(rest[19]), data[data.find(b"(") + 1 : end]
 
 
 def _pids() -> List[int]:
@@ -48,13 +49,15 @@ def process_id(pid: int) -> Optional[ProcId]:
     return (pid, st[1]) if st else None
 
 
-def descendants(root: int, *more: int) -> Set[ProcId]:
+def descendants(root: int, *more: int, not_below: Optional[bytes] = None) -> Set[ProcId]:
     """Every live process below ``root`` (and each of ``more``) in the parent
-    tree, not the roots themselves: one scan of ``/proc``."""
+    tree, not the roots themselves: one scan of ``/proc``. A descendant named
+    ``not_below`` is left out with its own tree (another node's warm process,
+    forked from this node's: its processes are that node's)."""
     children: Dict[int, list] = {}
     for pid in _pids():
         st = _stat(pid)
-        if st is not None:
+        if st is not None and (not_below is None or st[2] != not_below):
             children.setdefault(st[0], []).append((pid, st[1]))
     found: Set[ProcId] = set()
     stack = [root, *more]
@@ -64,6 +67,12 @@ def descendants(root: int, *more: int) -> Set[ProcId]:
                 found.add(child)
                 stack.append(child[0])
     return found
+
+
+def process_name(pid: int) -> Optional[bytes]:
+    """The name Linux shows for a process (``/proc/PID/comm``), None if it is gone."""
+    st = _stat(pid)
+    return st[2] if st else None
 
 
 def children(parent: int) -> List[Tuple[ProcId, List[str]]]:
@@ -150,6 +159,19 @@ def kill_group(proc: "subprocess.Popen", timeout: float = 5.0) -> None:
         proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
         pass
+
+
+_PR_SET_NAME = 15
+
+
+def name_this_process(name: bytes) -> bool:
+    """What ``ps`` and ``/proc/PID/comm`` show for this process (15 bytes at most)."""
+    if _prctl is None:
+        return False
+    try:
+        return _prctl(_PR_SET_NAME, ctypes.c_char_p(name[:15]), 0, 0, 0) == 0
+    except Exception:
+        return False
 
 
 def die_with_parent(sig: int = signal.SIGKILL) -> bool:

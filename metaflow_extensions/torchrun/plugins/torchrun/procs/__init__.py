@@ -23,6 +23,9 @@ __all__ = [
     "zygote_log_path",
     "ZYGOTE_SOCKET",
     "ZYGOTE_ENV",
+    "HOST_ZYGOTE_ENV",
+    "ZYGOTE_NAME",
+    "ZYGOTE_PID_SUFFIX",
     "WARM_START_ENV",
     "ARGS_FILE",
     "Culprits",
@@ -83,6 +86,9 @@ _HOME = {
     "zygote_log_path": "names",
     "ZYGOTE_SOCKET": "names",
     "ZYGOTE_ENV": "names",
+    "HOST_ZYGOTE_ENV": "names",
+    "ZYGOTE_NAME": "names",
+    "ZYGOTE_PID_SUFFIX": "names",
     "WARM_START_ENV": "names",
     "ARGS_FILE": "names",
     "Culprits": "culprit",
@@ -137,7 +143,8 @@ if TYPE_CHECKING:
     from .names import FLIGHT_RECORDER_ENV, KEEP_LOGS_ENV, KEEP_LOGS_HOURS_ENV, MAX_LOG_MB_ENV
     from .names import RESTART_ENV, ARGS_FILE, DEBUG_ENV, PORT_ENV, PROGRESS_ENV, SECRET_ENV, STRAGGLER_RATIO_ENV, STRAGGLER_SECONDS_ENV, USER_KNOBS, conf_key, rank_log_path
     from .names import NODE_HISTORY_ENV, NODE_HISTORY_RUNS_ENV
-    from .names import WARM_START_ENV, ZYGOTE_ENV, ZYGOTE_SOCKET, zygote_log_path
+    from .names import (HOST_ZYGOTE_ENV, WARM_START_ENV, ZYGOTE_ENV, ZYGOTE_NAME, ZYGOTE_PID_SUFFIX, ZYGOTE_SOCKET,
+                        zygote_log_path)
     from .ranges import numbers
     from .stacks import MAX_STACK_BYTES, SUMMARY_PLACES, bound, group
     from .status import RankStatus, StatusError, read_statuses

@@ -57,6 +57,13 @@ RESTART_COUNT_ENV = "TORCHELASTIC_RESTART_COUNT"
 # The node's warm process's socket (procs/zygote.py): torchrun's agent and the
 # ranks hand their start to it (procs/handoff.py). Unset: they start fresh.
 ZYGOTE_ENV = "METAFLOW_TORCHRUN_ZYGOTE"
+# A local run's control's warm process, for the other nodes Metaflow starts on
+# the same host: each node's own warm process is forked from it, so the host
+# imports torch once (runtime/warm_start.py).
+HOST_ZYGOTE_ENV = "METAFLOW_TORCHRUN_HOST_ZYGOTE"
+# What ps and /proc/PID/comm show for a warm process: a node's supervisor does
+# not count another node's warm process, forked from its own, as its own.
+ZYGOTE_NAME = b"mftr-zygote"
 # torch's own, set by the plan.
 SHARE_STORE_OFF_ENV = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
 SHUTDOWN_TIMEOUT_ENV = "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"
@@ -89,6 +96,7 @@ FLIGHT_ASK_SUFFIX = ".flight.fifo"  # where the node asks a rank for its Flight 
 FLIGHT_SUFFIX = ".flight.json"  # and where the rank answers
 LOG_SUFFIX = ".log"  # rank-<R>.<stream>.log in the call's log directory
 ZYGOTE_SOCKET = "zygote.sock"  # the warm process's socket (procs/zygote.py)
+ZYGOTE_PID_SUFFIX = ".pid"  # beside it: the pid of a warm process forked from the host's
 
 
 def rank_file(directory: str, rank: int, suffix: str) -> str:

@@ -21,6 +21,12 @@ stays to forward signals and to exit as its child did. The zygote completes
 a rank's status with its exit the moment it reaps it (``exits.py``), as
 torch's agent would for a rank of its own; a stand-in that goes away takes
 its child with it. Run as ``python -u -m <this module> SOCKET``.
+
+A zygote is itself a module a zygote can fork: where ``ZYGOTE_ENV`` names
+another one (a local run's control's, on the same host), the new one binds its
+socket, hands it over as its stdin, and the child forked there serves it with
+torch already imported. Every zygote is named ``ZYGOTE_NAME``, so a node's
+supervisor leaves a forked one, and what it forks, to its own node.
 """
 
 from __future__ import annotations
@@ -35,13 +41,16 @@ import sys
 import time
 from typing import Any, Dict, List, Optional, Tuple
 
-from ..host import die_with_parent
-from .names import WORK_DIR_ENV, ZYGOTE_ENV
+from ..host import die_with_parent, name_this_process
+from . import handoff
+from .names import WORK_DIR_ENV, ZYGOTE_ENV, ZYGOTE_NAME, ZYGOTE_PID_SUFFIX
 from .zygote_wire import Request, WireError, recv_request, reply
 
 # OMP_NUM_THREADS as the zygote imported torch with it: a child with another value sets its own.
 _WARMED_THREADS: Optional[str] = None
 _REQUEST_SECONDS = 5.0  # a stand-in sends its request as it connects
+# This process's name before it called itself a zygote: its children get it back.
+_FRESH_NAME = b""
 
 
 def listen(path: str) -> socket.socket:
@@ -240,8 +249,10 @@ def become(request: Request, fds: List[int]) -> None:
         signal.signal(sig, signal.SIG_IGN if sig in (signal.SIGPIPE, signal.SIGXFSZ) else signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.pthread_sigmask(signal.SIG_SETMASK, [])
+    if request.module != "zygote" and _FRESH_NAME:
+        name_this_process(_FRESH_NAME)  # as `python` started it
     env = dict(request.env)
-    if request.module == "bootstrap":
+    if request.module != "agent":
         env.pop(ZYGOTE_ENV, None)  # the user's code never sees it; an agent passes it on to its ranks
     os.environ.clear()
     os.environ.update(env)
@@ -249,13 +260,12 @@ def become(request: Request, fds: List[int]) -> None:
     os.umask(request.umask)
     sys.path[:] = request.path
     _fresh_state()
-    from . import handoff
-
     handoff.FORKED = True
+    module: Any = sys.modules[__name__]  # a zygote: this module, run as __main__
     if request.module == "bootstrap":
         from . import bootstrap as module
-    else:
-        from . import agent as module  # type: ignore[no-redef]
+    elif request.module == "agent":
+        from . import agent as module
     sys.argv = [module.__file__ or request.module] + list(request.argv)
     module.main(list(request.argv))
 
@@ -289,13 +299,64 @@ def _fresh_state() -> None:
 
 
 def main(argv: List[str]) -> None:
+    global _FRESH_NAME
     if len(argv) != 1:
         sys.stderr.write("usage: python -m %s SOCKET\n" % __name__)
         sys.exit(2)
-    listener = listen(argv[0])
+    if handoff.FORKED:  # forked from another zygote, this socket our stdin
+        listener = _listener_from_stdin()
+        _write_pid(argv[0])
+    else:
+        _FRESH_NAME = _own_name()
+        listener = listen(argv[0])
+        os.dup2(listener.fileno(), 0)
+        if os.environ.get(ZYGOTE_ENV) != argv[0]:
+            handoff.hand_off("zygote", argv)  # returns where no zygote took it: import here
+        _stdin_from_devnull()
+        name_this_process(ZYGOTE_NAME)
     warm()
     request, fds = Server(listener).serve()
     become(request, fds)
+
+
+def _own_name() -> bytes:
+    try:
+        with open("/proc/self/comm", "rb") as f:
+            return f.read().strip()
+    except OSError:
+        return b"python"
+
+
+def _stdin_from_devnull() -> None:
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+
+
+def _listener_from_stdin() -> socket.socket:
+    try:
+        listener = socket.socket(fileno=os.dup(0))
+    except OSError as e:
+        sys.stderr.write("a forked zygote's stdin must be its listening socket: %s\n" % e)
+        sys.exit(2)
+    _stdin_from_devnull()
+    if listener.family != socket.AF_UNIX or listener.type != socket.SOCK_STREAM:
+        sys.stderr.write("a forked zygote's stdin must be a Unix stream socket\n")
+        sys.exit(2)
+    return listener
+
+
+def _write_pid(path: str) -> None:
+    """Where the node that asked for this zygote finds it: its supervisor
+    tracks what it forks (the asking stand-in is not its parent)."""
+    target = path + ZYGOTE_PID_SUFFIX
+    try:
+        fd = os.open(target + ".tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write("%d\n" % os.getpid())
+        os.replace(target + ".tmp", target)
+    except OSError:
+        pass
 
 
 if __name__ == "__main__":

@@ -19,8 +19,9 @@ import struct
 from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
-# What a zygote child may become: the modules of procs/ that torchrun runs.
-MODULES = ("bootstrap", "agent")
+# What a zygote child may become: the modules of procs/ that torchrun runs, and
+# another node's warm process (a local run's nodes share one host).
+MODULES = ("bootstrap", "agent", "zygote")
 MAX_REQUEST = 4 << 20  # an environment of a few MB is already absurd
 MAX_REPLY = 4096
 _LENGTH = struct.Struct("!I")

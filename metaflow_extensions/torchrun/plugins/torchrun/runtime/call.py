@@ -134,7 +134,7 @@ class CallRun(CallLaunch):
             return reason
 
         try:
-            with Supervisor(self.argv, env=env, shutdown_grace=self.session.defaults.shutdown_grace, also_under=self.warm.pid,
+            with Supervisor(self.argv, env=env, shutdown_grace=self.session.defaults.shutdown_grace, also_under=lambda: self.warm.pid,
                             before_stop=lambda: self.where.collect(self.session, self.index, self.supervisor, self.workdir), on_told=gang_stop.told) as sup, \
                     GpuUsage(os.environ, every=client.config.progress_send) as gpus:  # asked as often as it is sent
                 self.supervisor = sup

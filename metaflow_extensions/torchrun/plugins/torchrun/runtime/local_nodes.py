@@ -13,6 +13,8 @@ from typing import Any, List, Optional, Set
 from ..errors import TorchrunException
 from ..gang import CONTROL_TASK_ID_ENV, LOCAL_PORT_ENV, find_free_port
 from ..host import proctree
+from ..launch import StepDefaults
+from .warm_start import WarmStart
 
 
 def name_local_control(env: Any, task_id: Any) -> None:
@@ -25,17 +27,22 @@ def name_local_control(env: Any, task_id: Any) -> None:
         env[CONTROL_TASK_ID_ENV] = str(task_id)
 
 
-def prepare_local_nodes(num_nodes: int, pinned_port: Optional[int]) -> None:
+def prepare_local_nodes(num_nodes: int, pinned_port: Optional[int], defaults: StepDefaults) -> Optional[WarmStart]:
     """On a local run's control, before Metaflow starts the other nodes from
     this process (they inherit its environment): their Python is checked now,
-    so the step fails at once rather than at start_timeout, and they are given
-    the gang's port unless the step pinned one."""
+    so the step fails at once rather than at start_timeout; they are given
+    the gang's port unless the step pinned one; and the control's warm process
+    starts now, for theirs to be forked from it (the session closes it)."""
+    warm = None
     if num_nodes > 1:
         problem = worker_python_problem(os.environ.get("PATH", os.defpath), sys.executable)
         if problem:
             raise TorchrunException(problem)
+        warm = WarmStart.started_for_step(defaults)
+        warm.share_with_local_nodes()
     if pinned_port is None:
         os.environ[LOCAL_PORT_ENV] = str(find_free_port())
+    return warm
 
 
 def stop_local_nodes(settle: float = 10.0, grace: float = 3.0) -> "threading.Thread":

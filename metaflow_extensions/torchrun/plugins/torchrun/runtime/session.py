@@ -134,8 +134,8 @@ class GangSession:
     # -- join ------------------------------------------------------------------
 
     def join(self) -> None:
-        self.warm = WarmStart.for_step()
-        self.warm.start(os.environ, self.defaults.derived_nproc or _int_or(self.defaults.nproc_per_node, 2))
+        if self.warm is None:  # a local run's control started its own before Metaflow started its nodes
+            self.warm = WarmStart.started_for_step(self.defaults)
         ports = self.topology.ports
         if self.is_control:
             assert isinstance(self.secret, bytes), "the control holds the gang's secret itself"
@@ -410,10 +410,6 @@ def straggler_seconds(env: Optional[Mapping[str, str]] = None, strict: bool = Fa
     env = os.environ if env is None else env
     return knob_text.number(STRAGGLER_SECONDS_ENV, env.get(STRAGGLER_SECONDS_ENV), DEFAULTS.STRAGGLER_SECONDS,
                             strict=strict)
-
-
-def _int_or(value: Any, default: int) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) else default
 
 
 def bind_host(topology: Topology) -> str:

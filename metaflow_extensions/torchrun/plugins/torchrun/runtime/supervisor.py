@@ -18,7 +18,7 @@ import time
 from typing import BinaryIO, Callable, List, Mapping, NamedTuple, Optional, Set, Union
 
 from ..host import log, proctree
-from ..procs import relay
+from ..procs import ZYGOTE_NAME, relay
 from ..host import rank_output
 from ..errors import TorchrunInterrupted
 from .. import timeouts
@@ -134,7 +134,7 @@ class Supervisor:
         shutdown_grace: Optional[float] = None,
         before_stop: Optional[Callable[[], None]] = None,
         on_told: Optional[Callable[[str], None]] = None,
-        also_under: Optional[int] = None,
+        also_under: Optional[Callable[[], Optional[int]]] = None,
     ):
         """``grace_seconds``: how long the ranks get to stop when the job is
         stopped for a failure (elsewhere in the gang, a timeout). ``shutdown_grace``:
@@ -145,7 +145,9 @@ class Supervisor:
         this task told to stop (SIGTERM, Ctrl-C, ``@timeout``) tells the gang
         (runtime/stop.py); without it, SIGTERM raises ``TorchrunInterrupted``.
         ``also_under``: the node's warm process (warm_start.py), whose children
-        are the real agent and ranks: tracked, stopped and killed as the agent's."""
+        are the real agent and ranks: tracked, stopped and killed as the agent's
+        (asked on every look: a warm process forked from the host's is known
+        once it runs). Another node's warm process below it is not this node's."""
         self.argv = list(argv)
         self.env = dict(env) if env is not None else None
         self.cwd = cwd
@@ -215,7 +217,8 @@ class Supervisor:
 
     def _track(self) -> None:
         assert self.proc is not None
-        self._seen |= proctree.descendants(self.proc.pid, *([self.also_under] if self.also_under else []))
+        warm = self.also_under() if self.also_under is not None else None
+        self._seen |= proctree.descendants(self.proc.pid, *([warm] if warm else []), not_below=ZYGOTE_NAME)
         self._tracked_at = time.monotonic()
 
     def _track_now(self) -> bool:

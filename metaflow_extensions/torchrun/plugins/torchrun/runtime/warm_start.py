@@ -3,6 +3,12 @@ step joins its gang, so that ``import torch`` is paid once here, while the gang
 forms, instead of once in torchrun's agent and once in every rank of every call,
 and again on every in-step restart; stopped with the step.
 
+On a local run, every node's tasks are on this host: the control's warm
+process is named to the other nodes Metaflow starts from the control
+(``HOST_ZYGOTE_ENV``), and each of theirs is forked from it, so the host
+imports torch once however many nodes it runs. Its pid, which the node's
+supervisor tracks, is then read from beside its socket.
+
 It runs with the task's environment (and ``OMP_NUM_THREADS=1`` where torchrun
 would give the ranks that, since libraries read it as they load; a child whose
 torchrun did not set it gets torch's default back). The agent and the ranks
@@ -21,8 +27,8 @@ from typing import Any, Dict, Mapping, Optional
 
 from .. import knob_text
 from ..host import StepDir, die_with_parent, kill_group
-from ..launch import ZYGOTE_MODULE
-from ..procs import WARM_START_ENV, ZYGOTE_ENV, ZYGOTE_SOCKET, zygote_log_path
+from ..launch import ZYGOTE_MODULE, StepDefaults
+from ..procs import HOST_ZYGOTE_ENV, WARM_START_ENV, ZYGOTE_ENV, ZYGOTE_PID_SUFFIX, ZYGOTE_SOCKET, zygote_log_path
 
 _log = logging.getLogger("metaflow_torchrun")
 # A Unix socket's path holds at most 107 bytes on Linux.
@@ -43,6 +49,7 @@ class WarmStart:
     def __init__(self, workdir: str, log_dir: Optional[str], environ: Mapping[str, str] = os.environ,
                  owned: Optional[StepDir] = None):
         self.proc: Optional[subprocess.Popen] = None
+        self._forked_pid: Optional[int] = None  # forked from the host's (warm_start above)
         self._dir = owned  # removed with the process
         self.path = os.path.join(workdir, ZYGOTE_SOCKET) if workdir else ""
         self.log_dir = log_dir
@@ -61,15 +68,39 @@ class WarmStart:
             return cls("", None, environ)
         return cls(directory.path, directory.path, environ, owned=directory)
 
+    @classmethod
+    def started_for_step(cls, defaults: StepDefaults, environ: Mapping[str, str] = os.environ) -> "WarmStart":
+        """Started now, importing torch while the step goes on to its gang."""
+        warm = cls.for_step(environ)
+        nproc = defaults.nproc_per_node
+        guess = defaults.derived_nproc or (nproc if isinstance(nproc, int) and not isinstance(nproc, bool) else 2)
+        warm.start(environ, guess)
+        return warm
+
     @property
     def pid(self) -> Optional[int]:
-        return self.proc.pid if self.proc is not None and self.proc.poll() is None else None
+        """The process that forks this node's agent and ranks, while it runs."""
+        if self.proc is None or self.proc.poll() is not None:
+            return None
+        if self._forked_pid is None and self.path:
+            self._forked_pid = _pid_beside(self.path)
+        return self._forked_pid or self.proc.pid
+
+    def share_with_local_nodes(self) -> None:
+        """On a local run's control, before Metaflow starts the other nodes from
+        this process: they fork their warm processes from this one."""
+        if self.proc is not None and self.path:
+            os.environ[HOST_ZYGOTE_ENV] = self.path
 
     def start(self, env: Mapping[str, str], nproc: int) -> None:
         """Once per call; the next starts of the ranks (restarts) fork from the same one."""
         if self.proc is not None or not self.path:
             return
         zenv = dict(env)
+        host = zenv.pop(HOST_ZYGOTE_ENV, "")
+        zenv.pop(ZYGOTE_ENV, None)
+        if host and host != self.path:
+            zenv[ZYGOTE_ENV] = host  # procs/zygote.py: forked there when it answers
         if nproc > 1 and "OMP_NUM_THREADS" not in zenv:
             zenv["OMP_NUM_THREADS"] = "1"  # torchrun's own choice for its ranks
         out: Any = subprocess.DEVNULL
@@ -93,6 +124,7 @@ class WarmStart:
     def environment(self, env: Mapping[str, str]) -> Dict[str, str]:
         """torchrun's environment, pointing its agent and ranks at the zygote."""
         out = dict(env)
+        out.pop(HOST_ZYGOTE_ENV, None)
         if self.proc is not None and self.path:
             out[ZYGOTE_ENV] = self.path
         else:
@@ -111,3 +143,18 @@ class WarmStart:
         if self._dir is not None:
             self._dir.close()
             self._dir = None
+
+
+def _pid_beside(socket_path: str) -> Optional[int]:
+    """The pid a forked warm process wrote beside its socket, in this node's
+    private directory; None until it has."""
+    try:
+        with open(socket_path + ZYGOTE_PID_SUFFIX, "rb") as f:
+            text = f.read(32)
+    except OSError:
+        return None
+    try:
+        pid = int(text.strip())
+    except ValueError:
+        return None
+    return pid if 1 < pid < (1 << 31) else None
