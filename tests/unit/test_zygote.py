@@ -291,3 +291,44 @@ def test_with_no_host_zygote_a_nodes_zygote_imports_torch_itself(script, tmp_pat
     finally:
         zyg.kill()
         zyg.wait()
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="listening as another user takes root")
+def test_a_zygote_of_another_user_is_never_handed_a_start(script, tmp_path):
+    """``ZYGOTE_ENV`` comes from the environment: a socket there that another
+    user listens on gets nothing (not our environment, not our descriptors),
+    and the rank starts fresh."""
+    directory = tempfile.mkdtemp(prefix="zyg-")
+    os.chmod(directory, 0o777)
+    path = os.path.join(directory, "z.sock")
+    report_r, report_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the other user: no exec (this interpreter is under root's home)
+        try:
+            os.setuid(65534)
+            s = socket.socket(socket.AF_UNIX)
+            s.bind(path)
+            s.listen(1)
+            s.settimeout(30)
+            conn, _ = s.accept()
+            conn.settimeout(5)
+            try:
+                got = len(conn.recv(1 << 20))
+            except OSError:
+                got = -1
+            os.write(report_w, b"%d" % got)
+        finally:
+            os._exit(0)
+    os.close(report_w)
+    try:
+        _wait_for(path)
+        code, rank, _ = _run(script, ["0"], path, str(tmp_path))
+        assert code == 0 and not rank["warm"]  # ran in the stand-in itself
+        assert os.read(report_r, 64) == b"0"  # hung up on, sent nothing
+    finally:
+        os.close(report_r)
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+        os.waitpid(pid, 0)

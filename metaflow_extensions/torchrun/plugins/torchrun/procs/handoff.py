@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import struct
 import sys
 import time
 from typing import Mapping, NoReturn, Sequence
@@ -44,6 +45,8 @@ def hand_off(module: str, argv: Sequence[str], environ: Mapping[str, str] = os.e
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         sock.connect(path)
+        if _peer_uid(sock) != os.getuid():
+            raise OSError("the zygote at %s is another user's" % path)  # never hand it our environment
         umask = os.umask(0o022)
         os.umask(umask)
         request = Request(module=module, argv=list(argv), env=dict(environ), cwd=os.getcwd(),
@@ -59,6 +62,11 @@ def hand_off(module: str, argv: Sequence[str], environ: Mapping[str, str] = os.e
     child = first["pid"]
     _forward_signals(child)
     _exit_as(_wait_exit(reader))
+
+
+def _peer_uid(sock: socket.socket) -> int:
+    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    return struct.unpack("3i", creds)[1]
 
 
 def _forward_signals(child: int) -> None:
