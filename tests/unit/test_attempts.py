@@ -158,3 +158,44 @@ def test_the_local_control_task_knows_its_gang_from_its_start(monkeypatch):
     assert cli(UBF_TASK) == {}
     monkeypatch.setenv("METAFLOW_RUNTIME_ENVIRONMENT", "kubernetes")
     assert cli(UBF_CONTROL) == {}
+
+
+def test_the_runtime_starts_one_warm_process_for_the_local_tasks_of_its_run(monkeypatch):
+    """runtime_step_cli, for a control task that runs on this host: the run's
+    warm process, started once, named in the task's environment, stopped as
+    the run finishes. Not for a step with a remote compute decorator, and not
+    with METAFLOW_TORCHRUN_WARM_START=0."""
+    from types import SimpleNamespace
+
+    from metaflow.unbounded_foreach import UBF_CONTROL
+
+    from metaflow_extensions.torchrun.plugins.torchrun.decorator import TorchrunDecorator
+    from metaflow_extensions.torchrun.plugins.torchrun.procs.names import HOST_ZYGOTE_ENV
+    from metaflow_extensions.torchrun.plugins.torchrun.runtime import warm_start
+    from metaflow_extensions.torchrun.plugins.torchrun.spec import REMOTE_COMPUTE
+
+    def cli(runs_here):
+        args = SimpleNamespace(env={}, command_options={},
+                               task=SimpleNamespace(task_id="7", ubf_iter=SimpleNamespace(num_parallel=2)))
+        deco = TorchrunDecorator()
+        deco._spec = SimpleNamespace(runs_here=runs_here)
+        deco.runtime_step_cli(args, 0, 0, UBF_CONTROL)
+        return deco, args.env
+
+    monkeypatch.delenv("METAFLOW_RUNTIME_ENVIRONMENT", raising=False)
+    monkeypatch.delenv("METAFLOW_TORCHRUN_WARM_START", raising=False)
+    assert "kubernetes" in REMOTE_COMPUTE and "batch" in REMOTE_COMPUTE
+    assert HOST_ZYGOTE_ENV not in cli(False)[1]
+    deco, env = cli(True)
+    try:
+        first = warm_start._RUNTIME
+        assert first is not None and first.pid and env[HOST_ZYGOTE_ENV] == first.path
+        assert cli(True)[1][HOST_ZYGOTE_ENV] == first.path and warm_start._RUNTIME is first  # once a run
+    finally:
+        deco.runtime_finished(None)
+    assert warm_start._RUNTIME is None and first.proc is not None and first.proc.poll() is not None
+    monkeypatch.setenv("METAFLOW_TORCHRUN_WARM_START", "0")
+    try:
+        assert HOST_ZYGOTE_ENV not in cli(True)[1]
+    finally:
+        warm_start.close_runtime_warm()

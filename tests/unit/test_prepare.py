@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import tempfile
 
 import pytest
 
@@ -51,6 +52,7 @@ def test_every_setting_of_the_step_is_covered_here():
 @pytest.fixture
 def run(tmp_path, monkeypatch):
     monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setattr(tempfile, "tempdir", None)  # chosen from TMPDIR here, forgotten after: not a later test's
     script = tmp_path / "train.py"
     script.write_text("print('hi')\n")
     defaults = StepDefaults(**CHANGED)

@@ -377,7 +377,7 @@ class TestTracking:
         monkeypatch.setattr(timeouts, "TRACK_EVERY_POLL_FOR", 0.3)
         scans = []
         real = proctree.descendants
-        monkeypatch.setattr(proctree, "descendants", lambda pid: scans.append(pid) or real(pid))
+        monkeypatch.setattr(proctree, "descendants", lambda pid, **kw: scans.append(pid) or real(pid, **kw))
         rc, _, _, _ = run_to_end("import time; time.sleep(3)")  # ~150 polls of 20 ms
         assert rc == 0
         assert 3 <= len(scans) < 40, len(scans)

@@ -298,7 +298,7 @@ def test_a_zygote_of_another_user_is_never_handed_a_start(script, tmp_path):
     """``ZYGOTE_ENV`` comes from the environment: a socket there that another
     user listens on gets nothing (not our environment, not our descriptors),
     and the rank starts fresh."""
-    directory = tempfile.mkdtemp(prefix="zyg-")
+    directory = tempfile.mkdtemp(prefix="zyg-", dir="/tmp")  # where the other user can reach
     os.chmod(directory, 0o777)
     path = os.path.join(directory, "z.sock")
     report_r, report_w = os.pipe()

@@ -44,13 +44,14 @@ def parent_of(pid: int) -> int:
 
 def task_pid() -> int:
     """The parent of the process that started this rank: the Metaflow task (a
-    fresh start's agent, or the node's warm process), or on a local run's other
-    nodes the control's warm process, which theirs was forked from."""
+    fresh start's agent, or the node's warm process), or the warm process the
+    node's own was forked from."""
     return parent_of(os.getppid())
 
 
 def host_forked() -> bool:
-    """This node's warm process was forked from another's (a local run's control's)."""
+    """This node's warm process was forked from another's: the run's (Metaflow's
+    runtime's, for the control), or the control's (a local run's other nodes)."""
     with open("/proc/%d/comm" % task_pid()) as f:
         return f.read().strip() == "mftr-zygote"
 
@@ -60,7 +61,7 @@ with open(os.path.join(out_dir(), "events.jsonl"), "a") as f:
     f.write(json.dumps({"restart": restart, "rank": rank(), "group_rank": int(os.environ["GROUP_RANK"]),
                         "node": int(os.environ["METAFLOW_TORCHRUN_NODE_INDEX"]), "resumed_from": resumed,
                         "task_pid": task_pid(), "script_at": STARTED, "warm": WARM,
-                        "host_forked": host_forked()}) + "\n")
+                        "host_forked": host_forked(), "parent": os.getppid()}) + "\n")
 fail_at = {int(x) for x in args.fail_at.split(",") if x}
 for step in range((resumed or 0) + 1, args.steps + 1):
     t = torch.ones(1)

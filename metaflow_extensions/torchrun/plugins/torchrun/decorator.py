@@ -31,7 +31,7 @@ from .gang import GangIdentity
 from .lint import register_lint_check, require_parallel_entry
 from .host import log, say
 from .settings import export_knobs, knob_environ
-from .runtime import card_of_task, name_local_control, prepare_local_nodes, stop_local_nodes
+from .runtime import card_of_task, close_runtime_warm, name_local_control, prepare_local_nodes, stop_local_nodes
 from .launch import small_shm_warning
 from .runtime import GangSession, ThisAttempt, in_gang, keep_record, knob_problems, read_node_history
 from .gang import CONTROL_TASK_ID_ENV, is_local_runtime, topology_from
@@ -139,9 +139,7 @@ class TorchrunDecorator(ParallelDecorator):
     def step_init(
         self, flow, graph, step_name, decorators, environment, flow_datastore, logger
     ):
-        super().step_init(
-            flow, graph, step_name, decorators, environment, flow_datastore, logger
-        )
+        super().step_init(flow, graph, step_name, decorators, environment, flow_datastore, logger)
         problems = Problems()  # one run, every problem
         problems.check(legacy_notes, self._legacy, say, sys.argv)
         if self._unknown:
@@ -172,7 +170,12 @@ class TorchrunDecorator(ParallelDecorator):
     def runtime_step_cli(self, cli_args, retry_count, max_user_code_retries, ubf_context):
         super().runtime_step_cli(cli_args, retry_count, max_user_code_retries, ubf_context)
         if ubf_context == UBF_CONTROL and is_local_runtime(os.environ):
-            name_local_control(getattr(cli_args, "env", None), cli_args.task.task_id)
+            name_local_control(getattr(cli_args, "env", None), cli_args.task.task_id,
+                               knob_environ() if getattr(self, "_spec", None) and self._spec.runs_here else None)
+
+    def runtime_finished(self, exception):
+        super().runtime_finished(exception)
+        close_runtime_warm()
 
     def task_pre_step(
         self, step_name, task_datastore, metadata, run_id, task_id, flow, graph,
@@ -250,9 +253,7 @@ class TorchrunDecorator(ParallelDecorator):
         self, exception, step_name, flow, graph, retry_count, max_user_code_retries
     ):
         _log.debug("Metaflow's task_exception reached us")  # after the decorators above ours (@checkpoint's end)
-        handled = super().task_exception(
-            exception, step_name, flow, graph, retry_count, max_user_code_retries
-        )
+        handled = super().task_exception(exception, step_name, flow, graph, retry_count, max_user_code_retries)
         self._record_result(flow, retry_count)
         return handled
 
@@ -260,9 +261,7 @@ class TorchrunDecorator(ParallelDecorator):
         self, step_name, flow, graph, is_task_ok, retry_count, max_user_code_retries
     ):
         began = time.monotonic()
-        super().task_finished(
-            step_name, flow, graph, is_task_ok, retry_count, max_user_code_retries
-        )
+        super().task_finished(step_name, flow, graph, is_task_ok, retry_count, max_user_code_retries)
         for ending in (self._session, getattr(self, "_warm", None)):  # the warm process: the step's code never ran
             if ending is not None:
                 ending.close()

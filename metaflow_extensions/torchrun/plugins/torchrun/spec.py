@@ -83,6 +83,8 @@ class StepSpec:
     preflight: str = DEFAULT_PREFLIGHT
     retry_on: Any = None
     restarts: int = DEFAULTS.RESTARTS  # in-step restarts the gang coordinates
+    # No remote compute decorator: on a local run, the step's tasks run on this host.
+    runs_here: bool = True
     # Deprecation lines for 0.2's spellings in torchrun_args: said once, by the launcher.
     notes: Tuple[str, ...] = ()
 
@@ -120,7 +122,12 @@ def read_step_spec(attributes: Mapping[str, Any], decorators: DecoratorSpecs, en
         # Not with torchrun_args' max_restarts (torch's own restart): one or the other.
         restarts=problems.check(validate_restarts, attributes.get("restarts"), torch_restarts) or 0,
         notes=tuple(notes),
+        runs_here=not any(name in REMOTE_COMPUTE for name, _ in decorators),
     )
+
+
+# Step decorators that run a task elsewhere than the runtime's host.
+REMOTE_COMPUTE = ("kubernetes", "batch", "slurm", "nvidia", "nvct", "snowpark")
 
 
 def _given(value: Any, default: Any) -> Any:

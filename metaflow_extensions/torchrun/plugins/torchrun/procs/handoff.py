@@ -50,7 +50,7 @@ def hand_off(module: str, argv: Sequence[str], environ: Mapping[str, str] = os.e
         umask = os.umask(0o022)
         os.umask(umask)
         request = Request(module=module, argv=list(argv), env=dict(environ), cwd=os.getcwd(),
-                          path=list(sys.path), umask=umask, stand_in=os.getpid())
+                          path=list(sys.path), umask=umask, stand_in=os.getpid(), executable=sys.executable)
         send_request(sock, request, [0, 1, 2])
         reader = ReplyReader(sock)
         first = reader.next()

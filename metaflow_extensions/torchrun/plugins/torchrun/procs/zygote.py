@@ -39,7 +39,7 @@ import socket
 import struct
 import sys
 import time
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from ..host import die_with_parent, name_this_process
 from . import handoff
@@ -48,6 +48,10 @@ from .zygote_wire import Request, WireError, recv_request, reply
 
 # OMP_NUM_THREADS as the zygote imported torch with it: a child with another value sets its own.
 _WARMED_THREADS: Optional[str] = None
+# What torch's import may have read from the environment, as this process imported it.
+_IMPORT_ENV: Dict[str, str] = {}
+_IMPORT_PREFIXES = ("TORCH", "PYTORCH", "CUDA", "NCCL", "GLOO", "OMP_", "MKL_", "KMP_", "LD_", "PYTHON")
+_NOT_AT_IMPORT = ("OMP_NUM_THREADS", "PYTHONUNBUFFERED")  # a child sets its own; Metaflow's tasks have it
 _REQUEST_SECONDS = 5.0  # a stand-in sends its request as it connects
 # This process's name before it called itself a zygote: its children get it back.
 _FRESH_NAME = b""
@@ -68,8 +72,9 @@ def listen(path: str) -> socket.socket:
 def warm() -> None:
     """Import what every child imports first. One that cannot be imported is
     left to the child, which fails as a fresh process would, in its own words."""
-    global _WARMED_THREADS
+    global _WARMED_THREADS, _IMPORT_ENV
     _WARMED_THREADS = os.environ.get("OMP_NUM_THREADS")
+    _IMPORT_ENV = import_env(os.environ)
     try:
         import torch  # noqa: F401
         import torch.distributed.run  # noqa: F401  (torchrun's agent)
@@ -81,10 +86,31 @@ def warm() -> None:
     gc.freeze()
 
 
+def import_env(env: Mapping[str, str]) -> Dict[str, str]:
+    return {k: v for k, v in env.items() if k.startswith(_IMPORT_PREFIXES) and k not in _NOT_AT_IMPORT}
+
+
+def refusal(request: Request) -> Optional[str]:
+    """Why this zygote must not fork for ``request``: another interpreter, or a
+    zygote asked for by a task whose environment torch's import could read
+    differently (a step's ``@environment``, ``@pypi``): that one imports its own."""
+    if request.executable != sys.executable:
+        return "another interpreter: %s" % request.executable
+    if request.module == "zygote" and import_env(request.env) != _IMPORT_ENV:
+        return "another environment at import"
+    return None
+
+
 def _same_user(conn: socket.socket) -> bool:
     creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
     _pid, uid, _gid = struct.unpack("3i", creds)
     return uid == os.getuid()
+
+
+class _Refused(WireError):
+    def __init__(self, why: str, fds: List[int]):
+        super().__init__(why)
+        self.fds = fds
 
 
 class Server:
@@ -127,6 +153,9 @@ class Server:
                 raise WireError("a peer of another user")
             conn.settimeout(_REQUEST_SECONDS)
             request, fds = recv_request(conn)
+            why = refusal(request)
+            if why is not None:
+                raise _Refused(why, fds)
         except (OSError, WireError) as e:
             for fd in getattr(e, "fds", fds):
                 os.close(fd)

@@ -43,6 +43,7 @@ class Request:
     path: List[str]  # sys.path as the stand-in's interpreter computed it
     umask: int = 0o022
     stand_in: int = -1  # the pid torchrun (or the supervisor) knows
+    executable: str = ""  # the stand-in's interpreter: a zygote forks only for its own
 
     def to_bytes(self) -> bytes:
         body = json.dumps(asdict(self)).encode()
@@ -64,8 +65,11 @@ class Request:
             raise WireError("cwd and path must be strings")
         if not _small_int(umask, 0, 0o777) or not _small_int(stand_in, -1, 1 << 31):
             raise WireError("umask or stand_in out of range")
+        executable = data.get("executable", "")
+        if not isinstance(executable, str):
+            raise WireError("executable must be a string")
         return cls(module=str(module), argv=list(argv or ()), env=dict(env), cwd=cwd, path=list(path or ()),
-                   umask=int(umask or 0), stand_in=int(stand_in or 0))
+                   umask=int(umask or 0), stand_in=int(stand_in or 0), executable=executable)
 
 
 def _strings(value: Any) -> bool:

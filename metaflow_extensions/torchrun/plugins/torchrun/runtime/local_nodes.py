@@ -8,23 +8,31 @@ import signal
 import subprocess
 import sys
 import threading
-from typing import Any, List, Optional, Set
+from typing import Any, List, Mapping, Optional, Set
 
 from ..errors import TorchrunException
 from ..gang import CONTROL_TASK_ID_ENV, LOCAL_PORT_ENV, find_free_port
 from ..host import proctree
 from ..launch import StepDefaults
-from .warm_start import WarmStart
+from .warm_start import WarmStart, share_runtime_warm
 
 
-def name_local_control(env: Any, task_id: Any) -> None:
-    """The control task's id in the local control's own environment. Metaflow
-    sets it there only inside the step's code, after every task_pre_step:
-    @checkpoint reads it there, and without it the control took an identity
-    of its own while the other nodes took the gang's (two checkpoint lineages
-    per gang). Kubernetes and Batch set it on every node from the start."""
+def name_local_control(env: Any, task_id: Any, warm_knobs: Optional[Mapping[str, str]] = None) -> None:
+    """In Metaflow's runtime, as it starts a local run's control task: the
+    control task's id in that task's own environment, and, when the task runs
+    on this host (``warm_knobs``: the run's knobs), the runtime's warm process
+    for it to fork its own from (warm_start.py), torch imported before the
+    task starts.
+
+    Metaflow sets the id there only inside the step's code, after every
+    task_pre_step: @checkpoint reads it there, and without it the control took
+    an identity of its own while the other nodes took the gang's (two
+    checkpoint lineages per gang). Kubernetes and Batch set it on every node
+    from the start."""
     if isinstance(env, dict):
         env[CONTROL_TASK_ID_ENV] = str(task_id)
+        if warm_knobs is not None:
+            share_runtime_warm(env, warm_knobs)
 
 
 def prepare_local_nodes(num_nodes: int, pinned_port: Optional[int], defaults: StepDefaults) -> Optional[WarmStart]:

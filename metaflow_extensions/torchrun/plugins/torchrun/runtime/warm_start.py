@@ -145,6 +145,30 @@ class WarmStart:
             self._dir = None
 
 
+# Metaflow's runtime's own, on a local run: every local task of the run forks
+# its warm process from it, so a retry's new tasks find torch imported.
+_RUNTIME: Optional[WarmStart] = None
+
+
+def share_runtime_warm(env: Dict[str, str], knobs: Mapping[str, str]) -> None:
+    """In Metaflow's runtime, as it starts a task on this host: started once
+    per run (it dies with the runtime), named in the task's ``env``."""
+    global _RUNTIME
+    if _RUNTIME is None:
+        _RUNTIME = WarmStart.for_step(knobs)
+        _RUNTIME.start({k: v for k, v in os.environ.items() if k != HOST_ZYGOTE_ENV}, 2)
+    if _RUNTIME.pid:
+        env[HOST_ZYGOTE_ENV] = _RUNTIME.path
+
+
+def close_runtime_warm() -> None:
+    """As Metaflow's runtime finishes the run."""
+    global _RUNTIME
+    if _RUNTIME is not None:
+        _RUNTIME.close()
+        _RUNTIME = None
+
+
 def _pid_beside(socket_path: str) -> Optional[int]:
     """The pid a forked warm process wrote beside its socket, in this node's
     private directory; None until it has."""
