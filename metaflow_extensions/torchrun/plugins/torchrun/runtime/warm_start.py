@@ -3,11 +3,12 @@ step joins its gang, so that ``import torch`` is paid once here, while the gang
 forms, instead of once in torchrun's agent and once in every rank of every call,
 and again on every in-step restart; stopped with the step.
 
-On a local run, every node's tasks are on this host: the control's warm
-process is named to the other nodes Metaflow starts from the control
-(``HOST_ZYGOTE_ENV``), and each of theirs is forked from it, so the host
-imports torch once however many nodes it runs. Its pid, which the node's
-supervisor tracks, is then read from beside its socket.
+On a local run, every task is on this host: Metaflow's runtime holds one warm
+process for the run (``share_runtime_warm``), the control's is forked from it,
+and the control's is named to the other nodes Metaflow starts from the control
+(``HOST_ZYGOTE_ENV``), each of theirs forked from it. The run imports torch
+once, however many nodes and retries it runs. A forked one's pid, which the
+node's supervisor tracks, is read from beside its socket.
 
 It runs with the task's environment (and ``OMP_NUM_THREADS=1`` where torchrun
 would give the ranks that, since libraries read it as they load; a child whose
