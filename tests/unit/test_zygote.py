@@ -93,6 +93,18 @@ def _run(script, args, zygote_path, cwd, **extra):
     return p.returncode, (json.loads(out.splitlines()[0]) if out.strip() else None), err
 
 
+def _wait_forwarding(pid, seconds=20.0):
+    """Until the stand-in catches SIGTERM: it forwards signals once the zygote told it its child's pid."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        with open("/proc/%d/status" % pid) as f:
+            caught = int(next(line for line in f if line.startswith("SigCgt:")).split()[1], 16)
+        if caught & (1 << (signal.SIGTERM - 1)):
+            return
+        time.sleep(0.01)
+    raise AssertionError("the stand-in never heard its child's pid")
+
+
 def _gone(pid, seconds=10.0):
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
@@ -195,6 +207,7 @@ def test_the_zygote_gone_means_the_stand_in_exits_as_killed(script, tmp_path):
     try:
         p = _start(script, ["sleep"], path, str(tmp_path))
         child = json.loads(p.stdout.readline())["pid"]
+        _wait_forwarding(p.pid)  # the stand-in has its child's pid: killed before, it would run the script itself
         zyg.kill()
         assert p.wait(timeout=20) == -signal.SIGKILL
         assert _gone(child)  # its parent-death signal

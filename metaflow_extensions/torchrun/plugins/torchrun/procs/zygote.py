@@ -157,6 +157,8 @@ class Server:
             if why is not None:
                 raise _Refused(why, fds)
         except (OSError, WireError) as e:
+            if isinstance(e, _Refused):  # the stand-in starts fresh: say why in this zygote's log
+                sys.stderr.write("a start refused, the stand-in starts fresh: %s\n" % e)
             for fd in getattr(e, "fds", fds):
                 os.close(fd)
             conn.close()
