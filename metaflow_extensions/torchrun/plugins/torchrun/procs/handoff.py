@@ -45,7 +45,7 @@ def hand_off(module: str, argv: Sequence[str], environ: Mapping[str, str] = os.e
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         sock.connect(path)
-        if _peer_uid(sock) != os.getuid():
+        if peer_uid(sock) != os.getuid():
             raise OSError("the zygote at %s is another user's" % path)  # never hand it our environment
         umask = os.umask(0o022)
         os.umask(umask)
@@ -64,7 +64,8 @@ def hand_off(module: str, argv: Sequence[str], environ: Mapping[str, str] = os.e
     _exit_as(_wait_exit(reader))
 
 
-def _peer_uid(sock: socket.socket) -> int:
+def peer_uid(sock: socket.socket) -> int:
+    """The uid of the process at the other end of a Unix socket."""
     creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
     return struct.unpack("3i", creds)[1]
 

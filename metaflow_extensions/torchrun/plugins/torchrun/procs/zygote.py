@@ -36,7 +36,6 @@ import os
 import selectors
 import signal
 import socket
-import struct
 import sys
 import time
 from typing import Any, Dict, List, Mapping, Optional, Tuple
@@ -102,9 +101,7 @@ def refusal(request: Request) -> Optional[str]:
 
 
 def _same_user(conn: socket.socket) -> bool:
-    creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    _pid, uid, _gid = struct.unpack("3i", creds)
-    return uid == os.getuid()
+    return handoff.peer_uid(conn) == os.getuid()
 
 
 class _Refused(WireError):
