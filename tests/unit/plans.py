@@ -15,3 +15,13 @@ def node_facts(**changes):
                  flow_dir=None)
     facts.update(changes)
     return NodeFacts(**facts)
+
+
+def agent_environment(base, work_dir, entry_path, **defaults):
+    """torchrun's environment as a call builds it for its agent and ranks
+    (``launch/prepare.rank_environment``), for a call in ``work_dir``."""
+    from metaflow_extensions.torchrun.plugins.torchrun.launch.plan import StepDefaults
+    from metaflow_extensions.torchrun.plugins.torchrun.launch.prepare import rank_environment
+
+    return rank_environment(base, StepDefaults(**defaults), script_plan(),
+                            node_facts(workdir=work_dir, entry_path=entry_path))

@@ -13,6 +13,7 @@ import sys
 import pytest
 
 from metaflow_extensions.torchrun.plugins.torchrun.procs import bootstrap, entry
+from plans import agent_environment
 from metaflow_extensions.torchrun.plugins.torchrun.launch.command import BOOTSTRAP_MODULE, Launch, build_command
 
 # Prefixes of torchrun's own options (issue 13, item 6), its options themselves
@@ -62,13 +63,14 @@ def test_bootstrap_argv(tmp_path):
 
 
 def test_agent_environment_and_the_ranks_tmpdir(tmp_path):
-    env = entry.agent_environment({"TMPDIR": "/scratch", "A": "1"}, str(tmp_path), "/e.json")
+    entry.write_entry(str(tmp_path), ARGV)  # with the agent's TMPDIR beside it
+    env = agent_environment({"TMPDIR": "/scratch", "A": "1"}, str(tmp_path), "/e.json")
     assert env["TMPDIR"] == str(tmp_path / entry.AGENT_TMP) and os.path.isdir(env["TMPDIR"])
     assert env[entry.ENTRY_ENV] == "/e.json" and env["A"] == "1"
     entry.restore_user_tmpdir(env)
     assert env["TMPDIR"] == "/scratch" and entry.ENTRY_ENV not in env
     assert entry.USER_TMPDIR_ENV not in env
-    unset = entry.agent_environment({}, str(tmp_path), "/e.json")
+    unset = agent_environment({}, str(tmp_path), "/e.json")
     entry.restore_user_tmpdir(unset)
     assert "TMPDIR" not in unset
 
@@ -92,7 +94,7 @@ def test_a_rank_runs_the_script_from_the_entry_file(tmp_path):
     base = {k: v for k, v in os.environ.items() if k not in ("RANK", "TORCHELASTIC_ERROR_FILE")}
     base.update({"TMPDIR": str(user_tmp), "REPORT": str(tmp_path / "report.json"),
                  bootstrap.WORK_DIR_ENV: str(work), bootstrap.LABELS_ENV: "0", "RANK": "0"})
-    env = entry.agent_environment(base, str(work), path)
+    env = agent_environment(base, str(work), path, label_logs=False)
     proc = subprocess.run([sys.executable, "-m", BOOTSTRAP_MODULE, path], env=env,
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr

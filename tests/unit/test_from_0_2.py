@@ -5,7 +5,8 @@ import pytest
 
 from metaflow_extensions.torchrun.plugins.torchrun.errors import Problems, TorchrunInvalidArgument, raise_all
 from metaflow_extensions.torchrun.plugins.torchrun.launch import plan
-from metaflow_extensions.torchrun.plugins.torchrun.launch.inputs import refuse_legacy_call, validate_args_as
+from metaflow_extensions.torchrun.plugins.torchrun.launch.inputs import validate_args_as
+from metaflow_extensions.torchrun.plugins.torchrun.launch.plan import refuse_legacy_call
 from metaflow_extensions.torchrun.plugins.torchrun.host import console
 from metaflow_extensions.torchrun.plugins.torchrun.runtime import single_node
 

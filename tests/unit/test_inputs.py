@@ -10,7 +10,7 @@ import zipfile
 
 import pytest
 
-from metaflow_extensions.torchrun.plugins.torchrun.launch import inputs, plan
+from metaflow_extensions.torchrun.plugins.torchrun.launch import command, inputs, plan
 from metaflow_extensions.torchrun.plugins.torchrun.launch.command import encode_args
 from metaflow_extensions.torchrun.plugins.torchrun.launch.options import parse_options
 from metaflow_extensions.torchrun.plugins.torchrun.errors import TorchrunInvalidArgument
@@ -69,14 +69,14 @@ class TestStrThatRaises:
 
 
 class TestNprocBound:
-    @pytest.mark.parametrize("value", [1, 8, inputs.MAX_NPROC_PER_NODE])
+    @pytest.mark.parametrize("value", [1, 8, plan.MAX_NPROC_PER_NODE])
     def test_in_bounds(self, value):
         assert plan.validate_nproc(value, "nproc_per_node") == value
 
-    @pytest.mark.parametrize("value", [inputs.MAX_NPROC_PER_NODE + 1, 10**9, str(10**6)])
+    @pytest.mark.parametrize("value", [plan.MAX_NPROC_PER_NODE + 1, 10**9, str(10**6)])
     def test_above_the_bound(self, value):
         msg = refused(plan.validate_nproc, value, "nproc_per_node")
-        assert "at most %d" % inputs.MAX_NPROC_PER_NODE in msg
+        assert "at most %d" % plan.MAX_NPROC_PER_NODE in msg
 
 
 # -- timeouts -------------------------------------------------------------------------
@@ -246,18 +246,18 @@ class TestArguments:
 
     def test_torchrun_options_too_big_for_exec(self, tmp_path):
         (tmp_path / "t.py").write_text("")
-        huge = {"rdzv_conf": "x=" + "y" * (inputs.MAX_ARG_STRLEN + 10)}
+        huge = {"rdzv_conf": "x=" + "y" * (command.MAX_ARG_STRLEN + 10)}
         msg = refused(plan_call, "t.py", None, 1, huge, StepDefaults(), [str(tmp_path)])
         assert "torchrun_args" in msg
 
     def test_command_and_environment_over_arg_max(self, monkeypatch):
-        monkeypatch.setattr(inputs, "arg_max", lambda: 200_000)
+        monkeypatch.setattr(command, "arg_max", lambda: 200_000)
         options = {"role-%d" % i: "v" * 1000 for i in range(200)}
-        assert "more than this system accepts" in refused(inputs.check_command_size, options, {})
-        inputs.check_command_size({"max-restarts": "3"}, {"HOME": "/root"})
+        assert "more than this system accepts" in refused(command.check_command_size, options, {})
+        command.check_command_size({"max-restarts": "3"}, {"HOME": "/root"})
 
     def test_nul_in_a_torchrun_option(self):
-        assert "NUL" in refused(inputs.check_command_size, {"role": "a\0b"}, {})
+        assert "NUL" in refused(command.check_command_size, {"role": "a\0b"}, {})
 
 
 class TestFunctionArguments:
@@ -290,5 +290,5 @@ class TestNothingLeftBehind:
 
 
 def test_an_environment_variable_too_big_for_exec():
-    msg = refused(inputs.check_command_size, {}, {"BIG": "x" * (inputs.MAX_ARG_STRLEN + 1)})
+    msg = refused(command.check_command_size, {}, {"BIG": "x" * (command.MAX_ARG_STRLEN + 1)})
     assert "BIG" in msg

@@ -14,8 +14,8 @@ from metaflow_extensions.torchrun.plugins.torchrun.errors import (
     GangAborted, TorchrunCallRefused, TorchrunInvalidArgument, did_you_mean, is_refusal)
 from metaflow_extensions.torchrun.plugins.torchrun.gang.identity import GangIdentity
 from metaflow_extensions.torchrun.plugins.torchrun.gang.topology import Topology
-from metaflow_extensions.torchrun.plugins.torchrun.launch import plan as plan_mod
-from metaflow_extensions.torchrun.plugins.torchrun.launch.inputs import refuse_legacy_call
+from metaflow_extensions.torchrun.plugins.torchrun.launch import inputs as inputs_mod
+from metaflow_extensions.torchrun.plugins.torchrun.launch.plan import refuse_legacy_call
 from metaflow_extensions.torchrun.plugins.torchrun.launch.plan import StepDefaults, plan_call, resolve_entrypoint
 from metaflow_extensions.torchrun.plugins.torchrun.launch.resources import nproc_for_keyword
 from metaflow_extensions.torchrun.plugins.torchrun.runtime import nproc as nproc_mod
@@ -49,10 +49,10 @@ class TestEntrypointMessage:
         assert message == "entrypoint 'trian.py' does not exist in %s (did you mean 'train.py'?)." % tmp_path
 
     def test_a_huge_directory_is_listed_only_so_far(self, tmp_path, monkeypatch):
-        monkeypatch.setattr(plan_mod, "LISTED_PER_DIR", 5)
+        monkeypatch.setattr(inputs_mod, "LISTED_PER_DIR", 5)
         for i in range(50):
             (tmp_path / ("f%02d.py" % i)).write_text("")
-        assert len(plan_mod.python_files([str(tmp_path)])) <= 5
+        assert len(inputs_mod.python_files([str(tmp_path)])) <= 5
 
     def test_an_unknown_torchrun_option_suggests_the_real_one(self):
         with pytest.raises(TorchrunInvalidArgument) as info:

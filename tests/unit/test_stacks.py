@@ -12,6 +12,7 @@ import textwrap
 import time
 
 import pytest
+from plans import agent_environment
 from proc_helpers import wait_until
 
 from metaflow_extensions.torchrun.plugins.torchrun.procs import stacks
@@ -329,7 +330,7 @@ def test_the_bootstrap_registers_before_user_code(tmp_path, procs):
     entry_path = entry.write_entry(str(work), [str(script)])
     env = dict(os.environ, RANK="2", LOCAL_RANK="0", PYTHONPATH=PKG_ROOT,
                **{bootstrap.WORK_DIR_ENV: str(work), bootstrap.LABELS_ENV: "0"})
-    env.update(entry.agent_environment(env, str(work), entry_path))
+    env.update(agent_environment(env, str(work), entry_path, label_logs=False))
     p = procs.popen([sys.executable, "-m", bootstrap.__name__, entry_path], env=env, stdout=subprocess.PIPE)
     assert p.stdout.readline().strip() == b"ready"
     time.sleep(0.3)

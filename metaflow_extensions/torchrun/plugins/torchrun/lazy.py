@@ -5,6 +5,7 @@ through theirs, and must not pull in the task's side."""
 from __future__ import annotations
 
 import importlib
+import sys
 from typing import Any, Callable, Mapping, Sequence
 
 
@@ -14,7 +15,10 @@ def names_from(package: str, home: Mapping[str, str], shown: Sequence[str]) -> C
 
     def __getattr__(name: str) -> Any:
         if name in home:
-            return getattr(importlib.import_module("." + home[name], package), name)
+            value = getattr(importlib.import_module("." + home[name], package), name)
+            # Kept in the face: the next use is a plain attribute, not this call.
+            setattr(sys.modules[package], name, value)
+            return value
         if name in shown:
             return importlib.import_module("." + name, package)
         raise AttributeError("module %r has no attribute %r" % (package, name))

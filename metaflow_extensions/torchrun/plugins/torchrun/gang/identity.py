@@ -9,6 +9,7 @@ state of the failed one.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Tuple
 
 from ..host import LogKey
 
@@ -40,6 +41,11 @@ class GangIdentity:
         """torchrun's rendezvous id for the step's ``call_index``-th call of
         ``current.torch.run`` (0-based): each call is its own rendezvous."""
         return "%s-c%d" % (self.gang_id, call_index)
+
+    def call_names(self, call_index: int) -> Tuple[LogKey, str]:
+        """The call's per-rank log directory and its rendezvous id, together:
+        what a node names its share of the call by."""
+        return self.log_key(call_index), self.call_id(call_index)
 
     def log_key(self, call_index: int) -> LogKey:
         """Where the call's per-rank logs go on each host: grouped by run (what

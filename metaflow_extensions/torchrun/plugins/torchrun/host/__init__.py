@@ -19,6 +19,7 @@ __all__ = [
     "step_log_dir",
     "CallFiles",
     "StepDir",
+    "base_dir",
     "GpuUsage",
     "LogKey",
     "count_with_torch",
@@ -50,6 +51,7 @@ _HOME = {
     "step_log_dir": "logs",
     "CallFiles": "workdirs",
     "StepDir": "workdirs",
+    "base_dir": "basedir",
     "GpuUsage": "gpu_usage",
     "LogKey": "logs",
     "count_with_torch": "devices",
@@ -74,6 +76,7 @@ _HOME = {
 }
 
 if TYPE_CHECKING:
+    from .basedir import base_dir
     from .console import rank_output
     from .logs import step_log_dir
     from .console import say, say_once

@@ -20,7 +20,7 @@ import os
 import shutil
 import tempfile
 import time
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 from .basedir import WORK, base_dir
 from .logs import LOGS, LogKey, call_log_dir, prune_other_runs, touch
@@ -34,15 +34,15 @@ class CallFiles:
     run's retention age counts from its last call's end."""
 
     def __init__(self, key: LogKey, node_index: int, base: Optional[str] = None, prune_first: bool = True):
-        self.base = base or base_dir()
+        """``base``: ``base_dir()`` as the step found it; found again if it has gone since."""
         self._key = key
         self._pruned = prune_first
         self.work_dir = ""
         self.log_dir: Optional[str] = None
-        self._run_dir = os.path.join(self.base, LOGS, key.run)
         self._locks: List[int] = []
         try:
-            self.work_dir = make_work_dir(self.base, prune=prune_first)
+            self.base, self.work_dir = _work_dir_under(base, prune_first)
+            self._run_dir = os.path.join(self.base, LOGS, key.run)
             self._locks.append(hold_lock(self.work_dir))
             self.log_dir = call_log_dir(key, node_index, self.base, prune=prune_first)
             if self.log_dir is not None:
@@ -97,6 +97,18 @@ class StepDir:
 
 
 # -- work directories ----------------------------------------------------------------
+
+
+def _work_dir_under(base: Optional[str], prune: bool) -> Tuple[str, str]:
+    """The base and a fresh work directory in it: a base given but gone since
+    (a temporary-file cleaner) is found again, as ``base_dir`` finds it."""
+    if base:
+        try:
+            return base, make_work_dir(base, prune=prune)
+        except FileNotFoundError:
+            pass
+    base = base_dir()
+    return base, make_work_dir(base, prune=prune)
 
 
 def work_root(base: Optional[str] = None) -> str:

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 from dataclasses import dataclass
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
 from .. import defaults as DEFAULTS
 from ..errors import Problems, TorchrunInvalidArgument, shown
@@ -28,6 +29,12 @@ BOOTSTRAP_MODULE = "metaflow_extensions.torchrun.plugins.torchrun.procs.bootstra
 AGENT_MODULE = "metaflow_extensions.torchrun.plugins.torchrun.procs.agent"
 # The node's warm process, which forks the agent and the ranks (procs/zygote.py).
 ZYGOTE_MODULE = "metaflow_extensions.torchrun.plugins.torchrun.procs.zygote"
+
+# Linux: one argument or environment string may be at most 32 pages.
+MAX_ARG_STRLEN = 32 * 4096
+# What @torchrun adds to the command and the environment besides the user's
+# options: its own options and variables, with room to spare.
+COMMAND_MARGIN = 64 * 1024
 
 # torch's c10d rendezvous waits this long by default (join_timeout).
 TORCH_JOIN_TIMEOUT = 600
@@ -117,6 +124,26 @@ def true_keys(args: ArgSpec) -> List[str]:
     return [str(k).lstrip("-") for k, v in args.items() if v is True]
 
 
+@dataclass(frozen=True)
+class EntryArgs:
+    """A script's ``entrypoint_args`` as its argv, with the keys of a dict
+    whose meaning the user may need told: ``None`` (a bare flag, 0.2's
+    deprecated spelling), ``False`` (left out) and ``True`` (a bare flag,
+    named when the script's argparse wanted a value)."""
+
+    argv: List[str]
+    none_keys: Tuple[str, ...] = ()
+    false_keys: Tuple[str, ...] = ()
+    true_keys: Tuple[str, ...] = ()
+
+
+def entry_arguments(args: ArgSpec, style: str = "ours") -> EntryArgs:
+    """``encode_args`` for a script, every item one a command line can hold."""
+    argv = encode_args(args, "entrypoint_args", style)
+    check_arguments(argv)
+    return EntryArgs(argv, tuple(none_keys(args)), tuple(false_keys(args)), tuple(true_keys(args)))
+
+
 def options_to_argv(options: Mapping[str, Any]) -> List[str]:
     argv: List[str] = []
     for name, value in options.items():
@@ -130,6 +157,68 @@ def options_to_argv(options: Mapping[str, Any]) -> List[str]:
         else:
             argv.extend(["--" + name, str(value)])
     return argv
+
+
+# -- what no command line can hold ----------------------------------------------------
+
+
+def check_arguments(argv: Iterable[str], what: str = "entrypoint_args") -> None:
+    """What no command line can hold is refused, as ``python script.py`` would."""
+    for i, token in enumerate(argv):
+        if "\0" in token:
+            raise TorchrunInvalidArgument(
+                "%s: item %d (%s) contains a NUL character, which no command-line "
+                "argument can hold." % (what, i, shown(token[:80]))
+            )
+
+
+def _encoded(token: str, what: str) -> bytes:
+    try:
+        return os.fsencode(token)
+    except UnicodeEncodeError as e:
+        raise TorchrunInvalidArgument("%s: %s cannot be encoded for the command line: %s" % (what, shown(token[:80]), e)) from None
+
+
+def check_command_size(options: Mapping[str, Any], environ: Mapping[str, str]) -> None:
+    """torchrun's command line (its options; the script's arguments travel in
+    a file) and the environment fit what ``exec`` accepts."""
+    argv = options_to_argv(options)
+    total = COMMAND_MARGIN
+    for token in argv:
+        if "\0" in token:
+            raise TorchrunInvalidArgument(
+                "torchrun_args: %r contains a NUL character, which no command-line "
+                "argument can hold." % token[:80]
+            )
+        size = len(_encoded(token, "torchrun_args")) + 1
+        if size > MAX_ARG_STRLEN:
+            raise TorchrunInvalidArgument(
+                "torchrun_args: one value is %d bytes; the system takes at most %d in one "
+                "command-line argument." % (size, MAX_ARG_STRLEN)
+            )
+        total += size + 8  # the pointer to it
+    for key, value in environ.items():
+        size = len(os.fsencode(key)) + len(os.fsencode(value)) + 2
+        if size > MAX_ARG_STRLEN:
+            raise TorchrunInvalidArgument(
+                "the environment variable %s is %d bytes; the system passes at most %d in one "
+                "variable to a new process (torchrun)." % (key, size, MAX_ARG_STRLEN)
+            )
+        total += size + 8
+    limit = arg_max()
+    if total > limit:
+        raise TorchrunInvalidArgument(
+            "torchrun_args: torchrun's command line and environment would take about %d "
+            "bytes, more than this system accepts (%d)." % (total, limit)
+        )
+
+
+def arg_max() -> int:
+    try:
+        value = os.sysconf("SC_ARG_MAX")
+    except (ValueError, OSError, AttributeError):
+        value = -1
+    return value if value and value > 0 else 128 * 1024
 
 
 @dataclass(frozen=True)

@@ -13,14 +13,9 @@ import os
 import pickle
 import stat
 import warnings
-from typing import Any, Iterable, Mapping, Optional, Tuple
+from typing import Any, Iterable, List, Mapping, Optional, Sequence, Tuple
 
-from .command import options_to_argv
-from ..errors import TorchrunInvalidArgument, did_you_mean, raise_all, shown
-
-# More processes than this on one node is a typo (a GPU count in the wrong
-# unit, an extra zero), not a machine: each rank is a Python process with torch.
-MAX_NPROC_PER_NODE = 1024
+from ..errors import TorchrunInvalidArgument, did_you_mean, shown
 
 # A heartbeat is sent every heartbeat_timeout / 10 (at least every 50 ms, at
 # most every second): below a few seconds, a busy host or a GC pause reads as a
@@ -35,19 +30,6 @@ MAX_RESTARTS = 100
 # that size is generated, and compiling it would cost every node the time).
 MAX_SOURCE_CHECK = 16 * 1024 * 1024
 
-# Linux: one argument or environment string may be at most 32 pages.
-MAX_ARG_STRLEN = 32 * 4096
-# What @torchrun adds to the command and the environment besides the user's
-# options: its own options and variables, with room to spare.
-COMMAND_MARGIN = 64 * 1024
-
-
-def check_nproc_bound(value: int, source: str) -> None:
-    if value > MAX_NPROC_PER_NODE:
-        raise TorchrunInvalidArgument(
-            "%s=%s: nproc_per_node must be at most %d (processes on one node; one per "
-            "GPU is usual)." % (source, shown(value), MAX_NPROC_PER_NODE)
-        )
 
 
 def _seconds(value: Any, source: str, minimum: float,
@@ -230,66 +212,57 @@ def check_python_source(path: str, shown: str) -> None:
         return  # too deep to check here; the ranks will say
 
 
-# -- arguments -----------------------------------------------------------------------
-
-
-def check_arguments(argv: Iterable[str], what: str = "entrypoint_args") -> None:
-    """What no command line can hold is refused, as ``python script.py`` would."""
-    for i, token in enumerate(argv):
-        if "\0" in token:
-            raise TorchrunInvalidArgument(
-                "%s: item %d (%s) contains a NUL character, which no command-line "
-                "argument can hold." % (what, i, shown(token[:80]))
-            )
-
-
-def _encoded(token: str, what: str) -> bytes:
+def resolve_entrypoint(entrypoint: Any, search_dirs: Sequence[str]) -> str:
+    """An absolute path to an existing script, looked up relative to the task's
+    working directory first and then to the flow file's directory, so
+    ``python examples/ddp/flow.py run`` finds ``train.py`` beside the flow."""
     try:
-        return os.fsencode(token)
-    except UnicodeEncodeError as e:
-        raise TorchrunInvalidArgument("%s: %s cannot be encoded for the command line: %s" % (what, shown(token[:80]), e)) from None
-
-
-def check_command_size(options: Mapping[str, Any], environ: Mapping[str, str]) -> None:
-    """torchrun's command line (its options; the script's arguments travel in
-    a file) and the environment fit what ``exec`` accepts."""
-    argv = options_to_argv(options)
-    total = COMMAND_MARGIN
-    for token in argv:
-        if "\0" in token:
-            raise TorchrunInvalidArgument(
-                "torchrun_args: %r contains a NUL character, which no command-line "
-                "argument can hold." % token[:80]
-            )
-        size = len(_encoded(token, "torchrun_args")) + 1
-        if size > MAX_ARG_STRLEN:
-            raise TorchrunInvalidArgument(
-                "torchrun_args: one value is %d bytes; the system takes at most %d in one "
-                "command-line argument." % (size, MAX_ARG_STRLEN)
-            )
-        total += size + 8  # the pointer to it
-    for key, value in environ.items():
-        size = len(os.fsencode(key)) + len(os.fsencode(value)) + 2
-        if size > MAX_ARG_STRLEN:
-            raise TorchrunInvalidArgument(
-                "the environment variable %s is %d bytes; the system passes at most %d in one "
-                "variable to a new process (torchrun)." % (key, size, MAX_ARG_STRLEN)
-            )
-        total += size + 8
-    limit = arg_max()
-    if total > limit:
+        path = os.fspath(entrypoint) if isinstance(entrypoint, (str, os.PathLike)) else None
+    except Exception as e:  # a user's __fspath__
         raise TorchrunInvalidArgument(
-            "torchrun_args: torchrun's command line and environment would take about %d "
-            "bytes, more than this system accepts (%d)." % (total, limit)
+            "entrypoint %s: os.fspath() failed: %s: %s." % (shown(entrypoint), type(e).__name__, e)
+        ) from None
+    if not path or not isinstance(path, str):  # bytes from __fspath__ too: paths here are text
+        raise TorchrunInvalidArgument(
+            "entrypoint must be the path of a Python script, not %s." % (shown(entrypoint),)
         )
+    check_path_text(path, "entrypoint")
+    candidates = [path] if os.path.isabs(path) else list(dict.fromkeys(
+        os.path.join(os.path.abspath(d), path) for d in search_dirs  # the flow's dir is often the cwd
+    ))
+    for candidate in candidates:
+        if os.path.isfile(candidate):
+            found = os.path.abspath(candidate)
+            check_python_source(found, path)
+            return found
+    for candidate in candidates:
+        refuse_directory(candidate, path)
+        refuse_special(candidate, path)
+    dirs = list(dict.fromkeys(os.path.dirname(os.path.abspath(c)) for c in candidates))
+    raise TorchrunInvalidArgument(
+        "entrypoint %s does not exist in %s%s."
+        % (shown(path), " or ".join(dirs), did_you_mean(os.path.basename(path), python_files(dirs)))
+    )
 
 
-def arg_max() -> int:
-    try:
-        value = os.sysconf("SC_ARG_MAX")
-    except (ValueError, OSError, AttributeError):
-        value = -1
-    return value if value and value > 0 else 128 * 1024
+# A directory is listed this far for a "did you mean": a huge one costs no more.
+LISTED_PER_DIR = 2000
+
+
+def python_files(dirs: Sequence[str]) -> List[str]:
+    """Names of the Python files in ``dirs``, at most ``LISTED_PER_DIR`` each."""
+    names: List[str] = []
+    for d in dirs:
+        try:
+            with os.scandir(d) as entries:
+                for i, entry in enumerate(entries):
+                    if i >= LISTED_PER_DIR:
+                        break
+                    if entry.name.endswith(".py"):
+                        names.append(entry.name)
+        except OSError:
+            continue
+    return names
 
 
 def check_picklable(args: Any) -> None:
@@ -316,36 +289,3 @@ def validate_args_as(value: Any, source: str) -> str:
     return text
 
 
-# Keywords older releases' current.torch.run took -> what to do here.
-LEGACY_RUN_KEYWORDS = {
-    "master_port": (
-        "ports belong to the step: @torchrun(port=N) pins the gang service, "
-        "@torchrun(rdzv_port=N) torchrun's rendezvous (what master_port pinned in 0.1 and 0.2)"
-    ),
-    "entrypoint_args_raw": "write entrypoint_args=[...]: a list is argv as given",
-    "push_results_dir_to_cloud": "not provided: save with Metaflow artifacts, @model/@checkpoint or your own code",
-    "local_output_dir": "not provided: save with Metaflow artifacts, @model/@checkpoint or your own code",
-    "cloud_output_dir": "not provided: save with Metaflow artifacts, @model/@checkpoint or your own code",
-}
-RUN_KEYWORDS = ("entrypoint", "entrypoint_args", "nproc_per_node", "torchrun_args")
-
-
-def refuse_legacy_call(entrypoint: Any, entrypoint_args: Any, extra: Mapping[str, Any]) -> None:
-    """Calls written for metaflow-torchrun 0.1/0.2 that cannot mean the same
-    here, refused with what to write instead (not a bare ``TypeError``)."""
-    problems = []
-    for name in extra:
-        reason = LEGACY_RUN_KEYWORDS.get(name)
-        if reason is not None:
-            problems.append("current.torch.run does not take %s= (metaflow-torchrun 0.1/0.2): %s." % (name, reason))
-        else:
-            problems.append("current.torch.run does not take %s=%s; it takes %s."
-                            % (name, did_you_mean(name, RUN_KEYWORDS, "%s="), ", ".join(RUN_KEYWORDS)))
-    if isinstance(entrypoint, (Mapping, list, tuple)):
-        problems.append(
-            "current.torch.run's first argument is the entrypoint, not %s: metaflow-torchrun 0.2 took "
-            "torchrun_args first (run(torchrun_args, entrypoint, ...)). Write run(entrypoint=%s, "
-            "torchrun_args=...) with keywords." % (shown(entrypoint), shown(entrypoint_args))
-        )
-    if problems:
-        raise_all(problems)

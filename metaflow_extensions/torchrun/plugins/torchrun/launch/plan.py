@@ -15,25 +15,18 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from .. import defaults as DEFAULTS
 from ..procs import functions
-from .command import ArgSpec, encode_args, false_keys, none_keys, restarts_allowed, true_keys  # noqa: F401 (tests)
+from .command import ArgSpec, EntryArgs, check_command_size, entry_arguments, none_keys, restarts_allowed
 from .options import canonical_option, parse_options
 from .torch_checks import known_option_specs, known_torchrun_options, require_torch
-from .inputs import (
-    restarts_clash,
-    check_arguments,
-    check_command_size,
-    check_path_text,
-    check_picklable,
-    check_python_source,
-    check_nproc_bound,
-    refuse_directory,
-    refuse_legacy_call,
-    refuse_special,
-)
-from ..errors import Problems, TorchrunInvalidArgument, did_you_mean, shown
+from .inputs import check_picklable, resolve_entrypoint, restarts_clash
+from ..errors import Problems, TorchrunInvalidArgument, did_you_mean, raise_all, shown
 from ..gang import parse_port
 from .resources import NO_ACCELERATORS
 from .resources import Accelerators
+
+# More processes than this on one node is a typo (a GPU count in the wrong
+# unit, an extra zero), not a machine: each rank is a Python process with torch.
+MAX_NPROC_PER_NODE = 1024
 
 # torchrun's own spellings for "as many processes as there are devices/cores".
 NPROC_KEYWORDS = ("auto", "gpu", "cpu", "xpu")
@@ -126,6 +119,14 @@ def validate_nproc(value: Any, source: str) -> Union[int, str]:
     return value
 
 
+def check_nproc_bound(value: int, source: str) -> None:
+    if value > MAX_NPROC_PER_NODE:
+        raise TorchrunInvalidArgument(
+            "%s=%s: nproc_per_node must be at most %d (processes on one node; one per "
+            "GPU is usual)." % (source, shown(value), MAX_NPROC_PER_NODE)
+        )
+
+
 def resolve_nproc(
     call_value: Any,
     user_options: Mapping[str, Any],
@@ -141,59 +142,6 @@ def resolve_nproc(
     if defaults.derived_nproc is not None:
         return validate_nproc(defaults.derived_nproc, "resources")
     return 1
-
-
-def resolve_entrypoint(entrypoint: Any, search_dirs: Sequence[str]) -> str:
-    """An absolute path to an existing script, looked up relative to the task's
-    working directory first and then to the flow file's directory, so
-    ``python examples/ddp/flow.py run`` finds ``train.py`` beside the flow."""
-    try:
-        path = os.fspath(entrypoint) if isinstance(entrypoint, (str, os.PathLike)) else None
-    except Exception as e:  # a user's __fspath__
-        raise TorchrunInvalidArgument(
-            "entrypoint %s: os.fspath() failed: %s: %s." % (shown(entrypoint), type(e).__name__, e)
-        ) from None
-    if not path or not isinstance(path, str):  # bytes from __fspath__ too: paths here are text
-        raise TorchrunInvalidArgument(
-            "entrypoint must be the path of a Python script, not %s." % (shown(entrypoint),)
-        )
-    check_path_text(path, "entrypoint")
-    candidates = [path] if os.path.isabs(path) else list(dict.fromkeys(
-        os.path.join(os.path.abspath(d), path) for d in search_dirs  # the flow's dir is often the cwd
-    ))
-    for candidate in candidates:
-        if os.path.isfile(candidate):
-            found = os.path.abspath(candidate)
-            check_python_source(found, path)
-            return found
-    for candidate in candidates:
-        refuse_directory(candidate, path)
-        refuse_special(candidate, path)
-    dirs = list(dict.fromkeys(os.path.dirname(os.path.abspath(c)) for c in candidates))
-    raise TorchrunInvalidArgument(
-        "entrypoint %s does not exist in %s%s."
-        % (shown(path), " or ".join(dirs), did_you_mean(os.path.basename(path), python_files(dirs)))
-    )
-
-
-# A directory is listed this far for a "did you mean": a huge one costs no more.
-LISTED_PER_DIR = 2000
-
-
-def python_files(dirs: Sequence[str]) -> List[str]:
-    """Names of the Python files in ``dirs``, at most ``LISTED_PER_DIR`` each."""
-    names: List[str] = []
-    for d in dirs:
-        try:
-            with os.scandir(d) as entries:
-                for i, entry in enumerate(entries):
-                    if i >= LISTED_PER_DIR:
-                        break
-                    if entry.name.endswith(".py"):
-                        names.append(entry.name)
-        except OSError:
-            continue
-    return names
 
 
 def check_options(options: Mapping[str, Any]) -> None:
@@ -225,6 +173,8 @@ def merged_options(defaults: StepDefaults, call_args: ArgSpec,
     (``legacy_rdzv_port`` takes it out). Each value is checked against how
     this torch's torchrun reads its option (a flag or a value, its type),
     read from torch's source without importing it."""
+    if defaults.torchrun_args is None and call_args is None:
+        return {}  # nothing to read (torch's option table included)
     found = problems if problems is not None else Problems()
     before = len(found.messages)
     allow = (LEGACY_PORT_OPTION,)
@@ -304,6 +254,41 @@ def function_reference(entrypoint: Any, args: Any) -> Optional[functions.Functio
     return ref
 
 
+# Keywords older releases' current.torch.run took -> what to do here.
+LEGACY_RUN_KEYWORDS = {
+    "master_port": (
+        "ports belong to the step: @torchrun(port=N) pins the gang service, "
+        "@torchrun(rdzv_port=N) torchrun's rendezvous (what master_port pinned in 0.1 and 0.2)"
+    ),
+    "entrypoint_args_raw": "write entrypoint_args=[...]: a list is argv as given",
+    "push_results_dir_to_cloud": "not provided: save with Metaflow artifacts, @model/@checkpoint or your own code",
+    "local_output_dir": "not provided: save with Metaflow artifacts, @model/@checkpoint or your own code",
+    "cloud_output_dir": "not provided: save with Metaflow artifacts, @model/@checkpoint or your own code",
+}
+RUN_KEYWORDS = ("entrypoint", "entrypoint_args", "nproc_per_node", "torchrun_args")
+
+
+def refuse_legacy_call(entrypoint: Any, entrypoint_args: Any, extra: Mapping[str, Any]) -> None:
+    """Calls written for metaflow-torchrun 0.1/0.2 that cannot mean the same
+    here, refused with what to write instead (not a bare ``TypeError``)."""
+    problems = []
+    for name in extra:
+        reason = LEGACY_RUN_KEYWORDS.get(name)
+        if reason is not None:
+            problems.append("current.torch.run does not take %s= (metaflow-torchrun 0.1/0.2): %s." % (name, reason))
+        else:
+            problems.append("current.torch.run does not take %s=%s; it takes %s."
+                            % (name, did_you_mean(name, RUN_KEYWORDS, "%s="), ", ".join(RUN_KEYWORDS)))
+    if isinstance(entrypoint, (Mapping, list, tuple)):
+        problems.append(
+            "current.torch.run's first argument is the entrypoint, not %s: metaflow-torchrun 0.2 took "
+            "torchrun_args first (run(torchrun_args, entrypoint, ...)). Write run(entrypoint=%s, "
+            "torchrun_args=...) with keywords." % (shown(entrypoint), shown(entrypoint_args))
+        )
+    if problems:
+        raise_all(problems)
+
+
 def plan_request(request: CallRequest, defaults: StepDefaults, search_dirs: Sequence[str]) -> CallPlan:
     """Everything checked before anything starts: 0.1/0.2 keywords, this task's
     torch, then the call's arguments against the step's defaults."""
@@ -326,7 +311,7 @@ def plan_call(
     problems = Problems()
     function: Optional[functions.FunctionRef] = None
     script: Optional[str] = None
-    entry_argv: List[str] = []
+    entry = EntryArgs([])
     notes: List[str] = []
     options: Dict[str, Any] = {}
     rdzv_port: Optional[int] = None
@@ -337,12 +322,11 @@ def plan_call(
         with problems:
             script = resolve_entrypoint(entrypoint, search_dirs)
         with problems:
-            entry_argv = encode_args(entrypoint_args, "entrypoint_args", defaults.args_as)
-            check_arguments(entry_argv)
-        if none_keys(entrypoint_args):
-            notes.append(none_note(none_keys(entrypoint_args), "entrypoint_args"))
-        if false_keys(entrypoint_args) and defaults.args_as != "0.2":
-            notes.append(false_note(false_keys(entrypoint_args)))
+            entry = entry_arguments(entrypoint_args, defaults.args_as)
+        if entry.none_keys:
+            notes.append(none_note(entry.none_keys, "entrypoint_args"))
+        if entry.false_keys and defaults.args_as != "0.2":
+            notes.append(false_note(entry.false_keys))
     options = merged_options(defaults, torchrun_args, problems)
     for source, args in (("@torchrun(torchrun_args)", defaults.torchrun_args), ("torchrun_args", torchrun_args)):
         if none_keys(args):
@@ -364,12 +348,12 @@ def plan_call(
     return CallPlan(
         entry_name=name,
         script=script,
-        entry_argv=entry_argv,
+        entry_argv=entry.argv,
         function=function,
         function_args=entrypoint_args,
         nproc=nproc if nproc is not None else 1,
         options=options,
         rdzv_port=rdzv_port if rdzv_port is not None else defaults.rdzv_port,
-        true_keys=tuple(true_keys(entrypoint_args)) if function is None and defaults.args_as != "0.2" else (),
+        true_keys=entry.true_keys if defaults.args_as != "0.2" else (),
         notes=tuple(notes),
     )

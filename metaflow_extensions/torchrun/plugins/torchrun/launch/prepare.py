@@ -73,6 +73,11 @@ def rank_environment(base: Mapping[str, str], defaults: StepDefaults, plan: Call
         # flow's directory.
         env["PYTHONPATH"] = os.pathsep.join(p for p in (node.flow_dir, env.get("PYTHONPATH")) if p)
     env[names.WORK_DIR_ENV] = node.workdir
+    # torchrun's agent makes its own directories in TMPDIR: in the work
+    # directory, they go with it (procs/entry.py gives the ranks the user's back).
+    env[names.USER_TMPDIR_ENV] = base.get("TMPDIR", "")
+    env["TMPDIR"] = os.path.join(node.workdir, names.AGENT_TMP)
+    env[names.ENTRY_ENV] = node.entry_path
     env[names.NODE_INDEX_ENV] = str(node.node_index)
     if node.iface and "GLOO_SOCKET_IFNAME" not in env:
         # gloo otherwise binds to whatever the host name resolves to, which

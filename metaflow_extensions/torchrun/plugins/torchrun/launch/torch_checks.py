@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Dict, Iterable, Optional, Set, Tuple
 
 from ..errors import TorchrunMissingDependency
+from .command import Launch, default_options
 from .options import OptionSpec
 
 TORCH_INSTALL_HINT = "pip install metaflow-torchrun[torch]"
@@ -164,8 +165,6 @@ def torch_problem(torch: TorchInstall, python: str, passed: Iterable[str], known
 
 def passed_options() -> Tuple[str, ...]:
     """The torchrun options @torchrun itself passes (command.py), and --module."""
-    from .command import Launch, default_options
-
     launch = Launch(
         python="python", num_nodes=1, node_index=0, nproc_per_node=1,
         rdzv_host="127.0.0.1", rdzv_port=1, rdzv_id="x", entrypoint="x",
@@ -174,12 +173,16 @@ def passed_options() -> Tuple[str, ...]:
     return tuple(default_options(launch)) + ("module",)
 
 
+# The same for every call: read once, as the module loads.
+PASSED_OPTIONS = passed_options()
+
+
 def require_torch(python: Optional[str] = None) -> None:
     """Raise ``TorchrunMissingDependency`` before anything starts when this task's
     Python cannot run torchrun: no torch, no torch.distributed, or a torch whose
     torchrun lacks an option we pass."""
     torch = find_torch()
-    problem = torch_problem(torch, python or sys.executable, passed_options(), _options_of(torch.run_py))
+    problem = torch_problem(torch, python or sys.executable, PASSED_OPTIONS, _options_of(torch.run_py))
     if problem:
         raise TorchrunMissingDependency(problem)
 

@@ -10,16 +10,17 @@ work directory, and torchrun runs ``--module <bootstrap> <entry file>``, a path
 with ``sys.argv`` exactly as given. Its size does not count against the
 system's command-line limit either.
 
-The same module points torchrun's agent at the work directory for its own
-temporary files (``TMPDIR``): the ``torchelastic_*`` directories it makes go
-away with the work directory. The ranks get the user's ``TMPDIR`` back.
+torchrun's agent keeps its own temporary files (``TMPDIR``, set by
+``launch/prepare.py``) in the work directory: the ``torchelastic_*``
+directories it makes go away with it. The ranks get the user's ``TMPDIR`` back
+here.
 """
 
 from __future__ import annotations
 
 import json
 import os
-from typing import Any, Dict, List, Mapping, MutableMapping
+from typing import Any, List, Mapping, MutableMapping
 
 from .names import AGENT_TMP, ENTRY_ENV, ENTRY_FILE, USER_TMPDIR_ENV
 
@@ -27,9 +28,12 @@ from .names import AGENT_TMP, ENTRY_ENV, ENTRY_FILE, USER_TMPDIR_ENV
 
 def write_entry(work_dir: str, argv: List[str]) -> str:
     """Write the bootstrap's argv (``[script, *args]``, or the function form)
-    to a new private file in ``work_dir``; return its path."""
+    to a new private file in ``work_dir``, beside the agent's temporary
+    directory; return its path."""
     from ..host import open_private
 
+    # torchrun's agent's own temporary files go here (launch/prepare.py's TMPDIR).
+    os.makedirs(os.path.join(work_dir, AGENT_TMP), mode=0o700, exist_ok=True)
     path = os.path.join(work_dir, ENTRY_FILE)
     fd = open_private(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
     with os.fdopen(fd, "w", encoding="utf-8") as f:
@@ -52,18 +56,6 @@ def bootstrap_argv(argv: List[str], environ: Mapping[str, str] = os.environ) -> 
     if path and argv == [path]:
         return read_entry(path)
     return list(argv)
-
-
-def agent_environment(env: Mapping[str, str], work_dir: str, entry_path: str) -> Dict[str, str]:
-    """torchrun's environment: its temporary files in the work directory, the
-    user's own ``TMPDIR`` kept aside for the ranks, and the entry file."""
-    out = dict(env)
-    tmp = os.path.join(work_dir, AGENT_TMP)
-    os.makedirs(tmp, mode=0o700, exist_ok=True)
-    out[USER_TMPDIR_ENV] = env.get("TMPDIR", "")
-    out["TMPDIR"] = tmp
-    out[ENTRY_ENV] = entry_path
-    return out
 
 
 def restore_user_tmpdir(environ: MutableMapping[str, str] = os.environ) -> None:

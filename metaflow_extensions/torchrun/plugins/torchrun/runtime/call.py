@@ -34,7 +34,7 @@ from .session import GangSession
 from . import node_report, what_ran
 from .call_stacks import CallStacks
 from ..host import say
-from .stop import GangStop, interrupted, notice_path
+from .stop import GangStop, interrupted
 from .supervisor import StopReason, Supervisor
 from ..host import CallFiles, GpuUsage
 from .call_launch import CallLaunch
@@ -58,6 +58,7 @@ class CallRun(CallLaunch):
     log_dir: Optional[str] = None
     local_addr: str = ""
     rdzv_port: Optional[int] = None
+    rdzv_id: str = ""
     argv: List[str] = field(default_factory=list)
     exit_code: Optional[int] = None  # torchrun agent's exit code on this node
     failures: List[RankFailure] = field(default_factory=list)
@@ -70,8 +71,12 @@ class CallRun(CallLaunch):
     # The gang's in-step restarts of the ranks (restarts.py); the first torchrun's start.
     again: CallRestarts = field(default_factory=CallRestarts)
     first_started: Optional[float] = None
-    warm: WarmStart = field(default_factory=lambda: WarmStart("", None))  # the node's warm process (warm_start.py)
+    warm: Optional[WarmStart] = None  # the node's warm process (warm_start.py), chosen in prepare()
     _entry: Tuple[str, Optional[str]] = ("", None)  # the entry file, the interface to the control
+
+    @property
+    def node_index(self) -> int:
+        return self.session.topology.node_index
 
     # -- phases ----------------------------------------------------------------
 
@@ -86,12 +91,7 @@ class CallRun(CallLaunch):
                 self.finish_failed()
         finally:
             result = self.record()
-            in_flight = sys.exc_info()[1]
-            if in_flight is not None:
-                try:
-                    in_flight.result = result  # type: ignore[attr-defined]
-                except AttributeError:
-                    pass
+            _attach(sys.exc_info()[1], result)
         return result
 
     def enter(self) -> None:
@@ -121,8 +121,7 @@ class CallRun(CallLaunch):
         # A node told to stop tells the gang; the gang's stop is graceful (stop.py).
         gang_stop = GangStop(self.node_index, self.index, self.session.defaults.shutdown_grace,
                              report=lambda cause: client.report_failure(cause, call=self.index),
-                             verdict=lambda: client.cause, wait_verdict=lambda s: client.wait_for_verdict(s),
-                             notice=notice_path())
+                             verdict=lambda: client.cause, wait_verdict=lambda s: client.wait_for_verdict(s))
         live = LiveCard(self.session)  # the control's card, refreshed between the checks
 
         def should_stop() -> Optional[StopReason]:
@@ -134,7 +133,7 @@ class CallRun(CallLaunch):
             return reason
 
         try:
-            with Supervisor(self.argv, env=env, shutdown_grace=self.session.defaults.shutdown_grace, also_under=lambda: self.warm.pid,
+            with Supervisor(self.argv, env=env, shutdown_grace=self.session.defaults.shutdown_grace, also_under=lambda: self.warm.pid if self.warm else None,
                             before_stop=lambda: self.where.collect(self.session, self.index, self.supervisor, self.workdir), on_told=gang_stop.told) as sup, \
                     GpuUsage(os.environ, every=client.config.progress_send) as gpus:  # asked as often as it is sent
                 self.supervisor = sup
@@ -217,7 +216,6 @@ class CallRun(CallLaunch):
             # node's ranks (their exits, durations, last lines) too.
             self._send_failure(client.cause)
         self.where.gather(self.session, self.index)
-        self.session.announce(cause)
         # On a local run every node writes to the control's log: the control's
         # error alone says where the ranks were and where the logs are, unless the
         # control is gone or silent: then this node's is the only one.
@@ -288,7 +286,6 @@ class CallRun(CallLaunch):
 
     def _aborted(self) -> GangAborted:
         cause = self.session.cause or Cause(CauseKind.CONTROL_LOST, "the gang was stopped")
-        self.session.announce(cause)
         return self.session.aborted(cause)
 
     def _own_cause(self) -> Cause:
@@ -350,6 +347,15 @@ def add_argparse_hint(error: TorchrunException, keys: Tuple[str, ...]) -> None:
     hint = argparse_hint(text, keys)
     if hint:
         error.message = "%s\n\n%s" % (error.message, hint)
+
+
+def _attach(in_flight: Optional[BaseException], result: TorchrunResult) -> None:
+    """The call's result on the error it raises, as ``error.result``."""
+    if in_flight is not None:
+        try:
+            in_flight.result = result  # type: ignore[attr-defined]
+        except AttributeError:
+            pass
 
 
 def _read_bytes(path: str) -> bytes:

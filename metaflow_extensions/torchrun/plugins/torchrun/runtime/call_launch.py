@@ -14,7 +14,7 @@ from ..errors import TorchrunInvalidArgument
 from .. import timeouts
 from ..host import CallFiles, route_to, say, wait_listening
 from ..launch import CallPlan, NodeFacts, prepare_launch
-from ..procs import ARGS_FILE, RESTART_ENV, RankFailure, bootstrap, clear_round, entry, functions
+from ..procs import ARGS_FILE, RESTART_ENV, ZYGOTE_ENV, RankFailure, bootstrap, clear_round, entry, functions
 from .restarts import CallRestarts
 from .result import read_rank_records
 from .session import GangSession
@@ -31,27 +31,25 @@ class CallLaunch:
     log_dir: Optional[str]
     local_addr: str
     rdzv_port: Optional[int]
+    rdzv_id: str  # torchrun's rendezvous id for the call's first start
     argv: List[str]
     exit_code: Optional[int]
     failures: List[RankFailure]
     supervisor: Optional[Supervisor]
     files: Optional[CallFiles]
     again: CallRestarts
-    warm: WarmStart
+    warm: Optional[WarmStart]
     _entry: Tuple[str, Optional[str]]
 
-    @property
-    def node_index(self) -> int:
-        return self.session.topology.node_index
-
     def prepare(self) -> Dict[str, str]:
-        topology = self.session.topology
-        self.local_addr, iface = route_to(topology.main_addr, topology.is_local)
+        topology, session = self.session.topology, self.session
+        self.local_addr, iface = session.route or route_to(topology.main_addr, topology.is_local)
+        log_key, self.rdzv_id = session.identity.call_names(self.index)
         # Private to this user; the work directory goes in record() (workdirs.py).
-        self.files = CallFiles(self.session.identity.log_key(self.index), self.node_index, prune_first=False)
+        self.files = CallFiles(log_key, topology.node_index, base=session.host_base, prune_first=False)
         self.workdir, self.log_dir = self.files.work_dir, self.files.log_dir
-        step = getattr(self.session, "warm", None)  # the step's, importing torch since the gang began to form
-        self.warm = step if step is not None and step.pid else WarmStart(self.workdir, self.log_dir)
+        # The step's, importing torch since the gang began to form.
+        self.warm = WarmStart.for_call(getattr(self.session, "warm", None), self.workdir, self.log_dir)
         plan = self.plan
         if plan.function is not None:
             try:
@@ -74,18 +72,18 @@ class CallLaunch:
         node = NodeFacts(
             python=sys.executable, node_index=topology.node_index, num_nodes=topology.num_nodes,
             main_addr=topology.main_addr, local_addr=self.local_addr, iface=iface, rdzv_port=int(self.rdzv_port or 0),
-            rdzv_id=self.session.identity.call_id(self.index) + ("-r%d" % restart if restart else ""),
+            rdzv_id=self.rdzv_id + ("-r%d" % restart if restart else ""),
             workdir=self.workdir, log_dir=self.log_dir, entry_path=entry_path, flow_dir=self.session.flow_dir,
         )
         self.argv, env = prepare_launch(self.plan, self.session.defaults, node, os.environ)
         if restart:
             env[RESTART_ENV] = str(restart)
-        env = entry.agent_environment(env, self.workdir, entry_path)
-        self.warm.start(env, self.plan.nproc if isinstance(self.plan.nproc, int) else 1)  # once, with the first
+        assert self.warm is not None  # prepare() chose it
+        env = self.warm.for_ranks(env, self.plan.nproc if isinstance(self.plan.nproc, int) else 1)
         endpoint = _option(self.argv, "rdzv-endpoint")
-        if self.warm.pid and topology.node_index != 0 and endpoint:
+        if ZYGOTE_ENV in env and topology.node_index != 0 and endpoint:
             wait_listening(endpoint, timeouts.STORE_WAIT)  # node 0's store first: no backoff in torch's client
-        return self.warm.environment(env)
+        return env
 
     def _restart(self, decided: Any) -> Dict[str, str]:
         """Carry out restart ``decided.restart``: this node's old ranks are
@@ -104,7 +102,7 @@ class CallLaunch:
 
     def release(self) -> None:
         """The call's own warm process (not the step's) and the work directory go, whatever happened."""
-        if self.warm is not getattr(self.session, "warm", None):
+        if self.warm is not None and self.warm is not getattr(self.session, "warm", None):
             self.warm.close()
         if self.files is not None:
             self.files.close()

@@ -45,7 +45,7 @@ from ..gang import Topology
 from .. import defaults as DEFAULTS
 from .. import knob_text
 from ..procs import PROGRESS_ENV, STRAGGLER_RATIO_ENV, STRAGGLER_SECONDS_ENV
-from ..host import say
+from ..host import base_dir, route_to, say
 from ..host import where_logs_are
 from ..host import log
 from .. import timeouts
@@ -109,7 +109,6 @@ class GangSession:
         self.card_hint_said = False
         # The control's card refreshed while a call runs (card.refresh_live; the decorator's).
         self.live_card: Optional[Callable[[ProgressRecord], None]] = None
-        self._announced = False
         self._logs_said = False
         self._closed = False
         self._interruptible = False
@@ -122,6 +121,10 @@ class GangSession:
         self.preflight_source: Optional[Callable[[], Any]] = None
         self.preflight = PreflightState()
         self.warm: Optional[WarmStart] = None  # the node's warm process (warm_start.py)
+        # Found as the step joins its gang, for every call: the address (and
+        # interface) other nodes reach this one at; this user's base directory.
+        self.route: Optional[Tuple[str, Optional[str]]] = None
+        self.host_base: Optional[str] = None
 
     @property
     def cause(self) -> Optional[Cause]:
@@ -136,6 +139,7 @@ class GangSession:
     def join(self) -> None:
         if self.warm is None:  # a local run's control started its own before Metaflow started its nodes
             self.warm = WarmStart.started_for_step(self.defaults)
+        self.route, self.host_base = route_to(self.topology.main_addr, self.topology.is_local), _base_or_none()
         ports = self.topology.ports
         if self.is_control:
             assert isinstance(self.secret, bytes), "the control holds the gang's secret itself"
@@ -241,7 +245,6 @@ class GangSession:
                 client.wait_all_left()
         self.phase = Phase.LEFT
         if client.cause is not None:
-            self.announce(client.cause)
             raise self.aborted(client.cause)
 
     def step_failed(self, error: BaseException) -> Optional[GangAborted]:
@@ -261,7 +264,6 @@ class GangSession:
         cause = client.cause
         if cause is None:
             return None
-        self.announce(cause)
         if (self.topology.is_local and isinstance(error, TorchrunCallRefused) and is_refusal(cause)
                 and cause.node_index != self.topology.node_index and same_problem(self.step_cause(error), cause)):
             return self.aborted(cause)
@@ -287,13 +289,6 @@ class GangSession:
             message=message[:4000],
             traceback="".join(traceback.format_exception(type(error), error, error.__traceback__))[-16000:],
         )
-
-    def announce(self, cause: Cause) -> None:
-        """Prints nothing: the failing node's error is the failure block, every
-        other node's names the cause in one line (issue 36: cause first, once)."""
-        if not self.is_control or self._announced:
-            return
-        self._announced = True
 
     def close(self) -> None:
         """Once: the step's wrapper closes the gang as the step's code ends, and
@@ -327,6 +322,14 @@ class GangSession:
         if log_dirs:
             self._logs_said = True
             say(where_logs_are(log_dirs[-1]))
+
+
+def _base_or_none() -> Optional[str]:
+    """``base_dir()``, or None: each call then tries again, and says why it cannot."""
+    try:
+        return base_dir()
+    except OSError:
+        return None
 
 
 def linger(server: GangServer, start_timeout: float) -> None:

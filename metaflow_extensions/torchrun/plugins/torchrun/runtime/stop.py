@@ -119,14 +119,14 @@ class GangStop:
                  notice: Optional[str] = None):
         """``report`` sends a cause to the gang; ``verdict`` is the gang's cause
         so far; ``wait_verdict(seconds)`` waits for one; ``notice``: the spot
-        notice file to watch."""
+        notice file to watch (Metaflow's for this node, if none is given)."""
         self.node = node
         self.call = call
         self.shutdown_grace = shutdown_grace
         self._report = report
         self._verdict = verdict
         self._wait_verdict = wait_verdict
-        self.notice = notice
+        self.notice = notice or notice_path()
         self.own: Optional[Cause] = None
         self._told_at = 0.0
         self._next_look = 0.0

@@ -78,6 +78,11 @@ class WarmStart:
         warm.start(environ, guess)
         return warm
 
+    @classmethod
+    def for_call(cls, step: Optional["WarmStart"], workdir: str, log_dir: Optional[str]) -> "WarmStart":
+        """The step's, while it runs; else one of the call's own, in its work directory."""
+        return step if step is not None and step.pid else cls(workdir, log_dir)
+
     @property
     def pid(self) -> Optional[int]:
         """The process that forks this node's agent and ranks, while it runs."""
@@ -121,6 +126,12 @@ class WarmStart:
         finally:
             if out is not subprocess.DEVNULL:
                 out.close()
+
+    def for_ranks(self, env: Mapping[str, str], nproc: int) -> Dict[str, str]:
+        """torchrun's environment for a start of the ranks, the warm process
+        started with the call's first (``start``)."""
+        self.start(env, nproc)
+        return self.environment(env)
 
     def environment(self, env: Mapping[str, str]) -> Dict[str, str]:
         """torchrun's environment, pointing its agent and ranks at the zygote."""
