@@ -219,10 +219,49 @@ def test_the_zygote_gone_means_the_stand_in_exits_as_killed(script, tmp_path):
         zyg.wait()
 
 
+def _answering(path, replies):
+    """A stand-in's zygote that takes one request and answers ``replies``
+    (lines), then hangs up: as a zygote that dies at that point would."""
+    from metaflow_extensions.torchrun.plugins.torchrun.procs.zygote_wire import recv_request
+
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen(1)
+
+    def serve():
+        conn, _ = listener.accept()
+        _, fds = recv_request(conn)
+        for fd in fds:
+            os.close(fd)
+        conn.sendall(b"".join(replies))
+        conn.close()
+        listener.close()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    return thread
+
+
+@pytest.mark.parametrize("replies, code", [
+    ([], 3),  # gone before it took the start: nothing forked, the stand-in runs the script
+    ([b'{"taken": 1}\n', b'{"fresh": 1}\n'], 3),  # took it, could not fork: the stand-in runs it
+    ([b'{"taken": 1}\n'], -signal.SIGKILL),  # gone as it forked: a child may have run; never run twice
+])
+def test_the_stand_in_runs_the_script_itself_only_where_nothing_was_forked(script, tmp_path, replies, code):
+    path = str(tmp_path / "z.sock")
+    server = _answering(path, replies)
+    p = _start(script, ["3"], path, str(tmp_path))
+    out, _ = p.communicate(timeout=60)
+    server.join(10)
+    assert p.returncode == code
+    assert bool(out.strip()) is (code == 3)  # the script's first line ran here, or not at all
+
+
 def test_the_reply_reader_refuses_what_is_not_a_reply():
     a, b = socket.socketpair()
-    b.sendall(b'{"pid": 12}\n{"exit": -9}\n{"rm": 1}\n')
+    b.sendall(b'{"taken": 1}\n{"pid": 12}\n{"exit": -9}\n{"rm": 1}\n')
     reader = ReplyReader(a)
+    assert reader.next() == {"taken": 1}
     assert reader.next() == {"pid": 12} and reader.next() == {"exit": -9}
     with pytest.raises(ValueError):
         reader.next()

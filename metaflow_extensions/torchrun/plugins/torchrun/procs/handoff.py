@@ -23,7 +23,7 @@ import socket
 import struct
 import sys
 import time
-from typing import Mapping, NoReturn, Sequence
+from typing import Dict, Mapping, NoReturn, Optional, Sequence, Tuple
 
 from .names import ZYGOTE_ENV
 from .zygote_wire import ReplyReader, Request, WireError, send_request
@@ -53,15 +53,29 @@ def hand_off(module: str, argv: Sequence[str], environ: Mapping[str, str] = os.e
                           path=list(sys.path), umask=umask, stand_in=os.getpid(), executable=sys.executable)
         send_request(sock, request, [0, 1, 2])
         reader = ReplyReader(sock)
-        first = reader.next()
+        taken, first = _forked(reader)
     except (OSError, WireError):
-        first = None
+        taken, first = False, None
     if first is None or "pid" not in first:
         sock.close()
+        if taken and (first is None or "fresh" not in first):
+            _exit_as(-signal.SIGKILL)  # the zygote died as it forked: its child (if any) with it
         return
     child = first["pid"]
     _forward_signals(child)
     _exit_as(_wait_exit(reader))
+
+
+def _forked(reader: ReplyReader) -> Tuple[bool, Optional[Dict[str, int]]]:
+    """Whether the zygote took the start ("taken"), and its next answer: the
+    child's pid, "fresh", or None (gone, or an answer that is not one)."""
+    first = reader.next()
+    if first is None or "taken" not in first:
+        return False, first
+    try:
+        return True, reader.next()
+    except (OSError, WireError):
+        return True, None
 
 
 def peer_uid(sock: socket.socket) -> int:

@@ -160,13 +160,16 @@ class Server:
                 os.close(fd)
             conn.close()
             return None
-        pid = os.fork()
+        pid = self._fork(conn, fds)
         if pid == 0:
             conn.close()
             self._leave()
             return request, fds
         for fd in fds:
             os.close(fd)
+        if pid is None:
+            conn.close()
+            return None
         conn.settimeout(None)
         self.children[pid] = (conn, request)
         try:
@@ -175,6 +178,25 @@ class Server:
         except OSError:
             self._stand_in_gone(pid)
         return None
+
+    def _fork(self, conn: socket.socket, fds: List[int]) -> Optional[int]:
+        """``os.fork()``, said to the stand-in first ("taken"): one that then
+        hears nothing more knows a child may have run, and does not start the
+        module again itself. None where the stand-in is gone, or told to start
+        fresh (no fork: the system refused one)."""
+        try:
+            conn.sendall(reply("taken", 1))
+        except OSError:
+            return None
+        try:
+            return os.fork()
+        except OSError as e:
+            sys.stderr.write("no fork (%s): the stand-in starts fresh\n" % e)
+            try:
+                conn.sendall(reply("fresh", 1))
+            except OSError:
+                pass
+            return None
 
     def _drain_wake(self) -> None:
         try:

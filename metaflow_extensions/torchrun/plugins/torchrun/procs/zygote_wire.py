@@ -3,8 +3,11 @@ say to each other over the zygote's Unix socket.
 
 A request is one length-prefixed JSON object, with the stand-in's stdin, stdout
 and stderr passed alongside it (``SCM_RIGHTS``); the zygote answers with JSON
-lines: ``{"pid": N}`` once it forked, ``{"exit": S}`` once that child ended
-(``subprocess``'s convention: negative for a signal). The socket lives in the
+lines: ``{"taken": 1}`` as it is about to fork, ``{"pid": N}`` once it forked
+(or ``{"fresh": 1}``: no fork, the stand-in starts fresh), ``{"exit": S}`` once
+that child ended (``subprocess``'s convention: negative for a signal). A
+stand-in that heard "taken" and then nothing never starts fresh: a child may
+have run the script's first lines already. The socket lives in the
 call's private directory and the zygote checks its peer's user, but a request
 is still read as hostile: bounded, and checked field by field.
 
@@ -22,6 +25,8 @@ from typing import Any, Dict, List, Optional, Tuple
 # What a zygote child may become: the modules of procs/ that torchrun runs, and
 # another node's warm process (a local run's nodes share one host).
 MODULES = ("bootstrap", "agent", "zygote")
+# The zygote's answers, in order (the module's docstring).
+REPLIES = ("taken", "pid", "fresh", "exit")
 MAX_REQUEST = 4 << 20  # an environment of a few MB is already absurd
 MAX_REPLY = 4096
 _LENGTH = struct.Struct("!I")
@@ -139,7 +144,7 @@ class ReplyReader:
         if not isinstance(data, dict) or len(data) != 1:
             raise WireError("a reply that is not one field")
         (key, value), = data.items()
-        if key not in ("pid", "exit") or not _small_int(value, -(1 << 31), 1 << 31):
+        if key not in REPLIES or not _small_int(value, -(1 << 31), 1 << 31):
             raise WireError("a reply of %r" % (key,))
         return {key: value}
 
