@@ -137,3 +137,16 @@ def test_the_flight_recorder_knob_reaches_the_ranks(run, monkeypatch, knob, thei
         monkeypatch.setenv(name, value)
     env = run.prepare()
     assert {n: env[n] for n in (names.FR_BUFFER_ENV, names.FR_BUFFER_OLD_ENV) if n in env} == expected
+
+
+def test_a_call_uses_what_the_session_found_of_the_host(run, tmp_path):
+    """``GangSession.join`` finds the route and the base directory once per step; each call uses them."""
+    from metaflow_extensions.torchrun.plugins.torchrun.host.basedir import base_dir
+
+    run.session.route = ("10.9.8.7", "eth9")
+    (tmp_path / "elsewhere").mkdir()
+    run.session.host_base = base_dir(str(tmp_path / "elsewhere"))
+    env = run.prepare()
+    assert run.local_addr == "10.9.8.7" and env["GLOO_SOCKET_IFNAME"] == "eth9"
+    assert "10.9.8.7" in " ".join(run.argv)
+    assert run.workdir.startswith(run.session.host_base + os.sep)

@@ -6,6 +6,7 @@ session hosts the real gang service on 127.0.0.1.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 import uuid
@@ -81,6 +82,9 @@ class TestJoin:
         assert control.server is not None and worker.server is None
         assert control.client.wait_joined() and worker.client.wait_joined()
         assert control.phase is Phase.IN_STEP
+        # What every call needs of the host, found once as the step joins (runtime/call_launch.py).
+        assert control.route is not None and control.route[0] and worker.route == control.route
+        assert control.host_base and os.path.isdir(control.host_base)
 
     def test_a_worker_starting_first_joins_in_the_background(self, gang):
         worker = gang(1)

@@ -7,10 +7,12 @@ The attacks are run by a real second user where root can make one
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import stat
 import subprocess
 import sys
+import tempfile
 import time
 
 import pytest
@@ -404,6 +406,18 @@ class TestCallFiles:
         assert not os.path.exists(files.work_dir)
         assert os.path.isdir(files.log_dir)  # logs are kept
         files.close()  # twice is fine
+
+    def test_a_base_found_at_the_steps_start_and_gone_since_is_found_again(self, tmp, monkeypatch):
+        monkeypatch.setenv("TMPDIR", tmp)
+        monkeypatch.setattr(tempfile, "tempdir", None)  # chosen from TMPDIR here, forgotten after
+        step_base = base_dir()  # as GangSession.join finds it
+        shutil.rmtree(step_base)  # a temporary-file cleaner, between the step's start and its call
+        files = CallFiles(KEY, 0, step_base)
+        try:
+            assert files.base == base_dir() and os.path.isdir(files.work_dir)
+            assert files.work_dir.startswith(files.base + os.sep) and mode(files.base) == 0o700
+        finally:
+            files.close()
 
     def test_work_dir_of_a_sigkilled_task_goes_with_the_next_call(self, tmp):
         base = base_dir(tmp)
