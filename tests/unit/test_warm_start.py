@@ -51,3 +51,19 @@ def test_one_rank_a_node_leaves_the_threads_to_torch():
         assert b"OMP_NUM_THREADS" not in _environ(warm.pid)
     finally:
         warm.close()
+
+
+def test_a_warm_process_no_host_forked_is_its_own_pid_and_no_file_is_read_for_it(tmp_path):
+    """Its pid comes in a file only from a host's zygote (a cluster's task has none):
+    a file there is not looked for on every scan of the supervisor, nor believed."""
+    from metaflow_extensions.torchrun.plugins.torchrun.procs.names import HOST_ZYGOTE_ENV, ZYGOTE_PID_SUFFIX
+
+    env = {k: v for k, v in os.environ.items() if k not in (HOST_ZYGOTE_ENV, ZYGOTE_ENV)}
+    warm = WarmStart.for_step({})
+    try:
+        warm.start(env, nproc=1)
+        with open(warm.path + ZYGOTE_PID_SUFFIX, "w") as f:
+            f.write("%d\n" % os.getpid())  # not its pid
+        assert warm.pid == warm.proc.pid
+    finally:
+        warm.close()

@@ -51,6 +51,7 @@ class WarmStart:
                  owned: Optional[StepDir] = None):
         self.proc: Optional[subprocess.Popen] = None
         self._forked_pid: Optional[int] = None  # forked from the host's (warm_start above)
+        self._may_fork = False  # asked the host's to fork it: its pid comes in a file
         self._dir = owned  # removed with the process
         self.path = os.path.join(workdir, ZYGOTE_SOCKET) if workdir else ""
         self.log_dir = log_dir
@@ -88,7 +89,7 @@ class WarmStart:
         """The process that forks this node's agent and ranks, while it runs."""
         if self.proc is None or self.proc.poll() is not None:
             return None
-        if self._forked_pid is None and self.path:
+        if self._forked_pid is None and self._may_fork:
             self._forked_pid = _pid_beside(self.path)
         return self._forked_pid or self.proc.pid
 
@@ -107,6 +108,7 @@ class WarmStart:
         zenv.pop(ZYGOTE_ENV, None)
         if host and host != self.path:
             zenv[ZYGOTE_ENV] = host  # procs/zygote.py: forked there when it answers
+            self._may_fork = True
         if nproc > 1 and "OMP_NUM_THREADS" not in zenv:
             zenv["OMP_NUM_THREADS"] = "1"  # torchrun's own choice for its ranks
         out: Any = subprocess.DEVNULL
