@@ -126,12 +126,9 @@ def descendants(root: int) -> List[int]:
     """Every live process below ``root`` (one scan of /proc)."""
     children: Dict[int, List[int]] = {}
     for pid in _pids():
-        try:
-            with open("/proc/%d/stat" % pid, "rb") as f:
-                ppid = int(f.read().rsplit(b")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-        children.setdefault(ppid, []).append(pid)
+        ppid = _parent(pid)
+        if ppid:
+            children.setdefault(ppid, []).append(pid)
     out, stack = [], [root]
     while stack:
         for child in children.get(stack.pop(), []):
@@ -169,6 +166,7 @@ def node_processes(task: int) -> List[int]:
 
 
 def _parent(pid: int) -> int:
+    """Its parent's pid; 0 once it is gone."""
     try:
         with open("/proc/%d/stat" % pid, "rb") as f:
             return int(f.read().rsplit(b")", 1)[1].split()[1])
