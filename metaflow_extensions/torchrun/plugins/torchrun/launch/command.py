@@ -183,13 +183,9 @@ def check_command_size(options: Mapping[str, Any], environ: Mapping[str, str]) -
     """torchrun's command line (its options; the script's arguments travel in
     a file) and the environment fit what ``exec`` accepts."""
     argv = options_to_argv(options)
+    check_arguments(argv, "torchrun_args")
     total = COMMAND_MARGIN
     for token in argv:
-        if "\0" in token:
-            raise TorchrunInvalidArgument(
-                "torchrun_args: %r contains a NUL character, which no command-line "
-                "argument can hold." % token[:80]
-            )
         size = len(_encoded(token, "torchrun_args")) + 1
         if size > MAX_ARG_STRLEN:
             raise TorchrunInvalidArgument(

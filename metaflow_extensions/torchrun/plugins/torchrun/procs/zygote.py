@@ -160,7 +160,7 @@ class Server:
                 os.close(fd)
             conn.close()
             return None
-        pid = self._fork(conn, fds)
+        pid = self._fork(conn)
         if pid == 0:
             conn.close()
             self._leave()
@@ -179,7 +179,7 @@ class Server:
             self._stand_in_gone(pid)
         return None
 
-    def _fork(self, conn: socket.socket, fds: List[int]) -> Optional[int]:
+    def _fork(self, conn: socket.socket) -> Optional[int]:
         """``os.fork()``, said to the stand-in first ("taken"): one that then
         hears nothing more knows a child may have run, and does not start the
         module again itself. None where the stand-in is gone, or told to start
