@@ -205,9 +205,7 @@ def test_the_zygote_gone_means_the_stand_in_exits_as_killed(script, tmp_path):
     zyg = subprocess.Popen([sys.executable, "-u", "-m", PKG + ".zygote", path], start_new_session=True,
                            preexec_fn=die_with_parent)
     try:
-        deadline = time.monotonic() + 60
-        while not os.path.exists(path) and time.monotonic() < deadline:
-            time.sleep(0.02)  # listening: else the stand-in runs the script itself (the fallback)
+        _wait_for(path, 60)  # listening: else the stand-in runs the script itself (the fallback)
         p = _start(script, ["sleep"], path, str(tmp_path))
         child = json.loads(p.stdout.readline())["pid"]
         _wait_forwarding(p.pid)  # the stand-in has its child's pid: killed before, it would run the script itself
