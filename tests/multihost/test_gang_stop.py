@@ -24,7 +24,7 @@ import time
 
 import pytest
 
-from .harness import FLOWS, PlatformRun
+from .harness import FLOWS, REPO, PlatformRun
 
 pytestmark = [pytest.mark.multihost, pytest.mark.timeout(240)]
 
@@ -32,14 +32,32 @@ GANG = os.path.join(FLOWS, "gang_flow.py")
 COLLECTIVE_SAVE = ["--script", "collective_save.py", "--nproc", "2"]
 HERE = os.path.dirname(os.path.abspath(__file__))
 NOTICE = "/tmp/spot_termination_notice"  # where Metaflow's monitor writes (spot_monitor_sidecar.py)
-# Each host gets its own /tmp, as each pod has its own: a tmpfs, with the
-# sandbox's top directory bound back into it (the flow's datastore is there),
-# from the shell's working directory: the old /tmp is hidden by then.
+# Each host gets its own /tmp, as each pod has its own: a tmpfs, with every
+# directory the task needs from the old /tmp bound back into it (the sandbox,
+# holding the flow's datastore; the checkout and its venv when they lie under
+# /tmp, as in a CI clone there). Each is opened first (fd 3 on), since the old
+# /tmp is hidden once the tmpfs covers it; dash opens fds up to 9.
 _PRIVATE_TMP = (
-    'keep="$1"; back="$(pwd)"; shift; '
-    'cd "$keep" && mount -t tmpfs tmpfs /tmp && mkdir -p "$keep" && mount --no-canonicalize --bind "/proc/$$/cwd" "$keep" && '
-    'cd "$back" && exec "$@"'
+    'back="$(pwd)"; keeps="$1"; shift; set -f; IFS=:; i=3; '
+    'for d in $keeps; do eval "exec $i<\\"\\$d\\"" || exit 97; i=$((i+1)); done; '
+    'mount -t tmpfs tmpfs /tmp || exit 98; i=3; '
+    'for d in $keeps; do mkdir -p "$d" && mount --no-canonicalize --bind "/proc/$$/fd/$i" "$d" || exit 99; '
+    'eval "exec $i<&-"; i=$((i+1)); done; '
+    'unset IFS; set +f; cd "$back" && exec "$@"'
 )
+
+
+def _kept_from_tmp(*paths):
+    """The top directories under /tmp that ``paths`` need: one bind each."""
+    kept = []
+    for path in paths:
+        parts = os.path.realpath(path).split(os.sep)
+        if len(parts) > 2 and parts[1] == "tmp":
+            top = os.sep.join(parts[:3])
+            if top not in kept:
+                kept.append(top)
+    assert len(kept) <= 7, kept  # fds 3 to 9
+    return kept
 
 
 def _attrs(**kw):
@@ -91,9 +109,8 @@ class SpotRun(PlatformRun):
     for mflog), and each host has its own /tmp."""
 
     def node_argv(self, index):
-        top = self.sandbox.tmp.split(os.sep)
-        keep = os.sep.join(top[:3]) if top[1] == "tmp" else "/tmp"
-        return ["sh", "-c", _PRIVATE_TMP, "sh", keep] + super().node_argv(index)
+        keep = _kept_from_tmp(self.sandbox.tmp, REPO, sys.prefix, sys.executable, os.path.realpath(sys.executable))
+        return ["sh", "-c", _PRIVATE_TMP, "sh", ":".join(keep)] + super().node_argv(index)
 
     def launch(self, index):
         node = self.nodes[index]
