@@ -164,6 +164,19 @@ def test_the_line_says_step_percent_eta_rate_metrics_and_the_slowest_node():
                            "slowest: node 2 (h2, ranks 4-5) at 0.25x the median steps/s")
 
 
+@pytest.mark.parametrize("rates", [(2.0, 2.0, 2.0, 2.0), (2.0, 2.01, 1.99, 2.0), (2.0, 2.0, 1.85)])
+def test_an_even_gang_names_no_slowest_node(rates):
+    """Some node is always the slowest; one within 10 % of the median holds nothing up
+    (a user saw "slowest: node 1 ... at 1.00x the median steps/s")."""
+    book = _book(nodes=len(rates))
+    for node, rate in enumerate(rates):
+        book.update(node, "h%d" % node, _node(rate, step=250, lo=2 * node, hi=2 * node + 1))
+    book.check(0.0)
+    assert book.summary.slowest is None
+    assert "slowest" not in (book.line() or "") and book.line().startswith("progress: step 250/1000")
+    assert not any(row[0] == "slowest node" for row in card_progress.rows(book.summary, escape_markdown))
+
+
 def test_the_chart_stays_the_same_size_at_4096_nodes():
     book = _book(nodes=4096)
     for node in range(4096):

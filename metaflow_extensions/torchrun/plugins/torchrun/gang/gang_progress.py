@@ -36,6 +36,10 @@ SIGNAL_GPU = "GPU utilisation of each node (nvidia-smi; no rank reports progress
 SIGNAL_CPU = "CPU time of each node's ranks (no rank reports progress)"
 # Below this median utilisation (%) the GPUs are idle gang-wide: nothing to compare.
 GPU_IDLE = 5.0
+# The slowest node is named only at or below this fraction of the median's steps/s:
+# in an even gang some node is always the slowest, and "1.00x the median" names a
+# node that holds nothing up.
+SLOWEST_NAMED = 0.9
 
 
 @dataclass(frozen=True)
@@ -73,7 +77,8 @@ class ProgressRecord:
     metrics: Dict[str, float] = field(default_factory=dict)
     nodes_reporting: int = 0
     signal: Optional[str] = None
-    slowest: Optional[Dict[str, Any]] = None  # node_index, host, ranks, ratio (to the median)
+    # node_index, host, ranks, ratio (to the median); only a node at SLOWEST_NAMED or less
+    slowest: Optional[Dict[str, Any]] = None
     stragglers: Tuple[Straggler, ...] = ()
     stragglers_more: int = 0
     # For the card: seconds since the call's first report, and steps/s per group of nodes.
@@ -224,6 +229,8 @@ class ProgressBook:
         if not rated or not rate:
             return None
         slowest, node = min(rated)
+        if slowest > rate * SLOWEST_NAMED:
+            return None
         progress, host = reporting[node]
         return {"node_index": node, "host": host, "ranks": _ranks(progress), "rank": progress.slowest_rank,
                 "ratio": round(slowest / rate, 2)}
