@@ -3,6 +3,7 @@ who is blamed for a cause, bounded entries, the K-of-M flag with its
 evidence, strict refusal, bandwidth against a host's own past, steering."""
 
 import json
+import re
 
 import pytest
 
@@ -125,4 +126,38 @@ def test_an_attempts_record_round_trips_its_nodes_and_the_table_reads_it():
     lines = cli.table(nh.report(_seen()))
     assert lines[0] == "3 runs, 3 attempts, 2 hosts"
     assert lines[3].split()[:4] == ["bad", "3", "3", "0"]
-    assert any("3x  node N (h), rank N: killed by signal SIGSEGV  (hosts: bad)" in line for line in lines)
+    assert any("3x  node N (h), rank N: killed by signal SIGSEGV  (host: bad)" in line for line in lines)
+
+
+TORCH_ECHO = ("node 1 (h), rank 1: RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection "
+              "closed by peer [127.0.0.1]:30171. This is typically caused by a remote peer having exited")
+
+
+def test_one_failure_in_one_run_reads_in_the_singular_and_is_not_said_to_recur():
+    from metaflow_extensions.torchrun.plugins.torchrun import cli
+
+    seen = nh.appearances([_attempt(0, 5.0, ["bad"], {0: "culprit"}, stopped=TORCH_ECHO)], "F", "1", "train")
+    lines = cli.table(nh.report(seen))
+    assert lines[0] == "1 run, 1 attempt, 1 host"
+    assert not any("recurred" in line for line in lines), lines
+    (title, cause) = lines[lines.index("causes seen once (blamed attempts):"):][:2]
+    assert cause.startswith("  1x  node N (h), rank N: RuntimeError: ") and cause.endswith("  (host: bad)")
+    # Cut where a word ends, never inside one ("caused by a r…").
+    whole = re.sub(r"\d+", "N", TORCH_ECHO)
+    shown = cause.split("  ")[2]
+    assert shown.endswith("…") and whole.startswith(shown[:-1]) and whole[len(shown) - 1] == " "
+    key, whole = nh.cause_key(TORCH_ECHO), re.sub(r"\d+(\.\d+)?", "N", TORCH_ECHO)
+    assert len(key) <= 120 and key.endswith("…") and whole.startswith(key[:-1]) and whole[len(key) - 1] == " "
+
+
+def test_causes_that_recur_and_causes_seen_once_are_told_apart():
+    from metaflow_extensions.torchrun.plugins.torchrun import cli
+
+    seen = _seen(bad_runs=2) + nh.appearances(
+        [_attempt(0, 9.0, ["good", "bad"], {0: "lost"}, stopped="node 0 (good) stopped answering")], "F", "x", "train")
+    lines = cli.table(nh.report(seen))
+    assert lines[0] == "3 runs, 3 attempts, 2 hosts"
+    recurred = lines.index("causes that recurred (blamed attempts):")
+    once = lines.index("causes seen once (blamed attempts):")
+    assert "2x  node N (h), rank N: killed by signal SIGSEGV  (host: bad)" in lines[recurred + 1]
+    assert lines[once + 1] == "  1x  node N (good) stopped answering  (host: good)"

@@ -15,8 +15,10 @@ from typing import Any, List, Optional
 from metaflow._vendor import click
 
 from .runtime import node_history
+from .text import count, shorten
 
 MAX_ROWS = 50
+MAX_CAUSES = 10
 
 
 @click.group()
@@ -55,23 +57,35 @@ def history(obj: Any, last: Optional[int], days: Optional[float], all_flows: boo
 
 
 def table(report: Any) -> List[str]:
-    """The readable form: hosts, then the causes that recurred."""
+    """The readable form: hosts, then the causes that recurred, then those seen once."""
     hosts = report["hosts"]
-    lines = ["%d runs, %d attempts, %d hosts" % (report["runs"], report["attempts"], len(hosts)), ""]
+    lines = ["%s, %s, %s" % (count(report["runs"], "run"), count(report["attempts"], "attempt"),
+                             count(len(hosts), "host")), ""]
     head = ("host", "seen", "blamed", "slow", "last seen", "blamed for")
     rows = [(h["host"], str(h["appearances"]), str(h["blamed"]), str(h["slow"]), _when(h["last_seen"]),
              "; ".join("%s (%dx)" % kv for kv in sorted(h["causes"].items(), key=lambda kv: -kv[1])[:2]))
             for h in hosts[:MAX_ROWS]]
     widths = [min(40, max([len(head[i])] + [len(r[i]) for r in rows])) for i in range(len(head) - 1)]
     for row in [head] + rows:
-        lines.append("  ".join(c[:40].ljust(w) for c, w in zip(row, widths)) + "  " + row[-1][:120])
+        lines.append("  ".join(shorten(c, 40).ljust(w) for c, w in zip(row, widths)) + "  " + shorten(row[-1], 120))
     if len(hosts) > MAX_ROWS:
         lines.append("... %d more hosts (--json lists them all)" % (len(hosts) - MAX_ROWS))
-    if report["causes"]:
-        lines += ["", "causes that recurred (blamed attempts):"]
-        for c in report["causes"][:10]:
-            lines.append("  %dx  %s  (hosts: %s)" % (c["times"], c["cause"][:100], ", ".join(c["hosts"][:5])))
+    recurred = [c for c in report["causes"] if c["times"] > 1]
+    once = [c for c in report["causes"] if c["times"] == 1]
+    for title, causes in (("causes that recurred (blamed attempts):", recurred),
+                          ("causes seen once (blamed attempts):", once)):
+        if causes:
+            lines += ["", title] + [_cause_line(c) for c in causes[:MAX_CAUSES]]
+            if len(causes) > MAX_CAUSES:
+                lines.append("  ... %d more (--json lists them all)" % (len(causes) - MAX_CAUSES))
     return lines
+
+
+def _cause_line(cause: Any) -> str:
+    hosts = cause["hosts"]
+    return "  %dx  %s  (%s: %s%s)" % (cause["times"], shorten(cause["cause"], 100),
+                                      "host" if len(hosts) == 1 else "hosts", ", ".join(hosts[:5]),
+                                      ", ..." if len(hosts) > 5 else "")
 
 
 def _when(stamp: float) -> str:

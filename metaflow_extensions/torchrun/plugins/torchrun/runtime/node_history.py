@@ -25,6 +25,7 @@ from .. import defaults as DEFAULTS
 from .. import knob_text
 from ..cause import Cause, CauseKind
 from ..procs import NODE_HISTORY_RUNS_ENV
+from ..text import shorten
 from .attempts import Attempt, Previous
 from .node_roles import BLAMED, ROLES, SLOW
 
@@ -95,7 +96,7 @@ def appearances(attempts: Iterable[Attempt], flow: str, run: str, step: str) -> 
             out.append(Appearance(
                 host=host, flow=flow, run=run, step=step, attempt=a.attempt, role=worst.role,
                 nodes=tuple(sorted(n.node for n in nodes))[:8], at=a.started_at or 0.0,
-                cause=(a.stopped or "")[:300] if blamed else None,
+                cause=shorten(a.stopped or "", 300) if blamed else None,
                 kind=a.kind.value if a.kind is not None and blamed else None,
                 link_gbps=next((n.link_gbps for n in nodes if n.link_gbps is not None), None),
                 task=worst.task))
@@ -121,7 +122,7 @@ def summarize(seen: Iterable[Appearance]) -> List[HostStats]:
 
 def cause_key(stopped: str) -> str:
     """A cause as it recurs: numbers (nodes, ranks, pids, seconds) made ``N``."""
-    return re.sub(r"\d+(\.\d+)?", "N", stopped.split("\n")[0])[:120]
+    return shorten(re.sub(r"\d+(\.\d+)?", "N", stopped.split("\n")[0]), 120)
 
 
 def recurring_causes(seen: Iterable[Appearance]) -> List[Tuple[str, int, List[str]]]:
@@ -191,7 +192,7 @@ def evidence(host: str, seen: Sequence[Appearance], threshold: Threshold) -> Opt
     blamed = [a for a in mine if a.role in BLAMED]
     if len(blamed) < threshold.culprit:
         return None
-    named = "; ".join("%s (%s: %s)" % (a.where, a.role, (a.cause or "")[:100]) for a in blamed[:3])
+    named = "; ".join("%s (%s: %s)" % (a.where, a.role, shorten(a.cause or "", 100)) for a in blamed[:3])
     return "%s was blamed in %d of its last %d appearances: %s%s" % (
         host, len(blamed), len(mine), named, "; ..." if len(blamed) > 3 else "")
 

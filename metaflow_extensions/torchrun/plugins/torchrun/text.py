@@ -1,0 +1,30 @@
+"""Text shortened for a person, the one way (pure).
+
+A line that must fit (a failure block's line, a table's cell, the history's
+causes) is cut where a word ends and marked with ``…``: a word cut in two reads
+as another word ("caused by a r…"). A text with no space in the last half of
+what fits (a path, a token) is cut where it must.
+"""
+
+from __future__ import annotations
+
+ELLIPSIS = "…"
+
+
+def shorten(text: str, limit: int) -> str:
+    """``text`` in at most ``limit`` characters, ending in ``…`` when cut."""
+    if len(text) <= limit:
+        return text
+    if limit <= len(ELLIPSIS):
+        return text[:limit]
+    head = text[: limit - len(ELLIPSIS)]
+    if not text[len(head)].isspace():  # the cut falls inside a word: back to its start
+        space = max(head.rfind(" "), head.rfind("\t"))
+        if space >= len(head) // 2:
+            head = head[:space]
+    return head.rstrip(" \t,;:") + ELLIPSIS
+
+
+def count(number: int, noun: str, plural: str = "") -> str:
+    """``1 run``, ``3 runs``: a count with its noun as a person writes it."""
+    return "%d %s" % (number, noun if number == 1 else plural or noun + "s")
