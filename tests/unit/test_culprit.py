@@ -9,7 +9,7 @@ from metaflow_extensions.torchrun.plugins.torchrun.errors import GangAborted
 from metaflow_extensions.torchrun.plugins.torchrun.cause import Cause, CauseKind
 from metaflow_extensions.torchrun.plugins.torchrun.procs import culprit, failure_block
 from metaflow_extensions.torchrun.plugins.torchrun.procs.culprit import collective, find_culprits
-from metaflow_extensions.torchrun.plugins.torchrun.procs.flight import (EMPTY, NO_GROUP, OK, FlightGroup,
+from metaflow_extensions.torchrun.plugins.torchrun.procs.flight import (EMPTY, NO_GROUP, OK, UNSUPPORTED, FlightGroup,
                                                                         FlightSummary, summarize)
 from test_flight import dump as fr_dump
 
@@ -144,3 +144,18 @@ def test_the_stacks_name_them_when_no_recorder_shows_a_rank_waiting():
         assert found is not None and found.signal == culprit.STACKS and found.lines()[0].endswith("(from the stacks):")
         assert "signal" in found.to_wire() and "seq" not in found.to_wire()
     assert find_culprits({}, NODES, HOSTS, flights={0: WAITS, 1: WAITS}) is None  # every rank in it
+
+
+def test_recorders_this_torch_cannot_read_are_said_beside_the_stacks_never_a_wrong_culprit():
+    """NCCL ranks on a torch without NCCL's dump: the stacks name the rank,
+    and the message and the record say why the recorders could not."""
+    note = "the nccl Flight Recorder: this torch has no _dump_nccl_trace_json"
+    unread = {r: FlightSummary(UNSUPPORTED, recorder="nccl", note=note) for r in range(4)}
+    stacks = {0: IN_ALL_REDUCE, 1: IN_ALL_REDUCE, 2: IN_ALL_REDUCE, 3: SLEEPING}
+    found = find_culprits(stacks, NODES, HOSTS, flights=unread)
+    assert found is not None and found.signal == culprit.STACKS and [s.rank for s in found.suspects] == [3]
+    assert found.lines()[-1] == "  (not from torch's Flight Recorder: %s on ranks 0-3)" % note
+    assert found.to_wire()["unread"] == "%s on ranks 0-3" % note
+    assert find_culprits({r: SLEEPING for r in range(4)}, NODES, HOSTS, flights=unread) is None
+    read = find_culprits(stacks, NODES, HOSTS, flights={r: WAITS for r in range(3)})
+    assert read is not None and "unread" not in read.to_wire()

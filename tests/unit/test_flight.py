@@ -49,7 +49,7 @@ def test_the_rank_that_skipped_it_shows_its_last_collective_completed():
 
 
 def test_a_recorder_turned_off_or_a_dump_that_is_not_torchs_reads_as_such():
-    assert summarize(dump("gloo-off-rank0.json")) == FlightSummary(EMPTY)
+    assert summarize(dump("gloo-off-rank0.json")) == FlightSummary(EMPTY, recorder="gloo")
     for text in (b"", b"not json", b"[]", b'{"entries": {}}', b'{"entries": [{"op_id": 1}]}',
                  b'{"entries": [{"process_group": 5, "collective_seq_id": 1, "op_id": 1}]}'):
         assert summarize(text).state == FAILED, text
@@ -64,6 +64,153 @@ def test_at_most_a_few_groups_open_ones_first():
     groups = summarize(json.dumps(data)).groups
     assert len(groups) == flight.MAX_GROUPS
     assert [g.name for g in groups] == ["3", "9", "8", "7"] and not groups[0].done
+
+
+def test_an_nccl_dump_reads_by_the_entries_state_its_watchdog_keeps():
+    """Stock ProcessGroupNCCL: "completed" is the watchdog's word; an entry
+    retired but not completed has timed out, and is still open."""
+    summary = summarize(dump("nccl-hang-rank0.json"), flight.NCCL)
+    assert (summary.state, summary.recorder, summary.entries) == (OK, "nccl", 6)
+    assert summary.groups == (FlightGroup("0", 5, "all_reduce", False, "default_pg"),
+                              FlightGroup("1", 1, "all_reduce", True, "undefined"))
+    assert summarize(dump("nccl-hang-rank1.json"), flight.NCCL).group("0") == FlightGroup(
+        "0", 4, "barrier", True, "default_pg")
+    timed_out = json.loads(dump("nccl-hang-rank0.json"))
+    timed_out["entries"][-1]["retired"] = True  # the watchdog gave up on it
+    timed_out["pg_status"]["0"]["last_completed_collective"] = "5"
+    assert summarize(json.dumps(timed_out), flight.NCCL).group("0").waiting
+
+
+def test_nccl2_through_torch_2_15s_hook_reads_a_retired_entry_as_done():
+    """The hook retires at completion, or at issue where the backend cannot
+    tell (then "scheduled" without a duration): never every op open."""
+    summary = summarize(dump("nccl2-hang-rank0.json"), "nccl2")
+    assert summary.recorder == "nccl2" and summary.groups[0] == FlightGroup("0", 5, "all_reduce", False, "default_pg")
+    at_issue = json.loads(dump("nccl2-hang-rank0.json"))
+    for e in at_issue["entries"][:-1]:
+        e["state"] = "scheduled"
+    assert [g.done for g in summarize(json.dumps(at_issue), "nccl2").groups] == [False, True]
+
+
+@pytest.mark.parametrize("version", ["3.0", "1.5", None, 2.1, ""])
+def test_a_dump_format_not_read_here_is_said_unsupported_never_guessed(version):
+    data = json.loads(dump("gloo-hang-rank0.json"))
+    data["version"] = version
+    summary = summarize(json.dumps(data))
+    assert summary.state == flight.UNSUPPORTED and summary.groups == ()
+    assert "format %s" % version in summary.note and "reads 2.x" in summary.note
+
+
+def test_an_entry_in_a_state_torch_does_not_write_or_no_version_fails_the_dump():
+    data = json.loads(dump("nccl-hang-rank0.json"))
+    data["entries"][-1]["state"] = "hung"
+    assert summarize(json.dumps(data), flight.NCCL).state == FAILED
+    del data["version"]
+    assert summarize(json.dumps(data), flight.NCCL) == FlightSummary(FAILED, recorder="nccl")
+
+
+# -- which recorder a rank reads ----------------------------------------------------------
+
+
+class _Backend:
+    def __init__(self, name):
+        self._name = name
+
+    def name(self):
+        return self._name
+
+
+class _Group:
+    def __init__(self, names):
+        self._device_types = list(names)
+        self._names = names
+
+    def _get_backend(self, device):
+        return _Backend(self._names[device])
+
+
+class _Dist:
+    """torch.distributed as far as flight_ask reads it: a default group served
+    by one backend per device, and the backend string torch gives for it."""
+
+    def __init__(self, names, text=None, initialized=True):
+        self._group, self._text, self._initialized = _Group(names), text, initialized
+        self.distributed_c10d = self
+
+    def is_available(self):
+        return True
+
+    def is_initialized(self):
+        return self._initialized
+
+    def _get_default_group(self):
+        if self._text is not None:
+            raise RuntimeError("no backend objects in this stand-in")
+        return self._group
+
+    def get_backend(self):
+        return self._text
+
+
+class _C10d:
+    """torch._C._distributed_c10d with both dumps (a CUDA build): each says
+    which recorder it read; ``per_backend`` as torch 2.15's takes ``backend``."""
+
+    def __init__(self, per_backend=False):
+        self.calls = []
+        self.per_backend = per_backend
+
+    def _dump_fr_trace_json(self, collectives, only_active, **kw):
+        if kw and not self.per_backend:
+            raise TypeError("_dump_fr_trace_json(): incompatible function arguments")
+        self.calls.append(("fr", kw.get("backend", "gloo")))
+        return dump("nccl2-hang-rank0.json" if kw else "gloo-hang-rank1.json")
+
+    def _dump_nccl_trace_json(self, collectives, only_active):
+        self.calls.append(("nccl", collectives, only_active))
+        return dump("nccl-hang-rank0.json")
+
+
+def _no_nccl():
+    """A CPU build: no NCCL dump at all."""
+    c10d = _C10d()
+    c10d._dump_nccl_trace_json = None  # type: ignore[method-assign]
+    return c10d
+
+
+def test_an_nccl_group_reads_the_nccl_recorder_not_gloos():
+    c10d = _C10d()
+    summary = flight_ask.summary_of(_Dist({"cpu": "gloo", "cuda": "nccl"}), c10d)
+    assert c10d.calls == [("nccl", True, False)]
+    assert summary.recorder == "nccl" and summary.group("0") == FlightGroup("0", 5, "all_reduce", False, "default_pg")
+    c10d = _C10d()
+    assert flight_ask.summary_of(_Dist({"cpu": "gloo", "cuda": "gloo"}), c10d).group("0").op == "barrier"
+    assert c10d.calls == [("fr", "gloo")]  # gloo: today's call
+
+
+def test_nccl2_reads_its_own_recorder_by_name_where_torch_keeps_one():
+    c10d = _C10d(per_backend=True)
+    summary = flight_ask.summary_of(_Dist({"cuda": "nccl2"}), c10d)
+    assert c10d.calls == [("fr", "nccl2")] and summary.recorder == "nccl2" and summary.groups[0].waiting
+
+
+@pytest.mark.parametrize("dist, c10d, note", [
+    (_Dist({"cuda": "nccl"}), _no_nccl(), "the nccl Flight Recorder: this torch has no _dump_nccl_trace_json"),
+    (_Dist({"cuda": "nccl2"}), _C10d(), "the nccl2 Flight Recorder: this torch keeps no Flight Recorder per backend"),
+])
+def test_a_recorder_this_torch_cannot_read_is_unsupported_and_says_why(dist, c10d, note):
+    summary = flight_ask.summary_of(dist, c10d)
+    assert summary.state == flight.UNSUPPORTED and summary.groups == () and summary.note.startswith(note)
+    assert ("fr", "gloo") not in c10d.calls  # never gloo's recorder in its place
+    assert FlightSummary.from_wire(json.loads(json.dumps(summary.to_wire()))) == summary
+
+
+def test_the_backend_string_is_read_where_the_groups_backends_are_not():
+    assert flight_ask.default_backends(_Dist({}, text="cpu:gloo,cuda:nccl")) == ("gloo", "nccl")
+    assert flight_ask.default_backends(_Dist({}, text="nccl")) == ("nccl",)
+    assert [flight_ask.recorder_for(b) for b in (("gloo", "gloo"), ("gloo", "nccl"), ("nccl-legacy",), ("mpi",), ())] \
+        == ["gloo", "nccl", "nccl", "mpi", "gloo"]
+    assert flight_ask.summary_of(_Dist({}, initialized=False), _C10d()) == FlightSummary(NO_GROUP)
 
 
 # -- on the wire ------------------------------------------------------------------------
@@ -154,8 +301,8 @@ def _blocked_rank_answers(work, ranks):
         if (first and first[0].entered == 6) or time.monotonic() > deadline:
             break
         time.sleep(0.1)
-    assert got[0] == FlightSummary(OK, (FlightGroup("0", 6, "all_reduce", False, "default_pg"),), 3)
-    assert got[1] == FlightSummary(OK, (FlightGroup("0", 5, "all_reduce", True, "default_pg"),), 3)
+    assert got[0] == FlightSummary(OK, (FlightGroup("0", 6, "all_reduce", False, "default_pg"),), 3, "gloo")
+    assert got[1] == FlightSummary(OK, (FlightGroup("0", 5, "all_reduce", True, "default_pg"),), 3, "gloo")
     again = flight_ask.ask(work, [0]).answers(time.monotonic() + 10)  # asked twice: answered twice
     assert again == {0: got[0]}
 

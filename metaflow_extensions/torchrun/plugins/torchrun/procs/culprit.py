@@ -27,7 +27,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
-from .flight import NO_GROUP, OK, FlightGroup, FlightSummary
+from .flight import NO_GROUP, NOTE_CHARS, OK, UNSUPPORTED, FlightGroup, FlightSummary
 from .ranges import numbers
 from .stacks import main_thread, parse, where
 
@@ -90,6 +90,7 @@ class Culprits:
     signal: str = STACKS
     group: str = ""
     seq: int = 0
+    unread: str = ""  # why torch's Flight Recorder could not say, where the stacks named them instead
 
     def lines(self) -> List[str]:
         """What the failure message says, before where the ranks were."""
@@ -103,6 +104,8 @@ class Culprits:
         out = [head] + [s.line() for s in self.suspects]
         if self.more:
             out.append("  ... and %d more ranks" % self.more)
+        if self.unread and self.signal == STACKS:
+            out.append("  (not from torch's Flight Recorder: %s)" % self.unread)
         return out
 
     def to_wire(self) -> Dict[str, Any]:
@@ -111,7 +114,17 @@ class Culprits:
                "suspects": [s.to_wire() for s in self.suspects], "more": self.more}
         if self.signal == FLIGHT_RECORDER:
             out.update(group=self.group, seq=self.seq)
+        if self.unread:
+            out["unread"] = self.unread
         return out
+
+
+def _unread(flights: Mapping[int, FlightSummary]) -> str:
+    """Why the recorders could not name anyone, where some could not be read."""
+    ranks = tuple(sorted(r for r, s in flights.items() if s.state == UNSUPPORTED))
+    if not ranks:
+        return ""
+    return ("%s on %s" % (flights[ranks[0]].note or "unsupported", _ranks(ranks)))[:NOTE_CHARS * 2]
 
 
 def _ranks(ranks: Tuple[int, ...]) -> str:
@@ -149,7 +162,8 @@ def find_culprits(stacks: Mapping[int, str], nodes: Mapping[int, int], hosts: Ma
         node = nodes.get(rank)
         suspects.append(Suspect(rank, node, hosts.get(node, "") if node is not None else "", place,
                                 said.get(rank, "")))
-    return Culprits(name, waiting, tuple(suspects), max(0, len(outside) - NAMED), signal, group, seq)
+    return Culprits(name, waiting, tuple(suspects), max(0, len(outside) - NAMED), signal, group, seq,
+                    _unread(flights or {}))
 
 
 def _from_flights(flights: Mapping[int, FlightSummary], every: List[int]) -> Optional[Tuple[
@@ -198,4 +212,4 @@ def _behind(g: Optional[FlightGroup], seq: int, group: str, summary: Optional[Fl
         return "no collective of process group %s recorded" % group
     if summary.state == NO_GROUP:
         return "no process group of torch.distributed"
-    return "its Flight Recorder: %s" % summary.state
+    return "its Flight Recorder: %s" % (summary.note or summary.state)

@@ -9,11 +9,16 @@ so the rank boils it down here to a record of a few hundred bytes: per process
 group, the last collective it entered and whether that completed. That record
 crosses the gang (gang/messages.py ``Stacks``); culprit.py compares the ranks'.
 
-The dump's keys are torch's (``_dump_fr_trace_json``, format "2.10" in torch
-2.13): ``entries`` (each with ``collective_seq_id``, ``op_id``, ``pg_id``,
-``process_group`` as [name, description], ``profiling_name``, ``is_p2p``) and
-``pg_status`` (per ``pg_id``: ``last_enqueued_collective`` and
-``last_completed_collective``, counted in ``op_id``). Pure: no torch, no I/O.
+The dump's keys are torch's writer's (``FlightRecorder::dump_json`` in
+FlightRecorderDetail.hpp, format "2.10" in torch 2.13, 2.14.1 and 2.15.0, for
+every backend): ``version``, ``entries`` (each with ``collective_seq_id``,
+``op_id``, ``pg_id``, ``process_group`` as [name, description],
+``profiling_name`` as "<backend>:<op>", ``is_p2p``, ``state`` one of
+scheduled/started/completed, ``retired``) and ``pg_status`` (per ``pg_id``:
+``last_enqueued_collective`` and ``last_completed_collective`` as strings).
+Which of them says that a collective completed depends on the backend that
+recorded it (``_done``). A format of another major version is not guessed at:
+it reads as ``UNSUPPORTED``. Pure: no torch, no I/O.
 """
 
 from __future__ import annotations
@@ -27,6 +32,8 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 MAX_GROUPS = 4
 NAME_CHARS = 64
 OP_CHARS = 32
+RECORDER_CHARS = 16
+NOTE_CHARS = 160
 MAX_SEQ = 1 << 62
 # What a rank's answer says of its recorder.
 OK = "ok"  # groups as recorded
@@ -35,6 +42,17 @@ NO_GROUP = "no_group"  # torch.distributed not imported, or no process group yet
 UNSUPPORTED = "unsupported"  # this torch has no Flight Recorder dump
 FAILED = "failed"  # the dump raised or did not parse
 STATES = (OK, EMPTY, NO_GROUP, UNSUPPORTED, FAILED)
+# The dump formats read here: major version 2 ("2.10" from torch 2.13 to 2.15).
+FORMAT_MAJOR = "2"
+# Which recorder a rank read (its default group's backend, as torch names the
+# implementation): gloo's entries never change state once recorded, so their
+# completion is in ``pg_status`` (counted in op_id); stock ProcessGroupNCCL's
+# watchdog marks an entry "completed" (a retired entry that is not has timed
+# out, and its ``pg_status`` mixes collective and point-to-point counts); a
+# backend recorded by torch 2.15's per-backend hook (nccl2) is retired when
+# it completes, or at issue where the backend cannot tell (then "scheduled").
+GLOO = "gloo"
+NCCL = "nccl"
 
 
 class FlightError(ValueError):
@@ -76,17 +94,28 @@ class FlightGroup:
 
 @dataclass(frozen=True)
 class FlightSummary:
-    """One rank's answer: the state of its recorder and, when ``OK``, its groups."""
+    """One rank's answer: the state of its recorder and, when ``OK``, its groups.
+    ``recorder``: the backend whose recorder was read; ``note``: why a state
+    other than ``OK`` (a function this torch lacks, a format it writes that is
+    not read here)."""
 
     state: str
     groups: Tuple[FlightGroup, ...] = ()
     entries: int = 0  # how many the recorder held (at most its size)
+    recorder: str = ""
+    note: str = ""
 
     def group(self, name: str) -> Optional[FlightGroup]:
         return next((g for g in self.groups if g.name == name), None)
 
     def to_wire(self) -> Dict[str, Any]:
-        return {"state": self.state, "entries": self.entries, "groups": [g.to_wire() for g in self.groups]}
+        out: Dict[str, Any] = {"state": self.state, "entries": self.entries,
+                               "groups": [g.to_wire() for g in self.groups]}
+        if self.recorder:
+            out["recorder"] = self.recorder
+        if self.note:
+            out["note"] = self.note
+        return out
 
     @classmethod
     def from_wire(cls, data: Any) -> "FlightSummary":
@@ -101,7 +130,8 @@ class FlightSummary:
         entries = data.get("entries", 0)
         if isinstance(entries, bool) or not isinstance(entries, int) or not 0 <= entries <= MAX_SEQ:
             raise FlightError("field 'entries': not a count")
-        return cls(state, tuple(FlightGroup.from_wire(g) for g in groups), entries)
+        return cls(state, tuple(FlightGroup.from_wire(g) for g in groups), entries,
+                   _text(data, "recorder", RECORDER_CHARS), _text(data, "note", NOTE_CHARS))
 
 
 def _text(data: Mapping[str, Any], name: str, limit: int) -> str:
@@ -111,46 +141,61 @@ def _text(data: Mapping[str, Any], name: str, limit: int) -> str:
     return value
 
 
-def summarize(dump: Any) -> FlightSummary:
-    """The summary of one dump (bytes or text of torch's JSON). Whatever does
-    not read as torch's format reads as ``FAILED``, never as an exception:
-    the dump's format is torch's, and it may change."""
+def summarize(dump: Any, recorder: str = GLOO) -> FlightSummary:
+    """The summary of one dump (bytes or text of torch's JSON) from the
+    ``recorder`` of that backend. Whatever does not read as torch's format
+    reads as ``FAILED``, never as an exception: the dump's format is torch's,
+    and it may change."""
+    recorder = recorder[:RECORDER_CHARS]
     try:
         data = json.loads(dump)
+        version = data["version"]  # none: not torch's dump (FAILED)
+        if not isinstance(version, str) or version.split(".")[0] != FORMAT_MAJOR:
+            return FlightSummary(UNSUPPORTED, recorder=recorder, note=(
+                "its Flight Recorder writes format %s; this reads %s.x" % (version, FORMAT_MAJOR))[:NOTE_CHARS])
         entries = data.get("entries", [])
         status = data.get("pg_status", {})
         if not isinstance(entries, list) or not isinstance(status, dict):
-            return FlightSummary(FAILED)
+            return FlightSummary(FAILED, recorder=recorder)
         if not entries:
-            return FlightSummary(EMPTY)
-        groups = _groups(entries, status)
+            return FlightSummary(EMPTY, recorder=recorder)
+        groups = _groups(entries, status, recorder)
     except (TypeError, ValueError, AttributeError, KeyError, IndexError):
-        return FlightSummary(FAILED)
-    return FlightSummary(OK, tuple(groups), len(entries))
+        return FlightSummary(FAILED, recorder=recorder)
+    return FlightSummary(OK, tuple(groups), len(entries), recorder)
 
 
-def _groups(entries: List[Any], status: Mapping[str, Any]) -> List[FlightGroup]:
+def _groups(entries: List[Any], status: Mapping[str, Any], recorder: str) -> List[FlightGroup]:
     """The last collective (not a send or receive) of each group in the ring,
-    and whether it completed: its ``op_id`` is at most the group's last
-    completed one in ``pg_status`` (gloo never updates an entry's own state)."""
+    and whether it completed (``_done``)."""
     last: Dict[str, Mapping[str, Any]] = {}
     for entry in entries:
         if isinstance(entry, Mapping) and not entry.get("is_p2p"):
             last[str(entry["process_group"][0])] = entry  # in the order recorded: the last wins
     out = []
     for name, entry in last.items():
-        pg = status.get(str(entry.get("pg_id")), {})
-        completed = pg.get("last_completed_collective") if isinstance(pg, Mapping) else None
-        if completed is not None:
-            done = int(entry["op_id"]) <= int(completed)
-        else:
-            done = bool(entry.get("retired"))
+        done = _done(entry, status.get(str(entry.get("pg_id")), {}), recorder)
         op = str(entry.get("profiling_name", "")).split(":")[-1]  # "gloo:all_reduce" -> "all_reduce"
         desc = entry["process_group"][1] if len(entry["process_group"]) > 1 else ""
         out.append(FlightGroup(name[:NAME_CHARS], max(0, min(int(entry["collective_seq_id"]), MAX_SEQ)),
                                op[:OP_CHARS], done, str(desc)[:NAME_CHARS]))
     out.sort(key=lambda g: (g.done, -g.entered, g.name))  # open first, then the busiest
     return out[:MAX_GROUPS]
+
+
+def _done(entry: Mapping[str, Any], pg: Any, recorder: str) -> bool:
+    """Whether one entry's collective completed, as its backend's recorder
+    tells it (GLOO and NCCL above)."""
+    if entry.get("state") not in ("scheduled", "started", "completed"):
+        raise ValueError("not one of torch's entry states")
+    if recorder == NCCL:
+        return entry["state"] == "completed"
+    if recorder != GLOO:
+        return entry["state"] == "completed" or bool(entry.get("retired"))
+    completed = pg.get("last_completed_collective") if isinstance(pg, Mapping) else None
+    if completed is not None:
+        return int(entry["op_id"]) <= int(completed)
+    return bool(entry.get("retired"))
 
 
 def bound(summaries: Mapping[int, FlightSummary], budget: int) -> Dict[int, FlightSummary]:

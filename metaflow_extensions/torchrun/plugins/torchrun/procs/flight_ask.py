@@ -23,9 +23,10 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Dict, Iterable, Mapping, Optional, Tuple
+from typing import Any, Dict, Iterable, Mapping, Optional, Tuple
 
-from .flight import FAILED, NO_GROUP, UNSUPPORTED, FlightError, FlightSummary, summarize
+from .flight import (FAILED, GLOO, NCCL, NO_GROUP, NOTE_CHARS, UNSUPPORTED, FlightError, FlightSummary,
+                     summarize)
 from .names import FLIGHT_ASK_SUFFIX, FLIGHT_SUFFIX, FR_BUFFER_ENV, FR_BUFFER_OLD_ENV, rank_file
 from .records import read_json, write_json
 
@@ -102,17 +103,77 @@ def _serve(path: str, answer: str) -> None:
 
 def own_summary() -> FlightSummary:
     """This process's recorder, if the user's code brought up torch.distributed."""
-    dist = sys.modules.get("torch.distributed")
-    c10d = sys.modules.get("torch._C._distributed_c10d")
+    return summary_of(sys.modules.get("torch.distributed"), sys.modules.get("torch._C._distributed_c10d"))
+
+
+def summary_of(dist: Any, c10d: Any) -> FlightSummary:
+    """The recorder of the backend the default group uses, read through
+    ``dist`` (torch.distributed) and ``c10d`` (torch._C._distributed_c10d).
+    Each backend keeps its own: gloo's is what ``_dump_fr_trace_json`` reads by
+    default; stock NCCL's is ``_dump_nccl_trace_json`` (CUDA builds only);
+    another backend's (torch 2.15's nccl2, the default NCCL there) is
+    ``_dump_fr_trace_json(..., backend=<name>)``. A function this torch lacks
+    is ``UNSUPPORTED``, said, never another backend's recorder read instead."""
+    recorder = GLOO
     try:
         if dist is None or not dist.is_available() or not dist.is_initialized():
             return FlightSummary(NO_GROUP)
-        dump = getattr(c10d, "_dump_fr_trace_json", None)
+        recorder = recorder_for(default_backends(dist))
+        if recorder == GLOO:
+            dump = getattr(c10d, "_dump_fr_trace_json", None)
+            args: Dict[str, str] = {}
+        elif recorder == NCCL:
+            dump = getattr(c10d, "_dump_nccl_trace_json", None)
+            args = {}
+        else:
+            dump = getattr(c10d, "_dump_fr_trace_json", None)
+            args = {"backend": recorder}
         if dump is None:
-            return FlightSummary(UNSUPPORTED)
-        return summarize(dump(True, False))  # (include collectives, only active ones): all of them
+            return _unsupported(recorder, "this torch has no %s" % ("_dump_nccl_trace_json" if recorder == NCCL
+                                                                    else "_dump_fr_trace_json"))
+        try:
+            text = dump(True, False, **args)  # (include collectives, only active ones): all of them
+        except TypeError:
+            if not args:
+                raise
+            return _unsupported(recorder, "this torch keeps no Flight Recorder per backend (torch 2.15 does)")
+        return summarize(text, recorder)
     except Exception:
-        return FlightSummary(FAILED)
+        return FlightSummary(FAILED, recorder=recorder)
+
+
+def _unsupported(recorder: str, why: str) -> FlightSummary:
+    return FlightSummary(UNSUPPORTED, recorder=recorder,
+                         note=("the %s Flight Recorder: %s" % (recorder, why))[:NOTE_CHARS])
+
+
+def default_backends(dist: Any) -> Tuple[str, ...]:
+    """The backends serving the default group, as torch names their
+    implementations (``Backend.name()``: "gloo", "nccl", "nccl2"; 2.15's
+    "nccl" is "nccl2" unless ``TORCH_DIST_USE_NCCL2=0``); else the group's
+    backend string ("cpu:gloo,cuda:nccl")."""
+    try:
+        group = dist.distributed_c10d._get_default_group()
+        names = tuple(str(group._get_backend(device).name()) for device in group._device_types)
+        if names:
+            return names
+    except Exception:
+        pass
+    text = str(dist.get_backend())
+    return tuple(part.split(":")[-1].strip() for part in text.split(",") if part.strip())
+
+
+def recorder_for(backends: Iterable[str]) -> str:
+    """Whose recorder holds the training's collectives: an NCCL backend's
+    where the group has one (a mixed "cpu:gloo,cuda:nccl" group trains on the
+    GPU), else gloo's where it has gloo, else its first backend's."""
+    names = [b.lower() for b in backends] or [GLOO]
+    if "nccl-legacy" in names:  # 2.15's name for stock ProcessGroupNCCL, which calls itself "nccl"
+        return NCCL
+    nccl = [b for b in names if b.startswith(NCCL)]
+    if nccl:
+        return nccl[0]
+    return GLOO if GLOO in names else names[0]
 
 
 # -- on the node (before it stops its ranks) ----------------------------------------
