@@ -142,3 +142,22 @@ def test_a_crash_dump_keeps_its_first_lines_without_our_frames():
     long = failure_block.traceback_lines(dump + "".join("  File \"/w/x.py\", line %d in f\n" % i for i in range(40)))
     assert len(long) == failure_block.TRACEBACK_LINES and long[1].startswith("Fatal Python error")
     assert long[-1] == "... 35 more lines in the rank's log"
+
+
+def test_torch_s_text_is_cut_where_a_word_ends():
+    """A user saw "(RuntimeError: ... This is typically caused by a r…)": the
+    echo's message is cut at a word boundary, as is an other failure's line."""
+    said = ("Connection closed by peer [127.0.0.1]:30171. This is typically caused by a remote peer having "
+            "exited or a network failure")
+    echo = RankFailure(rank=1, local_rank=1, node_index=0, host="h", pid=7, exc_type="RuntimeError",
+                       message="[/pytorch/gloo/pair.cc:534] " + said, traceback="", timestamp=1.0)
+    own = RankFailure(rank=2, local_rank=0, node_index=1, host="h", pid=8, exc_type="KeyError",
+                      message="no such key in the batch: 'labels'; the loader gave only the inputs and their "
+                              "masks, which is typically caused by a collate_fn that drops it", traceback="",
+                      timestamp=1.0)
+    assert echo.secondary and not own.secondary
+    echoes, also = failure_block.echo_lines([echo, own])
+    for line, whole, head in ((echoes, "RuntimeError: " + said, "echoes of it ("),
+                              (also, "KeyError: " + own.message, "(node 1): ")):
+        shown = line.split(head, 1)[1].split("): rank 1")[0]
+        assert shown.endswith("…") and whole.startswith(shown[:-1]) and whole[len(shown) - 1] == " ", line

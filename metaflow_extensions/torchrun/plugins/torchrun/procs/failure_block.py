@@ -16,6 +16,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence
 
+from ..text import shorten
 from .failures import RankFailure
 from .ranges import numbers
 from .stacks import group
@@ -90,13 +91,13 @@ def echo_lines(others: Sequence[RankFailure], elsewhere: Sequence[int] = ()) -> 
     out = []
     if ranks:
         kinds = sorted({_first_line("%s: %s" % (f.exc_type, _SOURCE.sub("", f.message))) for f in echoes})
-        what = " (%s%s)" % (_cut(kinds[0], 90), " and %d other messages" % (len(kinds) - 1) if len(kinds) > 1 else "") \
+        what = " (%s%s)" % (shorten(kinds[0], 90), " and %d other messages" % (len(kinds) - 1) if len(kinds) > 1 else "") \
             if kinds else ""
         out.append("%d other rank%s failed as echoes of it%s: %s; their tracebacks are in their logs"
                    % (len(ranks), "s" if len(ranks) != 1 else "", what,
                       "ranks " + numbers(ranks) if len(ranks) > 1 else "rank %d" % ranks[0]))
     for f in own[:OTHER_FAILURES]:
-        out.append("Also failed: rank %d (node %d): %s" % (f.rank, f.node_index, _cut(
+        out.append("Also failed: rank %d (node %d): %s" % (f.rank, f.node_index, shorten(
             _first_line("%s: %s" % (f.exc_type, f.message)), 120)))
     if len(own) > OTHER_FAILURES:
         rest = own[OTHER_FAILURES:]
@@ -112,7 +113,7 @@ def place_lines(stacks: Dict[int, str], full: str, limit: int = PLACES) -> List[
     out = ["Where the other ranks were when stopped (every stack: %s):" % full]
     for place, ranks in groups[:limit]:
         label = "rank %d" % ranks[0] if len(ranks) == 1 else "ranks %s (%d)" % (numbers(ranks), len(ranks))
-        out.append("  %s: %s" % (label, _cut(place[0], 140)))
+        out.append("  %s: %s" % (label, shorten(place[0], 140)))
     rest = groups[limit:]
     if rest:
         out.append("  ... and %d more places (%d ranks)" % (len(rest), sum(len(r) for _, r in rest)))
@@ -140,7 +141,3 @@ def render(block: Block, full: str = "the card") -> str:
 def _first_line(text: str) -> str:
     lines = (text or "").strip().splitlines()
     return lines[0] if lines else ""
-
-
-def _cut(text: str, limit: int) -> str:
-    return text if len(text) <= limit else text[: limit - 1] + "…"

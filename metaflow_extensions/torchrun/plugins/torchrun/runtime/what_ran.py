@@ -14,6 +14,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 from ..launch import CallPlan
 from ..launch import find_torch
+from ..text import shorten
 from ..version import __version__
 
 MASK = "****"
@@ -43,7 +44,7 @@ def mask_argv(argv: Sequence[str]) -> List[str]:
                 out.append(arg)
                 hide_next = True
             continue
-        out.append(arg if len(arg) <= MAX_ARG_CHARS else arg[: MAX_ARG_CHARS - 1] + "…")
+        out.append(shorten(arg, MAX_ARG_CHARS))
     if len(argv) > MAX_ARGS:
         out.append("… %d more" % (len(argv) - MAX_ARGS))
     return out
@@ -64,7 +65,7 @@ def _short(value: Any) -> str:
         text = repr(value)
     except Exception:
         text = "<%s>" % type(value).__name__
-    return text if len(text) <= MAX_ARG_CHARS else text[: MAX_ARG_CHARS - 1] + "…"
+    return shorten(text, MAX_ARG_CHARS)
 
 
 def versions() -> Dict[str, str]:
