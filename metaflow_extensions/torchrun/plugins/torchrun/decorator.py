@@ -187,6 +187,8 @@ class TorchrunDecorator(ParallelDecorator):
         )
         from metaflow import current
 
+        self._metadata = (metadata, run_id, step_name, task_id)
+        self._attempt = ThisAttempt(int(retry_count))
         # The METAFLOW_TORCHRUN_* knobs a Metaflow profile sets, for every reader below.
         export_knobs()
         is_control = ubf_context == UBF_CONTROL
@@ -201,8 +203,6 @@ class TorchrunDecorator(ParallelDecorator):
         self._defaults = step_defaults(self._spec)
         if is_control and is_local_runtime(os.environ):
             self._warm = prepare_local_nodes(_local_nodes(flow), self._port, self._defaults)
-        self._metadata = (metadata, run_id, step_name, task_id)
-        self._attempt = ThisAttempt(int(retry_count))
         if is_control and int(retry_count) > 0:
             note = self._attempt.read_previous(
                 "%s/%s/%s/%s" % (self._flow_name, run_id, step_name, task_id), self._spec.retry_on)
@@ -281,6 +281,8 @@ class TorchrunDecorator(ParallelDecorator):
         bounded), with its artifacts; the card rendered here, in the task, not
         by Metaflow in a subprocess after it."""
         began, session = time.monotonic(), self._session
+        if getattr(self, "_attempt", None) is None:  # task_pre_step raised at its start: no attempt to record
+            return
         if session is not None and session.is_control:
             self._attempt.mapper_tasks = tuple(str(t) for t in getattr(flow, "_control_mapper_tasks", None) or [])
         if keep_record(flow, session, self._attempt, self._metadata, self._flow_name,
