@@ -161,3 +161,17 @@ def test_torch_s_text_is_cut_where_a_word_ends():
                               (also, "KeyError: " + own.message, "(node 1): ")):
         shown = line.split(head, 1)[1].split("): rank 1")[0]
         assert shown.endswith("…") and whole.startswith(shown[:-1]) and whole[len(shown) - 1] == " ", line
+
+
+def test_a_sigkilled_rank_is_not_said_to_have_a_traceback():
+    """A SIGKILL leaves no traceback: the other node's line on the same log
+    says where the error is, and claims a traceback only where there is one."""
+    killed = "node 1 (h), rank 3 (local rank 1, pid 77): killed by signal SIGKILL"
+    said = {}
+    for name, tb in (("none", None), ("crash", failure_block.CRASH_OUTPUT + ":\nSegmentation fault"),
+                     ("traceback", ROOT_TB)):
+        cause = Cause(CauseKind.RANK_FAILED, killed, node_index=1, rank=3, traceback=tb)
+        said[name] = str(GangAborted(0, cause, same_log=True)).splitlines()[0]
+    assert said["none"] == "node 0 stopped because node 1 failed first (its error is in this log): " + killed
+    assert "(its error in this log has the rank's last lines of stderr)" in said["crash"]
+    assert "(its error in this log has the traceback)" in said["traceback"]

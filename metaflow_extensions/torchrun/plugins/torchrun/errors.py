@@ -202,9 +202,9 @@ class GangAborted(TorchrunException):
         elif origin is not None and origin != node_index and cause.kind in _FAILED_FIRST:
             if same_log:
                 # Every node writes to this one log: the failing node's own error
-                # in it has the traceback; it is not repeated here.
-                text = "node %d stopped because node %d failed first (its error in this log has the traceback): %s" % (
-                    node_index, origin, _first_line(cause.summary))
+                # in it has what there is (not repeated here); a SIGKILLed rank has no traceback.
+                text = "node %d stopped because node %d failed first (its error %s): %s" % (
+                    node_index, origin, _its_error(cause), _first_line(cause.summary))
             else:
                 text = "node %d stopped because node %d failed first: %s" % (node_index, origin, cause.summary)
                 if cause.traceback:
@@ -221,6 +221,15 @@ class GangAborted(TorchrunException):
                                     elsewhere=[r for r in elsewhere if r != cause.rank])
         rest = failure_block.render(block, FULL_REPORT)
         super().__init__("\n".join([text] + lines + ([rest] if rest else [])))
+
+
+def _its_error(cause: "Cause") -> str:
+    """What the failing node's error in the same log holds, said truthfully."""
+    if not cause.traceback:
+        return "is in this log"
+    if cause.traceback.startswith(failure_block.CRASH_OUTPUT):
+        return "in this log has the rank's last lines of stderr"
+    return "in this log has the traceback"
 
 
 def _first_line(text: str) -> str:
