@@ -198,6 +198,9 @@ def test_hang_timeout_names_the_rank_that_skipped_a_collective(gang, signal_used
                       text)
     assert named and named.group(1) == socket.gethostname(), text[-4000:]
     assert text.index(head) < text.index("Where the other ranks were", text.index(head)), text[-4000:]
+    # Named as the suspected cause, never also as an echo of it; the gang stopped
+    # the others: none of them failed as an echo of the hang.
+    assert "as echoes of it" not in text, text[-4000:]
     record = _control_record(gang)
     assert record["cause"]["kind"] == "hang"
     culprits = record["culprits"]

@@ -175,3 +175,15 @@ def test_a_sigkilled_rank_is_not_said_to_have_a_traceback():
     assert said["none"] == "node 0 stopped because node 1 failed first (its error is in this log): " + killed
     assert "(its error in this log has the rank's last lines of stderr)" in said["crash"]
     assert "(its error in this log has the traceback)" in said["traceback"]
+
+
+def test_a_hang_s_stopped_ranks_are_not_echoes_and_its_suspect_is_named_once():
+    """The gang stopped every rank of a hung call: the other nodes' ranks that
+    ended are not "failed as echoes of it" (a user saw the suspect listed there)."""
+    hang = Cause(CauseKind.HANG, "no output from any rank for 20 s (hang_timeout=20s), in call 1")
+    suspects = ["Suspected cause: rank 3 is not in the all_reduce that ranks 0-2 wait in (from the stacks):",
+                "  rank 3 (node 1, h): skip.py:9 in <module>"]
+    text = str(GangAborted(0, hang, same_log=True, elsewhere=[2, 3], suspects=suspects))
+    assert "echoes" not in text and text.count("rank 3") == 2, text
+    lost = Cause(CauseKind.NODE_LOST, "node 1 (h) lost its connection", node_index=1)
+    assert "2 other ranks failed as echoes of it: ranks 2, 3" in str(GangAborted(0, lost, elsewhere=[2, 3]))

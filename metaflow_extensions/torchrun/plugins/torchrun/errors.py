@@ -217,8 +217,9 @@ class GangAborted(TorchrunException):
                 text += " (node 0's error in this log has every field and the fix)"
             else:
                 text += "\n" + cause.message  # every field and node, and the fix
-        block = failure_block.Block(stacks=dict(stacks or {}), logs=logs, suspects=suspects,
-                                    elsewhere=[r for r in elsewhere if r != cause.rank])
+        # After a hang the gang stopped every rank: none failed as an echo of it.
+        echoes = [] if cause.kind is CauseKind.HANG else [r for r in elsewhere if r != cause.rank]
+        block = failure_block.Block(stacks=dict(stacks or {}), logs=logs, suspects=suspects, elsewhere=echoes)
         rest = failure_block.render(block, FULL_REPORT)
         super().__init__("\n".join([text] + lines + ([rest] if rest else [])))
 

@@ -223,6 +223,9 @@ class CallRun(CallLaunch):
         logs = node_report.logs_line(self.session, self.log_dir) if speaks else ""
         where, suspects = (self.where.stacks, self.where.suspects(self.session, cause)) if speaks else ({}, [])
         elsewhere = node_report.failed_elsewhere(self.session.server, self.index, self.node_index) if speaks else []
+        if suspects and self.where.culprits is not None:  # a suspected cause is not an echo of itself
+            named = {s.rank for s in self.where.culprits.suspects}
+            elsewhere = [r for r in elsewhere if r not in named]
         if cause.kind is CauseKind.RANK_FAILED and cause.node_index == self.node_index:
             self.session.reported = True
             error: TorchrunException = TorchrunFailed(
