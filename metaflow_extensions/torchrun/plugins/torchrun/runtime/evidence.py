@@ -5,8 +5,11 @@ The control's bundle is the artifact ``torchrun_evidence`` of its task, for
 that attempt: the cause, the ranks' stacks grouped by place (one example
 stack per place), the last lines of every rank, and the NCCL Flight Recorder
 dumps found on its host. The node a failure names adds ``nvidia-smi -q`` of
-itself, where the tool exists, as the same artifact of its own task. Built
-only once an attempt has failed, from what the control already holds:
+itself, where the tool exists, as the same artifact of its own task. Two
+nodes may hold it with two values, yet no join meets both: only a failed task
+keeps one (a gang's failure fails the step even when its code catches it), and
+a failed task reaches no join (under ``@catch`` the join gets the control's
+task alone). Built only once an attempt has failed, from what the control already holds:
 nothing runs on the training path. Bounded at any gang size:
 ``MAX_BYTES`` in all, the places and dumps counted beyond their caps.
 """

@@ -22,6 +22,13 @@ from . import preflight as preflight_runtime
 from .result import METADATA_FIELD, REPORT_ARTIFACT, TorchrunResult
 from .session import GangSession
 
+# Every artifact a task of a @torchrun step keeps: the control's report and
+# goodput ledger, a failed attempt's evidence (the control's, the named node's).
+# A join's ``merge_artifacts`` compares what its inputs hold under one name:
+# of a successful step only the control holds any, and no node holds another
+# step's (passed down by an earlier join: ``drop_inherited``).
+ARTIFACTS = (REPORT_ARTIFACT, evidence.ARTIFACT, goodput.ARTIFACT)
+
 
 @dataclass
 class ThisAttempt:
@@ -98,7 +105,8 @@ def keep_record(flow: Any, session: Optional[GangSession], attempt: ThisAttempt,
     of it out (the control), the evidence bundle of a failed attempt and the
     goodput ledger as artifacts. ``where``: Metaflow's metadata provider and
     the task's run, step and task ids. Returns whether ``render_card`` drew
-    the card."""
+    the card. Whatever the task keeps, it keeps none of another step's."""
+    drop_inherited(flow)
     result = step_result(session, attempt)
     if result is None or session is None:
         return False
@@ -120,6 +128,24 @@ def keep_record(flow: Any, session: Optional[GangSession], attempt: ThisAttempt,
     except Exception as e:  # the record must never fail the step
         say("could not store the run's record: %s" % e)
     return rendered
+
+
+def drop_inherited(flow: Any, names: Sequence[str] = ARTIFACTS) -> None:
+    """Take ``names`` out of what the task passes on. A linear step's task
+    keeps every artifact of its input, so a worker of a second @torchrun step
+    carried the first step's ledger, which the first join had merged, while
+    its control set its own: the second join's ``merge_artifacts`` failed
+    (issue 52). Metaflow has no call that forgets an input's artifact: its
+    ``persist`` copies the input datastore's table (``_objects``, with
+    ``_info``), so the names leave that table, in this process only, and the
+    flow's cached copies."""
+    own = getattr(flow, "__dict__", {})
+    inherited = own.get("_datastore")
+    for name in names:
+        own.pop(name, None)
+        for table in (getattr(inherited, "_objects", None), getattr(inherited, "_info", None)):
+            if isinstance(table, dict):
+                table.pop(name, None)
 
 
 def meta_datum() -> Any:

@@ -1,0 +1,65 @@
+"""runtime/step_record.drop_inherited against Metaflow's own local datastore:
+a task of a @torchrun step passes on none of @torchrun's artifacts it inherited
+(issue 52: a second @torchrun step's join failed in merge_artifacts), and
+every other inherited artifact as before. The flow run of the same is
+tests/integration/test_merge_artifacts.py; this pins the Metaflow internals
+the drop relies on (the input datastore's table, which ``persist`` copies)."""
+
+import os
+import re
+
+from metaflow import FlowSpec, step
+from metaflow.datastore import FlowDataStore
+from metaflow.plugins.datastores.local_storage import LocalStorage
+
+from metaflow_extensions.torchrun.plugins.torchrun.runtime import step_record
+
+
+class OneStep(FlowSpec):
+    @step
+    def start(self):
+        pass
+
+
+def _passed_on(tmp_path, drop):
+    """What a task whose input holds every @torchrun artifact keeps, after
+    its code read one of them (Metaflow caches what the code reads)."""
+    store = FlowDataStore("OneStep", storage_impl=LocalStorage, ds_root=str(tmp_path))
+    parent = store.get_task_datastore("1", "join", "3", attempt=0, mode="w")
+    parent.init_task()
+    parent.save_artifacts(iter([(name, {"of": "preprocess"}) for name in step_record.ARTIFACTS] + [("rows", 7)]))
+    parent.done()
+    flow = OneStep.__new__(OneStep)  # the task's flow object, as Metaflow's task sees it
+    flow._datastore = store.get_task_datastore("1", "join", "3", mode="r")
+    assert flow.torchrun_goodput == {"of": "preprocess"}  # the step's code may still read it
+    if drop:
+        step_record.drop_inherited(flow)
+    out = store.get_task_datastore("1", "train", "4", attempt=0, mode="w")
+    out.init_task()
+    out.persist(flow)
+    out.done()
+    return {name for name, _ in store.get_task_datastore("1", "train", "4", mode="r").items()}
+
+
+def test_inherited_torchrun_artifacts_are_not_passed_on(tmp_path):
+    kept = _passed_on(tmp_path, drop=True)
+    assert "rows" in kept
+    assert not kept & set(step_record.ARTIFACTS), kept
+
+
+def test_without_the_drop_metaflow_passes_them_on(tmp_path):
+    # The premise: Metaflow itself keeps every inherited artifact.
+    assert set(step_record.ARTIFACTS) <= _passed_on(tmp_path, drop=False)
+
+
+def test_every_artifact_name_of_the_package_is_dropped():
+    # A new artifact (a constant named *ARTIFACT*) must join the list, or a
+    # later step would carry it again.
+    package = os.path.dirname(step_record.__file__).rsplit(os.sep, 1)[0]
+    named = set()
+    for folder, _, files in os.walk(package):
+        for name in files:
+            if name.endswith(".py"):
+                with open(os.path.join(folder, name)) as f:
+                    named |= set(re.findall(r'^\w*ARTIFACT\w* = "(\w+)"', f.read(), re.M))
+    assert named == set(step_record.ARTIFACTS), named
