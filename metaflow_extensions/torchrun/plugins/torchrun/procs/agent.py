@@ -28,7 +28,7 @@ from ..host import is_loopback
 from ..host import open_private
 from . import exits
 from .failures import AgentFailure, write_agent_failures
-from .names import WORK_DIR_ENV, LOG_DIR_ENV, agent_log_path
+from .names import USER_UMASK_ENV, WORK_DIR_ENV, LOG_DIR_ENV, agent_log_path
 
 # torchrun's own loggers: their lines go to the node's agent log, not the console.
 LAUNCHER_LOGGERS = ("torch.distributed.run", "torch.distributed.elastic", "torch.distributed.launcher")
@@ -193,6 +193,7 @@ def main(argv: Sequence[str]) -> None:
     from .handoff import hand_off
 
     hand_off("agent", argv)  # forked from the node's warm process (zygote.py), where there is one
+    os.environ[USER_UMASK_ENV] = "%03o" % os.umask(0o077)  # torch's files private; the ranks get the user's back
     from torch.distributed import run
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError

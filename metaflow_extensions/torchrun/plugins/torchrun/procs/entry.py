@@ -22,7 +22,7 @@ import json
 import os
 from typing import Any, List, Mapping, MutableMapping
 
-from .names import AGENT_TMP, ENTRY_ENV, ENTRY_FILE, USER_TMPDIR_ENV
+from .names import AGENT_TMP, ENTRY_ENV, ENTRY_FILE, USER_TMPDIR_ENV, USER_UMASK_ENV
 
 
 
@@ -59,7 +59,14 @@ def bootstrap_argv(argv: List[str], environ: Mapping[str, str] = os.environ) -> 
 
 
 def restore_user_tmpdir(environ: MutableMapping[str, str] = os.environ) -> None:
-    """In a rank, before any user code: ``TMPDIR`` as the step had it."""
+    """In a rank, before any user code: ``TMPDIR`` as the step had it, and
+    its umask (the agent, procs/agent.py, keeps its own files private)."""
+    umask = environ.pop(USER_UMASK_ENV, "")
+    if umask:
+        try:
+            os.umask(int(umask, 8) & 0o777)
+        except ValueError:
+            pass
     if USER_TMPDIR_ENV not in environ:
         return
     user = environ.pop(USER_TMPDIR_ENV)

@@ -50,6 +50,7 @@ LABELS_ENV = "METAFLOW_TORCHRUN_LABELS"  # "0": leave output lines as they are
 LOG_DIR_ENV = "METAFLOW_TORCHRUN_LOG_DIR"  # per-rank copies of stdout and stderr
 ENTRY_ENV = "METAFLOW_TORCHRUN_ENTRY"  # the entry file's path
 USER_TMPDIR_ENV = "METAFLOW_TORCHRUN_USER_TMPDIR"  # the ranks' TMPDIR ("": none)
+USER_UMASK_ENV = "METAFLOW_TORCHRUN_USER_UMASK"  # the ranks' umask, in octal (torchrun's agent runs under 077)
 # Which restart of the call's ranks this is (@torchrun(restarts)): the bootstrap
 # sets torch's own TORCHELASTIC_RESTART_COUNT from it (a fresh agent says 0).
 RESTART_ENV = "METAFLOW_TORCHRUN_RESTART"

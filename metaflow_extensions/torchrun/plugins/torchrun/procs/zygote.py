@@ -42,6 +42,7 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from ..host import die_with_parent, name_this_process
 from . import handoff
+from .fork_guard import ForkGuard
 from .names import WORK_DIR_ENV, ZYGOTE_ENV, ZYGOTE_NAME, ZYGOTE_PID_SUFFIX
 from .zygote_wire import Request, WireError, recv_request, reply
 
@@ -54,6 +55,8 @@ _NOT_AT_IMPORT = ("OMP_NUM_THREADS", "PYTHONUNBUFFERED")  # a child sets its own
 _REQUEST_SECONDS = 5.0  # a stand-in sends its request as it connects
 # This process's name before it called itself a zygote: its children get it back.
 _FRESH_NAME = b""
+# Asked before every fork (fork_guard.py): made as main starts, told when torch is imported.
+_GUARD: Optional[ForkGuard] = None
 
 
 def listen(path: str) -> socket.socket:
@@ -150,7 +153,7 @@ class Server:
                 raise WireError("a peer of another user")
             conn.settimeout(_REQUEST_SECONDS)
             request, fds = recv_request(conn)
-            why = refusal(request)
+            why = refusal(request) or (_GUARD.hazard(sys.modules) if _GUARD is not None else None)
             if why is not None:
                 raise _Refused(why, fds)
         except (OSError, WireError) as e:
@@ -349,7 +352,9 @@ def _fresh_state() -> None:
 
 
 def main(argv: List[str]) -> None:
-    global _FRESH_NAME
+    global _FRESH_NAME, _GUARD
+    _GUARD = ForkGuard()  # the threads alive before anything of ours ran
+    os.umask(0o077)  # what it writes is private (docs/seeing-the-gang.md); each child gets its stand-in's
     if len(argv) != 1:
         sys.stderr.write("usage: python -m %s SOCKET\n" % __name__)
         sys.exit(2)
@@ -365,6 +370,7 @@ def main(argv: List[str]) -> None:
         _stdin_from_devnull()
         name_this_process(ZYGOTE_NAME)
     warm()
+    _GUARD.warmed()
     request, fds = Server(listener).serve()
     become(request, fds)
 

@@ -27,7 +27,7 @@ import sys
 from typing import Any, Dict, Mapping, Optional
 
 from .. import knob_text
-from ..host import StepDir, die_with_parent, kill_group
+from ..host import StepDir, die_with_parent, kill_group, open_private
 from ..launch import ZYGOTE_MODULE, StepDefaults
 from ..procs import HOST_ZYGOTE_ENV, WARM_START_ENV, ZYGOTE_ENV, ZYGOTE_PID_SUFFIX, ZYGOTE_SOCKET, zygote_log_path
 
@@ -114,7 +114,7 @@ class WarmStart:
         out: Any = subprocess.DEVNULL
         if self.log_dir:
             try:
-                out = open(zygote_log_path(self.log_dir), "ab")
+                out = os.fdopen(open_private(zygote_log_path(self.log_dir)), "ab")  # 0600, as every file of ours
             except OSError:
                 pass
         try:
