@@ -61,15 +61,30 @@ def test_infrastructure_and_unknown_failures_are_retried(cause):
 def test_the_refusal_is_one_line_naming_the_attempt_and_the_place():
     record = {"cause": wire(CauseKind.RANK_FAILED, exc_type="ValueError", traceback=TB)}
     line = attempts.refusal("infrastructure", 1, previous(record))
-    assert line == ("not retried: attempt 0 failed in your code, ValueError at train.py:88; "
-                    "@torchrun(retry_on='infrastructure') retries only infrastructure failures")
-    assert "\n" not in line
+    assert line == ("attempt 1 ran nothing: attempt 0 failed in your code, ValueError at train.py:88, and "
+                    "@torchrun(retry_on='infrastructure') retries only infrastructure failures.")
+    assert "\n" not in line and "not retried" not in line  # the error's headline says that, once
     assert attempts.refusal("any", 1, previous(record)) is None
     assert attempts.refusal("infrastructure", 0, previous(record)) is None
     assert attempts.refusal("infrastructure", 1, None) is None  # a task killed leaves no record
     # A refused attempt carries attempt 0's cause: attempt 2 names attempt 0.
     carried = dict(record, attempts=[{"attempt": 0}, {"attempt": 1, "refused_for": 0}])
-    assert attempts.refusal("infrastructure", 2, previous(carried)).startswith("not retried: attempt 0 failed")
+    assert attempts.refusal("infrastructure", 2, previous(carried)).startswith(
+        "attempt 2 ran nothing: attempt 0 failed")
+
+
+def test_what_metaflow_does_next_is_said_once_in_the_first_refused_attempt():
+    """@retry(times=3): Metaflow still starts attempts 2 and 3 (a step cannot
+    cancel them); attempt 1 says so, attempts 2 and 3 say only why they ran nothing."""
+    record = {"cause": wire(CauseKind.RANK_FAILED, exc_type="ValueError", traceback=TB)}
+    carried = dict(record, attempts=[{"attempt": 0}, {"attempt": 1, "refused_for": 0}])
+    first = attempts.refusal("infrastructure", 1, previous(record), retries=3)
+    assert first.endswith("Metaflow's @retry still starts attempts 2-3, each of which ends here the same way "
+                          "before any rank starts (a step cannot cancel Metaflow's retries).")
+    assert "starts attempt 2, which ends here" in attempts.refusal("infrastructure", 1, previous(record), retries=2)
+    later = [attempts.refusal("infrastructure", k, previous(carried), retries=3) for k in (2, 3)]
+    assert all("Metaflow" not in line and line.endswith("infrastructure failures.") for line in later)
+    assert "Metaflow" not in attempts.refusal("infrastructure", 1, previous(record), retries=1)  # the last
 
 
 @pytest.mark.parametrize("value", ["Infrastructure", "all", 1, True, ["any"], ""])

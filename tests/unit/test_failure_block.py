@@ -187,3 +187,12 @@ def test_a_hang_s_stopped_ranks_are_not_echoes_and_its_suspect_is_named_once():
     assert "echoes" not in text and text.count("rank 3") == 2, text
     lost = Cause(CauseKind.NODE_LOST, "node 1 (h) lost its connection", node_index=1)
     assert "2 other ranks failed as echoes of it: ranks 2, 3" in str(GangAborted(0, lost, elsewhere=[2, 3]))
+
+
+def test_a_refused_attempt_is_said_once_on_node_0_and_in_one_line_on_the_others():
+    why = "attempt 1 ran nothing: attempt 0 failed in your code, ValueError at train.py:88, and ..."
+    cause = Cause(CauseKind.STEP_FAILED, "node 0: " + why, node_index=0, exc_type="TorchrunNotRetried", message=why)
+    local, cluster = GangAborted(1, cause, same_log=True), GangAborted(1, cause, same_log=False)
+    assert str(local) == "node 1 ran nothing: node 0's error in this log says why"
+    assert str(cluster) == "node 1 ran nothing: " + why  # its own log has nothing else
+    assert local.headline == cluster.headline == "@torchrun: not retried"

@@ -5,7 +5,6 @@
 from __future__ import annotations
 
 import os
-import shlex
 import sys
 import time
 from typing import Any, Dict, Optional
@@ -14,7 +13,7 @@ from . import load_order  # noqa: F401  (Metaflow first, whatever the user impor
 from metaflow.plugins.parallel_decorator import ParallelDecorator
 from metaflow.unbounded_foreach import UBF_CONTROL
 
-from .runtime import attach_card, card_ready, finish_card, refresh_live, render_card_now
+from .runtime import attach_card, card_ready, card_view_command, finish_card, refresh_live, render_card_now
 from .compat import (
     decorator_init_kwargs,
     card_commands,
@@ -188,13 +187,13 @@ class TorchrunDecorator(ParallelDecorator):
         from metaflow import current
 
         self._metadata = (metadata, run_id, step_name, task_id)
-        self._attempt = ThisAttempt(int(retry_count))
+        self._attempt = ThisAttempt(int(retry_count), int(max_user_code_retries or 0))
         # The METAFLOW_TORCHRUN_* knobs a Metaflow profile sets, for every reader below.
         export_knobs()
         is_control = ubf_context == UBF_CONTROL
         self._card = card_of_task(self._card, is_control)
-        # `card view <step>` would pick a node without the card: name the control's task.
-        self._card_hint = card_view_command(sys.argv[0], run_id, step_name, task_id) if self._card is not None else None
+        # The card of this attempt (runtime/card.card_view_command), named once the card has its hash.
+        self._card_of = (self._card, "%s/%s/%s/%s" % (self._flow_name, run_id, step_name, task_id))
         control_task_id = os.environ.get(CONTROL_TASK_ID_ENV) or (task_id if is_control else None)
         self._identity = GangIdentity(self._flow_name, str(run_id), step_name,
                                       str(control_task_id or local_control_task_id(task_id)), int(retry_count))
@@ -240,7 +239,7 @@ class TorchrunDecorator(ParallelDecorator):
         session = self._session = self._handle.session = GangSession(
             self._identity, self._defaults, topology, self._flow_dir, secret=self._secret
         )
-        session.card_hint, session.warm = getattr(self, "_card_hint", None), getattr(self, "_warm", None)
+        session.card_hint, session.warm = card_view_command(sys.argv[0], *self._card_of), getattr(self, "_warm", None)
         if self._card is not None and session.is_control:  # the card, refreshed while the ranks report progress
             session.live_card = lambda record: refresh_live(record, self._flow_name)
         return session
@@ -269,9 +268,9 @@ class TorchrunDecorator(ParallelDecorator):
         card_exists = self._card is None or card_ready(self._card)  # None: rendered in _record_result
         if not is_task_ok and self._card is not None:
             card_exists = render_card_now(self._card, retry_count)
-        said = self._session is not None and self._session.card_hint_said
-        if getattr(self, "_card_hint", None) and card_exists and not said:
-            say("this step's card: %s" % self._card_hint)
+        hint = card_view_command(sys.argv[0], *getattr(self, "_card_of", (None, "")))
+        if hint and card_exists and not (self._session is not None and self._session.card_hint_said):
+            say("this step's card: %s" % hint)
         if getattr(self, "_nodes_stopping", None) is not None:
             self._nodes_stopping.join()
         _log.debug("task_finished in %.3fs (the local nodes' tasks gone with it)", time.monotonic() - began)
@@ -295,13 +294,6 @@ class TorchrunDecorator(ParallelDecorator):
 def _local_nodes(flow: Any) -> int:
     """How many nodes the local control starts (itself included)."""
     return int(getattr(getattr(flow, "_parallel_ubf_iter", None), "num_parallel", 1) or 1)
-
-
-def card_view_command(argv0: str, run_id: Any, step_name: str, task_id: Any) -> str:
-    """The command that shows this task's @torchrun card (the control task's pathspec:
-    `card view <step>` alone would pick another node's task, which has none)."""
-    return "python %s card view %s/%s/%s --id torchrun" % (
-        shlex.quote(os.path.basename(argv0) or "flow.py"), run_id, step_name, task_id)
 
 
 def _unknown_message(unknown, defaults) -> str:

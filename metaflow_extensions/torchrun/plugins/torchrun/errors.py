@@ -194,7 +194,12 @@ class GangAborted(TorchrunException):
         self.cause = cause
         origin = cause.node_index
         lines = []
-        if same_log and is_refusal(cause):
+        if cause.exc_type == TorchrunNotRetried.__name__ and origin != node_index:
+            # retry_on refused this attempt on node 0: said there once.
+            self.headline = TorchrunNotRetried.headline
+            text = "node %d ran nothing: %s" % (node_index, "node %s's error in this log says why" % origin
+                                                if same_log else (cause.message or cause.summary))
+        elif same_log and is_refusal(cause):
             # A local run: every node's output is the control's log, where the
             # refusing node's own error says the problem once.
             text = "node %d stopped because node %s refused its current.torch.run call (its error is in this log)." % (

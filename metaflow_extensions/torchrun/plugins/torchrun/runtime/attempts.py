@@ -19,6 +19,7 @@ record as stored), except ``read_previous``, which asks the Metaflow client.
 from __future__ import annotations
 
 import datetime
+import math
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
@@ -61,16 +62,26 @@ class Previous:
         return cls(Cause.from_wire(record.get("cause")), tuple(a for a in attempts if a is not None))
 
 
-def refusal(retry_on: str, attempt: int, previous: Optional[Previous]) -> Optional[str]:
-    """The one line that refuses attempt ``attempt``, or None to run it."""
+def refusal(retry_on: str, attempt: int, previous: Optional[Previous], retries: int = 0) -> Optional[str]:
+    """Why attempt ``attempt`` runs nothing, or None to run it: one statement
+    (its error's text, under the headline "not retried"). ``retries``: the
+    step's ``@retry(times)``. Metaflow's @retry offers a step no way to cancel
+    the attempts after this one, so the first refused attempt says, once,
+    that they start and end the same way."""
     if retry_on != "infrastructure" or attempt <= 0 or previous is None:
         return None
     what = user_code_failure(previous.cause)
     if what is None:
         return None
     origin = previous_origin(previous, attempt - 1)
-    return ("not retried: attempt %d failed in your code, %s; @torchrun(retry_on='infrastructure') "
-            "retries only infrastructure failures" % (origin, what))
+    text = ("attempt %d ran nothing: attempt %d failed in your code, %s, and @torchrun(retry_on='infrastructure') "
+            "retries only infrastructure failures." % (attempt, origin, what))
+    if attempt == origin + 1 and attempt < retries:
+        later = "attempt %d, which ends" % retries if attempt + 1 == retries else \
+            "attempts %d-%d, each of which ends" % (attempt + 1, retries)
+        text += (" Metaflow's @retry still starts %s here the same way before any rank starts (a step cannot "
+                 "cancel Metaflow's retries)." % later)
+    return text
 
 
 def previous_origin(previous: Previous, default: int) -> int:
@@ -269,24 +280,58 @@ def first_output(results: List[Any]) -> Optional[float]:
     return None
 
 
+@dataclass(frozen=True)
+class Marks:
+    """One attempt's marks on the step's clock, each clamped to the ones
+    before: its start, the gang formed, the end of start-up (a rank's first
+    line on the control, else the first call's start), the end of its work
+    (the failure, as the gang detected it), and ``end``. The goodput ledger
+    and the attempts' costs cut time at these same marks, so they agree."""
+
+    start: float
+    formed: float
+    first: float
+    work_end: float
+    end: float
+
+
+def marks(a: Attempt, end: float) -> Marks:
+    start = a.started_at if a.started_at is not None else end
+    start = min(start, end)
+    formed = clamp(a.gang_formed_at, start, end)
+    call = a.calls[0].started_at if a.calls else None
+    first = clamp(a.first_output_at if a.first_output_at is not None else call, formed, end)
+    work_end = clamp(a.ended_at if a.calls else None, first, end)
+    return Marks(start, formed, first, work_end, end)
+
+
+def clamp(value: Optional[float], low: float, high: float) -> float:
+    return low if value is None else min(max(value, low), high)
+
+
+def lost_since(m: Marks, saved_at: Optional[float]) -> float:
+    """Where a failed attempt's lost work starts: the checkpoint the next
+    attempt resumed from, else the end of its start-up (start-up is not work)."""
+    return clamp(saved_at, m.first, m.work_end) if saved_at is not None else m.first
+
+
 def with_costs(attempts: List[Attempt]) -> List[Attempt]:
-    """What each failure cost: the work since the last checkpoint before it
-    (the one the next attempt resumed from; the whole attempt without one)
-    and the restart (the failure to the next attempt's first call with its
-    whole gang there: the later of the call's start and the gang formed)."""
+    """What each failure cost, at the goodput ledger's marks: the work lost
+    (the ledger's ``lost_work``: from the checkpoint the next attempt resumed
+    from, or the first line without one, to the failure) and the time to train
+    again (``restart_seconds``: the failure to the next attempt's first line;
+    the ledger's ``stop`` and ``restart`` together, its ``time_to_restart``)."""
     out = list(attempts)
     for i, (failed, nxt) in enumerate(zip(attempts, attempts[1:])):
-        end = failed.ended_at
-        if end is None:
+        if failed.ended_at is None:
             continue
+        end = nxt.started_at if nxt.started_at is not None else failed.recorded_at or failed.ended_at
+        m = marks(failed, min(failed.recorded_at, end) if failed.recorded_at is not None else end)
         saved = nxt.resumed_from.created_at if nxt.resumed_from is not None else None
-        began = failed.calls[0].started_at if failed.calls else failed.started_at
-        since = saved if saved is not None and saved <= end else began
-        restart_to = nxt.calls[0].started_at if nxt.calls else None
-        if restart_to is not None and nxt.gang_formed_at is not None:
-            restart_to = max(restart_to, nxt.gang_formed_at)
-        lost_work = max(0.0, end - since) if since is not None else None
-        restart = max(0.0, restart_to - end) if restart_to is not None else None
+        lost_work = m.work_end - lost_since(m, saved)
+        restart = None
+        if nxt.started_at is not None and (nxt.calls or nxt.first_output_at is not None):
+            restart = max(0.0, marks(nxt, math.inf).first - m.work_end)
         parts = [p for p in (lost_work, restart) if p is not None]
         out[i] = replace(failed, lost_work_seconds=lost_work, restart_seconds=restart,
                          lost_seconds=sum(parts) if parts else None, costed=True)

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Tuple, Union
 
 from ..cause import Cause, CauseKind
-from ..errors import GangAborted, TorchrunCallRefused, TorchrunException, is_refusal
+from ..errors import GangAborted, TorchrunCallRefused, TorchrunException, TorchrunNotRetried, is_refusal
 from ..gang import GangConfig
 from ..gang import GangClient
 from ..gang import GangServer
@@ -278,6 +278,9 @@ class GangSession:
             # message; a traceback through our planning would only bury it.
             return Cause(CauseKind.STEP_FAILED, "node %d refused %s" % (node, _first_line(message)),
                          node_index=node, exc_type=exc_type, message=message[:4000], call=error.call - 1)
+        if isinstance(error, TorchrunNotRetried):  # its text is the whole story: no traceback of ours
+            return Cause(CauseKind.STEP_FAILED, "node %d: %s" % (node, _first_line(message)), node_index=node,
+                         exc_type=exc_type, message=message[:4000])
         raised = self._call_error
         in_call = self.phase is Phase.IN_CALL or (raised is not None and raised in (error, error.__cause__))
         where = _where(self.calls_made, in_call)

@@ -35,6 +35,7 @@ class ThisAttempt:
     """What the task knows of its own attempt, beyond the gang's calls."""
 
     number: int
+    retries: int = 0  # the step's @retry(times): the last attempt's number
     started: float = field(default_factory=time.time)
     previous: Optional[attempts_.Previous] = None  # attempt k-1's record (the control, k > 0)
     refusal: Optional[str] = None  # retry_on refused this attempt: why
@@ -47,7 +48,7 @@ class ThisAttempt:
         """Attempt k-1's record: the attempts so far, and whether to run this
         one. Returns a line to say, if any."""
         self.previous, note = attempts_.read_previous(pathspec, self.number - 1, METADATA_FIELD)
-        self.refusal = attempts_.refusal(retry_on, self.number, self.previous)
+        self.refusal = attempts_.refusal(retry_on, self.number, self.previous, self.retries)
         return note
 
 

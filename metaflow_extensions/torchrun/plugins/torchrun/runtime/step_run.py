@@ -12,7 +12,6 @@ import time
 from typing import Any, Callable
 
 from ..errors import TorchrunNotRetried, drop_own_frame
-from ..host import say
 from . import attempts as attempts_
 from . import preflight
 from .session import GangSession
@@ -36,8 +35,7 @@ def in_gang(step_func: Callable[[], Any], start_session: Callable[[Any], GangSes
         session.join()
         try:
             with session.user_code():
-                if attempt.refusal is not None:
-                    say(attempt.refusal)
+                if attempt.refusal is not None:  # said once, as this error
                     raise TorchrunNotRetried(attempt.refusal)
                 step_func()
         except BaseException as e:
