@@ -49,7 +49,8 @@ setup(
     package_dir={"": "."},
     package_data={"metaflow_extensions.torchrun.plugins.torchrun": ["py.typed"]},
     options={"egg_info": {"egg_base": "build"}},
-    install_requires=["metaflow>=2.12"],
+    # setproctitle: a rank forked from the warm process shows its own command to ps (host/title.py).
+    install_requires=["metaflow>=2.12", "setproctitle>=1.3"],
     extras_require={
         "torch": ["torch>=2.11"],
         # @checkpoint / @model (docs/resume.md): resume a failed gang from its last save.

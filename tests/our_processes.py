@@ -11,6 +11,12 @@ Two ways to know a process, neither a string copied into a test:
   ``BOOTSTRAP_MODULE``); a node's Metaflow task carries Metaflow's own
   ``--ubf-context`` value (``UBF_CONTROL`` / ``UBF_TASK``). Rename a module and
   these follow; a copied string would silently match nothing.
+
+A rank shows the user's command, not ours (``host/title.py``): a forked one is
+found through its stand-in, which keeps the module on its command line; a fresh
+one by the call's work directory in its own environment (``WORK_DIR_ENV``, set
+for torchrun's processes alone). A forked process's environment is its warm
+process's, which holds the test's token too, and its parent is that warm process.
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ from typing import Dict, List, Optional, Sequence
 from metaflow.unbounded_foreach import UBF_CONTROL, UBF_TASK
 
 from metaflow_extensions.torchrun.plugins.torchrun.launch.command import AGENT_MODULE, BOOTSTRAP_MODULE, ZYGOTE_MODULE
-from metaflow_extensions.torchrun.plugins.torchrun.procs.names import ZYGOTE_NAME, ZYGOTE_PID_SUFFIX
+from metaflow_extensions.torchrun.plugins.torchrun.procs.names import WORK_DIR_ENV, ZYGOTE_NAME, ZYGOTE_PID_SUFFIX
 
 TOKEN_VAR = "MFTR_TEST_TOKEN"
 # A node's torchrun: its agent and the ranks the agent starts.
@@ -42,16 +48,20 @@ def _pids() -> List[int]:
     return [int(n) for n in os.listdir("/proc") if n.isdigit() and int(n) != os.getpid()]
 
 
+def _environ(pid: int) -> List[bytes]:
+    try:
+        with open("/proc/%d/environ" % pid, "rb") as f:
+            return f.read().split(b"\0")
+    except OSError:
+        return []
+
+
 def processes_with_token(token: str) -> List[int]:
     """Live (not zombie) processes whose environment holds this test's token."""
     needle = ("%s=%s" % (TOKEN_VAR, token)).encode()
     found = []
     for pid in _pids():
-        try:
-            with open("/proc/%d/environ" % pid, "rb") as f:
-                if needle not in f.read().split(b"\0"):
-                    continue
-        except OSError:
+        if needle not in _environ(pid):
             continue
         state = _state(pid)
         if state is not None and state != b"Z":
@@ -80,13 +90,15 @@ def kill_all(token: str) -> None:
 
 
 def argv(pid: int) -> List[str]:
-    """A process's command line as a list ([] when it is gone)."""
+    """A process's command line as a list ([] when it is gone). A title written
+    over it (host/title.py) is one string: split at its blanks, as ps shows it."""
     try:
         with open("/proc/%d/cmdline" % pid, "rb") as f:
             data = f.read()
     except OSError:
         return []
-    return [a.decode(errors="replace") for a in data.split(b"\0") if a]
+    words = [a.decode(errors="replace") for a in data.split(b"\0") if a.strip()]
+    return words[0].split() if len(words) == 1 else words
 
 
 def describe(pids: Sequence[int]) -> str:
@@ -95,8 +107,12 @@ def describe(pids: Sequence[int]) -> str:
 
 
 def is_torchrun(pid: int) -> bool:
-    """A torchrun agent or one of its ranks (``python -m <one of TORCHRUN_MODULES>``)."""
-    return any(module in argv(pid) for module in TORCHRUN_MODULES)
+    """A torchrun agent or one of its ranks: ``python -m <one of TORCHRUN_MODULES>``
+    (a fresh one, or the stand-in of a forked one), or a fresh rank titled with
+    the user's command, which torchrun gave the call's work directory."""
+    if any(module in argv(pid) for module in TORCHRUN_MODULES):
+        return True
+    return any(entry.startswith(WORK_DIR_ENV.encode() + b"=") for entry in _environ(pid))
 
 
 def torchrun_processes(token: str) -> List[int]:

@@ -39,3 +39,20 @@ def quiet_wait(seconds):
     chatter.wait()
     print("rank %d ready" % dist.get_rank(), flush=True)
     time.sleep(seconds)  # quiet here
+
+
+def hold():
+    """Says it runs (rank, pid) in the test's out directory, then waits for the
+    test's `release` file (at most 120 s): the test looks at the live ranks."""
+    import json
+    import time
+
+    out, rank = os.environ["MFTR_TEST_OUT"], int(os.environ["RANK"])
+    path = os.path.join(out, "ready-%d.json" % rank)
+    with open(path + ".tmp", "w") as f:
+        json.dump({"rank": rank, "pid": os.getpid()}, f)
+    os.replace(path + ".tmp", path)
+    deadline = time.monotonic() + 120
+    while not os.path.exists(os.path.join(out, "release")) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return rank

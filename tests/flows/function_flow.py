@@ -6,7 +6,7 @@ import os
 
 from metaflow import FlowSpec, Parameter, current, step, torchrun
 
-from fnlib import describe, quiet_wait, raise_on
+from fnlib import describe, hold, quiet_wait, raise_on
 
 
 def allreduce_sum(scale):
@@ -35,6 +35,8 @@ class FunctionFlow(FlowSpec):
             result = current.torch.run(entrypoint=allreduce_sum, entrypoint_args={"scale": 10})
         elif self.mode == "module":
             result = current.torch.run(entrypoint=describe, entrypoint_args=["tagged"])
+        elif self.mode == "hold":
+            result = current.torch.run(entrypoint=hold)
         elif self.mode == "hang":
             result = current.torch.run(entrypoint=quiet_wait, entrypoint_args={"seconds": 3600})
         else:

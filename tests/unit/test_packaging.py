@@ -46,7 +46,7 @@ def test_the_license_is_an_spdx_expression_without_a_license_classifier():
 
 def test_the_demo_installs_the_runtime_only_pinned():
     demo = _requirements("requirements-demo.txt")
-    assert set(demo) == {"metaflow", "torch", "numpy"}
+    assert set(demo) == {"metaflow", "torch", "numpy", "setproctitle"}  # setproctitle: host/title.py
     assert all(re.fullmatch(r"\d+(\.\d+)*", v) for v in demo.values()), demo
     with open(os.path.join(REPO, "requirements-dev.txt")) as f:
         assert "-r requirements-demo.txt" in f.read().splitlines()

@@ -1,19 +1,25 @@
 """``python flow.py torchrun history``: the node history as a command of the
 flow's own CLI (Metaflow's ``CLIS_DESC``), over the flow's metadata and
 datastore as the flow's options name them (``--metadata``, ``--datastore``).
+``python flow.py torchrun ps``: the ranks of the flow's running steps on this
+host (``procs/running.py``).
 
     python flow.py torchrun history --last 20
     python flow.py torchrun history --days 7 --all-flows --json
+    python flow.py torchrun ps
 """
 
 from __future__ import annotations
 
 import datetime
 import json
-from typing import Any, List, Optional
+import os
+import sys
+from typing import Any, List, Optional, Sequence
 
 from metaflow._vendor import click
 
+from .procs import RunningRank, running_ranks
 from .runtime import node_history
 from .text import count, shorten
 
@@ -54,6 +60,31 @@ def history(obj: Any, last: Optional[int], days: Optional[float], all_flows: boo
         return
     for line in table(report):
         click.echo(line)
+
+
+@torchrun.command(help="The ranks of this flow's running @torchrun steps on this host (every node of a local "
+                       "run): run, step, node, rank, pid and the command ps shows.")
+@click.option("--all-flows", is_flag=True, default=False, help="Every flow's, not only this one's.")
+@click.option("--json", "as_json", is_flag=True, default=False, help="JSON instead of a table.")
+@click.pass_obj
+def ps(obj: Any, all_flows: bool, as_json: bool) -> None:
+    main = sys.modules.get("__main__")
+    flow_file = None if all_flows else os.path.abspath(getattr(main, "__file__", None) or sys.argv[0])
+    ranks = running_ranks(flow_file)
+    if as_json:
+        click.echo(json.dumps([r.to_dict() for r in ranks], indent=2))
+    elif not ranks:
+        click.echo("no rank of %s is running on this host" % ("a @torchrun step" if all_flows else obj.flow.name))
+    else:
+        for line in ps_table(ranks):
+            click.echo(line)
+
+
+def ps_table(ranks: Sequence[RunningRank]) -> List[str]:
+    head = ("run", "step", "node", "rank", "pid", "command")
+    rows = [(r.run_id, r.step, str(r.node), str(r.rank), str(r.pid), r.command) for r in ranks]
+    widths = [max([len(head[i])] + [len(r[i]) for r in rows]) for i in range(len(head) - 1)]
+    return ["  ".join(c.ljust(w) for c, w in zip(row, widths)) + "  " + row[-1] for row in [head] + rows]
 
 
 def table(report: Any) -> List[str]:

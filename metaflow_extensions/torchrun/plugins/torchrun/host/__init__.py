@@ -42,6 +42,7 @@ __all__ = [
     "work_root",
     "log",
     "proctree",
+    "title",
     "retention_policy",
 ]
 
@@ -89,7 +90,7 @@ if TYPE_CHECKING:
     from .workdirs import CallFiles, StepDir, work_root
 
 if TYPE_CHECKING:
-    from . import log, proctree
+    from . import log, proctree, title
 
 
 __getattr__ = names_from(__name__, _HOME, __all__)

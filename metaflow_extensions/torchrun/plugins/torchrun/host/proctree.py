@@ -69,6 +69,21 @@ def descendants(root: int, *more: int, not_below: Optional[bytes] = None) -> Set
     return found
 
 
+def started_at(pid: int) -> Optional[float]:
+    """When ``pid`` started, in epoch seconds (to the second: the boot time is
+    kept in whole seconds); None if it is gone. Tells a live process from a
+    later one that took a recorded pid."""
+    st = _stat(pid)
+    if st is None:
+        return None
+    try:
+        with open("/proc/stat", "rb") as f:
+            boot = next(int(line.split()[1]) for line in f if line.startswith(b"btime "))
+    except (OSError, StopIteration, ValueError, IndexError):
+        return None
+    return boot + st[1] / os.sysconf("SC_CLK_TCK")
+
+
 def process_name(pid: int) -> Optional[bytes]:
     """The name Linux shows for a process (``/proc/PID/comm``), None if it is gone."""
     st = _stat(pid)

@@ -46,6 +46,8 @@ __all__ = [
     "ProgressReport",
     "RankFailure",
     "RankStatus",
+    "RunningRank",
+    "running_ranks",
     "SECRET_ENV",
     "STRAGGLER_RATIO_ENV",
     "STRAGGLER_SECONDS_ENV",
@@ -109,6 +111,8 @@ _HOME = {
     "ProgressReport": "progress",
     "RankFailure": "failures",
     "RankStatus": "status",
+    "RunningRank": "running",
+    "running_ranks": "running",
     "SECRET_ENV": "names",
     "STRAGGLER_RATIO_ENV": "names",
     "STRAGGLER_SECONDS_ENV": "names",
@@ -147,6 +151,7 @@ if TYPE_CHECKING:
                         zygote_log_path)
     from .ranges import numbers
     from .stacks import MAX_STACK_BYTES, SUMMARY_PLACES, bound, group
+    from .running import RunningRank, running_ranks
     from .status import RankStatus, StatusError, read_statuses
 
 if TYPE_CHECKING:

@@ -23,7 +23,7 @@ from .names import (ARGS_FILE, WORK_DIR_ENV, LABELS_ENV, LOG_DIR_ENV, NODE_INDEX
 from .failures import RankFailure, write_failure
 from .status import RankStatus, write_status
 from .failure_block import is_users
-from ..host import open_private
+from ..host import open_private, title
 
 
 def _env_int(name: str, default: int = -1) -> int:
@@ -154,6 +154,25 @@ def run_function(ref_text: str, workdir: str) -> None:
         raise err from e
 
 
+def show_command(argv: list) -> bool:
+    """What ``ps``, ``py-spy`` and ``pgrep -f`` show for this rank: the command
+    torchrun would have run without us (``python -u train.py ARGS``), or for a
+    function ``python -u <module or flow file>:<function>``; its short name the
+    script's or the function's. True where the whole title shows (host/title.py)."""
+    if argv[:1] == [FUNCTION_FLAG] and len(argv) == 3:
+        from . import functions
+
+        try:
+            ref = functions.FunctionRef.decode(argv[1])
+        except ValueError:
+            return False
+        return title.show([sys.executable, "-u", "%s:%s" % (ref.target, ref.qualname)],
+                          ref.qualname.rsplit(".", 1)[-1])
+    if not argv:
+        return False
+    return title.show([sys.executable, "-u", *argv], os.path.basename(argv[0]))
+
+
 def _status(status: RankStatus) -> None:
     """This rank's life for the result object: written at start, then at exit."""
     directory = os.environ.get(WORK_DIR_ENV)
@@ -182,6 +201,7 @@ def main(argv: list) -> None:
     # Forked from the node's warm process, torch already imported (zygote.py);
     # this process stands in for it. Returns where there is none.
     handoff.hand_off("bootstrap", argv)
+    title.prepare()  # a fresh rank's, before its environment changes (a forked one's was the zygote's)
     # What to run comes from the entry file, out of torchrun's sight (entry.py);
     # TMPDIR goes back to the user's (torchrun's agent had the work directory).
     try:
@@ -189,6 +209,7 @@ def main(argv: list) -> None:
     except (OSError, ValueError) as e:
         sys.stderr.write("@torchrun bootstrap: cannot read what to run: %s\n" % e)
         sys.exit(2)
+    show_command(argv)
     entry.restore_user_tmpdir()
     agent.keep_ranks_store_on_loopback(os.environ)
     if os.environ.get(RESTART_ENV):

@@ -40,7 +40,7 @@ import sys
 import time
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
-from ..host import die_with_parent, name_this_process
+from ..host import die_with_parent, name_this_process, title
 from . import handoff
 from .fork_guard import ForkGuard
 from .names import WORK_DIR_ENV, ZYGOTE_ENV, ZYGOTE_NAME, ZYGOTE_PID_SUFFIX
@@ -304,6 +304,8 @@ def become(request: Request, fds: List[int]) -> None:
     signal.pthread_sigmask(signal.SIG_SETMASK, [])
     if request.module != "zygote" and _FRESH_NAME:
         name_this_process(_FRESH_NAME)  # as `python` started it
+    if request.module == "agent":  # what ps shows: its command, not ours (host/title.py)
+        title.show(["torchrun", *request.argv], "torchrun")
     env = dict(request.env)
     if request.module != "agent":
         env.pop(ZYGOTE_ENV, None)  # the user's code never sees it; an agent passes it on to its ranks
@@ -355,14 +357,18 @@ def main(argv: List[str]) -> None:
     global _FRESH_NAME, _GUARD
     _GUARD = ForkGuard()  # the threads alive before anything of ours ran
     os.umask(0o077)  # what it writes is private (docs/seeing-the-gang.md); each child gets its stand-in's
-    if len(argv) != 1:
+    if len(argv) not in (1, 2) or argv[1:] and argv[1].strip():  # SOCKET [room: blanks, host/title.py]
         sys.stderr.write("usage: python -m %s SOCKET\n" % __name__)
         sys.exit(2)
+    title.prepare()  # before anything changes the environment; every child inherits it
     if handoff.FORKED:  # forked from another zygote, this socket our stdin
+        title.show(_own_command(argv[0]), ZYGOTE_NAME.decode())
         listener = _listener_from_stdin()
         _write_pid(argv[0])
     else:
         _FRESH_NAME = _own_name()
+        if len(argv) == 2:  # the room stays for the children's titles, out of sight
+            title.show(_own_command(argv[0]), _FRESH_NAME.decode(errors="replace"))
         listener = listen(argv[0])
         os.dup2(listener.fileno(), 0)
         if os.environ.get(ZYGOTE_ENV) != argv[0]:
@@ -373,6 +379,10 @@ def main(argv: List[str]) -> None:
     _GUARD.warmed()
     request, fds = Server(listener).serve()
     become(request, fds)
+
+
+def _own_command(socket_path: str) -> List[str]:
+    return [sys.executable, "-u", "-m", __spec__.name if __spec__ else __name__, socket_path]
 
 
 def _own_name() -> bytes:

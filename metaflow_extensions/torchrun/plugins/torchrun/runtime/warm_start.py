@@ -27,7 +27,7 @@ import sys
 from typing import Any, Dict, Mapping, Optional
 
 from .. import knob_text
-from ..host import StepDir, die_with_parent, kill_group, open_private
+from ..host import StepDir, die_with_parent, kill_group, open_private, title
 from ..launch import ZYGOTE_MODULE, StepDefaults
 from ..procs import HOST_ZYGOTE_ENV, WARM_START_ENV, ZYGOTE_ENV, ZYGOTE_PID_SUFFIX, ZYGOTE_SOCKET, zygote_log_path
 
@@ -118,7 +118,9 @@ class WarmStart:
             except OSError:
                 pass
         try:
-            self.proc = subprocess.Popen([sys.executable, "-u", "-m", ZYGOTE_MODULE, self.path], env=zenv,
+            # Room in its command line for the titles of what it forks (host/title.py).
+            command = [sys.executable, "-u", "-m", ZYGOTE_MODULE, self.path, *title.room()]
+            self.proc = subprocess.Popen(command, env=zenv,
                                          stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                                          start_new_session=True, preexec_fn=die_with_parent)
             _log.debug("the warm process started: pid %d", self.proc.pid)

@@ -1,0 +1,121 @@
+"""What ``ps``, ``top``, ``py-spy`` and ``pgrep -f`` show for a process of ours.
+
+A process forked from the node's warm process (``procs/zygote.py``) would show
+the warm process's command line for its whole life: ``ps -o args`` reads the
+memory where the kernel put the first process's argv, and a fork inherits it.
+``show`` writes the command the process stands for there, through
+setproctitle (PyPI, pinned in requirements-demo.txt), and sets the short name
+(``ps -o comm``, ``/proc/PID/comm``) with ``prctl(PR_SET_NAME)``.
+
+Two bounds, both setproctitle's on Linux:
+
+- The title is written over the process's original argv only (``SPT_NOENV``):
+  its ``/proc/PID/environ`` stays readable (tools that find processes by an
+  environment variable still can), so the title is cut at the length of the
+  original command line. A process that forks others for a living is started
+  with ``room()`` appended to its command: about 4 KiB of blanks it never reads,
+  which it hides again by titling itself (``procs/zygote.py``).
+- setproctitle must find that memory before anything changes the C
+  environment (it walks back from the first environment string): ``prepare``
+  runs first in the process, and a fork inherits what it found.
+
+Without setproctitle (a user's image that lacks it) only the short name is set,
+by ``prctl`` through ctypes: ``ps -o comm``, ``top`` and ``pgrep`` (without
+``-f``) still show the script.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from typing import Any, List, Optional, Sequence
+
+from .proctree import name_this_process
+
+# The original command line a forking process keeps free for its children's titles.
+ROOM = 4096
+_NOENV = "SPT_NOENV"
+
+_spt: Any = None  # setproctitle's C module, once prepared
+_prepared: Optional[bool] = None
+
+
+def available() -> bool:
+    """Whether setproctitle is installed for this interpreter (without importing it)."""
+    try:
+        return importlib.util.find_spec("setproctitle") is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def room() -> List[str]:
+    """An argument to append to the command of a process that will fork
+    others, so their titles have room: none where no title can be written."""
+    return [" " * ROOM] if available() else []
+
+
+def prepare() -> bool:
+    """Find the argv memory now (once per process; a fork inherits it).
+    False where setproctitle is missing: ``show`` then sets the short name only."""
+    global _spt, _prepared
+    if _prepared is not None:
+        return _prepared
+    _prepared = False
+    try:
+        import setproctitle
+
+        spt = setproctitle._setproctitle  # absent where its C part did not build: the package then does nothing
+    except (ImportError, AttributeError):
+        return False
+    before = os.environ.get(_NOENV)
+    if not before:
+        os.environ[_NOENV] = "1"  # read once, by the setup below: keep /proc/PID/environ whole
+    name = _own_name()
+    try:
+        spt.getproctitle()
+    except Exception:
+        return False
+    finally:
+        if not before:
+            if before is None:
+                os.environ.pop(_NOENV, None)
+            else:
+                os.environ[_NOENV] = before
+        if name:
+            name_this_process(name)  # the setup names the process after its command line: not yet
+    _spt, _prepared = spt, True
+    return True
+
+
+def _own_name() -> bytes:
+    try:
+        with open("/proc/self/comm", "rb") as f:
+            return f.read().strip()
+    except OSError:
+        return b""
+
+
+def show(words: Sequence[str], short: str) -> bool:
+    """Be ``words`` to ``ps -o args`` (joined by blanks, cut where the original
+    command line ends) and ``short`` to ``ps -o comm`` (its first 15 bytes).
+    True where the full title is shown; the short name is set either way."""
+    shown = False
+    if prepare():
+        try:
+            _spt.setproctitle(" ".join(words))  # it also names the process: ours comes after
+            shown = True
+        except Exception:
+            pass
+    name_this_process(short.encode(errors="replace") or b"python")
+    return shown
+
+
+def command_line(pid: int) -> Optional[str]:
+    """What ``ps -o args`` shows for ``pid``: its argv joined by blanks, a title
+    as written; None once it is gone."""
+    try:
+        with open("/proc/%d/cmdline" % pid, "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
+    return " ".join(a.decode(errors="replace") for a in data.split(b"\0") if a).rstrip()
