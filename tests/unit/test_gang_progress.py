@@ -17,7 +17,7 @@ from metaflow_extensions.torchrun.plugins.torchrun.gang.wire import ProtocolErro
 from metaflow_extensions.torchrun.plugins.torchrun.procs.progress import ProgressReport
 from metaflow_extensions.torchrun.plugins.torchrun.procs.records import write_json
 from metaflow_extensions.torchrun.plugins.torchrun.runtime import card_progress
-from metaflow_extensions.torchrun.plugins.torchrun.runtime.card import escape_markdown
+from metaflow_extensions.torchrun.plugins.torchrun.runtime.card import clip
 
 
 def _node(rate, step=100, lo=0, hi=7, total=1000, cpu=None, **metrics):
@@ -174,7 +174,7 @@ def test_an_even_gang_names_no_slowest_node(rates):
     book.check(0.0)
     assert book.summary.slowest is None
     assert "slowest" not in (book.line() or "") and book.line().startswith("progress: step 250/1000")
-    assert not any(row[0] == "slowest node" for row in card_progress.rows(book.summary, escape_markdown))
+    assert not any(row[0] == "slowest node" for row in card_progress.rows(book.summary, clip))
 
 
 def test_the_chart_stays_the_same_size_at_4096_nodes():
@@ -212,14 +212,17 @@ def test_durations_read_as_a_person_says_them():
     assert [duration(s) for s in (5, 300, 7500)] == ["5 s", "5 min", "2 h 05 min"]
 
 
-def test_the_card_section_escapes_what_a_rank_sent():
+def test_the_card_section_shows_what_a_rank_sent_as_text():
+    """A table cell is drawn as text (tests/unit/test_card.py's browser test):
+    what a rank sent goes in as it is, clipped; a code span or an entity
+    there would show its backticks or ``&lt;`` as typed (issue 52)."""
     book = _book(nodes=2, window=0.0)
-    book.update(0, "<b>h</b>", _node(2.0, **{"*loss*": 0.5}))
-    book.update(1, "h1", _node(0.5))
+    book.update(0, "h0", _node(2.0, **{"*loss*": 0.5}))
+    book.update(1, "<b>h</b>", _node(0.5))
     book.check(0.0)
-    rows = card_progress.rows(book.summary, escape_markdown)
-    text = json.dumps(rows)
-    assert ["`` *loss* ``", "0.5"] in rows and "<b>" not in text  # a code span: never read as Markdown
+    rows = card_progress.rows(book.summary, clip)
+    assert ["*loss*", "0.5"] in rows
+    assert any("<b>h</b>" in cell for row in rows for cell in row)
     assert rows[0] == ["step", "100 of 1000 (10%)"]
 
 

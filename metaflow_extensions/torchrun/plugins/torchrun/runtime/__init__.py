@@ -21,6 +21,7 @@ from ..lazy import names_from
 
 __all__ = [
     "card_ready",
+    "card_view_command",
     "card_of_task",
     "GangSession",
     "METADATA_FIELD",
@@ -58,6 +59,7 @@ __all__ = [
 # Where each name lives: loaded on first use, so that importing the face costs nothing.
 _HOME = {
     "card_ready": "card",
+    "card_view_command": "card",
     "card_of_task": "card",
     "prepare_local_nodes": "local_nodes",
     "name_local_control": "local_nodes",
@@ -86,7 +88,7 @@ _HOME = {
 }
 
 if TYPE_CHECKING:
-    from .card import card_of_task, card_ready
+    from .card import card_of_task, card_ready, card_view_command
     from .card import attach_card, finish_card, refresh_live, render_card_now, skip_render
     from .warm_start import close_runtime_warm
     from .local_nodes import name_local_control, prepare_local_nodes, stop_local_nodes, worker_python_problem

@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
 from .. import timeouts
 from ..cause import Cause, CauseKind
 from ..host import log
-from ..procs import FlightSummary, find_culprits, flight_ask, stacks
+from ..procs import Culprits, FlightSummary, find_culprits, flight_ask, stacks
 from .result import read_rank_records
 
 _log = log.get("runtime.call_stacks")
@@ -30,7 +30,7 @@ class CallStacks:
     seconds: float = 0.0  # what collecting (and gathering) them took
     shared: bool = False
     nodes: Dict[int, int] = field(default_factory=dict)  # rank -> its node, for the ranks seen
-    culprits: Dict[str, Any] = field(default_factory=dict)  # the control's suspects, for the record
+    culprits: Optional[Culprits] = None  # the control's suspects, for the record and the card
     flights: Dict[int, FlightSummary] = field(default_factory=dict)  # rank -> its Flight Recorder's summary
 
     def collect(self, session: Any, index: int, supervisor: Any, workdir: str) -> None:
@@ -102,7 +102,7 @@ class CallStacks:
 
     def record(self) -> Dict[str, Any]:
         """The result record's fields: the stacks, what they cost, the suspects."""
-        return {"stacks": dict(self.stacks), "stack_seconds": round(self.seconds, 3), "culprits": dict(self.culprits)}
+        return {"stacks": dict(self.stacks), "stack_seconds": round(self.seconds, 3), "culprits": self.culprits}
 
     def suspects(self, session: Any, cause: Cause) -> List[str]:
         """The control, after ``gather``: the ranks not in the collective the
@@ -116,5 +116,13 @@ class CallStacks:
         found = find_culprits(self.stacks, self.nodes, server.hosts(), tuple(self.nodes), flights=self.flights)
         if found is None:
             return []
-        self.culprits = found.to_wire()
-        return [] if cause.kind is CauseKind.RANK_FAILED else found.lines()
+        self.culprits = found
+        return suspected(found, cause)
+
+
+def suspected(culprits: Optional[Culprits], cause: Optional[Cause]) -> List[str]:
+    """The "Suspected cause" lines the failure says, and the card: none where
+    a failed rank is the root cause (its own error names it already)."""
+    if culprits is None or (cause is not None and cause.kind is CauseKind.RANK_FAILED):
+        return []
+    return culprits.lines()

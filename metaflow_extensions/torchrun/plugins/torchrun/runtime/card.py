@@ -26,6 +26,7 @@ from __future__ import annotations
 import html
 import os
 import re
+import shlex
 import time
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
@@ -40,6 +41,7 @@ from ..errors import is_refusal
 from ..procs import numbers
 from . import card_preflight, card_progress, timeline, what_ran
 from . import evidence, goodput
+from .call_stacks import suspected
 from .result import REPORT_ARTIFACT, TorchrunResult
 
 CARD_ID = "torchrun"
@@ -201,16 +203,42 @@ def code_block(text: Any) -> str:
     return "%s\n%s\n%s" % (fence, body, fence)
 
 
-def summary_markdown(result: TorchrunResult, flow: str, pathspec: str) -> str:
+def card_view_command(argv0: str, deco: Any, pathspec: str) -> Optional[str]:
+    """The command that opens this attempt's card (``deco``'s, None on a node
+    without one), and only it: the control task's pathspec (``card view
+    <step>`` alone picks any node's task, mostly one without the card) and the
+    card's hash. Every attempt of a task keeps its own card under the same id,
+    so after a ``@retry`` the id alone matches each attempt's, and Metaflow
+    then lists them instead of showing one."""
+    if deco is None:
+        return None
+    card_uuid = getattr(deco, "_card_uuid", None)  # set by the card's task_pre_step
+    run_step_task = "/".join(pathspec.split("/")[1:])
+    command = "python %s card view %s --id %s" % (
+        shlex.quote(os.path.basename(argv0) or "flow.py"), run_step_task, CARD_ID)
+    return command + (" --hash %s" % card_uuid if card_uuid else "")
+
+
+def title_markdown(flow: str, pathspec: str, attempt: int) -> str:
+    """The card's heading: the flow, the task, and which attempt this card is
+    of (each attempt of a task has a card of its own)."""
+    # A flow's name is a Python identifier; the pathspec is Metaflow's (flow/run/step/task).
+    name = flow if flow.isidentifier() else escape_markdown(flow)
+    return "# @torchrun: %s, attempt %d\n\n`%s` (attempt %d)" % (name, attempt, pathspec, attempt)
+
+
+def summary_markdown(result: TorchrunResult, flow: str, pathspec: str, attempt: int = 0) -> str:
     if result.succeeded:
         status = "**Succeeded** in %.1f s" % result.duration
     else:
         summary = result.cause.summary if result.cause is not None else None
         # An HTML block, one line: the cause's text exactly as it is.
         status = "<p><strong>Failed</strong>: %s</p>" % html_line(summary or _fmt_code(result.exit_code))
-    # A flow's name is a Python identifier; the pathspec is Metaflow's (flow/run/step/task).
-    name = flow if flow.isidentifier() else escape_markdown(flow)
-    return "# @torchrun: %s\n\n`%s`\n\n%s" % (name, pathspec, status)
+        suspects = suspected(result.culprits, result.cause)
+        if suspects:  # the console's first line of it, as it says it
+            head = suspects[0].split(": ", 1)[-1]
+            status += "<p><strong>Suspected cause</strong>: %s</p>" % html_line(head, CARD_LINE_CHARS)
+    return "%s\n\n%s" % (title_markdown(flow, pathspec, attempt), status)
 
 
 def topology_rows(result: TorchrunResult, backend: str) -> List[List[str]]:
@@ -358,7 +386,8 @@ def goodput_parts(result: TorchrunResult, Markdown: Any, Table: Any) -> list:
     led = result.goodput
     if led is None:
         return []
-    parts = [Markdown("## Goodput\n\n%s" % escape_markdown(led.summary()))]
+    parts = [Markdown("## Goodput\n\n%s" % escape_markdown(led.summary())),
+             Markdown(GOODPUT_PARTS)]
     try:
         from metaflow.cards import VegaChart
 
@@ -370,8 +399,17 @@ def goodput_parts(result: TorchrunResult, Markdown: Any, Table: Any) -> list:
     return parts
 
 
+GOODPUT_PARTS = ("Each attempt's wall time cut into parts that never overlap: _lost work_ is training redone "
+                 "after a failure, _stop_ the failure to the control's record, _restart_ the record to the next "
+                 "attempt's first line (Metaflow's retry, the new gang's start).")
 ATTEMPT_HEADERS = ["attempt", "started", "gang formed in", "calls started", "stopped", "resumed from",
-                   "work lost", "restart"]
+                   "lost work", "failure to next first line"]
+# What the two costs count, said under the table: the Goodput table cuts the
+# same time at the same marks (runtime/attempts.py with_costs, runtime/goodput.py).
+ATTEMPT_COSTS = ("_Lost work_: training since the checkpoint the next attempt resumed from (since the first line "
+                 "without one) up to the failure, as in the Goodput table. _Failure to next first line_: from the "
+                 "failure to the next attempt's first line, which the Goodput table splits into this attempt's "
+                 "_stop_ and _restart_ and the next attempt's _restart_.")
 
 
 def restart_rows(result: TorchrunResult) -> List[List[str]]:
@@ -431,15 +469,15 @@ def refusal_reason(result: TorchrunResult) -> Optional[str]:
 
 def what_ran_parts(result: TorchrunResult, Markdown: Any, Table: Any) -> list:
     """The "what ran" section (what_ran.py)."""
-    rows = [[html_line(k), html_line(v, CARD_LINE_CHARS)] for k, v in what_ran.rows(result.ran, result.num_nodes)]
+    # A table cell is drawn as text: clipped, never escaped (an entity would show as typed).
+    rows = [[clip(k), clip(v, CARD_LINE_CHARS)] for k, v in what_ran.rows(result.ran, result.num_nodes)]
     return [Markdown("## What ran"), Table(rows, headers=["", ""])] if rows else []
 
 
-def refused_components(result: TorchrunResult, flow: str, pathspec: str, reason: str) -> list:
+def refused_components(result: TorchrunResult, flow: str, pathspec: str, reason: str, attempt: int = 0) -> list:
     from metaflow.cards import Markdown, Table
 
-    name = flow if flow.isidentifier() else escape_markdown(flow)
-    parts = [Markdown("# @torchrun: %s\n\n`%s`" % (name, pathspec)),
+    parts = [Markdown(title_markdown(flow, pathspec, attempt)),
              Markdown("**Refused before any rank started:**\n\n%s" % text_block(clip_lines(reason, CARD_CAUSE_CHARS)[0]))]
     parts += what_ran_parts(result, Markdown, Table)
     if attempt_rows(result):
@@ -448,15 +486,15 @@ def refused_components(result: TorchrunResult, flow: str, pathspec: str, reason:
     return parts
 
 
-def build_components(result: TorchrunResult, flow: str, pathspec: str, backend: str) -> list:
+def build_components(result: TorchrunResult, flow: str, pathspec: str, backend: str, attempt: int = 0) -> list:
     from metaflow.cards import Markdown, Table
 
     reason = refusal_reason(result)
     if reason is not None:
-        return refused_components(result, flow, pathspec, reason)
+        return refused_components(result, flow, pathspec, reason, attempt)
     parts = [
-        Markdown(summary_markdown(result, flow, pathspec)),
-        *card_progress.parts(result.progress, escape_markdown, Markdown, Table),
+        Markdown(summary_markdown(result, flow, pathspec, attempt)),
+        *card_progress.parts(result.progress, escape_markdown, clip, Markdown, Table),
         *what_ran_parts(result, Markdown, Table),
         Markdown("## Topology"),
         Table(topology_rows(result, backend), headers=["", ""]),
@@ -467,13 +505,15 @@ def build_components(result: TorchrunResult, flow: str, pathspec: str, backend: 
         Table(rank_rows(result), headers=["rank", "node", "local rank", "pid", "exit", "duration"]),
     ]
     if attempt_rows(result):
-        parts += [Markdown("## Attempts"), Table(attempt_rows(result), headers=ATTEMPT_HEADERS)]
+        parts += [Markdown("## Attempts"), Table(attempt_rows(result), headers=ATTEMPT_HEADERS), Markdown(ATTEMPT_COSTS)]
     if result.in_step_restarts:
         parts += [Markdown("## Restarts in the step"), Table(restart_rows(result), headers=RESTART_HEADERS)]
     parts += goodput_parts(result, Markdown, Table)
     cause = result.cause
     if cause is not None:
-        text, _ = clip_lines(cause.summary, CARD_CAUSE_CHARS)
+        # The suspects (procs/culprit.py) as the failure says them: by rank, node, host and place.
+        text, _ = clip_lines("\n\n".join([cause.summary] + ["\n".join(suspected(result.culprits, cause))]).strip(),
+                             CARD_CAUSE_CHARS)
         parts.append(Markdown("## Root cause\n\n%s" % text_block(text)))
         parts.append(Markdown(evidence_markdown(pathspec, result)))
     parts.extend(stack_parts(result, Markdown, Table))
@@ -520,7 +560,7 @@ def backend_label(accelerators: Accelerators, cuda_count: Optional[int]) -> str:
     return "gloo expected (the step asked for no GPU)"
 
 
-def fill_card(result: TorchrunResult, flow_name: str, accelerators: Accelerators) -> bool:
+def fill_card(result: TorchrunResult, flow_name: str, accelerators: Accelerators, attempt: int = 0) -> bool:
     """Put the run's components into ``current.card["torchrun"]``; False (and
     one line on stderr) where it could not: a card must never fail the step."""
     from metaflow import current
@@ -529,7 +569,7 @@ def fill_card(result: TorchrunResult, flow_name: str, accelerators: Accelerators
         card = current.card[CARD_ID]
         card.clear()
         backend = backend_label(accelerators, cuda_devices(os.environ))
-        card.extend(build_components(result, flow_name, current.pathspec, backend))
+        card.extend(build_components(result, flow_name, current.pathspec, backend, attempt))
         return True
     except Exception as e:
         say("could not build the card: %s" % e)
@@ -547,10 +587,10 @@ def refresh_live(progress: ProgressRecord, flow_name: str) -> None:
         card = current.card[CARD_ID]
         card.clear()
         card.extend([
-            Markdown("# %s: running (%s)" % (escape_markdown(flow_name), escape_markdown(current.pathspec))),
-            *card_progress.parts(progress, escape_markdown, Markdown, Table),
-            Markdown("_Refreshed %s while the step runs; the whole card comes when it ends._"
+            Markdown(title_markdown(flow_name, current.pathspec, int(current.retry_count or 0))),
+            Markdown("_Running: refreshed %s while the step runs; the whole card comes when it ends._"
                      % time.strftime("%Y-%m-%d %H:%M:%S")),
+            *card_progress.parts(progress, escape_markdown, clip, Markdown, Table),
         ])
         card.refresh(force=True)
     except Exception as e:  # a card must never fail the step
@@ -561,7 +601,7 @@ def finish_card(deco: Any, result: TorchrunResult, flow_name: str, accelerators:
     """Fill the card and render it in this process, in place of Metaflow's
     ``card create`` subprocesses at the end of the task. False where Metaflow
     must still render it: the card is filled either way."""
-    if not fill_card(result, flow_name, accelerators):
+    if not fill_card(result, flow_name, accelerators, attempt):
         return False
     return render_in_task(deco, attempt)
 
@@ -580,6 +620,7 @@ def render_card_now(deco: Any, attempt: int) -> bool:
     there is no card to render; one plain line when rendering it failed."""
     if not card_ready(deco):
         return False
+    _title_if_empty(attempt)
     if render_in_task(deco, attempt):
         return True
     try:
@@ -598,6 +639,21 @@ def render_card_now(deco: Any, attempt: int) -> bool:
     except Exception as e:
         say("could not render the card of the failed task: %s" % e)
         return False
+
+
+def _title_if_empty(attempt: int) -> None:
+    """A card with nothing in it (the step failed before any record: its
+    gang never formed) still says whose it is: the task and the attempt."""
+    from metaflow import current
+    from metaflow.cards import Markdown
+
+    try:
+        card = current.card[CARD_ID]
+        if len(card.components) == 0:
+            card.extend([Markdown(title_markdown(current.flow_name, current.pathspec, attempt)),
+                         Markdown("_The step failed before its gang formed: no record of a call._")])
+    except Exception as e:  # a card must never fail the step
+        log.get("card").debug("no title for the empty card: %s", e)
 
 
 # -- Rendering in the task ----------------------------------------------------

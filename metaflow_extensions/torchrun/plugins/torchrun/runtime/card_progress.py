@@ -18,8 +18,10 @@ from .timeline import SCHEMA, WIDTH_PX
 CHART_HEIGHT_PX = 220
 
 
-def rows(progress: ProgressRecord, escape: Callable[[Any], str]) -> List[List[str]]:
-    """The progress table: one row a fact; text a rank sent (a metric's name) escaped."""
+def rows(progress: ProgressRecord, cell: Callable[[Any], str]) -> List[List[str]]:
+    """The progress table: one row a fact. A table cell is drawn as text, so
+    text a rank sent (a metric's name) is only clipped (``cell``): escaped, an
+    entity or a code span's backticks would show as typed."""
     out: List[List[str]] = []
     if progress.step is not None:
         step = "%d" % progress.step
@@ -31,22 +33,24 @@ def rows(progress: ProgressRecord, escape: Callable[[Any], str]) -> List[List[st
     if progress.steps_per_second is not None:
         out.append(["steps/s", "%.3g (median node)" % progress.steps_per_second])
     for name, value in progress.metrics.items():
-        out.append([escape(name), "%.6g" % value])
+        out.append([cell(name), "%.6g" % value])
     if progress.slowest is not None and progress.nodes_reporting > 1:
         s = progress.slowest
         out.append(["slowest node", "node %d (%s, ranks %s): %.2fx the median steps/s" % (
-            s["node_index"], escape(s["host"]), s["ranks"], s["ratio"])])
+            s["node_index"], cell(s["host"]), s["ranks"], s["ratio"])])
     if progress.signal is not None:
         out.append(["straggler signal", progress.signal])
     return out
 
 
-def parts(progress: Optional[ProgressRecord], escape: Callable[[Any], str], Markdown: Any, Table: Any) -> list:
-    """The card's section: nothing when no rank reported progress and no straggler was named."""
+def parts(progress: Optional[ProgressRecord], escape: Callable[[Any], str], cell: Callable[[Any], str],
+          Markdown: Any, Table: Any) -> list:
+    """The card's section: nothing when no rank reported progress and no
+    straggler was named. ``escape``: text in Markdown; ``cell``: in a table."""
     if progress is None or (progress.step is None and not progress.stragglers):
         return []
     out = [Markdown("## Progress")]
-    table = rows(progress, escape)
+    table = rows(progress, cell)
     if table:
         out.append(Table(table, headers=["", ""]))
     if progress.stragglers:

@@ -30,7 +30,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from .attempts import Attempt
+from .attempts import Attempt, Marks, lost_since, marks
 
 PARTS = ("productive", "gang", "startup", "checkpoint", "lost_work", "stop", "restart", "other")
 LOST_PARTS = ("lost_work", "stop", "restart")
@@ -137,43 +137,18 @@ class Ledger:
                    tuple(s for s in segments if s is not None))
 
 
-@dataclass(frozen=True)
-class _Marks:
-    """One attempt's marks on the clock, each clamped to the ones before."""
-
-    start: float
-    formed: float
-    first: float
-    work_end: float
-    end: float
-
-
-def _marks(a: Attempt, end: float) -> _Marks:
-    start = a.started_at if a.started_at is not None else end
-    start = min(start, end)
-    formed = _clamp(a.gang_formed_at, start, end)
-    call = a.calls[0].started_at if a.calls else None
-    first = _clamp(a.first_output_at if a.first_output_at is not None else call, formed, end)
-    work_end = _clamp(a.ended_at if a.calls else None, first, end)
-    return _Marks(start, formed, first, work_end, end)
-
-
-def _clamp(value: Optional[float], low: float, high: float) -> float:
-    return low if value is None else min(max(value, low), high)
-
-
 def segment(a: Attempt, end: float, after_failure: bool, saved_at: Optional[float], failed: bool,
             next_first: Optional[float]) -> Segment:
     """One attempt's parts. ``end``: where its segment ends (the next
     attempt's start, or its own record); ``after_failure``: its start-up is
     the previous failure's restart; ``saved_at``: the checkpoint the next
     attempt resumed from."""
-    m = _marks(a, min(a.recorded_at, end) if a.recorded_at is not None else end)
+    m: Marks = marks(a, min(a.recorded_at, end) if a.recorded_at is not None else end)
     parts = dict.fromkeys(PARTS, 0.0)
     parts["restart" if after_failure else "gang"] += m.formed - m.start
     parts["restart" if after_failure else "startup"] += m.first - m.formed
     if failed:
-        since = _clamp(saved_at, m.first, m.work_end) if saved_at is not None else m.first
+        since = lost_since(m, saved_at)
         parts["productive"] += since - m.first
         parts["lost_work"] += m.work_end - since
         parts["stop"] += m.end - m.work_end
@@ -201,7 +176,7 @@ def ledger(attempts: Sequence[Attempt], now: float) -> Optional[Ledger]:
         end = (nxt.started_at or now) if nxt is not None else max(now, a.started_at or now)
         failed = a.stopped != "succeeded"
         saved = nxt.resumed_from.created_at if nxt is not None and nxt.resumed_from is not None else None
-        next_first = _marks(nxt, now).first if nxt is not None else None
+        next_first = marks(nxt, now).first if nxt is not None else None
         segments.append(segment(a, end, after_failure, saved, failed, next_first))
         after_failure = failed
     totals = dict.fromkeys(PARTS, 0.0)

@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     from .attempts import Attempt
     from .restarts import InStepRestart
     from .goodput import Ledger
+    from ..procs import Culprits
 
 from ..cause import Cause
 from ..gang import NodeReport
@@ -98,7 +99,7 @@ class TorchrunResult:
     stack_seconds: float = 0.0
     # On the control, when ranks waited in a collective at the stop: the ranks
     # not in it, by rank, node and host (procs/culprit.py); bounded.
-    culprits: Dict[str, Any] = field(default_factory=dict)
+    culprits: Optional["Culprits"] = None
     # On the control: @torchrun(preflight=...)'s findings for the whole gang,
     # bounded whatever its size (gang/node_compare.py, runtime/preflight.py).
     preflight: Optional[PreflightRecord] = None
@@ -160,6 +161,7 @@ class TorchrunResult:
         data["attempts"] = [a.to_wire() for a in self.attempts]
         data["in_step_restarts"] = [r.to_wire() for r in self.in_step_restarts]
         data["goodput"] = self.goodput.to_wire() if self.goodput is not None else None
+        data["culprits"] = self.culprits.to_wire() if self.culprits is not None else {}
         data["progress"] = self.progress.to_wire() if self.progress is not None else None
         data["command"] = list(self.command)
         data["duration"] = self.duration
