@@ -35,6 +35,9 @@ REFUSED = {
                "unknown torchrun option --max-restart", "(did you mean --max-restarts?)"),
     "keyword": ({"entrypoint": "report.py", "entrypoint_arg": {"a": 1}},
                 "current.torch.run does not take entrypoint_arg=", "(did you mean entrypoint_args=?)"),
+    # Was Python's TypeError (missing 'entrypoint'): an Internal error of 67 lines (issue 52).
+    "no entrypoint": ({"entry_point": "report.py"}, "current.torch.run does not take entry_point=",
+                      "(did you mean entrypoint=?)"),
 }
 
 
@@ -51,10 +54,23 @@ def test_a_refused_call_is_said_once_naming_the_call(gang, case):
     assert re.search(r"current\.torch\.run call 1 \(call_flow\.py, line \d+\): ", text), text
     assert "before current.torch.run" not in text
     assert "Traceback" not in text and "plan.py" not in text and "handle.py" not in text, text
+    assert "Internal error" not in text and "TypeError" not in text, text
     assert "Root cause" not in text  # the banner would say it a second time
     assert "refused its current.torch.run call (its error is in this log)" in text
     assert "torch.distributed.run" not in text.replace("python -m torch.distributed.run --help", "")
     check_failure_screen(text, problem, once=problem)
+
+
+def test_every_mistake_of_a_call_is_named_in_one_message(gang):
+    """Was: the unknown keyword alone, and the torchrun option on the next run (issue 52)."""
+    proc = _run(gang, {"entrypoint": "report.py", "entrypoint_arg": {"a": 1}, "torchrun_args": {"max_restart": 2}})
+    text = output(proc)
+    assert proc.returncode != 0, text
+    assert re.search(r"current\.torch\.run call 1 \(call_flow\.py, line \d+\): 2 problems:\n", text), text
+    for problem in ("does not take entrypoint_arg= (did you mean entrypoint_args=?)",
+                    "unknown torchrun option --max-restart (did you mean --max-restarts?)"):
+        assert text.count(problem) == 1, text
+    assert "Traceback" not in text and "Internal error" not in text, text
 
 
 def test_the_other_node_refusing_first_is_still_said_once(gang):

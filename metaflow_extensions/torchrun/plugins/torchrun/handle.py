@@ -2,16 +2,28 @@
 
 from __future__ import annotations
 
+import inspect
 import os
 from typing import Any, Callable, Optional, Union
 
 from .errors import TorchrunException
 from .launch import ArgSpec
-from .launch import CallRequest
+from .launch import call_request
 from .runtime import api as runtime
 from .runtime import TorchrunResult
 from .runtime import GangSession
 from .runtime import TorchrunArgs, torchrun_args_of
+
+
+def _documented_run(
+    self: Any,
+    entrypoint: Union[str, "os.PathLike[str]", Callable[..., Any]],
+    entrypoint_args: ArgSpec = None,
+    nproc_per_node: Optional[Union[int, str]] = None,
+    torchrun_args: ArgSpec = None,
+) -> TorchrunResult:
+    """``TorchrunHandle.run``'s signature, as users write the call."""
+    raise NotImplementedError
 
 
 class TorchrunHandle:
@@ -37,22 +49,18 @@ class TorchrunHandle:
             raise TorchrunException("current.torch.torchrun_args can only be read in the step's own code.")
         return torchrun_args_of(session)
 
-    def run(
-        self,
-        entrypoint: Union[str, "os.PathLike[str]", Callable[..., Any]],
-        entrypoint_args: ArgSpec = None,
-        nproc_per_node: Optional[Union[int, str]] = None,
-        torchrun_args: ArgSpec = None,
-        **legacy: Any,
-    ) -> TorchrunResult:
+    def run(self, /, *args: Any, **kwargs: Any) -> TorchrunResult:
         """Run ``entrypoint`` (a script path, or a module-level function) under
         torchrun on this node, with every other node of the step; return when all
         of this node's ranks succeeded, raise ``TorchrunFailed`` otherwise (for a
         function, the rank's original exception, caused by ``TorchrunFailed``).
-        Every node must make the same calls in the same order."""
+        Every node must make the same calls in the same order. A call that
+        cannot be made (a keyword run() does not take, no entrypoint) is one
+        ``TorchrunCallRefused`` naming every problem, never a ``TypeError``."""
         session = self.session
         if session is None:
             raise TorchrunException("current.torch.run can only be called in the step's own code.")
-        request = CallRequest(entrypoint, entrypoint_args, nproc_per_node, torchrun_args, legacy)
-        return runtime.run(session, request)
+        return runtime.run(session, call_request(args, kwargs))
 
+    # What help(), IDEs and Metaflow's stubs show: the call as documented.
+    run.__signature__ = inspect.signature(_documented_run)  # type: ignore[attr-defined]

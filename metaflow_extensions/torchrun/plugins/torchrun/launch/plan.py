@@ -9,6 +9,7 @@ an error from inside torchrun after the gang has started.
 
 from __future__ import annotations
 
+import difflib
 import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
@@ -16,7 +17,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 from .. import defaults as DEFAULTS
 from ..procs import functions
 from .command import ArgSpec, EntryArgs, check_command_size, entry_arguments, none_keys, restarts_allowed
-from .options import canonical_option, parse_options
+from .options import OWNED_OPTIONS, canonical_option, parse_options
 from .torch_checks import known_option_specs, known_torchrun_options, require_torch
 from .inputs import check_picklable, resolve_entrypoint, restarts_clash
 from ..errors import Problems, TorchrunInvalidArgument, did_you_mean, raise_all, shown
@@ -56,6 +57,16 @@ class StepDefaults:
     restarts: int = DEFAULTS.RESTARTS
 
 
+class _NoEntrypoint:
+    """A call that named no entrypoint: refused as such, not as ``None``."""
+
+    def __repr__(self) -> str:
+        return "<no entrypoint>"
+
+
+NO_ENTRYPOINT: Any = _NoEntrypoint()
+
+
 @dataclass(frozen=True)
 class CallRequest:
     """One call as the user wrote it, before anything is checked."""
@@ -64,10 +75,12 @@ class CallRequest:
     entrypoint_args: Any = None
     nproc_per_node: Any = None
     torchrun_args: ArgSpec = None
-    # Keywords of metaflow-torchrun 0.1/0.2's run() (refused with what to write).
+    # Keywords run() does not take: 0.1/0.2's (refused with what to write) and typos.
     legacy: Mapping[str, Any] = field(default_factory=dict)
     # What the user called, as a refusal names it.
     api: str = "current.torch.run"
+    # What is wrong with the call's shape (call_request): named with the rest.
+    problems: Tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -268,34 +281,100 @@ LEGACY_RUN_KEYWORDS = {
 RUN_KEYWORDS = ("entrypoint", "entrypoint_args", "nproc_per_node", "torchrun_args")
 
 
-def refuse_legacy_call(entrypoint: Any, entrypoint_args: Any, extra: Mapping[str, Any]) -> None:
+def call_request(args: Sequence[Any], kwargs: Mapping[str, Any], api: str = "current.torch.run") -> CallRequest:
+    """A call as the user wrote it, whatever its shape: run() takes
+    ``*args, **kwargs`` so that no call is a bare ``TypeError`` from Python
+    (an Internal error to Metaflow); what is wrong with its shape is named
+    here, with everything else wrong with it (``plan_request``)."""
+    given: Dict[str, Any] = {}
+    problems: List[str] = []
+    if len(args) > len(RUN_KEYWORDS):
+        problems.append("%s takes at most %d positional arguments (%s), not %d: write the others as keywords."
+                        % (api, len(RUN_KEYWORDS), ", ".join(RUN_KEYWORDS), len(args)))
+    given.update(zip(RUN_KEYWORDS, args))
+    unknown: Dict[str, Any] = {}
+    for name, value in kwargs.items():
+        if name not in RUN_KEYWORDS:
+            unknown[name] = value
+        elif name in given:
+            problems.append("%s is given twice: as positional argument %d and as %s=."
+                            % (name, RUN_KEYWORDS.index(name) + 1, name))
+        else:
+            given[name] = value
+    if "entrypoint" not in given and not any(_near_keyword(name) == "entrypoint" for name in unknown):
+        problems.append("%s needs an entrypoint: a script path or a module-level function "
+                        "(entrypoint=\"train.py\")." % api)
+    return CallRequest(given.get("entrypoint", NO_ENTRYPOINT), given.get("entrypoint_args"),
+                       given.get("nproc_per_node"), given.get("torchrun_args"), unknown, api, tuple(problems))
+
+
+def _near_keyword(name: str) -> Optional[str]:
+    close = difflib.get_close_matches(name, RUN_KEYWORDS, n=1, cutoff=0.6)
+    return close[0] if close else None
+
+
+def unknown_keyword(name: str, value: Any, api: str = "current.torch.run") -> str:
+    """One keyword run() does not take, and what to write instead: 0.1/0.2's
+    with its reason, a near miss of one of run()'s own, or of a torchrun option
+    (which goes in ``torchrun_args``, unless @torchrun sets it itself)."""
+    reason = LEGACY_RUN_KEYWORDS.get(name)
+    if reason is not None:
+        return "%s does not take %s= (metaflow-torchrun 0.1/0.2): %s." % (api, name, reason)
+    hint = did_you_mean(name, RUN_KEYWORDS, "%s=")
+    option = None if hint else _near_option(name)
+    if option in OWNED_OPTIONS:
+        hint = " (torchrun's --%s is set by @torchrun: %s)" % (option, OWNED_OPTIONS[option])
+    elif option is not None:
+        text = shown(value)
+        hint = " (did you mean torchrun_args={%r: %s}?)" % (option.replace("-", "_"), text if len(text) <= 40 else "...")
+    written = name if name.isidentifier() else shown(name)  # one line, whatever the name holds
+    return "%s does not take %s=%s; it takes %s." % (api, written, hint, ", ".join(RUN_KEYWORDS))
+
+
+def _near_option(name: str) -> Optional[str]:
+    """The torchrun option a keyword is a near miss of, in torchrun's spelling."""
+    options = sorted(known_torchrun_options() or ())
+    close = difflib.get_close_matches(name.replace("_", "-").strip("-"), options, n=1, cutoff=0.6)
+    return close[0] if close else None
+
+
+def legacy_shape(entrypoint: Any, entrypoint_args: Any, api: str = "current.torch.run") -> Optional[str]:
+    """0.2's ``run(torchrun_args, entrypoint, ...)``: a dict or list first."""
+    if not isinstance(entrypoint, (Mapping, list, tuple)):
+        return None
+    return (
+        "%s's first argument is the entrypoint, not %s: metaflow-torchrun 0.2 took "
+        "torchrun_args first (run(torchrun_args, entrypoint, ...)). Write run(entrypoint=%s, "
+        "torchrun_args=...) with keywords." % (api, shown(entrypoint), shown(entrypoint_args))
+    )
+
+
+def refuse_legacy_call(entrypoint: Any, entrypoint_args: Any, extra: Mapping[str, Any],
+                       api: str = "current.torch.run") -> None:
     """Calls written for metaflow-torchrun 0.1/0.2 that cannot mean the same
     here, refused with what to write instead (not a bare ``TypeError``)."""
-    problems = []
-    for name in extra:
-        reason = LEGACY_RUN_KEYWORDS.get(name)
-        if reason is not None:
-            problems.append("current.torch.run does not take %s= (metaflow-torchrun 0.1/0.2): %s." % (name, reason))
-        else:
-            problems.append("current.torch.run does not take %s=%s; it takes %s."
-                            % (name, did_you_mean(name, RUN_KEYWORDS, "%s="), ", ".join(RUN_KEYWORDS)))
-    if isinstance(entrypoint, (Mapping, list, tuple)):
-        problems.append(
-            "current.torch.run's first argument is the entrypoint, not %s: metaflow-torchrun 0.2 took "
-            "torchrun_args first (run(torchrun_args, entrypoint, ...)). Write run(entrypoint=%s, "
-            "torchrun_args=...) with keywords." % (shown(entrypoint), shown(entrypoint_args))
-        )
-    if problems:
-        raise_all(problems)
+    problems = [unknown_keyword(name, value, api) for name, value in extra.items()]
+    problems.append(legacy_shape(entrypoint, entrypoint_args, api) or "")
+    raise_all(problems)
 
 
 def plan_request(request: CallRequest, defaults: StepDefaults, search_dirs: Sequence[str]) -> CallPlan:
-    """Everything checked before anything starts: 0.1/0.2 keywords, this task's
-    torch, then the call's arguments against the step's defaults."""
-    refuse_legacy_call(request.entrypoint, request.entrypoint_args, request.legacy)
+    """Everything checked before anything starts: this task's torch, then the
+    call's shape, 0.1/0.2 keywords and its arguments against the step's
+    defaults, every problem named in one message."""
     require_torch()  # no torch / no torch.distributed / too old: say so now
-    return plan_call(request.entrypoint, request.entrypoint_args, request.nproc_per_node,
-                     request.torchrun_args, defaults, search_dirs)
+    problems = Problems()
+    for message in request.problems:
+        problems.add(message)
+    for name, value in request.legacy.items():
+        problems.add(unknown_keyword(name, value, request.api))
+    entrypoint = request.entrypoint
+    shape = legacy_shape(entrypoint, request.entrypoint_args, request.api)
+    if shape:
+        problems.add(shape)
+        entrypoint = NO_ENTRYPOINT  # said once, above
+    return plan_call(entrypoint, request.entrypoint_args, request.nproc_per_node,
+                     request.torchrun_args, defaults, search_dirs, problems)
 
 
 def plan_call(
@@ -305,20 +384,21 @@ def plan_call(
     torchrun_args: ArgSpec,
     defaults: StepDefaults,
     search_dirs: Sequence[str],
+    problems: Optional[Problems] = None,
 ) -> CallPlan:
     """Resolve a call's arguments; raise one ``TorchrunInvalidArgument``
-    naming every problem found."""
-    problems = Problems()
+    naming every problem found (with those already in ``problems``)."""
+    problems = problems if problems is not None else Problems()
     function: Optional[functions.FunctionRef] = None
     script: Optional[str] = None
     entry = EntryArgs([])
     notes: List[str] = []
-    options: Dict[str, Any] = {}
     rdzv_port: Optional[int] = None
     nproc: Union[int, str, None] = None
+    before = len(problems.messages)
     with problems:
-        function = function_reference(entrypoint, entrypoint_args)
-    if function is None and not problems.messages:
+        function = function_reference(entrypoint, entrypoint_args)  # None for NO_ENTRYPOINT too
+    if function is None and entrypoint is not NO_ENTRYPOINT and len(problems.messages) == before:
         with problems:
             script = resolve_entrypoint(entrypoint, search_dirs)
         with problems:
