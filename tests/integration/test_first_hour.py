@@ -100,6 +100,10 @@ def test_a_worker_python_without_metaflow_fails_at_once_with_the_fix(outputs):
     assert "No module named 'metaflow'" in text
     assert "Fix: activate the environment this flow runs in" in text
     assert "put its bin first on PATH" in text
+    # Was: the fix, then an AttributeError of task_exception's, printed as an Internal
+    # error with 40 frames of Metaflow's (issue 52): the fix is the whole message.
+    assert text.count("Fix: activate the environment") == 1, text
+    assert "Internal error" not in text and "AttributeError" not in text and "decorator.py" not in text, text
 
 
 def test_the_card_command_the_control_prints_works(outputs, tmp_path):
