@@ -14,6 +14,7 @@ ATTRIBUTES = {
     "torchrun_args_type": {"torchrun_args": "--max-restarts 1"},
     "nproc_too_many": {"nproc_per_node": 100000},
     "heartbeat_too_short": {"heartbeat_timeout": 0.01},
+    "retry_on_with_max_restarts": {"retry_on": "infrastructure", "torchrun_args": {"max_restarts": 2}},
 }[os.environ["MFTR_MISUSE"]]
 
 

@@ -66,6 +66,8 @@ REFUSALS = {
     "torchrun_args_type": "must be a list or a dict, not str '--max-restarts 1'",
     "nproc_too_many": "=100000: nproc_per_node must be at most 1024",
     "heartbeat_too_short": "@torchrun(heartbeat_timeout)=0.01: must be at least 2 seconds",
+    "retry_on_with_max_restarts": "torchrun_args max_restarts=2: torch's own restart reruns the ranks after any "
+                                  "failure, a Python exception in your code too",
 }
 
 

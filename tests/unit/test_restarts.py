@@ -144,6 +144,27 @@ def test_restarts_and_torchs_own_max_restarts_are_not_given_together(tmp_path):
     plan_call(str(script), None, 1, {"max_restarts": 0}, StepDefaults(restarts=2), [str(tmp_path)])
 
 
+@pytest.mark.parametrize("args", [{"max_restarts": 2}, ["--max-restarts", "2"], {"max-restarts": "2"}])
+def test_retry_on_infrastructure_refuses_torchs_own_restart_and_points_to_restarts(args):
+    """torch's max_restarts restarts a ValueError in the step (a user saw it twice),
+    the retry that retry_on="infrastructure" asks never to happen: refused at
+    step_init, naming restarts=N, which tells the two apart."""
+    from metaflow_extensions.torchrun.plugins.torchrun.errors import Problems
+    from metaflow_extensions.torchrun.plugins.torchrun.spec import ATTRIBUTE_DEFAULTS, read_step_spec
+
+    def spec(**attributes):
+        problems = Problems()
+        read_step_spec(dict(ATTRIBUTE_DEFAULTS, **attributes), [], [2], ["flow.py", "run"], problems)
+        return problems.messages
+
+    (said,) = spec(retry_on="infrastructure", torchrun_args=args)
+    assert said.startswith("@torchrun(retry_on='infrastructure') with torchrun_args max_restarts=2: ")
+    assert "Use @torchrun(restarts=2) instead of max_restarts" in said
+    assert spec(retry_on="any", torchrun_args=args) == [] and spec(torchrun_args=args) == []
+    assert spec(retry_on="infrastructure", torchrun_args={"max_restarts": 0}) == []
+    assert spec(retry_on="infrastructure", restarts=2) == []
+
+
 def test_a_restart_is_recorded_with_what_it_cost_and_reads_back():
     first = records.InStepRestart(1, KILLED, ran_from=100.0, failed_at=110.0, stopped_at=110.5, restarted_at=111.0)
     assert (first.lost_work_seconds, first.restart_seconds, first.lost_seconds) == (10.0, 1.0, 11.0)

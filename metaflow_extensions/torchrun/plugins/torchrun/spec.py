@@ -98,6 +98,8 @@ def read_step_spec(attributes: Mapping[str, Any], decorators: DecoratorSpecs, en
     if nproc is not None:
         problems.check(validate_nproc, nproc, "@torchrun(nproc_per_node)")
     torchrun_args, legacy_port, notes, torch_restarts = _torchrun_args(attributes.get("torchrun_args"), problems)
+    retry_on = problems.check(attempts_.validate_retry_on, attributes.get("retry_on"))
+    problems.check(refuse_torch_restarts_for_bugs, retry_on, torch_restarts)
     accelerators = problems.check(requested_accelerators, decorators) or NO_ACCELERATORS
     port = problems.check(parse_port, attributes.get("port"), "@torchrun(port)")
     rdzv_port = problems.check(pinned_rdzv_port, attributes.get("rdzv_port"), legacy_port, port)
@@ -118,12 +120,24 @@ def read_step_spec(attributes: Mapping[str, Any], decorators: DecoratorSpecs, en
         ), DEFAULTS.SHUTDOWN_GRACE),
         args_as=problems.check(validate_args_as, attributes.get("args_as"), "@torchrun(args_as)") or DEFAULTS.ARGS_AS,
         preflight=problems.check(preflight_mode, attributes.get("preflight")) or DEFAULT_PREFLIGHT,
-        retry_on=problems.check(attempts_.validate_retry_on, attributes.get("retry_on")),
+        retry_on=retry_on,
         # Not with torchrun_args' max_restarts (torch's own restart): one or the other.
-        restarts=problems.check(validate_restarts, attributes.get("restarts"), torch_restarts) or 0,
+        restarts=problems.check(validate_restarts, attributes.get("restarts"), bool(torch_restarts)) or 0,
         notes=tuple(notes),
         runs_here=not any(name in REMOTE_COMPUTE for name, _ in decorators),
     )
+
+
+def refuse_torch_restarts_for_bugs(retry_on: Optional[str], torch_restarts: Optional[str]) -> None:
+    """torch's own ``max_restarts`` reruns the ranks after any failure, a
+    ValueError in the user's code too: the retry that ``retry_on="infrastructure"``
+    asks never to happen. The gang's ``restarts=N`` tells them apart."""
+    if retry_on == "infrastructure" and torch_restarts:
+        raise TorchrunInvalidArgument(
+            "@torchrun(retry_on='infrastructure') with torchrun_args max_restarts=%s: torch's own restart reruns "
+            "the ranks after any failure, a Python exception in your code too, which retry_on='infrastructure' "
+            "asks never to retry. Use @torchrun(restarts=%s) instead of max_restarts: the gang's restart, which "
+            "restarts the ranks after an infrastructure failure only (docs/resume.md)." % (torch_restarts, torch_restarts))
 
 
 # Step decorators that run a task elsewhere than the runtime's host.
@@ -135,14 +149,14 @@ def _given(value: Any, default: Any) -> Any:
     return default if value is None else value
 
 
-def _torchrun_args(args: ArgSpec, problems: Problems) -> Tuple[ArgSpec, Optional[int], list, bool]:
+def _torchrun_args(args: ArgSpec, problems: Problems) -> Tuple[ArgSpec, Optional[int], list, Optional[str]]:
     """The step's torchrun_args, parsed, with 0.2's ``master_port`` taken out
     (returned as the pinned port), the deprecation lines for its spellings,
-    and whether they ask for torch's own restarts (``max_restarts``)."""
+    and the torch's own restarts they ask (``max_restarts``, as given), if any."""
     if args is None:
-        return None, None, [], False
+        return None, None, [], None
     options = problems.check(merged_options, StepDefaults(torchrun_args=args), None)
-    torch_restarts = bool(options) and restarts_allowed(options or {})
+    torch_restarts = str(options["max-restarts"]).strip() if options and restarts_allowed(options) else None
     pinned = problems.check(legacy_rdzv_port, options, "@torchrun(torchrun_args)") if options else None
     legacy_port, notes, parsed = None, [], args
     if pinned is not None:
