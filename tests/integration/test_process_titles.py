@@ -22,8 +22,12 @@ from .helpers import FLOWS, finish_or_explain, output
 
 
 def comm(pid: int) -> bytes:
-    with open("/proc/%d/comm" % pid, "rb") as f:
-        return f.read().strip()
+    """b"" once it is gone (a process of the run may end while the test looks)."""
+    try:
+        with open("/proc/%d/comm" % pid, "rb") as f:
+            return f.read().strip()
+    except OSError:
+        return b""
 
 
 def parent(pid: int) -> int:
@@ -71,7 +75,12 @@ def test_ranks_and_agents_show_their_commands_and_torchrun_ps_lists_the_ranks(ga
             env = environ(pid)
             assert "%s=%s" % (TOKEN_VAR, gang.token) in env
             assert not any(e.startswith("RANK=") for e in env)
-        agents = [p for p in processes_with_token(gang.token) if argv(p)[:1] == ["torchrun"]]
+        # `pgrep -f hold.py` finds the ranks alone: each rank's output relay is titled its own way.
+        ours = processes_with_token(gang.token)
+        assert {p for p in ours if script in " ".join(argv(p))} == {r["pid"] for r in ready.values()}
+        relays = {" ".join(argv(p)) for p in ours if comm(p) == b"mftr-relay"}
+        assert relays == {"mftr-relay rank %d" % rank for rank in ready}, relays
+        agents = [p for p in ours if argv(p)[:1] == ["torchrun"]]
         assert len(agents) == 2, [argv(p) for p in processes_with_token(gang.token)]
         for pid in agents:
             assert_forked(pid)

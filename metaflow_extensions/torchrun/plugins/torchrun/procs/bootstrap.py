@@ -209,7 +209,6 @@ def main(argv: list) -> None:
     except (OSError, ValueError) as e:
         sys.stderr.write("@torchrun bootstrap: cannot read what to run: %s\n" % e)
         sys.exit(2)
-    show_command(argv)
     entry.restore_user_tmpdir()
     agent.keep_ranks_store_on_loopback(os.environ)
     if os.environ.get(RESTART_ENV):
@@ -220,7 +219,10 @@ def main(argv: list) -> None:
     labels = os.environ.get(LABELS_ENV, "1") != "0"
     log_dir = os.environ.get(LOG_DIR_ENV)
     if labels or log_dir:
+        # The relay, forked next, keeps this title: `pgrep -f train.py` finds the rank alone.
+        title.show(["mftr-relay", "rank", str(rank)], "mftr-relay")
         relay.start(rank, labels, log_dir)
+    show_command(argv)
     _line_buffered()
     _crash_dumps_to_log(rank, log_dir)
     # Where this rank is, on request, when the gang stops (stacks.py).
