@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Version matrix: one fresh virtualenv per cell, the built wheel installed into it,
-then the unit tests, examples/hello and examples/function run in it.
+then the unit tests, examples/hello, examples/function, a hang whose culprit is
+named and an in-step restart run in it.
 
     make matrix                                # every cell, venvs under /tmp/matrix
     python3 tools/matrix.py --only py3.12      # cells whose name contains "py3.12"
@@ -26,7 +27,10 @@ from dataclasses import dataclass
 from typing import Dict, List, Optional
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TEST_PINS = ["pytest==9.2.0", "pytest-timeout==2.4.0", "numpy==2.3.5"]
+TEST_PINS = ["pytest==9.2.0", "pytest-timeout==2.4.0", "numpy==2.3.5", "hypothesis==6.170.15", "jsonschema==4.26.0"]
+# What the unit tests read beside tests/ (tools/sizes.py, benchmarks' harness, the docs):
+# never the package's source, which would sit on sys.path beside the wheel.
+TEST_TREES = ("tests", "tools", "benchmarks", "docs")
 NO_TORCH_MESSAGE = "pip install metaflow-torchrun[torch]"
 
 
@@ -35,6 +39,9 @@ class Cell:
     python: str
     metaflow: str
     torch: Optional[str]  # None: no torch (the flows must fail with the install hint)
+    # pip's configuration left out for this cell's install only: a machine may
+    # cap torch in a site-wide pip.conf (this one: torch<=2.14.1 in /etc/xdg/pip).
+    uncapped: bool = False
 
     @property
     def name(self) -> str:
@@ -55,7 +62,20 @@ CELLS = [
     Cell("3.12", "2.19.39", "2.13.0"),
     Cell("3.13", "2.19.39", "2.13.0"),
     Cell("3.11", "2.19.39", None),
+    # The newest releases: 2.14.1 (reconfigure, DistNetworkError on a port in use)
+    # and 2.15.0 (nccl2 the default NCCL, the Flight Recorder per backend), both
+    # PyPI's CUDA builds, run on CPU.
+    Cell("3.11", "2.19.39", "2.14.1"),
+    Cell("3.11", "2.19.39", "2.15.0", uncapped=True),
 ]
+
+# Beyond the unit tests and the examples, each cell with torch runs these real
+# flows: a hang whose culprit is named (gloo's Flight Recorder, then the stacks)
+# and an in-step restart.
+FLOW_TESTS = {
+    "hang_culprit": "tests/integration/test_stops.py::test_hang_timeout_names_the_rank_that_skipped_a_collective",
+    "restart": "tests/integration/test_restarts.py::test_a_rank_killed_twice_restarts_twice_in_the_same_tasks_and_resumes",
+}
 
 
 def find_python(version: str) -> Optional[str]:
@@ -125,7 +145,8 @@ def run_cell(cell: Cell, root: str, wheel: str, install_only: bool = False) -> D
             reqs = ["metaflow==%s" % cell.metaflow] + TEST_PINS
             if cell.torch:
                 reqs.append("torch==%s" % cell.torch)
-            if sh(pip + ["pip>=23.1"], log) != 0 or sh(pip + reqs, log) != 0:
+            pip_env = dict(os.environ, PIP_CONFIG_FILE=os.devnull) if cell.uncapped else None
+            if sh(pip + ["pip>=23.1"], log) != 0 or sh(pip + reqs, log, env=pip_env) != 0:
                 result["result"] = "fail: install"
                 return result
             with open(marker, "w") as f:
@@ -156,13 +177,20 @@ def run_cell(cell: Cell, root: str, wheel: str, install_only: bool = False) -> D
         t0 = time.time()
         work = os.path.join(venv, "work")
         shutil.rmtree(work, ignore_errors=True)
-        shutil.copytree(os.path.join(REPO, "tests"), os.path.join(work, "tests"),
-                        ignore=shutil.ignore_patterns("__pycache__"))
-        shutil.copy(os.path.join(REPO, "pytest.ini"), work)
+        for tree in TEST_TREES:
+            shutil.copytree(os.path.join(REPO, tree), os.path.join(work, tree),
+                            ignore=shutil.ignore_patterns("__pycache__", "results"))
+        for name in ("pytest.ini", "mkdocs.yml", "README.md"):
+            shutil.copy(os.path.join(REPO, name), work)
         extra = os.environ.get("MATRIX_PYTEST_ARGS", "").split()
         code = sh([os.path.join(bin_dir, "pytest"), "tests/unit", "-q", "-p", "no:cacheprovider", *extra],
                   log, cwd=work, env=env)
         steps["unit"] = "pass" if code == 0 else "fail (%d)" % code
+        if cell.torch:
+            for step, test in FLOW_TESTS.items():
+                code = sh([os.path.join(bin_dir, "pytest"), test, "-q", "-p", "no:cacheprovider"],
+                          log, cwd=work, env=env, timeout=900)
+                steps[step] = "pass" if code == 0 else "fail (%d)" % code
         for example in ("hello", "function"):
             mark = log.tell()
             code = sh([py, "flow.py", "run"], log, cwd=os.path.join(REPO, "examples", example), env=env, timeout=600)
@@ -185,14 +213,15 @@ def markdown(results: List[Dict[str, object]], date: str) -> str:
     lines = [
         "Measured %s on this project's 2-core machine (`make matrix`):" % date,
         "",
-        "| python | metaflow | torch | unit tests | examples/hello | examples/function | result |",
-        "|---|---|---|---|---|---|---|",
+        "| python | metaflow | torch | unit tests | examples/hello | examples/function | hang, culprit | in-step restart"
+        " | result |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         steps = r.get("steps") or {}
         versions = r.get("versions") or [r["python"], r["metaflow"], r["torch"]]
         lines.append(
-            "| %s | %s | %s | %s | %s | %s | %s |"
+            "| %s | %s | %s | %s | %s | %s | %s | %s | %s |"
             % (
                 versions[0] if versions else r["python"],
                 r["metaflow"],
@@ -200,6 +229,8 @@ def markdown(results: List[Dict[str, object]], date: str) -> str:
                 steps.get("unit", "-"),
                 steps.get("hello", "-"),
                 steps.get("function", "-"),
+                steps.get("hang_culprit", "-"),
+                steps.get("restart", "-"),
                 r["result"],
             )
         )

@@ -3,8 +3,9 @@
 Everything comes from the environment so the check can run every case with one
 file: GPUCHECK_MODE (torchrun | hand), GPUCHECK_GPUS (@resources(gpu=N), 0 for
 none), GPUCHECK_NODES (num_parallel), GPUCHECK_NPROC (explicit nproc_per_node,
-0 to derive it), GPUCHECK_KIND (allreduce | assert | train), GPUCHECK_PREFLIGHT
-(@torchrun(preflight=...): versions | full | off), GPUCHECK_OUT.
+0 to derive it), GPUCHECK_KIND (allreduce | assert | train | skip | kill),
+GPUCHECK_PREFLIGHT (@torchrun(preflight=...): versions | full | off),
+GPUCHECK_HANG_TIMEOUT (@torchrun(hang_timeout=...), seconds), GPUCHECK_OUT.
 """
 
 import os
@@ -16,6 +17,7 @@ from metaflow import FlowSpec, current, resources, step, torchrun
 
 GPUS = int(os.environ.get("GPUCHECK_GPUS", "1"))
 NPROC = int(os.environ.get("GPUCHECK_NPROC", "0")) or None
+HANG = {"hang_timeout": float(os.environ["GPUCHECK_HANG_TIMEOUT"])} if os.environ.get("GPUCHECK_HANG_TIMEOUT") else {}
 JOB = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gpu_job.py")
 
 
@@ -35,7 +37,7 @@ class GpuCheckFlow(FlowSpec):
         self.next(self.train, num_parallel=int(os.environ.get("GPUCHECK_NODES", "1")))
 
     @resources(gpu=GPUS)
-    @torchrun(nproc_per_node=NPROC, preflight=os.environ.get("GPUCHECK_PREFLIGHT", "versions"))
+    @torchrun(nproc_per_node=NPROC, preflight=os.environ.get("GPUCHECK_PREFLIGHT", "versions"), **HANG)
     @step
     def train(self):
         out = os.environ["GPUCHECK_OUT"]

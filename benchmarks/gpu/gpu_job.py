@@ -1,7 +1,11 @@
-"""What each rank of the GPU check runs: an all-reduce, a device-side assert, or
-a few hundred DDP steps of a small transformer in bf16."""
+"""What each rank of the GPU check runs: an all-reduce, a device-side assert, a
+few hundred DDP steps of a small transformer in bf16, a desync (``skip``: rank 1
+skips an all-reduce the others wait in on the GPU, their CPU thread in
+``torch.cuda.synchronize``, where no stack shows a collective), or a rank
+killed while the others are in collectives (``kill``)."""
 
 import os
+import signal
 import statistics
 import sys
 import time
@@ -28,12 +32,35 @@ def main(kind: str, out: str) -> None:
         torch.zeros(4, device=device)[index].sum().item()  # out of bounds: device-side assert
     elif kind == "train":
         train(device, rank, out)
+    elif kind in ("skip", "kill"):
+        desync(kind, device, rank, out)
     else:
         total = torch.tensor([float(rank)], device=device)
         dist.all_reduce(total)
         print("rank %d of world %d (%s): all-reduce sum %d"
               % (rank, dist.get_world_size(), backend, int(total.item())), flush=True)
     dist.destroy_process_group()
+
+
+def desync(kind: str, device, rank: int, out: str) -> None:
+    """Collectives in step on every rank, then rank 1 leaves them: it sleeps
+    (``skip``, a hang the gang's hang_timeout stops and whose culprit NCCL's
+    recorder names), or it is SIGKILLed (``kill``, the time written first)."""
+    t = torch.ones(1 << 20, device=device)
+    for _ in range(5):
+        dist.all_reduce(t)
+    torch.cuda.synchronize()
+    print("rank %d: 5 all-reduces done on %s" % (rank, dist.get_backend()), flush=True)
+    if rank == 1:
+        if kind == "kill":
+            with open(os.path.join(out, "killed-at"), "w") as f:
+                f.write(repr(time.time()))
+            os.kill(os.getpid(), signal.SIGKILL)
+        while True:
+            time.sleep(1)
+    while True:  # the others: the 6th all-reduce waits for rank 1 on the GPU
+        dist.all_reduce(t)
+        torch.cuda.synchronize()
 
 
 def train(device, rank: int, out: str, steps: int = 120, warmup: int = 20) -> None:
