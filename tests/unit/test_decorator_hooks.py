@@ -107,9 +107,11 @@ def stand_ins(monkeypatch):
     monkeypatch.setattr(decorator_mod, "read_node_history", lambda *a: None)
     # The gang's wrapper: the step's own function, as it would raise.
     monkeypatch.setattr(decorator_mod, "in_gang", lambda step_func, start, attempt, withdraw: step_func)
-    # Metaflow's local control would start the other nodes as processes.
+    # Metaflow's local control (or ours, where runtime/local_nodes has one) would
+    # start the other nodes as processes.
     monkeypatch.setattr(parallel_decorator, "_local_multinode_control_task_step_func",
                         lambda flow, env, step_func, retry_count, paths: step_func())
+    monkeypatch.setattr(decorator_mod, "own_start", lambda decorated: decorated, raising=False)
     for name in [k for k in os.environ if k.startswith("METAFLOW_TORCHRUN_") and k != "METAFLOW_TORCHRUN_WARM_START"]:
         monkeypatch.delenv(name)
     yield
