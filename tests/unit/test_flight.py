@@ -1,7 +1,10 @@
 """flight.py and flight_ask.py: torch's Flight Recorder, read in a live rank and
-boiled down to a few lines per process group. Dumps are real JSON of torch
-2.13's gloo backend (flight_dumps/capture.py made them); the rank side runs a
-real two-process gloo group, one rank blocked in a collective the other skips."""
+boiled down to a few lines per process group. The gloo dumps are real JSON of
+torch 2.13's gloo backend (flight_dumps/capture.py made them); the NCCL ones are
+built as torch's writer lays them out (flight_dumps/nccl_writer.py: no GPU here;
+make gpu-check reads real ones). The rank side runs a real two-process gloo
+group, one rank blocked in a collective the other skips; which recorder a rank
+reads is shown with a stand-in c10d module that has both dumps."""
 
 from __future__ import annotations
 
