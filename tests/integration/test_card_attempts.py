@@ -85,6 +85,24 @@ def test_each_attempts_printed_card_command_opens_that_attempts_card(gang, tmp_p
     # The last line the run printed is the last attempt's, and opens its card.
     last = list(_PRINTED.finditer(text))[-1].group(1)
     assert seen[1] == last, (seen, last)
+    # What docs/seeing-the-gang.md says of the other ways in: the id alone lists
+    # both cards; `card list` names both hashes; a hash's first characters open one.
+    pathspec = shlex.split(last)[4]
+    hashes = {a: shlex.split(c)[-1] for a, c in seen.items()}
+    listed = _card_command(gang, "list", pathspec, "--id", "torchrun")
+    assert all(h in listed for h in hashes.values()), listed
+    viewed, shown = _view(gang, tmp_path, "python step_flow.py card view %s --id torchrun" % pathspec, "id-only")
+    assert "Found 2 card matching" in output(viewed) and not shown.exists(), output(viewed)
+    viewed, shown = _view(gang, tmp_path, "python step_flow.py card view %s --hash %s" % (pathspec, hashes[0][:8]),
+                          "short")
+    assert shown.exists() and "attempt 0" in _title(shown.read_text()), output(viewed)
+
+
+def _card_command(gang, *args: str) -> str:
+    proc = subprocess.run([sys.executable, os.path.join(FLOWS, "step_flow.py"), "card", *args], cwd=gang.tmp,
+                          env=gang.env, stdin=subprocess.DEVNULL, capture_output=True, timeout=120)
+    assert proc.returncode == 0, output(proc)
+    return output(proc)
 
 
 def test_a_hangs_card_names_the_suspect_as_the_console_does(gang, tmp_path):
