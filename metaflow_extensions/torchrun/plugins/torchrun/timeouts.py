@@ -83,6 +83,10 @@ STORE_WAIT = 3.0
 AGENT_MARGIN = 2.0
 # A spot notice's grace ends this long before the termination time.
 SPOT_MARGIN = AGENT_MARGIN + 3.0
+# After a job's exit barrier, the agent that hosts the rendezvous store waits at
+# most this long for every other agent to say it is done with the store
+# (procs/departure.py). Only a bound: the last one says so right after its own barrier.
+DEPART_WAIT = 30.0
 # After the agent is gone: how long the output pumps drain what was written.
 DRAIN_SECONDS = 3.0
 # What gathering every node's stacks may add to the control's stop, its own

@@ -26,7 +26,8 @@ from typing import IO, Any, Dict, List, Mapping, NoReturn, Optional, Sequence
 
 from ..host import is_loopback
 from ..host import open_private
-from . import exits
+from .. import timeouts
+from . import departure, exits
 from .failures import AgentFailure, write_agent_failures
 from .names import USER_UMASK_ENV, WORK_DIR_ENV, LOG_DIR_ENV, agent_log_path
 
@@ -54,19 +55,24 @@ def hosted_store(args: Any) -> Optional[tuple]:
     from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
 
     endpoint = args.rdzv_endpoint or ""
-    if not endpoint:
-        return None
-    conf = _conf(args.rdzv_conf)
-    if args.rdzv_backend == "static":
-        hosts = str(args.node_rank).strip() == "0"
-    elif args.rdzv_backend == "c10d":
-        hosts = conf.get("store_type", "tcp") == "tcp" and conf.get("is_host") in ("1", "true", "yes", "y")
-    else:
+    if not endpoint or not hosts_store(args):
         return None
     host, port = parse_rendezvous_endpoint(endpoint, default_port=-1)
-    if not hosts or port <= 0 or not is_loopback(host):
+    if port <= 0 or not is_loopback(host):
         return None
     return host, port
+
+
+def hosts_store(args: Any) -> bool:
+    """Whether this agent hosts the rendezvous store, in its own process: node
+    0 of the static rendezvous, or the c10d node with ``is_host`` set (the
+    decorator sets it; where a user's ``rdzv_conf`` leaves torch to guess, no)."""
+    if args.rdzv_backend == "static":
+        return str(args.node_rank).strip() == "0"
+    if args.rdzv_backend == "c10d":
+        conf = _conf(args.rdzv_conf)
+        return conf.get("store_type", "tcp") == "tcp" and conf.get("is_host") in ("1", "true", "yes", "y")
+    return False
 
 
 def open_loopback_store(host: str, port: int) -> Any:
@@ -124,6 +130,40 @@ def quiet_launcher(log_dir: Optional[str]) -> Optional[IO[str]]:
         logger.handlers = [handler]
         logger.propagate = False
     return log
+
+
+def native_stderr_to_log(log: Optional[IO[str]]) -> bool:
+    """What torch's C++ writes on the agent's stderr (fd 2: c10d's warnings,
+    the frames of an error it logs) goes to the agent's log too, beside its
+    Python lines (``quiet_launcher``). Only the agent's: its workers would
+    inherit fd 2, so torch's ``Popen`` of a worker is handed the console's
+    stream instead (a rank's lines reach the console, labelled, as before),
+    and Python's ``sys.stderr`` stays on the console, so a traceback of the
+    agent's own failure reads there as before. False, and nothing changed,
+    where there is no log or this torch does not start its workers through
+    the ``Popen`` we can hand that stream to."""
+    if log is None:
+        return False
+    try:
+        from torch.distributed.elastic.multiprocessing.subprocess_handler import subprocess_handler as handler
+    except ImportError:
+        return False
+    popen = getattr(handler, "Popen", None)
+    if popen is None:
+        return False
+    encoding = getattr(sys.stderr, "encoding", None) or "utf-8"
+    sys.stderr.flush()
+    console = os.dup(2)
+
+    def worker_popen(*args: Any, **kwargs: Any) -> Any:
+        if kwargs.get("stderr") is None:  # torch's redirects (a file) are left as they are
+            kwargs["stderr"] = console
+        return popen(*args, **kwargs)
+
+    handler.Popen = worker_popen
+    sys.stderr = os.fdopen(console, "w", buffering=1, encoding=encoding, errors="backslashreplace", closefd=False)
+    os.dup2(log.fileno(), 2)
+    return True
 
 
 def worker_exits(pcontext: Any) -> Dict[int, int]:
@@ -199,13 +239,16 @@ def main(argv: Sequence[str]) -> None:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
     args = run.get_args_parser().parse_args(list(argv))
+    log = quiet_launcher(os.environ.get(LOG_DIR_ENV))
+    native_stderr_to_log(log)
     where = hosted_store(args)
     if where is not None:
         _KEEP.append(open_loopback_store(*where))
-    log = quiet_launcher(os.environ.get(LOG_DIR_ENV))
     record_worker_exits(os.environ.get(WORK_DIR_ENV))
+    departure.watch_exit_barrier()
     try:
         run.main(list(argv))
+        leave_store(hosts_store(args), log)
     except (ChildFailedError, SignalException) as e:
         if isinstance(e, ChildFailedError):
             record_child_failures(os.environ.get(WORK_DIR_ENV), e)
@@ -216,7 +259,15 @@ def main(argv: Sequence[str]) -> None:
         # exception's own text (the box of failures): its frames are torch's.
         log.write("".join(traceback.format_exception_only(type(e), e)))
         exit_now(1, log)
-    exit_now(0, log)  # the job is done on every node: past torch's exit barrier
+    exit_now(0, log)  # the job is done on every node: past torch's exit barrier and its store
+
+
+def leave_store(hosts: bool, log: Optional[IO[str]]) -> None:
+    """Past the exit barrier: the store's host stays until every other agent
+    is done with its store (``departure.py``); the others say they are."""
+    if departure.depart(hosts, timeouts.DEPART_WAIT) is False and hosts and log is not None:
+        log.write("not every other agent said it was done with the rendezvous store within %g s: "
+                  "leaving anyway\n" % timeouts.DEPART_WAIT)
 
 
 def exit_now(code: int, log: Optional[IO[str]], report: str = "") -> NoReturn:
