@@ -71,7 +71,7 @@ def test_each_attempts_printed_card_command_opens_that_attempts_card(gang, tmp_p
     assert proc.returncode == 0, text[-4000:]
     printed = {m.group(1) for m in _PRINTED.finditer(text)}
     assert len(printed) == 2, (printed, text[-4000:])  # one per attempt, each its own
-    seen = {}
+    seen, pages = {}, {}
     for i, command in enumerate(sorted(printed)):
         viewed, shown = _view(gang, tmp_path, command, str(i))
         said = output(viewed)
@@ -81,6 +81,7 @@ def test_each_attempts_printed_card_command_opens_that_attempts_card(gang, tmp_p
         attempt = re.search(r"attempt (\d+)", title)
         assert attempt, title
         seen[int(attempt.group(1))] = command
+        pages[int(attempt.group(1))] = shown.read_text()
     assert sorted(seen) == [0, 1], seen
     # The last line the run printed is the last attempt's, and opens its card.
     last = list(_PRINTED.finditer(text))[-1].group(1)
@@ -89,6 +90,10 @@ def test_each_attempts_printed_card_command_opens_that_attempts_card(gang, tmp_p
     # both cards; `card list` names both hashes; a hash's first characters open one.
     pathspec = shlex.split(last)[4]
     hashes = {a: shlex.split(c)[-1] for a, c in seen.items()}
+    # The last attempt's card names each attempt's card in its Attempts table.
+    table = next(c for c in _components(pages[1]) if c.get("type") == "table" and "card (--hash)" in c.get("columns", []))
+    column = table["columns"].index("card (--hash)")
+    assert [row[column] for row in table["data"]] == [hashes[0][:12], hashes[1][:12]], table
     listed = _card_command(gang, "list", pathspec, "--id", "torchrun")
     assert all(h in listed for h in hashes.values()), listed
     viewed, shown = _view(gang, tmp_path, "python step_flow.py card view %s --id torchrun" % pathspec, "id-only")

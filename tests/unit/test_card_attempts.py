@@ -192,3 +192,18 @@ def _with(attempts, led):
     result = _result(succeeded=True)
     result.attempts, result.goodput = attempts, led
     return result
+
+
+def test_each_attempts_record_names_its_card_and_the_attempts_table_shows_it(task):
+    """From the last attempt's card, every earlier attempt's card can be
+    opened: its record keeps its card's hash, the Attempts table shows it."""
+    assert card_mod.this_card_hash() == task.deco._card_uuid
+    earlier = Attempt(0, started_at=1.0, calls=(CallStart(0, 2.0),), ended_at=9.0, stopped="node 1 lost",
+                      card="0123456789abcdef0123456789abcdef")
+    assert Attempt.from_wire(earlier.to_wire()).card == earlier.card
+    result = _result(succeeded=True)
+    result.attempts = with_costs([earlier, Attempt(1, started_at=12.0, calls=(CallStart(0, 13.0),), ended_at=20.0,
+                                                   stopped="succeeded", card=task.deco._card_uuid)])
+    rows = card_mod.attempt_rows(result)
+    column = card_mod.ATTEMPT_HEADERS.index("card (--hash)")
+    assert [r[column] for r in rows] == ["0123456789ab", task.deco._card_uuid[:card_mod.CARD_HASH_SHOWN]]

@@ -15,6 +15,7 @@ from ..cause import Cause
 from . import attempts as attempts_
 from . import goodput
 from . import node_roles
+from .card import this_card_hash
 from .result import TorchrunResult
 from .session import GangSession
 
@@ -46,7 +47,8 @@ def complete(result: TorchrunResult, session: GangSession, retry_count: int, sta
     now = time.time()
     entries, left_out = nodes(session, result, cause, tasks)
     entry = attempts_.this_attempt(retry_count, started, session.results, cause, resumed_from, refused_for,
-                                   code_started, recorded_at=now, nodes=entries, nodes_left_out=left_out)
+                                   code_started, recorded_at=now, nodes=entries, nodes_left_out=left_out,
+                                   card=this_card_hash())
     past: List[attempts_.Attempt] = attempts_.fill_missing(attempts_.history(previous), retry_count)
     result.attempts = attempts_.with_costs(past + [entry])
     result.goodput = goodput.ledger(result.attempts, now)

@@ -196,6 +196,9 @@ class Attempt:
     nodes: Tuple[NodeEntry, ...] = ()
     nodes_left_out: int = 0
     code_failure: Optional[str] = None
+    # This attempt's @torchrun card, by its hash (runtime/card.py): each
+    # attempt of a task has its own, opened with `card view <task> --hash`.
+    card: Optional[str] = None
 
     def to_wire(self) -> Dict[str, Any]:
         data = {f: getattr(self, f) for f in self.__dataclass_fields__ if f != "costed"}
@@ -229,7 +232,7 @@ class Attempt:
                    costed="lost_seconds" in data, first_output_at=_num(data.get("first_output_at")),
                    recorded_at=_num(data.get("recorded_at")), nodes=_nodes(data.get("nodes")),
                    nodes_left_out=_whole(data.get("nodes_left_out")) or 0,
-                   code_failure=_text(data.get("code_failure"), 400))
+                   code_failure=_text(data.get("code_failure"), 400), card=_text(data.get("card"), 64))
 
 
 def _nodes(listed: Any) -> Tuple[NodeEntry, ...]:
@@ -241,7 +244,7 @@ def this_attempt(
     attempt: int, started_at: float, results: List[Any], cause: Optional[Cause],
     resumed_from: Optional[Checkpoint], refused_for: Optional[int] = None,
     code_started_at: Optional[float] = None, recorded_at: Optional[float] = None,
-    nodes: Tuple[NodeEntry, ...] = (), nodes_left_out: int = 0,
+    nodes: Tuple[NodeEntry, ...] = (), nodes_left_out: int = 0, card: Optional[str] = None,
 ) -> Attempt:
     """One entry of ``attempts``, from this attempt's calls on the control."""
     joined: List[float] = []
@@ -266,6 +269,7 @@ def this_attempt(
         nodes=nodes,
         nodes_left_out=nodes_left_out,
         code_failure=user_code_failure(cause),
+        card=card,
     )
 
 

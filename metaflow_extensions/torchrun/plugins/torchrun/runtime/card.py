@@ -219,6 +219,19 @@ def card_view_command(argv0: str, deco: Any, pathspec: str) -> Optional[str]:
     return command + (" --hash %s" % card_uuid if card_uuid else "")
 
 
+def this_card_hash() -> Optional[str]:
+    """This task's @torchrun card's hash (Metaflow's uuid for it), for the
+    attempt's record: None where the step has none (``card=False``), or
+    before Metaflow has set up ``current.card``."""
+    from metaflow import current
+
+    try:
+        uuid = getattr(current.card, "_card_id_map", {}).get(CARD_ID)
+    except Exception:  # no card on this step, or a Metaflow that keeps cards otherwise
+        return None
+    return uuid if isinstance(uuid, str) else None
+
+
 def title_markdown(flow: str, pathspec: str, attempt: int) -> str:
     """The card's heading: the flow, the task, and which attempt this card is
     of (each attempt of a task has a card of its own)."""
@@ -363,7 +376,7 @@ def attempt_rows(result: TorchrunResult) -> List[List[str]]:
         rows.append([
             str(a.attempt), _fmt_time(a.started_at, origin), secs(a.gang_formed_seconds),
             calls, clip(a.stopped or ""), clip(label),
-            secs(a.lost_work_seconds), secs(a.restart_seconds),
+            secs(a.lost_work_seconds), secs(a.restart_seconds), (a.card or "")[:CARD_HASH_SHOWN],
         ])
     return rows
 
@@ -403,13 +416,16 @@ GOODPUT_PARTS = ("Each attempt's wall time cut into parts that never overlap: _l
                  "after a failure, _stop_ the failure to the control's record, _restart_ the record to the next "
                  "attempt's first line (Metaflow's retry, the new gang's start).")
 ATTEMPT_HEADERS = ["attempt", "started", "gang formed in", "calls started", "stopped", "resumed from",
-                   "lost work", "failure to next first line"]
+                   "lost work", "failure to next first line", "card (--hash)"]
+# A card's hash in the Attempts table: its first characters, enough for `--hash`.
+CARD_HASH_SHOWN = 12
 # What the two costs count, said under the table: the Goodput table cuts the
 # same time at the same marks (runtime/attempts.py with_costs, runtime/goodput.py).
 ATTEMPT_COSTS = ("_Lost work_: training since the checkpoint the next attempt resumed from (since the first line "
                  "without one) up to the failure, as in the Goodput table. _Failure to next first line_: from the "
                  "failure to the next attempt's first line, which the Goodput table splits into this attempt's "
-                 "_stop_ and _restart_ and the next attempt's _restart_.")
+                 "_stop_ and _restart_ and the next attempt's _restart_. _Card_: that attempt's card, opened "
+                 "with `card view <run>/<step>/<task> --hash <card>`.")
 
 
 def restart_rows(result: TorchrunResult) -> List[List[str]]:
