@@ -1,7 +1,7 @@
 """A DDP loop on 2 nodes x 2 processes where rank 1 raises after loss.backward()
 (the first hour of a new user, issue 36): a function or a script entrypoint."""
 
-from metaflow import FlowSpec, Parameter, current, step, torchrun
+from metaflow import FlowSpec, Parameter, TorchrunException, current, step, torchrun
 
 
 def train(steps=5, bad_rank=1):
@@ -24,7 +24,8 @@ def train(steps=5, bad_rank=1):
 
 class DdpFailFlow(FlowSpec):
     mode = Parameter("mode", default="function")
-    caught = Parameter("caught", default=False, help="catch ValueError around the call")
+    caught = Parameter("caught", default="", help="catch around the call: true (ValueError) or all")
+    bad_rank = Parameter("bad-rank", default=1, help="the rank that raises (a function entrypoint)")
 
     @step
     def start(self):
@@ -34,16 +35,19 @@ class DdpFailFlow(FlowSpec):
     @step
     def train(self):
         if self.mode == "function":
-            call = dict(entrypoint=train, entrypoint_args={"steps": 5})
+            call = dict(entrypoint=train, entrypoint_args={"steps": 5, "bad_rank": int(self.bad_rank)})
         else:
             call = dict(entrypoint="scripts/ddp_fail.py", entrypoint_args={"steps": 5, "api-token": "s3cr3t"})
         if self.caught:
+            # "true": `except ValueError` (the node whose rank raised catches it);
+            # "all": `except TorchrunException`, which every node's is (the others' is GangAborted).
+            caught = TorchrunException if self.caught == "all" else ValueError
             try:
                 current.torch.run(**call)
-            except ValueError as e:
-                print("caught ValueError: %s" % e)
-                raise SystemExit("handled")
-        current.torch.run(**call)
+            except caught as e:
+                print("node %d caught %s: %s" % (current.parallel.node_index, type(e).__name__, str(e)[:80]))
+        else:
+            current.torch.run(**call)
         self.next(self.join)
 
     @step

@@ -31,10 +31,34 @@ def test_a_function_raising_fails_the_step_with_its_own_exception_in_one_screen(
     assert "loss.backward()" not in without_task_prefix(text)
 
 
-def test_except_value_error_around_the_call_still_catches_it(gang):
-    proc = gang.run("--mode", "function", "--caught", "true", flow="ddp_fail_flow.py", timeout=240)
+def test_every_node_that_catches_its_calls_failure_goes_on_with_its_step(gang):
+    """Rank 3 (node 1) raises; node 1 catches the ValueError, node 0 its
+    GangAborted: both steps go on and the run succeeds. Rank 3's traceback is
+    on the console once, said by the node that caught it."""
+    proc = gang.run("--mode", "function", "--caught", "all", "--bad-rank", "3", flow="ddp_fail_flow.py",
+                    timeout=240)
     text = output(proc)
-    assert "caught ValueError: [rank 1] rank 1 saw a NaN" in text, text[-3000:]
+    assert proc.returncode == 0, text[-4000:]
+    assert "node 1 caught ValueError: [rank 3] rank 3 saw a NaN" in text, text[-4000:]
+    assert "node 0 caught GangAborted: node 0 stopped because node 1 failed first" in text, text[-4000:]
+    assert "your step caught ValueError from current.torch.run and went on; what it caught:" in text
+    assert "your step caught GangAborted from current.torch.run and went on (node 1 (" in text
+    assert without_task_prefix(text).count(RAISE) == 1, text[-4000:]
+    assert "ValueError: rank 3 saw a NaN" in text and "Task failed" not in text
+
+
+def test_a_node_that_does_not_catch_fails_and_the_caught_traceback_is_in_the_log(gang):
+    """`except ValueError` catches it where the rank raised (node 1, which goes
+    on); node 0's call raised GangAborted, uncaught: the step fails, and node 0's
+    error points to node 1's lines in this log, which hold rank 3's traceback."""
+    proc = gang.run("--mode", "function", "--caught", "true", "--bad-rank", "3", flow="ddp_fail_flow.py",
+                    timeout=240)
+    text = output(proc)
+    assert proc.returncode != 0
+    assert "node 1 caught ValueError: [rank 3] rank 3 saw a NaN" in text, text[-4000:]
+    assert "node 0 stopped because node 1 failed first (its error in this log has the traceback)" in text
+    shown = without_task_prefix(text)
+    assert shown.count(RAISE) == 1, text[-4000:]
 
 
 def test_a_script_raising_shows_the_root_cause_once_in_one_screen(gang):

@@ -32,7 +32,8 @@ from dataclasses import dataclass
 from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Tuple, Union
 
 from ..cause import Cause, CauseKind
-from ..errors import GangAborted, TorchrunCallRefused, TorchrunException, TorchrunNotRetried, is_refusal
+from ..errors import (GangAborted, TorchrunCallRefused, TorchrunException, TorchrunFailed, TorchrunNotRetried,
+                      is_refusal)
 from ..gang import GangConfig
 from ..gang import GangClient
 from ..gang import GangServer
@@ -204,8 +205,8 @@ class GangSession:
         return GangAborted(self.topology.node_index, cause, own_exit_code, same_log=self.topology.is_local)
 
     def _on_abort(self, cause: Cause) -> None:
-        """On the gang client's reader thread, once."""
-        if not self._interruptible or self._main is None:
+        """On the gang client's reader thread, once; not while the code may handle a failed call."""
+        if not self._interruptible or self._main is None or call_failed(self._call_error):
             return
         try:
             signal.pthread_kill(self._main, INTERRUPT_SIGNAL)
@@ -239,6 +240,8 @@ class GangSession:
         if client is None:
             return
         client.wait_joined()
+        if client.cause is not None and call_failed(self._call_error):
+            return went_on(self, client.cause)
         if client.cause is None:
             client.leave(self.calls_made, ok=True)
             if self.is_control:
@@ -333,6 +336,29 @@ def _base_or_none() -> Optional[str]:
         return base_dir()
     except OSError:
         return None
+
+
+def call_failed(error: Optional[BaseException]) -> bool:
+    """Whether a call raised its ranks' failure (here or on another node): the
+    gang's cause is then that failure (the first wins), and step code that
+    catches it goes on with its step, the call's ranks stopped on every node."""
+    return isinstance(error, (TorchrunFailed, GangAborted))
+
+
+def went_on(session: GangSession, cause: Cause) -> None:
+    """The step's code caught its failed call's exception and went on: this node
+    leaves the gang as a step that ended well. The node whose rank raised shows
+    what it caught whole (the other nodes' errors point to this log), the others
+    one line."""
+    assert session.client is not None
+    session.client.leave(session.calls_made, ok=True)
+    session.phase = Phase.LEFT
+    error = session._call_error
+    what = type(error).__name__
+    if cause.node_index == session.topology.node_index and isinstance(error, TorchrunException):
+        say("your step caught %s from current.torch.run and went on; what it caught:\n%s" % (what, error.message))
+    else:
+        say("your step caught %s from current.torch.run and went on (%s)" % (what, _first_line(cause.summary)))
 
 
 def linger(server: GangServer, start_timeout: float) -> None:
