@@ -9,7 +9,9 @@ pages torch loaded shared with its siblings.
 
 It is safe because nothing in this process runs before the fork but the
 import: no thread of ours, no CUDA (torch initialises CUDA lazily), no
-process group. What a fresh process would have differently is made the same
+process group; ``fork_guard.py`` checks that before every fork (what a
+start-up hook or a library brought in), and a start it refuses runs fresh.
+What a fresh process would have differently is made the same
 in the child (``become``): its own session, the stand-in's stdin, stdout,
 stderr, environment, working directory, ``sys.path`` and umask, signals at
 their defaults, numpy's global generator reseeded, torch's thread count from
