@@ -31,7 +31,7 @@ TEST_PINS = ["pytest==9.2.0", "pytest-timeout==2.4.0", "numpy==2.3.5", "hypothes
 # What the unit tests read beside tests/ (tools/sizes.py, benchmarks' harness, the docs):
 # never the package's source, which would sit on sys.path beside the wheel.
 TEST_TREES = ("tests", "tools", "benchmarks", "docs")
-NO_TORCH_MESSAGE = "pip install metaflow-torchrun[torch]"
+NO_TORCH_MESSAGE = 'pip install "torch=='  # launch/torch_checks.TORCH_INSTALL_HINT
 
 
 @dataclass(frozen=True)

@@ -60,6 +60,6 @@ def test_no_torch_is_named_with_the_fix_before_anything_starts(gang, tmp_path):
     text = output(proc)
     assert proc.returncode != 0, text
     assert "torch is not installed for" in text, text
-    assert "pip install metaflow-torchrun[torch]" in text, text
+    assert 'pip install "torch==2.13.0" numpy' in text, text
     assert not mentions_torchrun(text)  # nothing was launched
     assert "No rank recorded" not in text

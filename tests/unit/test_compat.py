@@ -151,18 +151,19 @@ class TestTorchProblem:
     def test_no_torch_names_the_install(self):
         msg = torch_checks.torch_problem(torch_checks.TorchInstall(None), "/venv/bin/python", self.PASSED, None)
         assert "torch is not installed for /venv/bin/python" in msg
-        assert "pip install metaflow-torchrun[torch]" in msg
+        # The tested torch, pinned: the [torch] extra would install the newest (2.14.1 and its CUDA packages).
+        assert 'pip install "torch==2.13.0" numpy' in msg and "metaflow-torchrun[torch]" not in msg
 
     def test_no_torch_distributed(self):
         torch = torch_checks.TorchInstall("/site/torch", "2.13.0", None)
         msg = torch_checks.torch_problem(torch, "py", self.PASSED, None)
-        assert "no torch.distributed" in msg and "metaflow-torchrun[torch]" in msg
+        assert "no torch.distributed" in msg and torch_checks.TORCH_INSTALL_HINT in msg
 
     def test_too_old_for_an_option_we_pass(self):
         torch = torch_checks.TorchInstall("/site/torch", "1.13.1", "/site/torch/distributed/run.py")
         msg = torch_checks.torch_problem(torch, "py", self.PASSED, {"nnodes", "nproc-per-node"})
         assert "torch 1.13.1" in msg and "too old" in msg and "--local-addr" in msg
-        assert "torch>=%s" % torch_checks.TESTED_TORCH in msg
+        assert "torch>=%s is supported" % torch_checks.MIN_TORCH in msg
 
     def test_fine(self):
         torch = torch_checks.TorchInstall("/site/torch", "2.13.0", "/site/torch/distributed/run.py")
@@ -184,7 +185,7 @@ class TestTorchProblem:
     def test_find_torch_without_torch(self, tmp_path, monkeypatch):
         monkeypatch.setattr(torch_checks.importlib.util, "find_spec", lambda name: None)
         assert torch_checks.find_torch() == torch_checks.TorchInstall(None)
-        with pytest.raises(torch_checks.TorchrunMissingDependency, match=r"metaflow-torchrun\[torch\]"):
+        with pytest.raises(torch_checks.TorchrunMissingDependency, match=r"pip install \"torch==2\.13\.0\" numpy"):
             torch_checks.require_torch("/x/python")
 
     def test_find_torch_reads_files(self, tmp_path, monkeypatch):

@@ -18,9 +18,14 @@ from ..errors import TorchrunMissingDependency
 from .command import Launch, default_options
 from .options import OptionSpec
 
-TORCH_INSTALL_HINT = "pip install metaflow-torchrun[torch]"
-# The torch this package is tested with (README "Versions").
-TESTED_TORCH = "2.11"
+# The torch this package is tested with: the one place that says it (requirements-demo.txt
+# pins it, and a unit test keeps the pin, the README and the getting-started page equal to it).
+TESTED_TORCH = "2.13.0"
+# The oldest torch supported (setup.py's [torch] extra, docs/versions.md).
+MIN_TORCH = "2.11"
+# The fix for a missing torch installs the tested one: an unpinned torch (the [torch] extra
+# too) is whatever is newest, with its CUDA packages.
+TORCH_INSTALL_HINT = 'pip install "torch==%s" numpy' % TESTED_TORCH
 
 
 @dataclass(frozen=True)
@@ -144,7 +149,8 @@ def torch_problem(torch: TorchInstall, python: str, passed: Iterable[str], known
 
     ``passed``: the torchrun options @torchrun passes; ``known``: the options this
     torch's torchrun takes (None: could not be read)."""
-    fix = "Install it in the step's environment: `%s` (or torch>=%s)." % (TORCH_INSTALL_HINT, TESTED_TORCH)
+    fix = "Install it in the step's environment: `%s` (the torch @torchrun is tested with; torch>=%s is supported)." % (
+        TORCH_INSTALL_HINT, MIN_TORCH)
     if torch.location is None:
         return "torch is not installed for %s, and @torchrun runs torchrun with it. %s" % (python, fix)
     if torch.run_py is None:

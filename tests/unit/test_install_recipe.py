@@ -1,0 +1,33 @@
+"""The install recipe a new user follows (README.md, docs/getting-started.md):
+one torch version, the tested one, named in one place (launch/torch_checks.py)
+and pinned wherever a user is told what to install."""
+
+from __future__ import annotations
+
+import os
+import re
+
+from metaflow_extensions.torchrun.plugins.torchrun.launch import torch_checks
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _read(rel: str) -> str:
+    with open(os.path.join(REPO, rel), encoding="utf-8") as f:
+        return f.read()
+
+
+def _pins(rel: str) -> dict:
+    return dict(re.findall(r"^([A-Za-z0-9_.-]+)==(\S+)", _read(rel), re.M))
+
+
+def test_the_demo_requirements_pin_the_tested_torch_and_numpy():
+    pins = _pins("requirements-demo.txt")
+    assert pins["torch"] == torch_checks.TESTED_TORCH
+    assert "numpy" in pins  # else torch warns "Failed to initialize NumPy" at import
+
+
+def test_the_missing_torch_fix_installs_the_tested_torch():
+    assert torch_checks.TORCH_INSTALL_HINT == 'pip install "torch==%s" numpy' % torch_checks.TESTED_TORCH
+    quoted = re.findall(r'pip install "torch==([^"]+)"', _read("docs/reference.md") + _read("docs/versions.md"))
+    assert quoted and set(quoted) == {torch_checks.TESTED_TORCH}
