@@ -31,3 +31,27 @@ def test_the_missing_torch_fix_installs_the_tested_torch():
     assert torch_checks.TORCH_INSTALL_HINT == 'pip install "torch==%s" numpy' % torch_checks.TESTED_TORCH
     quoted = re.findall(r'pip install "torch==([^"]+)"', _read("docs/reference.md") + _read("docs/versions.md"))
     assert quoted and set(quoted) == {torch_checks.TESTED_TORCH}
+
+
+RECIPE = re.compile(r"^<!-- install recipe: [^\n]*-->\n```bash\n(.*?)^```$", re.M | re.S)
+
+
+def recipe(rel: str) -> str:
+    (found,) = RECIPE.findall(_read(rel))
+    return found
+
+
+def test_the_readme_and_getting_started_give_one_recipe():
+    assert recipe("README.md") == recipe("docs/getting-started.md")
+
+
+def test_the_recipe_installs_the_tested_versions_numpy_included():
+    """A user who installed torch without numpy saw torch warn "Failed to
+    initialize NumPy": the recipe installs the demo requirements, which pin it."""
+    text = recipe("README.md")
+    assert "pip install -r requirements-demo.txt" in text and "pip install -e ." in text
+    pins = _pins("requirements-demo.txt")
+    said = re.search(r"# the tested versions: metaflow (\S+), torch (\S+), numpy\n", text)
+    assert said and said.groups() == (pins["metaflow"], torch_checks.TESTED_TORCH), text
+    commands = [line.split("#", 1)[0] for line in text.splitlines()]
+    assert not any(re.search(r"\btorch\b(?!==)", c) for c in commands if "pip install" in c)  # no unpinned torch
