@@ -7,6 +7,8 @@ node's entry may hold "raise" (before | between | after), "kill" (before),
 "sleep" (seconds, before anything else), "calls" (its own number of calls), "script" (its own
 script for the second call), "attempt" (only on this retry attempt).
 MFTR_NEVER_START: the index of a node whose task never reaches its step.
+MFTR_EXIT_AT_START: the index of a node whose task exits (code 3) as the flow file
+is read, before it can join the gang, saying why on stderr.
 MFTR_NPROC: processes per node (default 1: these are failures of nodes and steps).
 """
 
@@ -19,6 +21,14 @@ if os.environ.get("MFTR_NEVER_START") not in (None, "") and os.environ.get(
     "MF_PARALLEL_NODE_INDEX"
 ) == os.environ["MFTR_NEVER_START"]:
     time.sleep(3600)  # this node's task never gets as far as its step
+
+if os.environ.get("MFTR_EXIT_AT_START") not in (None, "") and os.environ.get(
+    "MF_PARALLEL_NODE_INDEX"
+) == os.environ["MFTR_EXIT_AT_START"]:
+    import sys
+
+    sys.stderr.write("step_flow: node %s cannot start here (MFTR_EXIT_AT_START)\n" % os.environ["MFTR_EXIT_AT_START"])
+    sys.exit(3)
 
 from metaflow import FlowSpec, current, retry, step, torchrun  # noqa: E402
 

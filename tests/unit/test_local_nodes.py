@@ -1,13 +1,31 @@
-"""runtime/local_nodes.py: a failed local control stops its node subprocesses
-beside its own end, not before it."""
+"""runtime/local_nodes.py and runtime/node_tasks.py: a local control's nodes.
+
+A failed control stops its node subprocesses beside its own end, not before
+it; a node whose task ends before it joined ends the gang at once, named with
+its exit and last lines; the control ends with the runtime that started it;
+the venv check asks PATH's `python` itself."""
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
 import time
 
-from metaflow_extensions.torchrun.plugins.torchrun.runtime.local_nodes import stop_local_nodes
+import pytest
+
+from gang_net import GUARD, new_config
+from proc_helpers import is_running, wait_until
+from metaflow_extensions.torchrun.plugins.torchrun.cause import CauseKind
+from metaflow_extensions.torchrun.plugins.torchrun.gang import NodeEnd
+from metaflow_extensions.torchrun.plugins.torchrun.gang.membership import Membership
+from metaflow_extensions.torchrun.plugins.torchrun.runtime.local_nodes import (
+    RUNTIME_PID_ENV,
+    stop_local_nodes,
+    worker_python_problem,
+)
+from metaflow_extensions.torchrun.plugins.torchrun.runtime.node_tasks import KEPT_LINES, NodeTasks
 
 # Looks like a local node to stop_local_nodes (`... step ... ubf_task ...`); ignores SIGTERM.
 NODE = "import signal, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)"
@@ -34,3 +52,134 @@ def test_no_nodes_no_wait():
     stopping = stop_local_nodes(settle=5.0, grace=5.0)
     stopping.join(timeout=2)
     assert not stopping.is_alive()
+
+
+# -- the venv check: can PATH's `python` import what a node needs? --------------------
+
+
+@pytest.mark.skipif(sys.prefix == sys.base_prefix, reason="the tests run in a venv; its base interpreter is the case")
+def test_the_venvs_own_base_interpreter_outside_it_is_refused_with_the_fix(tmp_path):
+    """The binary the venv was made from, on PATH outside the venv: the same
+    file as this task's Python, without the venv's packages."""
+    base = os.path.realpath(sys.executable)
+    (tmp_path / "python").symlink_to(base)
+    problem = worker_python_problem(str(tmp_path), sys.executable)
+    assert problem is not None
+    assert "No module named 'metaflow'" in problem, problem
+    assert "Fix: activate the environment this flow runs in" in problem
+    assert "`python` on PATH is %s" % (tmp_path / "python") in problem
+
+
+def test_pythons_beside_this_one_pass_without_a_subprocess(tmp_path, monkeypatch):
+    import subprocess as sp
+
+    def no_probe(*a, **k):
+        raise AssertionError("probed a python of this task's own bin directory")
+
+    monkeypatch.setattr(sp, "run", no_probe)
+    assert worker_python_problem(os.path.dirname(sys.executable), sys.executable) is None
+
+
+def test_no_python_on_path(tmp_path):
+    problem = worker_python_problem(str(tmp_path), sys.executable)
+    assert problem is not None and "there is no `python` on PATH" in problem
+
+
+# -- a node's task seen to end before it joined ---------------------------------------
+
+
+def test_a_node_that_ended_before_joining_is_named_with_its_exit_and_last_lines():
+    members = Membership(new_config(3))
+    cause = members.saw_ends(lambda: {2: NodeEnd(-9), 1: NodeEnd(1, ("Traceback ...", "", "ImportError: no x"))})
+    assert cause is not None and cause.kind is CauseKind.NODE_LOST and cause.node_index == 1
+    assert cause.summary == "node 1's task ended before it joined the gang (exit code 1)"
+    assert cause.exit_code == 1
+    assert cause.message == "its last lines of output:\n    Traceback ...\n    ImportError: no x"
+    signalled = Membership(new_config(2)).saw_ends(lambda: {1: NodeEnd(-9)})
+    assert signalled is not None and "(killed by signal SIGKILL)" in signalled.summary
+    assert signalled.message == "it wrote nothing on stderr"
+
+
+def test_a_node_that_joined_is_not_named_by_its_end_and_ended_nodes_count_as_heard():
+    members = Membership(new_config(3))
+    members.joined_at.update({0: 1.0, 1: 1.0})
+    assert members.saw_ends(None) is None
+    assert members.saw_ends(lambda: {1: NodeEnd(0)}) is None and not members.all_heard
+    assert members.saw_ends(lambda: {2: NodeEnd(3), 7: NodeEnd(3)}) is not None  # an index outside the gang is ignored
+    assert members.all_heard and set(members.ended) == {2}
+    assert members.saw_ends(lambda: {2: NodeEnd(3)}) is None  # every node heard: not asked again
+
+
+def _node(code: str) -> list:
+    return [sys.executable, "-c", code]
+
+
+def test_node_tasks_see_an_exit_and_keep_the_last_lines_of_stderr():
+    nodes = NodeTasks()
+    said = "import sys\nfor i in range(30): sys.stderr.write('line %d\\n' % i)\nsys.exit(3)"
+    nodes.start(1, _node(said), dict(os.environ))
+    nodes.start(2, _node("import time; time.sleep(60)"), dict(os.environ))
+    try:
+        assert wait_until(lambda: 1 in nodes.ended(), GUARD)
+        end = nodes.ended()[1]
+        assert end.exit_code == 3
+        assert end.last_lines == tuple("line %d" % i for i in range(30 - KEPT_LINES, 30))
+        assert set(nodes.running()) == {2} and 2 not in nodes.ended()
+        os.kill(nodes.procs[2].pid, signal.SIGKILL)
+        assert wait_until(lambda: 2 in nodes.ended(), GUARD)
+        assert nodes.ended()[2] == NodeEnd(-9, ())
+    finally:
+        for proc in nodes.procs.values():
+            if proc.poll() is None:
+                proc.kill()
+        nodes.wait()
+
+
+def test_the_gang_service_ends_the_gang_when_a_node_task_ends_before_joining(net):
+    ends = {}
+    server = net.server(2, start_timeout=600)
+    server.node_ends = lambda: dict(ends)
+    (c0,) = net.join(server, [0])
+    time.sleep(0.5)
+    assert server.cause is None and not server.everyone_heard()
+    ends[1] = NodeEnd(3, ("ModuleNotFoundError: No module named 'metaflow'",))
+    assert wait_until(lambda: c0.cause is not None, GUARD)
+    assert c0.cause.kind is CauseKind.NODE_LOST and c0.cause.node_index == 1
+    assert "No module named 'metaflow'" in (c0.cause.message or "")
+    assert server.everyone_heard()  # no linger for a node whose task is gone
+
+
+# -- the control ends with the runtime that started it ------------------------------
+
+# A "runtime" that starts a "control" (which asks to end with it, then waits),
+# lives ``argv[3]`` seconds and exits.
+_RUNTIME = """
+import os, subprocess, sys, time
+env = dict(os.environ, %s=str(os.getpid()))
+subprocess.Popen([sys.executable, "-c", sys.argv[1], sys.argv[2]], env=env)
+time.sleep(float(sys.argv[3]))
+""" % RUNTIME_PID_ENV
+_CONTROL = """
+import os, sys, time
+open(sys.argv[1], "w").write(str(os.getpid()))
+import metaflow
+from metaflow_extensions.torchrun.plugins.torchrun.runtime import local_nodes
+local_nodes._end_with_runtime()
+time.sleep(60)
+"""
+
+
+@pytest.mark.parametrize("runtime_lives", [3.0, 0.0])
+def test_a_control_ends_with_its_runtime_even_one_gone_before_it_asked(tmp_path, runtime_lives):
+    """A runtime that dies while the control waits (PR_SET_PDEATHSIG), and one
+    gone before the control asked (the control then ends itself)."""
+    pid_file = tmp_path / "control.pid"
+    runtime = subprocess.Popen([sys.executable, "-c", _RUNTIME, _CONTROL, str(pid_file), str(runtime_lives)])
+    runtime.wait(timeout=GUARD + runtime_lives)
+    assert wait_until(lambda: pid_file.exists() and pid_file.read_text(), GUARD), "the control never started"
+    control = int(pid_file.read_text())
+    try:
+        assert wait_until(lambda: not is_running(control), GUARD), "the control outlived its runtime"
+    finally:
+        if is_running(control):
+            os.kill(control, signal.SIGKILL)

@@ -30,7 +30,7 @@ from .gang import GangIdentity
 from .lint import register_lint_check, require_parallel_entry
 from .host import log, say
 from .settings import export_knobs, knob_environ
-from .runtime import card_of_task, close_runtime_warm, name_local_control, prepare_local_nodes, stop_local_nodes
+from .runtime import card_of_task, close_runtime_warm, name_local_control, own_start, prepare_local_nodes, stop_local_nodes
 from .launch import small_shm_warning
 from .runtime import GangSession, ThisAttempt, in_gang, keep_record, knob_problems, read_node_history
 from .gang import CONTROL_TASK_ID_ENV, is_local_runtime, topology_from
@@ -215,10 +215,10 @@ class TorchrunDecorator(ParallelDecorator):
     def task_decorate(
         self, step_func, flow, graph, retry_count, max_user_code_retries, ubf_context
     ):
-        decorated = super().task_decorate(
+        decorated = own_start(super().task_decorate(  # a local control starts its nodes and sees them end
             in_gang(step_func, self._start_session, self._attempt, lambda: self._published.withdraw()),
             flow, graph, retry_count, max_user_code_retries, ubf_context,
-        )
+        ))
         if not (ubf_context == UBF_CONTROL and is_local_runtime(os.environ)):
             return decorated
 

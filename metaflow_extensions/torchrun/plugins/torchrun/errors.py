@@ -222,6 +222,8 @@ class GangAborted(TorchrunException):
                 text += " (node 0's error in this log has every field and the fix)"
             else:
                 text += "\n" + cause.message  # every field and node, and the fix
+        elif cause.kind is CauseKind.NODE_LOST and cause.message and not (same_log and node_index != 0):
+            text += "\n" + cause.message  # a local node's task that ended before it joined: its last lines
         # After a hang the gang stopped every rank: none failed as an echo of it.
         echoes = [] if cause.kind is CauseKind.HANG else [r for r in elsewhere if r != cause.rank]
         block = failure_block.Block(stacks=dict(stacks or {}), logs=logs, suspects=suspects, elsewhere=echoes)

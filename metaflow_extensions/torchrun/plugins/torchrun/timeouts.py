@@ -24,6 +24,9 @@ EVICT_AGE = 1.0
 ACCEPT_BACKOFF = 0.5
 # How often a worker looks for the gang's secret in the run's datastore.
 SECRET_POLL = 0.5
+# A local run's node task seen to exit before it joined is named once its stderr
+# has reached its end, or this long after its exit (a descendant may hold it open).
+NODE_OUTPUT_DRAIN = 1.0
 
 # -- while it runs -------------------------------------------------------------------
 # How often the service checks timeouts, silences and progress: a silent node is

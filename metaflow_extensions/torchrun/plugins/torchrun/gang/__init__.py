@@ -31,6 +31,7 @@ __all__ = [
     "JobRecord",
     "LOCAL_PORT_ENV",
     "MAX_RANKS_PER_NODE",
+    "NodeEnd",
     "NodeReport",
     "PreflightRecord",
     "ProgressRecord",
@@ -69,6 +70,7 @@ _HOME = {
     "JobRecord": "node_compare",
     "LOCAL_PORT_ENV": "ports",
     "MAX_RANKS_PER_NODE": "messages",
+    "NodeEnd": "membership",
     "NodeReport": "messages",
     "PreflightRecord": "node_compare",
     "ProgressRecord": "gang_progress",
@@ -95,6 +97,7 @@ if TYPE_CHECKING:
     from .client import GangClient, send_last_progress
     from .config import GangConfig, RDZV_STORE_NODE
     from .identity import GangIdentity
+    from .membership import NodeEnd
     from .messages import MAX_RANKS_PER_NODE, NodeReport, ProtocolError, RankStatus, STREAMS, TAIL_LINES, TAIL_LINE_CHARS
     from .node_compare import DEFAULT_MODE, JobRecord, PreflightRecord, describe_job, parse_mode
     from .gang_progress import ProgressRecord, Straggler

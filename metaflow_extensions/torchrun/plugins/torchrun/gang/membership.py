@@ -3,19 +3,30 @@
 Joins are counted, never listed to anyone: the service tells a node only that
 it joined (its welcome). Liveness is judged by what a node sends: a dropped
 connection before a node left its step is a lost node; ``heartbeat_timeout``
-of silence is a frozen or cut-off one. The scans here are O(nodes) and run at
-the service's check rate, never once per message.
+of silence is a frozen or cut-off one. On a local run the control also sees
+its nodes' tasks end (runtime/node_tasks.py): a task that ended before its node
+joined ends the gang at once, named with its exit and its last lines, instead
+of being waited for until ``start_timeout``. The scans here are O(nodes) and
+run at the service's check rate, never once per message.
 """
 
 from __future__ import annotations
 
 import time
-from typing import Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Mapping, NamedTuple, Optional, Tuple
 
 from ..cause import Cause, CauseKind, plural
+from ..procs import describe_exit_code
 from .config import CONTROL_NODE, GangConfig
 from .peer import Peer
 from .silence import silence_cause
+
+
+class NodeEnd(NamedTuple):
+    """A node's task seen to end by the control that started it (a local run)."""
+
+    exit_code: int
+    last_lines: Tuple[str, ...] = ()
 
 
 class Membership:
@@ -25,6 +36,7 @@ class Membership:
         self.joined_at: Dict[int, float] = {}  # node -> epoch seconds of its first join
         self.left: Dict[int, Tuple[int, bool]] = {}  # node -> (calls made, ended fine)
         self.hosts: Dict[int, str] = {}  # node -> the host it said it is on (kept after it leaves)
+        self.ended: Dict[int, NodeEnd] = {}  # node -> its task's end, seen before it joined
         self.started = time.monotonic()
 
     def taken(self, node: int) -> bool:
@@ -45,8 +57,28 @@ class Membership:
     def all_left(self) -> bool:
         return len(self.left) == self.config.num_nodes
 
+    @property
+    def all_heard(self) -> bool:
+        """Every node joined, or its task ended before it could."""
+        return len(self.joined_at.keys() | self.ended.keys()) == self.config.num_nodes
+
     def missing(self) -> List[int]:
         return [n for n in range(self.config.num_nodes) if n not in self.joined_at]
+
+    def saw_ends(self, node_ends: Optional[Callable[[], Mapping[int, NodeEnd]]]) -> Optional[Cause]:
+        """A local run's control: record the node tasks ``node_ends`` says
+        ended before their node joined (asked while some node has not); the
+        cause for the first such node (the lowest index), or None."""
+        if node_ends is None or self.all_heard:
+            return None
+        ends = node_ends()
+        for node in sorted(ends):
+            if node not in self.joined_at and 0 <= node < self.config.num_nodes:
+                self.ended.setdefault(node, ends[node])
+        if not self.ended:
+            return None
+        node = min(self.ended)
+        return ended_before_joining(node, self.ended[node])
 
     def lost(self, peer: Peer) -> bool:
         """``peer`` was a node's connection: forget it; True when the node had
@@ -89,3 +121,18 @@ class Membership:
         n = self.config.num_nodes
         return "waiting for nodes: %d/%d joined; %s missing for %.0f s" % (
             n - len(missing), n, plural(missing), now - self.started)
+
+
+def ended_before_joining(node: int, end: NodeEnd) -> Cause:
+    """The gang's cause when node ``node``'s task ended before it joined: its
+    exit in the summary, its last lines of stderr in the message."""
+    lines = [line for line in end.last_lines if line.strip()]
+    said = ("its last lines of output:\n%s" % "\n".join("    " + line for line in lines)) if lines else \
+        "it wrote nothing on stderr"
+    return Cause(
+        CauseKind.NODE_LOST,
+        "node %d's task ended before it joined the gang (%s)" % (node, describe_exit_code(end.exit_code)),
+        node_index=node,
+        exit_code=end.exit_code,
+        message=said,
+    )

@@ -6,7 +6,8 @@ What it decides, and why it can: it is the one place that sees every node.
 - A node whose connection drops before it left its step died: the gang stops
   at once (the kernel closes a dead process's sockets; no timeout involved).
 - A node that sends nothing for ``heartbeat_timeout`` is frozen or cut off.
-- Nodes missing after ``start_timeout`` never started.
+- Nodes missing after ``start_timeout`` never started; on a local run, a node
+  whose task the control saw end before it joined (``node_ends``) is named at once.
 - A node that reports a failure (its step raised, or its ranks failed) is the
   root cause, unless it is an echo of another failure (held ``secondary_grace``
   in case the real one follows).
@@ -27,7 +28,7 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ..cause import Cause, CauseKind
 from . import messages as msg
@@ -38,7 +39,7 @@ from .handlers import MessageHandlers
 from .calls import CallBook, CallState, CallView
 from .config import GangConfig
 from .speaker import Speaker
-from .membership import Membership
+from .membership import Membership, NodeEnd
 from .peer import Peer
 from .node_compare import PreflightBook, PreflightRecord
 from .gang_progress import ProgressBook, ProgressRecord
@@ -84,6 +85,8 @@ class GangServer(MessageHandlers):
         self.port: int = self.transport.port
         self.progress: Callable[[str], None] = lambda text: None
         self.host_check: Optional[Callable[[Dict[int, str]], Tuple[List[str], Optional[Cause]]]] = None
+        # A local run's control: the node tasks it started that have ended (runtime/node_tasks.py).
+        self.node_ends: Optional[Callable[[], Mapping[int, NodeEnd]]] = None
         # Said once per gang: someone without the secret tried to join.
         self.warn: Callable[[str], None] = say
         self._handlers: Dict[msg.MessageType, Handler] = {
@@ -127,8 +130,10 @@ class GangServer(MessageHandlers):
 
     def everyone_heard(self) -> bool:
         """After an abort: every node was told the cause, as it happened (it was
-        connected then) or as it joined. A node cut off since is not waited for."""
-        return self.members.all_joined
+        connected then) or as it joined. A node cut off since is not waited for,
+        nor one whose task ended before it joined."""
+        with self._lock:
+            return self.members.all_heard
 
     def call_view(self, index: int) -> CallView:
         """A frozen copy of what the gang knows of call ``index``."""
@@ -213,17 +218,19 @@ class GangServer(MessageHandlers):
         for peer in self.admission.expired(now):
             self.transport.drop(peer)
         self.transport.resume(now)
+        ended = self.members.saw_ends(self.node_ends)  # after an abort too, for everyone_heard
         if self.cause is None:
-            cause = self._overdue(now)
+            cause = self._overdue(now, ended)
             if cause is not None:
                 self._abort(cause)
         self._report_progress(now)
 
-    def _overdue(self, now: float) -> Optional[Cause]:
+    def _overdue(self, now: float, ended: Optional[Cause] = None) -> Optional[Cause]:
         if self._pending is not None and now >= self._pending[1]:
             return self._pending[0]  # no better cause came: the echo it is
         return (
-            self.members.never_joined(now)
+            ended
+            or self.members.never_joined(now)
             or self.book.timed_out(now, self.config.start_timeout)
             or self.book.hung(now, self.config.hang_timeout, self._last_output, self.members.left,
                               advanced=self.training.reporting)

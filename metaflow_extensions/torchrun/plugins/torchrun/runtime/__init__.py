@@ -42,6 +42,7 @@ __all__ = [
     "skip_render",
     "step_result",
     "name_local_control",
+    "own_start",
     "close_runtime_warm",
     "prepare_local_nodes",
     "stop_local_nodes",
@@ -63,6 +64,7 @@ _HOME = {
     "card_of_task": "card",
     "prepare_local_nodes": "local_nodes",
     "name_local_control": "local_nodes",
+    "own_start": "local_nodes",
     "close_runtime_warm": "warm_start",
     "GangSession": "session",
     "METADATA_FIELD": "result",
@@ -91,7 +93,7 @@ if TYPE_CHECKING:
     from .card import card_of_task, card_ready, card_view_command
     from .card import attach_card, finish_card, refresh_live, render_card_now, skip_render
     from .warm_start import close_runtime_warm
-    from .local_nodes import name_local_control, prepare_local_nodes, stop_local_nodes, worker_python_problem
+    from .local_nodes import name_local_control, own_start, prepare_local_nodes, stop_local_nodes, worker_python_problem
     from .result import METADATA_FIELD, REPORT_ARTIFACT, TorchrunResult
     from .session import GangSession
     from .single_node import SingleNodeLauncher

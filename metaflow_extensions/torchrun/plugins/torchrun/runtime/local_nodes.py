@@ -1,20 +1,33 @@
-"""The other nodes of a local run: child processes of the control task."""
+"""The other nodes of a local run: child processes of the control task.
+
+The control starts them itself (``run_local_control``, in place of Metaflow's
+``_local_multinode_control_task_step_func``, whose contract it keeps), so it
+sees a node's task end before it joined (``node_tasks.py``). The control ends
+with the Metaflow runtime that started it, in every phase, and its nodes end
+with the control: killing ``flow.py run`` leaves no task behind.
+"""
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import signal
 import subprocess
 import sys
 import threading
-from typing import Any, List, Mapping, Optional, Set
+from typing import Any, Callable, List, Mapping, Optional, Set
 
 from ..errors import TorchrunException
-from ..gang import CONTROL_TASK_ID_ENV, LOCAL_PORT_ENV, find_free_port
+from ..gang import CONTROL_TASK_ID_ENV, LOCAL_PORT_ENV, GangServer, Topology, find_free_port
 from ..host import proctree
 from ..launch import StepDefaults
+from ..procs import describe_exit_code
+from .node_tasks import NodeTasks
 from .warm_start import WarmStart, share_runtime_warm
+
+# The pid of the Metaflow runtime (`flow.py run`) that started a local control task.
+RUNTIME_PID_ENV = "METAFLOW_TORCHRUN_RUNTIME_PID"
 
 
 def name_local_control(env: Any, task_id: Any, warm_knobs: Optional[Mapping[str, str]] = None) -> None:
@@ -31,6 +44,7 @@ def name_local_control(env: Any, task_id: Any, warm_knobs: Optional[Mapping[str,
     from the start."""
     if isinstance(env, dict):
         env[CONTROL_TASK_ID_ENV] = str(task_id)
+        env[RUNTIME_PID_ENV] = str(os.getpid())
         if warm_knobs is not None:
             share_runtime_warm(env, warm_knobs)
 
@@ -40,7 +54,9 @@ def prepare_local_nodes(num_nodes: int, pinned_port: Optional[int], defaults: St
     this process (they inherit its environment): their Python is checked now,
     so the step fails at once rather than at start_timeout; they are given
     the gang's port unless the step pinned one; and the control's warm process
-    starts now, for theirs to be forked from it (the session closes it)."""
+    starts now, for theirs to be forked from it (the session closes it). From
+    now on the control ends with the runtime that started it."""
+    _end_with_runtime()
     warm = None
     if num_nodes > 1:
         problem = worker_python_problem(os.environ.get("PATH", os.defpath), sys.executable)
@@ -53,33 +69,124 @@ def prepare_local_nodes(num_nodes: int, pinned_port: Optional[int], defaults: St
     return warm
 
 
+# -- the control's own start of its nodes ---------------------------------------------
+
+# The node tasks this control started (one control per task process), and the
+# gang service that says which of them joined.
+_started: Optional[NodeTasks] = None
+_server: Optional[GangServer] = None
+_runtime_pid: Optional[int] = None
+
+
+def own_start(decorated: Callable[[], Any]) -> Callable[[], Any]:
+    """Metaflow's local control step (``task_decorate``'s result) with the nodes
+    started by ``run_local_control``; unchanged where it is not the function,
+    with the arguments, this was written against (another Metaflow version)."""
+    from metaflow.plugins import parallel_decorator
+
+    if (isinstance(decorated, functools.partial) and not decorated.keywords and len(decorated.args) == 5
+            and decorated.func is getattr(parallel_decorator, "_local_multinode_control_task_step_func", None)):
+        return functools.partial(run_local_control, *decorated.args)
+    return decorated
+
+
+def run_local_control(flow: Any, env_to_use: Any, step_func: Callable[[], Any], retry_count: int,
+                      input_paths: str) -> None:
+    """What Metaflow's local control does (the same environment, commands and
+    mapper tasks), with each node's task held by the control (``NodeTasks``)."""
+    global _started
+    from metaflow import current
+    from metaflow.cli_args import cli_args
+    from metaflow.unbounded_foreach import UBF_TASK
+
+    num_nodes = int(flow._parallel_ubf_iter.num_parallel)
+    os.environ.update({"MF_PARALLEL_NUM_NODES": str(num_nodes), "MF_PARALLEL_MAIN_IP": "127.0.0.1",
+                       "MF_PARALLEL_CONTROL_TASK_ID": str(current.task_id)})
+    executable, step_name = env_to_use.executable(current.step_name), current.step_name
+    task_ids = [str(current.task_id)] + ["%s_node_%d" % (current.task_id, n) for n in range(1, num_nodes)]
+    nodes = _started = NodeTasks()
+    for node in range(1, num_nodes):
+        kwargs = dict(cli_args.step_kwargs, split_index=str(node), run_id=current.run_id, task_id=task_ids[node],
+                      input_paths=input_paths, ubf_context=UBF_TASK, retry_count=str(retry_count))
+        argv = cli_args.step_command(executable, sys.argv[0], step_name, step_kwargs=kwargs)
+        nodes.start(node, argv, dict(os.environ, MF_PARALLEL_NODE_INDEX=str(node)))
+    flow._control_mapper_tasks = ["%s/%s/%s" % (current.run_id, step_name, t) for t in task_ids]
+    os.environ["MF_PARALLEL_NODE_INDEX"] = "0"
+    step_func()
+    failed = {node: code for node, code in nodes.wait().items() if code}
+    if failed:
+        node = min(failed)
+        raise TorchrunException("node %d's task failed (%s)" % (node, describe_exit_code(failed[node])))
+
+
+def watch_local_nodes(server: GangServer, topology: Topology) -> GangServer:
+    """On a local control, before its gang service starts (returned): the
+    service sees the nodes' tasks end (a task that ends before its node joined
+    ends the gang at once), and a failed control's stop of its nodes sees who
+    joined. Not for a gang of one (0.2's launcher in a step)."""
+    global _server
+    if _started is not None and topology.is_local and topology.num_nodes > 1:
+        _server = server
+        server.node_ends = _started.ended
+    return server
+
+
+def runtime_gone() -> bool:
+    """Whether the Metaflow runtime that started this local control has gone:
+    nobody waits for what the control says any more."""
+    return _runtime_pid is not None and proctree.process_id(_runtime_pid) is None  # gone, or a zombie
+
+
+def _end_with_runtime() -> None:
+    """SIGTERM to this task when the runtime that started it dies, as when it is
+    stopped (`flow.py run` killed, a cancelled CI job): in a call the gang stops
+    with its grace; elsewhere the task ends, and its nodes with it. If the
+    runtime went before we asked, now."""
+    global _runtime_pid
+    try:
+        _runtime_pid = int(os.environ.get(RUNTIME_PID_ENV, ""))
+    except ValueError:
+        return
+    proctree.die_with_parent(signal.SIGTERM)
+    if runtime_gone():
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
 def stop_local_nodes(settle: float = 10.0, grace: float = 3.0) -> "threading.Thread":
     """Give this task's node subprocesses ``settle`` seconds to finish on their own
     (the gang has told them to stop, and they are writing their record and
     their cards: 3 s cut a worker's card off under CI's load), then SIGTERM
-    them (each stops its own torchrun), then SIGKILL what is left.
+    them (each stops its own torchrun), then SIGKILL what is left. A node that
+    never joined has nothing to write, and with the runtime gone nobody reads
+    it: those get SIGTERM at once.
 
     Metaflow's local control task only waits for them when its own step
     succeeds: without this, a failed control would leave them running. The
     wait runs beside the control's own end (its record, its card, Metaflow's
     bookkeeping of the failed task), not before it: the caller joins the
     thread returned as the task finishes."""
-    nodes = {
-        proc
-        for proc, cmdline in proctree.children(os.getpid())
-        if "step" in cmdline and "ubf_task" in cmdline
-    }
-    thread = threading.Thread(target=_stop, args=(nodes, settle, grace), name="torchrun-local-nodes")
+    at_once: Set[proctree.ProcId] = set()
+    if _started is not None:
+        running = _started.running()
+        missing = set(_server.missing()) if _server is not None else set(running)
+        at_once = {pid for node, pid in running.items() if node in missing or runtime_gone()}
+        nodes = set(running.values()) - at_once
+    else:
+        nodes = {
+            proc
+            for proc, cmdline in proctree.children(os.getpid())
+            if "step" in cmdline and "ubf_task" in cmdline
+        }
+    thread = threading.Thread(target=_stop, args=(nodes, at_once, settle, grace), name="torchrun-local-nodes")
     thread.start()
     return thread
 
 
-def _stop(nodes: Set[proctree.ProcId], settle: float, grace: float) -> None:
+def _stop(nodes: Set[proctree.ProcId], at_once: Set[proctree.ProcId], settle: float, grace: float) -> None:
+    proctree.signal_all(at_once, signal.SIGTERM)
     nodes = proctree.wait_gone(nodes, settle)
-    if not nodes:
-        return
     proctree.signal_all(nodes, signal.SIGTERM)
-    left = proctree.wait_gone(nodes, grace)
+    left = proctree.wait_gone(nodes | at_once, grace)
     proctree.signal_all(left, signal.SIGKILL)
     proctree.wait_gone(left, 2)
 
@@ -94,11 +201,14 @@ def worker_python_problem(path: str, this_python: str, timeout: float = 30.0) ->
     Metaflow starts them with ``python`` from PATH, not with this task's
     interpreter: with the venv not activated that is another Python, without
     Metaflow, and each node dies at once while the control waits for it until
-    start_timeout. Probed only when PATH's ``python`` is another interpreter."""
+    start_timeout. Asked of that ``python`` itself (one subprocess): the same
+    binary is not enough, as a venv's base interpreter run from outside the
+    venv is this very binary without the venv's packages. Not asked when it is
+    in this task's own ``bin`` directory (the same environment)."""
     found = shutil.which("python", path=path)
     if found is None:
         return _worker_message("there is no `python` on PATH", [], this_python)
-    if os.path.realpath(found) == os.path.realpath(this_python) or _same_prefix(found, this_python):
+    if _same_prefix(found, this_python):
         return None
     try:
         probe = subprocess.run(
@@ -114,7 +224,8 @@ def worker_python_problem(path: str, this_python: str, timeout: float = 30.0) ->
 
 
 def _same_prefix(found: str, this_python: str) -> bool:
-    """The same venv's bin/ (python and python3.11 are links into it)."""
+    """The same venv's bin/ (python and python3.11 are links into it): where a
+    Python finds its ``pyvenv.cfg``, so links are not followed."""
     return os.path.dirname(os.path.abspath(found)) == os.path.dirname(os.path.abspath(this_python))
 
 

@@ -41,6 +41,7 @@ from ..gang import GangIdentity
 from ..gang import JobRecord, ProgressRecord
 from ..launch import StepDefaults
 from .result import TorchrunResult
+from .local_nodes import runtime_gone, watch_local_nodes
 from .warm_start import WarmStart
 from ..gang import Topology
 from .. import defaults as DEFAULTS
@@ -146,7 +147,7 @@ class GangSession:
             assert isinstance(self.secret, bytes), "the control holds the gang's secret itself"
             self.server = GangServer(self.config, bind_host(self.topology), ports, secret=self.secret)
             self.server.progress, self.server.host_check = say, self.preflight.host_check
-            self.server.start()
+            watch_local_nodes(self.server, self.topology).start()  # a local node's task that ends unjoined ends it
             ports = (self.server.port,)
         self.client = GangClient(
             self.config, self.topology.main_addr, ports, self.topology.node_index, secret=self.secret
@@ -310,7 +311,7 @@ class GangSession:
             if self.client is not None:
                 self.client.close()
             if self.server is not None:
-                if self.server.cause is not None:
+                if self.server.cause is not None and not runtime_gone():
                     linger(self.server, self.config.start_timeout)
                 self.server.close()
 

@@ -1,0 +1,145 @@
+"""The other nodes' tasks of a local run, as the control starts and watches them.
+
+Metaflow's local control starts each node as a child process that writes to
+the control's own streams; a node that died before it joined the gang was
+then seen by nobody, and the control waited ``start_timeout`` for it. Here each
+node's task is a child the control holds: its exit is seen the moment it
+happens, and its stderr passes through the control (whole lines, to the
+control's stderr, as before) keeping its last lines, so a node that dies
+before joining is named with its exit and what it said. Each node dies with
+the control (``PR_SET_PDEATHSIG``): a control that is killed leaves none.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import selectors
+import signal
+import subprocess
+import threading
+import time
+from typing import Deque, Dict, List, Optional, Sequence, Set
+
+from ..gang import NodeEnd
+from ..host import proctree
+from ..procs import relay
+from .. import timeouts
+
+# What a node's end keeps of its stderr: its last lines, each cut to this many characters.
+KEPT_LINES = 12
+KEPT_LINE_CHARS = 300
+
+
+class NodeTasks:
+    """The node tasks a local control started, by node index."""
+
+    def __init__(self) -> None:
+        self.procs: Dict[int, subprocess.Popen] = {}
+        self._tails: Dict[int, Deque[str]] = {}
+        self._splitters: Dict[int, relay.LineSplitter] = {}
+        self._open: Set[int] = set()  # nodes whose stderr has not reached its end
+        self._exited_at: Dict[int, float] = {}
+        self._lock = threading.Lock()
+        self._selector = selectors.DefaultSelector()
+        self._pump: Optional[threading.Thread] = None
+
+    def start(self, node: int, argv: Sequence[str], env: Dict[str, str]) -> None:
+        """Start node ``node``'s task: stdin and stdout the control's, stderr
+        through the control."""
+        err_r, err_w = os.pipe()
+        try:
+            proc = subprocess.Popen(list(argv), env=env, stderr=err_w, preexec_fn=_die_with_control)
+        except BaseException:
+            os.close(err_r)
+            raise
+        finally:
+            os.close(err_w)
+        with self._lock:
+            self.procs[node] = proc
+            self._tails[node] = collections.deque(maxlen=KEPT_LINES)
+            self._splitters[node] = relay.LineSplitter(end_long_lines=False)
+            self._open.add(node)
+        self._selector.register(err_r, selectors.EVENT_READ, node)
+        if self._pump is None:
+            self._pump = threading.Thread(target=self._pump_all, name="torchrun-node-stderr", daemon=True)
+            self._pump.start()
+
+    # -- what the gang service asks, while the gang forms ---------------------------------
+
+    def ended(self) -> Dict[int, NodeEnd]:
+        """The nodes whose task has exited, with their exit and last lines of
+        stderr: once their stderr has reached its end, or ``NODE_OUTPUT_DRAIN``
+        after the exit (a descendant may hold it open)."""
+        now = time.monotonic()
+        found = {}
+        for node, proc in list(self.procs.items()):
+            code = proc.poll()
+            if code is None:
+                continue
+            seen = self._exited_at.setdefault(node, now)
+            with self._lock:
+                drained = node not in self._open
+                lines = tuple(self._tails[node])
+            if drained or now - seen >= timeouts.NODE_OUTPUT_DRAIN:
+                found[node] = NodeEnd(code, lines)
+        return found
+
+    def running(self) -> Dict[int, proctree.ProcId]:
+        """The nodes whose task is still alive, as ``proctree`` knows a process."""
+        found = {}
+        for node, proc in self.procs.items():
+            if proc.poll() is None:
+                pid = proctree.process_id(proc.pid)
+                if pid is not None:
+                    found[node] = pid
+        return found
+
+    def wait(self) -> Dict[int, int]:
+        """Every node's exit code, once every task has ended; their last lines
+        of stderr passed on (at most ``NODE_OUTPUT_DRAIN`` more)."""
+        codes = {node: proc.wait() for node, proc in self.procs.items()}
+        if self._pump is not None:
+            self._pump.join(timeout=timeouts.NODE_OUTPUT_DRAIN)
+        return codes
+
+    # -- the pump ------------------------------------------------------------------------
+
+    def _pump_all(self) -> None:
+        """One thread for every node's stderr: whole lines on to the control's
+        stderr (a pipe the control's own ranks write to too), the last few kept."""
+        while True:
+            with self._lock:
+                if not self._open:
+                    break
+            for key, _ in self._selector.select(timeout=1.0):
+                self._read(key.fd, key.data)
+        self._selector.close()
+
+    def _read(self, fd: int, node: int) -> None:
+        try:
+            chunk = os.read(fd, relay.READ_SIZE)
+        except OSError:
+            chunk = b""
+        splitter = self._splitters[node]
+        lines = splitter.feed(chunk) if chunk else splitter.finish()
+        if lines:
+            relay.write_all(2, lines)
+            with self._lock:
+                self._tails[node].extend(_kept(lines))
+        if not chunk:
+            self._selector.unregister(fd)
+            os.close(fd)
+            with self._lock:
+                self._open.discard(node)
+
+
+def _kept(lines: bytes) -> List[str]:
+    text = lines.decode("utf-8", errors="replace").splitlines()
+    return [line[:KEPT_LINE_CHARS] + (" [...]" if len(line) > KEPT_LINE_CHARS else "") for line in text[-KEPT_LINES:]]
+
+
+def _die_with_control() -> None:
+    """In the node's task, before exec: SIGTERM when the control dies, the
+    signal a stopped task gets (a node in a call stops its ranks with grace)."""
+    proctree.die_with_parent(signal.SIGTERM)
