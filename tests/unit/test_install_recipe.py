@@ -55,3 +55,16 @@ def test_the_recipe_installs_the_tested_versions_numpy_included():
     assert said and said.groups() == (pins["metaflow"], torch_checks.TESTED_TORCH), text
     commands = [line.split("#", 1)[0] for line in text.splitlines()]
     assert not any(re.search(r"\btorch\b(?!==)", c) for c in commands if "pip install" in c)  # no unpinned torch
+
+
+def test_the_recipe_gives_metaflow_a_user_name():
+    """A container's first error was Metaflow's "Unknown user": the recipe sets
+    METAFLOW_USER, and that line works where USER is not set."""
+    import subprocess
+
+    (line,) = [l.split("#", 1)[0].strip() for l in recipe("README.md").splitlines() if "METAFLOW_USER" in l]
+    env = {k: v for k, v in os.environ.items() if k not in ("USER", "USERNAME", "METAFLOW_USER", "LOGNAME")}
+    said = subprocess.run(["bash", "-c", line + ' && printf %s "$METAFLOW_USER"'], env=env, capture_output=True,
+                          text=True, timeout=30)
+    assert said.returncode == 0 and said.stdout.strip(), said
+    assert "Unknown user" in _read("README.md") and "Unknown user" in _read("docs/getting-started.md")
