@@ -46,12 +46,12 @@ def _finish(proc, timeout=180):
     return out.decode(errors="replace")
 
 
-def _control_record(gang, node=0):
+def _control_record(gang, node=0, flow="GangFlow"):
     return gang.client(
         "run = Flow('%s').latest_run\n"
         "task = [t for t in run['train'] if 'torchrun-result' in t.metadata_dict "
         "and json.loads(t.metadata_dict['torchrun-result'])['node_index'] == %d][0]\n"
-        "result = json.loads(task.metadata_dict['torchrun-result'])" % ("GangFlow", node)
+        "result = json.loads(task.metadata_dict['torchrun-result'])" % (flow, node)
     )
 
 
@@ -140,6 +140,12 @@ def test_a_function_entrypoints_stacks(gang):
     line = _line_of(os.path.join(FLOWS, "fnlib.py"), "time.sleep(seconds)  # quiet here")
     assert _ranks_at(text, r"\S*fnlib\.py:%d in quiet_wait: time\.sleep\(seconds\)" % line) == {0, 1, 2, 3}, \
         text[-4000:]
+    # Each rank's main thread alone, its dump whole: the thread that answers for
+    # the Flight Recorder at that moment is never walked (issue 50's SIGSEGV).
+    dumps = _control_record(gang, flow="FunctionFlow")["stacks"]
+    assert sorted(dumps) == ["0", "1", "2", "3"], dumps
+    assert all(d.startswith("Stack (most recent call first):\n") and d.endswith(" in _run_module_as_main\n")
+               and "flight_ask" not in d for d in dumps.values()), dumps
 
 
 def test_sigterm_gives_the_ranks_time_to_save_a_checkpoint(gang):

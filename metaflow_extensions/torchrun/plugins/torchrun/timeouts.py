@@ -67,10 +67,6 @@ VERDICT_WAIT = 1.0
 # summaries before the stop (each takes milliseconds; a rank stopped or in
 # uninterruptible sleep writes nothing).
 COLLECT_SECONDS = 1.0
-# A rank's dump that stopped growing for this long is taken as whole, where it
-# does not end at the main thread's outermost frame (a script run directly): on
-# a starved host faulthandler can pause mid-dump for longer than a tick.
-STACKS_QUIET = 0.25
 # A node that collected its ranks' stacks keeps them alive this long after it
 # began (runtime/call_stacks.py): the gang's nodes begin their stops up to a
 # tick apart, and a node whose ranks die first breaks its peers' collectives,

@@ -1,4 +1,4 @@
-"""Where every rank was when the gang stopped: the Python stacks of its threads.
+"""Where every rank was when the gang stopped: the Python stack of its main thread.
 
 Why faulthandler: it writes from a C signal handler, so a rank stuck in a
 collective, a data loader or any C call still answers, and it needs no ptrace,
@@ -6,6 +6,16 @@ no py-spy and no cooperation from the user's code. Each rank's bootstrap
 registers it on ``STACK_SIGNAL``, writing into the rank's own file in the call's
 work directory (``stack_path``); before a node stops its ranks it signals the
 live ones and reads the files back (``collect``), within ``COLLECT_SECONDS``.
+
+Only the main thread, by itself: the signal goes to it (``tgkill``), and
+faulthandler dumps the thread that took it, whose frames cannot change while it
+runs the handler. Asked for every thread, faulthandler walks the others' frames
+while they run on (the Flight Recorder's thread answers at that very moment,
+flight_ask.py), and a frame freed under it crashed the rank with SIGSEGV or cut
+its dump short. A dump is known whole by its last line: the rank writes at the
+top of its file, before it can be asked, the line its main thread's outermost
+frame prints as (``ending``); a dump not whole within the bound is kept, marked
+``UNFINISHED``, and said so.
 
 The raw text goes to the card and the result record; ``summarize`` turns it
 into the few lines the failure message shows: each rank, its innermost frame
@@ -19,9 +29,11 @@ import linecache
 import os
 import re
 import signal
+import sys
 import sysconfig
 import time
 from dataclasses import dataclass
+from types import FrameType
 from typing import IO, Dict, Iterable, List, Mapping, Optional, Tuple
 
 from ..host import signal_main_thread
@@ -48,20 +60,63 @@ def stack_path(directory: str, rank: int) -> str:
     return rank_file(directory, rank, STACKS_SUFFIX)
 
 
+# A rank's stack file begins with this, then where the outermost frame of its
+# main thread is, with which every dump ends: its file and function (``ending``).
+_ENDS_WITH = "# each dump ends with the frame of"
+# How faulthandler ends a dump short of the outermost frame: past its 100th
+# frame, and for a thread with no Python frame left (the interpreter finishing).
+_SHORT_ENDS = ("  ...", "  <no Python frame>")
+# The first line of a dump the rank had not finished when the bound was reached.
+UNFINISHED = "<unfinished: the rank had not written the rest of this dump when it was read>"
+# faulthandler writes at most this many characters of a name, then "...".
+_NAME_CHARS = 500
+
+
+def ending(frame: FrameType) -> Tuple[str, str]:
+    """The file and function of the outermost frame under ``frame``, as
+    faulthandler prints them. While the rank runs, that frame stays (its line
+    may move on, where a script called ``register`` from its top level), so the
+    main thread's every dump ends with it."""
+    while frame.f_back is not None:
+        frame = frame.f_back
+    return escaped(frame.f_code.co_filename), escaped(frame.f_code.co_name)
+
+
+def escaped(text: str) -> str:
+    """A name as faulthandler writes it: printable ASCII as it is, any other
+    character as an escape, cut at 500 characters."""
+    out = []
+    for ch in text[:_NAME_CHARS]:
+        code = ord(ch)
+        if 32 <= code <= 126:
+            out.append(ch)
+        else:
+            out.append("\\x%02x" % code if code <= 0xFF else "\\u%04x" % code if code <= 0xFFFF else "\\U%08x" % code)
+    return "".join(out) + ("..." if len(text) > _NAME_CHARS else "")
+
+
 # -- in the rank (bootstrap) -------------------------------------------------------
 
 
 def register(directory: Optional[str], rank: int) -> Optional[IO[str]]:
-    """Dump this rank's stacks into its file on ``STACK_SIGNAL``. The file stays
-    open for the rank's life (faulthandler writes to its descriptor); the
-    caller keeps the returned object alive."""
+    """Dump this rank's main thread into its file on ``STACK_SIGNAL``, the
+    file's first line saying how each dump ends. The file stays open for the
+    rank's life (faulthandler writes to its descriptor); the caller keeps the
+    returned object alive."""
     if not directory or rank < 0:
         return None
     try:
         fd = os.open(stack_path(directory, rank), os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-        out = os.fdopen(fd, "w")
-        faulthandler.register(STACK_SIGNAL, file=out, all_threads=True, chain=False)
+    except OSError:
+        return None
+    out = os.fdopen(fd, "w", encoding="ascii", errors="backslashreplace")
+    try:
+        out.write("\t".join((_ENDS_WITH, *ending(sys._getframe()))) + "\n")  # escaped: no tab in either
+        out.flush()
+        # The thread that takes the signal alone: the node sends it to the main one.
+        faulthandler.register(STACK_SIGNAL, file=out, all_threads=False, chain=False)
     except (OSError, ValueError, RuntimeError):
+        out.close()
         return None
     return out
 
@@ -70,48 +125,55 @@ def register(directory: Optional[str], rank: int) -> Optional[IO[str]]:
 
 
 def collect(directory: str, pids: Mapping[int, int], seconds: float = timeouts.COLLECT_SECONDS) -> Dict[int, str]:
-    """Signal each live rank (rank -> pid) and read back what it wrote. A rank
-    that does not answer within ``seconds`` is left out."""
-    sizes: Dict[int, int] = {}
+    """Signal each live rank's main thread (rank -> pid) and read its dump back
+    once it is whole (it ends as its file's first line says). A rank that wrote
+    nothing within ``seconds`` is left out; what one that had not finished
+    wrote is kept, ``UNFINISHED`` first."""
+    asked: Dict[int, Tuple[str, int, Optional[Tuple[str, str]]]] = {}  # rank -> its file, where the dump begins, its end
     for rank, pid in pids.items():
-        sizes[rank] = _size(stack_path(directory, rank))
+        path = stack_path(directory, rank)
+        begins = _size(path)
         try:
-            signal_main_thread(pid, STACK_SIGNAL)  # not a torch thread: faulthandler walks the others
+            signal_main_thread(pid, STACK_SIGNAL)  # not a torch thread: faulthandler dumps the one it runs in
         except OSError:
-            sizes.pop(rank)
-    waiting = dict(sizes)
-    deadline = time.monotonic() + seconds
-    grew: Dict[int, Tuple[int, float]] = {}  # rank -> (size, when it last grew)
+            continue
+        asked[rank] = (path, begins, _ending_of(path))
     out: Dict[int, str] = {}
-    while waiting and time.monotonic() < deadline:
-        time.sleep(0.02)
-        now = time.monotonic()
-        for rank, before in list(waiting.items()):
-            size = _size(stack_path(directory, rank))
-            if size <= before:
+    deadline = time.monotonic() + seconds
+    while True:
+        last = time.monotonic() >= deadline
+        for rank, (path, begins, ends) in list(asked.items()):
+            if _whole(_tail(path, begins), ends):
+                out[rank] = _read_from(path, begins)
+            elif last:
+                text = _read_from(path, begins)
+                text = text[: text.rfind("\n") + 1]  # not a line the rank was half-way through
+                if text.strip():
+                    out[rank] = UNFINISHED + "\n" + text
+            else:
                 continue
-            if grew.get(rank, (0, 0.0))[0] != size:  # read again only once it grew
-                grew[rank] = (size, now)
-                text = _read_from(stack_path(directory, rank), before)
-                if _whole(text):
-                    out[rank] = text
-                    del waiting[rank]
-            elif now - grew[rank][1] >= timeouts.STACKS_QUIET:
-                out[rank] = _read_from(stack_path(directory, rank), before)
-                del waiting[rank]
-    for rank, before in waiting.items():  # partial dumps are still worth showing
-        text = _read_from(stack_path(directory, rank), before)
-        if text.strip():
-            out[rank] = text
-    return out
+            del asked[rank]
+        if last or not asked:
+            return out
+        time.sleep(0.02)
 
 
-def _whole(dump: str) -> bool:
-    """A dump that reached the main thread's outermost frame (the bootstrap
-    runs as ``python -m``; the main thread comes last) or faulthandler's cut
-    after its 100th thread: whole, however long the writer paused on the way."""
-    last = dump.rstrip("\n").rsplit("\n", 1)[-1]
-    return dump.endswith("\n") and (last.endswith(" in _run_module_as_main") or last == "...")
+def _ending_of(path: str) -> Optional[Tuple[str, str]]:
+    """How the dumps in a rank's stack file end: its first line says. None for
+    a file the rank did not begin (any dump in it is whole only when cut short)."""
+    head = _read_from(path, 0).split("\n", 1)[0].split("\t")
+    return (head[1], head[2]) if len(head) == 3 and head[0] == _ENDS_WITH else None
+
+
+def _whole(tail: str, ends: Optional[Tuple[str, str]]) -> bool:
+    """A dump whose last line is written and is the main thread's outermost
+    frame, or faulthandler's own end of a dump cut short."""
+    if not tail.endswith("\n"):
+        return False
+    last = tail[:-1].rsplit("\n", 1)[-1]
+    if last in _SHORT_ENDS:
+        return True
+    return ends is not None and last.startswith('  File "%s", line ' % ends[0]) and last.endswith(" in " + ends[1])
 
 
 def _size(path: str) -> int:
@@ -121,14 +183,20 @@ def _size(path: str) -> int:
         return 0
 
 
-def _read_from(path: str, offset: int) -> str:
+def _tail(path: str, begins: int, most: int = MAX_STACK_BYTES) -> str:
+    """The end of a dump that begins at ``begins``: its last line (at most two
+    escaped names of 500 characters) whole."""
+    return _read_from(path, max(begins, _size(path) - most), most)
+
+
+def _read_from(path: str, offset: int, most: int = MAX_STACK_BYTES) -> str:
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
     except OSError:
         return ""
     with os.fdopen(fd, "rb") as f:
         f.seek(offset)
-        data = f.read(MAX_STACK_BYTES)
+        data = f.read(most)
     return data.decode("utf-8", "replace")
 
 
@@ -321,25 +389,34 @@ class RankWhere:
     # The module being imported when the rank's code waits on an import
     # (``importing``): the import machinery's own frames say nothing useful.
     importing: Optional[str] = None
+    # Read before the rank finished its dump (``UNFINISHED``): its outer frames are missing.
+    unfinished: bool = False
 
     def place(self, base: Optional[str] = None) -> Tuple[str, ...]:
         """What the message says of it, without the rank: ranks at the same
         place are told once."""
-        if self.importing is not None:
-            out = ["importing %s" % self.importing]
-            if self.user is not None:
-                code = self.user.source()
-                out.append("    from %s%s" % (self.user.where(base), ": %s" % code if code else ""))
-            return tuple(out)
         if self.user is None and self.innermost is None:
-            return ("no Python frame in its dump",)
+            return ("its stack dump was not finished in time" if self.unfinished else "no Python frame in its dump",)
+        out = self._importing(base) if self.importing is not None else self._at(base)
+        if self.unfinished:
+            out.append("    (from a dump it had not finished in time: its outer frames are missing)")
+        return tuple(out)
+
+    def _importing(self, base: Optional[str]) -> List[str]:
+        out = ["importing %s" % self.importing]
+        if self.user is not None:
+            code = self.user.source()
+            out.append("    from %s%s" % (self.user.where(base), ": %s" % code if code else ""))
+        return out
+
+    def _at(self, base: Optional[str]) -> List[str]:
         top = self.user or self.innermost
         assert top is not None
         code = top.source()
         out = [top.where(base) + (": %s" % code if code else "")]
         if self.innermost is not None and self.innermost != top:
             out.append("    innermost: %s" % self.innermost.where(base))
-        return tuple(out)
+        return out
 
     def lines(self, base: Optional[str] = None) -> List[str]:
         first, *rest = self.place(base)
@@ -352,7 +429,8 @@ def where(rank: int, text: str) -> RankWhere:
     frames = thread.frames if thread is not None else ()
     at = next((i for i, f in enumerate(frames) if is_user_frame(f)), len(frames))
     user = frames[at] if at < len(frames) else None
-    return RankWhere(rank, user, frames[0] if frames else None, len(threads), importing(frames, at))
+    return RankWhere(rank, user, frames[0] if frames else None, len(threads), importing(frames, at),
+                     unfinished=text.startswith(UNFINISHED))
 
 
 def group(stacks: Mapping[int, str], base: Optional[str] = None) -> List[Tuple[Tuple[str, ...], List[int]]]:
