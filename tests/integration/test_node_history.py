@@ -64,6 +64,10 @@ def test_three_failures_of_one_host_make_the_history_name_it(history_gang):
     assert [b for b in bundles.values() if b and b.get("node") == 1 and "nvidia_smi" in b], bundles
     table = _history(gang, "--last", "20")
     assert "bad-host" in table and "causes that recurred" in table
+    # From Python, by the import path docs/resume.md gives: the same report.
+    same = gang.client("from metaflow_extensions.torchrun.history import history\n"
+                       "result = history('GangFlow', last=5)")
+    assert same == report
 
 
 def test_the_fourth_run_warns_naming_the_evidence(history_gang):
