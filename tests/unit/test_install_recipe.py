@@ -68,3 +68,18 @@ def test_the_recipe_gives_metaflow_a_user_name():
                           text=True, timeout=30)
     assert said.returncode == 0 and said.stdout.strip(), said
     assert "Unknown user" in _read("README.md") and "Unknown user" in _read("docs/getting-started.md")
+
+
+def test_what_card_view_leaves_in_an_examples_folder_is_ignored_by_git():
+    """`python flow.py card view` writes metaflow_card_cache/ where it runs: a
+    user who tried examples/hello saw it untracked in the clone."""
+    import shutil
+    import subprocess
+
+    if shutil.which("git") is None or not os.path.isdir(os.path.join(REPO, ".git")):
+        import pytest
+
+        pytest.skip("not a git clone")
+    path = "examples/hello/metaflow_card_cache/HelloTorchrun/runs/1/card.html"
+    said = subprocess.run(["git", "check-ignore", "-q", "--no-index", path], cwd=REPO, timeout=30)
+    assert said.returncode == 0, "git does not ignore %s" % path
