@@ -142,19 +142,36 @@ def test_flaps_are_ridden_out(network, sandbox):
     """The worker's link goes down for 2 s, comes back, then for 5 s, under
     heartbeat_timeout=8. Expected: both nodes end with rc 0, every step of
     every rank done; gloo's all-reduce stalls across each flap."""
-    steps = 100  # 20 s of all-reduces every 0.2 s, the flaps inside them
+    _ridden_out(network, sandbox, "flaps 2 s then 5 s", ((2, 5), (5, 0)), HEARTBEAT, steps=100)
+
+
+@pytest.mark.timeout(240)
+def test_a_flap_that_tcp_would_stretch_past_the_timeout_is_ridden_out(network, sandbox):
+    """The worker's link goes down for 20 s under heartbeat_timeout=24. TCP
+    resends what the gang's connection lost at 0.2 * (2^k - 1) s after it was
+    first sent (more under load): the resend after 12.6 to 18.9 s falls
+    inside the cut, the next comes 25.4 s or more after, so the connection
+    alone reads the flap as over 26 s of silence and the gang stopped. Each
+    node hearing the other on a fresh connection (gang/probing.py) rides it
+    out: both nodes end with rc 0, every step done."""
+    _ridden_out(network, sandbox, "flap 20 s at heartbeat_timeout=24", ((20, 0),), 24, steps=150)
+
+
+def _ridden_out(network, sandbox, name, flaps, heartbeat, steps):
+    """``flaps``: (seconds down, seconds up after) of the worker's link, an
+    all-reduce every 0.2 s for ``steps`` steps around them."""
     net = network(2)
     run = _run(sandbox, net, ["--script", "steps.py", "--nproc", "1",
-                              "--script-args", json.dumps({"steps": steps})], heartbeat_timeout=HEARTBEAT)
+                              "--script-args", json.dumps({"steps": steps})], heartbeat_timeout=heartbeat)
     _running(sandbox, run)
-    for seconds, after in ((2, 5), (5, 0)):
+    for seconds, after in flaps:
         net.hosts[1].cut_link()
         time.sleep(seconds)
         net.hosts[1].restore_link()
         time.sleep(after)  # the first stall is over before the second flap
     codes = run.wait(timeout=90)
     reports = sandbox.reports("steps-")
-    _figures("flaps 2 s then 5 s", stalls={r: rep["stalls"] for r, rep in reports.items()})
+    _figures(name, stalls={r: rep["stalls"] for r, rep in reports.items()})
     assert codes == {0: 0, 1: 0}, run.logs_summary()
     assert sorted(reports) == [0, 1] and all(r["steps"] == steps for r in reports.values()), reports
 

@@ -24,6 +24,7 @@ REPORT = msg.NodeReport(
 EXAMPLES = [
     msg.Challenge(nonce=b"n" * 32),
     msg.Hello(node_index=5, nonce=b"c" * 32, proof="f" * 64, host="node-5", pid=42),
+    msg.Probe(node_index=7, nonce=b"p" * 32, proof="a" * 64),
     msg.Welcome(proof="e" * 64, cause=CAUSE),
     msg.Welcome(proof="e" * 64),
     msg.Reject("node 1 is taken"),
@@ -69,6 +70,10 @@ BAD = {
     "hello": [("node_index", -1), ("node_index", 1 << 20), ("node_index", 1.0), ("node_index", True),
               ("nonce", None), ("proof", "f" * 65), ("proof", 3), ("pid", "7"), ("host", "h" * 256),
               ("protocol", None)],
+    "probe": [("node_index", -1), ("node_index", 1 << 20), ("node_index", 1.0), ("node_index", True),
+              ("node_index", None), ("node_index", "7"), ("nonce", None), ("nonce", "00" * 31), ("nonce", "zz" * 32),
+              ("proof", None), ("proof", "a" * 65), ("proof", ["a"]), ("protocol", None), ("protocol", "5"),
+              ("protocol", 1 << 17)],
     "welcome": [("proof", None), ("proof", "e" * 65), ("cause", "a string"), ("cause", {"kind": "nope"})],
     "hb": [("quiet", "1"), ("quiet", -1), ("quiet", 1e12), ("quiet", True), ("quiet", [1]), ("quiet", 10**400)],
     "call": [("index", -1), ("index", "0"), ("index", None), ("entry", ["x"]), ("entry", "x" * 1001)],

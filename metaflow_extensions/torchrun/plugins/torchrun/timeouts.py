@@ -32,6 +32,9 @@ NODE_OUTPUT_DRAIN = 1.0
 # How often the service checks timeouts, silences and progress: a silent node is
 # found heartbeat_timeout plus at most this after its last heartbeat.
 CHECK_PERIOD = 0.25
+# A node's probe of the control (gang/probing.py), once connected, waits this long
+# at most for the service's challenge and answer (a round trip and two HMACs).
+PROBE_WAIT = 2.0
 # How often the spot notice file is looked at while a call runs (Metaflow's
 # monitor polls the instance metadata every 5 s).
 NOTICE_POLL = 0.5

@@ -63,16 +63,29 @@ class Admission:
             node, client_nonce = auth.check_hello(self._secret, self.config.gang_id, peer.nonce, data,
                                                   self.config.num_nodes)
         except auth.AuthError as e:
-            self.rejected += 1
-            if self.rejected == 1:
-                self.warn(
-                    "a connection to the gang service from %s did not prove it holds the gang's secret "
-                    "(%s): turned away (said once; another gang's node, or someone probing the port)"
-                    % (address(peer.sock), e))
-            peer.queue(_line(msg.Reject("not authenticated")))
+            self._refuse(peer, e)
             return None
         host = data.get("host")
         return node, client_nonce, host[:255] if isinstance(host, str) and host else "?"
+
+    def probe(self, peer: Peer, data: msg.WireDict) -> Optional[Tuple[int, bytes]]:
+        """A member's probe on a fresh connection (``probing.py``): its node
+        index and nonce when it proves the secret; None (and a reject queued),
+        as for a hello, otherwise."""
+        try:
+            return auth.check_probe(self._secret, self.config.gang_id, peer.nonce, data, self.config.num_nodes)
+        except auth.AuthError as e:
+            self._refuse(peer, e)
+            return None
+
+    def _refuse(self, peer: Peer, error: auth.AuthError) -> None:
+        self.rejected += 1
+        if self.rejected == 1:
+            self.warn(
+                "a connection to the gang service from %s did not prove it holds the gang's secret "
+                "(%s): turned away (said once; another gang's node, or someone probing the port)"
+                % (address(peer.sock), error))
+        peer.queue(_line(msg.Reject("not authenticated")))
 
     def welcome(self, peer: Peer, node: int, client_nonce: bytes, cause: Optional[Cause]) -> None:
         peer.queue(_line(auth.welcome(self._secret, self.config.gang_id, peer.nonce, client_nonce, node,

@@ -10,6 +10,11 @@ from). A connection to the gang service goes:
 3. service -> peer: ``welcome`` with ``proof`` = HMAC(key, "server", the same
    fields), or ``reject`` with a reason that says nothing about the gang.
 
+A member whose connection has gone quiet may say it is still there on a fresh
+connection (``probing.py``): step 2 is then a ``probe``, its proof
+HMAC(key, "probe", the same fields), answered by the same ``welcome``; the
+connection then closes.
+
 Both nonces are fresh per connection, so a recorded hello or welcome is worth
 nothing on another connection; the gang id is inside the MAC, so two gangs
 that share a secret (a user-managed one) still cannot join each other; the
@@ -36,7 +41,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import secrets
-from typing import Any, Mapping, Optional, Tuple, Type, Union
+from typing import Any, Mapping, Optional, Tuple, Type, TypeVar, Union
 
 from ..cause import Cause
 from . import messages as msg
@@ -80,7 +85,7 @@ def new_nonce() -> bytes:
 
 
 def proof(secret: bytes, side: str, gang_id: str, server_nonce: bytes, client_nonce: bytes, node: int) -> str:
-    """``side`` is "client" or "server": each side's proof is its own."""
+    """``side`` is "client", "server" or "probe": each side's proof is its own."""
     return _mac(derive(secret, "handshake"), side.encode(), gang_id.encode(), server_nonce, client_nonce,
                 str(node).encode())
 
@@ -125,14 +130,41 @@ def check_hello(secret: bytes, gang_id: str, server_nonce: bytes, message: Union
     """The node index and the peer's nonce of a hello that proves the secret;
     AuthError otherwise. The proof is checked whatever the node index, so a
     peer without the secret learns nothing from which indexes fail how."""
+    got = _read_proved(message, msg.Hello, "not a hello of this protocol")
+    return _check_proved(secret, gang_id, server_nonce, got, "client", num_nodes)
+
+
+def probe(secret: bytes, gang_id: str, server_nonce: bytes, node: int, client_nonce: bytes) -> msg.Probe:
+    """A member's "still here" on a fresh connection (``probing.py``): its own
+    kind of proof, so a probe never passes for a hello nor a hello for a probe."""
+    return msg.Probe(node_index=node, nonce=client_nonce,
+                     proof=proof(secret, "probe", gang_id, server_nonce, client_nonce, node))
+
+
+def check_probe(secret: bytes, gang_id: str, server_nonce: bytes, message: Union[Mapping[str, Any], msg.Probe],
+                num_nodes: int) -> Tuple[int, bytes]:
+    """As ``check_hello``, for a probe."""
+    got = _read_proved(message, msg.Probe, "not a probe of this protocol")
+    return _check_proved(secret, gang_id, server_nonce, got, "probe", num_nodes)
+
+
+P = TypeVar("P", msg.Hello, msg.Probe)
+
+
+def _read_proved(message: Union[Mapping[str, Any], P], expected: Type[P], why: str) -> P:
     if isinstance(message, Mapping):
         node = message.get("node_index")
         if isinstance(node, bool) or not isinstance(node, int) or not -1 < node < msg.MAX_NODE:
             raise AuthError("no node index")
-    got = _read(message, msg.Hello, "not a hello of this protocol")
+    got = _read(message, expected, why)
     if got.protocol != msg.PROTOCOL:
-        raise AuthError("not a hello of this protocol")
-    expected = proof(secret, "client", gang_id, server_nonce, got.nonce, got.node_index)
+        raise AuthError(why)
+    return got
+
+
+def _check_proved(secret: bytes, gang_id: str, server_nonce: bytes, got: Union[msg.Hello, msg.Probe], side: str,
+                  num_nodes: int) -> Tuple[int, bytes]:
+    expected = proof(secret, side, gang_id, server_nonce, got.nonce, got.node_index)
     if not _same(expected, got.proof):
         raise AuthError("wrong proof")
     if got.node_index >= num_nodes:

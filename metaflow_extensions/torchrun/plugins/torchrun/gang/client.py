@@ -229,11 +229,11 @@ class GangClient(Joining, RestartNews):
         assert sock is not None
         reader = wire.LineReader()
         sock.settimeout(self.config.heartbeat_interval)
-        last_heard = time.monotonic()
+        self.hearing.on_link()
         data: Optional[bytes] = self._early
         while not self._closing.is_set():
             if data:
-                last_heard = time.monotonic()
+                self.hearing.on_link()
                 try:
                     for message in reader.feed(data):
                         self._on_message(message)
@@ -253,9 +253,9 @@ class GangClient(Joining, RestartNews):
                 if not self._left:
                     self._set_cause(control_lost())
                 return
-            silent = time.monotonic() - last_heard
-            if silent > self.config.heartbeat_timeout:
-                self._set_cause(control_silent(silent, self.config.heartbeat_timeout))
+            silent = self.hearing.verdict(self.config, time.monotonic())  # probing.py
+            if silent is not None:
+                self._set_cause(silent)
                 return
 
     def _on_message(self, line: wire.Message) -> None:
@@ -310,13 +310,6 @@ def fits(message: msg.GangMessage) -> bool:
 def control_lost() -> Cause:
     return Cause(CauseKind.CONTROL_LOST,
                  "lost the connection to the control node (node 0): its task died or was killed", node_index=0)
-
-
-def control_silent(silent: float, heartbeat_timeout: float) -> Cause:
-    """From inside a partition this node cannot tell which side is cut."""
-    return Cause(CauseKind.CONTROL_UNRESPONSIVE,
-                 "heard nothing from the control node (node 0) for %.0fs (heartbeat_timeout=%gs): it is frozen, "
-                 "or it or this node is cut off from the network" % (silent, heartbeat_timeout), node_index=0)
 
 
 def paced(training: Optional[Callable[[], Optional[NodeProgress]]], due: List[float],

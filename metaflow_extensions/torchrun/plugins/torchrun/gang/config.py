@@ -34,6 +34,14 @@ HEARTBEATS_PER_SECOND = 512.0
 # costs it about 7 bare heartbeats, so past 384 nodes they come less often (at
 # 256 a second, progress added 10 to 25 % to the control's idle CPU at 1,024 nodes).
 PROGRESS_PER_SECOND = 128.0
+# A node that heard nothing from the control for this many heartbeat intervals
+# probes on a fresh connection (probing.py): TCP's backoff may hold its own
+# connection's resends back for about as long as a cut lasted.
+PROBE_AFTER_BEATS = 2.0
+# Probes stand in for a silent connection for this many heartbeat_timeouts at
+# most: a cut shorter than one is resent on the connection within about twice
+# its length; one silent longer is dead, however the probes fare.
+LINK_TIMEOUTS = 3.0
 
 
 @dataclass(frozen=True)
@@ -70,6 +78,16 @@ class GangConfig:
         base = max(0.05, min(1.0, self.heartbeat_timeout / 10.0))
         scaled = self.num_nodes / HEARTBEATS_PER_SECOND
         return max(base, min(scaled, self.heartbeat_timeout / 4.0))
+
+    @property
+    def probe_after(self) -> float:
+        """A node silent this long probes, once per heartbeat interval (probing.py)."""
+        return PROBE_AFTER_BEATS * self.heartbeat_interval
+
+    @property
+    def link_timeout(self) -> float:
+        """A node whose connection carried nothing for this long stops, whatever its probes heard."""
+        return LINK_TIMEOUTS * self.heartbeat_timeout
 
     @property
     def progress_send(self) -> float:

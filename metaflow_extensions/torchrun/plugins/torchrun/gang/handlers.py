@@ -52,7 +52,10 @@ class MessageHandlers:
 
     def _handle(self, peer: Peer, line: msg.WireDict) -> None:
         if peer.node is None:
-            self._on_hello(peer, line)
+            if line.get("type") == msg.MessageType.PROBE.value:
+                self._on_probe(peer, line)
+            else:
+                self._on_hello(peer, line)
             return
         message = msg.parse(line)
         handler = self._handlers.get(message.TYPE)
@@ -79,6 +82,26 @@ class MessageHandlers:
                    self.config.num_nodes)
         self.transport.flush(peer)
         self.transport.resume(time.monotonic())
+
+    def _on_probe(self, peer: Peer, line: msg.WireDict) -> None:
+        """A member's "still here" on a fresh connection while its own one is
+        silent (``probing.py``): as good as hearing it on that one. Answered
+        with a welcome (with the cause, if the gang is over), then closed; a
+        node the gang does not hold (lost, never joined) is refused, unless
+        the gang is over: then it hears why. O(1): its own entry only."""
+        proved = self.admission.probe(peer, line)
+        if proved is not None:
+            node, client_nonce = proved
+            member = self.members.by_node.get(node)
+            if member is not None:
+                member.last_seen = max(member.last_seen, time.monotonic())
+            if member is not None or self.cause is not None:
+                self.admission.welcome(peer, node, client_nonce, self.cause)
+            else:
+                peer.queue(encode(msg.Reject("node %d is not in the gang" % node).to_wire()))
+        self.transport.flush(peer)
+        if not peer.outbox:  # else it closes once written, or HELLO_TIMEOUT drops it
+            self.transport.drop(peer)
 
     def _on_heartbeat(self, peer: Peer, message: msg.GangMessage) -> None:
         assert isinstance(message, msg.Heartbeat)

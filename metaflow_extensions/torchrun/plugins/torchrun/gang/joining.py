@@ -1,8 +1,9 @@
 """How a node joins the gang: find the control's service among the candidate
 ports, prove the gang's secret and make the service prove it too, then start
-the reader and heartbeat threads and send this node's preflight. A mixin of
-``GangClient`` (``client.py``), which holds the state; kept apart because
-joining is the one part of a node's side that runs before the gang exists."""
+the reader, heartbeat and probe (``probing.py``) threads and send this node's
+preflight. A mixin of ``GangClient`` (``client.py``), which holds the state;
+kept apart because joining is the one part of a node's side that runs before
+the gang exists."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from . import auth as gang_auth
 from . import messages as msg
 from . import wire
 from .config import GangConfig
+from .probing import Hearing, Prober
 
 _log = log.get("gang.client")
 
@@ -32,6 +34,9 @@ class Joining:
     port: Optional[int]
     node_index: int
     joined: threading.Event
+    all_left: threading.Event
+    cause: Optional[Cause]
+    hearing: Hearing
     progress: Callable[[str], None]
     preflight: Optional[Callable[[], msg.Preflight]]
     _get_secret: Optional[Callable[[], bytes]]
@@ -76,7 +81,11 @@ class Joining:
             return
         _log.debug("node %d: joined the gang at %s port %s in %.3fs", self.node_index, self.host, self.port,
                    time.monotonic() - began)
-        for target, name in ((self._read_loop, "reader"), (self._beat_loop, "heartbeat")):
+        assert self.port is not None
+        self.hearing = Hearing()  # when this node last heard the control, read by the reader and the prober
+        prober = Prober(self.config, self.host, self.port, self.node_index, self._secret, self.hearing,
+                        self._set_cause, lambda: self.cause is not None or self.all_left.is_set(), self._closing)
+        for target, name in ((self._read_loop, "reader"), (self._beat_loop, "heartbeat"), (prober.run, "probe")):
             t = threading.Thread(target=target, name="torchrun-gang-" + name, daemon=True)
             t.start()
             self._threads.append(t)

@@ -29,8 +29,8 @@ from .wire import Message as WireDict
 from .wire import ProtocolError
 
 # 4: typed messages; no "joined" list; call_all_done and all_left go to the
-# control only.
-PROTOCOL = 4
+# control only. 5: ``probe``.
+PROTOCOL = 5
 
 NONCE_BYTES = 32
 PROOF_HEX = 64  # sha256, in hex
@@ -63,6 +63,7 @@ class MessageType(str, enum.Enum):
     ABORT = "abort"  # service -> every node: the gang is over, and why
     PREFLIGHT = "preflight"  # node -> service: its software fingerprint and fitness checks
     RESTART = "restart"  # service -> every node: restart call k's ranks, on this rendezvous port
+    PROBE = "probe"  # a member node on a fresh connection, in place of a hello: still here (gang/probing.py)
 
 
 # -- field readers: each returns the value or raises ProtocolError ---------------------
@@ -184,6 +185,34 @@ class Hello(GangMessage):
             proof=_str(data, "proof", PROOF_HEX),
             host=_str(data, "host", 255, optional=True) or "?",
             pid=_int(data, "pid", 0, 1 << 31, optional=True) or 0,
+            protocol=_int(data, "protocol", 0, 1 << 16),
+        )
+
+
+@dataclass(frozen=True)
+class Probe(GangMessage):
+    """A member node, on a fresh connection while its own one is silent
+    (``probing.py``): "node i is still here", with a proof of the secret over
+    this connection's nonces (``auth.probe``). The service answers with a
+    ``welcome`` (its own proof, and the cause if the gang is over) and closes:
+    both sides count that as hearing from the other."""
+
+    TYPE: ClassVar[MessageType] = MessageType.PROBE
+    node_index: int
+    nonce: bytes
+    proof: str
+    protocol: int = PROTOCOL
+
+    def fields(self) -> Dict[str, Any]:
+        return {"protocol": self.protocol, "node_index": self.node_index, "nonce": self.nonce.hex(),
+                "proof": self.proof}
+
+    @classmethod
+    def from_wire(cls, data: Mapping[str, Any]) -> "Probe":
+        return cls(
+            node_index=_int(data, "node_index", 0, MAX_NODE - 1),
+            nonce=_hex(data, "nonce", NONCE_BYTES),
+            proof=_str(data, "proof", PROOF_HEX),
             protocol=_int(data, "protocol", 0, 1 << 16),
         )
 
@@ -615,7 +644,7 @@ class Preflight(GangMessage):
 
 KINDS: Dict[MessageType, Type[GangMessage]] = {
     cls.TYPE: cls for cls in (Challenge, Hello, Welcome, Reject, Heartbeat, Call, Go, CallDone, CallAllDone, Failed,
-                              Stacks, Leave, AllLeft, Abort, Preflight, Restart)
+                              Stacks, Leave, AllLeft, Abort, Preflight, Restart, Probe)
 }
 
 
