@@ -68,8 +68,9 @@ def torchrun_options(run_py_source: str) -> Set[str]:
 
 # argparse actions that take no value (nargs=0); torch's own ``check_env`` is one.
 FLAG_ACTIONS = frozenset({"check_env", "store_true", "store_false", "store_const", "count", "help", "version"})
-# Actions that take one value: argparse's default, and torch's own ``env``.
-VALUE_ACTIONS = frozenset({"store", "env"})
+# Actions that take one value: argparse's default, torch's own ``env``, and
+# torch 2.14's ``--print-completion SHELL`` (an Action class of run.py's own).
+VALUE_ACTIONS = frozenset({"store", "env", "_PrintCompletionAction"})
 _ADD = re.compile(r"\.add_argument\(")
 _KEYWORD = re.compile(r"\b[a-z_]+\s*=")
 _NAME = re.compile(r"""["'](--?[A-Za-z][\w-]*)["']""")
