@@ -177,18 +177,22 @@ def stop_local_nodes(settle: float = 10.0, grace: float = 3.0) -> "threading.Thr
             for proc, cmdline in proctree.children(os.getpid())
             if "step" in cmdline and "ubf_task" in cmdline
         }
-    thread = threading.Thread(target=_stop, args=(nodes, at_once, settle, grace), name="torchrun-local-nodes")
+    thread = threading.Thread(target=_stop, args=(nodes, at_once, settle, grace, _started),
+                              name="torchrun-local-nodes")
     thread.start()
     return thread
 
 
-def _stop(nodes: Set[proctree.ProcId], at_once: Set[proctree.ProcId], settle: float, grace: float) -> None:
+def _stop(nodes: Set[proctree.ProcId], at_once: Set[proctree.ProcId], settle: float, grace: float,
+          started: Optional[NodeTasks]) -> None:
     proctree.signal_all(at_once, signal.SIGTERM)
     nodes = proctree.wait_gone(nodes, settle)
     proctree.signal_all(nodes, signal.SIGTERM)
     left = proctree.wait_gone(nodes | at_once, grace)
     proctree.signal_all(left, signal.SIGKILL)
     proctree.wait_gone(left, 2)
+    if started is not None:
+        started.drain()  # their last lines (`node 1 stopped because ...`) before the control ends
 
 
 # What a local node needs to import: Metaflow starts it as `python <flow> step ...`.

@@ -97,11 +97,17 @@ class NodeTasks:
 
     def wait(self) -> Dict[int, int]:
         """Every node's exit code, once every task has ended; their last lines
-        of stderr passed on (at most ``NODE_OUTPUT_DRAIN`` more)."""
+        of stderr passed on (``drain``)."""
         codes = {node: proc.wait() for node, proc in self.procs.items()}
+        self.drain()
+        return codes
+
+    def drain(self) -> None:
+        """Once the tasks have ended: their last lines of stderr passed on
+        before the control ends (at most ``NODE_OUTPUT_DRAIN``: a descendant
+        may hold a stream open)."""
         if self._pump is not None:
             self._pump.join(timeout=timeouts.NODE_OUTPUT_DRAIN)
-        return codes
 
     # -- the pump ------------------------------------------------------------------------
 
