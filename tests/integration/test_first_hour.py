@@ -115,6 +115,12 @@ def test_the_card_command_the_control_prints_works(outputs, tmp_path):
     got = _example(gang, "hello", "card", "get", view.group(1), "--id", "torchrun", str(html))
     assert got.returncode == 0, output(got)
     assert html.stat().st_size > 1000
+    # docs/getting-started.md: on a local run the step's path alone finds the control's card too.
+    by_step = tmp_path / "by-step.html"
+    step = view.group(1).rsplit("/", 1)[0]  # <run>/train
+    got = _example(gang, "hello", "card", "get", step, "--id", "torchrun", str(by_step))
+    assert got.returncode == 0, output(got)
+    assert by_step.read_bytes() == html.read_bytes()
 
 
 def test_a_gang_whose_nodes_disagree_on_their_calls_names_the_node_at_once(outputs):
