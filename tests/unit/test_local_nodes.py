@@ -183,3 +183,52 @@ def test_a_control_ends_with_its_runtime_even_one_gone_before_it_asked(tmp_path,
     finally:
         if is_running(control):
             os.kill(control, signal.SIGKILL)
+
+
+# -- the control's own start, and its stop of nodes that never joined ----------------
+
+def test_own_start_takes_metaflows_local_start_only():
+    import functools
+
+    from metaflow.plugins import parallel_decorator
+
+    from metaflow_extensions.torchrun.plugins.torchrun.runtime import local_nodes
+
+    args = ("flow", "env", print, 0, "inputs")
+    metaflows = functools.partial(parallel_decorator._local_multinode_control_task_step_func, *args)
+    ours = local_nodes.own_start(metaflows)
+    assert ours.func is local_nodes.run_local_control and ours.args == args
+    other = functools.partial(print, 1)
+    assert local_nodes.own_start(other) is other  # another Metaflow's shape: left as it is
+    assert local_nodes.own_start(print) is print
+
+
+class _Joined:
+    """The gang service as the stop asks it: who has not joined."""
+
+    def __init__(self, missing):
+        self._missing = missing
+
+    def missing(self):
+        return list(self._missing)
+
+
+def test_a_node_that_never_joined_is_stopped_at_once_the_others_given_time(monkeypatch):
+    from metaflow_extensions.torchrun.plugins.torchrun.runtime import local_nodes
+
+    nodes = NodeTasks()
+    nodes.start(1, _node("import time; time.sleep(60)"), dict(os.environ))
+    nodes.start(2, _node("import time; time.sleep(60)"), dict(os.environ))
+    monkeypatch.setattr(local_nodes, "_started", nodes)
+    monkeypatch.setattr(local_nodes, "_server", _Joined([2]))
+    try:
+        stopping = stop_local_nodes(settle=60.0, grace=1.0)
+        assert wait_until(lambda: nodes.procs[2].poll() is not None, GUARD)
+        assert nodes.procs[2].returncode == -signal.SIGTERM
+        assert nodes.procs[1].poll() is None  # joined: it has its record to write first
+    finally:
+        for proc in nodes.procs.values():
+            if proc.poll() is None:
+                proc.kill()
+        stopping.join(timeout=GUARD)
+        nodes.wait()
