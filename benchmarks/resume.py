@@ -259,7 +259,7 @@ def one_run(workdir: str, case: str, debug: bool = False) -> Dict[str, object]:
     if path == "retry":
         record = _record(workdir, env)
         second = record["attempts"][1]
-        with open(os.path.join(RESULTS, "resume-record.json"), "w") as f:  # the card's table, drawn below
+        with open(os.path.join(RESULTS, "resume-record.json"), "w") as f:  # the last retried run's attempts, as recorded
             json.dump({"attempts": record["attempts"]}, f, indent=1)
         marks.update({
             "detected": record["attempts"][0].get("ended_at"),
@@ -405,36 +405,7 @@ def draw(summary: Dict[str, object], cases: List[str], docs: str) -> None:
     fig.tight_layout()
     fig.savefig(os.path.join(docs, "resume.png"), dpi=120)
     plt.close(fig)
-    draw_card(plt, docs)
-
-
-def draw_card(plt, docs: str) -> None:
-    """The card's Attempts table of the last @retry run, as the card shows it."""
-    path = os.path.join(RESULTS, "resume-record.json")
-    if not os.path.exists(path):
-        return
-    with open(path) as f:
-        attempts = json.load(f)["attempts"]
-    import metaflow  # noqa: F401  (the extension loads under it)
-    from metaflow_extensions.torchrun.plugins.torchrun.runtime.card import ATTEMPT_HEADERS, attempt_rows
-    from metaflow_extensions.torchrun.plugins.torchrun.runtime.result import TorchrunResult
-
-    from metaflow_extensions.torchrun.plugins.torchrun.runtime.attempts import Attempt
-
-    typed = [a for a in (Attempt.from_wire(x) for x in attempts) if a is not None]
-    result = TorchrunResult(command=[], node_index=0, num_nodes=2, nproc_per_node=2, exit_code=0,
-                            started_at=0.0, ended_at=0.0, attempts=typed)
-    rows = [[re.sub(r"\\(.)", r"\1", cell) for cell in row] for row in attempt_rows(result)]
-    fig, ax = plt.subplots(figsize=(13, 1.4))
-    ax.axis("off")
-    ax.set_title("Attempts (the @torchrun card, control task)", loc="left", fontsize=10)
-    table = ax.table(cellText=rows, colLabels=ATTEMPT_HEADERS, loc="center", cellLoc="left")
-    table.auto_set_font_size(False)
-    table.set_fontsize(7)
-    table.auto_set_column_width(list(range(len(ATTEMPT_HEADERS))))
-    fig.tight_layout()
-    fig.savefig(os.path.join(docs, "card-attempts.png"), dpi=120)
-    plt.close(fig)
+    # The card's Attempts table, docs/card-attempts.png, is a real card's (tools/pictures/card_screenshot.py).
 
 
 if __name__ == "__main__":

@@ -1,20 +1,22 @@
-"""Makes docs/card.png and docs/card-failure.png: runs a real flow, saves its
-@torchrun card as HTML with `card get`, and photographs it with headless Chromium
-(Debian: apt-get install -y chromium), offline: the card carries Metaflow's own
-Vega bundle, and nothing is fetched.
+"""Makes the card pictures in docs/: runs a real flow, saves its @torchrun card
+as HTML with `card get` (the task and `--hash` the control printed), and
+photographs it with headless Chromium (Debian: apt-get install -y chromium),
+offline: the card carries Metaflow's own Vega bundle, and nothing is fetched.
 
 - docs/card.png: examples/hello, 2 nodes x 2 processes, succeeded.
 - docs/card-failure.png: tests/flows/gang_flow.py with stuck.py: node 1's first
   rank waits in a collective nobody else joins, `hang_timeout` stops the gang.
-- docs/card-goodput.png: the Goodput section alone, of tests/flows/checkpoint_flow.py's
-  card after node 1's task is SIGKILLed past epoch 2's checkpoint and @retry resumes
-  (the card of the last attempt, its other sections left out of the picture).
+- docs/card-goodput.png and docs/card-attempts.png: the Goodput and the Attempts
+  sections alone, of tests/flows/checkpoint_flow.py's card after node 1's task is
+  SIGKILLed past epoch 2's checkpoint and @retry resumes (the card of the last
+  attempt, the hash its control printed; both from one run).
 - docs/card-live.png: the control's card while the step still runs (Metaflow's runtime
   render): tests/flows/gang_flow.py with progress_slow.py, rank 3 three times slower,
   taken with `card get` once the refreshed card names the slow node.
 
-Not part of CI: `python tools/pictures/card_screenshot.py docs` (both), or
-`python tools/pictures/card_screenshot.py docs/card.png` (one, by its name)."""
+Not part of CI: `python tools/pictures/card_screenshot.py docs` (all), or
+`python tools/pictures/card_screenshot.py docs/card.png ...` (some, by their names; two
+pictures of one run, such as card-goodput.png and card-attempts.png, run it once)."""
 
 from __future__ import annotations
 
@@ -22,12 +24,11 @@ import base64
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 import tempfile
 import time
-from typing import Dict, List, Tuple
+from typing import Dict, List, Optional, Tuple
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import chromium  # noqa: E402
@@ -36,22 +37,27 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 HELLO = os.path.join(REPO, "examples", "hello")
 TEST_FLOWS = os.path.join(REPO, "tests", "flows")
 
-# name -> (directory, flow file, run arguments, extra environment, window "width,height")
-PICTURES: Dict[str, Tuple[str, str, List[str], Dict[str, str], str]] = {
-    "card.png": (HELLO, "flow.py", [], {}, "1200,2000"),
-    "card-failure.png": (TEST_FLOWS, "gang_flow.py", ["--script", "stuck.py"],
-                         {"MFTR_TORCHRUN_ATTRS": json.dumps({"hang_timeout": 6})}, "1200,2300"),
-    "card-goodput.png": (TEST_FLOWS, "checkpoint_flow.py", [],
-                         {"MFTR_CKPT": json.dumps({"kill-after-epoch": 2, "kill-node": 1, "epochs": 3}),
-                          "MFTR_RETRY_ON": "infrastructure"}, "1500,800"),
+# A run a picture is taken of: (directory, flow file, run arguments, extra environment)
+Scenario = Tuple[str, str, List[str], Dict[str, str]]
+RETRIED: Scenario = (TEST_FLOWS, "checkpoint_flow.py", [],
+                     {"MFTR_CKPT": json.dumps({"kill-after-epoch": 2, "kill-node": 1, "epochs": 3}),
+                      "MFTR_RETRY_ON": "infrastructure"})
+# name -> (the run, window "width,height", the card's section alone or None for all of it:
+# the heading it starts at, up to the next "## ")
+PICTURES: Dict[str, Tuple[Scenario, str, Optional[str]]] = {
+    "card.png": ((HELLO, "flow.py", [], {}), "1500,3700", None),
+    "card-failure.png": ((TEST_FLOWS, "gang_flow.py", ["--script", "stuck.py"],
+                          {"MFTR_TORCHRUN_ATTRS": json.dumps({"hang_timeout": 6})}), "1500,4000", None),
+    "card-goodput.png": (RETRIED, "1500,640", "## Goodput"),
+    "card-attempts.png": (RETRIED, "1500,470", "## Attempts"),
 }
 # The live card: the flow runs this long; its card is taken while it runs.
 LIVE = (TEST_FLOWS, "gang_flow.py",
         ["--script", "progress_slow.py", "--script-args", json.dumps({"slow-rank": 3, "seconds": 75, "every": 0.1})],
         {"METAFLOW_TORCHRUN_PROGRESS_SECONDS": "5", "METAFLOW_TORCHRUN_STRAGGLER_SECONDS": "10"}, "1200,1080")
 LIVE_NAME = "card-live.png"
-# Pictures of one section of the card: the heading it starts at (up to the next "## ").
-SECTIONS = {"card-goodput.png": "## Goodput"}
+# The command the control prints for its attempt's card (the last attempt's is the last printed).
+CARD_COMMAND = re.compile(r"card view (\S+) --id torchrun --hash (\w+)")
 
 
 def browser() -> str:
@@ -61,24 +67,23 @@ def browser() -> str:
     return found
 
 
-def card_html(name: str, tmp: str) -> str:
-    """Run the picture's flow in a datastore of its own; save the control
-    task's card (whose command the control prints) as HTML."""
-    directory, flow, args, extra, _ = PICTURES[name]
+def card_html(scenario: Scenario, tmp: str) -> str:
+    """Run the scenario's flow in a datastore of its own; save the card of
+    its last attempt, by the task and hash its control printed, as HTML."""
+    directory, flow, args, extra = scenario
     env = _env(tmp, extra)
     run = subprocess.run([sys.executable, flow, "--no-pylint", "run", *args], cwd=directory, env=env,
                          capture_output=True, text=True, timeout=300)
-    found = re.search(r"card view (\S+) --id torchrun", run.stdout + run.stderr)
-    if found is None:
+    printed = CARD_COMMAND.findall(run.stdout + run.stderr)
+    if not printed:
         sys.exit("%s printed no card command:\n%s" % (flow, (run.stdout + run.stderr)[-3000:]))
+    task, card_hash = printed[-1]
     html = os.path.join(tmp, "card.html")
-    got = subprocess.run([sys.executable, flow, "--no-pylint", "card", "get", found.group(1), "--id", "torchrun", html],
-                         cwd=directory, env=env, check=True, capture_output=True, text=True, timeout=120)
-    if not os.path.exists(html):  # one card per attempt: Metaflow lists them; the last attempt's is the newest
-        paths = re.findall(r"Card Path: (\S+\.html)", got.stdout + got.stderr)
-        if not paths:
-            sys.exit("no card for %s:\n%s" % (found.group(1), (got.stdout + got.stderr)[-3000:]))
-        shutil.copy(max(paths, key=os.path.getmtime), html)
+    got = subprocess.run([sys.executable, flow, "--no-pylint", "card", "get", task, "--id", "torchrun",
+                          "--hash", card_hash, html], cwd=directory, env=env, capture_output=True, text=True,
+                         timeout=120)
+    if not os.path.exists(html):
+        sys.exit("no card %s of %s:\n%s" % (card_hash, task, (got.stdout + got.stderr)[-3000:]))
     return html
 
 
@@ -158,29 +163,40 @@ def photograph(html: str, out: str, window: str) -> None:
                        check=True, capture_output=True, timeout=120)
 
 
-def make(out: str) -> None:
+def make(out: str, cards: Dict[str, str]) -> None:
+    """Photograph one picture; ``cards`` keeps each run's card, so that two
+    pictures of one run run it once."""
     name = os.path.basename(out)
     with tempfile.TemporaryDirectory() as tmp:
         if name == LIVE_NAME:
             photograph(live_card_html(tmp), out, LIVE[4])
             print("wrote %s" % out)
             return
-        html = card_html(name, tmp)
-        if name in SECTIONS:
-            only_section(html, SECTIONS[name])
-        photograph(html, out, PICTURES[name][4])
+        scenario, window, section = PICTURES[name]
+        key = json.dumps(scenario)
+        if key not in cards:
+            with open(card_html(scenario, tmp)) as f:
+                cards[key] = f.read()
+        html = os.path.join(tmp, "picture.html")
+        with open(html, "w") as f:
+            f.write(cards[key])
+        if section is not None:
+            only_section(html, section)
+        photograph(html, out, window)
     print("wrote %s" % out)
 
 
-def main(target: str) -> None:
-    if os.path.isdir(target):
-        for name in [*PICTURES, LIVE_NAME]:
-            make(os.path.join(target, name))
-    elif os.path.basename(target) in [*PICTURES, LIVE_NAME]:
-        make(target)
-    else:
-        sys.exit("%s: one of %s, or a directory for all" % (target, ", ".join([*PICTURES, LIVE_NAME])))
+def main(targets: List[str]) -> None:
+    cards: Dict[str, str] = {}
+    for target in targets:
+        if os.path.isdir(target):
+            for name in [*PICTURES, LIVE_NAME]:
+                make(os.path.join(target, name), cards)
+        elif os.path.basename(target) in [*PICTURES, LIVE_NAME]:
+            make(target, cards)
+        else:
+            sys.exit("%s: one of %s, or a directory for all" % (target, ", ".join([*PICTURES, LIVE_NAME])))
 
 
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else os.path.join(REPO, "docs"))
+    main(sys.argv[1:] or [os.path.join(REPO, "docs")])
