@@ -150,10 +150,10 @@ _tgkill = _load_libc("tgkill")  # glibc 2.30 and later
 def signal_main_thread(pid: int, sig: int) -> None:
     """``sig`` to the main thread of ``pid`` (its thread id is its pid), as
     ``os.kill`` raises where the process is gone. A signal to the process
-    goes to any of its threads that does not block it: a handler that walks
-    the Python threads from a torch thread (faulthandler's), while the main
-    thread runs on, can crash the process. Falls back to ``os.kill`` where the
-    C library has no ``tgkill``."""
+    goes to any of its threads that does not block it, and faulthandler dumps
+    the thread that takes it (procs/stacks.py): a torch thread has no Python
+    stack to show. Falls back to ``os.kill`` where the C library has no
+    ``tgkill``."""
     if _tgkill is not None:
         if _tgkill(int(pid), int(pid), int(sig)) == 0:
             return
