@@ -76,3 +76,21 @@ def test_sigterm_to_the_run_while_the_control_waits_for_a_node_leaves_nothing(ga
             proc.wait()
     assert "waiting for nodes" in without_task_prefix(b"".join(lines).decode(errors="replace"))
 
+
+
+def test_sigterm_to_the_run_while_the_gang_trains_leaves_nothing_even_without_warm_processes(gang):
+    """The same in a call, with no warm process (whose chain of PDEATHSIGs from
+    the runtime's own used to be what ended a running gang): the control stops
+    the gang as when it is told to stop, and its node goes with it."""
+    gang.env["METAFLOW_TORCHRUN_WARM_START"] = "0"
+    proc = gang.start("--script", "spin.py", "--nproc", "1")
+    try:
+        gang.wait_for_reports("ready-", 2, timeout=180)
+        os.kill(proc.pid, signal.SIGTERM)  # the runtime only
+        finish_or_explain(proc, gang, 60)
+        left = leaks(gang.token, grace=30)
+        assert not left, "left behind by the killed run:\n" + describe(left)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
