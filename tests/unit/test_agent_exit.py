@@ -105,7 +105,7 @@ worker = "import sys; sys.stderr.write('a line of a worker\\n')"
 SubprocessHandler(sys.executable, ("-c", worker), {}, None, None, 0, None).proc.wait()
 redirected = os.path.join(sys.argv[1], "worker.stderr")
 SubprocessHandler(sys.executable, ("-c", worker), {}, None, redirected, 0, None).proc.wait()
-raise SystemExit("the agent's own failure")
+raise RuntimeError("the agent's own failure")
 """
 
 
@@ -118,7 +118,8 @@ def test_the_agents_native_stderr_goes_to_its_log_and_the_rest_to_the_console(tm
     assert "a python line of the agent" in proc.stderr and "a python line" not in log
     assert proc.stderr.count("a line of a worker") == 1 and "worker" not in log  # inherited the console's
     assert (tmp_path / "worker.stderr").read_text() == "a line of a worker\n"  # torch's redirect kept
-    assert "the agent's own failure" in proc.stderr  # a failure's cause still reads on the console
+    assert "RuntimeError: the agent's own failure" in proc.stderr  # its traceback still on the console
+    assert "Traceback" not in log
 
 
 def test_no_log_no_redirect():
