@@ -73,3 +73,22 @@ def by_page(quotes: List[Tuple[str, str]]) -> Dict[str, List[str]]:
     for page, quote in quotes:
         pages.setdefault(page, []).append(quote)
     return pages
+
+
+# The card command a control prints ("The card: ..." in a failure, "this step's card: ..."
+# on success) names its attempt's card by its hash: one card per attempt.
+_PRINTED_CARD = re.compile(r"(The card|this step's card): python \S+ card view \S+ --id torchrun(?P<rest>.*)")
+
+
+def card_commands_without_hash(paths: List[str] = SOURCES) -> List[Tuple[str, str]]:
+    """``(page, line)`` for every line that shows the card command as the
+    control prints it, but without ``--hash`` (a capture from before one card
+    per attempt)."""
+    found = []
+    for path in paths:
+        with open(path, encoding="utf-8") as f:
+            for line in f:
+                printed = _PRINTED_CARD.search(line)
+                if printed and "--hash" not in printed.group("rest"):
+                    found.append((os.path.relpath(path, REPO), line.strip()))
+    return found

@@ -38,6 +38,18 @@ def test_the_docs_quotes_are_found():
     assert any(q.startswith("@torchrun: this step's card") for q in pages["docs/getting-started.md"])
 
 
+def test_every_card_command_the_docs_show_as_printed_names_its_card(tmp_path):
+    """The control prints `card view <task> --id torchrun --hash <hash>`: a
+    pasted log whose card line has no hash is from before one card per attempt
+    (docs/failures.md had two)."""
+    assert docs_quotes.card_commands_without_hash() == []
+    old = "2026-11-25 06:54:41.008 [1/train/2 (pid 1653)] The card: python flow.py card view 1/train/2 --id torchrun"
+    new = "@torchrun: this step's card: python flow.py card view 1/train/2 --id torchrun --hash 3e7111c1"
+    pasted = tmp_path / "page.md"
+    pasted.write_text(old + "\n" + new + "\n")
+    assert [line for _, line in docs_quotes.card_commands_without_hash([str(pasted)])] == [old]
+
+
 def test_the_long_description_has_no_relative_link():
     sys.path.insert(0, REPO)
     import importlib.util
