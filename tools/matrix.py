@@ -32,10 +32,11 @@ TEST_PINS = ["pytest==9.2.0", "pytest-timeout==2.4.0", "numpy==2.3.5", "hypothes
 # never the package's source, which would sit on sys.path beside the wheel.
 TEST_TREES = ("tests", "tools", "benchmarks", "docs")
 # Unit tests of the repository itself (its docs, packaging, module map, the docs
-# site's own venv) or of a package only the dev venv has (transformers): the
-# same whatever the versions, run by `make test`, left out of a cell.
-REPO_TESTS = ("test_design_map.py", "test_docs.py", "test_docs_render.py", "test_packaging.py",
-              "test_trainer_hooks.py")
+# site's own venv) or of packages only the dev venv has (transformers,
+# metaflow-checkpoint): the same whatever the versions, run by `make test`, left
+# out of a cell.
+REPO_TESTS = ("test_design_map.py", "test_docs.py", "test_docs_render.py", "test_docs_snippets.py",
+              "test_install_recipe.py", "test_packaging.py", "test_trainer_hooks.py")
 NO_TORCH_MESSAGE = 'pip install "torch=='  # launch/torch_checks.TORCH_INSTALL_HINT
 
 
