@@ -82,7 +82,7 @@ def test_rank_segfault_is_named_with_its_signal(gang):
                                   "Fatal Python error: Segmentation fault", once="Fatal Python error")
     shown = "\n".join(screen)
     assert re.search(r'File ".*segfault\.py", line 19 in <module>', shown), shown
-    assert "node 1 stopped because node 0 failed first (its error in this log has the traceback)" in shown
+    assert "node 1 stopped because node 0 failed first (its error in this log has the rank's last lines of stderr)" in shown
 
 
 def test_node_task_sigkilled_stops_the_gang(gang):

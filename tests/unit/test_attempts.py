@@ -1,5 +1,7 @@
 """retry_on's decision and the attempts record (runtime/attempts.py): pure."""
 
+import os
+
 import pytest
 
 from metaflow_extensions.torchrun.plugins.torchrun.cause import Cause, CauseKind
@@ -168,8 +170,11 @@ def test_the_local_control_task_knows_its_gang_from_its_start(monkeypatch):
         TorchrunDecorator().runtime_step_cli(args, 0, 0, ubf)
         return args.env
 
+    from metaflow_extensions.torchrun.plugins.torchrun.runtime.local_nodes import RUNTIME_PID_ENV
+
     monkeypatch.delenv("METAFLOW_RUNTIME_ENVIRONMENT", raising=False)
-    assert cli(UBF_CONTROL) == {"MF_PARALLEL_CONTROL_TASK_ID": "7"}
+    # And the runtime's pid: the local control ends with the runtime that started it.
+    assert cli(UBF_CONTROL) == {"MF_PARALLEL_CONTROL_TASK_ID": "7", RUNTIME_PID_ENV: str(os.getpid())}
     assert cli(UBF_TASK) == {}
     monkeypatch.setenv("METAFLOW_RUNTIME_ENVIRONMENT", "kubernetes")
     assert cli(UBF_CONTROL) == {}

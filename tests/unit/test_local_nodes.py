@@ -135,6 +135,23 @@ def test_node_tasks_see_an_exit_and_keep_the_last_lines_of_stderr():
         nodes.wait()
 
 
+def test_a_node_started_after_every_earlier_one_ended_is_still_pumped():
+    """The pump ends with the last stream it had: a node that died before the
+    next one started left none (a start then met a closed selector)."""
+    nodes = NodeTasks()
+    nodes.start(1, _node("import sys; sys.stderr.write('gone\\n'); sys.exit(3)"), dict(os.environ))
+    try:
+        assert wait_until(lambda: 1 in nodes.ended() and nodes._pump is None, GUARD)
+        nodes.start(2, _node("import sys; sys.stderr.write('later\\n'); sys.exit(4)"), dict(os.environ))
+        assert wait_until(lambda: 2 in nodes.ended(), GUARD)
+        assert nodes.ended()[2] == NodeEnd(4, ("later",))
+    finally:
+        for proc in nodes.procs.values():
+            if proc.poll() is None:
+                proc.kill()
+        nodes.wait()
+
+
 def test_the_gang_service_ends_the_gang_when_a_node_task_ends_before_joining(net):
     ends = {}
     server = net.server(2, start_timeout=600)

@@ -60,10 +60,12 @@ class NodeTasks:
             self._tails[node] = collections.deque(maxlen=KEPT_LINES)
             self._splitters[node] = relay.LineSplitter(end_long_lines=False)
             self._open.add(node)
-        self._selector.register(err_r, selectors.EVENT_READ, node)
-        if self._pump is None:
-            self._pump = threading.Thread(target=self._pump_all, name="torchrun-node-stderr", daemon=True)
-            self._pump.start()
+            self._selector.register(err_r, selectors.EVENT_READ, node)
+            # The pump ends once every stream it had has ended: a node that dies
+            # before the next one starts leaves none, so a start may need a new one.
+            if self._pump is None:
+                self._pump = threading.Thread(target=self._pump_all, name="torchrun-node-stderr", daemon=True)
+                self._pump.start()
 
     # -- what the gang service asks, while the gang forms ---------------------------------
 
@@ -106,8 +108,13 @@ class NodeTasks:
         """Once the tasks have ended: their last lines of stderr passed on
         before the control ends (at most ``NODE_OUTPUT_DRAIN``: a descendant
         may hold a stream open)."""
-        if self._pump is not None:
-            self._pump.join(timeout=timeouts.NODE_OUTPUT_DRAIN)
+        with self._lock:
+            pump = self._pump
+        if pump is not None:
+            pump.join(timeout=timeouts.NODE_OUTPUT_DRAIN)
+        with self._lock:
+            if self._pump is None:
+                self._selector.close()
 
     # -- the pump ------------------------------------------------------------------------
 
@@ -117,10 +124,10 @@ class NodeTasks:
         while True:
             with self._lock:
                 if not self._open:
-                    break
+                    self._pump = None
+                    return
             for key, _ in self._selector.select(timeout=1.0):
                 self._read(key.fd, key.data)
-        self._selector.close()
 
     def _read(self, fd: int, node: int) -> None:
         try:
