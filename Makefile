@@ -11,7 +11,7 @@ export PATH := $(BIN):$(PATH)
 # mkdocs-material prints a banner about its successor on every build.
 export NO_MKDOCS_2_WARNING := 1
 
-.PHONY: install demo-install demo hello test unit lint docs docs-install docs-serve docs-screenshots pictures dist package-check matrix bench bench-gang gpu-check clean
+.PHONY: install demo-install demo hello test test-fast unit lint docs docs-install docs-serve docs-screenshots pictures dist package-check matrix bench bench-gang gpu-check clean
 
 install: $(VENV)/.installed
 
@@ -38,13 +38,23 @@ demo: demo-install
 hello: demo-install
 	cd examples/hello && $(BIN)/python flow.py run
 
-# Two workers: a real-flow test waits (timeouts, Metaflow's runtime) about half
-# its time, so two at once nearly halve the suite on 2 cores. PYTEST_WORKERS=0: one
-# process, in file order.
+# Two pools at once (tools/pools.py, docs/development.md): the tests that spend CPU
+# (real flows, about 15 CPU-s each) at PYTEST_WORKERS, two for 2 cores; those that
+# mostly wait (marked `waits` in tests/conftest.py) at WAIT_WORKERS, so that a test
+# waiting out a 20 s timeout never holds one of the two. Every test runs once; the
+# exit status fails if either pool failed. PYTEST_WORKERS=0: one process, in file
+# order, no pools. PYTEST_ARGS go to both pytest runs (select with -k or a path, not -m).
 PYTEST_WORKERS ?= 2
+WAIT_WORKERS ?= 4
+POOLS = $(BIN)/python tools/pools.py --workers $(PYTEST_WORKERS) --wait-workers $(WAIT_WORKERS)
 
 test: install lint
-	$(BIN)/python -m pytest tests -n $(PYTEST_WORKERS) --dist worksteal $(PYTEST_ARGS)
+	$(POOLS) -- $(PYTEST_ARGS)
+
+# The development loop: every test but those that wait 20 s or more by design
+# (marked `slow`), without the lint. `make test` runs them all.
+test-fast: install
+	$(POOLS) --select "not slow" -- $(PYTEST_ARGS)
 
 # Linter, type checker and import contracts (pinned in requirements-dev.txt; config in pyproject.toml),
 # and no long function or class without a reason beside it (tools/sizes.py).

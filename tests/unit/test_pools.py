@@ -1,0 +1,119 @@
+"""Issue 50: `make test` as two pools (tools/pools.py) with one verdict, and
+the markers that sort tests into them (tests/conftest.py)."""
+
+import importlib.util
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(REPO, "tools"))
+
+import pools  # noqa: E402
+
+
+def _load_markers():
+    """tests/conftest.py itself, under a name of its own (every folder has a conftest)."""
+    spec = importlib.util.spec_from_file_location("root_conftest", os.path.join(REPO, "tests", "conftest.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+markers = _load_markers()
+
+
+@pytest.mark.parametrize("key", sorted(set(markers.WAITS) | set(markers.SLOW)))
+def test_every_listed_test_exists(key):
+    """A renamed test or file would leave its pool silently: every key names a
+    file that exists, and a test defined in it (a parameter id is not checked)."""
+    path, _, test = key.partition("::")
+    assert os.path.isfile(os.path.join(REPO, path)), path
+    if test:
+        name = test.split("[", 1)[0]
+        with open(os.path.join(REPO, path)) as f:
+            assert re.search(r"^\s*def %s\(" % re.escape(name), f.read(), re.M), key
+
+
+def test_a_key_covers_its_file_its_test_and_its_parameters_only():
+    table = {"tests/a.py::test_x": "", "tests/b.py": ""}
+    assert markers.listed("tests/a.py::test_x", table)
+    assert markers.listed("tests/a.py::test_x[one]", table)
+    assert markers.listed("tests/b.py::TestY::test_z", table)
+    assert not markers.listed("tests/a.py::test_x_more", table)
+    assert not markers.listed("tests/a.py::test_y", table)
+    assert not markers.listed("tests/bb.py::test_z", table)
+
+
+def test_the_pools_split_the_suite_and_a_selection_narrows_both():
+    cpu, waits = pools.pools(2, 4)
+    assert (cpu.marks, cpu.workers, waits.marks, waits.workers) == ("not waits", 2, "waits", 4)
+    cpu, waits = pools.pools(2, 4, "not slow")
+    assert (cpu.marks, waits.marks) == ("(not slow) and (not waits)", "(not slow) and (waits)")
+    argv = pools.pytest_argv(waits.marks, waits.workers, "w.xml", ["-ra"])
+    assert argv[3:] == ["tests", "-n", "4", "-m", waits.marks, "--dist", "worksteal", "--junitxml", "w.xml", "-ra"]
+
+
+def test_paths_among_the_arguments_replace_the_whole_suite():
+    assert pools.pytest_argv("waits", 4, None, ["tests/unit", "-ra"])[3:] == [
+        "-n", "4", "-m", "waits", "--dist", "worksteal", "tests/unit", "-ra"]
+    assert pools.pytest_argv("", 0, None, ["tests/unit/test_pools.py::test_x", "-k", "y"])[3:] == [
+        "-n", "0", "tests/unit/test_pools.py::test_x", "-k", "y"]
+    assert pools.pytest_argv("", 0, None, ["-k", "y"])[3:] == ["tests", "-n", "0", "-k", "y"]
+
+
+@pytest.mark.parametrize("statuses, expected", [
+    ((0, 0), 0), ((0, 5), 0), ((5, 0), 0), ((5, 5), 5), ((1, 0), 1), ((0, 1), 1), ((0, 2), 1), ((5, 1), 1),
+])
+def test_the_verdict_fails_if_either_pool_failed(statuses, expected):
+    both = pools.pools(2, 4)
+    assert pools.verdict([pools.Outcome(p, s) for p, s in zip(both, statuses)]) == expected
+
+
+def test_a_real_pytest_runs_junit_is_summed_up_naming_the_failed_test(tmp_path):
+    folder = tmp_path / "tests"
+    folder.mkdir()
+    (folder / "test_some.py").write_text(
+        "import pytest\n\n"
+        "def test_ok():\n    pass\n\n"
+        "def test_bad():\n    assert False\n\n"
+        "class TestGroup:\n    def test_inner(self):\n        assert False\n\n"
+        "@pytest.mark.skip(reason='no')\ndef test_skipped():\n    pass\n")
+    junit = tmp_path / "out.xml"
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:xdist", "-q",
+                           "--rootdir", str(tmp_path), "-c", os.devnull, str(folder), "--junitxml", str(junit)],
+                          cwd=str(tmp_path), capture_output=True, text=True)
+    assert proc.returncode == 1, proc.stdout
+    counts, failed = pools.read_junit(str(junit), root=str(tmp_path))
+    assert counts.pop("time") > 0 and counts == {"tests": 4, "failures": 2, "errors": 0, "skipped": 1}
+    assert failed == ["tests/test_some.py::test_bad", "tests/test_some.py::TestGroup::test_inner"], failed
+    cpu, waits = pools.pools(2, 4)
+    outcomes = [pools.Outcome(cpu, 0, {"tests": 3, "failures": 0, "errors": 0, "skipped": 0, "time": 10.0}),
+                pools.Outcome(waits, 1, dict(counts, time=20.0), failed)]
+    lines = pools.summary(outcomes)
+    assert lines[0] == "cpu-bound pool (-m 'not waits', 2 workers): 3 passed, 0 failed, 0 errors, 0 skipped " \
+                       "in 10 s (pytest exit 0)"
+    assert lines[1] == "wait-bound pool (-m 'waits', 4 workers): 1 passed, 2 failed, 0 errors, 1 skipped " \
+                       "in 20 s (pytest exit 1)"
+    assert [line.strip() for line in lines[2:4]] == ["FAILED " + f for f in failed]
+    assert lines[-1].startswith("FAILED")
+
+
+def test_a_pool_that_wrote_no_junit_counts_nothing(tmp_path):
+    assert pools.read_junit(str(tmp_path / "none.xml")) == (
+        {"tests": 0, "failures": 0, "errors": 0, "skipped": 0, "time": 0.0}, [])
+
+
+def test_a_node_id_is_read_back_from_junits_class_name():
+    assert pools.node_id("tests.unit.test_pools", "test_x[1]") == "tests/unit/test_pools.py::test_x[1]"
+    assert pools.node_id("tests.unit.test_pools.TestA", "test_y") == "tests/unit/test_pools.py::TestA::test_y"
+    assert pools.node_id("elsewhere.mod", "test_z") == "elsewhere.mod::test_z"
+
+
+def test_a_marker_expression_among_pytests_arguments_is_refused(capsys):
+    with pytest.raises(SystemExit) as info:
+        pools.main(["--", "-m", "integration"])
+    assert info.value.code == 2 and "use --select" in capsys.readouterr().err
