@@ -140,6 +140,29 @@ class TestTheService:
         assert server.cause.kind is CauseKind.NODE_LOST and server.cause.node_index == 1
 
 
+class TestHearing:
+    def test_what_ends_a_node_is_silence_by_every_means_or_a_dead_connection(self):
+        config = new_config(2, heartbeat_timeout=8)
+        hearing = Hearing()
+        now = hearing.link
+        assert hearing.verdict(config, now + 7.9) is None
+        silent = hearing.verdict(config, now + 8.5)
+        assert silent.kind is CauseKind.CONTROL_UNRESPONSIVE and silent.node_index == 0
+        assert silent.summary.startswith("heard nothing from the control node (node 0) for 8s (heartbeat_timeout=8s)")
+        hearing.any = now + 20  # probes answered; the connection silent since ``now``
+        assert hearing.verdict(config, now + 23.9) is None  # link_timeout = 3 x 8 s
+        dead = hearing.verdict(config, now + 24.5)
+        assert dead.summary.startswith("the connection to the control node (node 0) carried nothing for 24s")
+
+    def test_a_probe_never_moves_the_connections_clock(self):
+        hearing = Hearing()
+        hearing.link = hearing.any = 0.0
+        hearing.on_probe()
+        assert hearing.link == 0.0 and hearing.any > 0.0
+        hearing.on_link()
+        assert hearing.any >= hearing.link > 0.0
+
+
 class TestTheProber:
     def test_an_answered_probe_is_hearing_on_both_sides(self, net):
         server = net.server(2)
