@@ -93,7 +93,9 @@ def root_cause(text: str) -> str:
 
 
 def suspected(text: str) -> str:
-    lines = [line for line in text.splitlines() if "Suspected cause:" in line]
+    """The first "Suspected cause: ..." line, from those words on (Metaflow and
+    @torchrun put their prefixes before them)."""
+    lines = [line[line.index("Suspected cause:"):] for line in text.splitlines() if "Suspected cause:" in line]
     return lines[0] if lines else ""
 
 
