@@ -59,7 +59,7 @@ def test_the_recipe_installs_the_tested_versions_numpy_included():
 
 def test_the_recipe_gives_metaflow_a_user_name():
     """A container's first error was Metaflow's "Unknown user": the recipe sets
-    METAFLOW_USER, and that line works where USER is not set."""
+    METAFLOW_USER, and that line works where USER is not set or is root."""
     import subprocess
 
     (line,) = [l.split("#", 1)[0].strip() for l in recipe("README.md").splitlines() if "METAFLOW_USER" in l]
@@ -67,6 +67,10 @@ def test_the_recipe_gives_metaflow_a_user_name():
     said = subprocess.run(["bash", "-c", line + ' && printf %s "$METAFLOW_USER"'], env=env, capture_output=True,
                           text=True, timeout=30)
     assert said.returncode == 0 and said.stdout.strip(), said
+    # Metaflow takes root for no name at all (metaflow.util.get_username): a root shell's USER=root.
+    as_root = subprocess.run(["bash", "-c", line + ' && printf %s "$METAFLOW_USER"'], env=dict(env, USER="root"),
+                             capture_output=True, text=True, timeout=30)
+    assert as_root.returncode == 0 and as_root.stdout.strip() not in ("", "root"), as_root
     assert "Unknown user" in _read("README.md") and "Unknown user" in _read("docs/getting-started.md")
 
 
