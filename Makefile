@@ -4,8 +4,8 @@
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(abspath $(VENV))/bin
-# Metaflow refuses to run without a user name; CI may have none.
-export METAFLOW_USER ?= $(or $(USER),metaflow-torchrun)
+# Metaflow refuses to run without a user name, and takes root for none; CI may have none.
+export METAFLOW_USER ?= $(or $(filter-out root,$(USER)),metaflow-torchrun)
 # Metaflow's local runtime starts the other nodes with `python` from PATH.
 export PATH := $(BIN):$(PATH)
 # mkdocs-material prints a banner about its successor on every build.
