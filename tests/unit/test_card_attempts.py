@@ -143,7 +143,8 @@ def test_a_hangs_suspected_cause_is_on_the_card_as_on_the_console(task):
     head = CULPRITS.lines()[0]
     assert head.startswith("Suspected cause: rank 3 is not in the all_reduce #2 of process group 0")
     status = html.unescape(sources[0])
-    assert "<strong>Suspected cause</strong>: " + head.split(": ", 1)[1] in status, status
+    # The head ends with a colon: the first suspect follows it there, not a bare colon.
+    assert "<strong>Suspected cause</strong>: " + head.split(": ", 1)[1] + " " + CULPRITS.lines()[1].strip() in status, status
     root = html.unescape([s for s in sources if s.startswith("## Root cause")][0])
     for line in CULPRITS.lines():  # the suspect by rank, node, host and place, as the console says it
         assert line in root, (line, root)

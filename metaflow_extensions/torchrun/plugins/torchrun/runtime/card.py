@@ -248,8 +248,8 @@ def summary_markdown(result: TorchrunResult, flow: str, pathspec: str, attempt: 
         # An HTML block, one line: the cause's text exactly as it is.
         status = "<p><strong>Failed</strong>: %s</p>" % html_line(summary or _fmt_code(result.exit_code))
         suspects = suspected(result.culprits, result.cause)
-        if suspects:  # the console's first line of it, as it says it
-            head = suspects[0].split(": ", 1)[-1]
+        if suspects:  # the console's first line of it, as it says it, and the first suspect it names
+            head = " ".join([suspects[0].split(": ", 1)[-1]] + [line.strip() for line in suspects[1:2]])
             status += "<p><strong>Suspected cause</strong>: %s</p>" % html_line(head, CARD_LINE_CHARS)
     return "%s\n\n%s" % (title_markdown(flow, pathspec, attempt), status)
 
