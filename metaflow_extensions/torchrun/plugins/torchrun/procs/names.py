@@ -72,6 +72,10 @@ SHUTDOWN_TIMEOUT_ENV = "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"
 # torch reads when the first is unset. A user's own value of either wins.
 FR_BUFFER_ENV = "TORCH_FR_BUFFER_SIZE"
 FR_BUFFER_OLD_ENV = "TORCH_NCCL_TRACE_BUFFER_SIZE"
+# The path prefix torch writes the recorder's dumps under: 2.15's name, and the
+# older one that torch before 2.15 reads (runtime/evidence.py looks under both).
+FR_DUMP_ENV = "TORCH_FR_DUMP_TEMP_FILE"
+FR_DUMP_OLD_ENV = "TORCH_NCCL_DEBUG_INFO_TEMP_FILE"
 
 _CONF_PREFIX = "METAFLOW_"
 

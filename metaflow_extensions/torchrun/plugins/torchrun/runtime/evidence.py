@@ -23,7 +23,7 @@ import shutil
 import subprocess
 from typing import Any, Dict, List, Mapping, Optional
 
-from ..procs import SUMMARY_PLACES, group, numbers
+from ..procs import SUMMARY_PLACES, group, names, numbers
 
 ARTIFACT = "torchrun_evidence"
 # The whole bundle, at most (JSON characters), and its parts' shares.
@@ -32,9 +32,10 @@ STACK_CHARS = 16 << 10
 TAIL_LINES = 5
 TAIL_LINE_CHARS = 300
 TAIL_BYTES = 2 << 20
-# Flight Recorder dumps (torch's TORCH_NCCL_DEBUG_INFO_TEMP_FILE prefix): at most
-# this many, each cut to this many bytes (base64 in the bundle).
-FLIGHT_ENV = "TORCH_NCCL_DEBUG_INFO_TEMP_FILE"
+# Flight Recorder dumps, under the prefix either of torch's names gives (2.15's
+# and the older one; torch's default when neither is set): at most this many,
+# each cut to this many bytes (base64 in the bundle).
+FLIGHT_ENVS = (names.FR_DUMP_ENV, names.FR_DUMP_OLD_ENV)
 FLIGHT_DEFAULT = "/tmp/nccl_trace_rank_"
 MAX_DUMPS = 8
 DUMP_BYTES = 128 << 10
@@ -69,9 +70,11 @@ def tails_part(reports: Mapping[int, Any], budget: int = TAIL_BYTES) -> Dict[str
 
 
 def flight_recorder(env: Mapping[str, str]) -> Dict[str, Any]:
-    """The Flight Recorder dumps NCCL wrote on this host, cut and counted."""
-    prefix = env.get(FLIGHT_ENV) or FLIGHT_DEFAULT
-    paths = sorted(glob.glob(glob.escape(prefix) + "*"))
+    """The Flight Recorder dumps NCCL wrote on this host, cut and counted.
+    Both of torch's names are read: which one torch writes under depends on
+    its version, and a user may have set either (or both, to two places)."""
+    prefixes = list(dict.fromkeys(env[name] for name in FLIGHT_ENVS if env.get(name))) or [FLIGHT_DEFAULT]
+    paths = sorted({p for prefix in prefixes for p in glob.glob(glob.escape(prefix) + "*")})
     dumps = []
     for path in paths[:MAX_DUMPS]:
         try:
@@ -81,7 +84,7 @@ def flight_recorder(env: Mapping[str, str]) -> Dict[str, Any]:
             continue
         dumps.append({"file": path, "bytes": os.path.getsize(path), "cut": len(data) > DUMP_BYTES,
                       "base64": base64.b64encode(data[:DUMP_BYTES]).decode("ascii")})
-    return {"prefix": prefix, "dumps": dumps, "left_out": max(0, len(paths) - MAX_DUMPS)}
+    return {"prefixes": prefixes, "dumps": dumps, "left_out": max(0, len(paths) - MAX_DUMPS)}
 
 
 def nvidia_smi() -> Optional[str]:
