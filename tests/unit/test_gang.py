@@ -92,6 +92,26 @@ class TestJoin:
         assert c.wait_joined() is True
         assert wait_until(lambda: 1 in server.joined_at, GUARD)
 
+    def test_a_reader_whose_socket_was_closed_before_it_began_ends_quietly(self, net):
+        """close() may run before the reader thread sets its socket's timeout:
+        the reader ends without an error (it raised EBADF in its thread)."""
+        server = net.server(2)
+        c = GangClient(server.config, HOST, [server.port], 1, secret=SECRET)
+        a, b = socket.socketpair()
+        b.close()
+        a.close()
+        c._sock = a
+        c._closing.set()
+        c._read_loop()  # returns, raises nothing
+        assert c.cause is None
+        assert not wire.set_timeout(a, 1.0) and not wire.set_timeout(None, 1.0)
+        d, e = socket.socketpair()
+        try:
+            assert wire.set_timeout(d, 0.5) and d.gettimeout() == 0.5
+        finally:
+            d.close()
+            e.close()
+
     def test_another_gang_is_turned_away_and_does_not_count(self, net):
         server = net.server(2)
         (c0,) = net.join(server, [0])

@@ -226,9 +226,9 @@ class GangClient(Joining, RestartNews):
 
     def _read_loop(self) -> None:
         sock = self._sock
-        assert sock is not None
+        if sock is None or not wire.set_timeout(sock, self.config.heartbeat_interval):
+            return  # closed before this thread began: close() raced the join
         reader = wire.LineReader()
-        sock.settimeout(self.config.heartbeat_interval)
         self.hearing.on_link()
         data: Optional[bytes] = self._early
         while not self._closing.is_set():

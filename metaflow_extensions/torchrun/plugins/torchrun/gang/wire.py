@@ -126,3 +126,15 @@ def close_quietly(sock: Optional[socket.socket]) -> None:
         sock.close()
     except OSError:
         pass
+
+
+def set_timeout(sock: Optional[socket.socket], seconds: float) -> bool:
+    """Whether ``sock`` is open and now times out after ``seconds``: a reader
+    thread may start after another thread closed its socket (EBADF)."""
+    if sock is None:
+        return False
+    try:
+        sock.settimeout(seconds)
+    except OSError:
+        return False
+    return True
