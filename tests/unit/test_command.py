@@ -22,7 +22,8 @@ from metaflow_extensions.torchrun.plugins.torchrun.launch.command import (
     format_endpoint,
     options_to_argv,
 )
-from metaflow_extensions.torchrun.plugins.torchrun.launch.options import canonical_option, parse_options
+from metaflow_extensions.torchrun.plugins.torchrun.launch import torch_checks
+from metaflow_extensions.torchrun.plugins.torchrun.launch.options import OptionSpec, canonical_option, parse_options
 from metaflow_extensions.torchrun.plugins.torchrun.errors import TorchrunInvalidArgument
 
 # Strings a shell would mangle; each must reach the script as one argv item, unchanged.
@@ -489,6 +490,34 @@ class TestMetaflowTorchrun02Forms:
         msg = str(e.value)
         assert "@torchrun(torchrun_args): %s is set by @torchrun" % option in msg
         assert hint in msg
+
+    @pytest.mark.parametrize(
+        "args",
+        [{"print_completion": "bash"}, {"--print-completion": True}, ["--print-completion", "zsh"],
+         ["--print-completion=bash"], ["print_completion", "bash"]],
+    )
+    def test_print_completion_is_refused_on_every_torch(self, args):
+        # torch 2.14's --print-completion prints a shell script and exits before any
+        # rank starts; 2.13 has no such option, and it is refused by name there too.
+        for specs in (None, torch_checks.known_option_specs(),
+                      {"print-completion": OptionSpec(takes_value=True)}):  # as torch 2.14 reads it
+            with pytest.raises(TorchrunInvalidArgument) as e:
+                parse_options(args, "torchrun_args", specs=specs)
+            msg = str(e.value)
+            assert "torchrun_args: --print-completion cannot be used under @torchrun" in msg, msg
+            assert "without starting a rank" in msg and "unknown" not in msg
+
+    def test_an_abbreviation_of_print_completion_is_refused(self):
+        with pytest.raises(TorchrunInvalidArgument, match="abbreviation torchrun would read as --print-completion"):
+            parse_options({"print": "bash"})
+
+    def test_print_completion_is_refused_at_the_call_not_as_unknown(self):
+        from metaflow_extensions.torchrun.plugins.torchrun.launch.plan import StepDefaults, plan_call
+
+        with pytest.raises(TorchrunInvalidArgument) as e:
+            plan_call("train.py", None, None, {"print_completion": "bash"}, StepDefaults(), [])
+        assert "--print-completion cannot be used under @torchrun" in str(e.value)
+        assert "unknown torchrun option" not in str(e.value)
 
     def test_no_python_empty_string_is_refused_before_torchrun_sees_it(self):
         # 0.2 made {"no_python": ""} a bare flag; here it used to crash torchrun.

@@ -69,17 +69,39 @@ OWNED_OPTIONS: Dict[str, str] = {
 }
 
 
+# Options no step under @torchrun can use, refused by name whatever the task's
+# torch: not in OWNED_OPTIONS, every name of which the pinned torch's parser has
+# (torch 2.14 added --print-completion; 2.13 would call it unknown, with a worse fix).
+UNUSABLE_OPTIONS: Dict[str, str] = {
+    "print-completion": (
+        "torchrun would print a shell completion script and exit without starting a rank; "
+        "for the script, run `torchrun --print-completion SHELL` in a shell"
+    ),
+}
+
+
+def refused_reason(name: str) -> Optional[str]:
+    """Why --name cannot be given under @torchrun (the @torchrun way, or why
+    it is of no use), in the words that follow ``owned_option_error``'s colon."""
+    return OWNED_OPTIONS.get(name) or UNUSABLE_OPTIONS.get(name)
+
+
 def owned_option_error(name: str, what: str) -> Optional[str]:
-    """A message for an option @torchrun sets itself, naming the @torchrun way;
-    also for an abbreviation of one, which torchrun's parser (argparse) expands."""
+    """A message for an option @torchrun sets itself, naming the @torchrun way,
+    or one it cannot use (``UNUSABLE_OPTIONS``); also for an abbreviation of
+    one, which torchrun's parser (argparse) expands."""
     reason = OWNED_OPTIONS.get(name)
     if reason is not None:
         return "%s: --%s is set by @torchrun and cannot be given: %s." % (what, name, reason)
-    expands = sorted(o for o in OWNED_OPTIONS if o.startswith(name))
+    reason = UNUSABLE_OPTIONS.get(name)
+    if reason is not None:
+        return "%s: --%s cannot be used under @torchrun: %s." % (what, name, reason)
+    expands = sorted(o for o in (*OWNED_OPTIONS, *UNUSABLE_OPTIONS) if o.startswith(name))
     if expands:
+        why = "@torchrun sets itself" if expands[0] in OWNED_OPTIONS else "cannot be used under @torchrun"
         return (
-            "%s: --%s is an abbreviation torchrun would read as %s, which @torchrun sets "
-            "itself: %s." % (what, name, " or ".join("--" + o for o in expands), OWNED_OPTIONS[expands[0]])
+            "%s: --%s is an abbreviation torchrun would read as %s, which %s: %s."
+            % (what, name, " or ".join("--" + o for o in expands), why, refused_reason(expands[0]))
         )
     return None
 

@@ -17,7 +17,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 from .. import defaults as DEFAULTS
 from ..procs import functions
 from .command import ArgSpec, EntryArgs, check_command_size, entry_arguments, none_keys, restarts_allowed
-from .options import OWNED_OPTIONS, canonical_option, parse_options
+from .options import OWNED_OPTIONS, UNUSABLE_OPTIONS, canonical_option, parse_options
 from .torch_checks import known_option_specs, known_torchrun_options, require_torch
 from .inputs import check_picklable, resolve_entrypoint, restarts_clash
 from ..errors import Problems, TorchrunInvalidArgument, did_you_mean, raise_all, shown
@@ -324,6 +324,8 @@ def unknown_keyword(name: str, value: Any, api: str = "current.torch.run") -> st
     option = None if hint else _near_option(name)
     if option in OWNED_OPTIONS:
         hint = " (torchrun's --%s is set by @torchrun: %s)" % (option, OWNED_OPTIONS[option])
+    elif option in UNUSABLE_OPTIONS:
+        hint = " (torchrun's --%s cannot be used under @torchrun: %s)" % (option, UNUSABLE_OPTIONS[option])
     elif option is not None:
         text = shown(value)
         hint = " (did you mean torchrun_args={%r: %s}?)" % (option.replace("-", "_"), text if len(text) <= 40 else "...")
