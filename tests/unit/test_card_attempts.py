@@ -165,6 +165,19 @@ def test_a_failed_rank_is_named_by_its_error_not_as_a_suspect(task):
     assert not any("Suspected cause" in p.get("source", "") for p in _components(_card(task).get()))
 
 
+def test_why_no_suspect_was_named_is_one_line_of_the_root_cause_and_kept_in_the_record(task):
+    """No culprit, and some ranks' Flight Recorder unsupported: the reason
+    (runtime/call_stacks.py) is the Root cause's one line, and the record's field."""
+    result = _hang(None)
+    result.flight_unread = "this torch has no _dump_nccl_trace_json on ranks 0-7"
+    assert result.to_dict()["flight_unread"] == result.flight_unread
+    assert card_mod.finish_card(task.deco, result, FLOW, NONE, 0)
+    sources = [p["source"] for p in _components(_card(task).get()) if p["type"] == "markdown"]
+    root = html.unescape([s for s in sources if s.startswith("## Root cause")][0])
+    assert ("No suspect named: torch's Flight Recorder could not say (%s)" % result.flight_unread) in root, root
+    assert root.count("Flight Recorder") == 1
+
+
 # -- The Attempts and Goodput tables --------------------------------------------
 
 def test_the_attempts_and_goodput_tables_agree_on_each_failures_cost():

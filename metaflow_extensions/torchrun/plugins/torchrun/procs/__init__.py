@@ -61,6 +61,7 @@ __all__ = [
     "conf_key",
     "describe_exit_code",
     "find_culprits",
+    "unread_reason",
     "flight",
     "flight_ask",
     "group",
@@ -126,6 +127,7 @@ _HOME = {
     "conf_key": "names",
     "describe_exit_code": "failures",
     "find_culprits": "culprit",
+    "unread_reason": "culprit",
     "group": "stacks",
     "merge_failures": "failures",
     "numbers": "ranges",
@@ -140,7 +142,7 @@ _HOME = {
 }
 
 if TYPE_CHECKING:
-    from .culprit import Culprits, find_culprits
+    from .culprit import Culprits, find_culprits, unread_reason
     from .flight import FlightError, FlightSummary
     from .failures import NO_EXCEPTION, RankFailure, clear_round, describe_exit_code, merge_failures, read_agent_failures, read_failures, root_cause_order, with_last_output
     from .progress import MAX_METRICS, ProgressReport, clean_metrics, read_progress, report

@@ -119,8 +119,10 @@ class Culprits:
         return out
 
 
-def _unread(flights: Mapping[int, FlightSummary]) -> str:
-    """Why the recorders could not name anyone, where some could not be read."""
+def unread_reason(flights: Mapping[int, FlightSummary]) -> str:
+    """Why the recorders could not name anyone, where some could not be read
+    (bounded): beside the suspects the stacks named, or, where none was named,
+    in the call's record (runtime/call_stacks.py)."""
     ranks = tuple(sorted(r for r, s in flights.items() if s.state == UNSUPPORTED))
     if not ranks:
         return ""
@@ -163,7 +165,7 @@ def find_culprits(stacks: Mapping[int, str], nodes: Mapping[int, int], hosts: Ma
         suspects.append(Suspect(rank, node, hosts.get(node, "") if node is not None else "", place,
                                 said.get(rank, "")))
     return Culprits(name, waiting, tuple(suspects), max(0, len(outside) - NAMED), signal, group, seq,
-                    _unread(flights or {}))
+                    unread_reason(flights or {}))
 
 
 def _from_flights(flights: Mapping[int, FlightSummary], every: List[int]) -> Optional[Tuple[

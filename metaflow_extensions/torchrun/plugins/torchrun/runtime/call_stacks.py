@@ -18,7 +18,7 @@ from typing import Any, Dict, List, Optional
 from .. import timeouts
 from ..cause import Cause, CauseKind
 from ..host import log
-from ..procs import Culprits, FlightSummary, find_culprits, flight_ask, stacks
+from ..procs import Culprits, FlightSummary, find_culprits, flight_ask, stacks, unread_reason
 from .result import read_rank_records
 
 _log = log.get("runtime.call_stacks")
@@ -32,6 +32,9 @@ class CallStacks:
     nodes: Dict[int, int] = field(default_factory=dict)  # rank -> its node, for the ranks seen
     culprits: Optional[Culprits] = None  # the control's suspects, for the record and the card
     flights: Dict[int, FlightSummary] = field(default_factory=dict)  # rank -> its Flight Recorder's summary
+    # Where no suspect was named: why torch's Flight Recorder could not say,
+    # where some ranks' could not be read (bounded; "" otherwise).
+    flight_unread: str = ""
 
     def collect(self, session: Any, index: int, supervisor: Any, workdir: str) -> None:
         """Before the supervisor stops the ranks: each live rank's stacks."""
@@ -101,8 +104,10 @@ class CallStacks:
 
 
     def record(self) -> Dict[str, Any]:
-        """The result record's fields: the stacks, what they cost, the suspects."""
-        return {"stacks": dict(self.stacks), "stack_seconds": round(self.seconds, 3), "culprits": self.culprits}
+        """The result record's fields: the stacks, what they cost, the suspects
+        (or why the Flight Recorder named none)."""
+        return {"stacks": dict(self.stacks), "stack_seconds": round(self.seconds, 3), "culprits": self.culprits,
+                "flight_unread": self.flight_unread}
 
     def suspects(self, session: Any, cause: Cause) -> List[str]:
         """The control, after ``gather``: the ranks not in the collective the
@@ -115,6 +120,8 @@ class CallStacks:
             return []
         found = find_culprits(self.stacks, self.nodes, server.hosts(), tuple(self.nodes), flights=self.flights)
         if found is None:
+            # Said beside suspects when the stacks name some; kept alone when nothing does.
+            self.flight_unread = unread_reason(self.flights)
             return []
         self.culprits = found
         return suspected(found, cause)
@@ -126,3 +133,11 @@ def suspected(culprits: Optional[Culprits], cause: Optional[Cause]) -> List[str]
     if culprits is None or (cause is not None and cause.kind is CauseKind.RANK_FAILED):
         return []
     return culprits.lines()
+
+
+def none_suspected(culprits: Optional[Culprits], unread: str, cause: Optional[Cause]) -> List[str]:
+    """Where nothing named a suspect though one was looked for: the one line
+    that says why the Flight Recorder could not (the card's root cause)."""
+    if culprits is not None or not unread or (cause is not None and cause.kind is CauseKind.RANK_FAILED):
+        return []
+    return ["No suspect named: torch's Flight Recorder could not say (%s)" % unread]

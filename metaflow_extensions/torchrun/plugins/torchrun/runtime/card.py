@@ -41,7 +41,7 @@ from ..errors import is_refusal
 from ..procs import numbers
 from . import card_preflight, card_progress, timeline, what_ran
 from . import evidence, goodput
-from .call_stacks import suspected
+from .call_stacks import none_suspected, suspected
 from .result import REPORT_ARTIFACT, TorchrunResult
 
 CARD_ID = "torchrun"
@@ -528,7 +528,8 @@ def build_components(result: TorchrunResult, flow: str, pathspec: str, backend: 
     cause = result.cause
     if cause is not None:
         # The suspects (procs/culprit.py) as the failure says them: by rank, node, host and place.
-        text, _ = clip_lines("\n\n".join([cause.summary] + ["\n".join(suspected(result.culprits, cause))]).strip(),
+        said = suspected(result.culprits, cause) or none_suspected(result.culprits, result.flight_unread, cause)
+        text, _ = clip_lines("\n\n".join([cause.summary] + ["\n".join(said)]).strip(),
                              CARD_CAUSE_CHARS)
         parts.append(Markdown("## Root cause\n\n%s" % text_block(text)))
         parts.append(Markdown(evidence_markdown(pathspec, result)))

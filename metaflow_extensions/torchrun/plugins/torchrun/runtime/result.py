@@ -100,6 +100,9 @@ class TorchrunResult:
     # On the control, when ranks waited in a collective at the stop: the ranks
     # not in it, by rank, node and host (procs/culprit.py); bounded.
     culprits: Optional["Culprits"] = None
+    # On the control, when no suspect was named and some ranks' Flight Recorder
+    # could not be read: why not, one bounded line (procs/culprit.py); "" otherwise.
+    flight_unread: str = ""
     # On the control: @torchrun(preflight=...)'s findings for the whole gang,
     # bounded whatever its size (gang/node_compare.py, runtime/preflight.py).
     preflight: Optional[PreflightRecord] = None
