@@ -165,6 +165,33 @@ def test_retry_on_infrastructure_refuses_torchs_own_restart_and_points_to_restar
     assert spec(retry_on="infrastructure", restarts=2) == []
 
 
+@pytest.mark.parametrize("args", [{"max_restarts": 2}, ["--max-restarts", "2"], ["max_restarts", "2"]])
+def test_retry_on_infrastructure_refuses_torchs_own_restart_in_a_call_too(tmp_path, args):
+    """The same max_restarts given per call, not in @torchrun(torchrun_args):
+    refused at the call, pointing to restarts=N; retry_on reaches the planner
+    through step_defaults, as read_step_spec read it once."""
+    from metaflow_extensions.torchrun.plugins.torchrun.errors import Problems
+    from metaflow_extensions.torchrun.plugins.torchrun.spec import ATTRIBUTE_DEFAULTS, read_step_spec, step_defaults
+
+    def defaults(**attributes):
+        problems = Problems()
+        spec = read_step_spec(dict(ATTRIBUTE_DEFAULTS, **attributes), [], [2], ["flow.py", "run"], problems)
+        assert problems.messages == []
+        return step_defaults(spec)
+
+    script = tmp_path / "train.py"
+    script.write_text("print(1)\n")
+    with pytest.raises(TorchrunInvalidArgument) as e:
+        plan_call(str(script), None, 1, args, defaults(retry_on="infrastructure"), [str(tmp_path)])
+    said = str(e.value)
+    assert said.startswith("@torchrun(retry_on='infrastructure') with the call's torchrun_args max_restarts=2: ")
+    assert "Use @torchrun(restarts=2) instead of max_restarts" in said and said.count("max_restarts=") == 1
+    # retry_on='any' (the default) keeps torch's restart; max_restarts=0 asks none.
+    plan_call(str(script), None, 1, args, defaults(retry_on="any"), [str(tmp_path)])
+    plan_call(str(script), None, 1, args, defaults(), [str(tmp_path)])
+    plan_call(str(script), None, 1, {"max_restarts": 0}, defaults(retry_on="infrastructure"), [str(tmp_path)])
+
+
 def test_a_restart_is_recorded_with_what_it_cost_and_reads_back():
     first = records.InStepRestart(1, KILLED, ran_from=100.0, failed_at=110.0, stopped_at=110.5, restarted_at=111.0)
     assert (first.lost_work_seconds, first.restart_seconds, first.lost_seconds) == (10.0, 1.0, 11.0)

@@ -35,6 +35,7 @@ from .launch import (
     refuse_step_functions,
     requested_accelerators,
     restarts_allowed,
+    retry_on_clash,
     step_timeout,
     validate_args_as,
     validate_hang_timeout,
@@ -133,11 +134,7 @@ def refuse_torch_restarts_for_bugs(retry_on: Optional[str], torch_restarts: Opti
     ValueError in the user's code too: the retry that ``retry_on="infrastructure"``
     asks never to happen. The gang's ``restarts=N`` tells them apart."""
     if retry_on == "infrastructure" and torch_restarts:
-        raise TorchrunInvalidArgument(
-            "@torchrun(retry_on='infrastructure') with torchrun_args max_restarts=%s: torch's own restart reruns "
-            "the ranks after any failure, a Python exception in your code too, which retry_on='infrastructure' "
-            "asks never to retry. Use @torchrun(restarts=%s) instead of max_restarts: the gang's restart, which "
-            "restarts the ranks after an infrastructure failure only (docs/resume.md)." % (torch_restarts, torch_restarts))
+        raise TorchrunInvalidArgument(retry_on_clash("torchrun_args", torch_restarts))
 
 
 # Step decorators that run a task elsewhere than the runtime's host.
@@ -217,4 +214,5 @@ def step_defaults(spec: StepSpec) -> StepDefaults:
         shutdown_grace=spec.shutdown_grace,
         preflight=spec.preflight,
         restarts=spec.restarts,
+        retry_on=spec.retry_on,
     )

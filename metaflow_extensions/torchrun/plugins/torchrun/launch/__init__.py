@@ -55,6 +55,7 @@ __all__ = [
     "validate_restarts",
     "restarts_allowed",
     "restarts_clash",
+    "retry_on_clash",
     "validate_nproc",
     "validate_shutdown_grace",
     "validate_timeouts",
@@ -100,6 +101,7 @@ _HOME = {
     "validate_restarts": "inputs",
     "restarts_allowed": "command",
     "restarts_clash": "inputs",
+    "retry_on_clash": "inputs",
     "validate_nproc": "plan",
     "validate_shutdown_grace": "inputs",
     "validate_timeouts": "inputs",
@@ -111,7 +113,7 @@ if TYPE_CHECKING:
     from .platforms import refuse_one_node_on_kubernetes
     from .platforms import check_port_clash
     from .command import ZYGOTE_MODULE, ArgSpec, argparse_hint, none_keys, restarts_allowed
-    from .inputs import (restarts_clash, step_timeout, validate_args_as, validate_hang_timeout, validate_restarts,
+    from .inputs import (restarts_clash, retry_on_clash, step_timeout, validate_args_as, validate_hang_timeout, validate_restarts,
                          validate_shutdown_grace, validate_timeouts)
     from .plan import CallPlan, CallRequest, StepDefaults, check_options, legacy_rdzv_port, merged_options, none_note, option_names, plan_call, plan_request, resolve_nproc, validate_nproc
     from .prepare import NodeFacts, flight_entries, prepare_launch

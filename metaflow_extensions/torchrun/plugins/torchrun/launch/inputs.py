@@ -80,6 +80,17 @@ def validate_restarts(value: Any, max_restarts: bool) -> int:
     return value
 
 
+def retry_on_clash(where: str, max_restarts: Any) -> str:
+    """torch's own ``max_restarts`` reruns the ranks after any failure, a
+    ValueError in the user's code too: the retry that ``retry_on="infrastructure"``
+    asks never to happen. The gang's ``restarts=N`` tells them apart."""
+    return ("@torchrun(retry_on='infrastructure') with %s max_restarts=%s: torch's own restart reruns "
+            "the ranks after any failure, a Python exception in your code too, which retry_on='infrastructure' "
+            "asks never to retry. Use @torchrun(restarts=%s) instead of max_restarts: the gang's restart, which "
+            "restarts the ranks after an infrastructure failure only (docs/resume.md)."
+            % (where, max_restarts, max_restarts))
+
+
 def restarts_clash(where: str, restarts: int) -> str:
     """``restarts`` (the gang's) and ``max_restarts`` (torch's own) both restart
     the ranks, each in its own way: one of them, never both."""

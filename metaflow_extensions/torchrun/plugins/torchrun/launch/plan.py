@@ -19,7 +19,7 @@ from ..procs import functions
 from .command import ArgSpec, EntryArgs, check_command_size, entry_arguments, none_keys, restarts_allowed
 from .options import OWNED_OPTIONS, UNUSABLE_OPTIONS, canonical_option, parse_options
 from .torch_checks import known_option_specs, known_torchrun_options, require_torch
-from .inputs import check_picklable, resolve_entrypoint, restarts_clash
+from .inputs import check_picklable, resolve_entrypoint, restarts_clash, retry_on_clash
 from ..errors import Problems, TorchrunInvalidArgument, did_you_mean, raise_all, shown
 from ..gang import parse_port
 from .resources import NO_ACCELERATORS
@@ -55,6 +55,8 @@ class StepDefaults:
     preflight: str = "versions"
     # @torchrun(restarts=N): the gang restarts a call's ranks in the same tasks.
     restarts: int = DEFAULTS.RESTARTS
+    # @torchrun(retry_on=...), as spec.py read it: "infrastructure" refuses torch's own restart.
+    retry_on: Optional[str] = None
 
 
 class _NoEntrypoint:
@@ -379,6 +381,18 @@ def plan_request(request: CallRequest, defaults: StepDefaults, search_dirs: Sequ
                      request.torchrun_args, defaults, search_dirs, problems)
 
 
+def refuse_torch_restarts(options: Mapping[str, Any], defaults: StepDefaults) -> None:
+    """torch's own restart (``max_restarts``) asked by a call where the step
+    says no: with the gang's ``restarts``, or under ``retry_on="infrastructure"``
+    (torch would rerun a bug); the step's own torchrun_args are refused at step_init."""
+    if not restarts_allowed(options):
+        return
+    if defaults.restarts:
+        raise TorchrunInvalidArgument(restarts_clash("torchrun_args", defaults.restarts))
+    if defaults.retry_on == "infrastructure":
+        raise TorchrunInvalidArgument(retry_on_clash("the call's torchrun_args", options["max-restarts"]))
+
+
 def plan_call(
     entrypoint: Union[str, "os.PathLike[str]", Callable[..., Any]],
     entrypoint_args: Any,
@@ -418,8 +432,8 @@ def plan_call(
         notes.extend(port_notes)
     with problems:
         check_options(options)
-    if defaults.restarts and restarts_allowed(options):
-        problems.add(restarts_clash("torchrun_args", defaults.restarts))
+    with problems:
+        refuse_torch_restarts(options, defaults)
     with problems:
         check_command_size(options, os.environ)
     with problems:
