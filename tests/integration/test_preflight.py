@@ -36,6 +36,8 @@ def test_a_node_with_another_torch_is_refused_before_any_rank_starts(gang):
         text[-3000:]
     assert "Fix: build every node from one image" in text
     assert not _rank_reports(gang), "a rank started"  # report.py writes one file per rank
+    # No rank ran: no rank's output to point at.
+    assert "Every rank's output" not in text and "output, whole" not in text, text[-3000:]
     record = _record(gang)
     assert record["cause"]["kind"] == "preflight" and record["cause"]["node_index"] == 1
     pre = record["preflight"]

@@ -220,7 +220,8 @@ class CallRun(CallLaunch):
         # error alone says where the ranks were and where the logs are, unless the
         # control is gone or silent: then this node's is the only one.
         speaks = self.session.is_control or not self.session.topology.is_local or cause.kind in _CLIENT_SIDE
-        logs = node_report.logs_line(self.session, self.log_dir) if speaks else ""
+        ran = speaks and node_report.any_rank_ran(self.workdir, self.failures, self.session.server, self.index)
+        logs = node_report.logs_line(self.session, self.log_dir, ran) if speaks else ""
         where, suspects = (self.where.stacks, self.where.suspects(self.session, cause)) if speaks else ({}, [])
         elsewhere = node_report.failed_elsewhere(self.session.server, self.index, self.node_index) if speaks else []
         if suspects and self.where.culprits is not None:  # a suspected cause is not an echo of itself

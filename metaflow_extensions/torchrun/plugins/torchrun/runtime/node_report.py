@@ -112,17 +112,29 @@ def original_exception(plan: Any, workdir: str, error: Any) -> Optional[BaseExce
     return functions.with_rank(exc, error.root_cause.rank) if exc is not None else None
 
 
-def logs_line(session: Any, log_dir: Optional[str]) -> str:
+def any_rank_ran(workdir: Optional[str], failures: List[RankFailure], server: Any, call: int) -> bool:
+    """Whether some rank of the call started: this node's, or (the control)
+    one another node reported. A gang refused before any rank started has
+    no rank's output to point at."""
+    if workdir and read_rank_records(workdir, failures):
+        return True
+    return server is not None and any(report.ranks for report in server.call_view(call).reports.values())
+
+
+def logs_line(session: Any, log_dir: Optional[str], ran: bool = True) -> str:
         """Where every rank's whole output is: on a local run one directory
-        holds every node's; on a cluster each node's host keeps its own."""
+        holds every node's; on a cluster each node's host keeps its own.
+        Where no rank ran (``ran`` false), the card alone."""
         if not log_dir:
             return ""
-        if session.topology.is_local:
+        if not ran:
+            text = ""
+        elif session.topology.is_local:
             text = "Every rank's output, whole: %s" % step_log_dir(log_dir)
         else:
             text = "This node's ranks' output, whole: %s on %s (each node's host keeps its own)" % (
                 log_dir, socket.gethostname())
         if session.card_hint:
             session.card_hint_said = True
-            text += "\nThe card: %s" % session.card_hint
+            text = "%s\nThe card: %s" % (text, session.card_hint) if text else "The card: %s" % session.card_hint
         return text
