@@ -22,6 +22,7 @@ from metaflow_extensions.torchrun.plugins.torchrun.launch.plan import StepDefaul
 from metaflow_extensions.torchrun.plugins.torchrun.gang.ports import find_free_port
 from metaflow_extensions.torchrun.plugins.torchrun.runtime.session import GangSession, Phase
 from metaflow_extensions.torchrun.plugins.torchrun.gang.topology import Topology
+from metaflow_extensions.torchrun.plugins.torchrun.procs import WARM_START_ENV
 from proc_helpers import wait_until
 
 GUARD = 10.0
@@ -32,6 +33,15 @@ def short_linger(monkeypatch):
     """A failed control lingers for nodes that have not heard; tests that do not
     look at that should not wait for it at teardown."""
     monkeypatch.setattr(timeouts, "LINGER", 0.2)
+
+
+@pytest.fixture(autouse=True)
+def no_warm_process(monkeypatch):
+    """Each session's join starts its warm process, which imports torch (about
+    1 CPU-s a second, until close kills it: the CPU a test waiting 3 s for a
+    join or a start_timeout spent); these tests are of the gang's phases, and
+    test_warm_start.py and the flows test the warm process."""
+    monkeypatch.setenv(WARM_START_ENV, "0")
 
 
 @pytest.fixture
