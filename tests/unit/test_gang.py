@@ -264,7 +264,7 @@ class TestSecondaryFailure:
         server = net.server(3)
         c0, c1, c2 = net.join(server, [0, 1, 2])
         c0.report_failure(self.ECHO)
-        time.sleep(0.3)
+        assert wait_until(lambda: server._pending is not None, GUARD)
         assert server.cause is None and c2.cause is None  # held, not told yet
         c1.report_failure(Cause(CauseKind.RANK_FAILED, "node 1: SIGSEGV"))
         for cause in wait_cause([c0, c1, c2]):
@@ -283,7 +283,7 @@ class TestSecondaryFailure:
         server = net.server(3)
         c0, c1, c2 = net.join(server, [0, 1, 2])
         c2.report_failure(self.ECHO)
-        time.sleep(0.2)
+        assert wait_until(lambda: server._pending is not None, GUARD)  # held when it exits
         c2.close()
         for cause in wait_cause([c0, c1]):
             assert (cause.kind, cause.node_index) == (CauseKind.RANK_FAILED, 2)
@@ -292,7 +292,7 @@ class TestSecondaryFailure:
         server = net.server(3)
         c0, c1, c2 = net.join(server, [0, 1, 2])
         c0.report_failure(self.ECHO)
-        time.sleep(0.2)
+        assert wait_until(lambda: server._pending is not None, GUARD)  # held when node 1 dies
         c1.close()  # its task died: that explains the echo
         for cause in wait_cause([c0, c2]):
             assert (cause.kind, cause.node_index) == (CauseKind.NODE_LOST, 1)

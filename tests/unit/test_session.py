@@ -202,7 +202,7 @@ class TestInterrupt:
         assert worker.client.wait_joined()
 
         def fail_control_soon():
-            time.sleep(0.5)
+            assert wait_until(lambda: worker._in_user_code, GUARD)  # the abort comes while the code runs
             _fail(control, OSError("disk full"))
 
         threading.Thread(target=fail_control_soon, daemon=True).start()
@@ -247,7 +247,7 @@ class TestLinger:
         _fail(control, OSError("x"))
         late = gang(1)
         t, box = _in_thread(control.close)
-        time.sleep(0.3)
+        assert wait_until(lambda: control.phase is Phase.LEFT, GUARD)  # closing: the node joins late
         late.join()
         assert late.client.wait_for_verdict(GUARD).kind is CauseKind.STEP_FAILED
         late.step_failed(GangAborted(1, late.cause))
