@@ -1,6 +1,6 @@
 """metaflow-torchrun 0.2's TorchrunSingleNodeMultiGPU in an ordinary step (no
 @parallel, no @torchrun). $MFTR_SINGLE: ok | fail | spin | derived (nproc from
-@resources(gpu=2)) | positional (0.2's order: torchrun_args first)."""
+@resources(gpu=2)) | positional (0.2's order: torchrun_args first) | typo (entry_point=: refused, naming entrypoint=)."""
 
 import json
 import os
@@ -23,6 +23,8 @@ class SingleNodeFlow(FlowSpec):
         script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts", SCRIPT)
         if CASE == "positional":
             result = launcher.run({"max_restarts": 0}, script, {"tag": "p"}, 2)
+        elif CASE == "typo":
+            result = launcher.run(entry_point=script)
         elif CASE == "derived":
             result = launcher.run(entrypoint=script)
         else:

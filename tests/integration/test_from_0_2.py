@@ -86,6 +86,17 @@ def test_single_node_takes_nproc_from_the_steps_gpus_and_0_2s_order(gang):
     assert {tuple(r["argv"]) for r in gang.reports("rank-").values()} == {("--tag", "p")}
 
 
+def test_single_node_refuses_a_wrong_call_naming_it_not_with_a_type_error(gang):
+    # Was Python's TypeError (unexpected keyword argument 'entry_point'): an Internal error.
+    proc, text = _single(gang, "typo")
+    assert proc.returncode != 0, text
+    said = "TorchrunSingleNodeMultiGPU().run does not take entry_point= (did you mean entrypoint=?)"
+    assert text.count(said) == 1, text
+    assert re.search(r"TorchrunSingleNodeMultiGPU\(\)\.run call 1 \(single_node_flow\.py, line \d+\): ", text), text
+    assert "TypeError" not in text and "Internal error" not in text and "Traceback" not in text, text
+    assert not gang.reports("rank-")  # refused before any rank started
+
+
 def test_single_node_failure_names_the_root_cause_with_labelled_logs(gang):
     proc, text = _single(gang, "fail")
     assert proc.returncode != 0, text

@@ -113,3 +113,59 @@ def test_the_steps_decorators_are_read_from_the_flow_in_main(monkeypatch):
     monkeypatch.setitem(sys.modules, "__main__", main)
     assert single_node.step_decorator_specs("MyFlow", "train") == [("resources", {"gpu": 2})]
     assert single_node.step_decorator_specs("OtherFlow", "train") == []
+
+
+API = "TorchrunSingleNodeMultiGPU().run"
+
+
+def _single_node_refusal(tmp_path, *args, **kwargs):
+    """What 0.2's single-node launcher says of a call, planned as its run()
+    plans it (call_request in 0.2's order), before anything starts."""
+    request = plan.call_request(args, kwargs, api=API, order=plan.ORDER_0_2)
+    with pytest.raises(TorchrunInvalidArgument) as e:
+        plan.plan_request(request, plan.StepDefaults(), [str(tmp_path)])
+    return str(e.value)
+
+
+@pytest.mark.parametrize(
+    "args, kwargs, said",
+    [
+        # Was Python's TypeError (an unexpected keyword argument 'entry_point').
+        ((), {"entry_point": "t.py"}, API + " does not take entry_point= (did you mean entrypoint=?)"),
+        ((), {"entrypoint": "t.py", "entrypoint_arg": [1]}, API + " does not take entrypoint_arg= (did you mean "
+                                                              "entrypoint_args=?)"),
+        ((), {}, API + " needs an entrypoint"),
+        (({}, "t.py", None, 1, "x"), {}, API + " takes at most 4 positional arguments (torchrun_args, entrypoint, "
+                                               "entrypoint_args, nproc_per_node), not 5"),
+        (({}, "t.py"), {"entrypoint": "t.py"}, "entrypoint is given twice: as positional argument 2"),
+        # current.torch.run's order given to 0.2's launcher: said once, naming the order.
+        (("t.py", {"lr": 1}), {}, API + "'s first argument is torchrun_args (metaflow-torchrun 0.2's order"),
+    ],
+)
+def test_the_single_node_launcher_refuses_a_wrong_call_naming_it(tmp_path, args, kwargs, said):
+    (tmp_path / "t.py").write_text("print(1)\n")
+    message = _single_node_refusal(tmp_path, *args, **kwargs)
+    assert said in message and message.count(API) <= 1, message
+
+
+def test_the_single_node_launcher_keeps_0_2s_order(tmp_path):
+    (tmp_path / "t.py").write_text("print(1)\n")
+    request = plan.call_request(({"max_restarts": 0}, "t.py", {"tag": "p"}, 2), {}, api=API, order=plan.ORDER_0_2)
+    call = plan.plan_request(request, plan.StepDefaults(), [str(tmp_path)])
+    assert (call.script, call.entry_argv, call.nproc, call.options) == (
+        str(tmp_path / "t.py"), ["--tag", "p"], 2, {"max-restarts": 0})
+    # and keywords, in any order, as 0.2's users wrote them
+    request = plan.call_request((), {"nproc_per_node": 2, "entrypoint": "t.py"}, api=API, order=plan.ORDER_0_2)
+    assert plan.plan_request(request, plan.StepDefaults(), [str(tmp_path)]).nproc == 2
+
+
+def test_the_single_node_launchers_run_takes_any_call_and_shows_0_2s_signature():
+    # Any shape reaches run()'s own checks (here: not in a step), never Python's TypeError.
+    from metaflow_extensions.torchrun.plugins.torchrun.errors import TorchrunException
+
+    with pytest.raises(TorchrunException, match="can only be called in a step's code"):
+        single_node.SingleNodeLauncher().run(entry_point="x.py")
+    import inspect
+
+    assert list(inspect.signature(single_node.SingleNodeLauncher.run).parameters) == [
+        "self", "torchrun_args", "entrypoint", "entrypoint_args", "nproc_per_node"]

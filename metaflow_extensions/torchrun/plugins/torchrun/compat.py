@@ -123,15 +123,11 @@ class TorchrunSingleNodeMultiGPU:
     def last_result(self) -> Any:
         return self._launcher.last_result
 
-    def run(
-        self,
-        torchrun_args: Any = None,
-        entrypoint: Any = None,
-        entrypoint_args: Any = None,
-        nproc_per_node: Any = None,
-    ) -> Any:
-        """0.2's signature and positional order (``torchrun_args`` first)."""
-        return self._launcher.run(torchrun_args, entrypoint, entrypoint_args, nproc_per_node)
+    def run(self, /, *args: Any, **kwargs: Any) -> Any:
+        """0.2's signature and positional order: ``run(torchrun_args, entrypoint,
+        entrypoint_args, nproc_per_node)``. ``SingleNodeLauncher.run`` reads any
+        call, refusing a wrong one by name (never a ``TypeError``)."""
+        return self._launcher.run(*args, **kwargs)
 
 
 # A @parallel step's worker task: "<control>_node_<i>" locally, "<id>-node-<i>"

@@ -30,6 +30,7 @@ __all__ = [
     "CallPlan",
     "CallRequest",
     "call_request",
+    "ORDER_0_2",
     "NO_ACCELERATORS",
     "NodeFacts",
     "StepDefaults",
@@ -75,6 +76,7 @@ _HOME = {
     "CallPlan": "plan",
     "CallRequest": "plan",
     "call_request": "plan",
+    "ORDER_0_2": "plan",
     "NO_ACCELERATORS": "resources",
     "NodeFacts": "prepare",
     "flight_entries": "prepare",
@@ -115,7 +117,7 @@ if TYPE_CHECKING:
     from .command import ZYGOTE_MODULE, ArgSpec, argparse_hint, none_keys, restarts_allowed
     from .inputs import (restarts_clash, retry_on_clash, step_timeout, validate_args_as, validate_hang_timeout, validate_restarts,
                          validate_shutdown_grace, validate_timeouts)
-    from .plan import CallPlan, CallRequest, StepDefaults, check_options, legacy_rdzv_port, merged_options, none_note, option_names, plan_call, plan_request, resolve_nproc, validate_nproc
+    from .plan import ORDER_0_2, CallPlan, CallRequest, StepDefaults, call_request, check_options, legacy_rdzv_port, merged_options, none_note, option_names, plan_call, plan_request, resolve_nproc, validate_nproc
     from .prepare import NodeFacts, flight_entries, prepare_launch
     from .resources import Accelerators, NO_ACCELERATORS, check_visible_devices, keyword_note, nproc_for_keyword, requested_accelerators, small_shm_warning
 

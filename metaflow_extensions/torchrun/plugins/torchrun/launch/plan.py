@@ -83,6 +83,8 @@ class CallRequest:
     api: str = "current.torch.run"
     # What is wrong with the call's shape (call_request): named with the rest.
     problems: Tuple[str, ...] = ()
+    # The positional order the call was read in (call_request).
+    order: Tuple[str, ...] = ("entrypoint", "entrypoint_args", "nproc_per_node", "torchrun_args")
 
 
 @dataclass(frozen=True)
@@ -280,34 +282,44 @@ LEGACY_RUN_KEYWORDS = {
     "local_output_dir": "not provided: save with Metaflow artifacts, @model/@checkpoint or your own code",
     "cloud_output_dir": "not provided: save with Metaflow artifacts, @model/@checkpoint or your own code",
 }
-RUN_KEYWORDS = ("entrypoint", "entrypoint_args", "nproc_per_node", "torchrun_args")
+RUN_KEYWORDS: Tuple[str, ...] = CallRequest.order
+# metaflow-torchrun 0.2's TorchrunSingleNodeMultiGPU().run order: torchrun_args first.
+ORDER_0_2: Tuple[str, ...] = ("torchrun_args", "entrypoint", "entrypoint_args", "nproc_per_node")
 
 
-def call_request(args: Sequence[Any], kwargs: Mapping[str, Any], api: str = "current.torch.run") -> CallRequest:
+def call_request(args: Sequence[Any], kwargs: Mapping[str, Any], api: str = "current.torch.run",
+                 order: Tuple[str, ...] = RUN_KEYWORDS) -> CallRequest:
     """A call as the user wrote it, whatever its shape: run() takes
     ``*args, **kwargs`` so that no call is a bare ``TypeError`` from Python
     (an Internal error to Metaflow); what is wrong with its shape is named
-    here, with everything else wrong with it (``plan_request``)."""
+    here, with everything else wrong with it (``plan_request``). ``order``:
+    the positional arguments' (``ORDER_0_2`` for 0.2's single-node launcher)."""
     given: Dict[str, Any] = {}
     problems: List[str] = []
-    if len(args) > len(RUN_KEYWORDS):
+    if len(args) > len(order):
         problems.append("%s takes at most %d positional arguments (%s), not %d: write the others as keywords."
-                        % (api, len(RUN_KEYWORDS), ", ".join(RUN_KEYWORDS), len(args)))
-    given.update(zip(RUN_KEYWORDS, args))
+                        % (api, len(order), ", ".join(order), len(args)))
+    given.update(zip(order, args))
     unknown: Dict[str, Any] = {}
     for name, value in kwargs.items():
-        if name not in RUN_KEYWORDS:
+        if name not in order:
             unknown[name] = value
         elif name in given:
             problems.append("%s is given twice: as positional argument %d and as %s=."
-                            % (name, RUN_KEYWORDS.index(name) + 1, name))
+                            % (name, order.index(name) + 1, name))
         else:
             given[name] = value
-    if "entrypoint" not in given and not any(_near_keyword(name) == "entrypoint" for name in unknown):
+    shape = entrypoint_first(given.get("torchrun_args"), api) if order[:1] == ("torchrun_args",) else None
+    if shape:
+        problems.append(shape)
+        given.pop("torchrun_args")  # said once, here, with what followed it
+        given.pop("entrypoint", None)
+    elif "entrypoint" not in given and not any(_near_keyword(name) == "entrypoint" for name in unknown):
         problems.append("%s needs an entrypoint: a script path or a module-level function "
                         "(entrypoint=\"train.py\")." % api)
     return CallRequest(given.get("entrypoint", NO_ENTRYPOINT), given.get("entrypoint_args"),
-                       given.get("nproc_per_node"), given.get("torchrun_args"), unknown, api, tuple(problems))
+                       given.get("nproc_per_node"), given.get("torchrun_args"), unknown, api, tuple(problems),
+                       tuple(order))
 
 
 def _near_keyword(name: str) -> Optional[str]:
@@ -353,6 +365,18 @@ def legacy_shape(entrypoint: Any, entrypoint_args: Any, api: str = "current.torc
     )
 
 
+def entrypoint_first(torchrun_args: Any, api: str) -> Optional[str]:
+    """``current.torch.run``'s order given to 0.2's single-node launcher,
+    which takes ``torchrun_args`` first: a script path or function there."""
+    if not (isinstance(torchrun_args, (str, os.PathLike)) or callable(torchrun_args)):
+        return None
+    return (
+        "%s's first argument is torchrun_args (metaflow-torchrun 0.2's order: run(torchrun_args, entrypoint, "
+        "entrypoint_args, nproc_per_node)), not %s. Write run(entrypoint=%s, ...) with keywords."
+        % (api, shown(torchrun_args), shown(torchrun_args))
+    )
+
+
 def refuse_legacy_call(entrypoint: Any, entrypoint_args: Any, extra: Mapping[str, Any],
                        api: str = "current.torch.run") -> None:
     """Calls written for metaflow-torchrun 0.1/0.2 that cannot mean the same
@@ -373,7 +397,8 @@ def plan_request(request: CallRequest, defaults: StepDefaults, search_dirs: Sequ
     for name, value in request.legacy.items():
         problems.add(unknown_keyword(name, value, request.api))
     entrypoint = request.entrypoint
-    shape = legacy_shape(entrypoint, request.entrypoint_args, request.api)
+    # (0.2's single-node order takes a mapping first: call_request checked its shape.)
+    shape = legacy_shape(entrypoint, request.entrypoint_args, request.api) if request.order == RUN_KEYWORDS else None
     if shape:
         problems.add(shape)
         entrypoint = NO_ENTRYPOINT  # said once, above

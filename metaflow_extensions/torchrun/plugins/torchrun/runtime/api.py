@@ -40,8 +40,10 @@ def run(session: GangSession, request: CallRequest) -> TorchrunResult:
     return run_call(session, plan)
 
 
-# This package's directory: a frame outside it is the user's (or Metaflow's).
-_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+# This extension's directory (metaflow_extensions/torchrun: the plugin and the names
+# exported into metaflow, TorchrunSingleNodeMultiGPU's wrapper among them): a frame
+# outside it is the user's (or Metaflow's).
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))) + os.sep
 
 
 def caller() -> Optional[str]:

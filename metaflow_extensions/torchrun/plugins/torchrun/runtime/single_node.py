@@ -12,6 +12,7 @@ service of one node costs a loopback socket; it is what the call's phases
 
 from __future__ import annotations
 
+import inspect
 import itertools
 import os
 import sys
@@ -24,7 +25,7 @@ from ..gang import make_secret
 from ..gang import Topology
 from ..launch import ArgSpec
 from .. import defaults as DEFAULTS
-from ..launch import CallRequest, StepDefaults, validate_shutdown_grace, step_timeout
+from ..launch import ORDER_0_2, StepDefaults, call_request, validate_shutdown_grace, step_timeout
 from ..launch import requested_accelerators
 from . import api as runtime
 from .result import TorchrunResult
@@ -43,6 +44,17 @@ def step_decorator_specs(flow_name: str, step_name: str) -> List[Tuple[str, Mapp
             func = getattr(value, step_name, None)
             return [(d.name, dict(d.attributes)) for d in getattr(func, "decorators", None) or []]
     return []
+
+
+def _documented_run(
+    self: Any,
+    torchrun_args: ArgSpec = None,
+    entrypoint: Any = None,
+    entrypoint_args: ArgSpec = None,
+    nproc_per_node: Any = None,
+) -> TorchrunResult:
+    """``SingleNodeLauncher.run``'s signature, in 0.2's order, as users write the call."""
+    raise NotImplementedError
 
 
 class SingleNodeLauncher:
@@ -67,23 +79,18 @@ class SingleNodeLauncher:
         self._shutdown_grace = shutdown_grace
         self.last_result: Optional[TorchrunResult] = None
 
-    def run(
-        self,
-        torchrun_args: ArgSpec = None,
-        entrypoint: Any = None,
-        entrypoint_args: ArgSpec = None,
-        nproc_per_node: Any = None,
-    ) -> TorchrunResult:
-        """0.2's order: ``torchrun_args`` first. Runs ``entrypoint`` on this node
-        under torchrun; returns the ``TorchrunResult``, raises ``TorchrunFailed``
-        with the root cause when a rank fails."""
+    def run(self, /, *args: Any, **kwargs: Any) -> TorchrunResult:
+        """0.2's order: ``run(torchrun_args, entrypoint, entrypoint_args,
+        nproc_per_node)``. Runs ``entrypoint`` on this node under torchrun;
+        returns the ``TorchrunResult``, raises ``TorchrunFailed`` with the root
+        cause when a rank fails. A call that cannot be made (a keyword it does
+        not take, no entrypoint) is one ``TorchrunCallRefused`` naming every
+        problem, as ``current.torch.run``'s, never a ``TypeError``."""
         from metaflow import current
 
         if not current.is_running_flow or current.step_name is None:
             raise TorchrunException("TorchrunSingleNodeMultiGPU().run can only be called in a step's code.")
-        if entrypoint is None:
-            raise TorchrunException(
-                "TorchrunSingleNodeMultiGPU().run(entrypoint=...) is required: a script path or a function.")
+        request = call_request(args, kwargs, api="TorchrunSingleNodeMultiGPU().run", order=ORDER_0_2)
         specs = step_decorator_specs(current.flow_name, current.step_name)
         accelerators = requested_accelerators(specs)
         defaults = StepDefaults(
@@ -98,8 +105,6 @@ class SingleNodeLauncher:
         flow_dir = os.path.dirname(os.path.abspath(sys.argv[0]))
         session = GangSession(self._identity(current), defaults, _one_node(), flow_dir, secret=make_secret())
         session.notes_key = current.pathspec or ""
-        request = CallRequest(entrypoint, entrypoint_args, nproc_per_node, torchrun_args,
-                              api="TorchrunSingleNodeMultiGPU().run")
         session.join()
         try:
             result = runtime.run(session, request)
@@ -112,6 +117,9 @@ class SingleNodeLauncher:
             session.close()
         self.last_result = result
         return result
+
+    # What help() and IDEs show: the call as documented.
+    run.__signature__ = inspect.signature(_documented_run)  # type: ignore[attr-defined]
 
     @staticmethod
     def _identity(current: Any) -> GangIdentity:
