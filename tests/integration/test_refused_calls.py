@@ -33,6 +33,9 @@ REFUSED = {
     "none": ({"entrypoint": None}, "entrypoint must be the path of a Python script, not None", None),
     "option": ({"entrypoint": "report.py", "torchrun_args": {"max_restart": 2}},
                "unknown torchrun option --max-restart", "(did you mean --max-restarts?)"),
+    # torch 2.14+ would print a shell script and exit without a rank; 2.13 has no such option.
+    "print completion": ({"entrypoint": "report.py", "torchrun_args": {"print_completion": "bash"}},
+                         "torchrun_args: --print-completion cannot be used under @torchrun", None),
     "keyword": ({"entrypoint": "report.py", "entrypoint_arg": {"a": 1}},
                 "current.torch.run does not take entrypoint_arg=", "(did you mean entrypoint_args=?)"),
     # Was Python's TypeError (missing 'entrypoint'): an Internal error of 67 lines (issue 52).
