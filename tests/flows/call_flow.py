@@ -1,7 +1,8 @@
 """One current.torch.run call whose keyword arguments come from the environment.
 
 MFTR_CALL: a JSON object of current.torch.run's keywords (entrypoint relative to
-this file's scripts/ unless null). MFTR_SLOW_NODE: a node that does not make its
+this file's scripts/ unless null). MFTR_TORCHRUN: the step's @torchrun attributes
+(a JSON object, default none). MFTR_SLOW_NODE: a node that does not make its
 call until the gang stops it (the other node's call refused is the gang's root
 cause; at most 120 s). The step stores the result's nproc_per_node as an artifact.
 """
@@ -20,7 +21,7 @@ class CallFlow(FlowSpec):
     def start(self):
         self.next(self.train, num_parallel=2)
 
-    @torchrun
+    @torchrun(**json.loads(os.environ.get("MFTR_TORCHRUN", "{}")))
     @step
     def train(self):
         kwargs = json.loads(os.environ.get("MFTR_CALL", "{}"))

@@ -64,6 +64,20 @@ def test_a_refused_call_is_said_once_naming_the_call(gang, case):
     check_failure_screen(text, problem, once=problem)
 
 
+def test_a_calls_max_restarts_under_retry_on_infrastructure_is_refused_at_the_call(gang):
+    # The step's own torchrun_args max_restarts is refused at step_init (test_resources_and_refusals);
+    # a call's was not: torch would have restarted a ValueError the user asked never to retry.
+    gang.env["MFTR_TORCHRUN"] = json.dumps({"retry_on": "infrastructure"})
+    proc = _run(gang, {"entrypoint": "report.py", "torchrun_args": {"max_restarts": 2}})
+    text = output(proc)
+    assert proc.returncode != 0, text
+    said = "@torchrun(retry_on='infrastructure') with the call's torchrun_args max_restarts=2: "
+    assert text.count(said) == 1 and "Use @torchrun(restarts=2) instead of max_restarts" in text, text
+    assert re.search(r"current\.torch\.run call 1 \(call_flow\.py, line \d+\): ", text), text
+    assert "Traceback" not in text and "TypeError" not in text, text
+    assert not gang.reports("rank-")  # refused before any rank started
+
+
 def test_every_mistake_of_a_call_is_named_in_one_message(gang):
     """Was: the unknown keyword alone, and the torchrun option on the next run (issue 52)."""
     proc = _run(gang, {"entrypoint": "report.py", "entrypoint_arg": {"a": 1}, "torchrun_args": {"max_restart": 2}})
