@@ -26,10 +26,15 @@ def test_a_node_task_that_exits_before_joining_fails_the_step_naming_it(gang):
     text = output(proc)
     assert proc.returncode != 0, text[-4000:]
     assert "did not join" not in text and "missing for" not in text, text[-4000:]
-    said = "node 0 stopped: node 1's task ended before it joined the gang (exit code 3)"
-    screen = check_failure_screen(text, said, "its last lines of output:",
-                                  "node 1 cannot start here (MFTR_EXIT_AT_START)", once=said)
+    said = ("node 0 stopped: node 1's task ended before it joined the gang (exit code 3); "
+            "its last lines of output are above, as it wrote them")
+    screen = check_failure_screen(text, said, once=said)
     assert len(screen) < 15, "\n".join(screen)
+    # Its last lines once: as its own stderr, passed on by the control just
+    # before the error that points at them (not again in the error).
+    shown, last = without_task_prefix(text), "step_flow: node 1 cannot start here (MFTR_EXIT_AT_START)"
+    assert shown.count(last) == 1, shown[-4000:]
+    assert shown.index(last) < shown.index(said), shown[-4000:]
 
 
 @pytest.mark.skipif(sys.prefix == sys.base_prefix, reason="needs a venv: its base interpreter is the case")

@@ -18,6 +18,7 @@ import pytest
 from gang_net import GUARD, new_config
 from proc_helpers import is_running, wait_until
 from metaflow_extensions.torchrun.plugins.torchrun.cause import CauseKind
+from metaflow_extensions.torchrun.plugins.torchrun.errors import GangAborted
 from metaflow_extensions.torchrun.plugins.torchrun.gang import NodeEnd
 from metaflow_extensions.torchrun.plugins.torchrun.gang.membership import Membership
 from metaflow_extensions.torchrun.plugins.torchrun.runtime.local_nodes import (
@@ -98,6 +99,19 @@ def test_a_node_that_ended_before_joining_is_named_with_its_exit_and_last_lines(
     signalled = Membership(new_config(2)).saw_ends(lambda: {1: NodeEnd(-9)})
     assert signalled is not None and "(killed by signal SIGKILL)" in signalled.summary
     assert signalled.message == "it wrote nothing on stderr"
+
+
+def test_the_error_points_at_the_last_lines_a_local_log_shows_already_and_says_them_elsewhere():
+    """On a local run the control passed the node's stderr on into the same
+    log: the error says they are above instead of repeating them; a node that
+    wrote nothing, or a log of its own, gets the message itself."""
+    said = Membership(new_config(2)).saw_ends(lambda: {1: NodeEnd(3, ("ImportError: no x",))})
+    assert said is not None
+    local = str(GangAborted(0, said, same_log=True))
+    assert "ImportError: no x" not in local and "its last lines of output are above, as it wrote them" in local
+    assert "    ImportError: no x" in str(GangAborted(0, said, same_log=False))
+    silent = Membership(new_config(2)).saw_ends(lambda: {1: NodeEnd(-9)})
+    assert silent is not None and "it wrote nothing on stderr" in str(GangAborted(0, silent, same_log=True))
 
 
 def test_a_node_that_joined_is_not_named_by_its_end_and_ended_nodes_count_as_heard():

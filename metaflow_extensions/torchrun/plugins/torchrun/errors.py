@@ -71,6 +71,11 @@ class TorchrunCallRefused(TorchrunInvalidArgument):
 _FAILED_FIRST = (CauseKind.RANK_FAILED, CauseKind.STEP_FAILED)
 
 
+# The head of a local node's last lines when its task ended before it joined
+# (gang/membership.py): on a local run they passed through this log already.
+LAST_LINES_HEAD = "its last lines of output:"
+
+
 def is_refusal(cause: "Cause") -> bool:
     """A gang's cause that is a refused call: every node's log then needs the
     problem once, not a traceback."""
@@ -223,7 +228,12 @@ class GangAborted(TorchrunException):
             else:
                 text += "\n" + cause.message  # every field and node, and the fix
         elif cause.kind is CauseKind.NODE_LOST and cause.message and not (same_log and node_index != 0):
-            text += "\n" + cause.message  # a local node's task that ended before it joined: its last lines
+            if same_log and cause.message.startswith(LAST_LINES_HEAD):
+                # A local node's task that ended before it joined: its stderr came
+                # through this log as it wrote it (runtime/node_tasks.py), so once.
+                text += "; its last lines of output are above, as it wrote them"
+            else:
+                text += "\n" + cause.message
         # After a hang the gang stopped every rank: none failed as an echo of it.
         echoes = [] if cause.kind is CauseKind.HANG else [r for r in elsewhere if r != cause.rank]
         block = failure_block.Block(stacks=dict(stacks or {}), logs=logs, suspects=suspects, elsewhere=echoes)

@@ -16,6 +16,7 @@ import time
 from typing import Callable, Dict, List, Mapping, NamedTuple, Optional, Tuple
 
 from ..cause import Cause, CauseKind, plural
+from ..errors import LAST_LINES_HEAD
 from ..procs import describe_exit_code
 from .config import CONTROL_NODE, GangConfig
 from .peer import Peer
@@ -127,7 +128,7 @@ def ended_before_joining(node: int, end: NodeEnd) -> Cause:
     """The gang's cause when node ``node``'s task ended before it joined: its
     exit in the summary, its last lines of stderr in the message."""
     lines = [line for line in end.last_lines if line.strip()]
-    said = ("its last lines of output:\n%s" % "\n".join("    " + line for line in lines)) if lines else \
+    said = ("%s\n%s" % (LAST_LINES_HEAD, "\n".join("    " + line for line in lines))) if lines else \
         "it wrote nothing on stderr"
     return Cause(
         CauseKind.NODE_LOST,
