@@ -27,4 +27,8 @@ write_json("train-%d.json" % rank(), {
     "last": losses[-1],
     "weights": round(sum(p.sum().item() for p in model.parameters()), 6),
 })
+# Every rank out of its last collective before any tears gloo down: a rank
+# that left first and destroyed its group while a peer still read the last
+# all_reduce aborted that peer ('terminate called', SIGABRT) under load.
+dist.barrier()
 dist.destroy_process_group()
