@@ -38,6 +38,7 @@ CHANGED = dict(
     args_as="0.2",  # the plan's encoding of entrypoint_args
     preflight="full",  # the session's preflight (runtime/preflight.py)
     restarts=2,  # the gang config (the service decides restarts) and a restart's launch
+    retry_on="infrastructure",  # the plan: a call's own max_restarts refused (below)
 )
 
 
@@ -64,6 +65,19 @@ def run(tmp_path, monkeypatch):
     yield call
     if call.files is not None:
         call.files.close()
+
+
+def test_retry_on_reaches_the_plan_of_a_call(tmp_path):
+    """retry_on="infrastructure", as StepDefaults carries it, refuses a call's
+    own max_restarts (torch would rerun a bug); without it the call plans."""
+    from metaflow_extensions.torchrun.plugins.torchrun.errors import TorchrunInvalidArgument
+
+    script = tmp_path / "train.py"
+    script.write_text("print('hi')\n")
+    asked = {"max_restarts": 1}
+    with pytest.raises(TorchrunInvalidArgument, match="retry_on='infrastructure'"):
+        plan_call(str(script), None, None, asked, StepDefaults(retry_on=CHANGED["retry_on"]), [str(tmp_path)])
+    assert plan_call(str(script), None, None, asked, StepDefaults(), [str(tmp_path)]).options["max-restarts"] == 1
 
 
 def test_the_session_carries_the_gang_settings(run):

@@ -410,7 +410,7 @@ def refuse_torch_restarts(options: Mapping[str, Any], defaults: StepDefaults) ->
     """torch's own restart (``max_restarts``) asked by a call where the step
     says no: with the gang's ``restarts``, or under ``retry_on="infrastructure"``
     (torch would rerun a bug); the step's own torchrun_args are refused at step_init."""
-    if not restarts_allowed(options):
+    if "max-restarts" not in options or not restarts_allowed(options):  # most calls pass none
         return
     if defaults.restarts:
         raise TorchrunInvalidArgument(restarts_clash("torchrun_args", defaults.restarts))
