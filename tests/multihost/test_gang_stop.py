@@ -196,7 +196,11 @@ def test_a_spot_notice_from_metaflows_own_monitor_stops_the_gang_gracefully(netw
     sandbox.wait_for_reports("told-", 4, timeout=30, procs=list(run.procs.values()))
     # The monitor's SIGTERM went to its parent (os.getppid()): the sidecar
     # worker is gone while the task it serves goes on saving.
+    # The ranks can be told before that worker has finished exiting: wait for it.
     spot_worker = list(loops.values())[0]
+    deadline = time.monotonic() + 20
+    while spot_worker in _spot_monitors(sandbox) and time.monotonic() < deadline:
+        time.sleep(0.1)
     assert spot_worker not in _spot_monitors(sandbox) and run.procs[1].poll() is None
     codes = run.wait(timeout=120)
     _saved, told = _check_saved(sandbox, run, codes, 1)
