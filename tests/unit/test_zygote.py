@@ -333,6 +333,43 @@ def test_a_nodes_zygote_forked_from_the_hosts_serves_warm_and_is_that_nodes_alon
         stand_in.wait()
 
 
+# A library that re-creates its native pool in every forked child, as OpenBLAS
+# does: a node's zygote forked from the host's starts with that pool running.
+POOL_AT_FORK = ("import _thread, os, time\n"
+                "os.register_at_fork(after_in_child=lambda: _thread.start_new_thread(time.sleep, (3600,)))\n")
+
+
+def test_a_nodes_zygote_forked_with_a_librarys_pool_still_forks_warm(script, tmp_path):
+    """Seen on a 16-core GPU node: the node's zygote, forked from the host's,
+    counted OpenBLAS's 15 re-created threads as a start-up hook's and refused
+    every start, so each rank imported torch itself (2 s later than fresh)."""
+    hooks = tmp_path / "hooks"
+    hooks.mkdir()
+    (hooks / "sitecustomize.py").write_text(POOL_AT_FORK)
+    host_path = tempfile.mkdtemp(prefix="zyg-") + "/z.sock"
+    path = tempfile.mkdtemp(prefix="zyg-") + "/z.sock"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(hooks), os.environ.get("PYTHONPATH", "")]))
+    env.pop(ZYGOTE_ENV, None)
+    host = subprocess.Popen([sys.executable, "-u", "-m", PKG + ".zygote", host_path], env=env,
+                            stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=die_with_parent)
+    stand_in = None
+    try:
+        _wait_for(host_path)
+        stand_in = subprocess.Popen([sys.executable, "-u", "-m", PKG + ".zygote", path],
+                                    env=dict(env, **{ZYGOTE_ENV: host_path}), stdin=subprocess.DEVNULL,
+                                    stderr=subprocess.PIPE, start_new_session=True, preexec_fn=die_with_parent)
+        _wait_for(path + ZYGOTE_PID_SUFFIX)
+        forked = int(open(path + ZYGOTE_PID_SUFFIX).read())
+        assert len(os.listdir("/proc/%d/task" % forked)) > 1  # the library's pool, re-created in it
+        code, rank, _ = _run(script, ["0"], path, str(tmp_path))
+        assert code == 0 and rank["warm"] and rank["ppid"] == forked
+    finally:
+        for p in (stand_in, host):
+            if p is not None:
+                p.kill()
+                p.wait()
+
+
 def test_with_no_host_zygote_a_nodes_zygote_imports_torch_itself(script, tmp_path):
     path = tempfile.mkdtemp(prefix="zyg-") + "/z.sock"
     zyg = _start_zygote(path, path + ".nobody")

@@ -41,8 +41,14 @@ class ForkGuard:
     """Made as the zygote starts, told when its imports are done (``warmed``),
     asked before each fork (``hazard``)."""
 
-    def __init__(self) -> None:
-        self.at_start = tasks()
+    def __init__(self, inherited: bool = False) -> None:
+        """``inherited``: this process was forked from another warm process (a
+        local node's, from the host's). Its threads at start are then the ones
+        the parent's libraries' fork handlers re-created in it (OpenBLAS
+        restarts its pool in the child: 15 threads on a 16-core GPU node, which
+        refused every fork there), not a start-up hook's: the parent checked its
+        own start. They count as its own once it is warmed."""
+        self.at_start = frozenset() if inherited else tasks()
         self.own: Optional[FrozenSet[int]] = None
 
     def warmed(self) -> None:

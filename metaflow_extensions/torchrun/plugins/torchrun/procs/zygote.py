@@ -357,7 +357,7 @@ def _fresh_state() -> None:
 
 def main(argv: List[str]) -> None:
     global _FRESH_NAME, _GUARD
-    _GUARD = ForkGuard()  # the threads alive before anything of ours ran
+    _GUARD = ForkGuard(inherited=handoff.FORKED)  # the threads alive before anything of ours ran
     os.umask(0o077)  # what it writes is private (docs/seeing-the-gang.md); each child gets its stand-in's
     if len(argv) not in (1, 2) or argv[1:] and argv[1].strip():  # SOCKET [room: blanks, host/title.py]
         sys.stderr.write("usage: python -m %s SOCKET\n" % __name__)
