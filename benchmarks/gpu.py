@@ -16,6 +16,10 @@ one):
    collective on their stacks): the culprit named from NCCL's Flight Recorder; on
    torch 2.15 and later both with nccl2 (its default) and with TORCH_DIST_USE_NCCL2=0;
 8. a rank SIGKILLed while the others are in collectives: the gang stopped in seconds;
+9. on one GPU (benchmarks/gpu/nccl_recorder.py): a live rank whose group is NCCL (alone,
+   and in a mixed cpu:gloo,cuda:nccl group) answers the node's question from NCCL's
+   recorder, an all_reduce the GPU has not finished read as open; the warm process's
+   fork guard refuses once CUDA is initialised;
 
 (7 and 8 need two GPUs: on one they are reported as skipped), then measures, in
 rounds of three runs of the same flow (@torchrun with its ranks forked from the warm
@@ -30,6 +34,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -40,6 +45,7 @@ from typing import Dict, List, Optional
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 FLOW = os.path.join(HERE, "gpu", "gpu_flow.py")
+RECORDER = os.path.join(HERE, "gpu", "nccl_recorder.py")
 # The three ways the timing rounds start the same job.
 MODES = {"warm": ("torchrun", {}), "fresh": ("torchrun", {"METAFLOW_TORCHRUN_WARM_START": "0"}),
          "hand": ("hand", {})}
@@ -88,8 +94,15 @@ def first_line_after_start(run: dict):
 
 
 def root_cause(text: str) -> str:
-    lines = [line for line in text.splitlines() if "Root cause:" in line]
-    return lines[0] if lines else ""
+    """The failure's head as the product prints it: the "First failure: ..." line
+    and the first exception line after it ("torch.AcceleratorError: CUDA error:
+    ..."), joined; Metaflow's log prefixes cut."""
+    lines = [line.split("] ", 1)[-1].strip() for line in text.splitlines()]
+    heads = [i for i, line in enumerate(lines) if line.startswith(("First failure:", "torchrun on node"))]
+    if not heads:
+        return ""
+    after = [line for line in lines[heads[0] + 1:] if re.match(r"^[\w.]+(Error|Exception)\b.*:", line)]
+    return " / ".join([lines[heads[0]]] + after[:1])
 
 
 def suspected(text: str) -> str:
@@ -176,6 +189,28 @@ def failure_cases(c: Cases, torch_version: str) -> None:
     took = run["ended"] - killed if killed else None
     c.check(name, run["code"] not in (0, None) and took is not None and took < STOP_SECONDS, run,
             "stopped %.1f s after the kill; %s" % (took if took is not None else -1, root_cause(run["text"])[:200]))
+
+
+def recorder_cases(c: Cases) -> None:
+    """NCCL's recorder read in a live rank and the fork guard, on one GPU."""
+    with tempfile.NamedTemporaryFile(dir=c.sandbox, suffix=".json", delete=False) as f:
+        out = f.name
+    started = time.monotonic()
+    try:
+        proc = subprocess.run([c.python, RECORDER, out], capture_output=True, text=True, timeout=300)
+        tail = (proc.stdout + proc.stderr)[-3000:]
+    except subprocess.TimeoutExpired:
+        tail = "timed out after 300 s"
+    run = {"wall": time.monotonic() - started, "text": tail}
+    try:
+        with open(out) as f:
+            found = json.load(f)
+    except (OSError, ValueError):
+        found = []
+    if not found:
+        c.check("NCCL recorder and fork guard on one GPU", False, run, tail[-300:])
+    for case in found:
+        c.check(case["case"], case["ok"], run, case["detail"])
 
 
 def _at_least(version: str, wanted: tuple) -> bool:
@@ -270,6 +305,7 @@ def check_one(sandbox: str, python: str, found: dict, args: argparse.Namespace) 
     c = Cases(sandbox, python, found["gpus"])
     basic_cases(c)
     failure_cases(c, found["torch"])
+    recorder_cases(c)
     report = {"date": time.strftime("%Y-%m-%d"), "python": python, "machine": "%s x%d" % (found["name"], found["gpus"]),
               "torch": found["torch"], "cases": c.results}
     if not args.skip_timings:

@@ -1,0 +1,160 @@
+"""The GPU check's one-GPU cases: NCCL's Flight Recorder read in a live rank, and
+the warm process's fork guard with CUDA really initialised.
+
+    python benchmarks/gpu/nccl_recorder.py OUT.json
+
+Why this exists beside the flows of gpu.py: the desync culprit needs two ranks on
+NCCL, and NCCL refuses two ranks on one GPU. What a single GPU can still show is
+the half that only a GPU can: that a rank whose default group is NCCL answers the
+node's question (procs/flight_ask.py, the FIFO the product uses) with NCCL's
+recorder, its entries as torch writes them, and an NCCL collective that the GPU
+has not finished read as open. The collective is held open by a GPU sleep queued
+before it (``torch.cuda._sleep``): NCCL's stream waits behind it, so the entry
+stays "started, not completed" for seconds, as in a hang. Each variant runs in its
+own world-size-1 process: stock NCCL, and a mixed ``cpu:gloo,cuda:nccl`` group
+(whose training collectives are NCCL's). Needs no metaflow; CI never runs it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from typing import Dict, List
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, REPO)
+
+from metaflow_extensions.torchrun.plugins.torchrun.procs import flight_ask  # noqa: E402
+from metaflow_extensions.torchrun.plugins.torchrun.procs.names import FR_BUFFER_ENV, FR_BUFFER_OLD_ENV  # noqa: E402
+
+HOLD_SECONDS = 12  # how long the GPU sleep keeps the sixth all_reduce open
+
+RANK = textwrap.dedent(
+    """
+    import datetime, os, sys
+    sys.path.insert(0, sys.argv[3])
+    from metaflow_extensions.torchrun.plugins.torchrun.procs import flight_ask
+    work, backend, hold = sys.argv[1], sys.argv[2], float(sys.argv[4])
+    flight_ask.listen(work, 0)
+    import torch, torch.distributed as dist
+    torch.cuda.set_device(0)
+    dist.init_process_group(backend, init_method="file://" + os.path.join(work, "store"), rank=0, world_size=1,
+                            timeout=datetime.timedelta(seconds=120))
+    t = torch.ones(1 << 20, device="cuda")
+    for _ in range(5):
+        dist.all_reduce(t)
+    torch.cuda.synchronize()
+    print("five", flush=True)
+    sys.stdin.readline()
+    rate = torch.cuda.get_device_properties(0).clock_rate if hasattr(torch.cuda.get_device_properties(0),
+                                                                     "clock_rate") else 0
+    cycles = int(hold * (rate * 1000 if rate else 2.0e9))
+    torch.cuda._sleep(cycles)                # the GPU busy for about `hold` seconds
+    dist.all_reduce(t, async_op=True)        # queued behind it: started by us, not finished on the GPU
+    print("held", flush=True)
+    sys.stdin.readline()
+    torch.cuda.synchronize()
+    print("done", flush=True)
+    sys.stdin.readline()
+    dist.destroy_process_group()
+    """
+)
+
+FORK_GUARD = textwrap.dedent(
+    """
+    import json, sys
+    sys.path.insert(0, sys.argv[1])
+    from metaflow_extensions.torchrun.plugins.torchrun.procs.fork_guard import ForkGuard
+    guard = ForkGuard()
+    import torch
+    guard.warmed()
+    said = {"after_import": guard.hazard(sys.modules)}
+    torch.zeros(1, device="cuda")            # a user's import hook that touched the GPU
+    said["after_cuda"] = guard.hazard(sys.modules)
+    print(json.dumps(said))
+    """
+)
+
+
+def ask(work: str) -> dict:
+    asked = flight_ask.ask(work, [0])
+    got = asked.answers(time.monotonic() + 20).get(0)
+    return got.to_wire() if got is not None else {"state": "no answer"}
+
+
+def group0(answer: dict):
+    groups = answer.get("groups") or []
+    return groups[0] if groups else None
+
+
+def recorder_case(backend: str) -> List[dict]:
+    """Three reads of one rank: after five finished all_reduces, with a sixth
+    held open by the GPU, and after it finished."""
+    results = []
+    with tempfile.TemporaryDirectory(prefix="mftr-nccl-fr-") as work:
+        script = os.path.join(work, "rank.py")
+        with open(script, "w") as f:
+            f.write(RANK)
+        env = dict(os.environ, **{FR_BUFFER_ENV: "20", FR_BUFFER_OLD_ENV: "20"})
+        proc = subprocess.Popen([sys.executable, script, work, backend, REPO, str(HOLD_SECONDS)], env=env,
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            for said, step, want in (("five", "after 5 all_reduces", (5, True)),
+                                     ("held", "a 6th held open by the GPU", (6, False)),
+                                     ("done", "the 6th finished", (6, True))):
+                line = proc.stdout.readline().strip()
+                if line != said:
+                    results.append({"case": "%s: %s" % (backend, step), "ok": False,
+                                    "detail": "rank said %r; stderr: %s" % (line, proc.stderr.read()[-1500:])})
+                    return results
+                answer = ask(work)
+                if want[1]:  # NCCL's watchdog marks completion a moment after the GPU's event
+                    deadline = time.monotonic() + 10
+                    while not (group0(answer) or {}).get("done") and time.monotonic() < deadline:
+                        time.sleep(0.2)
+                        answer = ask(work)
+                g = group0(answer) or {}
+                ok = (answer.get("state") == "ok" and str(answer.get("recorder", "")).startswith("nccl")
+                      and (g.get("entered"), g.get("done"), g.get("op")) == (want[0], want[1], "all_reduce"))
+                results.append({"case": "%s: %s" % (backend, step), "ok": ok, "detail": json.dumps(answer)[:400]})
+                proc.stdin.write("\n")
+                proc.stdin.flush()
+            proc.wait(timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    return results
+
+
+def fork_guard_case() -> dict:
+    proc = subprocess.run([sys.executable, "-c", FORK_GUARD, REPO], capture_output=True, text=True, timeout=300)
+    try:
+        said: Dict[str, object] = json.loads(proc.stdout.strip().splitlines()[-1])
+    except (IndexError, ValueError):
+        return {"case": "fork guard with CUDA initialised", "ok": False, "detail": proc.stderr[-1500:]}
+    ok = said["after_import"] is None and "CUDA is initialized" in str(said["after_cuda"])
+    return {"case": "fork guard: torch imported is safe, CUDA initialised refuses", "ok": ok,
+            "detail": json.dumps(said)}
+
+
+def main(argv: List[str]) -> int:
+    results = []
+    for backend in ("nccl", "cpu:gloo,cuda:nccl"):
+        results += recorder_case(backend)
+    results.append(fork_guard_case())
+    for r in results:
+        print("%-4s %-62s %s" % ("ok" if r["ok"] else "FAIL", r["case"], r["detail"][:200]))
+    if len(argv) > 1:
+        with open(argv[1], "w") as f:
+            json.dump(results, f, indent=1)
+    return 0 if all(r["ok"] for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
