@@ -1,5 +1,12 @@
 """One flow for the integration tests: which script runs, with which arguments,
-on how many nodes and processes, all come from parameters."""
+on how many nodes and processes, all come from parameters.
+
+--calls (a JSON list) makes several calls in the one step instead, each
+{"name", "script", "args", "nproc", "torchrun_args"} (issue 50: a flow costs
+about 15 CPU-s, a call in a running gang a fraction of that). Each call's ranks
+write their reports under $MFTR_TEST_OUT/<name>/; each node keeps every call's
+result (``TorchrunResult.to_dict()`` as JSON) in ``results``, by name, and the
+join keeps them by node (tests/integration/calls.py reads them)."""
 
 import json
 import os
@@ -14,12 +21,30 @@ if " card create " in " ".join(sys.argv) and os.environ.get("MFTR_TEST_OUT"):
         f.write(" ".join(sys.argv) + "\n")
 
 
+def call_in_turn(call):
+    """One call of --calls, its ranks' reports in a folder of its own."""
+    out = os.environ.get("MFTR_TEST_OUT")
+    if out:
+        os.environ["MFTR_TEST_OUT"] = os.path.join(out, call["name"])
+    try:
+        return current.torch.run(
+            entrypoint=os.path.join("scripts", call["script"]),
+            entrypoint_args=call.get("args"),
+            nproc_per_node=call.get("nproc"),
+            torchrun_args=call.get("torchrun_args"),
+        )
+    finally:
+        if out:
+            os.environ["MFTR_TEST_OUT"] = out
+
+
 class GangFlow(FlowSpec):
     script = Parameter("script", default="report.py")
     script_args = Parameter("script-args", default="null", help="JSON list or dict")
     nodes = Parameter("nodes", default=2)
     nproc = Parameter("nproc", default=2, help="0: do not pass nproc_per_node")
     torchrun_args = Parameter("torchrun-args", default="null", help="JSON")
+    calls = Parameter("calls", default="null", help="JSON list of calls, made in order in one step")
 
     @step
     def start(self):
@@ -30,12 +55,20 @@ class GangFlow(FlowSpec):
     def train(self):
         if str(current.parallel.node_index) == os.environ.get("MFTR_SKIP_NODE"):
             time.sleep(3600)  # this node "never starts" its torchrun
-        result = current.torch.run(
-            entrypoint=os.path.join("scripts", self.script),
-            entrypoint_args=json.loads(self.script_args),
-            nproc_per_node=self.nproc or None,
-            torchrun_args=json.loads(self.torchrun_args),
-        )
+        calls = json.loads(self.calls)
+        self.results = None
+        if calls is None:
+            result = current.torch.run(
+                entrypoint=os.path.join("scripts", self.script),
+                entrypoint_args=json.loads(self.script_args),
+                nproc_per_node=self.nproc or None,
+                torchrun_args=json.loads(self.torchrun_args),
+            )
+        else:
+            self.results = {}
+            for call in calls:
+                result = call_in_turn(call)
+                self.results[call["name"]] = json.dumps(result.to_dict(), default=str)
         self.node_index = current.parallel.node_index
         self.exit_code = result.exit_code
         self.next(self.join)
@@ -43,6 +76,7 @@ class GangFlow(FlowSpec):
     @step
     def join(self, inputs):
         self.node_indices = sorted(i.node_index for i in inputs)
+        self.results = {i.node_index: i.results for i in inputs}
         self.next(self.end)
 
     @step

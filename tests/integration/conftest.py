@@ -1,12 +1,12 @@
 import json
-import os
 import subprocess
 from dataclasses import dataclass
 from typing import Iterator
 
 import pytest
 
-from .helpers import Gang, describe, output
+from .calls import CALLS, CallsRun, flow_run, once_per_pytest_run, run_calls
+from .helpers import Gang, describe
 
 
 @pytest.fixture
@@ -33,23 +33,14 @@ class SharedRun:
 
 
 def _shared_run(factory: pytest.TempPathFactory, name: str, *args: str) -> Iterator[SharedRun]:
-    gang = Gang(factory.mktemp(name))
-    tmpdir = os.path.join(gang.tmp, "tmp")
-    os.makedirs(tmpdir)
-    gang.env.pop("METAFLOW_TORCHRUN_DEBUG", None)  # the debug channel is off unless asked for
-    try:
-        proc = gang.run(*args, env={"TMPDIR": tmpdir}, timeout=240)
-        leaked = gang.leaks()
-    finally:
-        gang.kill_everything()
-    assert not leaked, "processes left behind:\n" + describe(leaked)
-    yield SharedRun(gang, proc, output(proc), tmpdir)
+    """The run once for the whole pytest run (calls.once_per_pytest_run: at -n 2, not once per worker)."""
+    def produce() -> dict:
+        tmpdir = str(factory.mktemp(name + "-tmp"))
+        return dict(flow_run(factory, name, *args, env={"TMPDIR": tmpdir}, timeout=240), tmpdir=tmpdir)
 
-
-@pytest.fixture(scope="session")
-def succeeded_run(tmp_path_factory) -> Iterator[SharedRun]:
-    """gang_flow.py's defaults: report.py on 2 nodes x 2 processes, succeeding."""
-    yield from _shared_run(tmp_path_factory, "succeeded")
+    kept = once_per_pytest_run(factory, name, produce)
+    proc = subprocess.CompletedProcess([], kept["returncode"], kept["text"].encode(), b"")
+    yield SharedRun(Gang(kept["tmp"]), proc, kept["text"], kept["tmpdir"])
 
 
 @pytest.fixture(scope="session")
@@ -57,3 +48,10 @@ def failed_run(tmp_path_factory) -> Iterator[SharedRun]:
     """fail.py: rank 2 (node 1, local rank 0) raises ValueError("boom from rank 2")."""
     yield from _shared_run(tmp_path_factory, "failed", "--script", "fail.py",
                            "--script-args", json.dumps({"rank": 2}))
+
+
+@pytest.fixture(scope="session")
+def calls_run(tmp_path_factory) -> Iterator[CallsRun]:
+    """calls.CALLS, one after another in one step of gang_flow.py on 2 nodes:
+    the success-path tests that differ only in their call read their own."""
+    yield from run_calls(tmp_path_factory, "calls", CALLS)

@@ -2,7 +2,6 @@
 arguments verbatim even when they look like torchrun's options, and bad
 entrypoints refused before anything starts."""
 
-import json
 import os
 import stat
 
@@ -11,28 +10,17 @@ import pytest
 import other_user
 from our_processes import mentions_torchrun, node_tasks
 
+from .calls import LOOKALIKES, ODD
 from .helpers import output
 
 pytestmark = pytest.mark.integration
 
-# Every prefix of a torchrun option that its parser used to take (item 6), some
-# of its options in full, and the usual verbatim suspects.
-LOOKALIKES = [
-    "--log", "--max", "--start", "--run", "--master", "--local", "--monitor", "--rdzv", "--no", "--e",
-    "--nnodes", "3", "--nproc-per-node=64", "--master-port", "29500", "--module", "-m",
-    "--standalone", "--help", "-h", "--", "-",
-]
-ODD = ["has space", "quote ' and \" both", "$(touch /tmp/mftr-pwned)", "ünïcödé ✓ 日本語", "", "", "a=b"]
-
-
-def test_arguments_that_look_like_torchrun_options_arrive_verbatim(gang):
-    args = LOOKALIKES + ODD
-    proc = gang.run("--script", "echo_args.py", "--script-args", json.dumps(args), "--nproc", "1")
-    assert proc.returncode == 0, output(proc)
-    argvs = gang.reports("argv-")
+def test_arguments_that_look_like_torchrun_options_arrive_verbatim(calls_run):
+    assert calls_run.returncode == 0, calls_run.text[-4000:]
+    argvs = calls_run.reports("lookalikes", "argv-")
     assert sorted(argvs) == [0, 1]
     for argv in argvs.values():
-        assert argv == args
+        assert argv == LOOKALIKES + ODD
     assert not os.path.exists("/tmp/mftr-pwned")
 
 

@@ -11,6 +11,7 @@ import socket
 import pytest
 import step_init
 
+from .calls import CallsRun, flow_run, once_per_pytest_run
 from .helpers import finish_or_explain, output
 
 pytestmark = pytest.mark.integration
@@ -66,24 +67,37 @@ def _control_record(gang, flow):
 # -- 1. TorchrunSingleNodeMultiGPU ----------------------------------------------
 
 
-def test_single_node_runs_two_processes_in_an_ordinary_step(gang):
-    proc, text = _single(gang, "ok")
-    assert proc.returncode == 0, text
-    ranks = gang.reports("rank-")
+@pytest.fixture(scope="module")
+def single_calls(tmp_path_factory):
+    """The cases "ok" and "positional", two calls in one step of one flow (a flow
+    costs about 15 CPU-s), each call's ranks reporting in a folder of its own."""
+    kept = once_per_pytest_run(tmp_path_factory, "single-calls", lambda: flow_run(
+        tmp_path_factory, "single-calls", flow="single_node_flow.py", env={"MFTR_SINGLE": "ok,positional"}))
+    yield CallsRun.from_kept(kept)
+
+
+def _single_results(gang):
+    return gang.client("result = Flow('SingleNodeFlow').latest_run['train'].task['results'].data")
+
+
+def test_single_node_runs_two_processes_in_an_ordinary_step(single_calls):
+    assert single_calls.returncode == 0, single_calls.text[-4000:]
+    ranks = single_calls.reports("ok", "rank-")
     assert sorted(ranks) == [0, 1] and {r["world"] for r in ranks.values()} == {2}
     assert {r["sum"] for r in ranks.values()} == {1}  # a real all-reduce
-    result = _single_result(gang)
+    result = _single_results(single_calls.gang)["ok"]
     assert result["exit_code"] == 0 and result["num_nodes"] == 1 and result["nproc_per_node"] == 2
     assert len(result["ranks"]) == 2
 
 
-def test_single_node_takes_nproc_from_the_steps_gpus_and_0_2s_order(gang):
+def test_single_node_takes_nproc_from_the_steps_gpus_and_0_2s_order(gang, single_calls):
     proc, text = _single(gang, "derived")
     assert proc.returncode == 0, text
     assert _single_result(gang)["nproc_per_node"] == 2  # @resources(gpu=2)
-    proc, text = _single(gang, "positional")  # run(torchrun_args, entrypoint, entrypoint_args, nproc)
-    assert proc.returncode == 0, text
-    assert {tuple(r["argv"]) for r in gang.reports("rank-").values()} == {("--tag", "p")}
+    # run(torchrun_args, entrypoint, entrypoint_args, nproc): the call "positional" of single_calls.
+    assert single_calls.returncode == 0, single_calls.text[-4000:]
+    assert {tuple(r["argv"]) for r in single_calls.reports("positional", "rank-").values()} == {("--tag", "p")}
+    assert _single_results(single_calls.gang)["positional"]["exit_code"] == 0
 
 
 def test_single_node_refuses_a_wrong_call_naming_it_not_with_a_type_error(gang):
@@ -123,12 +137,11 @@ def test_single_node_ctrl_c_leaves_nothing(gang):
 # -- 2. None is a bare flag -------------------------------------------------------
 
 
-def test_none_values_reach_the_script_as_bare_flags_with_one_line(gang):
-    args = {"lr": 0.1, "resume_ckpt": None, "use_fp16": None}
-    proc = gang.run("--script", "echo_args.py", "--script-args", json.dumps(args), timeout=240)
-    text = output(proc)
-    assert proc.returncode == 0, text
-    argvs = gang.reports("argv-")
+def test_none_values_reach_the_script_as_bare_flags_with_one_line(calls_run):
+    # calls.NONE_ARGS, {"lr": 0.1, "resume_ckpt": None, "use_fp16": None}: the one call of the run given a None.
+    text = calls_run.text
+    assert calls_run.returncode == 0, text[-4000:]
+    argvs = calls_run.reports("none", "argv-")
     assert len(argvs) == 4 and all(a == ["--lr", "0.1", "--resume_ckpt", "--use_fp16"] for a in argvs.values())
     assert text.count("None for a bare flag is deprecated") == 1, text  # one line per step
 

@@ -2,31 +2,43 @@
 
 import pytest
 
-from .helpers import check_failure_screen, output
+from .calls import flow_run, once_per_pytest_run
+from .helpers import Gang, check_failure_screen, output
 
 pytestmark = pytest.mark.integration
 
 
-def test_function_in_the_flow_file_returns_rank0_value_as_artifact(gang):
-    proc = gang.run("--mode", "sum", flow="function_flow.py")
-    assert proc.returncode == 0, output(proc)[-4000:]
-    rank0 = gang.client("result = Flow('FunctionFlow').latest_run['join'].task['rank0'].data")
-    assert rank0 == {"rank": 0, "sum": 60}  # 10 * (0 + 1 + 2 + 3)
-    returns = gang.client(
-        "r = Flow('FunctionFlow').latest_run['join'].task['all_returns'].data\n"
-        "result = {str(k): v for k, v in r.items()}"
+@pytest.fixture(scope="module")
+def function_calls(tmp_path_factory):
+    """One flow, two calls ("sum" then "module"), each call's returns kept by its
+    mode: the two success-path tests below read their own (calls.py: a flow
+    costs about 15 CPU-s)."""
+    kept = once_per_pytest_run(tmp_path_factory, "function-calls", lambda: flow_run(
+        tmp_path_factory, "function-calls", "--mode", "sum,module", flow="function_flow.py"))
+    yield Gang(kept["tmp"]), kept
+
+
+def _all_returns(gang, mode):
+    return gang.client(
+        "r = Flow('FunctionFlow').latest_run['join'].task['all_returns_by_mode'].data[%r]\n"
+        "result = {str(k): v for k, v in r.items()}" % mode
     )
+
+
+def test_function_in_the_flow_file_returns_rank0_value_as_artifact(function_calls):
+    gang, run = function_calls
+    assert run["returncode"] == 0, run["text"][-4000:]
+    rank0 = gang.client("result = Flow('FunctionFlow').latest_run['join'].task['rank0_by_mode'].data['sum']")
+    assert rank0 == {"rank": 0, "sum": 60}  # 10 * (0 + 1 + 2 + 3)
+    returns = _all_returns(gang, "sum")
     assert sorted(returns) == ["0", "1", "2", "3"]
     assert all(v["sum"] == 60 and v["rank"] == int(k) for k, v in returns.items())
 
 
-def test_function_in_a_module_gets_positional_args_and_torchrun_env(gang):
-    proc = gang.run("--mode", "module", flow="function_flow.py")
-    assert proc.returncode == 0, output(proc)[-4000:]
-    returns = gang.client(
-        "r = Flow('FunctionFlow').latest_run['join'].task['all_returns'].data\n"
-        "result = {str(k): v for k, v in r.items()}"
-    )
+def test_function_in_a_module_gets_positional_args_and_torchrun_env(function_calls):
+    gang, run = function_calls
+    assert run["returncode"] == 0, run["text"][-4000:]
+    returns = _all_returns(gang, "module")
     assert sorted(returns) == ["0", "1", "2", "3"]
     for k, v in returns.items():
         assert v == {"tag": "tagged", "rank": int(k), "world": 4, "local_rank": v["local_rank"]}

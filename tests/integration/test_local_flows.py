@@ -1,21 +1,22 @@
 """Real `flow.py run` of @torchrun flows: real Metaflow, real torch (CPU, gloo)."""
 
-import json
 import os
 import signal
 import time
 
 import pytest
 
+from .calls import LIST_ARGS
 from .helpers import output
 
 pytestmark = pytest.mark.integration
 
 
-def test_two_nodes_two_processes(succeeded_run):
-    gang, proc = succeeded_run.gang, succeeded_run.proc
-    assert proc.returncode == 0, succeeded_run.text
-    reports = gang.reports("rank-")
+def test_two_nodes_two_processes(calls_run):
+    # The call "report" of calls.CALLS (report.py, 2 x 2), the run's last.
+    gang = calls_run.gang
+    assert calls_run.returncode == 0, calls_run.text[-4000:]
+    reports = calls_run.reports("report", "rank-")
     assert sorted(reports) == [0, 1, 2, 3]
     for r, rep in reports.items():
         assert rep["rank"] == r and rep["world"] == 4
@@ -31,35 +32,20 @@ def test_two_nodes_two_processes(succeeded_run):
     assert indices == [0, 1]
 
 
-ODD = [
-    "has space",
-    "quote ' and \" both",
-    "$(touch /tmp/mftr-pwned)",
-    "`touch /tmp/mftr-pwned`",
-    "semi; rm -rf /nonexistent",
-    "newline\nin it",
-    "ünïcödé ✓",
-    "",
-    "--looks-like-a-flag",
-]
-
-
-def test_list_arguments_arrive_verbatim(gang):
-    proc = gang.run("--script", "echo_args.py", "--script-args", json.dumps(ODD), "--nproc", "1")
-    assert proc.returncode == 0, output(proc)
-    argvs = gang.reports("argv-")
+def test_list_arguments_arrive_verbatim(calls_run):
+    assert calls_run.returncode == 0, calls_run.text[-4000:]
+    argvs = calls_run.reports("list", "argv-")
     assert sorted(argvs) == [0, 1]
     for argv in argvs.values():
-        assert argv == ODD
+        assert argv == LIST_ARGS
     assert not os.path.exists("/tmp/mftr-pwned")
 
 
-def test_dict_arguments_become_flags(gang):
-    args = {"lr": 0.5, "name": "a b $(x) `y`", "verbose": True, "quiet": False,
-            "layers": [1, 2, 3]}
-    proc = gang.run("--script", "echo_args.py", "--script-args", json.dumps(args), "--nproc", "1")
-    assert proc.returncode == 0, output(proc)
-    for argv in gang.reports("argv-").values():
+def test_dict_arguments_become_flags(calls_run):
+    assert calls_run.returncode == 0, calls_run.text[-4000:]
+    argvs = calls_run.reports("dict", "argv-")
+    assert sorted(argvs) == [0, 1]
+    for argv in argvs.values():
         assert argv == ["--lr", "0.5", "--name", "a b $(x) `y`", "--verbose", "--layers", "1", "2", "3"]
 
 
@@ -72,24 +58,23 @@ def test_a_rank_raising_fails_the_step_and_names_it(failed_run):
     assert "in explode" in text
 
 
-def test_megabytes_on_stderr_only_do_not_hang(gang):
-    proc = gang.run("--script", "flood_stderr.py", "--script-args", json.dumps({"mb": 8}), timeout=240)
-    text = output(proc)
-    assert proc.returncode == 0, text[-3000:]
+def test_megabytes_on_stderr_only_do_not_hang(calls_run):
+    text = calls_run.text
+    assert calls_run.returncode == 0, text[-3000:]
+    assert calls_run.result("flood")["succeeded"]
     for r in range(4):
         assert "FLOOD-END rank %d" % r in text
 
 
-def test_non_utf8_output_is_not_dropped(gang):
-    proc = gang.run("--script", "binary.py")
-    assert proc.returncode == 0, output(proc)
-    shown = output(proc)
+def test_non_utf8_output_is_not_dropped(calls_run):
+    assert calls_run.returncode == 0, calls_run.text[-3000:]
+    shown = calls_run.text
     for r in range(4):
         # The readable text on both sides of the invalid bytes survives...
         assert "BIN-START rank %d" % r in shown and "BIN-END rank %d" % r in shown
     # ...and the invalid bytes themselves reach the task's persisted log.
     raw = b""
-    for root, _, files in os.walk(gang.tmp):
+    for root, _, files in os.walk(calls_run.gang.tmp):
         for name in files:
             if "stdout" in name and name.endswith(".log"):
                 with open(os.path.join(root, name), "rb") as f:

@@ -8,6 +8,7 @@ import re
 import pytest
 from our_processes import AGENT_MODULE
 
+from .calls import MANY_LINES
 from .helpers import output
 
 pytestmark = pytest.mark.integration
@@ -16,16 +17,21 @@ LINE = re.compile(r"^\[rank(\d)\]: LINE (\d) (\d+) payload-(x*)$")
 
 
 def _control_log(gang, stream="stdout"):
+    """The control task's log as ``Task.stdout`` gives it, but read as bytes: in
+    calls_run another call's ranks print bytes that are not UTF-8, which
+    ``Task.stdout`` cannot decode (Metaflow's client raises UnicodeDecodeError)."""
     return gang.client(
         "t = Flow('GangFlow').latest_run['train'].control_task\n"
-        "result = t.%s" % stream
+        "result = ''.join(m.decode(errors='replace') + '\\n' for _, m in t.loglines(%r, as_unicode=False))"
+        % stream
     )
 
 
-def test_every_line_of_every_rank_arrives_labelled_and_whole(gang):
-    n = 8000  # 8,000 lines a rank, about 300 kB: far past a pipe's buffer
-    proc = gang.run("--script", "many_lines.py", "--script-args", json.dumps({"lines": n}), timeout=300)
-    assert proc.returncode == 0, output(proc)[-3000:]
+def test_every_line_of_every_rank_arrives_labelled_and_whole(calls_run):
+    # The call "many_lines" of calls.CALLS, the one call of the run that prints LINE and ERRLINE.
+    n = MANY_LINES  # 8,000 lines a rank, about 300 kB: far past a pipe's buffer
+    gang = calls_run.gang
+    assert calls_run.returncode == 0, calls_run.text[-3000:]
     seen = {r: set() for r in range(4)}
     for line in _control_log(gang).splitlines():
         if "LINE" not in line:
@@ -51,9 +57,10 @@ def test_labels_can_be_turned_off(gang):
     assert "[rank" not in log
 
 
-def test_result_record_is_returned_and_stored_as_metadata(succeeded_run):
-    assert succeeded_run.proc.returncode == 0, succeeded_run.text[-3000:]
-    record = succeeded_run.gang.client(
+def test_result_record_is_returned_and_stored_as_metadata(calls_run):
+    # The step's last call's record (calls.CALLS' "report": report.py, 2 x 2) is the task's.
+    assert calls_run.returncode == 0, calls_run.text[-3000:]
+    record = calls_run.gang.client(
         "import json\n"
         "t = Flow('GangFlow').latest_run['train'].control_task\n"
         "result = json.loads(t.metadata_dict['torchrun-result'])"

@@ -46,10 +46,11 @@ def test_a_node_with_another_torch_is_refused_before_any_rank_starts(gang):
     assert pre["differences"][0].startswith("torch: node 1 has 2.12.0")
 
 
-def test_the_default_mode_passes_and_records_every_node(succeeded_run):
-    gang = succeeded_run.gang
-    assert succeeded_run.proc.returncode == 0, succeeded_run.text[-3000:]
-    assert len(_rank_reports(gang)) == 4
+def test_the_default_mode_passes_and_records_every_node(calls_run):
+    # calls.CALLS, in one step: the preflight is the step's, kept in its last call's record.
+    gang = calls_run.gang
+    assert calls_run.returncode == 0, calls_run.text[-3000:]
+    assert len(calls_run.reports("report", "rank-")) == 4
     pre = _record(gang)["preflight"]
     assert pre["mode"] == "versions" and pre["reported"] == 2 and not pre["differences"]
     assert sorted(row["node"] for row in pre["rows"]) == [0, 1]

@@ -107,23 +107,20 @@ def test_the_searched_directory_is_named_once(gang):
     assert where.count(os.sep + "scripts") == 1, line  # was "(looked in: /x, /x)"
 
 
-def test_nproc_auto_runs_and_records_the_count(gang):
+def test_nproc_auto_runs_and_records_the_count(calls_run):
     # A rank that imports no torch: the count is the question (4 ranks here).
-    proc = _run(gang, {"entrypoint": "echo_args.py", "nproc_per_node": "auto"})
-    text = output(proc)
-    assert proc.returncode == 0, text
+    # The call "auto" of calls.CALLS: echo_args.py with nproc_per_node="auto".
+    text = calls_run.text
+    assert calls_run.returncode == 0, text[-4000:]
     cpus = len(os.sched_getaffinity(0))
     assert "nproc_per_node='auto': %d process%s on this node (no CUDA device: one per CPU" % (
         cpus, "" if cpus == 1 else "es") in text, text
     assert text.count("nproc_per_node='auto'") == 1  # once per step, by the control
-    assert len(gang.reports("argv-")) == 2 * cpus
-    nprocs = gang.client("run = Flow('CallFlow').latest_run\nresult = run['join'].task.data.nprocs")
-    assert nprocs == [cpus, cpus]  # the number, not "auto"
-    record = gang.client(
-        "run = Flow('CallFlow').latest_run\n"
-        "task = [t for t in run['train'] if t.metadata_dict.get('torchrun-result')][0]\n"
-        "result = json.loads(task.metadata_dict['torchrun-result'])['nproc_per_node']")
-    assert record == cpus
+    assert len(calls_run.reports("auto", "argv-")) == 2 * cpus
+    # Each node's result of the call (CallFlow's join kept them as `nprocs`): the number, not "auto".
+    assert [calls_run.result("auto", node)["nproc_per_node"] for node in (0, 1)] == [cpus, cpus]
+    record = calls_run.result("auto")  # the control's record of the call
+    assert record["node_index"] == 0 and record["nproc_per_node"] == cpus
 
 
 def test_nproc_gpu_on_a_node_without_one_is_refused_naming_it(gang):

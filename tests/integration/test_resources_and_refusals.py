@@ -14,6 +14,7 @@ import pytest
 import step_init
 from our_processes import mentions_torchrun
 
+from .calls import run_calls
 from .helpers import output
 
 pytestmark = pytest.mark.integration
@@ -26,43 +27,50 @@ def _by_node(reports):
     return nodes
 
 
-def test_resources_gpu_sets_processes_per_node_and_runs_on_cpu(gang):
-    # `--with resources:gpu=2` is attached from the command line; nproc is not given.
-    proc = gang.run("--nproc", "0", top_args=("--with", "resources:gpu=2"))
-    text = output(proc)
-    assert proc.returncode == 0, text
-    reports = gang.reports("rank-")
+# Three calls in one step of `--with resources:gpu=2` (calls.py: a flow each cost
+# about 15 CPU-s): what decides each call's process count on a GPU step.
+GPU_CALLS = [
+    {"name": "from_resources", "script": "report.py", "nproc": None},
+    {"name": "run_argument", "script": "report.py", "nproc": 1, "torchrun_args": {"nproc_per_node": 3}},
+    {"name": "torchrun_args", "script": "report.py", "nproc": None, "torchrun_args": {"nproc-per-node": 1}},
+]
+
+
+@pytest.fixture(scope="module")
+def gpu_calls(tmp_path_factory):
+    # `--with resources:gpu=2` is attached from the command line.
+    yield from run_calls(tmp_path_factory, "gpu-calls", GPU_CALLS, top_args=("--with", "resources:gpu=2"))
+
+
+def test_resources_gpu_sets_processes_per_node_and_runs_on_cpu(gpu_calls):
+    # nproc is not given: 2 processes a node, from the 2 GPUs asked for.
+    text = gpu_calls.text
+    assert gpu_calls.returncode == 0, text[-4000:]
+    reports = gpu_calls.reports("from_resources", "rank-")
     assert sorted(reports) == [0, 1, 2, 3]
     assert _by_node(reports) == {0: {0, 1}, 1: {0, 1}}
-    # Said once, naming what was asked for.
-    assert text.count("no CUDA device is visible") == 1
+    # Said once, naming what was asked for: this call's notice (the others run
+    # 1 process a node, and say so in a line of their own).
+    assert text.count("no CUDA device is visible on this node; running 2 processes per node") == 1, text[-4000:]
     assert "@resources(gpu=2)" in text
 
 
-def test_no_accelerator_means_one_process_per_node(gang):
-    proc = gang.run("--nproc", "0")
-    assert proc.returncode == 0, output(proc)
-    assert _by_node(gang.reports("rank-")) == {0: {0}, 1: {0}}
+def test_no_accelerator_means_one_process_per_node(calls_run):
+    # The call "one_per_node" of calls.CALLS: report.py, nproc_per_node not given.
+    assert calls_run.returncode == 0, calls_run.text[-4000:]
+    assert _by_node(calls_run.reports("one_per_node", "rank-")) == {0: {0}, 1: {0}}
 
 
-def test_run_argument_beats_torchrun_args_and_resources(gang):
-    proc = gang.run(
-        "--nproc", "1",
-        "--torchrun-args", json.dumps({"nproc_per_node": 3}),
-        top_args=("--with", "resources:gpu=2"),
-    )
-    assert proc.returncode == 0, output(proc)
-    assert _by_node(gang.reports("rank-")) == {0: {0}, 1: {0}}
+def test_run_argument_beats_torchrun_args_and_resources(gpu_calls):
+    # nproc_per_node=1 in the call, {"nproc_per_node": 3} in its torchrun_args.
+    assert gpu_calls.returncode == 0, gpu_calls.text[-4000:]
+    assert _by_node(gpu_calls.reports("run_argument", "rank-")) == {0: {0}, 1: {0}}
 
 
-def test_torchrun_args_beat_resources(gang):
-    proc = gang.run(
-        "--nproc", "0",
-        "--torchrun-args", json.dumps({"nproc-per-node": 1}),
-        top_args=("--with", "resources:gpu=2"),
-    )
-    assert proc.returncode == 0, output(proc)
-    assert _by_node(gang.reports("rank-")) == {0: {0}, 1: {0}}
+def test_torchrun_args_beat_resources(gpu_calls):
+    # {"nproc-per-node": 1} in the call's torchrun_args, no nproc_per_node.
+    assert gpu_calls.returncode == 0, gpu_calls.text[-4000:]
+    assert _by_node(gpu_calls.reports("torchrun_args", "rank-")) == {0: {0}, 1: {0}}
 
 
 REFUSALS = {

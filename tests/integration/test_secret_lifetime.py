@@ -18,9 +18,9 @@ def secret_files(gang):
     return found
 
 
-def test_removed_after_a_successful_step(succeeded_run):
-    assert succeeded_run.proc.returncode == 0, succeeded_run.text[-3000:]
-    assert secret_files(succeeded_run.gang) == []
+def test_removed_after_a_successful_step(calls_run):
+    assert calls_run.returncode == 0, calls_run.text[-3000:]
+    assert secret_files(calls_run.gang) == []
 
 
 def test_removed_after_a_failed_step(failed_run):
