@@ -42,6 +42,11 @@ class CauseKind(str, enum.Enum):
     PREEMPTED = "preempted"  # a node was told to stop (SIGTERM, a spot notice): the whole gang stops gracefully
 
 
+# Causes a node finds on its own, the control gone or silent: the service may
+# not know them, and cannot answer this node any more.
+CONTROL_GONE = (CauseKind.CONTROL_LOST, CauseKind.CONTROL_UNRESPONSIVE, CauseKind.CONTROL_UNREACHABLE)
+
+
 @dataclass(frozen=True)
 class Cause:
     kind: CauseKind

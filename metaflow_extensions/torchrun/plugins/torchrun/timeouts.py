@@ -70,11 +70,6 @@ VERDICT_WAIT = 1.0
 # summaries before the stop (each takes milliseconds; a rank stopped or in
 # uninterruptible sleep writes nothing).
 COLLECT_SECONDS = 1.0
-# A node that collected its ranks' stacks keeps them alive this long after it
-# began (runtime/call_stacks.py): the gang's nodes begin their stops up to a
-# tick apart, and a node whose ranks die first breaks its peers' collectives,
-# whose ranks then exit before their node has asked where they were.
-STACKS_HOLD = 0.5
 # A peer's failure (not a preemption): the ranks get this long after SIGTERM.
 PEER_STOP_GRACE = 3.0
 # A node other than 0, its ranks forked warm, waits this long at most for node

@@ -49,6 +49,7 @@ class CallState:
     stacks: Dict[int, Dict[int, str]] = field(default_factory=dict)
     # With them, the ranks' Flight Recorder summaries (node -> rank -> summary).
     flights: Dict[int, Dict[int, FlightSummary]] = field(default_factory=dict)
+    stacks_in_said: bool = False  # every node told they are all in (messages.StacksIn)
     # In-step restarts (restarts.py): how many so far, the latest's start
     # (monotonic; hang detection counts from it), and what caused each.
     restart: int = 0
@@ -148,7 +149,7 @@ class CallBook:
         if report is not None:
             state.reports[node] = report
 
-    def keep_stacks(self, node: int, stacks: msg.Stacks) -> None:
+    def keep_stacks(self, node: int, stacks: msg.Stacks) -> CallState:
         """Where a node's ranks were when it stopped them: once per node and
         call, for the control's report; never acted on."""
         state = self.calls.get(stacks.call)
@@ -156,6 +157,7 @@ class CallBook:
             raise ProtocolError("stacks out of turn")
         state.stacks[node] = stacks.stacks
         state.flights[node] = stacks.flights
+        return state
 
     def stacks_pending(self, index: int, connected: Callable[[int], bool], left: Left) -> List[int]:
         """Nodes of call ``index`` that may still send their stacks: in the call

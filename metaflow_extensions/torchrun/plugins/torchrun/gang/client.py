@@ -35,8 +35,46 @@ _log = log.get("gang.client")
 
 
 
-class GangClient(Joining, RestartNews):
-    """Runs on every node (the control included); joining and restarts are mixins (joining.py, restarts.py)."""
+class StacksNews:
+    """A node's stacks (a mixin of ``GangClient``): sending where its ranks
+    were when it stopped them, and hearing that every node's are in."""
+
+    _news: threading.Condition
+    _closing: threading.Event
+    _stacks_in: Set[int]
+
+    def _safe_send(self, message: msg.GangMessage) -> None:
+        raise NotImplementedError
+
+    def send_stacks(self, index: int, stacks: Dict[int, str], flights: Optional[Dict[int, FlightSummary]] = None) -> None:
+        """Where this node's ranks were when it stopped them (``stacks.py``) and
+        their Flight Recorders' summaries, for the control; empty says none."""
+        flights, budget = rank_flight.bound(flights or {}, wire.MAX_LINE // 8), wire.MAX_LINE // 2
+        while True:
+            message = msg.Stacks(index, rank_stacks.bound(stacks, budget), flights)
+            if fits(message) or budget < 1024:
+                break
+            budget //= 2
+        self._safe_send(message)
+
+    def _heard_stacks_in(self, index: int) -> None:
+        with self._news:
+            self._stacks_in.add(index)
+            self._news.notify_all()
+
+    def wait_stacks_in(self, index: int, seconds: float) -> bool:
+        """After sending this node's stacks of call ``index``: until the service
+        says every node's are in (its ranks may go now), at most ``seconds``."""
+        deadline = time.monotonic() + seconds
+        with self._news:
+            while index not in self._stacks_in and not self._closing.is_set() and time.monotonic() < deadline:
+                self._news.wait(max(0.0, min(0.2, deadline - time.monotonic())))
+            return index in self._stacks_in
+
+
+class GangClient(Joining, RestartNews, StacksNews):
+    """Runs on every node (the control included); joining, restarts and stacks are mixins (joining.py,
+    restarts.py, StacksNews above)."""
 
     def __init__(self, config: GangConfig, host: str, ports: Sequence[int], node_index: int,
                  secret: Union[bytes, Callable[[], bytes]]):
@@ -66,6 +104,7 @@ class GangClient(Joining, RestartNews):
         self._go: Dict[int, int] = {}  # call index -> rendezvous port
         self._restarts: Dict[int, msg.Restart] = {}  # call index -> the latest restart decided (RestartNews)
         self._calls_done: Set[int] = set()
+        self._stacks_in: Set[int] = set()  # calls whose every node's stacks are in (messages.StacksIn)
         self._news = threading.Condition()
         self._sock: Optional[socket.socket] = None
         self._early: bytes = b""
@@ -165,17 +204,6 @@ class GangClient(Joining, RestartNews):
         _log.debug("node %d: failure reported (call %s): %s: %s", self.node_index, call, cause.kind.value,
                    cause.summary)
 
-    def send_stacks(self, index: int, stacks: Dict[int, str], flights: Optional[Dict[int, FlightSummary]] = None) -> None:
-        """Where this node's ranks were when it stopped them (``stacks.py``) and
-        their Flight Recorders' summaries, for the control; empty says none."""
-        flights, budget = rank_flight.bound(flights or {}, wire.MAX_LINE // 8), wire.MAX_LINE // 2
-        while True:
-            message = msg.Stacks(index, rank_stacks.bound(stacks, budget), flights)
-            if fits(message) or budget < 1024:
-                break
-            budget //= 2
-        self._safe_send(message)
-
     def wait_for_verdict(self, seconds: float) -> Optional[Cause]:
         """After reporting a failure: the service decides the root cause (it may
         wait for a better one than an echo); hear it."""
@@ -271,6 +299,8 @@ class GangClient(Joining, RestartNews):
             self.all_left.set()
         elif isinstance(message, msg.Restart):
             self._heard_restart(message)
+        elif isinstance(message, msg.StacksIn):
+            self._heard_stacks_in(message.index)
         elif isinstance(message, (msg.Go, msg.CallAllDone)):
             with self._news:
                 if isinstance(message, msg.Go):

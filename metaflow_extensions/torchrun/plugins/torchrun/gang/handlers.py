@@ -13,7 +13,7 @@ from ..host import log
 from . import messages as msg
 from . import restarts
 from .admission import Admission
-from .calls import CallBook
+from .calls import CallBook, CallState
 from .config import CONTROL_NODE, GangConfig
 from .gang_progress import ProgressBook
 from .membership import Membership
@@ -114,7 +114,33 @@ class MessageHandlers:
 
     def _on_stacks(self, peer: Peer, message: msg.GangMessage) -> None:
         assert isinstance(message, msg.Stacks) and peer.node is not None
-        self.book.keep_stacks(peer.node, message)
+        state = self.book.keep_stacks(peer.node, message)
+        if not state.stacks_in_said and len(state.stacks) + len(state.done) >= len(state.entries):
+            self._stacks_in(state)  # the last node's: by count, O(1) (a node gone is found at the check)
+
+    def _check_stacks(self) -> None:
+        """At each check: a call whose stacks are in from every node that may
+        still send them (the others went: lost, done, left) is said to be."""
+        for state in list(self.book.calls.values()):
+            if state.stacks and not state.stacks_in_said and not self._owe_stacks(state.index):
+                self._stacks_in(state)
+
+    def _owe_stacks(self, index: int) -> List[int]:
+        """The nodes whose stacks of call ``index`` may still come: connected,
+        in the call, not done, not the lost or frozen node the gang stopped for."""
+        cause = self.cause
+        silent = {cause.node_index, *cause.missing} if cause is not None and cause.kind in (
+            CauseKind.NODE_LOST, CauseKind.UNRESPONSIVE) else set()
+        pending = self.book.stacks_pending(index, lambda n: n in self.members.by_node, self.members.left)
+        return [n for n in pending if n not in silent]
+
+    def _stacks_in(self, state: CallState) -> None:
+        """Every node, once: every node's stacks of the call are in, so each
+        may stop its ranks (runtime/call_stacks.py)."""
+        state.stacks_in_said = True
+        data = encode(msg.StacksIn(state.index).to_wire())
+        for peer in list(self.members.by_node.values()):
+            self.transport.send(peer, data)
 
     def _on_call(self, peer: Peer, message: msg.GangMessage) -> None:
         assert isinstance(message, msg.Call) and peer.node is not None

@@ -29,8 +29,8 @@ from .wire import Message as WireDict
 from .wire import ProtocolError
 
 # 4: typed messages; no "joined" list; call_all_done and all_left go to the
-# control only. 5: ``probe``.
-PROTOCOL = 5
+# control only. 5: ``probe``. 6: ``stacks_in``.
+PROTOCOL = 6
 
 NONCE_BYTES = 32
 PROOF_HEX = 64  # sha256, in hex
@@ -58,6 +58,7 @@ class MessageType(str, enum.Enum):
     CALL_ALL_DONE = "call_all_done"  # service -> control: every node is done with call k
     FAILED = "failed"  # node -> service: a failure of its own
     STACKS = "stacks"  # node -> service: where its ranks were when stopped
+    STACKS_IN = "stacks_in"  # service -> every node: every node's stacks of call k are in; stop the ranks
     LEAVE = "leave"  # node -> service: its step ended
     ALL_LEFT = "all_left"  # service -> control: every node left
     ABORT = "abort"  # service -> every node: the gang is over, and why
@@ -434,6 +435,24 @@ class CallAllDone(GangMessage):
 
 
 @dataclass(frozen=True)
+class StacksIn(GangMessage):
+    """Every node still in call ``index`` has sent its stacks: a node keeps
+    its ranks alive until it hears this (runtime/call_stacks.py), as a peer's
+    ranks in a collective with them would die with them before their own node
+    had asked where they were."""
+
+    TYPE: ClassVar[MessageType] = MessageType.STACKS_IN
+    index: int
+
+    def fields(self) -> Dict[str, Any]:
+        return {"index": self.index}
+
+    @classmethod
+    def from_wire(cls, data: Mapping[str, Any]) -> "StacksIn":
+        return cls(index=_int(data, "index", 0, MAX_CALL))
+
+
+@dataclass(frozen=True)
 class Failed(GangMessage):
     """``restart``: which start of the call's ranks failed (0: the first; k: the
     k-th restart), so that a report of ranks already replaced is not taken for
@@ -644,7 +663,7 @@ class Preflight(GangMessage):
 
 KINDS: Dict[MessageType, Type[GangMessage]] = {
     cls.TYPE: cls for cls in (Challenge, Hello, Welcome, Reject, Heartbeat, Call, Go, CallDone, CallAllDone, Failed,
-                              Stacks, Leave, AllLeft, Abort, Preflight, Restart, Probe)
+                              Stacks, StacksIn, Leave, AllLeft, Abort, Preflight, Restart, Probe)
 }
 
 

@@ -219,6 +219,7 @@ class GangServer(MessageHandlers):
             self.transport.drop(peer)
         self.transport.resume(now)
         ended = self.members.saw_ends(self.node_ends)  # after an abort too, for everyone_heard
+        self._check_stacks()
         if self.cause is None:
             cause = self._overdue(now, ended)
             if cause is not None:

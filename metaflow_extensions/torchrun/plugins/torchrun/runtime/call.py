@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
 from ..procs import functions, stacks
-from ..cause import Cause, CauseKind
+from ..cause import CONTROL_GONE, Cause, CauseKind
 from ..gang import NodeReport, ProgressTracker, send_last_progress
 from ..errors import (FULL_REPORT, GangAborted, TorchrunException, TorchrunFailed, TorchrunInvalidArgument,
                       rank_raised)
@@ -44,7 +44,7 @@ from .. import timeouts
 
 # Causes a node finds on its own (the control is gone or silent): the service
 # may not know them, so they are never sent to it as a report's cause.
-_CLIENT_SIDE = (CauseKind.CONTROL_LOST, CauseKind.CONTROL_UNRESPONSIVE, CauseKind.CONTROL_UNREACHABLE)
+_CLIENT_SIDE = CONTROL_GONE
 
 
 @dataclass

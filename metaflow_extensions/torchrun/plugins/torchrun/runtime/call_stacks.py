@@ -3,7 +3,9 @@
 Each node collects its own live ranks' stacks, and asks their Flight Recorders
 for the collectives they entered (procs/flight_ask.py, in the same
 ``timeouts.COLLECT_SECONDS``), just before its supervisor stops them, and sends
-both to the control at once (even none: the control waits for every node's). The control gathers every node's for as long as
+both to the control at once (even none: the control waits for every node's).
+In the gang's stop it stops its ranks once the service says every node's are
+in (``stacks_in``), or ``timeouts.STACKS_WAIT`` after it began. The control gathers every node's for as long as
 ``timeouts.STACKS_WAIT`` allows, its own collecting included, and waits up to
 ``timeouts.REPORTS_WAIT`` for the reports of the nodes the gang stopped. A node
 the gang lost or found frozen sends nothing and is not waited for.
@@ -16,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
 from .. import timeouts
-from ..cause import Cause, CauseKind
+from ..cause import CONTROL_GONE, Cause, CauseKind
 from ..host import log
 from ..procs import Culprits, FlightSummary, find_culprits, flight_ask, stacks, unread_reason
 from .result import read_rank_records
@@ -53,8 +55,14 @@ class CallStacks:
                    len(self.stacks), len(self.flights), len(asked.asked), self.seconds)
         # At once, not after the stop: the control waits for them only so long.
         self.share(session, index, entered=True)
-        # The other nodes' collecting, begun up to a tick later, finds these ranks alive.
-        time.sleep(max(0.0, began + timeouts.STACKS_HOLD - time.monotonic()))
+        # In the gang's stop, the ranks stay alive until every node has collected
+        # its own: the others begin up to a tick later, and a peer's ranks in a
+        # collective with these would die with them, before their node asked
+        # where they were. Not in a stop of this node's own (the others stop
+        # once it reports), nor with the control gone or silent (nobody would say).
+        client = session.client
+        if client is not None and client.cause is not None and client.cause.kind not in CONTROL_GONE:
+            client.wait_stacks_in(index, max(0.0, began + timeouts.STACKS_WAIT - time.monotonic()))
 
     def share(self, session: Any, index: int, entered: bool) -> None:
         """Once per failed call, even empty: the control waits for every node's.
