@@ -1,6 +1,7 @@
 """A training loop that saves its own checkpoint every step and resumes from
 it: for @torchrun(restarts=N). One rank SIGKILLs itself (or raises, --bug)
-after step --fail-after of the restarts named in --fail-at; every start writes
+after step --fail-after of the restarts named in --fail-at, once every rank
+saved that step (--slow-save: one of them late to it); every start writes
 which restart it is, where each rank runs and what it resumed from."""
 
 import time
@@ -27,6 +28,7 @@ p.add_argument("--fail-rank", type=int, default=3)
 p.add_argument("--fail-at", default="0,1", help="restart counts at which --fail-rank fails")
 p.add_argument("--fail-after", type=int, default=1, help="steps done (and saved) before it fails")
 p.add_argument("--bug", action="store_true", help="raise ValueError instead of SIGKILL")
+p.add_argument("--slow-save", type=int, default=-1, help="a rank 1 s late to its save at each failing step")
 args = p.parse_args()
 
 restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
@@ -66,11 +68,17 @@ fail_at = {int(x) for x in args.fail_at.split(",") if x}
 for step in range((resumed or 0) + 1, args.steps + 1):
     t = torch.ones(1)
     dist.all_reduce(t)
+    failing = restart in fail_at and step == args.fail_after + (resumed or 0)
+    if rank() == args.slow_save and failing:
+        time.sleep(1.0)  # a loaded machine's descheduled rank
     tmp = ckpt + ".tmp"
     with open(tmp, "w") as f:
         json.dump({"step": step}, f)
     os.replace(tmp, ckpt)
-    if rank() == args.fail_rank and restart in fail_at and step == args.fail_after + (resumed or 0):
+    # Every rank has saved this step before any fails: a peer's agent stops it as soon as the failing
+    # rank dies, and under load that came before its save (the restart then resumed from no step).
+    dist.barrier()
+    if rank() == args.fail_rank and failing:
         if args.bug:
             raise ValueError("a bug in the training loop")
         os.kill(os.getpid(), signal.SIGKILL)
