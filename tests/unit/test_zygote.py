@@ -146,6 +146,51 @@ def test_the_stand_in_exits_as_its_child_did(zygote, script, tmp_path):
     assert _gone(child)
 
 
+EXIT_SCRIPT = r"""
+import atexit, ctypes, json, os, sys, threading, time
+out = sys.argv[1]
+atexit.register(lambda: open(os.path.join(out, "atexit"), "w").write("ran"))
+def late():
+    time.sleep(0.3)
+    with open(os.path.join(out, "thread"), "w") as f:
+        f.write("ran")
+threading.Thread(target=late).start()  # not a daemon: Python waits for it at exit
+class Cycle:
+    def __init__(self):
+        self.me, self.f = self, open(os.path.join(out, "cycle"), "w")
+        self.f.write("kept")  # buffered: what is written is what collecting the cycle at exit flushes
+held = Cycle()
+own = {"path": os.path.join(out, "torn_down")}  # its globals, not the script's (those must go)
+exec("class TornDown:\n    def __del__(self, path=path, open=open):\n        open(path, 'w').write('yes')\n", own)
+json._mftr_probe = own["TornDown"]()  # held by a module the zygote imported before the fork
+ctypes.CDLL(None).printf(b"from C;")  # C's stdio: buffered on a pipe until exit
+sys.stdout.write("no newline")
+sys.exit(int(sys.argv[2]))
+"""
+
+
+def _ended(tmp_path, zygote_path, name):
+    out = tmp_path / name
+    out.mkdir()
+    script = tmp_path / ("exit_%s.py" % name)
+    script.write_text(EXIT_SCRIPT)
+    p = _start(str(script), [str(out), "3"], zygote_path, str(tmp_path))
+    stdout, _ = p.communicate(timeout=60)
+    return p.returncode, stdout, {f.name: f.read_text() for f in out.iterdir()}
+
+
+def test_a_forked_rank_ends_as_python_would_without_tearing_down_what_it_shares(zygote, tmp_path):
+    code, stdout, left = _ended(tmp_path, zygote[0], "warm")
+    fresh_code, fresh_stdout, fresh_left = _ended(tmp_path, None, "fresh")
+    assert code == fresh_code == 3
+    assert "no newline" in stdout and "from C;" in stdout
+    assert "no newline" in fresh_stdout and "from C;" in fresh_stdout
+    assert {"atexit": "ran", "thread": "ran"}.items() <= left.items()
+    assert left.pop("cycle") == fresh_left.pop("cycle")  # garbage collected as at a fresh exit
+    # No module torn down: what the rank shares with its zygote (torch) keeps its pages.
+    assert "torn_down" not in left and fresh_left == dict(left, torn_down="yes")
+
+
 def test_a_killed_stand_in_takes_its_child_and_the_zygote_completes_the_rank_status(zygote, script, tmp_path):
     work = tempfile.mkdtemp(prefix="w-", dir=str(tmp_path))
     p = _start(script, ["sleep"], zygote[0], str(tmp_path), **{WORK_DIR_ENV: work, "RANK": "3", "LOCAL_RANK": "1"})
