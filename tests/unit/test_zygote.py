@@ -467,3 +467,26 @@ def test_a_zygote_of_another_user_is_never_handed_a_start(script, tmp_path):
         except OSError:
             pass
         os.waitpid(pid, 0)
+
+
+# A script that never closes its log, and defines a function: its namespace is
+# then held in a cycle, which runpy left to the collector, which may close the
+# file's buffer before its text layer (CPython bpo-17852): the last line was lost.
+UNCLOSED = '''
+import sys
+log = open(sys.argv[1], "w")
+def where():
+    return log
+log.write("head\\n")
+log.write("tail\\n")
+'''
+
+
+def test_a_file_the_script_never_closed_keeps_its_last_writes_forked_or_fresh(zygote, tmp_path):
+    script = tmp_path / "unclosed.py"
+    script.write_text(UNCLOSED)
+    for warm in (zygote[0], None):
+        out = tmp_path / ("warm.log" if warm else "fresh.log")
+        code, _, err = _run(str(script), [str(out)], warm, str(tmp_path))
+        assert code == 0, err
+        assert out.read_text() == "head\ntail\n", ("warm" if warm else "fresh", err)

@@ -8,6 +8,7 @@ and then re-raised unchanged. It also ties the rank's life to its agent's.
 
 from __future__ import annotations
 
+import builtins
 import faulthandler
 import os
 import runpy
@@ -15,6 +16,7 @@ import socket
 import sys
 import time
 import traceback
+import types
 
 from . import agent, entry, flight_ask, handoff, relay, stacks
 from .names import (ARGS_FILE, WORK_DIR_ENV, LABELS_ENV, LOG_DIR_ENV, NODE_INDEX_ENV, RESTART_COUNT_ENV, RESTART_ENV,
@@ -255,6 +257,53 @@ def main(argv: list) -> None:
         _status(started.ended(code, time.time()))
 
 
+# The module the process started as (this one, or the zygote): kept, since the
+# script's module takes its place as __main__ for good.
+_STARTED_AS: list = []
+
+
+def run_as_main(script: str) -> None:
+    """Run ``script`` as ``python script.py`` does: in a module that stays
+    ``__main__`` until the process ends, so that its end (Python's shutdown,
+    or ``release_main`` in a forked rank) releases what the script left in
+    order. ``runpy.run_path`` drops its module at once: the namespace, held
+    in a cycle by any function the script defined, is then freed by the
+    collector, which may close a file's buffer before its text layer, and a
+    file the script never closed lost its last writes (CPython bpo-17852).
+    Anything but a regular file (a directory, a zip) goes to runpy."""
+    if not os.path.isfile(script):
+        runpy.run_path(script, run_name="__main__")
+        return
+    with open(script, "rb") as f:
+        source = f.read()
+    code = compile(source, script, "exec", dont_inherit=True)
+    main = types.ModuleType("__main__")
+    main.__dict__.update(__file__=script, __cached__=None, __loader__=None, __package__=None, __spec__=None,
+                         __builtins__=builtins)
+    _STARTED_AS.append(sys.modules.get("__main__"))
+    sys.modules["__main__"] = main
+    exec(code, main.__dict__)
+
+
+def release_main() -> None:
+    """What Python's shutdown does first to ``__main__``: every name set to
+    None, those with one leading underscore first, ``__builtins__`` last to
+    go. Objects the script left are then released by reference count, in
+    order: a file it never closed is flushed and closed."""
+    main = sys.modules.get("__main__")
+    if main is None or not _STARTED_AS:
+        return
+    names = getattr(main, "__dict__", {})
+    for first in (True, False):
+        for name in list(names):
+            if name == "__builtins__" or (name.startswith("_") and not name.startswith("__")) != first:
+                continue
+            try:
+                names[name] = None
+            except Exception:
+                pass
+
+
 def _main(argv: list) -> None:
     if argv[:1] == [FUNCTION_FLAG] and len(argv) == 3:
         run_function(argv[1], argv[2])
@@ -266,7 +315,7 @@ def _main(argv: list) -> None:
     sys.argv = list(argv)
     sys.path[0] = os.path.dirname(os.path.abspath(script))
     try:
-        runpy.run_path(script, run_name="__main__")
+        run_as_main(script)
     except SystemExit as e:
         if e.code not in (None, 0):
             _record(e, "")

@@ -421,6 +421,10 @@ def exit_warm(code: int) -> NoReturn:
     except BaseException:
         pass
     atexit._run_exitfuncs()
+    bootstrap = sys.modules.get(__package__ + ".bootstrap") if __package__ else None
+    if bootstrap is not None:
+        bootstrap.release_main()  # Python's first step at exit: the script's names, in order
+    _flush_open_files()
     gc.collect()
     for stream in (sys.stdout, sys.stderr):
         try:
@@ -435,6 +439,25 @@ def exit_warm(code: int) -> NoReturn:
     except Exception:
         pass
     os._exit(code & 0xFF)
+
+
+def _flush_open_files() -> None:
+    """Flush every file the rank left open, text layers before their buffers,
+    before the collector frees those held in cycles: it may close a buffer
+    before its text layer, losing the last writes (CPython bpo-17852). Only
+    what the rank made is looked at: the zygote's own objects were frozen
+    (``gc.freeze`` in ``warm``) and stay untouched, their pages shared."""
+    import io
+
+    made = [obj for generation in range(3) for obj in gc.get_objects(generation)]
+    for kind in (io.TextIOBase, io.BufferedIOBase):
+        for obj in made:
+            if isinstance(obj, kind):
+                try:
+                    if not obj.closed:
+                        obj.flush()
+                except Exception:
+                    pass
 
 
 def _own_command(socket_path: str) -> List[str]:
