@@ -490,3 +490,28 @@ def test_a_file_the_script_never_closed_keeps_its_last_writes_forked_or_fresh(zy
         code, _, err = _run(str(script), [str(out)], warm, str(tmp_path))
         assert code == 0, err
         assert out.read_text() == "head\ntail\n", ("warm" if warm else "fresh", err)
+
+
+REAPED_THEN_HUNG_UP = r'''
+import os, socket, subprocess, sys, tempfile, time
+sys.path.insert(0, sys.argv[1])
+from metaflow_extensions.torchrun.plugins.torchrun.procs.zygote import Server
+listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+listener.bind(os.path.join(tempfile.mkdtemp(), "z.sock"))
+listener.listen()
+server = Server(listener)
+other = subprocess.Popen(["sleep", "30"], start_new_session=True)  # the reaped child's pid, now another's
+server._stand_in_gone(other.pid)  # its stand-in's hang-up, in the same batch of events as the reaping
+time.sleep(0.3)
+print(other.poll())
+other.kill()
+other.wait()
+'''
+
+
+def test_a_stand_in_hanging_up_after_its_child_was_reaped_signals_nothing():
+    """The pid of a child the zygote reaped may already be another process's."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    out = subprocess.run([sys.executable, "-c", REAPED_THEN_HUNG_UP, root], capture_output=True, text=True,
+                         timeout=60)
+    assert out.stdout.strip() == "None", out.stdout + out.stderr

@@ -237,8 +237,12 @@ class Server:
 
     def _stand_in_gone(self, pid: int) -> None:
         """The stand-in hung up (it sends nothing after its request): killed,
-        or its own parent gone. Its child goes too, as a rank goes with its agent."""
-        conn, request = self.children.get(pid, (None, None))
+        or its own parent gone. Its child goes too, as a rank goes with its agent.
+        A child reaped in the same batch of events is not ours to signal any
+        more: its pid may already be another process's."""
+        if pid not in self.children:
+            return
+        conn, request = self.children[pid]
         if conn is not None:
             self._forget(conn)
             self.children[pid] = (None, request)  # type: ignore[assignment]
