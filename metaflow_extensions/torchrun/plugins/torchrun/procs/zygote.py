@@ -245,7 +245,7 @@ class Server:
         conn, request = self.children[pid]
         if conn is not None:
             self._forget(conn)
-            self.children[pid] = (None, request)  # type: ignore[assignment]
+            self.children[pid] = (None, request)
         for kill in (os.killpg, os.kill):  # its own group, once it has made one
             try:
                 kill(pid, signal.SIGKILL)
