@@ -349,6 +349,17 @@ class TestReading:
         dump = 'Current thread 0x1 (most recent call first):\n  File "<frozen runpy>", line 88 in _run_code\n'
         assert stacks.where(0, dump).lines() == ["rank 0: <frozen runpy>:88 in _run_code"]
 
+    def test_a_rank_stopped_in_our_own_start_or_end_says_so_without_our_paths(self):
+        """Seen in CI: a node killed as its peer's rank 0 wrote its status on the
+        way in; the failure screen showed our records.py, which tells a user nothing."""
+        ours = os.path.join(os.path.dirname(stacks.__file__), "records.py")
+        boot = os.path.join(os.path.dirname(stacks.__file__), "bootstrap.py")
+        dump = ('Current thread 0x1 (most recent call first):\n  File "%s", line 26 in write_json\n'
+                '  File "%s", line 240 in main\n  File "<frozen runpy>", line 88 in _run_code\n' % (ours, boot))
+        line = stacks.where(0, dump).lines()[0]
+        assert line == "rank 0: outside your script, in @torchrun's own start or end of the rank (records.write_json)"
+        assert os.path.dirname(stacks.__file__) not in line
+
     @pytest.mark.parametrize("text", ["", "garbage\n\x00\x01", "Thread 0xzz\n  File nothing"])
     def test_garbage_is_read_as_no_frame(self, text):
         assert stacks.where(1, text).lines() == ["rank 1: no Python frame in its dump"]

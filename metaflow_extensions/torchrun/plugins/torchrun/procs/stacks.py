@@ -295,6 +295,13 @@ def is_user_frame(frame: Frame) -> bool:
     return not (real.startswith(_OURS) or real.startswith(_LIBRARY_ROOTS))
 
 
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.realpath(__file__))) + os.sep  # all of @torchrun
+
+
+def _is_ours(frame: Frame) -> bool:
+    return not frame.file.startswith("<") and os.path.realpath(frame.file).startswith(_PACKAGE)
+
+
 def short_path(path: str, base: Optional[str] = None) -> str:
     for marker in ("site-packages" + os.sep, "dist-packages" + os.sep):
         if marker in path:
@@ -412,6 +419,9 @@ class RankWhere:
     def _at(self, base: Optional[str]) -> List[str]:
         top = self.user or self.innermost
         assert top is not None
+        if self.user is None and _is_ours(top):  # stopped as it started or ended: our frame says nothing to the user
+            return ["outside your script, in @torchrun's own start or end of the rank (%s.%s)"
+                    % (os.path.splitext(os.path.basename(top.file))[0], top.function)]
         code = top.source()
         out = [top.where(base) + (": %s" % code if code else "")]
         if self.innermost is not None and self.innermost != top:
