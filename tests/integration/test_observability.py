@@ -291,10 +291,13 @@ def test_the_debug_channel_shows_the_gang_and_its_timing(gang):
         ("gang.server", "failure seen from node 1: failed: "),
         ("gang.server", "verdict: failed (node 1): "),
         ("gang.client", "node 0: the gang's verdict: failed: "),
-        ("runtime.supervisor", "stop begun after "),
-        ("runtime.supervisor", "stop ended in "),
         ("runtime.session", "node 0: call 0: ended after "),
         ("gang.server", "node 1 left after 1 calls (failed)"),
         ("runtime.session", "node 0: closing the gang (the control lingers after a failure): ended after "),
     ]:
         assert "%s: %s" % (logger, what) in said, "%s: %s\nnot in:\n%s" % (logger, what, said)
+    # Node 0's agent is stopped (its stop timed), unless its rank 0, in an
+    # all_reduce with rank 1, saw the connection close and ended first: gloo and
+    # the verdict race (seen in CI: two "agent ended" lines, no stop to time).
+    stopped = "runtime.supervisor: stop begun after " in said and "runtime.supervisor: stop ended in " in said
+    assert stopped or said.count("runtime.supervisor: torchrun's agent ended with ") == 2, said

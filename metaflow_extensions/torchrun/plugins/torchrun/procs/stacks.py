@@ -298,8 +298,16 @@ def is_user_frame(frame: Frame) -> bool:
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.realpath(__file__))) + os.sep  # all of @torchrun
 
 
+# What ranks run as their program (preflight="full"'s collective job): where
+# such a rank is, is news to the user, and is said as for a script of theirs.
+_PROGRAMS = ("collective_check.py",)
+
+
 def _is_ours(frame: Frame) -> bool:
-    return not frame.file.startswith("<") and os.path.realpath(frame.file).startswith(_PACKAGE)
+    """A frame of @torchrun's own plumbing around the rank's program."""
+    if frame.file.startswith("<") or os.path.basename(frame.file) in _PROGRAMS:
+        return False
+    return os.path.realpath(frame.file).startswith(_PACKAGE)
 
 
 def short_path(path: str, base: Optional[str] = None) -> str:
