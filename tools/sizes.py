@@ -1,5 +1,6 @@
-"""Functions over 60 lines and classes over 250 lines in the package, each
-needing a reason written beside it: a ``# size: <why>`` comment on its ``def`` or
+"""Functions over 60 lines in the package, each needing a reason written
+beside it (classes have no limit: a class is split by responsibility, never to
+fit a line count, issue 51): a ``# size: <why>`` comment on its ``def`` or
 ``class`` line or the line above. Exits 1 naming those without one (make lint).
 
     python tools/sizes.py [--all]    # --all: list the justified ones too
@@ -13,7 +14,7 @@ import sys
 from typing import Iterator, List, Tuple
 
 ROOT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "metaflow_extensions")
-LIMITS = {"function": 60, "class": 250}
+LIMITS = {"function": 60}
 MARK = "# size:"
 
 
@@ -21,8 +22,6 @@ def sized(tree: ast.AST) -> Iterator[Tuple[str, ast.AST]]:
     for node in ast.walk(tree):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             yield "function", node
-        elif isinstance(node, ast.ClassDef):
-            yield "class", node
 
 
 def reason(lines: List[str], node: ast.AST) -> str:

@@ -39,6 +39,7 @@ CHANGED = dict(
     preflight="full",  # the session's preflight (runtime/preflight.py)
     restarts=2,  # the gang config (the service decides restarts) and a restart's launch
     retry_on="infrastructure",  # the plan: a call's own max_restarts refused (below)
+    spares=1,  # the gang config (the service's bench), the session's bench and torchrun's nnodes (below)
 )
 
 
@@ -84,6 +85,14 @@ def test_the_session_carries_the_gang_settings(run):
     config = run.session.config
     assert (config.heartbeat_timeout, config.start_timeout, config.hang_timeout) == (7.0, 123.0, 9.0)
     assert config.restarts == 2
+    assert config.spares == 1 and run.session.bench.spares == (1,)  # of 2 nodes: node 1 waits
+
+
+def test_spares_leave_torchrun_the_active_nodes(run):
+    run.bench = run.session.bench  # as the call's launch says it (enter)
+    run.prepare()
+    nnodes = [a for a in run.argv if a.startswith("--nnodes")]
+    assert nnodes == ["--nnodes=1"] or run.argv[run.argv.index("--nnodes") + 1] == "1", run.argv
 
 
 def test_the_plan_carries_the_call_settings(run):

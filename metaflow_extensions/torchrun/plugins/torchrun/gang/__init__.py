@@ -33,6 +33,8 @@ __all__ = [
     "MAX_RANKS_PER_NODE",
     "NodeEnd",
     "NodeReport",
+    "Bench",
+    "HostCheck",
     "PreflightRecord",
     "ProgressRecord",
     "ProgressTracker",
@@ -72,6 +74,8 @@ _HOME = {
     "MAX_RANKS_PER_NODE": "messages",
     "NodeEnd": "membership",
     "NodeReport": "messages",
+    "Bench": "bench",
+    "HostCheck": "node_compare",
     "PreflightRecord": "node_compare",
     "ProgressRecord": "gang_progress",
     "ProgressTracker": "node_progress",
@@ -98,6 +102,8 @@ if TYPE_CHECKING:
     from .config import GangConfig, RDZV_STORE_NODE
     from .identity import GangIdentity
     from .membership import NodeEnd
+    from .bench import Bench
+    from .node_compare import HostCheck
     from .messages import MAX_RANKS_PER_NODE, NodeReport, ProtocolError, RankStatus, STREAMS, TAIL_LINES, TAIL_LINE_CHARS
     from .node_compare import DEFAULT_MODE, JobRecord, PreflightRecord, describe_job, parse_mode
     from .gang_progress import ProgressRecord, Straggler

@@ -18,6 +18,7 @@ from typing import Callable, Dict, List, Mapping, Optional, Set, Tuple
 from ..cause import Cause, CauseKind, plural
 from ..procs import FlightSummary
 from . import messages as msg
+from .bench import Bench
 from .config import RDZV_STORE_NODE
 from .wire import RANK0_MAX, ProtocolError
 
@@ -83,8 +84,10 @@ class CallView:
 
 
 class CallBook:
-    def __init__(self, num_nodes: int) -> None:
+    def __init__(self, num_nodes: int, bench: Optional[Bench] = None) -> None:
         self.num_nodes = num_nodes
+        # The nodes that sit calls out (@torchrun(spares)): the step's, across its calls.
+        self.bench = bench or Bench()
         self.calls: Dict[int, CallState] = {}
         self.node_calls: Dict[int, int] = {}  # node -> calls entered so far
 
@@ -166,8 +169,9 @@ class CallBook:
         state = self.calls.get(index)
         if state is None:
             return []
+        benched = self.bench.benched
         return sorted(n for n in state.entries if n not in state.stacks and n not in state.done
-                      and n not in left and connected(n))
+                      and n not in left and n not in benched and connected(n))
 
     def reports_pending(self, index: int, connected: Callable[[int], bool], left: Left) -> List[int]:
         """Nodes of call ``index`` whose report (their ranks, exits, last
@@ -176,7 +180,9 @@ class CallBook:
         state = self.calls.get(index)
         if state is None:
             return []
-        return sorted(n for n in state.entries if n not in state.reports and n not in left and connected(n))
+        benched = set(self.bench.spares)  # a node taken out reported the failure it was taken out for
+        return sorted(n for n in state.entries if n not in state.reports and n not in left and n not in benched
+                      and connected(n))
 
     def check_left(self, node: int, made: int, left: Left) -> Optional[Cause]:
         """A node that ended its step fine must have made the calls the others made."""
@@ -220,7 +226,8 @@ class CallBook:
         for state in self.calls.values():
             if state.all_entered_at is None:
                 continue
-            running = [n for n in state.entries if n not in state.done and n not in left]
+            benched = self.bench.benched
+            running = [n for n in state.entries if n not in state.done and n not in left and n not in benched]
             if not running:
                 continue
             begun = max(state.all_entered_at, state.restarted_at or 0.0)

@@ -101,7 +101,7 @@ class GangClient(Joining, RestartNews, StacksNews):
         # sent on the join's thread right after joining, before any call.
         self.preflight: Optional[Callable[[], msg.Preflight]] = None
         self._preflight_sent = threading.Event()
-        self._go: Dict[int, int] = {}  # call index -> rendezvous port
+        self._go: Dict[int, msg.Go] = {}  # call index -> its launch (rendezvous port, bench)
         self._restarts: Dict[int, msg.Restart] = {}  # call index -> the latest restart decided (RestartNews)
         self._calls_done: Set[int] = set()
         self._stacks_in: Set[int] = set()  # calls whose every node's stacks are in (messages.StacksIn)
@@ -162,7 +162,8 @@ class GangClient(Joining, RestartNews, StacksNews):
         with self._news:
             while index not in self._go and self.cause is None and not self._closing.is_set():
                 self._news.wait(0.2)
-            port = self._go.get(index) if self.cause is None else None
+            go = self._go.get(index) if self.cause is None else None
+            port = go.rdzv_port if go is not None else None
         _log.debug("node %d: call %d: %s after %.3fs", self.node_index, index,
                    "go (rendezvous port %s)" % port if port is not None else "no go", time.monotonic() - entered)
         return port
@@ -304,7 +305,7 @@ class GangClient(Joining, RestartNews, StacksNews):
         elif isinstance(message, (msg.Go, msg.CallAllDone)):
             with self._news:
                 if isinstance(message, msg.Go):
-                    self._go[message.index] = message.rdzv_port
+                    self._go[message.index] = message
                 else:
                     self._calls_done.add(message.index)
                 self._news.notify_all()

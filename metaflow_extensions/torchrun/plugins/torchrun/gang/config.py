@@ -64,6 +64,8 @@ class GangConfig:
     # Times a call's ranks may be restarted in the same tasks (@torchrun(restarts)):
     # the service decides each restart (gang/restarts.py).
     restarts: int = DEFAULTS.RESTARTS
+    # Nodes that wait to replace a node a failure is pinned to (@torchrun(spares)): bench.py.
+    spares: int = 0
     # A node this many times slower than the median node for this many seconds
     # is named a straggler (gang_progress.py).
     straggler_ratio: float = DEFAULTS.STRAGGLER_RATIO

@@ -17,7 +17,7 @@ from .calls import CallBook, CallState
 from .config import CONTROL_NODE, GangConfig
 from .gang_progress import ProgressBook
 from .membership import Membership
-from .node_compare import PreflightBook
+from .node_compare import HostCheck, PreflightBook
 from .peer import Peer
 from .ports import find_free_port
 from .transport import Transport
@@ -40,7 +40,7 @@ class MessageHandlers:
     progress: Callable[[str], None]
     # node -> host in, (lines to say, a refusal) out: the node history's check
     # (runtime/node_history.py), once every node's preflight is in.
-    host_check: Optional[Callable[[Dict[int, str]], Tuple[List[str], Optional[Cause]]]]
+    host_check: Optional[HostCheck]
     _pending: Optional[Tuple[Cause, float]]
     _handlers: Dict[msg.MessageType, Callable[[Peer, msg.GangMessage], None]]
 
@@ -115,7 +115,8 @@ class MessageHandlers:
     def _on_stacks(self, peer: Peer, message: msg.GangMessage) -> None:
         assert isinstance(message, msg.Stacks) and peer.node is not None
         state = self.book.keep_stacks(peer.node, message)
-        if not state.stacks_in_said and len(state.stacks) + len(state.done) >= len(state.entries):
+        benched = sum(1 for n in self.book.bench.benched if n in state.entries)  # no ranks, no stacks
+        if not state.stacks_in_said and len(state.stacks) + len(state.done) + benched >= len(state.entries):
             self._stacks_in(state)  # the last node's: by count, O(1) (a node gone is found at the check)
 
     def _check_stacks(self) -> None:
@@ -155,16 +156,18 @@ class MessageHandlers:
             self._abort(cause)
             return
         for node in self.book.to_launch(state, lambda: find_free_port(self.host)):
-            self._send(node, msg.Go(state.index, state.rdzv_port or 0))
+            self._send(node, msg.Go(state.index, state.rdzv_port or 0, self.book.bench))
             _log.debug("call %d: go to node %d (rendezvous port %s)", state.index, node, state.rdzv_port)
 
     def _on_call_done(self, peer: Peer, message: msg.GangMessage) -> None:
         assert isinstance(message, msg.CallDone) and peer.node is not None
         node = peer.node
         state = self.book.finish(node, message, lambda done: self.admission.check_payload(node, done))
-        _log.debug("call %d: node %d done (%d of %d)", state.index, node, len(state.done), self.config.num_nodes)
-        if len(state.done) == self.config.num_nodes:
-            self._send(CONTROL_NODE, msg.CallAllDone(state.index))
+        active = self.book.bench.active_count(self.config.num_nodes)
+        _log.debug("call %d: node %d done (%d of %d)", state.index, node, len(state.done), active)
+        if len(state.done) == active:  # the benched nodes wait for it too: they never send a done
+            for told in (CONTROL_NODE,) + self.book.bench.benched:
+                self._send(told, msg.CallAllDone(state.index))
 
     def _on_failed(self, peer: Peer, message: msg.GangMessage) -> None:
         assert isinstance(message, msg.Failed) and peer.node is not None
@@ -194,17 +197,46 @@ class MessageHandlers:
         if not complete or self.cause is not None:
             return
         cause = self.preflight.verdict()
-        if cause is not None:
+        if cause is not None and not self._bench_unfit(self.preflight.unfit(), cause):
             self._abort(cause)
             return
         for line in self.preflight.warnings():
             self.progress("preflight: " + line)
         if self.host_check is not None:
-            lines, cause = self.host_check(dict(self.members.hosts))
+            lines, cause, blamed = self.host_check(dict(self.members.hosts))
             for line in lines:
                 self.progress("preflight: " + line)
+            if blamed and self._bench_blamed(blamed):
+                cause = None  # no blamed host trains: the gang starts on clean ones
             if cause is not None:
                 self._abort(cause)
+
+    def _bench_unfit(self, unfit: List[int], cause: Cause) -> bool:
+        """@torchrun(spares): the unfit nodes out and spares in, before any
+        rank starts, where spares cover them (never node 0)."""
+        bench = self.book.bench.take_out(unfit) if unfit and self.book.bench.spares else None
+        if bench is None:
+            return False
+        hosts = self.members.hosts
+        for node in unfit:
+            self.progress("preflight: node %d (%s) taken out before any rank started: %s"
+                          % (node, hosts.get(node, "?"), cause.summary.split(": ", 1)[-1]))
+        came = [n for n in self.book.bench.spares if n not in bench.spares and n not in bench.out]
+        self.progress("preflight: spare node%s %s brought in" % ("s" if len(came) > 1 else "",
+                                                                  ", ".join(map(str, came))))
+        self.book.bench = bench
+        return True
+
+    def _bench_blamed(self, blamed: List[int]) -> bool:
+        """A host node history blames starts as a spare where a clean spare
+        exists; True when no blamed node is left to train."""
+        bench = self.book.bench.prefer(blamed)
+        for node in blamed:
+            if bench.node_rank(node) is None and self.book.bench.node_rank(node) is not None:
+                self.progress("preflight: node %d (%s) starts as a spare: its host's history (above)"
+                              % (node, self.members.hosts.get(node, "?")))
+        self.book.bench = bench
+        return all(bench.node_rank(n) is None for n in blamed)
 
     def _on_leave(self, peer: Peer, message: msg.GangMessage) -> None:
         assert isinstance(message, msg.Leave) and peer.node is not None

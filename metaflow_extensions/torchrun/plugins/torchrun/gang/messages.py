@@ -24,13 +24,14 @@ from typing import Any, ClassVar, Dict, Iterator, Mapping, Optional, Tuple, Type
 from ..cause import Cause
 from ..procs import MAX_STACK_BYTES
 from ..procs import FlightError, FlightSummary, RankStatus, StatusError
+from .bench import Bench
 from .node_progress import NodeProgress
 from .wire import Message as WireDict
 from .wire import ProtocolError
 
 # 4: typed messages; no "joined" list; call_all_done and all_left go to the
-# control only. 5: ``probe``. 6: ``stacks_in``.
-PROTOCOL = 6
+# control only. 5: ``probe``. 6: ``stacks_in``. 7: the bench (spares) on ``go`` and ``restart``.
+PROTOCOL = 7
 
 NONCE_BYTES = 32
 PROOF_HEX = 64  # sha256, in hex
@@ -284,16 +285,22 @@ class Call(GangMessage):
 
 @dataclass(frozen=True)
 class Go(GangMessage):
+    """Launch call ``index`` on ``rdzv_port``; ``bench``: the nodes that do
+    not train in it (``@torchrun(spares)``, bench.py), K indices at most."""
+
     TYPE: ClassVar[MessageType] = MessageType.GO
     index: int
     rdzv_port: int
+    bench: Bench = Bench()
 
     def fields(self) -> Dict[str, Any]:
-        return {"index": self.index, "rdzv_port": self.rdzv_port}
+        return {"index": self.index, "rdzv_port": self.rdzv_port,
+                "bench": self.bench.to_wire() if self.bench.benched else None}
 
     @classmethod
     def from_wire(cls, data: Mapping[str, Any]) -> "Go":
-        return cls(index=_int(data, "index", 0, MAX_CALL), rdzv_port=_int(data, "rdzv_port", 1, 65535))
+        return cls(index=_int(data, "index", 0, MAX_CALL), rdzv_port=_int(data, "rdzv_port", 1, 65535),
+                   bench=Bench.from_wire(data.get("bench")))
 
 
 Tails = Dict[int, Dict[str, Tuple[str, ...]]]
@@ -479,23 +486,33 @@ class Restart(GangMessage):
     """The service's decision, to every node at once: stop call ``index``'s
     ranks and start them again as restart ``restart`` (1, 2, ...), with a
     fresh static rendezvous on ``rdzv_port`` (the previous one's store dies
-    with node 0's old agent). ``cause``: what failed. The same few fields
-    whatever the gang's size."""
+    with node 0's old agent). ``cause``: what failed. ``bench``: the nodes
+    that sit the restart out (a swap: ``swapped_in`` came in from the spares
+    for the node the cause is pinned to). The same few fields whatever the
+    gang's size: the bench is K indices at most."""
 
     TYPE: ClassVar[MessageType] = MessageType.RESTART
     index: int
     restart: int
     rdzv_port: int
     cause: Cause
+    bench: Bench = Bench()
+    swapped_in: Optional[int] = None
 
     def fields(self) -> Dict[str, Any]:
         return {"index": self.index, "restart": self.restart, "rdzv_port": self.rdzv_port,
-                "cause": self.cause.to_wire()}
+                "cause": self.cause.to_wire(), "bench": self.bench.to_wire() if self.bench.benched else None,
+                "swapped_in": self.swapped_in}
 
     @classmethod
     def from_wire(cls, data: Mapping[str, Any]) -> "Restart":
         return cls(index=_int(data, "index", 0, MAX_CALL), restart=_int(data, "restart", 1, MAX_RESTART),
-                   rdzv_port=_int(data, "rdzv_port", 1, 65535), cause=_cause(data, "cause"))
+                   rdzv_port=_int(data, "rdzv_port", 1, 65535), cause=_cause(data, "cause"),
+                   bench=Bench.from_wire(data.get("bench")), swapped_in=_int(data, "swapped_in", optional=True))
+
+    @property
+    def swapped_out(self) -> Optional[int]:
+        return self.cause.node_index if self.swapped_in is not None else None
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ cap of node ranges, so at 1,024 nodes a refusal is still a few lines:
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from .. import knob_text
 from ..cause import Cause, CauseKind, plural
@@ -42,6 +42,10 @@ ROW_TEXT = 80
 
 FIX_VERSIONS = ("build every node from one image (or one environment: @pypi/@conda pins, the same "
                 "--environment), so that every node runs the same software")
+
+# The control's check of the gang's hosts against their history (runtime/node_history.py):
+# hosts -> the lines it says, the refusal (preflight="strict"), the nodes whose host it blames.
+HostCheck = Callable[[Dict[int, str]], Tuple[List[str], Optional[Cause], List[int]]]
 
 
 def parse_mode(value: Any) -> str:
@@ -172,13 +176,22 @@ def verdict(fingerprints: Mapping[int, Mapping[str, str]],
         lines.append("a check failed:")
         lines.extend("  " + line for line in describe_checks(failed))
     first = refused[0].describe() if refused else describe_checks(failed)[0]
-    nodes = sorted({n for d in refused for _, group in d.others for n in group} | {n for _, g in failed for n in g})
+    nodes = unfit(fingerprints, checks)
     return Cause(
         CauseKind.PREFLIGHT,
         "preflight refused the gang before any rank started: %s" % first,
         node_index=nodes[0] if nodes else None,
         message="\n".join(lines)[:4000],
     )
+
+
+def unfit(fingerprints: Mapping[int, Mapping[str, str]],
+          checks: Mapping[int, Sequence[msg.PreflightCheck]]) -> List[int]:
+    """The nodes the preflight's refusal is about: those whose software
+    differs from the reference's, and those whose checks failed."""
+    refused = [d for d in differences(fingerprints) if d.refused]
+    failed = group_checks(checks, "fail")
+    return sorted({n for d in refused for _, group in d.others for n in group} | {n for _, g in failed for n in g})
 
 
 def warnings(fingerprints: Mapping[int, Mapping[str, str]],
@@ -330,6 +343,9 @@ class PreflightBook:
 
     def verdict(self) -> Optional[Cause]:
         return verdict(self.fingerprints, self.checks)
+
+    def unfit(self) -> List[int]:
+        return unfit(self.fingerprints, self.checks)
 
     def warnings(self) -> List[str]:
         return warnings(self.fingerprints, self.checks)

@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Dict, Optional
+from typing import Dict, Optional, Set
 
 from ..cause import Cause, restartable_in_step
 from ..host import log
 from . import messages as msg
+from .bench import Bench
 from .calls import CallState
 
 _log = log.get("gang.client")
@@ -58,6 +59,8 @@ class RestartNews:
     _news: threading.Condition
     _closing: threading.Event
     _restarts: Dict[int, msg.Restart]
+    _go: Dict[int, msg.Go]
+    _calls_done: Set[int]
 
     def _heard_restart(self, message: msg.Restart) -> None:
         with self._news:
@@ -84,3 +87,24 @@ class RestartNews:
                    and self.restart_after(index, restart) is None):
                 self._news.wait(max(0.0, min(0.5, deadline - time.monotonic())))
         return self.restart_after(index, restart)
+
+    def bench(self, index: int) -> Bench:
+        """Who sits call ``index`` out now: as its latest restart, else its launch, said."""
+        with self._news:
+            latest, go = self._restarts.get(index), self._go.get(index)
+        return latest.bench if latest is not None else go.bench if go is not None else Bench()
+
+    def sit_out(self, index: int, restart: int) -> Optional[msg.Restart]:
+        """A benched node in call ``index`` (its ranks, if it had any, in start
+        ``restart``): until a later restart (which may bring it in), the call's
+        end (every active node done: None) or the gang's verdict (None)."""
+        with self._news:  # woken by the news itself (a restart, the end, a verdict, the close)
+            while (self.cause is None and not self._closing.is_set() and index not in self._calls_done
+                   and self.restart_after(index, restart) is None):
+                self._news.wait(0.5)
+        return self.restart_after(index, restart)
+
+    def call_over(self, index: int) -> bool:
+        """Every active node finished call ``index`` (told to the control and the benched nodes)."""
+        with self._news:
+            return index in self._calls_done

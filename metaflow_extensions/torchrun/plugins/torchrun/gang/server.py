@@ -36,7 +36,9 @@ from . import restarts
 from .ports import find_free_port
 from .admission import Admission
 from .handlers import MessageHandlers
+from .bench import Bench
 from .calls import CallBook, CallState, CallView
+from .node_compare import HostCheck
 from .config import GangConfig
 from .speaker import Speaker
 from .membership import Membership, NodeEnd
@@ -74,7 +76,7 @@ class GangServer(MessageHandlers):
         self.host = host
         self.admission = Admission(config, secret, warn=lambda text: self.warn(text))
         self.members = Membership(config)
-        self.book = CallBook(config.num_nodes)
+        self.book = CallBook(config.num_nodes, Bench.initial(config.num_nodes, config.spares))
         self.preflight = PreflightBook(config.num_nodes)
         self.training = ProgressBook(config.num_nodes, config.straggler_ratio, config.straggler_seconds)
         self.speaker = Speaker(config, self.members.started, lambda text: self.progress(text))
@@ -84,7 +86,7 @@ class GangServer(MessageHandlers):
         self.transport = Transport(host, ports, config.num_nodes, self.admission, on_drop=self._on_drop)
         self.port: int = self.transport.port
         self.progress: Callable[[str], None] = lambda text: None
-        self.host_check: Optional[Callable[[Dict[int, str]], Tuple[List[str], Optional[Cause]]]] = None
+        self.host_check: Optional[HostCheck] = None
         # A local run's control: the node tasks it started that have ended (runtime/node_tasks.py).
         self.node_ends: Optional[Callable[[], Mapping[int, NodeEnd]]] = None
         # Said once per gang: someone without the secret tried to join.
@@ -271,9 +273,14 @@ class GangServer(MessageHandlers):
         assert state is not None
         self._pending = None  # an echo held of the ranks being replaced
         index = restarts.begin(state, find_free_port(self.host), cause)
-        _log.debug("restart %d of call %d (port %s): %s (node %s): %s", index, state.index, state.rdzv_port,
-                   cause.kind.value, cause.node_index, cause.summary)
-        data = encode(msg.Restart(state.index, index, state.rdzv_port or 0, cause).to_wire())
+        swapped = self.book.bench.swap(cause.node_index)  # a spare for the node the cause is pinned to
+        swapped_in = None
+        if swapped is not None:
+            self.book.bench, swapped_in = swapped
+        _log.debug("restart %d of call %d (port %s, spare in: %s): %s (node %s): %s", index, state.index,
+                   state.rdzv_port, swapped_in, cause.kind.value, cause.node_index, cause.summary)
+        data = encode(msg.Restart(state.index, index, state.rdzv_port or 0, cause, self.book.bench,
+                                  swapped_in).to_wire())
         for peer in list(self.members.by_node.values()):
             self.transport.send(peer, data)
         return True

@@ -28,8 +28,8 @@ class NodeFacts:
     """What only the running node knows when its call starts."""
 
     python: str
-    node_index: int
-    num_nodes: int
+    node_index: int  # Metaflow's (the step's task)
+    num_nodes: int  # that train: the step's, less its spares (@torchrun(spares))
     main_addr: str  # where the rendezvous is (the control)
     local_addr: str  # where the other nodes reach this one
     iface: Optional[str]  # the interface of local_addr
@@ -39,6 +39,8 @@ class NodeFacts:
     log_dir: Optional[str]  # the ranks' log files
     entry_path: str  # what the ranks run (procs/entry.py)
     flow_dir: Optional[str]
+    # torchrun's node rank: node_index, less the benched nodes before it (gang/bench.py).
+    node_rank: Optional[int] = None
 
 
 def prepare_launch(plan: CallPlan, defaults: StepDefaults, node: NodeFacts,
@@ -47,7 +49,7 @@ def prepare_launch(plan: CallPlan, defaults: StepDefaults, node: NodeFacts,
     argv = build_command(Launch(
         python=node.python,
         num_nodes=node.num_nodes,
-        node_index=node.node_index,
+        node_index=node.node_index if node.node_rank is None else node.node_rank,
         nproc_per_node=plan.nproc,
         rdzv_host=node.main_addr,
         rdzv_port=node.rdzv_port,

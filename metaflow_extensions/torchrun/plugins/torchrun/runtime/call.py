@@ -18,7 +18,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from ..procs import functions, stacks
 from ..cause import CONTROL_GONE, Cause, CauseKind
-from ..gang import NodeReport, ProgressTracker, send_last_progress
+from ..gang import Bench, NodeReport, ProgressTracker, send_last_progress
 from ..errors import (FULL_REPORT, GangAborted, TorchrunException, TorchrunFailed, TorchrunInvalidArgument,
                       rank_raised)
 from ..procs import (
@@ -72,6 +72,8 @@ class CallRun(CallLaunch):
     again: CallRestarts = field(default_factory=CallRestarts)
     first_started: Optional[float] = None
     warm: Optional[WarmStart] = None  # the node's warm process (warm_start.py), chosen in prepare()
+    # Who sits the call out (@torchrun(spares), gang/bench.py): as the call's launch, then each restart, said.
+    bench: Bench = field(default_factory=Bench)
     _entry: Tuple[str, Optional[str]] = ("", None)  # the entry file, the interface to the control
 
     @property
@@ -85,7 +87,9 @@ class CallRun(CallLaunch):
             self.enter()
             env = self.prepare()
             self.supervise(env)
-            if self.exit_code == 0 and self.session.cause is None:
+            if self.benched and self.session.client is not None and self.session.client.call_over(self.index):
+                pass  # sat the call out while the active nodes finished it: nothing of its own to report
+            elif self.exit_code == 0 and self.session.cause is None:
                 self.finish_ok()
             else:
                 self.finish_failed()
@@ -100,6 +104,8 @@ class CallRun(CallLaunch):
         self.rdzv_port = client.enter_call(self.index, self.plan.entry_name)
         if self.rdzv_port is None:
             raise self._aborted()
+        self.bench = client.bench(self.index)
+        self.session.bench = self.bench
         if self.plan.rdzv_port is not None:  # pinned (@torchrun(rdzv_port=N)): every node has it
             self.rdzv_port = self.plan.rdzv_port
 
@@ -107,13 +113,21 @@ class CallRun(CallLaunch):
         """Run this node's torchrun; where the gang restarts the ranks
         (``@torchrun(restarts)``), run the next one, until one ends for good."""
         client = self.session.client
+        assert client is not None
         while True:
-            self._supervise_once(env)
-            decided = self.again.decided(client, self.index, self.session.defaults.restarts, self.exit_code,
-                                         self._report_own_failure, self.session.config.secondary_grace + 2.0)
+            if self.benched:  # a spare, or taken out: no ranks here until a restart brings it in
+                decided = client.sit_out(self.index, self.again.restart)
+            else:
+                self._supervise_once(env)
+                decided = self.again.decided(client, self.index, self.session.defaults.restarts, self.exit_code,
+                                             self._report_own_failure, self.session.config.secondary_grace + 2.0)
             if decided is None:
                 return
             env = self._restart(decided)
+
+    @property
+    def benched(self) -> bool:
+        return self.bench.node_rank(self.node_index) is None
 
     def _supervise_once(self, env: Dict[str, str]) -> None:
         client = self.session.client
@@ -282,6 +296,9 @@ class CallRun(CallLaunch):
             ran=what_ran.record(self.plan, self.argv, self.log_dir, topology.node_index),
             first_output_at=sup.first_output if sup else None,
             progress=server.progress_record() if server is not None else None,
+            role=self.bench.role(topology.node_index),
+            spare_nodes=list(self.bench.spares),
+            out_nodes=list(self.bench.out),
         )
         self.session.results.append(result)
         return result

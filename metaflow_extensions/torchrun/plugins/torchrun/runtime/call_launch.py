@@ -11,6 +11,7 @@ import sys
 from typing import Any, Dict, List, Optional, Tuple
 
 from ..errors import TorchrunInvalidArgument
+from ..gang import Bench
 from .. import timeouts
 from ..host import CallFiles, route_to, say, wait_listening
 from ..launch import CallPlan, NodeFacts, prepare_launch
@@ -39,6 +40,7 @@ class CallLaunch:
     files: Optional[CallFiles]
     again: CallRestarts
     warm: Optional[WarmStart]
+    bench: Bench
     _entry: Tuple[str, Optional[str]]
 
     def prepare(self) -> Dict[str, str]:
@@ -69,8 +71,13 @@ class CallLaunch:
         restart has a rendezvous of its own (a fresh id, the port the gang
         announced), the same static shape (rank 0 on node 0)."""
         topology, restart, (entry_path, iface) = self.session.topology, self.again.restart, self._entry
+        node_rank = self.bench.node_rank(topology.node_index)
+        if node_rank is None:  # benched (@torchrun(spares)): nothing to launch until a restart brings it in
+            self.argv = []
+            return {}
         node = NodeFacts(
-            python=sys.executable, node_index=topology.node_index, num_nodes=topology.num_nodes,
+            python=sys.executable, node_index=topology.node_index, node_rank=node_rank,
+            num_nodes=self.bench.active_count(topology.num_nodes),
             main_addr=topology.main_addr, local_addr=self.local_addr, iface=iface, rdzv_port=int(self.rdzv_port or 0),
             rdzv_id=self.rdzv_id + ("-r%d" % restart if restart else ""),
             workdir=self.workdir, log_dir=self.log_dir, entry_path=entry_path, flow_dir=self.session.flow_dir,
@@ -91,11 +98,15 @@ class CallLaunch:
         environment, with the replaced ranks' records cleared."""
         sup = self.supervisor
         self.again.begin(decided, sup.started_at if sup else None, sup.ended_at if sup else None, self._rank_starts())
+        self.bench = self.session.bench = decided.bench
         clear_round(self.workdir)
         self.failures, self.exit_code = [], None
         if self.plan.rdzv_port is None:  # pinned: the same port for every start
             self.rdzv_port = decided.rdzv_port
-        if self.session.is_control:
+        if self.session.is_control and decided.swapped_in is not None:
+            server = self.session.server
+            say(swap_line(self.index, decided, self.session.defaults.restarts, server.hosts() if server else {}))
+        elif self.session.is_control:
             say("call %d: restarting every node's ranks (restart %d of %d): %s"
                 % (self.index + 1, decided.restart, self.session.defaults.restarts, decided.cause.summary))
         return self._launch_environment()
@@ -121,3 +132,10 @@ def _option(argv: List[str], name: str) -> Optional[str]:
         if key in spellings:
             found = value if eq else (argv[i + 1] if i + 1 < len(argv) else None)
     return found
+
+
+def swap_line(index: int, decided: Any, restarts: int, hosts: Dict[int, str]) -> str:
+    """The console's one line for a swap: which node and host went out and why, which spare came in."""
+    return ("call %d: node %d (%s) taken out, spare node %d (%s) brought in (restart %d of %d): %s"
+            % (index + 1, decided.swapped_out, hosts.get(decided.swapped_out, "?"), decided.swapped_in,
+               hosts.get(decided.swapped_in, "?"), decided.restart, restarts, decided.cause.summary))

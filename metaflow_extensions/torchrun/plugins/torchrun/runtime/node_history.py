@@ -24,6 +24,7 @@ from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Seque
 from .. import defaults as DEFAULTS
 from .. import knob_text
 from ..cause import Cause, CauseKind
+from ..gang import HostCheck
 from ..procs import NODE_HISTORY_RUNS_ENV
 from ..text import shorten
 from .attempts import Attempt, Previous
@@ -314,14 +315,24 @@ def platform_of(env: Mapping[str, str]) -> str:
 
 
 def host_check(read_history: Callable[[], Optional[List[Appearance]]], threshold: Optional[Threshold],
-               strict: bool, platform: str) -> Callable[[Dict[int, str]], Tuple[List[str], Optional[Cause]]]:
+               strict: bool, platform: str) -> HostCheck:
     """What the gang service calls when every node's preflight is in (its own
     thread: the history was read beforehand, in the background)."""
 
-    def run(hosts: Dict[int, str]) -> Tuple[List[str], Optional[Cause]]:
+    def run(hosts: Dict[int, str]) -> Tuple[List[str], Optional[Cause], List[int]]:
         seen = read_history()
         if seen is None:
-            return ["the node history was not read in time: this gang's hosts were not checked"], None
-        return check(hosts, seen, threshold, strict, platform)
+            return ["the node history was not read in time: this gang's hosts were not checked"], None, []
+        lines, cause = check(hosts, seen, threshold, strict, platform)
+        return lines, cause, blamed(hosts, seen, threshold)
 
     return run
+
+
+def blamed(hosts: Mapping[int, str], seen: Sequence[Appearance], threshold: Optional[Threshold]) -> List[int]:
+    """The nodes on a host the history blames (``check``'s threshold): with
+    spares, each starts as a spare where a clean one exists (gang/bench.py)."""
+    if threshold is None or not seen:
+        return []
+    bad = {h for h in set(hosts.values()) if evidence(h, seen, threshold) is not None}
+    return sorted(n for n, h in hosts.items() if h in bad)

@@ -38,6 +38,9 @@ class InStepRestart:
     stopped_at: Optional[float] = None
     restarted_at: Optional[float] = None
     ranks_at: Optional[float] = None
+    # A swap (@torchrun(spares)): the node taken out, and the spare that came in.
+    swapped_out: Optional[int] = None
+    swapped_in: Optional[int] = None
 
     @property
     def lost_work_seconds(self) -> Optional[float]:
@@ -65,7 +68,8 @@ class InStepRestart:
             "stopped": self.cause.summary, "ran_from": self.ran_from, "failed_at": self.failed_at,
             "stopped_at": self.stopped_at, "restarted_at": self.restarted_at, "ranks_at": self.ranks_at,
             "lost_work_seconds": _round(self.lost_work_seconds), "restart_seconds": _round(self.restart_seconds),
-            "lost_seconds": _round(self.lost_seconds),
+            "lost_seconds": _round(self.lost_seconds), "swapped_out": self.swapped_out,
+            "swapped_in": self.swapped_in,
         }
 
     @classmethod
@@ -79,7 +83,8 @@ class InStepRestart:
                 or not 0 < restart < 1 << 16:
             return None
         return cls(restart, cause, _num(data.get("ran_from")), failed_at, _num(data.get("stopped_at")),
-                   _num(data.get("restarted_at")), _num(data.get("ranks_at")))
+                   _num(data.get("restarted_at")), _num(data.get("ranks_at")), _node(data.get("swapped_out")),
+                   _node(data.get("swapped_in")))
 
 
 def read_back(listed: Any) -> List[InStepRestart]:
@@ -130,7 +135,8 @@ class CallRestarts:
         """Restart ``decided.restart``: this node's old ranks are gone."""
         self.records = with_ranks_start(self.records, rank_starts)
         self.records.append(InStepRestart(decided.restart, decided.cause, ran_from=ran_from,
-                                          failed_at=decided.cause.time, stopped_at=stopped_at))
+                                          failed_at=decided.cause.time, stopped_at=stopped_at,
+                                          swapped_out=decided.swapped_out, swapped_in=decided.swapped_in))
         self.restart, self.reported = decided.restart, False
 
     def started(self, at: Optional[float]) -> None:
@@ -145,6 +151,10 @@ def _tail(text: Optional[str], limit: int) -> Optional[str]:
 
 def _num(value: Any) -> Optional[float]:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def _node(value: Any) -> Optional[int]:
+    return value if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 1 << 20 else None
 
 
 def _round(value: Optional[float]) -> Optional[float]:

@@ -126,6 +126,12 @@ class TorchrunResult:
     # total, ETA, steps/s, the last metrics, the slowest node) and the
     # stragglers named (gang/gang_progress.py); None elsewhere.
     progress: Optional[ProgressRecord] = None
+    # @torchrun(spares): this node's part when the call ended ("active", a
+    # "spare" never used, or "out": taken out after a failure pinned to it),
+    # and the nodes that sat the call out then (at most K of each).
+    role: str = "active"
+    spare_nodes: List[int] = field(default_factory=list)
+    out_nodes: List[int] = field(default_factory=list)
 
     @property
     def duration(self) -> float:
@@ -133,7 +139,14 @@ class TorchrunResult:
 
     @property
     def succeeded(self) -> bool:
-        return self.exit_code == 0 and self.cause is None
+        """Its ranks all ended well, or it sat the call out (a spare, or taken out) and the gang succeeded."""
+        return (self.exit_code == 0 or self.role != "active") and self.cause is None
+
+    @property
+    def active_nodes(self) -> List[int]:
+        """The nodes that trained when the call ended (derived: the record keeps only the benched)."""
+        benched = set(self.spare_nodes) | set(self.out_nodes)
+        return [n for n in range(self.num_nodes) if n not in benched]
 
     def __str__(self) -> str:
         """One short line (``print(result)``); ``repr`` keeps every field."""

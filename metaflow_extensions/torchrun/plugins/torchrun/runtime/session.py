@@ -29,12 +29,12 @@ import threading
 import time
 import traceback
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Tuple, Union
+from typing import Any, Callable, Iterator, List, Mapping, Optional, Tuple, Union
 
 from ..cause import Cause, CauseKind
 from ..errors import (GangAborted, TorchrunCallRefused, TorchrunException, TorchrunFailed, TorchrunNotRetried,
                       is_refusal)
-from ..gang import GangConfig
+from ..gang import Bench, GangConfig, HostCheck
 from ..gang import GangClient
 from ..gang import GangServer
 from ..gang import GangIdentity
@@ -68,7 +68,7 @@ class PreflightState:
     job_ran: bool = False
     job: Optional[JobRecord] = None
     # On the control: the node history's check of the gang's hosts (gang/handlers.py).
-    host_check: Optional[Callable[[Dict[int, str]], Tuple[List[str], Optional[Cause]]]] = None
+    host_check: Optional[HostCheck] = None
     history: Any = None  # runtime/preflight.History: the job's bandwidth against each host's past
 
 
@@ -123,6 +123,8 @@ class GangSession:
         self.preflight_source: Optional[Callable[[], Any]] = None
         self.preflight = PreflightState()
         self.warm: Optional[WarmStart] = None  # the node's warm process (warm_start.py)
+        # Who sits calls out (@torchrun(spares)): the step's start's, then as the latest call heard it.
+        self.bench = Bench.initial(topology.num_nodes, defaults.spares)
         # Found as the step joins its gang, for every call: the address (and
         # interface) other nodes reach this one at; this user's base directory.
         self.route: Optional[Tuple[str, Optional[str]]] = None
@@ -422,6 +424,7 @@ def gang_config(identity: GangIdentity, defaults: StepDefaults, topology: Topolo
         straggler_seconds=straggler_seconds(),
         hang_timeout=defaults.hang_timeout,
         restarts=defaults.restarts,
+        spares=defaults.spares,
     )
 
 

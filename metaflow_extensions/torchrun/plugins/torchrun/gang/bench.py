@@ -1,0 +1,110 @@
+"""Hot spares (``@torchrun(spares=K)``): which of the step's nodes train and
+which wait, as the service decides it and every node reads it.
+
+The bench holds the K nodes that do not train: the spares not used yet, in
+the order they come in, and the nodes taken out after a failure pinned to
+them. Its size never changes (a swap moves one node each way), so what the
+service sends about it is K indices whatever the gang's size; every node
+derives the active nodes and its own torchrun node rank from it. Node 0
+hosts the rendezvous store and global rank 0: it is never benched.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterable, List, Mapping, Optional, Tuple
+
+from .wire import ProtocolError
+
+
+@dataclass(frozen=True)
+class Bench:
+    spares: Tuple[int, ...] = ()
+    out: Tuple[int, ...] = ()
+
+    @classmethod
+    def initial(cls, num_nodes: int, spares: int) -> "Bench":
+        """The last ``spares`` nodes wait; the first ``num_nodes - spares`` train."""
+        return cls(tuple(range(num_nodes - spares, num_nodes)) if 0 < spares < num_nodes else ())
+
+    @property
+    def benched(self) -> Tuple[int, ...]:
+        return self.spares + self.out
+
+    def active_count(self, num_nodes: int) -> int:
+        return num_nodes - len(self.benched)
+
+    def node_rank(self, node: int) -> Optional[int]:
+        """``node``'s torchrun node rank: its place among the active nodes
+        (O(K), not O(N)); None where it is benched."""
+        if node in self.benched:
+            return None
+        return node - sum(1 for b in self.benched if b < node)
+
+    def role(self, node: int) -> str:
+        return "out" if node in self.out else "spare" if node in self.spares else "active"
+
+    def active(self, num_nodes: int) -> List[int]:
+        benched = set(self.benched)
+        return [n for n in range(num_nodes) if n not in benched]
+
+    def swap(self, node: Optional[int]) -> Optional[Tuple["Bench", int]]:
+        """``node`` out and the first spare in, where ``node`` is an active
+        node other than node 0 and a spare is left; else None (restart in place)."""
+        if node is None or node == 0 or node in self.benched or not self.spares:
+            return None
+        return Bench(self.spares[1:], self.out + (node,)), self.spares[0]
+
+    def prefer(self, avoid: Iterable[int]) -> "Bench":
+        """Before any rank starts: each active node in ``avoid`` (a host node
+        history blames) changes places with a spare not in ``avoid``, where one
+        is left; it stays a spare, usable should no clean one be left."""
+        bench = self
+        clean = [s for s in self.spares if s not in set(avoid)]
+        for node in sorted(set(avoid)):
+            if not clean or node == 0 or node in bench.benched:
+                continue
+            spare = clean.pop(0)
+            spares = tuple(node if s == spare else s for s in bench.spares)
+            bench = Bench(spares, bench.out)
+        return bench
+
+    def take_out(self, unfit: Iterable[int]) -> Optional["Bench"]:
+        """Before any rank starts: every node in ``unfit`` out, a spare in for
+        each; None where that cannot be (node 0 unfit, or too few fit spares)."""
+        unfit = set(unfit)
+        if 0 in unfit:
+            return None
+        fit = [s for s in self.spares if s not in unfit]
+        going = sorted(n for n in unfit if n not in self.out)
+        needed = [n for n in going if n not in self.spares]
+        if len(needed) > len(fit):
+            return None
+        used = fit[:len(needed)]
+        spares = tuple(s for s in self.spares if s not in used and s not in unfit)
+        return Bench(spares, self.out + tuple(going))
+
+    def to_wire(self) -> Mapping[str, Any]:
+        return {"spares": list(self.spares), "out": list(self.out)}
+
+    @classmethod
+    def from_wire(cls, data: Any, num_nodes: int = 1 << 20, limit: int = 64) -> "Bench":
+        """Checked: at most ``limit`` indices of nodes of the gang, none twice, never node 0."""
+        if data is None:
+            return cls()
+        if not isinstance(data, Mapping):
+            raise ProtocolError("field 'bench': not an object")
+        spares, out = _nodes(data.get("spares"), num_nodes, limit), _nodes(data.get("out"), num_nodes, limit)
+        both = spares + out
+        if len(both) > limit or len(set(both)) != len(both) or 0 in both:
+            raise ProtocolError("field 'bench': more than %d nodes, a node twice, or node 0" % limit)
+        return cls(spares, out)
+
+
+def _nodes(value: Any, num_nodes: int, limit: int) -> Tuple[int, ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, list) or len(value) > limit or not all(
+            isinstance(n, int) and not isinstance(n, bool) and 0 <= n < num_nodes for n in value):
+        raise ProtocolError("field 'bench': not a list of node indices")
+    return tuple(value)

@@ -1,0 +1,121 @@
+"""The bench of @torchrun(spares=K) (gang/bench.py): who trains, who waits,
+and what a swap, a blamed host or an unfit node change; every node derives
+its torchrun node rank from it, so these are the numbers torchrun gets."""
+
+import pytest
+
+from metaflow_extensions.torchrun.plugins.torchrun.gang import messages as msg
+from metaflow_extensions.torchrun.plugins.torchrun.gang.bench import Bench
+from metaflow_extensions.torchrun.plugins.torchrun.gang.wire import ProtocolError
+from metaflow_extensions.torchrun.plugins.torchrun.cause import Cause, CauseKind
+
+
+def test_the_last_k_nodes_start_as_spares_and_the_others_are_ranked_in_order():
+    bench = Bench.initial(4, 1)
+    assert bench.spares == (3,) and bench.out == ()
+    assert [bench.node_rank(n) for n in range(4)] == [0, 1, 2, None]
+    assert bench.active(4) == [0, 1, 2] and bench.active_count(4) == 3
+    assert Bench.initial(3, 0) == Bench() and Bench.initial(2, 2) == Bench()
+
+
+def test_a_swap_takes_the_node_out_brings_the_first_spare_in_and_renumbers_in_order():
+    bench, spare = Bench.initial(5, 2).swap(1)
+    assert spare == 3 and bench == Bench((4,), (1,))
+    # Node ranks renumbered in node order; global rank 0 stays on node 0.
+    assert [bench.node_rank(n) for n in range(5)] == [0, None, 1, 2, None]
+    assert [bench.role(n) for n in range(5)] == ["active", "out", "active", "active", "spare"]
+    # The bench keeps its size: what travels is K indices whatever the gang's size.
+    assert len(bench.benched) == 2
+    bench, spare = bench.swap(2)
+    assert spare == 4 and bench == Bench((), (1, 2)) and bench.active(5) == [0, 3, 4]
+
+
+@pytest.mark.parametrize("node", [0, None, 3])
+def test_no_swap_for_node_0_an_unpinned_cause_or_a_benched_node(node):
+    assert Bench.initial(4, 1).swap(node) is None
+
+
+def test_no_swap_once_the_spares_ran_out():
+    bench, _ = Bench.initial(3, 1).swap(1)
+    assert bench.swap(2) is None
+
+
+def test_a_blamed_host_starts_as_a_spare_where_a_clean_spare_exists():
+    assert Bench.initial(4, 1).prefer([2]) == Bench((2,))
+    assert Bench.initial(4, 1).prefer([2, 3]) == Bench((3,))  # no clean spare: as it was
+    assert Bench.initial(4, 1).prefer([0]) == Bench((3,))  # node 0 always trains
+
+
+def test_unfit_nodes_are_taken_out_before_any_rank_starts_where_spares_cover_them():
+    assert Bench.initial(4, 1).take_out([1]) == Bench((), (1,))
+    assert Bench.initial(4, 1).take_out([3]) == Bench((), (3,))  # an unfit spare is just out
+    assert Bench.initial(4, 1).take_out([1, 2]) is None  # one spare for two
+    assert Bench.initial(4, 1).take_out([0]) is None
+    assert Bench.initial(5, 2).take_out([1, 4]) == Bench((), (1, 4))
+
+
+def test_go_and_restart_carry_the_bench_and_read_it_back_checked():
+    go = msg.Go(2, 29500, Bench((3,), (1,)))
+    assert msg.parse(go.to_wire()) == go
+    assert "bench" not in msg.Go(2, 29500).to_wire()  # no spares: the message as before
+    cause = Cause(CauseKind.RANK_FAILED, "rank 2 killed", node_index=1)
+    restart = msg.Restart(0, 1, 29501, cause, Bench((), (1,)), swapped_in=2)
+    back = msg.parse(restart.to_wire())
+    assert back.bench == Bench((), (1,)) and back.swapped_in == 2 and back.swapped_out == 1
+
+
+@pytest.mark.parametrize("bench", [
+    "x", {"spares": "3"}, {"spares": [0]}, {"spares": [1, 1]}, {"spares": [1], "out": [1]},
+    {"spares": [True]}, {"spares": [-1]}, {"spares": list(range(1, 100))},
+])
+def test_a_hostile_bench_is_refused(bench):
+    with pytest.raises(ProtocolError):
+        Bench.from_wire(bench)
+
+
+# -- the service decides the swap and tells every node (real server and clients on 127.0.0.1) -------------------
+
+def _enter(server, clients, index=0):
+    import threading
+    from gang_net import GUARD
+    from proc_helpers import wait_until
+    threads = [threading.Thread(target=c.enter_call, args=(index, "train.py"), daemon=True) for c in clients]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(GUARD)
+    assert wait_until(lambda: server.calls[index].all_entered_at is not None, GUARD)
+
+
+def test_a_failure_pinned_to_a_node_swaps_it_for_the_spare_and_only_the_active_nodes_finish_the_call(net):
+    killed = Cause(CauseKind.RANK_FAILED, "rank 2 (node 1) was killed by SIGKILL", node_index=1, rank=2,
+                   exit_code=-9, exc_type="killed by signal SIGKILL", call=0)
+    server = net.server(3, restarts=1, spares=1)
+    clients = net.join(server, [0, 1, 2])
+    _enter(server, clients)
+    assert [c.bench(0) for c in clients] == [Bench((2,))] * 3  # as the call's launch said
+    # Node 2, the spare, waits; node 1's ranks are killed: node 1 out, node 2 in, on a fresh rendezvous.
+    clients[1].report_failure(killed, call=0, restart=0)
+    heard = clients[2].sit_out(0, 0)
+    assert heard is not None and heard.swapped_in == 2 and heard.swapped_out == 1
+    assert heard.bench == Bench((), (1,)) and heard.bench.node_rank(2) == 1
+    assert clients[0].restart_after(0, 0) == heard and server.cause is None
+    # Nodes 0 and 2 finish the call: the control and the benched node 1 hear it is over.
+    report = msg.NodeReport()
+    for c in (clients[0], clients[2]):
+        c.call_done(0, None, report)
+    assert clients[0].wait_call_done(0)
+    assert clients[1].sit_out(0, 1) is None and clients[1].call_over(0)
+    assert server.cause is None
+
+
+def test_a_failure_on_node_0_restarts_in_place_and_the_spare_stays_one(net):
+    from gang_net import GUARD
+    on_0 = Cause(CauseKind.RANK_FAILED, "rank 0 (node 0) was killed by SIGKILL", node_index=0, rank=0,
+                 exit_code=-9, exc_type="killed by signal SIGKILL", call=0)
+    server = net.server(3, restarts=1, spares=1)
+    clients = net.join(server, [0, 1, 2])
+    _enter(server, clients)
+    clients[0].report_failure(on_0, call=0, restart=0)
+    decided = clients[1].wait_for_restart_or_verdict(0, 0, GUARD)
+    assert decided is not None and decided.swapped_in is None and decided.bench == Bench((2,))
