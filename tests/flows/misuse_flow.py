@@ -15,6 +15,8 @@ ATTRIBUTES = {
     "nproc_too_many": {"nproc_per_node": 100000},
     "heartbeat_too_short": {"heartbeat_timeout": 0.01},
     "retry_on_with_max_restarts": {"retry_on": "infrastructure", "torchrun_args": {"max_restarts": 2}},
+    "spares_without_restarts": {"spares": 1},
+    "spares_leave_no_node": {"spares": 2, "restarts": 1},
 }[os.environ["MFTR_MISUSE"]]
 
 

@@ -85,6 +85,9 @@ REFUSALS = {
     "heartbeat_too_short": "@torchrun(heartbeat_timeout)=0.01: must be at least 2 seconds",
     "retry_on_with_max_restarts": "torchrun_args max_restarts=2: torch's own restart reruns the ranks after any "
                                   "failure, a Python exception in your code too",
+    "spares_without_restarts": "@torchrun(spares=1) without restarts: a spare comes in only in an in-step restart",
+    "spares_leave_no_node": "@torchrun(spares=2) with num_parallel=2: the gang trains on num_parallel - spares nodes, "
+                            "which leaves none. Enter the step with num_parallel=N+2",
 }
 
 

@@ -96,6 +96,12 @@ class TorchrunDecorator(ParallelDecorator):
         rank 0 stays on node 0, ``TORCHELASTIC_RESTART_COUNT`` says which
         restart it is. Not after a Python exception in your code; a node lost
         or preempted ends the attempt (``@retry``). Not with ``max_restarts``.
+    spares : int, default 0
+        Hot spares: of the step's ``num_parallel`` nodes, the last ``spares``
+        join the gang and wait while the others train. When an in-step
+        restart is due and its cause is pinned to one node other than node 0,
+        that node is taken out and a spare takes its place; the swap counts as
+        one of ``restarts``, which must be 1 or more. Less than ``num_parallel``.
 
     MF Add To Current
     -----------------

@@ -58,3 +58,6 @@ FLIGHT_RECORDER_ENTRIES = 2000
 
 # In-step restarts of a call's ranks the gang coordinates (@torchrun(restarts=N)).
 RESTARTS = 0
+# Hot spares (@torchrun(spares=K)): nodes of num_parallel that wait, idle, to take a
+# failed node's place in an in-step restart; the gang trains on the others.
+SPARES = 0

@@ -42,6 +42,7 @@ from .launch import (
     validate_nproc,
     validate_restarts,
     validate_shutdown_grace,
+    validate_spares,
     validate_timeouts,
 )
 from .runtime import attempts as attempts_
@@ -63,6 +64,7 @@ ATTRIBUTE_DEFAULTS: Mapping[str, Any] = {
     "preflight": DEFAULT_PREFLIGHT,
     "retry_on": None,
     "restarts": DEFAULTS.RESTARTS,
+    "spares": DEFAULTS.SPARES,
 }
 
 # (name, attributes) of each decorator on the step, as Metaflow lists them.
@@ -84,6 +86,7 @@ class StepSpec:
     preflight: str = DEFAULT_PREFLIGHT
     retry_on: Any = None
     restarts: int = DEFAULTS.RESTARTS  # in-step restarts the gang coordinates
+    spares: int = DEFAULTS.SPARES  # nodes that wait to take a failed node's place in a restart
     # No remote compute decorator: on a local run, the step's tasks run on this host.
     runs_here: bool = True
     # Deprecation lines for 0.2's spellings in torchrun_args: said once, by the launcher.
@@ -109,6 +112,8 @@ def read_step_spec(attributes: Mapping[str, Any], decorators: DecoratorSpecs, en
     problems.check(refuse_step_functions, list(argv))
     problems.check(refuse_one_node_on_kubernetes, decorators, list(entries))
     problems.check(validate_timeouts, attributes.get("heartbeat_timeout"), attributes.get("start_timeout"))
+    # Not with torchrun_args' max_restarts (torch's own restart): one or the other.
+    restarts = problems.check(validate_restarts, attributes.get("restarts"), bool(torch_restarts))
     return StepSpec(
         attributes=attributes,
         torchrun_args=torchrun_args,
@@ -122,8 +127,8 @@ def read_step_spec(attributes: Mapping[str, Any], decorators: DecoratorSpecs, en
         args_as=problems.check(validate_args_as, attributes.get("args_as"), "@torchrun(args_as)") or DEFAULTS.ARGS_AS,
         preflight=problems.check(preflight_mode, attributes.get("preflight")) or DEFAULT_PREFLIGHT,
         retry_on=retry_on,
-        # Not with torchrun_args' max_restarts (torch's own restart): one or the other.
-        restarts=problems.check(validate_restarts, attributes.get("restarts"), bool(torch_restarts)) or 0,
+        restarts=restarts or 0,
+        spares=problems.check(validate_spares, attributes.get("spares"), restarts, list(entries)) or 0,
         notes=tuple(notes),
         runs_here=not any(name in REMOTE_COMPUTE for name, _ in decorators),
     )
@@ -214,5 +219,6 @@ def step_defaults(spec: StepSpec) -> StepDefaults:
         shutdown_grace=spec.shutdown_grace,
         preflight=spec.preflight,
         restarts=spec.restarts,
+        spares=spec.spares,
         retry_on=spec.retry_on,
     )

@@ -54,6 +54,8 @@ __all__ = [
     "validate_args_as",
     "validate_hang_timeout",
     "validate_restarts",
+    "validate_spares",
+    "check_spares_fit",
     "restarts_allowed",
     "restarts_clash",
     "retry_on_clash",
@@ -101,6 +103,8 @@ _HOME = {
     "validate_args_as": "inputs",
     "validate_hang_timeout": "inputs",
     "validate_restarts": "inputs",
+    "validate_spares": "inputs",
+    "check_spares_fit": "inputs",
     "restarts_allowed": "command",
     "restarts_clash": "inputs",
     "retry_on_clash": "inputs",
@@ -115,6 +119,7 @@ if TYPE_CHECKING:
     from .platforms import refuse_one_node_on_kubernetes
     from .platforms import check_port_clash
     from .command import ZYGOTE_MODULE, ArgSpec, argparse_hint, none_keys, restarts_allowed
+    from .inputs import check_spares_fit, validate_spares
     from .inputs import (restarts_clash, retry_on_clash, step_timeout, validate_args_as, validate_hang_timeout, validate_restarts,
                          validate_shutdown_grace, validate_timeouts)
     from .plan import ORDER_0_2, CallPlan, CallRequest, StepDefaults, call_request, check_options, legacy_rdzv_port, merged_options, none_note, option_names, plan_call, plan_request, resolve_nproc, validate_nproc

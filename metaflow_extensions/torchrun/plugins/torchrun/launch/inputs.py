@@ -25,6 +25,9 @@ MIN_START_TIMEOUT = 5.0
 MIN_HANG_TIMEOUT = 2.0
 # @torchrun(restarts=N): more than this is a loop, not a recovery.
 MAX_RESTARTS = 100
+# @torchrun(spares=K): more idle nodes than this is a typo, not a reserve (each
+# spare is a whole node, paid for while it waits).
+MAX_SPARES = 64
 
 # A source file bigger than this is not compiled before the start (a script
 # that size is generated, and compiling it would cost every node the time).
@@ -78,6 +81,52 @@ def validate_restarts(value: Any, max_restarts: bool) -> int:
     if value and max_restarts:
         raise TorchrunInvalidArgument(restarts_clash("@torchrun(torchrun_args)", value))
     return value
+
+
+def validate_spares(value: Any, restarts: Optional[int], num_parallel: Sequence[Any] = ()) -> int:
+    """``@torchrun(spares=K)``: K nodes of the step's ``num_parallel`` wait to
+    take a failed node's place. ``restarts``: the step's ``restarts``, as
+    checked (None where it was refused: said there, not again here).
+    ``num_parallel``: each ``num_parallel`` the graph gives the step's entries
+    (a literal as text; anything else is checked at the task's start, by
+    ``check_spares_fit`` on the real node count)."""
+    if value is None:
+        return 0
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_SPARES:
+        raise TorchrunInvalidArgument(
+            "@torchrun(spares=%s): a whole number of spare nodes from 0 to %d." % (shown(value), MAX_SPARES))
+    if value and restarts == 0:
+        raise TorchrunInvalidArgument(
+            "@torchrun(spares=%d) without restarts: a spare comes in only in an in-step restart, and restarts=0 "
+            "(the default) allows none. Set restarts=N (N >= 1; each swap counts as one of the N), or drop "
+            "spares." % value)
+    for nodes in literal_counts(num_parallel):
+        check_spares_fit(value, nodes)
+    return value
+
+
+def check_spares_fit(spares: int, num_parallel: int) -> None:
+    """At least one node trains: the gang trains on ``num_parallel - spares``
+    nodes. At ``step_init`` for a literal ``num_parallel``; at the task's start
+    for the real one (``current.parallel.num_nodes``)."""
+    if spares and spares >= num_parallel:
+        raise TorchrunInvalidArgument(
+            "@torchrun(spares=%d) with num_parallel=%d: the gang trains on num_parallel - spares nodes, which "
+            "leaves none. Enter the step with num_parallel=N+%d for N nodes that train, or give fewer spares."
+            % (spares, num_parallel, spares))
+
+
+def literal_counts(num_parallel: Sequence[Any]) -> List[int]:
+    """The node counts among ``num_parallel`` entries that are whole numbers
+    as written (the graph keeps a literal; a variable is unknown until the
+    step runs). 0, the graph's value for no ``num_parallel``, is refused by
+    the graph check, not here."""
+    counts = []
+    for text in num_parallel:
+        written = str(text).strip()
+        if written.isdecimal() and written.isascii() and int(written) >= 1:
+            counts.append(int(written))
+    return counts
 
 
 def retry_on_clash(where: str, max_restarts: Any) -> str:

@@ -55,6 +55,8 @@ class StepDefaults:
     preflight: str = "versions"
     # @torchrun(restarts=N): the gang restarts a call's ranks in the same tasks.
     restarts: int = DEFAULTS.RESTARTS
+    # @torchrun(spares=K): K of the step's nodes wait to replace a bad one (gang/bench.py).
+    spares: int = DEFAULTS.SPARES
     # @torchrun(retry_on=...), as spec.py read it: "infrastructure" refuses torch's own restart.
     retry_on: Optional[str] = None
 
