@@ -31,7 +31,7 @@ from .lint import register_lint_check, require_parallel_entry
 from .host import log, say
 from .settings import export_knobs, knob_environ
 from .runtime import card_of_task, close_runtime_warm, name_local_control, own_start, prepare_local_nodes, stop_local_nodes
-from .launch import small_shm_warning
+from .launch import check_spares_fit, small_shm_warning
 from .runtime import GangSession, ThisAttempt, in_gang, keep_record, knob_problems, read_node_history
 from .gang import CONTROL_TASK_ID_ENV, is_local_runtime, topology_from
 
@@ -242,6 +242,7 @@ class TorchrunDecorator(ParallelDecorator):
 
     def _start_session(self, parallel: Any) -> GangSession:
         topology = topology_from(parallel, os.environ, self._identity.gang_id, self._port)
+        check_spares_fit(self._defaults.spares, topology.num_nodes)  # num_parallel not a literal: known only now
         session = self._session = self._handle.session = GangSession(
             self._identity, self._defaults, topology, self._flow_dir, secret=self._secret
         )
