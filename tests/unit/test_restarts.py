@@ -52,6 +52,13 @@ def _in_call(server, clients, index=0):
     (Cause(CauseKind.RANK_FAILED, "dist", exc_type="torch.distributed.DistBackendError", traceback=TB), True),
     (Cause(CauseKind.HANG, "no output from any rank for 9 s"), True),
     (BUG, False),
+    # A device that failed under the code: its node is the one a spare replaces (@torchrun(spares)).
+    (Cause(CauseKind.RANK_FAILED, "rank 1 raised torch.AcceleratorError", exc_type="torch.AcceleratorError",
+           message="CUDA error: uncorrectable ECC error encountered", traceback=TB), True),
+    (Cause(CauseKind.RANK_FAILED, "rank 1 raised RuntimeError", exc_type="RuntimeError",
+           message="CUDA error: CUDA-capable device(s) is/are busy or unavailable", traceback=TB), True),
+    (Cause(CauseKind.RANK_FAILED, "rank 1 raised torch.AcceleratorError", exc_type="torch.AcceleratorError",
+           message="CUDA error: device-side assert triggered", traceback=TB), False),  # the code's own assert
     (Cause(CauseKind.STEP_FAILED, "the step raised", exc_type="KeyError", traceback=TB), False),
     (Cause(CauseKind.NODE_LOST, "node 1 disconnected"), False),
     (Cause(CauseKind.UNRESPONSIVE, "node 1 silent"), False),

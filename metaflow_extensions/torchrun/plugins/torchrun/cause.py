@@ -167,7 +167,9 @@ _INFRA_TYPES = frozenset((
 _EXC_NAME = re.compile(r"[A-Za-z_][\w.]*")
 _INFRA_TEXT = re.compile(
     r"NCCL|gloo|Connection (closed|reset|refused)|Broken pipe|ECC error|uncorrectable|Xid|"
-    r"collective operation timeout|Watchdog caught", re.I)
+    r"collective operation timeout|Watchdog caught|"
+    # A device that failed under the code (@torchrun(spares) swaps its node): not a bug of the code's.
+    r"busy or unavailable|no CUDA-capable device|GPU is lost|fallen off the bus", re.I)
 # Frames of the launcher, Metaflow, installed packages and the standard
 # library are not "your code": the place named is the user's last frame.
 _NOT_USER = re.compile(r"site-packages|dist-packages|/metaflow_extensions/|/metaflow/|/lib/python3\.\d+/")
