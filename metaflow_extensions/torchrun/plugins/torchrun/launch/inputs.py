@@ -89,7 +89,17 @@ def validate_spares(value: Any, restarts: Optional[int], num_parallel: Sequence[
     checked (None where it was refused: said there, not again here).
     ``num_parallel``: each ``num_parallel`` the graph gives the step's entries
     (a literal as text; anything else is checked at the task's start, by
-    ``check_spares_fit`` on the real node count)."""
+    ``check_spares_fit`` on the real node count).
+
+    No platform is refused: a swap needs the spare's task alive and idle until
+    the call ends and the node taken out to end fine, and every platform that
+    runs ``@parallel`` allows both (Metaflow 2.19): the local runtime fails a
+    step only on a non-zero exit (plugins/parallel_decorator.py); a JobSet's
+    default success policy waits for every job and only a failed one fails it
+    (plugins/kubernetes/kubernetes_jobsets.py, Argo's too); a Batch
+    multi-node job's status is its main node's, and a secondary node's exit
+    ends nothing (plugins/aws/batch/batch_client.py, batch_decorator.py).
+    Step Functions and Airflow refuse ``@parallel`` before this."""
     if value is None:
         return 0
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_SPARES:
