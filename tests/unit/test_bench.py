@@ -93,12 +93,15 @@ def test_a_failure_pinned_to_a_node_swaps_it_for_the_spare_and_only_the_active_n
     server = net.server(3, restarts=1, spares=1)
     clients = net.join(server, [0, 1, 2])
     _enter(server, clients)
-    assert [c.bench(0) for c in clients] == [Bench((2,))] * 3  # as the call's launch said
+    # As the call's launch said: each node's place, worked out as the news came.
+    assert [c.seats[(0, 0)].node_rank for c in clients] == [0, 1, None]
+    assert {c.seats[(0, 0)].nnodes for c in clients} == {2} and clients[2].seats[(0, 0)].role == "spare"
     # Node 2, the spare, waits; node 1's ranks are killed: node 1 out, node 2 in, on a fresh rendezvous.
     clients[1].report_failure(killed, call=0, restart=0)
     heard = clients[2].sit_out(0, 0)
     assert heard is not None and heard.swapped_in == 2 and heard.swapped_out == 1
-    assert heard.bench == Bench((), (1,)) and heard.bench.node_rank(2) == 1
+    assert heard.bench == Bench((), (1,)) and clients[2].seats[(0, 1)].node_rank == 1
+    assert clients[1].seats[(0, 1)].role == "out"
     assert clients[0].restart_after(0, 0) == heard and server.cause is None
     # Nodes 0 and 2 finish the call: the control and the benched node 1 hear it is over.
     report = msg.NodeReport()

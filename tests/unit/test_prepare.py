@@ -89,7 +89,6 @@ def test_the_session_carries_the_gang_settings(run):
 
 
 def test_spares_leave_torchrun_the_active_nodes(run):
-    run.bench = run.session.bench  # as the call's launch says it (enter)
     run.prepare()
     nnodes = [a for a in run.argv if a.startswith("--nnodes")]
     assert nnodes == ["--nnodes=1"] or run.argv[run.argv.index("--nnodes") + 1] == "1", run.argv

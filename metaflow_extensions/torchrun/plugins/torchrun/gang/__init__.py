@@ -34,6 +34,7 @@ __all__ = [
     "NodeEnd",
     "NodeReport",
     "Bench",
+    "Seat",
     "HostCheck",
     "PreflightRecord",
     "ProgressRecord",
@@ -75,6 +76,7 @@ _HOME = {
     "NodeEnd": "membership",
     "NodeReport": "messages",
     "Bench": "bench",
+    "Seat": "bench",
     "HostCheck": "node_compare",
     "PreflightRecord": "node_compare",
     "ProgressRecord": "gang_progress",
@@ -102,7 +104,7 @@ if TYPE_CHECKING:
     from .config import GangConfig, RDZV_STORE_NODE
     from .identity import GangIdentity
     from .membership import NodeEnd
-    from .bench import Bench
+    from .bench import Bench, Seat
     from .node_compare import HostCheck
     from .messages import MAX_RANKS_PER_NODE, NodeReport, ProtocolError, RankStatus, STREAMS, TAIL_LINES, TAIL_LINE_CHARS
     from .node_compare import DEFAULT_MODE, JobRecord, PreflightRecord, describe_job, parse_mode

@@ -84,6 +84,9 @@ class Bench:
         spares = tuple(s for s in self.spares if s not in used and s not in unfit)
         return Bench(spares, self.out + tuple(going))
 
+    def seat(self, node: int, num_nodes: int) -> "Seat":
+        return Seat(self, self.node_rank(node), self.active_count(num_nodes), self.role(node))
+
     def to_wire(self) -> Mapping[str, Any]:
         return {"spares": list(self.spares), "out": list(self.out)}
 
@@ -99,6 +102,19 @@ class Bench:
         if len(both) > limit or len(set(both)) != len(both) or 0 in both:
             raise ProtocolError("field 'bench': more than %d nodes, a node twice, or node 0" % limit)
         return cls(spares, out)
+
+
+@dataclass(frozen=True)
+class Seat:
+    """One node's place in a start of a call's ranks, worked out once as the
+    news arrives (on the client's reader thread), so the call reads fields,
+    not the bench: torchrun's node rank (None: it sits the start out), the
+    number of nodes that train, and its role."""
+
+    bench: Bench
+    node_rank: Optional[int]
+    nnodes: int
+    role: str
 
 
 def _nodes(value: Any, num_nodes: int, limit: int) -> Tuple[int, ...]:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import socket
 import threading
 import time
-from typing import Callable, Dict, List, Optional, Sequence, Set, Union
+from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple, Union
 
 from ..cause import Cause, CauseKind
 from ..procs import FlightSummary
@@ -27,6 +27,7 @@ from . import wire
 from .config import GangConfig
 from .. import timeouts
 from .joining import Joining
+from .bench import Seat
 from .restarts import RestartNews
 from .node_progress import NodeProgress
 from ..host import log
@@ -103,6 +104,8 @@ class GangClient(Joining, RestartNews, StacksNews):
         self._preflight_sent = threading.Event()
         self._go: Dict[int, msg.Go] = {}  # call index -> its launch (rendezvous port, bench)
         self._restarts: Dict[int, msg.Restart] = {}  # call index -> the latest restart decided (RestartNews)
+        # (call, restart) -> this node's place in that start of its ranks (gang/bench.py), from its go or restart.
+        self.seats: Dict[Tuple[int, int], Seat] = {}
         self._calls_done: Set[int] = set()
         self._stacks_in: Set[int] = set()  # calls whose every node's stacks are in (messages.StacksIn)
         self._news = threading.Condition()
@@ -306,6 +309,7 @@ class GangClient(Joining, RestartNews, StacksNews):
             with self._news:
                 if isinstance(message, msg.Go):
                     self._go[message.index] = message
+                    self.seats[(message.index, 0)] = message.bench.seat(self.node_index, self.config.num_nodes)
                 else:
                     self._calls_done.add(message.index)
                 self._news.notify_all()

@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Dict, Optional, Set
+from typing import Dict, Optional, Set, Tuple
 
 from ..cause import Cause, restartable_in_step
 from ..host import log
 from . import messages as msg
-from .bench import Bench
+from .bench import Seat
+from .config import GangConfig
 from .calls import CallState
 
 _log = log.get("gang.client")
@@ -59,11 +60,14 @@ class RestartNews:
     _news: threading.Condition
     _closing: threading.Event
     _restarts: Dict[int, msg.Restart]
-    _go: Dict[int, msg.Go]
     _calls_done: Set[int]
+    config: GangConfig
+    seats: Dict[Tuple[int, int], Seat]
 
     def _heard_restart(self, message: msg.Restart) -> None:
+        seat = message.bench.seat(self.node_index, self.config.num_nodes)
         with self._news:
+            self.seats[(message.index, message.restart)] = seat
             known = self._restarts.get(message.index)
             if known is None or message.restart > known.restart:
                 self._restarts[message.index] = message
@@ -87,12 +91,6 @@ class RestartNews:
                    and self.restart_after(index, restart) is None):
                 self._news.wait(max(0.0, min(0.5, deadline - time.monotonic())))
         return self.restart_after(index, restart)
-
-    def bench(self, index: int) -> Bench:
-        """Who sits call ``index`` out now: as its latest restart, else its launch, said."""
-        with self._news:
-            latest, go = self._restarts.get(index), self._go.get(index)
-        return latest.bench if latest is not None else go.bench if go is not None else Bench()
 
     def sit_out(self, index: int, restart: int) -> Optional[msg.Restart]:
         """A benched node in call ``index`` (its ranks, if it had any, in start

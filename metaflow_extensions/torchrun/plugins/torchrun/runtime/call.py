@@ -18,7 +18,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from ..procs import functions, stacks
 from ..cause import CONTROL_GONE, Cause, CauseKind
-from ..gang import Bench, NodeReport, ProgressTracker, send_last_progress
+from ..gang import NodeReport, ProgressTracker, Seat, send_last_progress
 from ..errors import (FULL_REPORT, GangAborted, TorchrunException, TorchrunFailed, TorchrunInvalidArgument,
                       rank_raised)
 from ..procs import (
@@ -72,8 +72,8 @@ class CallRun(CallLaunch):
     again: CallRestarts = field(default_factory=CallRestarts)
     first_started: Optional[float] = None
     warm: Optional[WarmStart] = None  # the node's warm process (warm_start.py), chosen in prepare()
-    # Who sits the call out (@torchrun(spares), gang/bench.py): as the call's launch, then each restart, said.
-    bench: Bench = field(default_factory=Bench)
+    # This node's place in the ranks' current start (@torchrun(spares), gang/bench.py): its go's, then each restart's.
+    seat: Optional[Seat] = None
     _entry: Tuple[str, Optional[str]] = ("", None)  # the entry file, the interface to the control
 
     @property
@@ -104,8 +104,9 @@ class CallRun(CallLaunch):
         self.rdzv_port = client.enter_call(self.index, self.plan.entry_name)
         if self.rdzv_port is None:
             raise self._aborted()
-        self.bench = client.bench(self.index)
-        self.session.bench = self.bench
+        self.seat = client.seats.get((self.index, 0))
+        if self.seat is not None:
+            self.session.bench = self.seat.bench
         if self.plan.rdzv_port is not None:  # pinned (@torchrun(rdzv_port=N)): every node has it
             self.rdzv_port = self.plan.rdzv_port
 
@@ -127,7 +128,7 @@ class CallRun(CallLaunch):
 
     @property
     def benched(self) -> bool:
-        return self.bench.node_rank(self.node_index) is None
+        return self.seat is not None and self.seat.node_rank is None
 
     def _supervise_once(self, env: Dict[str, str]) -> None:
         client = self.session.client
@@ -296,9 +297,9 @@ class CallRun(CallLaunch):
             ran=what_ran.record(self.plan, self.argv, self.log_dir, topology.node_index),
             first_output_at=sup.first_output if sup else None,
             progress=server.progress_record() if server is not None else None,
-            role=self.bench.role(topology.node_index),
-            spare_nodes=list(self.bench.spares),
-            out_nodes=list(self.bench.out),
+            role=self.seat.role if self.seat else "active",
+            spare_nodes=list(self.seat.bench.spares) if self.seat else [],
+            out_nodes=list(self.seat.bench.out) if self.seat else [],
         )
         self.session.results.append(result)
         return result

@@ -11,7 +11,7 @@ import sys
 from typing import Any, Dict, List, Optional, Tuple
 
 from ..errors import TorchrunInvalidArgument
-from ..gang import Bench
+from ..gang import Seat
 from .. import timeouts
 from ..host import CallFiles, route_to, say, wait_listening
 from ..launch import CallPlan, NodeFacts, prepare_launch
@@ -40,7 +40,7 @@ class CallLaunch:
     files: Optional[CallFiles]
     again: CallRestarts
     warm: Optional[WarmStart]
-    bench: Bench
+    seat: Optional[Seat]
     _entry: Tuple[str, Optional[str]]
 
     def prepare(self) -> Dict[str, str]:
@@ -71,13 +71,12 @@ class CallLaunch:
         restart has a rendezvous of its own (a fresh id, the port the gang
         announced), the same static shape (rank 0 on node 0)."""
         topology, restart, (entry_path, iface) = self.session.topology, self.again.restart, self._entry
-        node_rank = self.bench.node_rank(topology.node_index)
-        if node_rank is None:  # benched (@torchrun(spares)): nothing to launch until a restart brings it in
+        seat = self.seat or self.session.bench.seat(topology.node_index, topology.num_nodes)
+        if seat.node_rank is None:  # benched (@torchrun(spares)): nothing to launch until a restart brings it in
             self.argv = []
             return {}
         node = NodeFacts(
-            python=sys.executable, node_index=topology.node_index, node_rank=node_rank,
-            num_nodes=self.bench.active_count(topology.num_nodes),
+            python=sys.executable, node_index=topology.node_index, node_rank=seat.node_rank, num_nodes=seat.nnodes,
             main_addr=topology.main_addr, local_addr=self.local_addr, iface=iface, rdzv_port=int(self.rdzv_port or 0),
             rdzv_id=self.rdzv_id + ("-r%d" % restart if restart else ""),
             workdir=self.workdir, log_dir=self.log_dir, entry_path=entry_path, flow_dir=self.session.flow_dir,
@@ -98,7 +97,9 @@ class CallLaunch:
         environment, with the replaced ranks' records cleared."""
         sup = self.supervisor
         self.again.begin(decided, sup.started_at if sup else None, sup.ended_at if sup else None, self._rank_starts())
-        self.bench = self.session.bench = decided.bench
+        assert self.session.client is not None
+        self.seat = self.session.client.seats.get((decided.index, decided.restart))
+        self.session.bench = decided.bench
         clear_round(self.workdir)
         self.failures, self.exit_code = [], None
         if self.plan.rdzv_port is None:  # pinned: the same port for every start
