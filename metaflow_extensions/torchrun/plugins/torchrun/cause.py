@@ -14,9 +14,10 @@ import math
 import os
 import re
 import time
-from dataclasses import dataclass, field, fields, replace
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from dataclasses import dataclass, field, replace
+from typing import Any, List, Mapping, Optional, Tuple
 
+from .codec import Written
 from .procs import NO_EXCEPTION, numbers
 
 # Text fields from the wire are cut to these many characters.
@@ -48,7 +49,8 @@ CONTROL_GONE = (CauseKind.CONTROL_LOST, CauseKind.CONTROL_UNRESPONSIVE, CauseKin
 
 
 @dataclass(frozen=True)
-class Cause:
+class Cause(Written):
+    DROP_NONE = True
     kind: CauseKind
     summary: str
     node_index: Optional[int] = None
@@ -69,16 +71,12 @@ class Cause:
     grace: Optional[float] = None
     time: float = field(default_factory=time.time)
 
-    def to_wire(self) -> Dict[str, Any]:
-        data = {f.name: getattr(self, f.name) for f in fields(self)}
-        data["kind"] = self.kind.value
-        data["missing"] = list(self.missing)
-        return {k: v for k, v in data.items() if v is not None}
-
     @classmethod
     def from_wire(cls, data: Any) -> Optional["Cause"]:
         """A cause from a peer, or None when it is not one: every field is
-        checked for its type and size."""
+        checked for its type and size. Hand-read, not by the codec: a cause is
+        shown, so a bad field is dropped or cut (a text with a tail), never
+        refused; only a cause without a kind or a summary is none."""
         if not isinstance(data, Mapping):
             return None
         try:

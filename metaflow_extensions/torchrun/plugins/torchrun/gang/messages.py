@@ -3,7 +3,8 @@
 One frozen dataclass per ``MessageType``. Code on both ends builds and reads
 these records; they become JSON only on the wire (``to_wire``), and a line from
 a peer becomes a record only through ``parse``, which checks every field for
-its type and bound and raises ``ProtocolError`` otherwise. Whoever receives a
+its type and bound (``codec.py`` reads both from the field's annotation) and
+raises ``ProtocolError`` otherwise. Whoever receives a
 ``ProtocolError`` drops the peer that sent it: a malformed message costs its
 sender, never the service.
 
@@ -17,13 +18,13 @@ from __future__ import annotations
 import base64
 import binascii
 import enum
-import math
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Dict, Iterator, Mapping, Optional, Tuple, Type, TypeVar
+from typing import Annotated, Any, ClassVar, Dict, Iterator, Mapping, Optional, Tuple, Type, TypeVar
 
 from ..cause import Cause
+from ..codec import NEED, SKIP, Hex, Int, Items, OneOf, Real, Record, Text, Via, encode
 from ..procs import MAX_STACK_BYTES
-from ..procs import FlightError, FlightSummary, RankStatus, StatusError
+from ..procs import FlightError, FlightSummary, RankStatus
 from .bench import Bench
 from .node_progress import NodeProgress
 from .wire import Message as WireDict
@@ -68,64 +69,38 @@ class MessageType(str, enum.Enum):
     PROBE = "probe"  # a member node on a fresh connection, in place of a hello: still here (gang/probing.py)
 
 
-# -- field readers: each returns the value or raises ProtocolError ---------------------
+# -- the fields' bounds (codec.py reads and writes each field by its type) -------------
+
+NodeIndex = Annotated[int, Int(0, MAX_NODE - 1)]
+CallIndex = Annotated[int, Int(0, MAX_CALL)]
+Port = Annotated[int, Int(1, 65535)]
+Nonce = Annotated[bytes, Hex(NONCE_BYTES)]
+Proof = Annotated[str, Text(PROOF_HEX)]
+Protocol = Annotated[int, Int(0, 1 << 16), NEED]
 
 
-def _int(data: Mapping[str, Any], name: str, low: int = 0, high: int = MAX_NODE, optional: bool = False) -> Any:
-    value = data.get(name)
-    if value is None and optional:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise ProtocolError("field %r: not an integer in [%d, %d]" % (name, low, high))
-    return value
-
-
-def _real(data: Mapping[str, Any], name: str, low: float, high: float, optional: bool = True) -> Any:
-    value = data.get(name)
-    if value is None and optional:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ProtocolError("field %r: not a number" % name)
-    if isinstance(value, int) and abs(value) >= 2**53 or not math.isfinite(value) or not low <= value <= high:
-        raise ProtocolError("field %r: out of range" % name)
-    return float(value)
-
-
-def _str(data: Mapping[str, Any], name: str, limit: int, optional: bool = False) -> Any:
-    value = data.get(name)
-    if value is None and optional:
-        return None
-    if not isinstance(value, str) or len(value) > limit:
-        raise ProtocolError("field %r: not a string of at most %d characters" % (name, limit))
-    return value
-
-
-def _hex(data: Mapping[str, Any], name: str, size: int) -> bytes:
-    value = _str(data, name, 2 * size)
-    if len(value) != 2 * size:
-        raise ProtocolError("field %r: not %d hex digits" % (name, 2 * size))
-    try:
-        return bytes.fromhex(value)
-    except ValueError:
-        raise ProtocolError("field %r: not hex" % name) from None
-
-
-def _bool(data: Mapping[str, Any], name: str) -> bool:
-    value = data.get(name)
-    if not isinstance(value, bool):
-        raise ProtocolError("field %r: not a boolean" % name)
-    return value
-
-
-def _optional_cause(data: Mapping[str, Any], name: str) -> Optional[Cause]:
-    return None if data.get(name) is None else _cause(data, name)
-
-
-def _cause(data: Mapping[str, Any], name: str) -> Cause:
-    cause = Cause.from_wire(data.get(name))
+def _cause(value: Any) -> Cause:
+    """A peer's cause is read leniently by ``Cause.from_wire``; none at all is refused."""
+    cause = Cause.from_wire(value)
     if cause is None:
-        raise ProtocolError("field %r: not a cause" % name)
+        raise ValueError("not a cause")
     return cause
+
+
+CAUSE = Via(_cause)
+
+
+def _base64(value: Any) -> bytes:
+    """Rank 0's pickled value travels as base64, checked strictly."""
+    if not isinstance(value, str):
+        raise ValueError("not base64")
+    try:
+        return base64.b64decode(value, validate=True)
+    except (binascii.Error, ValueError):
+        raise ValueError("not base64") from None
+
+
+BASE64 = Via(_base64, lambda payload: None if payload is None else base64.b64encode(payload).decode())
 
 
 # -- the records ------------------------------------------------------------------------
@@ -133,62 +108,35 @@ def _cause(data: Mapping[str, Any], name: str) -> Cause:
 M = TypeVar("M", bound="GangMessage")
 
 
-class GangMessage:
-    """Base of every message: ``TYPE`` names it on the wire."""
+class GangMessage(Record):
+    """Base of every message: ``TYPE`` names it on the wire; its fields follow, nulls left off."""
 
     TYPE: ClassVar[MessageType]
-
-    def fields(self) -> Dict[str, Any]:
-        return {}
+    ERROR = ProtocolError
+    DROP_NONE = True
 
     def to_wire(self) -> WireDict:
-        data: WireDict = {"type": self.TYPE.value}
-        data.update({k: v for k, v in self.fields().items() if v is not None})
-        return data
-
-    @classmethod
-    def from_wire(cls: Type[M], data: Mapping[str, Any]) -> M:
-        raise NotImplementedError
+        return {"type": self.TYPE.value, **encode(self)}
 
 
 @dataclass(frozen=True)
 class Challenge(GangMessage):
     TYPE: ClassVar[MessageType] = MessageType.CHALLENGE
-    nonce: bytes
-    protocol: int = PROTOCOL
-
-    def fields(self) -> Dict[str, Any]:
-        return {"protocol": self.protocol, "nonce": self.nonce.hex()}
-
-    @classmethod
-    def from_wire(cls, data: Mapping[str, Any]) -> "Challenge":
-        return cls(nonce=_hex(data, "nonce", NONCE_BYTES), protocol=_int(data, "protocol", 0, 1 << 16))
+    WIRE_ORDER = ("protocol", "nonce")
+    nonce: Nonce
+    protocol: Protocol = PROTOCOL
 
 
 @dataclass(frozen=True)
 class Hello(GangMessage):
     TYPE: ClassVar[MessageType] = MessageType.HELLO
-    node_index: int
-    nonce: bytes
-    proof: str
-    host: str = "?"
-    pid: int = 0
-    protocol: int = PROTOCOL
-
-    def fields(self) -> Dict[str, Any]:
-        return {"protocol": self.protocol, "node_index": self.node_index, "host": self.host[:255],
-                "pid": self.pid, "nonce": self.nonce.hex(), "proof": self.proof}
-
-    @classmethod
-    def from_wire(cls, data: Mapping[str, Any]) -> "Hello":
-        return cls(
-            node_index=_int(data, "node_index", 0, MAX_NODE - 1),
-            nonce=_hex(data, "nonce", NONCE_BYTES),
-            proof=_str(data, "proof", PROOF_HEX),
-            host=_str(data, "host", 255, optional=True) or "?",
-            pid=_int(data, "pid", 0, 1 << 31, optional=True) or 0,
-            protocol=_int(data, "protocol", 0, 1 << 16),
-        )
+    WIRE_ORDER = ("protocol", "node_index", "host", "pid", "nonce", "proof")
+    node_index: NodeIndex
+    nonce: Nonce
+    proof: Proof
+    host: Annotated[str, Text(255)] = "?"
+    pid: Annotated[int, Int(0, 1 << 31)] = 0
+    protocol: Protocol = PROTOCOL
 
 
 @dataclass(frozen=True)
@@ -200,37 +148,18 @@ class Probe(GangMessage):
     both sides count that as hearing from the other."""
 
     TYPE: ClassVar[MessageType] = MessageType.PROBE
-    node_index: int
-    nonce: bytes
-    proof: str
-    protocol: int = PROTOCOL
-
-    def fields(self) -> Dict[str, Any]:
-        return {"protocol": self.protocol, "node_index": self.node_index, "nonce": self.nonce.hex(),
-                "proof": self.proof}
-
-    @classmethod
-    def from_wire(cls, data: Mapping[str, Any]) -> "Probe":
-        return cls(
-            node_index=_int(data, "node_index", 0, MAX_NODE - 1),
-            nonce=_hex(data, "nonce", NONCE_BYTES),
-            proof=_str(data, "proof", PROOF_HEX),
-            protocol=_int(data, "protocol", 0, 1 << 16),
-        )
+    WIRE_ORDER = ("protocol", "node_index", "nonce", "proof")
+    node_index: NodeIndex
+    nonce: Nonce
+    proof: Proof
+    protocol: Protocol = PROTOCOL
 
 
 @dataclass(frozen=True)
 class Welcome(GangMessage):
     TYPE: ClassVar[MessageType] = MessageType.WELCOME
-    proof: str
-    cause: Optional[Cause] = None  # the gang is already over: why
-
-    def fields(self) -> Dict[str, Any]:
-        return {"proof": self.proof, "cause": self.cause.to_wire() if self.cause else None}
-
-    @classmethod
-    def from_wire(cls, data: Mapping[str, Any]) -> "Welcome":
-        return cls(proof=_str(data, "proof", PROOF_HEX), cause=_optional_cause(data, "cause"))
+    proof: Proof
+    cause: Annotated[Optional[Cause], CAUSE] = None  # the gang is already over: why
 
 
 @dataclass(frozen=True)
@@ -238,11 +167,9 @@ class Reject(GangMessage):
     TYPE: ClassVar[MessageType] = MessageType.REJECT
     reason: str
 
-    def fields(self) -> Dict[str, Any]:
-        return {"reason": self.reason}
-
     @classmethod
-    def from_wire(cls, data: Mapping[str, Any]) -> "Reject":
+    def from_wire(cls, data: Any) -> "Reject":
+        """Hand-read: a reason is shown, never acted on; a bad one is replaced, not refused."""
         reason = data.get("reason")
         return cls(reason=reason if isinstance(reason, str) and 0 < len(reason) <= 200 else "no reason given")
 
@@ -255,32 +182,15 @@ class Heartbeat(GangMessage):
     per node whatever its number of ranks)."""
 
     TYPE: ClassVar[MessageType] = MessageType.HEARTBEAT
-    quiet: Optional[float] = None
+    quiet: Annotated[Optional[float], Real(0.0, 1e9 - 1, digits=3)] = None
     progress: Optional[NodeProgress] = None
-
-    def fields(self) -> Dict[str, Any]:
-        return {"quiet": None if self.quiet is None else round(max(0.0, self.quiet), 3),
-                "progress": None if self.progress is None else self.progress.to_wire()}
-
-    @classmethod
-    def from_wire(cls, data: Mapping[str, Any]) -> "Heartbeat":
-        progress = data.get("progress")
-        return cls(quiet=_real(data, "quiet", 0.0, 1e9 - 1),
-                   progress=None if progress is None else NodeProgress.from_wire(progress))
 
 
 @dataclass(frozen=True)
 class Call(GangMessage):
     TYPE: ClassVar[MessageType] = MessageType.CALL
-    index: int
-    entry: str
-
-    def fields(self) -> Dict[str, Any]:
-        return {"index": self.index, "entry": self.entry[:1000]}
-
-    @classmethod
-    def from_wire(cls, data: Mapping[str, Any]) -> "Call":
-        return cls(index=_int(data, "index", 0, MAX_CALL), entry=_str(data, "entry", 1000, optional=True) or "?")
+    index: CallIndex
+    entry: Annotated[str, Text(1000)] = "?"
 
 
 @dataclass(frozen=True)
@@ -289,101 +199,61 @@ class Go(GangMessage):
     not train in it (``@torchrun(spares)``, bench.py), K indices at most."""
 
     TYPE: ClassVar[MessageType] = MessageType.GO
-    index: int
-    rdzv_port: int
-    bench: Bench = Bench()
-
-    def fields(self) -> Dict[str, Any]:
-        return {"index": self.index, "rdzv_port": self.rdzv_port,
-                "bench": self.bench.to_wire() if self.bench.benched else None}
-
-    @classmethod
-    def from_wire(cls, data: Mapping[str, Any]) -> "Go":
-        return cls(index=_int(data, "index", 0, MAX_CALL), rdzv_port=_int(data, "rdzv_port", 1, 65535),
-                   bench=Bench.from_wire(data.get("bench")))
+    index: CallIndex
+    rdzv_port: Port
+    bench: Annotated[Bench, SKIP] = Bench()
 
 
 Tails = Dict[int, Dict[str, Tuple[str, ...]]]
 
 
-@dataclass(frozen=True)
-class NodeReport:
-    """What a node tells the control as it finishes a call: its ranks and the
-    last lines of their output. Bounded per node, so the control's memory for
-    reports grows with the gang only linearly, and no message with it."""
-
-    ranks: Tuple[RankStatus, ...] = ()
-    tails: Tails = field(default_factory=dict)
-    started: Optional[float] = None
-    ended: Optional[float] = None
-    truncated: bool = False  # cut to fit the line limit
-
-    def to_wire(self) -> Dict[str, Any]:
-        return {
-            "ranks": [r.to_wire() for r in self.ranks],
-            "tails": {str(rank): {s: list(lines) for s, lines in streams.items()}
-                      for rank, streams in self.tails.items()},
-            "started": self.started,
-            "ended": self.ended,
-            "truncated": self.truncated,
-        }
-
-    @classmethod
-    def from_wire(cls, data: Any) -> "NodeReport":
-        if not isinstance(data, Mapping):
-            raise ProtocolError("a report is not an object")
-        ranks = data.get("ranks") or []
-        tails = data.get("tails") or {}
-        if not isinstance(ranks, list) or not isinstance(tails, Mapping) or len(ranks) > MAX_RANKS_PER_NODE \
-                or len(tails) > MAX_RANKS_PER_NODE:
-            raise ProtocolError("a report's ranks or tails are malformed")
-        return cls(
-            ranks=tuple(_rank_status(r) for r in ranks),
-            tails={_rank_key(k): _streams(v) for k, v in tails.items()},
-            started=_real(data, "started", 0.0, 1e12),
-            ended=_real(data, "ended", 0.0, 1e12),
-            truncated=data.get("truncated") is True,
-        )
-
-    def cut(self) -> "NodeReport":
-        """The same report without output tails: what is sent when the whole
-        does not fit one line (a lost done would hang the control)."""
-        return NodeReport(self.ranks[:MAX_RANKS_PER_NODE], {}, self.started, self.ended, truncated=True)
-
-
-def _rank_status(data: Any) -> RankStatus:
-    """A rank's status in a report (``procs/status.py`` holds the schema)."""
-    try:
-        return RankStatus.from_wire(data)
-    except StatusError as e:
-        raise ProtocolError(str(e)) from None
+def _tails(value: Any) -> Tails:
+    """Hand-read: each rank's last lines are cut to fit, not refused, and both streams are always there."""
+    if not isinstance(value, Mapping) or len(value) > MAX_RANKS_PER_NODE:
+        raise ValueError("not an object of at most %d ranks" % MAX_RANKS_PER_NODE)
+    return {_rank_key(k): _streams(v) for k, v in value.items()}
 
 
 def _rank_key(key: Any) -> int:
     try:
         rank = int(key)
     except (TypeError, ValueError):
-        raise ProtocolError("a rank key is not a number") from None
+        raise ValueError("a rank key is not a number") from None
     if not 0 <= rank < 1 << 31:
-        raise ProtocolError("a rank key is out of range")
+        raise ValueError("a rank key is out of range")
     return rank
 
 
 def _streams(value: Any) -> Dict[str, Tuple[str, ...]]:
     if not isinstance(value, Mapping):
-        raise ProtocolError("a rank's tails are not an object")
+        raise ValueError("a rank's tails are not an object")
     out: Dict[str, Tuple[str, ...]] = {}
     for stream in STREAMS:
         lines = value.get(stream) or []
         if not isinstance(lines, list) or len(lines) > TAIL_LINES or not all(isinstance(x, str) for x in lines):
-            raise ProtocolError("a rank's %s tail is malformed" % stream)
+            raise ValueError("a rank's %s tail is malformed" % stream)
         out[stream] = tuple(x[:TAIL_LINE_CHARS] for x in lines)
     return out
 
 
-def _report(data: Mapping[str, Any], name: str) -> Optional[NodeReport]:
-    value = data.get(name)
-    return None if value is None else NodeReport.from_wire(value)
+@dataclass(frozen=True)
+class NodeReport(Record):
+    """What a node tells the control as it finishes a call: its ranks and the
+    last lines of their output. Bounded per node, so the control's memory for
+    reports grows with the gang only linearly, and no message with it."""
+
+    ERROR = ProtocolError
+    ranks: Annotated[Tuple[RankStatus, ...], Items(MAX_RANKS_PER_NODE)] = ()
+    tails: Annotated[Tails, Via(_tails, lambda tails: {str(r): {s: list(lines) for s, lines in streams.items()}
+                                                       for r, streams in tails.items()})] = field(default_factory=dict)
+    started: Annotated[Optional[float], Real(0.0, 1e12)] = None
+    ended: Annotated[Optional[float], Real(0.0, 1e12)] = None
+    truncated: bool = False  # cut to fit the line limit
+
+    def cut(self) -> "NodeReport":
+        """The same report without output tails: what is sent when the whole
+        does not fit one line (a lost done would hang the control)."""
+        return NodeReport(self.ranks[:MAX_RANKS_PER_NODE], {}, self.started, self.ended, truncated=True)
 
 
 @dataclass(frozen=True)
@@ -393,52 +263,17 @@ class CallDone(GangMessage):
     value too big for one line is not sent, only its size."""
 
     TYPE: ClassVar[MessageType] = MessageType.CALL_DONE
-    index: int
+    index: CallIndex
     report: Optional[NodeReport] = None
-    rank0: Optional[bytes] = None
-    rank0_proof: Optional[str] = None
-    rank0_size: Optional[int] = None
-
-    def fields(self) -> Dict[str, Any]:
-        return {
-            "index": self.index,
-            "report": self.report.to_wire() if self.report else None,
-            "rank0": base64.b64encode(self.rank0).decode() if self.rank0 is not None else None,
-            "rank0_proof": self.rank0_proof,
-            "rank0_size": self.rank0_size,
-        }
-
-    @classmethod
-    def from_wire(cls, data: Mapping[str, Any]) -> "CallDone":
-        rank0 = data.get("rank0")
-        payload = None
-        if rank0 is not None:
-            if not isinstance(rank0, str):
-                raise ProtocolError("field 'rank0': not base64")
-            try:
-                payload = base64.b64decode(rank0, validate=True)
-            except (binascii.Error, ValueError):
-                raise ProtocolError("field 'rank0': not base64") from None
-        return cls(
-            index=_int(data, "index", 0, MAX_CALL),
-            report=_report(data, "report"),
-            rank0=payload,
-            rank0_proof=_str(data, "rank0_proof", PROOF_HEX, optional=True),
-            rank0_size=_int(data, "rank0_size", 0, 1 << 62, optional=True),
-        )
+    rank0: Annotated[Optional[bytes], BASE64] = None
+    rank0_proof: Annotated[Optional[str], Text(PROOF_HEX)] = None
+    rank0_size: Annotated[Optional[int], Int(0, 1 << 62)] = None
 
 
 @dataclass(frozen=True)
 class CallAllDone(GangMessage):
     TYPE: ClassVar[MessageType] = MessageType.CALL_ALL_DONE
-    index: int
-
-    def fields(self) -> Dict[str, Any]:
-        return {"index": self.index}
-
-    @classmethod
-    def from_wire(cls, data: Mapping[str, Any]) -> "CallAllDone":
-        return cls(index=_int(data, "index", 0, MAX_CALL))
+    index: CallIndex
 
 
 @dataclass(frozen=True)
@@ -449,14 +284,7 @@ class StacksIn(GangMessage):
     had asked where they were."""
 
     TYPE: ClassVar[MessageType] = MessageType.STACKS_IN
-    index: int
-
-    def fields(self) -> Dict[str, Any]:
-        return {"index": self.index}
-
-    @classmethod
-    def from_wire(cls, data: Mapping[str, Any]) -> "StacksIn":
-        return cls(index=_int(data, "index", 0, MAX_CALL))
+    index: CallIndex
 
 
 @dataclass(frozen=True)
@@ -466,19 +294,10 @@ class Failed(GangMessage):
     a failure of the new ones."""
 
     TYPE: ClassVar[MessageType] = MessageType.FAILED
-    cause: Cause
-    call: Optional[int] = None
+    cause: Annotated[Cause, CAUSE]
+    call: Optional[CallIndex] = None
     report: Optional[NodeReport] = None
-    restart: int = 0
-
-    def fields(self) -> Dict[str, Any]:
-        return {"cause": self.cause.to_wire(), "call": self.call,
-                "report": self.report.to_wire() if self.report else None, "restart": self.restart or None}
-
-    @classmethod
-    def from_wire(cls, data: Mapping[str, Any]) -> "Failed":
-        return cls(cause=_cause(data, "cause"), call=_int(data, "call", 0, MAX_CALL, optional=True),
-                   report=_report(data, "report"), restart=_int(data, "restart", 0, MAX_RESTART, optional=True) or 0)
+    restart: Annotated[int, Int(0, MAX_RESTART), SKIP] = 0
 
 
 @dataclass(frozen=True)
@@ -492,65 +311,36 @@ class Restart(GangMessage):
     gang's size: the bench is K indices at most."""
 
     TYPE: ClassVar[MessageType] = MessageType.RESTART
-    index: int
-    restart: int
-    rdzv_port: int
-    cause: Cause
-    bench: Bench = Bench()
-    swapped_in: Optional[int] = None
-
-    def fields(self) -> Dict[str, Any]:
-        return {"index": self.index, "restart": self.restart, "rdzv_port": self.rdzv_port,
-                "cause": self.cause.to_wire(), "bench": self.bench.to_wire() if self.bench.benched else None,
-                "swapped_in": self.swapped_in}
-
-    @classmethod
-    def from_wire(cls, data: Mapping[str, Any]) -> "Restart":
-        return cls(index=_int(data, "index", 0, MAX_CALL), restart=_int(data, "restart", 1, MAX_RESTART),
-                   rdzv_port=_int(data, "rdzv_port", 1, 65535), cause=_cause(data, "cause"),
-                   bench=Bench.from_wire(data.get("bench")), swapped_in=_int(data, "swapped_in", optional=True))
+    index: CallIndex
+    restart: Annotated[int, Int(1, MAX_RESTART)]
+    rdzv_port: Port
+    cause: Annotated[Cause, CAUSE]
+    bench: Annotated[Bench, SKIP] = Bench()
+    swapped_in: Annotated[Optional[int], Int(0, MAX_NODE)] = None
 
     @property
     def swapped_out(self) -> Optional[int]:
         return self.cause.node_index if self.swapped_in is not None else None
 
 
-@dataclass(frozen=True)
-class Stacks(GangMessage):
-    """Where a node's ranks were when it stopped them (rank -> faulthandler's
-    dump) and, where torch records them, the collectives each had entered
-    (rank -> its Flight Recorder summary, procs/flight.py: a few hundred bytes
-    at most); both empty when it had no live rank. Entries that are not a rank
-    and a text or a summary are left out, not fatal: both are best effort."""
+def _stacks(value: Any) -> Dict[int, str]:
+    """Hand-read, best effort: entries that are not a rank and a text are left out, texts cut."""
+    if not isinstance(value, Mapping):
+        raise ValueError("not an object")
+    return {rank: text[:MAX_STACK_BYTES] for rank, text in _by_rank(value) if isinstance(text, str)}
 
-    TYPE: ClassVar[MessageType] = MessageType.STACKS
-    call: int
-    stacks: Dict[int, str] = field(default_factory=dict)
-    flights: Dict[int, FlightSummary] = field(default_factory=dict)
 
-    def fields(self) -> Dict[str, Any]:
-        return {"call": self.call, "stacks": {str(r): t for r, t in self.stacks.items()},
-                "flights": {str(r): s.to_wire() for r, s in self.flights.items()}}
-
-    @classmethod
-    def from_wire(cls, data: Mapping[str, Any]) -> "Stacks":
-        value = data.get("stacks")
-        if not isinstance(value, Mapping):
-            raise ProtocolError("field 'stacks': not an object")
-        stacks: Dict[int, str] = {}
-        for rank, text in _by_rank(value):
-            if isinstance(text, str):
-                stacks[rank] = text[:MAX_STACK_BYTES]
-        flights: Dict[int, FlightSummary] = {}
-        value = data.get("flights", {})
-        if not isinstance(value, Mapping):
-            raise ProtocolError("field 'flights': not an object")
-        for rank, summary in _by_rank(value):
-            try:
-                flights[rank] = FlightSummary.from_wire(summary)
-            except FlightError:
-                continue
-        return cls(call=_int(data, "call", 0, MAX_CALL), stacks=stacks, flights=flights)
+def _flights(value: Any) -> Dict[int, FlightSummary]:
+    """Hand-read, best effort: entries that are not a rank and a summary are left out."""
+    if not isinstance(value, Mapping):
+        raise ValueError("not an object")
+    flights: Dict[int, FlightSummary] = {}
+    for rank, summary in _by_rank(value):
+        try:
+            flights[rank] = FlightSummary.from_wire(summary)
+        except FlightError:
+            continue
+    return flights
 
 
 def _by_rank(value: Mapping[str, Any]) -> Iterator[Tuple[int, Any]]:
@@ -566,39 +356,35 @@ def _by_rank(value: Mapping[str, Any]) -> Iterator[Tuple[int, Any]]:
 
 
 @dataclass(frozen=True)
+class Stacks(GangMessage):
+    """Where a node's ranks were when it stopped them (rank -> faulthandler's
+    dump) and, where torch records them, the collectives each had entered
+    (rank -> its Flight Recorder summary, procs/flight.py: a few hundred bytes
+    at most); both empty when it had no live rank. Entries that are not a rank
+    and a text or a summary are left out, not fatal: both are best effort."""
+
+    TYPE: ClassVar[MessageType] = MessageType.STACKS
+    call: CallIndex
+    stacks: Annotated[Dict[int, str], Via(_stacks), NEED] = field(default_factory=dict)
+    flights: Annotated[Dict[int, FlightSummary], Via(_flights)] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class Leave(GangMessage):
     TYPE: ClassVar[MessageType] = MessageType.LEAVE
-    calls: int
+    calls: CallIndex
     ok: bool
-
-    def fields(self) -> Dict[str, Any]:
-        return {"calls": self.calls, "ok": self.ok}
-
-    @classmethod
-    def from_wire(cls, data: Mapping[str, Any]) -> "Leave":
-        return cls(calls=_int(data, "calls", 0, MAX_CALL), ok=_bool(data, "ok"))
 
 
 @dataclass(frozen=True)
 class AllLeft(GangMessage):
     TYPE: ClassVar[MessageType] = MessageType.ALL_LEFT
 
-    @classmethod
-    def from_wire(cls, data: Mapping[str, Any]) -> "AllLeft":
-        return cls()
-
 
 @dataclass(frozen=True)
 class Abort(GangMessage):
     TYPE: ClassVar[MessageType] = MessageType.ABORT
-    cause: Cause
-
-    def fields(self) -> Dict[str, Any]:
-        return {"cause": self.cause.to_wire()}
-
-    @classmethod
-    def from_wire(cls, data: Mapping[str, Any]) -> "Abort":
-        return cls(cause=_cause(data, "cause"))
+    cause: Annotated[Cause, CAUSE]
 
 
 # -- preflight (gang/node_compare.py compares; launch/node_checks.py measures) ----------------
@@ -611,38 +397,23 @@ CHECK_STATUSES = ("ok", "warn", "fail")
 MAX_CHECKS = 16
 CHECK_NAME_CHARS = 32
 CHECK_TEXT_CHARS = 300
+CheckText = Annotated[str, Text(CHECK_TEXT_CHARS)]
 
 
 @dataclass(frozen=True)
-class PreflightCheck:
+class PreflightCheck(Record):
     """One fitness check on one node: what was found, what was expected, and
     the fix when it is not ok."""
 
-    name: str
-    status: str  # one of CHECK_STATUSES
-    found: str = ""
-    expected: str = ""
-    fix: str = ""
+    ERROR = ProtocolError
+    name: Annotated[str, Text(CHECK_NAME_CHARS, least=1)]
+    status: Annotated[str, OneOf(CHECK_STATUSES)]
+    found: CheckText = ""
+    expected: CheckText = ""
+    fix: CheckText = ""
 
-    def to_wire(self) -> Dict[str, Any]:
-        return {"name": self.name[:CHECK_NAME_CHARS], "status": self.status,
-                "found": self.found[:CHECK_TEXT_CHARS], "expected": self.expected[:CHECK_TEXT_CHARS],
-                "fix": self.fix[:CHECK_TEXT_CHARS]}
 
-    @classmethod
-    def from_wire(cls, data: Any) -> "PreflightCheck":
-        if not isinstance(data, Mapping):
-            raise ProtocolError("a preflight check is not an object")
-        status = _str(data, "status", 8)
-        if status not in CHECK_STATUSES:
-            raise ProtocolError("field 'status': not one of %s" % ", ".join(CHECK_STATUSES))
-        name = _str(data, "name", CHECK_NAME_CHARS)
-        if not name:
-            raise ProtocolError("field 'name': empty")
-        return cls(name=name, status=status,
-                   found=_str(data, "found", CHECK_TEXT_CHARS, optional=True) or "",
-                   expected=_str(data, "expected", CHECK_TEXT_CHARS, optional=True) or "",
-                   fix=_str(data, "fix", CHECK_TEXT_CHARS, optional=True) or "")
+Versions = Dict[Annotated[str, OneOf(FINGERPRINT_FIELDS)], Annotated[str, Text(FINGERPRINT_VALUE_CHARS)]]
 
 
 @dataclass(frozen=True)
@@ -653,29 +424,8 @@ class Preflight(GangMessage):
     in well under a megabyte."""
 
     TYPE: ClassVar[MessageType] = MessageType.PREFLIGHT
-    versions: Dict[str, str] = field(default_factory=dict)
-    checks: Tuple[PreflightCheck, ...] = ()
-
-    def fields(self) -> Dict[str, Any]:
-        return {"versions": {k: v[:FINGERPRINT_VALUE_CHARS] for k, v in self.versions.items()
-                             if k in FINGERPRINT_FIELDS},
-                "checks": [c.to_wire() for c in self.checks[:MAX_CHECKS]]}
-
-    @classmethod
-    def from_wire(cls, data: Mapping[str, Any]) -> "Preflight":
-        versions = data.get("versions")
-        checks = data.get("checks")
-        checks = [] if checks is None else checks
-        if not isinstance(versions, Mapping):
-            raise ProtocolError("field 'versions': not an object")
-        unknown = [str(k)[:40] for k in versions if k not in FINGERPRINT_FIELDS]
-        if unknown:
-            raise ProtocolError("field 'versions': unknown field %r" % unknown[0])
-        for key in versions:
-            _str(versions, key, FINGERPRINT_VALUE_CHARS)
-        if not isinstance(checks, list) or len(checks) > MAX_CHECKS:
-            raise ProtocolError("field 'checks': not a list of at most %d checks" % MAX_CHECKS)
-        return cls(versions=dict(versions), checks=tuple(PreflightCheck.from_wire(c) for c in checks))
+    versions: Annotated[Versions, Items(len(FINGERPRINT_FIELDS)), NEED] = field(default_factory=dict)
+    checks: Annotated[Tuple[PreflightCheck, ...], Items(MAX_CHECKS)] = ()
 
 
 KINDS: Dict[MessageType, Type[GangMessage]] = {

@@ -17,8 +17,9 @@ import statistics
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Callable, Deque, Dict, Iterable, Mapping, Optional, Tuple
+from typing import Annotated, Any, Callable, Deque, Dict, Iterable, Mapping, Optional, Tuple
 
+from ..codec import Int, Real, Record, Via
 from ..procs import MAX_METRICS, ProgressReport, clean_metrics, read_progress, read_statuses
 from .wire import ProtocolError
 
@@ -32,83 +33,56 @@ RATE_WINDOW = 30.0
 RATE_SAMPLES = 64
 
 
+Steps = Annotated[int, Int(0, STEP_LIMIT - 1)]
+Rank = Annotated[Optional[int], Int(0, RANK_LIMIT - 1)]
+Rate = Annotated[Optional[float], Real(0.0, MAX_RATE, digits=4)]
+
+
+def _metrics(value: Any) -> Dict[str, float]:
+    """Hand-read: the same rule as a rank's own report (``procs/progress.py``), refused where it differs."""
+    if not isinstance(value, Mapping) or len(value) > MAX_METRICS or clean_metrics(value) != value:
+        raise ValueError("not at most %d named finite numbers" % MAX_METRICS)
+    return dict(value)
+
+
 @dataclass(frozen=True)
-class NodeProgress:
+class NodeProgress(Record):
     """One node's ranks, summed up. Steps per second of its slowest rank
     (``rate_min``) set the node's pace; ``stalled``: seconds since any of its
     ranks advanced a step, on the node's own clock (the control's
     ``hang_timeout`` reads it); ``cpu``: CPU seconds per second per rank,
     the fallback signal where no rank reports progress; ``gpu``: the mean
     utilisation (%) of the node's visible GPUs, where nvidia-smi answers,
-    the fallback that comes first on GPU nodes (host/gpu_usage.py)."""
+    the fallback that comes first on GPU nodes (host/gpu_usage.py).
+    Read checked field by field (``codec.py``): ``ProtocolError`` names the
+    first bad one."""
 
-    ranks: int = 0  # ranks with a report
-    step_min: int = 0
-    step_median: int = 0
-    step_max: int = 0
-    total: Optional[int] = None
-    rate: Optional[float] = None  # steps/s of the median rank
-    rate_min: Optional[float] = None  # steps/s of the slowest rank
-    slowest_rank: Optional[int] = None
-    rank_lo: Optional[int] = None  # the node's ranks, lowest and highest (torchrun numbers them in a row)
-    rank_hi: Optional[int] = None
-    stalled: Optional[float] = None
-    cpu: Optional[float] = None
-    gpu: Optional[float] = None
-    metrics: Dict[str, float] = field(default_factory=dict)
+    ERROR = ProtocolError
+    DROP_NONE = True
+    ranks: Annotated[int, Int(0, RANK_LIMIT - 1)] = 0  # ranks with a report
+    step_min: Steps = 0
+    step_median: Steps = 0
+    step_max: Steps = 0
+    total: Annotated[Optional[int], Int(0, STEP_LIMIT - 1)] = None
+    rate: Rate = None  # steps/s of the median rank
+    rate_min: Rate = None  # steps/s of the slowest rank
+    slowest_rank: Rank = None
+    rank_lo: Rank = None  # the node's ranks, lowest and highest (torchrun numbers them in a row)
+    rank_hi: Rank = None
+    stalled: Annotated[Optional[float], Real(0.0, MAX_SECONDS, digits=4)] = None
+    cpu: Annotated[Optional[float], Real(0.0, 1e6, digits=4)] = None
+    gpu: Annotated[Optional[float], Real(0.0, 100.0, digits=4)] = None
+    metrics: Annotated[Dict[str, float], Via(_metrics, lambda m: {k: float("%.6g" % v) for k, v in m.items()} or None)] \
+        = field(default_factory=dict)
 
     @property
     def reporting(self) -> bool:
         return self.ranks > 0
 
-    def to_wire(self) -> Dict[str, Any]:
-        data = {"ranks": self.ranks, "step_min": self.step_min, "step_median": self.step_median,
-                "step_max": self.step_max, "total": self.total, "rate": _round(self.rate),
-                "rate_min": _round(self.rate_min), "slowest_rank": self.slowest_rank, "rank_lo": self.rank_lo,
-                "rank_hi": self.rank_hi, "stalled": _round(self.stalled), "cpu": _round(self.cpu), "gpu": _round(self.gpu),
-                "metrics": {k: float("%.6g" % v) for k, v in self.metrics.items()} or None}
-        return {k: v for k, v in data.items() if v is not None}
-
-    @classmethod
-    def from_wire(cls, data: Any) -> "NodeProgress":
-        """Checked field by field; ``ProtocolError`` names the first bad one."""
-        if not isinstance(data, Mapping):
-            raise ProtocolError("field 'progress': not an object")
-        metrics = data.get("metrics") or {}
-        if not isinstance(metrics, Mapping) or len(metrics) > MAX_METRICS or clean_metrics(metrics) != metrics:
-            raise ProtocolError("field 'progress.metrics': not at most %d named finite numbers" % MAX_METRICS)
-        steps = [_int(data, name, STEP_LIMIT, absent=0) for name in ("step_min", "step_median", "step_max")]
-        if not steps[0] <= steps[1] <= steps[2]:
-            raise ProtocolError("field 'progress': steps not in order (min <= median <= max)")
-        return cls(ranks=_int(data, "ranks", RANK_LIMIT, absent=0), step_min=steps[0], step_median=steps[1],
-                   step_max=steps[2], total=_int(data, "total", STEP_LIMIT) or None,
-                   rate=_real(data, "rate", MAX_RATE), rate_min=_real(data, "rate_min", MAX_RATE),
-                   slowest_rank=_int(data, "slowest_rank", RANK_LIMIT), rank_lo=_int(data, "rank_lo", RANK_LIMIT),
-                   rank_hi=_int(data, "rank_hi", RANK_LIMIT), stalled=_real(data, "stalled", MAX_SECONDS),
-                   cpu=_real(data, "cpu", 1e6), gpu=_real(data, "gpu", 100.0), metrics=dict(metrics))
-
-
-def _round(value: Optional[float]) -> Optional[float]:
-    return None if value is None else round(value, 4)
-
-
-def _int(data: Mapping[str, Any], name: str, limit: int, absent: Any = None) -> Any:
-    value = data.get(name)
-    if value is None:
-        return absent
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < limit:
-        raise ProtocolError("field 'progress.%s': not an integer in [0, %d)" % (name, limit))
-    return value
-
-
-def _real(data: Mapping[str, Any], name: str, limit: float) -> Optional[float]:
-    value = data.get(name)
-    if value is None:
+    def problem(self) -> Optional[str]:
+        if not self.step_min <= self.step_median <= self.step_max:
+            return "field 'progress': steps not in order (min <= median <= max)"
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
-            or not 0 <= value <= limit:
-        raise ProtocolError("field 'progress.%s': not a number in [0, %g]" % (name, limit))
-    return float(value)
 
 
 # -- on the node ---------------------------------------------------------------------

@@ -25,7 +25,9 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Annotated, Any, Dict, List, Mapping, Optional, Tuple
+
+from ..codec import SKIP, Int, Items, OneOf, Record, Text
 
 # A rank reports at most this many process groups: those with a collective
 # still open first, then the busiest.
@@ -59,33 +61,22 @@ class FlightError(ValueError):
     """A summary from another process that is not one."""
 
 
+Seq = Annotated[int, Int(0, MAX_SEQ)]
+
+
 @dataclass(frozen=True)
-class FlightGroup:
+class FlightGroup(Record):
     """One process group as one rank saw it. ``entered``: the sequence number
     (among the group's collectives, the same on every rank that issued the
     same ones) of the last collective this rank entered; ``op`` its name;
     ``done`` whether it completed here."""
 
-    name: str  # torch's name of the group: "0" is the default group
-    entered: int
-    op: str
+    ERROR = FlightError
+    name: Annotated[str, Text(NAME_CHARS)]  # torch's name of the group: "0" is the default group
+    entered: Seq
+    op: Annotated[str, Text(OP_CHARS)]
     done: bool
-    desc: str = ""  # torch's description ("default_pg"), when it has one
-
-    def to_wire(self) -> Dict[str, Any]:
-        return {"name": self.name, "entered": self.entered, "op": self.op, "done": self.done, "desc": self.desc}
-
-    @classmethod
-    def from_wire(cls, data: Any) -> "FlightGroup":
-        if not isinstance(data, Mapping):
-            raise FlightError("a group is not an object")
-        entered = data.get("entered")
-        if isinstance(entered, bool) or not isinstance(entered, int) or not 0 <= entered <= MAX_SEQ:
-            raise FlightError("field 'entered': not a sequence number")
-        if not isinstance(data.get("done"), bool):
-            raise FlightError("field 'done': not a boolean")
-        return cls(name=_text(data, "name", NAME_CHARS), entered=entered, op=_text(data, "op", OP_CHARS),
-                   done=data["done"], desc=_text(data, "desc", NAME_CHARS))
+    desc: Annotated[str, Text(NAME_CHARS)] = ""  # torch's description ("default_pg"), when it has one
 
     @property
     def waiting(self) -> bool:
@@ -93,52 +84,22 @@ class FlightGroup:
 
 
 @dataclass(frozen=True)
-class FlightSummary:
+class FlightSummary(Record):
     """One rank's answer: the state of its recorder and, when ``OK``, its groups.
     ``recorder``: the backend whose recorder was read; ``note``: why a state
     other than ``OK`` (a function this torch lacks, a format it writes that is
     not read here)."""
 
-    state: str
-    groups: Tuple[FlightGroup, ...] = ()
-    entries: int = 0  # how many the recorder held (at most its size)
-    recorder: str = ""
-    note: str = ""
+    ERROR = FlightError
+    WIRE_ORDER = ("state", "entries", "groups", "recorder", "note")
+    state: Annotated[str, OneOf(STATES)]
+    groups: Annotated[Tuple[FlightGroup, ...], Items(MAX_GROUPS)] = ()
+    entries: Seq = 0  # how many the recorder held (at most its size)
+    recorder: Annotated[str, Text(RECORDER_CHARS), SKIP] = ""
+    note: Annotated[str, Text(NOTE_CHARS), SKIP] = ""
 
     def group(self, name: str) -> Optional[FlightGroup]:
         return next((g for g in self.groups if g.name == name), None)
-
-    def to_wire(self) -> Dict[str, Any]:
-        out: Dict[str, Any] = {"state": self.state, "entries": self.entries,
-                               "groups": [g.to_wire() for g in self.groups]}
-        if self.recorder:
-            out["recorder"] = self.recorder
-        if self.note:
-            out["note"] = self.note
-        return out
-
-    @classmethod
-    def from_wire(cls, data: Any) -> "FlightSummary":
-        if not isinstance(data, Mapping):
-            raise FlightError("a flight summary is not an object")
-        state = data.get("state")
-        if state not in STATES:
-            raise FlightError("field 'state': not one of %s" % ", ".join(STATES))
-        groups = data.get("groups", [])
-        if not isinstance(groups, list) or len(groups) > MAX_GROUPS:
-            raise FlightError("field 'groups': not a list of at most %d groups" % MAX_GROUPS)
-        entries = data.get("entries", 0)
-        if isinstance(entries, bool) or not isinstance(entries, int) or not 0 <= entries <= MAX_SEQ:
-            raise FlightError("field 'entries': not a count")
-        return cls(state, tuple(FlightGroup.from_wire(g) for g in groups), entries,
-                   _text(data, "recorder", RECORDER_CHARS), _text(data, "note", NOTE_CHARS))
-
-
-def _text(data: Mapping[str, Any], name: str, limit: int) -> str:
-    value = data.get(name, "")
-    if not isinstance(value, str) or len(value) > limit:
-        raise FlightError("field %r: not a string of at most %d characters" % (name, limit))
-    return value
 
 
 def summarize(dump: Any, recorder: str = GLOO) -> FlightSummary:

@@ -7,9 +7,9 @@ and kept in the public result (``runtime/result.py``'s ``RankRecord`` is this
 class). Its JSON, in the status file, on the wire and in the result's record,
 is ``to_wire``: the eight fields below, in this order.
 
-Two ways back from JSON: ``from_wire`` checks every field and raises
-``StatusError`` (a peer's message: the gang drops a peer that sends one bad
-field); ``from_file`` reads what a rank wrote leniently (a field of the wrong
+Two ways back from JSON: ``from_wire`` checks every field (``codec.py``, by
+the bounds on each field's type) and raises ``StatusError`` (a peer's message:
+the gang drops a peer that sends one bad field); ``from_file`` reads what a rank wrote leniently (a field of the wrong
 type is unknown), because a rank's file is a record to show, not a request.
 No Metaflow, no torch: every rank imports this.
 """
@@ -20,8 +20,9 @@ import dataclasses
 import math
 import os
 from dataclasses import dataclass
-from typing import Any, Dict, Mapping, Optional
+from typing import Annotated, Any, Dict, Mapping, Optional
 
+from ..codec import Int, Real, Record
 from .names import STATUS_SUFFIX, rank_file, rank_of
 from .records import read_json, write_json
 
@@ -34,18 +35,23 @@ class StatusError(ValueError):
     """A rank status from the wire that does not hold to the schema."""
 
 
+Count = Annotated[int, Int(-1, INT_LIMIT)]
+Time = Annotated[Optional[float], Real(0.0, MAX_TIME)]
+
+
 @dataclass(frozen=True)
-class RankStatus:
+class RankStatus(Record):
     """One rank as its node saw it. -1 or None: unknown."""
 
-    rank: int
-    local_rank: int
-    group_rank: int = -1  # the node's rank in torch's rendezvous (0 is a real one)
-    restart: int = 0  # torchelastic's restart count when the rank started
-    pid: int = -1
-    start: Optional[float] = None
-    end: Optional[float] = None
-    exit_code: Optional[int] = None  # negative: the signal that ended it
+    ERROR = StatusError
+    rank: Annotated[int, Int(0, INT_LIMIT)]
+    local_rank: Count
+    group_rank: Count = -1  # the node's rank in torch's rendezvous (0 is a real one)
+    restart: Annotated[int, Int(0, INT_LIMIT)] = 0  # torchelastic's restart count when the rank started
+    pid: Count = -1
+    start: Time = None
+    end: Time = None
+    exit_code: Annotated[Optional[int], Int(-INT_LIMIT, INT_LIMIT)] = None  # negative: the signal that ended it
 
     @property
     def duration(self) -> Optional[float]:
@@ -53,29 +59,9 @@ class RankStatus:
             return None
         return self.end - self.start
 
-    def to_wire(self) -> Dict[str, Any]:
-        """The record's JSON: the status file, a node's report, the result."""
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-
     def ended(self, exit_code: int, when: float) -> "RankStatus":
         """This record with an exit: ``when`` is kept only where no end is known."""
         return dataclasses.replace(self, exit_code=exit_code, end=self.end if self.end is not None else when)
-
-    @classmethod
-    def from_wire(cls, data: Any) -> "RankStatus":
-        """Checked field by field; ``StatusError`` names the first bad one."""
-        if not isinstance(data, Mapping):
-            raise StatusError("a rank's status is not an object")
-        return cls(
-            rank=_int(data, "rank", 0, INT_LIMIT),
-            local_rank=_int(data, "local_rank", -1, INT_LIMIT),
-            group_rank=_int(data, "group_rank", -1, INT_LIMIT, absent=-1),  # not `or`: 0 is node 0's
-            restart=_int(data, "restart", 0, INT_LIMIT, absent=0),
-            pid=_int(data, "pid", -1, INT_LIMIT, absent=-1),
-            start=_time(data, "start"),
-            end=_time(data, "end"),
-            exit_code=_int(data, "exit_code", -INT_LIMIT, INT_LIMIT, absent=None),
-        )
 
     @classmethod
     def from_file(cls, data: Any) -> Optional["RankStatus"]:
@@ -106,24 +92,6 @@ def _stamp(value: Any) -> Optional[float]:
     ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) \
         and 0 <= value <= MAX_TIME
     return float(value) if ok else None
-
-
-def _int(data: Mapping[str, Any], name: str, low: int, high: int, absent: Any = "required") -> Any:
-    value = data.get(name)
-    if value is None and absent != "required":
-        return absent
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise StatusError("field %r: not an integer in [%d, %d]" % (name, low, high))
-    return value
-
-
-def _time(data: Mapping[str, Any], name: str) -> Optional[float]:
-    value = data.get(name)
-    if value is None:
-        return None
-    if _stamp(value) is None or isinstance(value, int) and abs(value) >= 2**53:
-        raise StatusError("field %r: not a time in [0, %g]" % (name, MAX_TIME))
-    return float(value)
 
 
 # -- the status files of a call's work directory ---------------------------------
