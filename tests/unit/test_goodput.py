@@ -76,3 +76,54 @@ def test_the_card_draws_one_bar_per_attempt():
     rows = goodput.rows(led)
     assert len(rows) == 2 and len(rows[0]) == len(goodput.HEADERS)
     assert "effective training 62.5% of 2m 08s over 2 attempts" in led.summary()
+
+
+# -- a swap (@torchrun(spares)) and an in-step restart: segments of their own ----------------------
+
+def _swap(failed_at=120.0, stopped_at=121.0, back_at=123.0, work_from=110.0, out=1, came_in=2):
+    from metaflow_extensions.torchrun.plugins.torchrun.runtime.attempts import RestartMark
+
+    return RestartMark(call=0, restart=1, failed_at=failed_at, stopped="node 1 (h1), rank 2: killed by signal SIGKILL",
+                       kind=CauseKind.RANK_FAILED, stopped_at=stopped_at, back_at=back_at, work_from=work_from,
+                       swapped_out=out, swapped_in=came_in, out_host="h1", in_host="h2")
+
+
+def test_a_swap_is_a_segment_named_by_its_nodes_with_what_it_cost():
+    # The call's first line is its last start's (130, after the swap): start-up ends at the first ranks' start.
+    a = Attempt(attempt=0, started_at=100.0, gang_formed_at=105.0, calls=(CallStart(0, 104.0),),
+                first_output_at=130.0, ended_at=160.0, recorded_at=162.0, stopped="succeeded",
+                restarts=(_swap(),))
+    led = goodput.ledger([a], now=162.0)
+    assert abs(sum(led.parts.values()) - led.wall_seconds) < 1e-9 and led.wall_seconds == 62.0
+    before, after = led.segments
+    assert (before.started_at, before.ended_at, before.restart) == (100.0, 121.0, None)
+    assert {k: v for k, v in before.parts.items() if v} == {"gang": 5.0, "startup": 5.0, "lost_work": 10.0, "stop": 1.0}
+    assert before.cause == "node 1 (h1) out, spare node 2 (h2) in: node 1 (h1), rank 2: killed by signal SIGKILL"
+    assert (before.swapped_out, before.swapped_in) == (1, 2)
+    # Time lost: the work since the ranks started, the stop, the new ranks' start; time to train again: 3 s.
+    assert before.lost_seconds == 10.0 + 1.0 + 2.0 and before.time_to_restart == 3.0
+    assert (after.started_at, after.ended_at, after.restart, after.cause) == (121.0, 162.0, 1, None)
+    assert {k: v for k, v in after.parts.items() if v} == {"restart": 2.0, "productive": 37.0, "other": 2.0}
+    assert "over 1 attempt and 1 in-step restart (1 swap)" in led.summary()
+    back = goodput.Ledger.from_wire(json.loads(json.dumps(led.to_wire())))
+    assert (back.segments[0].swapped_out, back.segments[0].swapped_in, back.segments[1].swapped_in) == (1, 2, None)
+    assert goodput.rows(led)[0][0] == "0" and goodput.rows(led)[1][0] == "0.1"
+    assert goodput.rows(led)[0][-1].startswith("node 1 (h1) out, spare node 2 (h2) in: ")
+
+
+def test_a_restart_in_place_is_a_segment_too_and_an_attempt_failing_after_it_loses_only_what_followed():
+    from metaflow_extensions.torchrun.plugins.torchrun.runtime.attempts import with_costs
+
+    in_place = _swap(out=None, came_in=None)
+    failed = Attempt(attempt=0, started_at=100.0, gang_formed_at=105.0, calls=(CallStart(0, 104.0),),
+                     first_output_at=124.0, ended_at=160.0, recorded_at=165.0, stopped="node 1 disconnected",
+                     kind=CauseKind.NODE_LOST, restarts=(in_place,))
+    ok = _attempt(1, 175.0, 180.0, 179.0, 186.0, 226.0, 228.0)
+    led = goodput.ledger([failed, ok], now=228.0)
+    first, second, third = led.segments
+    assert first.cause == "restart 1: node 1 (h1), rank 2: killed by signal SIGKILL" and first.swapped_in is None
+    # Without a checkpoint the attempt's failure loses the work since the restart's ranks started (123), not since 110.
+    assert second.restart == 1 and second.parts["lost_work"] == 160.0 - 123.0 and second.cause == "node 1 disconnected"
+    assert third.attempt == 1 and abs(sum(led.parts.values()) - led.wall_seconds) < 1e-9
+    costed = with_costs([failed, ok])[0]
+    assert costed.lost_work_seconds == 160.0 - 123.0

@@ -161,3 +161,41 @@ def test_causes_that_recur_and_causes_seen_once_are_told_apart():
     once = lines.index("causes seen once (blamed attempts):")
     assert "2x  node N (h), rank N: killed by signal SIGSEGV  (host: bad)" in lines[recurred + 1]
     assert lines[once + 1] == "  1x  node N (good) stopped answering  (host: good)"
+
+
+def _swapped(k, at, hosts=("good", "bad", "spare")):
+    """An attempt that succeeded after node 1 was taken out for the spare node 2."""
+    from metaflow_extensions.torchrun.plugins.torchrun.runtime.attempts import RestartMark
+
+    nodes, _ = roles.entries(3, dict(enumerate(hosts)), {}, {}, {}, {}, tasks=["r/train/t%d" % i for i in range(3)],
+                             taken_out=[1])
+    swap = RestartMark(call=0, restart=1, failed_at=at + 5, stopped="node 1 (bad), rank 1: killed by signal SIGKILL",
+                       kind=CauseKind.RANK_FAILED, swapped_out=1, swapped_in=2, out_host="bad", in_host="spare")
+    return Attempt(attempt=k, started_at=at, stopped="succeeded", nodes=nodes, restarts=(swap,))
+
+
+def test_a_host_taken_out_for_a_spare_counts_as_a_failure_pinned_to_it():
+    attempt = _swapped(0, 100.0)
+    assert [(n.node, n.role, n.task) for n in attempt.nodes] == [(0, "bystander", None), (1, "out", "t1"),
+                                                                 (2, "bystander", None)]
+    seen = nh.appearances([attempt], "F", "1", "train")
+    bad = [a for a in seen if a.host == "bad"][0]
+    assert bad.role == "out" and bad.kind == "failed"
+    assert bad.cause == "taken out for a spare: node 1 (bad), rank 1: killed by signal SIGKILL"
+    assert all(a.cause is None for a in seen if a.host != "bad")
+    # Swapped out in 3 runs: a later run's preflight names it and, with spares, starts it as a spare.
+    seen = [a for r in range(3) for a in nh.appearances([_swapped(0, 100.0 + r)], "F", str(r), "train")]
+    threshold = nh.Threshold(culprit=3, appearances=5)
+    assert nh.evidence("bad", seen, threshold).startswith("bad was blamed in 3 of its last 3 appearances")
+    assert nh.blamed({0: "good", 1: "spare", 2: "bad"}, seen, threshold) == [2]
+    report = nh.report(seen)
+    assert report["hosts"][0]["host"] == "bad" and report["hosts"][0]["roles"] == {"out": 3}
+
+
+def test_a_node_the_preflight_took_out_is_blamed_for_its_checks():
+    nodes, _ = roles.entries(2, {0: "a", 1: "b"}, {}, {}, {}, {1: "shm"}, taken_out=[1])
+    (appearance,) = [a for a in nh.appearances([Attempt(attempt=0, started_at=1.0, stopped="succeeded", nodes=nodes)],
+                                               "F", "1", "train") if a.host == "b"]
+    assert appearance.role == "out" and appearance.kind == "preflight"
+    assert appearance.cause == "taken out for a spare before any rank started: preflight shm"
+    assert roles.NodeEntry.from_wire(nodes[1].to_wire()) == nodes[1]

@@ -83,3 +83,68 @@ def test_attempts_of_1024_nodes_fit_keeping_the_nodes_with_a_role():
     assert [[n["node"] for n in a["nodes"]] for a in record["attempts"]] == [[17], [18], [19]]
     assert [a["nodes_left_out"] for a in record["attempts"]] == [1023] * 3
     assert record["goodput"]["wall_seconds"] == 30.0
+
+
+# -- @torchrun(spares): the swaps and the bench in the record, read back --------------------------------
+
+def _swapped_result(restarts=1, result=None, swap_at=1):
+    """The control's result of a call with ``restarts`` in-step restarts, one (``swap_at``) a swap of node 1 for node 2."""
+    from metaflow_extensions.torchrun.plugins.torchrun.cause import Cause, CauseKind
+    from metaflow_extensions.torchrun.plugins.torchrun.runtime.restarts import InStepRestart
+
+    killed = Cause(CauseKind.RANK_FAILED, "node 1 (b), rank 2: killed by signal SIGKILL", node_index=1, rank=2)
+    found = [InStepRestart(k, killed, ran_from=100.0 + 10 * k, failed_at=105.0 + 10 * k, stopped_at=106.0 + 10 * k,
+                           ranks_at=108.0 + 10 * k, work_from=101.0 + 10 * k,
+                           swapped_out=1 if k == swap_at else None, swapped_in=2 if k == swap_at else None)
+             for k in range(1, restarts + 1)]
+    result = result or TorchrunResult(["torchrun"], 0, 3, 1, 0, 100.0, 200.0, call=0)
+    result.in_step_restarts = found
+    return result
+
+
+def test_an_attempt_keeps_its_swaps_and_restarts_with_the_hosts_and_reads_them_back():
+    from metaflow_extensions.torchrun.plugins.torchrun.cause import CauseKind
+    from metaflow_extensions.torchrun.plugins.torchrun.runtime import attempts
+
+    entry = attempts.this_attempt(0, 90.0, [_swapped_result(restarts=2)], None, None, hosts={0: "a", 1: "b", 2: "c"})
+    swap, in_place = entry.restarts
+    assert (swap.swapped_out, swap.out_host, swap.swapped_in, swap.in_host) == (1, "b", 2, "c")
+    assert swap.swap == "node 1 (b) out, spare node 2 (c) in" and in_place.swap is None
+    assert (swap.failed_at, swap.stopped_at, swap.back_at, swap.work_from) == (115.0, 116.0, 118.0, 111.0)
+    assert swap.kind is CauseKind.RANK_FAILED and swap.stopped == "node 1 (b), rank 2: killed by signal SIGKILL"
+    back = attempts.Attempt.from_wire(json.loads(json.dumps(entry.to_wire())))
+    assert back.restarts == entry.restarts and back.restarts_left_out == 0
+    # Bounded: the latest ones, and a count of the rest; an older record without the key reads as none.
+    many = attempts.this_attempt(0, 90.0, [_swapped_result(restarts=attempts.MAX_RESTART_MARKS + 5)], None, None)
+    assert len(many.restarts) == attempts.MAX_RESTART_MARKS and many.restarts_left_out == 5
+    assert many.restarts[-1].restart == attempts.MAX_RESTART_MARKS + 5
+    old = dict(entry.to_wire())
+    del old["restarts"]
+    assert attempts.Attempt.from_wire(old).restarts == ()
+    junk = dict(entry.to_wire(), restarts=[1, {"call": 0}, {"call": 0, "restart": True, "failed_at": 1.0}, "x"])
+    assert attempts.Attempt.from_wire(junk).restarts == ()
+
+
+def test_the_record_says_the_bench_and_the_swaps_whole_and_reads_back_as_the_next_attempt_and_history_read_it():
+    from metaflow_extensions.torchrun.plugins.torchrun.runtime import attempts, node_history
+
+    def swap(k):
+        return {"restart": k, "out": 1, "in": 2, "out_host": "b", "in_host": "c", "failed_at": 105.0 + 10 * k,
+                "stopped": "node 1 (b), rank 2: killed by signal SIGKILL"}
+
+    # Compacted: a record keeps the first and the latest 7 of 12 restarts; restart 3, the swap, is in neither.
+    for result, compacted, k in ((_swapped_result(), False, 1),
+                                 (_swapped_result(restarts=12, result=gang_result(1024, 8), swap_at=3), True, 3)):
+        result.role, result.spare_nodes, result.out_nodes = "active", [], [1]
+        result.attempts = [attempts.this_attempt(0, 90.0, [result], None, None, hosts={1: "b", 2: "c"})]
+        text = result.to_json()
+        record = json.loads(text)
+        assert len(text) <= METADATA_LIMIT and record.get("compacted", False) is compacted
+        assert (record["role"], record["spare_nodes"], record["out_nodes"]) == ("active", [], [1])
+        assert record["swaps"] == [swap(k)]  # whole, where a compacted record keeps only some restarts
+        assert k == 1 or k not in [r["restart"] for r in record["in_step_restarts"]]
+        read = attempts.Previous.from_wire(record)
+        assert read is not None and [m.swap for m in read.attempts[0].restarts if m.swap] == [
+            "node 1 (b) out, spare node 2 (c) in"]
+        assert node_history.record_attempts(text)[0].restarts == read.attempts[0].restarts
+    assert result.active_nodes == [0] + list(range(2, 1024)) and "active_nodes" not in record

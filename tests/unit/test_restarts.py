@@ -239,3 +239,30 @@ def test_the_card_counts_each_restart_like_an_attempt():
         ["1", "+10.0 s", KILLED.summary, "10.0 s", "2.5 s"],
         ["2", "+20.0 s", KILLED.summary, "7.5 s", ""],
     ]
+
+
+def test_the_card_names_a_swap_in_its_restart_row_and_the_nodes_that_sat_out():
+    from metaflow_extensions.torchrun.plugins.torchrun.runtime import card
+    from metaflow_extensions.torchrun.plugins.torchrun.runtime.attempts import this_attempt
+
+    swap = records.InStepRestart(1, KILLED, 100.0, 110.0, ranks_at=112.5, work_from=104.0, swapped_out=1, swapped_in=2)
+    result = TorchrunResult(["torchrun"], 0, 3, 2, 0, 100.0, 130.0, in_step_restarts=[swap], role="active",
+                            out_nodes=[1])
+    # A node's own card (no attempts record): the nodes without their hosts.
+    assert card.restart_rows(result) == [
+        ["1", "+10.0 s", "node 1 (?) out, spare node 2 (?) in: " + KILLED.summary, "6.0 s", "2.5 s"]]
+    result.attempts = [this_attempt(0, 90.0, [result], None, None, hosts={1: "host-b", 2: "host-c"})]
+    assert card.restart_rows(result)[0][2] == "node 1 (host-b) out, spare node 2 (host-c) in: " + KILLED.summary
+    assert card.topology_rows(result, "gloo")[-3:] == [["this node's role", "active"], ["spares left", "none"],
+                                                       ["taken out", "1"]]
+    assert card.bench_rows(TorchrunResult(["torchrun"], 0, 2, 2, 0, 100.0, 130.0)) == []
+
+
+def test_a_restarts_lost_work_counts_from_its_ranks_at_the_script_where_known():
+    swap = records.InStepRestart(1, KILLED, ran_from=100.0, failed_at=110.0, work_from=104.0)
+    assert swap.lost_work_seconds == 6.0
+    assert records.InStepRestart.from_wire(swap.to_wire()) == swap
+    started = records.CallRestarts()
+    started.begin(type("Decided", (), {"restart": 1, "cause": KILLED, "swapped_out": 1, "swapped_in": 2})(),
+                  ran_from=100.0, stopped_at=111.0, rank_starts=[None, 104.5, 104.0])
+    assert started.records[0].work_from == 104.0 and started.records[0].swapped_in == 2

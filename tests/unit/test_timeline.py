@@ -7,6 +7,7 @@ ranks, calls, the failure) and for its size at 1,024 nodes x 8 ranks.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import jsonschema
@@ -187,3 +188,30 @@ def test_at_1024_nodes_x_8_ranks_the_spec_is_small_and_shows_the_failing_node():
 def test_the_size_does_not_grow_with_the_gang_or_the_calls():
     sizes = [_size(n, 8, calls=c)[1] for n, c in ((1024, 1), (4096, 1), (16384, 1), (1024, 5000))]
     assert max(sizes) - min(sizes) < 2_000, sizes
+
+
+def _swapped(hosts=("h-b", "h-c")):
+    from metaflow_extensions.torchrun.plugins.torchrun.runtime.attempts import RestartMark
+    from metaflow_extensions.torchrun.plugins.torchrun.runtime.restarts import InStepRestart
+
+    result = _result(nodes=3)
+    cause = records.cause({"summary": "node 1 (h-b), rank 2: <b>killed</b>", "node_index": 1, "rank": 2,
+                           "time": T0 + 6})
+    result.in_step_restarts = [InStepRestart(1, cause, T0 + 2, T0 + 6, swapped_out=1, swapped_in=2)]
+    mark = RestartMark(call=0, restart=1, failed_at=T0 + 6, stopped="x", swapped_out=1, swapped_in=2,
+                       out_host=hosts[0], in_host=hosts[1])
+    result.attempts = [dataclasses.replace(result.attempts[0], restarts=(mark,))]
+    return result
+
+
+def test_a_swap_is_marked_at_its_time_naming_both_nodes_and_hosts():
+    spec = _spec(_swapped())
+    jsonschema.validate(spec, SPEC_SCHEMA)
+    (swap,) = [layer for layer in _layer(spec, "rule") if layer["encoding"]["tooltip"][0]["title"] == "swap"]
+    assert swap["data"]["values"] == [{"at": pytest.approx(6.0),
+                                       "label": "node 1 (h-b) out, spare node 2 (h-c) in: rank 2 failed"}]
+    # A host's name is shown as a host name has it; the cause by numbers only.
+    text = json.dumps(_spec(_swapped(hosts=("<img src=x onerror=alert(1)>", ""))))
+    assert "<" not in text and "onerror=" not in text and "spare node 2 (?) in" in text
+    # Without a swap: no such mark.
+    assert not [layer for layer in _layer(_spec(_result()), "rule") if layer["encoding"]["tooltip"][0]["title"] == "swap"]

@@ -95,3 +95,30 @@ def test_false_in_entrypoint_args_is_said_naming_the_option_and_false(tmp_path):
     assert as_0_2.entry_argv == ["--fp16", "false"] and as_0_2.notes == ()  # 0.2's spelling: nothing left out
     quiet = plan.plan_call(str(script), {"fp16": "false"}, 1, None, plan.StepDefaults(), [str(tmp_path)])
     assert quiet.entry_argv == ["--fp16", "false"] and quiet.notes == ()
+
+
+def test_current_torch_role_says_a_nodes_part_with_spares_and_is_read_only():
+    from metaflow_extensions.torchrun.plugins.torchrun.gang.bench import Bench
+    from metaflow_extensions.torchrun.plugins.torchrun.gang.identity import GangIdentity
+    from metaflow_extensions.torchrun.plugins.torchrun.handle import TorchrunHandle
+    from metaflow_extensions.torchrun.plugins.torchrun.runtime.session import GangSession
+
+    def handle(index, spares):
+        topology = Topology(num_nodes=3, node_index=index, main_addr="127.0.0.1", ports=(1,), is_local=True)
+        torch = TorchrunHandle()
+        torch.session = GangSession(GangIdentity("F", "1", "train", "2", 0), plan.StepDefaults(restarts=1, spares=spares),
+                                    topology, secret=b"s" * 32)
+        return torch
+
+    # Before the first call: the step's start's bench (the last K nodes wait).
+    assert [handle(i, 1).role for i in range(3)] == ["active", "active", "spare"]
+    assert [handle(i, 0).role for i in range(3)] == ["active"] * 3
+    # As the calls said it: node 1 taken out, node 2 brought in.
+    swapped = [handle(i, 1) for i in range(3)]
+    for torch in swapped:
+        torch.session.bench = Bench(spares=(), out=(1,))
+    assert [t.role for t in swapped] == ["active", "out", "active"]
+    with pytest.raises(AttributeError):
+        swapped[0].role = "spare"
+    with pytest.raises(TorchrunException, match="current.torch.role can only be read in the step's own code"):
+        _ = TorchrunHandle().role

@@ -49,6 +49,20 @@ class TorchrunHandle:
             raise TorchrunException("current.torch.torchrun_args can only be read in the step's own code.")
         return torchrun_args_of(session)
 
+    @property
+    def role(self) -> str:
+        """This node's part in the gang with ``@torchrun(spares=K)``:
+        ``"active"`` (it trains), ``"spare"`` (it waits to replace a node) or
+        ``"out"`` (taken out after a failure pinned to it; it trains no more
+        in this step). As the latest call said it, at that call's start and
+        at each of its restarts; before the first call, the step's start's:
+        the last K nodes are spares (fewer, after preflight benched a node).
+        Always ``"active"`` without spares. Read-only."""
+        session = self.session
+        if session is None:
+            raise TorchrunException("current.torch.role can only be read in the step's own code.")
+        return session.bench.role(session.topology.node_index)
+
     def run(self, /, *args: Any, **kwargs: Any) -> TorchrunResult:
         """Run ``entrypoint`` (a script path, or a module-level function) under
         torchrun on this node, with every other node of the step; return when all

@@ -36,7 +36,8 @@ def nodes(session: GangSession, result: Optional[TorchrunResult], cause: Optiona
         for n in finding.nodes:
             checks[n] = (checks.get(n, "") + " " + finding.check.name).strip()
     blamed = node_roles.blamed_nodes(cause, attempts_.user_code_failure(cause) is not None)
-    return node_roles.entries(session.topology.num_nodes, hosts, blamed, slow, links, checks, tasks)
+    return node_roles.entries(session.topology.num_nodes, hosts, blamed, slow, links, checks, tasks,
+                              taken_out=session.bench.out)
 
 
 def complete(result: TorchrunResult, session: GangSession, retry_count: int, started: float,
@@ -48,7 +49,8 @@ def complete(result: TorchrunResult, session: GangSession, retry_count: int, sta
     entries, left_out = nodes(session, result, cause, tasks)
     entry = attempts_.this_attempt(retry_count, started, session.results, cause, resumed_from, refused_for,
                                    code_started, recorded_at=now, nodes=entries, nodes_left_out=left_out,
-                                   card=this_card_hash())
+                                   card=this_card_hash(),
+                                   hosts=session.server.hosts() if session.server is not None else None)
     past: List[attempts_.Attempt] = attempts_.fill_missing(attempts_.history(previous), retry_count)
     result.attempts = attempts_.with_costs(past + [entry])
     result.goodput = goodput.ledger(result.attempts, now)

@@ -24,7 +24,8 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from ..cause import Cause, CauseKind, place, user_code_failure  # noqa: F401 (one classification, cause.py)
-from .node_roles import NodeEntry
+from .node_roles import MAX_HOST, NodeEntry, hosts_of
+from .restarts import swap_words
 
 RETRY_ON = ("any", "infrastructure")
 # "any" keeps Metaflow's @retry as it is: see docs/resume.md for why.
@@ -34,6 +35,10 @@ DEFAULT_RETRY_ON = "any"
 MAX_ATTEMPTS = 64
 MAX_CALLS = 1024
 MAX_NODES = 4096
+# An attempt keeps its latest in-step restarts (swaps among them), at most.
+MAX_RESTART_MARKS = 32
+
+
 def validate_retry_on(value: Any) -> str:
     from ..errors import TorchrunInvalidArgument
 
@@ -165,6 +170,80 @@ class CallStart:
 
 
 @dataclass(frozen=True)
+class RestartMark:
+    """One in-step restart of an attempt (``@torchrun(restarts)``), or a swap
+    (``@torchrun(spares)``), at the marks the goodput ledger cuts at: the
+    failure, the old ranks gone, the new ranks at the user's script; the
+    replaced ranks' start of work; the nodes swapped, with their hosts."""
+
+    call: int
+    restart: int
+    failed_at: float
+    stopped: str  # the cause's summary
+    kind: Optional[CauseKind] = None
+    stopped_at: Optional[float] = None
+    back_at: Optional[float] = None
+    work_from: Optional[float] = None
+    swapped_out: Optional[int] = None
+    swapped_in: Optional[int] = None
+    out_host: Optional[str] = None
+    in_host: Optional[str] = None
+
+    @property
+    def swap(self) -> Optional[str]:
+        """``node 1 (host) out, spare node 2 (host) in``; None for a restart in place."""
+        if self.swapped_out is None or self.swapped_in is None:
+            return None
+        hosts = {self.swapped_out: self.out_host or "?", self.swapped_in: self.in_host or "?"}
+        return swap_words(self.swapped_out, self.swapped_in, hosts)
+
+    @property
+    def label(self) -> str:
+        """What the ledger's segment says stopped it."""
+        return "%s: %s" % (self.swap, self.stopped) if self.swap else "restart %d: %s" % (self.restart, self.stopped)
+
+    def to_wire(self) -> Dict[str, Any]:
+        data = asdict(self)
+        data["kind"] = self.kind.value if self.kind is not None else None
+        return data
+
+    @classmethod
+    def from_wire(cls, data: Any) -> Optional["RestartMark"]:
+        if not isinstance(data, Mapping):
+            return None
+        call, restart, failed_at = _whole(data.get("call")), _whole(data.get("restart")), _num(data.get("failed_at"))
+        if call is None or restart is None or failed_at is None:
+            return None
+        try:
+            kind: Optional[CauseKind] = CauseKind(data.get("kind"))
+        except ValueError:
+            kind = None
+        return cls(call=call, restart=restart, failed_at=failed_at, stopped=_text(data.get("stopped"), 400) or "",
+                   kind=kind, stopped_at=_num(data.get("stopped_at")), back_at=_num(data.get("back_at")),
+                   work_from=_num(data.get("work_from")), swapped_out=_whole(data.get("swapped_out")),
+                   swapped_in=_whole(data.get("swapped_in")), out_host=_text(data.get("out_host"), MAX_HOST),
+                   in_host=_text(data.get("in_host"), MAX_HOST))
+
+
+def restart_marks(results: List[Any], hosts: Mapping[int, str]) -> Tuple[Tuple[RestartMark, ...], int]:
+    """Every in-step restart of an attempt's calls, from the control's results
+    (node 0 is never benched: it sees each one), the latest ``MAX_RESTART_MARKS``
+    kept, and how many were left out."""
+    found: List[RestartMark] = []
+    for r in results:
+        for x in getattr(r, "in_step_restarts", None) or ():
+            back = x.ranks_at if x.ranks_at is not None else x.restarted_at
+            found.append(RestartMark(
+                call=r.call, restart=x.restart, failed_at=x.failed_at, stopped=x.cause.summary[:400],
+                kind=x.cause.kind, stopped_at=x.stopped_at, back_at=back, work_from=x.work_from,
+                swapped_out=x.swapped_out, swapped_in=x.swapped_in,
+                out_host=hosts.get(x.swapped_out) if x.swapped_out is not None else None,
+                in_host=hosts.get(x.swapped_in) if x.swapped_in is not None else None))
+    found.sort(key=lambda m: m.failed_at)
+    return tuple(found[-MAX_RESTART_MARKS:]), max(0, len(found) - MAX_RESTART_MARKS)
+
+
+@dataclass(frozen=True)
 class Attempt:
     """One attempt of the step, as the control's record keeps it."""
 
@@ -199,10 +278,14 @@ class Attempt:
     # This attempt's @torchrun card, by its hash (runtime/card.py): each
     # attempt of a task has its own, opened with `card view <task> --hash`.
     card: Optional[str] = None
+    # Its in-step restarts and swaps (the latest MAX_RESTART_MARKS), and how many more.
+    restarts: Tuple[RestartMark, ...] = ()
+    restarts_left_out: int = 0
 
     def to_wire(self) -> Dict[str, Any]:
         data = {f: getattr(self, f) for f in self.__dataclass_fields__ if f != "costed"}
         data["calls"] = [asdict(c) for c in self.calls]
+        data["restarts"] = [r.to_wire() for r in self.restarts]
         data["nodes"] = [n.to_wire() for n in self.nodes]
         data["kind"] = self.kind.value if self.kind is not None else None
         data["resumed_from"] = self.resumed_from.to_wire() if self.resumed_from is not None else None
@@ -232,7 +315,13 @@ class Attempt:
                    costed="lost_seconds" in data, first_output_at=_num(data.get("first_output_at")),
                    recorded_at=_num(data.get("recorded_at")), nodes=_nodes(data.get("nodes")),
                    nodes_left_out=_whole(data.get("nodes_left_out")) or 0,
-                   code_failure=_text(data.get("code_failure"), 400), card=_text(data.get("card"), 64))
+                   code_failure=_text(data.get("code_failure"), 400), card=_text(data.get("card"), 64),
+                   restarts=_restarts(data.get("restarts")), restarts_left_out=_whole(data.get("restarts_left_out")) or 0)
+
+
+def _restarts(listed: Any) -> Tuple[RestartMark, ...]:
+    marks_ = [RestartMark.from_wire(r) for r in (listed if isinstance(listed, list) else [])[:MAX_RESTART_MARKS]]
+    return tuple(m for m in marks_ if m is not None)
 
 
 def _nodes(listed: Any) -> Tuple[NodeEntry, ...]:
@@ -245,13 +334,16 @@ def this_attempt(
     resumed_from: Optional[Checkpoint], refused_for: Optional[int] = None,
     code_started_at: Optional[float] = None, recorded_at: Optional[float] = None,
     nodes: Tuple[NodeEntry, ...] = (), nodes_left_out: int = 0, card: Optional[str] = None,
+    hosts: Optional[Mapping[int, str]] = None,
 ) -> Attempt:
-    """One entry of ``attempts``, from this attempt's calls on the control."""
+    """One entry of ``attempts``, from this attempt's calls on the control
+    (``hosts``: every node's, for the swaps; else the nodes' entries')."""
     joined: List[float] = []
     for r in results[:1]:
         joined = [float(t) for t in r.gang.joined_at.values()]
     ended = max([r.ended_at for r in results] or [started_at])
     stopped = cause.summary if cause is not None else ("refused" if refused_for is not None else "succeeded")
+    restarts, restarts_left_out = restart_marks(results, hosts if hosts is not None else hosts_of(nodes))
     return Attempt(
         attempt=attempt,
         started_at=started_at,
@@ -270,6 +362,8 @@ def this_attempt(
         nodes_left_out=nodes_left_out,
         code_failure=user_code_failure(cause),
         card=card,
+        restarts=restarts,
+        restarts_left_out=restarts_left_out,
     )
 
 
@@ -313,10 +407,43 @@ def clamp(value: Optional[float], low: float, high: float) -> float:
     return low if value is None else min(max(value, low), high)
 
 
-def lost_since(m: Marks, saved_at: Optional[float]) -> float:
+def lost_since(m: Marks, saved_at: Optional[float], low: Optional[float] = None) -> float:
     """Where a failed attempt's lost work starts: the checkpoint the next
-    attempt resumed from, else the end of its start-up (start-up is not work)."""
-    return clamp(saved_at, m.first, m.work_end) if saved_at is not None else m.first
+    attempt resumed from, else the start of its last ranks' work (``low``: the
+    end of start-up, or its last in-step restart's ranks at the script)."""
+    low = m.first if low is None else low
+    return clamp(saved_at, low, m.work_end) if saved_at is not None else low
+
+
+@dataclass(frozen=True)
+class Cut:
+    """An in-step restart on the attempt's clock, each mark clamped to the
+    ones before: the failure, the old ranks gone, the new ranks at the script."""
+
+    mark: RestartMark
+    failed: float
+    stopped: float
+    back: float
+
+
+def in_step_cuts(a: Attempt, m: Marks) -> Tuple[float, Tuple[Cut, ...]]:
+    """The end of start-up and the attempt's in-step restarts, within its work.
+    A call's first line is its last start's, so before a restart start-up ends
+    where the first ranks reached the script (the restart's ``work_from``)."""
+    listed = sorted(a.restarts, key=lambda r: r.failed_at)
+    first = m.first
+    if listed:
+        head = listed[0]
+        first = clamp(min(m.first, head.work_from if head.work_from is not None else head.failed_at),
+                      m.formed, m.work_end)
+    low, cuts = first, []
+    for r in listed:
+        failed = clamp(r.failed_at, low, m.work_end)
+        stopped = clamp(r.stopped_at if r.stopped_at is not None else failed, failed, m.work_end)
+        back = clamp(r.back_at if r.back_at is not None else stopped, stopped, m.work_end)
+        cuts.append(Cut(r, failed, stopped, back))
+        low = back
+    return first, tuple(cuts)
 
 
 def with_costs(attempts: List[Attempt]) -> List[Attempt]:
@@ -332,7 +459,8 @@ def with_costs(attempts: List[Attempt]) -> List[Attempt]:
         end = nxt.started_at if nxt.started_at is not None else failed.recorded_at or failed.ended_at
         m = marks(failed, min(failed.recorded_at, end) if failed.recorded_at is not None else end)
         saved = nxt.resumed_from.created_at if nxt.resumed_from is not None else None
-        lost_work = m.work_end - lost_since(m, saved)
+        first, cuts = in_step_cuts(failed, m)
+        lost_work = m.work_end - lost_since(m, saved, cuts[-1].back if cuts else first)
         restart = None
         if nxt.started_at is not None and (nxt.calls or nxt.first_output_at is not None):
             restart = max(0.0, marks(nxt, math.inf).first - m.work_end)

@@ -42,6 +42,7 @@ from ..procs import numbers
 from . import card_preflight, card_progress, timeline, what_ran
 from . import evidence, goodput
 from .call_stacks import none_suspected, suspected
+from .restarts import swap_words
 from .result import REPORT_ARTIFACT, TorchrunResult
 
 CARD_ID = "torchrun"
@@ -264,7 +265,18 @@ def topology_rows(result: TorchrunResult, backend: str) -> List[List[str]]:
         ["backend", backend],
         ["restarts", str(result.restarts)],
         ["this node", str(result.node_index)],
-    ]
+    ] + bench_rows(result)
+
+
+def bench_rows(result: TorchrunResult) -> List[List[str]]:
+    """With spares (``@torchrun(spares)``): this node's part at the call's end
+    and the nodes that sat it out (at most the step's spares)."""
+    if result.role == "active" and not result.spare_nodes and not result.out_nodes:
+        return []
+    def listed(nodes: List[int]) -> str:
+        return ", ".join(map(str, nodes)) or "none"
+    return [["this node's role", result.role], ["spares left", listed(result.spare_nodes)],
+            ["taken out", listed(result.out_nodes)]]
 
 
 def rendezvous_backend(command: List[str]) -> str:
@@ -434,8 +446,19 @@ def restart_rows(result: TorchrunResult) -> List[List[str]]:
     def secs(value: Optional[float]) -> str:
         return "%.1f s" % value if value is not None else ""
 
-    return [[str(r.restart), _fmt_time(r.failed_at, result.started_at), clip(r.cause.summary),
+    return [[str(r.restart), _fmt_time(r.failed_at, result.started_at), clip(restart_cause(result, r)),
              secs(r.lost_work_seconds), secs(r.restart_seconds)] for r in result.in_step_restarts[-CARD_RANK_ROWS:]]
+
+
+def restart_cause(result: TorchrunResult, r: Any) -> str:
+    """A restart's cause; a swap's (``@torchrun(spares)``) after the nodes it
+    swapped, with their hosts from the attempt's record (the control's)."""
+    if r.swapped_out is None or r.swapped_in is None:
+        return r.cause.summary
+    marks = {(m.call, m.restart): m for m in (result.attempts[-1].restarts if result.attempts else ())}
+    mark = marks.get((result.call, r.restart))
+    swap = mark.swap if mark is not None and mark.swap else swap_words(r.swapped_out, r.swapped_in, {})
+    return "%s: %s" % (swap, r.cause.summary)
 
 
 RESTART_HEADERS = ["restart", "failed at", "cause", "work lost (at most)", "back to your script in"]

@@ -30,7 +30,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from .attempts import Attempt, Marks, lost_since, marks
+from .attempts import Attempt, Marks, in_step_cuts, lost_since, marks
 
 PARTS = ("productive", "gang", "startup", "checkpoint", "lost_work", "stop", "restart", "other")
 LOST_PARTS = ("lost_work", "stop", "restart")
@@ -53,6 +53,9 @@ class Segment:
     # segment's first line.
     lost_seconds: float = 0.0
     time_to_restart: Optional[float] = None
+    # A swap ended it (@torchrun(spares)): the node taken out, the spare brought in.
+    swapped_out: Optional[int] = None
+    swapped_in: Optional[int] = None
 
     @property
     def seconds(self) -> float:
@@ -63,7 +66,8 @@ class Segment:
                 "ended_at": self.ended_at, "seconds": round(self.seconds, 3),
                 "parts": {k: round(v, 3) for k, v in self.parts.items()}, "cause": self.cause,
                 "lost_seconds": round(self.lost_seconds, 3),
-                "time_to_restart": None if self.time_to_restart is None else round(self.time_to_restart, 3)}
+                "time_to_restart": None if self.time_to_restart is None else round(self.time_to_restart, 3),
+                "swapped_out": self.swapped_out, "swapped_in": self.swapped_in}
 
     @classmethod
     def from_wire(cls, data: Any) -> Optional["Segment"]:
@@ -80,7 +84,8 @@ class Segment:
                    restart=restart if isinstance(restart, int) and not isinstance(restart, bool) else None,
                    cause=cause[:400] if isinstance(cause, str) else None,
                    lost_seconds=_num(data.get("lost_seconds")) or 0.0,
-                   time_to_restart=_num(data.get("time_to_restart")))
+                   time_to_restart=_num(data.get("time_to_restart")),
+                   swapped_out=_index(data.get("swapped_out")), swapped_in=_index(data.get("swapped_in")))
 
 
 @dataclass(frozen=True)
@@ -110,9 +115,16 @@ class Ledger:
         wall = self.wall_seconds
         rest = ", ".join("%s %s" % (p.replace("_", " "), _dur(self.parts[p])) for p in PARTS[1:]
                          if self.parts.get(p, 0.0) >= 0.05)
-        return "effective training %.1f%% of %s over %d attempt%s%s" % (
-            self.effective_percent, _dur(wall), len({s.attempt for s in self.segments}),
-            "" if len(self.segments) == 1 else "s", "; the rest: " + rest if rest else "")
+        attempts = len({s.attempt for s in self.segments})
+        restarts = sum(1 for s in self.segments if s.restart is not None)
+        swaps = sum(1 for s in self.segments if s.swapped_in is not None)
+        again = ""
+        if restarts:
+            again = " and %d in-step restart%s" % (restarts, "" if restarts == 1 else "s")
+            again += " (%d swap%s)" % (swaps, "" if swaps == 1 else "s") if swaps else ""
+        return "effective training %.1f%% of %s over %d attempt%s%s%s" % (
+            self.effective_percent, _dur(wall), attempts, "" if attempts == 1 else "s", again,
+            "; the rest: " + rest if rest else "")
 
     def to_wire(self) -> Dict[str, Any]:
         return {"started_at": self.started_at, "ended_at": self.ended_at,
@@ -137,29 +149,47 @@ class Ledger:
                    tuple(s for s in segments if s is not None))
 
 
-def segment(a: Attempt, end: float, after_failure: bool, saved_at: Optional[float], failed: bool,
-            next_first: Optional[float]) -> Segment:
-    """One attempt's parts. ``end``: where its segment ends (the next
-    attempt's start, or its own record); ``after_failure``: its start-up is
-    the previous failure's restart; ``saved_at``: the checkpoint the next
-    attempt resumed from."""
+def segments(a: Attempt, end: float, after_failure: bool, saved_at: Optional[float], failed: bool,
+             next_first: Optional[float]) -> List[Segment]:
+    """One attempt's segments: one, and one more after each in-step restart
+    (a swap among them), each cut into parts. ``end``: where the attempt's
+    last segment ends (the next attempt's start, or its own record);
+    ``after_failure``: its start-up is the previous failure's restart;
+    ``saved_at``: the checkpoint the next attempt resumed from. An in-step
+    restart loses its ranks' work since they started (the node cannot see the
+    checkpoint the new ranks load: at most, as the restart's record says),
+    its stop, and the time until the new ranks are at the script."""
     m: Marks = marks(a, min(a.recorded_at, end) if a.recorded_at is not None else end)
+    first, cuts = in_step_cuts(a, m)
     parts = dict.fromkeys(PARTS, 0.0)
     parts["restart" if after_failure else "gang"] += m.formed - m.start
-    parts["restart" if after_failure else "startup"] += m.first - m.formed
+    parts["restart" if after_failure else "startup"] += first - m.formed
+    out: List[Segment] = []
+    seg_start, work_from, number = m.start, first, None
+    for i, c in enumerate(cuts):
+        parts["lost_work"] += c.failed - work_from
+        parts["stop"] += c.stopped - c.failed
+        out.append(Segment(attempt=a.attempt, started_at=seg_start, ended_at=c.stopped, parts=parts, restart=number,
+                           cause=c.mark.label, lost_seconds=parts["lost_work"] + parts["stop"] + c.back - c.stopped,
+                           time_to_restart=c.back - c.failed, swapped_out=c.mark.swapped_out,
+                           swapped_in=c.mark.swapped_in))
+        parts = dict.fromkeys(PARTS, 0.0)
+        parts["restart"] += c.back - c.stopped
+        seg_start, work_from, number = c.stopped, c.back, i + 1
     if failed:
-        since = lost_since(m, saved_at)
-        parts["productive"] += since - m.first
+        since = lost_since(m, saved_at, work_from)
+        parts["productive"] += since - work_from
         parts["lost_work"] += m.work_end - since
         parts["stop"] += m.end - m.work_end
         parts["restart"] += end - m.end
     else:
-        parts["productive"] += m.work_end - m.first
+        parts["productive"] += m.work_end - work_from
         parts["other"] += (m.end - m.work_end) + (end - m.end)
     lost = parts["lost_work"] + parts["stop"] + (end - m.end if failed else 0.0)
-    return Segment(attempt=a.attempt, started_at=m.start, ended_at=end, parts=parts,
-                   cause=a.stopped if failed else None, lost_seconds=lost if failed else 0.0,
-                   time_to_restart=(next_first - m.work_end) if failed and next_first is not None else None)
+    out.append(Segment(attempt=a.attempt, started_at=seg_start, ended_at=end, parts=parts, restart=number,
+                       cause=a.stopped if failed else None, lost_seconds=lost if failed else 0.0,
+                       time_to_restart=(next_first - m.work_end) if failed and next_first is not None else None))
+    return out
 
 
 def ledger(attempts: Sequence[Attempt], now: float) -> Optional[Ledger]:
@@ -169,7 +199,7 @@ def ledger(attempts: Sequence[Attempt], now: float) -> Optional[Ledger]:
     if not known:
         return None
     known.sort(key=lambda a: a.started_at or 0.0)
-    segments: List[Segment] = []
+    found: List[Segment] = []
     after_failure = False
     for i, a in enumerate(known):
         nxt = known[i + 1] if i + 1 < len(known) else None
@@ -177,13 +207,13 @@ def ledger(attempts: Sequence[Attempt], now: float) -> Optional[Ledger]:
         failed = a.stopped != "succeeded"
         saved = nxt.resumed_from.created_at if nxt is not None and nxt.resumed_from is not None else None
         next_first = marks(nxt, now).first if nxt is not None else None
-        segments.append(segment(a, end, after_failure, saved, failed, next_first))
+        found.extend(segments(a, end, after_failure, saved, failed, next_first))
         after_failure = failed
     totals = dict.fromkeys(PARTS, 0.0)
-    for s in segments:
+    for s in found:
         for k, v in s.parts.items():
             totals[k] += v
-    return Ledger(segments[0].started_at, segments[-1].ended_at, totals, tuple(segments))
+    return Ledger(found[0].started_at, found[-1].ended_at, totals, tuple(found))
 
 
 def bar_spec(led: Ledger) -> Dict[str, Any]:
@@ -232,6 +262,10 @@ def _dur(seconds: float) -> str:
 
 def _mapping(value: Any) -> Mapping[str, Any]:
     return value if isinstance(value, Mapping) else {}
+
+
+def _index(value: Any) -> Optional[int]:
+    return value if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 1 << 20 else None
 
 
 def _num(value: Any) -> Optional[float]:

@@ -28,7 +28,7 @@ from ..gang import HostCheck
 from ..procs import NODE_HISTORY_RUNS_ENV
 from ..text import shorten
 from .attempts import Attempt, Previous
-from .node_roles import BLAMED, ROLES, SLOW
+from .node_roles import BLAMED, OUT, ROLES, SLOW
 
 RESULT_FIELD = "torchrun-result"
 # Appearances a host is judged on, whatever the knob says.
@@ -94,14 +94,25 @@ def appearances(attempts: Iterable[Attempt], flow: str, run: str, step: str) -> 
         for host, nodes in by_host.items():
             worst = min(nodes, key=lambda n: _RANK.get(n.role, len(ROLES)))
             blamed = worst.role in BLAMED
+            stopped, kind = taken_out(a, worst) if worst.role == OUT else (a.stopped, a.kind)
             out.append(Appearance(
                 host=host, flow=flow, run=run, step=step, attempt=a.attempt, role=worst.role,
                 nodes=tuple(sorted(n.node for n in nodes))[:8], at=a.started_at or 0.0,
-                cause=shorten(a.stopped or "", 300) if blamed else None,
-                kind=a.kind.value if a.kind is not None and blamed else None,
+                cause=shorten(stopped or "", 300) if blamed else None,
+                kind=kind.value if kind is not None and blamed else None,
                 link_gbps=next((n.link_gbps for n in nodes if n.link_gbps is not None), None),
                 task=worst.task))
     return out
+
+
+def taken_out(a: Attempt, node: Any) -> Tuple[str, Optional[CauseKind]]:
+    """Why ``node`` was taken out for a spare: the swap's cause (a failure
+    pinned to it), else its preflight's checks that did not pass."""
+    for mark in reversed(a.restarts):
+        if mark.swapped_out == node.node:
+            return "taken out for a spare: %s" % mark.stopped, mark.kind
+    return "taken out for a spare before any rank started%s" % (
+        ": preflight " + node.checks if node.checks else ""), CauseKind.PREFLIGHT
 
 
 def summarize(seen: Iterable[Appearance]) -> List[HostStats]:

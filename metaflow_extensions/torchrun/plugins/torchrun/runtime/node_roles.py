@@ -2,9 +2,10 @@
 what part it had in the attempt's end.
 
 Roles: ``culprit`` (its rank failed, or its preflight refused it), ``lost``
-(its task died or never joined), ``frozen`` (it fell silent), ``slow`` (named
-by the preflight's bandwidth job or by straggler detection) and ``bystander``
-(the rest). The record keeps every node of the attempt up to ``MAX_NODES``;
+(its task died or never joined), ``frozen`` (it fell silent), ``out`` (taken
+out for a spare, ``@torchrun(spares)``: a failure pinned to it, or its
+preflight found it unfit), ``slow`` (named by the preflight's bandwidth job or
+by straggler detection) and ``bystander`` (the rest). The record keeps every node of the attempt up to ``MAX_NODES``;
 beyond that only the nodes with a role other than bystander, and a count.
 
 Pure functions over typed records; the host names come from the gang's own
@@ -22,12 +23,14 @@ from ..cause import Cause, CauseKind
 CULPRIT = "culprit"
 LOST = "lost"
 FROZEN = "frozen"
+OUT = "out"
 SLOW = "slow"
 BYSTANDER = "bystander"
-ROLES = (CULPRIT, LOST, FROZEN, SLOW, BYSTANDER)
-# Roles that blame the node for the attempt's failure (the history's "culprit"
-# count): a slow node is not to blame for a failure.
-BLAMED = (CULPRIT, LOST, FROZEN)
+ROLES = (CULPRIT, LOST, FROZEN, OUT, SLOW, BYSTANDER)
+# Roles that blame the node for a failure (the history's "culprit" count): a
+# node taken out for a spare counts as a failure pinned to it, though the step
+# went on; a slow node is not to blame for a failure.
+BLAMED = (CULPRIT, LOST, FROZEN, OUT)
 # Nodes kept per attempt with every field; above it, only nodes with a role.
 MAX_NODES = 1024
 MAX_HOST = 255
@@ -96,13 +99,15 @@ def blamed_nodes(cause: Optional[Cause], code_failure: bool) -> Dict[int, str]:
 
 def entries(num_nodes: int, hosts: Mapping[int, str], blamed: Mapping[int, str], slow: Mapping[int, float],
             links: Mapping[int, float], failed_checks: Mapping[int, str],
-            tasks: Sequence[str] = ()) -> Tuple[Tuple[NodeEntry, ...], int]:
+            tasks: Sequence[str] = (), taken_out: Iterable[int] = ()) -> Tuple[Tuple[NodeEntry, ...], int]:
     """Every node of the attempt (``MAX_NODES`` at most: beyond that the
-    bystanders are only counted), and how many were left out."""
+    bystanders are only counted), and how many were left out. ``taken_out``:
+    the nodes benched out for a spare (at most the step's ``spares``)."""
     out: List[NodeEntry] = []
     left_out = 0
+    benched = set(taken_out)
     for node in range(num_nodes):
-        role = blamed.get(node) or (SLOW if node in slow else BYSTANDER)
+        role = blamed.get(node) or (OUT if node in benched else SLOW if node in slow else BYSTANDER)
         if num_nodes > MAX_NODES and role == BYSTANDER:
             left_out += 1
             continue

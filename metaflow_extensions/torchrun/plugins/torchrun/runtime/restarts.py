@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Mapping, Optional
 
 from ..cause import Cause
 
@@ -41,12 +41,19 @@ class InStepRestart:
     # A swap (@torchrun(spares)): the node taken out, and the spare that came in.
     swapped_out: Optional[int] = None
     swapped_in: Optional[int] = None
+    # The replaced ranks at the user's script (the first of this node's): where
+    # their work began, the goodput ledger's mark (the call's first line is its
+    # last start's).
+    work_from: Optional[float] = None
 
     @property
     def lost_work_seconds(self) -> Optional[float]:
-        """The replaced ranks' run: the most this failure can have lost (less
-        where they saved a checkpoint and the new ranks load it)."""
-        return max(0.0, self.failed_at - self.ran_from) if self.ran_from is not None else None
+        """The replaced ranks' run, from their start at the user's script
+        (their torchrun's start where none said it started): the most this
+        failure can have lost (less where they saved a checkpoint and the new
+        ranks load it). The goodput ledger's ``lost_work`` for it, as it cuts it."""
+        start = self.work_from if self.work_from is not None else self.ran_from
+        return max(0.0, self.failed_at - start) if start is not None else None
 
     @property
     def restart_seconds(self) -> Optional[float]:
@@ -69,7 +76,7 @@ class InStepRestart:
             "stopped_at": self.stopped_at, "restarted_at": self.restarted_at, "ranks_at": self.ranks_at,
             "lost_work_seconds": _round(self.lost_work_seconds), "restart_seconds": _round(self.restart_seconds),
             "lost_seconds": _round(self.lost_seconds), "swapped_out": self.swapped_out,
-            "swapped_in": self.swapped_in,
+            "swapped_in": self.swapped_in, "work_from": self.work_from,
         }
 
     @classmethod
@@ -84,7 +91,13 @@ class InStepRestart:
             return None
         return cls(restart, cause, _num(data.get("ran_from")), failed_at, _num(data.get("stopped_at")),
                    _num(data.get("restarted_at")), _num(data.get("ranks_at")), _node(data.get("swapped_out")),
-                   _node(data.get("swapped_in")))
+                   _node(data.get("swapped_in")), _num(data.get("work_from")))
+
+
+def swap_words(out: int, came_in: int, hosts: Mapping[int, str]) -> str:
+    """A swap as the ledger, the card and the node history name it."""
+    return "node %d (%s) out, spare node %d (%s) in" % (out, hosts.get(out) or "?", came_in,
+                                                         hosts.get(came_in) or "?")
 
 
 def read_back(listed: Any) -> List[InStepRestart]:
@@ -134,9 +147,11 @@ class CallRestarts:
               rank_starts: List[Optional[float]]) -> None:
         """Restart ``decided.restart``: this node's old ranks are gone."""
         self.records = with_ranks_start(self.records, rank_starts)
+        known = [s for s in rank_starts if s is not None]
         self.records.append(InStepRestart(decided.restart, decided.cause, ran_from=ran_from,
                                           failed_at=decided.cause.time, stopped_at=stopped_at,
-                                          swapped_out=decided.swapped_out, swapped_in=decided.swapped_in))
+                                          swapped_out=decided.swapped_out, swapped_in=decided.swapped_in,
+                                          work_from=min(known) if known else None))
         self.restart, self.reported = decided.restart, False
 
     def started(self, at: Optional[float]) -> None:

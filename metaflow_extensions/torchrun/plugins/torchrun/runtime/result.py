@@ -42,6 +42,9 @@ REPORT_ARTIFACT = "torchrun_report"
 STACKS_IN_REPORT = 64 << 20
 # In a compacted record, per node: at most this many failed ranks named.
 FAILED_PER_NODE = 8
+# The record's swaps (@torchrun(spares)), at most: a swap benches a spare for
+# good, so a step has at most its spares' count of them (64 at most).
+SWAPS_IN_RECORD = 64
 
 
 # One rank's record in the result: the rank status schema (procs/status.py).
@@ -148,6 +151,20 @@ class TorchrunResult:
         benched = set(self.spare_nodes) | set(self.out_nodes)
         return [n for n in range(self.num_nodes) if n not in benched]
 
+    def swaps(self) -> List[Dict[str, Any]]:
+        """The call's swaps, each small (its cause is in ``in_step_restarts``):
+        which node went out and which spare came in, with their hosts where
+        the attempt's record has them (the control's), when and why. Kept
+        whole in a compacted record, which keeps only some restarts."""
+        hosts: Dict[int, str] = {}
+        for mark in (self.attempts[-1].restarts if self.attempts else ()):
+            hosts.update({n: h for n, h in ((mark.swapped_out, mark.out_host), (mark.swapped_in, mark.in_host))
+                          if n is not None and h})
+        return [{"restart": r.restart, "out": r.swapped_out, "in": r.swapped_in, "out_host": hosts.get(r.swapped_out),
+                 "in_host": hosts.get(r.swapped_in), "failed_at": r.failed_at, "stopped": r.cause.summary[:400]}
+                for r in self.in_step_restarts
+                if r.swapped_out is not None and r.swapped_in is not None][-SWAPS_IN_RECORD:]
+
     def __str__(self) -> str:
         """One short line (``print(result)``); ``repr`` keeps every field."""
         code = "not run" if self.exit_code is None else "exit code %d" % self.exit_code
@@ -176,6 +193,7 @@ class TorchrunResult:
         data["preflight"] = self.preflight.to_wire() if self.preflight is not None else {}
         data["attempts"] = [a.to_wire() for a in self.attempts]
         data["in_step_restarts"] = [r.to_wire() for r in self.in_step_restarts]
+        data["swaps"] = self.swaps()
         data["goodput"] = self.goodput.to_wire() if self.goodput is not None else None
         data["culprits"] = self.culprits.to_wire() if self.culprits is not None else {}
         data["progress"] = self.progress.to_wire() if self.progress is not None else None

@@ -1,7 +1,8 @@
 """The card's timeline: a Vega-Lite chart of the gang on one time axis.
 
 Nodes (joined -> finished), ranks (start -> end, coloured by how they ended),
-each ``current.torch.run`` call, and the failure, where there was one. Drawn by
+each ``current.torch.run`` call, each swap of a node for a spare
+(``@torchrun(spares)``), and the failure, where there was one. Drawn by
 Metaflow's own ``VegaChart`` component, whose Vega bundle is inside every card:
 it renders offline.
 
@@ -27,6 +28,9 @@ NODE_LANES = 32
 RANK_LANES = 32
 # Calls marked, at most (the last ones: a failure ends the last call).
 CALL_MARKS = 20
+# Swaps marked, at most (the last ones); a host name in a label, at most.
+SWAP_MARKS = 8
+HOST_CHARS = 40
 # Pixels per lane, and the plot's width: fixed, because a width of "container"
 # (VegaChart's default) is measured before the card's layout settles and comes
 # out 0 (an empty chart) on a page with nothing wide before it.
@@ -61,6 +65,7 @@ class Gang:
     failed_rank: Optional[int] = None
     ended_at: Optional[float] = None
     failed_kind: Optional[CauseKind] = None
+    swaps: Sequence[Tuple[float, str]] = ()  # (at, label): a node taken out for a spare
 
 
 def _number(value: Any) -> Optional[float]:
@@ -106,7 +111,36 @@ def from_result(result: Any, ranks: Mapping[int, Sequence[Any]]) -> Gang:
         failed_rank=failed_rank,
         ended_at=_number(result.ended_at),
         failed_kind=cause.kind if cause is not None else None,
+        swaps=swaps_of(result),
     )
+
+
+def swaps_of(result: Any) -> List[Tuple[float, str]]:
+    """Each swap of the call (its in-step restarts that took a node out), at
+    its failure: ``node 1 (host) out, spare node 2 (host) in: rank 3 failed``.
+    The hosts are the attempt's record's (the control's), the cause said by
+    numbers and its kind, as the failure's mark."""
+    hosts: Dict[int, str] = {}
+    for mark in (result.attempts[-1].restarts if result.attempts else ()):
+        for node, host in ((mark.swapped_out, mark.out_host), (mark.swapped_in, mark.in_host)):
+            if node is not None and host:
+                hosts[node] = _plain(host)
+    found = []
+    for r in result.in_step_restarts or ():
+        at, out, came_in = _number(r.failed_at), _index(r.swapped_out), _index(r.swapped_in)
+        if at is None or out is None or came_in is None:
+            continue
+        rank = _index(r.cause.rank)
+        what = "rank %d failed" % rank if rank is not None else r.cause.kind.value.replace("_", " ")
+        found.append((at, "node %d (%s) out, spare node %d (%s) in: %s" % (
+            out, hosts.get(out, "?"), came_in, hosts.get(came_in, "?"), what)))
+    return sorted(found)[-SWAP_MARKS:]
+
+
+def _plain(host: str) -> str:
+    """A host name as the chart shows it: the characters a host name has, bounded."""
+    kept = "".join(c for c in host if c.isalnum() or c in ".-_:")
+    return kept[:HOST_CHARS] or "?"
 
 
 def _rank_end(ranks: Mapping[int, Sequence[Any]], node: Optional[int], rank: Optional[int]) -> Optional[float]:
@@ -240,6 +274,10 @@ def spec(g: Gang) -> Dict[str, Any]:
     }]
     layers += _mark_layers(calls, "call", "#555", {"align": "left", "dx": 3, "dy": -4, "fontSize": 10},
                            {"strokeDash": [2, 2]})
+    if g.swaps:
+        swaps = [{"at": at - origin, "label": label} for at, label in g.swaps]
+        layers += _mark_layers(swaps, "swap", "#9467bd", {"align": "left", "dx": 3, "dy": -16, "fontSize": 10},
+                               {"strokeWidth": 2, "strokeDash": [6, 2]})
     if g.failed_at is not None:
         failure = [{"at": g.failed_at - origin, "label": _failure_label(g)}]
         layers += _mark_layers(failure, "failure", "#d62728",
