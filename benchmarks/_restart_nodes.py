@@ -1,9 +1,12 @@
 """The node side of ``restart_scale.py``: ``_gang_nodes.Nodes`` (real,
 authenticated ``GangClient``s in a worker process) that also enter a call and
 carry out the gang's in-step restart as far as the gang is concerned: each
-node hears the ``restart`` message, and meets the others at the fresh
-rendezvous it names: node 0 listens on the announced port (the role of its
-new torchrun's store), every other node connects to it.
+node hears the ``restart`` message, derives from the bench it carries
+(``@torchrun(spares)``: the spares left and the nodes taken out) whether it
+trains and its node rank, and meets the others at the fresh rendezvous it
+names: node 0 listens on the announced port (the role of its new torchrun's
+store), every other active node connects to it; a benched node (the one
+taken out, a spare still waiting) connects to nothing.
 
 Only the gang's public entry points are used (``enter_call``,
 ``report_failure``, ``wait_for_restart_or_verdict``). Times are
@@ -26,6 +29,9 @@ class RestartNodes(Nodes):
         self.told_at: Dict[int, float] = {}
         self.agreed_at: Dict[int, float] = {}
         self.heard_at: Dict[int, float] = {}
+        # node -> (spares, out, swapped_in, node rank, nodes that train, role): its restart message, as read
+        self.derived: Dict[int, Tuple[Any, ...]] = {}
+        self.settled: Dict[int, float] = {}  # told and, where active, connected: nothing left to do
         self.entered: Dict[int, Any] = {}
         self._listener: Any = None
 
@@ -50,7 +56,7 @@ class RestartNodes(Nodes):
         told node then meets the others at its rendezvous port. One thread
         per worker (not one per node): on one host, a thousand waiting
         threads would measure the scheduler, not the gang."""
-        self.told_at, self.agreed_at, self.heard_at = {}, {}, {}
+        self.told_at, self.agreed_at, self.heard_at, self.derived, self.settled = {}, {}, {}, {}, {}
         for node, client in self.clients.items():
             client._heard_restart = self._stamped(node, client._heard_restart)
         threading.Thread(target=self._watch, args=(bound,), daemon=True).start()
@@ -75,9 +81,15 @@ class RestartNodes(Nodes):
                     continue
                 self.told_at[node] = time.monotonic()
                 del pending[node]
-                if node == 0:
+                bench, seat = decided.bench, _seat(client, decided)
+                node_rank = seat.node_rank
+                self.derived[node] = (list(bench.spares), list(bench.out), decided.swapped_in, node_rank,
+                                      seat.nnodes, seat.role)
+                if node_rank is None:  # benched: sits the restart out, meets no one
+                    self.settled[node] = self.told_at[node]
+                elif node == 0:
                     self._serve(decided.rdzv_port)
-                    self.agreed_at[node] = time.monotonic()
+                    self.agreed_at[node] = self.settled[node] = time.monotonic()
                 else:
                     todo.append((node, decided.rdzv_port))
             todo = [(node, port) for node, port in todo if not self._meet(node, port)]
@@ -89,7 +101,7 @@ class RestartNodes(Nodes):
                 sock.recv(1)  # the "store" answers one byte to each node
         except OSError:
             return False
-        self.agreed_at[node] = time.monotonic()
+        self.agreed_at[node] = self.settled[node] = time.monotonic()
         return True
 
     def _serve(self, port: int) -> None:
@@ -124,9 +136,19 @@ class RestartNodes(Nodes):
 
     def do_restart_status(self, seconds: float) -> Dict[str, Any]:
         deadline = time.monotonic() + seconds
-        while len(self.agreed_at) < len(self.clients) and time.monotonic() < deadline:
+        while len(self.settled) < len(self.clients) and time.monotonic() < deadline:
             time.sleep(0.005)
-        return {"told": dict(self.told_at), "agreed": dict(self.agreed_at), "heard": dict(self.heard_at)}
+        return {"told": dict(self.told_at), "agreed": dict(self.agreed_at), "heard": dict(self.heard_at),
+                "derived": dict(self.derived)}
+
+
+def _seat(client: Any, decided: Any) -> Any:
+    """The node's place in the restart as its client worked it out on the
+    reader thread (``client.seats``, what its call launches with), or from
+    the bench where a client keeps no seats."""
+    seats = getattr(client, "seats", None)
+    seat = seats.get((decided.index, decided.restart)) if seats is not None else None
+    return seat if seat is not None else decided.bench.seat(client.node_index, client.config.num_nodes)
 
 
 def restart_worker_main(conn: Any, parent_pid: int) -> None:
