@@ -27,14 +27,14 @@ root = S3Storage.get_datastore_root_from_config(lambda *args, **kwargs: None)  #
 storage = FlowDataStore("SubmitFlow", storage_impl=S3Storage, ds_root=root)._storage_impl
 identity = GangIdentity(flow_name="SubmitFlow", run_id="r1", step_name="train", control_task_id="t-1", attempt=0)
 if role == "control":
-    value, published = secret.control_secret(storage, identity, {})
+    value, published = secret.control_secret(storage, identity, None)
     out["secret"] = value.hex()
     out["uri"] = storage.full_uri(secret.secret_path(identity))
     time.sleep(float(sys.argv[2]))
     published.withdraw()
 else:
     try:
-        out["secret"] = secret.for_worker(storage, identity, {}, timeout=float(sys.argv[2])).hex()
+        out["secret"] = secret.for_worker(storage, identity, None, timeout=float(sys.argv[2])).hex()
     except secret.SecretUnavailable as e:
         out["error"] = str(e)
 print("@@" + json.dumps(out))

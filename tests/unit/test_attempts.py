@@ -190,20 +190,20 @@ def test_the_runtime_starts_one_warm_process_for_the_local_tasks_of_its_run(monk
     from metaflow.unbounded_foreach import UBF_CONTROL
 
     from metaflow_extensions.torchrun.plugins.torchrun.decorator import TorchrunDecorator
+    from metaflow_extensions.torchrun.plugins.torchrun.knobs import Knobs
     from metaflow_extensions.torchrun.plugins.torchrun.procs.names import HOST_ZYGOTE_ENV
     from metaflow_extensions.torchrun.plugins.torchrun.runtime import warm_start
     from metaflow_extensions.torchrun.plugins.torchrun.spec import REMOTE_COMPUTE
 
-    def cli(runs_here):
+    def cli(runs_here, knobs=None):
         args = SimpleNamespace(env={}, command_options={},
                                task=SimpleNamespace(task_id="7", ubf_iter=SimpleNamespace(num_parallel=2)))
         deco = TorchrunDecorator()
-        deco._spec = SimpleNamespace(runs_here=runs_here)
+        deco._spec, deco._knobs = SimpleNamespace(runs_here=runs_here), knobs or Knobs()
         deco.runtime_step_cli(args, 0, 0, UBF_CONTROL)
         return deco, args.env
 
     monkeypatch.delenv("METAFLOW_RUNTIME_ENVIRONMENT", raising=False)
-    monkeypatch.delenv("METAFLOW_TORCHRUN_WARM_START", raising=False)
     assert "kubernetes" in REMOTE_COMPUTE and "batch" in REMOTE_COMPUTE
     assert HOST_ZYGOTE_ENV not in cli(False)[1]
     deco, env = cli(True)
@@ -214,8 +214,8 @@ def test_the_runtime_starts_one_warm_process_for_the_local_tasks_of_its_run(monk
     finally:
         deco.runtime_finished(None)
     assert warm_start._RUNTIME is None and first.proc is not None and first.proc.poll() is not None
-    monkeypatch.setenv("METAFLOW_TORCHRUN_WARM_START", "0")
     try:
-        assert HOST_ZYGOTE_ENV not in cli(True)[1]
+        assert HOST_ZYGOTE_ENV not in cli(True, Knobs(warm_start=False))[1]
     finally:
         warm_start.close_runtime_warm()
+

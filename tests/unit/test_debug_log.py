@@ -9,7 +9,12 @@ import pytest
 
 from metaflow_extensions.torchrun.plugins.torchrun import settings
 from metaflow_extensions.torchrun.plugins.torchrun.host import log
-from metaflow_extensions.torchrun.plugins.torchrun.procs.names import DEBUG_ENV, USER_KNOBS
+from metaflow_extensions.torchrun.plugins.torchrun.knobs import DEBUG_ENV, USER_KNOBS, read_knobs
+
+
+def debug(value):
+    """The setting as the step's start reads it."""
+    return read_knobs({DEBUG_ENV: value} if value is not None else {})[0].debug
 
 
 @pytest.fixture(autouse=True)
@@ -23,8 +28,8 @@ def fresh_logger():
 
 @pytest.mark.parametrize("value", ["1", "true", "YES", " on "])
 def test_on_it_writes_to_stderr_with_the_time(value, capsys):
-    assert log.configure(value)
-    log.configure(value)  # once per process, however often asked
+    assert log.configure(debug(value))
+    log.configure(debug(value))  # once per process, however often asked
     log.get("gang.client").debug("node %d: joined", 3)
     err = capsys.readouterr().err.splitlines()
     assert len(err) == 1, err
@@ -34,7 +39,7 @@ def test_on_it_writes_to_stderr_with_the_time(value, capsys):
 
 @pytest.mark.parametrize("env", [{}, {DEBUG_ENV: ""}, {DEBUG_ENV: "0"}, {DEBUG_ENV: "no"}])
 def test_off_it_installs_nothing_and_says_nothing(env, capsys, fresh_logger):
-    assert not log.configure(env.get(DEBUG_ENV))
+    assert not log.configure(debug(env.get(DEBUG_ENV)))
     assert fresh_logger.handlers == [] and fresh_logger.level == logging.NOTSET
     log.get("gang.server").debug("verdict")
     assert capsys.readouterr().err == ""
@@ -42,9 +47,9 @@ def test_off_it_installs_nothing_and_says_nothing(env, capsys, fresh_logger):
 
 
 def test_a_knob_like_the_others(monkeypatch, capsys):
-    """Declared with the knobs, exported from the profile, and switched on where the task exports them."""
+    """Declared with the knobs, read with them at the step's start, and switched on there."""
     assert DEBUG_ENV in USER_KNOBS
-    environ = {DEBUG_ENV: "1"}
-    settings.export_knobs(environ)
+    knobs, refused = settings.step_knobs({DEBUG_ENV: "1"})
+    assert not refused and log.configure(knobs.debug)
     log.get("runtime.session").debug("call 0: begun")
     assert "metaflow_torchrun.runtime.session" in capsys.readouterr().err

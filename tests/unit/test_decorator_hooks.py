@@ -102,7 +102,7 @@ def stand_ins(monkeypatch):
     monkeypatch.delenv("MF_PARALLEL_CONTROL_TASK_ID", raising=False)
     monkeypatch.setattr(sys, "argv", [os.path.abspath("flow.py"), "step", STEP])
     monkeypatch.setattr(secret_mod, "for_task", lambda *a: (b"s" * 32, secret_mod.Published(None)))
-    monkeypatch.setattr(decorator_mod, "prepare_local_nodes", lambda *a: _Warm())
+    monkeypatch.setattr(decorator_mod, "prepare_local_nodes", lambda *a: (_Warm(), 29999))
     monkeypatch.setattr(decorator_mod, "stop_local_nodes", _Stopping)
     monkeypatch.setattr(decorator_mod, "read_node_history", lambda *a: None)
     # The gang's wrapper: the step's own function, as it would raise.
@@ -219,3 +219,24 @@ def test_the_unactivated_venv_refusal_leaves_the_task_as_itself(stand_ins, monke
 
     monkeypatch.setattr(decorator_mod, "prepare_local_nodes", refuse)
     assert _task(TorchrunDecorator(), _graph(), UBF_CONTROL, step_raises=False) is refusal
+
+
+def test_the_settings_the_decorator_hands_on_are_read_once_at_the_start(stand_ins, monkeypatch):
+    """METAFLOW_TORCHRUN_PORT, _SECRET and _DEBUG (test_prepare.py's KNOBS has the
+    others): read at step_init, and what the task's hooks hand the gang's port,
+    its secret and the debug channel, with the environment changed since."""
+    from metaflow_extensions.torchrun.plugins.torchrun.host import log
+
+    seen = {}
+    monkeypatch.setattr(secret_mod, "for_task", lambda storage, identity, own, *a: (
+        seen.setdefault("secret", own), secret_mod.Published(None)))
+    monkeypatch.setattr(log, "configure", lambda on: seen.setdefault("debug", on))
+    for name, value in (("PORT", "29998"), ("SECRET", "k" * 32), ("DEBUG", "1")):
+        monkeypatch.setenv("METAFLOW_TORCHRUN_" + name, value)
+    deco, graph = TorchrunDecorator(), _graph()
+    deco.step_init(_Flow(), graph, STEP, [deco], SimpleNamespace(), None, lambda *a, **k: None)
+    for name in ("PORT", "SECRET", "DEBUG"):
+        monkeypatch.setenv("METAFLOW_TORCHRUN_" + name, "not read again")
+    deco.task_pre_step(STEP, SimpleNamespace(_storage_impl=None), SimpleNamespace(register_metadata=lambda *a, **k: None),
+                       "1", "2", _Flow(), graph, 0, 0, UBF_TASK, [])
+    assert seen == {"secret": b"k" * 32, "debug": True} and deco._port == 29998

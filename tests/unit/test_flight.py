@@ -20,7 +20,7 @@ from dataclasses import replace
 import pytest
 from proc_helpers import wait_until
 
-from metaflow_extensions.torchrun.plugins.torchrun.launch.prepare import flight_entries
+from metaflow_extensions.torchrun.plugins.torchrun.knobs import FLIGHT_RECORDER_ENV, read_knobs
 from metaflow_extensions.torchrun.plugins.torchrun.procs import flight, flight_ask
 from metaflow_extensions.torchrun.plugins.torchrun.procs.flight import (EMPTY, FAILED, NO_GROUP, OK, FlightError,
                                                                         FlightGroup, FlightSummary, summarize)
@@ -280,7 +280,7 @@ def test_a_rank_blocked_in_a_collective_answers_with_what_its_recorder_holds(tmp
     work = str(tmp_path)
     script = tmp_path / "rank.py"
     script.write_text(RANK)
-    env = dict(os.environ, TORCH_FR_BUFFER_SIZE=str(flight_entries("3")))
+    env = dict(os.environ, TORCH_FR_BUFFER_SIZE=str(read_knobs({FLIGHT_RECORDER_ENV: "3"})[0].flight_recorder))
     ranks = [procs.popen([sys.executable, str(script), str(r), work, PKG_ROOT], env=env, stdout=subprocess.PIPE,
                          start_new_session=True) for r in (0, 1)]
     try:
@@ -344,5 +344,9 @@ def test_a_rank_listens_only_where_torch_records(env, on):
 
 
 def test_the_knob_reads_as_entries():
-    assert [flight_entries(v) for v in (None, "", "500", " 7 ", "0", "off", "OFF", "no", "-3", "x", "1.5")] == [
-        2000, 2000, 500, 7, 0, 0, 0, 0, 2000, 2000, 2000]
+    def entries(text):
+        read, refused = read_knobs({FLIGHT_RECORDER_ENV: text} if text is not None else {})
+        return refused[0].split(": ")[1] if refused else read.flight_recorder
+
+    assert [entries(v) for v in (None, "", "500", " 7 ", "0", "off", "OFF", "no", "-3", "x", "1.5")] == [
+        2000, 2000, 500, 7, 0, 0, 0, 0] + ["give a whole number of at least 0, or off"] * 3

@@ -12,6 +12,7 @@ import pytest
 from metaflow.datastore import FlowDataStore
 from metaflow.plugins.datastores.local_storage import LocalStorage
 
+from metaflow_extensions.torchrun.plugins.torchrun.knobs import SECRET_ENV, read_knobs
 from metaflow_extensions.torchrun.plugins.torchrun.gang import secret as sec
 from metaflow_extensions.torchrun.plugins.torchrun.gang.identity import GangIdentity
 
@@ -29,8 +30,8 @@ def test_a_secret_is_random_and_long():
 
 
 def test_published_by_the_control_fetched_by_a_worker(storage):
-    secret = sec.for_control(storage, ID, env={})
-    assert sec.for_worker(storage, ID, env={}, timeout=1) == secret
+    secret = sec.for_control(storage, ID, None)
+    assert sec.for_worker(storage, ID, None, timeout=1) == secret
     assert sec.fetch(storage, ID, timeout=0) == secret
 
 
@@ -94,22 +95,23 @@ def test_datastore_errors_are_retried_until_the_deadline():
 
 
 def test_the_users_own_secret_wins_and_nothing_is_stored(storage):
-    env = {sec.ENV: "my own secret, long enough"}
-    assert sec.for_control(storage, ID, env) == b"my own secret, long enough"
-    assert sec.for_worker(storage, ID, env, timeout=0) == b"my own secret, long enough"
+    own, refused = read_knobs({SECRET_ENV: "my own secret, long enough"})
+    assert not refused and own.secret == b"my own secret, long enough"
+    assert sec.for_control(storage, ID, own.secret) == b"my own secret, long enough"
+    assert sec.for_worker(storage, ID, own.secret, timeout=0) == b"my own secret, long enough"
     assert sec.load(storage, ID) is None
 
 
-def test_a_short_users_secret_is_an_error_not_a_fallback(storage):
-    with pytest.raises(ValueError, match="shorter than 16 bytes"):
-        sec.for_control(storage, ID, {sec.ENV: "short"})
+def test_a_short_users_secret_is_an_error_not_a_fallback():
+    own, refused = read_knobs({SECRET_ENV: "short"})
+    assert own.secret is None and len(refused) == 1 and "shorter than 16 bytes" in refused[0]
 
 
 # -- withdrawn when the control's step ends (issue 29) ------------------------------
 
 
 def test_withdrawn_once_from_the_local_datastore(storage):
-    secret, published = sec.control_secret(storage, ID, env={})
+    secret, published = sec.control_secret(storage, ID, None)
     path = storage.full_uri(sec.secret_path(ID))
     assert os.path.exists(path) and sec.fetch(storage, ID, timeout=0) == secret
     published.withdraw()
@@ -118,7 +120,7 @@ def test_withdrawn_once_from_the_local_datastore(storage):
 
 
 def test_a_users_own_secret_leaves_nothing_to_withdraw(storage, tmp_path):
-    _, published = sec.control_secret(storage, ID, {sec.ENV: "my own secret, long enough"})
+    _, published = sec.control_secret(storage, ID, b"my own secret, long enough")
     published.withdraw()
     assert not os.path.exists(storage.full_uri(sec.secret_path(ID)))
 
@@ -131,7 +133,7 @@ class NoDelete(LocalStorage):
 
 def test_elsewhere_it_is_overwritten_and_a_late_worker_is_told_at_once(tmp_path):
     storage = FlowDataStore("TrainFlow", storage_impl=NoDelete, ds_root=str(tmp_path / ".metaflow"))._storage_impl
-    _, published = sec.control_secret(storage, ID, env={})
+    _, published = sec.control_secret(storage, ID, None)
     published.withdraw()
     assert sec.WITHDRAWN in open(storage.full_uri(sec.secret_path(ID)), "rb").read()
     started = time.monotonic()

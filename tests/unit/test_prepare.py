@@ -14,6 +14,9 @@ import pytest
 from metaflow_extensions.torchrun.plugins.torchrun import defaults as DEFAULTS
 from metaflow_extensions.torchrun.plugins.torchrun.gang.identity import GangIdentity
 from metaflow_extensions.torchrun.plugins.torchrun.gang.topology import Topology
+from metaflow_extensions.torchrun.plugins.torchrun.host.logs import retention_policy
+from metaflow_extensions.torchrun.plugins.torchrun.host.retention import RetentionPolicy
+from metaflow_extensions.torchrun.plugins.torchrun.knobs import Knobs
 from metaflow_extensions.torchrun.plugins.torchrun.launch.command import join_timeout
 from metaflow_extensions.torchrun.plugins.torchrun.launch.plan import StepDefaults, plan_call
 from metaflow_extensions.torchrun.plugins.torchrun.launch.resources import Accelerators
@@ -21,6 +24,25 @@ from metaflow_extensions.torchrun.plugins.torchrun.procs import names
 from metaflow_extensions.torchrun.plugins.torchrun.runtime import call as call_module
 from metaflow_extensions.torchrun.plugins.torchrun.runtime.call import CallRun
 from metaflow_extensions.torchrun.plugins.torchrun.runtime.session import GangSession
+
+# Each setting of Metaflow's configuration (knobs.py) at a value no default has,
+# and where it is checked: below, or in test_decorator_hooks.py for those the
+# decorator itself hands on.
+KNOBS = Knobs(
+    port=29998,  # the gang's main port where @torchrun(port) is unset (test_decorator_hooks)
+    secret=b"k" * 32,  # the gang's secret, in place of a stored one (test_decorator_hooks)
+    progress_seconds=3.0,  # the gang config
+    straggler_ratio=2.5,  # the gang config
+    straggler_seconds=60.0,  # the gang config
+    keep_logs_hours=1.0,  # the call's retention of logs
+    keep_logs=4,  # the call's retention of logs
+    max_log_mb=9.0,  # the call's retention of logs
+    debug=True,  # the debug channel (test_decorator_hooks)
+    node_history=(1, 3),  # the control's node history (runtime/preflight.py)
+    node_history_runs=0,  # the control's node history
+    flight_recorder=300,  # the ranks' environment
+    warm_start=False,  # the call's warm process
+)
 
 # Each field at a value no default has, and where the test below looks for it.
 CHANGED = dict(
@@ -40,6 +62,7 @@ CHANGED = dict(
     restarts=2,  # the gang config (the service decides restarts) and a restart's launch
     retry_on="infrastructure",  # the plan: a call's own max_restarts refused (below)
     spares=1,  # the gang config (the service's bench), the session's bench and torchrun's nnodes (below)
+    knobs=KNOBS,  # each checked where it takes effect (KNOBS above)
 )
 
 
@@ -49,6 +72,8 @@ def test_every_setting_of_the_step_is_covered_here():
     for name, value in CHANGED.items():
         default = getattr(StepDefaults(), name)
         assert value != default, name
+    for knob in dataclasses.fields(Knobs):
+        assert getattr(KNOBS, knob.name) != getattr(Knobs(), knob.name), "a new setting needs a test: " + knob.name
 
 
 @pytest.fixture
@@ -86,6 +111,24 @@ def test_the_session_carries_the_gang_settings(run):
     assert (config.heartbeat_timeout, config.start_timeout, config.hang_timeout) == (7.0, 123.0, 9.0)
     assert config.restarts == 2
     assert config.spares == 1 and run.session.bench.spares == (1,)  # of 2 nodes: node 1 waits
+    assert (config.progress_interval, config.straggler_ratio, config.straggler_seconds) == (3.0, 2.5, 60.0)
+
+
+def test_a_call_keeps_its_logs_and_starts_its_ranks_as_the_settings_say(run):
+    run.prepare()
+    assert run.files is not None and run.files.policy == retention_policy(KNOBS) == RetentionPolicy(
+        keep=4, hours=1.0, max_bytes=9 * 1024 * 1024, young_seconds=run.files.policy.young_seconds)
+    assert run.warm is not None and run.warm.path == "" and run.warm.pid is None  # warm_start=False
+    assert names.ZYGOTE_ENV not in run._launch_environment()
+
+
+def test_the_control_reads_its_node_history_as_the_settings_say(run):
+    from metaflow_extensions.torchrun.plugins.torchrun.runtime.preflight import History
+
+    history = History("F", "1", "train", None, KNOBS)
+    assert (history.threshold.culprit, history.threshold.appearances, history.runs) == (1, 3, 0)
+    assert history.get() == []  # no past run read (node_history_runs=0)
+    assert History("F", "1", "train", None, Knobs(node_history=None)).threshold is None
 
 
 def test_spares_leave_torchrun_the_active_nodes(run):
@@ -145,16 +188,17 @@ def test_the_supervisor_gets_the_grace(run, monkeypatch):
 
 @pytest.mark.parametrize("knob, theirs, expected", [
     (None, {}, {names.FR_BUFFER_ENV: str(DEFAULTS.FLIGHT_RECORDER_ENTRIES)}),
-    ("300", {}, {names.FR_BUFFER_ENV: "300"}),
-    ("off", {}, {names.FR_BUFFER_ENV: "0"}),  # torch 2.13 records unless told 0
-    ("300", {names.FR_BUFFER_ENV: "7"}, {names.FR_BUFFER_ENV: "7"}),  # the user's own setting stands
-    ("300", {names.FR_BUFFER_OLD_ENV: "0"}, {names.FR_BUFFER_OLD_ENV: "0"}),  # so does torch's older name
+    (300, {}, {names.FR_BUFFER_ENV: "300"}),
+    (0, {}, {names.FR_BUFFER_ENV: "0"}),  # "off": torch 2.13 records unless told 0
+    (300, {names.FR_BUFFER_ENV: "7"}, {names.FR_BUFFER_ENV: "7"}),  # the user's own setting stands
+    (300, {names.FR_BUFFER_OLD_ENV: "0"}, {names.FR_BUFFER_OLD_ENV: "0"}),  # so does torch's older name
 ])
 def test_the_flight_recorder_knob_reaches_the_ranks(run, monkeypatch, knob, theirs, expected):
-    for name in (names.FLIGHT_RECORDER_ENV, names.FR_BUFFER_ENV, names.FR_BUFFER_OLD_ENV):
+    for name in (names.FR_BUFFER_ENV, names.FR_BUFFER_OLD_ENV):
         monkeypatch.delenv(name, raising=False)
-    if knob is not None:
-        monkeypatch.setenv(names.FLIGHT_RECORDER_ENV, knob)
+    knobs = KNOBS if knob is not None else Knobs()
+    run.session.defaults = dataclasses.replace(run.session.defaults, knobs=dataclasses.replace(
+        knobs, flight_recorder=knob if knob is not None else knobs.flight_recorder))
     for name, value in theirs.items():
         monkeypatch.setenv(name, value)
     env = run.prepare()

@@ -109,13 +109,12 @@ def test_a_profile_sets_the_knobs_and_the_environment_wins(tmp_path):
         import os
         from metaflow import metaflow_config as c
         from metaflow_extensions.torchrun.plugins.torchrun import settings
-        from metaflow_extensions.torchrun.plugins.torchrun.procs import names
+        from metaflow_extensions.torchrun.plugins.torchrun import knobs
         assert (c.TORCHRUN_KEEP_LOGS, c.TORCHRUN_MAX_LOG_MB) == ("3", "7"), (c.TORCHRUN_KEEP_LOGS, c.TORCHRUN_MAX_LOG_MB)
-        env = settings.knob_environ()
-        assert env[names.SECRET_ENV] == "s" * 40 and env[names.PROGRESS_ENV] == "2"
-        settings.export_knobs()
-        assert os.environ[names.KEEP_LOGS_ENV] == "3" and os.environ[names.MAX_LOG_MB_ENV] == "7"
-        assert names.SECRET_ENV not in os.environ, "the secret must not reach the ranks' environment"
+        read, refused = settings.step_knobs()
+        assert not refused and read.secret == b"s" * 40 and read.progress_seconds == 2.0
+        assert read.keep_logs == 3 and read.max_log_mb == 7.0
+        assert knobs.SECRET_ENV not in os.environ, "the secret must not reach the ranks' environment"
         print("ok")
     """, METAFLOW_HOME=str(tmp_path), METAFLOW_PROFILE="team", METAFLOW_TORCHRUN_MAX_LOG_MB="7")
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-3000:]
@@ -124,7 +123,7 @@ def test_a_profile_sets_the_knobs_and_the_environment_wins(tmp_path):
 def test_every_knob_is_declared_in_metaflows_configuration_and_documented():
     from metaflow import metaflow_config
 
-    from metaflow_extensions.torchrun.plugins.torchrun.procs.names import USER_KNOBS, conf_key
+    from metaflow_extensions.torchrun.plugins.torchrun.knobs import USER_KNOBS, conf_key
 
     doc = open(os.path.join(os.path.dirname(__file__), "..", "..", "docs", "configuration.md")).read()
     for name in USER_KNOBS:

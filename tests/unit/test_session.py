@@ -22,7 +22,7 @@ from metaflow_extensions.torchrun.plugins.torchrun.launch.plan import StepDefaul
 from metaflow_extensions.torchrun.plugins.torchrun.gang.ports import find_free_port
 from metaflow_extensions.torchrun.plugins.torchrun.runtime.session import GangSession, Phase
 from metaflow_extensions.torchrun.plugins.torchrun.gang.topology import Topology
-from metaflow_extensions.torchrun.plugins.torchrun.procs import WARM_START_ENV
+from metaflow_extensions.torchrun.plugins.torchrun.knobs import Knobs
 from proc_helpers import wait_until
 
 GUARD = 10.0
@@ -35,13 +35,11 @@ def short_linger(monkeypatch):
     monkeypatch.setattr(timeouts, "LINGER", 0.2)
 
 
-@pytest.fixture(autouse=True)
-def no_warm_process(monkeypatch):
-    """Each session's join starts its warm process, which imports torch (about
-    1 CPU-s a second, until close kills it: the CPU a test waiting 3 s for a
-    join or a start_timeout spent); these tests are of the gang's phases, and
-    test_warm_start.py and the flows test the warm process."""
-    monkeypatch.setenv(WARM_START_ENV, "0")
+# Each session's join starts its warm process, which imports torch (about 1
+# CPU-s a second, until close kills it: the CPU a test waiting 3 s for a join or
+# a start_timeout spent); these tests are of the gang's phases, and
+# test_warm_start.py and the flows test the warm process.
+NO_WARM_PROCESS = Knobs(warm_start=False)
 
 
 @pytest.fixture
@@ -53,7 +51,8 @@ def gang():
     def make(node, num_nodes=2, **defaults):
         topo = Topology(num_nodes=num_nodes, node_index=node, main_addr="127.0.0.1", ports=(port,),
                         is_local=True)
-        s = GangSession(identity, StepDefaults(**defaults), topo, secret=b"test secret of 32 bytes, at least")
+        s = GangSession(identity, StepDefaults(**{"knobs": NO_WARM_PROCESS, **defaults}), topo,
+                        secret=b"test secret of 32 bytes, at least")
         made.append(s)
         return s
 

@@ -10,8 +10,8 @@ import pytest
 
 from metaflow_extensions.torchrun.plugins.torchrun.gang import ports
 from metaflow_extensions.torchrun.plugins.torchrun.errors import TorchrunInvalidArgument
+from metaflow_extensions.torchrun.plugins.torchrun.knobs import PORT_ENV as LOCAL_PORT_ENV
 from metaflow_extensions.torchrun.plugins.torchrun.gang.ports import (
-    LOCAL_PORT_ENV,
     PORT_RANGE,
     CANDIDATE_PORTS,
     choose_ports,
@@ -52,9 +52,10 @@ class TestChoosePort:
         env = {LOCAL_PORT_ENV: "21000", "MF_MASTER_PORT": "22000"}
         assert choose_ports(env, "gang", configured=23000) == (23000,)
 
-    def test_local_env_next(self):
+    def test_the_setting_is_not_read_here(self):
+        """METAFLOW_TORCHRUN_PORT is read at the step's start (knobs.py) and comes as ``configured``."""
         env = {LOCAL_PORT_ENV: "21000", "MF_MASTER_PORT": "22000"}
-        assert choose_ports(env, "gang") == (21000,)
+        assert choose_ports(env, "gang") == (22000,)
 
     def test_mf_master_port_next(self):
         assert choose_ports({"MF_MASTER_PORT": "22000"}, "gang") == (22000,)
@@ -70,14 +71,10 @@ class TestChoosePort:
     def test_mf_master_port_none_falls_through(self, none):
         assert choose_ports({"MF_MASTER_PORT": none}, "k") == choose_ports({}, "k")
 
-    @pytest.mark.parametrize("none", ["None", ""])
-    def test_local_env_none_falls_through_to_mf_master_port(self, none):
-        assert choose_ports({LOCAL_PORT_ENV: none, "MF_MASTER_PORT": "22000"}, "k") == (22000,)
-
     def test_configured_even_when_env_is_garbage(self):
         assert choose_ports({LOCAL_PORT_ENV: "junk", "MF_MASTER_PORT": "junk"}, "k", 25000) == (25000,)
 
-    @pytest.mark.parametrize("var", [LOCAL_PORT_ENV, "MF_MASTER_PORT"])
+    @pytest.mark.parametrize("var", ["MF_MASTER_PORT"])
     def test_garbage_env_raises_naming_variable(self, var):
         with pytest.raises(TorchrunInvalidArgument) as e:
             choose_ports({var: "http"}, "k")

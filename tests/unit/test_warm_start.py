@@ -5,8 +5,10 @@ from __future__ import annotations
 import os
 import time
 
-from metaflow_extensions.torchrun.plugins.torchrun.procs.names import WARM_START_ENV, ZYGOTE_ENV
-from metaflow_extensions.torchrun.plugins.torchrun.runtime.warm_start import WarmStart, warm_start
+from metaflow_extensions.torchrun.plugins.torchrun.knobs import Knobs
+from metaflow_extensions.torchrun.plugins.torchrun.launch.plan import StepDefaults
+from metaflow_extensions.torchrun.plugins.torchrun.procs.names import ZYGOTE_ENV
+from metaflow_extensions.torchrun.plugins.torchrun.runtime.warm_start import WarmStart
 
 
 def _environ(pid):
@@ -15,16 +17,18 @@ def _environ(pid):
 
 
 def test_switched_off_nothing_starts_and_the_agent_is_not_pointed_at_one():
-    warm = WarmStart.for_step({WARM_START_ENV: "off"})
-    warm.start({"A": "1", ZYGOTE_ENV: "/stale"}, nproc=2)
+    """METAFLOW_TORCHRUN_WARM_START=off, as the step's start read it, for the step and for a call."""
+    warm = WarmStart.started_for_step(StepDefaults(knobs=Knobs(warm_start=False)), {"A": "1", ZYGOTE_ENV: "/stale"})
     assert warm.pid is None and ZYGOTE_ENV not in warm.environment({ZYGOTE_ENV: "/stale"})
     warm.close()
-    assert warm_start({}) and warm_start({WARM_START_ENV: " "}) and not warm_start({WARM_START_ENV: "0"})
+    call = WarmStart.for_call(warm, "/tmp/work", None, on=False)
+    call.start({"A": "1"}, nproc=2)
+    assert call.pid is None and ZYGOTE_ENV not in call.environment({ZYGOTE_ENV: "/stale"})
 
 
 def test_on_it_starts_once_with_one_thread_for_many_ranks_and_goes_with_its_directory():
     env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
-    warm = WarmStart.for_step({})
+    warm = WarmStart.for_step(True)
     try:
         warm.start(env, nproc=4)
         pid = warm.pid
@@ -45,7 +49,7 @@ def test_on_it_starts_once_with_one_thread_for_many_ranks_and_goes_with_its_dire
 
 def test_one_rank_a_node_leaves_the_threads_to_torch():
     env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
-    warm = WarmStart.for_step({})
+    warm = WarmStart.for_step(True)
     try:
         warm.start(env, nproc=1)
         assert b"OMP_NUM_THREADS" not in _environ(warm.pid)
@@ -59,7 +63,7 @@ def test_a_warm_process_no_host_forked_is_its_own_pid_and_no_file_is_read_for_it
     from metaflow_extensions.torchrun.plugins.torchrun.procs.names import HOST_ZYGOTE_ENV, ZYGOTE_PID_SUFFIX
 
     env = {k: v for k, v in os.environ.items() if k not in (HOST_ZYGOTE_ENV, ZYGOTE_ENV)}
-    warm = WarmStart.for_step({})
+    warm = WarmStart.for_step(True)
     try:
         warm.start(env, nproc=1)
         with open(warm.path + ZYGOTE_PID_SUFFIX, "w") as f:

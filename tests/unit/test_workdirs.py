@@ -18,6 +18,8 @@ import time
 import pytest
 
 import other_user
+from metaflow_extensions.torchrun.plugins.torchrun.knobs import (KEEP_LOGS_ENV, KEEP_LOGS_HOURS_ENV, MAX_LOG_MB_ENV,
+                                                                 Knobs, read_knobs)
 from metaflow_extensions.torchrun.plugins.torchrun.host import logs, private
 from metaflow_extensions.torchrun.plugins.torchrun.host.retention import RetentionPolicy
 from metaflow_extensions.torchrun.plugins.torchrun.host.basedir import base_dir
@@ -32,6 +34,11 @@ from metaflow_extensions.torchrun.plugins.torchrun.host.private import UnsafePat
 from metaflow_extensions.torchrun.plugins.torchrun.host.workdirs import CallFiles, prune_work_dirs
 
 KEY = LogKey("Flow-1", "train-2-0", "c0")
+
+
+def prune_everything():
+    """Beyond no age and no count (METAFLOW_TORCHRUN_KEEP_LOGS=0, ..._HOURS=0)."""
+    return retention_policy(Knobs(keep_logs=0, keep_logs_hours=0))
 
 
 def mode(path) -> int:
@@ -271,10 +278,8 @@ class TestFallbackAfterTheSquat:
     def test_adopted_runs_are_pruned_by_the_usual_policy(self, squat, tmp, monkeypatch):
         run_task(tmp, "Squatted-1")
         os.rmdir(squat)
-        monkeypatch.setenv(logs.KEEP_LOGS_ENV, "0")
-        monkeypatch.setenv(logs.KEEP_LOGS_HOURS_ENV, "0")
         monkeypatch.setattr(private, "YOUNG_SECONDS", 0.0)
-        CallFiles(LogKey("After-2", "train-2-0", "c0"), 0, base_dir(tmp)).close()
+        CallFiles(LogKey("After-2", "train-2-0", "c0"), 0, base_dir(tmp), policy=prune_everything()).close()
         assert fallbacks(tmp) == []
         assert run_names(os.path.join(squat, "logs")) == ["After-2"]
 
@@ -499,11 +504,6 @@ class TestLogRetention:
     """Issue 28, item 4: "a run's files were gone an hour later while other flows
     ran". The policy is tests/unit/test_retention.py's; here, real directories."""
 
-    @pytest.fixture(autouse=True)
-    def knobs(self, monkeypatch):
-        for name in (logs.KEEP_LOGS_ENV, logs.KEEP_LOGS_HOURS_ENV, logs.MAX_LOG_MB_ENV):
-            monkeypatch.delenv(name, raising=False)
-
     def test_a_run_within_the_age_survives_30_other_runs_on_the_host(self, tmp, monkeypatch):
         monkeypatch.setattr(private, "YOUNG_SECONDS", 0.0)
         base = base_dir(tmp)
@@ -522,8 +522,7 @@ class TestLogRetention:
         """A call makes its directories first and prunes once its agent has
         started (runtime/call.py): nothing goes before ``prune()``."""
         monkeypatch.setattr(private, "YOUNG_SECONDS", 0.0)
-        monkeypatch.setenv(logs.KEEP_LOGS_ENV, "1")
-        monkeypatch.setenv(logs.KEEP_LOGS_HOURS_ENV, "0")
+        policy = retention_policy(Knobs(keep_logs=1, keep_logs_hours=0))
         base = base_dir(tmp)
         CallFiles(LogKey("Old-1", "train-2-0", "c0"), 0, base).close()
         old = os.path.join(base, "logs", "Old-1")
@@ -531,7 +530,7 @@ class TestLogRetention:
         left = os.path.join(base, "work", "1-left")  # a killed task's work directory: nobody holds it
         os.makedirs(left)
         age(left, HOUR)
-        files = CallFiles(LogKey("New-2", "train-2-0", "c0"), 0, base, prune_first=False)
+        files = CallFiles(LogKey("New-2", "train-2-0", "c0"), 0, base, prune_first=False, policy=policy)
         assert os.path.isdir(old) and os.path.isdir(left)
         files.prune()
         assert not os.path.exists(old) and not os.path.exists(left)
@@ -636,24 +635,18 @@ class TestLogRetention:
         assert prune_logs(root, nothing) == [os.path.dirname(node)]
 
     def test_the_bound_holds_across_many_calls(self, tmp, monkeypatch):
-        monkeypatch.setenv(logs.KEEP_LOGS_ENV, "5")
-        monkeypatch.setenv(logs.KEEP_LOGS_HOURS_ENV, "0")
         monkeypatch.setattr(private, "YOUNG_SECONDS", 0.0)
         base = base_dir(tmp)
         for i in range(30):
-            CallFiles(LogKey("Flow-%d" % i, "train-2-0", "c0"), 0, base).close()
+            policy = retention_policy(Knobs(keep_logs=5, keep_logs_hours=0))
+            CallFiles(LogKey("Flow-%d" % i, "train-2-0", "c0"), 0, base, policy=policy).close()
         # The newest 5 kept by the bound, plus the one being made.
         assert len(run_names(os.path.join(base, "logs"))) <= 6
         assert os.listdir(os.path.join(base, "work")) == []
 
-    def prune_everything(self, monkeypatch):
-        monkeypatch.setenv(logs.KEEP_LOGS_ENV, "0")
-        monkeypatch.setenv(logs.KEEP_LOGS_HOURS_ENV, "0")
-
     def test_a_call_waits_for_another_tasks_prune_then_prunes(self, tmp, monkeypatch):
         """Calls make their directories under the host's prune lock: a prune
         never removes an old run between its choice and a new call of it."""
-        self.prune_everything(monkeypatch)
         base = base_dir(tmp)
         root = private.private_dir(os.path.join(base, "logs"))
         old = make_run(root, "Old-1", seconds_ago=100 * HOUR)
@@ -668,7 +661,7 @@ class TestLogRetention:
         try:
             assert proc.stdout.readline().strip() == "held"
             began = time.monotonic()
-            log_dir = logs.call_log_dir(KEY, 0, base)
+            log_dir = logs.call_log_dir(KEY, 0, base, policy=prune_everything())
             waited = time.monotonic() - began
         finally:
             proc.wait(timeout=30)
@@ -676,14 +669,13 @@ class TestLogRetention:
         assert not os.path.exists(old)
 
     def test_a_prune_that_never_ends_costs_a_call_prune_wait_not_its_logs(self, tmp, monkeypatch):
-        self.prune_everything(monkeypatch)
         monkeypatch.setattr(logs, "PRUNE_WAIT", 0.2)
         base = base_dir(tmp)
         root = private.private_dir(os.path.join(base, "logs"))
         old = make_run(root, "Old-1", seconds_ago=100 * HOUR)
         guard = private.hold_lock(root, logs.PRUNE_LOCK_FILE)
         try:
-            log_dir = logs.call_log_dir(KEY, 0, base)
+            log_dir = logs.call_log_dir(KEY, 0, base, policy=prune_everything())
         finally:
             private.release_lock(guard)
         assert log_dir is not None and os.path.isdir(log_dir)
@@ -757,21 +749,17 @@ class TestPruneCost:
 
 
 class TestKnobs:
-    def test_the_defaults(self, monkeypatch):
-        for name in (logs.KEEP_LOGS_ENV, logs.KEEP_LOGS_HOURS_ENV, logs.MAX_LOG_MB_ENV):
-            monkeypatch.delenv(name, raising=False)
+    def test_the_defaults_and_the_settings(self):
         assert retention_policy() == RetentionPolicy(keep=20, hours=72.0, max_bytes=500 * MB)
+        assert retention_policy(Knobs(keep_logs=3, keep_logs_hours=1.5, max_log_mb=7.5)) == RetentionPolicy(
+            keep=3, hours=1.5, max_bytes=int(7.5 * MB))
 
-    @pytest.mark.parametrize("value", ["inf", "-inf", "nan", "-1", "lots", ""])
-    def test_a_value_that_is_not_a_finite_number_falls_back_to_the_default(self, tmp, monkeypatch, value):
-        for name in (logs.KEEP_LOGS_ENV, logs.KEEP_LOGS_HOURS_ENV, logs.MAX_LOG_MB_ENV):
-            monkeypatch.setenv(name, value)
-        assert retention_policy() == RetentionPolicy(keep=20, hours=72.0, max_bytes=500 * MB)
-        files = CallFiles(KEY, 0, base_dir(tmp))  # "inf" once failed every call with OverflowError
-        try:
-            assert files.log_dir is not None
-        finally:
-            files.close()
+    @pytest.mark.parametrize("value", ["inf", "-inf", "nan", "-1", "lots"])
+    def test_a_value_that_is_not_a_finite_number_is_refused_at_the_start(self, value):
+        """"inf" once failed every call with OverflowError: now the step's start refuses it."""
+        names = (KEEP_LOGS_ENV, KEEP_LOGS_HOURS_ENV, MAX_LOG_MB_ENV)
+        read, refused = read_knobs({name: value for name in names})
+        assert retention_policy(read) == retention_policy() and len(refused) == 3, refused
 
     def test_the_line_that_says_where_the_files_are(self):
         log_dir = "/tmp/metaflow-torchrun-0/logs/Flow-1/train-2-0/c3/node-1"

@@ -21,10 +21,6 @@ from typing import Dict, Iterator, List, Set, Tuple
 ROOT = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
                     "metaflow_extensions", "torchrun", "plugins", "torchrun")
 SUBPACKAGES = ("gang", "launch", "runtime", "procs", "host")
-# The one import that may bypass a face, as the layers contract ignores it too
-# (pyproject.toml): host/ reads the log-retention names from procs/names.py, a
-# leaf that imports nothing, without loading the ranks' face above it.
-EXCEPTIONS = {("host.logs", "procs.names"), ("host.network", "procs.names")}
 
 
 def modules() -> Iterator[Tuple[str, str]]:
@@ -72,7 +68,7 @@ def main() -> None:
     args = parser.parse_args()
     rows = crossings()
     if args.check:
-        bad = [r for r in rows if r[3] != r[2] and (r[0], r[3]) not in EXCEPTIONS]
+        bad = [r for r in rows if r[3] != r[2]]
         for module, line, _, target, name in bad:
             print("%s:%d imports %s from %s, not from its face %s" % (module, line, name, target, target.split(".")[0]))
         # A face's name that is also one of its modules' names: once that module is
@@ -86,9 +82,7 @@ def main() -> None:
         sys.exit(1 if bad or clash else 0)
     names: Dict[str, Set[str]] = defaultdict(set)
     through: Dict[str, Set[str]] = defaultdict(set)
-    for module, _, top, target, name in rows:
-        if (module, target) in EXCEPTIONS:
-            continue
+    for _, _, top, target, name in rows:
         names[top].add(name)
         through[top].add(target)
     for top in SUBPACKAGES:

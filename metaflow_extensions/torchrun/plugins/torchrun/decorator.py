@@ -29,10 +29,10 @@ from .spec import ATTRIBUTE_DEFAULTS, read_step_spec, step_defaults, truthy
 from .gang import GangIdentity
 from .lint import register_lint_check, require_parallel_entry
 from .host import log, say
-from .settings import export_knobs, knob_environ
+from .settings import step_knobs
 from .runtime import card_of_task, close_runtime_warm, name_local_control, own_start, prepare_local_nodes, stop_local_nodes
 from .launch import check_spares_fit, small_shm_warning
-from .runtime import GangSession, ThisAttempt, in_gang, keep_record, knob_problems, read_node_history
+from .runtime import GangSession, ThisAttempt, in_gang, keep_record, read_node_history
 from .gang import CONTROL_TASK_ID_ENV, is_local_runtime, topology_from
 
 
@@ -153,13 +153,16 @@ class TorchrunDecorator(ParallelDecorator):
         specs = [(deco.name, deco.attributes) for deco in decorators]
         entries = [str(getattr(graph[p], "num_parallel", "")) for p in graph[step_name].in_funcs]
         self._spec = read_step_spec(self.attributes, specs, entries, sys.argv, problems)
-        for message in knob_problems(knob_environ()):  # the launcher's knobs, and each task's own
+        self._knobs, refused = step_knobs()  # the launcher's settings, and each task's own: read once
+        for message in refused:
             problems.add(message)
         problems.raise_all()
         if not is_task_process(sys.argv):
             for line in self._spec.notes:  # 0.2's spellings, said once, by the launcher
                 say(line)
-        self._port, self._accelerators = self._spec.port, self._spec.accelerators
+        # The gang's main port: the step's, else the setting's (a local control picks its own: task_pre_step).
+        self._port = self._spec.port if self._spec.port is not None else self._knobs.port
+        self._accelerators = self._spec.accelerators
         nproc = self.attributes.get("nproc_per_node")
         self._card = attach_card(decorators) if truthy(self.attributes["card"]) else None
         warning = small_shm_warning(specs, self._accelerators, nproc)
@@ -176,7 +179,7 @@ class TorchrunDecorator(ParallelDecorator):
         super().runtime_step_cli(cli_args, retry_count, max_user_code_retries, ubf_context)
         if ubf_context == UBF_CONTROL and is_local_runtime(os.environ):
             name_local_control(getattr(cli_args, "env", None), cli_args.task.task_id,
-                               knob_environ() if getattr(self, "_spec", None) and self._spec.runs_here else None)
+                               self._knobs.warm_start if getattr(self, "_spec", None) and self._spec.runs_here else None)
 
     def runtime_finished(self, exception):
         super().runtime_finished(exception)
@@ -194,8 +197,7 @@ class TorchrunDecorator(ParallelDecorator):
 
         self._metadata = (metadata, run_id, step_name, task_id)
         self._attempt = ThisAttempt(int(retry_count), int(max_user_code_retries or 0))
-        # The METAFLOW_TORCHRUN_* knobs a Metaflow profile sets, for every reader below.
-        export_knobs()
+        log.configure(self._knobs.debug)  # the debug channel, if asked for
         is_control = ubf_context == UBF_CONTROL
         self._card = card_of_task(self._card, is_control)
         # The card of this attempt (runtime/card.card_view_command), named once the card has its hash.
@@ -204,17 +206,17 @@ class TorchrunDecorator(ParallelDecorator):
         self._identity = GangIdentity(self._flow_name, str(run_id), step_name,
                                       str(control_task_id or local_control_task_id(task_id)), int(retry_count))
         self._secret, self._published = gang_secret.for_task(
-            task_datastore._storage_impl, self._identity, knob_environ(), is_control, float(self.attributes["start_timeout"]))
-        self._defaults = step_defaults(self._spec)
+            task_datastore._storage_impl, self._identity, self._knobs.secret, is_control, float(self.attributes["start_timeout"]))
+        self._defaults = step_defaults(self._spec, self._knobs)
         if is_control and is_local_runtime(os.environ):
-            self._warm = prepare_local_nodes(_local_nodes(flow), self._port, self._defaults)
+            self._warm, self._port = prepare_local_nodes(_local_nodes(flow), self._spec.port, self._defaults)
         if is_control and int(retry_count) > 0:
             note = self._attempt.read_previous(
                 "%s/%s/%s/%s" % (self._flow_name, run_id, step_name, task_id), self._spec.retry_on)
             if note:
                 say(note)
         self._attempt.history = read_node_history(self._attempt, is_control, self._flow_name, str(run_id), step_name,
-                                             self._spec.preflight, knob_environ())
+                                             self._spec.preflight, self._knobs)
         self._handle = TorchrunHandle()
         current._update_env({"torch": self._handle})
 

@@ -1,22 +1,21 @@
-"""@torchrun's knobs (``METAFLOW_TORCHRUN_*``) as Metaflow's configuration has them.
+"""@torchrun's settings (``METAFLOW_TORCHRUN_*``) as Metaflow's configuration has them.
 
 ``config/mfextinit_torchrun.py`` declares them with Metaflow's ``from_conf``: the
-environment wins, else the Metaflow profile. The task reads them here, once, at
-the step's start; the layers below take plain values or plain environment
-variables (``procs/`` and ``host/`` run inside ranks, with no Metaflow).
+environment wins, else the Metaflow profile. The step's start reads them here,
+once, into ``knobs.Knobs``, which the layers below are handed (``procs/`` and
+``host/`` run inside ranks, with no Metaflow).
 """
 
 from __future__ import annotations
 
 import os
-from typing import Dict, Mapping, MutableMapping, Optional
+from typing import Dict, List, Mapping, Optional, Tuple
 
-from .host import log
-from .procs import DEBUG_ENV, SECRET_ENV, USER_KNOBS, conf_key
+from .knobs import USER_KNOBS, Knobs, conf_key, read_knobs
 
 
 def profile_value(env_name: str) -> Optional[str]:
-    """The knob's value from Metaflow's configuration (environment, then profile)."""
+    """The setting's value from Metaflow's configuration (environment, then profile)."""
     from metaflow import metaflow_config
 
     value = getattr(metaflow_config, conf_key(env_name), None)
@@ -24,8 +23,7 @@ def profile_value(env_name: str) -> Optional[str]:
 
 
 def knob_environ(env: Optional[Mapping[str, str]] = None) -> Dict[str, str]:
-    """``env`` (the process's), completed with each knob that only the Metaflow
-    profile sets: what every reader of a knob in this task is given."""
+    """``env`` (the process's), completed with each setting that only the Metaflow profile sets."""
     out = dict(os.environ if env is None else env)
     for name in USER_KNOBS:
         if name not in out:
@@ -35,12 +33,6 @@ def knob_environ(env: Optional[Mapping[str, str]] = None) -> Dict[str, str]:
     return out
 
 
-def export_knobs(environ: MutableMapping[str, str] = os.environ) -> None:
-    """Put the profile's knobs in this task's environment, where the gang, the
-    work directories and Metaflow's local worker nodes read them. Not the secret:
-    that is handed to the gang alone (``gang/secret.py``), never inherited by the
-    ranks."""
-    for name, value in knob_environ(environ).items():
-        if name in USER_KNOBS and name != SECRET_ENV:
-            environ.setdefault(name, value)
-    log.configure(environ.get(DEBUG_ENV))  # the debug channel, if asked for
+def step_knobs(env: Optional[Mapping[str, str]] = None) -> Tuple[Knobs, List[str]]:
+    """The step's settings, and one message for each refused (``knobs.read_knobs``)."""
+    return read_knobs(knob_environ(env))

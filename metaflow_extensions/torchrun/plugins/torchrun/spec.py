@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Optional, Sequence, Tuple
 
 from . import defaults as DEFAULTS
-from . import knob_text
+from .knobs import Knobs, says_off
 from .errors import Problems, TorchrunInvalidArgument
 from .gang import DEFAULT_MODE as DEFAULT_PREFLIGHT
 from .gang import parse_mode as parse_preflight
@@ -197,11 +197,11 @@ def preflight_mode(value: Any) -> str:
 def truthy(value: Any) -> bool:
     """An attribute's on/off, as a flag on Metaflow's command line spells it too."""
     if isinstance(value, str):
-        return not knob_text.says_off(value)
+        return not says_off(value)
     return bool(value)
 
 
-def step_defaults(spec: StepSpec) -> StepDefaults:
+def step_defaults(spec: StepSpec, knobs: Optional[Knobs] = None) -> StepDefaults:
     """What every call of the step starts from (call arguments override it)."""
     attributes = spec.attributes
     return StepDefaults(
@@ -221,4 +221,5 @@ def step_defaults(spec: StepSpec) -> StepDefaults:
         restarts=spec.restarts,
         spares=spec.spares,
         retry_on=spec.retry_on,
+        knobs=knobs or Knobs(),
     )

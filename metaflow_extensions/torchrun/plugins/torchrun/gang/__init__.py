@@ -29,7 +29,6 @@ __all__ = [
     "GangIdentity",
     "GangServer",
     "JobRecord",
-    "LOCAL_PORT_ENV",
     "MAX_RANKS_PER_NODE",
     "NodeEnd",
     "NodeReport",
@@ -71,7 +70,6 @@ _HOME = {
     "GangIdentity": "identity",
     "GangServer": "server",
     "JobRecord": "node_compare",
-    "LOCAL_PORT_ENV": "ports",
     "MAX_RANKS_PER_NODE": "messages",
     "NodeEnd": "membership",
     "NodeReport": "messages",
@@ -110,7 +108,7 @@ if TYPE_CHECKING:
     from .node_compare import DEFAULT_MODE, JobRecord, PreflightRecord, describe_job, parse_mode
     from .gang_progress import ProgressRecord, Straggler
     from .node_progress import ProgressTracker
-    from .ports import LOCAL_PORT_ENV, find_free_port, own_command_port, parse_port
+    from .ports import find_free_port, own_command_port, parse_port
     from .secret import make_secret
     from .server import GangServer
     from .topology import CONTROL_TASK_ID_ENV, Topology, is_local_runtime, topology_from

@@ -43,13 +43,14 @@ import hmac
 import secrets
 from typing import Any, Mapping, Optional, Tuple, Type, TypeVar, Union
 
+from .. import knobs
 from ..cause import Cause
 from . import messages as msg
 from .wire import ProtocolError
 
 NONCE_BYTES = msg.NONCE_BYTES
 # Shorter secrets are refused: a user-managed one must be worth guessing at.
-MIN_SECRET_BYTES = 16
+MIN_SECRET_BYTES = knobs.MIN_SECRET_BYTES
 _PROOF_HEX = msg.PROOF_HEX
 
 

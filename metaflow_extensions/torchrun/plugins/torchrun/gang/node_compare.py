@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
-from .. import knob_text
+from .. import knobs
 from ..cause import Cause, CauseKind, plural
 from . import messages as msg
 
@@ -51,7 +51,7 @@ HostCheck = Callable[[Dict[int, str]], Tuple[List[str], Optional[Cause], List[in
 def parse_mode(value: Any) -> str:
     """``@torchrun(preflight=...)``: "versions", "full", or False/"off"/None
     for none; anything else is refused by name."""
-    if value is None or value is False or (isinstance(value, str) and knob_text.says_off(value)):
+    if value is None or value is False or (isinstance(value, str) and knobs.says_off(value)):
         return OFF
     if value is True:
         return DEFAULT_MODE

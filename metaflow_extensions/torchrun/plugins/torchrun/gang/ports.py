@@ -14,10 +14,6 @@ from typing import Mapping, Optional, Tuple
 
 from ..errors import TorchrunInvalidArgument
 
-# Exported by the local control task before Metaflow spawns the other nodes, which
-# inherit it: that is how all local nodes learn one freshly chosen free port.
-from ..procs import PORT_ENV as LOCAL_PORT_ENV
-
 # With no port given, nodes try these many ports derived from the gang id, in
 # order: a port already taken on the control host is skipped by everyone.
 CANDIDATE_PORTS = 8
@@ -60,14 +56,12 @@ def choose_ports(
     gang_key: str,
     configured: Optional[int] = None,
 ) -> Tuple[int, ...]:
-    """The control's main port, by precedence: the decorator's ``port``; the port
-    the local control task chose; ``MF_MASTER_PORT`` (``@kubernetes(port=...)``);
-    else a list of ports hashed from the gang id, tried in order."""
+    """The control's main port, by precedence: ``configured`` (the decorator's
+    ``port``, else ``METAFLOW_TORCHRUN_PORT``, which a local control sets for its
+    nodes); ``MF_MASTER_PORT`` (``@kubernetes(port=...)``); else a list of ports
+    hashed from the gang id, tried in order."""
     if configured is not None:
         return (configured,)
-    local = parse_port(env.get(LOCAL_PORT_ENV), LOCAL_PORT_ENV)
-    if local is not None:
-        return (local,)
     k8s = parse_port(env.get("MF_MASTER_PORT"), "MF_MASTER_PORT")
     if k8s is not None:
         return (k8s,)

@@ -23,12 +23,11 @@ import io
 import os
 import secrets
 import time
-from typing import Any, Callable, Mapping, Optional, Protocol, Tuple
+from typing import Any, Callable, Optional, Protocol, Tuple
 
 from .auth import MIN_SECRET_BYTES
 from .identity import GangIdentity
 
-from ..procs import SECRET_ENV as ENV
 from .. import timeouts
 SECRET_BYTES = 32
 _PREFIX = b"metaflow-torchrun gang secret v1\n"
@@ -53,19 +52,6 @@ class Storage(Protocol):
 
 def make_secret() -> bytes:
     return secrets.token_bytes(SECRET_BYTES)
-
-
-def from_environment(env: Mapping[str, str]) -> Optional[bytes]:
-    """The user's own secret, if they set one; too short is an error, not a
-    silent fallback to a weaker setting."""
-    value = env.get(ENV)
-    if not value:
-        return None
-    data = value.encode()
-    if len(data) < MIN_SECRET_BYTES:
-        raise ValueError("%s is set but shorter than %d bytes: use a longer random value "
-                         "(e.g. python -c 'import secrets; print(secrets.token_hex(32))')" % (ENV, MIN_SECRET_BYTES))
-    return data
 
 
 def secret_path(identity: GangIdentity) -> str:
@@ -165,14 +151,13 @@ def fetch(
         sleep(poll)
 
 
-def for_control(storage: Storage, identity: GangIdentity, env: Mapping[str, str]) -> bytes:
-    """The control's secret: the user's, or a new one, published."""
-    return control_secret(storage, identity, env)[0]
+def for_control(storage: Storage, identity: GangIdentity, own: Optional[bytes]) -> bytes:
+    """The control's secret: the user's own (``Knobs.secret``), or a new one, published."""
+    return control_secret(storage, identity, own)[0]
 
 
-def control_secret(storage: Storage, identity: GangIdentity, env: Mapping[str, str]) -> Tuple[bytes, "Published"]:
+def control_secret(storage: Storage, identity: GangIdentity, own: Optional[bytes]) -> Tuple[bytes, "Published"]:
     """``for_control``, with what withdraws the published secret when the step ends."""
-    own = from_environment(env)
     if own is not None:
         return own, Published(None)
     secret = make_secret()
@@ -194,18 +179,17 @@ class Published:
             withdraw(*where)
 
 
-def for_task(storage: Storage, identity: GangIdentity, env: Mapping[str, str], is_control: bool,
+def for_task(storage: Storage, identity: GangIdentity, own: Optional[bytes], is_control: bool,
              timeout: float) -> Tuple[Any, "Published"]:
     """The control publishes the gang's secret before Metaflow spawns the local
     nodes, so that they find it at once; the others fetch it while joining
     (the first element is then a callable). The second withdraws it."""
     if is_control:
-        return control_secret(storage, identity, env)
-    return (lambda: for_worker(storage, identity, env, timeout)), Published(None)
+        return control_secret(storage, identity, own)
+    return (lambda: for_worker(storage, identity, own, timeout)), Published(None)
 
 
-def for_worker(storage: Storage, identity: GangIdentity, env: Mapping[str, str], timeout: float) -> bytes:
-    own = from_environment(env)
+def for_worker(storage: Storage, identity: GangIdentity, own: Optional[bytes], timeout: float) -> bytes:
     if own is not None:
         return own
     return fetch(storage, identity, timeout)

@@ -6,8 +6,8 @@ told to go and done, a failure is seen, the verdict, a stop begun and ended,
 with how long each took) as debug records under this logger. They cost one
 level check while nobody listens.
 
-``METAFLOW_TORCHRUN_DEBUG=1`` (or a Metaflow profile's value; ``settings.py``
-exports it) switches them on: ``configure`` then sends them to stderr, each
+``METAFLOW_TORCHRUN_DEBUG=1`` (or a Metaflow profile's value; the step's
+start reads it, knobs.py) switches them on: ``configure`` then sends them to stderr, each
 with its time to the millisecond, the logger's name and the process id.
 Without it this module installs nothing, and the records go where the
 application's own ``logging`` configuration sends them, as any library's do.
@@ -17,9 +17,6 @@ from __future__ import annotations
 
 import logging
 import sys
-from typing import Optional
-
-from .. import knob_text
 
 LOGGER_NAME = "metaflow_torchrun"
 FORMAT = "%(asctime)s.%(msecs)03d %(name)s[%(process)d] debug: %(message)s"
@@ -29,11 +26,6 @@ DATE_FORMAT = "%Y-%m-%d %H:%M:%S"
 def get(part: str) -> logging.Logger:
     """The logger of one part of the package (``gang.client``, ...), under ours."""
     return logging.getLogger("%s.%s" % (LOGGER_NAME, part))
-
-
-def debug_on(value: Optional[str]) -> bool:
-    """``METAFLOW_TORCHRUN_DEBUG``'s value (``procs/names.DEBUG_ENV``) says on."""
-    return knob_text.is_on(value)
 
 
 class _Stderr(logging.StreamHandler):
@@ -52,10 +44,10 @@ class _Stderr(logging.StreamHandler):
         pass
 
 
-def configure(value: Optional[str]) -> bool:
-    """Switch the channel on when ``value`` (``METAFLOW_TORCHRUN_DEBUG``'s, as
-    ``settings.py`` reads it) asks for it; once per process."""
-    if not debug_on(value):
+def configure(on: bool) -> bool:
+    """Switch the channel on when ``METAFLOW_TORCHRUN_DEBUG`` (``Knobs.debug``)
+    asks for it; once per process."""
+    if not on:
         return False
     logger = logging.getLogger(LOGGER_NAME)
     if not any(isinstance(h, _Stderr) for h in logger.handlers):

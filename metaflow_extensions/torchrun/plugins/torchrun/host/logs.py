@@ -24,12 +24,9 @@ import shutil
 import stat
 import time
 from dataclasses import dataclass
-from typing import Dict, Iterable, List, Mapping, Optional, Set, Tuple
+from typing import Dict, Iterable, List, Optional, Set, Tuple
 
-# The one module above host/ that host/ reads (a leaf: it imports nothing; pyproject.toml).
-from ..procs.names import KEEP_LOGS_ENV, KEEP_LOGS_HOURS_ENV, MAX_LOG_MB_ENV
-from .. import defaults as DEFAULTS
-from .. import knob_text
+from ..knobs import MAX_LOG_MB_ENV, Knobs
 from . import private
 from .basedir import LOGS, RUN_LOCK_DEPTH, base_dir, left_fallbacks, remove_fallback
 from .console import say
@@ -48,10 +45,6 @@ from .retention import (
 LEDGER_FILE = ".ledger"  # in logs/: the sizes of the runs measured before
 PRUNE_LOCK_FILE = ".pruning"  # in logs/: calls prune and make their directories under it
 
-# Retention of the per-rank logs, per user and host: the policy is retention.py's.
-DEFAULT_KEEP_LOGS_HOURS = DEFAULTS.KEEP_LOGS_HOURS
-DEFAULT_KEEP_LOGS = DEFAULTS.KEEP_LOGS
-DEFAULT_MAX_LOG_MB = DEFAULTS.MAX_LOG_MB
 # Seconds a call waits for another task's prune on the host before it goes on
 # without pruning (a prune takes milliseconds; 0.1 s at 10,000 runs).
 PRUNE_WAIT = 10.0
@@ -77,20 +70,11 @@ class LogKey:
 
 
 
-def retention_policy(env: Optional[Mapping[str, str]] = None, strict: bool = False) -> RetentionPolicy:
-    """The retention knobs as this task has them (settings.export_knobs puts a
-    Metaflow profile's values in the environment); read leniently, a value the
-    step's start refused (runtime/knob_check.py) is the default."""
-    env = os.environ if env is None else env
-    return RetentionPolicy(
-        keep=int(knob_text.number(KEEP_LOGS_ENV, env.get(KEEP_LOGS_ENV), DEFAULT_KEEP_LOGS, whole=True,
-                                  strict=strict)),
-        hours=knob_text.number(KEEP_LOGS_HOURS_ENV, env.get(KEEP_LOGS_HOURS_ENV), DEFAULT_KEEP_LOGS_HOURS,
-                               strict=strict),
-        max_bytes=int(knob_text.number(MAX_LOG_MB_ENV, env.get(MAX_LOG_MB_ENV), DEFAULT_MAX_LOG_MB,
-                                       strict=strict) * 1024 * 1024),
-        young_seconds=private.YOUNG_SECONDS,
-    )
+def retention_policy(knobs: Optional[Knobs] = None) -> RetentionPolicy:
+    """The retention settings as the step's start read them (knobs.py); None: the defaults."""
+    knobs = knobs or Knobs()
+    return RetentionPolicy(keep=knobs.keep_logs, hours=knobs.keep_logs_hours,
+                           max_bytes=int(knobs.max_log_mb * 1024 * 1024), young_seconds=private.YOUNG_SECONDS)
 
 
 def touch(path: str) -> None:
@@ -101,7 +85,8 @@ def touch(path: str) -> None:
         pass
 
 
-def call_log_dir(key: LogKey, node_index: int, base: Optional[str] = None, prune: bool = True) -> Optional[str]:
+def call_log_dir(key: LogKey, node_index: int, base: Optional[str] = None, prune: bool = True,
+                 policy: Optional[RetentionPolicy] = None) -> Optional[str]:
     """``logs/<run>/<step>/<call>/node-<N>``, private; other runs' logs beyond
     the retention bound are removed first, unless ``prune`` is False (the call
     prunes later, with ``prune_other_runs``, off its start's critical path).
@@ -114,7 +99,7 @@ def call_log_dir(key: LogKey, node_index: int, base: Optional[str] = None, prune
         try:
             if guard is not None and prune:  # else another task has been pruning for PRUNE_WAIT: it does the work
                 adopt_fallbacks(base, root)
-                prune_logs(root, retention_policy(), exclude=(key.run,))
+                prune_logs(root, policy or retention_policy(), exclude=(key.run,))
             path = root
             for part in (key.run, key.step, key.call, "node-%d" % node_index):
                 path = private_dir(os.path.join(path, part))
@@ -126,7 +111,7 @@ def call_log_dir(key: LogKey, node_index: int, base: Optional[str] = None, prune
         return None
 
 
-def prune_other_runs(key: LogKey, base: str) -> None:
+def prune_other_runs(key: LogKey, base: str, policy: Optional[RetentionPolicy] = None) -> None:
     """The prune ``call_log_dir`` skipped: under the prune lock, never ``key``'s
     run. A call runs it once its agent has started, so a host with many runs
     kept does not delay the ranks' start."""
@@ -137,7 +122,7 @@ def prune_other_runs(key: LogKey, base: str) -> None:
             return
         try:
             adopt_fallbacks(base, root)
-            prune_logs(root, retention_policy(), exclude=(key.run,))
+            prune_logs(root, policy or retention_policy(), exclude=(key.run,))
         finally:
             release_lock(guard)
     except OSError:

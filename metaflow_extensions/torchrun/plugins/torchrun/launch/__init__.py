@@ -63,7 +63,6 @@ __all__ = [
     "validate_shutdown_grace",
     "validate_timeouts",
     "node_checks",
-    "flight_entries",
 ]
 
 # Where each name lives: loaded on first use, so that importing the face costs nothing.
@@ -81,7 +80,6 @@ _HOME = {
     "ORDER_0_2": "plan",
     "NO_ACCELERATORS": "resources",
     "NodeFacts": "prepare",
-    "flight_entries": "prepare",
     "StepDefaults": "plan",
     "argparse_hint": "command",
     "check_options": "plan",
@@ -123,7 +121,7 @@ if TYPE_CHECKING:
     from .inputs import (restarts_clash, retry_on_clash, step_timeout, validate_args_as, validate_hang_timeout, validate_restarts,
                          validate_shutdown_grace, validate_timeouts)
     from .plan import ORDER_0_2, CallPlan, CallRequest, StepDefaults, call_request, check_options, legacy_rdzv_port, merged_options, none_note, option_names, plan_call, plan_request, resolve_nproc, validate_nproc
-    from .prepare import NodeFacts, flight_entries, prepare_launch
+    from .prepare import NodeFacts, prepare_launch
     from .resources import Accelerators, NO_ACCELERATORS, check_visible_devices, keyword_note, nproc_for_keyword, requested_accelerators, small_shm_warning
 
 if TYPE_CHECKING:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from .. import defaults as DEFAULTS
+from ..knobs import Knobs
 from ..procs import functions
 from .command import ArgSpec, EntryArgs, check_command_size, entry_arguments, none_keys, restarts_allowed
 from .options import OWNED_OPTIONS, UNUSABLE_OPTIONS, canonical_option, parse_options
@@ -35,7 +36,8 @@ NPROC_KEYWORDS = ("auto", "gpu", "cpu", "xpu")
 
 @dataclass(frozen=True)
 class StepDefaults:
-    """What ``@torchrun(...)`` set for the step; call arguments override it."""
+    """What ``@torchrun(...)`` and Metaflow's configuration set for the step;
+    call arguments override it."""
 
     nproc_per_node: Any = None
     torchrun_args: ArgSpec = None
@@ -59,6 +61,8 @@ class StepDefaults:
     spares: int = DEFAULTS.SPARES
     # @torchrun(retry_on=...), as spec.py read it: "infrastructure" refuses torch's own restart.
     retry_on: Optional[str] = None
+    # The METAFLOW_TORCHRUN_* settings, as the step's start read them (knobs.py).
+    knobs: Knobs = Knobs()
 
 
 class _NoEntrypoint:

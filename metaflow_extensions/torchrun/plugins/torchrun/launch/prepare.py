@@ -16,8 +16,6 @@ import os
 from dataclasses import dataclass
 from typing import Dict, List, Mapping, Optional, Tuple
 
-from .. import defaults as DEFAULTS
-from .. import knob_text
 from ..procs import names
 from .command import Launch, build_command, restarts_allowed
 from .plan import CallPlan, StepDefaults
@@ -100,12 +98,5 @@ def rank_environment(base: Mapping[str, str], defaults: StepDefaults, plan: Call
         # torch's Flight Recorder, read when a hang is stopped (procs/flight_ask.py):
         # on by our default on every torch, off (0) when the knob says so; a
         # user's own setting of torch's variables stands.
-        env[names.FR_BUFFER_ENV] = str(flight_entries(env.get(names.FLIGHT_RECORDER_ENV)))
+        env[names.FR_BUFFER_ENV] = str(defaults.knobs.flight_recorder)
     return env
-
-
-def flight_entries(value: Optional[str], strict: bool = False) -> int:
-    """The Flight Recorder's size in entries from its knob: "off" or 0 turns
-    it off; read leniently, a value that is not a whole number of at least 0
-    is the default (the step's start refused it: runtime/knob_check.py)."""
-    return knob_text.count_or_off(names.FLIGHT_RECORDER_ENV, value, DEFAULTS.FLIGHT_RECORDER_ENTRIES, strict=strict)

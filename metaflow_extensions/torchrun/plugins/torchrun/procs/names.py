@@ -11,37 +11,14 @@ from __future__ import annotations
 import os
 from typing import Optional
 
-# -- environment: what users set (docs/configuration.md) -----------------------
-# Read in the task through Metaflow's configuration (``config/mfextinit_torchrun.py``),
-# so a Metaflow profile can set them too; ``conf_key`` is the name there.
-PORT_ENV = "METAFLOW_TORCHRUN_PORT"  # the gang service's port on a local run
-SECRET_ENV = "METAFLOW_TORCHRUN_SECRET"  # the gang's secret, instead of a stored one
-PROGRESS_ENV = "METAFLOW_TORCHRUN_PROGRESS_SECONDS"  # "still waiting for ...", "progress: ..." every N s
-STRAGGLER_RATIO_ENV = "METAFLOW_TORCHRUN_STRAGGLER_RATIO"  # a node this many times slower than the median ...
-STRAGGLER_SECONDS_ENV = "METAFLOW_TORCHRUN_STRAGGLER_SECONDS"  # ... for this long is named
-KEEP_LOGS_HOURS_ENV = "METAFLOW_TORCHRUN_KEEP_LOGS_HOURS"  # a run's per-rank logs kept N h
-KEEP_LOGS_ENV = "METAFLOW_TORCHRUN_KEEP_LOGS"  # and beyond that, the newest N runs' logs
-MAX_LOG_MB_ENV = "METAFLOW_TORCHRUN_MAX_LOG_MB"  # and at most this many MB of them
-DEBUG_ENV = "METAFLOW_TORCHRUN_DEBUG"  # "1": the debug channel on stderr (host/log.py)
-# "K/M": a node blamed for K of its last M appearances is flagged by the preflight
-# (runtime/node_history.py); "off": the history is not read.
-NODE_HISTORY_ENV = "METAFLOW_TORCHRUN_NODE_HISTORY"
-NODE_HISTORY_RUNS_ENV = "METAFLOW_TORCHRUN_NODE_HISTORY_RUNS"  # how many past runs it reads
-# The entries of torch's Flight Recorder each rank keeps (launch/prepare.py sets
-# torch's own variable from it); "off" or 0: none, and no rank is asked for it.
-FLIGHT_RECORDER_ENV = "METAFLOW_TORCHRUN_FLIGHT_RECORDER"
-# "off": every rank and torchrun's agent start as fresh processes, each importing
-# torch, instead of forked from the node's warm process (procs/zygote.py).
-WARM_START_ENV = "METAFLOW_TORCHRUN_WARM_START"
-USER_KNOBS = (PORT_ENV, SECRET_ENV, PROGRESS_ENV, STRAGGLER_RATIO_ENV, STRAGGLER_SECONDS_ENV, KEEP_LOGS_HOURS_ENV,
-              KEEP_LOGS_ENV, MAX_LOG_MB_ENV, DEBUG_ENV, NODE_HISTORY_ENV, NODE_HISTORY_RUNS_ENV, FLIGHT_RECORDER_ENV,
-              WARM_START_ENV)
-# Tests only: comma-separated host names by node index, reported instead of the
-# host's own name (several local "nodes" share one host).
-TEST_HOSTS_ENV = "METAFLOW_TORCHRUN_TEST_HOSTS"
-# Read in the ranks, from the environment the step's ranks inherit (``@environment``).
+# -- environment: what users set ------------------------------------------------
+# The METAFLOW_TORCHRUN_* settings of Metaflow's configuration live in ../knobs.py,
+# read once at the step's start. This one is read in the ranks, from the
+# environment the step's ranks inherit (``@environment``).
 # "0": HF's and Lightning's Trainer do not report progress (trainer_hooks.py).
 TRAINER_PROGRESS_ENV = "METAFLOW_TORCHRUN_TRAINER_PROGRESS"
+# runtime/node_history.py's lenient reader's, until it goes (its home is knobs.py).
+from ..knobs import NODE_HISTORY_RUNS_ENV  # noqa: E402,F401
 
 # -- environment: what the task sets for its torchrun and ranks -------------------
 WORK_DIR_ENV = "METAFLOW_TORCHRUN_WORK_DIR"  # the call's work directory
@@ -76,14 +53,6 @@ FR_BUFFER_OLD_ENV = "TORCH_NCCL_TRACE_BUFFER_SIZE"
 # older one that torch before 2.15 reads (runtime/evidence.py looks under both).
 FR_DUMP_ENV = "TORCH_FR_DUMP_TEMP_FILE"
 FR_DUMP_OLD_ENV = "TORCH_NCCL_DEBUG_INFO_TEMP_FILE"
-
-_CONF_PREFIX = "METAFLOW_"
-
-
-def conf_key(env_name: str) -> str:
-    """The name Metaflow's ``from_conf`` takes (it adds ``METAFLOW_`` itself)."""
-    return env_name[len(_CONF_PREFIX):] if env_name.startswith(_CONF_PREFIX) else env_name
-
 
 # -- files of one call's work directory (host/workdirs.py makes the directory) ----
 ENTRY_FILE = "entry.json"  # what every rank runs (procs/entry.py)

@@ -16,11 +16,12 @@ import signal
 import subprocess
 import sys
 import threading
-from typing import Any, Callable, List, Mapping, Optional, Set
+from typing import Any, Callable, List, Optional, Set, Tuple
 
 from ..errors import TorchrunException
-from ..gang import CONTROL_TASK_ID_ENV, LOCAL_PORT_ENV, GangServer, Topology, find_free_port
+from ..gang import CONTROL_TASK_ID_ENV, GangServer, Topology, find_free_port
 from ..host import proctree
+from ..knobs import PORT_ENV
 from ..launch import StepDefaults
 from ..procs import describe_exit_code
 from .node_tasks import NodeTasks
@@ -30,10 +31,10 @@ from .warm_start import WarmStart, share_runtime_warm
 RUNTIME_PID_ENV = "METAFLOW_TORCHRUN_RUNTIME_PID"
 
 
-def name_local_control(env: Any, task_id: Any, warm_knobs: Optional[Mapping[str, str]] = None) -> None:
+def name_local_control(env: Any, task_id: Any, warm: Optional[bool] = None) -> None:
     """In Metaflow's runtime, as it starts a local run's control task: the
     control task's id in that task's own environment, and, when the task runs
-    on this host (``warm_knobs``: the run's knobs), the runtime's warm process
+    on this host (``warm``: ``Knobs.warm_start``), the runtime's warm process
     for it to fork its own from (warm_start.py), torch imported before the
     task starts.
 
@@ -45,17 +46,19 @@ def name_local_control(env: Any, task_id: Any, warm_knobs: Optional[Mapping[str,
     if isinstance(env, dict):
         env[CONTROL_TASK_ID_ENV] = str(task_id)
         env[RUNTIME_PID_ENV] = str(os.getpid())
-        if warm_knobs is not None:
-            share_runtime_warm(env, warm_knobs)
+        if warm is not None:
+            share_runtime_warm(env, warm)
 
 
-def prepare_local_nodes(num_nodes: int, pinned_port: Optional[int], defaults: StepDefaults) -> Optional[WarmStart]:
+def prepare_local_nodes(num_nodes: int, pinned_port: Optional[int],
+                        defaults: StepDefaults) -> Tuple[Optional[WarmStart], int]:
     """On a local run's control, before Metaflow starts the other nodes from
     this process (they inherit its environment): their Python is checked now,
     so the step fails at once rather than at start_timeout; they are given
-    the gang's port unless the step pinned one; and the control's warm process
-    starts now, for theirs to be forked from it (the session closes it). From
-    now on the control ends with the runtime that started it."""
+    the gang's port (the one returned: the step's pinned one, else a free one,
+    which they read as their ``METAFLOW_TORCHRUN_PORT``); and the control's warm
+    process starts now, for theirs to be forked from it (the session closes
+    it). From now on the control ends with the runtime that started it."""
     _end_with_runtime()
     warm = None
     if num_nodes > 1:
@@ -64,9 +67,11 @@ def prepare_local_nodes(num_nodes: int, pinned_port: Optional[int], defaults: St
             raise TorchrunException(problem)
         warm = WarmStart.started_for_step(defaults)
         warm.share_with_local_nodes()
-    if pinned_port is None:
-        os.environ[LOCAL_PORT_ENV] = str(find_free_port())
-    return warm
+    if pinned_port is not None:
+        return warm, pinned_port
+    port = find_free_port()
+    os.environ[PORT_ENV] = str(port)
+    return warm, port
 
 
 # -- the control's own start of its nodes ---------------------------------------------

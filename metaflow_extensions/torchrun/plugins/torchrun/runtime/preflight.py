@@ -19,7 +19,7 @@ import logging
 import os
 import threading
 import time
-from typing import Callable, Dict, List, Mapping, Optional
+from typing import Callable, Dict, List, Optional
 
 from ..cause import Cause, CauseKind
 from ..gang import messages as msg
@@ -34,7 +34,7 @@ from .call import CallRun
 from .result import TorchrunResult
 from .session import GangSession, say
 from .. import timeouts
-from ..procs import NODE_HISTORY_ENV
+from ..knobs import Knobs
 from . import node_history
 from .attempts import Previous
 
@@ -73,10 +73,9 @@ class History:
     """The node history, read in the background from the control task's start
     (a metadata read per past run: never on the gang's critical path)."""
 
-    def __init__(self, flow: str, run_id: str, step: str, previous: Optional[Previous],
-                 env: Mapping[str, str]):
-        self.threshold = node_history.parse_threshold(env.get(NODE_HISTORY_ENV))
-        self.runs = node_history.history_runs(env)
+    def __init__(self, flow: str, run_id: str, step: str, previous: Optional[Previous], knobs: Knobs):
+        self.threshold = node_history.Threshold(*knobs.node_history) if knobs.node_history else None
+        self.runs = knobs.node_history_runs
         self.seen: List[node_history.Appearance] = node_history.appearances(
             previous.attempts if previous is not None else (), flow, run_id, step)
         self.error: Optional[str] = None

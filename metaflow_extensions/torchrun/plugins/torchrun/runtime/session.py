@@ -29,7 +29,7 @@ import threading
 import time
 import traceback
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, List, Mapping, Optional, Tuple, Union
+from typing import Any, Callable, Iterator, List, Optional, Tuple, Union
 
 from ..cause import Cause, CauseKind
 from ..errors import (GangAborted, TorchrunCallRefused, TorchrunException, TorchrunFailed, TorchrunNotRetried,
@@ -44,11 +44,8 @@ from .result import TorchrunResult
 from .local_nodes import runtime_gone, watch_local_nodes
 from .warm_start import WarmStart
 from ..gang import Topology
-from .. import defaults as DEFAULTS
-from .. import knob_text
-from ..procs import PROGRESS_ENV, STRAGGLER_RATIO_ENV, STRAGGLER_SECONDS_ENV
 from ..host import base_dir, route_to, say
-from ..host import where_logs_are
+from ..host import retention_policy, where_logs_are
 from ..host import log
 from .. import timeouts
 
@@ -330,7 +327,7 @@ class GangSession:
         log_dirs = [r.log_dir for r in self.results if r.log_dir]
         if log_dirs:
             self._logs_said = True
-            say(where_logs_are(log_dirs[-1]))
+            say(where_logs_are(log_dirs[-1], retention_policy(self.defaults.knobs)))
 
 
 def _base_or_none() -> Optional[str]:
@@ -419,33 +416,13 @@ def gang_config(identity: GangIdentity, defaults: StepDefaults, topology: Topolo
         num_nodes=topology.num_nodes,
         heartbeat_timeout=defaults.heartbeat_timeout,
         start_timeout=defaults.start_timeout,
-        progress_interval=progress_interval(),
-        straggler_ratio=straggler_ratio(),
-        straggler_seconds=straggler_seconds(),
+        progress_interval=defaults.knobs.progress_seconds,
+        straggler_ratio=defaults.knobs.straggler_ratio,
+        straggler_seconds=defaults.knobs.straggler_seconds,
         hang_timeout=defaults.hang_timeout,
         restarts=defaults.restarts,
         spares=defaults.spares,
     )
-
-
-# The gang's knobs of Metaflow's configuration (exported to the environment):
-# read leniently here, strictly at the step's start (runtime/knob_check.py).
-def progress_interval(env: Optional[Mapping[str, str]] = None, strict: bool = False) -> float:
-    env = os.environ if env is None else env
-    return knob_text.number(PROGRESS_ENV, env.get(PROGRESS_ENV), DEFAULTS.PROGRESS_SECONDS, low=0.5, strict=strict)
-
-
-def straggler_ratio(env: Optional[Mapping[str, str]] = None, strict: bool = False) -> float:
-    env = os.environ if env is None else env
-    ratio = knob_text.number(STRAGGLER_RATIO_ENV, env.get(STRAGGLER_RATIO_ENV), DEFAULTS.STRAGGLER_RATIO, low=1.0,
-                             above=True, strict=strict)
-    return max(1.01, ratio)
-
-
-def straggler_seconds(env: Optional[Mapping[str, str]] = None, strict: bool = False) -> float:
-    env = os.environ if env is None else env
-    return knob_text.number(STRAGGLER_SECONDS_ENV, env.get(STRAGGLER_SECONDS_ENV), DEFAULTS.STRAGGLER_SECONDS,
-                            strict=strict)
 
 
 def bind_host(topology: Topology) -> str:

@@ -12,10 +12,10 @@ import time
 from dataclasses import dataclass, field
 import json
 import os
-from typing import Any, Callable, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Optional, Sequence, Tuple
 
-from ..errors import TorchrunInvalidArgument
 from ..host import say
+from ..knobs import Knobs
 from . import attempt_record, evidence, goodput
 from . import attempts as attempts_
 from . import preflight as preflight_runtime
@@ -87,15 +87,12 @@ def with_attempts(session: GangSession, result: Optional[TorchrunResult], attemp
 
 
 def read_node_history(attempt: ThisAttempt, is_control: bool, flow_name: str, run_id: str, step_name: str,
-                 preflight_mode: str, env: Mapping[str, str]) -> Any:
+                 preflight_mode: str, knobs: Knobs) -> Any:
     """On the control, the node history read in the background for the
     preflight's check of the gang's hosts (runtime/node_history.py)."""
     if not is_control or preflight_mode == "off":
         return None
-    try:
-        return preflight_runtime.History(flow_name, run_id, step_name, attempt.previous, env)
-    except ValueError as e:  # the knob's value, named
-        raise TorchrunInvalidArgument(str(e)) from None
+    return preflight_runtime.History(flow_name, run_id, step_name, attempt.previous, knobs)
 
 
 def keep_record(flow: Any, session: Optional[GangSession], attempt: ThisAttempt,

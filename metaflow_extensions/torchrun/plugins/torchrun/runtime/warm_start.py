@@ -26,63 +26,54 @@ import subprocess
 import sys
 from typing import Any, Dict, Mapping, Optional
 
-from .. import knob_text
 from ..host import StepDir, die_with_parent, kill_group, open_private, title
 from ..launch import ZYGOTE_MODULE, StepDefaults
-from ..procs import HOST_ZYGOTE_ENV, WARM_START_ENV, ZYGOTE_ENV, ZYGOTE_PID_SUFFIX, ZYGOTE_SOCKET, zygote_log_path
+from ..procs import HOST_ZYGOTE_ENV, ZYGOTE_ENV, ZYGOTE_PID_SUFFIX, ZYGOTE_SOCKET, zygote_log_path
 
 _log = logging.getLogger("metaflow_torchrun")
 # A Unix socket's path holds at most 107 bytes on Linux.
 _MAX_SOCKET_PATH = 107
 
 
-def warm_start(env: Mapping[str, str], strict: bool = False) -> bool:
-    """``METAFLOW_TORCHRUN_WARM_START``: on unless switched off."""
-    text = env.get(WARM_START_ENV)
-    if text is None or not text.strip():
-        return True
-    return knob_text.switch(WARM_START_ENV, text, strict=strict)
-
-
 class WarmStart:
-    """The zygote of one call on this node, or nothing where it is switched off."""
+    """The zygote of one call on this node, or nothing where it is switched off
+    (``on``: ``Knobs.warm_start``)."""
 
-    def __init__(self, workdir: str, log_dir: Optional[str], environ: Mapping[str, str] = os.environ,
-                 owned: Optional[StepDir] = None):
+    def __init__(self, workdir: str, log_dir: Optional[str], on: bool = True, owned: Optional[StepDir] = None):
         self.proc: Optional[subprocess.Popen] = None
         self._forked_pid: Optional[int] = None  # forked from the host's (warm_start above)
         self._may_fork = False  # asked the host's to fork it: its pid comes in a file
         self._dir = owned  # removed with the process
         self.path = os.path.join(workdir, ZYGOTE_SOCKET) if workdir else ""
         self.log_dir = log_dir
-        if not warm_start(environ) or not self.path or len(self.path.encode()) > _MAX_SOCKET_PATH:
+        if not on or not self.path or len(self.path.encode()) > _MAX_SOCKET_PATH:
             self.path = ""
 
     @classmethod
-    def for_step(cls, environ: Mapping[str, str] = os.environ) -> "WarmStart":
+    def for_step(cls, on: bool) -> "WarmStart":
         """In a directory of its own, which goes with it."""
-        if not warm_start(environ):
-            return cls("", None, environ)
+        if not on:
+            return cls("", None, on)
         try:
             directory = StepDir()
         except OSError as e:
             _log.debug("no warm process: %s", e)
-            return cls("", None, environ)
-        return cls(directory.path, directory.path, environ, owned=directory)
+            return cls("", None, on)
+        return cls(directory.path, directory.path, on, owned=directory)
 
     @classmethod
     def started_for_step(cls, defaults: StepDefaults, environ: Mapping[str, str] = os.environ) -> "WarmStart":
         """Started now, importing torch while the step goes on to its gang."""
-        warm = cls.for_step(environ)
+        warm = cls.for_step(defaults.knobs.warm_start)
         nproc = defaults.nproc_per_node
         guess = defaults.derived_nproc or (nproc if isinstance(nproc, int) and not isinstance(nproc, bool) else 2)
         warm.start(environ, guess)
         return warm
 
     @classmethod
-    def for_call(cls, step: Optional["WarmStart"], workdir: str, log_dir: Optional[str]) -> "WarmStart":
+    def for_call(cls, step: Optional["WarmStart"], workdir: str, log_dir: Optional[str], on: bool) -> "WarmStart":
         """The step's, while it runs; else one of the call's own, in its work directory."""
-        return step if step is not None and step.pid else cls(workdir, log_dir)
+        return step if step is not None and step.pid else cls(workdir, log_dir, on)
 
     @property
     def pid(self) -> Optional[int]:
@@ -166,12 +157,13 @@ class WarmStart:
 _RUNTIME: Optional[WarmStart] = None
 
 
-def share_runtime_warm(env: Dict[str, str], knobs: Mapping[str, str]) -> None:
+def share_runtime_warm(env: Dict[str, str], on: bool) -> None:
     """In Metaflow's runtime, as it starts a task on this host: started once
-    per run (it dies with the runtime), named in the task's ``env``."""
+    per run (it dies with the runtime), named in the task's ``env``; ``on``:
+    ``Knobs.warm_start``."""
     global _RUNTIME
     if _RUNTIME is None:
-        _RUNTIME = WarmStart.for_step(knobs)
+        _RUNTIME = WarmStart.for_step(on)
         _RUNTIME.start({k: v for k, v in os.environ.items() if k != HOST_ZYGOTE_ENV}, 2)
     if _RUNTIME.pid:
         env[HOST_ZYGOTE_ENV] = _RUNTIME.path
