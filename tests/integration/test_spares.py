@@ -1,0 +1,196 @@
+"""@torchrun(spares=K) in real flows (issue 54): three Metaflow nodes of two
+processes each, two of them training and one a hot spare. A "bad GPU" on node
+1 (its ranks SIGKILL themselves after their first step, every time they start
+there) is taken out and the spare trains in its place from the checkpoint;
+without a spare the same job fails once its restarts run out; a node that
+preflight finds unfit is replaced before any rank starts; a node 0 failure
+restarts in place and a bug in the user's code is not swapped (one flow for
+these two: the bug comes at the restart the node 0 failure caused).
+
+Four flows. Which node a rank ran on, with which node rank, global rank,
+restart and resumed step, comes from restart_resume.py's events (one line per
+rank per start); each task's role from its ``torchrun-result`` record."""
+
+import json
+import os
+import re
+import subprocess
+
+import pytest
+
+from .helpers import finish_or_explain, output, without_task_prefix
+
+pytestmark = pytest.mark.integration
+
+SCRIPT = "restart_resume.py"
+NODES = 3  # num_parallel: two train, one is the spare
+# Under pytest's own 300 s: a run that does not end fails with what it printed
+# and where each of its processes waits, not with pytest's bare timeout.
+FLOW_TIMEOUT = 240
+# No failure but the one each test asks for (restart_resume.py's own default
+# SIGKILLs rank 3 at restarts 0 and 1).
+QUIET = {"fail-at": "", "steps": 3}
+# The console's one line per swap; the host's name is the machine's.
+SWAP_LINE = re.compile(r"@torchrun: call 1: node 1 \([^)]*\) taken out, spare node 2 \([^)]*\) brought in "
+                       r"\(restart 1 of 1\): node 1 \([^)]*\), rank [23] .*killed by signal SIGKILL")
+
+
+def _run(gang, attrs, env=None, **script_args):
+    gang.env.update(env or {}, MFTR_TORCHRUN_ATTRS=json.dumps(attrs))
+    proc = gang.start("--script", SCRIPT, "--nodes", str(NODES), "--nproc", "2",
+                      "--script-args", json.dumps(dict(QUIET, **script_args)))
+    out = finish_or_explain(proc, gang, FLOW_TIMEOUT)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, b"")
+
+
+def _events(gang):
+    path = os.path.join(gang.out, "events.jsonl")
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def _starts(events):
+    """Per start (restart count): {Metaflow node: node rank}, the global ranks
+    and where global rank 0 ran, the world size and the steps resumed from."""
+    starts = {}
+    for e in events:
+        s = starts.setdefault(e["restart"], {"nodes": {}, "ranks": [], "rank0_node": None,
+                                             "world_size": set(), "resumed_from": set()})
+        s["nodes"].setdefault(e["node"], set()).add(e["group_rank"])
+        s["ranks"].append(e["rank"])
+        s["world_size"].add(e["world_size"])
+        s["resumed_from"].add(e["resumed_from"])
+        if e["rank"] == 0:
+            s["rank0_node"] = e["node"]
+    for s in starts.values():
+        s["ranks"].sort()
+    return starts
+
+
+def _tasks(gang):
+    """Per Metaflow node: whether its task succeeded, and its record."""
+    found = gang.client(
+        "r = Flow('GangFlow').latest_run\n"
+        "result = {'run_successful': r.successful, 'tasks': []}\n"
+        "for t in r['train']:\n"
+        "    rec = t.metadata_dict.get('torchrun-result')\n"
+        "    result['tasks'].append({'id': t.id, 'successful': t.successful, 'finished': t.finished,\n"
+        "                            'attempt': t.current_attempt,\n"
+        "                            'record': json.loads(rec) if rec else None})\n")
+    by_node = {}
+    for task in found["tasks"]:
+        record = task["record"]
+        assert record is not None, "a task without its torchrun-result record: %s" % found
+        by_node[record["node_index"]] = task
+    assert sorted(by_node) == list(range(NODES)), found
+    return found["run_successful"], by_node
+
+
+def _bench(record):
+    return record.get("spare_nodes"), record.get("out_nodes")
+
+
+def test_a_bad_gpu_on_node_1_is_swapped_for_the_spare_which_resumes_from_the_checkpoint(gang):
+    proc = _run(gang, {"restarts": 1, "spares": 1}, **{"bad-node": 1})
+    text = without_task_prefix(output(proc))
+    assert proc.returncode == 0, text[-5000:]
+    assert len(SWAP_LINE.findall(text)) == 1, text[-5000:]
+    starts = _starts(_events(gang))
+    assert sorted(starts) == [0, 1], starts
+    first, last = starts[0], starts[1]
+    # The first start: nodes 0 and 1 train (node ranks 0 and 1), node 2 waits; WORLD_SIZE counts
+    # the two active nodes' ranks only.
+    assert first["nodes"] == {0: {0}, 1: {1}} and first["ranks"] == [0, 1, 2, 3], starts
+    assert first["world_size"] == {4} and first["resumed_from"] == {None}, starts
+    # The swap: node 1 out, node 2 in as node rank 1; global rank 0 still on node 0; every rank
+    # resumed from the step all of them saved before node 1's ranks died.
+    assert last["nodes"] == {0: {0}, 2: {1}} and last["ranks"] == [0, 1, 2, 3], starts
+    assert last["rank0_node"] == 0 and last["world_size"] == {4}, starts
+    assert last["resumed_from"] == {1}, starts
+    done = gang.reports("done-")
+    assert sorted(done) == [0, 1, 2, 3] and all(d["restart"] == 1 for d in done.values()), done
+    # Every task succeeded, the spare's and the node taken out's too, and each says its role.
+    successful, tasks = _tasks(gang)
+    assert successful and all(t["successful"] and t["attempt"] == 0 for t in tasks.values()), tasks
+    roles = {n: t["record"].get("role") for n, t in tasks.items()}
+    assert roles == {0: "active", 1: "out", 2: "active"}, roles
+    assert all(_bench(t["record"]) == ([], [1]) for t in tasks.values()), tasks
+    # The control's record: one restart, a swap of node 1 for node 2, for node 1's SIGKILL.
+    restarts = tasks[0]["record"]["in_step_restarts"]
+    assert len(restarts) == 1, restarts
+    swap = restarts[0]
+    assert swap.get("swapped_out") == 1 and swap.get("swapped_in") == 2, swap
+    assert swap["cause"].get("node_index") == 1 and "SIGKILL" in swap["stopped"], swap
+    assert tasks[0]["record"]["restarts"] == 1 and tasks[0]["record"]["cause"] is None
+
+
+def test_the_same_bad_gpu_without_a_spare_fails_once_the_restarts_run_out(gang):
+    proc = _run(gang, {"restarts": 1, "spares": 0}, **{"bad-node": 1})
+    text = without_task_prefix(output(proc))
+    assert proc.returncode != 0, text[-5000:]
+    starts = _starts(_events(gang))
+    # Both starts on the same three nodes, node 1 among them: nothing swapped.
+    assert sorted(starts) == [0, 1], starts
+    for s in starts.values():
+        assert s["nodes"] == {0: {0}, 1: {1}, 2: {2}} and s["world_size"] == {6}, starts
+    assert starts[1]["resumed_from"] == {1}, starts
+    assert "restarting every node's ranks (restart 1 of 1)" in text, text[-5000:]
+    assert "SIGKILL" in text and "taken out" not in text and "brought in" not in text, text[-5000:]
+    assert not gang.reports("done-")
+
+
+def test_a_node_unfit_in_preflight_is_replaced_by_the_spare_before_any_rank_starts(gang):
+    # Node 1 has another torch (the fingerprint preflight compares); nodes 0 and 2 agree.
+    proc = _run(gang, {"restarts": 1, "spares": 1},
+                env={"METAFLOW_TORCHRUN_FAKE_FINGERPRINT_TORCH": "1=2.12.0"})
+    text = without_task_prefix(output(proc))
+    assert proc.returncode == 0, text[-5000:]
+    # Said once each: which node went out and why, and which spare came in.
+    assert text.count("@torchrun: preflight: node 1 (") == 1, text[-5000:]
+    assert re.search(r"@torchrun: preflight: node 1 \([^)]*\) taken out before any rank started: "
+                     r"torch: node 1 has 2\.12\.0", text), text[-5000:]
+    assert text.count("@torchrun: preflight: spare node 2 brought in") == 1, text[-5000:]
+    assert "restart 1 of" not in text, text[-5000:]  # no restart, no swap after the start
+    starts = _starts(_events(gang))
+    # One start, on nodes 0 and 2: no rank ever ran on node 1, nothing was restarted.
+    assert sorted(starts) == [0], starts
+    assert starts[0]["nodes"] == {0: {0}, 2: {1}} and starts[0]["rank0_node"] == 0, starts
+    assert starts[0]["world_size"] == {4} and starts[0]["resumed_from"] == {None}, starts
+    assert len(gang.reports("done-")) == 4
+    successful, tasks = _tasks(gang)
+    assert successful and all(t["successful"] for t in tasks.values()), tasks
+    roles = {n: t["record"].get("role") for n, t in tasks.items()}
+    assert roles == {0: "active", 1: "out", 2: "active"}, roles
+    assert not tasks[1]["record"]["ranks"], tasks[1]["record"]["ranks"]
+    assert all(not t["record"]["in_step_restarts"] for t in tasks.values()), tasks
+
+
+def test_a_node_0_failure_restarts_in_place_and_a_bug_is_not_swapped(gang):
+    # Start 0: rank 0 (node 0) SIGKILLed after step 1: a restart in place, the spare unused.
+    # Start 1: rank 2 (node 1) raises ValueError after step 2: a bug, with a restart and a
+    # spare left, neither used.
+    proc = _run(gang, {"restarts": 2, "spares": 1},
+                **{"fail-rank": 0, "fail-at": "0", "bug-rank": 2, "bug-at": "1"})
+    text = without_task_prefix(output(proc))
+    assert proc.returncode != 0, text[-5000:]
+    assert "ValueError: a bug in the training loop" in text, text[-5000:]
+    starts = _starts(_events(gang))
+    assert sorted(starts) == [0, 1], starts  # no restart after the bug
+    for s in starts.values():
+        # Nodes 0 and 1 as node ranks 0 and 1, both times: node 2 never trained.
+        assert s["nodes"] == {0: {0}, 1: {1}} and s["rank0_node"] == 0 and s["world_size"] == {4}, starts
+    assert starts[1]["resumed_from"] == {1}, starts
+    assert "restarting every node's ranks (restart 1 of 2)" in text and "restart 2 of 2" not in text, text[-5000:]
+    assert "taken out" not in text and "brought in" not in text, text[-5000:]
+    assert not gang.reports("done-")
+    _, tasks = _tasks(gang)
+    roles = {n: t["record"].get("role") for n, t in tasks.items()}
+    assert roles == {0: "active", 1: "active", 2: "spare"}, roles
+    assert all(_bench(t["record"]) == ([2], []) for t in tasks.values()), tasks
+    restarts = tasks[0]["record"]["in_step_restarts"]
+    assert len(restarts) == 1 and restarts[0]["cause"].get("node_index") == 0, restarts
+    assert restarts[0].get("swapped_out") is None and restarts[0].get("swapped_in") is None, restarts
+    cause = tasks[0]["record"]["cause"]
+    assert cause and cause.get("node_index") == 1 and "ValueError" in json.dumps(cause), cause
