@@ -122,3 +122,15 @@ def test_a_failure_on_node_0_restarts_in_place_and_the_spare_stays_one(net):
     clients[0].report_failure(on_0, call=0, restart=0)
     decided = clients[1].wait_for_restart_or_verdict(0, 0, GUARD)
     assert decided is not None and decided.swapped_in is None and decided.bench == Bench((2,))
+
+
+def test_a_benched_nodes_empty_stacks_count_once_towards_every_stack_being_in(net):
+    # Every node but node 1 has said where its ranks were: the spare (no ranks) sent an empty dump.
+    server = net.server(3, restarts=1, spares=1)
+    clients = net.join(server, [0, 1, 2])
+    _enter(server, clients)
+    clients[2].send_stacks(0, {})
+    clients[0].send_stacks(0, {0: "Thread 0x1 (most recent call first):\n  File \"train.py\", line 3"})
+    assert not clients[0].wait_stacks_in(0, 1.0)  # node 1's are still to come
+    clients[1].send_stacks(0, {})
+    assert clients[0].wait_stacks_in(0, 5.0)

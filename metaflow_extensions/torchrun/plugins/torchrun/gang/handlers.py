@@ -115,7 +115,8 @@ class MessageHandlers:
     def _on_stacks(self, peer: Peer, message: msg.GangMessage) -> None:
         assert isinstance(message, msg.Stacks) and peer.node is not None
         state = self.book.keep_stacks(peer.node, message)
-        benched = sum(1 for n in self.book.bench.benched if n in state.entries)  # no ranks, no stacks
+        # The benched nodes have no ranks: counted once, whether or not they sent (empty) stacks.
+        benched = sum(1 for n in self.book.bench.benched if n in state.entries and n not in state.stacks)
         if not state.stacks_in_said and len(state.stacks) + len(state.done) + benched >= len(state.entries):
             self._stacks_in(state)  # the last node's: by count, O(1) (a node gone is found at the check)
 
