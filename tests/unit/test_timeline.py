@@ -215,3 +215,21 @@ def test_a_swap_is_marked_at_its_time_naming_both_nodes_and_hosts():
     assert "<" not in text and "onerror=" not in text and "spare node 2 (?) in" in text
     # Without a swap: no such mark.
     assert not [layer for layer in _layer(_spec(_result()), "rule") if layer["encoding"]["tooltip"][0]["title"] == "swap"]
+
+
+def test_a_spare_waits_and_a_node_taken_out_stops_on_their_own_lanes():
+    result = _swapped()
+    result.out_nodes = [1]
+    bars = _layer(_spec(result), "bar")[0]
+    lanes = [(r["lane"], r["state"], round(r["start"], 2), round(r["end"], 2)) for r in bars["data"]["values"]
+             if r["lane"].startswith("node ")]
+    # Node 1 trained until its swap at +6 s, then sat out; node 2 waited, then trained in its place.
+    assert lanes == [("node 0", "node", 0.0, 10.0), ("node 1", "node", 0.01, 6.0),
+                     ("node 1", "node: taken out", 6.0, 10.0), ("node 2", "node: spare", 0.02, 6.0),
+                     ("node 2", "node", 6.0, 10.0)]
+    assert bars["encoding"]["color"]["scale"]["domain"][:3] == ["node", "node: spare", "node: taken out"]
+    # A spare never used waits the whole call; a node the preflight took out sits it all out.
+    unused = _result(nodes=3)
+    unused.spare_nodes, unused.out_nodes = [2], [1]
+    states = {r["lane"]: r["state"] for r in _layer(_spec(unused), "bar")[0]["data"]["values"]}
+    assert (states["node 1"], states["node 2"]) == ("node: taken out", "node: spare")

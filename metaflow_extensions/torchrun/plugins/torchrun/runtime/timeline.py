@@ -16,6 +16,7 @@ spec is a number or a string this module wrote: no text from a rank reaches it.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
@@ -42,6 +43,8 @@ SCHEMA = "https://vega.github.io/schema/vega-lite/v6.json"  # read for its versi
 STATES = (
     ("node", "#4c78a8"),
     ("nodes joining", "#9ecae9"),
+    ("node: spare", "#dadaeb"),
+    ("node: taken out", "#7f7f7f"),
     ("rank: exit 0", "#54a24b"),
     ("rank: failed", "#e45756"),
     ("rank: stopped", "#f58518"),
@@ -66,6 +69,8 @@ class Gang:
     ended_at: Optional[float] = None
     failed_kind: Optional[CauseKind] = None
     swaps: Sequence[Tuple[float, str]] = ()  # (at, label): a node taken out for a spare
+    # @torchrun(spares): a benched node's lane, as (from, state) in order (None: from its join).
+    bench: Mapping[int, Sequence[Tuple[Optional[float], str]]] = dataclasses.field(default_factory=dict)
 
 
 def _number(value: Any) -> Optional[float]:
@@ -112,7 +117,25 @@ def from_result(result: Any, ranks: Mapping[int, Sequence[Any]]) -> Gang:
         ended_at=_number(result.ended_at),
         failed_kind=cause.kind if cause is not None else None,
         swaps=swaps_of(result),
+        bench=bench_of(result),
     )
+
+
+def bench_of(result: Any) -> Dict[int, List[Tuple[Optional[float], str]]]:
+    """Each benched node's lane (``@torchrun(spares)``): a spare waits until a
+    swap brings it in; a node taken out trains until its swap (for the whole
+    call where the preflight took it out); at most the step's spares of each."""
+    lanes: Dict[int, List[Tuple[Optional[float], str]]] = {}
+    for r in sorted(result.in_step_restarts or (), key=lambda r: r.failed_at):
+        at, out, came_in = _number(r.failed_at), _index(r.swapped_out), _index(r.swapped_in)
+        if at is not None and out is not None and came_in is not None:
+            lanes[out] = [(None, "node"), (at, "node: taken out")]
+            lanes[came_in] = [(None, "node: spare"), (at, "node")]
+    for node in result.out_nodes or ():
+        lanes.setdefault(node, [(None, "node: taken out")])
+    for node in result.spare_nodes or ():
+        lanes.setdefault(node, [(None, "node: spare")])
+    return lanes
 
 
 def swaps_of(result: Any) -> List[Tuple[float, str]]:
@@ -187,9 +210,26 @@ def _node_rows(g: Gang, origin: float, end: float) -> List[Dict[str, Any]]:
         if b > a and first != last:
             rows.append({"lane": lane, "state": "nodes joining", "start": a, "end": b,
                          "tip": "%d nodes joined from +%.1f s to +%.1f s" % (len(joins), a, b)})
+        if first == last and first in g.bench:
+            rows += _bench_rows(lane, g.bench[first], origin, a, z)
+            continue
         rows.append({"lane": lane, "state": "node", "start": b if first != last else a, "end": z,
                      "tip": "%s: %s +%.1f s, finished +%.1f s" % (
                          lane, "joined" if first == last else "all joined", b, z)})
+    return rows
+
+
+def _bench_rows(lane: str, states: Sequence[Tuple[Optional[float], str]], origin: float, joined: float,
+                finished: float) -> List[Dict[str, Any]]:
+    """A benched node's lane, one bar per state, each clamped to its join and finish."""
+    rows: List[Dict[str, Any]] = []
+    for i, (at, state) in enumerate(states):
+        start = joined if at is None else min(max(at - origin, joined), finished)
+        nxt = states[i + 1][0] if i + 1 < len(states) else None
+        stop = finished if nxt is None else min(max(nxt - origin, start), finished)
+        what = {"node": "trained", "node: spare": "a spare, waiting", "node: taken out": "taken out"}[state]
+        rows.append({"lane": lane, "state": state, "start": start, "end": stop,
+                     "tip": "%s: %s from +%.1f s to +%.1f s" % (lane, what, start, stop)})
     return rows
 
 
