@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from metaflow_extensions.torchrun.plugins.torchrun import settings
+from metaflow_extensions.torchrun.plugins.torchrun import spec
 from metaflow_extensions.torchrun.plugins.torchrun.host import log
 from metaflow_extensions.torchrun.plugins.torchrun.knobs import DEBUG_ENV, USER_KNOBS, read_knobs
 
@@ -49,7 +49,7 @@ def test_off_it_installs_nothing_and_says_nothing(env, capsys, fresh_logger):
 def test_a_knob_like_the_others(monkeypatch, capsys):
     """Declared with the knobs, read with them at the step's start, and switched on there."""
     assert DEBUG_ENV in USER_KNOBS
-    knobs, refused = settings.step_knobs({DEBUG_ENV: "1"})
+    knobs, refused = spec.read_settings({DEBUG_ENV: "1"})
     assert not refused and log.configure(knobs.debug)
     log.get("runtime.session").debug("call 0: begun")
     assert "metaflow_torchrun.runtime.session" in capsys.readouterr().err

@@ -16,7 +16,7 @@ EXPORTED = ["TorchrunFailed", "TorchrunResult", "TorchrunInvalidArgument", "Torc
             "GangAborted", "TorchrunInterrupted", "TorchrunHandle", "TorchrunSingleNodeMultiGPU",
             "TorchrunCallRefused"]
 # Modules a user (or a test, or a tool) may import before metaflow.
-FIRST = ["errors", "decorator", "handle", "compat", "lint", "cause", "settings", "runtime.result",
+FIRST = ["errors", "decorator", "handle", "compat", "lint", "cause", "spec", "knobs", "runtime.result",
          "runtime.card", "runtime.session", "runtime.single_node", "launch.plan", "gang.client"]
 
 
@@ -108,10 +108,10 @@ def test_a_profile_sets_the_knobs_and_the_environment_wins(tmp_path):
     r = python("""
         import os
         from metaflow import metaflow_config as c
-        from metaflow_extensions.torchrun.plugins.torchrun import settings
+        from metaflow_extensions.torchrun.plugins.torchrun import spec
         from metaflow_extensions.torchrun.plugins.torchrun import knobs
         assert (c.TORCHRUN_KEEP_LOGS, c.TORCHRUN_MAX_LOG_MB) == ("3", "7"), (c.TORCHRUN_KEEP_LOGS, c.TORCHRUN_MAX_LOG_MB)
-        read, refused = settings.step_knobs()
+        read, refused = spec.read_settings()
         assert not refused and read.secret == b"s" * 40 and read.progress_seconds == 2.0
         assert read.keep_logs == 3 and read.max_log_mb == 7.0
         assert knobs.SECRET_ENV not in os.environ, "the secret must not reach the ranks' environment"

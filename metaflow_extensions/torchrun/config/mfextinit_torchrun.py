@@ -3,7 +3,7 @@
 Metaflow loads this module while it imports ``metaflow_config`` and copies its
 globals there, so each knob is read the way Metaflow reads its own: the
 environment first, then the Metaflow profile (``~/.metaflowconfig``,
-``METAFLOW_PROFILE``). The values stay strings here; ``settings.py`` parses them
+``METAFLOW_PROFILE``). The values stay strings here; ``spec.read_settings`` parses them
 with the defaults of ``defaults.py``, so that a bad value is named by @torchrun
 rather than breaking ``import metaflow``.
 """

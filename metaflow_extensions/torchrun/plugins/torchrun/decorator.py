@@ -25,11 +25,10 @@ from .compat import (
 from .errors import Problems, did_you_mean, drop_own_frame
 from .gang import secret as gang_secret
 from .handle import TorchrunHandle
-from .spec import ATTRIBUTE_DEFAULTS, read_step_spec, step_defaults, truthy
+from .spec import ATTRIBUTE_DEFAULTS, read_settings, read_step_spec, step_defaults, truthy
 from .gang import GangIdentity
 from .lint import register_lint_check, require_parallel_entry
 from .host import log, say
-from .settings import step_knobs
 from .runtime import card_of_task, close_runtime_warm, name_local_control, own_start, prepare_local_nodes, stop_local_nodes
 from .launch import check_spares_fit, small_shm_warning
 from .runtime import GangSession, ThisAttempt, in_gang, keep_record, read_node_history
@@ -153,7 +152,7 @@ class TorchrunDecorator(ParallelDecorator):
         specs = [(deco.name, deco.attributes) for deco in decorators]
         entries = [str(getattr(graph[p], "num_parallel", "")) for p in graph[step_name].in_funcs]
         self._spec = read_step_spec(self.attributes, specs, entries, sys.argv, problems)
-        self._knobs, refused = step_knobs()  # the launcher's settings, and each task's own: read once
+        self._knobs, refused = read_settings()  # the launcher's settings, and each task's own: read once
         for message in refused:
             problems.add(message)
         problems.raise_all()

@@ -1,20 +1,25 @@
-"""What the user wrote in ``@torchrun(...)``, read once, at ``step_init``.
+"""What the user wrote in ``@torchrun(...)`` and Metaflow's configuration,
+read once, at ``step_init``.
 
 Metaflow splits a decorator's hooks from the reading of its attributes; so do
 we. ``read_step_spec`` checks every attribute against the step's other
 decorators and the graph, and keeps each problem in one ``Problems``, so a
 flow is refused once, naming all of them, before any task starts.
-``step_defaults`` turns the spec into the ``StepDefaults`` each task's calls
-start from.
+``read_settings`` reads the ``METAFLOW_TORCHRUN_*`` settings the same way
+(``config/mfextinit_torchrun.py`` declares them with Metaflow's ``from_conf``:
+the environment wins, else the Metaflow profile) into ``knobs.Knobs``.
+``step_defaults`` turns both into the ``StepDefaults`` each task's calls start
+from.
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
-from typing import Any, Mapping, Optional, Sequence, Tuple
+from typing import Any, List, Mapping, Optional, Sequence, Tuple
 
 from . import defaults as DEFAULTS
-from .knobs import Knobs, says_off
+from .knobs import USER_KNOBS, Knobs, conf_key, read_knobs, says_off
 from .errors import Problems, TorchrunInvalidArgument
 from .gang import DEFAULT_MODE as DEFAULT_PREFLIGHT
 from .gang import parse_mode as parse_preflight
@@ -223,3 +228,16 @@ def step_defaults(spec: StepSpec, knobs: Optional[Knobs] = None) -> StepDefaults
         retry_on=spec.retry_on,
         knobs=knobs or Knobs(),
     )
+
+
+def read_settings(env: Optional[Mapping[str, str]] = None) -> Tuple[Knobs, List[str]]:
+    """The step's settings from ``env`` (the process's) and, for each it lacks,
+    the Metaflow profile; one message for each refused (``knobs.read_knobs``)."""
+    from metaflow import metaflow_config
+
+    out = dict(os.environ if env is None else env)
+    for name in USER_KNOBS:
+        value = getattr(metaflow_config, conf_key(name), None)
+        if name not in out and value is not None:
+            out[name] = str(value)
+    return read_knobs(out)
