@@ -162,7 +162,7 @@ def decode(cls: Type[R], data: Any, error: Optional[Type[Exception]] = None) -> 
     ``ERROR`` by default) names the first bad one."""
     error = error or cls.ERROR
     if not isinstance(data, Mapping):
-        raise error("%s: not an object" % cls.__name__)
+        raise error("not an object (a %s)" % cls.__name__)
     values = {}
     for f in _fields(cls):
         value = data.get(f.name)
@@ -206,7 +206,10 @@ def _value(kind: Any, specs: Tuple[Any, ...], value: Any, name: str, error: Type
     if origin is dict:
         return _dict(kind, specs, value, name, error)
     if isinstance(kind, type) and issubclass(kind, Record):
-        return decode(kind, value, error)
+        try:
+            return decode(kind, value, error)
+        except error as e:
+            raise error("field %r: %s" % (name, e)) from None
     if hasattr(kind, "from_wire"):  # a record with a reader of its own
         return kind.from_wire(value)
     if isinstance(kind, type) and issubclass(kind, enum.Enum):

@@ -12,15 +12,25 @@ hosts the rendezvous store and global rank 0: it is never benched.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Iterable, List, Mapping, Optional, Tuple
+from typing import Annotated, Iterable, List, Optional, Tuple
 
+from ..codec import Int, Items, Record
 from .wire import ProtocolError
 
 
+# At most this many nodes on the bench (spares and nodes taken out).
+LIMIT = 64
+# A benched node's index: never node 0.
+Benched = Annotated[Tuple[Annotated[int, Int(1, (1 << 20) - 1)], ...], Items(LIMIT)]
+
+
 @dataclass(frozen=True)
-class Bench:
-    spares: Tuple[int, ...] = ()
-    out: Tuple[int, ...] = ()
+class Bench(Record):
+    """Read checked (``codec.py``): at most ``LIMIT`` indices of nodes, none twice, never node 0."""
+
+    ERROR = ProtocolError
+    spares: Benched = ()
+    out: Benched = ()
 
     @classmethod
     def initial(cls, num_nodes: int, spares: int) -> "Bench":
@@ -87,21 +97,11 @@ class Bench:
     def seat(self, node: int, num_nodes: int) -> "Seat":
         return Seat(self, self.node_rank(node), self.active_count(num_nodes), self.role(node))
 
-    def to_wire(self) -> Mapping[str, Any]:
-        return {"spares": list(self.spares), "out": list(self.out)}
-
-    @classmethod
-    def from_wire(cls, data: Any, num_nodes: int = 1 << 20, limit: int = 64) -> "Bench":
-        """Checked: at most ``limit`` indices of nodes of the gang, none twice, never node 0."""
-        if data is None:
-            return cls()
-        if not isinstance(data, Mapping):
-            raise ProtocolError("field 'bench': not an object")
-        spares, out = _nodes(data.get("spares"), num_nodes, limit), _nodes(data.get("out"), num_nodes, limit)
-        both = spares + out
-        if len(both) > limit or len(set(both)) != len(both) or 0 in both:
-            raise ProtocolError("field 'bench': more than %d nodes, a node twice, or node 0" % limit)
-        return cls(spares, out)
+    def problem(self) -> Optional[str]:
+        both = self.benched
+        if len(both) > LIMIT or len(set(both)) != len(both):
+            return "more than %d nodes, or a node twice" % LIMIT
+        return None
 
 
 @dataclass(frozen=True)
@@ -115,12 +115,3 @@ class Seat:
     node_rank: Optional[int]
     nnodes: int
     role: str
-
-
-def _nodes(value: Any, num_nodes: int, limit: int) -> Tuple[int, ...]:
-    if value is None:
-        return ()
-    if not isinstance(value, list) or len(value) > limit or not all(
-            isinstance(n, int) and not isinstance(n, bool) and 0 <= n < num_nodes for n in value):
-        raise ProtocolError("field 'bench': not a list of node indices")
-    return tuple(value)

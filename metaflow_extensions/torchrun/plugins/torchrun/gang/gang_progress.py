@@ -23,8 +23,9 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Set, Tuple
+from typing import Annotated, Any, Dict, List, Optional, Set, Tuple
 
+from ..codec import LOCAL, Real, Written
 from .node_progress import NodeProgress
 
 CHART_GROUPS = 32
@@ -43,19 +44,15 @@ SLOWEST_NAMED = 0.9
 
 
 @dataclass(frozen=True)
-class Straggler:
+class Straggler(Written):
     """A node named slower than the median: by how much, for how long, by which signal."""
 
     node_index: int
     host: str
     ranks: str  # "136-143"
-    ratio: float
-    seconds: float
+    ratio: Annotated[float, Real(digits=2)]
+    seconds: Annotated[float, Real(digits=1)]
     signal: str
-
-    def to_wire(self) -> Dict[str, Any]:
-        return {"node_index": self.node_index, "host": self.host, "ranks": self.ranks,
-                "ratio": round(self.ratio, 2), "seconds": round(self.seconds, 1), "signal": self.signal}
 
     def sentence(self) -> str:
         what = {SIGNAL_PROGRESS: "slower than the median",
@@ -66,8 +63,8 @@ class Straggler:
 
 
 @dataclass(frozen=True)
-class ProgressRecord:
-    """The gang's progress at the end of a call, or now (the live card)."""
+class ProgressRecord(Written):
+    """The gang's progress at the end of a call, or now (the live card; the chart is not in the record)."""
 
     step: Optional[int] = None
     total: Optional[int] = None
@@ -82,14 +79,8 @@ class ProgressRecord:
     stragglers: Tuple[Straggler, ...] = ()
     stragglers_more: int = 0
     # For the card: seconds since the call's first report, and steps/s per group of nodes.
-    chart_groups: Tuple[str, ...] = ()
-    chart: Tuple[Tuple[float, Tuple[Optional[float], ...]], ...] = ()
-
-    def to_wire(self) -> Dict[str, Any]:
-        return {"step": self.step, "total": self.total, "percent": self.percent, "eta_seconds": self.eta_seconds,
-                "steps_per_second": self.steps_per_second, "metrics": dict(self.metrics),
-                "nodes_reporting": self.nodes_reporting, "signal": self.signal, "slowest": self.slowest,
-                "stragglers": [s.to_wire() for s in self.stragglers], "stragglers_more": self.stragglers_more}
+    chart_groups: Annotated[Tuple[str, ...], LOCAL] = ()
+    chart: Annotated[Tuple[Tuple[float, Tuple[Optional[float], ...]], ...], LOCAL] = ()
 
 
 class ProgressBook:

@@ -25,8 +25,9 @@ from __future__ import annotations
 import os
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Annotated, Any, Dict, List, Mapping, Optional, Tuple
 
+from ..codec import SKIP, Written
 from .flight import NO_GROUP, NOTE_CHARS, OK, UNSUPPORTED, FlightGroup, FlightSummary
 from .ranges import numbers
 from .stacks import main_thread, parse, where
@@ -58,18 +59,12 @@ def collective(text: str) -> Optional[str]:
 
 
 @dataclass(frozen=True)
-class Suspect:
+class Suspect(Written):
     rank: int
     node: Optional[int]
     host: str
     where: str  # its place (stacks.py), NO_STACK, or "" when its recorder says enough
-    flight: str = ""  # what its Flight Recorder said, when that named it
-
-    def to_wire(self) -> Dict[str, Any]:
-        out = {"rank": self.rank, "node": self.node, "host": self.host, "where": self.where}
-        if self.flight:
-            out["flight"] = self.flight
-        return out
+    flight: Annotated[str, SKIP] = ""  # what its Flight Recorder said, when that named it
 
     def line(self) -> str:
         node = "node %d" % self.node if self.node is not None else "node ?"
@@ -109,6 +104,8 @@ class Culprits:
         return out
 
     def to_wire(self) -> Dict[str, Any]:
+        """Hand-written: the waiting ranks are listed up to a bound and counted, and the
+        Flight Recorder's fields are there only where it named the suspects."""
         out = {"signal": self.signal, "collective": self.collective,
                "waiting": list(self.waiting[:RECORDED_WAITING]), "waiting_count": len(self.waiting),
                "suspects": [s.to_wire() for s in self.suspects], "more": self.more}

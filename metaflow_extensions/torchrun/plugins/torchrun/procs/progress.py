@@ -24,6 +24,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, Mapping, Optional, Tuple
 
+from ..codec import Written
 from ..timeouts import REPORT_INTERVAL
 from .names import PROGRESS_SUFFIX, WORK_DIR_ENV, rank_file, rank_of
 from .records import read_json, write_json
@@ -36,7 +37,7 @@ MAX_TIME = 1e12
 
 
 @dataclass(frozen=True)
-class ProgressReport:
+class ProgressReport(Written):
     """One rank's latest report, as its file holds it. ``time``: the rank's
     wall clock when it reported (the node compares reports of its own ranks
     only, so clocks of different hosts never meet)."""
@@ -46,10 +47,6 @@ class ProgressReport:
     total: Optional[int] = None
     metrics: Dict[str, float] = field(default_factory=dict)
     time: float = 0.0
-
-    def to_wire(self) -> Dict[str, Any]:
-        return {"rank": self.rank, "step": self.step, "total": self.total,
-                "metrics": dict(self.metrics), "time": self.time}
 
     @classmethod
     def from_file(cls, data: Any) -> Optional["ProgressReport"]:
