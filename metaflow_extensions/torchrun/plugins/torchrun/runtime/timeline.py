@@ -211,7 +211,7 @@ def _node_rows(g: Gang, origin: float, end: float) -> List[Dict[str, Any]]:
             rows.append({"lane": lane, "state": "nodes joining", "start": a, "end": b,
                          "tip": "%d nodes joined from +%.1f s to +%.1f s" % (len(joins), a, b)})
         if first == last and first in g.bench:
-            rows += _bench_rows(lane, g.bench[first], origin, a, z)
+            rows += _bench_rows(lane, g.bench[first], origin, a, z, end - origin)
             continue
         rows.append({"lane": lane, "state": "node", "start": b if first != last else a, "end": z,
                      "tip": "%s: %s +%.1f s, finished +%.1f s" % (
@@ -220,9 +220,13 @@ def _node_rows(g: Gang, origin: float, end: float) -> List[Dict[str, Any]]:
 
 
 def _bench_rows(lane: str, states: Sequence[Tuple[Optional[float], str]], origin: float, joined: float,
-                finished: float) -> List[Dict[str, Any]]:
-    """A benched node's lane, one bar per state, each clamped to its join and finish."""
+                finished: float, call_end: float) -> List[Dict[str, Any]]:
+    """A benched node's lane, one bar per state, each clamped to its join and
+    finish; a node benched at the end sat the call out to its end (the gang
+    counts it done once it is benched)."""
     rows: List[Dict[str, Any]] = []
+    if states and states[-1][1] != "node":
+        finished = max(finished, call_end)
     for i, (at, state) in enumerate(states):
         start = joined if at is None else min(max(at - origin, joined), finished)
         nxt = states[i + 1][0] if i + 1 < len(states) else None
