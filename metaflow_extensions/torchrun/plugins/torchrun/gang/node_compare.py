@@ -11,11 +11,12 @@ cap of node ranges, so at 1,024 nodes a refusal is still a few lines:
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from .. import knobs
 from ..cause import Cause, CauseKind, plural
+from ..codec import Written
 from . import messages as msg
 
 # @torchrun(preflight=...): the default checks versions and each node's fitness
@@ -224,7 +225,7 @@ class Finding:
 
 
 @dataclass(frozen=True)
-class JobRecord:
+class JobRecord(Written):
     """``preflight="full"``'s collective job, as rank 0 returned it, checked."""
 
     backend: str = "?"
@@ -237,11 +238,6 @@ class JobRecord:
     init_s: Dict[int, float] = field(default_factory=dict)
     slow: Tuple[int, ...] = ()
     seconds: float = 0.0
-
-    def to_wire(self) -> Dict[str, Any]:
-        data = asdict(self)
-        data["slow"] = list(self.slow)
-        return data
 
 
 @dataclass(frozen=True)
@@ -260,6 +256,7 @@ class PreflightRecord:
     job: Optional[JobRecord] = None
 
     def to_wire(self) -> Dict[str, Any]:
+        """Hand-written: the mode alone where nothing was compared, and each finding's check flattened."""
         data: Dict[str, Any] = {"mode": self.mode}
         if self.reported or self.rows or self.versions:
             data.update({
