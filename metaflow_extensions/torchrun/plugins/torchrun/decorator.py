@@ -114,6 +114,8 @@ class TorchrunDecorator(ParallelDecorator):
         ``current.torch.torchrun_args`` is metaflow-torchrun 0.2's dict of this
         node's ``nnodes``, ``master_addr``, ``master_port``, ``node_rank`` and
         ``nproc_per_node``, for a torchrun command of your own.
+        ``current.torch.role`` is this node's part with ``@torchrun(spares=K)``:
+        ``"active"``, ``"spare"`` or ``"out"`` (taken out after a failure pinned to it).
 
         @@ Returns
         -------
