@@ -31,7 +31,7 @@ ARGV = ["/abs/train.py"] + TORCHRUN_LOOKALIKES + ODD
 def test_round_trip_and_private(tmp_path):
     path = entry.write_entry(str(tmp_path), ARGV)
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
-    assert entry.read_entry(path) == ARGV
+    assert entry.read_entry(path) == (ARGV, True)
 
 
 def test_never_overwrites_or_follows(tmp_path):
@@ -54,12 +54,12 @@ def test_torchruns_parser_sees_no_user_argument(tmp_path):
     assert path.startswith("/")  # a path never looks like an option
 
 
-def test_bootstrap_argv(tmp_path):
-    path = entry.write_entry(str(tmp_path), ARGV)
+def test_bootstrap_entry(tmp_path):
+    path = entry.write_entry(str(tmp_path), ARGV, trainer_progress=False)
     env = {entry.ENTRY_ENV: path}
-    assert entry.bootstrap_argv([path], env) == ARGV
-    assert entry.bootstrap_argv(["/abs/train.py", "--x"], env) == ["/abs/train.py", "--x"]
-    assert entry.bootstrap_argv([path], {}) == [path]
+    assert entry.bootstrap_entry([path], env) == (ARGV, False)  # the step's settings come with it
+    assert entry.bootstrap_entry(["/abs/train.py", "--x"], env) == (["/abs/train.py", "--x"], True)
+    assert entry.bootstrap_entry([path], {}) == ([path], True)
 
 
 def test_agent_environment_and_the_ranks_tmpdir(tmp_path):

@@ -125,7 +125,7 @@ def check_accepted(plan, entrypoint, entrypoint_args, tmp):
         work = tmp / os.urandom(4).hex()
         work.mkdir()
         path = entry.write_entry(str(work), [plan.script] + plan.entry_argv)
-        assert entry.bootstrap_argv([path], {names.ENTRY_ENV: path}) == [plan.script] + plan.entry_argv
+        assert entry.bootstrap_entry([path], {names.ENTRY_ENV: path}).argv == [plan.script] + plan.entry_argv
     # torch's own parser takes the command, and reads max_restarts as we do.
     launch = Launch(python="py", num_nodes=2, node_index=1, nproc_per_node=plan.nproc, rdzv_host="10.0.0.1",
                     rdzv_port=29500, rdzv_id="x", entrypoint="/e.json", user_options=plan.options,

@@ -76,13 +76,14 @@ def test_every_setting_is_read_into_its_field():
         knobs.STRAGGLER_RATIO_ENV: "1.001", knobs.STRAGGLER_SECONDS_ENV: "0", knobs.KEEP_LOGS_HOURS_ENV: "0",
         knobs.KEEP_LOGS_ENV: "5", knobs.MAX_LOG_MB_ENV: "7.5", knobs.DEBUG_ENV: "yes",
         knobs.NODE_HISTORY_ENV: "3/7", knobs.NODE_HISTORY_RUNS_ENV: "0", knobs.FLIGHT_RECORDER_ENV: "off",
-        knobs.WARM_START_ENV: "off",
+        knobs.WARM_START_ENV: "off", knobs.TRAINER_PROGRESS_ENV: "0",
     })
     assert problems == []
     assert read == Knobs(port=23456, secret=b"s" * 32, progress_seconds=0.5,
                          straggler_ratio=1.01,  # above 1, and at least 1.01
                          straggler_seconds=0.0, keep_logs_hours=0.0, keep_logs=5, max_log_mb=7.5, debug=True,
-                         node_history=(3, 7), node_history_runs=0, flight_recorder=0, warm_start=False)
+                         node_history=(3, 7), node_history_runs=0, flight_recorder=0, warm_start=False,
+                         trainer_progress=False)
     assert read_knobs({knobs.NODE_HISTORY_ENV: "off", knobs.PORT_ENV: "None"})[0] == Knobs(node_history=None)
     assert "sss" not in repr(read)  # the secret never shown
 
@@ -93,7 +94,7 @@ def test_every_setting_with_a_bad_value_is_named_with_what_it_takes():
         knobs.STRAGGLER_RATIO_ENV: "1", knobs.STRAGGLER_SECONDS_ENV: "-5", knobs.KEEP_LOGS_HOURS_ENV: "3 days",
         knobs.KEEP_LOGS_ENV: "2.5", knobs.MAX_LOG_MB_ENV: "inf", knobs.DEBUG_ENV: "verbose",
         knobs.NODE_HISTORY_ENV: "3 of 5", knobs.NODE_HISTORY_RUNS_ENV: "-1", knobs.FLIGHT_RECORDER_ENV: "2k",
-        knobs.WARM_START_ENV: "fast",
+        knobs.WARM_START_ENV: "fast", knobs.TRAINER_PROGRESS_ENV: "hf",
     }
     read, problems = read_knobs(bad)
     # One message a setting, the secret's value never shown; the record holds the defaults.

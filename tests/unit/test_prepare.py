@@ -20,7 +20,7 @@ from metaflow_extensions.torchrun.plugins.torchrun.knobs import Knobs
 from metaflow_extensions.torchrun.plugins.torchrun.launch.command import join_timeout
 from metaflow_extensions.torchrun.plugins.torchrun.launch.plan import StepDefaults, plan_call
 from metaflow_extensions.torchrun.plugins.torchrun.launch.resources import Accelerators
-from metaflow_extensions.torchrun.plugins.torchrun.procs import names
+from metaflow_extensions.torchrun.plugins.torchrun.procs import entry, names
 from metaflow_extensions.torchrun.plugins.torchrun.runtime import call as call_module
 from metaflow_extensions.torchrun.plugins.torchrun.runtime.call import CallRun
 from metaflow_extensions.torchrun.plugins.torchrun.runtime.session import GangSession
@@ -42,6 +42,7 @@ KNOBS = Knobs(
     node_history_runs=0,  # the control's node history
     flight_recorder=300,  # the ranks' environment
     warm_start=False,  # the call's warm process
+    trainer_progress=False,  # the ranks' entry file
 )
 
 # Each field at a value no default has, and where the test below looks for it.
@@ -120,6 +121,7 @@ def test_a_call_keeps_its_logs_and_starts_its_ranks_as_the_settings_say(run):
         keep=4, hours=1.0, max_bytes=9 * 1024 * 1024, young_seconds=run.files.policy.young_seconds)
     assert run.warm is not None and run.warm.path == "" and run.warm.pid is None  # warm_start=False
     assert names.ZYGOTE_ENV not in run._launch_environment()
+    assert entry.read_entry(run._entry[0]).trainer_progress is False  # what the ranks read of the settings
 
 
 def test_the_control_reads_its_node_history_as_the_settings_say(run):

@@ -42,6 +42,9 @@ FLIGHT_RECORDER_ENV = "METAFLOW_TORCHRUN_FLIGHT_RECORDER"
 # "off": every rank and torchrun's agent start as fresh processes, each importing
 # torch, instead of forked from the node's warm process (procs/zygote.py).
 WARM_START_ENV = "METAFLOW_TORCHRUN_WARM_START"
+# "0": HF's and Lightning's Trainer do not report progress (procs/trainer_hooks.py);
+# the ranks read it in their entry file (procs/entry.py).
+TRAINER_PROGRESS_ENV = "METAFLOW_TORCHRUN_TRAINER_PROGRESS"
 # Tests only: comma-separated host names by node index, reported instead of the
 # host's own name (several local "nodes" share one host; host/network.py).
 TEST_HOSTS_ENV = "METAFLOW_TORCHRUN_TEST_HOSTS"
@@ -168,6 +171,7 @@ class Knobs:
     node_history_runs: int = DEFAULTS.NODE_HISTORY_RUNS
     flight_recorder: int = DEFAULTS.FLIGHT_RECORDER_ENTRIES
     warm_start: bool = True
+    trainer_progress: bool = True
 
 
 def _at_least(low: float, above: bool = False, whole: bool = False) -> Callable[[str, str], object]:
@@ -190,6 +194,7 @@ _READERS: Tuple[Tuple[str, str, Callable[[str, str], object]], ...] = (
     ("node_history_runs", NODE_HISTORY_RUNS_ENV, _at_least(0, whole=True)),
     ("flight_recorder", FLIGHT_RECORDER_ENV, count_or_off),
     ("warm_start", WARM_START_ENV, switch),
+    ("trainer_progress", TRAINER_PROGRESS_ENV, switch),
 )
 
 

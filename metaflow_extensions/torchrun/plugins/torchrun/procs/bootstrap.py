@@ -20,7 +20,6 @@ import types
 
 from . import agent, entry, flight_ask, handoff, relay, stacks
 from .names import (ARGS_FILE, WORK_DIR_ENV, LABELS_ENV, LOG_DIR_ENV, NODE_INDEX_ENV, RESTART_COUNT_ENV, RESTART_ENV,
-                    TRAINER_PROGRESS_ENV,
                     rank_log_path)
 from .failures import RankFailure, write_failure
 from .status import RankStatus, write_status
@@ -207,7 +206,7 @@ def main(argv: list) -> None:
     # What to run comes from the entry file, out of torchrun's sight (entry.py);
     # TMPDIR goes back to the user's (torchrun's agent had the work directory).
     try:
-        argv = entry.bootstrap_argv(argv)
+        argv, trainer_progress = entry.bootstrap_entry(argv)
     except (OSError, ValueError) as e:
         sys.stderr.write("@torchrun bootstrap: cannot read what to run: %s\n" % e)
         sys.exit(2)
@@ -233,7 +232,7 @@ def main(argv: list) -> None:
     if flight_ask.recording(os.environ):
         flight_ask.listen(os.environ.get(WORK_DIR_ENV), rank)
     # HF's and Lightning's Trainer report progress, once the script imports one (trainer_hooks.py).
-    if os.environ.get(TRAINER_PROGRESS_ENV, "1") != "0":
+    if trainer_progress:
         from . import trainer_hooks
 
         trainer_hooks.install()

@@ -20,16 +20,24 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, List, Mapping, MutableMapping
+from typing import Any, List, Mapping, MutableMapping, NamedTuple
 
 from .names import AGENT_TMP, ENTRY_ENV, ENTRY_FILE, USER_TMPDIR_ENV, USER_UMASK_ENV
 
 
 
-def write_entry(work_dir: str, argv: List[str]) -> str:
+class Entry(NamedTuple):
+    """What a rank runs, and the step's settings that reach the ranks (read at
+    the step's start, ``knobs.Knobs``; never from the ranks' environment)."""
+
+    argv: List[str]
+    trainer_progress: bool = True  # METAFLOW_TORCHRUN_TRAINER_PROGRESS (trainer_hooks.py)
+
+
+def write_entry(work_dir: str, argv: List[str], trainer_progress: bool = True) -> str:
     """Write the bootstrap's argv (``[script, *args]``, or the function form)
-    to a new private file in ``work_dir``, beside the agent's temporary
-    directory; return its path."""
+    and the settings of ``Entry`` to a new private file in ``work_dir``, beside
+    the agent's temporary directory; return its path."""
     from ..host import open_private
 
     # torchrun's agent's own temporary files go here (launch/prepare.py's TMPDIR).
@@ -37,25 +45,26 @@ def write_entry(work_dir: str, argv: List[str]) -> str:
     path = os.path.join(work_dir, ENTRY_FILE)
     fd = open_private(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
     with os.fdopen(fd, "w", encoding="utf-8") as f:
-        json.dump({"argv": [str(a) for a in argv]}, f)
+        json.dump({"argv": [str(a) for a in argv], "trainer_progress": bool(trainer_progress)}, f)
     return path
 
 
-def read_entry(path: str) -> List[str]:
+def read_entry(path: str) -> Entry:
     with open(path, encoding="utf-8") as f:
-        argv = json.load(f)["argv"]
-    if not isinstance(argv, list) or not all(isinstance(a, str) for a in argv):
+        data = json.load(f)
+    argv, trainer_progress = data["argv"], data.get("trainer_progress", True)
+    if not (isinstance(argv, list) and all(isinstance(a, str) for a in argv) and isinstance(trainer_progress, bool)):
         raise ValueError("%s: not an entry file" % path)
-    return argv
+    return Entry(argv, trainer_progress)
 
 
-def bootstrap_argv(argv: List[str], environ: Mapping[str, str] = os.environ) -> List[str]:
-    """The bootstrap's real argv: read from the entry file when torchrun gave it
-    the entry file's path (and nothing else), else ``argv`` as given."""
+def bootstrap_entry(argv: List[str], environ: Mapping[str, str] = os.environ) -> Entry:
+    """What the bootstrap runs: the entry file when torchrun gave it the entry
+    file's path (and nothing else), else ``argv`` as given, with the defaults."""
     path = environ.get(ENTRY_ENV)
     if path and argv == [path]:
         return read_entry(path)
-    return list(argv)
+    return Entry(list(argv))
 
 
 def restore_user_tmpdir(environ: MutableMapping[str, str] = os.environ) -> None:

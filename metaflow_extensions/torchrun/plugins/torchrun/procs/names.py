@@ -12,12 +12,9 @@ import os
 from typing import Optional
 
 # -- environment: what users set ------------------------------------------------
-# The METAFLOW_TORCHRUN_* settings of Metaflow's configuration live in ../knobs.py,
-# read once at the step's start. This one is read in the ranks, from the
-# environment the step's ranks inherit (``@environment``).
-# "0": HF's and Lightning's Trainer do not report progress (trainer_hooks.py).
-TRAINER_PROGRESS_ENV = "METAFLOW_TORCHRUN_TRAINER_PROGRESS"
-# runtime/node_history.py's lenient reader's, until it goes (its home is knobs.py).
+# The METAFLOW_TORCHRUN_* settings live in ../knobs.py, read once at the step's
+# start; what reaches the ranks comes in their entry file (entry.py).
+# runtime/node_history.py's lenient reader's, until it goes:
 from ..knobs import NODE_HISTORY_RUNS_ENV  # noqa: E402,F401
 
 # -- environment: what the task sets for its torchrun and ranks -------------------

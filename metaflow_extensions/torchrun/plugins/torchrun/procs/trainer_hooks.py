@@ -7,8 +7,9 @@ bootstrap calls ``install`` before the user's script: it adds an import hook
 that imports nothing itself and waits for the trainer's own module to be
 imported by the script; only then does it add a callback of that library's own
 kind, which calls ``progress.report`` (progress.py). A script that uses neither
-library pays one dictionary look-up per import. ``TRAINER_PROGRESS_ENV=0``
-turns it off (names.py).
+library pays one dictionary look-up per import. ``METAFLOW_TORCHRUN_TRAINER_PROGRESS=0``
+turns it off (read at the step's start, knobs.py; the ranks find it in their
+entry file, entry.py).
 
 On the hot path a callback does no I/O and forces no device sync: the loss goes
 to ``report`` as the trainer holds it (HF: a float it logged; Lightning: the

@@ -65,7 +65,7 @@ class CallLaunch:
             bootstrap_argv = [plan.script or ""] + list(plan.entry_argv)
         # The script and its arguments reach the bootstrap through a file, never
         # through torchrun's own parser (entry.py): arguments stay verbatim.
-        self._entry = (entry.write_entry(self.workdir, bootstrap_argv), iface)
+        self._entry = (entry.write_entry(self.workdir, bootstrap_argv, session.defaults.knobs.trainer_progress), iface)
         return self._launch_environment()
 
     def _launch_environment(self) -> Dict[str, str]:
