@@ -69,17 +69,9 @@ class KnobError(ValueError):
     """A setting's value, named, with what the setting takes."""
 
 
-def is_off(text: Optional[str]) -> bool:
-    return (text or "").strip().lower() in OFF_WORDS
-
-
-def is_on(text: Optional[str]) -> bool:
-    return (text or "").strip().lower() in ON_WORDS
-
-
 def says_off(text: Optional[str]) -> bool:
     """Off as a switch reads it: ``OFF_WORDS``, 0, or nothing at all."""
-    return is_off(text) or (text or "").strip() in ("0", "")
+    return (text or "").strip().lower() in OFF_WORDS + ("0", "")
 
 
 def _shown(text: str) -> str:
@@ -103,7 +95,7 @@ def number(name: str, text: str, low: float = 0.0, above: bool = False, whole: b
 
 def count_or_off(name: str, text: str) -> int:
     """A whole number of at least 0, or "off" (0)."""
-    if is_off(text):
+    if text.strip().lower() in OFF_WORDS:
         return 0
     try:
         return int(number(name, text, whole=True))
@@ -113,7 +105,7 @@ def count_or_off(name: str, text: str) -> int:
 
 def switch(name: str, text: str) -> bool:
     """On (``ON_WORDS``) or off (0 or ``OFF_WORDS``)."""
-    if is_on(text):
+    if text.strip().lower() in ON_WORDS:
         return True
     if not says_off(text):
         raise KnobError("%s=%s: give 1 (or true, yes, on) or 0 (or false, no, off)" % (
