@@ -156,6 +156,11 @@ class MessageHandlers:
         if cause is not None:
             self._abort(cause)
             return
+        if self.config.spares and self.preflight.fingerprints and not self.preflight.decided:
+            return  # the go waits for the preflight's verdict, which may bench an unfit node (_bench_unfit)
+        self._launch(state)
+
+    def _launch(self, state: CallState) -> None:
         for node in self.book.to_launch(state, lambda: find_free_port(self.host)):
             self._send(node, msg.Go(state.index, state.rdzv_port or 0, self.book.bench))
             _log.debug("call %d: go to node %d (rendezvous port %s)", state.index, node, state.rdzv_port)
@@ -189,7 +194,8 @@ class MessageHandlers:
     def _on_preflight(self, peer: Peer, message: msg.GangMessage) -> None:
         """Kept per node; the last one decides, before its node can send the
         ``call`` that would launch it: a refusal stops the gang before the
-        rendezvous can complete, so before any rank starts."""
+        rendezvous can complete, so before any rank starts. With spares the
+        other nodes' go waits for it too: the verdict may change the bench."""
         assert isinstance(message, msg.Preflight) and peer.node is not None
         try:
             complete = self.preflight.keep(peer.node, message)
@@ -211,6 +217,9 @@ class MessageHandlers:
                 cause = None  # no blamed host trains: the gang starts on clean ones
             if cause is not None:
                 self._abort(cause)
+                return
+        for state in list(self.book.calls.values()):  # the calls whose go waited for this verdict (_on_call)
+            self._launch(state)
 
     def _bench_unfit(self, unfit: List[int], cause: Cause) -> bool:
         """@torchrun(spares): the unfit nodes out and spares in, before any
