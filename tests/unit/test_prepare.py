@@ -117,8 +117,8 @@ def test_the_session_carries_the_gang_settings(run):
 
 def test_a_call_keeps_its_logs_and_starts_its_ranks_as_the_settings_say(run):
     run.prepare()
-    assert run.files is not None and run.files.policy == retention_policy(KNOBS) == RetentionPolicy(
-        keep=4, hours=1.0, max_bytes=9 * 1024 * 1024, young_seconds=run.files.policy.young_seconds)
+    assert run.files is not None and retention_policy(run.files.knobs) == RetentionPolicy(
+        keep=4, hours=1.0, max_bytes=9 * 1024 * 1024, young_seconds=retention_policy().young_seconds)
     assert run.warm is not None and run.warm.path == "" and run.warm.pid is None  # warm_start=False
     assert names.ZYGOTE_ENV not in run._launch_environment()
     assert entry.read_entry(run._entry[0]).trainer_progress is False  # what the ranks read of the settings

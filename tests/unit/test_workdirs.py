@@ -36,9 +36,8 @@ from metaflow_extensions.torchrun.plugins.torchrun.host.workdirs import CallFile
 KEY = LogKey("Flow-1", "train-2-0", "c0")
 
 
-def prune_everything():
-    """Beyond no age and no count (METAFLOW_TORCHRUN_KEEP_LOGS=0, ..._HOURS=0)."""
-    return retention_policy(Knobs(keep_logs=0, keep_logs_hours=0))
+# Beyond no age and no count (METAFLOW_TORCHRUN_KEEP_LOGS=0, ..._HOURS=0).
+PRUNE_EVERYTHING = Knobs(keep_logs=0, keep_logs_hours=0)
 
 
 def mode(path) -> int:
@@ -279,7 +278,7 @@ class TestFallbackAfterTheSquat:
         run_task(tmp, "Squatted-1")
         os.rmdir(squat)
         monkeypatch.setattr(private, "YOUNG_SECONDS", 0.0)
-        CallFiles(LogKey("After-2", "train-2-0", "c0"), 0, base_dir(tmp), policy=prune_everything()).close()
+        CallFiles(LogKey("After-2", "train-2-0", "c0"), 0, base_dir(tmp), knobs=PRUNE_EVERYTHING).close()
         assert fallbacks(tmp) == []
         assert run_names(os.path.join(squat, "logs")) == ["After-2"]
 
@@ -522,7 +521,6 @@ class TestLogRetention:
         """A call makes its directories first and prunes once its agent has
         started (runtime/call.py): nothing goes before ``prune()``."""
         monkeypatch.setattr(private, "YOUNG_SECONDS", 0.0)
-        policy = retention_policy(Knobs(keep_logs=1, keep_logs_hours=0))
         base = base_dir(tmp)
         CallFiles(LogKey("Old-1", "train-2-0", "c0"), 0, base).close()
         old = os.path.join(base, "logs", "Old-1")
@@ -530,7 +528,7 @@ class TestLogRetention:
         left = os.path.join(base, "work", "1-left")  # a killed task's work directory: nobody holds it
         os.makedirs(left)
         age(left, HOUR)
-        files = CallFiles(LogKey("New-2", "train-2-0", "c0"), 0, base, prune_first=False, policy=policy)
+        files = CallFiles(LogKey("New-2", "train-2-0", "c0"), 0, base, prune_first=False, knobs=Knobs(keep_logs=1, keep_logs_hours=0))
         assert os.path.isdir(old) and os.path.isdir(left)
         files.prune()
         assert not os.path.exists(old) and not os.path.exists(left)
@@ -638,8 +636,7 @@ class TestLogRetention:
         monkeypatch.setattr(private, "YOUNG_SECONDS", 0.0)
         base = base_dir(tmp)
         for i in range(30):
-            policy = retention_policy(Knobs(keep_logs=5, keep_logs_hours=0))
-            CallFiles(LogKey("Flow-%d" % i, "train-2-0", "c0"), 0, base, policy=policy).close()
+            CallFiles(LogKey("Flow-%d" % i, "train-2-0", "c0"), 0, base, knobs=Knobs(keep_logs=5, keep_logs_hours=0)).close()
         # The newest 5 kept by the bound, plus the one being made.
         assert len(run_names(os.path.join(base, "logs"))) <= 6
         assert os.listdir(os.path.join(base, "work")) == []
@@ -661,7 +658,7 @@ class TestLogRetention:
         try:
             assert proc.stdout.readline().strip() == "held"
             began = time.monotonic()
-            log_dir = logs.call_log_dir(KEY, 0, base, policy=prune_everything())
+            log_dir = logs.call_log_dir(KEY, 0, base, knobs=PRUNE_EVERYTHING)
             waited = time.monotonic() - began
         finally:
             proc.wait(timeout=30)
@@ -675,7 +672,7 @@ class TestLogRetention:
         old = make_run(root, "Old-1", seconds_ago=100 * HOUR)
         guard = private.hold_lock(root, logs.PRUNE_LOCK_FILE)
         try:
-            log_dir = logs.call_log_dir(KEY, 0, base, policy=prune_everything())
+            log_dir = logs.call_log_dir(KEY, 0, base, knobs=PRUNE_EVERYTHING)
         finally:
             private.release_lock(guard)
         assert log_dir is not None and os.path.isdir(log_dir)

@@ -86,7 +86,7 @@ def touch(path: str) -> None:
 
 
 def call_log_dir(key: LogKey, node_index: int, base: Optional[str] = None, prune: bool = True,
-                 policy: Optional[RetentionPolicy] = None) -> Optional[str]:
+                 knobs: Optional[Knobs] = None) -> Optional[str]:
     """``logs/<run>/<step>/<call>/node-<N>``, private; other runs' logs beyond
     the retention bound are removed first, unless ``prune`` is False (the call
     prunes later, with ``prune_other_runs``, off its start's critical path).
@@ -99,7 +99,7 @@ def call_log_dir(key: LogKey, node_index: int, base: Optional[str] = None, prune
         try:
             if guard is not None and prune:  # else another task has been pruning for PRUNE_WAIT: it does the work
                 adopt_fallbacks(base, root)
-                prune_logs(root, policy or retention_policy(), exclude=(key.run,))
+                prune_logs(root, retention_policy(knobs), exclude=(key.run,))
             path = root
             for part in (key.run, key.step, key.call, "node-%d" % node_index):
                 path = private_dir(os.path.join(path, part))
@@ -111,7 +111,7 @@ def call_log_dir(key: LogKey, node_index: int, base: Optional[str] = None, prune
         return None
 
 
-def prune_other_runs(key: LogKey, base: str, policy: Optional[RetentionPolicy] = None) -> None:
+def prune_other_runs(key: LogKey, base: str, knobs: Optional[Knobs] = None) -> None:
     """The prune ``call_log_dir`` skipped: under the prune lock, never ``key``'s
     run. A call runs it once its agent has started, so a host with many runs
     kept does not delay the ranks' start."""
@@ -122,7 +122,7 @@ def prune_other_runs(key: LogKey, base: str, policy: Optional[RetentionPolicy] =
             return
         try:
             adopt_fallbacks(base, root)
-            prune_logs(root, policy or retention_policy(), exclude=(key.run,))
+            prune_logs(root, retention_policy(knobs), exclude=(key.run,))
         finally:
             release_lock(guard)
     except OSError:

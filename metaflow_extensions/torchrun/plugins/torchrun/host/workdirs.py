@@ -23,8 +23,8 @@ import time
 from typing import List, Optional, Tuple
 
 from .basedir import WORK, base_dir
+from ..knobs import Knobs
 from .logs import LOGS, LogKey, call_log_dir, prune_other_runs, touch
-from .retention import RetentionPolicy
 from .private import hold_lock, private_dir, release_lock, removable
 
 
@@ -35,10 +35,10 @@ class CallFiles:
     run's retention age counts from its last call's end."""
 
     def __init__(self, key: LogKey, node_index: int, base: Optional[str] = None, prune_first: bool = True,
-                 policy: Optional[RetentionPolicy] = None):
+                 knobs: Optional[Knobs] = None):
         """``base``: ``base_dir()`` as the step found it; found again if it has gone since.
-        ``policy``: the step's retention settings (None: the defaults)."""
-        self._key, self.policy = key, policy
+        ``knobs``: the step's settings, its logs' retention among them (None: the defaults)."""
+        self._key, self.knobs = key, knobs
         self._pruned = prune_first
         self.work_dir = ""
         self.log_dir: Optional[str] = None
@@ -47,7 +47,7 @@ class CallFiles:
             self.base, self.work_dir = _work_dir_under(base, prune_first)
             self._run_dir = os.path.join(self.base, LOGS, key.run)
             self._locks.append(hold_lock(self.work_dir))
-            self.log_dir = call_log_dir(key, node_index, self.base, prune=prune_first, policy=policy)
+            self.log_dir = call_log_dir(key, node_index, self.base, prune=prune_first, knobs=knobs)
             if self.log_dir is not None:
                 try:
                     self._locks.append(hold_lock(self.log_dir))
@@ -64,7 +64,7 @@ class CallFiles:
         if not self._pruned:
             self._pruned = True
             prune_work_dirs(work_root(self.base))
-            prune_other_runs(self._key, self.base, self.policy)
+            prune_other_runs(self._key, self.base, self.knobs)
 
     def close(self) -> None:
         remove_work_dir(self.work_dir)

@@ -13,7 +13,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from ..errors import TorchrunInvalidArgument
 from ..gang import Seat
 from .. import timeouts
-from ..host import CallFiles, retention_policy, route_to, say, wait_listening
+from ..host import CallFiles, route_to, say, wait_listening
 from ..launch import CallPlan, NodeFacts, prepare_launch
 from ..procs import ARGS_FILE, RESTART_ENV, ZYGOTE_ENV, RankFailure, bootstrap, clear_round, entry, functions
 from .restarts import CallRestarts
@@ -49,7 +49,7 @@ class CallLaunch:
         log_key, self.rdzv_id = session.identity.call_names(self.index)
         # Private to this user; the work directory goes in record() (workdirs.py).
         self.files = CallFiles(log_key, topology.node_index, base=session.host_base, prune_first=False,
-                               policy=retention_policy(session.defaults.knobs))
+                               knobs=session.defaults.knobs)
         self.workdir, self.log_dir = self.files.work_dir, self.files.log_dir
         # The step's, importing torch since the gang began to form.
         self.warm = WarmStart.for_call(getattr(self.session, "warm", None), self.workdir, self.log_dir,
