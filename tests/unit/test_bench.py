@@ -134,3 +134,52 @@ def test_a_benched_nodes_empty_stacks_count_once_towards_every_stack_being_in(ne
     assert not clients[0].wait_stacks_in(0, 1.0)  # node 1's are still to come
     clients[1].send_stacks(0, {})
     assert clients[0].wait_stacks_in(0, 5.0)
+
+
+def _gang_with_preflight(net, server, prints):
+    """Clients that send their preflight on joining, then enter call 0 at once; their ports."""
+    import threading
+    from gang_net import GUARD
+    clients = [net.client(server.config, server.port, n, connect=False) for n in range(len(prints))]
+    for c, p in zip(clients, prints):
+        c.preflight = (lambda p: lambda: msg.Preflight(p))(p)
+    ports = {}
+    threads = []
+    for n, c in enumerate(clients):
+        c.connect(give_up_after=GUARD)
+        t = threading.Thread(target=lambda n=n, c=c: ports.setdefault(n, c.enter_call(0, "train.py")), daemon=True)
+        t.start()
+        threads.append(t)
+    for t in threads:
+        t.join(GUARD)
+    return clients, ports
+
+
+SAME = {"python": "3.11.9", "torch": "2.13.0", "metaflow": "2.19.39", "metaflow_torchrun": "0.3.0"}
+
+
+def test_a_host_node_history_blames_starts_as_a_spare_where_a_clean_one_exists(net):
+    server = net.server(3, restarts=1, spares=1)
+    said = []
+    server.progress = said.append
+    server.host_check = lambda hosts: (["node 1: its host failed 2 of the last 5 runs"], None, [1])
+    clients, ports = _gang_with_preflight(net, server, [SAME] * 3)
+    assert all(ports[n] is not None for n in range(3)), ports
+    # Every node was told the same bench, before any launched: node 1 waits, node 2 trains as node rank 1.
+    assert [c.seats[(0, 0)].node_rank for c in clients] == [0, None, 1]
+    assert clients[1].seats[(0, 0)].role == "spare" and server.cause is None
+    assert any("node 1 (" in line and "starts as a spare" in line for line in said), said
+
+
+def test_a_blamed_host_under_strict_still_starts_the_gang_when_it_can_sit_out(net):
+    from metaflow_extensions.torchrun.plugins.torchrun.cause import Cause, CauseKind
+    server = net.server(3, restarts=1, spares=1)
+    refusal = Cause(CauseKind.PREFLIGHT, "preflight refused the gang: node 1: its host failed", node_index=1)
+    server.host_check = lambda hosts: ([], refusal, [1])
+    clients, ports = _gang_with_preflight(net, server, [SAME] * 3)
+    assert server.cause is None and all(ports[n] is not None for n in range(3)), (server.cause, ports)
+    # Two blamed hosts and one spare: one of them would train, so preflight="strict" refuses as before.
+    server = net.server(3, restarts=1, spares=1)
+    server.host_check = lambda hosts: ([], refusal, [1, 2])
+    clients, ports = _gang_with_preflight(net, server, [SAME] * 3)
+    assert server.cause is not None and server.cause.kind is CauseKind.PREFLIGHT
