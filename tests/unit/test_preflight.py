@@ -9,12 +9,13 @@ import subprocess
 import sys
 import threading
 import time
+from types import SimpleNamespace
 
 import metaflow  # noqa: F401  (must come before our modules)
 import pytest
 
 from gang_net import GUARD
-from metaflow_extensions.torchrun.plugins.torchrun.cause import CauseKind
+from metaflow_extensions.torchrun.plugins.torchrun.cause import Cause, CauseKind
 from metaflow_extensions.torchrun.plugins.torchrun.gang import messages as msg
 from metaflow_extensions.torchrun.plugins.torchrun.gang import node_compare as pf
 from metaflow_extensions.torchrun.plugins.torchrun.gang.wire import ProtocolError
@@ -240,16 +241,12 @@ def test_junk_from_the_job_is_left_out():
 
 
 def _job_run(tmp_path, heartbeat_timeout=10.0, nproc=2):
-    from types import SimpleNamespace
+    """The job's deadlines as its call asks them (CallRun.watch), read from ``tmp_path``'s phases."""
+    from metaflow_extensions.torchrun.plugins.torchrun.runtime.preflight import JobDeadlines
 
-    from metaflow_extensions.torchrun.plugins.torchrun.runtime.preflight import PreflightRun
-
-    session = SimpleNamespace(defaults=SimpleNamespace(heartbeat_timeout=heartbeat_timeout),
-                              topology=SimpleNamespace(node_index=1))
-    run = PreflightRun(session, SimpleNamespace(nproc=nproc), 0)  # type: ignore[arg-type]
-    run.workdir = str(tmp_path)
-    run.go_at = time.monotonic()
-    return run
+    watch = JobDeadlines(heartbeat_timeout, nproc, node_index=1, call=0)
+    return SimpleNamespace(watch=watch, stop_reason=lambda: watch.stop_reason(str(tmp_path)),
+                           _own_cause=lambda: watch.own_cause(Cause(CauseKind.RANK_FAILED, "as any call's")))
 
 
 def _phase(tmp_path, local, name):
@@ -261,12 +258,12 @@ def _phase(tmp_path, local, name):
 
 def test_the_clock_starts_when_the_ranks_have_started(tmp_path):
     run = _job_run(tmp_path)
-    run.go_at -= 15  # importing torch took a while: no hang
-    assert run.stop_reason() is None and run.started_at is None
+    run.watch.go_at -= 15  # importing torch took a while: no hang
+    assert run.stop_reason() is None and run.watch.started_at is None
     _phase(tmp_path, 0, "init")
     _phase(tmp_path, 1, "ready")
-    assert run.stop_reason() is None and run.started_at is not None
-    run.started_at -= 11  # heartbeat_timeout later, local rank 1 is outside a collective
+    assert run.stop_reason() is None and run.watch.started_at is not None
+    run.watch.started_at -= 11  # heartbeat_timeout later, local rank 1 is outside a collective
     assert run.stop_reason()
     cause = run._own_cause()
     assert cause.kind is CauseKind.PREFLIGHT and not cause.secondary and cause.node_index == 1
@@ -278,9 +275,9 @@ def test_ranks_waiting_in_collectives_report_an_echo_later(tmp_path):
     _phase(tmp_path, 0, "allreduce")
     _phase(tmp_path, 1, "allreduce")
     run.stop_reason()
-    run.started_at -= 11
+    run.watch.started_at -= 11
     assert run.stop_reason() is None  # waiting: the node to name speaks first
-    run.started_at -= 11
+    run.watch.started_at -= 11
     assert run.stop_reason()
     assert run._own_cause().secondary
 
@@ -288,6 +285,6 @@ def test_ranks_waiting_in_collectives_report_an_echo_later(tmp_path):
 def test_ranks_that_never_start_are_named(tmp_path):
     run = _job_run(tmp_path)
     _phase(tmp_path, 0, "init")
-    run.go_at -= 21
+    run.watch.go_at -= 21
     assert run.stop_reason()
     assert "local rank 1 not started (not started 20s after the go)" in run._own_cause().summary

@@ -74,6 +74,8 @@ class CallRun(CallLaunch):
     warm: Optional[WarmStart] = None  # the node's warm process (warm_start.py), chosen in prepare()
     # This node's place in the ranks' current start (@torchrun(spares), gang/bench.py): its go's, then each restart's.
     seat: Optional[Seat] = None
+    # A job's own deadlines, asked between the checks (runtime/preflight.py's JobDeadlines); None: a user's call.
+    watch: Optional[Any] = None
     _entry: Tuple[str, Optional[str]] = ("", None)  # the entry file, the interface to the control
 
     @property
@@ -115,6 +117,8 @@ class CallRun(CallLaunch):
         (``@torchrun(restarts)``), run the next one, until one ends for good."""
         client = self.session.client
         assert client is not None
+        if self.watch is not None:
+            self.watch.went()
         while True:
             if self.benched:  # a spare, or taken out: no ranks here until a restart brings it in
                 decided = client.sit_out(self.index, self.again.restart)
@@ -188,7 +192,7 @@ class CallRun(CallLaunch):
 
     def stop_reason(self) -> Optional[str]:
         """A reason of the call's own to stop its job (runtime/preflight.py's deadline)."""
-        return None
+        return self.watch.stop_reason(self.workdir) if self.watch is not None else None
 
     def finish_ok(self) -> None:
         """This node's ranks all succeeded: tell the gang; the control waits for
@@ -311,7 +315,8 @@ class CallRun(CallLaunch):
         return self.session.aborted(cause)
 
     def _own_cause(self) -> Cause:
-        return node_report.own_cause(self.node_index, self.index, self.exit_code, self.failures)
+        cause = node_report.own_cause(self.node_index, self.index, self.exit_code, self.failures)
+        return self.watch.own_cause(cause) if self.watch is not None else cause
 
     def _report(self, failures: Optional[List[RankFailure]] = None) -> NodeReport:
         return node_report.report(self.workdir, self.log_dir, failures or [],

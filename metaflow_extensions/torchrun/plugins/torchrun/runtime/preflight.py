@@ -15,6 +15,7 @@ the control keeps for the record and the card.
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass, field
 import logging
 import os
 import threading
@@ -113,7 +114,9 @@ def before_first_call(session: GangSession) -> None:
                      session.defaults, [os.getcwd()])
     began = time.monotonic()
     with session.in_call() as index:
-        result = PreflightRun(session, plan, index).run()
+        deadlines = JobDeadlines(session.defaults.heartbeat_timeout, plan.nproc if isinstance(plan.nproc, int) else 1,
+                                 session.topology.node_index, index)
+        result = CallRun(session, plan, index, watch=deadlines).run()
     if session.is_control:
         job = verdicts.job_record(result.returns.get(0), time.monotonic() - began)
         session.preflight.job = job
@@ -133,8 +136,10 @@ def slower_than_before(session: GangSession, job: verdicts.JobRecord) -> List[st
     return ["node %d: %s" % (node, why) for node, why in found if why][:node_history.MAX_FLAGGED]
 
 
-class PreflightRun(CallRun):
-    """The job's call: supervised like any, plus deadlines of its own.
+@dataclass
+class JobDeadlines:
+    """The job's own deadlines, which its call (an ordinary ``CallRun``) asks
+    between its checks (``CallRun.watch``).
 
     The clock starts when every rank of this node has started (written its
     first phase): torchrun and ``import torch`` take from seconds to tens of
@@ -144,18 +149,21 @@ class PreflightRun(CallRun):
     Nodes whose ranks all wait inside a collective report an echo only after
     ``2 x heartbeat_timeout + ECHO_DELAY``, so the node to name comes first."""
 
+    limit: float  # heartbeat_timeout
+    nproc: int
+    node_index: int
+    call: int
     stuck: str = ""  # why this node is the one to name
     overdue: bool = False
-    go_at: float = 0.0
+    go_at: float = field(default_factory=time.monotonic)
     started_at: Optional[float] = None
 
-    def supervise(self, env: Dict[str, str]) -> None:
+    def went(self) -> None:
         self.go_at = time.monotonic()
-        super().supervise(env)
 
-    def stop_reason(self) -> Optional[str]:
-        now, limit = time.monotonic(), self.session.defaults.heartbeat_timeout
-        phases = self._phases()
+    def stop_reason(self, workdir: str) -> Optional[str]:
+        now, limit = time.monotonic(), self.limit
+        phases = self._phases(workdir)
         if self.started_at is None:
             if all(p is not None for p in phases.values()):
                 self.started_at = now
@@ -172,21 +180,21 @@ class PreflightRun(CallRun):
         self.overdue = True
         return "the preflight job overran heartbeat_timeout"
 
-    def _own_cause(self) -> Cause:
+    def own_cause(self, cause: Cause) -> Cause:
+        """This node's cause: ``cause`` (as any call's) unless a deadline passed."""
         if not self.overdue:
-            return super()._own_cause()
-        limit = self.session.defaults.heartbeat_timeout
+            return cause
         if self.stuck:
             return Cause(CauseKind.PREFLIGHT, "preflight job: node %d did not get through its collectives within "
                          "%gs (heartbeat_timeout): %s, outside any collective, while its peers waited"
-                         % (self.node_index, limit, self.stuck), node_index=self.node_index, call=self.index)
+                         % (self.node_index, self.limit, self.stuck), node_index=self.node_index, call=self.call)
         return Cause(CauseKind.PREFLIGHT, "preflight job: node %d waited over %gs in a collective for another node"
-                     % (self.node_index, 2 * limit), node_index=self.node_index, call=self.index, secondary=True)
+                     % (self.node_index, 2 * self.limit), node_index=self.node_index, call=self.call, secondary=True)
 
-    def _phases(self) -> Dict[int, Optional[str]]:
-        nproc = self.plan.nproc if isinstance(self.plan.nproc, int) else 1
-        return {local: collective_check.read_phase(self.workdir, local) if self.workdir else None
-                for local in range(nproc)}
+    def _phases(self, workdir: str) -> Dict[int, Optional[str]]:
+        return {local: collective_check.read_phase(workdir, local) if workdir else None
+                for local in range(self.nproc)}
+
 
 def _outside(phases: Dict[int, Optional[str]]) -> str:
     """The local ranks that are not waiting inside a collective, and where."""
