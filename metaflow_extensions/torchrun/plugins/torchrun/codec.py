@@ -19,6 +19,10 @@ Bounds ride on the type, ``Annotated[int, Int(0, MAX_CALL)]``:
   ``DROP_NONE`` record leaves its nulls off; keys follow the fields' order,
   or ``WIRE_ORDER``.
 
+Each field's reader and writer is built once per class from its annotation, so
+a message costs a few calls per field: the service reads a heartbeat a second
+from every node.
+
 Imports nothing of the package: the ranks read it too.
 """
 
@@ -29,7 +33,7 @@ import enum
 import math
 import typing
 from dataclasses import dataclass
-from typing import Any, Callable, ClassVar, Dict, Mapping, Optional, Tuple, Type, TypeVar, Union
+from typing import Any, Callable, ClassVar, Dict, List, Mapping, Optional, Tuple, Type, TypeVar, Union
 
 
 @dataclass(frozen=True)
@@ -87,9 +91,10 @@ class _Mark(enum.Enum):
 
 
 NEED, SKIP, LOCAL = _Mark.NEED, _Mark.SKIP, _Mark.LOCAL
-_NONE: Any = dataclasses.MISSING
 
 R = TypeVar("R", bound="Record")
+Reader = Callable[[Any, Type[Exception]], Any]
+Writer = Callable[[Any], Any]
 
 
 class Written:
@@ -116,22 +121,21 @@ class Record(Written):
         return None
 
 
+class _Bad(Exception):
+    """One value's problem; the field's name is added where it is known."""
+
+
 @dataclass(frozen=True)
 class _Field:
     name: str
-    kind: Any
-    specs: Tuple[Any, ...]
-    spec: dataclasses.Field
-
-    def has_default(self) -> bool:
-        return self.spec.default is not _NONE or self.spec.default_factory is not _NONE
-
-    def default(self) -> Any:
-        if self.spec.default_factory is not dataclasses.MISSING:
-            return self.spec.default_factory()
-        return self.spec.default
+    read: Reader
+    write: Writer
+    optional: bool  # absent or null: its default
+    local: bool
+    skip: Any  # the default it is left off at, or _NO
 
 
+_NO: Any = dataclasses.MISSING
 _FIELDS: Dict[type, Tuple[_Field, ...]] = {}
 
 
@@ -139,11 +143,20 @@ def _fields(cls: type) -> Tuple[_Field, ...]:
     found = _FIELDS.get(cls)
     if found is None:
         hints = typing.get_type_hints(cls, include_extras=True)
-        found = tuple(_Field(f.name, *_split(hints[f.name]), f) for f in dataclasses.fields(cls))
         order = getattr(cls, "WIRE_ORDER", ())  # the JSON's key order, where it is not the fields'
-        found = tuple(sorted(found, key=lambda f: order.index(f.name))) if order else found
-        _FIELDS[cls] = found
+        readable = issubclass(cls, Record)  # a record only written declares no reading bounds
+        found = tuple(_field(f, *_split(hints[f.name]), readable) for f in dataclasses.fields(cls))
+        found = _FIELDS[cls] = tuple(sorted(found, key=lambda f: order.index(f.name))) if order else found
     return found
+
+
+def _field(f: dataclasses.Field, kind: Any, specs: Tuple[Any, ...], readable: bool) -> _Field:
+    default = f.default
+    if f.default_factory is not dataclasses.MISSING:
+        default = f.default_factory()
+    read = _reader(kind, specs) if readable else _unread
+    return _Field(f.name, read, _writer(kind, specs), default is not _NO and NEED not in specs,
+                  LOCAL in specs, default if SKIP in specs else _NO)
 
 
 def _split(kind: Any, specs: Tuple[Any, ...] = ()) -> Tuple[Any, Tuple[Any, ...]]:
@@ -157,6 +170,13 @@ def _spec(specs: Tuple[Any, ...], kind: Type[Any]) -> Any:
     return next((s for s in specs if isinstance(s, kind)), None)
 
 
+def _inner(kind: Any) -> Any:
+    return next(a for a in typing.get_args(kind) if a is not type(None))
+
+
+# -- reading --------------------------------------------------------------------------
+
+
 def decode(cls: Type[R], data: Any, error: Optional[Type[Exception]] = None) -> R:
     """The record ``data`` holds, each field checked; ``error`` (the record's
     ``ERROR`` by default) names the first bad one."""
@@ -166,9 +186,12 @@ def decode(cls: Type[R], data: Any, error: Optional[Type[Exception]] = None) -> 
     values = {}
     for f in _fields(cls):
         value = data.get(f.name)
-        if LOCAL in f.specs or value is None and f.has_default() and NEED not in f.specs:
+        if f.local or value is None and f.optional:
             continue  # its default
-        values[f.name] = _read(f.kind, f.specs, value, f.name, error)
+        try:
+            values[f.name] = f.read(value, error)
+        except _Bad as e:
+            raise error("field %r: %s" % (f.name, e)) from None
     record = cls(**values)
     problem = record.problem()
     if problem:
@@ -176,115 +199,131 @@ def decode(cls: Type[R], data: Any, error: Optional[Type[Exception]] = None) -> 
     return record
 
 
-def _read(kind: Any, specs: Tuple[Any, ...], value: Any, name: str, error: Type[Exception]) -> Any:
+def _reader(kind: Any, specs: Tuple[Any, ...] = ()) -> Reader:
     kind, specs = _split(kind, specs)
-    via = _spec(specs, Via)
+    via, origin = _spec(specs, Via), typing.get_origin(kind)
     if via is not None:
-        try:
-            return via.read(value)
-        except ValueError as e:
-            raise error("field %r: %s" % (name, e)) from None
-    if typing.get_origin(kind) is Union:
-        if value is None:
-            return None
-        inner = next(a for a in typing.get_args(kind) if a is not type(None))
-        return _read(inner, specs, value, name, error)
-    try:
-        return _value(kind, specs, value, name, error)
-    except _Bad as e:
-        raise error("field %r: %s" % (name, e)) from None
-
-
-class _Bad(Exception):
-    pass
-
-
-def _value(kind: Any, specs: Tuple[Any, ...], value: Any, name: str, error: Type[Exception]) -> Any:
-    origin = typing.get_origin(kind)
+        return _read_via(via.read)
+    if origin is Union:
+        inner = _reader(_inner(kind), specs)
+        return lambda value, error: None if value is None else inner(value, error)
     if origin in (tuple, list):
-        return _items(kind, specs, value, name, error)
+        return _read_items(origin, _reader(typing.get_args(kind)[0]), _spec(specs, Items).limit)
     if origin is dict:
-        return _dict(kind, specs, value, name, error)
+        key, item = typing.get_args(kind)
+        return _read_dict(_key_reader(*_split(key)), _reader(item), _spec(specs, Items).limit)
     if isinstance(kind, type) and issubclass(kind, Record):
+        return _read_record(kind)
+    if hasattr(kind, "from_wire"):  # a record with a reader of its own
+        return lambda value, error: kind.from_wire(value)
+    if isinstance(kind, type) and issubclass(kind, enum.Enum):
+        return _read_enum(kind)
+    read = _scalar(kind, specs)
+    return lambda value, error: read(value)
+
+
+def _unread(value: Any, error: Type[Exception]) -> Any:
+    raise TypeError("codec: a record that is only written is never read")
+
+
+def _read_via(read: Callable[[Any], Any]) -> Reader:
+    def via(value: Any, error: Type[Exception]) -> Any:
+        try:
+            return read(value)
+        except ValueError as e:
+            raise _Bad(str(e)) from None
+    return via
+
+
+def _read_record(kind: Type[Record]) -> Reader:
+    def record(value: Any, error: Type[Exception]) -> Any:
         try:
             return decode(kind, value, error)
         except error as e:
-            raise error("field %r: %s" % (name, e)) from None
-    if hasattr(kind, "from_wire"):  # a record with a reader of its own
-        return kind.from_wire(value)
-    if isinstance(kind, type) and issubclass(kind, enum.Enum):
+            raise _Bad(str(e)) from None
+    return record
+
+
+def _read_enum(kind: Type[enum.Enum]) -> Reader:
+    said = "not one of %s" % ", ".join(str(m.value) for m in kind)
+
+    def member(value: Any, error: Type[Exception]) -> Any:
         try:
             return kind(value)
         except ValueError:
-            raise _Bad("not one of %s" % ", ".join(str(m.value) for m in kind)) from None
-    return _scalar(kind, specs, value)
+            raise _Bad(said) from None
+    return member
 
 
-def _scalar(kind: Any, specs: Tuple[Any, ...], value: Any) -> Any:
+def _read_items(make: Any, each: Reader, limit: int) -> Reader:
+    def items(value: Any, error: Type[Exception]) -> Any:
+        if not isinstance(value, list) or len(value) > limit:
+            raise _Bad("not a list of at most %d" % limit)
+        return make(each(v, error) for v in value)
+    return items
+
+
+def _read_dict(key: Callable[[Any], Any], item: Reader, limit: int) -> Reader:
+    def entries(value: Any, error: Type[Exception]) -> Any:
+        if not isinstance(value, Mapping) or len(value) > limit:
+            raise _Bad("not an object of at most %d entries" % limit)
+        return {key(k): item(v, error) for k, v in value.items()}
+    return entries
+
+
+def _key_reader(kind: Any, specs: Tuple[Any, ...]) -> Callable[[Any], Any]:
+    read = _scalar(kind, specs)
+    if kind is not int:
+        return read
+
+    def number(key: Any) -> int:
+        try:
+            return read(int(key))
+        except (TypeError, ValueError):
+            raise _Bad("a key that is not a number") from None
+    return number
+
+
+def _scalar(kind: Any, specs: Tuple[Any, ...]) -> Callable[[Any], Any]:
+    """The reader of a bool, a bounded int, float or text, or bytes in hex."""
     if kind is bool:
-        if not isinstance(value, bool):
-            raise _Bad("not a boolean")
-        return value
+        return _check(lambda v: isinstance(v, bool), "not a boolean")
     if kind is int:
         b = _spec(specs, Int)
-        if isinstance(value, bool) or not isinstance(value, int) or not b.low <= value <= b.high:
-            raise _Bad("not an integer in [%d, %d]" % (b.low, b.high))
-        return value
+        return _check(lambda v: isinstance(v, int) and not isinstance(v, bool) and b.low <= v <= b.high,
+                      "not an integer in [%d, %d]" % (b.low, b.high))
     if kind is float:
         b = _spec(specs, Real) or Real()
-        if isinstance(value, bool) or not isinstance(value, (int, float)) \
-                or isinstance(value, int) and abs(value) >= 2**53 or not math.isfinite(value) \
-                or not b.low <= value <= b.high:
-            raise _Bad("not a number in [%g, %g]" % (b.low, b.high))
-        return float(value)
+        real = _check(lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)
+                      and not (isinstance(v, int) and abs(v) >= 2**53) and math.isfinite(v) and b.low <= v <= b.high,
+                      "not a number in [%g, %g]" % (b.low, b.high))
+        return lambda v: float(real(v))
     if kind is str:
-        return _text(specs, value)
+        one, b = _spec(specs, OneOf), _spec(specs, Text)
+        if one is not None:
+            return _check(lambda v: v in one.choices, "not one of %s" % ", ".join(one.choices))
+        return _check(lambda v: isinstance(v, str) and b.least <= len(v) <= b.limit,
+                      "not a string of %d to %d characters" % (b.least, b.limit))
     if kind is bytes:
         size = _spec(specs, Hex).size
-        if not isinstance(value, str) or len(value) != 2 * size:
-            raise _Bad("not %d hex digits" % (2 * size))
-        try:
-            return bytes.fromhex(value)
-        except ValueError:
-            raise _Bad("not hex") from None
+        text = _check(lambda v: isinstance(v, str) and len(v) == 2 * size, "not %d hex digits" % (2 * size))
+        return lambda v: _hex(text(v))
     raise TypeError("codec: no reader for %r" % (kind,))
 
 
-def _text(specs: Tuple[Any, ...], value: Any) -> str:
-    one = _spec(specs, OneOf)
-    if one is not None:
-        if value not in one.choices:
-            raise _Bad("not one of %s" % ", ".join(one.choices))
+def _check(ok: Callable[[Any], bool], said: str) -> Callable[[Any], Any]:
+    def check(value: Any) -> Any:
+        if not ok(value):
+            raise _Bad(said)
         return value
-    b = _spec(specs, Text)
-    if not isinstance(value, str) or not b.least <= len(value) <= b.limit:
-        raise _Bad("not a string of %d to %d characters" % (b.least, b.limit))
-    return value
+    return check
 
 
-def _items(kind: Any, specs: Tuple[Any, ...], value: Any, name: str, error: Type[Exception]) -> Any:
-    limit = _spec(specs, Items).limit
-    if not isinstance(value, list) or len(value) > limit:
-        raise _Bad("not a list of at most %d" % limit)
-    each = typing.get_args(kind)[0]
-    return typing.get_origin(kind)(_read(each, (), v, name, error) for v in value)
-
-
-def _dict(kind: Any, specs: Tuple[Any, ...], value: Any, name: str, error: Type[Exception]) -> Dict[Any, Any]:
-    limit = _spec(specs, Items).limit
-    if not isinstance(value, Mapping) or len(value) > limit:
-        raise _Bad("not an object of at most %d entries" % limit)
-    key_kind, item_kind = typing.get_args(kind)
-    key_kind, key_specs = _split(key_kind)
-    out = {}
-    for key, item in value.items():
-        if key_kind is int:
-            try:
-                key = int(key)
-            except (TypeError, ValueError):
-                raise _Bad("a key that is not a number") from None
-        out[_scalar(key_kind, key_specs, key)] = _read(item_kind, (), item, name, error)
-    return out
+def _hex(text: str) -> bytes:
+    try:
+        return bytes.fromhex(text)
+    except ValueError:
+        raise _Bad("not hex") from None
 
 
 # -- writing --------------------------------------------------------------------------
@@ -293,51 +332,55 @@ def _dict(kind: Any, specs: Tuple[Any, ...], value: Any, name: str, error: Type[
 def encode(record: Any) -> Dict[str, Any]:
     """The record's JSON object, its fields in their order."""
     out = {}
+    drop_none = getattr(record, "DROP_NONE", False)
     for f in _fields(type(record)):
         value = getattr(record, f.name)
-        if LOCAL in f.specs or SKIP in f.specs and value == f.default():
+        if f.local or f.skip is not _NO and value == f.skip:
             continue
-        wire = _write(f.kind, f.specs, value)
-        if wire is not None or not getattr(record, "DROP_NONE", False):
+        wire = None if value is None else f.write(value)
+        if wire is not None or not drop_none:
             out[f.name] = wire
     return out
 
 
-def _write(kind: Any, specs: Tuple[Any, ...], value: Any) -> Any:
+def _writer(kind: Any, specs: Tuple[Any, ...] = ()) -> Writer:
     kind, specs = _split(kind, specs)
-    via = _spec(specs, Via)
+    via, origin = _spec(specs, Via), typing.get_origin(kind)
     if via is not None and via.write is not None:
-        return via.write(value)
-    if value is None or isinstance(value, (bool, int)):
-        return value
-    if typing.get_origin(kind) is Union:
-        return _write(next(a for a in typing.get_args(kind) if a is not type(None)), specs, value)
-    if isinstance(value, enum.Enum):
-        return value.value
-    if isinstance(value, float):
+        return via.write
+    if origin is Union:
+        inner = _writer(_inner(kind), specs)
+        return lambda value: None if value is None else inner(value)
+    if origin in (tuple, list):
+        return _write_items(_writer(typing.get_args(kind)[0]), _spec(specs, Items))
+    if origin is dict:
+        key, item = typing.get_args(kind)
+        return _write_dict(_spec(_split(key)[1], OneOf), _writer(item), _spec(specs, Items))
+    if isinstance(kind, type) and issubclass(kind, enum.Enum):
+        return lambda value: value.value
+    if kind is float:
         b = _spec(specs, Real) or Real()
-        value = min(max(value, b.low), b.high)
-        return value if b.digits is None else round(value, b.digits)
-    if isinstance(value, str):
-        b = _spec(specs, Text)
-        return value if b is None else value[:b.limit]
-    if isinstance(value, bytes):
-        return value.hex()
-    if isinstance(value, (tuple, list)):
-        each = typing.get_args(kind)[0] if typing.get_args(kind) else Any
-        b = _spec(specs, Items)
-        return [_write(each, (), v) for v in (value if b is None else value[:b.limit])]
-    if isinstance(value, dict):
-        return _write_dict(kind, specs, value)
-    if hasattr(value, "to_wire"):
-        return value.to_wire()
-    return value
+        if b.digits is None:
+            return lambda value: min(max(value, b.low), b.high)
+        return lambda value: round(min(max(value, b.low), b.high), b.digits)
+    text = _spec(specs, Text)
+    if kind is str and text is not None:
+        return lambda value: value[:text.limit]
+    if kind is bytes:
+        return lambda value: value.hex()
+    if hasattr(kind, "to_wire"):
+        return lambda value: value.to_wire()
+    return lambda value: value
 
 
-def _write_dict(kind: Any, specs: Tuple[Any, ...], value: Mapping[Any, Any]) -> Dict[Any, Any]:
-    args = typing.get_args(kind) or (Any, Any)
-    one = _spec(_split(args[0])[1], OneOf)
-    b = _spec(specs, Items)
-    pairs = [(k, v) for k, v in value.items() if one is None or k in one.choices]
-    return {str(k) if isinstance(k, int) else k: _write(args[1], (), v)
-            for k, v in (pairs if b is None else pairs[:b.limit])}
+def _write_items(each: Writer, b: Optional[Items]) -> Writer:
+    def items(value: Any) -> List[Any]:
+        return [each(v) for v in (value if b is None else value[:b.limit])]
+    return items
+
+
+def _write_dict(one: Optional[OneOf], item: Writer, b: Optional[Items]) -> Writer:
+    def entries(value: Mapping[Any, Any]) -> Dict[Any, Any]:
+        pairs = [(k, v) for k, v in value.items() if one is None or k in one.choices]
+        return {str(k) if isinstance(k, int) else k: item(v) for k, v in (pairs if b is None else pairs[:b.limit])}
+    return entries

@@ -165,7 +165,7 @@ class Welcome(GangMessage):
 @dataclass(frozen=True)
 class Reject(GangMessage):
     TYPE: ClassVar[MessageType] = MessageType.REJECT
-    reason: str
+    reason: Annotated[str, Text(200)]
 
     @classmethod
     def from_wire(cls, data: Any) -> "Reject":
