@@ -96,6 +96,14 @@ BUSY_RANK = textwrap.dedent(
     """
 )
 
+
+def _answered(path):
+    """The dumps a rank wrote whole into its stack file: each ends with its
+    outermost frame, the script's top level."""
+    with open(path) as f:
+        return f.read().count(" in <module>\n")
+
+
 # A dump in two parts, as a stand-in for faulthandler writes it.
 HALVES = ('Stack (most recent call first):\n  File "train.py", line 9 in step\n  File "tr',
           'ain.py", line 20 in <module>\n  File "<frozen runpy>", line 198 in _run_module_as_main\n')
@@ -167,12 +175,22 @@ class TestCollect:
         script.write_text(BUSY_RANK)
         p = procs.popen([sys.executable, str(script), str(tmp_path), PKG_ROOT], stdout=subprocess.PIPE)
         assert p.stdout.readline().strip() == b"ready"
+        asked = 0
         for _ in range(1000):  # the old dump crashed this rank within 300 in 10 of 10 tries
             signal_main_thread(p.pid, stacks.STACK_SIGNAL)
+            asked += 1
             time.sleep(0.001)
             if p.poll() is not None:
                 break
+        # A real-time signal queues: a rank starved of CPU answers these later,
+        # and a collect begun before it had read them with its own (3 dumps
+        # read as one, in CI). Once every one is answered whole (each dump ends
+        # with the rank's outermost frame) and survived, the collect's ask is
+        # the only one left.
+        path = stacks.stack_path(str(tmp_path), 5)
+        wait_until(lambda: _answered(path) == asked or p.poll() is not None, 120)
         assert p.poll() is None, "the rank died of signal %d while dumping" % -p.returncode
+        assert _answered(path) == asked, "%d of %d asks answered" % (_answered(path), asked)
         text = stacks.collect(str(tmp_path), {5: p.pid}, seconds=30)[5]
         where = stacks.where(5, text)
         assert (where.user.function, where.user.line, where.threads) == ("main", _line(script, "WAITS HERE"), 1)
