@@ -36,7 +36,6 @@ __all__ = [
     "keep_record",
     "meta_datum",
     "read_node_history",
-    "knob_problems",
     "refresh_live",
     "render_card_now",
     "skip_render",
@@ -73,7 +72,6 @@ _HOME = {
     "ThisAttempt": "step_record",
     "in_gang": "step_run",
     "read_node_history": "step_record",
-    "knob_problems": "knob_check",
     "keep_record": "step_record",
     "meta_datum": "step_record",
     "step_result": "step_record",
@@ -98,7 +96,6 @@ if TYPE_CHECKING:
     from .session import GangSession
     from .single_node import SingleNodeLauncher
     from .step_record import ThisAttempt, keep_record, meta_datum, read_node_history, step_result
-    from .knob_check import knob_problems
     from .step_run import in_gang
     from .torchrun_args import TorchrunArgs, torchrun_args_of
 
