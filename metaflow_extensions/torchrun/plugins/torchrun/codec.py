@@ -154,7 +154,10 @@ def _field(f: dataclasses.Field, kind: Any, specs: Tuple[Any, ...], readable: bo
     default = f.default
     if f.default_factory is not dataclasses.MISSING:
         default = f.default_factory()
-    read = _reader(kind, specs) if readable else _unread
+    try:
+        read = _reader(kind, specs) if readable and LOCAL not in specs else _unread
+    except AttributeError:  # a bound not given (a spec of None)
+        raise TypeError("codec: field %r has no bounds to be read by" % f.name) from None
     return _Field(f.name, read, _writer(kind, specs), default is not _NO and NEED not in specs,
                   LOCAL in specs, default if SKIP in specs else _NO)
 
