@@ -117,14 +117,14 @@ def simulated_run(n: int, workers: int) -> Dict[str, Any]:
                 return {"error": "the gang did not form", "join": joined}
             time.sleep(2.0)
             sent: Dict[str, float] = {}
-            abort = gang.server._abort  # the service's one broadcast: timed where it runs, in this process
+            abort = gang.server.handlers.abort  # the service's one broadcast: timed where it runs, in this process
 
             def timed_abort(cause: Any) -> None:
                 began = time.monotonic()
                 abort(cause)
                 sent["s"] = time.monotonic() - began
 
-            gang.server._abort = timed_abort  # type: ignore[method-assign]
+            gang.server.handlers.abort = timed_abort  # type: ignore[method-assign]
             told = n // 2
             owner = gang.owner(told)
             got = pool.ask([owner], "report", 10.0, node=told, stop=True)[owner]

@@ -264,7 +264,7 @@ class TestSecondaryFailure:
         server = net.server(3)
         c0, c1, c2 = net.join(server, [0, 1, 2])
         c0.report_failure(self.ECHO)
-        assert wait_until(lambda: server._pending is not None, GUARD)
+        assert wait_until(lambda: server.handlers.pending is not None, GUARD)
         assert server.cause is None and c2.cause is None  # held, not told yet
         c1.report_failure(Cause(CauseKind.RANK_FAILED, "node 1: SIGSEGV"))
         for cause in wait_cause([c0, c1, c2]):
@@ -283,7 +283,7 @@ class TestSecondaryFailure:
         server = net.server(3)
         c0, c1, c2 = net.join(server, [0, 1, 2])
         c2.report_failure(self.ECHO)
-        assert wait_until(lambda: server._pending is not None, GUARD)  # held when it exits
+        assert wait_until(lambda: server.handlers.pending is not None, GUARD)  # held when it exits
         c2.close()
         for cause in wait_cause([c0, c1]):
             assert (cause.kind, cause.node_index) == (CauseKind.RANK_FAILED, 2)
@@ -292,7 +292,7 @@ class TestSecondaryFailure:
         server = net.server(3)
         c0, c1, c2 = net.join(server, [0, 1, 2])
         c0.report_failure(self.ECHO)
-        assert wait_until(lambda: server._pending is not None, GUARD)  # held when node 1 dies
+        assert wait_until(lambda: server.handlers.pending is not None, GUARD)  # held when node 1 dies
         c1.close()  # its task died: that explains the echo
         for cause in wait_cause([c0, c2]):
             assert (cause.kind, cause.node_index) == (CauseKind.NODE_LOST, 1)
@@ -637,12 +637,12 @@ class TestCalls:
         through_call(clients, 0)
         clients[0].call_done(0, None, node_report(0))
         clients[1].call_done(0, None, node_report(1))
-        assert not wait_until(lambda: 0 in clients[0]._calls_done, 0.4)
+        assert not wait_until(lambda: clients[0].call_over(0), 0.4)
         clients[2].call_done(0, None, node_report(2))
         assert clients[0].wait_call_done(0) is True
         # Only the control waits for it: the others are not told.
         time.sleep(0.2)
-        assert not any(0 in c._calls_done for c in clients[1:])
+        assert not any(c.call_over(0) for c in clients[1:])
         call = server.calls[0]
         assert call.done == {0, 1, 2} and call.reports == {n: node_report(n) for n in range(3)}
         assert sorted(call.finished_at) == [0, 1, 2]

@@ -26,6 +26,7 @@ __all__ = [
     "GangClient",
     "send_last_progress",
     "GangConfig",
+    "GangFacts",
     "GangIdentity",
     "GangServer",
     "JobRecord",
@@ -67,6 +68,7 @@ _HOME = {
     "GangClient": "client",
     "send_last_progress": "client",
     "GangConfig": "config",
+    "GangFacts": "server",
     "GangIdentity": "identity",
     "GangServer": "server",
     "JobRecord": "node_compare",
@@ -110,7 +112,7 @@ if TYPE_CHECKING:
     from .node_progress import ProgressTracker
     from .ports import find_free_port, own_command_port, parse_port
     from .secret import make_secret
-    from .server import GangServer
+    from .server import GangFacts, GangServer
     from .topology import CONTROL_TASK_ID_ENV, Topology, is_local_runtime, topology_from
 
 if TYPE_CHECKING:

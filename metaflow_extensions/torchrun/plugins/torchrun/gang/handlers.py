@@ -1,22 +1,28 @@
-"""What the gang service does with each message of a member, one handler per
-message type (``GangServer._handlers`` dispatches on it). A mixin of
-``GangServer``: the handlers share the service's state, under its one thread,
-and are kept apart from the loop, the checks and the sending (``server.py``)."""
+"""What the gang service decides, from what it hears: each member's message
+(one handler per type), a member's dropped connection, and the checks' timeouts.
+
+``Handlers`` owns the gang's state: who is in it (``membership.py``), its calls
+(``calls.py``), its preflight and training progress (``node_compare.py``,
+``gang_progress.py``) and its verdict (the cause, or an echo held in case a
+better one follows). The service (``server.py``) owns the thread, the lock and
+the timing, and calls in here with every line, drop and check; only this object
+changes the state, and only on the service's thread."""
 
 from __future__ import annotations
 
 import time
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Mapping, Optional, Tuple
 
 from ..cause import Cause, CauseKind
 from ..host import log
 from . import messages as msg
 from . import restarts
 from .admission import Admission
+from .bench import Bench
 from .calls import CallBook, CallState
 from .config import CONTROL_NODE, GangConfig
 from .gang_progress import ProgressBook
-from .membership import Membership
+from .membership import Membership, NodeEnd
 from .node_compare import HostCheck, PreflightBook
 from .peer import Peer
 from .ports import find_free_port
@@ -26,31 +32,36 @@ from .wire import MAX_LINE, ProtocolError, encode
 _log = log.get("gang.server")
 
 
-class MessageHandlers:
-    # The service's state the handlers read and change (GangServer.__init__ sets it).
-    config: GangConfig
-    host: str
-    admission: Admission
-    members: Membership
-    book: CallBook
-    preflight: PreflightBook
-    training: ProgressBook
-    transport: Transport
-    cause: Optional[Cause]
-    progress: Callable[[str], None]
-    # node -> host in, (lines to say, a refusal) out: the node history's check
-    # (runtime/node_history.py), once every node's preflight is in.
-    host_check: Optional[HostCheck]
-    _pending: Optional[Tuple[Cause, float]]
-    _handlers: Dict[msg.MessageType, Callable[[Peer, msg.GangMessage], None]]
+class Handlers:
+    def __init__(self, config: GangConfig, host: str, admission: Admission, transport: Transport,
+                 say: Callable[[str], None]) -> None:
+        """``host``: where the calls' rendezvous ports are found free; ``say``:
+        what the control says (the preflight's lines, a spare brought in)."""
+        self.config = config
+        self.host = host
+        self.admission = admission
+        self.transport = transport
+        self.say = say
+        self.members = Membership(config)
+        self.book = CallBook(config.num_nodes, Bench.initial(config.num_nodes, config.spares))
+        self.preflight = PreflightBook(config.num_nodes)
+        self.training = ProgressBook(config.num_nodes, config.straggler_ratio, config.straggler_seconds)
+        # node -> host in, (lines to say, a refusal) out: the node history's check
+        # (runtime/node_history.py), once every node's preflight is in.
+        self.host_check: Optional[HostCheck] = None
+        self.cause: Optional[Cause] = None  # the gang's verdict
+        self.pending: Optional[Tuple[Cause, float]] = None  # an echo, held until then
+        self._handlers: Dict[msg.MessageType, Callable[[Peer, msg.GangMessage], None]] = {
+            msg.MessageType.HEARTBEAT: self._on_heartbeat,
+            msg.MessageType.STACKS: self._on_stacks,
+            msg.MessageType.CALL: self._on_call,
+            msg.MessageType.CALL_DONE: self._on_call_done,
+            msg.MessageType.FAILED: self._on_failed,
+            msg.MessageType.LEAVE: self._on_leave,
+            msg.MessageType.PREFLIGHT: self._on_preflight,
+        }
 
-    def _abort(self, cause: Cause) -> None:
-        raise NotImplementedError
-
-    def _send(self, node: int, message: msg.GangMessage) -> None:
-        raise NotImplementedError
-
-    def _handle(self, peer: Peer, line: msg.WireDict) -> None:
+    def handle(self, peer: Peer, line: msg.WireDict) -> None:
         if peer.node is None:
             if line.get("type") == msg.MessageType.PROBE.value:
                 self._on_probe(peer, line)
@@ -120,7 +131,7 @@ class MessageHandlers:
         if not state.stacks_in_said and len(state.stacks) + len(state.done) + benched >= len(state.entries):
             self._stacks_in(state)  # the last node's: by count, O(1) (a node gone is found at the check)
 
-    def _check_stacks(self) -> None:
+    def check_stacks(self) -> None:
         """At each check: a call whose stacks are in from every node that may
         still send them (the others went: lost, done, left) is said to be."""
         for state in list(self.book.calls.values()):
@@ -140,9 +151,7 @@ class MessageHandlers:
         """Every node, once: every node's stacks of the call are in, so each
         may stop its ranks (runtime/call_stacks.py)."""
         state.stacks_in_said = True
-        data = encode(msg.StacksIn(state.index).to_wire())
-        for peer in list(self.members.by_node.values()):
-            self.transport.send(peer, data)
+        self._broadcast(msg.StacksIn(state.index))
 
     def _on_call(self, peer: Peer, message: msg.GangMessage) -> None:
         assert isinstance(message, msg.Call) and peer.node is not None
@@ -154,7 +163,7 @@ class MessageHandlers:
         if self.cause is not None:
             return
         if cause is not None:
-            self._abort(cause)
+            self.abort(cause)
             return
         if self.config.spares and self.preflight.fingerprints and not self.preflight.decided:
             return  # the go waits for the preflight's verdict, which may bench an unfit node (_bench_unfit)
@@ -187,9 +196,9 @@ class MessageHandlers:
         _log.debug("failure seen from node %d%s: %s: %s", peer.node, " (an echo?)" if cause.secondary else "",
                    cause.kind.value, cause.summary)
         if not cause.secondary:
-            self._abort(cause)
-        elif self._pending is None:
-            self._pending = (cause, time.monotonic() + self.config.secondary_grace)
+            self.abort(cause)
+        elif self.pending is None:
+            self.pending = (cause, time.monotonic() + self.config.secondary_grace)
 
     def _on_preflight(self, peer: Peer, message: msg.GangMessage) -> None:
         """Kept per node; the last one decides, before its node can send the
@@ -205,18 +214,18 @@ class MessageHandlers:
             return
         cause = self.preflight.verdict()
         if cause is not None and not self._bench_unfit(self.preflight.unfit(), cause):
-            self._abort(cause)
+            self.abort(cause)
             return
         for line in self.preflight.warnings():
-            self.progress("preflight: " + line)
+            self.say("preflight: " + line)
         if self.host_check is not None:
             lines, cause, blamed = self.host_check(dict(self.members.hosts))
             for line in lines:
-                self.progress("preflight: " + line)
+                self.say("preflight: " + line)
             if blamed and self._bench_blamed(blamed):
                 cause = None  # no blamed host trains: the gang starts on clean ones
             if cause is not None:
-                self._abort(cause)
+                self.abort(cause)
                 return
         for state in list(self.book.calls.values()):  # the calls whose go waited for this verdict (_on_call)
             self._launch(state)
@@ -229,10 +238,10 @@ class MessageHandlers:
             return False
         hosts = self.members.hosts
         for node in unfit:
-            self.progress("preflight: node %d (%s) taken out before any rank started: %s"
+            self.say("preflight: node %d (%s) taken out before any rank started: %s"
                           % (node, hosts.get(node, "?"), cause.summary.split(": ", 1)[-1]))
         came = [n for n in self.book.bench.spares if n not in bench.spares and n not in bench.out]
-        self.progress("preflight: spare node%s %s brought in" % ("s" if len(came) > 1 else "",
+        self.say("preflight: spare node%s %s brought in" % ("s" if len(came) > 1 else "",
                                                                   ", ".join(map(str, came))))
         self.book.bench = bench
         return True
@@ -243,7 +252,7 @@ class MessageHandlers:
         bench = self.book.bench.prefer(blamed)
         for node in blamed:
             if bench.node_rank(node) is None and self.book.bench.node_rank(node) is not None:
-                self.progress("preflight: node %d (%s) starts as a spare: its host's history (above)"
+                self.say("preflight: node %d (%s) starts as a spare: its host's history (above)"
                               % (node, self.members.hosts.get(node, "?")))
         self.book.bench = bench
         return all(bench.node_rank(n) is None for n in blamed)
@@ -257,11 +266,97 @@ class MessageHandlers:
         _log.debug("node %d left after %d calls (%s)", node, made, "ok" if message.ok else "failed")
         if self.cause is None:
             if not message.ok:
-                self._abort(Cause(CauseKind.STEP_FAILED, "node %d ended its step with an error" % node,
+                self.abort(Cause(CauseKind.STEP_FAILED, "node %d ended its step with an error" % node,
                                   node_index=node))
             else:
                 cause = self.book.check_left(node, made, self.members.left)
                 if cause is not None:
-                    self._abort(cause)
+                    self.abort(cause)
         if self.members.all_left:
             self._send(CONTROL_NODE, msg.AllLeft())
+
+    # -- a drop and the checks ------------------------------------------------------------
+
+    def dropped(self, peer: Peer) -> None:
+        """A connection is gone: a node that had not left its step is lost."""
+        node = peer.node
+        if not self.members.lost(peer) or self.cause is not None or node is None:
+            return
+        if self.pending is not None and self.pending[0].node_index == node:
+            return  # it reported an echo and exited: wait for the grace to decide
+        self.abort(Cause(
+            CauseKind.NODE_LOST,
+            "node %d (%s) disconnected before its step ended: its task died or was killed" % (node, peer.host),
+            node_index=node,
+        ))
+
+    def check(self, now: float, node_ends: Optional[Callable[[], Mapping[int, NodeEnd]]]) -> None:
+        """The service's periodic check: the stacks all in, and whatever is overdue."""
+        ended = self.members.saw_ends(node_ends)  # after an abort too, for everyone_heard
+        self.check_stacks()
+        if self.cause is None:
+            cause = self._overdue(now, ended)
+            if cause is not None:
+                self.abort(cause)
+
+    def _overdue(self, now: float, ended: Optional[Cause] = None) -> Optional[Cause]:
+        if self.pending is not None and now >= self.pending[1]:
+            return self.pending[0]  # no better cause came: the echo it is
+        return (
+            ended
+            or self.members.never_joined(now)
+            or self.book.timed_out(now, self.config.start_timeout)
+            or self.book.hung(now, self.config.hang_timeout, self._last_output, self.members.left,
+                              advanced=self.training.reporting)
+            or self.members.silent(now)
+        )
+
+    def _last_output(self, node: int) -> Optional[float]:
+        """hang_timeout's clock for a node: when its ranks last advanced a step
+        while they report progress, else when they last wrote output."""
+        peer = self.members.by_node.get(node)
+        if peer is None:
+            return None
+        return peer.last_advance if peer.last_advance is not None else peer.last_output
+
+    def waiting(self, now: float) -> Optional[str]:
+        """Who the gang still waits for: nodes to join, or to reach a call."""
+        return self.members.waiting(now) or self.book.waiting(now)
+
+    # -- the verdict -------------------------------------------------------------------------
+
+    def abort(self, cause: Cause) -> None:
+        """The gang's verdict: a restart of the call's ranks where one is
+        allowed (``restarts.py``), else the end, to every node."""
+        if self._restart(cause):
+            return
+        self.pending = None
+        self.cause = cause
+        _log.debug("verdict: %s (node %s): %s", cause.kind.value, cause.node_index, cause.summary)
+        self._broadcast(msg.Abort(cause))
+
+    def _restart(self, cause: Cause) -> bool:
+        state = self.book.calls.get(cause.call) if cause.call is not None else None
+        if not restarts.may_restart(state, cause, self.config.restarts):
+            return False
+        assert state is not None
+        self.pending = None  # an echo held of the ranks being replaced
+        index = restarts.begin(state, find_free_port(self.host), cause)
+        swapped = self.book.bench.swap(cause.node_index)  # a spare for the node the cause is pinned to
+        swapped_in = None
+        if swapped is not None:
+            self.book.bench, swapped_in = swapped
+        _log.debug("restart %d of call %d (port %s, spare in: %s): %s (node %s): %s", index, state.index,
+                   state.rdzv_port, swapped_in, cause.kind.value, cause.node_index, cause.summary)
+        self._broadcast(msg.Restart(state.index, index, state.rdzv_port or 0, cause, self.book.bench, swapped_in))
+        return True
+
+    def _broadcast(self, message: msg.GangMessage) -> None:
+        data = encode(message.to_wire())
+        for peer in list(self.members.by_node.values()):
+            self.transport.send(peer, data)
+
+    def _send(self, node: int, message: msg.GangMessage) -> None:
+        peer = self.members.by_node.get(node)
+        if peer is not None:
+            self.transport.send(peer, encode(message.to_wire()))

@@ -28,137 +28,156 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Mapping, Optional, Protocol, Sequence, Tuple
 
-from ..cause import Cause, CauseKind
+from ..cause import Cause
 from . import messages as msg
-from . import restarts
-from .ports import find_free_port
 from .admission import Admission
-from .handlers import MessageHandlers
-from .bench import Bench
-from .calls import CallBook, CallState, CallView
+from .handlers import Handlers
+from .calls import CallState, CallView
 from .node_compare import HostCheck
 from .config import GangConfig
 from .speaker import Speaker
 from .membership import Membership, NodeEnd
 from .peer import Peer
-from .node_compare import PreflightBook, PreflightRecord
+from .node_compare import PreflightRecord
 from .gang_progress import ProgressBook, ProgressRecord
 from .transport import Transport
 from .wire import encode
 from ..host import say
-from ..host import log
 from .. import timeouts
 
-_log = log.get("gang.server")
+
+class GangFacts(Protocol):
+    """What the control's own code reads of the gang, and the one way it reads
+    it (``runtime/``): each a copy taken under the service's lock, so a read
+    never sees a message half handled. Everything else it hears as any node
+    does, by message."""
+
+    def hosts(self) -> Dict[int, str]: ...
+
+    def missing(self) -> List[int]: ...
+
+    def call_view(self, index: int) -> CallView: ...
+
+    def stacks_pending(self, index: int) -> List[int]: ...
+
+    def reports_pending(self, index: int) -> List[int]: ...
+
+    def preflight_record(self, mode: str) -> PreflightRecord: ...
+
+    def progress_record(self) -> ProgressRecord: ...
 
 
-Handler = Callable[[Peer, msg.GangMessage], None]
-
-
-class GangServer(MessageHandlers):
+class GangServer:
     """Runs in the control task; one thread, one selector, no dependencies.
 
-    State belongs to the service thread. The control's own code reads it only
-    through ``call_view``/``stacks_pending`` (copies taken under the lock), or
-    hears it as any node does, by message.
-
-    What is here is the loop, the checks and the sending; each message's
-    handler is ``handlers.py``'s (a mixin: they share this state), sockets
-    ``transport.py``'s, strangers ``admission.py``'s, members
-    ``membership.py``'s, calls ``calls.py``'s."""
+    What is here is the loop: its thread and lock, when heartbeats and checks
+    are due, and the control's reads (``GangFacts``). What the gang decides
+    from each line, drop and check is its ``handlers``' (``handlers.py``),
+    which own the gang's state; sockets are ``transport.py``'s, strangers
+    ``admission.py``'s, what the control says while all is well
+    ``speaker.py``'s."""
 
     def __init__(self, config: GangConfig, host: str, ports: Sequence[int], secret: bytes):
         """Listen on the first of ``ports`` that is free on ``host``; ``secret``
         is the gang's (``secret.py``)."""
         self.config = config
-        self.host = host
         self.admission = Admission(config, secret, warn=lambda text: self.warn(text))
-        self.members = Membership(config)
-        self.book = CallBook(config.num_nodes, Bench.initial(config.num_nodes, config.spares))
-        self.preflight = PreflightBook(config.num_nodes)
-        self.training = ProgressBook(config.num_nodes, config.straggler_ratio, config.straggler_seconds)
-        self.speaker = Speaker(config, self.members.started, lambda text: self.progress(text))
-        self.cause: Optional[Cause] = None
-        self._pending: Optional[Tuple[Cause, float]] = None  # an echo, held
+        self.transport = Transport(host, ports, config.num_nodes, self.admission,
+                                   on_drop=lambda peer: self.handlers.dropped(peer))
+        self.handlers = Handlers(config, host, self.admission, self.transport, lambda text: self.progress(text))
+        self.speaker = Speaker(config, self.handlers.members.started, lambda text: self.progress(text))
         self._lock = threading.RLock()
-        self.transport = Transport(host, ports, config.num_nodes, self.admission, on_drop=self._on_drop)
         self.port: int = self.transport.port
         self.progress: Callable[[str], None] = lambda text: None
-        self.host_check: Optional[HostCheck] = None
         # A local run's control: the node tasks it started that have ended (runtime/node_tasks.py).
         self.node_ends: Optional[Callable[[], Mapping[int, NodeEnd]]] = None
         # Said once per gang: someone without the secret tried to join.
         self.warn: Callable[[str], None] = say
-        self._handlers: Dict[msg.MessageType, Handler] = {
-            msg.MessageType.HEARTBEAT: self._on_heartbeat,
-            msg.MessageType.STACKS: self._on_stacks,
-            msg.MessageType.CALL: self._on_call,
-            msg.MessageType.CALL_DONE: self._on_call_done,
-            msg.MessageType.FAILED: self._on_failed,
-            msg.MessageType.LEAVE: self._on_leave,
-            msg.MessageType.PREFLIGHT: self._on_preflight,
-        }
         self._closing = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="torchrun-gang-server", daemon=True)
 
-    # -- what the control and the tests read -------------------------------------
+    # -- what the tests read of the handlers' state (on the service's thread, or once it is still) --
+
+    @property
+    def cause(self) -> Optional[Cause]:
+        return self.handlers.cause
+
+    @property
+    def members(self) -> Membership:
+        return self.handlers.members
+
+    @property
+    def training(self) -> ProgressBook:
+        return self.handlers.training
 
     @property
     def joined_at(self) -> Dict[int, float]:
-        return self.members.joined_at
+        return self.handlers.members.joined_at
 
     @property
     def left(self) -> Dict[int, Tuple[int, bool]]:
-        return self.members.left
+        return self.handlers.members.left
 
     @property
     def calls(self) -> Dict[int, CallState]:
-        return self.book.calls
+        return self.handlers.book.calls
 
     @property
     def rejected(self) -> int:
         return self.admission.rejected
 
+    @property
+    def host_check(self) -> Optional[HostCheck]:
+        return self.handlers.host_check
+
+    @host_check.setter
+    def host_check(self, check: Optional[HostCheck]) -> None:
+        self.handlers.host_check = check
+
+    # -- what the control reads (GangFacts) ---------------------------------------------
+
     def hosts(self) -> Dict[int, str]:
         """Each node's host, as it said when it joined (a node that has left too)."""
         with self._lock:
-            return dict(self.members.hosts)
+            return dict(self.handlers.members.hosts)
 
     def missing(self) -> List[int]:
         with self._lock:
-            return self.members.missing()
+            return self.handlers.members.missing()
 
     def everyone_heard(self) -> bool:
         """After an abort: every node was told the cause, as it happened (it was
         connected then) or as it joined. A node cut off since is not waited for,
         nor one whose task ended before it joined."""
         with self._lock:
-            return self.members.all_heard
+            return self.handlers.members.all_heard
 
     def call_view(self, index: int) -> CallView:
         """A frozen copy of what the gang knows of call ``index``."""
         with self._lock:
-            return CallView.of(self.book.calls.get(index), index, self.members.joined_at)
+            return CallView.of(self.handlers.book.calls.get(index), index, self.handlers.members.joined_at)
 
     def stacks_pending(self, index: int) -> List[int]:
+        members = self.handlers.members
         with self._lock:
-            return self.book.stacks_pending(index, lambda n: n in self.members.by_node, self.members.left)
+            return self.handlers.book.stacks_pending(index, lambda n: n in members.by_node, members.left)
 
     def reports_pending(self, index: int) -> List[int]:
+        members = self.handlers.members
         with self._lock:
-            return self.book.reports_pending(index, lambda n: n in self.members.by_node, self.members.left)
+            return self.handlers.book.reports_pending(index, lambda n: n in members.by_node, members.left)
 
     def preflight_record(self, mode: str) -> PreflightRecord:
         """The gang's preflight as the record keeps it (gang/node_compare.py)."""
         with self._lock:
-            return self.preflight.record(mode)
+            return self.handlers.preflight.record(mode)
 
     def progress_record(self) -> ProgressRecord:
         """The gang's training progress now, and the stragglers named (gang_progress.py)."""
         with self._lock:
-            return self.training.current()
+            return self.handlers.training.current()
 
     # -- lifecycle ------------------------------------------------------------------
 
@@ -209,103 +228,22 @@ class GangServer(MessageHandlers):
             if peer.sock not in self.transport.peers:
                 return
             try:
-                self._handle(peer, line)
+                self.handlers.handle(peer, line)
             except Exception:  # a malformed message costs its sender, not the gang
                 self.transport.drop(peer)
                 return
-
-    # -- timeouts and progress -----------------------------------------------------------
 
     def _check(self, now: float) -> None:
         for peer in self.admission.expired(now):
             self.transport.drop(peer)
         self.transport.resume(now)
-        ended = self.members.saw_ends(self.node_ends)  # after an abort too, for everyone_heard
-        self._check_stacks()
-        if self.cause is None:
-            cause = self._overdue(now, ended)
-            if cause is not None:
-                self._abort(cause)
-        self._report_progress(now)
-
-    def _overdue(self, now: float, ended: Optional[Cause] = None) -> Optional[Cause]:
-        if self._pending is not None and now >= self._pending[1]:
-            return self._pending[0]  # no better cause came: the echo it is
-        return (
-            ended
-            or self.members.never_joined(now)
-            or self.book.timed_out(now, self.config.start_timeout)
-            or self.book.hung(now, self.config.hang_timeout, self._last_output, self.members.left,
-                              advanced=self.training.reporting)
-            or self.members.silent(now)
-        )
-
-    def _last_output(self, node: int) -> Optional[float]:
-        """hang_timeout's clock for a node: when its ranks last advanced a step
-        while they report progress, else when they last wrote output."""
-        peer = self.members.by_node.get(node)
-        if peer is None:
-            return None
-        return peer.last_advance if peer.last_advance is not None else peer.last_output
-
-    def _report_progress(self, now: float) -> None:
-        if self.cause is None:
-            self.speaker.tick(now, self.training, lambda: self.members.waiting(now) or self.book.waiting(now))
-
-    # -- sending and ending ----------------------------------------------------------------
-
-    def _abort(self, cause: Cause) -> None:
-        """The gang's verdict: a restart of the call's ranks where one is
-        allowed (``restarts.py``), else the end, to every node."""
-        if self._restart(cause):
-            return
-        self._pending = None
-        self.cause = cause
-        _log.debug("verdict: %s (node %s): %s", cause.kind.value, cause.node_index, cause.summary)
-        data = encode(msg.Abort(cause).to_wire())
-        for peer in list(self.members.by_node.values()):
-            self.transport.send(peer, data)
-
-    def _restart(self, cause: Cause) -> bool:
-        state = self.book.calls.get(cause.call) if cause.call is not None else None
-        if not restarts.may_restart(state, cause, self.config.restarts):
-            return False
-        assert state is not None
-        self._pending = None  # an echo held of the ranks being replaced
-        index = restarts.begin(state, find_free_port(self.host), cause)
-        swapped = self.book.bench.swap(cause.node_index)  # a spare for the node the cause is pinned to
-        swapped_in = None
-        if swapped is not None:
-            self.book.bench, swapped_in = swapped
-        _log.debug("restart %d of call %d (port %s, spare in: %s): %s (node %s): %s", index, state.index,
-                   state.rdzv_port, swapped_in, cause.kind.value, cause.node_index, cause.summary)
-        data = encode(msg.Restart(state.index, index, state.rdzv_port or 0, cause, self.book.bench,
-                                  swapped_in).to_wire())
-        for peer in list(self.members.by_node.values()):
-            self.transport.send(peer, data)
-        return True
+        self.handlers.check(now, self.node_ends)
+        if self.handlers.cause is None:
+            self.speaker.tick(now, self.handlers.training, lambda: self.handlers.waiting(now))
 
     def _heartbeat(self) -> None:
         """To every node with nothing queued: a node that has not read what is
         queued for it learns nothing from one more heartbeat."""
-        for peer in list(self.members.by_node.values()):
+        for peer in list(self.handlers.members.by_node.values()):
             if not peer.outbox:
                 self.transport.send(peer, self._beat)
-
-    def _send(self, node: int, message: msg.GangMessage) -> None:
-        peer = self.members.by_node.get(node)
-        if peer is not None:
-            self.transport.send(peer, encode(message.to_wire()))
-
-    def _on_drop(self, peer: Peer) -> None:
-        """A connection is gone: a node that had not left its step is lost."""
-        node = peer.node
-        if not self.members.lost(peer) or self.cause is not None or node is None:
-            return
-        if self._pending is not None and self._pending[0].node_index == node:
-            return  # it reported an echo and exited: wait for the grace to decide
-        self._abort(Cause(
-            CauseKind.NODE_LOST,
-            "node %d (%s) disconnected before its step ended: its task died or was killed" % (node, peer.host),
-            node_index=node,
-        ))

@@ -19,7 +19,7 @@ import threading
 from typing import Any, Callable, List, Optional, Set, Tuple
 
 from ..errors import TorchrunException
-from ..gang import CONTROL_TASK_ID_ENV, GangServer, Topology, find_free_port
+from ..gang import CONTROL_TASK_ID_ENV, GangFacts, GangServer, Topology, find_free_port
 from ..host import proctree
 from ..knobs import PORT_ENV
 from ..launch import StepDefaults
@@ -79,7 +79,7 @@ def prepare_local_nodes(num_nodes: int, pinned_port: Optional[int],
 # The node tasks this control started (one control per task process), and the
 # gang service that says which of them joined.
 _started: Optional[NodeTasks] = None
-_server: Optional[GangServer] = None
+_server: Optional[GangFacts] = None
 _runtime_pid: Optional[int] = None
 
 
