@@ -32,52 +32,44 @@ import dataclasses
 import enum
 import math
 import typing
-from dataclasses import dataclass
-from typing import Any, Callable, ClassVar, Dict, List, Mapping, Optional, Tuple, Type, TypeVar, Union
+from typing import Any, Callable, ClassVar, Dict, List, Mapping, NamedTuple, Optional, Tuple, Type, TypeVar, Union
 
 
-@dataclass(frozen=True)
-class Int:
+class Int(NamedTuple):
     low: int
     high: int
 
 
-@dataclass(frozen=True)
-class Real:
+class Real(NamedTuple):
     low: float = -math.inf
     high: float = math.inf
     digits: Optional[int] = None  # written rounded to this many decimals
 
 
-@dataclass(frozen=True)
-class Text:
+class Text(NamedTuple):
     limit: int
     least: int = 0
 
 
-@dataclass(frozen=True)
-class OneOf:
+class OneOf(NamedTuple):
     """A text (or a dict's key) that is one of these."""
 
     choices: Tuple[str, ...]
 
 
-@dataclass(frozen=True)
-class Items:
+class Items(NamedTuple):
     """A list's or a dict's length."""
 
     limit: int
 
 
-@dataclass(frozen=True)
-class Hex:
+class Hex(NamedTuple):
     """Bytes as exactly ``size`` bytes of hex digits."""
 
     size: int
 
 
-@dataclass(frozen=True)
-class Via:
+class Via(NamedTuple):
     """A field with logic of its own: ``read`` raises ``ValueError`` saying what is wrong."""
 
     read: Callable[[Any], Any]
@@ -125,8 +117,7 @@ class _Bad(Exception):
     """One value's problem; the field's name is added where it is known."""
 
 
-@dataclass(frozen=True)
-class _Field:
+class _Field(NamedTuple):
     name: str
     read: Reader
     write: Writer
