@@ -162,16 +162,15 @@ class Welcome(GangMessage):
     cause: Annotated[Optional[Cause], CAUSE] = None  # the gang is already over: why
 
 
+def _reason(value: Any) -> str:
+    """A reason is shown, never acted on: a bad one is replaced, not refused."""
+    return value if isinstance(value, str) and 0 < len(value) <= 200 else "no reason given"
+
+
 @dataclass(frozen=True)
 class Reject(GangMessage):
     TYPE: ClassVar[MessageType] = MessageType.REJECT
-    reason: Annotated[str, Text(200)]
-
-    @classmethod
-    def from_wire(cls, data: Any) -> "Reject":
-        """Hand-read: a reason is shown, never acted on; a bad one is replaced, not refused."""
-        reason = data.get("reason")
-        return cls(reason=reason if isinstance(reason, str) and 0 < len(reason) <= 200 else "no reason given")
+    reason: Annotated[str, Text(200), Via(_reason)]
 
 
 @dataclass(frozen=True)
