@@ -15,7 +15,7 @@ import sys
 
 from metaflow import Task, namespace
 
-from metaflow_extensions.torchrun.plugins.torchrun.runtime import goodput
+from metaflow_extensions.torchrun.plugins.torchrun.record import goodput
 
 DOCS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "docs")
 

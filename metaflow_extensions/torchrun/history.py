@@ -10,6 +10,6 @@ metadata (``history(None)``: every flow of the namespace). docs/resume.md says
 what the report holds.
 """
 
-from metaflow_extensions.torchrun.plugins.torchrun.runtime.node_history import history
+from metaflow_extensions.torchrun.plugins.torchrun.record.node_history import history
 
 __all__ = ["history"]

@@ -12,11 +12,11 @@ from .helpers import output
 
 pytestmark = pytest.mark.integration
 
-# Every artifact @torchrun keeps (runtime/step_record.ARTIFACTS).
+# Every artifact @torchrun keeps (record/step_record.ARTIFACTS).
 NAMES = ("torchrun_report", "torchrun_goodput", "torchrun_evidence")
 
 _INSPECT = r"""
-from metaflow_extensions.torchrun.plugins.torchrun.runtime import evidence
+from metaflow_extensions.torchrun.plugins.torchrun.record import evidence
 NAMES = %r
 
 def kept(t):

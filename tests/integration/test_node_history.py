@@ -1,4 +1,4 @@
-"""The node history across runs (runtime/node_history.py), with real local
+"""The node history across runs (record/node_history.py), with real local
 flows and the local metadata: three runs in which node 1 (reporting the
 host name "bad-host") dies make the history name that host, the fourth run's
 preflight warns about it, and under preflight="strict" a fifth is refused
@@ -55,7 +55,7 @@ def test_three_failures_of_one_host_make_the_history_name_it(history_gang):
     assert cause["times"] == 3 and cause["hosts"] == ["bad-host"] and "SIGKILL" in cause["cause"], report
     # Each failed attempt kept its evidence bundle: the control's, and node 1's own (no nvidia-smi here).
     bundles = gang.client(
-        "from metaflow_extensions.torchrun.plugins.torchrun.runtime import evidence\n"
+        "from metaflow_extensions.torchrun.plugins.torchrun.record import evidence\n"
         "run = list(Flow('GangFlow').runs())[-1]\n"
         "result = {t.id: evidence.read(t.pathspec) for t in run['train']}")
     control = [b for b in bundles.values() if b and "tails" in b][0]

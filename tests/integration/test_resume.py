@@ -76,7 +76,7 @@ def test_a_killed_worker_resumes_from_the_last_epoch_even_under_retry_on_infrast
 
 
 def _ledger_matches_the_kill(gang, record):
-    """The goodput ledger (runtime/goodput.py) of the same run: its parts add
+    """The goodput ledger (record/goodput.py) of the same run: its parts add
     up to the wall time, and what it counts lost is the injected failure's."""
     ledger = record["goodput"]
     parts = ledger["parts"]

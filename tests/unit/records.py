@@ -4,8 +4,8 @@ and the result holds them typed (``TorchrunResult`` is typed to the edge)."""
 
 from metaflow_extensions.torchrun.plugins.torchrun.cause import Cause
 from metaflow_extensions.torchrun.plugins.torchrun.gang.messages import NodeReport, RankStatus
-from metaflow_extensions.torchrun.plugins.torchrun.runtime.attempts import Attempt
-from metaflow_extensions.torchrun.plugins.torchrun.runtime.result import GangView
+from metaflow_extensions.torchrun.plugins.torchrun.record.attempts import Attempt
+from metaflow_extensions.torchrun.plugins.torchrun.record.result import GangView
 
 
 def cause(data):

@@ -1,4 +1,4 @@
-"""retry_on's decision and the attempts record (runtime/attempts.py): pure."""
+"""retry_on's decision and the attempts record (record/attempts.py): pure."""
 
 import os
 
@@ -6,9 +6,9 @@ import pytest
 
 from metaflow_extensions.torchrun.plugins.torchrun.cause import Cause, CauseKind
 from metaflow_extensions.torchrun.plugins.torchrun.errors import TorchrunInvalidArgument
-from metaflow_extensions.torchrun.plugins.torchrun.runtime import attempts
-from metaflow_extensions.torchrun.plugins.torchrun.runtime.card import attempt_rows
-from metaflow_extensions.torchrun.plugins.torchrun.runtime.result import TorchrunResult
+from metaflow_extensions.torchrun.plugins.torchrun.record import attempts
+from metaflow_extensions.torchrun.plugins.torchrun.card.content import attempt_rows
+from metaflow_extensions.torchrun.plugins.torchrun.record.result import TorchrunResult
 
 TB = (
     'Traceback (most recent call last):\n'

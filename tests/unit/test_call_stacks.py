@@ -14,7 +14,8 @@ from gang_net import GUARD, node_report, wait_cause
 from metaflow_extensions.torchrun.plugins.torchrun import timeouts
 from metaflow_extensions.torchrun.plugins.torchrun.cause import Cause, CauseKind
 from metaflow_extensions.torchrun.plugins.torchrun.procs.flight import UNSUPPORTED, FlightSummary
-from metaflow_extensions.torchrun.plugins.torchrun.runtime.call_stacks import CallStacks, none_suspected
+from metaflow_extensions.torchrun.plugins.torchrun.runtime.call_stacks import CallStacks
+from metaflow_extensions.torchrun.plugins.torchrun.record import none_suspected
 from proc_helpers import wait_until
 
 

@@ -24,10 +24,12 @@ from metaflow.plugins.cards.card_decorator import CardDecorator
 from metaflow.plugins.datastores.local_storage import LocalStorage
 
 import records
-from metaflow_extensions.torchrun.plugins.torchrun.runtime import card as card_mod
-from metaflow_extensions.torchrun.plugins.torchrun.runtime import meta_datum
+from metaflow_extensions.torchrun.plugins.torchrun.card import content as card_content
+from metaflow_extensions.torchrun.plugins.torchrun.card import lifecycle as card_life
+from metaflow_extensions.torchrun.plugins.torchrun.card import text as card_text
+from metaflow_extensions.torchrun.plugins.torchrun.record import meta_datum
 from metaflow_extensions.torchrun.plugins.torchrun.launch.resources import NONE, Accelerators
-from metaflow_extensions.torchrun.plugins.torchrun.runtime.result import RankRecord, TorchrunResult
+from metaflow_extensions.torchrun.plugins.torchrun.record.result import RankRecord, TorchrunResult
 
 try:  # the package's name since Metaflow 2.12.x
     from metaflow.plugins.metadata_providers.local import LocalMetadataProvider
@@ -87,7 +89,7 @@ def task(tmp_path, monkeypatch):
     ])
     flow_datastore = FlowDataStore(FLOW, None, storage_impl=LocalStorage, ds_root=str(root))
     decorators = []
-    deco = card_mod.attach_card(decorators)
+    deco = card_life.attach_card(decorators)
     deco.step_init(flow, None, STEP, decorators, environment, flow_datastore, lambda *a, **k: None)
     current._set_env(flow=flow, run_id=run_id, step_name=STEP, task_id=task_id, retry_count=0)
     deco.task_pre_step(STEP, None, metadata, run_id, task_id, flow, None, 0, 0, None, [])
@@ -112,7 +114,7 @@ def _result(succeeded=True) -> TorchrunResult:
 
 
 def _card(task):
-    cards = get_cards(task.pathspec, id=card_mod.CARD_ID)
+    cards = get_cards(task.pathspec, id=card_life.CARD_ID)
     assert len(cards) == 1
     return cards[0]
 
@@ -125,7 +127,7 @@ def _components(html: str) -> list:
 
 def test_the_card_is_rendered_in_the_task_and_found_by_get_cards(task):
     started = time.monotonic()
-    assert card_mod.finish_card(task.deco, _result(), FLOW, NONE, 0)
+    assert card_life.finish_card(task.deco, _result(), FLOW, NONE, 0)
     assert time.monotonic() - started < 1.0  # no Metaflow start-up in a subprocess
     card = _card(task)
     assert (card.type, card.id, card.hash) == ("blank", "torchrun", task.deco._card_uuid)
@@ -143,7 +145,7 @@ def test_the_card_is_rendered_in_the_task_and_found_by_get_cards(task):
 def test_the_card_is_registered_as_metaflow_registers_it(task):
     if not hasattr(task.deco.card_creator, "_should_save_metadata"):
         pytest.skip("this Metaflow registers no card metadata")
-    assert card_mod.finish_card(task.deco, _result(), FLOW, NONE, 0)
+    assert card_life.finish_card(task.deco, _result(), FLOW, NONE, 0)
     client_task = metaflow.Task(task.pathspec)
     info = json.loads(client_task.metadata_dict[task.deco._card_uuid])
     assert info["type"] == "blank" and info["id"] == "torchrun" and info["card_uuid"] == task.deco._card_uuid
@@ -155,21 +157,21 @@ def test_the_card_is_registered_as_metaflow_registers_it(task):
 def test_metaflow_does_not_render_it_again(task, monkeypatch):
     calls = []
     monkeypatch.setattr(task.deco.card_creator, "create", lambda **kw: calls.append(kw))
-    assert card_mod.finish_card(task.deco, _result(), FLOW, NONE, 0)
+    assert card_life.finish_card(task.deco, _result(), FLOW, NONE, 0)
     task.deco.task_finished(STEP, None, None, True, 0, 0)
     assert calls == []
 
 
 def test_the_card_of_a_failed_task_names_the_cause(task):
-    assert card_mod.finish_card(task.deco, _result(succeeded=False), FLOW, NONE, 0)
+    assert card_life.finish_card(task.deco, _result(succeeded=False), FLOW, NONE, 0)
     sources = [p.get("source", "") for p in _components(_card(task).get()) if p["type"] == "markdown"]
     assert "<strong>Failed</strong>" in sources[0] and "boom from rank 1" in sources[0]
     assert any(s.startswith("## Root cause") for s in sources)
 
 
 def test_the_card_draws_the_goodput_ledger_and_names_the_evidence(task):
-    from metaflow_extensions.torchrun.plugins.torchrun.runtime import goodput
-    from metaflow_extensions.torchrun.plugins.torchrun.runtime.attempts import Attempt, CallStart
+    from metaflow_extensions.torchrun.plugins.torchrun.record import goodput
+    from metaflow_extensions.torchrun.plugins.torchrun.record.attempts import Attempt, CallStart
 
     result = _result(succeeded=False)
     result.attempts = [Attempt(0, started_at=1.0, gang_formed_at=2.0, calls=(CallStart(0, 2.0),), first_output_at=3.0,
@@ -177,7 +179,7 @@ def test_the_card_draws_the_goodput_ledger_and_names_the_evidence(task):
                        Attempt(1, started_at=12.0, gang_formed_at=13.0, calls=(CallStart(0, 13.0),),
                                first_output_at=14.0, ended_at=20.0, stopped="rank 1 raised", recorded_at=21.0)]
     result.goodput = goodput.ledger(result.attempts, now=21.0)
-    assert card_mod.finish_card(task.deco, result, FLOW, NONE, 1)
+    assert card_life.finish_card(task.deco, result, FLOW, NONE, 1)
     parts = _components(_card(task).get())
     sources = [p.get("source", "") for p in parts if p["type"] == "markdown"]
     assert any(s.startswith("## Goodput") and "effective training 0.0% of 20.0s over 2 attempts" in s
@@ -188,29 +190,29 @@ def test_the_card_draws_the_goodput_ledger_and_names_the_evidence(task):
 
 def test_a_failed_task_without_a_result_gets_its_card_in_the_task(task, monkeypatch):
     monkeypatch.setattr(task.deco.card_creator, "create", lambda **kw: pytest.fail("card create was run"))
-    card_mod.render_card_now(task.deco, 0)
+    card_life.render_card_now(task.deco, 0)
     assert _card(task).get()
 
 
 def test_any_error_leaves_metaflows_rendering_in_place(task, monkeypatch, capsys):
     calls = []
     monkeypatch.setattr(task.deco.card_creator, "create", lambda **kw: calls.append(kw["mode"]))
-    monkeypatch.setattr(card_mod, "_card_datastore", lambda *a: 1 / 0)
-    assert not card_mod.finish_card(task.deco, _result(), FLOW, NONE, 0)
+    monkeypatch.setattr(card_life, "_card_datastore", lambda *a: 1 / 0)
+    assert not card_life.finish_card(task.deco, _result(), FLOW, NONE, 0)
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "rendering the card in the task failed (ZeroDivisionError" in err
     # The card is filled for Metaflow, which renders it after the task as before.
-    assert len(list(current.card[card_mod.CARD_ID])) > 3
+    assert len(list(current.card[card_life.CARD_ID])) > 3
     task.deco.task_finished(STEP, None, None, True, 0, 0)
     assert calls == ["render", "refresh"]
     # A failed task's card then goes to Metaflow's subprocess at once, not here again.
-    card_mod.render_card_now(task.deco, 0)
+    card_life.render_card_now(task.deco, 0)
     assert calls[-1] == "render" and capsys.readouterr().err == ""
 
 
 def test_another_card_type_with_our_id_is_left_to_metaflow(task, monkeypatch):
     monkeypatch.setitem(task.deco.attributes, "type", "default")
-    assert not card_mod.render_in_task(task.deco, 0)
+    assert not card_life.render_in_task(task.deco, 0)
     assert not list((task.root / "mf.cards").rglob("*.html"))
 
 
@@ -229,7 +231,7 @@ def test_another_card_type_with_our_id_is_left_to_metaflow(task, monkeypatch):
     ],
 )
 def test_the_backend_row_follows_what_the_step_asked_for(accelerators, cuda, label):
-    assert card_mod.backend_label(accelerators, cuda) == label
+    assert card_content.backend_label(accelerators, cuda) == label
 
 
 STACK = (
@@ -243,7 +245,7 @@ STACK = (
 def test_the_card_groups_the_ranks_and_shows_each_stack_collapsed(task):
     result = _result(succeeded=False)
     result.stacks = {3: STACK, 2: STACK.replace("line 42", "line 44"), 4: STACK}
-    assert card_mod.finish_card(task.deco, result, FLOW, NONE, 0)
+    assert card_life.finish_card(task.deco, result, FLOW, NONE, 0)
     parts = _components(_card(task).get())
     sources = [p.get("source", "") for p in parts if p["type"] == "markdown"]
     at = sources.index("## Where the ranks were when the job was stopped")
@@ -264,9 +266,9 @@ def test_the_card_groups_the_ranks_and_shows_each_stack_collapsed(task):
 def test_the_card_bounds_the_stacks_it_shows(task):
     result = _result(succeeded=False)
     result.stacks = {r: STACK for r in range(8192)}
-    assert card_mod.finish_card(task.deco, result, FLOW, NONE, 0)
+    assert card_life.finish_card(task.deco, result, FLOW, NONE, 0)
     sources = [p.get("source", "") for p in _components(_card(task).get()) if p["type"] == "markdown"]
-    assert sum(s.strip().startswith("<details>") for s in sources) == card_mod.CARD_RANK_STACKS
+    assert sum(s.strip().startswith("<details>") for s in sources) == card_content.CARD_RANK_STACKS
     assert any("64 of 8192 shown" in s and "torchrun_report" in s for s in sources)
 
 
@@ -274,7 +276,7 @@ def test_skip_render_keeps_the_card_counted_and_its_clean_up():
     """A worker keeps @torchrun's card on the step's list (Metaflow counted it
     and finalises current.card only once every counted card has been through
     task_pre_step); only Metaflow's render is replaced, by the clean-up alone."""
-    from metaflow_extensions.torchrun.plugins.torchrun.runtime.card import skip_render
+    from metaflow_extensions.torchrun.plugins.torchrun.card.lifecycle import skip_render
 
     cleaned = []
 
@@ -318,7 +320,7 @@ def test_rank_output_stacks_and_root_cause_are_text_in_the_card(task):
                         '  File "<frozen importlib._bootstrap>", line 550 in _init_module_attrs\n'
                         '  File "/work/x.py", line 3 in <img src=x onerror=alert(1)>\n' + text}
     result.gang = records.gang({"reports": {"0": {"tails": {"1": {"stdout": HOSTILE, "stderr": [text]}}}}})
-    assert card_mod.finish_card(task.deco, result, FLOW, NONE, 0)
+    assert card_life.finish_card(task.deco, result, FLOW, NONE, 0)
     sources = [p.get("source", "") for p in _components(_card(task).get()) if p["type"] == "markdown"]
     page = "\n".join(_rendered(s) for s in sources)
     for tag in ("<img", "<a ", "<script", "<strong>bold", "<em>em"):
@@ -335,7 +337,7 @@ def test_rank_output_stacks_and_root_cause_are_text_in_the_card(task):
 
 @pytest.mark.parametrize("text", HOSTILE + ["`", "a\n```\nb\n````\nc", "~~~\n```"])
 def test_a_code_block_is_never_closed_by_its_text(text):
-    html = _rendered(card_mod.code_block(text))
+    html = _rendered(card_text.code_block(text))
     escaped = text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
     assert html.count("<pre>") == 1 and html.startswith("<pre><code>")
     assert html == "<pre><code>%s</code></pre>\n" % (escaped + "\n" if text else "")
@@ -345,7 +347,7 @@ def test_a_code_block_is_never_closed_by_its_text(text):
 def test_escaped_markdown_renders_as_the_text_itself(text):
     """A code span: text, whatever it holds (the card's renderer drops the
     backticks inside one, so they are shown as a look-alike)."""
-    page = _rendered(card_mod.escape_markdown(text))
+    page = _rendered(card_text.escape_markdown(text))
     shown = text.replace("`", "\u02cb")
     escaped = shown.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace('"', "&quot;")
     assert page == "<p><code>%s</code></p>\n" % escaped
@@ -353,12 +355,12 @@ def test_escaped_markdown_renders_as_the_text_itself(text):
 
 @pytest.mark.parametrize("text", ["versions", "torch 2.13.0+cu130", "node 3 (of 8)", "1.5 GB/s"])
 def test_plain_words_are_left_as_they_are(text):
-    assert card_mod.escape_markdown(text) == text and _rendered(text) == "<p>%s</p>\n" % text
+    assert card_text.escape_markdown(text) == text and _rendered(text) == "<p>%s</p>\n" % text
 
 
 @pytest.mark.parametrize("text", ["a_b_", "www.evil.example", "-x", "x@y.example", "https://x", "a\\b", "x*y*"])
 def test_anything_else_is_a_code_span(text):
-    assert card_mod.escape_markdown(text).startswith("`` ")
+    assert card_text.escape_markdown(text).startswith("`` ")
 
 
 # -- long lines, big gangs ------------------------------------------------------
@@ -386,23 +388,23 @@ def test_no_line_from_a_rank_can_widen_the_page(task):
     tail = "L" * (1000 - len(line)) + line  # as the gang carries it (call.bounded_line)
     result.gang = records.gang({"reports": {"0": {"ranks": [vars(r) for r in result.ranks],
                                                   "tails": {"1": {"stdout": ["short", tail], "stderr": [LONG]}}}}})
-    assert card_mod.finish_card(task.deco, result, FLOW, NONE, 0)
+    assert card_life.finish_card(task.deco, result, FLOW, NONE, 0)
     parts = _components(_card(task).get())
-    longest = card_mod.CARD_CELL_CHARS + len("… [99999 more characters]")
+    longest = card_text.CARD_CELL_CHARS + len("… [99999 more characters]")
     cells = _cells(parts)
-    assert max(len(c.replace(card_mod.ZWSP, "")) for c in cells) <= longest
+    assert max(len(c.replace(card_text.ZWSP, "")) for c in cells) <= longest
     sources = [p.get("source", "") for p in parts if p["type"] == "markdown"]
     # Text outside a wrapping block breaks at least every BREAK_EVERY characters
     # (a space, or a zero-width space); backslash escapes are Markdown's, not text.
     for text in cells + [_outside_pre(s).replace("<", " <").replace(">", "> ") for s in sources]:
         words = re.findall(r"[^\s\u200b]+", text.replace("\\", ""))
-        assert max((len(w) for w in words), default=0) <= card_mod.BREAK_EVERY, text[:200]
+        assert max((len(w) for w in words), default=0) <= card_text.BREAK_EVERY, text[:200]
     blocks = [b for s in sources for b in re.findall(r"<pre[^>]*>.*?</pre>", s, re.S)]
-    assert len(blocks) >= 4 and all(b.startswith(card_mod._PRE) for b in blocks)
-    assert "white-space: pre-wrap" in card_mod._PRE
+    assert len(blocks) >= 4 and all(b.startswith(card_text._PRE) for b in blocks)
+    assert "white-space: pre-wrap" in card_text._PRE
     for block in blocks:  # one line of Markdown, its lines written &#10;
-        lines = html.unescape(block[len(card_mod._PRE):-len("</pre>")]).split("\n")
-        assert "\n" not in block and max(len(x) for x in lines) <= card_mod.CARD_LINE_CHARS + 40
+        lines = html.unescape(block[len(card_text._PRE):-len("</pre>")]).split("\n")
+        assert "\n" not in block and max(len(x) for x in lines) <= card_text.CARD_LINE_CHARS + 40
     joined = "\n".join(sources)
     assert "[5000 characters in all]" in joined and "[4000 more characters]" in joined
     assert "whole of every rank&#x27;s output" in joined or "whole of every rank's output" in joined
@@ -465,7 +467,7 @@ def test_the_card_of_1024_nodes_x_8_ranks_stays_small(task):
     result.progress = _progress(1024)
     assert len(result.progress.chart) == CHART_SAMPLES - 1 and len(result.progress.stragglers) == 16
     started = time.monotonic()
-    assert card_mod.finish_card(task.deco, result, FLOW, NONE, 0)
+    assert card_life.finish_card(task.deco, result, FLOW, NONE, 0)
     took = time.monotonic() - started
     page = _card(task).get()
     print("card of 1,024 x 8: %d bytes, rendered in %.2f s" % (len(page.encode()), took))
@@ -473,20 +475,20 @@ def test_the_card_of_1024_nodes_x_8_ranks_stays_small(task):
     assert len(page.encode()) < CARD_BYTES_AT_1024x8, len(page.encode())
     parts = _components(page)
     ranks = [p for p in parts if p["type"] == "table" and p.get("columns", [""])[0] == "rank"][0]["data"]
-    assert len(ranks) == card_mod.CARD_RANK_ROWS + 1 and ranks[-1][0] == "%d more ranks" % (8192 - 256)
+    assert len(ranks) == card_content.CARD_RANK_ROWS + 1 and ranks[-1][0] == "%d more ranks" % (8192 - 256)
     assert ["8191", "1023", "7", "1007", "exit code 1", "59.0 s"] in ranks  # the failed rank is always shown
     sources = [p.get("source", "") for p in parts if p["type"] == "markdown"]
     assert "## Progress" in [s.strip() for s in sources]
     assert any(s.strip().startswith("**Stragglers**") and "and 5 more nodes" in s for s in sources)
     tails = [s for s in sources if s.lstrip().startswith("**rank ")]
-    assert len(tails) == 2 * card_mod.CARD_TAIL_RANKS and tails[0].lstrip().startswith("**rank 8191 stdout**")
+    assert len(tails) == 2 * card_content.CARD_TAIL_RANKS and tails[0].lstrip().startswith("**rank 8191 stdout**")
     assert any("16 of 8192 ranks shown" in s for s in sources)
     charts = [p for p in parts if p["type"] == "vegaChart"]  # the progress chart first, then the timeline
     assert len(charts) == 2 and len(json.dumps(charts[1])) < 24_000 and len(json.dumps(charts[0])) < 60_000
 
 
 def test_the_card_of_a_small_gang_leaves_nothing_out(task):
-    assert card_mod.finish_card(task.deco, _gang(2, 2, tail_chars=80, stack_chars=400), FLOW, NONE, 0)
+    assert card_life.finish_card(task.deco, _gang(2, 2, tail_chars=80, stack_chars=400), FLOW, NONE, 0)
     sources = [p.get("source", "") for p in _components(_card(task).get()) if p["type"] == "markdown"]
     assert sum(s.lstrip().startswith("**rank ") for s in sources) == 8
     assert not any("ranks shown" in s or "are cut" in s or "more ranks" in s for s in sources)
@@ -494,7 +496,7 @@ def test_the_card_of_a_small_gang_leaves_nothing_out(task):
 
 def test_the_timeline_is_a_chart_in_the_card(task):
     result = _gang(2, 2, tail_chars=80, stack_chars=400)
-    assert card_mod.finish_card(task.deco, result, FLOW, NONE, 0)
+    assert card_life.finish_card(task.deco, result, FLOW, NONE, 0)
     parts = _components(_card(task).get())
     at = [i for i, p in enumerate(parts) if p.get("source") == "## Timeline"][0]
     chart = parts[at + 1]
@@ -557,12 +559,12 @@ def test_a_browser_shows_rank_text_exactly_and_runs_none_of_it(task, tmp_path):
     stopped = "node 1 (a\\b) *lost* <i>it</i> [x](y)"
     result.attempts = records.attempts([{"attempt": 0, "started_at": 1.0, "stopped": stopped},
                                         {"attempt": 1, "started_at": 2.0}])
-    assert card_mod.finish_card(task.deco, result, FLOW, NONE, 0)
+    assert card_life.finish_card(task.deco, result, FLOW, NONE, 0)
     dom = _browser_dom(_card(task).get(), tmp_path)
     body = dom[dom.index("<main"):]
     text = _Text()
     text.feed(body)
-    shown = "".join(text.parts).replace(card_mod.ZWSP, "")
+    shown = "".join(text.parts).replace(card_text.ZWSP, "")
     assert "Failed: " + summary in shown  # the status line, every character of it
     for line in HOSTILE + [stopped]:  # outputs, stacks, the Attempts table's cells
         assert line in shown, line
@@ -581,5 +583,5 @@ def test_a_browser_shows_rank_text_exactly_and_runs_none_of_it(task, tmp_path):
 ])
 def test_the_topology_names_the_rendezvous_that_ran(command, expected):
     """Was "(c10d)" always, though static is the default."""
-    from metaflow_extensions.torchrun.plugins.torchrun.runtime.card import rendezvous_backend
+    from metaflow_extensions.torchrun.plugins.torchrun.card.content import rendezvous_backend
     assert rendezvous_backend(command) == expected

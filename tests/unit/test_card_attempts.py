@@ -16,9 +16,10 @@ from test_card import FLOW, _card, _components, _result
 
 from metaflow_extensions.torchrun.plugins.torchrun.launch.resources import NONE
 from metaflow_extensions.torchrun.plugins.torchrun.procs.culprit import FLIGHT_RECORDER, Culprits, Suspect
-from metaflow_extensions.torchrun.plugins.torchrun.runtime import card as card_mod
-from metaflow_extensions.torchrun.plugins.torchrun.runtime import goodput
-from metaflow_extensions.torchrun.plugins.torchrun.runtime.attempts import Attempt, CallStart, with_costs
+from metaflow_extensions.torchrun.plugins.torchrun.card import content as card_content
+from metaflow_extensions.torchrun.plugins.torchrun.card import lifecycle as card_life
+from metaflow_extensions.torchrun.plugins.torchrun.record import goodput
+from metaflow_extensions.torchrun.plugins.torchrun.record.attempts import Attempt, CallStart, with_costs
 
 task = test_card.task  # the fixture: a task with Metaflow's real card decorator, before its step
 
@@ -29,12 +30,12 @@ class _Deco:
 
 
 def test_the_printed_command_names_the_attempts_card_by_its_hash():
-    assert card_mod.card_view_command("/home/me/my flow.py", _Deco("0a1b2c"), "F/17/train/2") == (
+    assert card_life.card_view_command("/home/me/my flow.py", _Deco("0a1b2c"), "F/17/train/2") == (
         "python 'my flow.py' card view 17/train/2 --id torchrun --hash 0a1b2c")
     # Before the card has a hash (its decorator never reached task_pre_step): the id alone.
-    assert card_mod.card_view_command("flow.py", _Deco(None), "F/17/train/2") == (
+    assert card_life.card_view_command("flow.py", _Deco(None), "F/17/train/2") == (
         "python flow.py card view 17/train/2 --id torchrun")
-    assert card_mod.card_view_command("flow.py", None, "F/17/train/2") is None  # a node without the card
+    assert card_life.card_view_command("flow.py", None, "F/17/train/2") is None  # a node without the card
 
 
 def _title(task) -> str:
@@ -42,13 +43,13 @@ def _title(task) -> str:
 
 
 def test_the_cards_heading_says_which_attempt_it_is(task):
-    assert card_mod.finish_card(task.deco, _result(succeeded=False), FLOW, NONE, 3)
+    assert card_life.finish_card(task.deco, _result(succeeded=False), FLOW, NONE, 3)
     title = _title(task)
     assert title.startswith("# @torchrun: %s, attempt 3\n" % FLOW) and "(attempt 3)" in title
 
 
 def test_an_empty_card_of_a_failed_attempt_still_says_whose_it_is(task):
-    assert card_mod.render_card_now(task.deco, 2)
+    assert card_life.render_card_now(task.deco, 2)
     assert _title(task).startswith("# @torchrun: %s, attempt 2" % FLOW)
 
 
@@ -97,7 +98,7 @@ def _full_card_result():
 def test_no_entity_shows_as_typed_anywhere_in_the_card(task):
     """Was: the What ran table's "node 0&#x27;s torchrun command", escaped for
     an HTML block though a table cell is drawn as text (issue 52)."""
-    assert card_mod.finish_card(task.deco, _full_card_result(), FLOW, NONE, 1)
+    assert card_life.finish_card(task.deco, _full_card_result(), FLOW, NONE, 1)
     seen = _visible(_components(_card(task).get()))
     shown = [(text, m.group(0)) for text in seen for m in _ENTITY.finditer(text)]
     assert not shown, shown
@@ -117,7 +118,7 @@ def test_a_metric_or_host_in_the_progress_table_is_text_not_a_code_span(task):
     book.check(0.0)
     result = _result(succeeded=True)
     result.progress = book.summary
-    assert card_mod.finish_card(task.deco, result, FLOW, NONE, 0)
+    assert card_life.finish_card(task.deco, result, FLOW, NONE, 0)
     cells = [c for p in _components(_card(task).get()) if p["type"] == "table" for row in p["data"] for c in row]
     assert "train_loss" in cells and any("(ip-10_0_0_1," in c for c in cells)
     assert not any("`" in c for c in cells), cells
@@ -138,7 +139,7 @@ CULPRITS = Culprits("all_reduce", (0, 1, 2), (Suspect(3, 1, "host-b", "skip.py:1
 
 
 def test_a_hangs_suspected_cause_is_on_the_card_as_on_the_console(task):
-    assert card_mod.finish_card(task.deco, _hang(CULPRITS), FLOW, NONE, 0)
+    assert card_life.finish_card(task.deco, _hang(CULPRITS), FLOW, NONE, 0)
     sources = [p["source"] for p in _components(_card(task).get()) if p["type"] == "markdown"]
     head = CULPRITS.lines()[0]
     assert head.startswith("Suspected cause: rank 3 is not in the all_reduce #2 of process group 0")
@@ -157,11 +158,11 @@ def test_the_record_keeps_the_suspects_typed_and_writes_them_as_before():
 
 
 def test_a_failed_rank_is_named_by_its_error_not_as_a_suspect(task):
-    """As on the console (runtime/call_stacks.suspected): a rank that raised is
+    """As on the console (record/result.suspected): a rank that raised is
     the cause, so no rank waiting is called suspect."""
     result = _hang(CULPRITS)
     result.cause = records.cause({"kind": "failed", "summary": "rank 3 raised: ValueError", "rank": 3})
-    assert card_mod.finish_card(task.deco, result, FLOW, NONE, 0)
+    assert card_life.finish_card(task.deco, result, FLOW, NONE, 0)
     assert not any("Suspected cause" in p.get("source", "") for p in _components(_card(task).get()))
 
 
@@ -171,7 +172,7 @@ def test_why_no_suspect_was_named_is_one_line_of_the_root_cause_and_kept_in_the_
     result = _hang(None)
     result.flight_unread = "this torch has no _dump_nccl_trace_json on ranks 0-7"
     assert result.to_dict()["flight_unread"] == result.flight_unread
-    assert card_mod.finish_card(task.deco, result, FLOW, NONE, 0)
+    assert card_life.finish_card(task.deco, result, FLOW, NONE, 0)
     sources = [p["source"] for p in _components(_card(task).get()) if p["type"] == "markdown"]
     root = html.unescape([s for s in sources if s.startswith("## Root cause")][0])
     assert ("No suspect named: torch's Flight Recorder could not say (%s)" % result.flight_unread) in root, root
@@ -196,8 +197,8 @@ def test_the_attempts_and_goodput_tables_agree_on_each_failures_cost():
     # From the failure to the next attempt's first line: the ledger's stop and restart, both attempts'.
     back = first.parts["stop"] + first.parts["restart"] + second.parts["restart"]
     assert round(attempts[0].restart_seconds, 3) == round(back, 3) == round(first.time_to_restart, 3) == 5.0
-    rows = card_mod.attempt_rows(_with(attempts, led))
-    assert rows[0][card_mod.ATTEMPT_HEADERS.index("lost work")] == "6.7 s"
+    rows = card_content.attempt_rows(_with(attempts, led))
+    assert rows[0][card_content.ATTEMPT_HEADERS.index("lost work")] == "6.7 s"
     goodput_row = goodput.rows(led)[0]
     assert goodput_row[goodput.HEADERS.index("lost work (s)")] == "6.7"
 
@@ -211,13 +212,13 @@ def _with(attempts, led):
 def test_each_attempts_record_names_its_card_and_the_attempts_table_shows_it(task):
     """From the last attempt's card, every earlier attempt's card can be
     opened: its record keeps its card's hash, the Attempts table shows it."""
-    assert card_mod.this_card_hash() == task.deco._card_uuid
+    assert card_life.this_card_hash() == task.deco._card_uuid
     earlier = Attempt(0, started_at=1.0, calls=(CallStart(0, 2.0),), ended_at=9.0, stopped="node 1 lost",
                       card="0123456789abcdef0123456789abcdef")
     assert Attempt.from_wire(earlier.to_wire()).card == earlier.card
     result = _result(succeeded=True)
     result.attempts = with_costs([earlier, Attempt(1, started_at=12.0, calls=(CallStart(0, 13.0),), ended_at=20.0,
                                                    stopped="succeeded", card=task.deco._card_uuid)])
-    rows = card_mod.attempt_rows(result)
-    column = card_mod.ATTEMPT_HEADERS.index("card (--hash)")
-    assert [r[column] for r in rows] == ["0123456789ab", task.deco._card_uuid[:card_mod.CARD_HASH_SHOWN]]
+    rows = card_content.attempt_rows(result)
+    column = card_content.ATTEMPT_HEADERS.index("card (--hash)")
+    assert [r[column] for r in rows] == ["0123456789ab", task.deco._card_uuid[:card_content.CARD_HASH_SHOWN]]

@@ -6,7 +6,7 @@ import textwrap
 import pytest
 
 from metaflow_extensions.torchrun.plugins.torchrun import compat
-from metaflow_extensions.torchrun.plugins.torchrun.runtime import meta_datum
+from metaflow_extensions.torchrun.plugins.torchrun.record import meta_datum
 from metaflow_extensions.torchrun.plugins.torchrun.launch import torch_checks
 from metaflow_extensions.torchrun.plugins.torchrun.errors import TorchrunException, TorchrunInvalidArgument
 
@@ -42,7 +42,7 @@ class TestInsertedBy:
 
 
 def test_meta_datum_is_metaflows():
-    fields = meta_datum()._fields  # its home is runtime/step_record.py, beside its one user
+    fields = meta_datum()._fields  # its home is record/step_record.py, beside its one user
     assert fields == ("field", "value", "type", "tags")
 
 

@@ -1,4 +1,4 @@
-"""The evidence bundle of a failed attempt (runtime/evidence.py): bounded at
+"""The evidence bundle of a failed attempt (record/evidence.py): bounded at
 1,024 nodes, stacks grouped, Flight Recorder dumps found by torch's prefix."""
 
 import json
@@ -6,8 +6,8 @@ import json
 from metaflow_extensions.torchrun.plugins.torchrun.cause import Cause, CauseKind
 from metaflow_extensions.torchrun.plugins.torchrun.gang import NodeReport
 from metaflow_extensions.torchrun.plugins.torchrun.procs import names
-from metaflow_extensions.torchrun.plugins.torchrun.runtime import evidence
-from metaflow_extensions.torchrun.plugins.torchrun.runtime.result import GangView, TorchrunResult
+from metaflow_extensions.torchrun.plugins.torchrun.record import evidence
+from metaflow_extensions.torchrun.plugins.torchrun.record.result import GangView, TorchrunResult
 
 STACK = 'Current thread 0x1 (most recent call first):\n  File "/w/train.py", line %d in step\n'
 

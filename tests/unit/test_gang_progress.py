@@ -16,8 +16,8 @@ from metaflow_extensions.torchrun.plugins.torchrun.gang.node_progress import Nod
 from metaflow_extensions.torchrun.plugins.torchrun.gang.wire import ProtocolError
 from metaflow_extensions.torchrun.plugins.torchrun.procs.progress import ProgressReport
 from metaflow_extensions.torchrun.plugins.torchrun.procs.records import write_json
-from metaflow_extensions.torchrun.plugins.torchrun.runtime import card_progress
-from metaflow_extensions.torchrun.plugins.torchrun.runtime.card import clip
+from metaflow_extensions.torchrun.plugins.torchrun.card import progress as card_progress
+from metaflow_extensions.torchrun.plugins.torchrun.card.text import clip
 
 
 def _node(rate, step=100, lo=0, hi=7, total=1000, cpu=None, **metrics):

@@ -1,10 +1,10 @@
-"""The goodput ledger (runtime/goodput.py): parts that never overlap and add
+"""The goodput ledger (record/goodput.py): parts that never overlap and add
 up to the wall time, failures' costs, the wire shape and the card's bars."""
 
 import json
 
-from metaflow_extensions.torchrun.plugins.torchrun.runtime import goodput
-from metaflow_extensions.torchrun.plugins.torchrun.runtime.attempts import Attempt, CallStart, Checkpoint
+from metaflow_extensions.torchrun.plugins.torchrun.record import goodput
+from metaflow_extensions.torchrun.plugins.torchrun.record.attempts import Attempt, CallStart, Checkpoint
 from metaflow_extensions.torchrun.plugins.torchrun.cause import CauseKind
 
 
@@ -81,7 +81,7 @@ def test_the_card_draws_one_bar_per_attempt():
 # -- a swap (@torchrun(spares)) and an in-step restart: segments of their own ----------------------
 
 def _swap(failed_at=120.0, stopped_at=121.0, back_at=123.0, work_from=110.0, out=1, came_in=2):
-    from metaflow_extensions.torchrun.plugins.torchrun.runtime.attempts import RestartMark
+    from metaflow_extensions.torchrun.plugins.torchrun.record.attempts import RestartMark
 
     return RestartMark(call=0, restart=1, failed_at=failed_at, stopped="node 1 (h1), rank 2: killed by signal SIGKILL",
                        kind=CauseKind.RANK_FAILED, stopped_at=stopped_at, back_at=back_at, work_from=work_from,
@@ -112,7 +112,7 @@ def test_a_swap_is_a_segment_named_by_its_nodes_with_what_it_cost():
 
 
 def test_a_restart_in_place_is_a_segment_too_and_an_attempt_failing_after_it_loses_only_what_followed():
-    from metaflow_extensions.torchrun.plugins.torchrun.runtime.attempts import with_costs
+    from metaflow_extensions.torchrun.plugins.torchrun.record.attempts import with_costs
 
     in_place = _swap(out=None, came_in=None)
     failed = Attempt(attempt=0, started_at=100.0, gang_formed_at=105.0, calls=(CallStart(0, 104.0),),

@@ -1,4 +1,4 @@
-"""Node roles and the node history (runtime/node_roles.py, node_history.py):
+"""Node roles and the node history (record/node_roles.py, node_history.py):
 who is blamed for a cause, bounded entries, the K-of-M flag with its
 evidence, strict refusal, bandwidth against a host's own past, steering."""
 
@@ -8,9 +8,9 @@ import re
 import pytest
 
 from metaflow_extensions.torchrun.plugins.torchrun.cause import Cause, CauseKind
-from metaflow_extensions.torchrun.plugins.torchrun.runtime import node_history as nh
-from metaflow_extensions.torchrun.plugins.torchrun.runtime import node_roles as roles
-from metaflow_extensions.torchrun.plugins.torchrun.runtime.attempts import Attempt
+from metaflow_extensions.torchrun.plugins.torchrun.record import node_history as nh
+from metaflow_extensions.torchrun.plugins.torchrun.record import node_roles as roles
+from metaflow_extensions.torchrun.plugins.torchrun.record.attempts import Attempt
 
 
 def test_roles_follow_the_cause():
@@ -165,7 +165,7 @@ def test_causes_that_recur_and_causes_seen_once_are_told_apart():
 
 def _swapped(k, at, hosts=("good", "bad", "spare")):
     """An attempt that succeeded after node 1 was taken out for the spare node 2."""
-    from metaflow_extensions.torchrun.plugins.torchrun.runtime.attempts import RestartMark
+    from metaflow_extensions.torchrun.plugins.torchrun.record.attempts import RestartMark
 
     nodes, _ = roles.entries(3, dict(enumerate(hosts)), {}, {}, {}, {}, tasks=["r/train/t%d" % i for i in range(3)],
                              taken_out=[1])

@@ -16,8 +16,8 @@ EXPORTED = ["TorchrunFailed", "TorchrunResult", "TorchrunInvalidArgument", "Torc
             "GangAborted", "TorchrunInterrupted", "TorchrunHandle", "TorchrunSingleNodeMultiGPU",
             "TorchrunCallRefused"]
 # Modules a user (or a test, or a tool) may import before metaflow.
-FIRST = ["errors", "decorator", "handle", "compat", "lint", "cause", "spec", "knobs", "runtime.result",
-         "runtime.card", "runtime.session", "runtime.single_node", "launch.plan", "gang.client"]
+FIRST = ["errors", "decorator", "handle", "compat", "lint", "cause", "spec", "knobs", "record.result",
+         "card.lifecycle", "runtime.session", "runtime.single_node", "launch.plan", "gang.client"]
 
 
 def python(code, **env):

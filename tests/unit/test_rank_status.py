@@ -11,7 +11,7 @@ import pytest
 from metaflow_extensions.torchrun.plugins.torchrun.gang import messages
 from metaflow_extensions.torchrun.plugins.torchrun.procs import status
 from metaflow_extensions.torchrun.plugins.torchrun.procs.status import RankStatus, StatusError
-from metaflow_extensions.torchrun.plugins.torchrun.runtime import result
+from metaflow_extensions.torchrun.plugins.torchrun.record import result
 
 FIELDS = ["rank", "local_rank", "group_rank", "restart", "pid", "start", "end", "exit_code"]
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 import records
-from metaflow_extensions.torchrun.plugins.torchrun.runtime.result import (
+from metaflow_extensions.torchrun.plugins.torchrun.record.result import (
     METADATA_LIMIT,
     RankRecord,
     TorchrunResult,
@@ -67,8 +67,8 @@ def test_the_full_report_keeps_every_rank():
 
 
 def test_attempts_of_1024_nodes_fit_keeping_the_nodes_with_a_role():
-    from metaflow_extensions.torchrun.plugins.torchrun.runtime import goodput, node_roles
-    from metaflow_extensions.torchrun.plugins.torchrun.runtime.attempts import Attempt
+    from metaflow_extensions.torchrun.plugins.torchrun.record import goodput, node_roles
+    from metaflow_extensions.torchrun.plugins.torchrun.record.attempts import Attempt
 
     hosts = {n: "ip-10-0-%d-%d.ec2.internal" % (n // 256, n % 256) for n in range(1024)}
     result = gang_result(1024, 8)
@@ -90,7 +90,7 @@ def test_attempts_of_1024_nodes_fit_keeping_the_nodes_with_a_role():
 def _swapped_result(restarts=1, result=None, swap_at=1):
     """The control's result of a call with ``restarts`` in-step restarts, one (``swap_at``) a swap of node 1 for node 2."""
     from metaflow_extensions.torchrun.plugins.torchrun.cause import Cause, CauseKind
-    from metaflow_extensions.torchrun.plugins.torchrun.runtime.restarts import InStepRestart
+    from metaflow_extensions.torchrun.plugins.torchrun.record.in_step_restarts import InStepRestart
 
     killed = Cause(CauseKind.RANK_FAILED, "node 1 (b), rank 2: killed by signal SIGKILL", node_index=1, rank=2)
     found = [InStepRestart(k, killed, ran_from=100.0 + 10 * k, failed_at=105.0 + 10 * k, stopped_at=106.0 + 10 * k,
@@ -104,7 +104,7 @@ def _swapped_result(restarts=1, result=None, swap_at=1):
 
 def test_an_attempt_keeps_its_swaps_and_restarts_with_the_hosts_and_reads_them_back():
     from metaflow_extensions.torchrun.plugins.torchrun.cause import CauseKind
-    from metaflow_extensions.torchrun.plugins.torchrun.runtime import attempts
+    from metaflow_extensions.torchrun.plugins.torchrun.record import attempts
 
     entry = attempts.this_attempt(0, 90.0, [_swapped_result(restarts=2)], None, None, hosts={0: "a", 1: "b", 2: "c"})
     swap, in_place = entry.restarts
@@ -126,7 +126,7 @@ def test_an_attempt_keeps_its_swaps_and_restarts_with_the_hosts_and_reads_them_b
 
 
 def test_the_record_says_the_bench_and_the_swaps_whole_and_reads_back_as_the_next_attempt_and_history_read_it():
-    from metaflow_extensions.torchrun.plugins.torchrun.runtime import attempts, node_history
+    from metaflow_extensions.torchrun.plugins.torchrun.record import attempts, node_history
 
     def swap(k):
         return {"restart": k, "out": 1, "in": 2, "out_host": "b", "in_host": "c", "failed_at": 105.0 + 10 * k,

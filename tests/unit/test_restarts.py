@@ -21,8 +21,9 @@ from metaflow_extensions.torchrun.plugins.torchrun.launch.inputs import validate
 from metaflow_extensions.torchrun.plugins.torchrun.launch.plan import StepDefaults, plan_call
 from metaflow_extensions.torchrun.plugins.torchrun.procs import names
 from metaflow_extensions.torchrun.plugins.torchrun.procs.failures import clear_round
-from metaflow_extensions.torchrun.plugins.torchrun.runtime import restarts as records
-from metaflow_extensions.torchrun.plugins.torchrun.runtime.result import TorchrunResult, compact
+from metaflow_extensions.torchrun.plugins.torchrun.record import in_step_restarts as records
+from metaflow_extensions.torchrun.plugins.torchrun.record.result import TorchrunResult, compact
+from metaflow_extensions.torchrun.plugins.torchrun.runtime.restarts import CallRestarts
 from proc_helpers import wait_until
 
 TB = 'Traceback (most recent call last):\n  File "/home/u/train.py", line 88, in <module>\n    x()\n'
@@ -231,38 +232,38 @@ def test_a_restart_clears_the_replaced_ranks_records_only(tmp_path):
 
 
 def test_the_card_counts_each_restart_like_an_attempt():
-    from metaflow_extensions.torchrun.plugins.torchrun.runtime import card
+    from metaflow_extensions.torchrun.plugins.torchrun.card import content as card_content
     restarts = [records.InStepRestart(1, KILLED, 100.0, 110.0, restarted_at=111.0, ranks_at=112.5),
                 records.InStepRestart(2, KILLED, 112.5, 120.0)]
     result = TorchrunResult(["torchrun"], 0, 2, 2, 0, 100.0, 130.0, in_step_restarts=restarts)
-    assert card.restart_rows(result) == [
+    assert card_content.restart_rows(result) == [
         ["1", "+10.0 s", KILLED.summary, "10.0 s", "2.5 s"],
         ["2", "+20.0 s", KILLED.summary, "7.5 s", ""],
     ]
 
 
 def test_the_card_names_a_swap_in_its_restart_row_and_the_nodes_that_sat_out():
-    from metaflow_extensions.torchrun.plugins.torchrun.runtime import card
-    from metaflow_extensions.torchrun.plugins.torchrun.runtime.attempts import this_attempt
+    from metaflow_extensions.torchrun.plugins.torchrun.card import content as card_content
+    from metaflow_extensions.torchrun.plugins.torchrun.record.attempts import this_attempt
 
     swap = records.InStepRestart(1, KILLED, 100.0, 110.0, ranks_at=112.5, work_from=104.0, swapped_out=1, swapped_in=2)
     result = TorchrunResult(["torchrun"], 0, 3, 2, 0, 100.0, 130.0, in_step_restarts=[swap], role="active",
                             out_nodes=[1])
     # A node's own card (no attempts record): the nodes without their hosts.
-    assert card.restart_rows(result) == [
+    assert card_content.restart_rows(result) == [
         ["1", "+10.0 s", "node 1 (?) out, spare node 2 (?) in: " + KILLED.summary, "6.0 s", "2.5 s"]]
     result.attempts = [this_attempt(0, 90.0, [result], None, None, hosts={1: "host-b", 2: "host-c"})]
-    assert card.restart_rows(result)[0][2] == "node 1 (host-b) out, spare node 2 (host-c) in: " + KILLED.summary
-    assert card.topology_rows(result, "gloo")[-3:] == [["this node's role", "active"], ["spares left", "none"],
+    assert card_content.restart_rows(result)[0][2] == "node 1 (host-b) out, spare node 2 (host-c) in: " + KILLED.summary
+    assert card_content.topology_rows(result, "gloo")[-3:] == [["this node's role", "active"], ["spares left", "none"],
                                                        ["taken out", "1"]]
-    assert card.bench_rows(TorchrunResult(["torchrun"], 0, 2, 2, 0, 100.0, 130.0)) == []
+    assert card_content.bench_rows(TorchrunResult(["torchrun"], 0, 2, 2, 0, 100.0, 130.0)) == []
 
 
 def test_a_restarts_lost_work_counts_from_its_ranks_at_the_script_where_known():
     swap = records.InStepRestart(1, KILLED, ran_from=100.0, failed_at=110.0, work_from=104.0)
     assert swap.lost_work_seconds == 6.0
     assert records.InStepRestart.from_wire(swap.to_wire()) == swap
-    started = records.CallRestarts()
+    started = CallRestarts()
     started.begin(type("Decided", (), {"restart": 1, "cause": KILLED, "swapped_out": 1, "swapped_in": 2})(),
                   ran_from=100.0, stopped_at=111.0, rank_starts=[None, 104.5, 104.0])
     assert started.records[0].work_from == 104.0 and started.records[0].swapped_in == 2

@@ -1,4 +1,4 @@
-"""runtime/step_record.drop_inherited against Metaflow's own local datastore:
+"""record/step_record.drop_inherited against Metaflow's own local datastore:
 a task of a @torchrun step passes on none of @torchrun's artifacts it inherited
 (issue 52: a second @torchrun step's join failed in merge_artifacts), and
 every other inherited artifact as before. The flow run of the same is
@@ -12,7 +12,7 @@ from metaflow import FlowSpec, step
 from metaflow.datastore import FlowDataStore
 from metaflow.plugins.datastores.local_storage import LocalStorage
 
-from metaflow_extensions.torchrun.plugins.torchrun.runtime import step_record
+from metaflow_extensions.torchrun.plugins.torchrun.record import step_record
 
 
 class OneStep(FlowSpec):

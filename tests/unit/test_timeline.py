@@ -15,8 +15,8 @@ import pytest
 
 import records
 from metaflow_extensions.torchrun.plugins.torchrun.gang.messages import RankStatus
-from metaflow_extensions.torchrun.plugins.torchrun.runtime import timeline
-from metaflow_extensions.torchrun.plugins.torchrun.runtime.result import TorchrunResult
+from metaflow_extensions.torchrun.plugins.torchrun.card import timeline
+from metaflow_extensions.torchrun.plugins.torchrun.record.result import TorchrunResult
 
 T0 = 1_800_000_000.0
 
@@ -72,7 +72,7 @@ def _result(nodes=2, per_node=2, cause=None, calls=1, reports=None):
 
 
 def _spec(result):
-    from metaflow_extensions.torchrun.plugins.torchrun.runtime.card import gang_ranks
+    from metaflow_extensions.torchrun.plugins.torchrun.card.content import gang_ranks
 
     return timeline.spec(timeline.from_result(result, gang_ranks(result)))
 
@@ -191,8 +191,8 @@ def test_the_size_does_not_grow_with_the_gang_or_the_calls():
 
 
 def _swapped(hosts=("h-b", "h-c")):
-    from metaflow_extensions.torchrun.plugins.torchrun.runtime.attempts import RestartMark
-    from metaflow_extensions.torchrun.plugins.torchrun.runtime.restarts import InStepRestart
+    from metaflow_extensions.torchrun.plugins.torchrun.record.attempts import RestartMark
+    from metaflow_extensions.torchrun.plugins.torchrun.record.in_step_restarts import InStepRestart
 
     result = _result(nodes=3)
     cause = records.cause({"summary": "node 1 (h-b), rank 2: <b>killed</b>", "node_index": 1, "rank": 2,

@@ -9,9 +9,10 @@ import sys
 
 import records
 from metaflow_extensions.torchrun.plugins.torchrun.procs import RankStatus
-from metaflow_extensions.torchrun.plugins.torchrun.runtime import card as card_mod
-from metaflow_extensions.torchrun.plugins.torchrun.runtime import timeline, what_ran
-from metaflow_extensions.torchrun.plugins.torchrun.runtime.result import RankRecord, TorchrunResult
+from metaflow_extensions.torchrun.plugins.torchrun.card import content as card_content
+from metaflow_extensions.torchrun.plugins.torchrun.card import timeline
+from metaflow_extensions.torchrun.plugins.torchrun.record import what_ran
+from metaflow_extensions.torchrun.plugins.torchrun.record.result import RankRecord, TorchrunResult
 from metaflow_extensions.torchrun.plugins.torchrun.version import __version__
 
 T0 = 1_800_000_000.0
@@ -46,7 +47,7 @@ def test_the_what_ran_rows_name_the_entrypoint_arguments_command_logs_and_versio
 
 def test_versions_are_read_without_importing_torch():
     out = subprocess.run([sys.executable, "-c",
-                          "import sys; from metaflow_extensions.torchrun.plugins.torchrun.runtime import what_ran;"
+                          "import sys; from metaflow_extensions.torchrun.plugins.torchrun.record import what_ran;"
                           "v = what_ran.versions(); print(v['metaflow-torchrun'], 'torch' in sys.modules)"],
                          capture_output=True, text=True, timeout=120)
     assert out.stdout.split() == [__version__, "False"], out.stderr
@@ -58,7 +59,7 @@ def test_a_refused_calls_card_says_so_and_shows_no_empty_tables():
                             cause=records.cause({"kind": "step_failed", "exc_type": "TorchrunCallRefused",
                                    "summary": "node 0 refused current.torch.run call 1",
                                    "message": "current.torch.run call 1 (flow.py, line 9): entrypoint 'x.py' does not exist"}))
-    assert card_mod.refusal_reason(result).endswith("does not exist")
+    assert card_content.refusal_reason(result).endswith("does not exist")
 
     class Md:
         def __init__(self, text):
@@ -73,7 +74,7 @@ def test_a_refused_calls_card_says_so_and_shows_no_empty_tables():
     real = cards.Markdown, cards.Table
     cards.Markdown, cards.Table = Md, Tb
     try:
-        parts = card_mod.build_components(result, "F", "F/1/train/2", "gloo")
+        parts = card_content.build_components(result, "F", "F/1/train/2", "gloo")
     finally:
         cards.Markdown, cards.Table = real
     text = "\n".join(p.text for p in parts if isinstance(p, Md))
@@ -83,7 +84,7 @@ def test_a_refused_calls_card_says_so_and_shows_no_empty_tables():
     assert not [p for p in parts if isinstance(p, Tb)]  # no empty table (no attempts, nothing ran)
     ran = TorchrunResult(command=["torchrun"], node_index=0, num_nodes=1, nproc_per_node=1, exit_code=0,
                          started_at=T0, ended_at=T0 + 1, ranks=[RankRecord(0, 0)], cause=result.cause)
-    assert card_mod.refusal_reason(ran) is None  # ranks ran: not a refusal
+    assert card_content.refusal_reason(ran) is None  # ranks ran: not a refusal
 
 
 def test_the_failure_is_drawn_where_the_failing_rank_ended():

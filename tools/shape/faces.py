@@ -20,7 +20,7 @@ from typing import Dict, Iterator, List, Set, Tuple
 
 ROOT = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
                     "metaflow_extensions", "torchrun", "plugins", "torchrun")
-SUBPACKAGES = ("gang", "launch", "runtime", "procs", "host")
+SUBPACKAGES = ("gang", "launch", "runtime", "card", "record", "procs", "host")
 
 
 def modules() -> Iterator[Tuple[str, str]]:

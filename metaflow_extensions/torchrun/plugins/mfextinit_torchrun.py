@@ -5,5 +5,5 @@ relative to this package so the implementation can live in small modules.
 """
 
 STEP_DECORATORS_DESC = [("torchrun", ".torchrun.decorator.TorchrunDecorator")]
-# `python flow.py torchrun history`: the node history (runtime/node_history.py).
+# `python flow.py torchrun history`: the node history (record/node_history.py).
 CLIS_DESC = [("torchrun", ".torchrun.cli.cli")]

@@ -23,7 +23,7 @@ from metaflow_extensions.torchrun.plugins.torchrun.errors import (  # noqa: F401
     TorchrunMissingDependency,
     TorchrunNotRetried,
 )
-from metaflow_extensions.torchrun.plugins.torchrun.runtime.result import TorchrunResult  # noqa: F401, E402
+from metaflow_extensions.torchrun.plugins.torchrun.record.result import TorchrunResult  # noqa: F401, E402
 # The type of current.torch: exported so that Metaflow's generated stubs (and IDEs)
 # see current.torch.run with its signature.
 from metaflow_extensions.torchrun.plugins.torchrun.handle import TorchrunHandle  # noqa: F401, E402

@@ -27,7 +27,7 @@ _HOMES = {
     "TorchrunFailed": ".errors",
     "TorchrunInterrupted": ".errors",
     "TorchrunInvalidArgument": ".errors",
-    "TorchrunResult": ".runtime.result",
+    "TorchrunResult": ".record.result",
     "TorchrunHandle": ".handle",
 }
 

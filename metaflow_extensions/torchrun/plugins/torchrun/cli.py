@@ -20,7 +20,7 @@ from typing import Any, List, Optional, Sequence
 from metaflow._vendor import click
 
 from .procs import RunningRank, running_ranks
-from .runtime import node_history
+from .record import node_history
 from .text import count, shorten
 
 MAX_ROWS = 50

@@ -13,7 +13,7 @@ from . import load_order  # noqa: F401  (Metaflow first, whatever the user impor
 from metaflow.plugins.parallel_decorator import ParallelDecorator
 from metaflow.unbounded_foreach import UBF_CONTROL
 
-from .runtime import attach_card, card_ready, card_view_command, finish_card, refresh_live, render_card_now
+from .card import attach_card, card_ready, card_view_command, finish_card, refresh_live, render_card_now
 from .compat import (
     decorator_init_kwargs,
     card_commands,
@@ -29,9 +29,11 @@ from .spec import ATTRIBUTE_DEFAULTS, read_settings, read_step_spec, step_defaul
 from .gang import GangIdentity
 from .lint import register_lint_check, require_parallel_entry
 from .host import log, say
-from .runtime import card_of_task, close_runtime_warm, name_local_control, own_start, prepare_local_nodes, stop_local_nodes
+from .card import card_of_task
+from .runtime import close_runtime_warm, name_local_control, own_start, prepare_local_nodes, stop_local_nodes
 from .launch import check_spares_fit, small_shm_warning
-from .runtime import GangSession, ThisAttempt, in_gang, keep_record, read_node_history
+from .record import ThisAttempt, keep_record
+from .runtime import GangSession, attempt_facts, in_gang, read_node_history
 from .gang import CONTROL_TASK_ID_ENV, is_local_runtime, topology_from
 
 
@@ -201,7 +203,7 @@ class TorchrunDecorator(ParallelDecorator):
         log.configure(self._knobs.debug)  # the debug channel, if asked for
         is_control = ubf_context == UBF_CONTROL
         self._card = card_of_task(self._card, is_control)
-        # The card of this attempt (runtime/card.card_view_command), named once the card has its hash.
+        # The card of this attempt (card/lifecycle.card_view_command), named once the card has its hash.
         self._card_of = (self._card, "%s/%s/%s/%s" % (self._flow_name, run_id, step_name, task_id))
         control_task_id = os.environ.get(CONTROL_TASK_ID_ENV) or (task_id if is_control else None)
         self._identity = GangIdentity(self._flow_name, str(run_id), step_name,
@@ -294,7 +296,7 @@ class TorchrunDecorator(ParallelDecorator):
             return
         if session is not None and session.is_control:
             self._attempt.mapper_tasks = tuple(str(t) for t in getattr(flow, "_control_mapper_tasks", None) or [])
-        if keep_record(flow, session, self._attempt, self._metadata, self._flow_name,
+        if keep_record(flow, attempt_facts(session), self._attempt, self._metadata, self._flow_name,
                        lambda result: finish_card(self._card, result, self._flow_name, self._accelerators, retry_count)
                        if self._card is not None else False):
             self._card = None

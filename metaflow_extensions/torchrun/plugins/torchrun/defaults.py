@@ -41,7 +41,7 @@ KEEP_LOGS_HOURS = 72.0
 KEEP_LOGS = 20
 # ... and the least recently used runs go while all logs take more than this many MB.
 MAX_LOG_MB = 500
-# Node history (runtime/node_history.py): a host blamed for a failure (culprit,
+# Node history (record/node_history.py): a host blamed for a failure (culprit,
 # lost or frozen, the user's own exceptions excepted) in this many ...
 NODE_HISTORY_CULPRIT = 2
 # ... of its last this many appearances is flagged by the next preflight ...

@@ -10,7 +10,7 @@ from .errors import TorchrunException
 from .launch import ArgSpec
 from .launch import call_request
 from .runtime import api as runtime
-from .runtime import TorchrunResult
+from .record import TorchrunResult
 from .runtime import GangSession
 from .runtime import TorchrunArgs, torchrun_args_of
 

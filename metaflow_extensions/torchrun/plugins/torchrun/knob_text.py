@@ -1,4 +1,4 @@
-"""The lenient readers ``runtime/node_history.py``'s ``parse_threshold`` and
+"""The lenient readers ``record/node_history.py``'s ``parse_threshold`` and
 ``history_runs`` still use; nothing else does. The settings are read once, at
 the step's start, into ``knobs.Knobs``: this module goes with those two."""
 

@@ -33,7 +33,7 @@ KEEP_LOGS_ENV = "METAFLOW_TORCHRUN_KEEP_LOGS"  # and beyond that, the newest N r
 MAX_LOG_MB_ENV = "METAFLOW_TORCHRUN_MAX_LOG_MB"  # and at most this many MB of them
 DEBUG_ENV = "METAFLOW_TORCHRUN_DEBUG"  # "1": the debug channel on stderr (host/log.py)
 # "K/M": a node blamed for K of its last M appearances is flagged by the preflight
-# (runtime/node_history.py); "off": the history is not read.
+# (record/node_history.py); "off": the history is not read.
 NODE_HISTORY_ENV = "METAFLOW_TORCHRUN_NODE_HISTORY"
 NODE_HISTORY_RUNS_ENV = "METAFLOW_TORCHRUN_NODE_HISTORY_RUNS"  # how many past runs it reads
 # The entries of torch's Flight Recorder each rank keeps (launch/prepare.py sets

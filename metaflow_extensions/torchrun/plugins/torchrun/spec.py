@@ -50,7 +50,7 @@ from .launch import (
     validate_spares,
     validate_timeouts,
 )
-from .runtime import attempts as attempts_
+from .record import attempts as attempts_
 
 # @torchrun's attributes and their defaults, as Metaflow's decorator takes them
 # (TorchrunDecorator.defaults; its docstring documents each).

@@ -24,7 +24,7 @@ from . import messages as msg
 # job of its own before the first call; "off" (False) does nothing.
 VERSIONS = "versions"
 FULL = "full"
-# "versions", and a node whose host has a bad history (runtime/node_history.py)
+# "versions", and a node whose host has a bad history (record/node_history.py)
 # is refused rather than warned about.
 STRICT = "strict"
 OFF = "off"
@@ -44,7 +44,7 @@ ROW_TEXT = 80
 FIX_VERSIONS = ("build every node from one image (or one environment: @pypi/@conda pins, the same "
                 "--environment), so that every node runs the same software")
 
-# The control's check of the gang's hosts against their history (runtime/node_history.py):
+# The control's check of the gang's hosts against their history (record/node_history.py):
 # hosts -> the lines it says, the refusal (preflight="strict"), the nodes whose host it blames.
 HostCheck = Callable[[Dict[int, str]], Tuple[List[str], Optional[Cause], List[int]]]
 

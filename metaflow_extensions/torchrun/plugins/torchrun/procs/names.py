@@ -14,7 +14,7 @@ from typing import Optional
 # -- environment: what users set ------------------------------------------------
 # The METAFLOW_TORCHRUN_* settings live in ../knobs.py, read once at the step's
 # start; what reaches the ranks comes in their entry file (entry.py).
-# runtime/node_history.py's lenient reader's, until it goes:
+# record/node_history.py's lenient reader's, until it goes:
 from ..knobs import NODE_HISTORY_RUNS_ENV  # noqa: E402,F401
 
 # -- environment: what the task sets for its torchrun and ranks -------------------
@@ -47,7 +47,7 @@ SHUTDOWN_TIMEOUT_ENV = "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"
 FR_BUFFER_ENV = "TORCH_FR_BUFFER_SIZE"
 FR_BUFFER_OLD_ENV = "TORCH_NCCL_TRACE_BUFFER_SIZE"
 # The path prefix torch writes the recorder's dumps under: 2.15's name, and the
-# older one that torch before 2.15 reads (runtime/evidence.py looks under both).
+# older one that torch before 2.15 reads (record/evidence.py looks under both).
 FR_DUMP_ENV = "TORCH_FR_DUMP_TEMP_FILE"
 FR_DUMP_OLD_ENV = "TORCH_NCCL_DEBUG_INFO_TEMP_FILE"
 

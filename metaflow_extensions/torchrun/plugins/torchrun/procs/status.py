@@ -3,7 +3,7 @@
 The same record is written by the rank itself (``bootstrap.py``: at its start,
 then at its exit), completed by its agent for a rank killed by a signal
 (``exits.py``), sent to the control in a node's report (``gang/messages.py``)
-and kept in the public result (``runtime/result.py``'s ``RankRecord`` is this
+and kept in the public result (``record/result.py``'s ``RankRecord`` is this
 class). Its JSON, in the status file, on the wire and in the result's record,
 is ``to_wire``: the eight fields below, in this order.
 

@@ -21,7 +21,7 @@ from ..launch import CallRequest, plan_request
 from .call import run_call
 from .nproc import with_nproc_resolved
 from .preflight import before_first_call
-from .result import TorchrunResult
+from ..record import TorchrunResult
 from .session import GangSession
 
 

@@ -29,16 +29,17 @@ from ..procs import (
 )
 from ..launch import argparse_hint
 from ..launch import CallPlan
-from .result import GangView, TorchrunResult, read_rank_records
+from ..record import GangView, TorchrunResult, read_rank_records, what_ran
 from .session import GangSession
-from . import node_report, what_ran
+from . import node_report
 from .call_stacks import CallStacks
 from ..host import say
 from .stop import GangStop, interrupted
 from .supervisor import StopReason, Supervisor
 from ..host import CallFiles, GpuUsage
 from .call_launch import CallLaunch
-from .restarts import CallRestarts, with_ranks_start
+from .restarts import CallRestarts
+from ..record import with_ranks_start
 from .warm_start import WarmStart
 from .. import timeouts
 

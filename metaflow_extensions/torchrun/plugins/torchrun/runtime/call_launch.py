@@ -17,7 +17,7 @@ from ..host import CallFiles, route_to, say, wait_listening
 from ..launch import CallPlan, NodeFacts, prepare_launch
 from ..procs import ARGS_FILE, RESTART_ENV, ZYGOTE_ENV, RankFailure, bootstrap, clear_round, entry, functions
 from .restarts import CallRestarts
-from .result import read_rank_records
+from ..record import read_rank_records
 from .session import GangSession
 from .supervisor import Supervisor
 from .warm_start import WarmStart

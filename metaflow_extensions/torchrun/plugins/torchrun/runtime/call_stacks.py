@@ -21,7 +21,7 @@ from .. import timeouts
 from ..cause import CONTROL_GONE, Cause, CauseKind
 from ..host import log
 from ..procs import Culprits, FlightSummary, find_culprits, flight_ask, stacks, unread_reason
-from .result import read_rank_records
+from ..record import read_rank_records, suspected
 
 _log = log.get("runtime.call_stacks")
 
@@ -133,19 +133,3 @@ class CallStacks:
             return []
         self.culprits = found
         return suspected(found, cause)
-
-
-def suspected(culprits: Optional[Culprits], cause: Optional[Cause]) -> List[str]:
-    """The "Suspected cause" lines the failure says, and the card: none where
-    a failed rank is the root cause (its own error names it already)."""
-    if culprits is None or (cause is not None and cause.kind is CauseKind.RANK_FAILED):
-        return []
-    return culprits.lines()
-
-
-def none_suspected(culprits: Optional[Culprits], unread: str, cause: Optional[Cause]) -> List[str]:
-    """Where nothing named a suspect though one was looked for: the one line
-    that says why the Flight Recorder could not (the card's root cause)."""
-    if culprits is not None or not unread or (cause is not None and cause.kind is CauseKind.RANK_FAILED):
-        return []
-    return ["No suspect named: torch's Flight Recorder could not say (%s)" % unread]

@@ -16,7 +16,7 @@ from ..gang import MAX_RANKS_PER_NODE, STREAMS, TAIL_LINE_CHARS, TAIL_LINES, Nod
 from ..host import step_log_dir
 from ..host import tail_lines as _tail_lines
 from ..procs import RankFailure, functions, describe_exit_code, rank_log_path, with_last_output
-from .result import read_rank_records
+from ..record import read_rank_records
 
 
 def own_cause(node_index: int, call: int, exit_code: Optional[int], failures: List[RankFailure]) -> Cause:

@@ -32,12 +32,11 @@ from ..launch import node_checks as checks
 from ..launch import plan_call
 from ..procs import collective_check
 from .call import CallRun
-from .result import TorchrunResult
+from ..record import TorchrunResult
 from .session import GangSession, say
 from .. import timeouts
 from ..knobs import Knobs
-from . import node_history
-from .attempts import Previous
+from ..record import Previous, node_history
 
 _log = logging.getLogger("metaflow_torchrun")
 

@@ -40,7 +40,7 @@ from ..gang import GangServer
 from ..gang import GangIdentity
 from ..gang import JobRecord, ProgressRecord
 from ..launch import StepDefaults
-from .result import TorchrunResult
+from ..record import TorchrunResult
 from .local_nodes import runtime_gone, watch_local_nodes
 from .warm_start import WarmStart
 from ..gang import Topology

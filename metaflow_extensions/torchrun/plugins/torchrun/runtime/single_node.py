@@ -28,7 +28,7 @@ from .. import defaults as DEFAULTS
 from ..launch import ORDER_0_2, StepDefaults, call_request, validate_shutdown_grace, step_timeout
 from ..launch import requested_accelerators
 from . import api as runtime
-from .result import TorchrunResult
+from ..record import TorchrunResult
 from .session import GangSession
 
 _sessions = itertools.count()

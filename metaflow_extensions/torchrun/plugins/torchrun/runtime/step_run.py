@@ -1,21 +1,25 @@
-"""The step's code, run inside the step's gang.
+"""The step's code, run inside the step's gang, and what the gang leaves for
+the step's record.
 
 The node joins as the step's code starts (Metaflow has set
 ``current.parallel`` by then, on every platform) and leaves, saying how the
 step ended, as it ends. An attempt that ``retry_on`` refused joins too, so the
-gang hears why before the step fails.
+gang hears why before the step fails. As the task ends, ``attempt_facts`` reads
+off the session what the record needs (``record.AttemptFacts``): the record
+itself never sees a session.
 """
 
 from __future__ import annotations
 
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
+from ..card import this_card_hash
 from ..errors import TorchrunNotRetried, drop_own_frame
-from . import attempts as attempts_
+from ..knobs import Knobs
+from ..record import AttemptFacts, ThisAttempt, attempts as attempts_
 from . import preflight
 from .session import GangSession
-from .step_record import ThisAttempt
 
 
 def in_gang(step_func: Callable[[], Any], start_session: Callable[[Any], GangSession],
@@ -52,3 +56,25 @@ def in_gang(step_func: Callable[[], Any], start_session: Callable[[Any], GangSes
             session.say_where_logs_are()
 
     return step
+
+
+def attempt_facts(session: Optional[GangSession]) -> Optional[AttemptFacts]:
+    """What the step's record needs of the gang, read off ``session`` as the
+    task ends (None without one: the step's code never ran)."""
+    if session is None:
+        return None
+    server = session.server
+    return AttemptFacts(session.is_control, session.topology.node_index, session.topology.num_nodes,
+                     results=tuple(session.results), cause=session.cause,
+                     refusal=preflight.refusal_result(session), preflight=preflight.record(session),
+                     job=session.preflight.job, hosts=server.hosts() if server is not None else None,
+                     taken_out=tuple(session.bench.out), card=this_card_hash())
+
+
+def read_node_history(attempt: ThisAttempt, is_control: bool, flow_name: str, run_id: str, step_name: str,
+                      preflight_mode: str, knobs: Knobs) -> Any:
+    """On the control, the node history read in the background for the
+    preflight's check of the gang's hosts (record/node_history.py)."""
+    if not is_control or preflight_mode == "off":
+        return None
+    return preflight.History(flow_name, run_id, step_name, attempt.previous, knobs)

@@ -166,7 +166,7 @@ class Supervisor:
         out_sink = stdout_sink or _default_sink(sys.stdout)
 
         # When a rank first wrote a labelled line (epoch): the goodput ledger's
-        # end of start-up (runtime/goodput.py). One comparison per chunk.
+        # end of start-up (record/goodput.py). One comparison per chunk.
         self.first_output: Optional[float] = None
         self._sinks = (_watched(self, out_sink), _watched(self, err_sink))
         self.proc: Optional[subprocess.Popen] = None

@@ -10,7 +10,7 @@ beyond that only the nodes with a role other than bystander, and a count.
 
 Pure functions over typed records; the host names come from the gang's own
 hello messages (no call to any platform), the instance facts from Metaflow's
-own task metadata, read by the client when asked (runtime/node_history.py).
+own task metadata, read by the client when asked (record/node_history.py).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Node history across runs: which hosts failed, how often, and why.
 
 Every attempt's record (``torchrun-result`` task metadata of the control
-task) lists its nodes with their hosts and roles (runtime/node_roles.py).
+task) lists its nodes with their hosts and roles (record/node_roles.py).
 Read back through the Metaflow client for a flow's last runs, they answer
 which hosts were culprits or stragglers and which causes recurred
 (``python flow.py torchrun history``), and let the next attempt's preflight

@@ -13,11 +13,11 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional, Union
 
 if TYPE_CHECKING:
     from .attempts import Attempt
-    from .restarts import InStepRestart
+    from .in_step_restarts import InStepRestart
     from .goodput import Ledger
     from ..procs import Culprits
 
-from ..cause import Cause
+from ..cause import Cause, CauseKind
 from ..gang import NodeReport
 from ..gang import PreflightRecord, ProgressRecord
 from ..procs import RankFailure
@@ -110,20 +110,20 @@ class TorchrunResult:
     # bounded whatever its size (gang/node_compare.py, runtime/preflight.py).
     preflight: Optional[PreflightRecord] = None
     # On the control: every attempt of the step so far, this one last
-    # (runtime/attempts.py: start, gang formed, calls, why it stopped, the
+    # (record/attempts.py: start, gang formed, calls, why it stopped, the
     # checkpoint it resumed from, what each failure cost).
     attempts: List["Attempt"] = field(default_factory=list)
-    # This call's in-step restarts (@torchrun(restarts), runtime/restarts.py),
+    # This call's in-step restarts (@torchrun(restarts), record/in_step_restarts.py),
     # each like an attempt: its cause, the work it lost, the time to restart.
     in_step_restarts: List["InStepRestart"] = field(default_factory=list)
-    # What ran (runtime/what_ran.py): the entrypoint, its arguments with
+    # What ran (record/what_ran.py): the entrypoint, its arguments with
     # secret-looking ones masked, the torchrun command, versions.
     ran: Dict[str, Any] = field(default_factory=dict)
     # When a rank of this node first wrote a line (epoch; None: none did, or
     # labels were off): where start-up ends in the goodput ledger.
     first_output_at: Optional[float] = None
     # On the control: where the step's wall time went, across its attempts
-    # (runtime/goodput.py).
+    # (record/goodput.py).
     goodput: Optional["Ledger"] = None
     # On the control: the gang's training progress when the call ended (step,
     # total, ETA, steps/s, the last metrics, the slowest node) and the
@@ -298,3 +298,19 @@ def _code_from(description: str) -> Optional[int]:
         except (IndexError, ValueError):
             return None
     return None
+
+
+def suspected(culprits: Optional["Culprits"], cause: Optional[Cause]) -> List[str]:
+    """The "Suspected cause" lines the failure says, and the card: none where
+    a failed rank is the root cause (its own error names it already)."""
+    if culprits is None or (cause is not None and cause.kind is CauseKind.RANK_FAILED):
+        return []
+    return culprits.lines()
+
+
+def none_suspected(culprits: Optional["Culprits"], unread: str, cause: Optional[Cause]) -> List[str]:
+    """Where nothing named a suspect though one was looked for: the one line
+    that says why the Flight Recorder could not (the card's root cause)."""
+    if culprits is not None or not unread or (cause is not None and cause.kind is CauseKind.RANK_FAILED):
+        return []
+    return ["No suspect named: torch's Flight Recorder could not say (%s)" % unread]

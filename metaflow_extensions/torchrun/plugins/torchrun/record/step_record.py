@@ -2,8 +2,9 @@
 an attempt that ran none, with every attempt of the step so far.
 
 The decorator stores it (metadata, artifact, card); what it holds is decided
-here, from the session and the ``ThisAttempt`` the decorator kept, so that the
-hooks only pass things along.
+here, from the attempt's facts (``AttemptFacts``, read off the session by the
+runtime) and the ``ThisAttempt`` the decorator kept, so that the hooks only
+pass things along.
 """
 
 from __future__ import annotations
@@ -15,12 +16,10 @@ import os
 from typing import Any, Callable, Optional, Sequence, Tuple
 
 from ..host import say
-from ..knobs import Knobs
 from . import attempt_record, evidence, goodput
 from . import attempts as attempts_
-from . import preflight as preflight_runtime
+from .attempt_record import AttemptFacts
 from .result import METADATA_FIELD, REPORT_ARTIFACT, TorchrunResult
-from .session import GangSession
 
 # Every artifact a task of a @torchrun step keeps: the control's report and
 # goodput ledger, a failed attempt's evidence (the control's, the named node's).
@@ -52,22 +51,22 @@ class ThisAttempt:
         return note
 
 
-def step_result(session: Optional[GangSession], attempt: ThisAttempt) -> Optional[TorchrunResult]:
+def step_result(facts: Optional[AttemptFacts], attempt: ThisAttempt) -> Optional[TorchrunResult]:
     """The record to keep for this task, None when it has none (no gang)."""
-    if session is None:
+    if facts is None:
         return None
-    result = session.last_result
+    result = facts.last_result
     if result is None:
-        result = preflight_runtime.refusal_result(session)  # refused before any call
-    if session.is_control:
-        result = with_attempts(session, result, attempt)
+        result = facts.refusal  # refused before any call
+    if facts.is_control:
+        result = with_attempts(facts, result, attempt)
     if result is None:
         return None
-    result.preflight = preflight_runtime.record(session) or result.preflight
+    result.preflight = facts.preflight or result.preflight
     return result
 
 
-def with_attempts(session: GangSession, result: Optional[TorchrunResult], attempt: ThisAttempt) -> TorchrunResult:
+def with_attempts(facts: AttemptFacts, result: Optional[TorchrunResult], attempt: ThisAttempt) -> TorchrunResult:
     """The control's record, with every attempt of the step so far. An
     attempt that failed before any call (or was refused) gets a record
     too: the next attempt reads why it stopped."""
@@ -76,26 +75,17 @@ def with_attempts(session: GangSession, result: Optional[TorchrunResult], attemp
         cause = attempt.previous.cause  # carried: the next attempt refuses too
         refused_for = attempts_.previous_origin(attempt.previous, attempt.number - 1)
     else:
-        cause = (result.cause if result is not None else None) or session.cause
+        cause = (result.cause if result is not None else None) or facts.cause
     if result is None:
         result = TorchrunResult(
-            command=[], node_index=0, num_nodes=session.topology.num_nodes, nproc_per_node="",
+            command=[], node_index=0, num_nodes=facts.num_nodes, nproc_per_node="",
             exit_code=None, started_at=attempt.started, ended_at=time.time(), call=-1)
     result.cause = cause
-    return attempt_record.complete(result, session, attempt.number, attempt.started, cause, attempt.previous,
+    return attempt_record.complete(result, facts, attempt.number, attempt.started, cause, attempt.previous,
                                    attempt.resumed_from, refused_for, attempt.code_started, attempt.mapper_tasks)
 
 
-def read_node_history(attempt: ThisAttempt, is_control: bool, flow_name: str, run_id: str, step_name: str,
-                 preflight_mode: str, knobs: Knobs) -> Any:
-    """On the control, the node history read in the background for the
-    preflight's check of the gang's hosts (runtime/node_history.py)."""
-    if not is_control or preflight_mode == "off":
-        return None
-    return preflight_runtime.History(flow_name, run_id, step_name, attempt.previous, knobs)
-
-
-def keep_record(flow: Any, session: Optional[GangSession], attempt: ThisAttempt,
+def keep_record(flow: Any, facts: Optional[AttemptFacts], attempt: ThisAttempt,
                 where: Tuple[Any, Any, str, Any], flow_name: str,
                 render_card: Callable[[TorchrunResult], bool]) -> bool:
     """Keep the task's record: as task metadata (bounded), the full report of
@@ -105,19 +95,19 @@ def keep_record(flow: Any, session: Optional[GangSession], attempt: ThisAttempt,
     the task's run, step and task ids. Returns whether ``render_card`` drew
     the card. Whatever the task keeps, it keeps none of another step's."""
     drop_inherited(flow)
-    result = step_result(session, attempt)
-    if result is None or session is None:
+    result = step_result(facts, attempt)
+    if result is None or facts is None:
         return False
     metadata, run_id, step_name, task_id = where
     record = result.to_json("artifact %s of %s/%s/%s/%s" % (REPORT_ARTIFACT, flow_name, run_id, step_name, task_id))
-    if session.is_control and (result.stacks or '"compacted": true' in record):
-        setattr(flow, REPORT_ARTIFACT, [r.to_dict() for r in session.results])
-    bundle = evidence.bundle(result, session.is_control, session.topology.node_index, attempt.number, os.environ)
+    if facts.is_control and (result.stacks or '"compacted": true' in record):
+        setattr(flow, REPORT_ARTIFACT, [r.to_dict() for r in facts.results])
+    bundle = evidence.bundle(result, facts.is_control, facts.node_index, attempt.number, os.environ)
     if bundle is not None:
         setattr(flow, evidence.ARTIFACT, bundle)
     rendered = render_card(result)
     fields = [(METADATA_FIELD, record)]
-    if session.is_control and result.goodput is not None:
+    if facts.is_control and result.goodput is not None:
         ledger = result.goodput.to_wire()
         setattr(flow, goodput.ARTIFACT, ledger)
         fields.append((goodput.METADATA_FIELD, json.dumps(ledger)))

@@ -4,7 +4,7 @@ At scale failures are routine, and the number that says whether a job runs
 well is its effective training time: the share of the wall time spent
 training rather than forming gangs, starting, saving, or redoing and waiting
 out failures. Everything here is read from the attempts record the control
-already keeps (runtime/attempts.py), so the ranks do no extra work for it.
+already keeps (record/attempts.py), so the ranks do no extra work for it.
 
 Each attempt is one segment on the step's clock, from its task's start to the
 next attempt's (the last: to its record), cut into parts that never overlap,

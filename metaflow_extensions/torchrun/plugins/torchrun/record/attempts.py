@@ -25,7 +25,7 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from ..cause import Cause, CauseKind, place, user_code_failure  # noqa: F401 (one classification, cause.py)
 from .node_roles import MAX_HOST, NodeEntry, hosts_of
-from .restarts import swap_words
+from .in_step_restarts import swap_words
 
 RETRY_ON = ("any", "infrastructure")
 # "any" keeps Metaflow's @retry as it is: see docs/resume.md for why.
@@ -265,17 +265,17 @@ class Attempt:
     restart_seconds: Optional[float] = None
     lost_seconds: Optional[float] = None
     costed: bool = False
-    # The goodput ledger's marks (runtime/goodput.py): a rank's first line on
+    # The goodput ledger's marks (record/goodput.py): a rank's first line on
     # the control, and when the control wrote this record (its stop done).
     first_output_at: Optional[float] = None
     recorded_at: Optional[float] = None
-    # The node history's (runtime/node_roles.py): each node's host and role, and
+    # The node history's (record/node_roles.py): each node's host and role, and
     # how many bystanders a gang over MAX_NODES left out; "ValueError at
     # train.py:88" when the user's code failed (no node is blamed then).
     nodes: Tuple[NodeEntry, ...] = ()
     nodes_left_out: int = 0
     code_failure: Optional[str] = None
-    # This attempt's @torchrun card, by its hash (runtime/card.py): each
+    # This attempt's @torchrun card, by its hash (card/lifecycle.py): each
     # attempt of a task has its own, opened with `card view <task> --hash`.
     card: Optional[str] = None
     # Its in-step restarts and swaps (the latest MAX_RESTART_MARKS), and how many more.

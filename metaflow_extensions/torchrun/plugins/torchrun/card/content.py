@@ -1,0 +1,420 @@
+"""The step's card, its content: the distributed run at a glance.
+
+Built from the ``TorchrunResult`` only, with Metaflow's own card components
+(Markdown, Table and VegaChart, handed in or imported where drawn), so it
+renders offline like every Metaflow card. On the control node the result holds
+the whole gang (every node reports its ranks and their last lines when it
+finishes, or once the gang has stopped it); on other nodes, that node.
+
+Text from ranks is hostile: escaped and bounded by ``card/text.py``; the rows,
+stacks and outputs shown are capped, so a card of 1,024 nodes x 8 ranks stays
+small. What is cut is whole in the record and the per-rank logs. Putting it on
+Metaflow's card and rendering it is ``card/lifecycle.py``'s.
+"""
+
+from __future__ import annotations
+
+import html
+import re
+import time
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+
+from ..gang import RankStatus
+from ..procs import describe_exit_code
+from ..launch import Accelerators
+from ..procs import stacks
+from ..cause import CauseKind
+from ..errors import is_refusal
+from ..procs import numbers
+from ..record import REPORT_ARTIFACT, TorchrunResult, evidence, goodput, none_suspected, suspected, swap_words, what_ran
+from . import preflight as card_preflight, progress as card_progress, timeline
+from .text import CARD_LINE_CHARS, clip, clip_lines, code_block, escape_markdown, html_line, sentence, text_block
+
+# The Ranks table's rows, at most: every failed rank, then the lowest ranks.
+CARD_RANK_ROWS = 256
+# Ranks whose last lines are shown, at most (the failing ones first), and the
+# characters of one stream's last lines.
+CARD_TAIL_RANKS = 16
+CARD_TAIL_CHARS = 8000
+# Characters of one rank's stack, and of the root cause, shown.
+CARD_STACK_CHARS = 6000
+CARD_CAUSE_CHARS = 16000
+# Where a rank's whole output is (the gang carries at most 1,000 characters of a
+# line, gang/messages.py TAIL_LINE_CHARS, and says so: runtime/call.py).
+WHOLE_OUTPUT = "each rank's log files, `rank-N.stdout.log` and `rank-N.stderr.log` in `result.log_dir` on its node"
+_CUT_LINE = re.compile(r"… \[\d+ (more )?characters( in all)?\]$", re.M)
+# Ranks grouped by place: at most this many places in the card's table.
+CARD_PLACES = 50
+# Full stacks in the card, at most (a rank's dump is up to 16 KiB; 8,192 of them
+# would make a card of 128 MB): the full report holds the rest.
+CARD_RANK_STACKS = 64
+
+
+def _fmt_time(t: Optional[float], origin: float) -> str:
+    return "" if t is None else "+%.1f s" % (t - origin)
+
+
+def _fmt_code(code: Optional[int]) -> str:
+    if code is None:
+        return "unknown"
+    return "0 (ok)" if code == 0 else describe_exit_code(code)
+
+
+def gang_ranks(result: TorchrunResult) -> Dict[int, List[RankStatus]]:
+    """Rank records per node: every node on the control, this node elsewhere."""
+    out = {node: list(report.ranks) for node, report in result.gang.reports.items()}
+    if result.node_index not in out:
+        out[result.node_index] = [r.for_wire() for r in result.ranks]
+    return dict(sorted(out.items()))
+
+
+def gang_tails(result: TorchrunResult) -> Dict[int, Mapping[str, Sequence[str]]]:
+    tails: Dict[int, Mapping[str, Sequence[str]]] = {}
+    for report in result.gang.reports.values():
+        tails.update(report.tails)
+    return dict(sorted(tails.items()))
+
+
+def title_markdown(flow: str, pathspec: str, attempt: int) -> str:
+    """The card's heading: the flow, the task, and which attempt this card is
+    of (each attempt of a task has a card of its own)."""
+    # A flow's name is a Python identifier; the pathspec is Metaflow's (flow/run/step/task).
+    name = flow if flow.isidentifier() else escape_markdown(flow)
+    return "# @torchrun: %s, attempt %d\n\n`%s` (attempt %d)" % (name, attempt, pathspec, attempt)
+
+
+def summary_markdown(result: TorchrunResult, flow: str, pathspec: str, attempt: int = 0) -> str:
+    if result.succeeded:
+        status = "**Succeeded** in %.1f s" % result.duration
+    else:
+        summary = result.cause.summary if result.cause is not None else None
+        # An HTML block, one line: the cause's text exactly as it is.
+        status = "<p><strong>Failed</strong>: %s</p>" % html_line(summary or _fmt_code(result.exit_code))
+        suspects = suspected(result.culprits, result.cause)
+        if suspects:  # the console's first line of it, as it says it, and the first suspect it names
+            head = " ".join([suspects[0].split(": ", 1)[-1]] + [line.strip() for line in suspects[1:2]])
+            status += "<p><strong>Suspected cause</strong>: %s</p>" % html_line(head, CARD_LINE_CHARS)
+    return "%s\n\n%s" % (title_markdown(flow, pathspec, attempt), status)
+
+
+def topology_rows(result: TorchrunResult, backend: str) -> List[List[str]]:
+    return [
+        ["nodes x processes", "%d x %s" % (result.num_nodes, result.nproc_per_node)],
+        ["control address", str(result.main_addr)],
+        ["this node's address", str(result.local_addr)],
+        ["rendezvous port (%s)" % rendezvous_backend(result.command), str(result.rdzv_port)],
+        ["gang service port", str(result.gang_port)],
+        ["backend", backend],
+        ["restarts", str(result.restarts)],
+        ["this node", str(result.node_index)],
+    ] + bench_rows(result)
+
+
+def bench_rows(result: TorchrunResult) -> List[List[str]]:
+    """With spares (``@torchrun(spares)``): this node's part at the call's end
+    and the nodes that sat it out (at most the step's spares)."""
+    if result.role == "active" and not result.spare_nodes and not result.out_nodes:
+        return []
+    def listed(nodes: List[int]) -> str:
+        return ", ".join(map(str, nodes)) or "none"
+    return [["this node's role", result.role], ["spares left", listed(result.spare_nodes)],
+            ["taken out", listed(result.out_nodes)]]
+
+
+def rendezvous_backend(command: List[str]) -> str:
+    """The rendezvous the call's torchrun used, as its command says (static
+    unless ``max_restarts``): the card names the one that ran."""
+    for i, arg in enumerate(command or []):
+        if arg.startswith("--rdzv-backend="):
+            return arg.split("=", 1)[1]
+        if arg == "--rdzv-backend" and i + 1 < len(command):
+            return command[i + 1]
+    return "unknown"
+
+
+def timeline_parts(result: TorchrunResult, Markdown: Any) -> list:
+    """The chart (timeline.py), or a line saying why there is none."""
+    try:
+        from metaflow.cards import VegaChart
+    except ImportError:  # Metaflow before VegaChart
+        return [Markdown("## Timeline"), Markdown("_This Metaflow's cards have no chart component._")]
+    gang = timeline.from_result(result, gang_ranks(result))
+    parts = [Markdown("## Timeline"), VegaChart(timeline.spec(gang))]
+    notes = timeline.captions(gang)
+    if notes:
+        parts.append(Markdown("_%s; the Ranks table below has every rank._" % sentence(notes)))
+    return parts
+
+
+def shown_ranks(ranks: List[Tuple[int, RankStatus]], limit: int) -> List[Tuple[int, RankStatus]]:
+    """At most ``limit`` of (node, rank record), in rank order: every rank
+    that failed (not stopped by the gang) first, then the lowest ranks."""
+    if len(ranks) <= limit:
+        return ranks
+    failed = [i for i, (_, r) in enumerate(ranks)
+              if timeline.rank_state(r, None) == "rank: failed"][:limit]
+    rest = [i for i in range(len(ranks)) if i not in set(failed)][: limit - len(failed)]
+    return [ranks[i] for i in sorted(failed + rest)]
+
+
+def rank_rows(result: TorchrunResult, limit: int = CARD_RANK_ROWS) -> List[List[str]]:
+    every = [(node, r) for node, ranks in gang_ranks(result).items() for r in ranks]
+    every.sort(key=lambda nr: (nr[1].rank, nr[0]))
+    rows = []
+    for node, r in shown_ranks(every, limit):
+        start, end = r.start, r.end
+        rows.append(
+            [
+                str(r.rank),
+                str(node),
+                str(r.local_rank),
+                str(r.pid),
+                _fmt_code(r.exit_code),
+                "%.1f s" % (end - start) if start and end else "",
+            ]
+        )
+    if len(every) > len(rows):
+        rows.append(["%d more ranks" % (len(every) - len(rows)), "", "", "", "", ""])
+    return rows
+
+
+def stack_parts(result: TorchrunResult, Markdown: Any, Table: Any) -> list:
+    """Where the ranks were when the job was stopped: the places, ranks grouped
+    (odd ones out first), then each rank's full stack in a collapsed section,
+    for the first ``CARD_RANK_STACKS`` ranks in that order; the artifact
+    ``REPORT_ARTIFACT`` holds every rank's."""
+    if not result.stacks:
+        return []
+    groups = stacks.group(result.stacks)
+    rows = [[clip(numbers(ranks)), str(len(ranks)), " / ".join(clip(line.strip()) for line in place)]
+            for place, ranks in groups[:CARD_PLACES]]
+    if len(groups) > CARD_PLACES:
+        rest = groups[CARD_PLACES:]
+        rows.append(["%d more places" % len(rest), str(sum(len(r) for _, r in rest)), ""])
+    order = [rank for _, ranks in groups for rank in ranks]
+    shown = order[:CARD_RANK_STACKS]
+    parts = [
+        Markdown("## Where the ranks were when the job was stopped"),
+        Table(rows, headers=["ranks", "count", "where (innermost frame of your code first)"]),
+        Markdown("Each rank's stack (%d of %d shown, odd ones out first, each up to %s characters; every rank's "
+                 "whole in the artifact `%s` of node 0's task):"
+                 % (len(shown), len(order), format(CARD_STACK_CHARS, ","), REPORT_ARTIFACT)),
+    ]
+    for rank in shown:
+        text = result.stacks[rank].rstrip()
+        head = " / ".join(clip(line.strip()) for line in stacks.where(rank, text).lines())
+        body, _ = clip_lines(text, CARD_STACK_CHARS)
+        # One HTML block, one line (text_block): the stack inside the collapsed section.
+        parts.append(Markdown("<details><summary>%s</summary>%s</details>" % (html.escape(head), text_block(body))))
+    return parts
+
+
+def attempt_rows(result: TorchrunResult) -> List[List[str]]:
+    """Every attempt of the step (record/attempts.py), times from the first
+    attempt's start, and what each failure cost."""
+    rows: List[List[str]] = []
+    attempts = result.attempts
+    if len(attempts) < 2:
+        return rows
+    origin = attempts[0].started_at or 0.0
+
+    def secs(value: Optional[float]) -> str:
+        return "%.1f s" % value if value is not None else ""
+
+    for a in attempts:
+        calls = ", ".join(_fmt_time(c.started_at, origin) for c in a.calls)
+        resumed = a.resumed_from
+        meta = (resumed.metadata if resumed is not None else None) or {}
+        label = ("%s (%s)" % (resumed.created_on, ", ".join("%s=%s" % kv for kv in sorted(meta.items())))
+                 if resumed is not None else "")
+        rows.append([
+            str(a.attempt), _fmt_time(a.started_at, origin), secs(a.gang_formed_seconds),
+            calls, clip(a.stopped or ""), clip(label),
+            secs(a.lost_work_seconds), secs(a.restart_seconds), (a.card or "")[:CARD_HASH_SHOWN],
+        ])
+    return rows
+
+
+def evidence_markdown(pathspec: str, result: TorchrunResult) -> str:
+    """Where this attempt's evidence bundle is (record/evidence.py), and the
+    previous attempt's, to compare."""
+    attempt = result.attempts[-1].attempt if result.attempts else 0
+    line = "Evidence (grouped stacks, every rank's last lines, NCCL Flight Recorder dumps, `nvidia-smi -q` of " \
+           "the failing node where present): artifact `%s` of this task, `Task(%r, attempt=%d)['%s'].data`" % (
+               evidence.ARTIFACT, pathspec, attempt, evidence.ARTIFACT)
+    if attempt > 0:
+        line += "; the previous attempt's: `attempt=%d`" % (attempt - 1)
+    return line + "."
+
+
+def goodput_parts(result: TorchrunResult, Markdown: Any, Table: Any) -> list:
+    """The goodput ledger (record/goodput.py): effective training time, one
+    bar per attempt, and the seconds of each part."""
+    led = result.goodput
+    if led is None:
+        return []
+    parts = [Markdown("## Goodput\n\n%s" % escape_markdown(led.summary())),
+             Markdown(GOODPUT_PARTS)]
+    try:
+        from metaflow.cards import VegaChart
+
+        parts.append(VegaChart(goodput.bar_spec(led)))
+    except ImportError:  # an older Metaflow: the table says it
+        pass
+    # The cause column is a rank's own text: clipped and breakable, as every cell here.
+    parts.append(Table([row[:-1] + [clip(row[-1])] for row in goodput.rows(led)], headers=goodput.HEADERS))
+    return parts
+
+
+GOODPUT_PARTS = ("Each attempt's wall time cut into parts that never overlap: _lost work_ is training redone "
+                 "after a failure, _stop_ the failure to the control's record, _restart_ the record to the next "
+                 "attempt's first line (Metaflow's retry, the new gang's start).")
+ATTEMPT_HEADERS = ["attempt", "started", "gang formed in", "calls started", "stopped", "resumed from",
+                   "lost work", "failure to next first line", "card (--hash)"]
+# A card's hash in the Attempts table: its first characters, enough for `--hash`.
+CARD_HASH_SHOWN = 12
+# What the two costs count, said under the table: the Goodput table cuts the
+# same time at the same marks (record/attempts.py with_costs, record/goodput.py).
+ATTEMPT_COSTS = ("_Lost work_: training since the checkpoint the next attempt resumed from (since the first line "
+                 "without one) up to the failure, as in the Goodput table. _Failure to next first line_: from the "
+                 "failure to the next attempt's first line, which the Goodput table splits into this attempt's "
+                 "_stop_ and _restart_ and the next attempt's _restart_. _Card_: that attempt's card, opened "
+                 "with `card view <run>/<step>/<task> --hash <card>`.")
+
+
+def restart_rows(result: TorchrunResult) -> List[List[str]]:
+    """The call's in-step restarts (record/in_step_restarts.py), counted like attempts:
+    times from the call's start, what each cost."""
+    def secs(value: Optional[float]) -> str:
+        return "%.1f s" % value if value is not None else ""
+
+    return [[str(r.restart), _fmt_time(r.failed_at, result.started_at), clip(restart_cause(result, r)),
+             secs(r.lost_work_seconds), secs(r.restart_seconds)] for r in result.in_step_restarts[-CARD_RANK_ROWS:]]
+
+
+def restart_cause(result: TorchrunResult, r: Any) -> str:
+    """A restart's cause; a swap's (``@torchrun(spares)``) after the nodes it
+    swapped, with their hosts from the attempt's record (the control's)."""
+    if r.swapped_out is None or r.swapped_in is None:
+        return r.cause.summary
+    marks = {(m.call, m.restart): m for m in (result.attempts[-1].restarts if result.attempts else ())}
+    mark = marks.get((result.call, r.restart))
+    swap = mark.swap if mark is not None and mark.swap else swap_words(r.swapped_out, r.swapped_in, {})
+    return "%s: %s" % (swap, r.cause.summary)
+
+
+RESTART_HEADERS = ["restart", "failed at", "cause", "work lost (at most)", "back to your script in"]
+
+
+def tail_parts(result: TorchrunResult, Markdown: Any) -> list:
+    """The last lines of each rank's output: at most ``CARD_TAIL_RANKS`` ranks
+    (the root cause's rank, then failed ranks, then the lowest), each stream's
+    last ``CARD_TAIL_CHARS`` characters, lines cut at ``CARD_LINE_CHARS``."""
+    tails = {rank: streams for rank, streams in gang_tails(result).items()
+             if any(streams.get(s) for s in ("stdout", "stderr"))}
+    if not tails:
+        return []
+    failed = {r.rank for ranks in gang_ranks(result).values() for r in ranks
+              if timeline.rank_state(r, None) == "rank: failed"}
+    root = result.cause.rank if result.cause is not None else None
+    order = sorted(tails, key=lambda rank: (rank != root, rank not in failed, rank))[:CARD_TAIL_RANKS]
+    parts = [Markdown("## Last lines of each rank")]
+    cut = False
+    for rank in sorted(order, key=lambda rank: (rank != root, rank)):
+        for stream in ("stdout", "stderr"):
+            lines = tails[rank].get(stream) or []
+            if lines:
+                body, clipped = clip_lines("\n".join(lines), CARD_TAIL_CHARS, keep="tail")
+                cut = cut or clipped or bool(_CUT_LINE.search(body))
+                parts.append(Markdown("**rank %d %s**\n\n%s" % (rank, stream, text_block(body))))
+    notes = []
+    if len(tails) > len(order):
+        notes.append("%d of %d ranks shown (the failing ones first)" % (len(order), len(tails)))
+    if cut:
+        notes.append("long lines are cut, saying how long they were")
+    if notes:
+        parts.append(Markdown("_%s; the whole of every rank's output: %s._" % (sentence(notes), WHOLE_OUTPUT)))
+    return parts
+
+
+def refusal_reason(result: TorchrunResult) -> Optional[str]:
+    """Why a call was refused before any rank started, or None: such a card
+    shows no empty tables and no checks that were not run."""
+    cause = result.cause
+    if cause is None or not (is_refusal(cause) or cause.kind is CauseKind.PREFLIGHT):
+        return None
+    if result.ranks or result.exit_code is not None:
+        return None
+    return cause.message or cause.summary
+
+
+def what_ran_parts(result: TorchrunResult, Markdown: Any, Table: Any) -> list:
+    """The "what ran" section (what_ran.py)."""
+    # A table cell is drawn as text: clipped, never escaped (an entity would show as typed).
+    rows = [[clip(k), clip(v, CARD_LINE_CHARS)] for k, v in what_ran.rows(result.ran, result.num_nodes)]
+    return [Markdown("## What ran"), Table(rows, headers=["", ""])] if rows else []
+
+
+def refused_components(result: TorchrunResult, flow: str, pathspec: str, reason: str, attempt: int = 0) -> list:
+    from metaflow.cards import Markdown, Table
+
+    parts = [Markdown(title_markdown(flow, pathspec, attempt)),
+             Markdown("**Refused before any rank started:**\n\n%s" % text_block(clip_lines(reason, CARD_CAUSE_CHARS)[0]))]
+    parts += what_ran_parts(result, Markdown, Table)
+    if attempt_rows(result):
+        parts += [Markdown("## Attempts"), Table(attempt_rows(result), headers=ATTEMPT_HEADERS)]
+    parts.append(Markdown("_Generated %s_" % time.strftime("%Y-%m-%d %H:%M:%S")))
+    return parts
+
+
+def build_components(result: TorchrunResult, flow: str, pathspec: str, backend: str, attempt: int = 0) -> list:
+    from metaflow.cards import Markdown, Table
+
+    reason = refusal_reason(result)
+    if reason is not None:
+        return refused_components(result, flow, pathspec, reason, attempt)
+    parts = [
+        Markdown(summary_markdown(result, flow, pathspec, attempt)),
+        *card_progress.parts(result.progress, escape_markdown, clip, Markdown, Table),
+        *what_ran_parts(result, Markdown, Table),
+        Markdown("## Topology"),
+        Table(topology_rows(result, backend), headers=["", ""]),
+    ]
+    parts += timeline_parts(result, Markdown)
+    parts += [
+        Markdown("## Ranks"),
+        Table(rank_rows(result), headers=["rank", "node", "local rank", "pid", "exit", "duration"]),
+    ]
+    if attempt_rows(result):
+        parts += [Markdown("## Attempts"), Table(attempt_rows(result), headers=ATTEMPT_HEADERS), Markdown(ATTEMPT_COSTS)]
+    if result.in_step_restarts:
+        parts += [Markdown("## Restarts in the step"), Table(restart_rows(result), headers=RESTART_HEADERS)]
+    parts += goodput_parts(result, Markdown, Table)
+    cause = result.cause
+    if cause is not None:
+        # The suspects (procs/culprit.py) as the failure says them: by rank, node, host and place.
+        said = suspected(result.culprits, cause) or none_suspected(result.culprits, result.flight_unread, cause)
+        text, _ = clip_lines("\n\n".join([cause.summary] + ["\n".join(said)]).strip(),
+                             CARD_CAUSE_CHARS)
+        parts.append(Markdown("## Root cause\n\n%s" % text_block(text)))
+        parts.append(Markdown(evidence_markdown(pathspec, result)))
+    parts.extend(stack_parts(result, Markdown, Table))
+    parts.extend(card_preflight.parts(result.preflight, escape_markdown, code_block))
+    parts.extend(tail_parts(result, Markdown))
+    parts.append(Markdown("_Generated %s_" % time.strftime("%Y-%m-%d %H:%M:%S")))
+    return parts
+
+
+def backend_label(accelerators: Accelerators, cuda_count: Optional[int]) -> str:
+    """The process-group backend to expect. The script picks it, not us: say
+    what the step asked for rather than guess from the machine (a CPU job on a
+    GPU node runs gloo)."""
+    n = accelerators.count
+    if accelerators.kind == "gpu":
+        asked = "the step asked for %d GPU%s" % (n, "" if n == 1 else "s")
+        if cuda_count == 0:
+            return "gloo expected (%s, but no CUDA device is visible)" % asked
+        return "nccl expected (%s)" % asked
+    if accelerators.kind == "neuron":
+        return "chosen by the script (the step asked for %d Neuron device%s)" % (n, "" if n == 1 else "s")
+    return "gloo expected (the step asked for no GPU)"
