@@ -58,16 +58,17 @@ class RestartNodes(Nodes):
         threads would measure the scheduler, not the gang."""
         self.told_at, self.agreed_at, self.heard_at, self.derived, self.settled = {}, {}, {}, {}, {}
         for node, client in self.clients.items():
-            client._heard_restart = self._stamped(node, client._heard_restart)
+            client.news.heard = self._stamped(node, client.news.heard)  # type: ignore[method-assign]
         threading.Thread(target=self._watch, args=(bound,), daemon=True).start()
         return {}
 
     def _stamped(self, node: int, heard: Any) -> Any:
         """When the client's reader thread read the restart message (the
         gang's delivery, apart from this harness's watcher)."""
-        def stamp(message: Any) -> None:
-            self.heard_at.setdefault(node, time.monotonic())
-            heard(message)
+        def stamp(message: Any) -> bool:
+            if type(message).__name__ == "Restart":
+                self.heard_at.setdefault(node, time.monotonic())
+            return heard(message)
         return stamp
 
     def _watch(self, bound: float) -> None:

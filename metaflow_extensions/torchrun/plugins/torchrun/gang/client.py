@@ -7,7 +7,8 @@ calls ``on_abort`` once so the session can stop whatever the step is doing.
 
 The client believes a service only once it proved it holds the gang's secret
 (``auth``): anything else on a candidate port (another gang, another
-program, an impostor) is passed over like a closed port.
+program, an impostor) is passed over like a closed port. Joining is
+``joining.py``'s; what the service says of each call is kept by ``CallNews``.
 """
 
 from __future__ import annotations
@@ -26,56 +27,19 @@ from . import messages as msg
 from . import wire
 from .config import GangConfig
 from .. import timeouts
-from .joining import Joining
+from .joining import Joiner, error_text
 from .bench import Seat
-from .restarts import RestartNews
 from .node_progress import NodeProgress
+from .probing import Hearing, Prober
 from ..host import log
 
 _log = log.get("gang.client")
 
 
-
-class StacksNews:
-    """A node's stacks (a mixin of ``GangClient``): sending where its ranks
-    were when it stopped them, and hearing that every node's are in."""
-
-    _news: threading.Condition
-    _closing: threading.Event
-    _stacks_in: Set[int]
-
-    def _safe_send(self, message: msg.GangMessage) -> None:
-        raise NotImplementedError
-
-    def send_stacks(self, index: int, stacks: Dict[int, str], flights: Optional[Dict[int, FlightSummary]] = None) -> None:
-        """Where this node's ranks were when it stopped them (``stacks.py``) and
-        their Flight Recorders' summaries, for the control; empty says none."""
-        flights, budget = rank_flight.bound(flights or {}, wire.MAX_LINE // 8), wire.MAX_LINE // 2
-        while True:
-            message = msg.Stacks(index, rank_stacks.bound(stacks, budget), flights)
-            if fits(message) or budget < 1024:
-                break
-            budget //= 2
-        self._safe_send(message)
-
-    def _heard_stacks_in(self, index: int) -> None:
-        with self._news:
-            self._stacks_in.add(index)
-            self._news.notify_all()
-
-    def wait_stacks_in(self, index: int, seconds: float) -> bool:
-        """After sending this node's stacks of call ``index``: until the service
-        says every node's are in (its ranks may go now), at most ``seconds``."""
-        deadline = time.monotonic() + seconds
-        with self._news:
-            while index not in self._stacks_in and not self._closing.is_set() and time.monotonic() < deadline:
-                self._news.wait(max(0.0, min(0.2, deadline - time.monotonic())))
-            return index in self._stacks_in
-
-
-class GangClient(Joining, RestartNews, StacksNews):
-    """Runs on every node (the control included); joining, restarts and stacks are mixins (joining.py,
-    restarts.py, StacksNews above)."""
+class GangClient:
+    """Runs on every node (the control included): its one connection to the
+    service, the gang's verdict as this node heard it, and what the step says
+    and waits for; the news of each call is its ``news``' (``CallNews``)."""
 
     def __init__(self, config: GangConfig, host: str, ports: Sequence[int], node_index: int,
                  secret: Union[bytes, Callable[[], bytes]]):
@@ -102,17 +66,14 @@ class GangClient(Joining, RestartNews, StacksNews):
         # sent on the join's thread right after joining, before any call.
         self.preflight: Optional[Callable[[], msg.Preflight]] = None
         self._preflight_sent = threading.Event()
-        self._go: Dict[int, msg.Go] = {}  # call index -> its launch (rendezvous port, bench)
-        self._restarts: Dict[int, msg.Restart] = {}  # call index -> the latest restart decided (RestartNews)
-        # (call, restart) -> this node's place in that start of its ranks (gang/bench.py), from its go or restart.
-        self.seats: Dict[Tuple[int, int], Seat] = {}
-        self._calls_done: Set[int] = set()
-        self._stacks_in: Set[int] = set()  # calls whose every node's stacks are in (messages.StacksIn)
-        self._news = threading.Condition()
+        self._changed = threading.Condition()  # the news, the verdict, the close: waited on together
+        self._closing = threading.Event()
+        self.news = CallNews(self._changed, node_index, config.num_nodes, lambda: self.cause is not None, self._closing)
+        self.seats = self.news.seats  # (call, restart) -> this node's place in that start (CallNews)
+        self.hearing = Hearing()  # when this node last heard the control: set afresh as it joins
         self._sock: Optional[socket.socket] = None
         self._early: bytes = b""
         self._send_lock = threading.Lock()
-        self._closing = threading.Event()
         self._left = False
         self._threads: List[threading.Thread] = []
 
@@ -125,6 +86,64 @@ class GangClient(Joining, RestartNews, StacksNews):
         self._threads.append(t)
         return self
 
+    def connect(self, give_up_after: Optional[float] = None) -> None:
+        """Connect and say hello, retrying while the control is not up yet: nodes
+        start in any order (on Kubernetes workers often start first)."""
+        patience = give_up_after if give_up_after is not None else self.config.start_timeout
+        began = time.monotonic()
+        if not self._have_secret():
+            self.joined.set()
+            return
+        joiner = Joiner(self.config, self.host, self.ports, self.node_index, self._secret, self._closing,
+                        self.progress)
+        link = joiner.join(patience)
+        if link is None:
+            if not self._closing.is_set():
+                self._set_cause(Cause(
+                    CauseKind.CONTROL_UNREACHABLE,
+                    "could not reach the control node's gang service at %s within %gs (last error: %s)"
+                    % (joiner.where(), patience, error_text(joiner.last_error))))
+            self.joined.set()
+            return
+        self._sock, self.port, self._early = link.sock, link.port, link.early
+        if link.cause is not None:
+            self._set_cause(link.cause)
+        _log.debug("node %d: joined the gang at %s port %s in %.3fs", self.node_index, self.host, self.port,
+                   time.monotonic() - began)
+        self.hearing = Hearing()  # read by the reader and the prober, from now
+        prober = Prober(self.config, self.host, link.port, self.node_index, self._secret, self.hearing,
+                        self._set_cause, lambda: self.cause is not None or self.all_left.is_set(), self._closing)
+        for target, name in ((self._read_loop, "reader"), (self._beat_loop, "heartbeat"), (prober.run, "probe")):
+            t = threading.Thread(target=target, name="torchrun-gang-" + name, daemon=True)
+            t.start()
+            self._threads.append(t)
+        self.joined.set()
+        self._send_preflight()
+
+    def _send_preflight(self) -> None:
+        """After ``joined``: the step's code does not wait for it; a call
+        does (``enter_call``), so the service has it before this node's call."""
+        try:
+            if self.preflight is not None:
+                self._safe_send(self.preflight())
+        except Exception as e:  # a check of our own must not cost the step
+            self._safe_send(msg.Preflight(checks=(msg.PreflightCheck(
+                "preflight", "warn", "could not measure: %s: %s" % (type(e).__name__, e)),)))
+        finally:
+            self._preflight_sent.set()
+
+    def _have_secret(self) -> bool:
+        if self._get_secret is None:
+            return True
+        try:
+            self._secret = gang_auth.check_secret(self._get_secret())
+        except Exception as e:
+            self._set_cause(Cause(CauseKind.CONTROL_UNREACHABLE,
+                                  "could not get the gang's secret: %s: %s" % (type(e).__name__, e)))
+            return False
+        self._get_secret = None
+        return True
+
     def close(self) -> None:
         self._closing.set()
         if self._sock is not None:
@@ -136,8 +155,8 @@ class GangClient(Joining, RestartNews, StacksNews):
         for t in self._threads:
             if t is not threading.current_thread():
                 t.join(timeout=2)
-        with self._news:
-            self._news.notify_all()
+        with self._changed:
+            self._changed.notify_all()
 
     # -- what the session asks and says ------------------------------------
 
@@ -162,11 +181,8 @@ class GangClient(Joining, RestartNews, StacksNews):
         self._safe_send(msg.Call(index, entry[:1000]))
         entered = time.monotonic()
         _log.debug("node %d: call %d entered", self.node_index, index)
-        with self._news:
-            while index not in self._go and self.cause is None and not self._closing.is_set():
-                self._news.wait(0.2)
-            go = self._go.get(index) if self.cause is None else None
-            port = go.rdzv_port if go is not None else None
+        go = self.news.go(index)
+        port = go.rdzv_port if go is not None and self.cause is None else None
         _log.debug("node %d: call %d: %s after %.3fs", self.node_index, index,
                    "go (rendezvous port %s)" % port if port is not None else "no go", time.monotonic() - entered)
         return port
@@ -191,12 +207,38 @@ class GangClient(Joining, RestartNews, StacksNews):
         """The control waits for every node to finish a call, so that it can
         report on the whole gang; False when the gang aborted instead."""
         began = time.monotonic()
-        with self._news:
-            while index not in self._calls_done and self.cause is None and not self._closing.is_set():
-                self._news.wait(0.2)
+        done = self.news.wait_call_done(index)
         _log.debug("node %d: call %d: %s after %.3fs", self.node_index, index,
-                   "every node done" if index in self._calls_done else "not done", time.monotonic() - began)
-        return index in self._calls_done
+                   "every node done" if done else "not done", time.monotonic() - began)
+        return done
+
+    def send_stacks(self, index: int, stacks: Dict[int, str], flights: Optional[Dict[int, FlightSummary]] = None) -> None:
+        """Where this node's ranks were when it stopped them (``stacks.py``) and
+        their Flight Recorders' summaries, for the control; empty says none."""
+        flights, budget = rank_flight.bound(flights or {}, wire.MAX_LINE // 8), wire.MAX_LINE // 2
+        while True:
+            message = msg.Stacks(index, rank_stacks.bound(stacks, budget), flights)
+            if fits(message) or budget < 1024:
+                break
+            budget //= 2
+        self._safe_send(message)
+
+    # What the call's supervision loop reads of its news (CallNews).
+
+    def call_over(self, index: int) -> bool:
+        return self.news.call_over(index)
+
+    def wait_stacks_in(self, index: int, seconds: float) -> bool:
+        return self.news.wait_stacks_in(index, seconds)
+
+    def restart_after(self, index: int, restart: int) -> Optional[msg.Restart]:
+        return self.news.restart_after(index, restart)
+
+    def wait_for_restart_or_verdict(self, index: int, restart: int, seconds: float) -> Optional[msg.Restart]:
+        return self.news.wait_for_restart_or_verdict(index, restart, seconds)
+
+    def sit_out(self, index: int, restart: int) -> Optional[msg.Restart]:
+        return self.news.sit_out(index, restart)
 
     def report_failure(self, cause: Cause, call: Optional[int] = None,
                        report: Optional[msg.NodeReport] = None, restart: int = 0) -> None:
@@ -212,9 +254,9 @@ class GangClient(Joining, RestartNews, StacksNews):
         """After reporting a failure: the service decides the root cause (it may
         wait for a better one than an echo); hear it."""
         began = time.monotonic()
-        with self._news:
+        with self._changed:
             while self.cause is None and time.monotonic() < began + seconds and not self._closing.is_set():
-                self._news.wait(0.05)
+                self._changed.wait(0.05)
         _log.debug("node %d: %s after %.3fs", self.node_index, "verdict heard" if self.cause else "no verdict",
                    time.monotonic() - began)
         return self.cause
@@ -235,11 +277,11 @@ class GangClient(Joining, RestartNews, StacksNews):
     # -- threads ---------------------------------------------------------
 
     def _set_cause(self, cause: Cause) -> None:
-        with self._news:
+        with self._changed:
             if self.cause is not None:
                 return
             self.cause = cause
-            self._news.notify_all()
+            self._changed.notify_all()
         _log.debug("node %d: the gang's verdict: %s: %s", self.node_index, cause.kind.value, cause.summary)
         try:
             self.on_abort(cause)
@@ -301,18 +343,8 @@ class GangClient(Joining, RestartNews, StacksNews):
             self._set_cause(message.cause)
         elif isinstance(message, msg.AllLeft):
             self.all_left.set()
-        elif isinstance(message, msg.Restart):
-            self._heard_restart(message)
-        elif isinstance(message, msg.StacksIn):
-            self._heard_stacks_in(message.index)
-        elif isinstance(message, (msg.Go, msg.CallAllDone)):
-            with self._news:
-                if isinstance(message, msg.Go):
-                    self._go[message.index] = message
-                    self.seats[(message.index, 0)] = message.bench.seat(self.node_index, self.config.num_nodes)
-                else:
-                    self._calls_done.add(message.index)
-                self._news.notify_all()
+        else:
+            self.news.heard(message)
 
     def _beat_loop(self) -> None:
         due = [0.0]  # progress rides one heartbeat every progress_send: the control parses less
@@ -321,6 +353,108 @@ class GangClient(Joining, RestartNews, StacksNews):
                 return
             self._safe_send(heartbeat(self.quiet, paced(self.training, due, self.config.progress_send)))
 
+
+
+class CallNews:
+    """What the service told a node of each of its calls: the go (the call's
+    rendezvous port and bench), each in-step restart decided (``restarts.py``),
+    that every active node finished the call, that every node's stacks of it
+    are in. The client's reader thread writes it as lines arrive; the step's
+    thread (the call's supervision loop, a benched node sitting a call out)
+    waits on it; both under the client's one condition, which the gang's
+    verdict and the client's close notify too: a wait ends with its news, or
+    with them. In the client's module: the call path crosses no module for it."""
+
+    def __init__(self, changed: threading.Condition, node_index: int, num_nodes: int,
+                 verdict: Callable[[], bool], closing: threading.Event) -> None:
+        """``changed``: the client's condition; ``verdict``: whether the gang
+        has its verdict (the waits a verdict ends stop then)."""
+        self._changed = changed
+        self._node, self._nodes = node_index, num_nodes
+        self._verdict, self._closing = verdict, closing
+        # (call, restart) -> this node's place in that start of its ranks (gang/bench.py), from its go or restart.
+        self.seats: Dict[Tuple[int, int], Seat] = {}
+        self._go: Dict[int, msg.Go] = {}  # call -> its launch (rendezvous port, bench)
+        self._restarts: Dict[int, msg.Restart] = {}  # call -> the latest restart decided
+        self._done: Set[int] = set()  # calls every active node finished (messages.CallAllDone)
+        self._stacks_in: Set[int] = set()  # calls whose every node's stacks are in (messages.StacksIn)
+
+    def heard(self, message: msg.GangMessage) -> bool:
+        """Keep ``message`` when it is news of a call (False when it is not)."""
+        with self._changed:
+            if isinstance(message, msg.Go):
+                self._go[message.index] = message
+                self.seats[(message.index, 0)] = message.bench.seat(self._node, self._nodes)
+            elif isinstance(message, msg.Restart):
+                self.seats[(message.index, message.restart)] = message.bench.seat(self._node, self._nodes)
+                known = self._restarts.get(message.index)
+                if known is None or message.restart > known.restart:
+                    self._restarts[message.index] = message
+            elif isinstance(message, msg.CallAllDone):
+                self._done.add(message.index)
+            elif isinstance(message, msg.StacksIn):
+                self._stacks_in.add(message.index)
+            else:
+                return False
+            self._changed.notify_all()
+        if isinstance(message, msg.Restart):
+            _log.debug("node %d: restart %d of call %d decided (port %d)", self._node, message.restart,
+                       message.index, message.rdzv_port)
+        return True
+
+    def _wait(self, until: Callable[[], bool], seconds: Optional[float] = None, verdict_ends: bool = True) -> None:
+        """Until ``until()`` holds, the client closes, ``seconds`` pass (if
+        given) or, where ``verdict_ends``, the gang has its verdict."""
+        deadline = None if seconds is None else time.monotonic() + seconds
+        with self._changed:  # woken by the news itself (a message, the verdict, the close)
+            while not until() and not self._closing.is_set() and not (verdict_ends and self._verdict()):
+                left = 0.2 if deadline is None else min(0.2, deadline - time.monotonic())
+                if left <= 0:
+                    return
+                self._changed.wait(left)
+
+    def go(self, index: int) -> Optional[msg.Go]:
+        """Call ``index``'s go, once the service sends it (None if the gang ended first)."""
+        self._wait(lambda: index in self._go)
+        with self._changed:
+            return self._go.get(index)
+
+    def wait_call_done(self, index: int) -> bool:
+        self._wait(lambda: index in self._done)
+        return self.call_over(index)
+
+    def call_over(self, index: int) -> bool:
+        """Every active node finished call ``index`` (told to the control and the benched nodes)."""
+        with self._changed:
+            return index in self._done
+
+    def wait_stacks_in(self, index: int, seconds: float) -> bool:
+        """After sending this node's stacks of call ``index``: until the service
+        says every node's are in (its ranks may go now), at most ``seconds``.
+        The gang's verdict does not end it: the stacks are sent after a failure."""
+        self._wait(lambda: index in self._stacks_in, seconds, verdict_ends=False)
+        with self._changed:
+            return index in self._stacks_in
+
+    def restart_after(self, index: int, restart: int) -> Optional[msg.Restart]:
+        """The gang's latest restart of call ``index`` if it is later than
+        ``restart`` (the start this node's ranks are in), else None."""
+        with self._changed:
+            latest = self._restarts.get(index)
+        return latest if latest is not None and latest.restart > restart else None
+
+    def wait_for_restart_or_verdict(self, index: int, restart: int, seconds: float) -> Optional[msg.Restart]:
+        """After reporting a failure of call ``index``'s ranks: the service
+        restarts them or ends the gang; the restart, or None."""
+        self._wait(lambda: self.restart_after(index, restart) is not None, seconds)
+        return self.restart_after(index, restart)
+
+    def sit_out(self, index: int, restart: int) -> Optional[msg.Restart]:
+        """A benched node in call ``index`` (its ranks, if it had any, in start
+        ``restart``): until a later restart (which may bring it in), the call's
+        end (every active node done: None) or the gang's verdict (None)."""
+        self._wait(lambda: index in self._done or self.restart_after(index, restart) is not None)
+        return self.restart_after(index, restart)
 
 
 def send_last_progress(client: GangClient) -> None:
