@@ -90,8 +90,8 @@ def run(tmp_path, monkeypatch):
     plan = plan_call(str(script), {"epochs": True}, None, None, defaults, [str(tmp_path)])
     call = CallRun(session, plan, 0, rdzv_port=29777)
     yield call
-    if call.files is not None:
-        call.files.close()
+    if call.launch.files is not None:
+        call.launch.files.close()
 
 
 def test_retry_on_reaches_the_plan_of_a_call(tmp_path):
@@ -117,11 +117,11 @@ def test_the_session_carries_the_gang_settings(run):
 
 def test_a_call_keeps_its_logs_and_starts_its_ranks_as_the_settings_say(run):
     run.prepare()
-    assert run.files is not None and retention_policy(run.files.knobs) == RetentionPolicy(
+    assert run.launch.files is not None and retention_policy(run.launch.files.knobs) == RetentionPolicy(
         keep=4, hours=1.0, max_bytes=9 * 1024 * 1024, young_seconds=retention_policy().young_seconds)
-    assert run.warm is not None and run.warm.path == "" and run.warm.pid is None  # warm_start=False
-    assert names.ZYGOTE_ENV not in run._launch_environment()
-    assert entry.read_entry(run._entry[0]).trainer_progress is False  # what the ranks read of the settings
+    assert run.launch.warm is not None and run.launch.warm.path == "" and run.launch.warm.pid is None  # warm_start=False
+    assert names.ZYGOTE_ENV not in run.launch.command(run.seat, 29777, 0)[1]
+    assert entry.read_entry(run.launch.entry[0]).trainer_progress is False  # what the ranks read of the settings
 
 
 def test_the_control_reads_its_node_history_as_the_settings_say(run):
@@ -163,12 +163,11 @@ def test_a_restart_launches_its_own_rendezvous_and_says_which_restart_it_is(run)
     first = run.prepare()
     assert names.RESTART_ENV not in first
     first_id = run.argv[run.argv.index("--rdzv-id") + 1]
-    run.again.restart, run.rdzv_port = 2, 29555
-    env = run._launch_environment()
+    again, env = run.launch.command(run.seat, 29555, 2)  # as the call's restart 2 asks it (CallRun._restart)
     assert env[names.RESTART_ENV] == "2"
-    argv = " ".join(run.argv)
+    argv = " ".join(again)
     assert "127.0.0.1:29555" in argv and "--rdzv-backend static" in argv and "--node-rank 0" in argv
-    assert run.argv[run.argv.index("--rdzv-id") + 1] == first_id + "-r2"
+    assert again[again.index("--rdzv-id") + 1] == first_id + "-r2"
 
 
 def test_the_supervisor_gets_the_grace(run, monkeypatch):
@@ -215,6 +214,6 @@ def test_a_call_uses_what_the_session_found_of_the_host(run, tmp_path):
     (tmp_path / "elsewhere").mkdir()
     run.session.host_base = base_dir(str(tmp_path / "elsewhere"))
     env = run.prepare()
-    assert run.local_addr == "10.9.8.7" and env["GLOO_SOCKET_IFNAME"] == "eth9"
+    assert run.launch.local_addr == "10.9.8.7" and env["GLOO_SOCKET_IFNAME"] == "eth9"
     assert "10.9.8.7" in " ".join(run.argv)
     assert run.workdir.startswith(run.session.host_base + os.sep)

@@ -23,6 +23,7 @@ from ..errors import (FULL_REPORT, GangAborted, TorchrunException, TorchrunFaile
                       rank_raised)
 from ..procs import (
     RankFailure,
+    clear_round,
     merge_failures,
     read_agent_failures,
     read_failures,
@@ -36,11 +37,10 @@ from .call_stacks import CallStacks
 from ..host import say
 from .stop import GangStop, interrupted
 from .supervisor import StopReason, Supervisor
-from ..host import CallFiles, GpuUsage
-from .call_launch import CallLaunch
+from ..host import GpuUsage
+from .call_launch import NodeLaunch, swap_line
 from .restarts import CallRestarts
 from ..record import with_ranks_start
-from .warm_start import WarmStart
 from .. import timeouts
 
 # Causes a node finds on its own (the control is gone or silent): the service
@@ -49,39 +49,45 @@ _CLIENT_SIDE = CONTROL_GONE
 
 
 @dataclass
-class CallRun(CallLaunch):
-    """One call on this node; its launch (and each restart's) is ``call_launch.py``'s."""
+class CallRun:
+    """One call on this node; what each start of its ranks is made of is its ``launch``'s (call_launch.py)."""
 
     session: GangSession
     plan: CallPlan
     index: int
-    workdir: str = ""
-    log_dir: Optional[str] = None
-    local_addr: str = ""
     rdzv_port: Optional[int] = None
-    rdzv_id: str = ""
     argv: List[str] = field(default_factory=list)
     exit_code: Optional[int] = None  # torchrun agent's exit code on this node
     failures: List[RankFailure] = field(default_factory=list)
     returns: Dict[int, Any] = field(default_factory=dict)
     started: float = field(default_factory=time.time)
     supervisor: Optional[Supervisor] = None
-    files: Optional[CallFiles] = None  # work and log directories (workdirs.py)
     # Where the ranks were when the job was stopped (call_stacks.py).
     where: CallStacks = field(default_factory=CallStacks)
     # The gang's in-step restarts of the ranks (restarts.py); the first torchrun's start.
     again: CallRestarts = field(default_factory=CallRestarts)
     first_started: Optional[float] = None
-    warm: Optional[WarmStart] = None  # the node's warm process (warm_start.py), chosen in prepare()
     # This node's place in the ranks' current start (@torchrun(spares), gang/bench.py): its go's, then each restart's.
     seat: Optional[Seat] = None
     # A job's own deadlines, asked between the checks (runtime/preflight.py's JobDeadlines); None: a user's call.
     watch: Optional[Any] = None
-    _entry: Tuple[str, Optional[str]] = ("", None)  # the entry file, the interface to the control
+    # What each start of the ranks is made of: directories, warm process, entry file, argv (call_launch.py).
+    launch: NodeLaunch = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.launch = NodeLaunch(self.session, self.plan, self.index)
 
     @property
     def node_index(self) -> int:
         return self.session.topology.node_index
+
+    @property
+    def workdir(self) -> str:
+        return self.launch.workdir
+
+    @property
+    def log_dir(self) -> Optional[str]:
+        return self.launch.log_dir
 
     # -- phases ----------------------------------------------------------------
 
@@ -135,6 +141,36 @@ class CallRun(CallLaunch):
     def benched(self) -> bool:
         return self.seat is not None and self.seat.node_rank is None
 
+    def prepare(self) -> Dict[str, str]:
+        """The call's directories and entry file; the first start's argv, and its environment."""
+        self.argv, env = self.launch.prepare(self.seat, int(self.rdzv_port or 0))
+        return env
+
+    def _restart(self, decided: Any) -> Dict[str, str]:
+        """Carry out restart ``decided.restart``: this node's old ranks are
+        gone (the supervisor stopped them); the next start's rendezvous and
+        environment, with the replaced ranks' records cleared."""
+        sup = self.supervisor
+        self.again.begin(decided, sup.started_at if sup else None, sup.ended_at if sup else None, self._rank_starts())
+        assert self.session.client is not None
+        self.seat = self.session.client.seats.get((decided.index, decided.restart))
+        self.session.bench = decided.bench
+        clear_round(self.workdir)
+        self.failures, self.exit_code = [], None
+        if self.plan.rdzv_port is None:  # pinned: the same port for every start
+            self.rdzv_port = decided.rdzv_port
+        if self.session.is_control and decided.swapped_in is not None:
+            server = self.session.server
+            say(swap_line(self.index, decided, self.session.defaults.restarts, server.hosts() if server else {}))
+        elif self.session.is_control:
+            say("call %d: restarting every node's ranks (restart %d of %d): %s"
+                % (self.index + 1, decided.restart, self.session.defaults.restarts, decided.cause.summary))
+        self.argv, env = self.launch.command(self.seat, int(self.rdzv_port or 0), decided.restart)
+        return env
+
+    def _rank_starts(self) -> List[Optional[float]]:
+        return self.launch.rank_starts(self.again.restart)
+
     def _supervise_once(self, env: Dict[str, str]) -> None:
         client = self.session.client
         assert client is not None
@@ -153,14 +189,14 @@ class CallRun(CallLaunch):
             return reason
 
         try:
-            with Supervisor(self.argv, env=env, shutdown_grace=self.session.defaults.shutdown_grace, also_under=lambda: self.warm.pid if self.warm else None,
+            with Supervisor(self.argv, env=env, shutdown_grace=self.session.defaults.shutdown_grace, also_under=lambda: self.launch.warm.pid if self.launch.warm else None,
                             before_stop=lambda: self.where.collect(self.session, self.index, self.supervisor, self.workdir), on_told=gang_stop.told) as sup, \
                     GpuUsage(os.environ, every=client.config.progress_send) as gpus:  # asked as often as it is sent
                 self.supervisor = sup
                 self.first_started = self.first_started or sup.started_at
                 self.again.started(sup.started_at)
-                assert self.files is not None  # prepare() made them
-                self.files.prune()  # other runs' logs: while torchrun imports torch, off the critical path
+                assert self.launch.files is not None  # prepare() made them
+                self.launch.files.prune()  # other runs' logs: while torchrun imports torch, off the critical path
                 client.quiet = lambda: None if sup.last_output is None else time.monotonic() - sup.last_output
                 client.training = ProgressTracker(self.workdir, gpu=gpus.latest).sample
                 self.exit_code = sup.wait(should_stop=should_stop)
@@ -265,7 +301,7 @@ class CallRun(CallLaunch):
         try:
             return self._record()
         finally:
-            self.release()
+            self.launch.release()
 
     def _record(self) -> TorchrunResult:
         topology = self.session.topology
@@ -287,7 +323,7 @@ class CallRun(CallLaunch):
             started_at=self.first_started or (sup.started_at if sup and sup.started_at else self.started),
             ended_at=(sup.ended_at if sup and sup.ended_at else time.time()),
             main_addr=topology.main_addr,
-            local_addr=self.local_addr,
+            local_addr=self.launch.local_addr,
             rdzv_port=self.rdzv_port,
             gang_port=client.port if client else None,
             ranks=ranks,
