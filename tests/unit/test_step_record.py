@@ -63,3 +63,30 @@ def test_every_artifact_name_of_the_package_is_dropped():
                 with open(os.path.join(folder, name)) as f:
                     named |= set(re.findall(r'^\w*ARTIFACT\w* = "(\w+)"', f.read(), re.M))
     assert named == set(step_record.ARTIFACTS), named
+
+
+def test_the_controls_record_is_built_from_the_attempts_facts_alone():
+    """No session, no process, no socket: the record of an attempt that ran
+    no call (its gang stopped first) names every node with its host and role
+    (node 1 lost, with the preflight's failed check; node 2 taken out for a spare),
+    keeps the card's hash, and cuts the attempt into the goodput ledger."""
+    from metaflow_extensions.torchrun.plugins.torchrun.cause import Cause, CauseKind
+    from metaflow_extensions.torchrun.plugins.torchrun.gang.messages import PreflightCheck
+    from metaflow_extensions.torchrun.plugins.torchrun.gang.node_compare import Finding, PreflightRecord
+    from metaflow_extensions.torchrun.plugins.torchrun.record import AttemptFacts, ThisAttempt, step_result
+
+    cause = Cause(CauseKind.NODE_LOST, "node 1 lost", node_index=1)
+    check = PreflightCheck("gpu_count", "fail", found="7", expected="8")
+    facts = AttemptFacts(is_control=True, node_index=0, num_nodes=3, cause=cause,
+                         preflight=PreflightRecord("basic", nodes=3, reported=3, findings=(Finding(check, 1, (1,)),)),
+                         hosts={0: "h0", 1: "h1", 2: "h2"}, taken_out=(2,), card="c" * 32)
+    attempt = ThisAttempt(0)
+    result = step_result(facts, attempt)
+    assert result is not None and result.call == -1 and result.cause == cause
+    (entry,) = result.attempts
+    nodes = {n.node: n for n in entry.nodes}
+    assert [nodes[i].host for i in range(3)] == ["h0", "h1", "h2"], entry.nodes
+    assert nodes[1].checks == "gpu_count" and nodes[1].role == "lost" and nodes[2].role == "out", entry.nodes
+    assert entry.card == "c" * 32 and result.preflight is facts.preflight
+    assert result.goodput is not None and result.goodput.to_wire()
+    assert step_result(None, attempt) is None
