@@ -54,7 +54,12 @@ class GangFlow(FlowSpec):
     @step
     def train(self):
         if str(current.parallel.node_index) == os.environ.get("MFTR_SKIP_NODE"):
-            time.sleep(3600)  # this node "never starts" its torchrun
+            # This node "never starts" its torchrun, or starts it once the test
+            # creates the file MFTR_SKIP_UNTIL names.
+            until = os.environ.get("MFTR_SKIP_UNTIL")
+            deadline = time.monotonic() + 3600
+            while time.monotonic() < deadline and not (until and os.path.exists(until)):
+                time.sleep(0.05)
         calls = json.loads(self.calls)
         self.results = None
         if calls is None:
