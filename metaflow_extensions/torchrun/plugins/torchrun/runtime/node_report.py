@@ -12,7 +12,7 @@ from typing import Any, List, Optional
 
 from ..cause import Cause, CauseKind
 from ..errors import failure_summary
-from ..gang import MAX_RANKS_PER_NODE, STREAMS, TAIL_LINE_CHARS, TAIL_LINES, NodeReport
+from ..gang import MAX_RANKS_PER_NODE, STREAMS, TAIL_LINE_CHARS, TAIL_LINES, GangFacts, NodeReport
 from ..host import step_log_dir
 from ..host import tail_lines as _tail_lines
 from ..procs import RankFailure, functions, describe_exit_code, rank_log_path, with_last_output
@@ -95,7 +95,7 @@ def bounded_line(line: str, limit: int = TAIL_LINE_CHARS) -> str:
     return line[: max(0, limit - len(note))] + note
 
 
-def failed_elsewhere(server: Any, call: int, node_index: int) -> List[int]:
+def failed_elsewhere(server: Optional[GangFacts], call: int, node_index: int) -> List[int]:
     """The control: ranks of the other nodes that ended unsuccessfully, from the
     reports they sent (``CallStacks.gather`` waited for them)."""
     if server is None:
@@ -112,7 +112,7 @@ def original_exception(plan: Any, workdir: str, error: Any) -> Optional[BaseExce
     return functions.with_rank(exc, error.root_cause.rank) if exc is not None else None
 
 
-def any_rank_ran(workdir: Optional[str], failures: List[RankFailure], server: Any, call: int) -> bool:
+def any_rank_ran(workdir: Optional[str], failures: List[RankFailure], server: Optional[GangFacts], call: int) -> bool:
     """Whether some rank of the call started: this node's, or (the control)
     one another node reported. A gang refused before any rank started has
     no rank's output to point at."""

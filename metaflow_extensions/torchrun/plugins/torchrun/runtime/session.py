@@ -36,7 +36,7 @@ from ..errors import (GangAborted, TorchrunCallRefused, TorchrunException, Torch
                       is_refusal)
 from ..gang import Bench, GangConfig, HostCheck
 from ..gang import GangClient
-from ..gang import GangServer
+from ..gang import GangFacts, GangServer
 from ..gang import GangIdentity
 from ..gang import JobRecord, ProgressRecord
 from ..launch import StepDefaults
@@ -99,7 +99,10 @@ class GangSession:
         self.config = gang_config(identity, defaults, topology)
         self.phase = Phase.NEW
         self.calls_made = 0
-        self.server: Optional[GangServer] = None
+        # The gang's facts as the control reads them (gang.GangFacts: the service, read only through
+        # that); None on a worker. The service itself is _service, started and closed here alone.
+        self.server: Optional[GangFacts] = None
+        self._service: Optional[GangServer] = None
         self.client: Optional[GangClient] = None
         self.results: List[TorchrunResult] = []
         self.reported = False  # this node's own failure is already the gang's
@@ -144,10 +147,11 @@ class GangSession:
         ports = self.topology.ports
         if self.is_control:
             assert isinstance(self.secret, bytes), "the control holds the gang's secret itself"
-            self.server = GangServer(self.config, bind_host(self.topology), ports, secret=self.secret)
-            self.server.progress, self.server.host_check = say, self.preflight.host_check
-            watch_local_nodes(self.server, self.topology).start()  # a local node's task that ends unjoined ends it
-            ports = (self.server.port,)
+            service = GangServer(self.config, bind_host(self.topology), ports, secret=self.secret)
+            service.progress, service.host_check = say, self.preflight.host_check
+            # A local node's task that ends unjoined ends the gang.
+            self.server = self._service = watch_local_nodes(service, self.topology).start()
+            ports = (service.port,)
         self.client = GangClient(
             self.config, self.topology.main_addr, ports, self.topology.node_index, secret=self.secret
         )
@@ -309,10 +313,10 @@ class GangSession:
                 self.warm.close()
             if self.client is not None:
                 self.client.close()
-            if self.server is not None:
-                if self.server.cause is not None and not runtime_gone():
-                    linger(self.server, self.config.start_timeout)
-                self.server.close()
+            if self._service is not None:
+                if self._service.cause is not None and not runtime_gone():
+                    linger(self._service, self.config.start_timeout)
+                self._service.close()
 
     def say_where_logs_are(self) -> None:
         """Once, at the step's end, on the control of a local run: every node
