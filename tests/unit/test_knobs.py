@@ -110,10 +110,23 @@ def test_every_setting_with_a_bad_value_is_named_with_what_it_takes():
         Knobs(keep_logs=3), ["METAFLOW_TORCHRUN_MAX_LOG_MB='-1': give a number of at least 0"])
 
 
-@pytest.mark.parametrize("text", ["0/5", "6/5", "2/101", "two of five", "2/"])
+@pytest.mark.parametrize("text", ["0/5", "6/5", "3/2", "2/101", "1/1000", "x", "two of five", "2/"])
 def test_a_node_history_threshold_out_of_bounds_is_refused(text):
-    with pytest.raises(knobs.KnobError, match=r"give K/M .* 1 <= K <= M <= 100\), or off"):
+    with pytest.raises(knobs.KnobError, match=r"^METAFLOW_TORCHRUN_NODE_HISTORY=.*give K/M .* 1 <= K <= M <= 100\), "
+                       r"or off"):
         knobs.threshold(knobs.NODE_HISTORY_ENV, text)
+
+
+@pytest.mark.parametrize("text,expected", [("2/3", (2, 3)), (" 1 / 100 ", (1, 100)), ("off", None), ("0", None)])
+def test_a_node_history_threshold_or_off(text, expected):
+    assert knobs.threshold(knobs.NODE_HISTORY_ENV, text) == expected
+    # Off: the preflight reads no history at all (runtime/preflight.py takes None as no threshold).
+    assert read_knobs({knobs.NODE_HISTORY_ENV: text})[0].node_history == expected
+
+
+def test_the_node_history_unset_is_two_of_five_over_the_default_runs():
+    assert (Knobs().node_history, Knobs().node_history_runs) == ((2, 5), knobs.DEFAULTS.NODE_HISTORY_RUNS)
+    assert read_knobs({knobs.NODE_HISTORY_RUNS_ENV: "7"})[0].node_history_runs == 7
 
 
 @pytest.mark.parametrize("text", ["0", "65536", "-1", "80.5"])

@@ -5,8 +5,6 @@ evidence, strict refusal, bandwidth against a host's own past, steering."""
 import json
 import re
 
-import pytest
-
 from metaflow_extensions.torchrun.plugins.torchrun.cause import Cause, CauseKind
 from metaflow_extensions.torchrun.plugins.torchrun.record import node_history as nh
 from metaflow_extensions.torchrun.plugins.torchrun.record import node_roles as roles
@@ -77,7 +75,7 @@ def test_k_of_m_flags_with_evidence_and_a_non_default_threshold():
     assert "bad was blamed in 2 of its last 5 appearances: 1/train attempt 0 (culprit: " in nh.evidence(
         "bad", seen, nh.Threshold())
     # 2 of the last 3: the three newer successes push them out.
-    assert nh.evidence("bad", seen, nh.parse_threshold("2/3")) is None
+    assert nh.evidence("bad", seen, nh.Threshold(2, 3)) is None
     assert nh.evidence("good", seen, nh.Threshold(1, 5)) is None
 
 
@@ -94,16 +92,6 @@ def test_warn_or_refuse_under_strict():
 def test_kubernetes_steering_names_the_node():
     text = nh.steering(["node 10.0.0.7"], "kubernetes")
     assert "10.0.0.7" in text and "NoSchedule" in text and "cannot exclude a node" in text
-
-
-@pytest.mark.parametrize("text", ["3/2", "x", "0/5", "1/1000"])
-def test_a_bad_threshold_is_named(text):
-    with pytest.raises(ValueError, match="METAFLOW_TORCHRUN_NODE_HISTORY"):
-        nh.parse_threshold(text)
-
-
-def test_off_reads_no_history():
-    assert nh.parse_threshold("off") is None and nh.parse_threshold(None) == nh.Threshold(2, 5)
 
 
 def test_bandwidth_below_its_own_past():

@@ -22,17 +22,13 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from .. import defaults as DEFAULTS
-from .. import knob_text
 from ..cause import Cause, CauseKind
 from ..gang import HostCheck
-from ..procs import NODE_HISTORY_RUNS_ENV
 from ..text import shorten
 from .attempts import Attempt, Previous
 from .node_roles import BLAMED, OUT, ROLES, SLOW
 
 RESULT_FIELD = "torchrun-result"
-# Appearances a host is judged on, whatever the knob says.
-MAX_WINDOW = 100
 # Hosts named in the preflight's lines and in a refusal.
 MAX_FLAGGED = 16
 
@@ -175,26 +171,6 @@ class Threshold:
 
     culprit: int = DEFAULTS.NODE_HISTORY_CULPRIT
     appearances: int = DEFAULTS.NODE_HISTORY_APPEARANCES
-
-
-def parse_threshold(text: Optional[str]) -> Optional[Threshold]:
-    """``"K/M"`` (the knob ``METAFLOW_TORCHRUN_NODE_HISTORY``); None for
-    ``"off"``; ValueError naming the problem for anything else."""
-    if text is None or not text.strip():
-        return Threshold()
-    if knob_text.says_off(text):  # blank is the default, above
-        return None
-    match = re.fullmatch(r"\s*(\d+)\s*/\s*(\d+)\s*", text)
-    if not match or not 1 <= int(match.group(1)) <= int(match.group(2)) <= MAX_WINDOW:
-        raise knob_text.KnobError("METAFLOW_TORCHRUN_NODE_HISTORY=%r: give K/M (a host blamed in K of its last M "
-                         "appearances is flagged, 1 <= K <= M <= %d), or off" % (text[:40], MAX_WINDOW))
-    return Threshold(int(match.group(1)), int(match.group(2)))
-
-
-def history_runs(env: Mapping[str, str], strict: bool = False) -> int:
-    """How many past runs the node history reads (``METAFLOW_TORCHRUN_NODE_HISTORY_RUNS``)."""
-    return int(knob_text.number(NODE_HISTORY_RUNS_ENV, env.get(NODE_HISTORY_RUNS_ENV), DEFAULTS.NODE_HISTORY_RUNS,
-                                whole=True, strict=strict))
 
 
 def evidence(host: str, seen: Sequence[Appearance], threshold: Threshold) -> Optional[str]:
