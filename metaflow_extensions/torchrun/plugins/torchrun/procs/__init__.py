@@ -27,7 +27,6 @@ __all__ = [
     "ZYGOTE_NAME",
     "ZYGOTE_PID_SUFFIX",
     "ARGS_FILE",
-    "NODE_HISTORY_RUNS_ENV",
     "Culprits",
     "FlightError",
     "FlightSummary",
@@ -79,7 +78,6 @@ _HOME = {
     "ZYGOTE_NAME": "names",
     "ZYGOTE_PID_SUFFIX": "names",
     "ARGS_FILE": "names",
-    "NODE_HISTORY_RUNS_ENV": "names",
     "Culprits": "culprit",
     "FlightError": "flight",
     "FlightSummary": "flight",
@@ -118,7 +116,7 @@ if TYPE_CHECKING:
     from .flight import FlightError, FlightSummary
     from .failures import NO_EXCEPTION, RankFailure, clear_round, describe_exit_code, merge_failures, read_agent_failures, read_failures, root_cause_order, with_last_output
     from .progress import MAX_METRICS, ProgressReport, clean_metrics, read_progress, report
-    from .names import RESTART_ENV, ARGS_FILE, NODE_HISTORY_RUNS_ENV, rank_log_path
+    from .names import RESTART_ENV, ARGS_FILE, rank_log_path
     from .names import (HOST_ZYGOTE_ENV, ZYGOTE_ENV, ZYGOTE_NAME, ZYGOTE_PID_SUFFIX, ZYGOTE_SOCKET,
                         zygote_log_path)
     from .ranges import numbers

@@ -14,8 +14,6 @@ from typing import Optional
 # -- environment: what users set ------------------------------------------------
 # The METAFLOW_TORCHRUN_* settings live in ../knobs.py, read once at the step's
 # start; what reaches the ranks comes in their entry file (entry.py).
-# record/node_history.py's lenient reader's, until it goes:
-from ..knobs import NODE_HISTORY_RUNS_ENV  # noqa: E402,F401
 
 # -- environment: what the task sets for its torchrun and ranks -------------------
 WORK_DIR_ENV = "METAFLOW_TORCHRUN_WORK_DIR"  # the call's work directory
