@@ -208,8 +208,6 @@ def _reader(kind: Any, specs: Tuple[Any, ...] = ()) -> Reader:
         return _read_dict(_key_reader(*_split(key)), _reader(item), _spec(specs, Items).limit)
     if isinstance(kind, type) and issubclass(kind, Record):
         return _read_record(kind)
-    if hasattr(kind, "from_wire"):  # a record with a reader of its own
-        return lambda value, error: kind.from_wire(value)
     if isinstance(kind, type) and issubclass(kind, enum.Enum):
         return _read_enum(kind)
     read = _scalar(kind, specs)
