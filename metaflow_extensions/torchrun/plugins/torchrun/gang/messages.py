@@ -116,6 +116,7 @@ class GangMessage(Record):
     DROP_NONE = True
 
     def to_wire(self) -> WireDict:
+        """By hand for its first key only: the type, which is the class, not a field."""
         return {"type": self.TYPE.value, **encode(self)}
 
 
