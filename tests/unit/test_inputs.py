@@ -283,7 +283,7 @@ class TestNothingLeftBehind:
 
         files = CallFiles(LogKey("Flow-1", "train-2-0", "c0"), 0, str(tmp_path))
         run = CallRun(session=None, plan=None, index=0)  # type: ignore[arg-type]
-        run.files, run.workdir = files, files.work_dir
+        run.launch.files, run.launch.workdir = files, files.work_dir
         with pytest.raises(AttributeError):
             run.record()  # no session: recording fails
         assert not os.path.exists(files.work_dir)
