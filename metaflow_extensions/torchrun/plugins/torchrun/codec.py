@@ -17,7 +17,12 @@ Bounds ride on the type, ``Annotated[int, Int(0, MAX_CALL)]``:
   and numbers clamped to theirs (nothing is sent that the reader refuses);
   ``SKIP`` fields are left off at their default, ``LOCAL`` ones always, and a
   ``DROP_NONE`` record leaves its nulls off; keys follow the fields' order,
-  or ``WIRE_ORDER``.
+  or ``WIRE_ORDER``, where a name that is no field is a property, written by
+  its return type (a value the record derives: a duration, a count).
+- read back (a ``Lenient`` record: one this package stored, read by a later
+  version): a bad field reads as its default, a bad item of a list or a dict
+  is left out, texts, lists and dicts too long are cut; only a record without
+  a field it cannot do without is none.
 
 Each field's reader and writer is built once per class from its annotation, so
 a message costs a few calls per field: the service reads a heartbeat a second
@@ -30,6 +35,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import itertools
 import math
 import typing
 from typing import Any, Callable, ClassVar, Dict, List, Mapping, NamedTuple, Optional, Tuple, Type, TypeVar, Union
@@ -72,7 +78,7 @@ class Hex(NamedTuple):
 class Via(NamedTuple):
     """A field with logic of its own: ``read`` raises ``ValueError`` saying what is wrong."""
 
-    read: Callable[[Any], Any]
+    read: Optional[Callable[[Any], Any]]  # None: read by its type
     write: Optional[Callable[[Any], Any]] = None  # None: written by its type
 
 
@@ -85,6 +91,8 @@ class _Mark(enum.Enum):
 NEED, SKIP, LOCAL = _Mark.NEED, _Mark.SKIP, _Mark.LOCAL
 
 R = TypeVar("R", bound="Record")
+L = TypeVar("L", bound="Lenient")
+D = TypeVar("D", bound="_Readable")
 Reader = Callable[[Any, Type[Exception]], Any]
 Writer = Callable[[Any], Any]
 
@@ -99,18 +107,32 @@ class Written:
         return encode(self)
 
 
-class Record(Written):
-    """A dataclass read and written by its fields' types."""
-
+class _Readable(Written):
     ERROR: ClassVar[Type[Exception]] = ValueError
+
+    def problem(self) -> Optional[str]:
+        """What is wrong across fields (each one checked already), or None."""
+        return None
+
+
+class Record(_Readable):
+    """A dataclass read and written by its fields' types."""
 
     @classmethod
     def from_wire(cls: Type[R], data: Any) -> R:
         return decode(cls, data)
 
-    def problem(self) -> Optional[str]:
-        """What is wrong across fields (each one checked already), or None."""
-        return None
+
+class Lenient(_Readable):
+    """A stored dataclass read back by its fields' types, leniently (see above)."""
+
+    @classmethod
+    def from_wire(cls: Type[L], data: Any) -> Optional[L]:
+        """The record, or None where ``data`` is not one."""
+        try:
+            return decode(cls, data)
+        except cls.ERROR:
+            return None
 
 
 class _Bad(Exception):
@@ -124,6 +146,8 @@ class _Field(NamedTuple):
     optional: bool  # absent or null: its default
     local: bool
     skip: Any  # the default it is left off at, or _NO
+    derived: bool = False  # a property: written, never read
+    fallback: bool = False  # a Lenient record's: a bad value reads as its default, or None
 
 
 _NO: Any = dataclasses.MISSING
@@ -135,22 +159,34 @@ def _fields(cls: type) -> Tuple[_Field, ...]:
     if found is None:
         hints = typing.get_type_hints(cls, include_extras=True)
         order = getattr(cls, "WIRE_ORDER", ())  # the JSON's key order, where it is not the fields'
-        readable = issubclass(cls, Record)  # a record only written declares no reading bounds
-        found = tuple(_field(f, *_split(hints[f.name]), readable) for f in dataclasses.fields(cls))
-        found = _FIELDS[cls] = tuple(sorted(found, key=lambda f: order.index(f.name))) if order else found
+        readable = issubclass(cls, _Readable)  # a record only written declares no reading bounds
+        lenient = issubclass(cls, Lenient)
+        found = tuple(_field(f, *_split(hints[f.name]), readable, lenient) for f in dataclasses.fields(cls))
+        names = {f.name for f in found}
+        found += tuple(_derived(cls, name) for name in order if name not in names)
+        last = len(order)  # a field the order leaves out (a LOCAL one) goes last
+        found = _FIELDS[cls] = tuple(sorted(found, key=lambda f: order.index(f.name) if f.name in order else last))
     return found
 
 
-def _field(f: dataclasses.Field, kind: Any, specs: Tuple[Any, ...], readable: bool) -> _Field:
+def _derived(cls: type, name: str) -> _Field:
+    """A property written under its name, by its return type."""
+    kind = typing.get_type_hints(getattr(cls, name).fget, include_extras=True)["return"]
+    return _Field(name, _unread, _writer(*_split(kind)), True, False, _NO, True)
+
+
+def _field(f: dataclasses.Field, kind: Any, specs: Tuple[Any, ...], readable: bool, lenient: bool) -> _Field:
     default = f.default
     if f.default_factory is not dataclasses.MISSING:
         default = f.default_factory()
     try:
-        read = _reader(kind, specs) if readable and LOCAL not in specs else _unread
+        read = _reader(kind, specs, lenient) if readable and LOCAL not in specs else _unread
     except AttributeError:  # a bound not given (a spec of None)
         raise TypeError("codec: field %r has no bounds to be read by" % f.name) from None
-    return _Field(f.name, read, _writer(kind, specs), default is not _NO and NEED not in specs,
-                  LOCAL in specs, default if SKIP in specs else _NO)
+    optional = default is not _NO and NEED not in specs
+    nullable = typing.get_origin(kind) is Union and type(None) in typing.get_args(kind)
+    return _Field(f.name, read, _writer(kind, specs), optional, LOCAL in specs, default if SKIP in specs else _NO,
+                  False, lenient and (optional or nullable and NEED not in specs))
 
 
 def _split(kind: Any, specs: Tuple[Any, ...] = ()) -> Tuple[Any, Tuple[Any, ...]]:
@@ -171,7 +207,7 @@ def _inner(kind: Any) -> Any:
 # -- reading --------------------------------------------------------------------------
 
 
-def decode(cls: Type[R], data: Any, error: Optional[Type[Exception]] = None) -> R:
+def decode(cls: Type[D], data: Any, error: Optional[Type[Exception]] = None) -> D:
     """The record ``data`` holds, each field checked; ``error`` (the record's
     ``ERROR`` by default) names the first bad one."""
     error = error or cls.ERROR
@@ -180,11 +216,15 @@ def decode(cls: Type[R], data: Any, error: Optional[Type[Exception]] = None) -> 
     values = {}
     for f in _fields(cls):
         value = data.get(f.name)
-        if f.local or value is None and f.optional:
+        if f.local or f.derived or value is None and f.optional:
             continue  # its default
         try:
             values[f.name] = f.read(value, error)
         except _Bad as e:
+            if f.fallback:
+                if not f.optional:
+                    values[f.name] = None
+                continue
             raise error("field %r: %s" % (f.name, e)) from None
     record = cls(**values)
     problem = record.problem()
@@ -193,24 +233,25 @@ def decode(cls: Type[R], data: Any, error: Optional[Type[Exception]] = None) -> 
     return record
 
 
-def _reader(kind: Any, specs: Tuple[Any, ...] = ()) -> Reader:
+def _reader(kind: Any, specs: Tuple[Any, ...] = (), lenient: bool = False) -> Reader:
+    """``lenient``: texts and lists cut, not refused; a bad item left out."""
     kind, specs = _split(kind, specs)
     via, origin = _spec(specs, Via), typing.get_origin(kind)
-    if via is not None:
+    if via is not None and via.read is not None:
         return _read_via(via.read)
     if origin is Union:
-        inner = _reader(_inner(kind), specs)
+        inner = _reader(_inner(kind), specs, lenient)
         return lambda value, error: None if value is None else inner(value, error)
     if origin in (tuple, list):
-        return _read_items(origin, _reader(typing.get_args(kind)[0]), _spec(specs, Items).limit)
+        return _read_items(origin, _reader(typing.get_args(kind)[0], (), lenient), _spec(specs, Items).limit, lenient)
     if origin is dict:
         key, item = typing.get_args(kind)
-        return _read_dict(_key_reader(*_split(key)), _reader(item), _spec(specs, Items).limit)
-    if isinstance(kind, type) and issubclass(kind, Record):
+        return _read_dict(_key_reader(*_split(key)), _reader(item, (), lenient), _spec(specs, Items).limit, lenient)
+    if isinstance(kind, type) and issubclass(kind, _Readable):
         return _read_record(kind)
     if isinstance(kind, type) and issubclass(kind, enum.Enum):
         return _read_enum(kind)
-    read = _scalar(kind, specs)
+    read = _scalar(kind, specs, lenient)
     return lambda value, error: read(value)
 
 
@@ -227,7 +268,7 @@ def _read_via(read: Callable[[Any], Any]) -> Reader:
     return via
 
 
-def _read_record(kind: Type[Record]) -> Reader:
+def _read_record(kind: Type[_Readable]) -> Reader:
     def record(value: Any, error: Type[Exception]) -> Any:
         try:
             return decode(kind, value, error)
@@ -247,20 +288,42 @@ def _read_enum(kind: Type[enum.Enum]) -> Reader:
     return member
 
 
-def _read_items(make: Any, each: Reader, limit: int) -> Reader:
+def _read_items(make: Any, each: Reader, limit: int, lenient: bool) -> Reader:
     def items(value: Any, error: Type[Exception]) -> Any:
         if not isinstance(value, list) or len(value) > limit:
             raise _Bad("not a list of at most %d" % limit)
         return make(each(v, error) for v in value)
-    return items
+
+    def kept(value: Any, error: Type[Exception]) -> Any:
+        if not isinstance(value, list):
+            raise _Bad("not a list")
+        out = []
+        for v in value[:limit]:
+            try:
+                out.append(each(v, error))
+            except _Bad:
+                pass  # left out
+        return make(out)
+    return kept if lenient else items
 
 
-def _read_dict(key: Callable[[Any], Any], item: Reader, limit: int) -> Reader:
+def _read_dict(key: Callable[[Any], Any], item: Reader, limit: int, lenient: bool) -> Reader:
     def entries(value: Any, error: Type[Exception]) -> Any:
         if not isinstance(value, Mapping) or len(value) > limit:
             raise _Bad("not an object of at most %d entries" % limit)
         return {key(k): item(v, error) for k, v in value.items()}
-    return entries
+
+    def kept(value: Any, error: Type[Exception]) -> Any:
+        if not isinstance(value, Mapping):
+            raise _Bad("not an object")
+        out = {}
+        for k, v in itertools.islice(value.items(), limit):
+            try:
+                out[key(k)] = item(v, error)
+            except _Bad:
+                pass  # left out
+        return out
+    return kept if lenient else entries
 
 
 def _key_reader(kind: Any, specs: Tuple[Any, ...]) -> Callable[[Any], Any]:
@@ -276,8 +339,8 @@ def _key_reader(kind: Any, specs: Tuple[Any, ...]) -> Callable[[Any], Any]:
     return number
 
 
-def _scalar(kind: Any, specs: Tuple[Any, ...]) -> Callable[[Any], Any]:
-    """The reader of a bool, a bounded int, float or text, or bytes in hex."""
+def _scalar(kind: Any, specs: Tuple[Any, ...], lenient: bool = False) -> Callable[[Any], Any]:
+    """The reader of a bool, a bounded int, float or text (cut, if ``lenient``), or bytes in hex."""
     if kind is bool:
         return _check(lambda v: isinstance(v, bool), "not a boolean")
     if kind is int:
@@ -294,6 +357,9 @@ def _scalar(kind: Any, specs: Tuple[Any, ...]) -> Callable[[Any], Any]:
         one, b = _spec(specs, OneOf), _spec(specs, Text)
         if one is not None:
             return _check(lambda v: v in one.choices, "not one of %s" % ", ".join(one.choices))
+        if lenient:
+            text = _check(lambda v: isinstance(v, str) and b.least <= len(v), "not a string of %d+ characters" % b.least)
+            return lambda v: text(v)[:b.limit]
         return _check(lambda v: isinstance(v, str) and b.least <= len(v) <= b.limit,
                       "not a string of %d to %d characters" % (b.least, b.limit))
     if kind is bytes:

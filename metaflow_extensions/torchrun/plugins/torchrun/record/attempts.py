@@ -19,11 +19,13 @@ record as stored), except ``read_previous``, which asks the Metaflow client.
 from __future__ import annotations
 
 import datetime
+import itertools
 import math
-from dataclasses import asdict, dataclass, replace
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from dataclasses import dataclass, replace
+from typing import Annotated, Any, Dict, List, Mapping, Optional, Tuple
 
 from ..cause import Cause, CauseKind, place, user_code_failure  # noqa: F401 (one classification, cause.py)
+from ..codec import Int, Items, Lenient, Text, Via, encode
 from .node_roles import MAX_HOST, NodeEntry, hosts_of
 from .in_step_restarts import swap_words
 
@@ -38,6 +40,10 @@ MAX_NODES = 4096
 # An attempt keeps its latest in-step restarts (swaps among them), at most.
 MAX_RESTART_MARKS = 32
 
+Whole = Annotated[int, Int(0, (1 << 31) - 1)]
+# A peer's cause, read as cause.py reads it (a bad one: none).
+CAUSE = Via(Cause.from_wire)
+
 
 def validate_retry_on(value: Any) -> str:
     from ..errors import TorchrunInvalidArgument
@@ -51,20 +57,12 @@ def validate_retry_on(value: Any) -> str:
 
 
 @dataclass(frozen=True)
-class Previous:
+class Previous(Lenient):
     """What attempt k reads of attempt k-1's record (task metadata: a peer's
     words, checked field by field)."""
 
-    cause: Optional[Cause] = None
-    attempts: Tuple["Attempt", ...] = ()
-
-    @classmethod
-    def from_wire(cls, record: Any) -> Optional["Previous"]:
-        if not isinstance(record, Mapping):
-            return None
-        listed = record.get("attempts")
-        attempts = [Attempt.from_wire(a) for a in listed[:MAX_ATTEMPTS]] if isinstance(listed, list) else []
-        return cls(Cause.from_wire(record.get("cause")), tuple(a for a in attempts if a is not None))
+    cause: Annotated[Optional[Cause], CAUSE] = None
+    attempts: Annotated[Tuple["Attempt", ...], Items(MAX_ATTEMPTS)] = ()
 
 
 def refusal(retry_on: str, attempt: int, previous: Optional[Previous], retries: int = 0) -> Optional[str]:
@@ -109,29 +107,23 @@ def fill_missing(past: List["Attempt"], attempt: int) -> List["Attempt"]:
                                            "(killed before the end of its step?)") for k in range(attempt)]
 
 
+def _metadata(meta: Any) -> Dict[str, Any]:
+    """@checkpoint's own metadata, as it wrote it: its first 64 keys, each cut."""
+    if not isinstance(meta, Mapping):
+        raise ValueError("not an object")
+    return {str(k)[:200]: v for k, v in itertools.islice(meta.items(), 64)}
+
+
 @dataclass(frozen=True)
-class Checkpoint:
+class Checkpoint(Lenient):
     """The checkpoint ``@checkpoint`` loaded for an attempt."""
 
-    key: str = ""
-    pathspec: Optional[str] = None
-    attempt: Optional[int] = None
-    created_on: Optional[str] = None
+    key: Annotated[str, Text(1000)] = ""
+    pathspec: Annotated[Optional[str], Text(4000)] = None
+    attempt: Optional[Whole] = None
+    created_on: Annotated[Optional[str], Text(4000)] = None
     created_at: Optional[float] = None
-    metadata: Optional[Dict[str, Any]] = None
-
-    def to_wire(self) -> Dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_wire(cls, data: Any) -> Optional["Checkpoint"]:
-        if not isinstance(data, Mapping):
-            return None
-        meta = data.get("metadata")
-        return cls(key=str(data.get("key") or "")[:1000], pathspec=_text(data.get("pathspec")),
-                   attempt=_whole(data.get("attempt")), created_on=_text(data.get("created_on")),
-                   created_at=_num(data.get("created_at")),
-                   metadata={str(k)[:200]: v for k, v in list(meta.items())[:64]} if isinstance(meta, Mapping) else None)
+    metadata: Annotated[Optional[Dict[str, Any]], Via(_metadata)] = None
 
 
 def checkpoint_info(current: Any) -> Optional[Checkpoint]:
@@ -164,30 +156,30 @@ def _epoch(stamp: Any) -> Optional[float]:
 
 
 @dataclass(frozen=True)
-class CallStart:
-    call: int
+class CallStart(Lenient):
+    call: Whole
     started_at: float
 
 
 @dataclass(frozen=True)
-class RestartMark:
+class RestartMark(Lenient):
     """One in-step restart of an attempt (``@torchrun(restarts)``), or a swap
     (``@torchrun(spares)``), at the marks the goodput ledger cuts at: the
     failure, the old ranks gone, the new ranks at the user's script; the
     replaced ranks' start of work; the nodes swapped, with their hosts."""
 
-    call: int
-    restart: int
+    call: Whole
+    restart: Whole
     failed_at: float
-    stopped: str  # the cause's summary
+    stopped: Annotated[str, Text(400)] = ""  # the cause's summary
     kind: Optional[CauseKind] = None
     stopped_at: Optional[float] = None
     back_at: Optional[float] = None
     work_from: Optional[float] = None
-    swapped_out: Optional[int] = None
-    swapped_in: Optional[int] = None
-    out_host: Optional[str] = None
-    in_host: Optional[str] = None
+    swapped_out: Optional[Whole] = None
+    swapped_in: Optional[Whole] = None
+    out_host: Annotated[Optional[str], Text(MAX_HOST)] = None
+    in_host: Annotated[Optional[str], Text(MAX_HOST)] = None
 
     @property
     def swap(self) -> Optional[str]:
@@ -201,28 +193,6 @@ class RestartMark:
     def label(self) -> str:
         """What the ledger's segment says stopped it."""
         return "%s: %s" % (self.swap, self.stopped) if self.swap else "restart %d: %s" % (self.restart, self.stopped)
-
-    def to_wire(self) -> Dict[str, Any]:
-        data = asdict(self)
-        data["kind"] = self.kind.value if self.kind is not None else None
-        return data
-
-    @classmethod
-    def from_wire(cls, data: Any) -> Optional["RestartMark"]:
-        if not isinstance(data, Mapping):
-            return None
-        call, restart, failed_at = _whole(data.get("call")), _whole(data.get("restart")), _num(data.get("failed_at"))
-        if call is None or restart is None or failed_at is None:
-            return None
-        try:
-            kind: Optional[CauseKind] = CauseKind(data.get("kind"))
-        except ValueError:
-            kind = None
-        return cls(call=call, restart=restart, failed_at=failed_at, stopped=_text(data.get("stopped"), 400) or "",
-                   kind=kind, stopped_at=_num(data.get("stopped_at")), back_at=_num(data.get("back_at")),
-                   work_from=_num(data.get("work_from")), swapped_out=_whole(data.get("swapped_out")),
-                   swapped_in=_whole(data.get("swapped_in")), out_host=_text(data.get("out_host"), MAX_HOST),
-                   in_host=_text(data.get("in_host"), MAX_HOST))
 
 
 def restart_marks(results: List[Any], hosts: Mapping[int, str]) -> Tuple[Tuple[RestartMark, ...], int]:
@@ -244,27 +214,27 @@ def restart_marks(results: List[Any], hosts: Mapping[int, str]) -> Tuple[Tuple[R
 
 
 @dataclass(frozen=True)
-class Attempt:
+class Attempt(Lenient):
     """One attempt of the step, as the control's record keeps it."""
 
-    attempt: int
+    attempt: Whole
     started_at: Optional[float] = None
     # The step's code began: every decorator's task_pre_step done
     # (@checkpoint's load among them), the local nodes started.
     code_started_at: Optional[float] = None
     gang_formed_at: Optional[float] = None
     gang_formed_seconds: Optional[float] = None
-    calls: Tuple[CallStart, ...] = ()
+    calls: Annotated[Tuple[CallStart, ...], Items(MAX_CALLS)] = ()
     ended_at: Optional[float] = None
-    stopped: Optional[str] = None  # the cause's summary, "succeeded", "refused", or unknown
+    stopped: Annotated[Optional[str], Text(4000)] = None  # the cause's summary, "succeeded", "refused", or unknown
     kind: Optional[CauseKind] = None
     resumed_from: Optional[Checkpoint] = None
-    refused_for: Optional[int] = None
-    # What its failure cost (with_costs), once a next attempt is known.
+    refused_for: Optional[Whole] = None
+    # What its failure cost (with_costs), once a next attempt is known: none
+    # before (lost_seconds is always one then), and their keys left off.
     lost_work_seconds: Optional[float] = None
     restart_seconds: Optional[float] = None
     lost_seconds: Optional[float] = None
-    costed: bool = False
     # The goodput ledger's marks (record/goodput.py): a rank's first line on
     # the control, and when the control wrote this record (its stop done).
     first_output_at: Optional[float] = None
@@ -272,61 +242,23 @@ class Attempt:
     # The node history's (record/node_roles.py): each node's host and role, and
     # how many bystanders a gang over MAX_NODES left out; "ValueError at
     # train.py:88" when the user's code failed (no node is blamed then).
-    nodes: Tuple[NodeEntry, ...] = ()
-    nodes_left_out: int = 0
-    code_failure: Optional[str] = None
+    nodes: Annotated[Tuple[NodeEntry, ...], Items(MAX_NODES)] = ()
+    nodes_left_out: Whole = 0
+    code_failure: Annotated[Optional[str], Text(400)] = None
     # This attempt's @torchrun card, by its hash (card/lifecycle.py): each
     # attempt of a task has its own, opened with `card view <task> --hash`.
-    card: Optional[str] = None
+    card: Annotated[Optional[str], Text(64)] = None
     # Its in-step restarts and swaps (the latest MAX_RESTART_MARKS), and how many more.
-    restarts: Tuple[RestartMark, ...] = ()
-    restarts_left_out: int = 0
+    restarts: Annotated[Tuple[RestartMark, ...], Items(MAX_RESTART_MARKS)] = ()
+    restarts_left_out: Whole = 0
 
     def to_wire(self) -> Dict[str, Any]:
-        data = {f: getattr(self, f) for f in self.__dataclass_fields__ if f != "costed"}
-        data["calls"] = [asdict(c) for c in self.calls]
-        data["restarts"] = [r.to_wire() for r in self.restarts]
-        data["nodes"] = [n.to_wire() for n in self.nodes]
-        data["kind"] = self.kind.value if self.kind is not None else None
-        data["resumed_from"] = self.resumed_from.to_wire() if self.resumed_from is not None else None
-        if not self.costed:  # only a failure followed by another attempt has costs
+        """By hand for the costs only: their three keys are there together or not at all (a null is a cost not known)."""
+        data = encode(self)
+        if self.lost_seconds is None:
             for name in ("lost_work_seconds", "restart_seconds", "lost_seconds"):
                 del data[name]
         return data
-
-    @classmethod
-    def from_wire(cls, data: Any) -> Optional["Attempt"]:
-        if not isinstance(data, Mapping) or _whole(data.get("attempt")) is None:
-            return None
-        calls = data.get("calls")
-        starts = [CallStart(c["call"], float(c["started_at"])) for c in (calls if isinstance(calls, list) else [])
-                  if isinstance(c, Mapping) and _whole(c.get("call")) is not None and _num(c.get("started_at")) is not None]
-        try:
-            kind: Optional[CauseKind] = CauseKind(data.get("kind"))
-        except ValueError:
-            kind = None
-        return cls(attempt=int(data["attempt"]), started_at=_num(data.get("started_at")),
-                   code_started_at=_num(data.get("code_started_at")), gang_formed_at=_num(data.get("gang_formed_at")),
-                   gang_formed_seconds=_num(data.get("gang_formed_seconds")), calls=tuple(starts[:MAX_CALLS]),
-                   ended_at=_num(data.get("ended_at")), stopped=_text(data.get("stopped")), kind=kind,
-                   resumed_from=Checkpoint.from_wire(data.get("resumed_from")),
-                   refused_for=_whole(data.get("refused_for")), lost_work_seconds=_num(data.get("lost_work_seconds")),
-                   restart_seconds=_num(data.get("restart_seconds")), lost_seconds=_num(data.get("lost_seconds")),
-                   costed="lost_seconds" in data, first_output_at=_num(data.get("first_output_at")),
-                   recorded_at=_num(data.get("recorded_at")), nodes=_nodes(data.get("nodes")),
-                   nodes_left_out=_whole(data.get("nodes_left_out")) or 0,
-                   code_failure=_text(data.get("code_failure"), 400), card=_text(data.get("card"), 64),
-                   restarts=_restarts(data.get("restarts")), restarts_left_out=_whole(data.get("restarts_left_out")) or 0)
-
-
-def _restarts(listed: Any) -> Tuple[RestartMark, ...]:
-    marks_ = [RestartMark.from_wire(r) for r in (listed if isinstance(listed, list) else [])[:MAX_RESTART_MARKS]]
-    return tuple(m for m in marks_ if m is not None)
-
-
-def _nodes(listed: Any) -> Tuple[NodeEntry, ...]:
-    entries = [NodeEntry.from_wire(n) for n in (listed if isinstance(listed, list) else [])[:MAX_NODES]]
-    return tuple(n for n in entries if n is not None)
 
 
 def this_attempt(
@@ -465,21 +397,8 @@ def with_costs(attempts: List[Attempt]) -> List[Attempt]:
         if nxt.started_at is not None and (nxt.calls or nxt.first_output_at is not None):
             restart = max(0.0, marks(nxt, math.inf).first - m.work_end)
         parts = [p for p in (lost_work, restart) if p is not None]
-        out[i] = replace(failed, lost_work_seconds=lost_work, restart_seconds=restart,
-                         lost_seconds=sum(parts) if parts else None, costed=True)
+        out[i] = replace(failed, lost_work_seconds=lost_work, restart_seconds=restart, lost_seconds=sum(parts))
     return out
-
-
-def _num(value: Any) -> Optional[float]:
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
-
-
-def _whole(value: Any) -> Optional[int]:
-    return value if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 1 << 31 else None
-
-
-def _text(value: Any, limit: int = 4000) -> Optional[str]:
-    return value[:limit] if isinstance(value, str) else None
 
 
 def read_previous(pathspec: str, attempt: int, field: str) -> Tuple[Optional[Previous], Optional[str]]:

@@ -16,9 +16,10 @@ own task metadata, read by the client when asked (record/node_history.py).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+from typing import Annotated, Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from ..cause import Cause, CauseKind
+from ..codec import NEED, SKIP, Int, Lenient, OneOf, Text
 
 CULPRIT = "culprit"
 LOST = "lost"
@@ -43,41 +44,21 @@ _NOBODY = (CauseKind.INTERRUPTED, CauseKind.PREEMPTED, CauseKind.HANG, CauseKind
 
 
 @dataclass(frozen=True)
-class NodeEntry:
-    """One node of one attempt."""
+class NodeEntry(Lenient):
+    """One node of one attempt (none without its node and role)."""
 
-    node: int
-    host: str = "?"
-    role: str = BYSTANDER
+    WIRE_ORDER = ("node", "host", "role", "link_gbps", "ratio", "task", "checks")
+    node: Annotated[int, Int(0, (1 << 20) - 1)]
+    host: Annotated[str, Text(MAX_HOST, least=1)] = "?"
+    role: Annotated[str, OneOf(ROLES), NEED] = BYSTANDER
     # preflight="full": GB/s to the reference node; the checks that did not pass.
-    link_gbps: Optional[float] = None
-    checks: str = ""
+    link_gbps: Annotated[Optional[float], SKIP] = None
+    checks: Annotated[str, Text(200), SKIP] = ""
     # How much slower than the gang's median (straggler detection), if slow.
-    ratio: Optional[float] = None
+    ratio: Annotated[Optional[float], SKIP] = None
     # Its Metaflow task's id, for the platform's facts in its metadata
     # (instance ID, zone, type): kept for nodes with a role only.
-    task: Optional[str] = None
-
-    def to_wire(self) -> Dict[str, Any]:
-        data = {"node": self.node, "host": self.host, "role": self.role}
-        for name in ("link_gbps", "ratio", "task"):
-            if getattr(self, name) is not None:
-                data[name] = getattr(self, name)
-        if self.checks:
-            data["checks"] = self.checks
-        return data
-
-    @classmethod
-    def from_wire(cls, data: Any) -> Optional["NodeEntry"]:
-        if not isinstance(data, Mapping):
-            return None
-        node, role = data.get("node"), data.get("role")
-        if not isinstance(node, int) or isinstance(node, bool) or not 0 <= node < 1 << 20 or role not in ROLES:
-            return None
-        host = data.get("host")
-        return cls(node=node, host=host[:MAX_HOST] if isinstance(host, str) and host else "?", role=role,
-                   link_gbps=_num(data.get("link_gbps")), checks=_text(data.get("checks"), 200) or "",
-                   ratio=_num(data.get("ratio")), task=_text(data.get("task"), 200))
+    task: Annotated[Optional[str], Text(200), SKIP] = None
 
 
 def blamed_nodes(cause: Optional[Cause], code_failure: bool) -> Dict[int, str]:
@@ -134,10 +115,3 @@ def stragglers(progress: Any) -> Dict[int, float]:
 def hosts_of(nodes: Iterable[NodeEntry]) -> Dict[int, str]:
     return {n.node: n.host for n in nodes}
 
-
-def _num(value: Any) -> Optional[float]:
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
-
-
-def _text(value: Any, limit: int) -> Optional[str]:
-    return value[:limit] if isinstance(value, str) else None
