@@ -5,30 +5,52 @@ what it cost in work, and how long the gang took to run the ranks again.
 The service decides a restart (``gang/restarts.py``); the call carries it out
 (``runtime/restarts.CallRestarts``: stop the ranks, start a new torchrun on
 the fresh rendezvous) and keeps one ``InStepRestart`` per restart. JSON only
-in ``to_wire``/``from_wire``, every field read back checked.
+in ``to_wire``/``from_wire`` (codec.py), every field read back checked.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Dict, List, Mapping, Optional
+from typing import Annotated, Any, List, Mapping, Optional
 
-from ..cause import Cause
+from ..cause import Cause, CauseKind
+from ..codec import Int, Lenient, Real, Via
 
 # A record read back keeps at most this many restarts (restarts= is at most 100).
 MAX_RESTARTS_KEPT = 128
 # Characters of a restart's cause's message and traceback the record keeps: a
 # restart's cause is rarely a Python exception, and 100 of them stay small.
 CAUSE_TEXT = 600
+# A node's index, as a swap names it.
+Node = Annotated[int, Int(0, (1 << 20) - 1)]
+Seconds = Annotated[Optional[float], Real(digits=3)]
+
+
+def _cause(value: Any) -> Cause:
+    """Read as cause.py reads a peer's (a bad field dropped); none at all is no restart."""
+    cause = Cause.from_wire(value)
+    if cause is None:
+        raise ValueError("not a cause")
+    return cause
+
+
+def _cause_kept(cause: Cause) -> Any:
+    """Its message and traceback's tails only: a restart's cause is rarely a Python exception."""
+    return dataclasses.replace(cause, traceback=_tail(cause.traceback, CAUSE_TEXT),
+                               message=_tail(cause.message, CAUSE_TEXT)).to_wire()
 
 
 @dataclass(frozen=True)
-class InStepRestart:
-    """Restart ``restart`` (1, 2, ...) of a call's ranks, on this node."""
+class InStepRestart(Lenient):
+    """Restart ``restart`` (1, 2, ...) of a call's ranks, on this node; written
+    with its cause's kind and summary and what it cost, for the record's readers."""
 
-    restart: int
-    cause: Cause
+    WIRE_ORDER = ("restart", "cause", "kind", "stopped", "ran_from", "failed_at", "stopped_at", "restarted_at",
+                  "ranks_at", "lost_work_seconds", "restart_seconds", "lost_seconds", "swapped_out", "swapped_in",
+                  "work_from")
+    restart: Annotated[int, Int(1, (1 << 16) - 1)]
+    cause: Annotated[Cause, Via(_cause, _cause_kept)]
     # When the replaced ranks' torchrun started, and when they failed (the
     # cause's time, on the clock of the node that saw it).
     ran_from: Optional[float]
@@ -39,15 +61,23 @@ class InStepRestart:
     restarted_at: Optional[float] = None
     ranks_at: Optional[float] = None
     # A swap (@torchrun(spares)): the node taken out, and the spare that came in.
-    swapped_out: Optional[int] = None
-    swapped_in: Optional[int] = None
+    swapped_out: Optional[Node] = None
+    swapped_in: Optional[Node] = None
     # The replaced ranks at the user's script (the first of this node's): where
     # their work began, the goodput ledger's mark (the call's first line is its
     # last start's).
     work_from: Optional[float] = None
 
     @property
-    def lost_work_seconds(self) -> Optional[float]:
+    def kind(self) -> CauseKind:
+        return self.cause.kind
+
+    @property
+    def stopped(self) -> str:
+        return self.cause.summary
+
+    @property
+    def lost_work_seconds(self) -> Seconds:
         """The replaced ranks' run, from their start at the user's script
         (their torchrun's start where none said it started): the most this
         failure can have lost (less where they saved a checkpoint and the new
@@ -56,42 +86,16 @@ class InStepRestart:
         return max(0.0, self.failed_at - start) if start is not None else None
 
     @property
-    def restart_seconds(self) -> Optional[float]:
+    def restart_seconds(self) -> Seconds:
         """The failure to this node's new ranks at the user's script (to its
         new torchrun's start where no rank said it started)."""
         back = self.ranks_at if self.ranks_at is not None else self.restarted_at
         return max(0.0, back - self.failed_at) if back is not None else None
 
     @property
-    def lost_seconds(self) -> Optional[float]:
+    def lost_seconds(self) -> Seconds:
         parts = [p for p in (self.lost_work_seconds, self.restart_seconds) if p is not None]
         return sum(parts) if parts else None
-
-    def to_wire(self) -> Dict[str, Any]:
-        cause = dataclasses.replace(self.cause, traceback=_tail(self.cause.traceback, CAUSE_TEXT),
-                                    message=_tail(self.cause.message, CAUSE_TEXT))
-        return {
-            "restart": self.restart, "cause": cause.to_wire(), "kind": self.cause.kind.value,
-            "stopped": self.cause.summary, "ran_from": self.ran_from, "failed_at": self.failed_at,
-            "stopped_at": self.stopped_at, "restarted_at": self.restarted_at, "ranks_at": self.ranks_at,
-            "lost_work_seconds": _round(self.lost_work_seconds), "restart_seconds": _round(self.restart_seconds),
-            "lost_seconds": _round(self.lost_seconds), "swapped_out": self.swapped_out,
-            "swapped_in": self.swapped_in, "work_from": self.work_from,
-        }
-
-    @classmethod
-    def from_wire(cls, data: Any) -> Optional["InStepRestart"]:
-        if not isinstance(data, dict):
-            return None
-        cause = Cause.from_wire(data.get("cause"))
-        restart = data.get("restart")
-        failed_at = _num(data.get("failed_at"))
-        if cause is None or failed_at is None or isinstance(restart, bool) or not isinstance(restart, int) \
-                or not 0 < restart < 1 << 16:
-            return None
-        return cls(restart, cause, _num(data.get("ran_from")), failed_at, _num(data.get("stopped_at")),
-                   _num(data.get("restarted_at")), _num(data.get("ranks_at")), _node(data.get("swapped_out")),
-                   _node(data.get("swapped_in")), _num(data.get("work_from")))
 
 
 def swap_words(out: int, came_in: int, hosts: Mapping[int, str]) -> str:
@@ -102,9 +106,7 @@ def swap_words(out: int, came_in: int, hosts: Mapping[int, str]) -> str:
 
 def read_back(listed: Any) -> List[InStepRestart]:
     """A record's ``in_step_restarts``, each checked; what does not read is left out."""
-    if not isinstance(listed, list):
-        return []
-    found = [InStepRestart.from_wire(item) for item in listed[:MAX_RESTARTS_KEPT]]
+    found = [InStepRestart.from_wire(item) for item in (listed if isinstance(listed, list) else [])[:MAX_RESTARTS_KEPT]]
     return [r for r in found if r is not None]
 
 
@@ -123,14 +125,3 @@ def with_ranks_start(restarts: List[InStepRestart], starts: List[Optional[float]
 def _tail(text: Optional[str], limit: int) -> Optional[str]:
     return text if text is None or len(text) <= limit else "[...] " + text[-limit:]
 
-
-def _num(value: Any) -> Optional[float]:
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
-
-
-def _node(value: Any) -> Optional[int]:
-    return value if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 1 << 20 else None
-
-
-def _round(value: Optional[float]) -> Optional[float]:
-    return round(value, 3) if value is not None else None
