@@ -27,9 +27,11 @@ same shape: ``Segment.restart`` numbers it within its attempt.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Annotated, Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
+from ..codec import Int, Items, Lenient, OneOf, Real, Text, Via
 from .attempts import Attempt, Marks, in_step_cuts, lost_since, marks
 
 PARTS = ("productive", "gang", "startup", "checkpoint", "lost_work", "stop", "restart", "other")
@@ -38,76 +40,74 @@ METADATA_FIELD = "torchrun-goodput"
 ARTIFACT = "torchrun_goodput"
 MAX_SEGMENTS = 256
 
+Whole = Annotated[int, Int(0, (1 << 31) - 1)]
+Node = Annotated[int, Int(0, (1 << 20) - 1)]
+Seconds = Annotated[float, Real(digits=3)]
+# A segment's parts, those it has, each as many seconds.
+Parts = Annotated[Dict[Annotated[str, OneOf(PARTS)], Seconds], Items(len(PARTS))]
+
+
+def _all_parts(parts: Any) -> Dict[str, float]:
+    """The ledger's parts, every one of them (a bad or absent one: none spent)."""
+    parts = parts if isinstance(parts, Mapping) else {}
+    return {k: float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) else 0.0
+            for k in PARTS for v in [parts.get(k)]}
+
+
+def _parts_written(parts: Mapping[str, float]) -> Dict[str, float]:
+    return {k: round(parts.get(k, 0.0), 3) for k in PARTS}
+
+
+def _latest(segments: Tuple["Segment", ...]) -> List[Dict[str, Any]]:
+    return [s.to_wire() for s in segments[-MAX_SEGMENTS:]]
+
 
 @dataclass(frozen=True)
-class Segment:
+class Segment(Lenient):
     """One attempt (or one in-step restart of it) on the step's clock."""
 
-    attempt: int
+    WIRE_ORDER = ("attempt", "restart", "started_at", "ended_at", "seconds", "parts", "cause", "lost_seconds",
+                  "time_to_restart", "swapped_out", "swapped_in")
+    attempt: Whole
     started_at: float
     ended_at: float
-    parts: Dict[str, float] = field(default_factory=dict)
-    restart: Optional[int] = None
-    cause: Optional[str] = None  # why it stopped; None: it succeeded
+    parts: Parts = field(default_factory=dict)
+    restart: Optional[Whole] = None
+    cause: Annotated[Optional[str], Text(400)] = None  # why it stopped; None: it succeeded
     # A failure's cost: its lost parts, and from the failure to the next
     # segment's first line.
-    lost_seconds: float = 0.0
-    time_to_restart: Optional[float] = None
+    lost_seconds: Seconds = 0.0
+    time_to_restart: Optional[Seconds] = None
     # A swap ended it (@torchrun(spares)): the node taken out, the spare brought in.
-    swapped_out: Optional[int] = None
-    swapped_in: Optional[int] = None
+    swapped_out: Optional[Node] = None
+    swapped_in: Optional[Node] = None
 
     @property
-    def seconds(self) -> float:
+    def seconds(self) -> Seconds:
         return self.ended_at - self.started_at
-
-    def to_wire(self) -> Dict[str, Any]:
-        return {"attempt": self.attempt, "restart": self.restart, "started_at": self.started_at,
-                "ended_at": self.ended_at, "seconds": round(self.seconds, 3),
-                "parts": {k: round(v, 3) for k, v in self.parts.items()}, "cause": self.cause,
-                "lost_seconds": round(self.lost_seconds, 3),
-                "time_to_restart": None if self.time_to_restart is None else round(self.time_to_restart, 3),
-                "swapped_out": self.swapped_out, "swapped_in": self.swapped_in}
-
-    @classmethod
-    def from_wire(cls, data: Any) -> Optional["Segment"]:
-        if not isinstance(data, Mapping):
-            return None
-        attempt, start, end = data.get("attempt"), _num(data.get("started_at")), _num(data.get("ended_at"))
-        if not isinstance(attempt, int) or isinstance(attempt, bool) or start is None or end is None:
-            return None
-        parts = _mapping(data.get("parts"))
-        restart = data.get("restart")
-        cause = data.get("cause")
-        return cls(attempt=attempt, started_at=start, ended_at=end,
-                   parts={k: v for k in PARTS for v in [_num(parts.get(k))] if v is not None},
-                   restart=restart if isinstance(restart, int) and not isinstance(restart, bool) else None,
-                   cause=cause[:400] if isinstance(cause, str) else None,
-                   lost_seconds=_num(data.get("lost_seconds")) or 0.0,
-                   time_to_restart=_num(data.get("time_to_restart")),
-                   swapped_out=_index(data.get("swapped_out")), swapped_in=_index(data.get("swapped_in")))
 
 
 @dataclass(frozen=True)
-class Ledger:
-    """The step's wall time, its parts, and the segments they came from."""
+class Ledger(Lenient):
+    """The step's wall time, its parts, and the segments they came from (the latest ``MAX_SEGMENTS``)."""
 
+    WIRE_ORDER = ("started_at", "ended_at", "wall_seconds", "effective_percent", "lost_seconds", "parts", "segments")
     started_at: float
     ended_at: float
-    parts: Dict[str, float]
-    segments: Tuple[Segment, ...] = ()
+    parts: Annotated[Dict[str, float], Via(_all_parts, _parts_written)]
+    segments: Annotated[Tuple[Segment, ...], Items(MAX_SEGMENTS), Via(None, _latest)] = ()
 
     @property
-    def wall_seconds(self) -> float:
+    def wall_seconds(self) -> Seconds:
         return self.ended_at - self.started_at
 
     @property
-    def effective_percent(self) -> float:
+    def effective_percent(self) -> Annotated[float, Real(digits=2)]:
         wall = self.wall_seconds
         return 100.0 * self.parts.get("productive", 0.0) / wall if wall > 0 else 0.0
 
     @property
-    def lost_seconds(self) -> float:
+    def lost_seconds(self) -> Seconds:
         return sum(self.parts.get(p, 0.0) for p in LOST_PARTS)
 
     def summary(self) -> str:
@@ -125,28 +125,6 @@ class Ledger:
         return "effective training %.1f%% of %s over %d attempt%s%s%s" % (
             self.effective_percent, _dur(wall), attempts, "" if attempts == 1 else "s", again,
             "; the rest: " + rest if rest else "")
-
-    def to_wire(self) -> Dict[str, Any]:
-        return {"started_at": self.started_at, "ended_at": self.ended_at,
-                "wall_seconds": round(self.wall_seconds, 3),
-                "effective_percent": round(self.effective_percent, 2),
-                "lost_seconds": round(self.lost_seconds, 3),
-                "parts": {k: round(self.parts.get(k, 0.0), 3) for k in PARTS},
-                "segments": [s.to_wire() for s in self.segments[-MAX_SEGMENTS:]]}
-
-    @classmethod
-    def from_wire(cls, data: Any) -> Optional["Ledger"]:
-        if not isinstance(data, Mapping):
-            return None
-        start, end = _num(data.get("started_at")), _num(data.get("ended_at"))
-        if start is None or end is None:
-            return None
-        parts = _mapping(data.get("parts"))
-        listed = data.get("segments")
-        listed = listed if isinstance(listed, list) else []
-        segments = [Segment.from_wire(s) for s in listed[:MAX_SEGMENTS]]
-        return cls(start, end, {k: _num(parts.get(k)) or 0.0 for k in PARTS},
-                   tuple(s for s in segments if s is not None))
 
 
 def segments(a: Attempt, end: float, after_failure: bool, saved_at: Optional[float], failed: bool,
@@ -259,14 +237,3 @@ def _dur(seconds: float) -> str:
         return "%dm %02ds" % (minutes, secs)
     return "%dh %02dm" % divmod(minutes, 60)
 
-
-def _mapping(value: Any) -> Mapping[str, Any]:
-    return value if isinstance(value, Mapping) else {}
-
-
-def _index(value: Any) -> Optional[int]:
-    return value if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 1 << 20 else None
-
-
-def _num(value: Any) -> Optional[float]:
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
