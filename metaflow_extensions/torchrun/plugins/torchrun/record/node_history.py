@@ -19,10 +19,11 @@ import json
 import re
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+from typing import Annotated, Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from .. import defaults as DEFAULTS
 from ..cause import Cause, CauseKind
+from ..codec import LOCAL, Written
 from ..gang import HostCheck
 from ..text import shorten
 from .attempts import Attempt, Previous
@@ -57,24 +58,28 @@ class Appearance:
 
 
 @dataclass
-class HostStats:
+class HostStats(Written):
     """What the history says of one host."""
 
+    WIRE_ORDER = ("host", "appearances", "blamed", "slow", "roles", "causes", "last_seen", "blamed_in")
     host: str
     appearances: int = 0
     roles: Dict[str, int] = field(default_factory=dict)
     causes: Dict[str, int] = field(default_factory=dict)
     last_seen: float = 0.0
-    runs: List[str] = field(default_factory=list)
+    runs: Annotated[List[str], LOCAL] = field(default_factory=list)  # the runs it was blamed in
 
     @property
     def blamed(self) -> int:
         return sum(self.roles.get(r, 0) for r in BLAMED)
 
-    def to_wire(self) -> Dict[str, Any]:
-        return {"host": self.host, "appearances": self.appearances, "blamed": self.blamed,
-                "slow": self.roles.get(SLOW, 0), "roles": dict(self.roles), "causes": dict(self.causes),
-                "last_seen": self.last_seen, "blamed_in": self.runs[:10]}
+    @property
+    def slow(self) -> int:
+        return self.roles.get(SLOW, 0)
+
+    @property
+    def blamed_in(self) -> List[str]:
+        return self.runs[:10]
 
 
 _RANK = {r: i for i, r in enumerate(ROLES)}  # culprit first, bystander last

@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from ..procs import Culprits
 
 from ..cause import Cause, CauseKind
+from ..codec import Written
 from ..gang import NodeReport
 from ..gang import PreflightRecord, ProgressRecord
 from ..procs import RankFailure
@@ -52,20 +53,13 @@ RankRecord = RankStatus
 
 
 @dataclass(frozen=True)
-class GangView:
+class GangView(Written):
     """The gang as the control saw one call: when each node joined it and
     finished it, and each node's report (its ranks and their last lines)."""
 
     joined_at: Dict[int, float] = field(default_factory=dict)
     finished_at: Dict[int, float] = field(default_factory=dict)
     reports: Dict[int, NodeReport] = field(default_factory=dict)
-
-    def to_wire(self) -> Dict[str, Any]:
-        return {
-            "joined_at": {str(k): v for k, v in self.joined_at.items()},
-            "finished_at": {str(k): v for k, v in self.finished_at.items()},
-            "reports": {str(k): r.to_wire() for k, r in self.reports.items()},
-        }
 
 
 @dataclass
@@ -185,7 +179,9 @@ class TorchrunResult:
 
     def to_dict(self, stacks_limit: int = STACKS_IN_REPORT) -> Dict[str, Any]:
         """JSON-able, without return values (they may be anything): the full
-        report (``REPORT_ARTIFACT``)."""
+        report (``REPORT_ARTIFACT``). By hand, not by codec.py: its stacks' bound
+        is an argument, and the stored shape has ``{}`` for no preflight or
+        culprits and each rank's ``duration``, which no field holds."""
         data = {f: getattr(self, f) for f in self.__dataclass_fields__ if f not in ("returns",)}
         data["ranks"] = [asdict(r) for r in self.ranks]
         data["cause"] = self.cause.to_wire() if self.cause is not None else None
