@@ -19,7 +19,7 @@ from gang_net import GUARD, new_config
 from proc_helpers import is_running, wait_until
 from metaflow_extensions.torchrun.plugins.torchrun.cause import CauseKind
 from metaflow_extensions.torchrun.plugins.torchrun.errors import GangAborted
-from metaflow_extensions.torchrun.plugins.torchrun.gang import NodeEnd
+from metaflow_extensions.torchrun.plugins.torchrun.gang.membership import NodeEnd
 from metaflow_extensions.torchrun.plugins.torchrun.gang.membership import Membership
 from metaflow_extensions.torchrun.plugins.torchrun.runtime.local_nodes import (
     RUNTIME_PID_ENV,

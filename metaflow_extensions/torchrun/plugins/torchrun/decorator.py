@@ -31,10 +31,12 @@ from .lint import register_lint_check, require_parallel_entry
 from .host import log, say
 from .card import card_of_task
 from .runtime import close_runtime_warm, name_local_control, own_start, prepare_local_nodes, stop_local_nodes
-from .launch import check_spares_fit, small_shm_warning
+from .launch.inputs import check_spares_fit
+from .launch.resources import small_shm_warning
 from .record import ThisAttempt, keep_record
 from .runtime import GangSession, attempt_facts, in_gang, read_node_history
-from .gang import CONTROL_TASK_ID_ENV, is_local_runtime, topology_from
+from .gang import CONTROL_TASK_ID_ENV
+from .gang.topology import is_local_runtime, topology_from
 
 
 _log = log.get("decorator")

@@ -7,8 +7,7 @@ import os
 from typing import Any, Callable, Optional, Union
 
 from .errors import TorchrunException
-from .launch import ArgSpec
-from .launch import call_request
+from .launch import ArgSpec, call_request
 from .runtime import api as runtime
 from .record import TorchrunResult
 from .runtime import GangSession

@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import importlib
 import sys
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping
 
 
-def names_from(package: str, home: Mapping[str, str], shown: Sequence[str]) -> Callable[[str], Any]:
-    """The face's ``__getattr__``: a name from the module ``home`` gives for it,
-    or one of the subpackage's modules shown as a namespace."""
+def names_from(package: str, home: Mapping[str, str]) -> Callable[[str], Any]:
+    """The face's ``__getattr__``: a name from the module ``home`` gives for it.
+    A module of the subpackage is not a face's name: ``from ..procs import
+    names`` finds no name here and imports the module by its path."""
 
     def __getattr__(name: str) -> Any:
         if name in home:
@@ -19,8 +20,6 @@ def names_from(package: str, home: Mapping[str, str], shown: Sequence[str]) -> C
             # Kept in the face: the next use is a plain attribute, not this call.
             setattr(sys.modules[package], name, value)
             return value
-        if name in shown:
-            return importlib.import_module("." + name, package)
         raise AttributeError("module %r has no attribute %r" % (package, name))
 
     return __getattr__

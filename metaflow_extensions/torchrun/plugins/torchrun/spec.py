@@ -21,35 +21,15 @@ from typing import Any, List, Mapping, Optional, Sequence, Tuple
 from . import defaults as DEFAULTS
 from .knobs import USER_KNOBS, Knobs, conf_key, read_knobs, says_off
 from .errors import Problems, TorchrunInvalidArgument
-from .gang import DEFAULT_MODE as DEFAULT_PREFLIGHT
-from .gang import parse_mode as parse_preflight
+from .gang.node_compare import DEFAULT_MODE as DEFAULT_PREFLIGHT
+from .gang.node_compare import parse_mode as parse_preflight
 from .gang import parse_port
-from .launch import (
-    NO_ACCELERATORS,
-    Accelerators,
-    ArgSpec,
-    StepDefaults,
-    check_options,
-    check_port_clash,
-    legacy_rdzv_port,
-    merged_options,
-    none_keys,
-    none_note,
-    option_names,
-    refuse_one_node_on_kubernetes,
-    refuse_step_functions,
-    requested_accelerators,
-    restarts_allowed,
-    retry_on_clash,
-    step_timeout,
-    validate_args_as,
-    validate_hang_timeout,
-    validate_nproc,
-    validate_restarts,
-    validate_shutdown_grace,
-    validate_spares,
-    validate_timeouts,
-)
+from .launch import (NO_ACCELERATORS, Accelerators, ArgSpec, StepDefaults, merged_options, requested_accelerators,
+                     step_timeout, validate_args_as, validate_shutdown_grace, validate_timeouts)
+from .launch.command import none_keys, restarts_allowed
+from .launch.inputs import retry_on_clash, validate_hang_timeout, validate_restarts, validate_spares
+from .launch.plan import check_options, legacy_rdzv_port, none_note, option_names, validate_nproc
+from .launch.platforms import check_port_clash, refuse_one_node_on_kubernetes, refuse_step_functions
 from .record import attempts as attempts_
 
 # @torchrun's attributes and their defaults, as Metaflow's decorator takes them

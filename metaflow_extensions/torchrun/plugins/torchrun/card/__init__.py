@@ -10,11 +10,10 @@ and no socket.
 
 from __future__ import annotations
 
-from .lifecycle import (CARD_ID, attach_card, card_of_task, card_ready, card_view_command, finish_card, refresh_live,
-                        render_card_now, skip_render, this_card_hash)
+from .lifecycle import (attach_card, card_of_task, card_ready, card_view_command, finish_card, refresh_live,
+                        render_card_now, this_card_hash)
 
 __all__ = [
-    "CARD_ID",
     "attach_card",
     "card_of_task",
     "card_ready",
@@ -22,6 +21,5 @@ __all__ = [
     "finish_card",
     "refresh_live",
     "render_card_now",
-    "skip_render",
     "this_card_hash",
 ]

@@ -19,7 +19,7 @@ import re
 import time
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from ..gang import RankStatus
+from ..gang.messages import RankStatus
 from ..procs import describe_exit_code
 from ..launch import Accelerators
 from ..procs import stacks

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional
 
-from ..gang import JobRecord, PreflightRecord, describe_job
+from ..gang import JobRecord, PreflightRecord
+from ..gang.node_compare import describe_job
 
 
 def table(record: PreflightRecord) -> List[List[str]]:

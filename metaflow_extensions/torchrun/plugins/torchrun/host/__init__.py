@@ -40,9 +40,6 @@ __all__ = [
     "usable_cpus",
     "where_logs_are",
     "work_root",
-    "log",
-    "proctree",
-    "title",
     "retention_policy",
 ]
 
@@ -89,8 +86,5 @@ if TYPE_CHECKING:
     from .proctree import die_with_parent, kill_group, name_this_process, signal_main_thread
     from .workdirs import CallFiles, StepDir, work_root
 
-if TYPE_CHECKING:
-    from . import log, proctree, title
 
-
-__getattr__ = names_from(__name__, _HOME, __all__)
+__getattr__ = names_from(__name__, _HOME)

@@ -19,7 +19,7 @@ from .. import defaults as DEFAULTS
 from ..errors import Problems, TorchrunInvalidArgument, shown
 from .options import flag_name as _flag
 from .options import scalar as _scalar
-from ..gang import RDZV_STORE_NODE
+from ..gang.config import RDZV_STORE_NODE
 
 ArgSpec = Union[None, Sequence[Any], Mapping[str, Any]]
 

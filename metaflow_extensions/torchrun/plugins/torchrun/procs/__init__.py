@@ -47,8 +47,6 @@ __all__ = [
     "describe_exit_code",
     "find_culprits",
     "unread_reason",
-    "flight",
-    "flight_ask",
     "group",
     "merge_failures",
     "numbers",
@@ -59,14 +57,7 @@ __all__ = [
     "read_statuses",
     "root_cause_order",
     "with_last_output",
-    "bootstrap",
-    "collective_check",
-    "entry",
-    "functions",
-    "names",
-    "relay",
     "report",
-    "stacks",
 ]
 
 # Where each name lives: loaded on first use, so that importing the face costs nothing.
@@ -124,8 +115,5 @@ if TYPE_CHECKING:
     from .running import RunningRank, running_ranks
     from .status import RankStatus, StatusError, read_statuses
 
-if TYPE_CHECKING:
-    from . import bootstrap, collective_check, entry, flight, flight_ask, functions, names, relay, stacks
 
-
-__getattr__ = names_from(__name__, _HOME, __all__)
+__getattr__ = names_from(__name__, _HOME)

@@ -16,15 +16,13 @@ from __future__ import annotations
 from .attempt_record import AttemptFacts
 from .attempts import Previous
 from .in_step_restarts import InStepRestart, swap_words, with_ranks_start
-from .result import (METADATA_FIELD, REPORT_ARTIFACT, GangView, TorchrunResult, none_suspected, read_rank_records,
-                     suspected)
+from .result import REPORT_ARTIFACT, GangView, TorchrunResult, none_suspected, read_rank_records, suspected
 from .step_record import ThisAttempt, keep_record, meta_datum, step_result
 
 __all__ = [
     "AttemptFacts",
     "GangView",
     "InStepRestart",
-    "METADATA_FIELD",
     "Previous",
     "REPORT_ARTIFACT",
     "ThisAttempt",

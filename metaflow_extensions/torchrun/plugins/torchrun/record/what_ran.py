@@ -13,7 +13,7 @@ import re
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 from ..launch import CallPlan
-from ..launch import find_torch
+from ..launch.torch_checks import find_torch
 from ..text import shorten
 from ..version import __version__
 

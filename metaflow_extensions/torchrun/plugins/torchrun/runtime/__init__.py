@@ -7,6 +7,9 @@ finish); the result is a ``record.TorchrunResult``, typed to the edge. What a ca
 and the attempt leave behind is ``record/``'s, the card ``card/``'s; 0.2's
 single-node launcher lives here.
 
+The face shows what the decorator, ``current.torch`` and 0.2's launcher use;
+the call's entry is a module of its own (``from ..runtime import api``).
+
 Usage (the decorator and ``current.torch`` do this)::
 
     session = GangSession(identity, defaults, topology, flow_dir, secret=secret)
@@ -16,55 +19,24 @@ Usage (the decorator and ``current.torch`` do this)::
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-from ..lazy import names_from
+from .local_nodes import name_local_control, own_start, prepare_local_nodes, stop_local_nodes
+from .session import GangSession
+from .single_node import SingleNodeLauncher
+from .step_run import attempt_facts, in_gang, read_node_history
+from .torchrun_args import TorchrunArgs, torchrun_args_of
+from .warm_start import close_runtime_warm
 
 __all__ = [
     "GangSession",
     "SingleNodeLauncher",
     "TorchrunArgs",
     "attempt_facts",
+    "close_runtime_warm",
     "in_gang",
-    "read_node_history",
     "name_local_control",
     "own_start",
-    "close_runtime_warm",
     "prepare_local_nodes",
+    "read_node_history",
     "stop_local_nodes",
     "torchrun_args_of",
-    "worker_python_problem",
-    "api",
-    "preflight",
 ]
-
-# Where each name lives: loaded on first use, so that importing the face costs nothing.
-_HOME = {
-    "prepare_local_nodes": "local_nodes",
-    "name_local_control": "local_nodes",
-    "own_start": "local_nodes",
-    "close_runtime_warm": "warm_start",
-    "GangSession": "session",
-    "SingleNodeLauncher": "single_node",
-    "attempt_facts": "step_run",
-    "in_gang": "step_run",
-    "read_node_history": "step_run",
-    "TorchrunArgs": "torchrun_args",
-    "stop_local_nodes": "local_nodes",
-    "torchrun_args_of": "torchrun_args",
-    "worker_python_problem": "local_nodes",
-}
-
-if TYPE_CHECKING:
-    from .warm_start import close_runtime_warm
-    from .local_nodes import name_local_control, own_start, prepare_local_nodes, stop_local_nodes, worker_python_problem
-    from .session import GangSession
-    from .single_node import SingleNodeLauncher
-    from .step_run import attempt_facts, in_gang, read_node_history
-    from .torchrun_args import TorchrunArgs, torchrun_args_of
-
-if TYPE_CHECKING:
-    from . import api, preflight
-
-
-__getattr__ = names_from(__name__, _HOME, __all__)

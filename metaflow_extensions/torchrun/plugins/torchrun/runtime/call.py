@@ -18,7 +18,9 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from ..procs import functions, stacks
 from ..cause import CONTROL_GONE, Cause, CauseKind
-from ..gang import NodeReport, ProgressTracker, Seat, send_last_progress
+from ..gang import NodeReport, Seat
+from ..gang.client import send_last_progress
+from ..gang.node_progress import ProgressTracker
 from ..errors import (FULL_REPORT, GangAborted, TorchrunException, TorchrunFailed, TorchrunInvalidArgument,
                       rank_raised)
 from ..procs import (
@@ -28,8 +30,8 @@ from ..procs import (
     read_agent_failures,
     read_failures,
 )
-from ..launch import argparse_hint
 from ..launch import CallPlan
+from ..launch.command import argparse_hint
 from ..record import GangView, TorchrunResult, read_rank_records, what_ran
 from .session import GangSession
 from . import node_report

@@ -15,7 +15,8 @@ from ..errors import TorchrunInvalidArgument
 from ..gang import Seat
 from .. import timeouts
 from ..host import CallFiles, route_to, wait_listening
-from ..launch import CallPlan, NodeFacts, prepare_launch
+from ..launch import CallPlan
+from ..launch.prepare import NodeFacts, prepare_launch
 from ..procs import ARGS_FILE, RESTART_ENV, ZYGOTE_ENV, bootstrap, entry, functions
 from ..record import read_rank_records
 from .session import GangSession

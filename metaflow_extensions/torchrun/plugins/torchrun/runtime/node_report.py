@@ -12,7 +12,8 @@ from typing import Any, List, Optional
 
 from ..cause import Cause, CauseKind
 from ..errors import failure_summary
-from ..gang import MAX_RANKS_PER_NODE, STREAMS, TAIL_LINE_CHARS, TAIL_LINES, GangFacts, NodeReport
+from ..gang import GangFacts, NodeReport
+from ..gang.messages import MAX_RANKS_PER_NODE, STREAMS, TAIL_LINE_CHARS, TAIL_LINES
 from ..host import step_log_dir
 from ..host import tail_lines as _tail_lines
 from ..procs import RankFailure, functions, describe_exit_code, rank_log_path, with_last_output

@@ -21,7 +21,7 @@ import threading
 import time
 from typing import Deque, Dict, List, Optional, Sequence, Set
 
-from ..gang import NodeEnd
+from ..gang.membership import NodeEnd
 from ..host import proctree
 from ..procs import relay
 from .. import timeouts

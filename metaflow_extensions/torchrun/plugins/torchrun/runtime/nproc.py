@@ -16,9 +16,8 @@ from typing import Tuple
 
 from ..errors import TorchrunInvalidArgument
 from ..host import count_with_torch, cuda_devices, usable_cpus
-from ..launch import CallPlan
-from ..launch import NO_ACCELERATORS
-from ..launch import Accelerators, check_visible_devices, keyword_note, nproc_for_keyword
+from ..launch import NO_ACCELERATORS, Accelerators, CallPlan
+from ..launch.resources import check_visible_devices, keyword_note, nproc_for_keyword
 
 
 def with_nproc_resolved(plan: CallPlan, accelerators: Accelerators = NO_ACCELERATORS) -> CallPlan:

@@ -34,16 +34,13 @@ from typing import Any, Callable, Iterator, List, Optional, Tuple, Union
 from ..cause import Cause, CauseKind
 from ..errors import (GangAborted, TorchrunCallRefused, TorchrunException, TorchrunFailed, TorchrunNotRetried,
                       is_refusal)
-from ..gang import Bench, GangConfig, HostCheck
-from ..gang import GangClient
-from ..gang import GangFacts, GangServer
-from ..gang import GangIdentity
-from ..gang import JobRecord, ProgressRecord
+from ..gang import (GangClient, GangConfig, GangFacts, GangIdentity, GangServer, HostCheck, JobRecord, ProgressRecord,
+                    Topology)
+from ..gang.bench import Bench
 from ..launch import StepDefaults
 from ..record import TorchrunResult
 from .local_nodes import runtime_gone, watch_local_nodes
 from .warm_start import WarmStart
-from ..gang import Topology
 from ..host import base_dir, route_to, say
 from ..host import retention_policy, where_logs_are
 from ..host import log

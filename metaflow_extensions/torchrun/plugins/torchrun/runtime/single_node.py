@@ -19,14 +19,12 @@ import sys
 from typing import Any, List, Mapping, Optional, Tuple
 
 from ..errors import TorchrunException
-from ..gang import GangIdentity
-from ..gang import find_free_port
-from ..gang import make_secret
-from ..gang import Topology
-from ..launch import ArgSpec
+from ..gang import GangIdentity, Topology, find_free_port
+from ..gang.secret import make_secret
 from .. import defaults as DEFAULTS
-from ..launch import ORDER_0_2, StepDefaults, call_request, validate_shutdown_grace, step_timeout
-from ..launch import requested_accelerators
+from ..launch import (ArgSpec, StepDefaults, call_request, requested_accelerators, step_timeout,
+                      validate_shutdown_grace)
+from ..launch.plan import ORDER_0_2
 from . import api as runtime
 from ..record import TorchrunResult
 from .session import GangSession

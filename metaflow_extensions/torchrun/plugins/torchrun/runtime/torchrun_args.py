@@ -17,8 +17,9 @@ import weakref
 from typing import Any, Dict, NoReturn
 
 from ..errors import TorchrunException
-from ..gang import own_command_port
-from ..launch import merged_options, resolve_nproc
+from ..gang.ports import own_command_port
+from ..launch import merged_options
+from ..launch.plan import resolve_nproc
 from .nproc import count_for_keyword
 from .session import GangSession, bind_host
 

@@ -27,7 +27,8 @@ import sys
 from typing import Any, Dict, Mapping, Optional
 
 from ..host import StepDir, die_with_parent, kill_group, open_private, title
-from ..launch import ZYGOTE_MODULE, StepDefaults
+from ..launch import StepDefaults
+from ..launch.command import ZYGOTE_MODULE
 from ..procs import HOST_ZYGOTE_ENV, ZYGOTE_ENV, ZYGOTE_PID_SUFFIX, ZYGOTE_SOCKET, zygote_log_path
 
 _log = logging.getLogger("metaflow_torchrun")
