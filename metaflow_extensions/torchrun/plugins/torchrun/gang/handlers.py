@@ -46,8 +46,8 @@ class Handlers:
         self.book = CallBook(config.num_nodes, Bench.initial(config.num_nodes, config.spares))
         self.preflight = PreflightBook(config.num_nodes)
         self.training = ProgressBook(config.num_nodes, config.straggler_ratio, config.straggler_seconds)
-        # node -> host in, (lines to say, a refusal) out: the node history's check
-        # (runtime/node_history.py), once every node's preflight is in.
+        # node -> host in, (lines to say, a refusal, the nodes it blames) out: the node history's check
+        # (record/node_history.py), once every node's preflight is in.
         self.host_check: Optional[HostCheck] = None
         self.cause: Optional[Cause] = None  # the gang's verdict
         self.pending: Optional[Tuple[Cause, float]] = None  # an echo, held until then
