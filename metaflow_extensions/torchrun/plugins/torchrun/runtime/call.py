@@ -69,6 +69,7 @@ class CallRun:
     # The gang's in-step restarts of the ranks (restarts.py); the first torchrun's start.
     again: CallRestarts = field(default_factory=CallRestarts)
     first_started: Optional[float] = None
+    first_output: Optional[float] = None  # the first start's first line (a restart's are in its record)
     # This node's place in the ranks' current start (@torchrun(spares), gang/bench.py): its go's, then each restart's.
     seat: Optional[Seat] = None
     # A job's own deadlines, asked between the checks (runtime/preflight.py's JobDeadlines); None: a user's call.
@@ -202,6 +203,7 @@ class CallRun:
                 client.quiet = lambda: None if sup.last_output is None else time.monotonic() - sup.last_output
                 client.training = ProgressTracker(self.workdir, gpu=gpus.latest).sample
                 self.exit_code = sup.wait(should_stop=should_stop)
+                self.first_output = self.first_output or sup.first_output
                 send_last_progress(client)
         except BaseException:
             # Told to stop (SIGTERM, Ctrl-C, @timeout): the error is not ours to word, so where the ranks were goes to the log.
@@ -338,7 +340,7 @@ class CallRun:
             call=self.index,
             **self.where.record(),
             ran=what_ran.record(self.plan, self.argv, self.log_dir, topology.node_index),
-            first_output_at=sup.first_output if sup else None,
+            first_output_at=self.first_output or (sup.first_output if sup else None),
             progress=server.progress_record() if server is not None else None,
             role=self.seat.role if self.seat else "active",
             spare_nodes=list(self.seat.bench.spares) if self.seat else [],
