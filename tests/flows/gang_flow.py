@@ -62,6 +62,7 @@ class GangFlow(FlowSpec):
                 time.sleep(0.05)
         calls = json.loads(self.calls)
         self.results = None
+        role_before = current.torch.role  # @torchrun(spares): a spare's step knows it is one before any call
         if calls is None:
             result = current.torch.run(
                 entrypoint=os.path.join("scripts", self.script),
@@ -75,6 +76,7 @@ class GangFlow(FlowSpec):
                 result = call_in_turn(call)
                 self.results[call["name"]] = json.dumps(result.to_dict(), default=str)
         self.node_index = current.parallel.node_index
+        self.torch_roles = (role_before, current.torch.role)
         self.exit_code = result.exit_code
         self.next(self.join)
 

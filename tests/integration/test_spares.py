@@ -78,6 +78,7 @@ def _tasks(gang):
         "    rec = t.metadata_dict.get('torchrun-result')\n"
         "    result['tasks'].append({'id': t.id, 'successful': t.successful, 'finished': t.finished,\n"
         "                            'attempt': t.current_attempt,\n"
+        "                            'roles': list(t['torch_roles'].data) if 'torch_roles' in t else None,\n"
         "                            'record': json.loads(rec) if rec else None})\n")
     by_node = {}
     for task in found["tasks"]:
@@ -116,6 +117,9 @@ def test_a_bad_gpu_on_node_1_is_swapped_for_the_spare_which_resumes_from_the_che
     assert successful and all(t["successful"] and t["attempt"] == 0 for t in tasks.values()), tasks
     roles = {n: t["record"].get("role") for n, t in tasks.items()}
     assert roles == {0: "active", 1: "out", 2: "active"}, roles
+    # What the step's code read of current.torch.role, before its call and after it.
+    seen = {n: t["roles"] for n, t in tasks.items()}
+    assert seen == {0: ["active", "active"], 1: ["active", "out"], 2: ["spare", "active"]}, seen
     assert all(_bench(t["record"]) == ([], [1]) for t in tasks.values()), tasks
     # The control's record: one restart, a swap of node 1 for node 2, for node 1's SIGKILL.
     restarts = tasks[0]["record"]["in_step_restarts"]
