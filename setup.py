@@ -28,7 +28,7 @@ def requirements(name: str) -> list:
 # as a duplicate ("cannot import name 'torchrun' from 'metaflow'").
 os.makedirs("build", exist_ok=True)
 
-with open(os.path.join(HERE, "metaflow_extensions", "torchrun", "plugins", "torchrun", "version.py")) as f:
+with open(os.path.join(HERE, "metaflow_extensions", "torchrun", "plugins", "torchrun", "base", "version.py")) as f:
     VERSION = re.search(r'^__version__ = "([^"]+)"', f.read(), re.M).group(1)
 
 setup(

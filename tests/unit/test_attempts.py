@@ -190,7 +190,7 @@ def test_the_runtime_starts_one_warm_process_for_the_local_tasks_of_its_run(monk
     from metaflow.unbounded_foreach import UBF_CONTROL
 
     from metaflow_extensions.torchrun.plugins.torchrun.decorator import TorchrunDecorator
-    from metaflow_extensions.torchrun.plugins.torchrun.knobs import Knobs
+    from metaflow_extensions.torchrun.plugins.torchrun.base.knobs import Knobs
     from metaflow_extensions.torchrun.plugins.torchrun.procs.names import HOST_ZYGOTE_ENV
     from metaflow_extensions.torchrun.plugins.torchrun.runtime import warm_start
     from metaflow_extensions.torchrun.plugins.torchrun.spec import REMOTE_COMPUTE

@@ -11,7 +11,7 @@ import time
 from types import SimpleNamespace
 
 from gang_net import GUARD, node_report, wait_cause
-from metaflow_extensions.torchrun.plugins.torchrun import timeouts
+from metaflow_extensions.torchrun.plugins.torchrun.base import timeouts
 from metaflow_extensions.torchrun.plugins.torchrun.cause import Cause, CauseKind
 from metaflow_extensions.torchrun.plugins.torchrun.procs.flight import UNSUPPORTED, FlightSummary
 from metaflow_extensions.torchrun.plugins.torchrun.runtime.call_stacks import CallStacks

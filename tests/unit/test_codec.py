@@ -11,7 +11,7 @@ from typing import Annotated, Dict, Optional, Tuple
 import pytest
 
 from metaflow_extensions.torchrun.plugins.torchrun.cause import Cause
-from metaflow_extensions.torchrun.plugins.torchrun.codec import LOCAL, NEED, SKIP, Int, Items, Real, Record, Text, Via
+from metaflow_extensions.torchrun.plugins.torchrun.base.codec import LOCAL, NEED, SKIP, Int, Items, Real, Record, Text, Via
 from metaflow_extensions.torchrun.plugins.torchrun.gang import messages as msg
 from metaflow_extensions.torchrun.plugins.torchrun.gang.bench import Bench
 from metaflow_extensions.torchrun.plugins.torchrun.gang.gang_progress import ProgressRecord, Straggler

@@ -9,7 +9,7 @@ import pytest
 
 from metaflow_extensions.torchrun.plugins.torchrun import spec
 from metaflow_extensions.torchrun.plugins.torchrun.host import log
-from metaflow_extensions.torchrun.plugins.torchrun.knobs import DEBUG_ENV, USER_KNOBS, read_knobs
+from metaflow_extensions.torchrun.plugins.torchrun.base.knobs import DEBUG_ENV, USER_KNOBS, read_knobs
 
 
 def debug(value):

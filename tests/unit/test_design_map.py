@@ -36,7 +36,7 @@ def test_every_row_of_the_design_map_is_a_module():
 
 
 def test_the_timings_table_lists_every_fixed_time():
-    from metaflow_extensions.torchrun.plugins.torchrun import timeouts
+    from metaflow_extensions.torchrun.plugins.torchrun.base import timeouts
 
     with open(os.path.join(ROOT, "docs", "design.md"), encoding="utf-8") as f:
         text = f.read()

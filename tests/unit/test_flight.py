@@ -20,7 +20,7 @@ from dataclasses import replace
 import pytest
 from proc_helpers import wait_until
 
-from metaflow_extensions.torchrun.plugins.torchrun.knobs import FLIGHT_RECORDER_ENV, read_knobs
+from metaflow_extensions.torchrun.plugins.torchrun.base.knobs import FLIGHT_RECORDER_ENV, read_knobs
 from metaflow_extensions.torchrun.plugins.torchrun.procs import flight, flight_ask
 from metaflow_extensions.torchrun.plugins.torchrun.procs.flight import (EMPTY, FAILED, NO_GROUP, OK, FlightError,
                                                                         FlightGroup, FlightSummary, summarize)

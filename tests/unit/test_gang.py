@@ -397,7 +397,7 @@ class TestStartTimeout:
         carried step 5 (the next is a minute away here): the node's last
         progress, sent as its ranks are gone, is the record's step, with no
         check of the book in between."""
-        from metaflow_extensions.torchrun.plugins.torchrun import timeouts
+        from metaflow_extensions.torchrun.plugins.torchrun.base import timeouts
         from metaflow_extensions.torchrun.plugins.torchrun.gang.node_progress import NodeProgress
 
         monkeypatch.setattr(timeouts, "PROGRESS_SEND", 60.0)
@@ -1050,7 +1050,7 @@ class TestCostPerNode:
 
     def test_progress_rides_a_heartbeat_less_often_past_384_nodes(self, monkeypatch):
         """The control parses at most PROGRESS_PER_SECOND progress records a second."""
-        from metaflow_extensions.torchrun.plugins.torchrun import timeouts
+        from metaflow_extensions.torchrun.plugins.torchrun.base import timeouts
         from metaflow_extensions.torchrun.plugins.torchrun.gang import client
         from metaflow_extensions.torchrun.plugins.torchrun.gang.config import GangConfig
 

@@ -31,7 +31,7 @@ import metaflow  # noqa: F401  (must come before our modules)
 import pytest
 
 from gang_net import GUARD, HOST, SECRET, Net, RawPeer, closed_by_peer, wait_cause, node_report
-from metaflow_extensions.torchrun.plugins.torchrun import timeouts
+from metaflow_extensions.torchrun.plugins.torchrun.base import timeouts
 from metaflow_extensions.torchrun.plugins.torchrun.gang import auth as gang_auth
 from metaflow_extensions.torchrun.plugins.torchrun.gang import admission as gang_admission
 from metaflow_extensions.torchrun.plugins.torchrun.gang import wire

@@ -12,7 +12,7 @@ import pytest
 from metaflow.datastore import FlowDataStore
 from metaflow.plugins.datastores.local_storage import LocalStorage
 
-from metaflow_extensions.torchrun.plugins.torchrun.knobs import SECRET_ENV, read_knobs
+from metaflow_extensions.torchrun.plugins.torchrun.base.knobs import SECRET_ENV, read_knobs
 from metaflow_extensions.torchrun.plugins.torchrun.gang import secret as sec
 from metaflow_extensions.torchrun.plugins.torchrun.gang.identity import GangIdentity
 

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from metaflow_extensions.torchrun.plugins.torchrun import timeouts
+from metaflow_extensions.torchrun.plugins.torchrun.base import timeouts
 from metaflow_extensions.torchrun.plugins.torchrun.host import gpu_usage
 from metaflow_extensions.torchrun.plugins.torchrun.host.gpu_usage import GpuUsage, mean_percent, parse_query, visible
 

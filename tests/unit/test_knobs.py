@@ -4,8 +4,8 @@ name with what it takes, instead of quietly becoming the default."""
 
 import pytest
 
-from metaflow_extensions.torchrun.plugins.torchrun import knobs
-from metaflow_extensions.torchrun.plugins.torchrun.knobs import Knobs, read_knobs
+from metaflow_extensions.torchrun.plugins.torchrun.base import knobs
+from metaflow_extensions.torchrun.plugins.torchrun.base.knobs import Knobs, read_knobs
 
 
 @pytest.mark.parametrize("text,low,above,whole,expected", [

@@ -11,12 +11,12 @@ import tempfile
 
 import pytest
 
-from metaflow_extensions.torchrun.plugins.torchrun import defaults as DEFAULTS
+from metaflow_extensions.torchrun.plugins.torchrun.base import defaults as DEFAULTS
 from metaflow_extensions.torchrun.plugins.torchrun.gang.identity import GangIdentity
 from metaflow_extensions.torchrun.plugins.torchrun.gang.topology import Topology
 from metaflow_extensions.torchrun.plugins.torchrun.host.logs import retention_policy
 from metaflow_extensions.torchrun.plugins.torchrun.host.retention import RetentionPolicy
-from metaflow_extensions.torchrun.plugins.torchrun.knobs import Knobs
+from metaflow_extensions.torchrun.plugins.torchrun.base.knobs import Knobs
 from metaflow_extensions.torchrun.plugins.torchrun.launch.command import join_timeout
 from metaflow_extensions.torchrun.plugins.torchrun.launch.plan import StepDefaults, plan_call
 from metaflow_extensions.torchrun.plugins.torchrun.launch.resources import Accelerators

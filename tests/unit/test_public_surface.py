@@ -16,7 +16,7 @@ EXPORTED = ["TorchrunFailed", "TorchrunResult", "TorchrunInvalidArgument", "Torc
             "GangAborted", "TorchrunInterrupted", "TorchrunHandle", "TorchrunSingleNodeMultiGPU",
             "TorchrunCallRefused"]
 # Modules a user (or a test, or a tool) may import before metaflow.
-FIRST = ["errors", "decorator", "handle", "compat", "lint", "cause", "spec", "knobs", "record.result",
+FIRST = ["errors", "decorator", "handle", "compat", "lint", "cause", "spec", "base.knobs", "record.result",
          "card.lifecycle", "runtime.session", "runtime.single_node", "launch.plan", "gang.client"]
 
 
@@ -109,7 +109,7 @@ def test_a_profile_sets_the_knobs_and_the_environment_wins(tmp_path):
         import os
         from metaflow import metaflow_config as c
         from metaflow_extensions.torchrun.plugins.torchrun import spec
-        from metaflow_extensions.torchrun.plugins.torchrun import knobs
+        from metaflow_extensions.torchrun.plugins.torchrun.base import knobs
         assert (c.TORCHRUN_KEEP_LOGS, c.TORCHRUN_MAX_LOG_MB) == ("3", "7"), (c.TORCHRUN_KEEP_LOGS, c.TORCHRUN_MAX_LOG_MB)
         read, refused = spec.read_settings()
         assert not refused and read.secret == b"s" * 40 and read.progress_seconds == 2.0
@@ -123,7 +123,7 @@ def test_a_profile_sets_the_knobs_and_the_environment_wins(tmp_path):
 def test_every_knob_is_declared_in_metaflows_configuration_and_documented():
     from metaflow import metaflow_config
 
-    from metaflow_extensions.torchrun.plugins.torchrun.knobs import USER_KNOBS, conf_key
+    from metaflow_extensions.torchrun.plugins.torchrun.base.knobs import USER_KNOBS, conf_key
 
     doc = open(os.path.join(os.path.dirname(__file__), "..", "..", "docs", "configuration.md")).read()
     for name in USER_KNOBS:

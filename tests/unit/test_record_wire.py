@@ -15,7 +15,7 @@ from typing import Annotated, Optional, Tuple
 import pytest
 
 from metaflow_extensions.torchrun.plugins.torchrun.cause import Cause, CauseKind
-from metaflow_extensions.torchrun.plugins.torchrun.codec import Int, Items, Lenient, Text
+from metaflow_extensions.torchrun.plugins.torchrun.base.codec import Int, Items, Lenient, Text
 from metaflow_extensions.torchrun.plugins.torchrun.gang.messages import NodeReport, RankStatus
 from metaflow_extensions.torchrun.plugins.torchrun.record import attempts as A
 from metaflow_extensions.torchrun.plugins.torchrun.record import goodput as G

@@ -11,7 +11,7 @@ import tempfile
 import sys
 import threading
 
-from metaflow_extensions.torchrun.plugins.torchrun import timeouts
+from metaflow_extensions.torchrun.plugins.torchrun.base import timeouts
 from metaflow_extensions.torchrun.plugins.torchrun.procs import redraw, relay
 from metaflow_extensions.torchrun.plugins.torchrun.procs.redraw import collapse, last_state
 

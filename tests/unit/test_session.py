@@ -14,7 +14,7 @@ import uuid
 import metaflow  # noqa: F401  (must come before our modules)
 import pytest
 
-from metaflow_extensions.torchrun.plugins.torchrun import timeouts
+from metaflow_extensions.torchrun.plugins.torchrun.base import timeouts
 from metaflow_extensions.torchrun.plugins.torchrun.cause import CauseKind
 from metaflow_extensions.torchrun.plugins.torchrun.errors import GangAborted
 from metaflow_extensions.torchrun.plugins.torchrun.gang.identity import GangIdentity
@@ -22,7 +22,7 @@ from metaflow_extensions.torchrun.plugins.torchrun.launch.plan import StepDefaul
 from metaflow_extensions.torchrun.plugins.torchrun.gang.ports import find_free_port
 from metaflow_extensions.torchrun.plugins.torchrun.runtime.session import GangSession, Phase
 from metaflow_extensions.torchrun.plugins.torchrun.gang.topology import Topology
-from metaflow_extensions.torchrun.plugins.torchrun.knobs import Knobs
+from metaflow_extensions.torchrun.plugins.torchrun.base.knobs import Knobs
 from proc_helpers import wait_until
 
 GUARD = 10.0

@@ -13,7 +13,7 @@ from proc_helpers import PY, is_running, wait_until
 
 from metaflow_extensions.torchrun.plugins.torchrun.cause import Cause, CauseKind
 from metaflow_extensions.torchrun.plugins.torchrun.record import attempts
-from metaflow_extensions.torchrun.plugins.torchrun.timeouts import NOTICE_POLL, SPOT_MARGIN, VERDICT_WAIT
+from metaflow_extensions.torchrun.plugins.torchrun.base.timeouts import NOTICE_POLL, SPOT_MARGIN, VERDICT_WAIT
 from metaflow_extensions.torchrun.plugins.torchrun.runtime.stop import (
     GangStop,
     grace_for,

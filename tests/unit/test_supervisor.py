@@ -13,7 +13,7 @@ import time
 import pytest
 from proc_helpers import PY, SLEEPER_WRITING_PID, is_running, read_pid_file, wait_until
 
-from metaflow_extensions.torchrun.plugins.torchrun import timeouts
+from metaflow_extensions.torchrun.plugins.torchrun.base import timeouts
 from metaflow_extensions.torchrun.plugins.torchrun.errors import TorchrunInterrupted
 from metaflow_extensions.torchrun.plugins.torchrun.runtime.supervisor import Supervisor, _default_sink
 

@@ -3,7 +3,7 @@
 from hypothesis import given
 from hypothesis import strategies as st
 
-from metaflow_extensions.torchrun.plugins.torchrun.text import count, shorten
+from metaflow_extensions.torchrun.plugins.torchrun.base.text import count, shorten
 
 TORCH = "Connection closed by peer [127.0.0.1]:30171. This is typically caused by a remote peer having exited"
 

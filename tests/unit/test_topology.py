@@ -10,7 +10,7 @@ import pytest
 
 from metaflow_extensions.torchrun.plugins.torchrun.gang import ports
 from metaflow_extensions.torchrun.plugins.torchrun.errors import TorchrunInvalidArgument
-from metaflow_extensions.torchrun.plugins.torchrun.knobs import PORT_ENV as LOCAL_PORT_ENV
+from metaflow_extensions.torchrun.plugins.torchrun.base.knobs import PORT_ENV as LOCAL_PORT_ENV
 from metaflow_extensions.torchrun.plugins.torchrun.gang.ports import (
     PORT_RANGE,
     CANDIDATE_PORTS,

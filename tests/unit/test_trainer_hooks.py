@@ -15,7 +15,7 @@ import sys
 import pytest
 
 from metaflow_extensions.torchrun.plugins.torchrun.launch.command import BOOTSTRAP_MODULE
-from metaflow_extensions.torchrun.plugins.torchrun.knobs import TRAINER_PROGRESS_ENV, read_knobs
+from metaflow_extensions.torchrun.plugins.torchrun.base.knobs import TRAINER_PROGRESS_ENV, read_knobs
 from metaflow_extensions.torchrun.plugins.torchrun.procs import entry, names, trainer_hooks
 
 NOTHING = """

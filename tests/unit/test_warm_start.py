@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import time
 
-from metaflow_extensions.torchrun.plugins.torchrun.knobs import Knobs
+from metaflow_extensions.torchrun.plugins.torchrun.base.knobs import Knobs
 from metaflow_extensions.torchrun.plugins.torchrun.launch.plan import StepDefaults
 from metaflow_extensions.torchrun.plugins.torchrun.procs.names import ZYGOTE_ENV
 from metaflow_extensions.torchrun.plugins.torchrun.runtime.warm_start import WarmStart

@@ -13,7 +13,7 @@ from metaflow_extensions.torchrun.plugins.torchrun.card import content as card_c
 from metaflow_extensions.torchrun.plugins.torchrun.card import timeline
 from metaflow_extensions.torchrun.plugins.torchrun.record import what_ran
 from metaflow_extensions.torchrun.plugins.torchrun.record.result import RankRecord, TorchrunResult
-from metaflow_extensions.torchrun.plugins.torchrun.version import __version__
+from metaflow_extensions.torchrun.plugins.torchrun.base.version import __version__
 
 T0 = 1_800_000_000.0
 

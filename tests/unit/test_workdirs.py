@@ -18,7 +18,7 @@ import time
 import pytest
 
 import other_user
-from metaflow_extensions.torchrun.plugins.torchrun.knobs import (KEEP_LOGS_ENV, KEEP_LOGS_HOURS_ENV, MAX_LOG_MB_ENV,
+from metaflow_extensions.torchrun.plugins.torchrun.base.knobs import (KEEP_LOGS_ENV, KEEP_LOGS_HOURS_ENV, MAX_LOG_MB_ENV,
                                                                  Knobs, read_knobs)
 from metaflow_extensions.torchrun.plugins.torchrun.host import logs, private
 from metaflow_extensions.torchrun.plugins.torchrun.host.retention import RetentionPolicy

@@ -45,7 +45,7 @@ def subpackage_of(module: str) -> str:
 # The layers, top first (pyproject.toml's import contract): a hop from a lower
 # one into a higher one is a callback crossing the layers upward.
 LAYERS = ["decorator cli", "handle lint compat spec", "runtime", "card", "record", "launch", "gang", "errors", "cause", "procs",
-          "host", "knobs", "defaults load_order version timeouts lazy text codec"]
+          "host", "base load_order"]
 
 
 def layer_of(module: str) -> int:

@@ -30,7 +30,7 @@ from metaflow_extensions.torchrun.plugins.torchrun.handle import TorchrunHandle 
 
 # Metaflow's banner names every extension by these two ("torchrun(0.3.0)"); before 2.16
 # __version__ must exist. Dunder names: Metaflow does not copy them into its namespace.
-from metaflow_extensions.torchrun.plugins.torchrun.version import __version__  # noqa: F401, E402
+from metaflow_extensions.torchrun.plugins.torchrun.base.version import __version__  # noqa: F401, E402
 
 __mf_extensions__ = "torchrun"
 

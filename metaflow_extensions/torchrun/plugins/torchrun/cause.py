@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any, List, Mapping, Optional, Tuple
 
-from .codec import Written
+from .base.codec import Written
 from .procs import NO_EXCEPTION, numbers
 
 # Text fields from the wire are cut to these many characters.

@@ -21,7 +21,7 @@ from metaflow._vendor import click
 
 from .procs import RunningRank, running_ranks
 from .record import node_history
-from .text import count, shorten
+from .base.text import count, shorten
 
 MAX_ROWS = 50
 MAX_CAUSES = 10

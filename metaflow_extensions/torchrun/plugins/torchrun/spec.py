@@ -18,8 +18,8 @@ import os
 from dataclasses import dataclass
 from typing import Any, List, Mapping, Optional, Sequence, Tuple
 
-from . import defaults as DEFAULTS
-from .knobs import USER_KNOBS, Knobs, conf_key, read_knobs, says_off
+from .base import defaults as DEFAULTS
+from .base.knobs import USER_KNOBS, Knobs, conf_key, read_knobs, says_off
 from .errors import Problems, TorchrunInvalidArgument
 from .gang.node_compare import DEFAULT_MODE as DEFAULT_PREFLIGHT
 from .gang.node_compare import parse_mode as parse_preflight

@@ -22,7 +22,7 @@ from .config import GangConfig
 from .peer import Peer, address
 from ..cause import Cause
 from .wire import encode
-from .. import timeouts
+from ..base import timeouts
 
 # Connections that have not proved themselves yet, at most (a 1,024-node gang
 # may all knock at once).

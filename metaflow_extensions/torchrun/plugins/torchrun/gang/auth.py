@@ -43,7 +43,7 @@ import hmac
 import secrets
 from typing import Any, Mapping, Optional, Tuple, Type, TypeVar, Union
 
-from .. import knobs
+from ..base import knobs
 from ..cause import Cause
 from . import messages as msg
 from .wire import ProtocolError

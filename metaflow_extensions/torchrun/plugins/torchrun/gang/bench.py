@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Annotated, Iterable, List, Optional, Tuple
 
-from ..codec import Int, Items, Record
+from ..base.codec import Int, Items, Record
 from .wire import ProtocolError
 
 

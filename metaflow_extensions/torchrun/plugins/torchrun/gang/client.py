@@ -26,7 +26,7 @@ from . import auth as gang_auth
 from . import messages as msg
 from . import wire
 from .config import GangConfig
-from .. import timeouts
+from ..base import timeouts
 from .joining import Joiner, error_text
 from .bench import Seat
 from .node_progress import NodeProgress

@@ -17,8 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from .. import defaults as DEFAULTS
-from .. import timeouts
+from ..base import defaults as DEFAULTS
+from ..base import timeouts
 
 # The node whose torchrun hosts the rendezvous store (``is_host=1`` in
 # command.py): the gang launches the other nodes only once it is there.

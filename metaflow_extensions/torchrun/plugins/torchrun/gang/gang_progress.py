@@ -25,7 +25,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Dict, List, Optional, Set, Tuple
 
-from ..codec import LOCAL, Real, Written
+from ..base.codec import LOCAL, Real, Written
 from .node_progress import NodeProgress
 
 CHART_GROUPS = 32

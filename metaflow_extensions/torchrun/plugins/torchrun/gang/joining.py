@@ -14,7 +14,7 @@ from typing import Callable, NamedTuple, Optional, Sequence
 
 from ..cause import Cause
 from ..host import host_name
-from .. import timeouts
+from ..base import timeouts
 from . import auth as gang_auth
 from . import wire
 from .config import GangConfig

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Annotated, Any, ClassVar, Dict, Iterator, Mapping, Optional, Tuple, Type, TypeVar
 
 from ..cause import Cause
-from ..codec import NEED, SKIP, Hex, Int, Items, OneOf, Real, Record, Text, Via, encode
+from ..base.codec import NEED, SKIP, Hex, Int, Items, OneOf, Real, Record, Text, Via, encode
 from ..procs import MAX_STACK_BYTES
 from ..procs import FlightError, FlightSummary, RankStatus
 from .bench import Bench

@@ -14,9 +14,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
-from .. import knobs
+from ..base import knobs
 from ..cause import Cause, CauseKind, plural
-from ..codec import Written
+from ..base.codec import Written
 from . import messages as msg
 
 # @torchrun(preflight=...): the default checks versions and each node's fitness

@@ -19,7 +19,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Callable, Deque, Dict, Iterable, Mapping, Optional, Tuple
 
-from ..codec import Int, Real, Record, Via
+from ..base.codec import Int, Real, Record, Via
 from ..procs import MAX_METRICS, ProgressReport, clean_metrics, read_progress, read_statuses
 from .wire import ProtocolError
 

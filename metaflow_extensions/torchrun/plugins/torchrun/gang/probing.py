@@ -34,7 +34,7 @@ from typing import Callable, List, Optional
 
 from ..cause import Cause, CauseKind
 from ..host import log
-from .. import timeouts
+from ..base import timeouts
 from . import auth as gang_auth
 from . import messages as msg
 from . import wire

@@ -28,7 +28,7 @@ from typing import Any, Callable, Optional, Protocol, Tuple
 from .auth import MIN_SECRET_BYTES
 from .identity import GangIdentity
 
-from .. import timeouts
+from ..base import timeouts
 SECRET_BYTES = 32
 _PREFIX = b"metaflow-torchrun gang secret v1\n"
 

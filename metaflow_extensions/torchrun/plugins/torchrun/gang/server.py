@@ -45,7 +45,7 @@ from .gang_progress import ProgressBook, ProgressRecord
 from .transport import Transport
 from .wire import encode
 from ..host import say
-from .. import timeouts
+from ..base import timeouts
 
 
 class GangFacts(Protocol):

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Callable, Optional
 
-from .. import timeouts
+from ..base import timeouts
 from .config import HEARTBEATS_PER_SECOND, GangConfig
 from .gang_progress import ProgressBook
 

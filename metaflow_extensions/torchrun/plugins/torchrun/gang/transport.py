@@ -17,7 +17,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 from .admission import MAX_PENDING, Admission
 from .peer import Peer
 from .wire import close_quietly
-from .. import timeouts
+from ..base import timeouts
 
 
 Event = Tuple[Optional[Peer], int]  # (None, 0): woken to close

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..lazy import names_from
+from ..base.lazy import names_from
 
 __all__ = [
     "rank_output",

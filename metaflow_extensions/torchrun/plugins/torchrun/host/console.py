@@ -9,7 +9,7 @@ import sys
 import threading
 import time
 from typing import IO, Callable, Iterable, Optional, Set, Tuple
-from .. import timeouts
+from ..base import timeouts
 
 PREFIX = "@torchrun: "
 # Our lines and the ranks' share the task's streams. A line of ours goes out

@@ -22,7 +22,7 @@ import threading
 import time
 from typing import List, Mapping, Optional, Sequence, Tuple
 
-from .. import timeouts
+from ..base import timeouts
 
 TOOL = "nvidia-smi"
 QUERY = ["--query-gpu=index,uuid,utilization.gpu", "--format=csv,noheader,nounits"]

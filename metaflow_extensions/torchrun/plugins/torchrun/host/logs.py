@@ -26,7 +26,7 @@ import time
 from dataclasses import dataclass
 from typing import Dict, Iterable, List, Optional, Set, Tuple
 
-from ..knobs import MAX_LOG_MB_ENV, Knobs
+from ..base.knobs import MAX_LOG_MB_ENV, Knobs
 from . import private
 from .basedir import LOGS, RUN_LOCK_DEPTH, base_dir, left_fallbacks, remove_fallback
 from .console import say

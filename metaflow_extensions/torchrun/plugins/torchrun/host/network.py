@@ -16,7 +16,7 @@ import os
 import time
 from typing import List, Mapping, Optional, Tuple
 
-from ..knobs import TEST_HOSTS_ENV
+from ..base.knobs import TEST_HOSTS_ENV
 
 _SIOCGIFADDR = 0x8915
 

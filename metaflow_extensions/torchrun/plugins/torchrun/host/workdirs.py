@@ -23,7 +23,7 @@ import time
 from typing import List, Optional, Tuple
 
 from .basedir import WORK, base_dir
-from ..knobs import Knobs
+from ..base.knobs import Knobs
 from .logs import LOGS, LogKey, call_log_dir, prune_other_runs, touch
 from .private import hold_lock, private_dir, release_lock, removable
 

@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
-from .. import defaults as DEFAULTS
+from ..base import defaults as DEFAULTS
 from ..errors import Problems, TorchrunInvalidArgument, shown
 from .options import flag_name as _flag
 from .options import scalar as _scalar

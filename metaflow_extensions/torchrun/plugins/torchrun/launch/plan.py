@@ -14,8 +14,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
-from .. import defaults as DEFAULTS
-from ..knobs import Knobs
+from ..base import defaults as DEFAULTS
+from ..base.knobs import Knobs
 from ..procs import functions
 from .command import ArgSpec, EntryArgs, check_command_size, entry_arguments, none_keys, restarts_allowed
 from .options import OWNED_OPTIONS, UNUSABLE_OPTIONS, canonical_option, parse_options

@@ -26,7 +26,7 @@ from typing import IO, Any, Dict, List, Mapping, NoReturn, Optional, Sequence
 
 from ..host import is_loopback
 from ..host import open_private
-from .. import timeouts
+from ..base import timeouts
 from . import departure, exits
 from .failures import AgentFailure, write_agent_failures
 from .names import USER_UMASK_ENV, WORK_DIR_ENV, LOG_DIR_ENV, agent_log_path

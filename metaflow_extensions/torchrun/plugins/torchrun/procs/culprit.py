@@ -27,7 +27,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Annotated, Any, Dict, List, Mapping, Optional, Tuple
 
-from ..codec import SKIP, Written
+from ..base.codec import SKIP, Written
 from .flight import NO_GROUP, NOTE_CHARS, OK, UNSUPPORTED, FlightGroup, FlightSummary
 from .ranges import numbers
 from .stacks import main_thread, parse, where

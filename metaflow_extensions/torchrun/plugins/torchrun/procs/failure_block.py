@@ -16,7 +16,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence
 
-from ..text import shorten
+from ..base.text import shorten
 from .failures import RankFailure
 from .ranges import numbers
 from .stacks import group

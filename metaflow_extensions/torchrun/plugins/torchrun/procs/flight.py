@@ -27,7 +27,7 @@ import json
 from dataclasses import dataclass
 from typing import Annotated, Any, Dict, List, Mapping, Optional, Tuple
 
-from ..codec import SKIP, Int, Items, OneOf, Record, Text
+from ..base.codec import SKIP, Int, Items, OneOf, Record, Text
 
 # A rank reports at most this many process groups: those with a collective
 # still open first, then the busiest.

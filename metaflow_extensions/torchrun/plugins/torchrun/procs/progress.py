@@ -24,8 +24,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, Mapping, Optional, Tuple
 
-from ..codec import Written
-from ..timeouts import REPORT_INTERVAL
+from ..base.codec import Written
+from ..base.timeouts import REPORT_INTERVAL
 from .names import PROGRESS_SUFFIX, WORK_DIR_ENV, rank_file, rank_of
 from .records import read_json, write_json
 

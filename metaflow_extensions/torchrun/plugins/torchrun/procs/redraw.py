@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Optional, Tuple
 
-from .. import timeouts
+from ..base import timeouts
 
 # A state is cut to this many bytes on the console (a bar is a few hundred);
 # one line of it stays one atomic write with its label.

@@ -39,7 +39,7 @@ from typing import IO, Dict, Iterable, List, Mapping, Optional, Tuple
 from ..host import signal_main_thread
 from .names import STACKS_SUFFIX, rank_file
 from .ranges import numbers
-from .. import timeouts
+from ..base import timeouts
 
 # Real-time, like the gang's interrupt: SIGUSR1/2 belong to user code (SLURM-style
 # checkpoint triggers), and a real-time signal nobody handles would kill a rank,

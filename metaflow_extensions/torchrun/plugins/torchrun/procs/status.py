@@ -22,7 +22,7 @@ import os
 from dataclasses import dataclass
 from typing import Annotated, Any, Dict, Mapping, Optional
 
-from ..codec import Int, Real, Record
+from ..base.codec import Int, Real, Record
 from .names import STATUS_SUFFIX, rank_file, rank_of
 from .records import read_json, write_json
 

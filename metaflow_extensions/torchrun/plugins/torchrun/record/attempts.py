@@ -25,7 +25,7 @@ from dataclasses import dataclass, replace
 from typing import Annotated, Any, Dict, List, Mapping, Optional, Tuple
 
 from ..cause import Cause, CauseKind, place, user_code_failure  # noqa: F401 (one classification, cause.py)
-from ..codec import Int, Items, Lenient, Text, Via, encode
+from ..base.codec import Int, Items, Lenient, Text, Via, encode
 from .node_roles import MAX_HOST, NodeEntry, hosts_of
 from .in_step_restarts import swap_words
 

@@ -31,7 +31,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from ..codec import Int, Items, Lenient, OneOf, Real, Text, Via
+from ..base.codec import Int, Items, Lenient, OneOf, Real, Text, Via
 from .attempts import Attempt, Marks, in_step_cuts, lost_since, marks
 
 PARTS = ("productive", "gang", "startup", "checkpoint", "lost_work", "stop", "restart", "other")

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Annotated, Any, List, Mapping, Optional
 
 from ..cause import Cause, CauseKind
-from ..codec import Int, Lenient, Real, Via
+from ..base.codec import Int, Lenient, Real, Via
 
 # A record read back keeps at most this many restarts (restarts= is at most 100).
 MAX_RESTARTS_KEPT = 128

@@ -21,11 +21,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
-from .. import defaults as DEFAULTS
+from ..base import defaults as DEFAULTS
 from ..cause import Cause, CauseKind
-from ..codec import LOCAL, Written
+from ..base.codec import LOCAL, Written
 from ..gang import HostCheck
-from ..text import shorten
+from ..base.text import shorten
 from .attempts import Attempt, Previous
 from .node_roles import BLAMED, OUT, ROLES, SLOW
 

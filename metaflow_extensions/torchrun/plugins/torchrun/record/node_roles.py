@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Annotated, Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from ..cause import Cause, CauseKind
-from ..codec import NEED, SKIP, Int, Lenient, OneOf, Text
+from ..base.codec import NEED, SKIP, Int, Lenient, OneOf, Text
 
 CULPRIT = "culprit"
 LOST = "lost"

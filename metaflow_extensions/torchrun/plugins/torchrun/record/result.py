@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from ..procs import Culprits
 
 from ..cause import Cause, CauseKind
-from ..codec import Written
+from ..base.codec import Written
 from ..gang import NodeReport
 from ..gang import PreflightRecord, ProgressRecord
 from ..procs import RankFailure

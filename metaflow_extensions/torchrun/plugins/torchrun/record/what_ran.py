@@ -14,8 +14,8 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 from ..launch import CallPlan
 from ..launch.torch_checks import find_torch
-from ..text import shorten
-from ..version import __version__
+from ..base.text import shorten
+from ..base.version import __version__
 
 MASK = "****"
 # An argument whose name says it holds a secret: its value is never shown.

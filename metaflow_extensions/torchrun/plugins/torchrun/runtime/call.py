@@ -43,7 +43,7 @@ from ..host import GpuUsage
 from .call_launch import NodeLaunch, swap_line
 from .restarts import CallRestarts
 from ..record import with_ranks_start
-from .. import timeouts
+from ..base import timeouts
 
 # Causes a node finds on its own (the control is gone or silent): the service
 # may not know them, so they are never sent to it as a report's cause.

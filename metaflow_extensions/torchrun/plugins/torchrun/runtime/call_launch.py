@@ -13,7 +13,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from ..errors import TorchrunInvalidArgument
 from ..gang import Seat
-from .. import timeouts
+from ..base import timeouts
 from ..host import CallFiles, route_to, wait_listening
 from ..launch import CallPlan
 from ..launch.prepare import NodeFacts, prepare_launch

@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
-from .. import timeouts
+from ..base import timeouts
 from ..cause import CONTROL_GONE, Cause, CauseKind
 from ..host import log
 from ..procs import Culprits, FlightSummary, find_culprits, flight_ask, stacks, unread_reason

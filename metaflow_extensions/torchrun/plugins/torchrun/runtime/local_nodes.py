@@ -21,7 +21,7 @@ from typing import Any, Callable, List, Optional, Set, Tuple
 from ..errors import TorchrunException
 from ..gang import CONTROL_TASK_ID_ENV, GangFacts, GangServer, Topology, find_free_port
 from ..host import proctree
-from ..knobs import PORT_ENV
+from ..base.knobs import PORT_ENV
 from ..launch import StepDefaults
 from ..procs import describe_exit_code
 from .node_tasks import NodeTasks

@@ -24,7 +24,7 @@ from typing import Deque, Dict, List, Optional, Sequence, Set
 from ..gang.membership import NodeEnd
 from ..host import proctree
 from ..procs import relay
-from .. import timeouts
+from ..base import timeouts
 
 # What a node's end keeps of its stderr: its last lines, each cut to this many characters.
 KEPT_LINES = 12

@@ -34,8 +34,8 @@ from ..procs import collective_check
 from .call import CallRun
 from ..record import TorchrunResult
 from .session import GangSession, say
-from .. import timeouts
-from ..knobs import Knobs
+from ..base import timeouts
+from ..base.knobs import Knobs
 from ..record import Previous, node_history
 
 _log = logging.getLogger("metaflow_torchrun")

@@ -44,7 +44,7 @@ from .warm_start import WarmStart
 from ..host import base_dir, route_to, say
 from ..host import retention_policy, where_logs_are
 from ..host import log
-from .. import timeouts
+from ..base import timeouts
 
 _log = log.get("runtime.session")
 

@@ -21,7 +21,7 @@ from typing import Any, List, Mapping, Optional, Tuple
 from ..errors import TorchrunException
 from ..gang import GangIdentity, Topology, find_free_port
 from ..gang.secret import make_secret
-from .. import defaults as DEFAULTS
+from ..base import defaults as DEFAULTS
 from ..launch import (ArgSpec, StepDefaults, call_request, requested_accelerators, step_timeout,
                       validate_shutdown_grace)
 from ..launch.plan import ORDER_0_2

@@ -16,7 +16,7 @@ from typing import Any, Callable, Optional
 
 from ..card import this_card_hash
 from ..errors import TorchrunNotRetried, drop_own_frame
-from ..knobs import Knobs
+from ..base.knobs import Knobs
 from ..record import AttemptFacts, ThisAttempt, attempts as attempts_
 from . import preflight
 from .session import GangSession

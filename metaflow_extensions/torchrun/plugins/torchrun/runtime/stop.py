@@ -26,7 +26,7 @@ from typing import Callable, Optional
 from ..cause import Cause, CauseKind
 from ..errors import TorchrunInterrupted
 from .supervisor import GracefulStop, StopReason
-from .. import timeouts
+from ..base import timeouts
 
 # What the platforms' SIGTERM stands for, in the one line a user reads.
 _WHY = {

@@ -21,7 +21,7 @@ from ..host import log, proctree
 from ..procs import ZYGOTE_NAME, relay
 from ..host import rank_output
 from ..errors import TorchrunInterrupted
-from .. import timeouts
+from ..base import timeouts
 
 _log = log.get("runtime.supervisor")
 
