@@ -79,7 +79,7 @@ WAITS = {
 #   tests/multihost/test_gang_stop.py::test_a_spot_notice_from_metaflows_own_monitor_stops_the_gang_gracefully
 #       ranks told within 10.5 s of the notice
 #   tests/unit/test_gang_scale_harness.py: 8 clients in 2 processes must not miss a 1 s heartbeat
-#   tests/integration/test_first_hour.py: 7 shared runs, one of which waits 12 s: CPU-bound in all
+#   tests/integration/test_first_hour.py: 7 shared runs, one of which waits 60 s beside the others: CPU-bound in all
 
 # `slow`: waits 20 s or more by design (`make test-fast` leaves these out).
 SLOW = {
