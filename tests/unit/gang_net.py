@@ -195,3 +195,16 @@ def node_report(*ranks: int, tail_chars: int = 0) -> NodeReport:
     line = "t" * tail_chars
     tails = {r: {s: (line,) * TAIL_LINES for s in STREAMS} for r in ranks} if tail_chars else {}
     return NodeReport(ranks=tuple(RankStatus(r, r) for r in ranks), tails=tails)
+
+
+def enter_everywhere(server, clients, index: int = 0) -> Optional[int]:
+    """Every client enters call ``index`` at once; the call's rendezvous port
+    once every node is there (the service's ``all_entered_at``)."""
+    import threading
+    threads = [threading.Thread(target=c.enter_call, args=(index, "train.py"), daemon=True) for c in clients]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(GUARD)
+    assert wait_until(lambda: server.calls[index].all_entered_at is not None, GUARD)
+    return server.calls[index].rdzv_port

@@ -76,15 +76,8 @@ def test_a_hostile_bench_is_refused(bench):
 # -- the service decides the swap and tells every node (real server and clients on 127.0.0.1) -------------------
 
 def _enter(server, clients, index=0):
-    import threading
-    from gang_net import GUARD
-    from proc_helpers import wait_until
-    threads = [threading.Thread(target=c.enter_call, args=(index, "train.py"), daemon=True) for c in clients]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(GUARD)
-    assert wait_until(lambda: server.calls[index].all_entered_at is not None, GUARD)
+    from gang_net import enter_everywhere
+    enter_everywhere(server, clients, index)
 
 
 def test_a_failure_pinned_to_a_node_swaps_it_for_the_spare_and_only_the_active_nodes_finish_the_call(net):
@@ -101,8 +94,9 @@ def test_a_failure_pinned_to_a_node_swaps_it_for_the_spare_and_only_the_active_n
     heard = clients[2].sit_out(0, 0)
     assert heard is not None and heard.swapped_in == 2 and heard.swapped_out == 1
     assert heard.bench == Bench((), (1,)) and clients[2].seats[(0, 1)].node_rank == 1
+    assert clients[1].wait_for_restart_or_verdict(0, 0, 5.0) == heard  # each node hears it in its own time
     assert clients[1].seats[(0, 1)].role == "out"
-    assert clients[0].restart_after(0, 0) == heard and server.cause is None
+    assert clients[0].wait_for_restart_or_verdict(0, 0, 5.0) == heard and server.cause is None
     # Nodes 0 and 2 finish the call: the control and the benched node 1 hear it is over.
     report = msg.NodeReport()
     for c in (clients[0], clients[2]):

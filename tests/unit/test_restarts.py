@@ -6,13 +6,12 @@ record of each restart."""
 from __future__ import annotations
 
 import os
-import threading
 import time
 
 import metaflow  # noqa: F401  (must come before our modules)
 import pytest
 
-from gang_net import GUARD, wait_cause
+from gang_net import GUARD, enter_everywhere, wait_cause
 from metaflow_extensions.torchrun.plugins.torchrun.cause import Cause, CauseKind, restartable_in_step
 from metaflow_extensions.torchrun.plugins.torchrun.errors import TorchrunInvalidArgument
 from metaflow_extensions.torchrun.plugins.torchrun.gang import restarts as gang_restarts
@@ -24,7 +23,6 @@ from metaflow_extensions.torchrun.plugins.torchrun.procs.failures import clear_r
 from metaflow_extensions.torchrun.plugins.torchrun.record import in_step_restarts as records
 from metaflow_extensions.torchrun.plugins.torchrun.record.result import TorchrunResult, compact
 from metaflow_extensions.torchrun.plugins.torchrun.runtime.restarts import CallRestarts
-from proc_helpers import wait_until
 
 TB = 'Traceback (most recent call last):\n  File "/home/u/train.py", line 88, in <module>\n    x()\n'
 # As node_report.own_cause words a rank the kernel killed (torch's agent saw it die).
@@ -35,14 +33,7 @@ BUG = Cause(CauseKind.RANK_FAILED, "rank 3 raised ValueError", rank=3, exc_type=
             traceback=TB, call=0)
 
 
-def _in_call(server, clients, index=0):
-    threads = [threading.Thread(target=c.enter_call, args=(index, "train.py"), daemon=True) for c in clients]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(GUARD)
-    assert wait_until(lambda: server.calls[index].all_entered_at is not None, GUARD)
-    return server.calls[index].rdzv_port
+_in_call = enter_everywhere
 
 
 @pytest.mark.parametrize("cause, restarted", [
