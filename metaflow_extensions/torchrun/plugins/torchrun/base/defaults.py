@@ -61,3 +61,6 @@ RESTARTS = 0
 # Hot spares (@torchrun(spares=K)): nodes of num_parallel that wait, idle, to take a
 # failed node's place in an in-step restart; the gang trains on the others.
 SPARES = 0
+# More idle nodes than this is a typo, not a reserve (each spare is a whole node,
+# paid for while it waits); the bench on the wire holds at most this many (gang/bench.py).
+MAX_SPARES = 64

@@ -14,12 +14,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Annotated, Iterable, List, Optional, Tuple
 
+from ..base import defaults as DEFAULTS
 from ..base.codec import Int, Items, Record
 from .wire import ProtocolError
 
 
-# At most this many nodes on the bench (spares and nodes taken out).
-LIMIT = 64
+# At most this many nodes on the bench (spares and nodes taken out): as many as a step may have spares.
+LIMIT = DEFAULTS.MAX_SPARES
 # A benched node's index: never node 0.
 Benched = Annotated[Tuple[Annotated[int, Int(1, (1 << 20) - 1)], ...], Items(LIMIT)]
 

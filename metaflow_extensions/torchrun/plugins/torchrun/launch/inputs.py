@@ -15,6 +15,7 @@ import stat
 import warnings
 from typing import Any, Iterable, List, Mapping, Optional, Sequence, Tuple
 
+from ..base import defaults as DEFAULTS
 from ..errors import TorchrunInvalidArgument, did_you_mean, shown
 
 # A heartbeat is sent every heartbeat_timeout / 10 (at least every 50 ms, at
@@ -25,9 +26,7 @@ MIN_START_TIMEOUT = 5.0
 MIN_HANG_TIMEOUT = 2.0
 # @torchrun(restarts=N): more than this is a loop, not a recovery.
 MAX_RESTARTS = 100
-# @torchrun(spares=K): more idle nodes than this is a typo, not a reserve (each
-# spare is a whole node, paid for while it waits).
-MAX_SPARES = 64
+MAX_SPARES = DEFAULTS.MAX_SPARES  # @torchrun(spares=K)'s bound, the bench's on the wire
 
 # A source file bigger than this is not compiled before the start (a script
 # that size is generated, and compiling it would cost every node the time).
