@@ -12,7 +12,7 @@ hosts the rendezvous store and global rank 0: it is never benched.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Annotated, Iterable, List, Optional, Tuple
+from typing import Annotated, Iterable, Optional, Tuple
 
 from ..base import defaults as DEFAULTS
 from ..base.codec import Int, Items, Record
@@ -55,10 +55,6 @@ class Bench(Record):
     def role(self, node: int) -> str:
         return "out" if node in self.out else "spare" if node in self.spares else "active"
 
-    def active(self, num_nodes: int) -> List[int]:
-        benched = set(self.benched)
-        return [n for n in range(num_nodes) if n not in benched]
-
     def swap(self, node: Optional[int]) -> Optional[Tuple["Bench", int]]:
         """``node`` out and the first spare in, where ``node`` is an active
         node other than node 0 and a spare is left; else None (restart in place)."""
@@ -70,9 +66,9 @@ class Bench(Record):
         """Before any rank starts: each active node in ``avoid`` (a host node
         history blames) changes places with a spare not in ``avoid``, where one
         is left; it stays a spare, usable should no clean one be left."""
-        bench = self
-        clean = [s for s in self.spares if s not in set(avoid)]
-        for node in sorted(set(avoid)):
+        bench, blamed = self, set(avoid)
+        clean = [s for s in self.spares if s not in blamed]
+        for node in sorted(blamed):
             if not clean or node == 0 or node in bench.benched:
                 continue
             spare = clean.pop(0)
