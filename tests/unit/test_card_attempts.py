@@ -20,6 +20,7 @@ from metaflow_extensions.torchrun.plugins.torchrun.card import content as card_c
 from metaflow_extensions.torchrun.plugins.torchrun.card import lifecycle as card_life
 from metaflow_extensions.torchrun.plugins.torchrun.record import goodput
 from metaflow_extensions.torchrun.plugins.torchrun.record.attempts import Attempt, CallStart, with_costs
+from metaflow_extensions.torchrun.plugins.torchrun.record.what_ran import Ran
 
 task = test_card.task  # the fixture: a task with Metaflow's real card decorator, before its step
 
@@ -82,8 +83,8 @@ def _full_card_result():
     result = _result(succeeded=False)
     result.cause = records.cause({"summary": "rank 1 raised: ValueError: can't parse <x> & \"y\"", "rank": 1,
                                   "node_index": 0})
-    result.ran = {"kind": "script", "entrypoint": "it's <train>.py", "args": ["--name", "a&b", '"q"'],
-                  "command": ["torchrun", "--nnodes=1", "it's <train>.py"], "versions": {"torch": "2.13.0"}}
+    result.ran = Ran("it's <train>.py", "script", ["--name", "a&b", '"q"'],
+                     ("torchrun", "--nnodes=1", "it's <train>.py"), versions={"torch": "2.13.0"})
     result.attempts = [Attempt(0, started_at=1.0, gang_formed_at=2.0, calls=(CallStart(0, 2.0),), first_output_at=3.0,
                                ended_at=9.0, stopped="node 1's task & <its> \"ranks\" lost", recorded_at=10.0),
                        Attempt(1, started_at=12.0, gang_formed_at=13.0, calls=(CallStart(0, 13.0),),

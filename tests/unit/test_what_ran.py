@@ -4,8 +4,12 @@ that, the failure is drawn where the failing rank ended, and the small things:
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
+from dataclasses import replace
+
+import pytest
 
 import records
 from metaflow_extensions.torchrun.plugins.torchrun.procs import RankStatus
@@ -28,14 +32,47 @@ def test_secret_looking_arguments_are_masked():
     assert what_ran.mask_value([1, "a" * 500])[1].endswith("…")
 
 
-def _ran(node=0, log_dir="/tmp/logs/F-1/train-2-0/c0/node-0"):
-    return {"entrypoint": "scripts/train.py", "kind": "script", "args": ["--api-token", "****", "--epochs", "3"],
-            "command": ["python", "-m", "x.agent", "--nnodes=16"], "log_dir": log_dir, "node": node,
-            "versions": {"torch": "2.13.0", "metaflow": "2.19.39", "python": "3.11.9", "metaflow-torchrun": "0.3"}}
+# What the hand-written record (a plain dict, before ``Ran``) stored for a script and a function.
+STORED = [
+    '{"entrypoint": "scripts/train.py", "kind": "script", "args": ["--api-token", "****", "--epochs", "3"], '
+    '"command": ["python", "-m", "x.agent", "--nnodes=16"], "log_dir": "/tmp/logs/F-1/train-2-0/c0/node-0", '
+    '"node": 0, "versions": {"torch": "2.13.0", "metaflow": "2.19.39", "python": "3.11.9", "metaflow-torchrun": "0.3"}}',
+    '{"entrypoint": "mod:fn", "kind": "function", "args": {"steps": "5", "api_key": "****"}, "command": [], '
+    '"log_dir": "", "node": 3, "versions": {}}',
+    '{"entrypoint": "mod:fn", "kind": "function", "args": "5", "command": ["a"], "log_dir": "", "node": 1, '
+    '"versions": {}}',
+]
+
+
+def _ran():
+    return what_ran.Ran.from_wire(json.loads(STORED[0]))
+
+
+@pytest.mark.parametrize("stored", STORED)
+def test_a_stored_what_ran_reads_back_and_writes_the_same_json(stored):
+    ran = what_ran.Ran.from_wire(json.loads(stored))
+    assert json.dumps(ran.to_wire()) == stored
+    assert what_ran.Ran.from_wire(ran.to_wire()) == ran
+    result = TorchrunResult(command=[], node_index=0, num_nodes=1, nproc_per_node=1, exit_code=0, started_at=T0,
+                            ended_at=T0, ran=ran)
+    assert json.loads(result.to_json())["ran"] == json.loads(stored)
+    assert json.loads(replace(result, ran=None).to_json())["ran"] == {}  # none: as the free dict stored it
+
+
+def test_an_odd_stored_what_ran_reads_leniently():
+    odd = {"entrypoint": "e" * 5000, "kind": "bash", "args": 5, "command": [1, "a", None, "b" * 900] + ["c"] * 80,
+           "log_dir": ["x"], "node": -1, "versions": {"torch": 2, "python": "3.11", "k" * 99: "v"}, "extra": 1}
+    ran = what_ran.Ran.from_wire(odd)
+    assert ran == what_ran.Ran("e" * 4096, "script", [], ("a", "b" * 800) + ("c",) * 61, "", 0, {"python": "3.11"})
+    assert what_ran.Ran.from_wire({**odd, "args": {"k": [1]}}).args == {"k": "[1]"}
+    for nothing in ({}, {"entrypoint": 5}, [], "ran", None):  # nothing that says what ran
+        assert what_ran.Ran.from_wire(nothing) is None
+    assert what_ran.rows(None, 4) == []
 
 
 def test_the_what_ran_rows_name_the_entrypoint_arguments_command_logs_and_versions():
     rows = dict((k, v) for k, v in what_ran.rows(_ran(), num_nodes=16))
+    assert rows["version of torch"] == "2.13.0"
     assert rows["entrypoint (script)"] == "scripts/train.py"
     assert rows["arguments"] == "--api-token **** --epochs 3"
     assert rows["node 0's torchrun command"].startswith("python -m x.agent")

@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     from .attempts import Attempt
     from .in_step_restarts import InStepRestart
     from .goodput import Ledger
+    from .what_ran import Ran
     from ..procs import Culprits
 
 from ..cause import Cause, CauseKind
@@ -112,7 +113,7 @@ class TorchrunResult:
     in_step_restarts: List["InStepRestart"] = field(default_factory=list)
     # What ran (record/what_ran.py): the entrypoint, its arguments with
     # secret-looking ones masked, the torchrun command, versions.
-    ran: Dict[str, Any] = field(default_factory=dict)
+    ran: Optional["Ran"] = None
     # When a rank of this node first wrote a line (epoch; None: none did, or
     # labels were off): where start-up ends in the goodput ledger.
     first_output_at: Optional[float] = None
@@ -180,8 +181,8 @@ class TorchrunResult:
     def to_dict(self, stacks_limit: int = STACKS_IN_REPORT) -> Dict[str, Any]:
         """JSON-able, without return values (they may be anything): the full
         report (``REPORT_ARTIFACT``). By hand, not by codec.py: its stacks' bound
-        is an argument, and the stored shape has ``{}`` for no preflight or
-        culprits and each rank's ``duration``, which no field holds."""
+        is an argument, and the stored shape has ``{}`` for no preflight,
+        culprits or ran, and each rank's ``duration``, which no field holds."""
         data = {f: getattr(self, f) for f in self.__dataclass_fields__ if f not in ("returns",)}
         data["ranks"] = [asdict(r) for r in self.ranks]
         data["cause"] = self.cause.to_wire() if self.cause is not None else None
@@ -192,6 +193,7 @@ class TorchrunResult:
         data["swaps"] = self.swaps()
         data["goodput"] = self.goodput.to_wire() if self.goodput is not None else None
         data["culprits"] = self.culprits.to_wire() if self.culprits is not None else {}
+        data["ran"] = self.ran.to_wire() if self.ran is not None else {}
         data["progress"] = self.progress.to_wire() if self.progress is not None else None
         data["command"] = list(self.command)
         data["duration"] = self.duration

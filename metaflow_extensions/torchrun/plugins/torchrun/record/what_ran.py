@@ -2,16 +2,19 @@
 with secret-looking ones masked, node 0's torchrun command, the log folder of
 each node, and the versions of torch, Metaflow, Python and this package.
 
-Kept as plain JSON (``TorchrunResult.ran``): the record is read back by the
-next attempt and by users with the Metaflow client.
+A typed record (``Ran``, ``TorchrunResult.ran``) stored as JSON: the record is
+read back by the next attempt and by users with the Metaflow client.
 """
 
 from __future__ import annotations
 
+import itertools
 import platform
 import re
-from typing import Any, Dict, List, Mapping, Optional, Sequence
+from dataclasses import dataclass, field
+from typing import Annotated, Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
+from ..base.codec import Int, Items, Lenient, OneOf, Text, Via
 from ..launch import CallPlan
 from ..launch.torch_checks import find_torch
 from ..base.text import shorten
@@ -22,6 +25,11 @@ MASK = "****"
 SECRET_NAME = re.compile(r"token|key|password|passwd|secret", re.I)
 MAX_ARG_CHARS = 200
 MAX_ARGS = 64
+# An argument as stored: a masked one's name is not cut (``--<name>=****``).
+MAX_STORED_ARG = 4 * MAX_ARG_CHARS
+Arg = Annotated[str, Text(MAX_STORED_ARG)]
+# A script's arguments, or a function's (by name, in order, or one value).
+Args = Union[List[str], Dict[str, str], str]
 
 
 def mask_argv(argv: Sequence[str]) -> List[str]:
@@ -76,39 +84,61 @@ def versions() -> Dict[str, str]:
             "python": platform.python_version(), "metaflow-torchrun": __version__}
 
 
-def record(plan: CallPlan, command: Sequence[str], log_dir: Optional[str], node_index: int) -> Dict[str, Any]:
-    """What this node ran, as the card shows it (node 0's is the gang's)."""
+def _args(value: Any) -> Args:
+    """Read and written alike: each argument a text, cut."""
+    if isinstance(value, str):
+        return value[:MAX_STORED_ARG]
+    if isinstance(value, list):
+        return [str(v)[:MAX_STORED_ARG] for v in value[:MAX_ARGS + 1]]
+    if isinstance(value, Mapping):
+        return {str(k)[:MAX_STORED_ARG]: str(v)[:MAX_STORED_ARG] for k, v in itertools.islice(value.items(), MAX_ARGS)}
+    raise ValueError("not a list, an object or a text")
+
+
+@dataclass(frozen=True)
+class Ran(Lenient):
+    """What one node ran, as the card shows it (node 0's is the gang's)."""
+
+    entrypoint: Annotated[str, Text(4096)]
+    kind: Annotated[str, OneOf(("script", "function"))] = "script"
+    args: Annotated[Args, Via(_args, _args)] = field(default_factory=list)
+    command: Annotated[Tuple[Arg, ...], Items(MAX_ARGS + 1)] = ()
+    log_dir: Annotated[str, Text(4096)] = ""
+    node: Annotated[int, Int(0, (1 << 31) - 1)] = 0
+    versions: Annotated[Dict[Annotated[str, Text(64)], Annotated[str, Text(200)]], Items(16)] = \
+        field(default_factory=dict)
+
+
+def record(plan: CallPlan, command: Sequence[str], log_dir: Optional[str], node_index: int) -> Ran:
     if plan.function is not None:
-        args: Any = mask_value(plan.function_args)
+        args: Args = mask_value(plan.function_args)
     else:
         args = mask_argv(plan.entry_argv)
-    return {"entrypoint": plan.script or plan.entry_name, "kind": "function" if plan.function is not None else "script",
-            "args": args, "command": mask_argv(command), "log_dir": log_dir or "", "node": node_index,
-            "versions": versions()}
+    return Ran(plan.script or plan.entry_name, "function" if plan.function is not None else "script", args,
+               tuple(mask_argv(command)), log_dir or "", node_index, versions())
 
 
-def log_dirs(ran: Mapping[str, Any], num_nodes: int, limit: int = 8) -> List[List[str]]:
+def log_dirs(ran: Ran, num_nodes: int, limit: int = 8) -> List[List[str]]:
     """Each node's log folder: the same path on each node's host (the folder
     is named by the run, step, task, call and node)."""
-    own = str(ran.get("log_dir") or "")
-    mine = "node-%s" % ran.get("node", 0)
+    own, mine = ran.log_dir, "node-%d" % ran.node
     if not own.endswith(mine):
-        return [["node %s" % ran.get("node", 0), own]] if own else []
+        return [["node %d" % ran.node, own]] if own else []
     rows = [["node %d" % i, own[: -len(mine)] + "node-%d" % i] for i in range(min(num_nodes, limit))]
     if num_nodes > limit:
         rows.append(["…", "%d more nodes, the same path with their index" % (num_nodes - limit)])
     return rows
 
 
-def rows(ran: Mapping[str, Any], num_nodes: int) -> List[List[str]]:
+def rows(ran: Optional[Ran], num_nodes: int) -> List[List[str]]:
     """The card's "what ran" table (each value one line)."""
-    if not ran:
+    if ran is None:
         return []
-    args = ran.get("args")
-    shown_args = " ".join(args) if isinstance(args, list) and ran.get("kind") == "script" else str(args)
-    out = [["entrypoint (%s)" % ran.get("kind", "?"), str(ran.get("entrypoint", ""))],
+    args = ran.args
+    shown_args = " ".join(args) if isinstance(args, list) and ran.kind == "script" else str(args)
+    out = [["entrypoint (%s)" % ran.kind, ran.entrypoint],
            ["arguments", shown_args or "(none)"],
-           ["node 0's torchrun command", " ".join(str(a) for a in ran.get("command") or [])]]
+           ["node 0's torchrun command", " ".join(ran.command)]]
     out += [["log folder, %s" % node, path] for node, path in log_dirs(ran, num_nodes)]
-    out += [["version of %s" % name, str(v)] for name, v in sorted((ran.get("versions") or {}).items())]
+    out += [["version of %s" % name, v] for name, v in sorted(ran.versions.items())]
     return out
