@@ -87,6 +87,37 @@ def test_the_controls_record_is_built_from_the_attempts_facts_alone():
     nodes = {n.node: n for n in entry.nodes}
     assert [nodes[i].host for i in range(3)] == ["h0", "h1", "h2"], entry.nodes
     assert nodes[1].checks == "gpu_count" and nodes[1].role == "lost" and nodes[2].role == "out", entry.nodes
-    assert entry.card == "c" * 32 and result.preflight is facts.preflight
+    assert entry.card == "c" * 32 and result.preflight == facts.preflight
     assert result.goodput is not None and result.goodput.to_wire()
     assert step_result(None, attempt) is None
+
+
+def test_one_builder_makes_the_attempts_preflight_and_a_refused_gangs_call_from_the_facts():
+    """What runtime/preflight.py built apart before (the preflight's record with
+    its job; the record of a gang the preflight refused) is step_result's: the
+    gang service's findings get the job, and a refused gang reads as its call 0,
+    refused before any rank, with the node's processes and address."""
+    import json
+
+    from metaflow_extensions.torchrun.plugins.torchrun.cause import Cause, CauseKind
+    from metaflow_extensions.torchrun.plugins.torchrun.gang.node_compare import JobRecord, PreflightRecord
+    from metaflow_extensions.torchrun.plugins.torchrun.record import AttemptFacts, ThisAttempt, step_result
+
+    cause = Cause(CauseKind.PREFLIGHT, "preflight refused the gang", node_index=1)
+    job = JobRecord(backend="gloo", allreduce_ok=True, link_gbps={1: 2.5})
+    found = PreflightRecord("full", nodes=2, reported=2)
+    facts = AttemptFacts(is_control=True, node_index=0, num_nodes=2, cause=cause, preflight=found, job=job,
+                         hosts={0: "h0", 1: "h1"}, nproc=4, main_addr="10.0.0.1")
+    result = step_result(facts, ThisAttempt(0, started=1.0))
+    assert result is not None and result.preflight == PreflightRecord("full", nodes=2, reported=2, job=job)
+    assert (result.call, result.nproc_per_node, result.main_addr, result.cause) == (0, 4, "10.0.0.1", cause)
+    stored = json.loads(result.to_json())
+    assert stored["preflight"]["job"]["backend"] == "gloo" and stored["call"] == 0
+    (entry,) = result.attempts
+    assert [(n.node, n.role, n.link_gbps) for n in entry.nodes] == [(0, "bystander", None), (1, "culprit", 2.5)]
+    # a gang stopped for another reason: a stand-in with no call, no address, no process count
+    other = step_result(AttemptFacts(True, 0, 2, cause=Cause(CauseKind.NODE_LOST, "lost"), nproc=4,
+                                     main_addr="10.0.0.1"), ThisAttempt(0, started=1.0))
+    assert other is not None and (other.call, other.nproc_per_node, other.main_addr, other.started_at) == (-1, "", "", 1.0)
+    # a worker keeps only its calls' records: none here
+    assert step_result(AttemptFacts(False, 1, 2, cause=cause, nproc=4), ThisAttempt(0)) is None

@@ -13,11 +13,10 @@ modules: ``from ..record import goodput``.
 
 from __future__ import annotations
 
-from .attempt_record import AttemptFacts
 from .attempts import Previous
 from .in_step_restarts import InStepRestart, swap_words, with_ranks_start
 from .result import REPORT_ARTIFACT, GangView, TorchrunResult, none_suspected, read_rank_records, suspected
-from .step_record import ThisAttempt, keep_record, meta_datum, step_result
+from .step_record import AttemptFacts, ThisAttempt, keep_record, meta_datum, step_result
 
 __all__ = [
     "AttemptFacts",

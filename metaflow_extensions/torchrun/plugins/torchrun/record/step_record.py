@@ -1,24 +1,26 @@
-"""The step's record as the task ends: the last call's result, or one made for
-an attempt that ran none, with every attempt of the step so far.
+"""The step's record as the task ends, built here alone (``step_result``): the
+last call's result, or one made for an attempt that made none, with its
+preflight and, on the control, every attempt of the step so far, this one's
+nodes and their roles, and the goodput ledger.
 
-The decorator stores it (metadata, artifact, card); what it holds is decided
-here, from the attempt's facts (``AttemptFacts``, read off the session by the
-runtime) and the ``ThisAttempt`` the decorator kept, so that the hooks only
-pass things along.
+Built from the attempt's facts (``AttemptFacts``, read off the session by
+``runtime/step_run.attempt_facts``) and the ``ThisAttempt`` the decorator kept:
+no session, no process, no socket. The decorator's hooks only pass things along.
 """
 
 from __future__ import annotations
 
-import time
-from dataclasses import dataclass, field
 import json
 import os
-from typing import Any, Callable, Optional, Sequence, Tuple
+import time
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
+from ..cause import Cause, CauseKind
+from ..gang import JobRecord, PreflightRecord
 from ..host import say
-from . import attempt_record, evidence, goodput
 from . import attempts as attempts_
-from .attempt_record import AttemptFacts
+from . import evidence, goodput, node_roles
 from .result import METADATA_FIELD, REPORT_ARTIFACT, TorchrunResult
 
 # Every artifact a task of a @torchrun step keeps: the control's report and
@@ -27,6 +29,24 @@ from .result import METADATA_FIELD, REPORT_ARTIFACT, TorchrunResult
 # of a successful step only the control holds any, and no node holds another
 # step's (passed down by an earlier join: ``drop_inherited``).
 ARTIFACTS = (REPORT_ARTIFACT, evidence.ARTIFACT, goodput.ARTIFACT)
+
+
+@dataclass(frozen=True)
+class AttemptFacts:
+    """What the step's record needs of its gang as the task ends: plain values."""
+
+    is_control: bool
+    node_index: int
+    num_nodes: int
+    results: Tuple[TorchrunResult, ...] = ()  # every call's, in order
+    cause: Optional[Cause] = None  # why the gang stopped, if it did
+    preflight: Optional[PreflightRecord] = None  # the gang service's (the control's), without its job
+    job: Optional[JobRecord] = None  # the preflight's collective job, if it ran
+    hosts: Optional[Dict[int, str]] = None  # each node's host (the control's service); None without one
+    taken_out: Tuple[int, ...] = ()  # the nodes benched out for a spare
+    card: Optional[str] = None  # this attempt's card's hash
+    nproc: int = 1  # this node's processes as known before any call
+    main_addr: str = ""
 
 
 @dataclass
@@ -55,21 +75,20 @@ def step_result(facts: Optional[AttemptFacts], attempt: ThisAttempt) -> Optional
     """The record to keep for this task, None when it has none (no gang)."""
     if facts is None:
         return None
-    result = facts.last_result
-    if result is None:
-        result = facts.refusal  # refused before any call
+    result = facts.results[-1] if facts.results else None
     if facts.is_control:
         result = with_attempts(facts, result, attempt)
     if result is None:
         return None
-    result.preflight = facts.preflight or result.preflight
+    if facts.preflight is not None:
+        result.preflight = replace(facts.preflight, job=facts.job)
     return result
 
 
 def with_attempts(facts: AttemptFacts, result: Optional[TorchrunResult], attempt: ThisAttempt) -> TorchrunResult:
-    """The control's record, with every attempt of the step so far. An
-    attempt that failed before any call (or was refused) gets a record
-    too: the next attempt reads why it stopped."""
+    """The control's record, with every attempt so far and the ledger. An
+    attempt that made no call (refused, or its gang stopped first) gets a
+    record too: the next attempt reads why it stopped."""
     refused_for = None
     if attempt.refusal is not None and attempt.previous is not None:
         cause = attempt.previous.cause  # carried: the next attempt refuses too
@@ -77,12 +96,45 @@ def with_attempts(facts: AttemptFacts, result: Optional[TorchrunResult], attempt
     else:
         cause = (result.cause if result is not None else None) or facts.cause
     if result is None:
-        result = TorchrunResult(
-            command=[], node_index=0, num_nodes=facts.num_nodes, nproc_per_node="",
-            exit_code=None, started_at=attempt.started, ended_at=time.time(), call=-1)
+        result = no_call(facts, attempt.started)
     result.cause = cause
-    return attempt_record.complete(result, facts, attempt.number, attempt.started, cause, attempt.previous,
-                                   attempt.resumed_from, refused_for, attempt.code_started, attempt.mapper_tasks)
+    now = time.time()
+    entries, left_out = nodes(facts, result, cause, attempt.mapper_tasks)
+    entry = attempts_.this_attempt(attempt.number, attempt.started, list(facts.results), cause,
+                                   attempt.resumed_from, refused_for, attempt.code_started, recorded_at=now,
+                                   nodes=entries, nodes_left_out=left_out, card=facts.card, hosts=facts.hosts)
+    past: List[attempts_.Attempt] = attempts_.fill_missing(attempts_.history(attempt.previous), attempt.number)
+    result.attempts = attempts_.with_costs(past + [entry])
+    result.goodput = goodput.ledger(result.attempts, now)
+    return result
+
+
+def no_call(facts: AttemptFacts, started: float) -> TorchrunResult:
+    """The control's record of an attempt that made no call; one whose
+    preflight refused the gang reads as its call 0, refused before any rank."""
+    now = time.time()
+    refused = facts.cause is not None and facts.cause.kind is CauseKind.PREFLIGHT
+    return TorchrunResult(command=[], node_index=facts.node_index, num_nodes=facts.num_nodes,
+                          nproc_per_node=facts.nproc if refused else "", exit_code=None,
+                          started_at=now if refused else started, ended_at=now,
+                          main_addr=facts.main_addr if refused else "", call=0 if refused else -1)
+
+
+def nodes(facts: AttemptFacts, result: TorchrunResult, cause: Optional[Cause],
+          tasks: Sequence[str]) -> Tuple[Tuple[node_roles.NodeEntry, ...], int]:
+    """This attempt's nodes with their hosts and roles (a tuple, and the
+    count left out above ``node_roles.MAX_NODES``)."""
+    job = facts.job
+    links = dict(job.link_gbps) if job is not None else {}
+    slow = {n: 0.0 for n in (job.slow if job is not None else ())}
+    slow.update(node_roles.stragglers(result.progress))
+    checks: Dict[int, str] = {}
+    for finding in (facts.preflight.findings if facts.preflight is not None else ()):
+        for n in finding.nodes:
+            checks[n] = (checks.get(n, "") + " " + finding.check.name).strip()
+    blamed = node_roles.blamed_nodes(cause, attempts_.user_code_failure(cause) is not None)
+    return node_roles.entries(facts.num_nodes, facts.hosts or {}, blamed, slow, links, checks, tasks,
+                              taken_out=facts.taken_out)
 
 
 def keep_record(flow: Any, facts: Optional[AttemptFacts], attempt: ThisAttempt,

@@ -1,6 +1,6 @@
 """``@torchrun(preflight=...)`` in the step: what each node sends on joining,
-the collective job of ``preflight="full"`` before the first call, and what
-the control keeps for the record and the card.
+and the collective job of ``preflight="full"`` before the first call (the
+step's record, record/step_record.py, keeps the control's findings and the job).
 
 - "versions" (the default): each node's fingerprint and fitness checks go to
   the control on the join's thread (``gang/client.py``); the service compares
@@ -14,7 +14,6 @@ the control keeps for the record and the card.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 import logging
 import os
@@ -32,7 +31,6 @@ from ..launch import node_checks as checks
 from ..launch import plan_call
 from ..procs import collective_check
 from .call import CallRun
-from ..record import TorchrunResult
 from .session import GangSession, say
 from ..base import timeouts
 from ..base.knobs import Knobs
@@ -199,26 +197,4 @@ def _outside(phases: Dict[int, Optional[str]]) -> str:
     """The local ranks that are not waiting inside a collective, and where."""
     return ", ".join("local rank %d %s" % (local, "in %r" % phase if phase else "not started")
                      for local, phase in sorted(phases.items()) if phase not in collective_check.WAITING)
-
-
-def record(session: GangSession) -> Optional[verdicts.PreflightRecord]:
-    """On the control: the gang's preflight for the record and the card."""
-    mode = session.preflight.mode
-    if session.server is None or not mode:
-        return None
-    return dataclasses.replace(session.server.preflight_record(mode), job=session.preflight.job)
-
-
-def refusal_result(session: GangSession) -> Optional[TorchrunResult]:
-    """The control's record when the gang stopped before any call (a refused
-    preflight): the card and the metadata still say why."""
-    cause = session.cause
-    if not session.is_control or session.results or cause is None or cause.kind is not CauseKind.PREFLIGHT:
-        return None
-    now = time.time()
-    return TorchrunResult(command=[], node_index=session.topology.node_index, num_nodes=session.topology.num_nodes,
-                          nproc_per_node=checks.default_nproc(session.defaults.nproc_per_node,
-                                                              session.defaults.derived_nproc),
-                          exit_code=None, started_at=now, ended_at=now, main_addr=session.topology.main_addr,
-                          cause=cause)
 

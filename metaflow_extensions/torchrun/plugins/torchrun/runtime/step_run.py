@@ -17,6 +17,7 @@ from typing import Any, Callable, Optional
 from ..card import this_card_hash
 from ..errors import TorchrunNotRetried, drop_own_frame
 from ..base.knobs import Knobs
+from ..launch.node_checks import default_nproc
 from ..record import AttemptFacts, ThisAttempt, attempts as attempts_
 from . import preflight
 from .session import GangSession
@@ -63,12 +64,14 @@ def attempt_facts(session: Optional[GangSession]) -> Optional[AttemptFacts]:
     task ends (None without one: the step's code never ran)."""
     if session is None:
         return None
-    server = session.server
+    server, mode, defaults = session.server, session.preflight.mode, session.defaults
     return AttemptFacts(session.is_control, session.topology.node_index, session.topology.num_nodes,
-                     results=tuple(session.results), cause=session.cause,
-                     refusal=preflight.refusal_result(session), preflight=preflight.record(session),
-                     job=session.preflight.job, hosts=server.hosts() if server is not None else None,
-                     taken_out=tuple(session.bench.out), card=this_card_hash())
+                        results=tuple(session.results), cause=session.cause,
+                        preflight=server.preflight_record(mode) if server is not None and mode else None,
+                        job=session.preflight.job, hosts=server.hosts() if server is not None else None,
+                        taken_out=tuple(session.bench.out), card=this_card_hash(),
+                        nproc=default_nproc(defaults.nproc_per_node, defaults.derived_nproc),
+                        main_addr=session.topology.main_addr)
 
 
 def read_node_history(attempt: ThisAttempt, is_control: bool, flow_name: str, run_id: str, step_name: str,
