@@ -33,7 +33,9 @@ def test_entries_are_bounded_at_a_thousand_nodes():
 
 
 def test_stragglers_read_the_progress_section_when_present():
-    progress = {"stragglers": [{"node_index": 2, "host": "h", "ranks": [4], "ratio": 1.8, "seconds": 3.0}, "junk"]}
+    from metaflow_extensions.torchrun.plugins.torchrun.gang.gang_progress import ProgressRecord, Straggler
+
+    progress = ProgressRecord(stragglers=(Straggler(2, "h", "4", 1.8, 3.0, "progress"),))
     assert roles.stragglers(progress) == {2: 1.8}
     assert roles.stragglers(None) == {}
 

@@ -1,11 +1,7 @@
-"""A call's in-step restarts on one node (``@torchrun(restarts=N)``), as the
-result record and the card count them: like attempts, each with its cause,
-what it cost in work, and how long the gang took to run the ranks again.
-
-The service decides a restart (``gang/restarts.py``); the call carries it out
-(``runtime/restarts.CallRestarts``: stop the ranks, start a new torchrun on
-the fresh rendezvous) and keeps one ``InStepRestart`` per restart. JSON only
-in ``to_wire``/``from_wire`` (codec.py), every field read back checked.
+"""A call's in-step restarts on one node (``@torchrun(restarts=N)``), counted
+like attempts: each with its cause, the work it lost, the time to run again.
+The service decides one (``gang/restarts.py``), the call carries it out
+(``runtime/restarts.CallRestarts``) and keeps an ``InStepRestart`` of it.
 """
 
 from __future__ import annotations
@@ -17,12 +13,8 @@ from typing import Annotated, Any, List, Mapping, Optional
 from ..cause import Cause, CauseKind
 from ..base.codec import Int, Lenient, Real, Via
 
-# A record read back keeps at most this many restarts (restarts= is at most 100).
-MAX_RESTARTS_KEPT = 128
-# Characters of a restart's cause's message and traceback the record keeps: a
-# restart's cause is rarely a Python exception, and 100 of them stay small.
+# Characters of a restart's cause's message and traceback kept: 100 restarts stay small.
 CAUSE_TEXT = 600
-# A node's index, as a swap names it.
 Node = Annotated[int, Int(0, (1 << 20) - 1)]
 Seconds = Annotated[Optional[float], Real(digits=3)]
 
@@ -43,29 +35,26 @@ def _cause_kept(cause: Cause) -> Any:
 
 @dataclass(frozen=True)
 class InStepRestart(Lenient):
-    """Restart ``restart`` (1, 2, ...) of a call's ranks, on this node; written
-    with its cause's kind and summary and what it cost, for the record's readers."""
+    """Restart ``restart`` (1, 2, ...) of a call's ranks, on this node."""
 
     WIRE_ORDER = ("restart", "cause", "kind", "stopped", "ran_from", "failed_at", "stopped_at", "restarted_at",
                   "ranks_at", "lost_work_seconds", "restart_seconds", "lost_seconds", "swapped_out", "swapped_in",
                   "work_from")
     restart: Annotated[int, Int(1, (1 << 16) - 1)]
     cause: Annotated[Cause, Via(_cause, _cause_kept)]
-    # When the replaced ranks' torchrun started, and when they failed (the
-    # cause's time, on the clock of the node that saw it).
+    # The replaced ranks' torchrun's start, and their failure (the cause's
+    # time, on its node's clock); this node's old ranks gone, its new torchrun
+    # started, and the first new rank at the user's script.
     ran_from: Optional[float]
     failed_at: float
-    # This node's old ranks all gone; its new torchrun started; the first of
-    # its new ranks at the user's script (its status written by the bootstrap).
     stopped_at: Optional[float] = None
     restarted_at: Optional[float] = None
     ranks_at: Optional[float] = None
-    # A swap (@torchrun(spares)): the node taken out, and the spare that came in.
+    # A swap (@torchrun(spares)): the node taken out, the spare brought in.
     swapped_out: Optional[Node] = None
     swapped_in: Optional[Node] = None
-    # The replaced ranks at the user's script (the first of this node's): where
-    # their work began, the goodput ledger's mark (the call's first line is its
-    # last start's).
+    # The replaced ranks at the script: where their work began, for the
+    # goodput ledger (the call's first line is its last start's).
     work_from: Optional[float] = None
 
     @property
@@ -78,17 +67,14 @@ class InStepRestart(Lenient):
 
     @property
     def lost_work_seconds(self) -> Seconds:
-        """The replaced ranks' run, from their start at the user's script
-        (their torchrun's start where none said it started): the most this
-        failure can have lost (less where they saved a checkpoint and the new
-        ranks load it). The goodput ledger's ``lost_work`` for it, as it cuts it."""
+        """The replaced ranks' run since they reached the script (else their
+        torchrun's start): the most it lost (less where they saved a checkpoint)."""
         start = self.work_from if self.work_from is not None else self.ran_from
         return max(0.0, self.failed_at - start) if start is not None else None
 
     @property
     def restart_seconds(self) -> Seconds:
-        """The failure to this node's new ranks at the user's script (to its
-        new torchrun's start where no rank said it started)."""
+        """The failure to the new ranks at the script (else the new torchrun's start)."""
         back = self.ranks_at if self.ranks_at is not None else self.restarted_at
         return max(0.0, back - self.failed_at) if back is not None else None
 
@@ -104,16 +90,9 @@ def swap_words(out: int, came_in: int, hosts: Mapping[int, str]) -> str:
                                                          hosts.get(came_in) or "?")
 
 
-def read_back(listed: Any) -> List[InStepRestart]:
-    """A record's ``in_step_restarts``, each checked; what does not read is left out."""
-    found = [InStepRestart.from_wire(item) for item in (listed if isinstance(listed, list) else [])[:MAX_RESTARTS_KEPT]]
-    return [r for r in found if r is not None]
-
-
 def with_ranks_start(restarts: List[InStepRestart], starts: List[Optional[float]]) -> List[InStepRestart]:
-    """The latest restart, completed with when its first rank reached the
-    user's script (``starts``: the start of each of this node's ranks of that
-    restart, read from their status files before the next restart clears them)."""
+    """The latest restart with its first rank's start at the script (``starts``:
+    its ranks' status files, read before the next restart clears them)."""
     if not restarts or restarts[-1].ranks_at is not None:
         return restarts
     known = [s for s in starts if s is not None]

@@ -3,23 +3,20 @@ what part it had in the attempt's end.
 
 Roles: ``culprit`` (its rank failed, or its preflight refused it), ``lost``
 (its task died or never joined), ``frozen`` (it fell silent), ``out`` (taken
-out for a spare, ``@torchrun(spares)``: a failure pinned to it, or its
-preflight found it unfit), ``slow`` (named by the preflight's bandwidth job or
-by straggler detection) and ``bystander`` (the rest). The record keeps every node of the attempt up to ``MAX_NODES``;
-beyond that only the nodes with a role other than bystander, and a count.
-
-Pure functions over typed records; the host names come from the gang's own
-hello messages (no call to any platform), the instance facts from Metaflow's
-own task metadata, read by the client when asked (record/node_history.py).
+out for a spare: a failure pinned to it, or its preflight found it unfit),
+``slow`` (the preflight's bandwidth job or straggler detection named it) and
+``bystander``. Host names come from the gang's hello messages, never from a
+platform's API.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Annotated, Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+from typing import Annotated, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from ..cause import Cause, CauseKind
 from ..base.codec import NEED, SKIP, Int, Lenient, OneOf, Text
+from ..gang import ProgressRecord
 
 CULPRIT = "culprit"
 LOST = "lost"
@@ -28,9 +25,8 @@ OUT = "out"
 SLOW = "slow"
 BYSTANDER = "bystander"
 ROLES = (CULPRIT, LOST, FROZEN, OUT, SLOW, BYSTANDER)
-# Roles that blame the node for a failure (the history's "culprit" count): a
-# node taken out for a spare counts as a failure pinned to it, though the step
-# went on; a slow node is not to blame for a failure.
+# Roles the history counts against a host: taken out for a spare is a failure
+# pinned to it, though the step went on; slow is not a failure.
 BLAMED = (CULPRIT, LOST, FROZEN, OUT)
 # Nodes kept per attempt with every field; above it, only nodes with a role.
 MAX_NODES = 1024
@@ -51,13 +47,12 @@ class NodeEntry(Lenient):
     node: Annotated[int, Int(0, (1 << 20) - 1)]
     host: Annotated[str, Text(MAX_HOST, least=1)] = "?"
     role: Annotated[str, OneOf(ROLES), NEED] = BYSTANDER
-    # preflight="full": GB/s to the reference node; the checks that did not pass.
+    # GB/s to the reference node (preflight="full"), the checks it failed,
+    # how much slower than the median if slow, and (a node with a role only)
+    # its Metaflow task's id, whose metadata has the instance's facts.
     link_gbps: Annotated[Optional[float], SKIP] = None
     checks: Annotated[str, Text(200), SKIP] = ""
-    # How much slower than the gang's median (straggler detection), if slow.
     ratio: Annotated[Optional[float], SKIP] = None
-    # Its Metaflow task's id, for the platform's facts in its metadata
-    # (instance ID, zone, type): kept for nodes with a role only.
     task: Annotated[Optional[str], Text(200), SKIP] = None
 
 
@@ -66,24 +61,16 @@ def blamed_nodes(cause: Optional[Cause], code_failure: bool) -> Dict[int, str]:
     code (``code_failure``) blames no node: the code would fail anywhere."""
     if cause is None or cause.secondary or code_failure or cause.kind in _NOBODY:
         return {}
-    if cause.kind in _LOST_KINDS:
-        role = LOST
-    elif cause.kind in _FROZEN_KINDS:
-        role = FROZEN
-    else:
-        role = CULPRIT
-    nodes = set(cause.missing)
-    if cause.node_index is not None:
-        nodes.add(cause.node_index)
+    role = LOST if cause.kind in _LOST_KINDS else FROZEN if cause.kind in _FROZEN_KINDS else CULPRIT
+    nodes = set(cause.missing) | ({cause.node_index} if cause.node_index is not None else set())
     return {n: role for n in nodes if isinstance(n, int) and n >= 0}
 
 
 def entries(num_nodes: int, hosts: Mapping[int, str], blamed: Mapping[int, str], slow: Mapping[int, float],
             links: Mapping[int, float], failed_checks: Mapping[int, str],
             tasks: Sequence[str] = (), taken_out: Iterable[int] = ()) -> Tuple[Tuple[NodeEntry, ...], int]:
-    """Every node of the attempt (``MAX_NODES`` at most: beyond that the
-    bystanders are only counted), and how many were left out. ``taken_out``:
-    the nodes benched out for a spare (at most the step's ``spares``)."""
+    """Every node of the attempt, and how many were left out: above
+    ``MAX_NODES`` nodes, the bystanders are only counted."""
     out: List[NodeEntry] = []
     left_out = 0
     benched = set(taken_out)
@@ -99,17 +86,9 @@ def entries(num_nodes: int, hosts: Mapping[int, str], blamed: Mapping[int, str],
     return tuple(out), left_out
 
 
-def stragglers(progress: Any) -> Dict[int, float]:
-    """node -> how much slower, from a result's ``progress`` section when
-    straggler detection wrote one (absent otherwise)."""
-    listed = progress.get("stragglers") if isinstance(progress, Mapping) else getattr(progress, "stragglers", None)
-    out: Dict[int, float] = {}
-    for item in (listed if isinstance(listed, (list, tuple)) else [])[:MAX_NODES]:
-        get = item.get if isinstance(item, Mapping) else (lambda k, i=item: getattr(i, k, None))
-        node, ratio = get("node_index"), get("ratio")
-        if isinstance(node, int) and not isinstance(node, bool) and node >= 0:
-            out[node] = float(ratio) if isinstance(ratio, (int, float)) and not isinstance(ratio, bool) else 0.0
-    return out
+def stragglers(progress: Optional[ProgressRecord]) -> Dict[int, float]:
+    """node -> how much slower, as straggler detection named it."""
+    return {s.node_index: s.ratio for s in progress.stragglers} if progress is not None else {}
 
 
 def hosts_of(nodes: Iterable[NodeEntry]) -> Dict[int, str]:

@@ -20,37 +20,26 @@ if TYPE_CHECKING:
 
 from ..cause import Cause, CauseKind
 from ..base.codec import Written
-from ..gang import NodeReport
-from ..gang import PreflightRecord, ProgressRecord
-from ..procs import RankFailure
-from ..procs import numbers
-from ..procs import SUMMARY_PLACES, bound, group
-from ..procs import rank_log_path
-from ..procs import RankStatus, read_statuses
+from ..gang import NodeReport, PreflightRecord, ProgressRecord
+from ..procs import SUMMARY_PLACES, RankFailure, RankStatus, bound, group, numbers, rank_log_path, read_statuses
 
 METADATA_FIELD = "torchrun-result"
-# A compacted record keeps this many of a call's in-step restarts.
-RESTARTS_IN_COMPACT = 8
-# The record is stored in the metadata service: at most this many bytes of JSON,
-# whatever the gang's size (8,192 ranks' stacks and output tails are megabytes).
+# The metadata service holds the record: at most this many bytes of JSON at any
+# gang size (8,192 ranks' stacks and output tails are megabytes), with at most
+# this many characters of stacks, and when compacted, of a call's in-step
+# restarts and of each node's failed ranks.
 METADATA_LIMIT = 96 * 1024
-# Characters of rank stacks kept in the record when it fits (the card and the
-# full report show them whole).
 STACKS_IN_RECORD = 64 * 1024
-# On the control node, the artifact that holds the full report of every call:
-# every rank's stack and output tail, however many.
-REPORT_ARTIFACT = "torchrun_report"
-# The full report's stacks, at most (a rank's dump is already cut to 16 KiB).
-STACKS_IN_REPORT = 64 << 20
-# In a compacted record, per node: at most this many failed ranks named.
+RESTARTS_IN_COMPACT = 8
 FAILED_PER_NODE = 8
-# The record's swaps (@torchrun(spares)), at most: a swap benches a spare for
-# good, so a step has at most its spares' count of them (64 at most).
+# The control's artifact of every call's full report, and its stacks at most
+# (a rank's dump is already cut to 16 KiB).
+REPORT_ARTIFACT = "torchrun_report"
+STACKS_IN_REPORT = 64 << 20
+# A swap benches a spare for good: a step has at most its spares' (64) of them.
 SWAPS_IN_RECORD = 64
 
-
-# One rank's record in the result: the rank status schema (procs/status.py).
-RankRecord = RankStatus
+RankRecord = RankStatus  # one rank's record (procs/status.py)
 
 
 @dataclass(frozen=True)
@@ -81,52 +70,34 @@ class TorchrunResult:
     ranks: List[RankRecord] = field(default_factory=list)
     restarts: int = 0
     log_dir: Optional[str] = None
-    # Set when the run failed: the gang's root cause.
-    cause: Optional[Cause] = None
-    # On the control node: the gang as the control saw it (empty elsewhere).
-    gang: GangView = field(default_factory=GangView)
-    # Function entrypoints: return values of this node's ranks by global rank;
-    # on the control node rank 0's value is always there.
+    cause: Optional[Cause] = None  # the gang's root cause, when the run failed
+    gang: GangView = field(default_factory=GangView)  # on the control: the gang as it saw it
+    # A function's return values by global rank (this node's; rank 0's on the control).
     returns: Dict[int, Any] = field(default_factory=dict)
-    # Which current.torch.run call of the step this was (0-based).
-    call: int = 0
-    # When the job was stopped: where each rank was (rank -> faulthandler's
-    # dump of its threads; every node's on the control), and the seconds that
-    # collecting them added to the stop.
+    call: int = 0  # which current.torch.run call of the step (0-based)
+    # At a stop: each rank's threads (faulthandler; every node's on the
+    # control), and the seconds collecting them added to the stop.
     stacks: Dict[int, str] = field(default_factory=dict)
     stack_seconds: float = 0.0
     # On the control, when ranks waited in a collective at the stop: the ranks
-    # not in it, by rank, node and host (procs/culprit.py); bounded.
+    # not in it (procs/culprit.py); else why the Flight Recorder could not say.
     culprits: Optional["Culprits"] = None
-    # On the control, when no suspect was named and some ranks' Flight Recorder
-    # could not be read: why not, one bounded line (procs/culprit.py); "" otherwise.
     flight_unread: str = ""
-    # On the control: @torchrun(preflight=...)'s findings for the whole gang,
-    # bounded whatever its size (gang/node_compare.py, runtime/preflight.py).
+    # On the control: the preflight's findings for the whole gang, bounded;
+    # every attempt of the step so far, this one last (record/attempts.py).
     preflight: Optional[PreflightRecord] = None
-    # On the control: every attempt of the step so far, this one last
-    # (record/attempts.py: start, gang formed, calls, why it stopped, the
-    # checkpoint it resumed from, what each failure cost).
     attempts: List["Attempt"] = field(default_factory=list)
-    # This call's in-step restarts (@torchrun(restarts), record/in_step_restarts.py),
-    # each like an attempt: its cause, the work it lost, the time to restart.
+    # This call's @torchrun(restarts), each with its cause and what it cost.
     in_step_restarts: List["InStepRestart"] = field(default_factory=list)
-    # What ran (record/what_ran.py): the entrypoint, its arguments with
-    # secret-looking ones masked, the torchrun command, versions.
-    ran: Optional["Ran"] = None
-    # When a rank of this node first wrote a line (epoch; None: none did, or
-    # labels were off): where start-up ends in the goodput ledger.
+    ran: Optional["Ran"] = None  # what ran, secret-looking arguments masked (record/what_ran.py)
+    # A rank of this node's first line (None: none, or labels off): the goodput ledger's end of start-up.
     first_output_at: Optional[float] = None
-    # On the control: where the step's wall time went, across its attempts
-    # (record/goodput.py).
+    # On the control: where the step's wall time went (record/goodput.py), and
+    # the gang's training progress and stragglers as the call ended.
     goodput: Optional["Ledger"] = None
-    # On the control: the gang's training progress when the call ended (step,
-    # total, ETA, steps/s, the last metrics, the slowest node) and the
-    # stragglers named (gang/gang_progress.py); None elsewhere.
     progress: Optional[ProgressRecord] = None
-    # @torchrun(spares): this node's part when the call ended ("active", a
-    # "spare" never used, or "out": taken out after a failure pinned to it),
-    # and the nodes that sat the call out then (at most K of each).
+    # @torchrun(spares): this node's part as the call ended ("active", "spare"
+    # or "out": taken out for a failure pinned to it), and who sat it out.
     role: str = "active"
     spare_nodes: List[int] = field(default_factory=list)
     out_nodes: List[int] = field(default_factory=list)
@@ -147,10 +118,8 @@ class TorchrunResult:
         return [n for n in range(self.num_nodes) if n not in benched]
 
     def swaps(self) -> List[Dict[str, Any]]:
-        """The call's swaps, each small (its cause is in ``in_step_restarts``):
-        which node went out and which spare came in, with their hosts where
-        the attempt's record has them (the control's), when and why. Kept
-        whole in a compacted record, which keeps only some restarts."""
+        """Who went out, which spare came in (hosts from the control's attempt
+        record), when and why: small, so a compacted record keeps them all."""
         hosts: Dict[int, str] = {}
         for mark in (self.attempts[-1].restarts if self.attempts else ()):
             hosts.update({n: h for n, h in ((mark.swapped_out, mark.out_host), (mark.swapped_in, mark.in_host))
@@ -168,15 +137,9 @@ class TorchrunResult:
 
     def rank_logs(self) -> Dict[int, Dict[str, str]]:
         """Where each rank's stdout and stderr were copied on this node."""
-        if not self.log_dir:
-            return {}
-        return {
-            r.rank: {
-                s: rank_log_path(self.log_dir, r.rank, s)
-                for s in ("stdout", "stderr")
-            }
-            for r in self.ranks
-        }
+        log_dir = self.log_dir
+        return {r.rank: {s: rank_log_path(log_dir, r.rank, s) for s in ("stdout", "stderr")}
+                for r in self.ranks} if log_dir else {}
 
     def to_dict(self, stacks_limit: int = STACKS_IN_REPORT) -> Dict[str, Any]:
         """JSON-able, without return values (they may be anything): the full
@@ -184,7 +147,7 @@ class TorchrunResult:
         is an argument, and the stored shape has ``{}`` for no preflight,
         culprits or ran, and each rank's ``duration``, which no field holds."""
         data = {f: getattr(self, f) for f in self.__dataclass_fields__ if f not in ("returns",)}
-        data["ranks"] = [asdict(r) for r in self.ranks]
+        data["ranks"] = [dict(asdict(r), duration=r.duration) for r in self.ranks]
         data["cause"] = self.cause.to_wire() if self.cause is not None else None
         data["gang"] = self.gang.to_wire()
         data["preflight"] = self.preflight.to_wire() if self.preflight is not None else {}
@@ -198,8 +161,6 @@ class TorchrunResult:
         data["command"] = list(self.command)
         data["duration"] = self.duration
         data["succeeded"] = self.succeeded
-        for r, rec in zip(data["ranks"], self.ranks):
-            r["duration"] = rec.duration
         data["stacks"] = {str(k): v for k, v in bound(self.stacks, stacks_limit).items()}
         return data
 
@@ -281,20 +242,14 @@ def _code_from(description: str) -> Optional[int]:
     import signal
 
     text = description or ""
-    if text.startswith("killed by signal "):
-        name = text[len("killed by signal ") :]
-        try:
-            return -int(getattr(signal.Signals, name))
-        except (AttributeError, ValueError):
-            try:
-                return -int(name)
-            except ValueError:
-                return None
-    if text.startswith("exit code "):
-        try:
+    try:
+        if text.startswith("killed by signal "):
+            name = text[len("killed by signal "):]
+            return -int(signal.Signals[name] if name in signal.Signals.__members__ else name)
+        if text.startswith("exit code "):
             return int(text.split()[2])
-        except (IndexError, ValueError):
-            return None
+    except (IndexError, ValueError):
+        pass
     return None
 
 
