@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from metaflow_extensions.torchrun.plugins.torchrun.cause import Cause, CauseKind
+from metaflow_extensions.torchrun.plugins.torchrun.cause import Cause, CauseKind, place
 from metaflow_extensions.torchrun.plugins.torchrun.errors import TorchrunInvalidArgument
 from metaflow_extensions.torchrun.plugins.torchrun.record import attempts
 from metaflow_extensions.torchrun.plugins.torchrun.card.content import attempt_rows
@@ -97,9 +97,9 @@ def test_retry_on_takes_two_values(value):
 
 
 def test_place_is_the_innermost_frame_of_the_users_code():
-    assert attempts.place(TB) == "train.py:88"
-    assert attempts.place('  File "/usr/lib/python3.11/json/decoder.py", line 5, in x\n') == "decoder.py:5"
-    assert attempts.place(None) is None and attempts.place("no frames") is None
+    assert place(TB) == "train.py:88"
+    assert place('  File "/usr/lib/python3.11/json/decoder.py", line 5, in x\n') == "decoder.py:5"
+    assert place(None) is None and place("no frames") is None
 
 
 def test_what_a_failure_cost_from_the_checkpoint_resumed_from():
@@ -121,16 +121,16 @@ def test_what_a_failure_cost_from_the_checkpoint_resumed_from():
 
 
 def test_an_attempt_without_a_record_is_named_unknown():
-    past = attempts.fill_missing(typed([{"attempt": 1, "stopped": "x"}]), 3)
+    past = attempts.fill_missing(attempts.Previous(None, tuple(typed([{"attempt": 1, "stopped": "x"}]))), 3)
     assert [a.attempt for a in past] == [0, 1, 2]
     assert past[0].stopped.startswith("unknown") and past[1].stopped == "x"
 
 
 def test_history_ignores_what_is_not_a_list_of_objects():
-    assert attempts.history(previous({"attempts": "x"})) == []
-    assert [a.to_wire() for a in attempts.history(previous({"attempts": [1, {"attempt": 0}]}))] \
+    assert previous({"attempts": "x"}).attempts == ()
+    assert [a.to_wire() for a in attempts.fill_missing(previous({"attempts": [1, {"attempt": 0}]}), 1)] \
         == [attempts.Attempt(0).to_wire()]
-    assert attempts.history(previous(None)) == []
+    assert [a.stopped[:7] for a in attempts.fill_missing(previous(None), 1)] == ["unknown"]
 
 
 def test_the_card_shows_every_attempt_once_there_are_two():

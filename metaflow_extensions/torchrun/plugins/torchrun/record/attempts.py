@@ -1,19 +1,14 @@
 """Every attempt of a step, and whether the next one is worth running.
 
-Metaflow's ``@retry`` reruns the whole gang whatever stopped it. A retried
-gang costs its start again (every node's task, ``import torch``, the
-rendezvous) and on clusters ``minutes_between_retries``; a ``TypeError`` on
-line 1 of the training loop will raise again at the same place, so under
-``@torchrun(retry_on="infrastructure")`` the control of attempt k reads why
-attempt k-1 stopped (its ``torchrun-result`` record) and refuses to start any
-rank when that was the user's own code.
+Metaflow's ``@retry`` reruns the whole gang whatever stopped it, at the cost of
+a new gang's start; a ``TypeError`` in the training loop raises again at the
+same place. So under ``@torchrun(retry_on="infrastructure")`` attempt k reads
+why attempt k-1 stopped (its ``torchrun-result`` record) and starts no rank
+when that was the user's own code.
 
-The attempts of a step also make the record's ``attempts`` list: when each
-started, how long its gang took to form, when its calls started, why it
-stopped, the checkpoint it resumed from, and what each failure cost.
-
-Pure functions over typed records (``Attempt``, ``Previous``; JSON only in the
-record as stored), except ``read_previous``, which asks the Metaflow client.
+The record's ``attempts`` list: when each started, its gang formed, its calls
+started, why it stopped, the checkpoint it resumed from, what a failure cost.
+Pure, except ``read_previous``, which asks the Metaflow client.
 """
 
 from __future__ import annotations
@@ -24,7 +19,7 @@ import math
 from dataclasses import dataclass, replace
 from typing import Annotated, Any, Dict, List, Mapping, Optional, Tuple
 
-from ..cause import Cause, CauseKind, place, user_code_failure  # noqa: F401 (one classification, cause.py)
+from ..cause import Cause, CauseKind, user_code_failure
 from ..base.codec import Int, Items, Lenient, Text, Via, encode
 from .node_roles import MAX_HOST, NodeEntry, hosts_of
 from .in_step_restarts import swap_words
@@ -33,7 +28,7 @@ RETRY_ON = ("any", "infrastructure")
 # "any" keeps Metaflow's @retry as it is: see docs/resume.md for why.
 DEFAULT_RETRY_ON = "any"
 
-# A record read back holds at most this many attempts, and each this many calls.
+# A record read back holds at most this many attempts, each this many calls.
 MAX_ATTEMPTS = 64
 MAX_CALLS = 1024
 MAX_NODES = 4096
@@ -94,15 +89,10 @@ def previous_origin(previous: Previous, default: int) -> int:
     return default
 
 
-def history(previous: Optional[Previous]) -> List["Attempt"]:
-    """The attempts before this one, from the previous attempt's record."""
-    return list(previous.attempts) if previous is not None else []
-
-
-def fill_missing(past: List["Attempt"], attempt: int) -> List["Attempt"]:
-    """Attempts 0..attempt-1, each once: an attempt whose control task died
-    before writing its record is named as unknown rather than left out."""
-    by_attempt = {a.attempt: a for a in past}
+def fill_missing(previous: Optional[Previous], attempt: int) -> List["Attempt"]:
+    """Attempts 0..attempt-1 from the previous attempt's record, each once: one
+    whose control task died before writing its record is named as unknown."""
+    by_attempt = {a.attempt: a for a in (previous.attempts if previous is not None else ())}
     return [by_attempt.get(k) or Attempt(k, stopped="unknown: its control task left no record "
                                            "(killed before the end of its step?)") for k in range(attempt)]
 
@@ -163,10 +153,9 @@ class CallStart(Lenient):
 
 @dataclass(frozen=True)
 class RestartMark(Lenient):
-    """One in-step restart of an attempt (``@torchrun(restarts)``), or a swap
-    (``@torchrun(spares)``), at the marks the goodput ledger cuts at: the
-    failure, the old ranks gone, the new ranks at the user's script; the
-    replaced ranks' start of work; the nodes swapped, with their hosts."""
+    """An in-step restart or swap of an attempt, at the goodput ledger's marks:
+    the failure, the old ranks gone, the new at the script, where the replaced
+    ranks' work began; the nodes swapped, with their hosts."""
 
     call: Whole
     restart: Whole
@@ -196,9 +185,8 @@ class RestartMark(Lenient):
 
 
 def restart_marks(results: List[Any], hosts: Mapping[int, str]) -> Tuple[Tuple[RestartMark, ...], int]:
-    """Every in-step restart of an attempt's calls, from the control's results
-    (node 0 is never benched: it sees each one), the latest ``MAX_RESTART_MARKS``
-    kept, and how many were left out."""
+    """The latest ``MAX_RESTART_MARKS`` in-step restarts of the control's calls
+    (node 0 is never benched: it sees each), and how many were left out."""
     found: List[RestartMark] = []
     for r in results:
         for x in getattr(r, "in_step_restarts", None) or ():
@@ -219,8 +207,7 @@ class Attempt(Lenient):
 
     attempt: Whole
     started_at: Optional[float] = None
-    # The step's code began: every decorator's task_pre_step done
-    # (@checkpoint's load among them), the local nodes started.
+    # Every decorator's task_pre_step done (@checkpoint's load among them).
     code_started_at: Optional[float] = None
     gang_formed_at: Optional[float] = None
     gang_formed_seconds: Optional[float] = None
@@ -230,25 +217,20 @@ class Attempt(Lenient):
     kind: Optional[CauseKind] = None
     resumed_from: Optional[Checkpoint] = None
     refused_for: Optional[Whole] = None
-    # What its failure cost (with_costs), once a next attempt is known: none
-    # before (lost_seconds is always one then), and their keys left off.
+    # What its failure cost (with_costs), once a next attempt is known.
     lost_work_seconds: Optional[float] = None
     restart_seconds: Optional[float] = None
     lost_seconds: Optional[float] = None
-    # The goodput ledger's marks (record/goodput.py): a rank's first line on
-    # the control, and when the control wrote this record (its stop done).
+    # The ledger's marks: a rank's first line on the control, this record written.
     first_output_at: Optional[float] = None
     recorded_at: Optional[float] = None
-    # The node history's (record/node_roles.py): each node's host and role, and
-    # how many bystanders a gang over MAX_NODES left out; "ValueError at
-    # train.py:88" when the user's code failed (no node is blamed then).
+    # Each node's host and role (node_roles.py), the bystanders left out, and
+    # "ValueError at train.py:88" when the user's code failed (no node blamed).
     nodes: Annotated[Tuple[NodeEntry, ...], Items(MAX_NODES)] = ()
     nodes_left_out: Whole = 0
     code_failure: Annotated[Optional[str], Text(400)] = None
-    # This attempt's @torchrun card, by its hash (card/lifecycle.py): each
-    # attempt of a task has its own, opened with `card view <task> --hash`.
+    # This attempt's own card's hash (`card view <task> --hash`).
     card: Annotated[Optional[str], Text(64)] = None
-    # Its in-step restarts and swaps (the latest MAX_RESTART_MARKS), and how many more.
     restarts: Annotated[Tuple[RestartMark, ...], Items(MAX_RESTART_MARKS)] = ()
     restarts_left_out: Whole = 0
 
@@ -313,10 +295,9 @@ def first_output(results: List[Any]) -> Optional[float]:
 @dataclass(frozen=True)
 class Marks:
     """One attempt's marks on the step's clock, each clamped to the ones
-    before: its start, the gang formed, the end of start-up (a rank's first
-    line on the control, else the first call's start), the end of its work
-    (the failure, as the gang detected it), and ``end``. The goodput ledger
-    and the attempts' costs cut time at these same marks, so they agree."""
+    before: start, gang formed, end of start-up (a rank's first line, else the
+    first call), end of work (the failure), ``end``. The goodput ledger and the
+    attempts' costs cut time at these same marks, so they agree."""
 
     start: float
     formed: float
@@ -341,16 +322,14 @@ def clamp(value: Optional[float], low: float, high: float) -> float:
 
 def lost_since(m: Marks, saved_at: Optional[float], low: Optional[float] = None) -> float:
     """Where a failed attempt's lost work starts: the checkpoint the next
-    attempt resumed from, else the start of its last ranks' work (``low``: the
-    end of start-up, or its last in-step restart's ranks at the script)."""
+    attempt resumed from, else its last ranks' start of work (``low``)."""
     low = m.first if low is None else low
     return clamp(saved_at, low, m.work_end) if saved_at is not None else low
 
 
 @dataclass(frozen=True)
 class Cut:
-    """An in-step restart on the attempt's clock, each mark clamped to the
-    ones before: the failure, the old ranks gone, the new ranks at the script."""
+    """An in-step restart on the attempt's clock, each mark clamped to the ones before."""
 
     mark: RestartMark
     failed: float
@@ -359,9 +338,9 @@ class Cut:
 
 
 def in_step_cuts(a: Attempt, m: Marks) -> Tuple[float, Tuple[Cut, ...]]:
-    """The end of start-up and the attempt's in-step restarts, within its work.
-    A call's first line is its last start's, so before a restart start-up ends
-    where the first ranks reached the script (the restart's ``work_from``)."""
+    """The end of start-up and the in-step restarts, within the work. A call's
+    first line is its last start's: with a restart, start-up ends at its
+    ``work_from`` (the first ranks at the script)."""
     listed = sorted(a.restarts, key=lambda r: r.failed_at)
     first = m.first
     if listed:
@@ -380,10 +359,8 @@ def in_step_cuts(a: Attempt, m: Marks) -> Tuple[float, Tuple[Cut, ...]]:
 
 def with_costs(attempts: List[Attempt]) -> List[Attempt]:
     """What each failure cost, at the goodput ledger's marks: the work lost
-    (the ledger's ``lost_work``: from the checkpoint the next attempt resumed
-    from, or the first line without one, to the failure) and the time to train
-    again (``restart_seconds``: the failure to the next attempt's first line;
-    the ledger's ``stop`` and ``restart`` together, its ``time_to_restart``)."""
+    (from the checkpoint resumed from, else the first line, to the failure)
+    and the time to train again (the failure to the next attempt's first line)."""
     out = list(attempts)
     for i, (failed, nxt) in enumerate(zip(attempts, attempts[1:])):
         if failed.ended_at is None:
@@ -402,9 +379,8 @@ def with_costs(attempts: List[Attempt]) -> List[Attempt]:
 
 
 def read_previous(pathspec: str, attempt: int, field: str) -> Tuple[Optional[Previous], Optional[str]]:
-    """Attempt ``attempt``'s record of this task through the Metaflow client,
-    and a note when it could not be read (None, None: it left none, as a task
-    killed before its end leaves none)."""
+    """Attempt ``attempt``'s record of this task, and a note when it could not
+    be read (None, None: it left none, as a task killed before its end)."""
     import json
 
     try:

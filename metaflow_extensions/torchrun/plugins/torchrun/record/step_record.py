@@ -103,7 +103,7 @@ def with_attempts(facts: AttemptFacts, result: Optional[TorchrunResult], attempt
     entry = attempts_.this_attempt(attempt.number, attempt.started, list(facts.results), cause,
                                    attempt.resumed_from, refused_for, attempt.code_started, recorded_at=now,
                                    nodes=entries, nodes_left_out=left_out, card=facts.card, hosts=facts.hosts)
-    past: List[attempts_.Attempt] = attempts_.fill_missing(attempts_.history(attempt.previous), attempt.number)
+    past: List[attempts_.Attempt] = attempts_.fill_missing(attempt.previous, attempt.number)
     result.attempts = attempts_.with_costs(past + [entry])
     result.goodput = goodput.ledger(result.attempts, now)
     return result
