@@ -1,28 +1,13 @@
 """The goodput ledger: where a step's wall time went, across its attempts.
 
-At scale failures are routine, and the number that says whether a job runs
-well is its effective training time: the share of the wall time spent
-training rather than forming gangs, starting, saving, or redoing and waiting
-out failures. Everything here is read from the attempts record the control
-already keeps (record/attempts.py), so the ranks do no extra work for it.
+At scale failures are routine; what says whether a job runs well is the share
+of wall time spent training rather than forming gangs, starting, saving, or
+redoing and waiting out failures. Read from the attempts record the control
+already keeps (record/attempts.py): the ranks do no extra work for it.
 
-Each attempt is one segment on the step's clock, from its task's start to the
-next attempt's (the last: to its record), cut into parts that never overlap,
-so the parts add up to the wall time by construction:
-
-- ``gang``: the task's start until every node has joined;
-- ``startup``: until a rank's first line (imports, rendezvous, process group);
-- ``productive``: training, up to the last checkpoint before a failure;
-- ``checkpoint``: saves, where ``@checkpoint`` records how long they took
-  (metaflow-checkpoint records when, not how long: counted as training);
-- ``lost_work``: training since the last checkpoint, redone after a failure;
-- ``stop``: the failure's detection and the gang's stop, until the record;
-- ``restart``: from the record to the next attempt's first line (Metaflow's
-  retry, scheduling, the new gang's start: all of it caused by the failure);
-- ``other``: the step's code after its last call, and what no mark places.
-
-An in-step restart (``@torchrun(restarts=N)``) is one more segment of the
-same shape: ``Segment.restart`` numbers it within its attempt.
+Each attempt, and each in-step restart, is one segment on the step's clock,
+cut into ``PARTS`` that never overlap, so they add up to the wall time by
+construction (docs/resume.md's table says where each part starts and ends).
 """
 
 from __future__ import annotations
@@ -31,8 +16,9 @@ import math
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from ..base.codec import Int, Items, Lenient, OneOf, Real, Text, Via
-from .attempts import Attempt, Marks, in_step_cuts, lost_since, marks
+from ..base.codec import Items, Lenient, OneOf, Real, Text, Via
+from .attempts import Attempt, Marks, Whole, in_step_cuts, lost_since, marks
+from .in_step_restarts import Node
 
 PARTS = ("productive", "gang", "startup", "checkpoint", "lost_work", "stop", "restart", "other")
 LOST_PARTS = ("lost_work", "stop", "restart")
@@ -40,8 +26,6 @@ METADATA_FIELD = "torchrun-goodput"
 ARTIFACT = "torchrun_goodput"
 MAX_SEGMENTS = 256
 
-Whole = Annotated[int, Int(0, (1 << 31) - 1)]
-Node = Annotated[int, Int(0, (1 << 20) - 1)]
 Seconds = Annotated[float, Real(digits=3)]
 # A segment's parts, those it has, each as many seconds.
 Parts = Annotated[Dict[Annotated[str, OneOf(PARTS)], Seconds], Items(len(PARTS))]
@@ -74,8 +58,7 @@ class Segment(Lenient):
     parts: Parts = field(default_factory=dict)
     restart: Optional[Whole] = None
     cause: Annotated[Optional[str], Text(400)] = None  # why it stopped; None: it succeeded
-    # A failure's cost: its lost parts, and from the failure to the next
-    # segment's first line.
+    # A failure's cost: its lost parts; the failure to the next first line.
     lost_seconds: Seconds = 0.0
     time_to_restart: Optional[Seconds] = None
     # A swap ended it (@torchrun(spares)): the node taken out, the spare brought in.
@@ -129,14 +112,11 @@ class Ledger(Lenient):
 
 def segments(a: Attempt, end: float, after_failure: bool, saved_at: Optional[float], failed: bool,
              next_first: Optional[float]) -> List[Segment]:
-    """One attempt's segments: one, and one more after each in-step restart
-    (a swap among them), each cut into parts. ``end``: where the attempt's
-    last segment ends (the next attempt's start, or its own record);
-    ``after_failure``: its start-up is the previous failure's restart;
-    ``saved_at``: the checkpoint the next attempt resumed from. An in-step
-    restart loses its ranks' work since they started (the node cannot see the
-    checkpoint the new ranks load: at most, as the restart's record says),
-    its stop, and the time until the new ranks are at the script."""
+    """One attempt's segments, one more after each in-step restart. ``end``:
+    the next attempt's start, or its own record; ``after_failure``: its
+    start-up is the previous failure's restart; ``saved_at``: the checkpoint
+    the next attempt resumed from. An in-step restart loses all its ranks'
+    work (the node cannot see which checkpoint the new ranks load)."""
     m: Marks = marks(a, min(a.recorded_at, end) if a.recorded_at is not None else end)
     first, cuts = in_step_cuts(a, m)
     parts = dict.fromkeys(PARTS, 0.0)
@@ -171,8 +151,8 @@ def segments(a: Attempt, end: float, after_failure: bool, saved_at: Optional[flo
 
 
 def ledger(attempts: Sequence[Attempt], now: float) -> Optional[Ledger]:
-    """The step's ledger from every attempt so far (this one last, its
-    record written at ``now``); None when no attempt has a start."""
+    """The ledger of every attempt so far (this one's record written at
+    ``now``); None when no attempt has a start."""
     known = [a for a in attempts if a.started_at is not None]
     if not known:
         return None
@@ -187,10 +167,7 @@ def ledger(attempts: Sequence[Attempt], now: float) -> Optional[Ledger]:
         next_first = marks(nxt, now).first if nxt is not None else None
         found.extend(segments(a, end, after_failure, saved, failed, next_first))
         after_failure = failed
-    totals = dict.fromkeys(PARTS, 0.0)
-    for s in found:
-        for k, v in s.parts.items():
-            totals[k] += v
+    totals = {k: sum(s.parts.get(k, 0.0) for s in found) for k in PARTS}
     return Ledger(found[0].started_at, found[-1].ended_at, totals, tuple(found))
 
 
@@ -219,11 +196,8 @@ def bar_spec(led: Ledger) -> Dict[str, Any]:
 
 def rows(led: Ledger) -> List[List[str]]:
     """The card's table: one row per segment, the seconds of each part."""
-    out = []
-    for s in led.segments[-64:]:
-        out.append(["%d" % s.attempt if s.restart is None else "%d.%d" % (s.attempt, s.restart), _dur(s.seconds)]
-                   + ["%.1f" % s.parts.get(p, 0.0) for p in PARTS] + [s.cause or "succeeded"])
-    return out
+    return [["%d" % s.attempt if s.restart is None else "%d.%d" % (s.attempt, s.restart), _dur(s.seconds)]
+            + ["%.1f" % s.parts.get(p, 0.0) for p in PARTS] + [s.cause or "succeeded"] for s in led.segments[-64:]]
 
 
 HEADERS = ["attempt", "wall"] + [p.replace("_", " ") + " (s)" for p in PARTS] + ["stopped"]

@@ -1,15 +1,10 @@
 """Node history across runs: which hosts failed, how often, and why.
 
-Every attempt's record (``torchrun-result`` task metadata of the control
-task) lists its nodes with their hosts and roles (record/node_roles.py).
-Read back through the Metaflow client for a flow's last runs, they answer
-which hosts were culprits or stragglers and which causes recurred
-(``python flow.py torchrun history``), and let the next attempt's preflight
-warn about a host that was blamed for K of its last M appearances, or refuse
-it under ``preflight="strict"``: "prioritize rapid isolation over precise
-root cause localization".
-
-Pure functions over typed records (``Appearance``, ``HostStats``), except
+Every attempt's record lists its nodes with their hosts and roles. Read back
+through the Metaflow client for a flow's last runs, they say which hosts were
+culprits or stragglers and which causes recurred (``python flow.py torchrun
+history``), and let the preflight warn about a host blamed in K of its last M
+appearances, or refuse it under ``preflight="strict"``. Pure, except
 ``read_*``, which ask the Metaflow client.
 """
 
@@ -28,16 +23,15 @@ from ..gang import HostCheck
 from ..base.text import shorten
 from .attempts import Attempt, Previous
 from .node_roles import BLAMED, OUT, ROLES, SLOW
+from .result import METADATA_FIELD
 
-RESULT_FIELD = "torchrun-result"
 # Hosts named in the preflight's lines and in a refusal.
 MAX_FLAGGED = 16
 
 
 @dataclass(frozen=True)
 class Appearance:
-    """One host in one attempt of one run (its most telling role when it held
-    several nodes)."""
+    """One host in one attempt of one run (its most telling role, of several nodes)."""
 
     host: str
     flow: str
@@ -117,8 +111,7 @@ def taken_out(a: Attempt, node: Any) -> Tuple[str, Optional[CauseKind]]:
 
 
 def summarize(seen: Iterable[Appearance]) -> List[HostStats]:
-    """Per host: appearances, roles, the causes it was blamed for; the most
-    blamed first, then the slowest."""
+    """Per host, the most blamed first, then the slowest."""
     stats: Dict[str, HostStats] = {}
     for a in seen:
         s = stats.setdefault(a.host, HostStats(a.host))
@@ -179,8 +172,7 @@ class Threshold:
 
 
 def evidence(host: str, seen: Sequence[Appearance], threshold: Threshold) -> Optional[str]:
-    """Why ``host`` is flagged, naming the attempts; None when it is not.
-    ``seen``: every appearance known, any host, any order."""
+    """Why ``host`` is flagged, naming the attempts; None when it is not."""
     mine = sorted((a for a in seen if a.host == host), key=lambda a: -a.at)[:threshold.appearances]
     blamed = [a for a in mine if a.role in BLAMED]
     if len(blamed) < threshold.culprit:
@@ -192,8 +184,7 @@ def evidence(host: str, seen: Sequence[Appearance], threshold: Threshold) -> Opt
 
 def slower_than_its_past(host: str, gbps: float, seen: Sequence[Appearance],
                          fraction: float = DEFAULTS.NODE_HISTORY_BANDWIDTH_FRACTION) -> Optional[str]:
-    """Why a host's bandwidth now is suspect: under ``fraction`` of the
-    median of its own past measurements."""
+    """Why a host's bandwidth now is suspect: under ``fraction`` of its own past median."""
     past = sorted(a.link_gbps for a in seen if a.host == host and a.link_gbps is not None)
     if len(past) < 2:
         return None
@@ -257,15 +248,14 @@ def record_attempts(value: Any) -> List[Attempt]:
 
 
 def read_run(run: Any, step_names: Optional[Sequence[str]] = None) -> List[Appearance]:
-    """Every appearance in one run (a Metaflow client ``Run``): the control
-    tasks' latest records, each with every attempt."""
+    """Every appearance in one run: the control tasks' latest records, each with every attempt."""
     out: List[Appearance] = []
     for step in run:
         if step_names is not None and step.id not in step_names:
             continue
         for task in step:
             try:
-                value = task.metadata_dict.get(RESULT_FIELD)
+                value = task.metadata_dict.get(METADATA_FIELD)
             except Exception:  # a task whose metadata cannot be read: skipped
                 continue
             if value:
@@ -275,9 +265,8 @@ def read_run(run: Any, step_names: Optional[Sequence[str]] = None) -> List[Appea
 
 def read(flow: Optional[str], last: Optional[int] = None, days: Optional[float] = None,
          skip_run: Optional[str] = None, steps: Optional[Sequence[str]] = None) -> List[Appearance]:
-    """The appearances in the last ``last`` runs (or ``days``) of ``flow``, or
-    of every flow of the current namespace when ``flow`` is None; of the
-    ``steps`` named only, when given (the preflight reads its own step's)."""
+    """The appearances in the last ``last`` runs (or ``days``) of ``flow`` (None:
+    every flow of the namespace), of ``steps`` only, when given."""
     from metaflow import Flow, Metaflow
     from metaflow.exception import MetaflowNotFound
 
@@ -308,8 +297,8 @@ def platform_of(env: Mapping[str, str]) -> str:
 
 def host_check(read_history: Callable[[], Optional[List[Appearance]]], threshold: Optional[Threshold],
                strict: bool, platform: str) -> HostCheck:
-    """What the gang service calls when every node's preflight is in (its own
-    thread: the history was read beforehand, in the background)."""
+    """What the gang service calls, on its own thread, when every node's
+    preflight is in (the history was read beforehand, in the background)."""
 
     def run(hosts: Dict[int, str]) -> Tuple[List[str], Optional[Cause], List[int]]:
         seen = read_history()
@@ -322,8 +311,8 @@ def host_check(read_history: Callable[[], Optional[List[Appearance]]], threshold
 
 
 def blamed(hosts: Mapping[int, str], seen: Sequence[Appearance], threshold: Optional[Threshold]) -> List[int]:
-    """The nodes on a host the history blames (``check``'s threshold): with
-    spares, each starts as a spare where a clean one exists (gang/bench.py)."""
+    """The nodes on a host the history blames: with spares, each starts as a
+    spare where a clean one exists (gang/bench.py)."""
     if threshold is None or not seen:
         return []
     bad = {h for h in set(hosts.values()) if evidence(h, seen, threshold) is not None}
