@@ -176,7 +176,7 @@ class TestSupervisorsGracefulStop:
             procs.add(sup.proc.pid)
             assert wait_until(lambda: b"ready" in b"".join(seen), 30)
             sup.wait(should_stop=lambda: reason, interval=0.05)
-        assert not is_running(sup.proc.pid) and sup.stop_sent_at is not None
+        assert not is_running(sup.proc.pid)
         return saved.exists()
 
     @pytest.mark.timeout(60)

@@ -1,10 +1,8 @@
 """The other nodes of a local run: child processes of the control task.
 
-The control starts them itself (``run_local_control``, in place of Metaflow's
-``_local_multinode_control_task_step_func``, whose contract it keeps), so it
-sees a node's task end before it joined (``node_tasks.py``). The control ends
-with the Metaflow runtime that started it, in every phase, and its nodes end
-with the control: killing ``flow.py run`` leaves no task behind.
+The control starts them itself (Metaflow's contract kept), so it sees a node's
+task end before it joined. The control ends with the runtime that started it,
+its nodes with the control: killing ``flow.py run`` leaves no task behind.
 """
 
 from __future__ import annotations
@@ -32,17 +30,10 @@ RUNTIME_PID_ENV = "METAFLOW_TORCHRUN_RUNTIME_PID"
 
 
 def name_local_control(env: Any, task_id: Any, warm: Optional[bool] = None) -> None:
-    """In Metaflow's runtime, as it starts a local run's control task: the
-    control task's id in that task's own environment, and, when the task runs
-    on this host (``warm``: ``Knobs.warm_start``), the runtime's warm process
-    for it to fork its own from (warm_start.py), torch imported before the
-    task starts.
-
-    Metaflow sets the id there only inside the step's code, after every
-    task_pre_step: @checkpoint reads it there, and without it the control took
-    an identity of its own while the other nodes took the gang's (two
-    checkpoint lineages per gang). Kubernetes and Batch set it on every node
-    from the start."""
+    """In Metaflow's runtime, as it starts a local control task: the control's
+    task id in its environment (Metaflow sets it only inside the step's code,
+    after @checkpoint read it: two lineages per gang otherwise), and with
+    ``warm`` (``Knobs.warm_start``) the runtime's warm process to fork from."""
     if isinstance(env, dict):
         env[CONTROL_TASK_ID_ENV] = str(task_id)
         env[RUNTIME_PID_ENV] = str(os.getpid())
@@ -52,13 +43,10 @@ def name_local_control(env: Any, task_id: Any, warm: Optional[bool] = None) -> N
 
 def prepare_local_nodes(num_nodes: int, pinned_port: Optional[int],
                         defaults: StepDefaults) -> Tuple[Optional[WarmStart], int]:
-    """On a local run's control, before Metaflow starts the other nodes from
-    this process (they inherit its environment): their Python is checked now,
-    so the step fails at once rather than at start_timeout; they are given
-    the gang's port (the one returned: the step's pinned one, else a free one,
-    which they read as their ``METAFLOW_TORCHRUN_PORT``); and the control's warm
-    process starts now, for theirs to be forked from it (the session closes
-    it). From now on the control ends with the runtime that started it."""
+    """On a local control, before its nodes start (they inherit its environment):
+    their Python checked now, not at start_timeout; the gang's port (returned)
+    in ``PORT_ENV``; the control's warm process started for theirs to fork from.
+    From now on the control ends with the runtime that started it."""
     _end_with_runtime()
     warm = None
     if num_nodes > 1:
@@ -76,17 +64,16 @@ def prepare_local_nodes(num_nodes: int, pinned_port: Optional[int],
 
 # -- the control's own start of its nodes ---------------------------------------------
 
-# The node tasks this control started (one control per task process), and the
-# gang service that says which of them joined.
+# The node tasks this control started, and the gang service that says who joined.
 _started: Optional[NodeTasks] = None
 _server: Optional[GangFacts] = None
 _runtime_pid: Optional[int] = None
 
 
 def own_start(decorated: Callable[[], Any]) -> Callable[[], Any]:
-    """Metaflow's local control step (``task_decorate``'s result) with the nodes
-    started by ``run_local_control``; unchanged where it is not the function,
-    with the arguments, this was written against (another Metaflow version)."""
+    """Metaflow's local control step with the nodes started by
+    ``run_local_control``; unchanged where it is not the function this was
+    written against (another Metaflow version)."""
     from metaflow.plugins import parallel_decorator
 
     if (isinstance(decorated, functools.partial) and not decorated.keywords and len(decorated.args) == 5
@@ -97,8 +84,7 @@ def own_start(decorated: Callable[[], Any]) -> Callable[[], Any]:
 
 def run_local_control(flow: Any, env_to_use: Any, step_func: Callable[[], Any], retry_count: int,
                       input_paths: str) -> None:
-    """What Metaflow's local control does (the same environment, commands and
-    mapper tasks), with each node's task held by the control (``NodeTasks``)."""
+    """What Metaflow's local control does, each node's task held by the control."""
     global _started
     from metaflow import current
     from metaflow.cli_args import cli_args
@@ -125,10 +111,8 @@ def run_local_control(flow: Any, env_to_use: Any, step_func: Callable[[], Any], 
 
 
 def watch_local_nodes(server: GangServer, topology: Topology) -> GangServer:
-    """On a local control, before its gang service starts (returned): the
-    service sees the nodes' tasks end (a task that ends before its node joined
-    ends the gang at once), and a failed control's stop of its nodes sees who
-    joined. Not for a gang of one (0.2's launcher in a step)."""
+    """Before the gang service starts: it sees the node tasks end (one that ends
+    unjoined ends the gang), and ``stop_local_nodes`` sees who joined."""
     global _server
     if _started is not None and topology.is_local and topology.num_nodes > 1:
         _server = server
@@ -137,16 +121,13 @@ def watch_local_nodes(server: GangServer, topology: Topology) -> GangServer:
 
 
 def runtime_gone() -> bool:
-    """Whether the Metaflow runtime that started this local control has gone:
-    nobody waits for what the control says any more."""
+    """Whether the runtime that started this control has gone: nobody waits for what it says."""
     return _runtime_pid is not None and proctree.process_id(_runtime_pid) is None  # gone, or a zombie
 
 
 def _end_with_runtime() -> None:
-    """SIGTERM to this task when the runtime that started it dies, as when it is
-    stopped (`flow.py run` killed, a cancelled CI job): in a call the gang stops
-    with its grace; elsewhere the task ends, and its nodes with it. If the
-    runtime went before we asked, now."""
+    """SIGTERM to this task when the runtime dies (in a call, the gang stops with
+    its grace); now if it went before we asked."""
     global _runtime_pid
     try:
         _runtime_pid = int(os.environ.get(RUNTIME_PID_ENV, ""))
@@ -158,18 +139,11 @@ def _end_with_runtime() -> None:
 
 
 def stop_local_nodes(settle: float = 10.0, grace: float = 3.0) -> "threading.Thread":
-    """Give this task's node subprocesses ``settle`` seconds to finish on their own
-    (the gang has told them to stop, and they are writing their record and
-    their cards: 3 s cut a worker's card off under CI's load), then SIGTERM
-    them (each stops its own torchrun), then SIGKILL what is left. A node that
-    never joined has nothing to write, and with the runtime gone nobody reads
-    it: those get SIGTERM at once.
-
-    Metaflow's local control task only waits for them when its own step
-    succeeds: without this, a failed control would leave them running. The
-    wait runs beside the control's own end (its record, its card, Metaflow's
-    bookkeeping of the failed task), not before it: the caller joins the
-    thread returned as the task finishes."""
+    """A failed control's nodes (Metaflow waits for them only on success):
+    ``settle`` seconds to write their record and cards (3 s cut a card off under
+    CI's load), then SIGTERM, then SIGKILL; SIGTERM at once for those never
+    joined, or all with the runtime gone. In a thread beside the control's own
+    end: the caller joins it as the task finishes."""
     at_once: Set[proctree.ProcId] = set()
     if _started is not None:
         running = _started.running()
@@ -205,15 +179,10 @@ _WORKER_PROBE = "import metaflow, metaflow_extensions.torchrun.plugins.torchrun"
 
 
 def worker_python_problem(path: str, this_python: str, timeout: float = 30.0) -> Optional[str]:
-    """Why the other local nodes would die before joining, or None.
-
-    Metaflow starts them with ``python`` from PATH, not with this task's
-    interpreter: with the venv not activated that is another Python, without
-    Metaflow, and each node dies at once while the control waits for it until
-    start_timeout. Asked of that ``python`` itself (one subprocess): the same
-    binary is not enough, as a venv's base interpreter run from outside the
-    venv is this very binary without the venv's packages. Not asked when it is
-    in this task's own ``bin`` directory (the same environment)."""
+    """Why the other local nodes would die before joining, or None: Metaflow
+    starts them with PATH's ``python``, maybe another Python without Metaflow.
+    Asked of that ``python`` (the same binary outside its venv lacks the venv's
+    packages), unless it is in this task's own ``bin``."""
     found = shutil.which("python", path=path)
     if found is None:
         return _worker_message("there is no `python` on PATH", [], this_python)
@@ -233,8 +202,7 @@ def worker_python_problem(path: str, this_python: str, timeout: float = 30.0) ->
 
 
 def _same_prefix(found: str, this_python: str) -> bool:
-    """The same venv's bin/ (python and python3.11 are links into it): where a
-    Python finds its ``pyvenv.cfg``, so links are not followed."""
+    """The same venv's bin/: where a Python finds its ``pyvenv.cfg``, so links are not followed."""
     return os.path.dirname(os.path.abspath(found)) == os.path.dirname(os.path.abspath(this_python))
 
 

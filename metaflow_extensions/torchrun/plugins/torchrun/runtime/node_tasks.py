@@ -1,13 +1,9 @@
 """The other nodes' tasks of a local run, as the control starts and watches them.
 
-Metaflow's local control starts each node as a child process that writes to
-the control's own streams; a node that died before it joined the gang was
-then seen by nobody, and the control waited ``start_timeout`` for it. Here each
-node's task is a child the control holds: its exit is seen the moment it
-happens, and its stderr passes through the control (whole lines, to the
-control's stderr, as before) keeping its last lines, so a node that dies
-before joining is named with its exit and what it said. Each node dies with
-the control (``PR_SET_PDEATHSIG``): a control that is killed leaves none.
+Each is a child the control holds: its exit seen as it happens (not after
+``start_timeout``), its stderr passed on whole through the control keeping its
+last lines, so a node that dies unjoined is named with what it said. Each dies
+with the control.
 """
 
 from __future__ import annotations
@@ -45,8 +41,7 @@ class NodeTasks:
         self._pump: Optional[threading.Thread] = None
 
     def start(self, node: int, argv: Sequence[str], env: Dict[str, str]) -> None:
-        """Start node ``node``'s task: stdin and stdout the control's, stderr
-        through the control."""
+        """stdin and stdout the control's, stderr through the control."""
         err_r, err_w = os.pipe()
         try:
             proc = subprocess.Popen(list(argv), env=env, stderr=err_w, preexec_fn=_die_with_control)
@@ -61,8 +56,7 @@ class NodeTasks:
             self._splitters[node] = relay.LineSplitter(end_long_lines=False)
             self._open.add(node)
             self._selector.register(err_r, selectors.EVENT_READ, node)
-            # The pump ends once every stream it had has ended: a node that dies
-            # before the next one starts leaves none, so a start may need a new one.
+            # The pump ends with the last stream it had: a start may need a new one.
             if self._pump is None:
                 self._pump = threading.Thread(target=self._pump_all, name="torchrun-node-stderr", daemon=True)
                 self._pump.start()
@@ -70,9 +64,8 @@ class NodeTasks:
     # -- what the gang service asks, while the gang forms ---------------------------------
 
     def ended(self) -> Dict[int, NodeEnd]:
-        """The nodes whose task has exited, with their exit and last lines of
-        stderr: once their stderr has reached its end, or ``NODE_OUTPUT_DRAIN``
-        after the exit (a descendant may hold it open)."""
+        """The nodes whose task has exited, once their stderr has ended or
+        ``NODE_OUTPUT_DRAIN`` after the exit (a descendant may hold it open)."""
         now = time.monotonic()
         found = {}
         for node, proc in list(self.procs.items()):
@@ -88,26 +81,18 @@ class NodeTasks:
         return found
 
     def running(self) -> Dict[int, proctree.ProcId]:
-        """The nodes whose task is still alive, as ``proctree`` knows a process."""
-        found = {}
-        for node, proc in self.procs.items():
-            if proc.poll() is None:
-                pid = proctree.process_id(proc.pid)
-                if pid is not None:
-                    found[node] = pid
-        return found
+        alive = {node: proctree.process_id(proc.pid) for node, proc in self.procs.items() if proc.poll() is None}
+        return {node: pid for node, pid in alive.items() if pid is not None}
 
     def wait(self) -> Dict[int, int]:
-        """Every node's exit code, once every task has ended; their last lines
-        of stderr passed on (``drain``)."""
+        """Every node's exit code, once every task has ended and its stderr drained."""
         codes = {node: proc.wait() for node, proc in self.procs.items()}
         self.drain()
         return codes
 
     def drain(self) -> None:
-        """Once the tasks have ended: their last lines of stderr passed on
-        before the control ends (at most ``NODE_OUTPUT_DRAIN``: a descendant
-        may hold a stream open)."""
+        """The ended tasks' last lines passed on before the control ends (at most
+        ``NODE_OUTPUT_DRAIN``: a descendant may hold a stream open)."""
         with self._lock:
             pump = self._pump
         if pump is not None:
@@ -119,8 +104,7 @@ class NodeTasks:
     # -- the pump ------------------------------------------------------------------------
 
     def _pump_all(self) -> None:
-        """One thread for every node's stderr: whole lines on to the control's
-        stderr (a pipe the control's own ranks write to too), the last few kept."""
+        """One thread for every node's stderr: whole lines on to the control's, the last few kept."""
         while True:
             with self._lock:
                 if not self._open:
@@ -153,6 +137,5 @@ def _kept(lines: bytes) -> List[str]:
 
 
 def _die_with_control() -> None:
-    """In the node's task, before exec: SIGTERM when the control dies, the
-    signal a stopped task gets (a node in a call stops its ranks with grace)."""
+    """SIGTERM when the control dies, as a stopped task gets (a node in a call stops its ranks with grace)."""
     proctree.die_with_parent(signal.SIGTERM)

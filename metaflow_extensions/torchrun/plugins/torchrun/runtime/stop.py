@@ -1,19 +1,9 @@
 """A stop is the gang's: when one node is told to stop, every node's ranks are.
 
-A collective checkpoint (``torch.distributed.checkpoint``, FSDP or DeepSpeed
-state dicts, a barrier before rank 0 saves) needs every rank. So when any node
-is told to stop (SIGTERM to its task: a Batch job stopped, a run cancelled; a
-Ctrl-C; ``@timeout``; or a spot termination notice in the file Metaflow names
-``current.spot_termination_notice``), that node reports a ``PREEMPTED`` cause to
-the gang service, which passes it to every node at once (the abort every
-failure already takes), and every node's ranks get SIGTERM on hearing it, with
-the same grace: ``shutdown_grace``, capped by the time left before a spot
-notice's termination time. A failure keeps its fast stop: only this path gives
-the grace.
-
-The told node stops its own ranks when the verdict comes back to it too, so all
-nodes are told within one message's latency of each other; if no verdict comes
-within ``VERDICT_WAIT`` (the control is gone), it stops its own anyway.
+A collective checkpoint needs every rank, so the told node (SIGTERM, Ctrl-C,
+``@timeout``, a spot notice) reports a ``PREEMPTED`` cause and every node stops
+its ranks with the same grace on hearing it (docs/design.md, "A stop is the
+gang's"); without a verdict within ``VERDICT_WAIT`` it stops its own anyway.
 """
 
 from __future__ import annotations
@@ -39,9 +29,8 @@ _WHY = {
 
 
 def read_notice(path: Optional[str]) -> Optional[str]:
-    """The termination time Metaflow's spot monitor wrote (an ISO 8601 UTC time,
-    e.g. ``2026-11-25T06:30:00Z``), or None while there is no notice. An empty
-    file is no notice yet: the monitor truncates, then writes."""
+    """The termination time Metaflow's spot monitor wrote (ISO 8601), or None.
+    An empty file is no notice yet: the monitor truncates, then writes."""
     if not path:
         return None
     try:
@@ -55,11 +44,8 @@ def read_notice(path: Optional[str]) -> Optional[str]:
 def seconds_left(termination_time: str, now: Optional[float] = None) -> Optional[float]:
     """Seconds from ``now`` to the notice's termination time; None when the
     text is not a time (the notice still stops the gang, with the full grace)."""
-    text = termination_time.strip()
-    if text.endswith("Z"):
-        text = text[:-1] + "+00:00"
     try:
-        when = datetime.datetime.fromisoformat(text)
+        when = datetime.datetime.fromisoformat(termination_time.strip())
     except ValueError:
         return None
     if when.tzinfo is None:
@@ -70,18 +56,14 @@ def seconds_left(termination_time: str, now: Optional[float] = None) -> Optional
 def grace_for(shutdown_grace: float, notice: Optional[str], now: Optional[float] = None) -> float:
     """``shutdown_grace``, capped by the time a spot notice leaves (less
     ``SPOT_MARGIN``): the instance goes at its termination time, saved or not."""
-    if notice is None:
-        return shutdown_grace
-    left = seconds_left(notice, now)
-    if left is None:
-        return shutdown_grace
-    return max(0.0, min(shutdown_grace, left - timeouts.SPOT_MARGIN))
+    left = seconds_left(notice, now) if notice is not None else None
+    return shutdown_grace if left is None else max(0.0, min(shutdown_grace, left - timeouts.SPOT_MARGIN))
 
 
 def preempted(node: int, what: str, grace: float, shutdown_grace: float, notice: Optional[str] = None,
               call: Optional[int] = None) -> Cause:
-    """The gang's cause when node ``node`` was told to stop by ``what`` (a
-    signal's or an exception's name), or by a spot ``notice``."""
+    """The gang's cause: node ``node`` told to stop by ``what`` (a signal's or an
+    exception's name), or by a spot ``notice``."""
     if notice is not None:
         told = "node %d got a spot termination notice (the instance terminates at %s)" % (node, notice)
     else:
@@ -94,13 +76,11 @@ def preempted(node: int, what: str, grace: float, shutdown_grace: float, notice:
 
 
 def interrupted(cause: Cause) -> TorchrunInterrupted:
-    """The told node's own error: it was preempted, not failed."""
     return TorchrunInterrupted(cause.summary + ".")
 
 
 def notice_path() -> Optional[str]:
-    """Where Metaflow's spot monitor writes its notice on this node
-    (``current.spot_termination_notice``: set by ``@kubernetes`` and ``@batch``)."""
+    """``current.spot_termination_notice``: set by ``@kubernetes`` and ``@batch``."""
     try:
         from metaflow import current
 
@@ -117,9 +97,8 @@ class GangStop:
     def __init__(self, node: int, call: int, shutdown_grace: float, report: Callable[[Cause], None],
                  verdict: Callable[[], Optional[Cause]], wait_verdict: Callable[[float], object],
                  notice: Optional[str] = None):
-        """``report`` sends a cause to the gang; ``verdict`` is the gang's cause
-        so far; ``wait_verdict(seconds)`` waits for one; ``notice``: the spot
-        notice file to watch (Metaflow's for this node, if none is given)."""
+        """``report`` sends a cause to the gang; ``verdict`` is its cause so far,
+        ``wait_verdict(seconds)`` waits for one; ``notice``: the spot notice file."""
         self.node = node
         self.call = call
         self.shutdown_grace = shutdown_grace
@@ -132,8 +111,7 @@ class GangStop:
         self._next_look = 0.0
 
     def told(self, what: str, notice: Optional[str] = None) -> None:
-        """This node was told to stop: the gang hears it first, then this node
-        waits (briefly) to be told back, with every other node."""
+        """The gang hears it first; this node waits (briefly) to be told back, with the others."""
         if self.own is not None:
             return
         grace = grace_for(self.shutdown_grace, notice)
@@ -144,7 +122,7 @@ class GangStop:
             self._wait_verdict(timeouts.VERDICT_WAIT)
 
     def check(self) -> Optional[StopReason]:
-        """Asked on every tick of the call's wait: how the job stops, if it does."""
+        """How the job stops, if it does: asked on every tick of the call's wait."""
         cause = self._verdict()
         if cause is None and self.own is None and self.notice is not None:
             now = time.monotonic()

@@ -1,10 +1,8 @@
 """Run one node's torchrun to the end and leave nothing behind.
 
-The agent runs in its own process group (so a terminal's Ctrl-C reaches it only
-through us, in order) and dies with this task (``PR_SET_PDEATHSIG``). Its output
-is pumped by one thread per stream, as raw bytes: neither stream can fill its
-pipe and block the job while we wait on the other, nothing is decoded (so no
-byte is lost to an encoding error) and both are drained to EOF before we return.
+The agent runs in its own process group (Ctrl-C reaches it only through us, in
+order) and dies with this task. One thread per stream pumps raw bytes: no pipe
+fills and blocks the job, no byte is lost to decoding, both drain to EOF.
 """
 
 from __future__ import annotations
@@ -45,9 +43,8 @@ TOLD_BY = ("KeyboardInterrupt", "TimeoutException", "SystemExit")
 
 
 def _default_sink(stream) -> ChunkSink:
-    """Write to the task's own stream, as bytes, live. Whole lines go out in
-    writes of at most PIPE_BUF bytes, so on a pipe shared with other writers (the
-    other nodes of a local run share the control task's) no line is cut."""
+    """The task's own stream, live. Whole lines in writes of at most PIPE_BUF
+    bytes: on a pipe a local run's nodes share, no line is cut."""
     out: BinaryIO = getattr(stream, "buffer", stream)
     try:
         fd: Optional[int] = stream.fileno()
@@ -86,30 +83,15 @@ def _pump(fd: int, sink: ChunkSink) -> None:
             if complete:
                 sink(complete)
             relay.settle_after(len(chunk))
-        tail = lines.pending
-        if tail:
-            sink(tail)
+        if lines.pending:
+            sink(lines.pending)
     finally:
         os.close(fd)
 
 
-
-def _sleep_unless_exited(proc: Optional[subprocess.Popen], interval: float) -> None:
-    """One tick of ``Supervisor.wait``, cut short when the agent exits: the
-    call's end is seen at once, not up to a tick later (on every node, at the
-    end of every call)."""
-    if proc is None:
-        time.sleep(interval)
-        return
-    try:
-        proc.wait(timeout=interval)
-    except subprocess.TimeoutExpired:
-        pass
-
-
 def _watched(sup: "Supervisor", sink: ChunkSink) -> ChunkSink:
-    """``sink``, noting when the job wrote (hang detection) and when a rank
-    first wrote a labelled line."""
+    """``sink``, noting when the job last wrote (hang detection) and when a rank
+    first wrote a labelled line (the goodput ledger's end of start-up)."""
 
     def seen(chunk: bytes) -> None:
         sup.last_output = time.monotonic()
@@ -127,7 +109,6 @@ class Supervisor:
         self,
         argv: List[str],
         env: Optional[Mapping[str, str]] = None,
-        cwd: Optional[str] = None,
         grace_seconds: float = timeouts.PEER_STOP_GRACE,
         stdout_sink: Optional[ChunkSink] = None,
         stderr_sink: Optional[ChunkSink] = None,
@@ -136,39 +117,26 @@ class Supervisor:
         on_told: Optional[Callable[[str], None]] = None,
         also_under: Optional[Callable[[], Optional[int]]] = None,
     ):
-        """``grace_seconds``: how long the ranks get to stop when the job is
-        stopped for a failure (elsewhere in the gang, a timeout). ``shutdown_grace``:
-        how long they get when this task itself was told to stop (SIGTERM: an
-        eviction, a terminated job), to save a checkpoint; torchrun's agent is
-        told the same through ``TORCH_ELASTIC_SHUTDOWN_TIMEOUT``. ``before_stop``
-        runs while the ranks are still alive, before a fast stop. ``on_told``:
-        this task told to stop (SIGTERM, Ctrl-C, ``@timeout``) tells the gang
-        (runtime/stop.py); without it, SIGTERM raises ``TorchrunInterrupted``.
-        ``also_under``: the node's warm process (warm_start.py), whose children
-        are the real agent and ranks: tracked, stopped and killed as the agent's
-        (asked on every look: a warm process forked from the host's is known
-        once it runs). Another node's warm process below it is not this node's."""
+        """``grace_seconds``: the ranks' time to stop in a fast stop (a failure);
+        ``shutdown_grace``: theirs to save when this task was told to stop (torchrun's
+        agent gets the same). ``before_stop`` runs before a fast stop, ranks alive.
+        ``on_told``: this task told to stop tells the gang (stop.py); without it,
+        SIGTERM raises ``TorchrunInterrupted``. ``also_under``: the warm process
+        (warm_start.py), whose children are the real agent and ranks; asked on every
+        look, since a forked one is known only once it runs."""
         self.argv = list(argv)
         self.env = dict(env) if env is not None else None
-        self.cwd = cwd
         self.grace_seconds = grace_seconds
         self.shutdown_grace = grace_seconds if shutdown_grace is None else shutdown_grace
         self.before_stop = before_stop
         self.on_told = on_told
         self.also_under = also_under
         self._told = False
-        # The signal that told this task to stop while the job ran, if any.
-        self.signalled: Optional[int] = None
-        # When the job last wrote anything (monotonic): hang detection reads it.
-        self.last_output: Optional[float] = None
-        err_sink = stderr_sink or _default_sink(sys.stderr)
-
-        out_sink = stdout_sink or _default_sink(sys.stdout)
-
-        # When a rank first wrote a labelled line (epoch): the goodput ledger's
-        # end of start-up (record/goodput.py). One comparison per chunk.
-        self.first_output: Optional[float] = None
-        self._sinks = (_watched(self, out_sink), _watched(self, err_sink))
+        self.signalled: Optional[int] = None  # the signal that told this task to stop
+        self.last_output: Optional[float] = None  # monotonic
+        self.first_output: Optional[float] = None  # epoch
+        self._sinks = (_watched(self, stdout_sink or _default_sink(sys.stdout)),
+                       _watched(self, stderr_sink or _default_sink(sys.stderr)))
         self.proc: Optional[subprocess.Popen] = None
         self._seen: Set[proctree.ProcId] = set()
         self._pumps: List[threading.Thread] = []
@@ -176,7 +144,6 @@ class Supervisor:
         self.started_mono: Optional[float] = None
         self._tracked_at = 0.0
         self.ended_at: Optional[float] = None
-        self.stop_sent_at: Optional[float] = None  # when the agent was sent SIGTERM (epoch)
 
     def start(self) -> None:
         for stream in (sys.stdout, sys.stderr):
@@ -190,7 +157,6 @@ class Supervisor:
             self.proc = subprocess.Popen(
                 self.argv,
                 env=self.env,
-                cwd=self.cwd,
                 stdin=subprocess.DEVNULL,
                 stdout=out_w,
                 stderr=err_w,
@@ -222,10 +188,9 @@ class Supervisor:
         self._tracked_at = time.monotonic()
 
     def _track_now(self) -> bool:
-        """A scan of /proc costs a read per process on the host: done on every
-        poll while the agent starts its workers, then once a second. Ranks die
-        with their agent (the bootstrap's PDEATHSIG) and every stop scans again
-        first, so the record is only a safety net for what outlives the agent."""
+        """A /proc scan reads every process on the host: each poll while the agent
+        starts its workers, then once a second (ranks die with their agent, and
+        every stop scans first: this is a safety net)."""
         now = time.monotonic()
         if self.started_mono is None or now - self.started_mono < timeouts.TRACK_EVERY_POLL_FOR:
             return True
@@ -242,12 +207,10 @@ class Supervisor:
         should_stop: Optional[Callable[[], Optional[StopReason]]] = None,
         interval: float = 0.1,
     ) -> int:
-        """Wait for the agent; SIGTERM to this task stops the job cleanly.
-
-        ``should_stop`` is asked on every tick; a reason it returns ends the job
-        (this is how a failure elsewhere in the gang reaches this node); a
-        ``GracefulStop`` gives the ranks its grace.
-        """
+        """Wait for the agent; SIGTERM to this task stops the job cleanly. A
+        reason ``should_stop`` returns (a failure elsewhere) ends the job; a
+        ``GracefulStop`` gives the ranks its grace."""
+        assert self.proc is not None
         previous = None
         in_main = threading.current_thread() is threading.main_thread()
         if in_main:
@@ -263,8 +226,11 @@ class Supervisor:
                 reason = should_stop() if should_stop is not None else None
                 if reason:
                     self.stop(reason.grace if isinstance(reason, GracefulStop) else None)
-                    return self.proc.returncode if self.proc else -1
-                _sleep_unless_exited(self.proc, interval)
+                    return self.proc.returncode
+                try:
+                    self.proc.wait(timeout=interval)  # its end seen at once, not a tick later
+                except subprocess.TimeoutExpired:
+                    pass
         except BaseException as e:
             if isinstance(e, KeyboardInterrupt):
                 self.signalled = signal.SIGINT  # Ctrl-C: a stop asked for, like SIGTERM
@@ -286,7 +252,6 @@ class Supervisor:
         )
 
     def live_pids(self) -> Set[int]:
-        """The agent's descendants that are alive now."""
         if self.proc is None:
             return set()
         self._track()
@@ -317,7 +282,6 @@ class Supervisor:
                 os.killpg(self.proc.pid, signal.SIGTERM)
             except OSError:
                 pass
-            self.stop_sent_at = time.time()
             deadline = time.monotonic() + wait
             while self.proc.poll() is None and time.monotonic() < deadline:
                 self._track()
@@ -352,19 +316,14 @@ class Supervisor:
 
     def close(self) -> None:
         """Always safe to call: whatever state the job is in, it ends here."""
-        if self.proc is None:
-            return
-        if self.proc.poll() is None:
-            self.stop()
-        else:
-            self.kill_all()
+        self.stop()
 
     def __enter__(self) -> "Supervisor":
         self.start()
         return self
 
     def __exit__(self, *exc) -> None:
-        self.close()
+        self.stop()
 
 
 def stop_told(sup: Supervisor, what: str, should_stop: Optional[Callable[[], Optional[StopReason]]]) -> None:

@@ -1,21 +1,12 @@
 """The step's warm process on this node (``procs/zygote.py``): started as the
-step joins its gang, so that ``import torch`` is paid once here, while the gang
-forms, instead of once in torchrun's agent and once in every rank of every call,
-and again on every in-step restart; stopped with the step.
+step joins its gang, so ``import torch`` is paid once, while the gang forms,
+not in the agent and every rank of every call and restart; stopped with the step.
 
-On a local run, every task is on this host: Metaflow's runtime holds one warm
-process for the run (``share_runtime_warm``), the control's is forked from it,
-and the control's is named to the other nodes Metaflow starts from the control
-(``HOST_ZYGOTE_ENV``), each of theirs forked from it. The run imports torch
-once, however many nodes and retries it runs. A forked one's pid, which the
-node's supervisor tracks, is read from beside its socket.
-
-It runs with the task's environment (and ``OMP_NUM_THREADS=1`` where torchrun
-would give the ranks that, since libraries read it as they load; a child whose
-torchrun did not set it gets torch's default back). The agent and the ranks
-find it through ``ZYGOTE_ENV``; without it (``METAFLOW_TORCHRUN_WARM_START=0``,
-or a socket path too long for Linux), everything starts fresh as before. A call
-whose step has none (0.2's launcher) starts its own (``WarmStart(workdir)``).
+On a local run Metaflow's runtime holds one for the run (``share_runtime_warm``),
+the control's is forked from it and the other nodes' from the control's
+(``HOST_ZYGOTE_ENV``); a forked one's pid is read from beside its socket.
+Without one (``METAFLOW_TORCHRUN_WARM_START=0``, a socket path too long)
+everything starts fresh; 0.2's launcher starts a call's own.
 """
 
 from __future__ import annotations
@@ -32,17 +23,16 @@ from ..launch.command import ZYGOTE_MODULE
 from ..procs import HOST_ZYGOTE_ENV, ZYGOTE_ENV, ZYGOTE_PID_SUFFIX, ZYGOTE_SOCKET, zygote_log_path
 
 _log = logging.getLogger("metaflow_torchrun")
-# A Unix socket's path holds at most 107 bytes on Linux.
-_MAX_SOCKET_PATH = 107
+_MAX_SOCKET_PATH = 107  # bytes in a Unix socket's path, on Linux
 
 
 class WarmStart:
-    """The zygote of one call on this node, or nothing where it is switched off
-    (``on``: ``Knobs.warm_start``)."""
+    """The zygote of a step or call on this node; nothing where ``on``
+    (``Knobs.warm_start``) is false."""
 
     def __init__(self, workdir: str, log_dir: Optional[str], on: bool = True, owned: Optional[StepDir] = None):
         self.proc: Optional[subprocess.Popen] = None
-        self._forked_pid: Optional[int] = None  # forked from the host's (warm_start above)
+        self._forked_pid: Optional[int] = None
         self._may_fork = False  # asked the host's to fork it: its pid comes in a file
         self._dir = owned  # removed with the process
         self.path = os.path.join(workdir, ZYGOTE_SOCKET) if workdir else ""
@@ -64,7 +54,7 @@ class WarmStart:
 
     @classmethod
     def started_for_step(cls, defaults: StepDefaults, environ: Mapping[str, str] = os.environ) -> "WarmStart":
-        """Started now, importing torch while the step goes on to its gang."""
+        """Started now, importing torch while the step joins its gang."""
         warm = cls.for_step(defaults.knobs.warm_start)
         nproc = defaults.nproc_per_node
         guess = defaults.derived_nproc or (nproc if isinstance(nproc, int) and not isinstance(nproc, bool) else 2)
@@ -86,13 +76,13 @@ class WarmStart:
         return self._forked_pid or self.proc.pid
 
     def share_with_local_nodes(self) -> None:
-        """On a local run's control, before Metaflow starts the other nodes from
-        this process: they fork their warm processes from this one."""
+        """On a local control, before its nodes start: theirs fork from this one."""
         if self.proc is not None and self.path:
             os.environ[HOST_ZYGOTE_ENV] = self.path
 
     def start(self, env: Mapping[str, str], nproc: int) -> None:
-        """Once per call; the next starts of the ranks (restarts) fork from the same one."""
+        """Once; the ranks' restarts fork from the same one. ``OMP_NUM_THREADS=1``
+        where torchrun would give the ranks that: libraries read it as they load."""
         if self.proc is not None or not self.path:
             return
         zenv = dict(env)
@@ -124,8 +114,7 @@ class WarmStart:
                 out.close()
 
     def for_ranks(self, env: Mapping[str, str], nproc: int) -> Dict[str, str]:
-        """torchrun's environment for a start of the ranks, the warm process
-        started with the call's first (``start``)."""
+        """torchrun's environment, the warm process started with the call's first start."""
         self.start(env, nproc)
         return self.environment(env)
 
@@ -159,9 +148,8 @@ _RUNTIME: Optional[WarmStart] = None
 
 
 def share_runtime_warm(env: Dict[str, str], on: bool) -> None:
-    """In Metaflow's runtime, as it starts a task on this host: started once
-    per run (it dies with the runtime), named in the task's ``env``; ``on``:
-    ``Knobs.warm_start``."""
+    """In Metaflow's runtime, as it starts a task on this host: started once per
+    run (it dies with the runtime), named in the task's ``env``."""
     global _RUNTIME
     if _RUNTIME is None:
         _RUNTIME = WarmStart.for_step(on)
@@ -179,15 +167,10 @@ def close_runtime_warm() -> None:
 
 
 def _pid_beside(socket_path: str) -> Optional[int]:
-    """The pid a forked warm process wrote beside its socket, in this node's
-    private directory; None until it has."""
+    """The pid a forked warm process wrote beside its socket; None until it has."""
     try:
         with open(socket_path + ZYGOTE_PID_SUFFIX, "rb") as f:
-            text = f.read(32)
-    except OSError:
-        return None
-    try:
-        pid = int(text.strip())
-    except ValueError:
+            pid = int(f.read(32).strip())
+    except (OSError, ValueError):
         return None
     return pid if 1 < pid < (1 << 31) else None
