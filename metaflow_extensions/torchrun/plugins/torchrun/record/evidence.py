@@ -1,17 +1,12 @@
-"""One evidence bundle per failed attempt: what to look at, kept where the
-next attempt (and anyone with the client) can compare it.
+"""One evidence bundle per failed attempt, kept where the next attempt (and
+anyone with the client) can compare it: the artifact ``torchrun_evidence``.
 
-The control's bundle is the artifact ``torchrun_evidence`` of its task, for
-that attempt: the cause, the ranks' stacks grouped by place (one example
-stack per place), the last lines of every rank, and the NCCL Flight Recorder
-dumps found on its host. The node a failure names adds ``nvidia-smi -q`` of
-itself, where the tool exists, as the same artifact of its own task. Two
-nodes may hold it with two values, yet no join meets both: only a failed task
-keeps one (a gang's failure fails the step even when its code catches it), and
-a failed task reaches no join (under ``@catch`` the join gets the control's
-task alone). Built only once an attempt has failed, from what the control already holds:
-nothing runs on the training path. Bounded at any gang size:
-``MAX_BYTES`` in all, the places and dumps counted beyond their caps.
+The control's holds the cause, the ranks' stacks grouped by place (one example
+each), every rank's last lines and the NCCL Flight Recorder dumps on its host;
+the node a failure names adds its ``nvidia-smi -q`` (in its own task's). No join
+meets two values: only a failed task keeps one, and a failed task reaches no
+join. Built after the failure from what the control holds, bounded at any gang
+size (``MAX_BYTES``, the places and dumps beyond their caps counted).
 """
 
 from __future__ import annotations
@@ -53,8 +48,7 @@ def stacks_part(stacks: Mapping[int, str]) -> List[Dict[str, Any]]:
 
 
 def tails_part(reports: Mapping[int, Any], budget: int = TAIL_BYTES) -> Dict[str, Any]:
-    """rank -> stream -> its last lines, every rank of every node, until the
-    budget is spent (the failing ranks' nodes come first)."""
+    """rank -> stream -> its last lines, every rank of every node, until the budget is spent."""
     out: Dict[str, Any] = {}
     used, left_out = 0, 0
     for node in sorted(reports):
@@ -70,9 +64,8 @@ def tails_part(reports: Mapping[int, Any], budget: int = TAIL_BYTES) -> Dict[str
 
 
 def flight_recorder(env: Mapping[str, str]) -> Dict[str, Any]:
-    """The Flight Recorder dumps NCCL wrote on this host, cut and counted.
-    Both of torch's names are read: which one torch writes under depends on
-    its version, and a user may have set either (or both, to two places)."""
+    """The Flight Recorder dumps NCCL wrote on this host, cut and counted, under
+    both of torch's names (which one it uses depends on its version)."""
     prefixes = list(dict.fromkeys(env[name] for name in FLIGHT_ENVS if env.get(name))) or [FLIGHT_DEFAULT]
     paths = sorted({p for prefix in prefixes for p in glob.glob(glob.escape(prefix) + "*")})
     dumps = []
@@ -99,36 +92,17 @@ def nvidia_smi() -> Optional[str]:
     return (proc.stdout or proc.stderr)[:SMI_CHARS]
 
 
-def control_bundle(result: Any, attempt: int, env: Mapping[str, str]) -> Dict[str, Any]:
-    """The control's bundle for a failed attempt, bounded."""
-    cause = result.cause
-    bundle: Dict[str, Any] = {
-        "attempt": attempt,
-        "cause": cause.to_wire() if cause is not None else None,
-        "stacks": stacks_part(result.stacks),
-        "tails": tails_part(result.gang.reports),
-        "flight_recorder": flight_recorder(env),
-    }
-    return bundle
-
-
-def node_bundle(node: int, attempt: int) -> Dict[str, Any]:
-    """What the failing node adds of itself: ``nvidia-smi -q``."""
-    return {"attempt": attempt, "node": node, "nvidia_smi": nvidia_smi()}
-
-
 def bundle(result: Any, is_control: bool, node: int, attempt: int, env: Mapping[str, str]) -> Optional[Dict[str, Any]]:
-    """This task's bundle when the attempt failed: the control's, and the
-    failing node's ``nvidia-smi -q`` (the control may be both); None when the
-    attempt succeeded or this node has nothing to add."""
+    """This task's bundle when the attempt failed (the control may also be the
+    node it names); None when it succeeded or this node has nothing to add."""
     cause = getattr(result, "cause", None)
-    if cause is None:
+    if cause is None or not is_control and cause.node_index != node:
         return None
-    named = cause.node_index == node
     if not is_control:
-        return node_bundle(node, attempt) if named else None
-    out = control_bundle(result, attempt, env)
-    if named:
+        return {"attempt": attempt, "node": node, "nvidia_smi": nvidia_smi()}
+    out = {"attempt": attempt, "cause": cause.to_wire(), "stacks": stacks_part(result.stacks),
+           "tails": tails_part(result.gang.reports), "flight_recorder": flight_recorder(env)}
+    if cause.node_index == node:
         out["nvidia_smi"] = nvidia_smi()
     return out
 

@@ -140,12 +140,10 @@ def nodes(facts: AttemptFacts, result: TorchrunResult, cause: Optional[Cause],
 def keep_record(flow: Any, facts: Optional[AttemptFacts], attempt: ThisAttempt,
                 where: Tuple[Any, Any, str, Any], flow_name: str,
                 render_card: Callable[[TorchrunResult], bool]) -> bool:
-    """Keep the task's record: as task metadata (bounded), the full report of
-    every call as the artifact ``torchrun_report`` when the record leaves any
-    of it out (the control), the evidence bundle of a failed attempt and the
-    goodput ledger as artifacts. ``where``: Metaflow's metadata provider and
-    the task's run, step and task ids. Returns whether ``render_card`` drew
-    the card. Whatever the task keeps, it keeps none of another step's."""
+    """Keep the task's record as task metadata (bounded), and as artifacts the
+    full report where the record leaves any of it out, a failed attempt's
+    evidence and the goodput ledger. ``where``: Metaflow's metadata provider
+    and the task's ids. Returns whether ``render_card`` drew the card."""
     drop_inherited(flow)
     result = step_result(facts, attempt)
     if result is None or facts is None:
@@ -163,25 +161,26 @@ def keep_record(flow: Any, facts: Optional[AttemptFacts], attempt: ThisAttempt,
         ledger = result.goodput.to_wire()
         setattr(flow, goodput.ARTIFACT, ledger)
         fields.append((goodput.METADATA_FIELD, json.dumps(ledger)))
-    try:
-        register_metadata(metadata, (run_id, step_name, task_id), fields, attempt.number)
+    try:  # each entry tagged with its attempt, as Metaflow tags its own
+        MetaDatum = meta_datum()
+        metadata.register_metadata(run_id, step_name, task_id, [
+            MetaDatum(field=name, value=value, type=name, tags=["attempt_id:%d" % attempt.number])
+            for name, value in fields])
     except Exception as e:  # the record must never fail the step
         say("could not store the run's record: %s" % e)
     return rendered
 
 
-def drop_inherited(flow: Any, names: Sequence[str] = ARTIFACTS) -> None:
-    """Take ``names`` out of what the task passes on. A linear step's task
-    keeps every artifact of its input, so a worker of a second @torchrun step
-    carried the first step's ledger, which the first join had merged, while
-    its control set its own: the second join's ``merge_artifacts`` failed
-    (issue 52). Metaflow has no call that forgets an input's artifact: its
-    ``persist`` copies the input datastore's table (``_objects``, with
-    ``_info``), so the names leave that table, in this process only, and the
-    flow's cached copies."""
+def drop_inherited(flow: Any) -> None:
+    """Pass on none of ``ARTIFACTS`` inherited from an earlier step: a second
+    @torchrun step's worker carried the first's merged ledger while its
+    control set its own, and the join's ``merge_artifacts`` failed (issue 52).
+    Metaflow has no call that forgets an input's artifact; its ``persist``
+    copies the input datastore's table, so the names leave that table (in
+    this process only) and the flow's cached copies."""
     own = getattr(flow, "__dict__", {})
     inherited = own.get("_datastore")
-    for name in names:
+    for name in ARTIFACTS:
         own.pop(name, None)
         for table in (getattr(inherited, "_objects", None), getattr(inherited, "_info", None)):
             if isinstance(table, dict):
@@ -189,19 +188,10 @@ def drop_inherited(flow: Any, names: Sequence[str] = ARTIFACTS) -> None:
 
 
 def meta_datum() -> Any:
-    """Metaflow's ``MetaDatum``: in ``metaflow.metadata_provider`` since Metaflow
-    2.12.x renamed the package, in ``metaflow.metadata`` before."""
+    """Metaflow's ``MetaDatum`` (``metaflow.metadata`` before 2.12.x renamed it)."""
     try:
         from metaflow.metadata_provider import MetaDatum
     except ImportError:
         from metaflow.metadata import MetaDatum
     return MetaDatum
 
-
-def register_metadata(metadata: Any, pathspec: Tuple[Any, str, Any], fields: Sequence[Tuple[str, str]],
-                      attempt: int) -> None:
-    """Task metadata entries, each tagged with its attempt as Metaflow tags its own."""
-    MetaDatum = meta_datum()
-    run_id, step_name, task_id = pathspec
-    metadata.register_metadata(run_id, step_name, task_id, [
-        MetaDatum(field=name, value=value, type=name, tags=["attempt_id:%d" % attempt]) for name, value in fields])

@@ -1,9 +1,6 @@
-"""What a call ran, for the card and the record: the entrypoint, its arguments
-with secret-looking ones masked, node 0's torchrun command, the log folder of
-each node, and the versions of torch, Metaflow, Python and this package.
-
-A typed record (``Ran``, ``TorchrunResult.ran``) stored as JSON: the record is
-read back by the next attempt and by users with the Metaflow client.
+"""What a call ran, for the card and the record (``Ran``): the entrypoint, its
+arguments with secret-looking ones masked, node 0's torchrun command, each
+node's log folder, and the versions of torch, Metaflow, Python and this package.
 """
 
 from __future__ import annotations
@@ -37,28 +34,23 @@ def mask_argv(argv: Sequence[str]) -> List[str]:
     it was, each cut to ``MAX_ARG_CHARS``."""
     out: List[str] = []
     hide_next = False
-    for arg in list(argv)[:MAX_ARGS]:
-        arg = str(arg)
+    for arg in map(str, list(argv)[:MAX_ARGS]):
+        name, eq, _ = arg.partition("=")
         if hide_next and not arg.startswith("--"):
             out.append(MASK)
             hide_next = False
-            continue
-        hide_next = False
-        name, eq, _ = arg.partition("=")
-        if arg.startswith("-") and SECRET_NAME.search(name):
-            if eq:
-                out.append(name + "=" + MASK)
-            else:
-                out.append(arg)
-                hide_next = True
-            continue
-        out.append(shorten(arg, MAX_ARG_CHARS))
+        elif arg.startswith("-") and SECRET_NAME.search(name):
+            out.append(name + "=" + MASK if eq else arg)
+            hide_next = not eq
+        else:
+            out.append(shorten(arg, MAX_ARG_CHARS))
+            hide_next = False
     if len(argv) > MAX_ARGS:
         out.append("… %d more" % (len(argv) - MAX_ARGS))
     return out
 
 
-def mask_value(value: Any) -> Any:
+def mask_value(value: Any) -> "Args":
     """A function's arguments: values under secret-looking keys masked, the
     rest shown as ``repr`` (cut)."""
     if isinstance(value, Mapping):
