@@ -252,33 +252,19 @@ def this_attempt(
 ) -> Attempt:
     """One entry of ``attempts``, from this attempt's calls on the control
     (``hosts``: every node's, for the swaps; else the nodes' entries')."""
-    joined: List[float] = []
-    for r in results[:1]:
-        joined = [float(t) for t in r.gang.joined_at.values()]
+    joined = [float(t) for t in results[0].gang.joined_at.values()] if results else []
+    formed = max(joined) if joined else None
     ended = max([r.ended_at for r in results] or [started_at])
     stopped = cause.summary if cause is not None else ("refused" if refused_for is not None else "succeeded")
     restarts, restarts_left_out = restart_marks(results, hosts if hosts is not None else hosts_of(nodes))
-    return Attempt(
-        attempt=attempt,
-        started_at=started_at,
-        code_started_at=code_started_at,
-        gang_formed_at=max(joined) if joined else None,
-        gang_formed_seconds=(max(joined) - started_at) if joined else None,
-        calls=tuple(CallStart(r.call, r.started_at) for r in results),
-        ended_at=(cause.time if cause is not None else None) or ended,
-        stopped=stopped,
-        kind=cause.kind if cause is not None else None,
-        resumed_from=resumed_from,
-        refused_for=refused_for,
-        first_output_at=first_output(results),
-        recorded_at=recorded_at,
-        nodes=nodes,
-        nodes_left_out=nodes_left_out,
-        code_failure=user_code_failure(cause),
-        card=card,
-        restarts=restarts,
-        restarts_left_out=restarts_left_out,
-    )
+    return Attempt(attempt=attempt, started_at=started_at, code_started_at=code_started_at,
+                   gang_formed_at=formed, gang_formed_seconds=formed - started_at if formed is not None else None,
+                   calls=tuple(CallStart(r.call, r.started_at) for r in results),
+                   ended_at=(cause.time if cause is not None else None) or ended, stopped=stopped,
+                   kind=cause.kind if cause is not None else None, resumed_from=resumed_from,
+                   refused_for=refused_for, first_output_at=first_output(results), recorded_at=recorded_at,
+                   nodes=nodes, nodes_left_out=nodes_left_out, code_failure=user_code_failure(cause), card=card,
+                   restarts=restarts, restarts_left_out=restarts_left_out)
 
 
 def first_output(results: List[Any]) -> Optional[float]:

@@ -40,6 +40,8 @@ STACKS_IN_REPORT = 64 << 20
 SWAPS_IN_RECORD = 64
 
 RankRecord = RankStatus  # one rank's record (procs/status.py)
+# Stored as {} when absent, as the hand-written record stored them.
+_NONE_AS_EMPTY = ("preflight", "culprits", "ran")
 
 
 @dataclass(frozen=True)
@@ -146,22 +148,15 @@ class TorchrunResult:
         report (``REPORT_ARTIFACT``). By hand, not by codec.py: its stacks' bound
         is an argument, and the stored shape has ``{}`` for no preflight,
         culprits or ran, and each rank's ``duration``, which no field holds."""
-        data = {f: getattr(self, f) for f in self.__dataclass_fields__ if f not in ("returns",)}
-        data["ranks"] = [dict(asdict(r), duration=r.duration) for r in self.ranks]
-        data["cause"] = self.cause.to_wire() if self.cause is not None else None
-        data["gang"] = self.gang.to_wire()
-        data["preflight"] = self.preflight.to_wire() if self.preflight is not None else {}
-        data["attempts"] = [a.to_wire() for a in self.attempts]
-        data["in_step_restarts"] = [r.to_wire() for r in self.in_step_restarts]
-        data["swaps"] = self.swaps()
-        data["goodput"] = self.goodput.to_wire() if self.goodput is not None else None
-        data["culprits"] = self.culprits.to_wire() if self.culprits is not None else {}
-        data["ran"] = self.ran.to_wire() if self.ran is not None else {}
-        data["progress"] = self.progress.to_wire() if self.progress is not None else None
-        data["command"] = list(self.command)
-        data["duration"] = self.duration
-        data["succeeded"] = self.succeeded
-        data["stacks"] = {str(k): v for k, v in bound(self.stacks, stacks_limit).items()}
+        data = {f: getattr(self, f) for f in self.__dataclass_fields__ if f != "returns"}
+        for name in ("cause", "gang", "preflight", "culprits", "ran", "goodput", "progress"):
+            value = getattr(self, name)
+            data[name] = value.to_wire() if value is not None else {} if name in _NONE_AS_EMPTY else None
+        data.update(ranks=[dict(asdict(r), duration=r.duration) for r in self.ranks], command=list(self.command),
+                    attempts=[a.to_wire() for a in self.attempts],
+                    in_step_restarts=[r.to_wire() for r in self.in_step_restarts], swaps=self.swaps(),
+                    duration=self.duration, succeeded=self.succeeded,
+                    stacks={str(k): v for k, v in bound(self.stacks, stacks_limit).items()})
         return data
 
     def to_json(self, full_report: str = REPORT_ARTIFACT) -> str:
@@ -196,18 +191,11 @@ def compact(data: Dict[str, Any], stacks: Dict[int, str], full_report: str) -> D
         failed = [[r.get("rank"), r.get("exit_code")] for r in ranks if r.get("exit_code") not in (0, None)]
         nodes[node] = {"ranks": len(ranks), "failed": failed[:FAILED_PER_NODE], "failed_count": len(failed),
                        "started": report.get("started"), "ended": report.get("ended")}
-    joined = gang.get("joined_at") or {}
-    finished = gang.get("finished_at") or {}
-    data["gang"] = {
-        "nodes": nodes,
-        "joined": _times(joined),
-        "finished": _times(finished),
-    }
+    data["gang"] = {"nodes": nodes, "joined": _times(gang.get("joined_at") or {}),
+                    "finished": _times(gang.get("finished_at") or {})}
     data["stacks"] = {}
-    data["stack_places"] = [
-        {"ranks": numbers(ranks), "count": len(ranks), "place": list(place)}
-        for place, ranks in group(stacks)[:SUMMARY_PLACES]
-    ]
+    data["stack_places"] = [{"ranks": numbers(ranks), "count": len(ranks), "place": list(place)}
+                            for place, ranks in group(stacks)[:SUMMARY_PLACES]]
     restarts = data.get("in_step_restarts") or []
     if len(restarts) > RESTARTS_IN_COMPACT:  # the first and the latest few, each whole
         data["in_step_restarts"] = restarts[:1] + restarts[-(RESTARTS_IN_COMPACT - 1):]
