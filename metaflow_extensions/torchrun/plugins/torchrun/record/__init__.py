@@ -1,14 +1,7 @@
-"""The records: what a call and the step's attempt leave behind, for the
-Metaflow metadata, the artifacts, the card and the next attempt.
-
-A call's result (``TorchrunResult``), its in-step restarts, the step's record
-(every attempt so far, with its nodes, roles and goodput ledger), the node
-history read back from earlier runs, a failed attempt's evidence and what ran.
-Plain data and pure functions of it: nothing here runs a process or opens a
-socket, and nothing reads the session; the runtime hands in what it knows
-(``AttemptFacts``). Modules with many functions of one concern (``attempts``,
-``goodput``, ``node_history``, ``evidence``, ``what_ran``) are imported as
-modules: ``from ..record import goodput``.
+"""The records a call and the step's attempt leave behind, for the Metaflow
+metadata, the artifacts, the card and the next attempt: plain data and pure
+functions of it, built from what the runtime hands in (``AttemptFacts``),
+never from a session, a process or a socket.
 """
 
 from __future__ import annotations

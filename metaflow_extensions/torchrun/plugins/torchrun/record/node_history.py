@@ -39,12 +39,9 @@ class Appearance:
     step: str
     attempt: int
     role: str
-    nodes: Tuple[int, ...] = ()
     at: float = 0.0
     cause: Optional[str] = None  # the attempt's stop, when the host was blamed
-    kind: Optional[str] = None
     link_gbps: Optional[float] = None
-    task: Optional[str] = None
 
     @property
     def where(self) -> str:
@@ -88,26 +85,21 @@ def appearances(attempts: Iterable[Attempt], flow: str, run: str, step: str) -> 
             by_host.setdefault(n.host, []).append(n)
         for host, nodes in by_host.items():
             worst = min(nodes, key=lambda n: _RANK.get(n.role, len(ROLES)))
-            blamed = worst.role in BLAMED
-            stopped, kind = taken_out(a, worst) if worst.role == OUT else (a.stopped, a.kind)
+            stopped = taken_out(a, worst) if worst.role == OUT else a.stopped
             out.append(Appearance(
-                host=host, flow=flow, run=run, step=step, attempt=a.attempt, role=worst.role,
-                nodes=tuple(sorted(n.node for n in nodes))[:8], at=a.started_at or 0.0,
-                cause=shorten(stopped or "", 300) if blamed else None,
-                kind=kind.value if kind is not None and blamed else None,
-                link_gbps=next((n.link_gbps for n in nodes if n.link_gbps is not None), None),
-                task=worst.task))
+                host, flow, run, step, a.attempt, worst.role, a.started_at or 0.0,
+                cause=shorten(stopped or "", 300) if worst.role in BLAMED else None,
+                link_gbps=next((n.link_gbps for n in nodes if n.link_gbps is not None), None)))
     return out
 
 
-def taken_out(a: Attempt, node: Any) -> Tuple[str, Optional[CauseKind]]:
+def taken_out(a: Attempt, node: Any) -> str:
     """Why ``node`` was taken out for a spare: the swap's cause (a failure
     pinned to it), else its preflight's checks that did not pass."""
     for mark in reversed(a.restarts):
         if mark.swapped_out == node.node:
-            return "taken out for a spare: %s" % mark.stopped, mark.kind
-    return "taken out for a spare before any rank started%s" % (
-        ": preflight " + node.checks if node.checks else ""), CauseKind.PREFLIGHT
+            return "taken out for a spare: %s" % mark.stopped
+    return "taken out for a spare before any rank started%s" % (": preflight " + node.checks if node.checks else "")
 
 
 def summarize(seen: Iterable[Appearance]) -> List[HostStats]:
