@@ -1,20 +1,8 @@
-"""The runtime: one step's gang and each of its calls, run in the task.
-
-``GangSession`` is the step's gang from its first line to its last (join, the
-step's code, leave); ``api.run(session, request)`` is the one entry for a call
-(plan, process count, preflight, then the call: enter, prepare, supervise,
-finish); the result is a ``record.TorchrunResult``, typed to the edge. What a call
-and the attempt leave behind is ``record/``'s, the card ``card/``'s; 0.2's
-single-node launcher lives here.
-
-The face shows what the decorator, ``current.torch`` and 0.2's launcher use;
-the call's entry is a module of its own (``from ..runtime import api``).
-
-Usage (the decorator and ``current.torch`` do this)::
-
-    session = GangSession(identity, defaults, topology, flow_dir, secret=secret)
-    session.join()
-    result = api.run(session, CallRequest("train.py"))
+"""The runtime: one step's gang (``GangSession``: join, the step's code, leave)
+and each of its calls (``api.run(session, request)``: plan, process count,
+preflight, then the call), to a typed ``record.TorchrunResult``; and 0.2's
+single-node launcher. The face shows what the decorator, ``current.torch`` and
+0.2's launcher use; the call's entry is imported by path (``from ..runtime import api``).
 """
 
 from __future__ import annotations

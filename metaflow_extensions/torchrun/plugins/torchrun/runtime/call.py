@@ -8,51 +8,40 @@ port) -> ``prepare`` (work directory, environment, argv) -> ``supervise``
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 import socket
 import sys
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
-from ..procs import functions, stacks
+from ..base import timeouts
 from ..cause import CONTROL_GONE, Cause, CauseKind
+from ..errors import (FULL_REPORT, GangAborted, TorchrunException, TorchrunFailed, TorchrunInvalidArgument,
+                      rank_raised)
 from ..gang import NodeReport, Seat
 from ..gang.client import send_last_progress
 from ..gang.node_progress import ProgressTracker
-from ..errors import (FULL_REPORT, GangAborted, TorchrunException, TorchrunFailed, TorchrunInvalidArgument,
-                      rank_raised)
-from ..procs import (
-    RankFailure,
-    clear_round,
-    merge_failures,
-    read_agent_failures,
-    read_failures,
-)
+from ..host import GpuUsage, say
 from ..launch import CallPlan
 from ..launch.command import argparse_hint
-from ..record import GangView, TorchrunResult, read_rank_records, what_ran
-from .session import GangSession
+from ..procs import RankFailure, clear_round, functions, merge_failures, read_agent_failures, read_failures, stacks
+from ..record import GangView, TorchrunResult, read_rank_records, what_ran, with_ranks_start
 from . import node_report
+from .call_launch import NodeLaunch, swap_line
 from .call_stacks import CallStacks
-from ..host import say
+from .restarts import CallRestarts
+from .session import GangSession
 from .stop import GangStop, interrupted
 from .supervisor import StopReason, Supervisor
-from ..host import GpuUsage
-from .call_launch import NodeLaunch, swap_line
-from .restarts import CallRestarts
-from ..record import with_ranks_start
-from ..base import timeouts
-
-# Causes a node finds on its own (the control is gone or silent): the service
-# may not know them, so they are never sent to it as a report's cause.
-_CLIENT_SIDE = CONTROL_GONE
 
 
 @dataclass
 class CallRun:
-    """One call on this node; what each start of its ranks is made of is its ``launch``'s (call_launch.py)."""
+    """One call on this node."""
 
     session: GangSession
     plan: CallPlan
@@ -64,18 +53,13 @@ class CallRun:
     returns: Dict[int, Any] = field(default_factory=dict)
     started: float = field(default_factory=time.time)
     supervisor: Optional[Supervisor] = None
-    # Where the ranks were when the job was stopped (call_stacks.py).
-    where: CallStacks = field(default_factory=CallStacks)
-    # The gang's in-step restarts of the ranks (restarts.py); the first torchrun's start.
-    again: CallRestarts = field(default_factory=CallRestarts)
+    where: CallStacks = field(default_factory=CallStacks)  # where the ranks were when the job was stopped
+    again: CallRestarts = field(default_factory=CallRestarts)  # the gang's in-step restarts of the ranks
     first_started: Optional[float] = None
     first_output: Optional[float] = None  # the first start's first line (a restart's are in its record)
-    # This node's place in the ranks' current start (@torchrun(spares), gang/bench.py): its go's, then each restart's.
-    seat: Optional[Seat] = None
-    # A job's own deadlines, asked between the checks (runtime/preflight.py's JobDeadlines); None: a user's call.
-    watch: Optional[Any] = None
-    # What each start of the ranks is made of: directories, warm process, entry file, argv (call_launch.py).
-    launch: NodeLaunch = field(init=False)
+    seat: Optional[Seat] = None  # this node's place in the current start (@torchrun(spares))
+    watch: Optional[Any] = None  # preflight.JobDeadlines: a job's own deadlines; None: a user's call
+    launch: NodeLaunch = field(init=False)  # what each start of the ranks is made of
 
     def __post_init__(self) -> None:
         self.launch = NodeLaunch(self.session, self.plan, self.index)
@@ -107,7 +91,10 @@ class CallRun:
                 self.finish_failed()
         finally:
             result = self.record()
-            _attach(sys.exc_info()[1], result)
+            in_flight = sys.exc_info()[1]
+            if in_flight is not None:  # the result on the error raised, as ``error.result``
+                with contextlib.suppress(AttributeError):  # a user's exception may refuse it
+                    in_flight.result = result  # type: ignore[attr-defined]
         return result
 
     def enter(self) -> None:
@@ -119,12 +106,11 @@ class CallRun:
         self.seat = client.seats.get((self.index, 0))
         if self.seat is not None:
             self.session.bench = self.seat.bench
-        if self.plan.rdzv_port is not None:  # pinned (@torchrun(rdzv_port=N)): every node has it
+        if self.plan.rdzv_port is not None:  # pinned: every node has it
             self.rdzv_port = self.plan.rdzv_port
 
     def supervise(self, env: Dict[str, str]) -> None:
-        """Run this node's torchrun; where the gang restarts the ranks
-        (``@torchrun(restarts)``), run the next one, until one ends for good."""
+        """Run this node's torchrun, and each restart the gang decides, until one ends for good."""
         client = self.session.client
         assert client is not None
         if self.watch is not None:
@@ -145,16 +131,15 @@ class CallRun:
         return self.seat is not None and self.seat.node_rank is None
 
     def prepare(self) -> Dict[str, str]:
-        """The call's directories and entry file; the first start's argv, and its environment."""
+        """The call's directories and entry file; the first start's argv and environment."""
         self.argv, env = self.launch.prepare(self.seat, int(self.rdzv_port or 0))
         return env
 
     def _restart(self, decided: Any) -> Dict[str, str]:
-        """Carry out restart ``decided.restart``: this node's old ranks are
-        gone (the supervisor stopped them); the next start's rendezvous and
-        environment, with the replaced ranks' records cleared."""
+        """Restart ``decided.restart`` (this node's old ranks are gone): the next
+        start's rendezvous and environment, the replaced ranks' records cleared."""
         sup = self.supervisor
-        self.again.begin(decided, sup.started_at if sup else None, sup.ended_at if sup else None, self._rank_starts())
+        self.again.begin(decided, sup.started_at if sup else None, sup.ended_at if sup else None, self.launch.rank_starts(self.again.restart))
         assert self.session.client is not None
         self.seat = self.session.client.seats.get((decided.index, decided.restart))
         self.session.bench = decided.bench
@@ -171,20 +156,17 @@ class CallRun:
         self.argv, env = self.launch.command(self.seat, int(self.rdzv_port or 0), decided.restart)
         return env
 
-    def _rank_starts(self) -> List[Optional[float]]:
-        return self.launch.rank_starts(self.again.restart)
-
     def _supervise_once(self, env: Dict[str, str]) -> None:
         client = self.session.client
         assert client is not None
-        # A node told to stop tells the gang; the gang's stop is graceful (stop.py).
         gang_stop = GangStop(self.node_index, self.index, self.session.defaults.shutdown_grace,
                              report=lambda cause: client.report_failure(cause, call=self.index),
                              verdict=lambda: client.cause, wait_verdict=lambda s: client.wait_for_verdict(s))
-        live = LiveCard(self.session)  # the control's card, refreshed between the checks
+        live = LiveCard(self.session)
 
         def should_stop() -> Optional[StopReason]:
-            reason = live.tick() or gang_stop.check() or self.stop_reason()
+            live.tick()
+            reason = gang_stop.check() or self.stop_reason()
             if reason is None and client.restart_after(self.index, self.again.restart) is not None:
                 if self.supervisor is not None:
                     self.supervisor.before_stop = None  # no stacks: the ranks start again at once
@@ -206,7 +188,7 @@ class CallRun:
                 self.first_output = self.first_output or sup.first_output
                 send_last_progress(client)
         except BaseException:
-            # Told to stop (SIGTERM, Ctrl-C, @timeout): the error is not ours to word, so where the ranks were goes to the log.
+            # Told to stop (SIGTERM, Ctrl-C, @timeout): not our error to word; where the ranks were goes to the log.
             self.where.share(self.session, self.index, self.rdzv_port is not None)
             if self.where.stacks:
                 say(stacks.summarize(self.where.stacks, full=FULL_REPORT))
@@ -219,31 +201,27 @@ class CallRun:
         self._send_failure(self._own_cause())
 
     def _send_failure(self, cause: Cause) -> None:
-        """To the gang, with which start of the ranks it was about (a report
-        of ranks a restart replaced is not taken for the new ones')."""
+        """To the gang, with its start of the ranks (not taken for a restart's ranks)."""
         assert self.session.client is not None
         self.session.client.report_failure(cause, call=self.index, report=self._report(self.failures),
                                            restart=self.again.restart)
 
     def _read_failures(self) -> List[RankFailure]:
-        return [node_report.completed(node_report.named(f), self.log_dir) for f in merge_failures(
-            read_failures(self.workdir),
-            read_agent_failures(self.workdir, self.node_index),
-        )]
+        found = merge_failures(read_failures(self.workdir), read_agent_failures(self.workdir, self.node_index))
+        return [node_report.completed(node_report.named(f), self.log_dir) for f in found]
 
     def stop_reason(self) -> Optional[str]:
-        """A reason of the call's own to stop its job (runtime/preflight.py's deadline)."""
+        """The call's own reason to stop its job (the preflight's deadline)."""
         return self.watch.stop_reason(self.workdir) if self.watch is not None else None
 
     def finish_ok(self) -> None:
-        """This node's ranks all succeeded: tell the gang; the control waits for
-        every node to finish the call (it reports on the whole gang)."""
+        """This node's ranks all succeeded; the control waits for every node's."""
         client = self.session.client
         assert client is not None
         if self.plan.function is not None:
             self.returns = functions.read_returns(self.workdir)
         rank0 = functions.result_path(self.workdir, 0)
-        client.call_done(self.index, _read_bytes(rank0) if os.path.exists(rank0) else None, self._report())
+        client.call_done(self.index, Path(rank0).read_bytes() if os.path.exists(rank0) else None, self._report())
         server = self.session.server
         if server is not None:
             if not client.wait_call_done(self.index):
@@ -270,16 +248,12 @@ class CallRun:
                 reported = True
                 client.wait_for_verdict(self.session.config.secondary_grace + 2.0)
         cause = client.cause or self._own_cause()
-        if not reported and client.cause is not None and client.cause.kind not in _CLIENT_SIDE:
-            # Stopped by the gang: the service has its cause already and only
-            # keeps the report, so the control's card and record show this
-            # node's ranks (their exits, durations, last lines) too.
+        if not reported and client.cause is not None and client.cause.kind not in CONTROL_GONE:
+            # Stopped by the gang: the service keeps only the report, for the control's card and record.
             self._send_failure(client.cause)
         self.where.gather(self.session, self.index)
-        # On a local run every node writes to the control's log: the control's
-        # error alone says where the ranks were and where the logs are, unless the
-        # control is gone or silent: then this node's is the only one.
-        speaks = self.session.is_control or not self.session.topology.is_local or cause.kind in _CLIENT_SIDE
+        # A local run's nodes share the control's log: its error alone says where, unless it is gone.
+        speaks = self.session.is_control or not self.session.topology.is_local or cause.kind in CONTROL_GONE
         ran = speaks and node_report.any_rank_ran(self.workdir, self.failures, self.session.server, self.index)
         logs = node_report.logs_line(self.session, self.log_dir, ran) if speaks else ""
         where, suspects = (self.where.stacks, self.where.suspects(self.session, cause)) if speaks else ({}, [])
@@ -308,16 +282,12 @@ class CallRun:
             self.launch.release()
 
     def _record(self) -> TorchrunResult:
-        topology = self.session.topology
-        sup = self.supervisor
-        server = self.session.server
+        topology, sup, server, client = self.session.topology, self.supervisor, self.session.server, self.session.client
         gang_view = GangView()
         if server is not None:
             view = server.call_view(self.index)
             gang_view = GangView(dict(view.joined_at), dict(view.finished_at), dict(view.reports))
         ranks = read_rank_records(self.workdir, self.failures) if self.workdir else []
-        cause = self.session.cause
-        client = self.session.client
         result = TorchrunResult(
             command=self.argv,
             node_index=topology.node_index,
@@ -332,9 +302,9 @@ class CallRun:
             gang_port=client.port if client else None,
             ranks=ranks,
             restarts=max([r.restart or 0 for r in ranks] + [self.again.restart]),
-            in_step_restarts=with_ranks_start(self.again.records, self._rank_starts()),
+            in_step_restarts=with_ranks_start(self.again.records, self.launch.rank_starts(self.again.restart)),
             log_dir=self.log_dir,
-            cause=cause,
+            cause=self.session.cause,
             gang=gang_view,
             returns=self.returns,
             call=self.index,
@@ -365,27 +335,24 @@ class CallRun:
 
 
 class LiveCard:
-    """The control's card, refreshed while a call runs and its ranks report
-    progress (or a straggler was named): at the first report, then every
-    LIVE_CARD_EVERY. Looked at every TRACK_INTERVAL at most."""
+    """The control's card, refreshed while the ranks report progress (or a
+    straggler was named): at the first report, then every LIVE_CARD_EVERY."""
 
     def __init__(self, session: GangSession) -> None:
         self.session = session
         self.next = 0.0
         self.looked = 0.0
 
-    def tick(self) -> Optional[StopReason]:
-        """Refresh the card when due; never a reason to stop (None)."""
+    def tick(self) -> None:
         server, refresh = self.session.server, self.session.live_card
         now = time.monotonic()
         if server is None or refresh is None or now < self.next or now - self.looked < timeouts.TRACK_INTERVAL:
-            return None
+            return
         self.looked = now
         record = server.progress_record()
         if record.step is not None or record.stragglers:
             self.next = now + timeouts.LIVE_CARD_EVERY
             refresh(record)
-        return None
 
 
 def run_call(session: GangSession, plan: CallPlan) -> TorchrunResult:
@@ -396,9 +363,7 @@ def run_call(session: GangSession, plan: CallPlan) -> TorchrunResult:
             return CallRun(session, plan, index).run()
     except BaseException as e:
         error = e if isinstance(e, (TorchrunFailed, GangAborted)) else e.__cause__  # a function's own exception
-        if isinstance(error, (TorchrunFailed, GangAborted)):
-            # The message was the block; a hint goes on it (BaseException's
-            # args are the user's for a function's exception: untouched).
+        if isinstance(error, (TorchrunFailed, GangAborted)):  # its message, not a user exception's args
             add_argparse_hint(error, plan.true_keys)
         raise
 
@@ -416,17 +381,4 @@ def add_argparse_hint(error: TorchrunException, keys: Tuple[str, ...]) -> None:
     if hint:
         error.message = "%s\n\n%s" % (error.message, hint)
 
-
-def _attach(in_flight: Optional[BaseException], result: TorchrunResult) -> None:
-    """The call's result on the error it raises, as ``error.result``."""
-    if in_flight is not None:
-        try:
-            in_flight.result = result  # type: ignore[attr-defined]
-        except AttributeError:
-            pass
-
-
-def _read_bytes(path: str) -> bytes:
-    with open(path, "rb") as f:
-        return f.read()
 

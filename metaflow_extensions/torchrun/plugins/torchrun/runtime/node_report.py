@@ -1,7 +1,7 @@
-"""What one node says of its share of a failed or finished call: its own
-cause (the first of its ranks to fail, or torchrun's exit) and its report to
-the control (its ranks and the last lines of their output, for the card).
-Pure over what the ranks left in the work and log directories."""
+"""What one node says of its share of a call: its own cause and its report to
+the control (its ranks and their last lines, for the card); pure over what the
+ranks left in the work and log directories.
+"""
 
 from __future__ import annotations
 
@@ -14,36 +14,21 @@ from ..cause import Cause, CauseKind
 from ..errors import failure_summary
 from ..gang import GangFacts, NodeReport
 from ..gang.messages import MAX_RANKS_PER_NODE, STREAMS, TAIL_LINE_CHARS, TAIL_LINES
-from ..host import step_log_dir
-from ..host import tail_lines as _tail_lines
+from ..host import step_log_dir, tail_lines
 from ..procs import RankFailure, functions, describe_exit_code, rank_log_path, with_last_output
 from ..record import read_rank_records
 
 
 def own_cause(node_index: int, call: int, exit_code: Optional[int], failures: List[RankFailure]) -> Cause:
+    """The first of its ranks to fail, or torchrun's exit."""
     code = exit_code if exit_code is not None else -1
-    if failures:
-        first = failures[0]
-        return Cause(
-            CauseKind.RANK_FAILED,
-            failure_summary(first),
-            node_index=node_index,
-            rank=first.rank,
-            local_rank=first.local_rank,
-            exit_code=code,
-            exc_type=first.exc_type,
-            message=first.message,
-            traceback=first.traceback[-16000:] or None,
-            secondary=first.secondary,
-            call=call,
-        )
-    return Cause(
-        CauseKind.RANK_FAILED,
-        "node %d: torchrun ended with %s" % (node_index, describe_exit_code(code)),
-        node_index=node_index,
-        exit_code=code,
-        call=call,
-    )
+    if not failures:
+        return Cause(CauseKind.RANK_FAILED, "node %d: torchrun ended with %s" % (node_index, describe_exit_code(code)),
+                     node_index=node_index, exit_code=code, call=call)
+    first = failures[0]
+    return Cause(CauseKind.RANK_FAILED, failure_summary(first), node_index=node_index, rank=first.rank,
+                 local_rank=first.local_rank, exit_code=code, exc_type=first.exc_type, message=first.message,
+                 traceback=first.traceback[-16000:] or None, secondary=first.secondary, call=call)
 
 
 def named(failure: RankFailure) -> RankFailure:
@@ -57,8 +42,7 @@ def completed(failure: RankFailure, log_dir: Optional[str]) -> RankFailure:
     """A failure without a traceback of its own, with the last lines its rank wrote."""
     if failure.traceback or not log_dir:
         return failure
-    lines = tail_lines(rank_log_path(log_dir, failure.rank, "stderr"), count=200)
-    return with_last_output(failure, lines)
+    return with_last_output(failure, tail_lines(rank_log_path(log_dir, failure.rank, "stderr"), 200))
 
 
 def report(workdir: str, log_dir: Optional[str], failures: List[RankFailure],
@@ -69,21 +53,11 @@ def report(workdir: str, log_dir: Optional[str], failures: List[RankFailure],
     tails = {}
     if log_dir:
         for rec in ranks:
-            tails[rec.rank] = {
-                s: tuple(bounded_line(line) for line in tail_lines(rank_log_path(log_dir, rec.rank, s)))
-                for s in STREAMS
-            }
-    return NodeReport(
-        ranks=tuple(r.for_wire() for r in ranks[:MAX_RANKS_PER_NODE]),
-        tails=tails,
-        started=started,
-        ended=time.time(),
-    )
-
-
-def tail_lines(path: str, count: int = TAIL_LINES, max_bytes: int = 64 * 1024) -> List[str]:
-    """The last lines of a per-rank log: never through a symlink (host/private.py)."""
-    return _tail_lines(path, count, max_bytes)
+            paths = {s: rank_log_path(log_dir, rec.rank, s) for s in STREAMS}
+            tails[rec.rank] = {s: tuple(bounded_line(line) for line in tail_lines(p, TAIL_LINES))
+                               for s, p in paths.items()}
+    return NodeReport(ranks=tuple(r.for_wire() for r in ranks[:MAX_RANKS_PER_NODE]), tails=tails, started=started,
+                      ended=time.time())
 
 
 def bounded_line(line: str, limit: int = TAIL_LINE_CHARS) -> str:
@@ -97,8 +71,7 @@ def bounded_line(line: str, limit: int = TAIL_LINE_CHARS) -> str:
 
 
 def failed_elsewhere(server: Optional[GangFacts], call: int, node_index: int) -> List[int]:
-    """The control: ranks of the other nodes that ended unsuccessfully, from the
-    reports they sent (``CallStacks.gather`` waited for them)."""
+    """The control: the other nodes' failed ranks, from their reports (``CallStacks.gather`` waited)."""
     if server is None:
         return []
     return sorted(status.rank for node, report in server.call_view(call).reports.items()
@@ -114,28 +87,25 @@ def original_exception(plan: Any, workdir: str, error: Any) -> Optional[BaseExce
 
 
 def any_rank_ran(workdir: Optional[str], failures: List[RankFailure], server: Optional[GangFacts], call: int) -> bool:
-    """Whether some rank of the call started: this node's, or (the control)
-    one another node reported. A gang refused before any rank started has
-    no rank's output to point at."""
+    """Whether some rank of the call started, here or (the control) on another node."""
     if workdir and read_rank_records(workdir, failures):
         return True
     return server is not None and any(report.ranks for report in server.call_view(call).reports.values())
 
 
 def logs_line(session: Any, log_dir: Optional[str], ran: bool = True) -> str:
-        """Where every rank's whole output is: on a local run one directory
-        holds every node's; on a cluster each node's host keeps its own.
-        Where no rank ran (``ran`` false), the card alone."""
-        if not log_dir:
-            return ""
-        if not ran:
-            text = ""
-        elif session.topology.is_local:
-            text = "Every rank's output, whole: %s" % step_log_dir(log_dir)
-        else:
-            text = "This node's ranks' output, whole: %s on %s (each node's host keeps its own)" % (
-                log_dir, socket.gethostname())
-        if session.card_hint:
-            session.card_hint_said = True
-            text = "%s\nThe card: %s" % (text, session.card_hint) if text else "The card: %s" % session.card_hint
-        return text
+    """Where every rank's whole output is (a local run's in one directory, a
+    cluster's on each node's host), and the card; the card alone where no rank ran."""
+    if not log_dir:
+        return ""
+    if not ran:
+        text = ""
+    elif session.topology.is_local:
+        text = "Every rank's output, whole: %s" % step_log_dir(log_dir)
+    else:
+        text = "This node's ranks' output, whole: %s on %s (each node's host keeps its own)" % (
+            log_dir, socket.gethostname())
+    if session.card_hint:
+        session.card_hint_said = True
+        text = "%s\nThe card: %s" % (text, session.card_hint) if text else "The card: %s" % session.card_hint
+    return text

@@ -1,11 +1,7 @@
-"""torchrun's process-count words, turned into the number they stand for on
-this node before anything starts.
-
-torchrun itself would resolve ``auto`` too, but then the result record, the
-card and the device check see a word where a count belongs, and a node without
-a GPU learns it from a rank's traceback. Resolved here, on the node (a task
-knows its own devices), from the driver's files; torch is asked, in a child
-process, only where those cannot say.
+"""torchrun's process-count words (``auto``, ``gpu``, ...) turned into this
+node's number before anything starts, so the record, the card and the device
+check see a count, and a node without a GPU is told so, not by a rank's
+traceback. Read from the driver's files; torch (in a child) only where those cannot say.
 """
 
 from __future__ import annotations
@@ -21,10 +17,9 @@ from ..launch.resources import check_visible_devices, keyword_note, nproc_for_ke
 
 
 def with_nproc_resolved(plan: CallPlan, accelerators: Accelerators = NO_ACCELERATORS) -> CallPlan:
-    """``plan`` with a whole number of processes; its note says what a word
-    came to. Raises ``TorchrunInvalidArgument`` for a device the node lacks,
-    or for more processes than the GPUs a GPU step sees; read from the
-    driver's files, not torch (importing torch in the task costs seconds)."""
+    """``plan`` with a whole number of processes, a note saying what a word came
+    to; ``TorchrunInvalidArgument`` for a device the node lacks, or more
+    processes than a GPU step's GPUs."""
     if isinstance(plan.nproc, int):
         if accelerators.kind != "gpu":  # a CPU step runs on CPU whatever the host has
             return plan
@@ -38,8 +33,7 @@ def with_nproc_resolved(plan: CallPlan, accelerators: Accelerators = NO_ACCELERA
 
 
 def count_for_keyword(keyword: str) -> Tuple[int, str]:
-    """The number of processes a torchrun word stands for on this node, and why
-    (``with_nproc_resolved``; ``current.torch.torchrun_args``)."""
+    """The number of processes a torchrun word stands for on this node, and why."""
     cpus = usable_cpus()
     count, why = nproc_for_keyword(keyword, cuda_devices(), cpus)
     if count is not None:

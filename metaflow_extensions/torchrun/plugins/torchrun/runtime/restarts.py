@@ -1,6 +1,5 @@
-"""A call's in-step restarts as this node runs them (``@torchrun(restarts=N)``):
-the gang's decision heard, this node's ranks stopped and started again, one
-``record.InStepRestart`` kept per restart (``record/in_step_restarts.py``).
+"""A call's in-step restarts as this node runs them (``@torchrun(restarts=N)``),
+one ``record.InStepRestart`` kept per restart.
 """
 
 from __future__ import annotations
@@ -14,8 +13,7 @@ from ..record import InStepRestart, with_ranks_start
 
 @dataclass
 class CallRestarts:
-    """A call's restarts as this node runs them: which start of the ranks
-    runs (0: the first; k: the gang's restart k) and each restart so far."""
+    """Which start of the ranks runs (0: the first; k: the gang's restart k), and each restart so far."""
 
     restart: int = 0
     records: List[InStepRestart] = field(default_factory=list)
@@ -23,9 +21,8 @@ class CallRestarts:
 
     def decided(self, client: Any, index: int, allowed: int, exit_code: Optional[int],
                 report: Callable[[], None], wait: float) -> Optional[Any]:
-        """The gang's restart of call ``index``, if it decided one. This
-        node's own failure, while restarts are left, is reported first
-        (``report``) and the decision heard: the service restarts, or ends the gang."""
+        """The gang's restart of call ``index``, if it decided one; this node's own
+        failure, while restarts are left, reported first and the decision heard."""
         decided = client.restart_after(index, self.restart)
         if decided is not None or self.restart >= allowed:
             return decided
@@ -47,6 +44,5 @@ class CallRestarts:
         self.restart, self.reported = decided.restart, False
 
     def started(self, at: Optional[float]) -> None:
-        """The latest restart's torchrun started."""
         if self.records and self.records[-1].restarted_at is None:
             self.records[-1] = dataclasses.replace(self.records[-1], restarted_at=at)
