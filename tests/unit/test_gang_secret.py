@@ -30,7 +30,7 @@ def test_a_secret_is_random_and_long():
 
 
 def test_published_by_the_control_fetched_by_a_worker(storage):
-    secret = sec.for_control(storage, ID, None)
+    secret = sec.control_secret(storage, ID, None)[0]
     assert sec.for_worker(storage, ID, None, timeout=1) == secret
     assert sec.fetch(storage, ID, timeout=0) == secret
 
@@ -97,7 +97,7 @@ def test_datastore_errors_are_retried_until_the_deadline():
 def test_the_users_own_secret_wins_and_nothing_is_stored(storage):
     own, refused = read_knobs({SECRET_ENV: "my own secret, long enough"})
     assert not refused and own.secret == b"my own secret, long enough"
-    assert sec.for_control(storage, ID, own.secret) == b"my own secret, long enough"
+    assert sec.control_secret(storage, ID, own.secret)[0] == b"my own secret, long enough"
     assert sec.for_worker(storage, ID, own.secret, timeout=0) == b"my own secret, long enough"
     assert sec.load(storage, ID) is None
 

@@ -1,14 +1,10 @@
 """Who may join: connections that have not proved the gang's secret yet.
 
 A stranger gets a tiny line limit, ``HELLO_TIMEOUT`` to prove itself and one
-of ``MAX_PENDING`` places. When every place is taken, a newcomer takes the
-place of the oldest stranger only once that one has had ``EVICT_AGE`` to
-answer its challenge (a real node answers in one round trip); until then the
-service stops accepting and the kernel's backlog holds the newcomers. So a
-join storm of real nodes never evicts a node that is handshaking properly, a
-flood of idle connections costs at most ``MAX_PENDING`` sockets and delays a
-real node by about ``EVICT_AGE`` per ``MAX_PENDING`` of them. A stranger that fails is told "not authenticated"
-(nothing about the gang) and changes nothing.
+of ``MAX_PENDING`` places; a newcomer takes the oldest stranger's place only
+once that one had ``EVICT_AGE`` to answer (the kernel's backlog holds the
+newcomers meanwhile). So a join storm never evicts a node handshaking
+properly, and a flood of idle connections costs at most ``MAX_PENDING`` sockets.
 """
 
 from __future__ import annotations
@@ -24,8 +20,7 @@ from ..cause import Cause
 from .wire import encode
 from ..base import timeouts
 
-# Connections that have not proved themselves yet, at most (a 1,024-node gang
-# may all knock at once).
+# Connections not proved yet, at most (a 1,024-node gang may all knock at once).
 MAX_PENDING = 1024
 
 
@@ -42,7 +37,6 @@ class Admission:
         return len(self.pending) >= MAX_PENDING
 
     def admit(self, sock: socket.socket) -> Peer:
-        """A new connection: non-blocking from now on, challenged at once."""
         sock.setblocking(False)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         peer = Peer(sock)
@@ -57,8 +51,7 @@ class Admission:
         self.pending.pop(peer.sock, None)
 
     def hello(self, peer: Peer, data: msg.WireDict) -> Optional[Tuple[int, bytes, str]]:
-        """The stranger's one chance: its node index, nonce and host name when
-        its hello proves the secret; None (and a reject queued) otherwise."""
+        """Its node index, nonce and host name; None (and a reject queued) when it proves nothing."""
         try:
             node, client_nonce = auth.check_hello(self._secret, self.config.gang_id, peer.nonce, data,
                                                   self.config.num_nodes)
@@ -69,9 +62,6 @@ class Admission:
         return node, client_nonce, host[:255] if isinstance(host, str) and host else "?"
 
     def probe(self, peer: Peer, data: msg.WireDict) -> Optional[Tuple[int, bytes]]:
-        """A member's probe on a fresh connection (``probing.py``): its node
-        index and nonce when it proves the secret; None (and a reject queued),
-        as for a hello, otherwise."""
         try:
             return auth.check_probe(self._secret, self.config.gang_id, peer.nonce, data, self.config.num_nodes)
         except auth.AuthError as e:
@@ -95,7 +85,6 @@ class Admission:
         return [p for p in self.pending.values() if now - p.connected > timeouts.HELLO_TIMEOUT]
 
     def check_payload(self, node: int, done: msg.CallDone) -> bool:
-        """Rank 0's return value: its MAC binds it to this gang, call and node."""
         return done.rank0 is not None and auth.check_payload(
             self._secret, self.config.gang_id, done.index, node, done.rank0, done.rank0_proof)
 

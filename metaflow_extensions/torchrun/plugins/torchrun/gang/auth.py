@@ -1,39 +1,15 @@
 """Who may speak on the gang's channel: a mutual HMAC challenge-response.
 
-Every node of a gang holds the gang's secret (``secret.py`` says where it comes
-from). A connection to the gang service goes:
+1. service -> peer: ``challenge``, a fresh nonce (not the gang id);
+2. peer -> service: ``hello`` (or a member's ``probe``) with its own nonce, its
+   node index and HMAC(key, "client" or "probe", gang id, both nonces, node);
+3. service -> peer: ``welcome`` with HMAC(key, "server", the same fields), or
+   ``reject`` with a reason that says nothing about the gang.
 
-1. service -> peer: ``challenge`` with a fresh random nonce (and the protocol
-   number; nothing else, in particular not the gang id);
-2. peer -> service: ``hello`` with its own fresh nonce, its node index and
-   ``proof`` = HMAC(key, "client", gang id, both nonces, node index);
-3. service -> peer: ``welcome`` with ``proof`` = HMAC(key, "server", the same
-   fields), or ``reject`` with a reason that says nothing about the gang.
-
-A member whose connection has gone quiet may say it is still there on a fresh
-connection (``probing.py``): step 2 is then a ``probe``, its proof
-HMAC(key, "probe", the same fields), answered by the same ``welcome``; the
-connection then closes.
-
-Both nonces are fresh per connection, so a recorded hello or welcome is worth
-nothing on another connection; the gang id is inside the MAC, so two gangs
-that share a secret (a user-managed one) still cannot join each other; the
-peer checks the service's proof before it believes anything the service says
-(a fake service cannot feed it a cause or a rendezvous port).
-
-Why no MAC on every later message: the gang runs over TCP, and everything
-after the handshake arrives on the connection the handshake authenticated. An
-off-path attacker cannot inject bytes into an established TCP stream (it would
-have to guess the sequence numbers), and an on-path attacker, who could, can
-equally tamper with torch's own unauthenticated traffic (the TCPStore, gloo and
-NCCL), so a per-message MAC would buy nothing without encrypting everything.
-The one payload the control may deserialize, rank 0's return value, carries a
-MAC of its own over its bytes, checked before anything is kept
-(``payload_proof``): defence in depth for the one place a forged byte would
-run code.
-
-Keys: the secret is never used directly; ``derive`` makes one key per purpose,
-so a proof of one kind can never pass for another.
+Fresh nonces make a recorded proof worthless on another connection; the gang
+id inside the MAC keeps two gangs that share a secret apart; ``derive`` makes
+one key per purpose, so a proof of one kind never passes for another. Why no
+MAC on later messages: docs/design.md, "Who may speak".
 """
 
 from __future__ import annotations
@@ -49,7 +25,6 @@ from . import messages as msg
 from .wire import ProtocolError
 
 NONCE_BYTES = msg.NONCE_BYTES
-# Shorter secrets are refused: a user-managed one must be worth guessing at.
 MIN_SECRET_BYTES = knobs.MIN_SECRET_BYTES
 _PROOF_HEX = msg.PROOF_HEX
 
@@ -86,14 +61,12 @@ def new_nonce() -> bytes:
 
 
 def proof(secret: bytes, side: str, gang_id: str, server_nonce: bytes, client_nonce: bytes, node: int) -> str:
-    """``side`` is "client", "server" or "probe": each side's proof is its own."""
     return _mac(derive(secret, "handshake"), side.encode(), gang_id.encode(), server_nonce, client_nonce,
                 str(node).encode())
 
 
 def _read(message: Union[Mapping[str, Any], msg.GangMessage], expected: Type[msg.M], why: str) -> msg.M:
-    """A handshake message as its record: a wrong type or field is an
-    ``AuthError`` (the peer is no gang node or service of ours)."""
+    """A wrong type or field is an ``AuthError``: the peer is no gang node or service of ours."""
     if isinstance(message, expected):
         return message
     if not isinstance(message, Mapping):
@@ -104,15 +77,11 @@ def _read(message: Union[Mapping[str, Any], msg.GangMessage], expected: Type[msg
         raise AuthError(why) from None
 
 
-# -- the three messages ------------------------------------------------------------
-
-
 def challenge(server_nonce: bytes) -> msg.Challenge:
     return msg.Challenge(nonce=server_nonce)
 
 
 def read_challenge(message: Union[Mapping[str, Any], msg.Challenge]) -> bytes:
-    """The service's nonce; AuthError when this is no gang service of ours."""
     challenge = _read(message, msg.Challenge, "not a gang service (or another version of it)")
     if challenge.protocol != msg.PROTOCOL:
         raise AuthError("not a gang service (or another version of it)")
@@ -128,23 +97,19 @@ def hello(secret: bytes, gang_id: str, server_nonce: bytes, node: int, host: str
 
 def check_hello(secret: bytes, gang_id: str, server_nonce: bytes, message: Union[Mapping[str, Any], msg.Hello],
                 num_nodes: int) -> Tuple[int, bytes]:
-    """The node index and the peer's nonce of a hello that proves the secret;
-    AuthError otherwise. The proof is checked whatever the node index, so a
-    peer without the secret learns nothing from which indexes fail how."""
+    """The node index and the peer's nonce. The proof is checked whatever the
+    index, so a peer without the secret learns nothing from which indexes fail how."""
     got = _read_proved(message, msg.Hello, "not a hello of this protocol")
     return _check_proved(secret, gang_id, server_nonce, got, "client", num_nodes)
 
 
 def probe(secret: bytes, gang_id: str, server_nonce: bytes, node: int, client_nonce: bytes) -> msg.Probe:
-    """A member's "still here" on a fresh connection (``probing.py``): its own
-    kind of proof, so a probe never passes for a hello nor a hello for a probe."""
     return msg.Probe(node_index=node, nonce=client_nonce,
                      proof=proof(secret, "probe", gang_id, server_nonce, client_nonce, node))
 
 
 def check_probe(secret: bytes, gang_id: str, server_nonce: bytes, message: Union[Mapping[str, Any], msg.Probe],
                 num_nodes: int) -> Tuple[int, bytes]:
-    """As ``check_hello``, for a probe."""
     got = _read_proved(message, msg.Probe, "not a probe of this protocol")
     return _check_proved(secret, gang_id, server_nonce, got, "probe", num_nodes)
 
@@ -180,7 +145,6 @@ def welcome(secret: bytes, gang_id: str, server_nonce: bytes, client_nonce: byte
 
 def check_welcome(secret: bytes, gang_id: str, server_nonce: bytes, client_nonce: bytes, node: int,
                   message: Union[Mapping[str, Any], msg.GangMessage]) -> msg.Welcome:
-    """The service's welcome, once its proof checks out."""
     kind = message.TYPE.value if isinstance(message, msg.GangMessage) else message.get("type")
     if kind == msg.MessageType.REJECT.value:
         reject = _read(message, msg.Reject, "rejected")
@@ -192,11 +156,8 @@ def check_welcome(secret: bytes, gang_id: str, server_nonce: bytes, client_nonce
     return got
 
 
-# -- rank 0's return value ---------------------------------------------------------
-
-
 def payload_proof(secret: bytes, gang_id: str, call: int, node: int, data: bytes) -> str:
-    """Binds the bytes to this gang, this call and the node that sent them."""
+    """Rank 0's return value, bound to this gang, call and node: it is unpickled only after this checks out."""
     return _mac(derive(secret, "rank0"), gang_id.encode(), str(call).encode(), str(node).encode(), data)
 
 

@@ -1,15 +1,7 @@
-"""A node's end of the gang: joins when the step starts, heartbeats, hears news.
-
-The client keeps one connection to the control's gang service for the whole
-step. Its reader thread turns what it hears into state the step's main thread
-waits on (joined, a call's go-ahead, everyone done) and, when the gang aborts,
-calls ``on_abort`` once so the session can stop whatever the step is doing.
-
-The client believes a service only once it proved it holds the gang's secret
-(``auth``): anything else on a candidate port (another gang, another
-program, an impostor) is passed over like a closed port. Joining is
-``joining.py``'s; what the service says of each call is kept by ``CallNews``.
-"""
+"""A node's end of the gang: one connection to the control's service for the
+whole step. Its reader thread turns what it hears into state the step's thread
+waits on and, when the gang aborts, calls ``on_abort`` once. Joining is
+``joining.py``'s; what the service says of each call is kept by ``CallNews``."""
 
 from __future__ import annotations
 
@@ -37,14 +29,13 @@ _log = log.get("gang.client")
 
 
 class GangClient:
-    """Runs on every node (the control included): its one connection to the
-    service, the gang's verdict as this node heard it, and what the step says
-    and waits for; the news of each call is its ``news``' (``CallNews``)."""
+    """Every node's (the control's too): the gang's verdict as this node heard
+    it, and what the step says and waits for."""
 
     def __init__(self, config: GangConfig, host: str, ports: Sequence[int], node_index: int,
                  secret: Union[bytes, Callable[[], bytes]]):
-        """``secret``: the gang's (``secret.py``), or a function that gets it, called
-        once on the joining thread (a worker may wait for the control to publish it)."""
+        """``secret``: the gang's, or a function called once on the joining
+        thread (a worker may wait for the control to publish it)."""
         self._get_secret: Optional[Callable[[], bytes]] = secret if callable(secret) else None
         self._secret = b"" if callable(secret) else gang_auth.check_secret(secret)
         self.config = config
@@ -56,28 +47,24 @@ class GangClient:
         self.joined = threading.Event()
         self.all_left = threading.Event()
         self.on_abort: Callable[[Cause], None] = lambda cause: None
-        # Where a node that cannot reach the control yet says what it tries.
-        self.progress: Callable[[str], None] = lambda text: None
+        self.progress: Callable[[str], None] = lambda text: None  # what a node not joined yet tries
         # While a call's job runs, sent with every heartbeat: seconds since its ranks last
-        # wrote (hang_timeout's clock) and their progress summed up (node_progress.py).
+        # wrote (hang_timeout's clock) and their progress summed up.
         self.quiet: Optional[Callable[[], Optional[float]]] = None
         self.training: Optional[Callable[[], Optional[NodeProgress]]] = None
-        # This node's preflight (fingerprint and fitness checks), measured and
-        # sent on the join's thread right after joining, before any call.
+        # Measured and sent on the join's thread right after joining, before any call.
         self.preflight: Optional[Callable[[], msg.Preflight]] = None
         self._preflight_sent = threading.Event()
         self._changed = threading.Condition()  # the news, the verdict, the close: waited on together
         self._closing = threading.Event()
         self.news = CallNews(self._changed, node_index, config.num_nodes, lambda: self.cause is not None, self._closing)
-        self.seats = self.news.seats  # (call, restart) -> this node's place in that start (CallNews)
-        self.hearing = Hearing()  # when this node last heard the control: set afresh as it joins
+        self.seats = self.news.seats
+        self.hearing = Hearing()
         self._sock: Optional[socket.socket] = None
         self._early: bytes = b""
         self._send_lock = threading.Lock()
         self._left = False
         self._threads: List[threading.Thread] = []
-
-    # -- lifecycle -------------------------------------------------------
 
     def start(self) -> "GangClient":
         """Join in the background: the step's code goes on meanwhile."""
@@ -87,8 +74,7 @@ class GangClient:
         return self
 
     def connect(self, give_up_after: Optional[float] = None) -> None:
-        """Connect and say hello, retrying while the control is not up yet: nodes
-        start in any order (on Kubernetes workers often start first)."""
+        """Retrying while the control is not up yet: nodes start in any order."""
         patience = give_up_after if give_up_after is not None else self.config.start_timeout
         began = time.monotonic()
         if not self._have_secret():
@@ -110,7 +96,7 @@ class GangClient:
             self._set_cause(link.cause)
         _log.debug("node %d: joined the gang at %s port %s in %.3fs", self.node_index, self.host, self.port,
                    time.monotonic() - began)
-        self.hearing = Hearing()  # read by the reader and the prober, from now
+        self.hearing = Hearing()
         prober = Prober(self.config, self.host, link.port, self.node_index, self._secret, self.hearing,
                         self._set_cause, lambda: self.cause is not None or self.all_left.is_set(), self._closing)
         for target, name in ((self._read_loop, "reader"), (self._beat_loop, "heartbeat"), (prober.run, "probe")):
@@ -121,8 +107,7 @@ class GangClient:
         self._send_preflight()
 
     def _send_preflight(self) -> None:
-        """After ``joined``: the step's code does not wait for it; a call
-        does (``enter_call``), so the service has it before this node's call."""
+        """After ``joined``: the step's code does not wait for it; ``enter_call`` does."""
         try:
             if self.preflight is not None:
                 self._safe_send(self.preflight())
@@ -158,21 +143,17 @@ class GangClient:
         with self._changed:
             self._changed.notify_all()
 
-    # -- what the session asks and says ------------------------------------
-
     def wait_joined(self) -> bool:
-        """Block until this node joined, or the gang is over before it could."""
+        """Until this node joined, or the gang is over before it could."""
         while not self.joined.wait(0.1):
             if self.cause is not None:
                 break
         return self._sock is not None and self.cause is None
 
     def enter_call(self, index: int, entry: str) -> Optional[int]:
-        """Say this node reached call ``index``; the call's rendezvous port, or
-        None if the gang aborted. The service answers once node 0 is there too
-        (it checks the entrypoint against the nodes already there), not once
-        every node is: torchrun's rendezvous, watched by the gang, waits for
-        the rest."""
+        """The call's rendezvous port, or None if the gang aborted. The service
+        answers once node 0 is there too, not every node: torchrun's
+        rendezvous, watched by the gang, waits for the rest."""
         if not self.wait_joined():
             return None
         while not self._preflight_sent.wait(0.05):  # the preflight goes first
@@ -188,10 +169,8 @@ class GangClient:
         return port
 
     def call_done(self, index: int, rank0: Optional[bytes], report: msg.NodeReport) -> None:
-        """This node's part of call ``index`` succeeded. ``rank0``: rank 0's
-        pickled return value, when rank 0 ran here: sent with a MAC over its
-        bytes, which the service checks before keeping them; a value too big
-        for one line is not sent, only its size (the control says why)."""
+        """``rank0``: rank 0's pickled return value, when rank 0 ran here, sent
+        with a MAC over its bytes; one too big for a line is sent as its size."""
         message = msg.CallDone(index, report)
         if rank0 is not None and len(rank0) <= wire.RANK0_MAX:
             message = msg.CallDone(index, report, rank0=rank0, rank0_proof=gang_auth.payload_proof(
@@ -204,8 +183,7 @@ class GangClient:
         _log.debug("node %d: call %d: done sent", self.node_index, index)
 
     def wait_call_done(self, index: int) -> bool:
-        """The control waits for every node to finish a call, so that it can
-        report on the whole gang; False when the gang aborted instead."""
+        """The control reports on the whole gang; False when it aborted instead."""
         began = time.monotonic()
         done = self.news.wait_call_done(index)
         _log.debug("node %d: call %d: %s after %.3fs", self.node_index, index,
@@ -213,8 +191,7 @@ class GangClient:
         return done
 
     def send_stacks(self, index: int, stacks: Dict[int, str], flights: Optional[Dict[int, FlightSummary]] = None) -> None:
-        """Where this node's ranks were when it stopped them (``stacks.py``) and
-        their Flight Recorders' summaries, for the control; empty says none."""
+        """Cut to fit one line (a stack is halved until it does); empty says none."""
         flights, budget = rank_flight.bound(flights or {}, wire.MAX_LINE // 8), wire.MAX_LINE // 2
         while True:
             message = msg.Stacks(index, rank_stacks.bound(stacks, budget), flights)
@@ -222,8 +199,6 @@ class GangClient:
                 break
             budget //= 2
         self._safe_send(message)
-
-    # What the call's supervision loop reads of its news (CallNews).
 
     def call_over(self, index: int) -> bool:
         return self.news.call_over(index)
@@ -242,7 +217,6 @@ class GangClient:
 
     def report_failure(self, cause: Cause, call: Optional[int] = None,
                        report: Optional[msg.NodeReport] = None, restart: int = 0) -> None:
-        """``restart``: which start of the call's ranks failed (0: the first)."""
         message = msg.Failed(cause, call, report, restart)
         if report is not None and not fits(message):
             message = msg.Failed(cause, call, report.cut(), restart)
@@ -251,8 +225,7 @@ class GangClient:
                    cause.summary)
 
     def wait_for_verdict(self, seconds: float) -> Optional[Cause]:
-        """After reporting a failure: the service decides the root cause (it may
-        wait for a better one than an echo); hear it."""
+        """After reporting a failure: the service may wait for a better cause than an echo."""
         began = time.monotonic()
         with self._changed:
             while self.cause is None and time.monotonic() < began + seconds and not self._closing.is_set():
@@ -262,7 +235,7 @@ class GangClient:
         return self.cause
 
     def leave(self, calls: int, ok: bool) -> None:
-        """This node's step ended; from now on its silence means nothing."""
+        """From now on this node's silence means nothing."""
         self._left = True
         self._safe_send(msg.Leave(calls, ok))
         _log.debug("node %d: left after %d calls (%s)", self.node_index, calls, "ok" if ok else "failed")
@@ -273,8 +246,6 @@ class GangClient:
             if self.cause is not None or self._closing.is_set():
                 return False
         return True
-
-    # -- threads ---------------------------------------------------------
 
     def _set_cause(self, cause: Cause) -> None:
         with self._changed:
@@ -333,8 +304,7 @@ class GangClient:
                 return
 
     def _on_message(self, line: wire.Message) -> None:
-        """What the service says; a line this client cannot read is skipped
-        (the service was authenticated at the handshake)."""
+        """A line this client cannot read is skipped: the service proved itself at the handshake."""
         try:
             message = msg.parse(line)
         except wire.ProtocolError:
@@ -354,33 +324,25 @@ class GangClient:
             self._safe_send(heartbeat(self.quiet, paced(self.training, due, self.config.progress_send)))
 
 
-
 class CallNews:
-    """What the service told a node of each of its calls: the go (the call's
-    rendezvous port and bench), each in-step restart decided (``restarts.py``),
-    that every active node finished the call, that every node's stacks of it
-    are in. The client's reader thread writes it as lines arrive; the step's
-    thread (the call's supervision loop, a benched node sitting a call out)
-    waits on it; both under the client's one condition, which the gang's
-    verdict and the client's close notify too: a wait ends with its news, or
-    with them. In the client's module: the call path crosses no module for it."""
+    """What the service told a node of each call (the go, each restart, every
+    node done, every node's stacks in): written by the reader thread, waited on
+    by the step's under the client's one condition, which the verdict and the
+    close notify too. Here, not in a module of its own: no hop on the call path."""
 
     def __init__(self, changed: threading.Condition, node_index: int, num_nodes: int,
                  verdict: Callable[[], bool], closing: threading.Event) -> None:
-        """``changed``: the client's condition; ``verdict``: whether the gang
-        has its verdict (the waits a verdict ends stop then)."""
         self._changed = changed
         self._node, self._nodes = node_index, num_nodes
         self._verdict, self._closing = verdict, closing
-        # (call, restart) -> this node's place in that start of its ranks (gang/bench.py), from its go or restart.
-        self.seats: Dict[Tuple[int, int], Seat] = {}
-        self._go: Dict[int, msg.Go] = {}  # call -> its launch (rendezvous port, bench)
+        self.seats: Dict[Tuple[int, int], Seat] = {}  # (call, restart) -> this node's place in it
+        self._go: Dict[int, msg.Go] = {}
         self._restarts: Dict[int, msg.Restart] = {}  # call -> the latest restart decided
-        self._done: Set[int] = set()  # calls every active node finished (messages.CallAllDone)
-        self._stacks_in: Set[int] = set()  # calls whose every node's stacks are in (messages.StacksIn)
+        self._done: Set[int] = set()  # calls every active node finished
+        self._stacks_in: Set[int] = set()
 
     def heard(self, message: msg.GangMessage) -> bool:
-        """Keep ``message`` when it is news of a call (False when it is not)."""
+        """False when ``message`` is no news of a call."""
         with self._changed:
             if isinstance(message, msg.Go):
                 self._go[message.index] = message
@@ -403,10 +365,9 @@ class CallNews:
         return True
 
     def _wait(self, until: Callable[[], bool], seconds: Optional[float] = None, verdict_ends: bool = True) -> None:
-        """Until ``until()`` holds, the client closes, ``seconds`` pass (if
-        given) or, where ``verdict_ends``, the gang has its verdict."""
+        """Until ``until()``, the close, ``seconds`` or (``verdict_ends``) the verdict."""
         deadline = None if seconds is None else time.monotonic() + seconds
-        with self._changed:  # woken by the news itself (a message, the verdict, the close)
+        with self._changed:
             while not until() and not self._closing.is_set() and not (verdict_ends and self._verdict()):
                 left = 0.2 if deadline is None else min(0.2, deadline - time.monotonic())
                 if left <= 0:
@@ -414,7 +375,6 @@ class CallNews:
                 self._changed.wait(left)
 
     def go(self, index: int) -> Optional[msg.Go]:
-        """Call ``index``'s go, once the service sends it (None if the gang ended first)."""
         self._wait(lambda: index in self._go)
         with self._changed:
             return self._go.get(index)
@@ -424,51 +384,42 @@ class CallNews:
         return self.call_over(index)
 
     def call_over(self, index: int) -> bool:
-        """Every active node finished call ``index`` (told to the control and the benched nodes)."""
         with self._changed:
             return index in self._done
 
     def wait_stacks_in(self, index: int, seconds: float) -> bool:
-        """After sending this node's stacks of call ``index``: until the service
-        says every node's are in (its ranks may go now), at most ``seconds``.
-        The gang's verdict does not end it: the stacks are sent after a failure."""
+        """Until every node's stacks are in (its ranks may go now). The verdict does
+        not end it: the stacks are sent after a failure."""
         self._wait(lambda: index in self._stacks_in, seconds, verdict_ends=False)
         with self._changed:
             return index in self._stacks_in
 
     def restart_after(self, index: int, restart: int) -> Optional[msg.Restart]:
-        """The gang's latest restart of call ``index`` if it is later than
-        ``restart`` (the start this node's ranks are in), else None."""
+        """The latest restart of call ``index`` if later than ``restart``, else None."""
         with self._changed:
             latest = self._restarts.get(index)
         return latest if latest is not None and latest.restart > restart else None
 
     def wait_for_restart_or_verdict(self, index: int, restart: int, seconds: float) -> Optional[msg.Restart]:
-        """After reporting a failure of call ``index``'s ranks: the service
-        restarts them or ends the gang; the restart, or None."""
         self._wait(lambda: self.restart_after(index, restart) is not None, seconds)
         return self.restart_after(index, restart)
 
     def sit_out(self, index: int, restart: int) -> Optional[msg.Restart]:
-        """A benched node in call ``index`` (its ranks, if it had any, in start
-        ``restart``): until a later restart (which may bring it in), the call's
-        end (every active node done: None) or the gang's verdict (None)."""
+        """A benched node: until a later restart (which may bring it in), or
+        None at the call's end or the verdict."""
         self._wait(lambda: index in self._done or self.restart_after(index, restart) is not None)
         return self.restart_after(index, restart)
 
 
 def send_last_progress(client: GangClient) -> None:
-    """The ranks' progress as they left it, once they are gone: the paced
-    heartbeats may have last carried it seconds before the end, and the
-    result record keeps what the control last heard. Sent before this
-    node's report of the call, on the same connection, so heard first."""
+    """The ranks' last progress, before this node's report of the call: the
+    paced heartbeats may have carried it seconds before the end."""
     if client.training is not None:
         client._safe_send(heartbeat(client.quiet, client.training))
 
 
 def fits(message: msg.GangMessage) -> bool:
-    """A message over the line limit would be refused by ``wire.encode``:
-    the caller trims it rather than lose it (a lost done hangs the control)."""
+    """The caller trims a message too long for a line rather than lose it (a lost done hangs the control)."""
     try:
         wire.encode(message.to_wire())
     except ValueError:
@@ -483,8 +434,7 @@ def control_lost() -> Cause:
 
 def paced(training: Optional[Callable[[], Optional[NodeProgress]]], due: List[float],
           every: float = timeouts.PROGRESS_SEND) -> Optional[Callable[[], Optional[NodeProgress]]]:
-    """``training`` when a heartbeat should carry the progress (once every
-    ``every``; ``due`` holds when next), else None."""
+    """``training`` when a heartbeat should carry the progress (``due`` holds when next), else None."""
     now = time.monotonic()
     if training is None or now < due[0]:
         return None
@@ -494,9 +444,7 @@ def paced(training: Optional[Callable[[], Optional[NodeProgress]]], due: List[fl
 
 def heartbeat(quiet: Optional[Callable[[], Optional[float]]],
               training: Optional[Callable[[], Optional[NodeProgress]]] = None) -> msg.Heartbeat:
-    """With the seconds since this node's ranks last wrote (the control's
-    hang_timeout reads it) and their progress; a failing probe sends none
-    rather than no beat."""
+    """A failing probe sends none rather than no beat."""
     seconds = progress = None
     try:
         seconds = quiet() if quiet is not None else None

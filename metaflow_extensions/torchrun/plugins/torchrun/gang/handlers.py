@@ -1,12 +1,9 @@
-"""What the gang service decides, from what it hears: each member's message
-(one handler per type), a member's dropped connection, and the checks' timeouts.
+"""What the gang service decides from what it hears: each member's message (one
+handler per type), a dropped connection, and the checks' timeouts.
 
-``Handlers`` owns the gang's state: who is in it (``membership.py``), its calls
-(``calls.py``), its preflight and training progress (``node_compare.py``,
-``gang_progress.py``) and its verdict (the cause, or an echo held in case a
-better one follows). The service (``server.py``) owns the thread, the lock and
-the timing, and calls in here with every line, drop and check; only this object
-changes the state, and only on the service's thread."""
+``Handlers`` owns the gang's state (members, calls, preflight, progress, the
+verdict or an echo held in case a better cause follows); the service
+(``server.py``) owns the thread, the lock and the timing, and calls in here."""
 
 from __future__ import annotations
 
@@ -35,8 +32,7 @@ _log = log.get("gang.server")
 class Handlers:
     def __init__(self, config: GangConfig, host: str, admission: Admission, transport: Transport,
                  say: Callable[[str], None]) -> None:
-        """``host``: where the calls' rendezvous ports are found free; ``say``:
-        what the control says (the preflight's lines, a spare brought in)."""
+        """``host``: where the calls' rendezvous ports are found free."""
         self.config = config
         self.host = host
         self.admission = admission
@@ -46,8 +42,6 @@ class Handlers:
         self.book = CallBook(config.num_nodes, Bench.initial(config.num_nodes, config.spares))
         self.preflight = PreflightBook(config.num_nodes)
         self.training = ProgressBook(config.num_nodes, config.straggler_ratio, config.straggler_seconds)
-        # node -> host in, (lines to say, a refusal, the nodes it blames) out: the node history's check
-        # (record/node_history.py), once every node's preflight is in.
         self.host_check: Optional[HostCheck] = None
         self.cause: Optional[Cause] = None  # the gang's verdict
         self.pending: Optional[Tuple[Cause, float]] = None  # an echo, held until then
@@ -95,11 +89,9 @@ class Handlers:
         self.transport.resume(time.monotonic())
 
     def _on_probe(self, peer: Peer, line: msg.WireDict) -> None:
-        """A member's "still here" on a fresh connection while its own one is
-        silent (``probing.py``): as good as hearing it on that one. Answered
-        with a welcome (with the cause, if the gang is over), then closed; a
-        node the gang does not hold (lost, never joined) is refused, unless
-        the gang is over: then it hears why. O(1): its own entry only."""
+        """As good as hearing the member on its own connection. A node the gang
+        does not hold (lost, never joined) is refused, unless the gang is over:
+        then it hears why."""
         proved = self.admission.probe(peer, line)
         if proved is not None:
             node, client_nonce = proved
@@ -132,15 +124,13 @@ class Handlers:
             self._stacks_in(state)  # the last node's: by count, O(1) (a node gone is found at the check)
 
     def check_stacks(self) -> None:
-        """At each check: a call whose stacks are in from every node that may
-        still send them (the others went: lost, done, left) is said to be."""
+        """A call whose stacks are in from every node that may still send them is said to be."""
         for state in list(self.book.calls.values()):
             if state.stacks and not state.stacks_in_said and not self._owe_stacks(state.index):
                 self._stacks_in(state)
 
     def _owe_stacks(self, index: int) -> List[int]:
-        """The nodes whose stacks of call ``index`` may still come: connected,
-        in the call, not done, not the lost or frozen node the gang stopped for."""
+        """Not the lost or frozen node the gang stopped for."""
         cause = self.cause
         silent = {cause.node_index, *cause.missing} if cause is not None and cause.kind in (
             CauseKind.NODE_LOST, CauseKind.UNRESPONSIVE) else set()
@@ -148,8 +138,6 @@ class Handlers:
         return [n for n in pending if n not in silent]
 
     def _stacks_in(self, state: CallState) -> None:
-        """Every node, once: every node's stacks of the call are in, so each
-        may stop its ranks (runtime/call_stacks.py)."""
         state.stacks_in_said = True
         self._broadcast(msg.StacksIn(state.index))
 
@@ -201,10 +189,9 @@ class Handlers:
             self.pending = (cause, time.monotonic() + self.config.secondary_grace)
 
     def _on_preflight(self, peer: Peer, message: msg.GangMessage) -> None:
-        """Kept per node; the last one decides, before its node can send the
-        ``call`` that would launch it: a refusal stops the gang before the
-        rendezvous can complete, so before any rank starts. With spares the
-        other nodes' go waits for it too: the verdict may change the bench."""
+        """The last one decides, before its node can send the ``call`` that would
+        launch it, so before any rank starts. With spares the other nodes' go
+        waits for it too: the verdict may change the bench."""
         assert isinstance(message, msg.Preflight) and peer.node is not None
         try:
             complete = self.preflight.keep(peer.node, message)
@@ -231,8 +218,7 @@ class Handlers:
             self._launch(state)
 
     def _bench_unfit(self, unfit: List[int], cause: Cause) -> bool:
-        """@torchrun(spares): the unfit nodes out and spares in, before any
-        rank starts, where spares cover them (never node 0)."""
+        """The unfit nodes out and spares in, where spares cover them (never node 0)."""
         bench = self.book.bench.take_out(unfit) if unfit and self.book.bench.spares else None
         if bench is None:
             return False
@@ -247,8 +233,7 @@ class Handlers:
         return True
 
     def _bench_blamed(self, blamed: List[int]) -> bool:
-        """A host node history blames starts as a spare where a clean spare
-        exists; True when no blamed node is left to train."""
+        """A blamed host starts as a spare where a clean one exists; True when no blamed node trains."""
         bench = self.book.bench.prefer(blamed)
         for node in blamed:
             if bench.node_rank(node) is None and self.book.bench.node_rank(node) is not None:
@@ -275,10 +260,7 @@ class Handlers:
         if self.members.all_left:
             self._send(CONTROL_NODE, msg.AllLeft())
 
-    # -- a drop and the checks ------------------------------------------------------------
-
     def dropped(self, peer: Peer) -> None:
-        """A connection is gone: a node that had not left its step is lost."""
         node = peer.node
         if not self.members.lost(peer) or self.cause is not None or node is None:
             return
@@ -291,7 +273,6 @@ class Handlers:
         ))
 
     def check(self, now: float, node_ends: Optional[Callable[[], Mapping[int, NodeEnd]]]) -> None:
-        """The service's periodic check: the stacks all in, and whatever is overdue."""
         ended = self.members.saw_ends(node_ends)  # after an abort too, for everyone_heard
         self.check_stacks()
         if self.cause is None:
@@ -312,22 +293,17 @@ class Handlers:
         )
 
     def _last_output(self, node: int) -> Optional[float]:
-        """hang_timeout's clock for a node: when its ranks last advanced a step
-        while they report progress, else when they last wrote output."""
+        """hang_timeout's clock: when the ranks last advanced a step while they report progress, else wrote."""
         peer = self.members.by_node.get(node)
         if peer is None:
             return None
         return peer.last_advance if peer.last_advance is not None else peer.last_output
 
     def waiting(self, now: float) -> Optional[str]:
-        """Who the gang still waits for: nodes to join, or to reach a call."""
         return self.members.waiting(now) or self.book.waiting(now)
 
-    # -- the verdict -------------------------------------------------------------------------
-
     def abort(self, cause: Cause) -> None:
-        """The gang's verdict: a restart of the call's ranks where one is
-        allowed (``restarts.py``), else the end, to every node."""
+        """A restart of the call's ranks where one is allowed, else the end, to every node."""
         if self._restart(cause):
             return
         self.pending = None

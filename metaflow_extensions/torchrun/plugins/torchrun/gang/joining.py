@@ -1,8 +1,6 @@
 """How a node joins the gang: find the control's service among the candidate
-ports, prove the gang's secret and make the service prove it too. The one part
-of a node's side that runs before the gang exists, once, on the join's thread:
-``Joiner`` hands the client (``client.py``) the authenticated connection, which
-then starts its reader, heartbeat and probe (``probing.py``) threads."""
+ports, prove the gang's secret and make the service prove it too; once, on
+the join's thread, before the client starts its other threads."""
 
 from __future__ import annotations
 
@@ -21,8 +19,6 @@ from .config import GangConfig
 
 
 class Link(NamedTuple):
-    """A connection to the gang's service, both sides proved."""
-
     sock: socket.socket
     port: int
     early: bytes  # what the service sent after its welcome, for the reader
@@ -32,7 +28,6 @@ class Link(NamedTuple):
 class Joiner:
     def __init__(self, config: GangConfig, host: str, ports: Sequence[int], node_index: int, secret: bytes,
                  closing: threading.Event, progress: Callable[[str], None]) -> None:
-        """``progress``: where a node that cannot reach the control yet says what it tries."""
         self.config = config
         self.host = host
         self.ports = tuple(ports)
@@ -44,12 +39,9 @@ class Joiner:
         self._early = b""
 
     def join(self, patience: float) -> Optional[Link]:
-        """Each candidate port in turn until one holds our gang's service, for
-        ``patience`` seconds at most (no attempt outlives it); None when none
-        did (``last_error`` says why).
-        Every ``progress_interval`` it says what it is trying, and what went
-        wrong last (a worker cut off from the control learns it here, not once
-        ``start_timeout`` has passed)."""
+        """None when no port held our gang's service within ``patience``
+        (``last_error`` says why). Says what it tries every ``progress_interval``:
+        a worker cut off learns it here, not once ``start_timeout`` has passed."""
         started = time.monotonic()
         deadline = started + patience
         next_word = started + self.config.progress_interval
@@ -75,10 +67,8 @@ class Joiner:
         return "%s port %s" % (self.host, " or ".join(map(str, self.ports)))
 
     def _handshake(self, port: int, connect_timeout: float = timeouts.CONNECT_TIMEOUT) -> Link:
-        """Prove this node holds the secret on ``port``, and have the service
-        prove it too; a port held by anything but our gang (another gang's
-        service, an unrelated server, an impostor) fails here and the next is
-        tried."""
+        """A port held by anything but our gang (another gang, another server, an
+        impostor) fails here and the next is tried."""
         sock = socket.create_connection((self.host, port), timeout=connect_timeout)
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -102,8 +92,7 @@ class Joiner:
         return Link(sock, port, self._early, welcome.cause)
 
     def _read_one(self, sock: socket.socket) -> wire.Message:
-        """One line of the handshake (what came after it is kept for the
-        reader): ValueError when it is not a JSON object, or too long."""
+        """What came after the line is kept for the reader."""
         data = self._early
         while b"\n" not in data:
             if len(data) > wire.PRE_AUTH_LINE:
@@ -120,7 +109,6 @@ class Joiner:
 
 
 def error_text(error: Optional[BaseException]) -> str:
-    """An error as a user reads it: ``[Errno 113] No route to host``."""
     if error is None:
         return "none"
     if isinstance(error, socket.timeout):

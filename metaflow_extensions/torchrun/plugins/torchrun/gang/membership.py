@@ -1,13 +1,9 @@
 """Who is in the gang, and who is still alive.
 
-Joins are counted, never listed to anyone: the service tells a node only that
-it joined (its welcome). Liveness is judged by what a node sends: a dropped
-connection before a node left its step is a lost node; ``heartbeat_timeout``
-of silence is a frozen or cut-off one. On a local run the control also sees
-its nodes' tasks end (runtime/node_tasks.py): a task that ended before its node
-joined ends the gang at once, named with its exit and its last lines, instead
-of being waited for until ``start_timeout``. The scans here are O(nodes) and
-run at the service's check rate, never once per message.
+Joins are counted, never listed to anyone. On a local run a node task that
+ended before its node joined ends the gang at once, named with its exit and
+last lines, rather than being waited for until ``start_timeout``. The scans
+here are O(nodes) and run at the check rate, never once per message.
 """
 
 from __future__ import annotations
@@ -24,7 +20,6 @@ from .silence import silence_cause
 
 
 class NodeEnd(NamedTuple):
-    """A node's task seen to end by the control that started it (a local run)."""
 
     exit_code: int
     last_lines: Tuple[str, ...] = ()
@@ -41,7 +36,6 @@ class Membership:
         self.started = time.monotonic()
 
     def taken(self, node: int) -> bool:
-        """A node index is held by one connection for the whole step."""
         return node in self.by_node or node in self.left
 
     def join(self, node: int, peer: Peer) -> None:
@@ -67,9 +61,7 @@ class Membership:
         return [n for n in range(self.config.num_nodes) if n not in self.joined_at]
 
     def saw_ends(self, node_ends: Optional[Callable[[], Mapping[int, NodeEnd]]]) -> Optional[Cause]:
-        """A local run's control: record the node tasks ``node_ends`` says
-        ended before their node joined (asked while some node has not); the
-        cause for the first such node (the lowest index), or None."""
+        """The cause for the lowest node whose task ended before it joined, or None."""
         if node_ends is None or self.all_heard:
             return None
         ends = node_ends()
@@ -82,8 +74,7 @@ class Membership:
         return ended_before_joining(node, self.ended[node])
 
     def lost(self, peer: Peer) -> bool:
-        """``peer`` was a node's connection: forget it; True when the node had
-        not left its step (its task died)."""
+        """True when the node had not left its step (its task died)."""
         node = peer.node
         if node is None or self.by_node.get(node) is not peer:
             return False
@@ -103,8 +94,6 @@ class Membership:
         )
 
     def silent(self, now: float) -> Optional[Cause]:
-        """Nodes silent past ``heartbeat_timeout``, named as ``silence.py``
-        decides (one frozen node, or contact lost with every other node)."""
         limit = self.config.heartbeat_timeout
         quiet: Dict[int, float] = {}
         for node, peer in self.by_node.items():
@@ -125,8 +114,6 @@ class Membership:
 
 
 def ended_before_joining(node: int, end: NodeEnd) -> Cause:
-    """The gang's cause when node ``node``'s task ended before it joined: its
-    exit in the summary, its last lines of stderr in the message."""
     lines = [line for line in end.last_lines if line.strip()]
     said = ("%s\n%s" % (LAST_LINES_HEAD, "\n".join("    " + line for line in lines))) if lines else \
         "it wrote nothing on stderr"

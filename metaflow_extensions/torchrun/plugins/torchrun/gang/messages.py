@@ -1,16 +1,10 @@
-"""Every message of the gang's protocol, as a typed record.
+"""Every message of the gang's protocol, as a frozen record per ``MessageType``.
 
-One frozen dataclass per ``MessageType``. Code on both ends builds and reads
-these records; they become JSON only on the wire (``to_wire``), and a line from
-a peer becomes a record only through ``parse``, which checks every field for
-its type and bound (``codec.py`` reads both from the field's annotation) and
-raises ``ProtocolError`` otherwise. Whoever receives a
-``ProtocolError`` drops the peer that sent it: a malformed message costs its
-sender, never the service.
-
-Sizes: every message is bounded whatever the gang's size. A node's report
-carries its own ranks only (at most ``MAX_RANKS_PER_NODE``, each tail a few
-lines); nothing the service sends lists the gang's nodes.
+JSON only on the wire (``to_wire``); a peer's line becomes a record only
+through ``parse``, every field checked by its annotation (``codec.py``), else
+``ProtocolError``: a malformed message costs its sender, never the service.
+Every message is bounded whatever the gang's size: a node's report carries its
+own ranks only, and nothing the service sends lists the gang's nodes.
 """
 
 from __future__ import annotations
@@ -30,8 +24,7 @@ from .node_progress import NodeProgress
 from .wire import Message as WireDict
 from .wire import ProtocolError
 
-# 4: typed messages; no "joined" list; call_all_done and all_left go to the
-# control only. 5: ``probe``. 6: ``stacks_in``. 7: the bench (spares) on ``go`` and ``restart``.
+# 5: ``probe``. 6: ``stacks_in``. 7: the bench (spares) on ``go`` and ``restart``.
 PROTOCOL = 7
 
 NONCE_BYTES = 32
@@ -39,9 +32,7 @@ PROOF_HEX = 64  # sha256, in hex
 MAX_NODE = 1 << 20
 MAX_CALL = 1 << 20
 MAX_RESTART = 1 << 16
-# A node runs at most this many ranks (nproc_per_node); its report and its
-# stacks carry at most this many entries.
-MAX_RANKS_PER_NODE = 4096
+MAX_RANKS_PER_NODE = 4096  # a node's report and stacks carry at most this many
 # Per rank and stream: the last lines of output a report carries.
 TAIL_LINES = 20
 TAIL_LINE_CHARS = 1000
@@ -66,10 +57,8 @@ class MessageType(str, enum.Enum):
     ABORT = "abort"  # service -> every node: the gang is over, and why
     PREFLIGHT = "preflight"  # node -> service: its software fingerprint and fitness checks
     RESTART = "restart"  # service -> every node: restart call k's ranks, on this rendezvous port
-    PROBE = "probe"  # a member node on a fresh connection, in place of a hello: still here (gang/probing.py)
+    PROBE = "probe"  # a member node on a fresh connection, in place of a hello: still here
 
-
-# -- the fields' bounds (codec.py reads and writes each field by its type) -------------
 
 NodeIndex = Annotated[int, Int(0, MAX_NODE - 1)]
 CallIndex = Annotated[int, Int(0, MAX_CALL)]
@@ -80,7 +69,6 @@ Protocol = Annotated[int, Int(0, 1 << 16), NEED]
 
 
 def _cause(value: Any) -> Cause:
-    """A peer's cause is read leniently by ``Cause.from_wire``; none at all is refused."""
     cause = Cause.from_wire(value)
     if cause is None:
         raise ValueError("not a cause")
@@ -91,7 +79,6 @@ CAUSE = Via(_cause)
 
 
 def _base64(value: Any) -> bytes:
-    """Rank 0's pickled value travels as base64, checked strictly."""
     if not isinstance(value, str):
         raise ValueError("not base64")
     try:
@@ -103,20 +90,17 @@ def _base64(value: Any) -> bytes:
 BASE64 = Via(_base64, lambda payload: None if payload is None else base64.b64encode(payload).decode())
 
 
-# -- the records ------------------------------------------------------------------------
-
 M = TypeVar("M", bound="GangMessage")
 
 
 class GangMessage(Record):
-    """Base of every message: ``TYPE`` names it on the wire; its fields follow, nulls left off."""
+    """``TYPE`` names it on the wire; its fields follow, nulls left off."""
 
     TYPE: ClassVar[MessageType]
     ERROR = ProtocolError
     DROP_NONE = True
 
     def to_wire(self) -> WireDict:
-        """By hand for its first key only: the type, which is the class, not a field."""
         return {"type": self.TYPE.value, **encode(self)}
 
 
@@ -142,11 +126,8 @@ class Hello(GangMessage):
 
 @dataclass(frozen=True)
 class Probe(GangMessage):
-    """A member node, on a fresh connection while its own one is silent
-    (``probing.py``): "node i is still here", with a proof of the secret over
-    this connection's nonces (``auth.probe``). The service answers with a
-    ``welcome`` (its own proof, and the cause if the gang is over) and closes:
-    both sides count that as hearing from the other."""
+    """"Node i is still here", on a fresh connection while its own is silent
+    (``probing.py``); answered by a ``welcome``, then closed."""
 
     TYPE: ClassVar[MessageType] = MessageType.PROBE
     WIRE_ORDER = ("protocol", "node_index", "nonce", "proof")
@@ -176,10 +157,8 @@ class Reject(GangMessage):
 
 @dataclass(frozen=True)
 class Heartbeat(GangMessage):
-    """From a node while its call's job runs: seconds since its ranks last
-    wrote output (its own clock; the control's hang_timeout reads it), and
-    its ranks' progress summed up (``node_progress.py``: one bounded record
-    per node whatever its number of ranks)."""
+    """``quiet``: seconds since the node's ranks last wrote, on its own clock
+    (the control's hang_timeout reads it)."""
 
     TYPE: ClassVar[MessageType] = MessageType.HEARTBEAT
     quiet: Annotated[Optional[float], Real(0.0, 1e9 - 1, digits=3)] = None
@@ -195,8 +174,7 @@ class Call(GangMessage):
 
 @dataclass(frozen=True)
 class Go(GangMessage):
-    """Launch call ``index`` on ``rdzv_port``; ``bench``: the nodes that do
-    not train in it (``@torchrun(spares)``, bench.py), K indices at most."""
+    """``bench``: the nodes that do not train in call ``index``, K indices at most."""
 
     TYPE: ClassVar[MessageType] = MessageType.GO
     index: CallIndex
@@ -208,7 +186,7 @@ Tails = Dict[int, Dict[str, Tuple[str, ...]]]
 
 
 def _tails(value: Any) -> Tails:
-    """Hand-read: each rank's last lines are cut to fit, not refused, and both streams are always there."""
+    """Each rank's last lines are cut to fit, not refused; both streams always there."""
     if not isinstance(value, Mapping) or len(value) > MAX_RANKS_PER_NODE:
         raise ValueError("not an object of at most %d ranks" % MAX_RANKS_PER_NODE)
     return {_rank_key(k): _streams(v) for k, v in value.items()}
@@ -238,9 +216,7 @@ def _streams(value: Any) -> Dict[str, Tuple[str, ...]]:
 
 @dataclass(frozen=True)
 class NodeReport(Record):
-    """What a node tells the control as it finishes a call: its ranks and the
-    last lines of their output. Bounded per node, so the control's memory for
-    reports grows with the gang only linearly, and no message with it."""
+    """A node's ranks and their last lines as it finishes a call, bounded per node."""
 
     ERROR = ProtocolError
     ranks: Annotated[Tuple[RankStatus, ...], Items(MAX_RANKS_PER_NODE)] = ()
@@ -251,16 +227,14 @@ class NodeReport(Record):
     truncated: bool = False  # cut to fit the line limit
 
     def cut(self) -> "NodeReport":
-        """The same report without output tails: what is sent when the whole
-        does not fit one line (a lost done would hang the control)."""
+        """Without output tails: when the whole does not fit a line (a lost done would hang the control)."""
         return NodeReport(self.ranks[:MAX_RANKS_PER_NODE], {}, self.started, self.ended, truncated=True)
 
 
 @dataclass(frozen=True)
 class CallDone(GangMessage):
-    """``rank0``: rank 0's pickled return value when rank 0 ran on this node,
-    with ``rank0_proof``, a MAC over its bytes (``auth.payload_proof``); a
-    value too big for one line is not sent, only its size."""
+    """``rank0``: rank 0's pickled return value with a MAC over its bytes
+    (``auth.payload_proof``); one too big for a line is sent as its size."""
 
     TYPE: ClassVar[MessageType] = MessageType.CALL_DONE
     index: CallIndex
@@ -278,10 +252,9 @@ class CallAllDone(GangMessage):
 
 @dataclass(frozen=True)
 class StacksIn(GangMessage):
-    """Every node still in call ``index`` has sent its stacks: a node keeps
-    its ranks alive until it hears this (runtime/call_stacks.py), as a peer's
-    ranks in a collective with them would die with them before their own node
-    had asked where they were."""
+    """Every node still in call ``index`` sent its stacks: a node keeps its ranks
+    alive until then, as a peer's ranks in a collective with them would die
+    with them before their own node had asked where they were."""
 
     TYPE: ClassVar[MessageType] = MessageType.STACKS_IN
     index: CallIndex
@@ -289,9 +262,8 @@ class StacksIn(GangMessage):
 
 @dataclass(frozen=True)
 class Failed(GangMessage):
-    """``restart``: which start of the call's ranks failed (0: the first; k: the
-    k-th restart), so that a report of ranks already replaced is not taken for
-    a failure of the new ones."""
+    """``restart``: which start of the call's ranks failed (0: the first), so a
+    report of ranks already replaced is not taken for the new ones'."""
 
     TYPE: ClassVar[MessageType] = MessageType.FAILED
     cause: Annotated[Cause, CAUSE]
@@ -302,13 +274,9 @@ class Failed(GangMessage):
 
 @dataclass(frozen=True)
 class Restart(GangMessage):
-    """The service's decision, to every node at once: stop call ``index``'s
-    ranks and start them again as restart ``restart`` (1, 2, ...), with a
-    fresh static rendezvous on ``rdzv_port`` (the previous one's store dies
-    with node 0's old agent). ``cause``: what failed. ``bench``: the nodes
-    that sit the restart out (a swap: ``swapped_in`` came in from the spares
-    for the node the cause is pinned to). The same few fields whatever the
-    gang's size: the bench is K indices at most."""
+    """Stop call ``index``'s ranks and start them again as restart ``restart``
+    on a fresh ``rdzv_port`` (the old store dies with node 0's old agent).
+    ``swapped_in``: the spare that came in for the node the cause is pinned to."""
 
     TYPE: ClassVar[MessageType] = MessageType.RESTART
     index: CallIndex
@@ -324,14 +292,13 @@ class Restart(GangMessage):
 
 
 def _stacks(value: Any) -> Dict[int, str]:
-    """Hand-read, best effort: entries that are not a rank and a text are left out, texts cut."""
+    """Best effort: entries that are not a rank and a text are left out, texts cut."""
     if not isinstance(value, Mapping):
         raise ValueError("not an object")
     return {rank: text[:MAX_STACK_BYTES] for rank, text in _by_rank(value) if isinstance(text, str)}
 
 
 def _flights(value: Any) -> Dict[int, FlightSummary]:
-    """Hand-read, best effort: entries that are not a rank and a summary are left out."""
     if not isinstance(value, Mapping):
         raise ValueError("not an object")
     flights: Dict[int, FlightSummary] = {}
@@ -344,8 +311,6 @@ def _flights(value: Any) -> Dict[int, FlightSummary]:
 
 
 def _by_rank(value: Mapping[str, Any]) -> Iterator[Tuple[int, Any]]:
-    """A node's entries keyed by rank: at most ``MAX_RANKS_PER_NODE``, keys
-    that are not a rank left out."""
     for key, item in list(value.items())[:MAX_RANKS_PER_NODE]:
         try:
             rank = int(key)
@@ -357,11 +322,8 @@ def _by_rank(value: Mapping[str, Any]) -> Iterator[Tuple[int, Any]]:
 
 @dataclass(frozen=True)
 class Stacks(GangMessage):
-    """Where a node's ranks were when it stopped them (rank -> faulthandler's
-    dump) and, where torch records them, the collectives each had entered
-    (rank -> its Flight Recorder summary, procs/flight.py: a few hundred bytes
-    at most); both empty when it had no live rank. Entries that are not a rank
-    and a text or a summary are left out, not fatal: both are best effort."""
+    """rank -> faulthandler's dump and, where torch records them, rank -> its
+    Flight Recorder summary; both empty when the node had no live rank."""
 
     TYPE: ClassVar[MessageType] = MessageType.STACKS
     call: CallIndex
@@ -389,8 +351,6 @@ class Abort(GangMessage):
 
 # -- preflight (gang/node_compare.py compares; launch/node_checks.py measures) ----------------
 
-# The fingerprint's fields, in the order messages name them. A node sends at
-# most these; the service compares them across the gang.
 FINGERPRINT_FIELDS = ("python", "torch", "cuda", "nccl", "cudnn", "metaflow", "metaflow_torchrun", "kernel")
 FINGERPRINT_VALUE_CHARS = 64
 CHECK_STATUSES = ("ok", "warn", "fail")
@@ -402,8 +362,7 @@ CheckText = Annotated[str, Text(CHECK_TEXT_CHARS)]
 
 @dataclass(frozen=True)
 class PreflightCheck(Record):
-    """One fitness check on one node: what was found, what was expected, and
-    the fix when it is not ok."""
+    """One fitness check on one node: the fix when it is not ok."""
 
     ERROR = ProtocolError
     name: Annotated[str, Text(CHECK_NAME_CHARS, least=1)]
@@ -419,9 +378,7 @@ Versions = Dict[Annotated[str, OneOf(FINGERPRINT_FIELDS)], Annotated[str, Text(F
 @dataclass(frozen=True)
 class Preflight(GangMessage):
     """A node's software fingerprint (read from files, never by importing
-    torch) and its fitness checks; sent once, right after joining, before any
-    ``call``. Every field is bounded: 1,024 of these fit the control's memory
-    in well under a megabyte."""
+    torch) and its fitness checks; sent once, after joining, before any ``call``."""
 
     TYPE: ClassVar[MessageType] = MessageType.PREFLIGHT
     versions: Annotated[Versions, Items(len(FINGERPRINT_FIELDS)), NEED] = field(default_factory=dict)
@@ -435,8 +392,7 @@ KINDS: Dict[MessageType, Type[GangMessage]] = {
 
 
 def parse(data: Mapping[str, Any]) -> GangMessage:
-    """A wire object to its record; ``ProtocolError`` for an unknown type or a
-    field of the wrong type or size."""
+    """``ProtocolError`` for an unknown type or a field of the wrong type or size."""
     try:
         kind = MessageType(data.get("type"))
     except ValueError:

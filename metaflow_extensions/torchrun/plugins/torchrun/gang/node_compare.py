@@ -1,16 +1,14 @@
 """Preflight on the control: compare every node's fingerprint and fitness
 checks, and decide before any rank starts whether the gang can train.
 
-Pure functions over what the nodes sent (``messages.Preflight``), and the
-small book the gang service keeps them in. Costs are bounded by the gang's
-size once, not per message: values are grouped (one dict per field), and a
-message names at most ``MAX_GROUPS`` values per field and ``cause.plural``'s
-cap of node ranges, so at 1,024 nodes a refusal is still a few lines:
-``nodes 3, 17 have torch 2.12.0 (majority 2.13.0 on 1022 nodes)``.
+Values are grouped (one dict per field) and a message names at most
+``MAX_GROUPS`` values per field, so at 1,024 nodes a refusal is still a few
+lines: ``nodes 3, 17 have torch 2.12.0 (majority 2.13.0 on 1022 nodes)``.
 """
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
@@ -20,38 +18,31 @@ from ..base.codec import Written
 from . import messages as msg
 
 # @torchrun(preflight=...): the default checks versions and each node's fitness
-# (no process, milliseconds, on the join's thread); "full" adds a collective
-# job of its own before the first call; "off" (False) does nothing.
+# (no process, on the join's thread); "full" adds a collective job before the
+# first call; "strict" refuses a host with a bad history rather than warn.
 VERSIONS = "versions"
 FULL = "full"
-# "versions", and a node whose host has a bad history (record/node_history.py)
-# is refused rather than warned about.
 STRICT = "strict"
 OFF = "off"
-MODES = (VERSIONS, FULL, STRICT, OFF)
 DEFAULT_MODE = VERSIONS
 # Fields whose difference is reported, not refused: nodes of one cluster often
 # run different kernel patch levels, and training does not care.
 WARN_ONLY_FIELDS = ("kernel",)
-# Values named per field in a message (the rest are counted).
-MAX_GROUPS = 8
-# Nodes listed per group in the record (the rest are counted).
-MAX_LISTED = 64
-# Rows of the per-node table kept in the record: nodes with a problem first.
-MAX_ROWS = 64
+MAX_GROUPS = 8  # values named per field in a message (the rest are counted)
+MAX_LISTED = 64  # nodes listed per group in the record
+MAX_ROWS = 64  # rows of the per-node table kept in the record
 ROW_TEXT = 80
 
 FIX_VERSIONS = ("build every node from one image (or one environment: @pypi/@conda pins, the same "
                 "--environment), so that every node runs the same software")
 
-# The control's check of the gang's hosts against their history (record/node_history.py):
-# hosts -> the lines it says, the refusal (preflight="strict"), the nodes whose host it blames.
+# The node history's check (record/node_history.py): hosts -> the lines it
+# says, the refusal (preflight="strict"), the nodes whose host it blames.
 HostCheck = Callable[[Dict[int, str]], Tuple[List[str], Optional[Cause], List[int]]]
 
 
 def parse_mode(value: Any) -> str:
-    """``@torchrun(preflight=...)``: "versions", "full", or False/"off"/None
-    for none; anything else is refused by name."""
+    """False, "off" and None say none; anything unknown is refused by name."""
     if value is None or value is False or (isinstance(value, str) and knobs.says_off(value)):
         return OFF
     if value is True:
@@ -67,8 +58,6 @@ def parse_mode(value: Any) -> str:
 
 @dataclass(frozen=True)
 class Difference:
-    """One field on which the nodes disagree."""
-
     field: str
     majority: str
     majority_count: int
@@ -93,9 +82,8 @@ class Difference:
 
 
 def group_values(fingerprints: Mapping[int, Mapping[str, str]]) -> Dict[str, Dict[str, List[int]]]:
-    """field -> value -> nodes; a field a node did not send counts as "none".
-    A node that sent no fingerprint at all (it could not measure) is left out:
-    not knowing is no reason to refuse."""
+    """field -> value -> nodes; a field not sent is "none". A node that sent no
+    fingerprint (it could not measure) is left out: not knowing is no reason to refuse."""
     groups: Dict[str, Dict[str, List[int]]] = {name: {} for name in msg.FINGERPRINT_FIELDS}
     for node in sorted(fingerprints):
         versions = fingerprints[node]
@@ -107,8 +95,7 @@ def group_values(fingerprints: Mapping[int, Mapping[str, str]]) -> Dict[str, Dic
 
 
 def differences(fingerprints: Mapping[int, Mapping[str, str]]) -> List[Difference]:
-    """The fields on which nodes disagree, each with its majority value (ties:
-    the value of the lowest node, node 0 where it reported)."""
+    """Each with its majority value (ties: the lowest node's)."""
     out = []
     for name, by_value in group_values(fingerprints).items():
         if len(by_value) < 2:
@@ -125,8 +112,7 @@ def differences(fingerprints: Mapping[int, Mapping[str, str]]) -> List[Differenc
 
 def group_checks(checks: Mapping[int, Sequence[msg.PreflightCheck]], status: str) -> List[Tuple[msg.PreflightCheck,
                                                                                                  List[int]]]:
-    """The checks of ``status`` across the gang, grouped by what was found,
-    expected and the fix: one example check and its nodes per group."""
+    """Grouped by what was found, expected and the fix: one example check and its nodes per group."""
     groups: Dict[Tuple[str, str, str, str], Tuple[msg.PreflightCheck, List[int]]] = {}
     for node in sorted(checks):
         for check in checks[node]:
@@ -137,8 +123,7 @@ def group_checks(checks: Mapping[int, Sequence[msg.PreflightCheck]], status: str
 
 
 def describe_checks(groups: List[Tuple[msg.PreflightCheck, List[int]]]) -> List[str]:
-    """One line per group (at most ``MAX_GROUPS`` per check): the node, the
-    check, what was found and expected, and the fix."""
+    """One line per group, at most ``MAX_GROUPS`` per check."""
     lines: List[str] = []
     per_check: Dict[str, int] = {}
     for check, nodes in groups:
@@ -162,10 +147,8 @@ def describe_checks(groups: List[Tuple[msg.PreflightCheck, List[int]]]) -> List[
 
 def verdict(fingerprints: Mapping[int, Mapping[str, str]],
             checks: Mapping[int, Sequence[msg.PreflightCheck]]) -> Optional[Cause]:
-    """The preflight's refusal, or None when the gang may start its ranks:
-    a fingerprint field that differs (kernel aside) or a check that failed."""
-    refused = [d for d in differences(fingerprints) if d.refused]
-    failed = group_checks(checks, "fail")
+    """A fingerprint field that differs (kernel aside) or a check that failed, or None."""
+    refused, failed = _refused(fingerprints, checks)
     if not refused and not failed:
         return None
     lines = []
@@ -188,17 +171,19 @@ def verdict(fingerprints: Mapping[int, Mapping[str, str]],
 
 def unfit(fingerprints: Mapping[int, Mapping[str, str]],
           checks: Mapping[int, Sequence[msg.PreflightCheck]]) -> List[int]:
-    """The nodes the preflight's refusal is about: those whose software
-    differs from the reference's, and those whose checks failed."""
-    refused = [d for d in differences(fingerprints) if d.refused]
-    failed = group_checks(checks, "fail")
+    """Those whose software differs from the reference's, and those whose checks failed."""
+    refused, failed = _refused(fingerprints, checks)
     return sorted({n for d in refused for _, group in d.others for n in group} | {n for _, g in failed for n in g})
+
+
+def _refused(fingerprints: Mapping[int, Mapping[str, str]], checks: Mapping[int, Sequence[msg.PreflightCheck]]
+             ) -> Tuple[List[Difference], List[Tuple[msg.PreflightCheck, List[int]]]]:
+    return [d for d in differences(fingerprints) if d.refused], group_checks(checks, "fail")
 
 
 def warnings(fingerprints: Mapping[int, Mapping[str, str]],
              checks: Mapping[int, Sequence[msg.PreflightCheck]]) -> List[str]:
-    """What the control says once the gang passed: checks that warned, and
-    fields that differ without refusing (the kernel)."""
+    """Once the gang passed: checks that warned, fields that differ without refusing (the kernel)."""
     lines = ["versions differ (not refused): " + d.describe() for d in differences(fingerprints) if not d.refused]
     return lines + describe_checks(group_checks(checks, "warn"))
 
@@ -208,8 +193,6 @@ def warnings(fingerprints: Mapping[int, Mapping[str, str]],
 
 @dataclass(frozen=True)
 class ValueGroup:
-    """One value of a fingerprint field and the nodes that have it."""
-
     value: str
     count: int
     nodes: Tuple[int, ...]
@@ -217,8 +200,6 @@ class ValueGroup:
 
 @dataclass(frozen=True)
 class Finding:
-    """A check that was not ok, with the nodes it was found on."""
-
     check: msg.PreflightCheck
     count: int
     nodes: Tuple[int, ...]
@@ -242,8 +223,7 @@ class JobRecord(Written):
 
 @dataclass(frozen=True)
 class PreflightRecord:
-    """What the result record, the task metadata and the card keep of the
-    gang's preflight: bounded whatever the gang's size."""
+    """What the result record, the task metadata and the card keep."""
 
     mode: str
     nodes: int = 0
@@ -275,7 +255,6 @@ class PreflightRecord:
 
 def record(fingerprints: Mapping[int, Mapping[str, str]], checks: Mapping[int, Sequence[msg.PreflightCheck]],
            num_nodes: int, mode: str) -> PreflightRecord:
-    """What the result record, the task metadata and the card keep."""
     versions: Dict[str, Tuple[ValueGroup, ...]] = {}
     for name, by_value in group_values(fingerprints).items():
         ordered = sorted(by_value.items(), key=lambda kv: (-len(kv[1]), kv[1][0]))
@@ -297,8 +276,7 @@ def record(fingerprints: Mapping[int, Mapping[str, str]], checks: Mapping[int, S
 
 def rows(fingerprints: Mapping[int, Mapping[str, str]],
          checks: Mapping[int, Sequence[msg.PreflightCheck]]) -> List[Dict[str, Union[int, str]]]:
-    """Nodes by checks, for the card's table: nodes with a problem first, at
-    most ``MAX_ROWS``; each cell the status and, if not ok, what was found."""
+    """The card's table: nodes with a problem first; a cell: the status and, if not ok, what was found."""
     odd: Dict[int, List[str]] = {}
     for d in differences(fingerprints):
         for _, group in d.others:
@@ -318,8 +296,7 @@ def rows(fingerprints: Mapping[int, Mapping[str, str]],
 
 
 class PreflightBook:
-    """What the gang service keeps of the nodes' preflight messages: one per
-    node, compared once, when the last one arrives (O(nodes) once)."""
+    """The nodes' preflight messages, compared once, when the last one arrives."""
 
     def __init__(self, num_nodes: int):
         self.num_nodes = num_nodes
@@ -328,7 +305,7 @@ class PreflightBook:
         self.decided = False
 
     def keep(self, node: int, message: msg.Preflight) -> bool:
-        """True when this was the last node's: the gang can be judged."""
+        """True when this was the last node's."""
         if node in self.fingerprints:
             raise ValueError("node %d sent its preflight twice" % node)
         self.fingerprints[node] = dict(message.versions)
@@ -353,8 +330,7 @@ class PreflightBook:
 
 # -- the collective job (preflight="full") -------------------------------------------------
 
-# A node whose link to the reference node (rank 0's) measures under this
-# fraction of the median of all nodes' links is named slow.
+# A node whose link to rank 0's node is under this fraction of the median link is slow.
 SLOW_FRACTION = 0.5
 
 
@@ -368,19 +344,12 @@ def _numbers(value: Any) -> Dict[int, float]:
     return out
 
 
-def median(values: Sequence[float]) -> float:
-    ordered = sorted(values)
-    mid = len(ordered) // 2
-    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2.0
-
-
 def job_record(returned: Any, took: float) -> JobRecord:
-    """What rank 0 of the job returned, checked, with the slow nodes named;
-    one number per node (bounded: 1,024 nodes are a few tens of kB)."""
+    """What rank 0 of the job returned, checked, with the slow nodes named."""
     data = returned if isinstance(returned, Mapping) else {}
     links = _numbers(data.get("link_gbps"))
     init = _numbers(data.get("init_s"))
-    mid = median(list(links.values())) if links else 0.0
+    mid = statistics.median(links.values()) if links else 0.0
     slow = sorted(n for n, v in links.items() if len(links) >= 2 and v < SLOW_FRACTION * mid)
     busbw = data.get("busbw_gbps")
     size = data.get("size_mib")
@@ -400,7 +369,6 @@ def job_record(returned: Any, took: float) -> JobRecord:
 
 
 def describe_job(job: JobRecord) -> List[str]:
-    """The control's lines about the job: what it proved, what is slow."""
     slowest = max(job.init_s.items(), key=lambda kv: kv[1]) if job.init_s else None
     lines = ["collective job (%s) in %.1fs: all-reduce %s, bus bandwidth %s GB/s%s" % (
         job.backend, job.seconds, "ok" if job.allreduce_ok else "WRONG SUM",

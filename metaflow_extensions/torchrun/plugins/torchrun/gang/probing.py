@@ -1,28 +1,12 @@
 """A node's second way to hear the control while its connection is silent.
 
-A segment TCP lost is resent after the retransmission timeout, doubled at each
-loss: on Linux 0.2, 0.6, 1.4, 3.0, 6.2, 12.6 s after it was first sent, later
-under load. So after the link comes back, the gang's connection can stay
-silent for up to about the cut's length again: a 5 s flap reads as 6 to 8 s
-of silence, a 10 s one as over 13 s. A fresh connection is not held back by
-that backoff: its SYN leaves at once.
-
-So a node that has heard nothing from the control for ``probe_after`` (two
-heartbeat intervals) says it is still here on a fresh connection, once per
-heartbeat interval, one probe at a time: the control's challenge, a ``probe``
-proving the secret as a hello does (``auth.probe``), the service's
-``welcome``, then the connection closes. The service counts the probe as
-hearing from that node (its own entry: O(1)); the node counts the welcome as
-hearing from the control, and takes the gang's cause from it, if the gang is
-over. During the cut every probe's SYN is lost, so a cut longer than
-``heartbeat_timeout`` still ends every node; from inside a partition, a probe
-tells no one which side was cut.
-
-The connection stays the measure of last resort: the messages ride it, so
-probes stand in for it for at most ``link_timeout`` (a cut shorter than
-``heartbeat_timeout`` is resent within about twice its length). A connection
-silent longer, while probes get through, is dead (a firewall or NAT that lost
-its state): this node then stops as for any silence.
+After a flap TCP's backoff can hold the connection's resends back for about as
+long as the cut lasted; a fresh connection's SYN leaves at once. So a node
+that heard nothing for ``probe_after`` says it is still here on a fresh
+connection (a ``probe``, answered by a ``welcome``), once per heartbeat
+interval; both sides count that as hearing the other. Probes stand in for the
+connection for ``link_timeout`` at most: one silent longer is dead (a firewall
+or NAT lost its state). The measurements: docs/failures.md.
 """
 
 from __future__ import annotations
@@ -44,9 +28,8 @@ _log = log.get("gang.client")
 
 
 class Hearing:
-    """When this node last heard the control: on its connection (``link``)
-    and by any means (``any``, a probe's answer too). Each is one float,
-    assigned whole by the reader or the prober thread."""
+    """When this node last heard the control: on its connection (``link``) and
+    by any means (``any``); each one float, assigned whole by one thread."""
 
     def __init__(self) -> None:
         self.link = self.any = time.monotonic()
@@ -59,8 +42,6 @@ class Hearing:
         self.any = max(self.any, time.monotonic())
 
     def verdict(self, config: GangConfig, now: float) -> Optional[Cause]:
-        """The silence that ends the gang on this node, or None: nothing heard
-        for ``heartbeat_timeout``, or nothing on the connection for ``link_timeout``."""
         if now - self.any > config.heartbeat_timeout:
             return control_silent(now - self.any, config.heartbeat_timeout)
         if now - self.link > config.link_timeout:
@@ -79,7 +60,6 @@ def control_silent(silent: float, heartbeat_timeout: float) -> Cause:
 
 
 class Prober:
-    """The probing thread of one node (``run``); stops once ``done`` says so."""
 
     def __init__(self, config: GangConfig, host: str, port: int, node_index: int, secret: bytes,
                  hearing: Hearing, on_cause: Callable[[Cause], None], done: Callable[[], bool],
@@ -93,7 +73,7 @@ class Prober:
         self.on_cause = on_cause
         self.done = done
         self.closing = closing
-        self.sent = self.answered = 0  # probes, for the debug log and the tests
+        self.sent = 0  # probes, for the debug log
 
     def run(self) -> None:
         period = self.config.heartbeat_interval
@@ -105,14 +85,13 @@ class Prober:
             began = time.monotonic()
             self.sent += 1
             if self.once(period):
-                self.answered += 1
                 _log.debug("node %d: probe %d answered after %.1f s of silence on the connection", self.node_index,
                            self.sent, began - self.hearing.link)
             self.closing.wait(max(0.0, began + period - time.monotonic()))
 
     def once(self, connect_timeout: float) -> bool:
-        """One probe; True when the service answered. ``connect_timeout`` is
-        short: a lost SYN is resent by the next probe, not after Linux's 1 s."""
+        """True when the service answered. ``connect_timeout`` is short: a lost
+        SYN is resent by the next probe, not after Linux's 1 s."""
         try:
             sock = socket.create_connection((self.host, self.port), timeout=connect_timeout)
         except OSError:
@@ -138,7 +117,6 @@ class Prober:
 
 
 class _Lines:
-    """The service's lines on a probe's connection, one at a time."""
 
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock

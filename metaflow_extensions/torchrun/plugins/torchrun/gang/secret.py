@@ -1,20 +1,10 @@
 """The gang's secret: made by the control, shared through the run's datastore.
 
-Why the datastore: it is the one place every node of a run can already read
-and write with the run's own credentials (the local datastore for local runs,
-the flow's S3 datastore on Kubernetes and AWS Batch), and whoever can read it
-can read the run's artifacts anyway, so it adds no one to the circle of trust.
-The network between the nodes is not trusted with it: it never crosses the
-gang's port (``auth`` proves knowledge of it without sending it).
-
-One secret per gang (one attempt of one ``@torchrun`` step of one run): a
-retry is a new gang with a new secret. It lives next to the control task's own
-files: ``<flow>/<run>/<step>/<control task>/torchrun-gang-secret.<attempt>``,
-0600 on a local datastore. Users who manage their own secret set
-``METAFLOW_TORCHRUN_SECRET`` on every node instead; then nothing is stored.
-
-Workers may start before the control (on Kubernetes they often do): ``fetch``
-polls until its deadline.
+The datastore is the one place every node can already reach with the run's
+own credentials, and whoever reads it reads the run's artifacts anyway: it
+adds no one to the circle of trust. The secret never crosses the gang's port.
+One per attempt, next to the control task's files (0600 on a local
+datastore); ``METAFLOW_TORCHRUN_SECRET`` on every node replaces it.
 """
 
 from __future__ import annotations
@@ -27,8 +17,8 @@ from typing import Any, Callable, Optional, Protocol, Tuple
 
 from .auth import MIN_SECRET_BYTES
 from .identity import GangIdentity
-
 from ..base import timeouts
+
 SECRET_BYTES = 32
 _PREFIX = b"metaflow-torchrun gang secret v1\n"
 
@@ -38,8 +28,7 @@ class SecretUnavailable(TimeoutError):
 
 
 class Storage(Protocol):
-    """What ``secret.py`` needs of a Metaflow ``DataStoreStorage``
-    (``flow_datastore._storage_impl``, ``task_datastore._storage_impl``)."""
+    """What is needed of a Metaflow ``DataStoreStorage`` (``task_datastore._storage_impl``)."""
 
     TYPE: str
 
@@ -64,7 +53,7 @@ def encode(secret: bytes) -> bytes:
 
 
 def decode(data: bytes) -> Optional[bytes]:
-    """The secret in a stored file, or None when the file is not one (yet)."""
+    """None when the file is not one (yet)."""
     if not data.startswith(_PREFIX):
         return None
     try:
@@ -75,12 +64,9 @@ def decode(data: bytes) -> Optional[bytes]:
 
 
 def publish(storage: Storage, identity: GangIdentity, secret: bytes) -> str:
-    """The control stores the gang's secret; returns where."""
     path = secret_path(identity)
     storage.save_bytes(iter([(path, io.BytesIO(encode(secret)))]), overwrite=True)
     if getattr(storage, "TYPE", None) == "local":
-        # Metaflow's local storage writes through mkstemp (0600) and a rename:
-        # make sure of it, whatever a future version does.
         os.chmod(storage.full_uri(path), 0o600)
     return path
 
@@ -91,10 +77,8 @@ WITHDRAWN = b"metaflow-torchrun gang secret withdrawn\n"
 
 
 def withdraw(storage: Storage, identity: GangIdentity) -> None:
-    """The control's step is over: the attempt's secret is of no more use, so it
-    does not stay readable beside the run's artifacts. The local datastore's file
-    is removed; elsewhere it is overwritten with a marker that ``decode`` refuses.
-    Never raises: the step's outcome is already decided."""
+    """The control's step is over: the secret does not stay readable beside the
+    run's artifacts. Never raises: the step's outcome is already decided."""
     path = secret_path(identity)
     try:
         if getattr(storage, "TYPE", None) == "local":
@@ -109,7 +93,6 @@ def withdraw(storage: Storage, identity: GangIdentity) -> None:
 
 
 def load(storage: Storage, identity: GangIdentity) -> Optional[bytes]:
-    """The stored secret, or None when it is not there (yet)."""
     with storage.load_bytes([secret_path(identity)]) as loaded:
         for _, local_path, _ in loaded:
             if local_path is None:
@@ -131,7 +114,7 @@ def fetch(
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
 ) -> bytes:
-    """A worker waits for the control to publish, until ``timeout``."""
+    """Workers may start before the control (on Kubernetes they often do)."""
     deadline = clock() + timeout
     last_error: Optional[BaseException] = None
     while True:
@@ -151,13 +134,8 @@ def fetch(
         sleep(poll)
 
 
-def for_control(storage: Storage, identity: GangIdentity, own: Optional[bytes]) -> bytes:
-    """The control's secret: the user's own (``Knobs.secret``), or a new one, published."""
-    return control_secret(storage, identity, own)[0]
-
-
 def control_secret(storage: Storage, identity: GangIdentity, own: Optional[bytes]) -> Tuple[bytes, "Published"]:
-    """``for_control``, with what withdraws the published secret when the step ends."""
+    """The user's own (``Knobs.secret``), or a new one, published; and what withdraws it."""
     if own is not None:
         return own, Published(None)
     secret = make_secret()
@@ -166,9 +144,7 @@ def control_secret(storage: Storage, identity: GangIdentity, own: Optional[bytes
 
 
 class Published:
-    """The control's published secret (None: nothing was), withdrawn once,
-    whichever way the step ends (the step's own ``finally``, ``task_finished``,
-    a local control's failure path): the first to get there does it."""
+    """Withdrawn once, by the first of the ways a step ends to get there."""
 
     def __init__(self, where: Optional[Tuple[Storage, GangIdentity]]):
         self._where = where
@@ -181,9 +157,8 @@ class Published:
 
 def for_task(storage: Storage, identity: GangIdentity, own: Optional[bytes], is_control: bool,
              timeout: float) -> Tuple[Any, "Published"]:
-    """The control publishes the gang's secret before Metaflow spawns the local
-    nodes, so that they find it at once; the others fetch it while joining
-    (the first element is then a callable). The second withdraws it."""
+    """The control publishes before Metaflow spawns the local nodes, so they find
+    it at once; the others fetch it while joining (a callable)."""
     if is_control:
         return control_secret(storage, identity, own)
     return (lambda: for_worker(storage, identity, own, timeout)), Published(None)

@@ -1,27 +1,13 @@
-"""The gang service: one thread in the control task that every node of the step
-keeps one connection to, from the first line of its step to the last.
+"""The gang service: one thread in the control task that every node keeps one
+connection to, from the first line of its step to the last; the one place
+that sees every node.
 
-What it decides, and why it can: it is the one place that sees every node.
-
-- A node whose connection drops before it left its step died: the gang stops
-  at once (the kernel closes a dead process's sockets; no timeout involved).
-- A node that sends nothing for ``heartbeat_timeout`` is frozen or cut off.
-- Nodes missing after ``start_timeout`` never started; on a local run, a node
-  whose task the control saw end before it joined (``node_ends``) is named at once.
-- A node that reports a failure (its step raised, or its ranks failed) is the
-  root cause, unless it is an echo of another failure (held ``secondary_grace``
-  in case the real one follows).
-- ``current.torch.run`` calls are matched across nodes (``calls.py``).
-
-Who may speak: only a peer that proved it holds the gang's secret
-(``admission.py``), and then only for the node index it proved. A peer that
-breaks a rule (a line that is not JSON, a message out of turn, a field of the
-wrong type) is dropped: never the service.
-
-Cost per node is constant: no message lists the gang's nodes, each message
-goes to the nodes that need it (a verdict to every node once; "all done" and
-"all left" to the control only), sends never block (``peer.py``), and the
-O(nodes) scans run at ``CHECK_PERIOD``, not once per message.
+A dropped connection before a node left its step is a dead node (the kernel
+closes a dead process's sockets: no timeout); ``heartbeat_timeout`` of silence
+a frozen or cut-off one; a reported failure the root cause unless it is an
+echo (held ``secondary_grace``). Only a peer that proved the secret speaks,
+for the node it proved; one that breaks a rule is dropped, never the service.
+Sends never block, and the O(nodes) scans run at ``CHECK_PERIOD``.
 """
 
 from __future__ import annotations
@@ -35,12 +21,11 @@ from . import messages as msg
 from .admission import Admission
 from .handlers import Handlers
 from .calls import CallState, CallView
-from .node_compare import HostCheck
 from .config import GangConfig
 from .speaker import Speaker
 from .membership import Membership, NodeEnd
 from .peer import Peer
-from .node_compare import PreflightRecord
+from .node_compare import HostCheck, PreflightRecord
 from .gang_progress import ProgressBook, ProgressRecord
 from .transport import Transport
 from .wire import encode
@@ -49,10 +34,8 @@ from ..base import timeouts
 
 
 class GangFacts(Protocol):
-    """What the control's own code reads of the gang, and the one way it reads
-    it (``runtime/``): each a copy taken under the service's lock, so a read
-    never sees a message half handled. Everything else it hears as any node
-    does, by message."""
+    """What the control's own code reads of the gang: each a copy taken under the
+    service's lock. Everything else it hears as any node does, by message."""
 
     def hosts(self) -> Dict[int, str]: ...
 
@@ -70,18 +53,11 @@ class GangFacts(Protocol):
 
 
 class GangServer:
-    """Runs in the control task; one thread, one selector, no dependencies.
-
-    What is here is the loop: its thread and lock, when heartbeats and checks
-    are due, and the control's reads (``GangFacts``). What the gang decides
-    from each line, drop and check is its ``handlers``' (``handlers.py``),
-    which own the gang's state; sockets are ``transport.py``'s, strangers
-    ``admission.py``'s, what the control says while all is well
-    ``speaker.py``'s."""
+    """The loop: its thread and lock, when heartbeats and checks are due, and
+    the control's reads (``GangFacts``); the decisions are ``handlers``'."""
 
     def __init__(self, config: GangConfig, host: str, ports: Sequence[int], secret: bytes):
-        """Listen on the first of ``ports`` that is free on ``host``; ``secret``
-        is the gang's (``secret.py``)."""
+        """Listen on the first of ``ports`` that is free on ``host``."""
         self.config = config
         self.admission = Admission(config, secret, warn=lambda text: self.warn(text))
         self.transport = Transport(host, ports, config.num_nodes, self.admission,
@@ -91,9 +67,8 @@ class GangServer:
         self._lock = threading.RLock()
         self.port: int = self.transport.port
         self.progress: Callable[[str], None] = lambda text: None
-        # A local run's control: the node tasks it started that have ended (runtime/node_tasks.py).
+        # A local run's control: the node tasks it started that have ended.
         self.node_ends: Optional[Callable[[], Mapping[int, NodeEnd]]] = None
-        # Said once per gang: someone without the secret tried to join.
         self.warn: Callable[[str], None] = say
         self._closing = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="torchrun-gang-server", daemon=True)
@@ -139,7 +114,7 @@ class GangServer:
     # -- what the control reads (GangFacts) ---------------------------------------------
 
     def hosts(self) -> Dict[int, str]:
-        """Each node's host, as it said when it joined (a node that has left too)."""
+        """As each node said when it joined (a node that has left too)."""
         with self._lock:
             return dict(self.handlers.members.hosts)
 
@@ -148,14 +123,12 @@ class GangServer:
             return self.handlers.members.missing()
 
     def everyone_heard(self) -> bool:
-        """After an abort: every node was told the cause, as it happened (it was
-        connected then) or as it joined. A node cut off since is not waited for,
-        nor one whose task ended before it joined."""
+        """After an abort: every node was told the cause, then or as it joined
+        (one whose task ended before it joined is not waited for)."""
         with self._lock:
             return self.handlers.members.all_heard
 
     def call_view(self, index: int) -> CallView:
-        """A frozen copy of what the gang knows of call ``index``."""
         with self._lock:
             return CallView.of(self.handlers.book.calls.get(index), index, self.handlers.members.joined_at)
 
@@ -170,16 +143,12 @@ class GangServer:
             return self.handlers.book.reports_pending(index, lambda n: n in members.by_node, members.left)
 
     def preflight_record(self, mode: str) -> PreflightRecord:
-        """The gang's preflight as the record keeps it (gang/node_compare.py)."""
         with self._lock:
             return self.handlers.preflight.record(mode)
 
     def progress_record(self) -> ProgressRecord:
-        """The gang's training progress now, and the stragglers named (gang_progress.py)."""
         with self._lock:
             return self.handlers.training.current()
-
-    # -- lifecycle ------------------------------------------------------------------
 
     def start(self) -> "GangServer":
         self._thread.start()
@@ -192,11 +161,8 @@ class GangServer:
             self._thread.join(timeout=5)
         self.transport.close()
 
-    # -- the loop ---------------------------------------------------------------------
-
     def _loop(self) -> None:
-        beat = msg.Heartbeat()
-        self._beat = encode(beat.to_wire())
+        self._beat = encode(msg.Heartbeat().to_wire())
         next_beat = next_check = 0.0
         while not self._closing.is_set():
             try:
@@ -206,7 +172,7 @@ class GangServer:
                 self._closing.wait(timeouts.CHECK_PERIOD)
 
     def _turn(self, next_beat: float, next_check: float) -> Tuple[float, float]:
-        """One turn of the loop; returns when the next heartbeat and check are due."""
+        """Returns when the next heartbeat and check are due."""
         now = time.monotonic()
         events = self.transport.wait(max(0.0, min(next_beat, next_check) - now))
         with self._lock:
@@ -242,8 +208,7 @@ class GangServer:
             self.speaker.tick(now, self.handlers.training, lambda: self.handlers.waiting(now))
 
     def _heartbeat(self) -> None:
-        """To every node with nothing queued: a node that has not read what is
-        queued for it learns nothing from one more heartbeat."""
+        """A node that has not read what is queued for it learns nothing from one more heartbeat."""
         for peer in list(self.handlers.members.by_node.values()):
             if not peer.outbox:
                 self.transport.send(peer, self._beat)

@@ -1,10 +1,5 @@
 """The gang service's sockets: one selector, the listener, every connection.
-
-Mechanics only, no decisions: accepting (with ``admission.py``'s places and
-the back-off after EMFILE), reading what arrived, writing without blocking
-(``peer.py``'s outboxes, flushed when a socket can take more), and dropping a
-connection, after which ``on_drop`` says what that means for the gang.
-"""
+Mechanics only: ``on_drop`` says what a dropped connection means for the gang."""
 
 from __future__ import annotations
 
@@ -36,16 +31,14 @@ class Transport:
         self._selector.register(self.listener, selectors.EVENT_READ)
         self._accepting = True
         self._paused_until = 0.0
-        # close() wakes the loop through this pair rather than waiting out a
-        # select timeout: the control's step ends up to half a second sooner.
+        # close() wakes the loop through this pair: the control's step ends up to half a second sooner.
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
         self._selector.register(self._wake_r, selectors.EVENT_READ)
         self.peers: Dict[socket.socket, Peer] = {}
 
     def wait(self, timeout: float) -> List[Event]:
-        """What happened within ``timeout``: new connections are accepted here;
-        the peers that can be read or written are returned."""
+        """New connections are accepted here; the peers that can be read or written are returned."""
         out: List[Event] = []
         for key, mask in self._selector.select(timeout=timeout):
             if key.fileobj is self.listener:
@@ -57,8 +50,7 @@ class Transport:
         return out
 
     def ready(self, peer: Peer, mask: int) -> Optional[List[dict]]:
-        """Write what waits for ``peer``, then read: its complete lines, or None
-        when it is gone (hung up, broke the line rules, or dropped meanwhile)."""
+        """Write, then read: its complete lines, or None when it is gone."""
         if mask & selectors.EVENT_WRITE:
             self.flush(peer)
         if not mask & selectors.EVENT_READ or peer.sock not in self.peers:
@@ -82,7 +74,6 @@ class Transport:
         self._selector.close()
 
     def send(self, peer: Peer, data: bytes) -> None:
-        """Queue and write what the socket takes now; the rest when it can."""
         peer.queue(data)
         self.flush(peer)
 
@@ -147,8 +138,7 @@ class Transport:
 
 
 def _raise_fd_limit(wanted: int) -> None:
-    """One socket per node and per stranger: a 1,024-node gang passes the
-    common soft limit of 1,024 open files, which the hard limit allows."""
+    """A 1,024-node gang passes the common soft limit of 1,024 open files."""
     try:
         soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
         if soft != resource.RLIM_INFINITY and soft < wanted:

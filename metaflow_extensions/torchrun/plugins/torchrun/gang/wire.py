@@ -1,9 +1,7 @@
 """The gang's wire format: JSON objects, one per line, each line bounded.
 
-Both ends read through ``LineReader``, which never holds more than one line's
-worth of bytes beyond what it hands out, and never passes on anything but a
-JSON object of bounded nesting: a peer cannot make a reader recurse, allocate
-without bound or see a value of a type it did not expect.
+``LineReader`` never holds more than a line and passes on only JSON objects of
+bounded nesting: a peer cannot make a reader recurse or allocate without bound.
 """
 
 from __future__ import annotations
@@ -12,17 +10,11 @@ import json
 import socket
 from typing import Any, Dict, List, Optional
 
-# No legitimate message comes near this (the largest is a node's report with
-# the last lines of its ranks' output, or rank 0's return value).
 MAX_LINE = 1 << 20
-# Rank 0's pickled return value travels in one line, in base64: at most this
-# many bytes (what is left over is room for the rest of the message).
+# Rank 0's pickled return value, in base64 in one line, with room for the rest of the message.
 RANK0_MAX = (MAX_LINE - 64 * 1024) * 3 // 4
-# Before a peer has proved it holds the gang's secret, its lines are tiny (a
-# hello): a stranger gets no room to make the service buffer or parse much.
-PRE_AUTH_LINE = 4096
-# JSON nested deeper than this is refused before it is parsed.
-MAX_DEPTH = 32
+PRE_AUTH_LINE = 4096  # a stranger's lines (a hello) are tiny
+MAX_DEPTH = 32  # JSON nested deeper is refused before it is parsed
 
 Message = Dict[str, Any]
 
@@ -39,7 +31,6 @@ def encode(message: Message) -> bytes:
 
 
 def send(sock: socket.socket, message: Message) -> None:
-    """Blocking: for a node's own connection, never for the service's loop."""
     sock.sendall(encode(message))
 
 
@@ -68,7 +59,6 @@ def _too_deep(line: bytes) -> bool:
 
 
 def decode(line: bytes) -> Optional[Message]:
-    """One line to a message, or None when it is not a JSON object."""
     if _too_deep(line):
         return None
     try:
@@ -83,9 +73,8 @@ def _no_constant(name: str) -> Any:
 
 
 class LineReader:
-    """Splits a byte stream into messages. A line over ``max_line`` raises
-    ``ProtocolError``; so does a line that is not a JSON object when
-    ``strict`` (the service drops such a peer), else it is skipped."""
+    """A line over ``max_line`` raises ``ProtocolError``; so does one that is not a
+    JSON object when ``strict``, else it is skipped."""
 
     def __init__(self, max_line: int = MAX_LINE, strict: bool = False) -> None:
         self._parts: List[bytes] = []
@@ -129,8 +118,7 @@ def close_quietly(sock: Optional[socket.socket]) -> None:
 
 
 def set_timeout(sock: Optional[socket.socket], seconds: float) -> bool:
-    """Whether ``sock`` is open and now times out after ``seconds``: a reader
-    thread may start after another thread closed its socket (EBADF)."""
+    """False when closed: a reader thread may start after another closed its socket (EBADF)."""
     if sock is None:
         return False
     try:
