@@ -53,7 +53,7 @@ class StepDefaults:
     rdzv_port: Optional[int] = None
     # How a dict of entrypoint_args is spelled (command.ARGS_STYLES).
     args_as: str = DEFAULTS.ARGS_AS
-    # @torchrun(preflight=...): gang/node_compare.py MODES.
+    # @torchrun(preflight=...): gang/node_compare.py parse_mode.
     preflight: str = "versions"
     # @torchrun(restarts=N): the gang restarts a call's ranks in the same tasks.
     restarts: int = DEFAULTS.RESTARTS
