@@ -53,8 +53,7 @@ def validate_retry_on(value: Any) -> str:
 
 @dataclass(frozen=True)
 class Previous(Lenient):
-    """What attempt k reads of attempt k-1's record (task metadata: a peer's
-    words, checked field by field)."""
+    """What attempt k reads of attempt k-1's record: a peer's words, checked."""
 
     cause: Annotated[Optional[Cause], CAUSE] = None
     attempts: Annotated[Tuple["Attempt", ...], Items(MAX_ATTEMPTS)] = ()
@@ -90,8 +89,7 @@ def previous_origin(previous: Previous, default: int) -> int:
 
 
 def fill_missing(previous: Optional[Previous], attempt: int) -> List["Attempt"]:
-    """Attempts 0..attempt-1 from the previous attempt's record, each once: one
-    whose control task died before writing its record is named as unknown."""
+    """Attempts 0..attempt-1, each once: one whose task left no record named unknown."""
     by_attempt = {a.attempt: a for a in (previous.attempts if previous is not None else ())}
     return [by_attempt.get(k) or Attempt(k, stopped="unknown: its control task left no record "
                                            "(killed before the end of its step?)") for k in range(attempt)]
@@ -117,30 +115,21 @@ class Checkpoint(Lenient):
 
 
 def checkpoint_info(current: Any) -> Optional[Checkpoint]:
-    """The checkpoint ``@checkpoint`` loaded for this attempt, if any."""
     ckpt = getattr(current, "checkpoint", None) if current is not None else None
     try:
         if ckpt is None or not ckpt.is_loaded:
             return None
         info = ckpt.info
-        meta = getattr(info, "metadata", None)
-        return Checkpoint(
-            key=str(getattr(info, "key", "")),
-            pathspec=getattr(info, "pathspec", None),
-            attempt=getattr(info, "attempt", None),
-            created_on=getattr(info, "created_on", None),
-            created_at=_epoch(getattr(info, "created_on", None)),
-            metadata=dict(meta) if isinstance(meta, Mapping) else None,
-        )
+        meta, created_on = getattr(info, "metadata", None), getattr(info, "created_on", None)
+        return Checkpoint(str(getattr(info, "key", "")), getattr(info, "pathspec", None), getattr(info, "attempt", None),
+                          created_on, _epoch(created_on), dict(meta) if isinstance(meta, Mapping) else None)
     except Exception:  # a checkpoint package we do not know: no resume shown
         return None
 
 
 def _epoch(stamp: Any) -> Optional[float]:
-    if not isinstance(stamp, str):
-        return None
     try:
-        return datetime.datetime.fromisoformat(stamp).timestamp()
+        return datetime.datetime.fromisoformat(stamp).timestamp() if isinstance(stamp, str) else None
     except ValueError:
         return None
 
@@ -185,8 +174,7 @@ class RestartMark(Lenient):
 
 
 def restart_marks(results: List[Any], hosts: Mapping[int, str]) -> Tuple[Tuple[RestartMark, ...], int]:
-    """The latest ``MAX_RESTART_MARKS`` in-step restarts of the control's calls
-    (node 0 is never benched: it sees each), and how many were left out."""
+    """The latest in-step restarts of the control's calls (node 0 sees each), and the count left out."""
     found: List[RestartMark] = []
     for r in results:
         for x in getattr(r, "in_step_restarts", None) or ():
@@ -250,8 +238,7 @@ def this_attempt(
     nodes: Tuple[NodeEntry, ...] = (), nodes_left_out: int = 0, card: Optional[str] = None,
     hosts: Optional[Mapping[int, str]] = None,
 ) -> Attempt:
-    """One entry of ``attempts``, from this attempt's calls on the control
-    (``hosts``: every node's, for the swaps; else the nodes' entries')."""
+    """This attempt's entry (``hosts``: every node's, for the swaps; else the nodes')."""
     joined = [float(t) for t in results[0].gang.joined_at.values()] if results else []
     formed = max(joined) if joined else None
     ended = max([r.ended_at for r in results] or [started_at])
@@ -268,8 +255,7 @@ def this_attempt(
 
 
 def first_output(results: List[Any]) -> Optional[float]:
-    """The end of start-up: a rank's first line on the control in the first
-    call, else the latest start of the control's ranks in it."""
+    """The end of start-up: a rank's first line on the control, else its ranks' latest start."""
     for r in results[:1]:
         if getattr(r, "first_output_at", None) is not None:
             return float(r.first_output_at)
@@ -293,8 +279,7 @@ class Marks:
 
 
 def marks(a: Attempt, end: float) -> Marks:
-    start = a.started_at if a.started_at is not None else end
-    start = min(start, end)
+    start = min(a.started_at if a.started_at is not None else end, end)
     formed = clamp(a.gang_formed_at, start, end)
     call = a.calls[0].started_at if a.calls else None
     first = clamp(a.first_output_at if a.first_output_at is not None else call, formed, end)
@@ -307,8 +292,7 @@ def clamp(value: Optional[float], low: float, high: float) -> float:
 
 
 def lost_since(m: Marks, saved_at: Optional[float], low: Optional[float] = None) -> float:
-    """Where a failed attempt's lost work starts: the checkpoint the next
-    attempt resumed from, else its last ranks' start of work (``low``)."""
+    """Where lost work starts: the checkpoint resumed from, else the last ranks' start (``low``)."""
     low = m.first if low is None else low
     return clamp(saved_at, low, m.work_end) if saved_at is not None else low
 
@@ -365,8 +349,7 @@ def with_costs(attempts: List[Attempt]) -> List[Attempt]:
 
 
 def read_previous(pathspec: str, attempt: int, field: str) -> Tuple[Optional[Previous], Optional[str]]:
-    """Attempt ``attempt``'s record of this task, and a note when it could not
-    be read (None, None: it left none, as a task killed before its end)."""
+    """Attempt ``attempt``'s record, and a note when it could not be read (none left: None, None)."""
     import json
 
     try:

@@ -64,8 +64,7 @@ def tails_part(reports: Mapping[int, Any], budget: int = TAIL_BYTES) -> Dict[str
 
 
 def flight_recorder(env: Mapping[str, str]) -> Dict[str, Any]:
-    """The Flight Recorder dumps NCCL wrote on this host, cut and counted, under
-    both of torch's names (which one it uses depends on its version)."""
+    """NCCL's Flight Recorder dumps on this host, under either of torch's names, cut and counted."""
     prefixes = list(dict.fromkeys(env[name] for name in FLIGHT_ENVS if env.get(name))) or [FLIGHT_DEFAULT]
     paths = sorted({p for prefix in prefixes for p in glob.glob(glob.escape(prefix) + "*")})
     dumps = []
@@ -93,8 +92,7 @@ def nvidia_smi() -> Optional[str]:
 
 
 def bundle(result: Any, is_control: bool, node: int, attempt: int, env: Mapping[str, str]) -> Optional[Dict[str, Any]]:
-    """This task's bundle when the attempt failed (the control may also be the
-    node it names); None when it succeeded or this node has nothing to add."""
+    """This task's bundle when the attempt failed; None when it succeeded or this node adds nothing."""
     cause = getattr(result, "cause", None)
     if cause is None or not is_control and cause.node_index != node:
         return None
@@ -108,8 +106,7 @@ def bundle(result: Any, is_control: bool, node: int, attempt: int, env: Mapping[
 
 
 def read(pathspec: str, attempt: Optional[int] = None) -> Optional[Dict[str, Any]]:
-    """The client helper: attempt ``attempt``'s bundle of a task (its latest
-    attempt's when None), or None when that attempt kept none."""
+    """The client helper: a task's bundle of ``attempt`` (None: its latest), or None."""
     from metaflow import Task
 
     task = Task(pathspec, attempt=attempt, _namespace_check=False) if attempt is not None else Task(

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Annotated, Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ..base.codec import Items, Lenient, OneOf, Real, Text, Via
+from ..base.text import count
 from .attempts import Attempt, Marks, Whole, in_step_cuts, lost_since, marks
 from .in_step_restarts import Node
 
@@ -98,16 +99,12 @@ class Ledger(Lenient):
         wall = self.wall_seconds
         rest = ", ".join("%s %s" % (p.replace("_", " "), _dur(self.parts[p])) for p in PARTS[1:]
                          if self.parts.get(p, 0.0) >= 0.05)
-        attempts = len({s.attempt for s in self.segments})
         restarts = sum(1 for s in self.segments if s.restart is not None)
         swaps = sum(1 for s in self.segments if s.swapped_in is not None)
-        again = ""
-        if restarts:
-            again = " and %d in-step restart%s" % (restarts, "" if restarts == 1 else "s")
-            again += " (%d swap%s)" % (swaps, "" if swaps == 1 else "s") if swaps else ""
-        return "effective training %.1f%% of %s over %d attempt%s%s%s" % (
-            self.effective_percent, _dur(wall), attempts, "" if attempts == 1 else "s", again,
-            "; the rest: " + rest if rest else "")
+        again = " and " + count(restarts, "in-step restart") + (" (%s)" % count(swaps, "swap") if swaps else "")
+        return "effective training %.1f%% of %s over %s%s%s" % (
+            self.effective_percent, _dur(wall), count(len({s.attempt for s in self.segments}), "attempt"),
+            again if restarts else "", "; the rest: " + rest if rest else "")
 
 
 def segments(a: Attempt, end: float, after_failure: bool, saved_at: Optional[float], failed: bool,
@@ -151,8 +148,7 @@ def segments(a: Attempt, end: float, after_failure: bool, saved_at: Optional[flo
 
 
 def ledger(attempts: Sequence[Attempt], now: float) -> Optional[Ledger]:
-    """The ledger of every attempt so far (this one's record written at
-    ``now``); None when no attempt has a start."""
+    """The ledger of every attempt so far (this one's recorded at ``now``); None without a start."""
     known = [a for a in attempts if a.started_at is not None]
     if not known:
         return None

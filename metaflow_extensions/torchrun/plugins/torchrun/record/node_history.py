@@ -94,8 +94,7 @@ def appearances(attempts: Iterable[Attempt], flow: str, run: str, step: str) -> 
 
 
 def taken_out(a: Attempt, node: Any) -> str:
-    """Why ``node`` was taken out for a spare: the swap's cause (a failure
-    pinned to it), else its preflight's checks that did not pass."""
+    """Why ``node`` was taken out for a spare: the swap's cause, else its failed preflight checks."""
     for mark in reversed(a.restarts):
         if mark.swapped_out == node.node:
             return "taken out for a spare: %s" % mark.stopped
@@ -147,8 +146,7 @@ def report(seen: Sequence[Appearance]) -> Dict[str, Any]:
 
 
 def history(flow: Optional[str] = None, last: Optional[int] = 20, days: Optional[float] = None) -> Dict[str, Any]:
-    """The client helper: ``history("TrainFlow", last=20)`` (every flow of the
-    current namespace when ``flow`` is None)."""
+    """The client helper: ``history("TrainFlow", last=20)`` (``flow`` None: every flow)."""
     return report(read(flow, last=last, days=days))
 
 
@@ -203,8 +201,7 @@ def steering(hosts: Sequence[str], platform: str) -> str:
 
 def check(hosts: Mapping[int, str], seen: Sequence[Appearance], threshold: Optional[Threshold], strict: bool,
           platform: str) -> Tuple[List[str], Optional[Cause]]:
-    """The preflight's lines about hosts with a bad history, and under
-    ``strict`` the refusal, before any rank starts."""
+    """The preflight's lines about hosts with a bad history, and under ``strict`` the refusal."""
     if threshold is None or not seen:
         return [], None
     by_host: Dict[str, List[int]] = {}
@@ -230,7 +227,6 @@ def check(hosts: Mapping[int, str], seen: Sequence[Appearance], threshold: Optio
 
 
 def record_attempts(value: Any) -> List[Attempt]:
-    """The attempts of a ``torchrun-result`` record (a JSON string)."""
     try:
         record = json.loads(value) if isinstance(value, str) else value
     except ValueError:
@@ -257,8 +253,7 @@ def read_run(run: Any, step_names: Optional[Sequence[str]] = None) -> List[Appea
 
 def read(flow: Optional[str], last: Optional[int] = None, days: Optional[float] = None,
          skip_run: Optional[str] = None, steps: Optional[Sequence[str]] = None) -> List[Appearance]:
-    """The appearances in the last ``last`` runs (or ``days``) of ``flow`` (None:
-    every flow of the namespace), of ``steps`` only, when given."""
+    """The appearances in ``flow``'s last ``last`` runs, or ``days`` (None: every flow), of ``steps``."""
     from metaflow import Flow, Metaflow
     from metaflow.exception import MetaflowNotFound
 
@@ -289,8 +284,7 @@ def platform_of(env: Mapping[str, str]) -> str:
 
 def host_check(read_history: Callable[[], Optional[List[Appearance]]], threshold: Optional[Threshold],
                strict: bool, platform: str) -> HostCheck:
-    """What the gang service calls, on its own thread, when every node's
-    preflight is in (the history was read beforehand, in the background)."""
+    """What the gang service calls on its thread once every node's preflight is in."""
 
     def run(hosts: Dict[int, str]) -> Tuple[List[str], Optional[Cause], List[int]]:
         seen = read_history()
@@ -303,8 +297,7 @@ def host_check(read_history: Callable[[], Optional[List[Appearance]]], threshold
 
 
 def blamed(hosts: Mapping[int, str], seen: Sequence[Appearance], threshold: Optional[Threshold]) -> List[int]:
-    """The nodes on a host the history blames: with spares, each starts as a
-    spare where a clean one exists (gang/bench.py)."""
+    """The nodes on a host the history blames: with spares, each starts as a spare (gang/bench.py)."""
     if threshold is None or not seen:
         return []
     bad = {h for h in set(hosts.values()) if evidence(h, seen, threshold) is not None}

@@ -57,8 +57,7 @@ class NodeEntry(Lenient):
 
 
 def blamed_nodes(cause: Optional[Cause], code_failure: bool) -> Dict[int, str]:
-    """node -> role for the nodes a cause names. A failure of the user's own
-    code (``code_failure``) blames no node: the code would fail anywhere."""
+    """node -> role for the nodes a cause names; none for the user's own code (it fails anywhere)."""
     if cause is None or cause.secondary or code_failure or cause.kind in _NOBODY:
         return {}
     role = LOST if cause.kind in _LOST_KINDS else FROZEN if cause.kind in _FROZEN_KINDS else CULPRIT
@@ -69,8 +68,7 @@ def blamed_nodes(cause: Optional[Cause], code_failure: bool) -> Dict[int, str]:
 def entries(num_nodes: int, hosts: Mapping[int, str], blamed: Mapping[int, str], slow: Mapping[int, float],
             links: Mapping[int, float], failed_checks: Mapping[int, str],
             tasks: Sequence[str] = (), taken_out: Iterable[int] = ()) -> Tuple[Tuple[NodeEntry, ...], int]:
-    """Every node of the attempt, and how many were left out: above
-    ``MAX_NODES`` nodes, the bystanders are only counted."""
+    """Every node of the attempt, and the count left out: over ``MAX_NODES``, bystanders are counted."""
     out: List[NodeEntry] = []
     left_out = 0
     benched = set(taken_out)

@@ -46,8 +46,7 @@ _NONE_AS_EMPTY = ("preflight", "culprits", "ran")
 
 @dataclass(frozen=True)
 class GangView(Written):
-    """The gang as the control saw one call: when each node joined it and
-    finished it, and each node's report (its ranks and their last lines)."""
+    """When each node joined and finished the call, and its report, as the control saw them."""
 
     joined_at: Dict[int, float] = field(default_factory=dict)
     finished_at: Dict[int, float] = field(default_factory=dict)
@@ -120,12 +119,10 @@ class TorchrunResult:
         return [n for n in range(self.num_nodes) if n not in benched]
 
     def swaps(self) -> List[Dict[str, Any]]:
-        """Who went out, which spare came in (hosts from the control's attempt
-        record), when and why: small, so a compacted record keeps them all."""
-        hosts: Dict[int, str] = {}
-        for mark in (self.attempts[-1].restarts if self.attempts else ()):
-            hosts.update({n: h for n, h in ((mark.swapped_out, mark.out_host), (mark.swapped_in, mark.in_host))
-                          if n is not None and h})
+        """Who went out, which spare came in, when and why: small, so a compacted record keeps all."""
+        marks = self.attempts[-1].restarts if self.attempts else ()
+        hosts = {n: h for m in marks for n, h in ((m.swapped_out, m.out_host), (m.swapped_in, m.in_host))
+                 if n is not None and h}
         return [{"restart": r.restart, "out": r.swapped_out, "in": r.swapped_in, "out_host": hosts.get(r.swapped_out),
                  "in_host": hosts.get(r.swapped_in), "failed_at": r.failed_at, "stopped": r.cause.summary[:400]}
                 for r in self.in_step_restarts
@@ -182,8 +179,7 @@ class TorchrunResult:
 
 
 def compact(data: Dict[str, Any], stacks: Dict[int, str], full_report: str) -> Dict[str, Any]:
-    """A record for a big gang: per node a summary of its ranks instead of
-    every rank and its output, and the ranks' stacks as the places they were."""
+    """A big gang's record: per node a summary of its ranks, and the stacks as the places they were."""
     gang = data.get("gang") or {}
     nodes: Dict[str, Any] = {}
     for node, report in (gang.get("reports") or {}).items():
@@ -213,8 +209,7 @@ def _times(stamps: Dict[str, Any]) -> Dict[str, Any]:
 
 
 def read_rank_records(directory: str, failures: List[RankFailure]) -> List[RankRecord]:
-    """The status each rank wrote, completed with torchrun's report for ranks
-    that died before they could write their exit."""
+    """Each rank's status file, completed by torchrun's report for ranks that died before writing."""
     records: Dict[int, RankRecord] = read_statuses(directory)
     for failure in failures:
         rec = records.get(failure.rank)
@@ -242,16 +237,14 @@ def _code_from(description: str) -> Optional[int]:
 
 
 def suspected(culprits: Optional["Culprits"], cause: Optional[Cause]) -> List[str]:
-    """The "Suspected cause" lines the failure says, and the card: none where
-    a failed rank is the root cause (its own error names it already)."""
+    """The "Suspected cause" lines; none where a failed rank is the root cause (its error names it)."""
     if culprits is None or (cause is not None and cause.kind is CauseKind.RANK_FAILED):
         return []
     return culprits.lines()
 
 
 def none_suspected(culprits: Optional["Culprits"], unread: str, cause: Optional[Cause]) -> List[str]:
-    """Where nothing named a suspect though one was looked for: the one line
-    that says why the Flight Recorder could not (the card's root cause)."""
+    """Where no suspect was named though one was looked for: why the Flight Recorder could not say."""
     if culprits is not None or not unread or (cause is not None and cause.kind is CauseKind.RANK_FAILED):
         return []
     return ["No suspect named: torch's Flight Recorder could not say (%s)" % unread]

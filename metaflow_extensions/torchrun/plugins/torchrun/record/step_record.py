@@ -110,8 +110,7 @@ def with_attempts(facts: AttemptFacts, result: Optional[TorchrunResult], attempt
 
 
 def no_call(facts: AttemptFacts, started: float) -> TorchrunResult:
-    """The control's record of an attempt that made no call; one whose
-    preflight refused the gang reads as its call 0, refused before any rank."""
+    """The control's record of an attempt that made no call (a preflight's refusal: its call 0)."""
     now = time.time()
     refused = facts.cause is not None and facts.cause.kind is CauseKind.PREFLIGHT
     return TorchrunResult(command=[], node_index=facts.node_index, num_nodes=facts.num_nodes,
@@ -122,8 +121,7 @@ def no_call(facts: AttemptFacts, started: float) -> TorchrunResult:
 
 def nodes(facts: AttemptFacts, result: TorchrunResult, cause: Optional[Cause],
           tasks: Sequence[str]) -> Tuple[Tuple[node_roles.NodeEntry, ...], int]:
-    """This attempt's nodes with their hosts and roles (a tuple, and the
-    count left out above ``node_roles.MAX_NODES``)."""
+    """This attempt's nodes with their hosts and roles, and the count left out."""
     job = facts.job
     links = dict(job.link_gbps) if job is not None else {}
     slow = {n: 0.0 for n in (job.slow if job is not None else ())}

@@ -30,8 +30,7 @@ Args = Union[List[str], Dict[str, str], str]
 
 
 def mask_argv(argv: Sequence[str]) -> List[str]:
-    """``--api-token x`` and ``--api-token=x`` -> the value masked; the rest as
-    it was, each cut to ``MAX_ARG_CHARS``."""
+    """``--api-token x`` and ``--api-token=x`` -> the value masked; the rest cut to ``MAX_ARG_CHARS``."""
     out: List[str] = []
     hide_next = False
     for arg in map(str, list(argv)[:MAX_ARGS]):
@@ -51,8 +50,7 @@ def mask_argv(argv: Sequence[str]) -> List[str]:
 
 
 def mask_value(value: Any) -> "Args":
-    """A function's arguments: values under secret-looking keys masked, the
-    rest shown as ``repr`` (cut)."""
+    """A function's arguments as ``repr`` (cut), values under secret-looking keys masked."""
     if isinstance(value, Mapping):
         return {str(k): MASK if SECRET_NAME.search(str(k)) else _short(v) for k, v in list(value.items())[:MAX_ARGS]}
     if isinstance(value, (list, tuple)):
@@ -111,8 +109,7 @@ def record(plan: CallPlan, command: Sequence[str], log_dir: Optional[str], node_
 
 
 def log_dirs(ran: Ran, num_nodes: int, limit: int = 8) -> List[List[str]]:
-    """Each node's log folder: the same path on each node's host (the folder
-    is named by the run, step, task, call and node)."""
+    """Each node's log folder: the same path on each host, named by run, step, task, call and node."""
     own, mine = ran.log_dir, "node-%d" % ran.node
     if not own.endswith(mine):
         return [["node %d" % ran.node, own]] if own else []
