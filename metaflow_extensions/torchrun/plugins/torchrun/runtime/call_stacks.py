@@ -1,14 +1,10 @@
 """Where the ranks of one call were when its job was stopped.
 
-Each node collects its own live ranks' stacks, and asks their Flight Recorders
-for the collectives they entered (procs/flight_ask.py, in the same
-``timeouts.COLLECT_SECONDS``), just before its supervisor stops them, and sends
-both to the control at once (even none: the control waits for every node's).
-In the gang's stop it stops its ranks once the service says every node's are
-in (``stacks_in``), or ``timeouts.STACKS_WAIT`` after it began. The control gathers every node's for as long as
-``timeouts.STACKS_WAIT`` allows, its own collecting included, and waits up to
-``timeouts.REPORTS_WAIT`` for the reports of the nodes the gang stopped. A node
-the gang lost or found frozen sends nothing and is not waited for.
+Each node collects its live ranks' stacks and Flight Recorders just before its
+supervisor stops them and sends them to the control at once (even none); in the
+gang's stop it waits for every node's (``stacks_in``, at most ``STACKS_WAIT``).
+The control gathers them within ``STACKS_WAIT`` and the stopped nodes' reports
+within ``REPORTS_WAIT``; a node lost or frozen is not waited for.
 """
 
 from __future__ import annotations
@@ -39,7 +35,7 @@ class CallStacks:
     flight_unread: str = ""
 
     def collect(self, session: Any, index: int, supervisor: Any, workdir: str) -> None:
-        """Before the supervisor stops the ranks: each live rank's stacks."""
+        """Before the supervisor stops the ranks: each live rank's stacks and Flight Recorder."""
         if supervisor is None or not workdir:
             return
         began = time.monotonic()
@@ -53,20 +49,17 @@ class CallStacks:
         self.seconds += time.monotonic() - began
         _log.debug("call %d: %d ranks' stacks and %d of %d Flight Recorders collected in %.3fs", index,
                    len(self.stacks), len(self.flights), len(asked.asked), self.seconds)
-        # At once, not after the stop: the control waits for them only so long.
-        self.share(session, index, entered=True)
-        # In the gang's stop, the ranks stay alive until every node has collected
-        # its own: the others begin up to a tick later, and a peer's ranks in a
-        # collective with these would die with them, before their node asked
-        # where they were. Not in a stop of this node's own (the others stop
-        # once it reports), nor with the control gone or silent (nobody would say).
+        self.share(session, index, entered=True)  # at once: the control waits only so long
+        # In the gang's stop, the ranks live until every node has collected its own
+        # (a peer's ranks in a collective with these would die before their node
+        # asked). Not in this node's own stop, nor with the control gone.
         client = session.client
         if client is not None and client.cause is not None and client.cause.kind not in CONTROL_GONE:
             client.wait_stacks_in(index, max(0.0, began + timeouts.STACKS_WAIT - time.monotonic()))
 
     def share(self, session: Any, index: int, entered: bool) -> None:
-        """Once per failed call, even empty: the control waits for every node's.
-        Not before the call was entered (no port yet): the gang has no such call."""
+        """Once per failed call, even empty (the control waits for every node's);
+        not before the call was entered (the gang has no such call)."""
         client = session.client
         if self.shared or client is None or not entered:
             return
@@ -91,25 +84,16 @@ class CallStacks:
             if not pending - silent:
                 break
             time.sleep(0.02)
-        gathered: Dict[int, str] = {}
         view = server.call_view(index)
-        for node, node_stacks in view.stacks.items():
-            gathered.update(node_stacks)
-            self.nodes.update(dict.fromkeys(node_stacks, node))
-        flights: Dict[int, FlightSummary] = {}
-        for node, node_flights in view.flights.items():
-            flights.update(node_flights)
-            self.nodes.update(dict.fromkeys(node_flights, node))
+        for node, by_rank in [*view.stacks.items(), *view.flights.items()]:
+            self.nodes.update(dict.fromkeys(by_rank, node))
         for node, report in view.reports.items():
             self.nodes.update((r.rank, node) for r in report.ranks if r.rank >= 0)
-        gathered.update(self.stacks)  # this node's own, uncut
-        self.nodes.update(dict.fromkeys(self.stacks, session.topology.node_index))
-        self.nodes.update(dict.fromkeys(self.flights, session.topology.node_index))
-        self.stacks = gathered
-        self.flights = {**flights, **self.flights}
+        self.nodes.update(dict.fromkeys([*self.stacks, *self.flights], session.topology.node_index))
+        self.stacks = {**{r: s for got in view.stacks.values() for r, s in got.items()}, **self.stacks}  # ours uncut
+        self.flights = {**{r: f for got in view.flights.values() for r, f in got.items()}, **self.flights}
         self.seconds += time.monotonic() - began
         _log.debug("call %d: every node's stacks and reports gathered in %.3fs", index, time.monotonic() - began)
-
 
     def record(self) -> Dict[str, Any]:
         """The result record's fields: the stacks, what they cost, the suspects
@@ -118,17 +102,14 @@ class CallStacks:
                 "flight_unread": self.flight_unread}
 
     def suspects(self, session: Any, cause: Cause) -> List[str]:
-        """The control, after ``gather``: the ranks not in the collective the
-        others wait in (procs/culprit.py: from the Flight Recorders where they
-        show it, else the stacks), by rank, node and host; kept for the record,
-        said unless a failed rank is the root cause (named already). Not on a
-        worker: its own ranks' alone would mislead."""
+        """The control, after ``gather``: the ranks not in the collective the others
+        wait in (procs/culprit.py), kept for the record, said unless a failed rank
+        is the root cause. Not on a worker: its own ranks' alone would mislead."""
         server = session.server
         if server is None or not (self.stacks or self.flights):
             return []
         found = find_culprits(self.stacks, self.nodes, server.hosts(), tuple(self.nodes), flights=self.flights)
         if found is None:
-            # Said beside suspects when the stacks name some; kept alone when nothing does.
             self.flight_unread = unread_reason(self.flights)
             return []
         self.culprits = found

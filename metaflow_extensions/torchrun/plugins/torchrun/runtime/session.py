@@ -1,20 +1,9 @@
-"""The gang of one ``@torchrun`` step, from its first line to its last.
-
-Named phases, in the order a step goes through them:
-
-- ``join``: the control starts the gang service; every node joins it in the
-  background, so the step's own code is not delayed.
-- ``user_code``: while the step's code runs outside ``current.torch.run``, an
-  abort of the gang interrupts it (a signal raises ``GangAborted`` in the main
-  thread), and ends the task if it does not stop within ``INTERRUPT_GRACE``.
-- ``run_call``: one ``current.torch.run`` call (``call.py``).
-- ``step_succeeded`` / ``step_failed``: the node leaves the gang, saying how
-  its step ended; a failure of its own becomes the gang's root cause. The
-  control stays until every node has left, so a late failure still reaches
-  everyone.
-- ``close``: nothing of the gang is left in the process.
-- ``say_where_logs_are``: on a local run, the control names the directory of
-  every rank's files on this host.
+"""The gang of one ``@torchrun`` step, from its first line to its last, in phases:
+``join`` (the control starts the service; every node joins in the background),
+``user_code`` (a gang abort interrupts the step's code, and ends the task if it
+does not stop within ``INTERRUPT_GRACE``), ``in_call`` (``call.py``),
+``step_succeeded`` / ``step_failed`` (leave, saying how; the control stays until
+every node has left), ``close`` (nothing of the gang left in the process).
 """
 
 from __future__ import annotations
@@ -41,29 +30,24 @@ from ..launch import StepDefaults
 from ..record import TorchrunResult
 from .local_nodes import runtime_gone, watch_local_nodes
 from .warm_start import WarmStart
-from ..host import base_dir, route_to, say
-from ..host import retention_policy, where_logs_are
-from ..host import log
+from ..host import base_dir, log, retention_policy, route_to, say, where_logs_are
 from ..base import timeouts
 
 _log = log.get("runtime.session")
 
-# Raised in the main thread to stop the step's code when the gang aborts. A
-# real-time signal: user code (SLURM-style checkpoint triggers) uses SIGUSR1/2.
+# Stops the step's code when the gang aborts; real-time, as user code uses SIGUSR1/2.
 INTERRUPT_SIGNAL = signal.SIGRTMIN + 2
 
 
 @dataclass
 class PreflightState:
-    """The step's preflight (runtime/preflight.py): its mode, and on the
-    control the collective job's record once it ran."""
+    """The step's preflight (preflight.py): its mode; on the control, the job's record once it ran."""
 
     mode: Optional[str] = None
     job_ran: bool = False
     job: Optional[JobRecord] = None
-    # On the control: the node history's check of the gang's hosts (gang/handlers.py).
-    host_check: Optional[HostCheck] = None
-    history: Any = None  # runtime/preflight.History: the job's bandwidth against each host's past
+    host_check: Optional[HostCheck] = None  # the control's check of the gang's hosts' history
+    history: Any = None  # preflight.History: the job's bandwidth against each host's past
 
 
 class Phase(enum.Enum):
@@ -83,30 +67,25 @@ class GangSession:
         *,
         secret: Union[bytes, Callable[[], bytes]],
     ):
-        """``secret``: the gang's secret (``secret.py``): bytes on the control,
-        a function that fetches it on the other nodes (called while joining)."""
+        """``secret``: bytes on the control, a function that fetches it on the other nodes (called while joining)."""
         self.identity = identity
         self.secret = secret
         self.defaults = defaults
         self.topology = topology
         self.is_control = topology.is_control
         self.flow_dir = flow_dir
-        # A deprecation note is said once per step: per gang (per pathspec for 0.2's launcher).
         self.notes_key = identity.gang_id
         self.config = gang_config(identity, defaults, topology)
         self.phase = Phase.NEW
         self.calls_made = 0
-        # The gang's facts as the control reads them (gang.GangFacts: the service, read only through
-        # that); None on a worker. The service itself is _service, started and closed here alone.
+        # The control's read-only view of the gang service (_service, started and closed here alone).
         self.server: Optional[GangFacts] = None
         self._service: Optional[GangServer] = None
         self.client: Optional[GangClient] = None
         self.results: List[TorchrunResult] = []
         self.reported = False  # this node's own failure is already the gang's
-        # `card view` of the control's card (decorator); a failed call's error names it.
         self.card_hint: Optional[str] = None
         self.card_hint_said = False
-        # The control's card refreshed while a call runs (card.refresh_live; the decorator's).
         self.live_card: Optional[Callable[[ProgressRecord], None]] = None
         self._logs_said = False
         self._closed = False
@@ -115,15 +94,12 @@ class GangSession:
         self._main = threading.main_thread().ident
         self._previous_handler: Any = None
         self._call_error: Optional[BaseException] = None  # what the last failed call raised
-        # This node's preflight (runtime/preflight.py): what it sends on joining,
-        # and what the control keeps of the gang's.
         self.preflight_source: Optional[Callable[[], Any]] = None
         self.preflight = PreflightState()
-        self.warm: Optional[WarmStart] = None  # the node's warm process (warm_start.py)
-        # Who sits calls out (@torchrun(spares)): the step's start's, then as the latest call heard it.
+        self.warm: Optional[WarmStart] = None
+        # Who sits calls out (@torchrun(spares)), as the latest call heard it.
         self.bench = Bench.initial(topology.num_nodes, defaults.spares)
-        # Found as the step joins its gang, for every call: the address (and
-        # interface) other nodes reach this one at; this user's base directory.
+        # Found as the step joins, for every call: the address (and interface) other nodes reach this one at.
         self.route: Optional[Tuple[str, Optional[str]]] = None
         self.host_base: Optional[str] = None
 
@@ -156,9 +132,7 @@ class GangSession:
         self.client.progress = say
         self.client.preflight = self.preflight_source
         self.client.start()
-        # Joining takes a round trip when the control is up: wait that long, so
-        # that a node that dies at once is known to the gang (and so lost, not
-        # missing), but not for a control that is still starting.
+        # A round trip, so a node that dies at once is lost, not missing; not a starting control's wait.
         self.client.joined.wait(timeouts.JOIN_WAIT)
         self.phase = Phase.IN_STEP
 
@@ -277,30 +251,24 @@ class GangSession:
         node = self.topology.node_index
         message = str(error) if not isinstance(error, TorchrunException) else error.message
         exc_type = type(error).__name__
+        first = _first_line(message)
+        call, tb = None, None
+        # A refusal's text is the whole story: a traceback through our planning would only bury it.
         if isinstance(error, TorchrunCallRefused):
-            # Refused before anything started: the user's line is in the
-            # message; a traceback through our planning would only bury it.
-            return Cause(CauseKind.STEP_FAILED, "node %d refused %s" % (node, _first_line(message)),
-                         node_index=node, exc_type=exc_type, message=message[:4000], call=error.call - 1)
-        if isinstance(error, TorchrunNotRetried):  # its text is the whole story: no traceback of ours
-            return Cause(CauseKind.STEP_FAILED, "node %d: %s" % (node, _first_line(message)), node_index=node,
-                         exc_type=exc_type, message=message[:4000])
-        raised = self._call_error
-        in_call = self.phase is Phase.IN_CALL or (raised is not None and raised in (error, error.__cause__))
-        where = _where(self.calls_made, in_call)
-        return Cause(
-            CauseKind.STEP_FAILED,
-            "node %d failed in its step %s: %s: %s" % (node, where, exc_type, _first_line(message)),
-            node_index=node,
-            exc_type=exc_type,
-            message=message[:4000],
-            traceback="".join(traceback.format_exception(type(error), error, error.__traceback__))[-16000:],
-        )
+            summary, call = "node %d refused %s" % (node, first), error.call - 1
+        elif isinstance(error, TorchrunNotRetried):
+            summary = "node %d: %s" % (node, first)
+        else:
+            raised = self._call_error
+            in_call = self.phase is Phase.IN_CALL or (raised is not None and raised in (error, error.__cause__))
+            summary = "node %d failed in its step %s: %s: %s" % (node, _where(self.calls_made, in_call), exc_type, first)
+            tb = "".join(traceback.format_exception(type(error), error, error.__traceback__))[-16000:]
+        return Cause(CauseKind.STEP_FAILED, summary, node_index=node, exc_type=exc_type, message=message[:4000],
+                     traceback=tb, call=call)
 
     def close(self) -> None:
-        """Once: the step's wrapper closes the gang as the step's code ends, and
-        ``task_finished`` again for a step whose code never ran; a second call
-        finds nothing left to do (and must not linger a second time)."""
+        """Once (the step's wrapper, then ``task_finished`` for a step whose code
+        never ran): a second call must not linger a second time."""
         self.phase = Phase.LEFT
         if self._closed:
             return
@@ -316,11 +284,8 @@ class GangSession:
                 self._service.close()
 
     def say_where_logs_are(self) -> None:
-        """Once, at the step's end, on the control of a local run: every node
-        ran on this host, so its per-rank files are all here (the workers'
-        Metaflow logs are empty locally: their output is in the control's).
-        Not on a cluster, where each node's files are on its own pod or
-        instance and its own task log holds its ranks."""
+        """Once, on a local run's control: every node's per-rank files are on this
+        host (a cluster's node keeps its own, and its task log holds its ranks)."""
         if self._logs_said or not (self.is_control and self.topology.is_local):
             return
         if self.cause is not None:
@@ -340,17 +305,15 @@ def _base_or_none() -> Optional[str]:
 
 
 def call_failed(error: Optional[BaseException]) -> bool:
-    """Whether a call raised its ranks' failure (here or on another node): the
-    gang's cause is then that failure (the first wins), and step code that
-    catches it goes on with its step, the call's ranks stopped on every node."""
+    """Whether a call raised its ranks' failure (here or elsewhere): step code
+    that catches it goes on with its step, the ranks stopped on every node."""
     return isinstance(error, (TorchrunFailed, GangAborted))
 
 
 def went_on(session: GangSession, cause: Cause) -> None:
     """The step's code caught its failed call's exception and went on: this node
-    leaves the gang as a step that ended well. The node whose rank raised shows
-    what it caught whole (the other nodes' errors point to this log), the others
-    one line."""
+    leaves as a step that ended well; the node whose rank raised says what it
+    caught whole (the other nodes' errors point here), the others one line."""
     assert session.client is not None
     session.client.leave(session.calls_made, ok=True)
     session.phase = Phase.LEFT
@@ -363,11 +326,9 @@ def went_on(session: GangSession, cause: Cause) -> None:
 
 
 def linger(server: GangServer, start_timeout: float) -> None:
-    """A failed gang's service stays a little while nodes are still coming:
-    a node that is still starting learns the cause as it joins, instead of
-    waiting ``start_timeout`` for a service that is gone. Not when the cause is
-    that nodes never joined: their own ``start_timeout`` has passed too, and
-    they have given up as well."""
+    """A failed gang's service stays a little while nodes are still coming, so a
+    late node learns the cause as it joins rather than at ``start_timeout``; not
+    when nodes never joined (they have given up too)."""
     if server.cause is not None and server.cause.kind is CauseKind.NEVER_JOINED:
         return
     deadline = time.monotonic() + min(timeouts.LINGER, start_timeout)
@@ -377,7 +338,7 @@ def linger(server: GangServer, start_timeout: float) -> None:
 
 @contextlib.contextmanager
 def _timed(what: str) -> Iterator[None]:
-    """Debug records (host/log.py) of ``what`` begun and ended, with its duration."""
+    """Debug records of ``what`` begun and ended, with its duration."""
     if not _log.isEnabledFor(logging.DEBUG):
         yield
         return
@@ -392,14 +353,12 @@ def _timed(what: str) -> Iterator[None]:
 
 
 def same_problem(mine: Cause, cause: Cause) -> bool:
-    """Whether ``cause`` says what this node's own cause ``mine`` says,
-    compared as both crossed the wire (a long message is cut there)."""
+    """Whether ``cause`` says what ``mine`` says, as both crossed the wire (which cuts a long message)."""
     sent = Cause.from_wire(mine.to_wire())
     return sent is not None and sent.message == cause.message
 
 
 def _where(calls_made: int, in_call: bool) -> str:
-    """Where in the step a node's error was raised, for its cause."""
     if in_call:
         return "in call %d of current.torch.run" % calls_made
     return "before current.torch.run" if calls_made == 0 else "after call %d of current.torch.run" % calls_made
@@ -411,7 +370,6 @@ def _first_line(text: str) -> str:
 
 
 def gang_config(identity: GangIdentity, defaults: StepDefaults, topology: Topology) -> GangConfig:
-    """The gang's settings: the step's, and the knobs of Metaflow's configuration."""
     return GangConfig(
         gang_id=identity.gang_id,
         num_nodes=topology.num_nodes,

@@ -1,13 +1,6 @@
-"""One node, no ``@parallel``: metaflow-torchrun 0.2's ``TorchrunSingleNodeMultiGPU``
-on this package's runtime.
-
-0.2 used it in an ordinary step to run ``torchrun --nproc_per_node N script
-args``. Here the call is planned, supervised and reported exactly as a
-``current.torch.run`` call on a gang of one node: the same plan (argument
-encoding, nproc from the step's GPUs), the same supervisor (rank-labelled logs,
-nothing left behind on any ending) and the same root-cause report. The gang
-service of one node costs a loopback socket; it is what the call's phases
-(``call.py``) are written against, so no second launcher exists.
+"""metaflow-torchrun 0.2's ``TorchrunSingleNodeMultiGPU``, in any step: a call
+planned, supervised and reported as a ``current.torch.run`` call on a gang of
+one node (the service costs a loopback socket), so no second launcher exists.
 """
 
 from __future__ import annotations
@@ -33,9 +26,8 @@ _sessions = itertools.count()
 
 
 def step_decorator_specs(flow_name: str, step_name: str) -> List[Tuple[str, Mapping[str, Any]]]:
-    """(name, attributes) of the running step's decorators, those attached with
-    ``--with`` included: read from the flow class in ``__main__``, the flow
-    file Metaflow runs the task from. Empty where it cannot be found."""
+    """(name, attributes) of the running step's decorators, ``--with``'s included,
+    read from the flow class in ``__main__``; empty where it cannot be found."""
     main = sys.modules.get("__main__")
     for value in list(vars(main).values()) if main is not None else []:
         if isinstance(value, type) and value.__name__ == flow_name:
@@ -121,14 +113,10 @@ class SingleNodeLauncher:
 
     @staticmethod
     def _identity(current: Any) -> GangIdentity:
-        # A gang of its own per call: calls never share a rendezvous id or files.
-        return GangIdentity(
-            flow_name=str(current.flow_name),
-            run_id=str(current.run_id),
-            step_name=str(current.step_name),
-            control_task_id="%s-single%d" % (current.task_id, next(_sessions)),
-            attempt=int(current.retry_count or 0),
-        )
+        """A gang of its own per call: calls never share a rendezvous id or files."""
+        return GangIdentity(flow_name=str(current.flow_name), run_id=str(current.run_id),
+                            step_name=str(current.step_name), attempt=int(current.retry_count or 0),
+                            control_task_id="%s-single%d" % (current.task_id, next(_sessions)))
 
 
 def _one_node() -> Topology:

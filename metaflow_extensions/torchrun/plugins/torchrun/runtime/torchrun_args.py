@@ -1,13 +1,8 @@
-"""``current.torch.torchrun_args``: the five values metaflow-torchrun 0.2 published
-for code that builds its own torchrun command (Outerbounds' TorchTune plugin reads
-them before it runs ``tune run --nnodes ... --rdzv-endpoint addr:port``).
-
-The values are this node's, as our own command would have them: the node count,
-the control's address, this node's index and the step's processes per node (a
-torchrun word such as ``gpu`` counted on this node). The port is the one thing we
-choose per call; a user's own command gets a port of its own instead, the same on
-every node without a word between them (``ports.own_command_port``), or the port
-``@torchrun(rdzv_port=N)`` pins. The first read fixes the values for the step.
+"""``current.torch.torchrun_args``: metaflow-torchrun 0.2's five values for code
+that builds its own torchrun command (e.g. TorchTune's plugin), this node's as
+our command would have them; the port is one of the command's own, the same on
+every node (``ports.own_command_port``) or ``@torchrun(rdzv_port=N)``'s. The
+first read fixes them for the step.
 """
 
 from __future__ import annotations
@@ -36,9 +31,8 @@ _fixed: "weakref.WeakKeyDictionary[GangSession, TorchrunArgs]" = weakref.WeakKey
 
 
 class TorchrunArgs(dict):
-    """A dict (0.2 code indexes it, copies it, prints it) that refuses changes
-    with a sentence instead of ignoring them: in 0.2, writing into it changed
-    the next ``run()``; here ``run()`` never reads it."""
+    """A dict that refuses changes with a sentence instead of ignoring them: in
+    0.2, writing into it changed the next ``run()``; here ``run()`` never reads it."""
 
     def _refuse(self, *args: Any, **kwargs: Any) -> NoReturn:
         raise TorchrunException(READ_ONLY)
@@ -80,9 +74,8 @@ def _values(session: GangSession) -> TorchrunArgs:
 
 
 def _require_free(host: str, port: int) -> None:
-    """On the control, where a torchrun built from these values hosts its store:
-    a port already taken fails the step here, saying what to do, rather than in
-    the user's command (or, worse, a connection to whatever listens there)."""
+    """On the control, where the user's torchrun hosts its store: a port taken
+    fails the step here, saying what to do, not in their command."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
