@@ -1,7 +1,6 @@
-"""The records a call and the step's attempt leave behind, for the Metaflow
-metadata, the artifacts, the card and the next attempt: plain data and pure
-functions of it, built from what the runtime hands in (``AttemptFacts``),
-never from a session, a process or a socket.
+"""The records a call and the step's attempt leave behind (metadata, artifacts,
+card, the next attempt): plain data and pure functions, built from what the
+runtime hands in (``AttemptFacts``), never from a session, process or socket.
 """
 
 from __future__ import annotations

@@ -1,14 +1,10 @@
 """Every attempt of a step, and whether the next one is worth running.
 
-Metaflow's ``@retry`` reruns the whole gang whatever stopped it, at the cost of
-a new gang's start; a ``TypeError`` in the training loop raises again at the
-same place. So under ``@torchrun(retry_on="infrastructure")`` attempt k reads
-why attempt k-1 stopped (its ``torchrun-result`` record) and starts no rank
-when that was the user's own code.
-
-The record's ``attempts`` list: when each started, its gang formed, its calls
-started, why it stopped, the checkpoint it resumed from, what a failure cost.
-Pure, except ``read_previous``, which asks the Metaflow client.
+Metaflow's ``@retry`` reruns the whole gang whatever stopped it, and a
+``TypeError`` in the training loop raises again at the same place: under
+``@torchrun(retry_on="infrastructure")`` attempt k reads why attempt k-1
+stopped and starts no rank when that was the user's own code. Pure, except
+``read_previous``, which asks the Metaflow client.
 """
 
 from __future__ import annotations
@@ -60,11 +56,9 @@ class Previous(Lenient):
 
 
 def refusal(retry_on: str, attempt: int, previous: Optional[Previous], retries: int = 0) -> Optional[str]:
-    """Why attempt ``attempt`` runs nothing, or None to run it: one statement
-    (its error's text, under the headline "not retried"). ``retries``: the
-    step's ``@retry(times)``. Metaflow's @retry offers a step no way to cancel
-    the attempts after this one, so the first refused attempt says, once,
-    that they start and end the same way."""
+    """Why attempt ``attempt`` runs nothing (its error's text), or None to run it.
+    The first refused attempt also says, once, that Metaflow's later retries
+    (``retries``: ``@retry(times)``) start and end the same way: a step cannot cancel them."""
     if retry_on != "infrastructure" or attempt <= 0 or previous is None:
         return None
     what = user_code_failure(previous.cause)
@@ -266,10 +260,8 @@ def first_output(results: List[Any]) -> Optional[float]:
 
 @dataclass(frozen=True)
 class Marks:
-    """One attempt's marks on the step's clock, each clamped to the ones
-    before: start, gang formed, end of start-up (a rank's first line, else the
-    first call), end of work (the failure), ``end``. The goodput ledger and the
-    attempts' costs cut time at these same marks, so they agree."""
+    """One attempt's marks on the step's clock, each clamped to the ones before.
+    The goodput ledger and the attempts' costs cut time at these same marks, so they agree."""
 
     start: float
     formed: float

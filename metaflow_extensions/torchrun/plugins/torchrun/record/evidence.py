@@ -1,12 +1,9 @@
-"""One evidence bundle per failed attempt, kept where the next attempt (and
-anyone with the client) can compare it: the artifact ``torchrun_evidence``.
-
-The control's holds the cause, the ranks' stacks grouped by place (one example
-each), every rank's last lines and the NCCL Flight Recorder dumps on its host;
-the node a failure names adds its ``nvidia-smi -q`` (in its own task's). No join
-meets two values: only a failed task keeps one, and a failed task reaches no
-join. Built after the failure from what the control holds, bounded at any gang
-size (``MAX_BYTES``, the places and dumps beyond their caps counted).
+"""One evidence bundle per failed attempt (the artifact ``torchrun_evidence``),
+where the next attempt and anyone with the client can compare it: the cause,
+the stacks grouped by place, every rank's last lines, the host's NCCL Flight
+Recorder dumps; the node a failure names adds its ``nvidia-smi -q`` in its own
+task. Only a failed task keeps one, and a failed task reaches no join: no join
+meets two values. Bounded at any gang size (``MAX_BYTES``).
 """
 
 from __future__ import annotations

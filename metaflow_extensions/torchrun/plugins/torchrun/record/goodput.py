@@ -1,13 +1,10 @@
 """The goodput ledger: where a step's wall time went, across its attempts.
 
 At scale failures are routine; what says whether a job runs well is the share
-of wall time spent training rather than forming gangs, starting, saving, or
-redoing and waiting out failures. Read from the attempts record the control
-already keeps (record/attempts.py): the ranks do no extra work for it.
-
-Each attempt, and each in-step restart, is one segment on the step's clock,
-cut into ``PARTS`` that never overlap, so they add up to the wall time by
-construction (docs/resume.md's table says where each part starts and ends).
+of wall time spent training. Each attempt, and each in-step restart, is one
+segment cut into ``PARTS`` that never overlap, so they add up to the wall time
+(docs/resume.md's table says where each starts and ends). Read from the
+attempts record alone: the ranks do no extra work for it.
 """
 
 from __future__ import annotations
@@ -109,11 +106,8 @@ class Ledger(Lenient):
 
 def segments(a: Attempt, end: float, after_failure: bool, saved_at: Optional[float], failed: bool,
              next_first: Optional[float]) -> List[Segment]:
-    """One attempt's segments, one more after each in-step restart. ``end``:
-    the next attempt's start, or its own record; ``after_failure``: its
-    start-up is the previous failure's restart; ``saved_at``: the checkpoint
-    the next attempt resumed from. An in-step restart loses all its ranks'
-    work (the node cannot see which checkpoint the new ranks load)."""
+    """One attempt's segments, one more after each in-step restart, which loses all
+    its ranks' work (the node cannot see which checkpoint the new ranks load)."""
     m: Marks = marks(a, min(a.recorded_at, end) if a.recorded_at is not None else end)
     first, cuts = in_step_cuts(a, m)
     parts = dict.fromkeys(PARTS, 0.0)

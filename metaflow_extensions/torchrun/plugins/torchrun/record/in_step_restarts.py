@@ -1,7 +1,5 @@
 """A call's in-step restarts on one node (``@torchrun(restarts=N)``), counted
 like attempts: each with its cause, the work it lost, the time to run again.
-The service decides one (``gang/restarts.py``), the call carries it out
-(``runtime/restarts.CallRestarts``) and keeps an ``InStepRestart`` of it.
 """
 
 from __future__ import annotations

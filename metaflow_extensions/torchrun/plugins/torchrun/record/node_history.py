@@ -1,11 +1,9 @@
 """Node history across runs: which hosts failed, how often, and why.
 
-Every attempt's record lists its nodes with their hosts and roles. Read back
-through the Metaflow client for a flow's last runs, they say which hosts were
-culprits or stragglers and which causes recurred (``python flow.py torchrun
-history``), and let the preflight warn about a host blamed in K of its last M
-appearances, or refuse it under ``preflight="strict"``. Pure, except
-``read_*``, which ask the Metaflow client.
+Read through the Metaflow client from a flow's last runs' records, it says which
+hosts were culprits or stragglers and which causes recurred (``python flow.py
+torchrun history``), and lets the preflight warn about a host blamed in K of
+its last M appearances, or refuse it under ``preflight="strict"``.
 """
 
 from __future__ import annotations

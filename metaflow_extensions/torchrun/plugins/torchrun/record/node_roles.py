@@ -1,12 +1,10 @@
-"""Each node of an attempt, as the node history needs it: where it ran and
-what part it had in the attempt's end.
+"""Each node of an attempt: where it ran and its part in the attempt's end.
 
 Roles: ``culprit`` (its rank failed, or its preflight refused it), ``lost``
 (its task died or never joined), ``frozen`` (it fell silent), ``out`` (taken
 out for a spare: a failure pinned to it, or its preflight found it unfit),
 ``slow`` (the preflight's bandwidth job or straggler detection named it) and
-``bystander``. Host names come from the gang's hello messages, never from a
-platform's API.
+``bystander``. Hosts are named by the gang's hello messages, not a platform.
 """
 
 from __future__ import annotations

@@ -1,8 +1,6 @@
-"""What ``current.torch.run`` returns, and what is kept after the run.
-
-The same record is returned to the step, attached to the exception when the run
-fails, stored as task metadata (``torchrun-result``, readable with the Metaflow
-client after the run) and drawn in the step's card.
+"""What ``current.torch.run`` returns: returned to the step, attached to the
+exception when the run fails, stored as task metadata (``torchrun-result``,
+read with the Metaflow client) and drawn in the step's card.
 """
 
 from __future__ import annotations
@@ -141,10 +139,8 @@ class TorchrunResult:
                 for r in self.ranks} if log_dir else {}
 
     def to_dict(self, stacks_limit: int = STACKS_IN_REPORT) -> Dict[str, Any]:
-        """JSON-able, without return values (they may be anything): the full
-        report (``REPORT_ARTIFACT``). By hand, not by codec.py: its stacks' bound
-        is an argument, and the stored shape has ``{}`` for no preflight,
-        culprits or ran, and each rank's ``duration``, which no field holds."""
+        """JSON-able, without return values (they may be anything): the full report.
+        By hand: its stacks' bound is an argument, and a rank's ``duration`` is no field."""
         data = {f: getattr(self, f) for f in self.__dataclass_fields__ if f != "returns"}
         for name in ("cause", "gang", "preflight", "culprits", "ran", "goodput", "progress"):
             value = getattr(self, name)
@@ -157,9 +153,8 @@ class TorchrunResult:
         return data
 
     def to_json(self, full_report: str = REPORT_ARTIFACT) -> str:
-        """The record kept as task metadata: the whole of it when it fits in
-        ``METADATA_LIMIT``, else the same fields compacted (ranks grouped by
-        where they were, nodes summarized), naming where the full report is."""
+        """The record as task metadata: whole when it fits in ``METADATA_LIMIT``,
+        else compacted, naming where the full report is."""
         data = self.to_dict(STACKS_IN_RECORD)
         text = json.dumps(data, default=str)
         if len(text) <= METADATA_LIMIT:

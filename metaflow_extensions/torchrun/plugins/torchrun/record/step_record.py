@@ -1,11 +1,8 @@
-"""The step's record as the task ends, built here alone (``step_result``): the
-last call's result, or one made for an attempt that made none, with its
-preflight and, on the control, every attempt of the step so far, this one's
-nodes and their roles, and the goodput ledger.
-
-Built from the attempt's facts (``AttemptFacts``, read off the session by
-``runtime/step_run.attempt_facts``) and the ``ThisAttempt`` the decorator kept:
-no session, no process, no socket. The decorator's hooks only pass things along.
+"""The step's record as the task ends, built here alone (``step_result``) from
+the attempt's facts (``AttemptFacts``, read off the session by the runtime) and
+the ``ThisAttempt`` the decorator kept: the last call's result, or one made for
+an attempt that made none, with its preflight and, on the control, every
+attempt so far, this one's nodes and roles, and the goodput ledger.
 """
 
 from __future__ import annotations
@@ -139,9 +136,9 @@ def keep_record(flow: Any, facts: Optional[AttemptFacts], attempt: ThisAttempt,
                 where: Tuple[Any, Any, str, Any], flow_name: str,
                 render_card: Callable[[TorchrunResult], bool]) -> bool:
     """Keep the task's record as task metadata (bounded), and as artifacts the
-    full report where the record leaves any of it out, a failed attempt's
-    evidence and the goodput ledger. ``where``: Metaflow's metadata provider
-    and the task's ids. Returns whether ``render_card`` drew the card."""
+    full report where it leaves any out, a failed attempt's evidence and the
+    ledger. ``where``: the metadata provider and the task's ids. Returns
+    whether the card was drawn."""
     drop_inherited(flow)
     result = step_result(facts, attempt)
     if result is None or facts is None:
@@ -171,11 +168,9 @@ def keep_record(flow: Any, facts: Optional[AttemptFacts], attempt: ThisAttempt,
 
 def drop_inherited(flow: Any) -> None:
     """Pass on none of ``ARTIFACTS`` inherited from an earlier step: a second
-    @torchrun step's worker carried the first's merged ledger while its
-    control set its own, and the join's ``merge_artifacts`` failed (issue 52).
-    Metaflow has no call that forgets an input's artifact; its ``persist``
-    copies the input datastore's table, so the names leave that table (in
-    this process only) and the flow's cached copies."""
+    step's worker carried the first's merged ledger, and the join's ``merge_artifacts``
+    failed (issue 52). Metaflow's ``persist`` copies the input datastore's table, so
+    the names leave that table (in this process) and the flow's cached copies."""
     own = getattr(flow, "__dict__", {})
     inherited = own.get("_datastore")
     for name in ARTIFACTS:
