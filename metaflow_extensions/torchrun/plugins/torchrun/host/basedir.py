@@ -1,5 +1,5 @@
-"""Where a node's files live: the base directory of this user on this host,
-and the fallback when another user squats its path.
+"""Where a node's files live: this user's base directory on this host, and the
+fallback when another user squats its path.
 
 Layout, under the temporary directory (``$TMPDIR``, else ``/tmp``)::
 
@@ -9,14 +9,10 @@ Layout, under the temporary directory (``$TMPDIR``, else ``/tmp``)::
     metaflow-torchrun-<uid>-<random>/   a fallback base, only while the path
                                          above is another user's
 
-Another user who made the base path first does not get our files: the task
-uses a fallback base (``mkdtemp``) instead, with a warning, shared by every
-task of the user while the squat lasts (the first one that is ours alone, by
-name). Each task holds a shared lock on the fallback's ``.in-use`` for its
-life. Once the usual base is ours again, the next call there claims every
-fallback base nobody holds (an exclusive lock on ``.in-use``, and no call's
-directory held in it), moves its runs' logs under the usual base's ``logs/``,
-where retention applies, and removes it (``logs.adopt_fallbacks``).
+Every task of the user shares one fallback while the squat lasts, each holding
+a shared lock on its ``.in-use`` for its life; once the usual base is ours
+again, the next call there claims the fallbacks nobody holds, moves their logs
+in (``logs.adopt_fallbacks``) and removes them.
 """
 
 from __future__ import annotations
@@ -31,69 +27,43 @@ import time
 from typing import Dict, List, Optional, Tuple
 
 from .console import say
-from .private import (
-    UnsafePath,
-    check_parent,
-    check_private_dir,
-    in_use,
-    open_private,
-    release_lock,
-    removable,
-    uid,
-)
+from .private import UnsafePath, check_parent, check_private_dir, in_use, make_private, open_private, release_lock
+from .private import removable, uid
 
 BASE_PREFIX = "metaflow-torchrun-"
 LOGS = "logs"
 WORK = "work"
-# In a fallback base: every task using it holds a shared lock on it.
-IN_USE_FILE = ".in-use"
-# How deep the lock of a call's logs lies below a run's directory
-# (<step>/c<call>/node-<N>/.lock).
+IN_USE_FILE = ".in-use"  # in a fallback base: every task using it holds a shared lock on it
+# How deep the lock of a call's logs lies below a run's directory (<step>/c<call>/node-<N>/.lock).
 RUN_LOCK_DEPTH = 3
 
 _warned: set = set()
-
-
-def _base_path(tmp: Optional[str] = None) -> str:
-    return os.path.join(tmp or tempfile.gettempdir(), "%s%d" % (BASE_PREFIX, uid()))
+_fallbacks: Dict[Tuple[str, Optional[str]], str] = {}
+_shares: Dict[str, int] = {}  # fallback base -> this process's shared hold on its IN_USE_FILE
 
 
 def base_dir(tmp: Optional[str] = None) -> str:
-    """``$TMPDIR/metaflow-torchrun-<uid>``, private to this user.
-
-    A symlink there is removed and the directory made; a directory another
-    user made first is left alone and a fresh private one (``mkdtemp``) is used
-    by this process instead, with a warning."""
-    path = _base_path(tmp)
+    """``$TMPDIR/metaflow-torchrun-<uid>``, private to this user: a symlink
+    there is removed; a directory another user made first is left alone and a
+    fallback used instead, with a warning."""
+    path = os.path.join(tmp or tempfile.gettempdir(), "%s%d" % (BASE_PREFIX, uid()))
     check_parent(os.path.dirname(path))
     for _ in range(3):
         try:
-            os.mkdir(path, 0o700)
-        except FileExistsError:
-            pass
-        try:
-            check_private_dir(path)
-            return path
+            return make_private(path)
         except FileNotFoundError:
             continue  # removed under us: make it again
         except UnsafePath as e:
             try:
-                st = os.lstat(path)
-            except FileNotFoundError:
-                continue
-            if stat.S_ISLNK(st.st_mode):
-                try:
+                if stat.S_ISLNK(os.lstat(path).st_mode):
                     os.unlink(path)
                     continue
-                except OSError:
-                    pass
+            except FileNotFoundError:
+                continue
+            except OSError:
+                pass
             return _fallback_base(path, e, tmp)
     return _fallback_base(path, UnsafePath(errno.EAGAIN, "keeps changing", path), tmp)
-
-
-_fallbacks: Dict[Tuple[str, Optional[str]], str] = {}
-# Fallback base -> this process's shared hold on its IN_USE_FILE (kept while it lives).
-_shares: Dict[str, int] = {}
 
 
 def _fallback_base(path: str, why: OSError, tmp: Optional[str]) -> str:
@@ -117,37 +87,38 @@ def _fallback_prefix() -> str:
     return "%s%d-" % (BASE_PREFIX, uid())
 
 
-def _reuse_fallback(tmp: Optional[str]) -> Optional[str]:
-    """While our base path is squatted, every task would make a fresh directory
-    that no cleanup visits (8 after 4 runs of 2 nodes). Instead all tasks share
-    the first fallback directory that is ours alone (by name, so every node picks
-    the same), and the others go once nobody uses them: at most one stays."""
-    parent = tmp or tempfile.gettempdir()
+def _own_fallbacks(parent: str) -> List[str]:
+    """The fallback bases in ``parent`` that are ours alone (never a symlink or
+    a stranger's), by name: every node picks them in the same order."""
     try:
         names = sorted(n for n in os.listdir(parent) if n.startswith(_fallback_prefix()))
     except OSError:
-        return None
-    chosen = None
+        return []
+    found = []
     for name in names:
-        candidate = os.path.join(parent, name)
         try:
-            check_private_dir(candidate)  # a symlink or a stranger's is never used
+            check_private_dir(os.path.join(parent, name))
+            found.append(os.path.join(parent, name))
         except OSError:
-            continue
-        if chosen is None:
-            chosen = candidate
-        elif removable(candidate, time.time(), depth=0):  # its calls' locks: _claim
-            hold = _claim(candidate)
-            if hold is not None:
-                _remove(candidate, hold)
-    return chosen
+            pass
+    return found
+
+
+def _reuse_fallback(tmp: Optional[str]) -> Optional[str]:
+    """The first of our fallbacks, shared by every task (else each would make
+    one that no cleanup visits); the others go once nobody holds them."""
+    found = _own_fallbacks(tmp or tempfile.gettempdir())
+    for candidate in found[1:]:
+        hold = _claim(candidate) if removable(candidate, time.time(), depth=0) else None
+        if hold is not None:
+            remove_fallback(candidate, hold)
+    return found[0] if found else None
 
 
 def _share(base: str) -> bool:
     """Hold a shared lock on ``base``'s ``IN_USE_FILE`` for the rest of this
-    process: whoever would empty a fallback base takes an exclusive one first
-    (``_claim``), so no base a live task uses is emptied. False when it cannot
-    be had (the base is being emptied, or is gone)."""
+    process, so that no ``_claim`` empties it; False when it cannot be had
+    (the base is being emptied, or is gone)."""
     if base in _shares:
         return True
     lock_path = os.path.join(base, IN_USE_FILE)
@@ -168,10 +139,9 @@ def _share(base: str) -> bool:
 
 
 def _claim(base: str) -> Optional[int]:
-    """An exclusive hold on a fallback base no live task uses (none holds its
-    ``IN_USE_FILE`` shared, none holds a call's directory in it), or None. A
-    base without the file yet is claimed only once it is ``YOUNG_SECONDS``
-    old: its maker may be about to take its share."""
+    """An exclusive hold on a fallback base no live task uses (no share of its
+    ``IN_USE_FILE``, no call's directory held in it), or None. A base without
+    the file yet is claimed only once not young: its maker may be about to share it."""
     lock_path = os.path.join(base, IN_USE_FILE)
     if not os.path.lexists(lock_path) and not removable(base, time.time(), depth=0):
         return None
@@ -190,47 +160,26 @@ def _claim(base: str) -> Optional[int]:
     return fd
 
 
-def _remove(base: str, hold: int) -> None:
-    shutil.rmtree(base, ignore_errors=True)
-    release_lock(hold)
-
-
 def left_fallbacks(base: str) -> List[Tuple[str, int]]:
-    """The fallback bases this user left beside ``base`` when ``base`` is the
-    usual one (a squat there has ended), each claimed (``_claim``): the
-    caller moves what it keeps out of each, then ``remove_fallback``. Never a
-    symlink, another user's directory, or a base a live task uses."""
+    """The fallback bases left beside ``base`` when it is the usual one (the
+    squat has ended), each claimed: the caller moves what it keeps out of each,
+    then ``remove_fallback``."""
     parent, name = os.path.split(base)
     if name != "%s%d" % (BASE_PREFIX, uid()):
         return []
-    try:
-        names = sorted(n for n in os.listdir(parent) if n.startswith(_fallback_prefix()))
-    except OSError:
-        return []
-    claimed = []
-    for name in names:
-        candidate = os.path.join(parent, name)
-        try:
-            check_private_dir(candidate)
-        except OSError:
-            continue
-        hold = _claim(candidate)
-        if hold is not None:
-            claimed.append((candidate, hold))
-    return claimed
+    claimed = [(candidate, _claim(candidate)) for candidate in _own_fallbacks(parent)]
+    return [(candidate, hold) for candidate, hold in claimed if hold is not None]
 
 
 def remove_fallback(base: str, hold: int, keep: bool = False) -> None:
     """Remove a claimed fallback base (``keep``: only let go of it)."""
-    if keep:
-        release_lock(hold)
-    else:
-        _remove(base, hold)
+    if not keep:
+        shutil.rmtree(base, ignore_errors=True)
+    release_lock(hold)
 
 
 def _calls_in_it(base: str) -> bool:
-    """Some live process holds a call's directory in ``base``: a work
-    directory, or a run's logs (down to ``<step>/c<call>/node-<N>``)."""
+    """Some live process holds a work directory or a run's logs in ``base``."""
     for sub in (WORK, LOGS):
         root = os.path.join(base, sub)
         try:
@@ -240,5 +189,3 @@ def _calls_in_it(base: str) -> bool:
         if any(in_use(os.path.join(root, name), RUN_LOCK_DEPTH) for name in names):
             return True
     return False
-
-

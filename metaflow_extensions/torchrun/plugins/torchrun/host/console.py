@@ -1,7 +1,6 @@
-"""The one way the task process talks to the user outside an error: a line on
-stderr that starts with ``@torchrun: `` (stdout may be machine-readable, e.g.
-``argo-workflows create --only-json``). Messages are built without the prefix;
-``say`` adds it, once."""
+"""The one way the task talks to the user outside an error: a line that starts
+with ``@torchrun: `` (added once, by ``say``), on stderr unless the ranks wrote
+last to stdout (which may be machine-readable: ``argo-workflows create --only-json``)."""
 
 from __future__ import annotations
 
@@ -12,14 +11,11 @@ from typing import IO, Callable, Iterable, Optional, Set, Tuple
 from ..base import timeouts
 
 PREFIX = "@torchrun: "
-# Our lines and the ranks' share the task's streams. A line of ours goes out
-# whole, between the ranks' writes, never inside one (a rank printing a tensor
-# over 200 lines): the ranks' output is written under this lock (the
-# supervisor's pumps, ``rank_output``), and ``say`` waits for a pause in it of
-# ``timeouts.QUIET`` seconds (at most ``QUIET_WAIT``). It writes to the stream
-# the ranks wrote to last: Metaflow's runtime reads a task's stdout and stderr a
-# line at a time each, in turn, so a line on the other stream would land inside
-# their lines on the console.
+# A line of ours goes out whole, between the ranks' writes (made under this
+# lock, ``rank_output``), after a pause of ``timeouts.QUIET`` in them (at most
+# ``QUIET_WAIT``), on the stream they wrote to last: Metaflow reads a task's
+# stdout and stderr a line at a time each, in turn, so a line on the other
+# stream would land inside theirs.
 
 _lock = threading.Lock()
 
@@ -30,7 +26,6 @@ class _Ranks:
 
 
 def rank_output(stream: IO[str], write: Callable[[], None]) -> None:
-    """Write the ranks' output (whole lines) with ``write``, apart from ours."""
     with _lock:
         try:
             write()
@@ -63,8 +58,7 @@ def say(text: str, frame: Optional[str] = None, stream: Optional[IO[str]] = None
         time.sleep(max(0.005, timeouts.QUIET - since))
 
 
-# Lines already said, by (key, text): a deprecation note is said once per step
-# (the key), however many calls repeat it.
+# Lines already said, by (key, text): a deprecation note once per step, however many calls repeat it.
 _said: Set[Tuple[str, str]] = set()
 
 

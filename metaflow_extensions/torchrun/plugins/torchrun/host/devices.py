@@ -1,12 +1,10 @@
-"""How many CUDA devices this node's processes will see, without importing torch.
+"""How many CUDA devices this node's processes will see, without importing torch
+(``torch.cuda.device_count()`` took 4.9 to 8.3 s on an H100 node).
 
-``import torch; torch.cuda.device_count()`` took 4.9 to 8.3 s on an H100 node:
-too much for the path from a task's start to its first rank. The NVIDIA driver
-lists its GPUs under ``/proc/driver/nvidia/gpus`` (one directory per GPU, its
-``information`` file naming the GPU's UUID), and ``CUDA_VISIBLE_DEVICES`` is
-read the way the CUDA runtime reads it. Where that cannot be decided for sure
-(MIG instances, a UUID the files do not show) the answer is "unknown", and the
-caller skips its check rather than guess: NCCL then fails with its own error.
+The driver lists its GPUs under ``/proc/driver/nvidia/gpus`` (each one's
+``information`` names its UUID), and ``CUDA_VISIBLE_DEVICES`` is read as CUDA
+reads it. Where that cannot decide (MIG, a UUID the files do not show) the
+answer is unknown and the caller checks nothing rather than guess.
 """
 
 from __future__ import annotations
@@ -20,9 +18,8 @@ _UUID_LINE = re.compile(r"^GPU UUID:\s*(\S+)", re.MULTILINE)
 
 
 def gpu_uuids(root: str = DRIVER_GPUS) -> Optional[List[str]]:
-    """The driver's GPUs as their UUIDs (``""`` where a file does not say), in
-    PCI bus order; None where there is no NVIDIA driver. CUDA may number them in
-    another order: counting does not depend on it."""
+    """The driver's GPUs' UUIDs (``""`` where a file does not say), in PCI bus
+    order (CUDA's may differ: counting does not care); None without a driver."""
     try:
         entries = sorted(os.listdir(root))
     except OSError:
@@ -39,12 +36,9 @@ def gpu_uuids(root: str = DRIVER_GPUS) -> Optional[List[str]]:
 
 
 def visible_count(spec: Optional[str], uuids: Sequence[str]) -> Optional[int]:
-    """How many devices ``CUDA_VISIBLE_DEVICES=spec`` leaves visible out of the
-    driver's ``uuids``; None when that cannot be decided from them.
-
-    As CUDA reads it: unset means every device; entries are indices or (prefixes
-    of) ``GPU-`` UUIDs; the list ends at the first entry that is invalid or out
-    of range; ``""`` hides every device. A device named twice is undecided."""
+    """How many of the driver's ``uuids`` ``CUDA_VISIBLE_DEVICES=spec`` leaves
+    visible, as CUDA reads it (indices or ``GPU-`` UUID prefixes, up to the
+    first invalid entry; ``""`` hides all); None where that cannot be decided."""
     if spec is None:
         return len(uuids)
     seen = set()
@@ -88,8 +82,7 @@ def cuda_devices(env: Mapping[str, str] = os.environ, root: str = DRIVER_GPUS) -
 
 
 def usable_cpus() -> int:
-    """The CPUs this task may run on (its affinity: a container's cpuset, a
-    ``taskset``), which is what "one process per CPU" can use."""
+    """The CPUs this task may run on (its affinity: a cpuset, a ``taskset``)."""
     try:
         return max(1, len(os.sched_getaffinity(0)))
     except (AttributeError, OSError):
@@ -98,9 +91,8 @@ def usable_cpus() -> int:
 
 def count_with_torch(kind: str, python: str, timeout: float = 180.0) -> Optional[int]:
     """``torch.<kind>.device_count()`` in a child process, where the driver's
-    files cannot say (MIG instances, XPUs): seconds of torch import, paid only
-    there and never in the task's own process. 0 when torch sees no such
-    device; None when torch could not be asked."""
+    files cannot say (MIG, XPUs): the seconds of torch's import never in the
+    task's own process. None when torch could not be asked."""
     import subprocess
 
     code = (

@@ -1,17 +1,10 @@
-"""How busy this node's GPUs are: the straggler signal of a job whose ranks
-report no progress.
+"""How busy this node's visible GPUs are: the straggler signal of a job whose
+ranks report no progress (a node held up by its input or CPU leaves its GPUs
+idle while the others' spin in collectives; a throttled GPU is not seen).
 
-Why nvidia-smi, and in a thread of its own: it is on every NVIDIA node (NVML's
-Python binding is not), and it can hang when a GPU has fallen off the bus,
-the moment a straggler matters most. So the heartbeat never runs it: a daemon
-thread asks it every ``every`` seconds, under a timeout, and the heartbeat reads
-the last answer (``latest``), none once it is stale. Only the GPUs this task's
-processes see count (``CUDA_VISIBLE_DEVICES``, by index or UUID, as CUDA reads it).
-
-Why it tells a straggler at all: a node held up by its input pipeline or its
-CPU leaves its GPUs idle while the others' spin in their collectives waiting for
-it, so its utilisation falls below the others'. A GPU that is itself slow
-(throttled) is as busy as the rest and is not seen by this signal.
+nvidia-smi is on every NVIDIA node (NVML's binding is not) but can hang when a
+GPU has fallen off the bus, so a daemon thread asks it under a timeout and the
+heartbeat reads the last answer, none once it is stale.
 """
 
 from __future__ import annotations
@@ -31,7 +24,7 @@ MAX_GPUS = 1024  # lines read of one answer
 
 def parse_query(text: str) -> List[Tuple[int, str, float]]:
     """``(index, uuid, percent)`` per GPU of nvidia-smi's CSV answer; lines
-    it cannot read (``[N/A]``, ``[Not Supported]``, garbage) are left out."""
+    it cannot read (``[N/A]``, garbage) left out."""
     out = []
     for line in text.splitlines()[:MAX_GPUS]:
         parts = [p.strip() for p in line.split(",")]
@@ -47,8 +40,7 @@ def parse_query(text: str) -> List[Tuple[int, str, float]]:
 
 
 def visible(gpus: Sequence[Tuple[int, str, float]], spec: Optional[str]) -> List[float]:
-    """The utilisation of the GPUs ``CUDA_VISIBLE_DEVICES`` names (all when
-    unset; none when set empty), up to the first entry CUDA would not accept."""
+    """The utilisation of the GPUs ``CUDA_VISIBLE_DEVICES`` names, as CUDA reads it."""
     if spec is None:
         return [p for _, _, p in gpus]
     by_index = {i: p for i, _, p in gpus}
@@ -72,7 +64,7 @@ def mean_percent(text: str, spec: Optional[str]) -> Optional[float]:
 
 class GpuUsage:
     """Asks nvidia-smi in a daemon thread; ``latest`` is the last answer while
-    fresh (at most ``3 * every`` old). Nothing runs where the tool is absent."""
+    at most ``3 * every`` old. Nothing runs where the tool is absent."""
 
     def __init__(self, env: Mapping[str, str], every: float = timeouts.PROGRESS_SEND,
                  tool: Optional[str] = None) -> None:
@@ -97,7 +89,6 @@ class GpuUsage:
         return seen[1]
 
     def ask(self) -> Optional[float]:
-        """One answer of the tool, within ``GPU_QUERY_TIMEOUT``; None when it failed."""
         assert self.tool
         try:
             done = subprocess.run([self.tool, *QUERY], capture_output=True, text=True, errors="replace",

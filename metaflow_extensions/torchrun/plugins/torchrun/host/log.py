@@ -1,16 +1,10 @@
 """The debug channel: ``logging.getLogger("metaflow_torchrun")``.
 
-Debugging the gang's protocol or the stop path should not mean editing code.
-The task's modules log what happens there (a node joins, a call is entered,
-told to go and done, a failure is seen, the verdict, a stop begun and ended,
-with how long each took) as debug records under this logger. They cost one
-level check while nobody listens.
-
-``METAFLOW_TORCHRUN_DEBUG=1`` (or a Metaflow profile's value; the step's
-start reads it, knobs.py) switches them on: ``configure`` then sends them to stderr, each
-with its time to the millisecond, the logger's name and the process id.
-Without it this module installs nothing, and the records go where the
-application's own ``logging`` configuration sends them, as any library's do.
+The gang's protocol and the stop path log what happens (joins, calls, failures,
+verdicts, stops, with their times) as debug records, so that debugging them
+needs no code edit; they cost a level check while nobody listens.
+``METAFLOW_TORCHRUN_DEBUG=1`` sends them to stderr; without it nothing is
+installed and they go where the application's ``logging`` sends them.
 """
 
 from __future__ import annotations
@@ -45,8 +39,7 @@ class _Stderr(logging.StreamHandler):
 
 
 def configure(on: bool) -> bool:
-    """Switch the channel on when ``METAFLOW_TORCHRUN_DEBUG`` (``Knobs.debug``)
-    asks for it; once per process."""
+    """Switch the channel on when ``Knobs.debug`` asks for it; once per process."""
     if not on:
         return False
     logger = logging.getLogger(LOGGER_NAME)

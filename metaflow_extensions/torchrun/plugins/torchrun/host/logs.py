@@ -3,18 +3,13 @@ their sizes in a ledger.
 
 Layout, under this user's base directory (basedir.py)::
 
-    logs/<flow>-<run id>/               one run's per-rank copies of the output,
-        <step>-<task>-<attempt>/         kept by run (retention.py: KEEP_LOGS_HOURS
-            c<call>/node-<N>/            after the run's last call here, then the
-                rank-<R>.stdout.log      newest KEEP_LOGS runs, at most MAX_LOG_MB)
-                rank-<R>.stderr.log
+    logs/<flow>-<run id>/               one run's per-rank logs, kept as a whole (retention.py)
+        <step>-<task>-<attempt>/c<call>/node-<N>/rank-<R>.{stdout,stderr}.log
     logs/.ledger                        the sizes of the runs measured before
-    logs/.pruning                       the lock under which calls prune and make
-                                         their directories, one task at a time
+    logs/.pruning                       the lock under which calls prune and make their directories
 
-Each call prunes once its agent has started (or, with ``prune=True``, before
-making its directories), under the prune lock, never a run any call holds; the runs a squat left in a fallback base are brought in first
-(``adopt_fallbacks``), so the policy reaches them too.
+A call prunes under the prune lock, never a run any call holds; the runs a
+squat left in a fallback base are brought in first, so the policy reaches them.
 """
 
 from __future__ import annotations
@@ -27,37 +22,26 @@ from dataclasses import dataclass
 from typing import Dict, Iterable, List, Optional, Set, Tuple
 
 from ..base.knobs import MAX_LOG_MB_ENV, Knobs
+from ..base.text import count
 from . import private
 from .basedir import LOGS, RUN_LOCK_DEPTH, base_dir, left_fallbacks, remove_fallback
 from .console import say
 from .private import hold_lock, in_use, open_private, private_dir, read_tail, release_lock
-from .retention import (
-    Measured,
-    Removal,
-    RetentionPolicy,
-    RunLogs,
-    format_ledger,
-    is_run_name,
-    parse_ledger,
-    select_removals,
-)
+from .retention import Measured, Removal, RetentionPolicy, RunLogs, format_ledger, is_run_name, parse_ledger
+from .retention import select_removals
 
-LEDGER_FILE = ".ledger"  # in logs/: the sizes of the runs measured before
-PRUNE_LOCK_FILE = ".pruning"  # in logs/: calls prune and make their directories under it
-
-# Seconds a call waits for another task's prune on the host before it goes on
-# without pruning (a prune takes milliseconds; 0.1 s at 10,000 runs).
+LEDGER_FILE = ".ledger"
+PRUNE_LOCK_FILE = ".pruning"
+# Seconds a call waits for another task's prune before it goes on without
+# pruning (a prune takes milliseconds; 0.1 s at 10,000 runs).
 PRUNE_WAIT = 10.0
-# A ledger longer than this is not read (it is rebuilt by walking).
-MAX_LEDGER_BYTES = 16 * 1024 * 1024
+MAX_LEDGER_BYTES = 16 * 1024 * 1024  # a longer ledger is not read (it is rebuilt by walking)
 
 
 @dataclass(frozen=True)
 class LogKey:
-    """Where one call's per-rank logs go: ``logs/<run>/<step>/<call>/``. The
-    run is what retention keeps or removes whole (retention.py); the names come
-    from the gang's identity (``gang/identity.py``). Each part is one plain
-    path component: never ``..``, a separator or a hidden name."""
+    """Where one call's per-rank logs go: ``logs/<run>/<step>/<call>/``, names
+    from ``gang/identity.py``; each part one plain path component."""
 
     run: str  # <flow>-<run id>
     step: str  # <step>-<control task>-<attempt>
@@ -69,16 +53,15 @@ class LogKey:
                 raise ValueError("not a plain directory name: %r" % (part,))
 
 
-
 def retention_policy(knobs: Optional[Knobs] = None) -> RetentionPolicy:
-    """The retention settings as the step's start read them (knobs.py); None: the defaults."""
+    """The retention settings the step's start read (None: the defaults)."""
     knobs = knobs or Knobs()
     return RetentionPolicy(keep=knobs.keep_logs, hours=knobs.keep_logs_hours,
                            max_bytes=int(knobs.max_log_mb * 1024 * 1024), young_seconds=private.YOUNG_SECONDS)
 
 
 def touch(path: str) -> None:
-    """Mark a run's logs used now (its retention age starts again)."""
+    """Mark a run's logs used now: its retention age starts again."""
     try:
         os.utime(path, follow_symlinks=False)
     except OSError:
@@ -88,18 +71,16 @@ def touch(path: str) -> None:
 def call_log_dir(key: LogKey, node_index: int, base: Optional[str] = None, prune: bool = True,
                  knobs: Optional[Knobs] = None) -> Optional[str]:
     """``logs/<run>/<step>/<call>/node-<N>``, private; other runs' logs beyond
-    the retention bound are removed first, unless ``prune`` is False (the call
-    prunes later, with ``prune_other_runs``, off its start's critical path).
-    None when no such directory can be made (the logs are a convenience, never
-    a reason to fail the step)."""
+    retention are removed first, unless ``prune`` is False (``prune_other_runs``
+    then does it off the start's critical path). None when it cannot be made:
+    the logs are a convenience, never a reason to fail the step."""
     try:
         base = base or base_dir()
         root = private_dir(os.path.join(base, LOGS))
         guard = _prune_guard(root)
         try:
-            if guard is not None and prune:  # else another task has been pruning for PRUNE_WAIT: it does the work
-                adopt_fallbacks(base, root)
-                prune_logs(root, retention_policy(knobs), exclude=(key.run,))
+            if guard is not None and prune:  # else another task has been pruning for PRUNE_WAIT
+                _prune(base, root, key, knobs)
             path = root
             for part in (key.run, key.step, key.call, "node-%d" % node_index):
                 path = private_dir(os.path.join(path, part))
@@ -112,29 +93,29 @@ def call_log_dir(key: LogKey, node_index: int, base: Optional[str] = None, prune
 
 
 def prune_other_runs(key: LogKey, base: str, knobs: Optional[Knobs] = None) -> None:
-    """The prune ``call_log_dir`` skipped: under the prune lock, never ``key``'s
-    run. A call runs it once its agent has started, so a host with many runs
-    kept does not delay the ranks' start."""
+    """The prune ``call_log_dir`` skipped, once the call's agent has started."""
     try:
         root = private_dir(os.path.join(base, LOGS))
         guard = _prune_guard(root)
-        if guard is None:
-            return
-        try:
-            adopt_fallbacks(base, root)
-            prune_logs(root, retention_policy(knobs), exclude=(key.run,))
-        finally:
-            release_lock(guard)
+        if guard is not None:
+            try:
+                _prune(base, root, key, knobs)
+            finally:
+                release_lock(guard)
     except OSError:
         pass
 
 
-def _prune_guard(root: str, wait: Optional[float] = None) -> Optional[int]:
-    """The host's prune lock, waited for up to ``PRUNE_WAIT``: a task makes its
-    call's directories under it, so no prune can remove a run (an old one
-    getting a new call) between its choice and the new call's lock. None when
-    it cannot be had."""
-    deadline = time.monotonic() + (PRUNE_WAIT if wait is None else wait)
+def _prune(base: str, root: str, key: LogKey, knobs: Optional[Knobs]) -> None:
+    adopt_fallbacks(base, root)
+    prune_logs(root, retention_policy(knobs), exclude=(key.run,))
+
+
+def _prune_guard(root: str) -> Optional[int]:
+    """The host's prune lock, waited for up to ``PRUNE_WAIT``; None when it
+    cannot be had. A task makes its call's directories under it, so no prune
+    removes a run between its choice and the new call's lock."""
+    deadline = time.monotonic() + PRUNE_WAIT
     while True:
         try:
             return hold_lock(root, PRUNE_LOCK_FILE)
@@ -147,8 +128,7 @@ def _prune_guard(root: str, wait: Optional[float] = None) -> Optional[int]:
 
 
 def step_log_dir(node_log_dir: str) -> str:
-    """The directory of one step's logs on this host (every call, every node
-    there), from one node's ``log_dir``."""
+    """One step's logs on this host (every call, every node), from one node's ``log_dir``."""
     return os.path.dirname(os.path.dirname(node_log_dir))
 
 
@@ -185,8 +165,7 @@ def _read_ledger(root: str) -> Dict[str, Measured]:
 
 
 def _write_ledger(root: str, entries: Dict[str, Measured]) -> None:
-    """Replaced whole (rename), so a reader never sees half of it. Only the
-    task holding the prune lock writes it."""
+    """Replaced whole (rename): a reader never sees half of it."""
     tmp = os.path.join(root, LEDGER_FILE + ".tmp")
     try:
         fd = open_private(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
@@ -202,10 +181,9 @@ def _write_ledger(root: str, entries: Dict[str, Measured]) -> None:
 
 
 def _scan_runs(root: str) -> Tuple[List[RunLogs], Dict[str, Measured], bool]:
-    """Every run directory of ours under ``root``, with its size: from the
-    ledger where the directory has not changed since it was measured, else
-    walked. Returns the runs, the ledger as it should now be, and whether that
-    differs from the one on disk."""
+    """Every run directory of ours under ``root`` with its size (the ledger's
+    where the directory has not changed, else walked), the ledger as it should
+    now be, and whether that differs from the one on disk."""
     ledger = _read_ledger(root)
     measured: Dict[str, Measured] = {}
     runs: List[RunLogs] = []
@@ -228,10 +206,9 @@ def _scan_runs(root: str) -> Tuple[List[RunLogs], Dict[str, Measured], bool]:
 
 def _choose(root: str, runs: List[RunLogs], now: float, policy: RetentionPolicy,
             exclude: Iterable[str]) -> List[Removal]:
-    """``select_removals`` with the runs in use protected. Whether a run is in
-    use costs a few opens, so it is asked only of the runs the policy would
-    remove; a run found in use is protected and the choice made again (the disk
-    bound may then take an older one)."""
+    """``select_removals`` with the runs in use protected. Asking costs a few
+    opens, so only the runs the policy would remove are asked; one in use is
+    protected and the choice made again (the disk bound may take an older one)."""
     protected: Set[str] = set(exclude)
     asked: Set[str] = set(protected)
     while True:
@@ -250,18 +227,15 @@ def _say_removed_for_space(removals: List[Removal], policy: RetentionPolicy) -> 
     if not recent:
         return
     names = ", ".join(recent[:5]) + (" and %d more" % (len(recent) - 5) if len(recent) > 5 else "")
-    say("the per-rank logs on this host passed %s=%g: removed those of %d run%s used in the last %g h "
+    say("the per-rank logs on this host passed %s=%g: removed those of %s used in the last %g h "
         "(least recently used first): %s" % (
-            MAX_LOG_MB_ENV, policy.max_bytes / (1024 * 1024), len(recent), "" if len(recent) == 1 else "s",
-            policy.hours, names))
+            MAX_LOG_MB_ENV, policy.max_bytes / (1024 * 1024), count(len(recent), "run"), policy.hours, names))
 
 
 def prune_logs(root: str, policy: RetentionPolicy, exclude: Iterable[str] = (),
                now: Optional[float] = None) -> List[str]:
-    """Remove the runs' logs that ``policy`` lets go (retention.py), never
-    those of a run in ``exclude`` or in use. Returns the removed paths. The
-    caller holds the prune lock (``call_log_dir``), so one task prunes at a
-    time and the ledger has one writer."""
+    """Remove the runs' logs ``policy`` lets go, never a run in ``exclude`` or
+    in use; the removed paths. The caller holds the prune lock: the ledger has one writer."""
     now = time.time() if now is None else now
     runs, measured, changed = _scan_runs(root)
     removals = _choose(root, runs, now, policy, exclude)
@@ -277,14 +251,10 @@ def prune_logs(root: str, policy: RetentionPolicy, exclude: Iterable[str] = (),
     return removed
 
 
-def adopt_fallbacks(base: str, root: str) -> List[str]:
-    """Retention reaches the fallback bases a squat left (basedir.py): each
-    run's logs in one move under ``root`` (this base's ``logs/``; a name
-    already there gets the fallback's suffix), keeping their age (a rename
-    keeps a directory's modification time), so the policy that follows treats
-    them as any other run; then the fallback base goes. A fallback whose logs
-    cannot all be moved is left whole. Returns the moved runs' new paths."""
-    moved: List[str] = []
+def adopt_fallbacks(base: str, root: str) -> None:
+    """Each run's logs in the fallback bases a squat left moved under ``root``
+    (a name already there gets the fallback's suffix; a rename keeps their
+    age), then the fallback removed, unless some could not be moved."""
     for fallback, hold in left_fallbacks(base):
         left = False
         source = os.path.join(fallback, LOGS)
@@ -302,8 +272,6 @@ def adopt_fallbacks(base: str, root: str) -> List[str]:
                 if os.path.lexists(target):
                     target = "%s-%s" % (target, os.path.basename(fallback).rsplit("-", 1)[-1])
                 os.rename(path, target)
-                moved.append(target)
             except OSError:
                 left = True
         remove_fallback(fallback, hold, keep=left)
-    return moved

@@ -1,9 +1,8 @@
 """Which local address and interface this node reaches the control node through.
 
-torchrun's agents advertise an address for the workers' store and gloo binds to
-the address its host name resolves to; on many hosts (Debian's 127.0.1.1, pods
-and containers with odd /etc/hosts) either is unreachable from other nodes. The
-address the kernel would use to reach the control is right by construction.
+torchrun's agents advertise an address and gloo binds to the one the host name
+resolves to, which on many hosts (Debian's 127.0.1.1, odd /etc/hosts in pods)
+other nodes cannot reach; the kernel's source address towards the control can.
 """
 
 from __future__ import annotations
@@ -11,8 +10,8 @@ from __future__ import annotations
 import fcntl
 import ipaddress
 import socket
-import struct
 import os
+import struct
 import time
 from typing import List, Mapping, Optional, Tuple
 
@@ -44,44 +43,32 @@ def local_address_towards(host: str, port: int = 9) -> Optional[str]:
 
 
 def host_name(node_index: int, env: Optional[Mapping[str, str]] = None) -> str:
-    """The name this node reports as its host (the gang's records, the node
-    history): on Kubernetes its node's IP; tests give local "nodes" names of
-    their own (``TEST_HOSTS_ENV``)."""
+    """The name this node reports as its host in the gang's records and the
+    node history; tests give local "nodes" names of their own (``TEST_HOSTS_ENV``)."""
     env = env if env is not None else os.environ
     names = env.get(TEST_HOSTS_ENV, "").split(",")
     if 0 <= node_index < len(names) and names[node_index].strip():
         return names[node_index].strip()[:255]
     if env.get("METAFLOW_KUBERNETES_NODE_IP"):
-        # A pod's host name is the pod's, new on every attempt: the node is
-        # what a history of failures is about (Metaflow sets its IP).
+        # A pod's host name is new on every attempt: a history of failures is about the node.
         return "node " + env["METAFLOW_KUBERNETES_NODE_IP"][:200]
     return socket.gethostname()
 
 
-def interface_of(address: str) -> Optional[str]:
-    """The name of the interface that holds an IPv4 ``address``."""
-    return next((name for name, addr in interfaces() if addr == address), None)
-
-
 def route_to(main_addr: str, is_local: bool) -> Tuple[str, Optional[str]]:
-    """The address other nodes reach this one at, and its interface.
-
-    On a local run every node is this host, so the control's own address
-    serves. On a cluster, when the control's name resolves to loopback (a
-    Batch main node whose host name maps to 127.0.1.1), other nodes need the
-    routable address: the source of the default route."""
+    """The address other nodes reach this one at, and its interface. On a
+    cluster, a control whose name resolves to loopback (a Batch main node's
+    127.0.1.1) means the default route's source address."""
     address = local_address_towards(main_addr) or main_addr
     if not is_local and is_loopback(address):
         address = local_address_towards("192.0.2.1") or address
-    return address, interface_of(address)
+    return address, next((name for name, addr in interfaces() if addr == address), None)
 
 
 def wait_listening(endpoint: str, seconds: float, every: float = 0.01) -> bool:
     """Whether something listens at ``endpoint`` (``host:port``, ``[v6]:port``)
-    within ``seconds``: a connection made and closed at once, tried every
-    ``every`` s. Why: torch's store client backs off for most of a second
-    after a refused connection, so a node whose torchrun starts before node
-    0's store listens reaches its ranks that much later."""
+    within ``seconds``, tried every ``every`` s: torch's store client backs off
+    for most of a second after a refused connection."""
     host, _, port = endpoint.rpartition(":")
     host = host.strip("[]")
     if not host or not port.isdigit():
@@ -99,7 +86,7 @@ def wait_listening(endpoint: str, seconds: float, every: float = 0.01) -> bool:
 
 def interfaces() -> List[Tuple[str, str]]:
     """(name, IPv4 address) of every interface that has one, in the kernel's
-    index order: the order NCCL's own search walks them in."""
+    index order (NCCL's search order)."""
     try:
         names = [name for _, name in sorted(socket.if_nameindex())]
     except OSError:

@@ -1,15 +1,13 @@
 """Files and directories private to the user who runs the task.
 
 Every path ``@torchrun`` writes on a node goes through here: a directory is
-checked with ``lstat`` (a directory, ours, closed to others, not a symlink)
-before anything goes in it, and what is not is moved aside and removed; a
-file is opened with ``O_NOFOLLOW`` and mode 0600 and checked to be a regular
-file of ours, so a FIFO or a link planted by another user is never written
-through or read.
+checked with ``lstat`` (ours, closed to others, not a symlink) before anything
+goes in it; a file is opened with ``O_NOFOLLOW``, mode 0600, and checked to be
+a regular file of ours, so a FIFO or a link another user planted is never
+written through or read.
 
-A directory in use holds an exclusive ``flock`` on its ``.lock`` file (the
-kernel drops it when the process dies, even by SIGKILL): whoever cleans up
-(work directories, per-rank logs, fallback bases) asks ``in_use`` first.
+A directory in use holds an exclusive ``flock`` on its ``.lock`` (the kernel
+drops it when the process dies, even by SIGKILL): every clean-up asks ``in_use`` first.
 """
 
 from __future__ import annotations
@@ -35,31 +33,32 @@ class UnsafePath(OSError):
     regular file or directory."""
 
 
-# -- directories -----------------------------------------------------------------
-
-
 def uid() -> int:
     return os.geteuid()
 
 
+def _check_owner(st: os.stat_result, path: str) -> None:
+    if st.st_uid != uid():
+        raise UnsafePath(errno.EPERM, "is owned by uid %d, not %d" % (st.st_uid, uid()), path)
+
+
 def check_private_dir(path: str) -> None:
-    """``path`` is a real directory (not a symlink) owned by us and closed to
-    others; a directory of ours with group or other bits set is tightened."""
+    """``path`` is a real directory owned by us and closed to others (a
+    directory of ours open to others is tightened)."""
     st = os.lstat(path)
     if stat.S_ISLNK(st.st_mode):
         raise UnsafePath(errno.ELOOP, "is a symbolic link", path)
     if not stat.S_ISDIR(st.st_mode):
         raise UnsafePath(errno.ENOTDIR, "is not a directory", path)
-    if st.st_uid != uid():
-        raise UnsafePath(errno.EPERM, "is owned by uid %d, not %d" % (st.st_uid, uid()), path)
+    _check_owner(st, path)
     if stat.S_IMODE(st.st_mode) & 0o077:
         os.chmod(path, 0o700)
 
 
 def check_parent(path: str) -> None:
     """Refuse a parent that any user may write without the sticky bit: there
-    another user can rename our directory away and put theirs in its place
-    mid-call, with files we would read back (return values are pickles)."""
+    another user can swap our directory for theirs mid-call, with files we
+    would read back (return values are pickles)."""
     st = os.stat(path)
     if st.st_mode & stat.S_IWOTH and not st.st_mode & stat.S_ISVTX:
         raise UnsafePath(
@@ -71,33 +70,30 @@ def check_parent(path: str) -> None:
         )
 
 
-def private_dir(path: str) -> str:
-    """Make ``path`` (its parent must be private already) a 0700 directory of
-    ours, or check that it is one. Whatever else is there (a symlink, a file,
-    another user's directory, left from before the parent was private) is
-    moved aside and removed."""
-    for attempt in range(2):
-        try:
-            os.mkdir(path, 0o700)
-        except FileExistsError:
-            pass
-        try:
-            check_private_dir(path)
-            return path
-        except UnsafePath:
-            if attempt:
-                raise
-            discard(path)
+def make_private(path: str) -> str:
+    """Make ``path`` a 0700 directory unless it exists, and check that it is a private one of ours."""
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    check_private_dir(path)
     return path
+
+
+def private_dir(path: str) -> str:
+    """``make_private`` in a parent that is private already: whatever else is
+    there (left from before the parent was private) is moved aside and removed."""
+    try:
+        return make_private(path)
+    except UnsafePath:
+        discard(path)
+    return make_private(path)
 
 
 def discard(path: str) -> None:
     aside = "%s.discarded-%s" % (path, os.urandom(6).hex())
     try:
         os.rename(path, aside)
-    except OSError:
-        return
-    try:
         if stat.S_ISDIR(os.lstat(aside).st_mode):
             shutil.rmtree(aside, ignore_errors=True)
         else:
@@ -106,24 +102,15 @@ def discard(path: str) -> None:
         pass
 
 
-# -- files -----------------------------------------------------------------------
-
-
-def _check_own_regular(fd: int, path: str) -> os.stat_result:
-    st = os.fstat(fd)
-    if not stat.S_ISREG(st.st_mode):
-        raise UnsafePath(errno.EINVAL, "is not a regular file", path)
-    if st.st_uid != uid():
-        raise UnsafePath(errno.EPERM, "is owned by uid %d, not %d" % (st.st_uid, uid()), path)
-    return st
-
-
-def open_private(path: str, flags: int = os.O_WRONLY | os.O_CREAT | os.O_APPEND) -> int:
-    """Open (creating it 0600) a regular file of ours; never through a symlink,
-    never a FIFO or device; a file of ours open to others is tightened."""
+def _open_own_regular(path: str, flags: int) -> int:
+    """``path`` opened (never through a symlink, never blocking on a FIFO),
+    checked to be a regular file of ours; a file of ours open to others is tightened."""
     fd = os.open(path, flags | _NOFOLLOW | _CLOEXEC | os.O_NONBLOCK, 0o600)
     try:
-        st = _check_own_regular(fd, path)
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise UnsafePath(errno.EINVAL, "is not a regular file", path)
+        _check_owner(st, path)
         if stat.S_IMODE(st.st_mode) & 0o077:
             os.fchmod(fd, 0o600)
         os.set_blocking(fd, True)
@@ -133,12 +120,16 @@ def open_private(path: str, flags: int = os.O_WRONLY | os.O_CREAT | os.O_APPEND)
     return fd
 
 
+def open_private(path: str, flags: int = os.O_WRONLY | os.O_CREAT | os.O_APPEND) -> int:
+    """Open (creating it 0600) a regular file of ours, for writing."""
+    return _open_own_regular(path, flags)
+
+
 def read_tail(path: str, max_bytes: int) -> bytes:
-    """The last ``max_bytes`` of a regular file of ours (not through a symlink)."""
-    fd = os.open(path, os.O_RDONLY | _NOFOLLOW | _CLOEXEC | os.O_NONBLOCK)
+    """The last ``max_bytes`` of a regular file of ours."""
+    fd = _open_own_regular(path, os.O_RDONLY)
     try:
-        st = _check_own_regular(fd, path)
-        os.lseek(fd, max(0, st.st_size - max_bytes), os.SEEK_SET)
+        os.lseek(fd, max(0, os.fstat(fd).st_size - max_bytes), os.SEEK_SET)
         chunks = []
         left = max_bytes
         while left > 0:
@@ -164,10 +155,10 @@ def tail_lines(path: str, count: int, max_bytes: int = 64 * 1024) -> List[str]:
 
 
 def hold_lock(directory: str, name: str = LOCK_FILE) -> int:
-    """Mark ``directory`` in use for as long as this process holds the returned
-    fd (an exclusive ``flock``, released by the kernel even after a SIGKILL,
-    and seen across PID namespaces that share the file system). Raises
-    ``OSError`` when another process holds it."""
+    """Mark ``directory`` in use while this process holds the returned fd (an
+    exclusive ``flock``: released by the kernel even after a SIGKILL, seen
+    across PID namespaces that share the file system). ``OSError`` when
+    another process holds it."""
     fd = open_private(os.path.join(directory, name), os.O_RDWR | os.O_CREAT)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -185,7 +176,7 @@ def release_lock(fd: Optional[int]) -> None:
             pass
 
 
-def lock_held(path: str) -> bool:
+def _lock_held(path: str) -> bool:
     try:
         fd = os.open(path, os.O_RDONLY | _NOFOLLOW | _CLOEXEC | os.O_NONBLOCK)
     except OSError:
@@ -201,9 +192,8 @@ def lock_held(path: str) -> bool:
 
 def in_use(directory: str, depth: int) -> bool:
     """Some live process holds the lock of ``directory`` or of a directory up
-    to ``depth`` levels below it (a run's logs: ``<step>/c<call>/node-<N>``).
-    Symbolic links are not followed."""
-    if lock_held(os.path.join(directory, LOCK_FILE)):
+    to ``depth`` levels below it; symbolic links are not followed."""
+    if _lock_held(os.path.join(directory, LOCK_FILE)):
         return True
     if depth <= 0:
         return False
@@ -221,8 +211,4 @@ def removable(path: str, now: float, depth: int) -> bool:
         st = os.lstat(path)
     except OSError:
         return False
-    if not stat.S_ISDIR(st.st_mode):
-        return False
-    return now - st.st_mtime >= YOUNG_SECONDS and not in_use(path, depth)
-
-
+    return stat.S_ISDIR(st.st_mode) and now - st.st_mtime >= YOUNG_SECONDS and not in_use(path, depth)

@@ -1,10 +1,9 @@
-"""Find and kill a process tree, including children that left its process group.
+"""Find and kill a process tree, children that left its process group included.
 
-torchrun starts every worker with ``start_new_session=True``, so killing the
-agent's process group does not reach the workers, and once the agent dies the
-workers are re-parented and can no longer be found from it. We therefore keep a
-record of every descendant we have seen (pid plus start time, so a recycled pid
-is never killed by mistake) and kill from that record.
+torchrun starts every worker in a new session, so the agent's process group
+does not reach them, and once the agent dies they can no longer be found from
+it: the caller keeps every descendant seen (pid and start time, so a recycled
+pid is never killed) and kills from that record.
 """
 
 from __future__ import annotations
@@ -20,6 +19,7 @@ from typing import Dict, Iterable, List, Optional, Set, Tuple
 ProcId = Tuple[int, int]  # (pid, start time in clock ticks since boot)
 
 _PR_SET_PDEATHSIG = 1
+_PR_SET_NAME = 15
 
 
 def _stat(pid: int) -> Optional[Tuple[int, int, bytes]]:
@@ -70,9 +70,8 @@ def descendants(root: int, *more: int, not_below: Optional[bytes] = None) -> Set
 
 
 def started_at(pid: int) -> Optional[float]:
-    """When ``pid`` started, in epoch seconds (to the second: the boot time is
-    kept in whole seconds); None if it is gone. Tells a live process from a
-    later one that took a recorded pid."""
+    """When ``pid`` started, in epoch seconds (to the second: the boot time
+    is whole seconds); None if it is gone."""
     st = _stat(pid)
     if st is None:
         return None
@@ -82,12 +81,6 @@ def started_at(pid: int) -> Optional[float]:
     except (OSError, StopIteration, ValueError, IndexError):
         return None
     return boot + st[1] / os.sysconf("SC_CLK_TCK")
-
-
-def process_name(pid: int) -> Optional[bytes]:
-    """The name Linux shows for a process (``/proc/PID/comm``), None if it is gone."""
-    st = _stat(pid)
-    return st[2] if st else None
 
 
 def children(parent: int) -> List[Tuple[ProcId, List[str]]]:
@@ -148,12 +141,9 @@ _tgkill = _load_libc("tgkill")  # glibc 2.30 and later
 
 
 def signal_main_thread(pid: int, sig: int) -> None:
-    """``sig`` to the main thread of ``pid`` (its thread id is its pid), as
-    ``os.kill`` raises where the process is gone. A signal to the process
-    goes to any of its threads that does not block it, and faulthandler dumps
-    the thread that takes it (procs/stacks.py): a torch thread has no Python
-    stack to show. Falls back to ``os.kill`` where the C library has no
-    ``tgkill``."""
+    """``sig`` to the main thread of ``pid``, raising as ``os.kill`` does: a
+    signal to the process may go to any thread, and faulthandler dumps the one
+    that takes it (procs/stacks.py), where a torch thread has no Python stack."""
     if _tgkill is not None:
         if _tgkill(int(pid), int(pid), int(sig)) == 0:
             return
@@ -176,9 +166,6 @@ def kill_group(proc: "subprocess.Popen", timeout: float = 5.0) -> None:
         pass
 
 
-_PR_SET_NAME = 15
-
-
 def name_this_process(name: bytes) -> bool:
     """What ``ps`` and ``/proc/PID/comm`` show for this process (15 bytes at most)."""
     if _prctl is None:
@@ -190,12 +177,8 @@ def name_this_process(name: bytes) -> bool:
 
 
 def die_with_parent(sig: int = signal.SIGKILL) -> bool:
-    """Ask Linux to send ``sig`` to this process when its parent dies.
-
-    This is what still cleans up when the supervising task is SIGKILLed (by the
-    Metaflow runtime after its grace period, or by the OOM killer) and has no
-    chance to run any cleanup of its own.
-    """
+    """Ask Linux to send ``sig`` to this process when its parent dies: what
+    still cleans up when the task is SIGKILLed (after its grace, by the OOM killer)."""
     if _prctl is None:
         return False
     try:

@@ -1,27 +1,11 @@
 """What ``ps``, ``top``, ``py-spy`` and ``pgrep -f`` show for a process of ours.
 
-A process forked from the node's warm process (``procs/zygote.py``) would show
-the warm process's command line for its whole life: ``ps -o args`` reads the
-memory where the kernel put the first process's argv, and a fork inherits it.
-``show`` writes the command the process stands for there, through
-setproctitle (PyPI, pinned in requirements-demo.txt), and sets the short name
-(``ps -o comm``, ``/proc/PID/comm``) with ``prctl(PR_SET_NAME)``.
-
-Two bounds, both setproctitle's on Linux:
-
-- The title is written over the process's original argv only (``SPT_NOENV``):
-  its ``/proc/PID/environ`` stays readable (tools that find processes by an
-  environment variable still can), so the title is cut at the length of the
-  original command line. A process that forks others for a living is started
-  with ``room()`` appended to its command: about 4 KiB of blanks it never reads,
-  which it hides again by titling itself (``procs/zygote.py``).
-- setproctitle must find that memory before anything changes the C
-  environment (it walks back from the first environment string): ``prepare``
-  runs first in the process, and a fork inherits what it found.
-
-Without setproctitle (a user's image that lacks it) only the short name is set,
-by ``prctl`` through ctypes: ``ps -o comm``, ``top`` and ``pgrep`` (without
-``-f``) still show the script.
+A process forked from the node's warm process would show the warm process's
+command line for its whole life. ``show`` writes the command it stands for over
+its original argv (setproctitle with ``SPT_NOENV``: ``/proc/PID/environ`` stays
+whole, so a title is cut at the original command line's length) and sets the
+short name with ``prctl``, also where setproctitle is missing. The why and the
+bounds: docs/design.md ("What process tools see of a forked rank").
 """
 
 from __future__ import annotations
@@ -32,8 +16,7 @@ from typing import Any, List, Optional, Sequence
 
 from .proctree import name_this_process
 
-# The original command line a forking process keeps free for its children's titles.
-ROOM = 4096
+ROOM = 4096  # blanks a forking process keeps in its command line for its children's titles
 _NOENV = "SPT_NOENV"
 
 _spt: Any = None  # setproctitle's C module, once prepared
@@ -55,8 +38,9 @@ def room() -> List[str]:
 
 
 def prepare() -> bool:
-    """Find the argv memory now (once per process; a fork inherits it).
-    False where setproctitle is missing: ``show`` then sets the short name only."""
+    """Find the argv memory now, before anything changes the C environment
+    (setproctitle walks back from its first string); once per process, and a
+    fork inherits it. False where setproctitle is missing."""
     global _spt, _prepared
     if _prepared is not None:
         return _prepared
@@ -96,9 +80,8 @@ def _own_name() -> bytes:
 
 
 def show(words: Sequence[str], short: str) -> bool:
-    """Be ``words`` to ``ps -o args`` (joined by blanks, cut where the original
-    command line ends) and ``short`` to ``ps -o comm`` (its first 15 bytes).
-    True where the full title is shown; the short name is set either way."""
+    """Be ``words`` to ``ps -o args`` and ``short`` to ``ps -o comm`` (its
+    first 15 bytes); True where the full title is shown."""
     shown = False
     if prepare():
         try:
@@ -111,8 +94,7 @@ def show(words: Sequence[str], short: str) -> bool:
 
 
 def command_line(pid: int) -> Optional[str]:
-    """What ``ps -o args`` shows for ``pid``: its argv joined by blanks, a title
-    as written; None once it is gone."""
+    """What ``ps -o args`` shows for ``pid``; None once it is gone."""
     try:
         with open("/proc/%d/cmdline" % pid, "rb") as f:
             data = f.read()

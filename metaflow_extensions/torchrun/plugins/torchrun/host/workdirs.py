@@ -1,17 +1,11 @@
 """One call's files on a node: its private work directory (failure records,
-rank status, pickles, the entry file and torchelastic's own directories),
-removed when the call ends, and its per-rank log directory (logs.py).
+rank status, pickles, the entry file, torchelastic's own directories), removed
+when the call ends, and its per-rank log directory (logs.py).
 
-    <base>/work/<pid>-<random>/         0700; held "in use" while the call runs
+    <base>/work/<pid>-<random>/         0700; held "in use" (private.py) while the call runs
 
-A directory in use holds an exclusive ``flock`` on its ``.lock`` (private.py):
-the next call on the host removes the work directories nobody holds, so a
+The next call on the host removes the work directories nobody holds, so a
 killed task's leftovers go.
-
-The paths of a node's files are split by concern: private.py (private files,
-directories and locks), basedir.py (this user's base, and the fallback when it
-is squatted), logs.py (the per-rank logs, their retention and ledger), and
-here (one call's directories).
 """
 
 from __future__ import annotations
@@ -29,15 +23,13 @@ from .private import hold_lock, private_dir, release_lock, removable
 
 
 class CallFiles:
-    """The work directory and the per-rank log directory of one call on this
-    node, both held "in use" until ``close``, which removes the work directory
-    (the logs stay, within the retention bound) and marks the run used now: a
-    run's retention age counts from its last call's end."""
+    """One call's work and log directories, held "in use" until ``close``
+    removes the work directory and marks the run used now (its retention age
+    counts from its last call's end)."""
 
     def __init__(self, key: LogKey, node_index: int, base: Optional[str] = None, prune_first: bool = True,
                  knobs: Optional[Knobs] = None):
-        """``base``: ``base_dir()`` as the step found it; found again if it has gone since.
-        ``knobs``: the step's settings, its logs' retention among them (None: the defaults)."""
+        """``base``: ``base_dir()`` as the step found it; found again if it has gone since."""
         self._key, self.knobs = key, knobs
         self._pruned = prune_first
         self.work_dir = ""
@@ -58,9 +50,7 @@ class CallFiles:
             raise
 
     def prune(self) -> None:
-        """Remove what killed tasks left and other runs' logs beyond retention,
-        when the constructor was told not to (``prune_first=False``): once,
-        whenever the caller chooses."""
+        """The pruning ``prune_first=False`` put off, once, when the caller chooses."""
         if not self._pruned:
             self._pruned = True
             prune_work_dirs(work_root(self.base))
@@ -99,12 +89,9 @@ class StepDir:
         self._lock = None
 
 
-# -- work directories ----------------------------------------------------------------
-
-
 def _work_dir_under(base: Optional[str], prune: bool) -> Tuple[str, str]:
-    """The base and a fresh work directory in it: a base given but gone since
-    (a temporary-file cleaner) is found again, as ``base_dir`` finds it."""
+    """The base and a fresh work directory in it; a base gone since (a
+    temporary-file cleaner) is found again."""
     if base:
         try:
             return base, make_work_dir(base, prune=prune)
@@ -119,9 +106,8 @@ def work_root(base: Optional[str] = None) -> str:
 
 
 def make_work_dir(base: Optional[str] = None, prune: bool = True) -> str:
-    """A fresh private work directory for one call; leftovers of tasks that
-    are gone (a SIGKILL leaves its directory) are removed first, unless the
-    caller prunes later (``CallFiles.prune``)."""
+    """A fresh private work directory; those of tasks that are gone removed
+    first, unless the caller prunes later."""
     root = work_root(base)
     if prune:
         prune_work_dirs(root)
@@ -133,17 +119,14 @@ def remove_work_dir(path: Optional[str]) -> None:
         shutil.rmtree(path, ignore_errors=True)
 
 
-def prune_work_dirs(root: str, now: Optional[float] = None) -> List[str]:
-    """Remove the work directories no live process holds."""
-    now = time.time() if now is None else now
-    removed: List[str] = []
+def prune_work_dirs(root: str) -> List[str]:
+    """Remove the work directories no live process holds (their lock is at their top)."""
+    now = time.time()
     try:
-        names = os.listdir(root)
+        paths = [os.path.join(root, name) for name in os.listdir(root)]
     except OSError:
-        return removed
-    for name in names:
-        path = os.path.join(root, name)
-        if removable(path, now, depth=0):  # a work directory's lock is at its top
-            shutil.rmtree(path, ignore_errors=True)
-            removed.append(path)
+        return []
+    removed = [path for path in paths if removable(path, now, depth=0)]
+    for path in removed:
+        shutil.rmtree(path, ignore_errors=True)
     return removed
