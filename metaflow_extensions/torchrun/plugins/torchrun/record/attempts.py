@@ -136,9 +136,7 @@ class CallStart(Lenient):
 
 @dataclass(frozen=True)
 class RestartMark(Lenient):
-    """An in-step restart or swap of an attempt, at the goodput ledger's marks:
-    the failure, the old ranks gone, the new at the script, where the replaced
-    ranks' work began; the nodes swapped, with their hosts."""
+    """An in-step restart or swap of an attempt, at the goodput ledger's marks, with the hosts swapped."""
 
     call: Whole
     restart: Whole
@@ -300,9 +298,7 @@ class Cut:
 
 
 def in_step_cuts(a: Attempt, m: Marks) -> Tuple[float, Tuple[Cut, ...]]:
-    """The end of start-up and the in-step restarts, within the work. A call's
-    first line is its last start's: with a restart, start-up ends at its
-    ``work_from`` (the first ranks at the script)."""
+    """The end of start-up and the in-step restarts; with one, start-up ends at its ``work_from``."""
     listed = sorted(a.restarts, key=lambda r: r.failed_at)
     first = m.first
     if listed:
@@ -320,9 +316,7 @@ def in_step_cuts(a: Attempt, m: Marks) -> Tuple[float, Tuple[Cut, ...]]:
 
 
 def with_costs(attempts: List[Attempt]) -> List[Attempt]:
-    """What each failure cost, at the goodput ledger's marks: the work lost
-    (from the checkpoint resumed from, else the first line, to the failure)
-    and the time to train again (the failure to the next attempt's first line)."""
+    """What each failure cost at the ledger's marks: the work lost, and the failure to the next first line."""
     out = list(attempts)
     for i, (failed, nxt) in enumerate(zip(attempts, attempts[1:])):
         if failed.ended_at is None:

@@ -37,11 +37,8 @@ SMI_TIMEOUT = 10.0
 
 def stacks_part(stacks: Mapping[int, str]) -> List[Dict[str, Any]]:
     """Ranks grouped by where they were, odd ones out first; one stack each."""
-    out = []
-    for place, ranks in group(stacks)[:SUMMARY_PLACES]:
-        out.append({"ranks": numbers(ranks), "count": len(ranks), "place": list(place),
-                    "example_rank": ranks[0], "stack": stacks[ranks[0]][:STACK_CHARS]})
-    return out
+    return [{"ranks": numbers(ranks), "count": len(ranks), "place": list(place), "example_rank": ranks[0],
+             "stack": stacks[ranks[0]][:STACK_CHARS]} for place, ranks in group(stacks)[:SUMMARY_PLACES]]
 
 
 def tails_part(reports: Mapping[int, Any], budget: int = TAIL_BYTES) -> Dict[str, Any]:

@@ -65,8 +65,7 @@ class InStepRestart(Lenient):
 
     @property
     def lost_work_seconds(self) -> Seconds:
-        """The replaced ranks' run since they reached the script (else their
-        torchrun's start): the most it lost (less where they saved a checkpoint)."""
+        """The replaced ranks' run since they reached the script (else their torchrun's start)."""
         start = self.work_from if self.work_from is not None else self.ran_from
         return max(0.0, self.failed_at - start) if start is not None else None
 
@@ -89,8 +88,7 @@ def swap_words(out: int, came_in: int, hosts: Mapping[int, str]) -> str:
 
 
 def with_ranks_start(restarts: List[InStepRestart], starts: List[Optional[float]]) -> List[InStepRestart]:
-    """The latest restart with its first rank's start at the script (``starts``:
-    its ranks' status files, read before the next restart clears them)."""
+    """The latest restart with its first rank's start at the script (from ``starts``)."""
     if not restarts or restarts[-1].ranks_at is not None:
         return restarts
     known = [s for s in starts if s is not None]

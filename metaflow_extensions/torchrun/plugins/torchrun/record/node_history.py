@@ -263,9 +263,7 @@ def read(flow: Optional[str], last: Optional[int] = None, days: Optional[float] 
     out: List[Appearance] = []
     for f in flows:
         for i, run in enumerate(f.runs()):
-            if last is not None and i >= last:
-                break
-            if since is not None and run.created_at.timestamp() < since:
+            if (last is not None and i >= last) or (since is not None and run.created_at.timestamp() < since):
                 break
             if run.id != skip_run:
                 out.extend(read_run(run, steps))

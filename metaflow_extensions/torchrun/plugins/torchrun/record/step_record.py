@@ -11,7 +11,7 @@ import json
 import os
 import time
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
 from ..cause import Cause, CauseKind
 from ..gang import JobRecord, PreflightRecord
@@ -61,8 +61,7 @@ class ThisAttempt:
     mapper_tasks: Tuple[str, ...] = ()  # every node's task, as Metaflow lists them on the control
 
     def read_previous(self, pathspec: str, retry_on: str) -> Optional[str]:
-        """Attempt k-1's record: the attempts so far, and whether to run this
-        one. Returns a line to say, if any."""
+        """Attempt k-1's record, and whether to run this one; returns a line to say, if any."""
         self.previous, note = attempts_.read_previous(pathspec, self.number - 1, METADATA_FIELD)
         self.refusal = attempts_.refusal(retry_on, self.number, self.previous, self.retries)
         return note
@@ -100,8 +99,7 @@ def with_attempts(facts: AttemptFacts, result: Optional[TorchrunResult], attempt
     entry = attempts_.this_attempt(attempt.number, attempt.started, list(facts.results), cause,
                                    attempt.resumed_from, refused_for, attempt.code_started, recorded_at=now,
                                    nodes=entries, nodes_left_out=left_out, card=facts.card, hosts=facts.hosts)
-    past: List[attempts_.Attempt] = attempts_.fill_missing(attempt.previous, attempt.number)
-    result.attempts = attempts_.with_costs(past + [entry])
+    result.attempts = attempts_.with_costs(attempts_.fill_missing(attempt.previous, attempt.number) + [entry])
     result.goodput = goodput.ledger(result.attempts, now)
     return result
 
