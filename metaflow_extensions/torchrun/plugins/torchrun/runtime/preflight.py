@@ -1,25 +1,19 @@
-"""``@torchrun(preflight=...)`` in the step: what each node sends on joining,
-and the collective job of ``preflight="full"`` before the first call (the
-step's record, record/step_record.py, keeps the control's findings and the job).
-
-- "versions" (the default): each node's fingerprint and fitness checks go to
-  the control on the join's thread (``gang/client.py``); the service compares
-  them when the last arrives and refuses the gang before any rank starts
-  (``gang/node_compare.py``). No process, no wait on the step's code.
-- "full": also a short torchrun job of its own on every rank
-  (``procs/collective_check.py``), run as a call under the gang's supervision,
-  with a deadline of ``heartbeat_timeout``: a node whose ranks are stuck
-  outside a collective by then is named; nodes waiting in one report an echo.
+"""``@torchrun(preflight=...)`` in the step (docs/preflight.md): "versions" sends
+each node's fingerprint and checks on the join's thread, for the service to
+compare before any rank starts; "full" also runs a short collective job of its
+own (``procs/collective_check.py``) as a call before the first, with a deadline
+of ``heartbeat_timeout`` naming the node stuck outside a collective.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+import functools
 import logging
 import os
 import threading
 import time
-from typing import Callable, Dict, List, Optional
+from typing import Dict, List, Optional
 
 from ..cause import Cause, CauseKind
 from ..gang import messages as msg
@@ -39,26 +33,19 @@ from ..record import Previous, node_history
 _log = logging.getLogger("metaflow_torchrun")
 
 
-
-def source(session: GangSession) -> Callable[[], msg.Preflight]:
+def measure(session: GangSession) -> msg.Preflight:
     """What this node measures and sends right after joining."""
-
-    def measure() -> msg.Preflight:
-        defaults = session.defaults
-        addr, iface = route_to(session.topology.main_addr, session.topology.is_local)
-        return checks.measure(
-            session.topology.node_index,
-            checks.default_nproc(defaults.nproc_per_node, defaults.derived_nproc),
-            defaults.accelerators, os.environ, work_root(), addr, iface, interfaces())
-
-    return measure
+    defaults, topology = session.defaults, session.topology
+    addr, iface = route_to(topology.main_addr, topology.is_local)
+    return checks.measure(topology.node_index, checks.default_nproc(defaults.nproc_per_node, defaults.derived_nproc),
+                          defaults.accelerators, os.environ, work_root(), addr, iface, interfaces())
 
 
 def attach(session: GangSession, history: Optional["History"] = None) -> None:
     """Before ``session.join``: the preflight travels with the join; on the
     control, the node history checks the gang's hosts once all are in."""
     if session.defaults.preflight != verdicts.OFF:
-        session.preflight_source = source(session)
+        session.preflight_source = functools.partial(measure, session)
         session.preflight.mode = session.defaults.preflight
         if history is not None and session.is_control:
             session.preflight.history = history
@@ -135,16 +122,13 @@ def slower_than_before(session: GangSession, job: verdicts.JobRecord) -> List[st
 
 @dataclass
 class JobDeadlines:
-    """The job's own deadlines, which its call (an ordinary ``CallRun``) asks
-    between its checks (``CallRun.watch``).
+    """The job's own deadlines, which its call asks between its checks (``CallRun.watch``).
 
-    The clock starts when every rank of this node has started (written its
-    first phase): torchrun and ``import torch`` take from seconds to tens of
-    seconds on a busy node, and are no hang. ``heartbeat_timeout`` later, a
-    node with a rank outside any collective is the one to name. Ranks that
-    have not started ``2 x heartbeat_timeout`` after the go are named too.
-    Nodes whose ranks all wait inside a collective report an echo only after
-    ``2 x heartbeat_timeout + ECHO_DELAY``, so the node to name comes first."""
+    The clock starts once every rank here has started (a busy node's torchrun and
+    ``import torch`` are no hang); ``heartbeat_timeout`` later a node with a rank
+    outside any collective is named, as are ranks not started ``2 x`` that after
+    the go. Nodes waiting in a collective report an echo only after ``2 x
+    heartbeat_timeout + ECHO_DELAY``, so the node to name comes first."""
 
     limit: float  # heartbeat_timeout
     nproc: int
@@ -197,4 +181,3 @@ def _outside(phases: Dict[int, Optional[str]]) -> str:
     """The local ranks that are not waiting inside a collective, and where."""
     return ", ".join("local rank %d %s" % (local, "in %r" % phase if phase else "not started")
                      for local, phase in sorted(phases.items()) if phase not in collective_check.WAITING)
-

@@ -92,7 +92,6 @@ class GangSession:
         self._interruptible = False
         self._in_user_code = False
         self._main = threading.main_thread().ident
-        self._previous_handler: Any = None
         self._call_error: Optional[BaseException] = None  # what the last failed call raised
         self.preflight_source: Optional[Callable[[], Any]] = None
         self.preflight = PreflightState()
@@ -116,7 +115,11 @@ class GangSession:
     def join(self) -> None:
         if self.warm is None:  # a local run's control started its own before Metaflow started its nodes
             self.warm = WarmStart.started_for_step(self.defaults)
-        self.route, self.host_base = route_to(self.topology.main_addr, self.topology.is_local), _base_or_none()
+        self.route = route_to(self.topology.main_addr, self.topology.is_local)
+        try:
+            self.host_base = base_dir()
+        except OSError:
+            self.host_base = None  # each call tries again, and says why it cannot
         ports = self.topology.ports
         if self.is_control:
             assert isinstance(self.secret, bytes), "the control holds the gang's secret itself"
@@ -125,9 +128,7 @@ class GangSession:
             # A local node's task that ends unjoined ends the gang.
             self.server = self._service = watch_local_nodes(service, self.topology).start()
             ports = (service.port,)
-        self.client = GangClient(
-            self.config, self.topology.main_addr, ports, self.topology.node_index, secret=self.secret
-        )
+        self.client = GangClient(self.config, self.topology.main_addr, ports, self.topology.node_index, secret=self.secret)
         self.client.on_abort = self._on_abort
         self.client.progress = say
         self.client.preflight = self.preflight_source
@@ -142,8 +143,7 @@ class GangSession:
     def user_code(self) -> Iterator[None]:
         """Around the step's code: a gang abort stops it."""
         in_main = threading.current_thread() is threading.main_thread()
-        if in_main:
-            self._previous_handler = signal.signal(INTERRUPT_SIGNAL, self._interrupted)
+        previous = signal.signal(INTERRUPT_SIGNAL, self._interrupted) if in_main else None
         self._interruptible = in_main
         self._in_user_code = True
         try:
@@ -154,7 +154,7 @@ class GangSession:
             self._interruptible = False
             self._in_user_code = False
             if in_main:
-                signal.signal(INTERRUPT_SIGNAL, self._previous_handler or signal.SIG_DFL)
+                signal.signal(INTERRUPT_SIGNAL, previous or signal.SIG_DFL)
 
     @contextlib.contextmanager
     def in_call(self) -> Iterator[int]:
@@ -174,10 +174,9 @@ class GangSession:
             if was and self.cause is not None and sys.exc_info()[1] is None:
                 raise self.aborted(self.cause)
 
-    def aborted(self, cause: Cause, own_exit_code: Optional[int] = None) -> GangAborted:
-        """This node's error for a gang stopped by ``cause``. On a local run
-        every node writes to the control's log, which says a refusal once."""
-        return GangAborted(self.topology.node_index, cause, own_exit_code, same_log=self.topology.is_local)
+    def aborted(self, cause: Cause) -> GangAborted:
+        """This node's error for a gang stopped by ``cause`` (a local run's shared log says a refusal once)."""
+        return GangAborted(self.topology.node_index, cause, same_log=self.topology.is_local)
 
     def _on_abort(self, cause: Cause) -> None:
         """On the gang client's reader thread, once; not while the code may handle a failed call."""
@@ -197,14 +196,12 @@ class GangSession:
 
     def _backstop(self, cause: Cause) -> None:
         deadline = time.monotonic() + timeouts.INTERRUPT_GRACE
-        while time.monotonic() < deadline:
-            if not self._in_user_code or self.phase is Phase.LEFT:
-                return
+        while self._in_user_code and self.phase is not Phase.LEFT:
+            if time.monotonic() >= deadline:
+                say("the gang stopped (%s) but this node's step did not stop within %gs of being interrupted "
+                    "(stuck outside Python?): ending the task." % (cause.summary, timeouts.INTERRUPT_GRACE))
+                os._exit(1)
             time.sleep(0.1)
-        if self._in_user_code and self.phase is not Phase.LEFT:
-            say("the gang stopped (%s) but this node's step did not stop within %gs of being "
-                "interrupted (stuck outside Python?): ending the task." % (cause.summary, timeouts.INTERRUPT_GRACE))
-            os._exit(1)
 
     # -- the step's end ----------------------------------------------------------
 
@@ -240,9 +237,7 @@ class GangSession:
         client.leave(self.calls_made, ok=False)
         self.phase = Phase.LEFT
         cause = client.cause
-        if cause is None:
-            return None
-        if (self.topology.is_local and isinstance(error, TorchrunCallRefused) and is_refusal(cause)
+        if (cause is not None and self.topology.is_local and isinstance(error, TorchrunCallRefused) and is_refusal(cause)
                 and cause.node_index != self.topology.node_index and same_problem(self.step_cause(error), cause)):
             return self.aborted(cause)
         return None
@@ -294,14 +289,6 @@ class GangSession:
         if log_dirs:
             self._logs_said = True
             say(where_logs_are(log_dirs[-1], retention_policy(self.defaults.knobs)))
-
-
-def _base_or_none() -> Optional[str]:
-    """``base_dir()``, or None: each call then tries again, and says why it cannot."""
-    try:
-        return base_dir()
-    except OSError:
-        return None
 
 
 def call_failed(error: Optional[BaseException]) -> bool:
@@ -370,18 +357,12 @@ def _first_line(text: str) -> str:
 
 
 def gang_config(identity: GangIdentity, defaults: StepDefaults, topology: Topology) -> GangConfig:
-    return GangConfig(
-        gang_id=identity.gang_id,
-        num_nodes=topology.num_nodes,
-        heartbeat_timeout=defaults.heartbeat_timeout,
-        start_timeout=defaults.start_timeout,
-        progress_interval=defaults.knobs.progress_seconds,
-        straggler_ratio=defaults.knobs.straggler_ratio,
-        straggler_seconds=defaults.knobs.straggler_seconds,
-        hang_timeout=defaults.hang_timeout,
-        restarts=defaults.restarts,
-        spares=defaults.spares,
-    )
+    knobs = defaults.knobs
+    return GangConfig(gang_id=identity.gang_id, num_nodes=topology.num_nodes, restarts=defaults.restarts,
+                      heartbeat_timeout=defaults.heartbeat_timeout, start_timeout=defaults.start_timeout,
+                      hang_timeout=defaults.hang_timeout, progress_interval=knobs.progress_seconds,
+                      straggler_ratio=knobs.straggler_ratio, straggler_seconds=knobs.straggler_seconds,
+                      spares=defaults.spares)
 
 
 def bind_host(topology: Topology) -> str:

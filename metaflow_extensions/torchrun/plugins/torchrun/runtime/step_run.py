@@ -1,12 +1,7 @@
-"""The step's code, run inside the step's gang, and what the gang leaves for
-the step's record.
-
-The node joins as the step's code starts (Metaflow has set
-``current.parallel`` by then, on every platform) and leaves, saying how the
-step ended, as it ends. An attempt that ``retry_on`` refused joins too, so the
-gang hears why before the step fails. As the task ends, ``attempt_facts`` reads
-off the session what the record needs (``record.AttemptFacts``): the record
-itself never sees a session.
+"""The step's code inside the step's gang: the node joins as it starts (an
+attempt ``retry_on`` refused joins too, to say why) and leaves saying how it
+ended; as the task ends, ``attempt_facts`` reads off the session what the record
+needs, so the record never sees a session.
 """
 
 from __future__ import annotations
