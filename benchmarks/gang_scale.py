@@ -322,7 +322,7 @@ def idle_phase(gang: Gang, seconds: float, rss_before: int) -> Dict[str, Any]:
 def progress_seen(gang: Gang) -> Dict[str, Any]:
     """What the control made of the nodes' progress: its line, the slowest node, the stragglers."""
     record = gang.server.progress_record()
-    line = gang.server.training.line() or ""
+    line = gang.server.handlers.training.line() or ""
     return {"progress_nodes": record.nodes_reporting, "progress_line_chars": len(line),
             "progress_slowest": (record.slowest or {}).get("node_index"),
             "progress_chart_samples": len(record.chart)}

@@ -168,7 +168,7 @@ class Net:
         )
         line = p.stdout.readline().decode().strip()
         assert line == "joined", line
-        assert wait_until(lambda: node in server.joined_at, GUARD)
+        assert wait_until(lambda: node in server.members.joined_at, GUARD)
         return p
 
     def close(self) -> None:

@@ -90,7 +90,7 @@ class TestJoin:
         net.clients.append(c)
         c.start()
         assert c.wait_joined() is True
-        assert wait_until(lambda: 1 in server.joined_at, GUARD)
+        assert wait_until(lambda: 1 in server.members.joined_at, GUARD)
 
     def test_a_reader_whose_socket_was_closed_before_it_began_ends_quietly(self, net):
         """close() may run before the reader thread sets its socket's timeout:
@@ -170,7 +170,7 @@ class TestJoin:
         server = net.server(2)
         a, b = net.join(server, [0, 1])
         b.leave(0, ok=True)
-        assert wait_until(lambda: 1 in server.left, GUARD)
+        assert wait_until(lambda: 1 in server.members.left, GUARD)
         b.close()
         again = net.raw(server.port)
         assert again.hello(server.config, 1)["type"] == "reject"
@@ -500,7 +500,7 @@ class TestControl:
         server = net.server(2)
         c0, c1 = net.join(server, [0, 1])
         c1.leave(0, ok=True)
-        assert wait_until(lambda: 1 in server.left, GUARD)
+        assert wait_until(lambda: 1 in server.members.left, GUARD)
         server.close()
         time.sleep(0.4)
         assert c1.cause is None
@@ -726,13 +726,13 @@ class TestLeaving:
         # Only the control waits for it: the others are not told.
         time.sleep(0.2)
         assert not any(c.all_left.is_set() for c in clients[1:])
-        assert server.cause is None and server.left == {0: (0, True), 1: (0, True), 2: (0, True)}
+        assert server.cause is None and server.members.left == {0: (0, True), 1: (0, True), 2: (0, True)}
 
     def test_leaving_exempts_a_node_from_heartbeats_and_from_node_lost(self, net):
         server = net.server(2, heartbeat_timeout=0.5)
         a, b = net.join(server, [0, 1])
         b.leave(0, ok=True)
-        assert wait_until(lambda: 1 in server.left, GUARD)
+        assert wait_until(lambda: 1 in server.members.left, GUARD)
         b.close()
         time.sleep(1.2)  # beyond the heartbeat timeout
         assert server.cause is None and a.cause is None
@@ -746,7 +746,7 @@ class TestLeaving:
         p.stdin.write(b"leave\n")
         p.stdin.flush()
         assert p.stdout.readline().strip() == b"left"
-        assert wait_until(lambda: 1 in server.left, GUARD)
+        assert wait_until(lambda: 1 in server.members.left, GUARD)
         os.kill(p.pid, signal.SIGSTOP)
         try:
             time.sleep(2.0)  # twice the heartbeat timeout
@@ -777,7 +777,7 @@ class TestLeaving:
         server = net.server(2)
         a, b = net.join(server, [0, 1])
         b.leave(0, ok=True)
-        assert wait_until(lambda: 1 in server.left, GUARD)
+        assert wait_until(lambda: 1 in server.members.left, GUARD)
         assert a.enter_call(0, "train.py") is None
         assert (a.cause.kind, a.cause.node_index, a.cause.call) == (CauseKind.LEFT_EARLY, 1, 0)
         assert "while node 0 waits in call 1" in a.cause.summary
@@ -789,7 +789,7 @@ class TestLeaving:
         a.leave(1, ok=True)
         b.leave(2, ok=True)  # claims a call it never entered
         assert a.wait_all_left() and server.cause is None
-        assert server.left == {0: (1, True), 1: (1, True)}
+        assert server.members.left == {0: (1, True), 1: (1, True)}
 
     def test_leave_counts_differing_name_the_node_with_fewer(self, net):
         server = net.server(3)
@@ -818,7 +818,7 @@ class TestLeaving:
         raw.hello(server.config, 1)
         raw.send({"type": "leave", "calls": 0, "ok": True})
         raw.send({"type": "hb"})
-        assert wait_until(lambda: 1 in server.left, GUARD)
+        assert wait_until(lambda: 1 in server.members.left, GUARD)
         raw.send({"type": "failed", "cause": Cause(CauseKind.RANK_FAILED, "too late").to_wire()})
         assert wait_until(lambda: 1 not in server.members.by_node, GUARD)  # dropped
         time.sleep(0.2)

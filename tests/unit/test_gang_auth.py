@@ -140,7 +140,7 @@ class TestHandshakeOverSockets:
             seen += wire.encode(challenge) + wire.encode(reply)
             assert reply == {"type": "reject", "reason": "not authenticated"}
         assert server.config.gang_id.encode() not in seen
-        assert server.rejected == 3 and len(said) == 1 and "did not prove" in said[0]
+        assert server.admission.rejected == 3 and len(said) == 1 and "did not prove" in said[0]
         assert server.missing() == [1] and server.cause is None and c0.cause is None
 
     def test_a_hello_replayed_on_another_connection_fails(self, net):

@@ -140,7 +140,7 @@ class TestStrangers:
         for node in (0, 1):
             assert net.raw(server.port).hello(server.config, node, secret=WRONG) == {
                 "type": "reject", "reason": "not authenticated"}
-        assert server.missing() == [0, 1] and server.rejected == 2
+        assert server.missing() == [0, 1] and server.admission.rejected == 2
         legit_step(net, server)
 
     def test_a_hello_for_a_taken_node_does_not_evict_it(self, net):
@@ -174,7 +174,7 @@ class TestStrangers:
         for message in ({"type": "call_done", "index": 0}, {"type": "leave", "calls": 0, "ok": True}):
             send_quietly(s.sock, wire.encode(message))
         a, b = net.join(server, [0, 1])
-        assert server.left == {} and server.calls == {}
+        assert server.members.left == {} and server.calls == {}
         b.close()  # node 1's task dies: still noticed at once
         (cause,) = wait_cause([a])
         assert (cause.kind, cause.node_index) == (CauseKind.NODE_LOST, 1)
@@ -340,7 +340,7 @@ class TestMembersBreakingRules:
         assert server._thread.is_alive()
         # whatever the service made of it (a cause, a drop), it still serves
         assert net.raw(server.port).hello(server.config, 1)["type"] == "welcome"
-        assert 1 in server.joined_at
+        assert 1 in server.members.joined_at
 
     def test_a_member_sending_garbage_is_dropped_and_named(self, net):
         server = net.server(2)

@@ -93,7 +93,7 @@ class TestTheService:
         finally:
             wire.close_quietly(sock)
         assert peer.last_seen > before + 99
-        assert server.cause is None and server.members.by_node[1] is peer and server.rejected == 0
+        assert server.cause is None and server.members.by_node[1] is peer and server.admission.rejected == 0
 
     def test_a_probe_of_a_node_not_in_the_gang_is_refused(self, net):
         server = net.server(3)
@@ -127,7 +127,7 @@ class TestTheService:
         answer, sock = probe_raw(server, 1, secret=secret, **override)
         wire.close_quietly(sock)
         assert answer == {"type": "reject", "reason": "not authenticated"}
-        assert peer.last_seen == before and server.cause is None and server.rejected == 1
+        assert peer.last_seen == before and server.cause is None and server.admission.rejected == 1
         assert len(said) == 1 and "did not prove" in said[0]
 
     def test_a_probe_on_a_members_own_connection_is_out_of_turn(self, net):
@@ -273,7 +273,7 @@ def test_a_stalled_connection_is_ridden_out_on_fresh_ones_then_named_dead(net, p
     c1 = GangClient(server.config, HOST, [proxy.port], 1, secret=SECRET)
     net.clients.append(c1)
     c1.connect(give_up_after=GUARD)
-    assert c1.cause is None and wait_until(lambda: 1 in server.joined_at, GUARD)
+    assert c1.cause is None and wait_until(lambda: 1 in server.members.joined_at, GUARD)
     stalled = time.monotonic()
     proxy.stall()
     assert not wait_until(lambda: c1.cause is not None or server.cause is not None, 6.0)  # 2 x heartbeat_timeout

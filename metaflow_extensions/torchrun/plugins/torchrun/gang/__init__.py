@@ -1,20 +1,8 @@
 """The gang: the liveness service of one ``@torchrun`` step and its protocol.
 
-The control task runs a ``GangServer``; every node (the control included) joins
-it with a ``GangClient``, proves the step's secret, sends heartbeats, meets the
-others at each ``current.torch.run`` call and hears of the first failure
-anywhere. Everything on the wire is a typed record (``messages``), JSON only in
-``to_wire``/``from_wire``. ``Topology`` and ``GangIdentity`` say who this node is
-and which gang it belongs to; ``ports`` chooses where it meets.
-
-The face shows what most callers use; anything else comes from its module
-(``from ..gang.bench import Bench``, ``from ..gang import messages as msg``).
-
-Usage (the runtime's session does this)::
-
-    server = GangServer(config, bind_host, ports, secret=secret)   # on the control
-    client = GangClient(config, main_addr, ports, node_index, secret=secret)
-    client.start(); port = client.enter_call(0, "train.py")
+The control task runs a ``GangServer``; every node (the control too) joins it
+with a ``GangClient``, proves the step's secret, sends heartbeats, meets the
+others at each ``current.torch.run`` call and hears of the first failure anywhere.
 """
 
 from __future__ import annotations

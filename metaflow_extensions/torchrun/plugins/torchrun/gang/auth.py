@@ -19,14 +19,10 @@ import hmac
 import secrets
 from typing import Any, Mapping, Optional, Tuple, Type, TypeVar, Union
 
-from ..base import knobs
+from ..base.knobs import MIN_SECRET_BYTES
 from ..cause import Cause
 from . import messages as msg
 from .wire import ProtocolError
-
-NONCE_BYTES = msg.NONCE_BYTES
-MIN_SECRET_BYTES = knobs.MIN_SECRET_BYTES
-_PROOF_HEX = msg.PROOF_HEX
 
 
 class AuthError(ValueError):
@@ -53,11 +49,11 @@ def _mac(key: bytes, *parts: bytes) -> str:
 
 
 def _same(expected: str, given: Any) -> bool:
-    return isinstance(given, str) and len(given) == _PROOF_HEX and hmac.compare_digest(expected, given)
+    return isinstance(given, str) and len(given) == msg.PROOF_HEX and hmac.compare_digest(expected, given)
 
 
 def new_nonce() -> bytes:
-    return secrets.token_bytes(NONCE_BYTES)
+    return secrets.token_bytes(msg.NONCE_BYTES)
 
 
 def proof(secret: bytes, side: str, gang_id: str, server_nonce: bytes, client_nonce: bytes, node: int) -> str:
@@ -99,8 +95,7 @@ def check_hello(secret: bytes, gang_id: str, server_nonce: bytes, message: Union
                 num_nodes: int) -> Tuple[int, bytes]:
     """The node index and the peer's nonce. The proof is checked whatever the
     index, so a peer without the secret learns nothing from which indexes fail how."""
-    got = _read_proved(message, msg.Hello, "not a hello of this protocol")
-    return _check_proved(secret, gang_id, server_nonce, got, "client", num_nodes)
+    return _check_proved(secret, gang_id, server_nonce, message, msg.Hello, "client", num_nodes)
 
 
 def probe(secret: bytes, gang_id: str, server_nonce: bytes, node: int, client_nonce: bytes) -> msg.Probe:
@@ -110,26 +105,22 @@ def probe(secret: bytes, gang_id: str, server_nonce: bytes, node: int, client_no
 
 def check_probe(secret: bytes, gang_id: str, server_nonce: bytes, message: Union[Mapping[str, Any], msg.Probe],
                 num_nodes: int) -> Tuple[int, bytes]:
-    got = _read_proved(message, msg.Probe, "not a probe of this protocol")
-    return _check_proved(secret, gang_id, server_nonce, got, "probe", num_nodes)
+    return _check_proved(secret, gang_id, server_nonce, message, msg.Probe, "probe", num_nodes)
 
 
 P = TypeVar("P", msg.Hello, msg.Probe)
 
 
-def _read_proved(message: Union[Mapping[str, Any], P], expected: Type[P], why: str) -> P:
+def _check_proved(secret: bytes, gang_id: str, server_nonce: bytes, message: Union[Mapping[str, Any], P],
+                  kind: Type[P], side: str, num_nodes: int) -> Tuple[int, bytes]:
     if isinstance(message, Mapping):
         node = message.get("node_index")
         if isinstance(node, bool) or not isinstance(node, int) or not -1 < node < msg.MAX_NODE:
             raise AuthError("no node index")
-    got = _read(message, expected, why)
+    why = "not a %s of this protocol" % kind.TYPE.value
+    got = _read(message, kind, why)
     if got.protocol != msg.PROTOCOL:
         raise AuthError(why)
-    return got
-
-
-def _check_proved(secret: bytes, gang_id: str, server_nonce: bytes, got: Union[msg.Hello, msg.Probe], side: str,
-                  num_nodes: int) -> Tuple[int, bytes]:
     expected = proof(secret, side, gang_id, server_nonce, got.nonce, got.node_index)
     if not _same(expected, got.proof):
         raise AuthError("wrong proof")

@@ -1,12 +1,7 @@
-"""Hot spares (``@torchrun(spares=K)``): which of the step's nodes train and
-which wait, as the service decides it and every node reads it.
-
-The bench holds the K nodes that do not train: the spares not used yet, in
-the order they come in, and the nodes taken out after a failure pinned to
-them. Its size never changes (a swap moves one node each way), so what the
-service sends about it is K indices whatever the gang's size; every node
-derives the active nodes and its own torchrun node rank from it. Node 0
-hosts the rendezvous store and global rank 0: it is never benched.
+"""Hot spares (``@torchrun(spares=K)``): the bench holds the K nodes that do not
+train (the spares not used yet, in the order they come in, and the nodes taken
+out), so the service sends K indices whatever the gang's size and every node
+derives its torchrun node rank from it. Node 0 hosts the store: never benched.
 """
 
 from __future__ import annotations
@@ -18,16 +13,13 @@ from ..base import defaults as DEFAULTS
 from ..base.codec import Int, Items, Record
 from .wire import ProtocolError
 
-
-# At most this many nodes on the bench (spares and nodes taken out): as many as a step may have spares.
 LIMIT = DEFAULTS.MAX_SPARES
-# A benched node's index: never node 0.
 Benched = Annotated[Tuple[Annotated[int, Int(1, (1 << 20) - 1)], ...], Items(LIMIT)]
 
 
 @dataclass(frozen=True)
 class Bench(Record):
-    """Read checked (``codec.py``): at most ``LIMIT`` indices of nodes, none twice, never node 0."""
+    """At most ``LIMIT`` indices of nodes, none twice, never node 0."""
 
     ERROR = ProtocolError
     spares: Benched = ()
@@ -35,7 +27,6 @@ class Bench(Record):
 
     @classmethod
     def initial(cls, num_nodes: int, spares: int) -> "Bench":
-        """The last ``spares`` nodes wait; the first ``num_nodes - spares`` train."""
         return cls(tuple(range(num_nodes - spares, num_nodes)) if 0 < spares < num_nodes else ())
 
     @property
@@ -46,8 +37,7 @@ class Bench(Record):
         return num_nodes - len(self.benched)
 
     def node_rank(self, node: int) -> Optional[int]:
-        """``node``'s torchrun node rank: its place among the active nodes
-        (O(K), not O(N)); None where it is benched."""
+        """Its place among the active nodes (O(K), not O(N)); None where benched."""
         if node in self.benched:
             return None
         return node - sum(1 for b in self.benched if b < node)
@@ -56,16 +46,14 @@ class Bench(Record):
         return "out" if node in self.out else "spare" if node in self.spares else "active"
 
     def swap(self, node: Optional[int]) -> Optional[Tuple["Bench", int]]:
-        """``node`` out and the first spare in, where ``node`` is an active
-        node other than node 0 and a spare is left; else None (restart in place)."""
+        """``node`` out and the first spare in, where it can be; else None (restart in place)."""
         if node is None or node == 0 or node in self.benched or not self.spares:
             return None
         return Bench(self.spares[1:], self.out + (node,)), self.spares[0]
 
     def prefer(self, avoid: Iterable[int]) -> "Bench":
-        """Before any rank starts: each active node in ``avoid`` (a host node
-        history blames) changes places with a spare not in ``avoid``, where one
-        is left; it stays a spare, usable should no clean one be left."""
+        """Before any rank starts: each active node in ``avoid`` changes places with
+        a clean spare, where one is left; it stays a spare, usable should none be left."""
         bench, blamed = self, set(avoid)
         clean = [s for s in self.spares if s not in blamed]
         for node in sorted(blamed):
@@ -77,8 +65,8 @@ class Bench(Record):
         return bench
 
     def take_out(self, unfit: Iterable[int]) -> Optional["Bench"]:
-        """Before any rank starts: every node in ``unfit`` out, a spare in for
-        each; None where that cannot be (node 0 unfit, or too few fit spares)."""
+        """Before any rank starts: every node in ``unfit`` out, a spare in for each;
+        None where that cannot be (node 0 unfit, or too few fit spares)."""
         unfit = set(unfit)
         if 0 in unfit:
             return None
@@ -103,10 +91,8 @@ class Bench(Record):
 
 @dataclass(frozen=True)
 class Seat:
-    """One node's place in a start of a call's ranks, worked out once as the
-    news arrives (on the client's reader thread), so the call reads fields,
-    not the bench: torchrun's node rank (None: it sits the start out), the
-    number of nodes that train, and its role."""
+    """One node's place in a start of a call's ranks, worked out once as the news
+    arrives; ``node_rank`` None: it sits the start out."""
 
     bench: Bench
     node_rank: Optional[int]

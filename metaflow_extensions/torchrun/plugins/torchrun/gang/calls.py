@@ -1,13 +1,5 @@
-"""Matching ``current.torch.run`` calls across the gang's nodes.
-
-A node starts call k as soon as it and node 0 (the rendezvous store's host)
-have entered it, with the call's own rendezvous port, unless its entrypoint
-differs from a node already there. A node that does not reach a call within
-``start_timeout``, or ends its step while others wait in a call it never
-made, is named. Here only the bookkeeping: the service (``server.py``) sends
-what these functions decide, and drops a peer whose message is out of turn
-(``ProtocolError``).
-"""
+"""Matching ``current.torch.run`` calls across the gang's nodes: the
+bookkeeping only (docs/design.md, "Calls are matched across nodes")."""
 
 from __future__ import annotations
 
@@ -27,8 +19,6 @@ Left = Mapping[int, Tuple[int, bool]]  # node -> (calls made, ended fine)
 
 @dataclass
 class CallState:
-    """One call as the gang sees it."""
-
     index: int
     entries: Dict[int, str] = field(default_factory=dict)  # node -> entrypoint name
     rdzv_port: Optional[int] = None
@@ -36,23 +26,18 @@ class CallState:
     done: Set[int] = field(default_factory=set)
     reports: Dict[int, msg.NodeReport] = field(default_factory=dict)
     finished_at: Dict[int, float] = field(default_factory=dict)
-    # Rank 0's return value (pickled by the node that ran rank 0), kept only
-    # once its MAC checked out; ``rank0_error`` says why a value is missing.
+    # Rank 0's pickled return value, kept only once its MAC checked out.
     rank0: Optional[bytes] = None
     rank0_node: Optional[int] = None
     rank0_error: Optional[str] = None
-    # When the last node entered (monotonic): the call's rendezvous can only
-    # complete after it, so hang detection and call timeouts count from here.
+    # When the last node entered: hang detection counts from here.
     all_entered_at: Optional[float] = None
     went: Set[int] = field(default_factory=set)  # the nodes told to launch
-    # After a failure: each node's ranks' stacks (node -> rank -> text), sent
-    # once per node (an empty dict from a node with no live rank to stop).
+    # After a failure, once per node: node -> rank -> stack, and -> Flight Recorder summary.
     stacks: Dict[int, Dict[int, str]] = field(default_factory=dict)
-    # With them, the ranks' Flight Recorder summaries (node -> rank -> summary).
     flights: Dict[int, Dict[int, FlightSummary]] = field(default_factory=dict)
-    stacks_in_said: bool = False  # every node told they are all in (messages.StacksIn)
-    # In-step restarts (restarts.py): how many so far, the latest's start
-    # (monotonic; hang detection counts from it), and what caused each.
+    stacks_in_said: bool = False
+    # In-step restarts: how many so far, the latest's start (hang detection counts from it), their causes.
     restart: int = 0
     restarted_at: Optional[float] = None
     restart_causes: List[Cause] = field(default_factory=list)
@@ -60,8 +45,6 @@ class CallState:
 
 @dataclass(frozen=True)
 class CallView:
-    """What the gang knows of one call, copied for the control's own code."""
-
     index: int
     joined_at: Mapping[int, float]
     finished_at: Mapping[int, float]
@@ -86,14 +69,12 @@ class CallView:
 class CallBook:
     def __init__(self, num_nodes: int, bench: Optional[Bench] = None) -> None:
         self.num_nodes = num_nodes
-        # The nodes that sit calls out (@torchrun(spares)): the step's, across its calls.
         self.bench = bench or Bench()
         self.calls: Dict[int, CallState] = {}
         self.node_calls: Dict[int, int] = {}  # node -> calls entered so far
 
     def enter(self, node: int, call: msg.Call, left: Left) -> Tuple[CallState, Optional[Cause]]:
-        """Node reached a call; the cause that stops the gang, if this proves
-        the nodes' calls differ."""
+        """The cause that stops the gang, if this proves the nodes' calls differ."""
         if call.index != self.node_calls.get(node, 0):
             raise ProtocolError("call %d out of turn" % call.index)
         self.node_calls[node] = call.index + 1
@@ -112,12 +93,8 @@ class CallBook:
 
     @staticmethod
     def to_launch(state: CallState, port: Callable[[], int]) -> List[int]:
-        """The nodes to tell "go" now, each once: node 0 as soon as it arrives,
-        and every other node as soon as it and node 0 are there. torchrun's
-        start (its ``import torch``) overlaps the later nodes' start, and the
-        rendezvous waits for them (command.join_timeout). Not before node 0: it
-        hosts the rendezvous store, which another node's torchrun stops looking
-        for after torch's ``read_timeout`` (60 s)."""
+        """The nodes to tell "go" now, each once, as soon as it and node 0 are
+        there: node 0's store is looked for only 60 s (torch's ``read_timeout``)."""
         if RDZV_STORE_NODE not in state.entries:
             return []
         if state.rdzv_port is None:
@@ -127,8 +104,7 @@ class CallBook:
         return nodes
 
     def finish(self, node: int, done: msg.CallDone, payload_ok: Callable[[msg.CallDone], bool]) -> CallState:
-        """Node's part of a call succeeded; raises for a done out of turn or a
-        return value whose MAC does not check out (never kept, so never loaded)."""
+        """Raises for a done out of turn or a return value whose MAC does not check out."""
         state = self.calls.get(done.index)
         if state is None or node not in state.entries or node in state.done or state.all_entered_at is None:
             raise ProtocolError("done with a call it never started, or twice")
@@ -153,8 +129,7 @@ class CallBook:
             state.reports[node] = report
 
     def keep_stacks(self, node: int, stacks: msg.Stacks) -> CallState:
-        """Where a node's ranks were when it stopped them: once per node and
-        call, for the control's report; never acted on."""
+        """Once per node and call, for the control's report; never acted on."""
         state = self.calls.get(stacks.call)
         if state is None or node not in state.entries or node in state.stacks:
             raise ProtocolError("stacks out of turn")
@@ -163,9 +138,7 @@ class CallBook:
         return state
 
     def stacks_pending(self, index: int, connected: Callable[[int], bool], left: Left) -> List[int]:
-        """Nodes of call ``index`` that may still send their stacks: in the call
-        and not done with it, connected, not gone (a node sends its stacks before
-        it leaves), and silent about them so far."""
+        """In the call, not done, connected, not gone (stacks come before a leave), silent so far."""
         state = self.calls.get(index)
         if state is None:
             return []
@@ -174,9 +147,7 @@ class CallBook:
                       and n not in left and n not in benched and connected(n))
 
     def reports_pending(self, index: int, connected: Callable[[int], bool], left: Left) -> List[int]:
-        """Nodes of call ``index`` whose report (their ranks, exits, last
-        lines) may still come: in the call, connected, not gone (a node reports
-        before it leaves), and silent so far."""
+        """In the call, connected, not gone (a report comes before a leave), silent so far."""
         state = self.calls.get(index)
         if state is None:
             return []
@@ -216,11 +187,8 @@ class CallBook:
 
     def hung(self, now: float, limit: Optional[float], last_output: Callable[[int], Optional[float]],
              left: Left, advanced: bool = False) -> Optional[Cause]:
-        """``hang_timeout``: no rank of the running call wrote anything for that
-        long, on any node still running it; ``advanced``: the ranks report
-        progress, and ``last_output`` says when a rank last advanced a step
-        instead. A node's silence is measured on its own host and sent as a
-        duration, so clocks need not agree."""
+        """No rank of the running call wrote (``advanced``: advanced a step) for
+        ``limit``. A silence is measured on its node and sent as a duration: clocks need not agree."""
         if not limit:
             return None
         for state in self.calls.values():
@@ -243,7 +211,6 @@ class CallBook:
         return None
 
     def waiting(self, now: float) -> Optional[str]:
-        """Who a call still waits for, said while nodes meet at it."""
         for index in sorted(self.calls):
             state = self.calls[index]
             if state.all_entered_at is None:

@@ -1,22 +1,9 @@
 """The gang's training progress as the control sees it, and its stragglers.
 
-Each node's heartbeat brings its ranks summed up (``node_progress.NodeProgress``):
-keeping it costs the service one dictionary entry per heartbeat. Once a
-second (``timeouts.PROGRESS_CHECK``) the book sums up the gang (the step,
-steps per second, the ETA, the slowest node), samples steps/s of the slowest
-node of each group of nodes for the card's chart (at most ``CHART_GROUPS`` groups and
-``CHART_SAMPLES`` samples: the same size at any gang size) and looks for
-stragglers: a node slower than the median by ``straggler_ratio`` for
-``straggler_seconds`` in a row is named once, and kept in the record.
-
-The signal: with progress reports, the steps per second of each node's slowest
-rank (a straggler is ``ratio`` times slower than the median node). Without
-them, on GPU nodes where nvidia-smi answers, the GPUs' utilisation: a node held
-up by its input or its CPU leaves its GPUs idle while the others' spin waiting
-for it, so the straggler is the node at ``1/ratio`` of the median's. Else the
-CPU its ranks use: in a synchronous CPU job the others wait in their
-collectives while the straggler computes, so the straggler is the node whose
-ranks use ``ratio`` times the median's CPU. Which one was used is said.
+A heartbeat's progress costs the service one dictionary entry; once a second
+the book sums up the gang, samples the card's chart (the same size at any gang
+size) and names each straggler once. The signals (steps/s, else GPU
+utilisation, else CPU) and why each works: docs/seeing-the-gang.md.
 """
 
 from __future__ import annotations
@@ -35,17 +22,14 @@ RATIO_CAP = 99.0
 SIGNAL_PROGRESS = "progress reports (steps/s of each node's slowest rank)"
 SIGNAL_GPU = "GPU utilisation of each node (nvidia-smi; no rank reports progress)"
 SIGNAL_CPU = "CPU time of each node's ranks (no rank reports progress)"
-# Below this median utilisation (%) the GPUs are idle gang-wide: nothing to compare.
-GPU_IDLE = 5.0
+GPU_IDLE = 5.0  # below this median utilisation (%) the GPUs are idle gang-wide
 # The slowest node is named only at or below this fraction of the median's steps/s:
-# in an even gang some node is always the slowest, and "1.00x the median" names a
-# node that holds nothing up.
+# in an even gang some node is always the slowest.
 SLOWEST_NAMED = 0.9
 
 
 @dataclass(frozen=True)
 class Straggler(Written):
-    """A node named slower than the median: by how much, for how long, by which signal."""
 
     node_index: int
     host: str
@@ -64,7 +48,7 @@ class Straggler(Written):
 
 @dataclass(frozen=True)
 class ProgressRecord(Written):
-    """The gang's progress at the end of a call, or now (the live card; the chart is not in the record)."""
+    """At the end of a call, or now (the live card; the chart is not in the record)."""
 
     step: Optional[int] = None
     total: Optional[int] = None
@@ -84,7 +68,6 @@ class ProgressRecord(Written):
 
 
 class ProgressBook:
-    """The service's view of every node's progress (its one thread only)."""
 
     def __init__(self, num_nodes: int, ratio: float, window: float) -> None:
         self.num_nodes = num_nodes
@@ -103,7 +86,7 @@ class ProgressBook:
         self.summary = ProgressRecord()
 
     def new_call(self) -> None:
-        """A new call's ranks count their steps afresh; stragglers named stay named."""
+        """Stragglers named stay named."""
         self.nodes.clear()
         self.slow_since.clear()
         self.chart = []
@@ -118,8 +101,7 @@ class ProgressBook:
             self.nodes[node] = (progress, host)
 
     def current(self) -> ProgressRecord:
-        """What the nodes sent last, summed up now without a check's naming of
-        stragglers: a call's last heartbeats come after its last check."""
+        """Summed up now: a call's last heartbeats come after its last check."""
         if not self.nodes:
             return self.summary
         return self._summary({n: ph for n, ph in self.nodes.items() if ph[0].reporting})
@@ -129,7 +111,7 @@ class ProgressBook:
         return any(p.reporting for p, _ in self.nodes.values())
 
     def check(self, now: float) -> List[Straggler]:
-        """Sum up the gang, sample the chart; the stragglers named just now."""
+        """The stragglers named just now."""
         if not self.nodes:
             return []
         if self.started is None:
@@ -141,8 +123,6 @@ class ProgressBook:
             self.next_sample = now + self.chart_every
         self.summary = self._summary(reporting)
         return named
-
-    # -- stragglers ----------------------------------------------------------------------
 
     def _stragglers(self, now: float, reporting: Dict[int, Tuple[NodeProgress, str]]) -> List[Straggler]:
         ratios, signal = self._ratios(reporting)
@@ -194,8 +174,6 @@ class ProgressBook:
         self.named[one.node_index] = one
         self.named_order.append(one.node_index)
 
-    # -- the summary and the chart ----------------------------------------------------
-
     def _summary(self, reporting: Dict[int, Tuple[NodeProgress, str]]) -> ProgressRecord:
         stragglers = tuple(self.named[n] for n in self.named_order)
         signal = SIGNAL_PROGRESS if reporting else self._fallback() if self.nodes else None
@@ -242,7 +220,6 @@ class ProgressBook:
             self.chart_every *= 2
 
     def line(self) -> Optional[str]:
-        """One line for the control's log: step, %, ETA, steps/s, metrics, the slowest node."""
         s = self.summary
         if s.step is None:
             return None
@@ -267,7 +244,7 @@ def _ranks(progress: NodeProgress) -> str:
 
 
 def duration(seconds: float) -> str:
-    """``45 s``, ``5 min``, ``2 h 10 min``: how long, as a person says it."""
+    """``45 s``, ``5 min``, ``2 h 10 min``."""
     seconds = max(0.0, seconds)
     if seconds < 90:
         return "%.0f s" % seconds

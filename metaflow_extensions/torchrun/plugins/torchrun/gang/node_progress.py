@@ -1,12 +1,5 @@
-"""A node's training progress, as its heartbeat carries it.
-
-Each node sums up its own ranks (the step of its slowest, median and fastest
-rank, its steps per second, how long since any rank advanced, a few metrics,
-the CPU its ranks used), so the control reads one small record per node per
-heartbeat whatever the number of ranks: its cost stays constant per node.
-``ProgressTracker`` makes that record on the node from the ranks' progress
-files (``procs/progress.py``) and ``/proc``; ``NodeProgress.from_wire`` checks
-every field of a peer's.
+"""A node's training progress, as its heartbeat carries it: the node sums up its
+own ranks, so the control reads one small record per node whatever the ranks.
 """
 
 from __future__ import annotations
@@ -27,8 +20,7 @@ STEP_LIMIT = 1 << 53
 RANK_LIMIT = 1 << 31
 MAX_RATE = 1e9
 MAX_SECONDS = 1e9
-# A node's steps per second are measured over its ranks' reports of this many
-# seconds (a rate from two reports a second apart would jump with every step).
+# Steps per second over this many seconds of reports (two a second apart jump with every step).
 RATE_WINDOW = 30.0
 RATE_SAMPLES = 64
 
@@ -39,7 +31,7 @@ Rate = Annotated[Optional[float], Real(0.0, MAX_RATE, digits=4)]
 
 
 def _metrics(value: Any) -> Dict[str, float]:
-    """Hand-read: the same rule as a rank's own report (``procs/progress.py``), refused where it differs."""
+    """The same rule as a rank's own report (``procs/progress.py``), refused where it differs."""
     if not isinstance(value, Mapping) or len(value) > MAX_METRICS or clean_metrics(value) != value:
         raise ValueError("not at most %d named finite numbers" % MAX_METRICS)
     return dict(value)
@@ -47,15 +39,9 @@ def _metrics(value: Any) -> Dict[str, float]:
 
 @dataclass(frozen=True)
 class NodeProgress(Record):
-    """One node's ranks, summed up. Steps per second of its slowest rank
-    (``rate_min``) set the node's pace; ``stalled``: seconds since any of its
-    ranks advanced a step, on the node's own clock (the control's
-    ``hang_timeout`` reads it); ``cpu``: CPU seconds per second per rank,
-    the fallback signal where no rank reports progress; ``gpu``: the mean
-    utilisation (%) of the node's visible GPUs, where nvidia-smi answers,
-    the fallback that comes first on GPU nodes (host/gpu_usage.py).
-    Read checked field by field (``codec.py``): ``ProtocolError`` names the
-    first bad one."""
+    """``rate_min`` (its slowest rank's steps/s) sets the node's pace; ``stalled``:
+    seconds since any rank advanced, on the node's clock (``hang_timeout`` reads
+    it); ``cpu`` (per rank) and ``gpu`` (mean %): the fallback signals."""
 
     ERROR = ProtocolError
     DROP_NONE = True
@@ -85,13 +71,8 @@ class NodeProgress(Record):
         return None
 
 
-# -- on the node ---------------------------------------------------------------------
-
-
 class ProgressTracker:
-    """Sums up this node's ranks once a heartbeat: their progress files and
-    their CPU time, and the GPUs' utilisation where ``gpu`` knows it. Kept
-    per call (a new call is a new work directory)."""
+    """Per call (a new call is a new work directory)."""
 
     def __init__(self, workdir: str, clock: Callable[[], float] = time.monotonic,
                  gpu: Callable[[], Optional[float]] = lambda: None) -> None:
@@ -104,8 +85,7 @@ class ProgressTracker:
         self.cpu_seen: Optional[Tuple[float, float, int]] = None  # (clock, CPU seconds, ranks)
 
     def sample(self) -> Optional[NodeProgress]:
-        """This node's record now; None while no rank reports and no CPU time
-        or GPU utilisation is known."""
+        """None while no rank reports and no CPU time or GPU utilisation is known."""
         now = self.clock()
         reports = read_progress(self.workdir)
         cpu, gpu = self._cpu(now), self.gpu()
@@ -127,7 +107,6 @@ class ProgressTracker:
             metrics=mean_metrics(reports[r].metrics for r in sorted(reports)))
 
     def _rate(self, one: ProgressReport) -> Optional[float]:
-        """Steps per second of one rank over its reports of the last RATE_WINDOW."""
         seen = self.history.setdefault(one.rank, deque(maxlen=RATE_SAMPLES))
         if not seen or seen[-1] != (one.time, one.step):
             seen.append((one.time, one.step))
@@ -137,7 +116,6 @@ class ProgressTracker:
         return max(0.0, (s1 - s0) / (t1 - t0)) if t1 - t0 >= 1.0 else None
 
     def _cpu(self, now: float) -> Optional[float]:
-        """CPU seconds per second per rank since the last sample (from /proc)."""
         pids = [s.pid for s in read_statuses(self.workdir).values() if s.pid > 0 and s.end is None]
         used = sum(cpu_seconds(pid) for pid in pids)
         before, self.cpu_seen = self.cpu_seen, (now, used, len(pids))
@@ -147,7 +125,7 @@ class ProgressTracker:
 
 
 def mean_metrics(each: Iterable[Mapping[str, float]]) -> Dict[str, float]:
-    """The mean of every metric over the ranks that report it, in the order first seen, at most MAX_METRICS."""
+    """Over the ranks that report each, in the order first seen."""
     sums: Dict[str, Tuple[float, int]] = {}
     for metrics in each:
         for name, value in metrics.items():
@@ -161,7 +139,6 @@ _TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
 def cpu_seconds(pid: int) -> float:
-    """User and system CPU seconds of a process (0 where /proc has none)."""
     try:
         with open("/proc/%d/stat" % pid, "rb") as f:
             fields = f.read().rsplit(b")", 1)[1].split()

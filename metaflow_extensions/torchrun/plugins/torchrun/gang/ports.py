@@ -1,9 +1,5 @@
-"""Every port the gang uses, chosen in one place.
-
-Two ports matter: the control's main port, where the gang service listens (the
-one Metaflow exposes on Kubernetes), and torchrun's rendezvous port, which the
-control picks free for each call and announces through the gang service.
-"""
+"""Every port the gang uses, chosen in one place: the control's main port, where
+the gang service listens, and torchrun's rendezvous ports, picked free per call."""
 
 from __future__ import annotations
 
@@ -14,9 +10,7 @@ from typing import Mapping, Optional, Tuple
 
 from ..errors import TorchrunInvalidArgument
 
-# With no port given, nodes try these many ports derived from the gang id, in
-# order: a port already taken on the control host is skipped by everyone.
-CANDIDATE_PORTS = 8
+CANDIDATE_PORTS = 8  # with no port given, tried in order, derived from the gang id
 
 # Below Linux's default ephemeral range (32768+), so an outgoing connection made
 # between choosing a port and binding it cannot take it from us.
@@ -44,8 +38,7 @@ def parse_port(value: object, source: str) -> Optional[int]:
 
 
 def hashed_port(key: str) -> int:
-    """A port derived from the gang's id: every node computes the same one without
-    talking, and two gangs sharing a host (host networking) rarely collide."""
+    """Every node computes the same one without talking; two gangs sharing a host rarely collide."""
     digest = int(hashlib.sha256(key.encode()).hexdigest(), 16)
     low, high = PORT_RANGE
     return low + digest % (high - low + 1)
@@ -56,10 +49,8 @@ def choose_ports(
     gang_key: str,
     configured: Optional[int] = None,
 ) -> Tuple[int, ...]:
-    """The control's main port, by precedence: ``configured`` (the decorator's
-    ``port``, else ``METAFLOW_TORCHRUN_PORT``, which a local control sets for its
-    nodes); ``MF_MASTER_PORT`` (``@kubernetes(port=...)``); else a list of ports
-    hashed from the gang id, tried in order."""
+    """By precedence: ``configured`` (``port``, else ``METAFLOW_TORCHRUN_PORT``);
+    ``MF_MASTER_PORT`` (``@kubernetes(port=...)``); else ports hashed from the gang id."""
     if configured is not None:
         return (configured,)
     k8s = parse_port(env.get("MF_MASTER_PORT"), "MF_MASTER_PORT")
@@ -76,16 +67,13 @@ def choose_ports(
 
 
 def own_command_port(gang_key: str) -> int:
-    """The rendezvous port ``current.torch.torchrun_args`` gives a user who
-    launches torchrun themselves: derived from the gang's id, so every node
-    computes the same one before any call and without asking the control. Our
-    own calls never need it: each gets a fresh port from the control."""
+    """``current.torch.torchrun_args``' rendezvous port, for a user who launches
+    torchrun themselves: every node computes it without asking the control."""
     return hashed_port("%s#own-torchrun" % gang_key)
 
 
 def find_free_port(host: str = "127.0.0.1", attempts: int = 200, avoid: tuple = ()) -> int:
-    """A port nobody on this host listens on right now, for local runs where many
-    gangs (concurrent runs, CI) share one host."""
+    """Random in ``PORT_RANGE``: on local runs many gangs share one host."""
     rng = random.Random()
     low, high = PORT_RANGE
     for _ in range(attempts):

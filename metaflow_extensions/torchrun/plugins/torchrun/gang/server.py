@@ -26,7 +26,7 @@ from .speaker import Speaker
 from .membership import Membership, NodeEnd
 from .peer import Peer
 from .node_compare import HostCheck, PreflightRecord
-from .gang_progress import ProgressBook, ProgressRecord
+from .gang_progress import ProgressRecord
 from .transport import Transport
 from .wire import encode
 from ..host import say
@@ -84,24 +84,8 @@ class GangServer:
         return self.handlers.members
 
     @property
-    def training(self) -> ProgressBook:
-        return self.handlers.training
-
-    @property
-    def joined_at(self) -> Dict[int, float]:
-        return self.handlers.members.joined_at
-
-    @property
-    def left(self) -> Dict[int, Tuple[int, bool]]:
-        return self.handlers.members.left
-
-    @property
     def calls(self) -> Dict[int, CallState]:
         return self.handlers.book.calls
-
-    @property
-    def rejected(self) -> int:
-        return self.admission.rejected
 
     @property
     def host_check(self) -> Optional[HostCheck]:

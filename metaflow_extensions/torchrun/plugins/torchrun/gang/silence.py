@@ -1,22 +1,7 @@
-"""Who to name when nodes fall silent: pure, so every case is a unit test.
-
-From inside a partition the control cannot tell which side was cut: a worker
-whose heartbeats stop may be frozen, or cut off, or the control itself may be
-the one cut off. What it can see is the pattern:
-
-- one worker silent while the others still answer: that worker (frozen or cut
-  off) is the cause, as it has always been named;
-- several silent together while others answer: those together;
-- every other node silent from the same moment: contact was lost, and the
-  control does not claim to know where. With two nodes, both sides are named;
-  with three or more, all workers cut off at once from one another's view is
-  far less likely than the control alone cut off, so it says the control is the
-  likely one.
-
-"Together" means silent about as long as the first one past the timeout: a
-live node is heard every ``heartbeat_interval`` (at most a quarter of the
-timeout), so anything quiet for more than ``TOGETHER`` of the timeout stopped
-with it, not merely between two heartbeats.
+"""Who to name when nodes fall silent. From inside a partition the control
+cannot tell which side was cut, only the pattern: one worker silent (it is
+named), several together (those), or every other node at once (contact lost:
+with three or more nodes the control is the likely one cut off).
 """
 
 from __future__ import annotations
@@ -28,15 +13,12 @@ from ..cause import Cause, CauseKind, plural
 # A node quiet for more than this share of heartbeat_timeout fell silent with
 # the one that passed it (a live one is quiet a quarter of it at most).
 TOGETHER = 0.5
-# Host names named in one message, at most.
 HOSTS_SHOWN = 4
 
 
 def silence_cause(quiet: Mapping[int, float], hosts: Mapping[int, str], limit: float,
                   control: int = 0) -> Optional[Cause]:
-    """The cause when some node has been silent past ``limit`` seconds, else
-    None. ``quiet``: seconds since each connected node still in its step was
-    last heard (the control's own node included); ``hosts``: their host names."""
+    """``quiet``: seconds since each connected node still in its step was last heard."""
     overdue = [n for n, q in quiet.items() if q > limit]
     if not overdue:
         return None
@@ -68,7 +50,6 @@ def _one(node: int, hosts: Mapping[int, str], silence: str) -> Cause:
 
 
 def _lost_contact(silent: List[int], hosts: Mapping[int, str], silence: str, control: int) -> Cause:
-    """Every other node went silent from the same moment: no side is blamed."""
     this = "node %d (the control, %s)" % (control, hosts.get(control, "?"))
     if len(silent) == 1:
         (peer,) = silent

@@ -1,10 +1,6 @@
-"""What the control says while nothing is wrong.
-
-While nodes join or meet at a call: who the gang still waits for, at a calm
-rate (``progress_interval``), and once that all are there. While they train:
-the gang's progress line when it changed, and each straggler once. Its cost
-stays flat with the gang: past 512 nodes the training summary is made less
-often, as heartbeats are.
+"""What the control says while nothing is wrong: who the gang waits for, at a
+calm rate; the progress line when it changed; each straggler once. Past 512
+nodes the training summary is made less often, as heartbeats are.
 """
 
 from __future__ import annotations

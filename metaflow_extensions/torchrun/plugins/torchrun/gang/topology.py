@@ -1,9 +1,5 @@
-"""Who this node is in the gang, and where the gang meets.
-
-Metaflow already resolves the control task's address and this task's index into
-``current.parallel`` on every platform (local, Kubernetes JobSet, AWS Batch).
-What it does not give is a port everyone agrees on: ``ports.py`` chooses it.
-"""
+"""Who this node is in the gang, and where the gang meets: Metaflow's
+``current.parallel`` gives all but a port everyone agrees on (``ports.py``)."""
 
 from __future__ import annotations
 
@@ -19,8 +15,6 @@ class Topology:
     num_nodes: int
     node_index: int
     main_addr: str
-    # Where the control task's gang service may listen, in order of preference.
-    # torchrun's rendezvous port is chosen free by the control and announced.
     ports: Tuple[int, ...]
     is_local: bool
 
@@ -40,7 +34,6 @@ def is_local_runtime(env: Mapping[str, str]) -> bool:
 def topology_from(
     parallel: object, env: Mapping[str, str], gang_key: str, port: Optional[int] = None
 ) -> Topology:
-    """Build from Metaflow's ``current.parallel`` (main_ip, num_nodes, node_index)."""
     num_nodes = int(getattr(parallel, "num_nodes"))
     node_index = int(getattr(parallel, "node_index"))
     main_addr = str(getattr(parallel, "main_ip"))
