@@ -17,7 +17,7 @@ from typing import Annotated, Any, Dict, List, Mapping, Optional, Tuple
 
 from ..cause import Cause, CauseKind, user_code_failure
 from ..base.codec import Int, Items, Lenient, Text, Via, encode
-from .node_roles import MAX_HOST, NodeEntry, hosts_of
+from .node_roles import MAX_HOST, NodeEntry
 from .in_step_restarts import swap_words
 
 RETRY_ON = ("any", "infrastructure")
@@ -115,8 +115,9 @@ def checkpoint_info(current: Any) -> Optional[Checkpoint]:
             return None
         info = ckpt.info
         meta, created_on = getattr(info, "metadata", None), getattr(info, "created_on", None)
-        return Checkpoint(str(getattr(info, "key", "")), getattr(info, "pathspec", None), getattr(info, "attempt", None),
-                          created_on, _epoch(created_on), dict(meta) if isinstance(meta, Mapping) else None)
+        return Checkpoint(str(getattr(info, "key", "")), getattr(info, "pathspec", None),
+                          getattr(info, "attempt", None), created_on, _epoch(created_on),
+                          dict(meta) if isinstance(meta, Mapping) else None)
     except Exception:  # a checkpoint package we do not know: no resume shown
         return None
 
@@ -215,7 +216,7 @@ class Attempt(Lenient):
     restarts_left_out: Whole = 0
 
     def to_wire(self) -> Dict[str, Any]:
-        """By hand for the costs only: their three keys are there together or not at all (a null is a cost not known)."""
+        """By hand: the three costs are on the wire together or not at all (a null: a cost not known)."""
         data = encode(self)
         if self.lost_seconds is None:
             for name in ("lost_work_seconds", "restart_seconds", "lost_seconds"):
@@ -235,7 +236,8 @@ def this_attempt(
     formed = max(joined) if joined else None
     ended = max([r.ended_at for r in results] or [started_at])
     stopped = cause.summary if cause is not None else ("refused" if refused_for is not None else "succeeded")
-    restarts, restarts_left_out = restart_marks(results, hosts if hosts is not None else hosts_of(nodes))
+    known = hosts if hosts is not None else {n.node: n.host for n in nodes}
+    restarts, restarts_left_out = restart_marks(results, known)
     return Attempt(attempt=attempt, started_at=started_at, code_started_at=code_started_at,
                    gang_formed_at=formed, gang_formed_seconds=formed - started_at if formed is not None else None,
                    calls=tuple(CallStart(r.call, r.started_at) for r in results),
@@ -248,12 +250,11 @@ def this_attempt(
 
 def first_output(results: List[Any]) -> Optional[float]:
     """The end of start-up: a rank's first line on the control, else its ranks' latest start."""
-    for r in results[:1]:
-        if getattr(r, "first_output_at", None) is not None:
-            return float(r.first_output_at)
-        starts = [rank.start for rank in r.ranks if rank.start is not None]
-        return max(starts) if starts else None
-    return None
+    if not results:
+        return None
+    if results[0].first_output_at is not None:
+        return float(results[0].first_output_at)
+    return max((rank.start for rank in results[0].ranks if rank.start is not None), default=None)
 
 
 @dataclass(frozen=True)

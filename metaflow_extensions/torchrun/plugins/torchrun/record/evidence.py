@@ -103,6 +103,5 @@ def read(pathspec: str, attempt: Optional[int] = None) -> Optional[Dict[str, Any
     """The client helper: a task's bundle of ``attempt`` (None: its latest), or None."""
     from metaflow import Task
 
-    task = Task(pathspec, attempt=attempt, _namespace_check=False) if attempt is not None else Task(
-        pathspec, _namespace_check=False)
+    task = Task(pathspec, attempt=attempt, _namespace_check=False)
     return task[ARTIFACT].data if ARTIFACT in task else None

@@ -40,9 +40,8 @@ class InStepRestart(Lenient):
                   "work_from")
     restart: Annotated[int, Int(1, (1 << 16) - 1)]
     cause: Annotated[Cause, Via(_cause, _cause_kept)]
-    # The replaced ranks' torchrun's start, and their failure (the cause's
-    # time, on its node's clock); this node's old ranks gone, its new torchrun
-    # started, and the first new rank at the user's script.
+    # The replaced ranks' torchrun's start and failure (on its node's clock); this
+    # node's old ranks gone, its new torchrun started, its first new rank at the script.
     ran_from: Optional[float]
     failed_at: float
     stopped_at: Optional[float] = None

@@ -86,7 +86,3 @@ def stragglers(progress: Optional[ProgressRecord]) -> Dict[int, float]:
     """node -> how much slower, as straggler detection named it."""
     return {s.node_index: s.ratio for s in progress.stragglers} if progress is not None else {}
 
-
-def hosts_of(nodes: Iterable[NodeEntry]) -> Dict[int, str]:
-    return {n.node: n.host for n in nodes}
-

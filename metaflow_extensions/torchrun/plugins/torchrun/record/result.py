@@ -6,6 +6,7 @@ read with the Metaflow client) and drawn in the step's card.
 from __future__ import annotations
 
 import json
+import signal
 from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Union
 
@@ -207,9 +208,7 @@ def read_rank_records(directory: str, failures: List[RankFailure]) -> List[RankR
     """Each rank's status file, completed by torchrun's report for ranks that died before writing."""
     records: Dict[int, RankRecord] = read_statuses(directory)
     for failure in failures:
-        rec = records.get(failure.rank)
-        if rec is None:
-            rec = RankRecord(failure.rank, failure.local_rank, pid=failure.pid)
+        rec = records.get(failure.rank) or RankRecord(failure.rank, failure.local_rank, pid=failure.pid)
         if rec.exit_code is None:
             rec = replace(rec, exit_code=_code_from(failure.exc_type), end=rec.end or failure.timestamp)
         records[failure.rank] = rec
@@ -217,8 +216,6 @@ def read_rank_records(directory: str, failures: List[RankFailure]) -> List[RankR
 
 
 def _code_from(description: str) -> Optional[int]:
-    import signal
-
     text = description or ""
     try:
         if text.startswith("killed by signal "):
