@@ -244,8 +244,7 @@ class CallRun:
             if client.cause is None:
                 if not self.again.reported:
                     self._send_failure(self._own_cause())
-                self.session.reported = True
-                reported = True
+                self.session.reported = reported = True
                 client.wait_for_verdict(self.session.config.secondary_grace + 2.0)
         cause = client.cause or self._own_cause()
         if not reported and client.cause is not None and client.cause.kind not in CONTROL_GONE:
@@ -258,9 +257,8 @@ class CallRun:
         logs = node_report.logs_line(self.session, self.log_dir, ran) if speaks else ""
         where, suspects = (self.where.stacks, self.where.suspects(self.session, cause)) if speaks else ({}, [])
         elsewhere = node_report.failed_elsewhere(self.session.server, self.index, self.node_index) if speaks else []
-        if suspects and self.where.culprits is not None:  # a suspected cause is not an echo of itself
-            named = {s.rank for s in self.where.culprits.suspects}
-            elsewhere = [r for r in elsewhere if r not in named]
+        if suspects and self.where.culprits is not None:  # a suspect is not an echo of itself
+            elsewhere = sorted(set(elsewhere) - {s.rank for s in self.where.culprits.suspects})
         if cause.kind is CauseKind.RANK_FAILED and cause.node_index == self.node_index:
             self.session.reported = True
             error: TorchrunException = TorchrunFailed(
@@ -288,33 +286,22 @@ class CallRun:
             view = server.call_view(self.index)
             gang_view = GangView(dict(view.joined_at), dict(view.finished_at), dict(view.reports))
         ranks = read_rank_records(self.workdir, self.failures) if self.workdir else []
+        seat = self.seat
         result = TorchrunResult(
-            command=self.argv,
-            node_index=topology.node_index,
-            num_nodes=topology.num_nodes,
-            nproc_per_node=self.plan.nproc,
-            exit_code=self.exit_code,
+            command=self.argv, call=self.index, exit_code=self.exit_code, returns=self.returns, ranks=ranks,
+            node_index=topology.node_index, num_nodes=topology.num_nodes, nproc_per_node=self.plan.nproc,
             started_at=self.first_started or (sup.started_at if sup and sup.started_at else self.started),
             ended_at=(sup.ended_at if sup and sup.ended_at else time.time()),
-            main_addr=topology.main_addr,
-            local_addr=self.launch.local_addr,
-            rdzv_port=self.rdzv_port,
+            first_output_at=self.first_output or (sup.first_output if sup else None),
+            main_addr=topology.main_addr, local_addr=self.launch.local_addr, rdzv_port=self.rdzv_port,
             gang_port=client.port if client else None,
-            ranks=ranks,
             restarts=max([r.restart or 0 for r in ranks] + [self.again.restart]),
             in_step_restarts=with_ranks_start(self.again.records, self.launch.rank_starts(self.again.restart)),
-            log_dir=self.log_dir,
-            cause=self.session.cause,
-            gang=gang_view,
-            returns=self.returns,
-            call=self.index,
-            **self.where.record(),
+            log_dir=self.log_dir, cause=self.session.cause, gang=gang_view, **self.where.record(),
             ran=what_ran.record(self.plan, self.argv, self.log_dir, topology.node_index),
-            first_output_at=self.first_output or (sup.first_output if sup else None),
             progress=server.progress_record() if server is not None else None,
-            role=self.seat.role if self.seat else "active",
-            spare_nodes=list(self.seat.bench.spares) if self.seat else [],
-            out_nodes=list(self.seat.bench.out) if self.seat else [],
+            role=seat.role if seat else "active", spare_nodes=list(seat.bench.spares) if seat else [],
+            out_nodes=list(seat.bench.out) if seat else [],
         )
         self.session.results.append(result)
         return result

@@ -151,11 +151,7 @@ def stop_local_nodes(settle: float = 10.0, grace: float = 3.0) -> "threading.Thr
         at_once = {pid for node, pid in running.items() if node in missing or runtime_gone()}
         nodes = set(running.values()) - at_once
     else:
-        nodes = {
-            proc
-            for proc, cmdline in proctree.children(os.getpid())
-            if "step" in cmdline and "ubf_task" in cmdline
-        }
+        nodes = {proc for proc, cmdline in proctree.children(os.getpid()) if "step" in cmdline and "ubf_task" in cmdline}
     thread = threading.Thread(target=_stop, args=(nodes, at_once, settle, grace, _started),
                               name="torchrun-local-nodes")
     thread.start()
@@ -186,12 +182,12 @@ def worker_python_problem(path: str, this_python: str, timeout: float = 30.0) ->
     found = shutil.which("python", path=path)
     if found is None:
         return _worker_message("there is no `python` on PATH", [], this_python)
-    if _same_prefix(found, this_python):
+    # The same venv's bin/ (where a Python finds its pyvenv.cfg, so links are not followed).
+    if os.path.dirname(os.path.abspath(found)) == os.path.dirname(os.path.abspath(this_python)):
         return None
     try:
-        probe = subprocess.run(
-            [found, "-c", _WORKER_PROBE], capture_output=True, timeout=timeout, stdin=subprocess.DEVNULL
-        )
+        probe = subprocess.run([found, "-c", _WORKER_PROBE], capture_output=True, timeout=timeout,
+                               stdin=subprocess.DEVNULL)
     except (OSError, subprocess.TimeoutExpired) as e:
         return _worker_message("`%s` could not be run (%s)" % (found, e), [], this_python)
     if probe.returncode == 0:
@@ -201,18 +197,10 @@ def worker_python_problem(path: str, this_python: str, timeout: float = 30.0) ->
                            lines, this_python)
 
 
-def _same_prefix(found: str, this_python: str) -> bool:
-    """The same venv's bin/: where a Python finds its ``pyvenv.cfg``, so links are not followed."""
-    return os.path.dirname(os.path.abspath(found)) == os.path.dirname(os.path.abspath(this_python))
-
-
 def _worker_message(what: str, lines: List[str], this_python: str) -> str:
     bin_dir = os.path.dirname(this_python)
-    activate = os.path.join(bin_dir, "activate")
     tail = "".join("\n    %s" % line for line in lines)
-    return (
-        "@torchrun: the other local nodes cannot start: Metaflow starts them with `python` from PATH, "
-        "and %s.%s\nFix: activate the environment this flow runs in (`source %s`), or put its bin first "
-        "on PATH (`export PATH=%s:$PATH`), then run the flow again." % (what, (" Its error:" + tail) if tail else "",
-                                                                      activate, bin_dir)
-    )
+    return ("@torchrun: the other local nodes cannot start: Metaflow starts them with `python` from PATH, "
+            "and %s.%s\nFix: activate the environment this flow runs in (`source %s`), or put its bin first "
+            "on PATH (`export PATH=%s:$PATH`), then run the flow again."
+            % (what, (" Its error:" + tail) if tail else "", os.path.join(bin_dir, "activate"), bin_dir))

@@ -281,10 +281,8 @@ class GangSession:
     def say_where_logs_are(self) -> None:
         """Once, on a local run's control: every node's per-rank files are on this
         host (a cluster's node keeps its own, and its task log holds its ranks)."""
-        if self._logs_said or not (self.is_control and self.topology.is_local):
-            return
-        if self.cause is not None:
-            return  # the failure's error names the folder already
+        if self._logs_said or not (self.is_control and self.topology.is_local) or self.cause is not None:
+            return  # (a failure's error names the folder already)
         log_dirs = [r.log_dir for r in self.results if r.log_dir]
         if log_dirs:
             self._logs_said = True

@@ -154,15 +154,8 @@ class Supervisor:
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
         try:
-            self.proc = subprocess.Popen(
-                self.argv,
-                env=self.env,
-                stdin=subprocess.DEVNULL,
-                stdout=out_w,
-                stderr=err_w,
-                start_new_session=True,
-                preexec_fn=proctree.die_with_parent,
-            )
+            self.proc = subprocess.Popen(self.argv, env=self.env, stdin=subprocess.DEVNULL, stdout=out_w, stderr=err_w,
+                                         start_new_session=True, preexec_fn=proctree.die_with_parent)
         except BaseException:
             os.close(out_r)
             os.close(err_r)
@@ -202,19 +195,13 @@ class Supervisor:
             self._track()
         return self.proc.poll()
 
-    def wait(
-        self,
-        should_stop: Optional[Callable[[], Optional[StopReason]]] = None,
-        interval: float = 0.1,
-    ) -> int:
+    def wait(self, should_stop: Optional[Callable[[], Optional[StopReason]]] = None, interval: float = 0.1) -> int:
         """Wait for the agent; SIGTERM to this task stops the job cleanly. A
         reason ``should_stop`` returns (a failure elsewhere) ends the job; a
         ``GracefulStop`` gives the ranks its grace."""
         assert self.proc is not None
-        previous = None
         in_main = threading.current_thread() is threading.main_thread()
-        if in_main:
-            previous = signal.signal(signal.SIGTERM, self._told_to_stop)
+        previous = signal.signal(signal.SIGTERM, self._told_to_stop) if in_main else None
         try:
             while True:
                 code = self.poll()
@@ -273,9 +260,8 @@ class Supervisor:
                     self.before_stop()
                 except Exception:
                     pass  # what it reports is a bonus: the stop must happen
-            # torchrun's agent passes SIGTERM on to its ranks (their own process
-            # groups) and gives them its shutdown timeout before SIGKILL; the
-            # extra seconds here are the agent's, to see that through.
+            # The agent passes SIGTERM on to its ranks and gives them its shutdown
+            # timeout before SIGKILL; the margin is the agent's, to see that through.
             wait = grace + timeouts.AGENT_MARGIN if grace is not None else (
                 self.shutdown_grace + timeouts.AGENT_MARGIN if self.signalled is not None else self.grace_seconds)
             try:
@@ -295,7 +281,7 @@ class Supervisor:
     def _ran(self) -> float:
         return time.monotonic() - self.started_mono if self.started_mono is not None else 0.0
 
-    def kill_all(self, drain_seconds: float = timeouts.DRAIN_SECONDS) -> None:
+    def kill_all(self) -> None:
         """SIGKILL the agent; let the ranks' output relays drain what the ranks
         wrote last (they end when the ranks are gone); SIGKILL every descendant
         ever seen that is still there; reap; finish the pumps."""
@@ -304,7 +290,7 @@ class Supervisor:
         if self.proc.poll() is None:
             self._track()
             proctree.kill_group(self.proc)
-        deadline = time.monotonic() + drain_seconds
+        deadline = time.monotonic() + timeouts.DRAIN_SECONDS
         for t in self._pumps:
             t.join(timeout=max(0.0, deadline - time.monotonic()))
         proctree.signal_all(proctree.alive(self._seen), signal.SIGKILL)

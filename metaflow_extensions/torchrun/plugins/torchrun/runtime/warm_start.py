@@ -120,12 +120,9 @@ class WarmStart:
 
     def environment(self, env: Mapping[str, str]) -> Dict[str, str]:
         """torchrun's environment, pointing its agent and ranks at the zygote."""
-        out = dict(env)
-        out.pop(HOST_ZYGOTE_ENV, None)
+        out = {k: v for k, v in env.items() if k not in (HOST_ZYGOTE_ENV, ZYGOTE_ENV)}
         if self.proc is not None and self.path:
             out[ZYGOTE_ENV] = self.path
-        else:
-            out.pop(ZYGOTE_ENV, None)
         return out
 
     def close(self) -> None:
@@ -142,8 +139,7 @@ class WarmStart:
             self._dir = None
 
 
-# Metaflow's runtime's own, on a local run: every local task of the run forks
-# its warm process from it, so a retry's new tasks find torch imported.
+# Metaflow's runtime's own, on a local run: a retry's new tasks find torch imported too.
 _RUNTIME: Optional[WarmStart] = None
 
 
