@@ -1,34 +1,16 @@
-"""One codec for the package's records: a frozen dataclass is written to JSON and
-read back from it field by field, each field checked by its type and bounds.
+"""One codec for the package's records: a frozen dataclass written to JSON and
+read back field by field, each checked by the type and bounds its annotation
+gives (``Annotated[int, Int(0, MAX_CALL)]``): every record that crosses a trust
+boundary is checked, with no hand-written pair per record.
 
-Why: a record crosses a trust boundary (a peer's gang message, a rank's answer)
-and every field of it must be checked for its type and size; one reader that
-takes both from the field's annotation replaces a hand-written pair per record.
-Bounds ride on the type, ``Annotated[int, Int(0, MAX_CALL)]``:
-
-- read (``decode``): a field absent or null takes its default (one without a
-  default, or marked ``NEED``, is refused); bool is never an int; numbers are
-  finite and within their bounds; texts, lists and dicts within their lengths;
-  dicts keyed by int take decimal keys; enums by value; a nested record by its
-  own fields and the outer record's error; ``Via`` is a field's hand code.
-  A bad field raises the record's ``ERROR`` naming it.
-- written (``encode``): enums as values, tuples as lists, int keys as text,
-  nested records through their ``to_wire``; texts and lists cut to their bound
-  and numbers clamped to theirs (nothing is sent that the reader refuses);
-  ``SKIP`` fields are left off at their default, ``LOCAL`` ones always, and a
-  ``DROP_NONE`` record leaves its nulls off; keys follow the fields' order,
-  or ``WIRE_ORDER``, where a name that is no field is a property, written by
-  its return type (a value the record derives: a duration, a count).
-- read back (a ``Lenient`` record: one this package stored, read by a later
-  version): a bad field reads as its default, a bad item of a list or a dict
-  is left out, texts, lists and dicts too long are cut; only a record without
-  a field it cannot do without is none.
-
-Each field's reader and writer is built once per class from its annotation, so
-a message costs a few calls per field: the service reads a heartbeat a second
-from every node.
-
-Imports nothing of the package: the ranks read it too.
+Read (``decode``): absent or null is the default; bool is never an int; numbers
+finite and in bounds; texts, lists and dicts within their lengths; a bad field
+raises the record's ``ERROR`` naming it. Written (``encode``): only what the
+reader takes (cut, clamped), keys in the fields' order or ``WIRE_ORDER`` (whose
+names that are no field are properties). A ``Lenient`` record, stored and read
+by a later version, reads a bad field as its default, leaves out a bad item and
+cuts what is too long. Readers and writers are built once per class (a heartbeat
+a second from every node). Imports nothing of the package: the ranks read it too.
 """
 
 from __future__ import annotations
@@ -76,14 +58,14 @@ class Hex(NamedTuple):
 
 
 class Via(NamedTuple):
-    """A field with logic of its own: ``read`` raises ``ValueError`` saying what is wrong."""
+    """A field's own code: ``read`` raises ``ValueError`` saying what is wrong."""
 
     read: Optional[Callable[[Any], Any]]  # None: read by its type
     write: Optional[Callable[[Any], Any]] = None  # None: written by its type
 
 
 class _Mark(enum.Enum):
-    NEED = "on the wire even though it has a default"
+    NEED = "on the wire even though it has a default: refused when absent"
     SKIP = "left off the wire at its default"
     LOCAL = "never on the wire"
 
@@ -100,7 +82,7 @@ Writer = Callable[[Any], Any]
 class Written:
     """A dataclass written by its fields' types."""
 
-    DROP_NONE: ClassVar[bool] = False
+    DROP_NONE: ClassVar[bool] = False  # its null fields left off
     WIRE_ORDER: ClassVar[Tuple[str, ...]] = ()
 
     def to_wire(self) -> Dict[str, Any]:
@@ -202,9 +184,6 @@ def _spec(specs: Tuple[Any, ...], kind: Type[Any]) -> Any:
 
 def _inner(kind: Any) -> Any:
     return next(a for a in typing.get_args(kind) if a is not type(None))
-
-
-# -- reading --------------------------------------------------------------------------
 
 
 def decode(cls: Type[D], data: Any, error: Optional[Type[Exception]] = None) -> D:
@@ -382,9 +361,6 @@ def _hex(text: str) -> bytes:
         return bytes.fromhex(text)
     except ValueError:
         raise _Bad("not hex") from None
-
-
-# -- writing --------------------------------------------------------------------------
 
 
 def encode(record: Any) -> Dict[str, Any]:

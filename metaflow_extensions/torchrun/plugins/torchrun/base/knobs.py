@@ -1,14 +1,10 @@
 """@torchrun's settings from Metaflow's configuration (``METAFLOW_TORCHRUN_*``):
 their names, what their text means, and the one record they are read into.
 
-The step's start (the launcher's and each task's, ``decorator.step_init``) reads
-every setting once, strictly, into ``Knobs``: a value that could only be misread
-(a word where a number is due, a negative count, a typo for "off") refuses the
-step, every such setting named with what it takes, instead of quietly becoming
-the default. The record then travels down to whoever uses each value; no layer
-below reads a setting from the environment again. At the bottom of the layers,
-so that every layer may name these variables: it imports nothing of the package
-but its defaults.
+The step's start reads every setting once, strictly, into ``Knobs``: a value
+that could only be misread (a word for a number, a typo for "off") refuses the
+step, each one named with what it takes, instead of quietly becoming the
+default; no layer below reads the environment again.
 """
 
 from __future__ import annotations
@@ -21,32 +17,22 @@ from typing import Callable, Dict, List, Mapping, Optional, Tuple
 from . import defaults as DEFAULTS
 
 # -- the names users set (docs/configuration.md) ----------------------------------
-# Read in the task through Metaflow's configuration (``config/mfextinit_torchrun.py``),
-# so a Metaflow profile can set them too; ``conf_key`` is the name there.
+# Read through Metaflow's configuration, so a profile can set them too (``conf_key``).
 PORT_ENV = "METAFLOW_TORCHRUN_PORT"  # the gang service's port on a local run
 SECRET_ENV = "METAFLOW_TORCHRUN_SECRET"  # the gang's secret, instead of a stored one
-PROGRESS_ENV = "METAFLOW_TORCHRUN_PROGRESS_SECONDS"  # "still waiting for ...", "progress: ..." every N s
-STRAGGLER_RATIO_ENV = "METAFLOW_TORCHRUN_STRAGGLER_RATIO"  # a node this many times slower than the median ...
-STRAGGLER_SECONDS_ENV = "METAFLOW_TORCHRUN_STRAGGLER_SECONDS"  # ... for this long is named
-KEEP_LOGS_HOURS_ENV = "METAFLOW_TORCHRUN_KEEP_LOGS_HOURS"  # a run's per-rank logs kept N h
-KEEP_LOGS_ENV = "METAFLOW_TORCHRUN_KEEP_LOGS"  # and beyond that, the newest N runs' logs
-MAX_LOG_MB_ENV = "METAFLOW_TORCHRUN_MAX_LOG_MB"  # and at most this many MB of them
+PROGRESS_ENV = "METAFLOW_TORCHRUN_PROGRESS_SECONDS"
+STRAGGLER_RATIO_ENV = "METAFLOW_TORCHRUN_STRAGGLER_RATIO"
+STRAGGLER_SECONDS_ENV = "METAFLOW_TORCHRUN_STRAGGLER_SECONDS"
+KEEP_LOGS_HOURS_ENV = "METAFLOW_TORCHRUN_KEEP_LOGS_HOURS"
+KEEP_LOGS_ENV = "METAFLOW_TORCHRUN_KEEP_LOGS"
+MAX_LOG_MB_ENV = "METAFLOW_TORCHRUN_MAX_LOG_MB"
 DEBUG_ENV = "METAFLOW_TORCHRUN_DEBUG"  # "1": the debug channel on stderr (host/log.py)
-# "K/M": a node blamed for K of its last M appearances is flagged by the preflight
-# (record/node_history.py); "off": the history is not read.
-NODE_HISTORY_ENV = "METAFLOW_TORCHRUN_NODE_HISTORY"
-NODE_HISTORY_RUNS_ENV = "METAFLOW_TORCHRUN_NODE_HISTORY_RUNS"  # how many past runs it reads
-# The entries of torch's Flight Recorder each rank keeps (launch/prepare.py sets
-# torch's own variable from it); "off" or 0: none, and no rank is asked for it.
-FLIGHT_RECORDER_ENV = "METAFLOW_TORCHRUN_FLIGHT_RECORDER"
-# "off": every rank and torchrun's agent start as fresh processes, each importing
-# torch, instead of forked from the node's warm process (procs/zygote.py).
-WARM_START_ENV = "METAFLOW_TORCHRUN_WARM_START"
-# "0": HF's and Lightning's Trainer do not report progress (procs/trainer_hooks.py);
-# the ranks read it in their entry file (procs/entry.py).
-TRAINER_PROGRESS_ENV = "METAFLOW_TORCHRUN_TRAINER_PROGRESS"
-# Tests only: comma-separated host names by node index, reported instead of the
-# host's own name (several local "nodes" share one host; host/network.py).
+NODE_HISTORY_ENV = "METAFLOW_TORCHRUN_NODE_HISTORY"  # "K/M" (record/node_history.py), or "off"
+NODE_HISTORY_RUNS_ENV = "METAFLOW_TORCHRUN_NODE_HISTORY_RUNS"
+FLIGHT_RECORDER_ENV = "METAFLOW_TORCHRUN_FLIGHT_RECORDER"  # entries; "off" or 0: none, nobody asked
+WARM_START_ENV = "METAFLOW_TORCHRUN_WARM_START"  # "off": ranks and agent start fresh, not forked
+TRAINER_PROGRESS_ENV = "METAFLOW_TORCHRUN_TRAINER_PROGRESS"  # "0": no Trainer reports progress
+# Tests only: host names by node index (several local "nodes" share a host; host/network.py).
 TEST_HOSTS_ENV = "METAFLOW_TORCHRUN_TEST_HOSTS"
 
 _CONF_PREFIX = "METAFLOW_"
@@ -58,7 +44,6 @@ def conf_key(env_name: str) -> str:
 
 
 # -- what a setting's text means --------------------------------------------------
-# The words for "off" (and "on") a setting takes, the same for every one.
 OFF_WORDS = ("off", "false", "no", "none")
 ON_WORDS = ("1", "true", "yes", "on")
 MIN_SECRET_BYTES = 16  # gang/auth.py signs with it
@@ -79,8 +64,6 @@ def _shown(text: str) -> str:
 
 
 def number(name: str, text: str, low: float = 0.0, above: bool = False, whole: bool = False) -> float:
-    """``text`` as a number of at least ``low`` (more than ``low`` where
-    ``above``), a whole one where ``whole``."""
     raw = text.strip()
     try:
         value = float(raw)
@@ -134,16 +117,13 @@ def port(name: str, text: str) -> Optional[int]:
 
 
 def secret(name: str, text: str) -> bytes:
-    """The user's own gang secret: too short is an error, not a silent fallback
-    to a weaker setting. Never shown."""
+    """The user's own gang secret: too short is an error, never a silent
+    fallback to a weaker one. Never shown."""
     data = text.encode()
     if len(data) < MIN_SECRET_BYTES:
         raise KnobError("%s is set but shorter than %d bytes: use a longer random value "
                         "(e.g. python -c 'import secrets; print(secrets.token_hex(32))')" % (name, MIN_SECRET_BYTES))
     return data
-
-
-# -- the record ----------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -191,8 +171,8 @@ _READERS: Tuple[Tuple[str, str, Callable[[str, str], object]], ...] = (
 
 
 def read_knobs(env: Mapping[str, str]) -> Tuple[Knobs, List[str]]:
-    """Every setting in ``env``, and one message for each that is refused (in
-    the record, a refused setting is its default: the caller refuses the step)."""
+    """Every setting in ``env``, and one message for each that is refused
+    (its default in the record: the caller refuses the step)."""
     values: Dict[str, object] = {}
     problems = []
     for attribute, name, read in _READERS:

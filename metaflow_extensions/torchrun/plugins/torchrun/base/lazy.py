@@ -1,6 +1,5 @@
-"""A subpackage's face loads each of its names on first use (PEP 562), so that
-importing the face costs nothing: the ranks import ``procs`` and ``host``
-through theirs, and must not pull in the task's side."""
+"""A face that loads each of its names on first use (PEP 562): the ranks import
+``procs`` and ``host`` through theirs, and must not pull in the task's side."""
 
 from __future__ import annotations
 
@@ -10,9 +9,8 @@ from typing import Any, Callable, Mapping
 
 
 def names_from(package: str, home: Mapping[str, str]) -> Callable[[str], Any]:
-    """The face's ``__getattr__``: a name from the module ``home`` gives for it.
-    A module of the subpackage is not a face's name: ``from ..procs import
-    names`` finds no name here and imports the module by its path."""
+    """The face's ``__getattr__``: a name from the module ``home`` gives for
+    it (a module of the subpackage is no such name: it is imported by its path)."""
 
     def __getattr__(name: str) -> Any:
         if name in home:

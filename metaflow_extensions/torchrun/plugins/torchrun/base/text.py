@@ -1,9 +1,5 @@
-"""Text shortened for a person, the one way (pure).
-
-A line that must fit (a failure block's line, a table's cell, the history's
-causes) is cut where a word ends and marked with ``…``: a word cut in two reads
-as another word ("caused by a r…"). A text with no space in the last half of
-what fits (a path, a token) is cut where it must.
+"""Text shortened for a person, the one way (pure): cut where a word ends and
+marked with ``…``, since a word cut in two reads as another ("caused by a r…").
 """
 
 from __future__ import annotations
@@ -18,7 +14,7 @@ def shorten(text: str, limit: int) -> str:
     if limit <= len(ELLIPSIS):
         return text[:limit]
     head = text[: limit - len(ELLIPSIS)]
-    if not text[len(head)].isspace():  # the cut falls inside a word: back to its start
+    if not text[len(head)].isspace():  # inside a word: back to its start, unless over half back (a path)
         space = max(head.rfind(" "), head.rfind("\t"))
         if space >= len(head) // 2:
             head = head[:space]

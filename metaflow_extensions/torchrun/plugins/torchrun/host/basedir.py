@@ -23,7 +23,6 @@ import os
 import shutil
 import stat
 import tempfile
-import time
 from typing import Dict, List, Optional, Tuple
 
 from .console import say
@@ -109,7 +108,7 @@ def _reuse_fallback(tmp: Optional[str]) -> Optional[str]:
     one that no cleanup visits); the others go once nobody holds them."""
     found = _own_fallbacks(tmp or tempfile.gettempdir())
     for candidate in found[1:]:
-        hold = _claim(candidate) if removable(candidate, time.time(), depth=0) else None
+        hold = _claim(candidate) if removable(candidate) else None
         if hold is not None:
             remove_fallback(candidate, hold)
     return found[0] if found else None
@@ -121,16 +120,13 @@ def _share(base: str) -> bool:
     (the base is being emptied, or is gone)."""
     if base in _shares:
         return True
-    lock_path = os.path.join(base, IN_USE_FILE)
-    try:
-        fd = open_private(lock_path, os.O_RDWR | os.O_CREAT)
-    except OSError:
+    fd = _lock(base, fcntl.LOCK_SH)
+    if fd is None:
         return False
     try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
         check_private_dir(base)
-        if os.lstat(lock_path).st_ino != os.fstat(fd).st_ino:
-            raise OSError(errno.ESTALE, "replaced", lock_path)
+        if os.lstat(os.path.join(base, IN_USE_FILE)).st_ino != os.fstat(fd).st_ino:
+            raise OSError(errno.ESTALE, "replaced", base)
     except OSError:
         os.close(fd)
         return False
@@ -142,22 +138,27 @@ def _claim(base: str) -> Optional[int]:
     """An exclusive hold on a fallback base no live task uses (no share of its
     ``IN_USE_FILE``, no call's directory held in it), or None. A base without
     the file yet is claimed only once not young: its maker may be about to share it."""
-    lock_path = os.path.join(base, IN_USE_FILE)
-    if not os.path.lexists(lock_path) and not removable(base, time.time(), depth=0):
+    if not os.path.lexists(os.path.join(base, IN_USE_FILE)) and not removable(base):
         return None
-    try:
-        fd = open_private(lock_path, os.O_RDWR | os.O_CREAT)
-    except OSError:
-        return None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        os.close(fd)
-        return None
-    if _calls_in_it(base):
+    fd = _lock(base, fcntl.LOCK_EX)
+    if fd is not None and _calls_in_it(base):
         os.close(fd)
         return None
     return fd
+
+
+def _lock(base: str, how: int) -> Optional[int]:
+    """``base``'s ``IN_USE_FILE`` locked (``LOCK_SH`` or ``LOCK_EX``, never waiting), or None."""
+    try:
+        fd = open_private(os.path.join(base, IN_USE_FILE), os.O_RDWR | os.O_CREAT)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, how | fcntl.LOCK_NB)
+        return fd
+    except OSError:
+        os.close(fd)
+        return None
 
 
 def left_fallbacks(base: str) -> List[Tuple[str, int]]:

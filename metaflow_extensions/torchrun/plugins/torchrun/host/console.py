@@ -37,12 +37,9 @@ def line(text: str) -> str:
     return text if text.startswith(PREFIX) else PREFIX + text
 
 
-def say(text: str, frame: Optional[str] = None, stream: Optional[IO[str]] = None) -> None:
-    """Print ``@torchrun: text``; ``frame``: a rule above and below, set apart
-    from the interleaved logs (the gang's root cause)."""
+def say(text: str) -> None:
+    """Print ``@torchrun: text``, whole, between the ranks' lines."""
     out = line(text)
-    if frame:
-        out = "\n%s\n%s\n%s" % (frame, out, frame)
     deadline = time.monotonic() + timeouts.QUIET_WAIT
     while True:
         with _lock:
@@ -51,7 +48,7 @@ def say(text: str, frame: Optional[str] = None, stream: Optional[IO[str]] = None
                 # The ranks' last stream, while it is still one of the task's own.
                 ranks = _Ranks.stream if _Ranks.stream in (sys.stdout, sys.stderr) else None
                 try:
-                    print(out, file=stream or ranks or sys.stderr, flush=True)
+                    print(out, file=ranks or sys.stderr, flush=True)
                 except (OSError, ValueError):  # a closed stream must not fail the step
                     pass
                 return

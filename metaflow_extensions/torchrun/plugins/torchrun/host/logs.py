@@ -24,7 +24,7 @@ from typing import Dict, Iterable, List, Optional, Set, Tuple
 from ..base.knobs import MAX_LOG_MB_ENV, Knobs
 from ..base.text import count
 from . import private
-from .basedir import LOGS, RUN_LOCK_DEPTH, base_dir, left_fallbacks, remove_fallback
+from .basedir import LOGS, RUN_LOCK_DEPTH, left_fallbacks, remove_fallback
 from .console import say
 from .private import hold_lock, in_use, open_private, private_dir, read_tail, release_lock
 from .retention import Measured, Removal, RetentionPolicy, RunLogs, format_ledger, is_run_name, parse_ledger
@@ -68,14 +68,13 @@ def touch(path: str) -> None:
         pass
 
 
-def call_log_dir(key: LogKey, node_index: int, base: Optional[str] = None, prune: bool = True,
+def call_log_dir(key: LogKey, node_index: int, base: str, prune: bool = True,
                  knobs: Optional[Knobs] = None) -> Optional[str]:
     """``logs/<run>/<step>/<call>/node-<N>``, private; other runs' logs beyond
     retention are removed first, unless ``prune`` is False (``prune_other_runs``
     then does it off the start's critical path). None when it cannot be made:
     the logs are a convenience, never a reason to fail the step."""
     try:
-        base = base or base_dir()
         root = private_dir(os.path.join(base, LOGS))
         guard = _prune_guard(root)
         try:
@@ -132,9 +131,8 @@ def step_log_dir(node_log_dir: str) -> str:
     return os.path.dirname(os.path.dirname(node_log_dir))
 
 
-def where_logs_are(node_log_dir: str, policy: Optional[RetentionPolicy] = None) -> str:
+def where_logs_are(node_log_dir: str, policy: RetentionPolicy) -> str:
     """The line that tells a local run's user where every rank's files are."""
-    policy = policy or retention_policy()
     if policy.hours > 0:
         kept = "kept at least %g h" % policy.hours
     else:
@@ -159,22 +157,15 @@ def _read_ledger(root: str) -> Dict[str, Measured]:
         data = read_tail(os.path.join(root, LEDGER_FILE), MAX_LEDGER_BYTES + 1)
     except OSError:
         return {}
-    if len(data) > MAX_LEDGER_BYTES:
-        return {}
-    return parse_ledger(data.decode("utf-8", errors="replace"))
+    return parse_ledger(data.decode("utf-8", errors="replace")) if len(data) <= MAX_LEDGER_BYTES else {}
 
 
 def _write_ledger(root: str, entries: Dict[str, Measured]) -> None:
     """Replaced whole (rename): a reader never sees half of it."""
     tmp = os.path.join(root, LEDGER_FILE + ".tmp")
     try:
-        fd = open_private(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
-        try:
-            data = memoryview(format_ledger(entries).encode())
-            while data:
-                data = data[os.write(fd, data):]
-        finally:
-            os.close(fd)
+        with open(open_private(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), "wb") as f:
+            f.write(format_ledger(entries).encode())
         os.replace(tmp, os.path.join(root, LEDGER_FILE))
     except OSError:
         pass

@@ -13,7 +13,7 @@ import socket
 import os
 import struct
 import time
-from typing import List, Mapping, Optional, Tuple
+from typing import List, Optional, Tuple
 
 from ..base.knobs import TEST_HOSTS_ENV
 
@@ -42,10 +42,10 @@ def local_address_towards(host: str, port: int = 9) -> Optional[str]:
         return None
 
 
-def host_name(node_index: int, env: Optional[Mapping[str, str]] = None) -> str:
+def host_name(node_index: int) -> str:
     """The name this node reports as its host in the gang's records and the
     node history; tests give local "nodes" names of their own (``TEST_HOSTS_ENV``)."""
-    env = env if env is not None else os.environ
+    env = os.environ
     names = env.get(TEST_HOSTS_ENV, "").split(",")
     if 0 <= node_index < len(names) and names[node_index].strip():
         return names[node_index].strip()[:255]

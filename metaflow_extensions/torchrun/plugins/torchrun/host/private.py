@@ -17,6 +17,7 @@ import fcntl
 import os
 import shutil
 import stat
+import time
 from typing import List, Optional
 
 LOCK_FILE = ".lock"
@@ -128,19 +129,9 @@ def open_private(path: str, flags: int = os.O_WRONLY | os.O_CREAT | os.O_APPEND)
 def read_tail(path: str, max_bytes: int) -> bytes:
     """The last ``max_bytes`` of a regular file of ours."""
     fd = _open_own_regular(path, os.O_RDONLY)
-    try:
-        os.lseek(fd, max(0, os.fstat(fd).st_size - max_bytes), os.SEEK_SET)
-        chunks = []
-        left = max_bytes
-        while left > 0:
-            data = os.read(fd, min(left, 65536))
-            if not data:
-                break
-            chunks.append(data)
-            left -= len(data)
-        return b"".join(chunks)
-    finally:
-        os.close(fd)
+    with open(fd, "rb") as f:
+        f.seek(max(0, os.fstat(fd).st_size - max_bytes))
+        return f.read(max_bytes)
 
 
 def tail_lines(path: str, count: int, max_bytes: int = 64 * 1024) -> List[str]:
@@ -149,9 +140,6 @@ def tail_lines(path: str, count: int, max_bytes: int = 64 * 1024) -> List[str]:
     except OSError:
         return []
     return data.decode(errors="replace").splitlines()[-count:]
-
-
-# -- locks: "in use" -------------------------------------------------------------
 
 
 def hold_lock(directory: str, name: str = LOCK_FILE) -> int:
@@ -205,10 +193,10 @@ def in_use(directory: str, depth: int) -> bool:
     return any(in_use(path, depth - 1) for path in below)
 
 
-def removable(path: str, now: float, depth: int) -> bool:
-    """A directory (not a link) older than ``YOUNG_SECONDS`` that no live process holds."""
+def removable(path: str) -> bool:
+    """A directory (not a link) older than ``YOUNG_SECONDS`` whose lock no live process holds."""
     try:
         st = os.lstat(path)
     except OSError:
         return False
-    return stat.S_ISDIR(st.st_mode) and now - st.st_mtime >= YOUNG_SECONDS and not in_use(path, depth)
+    return stat.S_ISDIR(st.st_mode) and time.time() - st.st_mtime >= YOUNG_SECONDS and not in_use(path, 0)

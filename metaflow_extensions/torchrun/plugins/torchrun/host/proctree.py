@@ -128,16 +128,12 @@ def wait_gone(procs: Iterable[ProcId], timeout: float) -> Set[ProcId]:
     return left
 
 
-def _load_libc(name: str):
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        return getattr(libc, name)
-    except (OSError, AttributeError):
-        return None
-
-
-_prctl = _load_libc("prctl")
-_tgkill = _load_libc("tgkill")  # glibc 2.30 and later
+try:
+    _libc: Optional[ctypes.CDLL] = ctypes.CDLL(None, use_errno=True)
+except OSError:
+    _libc = None
+_prctl = getattr(_libc, "prctl", None)
+_tgkill = getattr(_libc, "tgkill", None)  # glibc 2.30 and later
 
 
 def signal_main_thread(pid: int, sig: int) -> None:
@@ -166,22 +162,19 @@ def kill_group(proc: "subprocess.Popen", timeout: float = 5.0) -> None:
         pass
 
 
-def name_this_process(name: bytes) -> bool:
-    """What ``ps`` and ``/proc/PID/comm`` show for this process (15 bytes at most)."""
-    if _prctl is None:
-        return False
+def _set(option: int, value: object) -> bool:
     try:
-        return _prctl(_PR_SET_NAME, ctypes.c_char_p(name[:15]), 0, 0, 0) == 0
+        return _prctl is not None and _prctl(option, value, 0, 0, 0) == 0
     except Exception:
         return False
+
+
+def name_this_process(name: bytes) -> bool:
+    """What ``ps`` and ``/proc/PID/comm`` show for this process (15 bytes at most)."""
+    return _set(_PR_SET_NAME, ctypes.c_char_p(name[:15]))
 
 
 def die_with_parent(sig: int = signal.SIGKILL) -> bool:
     """Ask Linux to send ``sig`` to this process when its parent dies: what
     still cleans up when the task is SIGKILLed (after its grace, by the OOM killer)."""
-    if _prctl is None:
-        return False
-    try:
-        return _prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0) == 0
-    except Exception:
-        return False
+    return _set(_PR_SET_PDEATHSIG, int(sig))

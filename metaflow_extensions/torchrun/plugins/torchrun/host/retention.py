@@ -81,9 +81,6 @@ def select_removals(
     return removals
 
 
-# -- the ledger of measured sizes -------------------------------------------------
-
-
 class Measured(NamedTuple):
     """A run directory's size, valid while its inode and mtime are these."""
 

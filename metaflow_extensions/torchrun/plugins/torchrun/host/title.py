@@ -60,11 +60,10 @@ def prepare() -> bool:
     except Exception:
         return False
     finally:
-        if not before:
-            if before is None:
-                os.environ.pop(_NOENV, None)
-            else:
-                os.environ[_NOENV] = before
+        if before is None:
+            os.environ.pop(_NOENV, None)
+        elif not before:
+            os.environ[_NOENV] = before
         if name:
             name_this_process(name)  # the setup names the process after its command line: not yet
     _spt, _prepared = spt, True

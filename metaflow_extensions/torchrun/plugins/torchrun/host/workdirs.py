@@ -13,7 +13,6 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-import time
 from typing import List, Optional, Tuple
 
 from .basedir import WORK, base_dir
@@ -121,12 +120,11 @@ def remove_work_dir(path: Optional[str]) -> None:
 
 def prune_work_dirs(root: str) -> List[str]:
     """Remove the work directories no live process holds (their lock is at their top)."""
-    now = time.time()
     try:
         paths = [os.path.join(root, name) for name in os.listdir(root)]
     except OSError:
         return []
-    removed = [path for path in paths if removable(path, now, depth=0)]
+    removed = [path for path in paths if removable(path)]
     for path in removed:
         shutil.rmtree(path, ignore_errors=True)
     return removed
