@@ -119,9 +119,9 @@ def test_hang_detection_counts_from_the_restart():
     state = book.calls.setdefault(0, CallState(0, entries={0: "x"}))
     state.all_entered_at = time.monotonic() - 100
     assert book.hung(time.monotonic(), 10.0, lambda n: None, {}) is not None
-    gang_restarts.begin(state, 29555, KILLED)
+    gang_restarts.begin(state, 29555)
     assert book.hung(time.monotonic(), 10.0, lambda n: None, {}) is None
-    assert (state.restart, state.rdzv_port, state.restart_causes) == (1, 29555, [KILLED])
+    assert (state.restart, state.rdzv_port) == (1, 29555)
 
 
 @pytest.mark.parametrize("value", [True, -1, 101, "2", 2.0])

@@ -37,10 +37,9 @@ class CallState:
     stacks: Dict[int, Dict[int, str]] = field(default_factory=dict)
     flights: Dict[int, Dict[int, FlightSummary]] = field(default_factory=dict)
     stacks_in_said: bool = False
-    # In-step restarts: how many so far, the latest's start (hang detection counts from it), their causes.
+    # In-step restarts: how many so far, and the latest's start (hang detection counts from it).
     restart: int = 0
     restarted_at: Optional[float] = None
-    restart_causes: List[Cause] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -162,27 +161,19 @@ class CallBook:
                 return _left_early(node, made, other, made)
         for other, (their, ok) in sorted(left.items()):
             if other != node and ok and their != made:
-                return Cause(
-                    CauseKind.CALL_MISMATCH,
-                    "node %d made %d call%s of current.torch.run in its step and node %d made %d: every node "
-                    "must make the same calls" % (node, made, "" if made == 1 else "s", other, their),
-                    node_index=node,
-                )
+                return Cause(CauseKind.CALL_MISMATCH, "node %d made %d call%s of current.torch.run in its step and "
+                             "node %d made %d: every node must make the same calls"
+                             % (node, made, "" if made == 1 else "s", other, their), node_index=node)
         return None
 
     def timed_out(self, now: float, start_timeout: float) -> Optional[Cause]:
         for state in self.calls.values():
             if state.all_entered_at is None and now - state.first_entered > start_timeout:
                 absent = [n for n in range(self.num_nodes) if n not in state.entries]
-                return Cause(
-                    CauseKind.CALL_TIMEOUT,
-                    "%s did not reach call %d of current.torch.run within %gs of node %d (start_timeout): "
-                    "every node must make the same calls"
-                    % (plural(absent), state.index + 1, start_timeout, min(state.entries)),
-                    node_index=absent[0] if absent else None,
-                    missing=tuple(absent),
-                    call=state.index,
-                )
+                return Cause(CauseKind.CALL_TIMEOUT, "%s did not reach call %d of current.torch.run within %gs of node "
+                             "%d (start_timeout): every node must make the same calls"
+                             % (plural(absent), state.index + 1, start_timeout, min(state.entries)),
+                             node_index=absent[0] if absent else None, missing=tuple(absent), call=state.index)
         return None
 
     def hung(self, now: float, limit: Optional[float], last_output: Callable[[int], Optional[float]],
@@ -201,13 +192,9 @@ class CallBook:
             begun = max(state.all_entered_at, state.restarted_at or 0.0)
             latest = max([begun] + [t for t in map(last_output, running) if t is not None])
             if now - latest >= limit:
-                return Cause(
-                    CauseKind.HANG,
-                    "%s for %.0f s (hang_timeout=%gs), in call %d of current.torch.run"
-                    % ("no rank advanced a step" if advanced else "no output from any rank", now - latest, limit,
-                       state.index + 1),
-                    call=state.index,
-                )
+                return Cause(CauseKind.HANG, "%s for %.0f s (hang_timeout=%gs), in call %d of current.torch.run"
+                             % ("no rank advanced a step" if advanced else "no output from any rank", now - latest,
+                                limit, state.index + 1), call=state.index)
         return None
 
     def waiting(self, now: float) -> Optional[str]:
@@ -221,20 +208,12 @@ class CallBook:
 
 
 def _mismatch(index: int, node: int, entry: str, other: int, their: str) -> Cause:
-    return Cause(
-        CauseKind.CALL_MISMATCH,
-        "call %d of current.torch.run differs between nodes: node %d runs %r, node %d runs %r; "
-        "every node must make the same calls in the same order" % (index + 1, node, entry, other, their),
-        node_index=node,
-        call=index,
-    )
+    return Cause(CauseKind.CALL_MISMATCH, "call %d of current.torch.run differs between nodes: node %d runs %r, node "
+                 "%d runs %r; every node must make the same calls in the same order"
+                 % (index + 1, node, entry, other, their), node_index=node, call=index)
 
 
 def _left_early(node: int, made: int, waiting: int, index: int) -> Cause:
-    return Cause(
-        CauseKind.LEFT_EARLY,
-        "node %d ended its step after %d call%s of current.torch.run while node %d waits in "
-        "call %d: every node must make the same calls" % (node, made, "" if made == 1 else "s", waiting, index + 1),
-        node_index=node,
-        call=index,
-    )
+    return Cause(CauseKind.LEFT_EARLY, "node %d ended its step after %d call%s of current.torch.run while node %d "
+                 "waits in call %d: every node must make the same calls"
+                 % (node, made, "" if made == 1 else "s", waiting, index + 1), node_index=node, call=index)

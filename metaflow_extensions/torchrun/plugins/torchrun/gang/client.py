@@ -8,7 +8,7 @@ from __future__ import annotations
 import socket
 import threading
 import time
-from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple, Union
+from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple, TypeVar, Union
 
 from ..cause import Cause, CauseKind
 from ..procs import FlightSummary
@@ -26,6 +26,7 @@ from .probing import Hearing, Prober
 from ..host import log
 
 _log = log.get("gang.client")
+T = TypeVar("T")
 
 
 class GangClient:
@@ -68,10 +69,13 @@ class GangClient:
 
     def start(self) -> "GangClient":
         """Join in the background: the step's code goes on meanwhile."""
-        t = threading.Thread(target=self.connect, name="torchrun-gang-join", daemon=True)
+        self._spawn(self.connect, "join")
+        return self
+
+    def _spawn(self, target: Callable[[], None], name: str) -> None:
+        t = threading.Thread(target=target, name="torchrun-gang-" + name, daemon=True)
         t.start()
         self._threads.append(t)
-        return self
 
     def connect(self, give_up_after: Optional[float] = None) -> None:
         """Retrying while the control is not up yet: nodes start in any order."""
@@ -100,9 +104,7 @@ class GangClient:
         prober = Prober(self.config, self.host, link.port, self.node_index, self._secret, self.hearing,
                         self._set_cause, lambda: self.cause is not None or self.all_left.is_set(), self._closing)
         for target, name in ((self._read_loop, "reader"), (self._beat_loop, "heartbeat"), (prober.run, "probe")):
-            t = threading.Thread(target=target, name="torchrun-gang-" + name, daemon=True)
-            t.start()
-            self._threads.append(t)
+            self._spawn(target, name)
         self.joined.set()
         self._send_preflight()
 
@@ -445,13 +447,12 @@ def paced(training: Optional[Callable[[], Optional[NodeProgress]]], due: List[fl
 def heartbeat(quiet: Optional[Callable[[], Optional[float]]],
               training: Optional[Callable[[], Optional[NodeProgress]]] = None) -> msg.Heartbeat:
     """A failing probe sends none rather than no beat."""
-    seconds = progress = None
-    try:
-        seconds = quiet() if quiet is not None else None
-    except Exception:
-        pass
-    try:
-        progress = training() if training is not None else None
-    except Exception:
-        pass
+    seconds, progress = _ask(quiet), _ask(training)
     return msg.Heartbeat(None if seconds is None else max(0.0, float(seconds)), progress)
+
+
+def _ask(probe: Optional[Callable[[], Optional[T]]]) -> Optional[T]:
+    try:
+        return probe() if probe is not None else None
+    except Exception:
+        return None

@@ -266,11 +266,8 @@ class Handlers:
             return
         if self.pending is not None and self.pending[0].node_index == node:
             return  # it reported an echo and exited: wait for the grace to decide
-        self.abort(Cause(
-            CauseKind.NODE_LOST,
-            "node %d (%s) disconnected before its step ended: its task died or was killed" % (node, peer.host),
-            node_index=node,
-        ))
+        self.abort(Cause(CauseKind.NODE_LOST, "node %d (%s) disconnected before its step ended: its task died or "
+                         "was killed" % (node, peer.host), node_index=node))
 
     def check(self, now: float, node_ends: Optional[Callable[[], Mapping[int, NodeEnd]]]) -> None:
         ended = self.members.saw_ends(node_ends)  # after an abort too, for everyone_heard
@@ -317,7 +314,7 @@ class Handlers:
             return False
         assert state is not None
         self.pending = None  # an echo held of the ranks being replaced
-        index = restarts.begin(state, find_free_port(self.host), cause)
+        index = restarts.begin(state, find_free_port(self.host))
         swapped = self.book.bench.swap(cause.node_index)  # a spare for the node the cause is pinned to
         swapped_in = None
         if swapped is not None:

@@ -24,10 +24,8 @@ class GangIdentity:
 
     @property
     def gang_id(self) -> str:
-        return safe_id(
-            "%s-%s-%s-%s-%d"
-            % (self.flow_name, self.run_id, self.step_name, self.control_task_id, self.attempt)
-        )
+        return safe_id("%s-%s-%s-%s-%d" % (self.flow_name, self.run_id, self.step_name, self.control_task_id,
+                                           self.attempt))
 
     def call_id(self, call_index: int) -> str:
         """Each call is its own rendezvous."""

@@ -84,14 +84,9 @@ class Membership:
     def never_joined(self, now: float) -> Optional[Cause]:
         if self.all_joined or now - self.started <= self.config.start_timeout:
             return None
-        missing = self.missing()
-        return Cause(
-            CauseKind.NEVER_JOINED,
-            "%s did not join within %gs (%d of %d joined)" % (
-                plural(missing), self.config.start_timeout, self.config.num_nodes - len(missing),
-                self.config.num_nodes),
-            missing=tuple(missing),
-        )
+        missing, n = self.missing(), self.config.num_nodes
+        return Cause(CauseKind.NEVER_JOINED, "%s did not join within %gs (%d of %d joined)"
+                     % (plural(missing), self.config.start_timeout, n - len(missing), n), missing=tuple(missing))
 
     def silent(self, now: float) -> Optional[Cause]:
         limit = self.config.heartbeat_timeout
@@ -117,10 +112,5 @@ def ended_before_joining(node: int, end: NodeEnd) -> Cause:
     lines = [line for line in end.last_lines if line.strip()]
     said = ("%s\n%s" % (LAST_LINES_HEAD, "\n".join("    " + line for line in lines))) if lines else \
         "it wrote nothing on stderr"
-    return Cause(
-        CauseKind.NODE_LOST,
-        "node %d's task ended before it joined the gang (%s)" % (node, describe_exit_code(end.exit_code)),
-        node_index=node,
-        exit_code=end.exit_code,
-        message=said,
-    )
+    return Cause(CauseKind.NODE_LOST, "node %d's task ended before it joined the gang (%s)"
+                 % (node, describe_exit_code(end.exit_code)), node_index=node, exit_code=end.exit_code, message=said)

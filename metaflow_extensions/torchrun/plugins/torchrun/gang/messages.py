@@ -385,10 +385,7 @@ class Preflight(GangMessage):
     checks: Annotated[Tuple[PreflightCheck, ...], Items(MAX_CHECKS)] = ()
 
 
-KINDS: Dict[MessageType, Type[GangMessage]] = {
-    cls.TYPE: cls for cls in (Challenge, Hello, Welcome, Reject, Heartbeat, Call, Go, CallDone, CallAllDone, Failed,
-                              Stacks, StacksIn, Leave, AllLeft, Abort, Preflight, Restart, Probe)
-}
+KINDS: Dict[MessageType, Type[GangMessage]] = {cls.TYPE: cls for cls in GangMessage.__subclasses__()}
 
 
 def parse(data: Mapping[str, Any]) -> GangMessage:

@@ -161,12 +161,8 @@ def verdict(fingerprints: Mapping[int, Mapping[str, str]],
         lines.extend("  " + line for line in describe_checks(failed))
     first = refused[0].describe() if refused else describe_checks(failed)[0]
     nodes = unfit(fingerprints, checks)
-    return Cause(
-        CauseKind.PREFLIGHT,
-        "preflight refused the gang before any rank started: %s" % first,
-        node_index=nodes[0] if nodes else None,
-        message="\n".join(lines)[:4000],
-    )
+    return Cause(CauseKind.PREFLIGHT, "preflight refused the gang before any rank started: %s" % first,
+                 node_index=nodes[0] if nodes else None, message="\n".join(lines)[:4000])
 
 
 def unfit(fingerprints: Mapping[int, Mapping[str, str]],
@@ -264,14 +260,9 @@ def record(fingerprints: Mapping[int, Mapping[str, str]], checks: Mapping[int, S
         for check, nodes in group_checks(checks, status)[:4 * MAX_GROUPS]:
             findings.append(Finding(check, len(nodes), tuple(nodes[:MAX_LISTED])))
     return PreflightRecord(
-        mode=mode,
-        nodes=num_nodes,
-        reported=len(fingerprints),
-        versions=versions,
+        mode=mode, nodes=num_nodes, reported=len(fingerprints), versions=versions,
         differences=tuple(d.describe() for d in differences(fingerprints))[:len(msg.FINGERPRINT_FIELDS)],
-        findings=tuple(findings),
-        rows=tuple(rows(fingerprints, checks)),
-    )
+        findings=tuple(findings), rows=tuple(rows(fingerprints, checks)))
 
 
 def rows(fingerprints: Mapping[int, Mapping[str, str]],
@@ -360,12 +351,7 @@ def job_record(returned: Any, took: float) -> JobRecord:
         busbw_gbps=float(busbw) if isinstance(busbw, (int, float)) and not isinstance(busbw, bool) else None,
         size_mib=size if isinstance(size, int) and not isinstance(size, bool) else None,
         home_node=home if isinstance(home, int) and not isinstance(home, bool) else 0,
-        link_gbps=links,
-        link_median_gbps=round(mid, 3),
-        init_s=init,
-        slow=tuple(slow),
-        seconds=round(took, 3),
-    )
+        link_gbps=links, link_median_gbps=round(mid, 3), init_s=init, slow=tuple(slow), seconds=round(took, 3))
 
 
 def describe_job(job: JobRecord) -> List[str]:

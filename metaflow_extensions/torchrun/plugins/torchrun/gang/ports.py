@@ -27,13 +27,9 @@ def parse_port(value: object, source: str) -> Optional[int]:
     try:
         port = int(text)
     except ValueError:
-        raise TorchrunInvalidArgument(
-            "%s=%r is not a port number." % (source, value)
-        ) from None
+        raise TorchrunInvalidArgument("%s=%r is not a port number." % (source, value)) from None
     if not 0 < port < 65536:
-        raise TorchrunInvalidArgument(
-            "%s=%r is outside the valid port range 1-65535." % (source, value)
-        )
+        raise TorchrunInvalidArgument("%s=%r is outside the valid port range 1-65535." % (source, value))
     return port
 
 
@@ -56,14 +52,8 @@ def choose_ports(
     k8s = parse_port(env.get("MF_MASTER_PORT"), "MF_MASTER_PORT")
     if k8s is not None:
         return (k8s,)
-    ports = []
-    for i in range(CANDIDATE_PORTS * 4):
-        port = hashed_port("%s#%d" % (gang_key, i))
-        if port not in ports:
-            ports.append(port)
-        if len(ports) == CANDIDATE_PORTS:
-            break
-    return tuple(ports)
+    hashed = dict.fromkeys(hashed_port("%s#%d" % (gang_key, i)) for i in range(CANDIDATE_PORTS * 4))
+    return tuple(hashed)[:CANDIDATE_PORTS]
 
 
 def own_command_port(gang_key: str) -> int:
@@ -72,14 +62,12 @@ def own_command_port(gang_key: str) -> int:
     return hashed_port("%s#own-torchrun" % gang_key)
 
 
-def find_free_port(host: str = "127.0.0.1", attempts: int = 200, avoid: tuple = ()) -> int:
+def find_free_port(host: str = "127.0.0.1", attempts: int = 200) -> int:
     """Random in ``PORT_RANGE``: on local runs many gangs share one host."""
     rng = random.Random()
     low, high = PORT_RANGE
     for _ in range(attempts):
         port = rng.randint(low, high)
-        if port in avoid:
-            continue
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         with socket.socket(family, socket.SOCK_STREAM) as s:
             try:

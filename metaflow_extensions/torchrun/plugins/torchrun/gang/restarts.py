@@ -15,17 +15,14 @@ def may_restart(state: Optional[CallState], cause: Cause, allowed: int) -> bool:
     cannot run its ranks again), and ``cause.restartable_in_step``."""
     if state is None or state.restart >= allowed or cause.call != state.index:
         return False
-    if state.all_entered_at is None or state.done:
-        return False
-    return restartable_in_step(cause)
+    return state.all_entered_at is not None and not state.done and restartable_in_step(cause)
 
 
-def begin(state: CallState, rdzv_port: int, cause: Cause) -> int:
+def begin(state: CallState, rdzv_port: int) -> int:
     """The next restart's index; hang detection counts from now."""
     state.restart += 1
     state.rdzv_port = rdzv_port
     state.restarted_at = time.monotonic()
-    state.restart_causes.append(cause)
     return state.restart
 
 

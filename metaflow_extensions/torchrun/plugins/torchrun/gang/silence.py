@@ -32,21 +32,14 @@ def silence_cause(quiet: Mapping[int, float], hosts: Mapping[int, str], limit: f
         return _lost_contact(together, hosts, silence, control)
     if len(together) == 1:
         return _one(first, hosts, silence)
-    return Cause(
-        CauseKind.UNRESPONSIVE,
-        "%s (%s) sent no heartbeat for %s while the others still answer: frozen or cut off from the network"
-        % (plural(together), _hosts(together, hosts), silence),
-        node_index=first, missing=tuple(together),
-    )
+    return Cause(CauseKind.UNRESPONSIVE, "%s (%s) sent no heartbeat for %s while the others still answer: frozen or "
+                 "cut off from the network" % (plural(together), _hosts(together, hosts), silence),
+                 node_index=first, missing=tuple(together))
 
 
 def _one(node: int, hosts: Mapping[int, str], silence: str) -> Cause:
-    return Cause(
-        CauseKind.UNRESPONSIVE,
-        "node %d (%s) sent no heartbeat for %s: frozen or cut off from the network"
-        % (node, hosts.get(node, "?"), silence),
-        node_index=node,
-    )
+    return Cause(CauseKind.UNRESPONSIVE, "node %d (%s) sent no heartbeat for %s: frozen or cut off from the network"
+                 % (node, hosts.get(node, "?"), silence), node_index=node)
 
 
 def _lost_contact(silent: List[int], hosts: Mapping[int, str], silence: str, control: int) -> Cause:

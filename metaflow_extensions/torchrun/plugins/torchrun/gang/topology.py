@@ -38,13 +38,6 @@ def topology_from(
     node_index = int(getattr(parallel, "node_index"))
     main_addr = str(getattr(parallel, "main_ip"))
     if num_nodes < 1 or not 0 <= node_index < num_nodes:
-        raise TorchrunInvalidArgument(
-            "inconsistent @parallel topology: node %d of %d." % (node_index, num_nodes)
-        )
-    return Topology(
-        num_nodes=num_nodes,
-        node_index=node_index,
-        main_addr=main_addr,
-        ports=choose_ports(env, gang_key, port),
-        is_local=is_local_runtime(env),
-    )
+        raise TorchrunInvalidArgument("inconsistent @parallel topology: node %d of %d." % (node_index, num_nodes))
+    return Topology(num_nodes=num_nodes, node_index=node_index, main_addr=main_addr,
+                    ports=choose_ports(env, gang_key, port), is_local=is_local_runtime(env))
