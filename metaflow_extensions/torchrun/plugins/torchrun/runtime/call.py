@@ -1,9 +1,6 @@
-"""One ``current.torch.run`` call on one node, in named phases.
-
-``enter`` (every node reaches the call; the control announces its rendezvous
-port) -> ``prepare`` (work directory, environment, argv) -> ``supervise``
-(torchrun runs; a gang abort stops it) -> ``finish_ok`` or ``finish_failed``
--> ``record`` (the result, whatever happened; the work directory removed).
+"""One ``current.torch.run`` call on one node, in phases: enter (the control
+announces the rendezvous port), prepare, supervise (restarts included), finish
+(ok or failed), record (the result whatever happened; the work directory removed).
 """
 
 from __future__ import annotations
@@ -166,7 +163,7 @@ class CallRun:
 
         def should_stop() -> Optional[StopReason]:
             live.tick()
-            reason = gang_stop.check() or self.stop_reason()
+            reason = gang_stop.check() or (self.watch.stop_reason(self.workdir) if self.watch is not None else None)
             if reason is None and client.restart_after(self.index, self.again.restart) is not None:
                 if self.supervisor is not None:
                     self.supervisor.before_stop = None  # no stacks: the ranks start again at once
@@ -209,10 +206,6 @@ class CallRun:
     def _read_failures(self) -> List[RankFailure]:
         found = merge_failures(read_failures(self.workdir), read_agent_failures(self.workdir, self.node_index))
         return [node_report.completed(node_report.named(f), self.log_dir) for f in found]
-
-    def stop_reason(self) -> Optional[str]:
-        """The call's own reason to stop its job (the preflight's deadline)."""
-        return self.watch.stop_reason(self.workdir) if self.watch is not None else None
 
     def finish_ok(self) -> None:
         """This node's ranks all succeeded; the control waits for every node's."""

@@ -1,10 +1,7 @@
-"""Where the ranks of one call were when its job was stopped.
-
-Each node collects its live ranks' stacks and Flight Recorders just before its
-supervisor stops them and sends them to the control at once (even none); in the
-gang's stop it waits for every node's (``stacks_in``, at most ``STACKS_WAIT``).
-The control gathers them within ``STACKS_WAIT`` and the stopped nodes' reports
-within ``REPORTS_WAIT``; a node lost or frozen is not waited for.
+"""Where the ranks of one call were when its job was stopped: each node's
+stacks and Flight Recorders collected just before its ranks stop and sent at
+once (even none); the control gathers every node's within ``STACKS_WAIT`` and
+the stopped nodes' reports within ``REPORTS_WAIT``, not waiting for a lost node.
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
-"""The other nodes' tasks of a local run, as the control starts and watches them.
-
-Each is a child the control holds: its exit seen as it happens (not after
-``start_timeout``), its stderr passed on whole through the control keeping its
-last lines, so a node that dies unjoined is named with what it said. Each dies
-with the control.
+"""A local control's node tasks as it holds them: each dies with the control,
+its exit seen as it happens (not after ``start_timeout``), its stderr passed on
+whole through the control, keeping its last lines to name a node that died unjoined.
 """
 
 from __future__ import annotations

@@ -83,15 +83,10 @@ class SingleNodeLauncher:
         request = call_request(args, kwargs, api="TorchrunSingleNodeMultiGPU().run", order=ORDER_0_2)
         specs = step_decorator_specs(current.flow_name, current.step_name)
         accelerators = requested_accelerators(specs)
-        defaults = StepDefaults(
-            derived_nproc=accelerators.nproc,
-            accelerators=accelerators,
-            heartbeat_timeout=self._heartbeat_timeout,
-            start_timeout=self._start_timeout,
-            label_logs=self._label_logs,
-            shutdown_grace=validate_shutdown_grace(self._shutdown_grace, step_timeout(specs)),
-            args_as=self._args_as,
-        )
+        defaults = StepDefaults(derived_nproc=accelerators.nproc, accelerators=accelerators, args_as=self._args_as,
+                                heartbeat_timeout=self._heartbeat_timeout, start_timeout=self._start_timeout,
+                                shutdown_grace=validate_shutdown_grace(self._shutdown_grace, step_timeout(specs)),
+                                label_logs=self._label_logs)
         flow_dir = os.path.dirname(os.path.abspath(sys.argv[0]))
         session = GangSession(self._identity(current), defaults, _one_node(), flow_dir, secret=make_secret())
         session.notes_key = current.pathspec or ""

@@ -64,13 +64,8 @@ def _values(session: GangSession) -> TorchrunArgs:
     port = pinned if pinned is not None else own_command_port(session.identity.gang_id)
     if session.is_control and pinned is None:
         _require_free(bind_host(topology), port)
-    return TorchrunArgs(
-        nnodes=topology.num_nodes,
-        master_addr=topology.main_addr,
-        master_port=port,
-        node_rank=topology.node_index,
-        nproc_per_node=nproc,
-    )
+    return TorchrunArgs(nnodes=topology.num_nodes, master_addr=topology.main_addr, master_port=port,
+                        node_rank=topology.node_index, nproc_per_node=nproc)
 
 
 def _require_free(host: str, port: int) -> None:

@@ -1,12 +1,8 @@
 """The step's warm process on this node (``procs/zygote.py``): started as the
-step joins its gang, so ``import torch`` is paid once, while the gang forms,
-not in the agent and every rank of every call and restart; stopped with the step.
-
-On a local run Metaflow's runtime holds one for the run (``share_runtime_warm``),
-the control's is forked from it and the other nodes' from the control's
-(``HOST_ZYGOTE_ENV``); a forked one's pid is read from beside its socket.
-Without one (``METAFLOW_TORCHRUN_WARM_START=0``, a socket path too long)
-everything starts fresh; 0.2's launcher starts a call's own.
+step joins its gang, so ``import torch`` is paid once while the gang forms, not
+in every agent, rank and restart. On a local run the runtime's is the run's and
+the nodes' are forked from it (``HOST_ZYGOTE_ENV``); ``METAFLOW_TORCHRUN_WARM_START=0``
+or a socket path too long starts everything fresh.
 """
 
 from __future__ import annotations
