@@ -40,21 +40,15 @@ class Text(NamedTuple):
 
 
 class OneOf(NamedTuple):
-    """A text (or a dict's key) that is one of these."""
-
-    choices: Tuple[str, ...]
+    choices: Tuple[str, ...]  # a text (or a dict's key) that is one of these
 
 
 class Items(NamedTuple):
-    """A list's or a dict's length."""
-
-    limit: int
+    limit: int  # a list's or a dict's length, at most
 
 
 class Hex(NamedTuple):
-    """Bytes as exactly ``size`` bytes of hex digits."""
-
-    size: int
+    size: int  # bytes, as exactly this many bytes in hex digits
 
 
 class Via(NamedTuple):

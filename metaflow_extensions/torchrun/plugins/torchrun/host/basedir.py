@@ -9,10 +9,8 @@ Layout, under the temporary directory (``$TMPDIR``, else ``/tmp``)::
     metaflow-torchrun-<uid>-<random>/   a fallback base, only while the path
                                          above is another user's
 
-Every task of the user shares one fallback while the squat lasts, each holding
-a shared lock on its ``.in-use`` for its life; once the usual base is ours
-again, the next call there claims the fallbacks nobody holds, moves their logs
-in (``logs.adopt_fallbacks``) and removes them.
+The fallback's life, shared while the squat lasts and emptied once it ends:
+docs/design.md ("Per-rank logs on a host").
 """
 
 from __future__ import annotations

@@ -33,13 +33,9 @@ def rank_output(stream: IO[str], write: Callable[[], None]) -> None:
             _Ranks.stream, _Ranks.at = stream, time.monotonic()
 
 
-def line(text: str) -> str:
-    return text if text.startswith(PREFIX) else PREFIX + text
-
-
 def say(text: str) -> None:
     """Print ``@torchrun: text``, whole, between the ranks' lines."""
-    out = line(text)
+    out = text if text.startswith(PREFIX) else PREFIX + text
     deadline = time.monotonic() + timeouts.QUIET_WAIT
     while True:
         with _lock:

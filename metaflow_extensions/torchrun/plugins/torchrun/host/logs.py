@@ -133,10 +133,8 @@ def step_log_dir(node_log_dir: str) -> str:
 
 def where_logs_are(node_log_dir: str, policy: RetentionPolicy) -> str:
     """The line that tells a local run's user where every rank's files are."""
-    if policy.hours > 0:
-        kept = "kept at least %g h" % policy.hours
-    else:
-        kept = "kept while among this host's newest %d runs" % policy.keep
+    kept = ("kept at least %g h" % policy.hours if policy.hours > 0
+            else "kept while among this host's newest %d runs" % policy.keep)
     return "this step's per-rank log files on this host (%s, less if all logs here pass %g MB): %s" % (
         kept, policy.max_bytes / (1024 * 1024), step_log_dir(node_log_dir))
 

@@ -62,13 +62,9 @@ def check_parent(path: str) -> None:
     would read back (return values are pickles)."""
     st = os.stat(path)
     if st.st_mode & stat.S_IWOTH and not st.st_mode & stat.S_ISVTX:
-        raise UnsafePath(
-            errno.EPERM,
-            "is writable by every user and has no sticky bit, so another user could replace "
-            "@torchrun's private directory in it; set TMPDIR to a directory of your own (or "
-            "chmod +t it)",
-            path,
-        )
+        raise UnsafePath(errno.EPERM, "is writable by every user and has no sticky bit, so another user could "
+                         "replace @torchrun's private directory in it; set TMPDIR to a directory of your own "
+                         "(or chmod +t it)", path)
 
 
 def make_private(path: str) -> str:
@@ -103,9 +99,9 @@ def discard(path: str) -> None:
         pass
 
 
-def _open_own_regular(path: str, flags: int) -> int:
-    """``path`` opened (never through a symlink, never blocking on a FIFO),
-    checked to be a regular file of ours; a file of ours open to others is tightened."""
+def open_private(path: str, flags: int = os.O_WRONLY | os.O_CREAT | os.O_APPEND) -> int:
+    """A regular file of ours opened (created 0600), never through a symlink and
+    never blocking on a FIFO; a file of ours open to others is tightened."""
     fd = os.open(path, flags | _NOFOLLOW | _CLOEXEC | os.O_NONBLOCK, 0o600)
     try:
         st = os.fstat(fd)
@@ -121,14 +117,9 @@ def _open_own_regular(path: str, flags: int) -> int:
     return fd
 
 
-def open_private(path: str, flags: int = os.O_WRONLY | os.O_CREAT | os.O_APPEND) -> int:
-    """Open (creating it 0600) a regular file of ours, for writing."""
-    return _open_own_regular(path, flags)
-
-
 def read_tail(path: str, max_bytes: int) -> bytes:
     """The last ``max_bytes`` of a regular file of ours."""
-    fd = _open_own_regular(path, os.O_RDONLY)
+    fd = open_private(path, os.O_RDONLY)
     with open(fd, "rb") as f:
         f.seek(max(0, os.fstat(fd).st_size - max_bytes))
         return f.read(max_bytes)
