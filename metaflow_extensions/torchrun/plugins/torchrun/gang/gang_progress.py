@@ -77,8 +77,6 @@ class ProgressBook:
         self.started: Optional[float] = None
         self.slow_since: Dict[int, float] = {}
         self.named: Dict[int, Straggler] = {}
-        self.named_order: List[int] = []
-        self.more = 0
         self.unlisted: Set[int] = set()
         self.chart: List[Tuple[float, Tuple[Optional[float], ...]]] = []
         self.chart_every = 5.0
@@ -92,7 +90,7 @@ class ProgressBook:
         self.chart = []
         self.started = None
         self.chart_every = 5.0
-        self.summary = ProgressRecord(stragglers=self.summary.stragglers, stragglers_more=self.more)
+        self.summary = ProgressRecord(stragglers=self.summary.stragglers, stragglers_more=len(self.unlisted))
 
     def update(self, node: int, host: str, progress: Optional[NodeProgress]) -> None:
         if progress is None:
@@ -169,16 +167,14 @@ class ProgressBook:
     def _name(self, one: Straggler) -> None:
         if len(self.named) >= MAX_STRAGGLERS:
             self.unlisted.add(one.node_index)  # named in the log, counted in the record
-            self.more = len(self.unlisted)
             return
         self.named[one.node_index] = one
-        self.named_order.append(one.node_index)
 
     def _summary(self, reporting: Dict[int, Tuple[NodeProgress, str]]) -> ProgressRecord:
-        stragglers = tuple(self.named[n] for n in self.named_order)
+        stragglers = tuple(self.named.values())
         signal = SIGNAL_PROGRESS if reporting else self._fallback() if self.nodes else None
         if not reporting:
-            return ProgressRecord(signal=signal, stragglers=stragglers, stragglers_more=self.more)
+            return ProgressRecord(signal=signal, stragglers=stragglers, stragglers_more=len(self.unlisted))
         nodes = [p for p, _ in reporting.values()]
         step = int(statistics.median_low([p.step_median for p in nodes]))
         total = max([p.total for p in nodes if p.total] or [0]) or None
@@ -190,7 +186,7 @@ class ProgressBook:
             step=step, total=total, percent=round(100.0 * step / total, 1) if total else None,
             eta_seconds=None if eta is None else round(eta, 1), steps_per_second=None if rate is None else round(rate, 4),
             metrics=dict(reporting[first][0].metrics), nodes_reporting=len(reporting), signal=signal,
-            slowest=self._slowest(reporting, rate), stragglers=stragglers, stragglers_more=self.more,
+            slowest=self._slowest(reporting, rate), stragglers=stragglers, stragglers_more=len(self.unlisted),
             chart_groups=tuple(label for label, _ in self._groups()), chart=tuple(self.chart))
 
     def _slowest(self, reporting: Dict[int, Tuple[NodeProgress, str]], rate: Optional[float]) -> Optional[Dict[str, Any]]:

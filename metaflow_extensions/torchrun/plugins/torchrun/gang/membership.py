@@ -90,10 +90,7 @@ class Membership:
 
     def silent(self, now: float) -> Optional[Cause]:
         limit = self.config.heartbeat_timeout
-        quiet: Dict[int, float] = {}
-        for node, peer in self.by_node.items():
-            if node not in self.left:
-                quiet[node] = now - peer.last_seen
+        quiet = {node: now - peer.last_seen for node, peer in self.by_node.items() if node not in self.left}
         if not any(q > limit for q in quiet.values()):
             return None
         hosts = {node: self.by_node[node].host for node in quiet}
@@ -102,8 +99,7 @@ class Membership:
     def waiting(self, now: float) -> Optional[str]:
         if self.all_joined:
             return None
-        missing = self.missing()
-        n = self.config.num_nodes
+        missing, n = self.missing(), self.config.num_nodes
         return "waiting for nodes: %d/%d joined; %s missing for %.0f s" % (
             n - len(missing), n, plural(missing), now - self.started)
 

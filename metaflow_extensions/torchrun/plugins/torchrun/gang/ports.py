@@ -40,11 +40,7 @@ def hashed_port(key: str) -> int:
     return low + digest % (high - low + 1)
 
 
-def choose_ports(
-    env: Mapping[str, str],
-    gang_key: str,
-    configured: Optional[int] = None,
-) -> Tuple[int, ...]:
+def choose_ports(env: Mapping[str, str], gang_key: str, configured: Optional[int] = None) -> Tuple[int, ...]:
     """By precedence: ``configured`` (``port``, else ``METAFLOW_TORCHRUN_PORT``);
     ``MF_MASTER_PORT`` (``@kubernetes(port=...)``); else ports hashed from the gang id."""
     if configured is not None:

@@ -106,14 +106,8 @@ def load(storage: Storage, identity: GangIdentity) -> Optional[bytes]:
     return None
 
 
-def fetch(
-    storage: Storage,
-    identity: GangIdentity,
-    timeout: float,
-    poll: float = timeouts.SECRET_POLL,
-    clock: Callable[[], float] = time.monotonic,
-    sleep: Callable[[float], None] = time.sleep,
-) -> bytes:
+def fetch(storage: Storage, identity: GangIdentity, timeout: float, poll: float = timeouts.SECRET_POLL,
+          clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep) -> bytes:
     """Workers may start before the control (on Kubernetes they often do)."""
     deadline = clock() + timeout
     last_error: Optional[BaseException] = None
@@ -165,6 +159,4 @@ def for_task(storage: Storage, identity: GangIdentity, own: Optional[bytes], is_
 
 
 def for_worker(storage: Storage, identity: GangIdentity, own: Optional[bytes], timeout: float) -> bytes:
-    if own is not None:
-        return own
-    return fetch(storage, identity, timeout)
+    return own if own is not None else fetch(storage, identity, timeout)

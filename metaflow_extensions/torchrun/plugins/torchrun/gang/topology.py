@@ -31,9 +31,7 @@ def is_local_runtime(env: Mapping[str, str]) -> bool:
     return env.get("METAFLOW_RUNTIME_ENVIRONMENT", "local") == "local"
 
 
-def topology_from(
-    parallel: object, env: Mapping[str, str], gang_key: str, port: Optional[int] = None
-) -> Topology:
+def topology_from(parallel: object, env: Mapping[str, str], gang_key: str, port: Optional[int] = None) -> Topology:
     num_nodes = int(getattr(parallel, "num_nodes"))
     node_index = int(getattr(parallel, "node_index"))
     main_addr = str(getattr(parallel, "main_ip"))
