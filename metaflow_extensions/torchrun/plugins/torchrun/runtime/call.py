@@ -80,7 +80,7 @@ class CallRun:
             self.enter()
             env = self.prepare()
             self.supervise(env)
-            if self.benched and self.session.client is not None and self.session.client.call_over(self.index):
+            if self.benched and self.session.client is not None and self.session.client.news.call_over(self.index):
                 pass  # sat the call out while the active nodes finished it: nothing of its own to report
             elif self.exit_code == 0 and self.session.cause is None:
                 self.finish_ok()
@@ -114,7 +114,7 @@ class CallRun:
             self.watch.went()
         while True:
             if self.benched:  # a spare, or taken out: no ranks here until a restart brings it in
-                decided = client.sit_out(self.index, self.again.restart)
+                decided = client.news.sit_out(self.index, self.again.restart)
             else:
                 self._supervise_once(env)
                 decided = self.again.decided(client, self.index, self.session.defaults.restarts, self.exit_code,
@@ -164,7 +164,7 @@ class CallRun:
         def should_stop() -> Optional[StopReason]:
             live.tick()
             reason = gang_stop.check() or (self.watch.stop_reason(self.workdir) if self.watch is not None else None)
-            if reason is None and client.restart_after(self.index, self.again.restart) is not None:
+            if reason is None and client.news.restart_after(self.index, self.again.restart) is not None:
                 if self.supervisor is not None:
                     self.supervisor.before_stop = None  # no stacks: the ranks start again at once
                 return "the gang restarts the ranks"

@@ -52,7 +52,7 @@ class CallStacks:
         # asked). Not in this node's own stop, nor with the control gone.
         client = session.client
         if client is not None and client.cause is not None and client.cause.kind not in CONTROL_GONE:
-            client.wait_stacks_in(index, max(0.0, began + timeouts.STACKS_WAIT - time.monotonic()))
+            client.news.wait_stacks_in(index, max(0.0, began + timeouts.STACKS_WAIT - time.monotonic()))
 
     def share(self, session: Any, index: int, entered: bool) -> None:
         """Once per failed call, even empty (the control waits for every node's);
@@ -93,8 +93,7 @@ class CallStacks:
         _log.debug("call %d: every node's stacks and reports gathered in %.3fs", index, time.monotonic() - began)
 
     def record(self) -> Dict[str, Any]:
-        """The result record's fields: the stacks, what they cost, the suspects
-        (or why the Flight Recorder named none)."""
+        """The result's fields: the stacks, what they cost, the suspects (or why none were named)."""
         return {"stacks": dict(self.stacks), "stack_seconds": round(self.seconds, 3), "culprits": self.culprits,
                 "flight_unread": self.flight_unread}
 

@@ -71,9 +71,8 @@ _runtime_pid: Optional[int] = None
 
 
 def own_start(decorated: Callable[[], Any]) -> Callable[[], Any]:
-    """Metaflow's local control step with the nodes started by
-    ``run_local_control``; unchanged where it is not the function this was
-    written against (another Metaflow version)."""
+    """Metaflow's local control step with the nodes started by ``run_local_control``;
+    unchanged where it is not the function this was written against."""
     from metaflow.plugins import parallel_decorator
 
     if (isinstance(decorated, functools.partial) and not decorated.keywords and len(decorated.args) == 5

@@ -47,8 +47,7 @@ def completed(failure: RankFailure, log_dir: Optional[str]) -> RankFailure:
 
 def report(workdir: str, log_dir: Optional[str], failures: List[RankFailure],
            started: Optional[float]) -> NodeReport:
-    """What this node tells the control when it finishes: its ranks and the
-    last lines of their output (for the control's card)."""
+    """What this node tells the control as it finishes: its ranks and their last lines, for the card."""
     ranks = read_rank_records(workdir, failures)
     tails = {}
     if log_dir:

@@ -55,8 +55,7 @@ def attach(session: GangSession, history: Optional["History"] = None) -> None:
 
 
 class History:
-    """The node history, read in the background from the control task's start
-    (a metadata read per past run: never on the gang's critical path)."""
+    """The node history, read in the background from the control task's start: never on the critical path."""
 
     def __init__(self, flow: str, run_id: str, step: str, previous: Optional[Previous], knobs: Knobs):
         self.threshold = node_history.Threshold(*knobs.node_history) if knobs.node_history else None
@@ -65,11 +64,9 @@ class History:
             previous.attempts if previous is not None else (), flow, run_id, step)
         self.error: Optional[str] = None
         self._done = threading.Event()
-        self._args = (flow, run_id, step)
-        threading.Thread(target=self._read, name="torchrun-node-history", daemon=True).start()
+        threading.Thread(target=self._read, args=(flow, run_id, step), name="torchrun-node-history", daemon=True).start()
 
-    def _read(self) -> None:
-        flow, run_id, step = self._args
+    def _read(self, flow: str, run_id: str, step: str) -> None:
         try:
             if self.runs > 0 and self.threshold is not None:
                 self.seen = self.seen + node_history.read(flow, last=self.runs + 1, skip_run=run_id, steps=[step])
@@ -89,8 +86,7 @@ def backend(session: GangSession) -> str:
 
 
 def before_first_call(session: GangSession) -> None:
-    """``preflight="full"``: the collective job, once per step attempt,
-    before the step's first call starts the user's ranks."""
+    """``preflight="full"``'s collective job, once per attempt, before the step's first call."""
     if session.defaults.preflight != verdicts.FULL or session.calls_made or session.preflight.job_ran:
         return
     session.preflight.job_ran = True

@@ -23,14 +23,14 @@ class CallRestarts:
                 report: Callable[[], None], wait: float) -> Optional[Any]:
         """The gang's restart of call ``index``, if it decided one; this node's own
         failure, while restarts are left, reported first and the decision heard."""
-        decided = client.restart_after(index, self.restart)
+        decided = client.news.restart_after(index, self.restart)
         if decided is not None or self.restart >= allowed:
             return decided
         if exit_code in (0, None) or client.cause is not None:
             return None
         report()
         self.reported = True
-        return client.wait_for_restart_or_verdict(index, self.restart, wait)
+        return client.news.wait_for_restart_or_verdict(index, self.restart, wait)
 
     def begin(self, decided: Any, ran_from: Optional[float], stopped_at: Optional[float],
               rank_starts: List[Optional[float]]) -> None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import enum
-import logging
 import os
 import signal
 import sys
@@ -58,15 +57,8 @@ class Phase(enum.Enum):
 
 
 class GangSession:
-    def __init__(
-        self,
-        identity: GangIdentity,
-        defaults: StepDefaults,
-        topology: Topology,
-        flow_dir: Optional[str] = None,
-        *,
-        secret: Union[bytes, Callable[[], bytes]],
-    ):
+    def __init__(self, identity: GangIdentity, defaults: StepDefaults, topology: Topology,
+                 flow_dir: Optional[str] = None, *, secret: Union[bytes, Callable[[], bytes]]):
         """``secret``: bytes on the control, a function that fetches it on the other nodes (called while joining)."""
         self.identity = identity
         self.secret = secret
@@ -206,8 +198,7 @@ class GangSession:
     # -- the step's end ----------------------------------------------------------
 
     def step_succeeded(self) -> None:
-        """Leave the gang; the control waits for every node to leave. A gang
-        that aborted meanwhile fails this node's step too."""
+        """Leave the gang (the control waits for every node); a gang aborted meanwhile fails this step too."""
         client = self.client
         if client is None:
             return
@@ -223,10 +214,9 @@ class GangSession:
             raise self.aborted(client.cause)
 
     def step_failed(self, error: BaseException) -> Optional[GangAborted]:
-        """Report this node's failure, unless it is an echo of the gang's.
-        Returns the error to raise instead of ``error``, if any: on a local run,
-        a call refused for the same reason as the root cause's is an echo, said
-        once in the shared log rather than once per node."""
+        """Report this node's failure, unless it is an echo of the gang's; the error
+        to raise instead, if any (a local run's call refused for the root cause's
+        reason is an echo, said once in the shared log)."""
         client = self.client
         if client is None:
             return None
@@ -324,17 +314,15 @@ def linger(server: GangServer, start_timeout: float) -> None:
 @contextlib.contextmanager
 def _timed(what: str) -> Iterator[None]:
     """Debug records of ``what`` begun and ended, with its duration."""
-    if not _log.isEnabledFor(logging.DEBUG):
-        yield
-        return
-    began = time.monotonic()
+    began, raising = time.monotonic(), ""
     _log.debug("%s: begun", what)
     try:
         yield
     except BaseException as e:
-        _log.debug("%s: ended after %.3fs, raising %s", what, time.monotonic() - began, type(e).__name__)
+        raising = ", raising %s" % type(e).__name__
         raise
-    _log.debug("%s: ended after %.3fs", what, time.monotonic() - began)
+    finally:
+        _log.debug("%s: ended after %.3fs%s", what, time.monotonic() - began, raising)
 
 
 def same_problem(mine: Cause, cause: Cause) -> bool:

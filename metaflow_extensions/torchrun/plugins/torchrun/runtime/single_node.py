@@ -36,13 +36,8 @@ def step_decorator_specs(flow_name: str, step_name: str) -> List[Tuple[str, Mapp
     return []
 
 
-def _documented_run(
-    self: Any,
-    torchrun_args: ArgSpec = None,
-    entrypoint: Any = None,
-    entrypoint_args: ArgSpec = None,
-    nproc_per_node: Any = None,
-) -> TorchrunResult:
+def _documented_run(self: Any, torchrun_args: ArgSpec = None, entrypoint: Any = None, entrypoint_args: ArgSpec = None,
+                    nproc_per_node: Any = None) -> TorchrunResult:
     """``SingleNodeLauncher.run``'s signature, in 0.2's order, as users write the call."""
     raise NotImplementedError
 
@@ -51,14 +46,8 @@ class SingleNodeLauncher:
     """``TorchrunSingleNodeMultiGPU().run(entrypoint=..., entrypoint_args=...,
     nproc_per_node=N)``: in any step, with or without ``@torchrun``."""
 
-    def __init__(
-        self,
-        args_as: str = "ours",
-        label_logs: bool = True,
-        heartbeat_timeout: float = DEFAULTS.HEARTBEAT_TIMEOUT,
-        start_timeout: float = DEFAULTS.START_TIMEOUT,
-        shutdown_grace: float = DEFAULTS.SHUTDOWN_GRACE,
-    ) -> None:
+    def __init__(self, args_as: str = "ours", label_logs: bool = True, heartbeat_timeout: float = DEFAULTS.HEARTBEAT_TIMEOUT,
+                 start_timeout: float = DEFAULTS.START_TIMEOUT, shutdown_grace: float = DEFAULTS.SHUTDOWN_GRACE) -> None:
         from ..launch import validate_args_as, validate_timeouts
 
         self._args_as = validate_args_as(args_as, "TorchrunSingleNodeMultiGPU(args_as)")

@@ -62,8 +62,7 @@ def grace_for(shutdown_grace: float, notice: Optional[str], now: Optional[float]
 
 def preempted(node: int, what: str, grace: float, shutdown_grace: float, notice: Optional[str] = None,
               call: Optional[int] = None) -> Cause:
-    """The gang's cause: node ``node`` told to stop by ``what`` (a signal's or an
-    exception's name), or by a spot ``notice``."""
+    """The gang's cause: ``node`` told to stop by ``what`` (a signal's or exception's name) or a spot ``notice``."""
     if notice is not None:
         told = "node %d got a spot termination notice (the instance terminates at %s)" % (node, notice)
     else:
@@ -91,8 +90,7 @@ def notice_path() -> Optional[str]:
 
 
 class GangStop:
-    """One call's side of a gang-wide stop: tells the gang when this node is
-    told, and says how the job stops when the gang is."""
+    """One call's side of a gang-wide stop: tells the gang, and says how the job stops."""
 
     def __init__(self, node: int, call: int, shutdown_grace: float, report: Callable[[Cause], None],
                  verdict: Callable[[], Optional[Cause]], wait_verdict: Callable[[float], object],

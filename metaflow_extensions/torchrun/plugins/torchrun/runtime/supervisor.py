@@ -27,9 +27,8 @@ ChunkSink = Callable[[bytes], None]
 
 
 class GracefulStop(NamedTuple):
-    """A stop of the whole gang that gives the ranks time to save (a node was
-    told to stop): ``should_stop`` returns one instead of a plain reason, which
-    stops the ranks at once (a failure elsewhere: the fast stop)."""
+    """A gang's stop that gives the ranks time to save (a node was told to stop);
+    a plain reason from ``should_stop`` stops them at once (a failure elsewhere)."""
 
     reason: str
     grace: float
@@ -62,10 +61,7 @@ def _default_sink(stream) -> ChunkSink:
         except (OSError, ValueError):
             pass  # a closed task stream must not kill the job it reports on
 
-    def write(chunk: bytes) -> None:
-        rank_output(stream, lambda: write_now(chunk))  # never inside a line of ours, nor ours inside it
-
-    return write
+    return lambda chunk: rank_output(stream, lambda: write_now(chunk))  # never inside a line of ours
 
 
 def _pump(fd: int, sink: ChunkSink) -> None:
@@ -105,18 +101,11 @@ def _watched(sup: "Supervisor", sink: ChunkSink) -> ChunkSink:
 class Supervisor:
     """Owns the torchrun agent process, its descendants and its output pumps."""
 
-    def __init__(
-        self,
-        argv: List[str],
-        env: Optional[Mapping[str, str]] = None,
-        grace_seconds: float = timeouts.PEER_STOP_GRACE,
-        stdout_sink: Optional[ChunkSink] = None,
-        stderr_sink: Optional[ChunkSink] = None,
-        shutdown_grace: Optional[float] = None,
-        before_stop: Optional[Callable[[], None]] = None,
-        on_told: Optional[Callable[[str], None]] = None,
-        also_under: Optional[Callable[[], Optional[int]]] = None,
-    ):
+    def __init__(self, argv: List[str], env: Optional[Mapping[str, str]] = None,
+                 grace_seconds: float = timeouts.PEER_STOP_GRACE, stdout_sink: Optional[ChunkSink] = None,
+                 stderr_sink: Optional[ChunkSink] = None, shutdown_grace: Optional[float] = None,
+                 before_stop: Optional[Callable[[], None]] = None, on_told: Optional[Callable[[str], None]] = None,
+                 also_under: Optional[Callable[[], Optional[int]]] = None):
         """``grace_seconds``: the ranks' time to stop in a fast stop (a failure);
         ``shutdown_grace``: theirs to save when this task was told to stop (torchrun's
         agent gets the same). ``before_stop`` runs before a fast stop, ranks alive.
@@ -180,25 +169,20 @@ class Supervisor:
         self._seen |= proctree.descendants(self.proc.pid, *([warm] if warm else []), not_below=ZYGOTE_NAME)
         self._tracked_at = time.monotonic()
 
-    def _track_now(self) -> bool:
+    def poll(self) -> Optional[int]:
         """A /proc scan reads every process on the host: each poll while the agent
         starts its workers, then once a second (ranks die with their agent, and
         every stop scans first: this is a safety net)."""
-        now = time.monotonic()
-        if self.started_mono is None or now - self.started_mono < timeouts.TRACK_EVERY_POLL_FOR:
-            return True
-        return now - self._tracked_at >= timeouts.TRACK_INTERVAL
-
-    def poll(self) -> Optional[int]:
         assert self.proc is not None
-        if self._track_now():
+        now = time.monotonic()
+        if (self.started_mono is None or now - self.started_mono < timeouts.TRACK_EVERY_POLL_FOR
+                or now - self._tracked_at >= timeouts.TRACK_INTERVAL):
             self._track()
         return self.proc.poll()
 
     def wait(self, should_stop: Optional[Callable[[], Optional[StopReason]]] = None, interval: float = 0.1) -> int:
-        """Wait for the agent; SIGTERM to this task stops the job cleanly. A
-        reason ``should_stop`` returns (a failure elsewhere) ends the job; a
-        ``GracefulStop`` gives the ranks its grace."""
+        """Wait for the agent; SIGTERM to this task, or a reason ``should_stop``
+        returns (a failure elsewhere), stops the job cleanly."""
         assert self.proc is not None
         in_main = threading.current_thread() is threading.main_thread()
         previous = signal.signal(signal.SIGTERM, self._told_to_stop) if in_main else None
@@ -232,11 +216,9 @@ class Supervisor:
         self.signalled = signum
         if self.on_told is not None:
             return  # the wait loop tells the gang, outside the handler
-        raise TorchrunInterrupted(
-            "the step received %s while torchrun was running: its ranks got SIGTERM and up to %g s "
-            "(shutdown_grace) to stop, e.g. to save a checkpoint, before SIGKILL."
-            % (signal.Signals(signum).name, self.shutdown_grace)
-        )
+        raise TorchrunInterrupted("the step received %s while torchrun was running: its ranks got SIGTERM and up to "
+                                  "%g s (shutdown_grace) to stop, e.g. to save a checkpoint, before SIGKILL."
+                                  % (signal.Signals(signum).name, self.shutdown_grace))
 
     def live_pids(self) -> Set[int]:
         if self.proc is None:
@@ -282,9 +264,8 @@ class Supervisor:
         return time.monotonic() - self.started_mono if self.started_mono is not None else 0.0
 
     def kill_all(self) -> None:
-        """SIGKILL the agent; let the ranks' output relays drain what the ranks
-        wrote last (they end when the ranks are gone); SIGKILL every descendant
-        ever seen that is still there; reap; finish the pumps."""
+        """SIGKILL the agent; let the relays drain the ranks' last output; SIGKILL
+        every descendant ever seen that is still there; reap; finish the pumps."""
         if self.proc is None:
             return
         if self.proc.poll() is None:

@@ -23,8 +23,7 @@ _MAX_SOCKET_PATH = 107  # bytes in a Unix socket's path, on Linux
 
 
 class WarmStart:
-    """The zygote of a step or call on this node; nothing where ``on``
-    (``Knobs.warm_start``) is false."""
+    """The zygote of a step or call on this node; nothing where ``on`` (``Knobs.warm_start``) is false."""
 
     def __init__(self, workdir: str, log_dir: Optional[str], on: bool = True, owned: Optional[StepDir] = None):
         self.proc: Optional[subprocess.Popen] = None
