@@ -20,7 +20,7 @@ import enum
 import itertools
 import math
 import typing
-from typing import Any, Callable, ClassVar, Dict, List, Mapping, NamedTuple, Optional, Tuple, Type, TypeVar, Union
+from typing import Any, Callable, ClassVar, Dict, Mapping, NamedTuple, Optional, Tuple, Type, TypeVar, Union
 
 
 class Int(NamedTuple):
@@ -223,7 +223,7 @@ def _reader(kind: Any, specs: Tuple[Any, ...] = (), lenient: bool = False) -> Re
     if isinstance(kind, type) and issubclass(kind, _Readable):
         return _read_record(kind)
     if isinstance(kind, type) and issubclass(kind, enum.Enum):
-        return _read_enum(kind)
+        return _read_via(kind, "not one of %s" % ", ".join(str(m.value) for m in kind))
     read = _scalar(kind, specs, lenient)
     return lambda value, error: read(value)
 
@@ -232,12 +232,13 @@ def _unread(value: Any, error: Type[Exception]) -> Any:
     raise TypeError("codec: a record that is only written is never read")
 
 
-def _read_via(read: Callable[[Any], Any]) -> Reader:
+def _read_via(read: Callable[[Any], Any], said: str = "") -> Reader:
+    """``read``, its ``ValueError`` the field's problem (``said``, else its own words)."""
     def via(value: Any, error: Type[Exception]) -> Any:
         try:
             return read(value)
         except ValueError as e:
-            raise _Bad(str(e)) from None
+            raise _Bad(said or str(e)) from None
     return via
 
 
@@ -248,17 +249,6 @@ def _read_record(kind: Type[_Readable]) -> Reader:
         except error as e:
             raise _Bad(str(e)) from None
     return record
-
-
-def _read_enum(kind: Type[enum.Enum]) -> Reader:
-    said = "not one of %s" % ", ".join(str(m.value) for m in kind)
-
-    def member(value: Any, error: Type[Exception]) -> Any:
-        try:
-            return kind(value)
-        except ValueError:
-            raise _Bad(said) from None
-    return member
 
 
 def _read_items(make: Any, each: Reader, limit: int, lenient: bool) -> Reader:
@@ -380,7 +370,8 @@ def _writer(kind: Any, specs: Tuple[Any, ...] = ()) -> Writer:
         inner = _writer(_inner(kind), specs)
         return lambda value: None if value is None else inner(value)
     if origin in (tuple, list):
-        return _write_items(_writer(typing.get_args(kind)[0]), _spec(specs, Items))
+        each, most = _writer(typing.get_args(kind)[0]), _spec(specs, Items)
+        return lambda value: [each(v) for v in (value if most is None else value[:most.limit])]
     if origin is dict:
         key, item = typing.get_args(kind)
         return _write_dict(_spec(_split(key)[1], OneOf), _writer(item), _spec(specs, Items))
@@ -399,12 +390,6 @@ def _writer(kind: Any, specs: Tuple[Any, ...] = ()) -> Writer:
     if hasattr(kind, "to_wire"):
         return lambda value: value.to_wire()
     return lambda value: value
-
-
-def _write_items(each: Writer, b: Optional[Items]) -> Writer:
-    def items(value: Any) -> List[Any]:
-        return [each(v) for v in (value if b is None else value[:b.limit])]
-    return items
 
 
 def _write_dict(one: Optional[OneOf], item: Writer, b: Optional[Items]) -> Writer:

@@ -84,9 +84,7 @@ class GpuUsage:
 
     def latest(self) -> Optional[float]:
         seen = self._latest
-        if seen is None or time.monotonic() - seen[0] > 3 * self.every:
-            return None
-        return seen[1]
+        return seen[1] if seen is not None and time.monotonic() - seen[0] <= 3 * self.every else None
 
     def ask(self) -> Optional[float]:
         assert self.tool
