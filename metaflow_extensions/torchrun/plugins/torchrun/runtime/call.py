@@ -73,8 +73,6 @@ class CallRun:
     def log_dir(self) -> Optional[str]:
         return self.launch.log_dir
 
-    # -- phases ----------------------------------------------------------------
-
     def run(self) -> TorchrunResult:
         try:
             self.enter()
@@ -298,8 +296,6 @@ class CallRun:
         )
         self.session.results.append(result)
         return result
-
-    # -- helpers -----------------------------------------------------------------
 
     def _aborted(self) -> GangAborted:
         cause = self.session.cause or Cause(CauseKind.CONTROL_LOST, "the gang was stopped")

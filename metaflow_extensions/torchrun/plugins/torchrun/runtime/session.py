@@ -102,8 +102,6 @@ class GangSession:
     def last_result(self) -> Optional[TorchrunResult]:
         return self.results[-1] if self.results else None
 
-    # -- join ------------------------------------------------------------------
-
     def join(self) -> None:
         if self.warm is None:  # a local run's control started its own before Metaflow started its nodes
             self.warm = WarmStart.started_for_step(self.defaults)
@@ -128,8 +126,6 @@ class GangSession:
         # A round trip, so a node that dies at once is lost, not missing; not a starting control's wait.
         self.client.joined.wait(timeouts.JOIN_WAIT)
         self.phase = Phase.IN_STEP
-
-    # -- the step's own code -----------------------------------------------------
 
     @contextlib.contextmanager
     def user_code(self) -> Iterator[None]:
@@ -194,8 +190,6 @@ class GangSession:
                     "(stuck outside Python?): ending the task." % (cause.summary, timeouts.INTERRUPT_GRACE))
                 os._exit(1)
             time.sleep(0.1)
-
-    # -- the step's end ----------------------------------------------------------
 
     def step_succeeded(self) -> None:
         """Leave the gang (the control waits for every node); a gang aborted meanwhile fails this step too."""
