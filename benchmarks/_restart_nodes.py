@@ -9,7 +9,7 @@ store), every other active node connects to it; a benched node (the one
 taken out, a spare still waiting) connects to nothing.
 
 Only the gang's public entry points are used (``enter_call``,
-``report_failure``, ``wait_for_restart_or_verdict``). Times are
+``report_failure``, ``news.wait_for_restart_or_verdict``). Times are
 ``time.monotonic()``, one clock for every process of this host.
 """
 
@@ -77,7 +77,7 @@ class RestartNodes(Nodes):
         todo: List[Tuple[int, int]] = []  # (node, port): told, not yet connected
         while (pending or todo) and time.monotonic() < deadline:
             for node, client in list(pending.items()):
-                decided = client.restart_after(0, 0)
+                decided = client.news.restart_after(0, 0)
                 if decided is None:
                     continue
                 self.told_at[node] = time.monotonic()

@@ -92,18 +92,18 @@ def test_a_failure_pinned_to_a_node_swaps_it_for_the_spare_and_only_the_active_n
     assert {c.seats[(0, 0)].nnodes for c in clients} == {2} and clients[2].seats[(0, 0)].role == "spare"
     # Node 2, the spare, waits; node 1's ranks are killed: node 1 out, node 2 in, on a fresh rendezvous.
     clients[1].report_failure(killed, call=0, restart=0)
-    heard = clients[2].sit_out(0, 0)
+    heard = clients[2].news.sit_out(0, 0)
     assert heard is not None and heard.swapped_in == 2 and heard.swapped_out == 1
     assert heard.bench == Bench((), (1,)) and clients[2].seats[(0, 1)].node_rank == 1
-    assert clients[1].wait_for_restart_or_verdict(0, 0, 5.0) == heard  # each node hears it in its own time
+    assert clients[1].news.wait_for_restart_or_verdict(0, 0, 5.0) == heard  # each node hears it in its own time
     assert clients[1].seats[(0, 1)].role == "out"
-    assert clients[0].wait_for_restart_or_verdict(0, 0, 5.0) == heard and server.cause is None
+    assert clients[0].news.wait_for_restart_or_verdict(0, 0, 5.0) == heard and server.cause is None
     # Nodes 0 and 2 finish the call: the control and the benched node 1 hear it is over.
     report = msg.NodeReport()
     for c in (clients[0], clients[2]):
         c.call_done(0, None, report)
     assert clients[0].wait_call_done(0)
-    assert clients[1].sit_out(0, 1) is None and clients[1].call_over(0)
+    assert clients[1].news.sit_out(0, 1) is None and clients[1].news.call_over(0)
     assert server.cause is None
 
 
@@ -115,7 +115,7 @@ def test_a_failure_on_node_0_restarts_in_place_and_the_spare_stays_one(net):
     clients = net.join(server, [0, 1, 2])
     _enter(server, clients)
     clients[0].report_failure(on_0, call=0, restart=0)
-    decided = clients[1].wait_for_restart_or_verdict(0, 0, GUARD)
+    decided = clients[1].news.wait_for_restart_or_verdict(0, 0, GUARD)
     assert decided is not None and decided.swapped_in is None and decided.bench == Bench((2,))
 
 
@@ -126,9 +126,9 @@ def test_a_benched_nodes_empty_stacks_count_once_towards_every_stack_being_in(ne
     _enter(server, clients)
     clients[2].send_stacks(0, {})
     clients[0].send_stacks(0, {0: "Thread 0x1 (most recent call first):\n  File \"train.py\", line 3"})
-    assert not clients[0].wait_stacks_in(0, 1.0)  # node 1's are still to come
+    assert not clients[0].news.wait_stacks_in(0, 1.0)  # node 1's are still to come
     clients[1].send_stacks(0, {})
-    assert clients[0].wait_stacks_in(0, 5.0)
+    assert clients[0].news.wait_stacks_in(0, 5.0)
 
 
 def _gang_with_preflight(net, server, prints):

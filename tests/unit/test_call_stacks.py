@@ -52,26 +52,26 @@ def test_a_node_stops_its_ranks_only_once_every_nodes_stacks_are_in(net, tmp_pat
     wait_cause([a, b])
     t, done = _collect_in_background(a, str(tmp_path))
     assert wait_until(lambda: 0 in server.calls[0].stacks, GUARD)  # shared at once, before the wait
-    assert "at" not in done and not b.wait_stacks_in(0, 0)  # node 1 has not collected: node 0's ranks live
+    assert "at" not in done and not b.news.wait_stacks_in(0, 0)  # node 1 has not collected: node 0's ranks live
     sent = time.monotonic()
     b.send_stacks(0, {})
     t.join(GUARD)
-    assert done["at"] >= sent and a.wait_stacks_in(0, 0) and b.wait_stacks_in(0, GUARD)  # every node told
+    assert done["at"] >= sent and a.news.wait_stacks_in(0, 0) and b.news.wait_stacks_in(0, GUARD)  # every node told
 
 
 def test_a_node_gone_owes_no_stacks_and_a_silent_gang_is_waited_for_at_most_stacks_wait(net, tmp_path):
     server, (a, b, c) = _in_call(net, 3)
     a.send_stacks(0, {})
-    assert not a.wait_stacks_in(0, 0.3)  # nodes 1 and 2 owe theirs
+    assert not a.news.wait_stacks_in(0, 0.3)  # nodes 1 and 2 owe theirs
     b.close()  # lost: owes nothing
     c.call_done(0, None, node_report())  # done with the call: owes nothing
-    assert a.wait_stacks_in(0, GUARD)
+    assert a.news.wait_stacks_in(0, GUARD)
     # Without a service that answers, a node waits STACKS_WAIT from its collect's start, no longer;
     # and not at all where it found the control gone or silent itself (nobody would answer), nor in
     # a stop of its own (no verdict yet: the other nodes stop only once it reports).
     waited: list = []
-    client = SimpleNamespace(cause=Cause(CauseKind.HANG, "no output"), send_stacks=lambda *args: None,
-                             wait_stacks_in=lambda index, seconds: waited.append(seconds) or False)
+    news = SimpleNamespace(wait_stacks_in=lambda index, seconds: waited.append(seconds) or False)
+    client = SimpleNamespace(cause=Cause(CauseKind.HANG, "no output"), send_stacks=lambda *args: None, news=news)
     began = time.monotonic()
     CallStacks().collect(SimpleNamespace(client=client), 0, SimpleNamespace(live_pids=lambda: set()), str(tmp_path))
     assert len(waited) == 1 and 0 < waited[0] <= timeouts.STACKS_WAIT

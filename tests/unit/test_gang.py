@@ -637,12 +637,12 @@ class TestCalls:
         through_call(clients, 0)
         clients[0].call_done(0, None, node_report(0))
         clients[1].call_done(0, None, node_report(1))
-        assert not wait_until(lambda: clients[0].call_over(0), 0.4)
+        assert not wait_until(lambda: clients[0].news.call_over(0), 0.4)
         clients[2].call_done(0, None, node_report(2))
         assert clients[0].wait_call_done(0) is True
         # Only the control waits for it: the others are not told.
         time.sleep(0.2)
-        assert not any(c.call_over(0) for c in clients[1:])
+        assert not any(c.news.call_over(0) for c in clients[1:])
         call = server.calls[0]
         assert call.done == {0, 1, 2} and call.reports == {n: node_report(n) for n in range(3)}
         assert sorted(call.finished_at) == [0, 1, 2]

@@ -67,7 +67,7 @@ def test_a_killed_rank_restarts_every_node_on_a_fresh_port_until_the_restarts_ar
     c0, c1 = net.join(server, [0, 1])
     first = _in_call(server, [c0, c1])
     c1.report_failure(KILLED, call=0, restart=0)
-    decided = [c.wait_for_restart_or_verdict(0, 0, GUARD) for c in (c0, c1)]
+    decided = [c.news.wait_for_restart_or_verdict(0, 0, GUARD) for c in (c0, c1)]
     assert all(d is not None and d.restart == 1 and d.index == 0 for d in decided), decided
     assert decided[0].rdzv_port == decided[1].rdzv_port != first
     assert decided[0].cause.summary == KILLED.summary and decided[0].cause.node_index == 1
@@ -80,7 +80,7 @@ def test_a_killed_rank_restarts_every_node_on_a_fresh_port_until_the_restarts_ar
     c1.report_failure(KILLED, call=0, restart=1)
     for cause in wait_cause([c0, c1]):
         assert cause.kind is CauseKind.RANK_FAILED and cause.node_index == 1
-    assert c0.restart_after(0, 1) is None
+    assert c0.news.restart_after(0, 1) is None
 
 
 def test_a_bug_in_the_users_code_ends_the_gang_even_with_restarts_left(net):
@@ -90,7 +90,7 @@ def test_a_bug_in_the_users_code_ends_the_gang_even_with_restarts_left(net):
     c1.report_failure(BUG, call=0)
     for cause in wait_cause([c0, c1]):
         assert cause.exc_type == "ValueError"
-    assert c0.restart_after(0, 0) is None and server.calls[0].restart == 0
+    assert c0.news.restart_after(0, 0) is None and server.calls[0].restart == 0
 
 
 def test_a_lost_node_ends_the_gang_even_with_restarts_left(net):
@@ -99,7 +99,7 @@ def test_a_lost_node_ends_the_gang_even_with_restarts_left(net):
     _in_call(server, [c0, c1])
     c1.close()
     assert wait_cause([c0])[0].kind is CauseKind.NODE_LOST
-    assert c0.restart_after(0, 0) is None
+    assert c0.news.restart_after(0, 0) is None
 
 
 def test_no_restart_before_every_node_reached_the_call_or_once_one_is_done():

@@ -202,21 +202,6 @@ class GangClient:
             budget //= 2
         self._safe_send(message)
 
-    def call_over(self, index: int) -> bool:
-        return self.news.call_over(index)
-
-    def wait_stacks_in(self, index: int, seconds: float) -> bool:
-        return self.news.wait_stacks_in(index, seconds)
-
-    def restart_after(self, index: int, restart: int) -> Optional[msg.Restart]:
-        return self.news.restart_after(index, restart)
-
-    def wait_for_restart_or_verdict(self, index: int, restart: int, seconds: float) -> Optional[msg.Restart]:
-        return self.news.wait_for_restart_or_verdict(index, restart, seconds)
-
-    def sit_out(self, index: int, restart: int) -> Optional[msg.Restart]:
-        return self.news.sit_out(index, restart)
-
     def report_failure(self, cause: Cause, call: Optional[int] = None,
                        report: Optional[msg.NodeReport] = None, restart: int = 0) -> None:
         message = msg.Failed(cause, call, report, restart)
