@@ -283,7 +283,8 @@ class GangClient:
                 return
             if data == b"":
                 if not self._left:
-                    self._set_cause(control_lost())
+                    self._set_cause(Cause(CauseKind.CONTROL_LOST, "lost the connection to the control node (node "
+                                          "0): its task died or was killed", node_index=0))
                 return
             silent = self.hearing.verdict(self.config, time.monotonic())  # probing.py
             if silent is not None:
@@ -412,11 +413,6 @@ def fits(message: msg.GangMessage) -> bool:
     except ValueError:
         return False
     return True
-
-
-def control_lost() -> Cause:
-    return Cause(CauseKind.CONTROL_LOST,
-                 "lost the connection to the control node (node 0): its task died or was killed", node_index=0)
 
 
 def paced(training: Optional[Callable[[], Optional[NodeProgress]]], due: List[float],

@@ -46,14 +46,10 @@ class Handlers:
         self.cause: Optional[Cause] = None  # the gang's verdict
         self.pending: Optional[Tuple[Cause, float]] = None  # an echo, held until then
         self._handlers: Dict[msg.MessageType, Callable[[Peer, msg.GangMessage], None]] = {
-            msg.MessageType.HEARTBEAT: self._on_heartbeat,
-            msg.MessageType.STACKS: self._on_stacks,
-            msg.MessageType.CALL: self._on_call,
-            msg.MessageType.CALL_DONE: self._on_call_done,
-            msg.MessageType.FAILED: self._on_failed,
-            msg.MessageType.LEAVE: self._on_leave,
-            msg.MessageType.PREFLIGHT: self._on_preflight,
-        }
+            msg.MessageType.HEARTBEAT: self._on_heartbeat, msg.MessageType.STACKS: self._on_stacks,
+            msg.MessageType.CALL: self._on_call, msg.MessageType.CALL_DONE: self._on_call_done,
+            msg.MessageType.FAILED: self._on_failed, msg.MessageType.LEAVE: self._on_leave,
+            msg.MessageType.PREFLIGHT: self._on_preflight}
 
     def handle(self, peer: Peer, line: msg.WireDict) -> None:
         if peer.node is None:

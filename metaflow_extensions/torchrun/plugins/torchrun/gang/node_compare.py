@@ -69,9 +69,8 @@ class Difference:
 
     def describe(self) -> str:
         """``torch: nodes 3, 17 have 2.12.0 (majority 2.13.0 on 1022 nodes)``."""
-        parts = []
-        for value, nodes in self.others[:MAX_GROUPS]:
-            parts.append("%s %s %s" % (plural(list(nodes)), "has" if len(nodes) == 1 else "have", value or "none"))
+        parts = ["%s %s %s" % (plural(list(nodes)), "has" if len(nodes) == 1 else "have", value or "none")
+                 for value, nodes in self.others[:MAX_GROUPS]]
         rest = self.others[MAX_GROUPS:]
         if rest:
             parts.append("%d more values on %d nodes" % (len(rest), sum(len(n) for _, n in rest)))
@@ -255,10 +254,8 @@ def record(fingerprints: Mapping[int, Mapping[str, str]], checks: Mapping[int, S
     for name, by_value in group_values(fingerprints).items():
         ordered = sorted(by_value.items(), key=lambda kv: (-len(kv[1]), kv[1][0]))
         versions[name] = tuple(ValueGroup(v, len(n), tuple(n[:MAX_LISTED])) for v, n in ordered[:MAX_GROUPS])
-    findings: List[Finding] = []
-    for status in ("fail", "warn"):
-        for check, nodes in group_checks(checks, status)[:4 * MAX_GROUPS]:
-            findings.append(Finding(check, len(nodes), tuple(nodes[:MAX_LISTED])))
+    findings = [Finding(check, len(nodes), tuple(nodes[:MAX_LISTED])) for status in ("fail", "warn")
+                for check, nodes in group_checks(checks, status)[:4 * MAX_GROUPS]]
     return PreflightRecord(
         mode=mode, nodes=num_nodes, reported=len(fingerprints), versions=versions,
         differences=tuple(d.describe() for d in differences(fingerprints))[:len(msg.FINGERPRINT_FIELDS)],
@@ -327,12 +324,9 @@ SLOW_FRACTION = 0.5
 
 def _numbers(value: Any) -> Dict[int, float]:
     """node -> a finite non-negative number; anything else left out."""
-    out: Dict[int, float] = {}
-    if isinstance(value, Mapping):
-        for k, v in list(value.items())[:1 << 20]:
-            if isinstance(k, int) and isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v < 1e12:
-                out[k] = float(v)
-    return out
+    items = list(value.items())[:1 << 20] if isinstance(value, Mapping) else []
+    return {k: float(v) for k, v in items
+            if isinstance(k, int) and isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v < 1e12}
 
 
 def job_record(returned: Any, took: float) -> JobRecord:

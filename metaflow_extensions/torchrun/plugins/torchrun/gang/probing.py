@@ -42,21 +42,16 @@ class Hearing:
         self.any = max(self.any, time.monotonic())
 
     def verdict(self, config: GangConfig, now: float) -> Optional[Cause]:
-        if now - self.any > config.heartbeat_timeout:
-            return control_silent(now - self.any, config.heartbeat_timeout)
+        if now - self.any > config.heartbeat_timeout:  # from inside a partition, no side can tell which is cut
+            return Cause(CauseKind.CONTROL_UNRESPONSIVE, "heard nothing from the control node (node 0) for %.0fs "
+                         "(heartbeat_timeout=%gs): it is frozen, or it or this node is cut off from the network"
+                         % (now - self.any, config.heartbeat_timeout), node_index=0)
         if now - self.link > config.link_timeout:
             return Cause(CauseKind.CONTROL_UNRESPONSIVE,
                          "the connection to the control node (node 0) carried nothing for %.0fs while the control "
                          "still answered on fresh connections: it is dead (a firewall or NAT between the nodes "
                          "lost it)" % (now - self.link), node_index=0)
         return None
-
-
-def control_silent(silent: float, heartbeat_timeout: float) -> Cause:
-    """From inside a partition this node cannot tell which side is cut."""
-    return Cause(CauseKind.CONTROL_UNRESPONSIVE,
-                 "heard nothing from the control node (node 0) for %.0fs (heartbeat_timeout=%gs): it is frozen, "
-                 "or it or this node is cut off from the network" % (silent, heartbeat_timeout), node_index=0)
 
 
 class Prober:

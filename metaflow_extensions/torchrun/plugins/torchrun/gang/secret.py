@@ -63,12 +63,11 @@ def decode(data: bytes) -> Optional[bytes]:
     return secret if len(secret) >= MIN_SECRET_BYTES else None
 
 
-def publish(storage: Storage, identity: GangIdentity, secret: bytes) -> str:
+def publish(storage: Storage, identity: GangIdentity, secret: bytes) -> None:
     path = secret_path(identity)
     storage.save_bytes(iter([(path, io.BytesIO(encode(secret)))]), overwrite=True)
     if getattr(storage, "TYPE", None) == "local":
         os.chmod(storage.full_uri(path), 0o600)
-    return path
 
 
 # What a withdrawn secret's file holds where the storage cannot delete (S3 and the
