@@ -134,7 +134,8 @@ class CallRun:
         """Restart ``decided.restart`` (this node's old ranks are gone): the next
         start's rendezvous and environment, the replaced ranks' records cleared."""
         sup = self.supervisor
-        self.again.begin(decided, sup.started_at if sup else None, sup.ended_at if sup else None, self.launch.rank_starts(self.again.restart))
+        self.again.begin(decided, sup.started_at if sup else None, sup.ended_at if sup else None,
+                         self.launch.rank_starts(self.again.restart))
         assert self.session.client is not None
         self.seat = self.session.client.seats.get((decided.index, decided.restart))
         self.session.bench = decided.bench
@@ -169,8 +170,11 @@ class CallRun:
             return reason
 
         try:
-            with Supervisor(self.argv, env=env, shutdown_grace=self.session.defaults.shutdown_grace, also_under=lambda: self.launch.warm.pid if self.launch.warm else None,
-                            before_stop=lambda: self.where.collect(self.session, self.index, self.supervisor, self.workdir), on_told=gang_stop.told) as sup, \
+            with Supervisor(self.argv, env=env, shutdown_grace=self.session.defaults.shutdown_grace,
+                            also_under=lambda: self.launch.warm.pid if self.launch.warm else None,
+                            before_stop=lambda: self.where.collect(self.session, self.index, self.supervisor,
+                                                                   self.workdir),
+                            on_told=gang_stop.told) as sup, \
                     GpuUsage(os.environ, every=client.config.progress_send) as gpus:  # asked as often as it is sent
                 self.supervisor = sup
                 self.first_started = self.first_started or sup.started_at

@@ -55,10 +55,9 @@ def prepare_local_nodes(num_nodes: int, pinned_port: Optional[int],
             raise TorchrunException(problem)
         warm = WarmStart.started_for_step(defaults)
         warm.share_with_local_nodes()
-    if pinned_port is not None:
-        return warm, pinned_port
-    port = find_free_port()
-    os.environ[PORT_ENV] = str(port)
+    port = pinned_port if pinned_port is not None else find_free_port()
+    if pinned_port is None:
+        os.environ[PORT_ENV] = str(port)
     return warm, port
 
 
@@ -150,7 +149,8 @@ def stop_local_nodes(settle: float = 10.0, grace: float = 3.0) -> "threading.Thr
         at_once = {pid for node, pid in running.items() if node in missing or runtime_gone()}
         nodes = set(running.values()) - at_once
     else:
-        nodes = {proc for proc, cmdline in proctree.children(os.getpid()) if "step" in cmdline and "ubf_task" in cmdline}
+        children = proctree.children(os.getpid())
+        nodes = {proc for proc, cmdline in children if "step" in cmdline and "ubf_task" in cmdline}
     thread = threading.Thread(target=_stop, args=(nodes, at_once, settle, grace, _started),
                               name="torchrun-local-nodes")
     thread.start()

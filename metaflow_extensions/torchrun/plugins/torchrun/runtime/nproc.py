@@ -24,8 +24,7 @@ def with_nproc_resolved(plan: CallPlan, accelerators: Accelerators = NO_ACCELERA
         if accelerators.kind != "gpu":  # a CPU step runs on CPU whatever the host has
             return plan
         count = cuda_devices()
-        notice = check_visible_devices(plan.nproc, accelerators, bool(count), count or 0) \
-            if count is not None else None
+        notice = check_visible_devices(plan.nproc, accelerators, bool(count), count or 0) if count is not None else None
         return dataclasses.replace(plan, notes=plan.notes + (notice,)) if notice else plan
     keyword = plan.nproc
     count, why = count_for_keyword(keyword)

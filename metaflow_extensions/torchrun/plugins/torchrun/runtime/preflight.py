@@ -64,7 +64,8 @@ class History:
             previous.attempts if previous is not None else (), flow, run_id, step)
         self.error: Optional[str] = None
         self._done = threading.Event()
-        threading.Thread(target=self._read, args=(flow, run_id, step), name="torchrun-node-history", daemon=True).start()
+        threading.Thread(target=self._read, args=(flow, run_id, step), name="torchrun-node-history",
+                         daemon=True).start()
 
     def _read(self, flow: str, run_id: str, step: str) -> None:
         try:

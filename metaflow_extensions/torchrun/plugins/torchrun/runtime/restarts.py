@@ -36,11 +36,10 @@ class CallRestarts:
               rank_starts: List[Optional[float]]) -> None:
         """Restart ``decided.restart``: this node's old ranks are gone."""
         self.records = with_ranks_start(self.records, rank_starts)
-        known = [s for s in rank_starts if s is not None]
         self.records.append(InStepRestart(decided.restart, decided.cause, ran_from=ran_from,
                                           failed_at=decided.cause.time, stopped_at=stopped_at,
                                           swapped_out=decided.swapped_out, swapped_in=decided.swapped_in,
-                                          work_from=min(known) if known else None))
+                                          work_from=min((s for s in rank_starts if s is not None), default=None)))
         self.restart, self.reported = decided.restart, False
 
     def started(self, at: Optional[float]) -> None:

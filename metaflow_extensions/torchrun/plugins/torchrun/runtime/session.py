@@ -118,7 +118,8 @@ class GangSession:
             # A local node's task that ends unjoined ends the gang.
             self.server = self._service = watch_local_nodes(service, self.topology).start()
             ports = (service.port,)
-        self.client = GangClient(self.config, self.topology.main_addr, ports, self.topology.node_index, secret=self.secret)
+        self.client = GangClient(self.config, self.topology.main_addr, ports, self.topology.node_index,
+                                 secret=self.secret)
         self.client.on_abort = self._on_abort
         self.client.progress = say
         self.client.preflight = self.preflight_source
@@ -221,7 +222,9 @@ class GangSession:
         client.leave(self.calls_made, ok=False)
         self.phase = Phase.LEFT
         cause = client.cause
-        if (cause is not None and self.topology.is_local and isinstance(error, TorchrunCallRefused) and is_refusal(cause)
+        if cause is None:
+            return None
+        if (self.topology.is_local and isinstance(error, TorchrunCallRefused) and is_refusal(cause)
                 and cause.node_index != self.topology.node_index and same_problem(self.step_cause(error), cause)):
             return self.aborted(cause)
         return None
@@ -240,7 +243,8 @@ class GangSession:
         else:
             raised = self._call_error
             in_call = self.phase is Phase.IN_CALL or (raised is not None and raised in (error, error.__cause__))
-            summary = "node %d failed in its step %s: %s: %s" % (node, _where(self.calls_made, in_call), exc_type, first)
+            where = _where(self.calls_made, in_call)
+            summary = "node %d failed in its step %s: %s: %s" % (node, where, exc_type, first)
             tb = "".join(traceback.format_exception(type(error), error, error.__traceback__))[-16000:]
         return Cause(CauseKind.STEP_FAILED, summary, node_index=node, exc_type=exc_type, message=message[:4000],
                      traceback=tb, call=call)

@@ -46,8 +46,9 @@ class SingleNodeLauncher:
     """``TorchrunSingleNodeMultiGPU().run(entrypoint=..., entrypoint_args=...,
     nproc_per_node=N)``: in any step, with or without ``@torchrun``."""
 
-    def __init__(self, args_as: str = "ours", label_logs: bool = True, heartbeat_timeout: float = DEFAULTS.HEARTBEAT_TIMEOUT,
-                 start_timeout: float = DEFAULTS.START_TIMEOUT, shutdown_grace: float = DEFAULTS.SHUTDOWN_GRACE) -> None:
+    def __init__(self, args_as: str = "ours", label_logs: bool = True,
+                 heartbeat_timeout: float = DEFAULTS.HEARTBEAT_TIMEOUT, start_timeout: float = DEFAULTS.START_TIMEOUT,
+                 shutdown_grace: float = DEFAULTS.SHUTDOWN_GRACE) -> None:
         from ..launch import validate_args_as, validate_timeouts
 
         self._args_as = validate_args_as(args_as, "TorchrunSingleNodeMultiGPU(args_as)")

@@ -61,7 +61,7 @@ def _default_sink(stream) -> ChunkSink:
         except (OSError, ValueError):
             pass  # a closed task stream must not kill the job it reports on
 
-    return lambda chunk: rank_output(stream, lambda: write_now(chunk))  # never inside a line of ours
+    return lambda chunk: rank_output(stream, lambda: write_now(chunk))  # never inside a line of ours, nor ours in it
 
 
 def _pump(fd: int, sink: ChunkSink) -> None:
