@@ -93,8 +93,7 @@ def hello(secret: bytes, gang_id: str, server_nonce: bytes, node: int, host: str
 
 def check_hello(secret: bytes, gang_id: str, server_nonce: bytes, message: Union[Mapping[str, Any], msg.Hello],
                 num_nodes: int) -> Tuple[int, bytes]:
-    """The node index and the peer's nonce. The proof is checked whatever the
-    index, so a peer without the secret learns nothing from which indexes fail how."""
+    """The proof is checked whatever the index: a stranger learns nothing from which indexes fail how."""
     return _check_proved(secret, gang_id, server_nonce, message, msg.Hello, "client", num_nodes)
 
 

@@ -52,8 +52,7 @@ class Bench(Record):
         return Bench(self.spares[1:], self.out + (node,)), self.spares[0]
 
     def prefer(self, avoid: Iterable[int]) -> "Bench":
-        """Before any rank starts: each active node in ``avoid`` changes places with
-        a clean spare, where one is left; it stays a spare, usable should none be left."""
+        """Each active node in ``avoid`` changes places with a clean spare, where one is left (a spare still)."""
         bench, blamed = self, set(avoid)
         clean = [s for s in self.spares if s not in blamed]
         for node in sorted(blamed):
@@ -65,8 +64,7 @@ class Bench(Record):
         return bench
 
     def take_out(self, unfit: Iterable[int]) -> Optional["Bench"]:
-        """Before any rank starts: every node in ``unfit`` out, a spare in for each;
-        None where that cannot be (node 0 unfit, or too few fit spares)."""
+        """Every node in ``unfit`` out, a spare in for each; None where node 0 is unfit or spares are too few."""
         unfit = set(unfit)
         if 0 in unfit:
             return None
@@ -91,8 +89,7 @@ class Bench(Record):
 
 @dataclass(frozen=True)
 class Seat:
-    """One node's place in a start of a call's ranks, worked out once as the news
-    arrives; ``node_rank`` None: it sits the start out."""
+    """One node's place in a start of a call's ranks (``node_rank`` None: it sits it out)."""
 
     bench: Bench
     node_rank: Optional[int]

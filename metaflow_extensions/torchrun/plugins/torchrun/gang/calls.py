@@ -92,8 +92,7 @@ class CallBook:
 
     @staticmethod
     def to_launch(state: CallState, port: Callable[[], int]) -> List[int]:
-        """The nodes to tell "go" now, each once, as soon as it and node 0 are
-        there: node 0's store is looked for only 60 s (torch's ``read_timeout``)."""
+        """Each node once it and node 0 are there: node 0's store is looked for only 60 s (``read_timeout``)."""
         if RDZV_STORE_NODE not in state.entries:
             return []
         if state.rdzv_port is None:

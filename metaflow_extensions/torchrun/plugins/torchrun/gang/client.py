@@ -30,13 +30,11 @@ T = TypeVar("T")
 
 
 class GangClient:
-    """Every node's (the control's too): the gang's verdict as this node heard
-    it, and what the step says and waits for."""
+    """Every node's (the control's too): the verdict as it heard it, and what the step says and waits for."""
 
     def __init__(self, config: GangConfig, host: str, ports: Sequence[int], node_index: int,
                  secret: Union[bytes, Callable[[], bytes]]):
-        """``secret``: the gang's, or a function called once on the joining
-        thread (a worker may wait for the control to publish it)."""
+        """``secret``: or a function called once on the joining thread (a worker may wait for it)."""
         self._get_secret: Optional[Callable[[], bytes]] = secret if callable(secret) else None
         self._secret = b"" if callable(secret) else gang_auth.check_secret(secret)
         self.config = config
@@ -171,8 +169,7 @@ class GangClient:
         return port
 
     def call_done(self, index: int, rank0: Optional[bytes], report: msg.NodeReport) -> None:
-        """``rank0``: rank 0's pickled return value, when rank 0 ran here, sent
-        with a MAC over its bytes; one too big for a line is sent as its size."""
+        """``rank0``: rank 0's pickled return value, when rank 0 ran here."""
         message = msg.CallDone(index, report)
         if rank0 is not None and len(rank0) <= wire.RANK0_MAX:
             message = msg.CallDone(index, report, rank0=rank0, rank0_proof=gang_auth.payload_proof(
@@ -376,8 +373,7 @@ class CallNews:
             return index in self._done
 
     def wait_stacks_in(self, index: int, seconds: float) -> bool:
-        """Until every node's stacks are in (its ranks may go now). The verdict does
-        not end it: the stacks are sent after a failure."""
+        """Until every node's stacks are in; not ended by the verdict: stacks are sent after a failure."""
         self._wait(lambda: index in self._stacks_in, seconds, verdict_ends=False)
         with self._changed:
             return index in self._stacks_in
@@ -393,15 +389,13 @@ class CallNews:
         return self.restart_after(index, restart)
 
     def sit_out(self, index: int, restart: int) -> Optional[msg.Restart]:
-        """A benched node: until a later restart (which may bring it in), or
-        None at the call's end or the verdict."""
+        """A benched node: until a later restart (which may bring it in); None at the call's end or the verdict."""
         self._wait(lambda: index in self._done or self.restart_after(index, restart) is not None)
         return self.restart_after(index, restart)
 
 
 def send_last_progress(client: GangClient) -> None:
-    """The ranks' last progress, before this node's report of the call: the
-    paced heartbeats may have carried it seconds before the end."""
+    """Before this node's report of the call: the paced heartbeats may have carried it seconds before the end."""
     if client.training is not None:
         client._safe_send(heartbeat(client.quiet, client.training))
 

@@ -1,10 +1,4 @@
-"""The gang's settings.
-
-torchrun's agent watches only its own node: when a node dies, its peers wait
-for an NCCL or gloo timeout (10 to 30 minutes). So the control hosts a small
-TCP service that every node joins for its whole step; only the control's
-address is known to all nodes, on every platform.
-"""
+"""The gang's settings (why a gang at all: docs/failures.md)."""
 
 from __future__ import annotations
 
@@ -61,6 +55,5 @@ class GangConfig:
 
     @property
     def progress_send(self) -> float:
-        """How often a heartbeat carries progress (every 8 s at 1,024 nodes: the
-        ranks' own time stamps keep the rates right)."""
+        """Every 8 s at 1,024 nodes: the ranks' own time stamps keep the rates right."""
         return max(timeouts.PROGRESS_SEND, self.num_nodes / PROGRESS_PER_SECOND)

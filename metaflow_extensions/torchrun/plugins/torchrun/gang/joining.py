@@ -67,8 +67,7 @@ class Joiner:
         return "%s port %s" % (self.host, " or ".join(map(str, self.ports)))
 
     def _handshake(self, port: int, connect_timeout: float = timeouts.CONNECT_TIMEOUT) -> Link:
-        """A port held by anything but our gang (another gang, another server, an
-        impostor) fails here and the next is tried."""
+        """A port held by anything but our gang (another gang, a server, an impostor) fails here."""
         sock = socket.create_connection((self.host, port), timeout=connect_timeout)
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)

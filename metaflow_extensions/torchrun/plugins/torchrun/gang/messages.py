@@ -126,8 +126,7 @@ class Hello(GangMessage):
 
 @dataclass(frozen=True)
 class Probe(GangMessage):
-    """"Node i is still here", on a fresh connection while its own is silent
-    (``probing.py``); answered by a ``welcome``, then closed."""
+    """"Node i is still here", on a fresh connection while its own is silent; answered by a ``welcome``."""
 
     TYPE: ClassVar[MessageType] = MessageType.PROBE
     WIRE_ORDER = ("protocol", "node_index", "nonce", "proof")
@@ -157,8 +156,7 @@ class Reject(GangMessage):
 
 @dataclass(frozen=True)
 class Heartbeat(GangMessage):
-    """``quiet``: seconds since the node's ranks last wrote, on its own clock
-    (the control's hang_timeout reads it)."""
+    """``quiet``: seconds since the node's ranks last wrote, on its own clock (hang_timeout reads it)."""
 
     TYPE: ClassVar[MessageType] = MessageType.HEARTBEAT
     quiet: Annotated[Optional[float], Real(0.0, 1e9 - 1, digits=3)] = None
@@ -233,8 +231,7 @@ class NodeReport(Record):
 
 @dataclass(frozen=True)
 class CallDone(GangMessage):
-    """``rank0``: rank 0's pickled return value with a MAC over its bytes
-    (``auth.payload_proof``); one too big for a line is sent as its size."""
+    """``rank0``: rank 0's pickled return value, with a MAC over its bytes; one too big is sent as its size."""
 
     TYPE: ClassVar[MessageType] = MessageType.CALL_DONE
     index: CallIndex
@@ -262,8 +259,7 @@ class StacksIn(GangMessage):
 
 @dataclass(frozen=True)
 class Failed(GangMessage):
-    """``restart``: which start of the call's ranks failed (0: the first), so a
-    report of ranks already replaced is not taken for the new ones'."""
+    """``restart``: which start of the call's ranks failed, so a report of replaced ranks is not taken for the new."""
 
     TYPE: ClassVar[MessageType] = MessageType.FAILED
     cause: Annotated[Cause, CAUSE]
@@ -322,8 +318,7 @@ def _by_rank(value: Mapping[str, Any]) -> Iterator[Tuple[int, Any]]:
 
 @dataclass(frozen=True)
 class Stacks(GangMessage):
-    """rank -> faulthandler's dump and, where torch records them, rank -> its
-    Flight Recorder summary; both empty when the node had no live rank."""
+    """rank -> faulthandler's dump and Flight Recorder summary; both empty when the node had no live rank."""
 
     TYPE: ClassVar[MessageType] = MessageType.STACKS
     call: CallIndex
@@ -377,8 +372,7 @@ Versions = Dict[Annotated[str, OneOf(FINGERPRINT_FIELDS)], Annotated[str, Text(F
 
 @dataclass(frozen=True)
 class Preflight(GangMessage):
-    """A node's software fingerprint (read from files, never by importing
-    torch) and its fitness checks; sent once, after joining, before any ``call``."""
+    """Fingerprint (read from files, never by importing torch) and checks; once, before any ``call``."""
 
     TYPE: ClassVar[MessageType] = MessageType.PREFLIGHT
     versions: Annotated[Versions, Items(len(FINGERPRINT_FIELDS)), NEED] = field(default_factory=dict)

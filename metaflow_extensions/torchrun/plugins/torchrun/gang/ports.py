@@ -53,8 +53,7 @@ def choose_ports(env: Mapping[str, str], gang_key: str, configured: Optional[int
 
 
 def own_command_port(gang_key: str) -> int:
-    """``current.torch.torchrun_args``' rendezvous port, for a user who launches
-    torchrun themselves: every node computes it without asking the control."""
+    """``current.torch.torchrun_args``' rendezvous port: every node computes it without asking the control."""
     return hashed_port("%s#own-torchrun" % gang_key)
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import socket
 import threading
 import time
+from dataclasses import dataclass
 from typing import Callable, List, Optional
 
 from ..cause import Cause, CauseKind
@@ -28,8 +29,7 @@ _log = log.get("gang.client")
 
 
 class Hearing:
-    """When this node last heard the control: on its connection (``link``) and
-    by any means (``any``); each one float, assigned whole by one thread."""
+    """When this node last heard the control: on its connection, and by any means; each assigned whole."""
 
     def __init__(self) -> None:
         self.link = self.any = time.monotonic()
@@ -54,21 +54,18 @@ class Hearing:
         return None
 
 
+@dataclass
 class Prober:
-
-    def __init__(self, config: GangConfig, host: str, port: int, node_index: int, secret: bytes,
-                 hearing: Hearing, on_cause: Callable[[Cause], None], done: Callable[[], bool],
-                 closing: threading.Event) -> None:
-        self.config = config
-        self.host = host
-        self.port = port
-        self.node_index = node_index
-        self.secret = secret
-        self.hearing = hearing
-        self.on_cause = on_cause
-        self.done = done
-        self.closing = closing
-        self.sent = 0  # probes, for the debug log
+    config: GangConfig
+    host: str
+    port: int
+    node_index: int
+    secret: bytes
+    hearing: Hearing
+    on_cause: Callable[[Cause], None]
+    done: Callable[[], bool]
+    closing: threading.Event
+    sent: int = 0  # probes, for the debug log
 
     def run(self) -> None:
         period = self.config.heartbeat_interval
@@ -85,8 +82,7 @@ class Prober:
             self.closing.wait(max(0.0, began + period - time.monotonic()))
 
     def once(self, connect_timeout: float) -> bool:
-        """True when the service answered. ``connect_timeout`` is short: a lost
-        SYN is resent by the next probe, not after Linux's 1 s."""
+        """``connect_timeout`` is short: a lost SYN is resent by the next probe, not after Linux's 1 s."""
         try:
             sock = socket.create_connection((self.host, self.port), timeout=connect_timeout)
         except OSError:

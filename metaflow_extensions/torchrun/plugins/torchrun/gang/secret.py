@@ -76,8 +76,7 @@ WITHDRAWN = b"metaflow-torchrun gang secret withdrawn\n"
 
 
 def withdraw(storage: Storage, identity: GangIdentity) -> None:
-    """The control's step is over: the secret does not stay readable beside the
-    run's artifacts. Never raises: the step's outcome is already decided."""
+    """Not left readable beside the run's artifacts. Never raises: the step's outcome is decided."""
     path = secret_path(identity)
     try:
         if getattr(storage, "TYPE", None) == "local":
@@ -150,8 +149,7 @@ class Published:
 
 def for_task(storage: Storage, identity: GangIdentity, own: Optional[bytes], is_control: bool,
              timeout: float) -> Tuple[Any, "Published"]:
-    """The control publishes before Metaflow spawns the local nodes, so they find
-    it at once; the others fetch it while joining (a callable)."""
+    """The control publishes before Metaflow spawns the local nodes; the others fetch it while joining."""
     if is_control:
         return control_secret(storage, identity, own)
     return (lambda: for_worker(storage, identity, own, timeout)), Published(None)

@@ -34,8 +34,7 @@ from ..base import timeouts
 
 
 class GangFacts(Protocol):
-    """What the control's own code reads of the gang: each a copy taken under the
-    service's lock. Everything else it hears as any node does, by message."""
+    """What the control's code reads of the gang, copied under the lock; the rest it hears as any node does."""
 
     def hosts(self) -> Dict[int, str]: ...
 
@@ -53,8 +52,7 @@ class GangFacts(Protocol):
 
 
 class GangServer:
-    """The loop: its thread and lock, when heartbeats and checks are due, and
-    the control's reads (``GangFacts``); the decisions are ``handlers``'."""
+    """The loop, its lock, when heartbeats and checks are due, and ``GangFacts``; decisions are ``handlers``'."""
 
     def __init__(self, config: GangConfig, host: str, ports: Sequence[int], secret: bytes):
         """Listen on the first of ``ports`` that is free on ``host``."""
@@ -107,8 +105,7 @@ class GangServer:
             return self.handlers.members.missing()
 
     def everyone_heard(self) -> bool:
-        """After an abort: every node was told the cause, then or as it joined
-        (one whose task ended before it joined is not waited for)."""
+        """After an abort: every node was told the cause, then or as it joined (or its task ended first)."""
         with self._lock:
             return self.handlers.members.all_heard
 

@@ -73,8 +73,7 @@ def _no_constant(name: str) -> Any:
 
 
 class LineReader:
-    """A line over ``max_line`` raises ``ProtocolError``; so does one that is not a
-    JSON object when ``strict``, else it is skipped."""
+    """``ProtocolError`` for a line over ``max_line``, or not a JSON object when ``strict`` (else skipped)."""
 
     def __init__(self, max_line: int = MAX_LINE, strict: bool = False) -> None:
         self._parts: List[bytes] = []
