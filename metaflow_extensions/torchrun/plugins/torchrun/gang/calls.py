@@ -177,8 +177,7 @@ class CallBook:
 
     def hung(self, now: float, limit: Optional[float], last_output: Callable[[int], Optional[float]],
              left: Left, advanced: bool = False) -> Optional[Cause]:
-        """No rank of the running call wrote (``advanced``: advanced a step) for
-        ``limit``. A silence is measured on its node and sent as a duration: clocks need not agree."""
+        """No rank wrote (or ``advanced`` a step) for ``limit``, measured on its node: clocks need not agree."""
         if not limit:
             return None
         for state in self.calls.values():

@@ -39,8 +39,7 @@ class GangConfig:
 
     @property
     def heartbeat_interval(self) -> float:
-        """A tenth of the timeout, at most 1 s; past 512 nodes, a second per 512
-        nodes, so the control's cost stays flat (at most a quarter of the timeout)."""
+        """A tenth of the timeout, at most 1 s; past 512 nodes, a second per 512 nodes: the control's cost is flat."""
         base = max(0.05, min(1.0, self.heartbeat_timeout / 10.0))
         scaled = self.num_nodes / HEARTBEATS_PER_SECOND
         return max(base, min(scaled, self.heartbeat_timeout / 4.0))

@@ -85,9 +85,8 @@ class Handlers:
         self.transport.resume(time.monotonic())
 
     def _on_probe(self, peer: Peer, line: msg.WireDict) -> None:
-        """As good as hearing the member on its own connection. A node the gang
-        does not hold (lost, never joined) is refused, unless the gang is over:
-        then it hears why."""
+        """As good as hearing the member on its own connection. A node the gang does not hold is
+        refused, unless the gang is over: then it hears why."""
         proved = self.admission.probe(peer, line)
         if proved is not None:
             node, client_nonce = proved

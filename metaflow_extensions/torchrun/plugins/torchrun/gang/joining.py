@@ -39,8 +39,7 @@ class Joiner:
         self._early = b""
 
     def join(self, patience: float) -> Optional[Link]:
-        """None when no port held our gang's service within ``patience``
-        (``last_error`` says why). Says what it tries every ``progress_interval``:
+        """None when no port held our gang's service within ``patience``. Says what it tries as it goes:
         a worker cut off learns it here, not once ``start_timeout`` has passed."""
         started = time.monotonic()
         deadline = started + patience

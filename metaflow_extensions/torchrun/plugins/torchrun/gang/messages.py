@@ -270,9 +270,8 @@ class Failed(GangMessage):
 
 @dataclass(frozen=True)
 class Restart(GangMessage):
-    """Stop call ``index``'s ranks and start them again as restart ``restart``
-    on a fresh ``rdzv_port`` (the old store dies with node 0's old agent).
-    ``swapped_in``: the spare that came in for the node the cause is pinned to."""
+    """Start call ``index``'s ranks again on a fresh ``rdzv_port`` (the old store dies with node 0's old
+    agent); ``swapped_in``: the spare that came in for the node the cause is pinned to."""
 
     TYPE: ClassVar[MessageType] = MessageType.RESTART
     index: CallIndex

@@ -81,8 +81,7 @@ class Difference:
 
 
 def group_values(fingerprints: Mapping[int, Mapping[str, str]]) -> Dict[str, Dict[str, List[int]]]:
-    """field -> value -> nodes; a field not sent is "none". A node that sent no
-    fingerprint (it could not measure) is left out: not knowing is no reason to refuse."""
+    """field -> value -> nodes. A node that could not measure is left out: not knowing is no reason to refuse."""
     groups: Dict[str, Dict[str, List[int]]] = {name: {} for name in msg.FINGERPRINT_FIELDS}
     for node in sorted(fingerprints):
         versions = fingerprints[node]

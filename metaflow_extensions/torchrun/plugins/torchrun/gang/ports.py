@@ -41,8 +41,7 @@ def hashed_port(key: str) -> int:
 
 
 def choose_ports(env: Mapping[str, str], gang_key: str, configured: Optional[int] = None) -> Tuple[int, ...]:
-    """By precedence: ``configured`` (``port``, else ``METAFLOW_TORCHRUN_PORT``);
-    ``MF_MASTER_PORT`` (``@kubernetes(port=...)``); else ports hashed from the gang id."""
+    """``configured`` (``port``, ``METAFLOW_TORCHRUN_PORT``), ``MF_MASTER_PORT``, else hashed from the gang id."""
     if configured is not None:
         return (configured,)
     k8s = parse_port(env.get("MF_MASTER_PORT"), "MF_MASTER_PORT")

@@ -11,8 +11,7 @@ from .calls import CallState
 
 
 def may_restart(state: Optional[CallState], cause: Cause, allowed: int) -> bool:
-    """Restarts are left, every node reached the call, none is done with it (it
-    cannot run its ranks again), and ``cause.restartable_in_step``."""
+    """Restarts are left, every node reached the call and none is done with it (it cannot run its ranks again)."""
     if state is None or state.restart >= allowed or cause.call != state.index:
         return False
     return state.all_entered_at is not None and not state.done and restartable_in_step(cause)
