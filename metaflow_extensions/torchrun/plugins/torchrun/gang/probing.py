@@ -14,7 +14,7 @@ from __future__ import annotations
 import socket
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, List, Optional
 
 from ..cause import Cause, CauseKind
@@ -60,7 +60,7 @@ class Prober:
     host: str
     port: int
     node_index: int
-    secret: bytes
+    secret: bytes = field(repr=False)
     hearing: Hearing
     on_cause: Callable[[Cause], None]
     done: Callable[[], bool]
