@@ -1,12 +1,13 @@
 """Small typed records for tests of what a call launches (launch/prepare.py)."""
 
+from metaflow_extensions.torchrun.plugins.torchrun.launch.command import restarts_allowed
 from metaflow_extensions.torchrun.plugins.torchrun.launch.plan import CallPlan
 from metaflow_extensions.torchrun.plugins.torchrun.launch.prepare import NodeFacts
 
 
 def script_plan(options=None):
     return CallPlan(entry_name="s.py", script="/s.py", entry_argv=[], function=None, function_args=None, nproc=1,
-                    options=dict(options or {}))
+                    options=dict(options or {}), torch_restarts=restarts_allowed(options or {}))
 
 
 def node_facts(**changes):

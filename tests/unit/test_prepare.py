@@ -24,6 +24,7 @@ from metaflow_extensions.torchrun.plugins.torchrun.procs import entry, names
 from metaflow_extensions.torchrun.plugins.torchrun.runtime import call as call_module
 from metaflow_extensions.torchrun.plugins.torchrun.runtime.call import CallRun
 from metaflow_extensions.torchrun.plugins.torchrun.runtime.session import GangSession
+from plans import node_facts
 
 # Each setting of Metaflow's configuration (knobs.py) at a value no default has,
 # and where it is checked: below, or in test_decorator_hooks.py for those the
@@ -104,7 +105,8 @@ def test_retry_on_reaches_the_plan_of_a_call(tmp_path):
     asked = {"max_restarts": 1}
     with pytest.raises(TorchrunInvalidArgument, match="retry_on='infrastructure'"):
         plan_call(str(script), None, None, asked, StepDefaults(retry_on=CHANGED["retry_on"]), [str(tmp_path)])
-    assert plan_call(str(script), None, None, asked, StepDefaults(), [str(tmp_path)]).options["max-restarts"] == 1
+    planned = plan_call(str(script), None, None, asked, StepDefaults(), [str(tmp_path)])
+    assert planned.options["max-restarts"] == 1 and planned.torch_restarts  # carried: prepare reads it
 
 
 def test_the_session_carries_the_gang_settings(run):
@@ -168,6 +170,23 @@ def test_a_restart_launches_its_own_rendezvous_and_says_which_restart_it_is(run)
     argv = " ".join(again)
     assert "127.0.0.1:29555" in argv and "--rdzv-backend static" in argv and "--node-rank 0" in argv
     assert again[again.index("--rdzv-id") + 1] == first_id + "-r2"
+
+
+def test_a_node_waits_for_node_0s_store_at_the_endpoint_its_launch_was_given(run, monkeypatch):
+    """The endpoint comes beside the argv (``NodeStart``), never read back out
+    of it: a launch that parsed its own argv again waits at the argv's."""
+    from metaflow_extensions.torchrun.plugins.torchrun.runtime import call_launch
+
+    run.prepare()
+    start = call_launch.prepare_launch(run.plan, run.session.defaults, node_facts(rdzv_port=29555), os.environ)
+    assert start.argv[start.argv.index("--rdzv-endpoint") + 1] == start.rdzv_endpoint == "127.0.0.1:29555"
+    waited = []
+    monkeypatch.setattr(call_launch, "prepare_launch", lambda *a: start._replace(rdzv_endpoint="10.9.8.7:1234"))
+    monkeypatch.setattr(call_launch, "wait_listening", lambda endpoint, seconds: waited.append(endpoint))
+    run.session.topology = dataclasses.replace(run.session.topology, node_index=1)  # not the store's node
+    run.launch.warm = type("Warm", (), {"for_ranks": lambda self, env, n: dict(env, **{names.ZYGOTE_ENV: "z"})})()
+    run.launch.command(run.session.bench.seat(0, 2), 29555, 0)  # a seat that trains (node 1 is the spare)
+    assert waited == ["10.9.8.7:1234"]
 
 
 def test_the_supervisor_gets_the_grace(run, monkeypatch):

@@ -26,9 +26,9 @@ from .gang.node_compare import parse_mode as parse_preflight
 from .gang import parse_port
 from .launch import (NO_ACCELERATORS, Accelerators, ArgSpec, StepDefaults, merged_options, requested_accelerators,
                      step_timeout, validate_args_as, validate_shutdown_grace, validate_timeouts)
-from .launch.command import none_keys, restarts_allowed
+from .launch.command import restarts_allowed
 from .launch.inputs import retry_on_clash, validate_hang_timeout, validate_restarts, validate_spares
-from .launch.plan import check_options, legacy_rdzv_port, none_note, option_names, validate_nproc
+from .launch.plan import check_options, legacy_rdzv_port, none_notes, option_names, validate_nproc
 from .launch.platforms import check_port_clash, refuse_one_node_on_kubernetes, refuse_step_functions
 from .record import attempts as attempts_
 
@@ -148,8 +148,7 @@ def _torchrun_args(args: ArgSpec, problems: Problems) -> Tuple[ArgSpec, Optional
     legacy_port, notes, parsed = None, [], args
     if pinned is not None:
         legacy_port, notes = pinned
-        if none_keys(args):
-            notes = notes + [none_note(none_keys(args), "@torchrun(torchrun_args)")]
+        notes = notes + none_notes(args, "@torchrun(torchrun_args)")
         parsed = options
     # Names torchrun does not know, also where a value was refused.
     problems.check(check_options, options if options is not None else option_names(args))

@@ -235,6 +235,10 @@ class Launch:
     # so its rendezvous may wait that long for the last node to arrive.
     start_timeout: float = DEFAULTS.START_TIMEOUT
 
+    @property
+    def rdzv_endpoint(self) -> str:
+        return format_endpoint(self.rdzv_host, self.rdzv_port)
+
 
 def format_endpoint(host: str, port: int) -> str:
     # An IPv6 literal needs brackets or torch splits it at the wrong colon.
@@ -278,7 +282,7 @@ def default_options(launch: Launch) -> Dict[str, Any]:
         "nnodes": str(launch.num_nodes),
         "nproc-per-node": str(launch.nproc_per_node),
         "rdzv-backend": "c10d",
-        "rdzv-endpoint": format_endpoint(launch.rdzv_host, launch.rdzv_port),
+        "rdzv-endpoint": launch.rdzv_endpoint,
         "rdzv-id": launch.rdzv_id,
         # The control node hosts the rendezvous store; saying so explicitly avoids
         # torch guessing from host names, which fails behind NAT and in namespaces.

@@ -108,6 +108,8 @@ class CallPlan:
     # Keys of a dict given as True (a bare flag here, "--key true" in 0.2): named
     # when a rank's argparse wanted a value for one (compat.argparse_hint).
     true_keys: Tuple[str, ...] = ()
+    # torch's own restart (max_restarts > 0): the dynamic rendezvous, a fresh store per round.
+    torch_restarts: bool = False
     # Deprecation lines for metaflow-torchrun 0.2 spellings, said once per step.
     notes: Tuple[str, ...] = ()
 
@@ -242,6 +244,11 @@ def legacy_port_note(where: str, port: int) -> str:
         "rendezvous port, as in 0.2: write @torchrun(rdzv_port=%d). The gang service's port is "
         "@torchrun(port=N)." % (where, port, port)
     )
+
+
+def none_notes(args: ArgSpec, what: str) -> List[str]:
+    keys = none_keys(args)
+    return [none_note(keys, what)] if keys else []
 
 
 def none_note(keys: Sequence[str], what: str) -> str:
@@ -412,16 +419,17 @@ def plan_request(request: CallRequest, defaults: StepDefaults, search_dirs: Sequ
                      request.torchrun_args, defaults, search_dirs, problems)
 
 
-def refuse_torch_restarts(options: Mapping[str, Any], defaults: StepDefaults) -> None:
-    """torch's own restart (``max_restarts``) asked by a call where the step
-    says no: with the gang's ``restarts``, or under ``retry_on="infrastructure"``
+def refuse_torch_restarts(options: Mapping[str, Any], defaults: StepDefaults) -> bool:
+    """Whether the call asks torch's own restart (``max_restarts``), refused
+    where the step says no: with the gang's ``restarts``, or under ``retry_on="infrastructure"``
     (torch would rerun a bug); the step's own torchrun_args are refused at step_init."""
     if "max-restarts" not in options or not restarts_allowed(options):  # most calls pass none
-        return
+        return False
     if defaults.restarts:
         raise TorchrunInvalidArgument(restarts_clash("torchrun_args", defaults.restarts))
     if defaults.retry_on == "infrastructure":
         raise TorchrunInvalidArgument(retry_on_clash("the call's torchrun_args", options["max-restarts"]))
+    return True
 
 
 def plan_call(
@@ -433,8 +441,7 @@ def plan_call(
     search_dirs: Sequence[str],
     problems: Optional[Problems] = None,
 ) -> CallPlan:
-    """Resolve a call's arguments; raise one ``TorchrunInvalidArgument``
-    naming every problem found (with those already in ``problems``)."""
+    """Raises one ``TorchrunInvalidArgument`` naming every problem (with those already in ``problems``)."""
     problems = problems if problems is not None else Problems()
     function: Optional[functions.FunctionRef] = None
     script: Optional[str] = None
@@ -456,15 +463,15 @@ def plan_call(
             notes.append(false_note(entry.false_keys))
     options = merged_options(defaults, torchrun_args, problems)
     for source, args in (("@torchrun(torchrun_args)", defaults.torchrun_args), ("torchrun_args", torchrun_args)):
-        if none_keys(args):
-            notes.append(none_note(none_keys(args), source))
+        notes.extend(none_notes(args, source))
     with problems:
         rdzv_port, port_notes = legacy_rdzv_port(options, "torchrun_args")
         notes.extend(port_notes)
     with problems:
         check_options(options)
+    torch_restarts = False
     with problems:
-        refuse_torch_restarts(options, defaults)
+        torch_restarts = refuse_torch_restarts(options, defaults)
     with problems:
         check_command_size(options, os.environ)
     with problems:
@@ -482,5 +489,6 @@ def plan_call(
         options=options,
         rdzv_port=rdzv_port if rdzv_port is not None else defaults.rdzv_port,
         true_keys=entry.true_keys if defaults.args_as != "0.2" else (),
+        torch_restarts=torch_restarts,
         notes=tuple(notes),
     )

@@ -14,10 +14,10 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass
-from typing import Dict, List, Mapping, Optional, Tuple
+from typing import Dict, List, Mapping, NamedTuple, Optional
 
 from ..procs import names
-from .command import Launch, build_command, restarts_allowed
+from .command import Launch, build_command
 from .plan import CallPlan, StepDefaults
 
 
@@ -41,10 +41,17 @@ class NodeFacts:
     node_rank: Optional[int] = None
 
 
-def prepare_launch(plan: CallPlan, defaults: StepDefaults, node: NodeFacts,
-            base: Mapping[str, str]) -> Tuple[List[str], Dict[str, str]]:
-    """torchrun's argv and environment for this node's share of the call."""
-    argv = build_command(Launch(
+class NodeStart(NamedTuple):
+    """This node's torchrun: its argv, its environment, and the rendezvous
+    endpoint the argv names (the caller waits on it; nothing re-reads argv)."""
+
+    argv: List[str]
+    env: Dict[str, str]
+    rdzv_endpoint: str
+
+
+def prepare_launch(plan: CallPlan, defaults: StepDefaults, node: NodeFacts, base: Mapping[str, str]) -> NodeStart:
+    launch = Launch(
         python=node.python,
         num_nodes=node.num_nodes,
         node_index=node.node_index if node.node_rank is None else node.node_rank,
@@ -56,8 +63,8 @@ def prepare_launch(plan: CallPlan, defaults: StepDefaults, node: NodeFacts,
         user_options=plan.options,
         local_addr=node.local_addr,
         start_timeout=defaults.start_timeout,
-    ))
-    return argv, rank_environment(base, defaults, plan, node)
+    )
+    return NodeStart(build_command(launch), rank_environment(base, defaults, plan, node), launch.rdzv_endpoint)
 
 
 def rank_environment(base: Mapping[str, str], defaults: StepDefaults, plan: CallPlan,
@@ -83,7 +90,7 @@ def rank_environment(base: Mapping[str, str], defaults: StepDefaults, plan: Call
         # gloo otherwise binds to whatever the host name resolves to, which
         # on many hosts (127.0.1.1, containers) other nodes cannot reach.
         env["GLOO_SOCKET_IFNAME"] = node.iface
-    if restarts_allowed(plan.options):
+    if plan.torch_restarts:
         # With the agent's store shared with the workers, torch keeps one store
         # for every restart and restarted workers read the previous round's
         # addresses (gloo: "Connection refused"): max_restarts could never

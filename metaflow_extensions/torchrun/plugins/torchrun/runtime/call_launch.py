@@ -76,13 +76,12 @@ class NodeLaunch:
             rdzv_id=self.rdzv_id + ("-r%d" % restart if restart else ""),
             workdir=self.workdir, log_dir=self.log_dir, entry_path=entry_path, flow_dir=self.session.flow_dir,
         )
-        argv, env = prepare_launch(self.plan, self.session.defaults, node, os.environ)
+        argv, env, endpoint = prepare_launch(self.plan, self.session.defaults, node, os.environ)
         if restart:
             env[RESTART_ENV] = str(restart)
         assert self.warm is not None  # prepare() chose it
         env = self.warm.for_ranks(env, self.plan.nproc if isinstance(self.plan.nproc, int) else 1)
-        endpoint = _option(argv, "rdzv-endpoint")
-        if ZYGOTE_ENV in env and topology.node_index != 0 and endpoint:
+        if ZYGOTE_ENV in env and topology.node_index != 0:
             wait_listening(endpoint, timeouts.STORE_WAIT)  # node 0's store first: no backoff in torch's client
         return argv, env
 
@@ -97,17 +96,6 @@ class NodeLaunch:
         """When each of this node's ranks of start ``restart`` reached the user's script (their status files)."""
         return [r.start for r in read_rank_records(self.workdir, []) if (r.restart or 0) == restart] \
             if self.workdir else []
-
-
-def _option(argv: List[str], name: str) -> Optional[str]:
-    """The value torchrun's argv gives option ``name`` (either spelling; the last wins)."""
-    found = None
-    spellings = ("--" + name, "--" + name.replace("-", "_"))
-    for i, arg in enumerate(argv):
-        key, eq, value = arg.partition("=")
-        if key in spellings:
-            found = value if eq else (argv[i + 1] if i + 1 < len(argv) else None)
-    return found
 
 
 def swap_line(index: int, decided: Any, restarts: int, hosts: Dict[int, str]) -> str:
