@@ -27,33 +27,10 @@ from metaflow_extensions.torchrun.plugins.torchrun.record.result import Torchrun
 # The type of current.torch: exported so that Metaflow's generated stubs (and IDEs)
 # see current.torch.run with its signature.
 from metaflow_extensions.torchrun.plugins.torchrun.handle import TorchrunHandle  # noqa: F401, E402
+from metaflow_extensions.torchrun.plugins.torchrun.compat import TorchrunSingleNodeMultiGPU  # noqa: F401, E402
 
 # Metaflow's banner names every extension by these two ("torchrun(0.3.0)"); before 2.16
 # __version__ must exist. Dunder names: Metaflow does not copy them into its namespace.
 from metaflow_extensions.torchrun.plugins.torchrun.base.version import __version__  # noqa: F401, E402
 
 __mf_extensions__ = "torchrun"
-
-
-
-class TorchrunSingleNodeMultiGPU:
-    """metaflow-torchrun 0.2's single-node launcher, for an ordinary step:
-    ``TorchrunSingleNodeMultiGPU().run(entrypoint="train.py", nproc_per_node=N)``.
-    Imported lazily: Metaflow loads this module while it imports itself."""
-
-    def __init__(self, *args, **kwargs):
-        from metaflow_extensions.torchrun.plugins.torchrun.compat import (
-            TorchrunSingleNodeMultiGPU as Launcher,
-        )
-
-        self._launcher = Launcher(*args, **kwargs)
-
-    @property
-    def last_result(self):
-        return self._launcher.last_result
-
-    def run(self, /, *args, **kwargs):
-        """run(torchrun_args=None, entrypoint=None, entrypoint_args=None, nproc_per_node=None):
-        0.2's signature and order (torchrun_args first); returns a TorchrunResult. Any call
-        reaches the launcher's own checks: a wrong one is a TorchrunCallRefused naming it."""
-        return self._launcher.run(*args, **kwargs)

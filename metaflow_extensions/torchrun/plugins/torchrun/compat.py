@@ -13,48 +13,32 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence
 
 from .errors import TorchrunInvalidArgument, shown
-
-# ---------------------------------------------------------------- Metaflow versions
-
-
-def accepts_keyword(func: Callable[..., Any], name: str) -> bool:
-    """Whether ``func`` takes the keyword ``name`` (Metaflow grows hook arguments
-    over versions; feature detection beats version numbers)."""
-    try:
-        params = inspect.signature(func).parameters
-    except (TypeError, ValueError):
-        return False
-    return name in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
-
+from .runtime import SingleNodeLauncher
 
 def decorator_init_kwargs(parent_init: Callable[..., Any], inserted_by: Any) -> Dict[str, Any]:
-    """Keyword arguments for ``StepDecorator.__init__`` beyond attributes and
-    statically_defined: ``inserted_by`` exists from Metaflow 2.16 on."""
-    if accepts_keyword(parent_init, "inserted_by"):
+    """``inserted_by`` for ``StepDecorator.__init__`` where it takes it (Metaflow 2.16+): feature
+    detection beats version numbers."""
+    try:
+        params = inspect.signature(parent_init).parameters
+    except (TypeError, ValueError):
+        return {}
+    if "inserted_by" in params or any(p.kind is p.VAR_KEYWORD for p in params.values()):
         return {"inserted_by": inserted_by}
     return {}
 
 
 def local_control_task_id(task_id: str) -> str:
-    """The control task's id, seen from a local worker node whose environment does
-    not name it (Metaflow before 2.16 sets no MF_PARALLEL_CONTROL_TASK_ID). Local
-    workers are "<run>-<split step>-<n>_node_<i>" and their control is
-    "control-<run>-<split step>-<n>"; every node must derive the same gang id."""
+    """The control task's id where a local worker's environment lacks it (Metaflow before 2.16):
+    "<prefix>_node_<i>" -> "control-<prefix>", so that every node derives the same gang id."""
     prefix = str(task_id).split("_node_")[0]
     return prefix if prefix.startswith("control-") else "control-" + prefix
 
 
-# ---------------------------------------------------- metaflow-torchrun 0.2 names
-
-# Old attribute name -> the attribute that does the same here.
+# metaflow-torchrun 0.2's attribute name -> ours (0.2's master_port was torchrun's rendezvous port).
 ATTRIBUTE_ALIASES = {
-    # 0.2 passed it to torchrun as its rendezvous port (--master_port and
-    # --rdzv_endpoint): rdzv_port pins that port here. port is the gang's own.
     "master_port": "rdzv_port",
     "all_nodes_started_timeout": "start_timeout",
 }
-
-
 ALIAS_NOTES = {
     "master_port": " It pins torchrun's rendezvous port, as in 0.2; @torchrun(port=N) pins the gang service's.",
 }
@@ -62,16 +46,13 @@ ALIAS_NOTES = {
 
 @dataclass
 class LegacyAttributes:
-    """``@torchrun(...)`` attributes with 0.2 names translated; what to tell."""
-
     attributes: Dict[str, Any]
     deprecations: List[str] = field(default_factory=list)
     conflicts: List[str] = field(default_factory=list)
 
 
 def translate_attributes(attributes: Optional[Mapping[str, Any]]) -> LegacyAttributes:
-    """Rename 0.2 attributes (``master_port``, ``all_nodes_started_timeout``) to
-    their names here. Giving both spellings is a conflict, reported at flow start."""
+    """0.2's attribute names renamed to ours; both spellings given is a conflict, refused at flow start."""
     out = dict(attributes or {})
     result = LegacyAttributes(out)
     for old, new in ATTRIBUTE_ALIASES.items():
@@ -93,8 +74,7 @@ def translate_attributes(attributes: Optional[Mapping[str, Any]]) -> LegacyAttri
 
 
 def is_task_process(argv: Iterable[str]) -> bool:
-    """A Metaflow task (``flow.py ... step <name> ...``) rather than the command
-    the user typed: deprecation lines are said once, by the latter."""
+    """A Metaflow task (``flow.py ... step <name>``), not the user's command, which says the notes once."""
     return "step" in list(argv)[1:]
 
 
@@ -107,27 +87,14 @@ def legacy_notes(legacy: LegacyAttributes, say: Callable[[str], None], argv: Ite
             say(line)
 
 
-class TorchrunSingleNodeMultiGPU:
-    """metaflow-torchrun 0.2's single-node launcher, for an ordinary step (no
-    ``@parallel``): ``TorchrunSingleNodeMultiGPU().run(entrypoint="train.py",
-    entrypoint_args={...}, nproc_per_node=N)``. Supervised like a
-    ``@torchrun`` call (``runtime/single_node.py``); returns a ``TorchrunResult``.
-    ``args_as="0.2"`` spells a dict of entrypoint_args as 0.2 did."""
+class TorchrunSingleNodeMultiGPU(SingleNodeLauncher):
+    """metaflow-torchrun 0.2's single-node launcher, for an ordinary step (no ``@parallel``):
+    ``TorchrunSingleNodeMultiGPU().run(entrypoint="train.py", entrypoint_args={...}, nproc_per_node=N)``,
+    supervised like a ``@torchrun`` call; returns a ``TorchrunResult``. ``run`` keeps 0.2's positional
+    order (``torchrun_args`` first). ``args_as="0.2"`` spells a dict of entrypoint_args as 0.2 did."""
 
     def __init__(self, args_as: str = "ours", label_logs: bool = True) -> None:
-        from .runtime import SingleNodeLauncher
-
-        self._launcher = SingleNodeLauncher(args_as=args_as, label_logs=label_logs)
-
-    @property
-    def last_result(self) -> Any:
-        return self._launcher.last_result
-
-    def run(self, /, *args: Any, **kwargs: Any) -> Any:
-        """0.2's signature and positional order: ``run(torchrun_args, entrypoint,
-        entrypoint_args, nproc_per_node)``. ``SingleNodeLauncher.run`` reads any
-        call, refusing a wrong one by name (never a ``TypeError``)."""
-        return self._launcher.run(*args, **kwargs)
+        super().__init__(args_as=args_as, label_logs=label_logs)
 
 
 # A @parallel step's worker task: "<control>_node_<i>" locally, "<id>-node-<i>"
@@ -136,9 +103,8 @@ _WORKER_TASK = re.compile(r"^(?P<control>.+?)[-_]node[-_]\d+$")
 
 
 def control_task_of(task: Any) -> Any:
-    """``card view <run>/train`` resolves to any task of the step, mostly a
-    worker, which has no card: the control task of a @parallel step instead.
-    ``task`` itself when it is no worker or no control can be told."""
+    """The control task of a @parallel step's worker ``task`` (``card view <run>/train`` resolves to
+    any task, mostly a worker, which has no card); ``task`` itself when no control can be told."""
     match = _WORKER_TASK.match(str(getattr(task, "id", "")))
     if match is None:
         return task
@@ -156,9 +122,8 @@ def control_task_of(task: Any) -> Any:
 
 
 def card_commands(argv: Sequence[str]) -> bool:
-    """``card view``/``card get``: a step's pathspec names its control task's
-    card (``control_task_of``), and ``card view`` without a browser says where
-    the card is (``headless_card_view``). True when Metaflow's CLI was wrapped."""
+    """``card view``/``card get`` of a step's pathspec: its control task's card, and ``card view``
+    without a browser says where the card is. True when Metaflow's CLI was wrapped."""
     if "card" not in argv or not ({"view", "get"} & set(argv)):
         return False
     try:
@@ -177,10 +142,8 @@ def card_commands(argv: Sequence[str]) -> bool:
 
 
 def headless_card_view(argv: Sequence[str]) -> bool:
-    """``flow.py card view`` on a machine without a browser (SSH to a dev box)
-    printed nothing and exited 0: Metaflow's ``open_in_browser`` ignores what
-    ``webbrowser.open`` returns. Wrapped, for that command only, to say where
-    the card's HTML is when no browser took it. True when wrapped."""
+    """Metaflow's ``open_in_browser`` ignores what ``webbrowser.open`` returns: ``card view`` without a
+    browser (SSH to a dev box) printed nothing. Wrapped to say where the card is. True when wrapped."""
     if "card" not in argv or "view" not in argv:
         return False
     try:
