@@ -18,7 +18,7 @@ from metaflow_extensions.torchrun.plugins.torchrun.errors import TorchrunInvalid
 from metaflow_extensions.torchrun.plugins.torchrun.launch import torch_checks
 from metaflow_extensions.torchrun.plugins.torchrun.launch.command import Launch, build_command, restarts_allowed
 from metaflow_extensions.torchrun.plugins.torchrun.launch.options import OWNED_OPTIONS, OptionSpec, parse_options
-from metaflow_extensions.torchrun.plugins.torchrun.launch.plan import StepDefaults, plan_call
+from metaflow_extensions.torchrun.plugins.torchrun.launch.plan import CallRequest, StepDefaults, plan_call, plan_request
 
 run = pytest.importorskip("torch.distributed.run")
 
@@ -66,6 +66,18 @@ class TestReadFromSource:
         monkeypatch.setattr(torch_checks, "find_torch", lambda: torch_checks.TorchInstall(None))
         assert torch_checks.known_option_specs() == torch_checks.READ_BY_US
         assert "--max-restarts" in refused({"max_restarts": None})
+
+    def test_a_call_finds_its_torch_once(self, monkeypatch, tmp_path):
+        """``require_torch`` reads torchrun's options for the whole plan: the
+        step's and the call's options are checked against that one reading."""
+        script = tmp_path / "train.py"
+        script.write_text("pass\n")
+        found = []
+        real = torch_checks.find_torch
+        monkeypatch.setattr(torch_checks, "find_torch", lambda: found.append(1) or real())
+        request = CallRequest(str(script), None, None, {"max_restarts": 0, "monitor_interval": 1})
+        plan = plan_request(request, StepDefaults(torchrun_args={"monitor_interval": 2}), [str(tmp_path)])
+        assert plan.options["monitor-interval"] == "1" and len(found) == 1
 
     def test_an_action_it_cannot_classify_is_left_unchecked(self):
         source = 'def get_args_parser():\n    parser.add_argument("--odd", action=Weird)\n' \

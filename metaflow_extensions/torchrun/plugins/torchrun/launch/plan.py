@@ -19,7 +19,7 @@ from ..base.knobs import Knobs
 from ..procs import functions
 from .command import ArgSpec, EntryArgs, check_command_size, entry_arguments, none_keys, restarts_allowed
 from .options import OWNED_OPTIONS, UNUSABLE_OPTIONS, canonical_option, parse_options
-from .torch_checks import known_option_specs, known_torchrun_options, require_torch
+from .torch_checks import TorchrunOptions, known_option_specs, known_torchrun_options, require_torch
 from .inputs import check_picklable, resolve_entrypoint, restarts_clash, retry_on_clash
 from ..errors import Problems, TorchrunInvalidArgument, did_you_mean, raise_all, shown
 from ..gang import parse_port
@@ -169,10 +169,11 @@ def resolve_nproc(
     return 1
 
 
-def check_options(options: Mapping[str, Any]) -> None:
+def check_options(options: Mapping[str, Any], torchrun: Optional[TorchrunOptions] = None) -> None:
+    """``torchrun``: what the call's ``require_torch`` read (else read here)."""
     if not options:
         return
-    known = known_torchrun_options()
+    known = torchrun.names if torchrun is not None else known_torchrun_options()
     if known is None:
         return
     unknown = sorted(k for k in options if k not in known)
@@ -190,8 +191,8 @@ def check_options(options: Mapping[str, Any]) -> None:
 LEGACY_PORT_OPTION = "master-port"
 
 
-def merged_options(defaults: StepDefaults, call_args: ArgSpec,
-                   problems: Optional[Problems] = None) -> Dict[str, Any]:
+def merged_options(defaults: StepDefaults, call_args: ArgSpec, problems: Optional[Problems] = None,
+                   torchrun: Optional[TorchrunOptions] = None) -> Dict[str, Any]:
     """The step's and the call's torchrun options, the call's winning; both
     read in full, so that every problem in either is named at once: kept in
     ``problems`` (then ``{}``), or raised. May hold ``LEGACY_PORT_OPTION``
@@ -203,7 +204,7 @@ def merged_options(defaults: StepDefaults, call_args: ArgSpec,
     found = problems if problems is not None else Problems()
     before = len(found.messages)
     allow = (LEGACY_PORT_OPTION,)
-    specs = known_option_specs()
+    specs = torchrun.specs if torchrun is not None else known_option_specs()
     step: Dict[str, Any] = {}
     call: Dict[str, Any] = {}
     with found:
@@ -403,7 +404,7 @@ def plan_request(request: CallRequest, defaults: StepDefaults, search_dirs: Sequ
     """Everything checked before anything starts: this task's torch, then the
     call's shape, 0.1/0.2 keywords and its arguments against the step's
     defaults, every problem named in one message."""
-    require_torch()  # no torch / no torch.distributed / too old: say so now
+    torchrun = require_torch()  # no torch / no torch.distributed / too old: say so now
     problems = Problems()
     for message in request.problems:
         problems.add(message)
@@ -416,7 +417,7 @@ def plan_request(request: CallRequest, defaults: StepDefaults, search_dirs: Sequ
         problems.add(shape)
         entrypoint = NO_ENTRYPOINT  # said once, above
     return plan_call(entrypoint, request.entrypoint_args, request.nproc_per_node,
-                     request.torchrun_args, defaults, search_dirs, problems)
+                     request.torchrun_args, defaults, search_dirs, problems, torchrun)
 
 
 def refuse_torch_restarts(options: Mapping[str, Any], defaults: StepDefaults) -> bool:
@@ -440,6 +441,7 @@ def plan_call(
     defaults: StepDefaults,
     search_dirs: Sequence[str],
     problems: Optional[Problems] = None,
+    torchrun: Optional[TorchrunOptions] = None,
 ) -> CallPlan:
     """Raises one ``TorchrunInvalidArgument`` naming every problem (with those already in ``problems``)."""
     problems = problems if problems is not None else Problems()
@@ -461,14 +463,14 @@ def plan_call(
             notes.append(none_note(entry.none_keys, "entrypoint_args"))
         if entry.false_keys and defaults.args_as != "0.2":
             notes.append(false_note(entry.false_keys))
-    options = merged_options(defaults, torchrun_args, problems)
+    options = merged_options(defaults, torchrun_args, problems, torchrun)
     for source, args in (("@torchrun(torchrun_args)", defaults.torchrun_args), ("torchrun_args", torchrun_args)):
         notes.extend(none_notes(args, source))
     with problems:
         rdzv_port, port_notes = legacy_rdzv_port(options, "torchrun_args")
         notes.extend(port_notes)
     with problems:
-        check_options(options)
+        check_options(options, torchrun)
     torch_restarts = False
     with problems:
         torch_restarts = refuse_torch_restarts(options, defaults)
@@ -478,9 +480,8 @@ def plan_call(
         nproc = resolve_nproc(nproc_per_node, options, defaults)
     problems.raise_all()
     options.pop("nproc-per-node", None)  # resolved above, with its precedence
-    name = function.qualname if function is not None else os.path.basename(script or "")
     return CallPlan(
-        entry_name=name,
+        entry_name=function.qualname if function is not None else os.path.basename(script or ""),
         script=script,
         entry_argv=entry.argv,
         function=function,

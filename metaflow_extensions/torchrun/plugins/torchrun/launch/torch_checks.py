@@ -184,34 +184,43 @@ def passed_options() -> Tuple[str, ...]:
 PASSED_OPTIONS = passed_options()
 
 
-def require_torch(python: Optional[str] = None) -> None:
+@dataclass(frozen=True)
+class TorchrunOptions:
+    """This task's torchrun options, read once for a call: their names (None:
+    unreadable) and how its parser reads each (over ``READ_BY_US``)."""
+
+    names: Optional[Set[str]]
+    specs: Dict[str, OptionSpec]
+
+
+def read_torchrun(torch: Optional[TorchInstall] = None) -> TorchrunOptions:
+    source = _source_of((torch or find_torch()).run_py)
+    specs = dict(READ_BY_US)
+    if source is None:
+        return TorchrunOptions(None, specs)
+    specs.update(torchrun_option_specs(source))
+    return TorchrunOptions(torchrun_options(source) or None, specs)
+
+
+def require_torch(python: Optional[str] = None) -> TorchrunOptions:
     """Raise ``TorchrunMissingDependency`` before anything starts when this task's
     Python cannot run torchrun: no torch, no torch.distributed, or a torch whose
-    torchrun lacks an option we pass."""
+    torchrun lacks an option we pass. Returns what it read of torchrun's options."""
     torch = find_torch()
-    problem = torch_problem(torch, python or sys.executable, PASSED_OPTIONS, _options_of(torch.run_py))
+    options = read_torchrun(torch)
+    problem = torch_problem(torch, python or sys.executable, PASSED_OPTIONS, options.names)
     if problem:
         raise TorchrunMissingDependency(problem)
+    return options
 
 
 def known_torchrun_options() -> Optional[Set[str]]:
     """The options this task's torchrun takes, or None when they cannot be read."""
-    return _options_of(find_torch().run_py)
+    return read_torchrun().names
 
 
 def known_option_specs() -> Dict[str, OptionSpec]:
-    """How this task's torchrun reads each option (``torchrun_option_specs``),
-    over ``READ_BY_US``: the options @torchrun reads are always checked."""
-    source = _source_of(find_torch().run_py)
-    specs = dict(READ_BY_US)
-    if source is not None:
-        specs.update(torchrun_option_specs(source))
-    return specs
-
-
-def _options_of(run_py: Optional[str]) -> Optional[Set[str]]:
-    source = _source_of(run_py)
-    return (torchrun_options(source) or None) if source is not None else None
+    return read_torchrun().specs
 
 
 def _source_of(run_py: Optional[str]) -> Optional[str]:
