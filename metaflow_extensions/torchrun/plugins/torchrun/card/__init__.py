@@ -1,11 +1,6 @@
-"""The step's card: what it shows (``content``, its sections ``timeline``,
-``progress``, ``preflight``), the text helpers that keep a rank's text safe and
-bounded in it (``text``), and its place in Metaflow's card lifecycle
-(``lifecycle``: added to the step, refreshed live, rendered in the task).
-
-It reads records (``record/``), never a session: a card is built from a
-``TorchrunResult`` or a progress record alone, so it renders with no process
-and no socket.
+"""The step's card: its content (``content`` and its sections), its text helpers (``text``) and its
+place in Metaflow's card lifecycle (``lifecycle``). Built from records alone, never a session: it
+renders with no process and no socket.
 """
 
 from __future__ import annotations

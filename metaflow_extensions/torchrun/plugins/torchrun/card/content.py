@@ -1,15 +1,7 @@
-"""The step's card, its content: the distributed run at a glance.
-
-Built from the ``TorchrunResult`` only, with Metaflow's own card components
-(Markdown, Table and VegaChart, handed in or imported where drawn), so it
-renders offline like every Metaflow card. On the control node the result holds
-the whole gang (every node reports its ranks and their last lines when it
-finishes, or once the gang has stopped it); on other nodes, that node.
-
-Text from ranks is hostile: escaped and bounded by ``card/text.py``; the rows,
-stacks and outputs shown are capped, so a card of 1,024 nodes x 8 ranks stays
-small. What is cut is whole in the record and the per-rank logs. Putting it on
-Metaflow's card and rendering it is ``card/lifecycle.py``'s.
+"""The card's content: the distributed run at a glance, from the ``TorchrunResult`` alone, with
+Metaflow's own card components, so it renders offline. Text from ranks is hostile (``card/text.py``
+escapes and bounds it); rows, stacks and outputs are capped, so a card of 1,024 nodes x 8 ranks
+stays small; what is cut is whole in the record and the per-rank logs.
 """
 
 from __future__ import annotations
@@ -30,28 +22,28 @@ from ..record import REPORT_ARTIFACT, TorchrunResult, evidence, goodput, none_su
 from . import preflight as card_preflight, progress as card_progress, timeline
 from .text import CARD_LINE_CHARS, clip, clip_lines, code_block, escape_markdown, html_line, sentence, text_block
 
-# The Ranks table's rows, at most: every failed rank, then the lowest ranks.
+# The card's caps: rows of the Ranks table, ranks whose last lines are shown and the characters of
+# one stream's, of one rank's stack and of the root cause.
 CARD_RANK_ROWS = 256
-# Ranks whose last lines are shown, at most (the failing ones first), and the
-# characters of one stream's last lines.
 CARD_TAIL_RANKS = 16
 CARD_TAIL_CHARS = 8000
-# Characters of one rank's stack, and of the root cause, shown.
 CARD_STACK_CHARS = 6000
 CARD_CAUSE_CHARS = 16000
-# Where a rank's whole output is (the gang carries at most 1,000 characters of a
-# line, gang/messages.py TAIL_LINE_CHARS, and says so: runtime/call.py).
+# Where a rank's whole output is (the gang carries at most 1,000 characters of a line).
 WHOLE_OUTPUT = "each rank's log files, `rank-N.stdout.log` and `rank-N.stderr.log` in `result.log_dir` on its node"
 _CUT_LINE = re.compile(r"… \[\d+ (more )?characters( in all)?\]$", re.M)
-# Ranks grouped by place: at most this many places in the card's table.
+# Places (ranks grouped by where they were) and full stacks shown: 8,192 stacks of up to 16 KiB
+# would make a card of 128 MB; the full report holds the rest.
 CARD_PLACES = 50
-# Full stacks in the card, at most (a rank's dump is up to 16 KiB; 8,192 of them
-# would make a card of 128 MB): the full report holds the rest.
 CARD_RANK_STACKS = 64
 
 
 def _fmt_time(t: Optional[float], origin: float) -> str:
     return "" if t is None else "+%.1f s" % (t - origin)
+
+
+def _secs(value: Optional[float]) -> str:
+    return "%.1f s" % value if value is not None else ""
 
 
 def _fmt_code(code: Optional[int]) -> str:
@@ -76,9 +68,7 @@ def gang_tails(result: TorchrunResult) -> Dict[int, Mapping[str, Sequence[str]]]
 
 
 def title_markdown(flow: str, pathspec: str, attempt: int) -> str:
-    """The card's heading: the flow, the task, and which attempt this card is
-    of (each attempt of a task has a card of its own)."""
-    # A flow's name is a Python identifier; the pathspec is Metaflow's (flow/run/step/task).
+    """The card's heading: each attempt of a task has a card of its own."""
     name = flow if flow.isidentifier() else escape_markdown(flow)
     return "# @torchrun: %s, attempt %d\n\n`%s` (attempt %d)" % (name, attempt, pathspec, attempt)
 
@@ -111,8 +101,7 @@ def topology_rows(result: TorchrunResult, backend: str) -> List[List[str]]:
 
 
 def bench_rows(result: TorchrunResult) -> List[List[str]]:
-    """With spares (``@torchrun(spares)``): this node's part at the call's end
-    and the nodes that sat it out (at most the step's spares)."""
+    """With ``@torchrun(spares)``: this node's part at the call's end and the nodes that sat it out."""
     if result.role == "active" and not result.spare_nodes and not result.out_nodes:
         return []
     def listed(nodes: List[int]) -> str:
@@ -122,8 +111,7 @@ def bench_rows(result: TorchrunResult) -> List[List[str]]:
 
 
 def rendezvous_backend(command: List[str]) -> str:
-    """The rendezvous the call's torchrun used, as its command says (static
-    unless ``max_restarts``): the card names the one that ran."""
+    """The rendezvous the call's torchrun used, as its command says."""
     for i, arg in enumerate(command or []):
         if arg.startswith("--rdzv-backend="):
             return arg.split("=", 1)[1]
@@ -133,7 +121,7 @@ def rendezvous_backend(command: List[str]) -> str:
 
 
 def timeline_parts(result: TorchrunResult, Markdown: Any) -> list:
-    """The chart (timeline.py), or a line saying why there is none."""
+    """The chart, or a line saying why there is none."""
     try:
         from metaflow.cards import VegaChart
     except ImportError:  # Metaflow before VegaChart
@@ -147,8 +135,7 @@ def timeline_parts(result: TorchrunResult, Markdown: Any) -> list:
 
 
 def shown_ranks(ranks: List[Tuple[int, RankStatus]], limit: int) -> List[Tuple[int, RankStatus]]:
-    """At most ``limit`` of (node, rank record), in rank order: every rank
-    that failed (not stopped by the gang) first, then the lowest ranks."""
+    """At most ``limit`` of (node, rank record), in rank order: the failed ranks, then the lowest."""
     if len(ranks) <= limit:
         return ranks
     failed = [i for i, (_, r) in enumerate(ranks)
@@ -160,29 +147,16 @@ def shown_ranks(ranks: List[Tuple[int, RankStatus]], limit: int) -> List[Tuple[i
 def rank_rows(result: TorchrunResult, limit: int = CARD_RANK_ROWS) -> List[List[str]]:
     every = [(node, r) for node, ranks in gang_ranks(result).items() for r in ranks]
     every.sort(key=lambda nr: (nr[1].rank, nr[0]))
-    rows = []
-    for node, r in shown_ranks(every, limit):
-        start, end = r.start, r.end
-        rows.append(
-            [
-                str(r.rank),
-                str(node),
-                str(r.local_rank),
-                str(r.pid),
-                _fmt_code(r.exit_code),
-                "%.1f s" % (end - start) if start and end else "",
-            ]
-        )
+    rows = [[str(r.rank), str(node), str(r.local_rank), str(r.pid), _fmt_code(r.exit_code),
+             "%.1f s" % (r.end - r.start) if r.start and r.end else ""] for node, r in shown_ranks(every, limit)]
     if len(every) > len(rows):
         rows.append(["%d more ranks" % (len(every) - len(rows)), "", "", "", "", ""])
     return rows
 
 
 def stack_parts(result: TorchrunResult, Markdown: Any, Table: Any) -> list:
-    """Where the ranks were when the job was stopped: the places, ranks grouped
-    (odd ones out first), then each rank's full stack in a collapsed section,
-    for the first ``CARD_RANK_STACKS`` ranks in that order; the artifact
-    ``REPORT_ARTIFACT`` holds every rank's."""
+    """Where the ranks were when the job was stopped: the places (odd ones out first), then the
+    first ranks' full stacks, each collapsed."""
     if not result.stacks:
         return []
     groups = stacks.group(result.stacks)
@@ -210,17 +184,12 @@ def stack_parts(result: TorchrunResult, Markdown: Any, Table: Any) -> list:
 
 
 def attempt_rows(result: TorchrunResult) -> List[List[str]]:
-    """Every attempt of the step (record/attempts.py), times from the first
-    attempt's start, and what each failure cost."""
+    """Every attempt of the step, times from the first one's start, and what each failure cost."""
     rows: List[List[str]] = []
     attempts = result.attempts
     if len(attempts) < 2:
         return rows
     origin = attempts[0].started_at or 0.0
-
-    def secs(value: Optional[float]) -> str:
-        return "%.1f s" % value if value is not None else ""
-
     for a in attempts:
         calls = ", ".join(_fmt_time(c.started_at, origin) for c in a.calls)
         resumed = a.resumed_from
@@ -228,16 +197,15 @@ def attempt_rows(result: TorchrunResult) -> List[List[str]]:
         label = ("%s (%s)" % (resumed.created_on, ", ".join("%s=%s" % kv for kv in sorted(meta.items())))
                  if resumed is not None else "")
         rows.append([
-            str(a.attempt), _fmt_time(a.started_at, origin), secs(a.gang_formed_seconds),
+            str(a.attempt), _fmt_time(a.started_at, origin), _secs(a.gang_formed_seconds),
             calls, clip(a.stopped or ""), clip(label),
-            secs(a.lost_work_seconds), secs(a.restart_seconds), (a.card or "")[:CARD_HASH_SHOWN],
+            _secs(a.lost_work_seconds), _secs(a.restart_seconds), (a.card or "")[:CARD_HASH_SHOWN],
         ])
     return rows
 
 
 def evidence_markdown(pathspec: str, result: TorchrunResult) -> str:
-    """Where this attempt's evidence bundle is (record/evidence.py), and the
-    previous attempt's, to compare."""
+    """Where this attempt's evidence bundle is, and the previous attempt's, to compare."""
     attempt = result.attempts[-1].attempt if result.attempts else 0
     line = "Evidence (grouped stacks, every rank's last lines, NCCL Flight Recorder dumps, `nvidia-smi -q` of " \
            "the failing node where present): artifact `%s` of this task, `Task(%r, attempt=%d)['%s'].data`" % (
@@ -248,8 +216,7 @@ def evidence_markdown(pathspec: str, result: TorchrunResult) -> str:
 
 
 def goodput_parts(result: TorchrunResult, Markdown: Any, Table: Any) -> list:
-    """The goodput ledger (record/goodput.py): effective training time, one
-    bar per attempt, and the seconds of each part."""
+    """The goodput ledger: effective training time, a bar per attempt, the seconds of each part."""
     led = result.goodput
     if led is None:
         return []
@@ -273,8 +240,7 @@ ATTEMPT_HEADERS = ["attempt", "started", "gang formed in", "calls started", "sto
                    "lost work", "failure to next first line", "card (--hash)"]
 # A card's hash in the Attempts table: its first characters, enough for `--hash`.
 CARD_HASH_SHOWN = 12
-# What the two costs count, said under the table: the Goodput table cuts the
-# same time at the same marks (record/attempts.py with_costs, record/goodput.py).
+# Under the table: the Goodput table cuts the same time at the same marks.
 ATTEMPT_COSTS = ("_Lost work_: training since the checkpoint the next attempt resumed from (since the first line "
                  "without one) up to the failure, as in the Goodput table. _Failure to next first line_: from the "
                  "failure to the next attempt's first line, which the Goodput table splits into this attempt's "
@@ -283,18 +249,13 @@ ATTEMPT_COSTS = ("_Lost work_: training since the checkpoint the next attempt re
 
 
 def restart_rows(result: TorchrunResult) -> List[List[str]]:
-    """The call's in-step restarts (record/in_step_restarts.py), counted like attempts:
-    times from the call's start, what each cost."""
-    def secs(value: Optional[float]) -> str:
-        return "%.1f s" % value if value is not None else ""
-
+    """The call's in-step restarts, counted like attempts: times from the call's start, what each cost."""
     return [[str(r.restart), _fmt_time(r.failed_at, result.started_at), clip(restart_cause(result, r)),
-             secs(r.lost_work_seconds), secs(r.restart_seconds)] for r in result.in_step_restarts[-CARD_RANK_ROWS:]]
+             _secs(r.lost_work_seconds), _secs(r.restart_seconds)] for r in result.in_step_restarts[-CARD_RANK_ROWS:]]
 
 
 def restart_cause(result: TorchrunResult, r: Any) -> str:
-    """A restart's cause; a swap's (``@torchrun(spares)``) after the nodes it
-    swapped, with their hosts from the attempt's record (the control's)."""
+    """A restart's cause; a swap's after the nodes it swapped, hosts from the attempt's record."""
     if r.swapped_out is None or r.swapped_in is None:
         return r.cause.summary
     marks = {(m.call, m.restart): m for m in (result.attempts[-1].restarts if result.attempts else ())}
@@ -307,9 +268,7 @@ RESTART_HEADERS = ["restart", "failed at", "cause", "work lost (at most)", "back
 
 
 def tail_parts(result: TorchrunResult, Markdown: Any) -> list:
-    """The last lines of each rank's output: at most ``CARD_TAIL_RANKS`` ranks
-    (the root cause's rank, then failed ranks, then the lowest), each stream's
-    last ``CARD_TAIL_CHARS`` characters, lines cut at ``CARD_LINE_CHARS``."""
+    """The last lines of each rank's output: the root cause's rank, then failed ranks, then the lowest."""
     tails = {rank: streams for rank, streams in gang_tails(result).items()
              if any(streams.get(s) for s in ("stdout", "stderr"))}
     if not tails:
@@ -338,8 +297,7 @@ def tail_parts(result: TorchrunResult, Markdown: Any) -> list:
 
 
 def refusal_reason(result: TorchrunResult) -> Optional[str]:
-    """Why a call was refused before any rank started, or None: such a card
-    shows no empty tables and no checks that were not run."""
+    """Why a call was refused before any rank started (a card without empty tables), or None."""
     cause = result.cause
     if cause is None or not (is_refusal(cause) or cause.kind is CauseKind.PREFLIGHT):
         return None
@@ -349,7 +307,6 @@ def refusal_reason(result: TorchrunResult) -> Optional[str]:
 
 
 def what_ran_parts(result: TorchrunResult, Markdown: Any, Table: Any) -> list:
-    """The "what ran" section (what_ran.py)."""
     # A table cell is drawn as text: clipped, never escaped (an entity would show as typed).
     rows = [[clip(k), clip(v, CARD_LINE_CHARS)] for k, v in what_ran.rows(result.ran, result.num_nodes)]
     return [Markdown("## What ran"), Table(rows, headers=["", ""])] if rows else []
@@ -358,8 +315,9 @@ def what_ran_parts(result: TorchrunResult, Markdown: Any, Table: Any) -> list:
 def refused_components(result: TorchrunResult, flow: str, pathspec: str, reason: str, attempt: int = 0) -> list:
     from metaflow.cards import Markdown, Table
 
+    refused = text_block(clip_lines(reason, CARD_CAUSE_CHARS)[0])
     parts = [Markdown(title_markdown(flow, pathspec, attempt)),
-             Markdown("**Refused before any rank started:**\n\n%s" % text_block(clip_lines(reason, CARD_CAUSE_CHARS)[0]))]
+             Markdown("**Refused before any rank started:**\n\n%s" % refused)]
     parts += what_ran_parts(result, Markdown, Table)
     if attempt_rows(result):
         parts += [Markdown("## Attempts"), Table(attempt_rows(result), headers=ATTEMPT_HEADERS)]
@@ -386,7 +344,8 @@ def build_components(result: TorchrunResult, flow: str, pathspec: str, backend: 
         Table(rank_rows(result), headers=["rank", "node", "local rank", "pid", "exit", "duration"]),
     ]
     if attempt_rows(result):
-        parts += [Markdown("## Attempts"), Table(attempt_rows(result), headers=ATTEMPT_HEADERS), Markdown(ATTEMPT_COSTS)]
+        parts += [Markdown("## Attempts"), Table(attempt_rows(result), headers=ATTEMPT_HEADERS),
+                  Markdown(ATTEMPT_COSTS)]
     if result.in_step_restarts:
         parts += [Markdown("## Restarts in the step"), Table(restart_rows(result), headers=RESTART_HEADERS)]
     parts += goodput_parts(result, Markdown, Table)
@@ -394,8 +353,7 @@ def build_components(result: TorchrunResult, flow: str, pathspec: str, backend: 
     if cause is not None:
         # The suspects (procs/culprit.py) as the failure says them: by rank, node, host and place.
         said = suspected(result.culprits, cause) or none_suspected(result.culprits, result.flight_unread, cause)
-        text, _ = clip_lines("\n\n".join([cause.summary] + ["\n".join(said)]).strip(),
-                             CARD_CAUSE_CHARS)
+        text, _ = clip_lines("\n\n".join([cause.summary] + ["\n".join(said)]).strip(), CARD_CAUSE_CHARS)
         parts.append(Markdown("## Root cause\n\n%s" % text_block(text)))
         parts.append(Markdown(evidence_markdown(pathspec, result)))
     parts.extend(stack_parts(result, Markdown, Table))
@@ -406,9 +364,7 @@ def build_components(result: TorchrunResult, flow: str, pathspec: str, backend: 
 
 
 def backend_label(accelerators: Accelerators, cuda_count: Optional[int]) -> str:
-    """The process-group backend to expect. The script picks it, not us: say
-    what the step asked for rather than guess from the machine (a CPU job on a
-    GPU node runs gloo)."""
+    """The backend to expect: the script picks it, so say what the step asked for, not the machine."""
     n = accelerators.count
     if accelerators.kind == "gpu":
         asked = "the step asked for %d GPU%s" % (n, "" if n == 1 else "s")

@@ -1,14 +1,6 @@
-"""The step's card in Metaflow's card lifecycle: the ``@card`` added to the
-step, the card of the control only, its live refresh while a call runs, and
-its final render.
-
-Metaflow renders a card after the task in two ``flow.py card create``
-subprocesses (render, then refresh), each importing Metaflow, the flow and this
-extension again: about 1 s at the end of every step on 2 cores, 2 s on a GPU
-node. This module renders the card in the task itself (10 to 20 ms) with
-Metaflow's own card class, card datastore and metadata, so that the Metaflow
-client and ``card get/view`` find it exactly as if Metaflow had made it, and
-falls back to Metaflow's subprocesses on any error.
+"""The step's card in Metaflow's card lifecycle: added to the step, the control's only, refreshed
+live, and rendered in the task rather than in Metaflow's two ``card create`` subprocesses, falling
+back to them on any error (docs/design.md, "The card is rendered in the task").
 """
 
 from __future__ import annotations
@@ -16,6 +8,7 @@ from __future__ import annotations
 import os
 import shlex
 import time
+from types import SimpleNamespace
 from typing import Any, Optional
 
 from ..gang import ProgressRecord
@@ -30,12 +23,8 @@ CARD_ID = "torchrun"
 
 
 def card_view_command(argv0: str, deco: Any, pathspec: str) -> Optional[str]:
-    """The command that opens this attempt's card (``deco``'s, None on a node
-    without one), and only it: the control task's pathspec (``card view
-    <step>`` alone picks any node's task, mostly one without the card) and the
-    card's hash. Every attempt of a task keeps its own card under the same id,
-    so after a ``@retry`` the id alone matches each attempt's, and Metaflow
-    then lists them instead of showing one."""
+    """The command that opens this attempt's card and only it (None without a card): by the control
+    task's pathspec and the card's hash, since after a ``@retry`` the id alone matches every attempt's."""
     if deco is None:
         return None
     card_uuid = getattr(deco, "_card_uuid", None)  # set by the card's task_pre_step
@@ -46,9 +35,7 @@ def card_view_command(argv0: str, deco: Any, pathspec: str) -> Optional[str]:
 
 
 def this_card_hash() -> Optional[str]:
-    """This task's @torchrun card's hash (Metaflow's uuid for it), for the
-    attempt's record: None where the step has none (``card=False``), or
-    before Metaflow has set up ``current.card``."""
+    """This task's card's hash for the attempt's record; None without a card or before ``current.card``."""
     from metaflow import current
 
     try:
@@ -56,9 +43,6 @@ def this_card_hash() -> Optional[str]:
     except Exception:  # no card on this step, or a Metaflow that keeps cards otherwise
         return None
     return uuid if isinstance(uuid, str) else None
-
-
-# -- Metaflow card glue: the decorator's hooks call these --------------------
 
 
 def attach_card(decorators) -> Optional[Any]:
@@ -73,33 +57,12 @@ def attach_card(decorators) -> Optional[Any]:
     deco = CardDecorator(attributes={"type": "blank", "id": CARD_ID})
     if hasattr(deco, "external_init"):  # Metaflow 2.16+; before, __init__ did it all
         deco.external_init()
-    # Metaflow is iterating this very list to call step_init: the card's own
-    # step_init runs right after ours.
-    decorators.append(deco)
+    decorators.append(deco)  # Metaflow is iterating this list: the card's step_init runs after ours
     return deco
 
 
-
-def fill_card(result: TorchrunResult, flow_name: str, accelerators: Accelerators, attempt: int = 0) -> bool:
-    """Put the run's components into ``current.card["torchrun"]``; False (and
-    one line on stderr) where it could not: a card must never fail the step."""
-    from metaflow import current
-
-    try:
-        card = current.card[CARD_ID]
-        card.clear()
-        backend = backend_label(accelerators, cuda_devices(os.environ))
-        card.extend(build_components(result, flow_name, current.pathspec, backend, attempt))
-        return True
-    except Exception as e:
-        say("could not build the card: %s" % e)
-        return False
-
-
 def refresh_live(progress: ProgressRecord, flow_name: str) -> None:
-    """While a call runs on the control: the card's progress section, through
-    Metaflow's own runtime refresh (``current.card[...].refresh``, rendered
-    by Metaflow in the background); the final card replaces it. Never raises."""
+    """The progress section while a call runs, through Metaflow's runtime refresh; never raises."""
     from metaflow import current
     from metaflow.cards import Markdown, Table
 
@@ -118,26 +81,29 @@ def refresh_live(progress: ProgressRecord, flow_name: str) -> None:
 
 
 def finish_card(deco: Any, result: TorchrunResult, flow_name: str, accelerators: Accelerators, attempt: int) -> bool:
-    """Fill the card and render it in this process, in place of Metaflow's
-    ``card create`` subprocesses at the end of the task. False where Metaflow
-    must still render it: the card is filled either way."""
-    if not fill_card(result, flow_name, accelerators, attempt):
+    """Fill the card and render it here; False where Metaflow must still render it (one line on
+    stderr where it could not be filled: a card must never fail the step)."""
+    from metaflow import current
+
+    try:
+        card = current.card[CARD_ID]
+        card.clear()
+        backend = backend_label(accelerators, cuda_devices(os.environ))
+        card.extend(build_components(result, flow_name, current.pathspec, backend, attempt))
+    except Exception as e:
+        say("could not build the card: %s" % e)
         return False
     return render_in_task(deco, attempt)
 
 
 def card_ready(deco: Any) -> bool:
-    """Whether the card decorator got as far as its own ``task_pre_step`` (a
-    step refused before it, by our checks or another decorator's, has no card
-    to render and none to name)."""
+    """Whether the card decorator reached its ``task_pre_step`` (a step refused before has no card)."""
     return getattr(deco, "_card_uuid", None) is not None and getattr(deco, "card_creator", None) is not None
 
 
 def render_card_now(deco: Any, attempt: int) -> bool:
-    """Metaflow renders cards of successful tasks only; the card of a failed
-    run is the one that matters most. In this process where possible, else with
-    Metaflow's own ``card create`` subprocess. False, and nothing said, when
-    there is no card to render; one plain line when rendering it failed."""
+    """A failed task's card, which Metaflow does not render: here where possible, else with Metaflow's
+    ``card create``. False when there is none, or (one line said) when rendering it failed."""
     if not card_ready(deco):
         return False
     _title_if_empty(attempt)
@@ -162,8 +128,7 @@ def render_card_now(deco: Any, attempt: int) -> bool:
 
 
 def _title_if_empty(attempt: int) -> None:
-    """A card with nothing in it (the step failed before any record: its
-    gang never formed) still says whose it is: the task and the attempt."""
+    """An empty card (the gang never formed) still says whose it is."""
     from metaflow import current
     from metaflow.cards import Markdown
 
@@ -176,31 +141,13 @@ def _title_if_empty(attempt: int) -> None:
         log.get("card").debug("no title for the empty card: %s", e)
 
 
-# -- Rendering in the task ----------------------------------------------------
-#
-# What ``card create`` does (metaflow/plugins/cards/card_cli.py), without the
-# subprocess: instantiate the card class with the serialized components, render
-# it with the reload token of a final render, save the HTML and the refresh data
-# with CardDatastore under the card root, and register the card's "card-info"
-# metadata (Metaflow 2.16+ only; older versions write none).
-
+# Rendering in the task: what ``card create`` does (metaflow/plugins/cards/card_cli.py), in this process.
 _FAILED_ATTR = "_torchrun_in_task_render_failed"
 
 
-class _TaskView:
-    """What a blank card's ``render`` reads of its task: the pathspec. The
-    subprocess builds a client ``Task`` for it, a metadata round trip."""
-
-    finished = True
-
-    def __init__(self, pathspec: str) -> None:
-        self.pathspec = pathspec
-
-
 def render_in_task(deco: Any, attempt: int) -> bool:
-    """Render ``deco``'s card here and stop Metaflow from rendering it again.
-    True when done; on any error False (Metaflow's path then stays in place),
-    with one line on stderr the first time."""
+    """Render ``deco``'s card here and stop Metaflow from rendering it again. False on any error
+    (Metaflow's path stays in place), said once."""
     if getattr(deco, _FAILED_ATTR, False):
         return False
     try:
@@ -215,9 +162,7 @@ def render_in_task(deco: Any, attempt: int) -> bool:
 
 
 def _check_renderable(deco: Any) -> None:
-    """Refuse before writing anything what this module cannot do as Metaflow
-    would: another card type (a user's own ``@card(id="torchrun")``), or a
-    Metaflow whose task calls ``task_finished_ctx`` rather than ``task_finished``."""
+    """Before writing anything: refuse what we cannot render as Metaflow would."""
     card_type = deco.attributes.get("type")
     if card_type != "blank":
         raise ValueError("card type %r is not rendered in the task" % card_type)
@@ -242,7 +187,7 @@ def _render_and_save(deco: Any, attempt: int) -> None:
     card = classes[0](options=options, components=components, graph=None) if options else classes[0](
         components=components, graph=None
     )
-    task = _TaskView(current.pathspec)
+    task = SimpleNamespace(pathspec=current.pathspec, finished=True)  # all a blank card reads of its task
     # A final render's reload token is "final" whatever the card's policy.
     html = card.render(task).replace(card.RELOAD_POLICY_TOKEN, "final")
     if not html:
@@ -258,10 +203,8 @@ def _render_and_save(deco: Any, attempt: int) -> None:
 
 
 def _wait_for_runtime_renders(deco: Any) -> None:
-    """A ``current.card.refresh()`` in the step starts an asynchronous
-    ``card create`` of the runtime card; one still running could overwrite the
-    final card after us. Metaflow waits for it before its final render: so do we
-    (no wait when there is none, the usual case)."""
+    """A runtime ``card create`` still running (``current.card.refresh()``) could overwrite the final
+    card: waited for, as Metaflow does before its final render."""
     wait = getattr(deco.card_creator, "_wait_for_async_processes_to_finish", None)
     if wait is not None:
         timeout = deco.attributes.get("timeout")
@@ -269,10 +212,8 @@ def _wait_for_runtime_renders(deco: Any) -> None:
 
 
 def _card_datastore(flow_datastore: Any, pathspec: str) -> Any:
-    """A CardDatastore where ``card create`` saves: the card root of the task's
-    datastore type (``mf.cards`` beside the local datastore; CARD_S3ROOT...),
-    else the task's datastore root. A storage object of its own: ``card
-    create`` re-roots its storage, which here is the task's."""
+    """A CardDatastore where ``card create`` saves (the card root, else the datastore's), on a storage
+    object of its own: ``card create`` re-roots its storage, which here is the task's."""
     from metaflow.datastore import FlowDataStore
     from metaflow.plugins.cards.card_datastore import CardDatastore
 
@@ -283,8 +224,7 @@ def _card_datastore(flow_datastore: Any, pathspec: str) -> Any:
 
 
 def _register_card_info(deco: Any, attempt: int) -> None:
-    """The "card-info" metadata Metaflow registers once per card (the UI lists
-    cards by it), through the same once-only guard as Metaflow's."""
+    """The "card-info" metadata (the UI lists cards by it), through Metaflow's once-only guard."""
     should_save = getattr(deco.card_creator, "_should_save_metadata", None)
     if should_save is None:
         return  # Metaflow before 2.16 registers no card metadata
@@ -300,13 +240,8 @@ def _register_card_info(deco: Any, attempt: int) -> None:
 
 
 def card_of_task(deco: Any, is_control: bool) -> Any:
-    """The card decorator this task renders: the control's only, since it
-    sees the whole gang. Rendering one on every other node would cost each a
-    Metaflow start-up on its critical path. The card decorator stays on the
-    step's list: Metaflow counted it at step_init and finalises current.card
-    only once every counted card has been through task_pre_step, so taking
-    it off would break every other card of the step (a user's @card,
-    @model's) on this node. Only its render is skipped."""
+    """The card decorator this task renders: the control's only (it sees the whole gang). Elsewhere
+    only its render is skipped: it stays on the step's list (docs/design.md says why)."""
     if deco is None or is_control:
         return deco
     skip_render(deco)
@@ -314,12 +249,8 @@ def card_of_task(deco: Any, is_control: bool) -> Any:
 
 
 def skip_render(deco: Any) -> None:
-    """Metaflow calls the card decorator's ``task_finished`` after ours and
-    renders the card there. Removing the decorator from the step's list while
-    Metaflow iterates that list (for task_post_step or task_exception) would
-    make it skip the decorator after ours whenever the card sits before ours;
-    shadowing the one hook is safe wherever it sits, and keeps its clean-up
-    (the config file it shares with the step's other cards)."""
+    """Shadow the card decorator's ``task_finished`` (where Metaflow renders), keeping its clean-up;
+    removing it from the list Metaflow is iterating would skip the decorator after ours."""
     cleanup = getattr(deco, "_cleanup", None)
 
     def task_finished(step_name, *args, **kwargs):

@@ -1,7 +1,5 @@
-"""The card's "Preflight" section: nodes by checks, the findings with their
-fixes, and (``preflight="full"``) each node's bandwidth as a small bar chart.
-Built from the record alone (``TorchrunResult.preflight``), which is bounded,
-so the section is too at 1,024 nodes."""
+"""The card's "Preflight" section: nodes by checks, the findings with their fixes, and
+(``preflight="full"``) each node's bandwidth; from the bounded record alone."""
 
 from __future__ import annotations
 
@@ -13,12 +11,8 @@ from ..gang.node_compare import describe_job
 
 def table(record: PreflightRecord) -> List[List[str]]:
     rows = record.rows
-    names: List[str] = []
-    for row in rows:
-        names.extend(k for k in row if k not in ("node",) and k not in names)
-    out = [["node"] + names]
-    for row in rows:
-        out.append([str(row.get("node"))] + [str(row.get(name, "")) for name in names])
+    names = list(dict.fromkeys(k for row in rows for k in row if k != "node"))
+    out = [["node"] + names] + [[str(row.get("node"))] + [str(row.get(name, "")) for name in names] for row in rows]
     shown, total = len(rows), record.reported
     if total > shown:
         out.append(["...", "%d more nodes, every check ok" % (total - shown)] + [""] * (len(names) - 1))
@@ -26,9 +20,7 @@ def table(record: PreflightRecord) -> List[List[str]]:
 
 
 def findings_markdown(record: PreflightRecord, escape: Any) -> str:
-    lines = []
-    for text in record.differences:
-        lines.append("- versions differ: %s" % escape(text))
+    lines = ["- versions differ: %s" % escape(text) for text in record.differences]
     for f in record.findings:
         check = f.check
         nodes = ", ".join(str(n) for n in f.nodes)
@@ -59,7 +51,6 @@ def bandwidth_spec(job: JobRecord) -> Dict[str, Any]:
 
 
 def parts(record: Optional[PreflightRecord], escape: Any, code_block: Any) -> list:
-    """The section's components; [] when the step had no preflight."""
     if record is None:
         return []
     from metaflow.cards import Markdown, Table

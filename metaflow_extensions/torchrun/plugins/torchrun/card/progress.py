@@ -1,11 +1,5 @@
-"""The card's training progress: the step, %, ETA, steps/s, the last metrics,
-the slowest node and the stragglers named, and a chart of steps/s per node over
-time. From the record alone (``gang/gang_progress.ProgressRecord``), so the
-live card (refreshed while a call runs) and the final one say the same.
-
-Bounded at any gang size: the chart has at most ``CHART_GROUPS`` lines (groups
-of consecutive nodes past 32 nodes) of at most ``CHART_SAMPLES`` points each,
-and at most ``MAX_STRAGGLERS`` stragglers are listed (the rest counted).
+"""The card's training progress (step, ETA, steps/s, metrics, the slowest node, stragglers, steps/s
+per node over time), from the bounded record alone, so the live card and the final one agree.
 """
 
 from __future__ import annotations
@@ -19,9 +13,8 @@ CHART_HEIGHT_PX = 220
 
 
 def rows(progress: ProgressRecord, cell: Callable[[Any], str]) -> List[List[str]]:
-    """The progress table: one row a fact. A table cell is drawn as text, so
-    text a rank sent (a metric's name) is only clipped (``cell``): escaped, an
-    entity or a code span's backticks would show as typed."""
+    """One row a fact. A rank's text (a metric's name) is only clipped (``cell``): a cell is drawn as
+    text, where an escape would show as typed."""
     out: List[List[str]] = []
     if progress.step is not None:
         step = "%d" % progress.step
@@ -45,8 +38,7 @@ def rows(progress: ProgressRecord, cell: Callable[[Any], str]) -> List[List[str]
 
 def parts(progress: Optional[ProgressRecord], escape: Callable[[Any], str], cell: Callable[[Any], str],
           Markdown: Any, Table: Any) -> list:
-    """The card's section: nothing when no rank reported progress and no
-    straggler was named. ``escape``: text in Markdown; ``cell``: in a table."""
+    """Nothing when no rank reported progress and no straggler was named."""
     if progress is None or (progress.step is None and not progress.stragglers):
         return []
     out = [Markdown("## Progress")]
@@ -68,10 +60,8 @@ def parts(progress: Optional[ProgressRecord], escape: Callable[[Any], str], cell
 
 
 def chart_spec(progress: ProgressRecord) -> Dict[str, Any]:
-    """Steps/s of each group of nodes over the call (a line each). One row per
-    sample, a column per group, folded by Vega-Lite: the group's name is
-    written once per sample, not once per point (the card of 1,024 nodes
-    stays under 2 MB)."""
+    """A line of steps/s per group of nodes. A row per sample, a column per group, folded by Vega-Lite:
+    no group's name per point (the card of 1,024 nodes stays under 2 MB)."""
     labels = [label.replace("nodes ", "").replace("node ", "") for label in progress.chart_groups]
     values = [dict({"t": t}, **{labels[g]: float("%.3g" % r) for g, r in enumerate(rates)
                                 if r is not None and g < len(labels)}) for t, rates in progress.chart]

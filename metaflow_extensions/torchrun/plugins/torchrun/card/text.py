@@ -1,8 +1,5 @@
-"""Text we did not write (a rank's output, a host name, an error), made safe
-and bounded for the card's Markdown and HTML: escaped everywhere, a line cut
-at ``CARD_LINE_CHARS`` and wrapping (no line can widen the page), a table cell
-at ``CARD_CELL_CHARS``. Pure functions of text: the card's content
-(``card/content.py``) and its sections use them.
+"""Text we did not write (a rank's output, a host name, an error), made safe and bounded for the card:
+escaped, lines cut and wrapping (none can widen the page), table cells cut.
 """
 
 from __future__ import annotations
@@ -11,16 +8,12 @@ import html
 import re
 from typing import Any, List, Tuple
 
-# A line of a rank's output, stack or error, at most, in the card (it wraps).
+# A line of a rank's text; a table cell or heading; a run without a space gets a break after BREAK_EVERY.
 CARD_LINE_CHARS = 1000
-# A table cell or heading holding text from a rank, at most; a run of more
-# than BREAK_EVERY characters without a space gets a place to break.
 CARD_CELL_CHARS = 200
 BREAK_EVERY = 80
 ZWSP = "\u200b"
-# A preformatted block that wraps: a long line breaks instead of widening the
-# page (inline style: the card's Markdown keeps raw HTML, and no CSS of ours
-# reaches the card otherwise).
+# A preformatted block that wraps (inline style: no CSS of ours reaches the card otherwise).
 _PRE = '<pre style="white-space: pre-wrap; overflow-wrap: anywhere; word-break: break-word; margin: 0">'
 
 # What the card's Markdown renderer (marked, drawn by svelte-markdown) does with
@@ -37,11 +30,8 @@ _PLAIN = re.compile(r"[A-Za-z0-9][A-Za-z0-9 .,;=+%()/-]*")
 
 
 def escape_markdown(text: Any) -> str:
-    """Text we did not write, inline in Markdown (a list item, a heading), as
-    a code span: nothing in it is read as Markdown or HTML. Its fence is longer
-    than any run of backticks in it; the renderer drops backticks inside a code
-    span, so they are shown as a look-alike (U+02CB) rather than lost. Line
-    breaks become spaces."""
+    """Text we did not write, inline in Markdown, as a code span on one line; the renderer drops a code
+    span's backticks, so they show as a look-alike (U+02CB) rather than vanish."""
     flat = " ".join(str(text).splitlines())
     if _PLAIN.fullmatch(flat) and "www." not in flat.lower():
         return flat  # a word or a version: nothing in it can be markup
@@ -50,15 +40,12 @@ def escape_markdown(text: Any) -> str:
 
 
 def html_line(text: Any, limit: int = CARD_CELL_CHARS) -> str:
-    """Text we did not write, for one line of an HTML block: cut (``clip``),
-    breakable, HTML-escaped."""
+    """Text we did not write, for one line of an HTML block: clipped, then HTML-escaped."""
     return html.escape(clip(text, limit))
 
 
 def clip(text: Any, limit: int = CARD_CELL_CHARS) -> str:
-    """Text we did not write as one line of at most ``limit`` characters (and a
-    count of what was cut), for a table cell, a heading, a summary: where the
-    browser can break it (``breakable``), so it wraps rather than widen the page."""
+    """Text we did not write as one breakable line of at most ``limit`` characters (saying what was cut)."""
     flat = " ".join(str(text).splitlines())
     if len(flat) > limit:
         flat = "%s… [%d more characters]" % (flat[:limit], len(flat) - limit)
@@ -69,23 +56,17 @@ _RUN = re.compile(r"[^\s\u200b]{%d}" % BREAK_EVERY)
 
 
 def breakable(text: str) -> str:
-    """A zero-width space after every ``BREAK_EVERY`` characters without a
-    space (a path, a long identifier): a line break opportunity, invisible."""
+    """A zero-width space (an invisible break) in every ``BREAK_EVERY`` characters without a space."""
     return _RUN.sub(lambda m: m.group(0) + ZWSP, text)
 
 
 def clip_lines(text: Any, total: int, line_limit: int = CARD_LINE_CHARS, keep: str = "head") -> Tuple[str, bool]:
-    """Text we did not write, each line cut at ``line_limit`` characters and
-    the whole at about ``total``: its first lines (``keep="head"``: a stack,
-    innermost first) or its last (``"tail"``: output). True when anything was cut."""
+    """Lines cut at ``line_limit``, the whole at about ``total``: its first lines (``keep="head"``, a
+    stack) or its last (``"tail"``, output). True when anything was cut."""
     lines = str(text).splitlines()
-    cut = False
-    out = []
-    for line in lines:
-        if len(line) > line_limit:
-            line = "%s… [%d more characters]" % (line[:line_limit], len(line) - line_limit)
-            cut = True
-        out.append(line)
+    cut = any(len(line) > line_limit for line in lines)
+    out = [line if len(line) <= line_limit else "%s… [%d more characters]" % (
+        line[:line_limit], len(line) - line_limit) for line in lines]
     kept: List[str] = []
     size = 0
     for line in (out if keep == "head" else reversed(out)):
@@ -108,17 +89,14 @@ def sentence(notes: List[str]) -> str:
 
 
 def text_block(text: Any) -> str:
-    """``text`` verbatim (HTML-escaped) in a preformatted block that wraps long
-    lines, on one line of Markdown: its line breaks are written ``&#10;``, so the
-    HTML block can neither end early (at a blank line) nor be split by the
-    renderer (a carriage return), and a ``<details>`` around it holds it."""
+    """``text`` HTML-escaped in a wrapping preformatted block on one line of Markdown (breaks written
+    ``&#10;``), so a blank line cannot end the HTML block early and a ``<details>`` holds it."""
     lines = str(text).splitlines()
     return "%s%s</pre>" % (_PRE, "&#10;".join(html.escape(line) for line in lines))
 
 
 def code_block(text: Any) -> str:
-    """``text`` verbatim in a fenced code block whose fence no line of it can
-    close: longer than the longest run of backticks it holds."""
+    """``text`` in a fenced code block whose fence is longer than any run of backticks in it."""
     body = str(text)
     longest = max((len(run) for run in re.findall("`+", body)), default=0)
     fence = "`" * max(3, longest + 1)

@@ -1,17 +1,7 @@
-"""The card's timeline: a Vega-Lite chart of the gang on one time axis.
-
-Nodes (joined -> finished), ranks (start -> end, coloured by how they ended),
-each ``current.torch.run`` call, each swap of a node for a spare
-(``@torchrun(spares)``), and the failure, where there was one. Drawn by
-Metaflow's own ``VegaChart`` component, whose Vega bundle is inside every card:
-it renders offline.
-
-Pure: a ``TorchrunResult`` in, a JSON-able spec out, no I/O. Its size does not
-grow with the gang: past ``NODE_LANES`` nodes, nodes are drawn in groups of
-consecutive indices (when the group's first and last node joined, when its last
-one finished); ranks are drawn for the first nodes (``RANK_LANES`` in all) and
-the failing node; the last ``CALL_MARKS`` calls are marked. Every value in the
-spec is a number or a string this module wrote: no text from a rank reaches it.
+"""The card's timeline: a Vega-Lite chart (Metaflow's ``VegaChart``, offline) of nodes, ranks, calls,
+swaps and the failure on one time axis. Pure: a ``TorchrunResult`` in, a spec out. Its size does not
+grow with the gang (nodes in groups past ``NODE_LANES``, ``RANK_LANES`` ranks, the last ``CALL_MARKS``
+calls), and every value in it is a number or a string written here: no text from a rank.
 """
 
 from __future__ import annotations
@@ -23,23 +13,18 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ..cause import CauseKind
 
-# Lanes of nodes, at most; a bigger gang is drawn in groups of nodes.
+# Lanes of nodes (a bigger gang in groups) and of ranks; the last calls and swaps marked; a host's chars.
 NODE_LANES = 32
-# Lanes of ranks, at most: the first nodes' ranks, and the failing node's.
 RANK_LANES = 32
-# Calls marked, at most (the last ones: a failure ends the last call).
 CALL_MARKS = 20
-# Swaps marked, at most (the last ones); a host name in a label, at most.
 SWAP_MARKS = 8
 HOST_CHARS = 40
-# Pixels per lane, and the plot's width: fixed, because a width of "container"
-# (VegaChart's default) is measured before the card's layout settles and comes
-# out 0 (an empty chart) on a page with nothing wide before it.
+# Fixed: VegaChart's "container" width is measured before the card's layout settles and can come out 0.
 LANE_PX = 16
 WIDTH_PX = 640
 SCHEMA = "https://vega.github.io/schema/vega-lite/v6.json"  # read for its version only, never fetched
 
-# How a lane ended: the legend (the states drawn), in this order, with its colour.
+# The legend's states, in order, with their colours.
 STATES = (
     ("node", "#4c78a8"),
     ("nodes joining", "#9ecae9"),
@@ -56,8 +41,6 @@ _STOPPED = (-15, -9)
 
 @dataclass(frozen=True)
 class Gang:
-    """What the chart draws, from the control's record (``from_result``)."""
-
     num_nodes: int
     joined: Mapping[int, float]
     finished: Mapping[int, float]
@@ -84,10 +67,7 @@ def _index(value: Any) -> Optional[int]:
 
 
 def from_result(result: Any, ranks: Mapping[int, Sequence[Any]]) -> Gang:
-    """The chart's input from a ``TorchrunResult`` and its ranks per node
-    (``card.gang_ranks``: rank records, each with ``rank``, ``start``, ``end``
-    and ``exit_code``). The calls are the attempt's (``result.attempts``, on
-    the control), else this one."""
+    """The chart's input, from a result and its rank records per node; the attempt's calls, else this one."""
     joined = {k: t for k, v in result.gang.joined_at.items() if (t := _number(v)) is not None}
     finished = {k: t for k, v in result.gang.finished_at.items() if (t := _number(v)) is not None}
     if not joined:
@@ -102,8 +82,7 @@ def from_result(result: Any, ranks: Mapping[int, Sequence[Any]]) -> Gang:
     cause = result.cause
     failed_node = _index(cause.node_index) if cause is not None else None
     failed_rank = _index(cause.rank) if cause is not None else None
-    # The failure is drawn where the failing rank ended, not when its node
-    # reported it (after its agent had stopped the others: seconds later).
+    # Drawn where the failing rank ended, not when its node reported it (seconds later).
     failed_at = _rank_end(ranks, failed_node, failed_rank) or (_number(cause.time) if cause is not None else None)
     return Gang(
         num_nodes=max(1, int(result.num_nodes or 1)),
@@ -122,9 +101,8 @@ def from_result(result: Any, ranks: Mapping[int, Sequence[Any]]) -> Gang:
 
 
 def bench_of(result: Any) -> Dict[int, List[Tuple[Optional[float], str]]]:
-    """Each benched node's lane (``@torchrun(spares)``): a spare waits until a
-    swap brings it in; a node taken out trains until its swap (for the whole
-    call where the preflight took it out); at most the step's spares of each."""
+    """Each benched node's lane: a spare waits until a swap brings it in; a node taken out trains until
+    its swap (not at all where the preflight took it out)."""
     lanes: Dict[int, List[Tuple[Optional[float], str]]] = {}
     for r in sorted(result.in_step_restarts or (), key=lambda r: r.failed_at):
         at, out, came_in = _number(r.failed_at), _index(r.swapped_out), _index(r.swapped_in)
@@ -139,10 +117,8 @@ def bench_of(result: Any) -> Dict[int, List[Tuple[Optional[float], str]]]:
 
 
 def swaps_of(result: Any) -> List[Tuple[float, str]]:
-    """Each swap of the call (its in-step restarts that took a node out), at
-    its failure: ``node 1 (host) out, spare node 2 (host) in: rank 3 failed``.
-    The hosts are the attempt's record's (the control's), the cause said by
-    numbers and its kind, as the failure's mark."""
+    """Each swap of the call at its failure: ``node 1 (host) out, spare node 2 (host) in: rank 3 failed``
+    (hosts from the attempt's record; the cause by numbers and kind, never its text)."""
     hosts: Dict[int, str] = {}
     for mark in (result.attempts[-1].restarts if result.attempts else ()):
         for node, host in ((mark.swapped_out, mark.out_host), (mark.swapped_in, mark.in_host)):
@@ -161,7 +137,7 @@ def swaps_of(result: Any) -> List[Tuple[float, str]]:
 
 
 def _plain(host: str) -> str:
-    """A host name as the chart shows it: the characters a host name has, bounded."""
+    """A host name's own characters, bounded."""
     kept = "".join(c for c in host if c.isalnum() or c in ".-_:")
     return kept[:HOST_CHARS] or "?"
 
@@ -187,8 +163,7 @@ def rank_state(record: Any, failed_rank: Optional[int]) -> str:
 
 
 def _node_groups(num_nodes: int) -> List[Tuple[int, int]]:
-    """Consecutive node ranges, one per lane: every node alone up to
-    ``NODE_LANES`` nodes, else ``NODE_LANES`` groups of equal size."""
+    """Consecutive node ranges, one per lane, at most ``NODE_LANES``."""
     size = max(1, math.ceil(num_nodes / NODE_LANES))
     return [(first, min(num_nodes, first + size) - 1) for first in range(0, num_nodes, size)]
 
@@ -221,9 +196,8 @@ def _node_rows(g: Gang, origin: float, end: float) -> List[Dict[str, Any]]:
 
 def _bench_rows(lane: str, states: Sequence[Tuple[Optional[float], str]], origin: float, joined: float,
                 finished: float, call_end: float) -> List[Dict[str, Any]]:
-    """A benched node's lane, one bar per state, each clamped to its join and
-    finish; a node benched at the end sat the call out to its end (the gang
-    counts it done once it is benched)."""
+    """A benched node's lane, a bar per state clamped to its join and finish; one benched at the end sat
+    the call out to its end (the gang counts it done once benched)."""
     rows: List[Dict[str, Any]] = []
     if states and states[-1][1] != "node":
         finished = max(finished, call_end)
@@ -238,8 +212,7 @@ def _bench_rows(lane: str, states: Sequence[Tuple[Optional[float], str]], origin
 
 
 def _rank_nodes(g: Gang) -> List[int]:
-    """The nodes whose ranks get lanes: the failing node first, then from node
-    0 on, while ``RANK_LANES`` allows."""
+    """The nodes whose ranks get lanes: the failing node, then from node 0 on, while ``RANK_LANES`` allows."""
     chosen: List[int] = []
     room = RANK_LANES
     order = ([g.failed_node] if g.failed_node is not None and g.failed_node in g.ranks else []) + sorted(g.ranks)
@@ -292,8 +265,7 @@ def _failure_label(g: Gang) -> str:
 
 
 def spec(g: Gang) -> Dict[str, Any]:
-    """The Vega-Lite spec: one layered chart, lanes top to bottom (nodes, then
-    ranks), seconds from the first node's join on the x axis."""
+    """One layered chart: lanes of nodes then ranks, seconds from the first node's join."""
     origin = min(g.joined.values()) if g.joined else 0.0
     ends = list(g.finished.values()) + ([g.ended_at] if g.ended_at is not None else [])
     end = max(ends + [origin + 1e-3])
