@@ -1,10 +1,5 @@
-"""Why a gang stopped, as a typed record.
-
-A ``Cause`` is built where the failure is seen (a rank's record, a step's
-exception, a silent node), travels between nodes as JSON (``to_wire`` /
-``from_wire``) and ends in the step's error, the result record and the card.
-Everything read from the wire is checked field by field: a peer's message
-never reaches the rest of the code as an arbitrary object.
+"""Why a gang stopped, as a typed record: built where the failure is seen, sent between nodes as JSON
+(checked field by field on the way in), and shown in the step's error, the result record and the card.
 """
 
 from __future__ import annotations
@@ -43,8 +38,7 @@ class CauseKind(str, enum.Enum):
     PREEMPTED = "preempted"  # a node was told to stop (SIGTERM, a spot notice): the whole gang stops gracefully
 
 
-# Causes a node finds on its own, the control gone or silent: the service may
-# not know them, and cannot answer this node any more.
+# Causes a node finds on its own: the service may not know them, and cannot answer this node any more.
 CONTROL_GONE = (CauseKind.CONTROL_LOST, CauseKind.CONTROL_UNRESPONSIVE, CauseKind.CONTROL_UNREACHABLE)
 
 
@@ -62,8 +56,7 @@ class Cause(Written):
     traceback: Optional[str] = None
     # An echo of another failure (a peer's closed connection): ranked last.
     secondary: bool = False
-    # NEVER_JOINED: the nodes that did not join; UNRESPONSIVE: the nodes that
-    # fell silent together, when more than one did (gang/silence.py).
+    # NEVER_JOINED: the nodes that did not join; UNRESPONSIVE: those that fell silent together.
     missing: Tuple[int, ...] = ()
     # Which current.torch.run call of the step (0-based) it happened in, if any.
     call: Optional[int] = None
@@ -73,10 +66,8 @@ class Cause(Written):
 
     @classmethod
     def from_wire(cls, data: Any) -> Optional["Cause"]:
-        """A cause from a peer, or None when it is not one: every field is
-        checked for its type and size. Hand-read, not by the codec: a cause is
-        shown, so a bad field is dropped or cut (a text with a tail), never
-        refused; only a cause without a kind or a summary is none."""
+        """A cause from a peer, or None without a kind or a summary. Hand-read, not by the codec: a
+        cause is shown, so a bad field is dropped or cut, never refused."""
         if not isinstance(data, Mapping):
             return None
         try:
@@ -99,7 +90,7 @@ class Cause(Written):
             message=_text(data.get("message"), MAX_TEXT),
             traceback=_text(data.get("traceback"), MAX_TRACEBACK),
             secondary=data.get("secondary") is True,
-            missing=tuple(m for m in (_int_list(data.get("missing")) or []))[:1024],
+            missing=tuple(_int_list(data.get("missing")))[:1024],
             call=_small_int(data.get("call")),
             grace=_grace(data.get("grace")),
             time=when,
@@ -129,16 +120,12 @@ def _grace(value: Any) -> Optional[float]:
     return min(max(float(value), 0.0), 86400.0)
 
 
-def _int_list(value: Any) -> Optional[List[int]]:
-    if not isinstance(value, list):
-        return None
-    out = [_small_int(v) for v in value]
-    return [v for v in out if v is not None]
+def _int_list(value: Any) -> List[int]:
+    return [v for v in map(_small_int, value) if v is not None] if isinstance(value, list) else []
 
 
 def _is_real(value: Any) -> bool:
-    """A finite number that fits a float: JSON ints are unbounded, and
-    ``math.isfinite(10**400)`` raises instead of saying no."""
+    """A finite number that fits a float (``math.isfinite(10**400)`` raises)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return False
     if isinstance(value, int):
@@ -153,7 +140,6 @@ def plural(items: List[int], noun: str = "node", cap: int = 16) -> str:
 
 # -- whose failure it was: one classification for retry_on and the in-step restart --
 
-# Kinds of a gang's stop that the user's code raised.
 _CODE_KINDS = (CauseKind.RANK_FAILED, CauseKind.STEP_FAILED, CauseKind.CALL_MISMATCH)
 # Exceptions that are the world's, not the code's: a peer or the network gone,
 # torch's store or a collective timing out, the task told to stop.
@@ -168,15 +154,13 @@ _INFRA_TEXT = re.compile(
     r"collective operation timeout|Watchdog caught|"
     # A device that failed under the code (@torchrun(spares) swaps its node): not a bug of the code's.
     r"busy or unavailable|no CUDA-capable device|GPU is lost|fallen off the bus", re.I)
-# Frames of the launcher, Metaflow, installed packages and the standard
-# library are not "your code": the place named is the user's last frame.
+# Frames of the launcher, Metaflow, installed packages and the standard library are not "your code".
 _NOT_USER = re.compile(r"site-packages|dist-packages|/metaflow_extensions/|/metaflow/|/lib/python3\.\d+/")
 _FRAME = re.compile(r'File "([^"]+)", line (\d+)')
 
 
 def place(traceback: Optional[str]) -> Optional[str]:
-    """``train.py:88``: the innermost frame of the user's code in a
-    traceback, or the innermost frame when none is the user's."""
+    """``train.py:88``: the innermost frame of the user's code, else the innermost frame."""
     frames = _FRAME.findall(traceback or "")
     if not frames:
         return None
@@ -186,10 +170,8 @@ def place(traceback: Optional[str]) -> Optional[str]:
 
 
 def user_code_failure(cause: Optional[Cause]) -> Optional[str]:
-    """``ValueError at train.py:88`` when the cause is a Python exception the
-    user's code raised (in a rank, or in the step's own code); None for
-    everything else: a node lost, frozen or preempted, a signal, a NCCL/gloo
-    error, a stop asked for, a hang, an exit without a Python exception."""
+    """``ValueError at train.py:88`` when the user's code raised the cause (in a rank or the step); None
+    for the world's failures: a node lost or preempted, a signal, a NCCL/gloo error, a stop, a hang."""
     if cause is None or cause.kind not in _CODE_KINDS or cause.secondary:
         return None
     if cause.kind is CauseKind.CALL_MISMATCH:
@@ -204,18 +186,12 @@ def user_code_failure(cause: Optional[Cause]) -> Optional[str]:
     return "%s at %s" % (exc_type, where) if where else exc_type
 
 
-# A failure the gang may restart in the step (@torchrun(restarts=N)): the ranks
-# ended with every node's task alive. Anything else ends the attempt.
 _RESTARTABLE = (CauseKind.RANK_FAILED, CauseKind.HANG)
 
 
 def restartable_in_step(cause: Optional[Cause]) -> bool:
-    """A rank killed by a signal (an OOM kill among them), a NCCL/gloo or
-    connection error, an exit without a Python exception, a hang stopped by
-    ``hang_timeout``: every node's task is alive, so new ranks in the same
-    tasks can go on. Not a Python exception of the user's code (it would raise
-    again at the same place), nor a node lost, frozen or preempted, nor a stop
-    asked for: those end the attempt, and ``@retry`` decides."""
+    """Whether ``@torchrun(restarts=N)`` may restart the ranks: every node's task is alive (a rank's
+    signal or NCCL/gloo error, a hang), and it was no exception of the user's code (it would raise again)."""
     if cause is None or cause.kind not in _RESTARTABLE:
         return False
     return cause.kind is CauseKind.HANG or user_code_failure(cause) is None

@@ -13,30 +13,23 @@ from . import load_order  # noqa: F401  (Metaflow first, whatever the user impor
 from metaflow.plugins.parallel_decorator import ParallelDecorator
 from metaflow.unbounded_foreach import UBF_CONTROL
 
-from .card import attach_card, card_ready, card_view_command, finish_card, refresh_live, render_card_now
-from .compat import (
-    decorator_init_kwargs,
-    card_commands,
-    is_task_process,
-    legacy_notes,
-    local_control_task_id,
-    translate_attributes,
-)
+from .card import (attach_card, card_of_task, card_ready, card_view_command, finish_card, refresh_live,
+                   render_card_now)
+from .compat import (card_commands, decorator_init_kwargs, is_task_process, legacy_notes, local_control_task_id,
+                     translate_attributes)
 from .errors import Problems, did_you_mean, drop_own_frame
+from .gang import CONTROL_TASK_ID_ENV, GangIdentity
 from .gang import secret as gang_secret
+from .gang.topology import is_local_runtime, topology_from
 from .handle import TorchrunHandle
 from .spec import ATTRIBUTE_DEFAULTS, read_settings, read_step_spec, step_defaults, truthy
-from .gang import GangIdentity
 from .lint import register_lint_check, require_parallel_entry
 from .host import log, say
-from .card import card_of_task
-from .runtime import close_runtime_warm, name_local_control, own_start, prepare_local_nodes, stop_local_nodes
+from .runtime import (GangSession, attempt_facts, close_runtime_warm, in_gang, name_local_control, own_start,
+                      prepare_local_nodes, read_node_history, stop_local_nodes)
 from .launch.inputs import check_spares_fit
 from .launch.resources import small_shm_warning
 from .record import ThisAttempt, keep_record
-from .runtime import GangSession, attempt_facts, in_gang, read_node_history
-from .gang import CONTROL_TASK_ID_ENV
-from .gang.topology import is_local_runtime, topology_from
 
 
 _log = log.get("decorator")
@@ -132,18 +125,13 @@ class TorchrunDecorator(ParallelDecorator):
     IS_PARALLEL = True
 
     def __init__(self, attributes=None, statically_defined=False, inserted_by=None):
-        # Metaflow raises on an unknown attribute while the flow file is being
-        # imported, as a traceback; keep it and refuse cleanly at flow start.
+        # Metaflow raises on an unknown attribute as a traceback: kept, and refused cleanly at flow start.
         self._legacy = translate_attributes(attributes)  # metaflow-torchrun 0.2 names
         attributes = self._legacy.attributes
         self._unknown = sorted(k for k in attributes if k not in self.defaults)
         for k in self._unknown:
             attributes.pop(k)
-        # `card view <run>/<step>` shows the control's card, and without a browser
-        # says where it is (Metaflow has finished importing itself by the time a
-        # flow's decorators are made).
-        card_commands(sys.argv)
-        # inserted_by exists from Metaflow 2.16 on.
+        card_commands(sys.argv)  # `card view <run>/<step>`: the control's card
         super().__init__(attributes, statically_defined, **decorator_init_kwargs(ParallelDecorator.__init__, inserted_by))
 
     def step_init(
@@ -177,7 +165,6 @@ class TorchrunDecorator(ParallelDecorator):
         self._flow_dir = os.path.dirname(os.path.abspath(sys.argv[0]))
         self._session: Optional[GangSession] = None
         self._secret: Any = None
-        # The control's secret in the datastore, withdrawn when its step ends.
         self._published = gang_secret.Published(None)
 
     def runtime_step_cli(self, cli_args, retry_count, max_user_code_retries, ubf_context):
@@ -290,9 +277,7 @@ class TorchrunDecorator(ParallelDecorator):
         _log.debug("task_finished in %.3fs (the local nodes' tasks gone with it)", time.monotonic() - began)
 
     def _record_result(self, flow: Any, retry_count: int) -> None:
-        """The record as task metadata (``Task(...).metadata_dict["torchrun-result"]``,
-        bounded), with its artifacts; the card rendered here, in the task, not
-        by Metaflow in a subprocess after it."""
+        """The record as task metadata and artifacts; the card rendered here, not in Metaflow's subprocess."""
         began, session = time.monotonic(), self._session
         if getattr(self, "_attempt", None) is None:  # task_pre_step raised at its start: no attempt to record
             return
@@ -306,18 +291,12 @@ class TorchrunDecorator(ParallelDecorator):
 
 
 def _local_nodes(flow: Any) -> int:
-    """How many nodes the local control starts (itself included)."""
     return int(getattr(getattr(flow, "_parallel_ubf_iter", None), "num_parallel", 1) or 1)
 
 
 def _unknown_message(unknown, defaults) -> str:
-    parts = []
-    for name in unknown:
-        parts.append("%r%s" % (name, did_you_mean(name, defaults)))
-    return "@torchrun does not take %s. It takes: %s." % (
-        ", ".join(parts),
-        ", ".join(defaults),
-    )
+    parts = ["%r%s" % (name, did_you_mean(name, defaults)) for name in unknown]
+    return "@torchrun does not take %s. It takes: %s." % (", ".join(parts), ", ".join(defaults))
 
 
 register_lint_check()

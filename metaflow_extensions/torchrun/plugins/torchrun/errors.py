@@ -1,8 +1,5 @@
-"""Failure types users see.
-
-Every error a user can hit is a ``MetaflowException`` so Metaflow prints it as a
-clean one-paragraph message instead of a traceback from inside the launcher.
-"""
+"""Failure types users see: each a ``MetaflowException``, which Metaflow prints as a message, not a
+traceback from inside the launcher."""
 
 from __future__ import annotations
 
@@ -24,9 +21,7 @@ FULL_REPORT = "the card, and the artifact torchrun_report of node 0's task"
 
 
 def shown(value: Any) -> str:
-    """``repr(value)`` for a message about a value a user gave, never an error of
-    its own (a ``__repr__`` that raises, an int too long for ``str``) in place of
-    the refusal it belongs to."""
+    """``repr(value)`` for a refusal's message, never an error of its own in its place."""
     try:
         text = repr(value)
     except Exception as e:  # a user's type, or int's digit limit
@@ -37,9 +32,7 @@ def shown(value: Any) -> str:
 
 
 def did_you_mean(word: str, choices: Iterable[str], quote: str = "%r") -> str:
-    """`` (did you mean 'x'?)`` for a near miss, else ``""``: a typo is fixed
-    from the message, without a trip to the docs. ``choices`` is bounded by
-    the caller (a directory listing is cut, not read whole)."""
+    """`` (did you mean 'x'?)`` for a near miss, else ``""`` (``choices`` bounded by the caller)."""
     close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
     return " (did you mean %s?)" % (quote % close[0]) if close else ""
 
@@ -69,16 +62,12 @@ class TorchrunCallRefused(TorchrunInvalidArgument):
 
 # Causes a stopped node's error names as "node N failed first", with its traceback.
 _FAILED_FIRST = (CauseKind.RANK_FAILED, CauseKind.STEP_FAILED)
-
-
-# The head of a local node's last lines when its task ended before it joined
-# (gang/membership.py): on a local run they passed through this log already.
+# The head of a local node's last lines when its task ended before it joined (gang/membership.py).
 LAST_LINES_HEAD = "its last lines of output:"
 
 
 def is_refusal(cause: "Cause") -> bool:
-    """A gang's cause that is a refused call: every node's log then needs the
-    problem once, not a traceback."""
+    """A refused call: every node's log needs the problem once, not a traceback."""
     return cause.exc_type == TorchrunCallRefused.__name__
 
 
@@ -132,15 +121,14 @@ class TorchrunFailed(TorchrunException):
 
 
 def node_name(index: Optional[int], host: str = "") -> str:
-    """A node's one name, everywhere: its index and its host."""
+    """A node's one name, everywhere."""
     if index is None:
         return "node ?"
     return "node %d (%s)" % (index, host) if host else "node %d" % index
 
 
 def first_failure(failure: RankFailure, host: str = "") -> str:
-    """Who failed first; what it raised is the traceback's last line, or its
-    signal when it left no traceback."""
+    """Who failed first, and what it raised where no traceback says it (a signal)."""
     text = "%s, rank %d (local rank %d, pid %d)" % (
         node_name(failure.node_index, host), failure.rank, failure.local_rank, failure.pid)
     if not failure.traceback or not failure.traceback.lstrip().startswith("Traceback"):
@@ -149,17 +137,16 @@ def first_failure(failure: RankFailure, host: str = "") -> str:
 
 
 def failure_summary(failure: RankFailure) -> str:
-    """One line for a rank's failure: who (one name per node), what."""
+    """One line for a rank's failure: who, what."""
     return "%s, rank %d (local rank %d, pid %d): %s: %s" % (
         node_name(failure.node_index, failure.host), failure.rank, failure.local_rank, failure.pid,
         failure.exc_type, _first_line(failure.message))
 
 
 def rank_raised(original: BaseException, error: TorchrunFailed) -> BaseException:
-    """A function entrypoint's exception as the step raises it: the user's
-    type (``except ValueError`` still catches it) and a ``TorchrunFailed``,
-    which Metaflow prints as the failure block, with none of our frames and no
-    "Internal error". The original is returned when its type cannot be mixed."""
+    """A function entrypoint's exception as the step raises it: of the user's type (``except ValueError``
+    still catches it) and a ``TorchrunFailed`` (Metaflow prints the failure block, no "Internal error").
+    The original where its type cannot be mixed."""
     kind = type(original)
     try:
         mixed = _MIXED.get(kind)
@@ -199,20 +186,15 @@ class GangAborted(TorchrunException):
         self.cause = cause
         origin = cause.node_index
         lines = []
-        if cause.exc_type == TorchrunNotRetried.__name__ and origin != node_index:
-            # retry_on refused this attempt on node 0: said there once.
+        if cause.exc_type == TorchrunNotRetried.__name__ and origin != node_index:  # said on node 0
             self.headline = TorchrunNotRetried.headline
             text = "node %d ran nothing: %s" % (node_index, "node %s's error in this log says why" % origin
                                                 if same_log else (cause.message or cause.summary))
-        elif same_log and is_refusal(cause):
-            # A local run: every node's output is the control's log, where the
-            # refusing node's own error says the problem once.
+        elif same_log and is_refusal(cause):  # the refusing node's own error in this log says it once
             text = "node %d stopped because node %s refused its current.torch.run call (its error is in this log)." % (
                 node_index, origin if origin is not None else "?")
         elif origin is not None and origin != node_index and cause.kind in _FAILED_FIRST:
-            if same_log:
-                # Every node writes to this one log: the failing node's own error
-                # in it has what there is (not repeated here); a SIGKILLed rank has no traceback.
+            if same_log:  # the failing node's own error in this log has what there is
                 text = "node %d stopped because node %d failed first (its error %s): %s" % (
                     node_index, origin, _its_error(cause), _first_line(cause.summary))
             else:
@@ -223,14 +205,11 @@ class GangAborted(TorchrunException):
             text = "node %d stopped: %s" % (node_index, cause.summary)
         if cause.kind is CauseKind.PREFLIGHT and cause.message:
             if same_log and node_index != 0:
-                # Every node writes to the control's log: node 0's error has it.
                 text += " (node 0's error in this log has every field and the fix)"
             else:
                 text += "\n" + cause.message  # every field and node, and the fix
         elif cause.kind is CauseKind.NODE_LOST and cause.message and not (same_log and node_index != 0):
-            if same_log and cause.message.startswith(LAST_LINES_HEAD):
-                # A local node's task that ended before it joined: its stderr came
-                # through this log as it wrote it (runtime/node_tasks.py), so once.
+            if same_log and cause.message.startswith(LAST_LINES_HEAD):  # its stderr came through this log
                 text += "; its last lines of output are above, as it wrote them"
             else:
                 text += "\n" + cause.message
@@ -242,7 +221,7 @@ class GangAborted(TorchrunException):
 
 
 def _its_error(cause: "Cause") -> str:
-    """What the failing node's error in the same log holds, said truthfully."""
+    """What the failing node's error in the same log holds."""
     if not cause.traceback:
         return "is in this log"
     if cause.traceback.startswith(failure_block.CRASH_OUTPUT):
@@ -263,8 +242,7 @@ class TorchrunInterrupted(TorchrunException):
 
 
 def raise_all(problems: List[str]) -> None:
-    """One run, every problem: a flow with several mistakes is refused once,
-    naming each, rather than once per run (on AWS Batch, once per job)."""
+    """One refusal naming every problem, rather than one run (on AWS Batch, one job) per mistake."""
     problems = [p for p in problems if p]
     if len(problems) == 1:
         raise TorchrunInvalidArgument(problems[0])
@@ -275,8 +253,7 @@ def raise_all(problems: List[str]) -> None:
 
 
 class Problems:
-    """Collects ``TorchrunInvalidArgument`` messages from several checks, so
-    that every one of them runs before the step is refused."""
+    """``TorchrunInvalidArgument`` messages of several checks, each run before the step is refused."""
 
     def __init__(self) -> None:
         self.messages: List[str] = []
@@ -293,9 +270,8 @@ class Problems:
         return self
 
     def __exit__(self, kind: Any, error: Any, tb: Any) -> bool:
-        """``with problems: value = check(...)``: a refusal in the block is kept
-        and the code after it runs on. The block calls its checks itself, so a
-        planner's checks are never called back from this lower layer."""
+        """``with problems: value = check(...)``: a refusal in the block is kept and the code after it
+        runs on, without this lower layer calling a planner's checks back."""
         if isinstance(error, TorchrunInvalidArgument):
             self.messages.extend(_split(error.message))
             return True
@@ -309,7 +285,7 @@ class Problems:
 
 
 def _split(message: str) -> List[str]:
-    """A message from ``raise_all`` holds several problems: keep them apart."""
+    """A message from ``raise_all``, apart into its problems."""
     lines = message.splitlines()
     if lines and lines[0].endswith(" problems:") and all(l.startswith("- ") for l in lines[1:]):
         return [l[2:] for l in lines[1:]]
@@ -317,10 +293,8 @@ def _split(message: str) -> List[str]:
 
 
 def drop_own_frame(error: BaseException, filename: str) -> None:
-    """A step's own exception, re-raised (bare ``raise``: no frame is added),
-    without the re-raising wrapper's frame (in ``filename``) at its head:
-    Metaflow prints the traceback of a step's exception, and ours in it is
-    noise (issue 36)."""
+    """A re-raised step exception without the wrapper's frame (in ``filename``) at its head: Metaflow
+    prints the step's traceback, where ours is noise."""
     tb = error.__traceback__
     if tb is not None and tb.tb_frame.f_code.co_filename == filename and tb.tb_next is not None:
         error.__traceback__ = tb.tb_next
