@@ -408,19 +408,6 @@ class TestReading:
 
 
 class TestWire:
-    @pytest.mark.parametrize("value, expected", [
-        ({"0": "a", "3": "b"}, {0: "a", 3: "b"}),
-        ({"x": "a", "-1": "b", "1": 5, "2": None, str(1 << 40): "c"}, {}),
-        ([["0", "a"]], {}),
-        ("0", {}),
-        (None, {}),
-    ])
-    def test_parse_wire_keeps_only_well_formed_entries(self, value, expected):
-        assert stacks.parse_wire(value) == expected
-
-    def test_parse_wire_cuts_long_texts(self):
-        assert len(stacks.parse_wire({"0": "x" * (10 * stacks.MAX_STACK_BYTES)})[0]) == stacks.MAX_STACK_BYTES
-
     def test_bound_keeps_the_innermost_frames_of_each_rank(self):
         got = stacks.bound({r: "INNER" + "x" * 10000 for r in range(8)}, 8 * 1024)
         assert sorted(got) == list(range(8)) and all(t.startswith("INNER") and len(t) == 1024 for t in got.values())

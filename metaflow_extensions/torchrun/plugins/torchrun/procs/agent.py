@@ -1,16 +1,10 @@
-"""Runs torchrun's agent (``torch.distributed.run``), with its store kept on loopback
+"""Runs torchrun's agent (``torch.distributed.run``), its store kept on loopback
 when the rendezvous endpoint is a loopback address.
 
-torch's TCPStore listens on every interface whatever host it is given, so on a
-local run the store would accept connections on 127.0.0.2 or the host's own
-address, and its keys can be read and written by whoever connects. Its
-``master_listen_fd`` takes a socket we bound ourselves, and torch's rendezvous
-handlers open their store with ``multi_tenant=True``, which reuses a server
-already listening on that port in this process: the store made here, bound to
-the loopback address, is the one torch then uses.
-
-Runs in the agent process, before torch's own ``main``; like the rest of
-``procs/`` it imports no Metaflow.
+torch's TCPStore listens on every interface whatever host it is given, and
+anyone who connects can read and write its keys. A store opened here on a
+socket bound to loopback (``master_listen_fd``) is the one torch then uses: its
+rendezvous handlers open theirs with ``multi_tenant=True``, which reuses it.
 """
 
 from __future__ import annotations
@@ -31,27 +25,19 @@ from . import departure, exits
 from .failures import AgentFailure, write_agent_failures
 from .names import USER_UMASK_ENV, WORK_DIR_ENV, LOG_DIR_ENV, agent_log_path
 
-# torchrun's own loggers: their lines go to the node's agent log, not the console.
 LAUNCHER_LOGGERS = ("torch.distributed.run", "torch.distributed.elastic", "torch.distributed.launcher")
 
 # The store we opened must outlive torch's use of it: the agent's whole life.
 _KEEP: List[Any] = []
 
 
-
 def _conf(text: str) -> dict:
-    out = {}
-    for item in (text or "").split(","):
-        key, sep, value = item.partition("=")
-        if sep:
-            out[key.strip()] = value.strip().lower()
-    return out
+    pairs = (item.partition("=") for item in (text or "").split(","))
+    return {key.strip(): value.strip().lower() for key, sep, value in pairs if sep}
 
 
 def hosted_store(args: Any) -> Optional[tuple]:
-    """``(host, port)`` of the TCP store this agent hosts, when it hosts one on a
-    loopback endpoint: node 0 of the static rendezvous, or the c10d node with
-    ``is_host`` set. Anything else is left to torch."""
+    """``(host, port)`` of the store this agent hosts on a loopback endpoint; else torch's."""
     from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
 
     endpoint = args.rdzv_endpoint or ""
@@ -64,9 +50,8 @@ def hosted_store(args: Any) -> Optional[tuple]:
 
 
 def hosts_store(args: Any) -> bool:
-    """Whether this agent hosts the rendezvous store, in its own process: node
-    0 of the static rendezvous, or the c10d node with ``is_host`` set (the
-    decorator sets it; where a user's ``rdzv_conf`` leaves torch to guess, no)."""
+    """Node 0 of the static rendezvous, or the c10d node with ``is_host`` set
+    (where a user's ``rdzv_conf`` leaves torch to guess, no)."""
     if args.rdzv_backend == "static":
         return str(args.node_rank).strip() == "0"
     if args.rdzv_backend == "c10d":
@@ -95,10 +80,8 @@ def open_loopback_store(host: str, port: int) -> Any:
 
 
 def keep_ranks_store_on_loopback(env: Mapping[str, str]) -> None:
-    """In rank 0, when it hosts the ranks' own store (torch does so when the
-    agent's store is not shared: ``max_restarts`` above 0, see plan.py) on a
-    loopback ``MASTER_ADDR``: open it on loopback first, and torch's
-    ``init_process_group`` reuses it (``multi_tenant``). Imports torch only then."""
+    """Rank 0 hosts the ranks' own store where the agent's is not shared
+    (``max_restarts`` above 0, plan.py): opened here first, ``init_process_group`` reuses it."""
     if env.get("TORCHELASTIC_USE_AGENT_STORE") != "False" or env.get("RANK") != "0":
         return
     host, port = env.get("MASTER_ADDR", ""), env.get("MASTER_PORT", "")
@@ -111,11 +94,8 @@ def keep_ranks_store_on_loopback(env: Mapping[str, str]) -> None:
 
 
 def quiet_launcher(log_dir: Optional[str]) -> Optional[IO[str]]:
-    """Send torchrun's own log lines to the node's agent log. A failed rank's
-    traceback stays on the console (its own stderr); what torchrun says about
-    it (its W/E lines, the ChildFailedError box, the SignalException traceback
-    of an agent we stopped) only repeats our root cause, so it waits in the
-    file, and one line says where."""
+    """torchrun's own lines only repeat our root cause: they wait in the node's
+    agent log (a failed rank's traceback stays on the console)."""
     if not log_dir:
         return None
     path = agent_log_path(log_dir)
@@ -133,15 +113,9 @@ def quiet_launcher(log_dir: Optional[str]) -> Optional[IO[str]]:
 
 
 def native_stderr_to_log(log: Optional[IO[str]]) -> bool:
-    """What torch's C++ writes on the agent's stderr (fd 2: c10d's warnings,
-    the frames of an error it logs) goes to the agent's log too, beside its
-    Python lines (``quiet_launcher``). Only the agent's: its workers would
-    inherit fd 2, so torch's ``Popen`` of a worker is handed the console's
-    stream instead (a rank's lines reach the console, labelled, as before),
-    and Python's ``sys.stderr`` stays on the console, so a traceback of the
-    agent's own failure reads there as before. False, and nothing changed,
-    where there is no log or this torch does not start its workers through
-    the ``Popen`` we can hand that stream to."""
+    """torch's C++ lines on the agent's fd 2 go to its log too. Its workers and
+    Python's ``sys.stderr`` keep the console; False, nothing changed, where
+    this torch has no worker ``Popen`` to hand the console to."""
     if log is None:
         return False
     try:
@@ -167,9 +141,7 @@ def native_stderr_to_log(log: Optional[IO[str]]) -> bool:
 
 
 def worker_exits(pcontext: Any) -> Dict[int, int]:
-    """pid -> exit status of every worker a torchelastic process context has
-    reaped: its subprocesses (a script, our case) or its multiprocessing
-    processes (a function). Whatever this torch does not have is skipped."""
+    """pid -> exit status of every worker a torchelastic process context reaped."""
     out: Dict[int, int] = {}
     procs = [(getattr(h, "proc", None), "returncode")
              for h in dict(getattr(pcontext, "subprocess_handlers", None) or {}).values()]
@@ -182,12 +154,8 @@ def worker_exits(pcontext: Any) -> Dict[int, int]:
 
 
 def record_worker_exits(directory: Optional[str]) -> bool:
-    """Complete the status of every rank this agent stops or sees die with
-    the exit torch reaped (``exits.py``). torch's ``PContext.close`` is where it
-    signals its workers and waits for them, on every path: a failed rank
-    (the others are stopped), a stopped agent (SIGTERM from the supervisor), a
-    restart, the end of the job. Wrapped once, in this process only; False
-    where this torch has no such method (nothing changes then)."""
+    """Complete each rank's status with the exit torch reaped: ``PContext.close``
+    stops and waits for the workers on every path. False where this torch has none."""
     if not directory:
         return False
     try:
@@ -213,11 +181,8 @@ def record_worker_exits(directory: Optional[str]) -> bool:
 
 
 def record_child_failures(directory: Optional[str], error: Any) -> bool:
-    """Write what torch's ``ChildFailedError`` holds (its ``failures``: global
-    rank -> ``ProcessFailure``) as records in the call's work directory, for
-    the node's report of ranks that could not record their own failure
-    (``failures.read_agent_failures``). Never raises: torch's own handling of
-    the error goes on as it would without us."""
+    """For ranks that could not record their own failure (``failures.read_agent_failures``).
+    Never raises: torch's own handling goes on."""
     if not directory:
         return False
     try:
@@ -254,30 +219,22 @@ def main(argv: Sequence[str]) -> None:
             record_child_failures(os.environ.get(WORK_DIR_ENV), e)
         if log is None:  # torch's own report, as its torchrun prints it
             exit_now(1, None, traceback.format_exc())
-        # Its report stays in its log, in the folder the node's error names:
-        # the error says the root cause once, in the user's frames. Only the
-        # exception's own text (the box of failures): its frames are torch's.
+        # In the log, only the exception's text: the node's error says the cause in the user's frames.
         log.write("".join(traceback.format_exception_only(type(e), e)))
         exit_now(1, log)
     exit_now(0, log)  # the job is done on every node: past torch's exit barrier and its store
 
 
 def leave_store(hosts: bool, log: Optional[IO[str]]) -> None:
-    """Past the exit barrier: the store's host stays until every other agent
-    is done with its store (``departure.py``); the others say they are."""
+    """The store's host stays until every other agent is done with it (``departure.py``)."""
     if departure.depart(hosts, timeouts.DEPART_WAIT) is False and hosts and log is not None:
         log.write("not every other agent said it was done with the rendezvous store within %g s: "
                   "leaving anyway\n" % timeouts.DEPART_WAIT)
 
 
 def exit_now(code: int, log: Optional[IO[str]], report: str = "") -> NoReturn:
-    """End the agent once its workers are reaped and its records written.
-
-    Every rank is gone by then (torch's ``PContext.close`` has reaped them and
-    ``exits.complete`` has written their exits), and what is left of a normal
-    exit is the interpreter tearing torch down: seconds under load, during
-    which the node's supervisor waits (a peer's stop) or the failure is not yet
-    seen (the failing node). Nothing of ours needs it."""
+    """Skip the interpreter tearing torch down (seconds under load, the node
+    waiting): every rank is reaped and recorded by now."""
     try:
         if report:
             sys.stderr.write(report)

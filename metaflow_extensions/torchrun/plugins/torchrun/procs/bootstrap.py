@@ -24,7 +24,7 @@ from .names import (ARGS_FILE, WORK_DIR_ENV, LABELS_ENV, LOG_DIR_ENV, NODE_INDEX
 from .failures import RankFailure, write_failure
 from .status import RankStatus, write_status
 from .failure_block import is_users
-from ..host import open_private, title
+from ..host import die_with_parent, open_private, title
 
 
 def _env_int(name: str, default: int = -1) -> int:
@@ -35,9 +35,7 @@ def _env_int(name: str, default: int = -1) -> int:
 
 
 def user_traceback(exc: BaseException, script: str = "") -> str:
-    """The traceback as the user would see it running their code directly:
-    the frames of this bootstrap, of runpy and of torch's launcher are noise
-    in an error report. Chained exceptions keep their own user frames."""
+    """As running their code directly shows it: our, runpy's and torch's frames are noise."""
     te = traceback.TracebackException(type(exc), exc, exc.__traceback__)
     target = os.path.abspath(script) if script else None
     at = next((i for i, f in enumerate(te.stack) if os.path.abspath(f.filename) == target), 0)
@@ -56,9 +54,8 @@ def user_traceback(exc: BaseException, script: str = "") -> str:
 
 
 def report_failure(formatted: str) -> None:
-    """The rank's traceback, to its log only (relay.py): its node's error shows
-    the root cause once; an echo of it would only bury it. Where torchrun may
-    restart the ranks, the traceback shows as it is: no error will."""
+    """To the rank's log only (relay.py): the node's error shows the cause once.
+    Where torchrun may restart the ranks no error will, so it shows."""
     restarts = _env_int("TORCHELASTIC_MAX_RESTARTS", 0)
     quiet = os.environ.get(LOG_DIR_ENV) and _env_int("TORCHELASTIC_RESTART_COUNT", 0) >= restarts
     try:
@@ -104,8 +101,6 @@ def _record(exc: BaseException, formatted: str) -> None:
 
 
 def _tie_to_parent() -> None:
-    from ..host import die_with_parent
-
     parent = os.getppid()
     die_with_parent()
     if os.getppid() != parent:  # the agent died before we asked to die with it
@@ -113,9 +108,7 @@ def _tie_to_parent() -> None:
 
 
 def _line_buffered() -> None:
-    # Metaflow runs tasks with PYTHONUNBUFFERED, under which print() issues the
-    # text and its newline as two writes; ranks sharing a pipe then interleave
-    # mid-line. Line buffering keeps each line one write, and output still live.
+    # Under PYTHONUNBUFFERED print() writes text and newline apart: ranks sharing a pipe interleave mid-line.
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.reconfigure(line_buffering=True, write_through=False)  # type: ignore[union-attr]
@@ -127,8 +120,7 @@ FUNCTION_FLAG = "--mf-function"
 
 
 def run_function(ref_text: str, workdir: str) -> None:
-    """Function mode: import the function, call it with the pickled arguments,
-    pickle what it returns (or the exception it raises) for the node to read."""
+    """Call the function with the pickled arguments; pickle what it returns or raises."""
     from . import functions
 
     rank = _env_int("RANK")
@@ -156,10 +148,8 @@ def run_function(ref_text: str, workdir: str) -> None:
 
 
 def show_command(argv: list) -> bool:
-    """What ``ps``, ``py-spy`` and ``pgrep -f`` show for this rank: the command
-    torchrun would have run without us (``python -u train.py ARGS``), or for a
-    function ``python -u <module or flow file>:<function>``; its short name the
-    script's or the function's. True where the whole title shows (host/title.py)."""
+    """What ``ps`` and ``pgrep -f`` show: the command torchrun would have run
+    without us, or ``python -u <module>:<function>``. True where the whole title shows."""
     if argv[:1] == [FUNCTION_FLAG] and len(argv) == 3:
         from . import functions
 
@@ -175,15 +165,13 @@ def show_command(argv: list) -> bool:
 
 
 def _status(status: RankStatus) -> None:
-    """This rank's life for the result object: written at start, then at exit."""
     directory = os.environ.get(WORK_DIR_ENV)
     if directory:
         write_status(directory, status)
 
 
 def _crash_dumps_to_log(rank: int, log_dir) -> None:
-    """A segfaulting rank's Python stack goes to its stderr log (the node's
-    error shows it, from there), not through the console a second time."""
+    """To the rank's stderr log, which the node's error shows: not the console a second time."""
     if log_dir:
         try:
             fd = open_private(rank_log_path(log_dir, rank, "stderr"))
@@ -199,12 +187,8 @@ _KEEP: list = []  # the stack file stays open for the rank's life
 
 def main(argv: list) -> None:
     _tie_to_parent()
-    # Forked from the node's warm process, torch already imported (zygote.py);
-    # this process stands in for it. Returns where there is none.
     handoff.hand_off("bootstrap", argv)
     title.prepare()  # a fresh rank's, before its environment changes (a forked one's was the zygote's)
-    # What to run comes from the entry file, out of torchrun's sight (entry.py);
-    # TMPDIR goes back to the user's (torchrun's agent had the work directory).
     try:
         argv, trainer_progress = entry.bootstrap_entry(argv)
     except (OSError, ValueError) as e:
@@ -213,8 +197,7 @@ def main(argv: list) -> None:
     entry.restore_user_tmpdir()
     agent.keep_ranks_store_on_loopback(os.environ)
     if os.environ.get(RESTART_ENV):
-        # The gang's restart k runs a fresh torchrun, whose count says 0: the
-        # ranks read which restart this is where torchrun's restarts put it.
+        # The gang's restart k runs a fresh torchrun, whose count says 0.
         os.environ[RESTART_COUNT_ENV] = os.environ[RESTART_ENV]
     rank = _env_int("RANK")
     labels = os.environ.get(LABELS_ENV, "1") != "0"
@@ -226,12 +209,9 @@ def main(argv: list) -> None:
     show_command(argv)
     _line_buffered()
     _crash_dumps_to_log(rank, log_dir)
-    # Where this rank is, on request, when the gang stops (stacks.py).
     _KEEP.append(stacks.register(os.environ.get(WORK_DIR_ENV), rank))
-    # And which collectives it entered, from torch's Flight Recorder (flight_ask.py).
     if flight_ask.recording(os.environ):
         flight_ask.listen(os.environ.get(WORK_DIR_ENV), rank)
-    # HF's and Lightning's Trainer report progress, once the script imports one (trainer_hooks.py).
     if trainer_progress:
         from . import trainer_hooks
 
@@ -256,20 +236,15 @@ def main(argv: list) -> None:
         _status(started.ended(code, time.time()))
 
 
-# The module the process started as (this one, or the zygote): kept, since the
-# script's module takes its place as __main__ for good.
+# The module the process started as: kept, since the script's takes its place as __main__ for good.
 _STARTED_AS: list = []
 
 
 def run_as_main(script: str) -> None:
-    """Run ``script`` as ``python script.py`` does: in a module that stays
-    ``__main__`` until the process ends, so that its end (Python's shutdown,
-    or ``release_main`` in a forked rank) releases what the script left in
-    order. ``runpy.run_path`` drops its module at once: the namespace, held
-    in a cycle by any function the script defined, is then freed by the
-    collector, which may close a file's buffer before its text layer, and a
-    file the script never closed lost its last writes (CPython bpo-17852).
-    Anything but a regular file (a directory, a zip) goes to runpy."""
+    """In a module that stays ``__main__`` until the process ends, so what the
+    script left is released in order. ``runpy.run_path`` drops its module at
+    once, and the collector may then close a file's buffer before its text
+    layer, losing its last writes (CPython bpo-17852). A directory or zip goes to runpy."""
     if not os.path.isfile(script):
         runpy.run_path(script, run_name="__main__")
         return
@@ -285,10 +260,8 @@ def run_as_main(script: str) -> None:
 
 
 def release_main() -> None:
-    """What Python's shutdown does first to ``__main__``: every name set to
-    None, those with one leading underscore first, ``__builtins__`` last to
-    go. Objects the script left are then released by reference count, in
-    order: a file it never closed is flushed and closed."""
+    """What Python's shutdown does first to ``__main__``: names with one leading
+    underscore set to None first, then the rest but ``__builtins__``."""
     main = sys.modules.get("__main__")
     if main is None or not _STARTED_AS:
         return

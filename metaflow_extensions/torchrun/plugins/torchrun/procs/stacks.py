@@ -1,25 +1,12 @@
 """Where every rank was when the gang stopped: the Python stack of its main thread.
 
-Why faulthandler: it writes from a C signal handler, so a rank stuck in a
-collective, a data loader or any C call still answers, and it needs no ptrace,
-no py-spy and no cooperation from the user's code. Each rank's bootstrap
-registers it on ``STACK_SIGNAL``, writing into the rank's own file in the call's
-work directory (``stack_path``); before a node stops its ranks it signals the
-live ones and reads the files back (``collect``), within ``COLLECT_SECONDS``.
-
-Only the main thread, by itself: the signal goes to it (``tgkill``), and
-faulthandler dumps the thread that took it, whose frames cannot change while it
-runs the handler. Asked for every thread, faulthandler walks the others' frames
-while they run on (the Flight Recorder's thread answers at that very moment,
-flight_ask.py), and a frame freed under it crashed the rank with SIGSEGV or cut
-its dump short. A dump is known whole by its last line: the rank writes at the
-top of its file, before it can be asked, the line its main thread's outermost
-frame prints as (``ending``); a dump not whole within the bound is kept, marked
-``UNFINISHED``, and said so.
-
-The raw text goes to the card and the result record; ``summarize`` turns it
-into the few lines the failure message shows: each rank, its innermost frame
-in the user's own code, and where below that it actually was.
+faulthandler writes from a C signal handler, so a rank stuck in a collective or
+any C call still answers, with no ptrace, py-spy or help from the user's code.
+Only the main thread, by itself (``tgkill``): asked for every thread,
+faulthandler walks frames that run on, and a frame freed under it crashed the
+rank or cut its dump short. A dump is known whole by its last line, the main
+thread's outermost frame, which the rank writes at the top of its file
+(``ending``); one not whole in time is kept, marked ``UNFINISHED``.
 """
 
 from __future__ import annotations
@@ -41,16 +28,11 @@ from .names import STACKS_SUFFIX, rank_file
 from .ranges import numbers
 from ..base import timeouts
 
-# Real-time, like the gang's interrupt: SIGUSR1/2 belong to user code (SLURM-style
-# checkpoint triggers), and a real-time signal nobody handles would kill a rank,
-# which is why the bootstrap registers it before the user's code runs.
+# Real-time: SIGUSR1/2 belong to user code. Unhandled it kills a rank, so the
+# bootstrap registers it before the user's code runs.
 STACK_SIGNAL = signal.SIGRTMIN + 3
-# A rank's dump is cut to this many bytes (faulthandler prints at most 100
-# frames per thread, but a rank may have hundreds of threads).
 MAX_STACK_BYTES = 16 * 1024
-# The failure message shows this many places (ranks grouped by where they
-# were); the card and the full report show every rank.
-SUMMARY_PLACES = 12
+SUMMARY_PLACES = 12  # places in the failure message; the card shows every rank
 
 _FRAME = re.compile(r'^\s+File "(?P<file>.*)", line (?P<line>\d+) in (?P<func>.*)$')
 _THREAD = re.compile(r"^(?P<current>Current thread|Thread) (?P<ident>0x[0-9a-fA-F]+)|^Stack \(most recent")
@@ -60,31 +42,25 @@ def stack_path(directory: str, rank: int) -> str:
     return rank_file(directory, rank, STACKS_SUFFIX)
 
 
-# A rank's stack file begins with this, then where the outermost frame of its
-# main thread is, with which every dump ends: its file and function (``ending``).
+# A stack file's first line: this, then the file and function every dump ends with.
 _ENDS_WITH = "# each dump ends with the frame of"
-# How faulthandler ends a dump short of the outermost frame: past its 100th
-# frame, and for a thread with no Python frame left (the interpreter finishing).
+# faulthandler's end of a dump cut short: past 100 frames, or no Python frame left.
 _SHORT_ENDS = ("  ...", "  <no Python frame>")
-# The first line of a dump the rank had not finished when the bound was reached.
 UNFINISHED = "<unfinished: the rank had not written the rest of this dump when it was read>"
 # faulthandler writes at most this many characters of a name, then "...".
 _NAME_CHARS = 500
 
 
 def ending(frame: FrameType) -> Tuple[str, str]:
-    """The file and function of the outermost frame under ``frame``, as
-    faulthandler prints them. While the rank runs, that frame stays (its line
-    may move on, where a script called ``register`` from its top level), so the
-    main thread's every dump ends with it."""
+    """The outermost frame's file and function, as faulthandler prints them:
+    it stays while the rank runs, so every dump of the main thread ends with it."""
     while frame.f_back is not None:
         frame = frame.f_back
     return escaped(frame.f_code.co_filename), escaped(frame.f_code.co_name)
 
 
 def escaped(text: str) -> str:
-    """A name as faulthandler writes it: printable ASCII as it is, any other
-    character as an escape, cut at 500 characters."""
+    """A name as faulthandler writes it."""
     out = []
     for ch in text[:_NAME_CHARS]:
         code = ord(ch)
@@ -95,14 +71,8 @@ def escaped(text: str) -> str:
     return "".join(out) + ("..." if len(text) > _NAME_CHARS else "")
 
 
-# -- in the rank (bootstrap) -------------------------------------------------------
-
-
 def register(directory: Optional[str], rank: int) -> Optional[IO[str]]:
-    """Dump this rank's main thread into its file on ``STACK_SIGNAL``, the
-    file's first line saying how each dump ends. The file stays open for the
-    rank's life (faulthandler writes to its descriptor); the caller keeps the
-    returned object alive."""
+    """The caller keeps the returned file alive: faulthandler writes to its descriptor."""
     if not directory or rank < 0:
         return None
     try:
@@ -113,7 +83,6 @@ def register(directory: Optional[str], rank: int) -> Optional[IO[str]]:
     try:
         out.write("\t".join((_ENDS_WITH, *ending(sys._getframe()))) + "\n")  # escaped: no tab in either
         out.flush()
-        # The thread that takes the signal alone: the node sends it to the main one.
         faulthandler.register(STACK_SIGNAL, file=out, all_threads=False, chain=False)
     except (OSError, ValueError, RuntimeError):
         out.close()
@@ -121,14 +90,9 @@ def register(directory: Optional[str], rank: int) -> Optional[IO[str]]:
     return out
 
 
-# -- on the node (before it stops its ranks) ----------------------------------------
-
-
 def collect(directory: str, pids: Mapping[int, int], seconds: float = timeouts.COLLECT_SECONDS) -> Dict[int, str]:
-    """Signal each live rank's main thread (rank -> pid) and read its dump back
-    once it is whole (it ends as its file's first line says). A rank that wrote
-    nothing within ``seconds`` is left out; what one that had not finished
-    wrote is kept, ``UNFINISHED`` first."""
+    """Each live rank's dump (rank -> pid), read back once whole; a rank that
+    wrote nothing within ``seconds`` is left out."""
     asked: Dict[int, Tuple[str, int, Optional[Tuple[str, str]]]] = {}  # rank -> its file, where the dump begins, its end
     for rank, pid in pids.items():
         path = stack_path(directory, rank)
@@ -159,15 +123,12 @@ def collect(directory: str, pids: Mapping[int, int], seconds: float = timeouts.C
 
 
 def _ending_of(path: str) -> Optional[Tuple[str, str]]:
-    """How the dumps in a rank's stack file end: its first line says. None for
-    a file the rank did not begin (any dump in it is whole only when cut short)."""
+    """None for a file the rank did not begin: a dump in it is whole only when cut short."""
     head = _read_from(path, 0).split("\n", 1)[0].split("\t")
     return (head[1], head[2]) if len(head) == 3 and head[0] == _ENDS_WITH else None
 
 
 def _whole(tail: str, ends: Optional[Tuple[str, str]]) -> bool:
-    """A dump whose last line is written and is the main thread's outermost
-    frame, or faulthandler's own end of a dump cut short."""
     if not tail.endswith("\n"):
         return False
     last = tail[:-1].rsplit("\n", 1)[-1]
@@ -184,8 +145,6 @@ def _size(path: str) -> int:
 
 
 def _tail(path: str, begins: int, most: int = MAX_STACK_BYTES) -> str:
-    """The end of a dump that begins at ``begins``: its last line (at most two
-    escaped names of 500 characters) whole."""
     return _read_from(path, max(begins, _size(path) - most), most)
 
 
@@ -201,15 +160,11 @@ def _read_from(path: str, offset: int, most: int = MAX_STACK_BYTES) -> str:
 
 
 def bound(stacks: Mapping[int, str], total: int) -> Dict[int, str]:
-    """Stacks cut to fit ``total`` characters in all (for the gang's wire): each
-    rank keeps its innermost frames, which come first."""
+    """Stacks cut to ``total`` characters in all, each keeping its innermost frames."""
     if not stacks:
         return {}
     share = max(512, total // len(stacks))
     return {rank: text[:share] for rank, text in sorted(stacks.items())[: max(1, total // 512)]}
-
-
-# -- reading a dump -----------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -255,10 +210,8 @@ def parse(text: str) -> List[Thread]:
 
 
 def main_thread(threads: Iterable[Thread]) -> Optional[Thread]:
-    """The thread that runs the user's script or function. Threads started
-    with ``threading`` begin in its ``_bootstrap``; the main thread does not,
-    and it runs a module's top level somewhere down its stack. Failing both,
-    the thread that took the signal (the main one, unless it blocks it)."""
+    """The thread that runs the user's code: not begun by ``threading``, a
+    module's top level down its stack; failing both, the one that took the signal."""
     listed = [t for t in threads if t.frames]
     own = [t for t in listed if not _started_by_threading(t)]
     for pool in (own, listed):
@@ -286,8 +239,7 @@ _OURS = os.path.dirname(os.path.realpath(__file__)) + os.sep
 
 
 def is_user_frame(frame: Frame) -> bool:
-    """The user's code: not Python's library, not an installed package, not
-    this package. (An installed package of the user's own counts as library.)"""
+    """Not Python's library, an installed package or this package."""
     path = frame.file
     if path.startswith("<") or "site-packages" + os.sep in path or "dist-packages" + os.sep in path:
         return False
@@ -298,22 +250,28 @@ def is_user_frame(frame: Frame) -> bool:
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.realpath(__file__))) + os.sep  # all of @torchrun
 
 
-# What ranks run as their program (preflight="full"'s collective job): where
-# such a rank is, is news to the user, and is said as for a script of theirs.
+# Our programs a rank runs (preflight="full"): said as for a script of the user's.
 _PROGRAMS = ("collective_check.py",)
 
 
 def _is_ours(frame: Frame) -> bool:
-    """A frame of @torchrun's own plumbing around the rank's program."""
     if frame.file.startswith("<") or os.path.basename(frame.file) in _PROGRAMS:
         return False
     return os.path.realpath(frame.file).startswith(_PACKAGE)
 
 
-def short_path(path: str, base: Optional[str] = None) -> str:
+def _in_packages(path: str) -> Optional[str]:
+    """The path below site-packages or dist-packages, if it is there."""
     for marker in ("site-packages" + os.sep, "dist-packages" + os.sep):
         if marker in path:
             return path.split(marker, 1)[1]
+    return None
+
+
+def short_path(path: str, base: Optional[str] = None) -> str:
+    packaged = _in_packages(path)
+    if packaged is not None:
+        return packaged
     base = base or os.getcwd()
     try:
         rel = os.path.relpath(path, base)
@@ -322,32 +280,21 @@ def short_path(path: str, base: Optional[str] = None) -> str:
     return path if rel.startswith("..") else rel
 
 
-# -- the failure message --------------------------------------------------------------
-
-
-# -- a rank still importing -------------------------------------------------------------
-
 _IMPORT_STATEMENT = re.compile(r"^\s*(?:from\s+(?P<from>[A-Za-z_][\w.]*)\s+import\b|import\s+(?P<import>[A-Za-z_][\w.]*))")
 _DOTTED = re.compile(r"^[A-Za-z_][\w]*(?:\.[A-Za-z_][\w]*)*$")
 
 
 def is_import_frame(frame: Frame) -> bool:
-    """A frame of Python's import machinery (frozen, or from source on builds
-    that do not freeze it)."""
+    """Python's import machinery, frozen or from source."""
     path = frame.file.replace(os.sep, "/")
     return path.startswith("<frozen importlib.") or path.endswith(
         ("/importlib/_bootstrap.py", "/importlib/_bootstrap_external.py"))
 
 
 def module_name(path: str) -> Optional[str]:
-    """The dotted name of a library module from its file: ``.../site-packages/
-    torch/nn/__init__.py`` -> ``torch.nn``. None for the user's own files (their
-    name depends on ``sys.path``) and for anything that is not a ``.py`` file."""
-    rel = None
-    for marker in ("site-packages" + os.sep, "dist-packages" + os.sep):
-        if marker in path:
-            rel = path.split(marker, 1)[1]
-            break
+    """A library module's dotted name from its file; None for the user's own
+    files (their name depends on ``sys.path``)."""
+    rel = _in_packages(path)
     if rel is None:
         real = os.path.realpath(path)
         root = next((r for r in _LIBRARY_ROOTS if real.startswith(r)), None)
@@ -362,21 +309,14 @@ def module_name(path: str) -> Optional[str]:
 
 
 def imported_module(statement: str) -> Optional[str]:
-    """The module an ``import`` line names: ``import a.b as c`` -> ``a.b``,
-    ``from a.b import c`` -> ``a.b``. None for anything else (relative imports
-    included: their package is not in the line)."""
+    """``import a.b as c`` and ``from a.b import c`` -> ``a.b``; None for a relative import."""
     found = _IMPORT_STATEMENT.match(statement or "")
-    if not found:
-        return None
-    return found.group("from") or found.group("import")
+    return (found.group("from") or found.group("import")) if found else None
 
 
 def importing(frames: Tuple[Frame, ...], inward_of: int) -> Optional[str]:
-    """The module a thread is importing, when the innermost import in progress
-    lies inward of frame ``inward_of`` (frames innermost first): the rank's own
-    code waits on that import. Named by the module's own frame when it runs
-    Python (a library's file), else by the line that imported it (the import
-    machinery is innermost: an extension module loading, a module lock)."""
+    """The module the user's code (frame ``inward_of``) waits to import: named by
+    its own frame where it runs Python, else by the line that imported it."""
     first = next((i for i, f in enumerate(frames[:inward_of]) if is_import_frame(f)), None)
     if first is None:
         return None
@@ -395,21 +335,14 @@ def importing(frames: Tuple[Frame, ...], inward_of: int) -> Optional[str]:
 
 @dataclass(frozen=True)
 class RankWhere:
-    """One rank's place, compact: its innermost user frame and below it."""
-
     rank: int
     user: Optional[Frame]
     innermost: Optional[Frame]
     threads: int
-    # The module being imported when the rank's code waits on an import
-    # (``importing``): the import machinery's own frames say nothing useful.
-    importing: Optional[str] = None
-    # Read before the rank finished its dump (``UNFINISHED``): its outer frames are missing.
+    importing: Optional[str] = None  # the module the rank's code waits on (``importing``)
     unfinished: bool = False
 
     def place(self, base: Optional[str] = None) -> Tuple[str, ...]:
-        """What the message says of it, without the rank: ranks at the same
-        place are told once."""
         if self.user is None and self.innermost is None:
             return ("its stack dump was not finished in time" if self.unfinished else "no Python frame in its dump",)
         out = self._importing(base) if self.importing is not None else self._at(base)
@@ -461,8 +394,7 @@ def group(stacks: Mapping[int, str], base: Optional[str] = None) -> List[Tuple[T
 
 def summarize(stacks: Mapping[int, str], base: Optional[str] = None, limit: int = SUMMARY_PLACES,
               full: str = "the card and the result record") -> str:
-    """The few lines of a failure message: where the ranks were, grouped by
-    place, at most ``limit`` places (about 30 lines, whatever the gang's size)."""
+    """At most ``limit`` places, whatever the gang's size."""
     if not stacks:
         return ""
     groups = group(stacks, base)
@@ -477,17 +409,3 @@ def summarize(stacks: Mapping[int, str], base: Optional[str] = None, limit: int 
         lines.append("  ... and %d more places (%d ranks)" % (len(rest), sum(len(r) for _, r in rest)))
     return "\n".join(lines)
 
-
-def parse_wire(value: object, max_ranks: int = 4096) -> Dict[int, str]:
-    """Stacks as a peer sent them: rank -> text, checked entry by entry."""
-    out: Dict[int, str] = {}
-    if not isinstance(value, dict):
-        return out
-    for key, text in list(value.items())[:max_ranks]:
-        try:
-            rank = int(key)
-        except (TypeError, ValueError):
-            continue
-        if 0 <= rank < 1 << 31 and isinstance(text, str):
-            out[rank] = text[:MAX_STACK_BYTES]
-    return out

@@ -1,34 +1,14 @@
 """The node's warm process: it imports torch once, then forks torchrun's agent
-and every rank from there (issue 37's zygote).
+and every rank from there (issue 37), saving each about 2.5 CPU-seconds of
+``import torch``.
 
-A fresh rank spends about 2.5 CPU-seconds in ``import torch`` before the
-user's first line, and so does torchrun's agent; on a restart that is most of
-the time back to training. Here the import is paid once per node and call;
-a child forked after it starts the user's script within milliseconds, the
-pages torch loaded shared with its siblings.
-
-It is safe because nothing in this process runs before the fork but the
-import: no thread of ours, no CUDA (torch initialises CUDA lazily), no
-process group; ``fork_guard.py`` checks that before every fork (what a
-start-up hook or a library brought in), and a start it refuses runs fresh.
-What a fresh process would have differently is made the same
-in the child (``become``): its own session, the stand-in's stdin, stdout,
-stderr, environment, working directory, ``sys.path`` and umask, signals at
-their defaults, numpy's global generator reseeded, torch's thread count from
-the child's own ``OMP_NUM_THREADS``.
-
-Who asks is a stand-in (``handoff.py``): the process torchrun (or the node's
-supervisor) started, which passes its descriptors over the Unix socket and
-stays to forward signals and to exit as its child did. The zygote completes
-a rank's status with its exit the moment it reaps it (``exits.py``), as
-torch's agent would for a rank of its own; a stand-in that goes away takes
-its child with it. Run as ``python -u -m <this module> SOCKET``.
-
-A zygote is itself a module a zygote can fork: where ``ZYGOTE_ENV`` names
-another one (a local run's control's, on the same host), the new one binds its
-socket, hands it over as its stdin, and the child forked there serves it with
-torch already imported. Every zygote is named ``ZYGOTE_NAME``, so a node's
-supervisor leaves a forked one, and what it forks, to its own node.
+Safe because nothing runs here before the fork but the import (``fork_guard.py``
+checks before every fork; a start it refuses runs fresh), and the child is made
+what a fresh process would be (``become``). Who asks is a stand-in
+(``handoff.py``) that passes its descriptors over the Unix socket, forwards
+signals and exits as its child did; a stand-in that goes away takes its child
+with it. A zygote may fork another zygote (``ZYGOTE_ENV``), which then serves
+its own socket with torch already imported. Run as ``python -u -m <this module> SOCKET``.
 """
 
 from __future__ import annotations
@@ -49,16 +29,12 @@ from .fork_guard import ForkGuard
 from .names import WORK_DIR_ENV, ZYGOTE_ENV, ZYGOTE_NAME, ZYGOTE_PID_SUFFIX
 from .zygote_wire import Request, WireError, recv_request, reply
 
-# OMP_NUM_THREADS as the zygote imported torch with it: a child with another value sets its own.
 _WARMED_THREADS: Optional[str] = None
-# What torch's import may have read from the environment, as this process imported it.
 _IMPORT_ENV: Dict[str, str] = {}
 _IMPORT_PREFIXES = ("TORCH", "PYTORCH", "CUDA", "NCCL", "GLOO", "OMP_", "MKL_", "KMP_", "LD_", "PYTHON")
 _NOT_AT_IMPORT = ("OMP_NUM_THREADS", "PYTHONUNBUFFERED")  # a child sets its own; Metaflow's tasks have it
 _REQUEST_SECONDS = 5.0  # a stand-in sends its request as it connects
-# This process's name before it called itself a zygote: its children get it back.
-_FRESH_NAME = b""
-# Asked before every fork (fork_guard.py): made as main starts, told when torch is imported.
+_FRESH_NAME = b""  # this process's name before it called itself a zygote: its children get it back
 _GUARD: Optional[ForkGuard] = None
 
 
@@ -75,8 +51,7 @@ def listen(path: str) -> socket.socket:
 
 
 def warm() -> None:
-    """Import what every child imports first. One that cannot be imported is
-    left to the child, which fails as a fresh process would, in its own words."""
+    """An import that fails is left to the child, to fail in its own words."""
     global _WARMED_THREADS, _IMPORT_ENV
     _WARMED_THREADS = os.environ.get("OMP_NUM_THREADS")
     _IMPORT_ENV = import_env(os.environ)
@@ -85,9 +60,8 @@ def warm() -> None:
         import torch.distributed.run  # noqa: F401  (torchrun's agent)
     except Exception:
         pass
-    # What the import made lives as long as the process: out of the collector's
-    # sight, a child neither copies its pages by touching them nor spends most
-    # of a second collecting them at its exit (0.75 s down to 0.14 s here).
+    # Out of the collector's sight, a child neither copies these pages nor
+    # collects them at its exit (0.75 s down to 0.14 s here).
     gc.freeze()
 
 
@@ -96,18 +70,13 @@ def import_env(env: Mapping[str, str]) -> Dict[str, str]:
 
 
 def refusal(request: Request) -> Optional[str]:
-    """Why this zygote must not fork for ``request``: another interpreter, or a
-    zygote asked for by a task whose environment torch's import could read
-    differently (a step's ``@environment``, ``@pypi``): that one imports its own."""
+    """Another interpreter, or a zygote for an environment torch's import could
+    read differently (``@environment``, ``@pypi``), imports its own."""
     if request.executable != sys.executable:
         return "another interpreter: %s" % request.executable
     if request.module == "zygote" and import_env(request.env) != _IMPORT_ENV:
         return "another environment at import"
     return None
-
-
-def _same_user(conn: socket.socket) -> bool:
-    return handoff.peer_uid(conn) == os.getuid()
 
 
 class _Refused(WireError):
@@ -117,8 +86,6 @@ class _Refused(WireError):
 
 
 class Server:
-    """Accept requests, fork, and tell each stand-in its child's pid and exit."""
-
     def __init__(self, listener: socket.socket):
         self.listener = listener
         self.children: Dict[int, Tuple[Optional[socket.socket], Request]] = {}
@@ -152,7 +119,7 @@ class Server:
             return None
         fds: List[int] = []
         try:
-            if not _same_user(conn):
+            if handoff.peer_uid(conn) != os.getuid():
                 raise WireError("a peer of another user")
             conn.settimeout(_REQUEST_SECONDS)
             request, fds = recv_request(conn)
@@ -186,10 +153,8 @@ class Server:
         return None
 
     def _fork(self, conn: socket.socket) -> Optional[int]:
-        """``os.fork()``, said to the stand-in first ("taken"): one that then
-        hears nothing more knows a child may have run, and does not start the
-        module again itself. None where the stand-in is gone, or told to start
-        fresh (no fork: the system refused one)."""
+        """"taken" first: a stand-in that then hears nothing more knows a child
+        may have run, and does not start the module again itself."""
         try:
             conn.sendall(reply("taken", 1))
         except OSError:
@@ -212,9 +177,7 @@ class Server:
             pass
 
     def reap(self) -> None:
-        """Every child that ended: its rank's status completed before it is
-        reaped (so whoever waits for the pid to go sees the record), then its
-        stand-in told."""
+        """A rank's status is completed before it is reaped: whoever waits for the pid sees it."""
         while True:
             try:
                 info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
@@ -236,10 +199,8 @@ class Server:
                 self._forget(conn)
 
     def _stand_in_gone(self, pid: int) -> None:
-        """The stand-in hung up (it sends nothing after its request): killed,
-        or its own parent gone. Its child goes too, as a rank goes with its agent.
-        A child reaped in the same batch of events is not ours to signal any
-        more: its pid may already be another process's."""
+        """Its child goes too, as a rank with its agent; one reaped already is
+        not signalled (its pid may be another process's)."""
         if pid not in self.children:
             return
         conn, request = self.children[pid]
@@ -261,8 +222,7 @@ class Server:
         conn.close()
 
     def _leave(self) -> None:
-        """In the child: none of the server's descriptors stay open (a stand-in
-        must see EOF when the zygote is gone), and no SIGCHLD handler."""
+        """A stand-in must see EOF when the zygote is gone."""
         signal.set_wakeup_fd(-1)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         for conn, _ in self.children.values():
@@ -291,10 +251,8 @@ _RESET = (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.
 
 
 def become(request: Request, fds: List[int]) -> None:
-    """In the forked child: be what ``python -m <module> ARGV`` would have
-    been in the stand-in's place, then run it. Returns as that module's
-    ``main`` returns; its ``SystemExit`` goes up to the interpreter's exit,
-    so ``atexit`` handlers run as in a fresh process."""
+    """Be what ``python -m <module> ARGV`` would have been in the stand-in's
+    place, then run it."""
     os.setsid()
     zygote = os.getppid()
     die_with_parent()  # as a fresh agent dies with its supervisor, and a rank with its agent
@@ -333,8 +291,7 @@ def become(request: Request, fds: List[int]) -> None:
 
 
 def _fresh_state() -> None:
-    """What a fresh process would not share with its siblings. Python's own
-    ``random`` reseeds itself after a fork; numpy's global generator does not."""
+    """Python's ``random`` reseeds itself after a fork; numpy's global generator does not."""
     np_random = sys.modules.get("numpy.random")
     if np_random is not None:
         try:
@@ -392,10 +349,7 @@ def main(argv: List[str]) -> None:
 
 
 def _rank_ran(request: Request, fds: List[int]) -> int:
-    """A forked rank's exit status, where Python's own exit would only add
-    its teardown (``exit_warm``). Any other end (an uncaught exception, an
-    exit with a message) goes up to Python, which says it as it would in a
-    fresh process."""
+    """Any other end (an exception, an exit with a message) goes up to Python."""
     try:
         become(request, fds)
     except SystemExit as e:
@@ -409,15 +363,10 @@ def _rank_ran(request: Request, fds: List[int]) -> int:
 
 
 def exit_warm(code: int) -> NoReturn:
-    """End a forked rank as Python would, less what nobody sees: non-daemon
-    threads waited for, atexit handlers run (``weakref.finalize``'s too), what
-    the script left in reference cycles collected (a file it never closed is
-    flushed), Python's and C's stdio flushed, then ``os._exit``. Skipped: the
-    teardown of every module and libtorch's C++ static destructors, objects the
-    rank shares with its zygote, copied page by page only to be freed: 0.15 of
-    a 2 x 2 rank's 0.2 CPU-s here, for each rank of each call. An object still
-    referenced by a module then has no ``__del__`` (Python promises none at
-    exit; multiprocessing's forked workers skip even the atexit handlers)."""
+    """End a forked rank as Python would, less the teardown of modules and
+    libtorch's static destructors (objects shared with the zygote, copied page
+    by page only to be freed: 0.15 of a rank's 0.2 CPU-s). A module's objects
+    then get no ``__del__``, which Python does not promise at exit."""
     try:
         threading = sys.modules.get("threading")
         if threading is not None:
@@ -446,11 +395,8 @@ def exit_warm(code: int) -> NoReturn:
 
 
 def _flush_open_files() -> None:
-    """Flush every file the rank left open, text layers before their buffers,
-    before the collector frees those held in cycles: it may close a buffer
-    before its text layer, losing the last writes (CPython bpo-17852). Only
-    what the rank made is looked at: the zygote's own objects were frozen
-    (``gc.freeze`` in ``warm``) and stay untouched, their pages shared."""
+    """Text layers before their buffers, before the collector may close a buffer
+    first (CPython bpo-17852); the zygote's own objects, frozen, stay untouched."""
     import io
 
     made = [obj for generation in range(3) for obj in gc.get_objects(generation)]
@@ -496,8 +442,7 @@ def _listener_from_stdin() -> socket.socket:
 
 
 def _write_pid(path: str) -> None:
-    """Where the node that asked for this zygote finds it: its supervisor
-    tracks what it forks (the asking stand-in is not its parent)."""
+    """The asking node's supervisor tracks what it forks: the stand-in is not its parent."""
     target = path + ZYGOTE_PID_SUFFIX
     try:
         fd = os.open(target + ".tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
