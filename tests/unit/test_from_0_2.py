@@ -1,12 +1,14 @@
 """Pure parts of running metaflow-torchrun 0.2 code (issue 25): master_port,
 one message for every problem, 0.1/0.2 calls, the single-node launcher's pieces."""
 
+import re
+
 import pytest
 
 from metaflow_extensions.torchrun.plugins.torchrun.errors import Problems, TorchrunInvalidArgument, raise_all
 from metaflow_extensions.torchrun.plugins.torchrun.launch import plan
 from metaflow_extensions.torchrun.plugins.torchrun.launch.inputs import validate_args_as
-from metaflow_extensions.torchrun.plugins.torchrun.launch.plan import refuse_legacy_call
+from metaflow_extensions.torchrun.plugins.torchrun.launch.plan import call_request, legacy_shape, plan_request
 from metaflow_extensions.torchrun.plugins.torchrun.host import console
 from metaflow_extensions.torchrun.plugins.torchrun.runtime import single_node
 
@@ -68,14 +70,12 @@ def test_validate_args_as():
     ],
 )
 def test_0_1_and_0_2_calls_are_refused_with_what_to_write(entrypoint, args, extra, needle):
-    with pytest.raises(TorchrunInvalidArgument, match=needle.replace("(", r"\(").replace(")", r"\)")
-                       .replace("[", r"\[").replace("]", r"\]").replace(".", r"\.")):
-        refuse_legacy_call(entrypoint, args, extra)
+    with pytest.raises(TorchrunInvalidArgument, match=re.escape(needle)):
+        plan_request(call_request((entrypoint, args), extra), plan.StepDefaults(), [])
 
 
-def test_a_modern_call_passes():
-    refuse_legacy_call("t.py", {"a": 1}, {})
-    refuse_legacy_call(print, [1], {})
+def test_a_modern_call_is_not_read_as_0_2s():
+    assert legacy_shape("t.py", {"a": 1}) is None and legacy_shape(print, [1]) is None
 
 
 def test_problems_collect_and_flatten():

@@ -15,8 +15,8 @@ from metaflow_extensions.torchrun.plugins.torchrun.errors import (
 from metaflow_extensions.torchrun.plugins.torchrun.gang.identity import GangIdentity
 from metaflow_extensions.torchrun.plugins.torchrun.gang.topology import Topology
 from metaflow_extensions.torchrun.plugins.torchrun.launch import inputs as inputs_mod
-from metaflow_extensions.torchrun.plugins.torchrun.launch.plan import refuse_legacy_call
-from metaflow_extensions.torchrun.plugins.torchrun.launch.plan import StepDefaults, plan_call, resolve_entrypoint
+from metaflow_extensions.torchrun.plugins.torchrun.launch.plan import (StepDefaults, call_request, plan_call, plan_request,
+                                                                     resolve_entrypoint)
 from metaflow_extensions.torchrun.plugins.torchrun.launch.resources import nproc_for_keyword
 from metaflow_extensions.torchrun.plugins.torchrun.runtime import nproc as nproc_mod
 from metaflow_extensions.torchrun.plugins.torchrun.runtime.session import GangSession, same_problem
@@ -61,7 +61,7 @@ class TestEntrypointMessage:
 
     def test_an_unknown_run_keyword_suggests_the_real_one(self):
         with pytest.raises(TorchrunInvalidArgument) as info:
-            refuse_legacy_call("train.py", None, {"entrypoint_arg": 1})
+            plan_request(call_request(("train.py",), {"entrypoint_arg": 1}), StepDefaults(), [])
         assert "does not take entrypoint_arg= (did you mean entrypoint_args=?)" in info.value.message
 
 

@@ -1,11 +1,6 @@
-"""Pure planning: what one ``current.torch.run`` call will launch.
-
-Everything the step's ``@torchrun`` attributes and a call's arguments decide is
-resolved here, before anything starts: the entrypoint, its arguments, the
-process count and torchrun's options, and the environment the ranks get. A
-mistake is a ``TorchrunInvalidArgument`` naming it, raised in the step, never
-an error from inside torchrun after the gang has started.
-"""
+"""Pure planning: a call's arguments over the step's ``@torchrun`` attributes,
+resolved before anything starts; every mistake named in one ``TorchrunInvalidArgument``
+in the step, never an error from inside torchrun after the gang has started."""
 
 from __future__ import annotations
 
@@ -21,13 +16,11 @@ from .command import ArgSpec, EntryArgs, check_command_size, entry_arguments, no
 from .options import OWNED_OPTIONS, UNUSABLE_OPTIONS, canonical_option, parse_options
 from .torch_checks import TorchrunOptions, known_option_specs, known_torchrun_options, require_torch
 from .inputs import check_picklable, resolve_entrypoint, restarts_clash, retry_on_clash
-from ..errors import Problems, TorchrunInvalidArgument, did_you_mean, raise_all, shown
+from ..errors import Problems, TorchrunInvalidArgument, did_you_mean, shown
 from ..gang import parse_port
-from .resources import NO_ACCELERATORS
-from .resources import Accelerators
+from .resources import NO_ACCELERATORS, Accelerators
 
-# More processes than this on one node is a typo (a GPU count in the wrong
-# unit, an extra zero), not a machine: each rank is a Python process with torch.
+# More processes on one node is a typo (a GPU count in the wrong unit, an extra zero), not a machine.
 MAX_NPROC_PER_NODE = 1024
 
 # torchrun's own spellings for "as many processes as there are devices/cores".
@@ -36,8 +29,7 @@ NPROC_KEYWORDS = ("auto", "gpu", "cpu", "xpu")
 
 @dataclass(frozen=True)
 class StepDefaults:
-    """What ``@torchrun(...)`` and Metaflow's configuration set for the step;
-    call arguments override it."""
+    """What ``@torchrun(...)`` and Metaflow's configuration set for the step; a call's arguments override it."""
 
     nproc_per_node: Any = None
     torchrun_args: ArgSpec = None
@@ -49,20 +41,13 @@ class StepDefaults:
     label_logs: bool = DEFAULTS.LABEL_LOGS
     hang_timeout: Optional[float] = DEFAULTS.HANG_TIMEOUT
     shutdown_grace: float = DEFAULTS.SHUTDOWN_GRACE
-    # torchrun's rendezvous port on the control; None: picked free per call.
-    rdzv_port: Optional[int] = None
-    # How a dict of entrypoint_args is spelled (command.ARGS_STYLES).
-    args_as: str = DEFAULTS.ARGS_AS
-    # @torchrun(preflight=...): gang/node_compare.py parse_mode.
-    preflight: str = "versions"
-    # @torchrun(restarts=N): the gang restarts a call's ranks in the same tasks.
-    restarts: int = DEFAULTS.RESTARTS
-    # @torchrun(spares=K): K of the step's nodes wait to replace a bad one (gang/bench.py).
-    spares: int = DEFAULTS.SPARES
-    # @torchrun(retry_on=...), as spec.py read it: "infrastructure" refuses torch's own restart.
-    retry_on: Optional[str] = None
-    # The METAFLOW_TORCHRUN_* settings, as the step's start read them (knobs.py).
-    knobs: Knobs = Knobs()
+    rdzv_port: Optional[int] = None  # torchrun's rendezvous port on the control; None: picked free per call
+    args_as: str = DEFAULTS.ARGS_AS  # how a dict of entrypoint_args is spelled (command.ARGS_STYLES)
+    preflight: str = "versions"  # @torchrun(preflight=...): gang/node_compare.py parse_mode
+    restarts: int = DEFAULTS.RESTARTS  # @torchrun(restarts=N): the gang restarts a call's ranks in the same tasks
+    spares: int = DEFAULTS.SPARES  # @torchrun(spares=K): K nodes wait to replace a bad one (gang/bench.py)
+    retry_on: Optional[str] = None  # as spec.py read it: "infrastructure" refuses torch's own restart
+    knobs: Knobs = Knobs()  # the METAFLOW_TORCHRUN_* settings, as the step's start read them (knobs.py)
 
 
 class _NoEntrypoint:
@@ -83,13 +68,9 @@ class CallRequest:
     entrypoint_args: Any = None
     nproc_per_node: Any = None
     torchrun_args: ArgSpec = None
-    # Keywords run() does not take: 0.1/0.2's (refused with what to write) and typos.
-    legacy: Mapping[str, Any] = field(default_factory=dict)
-    # What the user called, as a refusal names it.
-    api: str = "current.torch.run"
-    # What is wrong with the call's shape (call_request): named with the rest.
-    problems: Tuple[str, ...] = ()
-    # The positional order the call was read in (call_request).
+    legacy: Mapping[str, Any] = field(default_factory=dict)  # keywords run() does not take: 0.1/0.2's, typos
+    api: str = "current.torch.run"  # what the user called, as a refusal names it
+    problems: Tuple[str, ...] = ()  # what is wrong with the call's shape (call_request), named with the rest
     order: Tuple[str, ...] = ("entrypoint", "entrypoint_args", "nproc_per_node", "torchrun_args")
 
 
@@ -105,21 +86,17 @@ class CallPlan:
     nproc: Union[int, str]
     options: Dict[str, Any] = field(default_factory=dict)
     rdzv_port: Optional[int] = None  # pinned; None: the gang's pick
-    # Keys of a dict given as True (a bare flag here, "--key true" in 0.2): named
-    # when a rank's argparse wanted a value for one (compat.argparse_hint).
+    # Keys of a dict given as True (a bare flag here, "--key true" in 0.2): named when a rank's argparse
+    # wanted a value for one (compat.argparse_hint).
     true_keys: Tuple[str, ...] = ()
-    # torch's own restart (max_restarts > 0): the dynamic rendezvous, a fresh store per round.
-    torch_restarts: bool = False
-    # Deprecation lines for metaflow-torchrun 0.2 spellings, said once per step.
-    notes: Tuple[str, ...] = ()
+    torch_restarts: bool = False  # torch's own restart (max_restarts > 0): a fresh store per round
+    notes: Tuple[str, ...] = ()  # deprecation lines for metaflow-torchrun 0.2 spellings, said once per step
 
 
 def validate_nproc(value: Any, source: str) -> Union[int, str]:
     """A positive process count, or one of torchrun's device keywords."""
     if isinstance(value, bool):
-        raise TorchrunInvalidArgument(
-            "%s=%s: nproc_per_node must be a positive integer." % (source, shown(value))
-        )
+        raise TorchrunInvalidArgument("%s=%s: nproc_per_node must be a positive integer." % (source, shown(value)))
     if isinstance(value, str):
         text = value.strip()
         if text in NPROC_KEYWORDS:
@@ -132,31 +109,17 @@ def validate_nproc(value: Any, source: str) -> Union[int, str]:
                 % (source, shown(value), ", ".join(NPROC_KEYWORDS))
             ) from None
     if not isinstance(value, int):
-        raise TorchrunInvalidArgument(
-            "%s=%s (a %s): nproc_per_node must be a positive integer."
-            % (source, shown(value), type(value).__name__)
-        )
+        raise TorchrunInvalidArgument("%s=%s (a %s): nproc_per_node must be a positive integer."
+                                      % (source, shown(value), type(value).__name__))
     if value < 1:
-        raise TorchrunInvalidArgument(
-            "%s=%s: nproc_per_node must be at least 1." % (source, shown(value))
-        )
-    check_nproc_bound(value, source)
+        raise TorchrunInvalidArgument("%s=%s: nproc_per_node must be at least 1." % (source, shown(value)))
+    if value > MAX_NPROC_PER_NODE:
+        raise TorchrunInvalidArgument("%s=%s: nproc_per_node must be at most %d (processes on one node; one per "
+                                      "GPU is usual)." % (source, shown(value), MAX_NPROC_PER_NODE))
     return value
 
 
-def check_nproc_bound(value: int, source: str) -> None:
-    if value > MAX_NPROC_PER_NODE:
-        raise TorchrunInvalidArgument(
-            "%s=%s: nproc_per_node must be at most %d (processes on one node; one per "
-            "GPU is usual)." % (source, shown(value), MAX_NPROC_PER_NODE)
-        )
-
-
-def resolve_nproc(
-    call_value: Any,
-    user_options: Mapping[str, Any],
-    defaults: StepDefaults,
-) -> Union[int, str]:
+def resolve_nproc(call_value: Any, user_options: Mapping[str, Any], defaults: StepDefaults) -> Union[int, str]:
     """Precedence: run() argument > torchrun_args > @torchrun > resources > 1."""
     if call_value is not None:
         return validate_nproc(call_value, "nproc_per_node")
@@ -179,26 +142,19 @@ def check_options(options: Mapping[str, Any], torchrun: Optional[TorchrunOptions
     unknown = sorted(k for k in options if k not in known)
     if unknown:
         raise TorchrunInvalidArgument(
-            "torchrun_args: unknown torchrun option%s %s (see `python -m "
-            "torch.distributed.run --help`)."
-            % ("s" if len(unknown) > 1 else "",
-               ", ".join("--" + k + did_you_mean(k, known, "--%s") for k in unknown))
-        )
+            "torchrun_args: unknown torchrun option%s %s (see `python -m torch.distributed.run --help`)."
+            % ("s" if len(unknown) > 1 else "", ", ".join("--" + k + did_you_mean(k, known, "--%s") for k in unknown)))
 
 
-# metaflow-torchrun 0.2's torchrun option for the port its rendezvous listened
-# on: accepted in torchrun_args as the rendezvous port, with a deprecation line.
+# 0.2's option for its rendezvous port: accepted in torchrun_args as ours, with a deprecation line.
 LEGACY_PORT_OPTION = "master-port"
 
 
 def merged_options(defaults: StepDefaults, call_args: ArgSpec, problems: Optional[Problems] = None,
                    torchrun: Optional[TorchrunOptions] = None) -> Dict[str, Any]:
-    """The step's and the call's torchrun options, the call's winning; both
-    read in full, so that every problem in either is named at once: kept in
-    ``problems`` (then ``{}``), or raised. May hold ``LEGACY_PORT_OPTION``
-    (``legacy_rdzv_port`` takes it out). Each value is checked against how
-    this torch's torchrun reads its option (a flag or a value, its type),
-    read from torch's source without importing it."""
+    """The step's and the call's torchrun options, the call's winning, each value checked as this torch's
+    torchrun reads it; every problem in either kept in ``problems`` (then ``{}``), or raised. May hold
+    ``LEGACY_PORT_OPTION`` (``legacy_rdzv_port`` takes it out)."""
     if defaults.torchrun_args is None and call_args is None:
         return {}  # nothing to read (torch's option table included)
     found = problems if problems is not None else Problems()
@@ -219,32 +175,24 @@ def merged_options(defaults: StepDefaults, call_args: ArgSpec, problems: Optiona
 
 
 def option_names(args: ArgSpec) -> Dict[str, Any]:
-    """The option names of a dict of torchrun_args, whatever their values: so
-    that an unknown name is reported with a refused value, in one message."""
+    """A dict's option names, whatever their values: an unknown one named beside a refused value."""
     if not isinstance(args, Mapping):
         return {}
     return {canonical_option(k): True for k in args if isinstance(k, str) and k.strip("-")}
 
 
 def legacy_rdzv_port(options: Dict[str, Any], where: str) -> Tuple[Optional[int], List[str]]:
-    """Take 0.2's ``master_port`` out of ``options``: it pinned the port
-    torchrun's rendezvous listened on, which ``@torchrun(rdzv_port=N)`` pins
-    here. Returns the port and the deprecation line."""
+    """0.2's ``master_port`` taken out of ``options`` (what ``@torchrun(rdzv_port=N)`` pins here): the
+    port and its deprecation line."""
     if LEGACY_PORT_OPTION not in options:
         return None, []
     value = options.pop(LEGACY_PORT_OPTION)
     port = parse_port(value if value is not True else "", "%s master_port" % where)
     if port is None:
         raise TorchrunInvalidArgument("%s master_port=%s: give a port number." % (where, shown(value)))
-    return port, [legacy_port_note(where, port)]
-
-
-def legacy_port_note(where: str, port: int) -> str:
-    return (
-        "%s master_port=%d is deprecated (metaflow-torchrun 0.2); it pins torchrun's "
-        "rendezvous port, as in 0.2: write @torchrun(rdzv_port=%d). The gang service's port is "
-        "@torchrun(port=N)." % (where, port, port)
-    )
+    return port, ["%s master_port=%d is deprecated (metaflow-torchrun 0.2); it pins torchrun's rendezvous port, "
+                  "as in 0.2: write @torchrun(rdzv_port=%d). The gang service's port is @torchrun(port=N)."
+                  % (where, port, port)]
 
 
 def none_notes(args: ArgSpec, what: str) -> List[str]:
@@ -261,15 +209,11 @@ def none_note(keys: Sequence[str], what: str) -> str:
 
 
 def false_note(keys: Sequence[str]) -> str:
-    """The one line that keeps ``False`` from changing meaning silently: left
-    out is right for a ``store_true`` flag, but an option that takes a value
-    (an ``HfArgumentParser`` bool) then keeps its default, which may be True."""
-    flags = ", ".join("--" + k for k in keys)
-    return (
-        "entrypoint_args: False leaves %s out, so the script's default applies, and an option that "
-        "defaults to True (an HfArgumentParser bool) stays True: write '%s': 'false' to pass false, "
-        "or drop the key." % (flags, keys[0])
-    )
+    """``False`` leaves a ``store_true`` flag out, but an option with a value (an ``HfArgumentParser``
+    bool) then keeps its default, which may be True: said, not silent."""
+    return ("entrypoint_args: False leaves %s out, so the script's default applies, and an option that defaults "
+            "to True (an HfArgumentParser bool) stays True: write '%s': 'false' to pass false, or drop the key."
+            % (", ".join("--" + k for k in keys), keys[0]))
 
 
 def function_reference(entrypoint: Any, args: Any) -> Optional[functions.FunctionRef]:
@@ -287,14 +231,11 @@ def function_reference(entrypoint: Any, args: Any) -> Optional[functions.Functio
 
 # Keywords older releases' current.torch.run took -> what to do here.
 LEGACY_RUN_KEYWORDS = {
-    "master_port": (
-        "ports belong to the step: @torchrun(port=N) pins the gang service, "
-        "@torchrun(rdzv_port=N) torchrun's rendezvous (what master_port pinned in 0.1 and 0.2)"
-    ),
+    "master_port": ("ports belong to the step: @torchrun(port=N) pins the gang service, @torchrun(rdzv_port=N) "
+                    "torchrun's rendezvous (what master_port pinned in 0.1 and 0.2)"),
     "entrypoint_args_raw": "write entrypoint_args=[...]: a list is argv as given",
-    "push_results_dir_to_cloud": "not provided: save with Metaflow artifacts, @model/@checkpoint or your own code",
-    "local_output_dir": "not provided: save with Metaflow artifacts, @model/@checkpoint or your own code",
-    "cloud_output_dir": "not provided: save with Metaflow artifacts, @model/@checkpoint or your own code",
+    **dict.fromkeys(("push_results_dir_to_cloud", "local_output_dir", "cloud_output_dir"),
+                    "not provided: save with Metaflow artifacts, @model/@checkpoint or your own code"),
 }
 RUN_KEYWORDS: Tuple[str, ...] = CallRequest.order
 # metaflow-torchrun 0.2's TorchrunSingleNodeMultiGPU().run order: torchrun_args first.
@@ -303,11 +244,9 @@ ORDER_0_2: Tuple[str, ...] = ("torchrun_args", "entrypoint", "entrypoint_args", 
 
 def call_request(args: Sequence[Any], kwargs: Mapping[str, Any], api: str = "current.torch.run",
                  order: Tuple[str, ...] = RUN_KEYWORDS) -> CallRequest:
-    """A call as the user wrote it, whatever its shape: run() takes
-    ``*args, **kwargs`` so that no call is a bare ``TypeError`` from Python
-    (an Internal error to Metaflow); what is wrong with its shape is named
-    here, with everything else wrong with it (``plan_request``). ``order``:
-    the positional arguments' (``ORDER_0_2`` for 0.2's single-node launcher)."""
+    """A call as the user wrote it, whatever its shape (run() takes ``*args, **kwargs``: no bare
+    ``TypeError``); what is wrong with its shape is named by ``plan_request`` with the rest.
+    ``order``: the positional arguments' (``ORDER_0_2`` for 0.2's single-node launcher)."""
     given: Dict[str, Any] = {}
     problems: List[str] = []
     if len(args) > len(order):
@@ -329,8 +268,8 @@ def call_request(args: Sequence[Any], kwargs: Mapping[str, Any], api: str = "cur
         given.pop("torchrun_args")  # said once, here, with what followed it
         given.pop("entrypoint", None)
     elif "entrypoint" not in given and not any(_near_keyword(name) == "entrypoint" for name in unknown):
-        problems.append("%s needs an entrypoint: a script path or a module-level function "
-                        "(entrypoint=\"train.py\")." % api)
+        problems.append("%s needs an entrypoint: a script path or a module-level function (entrypoint=\"train.py\")."
+                        % api)
     return CallRequest(given.get("entrypoint", NO_ENTRYPOINT), given.get("entrypoint_args"),
                        given.get("nproc_per_node"), given.get("torchrun_args"), unknown, api, tuple(problems),
                        tuple(order))
@@ -341,15 +280,15 @@ def _near_keyword(name: str) -> Optional[str]:
     return close[0] if close else None
 
 
-def unknown_keyword(name: str, value: Any, api: str = "current.torch.run") -> str:
-    """One keyword run() does not take, and what to write instead: 0.1/0.2's
-    with its reason, a near miss of one of run()'s own, or of a torchrun option
-    (which goes in ``torchrun_args``, unless @torchrun sets it itself)."""
+def unknown_keyword(name: str, value: Any, api: str = "current.torch.run",
+                    torchrun: Optional[TorchrunOptions] = None) -> str:
+    """What to write instead of a keyword run() does not take: 0.1/0.2's reason, or the run() keyword or
+    torchrun option (in ``torchrun_args``) it is a near miss of."""
     reason = LEGACY_RUN_KEYWORDS.get(name)
     if reason is not None:
         return "%s does not take %s= (metaflow-torchrun 0.1/0.2): %s." % (api, name, reason)
     hint = did_you_mean(name, RUN_KEYWORDS, "%s=")
-    option = None if hint else _near_option(name)
+    option = None if hint else _near_option(name, torchrun)
     if option in OWNED_OPTIONS:
         hint = " (torchrun's --%s is set by @torchrun: %s)" % (option, OWNED_OPTIONS[option])
     elif option in UNUSABLE_OPTIONS:
@@ -361,9 +300,9 @@ def unknown_keyword(name: str, value: Any, api: str = "current.torch.run") -> st
     return "%s does not take %s=%s; it takes %s." % (api, written, hint, ", ".join(RUN_KEYWORDS))
 
 
-def _near_option(name: str) -> Optional[str]:
+def _near_option(name: str, torchrun: Optional[TorchrunOptions]) -> Optional[str]:
     """The torchrun option a keyword is a near miss of, in torchrun's spelling."""
-    options = sorted(known_torchrun_options() or ())
+    options = sorted((torchrun.names if torchrun is not None else known_torchrun_options()) or ())
     close = difflib.get_close_matches(name.replace("_", "-").strip("-"), options, n=1, cutoff=0.6)
     return close[0] if close else None
 
@@ -372,44 +311,28 @@ def legacy_shape(entrypoint: Any, entrypoint_args: Any, api: str = "current.torc
     """0.2's ``run(torchrun_args, entrypoint, ...)``: a dict or list first."""
     if not isinstance(entrypoint, (Mapping, list, tuple)):
         return None
-    return (
-        "%s's first argument is the entrypoint, not %s: metaflow-torchrun 0.2 took "
-        "torchrun_args first (run(torchrun_args, entrypoint, ...)). Write run(entrypoint=%s, "
-        "torchrun_args=...) with keywords." % (api, shown(entrypoint), shown(entrypoint_args))
-    )
+    return ("%s's first argument is the entrypoint, not %s: metaflow-torchrun 0.2 took torchrun_args first "
+            "(run(torchrun_args, entrypoint, ...)). Write run(entrypoint=%s, torchrun_args=...) with keywords."
+            % (api, shown(entrypoint), shown(entrypoint_args)))
 
 
 def entrypoint_first(torchrun_args: Any, api: str) -> Optional[str]:
-    """``current.torch.run``'s order given to 0.2's single-node launcher,
-    which takes ``torchrun_args`` first: a script path or function there."""
+    """``current.torch.run``'s order given to 0.2's single-node launcher (``torchrun_args`` first)."""
     if not (isinstance(torchrun_args, (str, os.PathLike)) or callable(torchrun_args)):
         return None
-    return (
-        "%s's first argument is torchrun_args (metaflow-torchrun 0.2's order: run(torchrun_args, entrypoint, "
-        "entrypoint_args, nproc_per_node)), not %s. Write run(entrypoint=%s, ...) with keywords."
-        % (api, shown(torchrun_args), shown(torchrun_args))
-    )
-
-
-def refuse_legacy_call(entrypoint: Any, entrypoint_args: Any, extra: Mapping[str, Any],
-                       api: str = "current.torch.run") -> None:
-    """Calls written for metaflow-torchrun 0.1/0.2 that cannot mean the same
-    here, refused with what to write instead (not a bare ``TypeError``)."""
-    problems = [unknown_keyword(name, value, api) for name, value in extra.items()]
-    problems.append(legacy_shape(entrypoint, entrypoint_args, api) or "")
-    raise_all(problems)
+    return ("%s's first argument is torchrun_args (metaflow-torchrun 0.2's order: run(torchrun_args, entrypoint, "
+            "entrypoint_args, nproc_per_node)), not %s. Write run(entrypoint=%s, ...) with keywords."
+            % (api, shown(torchrun_args), shown(torchrun_args)))
 
 
 def plan_request(request: CallRequest, defaults: StepDefaults, search_dirs: Sequence[str]) -> CallPlan:
-    """Everything checked before anything starts: this task's torch, then the
-    call's shape, 0.1/0.2 keywords and its arguments against the step's
-    defaults, every problem named in one message."""
+    """This task's torch, then the call's shape, 0.1/0.2 keywords and arguments: every problem at once."""
     torchrun = require_torch()  # no torch / no torch.distributed / too old: say so now
     problems = Problems()
     for message in request.problems:
         problems.add(message)
     for name, value in request.legacy.items():
-        problems.add(unknown_keyword(name, value, request.api))
+        problems.add(unknown_keyword(name, value, request.api, torchrun))
     entrypoint = request.entrypoint
     # (0.2's single-node order takes a mapping first: call_request checked its shape.)
     shape = legacy_shape(entrypoint, request.entrypoint_args, request.api) if request.order == RUN_KEYWORDS else None
@@ -421,9 +344,8 @@ def plan_request(request: CallRequest, defaults: StepDefaults, search_dirs: Sequ
 
 
 def refuse_torch_restarts(options: Mapping[str, Any], defaults: StepDefaults) -> bool:
-    """Whether the call asks torch's own restart (``max_restarts``), refused
-    where the step says no: with the gang's ``restarts``, or under ``retry_on="infrastructure"``
-    (torch would rerun a bug); the step's own torchrun_args are refused at step_init."""
+    """Whether the call asks torch's own restart (``max_restarts``), refused with the gang's ``restarts``
+    or under ``retry_on="infrastructure"`` (torch would rerun a bug)."""
     if "max-restarts" not in options or not restarts_allowed(options):  # most calls pass none
         return False
     if defaults.restarts:
@@ -433,16 +355,9 @@ def refuse_torch_restarts(options: Mapping[str, Any], defaults: StepDefaults) ->
     return True
 
 
-def plan_call(
-    entrypoint: Union[str, "os.PathLike[str]", Callable[..., Any]],
-    entrypoint_args: Any,
-    nproc_per_node: Any,
-    torchrun_args: ArgSpec,
-    defaults: StepDefaults,
-    search_dirs: Sequence[str],
-    problems: Optional[Problems] = None,
-    torchrun: Optional[TorchrunOptions] = None,
-) -> CallPlan:
+def plan_call(entrypoint: Union[str, "os.PathLike[str]", Callable[..., Any]], entrypoint_args: Any,
+              nproc_per_node: Any, torchrun_args: ArgSpec, defaults: StepDefaults, search_dirs: Sequence[str],
+              problems: Optional[Problems] = None, torchrun: Optional[TorchrunOptions] = None) -> CallPlan:
     """Raises one ``TorchrunInvalidArgument`` naming every problem (with those already in ``problems``)."""
     problems = problems if problems is not None else Problems()
     function: Optional[functions.FunctionRef] = None
@@ -481,15 +396,10 @@ def plan_call(
     problems.raise_all()
     options.pop("nproc-per-node", None)  # resolved above, with its precedence
     return CallPlan(
-        entry_name=function.qualname if function is not None else os.path.basename(script or ""),
-        script=script,
-        entry_argv=entry.argv,
-        function=function,
-        function_args=entrypoint_args,
-        nproc=nproc if nproc is not None else 1,
-        options=options,
+        entry_name=function.qualname if function is not None else os.path.basename(script or ""), script=script,
+        entry_argv=entry.argv, function=function, function_args=entrypoint_args,
+        nproc=nproc if nproc is not None else 1, options=options,
         rdzv_port=rdzv_port if rdzv_port is not None else defaults.rdzv_port,
-        true_keys=entry.true_keys if defaults.args_as != "0.2" else (),
-        torch_restarts=torch_restarts,
+        true_keys=entry.true_keys if defaults.args_as != "0.2" else (), torch_restarts=torch_restarts,
         notes=tuple(notes),
     )
