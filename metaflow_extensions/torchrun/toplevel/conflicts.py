@@ -1,10 +1,6 @@
-"""metaflow-torchrun 0.2, the older package this one replaces, installed beside it.
-
-Both are the distribution ``metaflow-torchrun`` with the import name
-``metaflow_extensions.torchrun``, so Python would load parts of each (0.2's
-``plugins/__init__.py`` even hides this package's ``@torchrun``). Metaflow imports
-this module's parent at ``import metaflow``: the mix is named there, once, before
-any flow runs. Standard library only: this runs while Metaflow imports itself."""
+"""metaflow-torchrun 0.2, the older package this one replaces, installed beside it: both have the import
+name ``metaflow_extensions.torchrun``, so Python would load parts of each. Named at ``import metaflow``,
+before any flow runs; standard library only (this runs while Metaflow imports itself)."""
 
 from __future__ import annotations
 
@@ -18,8 +14,7 @@ _DIST_INFO = re.compile(r"^metaflow_torchrun-(\d+)\.(\d+)[^-]*\.(dist|egg)-info$
 
 
 def _dist_version(directory: str) -> Optional[str]:
-    """The 0.2.x version of a metaflow-torchrun install's metadata in ``directory`` (0.1.0
-    was this package's own placeholder version: an editable install of it is not 0.2)."""
+    """The 0.2.x version of a metaflow-torchrun install's metadata in ``directory`` (0.1.0 was ours)."""
     try:
         names = os.listdir(directory)
     except OSError:
@@ -46,7 +41,6 @@ def find_02_installs(paths: Iterable[str]) -> List[Tuple[str, str]]:
 
 
 def conflict_message(found: List[Tuple[str, str]], here: str) -> str:
-    """What to tell: which old package, where, and the two commands that fix it."""
     where = "; ".join("metaflow-torchrun %s in %s" % (version, path) for path, version in found)
     return (
         "metaflow-torchrun: the older package this one replaces is installed beside it (%s). "

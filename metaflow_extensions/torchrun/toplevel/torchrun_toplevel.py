@@ -24,13 +24,11 @@ from metaflow_extensions.torchrun.plugins.torchrun.errors import (  # noqa: F401
     TorchrunNotRetried,
 )
 from metaflow_extensions.torchrun.plugins.torchrun.record.result import TorchrunResult  # noqa: F401, E402
-# The type of current.torch: exported so that Metaflow's generated stubs (and IDEs)
-# see current.torch.run with its signature.
+# current.torch's type, for Metaflow's generated stubs and IDEs.
 from metaflow_extensions.torchrun.plugins.torchrun.handle import TorchrunHandle  # noqa: F401, E402
 from metaflow_extensions.torchrun.plugins.torchrun.compat import TorchrunSingleNodeMultiGPU  # noqa: F401, E402
 
-# Metaflow's banner names every extension by these two ("torchrun(0.3.0)"); before 2.16
-# __version__ must exist. Dunder names: Metaflow does not copy them into its namespace.
+# Metaflow's banner names the extension by these two (dunders: not copied into its namespace).
 from metaflow_extensions.torchrun.plugins.torchrun.base.version import __version__  # noqa: F401, E402
 
 __mf_extensions__ = "torchrun"

@@ -1,9 +1,5 @@
-"""The @torchrun implementation; docs/design.md (in the project) says how the modules fit.
-
-What users import is also in ``metaflow`` itself (``from metaflow import
-TorchrunFailed, TorchrunResult``: ``toplevel/torchrun_toplevel.py``). This
-``__init__`` stays import-light: every rank imports ``procs/`` modules through
-it, with no Metaflow, so the public names load on first use.
+"""The @torchrun implementation; docs/design.md says how the modules fit. Import-light (every rank
+imports ``procs/`` through it, with no Metaflow): the public names load on first use.
 """
 
 from importlib import import_module
@@ -20,23 +16,14 @@ __all__ = [
     "TorchrunHandle",
 ]
 
-_HOMES = {
-    "GangAborted": ".errors",
-    "TorchrunCallRefused": ".errors",
-    "TorchrunException": ".errors",
-    "TorchrunFailed": ".errors",
-    "TorchrunInterrupted": ".errors",
-    "TorchrunInvalidArgument": ".errors",
-    "TorchrunResult": ".record.result",
-    "TorchrunHandle": ".handle",
-}
+# Where each name lives: the errors, but for these two.
+_HOMES = {"TorchrunResult": ".record.result", "TorchrunHandle": ".handle"}
 
 
 def __getattr__(name: str) -> Any:
-    home = _HOMES.get(name)
-    if home is None:
+    if name not in __all__:
         raise AttributeError("module %r has no attribute %r" % (__name__, name))
-    return getattr(import_module(home, __name__), name)
+    return getattr(import_module(_HOMES.get(name, ".errors"), __name__), name)
 
 
 def __dir__() -> list:

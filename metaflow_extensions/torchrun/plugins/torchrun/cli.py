@@ -1,12 +1,6 @@
-"""``python flow.py torchrun history``: the node history as a command of the
-flow's own CLI (Metaflow's ``CLIS_DESC``), over the flow's metadata and
-datastore as the flow's options name them (``--metadata``, ``--datastore``).
-``python flow.py torchrun ps``: the ranks of the flow's running steps on this
-host (``procs/running.py``).
-
-    python flow.py torchrun history --last 20
-    python flow.py torchrun history --days 7 --all-flows --json
-    python flow.py torchrun ps
+"""``python flow.py torchrun history`` (the node history, over the metadata and datastore the flow's
+options name) and ``python flow.py torchrun ps`` (the ranks of the flow's running steps on this host),
+as commands of the flow's own CLI (Metaflow's ``CLIS_DESC``).
 """
 
 from __future__ import annotations
@@ -88,7 +82,7 @@ def ps_table(ranks: Sequence[RunningRank]) -> List[str]:
 
 
 def table(report: Any) -> List[str]:
-    """The readable form: hosts, then the causes that recurred, then those seen once."""
+    """Hosts, then the causes that recurred, then those seen once."""
     hosts = report["hosts"]
     lines = ["%s, %s, %s" % (count(report["runs"], "run"), count(report["attempts"], "attempt"),
                              count(len(hosts), "host")), ""]

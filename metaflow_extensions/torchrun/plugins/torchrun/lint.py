@@ -41,8 +41,7 @@ def _lint_torchrun_steps(graph) -> None:
 
 
 def register_lint_check() -> None:
-    """Run our check before Metaflow's split/join balance check, whose message
-    ("join not preceded by a split") hides the real mistake from the user."""
+    """Our check before Metaflow's split/join balance check, whose "join not preceded by a split" hides it."""
     try:
         from metaflow.lint import linter
     except ImportError:

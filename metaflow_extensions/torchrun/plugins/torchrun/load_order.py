@@ -1,23 +1,12 @@
-"""Metaflow first, then us: imported (for this effect) by the two modules that
-import Metaflow at their top, ``errors.py`` and ``decorator.py``.
+"""Metaflow first, then us: imported for this effect by ``errors.py`` and ``decorator.py``, the two
+modules that import Metaflow at their top.
 
-Why. ``import metaflow`` imports every extension's step decorators while it
-initialises (``metaflow/plugins/__init__.py``), so it imports ``decorator.py``
-and, through it, most of this package. When a user imports one of our modules
-first (``from ...plugins.torchrun.errors import TorchrunFailed``), that module
-starts ``import metaflow`` half-way through its own body; Metaflow's import of
-``decorator.py`` then reaches the half-made module, fails with "cannot import
-name ... partially initialized module (most likely due to a circular import)",
-and Metaflow reports it as ``Cannot locate step_decorator plugin 'torchrun'``.
-
-What. When Metaflow is not imported yet, the modules of this package that are
-still initialising are set aside while Metaflow imports: Metaflow then makes
-its own complete copies of them, and Python hands those to the importer (it
-returns what ``sys.modules`` holds once a module's body ends). The set-aside
-copies finish their bodies unseen (definitions only: no module here does more
-at import, and ``register_lint_check`` is idempotent). Once Metaflow is
-imported this does nothing: the usual order, Metaflow first, is untouched.
-Ranks never import this (``procs/`` and ``host/`` import no Metaflow).
+``import metaflow`` imports our decorator, and through it most of this package. A user who imports one
+of our modules first starts ``import metaflow`` half-way through that module's body; Metaflow then
+reaches the half-made module and reports ``Cannot locate step_decorator plugin 'torchrun'``. So, when
+Metaflow is not imported yet, our half-initialised modules are set aside while it imports: Metaflow
+makes complete copies of them, which Python hands to the importer; the set-aside copies finish their
+bodies (definitions only) unseen. Once Metaflow is imported this does nothing.
 """
 
 from __future__ import annotations

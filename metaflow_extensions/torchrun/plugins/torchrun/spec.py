@@ -1,15 +1,6 @@
-"""What the user wrote in ``@torchrun(...)`` and Metaflow's configuration,
-read once, at ``step_init``.
-
-Metaflow splits a decorator's hooks from the reading of its attributes; so do
-we. ``read_step_spec`` checks every attribute against the step's other
-decorators and the graph, and keeps each problem in one ``Problems``, so a
+"""What the user wrote in ``@torchrun(...)`` and Metaflow's configuration, read once, at ``step_init``:
+every attribute checked against the step's other decorators and the graph, each problem kept, so a
 flow is refused once, naming all of them, before any task starts.
-``read_settings`` reads the ``METAFLOW_TORCHRUN_*`` settings the same way
-(``config/mfextinit_torchrun.py`` declares them with Metaflow's ``from_conf``:
-the environment wins, else the Metaflow profile) into ``knobs.Knobs``.
-``step_defaults`` turns both into the ``StepDefaults`` each task's calls start
-from.
 """
 
 from __future__ import annotations
@@ -32,8 +23,7 @@ from .launch.plan import check_options, legacy_rdzv_port, none_notes, option_nam
 from .launch.platforms import check_port_clash, refuse_one_node_on_kubernetes, refuse_step_functions
 from .record import attempts as attempts_
 
-# @torchrun's attributes and their defaults, as Metaflow's decorator takes them
-# (TorchrunDecorator.defaults; its docstring documents each).
+# @torchrun's attributes and their defaults (TorchrunDecorator's docstring documents each).
 ATTRIBUTE_DEFAULTS: Mapping[str, Any] = {
     "nproc_per_node": None,
     "torchrun_args": None,
@@ -58,8 +48,6 @@ DecoratorSpecs = Sequence[Tuple[str, Mapping[str, Any]]]
 
 @dataclass(frozen=True)
 class StepSpec:
-    """The step's attributes, checked; what ``step_defaults`` and the hooks read."""
-
     attributes: Mapping[str, Any]
     torchrun_args: ArgSpec = None  # 0.2's spellings translated
     accelerators: Accelerators = NO_ACCELERATORS
@@ -70,19 +58,17 @@ class StepSpec:
     args_as: str = DEFAULTS.ARGS_AS
     preflight: str = DEFAULT_PREFLIGHT
     retry_on: Any = None
-    restarts: int = DEFAULTS.RESTARTS  # in-step restarts the gang coordinates
-    spares: int = DEFAULTS.SPARES  # nodes that wait to take a failed node's place in a restart
-    # No remote compute decorator: on a local run, the step's tasks run on this host.
-    runs_here: bool = True
+    restarts: int = DEFAULTS.RESTARTS
+    spares: int = DEFAULTS.SPARES
+    runs_here: bool = True  # no remote compute decorator: a local run's tasks run on this host
     # Deprecation lines for 0.2's spellings in torchrun_args: said once, by the launcher.
     notes: Tuple[str, ...] = ()
 
 
 def read_step_spec(attributes: Mapping[str, Any], decorators: DecoratorSpecs, entries: Sequence[str],
                    argv: Sequence[str], problems: Problems) -> StepSpec:
-    """Every attribute checked, each problem kept in ``problems`` (the caller
-    raises them all at once). ``entries``: the ``num_parallel`` of each step
-    that leads here, as the graph has them."""
+    """Each problem kept in ``problems`` (the caller raises them all at once). ``entries``: the
+    ``num_parallel`` of each step that leads here."""
     nproc = attributes.get("nproc_per_node")
     if nproc is not None:
         problems.check(validate_nproc, nproc, "@torchrun(nproc_per_node)")
@@ -97,18 +83,17 @@ def read_step_spec(attributes: Mapping[str, Any], decorators: DecoratorSpecs, en
     problems.check(refuse_step_functions, list(argv))
     problems.check(refuse_one_node_on_kubernetes, decorators, list(entries))
     problems.check(validate_timeouts, attributes.get("heartbeat_timeout"), attributes.get("start_timeout"))
-    # Not with torchrun_args' max_restarts (torch's own restart): one or the other.
     restarts = problems.check(validate_restarts, attributes.get("restarts"), bool(torch_restarts))
+    hang_timeout = problems.check(validate_hang_timeout, attributes.get("hang_timeout"))
+    grace = problems.check(validate_shutdown_grace, attributes.get("shutdown_grace"), step_timeout(decorators))
     return StepSpec(
         attributes=attributes,
         torchrun_args=torchrun_args,
         accelerators=accelerators,
         port=port,
         rdzv_port=rdzv_port,
-        hang_timeout=problems.check(validate_hang_timeout, attributes.get("hang_timeout")),
-        shutdown_grace=_given(problems.check(
-            validate_shutdown_grace, attributes.get("shutdown_grace"), step_timeout(decorators)
-        ), DEFAULTS.SHUTDOWN_GRACE),
+        hang_timeout=hang_timeout,
+        shutdown_grace=DEFAULTS.SHUTDOWN_GRACE if grace is None else grace,
         args_as=problems.check(validate_args_as, attributes.get("args_as"), "@torchrun(args_as)") or DEFAULTS.ARGS_AS,
         preflight=problems.check(preflight_mode, attributes.get("preflight")) or DEFAULT_PREFLIGHT,
         retry_on=retry_on,
@@ -120,9 +105,8 @@ def read_step_spec(attributes: Mapping[str, Any], decorators: DecoratorSpecs, en
 
 
 def refuse_torch_restarts_for_bugs(retry_on: Optional[str], torch_restarts: Optional[str]) -> None:
-    """torch's own ``max_restarts`` reruns the ranks after any failure, a
-    ValueError in the user's code too: the retry that ``retry_on="infrastructure"``
-    asks never to happen. The gang's ``restarts=N`` tells them apart."""
+    """torch's ``max_restarts`` reruns the ranks after a bug of the user's code too, which
+    ``retry_on="infrastructure"`` asks never to happen (the gang's ``restarts=N`` tells them apart)."""
     if retry_on == "infrastructure" and torch_restarts:
         raise TorchrunInvalidArgument(retry_on_clash("torchrun_args", torch_restarts))
 
@@ -131,15 +115,9 @@ def refuse_torch_restarts_for_bugs(retry_on: Optional[str], torch_restarts: Opti
 REMOTE_COMPUTE = ("kubernetes", "batch", "slurm", "nvidia", "nvct", "snowpark")
 
 
-def _given(value: Any, default: Any) -> Any:
-    """``value`` unless a refused check left None (the step is refused then anyway)."""
-    return default if value is None else value
-
-
 def _torchrun_args(args: ArgSpec, problems: Problems) -> Tuple[ArgSpec, Optional[int], list, Optional[str]]:
-    """The step's torchrun_args, parsed, with 0.2's ``master_port`` taken out
-    (returned as the pinned port), the deprecation lines for its spellings,
-    and the torch's own restarts they ask (``max_restarts``, as given), if any."""
+    """The step's torchrun_args parsed, 0.2's ``master_port`` taken out (the pinned port), the deprecation
+    lines for its spellings, and torch's own ``max_restarts`` they ask, if any."""
     if args is None:
         return None, None, [], None
     options = problems.check(merged_options, StepDefaults(torchrun_args=args), None)
@@ -156,8 +134,7 @@ def _torchrun_args(args: ArgSpec, problems: Problems) -> Tuple[ArgSpec, Optional
 
 
 def pinned_rdzv_port(value: Any, legacy_port: Optional[int], port: Optional[int]) -> Optional[int]:
-    """``rdzv_port``, or 0.2's ``master_port`` in ``torchrun_args``; never
-    the gang service's own port."""
+    """``rdzv_port``, or 0.2's ``master_port`` in ``torchrun_args``; never the gang service's port."""
     rdzv = parse_port(value, "@torchrun(rdzv_port)")
     if legacy_port is not None and rdzv is not None and legacy_port != rdzv:
         raise TorchrunInvalidArgument(
@@ -179,7 +156,7 @@ def preflight_mode(value: Any) -> str:
 
 
 def truthy(value: Any) -> bool:
-    """An attribute's on/off, as a flag on Metaflow's command line spells it too."""
+    """An attribute's on/off, also as a flag on Metaflow's command line spells it."""
     if isinstance(value, str):
         return not says_off(value)
     return bool(value)
@@ -210,8 +187,7 @@ def step_defaults(spec: StepSpec, knobs: Optional[Knobs] = None) -> StepDefaults
 
 
 def read_settings(env: Optional[Mapping[str, str]] = None) -> Tuple[Knobs, List[str]]:
-    """The step's settings from ``env`` (the process's) and, for each it lacks,
-    the Metaflow profile; one message for each refused (``knobs.read_knobs``)."""
+    """The step's settings from ``env`` (the process's), else the Metaflow profile; a message per refusal."""
     from metaflow import metaflow_config
 
     out = dict(os.environ if env is None else env)
