@@ -1,23 +1,10 @@
 """The rank that holds up a collective: the suspected culprit of a hang.
 
-Why: in a hung gang every rank but one is usually waiting in the same
-collective, and the one to look at is the rank that is not: it is somewhere
-else in its code (a desync: a skipped or extra collective, a branch taken on one
-rank only), or it has ended. A longer NCCL timeout does not find it; the grouped
-stacks show it only to a reader who compares them. This names it, by rank,
-node and host, from what the gang already collects at a stop, and says which
-of two signals named it:
-
-- torch's Flight Recorder (flight.py), where the ranks answered: per process
-  group, the collective most ranks entered and wait in (its sequence number and
-  op), and the ranks behind it or in another op there. It sees what no Python
-  frame shows: a collective issued with ``async_op=True`` and waited on later,
-  DDP's gradient hooks, NCCL's asynchronous work.
-- Otherwise the Python stacks (stacks.py): the collective of
-  ``torch.distributed`` each rank's main thread is in, the one most of them wait
-  in, and the ranks outside it.
-
-Pure: no I/O, no Metaflow (docs/seeing-the-gang.md).
+In a hung gang every rank but one usually waits in the same collective; the
+one that does not (a desync, or ended) is named, by rank, node and host. From
+torch's Flight Recorder where the ranks answered (it sees async collectives and
+DDP's hooks, which no frame shows), else from the Python stacks. Pure: no I/O
+(docs/seeing-the-gang.md).
 """
 
 from __future__ import annotations
@@ -32,25 +19,18 @@ from .flight import NO_GROUP, NOTE_CHARS, OK, UNSUPPORTED, FlightGroup, FlightSu
 from .ranges import numbers
 from .stacks import main_thread, parse, where
 
-# The module of torch's collectives (all_reduce, barrier, broadcast, ...).
 _C10D = os.path.join("torch", "distributed", "distributed_c10d.py")
-# Suspects named one by one; more are counted (a gang of 8,192 ranks where one
-# waits and the rest are elsewhere is not a hang of one rank).
-NAMED = 4
-# The record lists this many of the waiting ranks, and counts them all.
-RECORDED_WAITING = 64
+NAMED = 4  # suspects named one by one; more are counted
+RECORDED_WAITING = 64  # waiting ranks the record lists; it counts them all
 NO_STACK = "left no stack (it had ended, or did not answer)"
-# Which signal named the suspects, as the record says it, and as the message does.
 STACKS = "stacks"
 FLIGHT_RECORDER = "flight_recorder"
 _SAID = {STACKS: "from the stacks", FLIGHT_RECORDER: "from torch's Flight Recorder"}
-# torch names its default process group "0" and describes it so: every rank is in it.
 _DEFAULT_GROUP = ("0", "default_pg")
 
 
 def collective(text: str) -> Optional[str]:
-    """The collective a rank's main thread waits in, from its dump: the
-    outermost frame in torch's c10d module (the call the rank's code made)."""
+    """The outermost frame in torch's c10d module: the call the rank's code made."""
     thread = main_thread(parse(text))
     if thread is None:
         return None
@@ -74,9 +54,8 @@ class Suspect(Written):
 
 @dataclass(frozen=True)
 class Culprits:
-    """Ranks wait in ``collective``; ``suspects`` are the ranks not in it.
-    From the Flight Recorder, ``group`` and ``seq`` say which collective:
-    the ``seq``-th of process group ``group``."""
+    """``suspects`` are the ranks not in ``collective`` (from the Flight
+    Recorder: the ``seq``-th of process group ``group``)."""
 
     collective: str
     waiting: Tuple[int, ...]
@@ -88,7 +67,6 @@ class Culprits:
     unread: str = ""  # why torch's Flight Recorder could not say, where the stacks named them instead
 
     def lines(self) -> List[str]:
-        """What the failure message says, before where the ranks were."""
         count = len(self.suspects) + self.more
         which = self.collective
         if self.signal == FLIGHT_RECORDER:
@@ -104,8 +82,7 @@ class Culprits:
         return out
 
     def to_wire(self) -> Dict[str, Any]:
-        """Hand-written: the waiting ranks are listed up to a bound and counted, and the
-        Flight Recorder's fields are there only where it named the suspects."""
+        """Hand-written: the waiting ranks bounded, the recorder's fields only where it named them."""
         out = {"signal": self.signal, "collective": self.collective,
                "waiting": list(self.waiting[:RECORDED_WAITING]), "waiting_count": len(self.waiting),
                "suspects": [s.to_wire() for s in self.suspects], "more": self.more}
@@ -117,9 +94,7 @@ class Culprits:
 
 
 def unread_reason(flights: Mapping[int, FlightSummary]) -> str:
-    """Why the recorders could not name anyone, where some could not be read
-    (bounded): beside the suspects the stacks named, or, where none was named,
-    in the call's record (runtime/call_stacks.py)."""
+    """Why the recorders could not name anyone, where some could not be read (bounded)."""
     ranks = tuple(sorted(r for r, s in flights.items() if s.state == UNSUPPORTED))
     if not ranks:
         return ""
@@ -133,12 +108,8 @@ def _ranks(ranks: Tuple[int, ...]) -> str:
 def find_culprits(stacks: Mapping[int, str], nodes: Mapping[int, int], hosts: Mapping[int, str],
                   ranks: Optional[Tuple[int, ...]] = None, base: Optional[str] = None,
                   flights: Optional[Mapping[int, FlightSummary]] = None) -> Optional[Culprits]:
-    """The ranks outside the collective most waiting ranks are in: from the
-    Flight Recorder's summaries (``flights``) when they show ranks waiting in
-    one, else from the stacks. ``nodes``: rank -> node index; ``hosts``: node
-    index -> host; ``ranks``: every rank of the call (those that left nothing
-    are suspects too). None when no rank waits in a collective, or none is
-    outside it."""
+    """``nodes``: rank -> node index; ``hosts``: node index -> host; ``ranks``:
+    every rank of the call (one that left nothing is a suspect too)."""
     every = sorted(set(ranks or ()) | set(stacks) | set(flights or ()))
     found = _from_flights(flights or {}, every)
     if found is not None:
@@ -167,11 +138,9 @@ def find_culprits(stacks: Mapping[int, str], nodes: Mapping[int, int], hosts: Ma
 
 def _from_flights(flights: Mapping[int, FlightSummary], every: List[int]) -> Optional[Tuple[
         str, Tuple[int, ...], List[int], Dict[int, str], Tuple[str, int]]]:
-    """From the recorders: the collective (group, sequence number, op) most
-    ranks entered and still wait in; the ranks that did not enter it (furthest
-    behind first) or entered another op there; what each one's recorder said.
-    A rank that left no summary is a suspect only for the default group, the
-    one every rank is in."""
+    """The collective most ranks entered and wait in, the ranks behind it
+    (furthest first) and what each recorder said. A rank with no summary is a
+    suspect only for the default group, the one every rank is in."""
     usable = {r: s for r, s in flights.items() if s.state == OK}
     open_at = Counter((g.name, g.entered) for s in usable.values() for g in s.groups if g.waiting)
     if not open_at:
@@ -190,17 +159,11 @@ def _from_flights(flights: Mapping[int, FlightSummary], every: List[int]) -> Opt
         if g is None and not default:
             continue  # not in that group, as far as can be told
         said[rank] = _behind(g, seq, group, flights.get(rank))
-    order = sorted(said, key=lambda r: _behind_key(r, at.get(r)))
+    order = sorted(said, key=lambda r: (at.get(r) is None, getattr(at.get(r), "entered", 0), r))
     return op, waiting, order, said, (group, seq)
 
 
-def _behind_key(rank: int, g: Optional[FlightGroup]) -> Tuple[bool, int, int]:
-    """Furthest behind first; the ranks with no record of the group last."""
-    return (g is None, g.entered if g is not None else 0, rank)
-
-
 def _behind(g: Optional[FlightGroup], seq: int, group: str, summary: Optional[FlightSummary]) -> str:
-    """One suspect's recorder, in words."""
     if g is not None and g.entered == seq:
         return "entered %s #%d instead" % (g.op, g.entered)
     if g is not None:

@@ -1,8 +1,4 @@
-"""How a rank records its failure, and how its node reads the records back.
-
-Kept free of Metaflow imports: ``bootstrap.py`` imports this inside every rank,
-where start-up time matters and the Metaflow package need not be loaded.
-"""
+"""How a rank records its failure, and how its node reads the records back."""
 
 from __future__ import annotations
 
@@ -15,8 +11,6 @@ from .names import (AGENT_FAILURES_FILE, EXCEPTION_SUFFIX, FAILURE_SUFFIX, RETUR
                     rank_of)
 from .records import read_json, write_json
 
-# What a rank that died without recording an exception is said to have done;
-# its exit (a signal, a code) is the failure's type.
 NO_EXCEPTION = "the process ended without a Python exception"
 OUTPUT_LINES = 20  # of a dead rank's stderr, where nothing says where its crash began
 CONTEXT_LINES = 5  # before Python's "Fatal Python error"
@@ -25,8 +19,6 @@ MAX_OUTPUT_LINES = 60
 
 @dataclass(frozen=True)
 class RankFailure:
-    """What one rank recorded about how it failed."""
-
     rank: int
     local_rank: int
     node_index: int
@@ -39,23 +31,17 @@ class RankFailure:
 
     @property
     def secondary(self) -> bool:
-        """A failure that another failure most likely caused (see ``is_secondary``)."""
-        return is_secondary(self.exc_type, self.message)
+        """The echo of another failure (a peer that died)? Orders failures only:
+        when every one is secondary, the earliest is still reported."""
+        text = (self.message or "").lower()
+        return any(m in text for m in _SECONDARY_MESSAGES) or (self.exc_type or "").endswith("signal SIGTERM")
 
     def summary(self) -> str:
         return "node %d, rank %d (local rank %d, pid %d on %s): %s: %s" % (
-            self.node_index,
-            self.rank,
-            self.local_rank,
-            self.pid,
-            self.host,
-            self.exc_type,
-            self.message,
-        )
+            self.node_index, self.rank, self.local_rank, self.pid, self.host, self.exc_type, self.message)
 
 
 def describe_exit_code(code: int) -> str:
-    """Name a process exit status the way a user reads it (a signal, not -11)."""
     if code < 0:
         try:
             return "killed by signal %s" % signal.Signals(-code).name
@@ -69,10 +55,8 @@ def describe_exit_code(code: int) -> str:
     return "exit code %d" % code
 
 
-# What a rank says when a *peer* went away: gloo's and NCCL's messages for a
-# closed connection, a TCPStore whose host died, and a rank that torchrun's own
-# agent stopped once another rank had failed. None of these is a root cause when
-# a failure of another kind is known.
+# What a rank says when a peer went away (gloo, NCCL, a TCPStore whose host died);
+# with SIGTERM (torchrun's agent stopping the rest), never a root cause beside another kind.
 _SECONDARY_MESSAGES = (
     "connection closed by peer",
     "connection reset by peer",
@@ -83,25 +67,11 @@ _SECONDARY_MESSAGES = (
     "failed to recv, got 0 bytes",
     "broken pipe",
 )
-_SECONDARY_SIGNALS = ("SIGTERM",)
-
-
-def is_secondary(exc_type: str, message: str) -> bool:
-    """Does this failure look like the echo of another one (a peer that died)?
-
-    Only used to order failures: when every failure is secondary, the earliest
-    is still reported.
-    """
-    text = (message or "").lower()
-    if any(m in text for m in _SECONDARY_MESSAGES):
-        return True
-    return any((exc_type or "").endswith("signal %s" % name) for name in _SECONDARY_SIGNALS)
 
 
 def root_cause_order(failures: List["RankFailure"]) -> List["RankFailure"]:
-    """Failures of their own kind first, then echoes of others; earliest first
-    within each. torchrun stamps the failures it reports to the second, so time
-    alone cannot tell a segfault from the connection errors it caused."""
+    """Failures of their own kind first, then echoes: torchrun stamps its reports
+    to the second, so time alone cannot tell a segfault from what it caused."""
     return sorted(failures, key=lambda f: (f.secondary, f.timestamp))
 
 
@@ -110,12 +80,10 @@ def failure_path(directory: str, rank: int) -> str:
 
 
 def write_failure(directory: str, failure: RankFailure) -> None:
-    """Write atomically so a reader never sees half a record."""
     write_json(failure_path(directory, failure.rank), asdict(failure))
 
 
 def read_failures(directory: str) -> List[RankFailure]:
-    """Every rank failure recorded in ``directory``, earliest first."""
     found = []
     try:
         names = os.listdir(directory)
@@ -134,11 +102,8 @@ def read_failures(directory: str) -> List[RankFailure]:
 
 @dataclass(frozen=True)
 class AgentFailure:
-    """One worker that torch's agent saw fail, as its ``ChildFailedError``
-    holds it (a ``ProcessFailure`` under its global rank): the record for a
-    rank that could not write its own (a signal: segfault, OOM killer,
-    SIGKILL). The agent writes these where it catches the error
-    (``agent.py``); the node reads them back as ``RankFailure`` s."""
+    """A worker torch's agent saw fail (its ``ChildFailedError``): the record of
+    a rank that could not write its own (a segfault, the OOM killer)."""
 
     rank: int  # the global rank
     local_rank: int
@@ -185,13 +150,10 @@ class AgentFailure:
 
 
 def write_agent_failures(directory: str, failures: List[AgentFailure]) -> None:
-    """The agent's record of the workers torch saw fail; raises OSError."""
     write_json(os.path.join(directory, AGENT_FAILURES_FILE), [asdict(f) for f in failures])
 
 
 def read_agent_failures(directory: str, node_index: int) -> List[RankFailure]:
-    """The failures the agent recorded (``write_agent_failures``), earliest
-    first, one per rank; nothing when it recorded none or the file is not ours."""
     data = read_json(os.path.join(directory, AGENT_FAILURES_FILE))
     found = {}
     for item in data if isinstance(data, list) else []:
@@ -202,9 +164,8 @@ def read_agent_failures(directory: str, node_index: int) -> List[RankFailure]:
 
 
 def with_last_output(failure: RankFailure, lines: List[str]) -> RankFailure:
-    """A rank killed by a signal left no traceback of its own; what it wrote last
-    (faulthandler's dump of a crash, C++'s "terminate called after throwing
-    ...", a CUDA assert) is the nearest thing, and usually names the cause."""
+    """A rank killed by a signal left no traceback: what it wrote last (a crash
+    dump, C++'s "terminate called", a CUDA assert) usually names the cause."""
     if failure.traceback:
         return failure
     shown = crash_output(lines)
@@ -214,9 +175,7 @@ def with_last_output(failure: RankFailure, lines: List[str]) -> RankFailure:
 
 
 def crash_output(lines: List[str]) -> List[str]:
-    """The part of a dead rank's stderr worth showing: from just before Python's
-    "Fatal Python error" (where C++ prints what it threw), else the last lines;
-    faulthandler's one-line list of extension modules is left out."""
+    """From just before "Fatal Python error" (where C++ prints what it threw), else the last lines."""
     lines = [line for line in lines if not line.startswith("Extension modules:")]
     start = max(0, len(lines) - OUTPUT_LINES)
     for i in range(len(lines) - 1, -1, -1):
@@ -227,21 +186,17 @@ def crash_output(lines: List[str]) -> List[str]:
 
 
 def merge_failures(recorded: List[RankFailure], reported: List[RankFailure]) -> List[RankFailure]:
-    """A rank's own record (with its traceback) wins over torchrun's report of
-    it; the result is in root-cause order (``root_cause_order``)."""
+    """A rank's own record (with its traceback) wins over torchrun's report of it."""
     ranks = {f.rank for f in recorded}
     return root_cause_order(recorded + [f for f in reported if f.rank not in ranks])
 
 
-# What a start of the ranks leaves that would be read as the next start's:
-# their failures, the agent's report of them, their stacks, a function's result.
+# What a start of the ranks leaves that would be read as the next start's.
 _ROUND_SUFFIXES = (FAILURE_SUFFIX, STACKS_SUFFIX, RETURN_SUFFIX, EXCEPTION_SUFFIX)
 
 
 def clear_round(directory: str) -> None:
-    """Before an in-step restart: forget the replaced ranks' records, so
-    that the new ranks' are the only ones read (their status files are
-    rewritten as they start)."""
+    """Before an in-step restart, so the new ranks' records are the only ones read."""
     try:
         entries = os.listdir(directory)
     except OSError:

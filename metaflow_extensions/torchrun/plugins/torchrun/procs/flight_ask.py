@@ -1,17 +1,10 @@
 """Asking a live rank for its Flight Recorder summary (flight.py), as a hang is stopped.
 
-Why a FIFO and a thread: the dump is a call into torch, which a signal handler
-cannot make (faulthandler, stacks.py, writes from C; this must run Python).
-Each rank's bootstrap starts one daemon thread that blocks in ``open()`` of the
-rank's FIFO in the call's work directory: no CPU, no wake-ups, the GIL released,
-until the node opens the other end. It then reads the node's token, dumps the
-recorder and writes the summary with that token to the rank's answer file
-(records.py: atomic). A main thread blocked in a collective does not stop it:
-torch releases the GIL while it waits. A rank that never imported
-``torch.distributed`` answers so at once; this module never imports torch.
-
-A process forked from the rank (a data loader's worker) has no copy of the
-thread, and nothing of this runs in it. Nothing here raises into the rank.
+The dump is a call into torch, which a signal handler cannot make, so each rank
+has a daemon thread blocked in ``open()`` of its FIFO (no CPU, the GIL released)
+until the node writes a token; it answers with that token in the rank's answer
+file. A main thread stuck in a collective does not stop it: torch releases the
+GIL while it waits. Nothing here imports torch or raises into the rank.
 """
 
 from __future__ import annotations
@@ -44,9 +37,7 @@ def answer_path(directory: str, rank: int) -> str:
 
 
 def recording(env: Mapping[str, str]) -> bool:
-    """Whether torch keeps a Flight Recorder in this rank, by torch's own
-    reading of its variables (the first set one wins; 2.13 keeps 2,000 entries
-    unless told 0, older versions none unless told)."""
+    """By torch's own reading of its variables: the first set one wins."""
     for name in (FR_BUFFER_ENV, FR_BUFFER_OLD_ENV):
         value = env.get(name)
         if value is not None:
@@ -57,12 +48,7 @@ def recording(env: Mapping[str, str]) -> bool:
     return False
 
 
-# -- in the rank (bootstrap) -------------------------------------------------------
-
-
 def listen(directory: Optional[str], rank: int) -> Optional[threading.Thread]:
-    """Make this rank's FIFO and the thread that answers on it; None when the
-    rank has no work directory or the FIFO cannot be made."""
     if not directory or rank < 0:
         return None
     path = ask_path(directory, rank)
@@ -91,9 +77,8 @@ def _serve(path: str, answer: str) -> None:
         finally:
             os.close(fd)
         if len(token) != TOKEN_CHARS:
-            # Back in open() before the node closed its end, this thread gets
-            # in at once and reads the end of the file: not a question. An
-            # answer to it would overwrite the true one before the node read it.
+            # Back in open() before the node closed its end: not a question. An
+            # answer would overwrite the true one before the node read it.
             continue
         try:
             write_json(answer, {"token": token, "summary": own_summary().to_wire()})
@@ -102,18 +87,14 @@ def _serve(path: str, answer: str) -> None:
 
 
 def own_summary() -> FlightSummary:
-    """This process's recorder, if the user's code brought up torch.distributed."""
     return summary_of(sys.modules.get("torch.distributed"), sys.modules.get("torch._C._distributed_c10d"))
 
 
 def summary_of(dist: Any, c10d: Any) -> FlightSummary:
-    """The recorder of the backend the default group uses, read through
-    ``dist`` (torch.distributed) and ``c10d`` (torch._C._distributed_c10d).
-    Each backend keeps its own: gloo's is what ``_dump_fr_trace_json`` reads by
-    default; stock NCCL's is ``_dump_nccl_trace_json`` (CUDA builds only);
-    another backend's (torch 2.15's nccl2, the default NCCL there) is
-    ``_dump_fr_trace_json(..., backend=<name>)``. A function this torch lacks
-    is ``UNSUPPORTED``, said, never another backend's recorder read instead."""
+    """The recorder of the default group's backend: gloo's through
+    ``_dump_fr_trace_json``, stock NCCL's ``_dump_nccl_trace_json``, another's
+    (2.15's nccl2) ``_dump_fr_trace_json(backend=)``. Where this torch lacks
+    one: ``UNSUPPORTED``, never another backend's recorder read instead."""
     recorder = GLOO
     try:
         if dist is None or not dist.is_available() or not dist.is_initialized():
@@ -148,10 +129,8 @@ def _unsupported(recorder: str, why: str) -> FlightSummary:
 
 
 def default_backends(dist: Any) -> Tuple[str, ...]:
-    """The backends serving the default group, as torch names their
-    implementations (``Backend.name()``: "gloo", "nccl", "nccl2"; 2.15's
-    "nccl" is "nccl2" unless ``TORCH_DIST_USE_NCCL2=0``); else the group's
-    backend string ("cpu:gloo,cuda:nccl")."""
+    """As torch names the implementations ("gloo", "nccl", "nccl2"); else
+    from the group's backend string ("cpu:gloo,cuda:nccl")."""
     try:
         group = dist.distributed_c10d._get_default_group()
         names = tuple(str(group._get_backend(device).name()) for device in group._device_types)
@@ -164,9 +143,7 @@ def default_backends(dist: Any) -> Tuple[str, ...]:
 
 
 def recorder_for(backends: Iterable[str]) -> str:
-    """Whose recorder holds the training's collectives: an NCCL backend's
-    where the group has one (a mixed "cpu:gloo,cuda:nccl" group trains on the
-    GPU), else gloo's where it has gloo, else its first backend's."""
+    """An NCCL backend's where the group has one (a mixed group trains on the GPU), else gloo's."""
     names = [b.lower() for b in backends] or [GLOO]
     if "nccl-legacy" in names:  # 2.15's name for stock ProcessGroupNCCL, which calls itself "nccl"
         return NCCL
@@ -176,23 +153,15 @@ def recorder_for(backends: Iterable[str]) -> str:
     return GLOO if GLOO in names else names[0]
 
 
-# -- on the node (before it stops its ranks) ----------------------------------------
-
-
 @dataclass
 class FlightAsk:
-    """One question to a node's live ranks; ``answers`` reads what came back."""
-
     directory: str
     token: str = field(default_factory=lambda: secrets.token_hex(TOKEN_CHARS // 2))
     asked: Tuple[int, ...] = ()
-    # Ranks whose thread was not in open() just then (still writing an
-    # answer): asked again while ``answers`` waits.
     later: Tuple[int, ...] = ()
 
     def send(self, ranks: Iterable[int]) -> "FlightAsk":
-        """Wake each rank's thread. A rank with no FIFO (recording off, or
-        not started) is not waited for."""
+        """A rank with no FIFO is not waited for; one not in open() yet is asked again ``later``."""
         asked, later = list(self.asked), []
         for rank in ranks:
             try:
@@ -212,7 +181,6 @@ class FlightAsk:
         return self
 
     def answers(self, deadline: float) -> Dict[int, FlightSummary]:
-        """Each asked rank's summary, as long as ``deadline`` (monotonic) allows."""
         out: Dict[int, FlightSummary] = {}
         while True:
             if self.later:

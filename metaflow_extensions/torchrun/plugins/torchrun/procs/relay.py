@@ -1,13 +1,9 @@
-"""A rank's output, labelled with its global rank, one whole line per write
-(a line redrawn with ``\r``, a progress bar, as its latest state: redraw.py).
+"""A rank's output, labelled with its global rank, one whole line per write:
+ranks sharing their agent's stdout would interleave mid-line.
 
-Ranks of a node share their agent's stdout and stderr; written straight through,
-their lines interleave mid-line and nothing says which rank wrote what. The
-bootstrap forks this relay before the user's code starts: the rank's fds 1 and 2
-become pipes that only the relay reads. The relay is a separate process so that
-it still drains the pipes when the rank dies (a segfault's last words included),
-and it ignores termination signals: it ends when the rank and everything that
-inherited its output have closed the pipes.
+A forked process, so it drains the pipes after the rank dies (a segfault's last
+words included); it ignores termination signals and ends when every writer has
+closed the pipes.
 """
 
 from __future__ import annotations
@@ -22,21 +18,13 @@ from ..host import open_private
 from .names import rank_log_path
 from .redraw import Redraw
 
-# Writes of at most PIPE_BUF bytes to a pipe are atomic: a batch of whole lines
-# this size never mixes with another writer's bytes.
-ATOMIC_WRITE = 4096
-# A "line" with no newline after this many bytes is cut, so memory stays bounded.
-MAX_LINE = 1 << 20
+ATOMIC_WRITE = 4096  # PIPE_BUF: a write this size never mixes with another writer's
+MAX_LINE = 1 << 20  # a "line" longer is cut: memory stays bounded
 READ_SIZE = 65536
-# After passing on a read that did not fill the buffer, let the stream settle
-# this long before reading again: a rank that logs line by line then costs a few
-# large reads and writes in every hop, not a wake-up per line. The first line of
-# a burst is never held back, the next ones at most this long; a full buffer
-# (a flood) is read again at once.
+# After a read short of the buffer: a rank logging line by line costs a few large
+# reads, not a wake-up per line. A burst's first line is never held back.
 SETTLE_SECONDS = 0.002
-# A rank's own failure report (bootstrap.py) goes to its log only, between these
-# two whole lines: the node's error shows the root cause once, with the user's
-# frames; the echoes of it stay whole in the per-rank logs, off the console.
+# A rank's own failure report (bootstrap.py) goes to its log only, between these lines.
 LOG_ONLY_BEGIN = b"\x00mftr-log-only-begin\x00\n"
 LOG_ONLY_END = b"\x00mftr-log-only-end\x00\n"
 
@@ -51,8 +39,7 @@ def label_for(rank: int) -> bytes:
 
 
 def whole_line_batches(data: bytes, limit: int = ATOMIC_WRITE):
-    """Split text made of whole lines into writes of whole lines of at most
-    ``limit`` bytes each (a longer single line is its own write)."""
+    """Whole lines in writes of at most ``limit`` bytes (a longer line is its own)."""
     start = 0
     size = len(data)
     while start < size:
@@ -85,7 +72,6 @@ def write_all(fd: int, data: bytes) -> bool:
 
 
 def prefix_lines(data: bytes, label: bytes) -> bytes:
-    """``data`` is whole lines; put ``label`` in front of each."""
     if not label:
         return data
     return label + data[:-1].replace(b"\n", b"\n" + label) + data[-1:]
@@ -96,9 +82,7 @@ class LineSplitter:
 
     def __init__(self, label: bytes = b"", end_long_lines: bool = True):
         self.label = label
-        # Past MAX_LINE bytes without a newline, the text so far goes out: as a
-        # line of its own (relay: a label must start each line), or as it is
-        # (the supervisor's pump, which must not add bytes).
+        # Past MAX_LINE: a line of its own (a label starts each line), or as it is (the pump adds no bytes).
         self.end_long_lines = end_long_lines
         self.pending = b""
 
@@ -124,9 +108,7 @@ class LineSplitter:
 
 
 class LogOnly:
-    """Splits whole lines into what the console gets and what the log gets:
-    the lines between ``LOG_ONLY_BEGIN`` and ``LOG_ONLY_END`` go to the log
-    only; the markers go nowhere."""
+    """The lines between the markers go to the log only; the markers nowhere."""
 
     def __init__(self) -> None:
         self.quiet = False
@@ -158,14 +140,11 @@ class RankStream:
         self.redraw = Redraw()
 
     def take(self, data: bytes, now: float) -> bool:
-        """Pass on what ``data`` completes (b"": the stream's end). False once
-        this stream is done: ended, or nobody reads the console any more."""
+        """False once done: ``data`` b"" (the end), or nobody reads the console."""
         whole = self.splitter.feed(data) if data else self.splitter.finish()
         console, logged = self.quiet.split(whole) if whole else (b"", b"")
         if whole:
             console = self.redraw.end_line(console)
-        # A line redrawn with \r: its drawn-over text to the log now, its
-        # latest state to the console when due (redraw.py).
         drawn, self.splitter.pending = self.redraw.take(self.splitter.pending, show=not self.quiet.quiet)
         console += self.redraw.show(now) if data else self.redraw.flush()
         self._log(logged + drawn)
@@ -191,7 +170,6 @@ class RankStream:
 
 
 def _wait(streams: Dict[int, RankStream]) -> Optional[float]:
-    """How long select may sleep: until the first redrawn line's state is due."""
     due = [at for at in (s.redraw.due() for s in streams.values()) if at is not None]
     return max(0.0, min(due) - time.monotonic()) if due else None
 
@@ -222,8 +200,7 @@ def _run(streams_in: Dict[int, Tuple[int, LineSplitter, Optional[int]]]) -> None
 
 
 def start(rank: int, labels: bool, log_dir: Optional[str]) -> bool:
-    """Route this process's fds 1 and 2 through a forked relay. Call it before
-    any thread exists (fork copies only the calling thread)."""
+    """Before any thread exists: fork copies only the calling thread."""
     label = label_for(rank) if labels else b""
     plan = {}
     for fd, name in ((1, "stdout"), (2, "stderr")):
@@ -231,7 +208,6 @@ def start(rank: int, labels: bool, log_dir: Optional[str]) -> bool:
         log_fd = None
         if log_dir:
             try:
-                # 0600, never through a symlink, only a regular file of ours.
                 log_fd = open_private(rank_log_path(log_dir, rank, name))
             except OSError:
                 log_fd = None
