@@ -18,8 +18,8 @@ from metaflow_extensions.torchrun.plugins.torchrun.launch.command import (
     build_command,
     default_options,
     encode_args,
-    none_keys,
     format_endpoint,
+    keys_given,
     options_to_argv,
 )
 from metaflow_extensions.torchrun.plugins.torchrun.launch import torch_checks
@@ -116,7 +116,7 @@ class TestEncodeArgsDict:
         # Public 0.2 code relies on it ("value None tells current.torch.run to
         # use store_true style"); True is a bare flag too, so nothing is lost.
         assert encode_args({"a": 1, "resume_ckpt": None}) == ["--a", "1", "--resume_ckpt"]
-        assert none_keys({"a": 1, "resume_ckpt": None, "x": None}) == ["resume_ckpt", "x"]
+        assert keys_given({"a": 1, "resume_ckpt": None, "x": None}, None) == ["resume_ckpt", "x"]
 
     def test_every_bad_key_is_named_in_one_message(self):
         with pytest.raises(TorchrunInvalidArgument) as e:

@@ -12,7 +12,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 from ..base import defaults as DEFAULTS
 from ..base.knobs import Knobs
 from ..procs import functions
-from .command import ArgSpec, EntryArgs, check_command_size, entry_arguments, none_keys, restarts_allowed
+from .command import ArgSpec, EntryArgs, check_command_size, entry_arguments, keys_given, restarts_allowed
 from .options import OWNED_OPTIONS, UNUSABLE_OPTIONS, canonical_option, parse_options
 from .torch_checks import TorchrunOptions, known_option_specs, known_torchrun_options, require_torch
 from .inputs import check_picklable, resolve_entrypoint, restarts_clash, retry_on_clash
@@ -196,16 +196,13 @@ def legacy_rdzv_port(options: Dict[str, Any], where: str) -> Tuple[Optional[int]
 
 
 def none_notes(args: ArgSpec, what: str) -> List[str]:
-    keys = none_keys(args)
+    keys = keys_given(args, None)
     return [none_note(keys, what)] if keys else []
 
 
 def none_note(keys: Sequence[str], what: str) -> str:
-    return (
-        "%s: None for a bare flag is deprecated (metaflow-torchrun 0.2): %s passed as "
-        "bare flag%s; write True." % (what, ", ".join("--" + k.lstrip("-") for k in keys),
-                                       "s" if len(keys) > 1 else "")
-    )
+    return ("%s: None for a bare flag is deprecated (metaflow-torchrun 0.2): %s passed as bare flag%s; write True."
+            % (what, ", ".join("--" + k for k in keys), "s" if len(keys) > 1 else ""))
 
 
 def false_note(keys: Sequence[str]) -> str:
