@@ -187,7 +187,7 @@ class TestStopping:
             assert not is_running(agent)
             assert wait_until(lambda: not is_running(worker), timeout=2), "worker survived stop()"
         finally:
-            sup.close()
+            sup.stop()
 
     def test_close_kills_workers_the_agent_left_behind(self, procs, tmp_path):
         # The agent exits on its own, leaving a worker (already seen while the
@@ -269,13 +269,13 @@ class TestStopping:
         assert sup.proc.returncode is not None
         assert not is_running(pid)
 
-    def test_close_and_stop_are_idempotent_and_safe_before_start(self):
+    def test_stop_is_idempotent_and_safe_before_start(self):
         sup = Supervisor([PY, "-c", "pass"])
-        sup.close()
+        sup.stop()
         sup.stop()
         sup.kill_all()
         rc, _, _, sup = run_to_end("pass")
-        sup.close()
+        sup.stop()
         sup.stop()
         assert rc == 0
 

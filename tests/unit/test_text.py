@@ -3,7 +3,7 @@
 from hypothesis import given
 from hypothesis import strategies as st
 
-from metaflow_extensions.torchrun.plugins.torchrun.base.text import count, shorten
+from metaflow_extensions.torchrun.plugins.torchrun.base.text import count, first_line, shorten
 
 TORCH = "Connection closed by peer [127.0.0.1]:30171. This is typically caused by a remote peer having exited"
 
@@ -35,3 +35,8 @@ def test_never_longer_than_asked_and_unchanged_when_it_fits(text, limit):
 def test_a_count_reads_as_a_person_writes_it():
     assert [count(n, "run") for n in (0, 1, 2)] == ["0 runs", "1 run", "2 runs"]
     assert count(1, "index", "indices") == "1 index" and count(3, "index", "indices") == "3 indices"
+
+
+def test_a_messages_first_line_skips_leading_blank_lines():
+    assert first_line("\n\n  boom: it broke\n  at line 2\n") == "boom: it broke"
+    assert first_line("") == first_line(None) == ""  # type: ignore[arg-type]

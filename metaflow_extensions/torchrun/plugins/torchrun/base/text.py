@@ -21,6 +21,12 @@ def shorten(text: str, limit: int) -> str:
     return head.rstrip(" \t,;:") + ELLIPSIS
 
 
+def first_line(text: str) -> str:
+    """A message's headline: its first line, after any leading blank ones."""
+    lines = (text or "").strip().splitlines()
+    return lines[0] if lines else ""
+
+
 def count(number: int, noun: str, plural: str = "") -> str:
     """``1 run``, ``3 runs``: a count with its noun as a person writes it."""
     return "%d %s" % (number, noun if number == 1 else plural or noun + "s")

@@ -40,9 +40,8 @@ _shares: Dict[str, int] = {}  # fallback base -> this process's shared hold on i
 
 
 def base_dir(tmp: Optional[str] = None) -> str:
-    """``$TMPDIR/metaflow-torchrun-<uid>``, private to this user: a symlink
-    there is removed; a directory another user made first is left alone and a
-    fallback used instead, with a warning."""
+    """``$TMPDIR/metaflow-torchrun-<uid>``, private: a symlink there is removed; another
+    user's directory is left alone and a fallback used instead, with a warning."""
     path = os.path.join(tmp or tempfile.gettempdir(), "%s%d" % (BASE_PREFIX, uid()))
     check_parent(os.path.dirname(path))
     for _ in range(3):
@@ -85,8 +84,7 @@ def _fallback_prefix() -> str:
 
 
 def _own_fallbacks(parent: str) -> List[str]:
-    """The fallback bases in ``parent`` that are ours alone (never a symlink or
-    a stranger's), by name: every node picks them in the same order."""
+    """The fallback bases in ``parent`` that are ours alone, by name: every node picks them in the same order."""
     try:
         names = sorted(n for n in os.listdir(parent) if n.startswith(_fallback_prefix()))
     except OSError:
@@ -102,8 +100,8 @@ def _own_fallbacks(parent: str) -> List[str]:
 
 
 def _reuse_fallback(tmp: Optional[str]) -> Optional[str]:
-    """The first of our fallbacks, shared by every task (else each would make
-    one that no cleanup visits); the others go once nobody holds them."""
+    """The first of our fallbacks, shared by every task (else each would make one no
+    cleanup visits); the others go once nobody holds them."""
     found = _own_fallbacks(tmp or tempfile.gettempdir())
     for candidate in found[1:]:
         hold = _claim(candidate) if removable(candidate) else None
@@ -113,9 +111,8 @@ def _reuse_fallback(tmp: Optional[str]) -> Optional[str]:
 
 
 def _share(base: str) -> bool:
-    """Hold a shared lock on ``base``'s ``IN_USE_FILE`` for the rest of this
-    process, so that no ``_claim`` empties it; False when it cannot be had
-    (the base is being emptied, or is gone)."""
+    """Hold a shared lock on ``base``'s ``IN_USE_FILE`` for the rest of this process, so
+    no ``_claim`` empties it; False when the base is being emptied, or is gone."""
     if base in _shares:
         return True
     fd = _lock(base, fcntl.LOCK_SH)
@@ -133,9 +130,8 @@ def _share(base: str) -> bool:
 
 
 def _claim(base: str) -> Optional[int]:
-    """An exclusive hold on a fallback base no live task uses (no share of its
-    ``IN_USE_FILE``, no call's directory held in it), or None. A base without
-    the file yet is claimed only once not young: its maker may be about to share it."""
+    """An exclusive hold on a fallback base no live task uses, or None; one without
+    ``IN_USE_FILE`` yet only once not young (its maker may be about to share it)."""
     if not os.path.lexists(os.path.join(base, IN_USE_FILE)) and not removable(base):
         return None
     fd = _lock(base, fcntl.LOCK_EX)
@@ -160,9 +156,8 @@ def _lock(base: str, how: int) -> Optional[int]:
 
 
 def left_fallbacks(base: str) -> List[Tuple[str, int]]:
-    """The fallback bases left beside ``base`` when it is the usual one (the
-    squat has ended), each claimed: the caller moves what it keeps out of each,
-    then ``remove_fallback``."""
+    """The fallback bases left beside ``base`` once it is the usual one again, each
+    claimed for the caller to empty, then ``remove_fallback``."""
     parent, name = os.path.split(base)
     if name != "%s%d" % (BASE_PREFIX, uid()):
         return []

@@ -11,11 +11,9 @@ from typing import IO, Callable, Iterable, Optional, Set, Tuple
 from ..base import timeouts
 
 PREFIX = "@torchrun: "
-# A line of ours goes out whole, between the ranks' writes (made under this
-# lock, ``rank_output``), after a pause of ``timeouts.QUIET`` in them (at most
-# ``QUIET_WAIT``), on the stream they wrote to last: Metaflow reads a task's
-# stdout and stderr a line at a time each, in turn, so a line on the other
-# stream would land inside theirs.
+# A line of ours goes out whole between the ranks' writes (``rank_output``), after a pause of
+# ``QUIET`` (at most ``QUIET_WAIT``), on the stream they wrote last: Metaflow reads stdout and
+# stderr a line at a time each, in turn, so a line on the other stream would land inside theirs.
 
 _lock = threading.Lock()
 

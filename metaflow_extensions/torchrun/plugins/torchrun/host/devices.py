@@ -1,10 +1,7 @@
 """How many CUDA devices this node's processes will see, without importing torch
-(``torch.cuda.device_count()`` took 4.9 to 8.3 s on an H100 node).
-
-The driver lists its GPUs under ``/proc/driver/nvidia/gpus`` (each one's
-``information`` names its UUID), and ``CUDA_VISIBLE_DEVICES`` is read as CUDA
-reads it. Where that cannot decide (MIG, a UUID the files do not show) the
-answer is unknown and the caller checks nothing rather than guess.
+(``torch.cuda.device_count()`` took 4.9 to 8.3 s on an H100 node): the driver's
+files and ``CUDA_VISIBLE_DEVICES`` as CUDA reads it; where they cannot decide
+(MIG, a UUID the files do not show), unknown, and the caller checks nothing.
 """
 
 from __future__ import annotations
@@ -18,8 +15,7 @@ _UUID_LINE = re.compile(r"^GPU UUID:\s*(\S+)", re.MULTILINE)
 
 
 def gpu_uuids(root: str = DRIVER_GPUS) -> Optional[List[str]]:
-    """The driver's GPUs' UUIDs (``""`` where a file does not say), in PCI bus
-    order (CUDA's may differ: counting does not care); None without a driver."""
+    """The driver's GPUs' UUIDs (``""`` where a file does not say), in PCI bus order; None without a driver."""
     try:
         entries = sorted(os.listdir(root))
     except OSError:
@@ -90,9 +86,8 @@ def usable_cpus() -> int:
 
 
 def count_with_torch(kind: str, python: str, timeout: float = 180.0) -> Optional[int]:
-    """``torch.<kind>.device_count()`` in a child process, where the driver's
-    files cannot say (MIG, XPUs): the seconds of torch's import never in the
-    task's own process. None when torch could not be asked."""
+    """``torch.<kind>.device_count()`` in a child process (torch's import never in the task's),
+    where the driver's files cannot say (MIG, XPUs); None when torch could not be asked."""
     import subprocess
 
     code = (

@@ -1,10 +1,7 @@
-"""How busy this node's visible GPUs are: the straggler signal of a job whose
-ranks report no progress (a node held up by its input or CPU leaves its GPUs
-idle while the others' spin in collectives; a throttled GPU is not seen).
-
-nvidia-smi is on every NVIDIA node (NVML's binding is not) but can hang when a
-GPU has fallen off the bus, so a daemon thread asks it under a timeout and the
-heartbeat reads the last answer, none once it is stale.
+"""How busy this node's visible GPUs are: the straggler signal of a job whose ranks
+report no progress (a node held up by its input leaves its GPUs idle while the others'
+spin in collectives). nvidia-smi is on every NVIDIA node but can hang when a GPU has
+fallen off the bus, so a daemon thread asks it under a timeout.
 """
 
 from __future__ import annotations
@@ -23,8 +20,7 @@ MAX_GPUS = 1024  # lines read of one answer
 
 
 def parse_query(text: str) -> List[Tuple[int, str, float]]:
-    """``(index, uuid, percent)`` per GPU of nvidia-smi's CSV answer; lines
-    it cannot read (``[N/A]``, garbage) left out."""
+    """``(index, uuid, percent)`` per GPU of nvidia-smi's CSV answer; lines it cannot read left out."""
     out = []
     for line in text.splitlines()[:MAX_GPUS]:
         parts = [p.strip() for p in line.split(",")]
@@ -63,8 +59,7 @@ def mean_percent(text: str, spec: Optional[str]) -> Optional[float]:
 
 
 class GpuUsage:
-    """Asks nvidia-smi in a daemon thread; ``latest`` is the last answer while
-    at most ``3 * every`` old. Nothing runs where the tool is absent."""
+    """Asks nvidia-smi in a daemon thread (none without it); ``latest``: its answer, while fresh."""
 
     def __init__(self, env: Mapping[str, str], every: float = timeouts.PROGRESS_SEND,
                  tool: Optional[str] = None) -> None:

@@ -1,10 +1,6 @@
-"""The debug channel: ``logging.getLogger("metaflow_torchrun")``.
-
-The gang's protocol and the stop path log what happens (joins, calls, failures,
-verdicts, stops, with their times) as debug records, so that debugging them
-needs no code edit; they cost a level check while nobody listens.
-``METAFLOW_TORCHRUN_DEBUG=1`` sends them to stderr; without it nothing is
-installed and they go where the application's ``logging`` sends them.
+"""The debug channel, ``logging.getLogger("metaflow_torchrun")``: the gang's protocol
+and the stop path log what happens, with times, at a level check's cost while nobody
+listens. ``METAFLOW_TORCHRUN_DEBUG=1`` sends it to stderr; else the application's ``logging`` decides.
 """
 
 from __future__ import annotations

@@ -1,15 +1,13 @@
-"""The per-rank logs on a node: where each call's go, how long they stay, and
-their sizes in a ledger.
-
-Layout, under this user's base directory (basedir.py)::
+"""The per-rank logs on a node: where each call's go, how long they stay (retention.py).
+Under this user's base directory (basedir.py)::
 
     logs/<flow>-<run id>/               one run's per-rank logs, kept as a whole (retention.py)
         <step>-<task>-<attempt>/c<call>/node-<N>/rank-<R>.{stdout,stderr}.log
     logs/.ledger                        the sizes of the runs measured before
     logs/.pruning                       the lock under which calls prune and make their directories
 
-A call prunes under the prune lock, never a run any call holds; the runs a
-squat left in a fallback base are brought in first, so the policy reaches them.
+A call prunes under the prune lock, never a run any call holds, after bringing
+in the runs a squat left in a fallback base.
 """
 
 from __future__ import annotations
@@ -32,16 +30,13 @@ from .retention import select_removals
 
 LEDGER_FILE = ".ledger"
 PRUNE_LOCK_FILE = ".pruning"
-# Seconds a call waits for another task's prune before it goes on without
-# pruning (a prune takes milliseconds; 0.1 s at 10,000 runs).
-PRUNE_WAIT = 10.0
+PRUNE_WAIT = 10.0  # for another task's prune, then go on without (a prune takes 0.1 s at 10,000 runs)
 MAX_LEDGER_BYTES = 16 * 1024 * 1024  # a longer ledger is not read (it is rebuilt by walking)
 
 
 @dataclass(frozen=True)
 class LogKey:
-    """Where one call's per-rank logs go: ``logs/<run>/<step>/<call>/``, names
-    from ``gang/identity.py``; each part one plain path component."""
+    """Where one call's per-rank logs go (names from ``gang/identity.py``), each part one plain path component."""
 
     run: str  # <flow>-<run id>
     step: str  # <step>-<control task>-<attempt>
@@ -54,7 +49,6 @@ class LogKey:
 
 
 def retention_policy(knobs: Optional[Knobs] = None) -> RetentionPolicy:
-    """The retention settings the step's start read (None: the defaults)."""
     knobs = knobs or Knobs()
     return RetentionPolicy(keep=knobs.keep_logs, hours=knobs.keep_logs_hours,
                            max_bytes=int(knobs.max_log_mb * 1024 * 1024), young_seconds=private.YOUNG_SECONDS)
@@ -70,10 +64,9 @@ def touch(path: str) -> None:
 
 def call_log_dir(key: LogKey, node_index: int, base: str, prune: bool = True,
                  knobs: Optional[Knobs] = None) -> Optional[str]:
-    """``logs/<run>/<step>/<call>/node-<N>``, private; other runs' logs beyond
-    retention are removed first, unless ``prune`` is False (``prune_other_runs``
-    then does it off the start's critical path). None when it cannot be made:
-    the logs are a convenience, never a reason to fail the step."""
+    """``logs/<run>/<step>/<call>/node-<N>``, private, after pruning other runs' unless
+    ``prune`` is False (``prune_other_runs`` then does it off the critical path). None
+    when it cannot be made: the logs are a convenience, never a reason to fail the step."""
     try:
         root = private_dir(os.path.join(base, LOGS))
         guard = _prune_guard(root)
@@ -111,9 +104,8 @@ def _prune(base: str, root: str, key: LogKey, knobs: Optional[Knobs]) -> None:
 
 
 def _prune_guard(root: str) -> Optional[int]:
-    """The host's prune lock, waited for up to ``PRUNE_WAIT``; None when it
-    cannot be had. A task makes its call's directories under it, so no prune
-    removes a run between its choice and the new call's lock."""
+    """The host's prune lock, waited for up to ``PRUNE_WAIT``, or None. A task makes its
+    call's directories under it: no prune removes a run between its choice and the call's lock."""
     deadline = time.monotonic() + PRUNE_WAIT
     while True:
         try:
@@ -170,9 +162,8 @@ def _write_ledger(root: str, entries: Dict[str, Measured]) -> None:
 
 
 def _scan_runs(root: str) -> Tuple[List[RunLogs], Dict[str, Measured], bool]:
-    """Every run directory of ours under ``root`` with its size (the ledger's
-    where the directory has not changed, else walked), the ledger as it should
-    now be, and whether that differs from the one on disk."""
+    """Every run directory of ours under ``root`` with its size (the ledger's where the
+    directory has not changed, else walked), the ledger as it should be, and whether it changed."""
     ledger = _read_ledger(root)
     measured: Dict[str, Measured] = {}
     runs: List[RunLogs] = []
@@ -195,9 +186,8 @@ def _scan_runs(root: str) -> Tuple[List[RunLogs], Dict[str, Measured], bool]:
 
 def _choose(root: str, runs: List[RunLogs], now: float, policy: RetentionPolicy,
             exclude: Iterable[str]) -> List[Removal]:
-    """``select_removals`` with the runs in use protected. Asking costs a few
-    opens, so only the runs the policy would remove are asked; one in use is
-    protected and the choice made again (the disk bound may take an older one)."""
+    """``select_removals`` with the runs in use protected: only the runs it would remove
+    are asked (a few opens each); one in use is protected and the choice made again."""
     protected: Set[str] = set(exclude)
     asked: Set[str] = set(protected)
     while True:
@@ -223,8 +213,8 @@ def _say_removed_for_space(removals: List[Removal], policy: RetentionPolicy) -> 
 
 def prune_logs(root: str, policy: RetentionPolicy, exclude: Iterable[str] = (),
                now: Optional[float] = None) -> List[str]:
-    """Remove the runs' logs ``policy`` lets go, never a run in ``exclude`` or
-    in use; the removed paths. The caller holds the prune lock: the ledger has one writer."""
+    """Remove the runs' logs ``policy`` lets go, never one in ``exclude`` or in use; the
+    removed paths. The caller holds the prune lock: the ledger has one writer."""
     now = time.time() if now is None else now
     runs, measured, changed = _scan_runs(root)
     removals = _choose(root, runs, now, policy, exclude)
@@ -241,9 +231,8 @@ def prune_logs(root: str, policy: RetentionPolicy, exclude: Iterable[str] = (),
 
 
 def adopt_fallbacks(base: str, root: str) -> None:
-    """Each run's logs in the fallback bases a squat left moved under ``root``
-    (a name already there gets the fallback's suffix; a rename keeps their
-    age), then the fallback removed, unless some could not be moved."""
+    """The runs' logs in the fallback bases a squat left, moved under ``root`` (a name
+    taken gets the fallback's suffix), then each fallback removed unless some stayed."""
     for fallback, hold in left_fallbacks(base):
         left = False
         source = os.path.join(fallback, LOGS)

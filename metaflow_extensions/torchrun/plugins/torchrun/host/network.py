@@ -43,8 +43,7 @@ def local_address_towards(host: str, port: int = 9) -> Optional[str]:
 
 
 def host_name(node_index: int) -> str:
-    """The name this node reports as its host in the gang's records and the
-    node history; tests give local "nodes" names of their own (``TEST_HOSTS_ENV``)."""
+    """This node's host in the gang's records and the node history (tests name local "nodes": ``TEST_HOSTS_ENV``)."""
     env = os.environ
     names = env.get(TEST_HOSTS_ENV, "").split(",")
     if 0 <= node_index < len(names) and names[node_index].strip():
@@ -56,9 +55,8 @@ def host_name(node_index: int) -> str:
 
 
 def route_to(main_addr: str, is_local: bool) -> Tuple[str, Optional[str]]:
-    """The address other nodes reach this one at, and its interface. On a
-    cluster, a control whose name resolves to loopback (a Batch main node's
-    127.0.1.1) means the default route's source address."""
+    """The address other nodes reach this one at, and its interface; on a cluster, not a
+    loopback one (a Batch main node's 127.0.1.1): the default route's source instead."""
     address = local_address_towards(main_addr) or main_addr
     if not is_local and is_loopback(address):
         address = local_address_towards("192.0.2.1") or address
@@ -66,9 +64,8 @@ def route_to(main_addr: str, is_local: bool) -> Tuple[str, Optional[str]]:
 
 
 def wait_listening(endpoint: str, seconds: float, every: float = 0.01) -> bool:
-    """Whether something listens at ``endpoint`` (``host:port``, ``[v6]:port``)
-    within ``seconds``, tried every ``every`` s: torch's store client backs off
-    for most of a second after a refused connection."""
+    """Whether something listens at ``endpoint`` (``host:port``, ``[v6]:port``) within ``seconds``,
+    tried every ``every`` s (torch's store client backs off a second after a refusal)."""
     host, _, port = endpoint.rpartition(":")
     host = host.strip("[]")
     if not host or not port.isdigit():
@@ -85,8 +82,7 @@ def wait_listening(endpoint: str, seconds: float, every: float = 0.01) -> bool:
 
 
 def interfaces() -> List[Tuple[str, str]]:
-    """(name, IPv4 address) of every interface that has one, in the kernel's
-    index order (NCCL's search order)."""
+    """(name, IPv4 address) of every interface that has one, in NCCL's search order."""
     try:
         names = [name for _, name in sorted(socket.if_nameindex())]
     except OSError:

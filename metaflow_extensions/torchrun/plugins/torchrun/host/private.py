@@ -1,13 +1,10 @@
-"""Files and directories private to the user who runs the task.
+"""Files and directories private to the user who runs the task: every path
+``@torchrun`` writes goes through here. A directory is checked with ``lstat``
+(ours, closed to others, not a symlink); a file is opened with ``O_NOFOLLOW``,
+0600, and checked to be a regular file of ours: a planted FIFO or link is never used.
 
-Every path ``@torchrun`` writes on a node goes through here: a directory is
-checked with ``lstat`` (ours, closed to others, not a symlink) before anything
-goes in it; a file is opened with ``O_NOFOLLOW``, mode 0600, and checked to be
-a regular file of ours, so a FIFO or a link another user planted is never
-written through or read.
-
-A directory in use holds an exclusive ``flock`` on its ``.lock`` (the kernel
-drops it when the process dies, even by SIGKILL): every clean-up asks ``in_use`` first.
+A directory in use holds an exclusive ``flock`` on its ``.lock`` (dropped by the
+kernel even on SIGKILL): every clean-up asks ``in_use`` first.
 """
 
 from __future__ import annotations
@@ -30,8 +27,7 @@ _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 
 
 class UnsafePath(OSError):
-    """A path that is not ours alone: a symlink, another user's, or not a
-    regular file or directory."""
+    """A path that is not ours alone: a symlink, another user's, or not a regular file or directory."""
 
 
 def uid() -> int:
@@ -44,8 +40,7 @@ def _check_owner(st: os.stat_result, path: str) -> None:
 
 
 def check_private_dir(path: str) -> None:
-    """``path`` is a real directory owned by us and closed to others (a
-    directory of ours open to others is tightened)."""
+    """``path`` is a real directory of ours, closed to others (tightened if it was open)."""
     st = os.lstat(path)
     if stat.S_ISLNK(st.st_mode):
         raise UnsafePath(errno.ELOOP, "is a symbolic link", path)
@@ -57,9 +52,8 @@ def check_private_dir(path: str) -> None:
 
 
 def check_parent(path: str) -> None:
-    """Refuse a parent that any user may write without the sticky bit: there
-    another user can swap our directory for theirs mid-call, with files we
-    would read back (return values are pickles)."""
+    """Refuse a parent any user may write without the sticky bit: another user could swap
+    our directory for theirs mid-call, with files we would read back (pickles)."""
     st = os.stat(path)
     if st.st_mode & stat.S_IWOTH and not st.st_mode & stat.S_ISVTX:
         raise UnsafePath(errno.EPERM, "is writable by every user and has no sticky bit, so another user could "
@@ -78,8 +72,7 @@ def make_private(path: str) -> str:
 
 
 def private_dir(path: str) -> str:
-    """``make_private`` in a parent that is private already: whatever else is
-    there (left from before the parent was private) is moved aside and removed."""
+    """``make_private`` in a private parent: whatever else is there is moved aside and removed."""
     try:
         return make_private(path)
     except UnsafePath:
@@ -134,10 +127,8 @@ def tail_lines(path: str, count: int, max_bytes: int = 64 * 1024) -> List[str]:
 
 
 def hold_lock(directory: str, name: str = LOCK_FILE) -> int:
-    """Mark ``directory`` in use while this process holds the returned fd (an
-    exclusive ``flock``: released by the kernel even after a SIGKILL, seen
-    across PID namespaces that share the file system). ``OSError`` when
-    another process holds it."""
+    """Mark ``directory`` in use while this process holds the returned fd (an exclusive
+    ``flock``, seen across PID namespaces); ``OSError`` when another process holds it."""
     fd = open_private(os.path.join(directory, name), os.O_RDWR | os.O_CREAT)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -170,8 +161,7 @@ def _lock_held(path: str) -> bool:
 
 
 def in_use(directory: str, depth: int) -> bool:
-    """Some live process holds the lock of ``directory`` or of a directory up
-    to ``depth`` levels below it; symbolic links are not followed."""
+    """Some live process holds the lock of ``directory`` or of one up to ``depth`` levels below (no symlinks)."""
     if _lock_held(os.path.join(directory, LOCK_FILE)):
         return True
     if depth <= 0:

@@ -1,9 +1,8 @@
 """Find and kill a process tree, children that left its process group included.
 
-torchrun starts every worker in a new session, so the agent's process group
-does not reach them, and once the agent dies they can no longer be found from
-it: the caller keeps every descendant seen (pid and start time, so a recycled
-pid is never killed) and kills from that record.
+torchrun starts every worker in a new session, out of the agent's group and, once
+the agent dies, out of its tree: the caller keeps every descendant seen (pid and
+start time, so a recycled pid is never killed) and kills from that record.
 """
 
 from __future__ import annotations
@@ -50,10 +49,8 @@ def process_id(pid: int) -> Optional[ProcId]:
 
 
 def descendants(root: int, *more: int, not_below: Optional[bytes] = None) -> Set[ProcId]:
-    """Every live process below ``root`` (and each of ``more``) in the parent
-    tree, not the roots themselves: one scan of ``/proc``. A descendant named
-    ``not_below`` is left out with its own tree (another node's warm process,
-    forked from this node's: its processes are that node's)."""
+    """Every live process below ``root`` and ``more`` (not the roots), in one scan of ``/proc``;
+    one named ``not_below`` is left out with its tree (another node's warm process, forked from ours)."""
     children: Dict[int, list] = {}
     for pid in _pids():
         st = _stat(pid)
@@ -70,8 +67,7 @@ def descendants(root: int, *more: int, not_below: Optional[bytes] = None) -> Set
 
 
 def started_at(pid: int) -> Optional[float]:
-    """When ``pid`` started, in epoch seconds (to the second: the boot time
-    is whole seconds); None if it is gone."""
+    """When ``pid`` started, in epoch seconds (to the second, as the boot time); None if it is gone."""
     st = _stat(pid)
     if st is None:
         return None
@@ -119,7 +115,7 @@ def signal_all(procs: Iterable[ProcId], sig: int) -> None:
 
 
 def wait_gone(procs: Iterable[ProcId], timeout: float) -> Set[ProcId]:
-    """Wait until none of ``procs`` is alive; return those still alive."""
+    """Those of ``procs`` still alive after up to ``timeout``."""
     left = alive(procs)
     deadline = time.monotonic() + timeout
     while left and time.monotonic() < deadline:
@@ -137,9 +133,8 @@ _tgkill = getattr(_libc, "tgkill", None)  # glibc 2.30 and later
 
 
 def signal_main_thread(pid: int, sig: int) -> None:
-    """``sig`` to the main thread of ``pid``, raising as ``os.kill`` does: a
-    signal to the process may go to any thread, and faulthandler dumps the one
-    that takes it (procs/stacks.py), where a torch thread has no Python stack."""
+    """``sig`` to the main thread of ``pid``, raising as ``os.kill`` does: faulthandler dumps
+    the thread that takes a signal (procs/stacks.py), and a torch thread has no Python stack."""
     if _tgkill is not None:
         if _tgkill(int(pid), int(pid), int(sig)) == 0:
             return
@@ -150,8 +145,7 @@ def signal_main_thread(pid: int, sig: int) -> None:
 
 
 def kill_group(proc: "subprocess.Popen", timeout: float = 5.0) -> None:
-    """SIGKILL the process group ``proc`` leads (started with its own session)
-    and reap it, waiting at most ``timeout``."""
+    """SIGKILL the process group ``proc`` leads and reap it, waiting at most ``timeout``."""
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except OSError:
@@ -175,6 +169,5 @@ def name_this_process(name: bytes) -> bool:
 
 
 def die_with_parent(sig: int = signal.SIGKILL) -> bool:
-    """Ask Linux to send ``sig`` to this process when its parent dies: what
-    still cleans up when the task is SIGKILLed (after its grace, by the OOM killer)."""
+    """``sig`` to this process when its parent dies: the clean-up left when the task is SIGKILLed."""
     return _set(_PR_SET_PDEATHSIG, int(sig))

@@ -1,13 +1,6 @@
-"""Which runs' per-rank logs a host keeps: the policy, as a pure function.
-
-A run's files stay at least ``hours`` after its last call on the host; beyond
-that only the newest ``keep`` runs stay; while all runs take more than
-``max_bytes``, the least recently used go first, recent ones included (and the
-task says so); a run in use or used in the last ``young_seconds`` never goes.
-Why a run and an age, not a count of calls: docs/design.md ("Per-rank logs on
-a host"). The caller (``logs.prune_logs``) reads the directories and their
-sizes (from a ledger checked against each directory's inode and mtime, so a
-prune walks only the runs that changed) and removes.
+"""Which runs' per-rank logs a host keeps, as a pure function (the why:
+docs/design.md, "Per-rank logs on a host"), and the ledger of their sizes, checked
+against each directory's inode and mtime so a prune walks only the runs that changed.
 """
 
 from __future__ import annotations
@@ -48,16 +41,16 @@ def is_recent(run: RunLogs, now: float, policy: RetentionPolicy) -> bool:
 
 
 def is_young(run: RunLogs, now: float, policy: RetentionPolicy) -> bool:
-    """Used within ``young_seconds``, either way of the clock (some node may be
-    making it now); a stamp far in the future is not, so a wrong clock cannot pin a run for ever."""
+    """Used within ``young_seconds``, either way of the clock (a node may be making it now);
+    a stamp far in the future is not, so a wrong clock cannot pin a run for ever."""
     return abs(now - run.last_used) < policy.young_seconds
 
 
 def select_removals(
     runs: Iterable[RunLogs], now: float, policy: RetentionPolicy, protected: AbstractSet[str] = frozenset()
 ) -> List[Removal]:
-    """The runs to remove, in order: those beyond both the age and the newest
-    ``keep``, then the least recently used while the rest pass ``max_bytes``.
+    """The runs to remove, in order: those beyond both ``hours`` and the newest ``keep``,
+    then the least recently used (recent ones included) while the rest pass ``max_bytes``.
     ``protected`` and young runs are never chosen, but count in size and rank."""
     newest_first = sorted(runs, key=lambda r: (-r.last_used, r.name))
 
@@ -94,14 +87,12 @@ def is_run_name(name: str) -> bool:
     return bool(name) and "/" not in name and "\0" not in name and not name.startswith(".")
 
 
-# A run name (is_run_name, no tab or newline), inode, mtime in ns, bytes: a
-# regular expression, as a busy host's ledger has thousands of lines.
+# A run name (is_run_name, no tab or newline), inode, mtime in ns, bytes (a busy host has thousands).
 _LEDGER_LINE = re.compile(r"^([^\t\n/\0.][^\t\n/\0]*)\t(\d+)\t(\d+)\t(\d+)$", re.MULTILINE | re.ASCII)
 
 
 def parse_ledger(text: str) -> Dict[str, Measured]:
-    """``name<TAB>inode<TAB>mtime_ns<TAB>bytes`` lines; anything else is
-    skipped (a torn write costs a walk, never a wrong removal)."""
+    """The ledger's lines; anything else is skipped (a torn write costs a walk, never a wrong removal)."""
     return {m[0]: Measured(int(m[1]), int(m[2]), int(m[3])) for m in _LEDGER_LINE.findall(text)}
 
 

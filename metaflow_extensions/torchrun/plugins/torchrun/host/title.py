@@ -1,11 +1,6 @@
-"""What ``ps``, ``top``, ``py-spy`` and ``pgrep -f`` show for a process of ours.
-
-A process forked from the node's warm process would show the warm process's
-command line for its whole life. ``show`` writes the command it stands for over
-its original argv (setproctitle with ``SPT_NOENV``: ``/proc/PID/environ`` stays
-whole, so a title is cut at the original command line's length) and sets the
-short name with ``prctl``, also where setproctitle is missing. The why and the
-bounds: docs/design.md ("What process tools see of a forked rank").
+"""What ``ps``, ``top``, ``py-spy`` and ``pgrep -f`` show for a process of ours: a
+process forked from the warm process would show its command line for life. The
+why and the bounds: docs/design.md ("What process tools see of a forked rank").
 """
 
 from __future__ import annotations
@@ -32,15 +27,13 @@ def available() -> bool:
 
 
 def room() -> List[str]:
-    """An argument to append to the command of a process that will fork
-    others, so their titles have room: none where no title can be written."""
+    """An argument giving a forking process's children room for their titles: none where none can be written."""
     return [" " * ROOM] if available() else []
 
 
 def prepare() -> bool:
-    """Find the argv memory now, before anything changes the C environment
-    (setproctitle walks back from its first string); once per process, and a
-    fork inherits it. False where setproctitle is missing."""
+    """Find the argv memory before anything changes the C environment (setproctitle walks
+    back from its first string); once per process, inherited by a fork. False without setproctitle."""
     global _spt, _prepared
     if _prepared is not None:
         return _prepared
@@ -79,8 +72,7 @@ def _own_name() -> bytes:
 
 
 def show(words: Sequence[str], short: str) -> bool:
-    """Be ``words`` to ``ps -o args`` and ``short`` to ``ps -o comm`` (its
-    first 15 bytes); True where the full title is shown."""
+    """Be ``words`` to ``ps -o args`` and ``short`` to ``ps -o comm``; True where the full title is shown."""
     shown = False
     if prepare():
         try:

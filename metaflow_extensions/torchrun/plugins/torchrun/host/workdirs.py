@@ -1,11 +1,6 @@
-"""One call's files on a node: its private work directory (failure records,
-rank status, pickles, the entry file, torchelastic's own directories), removed
-when the call ends, and its per-rank log directory (logs.py).
-
-    <base>/work/<pid>-<random>/         0700; held "in use" (private.py) while the call runs
-
-The next call on the host removes the work directories nobody holds, so a
-killed task's leftovers go.
+"""One call's files on a node: its private work directory (``<base>/work/<pid>-<random>/``:
+failure records, rank status, pickles, the entry file), held "in use" while the call runs
+and removed when it ends (a killed task's, by the next call on the host), and its log directory.
 """
 
 from __future__ import annotations
@@ -22,9 +17,8 @@ from .private import hold_lock, private_dir, release_lock, removable
 
 
 class CallFiles:
-    """One call's work and log directories, held "in use" until ``close``
-    removes the work directory and marks the run used now (its retention age
-    counts from its last call's end)."""
+    """One call's work and log directories, held "in use" until ``close`` removes the work
+    directory and marks the run used now (its retention age counts from its last call's end)."""
 
     def __init__(self, key: LogKey, node_index: int, base: Optional[str] = None, prune_first: bool = True,
                  knobs: Optional[Knobs] = None):
@@ -71,8 +65,7 @@ class CallFiles:
 
 
 class StepDir:
-    """A private work directory for what outlives one call (the step's warm
-    process and its socket), held "in use" until ``close`` removes it."""
+    """A private work directory for what outlives one call (the step's warm process), held until ``close``."""
 
     def __init__(self, base: Optional[str] = None):
         self.path = make_work_dir(base, prune=False)
@@ -89,8 +82,7 @@ class StepDir:
 
 
 def _work_dir_under(base: Optional[str], prune: bool) -> Tuple[str, str]:
-    """The base and a fresh work directory in it; a base gone since (a
-    temporary-file cleaner) is found again."""
+    """The base and a fresh work directory in it; a base gone since (a tmp cleaner) is found again."""
     if base:
         try:
             return base, make_work_dir(base, prune=prune)
@@ -105,8 +97,7 @@ def work_root(base: Optional[str] = None) -> str:
 
 
 def make_work_dir(base: Optional[str] = None, prune: bool = True) -> str:
-    """A fresh private work directory; those of tasks that are gone removed
-    first, unless the caller prunes later."""
+    """A fresh private work directory; those of tasks gone removed first, unless the caller prunes later."""
     root = work_root(base)
     if prune:
         prune_work_dirs(root)

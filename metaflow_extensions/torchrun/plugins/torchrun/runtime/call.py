@@ -269,37 +269,35 @@ class CallRun:
                           stacks=where, logs=logs, elsewhere=elsewhere, suspects=suspects)
 
     def record(self) -> TorchrunResult:
+        """The call's result, whatever happened; the work directory removed."""
+        topology, sup, server, client = self.session.topology, self.supervisor, self.session.server, self.session.client
         try:
-            return self._record()
+            gang_view = GangView()
+            if server is not None:
+                view = server.call_view(self.index)
+                gang_view = GangView(dict(view.joined_at), dict(view.finished_at), dict(view.reports))
+            ranks = read_rank_records(self.workdir, self.failures) if self.workdir else []
+            seat = self.seat
+            result = TorchrunResult(
+                command=self.argv, call=self.index, exit_code=self.exit_code, returns=self.returns, ranks=ranks,
+                node_index=topology.node_index, num_nodes=topology.num_nodes, nproc_per_node=self.plan.nproc,
+                started_at=self.first_started or (sup.started_at if sup and sup.started_at else self.started),
+                ended_at=(sup.ended_at if sup and sup.ended_at else time.time()),
+                first_output_at=self.first_output or (sup.first_output if sup else None),
+                main_addr=topology.main_addr, local_addr=self.launch.local_addr, rdzv_port=self.rdzv_port,
+                gang_port=client.port if client else None,
+                restarts=max([r.restart or 0 for r in ranks] + [self.again.restart]),
+                in_step_restarts=with_ranks_start(self.again.records, self.launch.rank_starts(self.again.restart)),
+                log_dir=self.log_dir, cause=self.session.cause, gang=gang_view, **self.where.record(),
+                ran=what_ran.record(self.plan, self.argv, self.log_dir, topology.node_index),
+                progress=server.progress_record() if server is not None else None,
+                role=seat.role if seat else "active", spare_nodes=list(seat.bench.spares) if seat else [],
+                out_nodes=list(seat.bench.out) if seat else [],
+            )
+            self.session.results.append(result)
+            return result
         finally:
             self.launch.release()
-
-    def _record(self) -> TorchrunResult:
-        topology, sup, server, client = self.session.topology, self.supervisor, self.session.server, self.session.client
-        gang_view = GangView()
-        if server is not None:
-            view = server.call_view(self.index)
-            gang_view = GangView(dict(view.joined_at), dict(view.finished_at), dict(view.reports))
-        ranks = read_rank_records(self.workdir, self.failures) if self.workdir else []
-        seat = self.seat
-        result = TorchrunResult(
-            command=self.argv, call=self.index, exit_code=self.exit_code, returns=self.returns, ranks=ranks,
-            node_index=topology.node_index, num_nodes=topology.num_nodes, nproc_per_node=self.plan.nproc,
-            started_at=self.first_started or (sup.started_at if sup and sup.started_at else self.started),
-            ended_at=(sup.ended_at if sup and sup.ended_at else time.time()),
-            first_output_at=self.first_output or (sup.first_output if sup else None),
-            main_addr=topology.main_addr, local_addr=self.launch.local_addr, rdzv_port=self.rdzv_port,
-            gang_port=client.port if client else None,
-            restarts=max([r.restart or 0 for r in ranks] + [self.again.restart]),
-            in_step_restarts=with_ranks_start(self.again.records, self.launch.rank_starts(self.again.restart)),
-            log_dir=self.log_dir, cause=self.session.cause, gang=gang_view, **self.where.record(),
-            ran=what_ran.record(self.plan, self.argv, self.log_dir, topology.node_index),
-            progress=server.progress_record() if server is not None else None,
-            role=seat.role if seat else "active", spare_nodes=list(seat.bench.spares) if seat else [],
-            out_nodes=list(seat.bench.out) if seat else [],
-        )
-        self.session.results.append(result)
-        return result
 
     def _aborted(self) -> GangAborted:
         cause = self.session.cause or Cause(CauseKind.CONTROL_LOST, "the gang was stopped")

@@ -1,9 +1,6 @@
-"""The gang of one ``@torchrun`` step, from its first line to its last, in phases:
-``join`` (the control starts the service; every node joins in the background),
-``user_code`` (a gang abort interrupts the step's code, and ends the task if it
-does not stop within ``INTERRUPT_GRACE``), ``in_call`` (``call.py``),
-``step_succeeded`` / ``step_failed`` (leave, saying how; the control stays until
-every node has left), ``close`` (nothing of the gang left in the process).
+"""The gang of one ``@torchrun`` step, in phases: ``join``, ``user_code`` (a gang
+abort interrupts it, and ends the task after ``INTERRUPT_GRACE``), ``in_call``,
+``step_succeeded`` / ``step_failed`` (the control stays until every node has left), ``close``.
 """
 
 from __future__ import annotations
@@ -31,6 +28,7 @@ from .local_nodes import runtime_gone, watch_local_nodes
 from .warm_start import WarmStart
 from ..host import base_dir, log, retention_policy, route_to, say, where_logs_are
 from ..base import timeouts
+from ..base.text import first_line
 
 _log = log.get("runtime.session")
 
@@ -59,7 +57,7 @@ class Phase(enum.Enum):
 class GangSession:
     def __init__(self, identity: GangIdentity, defaults: StepDefaults, topology: Topology,
                  flow_dir: Optional[str] = None, *, secret: Union[bytes, Callable[[], bytes]]):
-        """``secret``: bytes on the control, a function that fetches it on the other nodes (called while joining)."""
+        """``secret``: bytes on the control, a function that fetches it on the other nodes."""
         self.identity = identity
         self.secret = secret
         self.defaults = defaults
@@ -209,9 +207,8 @@ class GangSession:
             raise self.aborted(client.cause)
 
     def step_failed(self, error: BaseException) -> Optional[GangAborted]:
-        """Report this node's failure, unless it is an echo of the gang's; the error
-        to raise instead, if any (a local run's call refused for the root cause's
-        reason is an echo, said once in the shared log)."""
+        """Report this node's failure, unless it echoes the gang's; the error to raise instead, if
+        any (a local run's call refused for the root cause's reason, said once in the shared log)."""
         client = self.client
         if client is None:
             return None
@@ -233,7 +230,7 @@ class GangSession:
         node = self.topology.node_index
         message = str(error) if not isinstance(error, TorchrunException) else error.message
         exc_type = type(error).__name__
-        first = _first_line(message)
+        first = first_line(message)
         call, tb = None, None
         # A refusal's text is the whole story: a traceback through our planning would only bury it.
         if isinstance(error, TorchrunCallRefused):
@@ -250,8 +247,7 @@ class GangSession:
                      traceback=tb, call=call)
 
     def close(self) -> None:
-        """Once (the step's wrapper, then ``task_finished`` for a step whose code
-        never ran): a second call must not linger a second time."""
+        """Once (the step's wrapper, then ``task_finished``): a second call must not linger again."""
         self.phase = Phase.LEFT
         if self._closed:
             return
@@ -267,8 +263,7 @@ class GangSession:
                 self._service.close()
 
     def say_where_logs_are(self) -> None:
-        """Once, on a local run's control: every node's per-rank files are on this
-        host (a cluster's node keeps its own, and its task log holds its ranks)."""
+        """Once, on a local run's control: every node's per-rank files are on this host."""
         if self._logs_said or not (self.is_control and self.topology.is_local) or self.cause is not None:
             return  # (a failure's error names the folder already)
         log_dirs = [r.log_dir for r in self.results if r.log_dir]
@@ -278,15 +273,13 @@ class GangSession:
 
 
 def call_failed(error: Optional[BaseException]) -> bool:
-    """Whether a call raised its ranks' failure (here or elsewhere): step code
-    that catches it goes on with its step, the ranks stopped on every node."""
+    """Whether a call raised its ranks' failure (here or elsewhere): step code that catches it goes on."""
     return isinstance(error, (TorchrunFailed, GangAborted))
 
 
 def went_on(session: GangSession, cause: Cause) -> None:
-    """The step's code caught its failed call's exception and went on: this node
-    leaves as a step that ended well; the node whose rank raised says what it
-    caught whole (the other nodes' errors point here), the others one line."""
+    """The step's code caught its failed call's exception and went on: this node leaves
+    as a step that ended well; the node whose rank raised says it whole, the others one line."""
     assert session.client is not None
     session.client.leave(session.calls_made, ok=True)
     session.phase = Phase.LEFT
@@ -295,13 +288,12 @@ def went_on(session: GangSession, cause: Cause) -> None:
     if cause.node_index == session.topology.node_index and isinstance(error, TorchrunException):
         say("your step caught %s from current.torch.run and went on; what it caught:\n%s" % (what, error.message))
     else:
-        say("your step caught %s from current.torch.run and went on (%s)" % (what, _first_line(cause.summary)))
+        say("your step caught %s from current.torch.run and went on (%s)" % (what, first_line(cause.summary)))
 
 
 def linger(server: GangServer, start_timeout: float) -> None:
-    """A failed gang's service stays a little while nodes are still coming, so a
-    late node learns the cause as it joins rather than at ``start_timeout``; not
-    when nodes never joined (they have given up too)."""
+    """A failed gang's service stays a little, so a late node learns the cause as it
+    joins rather than at ``start_timeout``; not when nodes never joined (they gave up too)."""
     if server.cause is not None and server.cause.kind is CauseKind.NEVER_JOINED:
         return
     deadline = time.monotonic() + min(timeouts.LINGER, start_timeout)
@@ -333,11 +325,6 @@ def _where(calls_made: int, in_call: bool) -> str:
     if in_call:
         return "in call %d of current.torch.run" % calls_made
     return "before current.torch.run" if calls_made == 0 else "after call %d of current.torch.run" % calls_made
-
-
-def _first_line(text: str) -> str:
-    lines = (text or "").strip().splitlines()
-    return lines[0] if lines else ""
 
 
 def gang_config(identity: GangIdentity, defaults: StepDefaults, topology: Topology) -> GangConfig:

@@ -36,8 +36,7 @@ class GracefulStop(NamedTuple):
 
 StopReason = Union[str, GracefulStop]
 
-# Exceptions that mean this task was told to stop while it waited (raised by a
-# signal's handler: Ctrl-C's, Metaflow's @timeout's SIGALRM): a gang-wide stop.
+# Raised by a signal's handler while this task waited (Ctrl-C, @timeout's SIGALRM): a gang-wide stop.
 TOLD_BY = ("KeyboardInterrupt", "TimeoutException", "SystemExit")
 
 
@@ -107,12 +106,11 @@ class Supervisor:
                  before_stop: Optional[Callable[[], None]] = None, on_told: Optional[Callable[[str], None]] = None,
                  also_under: Optional[Callable[[], Optional[int]]] = None):
         """``grace_seconds``: the ranks' time to stop in a fast stop (a failure);
-        ``shutdown_grace``: theirs to save when this task was told to stop (torchrun's
-        agent gets the same). ``before_stop`` runs before a fast stop, ranks alive.
-        ``on_told``: this task told to stop tells the gang (stop.py); without it,
-        SIGTERM raises ``TorchrunInterrupted``. ``also_under``: the warm process
-        (warm_start.py), whose children are the real agent and ranks; asked on every
-        look, since a forked one is known only once it runs."""
+        ``shutdown_grace``: theirs to save when this task was told to stop.
+        ``before_stop`` runs before a fast stop, ranks alive. ``on_told``: this task
+        told to stop tells the gang (stop.py); without it, SIGTERM raises
+        ``TorchrunInterrupted``. ``also_under``: the warm process, whose children
+        are the agent and ranks (asked each look: a forked one is known once it runs)."""
         self.argv = list(argv)
         self.env = dict(env) if env is not None else None
         self.grace_seconds = grace_seconds
@@ -171,8 +169,7 @@ class Supervisor:
 
     def poll(self) -> Optional[int]:
         """A /proc scan reads every process on the host: each poll while the agent
-        starts its workers, then once a second (ranks die with their agent, and
-        every stop scans first: this is a safety net)."""
+        starts its workers, then once a second (every stop scans first: a safety net)."""
         assert self.proc is not None
         now = time.monotonic()
         if (self.started_mono is None or now - self.started_mono < timeouts.TRACK_EVERY_POLL_FOR
@@ -227,8 +224,7 @@ class Supervisor:
         return {p[0] for p in proctree.alive(self._seen)}
 
     def stop(self, grace: Optional[float] = None) -> None:
-        """SIGTERM the agent (it stops its workers), then SIGKILL all that is left,
-        ``grace`` (a gang's graceful stop) or ``grace_seconds`` (the fast one) later."""
+        """SIGTERM the agent, then SIGKILL all that is left, ``grace`` (a graceful stop) or ``grace_seconds`` later."""
         if self.proc is None:
             return
         began = time.monotonic()
@@ -242,8 +238,7 @@ class Supervisor:
                     self.before_stop()
                 except Exception:
                     pass  # what it reports is a bonus: the stop must happen
-            # The agent passes SIGTERM on to its ranks and gives them its shutdown
-            # timeout before SIGKILL; the margin is the agent's, to see that through.
+            # The agent gives its ranks its shutdown timeout before SIGKILL; the margin is its own.
             wait = grace + timeouts.AGENT_MARGIN if grace is not None else (
                 self.shutdown_grace + timeouts.AGENT_MARGIN if self.signalled is not None else self.grace_seconds)
             try:
@@ -264,8 +259,7 @@ class Supervisor:
         return time.monotonic() - self.started_mono if self.started_mono is not None else 0.0
 
     def kill_all(self) -> None:
-        """SIGKILL the agent; let the relays drain the ranks' last output; SIGKILL
-        every descendant ever seen that is still there; reap; finish the pumps."""
+        """SIGKILL the agent, drain the ranks' last output, SIGKILL every descendant ever seen, reap."""
         if self.proc is None:
             return
         if self.proc.poll() is None:
@@ -280,10 +274,6 @@ class Supervisor:
             t.join(timeout=5)
         if self.ended_at is None:
             self.ended_at = time.time()
-
-    def close(self) -> None:
-        """Always safe to call: whatever state the job is in, it ends here."""
-        self.stop()
 
     def __enter__(self) -> "Supervisor":
         self.start()

@@ -1,8 +1,6 @@
 """``current.torch.torchrun_args``: metaflow-torchrun 0.2's five values for code
-that builds its own torchrun command (e.g. TorchTune's plugin), this node's as
-our command would have them; the port is one of the command's own, the same on
-every node (``ports.own_command_port``) or ``@torchrun(rdzv_port=N)``'s. The
-first read fixes them for the step.
+that builds its own torchrun command (e.g. TorchTune's plugin), this node's, fixed
+at the step's first read; the port is the command's own (``ports.own_command_port``).
 """
 
 from __future__ import annotations
@@ -17,9 +15,6 @@ from ..launch import merged_options
 from ..launch.plan import resolve_nproc
 from .nproc import count_for_keyword
 from .session import GangSession, bind_host
-
-# 0.2's keys, in 0.2's order.
-KEYS = ("nnodes", "master_addr", "master_port", "node_rank", "nproc_per_node")
 
 READ_ONLY = (
     "current.torch.torchrun_args is read-only: it says what @torchrun's own torchrun command uses, "
