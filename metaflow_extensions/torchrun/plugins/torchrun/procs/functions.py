@@ -1,9 +1,8 @@
 """Running a Python function on every rank, and carrying values back.
 
-A function travels by reference (its module, or the flow file's path, plus its
-qualified name), never by pickling its code: every rank imports it as Python
-would. Arguments, return values and exceptions travel by pickle through files in
-the node's work directory. Kept free of Metaflow imports: ranks import this.
+A function travels by reference (module or flow file, and qualified name),
+never by pickling its code; arguments, results and exceptions by pickle
+through files in the node's work directory.
 """
 
 from __future__ import annotations
@@ -44,7 +43,6 @@ class FunctionRef:
 
 
 def reference_to(fn: Callable) -> FunctionRef:
-    """How a rank will find ``fn``: it must be defined at module level."""
     qualname = getattr(fn, "__qualname__", None)
     module_name = getattr(fn, "__module__", None)
     if not qualname or not module_name or "<" in qualname:
@@ -57,15 +55,11 @@ def reference_to(fn: Callable) -> FunctionRef:
     if module is None:
         raise FunctionReferenceError("the module %r of %r is not loaded." % (module_name, fn))
     if _resolve(module, qualname) is not fn:
-        raise FunctionReferenceError(
-            "%s.%s does not name %r: ranks could not find it." % (module_name, qualname, fn)
-        )
+        raise FunctionReferenceError("%s.%s does not name %r: ranks could not find it." % (module_name, qualname, fn))
     if module_name == "__main__":
         path = getattr(module, "__file__", None)
         if not path:
-            raise FunctionReferenceError(
-                "%r is defined in an interactive session; define it in a file." % (fn,)
-            )
+            raise FunctionReferenceError("%r is defined in an interactive session; define it in a file." % (fn,))
         return FunctionRef("path", os.path.abspath(path), qualname)
     return FunctionRef("module", module_name, qualname)
 
@@ -79,7 +73,6 @@ def _resolve(obj: Any, qualname: str) -> Any:
 
 
 def load(ref: FunctionRef) -> Callable:
-    """Import the function inside a rank."""
     if ref.kind == "path":
         module = sys.modules.get(FLOW_MODULE_NAME)
         if module is None:
@@ -101,8 +94,7 @@ def load(ref: FunctionRef) -> Callable:
 
 
 def alias_flow_module() -> None:
-    """In the task, values pickled by ranks may name the flow file by the module
-    name ranks imported it under; make that name mean the task's __main__."""
+    """Values pickled by ranks may name the flow file as they imported it."""
     main = sys.modules.get("__main__")
     if main is not None:
         sys.modules.setdefault(FLOW_MODULE_NAME, main)
@@ -119,10 +111,8 @@ def split_args(args: Any) -> Tuple[tuple, Dict[str, Any]]:
         return (), dict(args)
     if isinstance(args, (list, tuple)):
         return tuple(args), {}
-    raise TypeError(
-        "entrypoint_args for a function must be a dict (keyword arguments) or a list "
-        "(positional arguments), not %s" % type(args).__name__
-    )
+    raise TypeError("entrypoint_args for a function must be a dict (keyword arguments) or a list "
+                    "(positional arguments), not %s" % type(args).__name__)
 
 
 def result_path(directory: str, rank: int) -> str:
@@ -149,11 +139,8 @@ def read_pickle(path: str) -> Any:
 
 
 def read_returns(directory: str, ranks: Optional[Iterable[int]] = None) -> Dict[int, Any]:
-    """Return values of this node's ranks, keyed by global rank.
-
-    Only the ranks that ran here (``ranks``, else those that wrote a status file
-    in this call's directory), and only files of ours that nobody else may
-    write: whatever else is in the directory is never unpickled."""
+    """Only the ranks that ran here (``ranks``, else those with a status file),
+    and only files nobody else may write: nothing else is ever unpickled."""
     alias_flow_module()
     if ranks is None:
         ranks = _ranks_started(directory)
@@ -171,8 +158,7 @@ def _ranks_started(directory: str) -> List[int]:
 
 
 def read_own_bytes(path: str) -> Optional[bytes]:
-    """A regular file of this user that no one else may write, never through a
-    symlink; None when absent. Anything else is refused."""
+    """None when absent; anything but a private regular file of ours is refused."""
     try:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | os.O_NONBLOCK)
     except FileNotFoundError:
@@ -180,15 +166,12 @@ def read_own_bytes(path: str) -> Optional[bytes]:
     with os.fdopen(fd, "rb") as f:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
-            raise PermissionError(
-                "%s is not a private regular file of uid %d (uid %d, mode %o): not loaded"
-                % (path, os.geteuid(), st.st_uid, stat.S_IMODE(st.st_mode))
-            )
+            raise PermissionError("%s is not a private regular file of uid %d (uid %d, mode %o): not loaded"
+                                  % (path, os.geteuid(), st.st_uid, stat.S_IMODE(st.st_mode)))
         return f.read()
 
 
 def read_exception(directory: str, rank: int) -> Optional[BaseException]:
-    """The exception object rank ``rank`` raised, if it could be pickled."""
     path = exception_path(directory, rank)
     if not os.path.exists(path):
         return None
@@ -201,7 +184,6 @@ def read_exception(directory: str, rank: int) -> Optional[BaseException]:
 
 
 def with_rank(exc: BaseException, rank: int) -> BaseException:
-    """Name the rank in the exception's message, keeping its type."""
     prefix = "[rank %d] " % rank
     if exc.args and isinstance(exc.args[0], str):
         if not exc.args[0].startswith(prefix):

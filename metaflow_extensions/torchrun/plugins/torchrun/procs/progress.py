@@ -1,15 +1,9 @@
 """A rank's progress: its step, the total if known, a few numeric metrics.
 
-Training loops call ``report`` every step, so it must cost next to nothing:
-it keeps the latest report in memory and returns. A daemon thread, started by
-the first report, writes the latest one to the rank's progress file in the
-call's work directory (atomically, privately) at most once every
-``REPORT_INTERVAL`` seconds, and once more when the rank exits; the node's gang
-client reads those files with its heartbeat. Outside ``@torchrun`` (no work
-directory) a report goes nowhere.
-
-No Metaflow, no torch: users import it in their ranks as
-``from metaflow_extensions.torchrun.progress import report``.
+``report`` runs every step, so it only keeps the latest report in memory; a
+daemon thread writes it to the rank's file at most once every
+``REPORT_INTERVAL`` and once more at exit, for the node's heartbeat. Users
+import it as ``from metaflow_extensions.torchrun.progress import report``.
 """
 
 from __future__ import annotations
@@ -29,7 +23,7 @@ from ..base.timeouts import REPORT_INTERVAL
 from .names import PROGRESS_SUFFIX, WORK_DIR_ENV, rank_file, rank_of
 from .records import read_json, write_json
 
-# Bounds of one report, so a node's heartbeat stays small whatever a script passes.
+# A node's heartbeat stays small whatever a script passes.
 MAX_METRICS = 8
 MAX_METRIC_NAME = 40
 STEP_LIMIT = 1 << 53  # an exact float in JSON
@@ -38,9 +32,7 @@ MAX_TIME = 1e12
 
 @dataclass(frozen=True)
 class ProgressReport(Written):
-    """One rank's latest report, as its file holds it. ``time``: the rank's
-    wall clock when it reported (the node compares reports of its own ranks
-    only, so clocks of different hosts never meet)."""
+    """``time``: the rank's wall clock; the node compares its own ranks' only."""
 
     rank: int
     step: int
@@ -50,8 +42,6 @@ class ProgressReport(Written):
 
     @classmethod
     def from_file(cls, data: Any) -> Optional["ProgressReport"]:
-        """What a rank wrote, or None where a required field is wrong; metrics
-        beyond the bounds or not finite numbers are left out."""
         if not isinstance(data, Mapping):
             return None
         rank, step, when = _count(data.get("rank")), _count(data.get("step")), _stamp(data.get("time"))
@@ -63,8 +53,7 @@ class ProgressReport(Written):
 
 
 def clean_metrics(metrics: Any) -> Dict[str, float]:
-    """At most ``MAX_METRICS`` finite numbers under short string names, in
-    the order given; anything else left out (a metric is never worth an error)."""
+    """Anything past the bounds is left out: a metric is never worth an error."""
     kept: Dict[str, float] = {}
     if not isinstance(metrics, Mapping):
         return kept
@@ -83,8 +72,7 @@ def clean_metrics(metrics: Any) -> Dict[str, float]:
 
 
 def _count(value: Any) -> Optional[int]:
-    """A whole number in [0, 2**53) from anything with ``__index__`` (int,
-    numpy or 0-d integer tensor); None for anything else."""
+    """From anything with ``__index__`` (int, numpy, a 0-d integer tensor)."""
     if isinstance(value, bool):
         return None
     try:
@@ -95,15 +83,11 @@ def _count(value: Any) -> Optional[int]:
 
 
 def _stamp(value: Any) -> Optional[float]:
-    """A wall-clock time in [0, MAX_TIME], or None."""
     ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
     return float(value) if ok and 0 <= value <= MAX_TIME else None
 
 
-# -- the rank's side -----------------------------------------------------------------
-
-# (step, total, metrics, time) of the latest report; replaced whole, so the
-# writer thread never sees half of one (an assignment is atomic under the GIL).
+# (step, total, metrics, time): replaced whole, so the writer never sees half of one.
 _latest: Optional[Tuple[Any, Any, Dict[str, Any], float]] = None
 _writer: Optional["_Writer"] = None
 _start_lock = threading.Lock()
@@ -132,8 +116,8 @@ def _start() -> None:
 
 
 def _forget_in_child() -> None:
-    """A forked child (a DataLoader worker) keeps the parent's memory but not
-    its thread: its reports go nowhere rather than race its parent's file."""
+    """A forked child (a DataLoader worker) has no writer thread: its reports go
+    nowhere rather than race its parent's file."""
     global _writer, _latest
     _writer = _Writer("", "")
     _latest = None
@@ -143,8 +127,6 @@ os.register_at_fork(after_in_child=_forget_in_child)
 
 
 class _Writer:
-    """Writes the latest report to this rank's file once a second, when it changed."""
-
     def __init__(self, directory: str, rank: str) -> None:
         number = _count(int(rank)) if rank.isdigit() and rank.isascii() else None
         self.path = rank_file(directory, number, PROGRESS_SUFFIX) if directory and number is not None else ""
@@ -196,16 +178,7 @@ class _Writer:
                               metrics=clean_metrics(metrics), time=when)
 
 
-# -- the task's side -----------------------------------------------------------------
-
-
-def progress_path(directory: str, rank: int) -> str:
-    return rank_file(directory, rank, PROGRESS_SUFFIX)
-
-
 def read_progress(directory: str) -> Dict[int, ProgressReport]:
-    """Every rank's latest report in a call's work directory, by rank; a
-    missing or unreadable file is no report."""
     try:
         names = os.listdir(directory)
     except OSError:

@@ -1,19 +1,9 @@
-"""Progress from HF's ``Trainer`` and Lightning's ``Trainer`` with no change
-to the user's code.
+"""Progress from HF's and Lightning's ``Trainer`` with no change to the user's code.
 
-Why: most training scripts run one of these two trainers, and their users
-should see step, total, loss and learning rate without writing a line. The
-bootstrap calls ``install`` before the user's script: it adds an import hook
-that imports nothing itself and waits for the trainer's own module to be
-imported by the script; only then does it add a callback of that library's own
-kind, which calls ``progress.report`` (progress.py). A script that uses neither
-library pays one dictionary look-up per import. ``METAFLOW_TORCHRUN_TRAINER_PROGRESS=0``
-turns it off (read at the step's start, knobs.py; the ranks find it in their
-entry file, entry.py).
-
-On the hot path a callback does no I/O and forces no device sync: the loss goes
-to ``report`` as the trainer holds it (HF: a float it logged; Lightning: the
-step's loss tensor, detached), read by progress.py's writer once a second.
+An import hook waits for the script to import a trainer's module, then adds a
+callback that calls ``progress.report``; a script using neither pays one dict
+look-up per import. On the hot path a callback does no I/O and forces no device
+sync: the loss goes to ``report`` as the trainer holds it.
 """
 
 from __future__ import annotations
@@ -31,14 +21,12 @@ from . import progress
 
 _log = logging.getLogger("metaflow_torchrun")
 
-# The module that defines each trainer -> what adds our callback to it.
 _HF = "transformers.trainer"
 _LIGHTNING = ("lightning.pytorch.trainer.trainer", "pytorch_lightning.trainer.trainer")
 CALLBACK_NAME = "TorchrunProgress"
 
 
 def install() -> None:
-    """Watch for the trainers' modules (once per process)."""
     if not any(isinstance(f, _AfterImport) for f in sys.meta_path):
         watched: Dict[str, Callable[[Any], None]] = {_HF: add_to_hf}
         watched.update(dict.fromkeys(_LIGHTNING, add_to_lightning))
@@ -56,8 +44,7 @@ def _patch(patch: Callable[[Any], None], module: Any) -> None:
 
 
 class _AfterImport(importlib.abc.MetaPathFinder):
-    """Finds nothing itself: for a watched module, it wraps the loader the
-    other finders give, so the patch runs once the module has run."""
+    """Wraps a watched module's loader, so the patch runs once the module has run."""
 
     def __init__(self, watched: Dict[str, Callable[[Any], None]]) -> None:
         self.watched = watched
@@ -81,8 +68,6 @@ class _AfterImport(importlib.abc.MetaPathFinder):
 
 
 class _Patching(importlib.abc.Loader):
-    """The real loader, then the patch; everything else is the real loader's."""
-
     def __init__(self, loader: Any, patch: Callable[[Any], None]) -> None:
         self.loader, self.patch = loader, patch
 
@@ -97,12 +82,7 @@ class _Patching(importlib.abc.Loader):
         return getattr(self.loader, name)
 
 
-# -- HF transformers -------------------------------------------------------------------
-
-
 def add_to_hf(module: Any) -> None:
-    """Every ``Trainer`` built from now on has our callback among its defaults
-    (the list HF itself starts every trainer's callbacks from)."""
     from transformers.trainer_callback import TrainerCallback
 
     defaults = module.DEFAULT_CALLBACKS
@@ -112,8 +92,6 @@ def add_to_hf(module: Any) -> None:
 
 def hf_callback(base: type) -> type:
     class TorchrunProgress(base):
-        """Reports the step, ``max_steps``, the last logged loss and the learning rate."""
-
         def __init__(self) -> None:
             self.metrics: Dict[str, Any] = {}
 
@@ -142,12 +120,7 @@ def last_lr(scheduler: Any) -> Optional[float]:
         return None
 
 
-# -- Lightning -------------------------------------------------------------------------
-
-
 def add_to_lightning(module: Any) -> None:
-    """Every ``Trainer`` built from now on gets our callback after its own
-    (``lightning.pytorch`` and the older ``pytorch_lightning`` alike)."""
     package = module.__name__.rsplit(".trainer.trainer", 1)[0]
     callback = lightning_callback(importlib.import_module(package + ".callbacks").Callback)
     trainer = module.Trainer
@@ -167,9 +140,6 @@ def add_to_lightning(module: Any) -> None:
 
 def lightning_callback(base: type) -> type:
     class TorchrunProgress(base):
-        """Reports the global step, ``max_steps`` (or the steps Lightning
-        expects), the step's loss and the first optimizer's learning rate."""
-
         def __init__(self) -> None:
             self.total: Optional[int] = None
 
