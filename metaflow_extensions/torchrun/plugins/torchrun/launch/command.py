@@ -128,7 +128,8 @@ def _encoded(token: str, what: str) -> bytes:
     try:
         return os.fsencode(token)
     except UnicodeEncodeError as e:
-        raise TorchrunInvalidArgument("%s: %s cannot be encoded for the command line: %s" % (what, shown(token[:80]), e)) from None
+        raise TorchrunInvalidArgument("%s: %s cannot be encoded for the command line: %s"
+                                      % (what, shown(token[:80]), e)) from None
 
 
 def check_command_size(options: Mapping[str, Any], environ: Mapping[str, str]) -> None:
@@ -260,7 +261,8 @@ def build_command(launch: Launch) -> List[str]:
     if isinstance(conf, str):
         user["rdzv-conf"] = _merge_rdzv_conf(options["rdzv-conf"], conf)
     options.update(user)
-    return [launch.python, "-m", AGENT_MODULE] + options_to_argv(options) + ["--module", BOOTSTRAP_MODULE, launch.entrypoint]
+    return ([launch.python, "-m", AGENT_MODULE] + options_to_argv(options)
+            + ["--module", BOOTSTRAP_MODULE, launch.entrypoint])
 
 
 def argparse_hint(text: str, keys: Sequence[str]) -> Optional[str]:

@@ -1,9 +1,5 @@
-"""torchrun options as a user gives them: read into ``{canonical name: value}``,
-with the options @torchrun sets itself refused, naming the @torchrun way.
-
-Pure: no processes, files or environment. ``command.py`` turns the result into
-argv; ``plan.py`` checks the names against what the task's torchrun takes.
-"""
+"""Pure: torchrun options as a user gives them, read into ``{canonical name: value}``; the options
+@torchrun sets itself refused, naming the @torchrun way."""
 
 from __future__ import annotations
 
@@ -25,21 +21,15 @@ def scalar(value: Any, what: str) -> str:
         try:
             return os.fsdecode(value) if isinstance(value, os.PathLike) else str(value)
         except Exception as e:
-            raise TorchrunInvalidArgument(
-                "%s: cannot turn a %s into a command-line argument (str() failed: %s: %s)."
-                % (what, type(value).__name__, type(e).__name__, e)
-            ) from None
-    raise TorchrunInvalidArgument(
-        "%s: cannot pass %s (a %s) as a command-line argument; use a string or a number."
-        % (what, shown(value), type(value).__name__)
-    )
+            raise TorchrunInvalidArgument("%s: cannot turn a %s into a command-line argument (str() failed: %s: %s)."
+                                          % (what, type(value).__name__, type(e).__name__, e)) from None
+    raise TorchrunInvalidArgument("%s: cannot pass %s (a %s) as a command-line argument; use a string or a number."
+                                  % (what, shown(value), type(value).__name__))
 
 
 def flag_name(key: Any, what: str) -> str:
     if not isinstance(key, str) or not key.strip("-"):
-        raise TorchrunInvalidArgument(
-            "%s: option name %s must be a non-empty string." % (what, shown(key))
-        )
+        raise TorchrunInvalidArgument("%s: option name %s must be a non-empty string." % (what, shown(key)))
     return "--" + key.lstrip("-")
 
 
@@ -69,9 +59,8 @@ OWNED_OPTIONS: Dict[str, str] = {
 }
 
 
-# Options no step under @torchrun can use, refused by name whatever the task's
-# torch: not in OWNED_OPTIONS, every name of which the pinned torch's parser has
-# (torch 2.14 added --print-completion; 2.13 would call it unknown, with a worse fix).
+# Options no step under @torchrun can use, refused by name whatever the task's torch (2.14 added
+# --print-completion; 2.13 would call it unknown, with a worse fix).
 UNUSABLE_OPTIONS: Dict[str, str] = {
     "print-completion": (
         "torchrun would print a shell completion script and exit without starting a rank; "
@@ -80,16 +69,9 @@ UNUSABLE_OPTIONS: Dict[str, str] = {
 }
 
 
-def refused_reason(name: str) -> Optional[str]:
-    """Why --name cannot be given under @torchrun (the @torchrun way, or why
-    it is of no use), in the words that follow ``owned_option_error``'s colon."""
-    return OWNED_OPTIONS.get(name) or UNUSABLE_OPTIONS.get(name)
-
-
 def owned_option_error(name: str, what: str) -> Optional[str]:
-    """A message for an option @torchrun sets itself, naming the @torchrun way,
-    or one it cannot use (``UNUSABLE_OPTIONS``); also for an abbreviation of
-    one, which torchrun's parser (argparse) expands."""
+    """Why an option @torchrun sets itself or cannot use is refused, naming the @torchrun way; an
+    abbreviation of one too (torchrun's argparse expands it)."""
     reason = OWNED_OPTIONS.get(name)
     if reason is not None:
         return "%s: --%s is set by @torchrun and cannot be given: %s." % (what, name, reason)
@@ -99,10 +81,9 @@ def owned_option_error(name: str, what: str) -> Optional[str]:
     expands = sorted(o for o in (*OWNED_OPTIONS, *UNUSABLE_OPTIONS) if o.startswith(name))
     if expands:
         why = "@torchrun sets itself" if expands[0] in OWNED_OPTIONS else "cannot be used under @torchrun"
-        return (
-            "%s: --%s is an abbreviation torchrun would read as %s, which %s: %s."
-            % (what, name, " or ".join("--" + o for o in expands), why, refused_reason(expands[0]))
-        )
+        reason = OWNED_OPTIONS.get(expands[0]) or UNUSABLE_OPTIONS.get(expands[0])
+        return ("%s: --%s is an abbreviation torchrun would read as %s, which %s: %s."
+                % (what, name, " or ".join("--" + o for o in expands), why, reason))
     return None
 
 
@@ -112,25 +93,8 @@ def refuse_owned(options: Mapping[str, Any], what: str) -> None:
         raise TorchrunInvalidArgument(" ".join(problems))
 
 
-def is_pair_list(tokens: List[str]) -> bool:
-    """metaflow-torchrun 0.2's list form, ``["nproc_per_node", 2, "max_restarts", 1]``:
-    names without dashes, each followed by its value. A list starting with a
-    dashed option is argv as torchrun takes it."""
-    return bool(tokens) and not tokens[0].startswith("-")
-
-
-def empty_option_error(what: str, key: Any) -> str:
-    return (
-        "%s[%s] is ''. torchrun options take no empty value: write True for a bare "
-        "--%s (what metaflow-torchrun 0.2 made of ''), or False to leave it out."
-        % (what, shown(key), str(key).lstrip("-"))
-    )
-
-
-# torchrun's one-letter options.
-_SHORT = {"m": "module", "r": "redirects", "t": "tee"}
-# A name is letters, digits, '-' and '_': anything else ('=', spaces) would
-# reach torchrun's parser as more than a name.
+_SHORT = {"m": "module", "r": "redirects", "t": "tee"}  # torchrun's one-letter options
+# Anything else in a name ('=', spaces) would reach torchrun's parser as more than a name.
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*\Z")
 
 
@@ -145,28 +109,23 @@ def _checked_name(key: Any, what: str) -> str:
     bare = key.strip().lstrip("-")
     if not _NAME.match(bare):
         raise TorchrunInvalidArgument(
-            "%s: %s is not a torchrun option name (letters, digits, '-' and '_' only): "
-            "torchrun would read what follows as more options or values." % (what, shown(key))
-        )
+            "%s: %s is not a torchrun option name (letters, digits, '-' and '_' only): torchrun would read what "
+            "follows as more options or values." % (what, shown(key)))
     return canonical_option(key)
 
 
 def _checked_value(text: str, what: str, name: str) -> str:
-    """A value is never read as an option: torchrun has no option whose value
-    starts with '-' (a negative number excepted, which its parser reads as a value)."""
+    """No torchrun option takes a value starting with '-' (but a negative number): it would be read as one."""
     if text.startswith("-") and not _is_number(text):
         raise TorchrunInvalidArgument(
-            "%s: the value %s of --%s starts with '-': torchrun would read it as an "
-            "option of its own, not as the value. torchrun takes no such value." % (what, shown(text), name)
-        )
+            "%s: the value %s of --%s starts with '-': torchrun would read it as an option of its own, not as the "
+            "value. torchrun takes no such value." % (what, shown(text), name))
     return text
 
 
 @dataclass(frozen=True)
 class OptionSpec:
-    """How torchrun's parser reads one option: a flag (no value) or one value,
-    and what its value is turned into (``torch_checks`` reads this from torch's
-    own ``get_args_parser``, without importing torch)."""
+    """How torchrun's parser reads one option (``torch_checks`` reads it from torch's source)."""
 
     takes_value: bool
     type: str = "str"  # "int", "float" or "str"
@@ -176,28 +135,14 @@ class OptionSpec:
 Specs = Mapping[str, OptionSpec]
 
 
-def parse_options(
-    args: ArgSpec, what: str = "torchrun_args", check_owned: bool = True, allow: Tuple[str, ...] = (),
-    specs: Optional[Specs] = None,
-) -> Dict[str, Any]:
-    """Read user torchrun options into ``{canonical name: value}``.
-
-    Values are what the option should be set to: ``True`` for a bare flag, a
-    string, or a list for an option repeated with several values. ``False`` in a
-    dict removes an option the decorator would otherwise set; ``None`` is a bare
-    flag as in metaflow-torchrun 0.2 (deprecated); ``''`` is refused. A list is argv
-    (``["--max-restarts", "2"]``) or, as in 0.2, name/value pairs
-    (``["max_restarts", 2]``). Options @torchrun sets itself (``OWNED_OPTIONS``)
-    are refused with the @torchrun way, unless ``check_owned`` is False or the
-    name is in ``allow`` (the caller translates it); in a dict, before its value
-    is looked at. Every problem is named in one message.
-
-    With ``specs`` (torchrun's options as its parser reads them), every value
-    is checked against its option: a value option given None, True or nothing
-    is refused, a flag given a value too, and an int option's value is an
-    ``int``; so whatever reads the result (``restarts_allowed``) sees only
-    values torchrun takes.
-    """
+def parse_options(args: ArgSpec, what: str = "torchrun_args", check_owned: bool = True, allow: Tuple[str, ...] = (),
+                  specs: Optional[Specs] = None) -> Dict[str, Any]:
+    """A dict, argv (``["--max-restarts", "2"]``) or 0.2's pairs (``["max_restarts", 2]``) as
+    ``{canonical name: value}``: ``True`` a bare flag (0.2's ``None`` too, deprecated), ``False`` removes
+    one of ours, ``''`` refused. Options @torchrun sets are refused with the @torchrun way, unless
+    ``check_owned`` is False or the name is in ``allow`` (the caller translates it). With ``specs``, each
+    value is checked as torchrun's parser reads it (an int option's is an ``int``), so that whatever reads
+    the result (``restarts_allowed``) sees only values torchrun takes. Every problem in one message."""
     if args is None:
         return {}
     if isinstance(args, Mapping):
@@ -214,14 +159,13 @@ def parse_options(
                     out[name] = value
         problems.raise_all()
     elif isinstance(args, (list, tuple)):
-        if args and isinstance(args[0], str) and is_pair_list([args[0]]):
+        if args and isinstance(args[0], str) and not args[0].startswith("-"):  # 0.2's ["max_restarts", 1]
             out = _parse_pairs(list(args), what, specs)
         else:
             out = _typed_argv(_parse_argv([scalar(v, what) for v in args], args, what), what, specs)
     else:
-        raise TorchrunInvalidArgument(
-            "%s must be a list or a dict, not %s %s." % (what, type(args).__name__, shown(args))
-        )
+        raise TorchrunInvalidArgument("%s must be a list or a dict, not %s %s."
+                                      % (what, type(args).__name__, shown(args)))
     if check_owned:
         refuse_owned({k: v for k, v in out.items() if k not in allow}, what)
     return out
@@ -231,8 +175,7 @@ def _spec(specs: Optional[Specs], name: Optional[str]) -> Optional[OptionSpec]:
     return specs.get(name) if specs is not None and name is not None else None
 
 
-def _option_value(value: Any, what: str, key: Any, spec: Optional[OptionSpec] = None,
-                  pair: bool = False) -> Any:
+def _option_value(value: Any, what: str, key: Any, spec: Optional[OptionSpec] = None, pair: bool = False) -> Any:
     if isinstance(value, (list, tuple)):
         if len(value) != 1:
             raise TorchrunInvalidArgument(_several_values_error(what, key, list(value)))
@@ -246,16 +189,15 @@ def _option_value(value: Any, what: str, key: Any, spec: Optional[OptionSpec] = 
         return value
     text = scalar(value, "%s[%s]" % (what, shown(key)))
     if text == "":
-        raise TorchrunInvalidArgument(empty_option_error(what, key))
+        raise TorchrunInvalidArgument("%s[%s] is ''. torchrun options take no empty value: write True for a bare --%s "
+                                      "(what metaflow-torchrun 0.2 made of ''), or False to leave it out."
+                                      % (what, shown(key), str(key).lstrip("-")))
     return _checked_value(text, what, canonical_option(str(key)))
 
 
 def _several_values_error(what: str, key: Any, values: List[Any]) -> str:
-    return (
-        "%s: --%s is given %d values %s; every torchrun option takes one, and torchrun "
-        "would read the others as the script to run and its arguments."
-        % (what, str(key).lstrip("-"), len(values), shown(values))
-    )
+    return ("%s: --%s is given %d values %s; every torchrun option takes one, and torchrun would read the others "
+            "as the script to run and its arguments." % (what, str(key).lstrip("-"), len(values), shown(values)))
 
 
 _KINDS = {"int": "an integer", "float": "a number", "str": "a value"}
@@ -268,19 +210,16 @@ def _spelling(key: Any, pair: bool) -> str:
 
 
 def typed_value(value: Any, name: str, spec: OptionSpec, where: str, spelling: Optional[str] = None) -> Any:
-    """``value`` for torchrun's ``--name`` as its parser reads it: ``True``
-    (a flag passed), ``False`` (left out), an ``int`` for an int option, else
-    the text. Anything torchrun would refuse, or read as something else, is
-    refused here, naming the option, the value and the right spelling."""
+    """``value`` as torchrun's parser reads ``--name`` (``True``/``False`` for a flag, an ``int`` for an int
+    option, else the text); what it would refuse or misread is refused, naming the right spelling."""
     if value is False:
         return False
     if not spec.takes_value:
         if value is True or value is None:  # None: 0.2's bare flag (deprecated, see plan.py)
             return True
         raise TorchrunInvalidArgument(
-            "%s is %s, but torchrun's --%s is a flag and takes no value: write %s to pass it, "
-            "or %s to leave it out." % (where, shown(value), name, (spelling or "%s") % True, (spelling or "%s") % False)
-        )
+            "%s is %s, but torchrun's --%s is a flag and takes no value: write %s to pass it, or %s to leave it out."
+            % (where, shown(value), name, (spelling or "%s") % True, (spelling or "%s") % False))
     kind = _KINDS.get(spec.type, "a value")
     example = _EXAMPLES.get(spec.type, "...")
     if spelling is None:  # argv: the value after the name
@@ -288,14 +227,13 @@ def typed_value(value: Any, name: str, spec: OptionSpec, where: str, spelling: O
     else:
         fix = "write %s, or %s to leave it out" % (spelling % repr(example), spelling % False)
     if value is None or value is True:
-        raise TorchrunInvalidArgument(
-            "%s is %s, but torchrun's --%s takes %s, it is not a flag%s: %s."
-            % (where, shown(value), name, kind,
-               " (None was metaflow-torchrun 0.2's bare flag)" if value is None else "", fix)
-        )
+        was = " (None was metaflow-torchrun 0.2's bare flag)" if value is None else ""
+        raise TorchrunInvalidArgument("%s is %s, but torchrun's --%s takes %s, it is not a flag%s: %s."
+                                      % (where, shown(value), name, kind, was, fix))
     text = scalar(value, where)
+    wrong = "%s is %s, but torchrun's --%s takes %s: %s." % (where, shown(value), name, kind, fix)
     if not text.strip():
-        raise TorchrunInvalidArgument("%s is %s, but torchrun's --%s takes %s: %s." % (where, shown(value), name, kind, fix))
+        raise TorchrunInvalidArgument(wrong)
     text = _checked_value(text, where, name)
     try:
         if spec.type == "int":
@@ -303,20 +241,15 @@ def typed_value(value: Any, name: str, spec: OptionSpec, where: str, spelling: O
         if spec.type == "float":
             float(text)
     except ValueError:
-        raise TorchrunInvalidArgument(
-            "%s is %s, but torchrun's --%s takes %s: %s." % (where, shown(value), name, kind, fix)
-        ) from None
+        raise TorchrunInvalidArgument(wrong) from None
     if spec.choices is not None and text not in spec.choices:
-        raise TorchrunInvalidArgument(
-            "%s is %s, but torchrun's --%s takes one of %s%s."
-            % (where, shown(value), name, ", ".join(map(repr, spec.choices)), did_you_mean(text, spec.choices))
-        )
+        raise TorchrunInvalidArgument("%s is %s, but torchrun's --%s takes one of %s%s." % (
+            where, shown(value), name, ", ".join(map(repr, spec.choices)), did_you_mean(text, spec.choices)))
     return text
 
 
 def _typed_argv(raw: Dict[str, Any], what: str, specs: Optional[Specs]) -> Dict[str, Any]:
-    """argv read without knowing the options (``True``: nothing followed the
-    name), checked against ``specs``."""
+    """argv read without knowing the options (``True``: nothing followed the name), checked against ``specs``."""
     if specs is None:
         return raw
     out: Dict[str, Any] = {}
@@ -346,10 +279,9 @@ def _parse_pairs(items: List[Any], what: str, specs: Optional[Specs] = None) -> 
     """metaflow-torchrun 0.2's list form: ``["nproc_per_node", 2, "max_restarts", 1]``."""
     if len(items) % 2:
         raise TorchrunInvalidArgument(
-            "%s=%s: a list that starts with a name without dashes is read as name, value "
-            "pairs (metaflow-torchrun 0.2), and this one has an odd length. Write "
-            "[\"--name\", \"value\", ...] (torchrun's argv) or a dict." % (what, shown(items))
-        )
+            "%s=%s: a list that starts with a name without dashes is read as name, value pairs (metaflow-torchrun "
+            "0.2), and this one has an odd length. Write [\"--name\", \"value\", ...] (torchrun's argv) or a dict."
+            % (what, shown(items)))
     out: Dict[str, Any] = {}
     problems = Problems()
     for key, value in zip(items[0::2], items[1::2]):
@@ -376,10 +308,8 @@ def _parse_argv(tokens: List[str], args: Any, what: str) -> Dict[str, Any]:
                 key = name
                 out[key] = True
         elif key is None:
-            raise TorchrunInvalidArgument(
-                "%s: %s is not preceded by an option name (in %s)."
-                % (what, shown(token), shown(list(args)))
-            )
+            raise TorchrunInvalidArgument("%s: %s is not preceded by an option name (in %s)."
+                                          % (what, shown(token), shown(list(args))))
         else:
             if out[key] is not True:
                 raise TorchrunInvalidArgument(_several_values_error(what, key, [out[key], token]))
