@@ -1,13 +1,10 @@
-"""Bad inputs, refused before anything starts.
-
-Each check raises ``TorchrunInvalidArgument`` with a message that names the
-argument and what to do, in the step (or at flow start), never a traceback from
-a rank or an operating-system error after the gang has started.
-"""
+"""Bad inputs refused before anything starts: a ``TorchrunInvalidArgument`` naming the argument and what
+to do, never a traceback from a rank or an operating-system error after the gang has started."""
 
 from __future__ import annotations
 
 import importlib.util
+import itertools
 import math
 import os
 import pickle
@@ -18,24 +15,18 @@ from typing import Any, Iterable, List, Mapping, Optional, Sequence, Tuple
 from ..base import defaults as DEFAULTS
 from ..errors import TorchrunInvalidArgument, did_you_mean, shown
 
-# A heartbeat is sent every heartbeat_timeout / 10 (at least every 50 ms, at
-# most every second): below a few seconds, a busy host or a GC pause reads as a
-# frozen node. Nodes of a local run take seconds to start, on a cluster minutes.
+# Below these a busy host or a GC pause reads as a frozen node (a heartbeat goes every heartbeat_timeout / 10).
 MIN_HEARTBEAT_TIMEOUT = 2.0
 MIN_START_TIMEOUT = 5.0
 MIN_HANG_TIMEOUT = 2.0
 # @torchrun(restarts=N): more than this is a loop, not a recovery.
 MAX_RESTARTS = 100
 MAX_SPARES = DEFAULTS.MAX_SPARES  # @torchrun(spares=K)'s bound, the bench's on the wire
-
-# A source file bigger than this is not compiled before the start (a script
-# that size is generated, and compiling it would cost every node the time).
+# A bigger script is generated, not compiled before the start (that would cost every node the time).
 MAX_SOURCE_CHECK = 16 * 1024 * 1024
 
 
-
-def _seconds(value: Any, source: str, minimum: float,
-             why: str = "shorter reads a busy node as a dead one") -> float:
+def _seconds(value: Any, source: str, minimum: float, why: str = "shorter reads a busy node as a dead one") -> float:
     if isinstance(value, bool):
         raise TorchrunInvalidArgument("%s=%s is not a number of seconds." % (source, shown(value)))
     try:
@@ -45,9 +36,7 @@ def _seconds(value: Any, source: str, minimum: float,
     if not math.isfinite(seconds):
         raise TorchrunInvalidArgument("%s=%s must be a finite number of seconds." % (source, shown(value)))
     if seconds < minimum:
-        raise TorchrunInvalidArgument(
-            "%s=%s: must be at least %g seconds (%s)." % (source, shown(value), minimum, why)
-        )
+        raise TorchrunInvalidArgument("%s=%s: must be at least %g seconds (%s)." % (source, shown(value), minimum, why))
     return seconds
 
 
@@ -60,8 +49,7 @@ def validate_timeouts(heartbeat: Any, start: Any) -> Tuple[float, float]:
 
 
 def validate_hang_timeout(value: Any) -> Optional[float]:
-    """``@torchrun(hang_timeout)``: None (off) or seconds; the gang hears each
-    node's silence once a second, so less than two cannot be told apart."""
+    """``@torchrun(hang_timeout)``: None (off) or seconds."""
     if value is None:
         return None
     return _seconds(value, "@torchrun(hang_timeout)", MIN_HANG_TIMEOUT,
@@ -69,9 +57,8 @@ def validate_hang_timeout(value: Any) -> Optional[float]:
 
 
 def validate_restarts(value: Any, max_restarts: bool) -> int:
-    """``@torchrun(restarts=N)``: how many times the gang restarts a call's
-    ranks in the same tasks. ``max_restarts``: whether the step's
-    ``torchrun_args`` also asks torch's own restart, which both cannot be."""
+    """``@torchrun(restarts=N)``; ``max_restarts``: whether the step's ``torchrun_args`` also asks torch's
+    own restart (one of the two, never both)."""
     if value is None:
         return 0
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_RESTARTS:
@@ -83,22 +70,11 @@ def validate_restarts(value: Any, max_restarts: bool) -> int:
 
 
 def validate_spares(value: Any, restarts: Optional[int], num_parallel: Sequence[Any] = ()) -> int:
-    """``@torchrun(spares=K)``: K nodes of the step's ``num_parallel`` wait to
-    take a failed node's place. ``restarts``: the step's ``restarts``, as
-    checked (None where it was refused: said there, not again here).
-    ``num_parallel``: each ``num_parallel`` the graph gives the step's entries
-    (a literal as text; anything else is checked at the task's start, by
-    ``check_spares_fit`` on the real node count).
-
-    No platform is refused: a swap needs the spare's task alive and idle until
-    the call ends and the node taken out to end fine, and every platform that
-    runs ``@parallel`` allows both (Metaflow 2.19): the local runtime fails a
-    step only on a non-zero exit (plugins/parallel_decorator.py); a JobSet's
-    default success policy waits for every job and only a failed one fails it
-    (plugins/kubernetes/kubernetes_jobsets.py, Argo's too); a Batch
-    multi-node job's status is its main node's, and a secondary node's exit
-    ends nothing (plugins/aws/batch/batch_client.py, batch_decorator.py).
-    Step Functions and Airflow refuse ``@parallel`` before this."""
+    """``@torchrun(spares=K)``. ``restarts``: the step's, as checked (None where refused: said there).
+    ``num_parallel``: the graph's for the step's entries, as text (a literal is checked here, anything
+    else at the task's start, ``check_spares_fit``). No platform is refused: every one that runs
+    ``@parallel`` keeps a spare's task alive and lets the node taken out end fine (Metaflow 2.19's
+    plugins/parallel_decorator.py, kubernetes/kubernetes_jobsets.py, aws/batch/batch_client.py)."""
     if value is None:
         return 0
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_SPARES:
@@ -115,9 +91,8 @@ def validate_spares(value: Any, restarts: Optional[int], num_parallel: Sequence[
 
 
 def check_spares_fit(spares: int, num_parallel: int) -> None:
-    """At least one node trains: the gang trains on ``num_parallel - spares``
-    nodes. At ``step_init`` for a literal ``num_parallel``; at the task's start
-    for the real one (``current.parallel.num_nodes``)."""
+    """At least one node trains (``num_parallel - spares``): at ``step_init`` for a literal, at the task's
+    start for the real count."""
     if spares and spares >= num_parallel:
         raise TorchrunInvalidArgument(
             "@torchrun(spares=%d) with num_parallel=%d: the gang trains on num_parallel - spares nodes, which "
@@ -126,22 +101,14 @@ def check_spares_fit(spares: int, num_parallel: int) -> None:
 
 
 def literal_counts(num_parallel: Sequence[Any]) -> List[int]:
-    """The node counts among ``num_parallel`` entries that are whole numbers
-    as written (the graph keeps a literal; a variable is unknown until the
-    step runs). 0, the graph's value for no ``num_parallel``, is refused by
-    the graph check, not here."""
-    counts = []
-    for text in num_parallel:
-        written = str(text).strip()
-        if written.isdecimal() and written.isascii() and int(written) >= 1:
-            counts.append(int(written))
-    return counts
+    """The ``num_parallel`` entries written as whole numbers (a variable is unknown until the step runs;
+    0, no ``num_parallel``, is the graph check's)."""
+    written = [str(text).strip() for text in num_parallel]
+    return [int(w) for w in written if w.isdecimal() and w.isascii() and int(w) >= 1]
 
 
 def retry_on_clash(where: str, max_restarts: Any) -> str:
-    """torch's own ``max_restarts`` reruns the ranks after any failure, a
-    ValueError in the user's code too: the retry that ``retry_on="infrastructure"``
-    asks never to happen. The gang's ``restarts=N`` tells them apart."""
+    """torch's own ``max_restarts`` reruns a bug too, which ``retry_on="infrastructure"`` asks never to."""
     return ("@torchrun(retry_on='infrastructure') with %s max_restarts=%s: torch's own restart reruns "
             "the ranks after any failure, a Python exception in your code too, which retry_on='infrastructure' "
             "asks never to retry. Use @torchrun(restarts=%s) instead of max_restarts: the gang's restart, which "
@@ -150,16 +117,14 @@ def retry_on_clash(where: str, max_restarts: Any) -> str:
 
 
 def restarts_clash(where: str, restarts: int) -> str:
-    """``restarts`` (the gang's) and ``max_restarts`` (torch's own) both restart
-    the ranks, each in its own way: one of them, never both."""
+    """The gang's ``restarts`` and torch's ``max_restarts``: one of them, never both."""
     return ("@torchrun(restarts=%d) and %s max_restarts both restart the ranks: give one. restarts is the "
             "gang's (every node's ranks restarted together, rank 0 on node 0, not after a Python exception "
             "in your code); max_restarts is torch's own (docs/resume.md)." % (restarts, where))
 
 
 def step_timeout(specs: Iterable[Tuple[str, Mapping[str, Any]]]) -> Optional[float]:
-    """The step's ``@timeout`` in seconds, from its decorators' (name,
-    attributes); None without one (or with one Metaflow itself would refuse)."""
+    """The step's ``@timeout`` in seconds; None without one (or with one Metaflow itself would refuse)."""
     for name, attributes in specs:
         if name != "timeout":
             continue
@@ -173,33 +138,26 @@ def step_timeout(specs: Iterable[Tuple[str, Mapping[str, Any]]]) -> Optional[flo
 
 
 def validate_shutdown_grace(value: Any, step_timeout: Optional[float]) -> float:
-    """``@torchrun(shutdown_grace)``, capped by the step's ``@timeout``: the
-    platform stops a task past its timeout whatever grace it was promised."""
+    """``@torchrun(shutdown_grace)``, capped by the step's ``@timeout`` (the platform stops the task then)."""
     grace = _seconds(value, "@torchrun(shutdown_grace)", 0.0, "0 stops the ranks at once")
     if step_timeout is not None and step_timeout > 0:
         grace = min(grace, float(step_timeout))
     return grace
 
 
-# -- the entrypoint ----------------------------------------------------------------
-
-
 def check_path_text(path: str, what: str) -> None:
-    """A path the system can be asked about: no NUL (which ends a C string:
-    ``os.stat`` raises ``ValueError``) and encodable for the file system (a
-    lone surrogate raises ``UnicodeEncodeError``)."""
+    """A path the system can be asked about: no NUL (``os.stat`` raises ``ValueError``) and encodable
+    (a lone surrogate raises ``UnicodeEncodeError``)."""
     if not isinstance(path, str):
         return
     if "\0" in path:
-        raise TorchrunInvalidArgument(
-            "%s %s contains a NUL character, which no file path can hold." % (what, shown(path[:200]))
-        )
+        raise TorchrunInvalidArgument("%s %s contains a NUL character, which no file path can hold."
+                                      % (what, shown(path[:200])))
     try:
         os.fsencode(path)
     except UnicodeEncodeError as e:
-        raise TorchrunInvalidArgument(
-            "%s %s cannot be a file path on this system: %s." % (what, shown(path[:200]), e.reason)
-        ) from None
+        raise TorchrunInvalidArgument("%s %s cannot be a file path on this system: %s."
+                                      % (what, shown(path[:200]), e.reason)) from None
 
 
 def refuse_directory(candidate: str, shown: str) -> None:
@@ -208,10 +166,8 @@ def refuse_directory(candidate: str, shown: str) -> None:
     hint = ""
     if os.path.isfile(os.path.join(candidate, "__main__.py")):
         hint = "; to run its __main__.py, pass %r" % os.path.join(shown, "__main__.py")
-    raise TorchrunInvalidArgument(
-        "entrypoint %r is a directory (%s), not a Python script%s."
-        % (shown, os.path.abspath(candidate), hint)
-    )
+    raise TorchrunInvalidArgument("entrypoint %r is a directory (%s), not a Python script%s."
+                                  % (shown, os.path.abspath(candidate), hint))
 
 
 _KINDS = (
@@ -223,9 +179,7 @@ _KINDS = (
 
 
 def refuse_special(candidate: str, shown: str) -> None:
-    """Something is there, but not a file Python could run: say what it is
-    (before, a FIFO or a link to /dev/zero was said not to exist). ``stat``
-    does not open it, so a FIFO cannot block the check."""
+    """Something there Python cannot run, said as what it is; ``stat`` does not open it (a FIFO cannot block)."""
     try:
         mode = os.stat(candidate).st_mode
     except (OSError, ValueError):  # ValueError: a path no system call takes (check_path_text)
@@ -235,33 +189,27 @@ def refuse_special(candidate: str, shown: str) -> None:
         return
     real = os.path.realpath(candidate)
     where = os.path.abspath(candidate) + (" -> %s" % real if real != os.path.abspath(candidate) else "")
-    raise TorchrunInvalidArgument(
-        "entrypoint %r (%s) is %s, not a Python script: @torchrun runs Python scripts (or functions)."
-        % (shown, where, kind)
-    )
+    raise TorchrunInvalidArgument("entrypoint %r (%s) is %s, not a Python script: @torchrun runs Python scripts "
+                                  "(or functions)." % (shown, where, kind))
 
 
 def check_python_source(path: str, shown: str) -> None:
-    """``path`` is something ``python path`` runs: Python source that compiles
-    (a SyntaxError is named with its file and line), or a compiled ``.pyc`` or
-    a zip application, which Python runs too."""
+    """``path`` is something ``python path`` runs: source that compiles (a SyntaxError named with its file
+    and line), a compiled ``.pyc`` or a zip application."""
     try:
         with open(path, "rb") as f:
             head = f.read(4096)
             if head.startswith(importlib.util.MAGIC_NUMBER) or head.startswith(b"PK\x03\x04"):
                 return
             if b"\0" in head:
-                raise TorchrunInvalidArgument(
-                    "entrypoint %r (%s) is not a Python script: it is a binary file. "
-                    "@torchrun runs Python scripts (or functions)." % (shown, path)
-                )
+                raise TorchrunInvalidArgument("entrypoint %r (%s) is not a Python script: it is a binary file. "
+                                              "@torchrun runs Python scripts (or functions)." % (shown, path))
             if os.fstat(f.fileno()).st_size > MAX_SOURCE_CHECK:
                 return
             source = head + f.read()
     except OSError as e:
-        raise TorchrunInvalidArgument(
-            "entrypoint %r (%s) cannot be read: %s." % (shown, path, e.strerror or e)
-        ) from None
+        raise TorchrunInvalidArgument("entrypoint %r (%s) cannot be read: %s."
+                                      % (shown, path, e.strerror or e)) from None
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # the ranks show the script's warnings
@@ -269,32 +217,24 @@ def check_python_source(path: str, shown: str) -> None:
     except SyntaxError as e:
         line = (e.text or "").strip()
         raise TorchrunInvalidArgument(
-            "entrypoint %r is not valid Python: %s (%s, line %s)%s. @torchrun runs Python "
-            "scripts (or functions)."
-            % (shown, e.msg, e.filename or path, e.lineno, (": %s" % line[:200]) if line else "")
-        ) from None
+            "entrypoint %r is not valid Python: %s (%s, line %s)%s. @torchrun runs Python scripts (or functions)."
+            % (shown, e.msg, e.filename or path, e.lineno, (": %s" % line[:200]) if line else "")) from None
     except ValueError as e:  # null bytes past the first block
-        raise TorchrunInvalidArgument(
-            "entrypoint %r (%s) is not a Python script: %s." % (shown, path, e)
-        ) from None
+        raise TorchrunInvalidArgument("entrypoint %r (%s) is not a Python script: %s." % (shown, path, e)) from None
     except (RecursionError, MemoryError):
         return  # too deep to check here; the ranks will say
 
 
 def resolve_entrypoint(entrypoint: Any, search_dirs: Sequence[str]) -> str:
-    """An absolute path to an existing script, looked up relative to the task's
-    working directory first and then to the flow file's directory, so
-    ``python examples/ddp/flow.py run`` finds ``train.py`` beside the flow."""
+    """An existing script's absolute path, looked up in the task's working directory, then the flow
+    file's (``python examples/ddp/flow.py run`` finds ``train.py`` beside the flow)."""
     try:
         path = os.fspath(entrypoint) if isinstance(entrypoint, (str, os.PathLike)) else None
     except Exception as e:  # a user's __fspath__
-        raise TorchrunInvalidArgument(
-            "entrypoint %s: os.fspath() failed: %s: %s." % (shown(entrypoint), type(e).__name__, e)
-        ) from None
+        raise TorchrunInvalidArgument("entrypoint %s: os.fspath() failed: %s: %s."
+                                      % (shown(entrypoint), type(e).__name__, e)) from None
     if not path or not isinstance(path, str):  # bytes from __fspath__ too: paths here are text
-        raise TorchrunInvalidArgument(
-            "entrypoint must be the path of a Python script, not %s." % (shown(entrypoint),)
-        )
+        raise TorchrunInvalidArgument("entrypoint must be the path of a Python script, not %s." % (shown(entrypoint),))
     check_path_text(path, "entrypoint")
     candidates = [path] if os.path.isabs(path) else list(dict.fromkeys(
         os.path.join(os.path.abspath(d), path) for d in search_dirs  # the flow's dir is often the cwd
@@ -308,14 +248,11 @@ def resolve_entrypoint(entrypoint: Any, search_dirs: Sequence[str]) -> str:
         refuse_directory(candidate, path)
         refuse_special(candidate, path)
     dirs = list(dict.fromkeys(os.path.dirname(os.path.abspath(c)) for c in candidates))
-    raise TorchrunInvalidArgument(
-        "entrypoint %s does not exist in %s%s."
-        % (shown(path), " or ".join(dirs), did_you_mean(os.path.basename(path), python_files(dirs)))
-    )
+    raise TorchrunInvalidArgument("entrypoint %s does not exist in %s%s." % (
+        shown(path), " or ".join(dirs), did_you_mean(os.path.basename(path), python_files(dirs))))
 
 
-# A directory is listed this far for a "did you mean": a huge one costs no more.
-LISTED_PER_DIR = 2000
+LISTED_PER_DIR = 2000  # a directory listed this far for a "did you mean": a huge one costs no more
 
 
 def python_files(dirs: Sequence[str]) -> List[str]:
@@ -324,11 +261,7 @@ def python_files(dirs: Sequence[str]) -> List[str]:
     for d in dirs:
         try:
             with os.scandir(d) as entries:
-                for i, entry in enumerate(entries):
-                    if i >= LISTED_PER_DIR:
-                        break
-                    if entry.name.endswith(".py"):
-                        names.append(entry.name)
+                names.extend(e.name for e in itertools.islice(entries, LISTED_PER_DIR) if e.name.endswith(".py"))
         except OSError:
             continue
     return names
@@ -340,21 +273,17 @@ def check_picklable(args: Any) -> None:
         pickle.dumps(args, protocol=pickle.HIGHEST_PROTOCOL)
     except Exception as e:
         raise TorchrunInvalidArgument(
-            "entrypoint_args cannot be pickled for the ranks: %s: %s. Pass small picklable "
-            "values (numbers, strings, paths, plain containers); big data belongs in files "
-            "or Metaflow artifacts." % (type(e).__name__, e)
-        ) from None
+            "entrypoint_args cannot be pickled for the ranks: %s: %s. Pass small picklable values (numbers, strings, "
+            "paths, plain containers); big data belongs in files or Metaflow artifacts."
+            % (type(e).__name__, e)) from None
 
 
 def validate_args_as(value: Any, source: str) -> str:
-    """``args_as``: how a dict of entrypoint_args is spelled. ``"0.2"`` is
-    metaflow-torchrun 0.2's JSON spelling (``True`` -> ``--k true``), opt-in."""
+    """``args_as``: how a dict of entrypoint_args is spelled (``"0.2"``: 0.2's JSON spelling, opt-in)."""
     text = "ours" if value is None else str(value).strip()
     if text not in ("ours", "0.2"):
-        raise TorchrunInvalidArgument(
-            "%s=%s: give \"0.2\" (metaflow-torchrun 0.2's spelling: --k true, --k [1, 2]) or "
-            "leave it out (True is a bare --k, a list is --k a b)." % (source, shown(value))
-        )
+        raise TorchrunInvalidArgument("%s=%s: give \"0.2\" (metaflow-torchrun 0.2's spelling: --k true, --k [1, 2]) or "
+                                      "leave it out (True is a bare --k, a list is --k a b)." % (source, shown(value)))
     return text
 
 
