@@ -1,11 +1,5 @@
-"""Preflight on each node: the software fingerprint and the fitness checks.
-
-Everything here reads files and asks the kernel; nothing imports torch (that
-costs seconds in the task, see ``torch_checks``). It runs on the gang join's
-thread, after joining, so the step's code never waits for it; the whole costs
-a few milliseconds. The control compares what every node found
-(``gang/node_compare.py``).
-"""
+"""Preflight on each node, on the gang join's thread: the software fingerprint and the fitness checks,
+from files and the kernel in milliseconds (no torch import); the control compares them (``gang/node_compare.py``)."""
 
 from __future__ import annotations
 
@@ -13,26 +7,21 @@ import os
 import platform
 import re
 import sys
-from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Dict, Mapping, Optional, Sequence, Tuple
 
 from ..gang import messages as msg
 from ..host import cuda_devices
 from .resources import Accelerators
 from .torch_checks import _torch_version
 
-# Test-only: METAFLOW_TORCHRUN_FAKE_FINGERPRINT_<FIELD> (e.g. ..._TORCH) replaces
-# a field of the fingerprint: "2.12.0" on every node that has it set, or
-# "1=2.12.0" (comma-separated node=value pairs) on the nodes named. Tests use it
-# to make one node of a real gang look different; never set it in a real run.
+# Test-only: METAFLOW_TORCHRUN_FAKE_FINGERPRINT_<FIELD> replaces a field of the fingerprint: "2.12.0" on every
+# node, or "1=2.12.0" (node=value pairs, comma-separated) on those named; never set it in a real run.
 FAKE_FINGERPRINT_ENV = "METAFLOW_TORCHRUN_FAKE_FINGERPRINT_"
-# Test-only: read /dev/shm's size from this path instead (a small tmpfs).
-SHM_PATH_ENV = "METAFLOW_TORCHRUN_PREFLIGHT_SHM_PATH"
+SHM_PATH_ENV = "METAFLOW_TORCHRUN_PREFLIGHT_SHM_PATH"  # test-only: /dev/shm's size read from this path instead
 SHM_PATH = "/dev/shm"
-# Warn under this much /dev/shm per process of the node: NCCL's transport
-# between processes of one node and DataLoader(num_workers>0) live there.
+# Warned under, per process: NCCL between processes of one node and DataLoader(num_workers>0) live there.
 SHM_PER_PROCESS = 1 << 30
-# Warn under this much free disk where the call's work and log files go.
-MIN_FREE_DISK = 1 << 30
+MIN_FREE_DISK = 1 << 30  # warned under, where the call's work and log files go
 NCCL_PACKAGES = ("nvidia-nccl-cu13", "nvidia-nccl-cu12", "nvidia-nccl-cu11")
 CUDNN_PACKAGES = ("nvidia-cudnn-cu13", "nvidia-cudnn-cu12", "nvidia-cudnn-cu11")
 SHM_FIX = ("raise it with @kubernetes(shared_memory=<MiB>) or @batch(shared_memory=<MiB>), "
@@ -40,10 +29,8 @@ SHM_FIX = ("raise it with @kubernetes(shared_memory=<MiB>) or @batch(shared_memo
 
 
 def installed(paths: Sequence[str]) -> Tuple[Dict[str, str], Optional[str]]:
-    """(distribution -> version, the directory holding torch), from the names
-    of the ``*.dist-info`` directories on ``paths``: one ``listdir`` per path.
-    ``importlib.metadata`` parses each METADATA file (this package's holds
-    its README) and took tens of milliseconds here."""
+    """(distribution -> version, torch's directory) from the ``*.dist-info`` names on ``paths``: one
+    ``listdir`` each, where ``importlib.metadata`` parsed every METADATA file (tens of milliseconds)."""
     versions: Dict[str, str] = {}
     torch_dir: Optional[str] = None
     for directory in paths:
@@ -65,10 +52,7 @@ def _normal(name: str) -> str:
 
 
 def _first(versions: Mapping[str, str], names: Sequence[str]) -> str:
-    for name in names:
-        if _normal(name) in versions:
-            return versions[_normal(name)]
-    return "none"
+    return next((versions[_normal(n)] for n in names if _normal(n) in versions), "none")
 
 
 def _torch_cuda(location: Optional[str]) -> str:
@@ -103,7 +87,7 @@ def fingerprint(env: Mapping[str, str], node_index: int, paths: Optional[Sequenc
 
 
 def with_fakes(versions: Dict[str, str], env: Mapping[str, str], node_index: int) -> Dict[str, str]:
-    """The test-only overrides (``FAKE_FINGERPRINT_ENV``) applied."""
+    """With the test-only ``FAKE_FINGERPRINT_ENV`` overrides."""
     out = dict(versions)
     for name in msg.FINGERPRINT_FIELDS:
         raw = env.get(FAKE_FINGERPRINT_ENV + name.upper())
@@ -117,9 +101,6 @@ def with_fakes(versions: Dict[str, str], env: Mapping[str, str], node_index: int
             if node.strip() == str(node_index):
                 out[name] = value.strip()[:msg.FINGERPRINT_VALUE_CHARS]
     return out
-
-
-# -- fitness ---------------------------------------------------------------------------
 
 
 def mib(n: float) -> str:
@@ -148,9 +129,8 @@ def disk_check(free: Optional[int], where: str) -> msg.PreflightCheck:
 
 
 def gpu_check(nproc: int, accelerators: Accelerators, visible: Optional[int]) -> Optional[msg.PreflightCheck]:
-    """Visible GPUs against the processes; None where the step asked for none.
-    The call refuses too few on its own (``resources.check_visible_devices``);
-    here it is named for the whole gang, before anything starts."""
+    """Visible GPUs against the processes (None where the step asked for none): named for the whole gang
+    before anything starts (the call refuses too few on its own, ``resources.check_visible_devices``)."""
     if accelerators.kind != "gpu":
         return None
     expected = "at least %d (%s)" % (nproc, accelerators.source)
@@ -166,22 +146,16 @@ def gpu_check(nproc: int, accelerators: Accelerators, visible: Optional[int]) ->
 
 
 def nccl_interface(found: Sequence[Tuple[str, str]]) -> Optional[Tuple[str, str]]:
-    """The interface NCCL's socket transport is likely to pick when
-    NCCL_SOCKET_IFNAME is unset: an InfiniBand one (``ib*``) first, then the
-    first that is not docker, loopback or virbr, in the kernel's order."""
-    for name, addr in found:
-        if name.startswith("ib"):
-            return name, addr
-    for name, addr in found:
-        if not name.startswith(("docker", "lo", "virbr")):
-            return name, addr
-    return found[0] if found else None
+    """The interface NCCL's socket transport likely picks without NCCL_SOCKET_IFNAME: an InfiniBand one
+    (``ib*``), else the first not docker, loopback or virbr, in the kernel's order."""
+    return (next((f for f in found if f[0].startswith("ib")), None)
+            or next((f for f in found if not f[0].startswith(("docker", "lo", "virbr"))), None)
+            or (found[0] if found else None))
 
 
 def network_check(local_addr: str, iface: Optional[str], found: Sequence[Tuple[str, str]],
                   accelerators: Accelerators, env: Mapping[str, str]) -> msg.PreflightCheck:
-    """Which interface the routable address is on; with GPUs, which one NCCL
-    would use. What the user set is reported, never overridden."""
+    """The routable address's interface; with GPUs, NCCL's likely pick. The user's setting is said, not overridden."""
     here = "%s on %s" % (local_addr, iface or "?")
     user = {k: env[k] for k in ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME") if env.get(k)}
     if user:
@@ -221,28 +195,19 @@ def existing(path: str) -> str:
     return path or "/"
 
 
-def node_checks(nproc: int, accelerators: Accelerators, env: Mapping[str, str], work_dir: str,
-                local_addr: str, iface: Optional[str], found: Sequence[Tuple[str, str]]) -> List[msg.PreflightCheck]:
-    shm_total, _ = statvfs_bytes(env.get(SHM_PATH_ENV) or SHM_PATH)
-    _, free = statvfs_bytes(existing(work_dir))
-    checks = [shm_check(shm_total, nproc), disk_check(free, work_dir)]
-    gpus = gpu_check(nproc, accelerators, cuda_devices(env))
-    if gpus is not None:
-        checks.append(gpus)
-    checks.append(network_check(local_addr, iface, found, accelerators, env))
-    return checks
-
-
 def measure(node_index: int, nproc: int, accelerators: Accelerators, env: Mapping[str, str], work_dir: str,
             local_addr: str, iface: Optional[str], found: Sequence[Tuple[str, str]]) -> msg.Preflight:
     """This node's preflight message."""
-    return msg.Preflight(versions=fingerprint(env, node_index),
-                         checks=tuple(node_checks(nproc, accelerators, env, work_dir, local_addr, iface, found)))
+    shm_total, _ = statvfs_bytes(env.get(SHM_PATH_ENV) or SHM_PATH)
+    _, free = statvfs_bytes(existing(work_dir))
+    gpus = gpu_check(nproc, accelerators, cuda_devices(env))
+    checks = (shm_check(shm_total, nproc), disk_check(free, work_dir), gpus,
+              network_check(local_addr, iface, found, accelerators, env))
+    return msg.Preflight(versions=fingerprint(env, node_index), checks=tuple(c for c in checks if c is not None))
 
 
 def default_nproc(nproc_per_node: object, derived: Optional[int]) -> int:
-    """The node's processes as far as they are known before a call: an
-    explicit count, the GPUs asked for, else 1 ("auto" and the like count 1)."""
+    """The node's processes as known before a call: a count given, the GPUs asked for, else 1 (for "auto" too)."""
     if isinstance(nproc_per_node, int) and not isinstance(nproc_per_node, bool):
         return nproc_per_node
     if isinstance(nproc_per_node, str) and nproc_per_node.isdigit():
