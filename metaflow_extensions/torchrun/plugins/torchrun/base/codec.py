@@ -1,16 +1,10 @@
-"""One codec for the package's records: a frozen dataclass written to JSON and
-read back field by field, each checked by the type and bounds its annotation
-gives (``Annotated[int, Int(0, MAX_CALL)]``): every record that crosses a trust
-boundary is checked, with no hand-written pair per record.
-
-Read (``decode``): absent or null is the default; bool is never an int; numbers
-finite and in bounds; texts, lists and dicts within their lengths; a bad field
-raises the record's ``ERROR`` naming it. Written (``encode``): only what the
-reader takes (cut, clamped), keys in the fields' order or ``WIRE_ORDER`` (whose
-names that are no field are properties). A ``Lenient`` record, stored and read
-by a later version, reads a bad field as its default, leaves out a bad item and
-cuts what is too long. Readers and writers are built once per class (a heartbeat
-a second from every node). Imports nothing of the package: the ranks read it too.
+"""One codec for the package's records: a frozen dataclass written to JSON and read
+back field by field, each checked by the type and bounds its annotation gives
+(``Annotated[int, Int(0, MAX_CALL)]``), with no hand-written pair per record. Absent
+or null reads as the default; the other rules are docs/design.md's (the module map).
+Written: only what the reader takes (cut, clamped), keys in the fields' order or
+``WIRE_ORDER``. Readers and writers are built once per class (a heartbeat a second
+from every node). Imports nothing of the package.
 """
 
 from __future__ import annotations

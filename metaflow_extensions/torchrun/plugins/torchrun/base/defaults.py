@@ -1,7 +1,5 @@
-"""Every default of ``@torchrun``, in one place (docs/configuration.md lists
-them): the decorator, ``StepDefaults``, ``GangConfig``, ``Launch``, the
-single-node launcher and the configuration knobs take them from here. One
-module of constants, importing nothing, so that every layer can read it.
+"""Every default of ``@torchrun`` a user can change, in one place (docs/configuration.md
+lists them): constants importing nothing, so that every layer can read them.
 """
 
 from __future__ import annotations

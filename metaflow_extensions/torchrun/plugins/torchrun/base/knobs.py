@@ -1,10 +1,6 @@
-"""@torchrun's settings from Metaflow's configuration (``METAFLOW_TORCHRUN_*``):
-their names, what their text means, and the one record they are read into.
-
-The step's start reads every setting once, strictly, into ``Knobs``: a value
-that could only be misread (a word for a number, a typo for "off") refuses the
-step, each one named with what it takes, instead of quietly becoming the
-default; no layer below reads the environment again.
+"""@torchrun's settings from Metaflow's configuration (``METAFLOW_TORCHRUN_*``), read
+once, strictly, into ``Knobs`` at the step's start: a value that could only be misread
+(a word for a number, a typo for "off") refuses the step, named with what it takes.
 """
 
 from __future__ import annotations
@@ -117,8 +113,7 @@ def port(name: str, text: str) -> Optional[int]:
 
 
 def secret(name: str, text: str) -> bytes:
-    """The user's own gang secret: too short is an error, never a silent
-    fallback to a weaker one. Never shown."""
+    """The user's own gang secret, never shown: too short is an error, never a silent fallback."""
     data = text.encode()
     if len(data) < MIN_SECRET_BYTES:
         raise KnobError("%s is set but shorter than %d bytes: use a longer random value "
@@ -171,8 +166,7 @@ _READERS: Tuple[Tuple[str, str, Callable[[str, str], object]], ...] = (
 
 
 def read_knobs(env: Mapping[str, str]) -> Tuple[Knobs, List[str]]:
-    """Every setting in ``env``, and one message for each that is refused
-    (its default in the record: the caller refuses the step)."""
+    """Every setting in ``env``, and one message for each refused (its default in the record)."""
     values: Dict[str, object] = {}
     problems = []
     for attribute, name, read in _READERS:

@@ -9,8 +9,7 @@ from typing import Any, Callable, Mapping
 
 
 def names_from(package: str, home: Mapping[str, str]) -> Callable[[str], Any]:
-    """The face's ``__getattr__``: a name from the module ``home`` gives for
-    it (a module of the subpackage is no such name: it is imported by its path)."""
+    """The face's ``__getattr__``: a name from the module ``home`` gives for it."""
 
     def __getattr__(name: str) -> Any:
         if name in home:

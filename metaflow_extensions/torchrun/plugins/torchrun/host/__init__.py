@@ -1,11 +1,5 @@
 """Host plumbing: this machine's processes, private files, devices, network and
-console. The bottom layer: no Metaflow, nothing of the gang.
-
-Usage::
-
-    files = CallFiles(log_key, node_index)       # a call's private directories
-    address, iface = route_to(main_addr, is_local)
-    say("one line for the user")
+console. No Metaflow, nothing of the gang: the ranks import it too.
 """
 
 from __future__ import annotations

@@ -1,8 +1,6 @@
-"""The runtime: one step's gang (``GangSession``: join, the step's code, leave)
-and each of its calls (``api.run(session, request)``: plan, process count,
-preflight, then the call), to a typed ``record.TorchrunResult``; and 0.2's
-single-node launcher. The face shows what the decorator, ``current.torch`` and
-0.2's launcher use; the call's entry is imported by path (``from ..runtime import api``).
+"""The runtime: one step's gang (``GangSession``) and each of its calls
+(``api.run``, imported by path), and 0.2's single-node launcher. The face shows
+what the decorator, ``current.torch`` and 0.2's launcher use.
 """
 
 from __future__ import annotations
@@ -15,16 +13,7 @@ from .torchrun_args import TorchrunArgs, torchrun_args_of
 from .warm_start import close_runtime_warm
 
 __all__ = [
-    "GangSession",
-    "SingleNodeLauncher",
-    "TorchrunArgs",
-    "attempt_facts",
-    "close_runtime_warm",
-    "in_gang",
-    "name_local_control",
-    "own_start",
-    "prepare_local_nodes",
-    "read_node_history",
-    "stop_local_nodes",
+    "GangSession", "SingleNodeLauncher", "TorchrunArgs", "attempt_facts", "close_runtime_warm", "in_gang",
+    "name_local_control", "own_start", "prepare_local_nodes", "read_node_history", "stop_local_nodes",
     "torchrun_args_of",
 ]

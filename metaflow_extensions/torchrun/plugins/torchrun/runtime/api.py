@@ -1,7 +1,5 @@
-"""The runtime's one entry for a call (``current.torch.run``, 0.2's launcher):
-plan it (every argument checked, nothing started), resolve the process count,
-run the step's preflight job before its first call, then the call. A refused
-call is one ``TorchrunCallRefused`` naming the user's line, no traceback of ours.
+"""The runtime's one entry for a call (``current.torch.run``, 0.2's launcher); a
+refused call is one ``TorchrunCallRefused`` naming the user's line, no traceback of ours.
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from ..base import timeouts
 from ..cause import CONTROL_GONE, Cause, CauseKind
 from ..errors import (FULL_REPORT, GangAborted, TorchrunException, TorchrunFailed, TorchrunInvalidArgument,
-                      rank_raised)
+                      TorchrunInterrupted, rank_raised)
 from ..gang import NodeReport, Seat
 from ..gang.client import send_last_progress
 from ..gang.node_progress import ProgressTracker
@@ -32,7 +32,7 @@ from .call_launch import NodeLaunch, swap_line
 from .call_stacks import CallStacks
 from .restarts import CallRestarts
 from .session import GangSession
-from .stop import GangStop, interrupted
+from .stop import GangStop
 from .supervisor import StopReason, Supervisor
 
 
@@ -264,7 +264,7 @@ class CallRun:
                 raise rank_raised(original, error) from None
             raise error
         if cause.kind is CauseKind.PREEMPTED and cause.node_index == self.node_index:
-            raise interrupted(cause)  # told to stop, not failed: the gang saved (stop.py)
+            raise TorchrunInterrupted(cause.summary + ".")  # told to stop, not failed: the gang saved (stop.py)
         raise GangAborted(self.node_index, cause, self.exit_code, same_log=self.session.topology.is_local,
                           stacks=where, logs=logs, elsewhere=elsewhere, suspects=suspects)
 

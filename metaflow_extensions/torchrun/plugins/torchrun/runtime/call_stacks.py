@@ -1,7 +1,6 @@
-"""Where the ranks of one call were when its job was stopped: each node's
-stacks and Flight Recorders collected just before its ranks stop and sent at
-once (even none); the control gathers every node's within ``STACKS_WAIT`` and
-the stopped nodes' reports within ``REPORTS_WAIT``, not waiting for a lost node.
+"""Where the ranks of one call were when its job was stopped: each node's stacks and
+Flight Recorders, collected before its ranks stop and sent at once (even none); the
+control gathers them within ``STACKS_WAIT``, not waiting for a lost node.
 """
 
 from __future__ import annotations
@@ -27,9 +26,7 @@ class CallStacks:
     nodes: Dict[int, int] = field(default_factory=dict)  # rank -> its node, for the ranks seen
     culprits: Optional[Culprits] = None  # the control's suspects, for the record and the card
     flights: Dict[int, FlightSummary] = field(default_factory=dict)  # rank -> its Flight Recorder's summary
-    # Where no suspect was named: why torch's Flight Recorder could not say,
-    # where some ranks' could not be read (bounded; "" otherwise).
-    flight_unread: str = ""
+    flight_unread: str = ""  # no suspect named: why the Flight Recorders could not say (bounded)
 
     def collect(self, session: Any, index: int, supervisor: Any, workdir: str) -> None:
         """Before the supervisor stops the ranks: each live rank's stacks and Flight Recorder."""
@@ -47,16 +44,14 @@ class CallStacks:
         _log.debug("call %d: %d ranks' stacks and %d of %d Flight Recorders collected in %.3fs", index,
                    len(self.stacks), len(self.flights), len(asked.asked), self.seconds)
         self.share(session, index, entered=True)  # at once: the control waits only so long
-        # In the gang's stop, the ranks live until every node has collected its own
-        # (a peer's ranks in a collective with these would die before their node
-        # asked). Not in this node's own stop, nor with the control gone.
+        # In the gang's stop, the ranks live until every node has collected its own (a peer's
+        # ranks in a collective with these would die before their node asked).
         client = session.client
         if client is not None and client.cause is not None and client.cause.kind not in CONTROL_GONE:
             client.news.wait_stacks_in(index, max(0.0, began + timeouts.STACKS_WAIT - time.monotonic()))
 
     def share(self, session: Any, index: int, entered: bool) -> None:
-        """Once per failed call, even empty (the control waits for every node's);
-        not before the call was entered (the gang has no such call)."""
+        """Once per failed call entered, even empty (the control waits for every node's)."""
         client = session.client
         if self.shared or client is None or not entered:
             return
@@ -98,9 +93,9 @@ class CallStacks:
                 "flight_unread": self.flight_unread}
 
     def suspects(self, session: Any, cause: Cause) -> List[str]:
-        """The control, after ``gather``: the ranks not in the collective the others
-        wait in (procs/culprit.py), kept for the record, said unless a failed rank
-        is the root cause. Not on a worker: its own ranks' alone would mislead."""
+        """The control, after ``gather``: the ranks not in the collective the others wait in
+        (procs/culprit.py), said unless a failed rank is the root cause. Not on a worker:
+        its own ranks' alone would mislead."""
         server = session.server
         if server is None or not (self.stacks or self.flights):
             return []

@@ -30,10 +30,9 @@ RUNTIME_PID_ENV = "METAFLOW_TORCHRUN_RUNTIME_PID"
 
 
 def name_local_control(env: Any, task_id: Any, warm: Optional[bool] = None) -> None:
-    """In Metaflow's runtime, as it starts a local control task: the control's
-    task id in its environment (Metaflow sets it only inside the step's code,
-    after @checkpoint read it: two lineages per gang otherwise), and with
-    ``warm`` (``Knobs.warm_start``) the runtime's warm process to fork from."""
+    """In Metaflow's runtime, as it starts a local control task: the control's task id in
+    its environment (Metaflow sets it only after @checkpoint read it: two lineages per gang
+    otherwise), and with ``warm`` the runtime's warm process to fork from."""
     if isinstance(env, dict):
         env[CONTROL_TASK_ID_ENV] = str(task_id)
         env[RUNTIME_PID_ENV] = str(os.getpid())
@@ -43,10 +42,9 @@ def name_local_control(env: Any, task_id: Any, warm: Optional[bool] = None) -> N
 
 def prepare_local_nodes(num_nodes: int, pinned_port: Optional[int],
                         defaults: StepDefaults) -> Tuple[Optional[WarmStart], int]:
-    """On a local control, before its nodes start (they inherit its environment):
-    their Python checked now, not at start_timeout; the gang's port (returned)
-    in ``PORT_ENV``; the control's warm process started for theirs to fork from.
-    From now on the control ends with the runtime that started it."""
+    """On a local control, before its nodes start (they inherit its environment): their
+    Python checked now, not at start_timeout; the gang's port (returned) in ``PORT_ENV``;
+    the control's warm process started for theirs to fork from."""
     _end_with_runtime()
     warm = None
     if num_nodes > 1:
@@ -60,8 +58,6 @@ def prepare_local_nodes(num_nodes: int, pinned_port: Optional[int],
         os.environ[PORT_ENV] = str(port)
     return warm, port
 
-
-# -- the control's own start of its nodes ---------------------------------------------
 
 # The node tasks this control started, and the gang service that says who joined.
 _started: Optional[NodeTasks] = None
@@ -137,11 +133,10 @@ def _end_with_runtime() -> None:
 
 
 def stop_local_nodes(settle: float = 10.0, grace: float = 3.0) -> "threading.Thread":
-    """A failed control's nodes (Metaflow waits for them only on success):
-    ``settle`` seconds to write their record and cards (3 s cut a card off under
-    CI's load), then SIGTERM, then SIGKILL; SIGTERM at once for those never
-    joined, or all with the runtime gone. In a thread beside the control's own
-    end: the caller joins it as the task finishes."""
+    """A failed control's nodes (Metaflow waits for them only on success): ``settle``
+    seconds to write their record and cards (3 s cut a card off under CI's load), then
+    SIGTERM, then SIGKILL; SIGTERM at once for those never joined, or all with the
+    runtime gone. In a thread the caller joins as the task finishes."""
     at_once: Set[proctree.ProcId] = set()
     if _started is not None:
         running = _started.running()
@@ -174,10 +169,8 @@ _WORKER_PROBE = "import metaflow, metaflow_extensions.torchrun.plugins.torchrun"
 
 
 def worker_python_problem(path: str, this_python: str, timeout: float = 30.0) -> Optional[str]:
-    """Why the other local nodes would die before joining, or None: Metaflow
-    starts them with PATH's ``python``, maybe another Python without Metaflow.
-    Asked of that ``python`` (the same binary outside its venv lacks the venv's
-    packages), unless it is in this task's own ``bin``."""
+    """Why the other local nodes would die before joining, or None: Metaflow starts them
+    with PATH's ``python``, asked here unless it is in this task's own ``bin``."""
     found = shutil.which("python", path=path)
     if found is None:
         return _worker_message("there is no `python` on PATH", [], this_python)

@@ -1,6 +1,5 @@
-"""What one node says of its share of a call: its own cause and its report to
-the control (its ranks and their last lines, for the card); pure over what the
-ranks left in the work and log directories.
+"""What one node says of its share of a call: its own cause and its report to the
+control, from what the ranks left in the work and log directories.
 """
 
 from __future__ import annotations
@@ -32,8 +31,7 @@ def own_cause(node_index: int, call: int, exit_code: Optional[int], failures: Li
 
 
 def named(failure: RankFailure) -> RankFailure:
-    """One name per node: torchrun's report names the host as the agent saw it
-    (``localhost``), a rank's own record by its host name."""
+    """One name per node: torchrun's report names the host ``localhost``, a rank's own record its host name."""
     host = socket.gethostname()
     return failure if failure.host == host else dataclasses.replace(failure, host=host)
 
@@ -60,9 +58,8 @@ def report(workdir: str, log_dir: Optional[str], failures: List[RankFailure],
 
 
 def bounded_line(line: str, limit: int = TAIL_LINE_CHARS) -> str:
-    """A line of a rank's output as the gang carries it: at most ``limit``
-    characters, saying how many it had when cut (the control would cut it
-    silently). The whole line stays in the rank's log file."""
+    """A line of a rank's output as the gang carries it: at most ``limit`` characters,
+    saying how many it had when cut (the control would cut it silently)."""
     if len(line) <= limit:
         return line
     note = "… [%d characters in all]" % len(line)
@@ -93,8 +90,7 @@ def any_rank_ran(workdir: Optional[str], failures: List[RankFailure], server: Op
 
 
 def logs_line(session: Any, log_dir: Optional[str], ran: bool = True) -> str:
-    """Where every rank's whole output is (a local run's in one directory, a
-    cluster's on each node's host), and the card; the card alone where no rank ran."""
+    """Where every rank's whole output is, and the card; the card alone where no rank ran."""
     if not log_dir:
         return ""
     if not ran:

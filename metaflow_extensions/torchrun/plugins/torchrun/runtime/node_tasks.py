@@ -58,11 +58,8 @@ class NodeTasks:
                 self._pump = threading.Thread(target=self._pump_all, name="torchrun-node-stderr", daemon=True)
                 self._pump.start()
 
-    # -- what the gang service asks, while the gang forms ---------------------------------
-
     def ended(self) -> Dict[int, NodeEnd]:
-        """The nodes whose task has exited, once their stderr has ended or
-        ``NODE_OUTPUT_DRAIN`` after the exit (a descendant may hold it open)."""
+        """The nodes whose task has exited, once their stderr has ended or ``NODE_OUTPUT_DRAIN`` after."""
         now = time.monotonic()
         found = {}
         for node, proc in list(self.procs.items()):
@@ -88,8 +85,7 @@ class NodeTasks:
         return codes
 
     def drain(self) -> None:
-        """The ended tasks' last lines passed on before the control ends (at most
-        ``NODE_OUTPUT_DRAIN``: a descendant may hold a stream open)."""
+        """The ended tasks' last lines passed on (at most ``NODE_OUTPUT_DRAIN``: a descendant may hold one open)."""
         with self._lock:
             pump = self._pump
         if pump is not None:
@@ -97,8 +93,6 @@ class NodeTasks:
         with self._lock:
             if self._pump is None:
                 self._selector.close()
-
-    # -- the pump ------------------------------------------------------------------------
 
     def _pump_all(self) -> None:
         """One thread for every node's stderr: whole lines on to the control's, the last few kept."""

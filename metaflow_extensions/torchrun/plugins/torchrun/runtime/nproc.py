@@ -1,7 +1,6 @@
-"""torchrun's process-count words (``auto``, ``gpu``, ...) turned into this
-node's number before anything starts, so the record, the card and the device
-check see a count, and a node without a GPU is told so, not by a rank's
-traceback. Read from the driver's files; torch (in a child) only where those cannot say.
+"""torchrun's process-count words (``auto``, ``gpu``, ...) turned into this node's
+number before anything starts: the record and the card see a count, and a node
+without a GPU is told so, not by a rank's traceback.
 """
 
 from __future__ import annotations
@@ -17,9 +16,8 @@ from ..launch.resources import check_visible_devices, keyword_note, nproc_for_ke
 
 
 def with_nproc_resolved(plan: CallPlan, accelerators: Accelerators = NO_ACCELERATORS) -> CallPlan:
-    """``plan`` with a whole number of processes, a note saying what a word came
-    to; ``TorchrunInvalidArgument`` for a device the node lacks, or more
-    processes than a GPU step's GPUs."""
+    """``plan`` with a whole number of processes and a note saying what a word came to;
+    ``TorchrunInvalidArgument`` for a device the node lacks, or more processes than GPUs."""
     if isinstance(plan.nproc, int):
         if accelerators.kind != "gpu":  # a CPU step runs on CPU whatever the host has
             return plan

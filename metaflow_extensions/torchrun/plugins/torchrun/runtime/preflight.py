@@ -18,9 +18,7 @@ from typing import Dict, List, Optional
 from ..cause import Cause, CauseKind
 from ..gang import messages as msg
 from ..gang import node_compare as verdicts
-from ..host import cuda_devices
-from ..host import interfaces, route_to
-from ..host import work_root
+from ..host import cuda_devices, interfaces, route_to, work_root
 from ..launch import node_checks as checks
 from ..launch import plan_call
 from ..procs import collective_check
@@ -42,8 +40,8 @@ def measure(session: GangSession) -> msg.Preflight:
 
 
 def attach(session: GangSession, history: Optional["History"] = None) -> None:
-    """Before ``session.join``: the preflight travels with the join; on the
-    control, the node history checks the gang's hosts once all are in."""
+    """Before ``session.join``: the preflight travels with the join; on the control, the
+    node history checks the gang's hosts once all are in."""
     if session.defaults.preflight != verdicts.OFF:
         session.preflight_source = functools.partial(measure, session)
         session.preflight.mode = session.defaults.preflight
@@ -119,13 +117,10 @@ def slower_than_before(session: GangSession, job: verdicts.JobRecord) -> List[st
 
 @dataclass
 class JobDeadlines:
-    """The job's own deadlines, which its call asks between its checks (``CallRun.watch``).
-
-    The clock starts once every rank here has started (a busy node's torchrun and
-    ``import torch`` are no hang); ``heartbeat_timeout`` later a node with a rank
-    outside any collective is named, as are ranks not started ``2 x`` that after
-    the go. Nodes waiting in a collective report an echo only after ``2 x
-    heartbeat_timeout + ECHO_DELAY``, so the node to name comes first."""
+    """The job's own deadlines, asked by its call (``CallRun.watch``). From when every rank
+    here has started, ``heartbeat_timeout`` later a rank outside any collective is named
+    (ranks not started ``2 x`` that after the go too); nodes waiting in a collective report
+    an echo only after ``2 x heartbeat_timeout + ECHO_DELAY``, so the node to name comes first."""
 
     limit: float  # heartbeat_timeout
     nproc: int

@@ -21,8 +21,8 @@ class CallRestarts:
 
     def decided(self, client: Any, index: int, allowed: int, exit_code: Optional[int],
                 report: Callable[[], None], wait: float) -> Optional[Any]:
-        """The gang's restart of call ``index``, if it decided one; this node's own
-        failure, while restarts are left, reported first and the decision heard."""
+        """The gang's restart of call ``index``, if any; this node's own failure reported
+        first while restarts are left."""
         decided = client.news.restart_after(index, self.restart)
         if decided is not None or self.restart >= allowed:
             return decided

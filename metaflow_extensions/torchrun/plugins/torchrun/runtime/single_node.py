@@ -1,6 +1,5 @@
-"""metaflow-torchrun 0.2's ``TorchrunSingleNodeMultiGPU``, in any step: a call
-planned, supervised and reported as a ``current.torch.run`` call on a gang of
-one node (the service costs a loopback socket), so no second launcher exists.
+"""metaflow-torchrun 0.2's ``TorchrunSingleNodeMultiGPU``, in any step: a
+``current.torch.run`` call on a gang of one node, so no second launcher exists.
 """
 
 from __future__ import annotations
@@ -26,8 +25,7 @@ _sessions = itertools.count()
 
 
 def step_decorator_specs(flow_name: str, step_name: str) -> List[Tuple[str, Mapping[str, Any]]]:
-    """(name, attributes) of the running step's decorators, ``--with``'s included,
-    read from the flow class in ``__main__``; empty where it cannot be found."""
+    """(name, attributes) of the running step's decorators, ``--with``'s included; empty if not found."""
     main = sys.modules.get("__main__")
     for value in list(vars(main).values()) if main is not None else []:
         if isinstance(value, type) and value.__name__ == flow_name:

@@ -1,7 +1,5 @@
-"""The step's code inside the step's gang: the node joins as it starts (an
-attempt ``retry_on`` refused joins too, to say why) and leaves saying how it
-ended; as the task ends, ``attempt_facts`` reads off the session what the record
-needs, so the record never sees a session.
+"""The step's code inside the step's gang: join as it starts (a refused attempt too,
+to say why), leave saying how it ended; ``attempt_facts``: what the record needs.
 """
 
 from __future__ import annotations
@@ -20,9 +18,7 @@ from .session import GangSession
 
 def in_gang(step_func: Callable[[], Any], start_session: Callable[[Any], GangSession],
             attempt: ThisAttempt, withdraw: Callable[[], None]) -> Callable[[], None]:
-    """``step_func`` wrapped: ``start_session(current.parallel)`` makes the
-    node's session; ``withdraw`` takes the control's secret back once every
-    node has joined or never will."""
+    """``step_func`` in the node's session; ``withdraw`` takes the control's secret back."""
 
     def step() -> None:
         from metaflow import current
@@ -55,8 +51,7 @@ def in_gang(step_func: Callable[[], Any], start_session: Callable[[Any], GangSes
 
 
 def attempt_facts(session: Optional[GangSession]) -> Optional[AttemptFacts]:
-    """What the step's record needs of the gang, read off ``session`` as the
-    task ends (None without one: the step's code never ran)."""
+    """What the step's record needs of the gang, as the task ends (None: the step's code never ran)."""
     if session is None:
         return None
     server, mode, defaults = session.server, session.preflight.mode, session.defaults
@@ -71,8 +66,7 @@ def attempt_facts(session: Optional[GangSession]) -> Optional[AttemptFacts]:
 
 def read_node_history(attempt: ThisAttempt, is_control: bool, flow_name: str, run_id: str, step_name: str,
                       preflight_mode: str, knobs: Knobs) -> Any:
-    """On the control, the node history read in the background for the
-    preflight's check of the gang's hosts (record/node_history.py)."""
+    """On the control, the node history read in the background for the preflight's check of the hosts."""
     if not is_control or preflight_mode == "off":
         return None
     return preflight.History(flow_name, run_id, step_name, attempt.previous, knobs)

@@ -14,7 +14,6 @@ import time
 from typing import Callable, Optional
 
 from ..cause import Cause, CauseKind
-from ..errors import TorchrunInterrupted
 from .supervisor import GracefulStop, StopReason
 from ..base import timeouts
 
@@ -72,10 +71,6 @@ def preempted(node: int, what: str, grace: float, shutdown_grace: float, notice:
                "(shutdown_grace=%g%s) to save and exit, before SIGKILL" % (told, grace, shutdown_grace, capped))
     return Cause(CauseKind.PREEMPTED, summary, node_index=node, exc_type=None if notice else what,
                  message=notice, grace=grace, call=call)
-
-
-def interrupted(cause: Cause) -> TorchrunInterrupted:
-    return TorchrunInterrupted(cause.summary + ".")
 
 
 def notice_path() -> Optional[str]:

@@ -1,8 +1,6 @@
-"""The step's warm process on this node (``procs/zygote.py``): started as the
-step joins its gang, so ``import torch`` is paid once while the gang forms, not
-in every agent, rank and restart. On a local run the runtime's is the run's and
-the nodes' are forked from it (``HOST_ZYGOTE_ENV``); ``METAFLOW_TORCHRUN_WARM_START=0``
-or a socket path too long starts everything fresh.
+"""The step's warm process on this node (``procs/zygote.py``): started as the step
+joins its gang, so ``import torch`` is paid once while the gang forms, not in every
+agent, rank and restart (docs/design.md's module map says who forks from whom).
 """
 
 from __future__ import annotations
@@ -76,8 +74,8 @@ class WarmStart:
             os.environ[HOST_ZYGOTE_ENV] = self.path
 
     def start(self, env: Mapping[str, str], nproc: int) -> None:
-        """Once; the ranks' restarts fork from the same one. ``OMP_NUM_THREADS=1``
-        where torchrun would give the ranks that: libraries read it as they load."""
+        """Once (restarts fork from the same one); ``OMP_NUM_THREADS=1`` where torchrun would
+        set it: libraries read it as they load."""
         if self.proc is not None or not self.path:
             return
         zenv = dict(env)
@@ -139,8 +137,7 @@ _RUNTIME: Optional[WarmStart] = None
 
 
 def share_runtime_warm(env: Dict[str, str], on: bool) -> None:
-    """In Metaflow's runtime, as it starts a task on this host: started once per
-    run (it dies with the runtime), named in the task's ``env``."""
+    """In Metaflow's runtime, as it starts a task on this host: once per run, named in the task's ``env``."""
     global _RUNTIME
     if _RUNTIME is None:
         _RUNTIME = WarmStart.for_step(on)
