@@ -79,21 +79,12 @@ class Cause(Written):
             return None
         stamp = data.get("time")
         when = float(stamp) if stamp is not None and _is_real(stamp) else time.time()
+        ints = {name: _small_int(data.get(name)) for name in ("node_index", "rank", "local_rank", "exit_code", "call")}
         return cls(
-            kind=kind,
-            summary=summary,
-            node_index=_small_int(data.get("node_index")),
-            rank=_small_int(data.get("rank")),
-            local_rank=_small_int(data.get("local_rank")),
-            exit_code=_small_int(data.get("exit_code")),
-            exc_type=_text(data.get("exc_type"), 200),
-            message=_text(data.get("message"), MAX_TEXT),
-            traceback=_text(data.get("traceback"), MAX_TRACEBACK),
-            secondary=data.get("secondary") is True,
-            missing=tuple(_int_list(data.get("missing")))[:1024],
-            call=_small_int(data.get("call")),
-            grace=_grace(data.get("grace")),
-            time=when,
+            kind=kind, summary=summary, **ints, exc_type=_text(data.get("exc_type"), 200),
+            message=_text(data.get("message"), MAX_TEXT), traceback=_text(data.get("traceback"), MAX_TRACEBACK),
+            secondary=data.get("secondary") is True, missing=tuple(_int_list(data.get("missing")))[:1024],
+            grace=_grace(data.get("grace")), time=when,
         )
 
     def with_node(self, node_index: int) -> "Cause":

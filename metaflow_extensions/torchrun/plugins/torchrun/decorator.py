@@ -134,9 +134,7 @@ class TorchrunDecorator(ParallelDecorator):
         card_commands(sys.argv)  # `card view <run>/<step>`: the control's card
         super().__init__(attributes, statically_defined, **decorator_init_kwargs(ParallelDecorator.__init__, inserted_by))
 
-    def step_init(
-        self, flow, graph, step_name, decorators, environment, flow_datastore, logger
-    ):
+    def step_init(self, flow, graph, step_name, decorators, environment, flow_datastore, logger):
         super().step_init(flow, graph, step_name, decorators, environment, flow_datastore, logger)
         problems = Problems()  # one run, every problem
         problems.check(legacy_notes, self._legacy, say, sys.argv)
@@ -177,14 +175,10 @@ class TorchrunDecorator(ParallelDecorator):
         super().runtime_finished(exception)
         close_runtime_warm()
 
-    def task_pre_step(
-        self, step_name, task_datastore, metadata, run_id, task_id, flow, graph,
-        retry_count, max_user_code_retries, ubf_context, inputs,
-    ):
-        super().task_pre_step(
-            step_name, task_datastore, metadata, run_id, task_id, flow, graph,
-            retry_count, max_user_code_retries, ubf_context, inputs,
-        )
+    def task_pre_step(self, step_name, task_datastore, metadata, run_id, task_id, flow, graph,
+                      retry_count, max_user_code_retries, ubf_context, inputs):
+        super().task_pre_step(step_name, task_datastore, metadata, run_id, task_id, flow, graph,
+                              retry_count, max_user_code_retries, ubf_context, inputs)
         from metaflow import current
 
         self._metadata = (metadata, run_id, step_name, task_id)
@@ -212,9 +206,7 @@ class TorchrunDecorator(ParallelDecorator):
         self._handle = TorchrunHandle()
         current._update_env({"torch": self._handle})
 
-    def task_decorate(
-        self, step_func, flow, graph, retry_count, max_user_code_retries, ubf_context
-    ):
+    def task_decorate(self, step_func, flow, graph, retry_count, max_user_code_retries, ubf_context):
         decorated = own_start(super().task_decorate(  # a local control starts its nodes and sees them end
             in_gang(step_func, self._start_session, self._attempt, lambda: self._published.withdraw()),
             flow, graph, retry_count, max_user_code_retries, ubf_context,
@@ -249,17 +241,13 @@ class TorchrunDecorator(ParallelDecorator):
         super().task_post_step(step_name, flow, graph, retry_count, max_user_code_retries)
         self._record_result(flow, retry_count)
 
-    def task_exception(
-        self, exception, step_name, flow, graph, retry_count, max_user_code_retries
-    ):
+    def task_exception(self, exception, step_name, flow, graph, retry_count, max_user_code_retries):
         _log.debug("Metaflow's task_exception reached us")  # after the decorators above ours (@checkpoint's end)
         handled = super().task_exception(exception, step_name, flow, graph, retry_count, max_user_code_retries)
         self._record_result(flow, retry_count)
         return handled
 
-    def task_finished(
-        self, step_name, flow, graph, is_task_ok, retry_count, max_user_code_retries
-    ):
+    def task_finished(self, step_name, flow, graph, is_task_ok, retry_count, max_user_code_retries):
         began = time.monotonic()
         super().task_finished(step_name, flow, graph, is_task_ok, retry_count, max_user_code_retries)
         for ending in (self._session, getattr(self, "_warm", None)):  # the warm process: the step's code never ran

@@ -260,11 +260,9 @@ class Problems:
 
     def check(self, func, *args, **kwargs):
         """``func(*args, **kwargs)``, or None with its message kept."""
-        try:
+        with self:
             return func(*args, **kwargs)
-        except TorchrunInvalidArgument as e:
-            self.messages.extend(_split(e.message))
-            return None
+        return None
 
     def __enter__(self) -> "Problems":
         return self

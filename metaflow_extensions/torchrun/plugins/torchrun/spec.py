@@ -87,20 +87,13 @@ def read_step_spec(attributes: Mapping[str, Any], decorators: DecoratorSpecs, en
     hang_timeout = problems.check(validate_hang_timeout, attributes.get("hang_timeout"))
     grace = problems.check(validate_shutdown_grace, attributes.get("shutdown_grace"), step_timeout(decorators))
     return StepSpec(
-        attributes=attributes,
-        torchrun_args=torchrun_args,
-        accelerators=accelerators,
-        port=port,
-        rdzv_port=rdzv_port,
-        hang_timeout=hang_timeout,
-        shutdown_grace=DEFAULTS.SHUTDOWN_GRACE if grace is None else grace,
+        attributes=attributes, torchrun_args=torchrun_args, accelerators=accelerators, port=port, rdzv_port=rdzv_port,
+        hang_timeout=hang_timeout, shutdown_grace=DEFAULTS.SHUTDOWN_GRACE if grace is None else grace,
         args_as=problems.check(validate_args_as, attributes.get("args_as"), "@torchrun(args_as)") or DEFAULTS.ARGS_AS,
         preflight=problems.check(preflight_mode, attributes.get("preflight")) or DEFAULT_PREFLIGHT,
-        retry_on=retry_on,
-        restarts=restarts or 0,
+        retry_on=retry_on, restarts=restarts or 0,
         spares=problems.check(validate_spares, attributes.get("spares"), restarts, list(entries)) or 0,
-        notes=tuple(notes),
-        runs_here=not any(name in REMOTE_COMPUTE for name, _ in decorators),
+        notes=tuple(notes), runs_here=not any(name in REMOTE_COMPUTE for name, _ in decorators),
     )
 
 
@@ -166,23 +159,12 @@ def step_defaults(spec: StepSpec, knobs: Optional[Knobs] = None) -> StepDefaults
     """What every call of the step starts from (call arguments override it)."""
     attributes = spec.attributes
     return StepDefaults(
-        nproc_per_node=attributes.get("nproc_per_node"),
-        torchrun_args=spec.torchrun_args,
-        port=spec.port,
-        rdzv_port=spec.rdzv_port,
-        args_as=spec.args_as,
-        derived_nproc=spec.accelerators.nproc,
-        heartbeat_timeout=float(attributes["heartbeat_timeout"]),
-        label_logs=truthy(attributes["label_logs"]),
-        start_timeout=float(attributes["start_timeout"]),
-        accelerators=spec.accelerators,
-        hang_timeout=spec.hang_timeout,
-        shutdown_grace=spec.shutdown_grace,
-        preflight=spec.preflight,
-        restarts=spec.restarts,
-        spares=spec.spares,
-        retry_on=spec.retry_on,
-        knobs=knobs or Knobs(),
+        nproc_per_node=attributes.get("nproc_per_node"), derived_nproc=spec.accelerators.nproc,
+        accelerators=spec.accelerators, torchrun_args=spec.torchrun_args, args_as=spec.args_as,
+        port=spec.port, rdzv_port=spec.rdzv_port, label_logs=truthy(attributes["label_logs"]),
+        heartbeat_timeout=float(attributes["heartbeat_timeout"]), start_timeout=float(attributes["start_timeout"]),
+        hang_timeout=spec.hang_timeout, shutdown_grace=spec.shutdown_grace, preflight=spec.preflight,
+        restarts=spec.restarts, spares=spec.spares, retry_on=spec.retry_on, knobs=knobs or Knobs(),
     )
 
 

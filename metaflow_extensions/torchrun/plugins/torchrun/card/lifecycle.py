@@ -111,15 +111,9 @@ def render_card_now(deco: Any, attempt: int) -> bool:
         return True
     try:
         deco.card_creator.create(
-            mode="render",
-            final=True,
-            card_uuid=deco._card_uuid,
-            user_set_card_id=deco._user_set_card_id,
-            runtime_card=deco._is_runtime_card,
-            decorator_attributes=deco.attributes,
-            card_options=deco.card_options,
-            logger=deco._logger,
-            sync=True,
+            mode="render", final=True, card_uuid=deco._card_uuid, user_set_card_id=deco._user_set_card_id,
+            runtime_card=deco._is_runtime_card, decorator_attributes=deco.attributes, card_options=deco.card_options,
+            logger=deco._logger, sync=True,
         )
         return True
     except Exception as e:

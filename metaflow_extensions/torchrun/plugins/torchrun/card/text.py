@@ -16,13 +16,10 @@ ZWSP = "\u200b"
 # A preformatted block that wraps (inline style: no CSS of ours reaches the card otherwise).
 _PRE = '<pre style="white-space: pre-wrap; overflow-wrap: anywhere; word-break: break-word; margin: 0">'
 
-# What the card's Markdown renderer (marked, drawn by svelte-markdown) does with
-# text, measured in a real card (tests/integration/test_observability.py): a
-# backslash escape is dropped with its character ("\\(x\\)" shows "x"), an
-# entity shows as typed ("&lt;"), a code span drops its backticks; an HTML block
-# is drawn as HTML, and a table cell as plain text. So text from a rank goes in a
-# table cell as it is, in an HTML block escaped as HTML (``text_block``,
-# ``html_line``), or in a code span (``escape_markdown``), never bare in Markdown.
+# The card's Markdown renderer, measured (tests/integration/test_observability.py), drops a backslash
+# escape with its character, shows an entity as typed and drops a code span's backticks; it draws an HTML
+# block as HTML and a table cell as plain text. So a rank's text goes in a cell as it is, in an HTML block
+# escaped (``text_block``, ``html_line``) or in a code span (``escape_markdown``), never bare.
 _BACKTICK_LOOKALIKE = "\u02cb"
 # Text that cannot be markup anywhere in a line (no emphasis, link, autolink,
 # entity, HTML or escape character; starting with a letter or digit), shown as it is.

@@ -85,18 +85,9 @@ def from_result(result: Any, ranks: Mapping[int, Sequence[Any]]) -> Gang:
     # Drawn where the failing rank ended, not when its node reported it (seconds later).
     failed_at = _rank_end(ranks, failed_node, failed_rank) or (_number(cause.time) if cause is not None else None)
     return Gang(
-        num_nodes=max(1, int(result.num_nodes or 1)),
-        joined=joined,
-        finished=finished,
-        ranks=ranks,
-        calls=calls,
-        failed_at=failed_at,
-        failed_node=failed_node,
-        failed_rank=failed_rank,
-        ended_at=_number(result.ended_at),
-        failed_kind=cause.kind if cause is not None else None,
-        swaps=swaps_of(result),
-        bench=bench_of(result),
+        num_nodes=max(1, int(result.num_nodes or 1)), joined=joined, finished=finished, ranks=ranks, calls=calls,
+        failed_at=failed_at, failed_node=failed_node, failed_rank=failed_rank, ended_at=_number(result.ended_at),
+        failed_kind=cause.kind if cause is not None else None, swaps=swaps_of(result), bench=bench_of(result),
     )
 
 
