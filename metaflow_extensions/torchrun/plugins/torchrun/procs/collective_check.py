@@ -1,11 +1,7 @@
-"""The collective job of ``@torchrun(preflight="full")``, run on every rank as a
-function entrypoint before the step's first call. No Metaflow import: ranks
-import this.
+"""The collective job of ``@torchrun(preflight="full")``, run on every rank.
 
-Each rank writes the phase it is in to a file in the node's work directory
-(``phase_path``): when the job overruns its deadline, the node reads them to say
-whether its ranks were waiting for their peers inside a collective (an echo) or
-stuck outside one (the node to name, ``runtime/preflight.py``).
+Each rank writes the phase it is in, so on an overrun the node can tell ranks
+waiting in a collective (an echo) from ones stuck outside one (runtime/preflight.py).
 """
 
 from __future__ import annotations
@@ -16,13 +12,10 @@ from typing import Any, Dict, List, Optional
 
 from .bootstrap import WORK_DIR_ENV, NODE_INDEX_ENV
 
-# Test-only: the node index whose ranks stop (sleep) right after the process
-# group is up, outside any collective: a node that hangs in the preflight job.
+# Test-only: the node whose ranks hang outside any collective once the group is up.
 FAKE_HANG_ENV = "METAFLOW_TORCHRUN_FAKE_PREFLIGHT_HANG"
 PHASE_FILE = "preflight-local%d.phase"  # by local rank: one work directory per node
-# Phases in which a rank waits for other ranks: a rank found in one of these at
-# the deadline is waiting, not the cause.
-WAITING = ("init", "allreduce", "timed", "gather", "exchange")
+WAITING = ("init", "allreduce", "timed", "gather", "exchange")  # a rank here waits on others
 SIZE_MIB = 4
 ITERATIONS = 5
 EXCHANGES = 3
@@ -54,10 +47,8 @@ def read_phase(workdir: str, local_rank: int) -> Optional[str]:
 
 
 def preflight_job(backend: str, size_mib: int = SIZE_MIB, iterations: int = ITERATIONS) -> Optional[Dict[str, Any]]:
-    """One all-reduce (checked), a timed all-reduce of ``size_mib`` (bus
-    bandwidth as nccl-tests counts it), and a ping-pong of the same buffer
-    between rank 0 and local rank 0 of every other node, one node at a time
-    (each node's own link). Rank 0 returns what every rank measured."""
+    """A checked all-reduce, a timed one (bus bandwidth as nccl-tests counts
+    it), and a ping-pong with each other node in turn; rank 0 returns it all."""
     import torch
     import torch.distributed as dist
 
@@ -111,8 +102,7 @@ def preflight_job(backend: str, size_mib: int = SIZE_MIB, iterations: int = ITER
 
 
 def _exchange(dist: Any, sync: Any, buf: Any, rank: int, rows: List[List[float]]) -> Dict[int, float]:
-    """Rank 0 and each other node's local rank 0 in turn: a warm-up round
-    trip, then ``EXCHANGES`` timed ones; GB/s each way, per node."""
+    """GB/s each way per node: a warm-up round trip, then ``EXCHANGES`` timed."""
     leaders = {int(r[0]): i for i, r in enumerate(rows) if int(r[1]) == 0}
     home = int(rows[0][0])
     out: Dict[int, float] = {}
@@ -143,13 +133,6 @@ def _summary(backend: str, world: int, allreduce_ok: bool, size_mib: int, busbw:
     for r in rows:
         node = int(r[0])
         init[node] = max(init.get(node, 0.0), round(r[2], 4))
-    return {
-        "backend": backend,
-        "world_size": world,
-        "allreduce_ok": allreduce_ok,
-        "size_mib": size_mib,
-        "busbw_gbps": round(busbw, 3),
-        "init_s": init,
-        "link_gbps": {node: round(v, 3) for node, v in exchanged.items()},
-        "home_node": int(rows[0][0]),
-    }
+    return {"backend": backend, "world_size": world, "allreduce_ok": allreduce_ok, "size_mib": size_mib,
+            "busbw_gbps": round(busbw, 3), "init_s": init,
+            "link_gbps": {node: round(v, 3) for node, v in exchanged.items()}, "home_node": int(rows[0][0])}

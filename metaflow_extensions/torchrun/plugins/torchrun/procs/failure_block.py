@@ -1,12 +1,7 @@
-"""The few lines a failed call shows, whatever the gang's size (pure).
+"""The few lines a failed call shows, at most ``BUDGET`` whatever the gang's size (pure).
 
-In this order: the failing rank's traceback once, the user's frames only; one
-line for the echoes of it (the peers that lost it), one per other failure of
-its own kind; the suspected culprit when ranks wait in a collective (by rank,
-node and host); one line per place where the stopped ranks were; where every
-rank's whole output is; the one-line fix when one is known. At most
-``BUDGET`` lines: a deep traceback keeps its innermost frames, places past
-``PLACES`` are counted, never listed.
+The root traceback once (user frames only), the echoes in one line, other
+failures, the suspected culprit, where the stopped ranks were, the logs, the fix.
 """
 
 from __future__ import annotations
@@ -31,34 +26,24 @@ PLACES = 5
 
 @dataclass
 class Block:
-    """What goes into one failure block; every field may be empty."""
-
     root: Optional[RankFailure] = None
     others: Sequence[RankFailure] = ()
     stacks: Dict[int, str] = field(default_factory=dict)
     logs: str = ""  # where every rank's whole output is
     fix: str = ""
     headline: str = ""  # who failed first (with what, when no traceback says it)
-    # Ranks of other nodes that ended unsuccessfully after it (from their
-    # nodes' reports to the control): counted with the echoes.
-    elsewhere: Sequence[int] = ()
-    # The ranks not in the collective the others wait in (culprit.py), named
-    # before where the ranks were.
+    elsewhere: Sequence[int] = ()  # other nodes' ranks that failed after it: counted with the echoes
     suspects: Sequence[str] = ()
 
 
-# Frames that are not the user's: this package's (the bootstrap, the relay),
-# runpy's (how a script is run) and torch's launcher (torchrun's @record).
+# Frames not the user's: this package's, runpy's and torch's launcher's.
 _OURS = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 _LAUNCHER = os.path.join("torch", "distributed", "elastic") + os.sep
-# How failures.with_last_output heads a crashed rank's last output.
-CRASH_OUTPUT = "The rank's last lines of stderr"
-# faulthandler's frame lines ("  File "x.py", line 3 in f"): one line each.
+CRASH_OUTPUT = "The rank's last lines of stderr"  # failures.with_last_output's heading
 _DUMP_FRAME = re.compile(r'^\s+File "(?P<file>[^"]*)", line \d+ in ')
 
 
 def is_users(filename: str) -> bool:
-    """Whether a frame's file is the user's (or a library's), not ours."""
     if filename.startswith("<frozen runpy"):
         return False
     path = os.path.abspath(filename)
@@ -66,10 +51,7 @@ def is_users(filename: str) -> bool:
 
 
 def traceback_lines(text: str, limit: int = TRACEBACK_LINES) -> List[str]:
-    """A traceback cut to its last ``limit`` lines (the innermost frames and
-    the exception), saying what was left out. A crash's last output
-    (faulthandler's dump, innermost frame first) keeps its first lines
-    instead, without our frames."""
+    """The last ``limit`` lines; a crash's dump (innermost frame first) keeps its first, less our frames."""
     lines = (text or "").rstrip().splitlines()
     if lines and lines[0].startswith(CRASH_OUTPUT):
         lines = [line for line in lines if not ((m := _DUMP_FRAME.match(line)) and not is_users(m.group("file")))]
@@ -83,8 +65,7 @@ def traceback_lines(text: str, limit: int = TRACEBACK_LINES) -> List[str]:
 
 
 def echo_lines(others: Sequence[RankFailure], elsewhere: Sequence[int] = ()) -> List[str]:
-    """The echoes in one line with their count (those of other nodes too);
-    other failures of their own kind one line each (a few), then counted."""
+    """The echoes in one line; a few other failures one line each, the rest counted."""
     echoes = [f for f in others if f.secondary]
     own = [f for f in others if not f.secondary]
     ranks = sorted({f.rank for f in echoes} | set(elsewhere) - {f.rank for f in own})
@@ -106,7 +87,6 @@ def echo_lines(others: Sequence[RankFailure], elsewhere: Sequence[int] = ()) -> 
 
 
 def place_lines(stacks: Dict[int, str], full: str, limit: int = PLACES) -> List[str]:
-    """One line per place the stopped ranks were (the grouping of stacks.py)."""
     if not stacks:
         return []
     groups = group(stacks)
@@ -121,7 +101,6 @@ def place_lines(stacks: Dict[int, str], full: str, limit: int = PLACES) -> List[
 
 
 def render(block: Block, full: str = "the card") -> str:
-    """The block's text, at most ``BUDGET`` lines."""
     lines: List[str] = []
     if block.headline:
         lines.append(block.headline)

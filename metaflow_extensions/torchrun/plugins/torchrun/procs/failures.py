@@ -9,7 +9,7 @@ from typing import Any, Dict, List, Optional
 
 from .names import (AGENT_FAILURES_FILE, EXCEPTION_SUFFIX, FAILURE_SUFFIX, RETURN_SUFFIX, STACKS_SUFFIX, rank_file,
                     rank_of)
-from .records import read_json, write_json
+from .records import read_json, read_rank_files, write_json
 
 NO_EXCEPTION = "the process ended without a Python exception"
 OUTPUT_LINES = 20  # of a dead rank's stderr, where nothing says where its crash began
@@ -85,14 +85,7 @@ def write_failure(directory: str, failure: RankFailure) -> None:
 
 def read_failures(directory: str) -> List[RankFailure]:
     found = []
-    try:
-        names = os.listdir(directory)
-    except OSError:
-        return []
-    for name in names:
-        if rank_of(name, FAILURE_SUFFIX) is None:
-            continue
-        data = read_json(os.path.join(directory, name))
+    for _, data in read_rank_files(directory, FAILURE_SUFFIX):
         try:
             found.append(RankFailure(**data))
         except TypeError:  # not an object, or not our fields

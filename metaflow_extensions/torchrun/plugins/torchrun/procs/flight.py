@@ -1,24 +1,11 @@
 """What torch's Flight Recorder says of one rank, in a few typed lines.
 
-Why: the Flight Recorder logs every collective a process group issues (its
-sequence number, its op, whether it completed) in C++, whatever issued it: a
-call with ``async_op=True`` waited on later, DDP's gradient hooks, NCCL's
-asynchronous work. The Python stacks miss all of those. Its dump is large (about
-half a kilobyte per entry, 2,000 entries) and says far more than a hang needs,
-so the rank boils it down here to a record of a few hundred bytes: per process
-group, the last collective it entered and whether that completed. That record
-crosses the gang (gang/messages.py ``Stacks``); culprit.py compares the ranks'.
-
-The dump's keys are torch's writer's (``FlightRecorder::dump_json`` in
-FlightRecorderDetail.hpp, format "2.10" in torch 2.13, 2.14.1 and 2.15.0, for
-every backend): ``version``, ``entries`` (each with ``collective_seq_id``,
-``op_id``, ``pg_id``, ``process_group`` as [name, description],
-``profiling_name`` as "<backend>:<op>", ``is_p2p``, ``state`` one of
-scheduled/started/completed, ``retired``) and ``pg_status`` (per ``pg_id``:
-``last_enqueued_collective`` and ``last_completed_collective`` as strings).
-Which of them says that a collective completed depends on the backend that
-recorded it (``_done``). A format of another major version is not guessed at:
-it reads as ``UNSUPPORTED``. Pure: no torch, no I/O.
+The recorder sees every collective a group issues, async ones and DDP's hooks
+included, which no Python stack shows. Its dump (about 1 MB) is boiled down here
+to a few hundred bytes that cross the gang: per process group, the last
+collective entered and whether it completed. The keys are those of torch's
+``FlightRecorder::dump_json`` (format "2.10", torch 2.13 to 2.15); another
+major version reads as ``UNSUPPORTED``. Pure: no torch, no I/O.
 """
 
 from __future__ import annotations
@@ -29,30 +16,20 @@ from typing import Annotated, Any, Dict, List, Mapping, Optional, Tuple
 
 from ..base.codec import SKIP, Int, Items, OneOf, Record, Text
 
-# A rank reports at most this many process groups: those with a collective
-# still open first, then the busiest.
-MAX_GROUPS = 4
+MAX_GROUPS = 4  # those with a collective open first, then the busiest
 NAME_CHARS = 64
 OP_CHARS = 32
 RECORDER_CHARS = 16
 NOTE_CHARS = 160
 MAX_SEQ = 1 << 62
-# What a rank's answer says of its recorder.
 OK = "ok"  # groups as recorded
 EMPTY = "empty"  # torch.distributed is up but the recorder holds nothing (off)
 NO_GROUP = "no_group"  # torch.distributed not imported, or no process group yet
 UNSUPPORTED = "unsupported"  # this torch has no Flight Recorder dump
 FAILED = "failed"  # the dump raised or did not parse
 STATES = (OK, EMPTY, NO_GROUP, UNSUPPORTED, FAILED)
-# The dump formats read here: major version 2 ("2.10" from torch 2.13 to 2.15).
 FORMAT_MAJOR = "2"
-# Which recorder a rank read (its default group's backend, as torch names the
-# implementation): gloo's entries never change state once recorded, so their
-# completion is in ``pg_status`` (counted in op_id); stock ProcessGroupNCCL's
-# watchdog marks an entry "completed" (a retired entry that is not has timed
-# out, and its ``pg_status`` mixes collective and point-to-point counts); a
-# backend recorded by torch 2.15's per-backend hook (nccl2) is retired when
-# it completes, or at issue where the backend cannot tell (then "scheduled").
+# The recorder a rank read: its default group's backend, as torch names it (``_done``).
 GLOO = "gloo"
 NCCL = "nccl"
 
@@ -66,10 +43,8 @@ Seq = Annotated[int, Int(0, MAX_SEQ)]
 
 @dataclass(frozen=True)
 class FlightGroup(Record):
-    """One process group as one rank saw it. ``entered``: the sequence number
-    (among the group's collectives, the same on every rank that issued the
-    same ones) of the last collective this rank entered; ``op`` its name;
-    ``done`` whether it completed here."""
+    """``entered``: the sequence number of the last collective this rank
+    entered (the same on every rank that issued the same ones)."""
 
     ERROR = FlightError
     name: Annotated[str, Text(NAME_CHARS)]  # torch's name of the group: "0" is the default group
@@ -85,10 +60,7 @@ class FlightGroup(Record):
 
 @dataclass(frozen=True)
 class FlightSummary(Record):
-    """One rank's answer: the state of its recorder and, when ``OK``, its groups.
-    ``recorder``: the backend whose recorder was read; ``note``: why a state
-    other than ``OK`` (a function this torch lacks, a format it writes that is
-    not read here)."""
+    """``recorder``: the backend whose recorder was read; ``note``: why a state other than ``OK``."""
 
     ERROR = FlightError
     WIRE_ORDER = ("state", "entries", "groups", "recorder", "note")
@@ -103,10 +75,8 @@ class FlightSummary(Record):
 
 
 def summarize(dump: Any, recorder: str = GLOO) -> FlightSummary:
-    """The summary of one dump (bytes or text of torch's JSON) from the
-    ``recorder`` of that backend. Whatever does not read as torch's format
-    reads as ``FAILED``, never as an exception: the dump's format is torch's,
-    and it may change."""
+    """Whatever does not read as torch's format is ``FAILED``, never an
+    exception: the format is torch's, and it may change."""
     recorder = recorder[:RECORDER_CHARS]
     try:
         data = json.loads(dump)
@@ -127,8 +97,6 @@ def summarize(dump: Any, recorder: str = GLOO) -> FlightSummary:
 
 
 def _groups(entries: List[Any], status: Mapping[str, Any], recorder: str) -> List[FlightGroup]:
-    """The last collective (not a send or receive) of each group in the ring,
-    and whether it completed (``_done``)."""
     last: Dict[str, Mapping[str, Any]] = {}
     for entry in entries:
         if isinstance(entry, Mapping) and not entry.get("is_p2p"):
@@ -145,8 +113,9 @@ def _groups(entries: List[Any], status: Mapping[str, Any], recorder: str) -> Lis
 
 
 def _done(entry: Mapping[str, Any], pg: Any, recorder: str) -> bool:
-    """Whether one entry's collective completed, as its backend's recorder
-    tells it (GLOO and NCCL above)."""
+    """gloo's entries never change state, so its completion is in ``pg_status``
+    (op_id); stock NCCL's watchdog marks an entry "completed"; another backend's
+    (2.15's nccl2) is retired when it completes."""
     if entry.get("state") not in ("scheduled", "started", "completed"):
         raise ValueError("not one of torch's entry states")
     if recorder == NCCL:
@@ -160,9 +129,7 @@ def _done(entry: Mapping[str, Any], pg: Any, recorder: str) -> bool:
 
 
 def bound(summaries: Mapping[int, FlightSummary], budget: int) -> Dict[int, FlightSummary]:
-    """At most about ``budget`` bytes of wire for one node's ranks: each rank
-    keeps its first group only when all of theirs would not fit (the one with
-    a collective open, if any), then ranks past what fits are left out."""
+    """About ``budget`` bytes: first each rank's first group only, then fewer ranks."""
     out = dict(summaries)
     if _size(out) <= budget:
         return out

@@ -1,18 +1,7 @@
-"""The stand-in: a process torchrun (or the node's supervisor) started, which
-has the node's zygote (``zygote.py``) fork the real one and stands in its place.
-
-torchrun knows its workers by pid: it signals their process groups and reaps
-their exits. The stand-in keeps that true. It passes its stdin, stdout and
-stderr to the zygote with what makes it the process it is (argv, environment,
-working directory, ``sys.path``, umask), forwards every signal a launcher sends
-to the forked child, and exits as the child did: the same code, or killed by
-the same signal. If the stand-in is killed, the zygote kills the child; if the
-zygote dies, its children die with it (their parent-death signal) and the
-stand-in exits as killed.
-
-Where no zygote answers (none started, or it went away before forking), the
-module runs here, as it always did: a warm start is a speed-up, never a
-condition. Runs before anything else in the rank or agent: no Metaflow, no torch.
+"""The stand-in: the process torchrun started, which has the node's zygote fork
+the real one, forwards it every signal and exits as it did, so torchrun's pids
+stay true. Where no zygote answers, the module runs here: a warm start is a
+speed-up, never a condition.
 """
 
 from __future__ import annotations
@@ -28,15 +17,12 @@ from typing import Dict, Mapping, NoReturn, Optional, Sequence, Tuple
 from .names import ZYGOTE_ENV
 from .zygote_wire import ReplyReader, Request, WireError, send_request
 
-# True in a process the zygote forked: it runs its module itself.
-FORKED = False
-# What a launcher sends a worker: passed on to the real one.
+FORKED = False  # in a process the zygote forked: it runs its module itself
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 
 
 def hand_off(module: str, argv: Sequence[str], environ: Mapping[str, str] = os.environ) -> None:
-    """Have the zygote run ``module`` with ``argv`` in this process's place,
-    and exit as it exits. Returns only where no zygote took it."""
+    """Returns only where no zygote took it."""
     if FORKED:
         return
     path = environ.get(ZYGOTE_ENV)
@@ -67,8 +53,7 @@ def hand_off(module: str, argv: Sequence[str], environ: Mapping[str, str] = os.e
 
 
 def _forked(reader: ReplyReader) -> Tuple[bool, Optional[Dict[str, int]]]:
-    """Whether the zygote took the start ("taken"), and its next answer: the
-    child's pid, "fresh", or None (gone, or an answer that is not one)."""
+    """Whether the zygote said "taken", and its next answer (None: gone)."""
     first = reader.next()
     if first is None or "taken" not in first:
         return False, first
@@ -79,7 +64,6 @@ def _forked(reader: ReplyReader) -> Tuple[bool, Optional[Dict[str, int]]]:
 
 
 def peer_uid(sock: socket.socket) -> int:
-    """The uid of the process at the other end of a Unix socket."""
     creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
     return struct.unpack("3i", creds)[1]
 
@@ -96,8 +80,7 @@ def _forward_signals(child: int) -> None:
 
 
 def _wait_exit(reader: ReplyReader) -> int:
-    """The child's exit as the zygote reaped it; the zygote gone first means
-    the child was killed with it."""
+    """The zygote gone first means the child was killed with it."""
     while True:
         try:
             message = reader.next()
@@ -110,7 +93,6 @@ def _wait_exit(reader: ReplyReader) -> int:
 
 
 def _exit_as(code: int) -> NoReturn:
-    """Exit as the child did, so torchrun (or the supervisor) reads the same status."""
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()

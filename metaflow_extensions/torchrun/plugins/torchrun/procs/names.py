@@ -1,9 +1,6 @@
-"""Every name the task and the ranks share: environment variables and the
-files of a call's work directory.
-
-One home, so that the side that writes a name and the side that reads it can
-never drift apart. It lives in ``procs/`` (the layer both sides may import) and
-imports nothing: ranks load it before anything else.
+"""Every name the task and the ranks share (environment variables, the files of
+a call's work directory), in one home so writer and reader never drift apart.
+Imports nothing: ranks load it before anything else.
 """
 
 from __future__ import annotations
@@ -11,11 +8,7 @@ from __future__ import annotations
 import os
 from typing import Optional
 
-# -- environment: what users set ------------------------------------------------
-# The METAFLOW_TORCHRUN_* settings live in ../knobs.py, read once at the step's
-# start; what reaches the ranks comes in their entry file (entry.py).
-
-# -- environment: what the task sets for its torchrun and ranks -------------------
+# What the task sets for its torchrun and ranks (users' settings: base/knobs.py).
 WORK_DIR_ENV = "METAFLOW_TORCHRUN_WORK_DIR"  # the call's work directory
 NODE_INDEX_ENV = "METAFLOW_TORCHRUN_NODE_INDEX"
 LABELS_ENV = "METAFLOW_TORCHRUN_LABELS"  # "0": leave output lines as they are
@@ -23,29 +16,21 @@ LOG_DIR_ENV = "METAFLOW_TORCHRUN_LOG_DIR"  # per-rank copies of stdout and stder
 ENTRY_ENV = "METAFLOW_TORCHRUN_ENTRY"  # the entry file's path
 USER_TMPDIR_ENV = "METAFLOW_TORCHRUN_USER_TMPDIR"  # the ranks' TMPDIR ("": none)
 USER_UMASK_ENV = "METAFLOW_TORCHRUN_USER_UMASK"  # the ranks' umask, in octal (torchrun's agent runs under 077)
-# Which restart of the call's ranks this is (@torchrun(restarts)): the bootstrap
-# sets torch's own TORCHELASTIC_RESTART_COUNT from it (a fresh agent says 0).
+# Which restart of the call's ranks this is: the bootstrap sets torch's count from it.
 RESTART_ENV = "METAFLOW_TORCHRUN_RESTART"
 RESTART_COUNT_ENV = "TORCHELASTIC_RESTART_COUNT"
-# The node's warm process's socket (procs/zygote.py): torchrun's agent and the
-# ranks hand their start to it (procs/handoff.py). Unset: they start fresh.
-ZYGOTE_ENV = "METAFLOW_TORCHRUN_ZYGOTE"
-# A local run's control's warm process, for the other nodes Metaflow starts on
-# the same host: each node's own warm process is forked from it, so the host
-# imports torch once (runtime/warm_start.py).
+ZYGOTE_ENV = "METAFLOW_TORCHRUN_ZYGOTE"  # the warm process's socket (zygote.py); unset: start fresh
+# A local run's control's warm process: the host's other nodes fork theirs from it.
 HOST_ZYGOTE_ENV = "METAFLOW_TORCHRUN_HOST_ZYGOTE"
-# What ps and /proc/PID/comm show for a warm process: a node's supervisor does
-# not count another node's warm process, forked from its own, as its own.
+# A warm process's comm: a supervisor does not count another node's, forked from its own, as its own.
 ZYGOTE_NAME = b"mftr-zygote"
 # torch's own, set by the plan.
 SHARE_STORE_OFF_ENV = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
 SHUTDOWN_TIMEOUT_ENV = "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"
-# torch's Flight Recorder's size in entries (0: off), and its older name, which
-# torch reads when the first is unset. A user's own value of either wins.
+# torch's Flight Recorder's size in entries (0: off), and its older name; a user's own value wins.
 FR_BUFFER_ENV = "TORCH_FR_BUFFER_SIZE"
 FR_BUFFER_OLD_ENV = "TORCH_NCCL_TRACE_BUFFER_SIZE"
-# The path prefix torch writes the recorder's dumps under: 2.15's name, and the
-# older one that torch before 2.15 reads (record/evidence.py looks under both).
+# Where torch writes the recorder's dumps: 2.15's name, and the older one.
 FR_DUMP_ENV = "TORCH_FR_DUMP_TEMP_FILE"
 FR_DUMP_OLD_ENV = "TORCH_NCCL_DEBUG_INFO_TEMP_FILE"
 
@@ -73,8 +58,7 @@ def rank_file(directory: str, rank: int, suffix: str) -> str:
 
 
 def rank_of(name: str, suffix: str) -> Optional[int]:
-    """The rank in a file name ``rank-<R><suffix>``; None for any other name.
-    A rank that could not read its own number records itself as -1."""
+    """None for any other name; a rank that could not read its number wrote -1."""
     if not (name.startswith(RANK_PREFIX) and name.endswith(suffix)):
         return None
     number = name[len(RANK_PREFIX):len(name) - len(suffix)]
@@ -83,16 +67,12 @@ def rank_of(name: str, suffix: str) -> Optional[int]:
 
 
 def agent_log_path(log_dir: str) -> str:
-    """Where torchrun's agent logs on this node (its own W/E lines and its
-    report of a failure): kept out of the console, where our root cause leads."""
     return os.path.join(log_dir, "torchrun-agent.log")
 
 
 def zygote_log_path(log_dir: str) -> str:
-    """What the node's warm process itself says (torch's import warnings)."""
     return os.path.join(log_dir, "zygote.log")
 
 
 def rank_log_path(log_dir: str, rank: int, stream: str) -> str:
-    """Where the relay copies one rank's ``stdout`` or ``stderr``."""
     return rank_file(log_dir, rank, ".%s%s" % (stream, LOG_SUFFIX))

@@ -20,14 +20,13 @@ from typing import Any, Dict, Mapping, Optional, Tuple
 
 from ..base.codec import Written
 from ..base.timeouts import REPORT_INTERVAL
-from .names import PROGRESS_SUFFIX, WORK_DIR_ENV, rank_file, rank_of
-from .records import read_json, write_json
+from .names import PROGRESS_SUFFIX, WORK_DIR_ENV, rank_file
+from .records import read_rank_files, stamp, write_json
 
 # A node's heartbeat stays small whatever a script passes.
 MAX_METRICS = 8
 MAX_METRIC_NAME = 40
 STEP_LIMIT = 1 << 53  # an exact float in JSON
-MAX_TIME = 1e12
 
 
 @dataclass(frozen=True)
@@ -44,7 +43,7 @@ class ProgressReport(Written):
     def from_file(cls, data: Any) -> Optional["ProgressReport"]:
         if not isinstance(data, Mapping):
             return None
-        rank, step, when = _count(data.get("rank")), _count(data.get("step")), _stamp(data.get("time"))
+        rank, step, when = _count(data.get("rank")), _count(data.get("step")), stamp(data.get("time"))
         if rank is None or step is None or when is None:
             return None
         total = _count(data.get("total"))
@@ -80,11 +79,6 @@ def _count(value: Any) -> Optional[int]:
     except (TypeError, ValueError, RuntimeError):
         return None
     return number if 0 <= number < STEP_LIMIT else None
-
-
-def _stamp(value: Any) -> Optional[float]:
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-    return float(value) if ok and 0 <= value <= MAX_TIME else None
 
 
 # (step, total, metrics, time): replaced whole, so the writer never sees half of one.
@@ -179,16 +173,9 @@ class _Writer:
 
 
 def read_progress(directory: str) -> Dict[int, ProgressReport]:
-    try:
-        names = os.listdir(directory)
-    except OSError:
-        return {}
     found: Dict[int, ProgressReport] = {}
-    for name in names:
-        rank = rank_of(name, PROGRESS_SUFFIX)
-        if rank is None:
-            continue
-        one = ProgressReport.from_file(read_json(os.path.join(directory, name)))
+    for rank, data in read_rank_files(directory, PROGRESS_SUFFIX):
+        one = ProgressReport.from_file(data)
         if one is not None and one.rank == rank:
             found[rank] = one
     return found

@@ -1,26 +1,23 @@
-"""JSON record files of a call's work directory, written and read one way.
-
-Ranks, their agent and the task all exchange small JSON records through the
-work directory (a rank's status and failure, the agent's report of the ranks
-torch saw fail). Each is written atomically (a reader never sees half a
-record), privately (0600) and never through a symlink, and read back without
-following one; anything unreadable reads as nothing, never as an error. No
-Metaflow, no torch: every rank imports this.
+"""JSON record files of a call's work directory, written and read one way:
+atomically, privately, never through a symlink; anything unreadable reads as
+nothing, never as an error.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
-from typing import Any
+from typing import Any, Iterator, Optional, Tuple
 
-# A new file only this user can read (0600), never through a symlink.
+from .names import rank_of
+
+MAX_TIME = 1e12  # epoch seconds
 PRIVATE_NEW = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0)
 
 
 def write_json(path: str, data: Any) -> None:
-    """Write ``data`` to ``path`` atomically; raises OSError. The temporary
-    name carries the writer's pid, so a rank and its agent never share one."""
+    """Raises OSError. The temporary name carries the pid: a rank and its agent never share one."""
     tmp = "%s.%d.tmp" % (path, os.getpid())
     try:
         with os.fdopen(os.open(tmp, PRIVATE_NEW, 0o600), "w") as f:
@@ -35,7 +32,6 @@ def write_json(path: str, data: Any) -> None:
 
 
 def read_json(path: str) -> Any:
-    """The JSON in ``path``, or None when it is missing, a symlink or not JSON."""
     try:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
     except OSError:
@@ -45,3 +41,21 @@ def read_json(path: str) -> Any:
             return json.load(f)
     except (OSError, ValueError):
         return None
+
+
+def read_rank_files(directory: str, suffix: str) -> Iterator[Tuple[int, Any]]:
+    """(rank, JSON) of each rank's ``suffix`` file, in name order; none where the directory is gone."""
+    try:
+        names = sorted(os.listdir(directory))
+    except OSError:
+        return
+    for name in names:
+        rank = rank_of(name, suffix)
+        if rank is not None:
+            yield rank, read_json(os.path.join(directory, name))
+
+
+def stamp(value: Any) -> Optional[float]:
+    """A wall-clock time in [0, MAX_TIME] from a file, or None."""
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    return float(value) if ok and 0 <= value <= MAX_TIME else None

@@ -1,15 +1,9 @@
-"""The ranks of ``@torchrun`` steps running on this host, as ``python flow.py
-torchrun ps`` lists them: node, rank, pid and the command ``ps`` shows.
+"""The ranks of ``@torchrun`` steps running on this host, for ``torchrun ps``.
 
-A rank forked from the node's warm process is not below its node's task, and
-its environment is the warm process's: neither the process tree nor
-``/proc/PID/environ`` says whose rank it is. Its status file does: every rank
-writes its pid there as it starts (``status.py``), in its call's work
-directory, ``<base>/work/<task pid>-<random>/``, which lives as long as the
-call. The task's pid names the Metaflow task (``... step <name> --run-id R
---task-id T ...``), so its flow file, run and step. A pid is taken for the
-rank's only while its process started before the rank wrote its status.
-No Metaflow: this reads files and ``/proc``.
+A rank forked from a warm process is not below its task, so neither the process
+tree nor its environment says whose it is: its status file does, in the call's
+work directory ``<task pid>-<random>/``; the task's command line names the run
+and step.
 """
 
 from __future__ import annotations
@@ -21,8 +15,7 @@ from typing import Any, Dict, List, Optional
 from ..host import proctree, title, work_root
 from .status import RankStatus, read_statuses
 
-# A recorded pid is its rank's while that process started before the status
-# was written: the boot time behind a process's start is whole seconds.
+# A recorded pid is the rank's while its process started before the status (whole seconds).
 _START_SLACK = 2.0
 
 
@@ -42,8 +35,6 @@ class RunningRank:
 
 
 def running_ranks(flow_file: Optional[str] = None, base: Optional[str] = None) -> List[RunningRank]:
-    """Every live rank of a task of ``flow_file`` (any flow's where None) on
-    this host, by run, step, node and rank."""
     try:
         root = work_root(base)
         names = os.listdir(root)
@@ -73,9 +64,7 @@ def _live_command(status: RankStatus) -> Optional[str]:
 
 
 def _task(pid: int, flow_file: Optional[str]) -> Optional[Dict[str, str]]:
-    """Run, step and task id of the Metaflow task ``pid`` (its command line:
-    ``python flow.py ... step NAME --run-id R --task-id T ...``), where it runs
-    ``flow_file``; None for any other process."""
+    """Run, step and task id of the Metaflow task ``pid`` running ``flow_file``; else None."""
     try:
         with open("/proc/%d/cmdline" % pid, "rb") as f:
             argv = [a.decode(errors="replace") for a in f.read().split(b"\0")]

@@ -1,17 +1,10 @@
-"""What a stand-in (``handoff.py``) and the node's warm process (``zygote.py``)
-say to each other over the zygote's Unix socket.
+"""What a stand-in (``handoff.py``) and the zygote say over its Unix socket.
 
-A request is one length-prefixed JSON object, with the stand-in's stdin, stdout
-and stderr passed alongside it (``SCM_RIGHTS``); the zygote answers with JSON
-lines: ``{"taken": 1}`` as it is about to fork, ``{"pid": N}`` once it forked
-(or ``{"fresh": 1}``: no fork, the stand-in starts fresh), ``{"exit": S}`` once
-that child ended (``subprocess``'s convention: negative for a signal). A
-stand-in that heard "taken" and then nothing never starts fresh: a child may
-have run the script's first lines already. The socket lives in the
-call's private directory and the zygote checks its peer's user, but a request
-is still read as hostile: bounded, and checked field by field.
-
-No Metaflow, no torch: both ends import this before anything else.
+A request: one length-prefixed JSON object, the stand-in's stdio alongside
+(``SCM_RIGHTS``). Replies, JSON lines: ``taken`` (about to fork), then ``pid``
+or ``fresh`` (no fork: start fresh), then ``exit`` (negative for a signal). A
+request is read as hostile, bounded and checked field by field, though the
+socket is private and the peer's user checked.
 """
 
 from __future__ import annotations
@@ -22,10 +15,7 @@ import struct
 from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
-# What a zygote child may become: the modules of procs/ that torchrun runs, and
-# another node's warm process (a local run's nodes share one host).
 MODULES = ("bootstrap", "agent", "zygote")
-# The zygote's answers, in order (the module's docstring).
 REPLIES = ("taken", "pid", "fresh", "exit")
 MAX_REQUEST = 4 << 20  # an environment of a few MB is already absurd
 MAX_REPLY = 4096
@@ -38,8 +28,7 @@ class WireError(ValueError):
 
 @dataclass(frozen=True)
 class Request:
-    """Everything that makes a fresh ``python -m <module> ARGV`` what it is,
-    beyond what the zygote already holds (the interpreter, torch imported)."""
+    """What makes a fresh ``python -m <module> ARGV`` what it is, beyond what the zygote holds."""
 
     module: str
     argv: List[str]
@@ -93,8 +82,7 @@ def send_request(sock: socket.socket, request: Request, fds: List[int]) -> None:
 
 
 def recv_request(sock: socket.socket, max_fds: int = 3) -> Tuple[Request, List[int]]:
-    """The request and the descriptors that came with it (the caller owns
-    them, also when this raises ``WireError`` after receiving them)."""
+    """The caller owns the descriptors, also when this raises ``WireError``."""
     first, fds, _flags, _addr = socket.recv_fds(sock, 65536, max_fds)
     received = list(fds)
     try:
@@ -123,8 +111,6 @@ def recv_request(sock: socket.socket, max_fds: int = 3) -> Tuple[Request, List[i
 
 @dataclass
 class ReplyReader:
-    """The zygote's JSON lines, one at a time; None at the end of the stream."""
-
     sock: socket.socket
     _buffer: bytes = field(default=b"")
 
