@@ -1,19 +1,10 @@
-"""Launch planning: what one call will start, decided before anything starts.
-
-Pure functions over typed records: the user's ``CallRequest`` and the step's
-``StepDefaults`` become a ``CallPlan`` (``plan_request``: every argument
-checked, every problem named at once, as ``TorchrunInvalidArgument``); once the
-gang has given the call a port, ``prepare_launch`` makes it this node's torchrun argv
-and environment (``NodeFacts``). No process is started here and torch is never
-imported (``torch_checks`` reads its files).
-
-The face shows what most callers use; anything else comes from its module
-(``from ..launch.prepare import NodeFacts, prepare_launch``).
-
-Usage (the runtime's ``api.run`` and its call do this)::
+"""Launch planning, pure and before anything starts: ``plan_request`` makes the user's ``CallRequest``
+and the step's ``StepDefaults`` a ``CallPlan`` (every problem named at once); once the gang has given the
+call a port, ``prepare.prepare_launch`` makes it this node's torchrun argv and environment. torch is
+never imported here (``torch_checks`` reads its files)::
 
     plan = plan_request(CallRequest("train.py", {"epochs": 3}), defaults, [flow_dir])
-    argv, env = prepare.prepare_launch(plan, defaults, node_facts, os.environ)
+    argv, env, endpoint = prepare.prepare_launch(plan, defaults, node_facts, os.environ)
 """
 
 from __future__ import annotations

@@ -1,14 +1,5 @@
-"""Settings that only fail on a platform, refused at ``step_init``: before any
-pod, job or task starts, rather than seconds into a run on a cluster.
-
-- ``@kubernetes(port=N)`` is the port Metaflow exposes on the control pod, and
-  the gang service listens on it (``gang/ports.py``). torchrun's rendezvous
-  pinned to the same N (``@torchrun(rdzv_port=N)``, or 0.2's ``master_port``)
-  would bind it a second time on the same pod: "address already in use", 3 s
-  into the run, naming neither setting.
-- AWS Step Functions runs no ``@parallel`` step: Metaflow refuses the
-  deployment, without saying what does run one.
-"""
+"""Settings that fail only on a platform, refused at ``step_init`` before any pod, job or task starts,
+not seconds into a run on a cluster with a message naming neither setting."""
 
 from __future__ import annotations
 
@@ -30,9 +21,8 @@ def kubernetes_port(specs: Iterable[DecoratorSpec]) -> Optional[int]:
 
 def check_port_clash(specs: Iterable[DecoratorSpec], gang_port: Optional[int], rdzv_port: Optional[int],
                      rdzv_source: str = "@torchrun(rdzv_port)") -> None:
-    """Refuse torchrun's rendezvous pinned to the port the gang service takes
-    from ``@kubernetes(port=N)`` (when ``@torchrun(port)`` does not set the
-    gang's own). ``rdzv_source`` names where the pin came from."""
+    """torchrun's rendezvous pinned to the port the gang service takes from ``@kubernetes(port=N)`` (without
+    ``@torchrun(port)``) would bind it twice on the control pod. ``rdzv_source``: where the pin came from."""
     exposed = kubernetes_port(specs)
     if exposed is None or gang_port is not None or rdzv_port != exposed:
         return
@@ -44,8 +34,7 @@ def check_port_clash(specs: Iterable[DecoratorSpec], gang_port: Optional[int], r
 
 
 def refuse_step_functions(argv: Sequence[str]) -> None:
-    """``step-functions create`` of a flow with a ``@torchrun`` step: refused
-    at once, naming what runs one."""
+    """Step Functions runs no ``@parallel`` step: Metaflow refuses it without saying what runs one."""
     args = list(argv)[1:]
     if "step-functions" not in args:
         return
@@ -59,10 +48,8 @@ def refuse_step_functions(argv: Sequence[str]) -> None:
 
 
 def refuse_one_node_on_kubernetes(specs: Iterable[DecoratorSpec], num_parallel: Sequence[str]) -> None:
-    """``num_parallel=1`` (written as the literal 1: ``num_parallel`` is the
-    source text of ``self.next(..., num_parallel=...)``) on a ``@kubernetes``
-    step: Metaflow refuses it only when it launches the pod, after the steps
-    before it ran."""
+    """A literal ``num_parallel=1`` (the source text of ``self.next``'s) on ``@kubernetes``: Metaflow
+    refuses it only when it launches the pod, after the steps before it ran."""
     if not any(name == "kubernetes" for name, _ in specs):
         return
     if any(str(text).strip() == "1" for text in num_parallel):

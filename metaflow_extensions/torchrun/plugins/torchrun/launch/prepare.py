@@ -1,13 +1,6 @@
-"""Pure: a planned call, made concrete on this node once the gang has given it
-a rendezvous port and the node its directories: torchrun's argv and the
-environment of torchrun and its ranks.
-
-Everything that shapes that environment comes in as one of three typed
-records (``StepDefaults``, ``CallPlan``, ``NodeFacts``), never as loose
-keywords: a setting added to the step reaches the ranks here or nowhere, and
-``tests/unit/test_prepare.py`` checks each one at a value other than its
-default.
-"""
+"""Pure: a planned call made concrete on this node (torchrun's argv and the ranks' environment) from
+three typed records, never loose keywords: a setting added to the step reaches the ranks here or nowhere
+(``tests/unit/test_prepare.py`` checks each one at a value other than its default)."""
 
 from __future__ import annotations
 
@@ -37,13 +30,11 @@ class NodeFacts:
     log_dir: Optional[str]  # the ranks' log files
     entry_path: str  # what the ranks run (procs/entry.py)
     flow_dir: Optional[str]
-    # torchrun's node rank: node_index, less the benched nodes before it (gang/bench.py).
-    node_rank: Optional[int] = None
+    node_rank: Optional[int] = None  # torchrun's: node_index less the benched nodes before it (gang/bench.py)
 
 
 class NodeStart(NamedTuple):
-    """This node's torchrun: its argv, its environment, and the rendezvous
-    endpoint the argv names (the caller waits on it; nothing re-reads argv)."""
+    """This node's torchrun, and the rendezvous endpoint its argv names (the caller waits on it, not on argv)."""
 
     argv: List[str]
     env: Dict[str, str]
@@ -51,19 +42,11 @@ class NodeStart(NamedTuple):
 
 
 def prepare_launch(plan: CallPlan, defaults: StepDefaults, node: NodeFacts, base: Mapping[str, str]) -> NodeStart:
-    launch = Launch(
-        python=node.python,
-        num_nodes=node.num_nodes,
-        node_index=node.node_index if node.node_rank is None else node.node_rank,
-        nproc_per_node=plan.nproc,
-        rdzv_host=node.main_addr,
-        rdzv_port=node.rdzv_port,
-        rdzv_id=node.rdzv_id,
-        entrypoint=node.entry_path,
-        user_options=plan.options,
-        local_addr=node.local_addr,
-        start_timeout=defaults.start_timeout,
-    )
+    launch = Launch(python=node.python, num_nodes=node.num_nodes, nproc_per_node=plan.nproc,
+                    node_index=node.node_index if node.node_rank is None else node.node_rank,
+                    rdzv_host=node.main_addr, rdzv_port=node.rdzv_port, rdzv_id=node.rdzv_id,
+                    entrypoint=node.entry_path, user_options=plan.options, local_addr=node.local_addr,
+                    start_timeout=defaults.start_timeout)
     return NodeStart(build_command(launch), rank_environment(base, defaults, plan, node), launch.rdzv_endpoint)
 
 
@@ -71,39 +54,28 @@ def rank_environment(base: Mapping[str, str], defaults: StepDefaults, plan: Call
                      node: NodeFacts) -> Dict[str, str]:
     """The environment of this node's torchrun and its ranks."""
     env = dict(base)
-    # torchrun's own graceful stop (torch 2.10+; before, a fixed 30 s): on
-    # SIGTERM its agent passes the signal on to the ranks and waits this long
-    # before SIGKILL. Whole seconds: the agent parses an int.
+    # torchrun's agent passes SIGTERM on to the ranks and waits this long before SIGKILL (an int).
     env[names.SHUTDOWN_TIMEOUT_ENV] = str(int(math.ceil(defaults.shutdown_grace)))
     if plan.function is not None and node.flow_dir:
-        # Ranks import the function's module as the flow file would: from the
-        # flow's directory.
+        # Ranks import the function's module as the flow file would: from the flow's directory.
         env["PYTHONPATH"] = os.pathsep.join(p for p in (node.flow_dir, env.get("PYTHONPATH")) if p)
     env[names.WORK_DIR_ENV] = node.workdir
-    # torchrun's agent makes its own directories in TMPDIR: in the work
-    # directory, they go with it (procs/entry.py gives the ranks the user's back).
+    # The agent's own directories go with the work directory (procs/entry.py gives the ranks the user's TMPDIR).
     env[names.USER_TMPDIR_ENV] = base.get("TMPDIR", "")
     env["TMPDIR"] = os.path.join(node.workdir, names.AGENT_TMP)
     env[names.ENTRY_ENV] = node.entry_path
     env[names.NODE_INDEX_ENV] = str(node.node_index)
     if node.iface and "GLOO_SOCKET_IFNAME" not in env:
-        # gloo otherwise binds to whatever the host name resolves to, which
-        # on many hosts (127.0.1.1, containers) other nodes cannot reach.
+        # Else gloo binds to what the host name resolves to, often unreachable (127.0.1.1, containers).
         env["GLOO_SOCKET_IFNAME"] = node.iface
     if plan.torch_restarts:
-        # With the agent's store shared with the workers, torch keeps one store
-        # for every restart and restarted workers read the previous round's
-        # addresses (gloo: "Connection refused"): max_restarts could never
-        # recover. A fresh store per round, hosted by rank 0, is what torch
-        # does with sharing off. Only then: the ranks' init_process_group waits
-        # about 0.5 s longer for rank 0's new store (benchmarks, 2 x 2).
+        # A store shared with the agent outlives a round: restarted workers read the last round's addresses
+        # (gloo: "Connection refused"). Sharing off, rank 0 hosts a fresh one per round, 0.5 s slower to start.
         env.setdefault(names.SHARE_STORE_OFF_ENV, "1")
     env[names.LABELS_ENV] = "1" if defaults.label_logs else "0"
     if node.log_dir:
         env[names.LOG_DIR_ENV] = node.log_dir
     if names.FR_BUFFER_ENV not in env and names.FR_BUFFER_OLD_ENV not in env:
-        # torch's Flight Recorder, read when a hang is stopped (procs/flight_ask.py):
-        # on by our default on every torch, off (0) when the knob says so; a
-        # user's own setting of torch's variables stands.
+        # torch's Flight Recorder, read when a hang is stopped (procs/flight_ask.py); the user's setting stands.
         env[names.FR_BUFFER_ENV] = str(defaults.knobs.flight_recorder)
     return env

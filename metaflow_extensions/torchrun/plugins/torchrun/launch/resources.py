@@ -1,9 +1,5 @@
-"""How many processes per node the step's requested hardware calls for.
-
-Pure functions over ``(decorator name, attributes)`` pairs, so each rule of
-Metaflow's own resource merging is a unit test, and decorators attached on the
-command line (``run --with kubernetes:gpu=4``) count like any other.
-"""
+"""Pure: the processes per node the step's requested hardware calls for, from ``(decorator name,
+attributes)`` pairs, so that ``run --with kubernetes:gpu=4`` counts like any other decorator."""
 
 from __future__ import annotations
 
@@ -12,9 +8,7 @@ from typing import Any, Iterable, Mapping, Optional, Tuple
 
 from ..errors import TorchrunInvalidArgument, shown
 
-# NeuronCores per Neuron device exposed by @batch(trainium=N / inferentia=N):
-# Trainium (trn1) and Inferentia2 devices carry 2 NeuronCores each; for other
-# generations set nproc_per_node explicitly.
+# NeuronCores per @batch(trainium=N / inferentia=N) device (trn1, Inferentia2); others set nproc_per_node.
 NEURON_CORES_PER_DEVICE = 2
 
 DecoratorSpec = Tuple[str, Mapping[str, Any]]
@@ -47,24 +41,15 @@ def _count(value: Any, where: str) -> Optional[int]:
     try:
         number = float(value)
     except (TypeError, ValueError):
-        raise TorchrunInvalidArgument(
-            "%s=%s is not a number of devices." % (where, shown(value))
-        ) from None
+        raise TorchrunInvalidArgument("%s=%s is not a number of devices." % (where, shown(value))) from None
     if number < 0 or not number.is_integer():
-        raise TorchrunInvalidArgument(
-            "%s=%s must be a whole number of devices." % (where, shown(value))
-        )
+        raise TorchrunInvalidArgument("%s=%s must be a whole number of devices." % (where, shown(value)))
     return int(number)
 
 
 def requested_accelerators(decorators: Iterable[DecoratorSpec]) -> Accelerators:
-    """Combine ``@resources`` with ``@kubernetes`` or ``@batch`` the way Metaflow
-    does when it sizes the pod or job:
-
-    - ``@kubernetes``: a GPU count in ``@resources`` replaces the decorator's own.
-    - ``@batch``: the larger of the two counts wins.
-    - no compute decorator (a local run): ``@resources`` alone.
-    """
+    """``@resources`` with ``@kubernetes`` or ``@batch`` as Metaflow sizes the pod or job: on Kubernetes
+    ``@resources``' GPU count replaces the decorator's, on Batch the larger wins, locally it stands alone."""
     decos = {name: dict(attrs or {}) for name, attrs in decorators}
     gpu: Optional[int]
     res_gpu = _count(decos.get("resources", {}).get("gpu"), "@resources(gpu)")
@@ -100,60 +85,40 @@ def requested_accelerators(decorators: Iterable[DecoratorSpec]) -> Accelerators:
 def check_visible_devices(
     nproc: int, accelerators: Accelerators, cuda_available: bool, cuda_count: int
 ) -> Optional[str]:
-    """Decide, before launching, whether this node can run ``nproc`` processes.
-
-    Returns a one-time notice to log, or None. Raises only where the step asked
-    for GPUs and CUDA has fewer devices than processes: NCCL would fail later
-    and obscurely. A step that asked for no GPU runs on CPU (gloo) whatever the
-    machine has: CPU jobs on GPU workstations and GPU nodes are legitimate.
-    """
+    """Whether this node can run ``nproc`` processes: a notice to log once, or None. Raises only where the
+    step asked for GPUs and CUDA has fewer (NCCL would fail later, obscurely); a step that asked for none
+    runs on CPU (gloo) whatever the machine has."""
     if accelerators.kind != "gpu":
         return None
     if cuda_available:
         if nproc > cuda_count:
             raise TorchrunInvalidArgument(
-                "nproc_per_node=%d but this node has only %d visible CUDA device%s "
-                "(CUDA_VISIBLE_DEVICES honoured). The step asks for %s: ask for at most "
-                "%d processes, or for more GPUs."
-                % (nproc, cuda_count, "" if cuda_count == 1 else "s", accelerators.source, cuda_count)
-            )
+                "nproc_per_node=%d but this node has only %d visible CUDA device%s (CUDA_VISIBLE_DEVICES honoured). "
+                "The step asks for %s: ask for at most %d processes, or for more GPUs."
+                % (nproc, cuda_count, "" if cuda_count == 1 else "s", accelerators.source, cuda_count))
         return None
-    return (
-        "the step asks for %d GPU%s (%s) but no CUDA device is visible "
-        "on this node; running %d process%s per node on CPU (use the gloo backend)."
-        % (
-            accelerators.count,
-            "" if accelerators.count == 1 else "s",
-            accelerators.source,
-            nproc,
-            "" if nproc == 1 else "es",
-        )
-    )
+    return ("the step asks for %d GPU%s (%s) but no CUDA device is visible on this node; running %d process%s per "
+            "node on CPU (use the gloo backend)." % (accelerators.count, "" if accelerators.count == 1 else "s",
+                                                     accelerators.source, nproc, "" if nproc == 1 else "es"))
 
 
 def small_shm_warning(decorators: Iterable[DecoratorSpec], accelerators: Accelerators, nproc: Any) -> Optional[str]:
-    """NCCL between processes of one node goes through /dev/shm, which containers
-    get at 64 MiB unless the step asks for more; say so before the run, not as
-    an NCCL error in the middle of it."""
+    """NCCL between a node's processes goes through /dev/shm, 64 MiB in containers unless the step asks
+    for more: said before the run, not as an NCCL error in the middle of it."""
     count = nproc if isinstance(nproc, int) else accelerators.nproc
     if accelerators.kind != "gpu" or not count or count < 2:
         return None
     for name, attributes in decorators:
         if name in ("kubernetes", "batch") and not (attributes or {}).get("shared_memory"):
-            return (
-                "%d GPU processes per node share /dev/shm, which is 64 MiB in "
-                "most containers; consider @%s(shared_memory=<MiB>) for NCCL." % (count, name)
-            )
+            return ("%d GPU processes per node share /dev/shm, which is 64 MiB in most containers; consider "
+                    "@%s(shared_memory=<MiB>) for NCCL." % (count, name))
     return None
 
 
 def nproc_for_keyword(keyword: str, cuda_count: Optional[int], cpus: int) -> Tuple[Optional[int], str]:
-    """torchrun's words for "one process per device" (``auto``, ``gpu``,
-    ``cpu``, ``xpu``) as the number they stand for on this node, and why, so
-    that the record, the card and the plan hold the count that ran, not the
-    word. Same meaning as torchrun's: ``auto`` is the CUDA devices, or the CPUs
-    on a node without one. ``(None, "")`` where the driver's files cannot
-    decide (MIG, XPU): the caller asks torch."""
+    """torchrun's words for "one process per device" as the count they mean here (torchrun's meaning), and
+    why, so that the record, the card and the plan hold the count that ran. ``(None, "")`` where the
+    driver's files cannot decide (MIG, XPU): the caller asks torch."""
     if keyword == "cpu":
         return cpus, "one per CPU this task may use (%d)" % cpus
     if keyword == "xpu" or cuda_count is None:
@@ -161,10 +126,8 @@ def nproc_for_keyword(keyword: str, cuda_count: Optional[int], cpus: int) -> Tup
     if cuda_count > 0:
         return cuda_count, "one per visible CUDA device (%d)" % cuda_count
     if keyword == "gpu":
-        raise TorchrunInvalidArgument(
-            "nproc_per_node='gpu' but this node has no visible CUDA device: give a number, "
-            "or 'auto' (one process per CPU without a GPU, as torchrun does)."
-        )
+        raise TorchrunInvalidArgument("nproc_per_node='gpu' but this node has no visible CUDA device: give a number, "
+                                      "or 'auto' (one process per CPU without a GPU, as torchrun does).")
     return cpus, "no CUDA device: one per CPU this task may use (%d), as torchrun does" % cpus
 
 

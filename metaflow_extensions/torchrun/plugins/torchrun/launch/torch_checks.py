@@ -1,7 +1,5 @@
-"""The torch a task has, read from files, never imported: whether torch is
-there, which version, and which options its torchrun takes. The answer costs
-milliseconds, not the seconds an ``import torch`` takes in every task.
-"""
+"""The torch a task has, read from files in milliseconds, never imported (seconds in every task): whether
+it is there, its version, and which options its torchrun takes."""
 
 from __future__ import annotations
 
@@ -18,13 +16,11 @@ from ..errors import TorchrunMissingDependency
 from .command import Launch, default_options
 from .options import OptionSpec
 
-# The torch this package is tested with: the one place that says it (requirements-demo.txt
-# pins it, and a unit test keeps the pin, the README and the getting-started page equal to it).
+# The torch this package is tested with, said here only (a unit test keeps requirements-demo.txt's pin,
+# the README and the getting-started page equal to it).
 TESTED_TORCH = "2.13.0"
-# The oldest torch supported (setup.py's [torch] extra, docs/versions.md).
-MIN_TORCH = "2.11"
-# The fix for a missing torch installs the tested one: an unpinned torch (the [torch] extra
-# too) is whatever is newest, with its CUDA packages.
+MIN_TORCH = "2.11"  # the oldest supported (setup.py's [torch] extra, docs/versions.md)
+# A missing torch's fix installs the tested one (an unpinned one is the newest, with its CUDA packages).
 TORCH_INSTALL_HINT = 'pip install "torch==%s" numpy' % TESTED_TORCH
 
 
@@ -66,11 +62,9 @@ def torchrun_options(run_py_source: str) -> Set[str]:
     return {m.group(1).replace("_", "-") for m in re.finditer(r"""["']--([A-Za-z][\w-]*)["']""", body)}
 
 
-# argparse actions that take no value (nargs=0); torch's own ``check_env`` is one.
+# argparse actions that take no value (torch's own ``check_env`` too); those that take one.
 FLAG_ACTIONS = frozenset({"check_env", "store_true", "store_false", "store_const", "count", "help", "version"})
-# Actions that take one value: argparse's default, torch's own ``env``, and
-# torch 2.14's ``--print-completion SHELL`` (an Action class of run.py's own).
-VALUE_ACTIONS = frozenset({"store", "env", "_PrintCompletionAction"})
+VALUE_ACTIONS = frozenset({"store", "env", "_PrintCompletionAction"})  # the last: torch 2.14's --print-completion
 _ADD = re.compile(r"\.add_argument\(")
 _KEYWORD = re.compile(r"\b[a-z_]+\s*=")
 _NAME = re.compile(r"""["'](--?[A-Za-z][\w-]*)["']""")
@@ -79,9 +73,7 @@ _TYPE = re.compile(r"\btype\s*=\s*(\w+)")
 _NARGS = re.compile(r"""\bnargs\s*=\s*["']?([^,"'\s)]+)""")
 _CHOICES = re.compile(r"\bchoices\s*=\s*(\[[^\]]*\]|\([^)]*\))")
 
-# The options @torchrun itself reads, as torch's parser takes them: used when
-# this torch's source cannot be read, so that ``restarts_allowed`` and
-# ``resolve_nproc`` still see checked values.
+# The options @torchrun reads, checked even when this torch's source cannot be read.
 READ_BY_US: Dict[str, OptionSpec] = {
     "max-restarts": OptionSpec(takes_value=True, type="int"),
     "nproc-per-node": OptionSpec(takes_value=True, type="str"),
@@ -90,12 +82,9 @@ READ_BY_US: Dict[str, OptionSpec] = {
 
 @functools.lru_cache(maxsize=4)
 def torchrun_option_specs(run_py_source: str) -> Dict[str, OptionSpec]:
-    """How torchrun's parser reads each of its options, from the
-    ``add_argument`` calls of ``get_args_parser`` in torch/distributed/run.py:
-    a flag (an action that takes no value, or ``nargs=0``) or one value, and its
-    ``type``. An option whose action or ``nargs`` is none of these is left out
-    (its values are passed unchecked); tests/unit/test_torch_options.py
-    compares the result with the real parser."""
+    """How torchrun's parser reads each option, from ``get_args_parser``'s ``add_argument`` calls: a flag
+    or one value, and its ``type``; any other action or ``nargs`` left out (passed unchecked).
+    tests/unit/test_torch_options.py compares the result with the real parser."""
     start = run_py_source.find("def get_args_parser")
     if start < 0:
         return {}
@@ -106,7 +95,7 @@ def torchrun_option_specs(run_py_source: str) -> Dict[str, OptionSpec]:
     for begin, stop in zip(starts, starts[1:]):
         call = body[begin:stop]
         first_keyword = _KEYWORD.search(call)
-        names = [n for n in _NAME.findall(call[:first_keyword.start() if first_keyword else len(call)])]
+        names = _NAME.findall(call[:first_keyword.start() if first_keyword else len(call)])
         long_names = [n for n in names if n.startswith("--")]
         if not long_names:
             continue  # a positional argument (the script and its arguments)
@@ -133,8 +122,7 @@ def _spec_of(call: str) -> Optional[OptionSpec]:
 
 
 def _choices(call: str) -> Optional[Tuple[str, ...]]:
-    """The literal choices of an option; None when there are none or they are
-    computed (torch's ``--numa-binding``): then torch's parser names a wrong one."""
+    """An option's literal choices; None when computed (``--numa-binding``): torch's parser names a wrong one."""
     found = _CHOICES.search(call)
     if found is None:
         return None
@@ -146,42 +134,31 @@ def _choices(call: str) -> Optional[Tuple[str, ...]]:
 
 
 def torch_problem(torch: TorchInstall, python: str, passed: Iterable[str], known: Optional[Set[str]]) -> Optional[str]:
-    """Why this task cannot start torchrun, naming the fix; None when it can.
-
-    ``passed``: the torchrun options @torchrun passes; ``known``: the options this
-    torch's torchrun takes (None: could not be read)."""
+    """Why this task cannot start torchrun, naming the fix; None when it can. ``passed``: the options
+    @torchrun passes; ``known``: those this torch's torchrun takes (None: unreadable)."""
     fix = "Install it in the step's environment: `%s` (the torch @torchrun is tested with; torch>=%s is supported)." % (
         TORCH_INSTALL_HINT, MIN_TORCH)
     if torch.location is None:
         return "torch is not installed for %s, and @torchrun runs torchrun with it. %s" % (python, fix)
     if torch.run_py is None:
-        return (
-            "the torch at %s (version %s) has no torch.distributed (no torchrun). %s"
-            % (torch.location, torch.version or "unknown", fix)
-        )
+        return ("the torch at %s (version %s) has no torch.distributed (no torchrun). %s"
+                % (torch.location, torch.version or "unknown", fix))
     if known:
         missing = sorted(o for o in passed if o not in known)
         if missing:
-            return (
-                "torch %s at %s is too old for @torchrun: its torchrun has no %s. %s"
-                % (torch.version or "(unknown version)", torch.location,
-                   ", ".join("--" + o for o in missing), fix)
-            )
+            return ("torch %s at %s is too old for @torchrun: its torchrun has no %s. %s" % (
+                torch.version or "(unknown version)", torch.location, ", ".join("--" + o for o in missing), fix))
     return None
 
 
 def passed_options() -> Tuple[str, ...]:
     """The torchrun options @torchrun itself passes (command.py), and --module."""
-    launch = Launch(
-        python="python", num_nodes=1, node_index=0, nproc_per_node=1,
-        rdzv_host="127.0.0.1", rdzv_port=1, rdzv_id="x", entrypoint="x",
-        local_addr="127.0.0.1",
-    )
+    launch = Launch(python="python", num_nodes=1, node_index=0, nproc_per_node=1, rdzv_host="127.0.0.1",
+                    rdzv_port=1, rdzv_id="x", entrypoint="x", local_addr="127.0.0.1")
     return tuple(default_options(launch)) + ("module",)
 
 
-# The same for every call: read once, as the module loads.
-PASSED_OPTIONS = passed_options()
+PASSED_OPTIONS = passed_options()  # the same for every call: read once
 
 
 @dataclass(frozen=True)
@@ -224,8 +201,7 @@ def known_option_specs() -> Dict[str, OptionSpec]:
 
 
 def _source_of(run_py: Optional[str]) -> Optional[str]:
-    """torch/distributed/run.py's text, read again only when the file changed
-    (every call of a step checks its options against it)."""
+    """torch/distributed/run.py's text, read again only when the file changed."""
     if run_py is None:
         return None
     try:
