@@ -343,8 +343,7 @@ class Abort(GangMessage):
     cause: Annotated[Cause, CAUSE]
 
 
-# -- preflight (gang/node_compare.py compares; launch/node_checks.py measures) ----------------
-
+# The preflight's (gang/node_compare.py compares; launch/node_checks.py measures).
 FINGERPRINT_FIELDS = ("python", "torch", "cuda", "nccl", "cudnn", "metaflow", "metaflow_torchrun", "kernel")
 FINGERPRINT_VALUE_CHARS = 64
 CHECK_STATUSES = ("ok", "warn", "fail")

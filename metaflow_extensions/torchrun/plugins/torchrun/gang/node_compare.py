@@ -53,9 +53,6 @@ def parse_mode(value: Any) -> str:
                      % (value,))
 
 
-# -- versions --------------------------------------------------------------------------
-
-
 @dataclass(frozen=True)
 class Difference:
     field: str
@@ -105,9 +102,6 @@ def differences(fingerprints: Mapping[int, Mapping[str, str]]) -> List[Differenc
     return out
 
 
-# -- fitness ----------------------------------------------------------------------------
-
-
 def group_checks(checks: Mapping[int, Sequence[msg.PreflightCheck]], status: str) -> List[Tuple[msg.PreflightCheck,
                                                                                                  List[int]]]:
     """Grouped by what was found, expected and the fix: one example check and its nodes per group."""
@@ -138,9 +132,6 @@ def describe_checks(groups: List[Tuple[msg.PreflightCheck, List[int]]]) -> List[
         if count > MAX_GROUPS:
             lines.append("%s: %d more kinds of finding not shown" % (name, count - MAX_GROUPS))
     return lines
-
-
-# -- the verdict -------------------------------------------------------------------------
 
 
 def verdict(fingerprints: Mapping[int, Mapping[str, str]],
@@ -180,9 +171,6 @@ def warnings(fingerprints: Mapping[int, Mapping[str, str]],
     """Once the gang passed: checks that warned, fields that differ without refusing (the kernel)."""
     lines = ["versions differ (not refused): " + d.describe() for d in differences(fingerprints) if not d.refused]
     return lines + describe_checks(group_checks(checks, "warn"))
-
-
-# -- the record: bounded whatever the gang's size -------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -315,9 +303,7 @@ class PreflightBook:
         return record(self.fingerprints, self.checks, self.num_nodes, mode)
 
 
-# -- the collective job (preflight="full") -------------------------------------------------
-
-# A node whose link to rank 0's node is under this fraction of the median link is slow.
+# preflight="full"'s job: a node whose link to rank 0's node is under this fraction of the median is slow.
 SLOW_FRACTION = 0.5
 
 

@@ -93,8 +93,6 @@ class GangServer:
     def host_check(self, check: Optional[HostCheck]) -> None:
         self.handlers.host_check = check
 
-    # -- what the control reads (GangFacts) ---------------------------------------------
-
     def hosts(self) -> Dict[int, str]:
         """As each node said when it joined (a node that has left too)."""
         with self._lock:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+import statistics
 import time
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
@@ -148,9 +149,6 @@ def history(flow: Optional[str] = None, last: Optional[int] = 20, days: Optional
     return report(read(flow, last=last, days=days))
 
 
-# -- the preflight's warning -----------------------------------------------------------
-
-
 @dataclass(frozen=True)
 class Threshold:
     """A host blamed in ``culprit`` of its last ``appearances`` is flagged."""
@@ -173,10 +171,10 @@ def evidence(host: str, seen: Sequence[Appearance], threshold: Threshold) -> Opt
 def slower_than_its_past(host: str, gbps: float, seen: Sequence[Appearance],
                          fraction: float = DEFAULTS.NODE_HISTORY_BANDWIDTH_FRACTION) -> Optional[str]:
     """Why a host's bandwidth now is suspect: under ``fraction`` of its own past median."""
-    past = sorted(a.link_gbps for a in seen if a.host == host and a.link_gbps is not None)
+    past = [a.link_gbps for a in seen if a.host == host and a.link_gbps is not None]
     if len(past) < 2:
         return None
-    mid = past[len(past) // 2] if len(past) % 2 else (past[len(past) // 2 - 1] + past[len(past) // 2]) / 2
+    mid = statistics.median(past)
     if gbps >= fraction * mid:
         return None
     return "%s measured %.3g GB/s, under %d%% of its own median %.3g GB/s over %d past runs" % (
@@ -219,9 +217,6 @@ def check(hosts: Mapping[int, str], seen: Sequence[Appearance], threshold: Optio
     cause = Cause(CauseKind.PREFLIGHT, "preflight refused the gang before any rank started: node %d: %s"
                   % (first[1][0], first[2]), node_index=first[1][0], message="\n".join(lines + [advice])[:4000])
     return ([advice] if advice else []), cause
-
-
-# -- reading the history through the Metaflow client ------------------------------------
 
 
 def record_attempts(value: Any) -> List[Attempt]:
