@@ -1,7 +1,5 @@
-"""Where a node's files live: this user's base directory on this host, and the
-fallback when another user squats its path.
-
-Layout, under the temporary directory (``$TMPDIR``, else ``/tmp``)::
+"""Where a node's files live: this user's base directory under ``$TMPDIR`` (else
+``/tmp``), and the fallback when another user squats its path::
 
     metaflow-torchrun-<uid>/            0700, owned by <uid>, never a symlink
         logs/<flow>-<run id>/           one run's per-rank logs (logs.py)

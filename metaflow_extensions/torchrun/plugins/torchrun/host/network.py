@@ -1,8 +1,6 @@
-"""Which local address and interface this node reaches the control node through.
-
-torchrun's agents advertise an address and gloo binds to the one the host name
-resolves to, which on many hosts (Debian's 127.0.1.1, odd /etc/hosts in pods)
-other nodes cannot reach; the kernel's source address towards the control can.
+"""Which local address and interface this node reaches the control through: the host
+name may resolve to one other nodes cannot reach (Debian's 127.0.1.1, odd /etc/hosts
+in pods); the kernel's source address towards the control they can.
 """
 
 from __future__ import annotations

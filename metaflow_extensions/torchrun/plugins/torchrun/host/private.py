@@ -18,8 +18,7 @@ import time
 from typing import List, Optional
 
 LOCK_FILE = ".lock"
-# A directory this young is never removed: another node of the same call
-# (local runs put every node on one host) may be creating it right now.
+# A directory this young is never removed: another node of a local run may be creating it now.
 YOUNG_SECONDS = 120.0
 
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)

@@ -1,8 +1,6 @@
-"""The other nodes of a local run: child processes of the control task.
-
-The control starts them itself (Metaflow's contract kept), so it sees a node's
-task end before it joined. The control ends with the runtime that started it,
-its nodes with the control: killing ``flow.py run`` leaves no task behind.
+"""The other nodes of a local run, started by the control task itself (Metaflow's
+contract kept) so it sees a node's task end before it joined; the control ends with
+the runtime, its nodes with the control: killing ``flow.py run`` leaves no task behind.
 """
 
 from __future__ import annotations

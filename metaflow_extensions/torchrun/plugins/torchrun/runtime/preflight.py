@@ -1,8 +1,6 @@
-"""``@torchrun(preflight=...)`` in the step (docs/preflight.md): "versions" sends
-each node's fingerprint and checks on the join's thread, for the service to
-compare before any rank starts; "full" also runs a short collective job of its
-own (``procs/collective_check.py``) as a call before the first, with a deadline
-of ``heartbeat_timeout`` naming the node stuck outside a collective.
+"""``@torchrun(preflight=...)`` in the step (docs/preflight.md): each node's
+fingerprint sent with its join, for the service to compare before any rank starts;
+"full" also runs a collective job (``procs/collective_check.py``) before the first call.
 """
 
 from __future__ import annotations

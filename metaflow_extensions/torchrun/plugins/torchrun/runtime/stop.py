@@ -1,15 +1,11 @@
-"""A stop is the gang's: when one node is told to stop, every node's ranks are.
-
-A collective checkpoint needs every rank, so the told node (SIGTERM, Ctrl-C,
-``@timeout``, a spot notice) reports a ``PREEMPTED`` cause and every node stops
-its ranks with the same grace on hearing it (docs/design.md, "A stop is the
-gang's"); without a verdict within ``VERDICT_WAIT`` it stops its own anyway.
+"""A stop is the gang's (docs/design.md): a node told to stop (SIGTERM, Ctrl-C,
+``@timeout``, a spot notice) reports a ``PREEMPTED`` cause and every node stops its
+ranks with the same grace; without a verdict within ``VERDICT_WAIT``, its own anyway.
 """
 
 from __future__ import annotations
 
 import datetime
-import os
 import time
 from typing import Callable, Optional
 
@@ -90,8 +86,7 @@ class GangStop:
     def __init__(self, node: int, call: int, shutdown_grace: float, report: Callable[[Cause], None],
                  verdict: Callable[[], Optional[Cause]], wait_verdict: Callable[[float], object],
                  notice: Optional[str] = None):
-        """``report`` sends a cause to the gang; ``verdict`` is its cause so far,
-        ``wait_verdict(seconds)`` waits for one; ``notice``: the spot notice file."""
+        """``verdict``: the gang's cause so far; ``notice``: the spot notice file."""
         self.node = node
         self.call = call
         self.shutdown_grace = shutdown_grace
@@ -121,7 +116,7 @@ class GangStop:
             now = time.monotonic()
             if now >= self._next_look:
                 self._next_look = now + timeouts.NOTICE_POLL
-                notice = read_notice(self.notice) if os.path.exists(self.notice) else None
+                notice = read_notice(self.notice)
                 if notice is not None:
                     self.told("spot", notice)
                     cause = self._verdict()

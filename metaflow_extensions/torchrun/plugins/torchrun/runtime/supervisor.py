@@ -1,8 +1,6 @@
-"""Run one node's torchrun to the end and leave nothing behind.
-
-The agent runs in its own process group (Ctrl-C reaches it only through us, in
-order) and dies with this task. One thread per stream pumps raw bytes: no pipe
-fills and blocks the job, no byte is lost to decoding, both drain to EOF.
+"""Run one node's torchrun to the end and leave nothing behind. The agent has its own
+process group (Ctrl-C reaches it only through us) and dies with this task; one thread
+per stream pumps raw bytes, so no pipe fills and blocks the job.
 """
 
 from __future__ import annotations
