@@ -1,6 +1,5 @@
-"""One ``current.torch.run`` call on one node, in phases: enter (the control
-announces the rendezvous port), prepare, supervise (restarts included), finish
-(ok or failed), record (the result whatever happened; the work directory removed).
+"""One ``current.torch.run`` call on one node, in phases: enter (the control announces
+the rendezvous port), prepare, supervise (restarts included), finish (ok or failed), record.
 """
 
 from __future__ import annotations

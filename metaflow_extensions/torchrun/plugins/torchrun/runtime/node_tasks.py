@@ -1,6 +1,5 @@
-"""A local control's node tasks as it holds them: each dies with the control,
-its exit seen as it happens (not after ``start_timeout``), its stderr passed on
-whole through the control, keeping its last lines to name a node that died unjoined.
+"""A local control's node tasks: each dies with the control, its exit seen as it happens,
+its stderr passed on whole, its last lines kept to name a node that died unjoined.
 """
 
 from __future__ import annotations

@@ -1,6 +1,4 @@
-"""A call's in-step restarts as this node runs them (``@torchrun(restarts=N)``),
-one ``record.InStepRestart`` kept per restart.
-"""
+"""A call's in-step restarts as this node runs them, one ``record.InStepRestart`` per restart."""
 
 from __future__ import annotations
 
