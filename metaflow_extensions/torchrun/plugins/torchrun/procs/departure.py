@@ -1,21 +1,9 @@
 """The rendezvous store's host outlives every agent that still talks to it.
 
-torchrun's agents end a successful job with an exit barrier on the rendezvous
-store, which one of them hosts in its own process (node 0 of the static
-rendezvous, the ``is_host`` node of c10d's). The barrier's last arrival
-releases every waiter at once, and the host's agent exits at once
-(``agent.exit_now``), its store with it. Another agent whose wait was still
-on its way, or c10d's close of the rendezvous that follows the barrier, then
-finds the connection closed: torch's C++ prints ``recvValueWithTimeout
-failed`` and a screen of frames after the run said it succeeded (issue 52).
-
-So once its job is done, every other agent says on the store that it is done
-with it (one ``add``, whose answer it waits for), and the host's agent waits
-until all of them have: the last guest has had its answer before the store
-goes. A guest that never says so (killed after the barrier) fails its own node,
-and the gang stops the host's; ``wait`` only bounds what nothing else ends.
-
-Runs in the agent process; imports torch only where it patches it.
+Past torch's exit barrier the host's agent exits at once, its store with it, and
+an agent still talking to it printed a screen of C++ frames after a run that
+succeeded (issue 52). So each other agent says on the store it is done (one
+``add``), and the host waits until all have; ``wait`` bounds what nothing else ends.
 """
 
 from __future__ import annotations
@@ -23,10 +11,8 @@ from __future__ import annotations
 import time
 from typing import Any, List, Optional, Tuple
 
-# The key every guest adds one to, under the agent store's own prefix (the
-# call's rendezvous id): one counter per call, on a store no other call shares.
+# Under the agent store's prefix (the call's rendezvous id): one counter per call.
 DONE_KEY = "metaflow-torchrun/agents-done"
-# How often the host looks at the count: one round trip to its own store.
 POLL = 0.01
 
 # (store, agents) as torch's exit barrier saw them, once it ran in this process.
@@ -34,9 +20,8 @@ _SEEN: List[Tuple[Any, int]] = []
 
 
 def watch_exit_barrier(agent_class: Any = None) -> bool:
-    """Note the store and the number of agents when torch's exit barrier runs
-    (``SimpleElasticAgent._exit_barrier``: reached only when this node's ranks
-    all succeeded). Wrapped once; False where this torch has no such method."""
+    """Note the store and the agents at torch's exit barrier (reached only when
+    this node's ranks all succeeded). False where this torch has no such method."""
     if agent_class is None:
         try:
             from torch.distributed.elastic.agent.server import api
@@ -62,12 +47,8 @@ def watch_exit_barrier(agent_class: Any = None) -> bool:
 
 
 def depart(hosts: bool, wait: float) -> Optional[bool]:
-    """After the job: a guest says it is done with the store; the host waits
-    until every guest has, at most ``wait`` seconds. None where no exit
-    barrier ran here (nothing to do); False where the store failed or the
-    guests did not all come within ``wait``. Never raises for the store: the
-    job has succeeded, and torch's own words about a store gone wrong are in
-    the agent's log."""
+    """None where no exit barrier ran here; False where the store failed or the
+    guests did not all come in time. Never raises: the job has succeeded."""
     if not _SEEN:
         return None
     store, agents = _SEEN[0]
@@ -81,9 +62,7 @@ def depart(hosts: bool, wait: float) -> Optional[bool]:
 
 
 def wait_for_guests(store: Any, guests: int, wait: float) -> bool:
-    """Until ``guests`` agents have added themselves to ``DONE_KEY``. Short
-    sleeps between looks, so a SIGTERM (the gang stopping this node) is
-    handled at once; ``wait`` bounds it."""
+    """Short sleeps, so a SIGTERM (the gang stopping this node) is handled at once."""
     deadline = time.monotonic() + wait
     while store.add(DONE_KEY, 0) < guests:
         if time.monotonic() >= deadline:

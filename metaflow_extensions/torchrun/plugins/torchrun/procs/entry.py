@@ -1,19 +1,9 @@
 """What a rank runs, handed to the bootstrap out of band.
 
-torchrun's own parser (argparse with ``allow_abbrev``) reads its whole command
-line: a script argument that is a prefix of one of its options (``--log``,
-``--max``, ``--master``, ...) is taken for it, or refused as "ambiguous option",
-even after the script's name. So the script and its arguments never go on
-torchrun's command line: they are written to an entry file in the call's private
-work directory, and torchrun runs ``--module <bootstrap> <entry file>``, a path
-(never starting with ``-``). The bootstrap reads the file and runs the script
-with ``sys.argv`` exactly as given. Its size does not count against the
-system's command-line limit either.
-
-torchrun's agent keeps its own temporary files (``TMPDIR``, set by
-``launch/prepare.py``) in the work directory: the ``torchelastic_*``
-directories it makes go away with it. The ranks get the user's ``TMPDIR`` back
-here.
+torchrun's parser (argparse, ``allow_abbrev``) takes a script argument that
+prefixes one of its options (``--log``, ``--max``) for it, even after the
+script's name; so the script and its arguments go in an entry file, and
+torchrun runs ``--module <bootstrap> <entry file>``.
 """
 
 from __future__ import annotations
@@ -25,19 +15,15 @@ from typing import Any, List, Mapping, MutableMapping, NamedTuple
 from .names import AGENT_TMP, ENTRY_ENV, ENTRY_FILE, USER_TMPDIR_ENV, USER_UMASK_ENV
 
 
-
 class Entry(NamedTuple):
-    """What a rank runs, and the step's settings that reach the ranks (read at
-    the step's start, ``knobs.Knobs``; never from the ranks' environment)."""
+    """The step's settings reach the ranks here, never through their environment."""
 
     argv: List[str]
     trainer_progress: bool = True  # METAFLOW_TORCHRUN_TRAINER_PROGRESS (trainer_hooks.py)
 
 
 def write_entry(work_dir: str, argv: List[str], trainer_progress: bool = True) -> str:
-    """Write the bootstrap's argv (``[script, *args]``, or the function form)
-    and the settings of ``Entry`` to a new private file in ``work_dir``, beside
-    the agent's temporary directory; return its path."""
+    """The entry file's path, in ``work_dir`` beside the agent's temporary directory."""
     from ..host import open_private
 
     # torchrun's agent's own temporary files go here (launch/prepare.py's TMPDIR).
@@ -59,8 +45,7 @@ def read_entry(path: str) -> Entry:
 
 
 def bootstrap_entry(argv: List[str], environ: Mapping[str, str] = os.environ) -> Entry:
-    """What the bootstrap runs: the entry file when torchrun gave it the entry
-    file's path (and nothing else), else ``argv`` as given, with the defaults."""
+    """The entry file when torchrun gave its path alone, else ``argv`` as given."""
     path = environ.get(ENTRY_ENV)
     if path and argv == [path]:
         return read_entry(path)
@@ -68,8 +53,7 @@ def bootstrap_entry(argv: List[str], environ: Mapping[str, str] = os.environ) ->
 
 
 def restore_user_tmpdir(environ: MutableMapping[str, str] = os.environ) -> None:
-    """In a rank, before any user code: ``TMPDIR`` as the step had it, and
-    its umask (the agent, procs/agent.py, keeps its own files private)."""
+    """Before any user code: the step's ``TMPDIR`` and umask (the agent's were its own)."""
     umask = environ.pop(USER_UMASK_ENV, "")
     if umask:
         try:

@@ -1,23 +1,11 @@
 """Whether the warm process (zygote.py) may still fork: checked before every fork.
 
-Why: a fork copies the calling thread only. A child forked while CUDA is
-initialised in the parent inherits a context it cannot use (CUDA's own rule:
-"Cannot re-initialize CUDA in forked subprocess"); one forked while a process
-group exists inherits its sockets and communicators (NCCL's), used by two
-processes at once; one forked while another thread holds a lock (an OpenMP
-pool, a library's worker, a thread a user's import hook started) may wait on
-it forever. The zygote itself never initialises CUDA or a process group and
-starts no thread; whatever else brought one in (a ``sitecustomize``, a ``.pth``
-hook, a library imported with torch) makes the fork unsafe, so the zygote
-refuses it and the rank starts fresh, as it would without a zygote.
-
-Threads are counted in ``/proc/self/task``: native threads (OpenMP, NCCL's,
-CUDA's) do not show in ``threading``. The threads the zygote's own imports
-started are its own (OpenBLAS's pool, which numpy starts as it loads, stops
-and restarts itself around a fork): those alive once torch is imported
-(``warmed``) are the baseline; any other, then or later, refuses the fork.
-Pure reads of this process, no torch import: ``torch.cuda.is_initialized()``
-only where torch is imported already (it never initialises CUDA).
+A child forked after CUDA or a process group came up inherits what it cannot
+use, and one forked while another thread holds a lock may wait forever. What
+brought one in (a ``sitecustomize``, a ``.pth`` hook) makes the zygote refuse;
+the rank starts fresh. Threads are counted in ``/proc/self/task`` (native ones
+do not show in ``threading``); those alive once torch is imported (OpenBLAS's
+pool, which restarts itself around a fork) are the baseline.
 """
 
 from __future__ import annotations
@@ -30,7 +18,6 @@ _TASKS = "/proc/self/task"
 
 
 def tasks() -> FrozenSet[int]:
-    """The ids of this process's threads (an empty set where /proc says nothing)."""
     try:
         return frozenset(int(t) for t in os.listdir(_TASKS) if t.isdigit())
     except OSError:
@@ -38,16 +25,10 @@ def tasks() -> FrozenSet[int]:
 
 
 class ForkGuard:
-    """Made as the zygote starts, told when its imports are done (``warmed``),
-    asked before each fork (``hazard``)."""
-
     def __init__(self, inherited: bool = False) -> None:
-        """``inherited``: this process was forked from another warm process (a
-        local node's, from the host's). Its threads at start are then the ones
-        the parent's libraries' fork handlers re-created in it (OpenBLAS
-        restarts its pool in the child: 15 threads on a 16-core GPU node, which
-        refused every fork there), not a start-up hook's: the parent checked its
-        own start. They count as its own once it is warmed."""
+        """``inherited``: forked from another warm process, whose libraries' fork
+        handlers re-created their threads here (OpenBLAS: 15 on a 16-core node):
+        not a start-up hook's, and its own once warmed."""
         self.at_start = frozenset() if inherited else tasks()
         self.own: Optional[FrozenSet[int]] = None
 
@@ -55,8 +36,7 @@ class ForkGuard:
         self.own = tasks()
 
     def hazard(self, modules: Mapping[str, Any]) -> Optional[str]:
-        """Why a fork now would not be safe (None: it is). ``modules``: this
-        process's ``sys.modules``."""
+        """Why a fork now would not be safe (None: it is)."""
         if len(self.at_start) > 1:
             return ("%d threads were running before the warm process imported anything "
                     "(a sitecustomize or .pth hook started them)" % (len(self.at_start) - 1))

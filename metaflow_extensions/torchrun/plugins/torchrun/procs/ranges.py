@@ -1,8 +1,4 @@
-"""Sets of node or rank numbers as short text: ``1, 4-9, 12``.
-
-A message about thousands of nodes or ranks names them in one short line
-instead of one line each (the gang's failure messages at 1,024 x 8).
-"""
+"""Sets of node or rank numbers as short text (``1, 4-9, 12``), one line however many."""
 
 from __future__ import annotations
 
