@@ -1,11 +1,6 @@
-"""@torchrun's knobs in Metaflow's configuration (docs/configuration.md).
-
-Metaflow loads this module while it imports ``metaflow_config`` and copies its
-globals there, so each knob is read the way Metaflow reads its own: the
-environment first, then the Metaflow profile (``~/.metaflowconfig``,
-``METAFLOW_PROFILE``). The values stay strings here; ``spec.read_settings`` parses them
-with the defaults of ``defaults.py``, so that a bad value is named by @torchrun
-rather than breaking ``import metaflow``.
+"""@torchrun's knobs in Metaflow's configuration (docs/configuration.md), read as Metaflow reads its own:
+the environment, then the Metaflow profile. Strings here: ``spec.read_settings`` parses them, so a bad
+value is named by @torchrun rather than breaking ``import metaflow``.
 """
 
 from metaflow.metaflow_config_funcs import from_conf

@@ -145,8 +145,7 @@ class TorchrunDecorator(ParallelDecorator):
         entries = [str(getattr(graph[p], "num_parallel", "")) for p in graph[step_name].in_funcs]
         self._spec = read_step_spec(self.attributes, specs, entries, sys.argv, problems)
         self._knobs, refused = read_settings()  # the launcher's settings, and each task's own: read once
-        for message in refused:
-            problems.add(message)
+        problems.messages.extend(refused)
         problems.raise_all()
         if not is_task_process(sys.argv):
             for line in self._spec.notes:  # 0.2's spellings, said once, by the launcher
@@ -154,9 +153,8 @@ class TorchrunDecorator(ParallelDecorator):
         # The gang's main port: the step's, else the setting's (a local control picks its own: task_pre_step).
         self._port = self._spec.port if self._spec.port is not None else self._knobs.port
         self._accelerators = self._spec.accelerators
-        nproc = self.attributes.get("nproc_per_node")
         self._card = attach_card(decorators) if truthy(self.attributes["card"]) else None
-        warning = small_shm_warning(specs, self._accelerators, nproc)
+        warning = small_shm_warning(specs, self._accelerators, self.attributes.get("nproc_per_node"))
         if warning:
             say(warning)
         self._flow_name = flow.name

@@ -92,18 +92,9 @@ class TorchrunFailed(TorchrunException):
 
     headline = "@torchrun job failed"
 
-    def __init__(
-        self,
-        exit_code: int,
-        node_index: int,
-        failures: Optional[List[RankFailure]] = None,
-        command: Optional[List[str]] = None,
-        stacks: Optional[Dict[int, str]] = None,
-        logs: str = "",
-        host: str = "",
-        elsewhere: Sequence[int] = (),
-        suspects: Sequence[str] = (),
-    ):
+    def __init__(self, exit_code: int, node_index: int, failures: Optional[List[RankFailure]] = None,
+                 command: Optional[List[str]] = None, stacks: Optional[Dict[int, str]] = None, logs: str = "",
+                 host: str = "", elsewhere: Sequence[int] = (), suspects: Sequence[str] = ()):
         self.exit_code = exit_code
         self.node_index = node_index
         self.failures = root_cause_order(list(failures or []))

@@ -61,9 +61,7 @@ def gang_ranks(result: TorchrunResult) -> Dict[int, List[RankStatus]]:
 
 
 def gang_tails(result: TorchrunResult) -> Dict[int, Mapping[str, Sequence[str]]]:
-    tails: Dict[int, Mapping[str, Sequence[str]]] = {}
-    for report in result.gang.reports.values():
-        tails.update(report.tails)
+    tails = {rank: streams for report in result.gang.reports.values() for rank, streams in report.tails.items()}
     return dict(sorted(tails.items()))
 
 

@@ -175,12 +175,9 @@ def _render_and_save(deco: Any, attempt: int) -> None:
     classes = [c for c in CARDS if c.type == card_type]
     if not classes:
         raise ValueError("no card class of type %r" % card_type)
-    components = current.card._serialize_components(uuid)
-    options = deco.card_options
     # As `card create`: options only when there are some (the class has defaults).
-    card = classes[0](options=options, components=components, graph=None) if options else classes[0](
-        components=components, graph=None
-    )
+    options = {"options": deco.card_options} if deco.card_options else {}
+    card = classes[0](components=current.card._serialize_components(uuid), graph=None, **options)
     task = SimpleNamespace(pathspec=current.pathspec, finished=True)  # all a blank card reads of its task
     # A final render's reload token is "final" whatever the card's policy.
     html = card.render(task).replace(card.RELOAD_POLICY_TOKEN, "final")
@@ -228,9 +225,7 @@ def _register_card_info(deco: Any, attempt: int) -> None:
     from metaflow import current
     from metaflow.plugins.cards.metadata import _save_metadata
 
-    _save_metadata(
-        deco._metadata, current.run_id, current.step_name, current.task_id, attempt, deco._card_uuid, info
-    )
+    _save_metadata(deco._metadata, current.run_id, current.step_name, current.task_id, attempt, deco._card_uuid, info)
 
 
 def card_of_task(deco: Any, is_control: bool) -> Any:

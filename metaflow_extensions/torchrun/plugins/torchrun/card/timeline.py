@@ -134,12 +134,8 @@ def _plain(host: str) -> str:
 
 
 def _rank_end(ranks: Mapping[int, Sequence[Any]], node: Optional[int], rank: Optional[int]) -> Optional[float]:
-    if node is None or rank is None:
-        return None
-    for record in ranks.get(node) or ():
-        if record.rank == rank:
-            return _number(record.end)
-    return None
+    records = (ranks.get(node) or ()) if node is not None and rank is not None else ()
+    return next((_number(r.end) for r in records if r.rank == rank), None)
 
 
 def rank_state(record: Any, failed_rank: Optional[int]) -> str:
