@@ -20,6 +20,7 @@ from metaflow_extensions.torchrun.plugins.torchrun.base.knobs import Knobs
 from metaflow_extensions.torchrun.plugins.torchrun.launch.command import join_timeout
 from metaflow_extensions.torchrun.plugins.torchrun.launch.plan import StepDefaults, plan_call
 from metaflow_extensions.torchrun.plugins.torchrun.launch.resources import Accelerators
+from metaflow_extensions.torchrun.plugins.torchrun import procs
 from metaflow_extensions.torchrun.plugins.torchrun.procs import entry, names
 from metaflow_extensions.torchrun.plugins.torchrun.runtime import call as call_module
 from metaflow_extensions.torchrun.plugins.torchrun.runtime.call import CallRun
@@ -187,6 +188,27 @@ def test_a_node_waits_for_node_0s_store_at_the_endpoint_its_launch_was_given(run
     run.launch.warm = type("Warm", (), {"for_ranks": lambda self, env, n: dict(env, **{names.ZYGOTE_ENV: "z"})})()
     run.launch.command(run.session.bench.seat(0, 2), 29555, 0)  # a seat that trains (node 1 is the spare)
     assert waited == ["10.9.8.7:1234"]
+
+
+class CountsPickles:
+    pickled = 0
+
+    def __reduce__(self):
+        CountsPickles.pickled += 1
+        return (CountsPickles, ())
+
+
+def train(x):
+    """A module-level function: a call's entrypoint."""
+
+
+def test_a_functions_arguments_are_pickled_once_and_reach_the_ranks_as_planned(run, tmp_path):
+    CountsPickles.pickled = 0
+    run.launch.plan = plan_call(train, [CountsPickles()], 1, None, StepDefaults(), [str(tmp_path)])
+    run.launch.prepare(run.session.bench.seat(0, 2), 29777)
+    with open(os.path.join(run.launch.workdir, procs.ARGS_FILE), "rb") as f:
+        assert f.read() == run.launch.plan.function_pickle
+    assert CountsPickles.pickled == 1  # by planning's check; the launch writes those bytes
 
 
 def test_the_supervisor_gets_the_grace(run, monkeypatch):

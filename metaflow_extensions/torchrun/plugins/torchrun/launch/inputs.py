@@ -267,10 +267,10 @@ def python_files(dirs: Sequence[str]) -> List[str]:
     return names
 
 
-def check_picklable(args: Any) -> None:
-    """A function entrypoint's arguments reach the ranks by pickle."""
+def check_picklable(args: Any) -> bytes:
+    """A function entrypoint's arguments as the ranks get them: pickled once, here."""
     try:
-        pickle.dumps(args, protocol=pickle.HIGHEST_PROTOCOL)
+        return pickle.dumps(args, protocol=pickle.HIGHEST_PROTOCOL)
     except Exception as e:
         raise TorchrunInvalidArgument(
             "entrypoint_args cannot be pickled for the ranks: %s: %s. Pass small picklable values (numbers, strings, "

@@ -84,6 +84,7 @@ class CallPlan:
     function: Optional[functions.FunctionRef]
     function_args: Any
     nproc: Union[int, str]
+    function_pickle: bytes = b""  # function_args as planning pickled them, written for the ranks as is
     options: Dict[str, Any] = field(default_factory=dict)
     rdzv_port: Optional[int] = None  # pinned; None: the gang's pick
     # Keys of a dict given as True (a bare flag here, "--key true" in 0.2): named when a rank's argparse
@@ -213,8 +214,8 @@ def false_note(keys: Sequence[str]) -> str:
             % (", ".join("--" + k for k in keys), keys[0]))
 
 
-def function_reference(entrypoint: Any, args: Any) -> Optional[functions.FunctionRef]:
-    """A reference ranks can import, when the entrypoint is a function."""
+def function_reference(entrypoint: Any, args: Any) -> Optional[Tuple[functions.FunctionRef, bytes]]:
+    """A reference ranks can import, when the entrypoint is a function, and its arguments pickled."""
     if isinstance(entrypoint, (str, os.PathLike)) or not callable(entrypoint):
         return None
     try:
@@ -222,8 +223,7 @@ def function_reference(entrypoint: Any, args: Any) -> Optional[functions.Functio
         functions.split_args(args)
     except (functions.FunctionReferenceError, TypeError) as e:
         raise TorchrunInvalidArgument(str(e)) from None
-    check_picklable(args)
-    return ref
+    return ref, check_picklable(args)
 
 
 # Keywords older releases' current.torch.run took -> what to do here.
@@ -358,6 +358,7 @@ def plan_call(entrypoint: Union[str, "os.PathLike[str]", Callable[..., Any]], en
     """Raises one ``TorchrunInvalidArgument`` naming every problem (with those already in ``problems``)."""
     problems = problems if problems is not None else Problems()
     function: Optional[functions.FunctionRef] = None
+    pickled = b""
     script: Optional[str] = None
     entry = EntryArgs([])
     notes: List[str] = []
@@ -365,7 +366,7 @@ def plan_call(entrypoint: Union[str, "os.PathLike[str]", Callable[..., Any]], en
     nproc: Union[int, str, None] = None
     before = len(problems.messages)
     with problems:
-        function = function_reference(entrypoint, entrypoint_args)  # None for NO_ENTRYPOINT too
+        function, pickled = function_reference(entrypoint, entrypoint_args) or (None, b"")  # NO_ENTRYPOINT too
     if function is None and entrypoint is not NO_ENTRYPOINT and len(problems.messages) == before:
         with problems:
             script = resolve_entrypoint(entrypoint, search_dirs)
@@ -394,7 +395,7 @@ def plan_call(entrypoint: Union[str, "os.PathLike[str]", Callable[..., Any]], en
     options.pop("nproc-per-node", None)  # resolved above, with its precedence
     return CallPlan(
         entry_name=function.qualname if function is not None else os.path.basename(script or ""), script=script,
-        entry_argv=entry.argv, function=function, function_args=entrypoint_args,
+        entry_argv=entry.argv, function=function, function_args=entrypoint_args, function_pickle=pickled,
         nproc=nproc if nproc is not None else 1, options=options,
         rdzv_port=rdzv_port if rdzv_port is not None else defaults.rdzv_port,
         true_keys=entry.true_keys if defaults.args_as != "0.2" else (), torch_restarts=torch_restarts,

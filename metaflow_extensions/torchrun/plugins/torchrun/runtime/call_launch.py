@@ -11,13 +11,12 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple
 
-from ..errors import TorchrunInvalidArgument
 from ..gang import Seat
 from ..base import timeouts
-from ..host import CallFiles, route_to, wait_listening
+from ..host import CallFiles, open_private, route_to, wait_listening
 from ..launch import CallPlan
 from ..launch.prepare import NodeFacts, prepare_launch
-from ..procs import ARGS_FILE, RESTART_ENV, ZYGOTE_ENV, bootstrap, entry, functions
+from ..procs import ARGS_FILE, RESTART_ENV, ZYGOTE_ENV, bootstrap, entry
 from ..record import read_rank_records
 from .session import GangSession
 from .warm_start import WarmStart
@@ -50,10 +49,9 @@ class NodeLaunch:
                                        session.defaults.knobs.warm_start)
         plan = self.plan
         if plan.function is not None:
-            try:
-                functions.write_pickle(os.path.join(self.workdir, ARGS_FILE), plan.function_args)
-            except Exception as e:
-                raise TorchrunInvalidArgument("entrypoint_args cannot be pickled for the ranks: %s" % e) from None
+            args_file = os.path.join(self.workdir, ARGS_FILE)
+            with os.fdopen(open_private(args_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), "wb") as f:
+                f.write(plan.function_pickle)  # planning pickled them, once
             bootstrap_argv = [bootstrap.FUNCTION_FLAG, plan.function.encode(), self.workdir]
         else:
             bootstrap_argv = [plan.script or ""] + list(plan.entry_argv)
