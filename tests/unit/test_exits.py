@@ -13,7 +13,7 @@ from proc_helpers import wait_until
 
 from metaflow_extensions.torchrun.plugins.torchrun.procs import agent, exits
 from metaflow_extensions.torchrun.plugins.torchrun.procs.names import STATUS_SUFFIX, rank_file
-from metaflow_extensions.torchrun.plugins.torchrun.procs.status import read_status
+from metaflow_extensions.torchrun.plugins.torchrun.procs.status import read_statuses
 
 
 def _status(directory, rank, **fields):
@@ -81,8 +81,7 @@ def test_torch_closing_its_workers_records_their_exits(tmp_path, monkeypatch):
         logs_specs=DefaultLogsSpecs(log_dir=str(work)))
     try:
         # Each status whole (the file exists before its JSON is written).
-        assert wait_until(lambda: all(read_status(rank_file(str(tmp_path), r, STATUS_SUFFIX)) for r in range(2)),
-                          timeout=30)
+        assert wait_until(lambda: len(read_statuses(str(tmp_path))) == 2, timeout=30)
         began = time.time()
     finally:
         context.close()

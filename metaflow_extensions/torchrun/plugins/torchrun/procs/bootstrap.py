@@ -72,23 +72,12 @@ def report_failure(formatted: str) -> None:
 
 def _record(exc: BaseException, formatted: str) -> None:
     directory = os.environ.get(WORK_DIR_ENV)
-    rank = _env_int("RANK")
     if directory:
         try:
-            write_failure(
-                directory,
-                RankFailure(
-                    rank=rank,
-                    local_rank=_env_int("LOCAL_RANK"),
-                    node_index=_env_int(NODE_INDEX_ENV),
-                    host=socket.gethostname(),
-                    pid=os.getpid(),
-                    exc_type=type(exc).__name__,
-                    message=str(exc),
-                    traceback=formatted,
-                    timestamp=time.time(),
-                ),
-            )
+            write_failure(directory, RankFailure(
+                rank=_env_int("RANK"), local_rank=_env_int("LOCAL_RANK"), node_index=_env_int(NODE_INDEX_ENV),
+                host=socket.gethostname(), pid=os.getpid(), exc_type=type(exc).__name__, message=str(exc),
+                traceback=formatted, timestamp=time.time()))
         except OSError:
             pass
     if os.environ.get("TORCHELASTIC_ERROR_FILE"):
@@ -216,14 +205,8 @@ def main(argv: list) -> None:
         from . import trainer_hooks
 
         trainer_hooks.install()
-    started = RankStatus(
-        rank=rank,
-        local_rank=_env_int("LOCAL_RANK"),
-        group_rank=_env_int("GROUP_RANK"),
-        restart=_env_int("TORCHELASTIC_RESTART_COUNT", 0),
-        pid=os.getpid(),
-        start=time.time(),
-    )
+    started = RankStatus(rank=rank, local_rank=_env_int("LOCAL_RANK"), group_rank=_env_int("GROUP_RANK"),
+                         restart=_env_int("TORCHELASTIC_RESTART_COUNT", 0), pid=os.getpid(), start=time.time())
     _status(started)
     code = 1
     try:

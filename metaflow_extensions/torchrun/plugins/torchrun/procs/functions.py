@@ -14,7 +14,7 @@ import pickle
 import stat
 import sys
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterable, Optional, Tuple
 
 from .records import PRIVATE_NEW
 from .names import EXCEPTION_SUFFIX, RETURN_SUFFIX, STATUS_SUFFIX, rank_file, rank_of
@@ -143,18 +143,13 @@ def read_returns(directory: str, ranks: Optional[Iterable[int]] = None) -> Dict[
     and only files nobody else may write: nothing else is ever unpickled."""
     alias_flow_module()
     if ranks is None:
-        ranks = _ranks_started(directory)
+        ranks = [r for r in (rank_of(name, STATUS_SUFFIX) for name in os.listdir(directory)) if r is not None]
     found: Dict[int, Any] = {}
     for rank in sorted(set(ranks)):
         data = read_own_bytes(result_path(directory, rank))
         if data is not None:
             found[rank] = pickle.loads(data)
     return found
-
-
-def _ranks_started(directory: str) -> List[int]:
-    found = (rank_of(name, STATUS_SUFFIX) for name in os.listdir(directory))
-    return [rank for rank in found if rank is not None]
 
 
 def read_own_bytes(path: str) -> Optional[bytes]:

@@ -34,10 +34,6 @@ def settle_after(nbytes: int) -> None:
         time.sleep(SETTLE_SECONDS)
 
 
-def label_for(rank: int) -> bytes:
-    return b"[rank%d]: " % rank
-
-
 def whole_line_batches(data: bytes, limit: int = ATOMIC_WRITE):
     """Whole lines in writes of at most ``limit`` bytes (a longer line is its own)."""
     start = 0
@@ -201,7 +197,7 @@ def _run(streams_in: Dict[int, Tuple[int, LineSplitter, Optional[int]]]) -> None
 
 def start(rank: int, labels: bool, log_dir: Optional[str]) -> bool:
     """Before any thread exists: fork copies only the calling thread."""
-    label = label_for(rank) if labels else b""
+    label = b"[rank%d]: " % rank if labels else b""
     plan = {}
     for fd, name in ((1, "stdout"), (2, "stderr")):
         r, w = os.pipe()

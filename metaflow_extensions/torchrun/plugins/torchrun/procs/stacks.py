@@ -61,14 +61,14 @@ def ending(frame: FrameType) -> Tuple[str, str]:
 
 def escaped(text: str) -> str:
     """A name as faulthandler writes it."""
-    out = []
-    for ch in text[:_NAME_CHARS]:
-        code = ord(ch)
-        if 32 <= code <= 126:
-            out.append(ch)
-        else:
-            out.append("\\x%02x" % code if code <= 0xFF else "\\u%04x" % code if code <= 0xFFFF else "\\U%08x" % code)
-    return "".join(out) + ("..." if len(text) > _NAME_CHARS else "")
+    return "".join(_escape(ch) for ch in text[:_NAME_CHARS]) + ("..." if len(text) > _NAME_CHARS else "")
+
+
+def _escape(ch: str) -> str:
+    code = ord(ch)
+    if 32 <= code <= 126:
+        return ch
+    return "\\x%02x" % code if code <= 0xFF else "\\u%04x" % code if code <= 0xFFFF else "\\U%08x" % code
 
 
 def register(directory: Optional[str], rank: int) -> Optional[IO[str]]:

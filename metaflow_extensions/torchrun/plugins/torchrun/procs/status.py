@@ -14,7 +14,7 @@ from typing import Annotated, Any, Dict, Mapping, Optional
 
 from ..base.codec import Int, Real, Record
 from .names import STATUS_SUFFIX, rank_file
-from .records import MAX_TIME, read_json, read_rank_files, stamp, write_json
+from .records import MAX_TIME, read_rank_files, stamp, write_json
 
 INT_LIMIT = 1 << 31  # ranks, pids, exit codes and restarts
 
@@ -73,21 +73,13 @@ def _whole(value: Any, default: Optional[int] = None) -> Any:
     return value if ok else default
 
 
-def status_path(directory: str, rank: int) -> str:
-    return rank_file(directory, rank, STATUS_SUFFIX)
-
-
 def write_status(directory: str, status: RankStatus) -> bool:
     """False where it could not be written: never worth failing the rank for."""
     try:
-        write_json(status_path(directory, status.rank), status.to_wire())
+        write_json(rank_file(directory, status.rank, STATUS_SUFFIX), status.to_wire())
     except OSError:
         return False
     return True
-
-
-def read_status(path: str) -> Optional[RankStatus]:
-    return RankStatus.from_file(read_json(path))
 
 
 def read_statuses(directory: str) -> Dict[int, RankStatus]:
