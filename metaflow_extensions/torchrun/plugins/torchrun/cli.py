@@ -114,6 +114,4 @@ def _cause_line(cause: Any) -> str:
 
 
 def _when(stamp: float) -> str:
-    if not stamp:
-        return "?"
-    return datetime.datetime.fromtimestamp(stamp).strftime("%Y-%m-%d %H:%M")
+    return datetime.datetime.fromtimestamp(stamp).strftime("%Y-%m-%d %H:%M") if stamp else "?"

@@ -16,18 +16,11 @@ import sys
 _PACKAGE = __name__.rsplit(".", 1)[0] + "."
 
 
-def _initialising() -> dict:
-    return {
-        name: module
-        for name, module in list(sys.modules.items())
-        if name.startswith(_PACKAGE) and getattr(getattr(module, "__spec__", None), "_initializing", False)
-    }
-
-
 def metaflow_first() -> None:
     if "metaflow" in sys.modules:
         return
-    halfway = _initialising()
+    halfway = {name: module for name, module in list(sys.modules.items())
+               if name.startswith(_PACKAGE) and getattr(getattr(module, "__spec__", None), "_initializing", False)}
     for name in halfway:
         del sys.modules[name]
     try:

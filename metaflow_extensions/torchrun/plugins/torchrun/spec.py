@@ -150,9 +150,7 @@ def preflight_mode(value: Any) -> str:
 
 def truthy(value: Any) -> bool:
     """An attribute's on/off, also as a flag on Metaflow's command line spells it."""
-    if isinstance(value, str):
-        return not says_off(value)
-    return bool(value)
+    return not says_off(value) if isinstance(value, str) else bool(value)
 
 
 def step_defaults(spec: StepSpec, knobs: Optional[Knobs] = None) -> StepDefaults:

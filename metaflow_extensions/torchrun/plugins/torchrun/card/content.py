@@ -297,9 +297,8 @@ def tail_parts(result: TorchrunResult, Markdown: Any) -> list:
 def refusal_reason(result: TorchrunResult) -> Optional[str]:
     """Why a call was refused before any rank started (a card without empty tables), or None."""
     cause = result.cause
-    if cause is None or not (is_refusal(cause) or cause.kind is CauseKind.PREFLIGHT):
-        return None
-    if result.ranks or result.exit_code is not None:
+    ran = bool(result.ranks) or result.exit_code is not None
+    if cause is None or ran or not (is_refusal(cause) or cause.kind is CauseKind.PREFLIGHT):
         return None
     return cause.message or cause.summary
 

@@ -6,9 +6,8 @@ calls), and every value in it is a number or a string written here: no text from
 
 from __future__ import annotations
 
-import dataclasses
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ..cause import CauseKind
@@ -53,7 +52,7 @@ class Gang:
     failed_kind: Optional[CauseKind] = None
     swaps: Sequence[Tuple[float, str]] = ()  # (at, label): a node taken out for a spare
     # @torchrun(spares): a benched node's lane, as (from, state) in order (None: from its join).
-    bench: Mapping[int, Sequence[Tuple[Optional[float], str]]] = dataclasses.field(default_factory=dict)
+    bench: Mapping[int, Sequence[Tuple[Optional[float], str]]] = field(default_factory=dict)
 
 
 def _number(value: Any) -> Optional[float]:
