@@ -1,8 +1,6 @@
-"""This node's share of one call made concrete (``NodeLaunch``): its private
-work and log directories, the warm process its ranks fork from, the entry
-file, and for each start of the ranks torchrun's argv and environment. The
-call (``call.py``) owns one, and decides when a start happens: the first, and
-each in-step restart the gang decides (``@torchrun(restarts)``)."""
+"""This node's share of one call made concrete (``NodeLaunch``): its private directories, the warm process
+its ranks fork from, the entry file, and each start's torchrun argv and environment; ``call.py`` owns one
+and decides when a start happens (the first, and each in-step restart the gang decides)."""
 
 from __future__ import annotations
 
@@ -55,15 +53,13 @@ class NodeLaunch:
             bootstrap_argv = [bootstrap.FUNCTION_FLAG, plan.function.encode(), self.workdir]
         else:
             bootstrap_argv = [plan.script or ""] + list(plan.entry_argv)
-        # The script and its arguments reach the bootstrap through a file, never
-        # through torchrun's own parser (entry.py): arguments stay verbatim.
+        # The script and its arguments reach the bootstrap in a file, not through torchrun's parser: verbatim.
         self.entry = (entry.write_entry(self.workdir, bootstrap_argv, session.defaults.knobs.trainer_progress), iface)
         return self.command(seat, rdzv_port, 0)
 
     def command(self, seat: Optional[Seat], rdzv_port: int, restart: int) -> Tuple[List[str], Dict[str, str]]:
-        """torchrun's argv and environment for start ``restart`` of the ranks
-        (none where ``seat`` sits it out): a restart has a rendezvous of its own
-        (a fresh id, the port the gang announced), the same static shape (rank 0 on node 0)."""
+        """torchrun's argv and environment for start ``restart`` (none where ``seat`` sits it out): a restart's
+        rendezvous has a fresh id and the port the gang announced, the same shape (rank 0 on node 0)."""
         topology, (entry_path, iface) = self.session.topology, self.entry
         seat = seat or self.session.bench.seat(topology.node_index, topology.num_nodes)
         if seat.node_rank is None:  # benched (@torchrun(spares)): nothing to launch until a restart brings it in
