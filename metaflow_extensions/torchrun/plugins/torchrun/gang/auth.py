@@ -1,15 +1,10 @@
-"""Who may speak on the gang's channel: a mutual HMAC challenge-response.
-
-1. service -> peer: ``challenge``, a fresh nonce (not the gang id);
-2. peer -> service: ``hello`` (or a member's ``probe``) with its own nonce, its
-   node index and HMAC(key, "client" or "probe", gang id, both nonces, node);
-3. service -> peer: ``welcome`` with HMAC(key, "server", the same fields), or
-   ``reject`` with a reason that says nothing about the gang.
+"""Who may speak on the gang's channel: a mutual HMAC challenge-response
+(``challenge``, then the peer's ``hello`` or ``probe``, then the service's ``welcome`` or a
+``reject`` that says nothing about the gang; docs/design.md, "Who may speak").
 
 Fresh nonces make a recorded proof worthless on another connection; the gang
 id inside the MAC keeps two gangs that share a secret apart; ``derive`` makes
-one key per purpose, so a proof of one kind never passes for another. Why no
-MAC on later messages: docs/design.md, "Who may speak".
+one key per purpose, so a proof of one kind never passes for another.
 """
 
 from __future__ import annotations

@@ -82,7 +82,10 @@ class CallBook:
         others = {e for n, e in state.entries.items() if n != node}
         if others and call.entry not in others:
             first = min(n for n in state.entries if n != node)
-            return state, _mismatch(call.index, node, call.entry, first, state.entries[first])
+            return state, Cause(CauseKind.CALL_MISMATCH, "call %d of current.torch.run differs between nodes: node %d "
+                                "runs %r, node %d runs %r; every node must make the same calls in the same order"
+                                % (call.index + 1, node, call.entry, first, state.entries[first]),
+                                node_index=node, call=call.index)
         for other, (made, ok) in sorted(left.items()):
             if ok and made <= call.index:
                 return state, _left_early(other, made, node, call.index)
@@ -203,12 +206,6 @@ class CallBook:
                 return "call %d of current.torch.run (%s): waiting for %s to reach it for %.0f s" % (
                     index + 1, next(iter(state.entries.values())), plural(absent), now - state.first_entered)
         return None
-
-
-def _mismatch(index: int, node: int, entry: str, other: int, their: str) -> Cause:
-    return Cause(CauseKind.CALL_MISMATCH, "call %d of current.torch.run differs between nodes: node %d runs %r, node "
-                 "%d runs %r; every node must make the same calls in the same order"
-                 % (index + 1, node, entry, other, their), node_index=node, call=index)
 
 
 def _left_early(node: int, made: int, waiting: int, index: int) -> Cause:

@@ -30,7 +30,6 @@ SLOWEST_NAMED = 0.9
 
 @dataclass(frozen=True)
 class Straggler(Written):
-
     node_index: int
     host: str
     ranks: str  # "136-143"
@@ -68,7 +67,6 @@ class ProgressRecord(Written):
 
 
 class ProgressBook:
-
     def __init__(self, num_nodes: int, ratio: float, window: float) -> None:
         self.num_nodes = num_nodes
         self.ratio = ratio
@@ -134,7 +132,10 @@ class ProgressBook:
             if node in self.named:
                 self.named[node] = one  # how long it has been slow, kept up to date
             elif now - since >= self.window and node not in self.unlisted:
-                self._name(one)
+                if len(self.named) < MAX_STRAGGLERS:
+                    self.named[node] = one
+                else:
+                    self.unlisted.add(node)  # named in the log, counted in the record
                 named.append(one)
         return named
 
@@ -163,12 +164,6 @@ class ProgressBook:
 
     def _fallback(self) -> str:
         return SIGNAL_GPU if sum(p.gpu is not None for p, _ in self.nodes.values()) >= 2 else SIGNAL_CPU
-
-    def _name(self, one: Straggler) -> None:
-        if len(self.named) >= MAX_STRAGGLERS:
-            self.unlisted.add(one.node_index)  # named in the log, counted in the record
-            return
-        self.named[one.node_index] = one
 
     def _summary(self, reporting: Dict[int, Tuple[NodeProgress, str]]) -> ProgressRecord:
         stragglers = tuple(self.named.values())

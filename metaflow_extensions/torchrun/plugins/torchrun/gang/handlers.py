@@ -170,7 +170,7 @@ class Handlers:
     def _on_failed(self, peer: Peer, message: msg.GangMessage) -> None:
         assert isinstance(message, msg.Failed) and peer.node is not None
         if message.call is not None and message.call in self.book.calls:
-            if restarts.stale(self.book.calls[message.call], message.restart):
+            if message.restart < self.book.calls[message.call].restart:
                 return  # of ranks a restart already replaced: the new ones are what counts
             self.book.keep_report(self.book.calls[message.call], peer.node, message.report)
         if self.cause is not None:
@@ -220,10 +220,9 @@ class Handlers:
         hosts = self.members.hosts
         for node in unfit:
             self.say("preflight: node %d (%s) taken out before any rank started: %s"
-                          % (node, hosts.get(node, "?"), cause.summary.split(": ", 1)[-1]))
+                     % (node, hosts.get(node, "?"), cause.summary.split(": ", 1)[-1]))
         came = [n for n in self.book.bench.spares if n not in bench.spares and n not in bench.out]
-        self.say("preflight: spare node%s %s brought in" % ("s" if len(came) > 1 else "",
-                                                                  ", ".join(map(str, came))))
+        self.say("preflight: spare node%s %s brought in" % ("s" if len(came) > 1 else "", ", ".join(map(str, came))))
         self.book.bench = bench
         return True
 
@@ -233,15 +232,14 @@ class Handlers:
         for node in blamed:
             if bench.node_rank(node) is None and self.book.bench.node_rank(node) is not None:
                 self.say("preflight: node %d (%s) starts as a spare: its host's history (above)"
-                              % (node, self.members.hosts.get(node, "?")))
+                         % (node, self.members.hosts.get(node, "?")))
         self.book.bench = bench
         return all(bench.node_rank(n) is None for n in blamed)
 
     def _on_leave(self, peer: Peer, message: msg.GangMessage) -> None:
         assert isinstance(message, msg.Leave) and peer.node is not None
         node = peer.node
-        entered = self.book.node_calls.get(node, 0)
-        made = message.calls if message.calls == entered else entered
+        made = self.book.node_calls.get(node, 0)  # the calls it entered, whatever its leave says
         self.members.left[node] = (made, message.ok)
         _log.debug("node %d left after %d calls (%s)", node, made, "ok" if message.ok else "failed")
         if self.cause is None:
@@ -311,9 +309,7 @@ class Handlers:
         self.pending = None  # an echo held of the ranks being replaced
         index = restarts.begin(state, find_free_port(self.host))
         swapped = self.book.bench.swap(cause.node_index)  # a spare for the node the cause is pinned to
-        swapped_in = None
-        if swapped is not None:
-            self.book.bench, swapped_in = swapped
+        self.book.bench, swapped_in = swapped if swapped is not None else (self.book.bench, None)
         _log.debug("restart %d of call %d (port %s, spare in: %s): %s (node %s): %s", index, state.index,
                    state.rdzv_port, swapped_in, cause.kind.value, cause.node_index, cause.summary)
         self._broadcast(msg.Restart(state.index, index, state.rdzv_port or 0, cause, self.book.bench, swapped_in))

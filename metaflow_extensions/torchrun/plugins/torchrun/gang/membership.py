@@ -20,7 +20,6 @@ from .silence import silence_cause
 
 
 class NodeEnd(NamedTuple):
-
     exit_code: int
     last_lines: Tuple[str, ...] = ()
 
@@ -71,7 +70,13 @@ class Membership:
         if not self.ended:
             return None
         node = min(self.ended)
-        return ended_before_joining(node, self.ended[node])
+        end = self.ended[node]
+        lines = [line for line in end.last_lines if line.strip()]
+        said = ("%s\n%s" % (LAST_LINES_HEAD, "\n".join("    " + line for line in lines))) if lines else \
+            "it wrote nothing on stderr"
+        return Cause(CauseKind.NODE_LOST, "node %d's task ended before it joined the gang (%s)"
+                     % (node, describe_exit_code(end.exit_code)), node_index=node, exit_code=end.exit_code,
+                     message=said)
 
     def lost(self, peer: Peer) -> bool:
         """True when the node had not left its step (its task died)."""
@@ -102,11 +107,3 @@ class Membership:
         missing, n = self.missing(), self.config.num_nodes
         return "waiting for nodes: %d/%d joined; %s missing for %.0f s" % (
             n - len(missing), n, plural(missing), now - self.started)
-
-
-def ended_before_joining(node: int, end: NodeEnd) -> Cause:
-    lines = [line for line in end.last_lines if line.strip()]
-    said = ("%s\n%s" % (LAST_LINES_HEAD, "\n".join("    " + line for line in lines))) if lines else \
-        "it wrote nothing on stderr"
-    return Cause(CauseKind.NODE_LOST, "node %d's task ended before it joined the gang (%s)"
-                 % (node, describe_exit_code(end.exit_code)), node_index=node, exit_code=end.exit_code, message=said)

@@ -36,6 +36,11 @@ ROW_TEXT = 80
 FIX_VERSIONS = ("build every node from one image (or one environment: @pypi/@conda pins, the same "
                 "--environment), so that every node runs the same software")
 
+# node -> its fingerprint; node -> its checks; a finding and the nodes that share it.
+Fingerprints = Mapping[int, Mapping[str, str]]
+Checks = Mapping[int, Sequence[msg.PreflightCheck]]
+CheckGroup = Tuple[msg.PreflightCheck, List[int]]
+
 # The node history's check (record/node_history.py): hosts -> the lines it
 # says, the refusal (preflight="strict"), the nodes whose host it blames.
 HostCheck = Callable[[Dict[int, str]], Tuple[List[str], Optional[Cause], List[int]]]
@@ -77,7 +82,7 @@ class Difference:
             self.majority or "none", self.majority_count, "" if self.majority_count == 1 else "s")
 
 
-def group_values(fingerprints: Mapping[int, Mapping[str, str]]) -> Dict[str, Dict[str, List[int]]]:
+def group_values(fingerprints: Fingerprints) -> Dict[str, Dict[str, List[int]]]:
     """field -> value -> nodes. A node that could not measure is left out: not knowing is no reason to refuse."""
     groups: Dict[str, Dict[str, List[int]]] = {name: {} for name in msg.FINGERPRINT_FIELDS}
     for node in sorted(fingerprints):
@@ -89,7 +94,7 @@ def group_values(fingerprints: Mapping[int, Mapping[str, str]]) -> Dict[str, Dic
     return groups
 
 
-def differences(fingerprints: Mapping[int, Mapping[str, str]]) -> List[Difference]:
+def differences(fingerprints: Fingerprints) -> List[Difference]:
     """Each with its majority value (ties: the lowest node's)."""
     out = []
     for name, by_value in group_values(fingerprints).items():
@@ -102,10 +107,9 @@ def differences(fingerprints: Mapping[int, Mapping[str, str]]) -> List[Differenc
     return out
 
 
-def group_checks(checks: Mapping[int, Sequence[msg.PreflightCheck]], status: str) -> List[Tuple[msg.PreflightCheck,
-                                                                                                 List[int]]]:
+def group_checks(checks: Checks, status: str) -> List[CheckGroup]:
     """Grouped by what was found, expected and the fix: one example check and its nodes per group."""
-    groups: Dict[Tuple[str, str, str, str], Tuple[msg.PreflightCheck, List[int]]] = {}
+    groups: Dict[Tuple[str, str, str, str], CheckGroup] = {}
     for node in sorted(checks):
         for check in checks[node]:
             if check.status == status:
@@ -114,7 +118,7 @@ def group_checks(checks: Mapping[int, Sequence[msg.PreflightCheck]], status: str
     return sorted(groups.values(), key=lambda g: (g[0].name, g[1][0]))
 
 
-def describe_checks(groups: List[Tuple[msg.PreflightCheck, List[int]]]) -> List[str]:
+def describe_checks(groups: List[CheckGroup]) -> List[str]:
     """One line per group, at most ``MAX_GROUPS`` per check."""
     lines: List[str] = []
     per_check: Dict[str, int] = {}
@@ -134,8 +138,7 @@ def describe_checks(groups: List[Tuple[msg.PreflightCheck, List[int]]]) -> List[
     return lines
 
 
-def verdict(fingerprints: Mapping[int, Mapping[str, str]],
-            checks: Mapping[int, Sequence[msg.PreflightCheck]]) -> Optional[Cause]:
+def verdict(fingerprints: Fingerprints, checks: Checks) -> Optional[Cause]:
     """A fingerprint field that differs (kernel aside) or a check that failed, or None."""
     refused, failed = _refused(fingerprints, checks)
     if not refused and not failed:
@@ -154,20 +157,17 @@ def verdict(fingerprints: Mapping[int, Mapping[str, str]],
                  node_index=nodes[0] if nodes else None, message="\n".join(lines)[:4000])
 
 
-def unfit(fingerprints: Mapping[int, Mapping[str, str]],
-          checks: Mapping[int, Sequence[msg.PreflightCheck]]) -> List[int]:
+def unfit(fingerprints: Fingerprints, checks: Checks) -> List[int]:
     """Those whose software differs from the reference's, and those whose checks failed."""
     refused, failed = _refused(fingerprints, checks)
     return sorted({n for d in refused for _, group in d.others for n in group} | {n for _, g in failed for n in g})
 
 
-def _refused(fingerprints: Mapping[int, Mapping[str, str]], checks: Mapping[int, Sequence[msg.PreflightCheck]]
-             ) -> Tuple[List[Difference], List[Tuple[msg.PreflightCheck, List[int]]]]:
+def _refused(fingerprints: Fingerprints, checks: Checks) -> Tuple[List[Difference], List[CheckGroup]]:
     return [d for d in differences(fingerprints) if d.refused], group_checks(checks, "fail")
 
 
-def warnings(fingerprints: Mapping[int, Mapping[str, str]],
-             checks: Mapping[int, Sequence[msg.PreflightCheck]]) -> List[str]:
+def warnings(fingerprints: Fingerprints, checks: Checks) -> List[str]:
     """Once the gang passed: checks that warned, fields that differ without refusing (the kernel)."""
     lines = ["versions differ (not refused): " + d.describe() for d in differences(fingerprints) if not d.refused]
     return lines + describe_checks(group_checks(checks, "warn"))
@@ -235,8 +235,7 @@ class PreflightRecord:
         return data
 
 
-def record(fingerprints: Mapping[int, Mapping[str, str]], checks: Mapping[int, Sequence[msg.PreflightCheck]],
-           num_nodes: int, mode: str) -> PreflightRecord:
+def record(fingerprints: Fingerprints, checks: Checks, num_nodes: int, mode: str) -> PreflightRecord:
     versions: Dict[str, Tuple[ValueGroup, ...]] = {}
     for name, by_value in group_values(fingerprints).items():
         ordered = sorted(by_value.items(), key=lambda kv: (-len(kv[1]), kv[1][0]))
@@ -249,8 +248,7 @@ def record(fingerprints: Mapping[int, Mapping[str, str]], checks: Mapping[int, S
         findings=tuple(findings), rows=tuple(rows(fingerprints, checks)))
 
 
-def rows(fingerprints: Mapping[int, Mapping[str, str]],
-         checks: Mapping[int, Sequence[msg.PreflightCheck]]) -> List[Dict[str, Union[int, str]]]:
+def rows(fingerprints: Fingerprints, checks: Checks) -> List[Dict[str, Union[int, str]]]:
     """The card's table: nodes with a problem first; a cell: the status and, if not ok, what was found."""
     odd: Dict[int, List[str]] = {}
     for d in differences(fingerprints):

@@ -13,7 +13,7 @@ from typing import List, Optional
 from . import wire
 from .auth import new_nonce
 
-# Bytes queued for one peer, at most: past it, the peer is not reading at all and is dropped.
+# Bytes queued for one peer, at most: past it, the peer is not reading at all and what is sent to it is lost.
 MAX_OUTBOX = 4 << 20
 
 
@@ -33,11 +33,9 @@ class Peer:
     last_advance: Optional[float] = None
     outbox: bytearray = field(default_factory=bytearray)
 
-    def queue(self, data: bytes) -> bool:
-        if len(self.outbox) + len(data) > MAX_OUTBOX:
-            return False
-        self.outbox += data
-        return True
+    def queue(self, data: bytes) -> None:
+        if len(self.outbox) + len(data) <= MAX_OUTBOX:
+            self.outbox += data
 
     def flush(self) -> bool:
         """False when the connection is gone."""

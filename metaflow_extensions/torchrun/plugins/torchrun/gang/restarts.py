@@ -23,7 +23,3 @@ def begin(state: CallState, rdzv_port: int) -> int:
     state.rdzv_port = rdzv_port
     state.restarted_at = time.monotonic()
     return state.restart
-
-
-def stale(state: Optional[CallState], restart: int) -> bool:
-    return state is not None and restart < state.restart

@@ -100,11 +100,9 @@ class Ran(Lenient):
 
 
 def record(plan: CallPlan, command: Sequence[str], log_dir: Optional[str], node_index: int) -> Ran:
-    if plan.function is not None:
-        args: Args = mask_value(plan.function_args)
-    else:
-        args = mask_argv(plan.entry_argv)
-    return Ran(plan.script or plan.entry_name, "function" if plan.function is not None else "script", args,
+    function = plan.function is not None
+    args: Args = mask_value(plan.function_args) if function else mask_argv(plan.entry_argv)
+    return Ran(plan.script or plan.entry_name, "function" if function else "script", args,
                tuple(mask_argv(command)), log_dir or "", node_index, versions())
 
 
