@@ -20,7 +20,7 @@ from ..errors import is_refusal
 from ..procs import numbers
 from ..record import REPORT_ARTIFACT, TorchrunResult, evidence, goodput, none_suspected, suspected, swap_words, what_ran
 from . import preflight as card_preflight, progress as card_progress, timeline
-from .text import CARD_LINE_CHARS, clip, clip_lines, code_block, escape_markdown, html_line, sentence, text_block
+from .text import CARD_LINE_CHARS, clip, clip_lines, escape_markdown, html_line, sentence, text_block
 
 # The card's caps: rows of the Ranks table, ranks whose last lines are shown and the characters of
 # one stream's, of one rank's stack and of the root cause.
@@ -330,7 +330,7 @@ def build_components(result: TorchrunResult, flow: str, pathspec: str, backend: 
         return refused_components(result, flow, pathspec, reason, attempt)
     parts = [
         Markdown(summary_markdown(result, flow, pathspec, attempt)),
-        *card_progress.parts(result.progress, escape_markdown, clip, Markdown, Table),
+        *card_progress.parts(result.progress),
         *what_ran_parts(result, Markdown, Table),
         Markdown("## Topology"),
         Table(topology_rows(result, backend), headers=["", ""]),
@@ -354,7 +354,7 @@ def build_components(result: TorchrunResult, flow: str, pathspec: str, backend: 
         parts.append(Markdown("## Root cause\n\n%s" % text_block(text)))
         parts.append(Markdown(evidence_markdown(pathspec, result)))
     parts.extend(stack_parts(result, Markdown, Table))
-    parts.extend(card_preflight.parts(result.preflight, escape_markdown, code_block))
+    parts.extend(card_preflight.parts(result.preflight))
     parts.extend(tail_parts(result, Markdown))
     parts.append(Markdown("_Generated %s_" % time.strftime("%Y-%m-%d %H:%M:%S")))
     return parts

@@ -17,7 +17,6 @@ from ..launch import Accelerators
 from ..record import TorchrunResult
 from . import progress as card_progress
 from .content import backend_label, build_components, title_markdown
-from .text import clip, escape_markdown
 
 CARD_ID = "torchrun"
 
@@ -64,7 +63,7 @@ def attach_card(decorators) -> Optional[Any]:
 def refresh_live(progress: ProgressRecord, flow_name: str) -> None:
     """The progress section while a call runs, through Metaflow's runtime refresh; never raises."""
     from metaflow import current
-    from metaflow.cards import Markdown, Table
+    from metaflow.cards import Markdown
 
     try:
         card = current.card[CARD_ID]
@@ -73,7 +72,7 @@ def refresh_live(progress: ProgressRecord, flow_name: str) -> None:
             Markdown(title_markdown(flow_name, current.pathspec, int(current.retry_count or 0))),
             Markdown("_Running: refreshed %s while the step runs; the whole card comes when it ends._"
                      % time.strftime("%Y-%m-%d %H:%M:%S")),
-            *card_progress.parts(progress, escape_markdown, clip, Markdown, Table),
+            *card_progress.parts(progress),
         ])
         card.refresh(force=True)
     except Exception as e:  # a card must never fail the step

@@ -7,6 +7,7 @@ from typing import Any, Dict, List, Optional
 
 from ..gang import JobRecord, PreflightRecord
 from ..gang.node_compare import describe_job
+from .text import code_block, escape_markdown
 
 
 def table(record: PreflightRecord) -> List[List[str]]:
@@ -19,16 +20,16 @@ def table(record: PreflightRecord) -> List[List[str]]:
     return out
 
 
-def findings_markdown(record: PreflightRecord, escape: Any) -> str:
-    lines = ["- versions differ: %s" % escape(text) for text in record.differences]
+def findings_markdown(record: PreflightRecord) -> str:
+    lines = ["- versions differ: %s" % escape_markdown(text) for text in record.differences]
     for f in record.findings:
         check = f.check
         nodes = ", ".join(str(n) for n in f.nodes)
         more = f.count - len(f.nodes)
         lines.append("- **%s** %s on node%s %s%s: found %s, expected %s. %s" % (
-            escape(check.name), escape(check.status), "s" if f.count != 1 else "", nodes,
-            " and %d more" % more if more > 0 else "", escape(check.found), escape(check.expected or "-"),
-            ("Fix: " + escape(check.fix)) if check.fix else ""))
+            escape_markdown(check.name), escape_markdown(check.status), "s" if f.count != 1 else "", nodes,
+            " and %d more" % more if more > 0 else "", escape_markdown(check.found),
+            escape_markdown(check.expected or "-"), ("Fix: " + escape_markdown(check.fix)) if check.fix else ""))
     return "\n".join(lines)
 
 
@@ -50,16 +51,16 @@ def bandwidth_spec(job: JobRecord) -> Dict[str, Any]:
     }
 
 
-def parts(record: Optional[PreflightRecord], escape: Any, code_block: Any) -> list:
+def parts(record: Optional[PreflightRecord]) -> list:
     if record is None:
         return []
     from metaflow.cards import Markdown, Table
 
-    out: list = [Markdown("## Preflight (%s)" % escape(record.mode))]
+    out: list = [Markdown("## Preflight (%s)" % escape_markdown(record.mode))]
     if record.rows:
         rows = table(record)
         out.append(Table(rows[1:], headers=rows[0]))
-    text = findings_markdown(record, escape)
+    text = findings_markdown(record)
     out.append(Markdown(text or "Every node runs the same software and passed every check."))
     job = record.job
     if job is not None:

@@ -7,12 +7,13 @@ from __future__ import annotations
 from typing import Any, Callable, Dict, List, Optional
 
 from ..gang import ProgressRecord, gang_progress
+from .text import clip, escape_markdown
 from .timeline import SCHEMA, WIDTH_PX
 
 CHART_HEIGHT_PX = 220
 
 
-def rows(progress: ProgressRecord, cell: Callable[[Any], str]) -> List[List[str]]:
+def rows(progress: ProgressRecord, cell: Callable[[Any], str] = clip) -> List[List[str]]:
     """One row a fact. A rank's text (a metric's name) is only clipped (``cell``): a cell is drawn as
     text, where an escape would show as typed."""
     out: List[List[str]] = []
@@ -25,8 +26,7 @@ def rows(progress: ProgressRecord, cell: Callable[[Any], str]) -> List[List[str]
         out.append(["ETA", gang_progress.duration(progress.eta_seconds)])
     if progress.steps_per_second is not None:
         out.append(["steps/s", "%.3g (median node)" % progress.steps_per_second])
-    for name, value in progress.metrics.items():
-        out.append([cell(name), "%.6g" % value])
+    out += [[cell(name), "%.6g" % value] for name, value in progress.metrics.items()]
     if progress.slowest is not None and progress.nodes_reporting > 1:
         s = progress.slowest
         out.append(["slowest node", "node %d (%s, ranks %s): %.2fx the median steps/s" % (
@@ -36,17 +36,18 @@ def rows(progress: ProgressRecord, cell: Callable[[Any], str]) -> List[List[str]
     return out
 
 
-def parts(progress: Optional[ProgressRecord], escape: Callable[[Any], str], cell: Callable[[Any], str],
-          Markdown: Any, Table: Any) -> list:
+def parts(progress: Optional[ProgressRecord]) -> list:
     """Nothing when no rank reported progress and no straggler was named."""
     if progress is None or (progress.step is None and not progress.stragglers):
         return []
+    from metaflow.cards import Markdown, Table
+
     out = [Markdown("## Progress")]
-    table = rows(progress, cell)
+    table = rows(progress)
     if table:
         out.append(Table(table, headers=["", ""]))
     if progress.stragglers:
-        named = ["- %s" % escape(s.sentence()) for s in progress.stragglers]
+        named = ["- %s" % escape_markdown(s.sentence()) for s in progress.stragglers]
         if progress.stragglers_more:
             named.append("- and %d more nodes" % progress.stragglers_more)
         out.append(Markdown("**Stragglers**\n\n" + "\n".join(named)))
