@@ -1,10 +1,7 @@
 """Runs torchrun's agent (``torch.distributed.run``), its store kept on loopback
-when the rendezvous endpoint is a loopback address.
-
-torch's TCPStore listens on every interface whatever host it is given, and
-anyone who connects can read and write its keys. A store opened here on a
-socket bound to loopback (``master_listen_fd``) is the one torch then uses: its
-rendezvous handlers open theirs with ``multi_tenant=True``, which reuses it.
+when the rendezvous endpoint is a loopback address: torch's TCPStore listens on
+every interface, and a store opened here first (``master_listen_fd``) is the one
+its rendezvous handlers reuse (``multi_tenant=True``).
 """
 
 from __future__ import annotations

@@ -1,9 +1,7 @@
-"""Runs first in every rank, then runs the user's script as ``python script.py`` would.
+"""Runs first in every rank, then the user's script as ``python script.py`` would.
 
-It exists so users need not decorate their ``main`` with torch's ``@record``: an
-exception escaping the script is recorded (for our root-cause report and in
-torchelastic's own error file, so torchrun's summary shows the traceback too)
-and then re-raised unchanged. It also ties the rank's life to its agent's.
+Users need not decorate their ``main`` with torch's ``@record``: an exception
+escaping the script is recorded (ours and torchelastic's error file), then re-raised.
 """
 
 from __future__ import annotations
@@ -58,13 +56,12 @@ def report_failure(formatted: str) -> None:
     Where torchrun may restart the ranks no error will, so it shows."""
     restarts = _env_int("TORCHELASTIC_MAX_RESTARTS", 0)
     quiet = os.environ.get(LOG_DIR_ENV) and _env_int("TORCHELASTIC_RESTART_COUNT", 0) >= restarts
+    text = formatted if formatted.endswith("\n") else formatted + "\n"
+    if quiet:
+        text = relay.LOG_ONLY_BEGIN.decode() + text + relay.LOG_ONLY_END.decode()
     try:
         sys.stderr.flush()
-        if quiet:
-            sys.stderr.write(relay.LOG_ONLY_BEGIN.decode())
-        sys.stderr.write(formatted if formatted.endswith("\n") else formatted + "\n")
-        if quiet:
-            sys.stderr.write(relay.LOG_ONLY_END.decode())
+        sys.stderr.write(text)
         sys.stderr.flush()
     except (OSError, ValueError):
         pass

@@ -1,10 +1,8 @@
 """The rank that holds up a collective: the suspected culprit of a hang.
 
-In a hung gang every rank but one usually waits in the same collective; the
-one that does not (a desync, or ended) is named, by rank, node and host. From
-torch's Flight Recorder where the ranks answered (it sees async collectives and
-DDP's hooks, which no frame shows), else from the Python stacks. Pure: no I/O
-(docs/seeing-the-gang.md).
+In a hung gang every rank but one usually waits in the same collective; the one
+that does not is named, from torch's Flight Recorder where the ranks answered,
+else from the Python stacks. Pure (docs/seeing-the-gang.md).
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
-"""The rendezvous store's host outlives every agent that still talks to it.
-
-Past torch's exit barrier the host's agent exits at once, its store with it, and
-an agent still talking to it printed a screen of C++ frames after a run that
-succeeded (issue 52). So each other agent says on the store it is done (one
-``add``), and the host waits until all have; ``wait`` bounds what nothing else ends.
+"""The rendezvous store's host outlives every agent that still talks to it: past
+torch's exit barrier an agent still talking to a gone store printed a screen of
+C++ frames after a run that succeeded (issue 52).
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
-"""What a rank runs, handed to the bootstrap out of band.
-
-torchrun's parser (argparse, ``allow_abbrev``) takes a script argument that
-prefixes one of its options (``--log``, ``--max``) for it, even after the
-script's name; so the script and its arguments go in an entry file, and
-torchrun runs ``--module <bootstrap> <entry file>``.
+"""What a rank runs, handed to the bootstrap in a file: torchrun's parser
+(``allow_abbrev``) takes a script argument that prefixes one of its options
+(``--log``, ``--max``) for its own, even after the script's name.
 """
 
 from __future__ import annotations

@@ -128,15 +128,12 @@ class AgentFailure:
         """None for anything but a whole record (a file is never trusted blindly)."""
         if not isinstance(data, dict):
             return None
-        numbers = [data.get(k) for k in ("rank", "local_rank", "pid", "exitcode")]
-        if not all(isinstance(v, int) and not isinstance(v, bool) for v in numbers) \
+        numbers: Dict[str, Any] = {k: data.get(k) for k in ("rank", "local_rank", "pid", "exitcode")}
+        if not all(isinstance(v, int) and not isinstance(v, bool) for v in numbers.values()) \
                 or not isinstance(data.get("timestamp"), (int, float)) or not isinstance(data.get("host"), str):
             return None
-        signal_name, error_file = data.get("signal"), data.get("error_file")
-        extra = data.get("error_file_data")
-        rank, local_rank, pid, exitcode = (int(v) for v in numbers)  # type: ignore[arg-type]
-        return cls(rank=rank, local_rank=local_rank, pid=pid, exitcode=exitcode,
-                   signal=signal_name if isinstance(signal_name, str) else None,
+        signal_name, error_file, extra = data.get("signal"), data.get("error_file"), data.get("error_file_data")
+        return cls(**numbers, signal=signal_name if isinstance(signal_name, str) else None,
                    timestamp=float(data["timestamp"]), host=data["host"],
                    error_file=error_file if isinstance(error_file, str) else None,
                    error_file_data=extra if isinstance(extra, dict) else {})

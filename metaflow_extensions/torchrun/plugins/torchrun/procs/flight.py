@@ -1,11 +1,9 @@
 """What torch's Flight Recorder says of one rank, in a few typed lines.
 
-The recorder sees every collective a group issues, async ones and DDP's hooks
-included, which no Python stack shows. Its dump (about 1 MB) is boiled down here
-to a few hundred bytes that cross the gang: per process group, the last
-collective entered and whether it completed. The keys are those of torch's
-``FlightRecorder::dump_json`` (format "2.10", torch 2.13 to 2.15); another
-major version reads as ``UNSUPPORTED``. Pure: no torch, no I/O.
+It sees async collectives and DDP's hooks, which no Python stack shows; its dump
+(about 1 MB) is boiled down to a few hundred bytes that cross the gang. Keys as
+torch's ``FlightRecorder::dump_json`` writes them (format "2.10", torch 2.13 to
+2.15). Pure: no torch, no I/O.
 """
 
 from __future__ import annotations

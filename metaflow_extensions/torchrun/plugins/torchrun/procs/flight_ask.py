@@ -1,10 +1,8 @@
 """Asking a live rank for its Flight Recorder summary (flight.py), as a hang is stopped.
 
-The dump is a call into torch, which a signal handler cannot make, so each rank
-has a daemon thread blocked in ``open()`` of its FIFO (no CPU, the GIL released)
-until the node writes a token; it answers with that token in the rank's answer
-file. A main thread stuck in a collective does not stop it: torch releases the
-GIL while it waits. Nothing here imports torch or raises into the rank.
+The dump is a call into torch, which a signal handler cannot make: a daemon
+thread blocked in ``open()`` of the rank's FIFO answers, even while the main
+thread waits in a collective (torch releases the GIL). Nothing here imports torch.
 """
 
 from __future__ import annotations

@@ -1,11 +1,8 @@
 """Whether the warm process (zygote.py) may still fork: checked before every fork.
 
 A child forked after CUDA or a process group came up inherits what it cannot
-use, and one forked while another thread holds a lock may wait forever. What
-brought one in (a ``sitecustomize``, a ``.pth`` hook) makes the zygote refuse;
-the rank starts fresh. Threads are counted in ``/proc/self/task`` (native ones
-do not show in ``threading``); those alive once torch is imported (OpenBLAS's
-pool, which restarts itself around a fork) are the baseline.
+use, and one forked while another thread holds a lock may wait forever. Native
+threads do not show in ``threading``: they are counted in ``/proc/self/task``.
 """
 
 from __future__ import annotations

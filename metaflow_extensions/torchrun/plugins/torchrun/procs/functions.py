@@ -1,8 +1,5 @@
-"""Running a Python function on every rank, and carrying values back.
-
-A function travels by reference (module or flow file, and qualified name),
-never by pickling its code; arguments, results and exceptions by pickle
-through files in the node's work directory.
+"""Running a Python function on every rank, and carrying values back: the function
+by reference (never its code), arguments and results by pickle.
 """
 
 from __future__ import annotations

@@ -48,7 +48,15 @@ def hand_off(module: str, argv: Sequence[str], environ: Mapping[str, str] = os.e
             _exit_as(-signal.SIGKILL)  # the zygote died as it forked: its child (if any) with it
         return
     child = first["pid"]
-    _forward_signals(child)
+
+    def forward(signum: int, _frame: object) -> None:
+        try:
+            os.kill(child, signum)
+        except OSError:
+            pass
+
+    for sig in FORWARDED:
+        signal.signal(sig, forward)
     _exit_as(_wait_exit(reader))
 
 
@@ -66,17 +74,6 @@ def _forked(reader: ReplyReader) -> Tuple[bool, Optional[Dict[str, int]]]:
 def peer_uid(sock: socket.socket) -> int:
     creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
     return struct.unpack("3i", creds)[1]
-
-
-def _forward_signals(child: int) -> None:
-    def forward(signum: int, _frame: object) -> None:
-        try:
-            os.kill(child, signum)
-        except OSError:
-            pass
-
-    for sig in FORWARDED:
-        signal.signal(sig, forward)
 
 
 def _wait_exit(reader: ReplyReader) -> int:

@@ -1,9 +1,8 @@
 """A rank's progress: its step, the total if known, a few numeric metrics.
 
-``report`` runs every step, so it only keeps the latest report in memory; a
-daemon thread writes it to the rank's file at most once every
-``REPORT_INTERVAL`` and once more at exit, for the node's heartbeat. Users
-import it as ``from metaflow_extensions.torchrun.progress import report``.
+``report`` runs every step, so it only keeps the latest in memory; a daemon
+thread writes it at most once every ``REPORT_INTERVAL``. Users import it as
+``from metaflow_extensions.torchrun.progress import report``.
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
-"""A rank's output, labelled with its global rank, one whole line per write:
-ranks sharing their agent's stdout would interleave mid-line.
-
-A forked process, so it drains the pipes after the rank dies (a segfault's last
-words included); it ignores termination signals and ends when every writer has
-closed the pipes.
+"""A rank's output, labelled with its global rank, one whole line per write: ranks
+sharing their agent's stdout would interleave mid-line. A forked process, so it
+drains the pipes after the rank dies (a segfault's last words included).
 """
 
 from __future__ import annotations

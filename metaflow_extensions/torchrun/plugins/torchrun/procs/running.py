@@ -1,9 +1,5 @@
-"""The ranks of ``@torchrun`` steps running on this host, for ``torchrun ps``.
-
-A rank forked from a warm process is not below its task, so neither the process
-tree nor its environment says whose it is: its status file does, in the call's
-work directory ``<task pid>-<random>/``; the task's command line names the run
-and step.
+"""The ranks of ``@torchrun`` steps running on this host, for ``torchrun ps``: a rank
+forked from a warm process is not below its task, so its status file says whose it is.
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
-"""One rank's life as a typed record: the one schema of a rank's status, in its
-file, on the wire and in the public result (``RankRecord`` is this class).
-
-``from_wire`` checks every field and raises ``StatusError`` (the gang drops a
-peer that sends one bad field); ``from_file`` reads leniently (a wrong field is
-unknown): a rank's file is a record to show, not a request.
+"""One rank's life as a typed record, in its file, on the wire and in the public
+result (``RankRecord`` is this class). ``from_wire`` raises ``StatusError`` on one
+bad field; ``from_file`` reads leniently: a rank's file is a record to show.
 """
 
 from __future__ import annotations

@@ -1,9 +1,7 @@
 """Progress from HF's and Lightning's ``Trainer`` with no change to the user's code.
 
-An import hook waits for the script to import a trainer's module, then adds a
-callback that calls ``progress.report``; a script using neither pays one dict
-look-up per import. On the hot path a callback does no I/O and forces no device
-sync: the loss goes to ``report`` as the trainer holds it.
+An import hook adds a callback once the script imports a trainer; on the hot path
+the callback does no I/O and forces no device sync.
 """
 
 from __future__ import annotations

@@ -1,14 +1,8 @@
-"""The node's warm process: it imports torch once, then forks torchrun's agent
-and every rank from there (issue 37), saving each about 2.5 CPU-seconds of
-``import torch``.
-
-Safe because nothing runs here before the fork but the import (``fork_guard.py``
-checks before every fork; a start it refuses runs fresh), and the child is made
-what a fresh process would be (``become``). Who asks is a stand-in
-(``handoff.py``) that passes its descriptors over the Unix socket, forwards
-signals and exits as its child did; a stand-in that goes away takes its child
-with it. A zygote may fork another zygote (``ZYGOTE_ENV``), which then serves
-its own socket with torch already imported. Run as ``python -u -m <this module> SOCKET``.
+"""The node's warm process (issue 37): imports torch once, then forks torchrun's
+agent and every rank, each spared about 2.5 CPU-seconds of ``import torch``.
+Safe because nothing runs here before a fork but the import (``fork_guard.py``),
+and the child is made what a fresh process would be (``become``). Who asks is a
+stand-in (``handoff.py``). Run as ``python -u -m <this module> SOCKET``.
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
 """What a stand-in (``handoff.py``) and the zygote say over its Unix socket.
 
 A request: one length-prefixed JSON object, the stand-in's stdio alongside
-(``SCM_RIGHTS``). Replies, JSON lines: ``taken`` (about to fork), then ``pid``
-or ``fresh`` (no fork: start fresh), then ``exit`` (negative for a signal). A
-request is read as hostile, bounded and checked field by field, though the
-socket is private and the peer's user checked.
+(``SCM_RIGHTS``). Replies, JSON lines: ``taken``, then ``pid`` or ``fresh``
+(start fresh), then ``exit``. A request is read as hostile, field by field.
 """
 
 from __future__ import annotations
