@@ -138,18 +138,12 @@ def card_commands(argv: Sequence[str]) -> bool:
 
         resolve_task_from_pathspec._torchrun = True  # type: ignore[attr-defined]
         card_cli.resolve_task_from_pathspec = resolve_task_from_pathspec
-    return headless_card_view(argv) or callable(resolve)
+    return ("view" in argv and headless_card_view(card_cli)) or callable(resolve)
 
 
-def headless_card_view(argv: Sequence[str]) -> bool:
+def headless_card_view(card_cli: Any) -> bool:
     """Metaflow's ``open_in_browser`` ignores what ``webbrowser.open`` returns: ``card view`` without a
     browser (SSH to a dev box) printed nothing. Wrapped to say where the card is. True when wrapped."""
-    if "card" not in argv or "view" not in argv:
-        return False
-    try:
-        from metaflow.plugins.cards import card_cli
-    except ImportError:
-        return False
     original = getattr(card_cli, "open_in_browser", None)
     if not callable(original) or getattr(original, "_torchrun_headless", False):
         return False
@@ -157,8 +151,7 @@ def headless_card_view(argv: Sequence[str]) -> bool:
     def open_in_browser(card_path: str) -> None:
         import webbrowser
 
-        url = "file://" + os.path.abspath(card_path)
-        if not webbrowser.open(url):
+        if not webbrowser.open("file://" + os.path.abspath(card_path)):
             print("No web browser here: the card is at %s (`card get` writes it where you like)."
                   % os.path.abspath(card_path), file=sys.stderr, flush=True)
 
