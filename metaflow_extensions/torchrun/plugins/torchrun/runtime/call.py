@@ -269,8 +269,8 @@ class CallRun:
 
     def record(self) -> TorchrunResult:
         """The call's result, whatever happened; the work directory removed."""
-        topology, sup, server, client = self.session.topology, self.supervisor, self.session.server, self.session.client
         try:
+            topology, sup, server, client = self.session.topology, self.supervisor, self.session.server, self.session.client
             gang_view = GangView()
             if server is not None:
                 view = server.call_view(self.index)
