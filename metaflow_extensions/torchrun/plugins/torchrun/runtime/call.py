@@ -270,7 +270,8 @@ class CallRun:
     def record(self) -> TorchrunResult:
         """The call's result, whatever happened; the work directory removed."""
         try:
-            topology, sup, server, client = self.session.topology, self.supervisor, self.session.server, self.session.client
+            topology, server, client = self.session.topology, self.session.server, self.session.client
+            sup = self.supervisor
             gang_view = GangView()
             if server is not None:
                 view = server.call_view(self.index)
