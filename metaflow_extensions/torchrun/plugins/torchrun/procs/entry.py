@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from typing import Any, List, Mapping, MutableMapping, NamedTuple
 
 from .names import AGENT_TMP, ENTRY_ENV, ENTRY_FILE, USER_TMPDIR_ENV, USER_UMASK_ENV
@@ -65,8 +66,6 @@ def restore_user_tmpdir(environ: MutableMapping[str, str] = os.environ) -> None:
     else:
         environ.pop("TMPDIR", None)
     environ.pop(ENTRY_ENV, None)
-    import sys
-
     tempfile: Any = sys.modules.get("tempfile")
     if tempfile is not None:
         tempfile.tempdir = None  # forget a directory chosen from the agent's TMPDIR

@@ -36,14 +36,11 @@ def answer_path(directory: str, rank: int) -> str:
 
 def recording(env: Mapping[str, str]) -> bool:
     """By torch's own reading of its variables: the first set one wins."""
-    for name in (FR_BUFFER_ENV, FR_BUFFER_OLD_ENV):
-        value = env.get(name)
-        if value is not None:
-            try:
-                return int(value) > 0
-            except ValueError:
-                return False
-    return False
+    value = next((env[name] for name in (FR_BUFFER_ENV, FR_BUFFER_OLD_ENV) if name in env), "0")
+    try:
+        return int(value) > 0
+    except ValueError:
+        return False
 
 
 def listen(directory: Optional[str], rank: int) -> Optional[threading.Thread]:

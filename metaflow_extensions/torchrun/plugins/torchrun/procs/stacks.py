@@ -177,9 +177,7 @@ class Frame:
         return "%s:%d in %s" % (short_path(self.file, base), self.line, self.function)
 
     def source(self) -> str:
-        if self.file.startswith("<"):
-            return ""
-        return linecache.getline(self.file, self.line).strip()
+        return "" if self.file.startswith("<") else linecache.getline(self.file, self.line).strip()
 
 
 @dataclass(frozen=True)
