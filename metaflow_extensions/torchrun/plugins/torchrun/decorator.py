@@ -184,19 +184,19 @@ class TorchrunDecorator(ParallelDecorator):
         log.configure(self._knobs.debug)  # the debug channel, if asked for
         is_control = ubf_context == UBF_CONTROL
         self._card = card_of_task(self._card, is_control)
-        # The card of this attempt (card/lifecycle.card_view_command), named once the card has its hash.
-        self._card_of = (self._card, "%s/%s/%s/%s" % (self._flow_name, run_id, step_name, task_id))
+        pathspec = "%s/%s/%s/%s" % (self._flow_name, run_id, step_name, task_id)
+        self._card_of = (self._card, pathspec)  # this attempt's card, named once it has its hash
         control_task_id = os.environ.get(CONTROL_TASK_ID_ENV) or (task_id if is_control else None)
         self._identity = GangIdentity(self._flow_name, str(run_id), step_name,
                                       str(control_task_id or local_control_task_id(task_id)), int(retry_count))
-        self._secret, self._published = gang_secret.for_task(
-            task_datastore._storage_impl, self._identity, self._knobs.secret, is_control, float(self.attributes["start_timeout"]))
+        self._secret, self._published = gang_secret.for_task(task_datastore._storage_impl, self._identity,
+                                                             self._knobs.secret, is_control,
+                                                             float(self.attributes["start_timeout"]))
         self._defaults = step_defaults(self._spec, self._knobs)
         if is_control and is_local_runtime(os.environ):
             self._warm, self._port = prepare_local_nodes(_local_nodes(flow), self._spec.port, self._defaults)
         if is_control and int(retry_count) > 0:
-            note = self._attempt.read_previous(
-                "%s/%s/%s/%s" % (self._flow_name, run_id, step_name, task_id), self._spec.retry_on)
+            note = self._attempt.read_previous(pathspec, self._spec.retry_on)
             if note:
                 say(note)
         self._attempt.history = read_node_history(self._attempt, is_control, self._flow_name, str(run_id), step_name,
