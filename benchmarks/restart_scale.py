@@ -99,7 +99,7 @@ def coordination(n: int, workers: int, bound: float, spares: int = 0) -> Dict[st
             told = [t for r in got.values() if r for t in r["told"].values()]
             agreed = [t for r in got.values() if r for t in r["agreed"].values()]
             heard = [t for r in got.values() if r for t in r["heard"].values()]
-            state = gang.server.calls[0]
+            state = gang.server.handlers.book.calls[0]
             row.update({
                 "decided_s": round(state.restarted_at - t0, 4) if state.restarted_at else None,
                 "told": len(told), "agreed": len(agreed),

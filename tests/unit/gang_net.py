@@ -168,7 +168,7 @@ class Net:
         )
         line = p.stdout.readline().decode().strip()
         assert line == "joined", line
-        assert wait_until(lambda: node in server.members.joined_at, GUARD)
+        assert wait_until(lambda: node in server.handlers.members.joined_at, GUARD)
         return p
 
     def close(self) -> None:
@@ -206,5 +206,5 @@ def enter_everywhere(server, clients, index: int = 0) -> Optional[int]:
         t.start()
     for t in threads:
         t.join(GUARD)
-    assert wait_until(lambda: server.calls[index].all_entered_at is not None, GUARD)
-    return server.calls[index].rdzv_port
+    assert wait_until(lambda: server.handlers.book.calls[index].all_entered_at is not None, GUARD)
+    return server.handlers.book.calls[index].rdzv_port

@@ -51,7 +51,7 @@ def test_a_node_stops_its_ranks_only_once_every_nodes_stacks_are_in(net, tmp_pat
     b.report_failure(Cause(CauseKind.RANK_FAILED, "boom"), call=0)
     wait_cause([a, b])
     t, done = _collect_in_background(a, str(tmp_path))
-    assert wait_until(lambda: 0 in server.calls[0].stacks, GUARD)  # shared at once, before the wait
+    assert wait_until(lambda: 0 in server.handlers.book.calls[0].stacks, GUARD)  # shared at once, before the wait
     assert "at" not in done and not b.news.wait_stacks_in(0, 0)  # node 1 has not collected: node 0's ranks live
     sent = time.monotonic()
     b.send_stacks(0, {})

@@ -29,7 +29,8 @@ from metaflow_extensions.torchrun.plugins.torchrun.procs.flight import OK, Fligh
 from metaflow_extensions.torchrun.plugins.torchrun.cause import Cause, CauseKind
 from metaflow_extensions.torchrun.plugins.torchrun.gang.config import GangConfig
 from metaflow_extensions.torchrun.plugins.torchrun.gang.client import GangClient, send_last_progress
-from metaflow_extensions.torchrun.plugins.torchrun.gang.server import CallState, GangServer
+from metaflow_extensions.torchrun.plugins.torchrun.gang.calls import CallState
+from metaflow_extensions.torchrun.plugins.torchrun.gang.server import GangServer
 from metaflow_extensions.torchrun.plugins.torchrun.gang.ports import find_free_port
 from proc_helpers import wait_until
 
@@ -90,7 +91,7 @@ class TestJoin:
         net.clients.append(c)
         c.start()
         assert c.wait_joined() is True
-        assert wait_until(lambda: 1 in server.members.joined_at, GUARD)
+        assert wait_until(lambda: 1 in server.handlers.members.joined_at, GUARD)
 
     def test_a_reader_whose_socket_was_closed_before_it_began_ends_quietly(self, net):
         """close() may run before the reader thread sets its socket's timeout:
@@ -163,14 +164,14 @@ class TestJoin:
         twin = net.raw(server.port)
         assert twin.hello(server.config, 1) == {"type": "reject", "reason": "node 1 is taken"}
         time.sleep(0.2)
-        assert server.members.by_node[1].host == socket.gethostname()  # the real node 1 keeps its place
+        assert server.handlers.members.by_node[1].host == socket.gethostname()  # the real node 1 keeps its place
         assert server.cause is None and real.cause is None
 
     def test_a_node_that_left_cannot_come_back(self, net):
         server = net.server(2)
         a, b = net.join(server, [0, 1])
         b.leave(0, ok=True)
-        assert wait_until(lambda: 1 in server.members.left, GUARD)
+        assert wait_until(lambda: 1 in server.handlers.members.left, GUARD)
         b.close()
         again = net.raw(server.port)
         assert again.hello(server.config, 1)["type"] == "reject"
@@ -204,7 +205,7 @@ class TestReportedFailure:
         probe = net.raw(server.port)
         assert probe.hello(server.config, 2)["type"] == "reject"  # node 2 is still there
         c2.close()
-        assert wait_until(lambda: 2 not in server.members.by_node, GUARD)
+        assert wait_until(lambda: 2 not in server.handlers.members.by_node, GUARD)
         assert Cause.from_wire(net.raw(server.port).hello(server.config, 2)["cause"]).summary == self.SUMMARY
 
     def test_the_service_stamps_who_sent_it(self, net):
@@ -500,7 +501,7 @@ class TestControl:
         server = net.server(2)
         c0, c1 = net.join(server, [0, 1])
         c1.leave(0, ok=True)
-        assert wait_until(lambda: 1 in server.members.left, GUARD)
+        assert wait_until(lambda: 1 in server.handlers.members.left, GUARD)
         server.close()
         time.sleep(0.4)
         assert c1.cause is None
@@ -582,12 +583,12 @@ class TestCalls:
         a, b, c = net.join(server, [0, 1, 2])
         port_a = a.enter_call(0, "train.py")
         assert port_a is not None and port_a != server.port
-        assert server.calls[0].all_entered_at is None
+        assert server.handlers.book.calls[0].all_entered_at is None
         port_b = b.enter_call(0, "train.py")
-        assert server.calls[0].all_entered_at is None
+        assert server.handlers.book.calls[0].all_entered_at is None
         port_c = c.enter_call(0, "train.py")
-        assert port_a == port_b == port_c == server.calls[0].rdzv_port
-        assert wait_until(lambda: server.calls[0].all_entered_at is not None, GUARD)
+        assert port_a == port_b == port_c == server.handlers.book.calls[0].rdzv_port
+        assert wait_until(lambda: server.handlers.book.calls[0].all_entered_at is not None, GUARD)
 
     def test_other_nodes_wait_for_the_node_that_hosts_the_store(self, net):
         """Node 0's torchrun hosts the rendezvous store, which another node's
@@ -597,14 +598,14 @@ class TestCalls:
         a, b, c = net.join(server, [0, 1, 2])
         tb, got_b = enter_in_background(b, 0)
         tc, got_c = enter_in_background(c, 0)
-        assert wait_until(lambda: len(server.calls.get(0, CallState(0)).entries) == 2, GUARD)
+        assert wait_until(lambda: len(server.handlers.book.calls.get(0, CallState(0)).entries) == 2, GUARD)
         time.sleep(0.4)
         assert tb.is_alive() and tc.is_alive(), "no go before node 0 entered"
-        assert server.calls[0].rdzv_port is None
+        assert server.handlers.book.calls[0].rdzv_port is None
         port = a.enter_call(0, "train.py")
         tb.join(GUARD)
         tc.join(GUARD)
-        assert got_b["port"] == got_c["port"] == port == server.calls[0].rdzv_port is not None
+        assert got_b["port"] == got_c["port"] == port == server.handlers.book.calls[0].rdzv_port is not None
 
     def test_a_late_node_still_times_out_after_the_others_went(self, net):
         server = net.server(2, start_timeout=0.5)
@@ -618,13 +619,13 @@ class TestCalls:
         clients = net.join(server, [0, 1])
         ports = [through_call(clients, i, "step%d.py" % i)[0] for i in range(3)]
         assert len(set(ports)) == 3 and server.port not in ports
-        assert sorted(server.calls) == [0, 1, 2]
+        assert sorted(server.handlers.book.calls) == [0, 1, 2]
 
     def test_different_entrypoints_are_named(self, net):
         server = net.server(2)
         a, b = net.join(server, [0, 1])
         enter_in_background(a, 0, "train.py")
-        assert wait_until(lambda: 0 in server.calls, GUARD)
+        assert wait_until(lambda: 0 in server.handlers.book.calls, GUARD)
         assert b.enter_call(0, "eval.py") is None
         for cause in wait_cause([a, b]):
             assert (cause.kind, cause.node_index, cause.call) == (CauseKind.CALL_MISMATCH, 1, 0)
@@ -643,7 +644,7 @@ class TestCalls:
         # Only the control waits for it: the others are not told.
         time.sleep(0.2)
         assert not any(c.news.call_over(0) for c in clients[1:])
-        call = server.calls[0]
+        call = server.handlers.book.calls[0]
         assert call.done == {0, 1, 2} and call.reports == {n: node_report(n) for n in range(3)}
         assert sorted(call.finished_at) == [0, 1, 2]
 
@@ -654,7 +655,7 @@ class TestCalls:
         a.call_done(0, None, node_report())
         b.call_done(0, b"\x80\x04rank0 pickle", node_report())
         assert a.wait_call_done(0)
-        call = server.calls[0]
+        call = server.handlers.book.calls[0]
         assert (call.rank0, call.rank0_node, call.rank0_error) == (b"\x80\x04rank0 pickle", 1, None)
 
     def test_wait_call_done_is_false_when_the_gang_aborts(self, net):
@@ -705,7 +706,7 @@ class TestCalls:
             if not early:
                 through_call([a], 0, "x")
                 raw.send({"type": "call_done", "index": 0, "report": {}})
-                assert wait_until(lambda: 1 in server.calls[0].done, GUARD)
+                assert wait_until(lambda: 1 in server.handlers.book.calls[0].done, GUARD)
             raw.send({"type": "call_done", "index": 0, "report": {}})
             (cause,) = wait_cause([a])
             assert (cause.kind, cause.node_index) == (CauseKind.NODE_LOST, 1)
@@ -726,13 +727,13 @@ class TestLeaving:
         # Only the control waits for it: the others are not told.
         time.sleep(0.2)
         assert not any(c.all_left.is_set() for c in clients[1:])
-        assert server.cause is None and server.members.left == {0: (0, True), 1: (0, True), 2: (0, True)}
+        assert server.cause is None and server.handlers.members.left == {0: (0, True), 1: (0, True), 2: (0, True)}
 
     def test_leaving_exempts_a_node_from_heartbeats_and_from_node_lost(self, net):
         server = net.server(2, heartbeat_timeout=0.5)
         a, b = net.join(server, [0, 1])
         b.leave(0, ok=True)
-        assert wait_until(lambda: 1 in server.members.left, GUARD)
+        assert wait_until(lambda: 1 in server.handlers.members.left, GUARD)
         b.close()
         time.sleep(1.2)  # beyond the heartbeat timeout
         assert server.cause is None and a.cause is None
@@ -746,7 +747,7 @@ class TestLeaving:
         p.stdin.write(b"leave\n")
         p.stdin.flush()
         assert p.stdout.readline().strip() == b"left"
-        assert wait_until(lambda: 1 in server.members.left, GUARD)
+        assert wait_until(lambda: 1 in server.handlers.members.left, GUARD)
         os.kill(p.pid, signal.SIGSTOP)
         try:
             time.sleep(2.0)  # twice the heartbeat timeout
@@ -762,7 +763,7 @@ class TestLeaving:
         a, b = net.join(server, [0, 1])
         through_call([a, b], 0)
         t, _ = enter_in_background(a, 1)
-        assert wait_until(lambda: 1 in server.calls, GUARD)
+        assert wait_until(lambda: 1 in server.handlers.book.calls, GUARD)
         t0 = time.monotonic()
         b.leave(1, ok=True)
         for cause in wait_cause([a]):
@@ -777,7 +778,7 @@ class TestLeaving:
         server = net.server(2)
         a, b = net.join(server, [0, 1])
         b.leave(0, ok=True)
-        assert wait_until(lambda: 1 in server.members.left, GUARD)
+        assert wait_until(lambda: 1 in server.handlers.members.left, GUARD)
         assert a.enter_call(0, "train.py") is None
         assert (a.cause.kind, a.cause.node_index, a.cause.call) == (CauseKind.LEFT_EARLY, 1, 0)
         assert "while node 0 waits in call 1" in a.cause.summary
@@ -789,7 +790,7 @@ class TestLeaving:
         a.leave(1, ok=True)
         b.leave(2, ok=True)  # claims a call it never entered
         assert a.wait_all_left() and server.cause is None
-        assert server.members.left == {0: (1, True), 1: (1, True)}
+        assert server.handlers.members.left == {0: (1, True), 1: (1, True)}
 
     def test_leave_counts_differing_name_the_node_with_fewer(self, net):
         server = net.server(3)
@@ -797,7 +798,8 @@ class TestLeaving:
         through_call([a, b, c], 0)
         enter_in_background(a, 1, "eval.py")
         enter_in_background(b, 1, "eval.py")
-        assert wait_until(lambda: 1 in server.calls and len(server.calls[1].entries) == 2, GUARD)
+        calls = server.handlers.book.calls
+        assert wait_until(lambda: 1 in calls and len(calls[1].entries) == 2, GUARD)
         c.leave(1, ok=True)
         for cause in wait_cause([a, b, c]):
             assert (cause.kind, cause.node_index, cause.call) == (CauseKind.LEFT_EARLY, 2, 1)
@@ -818,9 +820,9 @@ class TestLeaving:
         raw.hello(server.config, 1)
         raw.send({"type": "leave", "calls": 0, "ok": True})
         raw.send({"type": "hb"})
-        assert wait_until(lambda: 1 in server.members.left, GUARD)
+        assert wait_until(lambda: 1 in server.handlers.members.left, GUARD)
         raw.send({"type": "failed", "cause": Cause(CauseKind.RANK_FAILED, "too late").to_wire()})
-        assert wait_until(lambda: 1 not in server.members.by_node, GUARD)  # dropped
+        assert wait_until(lambda: 1 not in server.handlers.members.by_node, GUARD)  # dropped
         time.sleep(0.2)
         assert server.cause is None and a.cause is None
 
@@ -939,8 +941,8 @@ class TestStacks:
         assert wait_until(lambda: server.stacks_pending(0) == [], GUARD)
         assert server.call_view(0).flights == {0: {0: FlightSummary(OK, (FlightGroup("0", 5, "all_reduce", False),),
                                                                     5)}, 1: {}}
-        assert server.calls[0].stacks == {0: {0: "Current thread 0x1:\n  File \"t.py\", line 3 in f\n", 1: "x"},
-                                          1: {}}
+        assert server.handlers.book.calls[0].stacks == {
+            0: {0: "Current thread 0x1:\n  File \"t.py\", line 3 in f\n", 1: "x"}, 1: {}}
 
     def test_a_node_that_left_may_still_send_them(self, net):
         server = net.server(2)
@@ -948,7 +950,7 @@ class TestStacks:
         through_call([a, b], 0)
         b.leave(1, ok=False)
         b.send_stacks(0, {2: "late"})
-        assert wait_until(lambda: 1 in server.calls[0].stacks, GUARD)
+        assert wait_until(lambda: 1 in server.handlers.book.calls[0].stacks, GUARD)
 
     def test_a_disconnected_node_is_not_waited_for(self, net):
         server = net.server(2)
@@ -962,8 +964,8 @@ class TestStacks:
         a, b = net.join(server, [0, 1])
         through_call([a, b], 0)
         b.send_stacks(0, {r: "y" * 16000 for r in range(200)})
-        assert wait_until(lambda: 1 in server.calls[0].stacks, GUARD)
-        assert server.cause is None and 0 < len(server.calls[0].stacks[1]) <= 200
+        assert wait_until(lambda: 1 in server.handlers.book.calls[0].stacks, GUARD)
+        assert server.cause is None and 0 < len(server.handlers.book.calls[0].stacks[1]) <= 200
 
     def test_stacks_sent_twice_or_malformed(self, net):
         server = net.server(2)
@@ -976,8 +978,8 @@ class TestStacks:
         good = {"state": "ok", "entries": 2, "groups": [{"name": "0", "entered": 2, "op": "barrier", "done": False}]}
         raw.send({"type": "stacks", "call": 0, "stacks": {"x": 1, "-3": "y", "2": ["no"], "4": "ok"},
                   "flights": {"4": good, "5": {"state": "ok", "groups": [{"entered": -1}]}, "y": good, "6": 7}})
-        assert wait_until(lambda: 1 in server.calls[0].stacks, GUARD)
-        assert server.calls[0].stacks[1] == {4: "ok"}
+        assert wait_until(lambda: 1 in server.handlers.book.calls[0].stacks, GUARD)
+        assert server.handlers.book.calls[0].stacks[1] == {4: "ok"}
         assert list(server.call_view(0).flights[1]) == [4]  # a bad summary is left out, not fatal
         raw.send({"type": "stacks", "call": 0, "stacks": {}})
         (cause,) = wait_cause([a])

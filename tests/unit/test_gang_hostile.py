@@ -70,7 +70,7 @@ def legit_step(net: Net, server) -> None:
     b.call_done(0, LEGIT_RANK0, node_report(1))  # rank 0 ran on node 1
     a.call_done(0, None, node_report(0))
     assert a.wait_call_done(0), a.cause
-    call = server.calls[0]
+    call = server.handlers.book.calls[0]
     assert (call.rank0, call.rank0_node) == (LEGIT_RANK0, 1)
     assert pickle.loads(call.rank0) == {"loss": 0.25}  # what call.py then does
     b.leave(1, ok=True)
@@ -149,7 +149,7 @@ class TestStrangers:
         for secret in (WRONG, SECRET):  # without the secret, and even with it
             assert net.raw(server.port).hello(server.config, 1, secret=secret)["type"] == "reject"
         time.sleep(0.2)
-        assert server.members.by_node[1].sock.fileno() != -1 and b.cause is None and server.cause is None
+        assert server.handlers.members.by_node[1].sock.fileno() != -1 and b.cause is None and server.cause is None
         b.close()  # the real node 1 is still the one watched
         (cause,) = wait_cause([a])
         assert (cause.kind, cause.node_index) == (CauseKind.NODE_LOST, 1)
@@ -174,7 +174,7 @@ class TestStrangers:
         for message in ({"type": "call_done", "index": 0}, {"type": "leave", "calls": 0, "ok": True}):
             send_quietly(s.sock, wire.encode(message))
         a, b = net.join(server, [0, 1])
-        assert server.members.left == {} and server.calls == {}
+        assert server.handlers.members.left == {} and server.handlers.book.calls == {}
         b.close()  # node 1's task dies: still noticed at once
         (cause,) = wait_cause([a])
         assert (cause.kind, cause.node_index) == (CauseKind.NODE_LOST, 1)
@@ -187,7 +187,7 @@ class TestStrangers:
         s.hello(server.config, 1, secret=WRONG)
         send_quietly(s.sock, wire.encode({"type": "call_done", "index": 0, "rank0": payload, "report": {}}))
         legit_step(net, server)
-        assert server.calls[0].rank0 == LEGIT_RANK0
+        assert server.handlers.book.calls[0].rank0 == LEGIT_RANK0
         assert not marker.exists()
 
     def test_a_thousand_connections(self, net):
@@ -301,7 +301,7 @@ class TestMembersBreakingRules:
                 "report": {}})
         (cause,) = wait_cause([a])
         assert (cause.kind, cause.node_index) == (CauseKind.NODE_LOST, 1)
-        assert server.calls[0].rank0 is None and 1 not in server.calls[0].done
+        assert server.handlers.book.calls[0].rank0 is None and 1 not in server.handlers.book.calls[0].done
         assert not marker.exists()
 
     @pytest.mark.parametrize("proof_for", ["nothing", "another call", "another node", "other bytes"])
@@ -321,7 +321,7 @@ class TestMembersBreakingRules:
         m.send({"type": "call_done", "index": 0, "rank0": base64.b64encode(b"data").decode(),
                 "rank0_proof": proof})
         wait_cause([a])
-        assert server.calls[0].rank0 is None
+        assert server.handlers.book.calls[0].rank0 is None
 
     @pytest.mark.parametrize("message", [
         {"type": "failed", "cause": "a string, not a cause"},
@@ -340,7 +340,7 @@ class TestMembersBreakingRules:
         assert server._thread.is_alive()
         # whatever the service made of it (a cause, a drop), it still serves
         assert net.raw(server.port).hello(server.config, 1)["type"] == "welcome"
-        assert 1 in server.members.joined_at
+        assert 1 in server.handlers.members.joined_at
 
     def test_a_member_sending_garbage_is_dropped_and_named(self, net):
         server = net.server(2)
@@ -371,7 +371,7 @@ class TestBigValues:
         b.call_done(0, b"z" * (wire.RANK0_MAX + 1), node_report(*range(10), tail_chars=1000))
         a.call_done(0, None, node_report())
         assert a.wait_call_done(0)  # no hang: the done arrived without the value
-        call = server.calls[0]
+        call = server.handlers.book.calls[0]
         assert call.rank0 is None and "over the" in call.rank0_error and "node 1" in call.rank0_error
 
     def test_a_report_too_big_for_a_line_is_trimmed_not_lost(self, net):

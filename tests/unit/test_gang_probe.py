@@ -83,7 +83,7 @@ class TestTheService:
     def test_a_members_probe_is_hearing_it_answered_with_a_welcome_then_closed(self, net):
         server = net.server(2)
         c0, c1 = net.join(server, [0, 1])
-        peer = server.members.by_node[1]
+        peer = server.handlers.members.by_node[1]
         peer.last_seen -= 100  # as if its connection had been silent
         before = peer.last_seen
         answer, sock = probe_raw(server, 1)
@@ -93,7 +93,7 @@ class TestTheService:
         finally:
             wire.close_quietly(sock)
         assert peer.last_seen > before + 99
-        assert server.cause is None and server.members.by_node[1] is peer and server.admission.rejected == 0
+        assert server.cause is None and server.handlers.members.by_node[1] is peer and server.admission.rejected == 0
 
     def test_a_probe_of_a_node_not_in_the_gang_is_refused(self, net):
         server = net.server(3)
@@ -121,7 +121,7 @@ class TestTheService:
         said = []
         server.warn = said.append
         net.join(server, [0, 1])
-        peer = server.members.by_node[1]
+        peer = server.handlers.members.by_node[1]
         peer.last_seen -= 100
         before = peer.last_seen
         answer, sock = probe_raw(server, 1, secret=secret, **override)
@@ -169,7 +169,7 @@ class TestTheProber:
         c0, c1 = net.join(server, [0, 1])
         hearing = Hearing()
         hearing.any = hearing.link = time.monotonic() - 100
-        peer = server.members.by_node[1]
+        peer = server.handlers.members.by_node[1]
         peer.last_seen -= 100
         prober = Prober(server.config, HOST, server.port, 1, SECRET, hearing, c1._set_cause, lambda: False,
                         threading.Event())
@@ -273,7 +273,7 @@ def test_a_stalled_connection_is_ridden_out_on_fresh_ones_then_named_dead(net, p
     c1 = GangClient(server.config, HOST, [proxy.port], 1, secret=SECRET)
     net.clients.append(c1)
     c1.connect(give_up_after=GUARD)
-    assert c1.cause is None and wait_until(lambda: 1 in server.members.joined_at, GUARD)
+    assert c1.cause is None and wait_until(lambda: 1 in server.handlers.members.joined_at, GUARD)
     stalled = time.monotonic()
     proxy.stall()
     assert not wait_until(lambda: c1.cause is not None or server.cause is not None, 6.0)  # 2 x heartbeat_timeout

@@ -75,7 +75,7 @@ def test_a_killed_rank_restarts_every_node_on_a_fresh_port_until_the_restarts_ar
     # Node 0's report of the replaced ranks (an echo of the kill) changes nothing.
     c0.report_failure(Cause(CauseKind.RANK_FAILED, "echo", secondary=True, call=0), call=0, restart=0)
     time.sleep(0.3)
-    assert server.cause is None and server.calls[0].restart == 1
+    assert server.cause is None and server.handlers.book.calls[0].restart == 1
     # The restarted ranks fail too: no restart is left, the gang ends.
     c1.report_failure(KILLED, call=0, restart=1)
     for cause in wait_cause([c0, c1]):
@@ -90,7 +90,7 @@ def test_a_bug_in_the_users_code_ends_the_gang_even_with_restarts_left(net):
     c1.report_failure(BUG, call=0)
     for cause in wait_cause([c0, c1]):
         assert cause.exc_type == "ValueError"
-    assert c0.news.restart_after(0, 0) is None and server.calls[0].restart == 0
+    assert c0.news.restart_after(0, 0) is None and server.handlers.book.calls[0].restart == 0
 
 
 def test_a_lost_node_ends_the_gang_even_with_restarts_left(net):

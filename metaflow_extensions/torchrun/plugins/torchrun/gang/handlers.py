@@ -118,12 +118,6 @@ class Handlers:
         if not state.stacks_in_said and len(state.stacks) + len(state.done) + benched >= len(state.entries):
             self._stacks_in(state)  # the last node's: by count, O(1) (a node gone is found at the check)
 
-    def check_stacks(self) -> None:
-        """A call whose stacks are in from every node that may still send them is said to be."""
-        for state in list(self.book.calls.values()):
-            if state.stacks and not state.stacks_in_said and not self._owe_stacks(state.index):
-                self._stacks_in(state)
-
     def _owe_stacks(self, index: int) -> List[int]:
         """Not the lost or frozen node the gang stopped for."""
         cause = self.cause
@@ -264,7 +258,9 @@ class Handlers:
 
     def check(self, now: float, node_ends: Optional[Callable[[], Mapping[int, NodeEnd]]]) -> None:
         ended = self.members.saw_ends(node_ends)  # after an abort too, for everyone_heard
-        self.check_stacks()
+        for state in list(self.book.calls.values()):  # stacks in from every node that may still send them
+            if state.stacks and not state.stacks_in_said and not self._owe_stacks(state.index):
+                self._stacks_in(state)
         if self.cause is None:
             cause = self._overdue(now, ended)
             if cause is not None:

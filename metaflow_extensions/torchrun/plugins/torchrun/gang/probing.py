@@ -1,12 +1,8 @@
-"""A node's second way to hear the control while its connection is silent.
-
-After a flap TCP's backoff can hold the connection's resends back for about as
-long as the cut lasted; a fresh connection's SYN leaves at once. So a node
-that heard nothing for ``probe_after`` says it is still here on a fresh
-connection (a ``probe``, answered by a ``welcome``), once per heartbeat
-interval; both sides count that as hearing the other. Probes stand in for the
-connection for ``link_timeout`` at most: one silent longer is dead (a firewall
-or NAT lost its state). The measurements: docs/failures.md.
+"""A node's second way to hear the control while its connection is silent: after a
+flap TCP's backoff can hold the connection's resends back for about as long as the
+cut lasted, while a fresh connection's SYN leaves at once. Probes stand in for the
+connection for ``link_timeout`` at most: one silent longer is dead (a firewall or NAT
+lost its state). The measurements: docs/failures.md.
 """
 
 from __future__ import annotations

@@ -1,13 +1,11 @@
-"""The gang service: one thread in the control task that every node keeps one
-connection to, from the first line of its step to the last; the one place
-that sees every node.
+"""The gang service: one thread in the control task, the one place that sees every
+node; each keeps one connection to it for its whole step.
 
-A dropped connection before a node left its step is a dead node (the kernel
+A connection dropped before its node left its step is a dead node (the kernel
 closes a dead process's sockets: no timeout); ``heartbeat_timeout`` of silence
 a frozen or cut-off one; a reported failure the root cause unless it is an
-echo (held ``secondary_grace``). Only a peer that proved the secret speaks,
-for the node it proved; one that breaks a rule is dropped, never the service.
-Sends never block, and the O(nodes) scans run at ``CHECK_PERIOD``.
+echo (held ``secondary_grace``). Sends never block, and the O(nodes) scans run
+at ``CHECK_PERIOD``; who may speak: ``admission.py``.
 """
 
 from __future__ import annotations
@@ -20,10 +18,10 @@ from ..cause import Cause
 from . import messages as msg
 from .admission import Admission
 from .handlers import Handlers
-from .calls import CallState, CallView
+from .calls import CallView
 from .config import GangConfig
 from .speaker import Speaker
-from .membership import Membership, NodeEnd
+from .membership import NodeEnd
 from .peer import Peer
 from .node_compare import HostCheck, PreflightRecord
 from .gang_progress import ProgressRecord
@@ -71,19 +69,10 @@ class GangServer:
         self._closing = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="torchrun-gang-server", daemon=True)
 
-    # -- what the tests read of the handlers' state (on the service's thread, or once it is still) --
-
+    # What the runtime reads and sets of the handlers' state (on the service's thread, or once it is still).
     @property
     def cause(self) -> Optional[Cause]:
         return self.handlers.cause
-
-    @property
-    def members(self) -> Membership:
-        return self.handlers.members
-
-    @property
-    def calls(self) -> Dict[int, CallState]:
-        return self.handlers.book.calls
 
     @property
     def host_check(self) -> Optional[HostCheck]:

@@ -10,19 +10,12 @@ from typing import Annotated, Any, List, Mapping, Optional
 
 from ..cause import Cause, CauseKind
 from ..base.codec import Int, Lenient, Real, Via
+from ..gang.messages import CAUSE
 
 # Characters of a restart's cause's message and traceback kept: 100 restarts stay small.
 CAUSE_TEXT = 600
 Node = Annotated[int, Int(0, (1 << 20) - 1)]
 Seconds = Annotated[Optional[float], Real(digits=3)]
-
-
-def _cause(value: Any) -> Cause:
-    """Read as cause.py reads a peer's (a bad field dropped); none at all is no restart."""
-    cause = Cause.from_wire(value)
-    if cause is None:
-        raise ValueError("not a cause")
-    return cause
 
 
 def _cause_kept(cause: Cause) -> Any:
@@ -39,7 +32,7 @@ class InStepRestart(Lenient):
                   "ranks_at", "lost_work_seconds", "restart_seconds", "lost_seconds", "swapped_out", "swapped_in",
                   "work_from")
     restart: Annotated[int, Int(1, (1 << 16) - 1)]
-    cause: Annotated[Cause, Via(_cause, _cause_kept)]
+    cause: Annotated[Cause, Via(CAUSE.read, _cause_kept)]  # read as a peer's (none at all: no restart)
     # The replaced ranks' torchrun's start and failure (on its node's clock); this
     # node's old ranks gone, its new torchrun started, its first new rank at the script.
     ran_from: Optional[float]

@@ -1,8 +1,6 @@
-"""The step's record as the task ends, built here alone (``step_result``) from
-the attempt's facts (``AttemptFacts``, read off the session by the runtime) and
-the ``ThisAttempt`` the decorator kept: the last call's result, or one made for
-an attempt that made none, with its preflight and, on the control, every
-attempt so far, this one's nodes and roles, and the goodput ledger.
+"""The step's record as the task ends, built here alone (``step_result``) from the
+attempt's facts (``AttemptFacts``, read off the session by the runtime) and the
+``ThisAttempt`` the decorator kept.
 """
 
 from __future__ import annotations
@@ -133,10 +131,9 @@ def nodes(facts: AttemptFacts, result: TorchrunResult, cause: Optional[Cause],
 def keep_record(flow: Any, facts: Optional[AttemptFacts], attempt: ThisAttempt,
                 where: Tuple[Any, Any, str, Any], flow_name: str,
                 render_card: Callable[[TorchrunResult], bool]) -> bool:
-    """Keep the task's record as task metadata (bounded), and as artifacts the
-    full report where it leaves any out, a failed attempt's evidence and the
-    ledger. ``where``: the metadata provider and the task's ids. Returns
-    whether the card was drawn."""
+    """The record as task metadata (bounded); as artifacts the full report where that leaves any out,
+    a failed attempt's evidence and the ledger. ``where``: the metadata provider and the task's ids.
+    True when the card was drawn."""
     drop_inherited(flow)
     result = step_result(facts, attempt)
     if result is None or facts is None:
