@@ -97,6 +97,7 @@ def task(tmp_path, monkeypatch):
     metaflow.namespace(None)
     yield _Task(root, deco, metadata, run_id, task_id)
     current._update_env({"card": None})
+    current._set_env(is_running=False)  # no longer in a task: a later test's "not in a step" check holds
     metaflow.namespace(namespace)
 
 
