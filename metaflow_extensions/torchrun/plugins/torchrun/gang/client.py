@@ -151,9 +151,8 @@ class GangClient:
         return self._sock is not None and self.cause is None
 
     def enter_call(self, index: int, entry: str) -> Optional[int]:
-        """The call's rendezvous port, or None if the gang aborted. The service
-        answers once node 0 is there too, not every node: torchrun's
-        rendezvous, watched by the gang, waits for the rest."""
+        """The call's rendezvous port, or None if the gang aborted. The service answers once node 0 is
+        there too, not every node: torchrun's rendezvous, watched by the gang, waits for the rest."""
         if not self.wait_joined():
             return None
         while not self._preflight_sent.wait(0.05):  # the preflight goes first
@@ -310,10 +309,9 @@ class GangClient:
 
 
 class CallNews:
-    """What the service told a node of each call (the go, each restart, every
-    node done, every node's stacks in): written by the reader thread, waited on
-    by the step's under the client's one condition, which the verdict and the
-    close notify too. Here, not in a module of its own: no hop on the call path."""
+    """What the service told a node of each call (the go, each restart, every node done, every node's
+    stacks in): written by the reader thread, waited on by the step's under the client's one condition,
+    which the verdict and the close notify too. Here, not in a module of its own: no hop on the call path."""
 
     def __init__(self, changed: threading.Condition, node_index: int, num_nodes: int,
                  verdict: Callable[[], bool], closing: threading.Event) -> None:

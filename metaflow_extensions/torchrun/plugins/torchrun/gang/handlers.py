@@ -178,9 +178,8 @@ class Handlers:
             self.pending = (cause, time.monotonic() + self.config.secondary_grace)
 
     def _on_preflight(self, peer: Peer, message: msg.GangMessage) -> None:
-        """The last one decides, before its node can send the ``call`` that would
-        launch it, so before any rank starts. With spares the other nodes' go
-        waits for it too: the verdict may change the bench."""
+        """The last one decides, before its node can send the ``call`` that would launch it, so before any
+        rank starts. With spares the other nodes' go waits for it too: the verdict may change the bench."""
         assert isinstance(message, msg.Preflight) and peer.node is not None
         try:
             complete = self.preflight.keep(peer.node, message)

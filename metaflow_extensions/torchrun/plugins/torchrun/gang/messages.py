@@ -249,9 +249,8 @@ class CallAllDone(GangMessage):
 
 @dataclass(frozen=True)
 class StacksIn(GangMessage):
-    """Every node still in call ``index`` sent its stacks: a node keeps its ranks
-    alive until then, as a peer's ranks in a collective with them would die
-    with them before their own node had asked where they were."""
+    """Every node still in call ``index`` sent its stacks: a node keeps its ranks alive until then,
+    as a peer's ranks in a collective with them would die before their node asked where they were."""
 
     TYPE: ClassVar[MessageType] = MessageType.STACKS_IN
     index: CallIndex

@@ -39,9 +39,8 @@ def _metrics(value: Any) -> Dict[str, float]:
 
 @dataclass(frozen=True)
 class NodeProgress(Record):
-    """``rate_min`` (its slowest rank's steps/s) sets the node's pace; ``stalled``:
-    seconds since any rank advanced, on the node's clock (``hang_timeout`` reads
-    it); ``cpu`` (per rank) and ``gpu`` (mean %): the fallback signals."""
+    """``rate_min`` (its slowest rank's steps/s) sets the node's pace; ``stalled``: seconds since any rank
+    advanced, on its node's clock (``hang_timeout`` reads it); ``cpu`` (per rank), ``gpu`` (mean %): fallbacks."""
 
     ERROR = ProtocolError
     DROP_NONE = True

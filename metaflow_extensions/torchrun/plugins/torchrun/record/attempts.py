@@ -56,9 +56,8 @@ class Previous(Lenient):
 
 
 def refusal(retry_on: str, attempt: int, previous: Optional[Previous], retries: int = 0) -> Optional[str]:
-    """Why attempt ``attempt`` runs nothing (its error's text), or None to run it.
-    The first refused attempt also says, once, that Metaflow's later retries
-    (``retries``: ``@retry(times)``) start and end the same way: a step cannot cancel them."""
+    """Why attempt ``attempt`` runs nothing (its error's text), or None to run it. The first refused attempt
+    also says, once, that Metaflow's later retries (``retries``) start and end the same way."""
     if retry_on != "infrastructure" or attempt <= 0 or previous is None:
         return None
     what = user_code_failure(previous.cause)

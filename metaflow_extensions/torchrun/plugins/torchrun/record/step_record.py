@@ -80,9 +80,8 @@ def step_result(facts: Optional[AttemptFacts], attempt: ThisAttempt) -> Optional
 
 
 def with_attempts(facts: AttemptFacts, result: Optional[TorchrunResult], attempt: ThisAttempt) -> TorchrunResult:
-    """The control's record, with every attempt so far and the ledger. An
-    attempt that made no call (refused, or its gang stopped first) gets a
-    record too: the next attempt reads why it stopped."""
+    """The control's record, with every attempt so far and the ledger. An attempt that made no call
+    (refused, or its gang stopped first) gets a record too: the next attempt reads why it stopped."""
     refused_for = None
     if attempt.refusal is not None and attempt.previous is not None:
         cause = attempt.previous.cause  # carried: the next attempt refuses too
@@ -162,10 +161,9 @@ def keep_record(flow: Any, facts: Optional[AttemptFacts], attempt: ThisAttempt,
 
 
 def drop_inherited(flow: Any) -> None:
-    """Pass on none of ``ARTIFACTS`` inherited from an earlier step: a second
-    step's worker carried the first's merged ledger, and the join's ``merge_artifacts``
-    failed (issue 52). Metaflow's ``persist`` copies the input datastore's table, so
-    the names leave that table (in this process) and the flow's cached copies."""
+    """Pass on none of ``ARTIFACTS`` inherited from an earlier step: a second step's worker carried the
+    first's merged ledger, and the join's ``merge_artifacts`` failed (issue 52). Metaflow's ``persist``
+    copies the input datastore's table, so the names leave that table and the flow's cached copies."""
     own = getattr(flow, "__dict__", {})
     inherited = own.get("_datastore")
     for name in ARTIFACTS:
