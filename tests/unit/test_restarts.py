@@ -14,7 +14,7 @@ import pytest
 from gang_net import GUARD, enter_everywhere, wait_cause
 from metaflow_extensions.torchrun.plugins.torchrun.cause import Cause, CauseKind, restartable_in_step
 from metaflow_extensions.torchrun.plugins.torchrun.errors import TorchrunInvalidArgument
-from metaflow_extensions.torchrun.plugins.torchrun.gang import restarts as gang_restarts
+from metaflow_extensions.torchrun.plugins.torchrun.gang import calls as gang_calls
 from metaflow_extensions.torchrun.plugins.torchrun.gang.calls import CallState
 from metaflow_extensions.torchrun.plugins.torchrun.launch.inputs import validate_restarts
 from metaflow_extensions.torchrun.plugins.torchrun.launch.plan import StepDefaults, plan_call
@@ -104,13 +104,13 @@ def test_a_lost_node_ends_the_gang_even_with_restarts_left(net):
 
 def test_no_restart_before_every_node_reached_the_call_or_once_one_is_done():
     state = CallState(0)
-    assert not gang_restarts.may_restart(state, KILLED, 2)  # not every node there: its ranks never ran
+    assert not gang_calls.may_restart(state, KILLED, 2)  # not every node there: its ranks never ran
     state.all_entered_at = time.monotonic()
-    assert gang_restarts.may_restart(state, KILLED, 2)
-    assert not gang_restarts.may_restart(state, KILLED, 0)
-    assert not gang_restarts.may_restart(state, Cause(CauseKind.RANK_FAILED, "x", call=1), 2)  # another call
+    assert gang_calls.may_restart(state, KILLED, 2)
+    assert not gang_calls.may_restart(state, KILLED, 0)
+    assert not gang_calls.may_restart(state, Cause(CauseKind.RANK_FAILED, "x", call=1), 2)  # another call
     state.done.add(0)
-    assert not gang_restarts.may_restart(state, KILLED, 2)
+    assert not gang_calls.may_restart(state, KILLED, 2)
 
 
 def test_hang_detection_counts_from_the_restart():
@@ -119,7 +119,7 @@ def test_hang_detection_counts_from_the_restart():
     state = book.calls.setdefault(0, CallState(0, entries={0: "x"}))
     state.all_entered_at = time.monotonic() - 100
     assert book.hung(time.monotonic(), 10.0, lambda n: None, {}) is not None
-    gang_restarts.begin(state, 29555)
+    gang_calls.begin_restart(state, 29555)
     assert book.hung(time.monotonic(), 10.0, lambda n: None, {}) is None
     assert (state.restart, state.rdzv_port) == (1, 29555)
 

@@ -7,7 +7,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Mapping, Optional, Set, Tuple
 
-from ..cause import Cause, CauseKind, plural
+from ..cause import Cause, CauseKind, plural, restartable_in_step
 from ..procs import FlightSummary
 from . import messages as msg
 from .bench import Bench
@@ -212,3 +212,19 @@ def _left_early(node: int, made: int, waiting: int, index: int) -> Cause:
     return Cause(CauseKind.LEFT_EARLY, "node %d ended its step after %d call%s of current.torch.run while node %d "
                  "waits in call %d: every node must make the same calls"
                  % (node, made, "" if made == 1 else "s", waiting, index + 1), node_index=node, call=index)
+
+
+def may_restart(state: Optional[CallState], cause: Cause, allowed: int) -> bool:
+    """The in-step restart (``@torchrun(restarts=N)``), decided in one place, the service: restarts are
+    left, every node reached the call and none is done with it (it cannot run its ranks again)."""
+    if state is None or state.restart >= allowed or cause.call != state.index:
+        return False
+    return state.all_entered_at is not None and not state.done and restartable_in_step(cause)
+
+
+def begin_restart(state: CallState, rdzv_port: int) -> int:
+    """The next restart's index, sent to every node as one ``Restart``; hang detection counts from now."""
+    state.restart += 1
+    state.rdzv_port = rdzv_port
+    state.restarted_at = time.monotonic()
+    return state.restart

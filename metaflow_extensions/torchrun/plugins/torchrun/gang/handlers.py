@@ -13,10 +13,9 @@ from typing import Callable, Dict, List, Mapping, Optional, Tuple
 from ..cause import Cause, CauseKind
 from ..host import log
 from . import messages as msg
-from . import restarts
 from .admission import Admission
 from .bench import Bench
-from .calls import CallBook, CallState
+from .calls import CallBook, CallState, begin_restart, may_restart
 from .config import CONTROL_NODE, GangConfig
 from .gang_progress import ProgressBook
 from .membership import Membership, NodeEnd
@@ -298,11 +297,11 @@ class Handlers:
 
     def _restart(self, cause: Cause) -> bool:
         state = self.book.calls.get(cause.call) if cause.call is not None else None
-        if not restarts.may_restart(state, cause, self.config.restarts):
+        if not may_restart(state, cause, self.config.restarts):
             return False
         assert state is not None
         self.pending = None  # an echo held of the ranks being replaced
-        index = restarts.begin(state, find_free_port(self.host))
+        index = begin_restart(state, find_free_port(self.host))
         swapped = self.book.bench.swap(cause.node_index)  # a spare for the node the cause is pinned to
         self.book.bench, swapped_in = swapped if swapped is not None else (self.book.bench, None)
         _log.debug("restart %d of call %d (port %s, spare in: %s): %s (node %s): %s", index, state.index,
