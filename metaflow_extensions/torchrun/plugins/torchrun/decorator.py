@@ -132,7 +132,8 @@ class TorchrunDecorator(ParallelDecorator):
         for k in self._unknown:
             attributes.pop(k)
         card_commands(sys.argv)  # `card view <run>/<step>`: the control's card
-        super().__init__(attributes, statically_defined, **decorator_init_kwargs(ParallelDecorator.__init__, inserted_by))
+        kwargs = decorator_init_kwargs(ParallelDecorator.__init__, inserted_by)
+        super().__init__(attributes, statically_defined, **kwargs)
 
     def step_init(self, flow, graph, step_name, decorators, environment, flow_datastore, logger):
         super().step_init(flow, graph, step_name, decorators, environment, flow_datastore, logger)
@@ -166,8 +167,8 @@ class TorchrunDecorator(ParallelDecorator):
     def runtime_step_cli(self, cli_args, retry_count, max_user_code_retries, ubf_context):
         super().runtime_step_cli(cli_args, retry_count, max_user_code_retries, ubf_context)
         if ubf_context == UBF_CONTROL and is_local_runtime(os.environ):
-            name_local_control(getattr(cli_args, "env", None), cli_args.task.task_id,
-                               self._knobs.warm_start if getattr(self, "_spec", None) and self._spec.runs_here else None)
+            warm = self._knobs.warm_start if getattr(self, "_spec", None) and self._spec.runs_here else None
+            name_local_control(getattr(cli_args, "env", None), cli_args.task.task_id, warm)
 
     def runtime_finished(self, exception):
         super().runtime_finished(exception)

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional, Sequence
 from . import load_order  # noqa: F401  (Metaflow first, whatever the user imports first)
 from metaflow.exception import MetaflowException
 
+from .base.text import first_line
 from .cause import CauseKind
 from .procs import failure_block
 from .procs import RankFailure, describe_exit_code, root_cause_order
@@ -105,7 +106,8 @@ class TorchrunFailed(TorchrunException):
             head = "First failure: %s" % first_failure(root, host or root.host)
         else:
             head = ("torchrun on node %d ended with %s; no rank recorded a Python exception (a rank may have "
-                    "been killed by a signal, or torchrun itself failed)." % (node_index, describe_exit_code(exit_code)))
+                    "been killed by a signal, or torchrun itself failed)."
+                    % (node_index, describe_exit_code(exit_code)))
         block = failure_block.Block(root=root, others=self.failures[1:], stacks=dict(stacks or {}), logs=logs,
                                     headline=head, elsewhere=elsewhere, suspects=suspects)
         super().__init__(failure_block.render(block, FULL_REPORT))
@@ -131,7 +133,7 @@ def failure_summary(failure: RankFailure) -> str:
     """One line for a rank's failure: who, what."""
     return "%s, rank %d (local rank %d, pid %d): %s: %s" % (
         node_name(failure.node_index, failure.host), failure.rank, failure.local_rank, failure.pid,
-        failure.exc_type, _first_line(failure.message))
+        failure.exc_type, first_line(failure.message))
 
 
 def rank_raised(original: BaseException, error: TorchrunFailed) -> BaseException:
@@ -187,7 +189,7 @@ class GangAborted(TorchrunException):
         elif origin is not None and origin != node_index and cause.kind in _FAILED_FIRST:
             if same_log:  # the failing node's own error in this log has what there is
                 text = "node %d stopped because node %d failed first (its error %s): %s" % (
-                    node_index, origin, _its_error(cause), _first_line(cause.summary))
+                    node_index, origin, _its_error(cause), first_line(cause.summary))
             else:
                 text = "node %d stopped because node %d failed first: %s" % (node_index, origin, cause.summary)
                 if cause.traceback:
@@ -218,11 +220,6 @@ def _its_error(cause: "Cause") -> str:
     if cause.traceback.startswith(failure_block.CRASH_OUTPUT):
         return "in this log has the rank's last lines of stderr"
     return "in this log has the traceback"
-
-
-def _first_line(text: str) -> str:
-    lines = (text or "").strip().splitlines()
-    return lines[0] if lines else ""
 
 
 class TorchrunInterrupted(TorchrunException):

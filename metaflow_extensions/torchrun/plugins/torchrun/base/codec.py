@@ -315,7 +315,8 @@ def _scalar(kind: Any, specs: Tuple[Any, ...], lenient: bool = False) -> Callabl
         if one is not None:
             return _check(lambda v: v in one.choices, "not one of %s" % ", ".join(one.choices))
         if lenient:
-            text = _check(lambda v: isinstance(v, str) and b.least <= len(v), "not a string of %d+ characters" % b.least)
+            text = _check(lambda v: isinstance(v, str) and b.least <= len(v),
+                          "not a string of %d+ characters" % b.least)
             return lambda v: text(v)[:b.limit]
         return _check(lambda v: isinstance(v, str) and b.least <= len(v) <= b.limit,
                       "not a string of %d to %d characters" % (b.least, b.limit))

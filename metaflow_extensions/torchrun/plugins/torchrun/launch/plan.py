@@ -292,7 +292,8 @@ def unknown_keyword(name: str, value: Any, api: str = "current.torch.run",
         hint = " (torchrun's --%s cannot be used under @torchrun: %s)" % (option, UNUSABLE_OPTIONS[option])
     elif option is not None:
         text = shown(value)
-        hint = " (did you mean torchrun_args={%r: %s}?)" % (option.replace("-", "_"), text if len(text) <= 40 else "...")
+        text = text if len(text) <= 40 else "..."
+        hint = " (did you mean torchrun_args={%r: %s}?)" % (option.replace("-", "_"), text)
     written = name if name.isidentifier() else shown(name)  # one line, whatever the name holds
     return "%s does not take %s=%s; it takes %s." % (api, written, hint, ", ".join(RUN_KEYWORDS))
 

@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence
 
-from ..base.text import shorten
+from ..base.text import first_line, shorten
 from .failures import RankFailure
 from .ranges import numbers
 from .stacks import group
@@ -71,15 +71,15 @@ def echo_lines(others: Sequence[RankFailure], elsewhere: Sequence[int] = ()) -> 
     ranks = sorted({f.rank for f in echoes} | set(elsewhere) - {f.rank for f in own})
     out = []
     if ranks:
-        kinds = sorted({_first_line("%s: %s" % (f.exc_type, _SOURCE.sub("", f.message))) for f in echoes})
-        what = " (%s%s)" % (shorten(kinds[0], 90), " and %d other messages" % (len(kinds) - 1) if len(kinds) > 1 else "") \
-            if kinds else ""
+        kinds = sorted({first_line("%s: %s" % (f.exc_type, _SOURCE.sub("", f.message))) for f in echoes})
+        more = " and %d other messages" % (len(kinds) - 1) if len(kinds) > 1 else ""
+        what = " (%s%s)" % (shorten(kinds[0], 90), more) if kinds else ""
         out.append("%d other rank%s failed as echoes of it%s: %s; their tracebacks are in their logs"
                    % (len(ranks), "s" if len(ranks) != 1 else "", what,
                       "ranks " + numbers(ranks) if len(ranks) > 1 else "rank %d" % ranks[0]))
     for f in own[:OTHER_FAILURES]:
         out.append("Also failed: rank %d (node %d): %s" % (f.rank, f.node_index, shorten(
-            _first_line("%s: %s" % (f.exc_type, f.message)), 120)))
+            first_line("%s: %s" % (f.exc_type, f.message)), 120)))
     if len(own) > OTHER_FAILURES:
         rest = own[OTHER_FAILURES:]
         out.append("Also failed: %d more ranks (%s)" % (len(rest), numbers(f.rank for f in rest)))
@@ -117,6 +117,3 @@ def render(block: Block, full: str = "the card") -> str:
     return "\n".join(lines[:BUDGET])
 
 
-def _first_line(text: str) -> str:
-    lines = (text or "").strip().splitlines()
-    return lines[0] if lines else ""

@@ -93,7 +93,8 @@ def register(directory: Optional[str], rank: int) -> Optional[IO[str]]:
 def collect(directory: str, pids: Mapping[int, int], seconds: float = timeouts.COLLECT_SECONDS) -> Dict[int, str]:
     """Each live rank's dump (rank -> pid), read back once whole; a rank that
     wrote nothing within ``seconds`` is left out."""
-    asked: Dict[int, Tuple[str, int, Optional[Tuple[str, str]]]] = {}  # rank -> its file, where the dump begins, its end
+    # rank -> its file, where the dump begins, its end
+    asked: Dict[int, Tuple[str, int, Optional[Tuple[str, str]]]] = {}
     for rank, pid in pids.items():
         path = stack_path(directory, rank)
         begins = _size(path)
@@ -278,7 +279,8 @@ def short_path(path: str, base: Optional[str] = None) -> str:
     return path if rel.startswith("..") else rel
 
 
-_IMPORT_STATEMENT = re.compile(r"^\s*(?:from\s+(?P<from>[A-Za-z_][\w.]*)\s+import\b|import\s+(?P<import>[A-Za-z_][\w.]*))")
+_IMPORT_STATEMENT = re.compile(
+    r"^\s*(?:from\s+(?P<from>[A-Za-z_][\w.]*)\s+import\b|import\s+(?P<import>[A-Za-z_][\w.]*))")
 _DOTTED = re.compile(r"^[A-Za-z_][\w]*(?:\.[A-Za-z_][\w]*)*$")
 
 

@@ -50,7 +50,7 @@ class Request:
         module, argv, env = data.get("module"), data.get("argv"), data.get("env")
         if module not in MODULES:
             raise WireError("module %r is not one a zygote child runs" % (module,))
-        if not _strings(argv) or not isinstance(env, dict) or not _strings(list(env)) or not _strings(list(env.values())):
+        if not (_strings(argv) and isinstance(env, dict) and _strings(list(env)) and _strings(list(env.values()))):
             raise WireError("argv and env must be strings")
         cwd, path, umask, stand_in = data.get("cwd"), data.get("path"), data.get("umask"), data.get("stand_in")
         if not isinstance(cwd, str) or not _strings(path):
