@@ -188,7 +188,8 @@ class GangClient:
                    "every node done" if done else "not done", time.monotonic() - began)
         return done
 
-    def send_stacks(self, index: int, stacks: Dict[int, str], flights: Optional[Dict[int, FlightSummary]] = None) -> None:
+    def send_stacks(self, index: int, stacks: Dict[int, str],
+                    flights: Optional[Dict[int, FlightSummary]] = None) -> None:
         """Cut to fit one line (a stack is halved until it does); empty says none."""
         flights, budget = rank_flight.bound(flights or {}, wire.MAX_LINE // 8), wire.MAX_LINE // 2
         while True:

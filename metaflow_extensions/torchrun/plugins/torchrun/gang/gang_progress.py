@@ -179,12 +179,14 @@ class ProgressBook:
         first = min(reporting)
         return ProgressRecord(
             step=step, total=total, percent=round(100.0 * step / total, 1) if total else None,
-            eta_seconds=None if eta is None else round(eta, 1), steps_per_second=None if rate is None else round(rate, 4),
+            eta_seconds=None if eta is None else round(eta, 1),
+            steps_per_second=None if rate is None else round(rate, 4),
             metrics=dict(reporting[first][0].metrics), nodes_reporting=len(reporting), signal=signal,
             slowest=self._slowest(reporting, rate), stragglers=stragglers, stragglers_more=len(self.unlisted),
             chart_groups=tuple(label for label, _ in self._groups()), chart=tuple(self.chart))
 
-    def _slowest(self, reporting: Dict[int, Tuple[NodeProgress, str]], rate: Optional[float]) -> Optional[Dict[str, Any]]:
+    def _slowest(self, reporting: Dict[int, Tuple[NodeProgress, str]],
+                 rate: Optional[float]) -> Optional[Dict[str, Any]]:
         rated = [(p.rate_min, n) for n, (p, _) in reporting.items() if p.rate_min is not None]
         if not rated or not rate:
             return None

@@ -180,11 +180,7 @@ class Handlers:
         """The last one decides, before its node can send the ``call`` that would launch it, so before any
         rank starts. With spares the other nodes' go waits for it too: the verdict may change the bench."""
         assert isinstance(message, msg.Preflight) and peer.node is not None
-        try:
-            complete = self.preflight.keep(peer.node, message)
-        except ValueError as e:
-            raise ProtocolError(str(e)) from None
-        if not complete or self.cause is not None:
+        if not self.preflight.keep(peer.node, message) or self.cause is not None:
             return
         cause = self.preflight.verdict()
         if cause is not None and not self._bench_unfit(self.preflight.unfit(), cause):

@@ -280,7 +280,7 @@ class PreflightBook:
     def keep(self, node: int, message: msg.Preflight) -> bool:
         """True when this was the last node's."""
         if node in self.fingerprints:
-            raise ValueError("node %d sent its preflight twice" % node)
+            raise msg.ProtocolError("node %d sent its preflight twice" % node)
         self.fingerprints[node] = dict(message.versions)
         self.checks[node] = tuple(message.checks)
         if len(self.fingerprints) == self.num_nodes and not self.decided:

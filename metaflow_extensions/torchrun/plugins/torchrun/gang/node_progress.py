@@ -57,8 +57,8 @@ class NodeProgress(Record):
     stalled: Annotated[Optional[float], Real(0.0, MAX_SECONDS, digits=4)] = None
     cpu: Annotated[Optional[float], Real(0.0, 1e6, digits=4)] = None
     gpu: Annotated[Optional[float], Real(0.0, 100.0, digits=4)] = None
-    metrics: Annotated[Dict[str, float], Via(_metrics, lambda m: {k: float("%.6g" % v) for k, v in m.items()} or None)] \
-        = field(default_factory=dict)
+    metrics: Annotated[Dict[str, float], Via(_metrics, lambda m: {k: float("%.6g" % v) for k, v in m.items()}
+                                             or None)] = field(default_factory=dict)
 
     @property
     def reporting(self) -> bool:
