@@ -255,8 +255,12 @@ class GangClient:
 
     def _read_loop(self) -> None:
         sock = self._sock
-        if sock is None or not wire.set_timeout(sock, self.config.heartbeat_interval):
-            return  # closed before this thread began: close() raced the join
+        if sock is None:
+            return
+        try:
+            sock.settimeout(self.config.heartbeat_interval)
+        except OSError:  # EBADF: closed before this thread began (close() raced the join)
+            return
         reader = wire.LineReader()
         self.hearing.on_link()
         data: Optional[bytes] = self._early

@@ -114,14 +114,3 @@ def close_quietly(sock: Optional[socket.socket]) -> None:
         sock.close()
     except OSError:
         pass
-
-
-def set_timeout(sock: Optional[socket.socket], seconds: float) -> bool:
-    """False when closed: a reader thread may start after another closed its socket (EBADF)."""
-    if sock is None:
-        return False
-    try:
-        sock.settimeout(seconds)
-    except OSError:
-        return False
-    return True
