@@ -63,12 +63,9 @@ _LIVE: List[Any] = []  # every worker process started, killed at exit whatever h
 
 
 def joined_count(server: GangServer) -> int:
-    """How many nodes the service counts as joined. Today ``joined_at`` maps
-    node -> time; the rewrite may keep a count instead."""
-    joined: Any = getattr(server, "joined_at")
-    if callable(joined):
-        joined = joined()
-    return joined if isinstance(joined, int) else len(joined)
+    """How many nodes the service counts as joined: its membership's ``joined_at``
+    maps node -> time of its first join."""
+    return len(server.handlers.members.joined_at)
 
 
 def describe(cause: Any) -> str:
