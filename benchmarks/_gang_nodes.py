@@ -148,10 +148,12 @@ class Nodes:
             client.on_abort = self._stamper(n)
             if progress:
                 client.training = _training(n)
-        first = time.monotonic()
+        first = last = time.monotonic()
         for n, client in self.clients.items():
+            # stamped before the start: a client can join before start() returns, and "last start -> all
+            # joined" must not read below zero (it did once in CI, -0.6 ms)
+            last = time.monotonic()
             threading.Thread(target=self._connect, args=(n, client, give_up_after), daemon=True).start()
-        last = time.monotonic()
         return {"first_start": first, "last_start": last, "threads": threading.active_count()}
 
     def _stamper(self, node: int) -> Callable[[Any], None]:
