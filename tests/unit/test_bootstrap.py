@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+import types
 
 import pytest
 
@@ -289,6 +290,26 @@ class TestFailures:
         data = json.loads(error_file.read_text())
         assert "elastic boom" in json.dumps(data)
         assert len(read_failures(str(failures))) == 1
+
+
+def test_torchs_error_file_is_whole_or_absent(tmp_path, monkeypatch):
+    """torch's agent parses it as soon as the rank ends: a rank stopped between its
+    open and its write (the agent's SIGTERM to an echo) left it empty, and the agent
+    crashed on it with its own traceback on the user's screen."""
+    handler = pytest.importorskip("torch.distributed.elastic.multiprocessing.errors.error_handler")
+    target = tmp_path / "error.json"
+
+    def cut(data, fp):
+        fp.write('{"mess')
+        raise RuntimeError("stopped in the middle of the write")
+
+    monkeypatch.setattr(handler, "json", types.SimpleNamespace(dump=cut))
+    bootstrap.torch_error_file(str(target), ValueError("boom"))
+    assert os.listdir(tmp_path) == []
+    monkeypatch.undo()
+    bootstrap.torch_error_file(str(target), ValueError("boom"))
+    assert json.loads(target.read_text())["message"]["message"] == "ValueError: boom"
+    assert os.listdir(tmp_path) == ["error.json"]
 
 
 class TestUserTraceback:

@@ -77,12 +77,30 @@ def _record(exc: BaseException, formatted: str) -> None:
                 traceback=formatted, timestamp=time.time()))
         except OSError:
             pass
-    if os.environ.get("TORCHELASTIC_ERROR_FILE"):
-        try:
-            from torch.distributed.elastic.multiprocessing.errors import ErrorHandler
+    target = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if target:
+        torch_error_file(target, exc)
 
-            ErrorHandler().record_exception(exc)
-        except Exception:
+
+def torch_error_file(target: str, exc: BaseException) -> None:
+    """torch's own record of the exception, whole or not at all. torch's agent reads
+    it as soon as the rank's process ends; written in place, a stop (the agent's
+    SIGTERM to the other ranks) between its open and its write left it empty, and
+    the agent crashed parsing it, its traceback on the user's screen."""
+    tmp = "%s.%d.tmp" % (target, os.getpid())
+    try:
+        from torch.distributed.elastic.multiprocessing.errors import ErrorHandler
+
+        class _Aside(ErrorHandler):
+            def _get_error_file_path(self) -> str:
+                return tmp
+
+        _Aside().record_exception(exc)
+        os.replace(tmp, target)
+    except Exception:
+        try:
+            os.unlink(tmp)
+        except OSError:
             pass
 
 
