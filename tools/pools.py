@@ -117,8 +117,31 @@ def summary(outcomes: Sequence[Outcome]) -> List[str]:
     return lines
 
 
+def cpu_times(stat: str = "/proc/stat") -> Optional[tuple]:
+    """(busy, all) seconds of every CPU since boot, from the kernel's first line; None off Linux."""
+    try:
+        with open(stat) as f:
+            fields = [int(x) for x in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    idle = sum(fields[3:5])  # idle, iowait
+    ticks = os.sysconf("SC_CLK_TCK")
+    return (sum(fields[:8]) - idle) / ticks, sum(fields[:8]) / ticks
+
+
+def busy_line(before: Optional[tuple], after: Optional[tuple]) -> str:
+    """How much of the machine the run used: a CPU-bound suite near 100 % gains nothing
+    from more workers; one well below it waits, and gains from more (or from less waiting)."""
+    if before is None or after is None or after[1] <= before[1]:
+        return ""
+    busy = after[0] - before[0]
+    return "the machine's CPUs were busy %.0f %% of the run (%.0f CPU-s of %.0f)" % (
+        100.0 * busy / (after[1] - before[1]), busy, after[1] - before[1])
+
+
 def run_pools(chosen: Sequence[Pool], results: str, extra: Sequence[str]) -> int:
     os.makedirs(results, exist_ok=True)
+    started = cpu_times()
     files = {name: os.path.join(results, name) for name in ("cpu.xml", "waits.xml", "waits.log")}
     for path in files.values():  # a pool that writes none must not be read as the last run's
         if os.path.exists(path):
@@ -145,7 +168,7 @@ def run_pools(chosen: Sequence[Pool], results: str, extra: Sequence[str]) -> int
     sys.stdout.flush()
     outcomes = [Outcome(live, first.returncode, *read_junit(files["cpu.xml"])),
                 Outcome(quiet, second, *read_junit(files["waits.xml"]))]
-    print("\n" + "\n".join(summary(outcomes)), flush=True)
+    print("\n" + "\n".join(summary(outcomes) + [busy_line(started, cpu_times())]).rstrip(), flush=True)
     return verdict(outcomes)
 
 

@@ -117,3 +117,16 @@ def test_a_marker_expression_among_pytests_arguments_is_refused(capsys):
     with pytest.raises(SystemExit) as info:
         pools.main(["--", "-m", "integration"])
     assert info.value.code == 2 and "use --select" in capsys.readouterr().err
+
+
+def test_the_machines_busy_share_is_read_from_the_kernels_cpu_line(tmp_path):
+    ticks = os.sysconf("SC_CLK_TCK")
+    stat = tmp_path / "stat"
+    # user nice system idle iowait irq softirq steal: 3 busy, 1 idle, 1 iowait (in seconds)
+    stat.write_text("cpu  %d 0 %d %d %d 0 0 0 0 0\ncpu0 ...\n" % (2 * ticks, ticks, ticks, ticks))
+    before = pools.cpu_times(str(stat))
+    assert before == (3.0, 5.0)
+    stat.write_text("cpu  %d 0 %d %d %d 0 0 0 0 0\n" % (5 * ticks, 2 * ticks, 5 * ticks, ticks))
+    assert pools.busy_line(before, pools.cpu_times(str(stat))) == (
+        "the machine's CPUs were busy 50 % of the run (4 CPU-s of 8)")
+    assert pools.cpu_times(str(tmp_path / "none")) is None and pools.busy_line(None, before) == ""
