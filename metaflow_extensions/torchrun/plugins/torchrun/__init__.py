@@ -2,8 +2,13 @@
 imports ``procs/`` through it, with no Metaflow): the public names load on first use.
 """
 
+from __future__ import annotations
+
 from importlib import import_module
-from typing import Any
+
+TYPE_CHECKING = False  # typing unimported: every rank's stand-in imports this package (procs/handoff.py)
+if TYPE_CHECKING:
+    from typing import Any
 
 __all__ = [
     "GangAborted",

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import importlib
 import sys
-from typing import Any, Callable, Mapping
+TYPE_CHECKING = False  # typing unimported: a rank's stand-in loads this (procs/handoff.py)
+if TYPE_CHECKING:
+    from typing import Any, Callable, Mapping
 
 
 def names_from(package: str, home: Mapping[str, str]) -> Callable[[str], Any]:

@@ -4,9 +4,9 @@ console. No Metaflow, nothing of the gang: the ranks import it too.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from ..base.lazy import names_from
+
+TYPE_CHECKING = False  # typing unimported: a rank's stand-in loads this package (procs/handoff.py)
 
 __all__ = [
     "rank_output", "say", "say_once", "base_dir", "CallFiles", "StepDir", "work_root", "GpuUsage",

@@ -11,11 +11,14 @@ import ctypes
 import errno
 import os
 import signal
-import subprocess
 import time
-from typing import Dict, Iterable, List, Optional, Set, Tuple
 
-ProcId = Tuple[int, int]  # (pid, start time in clock ticks since boot)
+TYPE_CHECKING = False  # neither typing nor subprocess imported: a rank's stand-in loads this (procs/handoff.py)
+if TYPE_CHECKING:
+    import subprocess
+    from typing import Dict, Iterable, List, Optional, Set, Tuple
+
+    ProcId = Tuple[int, int]  # (pid, start time in clock ticks since boot)
 
 _PR_SET_PDEATHSIG = 1
 _PR_SET_NAME = 15
@@ -146,6 +149,8 @@ def signal_main_thread(pid: int, sig: int) -> None:
 
 def kill_group(proc: "subprocess.Popen", timeout: float = 5.0) -> None:
     """SIGKILL the process group ``proc`` leads and reap it, waiting at most ``timeout``."""
+    import subprocess
+
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except OSError:

@@ -7,9 +7,12 @@ from __future__ import annotations
 
 import importlib.util
 import os
-from typing import Any, List, Optional, Sequence
 
 from .proctree import name_this_process
+
+TYPE_CHECKING = False  # typing unimported: a zygote's stand-in loads this (procs/handoff.py)
+if TYPE_CHECKING:
+    from typing import Any, List, Optional, Sequence
 
 ROOM = 4096  # blanks a forking process keeps in its command line for its children's titles
 _NOENV = "SPT_NOENV"

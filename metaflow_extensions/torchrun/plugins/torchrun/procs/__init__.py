@@ -5,9 +5,9 @@ Ranks import this, so it imports no Metaflow and loads its names on first use.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from ..base.lazy import names_from
+
+TYPE_CHECKING = False  # typing unimported: a stand-in loads this package before it hands off (handoff.py)
 
 __all__ = [
     "zygote_log_path", "ZYGOTE_SOCKET", "ZYGOTE_ENV", "HOST_ZYGOTE_ENV", "ZYGOTE_NAME", "ZYGOTE_PID_SUFFIX",

@@ -6,11 +6,17 @@ its rendezvous handlers reuse (``multi_tenant=True``).
 
 from __future__ import annotations
 
+import sys
+
+if __name__ == "__main__":  # torchrun's stand-in: the warm process runs the agent, and nothing below is imported
+    from .handoff import stand_in
+
+    stand_in("agent")
+
 import datetime
 import logging
 import os
 import socket
-import sys
 import time
 import traceback
 from typing import IO, Any, Dict, List, Mapping, NoReturn, Optional, Sequence
@@ -192,9 +198,7 @@ def record_child_failures(directory: Optional[str], error: Any) -> bool:
 
 
 def main(argv: Sequence[str]) -> None:
-    from .handoff import hand_off
-
-    hand_off("agent", argv)  # forked from the node's warm process (zygote.py), where there is one
+    """torchrun's agent, run here (its stand-in found no warm process) or forked from the node's."""
     os.environ[USER_UMASK_ENV] = "%03o" % os.umask(0o077)  # torch's files private; the ranks get the user's back
     from torch.distributed import run
     from torch.distributed.elastic.multiprocessing.api import SignalException

@@ -6,23 +6,29 @@ escaping the script is recorded (ours and torchelastic's error file), then re-ra
 
 from __future__ import annotations
 
+import sys
+
+if __name__ == "__main__":  # torchrun's stand-in: the warm process runs the rank, and nothing below is imported
+    from .handoff import stand_in
+
+    stand_in("bootstrap", tie=True)
+
 import builtins
 import faulthandler
 import os
 import runpy
 import socket
-import sys
 import time
 import traceback
 import types
 
-from . import agent, entry, flight_ask, handoff, relay, stacks
+from . import agent, entry, flight_ask, relay, stacks
 from .names import (ARGS_FILE, WORK_DIR_ENV, LABELS_ENV, LOG_DIR_ENV, NODE_INDEX_ENV, RESTART_COUNT_ENV, RESTART_ENV,
                     rank_log_path)
 from .failures import RankFailure, write_failure
 from .status import RankStatus, write_status
 from .failure_block import is_users
-from ..host import die_with_parent, open_private, title
+from ..host import open_private, title
 
 
 def _env_int(name: str, default: int = -1) -> int:
@@ -104,13 +110,6 @@ def torch_error_file(target: str, exc: BaseException) -> None:
             pass
 
 
-def _tie_to_parent() -> None:
-    parent = os.getppid()
-    die_with_parent()
-    if os.getppid() != parent:  # the agent died before we asked to die with it
-        os._exit(1)
-
-
 def _line_buffered() -> None:
     # Under PYTHONUNBUFFERED print() writes text and newline apart: ranks sharing a pipe interleave mid-line.
     for stream in (sys.stdout, sys.stderr):
@@ -190,8 +189,7 @@ _KEEP: list = []  # the stack file stays open for the rank's life
 
 
 def main(argv: list) -> None:
-    _tie_to_parent()
-    handoff.hand_off("bootstrap", argv)
+    """The rank, run here: tied to its agent already (by its stand-in, or by the warm process's fork)."""
     title.prepare()  # a fresh rank's, before its environment changes (a forked one's was the zygote's)
     try:
         argv, trainer_progress = entry.bootstrap_entry(argv)

@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import Any, FrozenSet, Mapping, Optional
+
+TYPE_CHECKING = False  # typing unimported: a zygote's stand-in loads this (handoff.py)
+if TYPE_CHECKING:
+    from typing import Any, FrozenSet, Mapping, Optional
 
 _TASKS = "/proc/self/task"
 

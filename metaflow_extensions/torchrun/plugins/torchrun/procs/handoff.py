@@ -12,13 +12,30 @@ import socket
 import struct
 import sys
 import time
-from typing import Dict, Mapping, NoReturn, Optional, Sequence, Tuple
 
 from .names import ZYGOTE_ENV
 from .zygote_wire import ReplyReader, Request, WireError, send_request
 
+TYPE_CHECKING = False  # typing unimported (zygote_wire.py)
+if TYPE_CHECKING:
+    from typing import Dict, Mapping, NoReturn, Optional, Sequence, Tuple
+
 FORKED = False  # in a process the zygote forked: it runs its module itself
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
+
+
+def stand_in(module: str, tie: bool = False) -> None:
+    """What ``python -m <module>`` does first, at the top of the module, before
+    the imports only a run here needs: the warm process runs it, and this
+    process relays. ``tie``: die with the parent (a rank with torchrun's agent)."""
+    if tie:
+        from ..host.proctree import die_with_parent
+
+        parent = os.getppid()
+        die_with_parent()
+        if os.getppid() != parent:  # the parent died before we asked to die with it
+            os._exit(1)
+    hand_off(module, sys.argv[1:])
 
 
 def hand_off(module: str, argv: Sequence[str], environ: Mapping[str, str] = os.environ) -> None:

@@ -6,7 +6,9 @@ Imports nothing: ranks load it before anything else.
 from __future__ import annotations
 
 import os
-from typing import Optional
+TYPE_CHECKING = False  # typing unimported: a stand-in loads this before it hands off (handoff.py)
+if TYPE_CHECKING:
+    from typing import Optional
 
 # What the task sets for its torchrun and ranks (users' settings: base/knobs.py).
 WORK_DIR_ENV = "METAFLOW_TORCHRUN_WORK_DIR"  # the call's work directory

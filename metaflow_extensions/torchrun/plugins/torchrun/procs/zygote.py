@@ -15,13 +15,16 @@ import signal
 import socket
 import sys
 import time
-from typing import Any, Dict, List, Mapping, NoReturn, Optional, Tuple
 
 from ..host import die_with_parent, name_this_process, title
 from . import handoff
 from .fork_guard import ForkGuard
 from .names import WORK_DIR_ENV, ZYGOTE_ENV, ZYGOTE_NAME, ZYGOTE_PID_SUFFIX
 from .zygote_wire import Request, WireError, recv_request, reply
+
+TYPE_CHECKING = False  # typing unimported: a zygote's stand-in loads this before it hands off (handoff.py)
+if TYPE_CHECKING:
+    from typing import Any, Dict, List, Mapping, NoReturn, Optional, Tuple
 
 _WARMED_THREADS: Optional[str] = None
 _IMPORT_ENV: Dict[str, str] = {}
