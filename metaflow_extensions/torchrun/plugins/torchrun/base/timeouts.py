@@ -18,6 +18,7 @@ NODE_OUTPUT_DRAIN = 1.0  # a local node task that exited before it joined: its s
 CHECK_PERIOD = 0.25  # the service's checks: a silent node is found heartbeat_timeout + this late
 PROBE_WAIT = 2.0  # a probe of the control, once connected: its challenge and answer
 NOTICE_POLL = 0.5  # the spot notice file (Metaflow's monitor polls every 5 s)
+WARM_SOCKET_WAIT = 2.0  # a stand-in come before its warm process bound its socket waits this long at most
 TRACK_EVERY_POLL_FOR = 3.0  # the agent's tree scanned every poll this long after a change ...
 TRACK_INTERVAL = 1.0  # ... then this often
 REPORT_INTERVAL = 1.0  # a rank's progress file is written at most this often

@@ -13,6 +13,7 @@ import struct
 import sys
 import time
 
+from ..base.timeouts import WARM_SOCKET_WAIT
 from .names import ZYGOTE_ENV
 from .zygote_wire import ReplyReader, Request, WireError, send_request
 
@@ -47,7 +48,7 @@ def hand_off(module: str, argv: Sequence[str], environ: Mapping[str, str] = os.e
         return
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
-        sock.connect(path)
+        _connect(sock, path)
         if peer_uid(sock) != os.getuid():
             raise OSError("the zygote at %s is another user's" % path)  # never hand it our environment
         umask = os.umask(0o022)
@@ -75,6 +76,20 @@ def hand_off(module: str, argv: Sequence[str], environ: Mapping[str, str] = os.e
     for sig in FORWARDED:
         signal.signal(sig, forward)
     _exit_as(_wait_exit(reader))
+
+
+def _connect(sock: socket.socket, path: str) -> None:
+    """A warm process named is one started: its socket not there yet, it is still loading
+    (only a socket with no one listening means it is gone)."""
+    deadline = time.monotonic() + WARM_SOCKET_WAIT
+    while True:
+        try:
+            sock.connect(path)
+            return
+        except FileNotFoundError:
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(0.01)
 
 
 def _forked(reader: ReplyReader) -> Tuple[bool, Optional[Dict[str, int]]]:
