@@ -211,6 +211,15 @@ def test_a_functions_arguments_are_pickled_once_and_reach_the_ranks_as_planned(r
     assert CountsPickles.pickled == 1  # by planning's check; the launch writes those bytes
 
 
+def test_a_local_runs_control_alone_prunes_the_hosts_other_runs(run):
+    """Its nodes share its host: a second scan of every run's directory there finds nothing more."""
+    assert run.prunes  # the control
+    for index, local, prunes in ((1, True, False), (1, False, True)):
+        run.session.topology = dataclasses.replace(run.session.topology, node_index=index, is_local=local)
+        run.session.is_control = run.session.topology.is_control
+        assert run.prunes is prunes
+
+
 def test_the_supervisor_gets_the_grace(run, monkeypatch):
     seen = {}
 

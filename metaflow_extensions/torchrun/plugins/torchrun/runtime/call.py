@@ -121,6 +121,12 @@ class CallRun:
             env = self._restart(decided)
 
     @property
+    def prunes(self) -> bool:
+        """Whether this node prunes the host's other runs: a local run's nodes share the control's host
+        (each scan reads every run's directory there: 0.03 CPU-s at 3,800 runs)."""
+        return self.session.is_control or not self.session.topology.is_local
+
+    @property
     def benched(self) -> bool:
         return self.seat is not None and self.seat.node_rank is None
 
@@ -179,7 +185,8 @@ class CallRun:
                 self.first_started = self.first_started or sup.started_at
                 self.again.started(sup.started_at)
                 assert self.launch.files is not None  # prepare() made them
-                self.launch.files.prune()  # other runs' logs: while torchrun imports torch, off the critical path
+                if self.prunes:
+                    self.launch.files.prune()  # other runs' logs: while torchrun imports torch, off the critical path
                 client.quiet = lambda: None if sup.last_output is None else time.monotonic() - sup.last_output
                 client.training = ProgressTracker(self.workdir, gpu=gpus.latest).sample
                 self.exit_code = sup.wait(should_stop=should_stop)
