@@ -378,6 +378,19 @@ class TestReading:
         assert line == "rank 0: outside your script, in @torchrun's own start or end of the rank (records.write_json)"
         assert os.path.dirname(stacks.__file__) not in line
 
+    def test_a_rank_in_a_library_our_end_called_is_said_to_be_in_our_end(self):
+        """Seen in CI: an echo stopped while its exception was written to torch's
+        error file; the failure screen showed torch's error_handler.py frame."""
+        torch_file = os.path.join(os.path.dirname(os.__file__), "site-packages", "torch", "distributed", "elastic",
+                                  "multiprocessing", "errors", "error_handler.py")
+        boot = os.path.join(os.path.dirname(stacks.__file__), "bootstrap.py")
+        dump = ('Current thread 0x1 (most recent call first):\n  File "%s", line 87 in record_exception\n'
+                '  File "%s", line 101 in torch_error_file\n  File "%s", line 80 in _record\n'
+                '  File "<frozen runpy>", line 88 in _run_code\n' % (torch_file, boot, boot))
+        line = stacks.where(0, dump).lines()
+        assert line == ["rank 0: outside your script, in @torchrun's own start or end of the rank "
+                        "(bootstrap.torch_error_file)"], line
+
     @pytest.mark.parametrize("text", ["", "garbage\n\x00\x01", "Thread 0xzz\n  File nothing"])
     def test_garbage_is_read_as_no_frame(self, text):
         assert stacks.where(1, text).lines() == ["rank 1: no Python frame in its dump"]

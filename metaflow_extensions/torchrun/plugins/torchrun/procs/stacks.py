@@ -380,7 +380,10 @@ def where(rank: int, text: str) -> RankWhere:
     frames = thread.frames if thread is not None else ()
     at = next((i for i, f in enumerate(frames) if is_user_frame(f)), len(frames))
     user = frames[at] if at < len(frames) else None
-    return RankWhere(rank, user, frames[0] if frames else None, len(threads), importing(frames, at),
+    innermost = frames[0] if frames else None
+    if user is None:  # in our own start or end, maybe inside a library it called (torch's error file)
+        innermost = next((f for f in frames if _is_ours(f)), innermost)
+    return RankWhere(rank, user, innermost, len(threads), importing(frames, at),
                      unfinished=text.startswith(UNFINISHED))
 
 
