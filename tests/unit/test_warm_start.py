@@ -7,7 +7,7 @@ import time
 
 from metaflow_extensions.torchrun.plugins.torchrun.base.knobs import Knobs
 from metaflow_extensions.torchrun.plugins.torchrun.launch.plan import StepDefaults
-from metaflow_extensions.torchrun.plugins.torchrun.procs.names import ZYGOTE_ENV
+from metaflow_extensions.torchrun.plugins.torchrun.procs.names import HOST_ZYGOTE_ENV, ZYGOTE_ENV
 from metaflow_extensions.torchrun.plugins.torchrun.runtime.warm_start import WarmStart
 
 
@@ -71,3 +71,71 @@ def test_a_warm_process_no_host_forked_is_its_own_pid_and_no_file_is_read_for_it
         assert warm.pid == warm.proc.pid
     finally:
         warm.close()
+
+
+def _parent_of(pid):
+    with open("/proc/%d/stat" % pid, "rb") as f:
+        return int(f.read().rsplit(b")", 1)[1].split()[1])
+
+
+def _runtime_warm_pid(monkeypatch, host):
+    """Metaflow's runtime as it starts its first task, ``host`` in its environment."""
+    from metaflow_extensions.torchrun.plugins.torchrun.runtime import warm_start
+
+    monkeypatch.setenv(HOST_ZYGOTE_ENV, host)
+    monkeypatch.delenv(ZYGOTE_ENV, raising=False)
+    env = {}
+    warm_start.share_runtime_warm(env, True)
+    runtime = warm_start._RUNTIME
+    assert runtime is not None and env[HOST_ZYGOTE_ENV] == runtime.path != host
+    deadline = time.monotonic() + 30
+    while runtime.pid == runtime.proc.pid and runtime._may_fork and time.monotonic() < deadline:
+        time.sleep(0.05)  # its pid comes in a file once the host's has forked it
+    return runtime
+
+
+def test_a_runtime_started_beside_a_live_warm_process_forks_its_own_from_it(monkeypatch):
+    """A test worker's (or any caller's) warm process: the run's is forked there, torch not imported again."""
+    from metaflow_extensions.torchrun.plugins.torchrun.runtime import warm_start
+
+    env = {k: v for k, v in os.environ.items() if k != ZYGOTE_ENV}
+    host = WarmStart.for_step(True)
+    try:
+        host.start(env, nproc=2)
+        deadline = time.monotonic() + 10
+        while not os.path.exists(host.path) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        runtime = _runtime_warm_pid(monkeypatch, host.path)
+        assert runtime.pid != runtime.proc.pid and _parent_of(runtime.pid) == host.pid
+        assert HOST_ZYGOTE_ENV not in runtime.environment({HOST_ZYGOTE_ENV: host.path})  # never the ranks'
+    finally:
+        warm_start.close_runtime_warm()
+        host.close()
+
+
+def test_a_runtime_named_a_warm_process_that_is_gone_or_not_a_socket_imports_its_own(monkeypatch, tmp_path):
+    """A stale name (a file, nothing, a socket nobody listens on, a path too long) costs no wait."""
+    import socket
+
+    from metaflow_extensions.torchrun.plugins.torchrun.runtime import warm_start
+
+    stale = str(tmp_path / "s")
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.bind(stale)
+    sock.close()  # bound, never listened: refused
+    (tmp_path / "f").write_text("")
+    for host in (str(tmp_path / "f"), str(tmp_path / "none"), "/" + "x" * 200):  # not even tried
+        try:
+            runtime = _runtime_warm_pid(monkeypatch, host)
+            assert runtime.pid == runtime.proc.pid and ZYGOTE_ENV.encode() not in _environ(runtime.pid), host
+        finally:
+            warm_start.close_runtime_warm()
+    try:  # tried, refused at once: it imports its own
+        monkeypatch.setenv(HOST_ZYGOTE_ENV, stale)
+        env = {}
+        warm_start.share_runtime_warm(env, True)
+        runtime = warm_start._RUNTIME
+        time.sleep(1)
+        assert runtime.proc.poll() is None and runtime.pid == runtime.proc.pid
+    finally:
+        warm_start.close_runtime_warm()

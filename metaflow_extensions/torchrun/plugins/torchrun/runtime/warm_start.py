@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import os
+import stat
 import subprocess
 import sys
 from typing import Any, Dict, Mapping, Optional
@@ -141,9 +142,30 @@ def share_runtime_warm(env: Dict[str, str], on: bool) -> None:
     global _RUNTIME
     if _RUNTIME is None:
         _RUNTIME = WarmStart.for_step(on)
-        _RUNTIME.start({k: v for k, v in os.environ.items() if k != HOST_ZYGOTE_ENV}, 2)
+        _RUNTIME.start(_runtime_env(os.environ), 2)
     if _RUNTIME.pid:
         env[HOST_ZYGOTE_ENV] = _RUNTIME.path
+
+
+def _runtime_env(environ: Mapping[str, str]) -> Dict[str, str]:
+    """A warm process already named where the runtime started (a test worker's, a
+    caller's) forks the run's, torch imported once for many runs; a name that is
+    not a socket of ours (gone, too long, someone else's) is dropped: no wait for it."""
+    env = dict(environ)
+    host = env.pop(HOST_ZYGOTE_ENV, "")
+    if host and _our_socket(host):
+        env[HOST_ZYGOTE_ENV] = host
+    return env
+
+
+def _our_socket(path: str) -> bool:
+    if len(path.encode()) > _MAX_SOCKET_PATH:
+        return False
+    try:
+        st = os.stat(path)
+    except (OSError, ValueError):
+        return False
+    return stat.S_ISSOCK(st.st_mode) and st.st_uid == os.getuid()
 
 
 def close_runtime_warm() -> None:
