@@ -16,7 +16,8 @@ A rank shows the user's command, not ours (``host/title.py``): a forked one is
 found through its stand-in, which keeps the module on its command line; a fresh
 one by the call's work directory in its own environment (``WORK_DIR_ENV``, set
 for torchrun's processes alone). A forked process's environment is its warm
-process's, which holds the test's token too, and its parent is that warm process.
+process's, which holds the test's token too, and its parent is that warm process;
+below a test worker's own warm process (``watch_warm``) it is the running test's.
 """
 
 from __future__ import annotations
@@ -56,12 +57,24 @@ def _environ(pid: int) -> List[bytes]:
         return []
 
 
+_WARM: List[int] = []  # this test worker's warm process (tests/integration/helpers.py)
+
+
+def watch_warm(pid: int) -> None:
+    """What this worker's warm process forks holds its environment, not a test's token:
+    the tests of a worker run one at a time, so what lives below it is the running test's.
+    It is never one of them itself: no test kills it."""
+    _WARM.append(pid)
+
+
 def processes_with_token(token: str) -> List[int]:
-    """Live (not zombie) processes whose environment holds this test's token."""
+    """Live (not zombie) processes whose environment holds this test's token, and those
+    this worker's warm process forked for it."""
     needle = ("%s=%s" % (TOKEN_VAR, token)).encode()
     found = []
+    below = {p for root in _WARM for p in descendants(root)} if _WARM else set()
     for pid in _pids():
-        if needle not in _environ(pid):
+        if pid not in below and needle not in _environ(pid):
             continue
         state = _state(pid)
         if state is not None and state != b"Z":

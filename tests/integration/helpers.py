@@ -6,6 +6,7 @@ test, any live process whose environment holds the token is a leak.
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import re
@@ -16,10 +17,40 @@ import time
 import uuid
 from typing import Dict, List, Optional
 
-from our_processes import TOKEN_VAR, describe, kill_all, leaks, processes_with_token  # noqa: F401 (shared)
+from our_processes import TOKEN_VAR, describe, kill_all, leaks, processes_with_token, watch_warm  # noqa: F401 (shared)
+
+from metaflow_extensions.torchrun.plugins.torchrun.procs.names import HOST_ZYGOTE_ENV, ZYGOTE_ENV
+from metaflow_extensions.torchrun.plugins.torchrun.runtime.warm_start import WarmStart
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 FLOWS = os.path.join(REPO, "tests", "flows")
+_WARM: Optional[WarmStart] = None  # this test worker's warm process, started with its first Gang
+
+
+def worker_warm() -> str:
+    """The socket of this worker's warm process (the product's own, procs/zygote.py):
+    every run's warm process forks from it (runtime/warm_start.py), so the worker
+    imports torch once, not once a flow (~1.6 CPU-s each). It dies with the worker;
+    what it forks is each test's (our_processes.watch_warm)."""
+    global _WARM
+    if _WARM is None:
+        env = {k: v for k, v in os.environ.items() if k not in (TOKEN_VAR, HOST_ZYGOTE_ENV, ZYGOTE_ENV)}
+        _WARM = WarmStart.for_step(True)
+        _WARM.start(env, 2)  # as the runtime starts its own: OMP_NUM_THREADS=1
+        atexit.register(_WARM.close)
+        deadline = time.monotonic() + 30
+        while _WARM.pid and not os.path.exists(_WARM.path) and time.monotonic() < deadline:
+            time.sleep(0.01)  # bound before it imports torch: a run's hand-off waits in its backlog
+        if _WARM.pid:
+            watch_warm(_WARM.pid)
+    return _WARM.path if _WARM.pid and os.path.exists(_WARM.path) else ""
+
+
+def worker_warm_pid() -> Optional[int]:
+    """This worker's warm process, once a Gang started it: what it forks has its environment."""
+    return _WARM.pid if _WARM is not None else None
+
+
 def _terminal_signals() -> None:
     """In the child, before exec: Ctrl-C and Ctrl-\\ as a terminal delivers them.
     A test runner started in the background by a non-interactive shell has
@@ -49,6 +80,11 @@ class Gang:
                 "PYTHONUNBUFFERED": "1",
             }
         )
+        self.env.pop(ZYGOTE_ENV, None)
+        self.env.pop(HOST_ZYGOTE_ENV, None)
+        warm = worker_warm()
+        if warm:
+            self.env[HOST_ZYGOTE_ENV] = warm
 
     def command(self, flow: str = "gang_flow.py", *args: str, run_args=()) -> List[str]:
         return [sys.executable, os.path.join(FLOWS, flow), "--no-pylint", *args, "run", *run_args]

@@ -139,3 +139,31 @@ def test_a_runtime_named_a_warm_process_that_is_gone_or_not_a_socket_imports_its
         assert runtime.proc.poll() is None and runtime.pid == runtime.proc.pid
     finally:
         warm_start.close_runtime_warm()
+
+
+def test_the_leak_check_sees_what_a_test_worker_s_warm_process_forked_for_the_test_and_spares_it():
+    """A forked process has the warm process's environment, without the test's token
+    (tests/integration/helpers.py's worker_warm): it is the running test's all the same."""
+    import our_processes
+
+    env = {k: v for k, v in os.environ.items() if k not in (HOST_ZYGOTE_ENV, ZYGOTE_ENV)}
+    host, forked = WarmStart.for_step(True), WarmStart.for_step(True)
+    try:
+        host.start(env, nproc=2)
+        deadline = time.monotonic() + 10
+        while not os.path.exists(host.path) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        our_processes.watch_warm(host.pid)
+        forked.start(dict(env, **{HOST_ZYGOTE_ENV: host.path, our_processes.TOKEN_VAR: "t1"}), nproc=2)
+        while forked.pid == forked.proc.pid and time.monotonic() < deadline + 20:
+            time.sleep(0.05)
+        below = forked.pid
+        assert below != forked.proc.pid and _parent_of(below) == host.pid
+        assert set(our_processes.leaks("t1", grace=0)) == {forked.proc.pid, below}  # the stand-in holds the token
+        our_processes.kill_all("t1")
+        assert our_processes.leaks("t1", grace=10) == [] and host.proc.poll() is None
+    finally:
+        if host.pid in our_processes._WARM:
+            our_processes._WARM.remove(host.pid)
+        forked.close()
+        host.close()
