@@ -33,6 +33,8 @@ def worker_warm() -> str:
     imports torch once, not once a flow (~1.6 CPU-s each). It dies with the worker;
     what it forks is each test's (our_processes.watch_warm)."""
     global _WARM
+    if os.environ.get("MFTR_TEST_WORKER_WARM") == "off":  # each run imports torch itself: to measure, to compare
+        return ""
     if _WARM is None:
         env = {k: v for k, v in os.environ.items() if k not in (TOKEN_VAR, HOST_ZYGOTE_ENV, ZYGOTE_ENV)}
         _WARM = WarmStart.for_step(True)
