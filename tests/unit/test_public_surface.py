@@ -145,3 +145,30 @@ def test_every_exception_a_user_can_catch_is_importable_from_metaflow():
     assert len(ours) >= 8
     for cls in ours:
         assert getattr(metaflow, cls.__name__, None) is cls, cls.__name__
+
+
+def test_import_metaflow_leaves_the_step_layers_unloaded():
+    """Every Metaflow process (the runtime, each task, each `card` command, a notebook) imports our
+    decorator, cli and exported classes: the layers a step enters only when it uses @torchrun (the
+    card, the runtime, the gang's sockets, a call's launch, the step's record) load in its hooks."""
+    r = python("""
+        import sys
+        import metaflow
+        from metaflow import torchrun, TorchrunResult, TorchrunHandle
+        pkg = "metaflow_extensions.torchrun.plugins.torchrun."
+        ours = [m[len(pkg):] for m in sys.modules if m.startswith(pkg)]
+        # Their faces (lazy) may load; no module behind them. runtime.single_node: 0.2's launcher
+        # class, exported into metaflow; it enters the runtime in its run().
+        deep = ("card.", "runtime.", "gang.server", "gang.client", "gang.transport", "launch.prepare",
+                "record.step_record", "record.node_history", "procs.running")
+        loaded = sorted(m for m in ours if m.startswith(deep) and m != "runtime.single_node")
+        assert not loaded, "import metaflow loaded %s" % loaded
+        from metaflow_extensions.torchrun.plugins.torchrun.decorator import TorchrunDecorator
+        from metaflow_extensions.torchrun.plugins.torchrun.record.result import TorchrunResult as Result
+        from metaflow_extensions.torchrun.plugins.torchrun.handle import TorchrunHandle as Handle
+        assert TorchrunResult is Result and TorchrunHandle is Handle
+        from metaflow.plugins import STEP_DECORATORS
+        assert [d for d in STEP_DECORATORS if d.name == "torchrun"] == [TorchrunDecorator]
+        print("ok")
+    """)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-3000:]

@@ -12,9 +12,13 @@ its path (``from ..gang.bench import Seat``, or the module itself:
 - a name imported from a face that its ``__all__`` does not list;
 - a face whose ``__all__`` hands out one of its modules (a module re-exported
   wholesale: callers import it by its path);
-- a narrow face (``NARROW``) over ``MAX_NAMES`` names, loading lazily (lazy loading
-  is for the faces the ranks import, ``procs`` and ``host``), or showing a name
-  that no module outside the subpackage imports from it.
+- a narrow face (``NARROW``) over ``MAX_NAMES`` names, or showing a name that no
+  module outside the subpackage imports from it.
+
+Every face loads its names lazily (``base/lazy.py``): the ranks import ``procs``
+and ``host`` through theirs, and ``import metaflow`` (every Metaflow process)
+imports our decorator and exported classes, which must not load the layers a
+step enters only when it uses ``@torchrun``.
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ PACKAGE = "metaflow_extensions.torchrun.plugins.torchrun"
 # Callers outside the package: their absolute imports count as the package's own.
 OUTSIDE = ("tests", "benchmarks", "tools")
 SUBPACKAGES = ("gang", "launch", "runtime", "card", "record", "procs", "host")
-# Faces only the task side imports: plain imports, at most MAX_NAMES names.
+# Faces only the task side imports: at most MAX_NAMES names.
 NARROW = ("gang", "launch", "runtime", "card", "record")
 MAX_NAMES = 15
 
@@ -132,8 +136,8 @@ def problems(rows: List[Tuple[str, int, str, str, str]]) -> List[str]:
         if len(shown) > MAX_NAMES:
             out.append("%s's face shows %d names (at most %d): the rest by their modules' path"
                        % (top, len(shown), MAX_NAMES))
-        if lazy:
-            out.append("%s's face loads lazily: only the faces the ranks import (procs, host) do" % top)
+        if not lazy:
+            out.append("%s's face loads eagerly: `import metaflow` would load the whole subpackage" % top)
         for name in sorted(set(shown) - used[top]):
             out.append("%s's face shows %s, which no module outside %s imports from it" % (top, name, top))
     return out

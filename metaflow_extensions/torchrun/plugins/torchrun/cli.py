@@ -9,13 +9,14 @@ import datetime
 import json
 import os
 import sys
-from typing import Any, List, Optional, Sequence
+from typing import TYPE_CHECKING, Any, List, Optional, Sequence
 
 from metaflow._vendor import click
 
-from .procs import RunningRank, running_ranks
-from .record import node_history
 from .base.text import count, shorten
+
+if TYPE_CHECKING:
+    from .procs import RunningRank
 
 MAX_ROWS = 50
 MAX_CAUSES = 10
@@ -47,6 +48,8 @@ def history(obj: Any, last: Optional[int], days: Optional[float], all_flows: boo
         last = 20
     if (last is not None and last < 1) or (days is not None and days <= 0):
         raise click.BadParameter("--last and --days take a positive number")
+    from .record import node_history  # a command's body: `import metaflow` loads this group, not its records
+
     seen = node_history.read(None if all_flows else obj.flow.name, last=last, days=days)
     report = node_history.report(seen)
     if as_json:
@@ -64,6 +67,8 @@ def history(obj: Any, last: Optional[int], days: Optional[float], all_flows: boo
 def ps(obj: Any, all_flows: bool, as_json: bool) -> None:
     main = sys.modules.get("__main__")
     flow_file = None if all_flows else os.path.abspath(getattr(main, "__file__", None) or sys.argv[0])
+    from .procs import running_ranks  # a command's body: `import metaflow` loads this group only
+
     ranks = running_ranks(flow_file)
     if as_json:
         click.echo(json.dumps([r.to_dict() for r in ranks], indent=2))

@@ -7,14 +7,12 @@ from __future__ import annotations
 import os
 import sys
 import time
-from typing import Any, Dict, Optional
+from typing import TYPE_CHECKING, Any, Dict, Optional
 
 from . import load_order  # noqa: F401  (Metaflow first, whatever the user imports first)
 from metaflow.plugins.parallel_decorator import ParallelDecorator
 from metaflow.unbounded_foreach import UBF_CONTROL
 
-from .card import (attach_card, card_of_task, card_ready, card_view_command, finish_card, refresh_live,
-                   render_card_now)
 from .compat import (card_commands, decorator_init_kwargs, is_task_process, legacy_notes, local_control_task_id,
                      translate_attributes)
 from .errors import Problems, did_you_mean, drop_own_frame
@@ -25,11 +23,11 @@ from .handle import TorchrunHandle
 from .spec import ATTRIBUTE_DEFAULTS, read_settings, read_step_spec, step_defaults, truthy
 from .lint import register_lint_check, require_parallel_entry
 from .host import log, say
-from .runtime import (GangSession, attempt_facts, close_runtime_warm, in_gang, name_local_control, own_start,
-                      prepare_local_nodes, read_node_history, stop_local_nodes)
 from .launch.inputs import check_spares_fit
 from .launch.resources import small_shm_warning
-from .record import ThisAttempt, keep_record
+
+if TYPE_CHECKING:
+    from .runtime import GangSession
 
 
 _log = log.get("decorator")
@@ -137,6 +135,7 @@ class TorchrunDecorator(ParallelDecorator):
 
     def step_init(self, flow, graph, step_name, decorators, environment, flow_datastore, logger):
         super().step_init(flow, graph, step_name, decorators, environment, flow_datastore, logger)
+        from .card import attach_card  # the layers a @torchrun step enters load here, not at `import metaflow`
         problems = Problems()  # one run, every problem
         problems.check(legacy_notes, self._legacy, say, sys.argv)
         if self._unknown:
@@ -166,12 +165,16 @@ class TorchrunDecorator(ParallelDecorator):
 
     def runtime_step_cli(self, cli_args, retry_count, max_user_code_retries, ubf_context):
         super().runtime_step_cli(cli_args, retry_count, max_user_code_retries, ubf_context)
+        from .runtime import name_local_control
+
         if ubf_context == UBF_CONTROL and is_local_runtime(os.environ):
             warm = self._knobs.warm_start if getattr(self, "_spec", None) and self._spec.runs_here else None
             name_local_control(getattr(cli_args, "env", None), cli_args.task.task_id, warm)
 
     def runtime_finished(self, exception):
         super().runtime_finished(exception)
+        from .runtime import close_runtime_warm
+
         close_runtime_warm()
 
     def task_pre_step(self, step_name, task_datastore, metadata, run_id, task_id, flow, graph,
@@ -179,6 +182,10 @@ class TorchrunDecorator(ParallelDecorator):
         super().task_pre_step(step_name, task_datastore, metadata, run_id, task_id, flow, graph,
                               retry_count, max_user_code_retries, ubf_context, inputs)
         from metaflow import current
+
+        from .card import card_of_task
+        from .record import ThisAttempt
+        from .runtime import prepare_local_nodes, read_node_history
 
         self._metadata = (metadata, run_id, step_name, task_id)
         self._attempt = ThisAttempt(int(retry_count), int(max_user_code_retries or 0))
@@ -206,6 +213,8 @@ class TorchrunDecorator(ParallelDecorator):
         current._update_env({"torch": self._handle})
 
     def task_decorate(self, step_func, flow, graph, retry_count, max_user_code_retries, ubf_context):
+        from .runtime import in_gang, own_start, stop_local_nodes
+
         decorated = own_start(super().task_decorate(  # a local control starts its nodes and sees them end
             in_gang(step_func, self._start_session, self._attempt, lambda: self._published.withdraw()),
             flow, graph, retry_count, max_user_code_retries, ubf_context,
@@ -226,6 +235,9 @@ class TorchrunDecorator(ParallelDecorator):
         return control_step
 
     def _start_session(self, parallel: Any) -> GangSession:
+        from .card import card_view_command, refresh_live
+        from .runtime import GangSession
+
         topology = topology_from(parallel, os.environ, self._identity.gang_id, self._port)
         check_spares_fit(self._defaults.spares, topology.num_nodes)  # num_parallel not a literal: known only now
         session = self._session = self._handle.session = GangSession(
@@ -249,6 +261,8 @@ class TorchrunDecorator(ParallelDecorator):
     def task_finished(self, step_name, flow, graph, is_task_ok, retry_count, max_user_code_retries):
         began = time.monotonic()
         super().task_finished(step_name, flow, graph, is_task_ok, retry_count, max_user_code_retries)
+        from .card import card_ready, card_view_command, render_card_now
+
         for ending in (self._session, getattr(self, "_warm", None)):  # the warm process: the step's code never ran
             if ending is not None:
                 ending.close()
@@ -265,6 +279,10 @@ class TorchrunDecorator(ParallelDecorator):
 
     def _record_result(self, flow: Any, retry_count: int) -> None:
         """The record as task metadata and artifacts; the card rendered here, not in Metaflow's subprocess."""
+        from .card import finish_card
+        from .record import keep_record
+        from .runtime import attempt_facts
+
         began, session = time.monotonic(), self._session
         if getattr(self, "_attempt", None) is None:  # task_pre_step raised at its start: no attempt to record
             return

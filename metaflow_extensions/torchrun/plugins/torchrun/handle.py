@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import inspect
 import os
-from typing import Any, Callable, Optional, Union
+from typing import TYPE_CHECKING, Any, Callable, Optional, Union
 
 from .errors import TorchrunException
 from .launch import ArgSpec, call_request
-from .runtime import api as runtime
-from .record import TorchrunResult
-from .runtime import GangSession
-from .runtime import TorchrunArgs, torchrun_args_of
+from .record.result import TorchrunResult
+
+if TYPE_CHECKING:
+    from .runtime import GangSession, TorchrunArgs
 
 
 def _documented_run(
@@ -46,6 +46,8 @@ class TorchrunHandle:
         session = self.session
         if session is None:
             raise TorchrunException("current.torch.torchrun_args can only be read in the step's own code.")
+        from .runtime import torchrun_args_of  # the runtime loads at the step's first use, not at `import metaflow`
+
         return torchrun_args_of(session)
 
     @property
@@ -73,7 +75,9 @@ class TorchrunHandle:
         session = self.session
         if session is None:
             raise TorchrunException("current.torch.run can only be called in the step's own code.")
-        return runtime.run(session, call_request(args, kwargs))
+        from .runtime import api  # the runtime loads at the step's first call, not at `import metaflow`
+
+        return api.run(session, call_request(args, kwargs))
 
     # What help(), IDEs and Metaflow's stubs show: the call as documented.
     run.__signature__ = inspect.signature(_documented_run)  # type: ignore[attr-defined]

@@ -5,8 +5,9 @@ renders with no process and no socket.
 
 from __future__ import annotations
 
-from .lifecycle import (attach_card, card_of_task, card_ready, card_view_command, finish_card, refresh_live,
-                        render_card_now, this_card_hash)
+from ..base.lazy import names_from
+
+TYPE_CHECKING = False
 
 __all__ = [
     "attach_card",
@@ -18,3 +19,18 @@ __all__ = [
     "render_card_now",
     "this_card_hash",
 ]
+
+# Where each name lives: loaded on first use, so that `import metaflow` (which imports our
+# decorator and exported classes) does not load the whole layer.
+_MODULES = {
+    "lifecycle": (
+        "attach_card", "card_of_task", "card_ready", "card_view_command", "finish_card",
+        "refresh_live", "render_card_now", "this_card_hash",
+    ),
+}
+
+if TYPE_CHECKING:
+    from .lifecycle import (attach_card, card_of_task, card_ready, card_view_command, finish_card, refresh_live,
+                            render_card_now, this_card_hash)
+
+__getattr__ = names_from(__name__, {name: module for module, names in _MODULES.items() for name in names})

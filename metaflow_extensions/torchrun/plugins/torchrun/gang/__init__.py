@@ -7,16 +7,9 @@ others at each ``current.torch.run`` call and hears of the first failure anywher
 
 from __future__ import annotations
 
-from .bench import Seat
-from .client import GangClient
-from .config import GangConfig
-from .gang_progress import ProgressRecord
-from .identity import GangIdentity
-from .messages import NodeReport
-from .node_compare import HostCheck, JobRecord, PreflightRecord
-from .ports import find_free_port, parse_port
-from .server import GangFacts, GangServer
-from .topology import CONTROL_TASK_ID_ENV, Topology
+from ..base.lazy import names_from
+
+TYPE_CHECKING = False
 
 __all__ = [
     "CONTROL_TASK_ID_ENV",
@@ -35,3 +28,32 @@ __all__ = [
     "find_free_port",
     "parse_port",
 ]
+
+# Where each name lives: loaded on first use, so that `import metaflow` (which imports our
+# decorator and exported classes) does not load the whole layer.
+_MODULES = {
+    "bench": ("Seat",),
+    "client": ("GangClient",),
+    "config": ("GangConfig",),
+    "gang_progress": ("ProgressRecord",),
+    "identity": ("GangIdentity",),
+    "messages": ("NodeReport",),
+    "node_compare": ("HostCheck", "JobRecord", "PreflightRecord"),
+    "ports": ("find_free_port", "parse_port"),
+    "server": ("GangFacts", "GangServer"),
+    "topology": ("CONTROL_TASK_ID_ENV", "Topology"),
+}
+
+if TYPE_CHECKING:
+    from .bench import Seat
+    from .client import GangClient
+    from .config import GangConfig
+    from .gang_progress import ProgressRecord
+    from .identity import GangIdentity
+    from .messages import NodeReport
+    from .node_compare import HostCheck, JobRecord, PreflightRecord
+    from .ports import find_free_port, parse_port
+    from .server import GangFacts, GangServer
+    from .topology import CONTROL_TASK_ID_ENV, Topology
+
+__getattr__ = names_from(__name__, {name: module for module, names in _MODULES.items() for name in names})

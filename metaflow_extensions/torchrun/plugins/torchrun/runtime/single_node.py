@@ -17,9 +17,7 @@ from ..base import defaults as DEFAULTS
 from ..launch import (ArgSpec, StepDefaults, call_request, requested_accelerators, step_timeout,
                       validate_shutdown_grace)
 from ..launch.plan import ORDER_0_2
-from . import api as runtime
 from ..record import TorchrunResult
-from .session import GangSession
 
 _sessions = itertools.count()
 
@@ -65,6 +63,9 @@ class SingleNodeLauncher:
         not take, no entrypoint) is one ``TorchrunCallRefused`` naming every
         problem, as ``current.torch.run``'s, never a ``TypeError``."""
         from metaflow import current
+
+        from . import api as runtime  # the runtime, entered at the call: `import metaflow` exports this class
+        from .session import GangSession
 
         if not current.is_running_flow or current.step_name is None:
             raise TorchrunException("TorchrunSingleNodeMultiGPU().run can only be called in a step's code.")
