@@ -391,6 +391,20 @@ class TestReading:
         assert line == ["rank 0: outside your script, in @torchrun's own start or end of the rank "
                         "(bootstrap.torch_error_file)"], line
 
+    def test_a_rank_in_our_preflight_program_is_said_as_in_a_script_even_inside_a_library(self):
+        """The preflight's collective check is shown as a user's script is (its line),
+        also when the dump's innermost frame is a library's it called."""
+        program = os.path.join(os.path.dirname(stacks.__file__), "collective_check.py")
+        boot = os.path.join(os.path.dirname(stacks.__file__), "bootstrap.py")
+        torch_file = os.path.join(os.path.dirname(os.__file__), "site-packages", "torch", "distributed",
+                                  "distributed_c10d.py")
+        frames = '  File "%s", line 70 in preflight_job\n  File "%s", line 240 in main\n' % (program, boot)
+        for inner in ("", '  File "%s", line 2950 in all_reduce\n' % torch_file):
+            dump = "Current thread 0x1 (most recent call first):\n" + inner + frames
+            line = stacks.where(0, dump).lines()[0]
+            assert line.startswith("rank 0: ") and "collective_check.py:70 in preflight_job" in line, line
+            assert "all_reduce" not in line and "outside your script" not in line, line
+
     @pytest.mark.parametrize("text", ["", "garbage\n\x00\x01", "Thread 0xzz\n  File nothing"])
     def test_garbage_is_read_as_no_frame(self, text):
         assert stacks.where(1, text).lines() == ["rank 1: no Python frame in its dump"]

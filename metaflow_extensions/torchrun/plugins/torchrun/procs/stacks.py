@@ -253,10 +253,12 @@ _PACKAGE = os.path.dirname(os.path.dirname(os.path.realpath(__file__))) + os.sep
 _PROGRAMS = ("collective_check.py",)
 
 
+def _in_package(frame: Frame) -> bool:
+    return not frame.file.startswith("<") and os.path.realpath(frame.file).startswith(_PACKAGE)
+
+
 def _is_ours(frame: Frame) -> bool:
-    if frame.file.startswith("<") or os.path.basename(frame.file) in _PROGRAMS:
-        return False
-    return os.path.realpath(frame.file).startswith(_PACKAGE)
+    return _in_package(frame) and os.path.basename(frame.file) not in _PROGRAMS
 
 
 def _in_packages(path: str) -> Optional[str]:
@@ -381,8 +383,8 @@ def where(rank: int, text: str) -> RankWhere:
     at = next((i for i, f in enumerate(frames) if is_user_frame(f)), len(frames))
     user = frames[at] if at < len(frames) else None
     innermost = frames[0] if frames else None
-    if user is None:  # in our own start or end, maybe inside a library it called (torch's error file)
-        innermost = next((f for f in frames if _is_ours(f)), innermost)
+    if user is None:  # in our own start, end or program, maybe inside a library it called (torch's error file)
+        innermost = next((f for f in frames if _in_package(f)), innermost)
     return RankWhere(rank, user, innermost, len(threads), importing(frames, at),
                      unfinished=text.startswith(UNFINISHED))
 
