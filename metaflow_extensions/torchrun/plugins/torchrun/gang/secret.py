@@ -15,7 +15,7 @@ import secrets
 import time
 from typing import Any, Callable, Optional, Protocol, Tuple
 
-from .auth import MIN_SECRET_BYTES
+from ..base.knobs import MIN_SECRET_BYTES
 from .identity import GangIdentity
 from ..base import timeouts
 
