@@ -22,12 +22,13 @@ passed, unless both are).
 from __future__ import annotations
 
 import argparse
+import ast
 import os
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
-from typing import List, Optional, Sequence
+from typing import List, Optional, Sequence, Tuple
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WAITS = "waits"  # the marker tests/conftest.py gives wait-bound tests
@@ -39,6 +40,20 @@ class Pool:
     name: str
     marks: str  # the -m expression that selects this pool's tests
     workers: int
+    paths: Tuple[str, ...] = ()  # the files its workers collect; () is all of tests/
+
+
+def wait_files(conftest: str = os.path.join(ROOT, "tests", "conftest.py")) -> Tuple[str, ...]:
+    """The files of the tests conftest.py's WAITS table marks, read from its source
+    (importing it would import Metaflow). Every worker collects the files it is given,
+    all of them: the wait-bound pool's four, given all of tests/, spent about 12 CPU-s
+    each collecting some 200 files (torch imported by a few) to keep 15."""
+    with open(conftest) as f:
+        tree = ast.parse(f.read())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", "") == "WAITS" for t in node.targets):
+            return tuple(sorted({key.split("::")[0] for key in ast.literal_eval(node.value)}))
+    raise SystemExit("%s has no WAITS table" % conftest)
 
 
 @dataclass
@@ -53,13 +68,15 @@ def pools(workers: int, wait_workers: int, select: str = "") -> List[Pool]:
     """The two pools; ``select`` (a -m expression) narrows both."""
     def marks(own: str) -> str:
         return "(%s) and (%s)" % (select, own) if select else own
-    return [Pool("cpu-bound", marks("not " + WAITS), workers), Pool("wait-bound", marks(WAITS), wait_workers)]
+    return [Pool("cpu-bound", marks("not " + WAITS), workers),
+            Pool("wait-bound", marks(WAITS), wait_workers, wait_files())]
 
 
-def pytest_argv(marks: str, workers: int, junit: Optional[str], extra: Sequence[str]) -> List[str]:
-    """One pytest run over the whole suite, or over the paths (and node ids) among ``extra``."""
+def pytest_argv(marks: str, workers: int, junit: Optional[str], extra: Sequence[str],
+                paths: Sequence[str] = ()) -> List[str]:
+    """One pytest run over ``paths`` (the whole suite if none), or over the paths (and node ids) among ``extra``."""
     named = any(not a.startswith("-") and os.path.exists(os.path.join(ROOT, a.split("::")[0])) for a in extra)
-    argv = [sys.executable, "-m", "pytest", *([] if named else ["tests"]), "-n", str(workers)]
+    argv = [sys.executable, "-m", "pytest", *([] if named else list(paths) or ["tests"]), "-n", str(workers)]
     argv += ["-m", marks] if marks else []
     argv += ["--dist", "worksteal"] if workers else []
     argv += ["--junitxml", junit] if junit else []
@@ -150,7 +167,8 @@ def run_pools(chosen: Sequence[Pool], results: str, extra: Sequence[str]) -> int
 
     def argv(pool: Pool, junit: str) -> List[str]:
         # Each pool its own cache: one's --lf record must not overwrite the other's.
-        return pytest_argv(pool.marks, pool.workers, junit, ["-o", "cache_dir=.pytest_cache/" + pool.name, *extra])
+        return pytest_argv(pool.marks, pool.workers, junit, ["-o", "cache_dir=.pytest_cache/" + pool.name, *extra],
+                           pool.paths)
 
     with open(files["waits.log"], "wb") as log:
         background = subprocess.Popen(argv(quiet, files["waits.xml"]), cwd=ROOT, stdout=log,

@@ -57,6 +57,18 @@ def test_the_pools_split_the_suite_and_a_selection_narrows_both():
     assert argv[3:] == ["tests", "-n", "4", "-m", waits.marks, "--dist", "worksteal", "--junitxml", "w.xml", "-ra"]
 
 
+def test_the_wait_bound_pool_collects_only_the_files_its_table_names():
+    """Its workers collect those files, not all of tests/ (about 12 CPU-s each): every
+    file a WAITS key names, and no other, so no test marked `waits` is left out."""
+    cpu, waits = pools.pools(2, 4)
+    assert cpu.paths == ()
+    assert set(waits.paths) == {key.split("::")[0] for key in markers.WAITS}
+    argv = pools.pytest_argv(waits.marks, waits.workers, None, ["-ra"], waits.paths)
+    assert argv[3:3 + len(waits.paths)] == list(waits.paths) and "tests" not in argv
+    # Paths the caller names still replace them.
+    assert pools.pytest_argv(waits.marks, 4, None, ["tests/unit"], waits.paths)[3:5] == ["-n", "4"]
+
+
 def test_paths_among_the_arguments_replace_the_whole_suite():
     assert pools.pytest_argv("waits", 4, None, ["tests/unit", "-ra"])[3:] == [
         "-n", "4", "-m", "waits", "--dist", "worksteal", "tests/unit", "-ra"]
