@@ -17,11 +17,11 @@ import pytest  # noqa: E402
 
 # -- the pools (issue 50) -------------------------------------------------------------
 # `make test` runs two pytest processes at once (tools/pools.py): tests marked
-# `waits` at 4 workers, the rest at 2. A test belongs here when it mostly waits, 5 s
+# `waits` at 4 workers, the rest at 3. A test belongs here when it mostly waits, 5 s
 # or more of its wall time on the gang's own timeouts, a save, a silence or a
 # socket, for little CPU; and only when its assertions hold however late it is
 # woken (bounds of tens of seconds, or none): a test whose pass depends on a margin
-# of a few seconds stays at 2 workers even if it waits (see KEPT_AT_TWO's comment).
+# of a few seconds stays in the CPU-bound pool even if it waits (see KEPT_IN_THE_CPU_POOL's comment).
 # Unit files were measured one at a time with /usr/bin/time on the shared 2-core
 # machine, at load averages of 5 to 11 (wall s / CPU s of the whole file, about
 # 1.8 CPU-s of it pytest's start). A pure-CPU file run beside them
@@ -68,7 +68,7 @@ WAITS = {
     "tests/multihost/test_gang_stop.py::test_one_hosts_sigterm_saves_every_ranks_collective_checkpoint":
         "an 8 s save with 12 s of grace to spare",
 }
-# KEPT_AT_TWO (not marked; read, and left in the CPU-bound pool on purpose): they
+# KEPT_IN_THE_CPU_POOL (not marked; read, and left in the CPU-bound pool on purpose): they
 # wait, but pass only within a few seconds' margin, which more workers could eat.
 #   tests/integration/test_stops.py::test_a_rank_stuck_in_a_collective_shows_where_when_the_control_freezes
 #       heartbeat_timeout=5 must fire within a fixed 9 s

@@ -1,10 +1,11 @@
 """`make test` and `make test-fast`: the suite as two pytest runs at once, one verdict.
 
-Most tests spend CPU (a real flow costs about 15 CPU-s); some mostly wait (the
+Most tests spend CPU (a real flow costs about 5 CPU-s); some mostly wait (the
 gang's own timeouts, a save, a silence), and tests/conftest.py marks those
-``waits``. On 2 cores, two workers keep the CPU busy with the first kind, but a
+``waits``. On 2 cores, three workers keep the CPU busy with the first kind (a flow
+waits for part of its life: at two, 13 % of the machine idled), but a
 worker given a test that waits 50 s for 3 CPU-s idles a core. So each kind gets
-its pool, run at the same time: the CPU-bound tests at ``--workers`` (2), the
+its pool, run at the same time: the CPU-bound tests at ``--workers`` (3), the
 wait-bound ones at ``--wait-workers`` (4). Together they run every test once:
 ``-m "not waits"`` and ``-m "waits"`` split the suite.
 
@@ -14,7 +15,7 @@ Each writes a JUnit XML file there; the last lines sum both up. The exit status
 is 0 only if both pools passed (a pool left empty by ``--select`` counts as
 passed, unless both are).
 
-    python tools/pools.py [--workers 2] [--wait-workers 4] [--select "not slow"] [-- PYTEST_ARGS]
+    python tools/pools.py [--workers 3] [--wait-workers 4] [--select "not slow"] [-- PYTEST_ARGS]
 
 ``--workers 0``: one pytest, one process, in file order, no pools (to debug).
 """
@@ -192,7 +193,7 @@ def run_pools(chosen: Sequence[Pool], results: str, extra: Sequence[str]) -> int
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--workers", type=int, default=2, help="the CPU-bound pool's workers (0: no pools)")
+    parser.add_argument("--workers", type=int, default=3, help="the CPU-bound pool's workers (0: no pools)")
     parser.add_argument("--wait-workers", type=int, default=4, help="the wait-bound pool's workers")
     parser.add_argument("--select", default="", help="a -m expression both pools keep to, e.g. 'not slow'")
     parser.add_argument("--results", default=os.path.join(ROOT, "build", "test-results"))
