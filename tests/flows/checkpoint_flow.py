@@ -5,7 +5,10 @@ checkpoints; a retried gang resumes from the last one.
 $MFTR_CKPT: JSON of the training script's options (kill-after-epoch, epochs,
 save-seconds); $MFTR_CKPT_POLICY: @checkpoint's load_policy (default "fresh");
 $MFTR_RETRY_ON: @torchrun(retry_on=...); $MFTR_RESTARTS: @torchrun(restarts=...); $MFTR_CKPT_BUG: "1" makes the step's
-code raise a ValueError on every attempt, before its call; $MFTR_CKPT_NPROC: processes per node (2)."""
+code raise a ValueError on every attempt, before its call; $MFTR_CKPT_NPROC: processes per node (2);
+$MFTR_CKPT_CARD: "1" shows @checkpoint's own card, as it does by default. Off otherwise: it costs two
+`card create` processes per task (about 0.5 CPU-s each, three attempts' worth in some runs), and the
+tests here read our resume, not that card; one run keeps it, so both cards are made side by side."""
 
 import json
 import os
@@ -23,7 +26,7 @@ class CheckpointFlow(FlowSpec):
         self.next(self.train, num_parallel=2)
 
     @retry(times=int(os.environ.get("MFTR_RETRIES", "1")), minutes_between_retries=0)
-    @checkpoint(load_policy=os.environ.get("MFTR_CKPT_POLICY", "fresh"))
+    @checkpoint(load_policy=os.environ.get("MFTR_CKPT_POLICY", "fresh"), show_card=os.environ.get("MFTR_CKPT_CARD") == "1")
     @torchrun(**TORCHRUN)
     @step
     def train(self):

@@ -35,10 +35,10 @@ def _record(gang, attempt=None):
         "result = json.loads(t.metadata_dict['torchrun-result'])" % (attempt, attempt))
 
 
-def _resumes_after_kill(gang, kill_node, resumed_from=2, restarts=0, nproc=2, **options):
+def _resumes_after_kill(gang, kill_node, resumed_from=2, restarts=0, nproc=2, ckpt_card=False, **options):
     ckpt = dict({"kill-after-epoch": 2, "kill-node": kill_node, "epochs": 3}, **options)
     env = {"MFTR_CKPT": json.dumps(ckpt), "MFTR_RETRY_ON": "infrastructure", "MFTR_RESTARTS": str(restarts),
-           "MFTR_CKPT_NPROC": str(nproc)}
+           "MFTR_CKPT_NPROC": str(nproc), "MFTR_CKPT_CARD": "1" if ckpt_card else "0"}
     proc = gang.run(flow=FLOW, env=env, timeout=400)
     text = output(proc)
     assert proc.returncode == 0, text[-5000:]
@@ -62,7 +62,7 @@ def _resumes_after_kill(gang, kill_node, resumed_from=2, restarts=0, nproc=2, **
 def test_a_killed_worker_resumes_from_the_last_epoch_even_under_retry_on_infrastructure(gang):
     """With in-step restarts allowed too: a lost node ends the attempt (a
     restart needs every task alive), and @retry resumes."""
-    text = _resumes_after_kill(gang, kill_node=1, restarts=2)
+    text = _resumes_after_kill(gang, kill_node=1, restarts=2, ckpt_card=True)  # @checkpoint's card beside ours
     assert "restarting" not in text, text[-3000:]
     record = _record(gang)
     attempts = record["attempts"]
@@ -73,6 +73,12 @@ def test_a_killed_worker_resumes_from_the_last_epoch_even_under_retry_on_infrast
     assert attempts[1]["stopped"] == "succeeded" and attempts[1]["calls"], attempts[1]
     assert attempts[1]["gang_formed_seconds"] is not None
     _ledger_matches_the_kill(gang, record)
+    # @checkpoint's own card and ours, side by side on the control's final attempt, as users get them.
+    cards = gang.client(
+        "from metaflow.cards import get_cards\n"
+        "t = [t for t in Flow('CheckpointFlow').latest_run['train'] if t.id.isdigit()][0]\n"
+        "result = sorted(c.id for c in get_cards(t))")
+    assert "task_checkpoints" in cards and "torchrun" in cards, cards
 
 
 def _ledger_matches_the_kill(gang, record):
