@@ -11,8 +11,8 @@ import time
 import pytest
 from our_processes import AGENT_MODULE
 
-from .calls import MANY_LINES
-from .helpers import output
+from .calls import MANY_LINES, flow_run, once_per_pytest_run
+from .helpers import Gang, output
 
 pytestmark = pytest.mark.integration
 
@@ -51,12 +51,23 @@ def test_every_line_of_every_rank_arrives_labelled_and_whole(calls_run):
         assert "[rank%d]: ERRLINE %d done" % (r, r) in errs
 
 
-def test_labels_can_be_turned_off(gang):
-    gang.env["MFTR_TORCHRUN_ATTRS"] = json.dumps({"label_logs": False})
-    proc = gang.run("--script", "many_lines.py", "--script-args", json.dumps({"lines": 50}))
-    assert proc.returncode == 0, output(proc)[-3000:]
+@pytest.fixture(scope="module")
+def unlabelled_run(tmp_path_factory):
+    """many_lines.py, 30 lines a rank, with @torchrun(label_logs=False), read by
+    test_labels_can_be_turned_off and test_card_shows_topology_ranks_and_timeline
+    (the card is built from the ranks' own log files and the record, never from
+    the labelled console: label_logs does not reach it), one flow for both."""
+    kept = once_per_pytest_run(tmp_path_factory, "unlabelled", lambda: flow_run(
+        tmp_path_factory, "unlabelled", "--script", "many_lines.py", "--script-args", json.dumps({"lines": 30}),
+        env={"MFTR_TORCHRUN_ATTRS": json.dumps({"label_logs": False})}))
+    return Gang(kept["tmp"]), kept["returncode"], kept["text"]
+
+
+def test_labels_can_be_turned_off(unlabelled_run):
+    gang, returncode, text = unlabelled_run
+    assert returncode == 0, text[-3000:]
     log = _control_log(gang)
-    assert "LINE 3 49 payload-" in log
+    assert "LINE 3 29 payload-" in log
     assert "[rank" not in log
 
 
@@ -185,9 +196,9 @@ def _client_card(gang):
     )
 
 
-def test_card_shows_topology_ranks_and_timeline(gang):
-    proc = gang.run("--script", "many_lines.py", "--script-args", json.dumps({"lines": 30}))
-    assert proc.returncode == 0, output(proc)[-3000:]
+def test_card_shows_topology_ranks_and_timeline(unlabelled_run):
+    gang, returncode, text = unlabelled_run
+    assert returncode == 0, text[-3000:]
     # Rendered in the task, not by `card create`, and found by the client as Metaflow's own.
     card = _client_card(gang)
     assert (card["n"], card["type"], card["id"]) == (1, "blank", "torchrun")
@@ -197,7 +208,7 @@ def test_card_shows_topology_ranks_and_timeline(gang):
     assert card["data"]["reload_token"] == "final"
     assert [(i["card_uuid"], i["id"], i["type"]) for i in card["info"]] == [(card["hash"], "torchrun", "blank")]
     assert _card_creates(gang) == []
-    assert "rendering the card in the task failed" not in output(proc)
+    assert "rendering the card in the task failed" not in text
     parts = _card_components(gang)
     sources = [p.get("source", "").strip() for p in parts if p["type"] == "markdown"]
     tables = [p for p in parts if p["type"] == "table"]
