@@ -64,6 +64,8 @@ CALLS: List[dict] = [
     # After every call whose stderr a test reads from the task's stored log: 32 MB
     # of stderr pass Metaflow's log size limit, and what comes after is cut there.
     {"name": "flood", "script": "flood_stderr.py", "args": {"mb": 8}, "nproc": 2},
+    # test_step_gang: two calls of report.py in a row, each its own rendezvous.
+    {"name": "report_before", "script": "report.py", "nproc": 2},
     # Last: the task's record is its last call's (test_observability, test_preflight).
     {"name": "report", "script": "report.py", "nproc": 2},
 ]

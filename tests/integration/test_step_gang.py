@@ -98,16 +98,18 @@ def test_a_node_sleeping_before_run_is_interrupted_when_the_other_fails(gang):
     assert _time_to_failure(gang, "node 1 raises while node 0 sleeps") < BOUND
 
 
-def test_several_calls_each_their_own_rendezvous(gang):
-    proc, text, _ = _run(gang, {"calls": 2}, MFTR_NPROC=2)
-    assert proc.returncode == 0, text[-4000:]
-    for k in range(2):
-        reports = gang.reports("a0-c%d-rank-" % k)
-        assert sorted(reports) == [0, 1, 2, 3], (k, reports)
+def test_several_calls_each_their_own_rendezvous(calls_run):
+    # The calls "report_before" and "report" of calls.CALLS: report.py, 2 x 2,
+    # one after the other in the one step of every node.
+    assert calls_run.returncode == 0, calls_run.text[-4000:]
+    for call in ("report_before", "report"):
+        reports = calls_run.reports(call, "rank-")
+        assert sorted(reports) == [0, 1, 2, 3], (call, reports)
         assert all(r["sum"] == 6 and r["world"] == 4 for r in reports.values())
-    assert gang.client(
-        "t = list(Flow('StepFlow').latest_run['join'])[0]\nresult = t.data.calls"
-    ) == [2, 2]
+    for node in (0, 1):
+        first, second = calls_run.result("report_before", node), calls_run.result("report", node)
+        assert first["succeeded"] and second["succeeded"]
+        assert second["call"] == first["call"] + 1 and second["log_dir"] != first["log_dir"]
 
 
 
