@@ -7,6 +7,7 @@ import pytest
 
 from .calls import CALLS, CallsRun, flow_run, once_per_pytest_run, run_calls
 from .helpers import Gang, describe
+from .refusals import RefusalsRun, run_refusals
 
 
 @pytest.fixture
@@ -55,3 +56,10 @@ def calls_run(tmp_path_factory) -> Iterator[CallsRun]:
     """calls.CALLS, one after another in one step of gang_flow.py on 2 nodes:
     the success-path tests that differ only in their call read their own."""
     yield from run_calls(tmp_path_factory, "calls", CALLS)
+
+
+@pytest.fixture(scope="session")
+def refusals_run(tmp_path_factory) -> Iterator[RefusalsRun]:
+    """refusals.REFUSALS, each caught in one step of refusals_flow.py on 2 nodes:
+    the tests that read only a refused call's message read their own."""
+    yield from run_refusals(tmp_path_factory, "refusals")

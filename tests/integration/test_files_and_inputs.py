@@ -24,22 +24,26 @@ def test_arguments_that_look_like_torchrun_options_arrive_verbatim(calls_run):
     assert not os.path.exists("/tmp/mftr-pwned")
 
 
-def test_a_directory_entrypoint_is_refused_as_one_before_the_start(gang):
-    proc = gang.run("--script", "", "--nproc", "1", timeout=120)  # entrypoint "scripts/"
-    text = output(proc)
-    assert proc.returncode != 0, text
-    assert "entrypoint 'scripts/' is a directory" in text
-    assert "does not exist" not in text
-    assert not mentions_torchrun(text)  # nothing started
+def test_a_directory_entrypoint_is_refused_as_one_before_the_start(refusals_run):
+    # The call's entrypoint "scripts/" (refusals.REFUSALS["directory"]), caught in the shared run's step.
+    assert refusals_run.returncode == 0, refusals_run.text[-4000:]
+    said = refusals_run.refusal("directory")
+    assert said["type"] == "TorchrunCallRefused", said
+    assert "entrypoint 'scripts/' is a directory" in said["message"]
+    assert "does not exist" not in said["message"]
+    assert not mentions_torchrun(refusals_run.text)  # nothing started
+    assert not any(mentions_torchrun(noted) for noted in refusals_run.audit.values())
 
 
-def test_a_non_python_entrypoint_is_refused_before_the_start(gang):
-    proc = gang.run("--script", "not_python.sh", "--nproc", "2", timeout=120)
-    text = output(proc)
-    assert proc.returncode != 0, text
-    assert "entrypoint 'scripts/not_python.sh' is not valid Python" in text
-    assert "line 3" in text
-    assert not mentions_torchrun(text)  # nothing started
+def test_a_non_python_entrypoint_is_refused_before_the_start(refusals_run):
+    # refusals.REFUSALS["not python"], caught in the shared run's step.
+    assert refusals_run.returncode == 0, refusals_run.text[-4000:]
+    said = refusals_run.refusal("not python")
+    assert said["type"] == "TorchrunCallRefused", said
+    assert "entrypoint 'scripts/not_python.sh' is not valid Python" in said["message"]
+    assert "line 3" in said["message"]
+    assert not mentions_torchrun(refusals_run.text)  # nothing started
+    assert not any(mentions_torchrun(noted) for noted in refusals_run.audit.values())
 
 
 def _tree(path):

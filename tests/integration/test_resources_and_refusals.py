@@ -108,22 +108,22 @@ def test_missing_num_parallel_is_refused_with_what_to_do(gang):
     assert "Task is starting" not in text
 
 
-def test_missing_entrypoint_fails_at_once_naming_it(gang):
-    proc = gang.run("--script", "no_such_script.py", "--nproc", "1", timeout=120)
-    text = output(proc)
-    assert proc.returncode != 0, text
-    assert "entrypoint 'scripts/no_such_script.py' does not exist" in text
-    assert not mentions_torchrun(text)  # nothing was launched
+def test_missing_entrypoint_fails_at_once_naming_it(refusals_run):
+    # refusals.REFUSALS["missing"], caught in the shared run's step.
+    assert refusals_run.returncode == 0, refusals_run.text[-4000:]
+    said = refusals_run.refusal("missing")
+    assert said["type"] == "TorchrunCallRefused", said
+    assert "entrypoint 'scripts/no_such_script.py' does not exist" in said["message"]
+    assert not mentions_torchrun(refusals_run.text)  # nothing was launched
+    assert not any(mentions_torchrun(noted) for noted in refusals_run.audit.values())
 
 
-def test_unusable_argument_type_fails_naming_it(gang):
-    proc = gang.run(
-        "--script", "echo_args.py", "--nproc", "1",
-        "--script-args", json.dumps({"config": {"nested": 1}}), timeout=120,
-    )
-    text = output(proc)
-    assert proc.returncode != 0, text
-    assert "cannot pass {'nested': 1} (a dict)" in text
+def test_unusable_argument_type_fails_naming_it(refusals_run):
+    # refusals.REFUSALS["dict argument"], caught in the shared run's step.
+    assert refusals_run.returncode == 0, refusals_run.text[-4000:]
+    said = refusals_run.refusal("dict argument")
+    assert said["type"] == "TorchrunCallRefused", said
+    assert "cannot pass {'nested': 1} (a dict)" in said["message"]
 
 
 BAD_KNOBS = {
