@@ -41,7 +41,7 @@ hello: demo-install
 # Two pools at once (tools/pools.py, docs/development.md): the tests that spend CPU
 # (real flows, about 5 CPU-s each, waiting for part of it) at PYTEST_WORKERS, three for 2 cores; those that
 # mostly wait (marked `waits` in tests/conftest.py) at WAIT_WORKERS, so that a test
-# waiting out a 20 s timeout never holds one of the two. Every test runs once; the
+# waiting out a 20 s timeout never holds one of the three. Every test runs once; the
 # exit status fails if either pool failed. PYTEST_WORKERS=0: one process, in file
 # order, no pools. PYTEST_ARGS go to both pytest runs (select with -k or a path, not -m).
 PYTEST_WORKERS ?= 3
