@@ -18,6 +18,8 @@ from typing import Dict, Iterator
 
 import pytest
 
+from our_processes import mentions_torchrun
+
 from .calls import flow_run, once_per_pytest_run
 from .helpers import Gang
 
@@ -77,6 +79,22 @@ class RefusalsRun:
         assert os.path.exists(path), "no refusal kept for %r on node %d:\n%s" % (call, node, self.text[-4000:])
         with open(path) as f:
             return json.load(f)
+
+    def message(self, call: str) -> str:
+        """What ``call`` raised: the run went on, both nodes raised the same ``TorchrunCallRefused``."""
+        assert self.returncode == 0, self.text[-4000:]
+        said = [self.refusal(call, node) for node in (0, 1)]
+        assert said[0] == said[1], said
+        assert said[0]["type"] == "TorchrunCallRefused", said[0]
+        return said[0]["message"]
+
+    def check_nothing_started(self) -> None:
+        """No process of the run started torchrun: both nodes' tasks watched, none mentions it, nor the output."""
+        train_tasks = [r for name, r in self.audit.items() if name.endswith(".argv") and "'train'" in r and "'step'" in r]
+        assert len(train_tasks) >= 2, self.audit  # both nodes' tasks were watched
+        for name, noted in self.audit.items():
+            assert not mentions_torchrun(noted), (name, noted)
+        assert not mentions_torchrun(self.text), self.text
 
 
 def run_refusals(factory: pytest.TempPathFactory, name: str) -> Iterator[RefusalsRun]:

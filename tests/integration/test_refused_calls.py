@@ -10,7 +10,6 @@ import os
 import re
 
 import pytest
-from our_processes import mentions_torchrun
 
 from .helpers import check_failure_screen, output
 from .refusals import REFUSALS
@@ -40,20 +39,11 @@ REFUSED = {
 NAMED = r"current\.torch\.run call 1 \(refusals_flow\.py, line \d+\): "
 
 
-def _refused(refusals_run, case) -> str:
-    """The message ``case``'s call raised, the same on both nodes, as TorchrunCallRefused."""
-    assert refusals_run.returncode == 0, refusals_run.text[-4000:]
-    said = [refusals_run.refusal(case, node) for node in (0, 1)]
-    assert said[0] == said[1], said
-    assert said[0]["type"] == "TorchrunCallRefused", said[0]
-    return said[0]["message"]
-
-
 @pytest.mark.parametrize("case", sorted(REFUSED))
 def test_a_refused_call_is_said_once_naming_the_call(refusals_run, case):
     """The message; how an uncaught one fails the step is the witness's below."""
     problem, suggestion = REFUSED[case]
-    text = _refused(refusals_run, case)
+    text = refusals_run.message(case)
     assert text.count(problem) == 1, text
     if suggestion:
         assert suggestion in text, text
@@ -88,18 +78,18 @@ def test_a_calls_max_restarts_under_retry_on_infrastructure_is_refused_at_the_ca
     # The step's own torchrun_args max_restarts is refused at step_init (test_resources_and_refusals);
     # a call's was not: torch would have restarted a ValueError the user asked never to retry.
     # The run's step is @torchrun(retry_on="infrastructure").
-    text = _refused(refusals_run, "retry_on")
+    text = refusals_run.message("retry_on")
     said = "@torchrun(retry_on='infrastructure') with the call's torchrun_args max_restarts=2: "
     assert text.count(said) == 1 and "Use @torchrun(restarts=2) instead of max_restarts" in text, text
     assert re.match(NAMED, text), text
     assert "Traceback" not in text and "TypeError" not in text, text
     assert not refusals_run.gang.reports("rank-")  # refused before any rank started
-    _nothing_started(refusals_run)
+    refusals_run.check_nothing_started()
 
 
 def test_every_mistake_of_a_call_is_named_in_one_message(refusals_run):
     """Was: the unknown keyword alone, and the torchrun option on the next run (issue 52)."""
-    text = _refused(refusals_run, "every mistake")
+    text = refusals_run.message("every mistake")
     assert re.match(NAMED + r"2 problems:\n", text), text
     for problem in ("does not take entrypoint_arg= (did you mean entrypoint_args=?)",
                     "unknown torchrun option --max-restart (did you mean --max-restarts?)"):
@@ -118,7 +108,7 @@ def test_the_other_node_refusing_first_is_still_said_once(gang):
 
 
 def test_the_searched_directory_is_named_once(refusals_run):
-    line = [l for l in _refused(refusals_run, "typo").splitlines() if "does not exist in" in l][0]
+    line = [l for l in refusals_run.message("typo").splitlines() if "does not exist in" in l][0]
     where = line.split("does not exist in ", 1)[1].split(" (did you mean")[0]
     assert where.count(os.sep + "scripts") == 1, line  # was "(looked in: /x, /x)"
 
@@ -140,18 +130,8 @@ def test_nproc_auto_runs_and_records_the_count(calls_run):
 
 
 def test_nproc_gpu_on_a_node_without_one_is_refused_naming_it(refusals_run):
-    text = _refused(refusals_run, "gpu")
+    text = refusals_run.message("gpu")
     assert text.count("nproc_per_node='gpu' but this node has no visible CUDA device") == 1, text
-
-
-def _nothing_started(refusals_run) -> None:
-    """No process of the refusals' run started torchrun: both nodes' tasks watched, none mentions it."""
-    records = refusals_run.audit
-    train_tasks = [r for name, r in records.items() if name.endswith(".argv") and "'train'" in r and "'step'" in r]
-    assert len(train_tasks) >= 2, records  # both nodes' tasks were watched
-    for name, record in records.items():
-        assert not mentions_torchrun(record), (name, record)
-    assert not mentions_torchrun(refusals_run.text), refusals_run.text
 
 
 def test_a_none_for_a_value_option_is_refused_before_any_agent_starts(refusals_run):
@@ -160,8 +140,8 @@ def test_a_none_for_a_value_option_is_refused_before_any_agent_starts(refusals_r
     (exit 2) and the user read TorchrunFailed. Now it is refused in the step,
     and no torchrun agent starts on either node (every process of the run is
     watched; every call of the run is refused)."""
-    text = _refused(refusals_run, "none value")
-    _nothing_started(refusals_run)
+    text = refusals_run.message("none value")
+    refusals_run.check_nothing_started()
     assert text.count("torchrun_args['max_restarts'] is None, but torchrun's --max-restarts takes an "
                       "integer, it is not a flag") == 1, text
     for said in (text, refusals_run.text):
