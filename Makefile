@@ -13,14 +13,12 @@ export NO_MKDOCS_2_WARNING := 1
 
 .PHONY: install demo-install demo hello test test-fast unit lint docs docs-install docs-serve docs-screenshots pictures dist package-check matrix bench bench-gang gpu-check clean
 
-# Bytecode written ahead, on every core. Machines that set PYTHONDONTWRITEBYTECODE (CI's do) never
-# write it at import, so what is not compiled here is compiled again by every process that imports it:
-# our package about 0.1 CPU-s in each Metaflow process, a thousand of them in `make test`. pip compiles
-# one module at a time (installing took 96 s of wall time with it, 49 s this way). As with pip, a module
-# that does not compile (torch ships one written for Python 3.12) is left as source.
-COMPILE = $(BIN)/python -m compileall -qq -j0
-COMPILE_VENV = $(COMPILE) $(VENV)/lib || true
-COMPILE_OURS = $(COMPILE) metaflow_extensions tests examples
+# Python's default, bytecode written beside what it compiles, even where the machine turns it off
+# (PYTHONDONTWRITEBYTECODE; CI's machines do): there every process compiled every module it imported
+# again, our package alone about 0.13 CPU-s in each of a thousand Metaflow processes in `make test`.
+# So pip need not compile all 17,000 modules it installs (55 of its 96 s here): what is imported is
+# compiled once, by the first process that imports it.
+unexport PYTHONDONTWRITEBYTECODE
 
 install: $(VENV)/.installed
 
@@ -29,7 +27,6 @@ $(VENV)/.installed: requirements-dev.txt setup.py
 	$(BIN)/python -m pip install --upgrade --quiet "pip>=23.1" "setuptools>=68"
 	$(BIN)/python -m pip install --quiet --no-compile -r requirements-dev.txt
 	$(BIN)/python -m pip install --quiet --no-deps -e .
-	$(COMPILE_VENV)
 	touch $@
 
 # The demo's venv: metaflow and torch only. `make test` later adds the development set.
@@ -40,7 +37,6 @@ $(VENV)/.demo-installed: requirements-demo.txt setup.py
 	$(BIN)/python -m pip install --upgrade --quiet "pip>=23.1" "setuptools>=68"
 	$(BIN)/python -m pip install --quiet --no-compile -r requirements-demo.txt
 	$(BIN)/python -m pip install --quiet --no-deps -e .
-	$(COMPILE_VENV)
 	touch $@
 
 demo: demo-install
@@ -60,13 +56,11 @@ WAIT_WORKERS ?= 4
 POOLS = $(BIN)/python tools/pools.py --workers $(PYTEST_WORKERS) --wait-workers $(WAIT_WORKERS)
 
 test: install lint
-	$(COMPILE_OURS)
 	$(POOLS) -- $(PYTEST_ARGS)
 
 # The development loop: every test but those that wait 20 s or more by design
 # (marked `slow`), without the lint. `make test` runs them all.
 test-fast: install
-	$(COMPILE_OURS)
 	$(POOLS) --select "not slow" -- $(PYTEST_ARGS)
 
 # Linter, type checker and import contracts (pinned in requirements-dev.txt; config in pyproject.toml),

@@ -19,6 +19,7 @@ import os
 from dataclasses import dataclass
 from typing import Callable, Dict, Iterator, List, Optional, Sequence
 
+import client_read
 import pytest
 
 from .helpers import Gang, describe, output
@@ -147,7 +148,7 @@ def run_calls(factory: pytest.TempPathFactory, name: str, calls: Sequence[dict],
                         env={"TMPDIR": tmpdir}, timeout=timeout)
         kept["tmpdir"] = tmpdir
         if kept["returncode"] == 0:
-            by_node = Gang(kept["tmp"]).client("result = Flow('GangFlow').latest_run['join'].task['results'].data")
+            by_node = client_read.read(kept["tmp"], "result = Flow('GangFlow').latest_run['join'].task['results'].data")
             kept["results"] = {node: {call: json.loads(text) for call, text in by_call.items()}
                                for node, by_call in by_node.items()}
         return kept

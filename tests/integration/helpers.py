@@ -17,6 +17,7 @@ import time
 import uuid
 from typing import Dict, List, Optional
 
+import client_read
 from our_processes import TOKEN_VAR, describe, kill_all, leaks, processes_with_token, watch_warm  # noqa: F401 (shared)
 
 from metaflow_extensions.torchrun.plugins.torchrun.procs.names import HOST_ZYGOTE_ENV, ZYGOTE_ENV
@@ -133,19 +134,8 @@ class Gang:
 
     def client(self, code: str) -> object:
         """Evaluate ``code`` (which sets ``result``) with the Metaflow client on
-        this test's datastore; return ``result`` via JSON."""
-        program = (
-            "import json\nfrom metaflow import Flow, namespace\nnamespace(None)\n"
-            + code
-            + "\nprint('@@RESULT@@' + json.dumps(result))\n"
-        )
-        proc = subprocess.run(
-            [sys.executable, "-c", program], cwd=self.tmp, env=self.env,
-            capture_output=True, text=True, timeout=120,
-        )
-        assert proc.returncode == 0, proc.stderr
-        line = [l for l in proc.stdout.splitlines() if l.startswith("@@RESULT@@")][-1]
-        return json.loads(line[len("@@RESULT@@"):])
+        this test's datastore; return ``result`` via JSON (tests/client_read.py)."""
+        return client_read.read(self.tmp, code)
 
     def leaks(self, grace: float = 5.0) -> List[int]:
         return leaks(self.token, grace)

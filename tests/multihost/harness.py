@@ -26,6 +26,7 @@ import uuid
 from typing import Dict, List, Optional, Sequence
 
 from metaflow.util import compress_list
+import client_read
 from our_processes import TOKEN_VAR, describe, kill_all, leaks, processes_with_token  # noqa: F401 (shared)
 
 from . import contracts
@@ -296,18 +297,10 @@ class PlatformRun:
         self._run_on(self.hosts[0], "join", self._top() + self._step_common(
             "join", JOIN_TASK, compress_list(paths)), timeout)
 
-    def client(self, code: str, timeout: float = 60) -> object:
+    def client(self, code: str) -> object:
         """Evaluate ``code`` (setting ``result``) with the Metaflow client on this
-        run's datastore, on host 0; ``run`` is the run's pathspec."""
-        program = (
-            "import json\nfrom metaflow import Flow, Run, Step, Task, namespace\nnamespace(None)\n"
-            "run = %r\n" % ("%s/%s" % (self.flow_name, self.run_id))
-            + code + "\nprint('@@RESULT@@' + json.dumps(result))\n"
-        )
-        proc = self.hosts[0].run([sys.executable, "-c", program], self.env, timeout=timeout, cwd=self.sandbox.tmp)
-        assert proc.returncode == 0, proc.stdout + proc.stderr
-        line = [l for l in proc.stdout.splitlines() if l.startswith("@@RESULT@@")][-1]
-        return json.loads(line[len("@@RESULT@@"):])
+        run's datastore (tests/client_read.py); ``run`` is the run's pathspec."""
+        return client_read.read(self.sandbox.tmp, code, run="%s/%s" % (self.flow_name, self.run_id))
 
     def complete(self, codes: Dict[int, int], join_artifacts: Sequence[str] = (),
                  end: bool = False) -> Dict[str, object]:
