@@ -18,10 +18,11 @@ def read(root: str, code: str, **names: Any) -> object:
     """Run ``code``, which sets ``result``, with Metaflow's client on the datastore
     under ``root``; ``result`` comes back through JSON, as it did from a process.
     ``names`` are more globals for ``code`` (e.g. ``run``, a pathspec)."""
-    from metaflow import Flow, Run, Step, Task, default_metadata, default_namespace, metadata, namespace
+    from metaflow import Flow, Run, Step, Task, metadata, namespace
+    from metaflow.client import core
 
     scope = dict(names, json=json, Flow=Flow, Run=Run, Step=Step, Task=Task, namespace=namespace)
-    here = os.getcwd()
+    here, before = os.getcwd(), (core.current_metadata, core.current_namespace)
     os.chdir(root)  # Metaflow's card store finds .metaflow from the working directory, as in a user's shell
     try:
         metadata("local@" + root)
@@ -29,6 +30,5 @@ def read(root: str, code: str, **names: Any) -> object:
         exec(compile(code, "<client read of %s>" % root, "exec"), scope)
     finally:
         os.chdir(here)
-        default_metadata()
-        default_namespace()
+        core.current_metadata, core.current_namespace = before  # this process's own, as they were
     return json.loads(json.dumps(scope["result"]))
