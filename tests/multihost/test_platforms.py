@@ -64,7 +64,7 @@ def test_hello_two_hosts_two_processes(network, sandbox, platform):
 @pytest.mark.parametrize("platform,port", [("kubernetes", 23456), ("batch", None)],
                          ids=["kubernetes-with-port", "batch"])
 def test_ddp_two_hosts_two_processes(network, sandbox, platform, port):
-    run = PlatformRun(sandbox, network(2), platform, DDP, params=["--epochs", "5"], port=port)
+    run = PlatformRun(sandbox, network(2), platform, DDP, params=["--epochs", "2"], port=port)
     run.prepare()
     codes = run.run_nodes(timeout=150)
     metrics = _complete(run, codes, "metrics")["metrics"]
