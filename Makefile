@@ -11,7 +11,7 @@ export PATH := $(BIN):$(PATH)
 # mkdocs-material prints a banner about its successor on every build.
 export NO_MKDOCS_2_WARNING := 1
 
-.PHONY: install demo-install demo hello test test-fast unit lint docs docs-install docs-serve docs-screenshots pictures dist package-check matrix bench bench-gang gpu-check clean
+.PHONY: install demo-install demo hello test test-fast unit lint docs docs-install docs-serve docs-screenshots pictures dist wheel-venv package-check matrix bench bench-gang gpu-check clean
 
 # Python's default, bytecode written beside what it compiles, even where the machine turns it off
 # (PYTHONDONTWRITEBYTECODE; CI's machines do): there every process compiled every module it imported
@@ -113,14 +113,24 @@ dist: install
 	$(BIN)/twine check --strict dist/*
 
 # The wheel installed into a fresh virtualenv (with its [torch] extra, versions as
-# pinned in requirements-demo.txt), then examples/hello run with it. --no-compile:
-# pip would compile every module of torch (35 s of CPU here); the run compiles what it imports.
+# pinned in requirements-demo.txt), then examples/hello run with it. The venv and the pins
+# come first (`make wheel-venv`, no wheel needed: CI makes it beside `make install`, on the
+# core pip leaves idle); the wheel goes in anew each time, with its extra resolved against them.
+# --no-compile: pip would compile every module of torch (35 s of CPU here); the run compiles what it imports.
 WHEEL_VENV := $(abspath .venv-wheel)
-package-check: dist
+WHEEL_PINS = grep -E '^(metaflow|torch)==' requirements-demo.txt
+wheel-venv: $(WHEEL_VENV)/.pinned
+
+$(WHEEL_VENV)/.pinned: requirements-demo.txt
 	rm -rf $(WHEEL_VENV)
 	$(PYTHON) -m venv $(WHEEL_VENV)
 	$(WHEEL_VENV)/bin/python -m pip install --quiet "pip>=23.1"
-	pins="$$(grep -E '^(metaflow|torch)==' requirements-demo.txt)" && [ -n "$$pins" ] && \
+	pins="$$($(WHEEL_PINS))" && [ -n "$$pins" ] && $(WHEEL_VENV)/bin/python -m pip install --quiet --no-compile $$pins
+	touch $@
+
+package-check: dist wheel-venv
+	$(WHEEL_VENV)/bin/python -m pip uninstall --quiet --yes metaflow-torchrun
+	pins="$$($(WHEEL_PINS))" && [ -n "$$pins" ] && \
 	$(WHEEL_VENV)/bin/python -m pip install --quiet --no-compile "$$(ls dist/*.whl)[torch]" $$pins
 	cd examples/hello && PATH=$(WHEEL_VENV)/bin:$$PATH METAFLOW_DATASTORE_SYSROOT_LOCAL=$(WHEEL_VENV)/mf \
 		$(WHEEL_VENV)/bin/python flow.py run

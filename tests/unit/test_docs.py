@@ -167,5 +167,6 @@ def test_the_readme_says_what_ci_adds_to_its_test_command():
         ci = [l.strip() for l in f if l.strip().startswith("make ")]
     with open(os.path.join(REPO, "README.md")) as f:
         readme = f.read()
-    assert ci == ["make install", 'make package-check >"$package_log" 2>&1 &', 'make test PYTEST_ARGS="-ra" || status=$?']
+    assert ci == ['make wheel-venv >"$package_log" 2>&1 &', "make install", 'make package-check >>"$package_log" 2>&1 &',
+                  'make test PYTEST_ARGS="-ra" || status=$?']
     assert "make test" in readme and "runs `make package-check` beside `make test`" in readme
