@@ -16,27 +16,29 @@ export NO_MKDOCS_2_WARNING := 1
 # Python's default, bytecode written beside what it compiles, even where the machine turns it off
 # (PYTHONDONTWRITEBYTECODE; CI's machines do): there every process compiled every module it imported
 # again, our package alone about 0.13 CPU-s in each of a thousand Metaflow processes in `make test`.
-# So pip need not compile all 17,000 modules it installs (55 of its 96 s here): what is imported is
-# compiled once, by the first process that imports it.
+# So nothing installed is compiled ahead (pip took 55 of its 96 s here compiling 17,000 modules):
+# what is imported is compiled once, by the first process that imports it.
 unexport PYTHONDONTWRITEBYTECODE
+
+# `pip install` into a venv, done by uv (pinned, fetched once into .uv/, given pip's own settings)
+# where it can be, else by pip: 55 -> 8 s for the development venv on a fresh clone (tools/install.py).
+INSTALL = $(PYTHON) tools/install.py
 
 install: $(VENV)/.installed
 
-$(VENV)/.installed: requirements-dev.txt setup.py
+$(VENV)/.installed: requirements-dev.txt setup.py tools/install.py
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --upgrade --quiet "pip>=23.1" "setuptools>=68"
-	$(BIN)/python -m pip install --quiet --no-compile -r requirements-dev.txt
-	$(BIN)/python -m pip install --quiet --no-deps -e .
+	$(INSTALL) $(VENV) "setuptools>=68" -r requirements-dev.txt
+	$(INSTALL) $(VENV) --no-deps -e .
 	touch $@
 
 # The demo's venv: metaflow and torch only. `make test` later adds the development set.
 demo-install: $(VENV)/.demo-installed
 
-$(VENV)/.demo-installed: requirements-demo.txt setup.py
+$(VENV)/.demo-installed: requirements-demo.txt setup.py tools/install.py
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --upgrade --quiet "pip>=23.1" "setuptools>=68"
-	$(BIN)/python -m pip install --quiet --no-compile -r requirements-demo.txt
-	$(BIN)/python -m pip install --quiet --no-deps -e .
+	$(INSTALL) $(VENV) "setuptools>=68" -r requirements-demo.txt
+	$(INSTALL) $(VENV) --no-deps -e .
 	touch $@
 
 demo: demo-install
@@ -55,8 +57,14 @@ PYTEST_WORKERS ?= 3
 WAIT_WORKERS ?= 4
 POOLS = $(BIN)/python tools/pools.py --workers $(PYTEST_WORKERS) --wait-workers $(WAIT_WORKERS)
 
-test: install lint
-	$(POOLS) -- $(PYTEST_ARGS)
+# The lint runs beside the pools (its 9 s on one core no longer come first); its output is
+# shown once both end, and the exit status fails if it failed.
+test: install
+	@mkdir -p build
+	@$(MAKE) --no-print-directory lint >build/lint.log 2>&1 & lint=$$!; \
+	$(POOLS) -- $(PYTEST_ARGS); status=$$?; \
+	if wait $$lint; then echo "make lint: passed"; else cat build/lint.log; echo "make lint failed" >&2; status=1; fi; \
+	exit $$status
 
 # The development loop: every test but those that wait 20 s or more by design
 # (marked `slow`), without the lint. `make test` runs them all.
@@ -114,24 +122,23 @@ dist: install
 
 # The wheel installed into a fresh virtualenv (with its [torch] extra, versions as
 # pinned in requirements-demo.txt), then examples/hello run with it. The venv and the pins
-# come first (`make wheel-venv`, no wheel needed: CI makes it beside `make install`, on the
-# core pip leaves idle); the wheel goes in anew each time, with its extra resolved against them.
-# --no-compile: pip would compile every module of torch (35 s of CPU here); the run compiles what it imports.
+# come first (`make wheel-venv`, no wheel needed: CI makes it beside `make install`); the wheel
+# goes in anew each time, with its extra resolved against them. Nothing is compiled ahead (pip
+# would compile every module of torch, 35 s of CPU here); the run compiles what it imports.
 WHEEL_VENV := $(abspath .venv-wheel)
 WHEEL_PINS = grep -E '^(metaflow|torch)==' requirements-demo.txt
 wheel-venv: $(WHEEL_VENV)/.pinned
 
-$(WHEEL_VENV)/.pinned: requirements-demo.txt
+$(WHEEL_VENV)/.pinned: requirements-demo.txt tools/install.py
 	rm -rf $(WHEEL_VENV)
 	$(PYTHON) -m venv $(WHEEL_VENV)
-	$(WHEEL_VENV)/bin/python -m pip install --quiet "pip>=23.1"
-	pins="$$($(WHEEL_PINS))" && [ -n "$$pins" ] && $(WHEEL_VENV)/bin/python -m pip install --quiet --no-compile $$pins
+	pins="$$($(WHEEL_PINS))" && [ -n "$$pins" ] && $(INSTALL) $(WHEEL_VENV) $$pins
 	touch $@
 
 package-check: dist wheel-venv
 	$(WHEEL_VENV)/bin/python -m pip uninstall --quiet --yes metaflow-torchrun
 	pins="$$($(WHEEL_PINS))" && [ -n "$$pins" ] && \
-	$(WHEEL_VENV)/bin/python -m pip install --quiet --no-compile "$$(ls dist/*.whl)[torch]" $$pins
+	$(INSTALL) $(WHEEL_VENV) "$$(ls dist/*.whl)[torch]" $$pins
 	cd examples/hello && PATH=$(WHEEL_VENV)/bin:$$PATH METAFLOW_DATASTORE_SYSROOT_LOCAL=$(WHEEL_VENV)/mf \
 		$(WHEEL_VENV)/bin/python flow.py run
 
@@ -162,4 +169,4 @@ gpu-check: install
 	$(BIN)/python benchmarks/gpu.py $(GPU_ARGS)
 
 clean:
-	rm -rf $(VENV) .venv-wheel $(DOCS_VENV) build dist site .metaflow examples/*/.metaflow
+	rm -rf $(VENV) .venv-wheel .uv $(DOCS_VENV) build dist site .metaflow examples/*/.metaflow

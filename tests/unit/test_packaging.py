@@ -53,7 +53,7 @@ def test_the_demo_installs_the_runtime_only_pinned():
     with open(os.path.join(REPO, "Makefile")) as f:
         makefile = f.read()
     assert re.search(r"^demo: demo-install$", makefile, re.M)
-    assert "pip install --quiet --no-compile -r requirements-demo.txt" in makefile
+    assert '$(INSTALL) $(VENV) "setuptools>=68" -r requirements-demo.txt' in makefile
 
 
 def _fake_02(root) -> str:
