@@ -19,7 +19,6 @@ import os
 import re
 import sys
 import tempfile
-from concurrent.futures import ThreadPoolExecutor
 from typing import List
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -30,7 +29,7 @@ import chromium  # noqa: E402
 import docs_render  # noqa: E402
 
 SKIP = ("404.html",)
-# Each text's box, as the browser lays it out, into the page's DOM for --dump-dom.
+# Each text's box, as the browser lays it out, into the page's DOM, read once the scripts ran.
 MEASURE = """<script>
 var boxes = [];
 document.querySelectorAll('svg').forEach(function (svg) {
@@ -54,14 +53,14 @@ def pages(site: str) -> List[str]:
     return sorted(found)
 
 
-def shoot(site: str, out: str, rel: str) -> str:
+def shoot(browser: chromium.Browser, site: str, out: str, rel: str) -> str:
     name = "home" if rel == "index.html" else os.path.dirname(rel).replace(os.sep, "-")
     png = os.path.join(out, name + ".png")
-    chromium.screenshot("file://" + os.path.join(os.path.abspath(site), rel), png)
+    browser.screenshot("file://" + os.path.join(os.path.abspath(site), rel), png)
     return png
 
 
-def svg_overflows(svg_path: str) -> List[str]:
+def svg_overflows(browser: chromium.Browser, svg_path: str) -> List[str]:
     """Text that Chromium draws past the picture's edge, each a line."""
     with open(svg_path, encoding="utf-8") as f:
         svg = f.read()
@@ -69,7 +68,7 @@ def svg_overflows(svg_path: str) -> List[str]:
         page = os.path.join(tmp, "measure.html")
         with open(page, "w", encoding="utf-8") as f:
             f.write("<html><body>%s%s</body></html>" % (svg, MEASURE))
-        dom = chromium.dom_after_scripts("file://" + page)
+        dom = browser.dom_after_scripts("file://" + page)
     found = re.search(r'data-boxes="([^"]*)"', dom)
     if found is None:
         return ["%s: Chromium did not measure it" % svg_path]
@@ -82,11 +81,11 @@ def main(site: str, out: str) -> int:
     if not os.path.isdir(site):
         docs_render.build_site(site)
     os.makedirs(out, exist_ok=True)
-    with ThreadPoolExecutor(2) as pool:  # two browsers at a time: the CI machine has 2 cores
-        shots = list(pool.map(lambda rel: shoot(site, out, rel), pages(site)))
-    print("%d screenshots in %s" % (len(shots), out))
     svgs = [os.path.join(REPO, "docs", n) for n in sorted(os.listdir(os.path.join(REPO, "docs"))) if n.endswith(".svg")]
-    problems = [line for svg in svgs for line in svg_overflows(svg)]
+    with chromium.Browser() as browser:  # one for every page: a Chromium each cost about 1.6 CPU-s
+        shots = [shoot(browser, site, out, rel) for rel in pages(site)]
+        print("%d screenshots in %s" % (len(shots), out))
+        problems = [line for svg in svgs for line in svg_overflows(browser, svg)]
     for line in problems:
         print(line)
     return 1 if problems else 0

@@ -33,5 +33,6 @@ def test_chromium_finds_the_cut_caption_of_the_old_picture(tmp_path):
     cut = tmp_path / "cut.svg"
     cut.write_text('<svg xmlns="http://www.w3.org/2000/svg" width="200" height="30" font-size="12">'
                    '<text x="8" y="20">a caption far longer than the picture it is drawn in</text></svg>')
-    (problem,) = docs_screenshots.svg_overflows(str(cut))
+    with chromium.Browser() as browser:
+        (problem,) = docs_screenshots.svg_overflows(browser, str(cut))
     assert "a caption far longer" in problem

@@ -158,7 +158,7 @@ def only_section(html: str, heading: str) -> None:
 
 def photograph(html: str, out: str, window: str) -> None:
     with tempfile.TemporaryDirectory() as profile:
-        subprocess.run([browser(), *chromium.FLAGS, "--user-data-dir=%s" % profile, "--window-size=%s" % window,
+        subprocess.run([browser(), *chromium.ONE_PAGE_FLAGS, "--user-data-dir=%s" % profile, "--window-size=%s" % window,
                         "--screenshot=%s" % os.path.abspath(out), "file://" + html],
                        check=True, capture_output=True, timeout=120)
 
