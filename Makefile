@@ -21,7 +21,7 @@ export NO_MKDOCS_2_WARNING := 1
 unexport PYTHONDONTWRITEBYTECODE
 
 # `pip install` into a venv, done by uv (pinned, fetched once into .uv/, given pip's own settings)
-# where it can be, else by pip: 55 -> 8 s for the development venv on a fresh clone (tools/install.py).
+# where it can be, else by pip: 55 -> 11 s for the development venv on a fresh clone (tools/install.py).
 INSTALL = $(PYTHON) tools/install.py
 
 install: $(VENV)/.installed

@@ -5,8 +5,8 @@
 A fresh clone's `make install` spent about 55 of the 60 s before its first test in
 pip, most of it reading index pages one package at a time to resolve about 160
 pinned and transitive requirements; uv resolves and installs the same versions in
-about 8 s (docs/development.md, "What CI takes"). uv is fetched once, at the version
-pinned here, into `.uv/` (by this machine's Python and pip; one process at a time,
+about 5 s, the editable package in 3 (docs/development.md, "What CI takes").
+uv itself is fetched once (about 4 s), at the version pinned here, into `.uv/` (by this machine's Python and pip; one process at a time,
 since `make install` and `make wheel-venv` run at once in CI), not into the venv it
 installs into: the package check's venv holds the wheel and its pins only.
 
