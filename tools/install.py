@@ -12,10 +12,11 @@ installs into: the package check's venv holds the wheel and its pins only.
 
 uv reads no pip configuration, and pip's is what says where packages come from on
 a machine (a wheel on disk, a mirror, a cap on torch). So the settings that choose
-what gets installed are read from `pip config list` and given to uv as its own
-options: find-links, constraint, index-url, extra-index-url (a `file://` index
-that does not exist is dropped, as pip drops it with a warning) and cert; and, as
-pip does, uv takes the best version any of them offers, not the first index's.
+what gets installed are read from `pip config list` and given to uv: find-links,
+constraint, index-url and extra-index-url (by environment variable: a URL may hold
+a password; a `file://` index that does not exist is dropped, as pip drops it with
+a warning) and cert; and, as pip does, uv takes the best version any of them
+offers, not the first index's.
 
 Where uv cannot be fetched or fails, pip installs, as before this tool (`--quiet
 --no-compile`: what is imported is compiled once, by the first process that imports
@@ -37,9 +38,10 @@ UV_HOME = os.path.join(ROOT, ".uv", UV_VERSION)
 # pip's config sections that apply to `pip install`, lowest precedence first, then its
 # environment variables (PIP_*), which override them.
 SECTIONS = ("global", "user", "site", "install", ":env:")
-# pip setting -> how uv takes it.
-LIST_OPTIONS = {"find-links": "--find-links", "constraint": "--constraint", "extra-index-url": "--extra-index-url"}
-ONE_OPTIONS = {"index-url": "--index-url"}
+# pip setting -> uv's option; the indexes (whose URLs may hold a password) go by environment
+# variable instead, out of `ps` and out of the line said when uv fails.
+LIST_OPTIONS = {"find-links": "--find-links", "constraint": "--constraint"}
+INDEX_VARIABLES = {"index-url": "UV_INDEX_URL", "extra-index-url": "UV_EXTRA_INDEX_URL"}  # space-separated
 
 
 def pip_settings(listing: str) -> Dict[str, str]:
@@ -68,14 +70,16 @@ def uv_options(settings: Dict[str, str]) -> Tuple[List[str], Dict[str, str]]:
     options: List[str] = []
     for name, flag in LIST_OPTIONS.items():
         for value in settings.get(name, "").split():
-            if not _missing_file_url(value):
-                options += [flag, value]
-    for name, flag in ONE_OPTIONS.items():
-        if settings.get(name):
-            options += [flag, settings[name]]
-    if options:  # pip takes the best version from all its sources; uv, by default, the first that has the name
+            options += [flag, value]
+    env: Dict[str, str] = {}
+    for name, variable in INDEX_VARIABLES.items():
+        urls = [url for url in settings.get(name, "").split() if not _missing_file_url(url)]
+        if urls:
+            env[variable] = " ".join(urls)
+    if options or env:  # pip takes the best version from all its sources; uv, by default, the first that has the name
         options += ["--index-strategy", "unsafe-best-match"]
-    env = {"SSL_CERT_FILE": settings["cert"]} if settings.get("cert") else {}
+    if settings.get("cert"):
+        env["SSL_CERT_FILE"] = settings["cert"]
     return options, env
 
 

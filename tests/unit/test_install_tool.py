@@ -36,9 +36,11 @@ def test_uv_gets_pips_sources_and_picks_the_best_version_among_them_as_pip_does(
     settings = dict(install.pip_settings(LISTING), **{"extra-index-url": "file://%s file:///nowhere/simple" % local_index})
     options, env = install.uv_options(settings)
     assert options == ["--find-links", "/from/env", "--constraint", "/etc/caps.txt",
-                       "--extra-index-url", "file://%s" % local_index,  # the missing one dropped, as pip does
-                       "--index-url", "https://pypi.example/simple", "--index-strategy", "unsafe-best-match"]
-    assert env == {"SSL_CERT_FILE": "/etc/ssl/certs/ca-certificates.crt"}
+                       "--index-strategy", "unsafe-best-match"]
+    # The indexes by environment (a URL may hold a password: not in ps, not in the line said on failure).
+    assert env == {"UV_INDEX_URL": "https://pypi.example/simple",
+                   "UV_EXTRA_INDEX_URL": "file://%s" % local_index,  # the missing one dropped, as pip does
+                   "SSL_CERT_FILE": "/etc/ssl/certs/ca-certificates.crt"}
     assert install.uv_options({}) == ([], {})  # no settings: uv's defaults (PyPI), no strategy to match
 
 
