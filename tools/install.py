@@ -6,9 +6,10 @@ A fresh clone's `make install` spent about 55 of the 60 s before its first test 
 pip, most of it reading index pages one package at a time to resolve about 160
 pinned and transitive requirements; uv resolves and installs the same versions in
 about 5 s, the editable package in 3 (docs/development.md, "What CI takes").
-uv itself is fetched once (about 4 s), at the version pinned here, into `.uv/` (by this machine's Python and pip; one process at a time,
-since `make install` and `make wheel-venv` run at once in CI), not into the venv it
-installs into: the package check's venv holds the wheel and its pins only.
+uv itself is fetched once (about 4 s), at the version pinned here, into `.uv/` by
+this machine's Python and pip (one process at a time, since `make install` and
+`make wheel-venv` run at once in CI), not into the venv it installs into: the
+package check's venv holds the wheel and its pins only.
 
 uv reads no pip configuration, and pip's is what says where packages come from on
 a machine (a wheel on disk, a mirror, a cap on torch). So the settings that choose

@@ -5,6 +5,7 @@ pages (``Browser``: a screenshot, the DOM after the page's scripts ran). Debian:
 
 from __future__ import annotations
 
+import base64
 import fcntl
 import json
 import os
@@ -55,6 +56,11 @@ class Browser:
                 [browser, *FLAGS, "--remote-debugging-pipe", "--user-data-dir=%s" % self._profile.name, "about:blank"],
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
                 pass_fds=(3, 4), preexec_fn=lambda: (os.dup2(ends[0], 3), os.dup2(ends[1], 4)))
+        except BaseException:
+            for fd in (self._send_fd, self._read_fd):
+                os.close(fd)
+            self._profile.cleanup()
+            raise
         finally:
             for fd in ends:
                 os.close(fd)
@@ -81,8 +87,6 @@ class Browser:
         self._profile.cleanup()
 
     def screenshot(self, url: str, png: str) -> None:
-        import base64
-
         session = self._open(url)
         shot = self._call("Page.captureScreenshot", {"format": "png"}, session)
         with open(png, "wb") as f:
