@@ -9,6 +9,7 @@ the suite is run).
 """
 
 import os
+import time
 
 os.environ.setdefault("METAFLOW_USER", "tests")
 
@@ -113,3 +114,21 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker("waits")
         if listed(item.nodeid, SLOW):
             item.add_marker("slow")
+
+
+# -- the timeline (`--timeline DIR`: tools/pools.py gives it; tools/timeline.py reads it) --
+# One line a test: when it began and ended, in which worker. What a pool's workers did
+# when, so that an idle tail or a core left waiting can be seen, not guessed.
+def pytest_addoption(parser):
+    parser.addoption("--timeline", default="", help="a folder: each worker writes when each of its tests ran")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    folder = item.config.getoption("--timeline")
+    began = time.time()
+    yield
+    if folder:
+        worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+        with open(os.path.join(folder, "%s.tsv" % worker), "a") as f:
+            f.write("%.3f\t%.3f\t%s\n" % (began, time.time(), item.nodeid))

@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import ast
 import os
+import shutil
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
@@ -165,11 +166,15 @@ def run_pools(chosen: Sequence[Pool], results: str, extra: Sequence[str]) -> int
         if os.path.exists(path):
             os.remove(path)
     live, quiet = chosen
+    timeline = os.path.join(results, "timeline")
+    for pool in chosen:  # each pool's workers write when each test ran (tests/conftest.py)
+        shutil.rmtree(os.path.join(timeline, pool.name), ignore_errors=True)
+        os.makedirs(os.path.join(timeline, pool.name))
 
     def argv(pool: Pool, junit: str) -> List[str]:
         # Each pool its own cache: one's --lf record must not overwrite the other's.
-        return pytest_argv(pool.marks, pool.workers, junit, ["-o", "cache_dir=.pytest_cache/" + pool.name, *extra],
-                           pool.paths)
+        return pytest_argv(pool.marks, pool.workers, junit, ["-o", "cache_dir=.pytest_cache/" + pool.name,
+                           "--timeline", os.path.join(timeline, pool.name), *extra], pool.paths)
 
     with open(files["waits.log"], "wb") as log:
         background = subprocess.Popen(argv(quiet, files["waits.xml"]), cwd=ROOT, stdout=log,

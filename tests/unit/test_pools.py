@@ -142,3 +142,30 @@ def test_the_machines_busy_share_is_read_from_the_kernels_cpu_line(tmp_path):
     assert pools.busy_line(before, pools.cpu_times(str(stat))) == (
         "the machine's CPUs were busy 50 % of the run (4 CPU-s of 8)")
     assert pools.cpu_times(str(tmp_path / "none")) is None and pools.busy_line(None, before) == ""
+
+
+def test_the_timeline_says_when_each_test_ran_and_what_ran_last(tmp_path):
+    """tests/conftest.py's --timeline in a real pytest (its own hook, copied in as the
+    root conftest), read back by tools/timeline.py: the slow test is named as the tail."""
+    import timeline
+
+    folder = tmp_path / "tests"
+    folder.mkdir()
+    with open(os.path.join(REPO, "tests", "conftest.py")) as f:
+        hooks = f.read().split("# -- the timeline", 1)[1]
+    (folder / "conftest.py").write_text("import os\nimport time\n\nimport pytest\n\n# -- the timeline" + hooks)
+    (folder / "test_some.py").write_text(
+        "import time\n\ndef test_quick():\n    pass\n\ndef test_slow():\n    time.sleep(0.5)\n")
+    out = tmp_path / "timeline" / "cpu-bound"
+    out.mkdir(parents=True)
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:xdist", "-q",
+                           "--rootdir", str(tmp_path), "-c", os.devnull, str(folder), "--timeline", str(out)],
+                          cwd=str(tmp_path), capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    runs = timeline.read(str(tmp_path / "timeline"))
+    assert sorted(r.test.split("::")[1] for r in runs) == ["test_quick", "test_slow"]
+    assert {(r.pool, r.worker) for r in runs} == {("cpu-bound", "main")}
+    lines = timeline.report(runs, tail=0.2, longest=1)
+    assert lines[1].startswith("cpu-bound: 2 tests, 1 workers"), lines
+    assert lines[3].endswith("tests/test_some.py::test_slow") and lines[-1].endswith("tests/test_some.py::test_slow")
+    assert timeline.parse("p", "w", "1.0\t2.0\ta\n1.0\tcut") == [timeline.Ran("p", "w", 1.0, 2.0, "a")]
