@@ -85,6 +85,13 @@ def pytest_argv(marks: str, workers: int, junit: Optional[str], extra: Sequence[
     return argv + list(extra)
 
 
+def pool_argv(pool: Pool, junit: str, timeline: str, extra: Sequence[str]) -> List[str]:
+    """Each pool its own cache (one's --lf record must not overwrite the other's) and its own
+    timeline folder, given as one word: a folder that exists, given apart, would read as a test path."""
+    return pytest_argv(pool.marks, pool.workers, junit, ["-o", "cache_dir=.pytest_cache/" + pool.name,
+                       "--timeline=" + os.path.join(timeline, pool.name), *extra], pool.paths)
+
+
 def read_junit(path: str, root: str = ROOT) -> tuple:
     """(counts, failed tests) from pytest's JUnit XML; empty when it wrote none
     (pytest stopped before running anything: its own output says why)."""
@@ -171,16 +178,11 @@ def run_pools(chosen: Sequence[Pool], results: str, extra: Sequence[str]) -> int
         shutil.rmtree(os.path.join(timeline, pool.name), ignore_errors=True)
         os.makedirs(os.path.join(timeline, pool.name))
 
-    def argv(pool: Pool, junit: str) -> List[str]:
-        # Each pool its own cache: one's --lf record must not overwrite the other's.
-        return pytest_argv(pool.marks, pool.workers, junit, ["-o", "cache_dir=.pytest_cache/" + pool.name,
-                           "--timeline", os.path.join(timeline, pool.name), *extra], pool.paths)
-
     with open(files["waits.log"], "wb") as log:
-        background = subprocess.Popen(argv(quiet, files["waits.xml"]), cwd=ROOT, stdout=log,
+        background = subprocess.Popen(pool_argv(quiet, files["waits.xml"], timeline, extra), cwd=ROOT, stdout=log,
                                       stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         try:
-            first = subprocess.run(argv(live, files["cpu.xml"]), cwd=ROOT)
+            first = subprocess.run(pool_argv(live, files["cpu.xml"], timeline, extra), cwd=ROOT)
             second = background.wait()
         finally:
             if background.poll() is None:  # Ctrl-C, or we failed: it must not outlive us

@@ -77,6 +77,15 @@ def test_paths_among_the_arguments_replace_the_whole_suite():
     assert pools.pytest_argv("", 0, None, ["-k", "y"])[3:] == ["tests", "-n", "0", "-k", "y"]
 
 
+def test_a_pools_timeline_folder_is_not_taken_for_a_test_path(tmp_path):
+    """The folder exists when the pool starts: given as a word apart, it read as a path,
+    and pytest ran without tests/ and without the conftest that knows --timeline."""
+    (tmp_path / "cpu-bound").mkdir()
+    cpu, _ = pools.pools(3, 4)
+    argv = pools.pool_argv(cpu, "cpu.xml", str(tmp_path), ["-ra"])
+    assert argv[3] == "tests" and "--timeline=%s" % (tmp_path / "cpu-bound") in argv, argv
+
+
 @pytest.mark.parametrize("statuses, expected", [
     ((0, 0), 0), ((0, 5), 0), ((5, 0), 0), ((5, 5), 5), ((1, 0), 1), ((0, 1), 1), ((0, 2), 1), ((5, 1), 1),
 ])
