@@ -10,6 +10,7 @@ the suite is run).
 
 import os
 import time
+from typing import Dict, List
 
 os.environ.setdefault("METAFLOW_USER", "tests")
 
@@ -116,6 +117,70 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker("slow")
 
 
+# -- the order each worker is given (issue 50) ----------------------------------------
+# pytest-xdist's worksteal gives each worker a contiguous share of the collection, then
+# idle workers steal the second half of the longest queue. In file order the real flows
+# and hosts (integration, then multihost) fell into one or two shares and the unit tests
+# into the rest, so the multi-host tests, 60 s flaps among them, ran last, one after
+# another, while the other workers had nothing left: a 2-minute tail at under one core
+# (tools/timeline.py). So each share starts with its part of the long files (dealt
+# largest first to the lightest share, a file kept whole for its module fixtures) and
+# ends with unit tests, which are what a thief takes, and are short.
+LONG_FOLDERS = ("tests/integration/", "tests/multihost/")
+
+
+def shares(total: int, workers: int) -> List[int]:
+    """The sizes of xdist's first shares: each worker in turn takes the pending
+    tests divided by the workers still to be served (``WorkStealingScheduling``)."""
+    sizes = []
+    for k in range(workers):
+        size = total // (workers - k)
+        sizes.append(size)
+        total -= size
+    return sizes
+
+
+def weight(item) -> int:
+    """A rough length: a slow test waits 20 s or more; a flow or host test takes seconds."""
+    return 4 if item.get_closest_marker("slow") else 1
+
+
+def dealt(items: list, workers: int) -> list:
+    """The items in the order that gives each worker's share its part of the long files first."""
+    files: Dict[str, list] = {}
+    for item in items:
+        files.setdefault(item.nodeid.split("::", 1)[0], []).append(item)
+    long_files = [f for f in files.values() if f[0].nodeid.startswith(LONG_FOLDERS)]
+    short = [item for f in files.values() if not f[0].nodeid.startswith(LONG_FOLDERS) for item in f]
+    sizes = shares(len(items), workers)
+    heads: List[list] = [[] for _ in range(workers)]
+    load = [0] * workers
+    for tests in sorted(long_files, key=lambda f: -sum(weight(i) for i in f)):
+        k = min(range(workers), key=lambda j: (load[j], len(heads[j])))
+        heads[k].extend(tests)
+        load[k] += sum(weight(i) for i in tests)
+    ordered: list = []
+    for k in range(workers):
+        room = max(0, sizes[k] - len(heads[k]))
+        ordered.extend(heads[k] + short[:room])
+        short = short[room:]
+    return ordered + short
+
+
+class _Dealer:
+    """A plugin of its own: this file's pytest_collection_modifyitems runs before -m deselects."""
+
+    @pytest.hookimpl(trylast=True)  # after -m has deselected: what this pool's workers will share
+    def pytest_collection_modifyitems(self, config, items):
+        workers = int(getattr(config, "workerinput", {}).get("workercount", 0))
+        if workers > 1:
+            items[:] = dealt(items, workers)
+
+
+def pytest_configure(config):
+    config.pluginmanager.register(_Dealer(), "mftr-dealer")
+
+
 # -- the timeline (`--timeline DIR`: tools/pools.py gives it; tools/timeline.py reads it) --
 # One line a test: when it began and ended, in which worker. What a pool's workers did
 # when, so that an idle tail or a core left waiting can be seen, not guessed.
@@ -129,6 +194,6 @@ def pytest_runtest_protocol(item, nextitem):
     began = time.time()
     yield
     if folder:
-        worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+        worker = getattr(item.config, "workerinput", {}).get("workerid", "main")  # not the environment: a test's own pytest inherits it
         with open(os.path.join(folder, "%s.tsv" % worker), "a") as f:
             f.write("%.3f\t%.3f\t%s\n" % (began, time.time(), item.nodeid))

@@ -178,3 +178,31 @@ def test_the_timeline_says_when_each_test_ran_and_what_ran_last(tmp_path):
     assert lines[1].startswith("cpu-bound: 2 tests, 1 workers"), lines
     assert lines[3].endswith("tests/test_some.py::test_slow") and lines[-1].endswith("tests/test_some.py::test_slow")
     assert timeline.parse("p", "w", "1.0\t2.0\ta\n1.0\tcut") == [timeline.Ran("p", "w", 1.0, 2.0, "a")]
+
+
+class _Item:
+    def __init__(self, nodeid, slow=False):
+        self.nodeid, self.slow = nodeid, slow
+
+    def get_closest_marker(self, name):
+        return name == "slow" and self.slow or None
+
+
+def test_xdists_first_shares_are_the_pending_tests_over_the_workers_left():
+    assert markers.shares(10, 3) == [3, 3, 4] and sum(markers.shares(4510, 3)) == 4510
+    assert markers.shares(2, 4) == [0, 0, 1, 1]
+
+
+def test_each_share_starts_with_its_part_of_the_long_files_kept_whole_and_ends_with_unit_tests():
+    flows = [_Item("tests/integration/test_a.py::t%d" % i) for i in range(4)]
+    hosts = [_Item("tests/multihost/test_b.py::t%d" % i, slow=i < 2) for i in range(3)]  # weight 4 + 4 + 1
+    other = [_Item("tests/integration/test_c.py::t0")]
+    units = [_Item("tests/unit/test_u.py::t%d" % i) for i in range(12)]
+    items = units[:6] + flows + hosts + other + units[6:]
+    order = markers.dealt(items, 3)
+    assert sorted(order, key=id) == sorted(items, key=id)  # every test once
+    sizes = markers.shares(len(items), 3)  # 6, 7, 7
+    first, second, third = order[:sizes[0]], order[sizes[0]:sizes[0] + sizes[1]], order[sizes[0] + sizes[1]:]
+    assert first[:3] == hosts and second[:4] == flows and third[:1] == other  # heaviest file to the lightest share
+    assert all(i in units for share in (first[3:], second[4:], third[1:]) for i in share)
+    assert markers.dealt(units, 3) == units  # no long files: file order kept
