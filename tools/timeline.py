@@ -75,12 +75,27 @@ def report(runs: Sequence[Ran], tail: float = 60.0, longest: int = 15) -> List[s
         last = max(r.ended for r in own) - start
         lines.append("%s: %d tests, %d workers, its last test ended at %.0f s; its workers ran tests %.0f %% of that"
                      % (pool, len(own), len(workers), last, 100.0 * busy / max(1e-9, last * len(workers))))
-    lines.append("running in the last %.0f s (%.0f s on):" % (tail, end - start - tail))
-    for r in sorted((r for r in runs if r.ended > end - tail), key=lambda r: r.began):
+    lines.extend(busy_workers(runs, start, end, sorted(pools)))
+    lines.append("running in the last %.0f s (%.0f s on), a second or more:" % (tail, end - start - tail))
+    for r in sorted((r for r in runs if r.ended > end - tail and r.seconds >= 1.0), key=lambda r: r.began):
         lines.append("  %6.0f -> %6.0f s  %-10s %s" % (r.began - start, r.ended - start, r.pool, r.test))
     lines.append("the %d longest:" % longest)
     for r in sorted(runs, key=lambda r: -r.seconds)[:longest]:
         lines.append("  %5.1f s from %6.0f s  %-10s %s" % (r.seconds, r.began - start, r.pool, r.test))
+    return lines
+
+
+def busy_workers(runs: Sequence[Ran], start: float, end: float, pools: Sequence[str], step: float = 30.0) -> List[str]:
+    """How many of each pool's workers ran a test, on average, in each ``step`` seconds."""
+    lines = ["workers running a test, on average, each %.0f s: %s" % (step, " | ".join(pools))]
+    at = start
+    while at < end:
+        busy = []
+        for pool in pools:
+            seconds = sum(max(0.0, min(r.ended, at + step) - max(r.began, at)) for r in runs if r.pool == pool)
+            busy.append("%4.1f" % (seconds / step))
+        lines.append("  %5.0f s  %s" % (at - start, " | ".join(busy)))
+        at += step
     return lines
 
 
