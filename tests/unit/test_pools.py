@@ -176,7 +176,13 @@ def test_the_timeline_says_when_each_test_ran_and_what_ran_last(tmp_path):
     assert {(r.pool, r.worker) for r in runs} == {("cpu-bound", "main")}
     lines = timeline.report(runs, tail=0.2, longest=1)
     assert lines[1].startswith("cpu-bound: 2 tests, 1 workers"), lines
-    assert lines[3].endswith("tests/test_some.py::test_slow") and lines[-1].endswith("tests/test_some.py::test_slow")
+    assert lines[2].startswith("workers running a test") and lines[3].split()[0] == "0", lines
+    tail = lines.index(next(line for line in lines if line.startswith("running in the last")))
+    assert lines[tail + 1:-2] == [], lines  # the slow test's half second is under the tail's second
+    assert lines[-1].endswith("tests/test_some.py::test_slow")
+    busy = timeline.busy_workers([timeline.Ran("p", "w", 0.0, 15.0, "a"), timeline.Ran("p", "v", 0.0, 30.0, "b")],
+                                 0.0, 60.0, ["p"])
+    assert busy[1:] == ["      0 s   1.5", "     30 s   0.0"], busy
     assert timeline.parse("p", "w", "1.0\t2.0\ta\n1.0\tcut") == [timeline.Ran("p", "w", 1.0, 2.0, "a")]
 
 
