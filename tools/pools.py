@@ -24,10 +24,12 @@ from __future__ import annotations
 
 import argparse
 import ast
+import importlib.util
 import os
 import shutil
 import subprocess
 import sys
+import time
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 from typing import List, Optional, Sequence, Tuple
@@ -165,9 +167,31 @@ def busy_line(before: Optional[tuple], after: Optional[tuple]) -> str:
         100.0 * busy / (after[1] - before[1]), busy, after[1] - before[1])
 
 
+def bytecode_cold(module: str = "metaflow") -> bool:
+    """Whether the venv was never imported from: uv installs without compiling (tools/install.py),
+    and Python writes a module's bytecode the first time it is imported. False where it would write none."""
+    spec = importlib.util.find_spec(module)
+    if sys.dont_write_bytecode or spec is None or not spec.origin or not spec.origin.endswith(".py"):
+        return False
+    return not os.path.exists(importlib.util.cache_from_source(spec.origin))
+
+
+def warm_bytecode() -> None:
+    """One collection before the pools, in one process. Cold, every worker compiled the same modules
+    at the same time (metaflow, torch, moto, the tests): a collection took 13.3 CPU-s cold and 4.4 warm,
+    and a fresh clone starts about nine processes that collect or import them at once."""
+    began = time.monotonic()
+    subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", "tests"],
+                   cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
+    print("a fresh venv: what the suite imports compiled once, before the pools, in %.0f s"
+          % (time.monotonic() - began), flush=True)
+
+
 def run_pools(chosen: Sequence[Pool], results: str, extra: Sequence[str]) -> int:
     os.makedirs(results, exist_ok=True)
     started = cpu_times()
+    if bytecode_cold():
+        warm_bytecode()
     files = {name: os.path.join(results, name) for name in ("cpu.xml", "waits.xml", "waits.log")}
     for path in files.values():  # a pool that writes none must not be read as the last run's
         if os.path.exists(path):

@@ -212,3 +212,18 @@ def test_each_share_starts_with_its_part_of_the_long_files_kept_whole_and_ends_w
     assert first[:3] == hosts and second[:4] == flows and third[:1] == other  # heaviest file to the lightest share
     assert all(i in units for share in (first[3:], second[4:], third[1:]) for i in share)
     assert markers.dealt(units, 3) == units  # no long files: file order kept
+
+
+def test_a_venv_never_imported_from_is_cold_until_a_first_import_writes_its_bytecode(tmp_path, monkeypatch):
+    (tmp_path / "mftr_cold_probe").mkdir()
+    (tmp_path / "mftr_cold_probe" / "__init__.py").write_text("X = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(sys, "dont_write_bytecode", False)
+    assert pools.bytecode_cold("mftr_cold_probe")
+    monkeypatch.setattr(sys, "dont_write_bytecode", True)
+    assert not pools.bytecode_cold("mftr_cold_probe")  # nothing would be written: no warm-up
+    subprocess.run([sys.executable, "-c", "import mftr_cold_probe"], cwd=str(tmp_path), check=True,
+                   env={k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"})
+    monkeypatch.setattr(sys, "dont_write_bytecode", False)
+    assert not pools.bytecode_cold("mftr_cold_probe")
+    assert not pools.bytecode_cold("mftr_no_such_module")
