@@ -8,6 +8,7 @@ place (``pytest_collection_modifyitems`` below; docs/development.md says how
 the suite is run).
 """
 
+import json
 import os
 import time
 from typing import Dict, List
@@ -123,10 +124,23 @@ def pytest_collection_modifyitems(config, items):
 # and hosts (integration, then multihost) fell into one or two shares and the unit tests
 # into the rest, so the multi-host tests, 60 s flaps among them, ran last, one after
 # another, while the other workers had nothing left: a 2-minute tail at under one core
-# (tools/timeline.py). So each share starts with its part of the long files (dealt
-# largest first to the lightest share, a file kept whole for its module fixtures) and
-# ends with unit tests, which are what a thief takes, and are short.
+# (tools/timeline.py). So each share starts with its part of the long files (a file kept
+# whole for its module fixtures; the longest dealt first, each to the share with the
+# fewest seconds so far, by tests/durations.json) and ends with short tests, which are
+# what a thief takes.
 LONG_FOLDERS = ("tests/integration/", "tests/multihost/")
+LONG_FILE = 5.0  # seconds: a file this long anywhere is dealt too
+DURATIONS_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "durations.json")
+
+
+def read_durations(path: str = DURATIONS_FILE) -> Dict[str, float]:
+    """Each test of a second or more and its seconds in a past run (``tools/timeline.py --write``).
+    Stale numbers only deal less evenly."""
+    try:
+        with open(path) as f:
+            return {str(k): float(v) for k, v in json.load(f).items()}
+    except (OSError, ValueError, AttributeError):
+        return {}
 
 
 def shares(total: int, workers: int) -> List[int]:
@@ -140,28 +154,25 @@ def shares(total: int, workers: int) -> List[int]:
     return sizes
 
 
-def weight(item) -> int:
-    """A rough length: a slow test waits 20 s or more; a flow or host test takes seconds."""
-    return 4 if item.get_closest_marker("slow") else 1
-
-
-def dealt(items: list, workers: int) -> list:
+def dealt(items: list, workers: int, seconds: Dict[str, float]) -> list:
     """The items in the order that gives each worker's share its part of the long files first."""
     files: Dict[str, list] = {}
     for item in items:
         files.setdefault(item.nodeid.split("::", 1)[0], []).append(item)
-    long_files = [f for f in files.values() if f[0].nodeid.startswith(LONG_FOLDERS)]
-    short = [item for f in files.values() if not f[0].nodeid.startswith(LONG_FOLDERS) for item in f]
-    sizes = shares(len(items), workers)
+    # A test not in the table took under a second: a second in the long folders, nothing elsewhere.
+    length = {name: sum(seconds.get(i.nodeid, 1.0 if name.startswith(LONG_FOLDERS) else 0.0) for i in tests)
+              for name, tests in files.items()}
+    long_files = [n for n in files if n.startswith(LONG_FOLDERS) or length[n] >= LONG_FILE]
+    short = [item for n, tests in files.items() if n not in long_files for item in tests]
     heads: List[list] = [[] for _ in range(workers)]
-    load = [0] * workers
-    for tests in sorted(long_files, key=lambda f: -sum(weight(i) for i in f)):
+    load = [0.0] * workers
+    for name in sorted(long_files, key=lambda n: -length[n]):
         k = min(range(workers), key=lambda j: (load[j], len(heads[j])))
-        heads[k].extend(tests)
-        load[k] += sum(weight(i) for i in tests)
+        heads[k].extend(files[name])
+        load[k] += length[name]
     ordered: list = []
-    for k in range(workers):
-        room = max(0, sizes[k] - len(heads[k]))
+    for k, size in enumerate(shares(len(items), workers)):
+        room = max(0, size - len(heads[k]))
         ordered.extend(heads[k] + short[:room])
         short = short[room:]
     return ordered + short
@@ -174,7 +185,7 @@ class _Dealer:
     def pytest_collection_modifyitems(self, config, items):
         workers = int(getattr(config, "workerinput", {}).get("workercount", 0))
         if workers > 1:
-            items[:] = dealt(items, workers)
+            items[:] = dealt(items, workers, read_durations())
 
 
 def pytest_configure(config):

@@ -8,11 +8,16 @@ workers were; the tests still running in the last ``--tail`` seconds of the run;
 longest tests with the time each began.
 
     python tools/timeline.py [build/test-results/timeline] [--tail 60] [--longest 15]
+    python tools/timeline.py --write tests/durations.json   # what tests/conftest.py deals by
+
+``--write``: each test of a second or more and its seconds, for tests/conftest.py to deal the long
+files evenly among the workers (a test not in it counts as a second).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from dataclasses import dataclass
@@ -99,16 +104,29 @@ def busy_workers(runs: Sequence[Ran], start: float, end: float, pools: Sequence[
     return lines
 
 
+def durations(runs: Sequence[Ran], least: float = 1.0) -> Dict[str, float]:
+    """Each test of ``least`` seconds or more, by node id, in tenths: small enough to keep in git."""
+    return {r.test: round(r.seconds, 1) for r in sorted(runs, key=lambda r: r.test) if r.seconds >= least}
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("folder", nargs="?", default=os.path.join(ROOT, "build", "test-results", "timeline"))
     parser.add_argument("--tail", type=float, default=60.0, help="seconds before the last test's end")
     parser.add_argument("--longest", type=int, default=15)
+    parser.add_argument("--write", metavar="JSON", help="write each test's seconds (a second or more) there")
     args = parser.parse_args(argv)
     if not os.path.isdir(args.folder):
         print("no timeline at %s: run the suite with tools/pools.py (make test) first" % args.folder, file=sys.stderr)
         return 1
-    print("\n".join(report(read(args.folder), args.tail, args.longest)))
+    runs = read(args.folder)
+    if args.write:
+        with open(args.write, "w") as f:
+            json.dump(durations(runs), f, indent=0, sort_keys=True)
+            f.write("\n")
+        print("%s: %d tests of a second or more" % (args.write, len(durations(runs))))
+        return 0
+    print("\n".join(report(runs, args.tail, args.longest)))
     return 0
 
 

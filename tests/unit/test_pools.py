@@ -187,11 +187,8 @@ def test_the_timeline_says_when_each_test_ran_and_what_ran_last(tmp_path):
 
 
 class _Item:
-    def __init__(self, nodeid, slow=False):
-        self.nodeid, self.slow = nodeid, slow
-
-    def get_closest_marker(self, name):
-        return name == "slow" and self.slow or None
+    def __init__(self, nodeid):
+        self.nodeid = nodeid
 
 
 def test_xdists_first_shares_are_the_pending_tests_over_the_workers_left():
@@ -199,31 +196,30 @@ def test_xdists_first_shares_are_the_pending_tests_over_the_workers_left():
     assert markers.shares(2, 4) == [0, 0, 1, 1]
 
 
-def test_each_share_starts_with_its_part_of_the_long_files_kept_whole_and_ends_with_unit_tests():
-    flows = [_Item("tests/integration/test_a.py::t%d" % i) for i in range(4)]
-    hosts = [_Item("tests/multihost/test_b.py::t%d" % i, slow=i < 2) for i in range(3)]  # weight 4 + 4 + 1
-    other = [_Item("tests/integration/test_c.py::t0")]
+def test_each_share_starts_with_its_part_of_the_long_files_kept_whole_and_ends_with_short_tests():
+    flows = [_Item("tests/integration/test_a.py::t%d" % i) for i in range(4)]  # 4 s: a second each
+    hosts = [_Item("tests/multihost/test_b.py::t%d" % i) for i in range(3)]  # 61 s
+    other = [_Item("tests/integration/test_c.py::t0")]  # 1 s
     units = [_Item("tests/unit/test_u.py::t%d" % i) for i in range(12)]
-    items = units[:6] + flows + hosts + other + units[6:]
-    order = markers.dealt(items, 3)
+    slow_unit = [_Item("tests/unit/test_v.py::t0")]  # 9 s: long anywhere
+    seconds = {"tests/multihost/test_b.py::t0": 60.0, "tests/unit/test_v.py::t0": 9.0}
+    items = units[:6] + flows + hosts + other + slow_unit + units[6:]
+    order = markers.dealt(items, 3, seconds)
     assert sorted(order, key=id) == sorted(items, key=id)  # every test once
-    sizes = markers.shares(len(items), 3)  # 6, 7, 7
+    sizes = markers.shares(len(items), 3)  # 7, 7, 7
     first, second, third = order[:sizes[0]], order[sizes[0]:sizes[0] + sizes[1]], order[sizes[0] + sizes[1]:]
-    assert first[:3] == hosts and second[:4] == flows and third[:1] == other  # heaviest file to the lightest share
-    assert all(i in units for share in (first[3:], second[4:], third[1:]) for i in share)
-    assert markers.dealt(units, 3) == units  # no long files: file order kept
+    assert first[:3] == hosts and second[:1] == slow_unit and third[:4] == flows  # longest to the lightest share
+    assert third[4:5] == other  # to the share with the fewest seconds so far: 4 against 9 and 61
+    assert all(i in units for share in (first[3:], second[1:], third[5:]) for i in share)
+    assert markers.dealt(units, 3, {}) == units  # no long files: file order kept
 
 
-def test_a_venv_never_imported_from_is_cold_until_a_first_import_writes_its_bytecode(tmp_path, monkeypatch):
-    (tmp_path / "mftr_cold_probe").mkdir()
-    (tmp_path / "mftr_cold_probe" / "__init__.py").write_text("X = 1\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setattr(sys, "dont_write_bytecode", False)
-    assert pools.bytecode_cold("mftr_cold_probe")
-    monkeypatch.setattr(sys, "dont_write_bytecode", True)
-    assert not pools.bytecode_cold("mftr_cold_probe")  # nothing would be written: no warm-up
-    subprocess.run([sys.executable, "-c", "import mftr_cold_probe"], cwd=str(tmp_path), check=True,
-                   env={k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"})
-    monkeypatch.setattr(sys, "dont_write_bytecode", False)
-    assert not pools.bytecode_cold("mftr_cold_probe")
-    assert not pools.bytecode_cold("mftr_no_such_module")
+def test_the_durations_are_read_from_json_and_a_bad_file_deals_as_if_none(tmp_path):
+    good = tmp_path / "d.json"
+    good.write_text('{"tests/x.py::t": 2.5}')
+    assert markers.read_durations(str(good)) == {"tests/x.py::t": 2.5}
+    for text in ("not json", "[1, 2]", '{"a": "b"}'):
+        good.write_text(text)
+        assert markers.read_durations(str(good)) == {}
+    assert markers.read_durations(str(tmp_path / "none.json")) == {}
+    assert markers.read_durations()  # the suite's own, kept in git
