@@ -201,10 +201,11 @@ def pytest_addoption(parser):
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):
-    folder = item.config.getoption("--timeline")
+    folder = item.config.getoption("--timeline", default="")  # none where this file was not an initial conftest
     began = time.time()
     yield
     if folder:
-        worker = getattr(item.config, "workerinput", {}).get("workerid", "main")  # not the environment: a test's own pytest inherits it
+        # xdist's own id, not its environment variable, which a test's own pytest inherits.
+        worker = getattr(item.config, "workerinput", {}).get("workerid", "main")
         with open(os.path.join(folder, "%s.tsv" % worker), "a") as f:
             f.write("%.3f\t%.3f\t%s\n" % (began, time.time(), item.nodeid))
