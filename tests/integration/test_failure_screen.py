@@ -21,10 +21,13 @@ def test_a_function_raising_fails_the_step_with_its_own_exception_in_one_screen(
         text,
         "First failure: node 0 (", "rank 1",
         "Traceback (most recent call last)", "ddp_fail_flow.py", RAISE, "ValueError: rank 1 saw a NaN",
-        "failed as echoes of it", "Connection closed by peer",
-        "Every rank's output, whole: ",
+        "failed as echoes of it", "Every rank's output, whole: ",
         once=RAISE)
     shown = "\n".join(screen)
+    # The echoes either saw rank 1's sockets close in their collective or were stopped first, when
+    # rank 1's failure was reported before its process had exited: a race, both read as echoes.
+    echoes = next(line for line in screen if "failed as echoes of it" in line)
+    assert "Connection closed by peer" in echoes or "killed by signal SIGTERM" in echoes, echoes
     assert "Internal error" not in shown and "The above exception" not in shown
     assert "@torchrun: a rank raised ValueError" in shown  # Metaflow's headline for it
     # The echo tracebacks are kept whole in the per-rank logs, not on the console.
