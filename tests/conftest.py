@@ -162,7 +162,7 @@ def dealt(items: list, workers: int, seconds: Dict[str, float]) -> list:
     # A test not in the table took under a second: a second in the long folders, nothing elsewhere.
     length = {name: sum(seconds.get(i.nodeid, 1.0 if name.startswith(LONG_FOLDERS) else 0.0) for i in tests)
               for name, tests in files.items()}
-    long_files = [n for n in files if n.startswith(LONG_FOLDERS) or length[n] >= LONG_FILE]
+    long_files = [n for n in files if n.startswith(LONG_FOLDERS) or length[n] >= LONG_FILE]  # in file order: every worker deals the same
     short = [item for n, tests in files.items() if n not in long_files for item in tests]
     heads: List[list] = [[] for _ in range(workers)]
     load = [0.0] * workers

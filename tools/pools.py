@@ -37,6 +37,8 @@ from typing import List, Optional, Sequence, Tuple
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WAITS = "waits"  # the marker tests/conftest.py gives wait-bound tests
 NO_TESTS = 5  # pytest's exit status when the selection is empty
+RESULTS = os.path.join(ROOT, "build", "test-results")  # the JUnit files, the wait-bound pool's log, the timeline
+TIMELINE = "timeline"  # under RESULTS: <pool>/<worker>.tsv (tools/timeline.py reads it)
 
 
 @dataclass(frozen=True)
@@ -197,7 +199,7 @@ def run_pools(chosen: Sequence[Pool], results: str, extra: Sequence[str]) -> int
         if os.path.exists(path):
             os.remove(path)
     live, quiet = chosen
-    timeline = os.path.join(results, "timeline")
+    timeline = os.path.join(results, TIMELINE)
     for pool in chosen:  # each pool's workers write when each test ran (tests/conftest.py)
         shutil.rmtree(os.path.join(timeline, pool.name), ignore_errors=True)
         os.makedirs(os.path.join(timeline, pool.name))
@@ -227,7 +229,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--workers", type=int, default=3, help="the CPU-bound pool's workers (0: no pools)")
     parser.add_argument("--wait-workers", type=int, default=4, help="the wait-bound pool's workers")
     parser.add_argument("--select", default="", help="a -m expression both pools keep to, e.g. 'not slow'")
-    parser.add_argument("--results", default=os.path.join(ROOT, "build", "test-results"))
+    parser.add_argument("--results", default=RESULTS)
     parser.add_argument("pytest_args", nargs="*", help="after --: passed to both pytest runs")
     args = parser.parse_args(argv)
     if "-m" in args.pytest_args or any(a.startswith("-m") and len(a) > 2 for a in args.pytest_args):

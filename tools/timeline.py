@@ -11,7 +11,7 @@ longest tests with the time each began.
     python tools/timeline.py --write tests/durations.json   # what tests/conftest.py deals by
 
 ``--write``: each test of a second or more and its seconds, for tests/conftest.py to deal the long
-files evenly among the workers (a test not in it counts as a second).
+files evenly among the workers.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import sys
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from pools import RESULTS, TIMELINE  # run as tools/timeline.py: tools/ is on the path
 
 
 @dataclass(frozen=True)
@@ -111,7 +111,7 @@ def durations(runs: Sequence[Ran], least: float = 1.0) -> Dict[str, float]:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("folder", nargs="?", default=os.path.join(ROOT, "build", "test-results", "timeline"))
+    parser.add_argument("folder", nargs="?", default=os.path.join(RESULTS, TIMELINE))
     parser.add_argument("--tail", type=float, default=60.0, help="seconds before the last test's end")
     parser.add_argument("--longest", type=int, default=15)
     parser.add_argument("--write", metavar="JSON", help="write each test's seconds (a second or more) there")
@@ -121,10 +121,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 1
     runs = read(args.folder)
     if args.write:
+        seconds = durations(runs)
         with open(args.write, "w") as f:
-            json.dump(durations(runs), f, indent=0, sort_keys=True)
+            json.dump(seconds, f, indent=0, sort_keys=True)
             f.write("\n")
-        print("%s: %d tests of a second or more" % (args.write, len(durations(runs))))
+        print("%s: %d tests of a second or more" % (args.write, len(seconds)))
         return 0
     print("\n".join(report(runs, args.tail, args.longest)))
     return 0
