@@ -209,3 +209,15 @@ class TestTorchProblem:
         from metaflow.exception import MetaflowException
 
         assert issubclass(torch_checks.TorchrunMissingDependency, MetaflowException)
+
+
+@pytest.mark.parametrize("argv,step", [
+    (["flow.py", "--quiet", "--datastore", "local", "step", "train", "--run-id", "1"], "train"),
+    (["flow.py", "--with", "retry", "step", "end"], "end"),
+    (["flow.py", "--no-pylint", "run"], None),
+    (["flow.py", "card", "view", "1/train"], None),
+    (["flow.py", "step"], None),
+    ([], None),
+])
+def test_the_step_a_task_process_runs_is_read_from_its_command(argv, step):
+    assert compat.task_step(argv) == step

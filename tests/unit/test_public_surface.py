@@ -135,6 +135,25 @@ def test_every_knob_is_declared_in_metaflows_configuration_and_documented():
         assert "`%s`" % attribute in doc, attribute
 
 
+def test_a_task_of_another_step_leaves_the_step_layers_unloaded():
+    """Metaflow inits every step's decorators in every task (start, join, end): @torchrun's step_init
+    reads its step's spec and settings only where that step runs, or in the runtime, which checked it."""
+    r = python("""
+        import sys
+        import step_init
+        pkg = "metaflow_extensions.torchrun.plugins.torchrun."
+        step_layers = tuple(pkg + m for m in ("spec", "card", "launch.", "gang.", "record.attempts"))
+        task = ("--quiet", "step", "%s", "--run-id", "1", "--task-id", "2")
+        assert step_init.start("gang_flow.py", args=tuple(a.replace("%s", "end") for a in task)) is None
+        loaded = sorted(m for m in sys.modules if m.startswith(step_layers))
+        assert not loaded, "a task of the end step loaded %s" % loaded
+        assert step_init.start("gang_flow.py", args=tuple(a.replace("%s", "train") for a in task)) is None
+        assert pkg + "spec" in sys.modules and pkg + "card" in sys.modules
+        print("ok")
+    """, PYTHONPATH=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-3000:]
+
+
 def test_every_exception_a_user_can_catch_is_importable_from_metaflow():
     import metaflow
 
@@ -159,8 +178,10 @@ def test_import_metaflow_leaves_the_step_layers_unloaded():
         ours = [m[len(pkg):] for m in sys.modules if m.startswith(pkg)]
         # Their faces (lazy) may load; no module behind them. runtime.single_node: 0.2's launcher
         # class, exported into metaflow; it enters the runtime in its run().
-        deep = ("card.", "runtime.", "gang.server", "gang.client", "gang.transport", "launch.prepare",
-                "record.step_record", "record.node_history", "procs.running")
+        # Since issue 50's last round no module of the gang, launch, procs or card layers either, nor the
+        # step's spec or the cause: the exported classes and the decorator load them where they use them.
+        deep = ("card", "runtime.", "gang.", "launch.", "procs.", "record.step_record", "record.node_history",
+                "record.attempts", "spec", "cause", "base.knobs")
         loaded = sorted(m for m in ours if m.startswith(deep) and m != "runtime.single_node")
         assert not loaded, "import metaflow loaded %s" % loaded
         from metaflow_extensions.torchrun.plugins.torchrun.decorator import TorchrunDecorator

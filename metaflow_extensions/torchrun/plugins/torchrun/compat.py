@@ -78,6 +78,13 @@ def is_task_process(argv: Iterable[str]) -> bool:
     return "step" in list(argv)[1:]
 
 
+def task_step(argv: Sequence[str]) -> Optional[str]:
+    """The step a Metaflow task process runs (``flow.py [options] step <name> ...``); None in any other."""
+    args = list(argv)[1:]
+    at = args.index("step") if "step" in args else -1
+    return args[at + 1] if 0 <= at < len(args) - 1 else None
+
+
 def legacy_notes(legacy: LegacyAttributes, say: Callable[[str], None], argv: Iterable[str]) -> None:
     """At flow start: refuse conflicting spellings; say each deprecation once."""
     if legacy.conflicts:

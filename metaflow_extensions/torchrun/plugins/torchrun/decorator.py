@@ -13,21 +13,18 @@ from . import load_order  # noqa: F401  (Metaflow first, whatever the user impor
 from metaflow.plugins.parallel_decorator import ParallelDecorator
 from metaflow.unbounded_foreach import UBF_CONTROL
 
+from .base import defaults as DEFAULTS
 from .compat import (card_commands, decorator_init_kwargs, is_task_process, legacy_notes, local_control_task_id,
-                     translate_attributes)
+                     task_step, translate_attributes)
 from .errors import Problems, did_you_mean, drop_own_frame
-from .gang import CONTROL_TASK_ID_ENV, GangIdentity
-from .gang import secret as gang_secret
-from .gang.topology import is_local_runtime, topology_from
-from .handle import TorchrunHandle
-from .spec import ATTRIBUTE_DEFAULTS, read_settings, read_step_spec, step_defaults, truthy
 from .lint import register_lint_check, require_parallel_entry
 from .host import log, say
-from .launch.inputs import check_spares_fit
-from .launch.resources import small_shm_warning
 
 if TYPE_CHECKING:
     from .runtime import GangSession
+
+# The layers a @torchrun step enters (its spec, gang, launch, runtime, card) load in the hooks that
+# need them: `import metaflow` imports this module in every Metaflow process, most of which never do.
 
 
 _log = log.get("decorator")
@@ -119,7 +116,7 @@ class TorchrunDecorator(ParallelDecorator):
     """
 
     name = "torchrun"
-    defaults: Dict[str, Any] = dict(ATTRIBUTE_DEFAULTS)
+    defaults: Dict[str, Any] = dict(DEFAULTS.ATTRIBUTES)
     IS_PARALLEL = True
 
     def __init__(self, attributes=None, statically_defined=False, inserted_by=None):
@@ -135,7 +132,19 @@ class TorchrunDecorator(ParallelDecorator):
 
     def step_init(self, flow, graph, step_name, decorators, environment, flow_datastore, logger):
         super().step_init(flow, graph, step_name, decorators, environment, flow_datastore, logger)
-        from .card import attach_card  # the layers a @torchrun step enters load here, not at `import metaflow`
+        self._deferred: Any = None
+        if task_step(sys.argv) not in (None, step_name):
+            # A task of another step (Metaflow inits every step's decorators in every task): the runtime
+            # checked this one, and none of its hooks runs here, so its layers stay unloaded.
+            self._deferred = (flow, graph, step_name, decorators)
+            return
+        self._init_step(flow, graph, step_name, decorators)
+
+    def _init_step(self, flow, graph, step_name, decorators):
+        from .card import attach_card
+        from .gang import secret as gang_secret
+        from .launch.resources import small_shm_warning
+        from .spec import read_settings, read_step_spec, truthy
         problems = Problems()  # one run, every problem
         problems.check(legacy_notes, self._legacy, say, sys.argv)
         if self._unknown:
@@ -165,6 +174,7 @@ class TorchrunDecorator(ParallelDecorator):
 
     def runtime_step_cli(self, cli_args, retry_count, max_user_code_retries, ubf_context):
         super().runtime_step_cli(cli_args, retry_count, max_user_code_retries, ubf_context)
+        from .gang.topology import is_local_runtime
         from .runtime import name_local_control
 
         if ubf_context == UBF_CONTROL and is_local_runtime(os.environ):
@@ -182,11 +192,19 @@ class TorchrunDecorator(ParallelDecorator):
                       retry_count, max_user_code_retries, ubf_context, inputs):
         super().task_pre_step(step_name, task_datastore, metadata, run_id, task_id, flow, graph,
                               retry_count, max_user_code_retries, ubf_context, inputs)
+        if getattr(self, "_deferred", None) is not None:  # never, unless a task's command line misled step_init
+            self._init_step(*self._deferred)
+            self._deferred = None
         from metaflow import current
 
         from .card import card_of_task
+        from .gang import CONTROL_TASK_ID_ENV, GangIdentity
+        from .gang import secret as gang_secret
+        from .gang.topology import is_local_runtime
+        from .handle import TorchrunHandle
         from .record import ThisAttempt
         from .runtime import prepare_local_nodes, read_node_history
+        from .spec import step_defaults
 
         self._metadata = (metadata, run_id, step_name, task_id)
         self._attempt = ThisAttempt(int(retry_count), int(max_user_code_retries or 0))
@@ -214,6 +232,7 @@ class TorchrunDecorator(ParallelDecorator):
         current._update_env({"torch": self._handle})
 
     def task_decorate(self, step_func, flow, graph, retry_count, max_user_code_retries, ubf_context):
+        from .gang.topology import is_local_runtime
         from .runtime import in_gang, own_start, stop_local_nodes
 
         decorated = own_start(super().task_decorate(  # a local control starts its nodes and sees them end
@@ -237,6 +256,8 @@ class TorchrunDecorator(ParallelDecorator):
 
     def _start_session(self, parallel: Any) -> GangSession:
         from .card import card_view_command, refresh_live
+        from .gang.topology import topology_from
+        from .launch.inputs import check_spares_fit
         from .runtime import GangSession
 
         topology = topology_from(parallel, os.environ, self._identity.gang_id, self._port)

@@ -10,12 +10,10 @@ from . import load_order  # noqa: F401  (Metaflow first, whatever the user impor
 from metaflow.exception import MetaflowException
 
 from .base.text import first_line
-from .cause import CauseKind
-from .procs import failure_block
-from .procs import RankFailure, describe_exit_code, root_cause_order
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # `import metaflow` exports these errors: what renders one loads as it is raised
     from .cause import Cause
+    from .procs import RankFailure
 
 # Where every rank's full stack is, as a failure message says it.
 FULL_REPORT = "the card, and the artifact torchrun_report of node 0's task"
@@ -61,8 +59,6 @@ class TorchrunCallRefused(TorchrunInvalidArgument):
         super().__init__("%s call %d%s: %s" % (api, call, " (%s)" % where if where else "", problem))
 
 
-# Causes a stopped node's error names as "node N failed first", with its traceback.
-_FAILED_FIRST = (CauseKind.RANK_FAILED, CauseKind.STEP_FAILED)
 # The head of a local node's last lines when its task ended before it joined (gang/membership.py).
 LAST_LINES_HEAD = "its last lines of output:"
 
@@ -96,6 +92,8 @@ class TorchrunFailed(TorchrunException):
     def __init__(self, exit_code: int, node_index: int, failures: Optional[List[RankFailure]] = None,
                  command: Optional[List[str]] = None, stacks: Optional[Dict[int, str]] = None, logs: str = "",
                  host: str = "", elsewhere: Sequence[int] = (), suspects: Sequence[str] = ()):
+        from .procs import describe_exit_code, failure_block, root_cause_order
+
         self.exit_code = exit_code
         self.node_index = node_index
         self.failures = root_cause_order(list(failures or []))
@@ -175,6 +173,9 @@ class GangAborted(TorchrunException):
     def __init__(self, node_index: int, cause: "Cause", own_exit_code: Optional[int] = None,
                  same_log: bool = False, stacks: Optional[Dict[int, str]] = None, logs: str = "",
                  elsewhere: Sequence[int] = (), suspects: Sequence[str] = ()):
+        from .cause import CauseKind
+        from .procs import failure_block
+
         self.node_index = node_index
         self.cause = cause
         origin = cause.node_index
@@ -186,7 +187,8 @@ class GangAborted(TorchrunException):
         elif same_log and is_refusal(cause):  # the refusing node's own error in this log says it once
             text = "node %d stopped because node %s refused its current.torch.run call (its error is in this log)." % (
                 node_index, origin if origin is not None else "?")
-        elif origin is not None and origin != node_index and cause.kind in _FAILED_FIRST:
+        elif origin is not None and origin != node_index and cause.kind in (CauseKind.RANK_FAILED,
+                                                                            CauseKind.STEP_FAILED):
             if same_log:  # the failing node's own error in this log has what there is
                 text = "node %d stopped because node %d failed first (its error %s): %s" % (
                     node_index, origin, _its_error(cause), first_line(cause.summary))
@@ -215,6 +217,8 @@ class GangAborted(TorchrunException):
 
 def _its_error(cause: "Cause") -> str:
     """What the failing node's error in the same log holds."""
+    from .procs import failure_block
+
     if not cause.traceback:
         return "is in this log"
     if cause.traceback.startswith(failure_block.CRASH_OUTPUT):

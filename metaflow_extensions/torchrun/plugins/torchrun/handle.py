@@ -7,10 +7,10 @@ import os
 from typing import TYPE_CHECKING, Any, Callable, Optional, Union
 
 from .errors import TorchrunException
-from .launch import ArgSpec, call_request
-from .record.result import TorchrunResult
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # `import metaflow` exports this class: the layers below load at the step's first call
+    from .launch import ArgSpec
+    from .record.result import TorchrunResult
     from .runtime import GangSession, TorchrunArgs
 
 
@@ -75,6 +75,7 @@ class TorchrunHandle:
         session = self.session
         if session is None:
             raise TorchrunException("current.torch.run can only be called in the step's own code.")
+        from .launch import call_request
         from .runtime import api  # the runtime loads at the step's first call, not at `import metaflow`
 
         return api.run(session, call_request(args, kwargs))

@@ -24,23 +24,7 @@ from .launch.platforms import check_port_clash, refuse_one_node_on_kubernetes, r
 from .record import attempts as attempts_
 
 # @torchrun's attributes and their defaults (TorchrunDecorator's docstring documents each).
-ATTRIBUTE_DEFAULTS: Mapping[str, Any] = {
-    "nproc_per_node": None,
-    "torchrun_args": None,
-    "port": None,
-    "heartbeat_timeout": DEFAULTS.HEARTBEAT_TIMEOUT,
-    "start_timeout": DEFAULTS.START_TIMEOUT,
-    "label_logs": DEFAULTS.LABEL_LOGS,
-    "card": DEFAULTS.CARD,
-    "hang_timeout": DEFAULTS.HANG_TIMEOUT,
-    "shutdown_grace": DEFAULTS.SHUTDOWN_GRACE,
-    "rdzv_port": None,
-    "args_as": None,
-    "preflight": DEFAULT_PREFLIGHT,
-    "retry_on": None,
-    "restarts": DEFAULTS.RESTARTS,
-    "spares": DEFAULTS.SPARES,
-}
+ATTRIBUTE_DEFAULTS: Mapping[str, Any] = DEFAULTS.ATTRIBUTES
 
 # (name, attributes) of each decorator on the step, as Metaflow lists them.
 DecoratorSpecs = Sequence[Tuple[str, Mapping[str, Any]]]

@@ -127,7 +127,8 @@ _FIELDS: Dict[type, Tuple[_Field, ...]] = {}
 def _fields(cls: type) -> Tuple[_Field, ...]:
     found = _FIELDS.get(cls)
     if found is None:
-        hints = typing.get_type_hints(cls, include_extras=True)
+        late = getattr(cls, "LATE_TYPES", None)  # a function: the field types its module loads late, by name
+        hints = typing.get_type_hints(cls, localns=late() if late is not None else None, include_extras=True)
         order = getattr(cls, "WIRE_ORDER", ())  # the JSON's key order, where it is not the fields'
         readable = issubclass(cls, _Readable)  # a record only written declares no reading bounds
         lenient = issubclass(cls, Lenient)

@@ -16,6 +16,26 @@ RESTARTS = 0  # in-step restarts of a call's ranks
 SPARES = 0  # hot spares: idle nodes of num_parallel that wait to take a failed node's place
 # More idle nodes than this is a typo, not a reserve; the bench on the wire holds at most this many.
 MAX_SPARES = 64
+PREFLIGHT = "versions"  # the preflight's mode (gang/node_compare.py's)
+
+# @torchrun's attributes and their defaults, as Metaflow's decorator declares them (spec.py reads them).
+ATTRIBUTES = {
+    "nproc_per_node": None,
+    "torchrun_args": None,
+    "port": None,
+    "heartbeat_timeout": HEARTBEAT_TIMEOUT,
+    "start_timeout": START_TIMEOUT,
+    "label_logs": LABEL_LOGS,
+    "card": CARD,
+    "hang_timeout": HANG_TIMEOUT,
+    "shutdown_grace": SHUTDOWN_GRACE,
+    "rdzv_port": None,
+    "args_as": None,
+    "preflight": PREFLIGHT,
+    "retry_on": None,
+    "restarts": RESTARTS,
+    "spares": SPARES,
+}
 
 # -- Metaflow configuration knobs (base/knobs.py) ------------------------------------
 PROGRESS_SECONDS = 15.0  # "still waiting for node N" and the progress line, this often

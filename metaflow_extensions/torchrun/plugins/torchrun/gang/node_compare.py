@@ -12,6 +12,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
+from ..base import defaults as DEFAULTS
 from ..base import knobs
 from ..cause import Cause, CauseKind, plural
 from ..base.codec import Written
@@ -24,7 +25,7 @@ VERSIONS = "versions"
 FULL = "full"
 STRICT = "strict"
 OFF = "off"
-DEFAULT_MODE = VERSIONS
+DEFAULT_MODE = DEFAULTS.PREFLIGHT  # VERSIONS
 # Fields whose difference is reported, not refused: nodes of one cluster often
 # run different kernel patch levels, and training does not care.
 WARN_ONLY_FIELDS = ("kernel",)

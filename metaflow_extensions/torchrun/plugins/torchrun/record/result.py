@@ -10,17 +10,17 @@ import signal
 from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Union
 
-if TYPE_CHECKING:
+from ..base.codec import Written
+
+if TYPE_CHECKING:  # `import metaflow` exports TorchrunResult: what its fields hold loads at first use
     from .attempts import Attempt
     from .in_step_restarts import InStepRestart
     from .goodput import Ledger
     from .what_ran import Ran
-    from ..procs import Culprits
-
-from ..cause import Cause, CauseKind
-from ..base.codec import Written
-from ..gang import NodeReport, PreflightRecord, ProgressRecord
-from ..procs import SUMMARY_PLACES, RankFailure, RankStatus, bound, group, numbers, rank_log_path, read_statuses
+    from ..cause import Cause
+    from ..gang import NodeReport, PreflightRecord, ProgressRecord
+    from ..procs import Culprits, RankFailure
+    from ..procs import RankStatus as RankRecord  # one rank's record (procs/status.py)
 
 METADATA_FIELD = "torchrun-result"
 # The metadata service holds the record: at most this many bytes of JSON at any
@@ -38,7 +38,17 @@ STACKS_IN_REPORT = 64 << 20
 # A swap benches a spare for good: a step has at most its spares' (64) of them.
 SWAPS_IN_RECORD = 64
 
-RankRecord = RankStatus  # one rank's record (procs/status.py)
+
+
+def __getattr__(name: str) -> Any:
+    """``RankRecord``: one rank's record, procs/status.py's ``RankStatus``, loaded at its first use."""
+    if name == "RankRecord":
+        from ..procs.status import RankStatus
+
+        return RankStatus
+    raise AttributeError("module %r has no attribute %r" % (__name__, name))
+
+
 # Stored as {} when absent, as the hand-written record stored them.
 _NONE_AS_EMPTY = ("preflight", "culprits", "ran")
 
@@ -46,6 +56,12 @@ _NONE_AS_EMPTY = ("preflight", "culprits", "ran")
 @dataclass(frozen=True)
 class GangView(Written):
     """When each node joined and finished the call, and its report, as the control saw them."""
+
+    @staticmethod
+    def LATE_TYPES() -> Dict[str, Any]:  # noqa: N802  (the codec's name for it)
+        from ..gang import NodeReport
+
+        return {"NodeReport": NodeReport}
 
     joined_at: Dict[int, float] = field(default_factory=dict)
     finished_at: Dict[int, float] = field(default_factory=dict)
@@ -135,6 +151,8 @@ class TorchrunResult:
 
     def rank_logs(self) -> Dict[int, Dict[str, str]]:
         """Where each rank's stdout and stderr were copied on this node."""
+        from ..procs import rank_log_path
+
         log_dir = self.log_dir
         return {r.rank: {s: rank_log_path(log_dir, r.rank, s) for s in ("stdout", "stderr")}
                 for r in self.ranks} if log_dir else {}
@@ -142,6 +160,8 @@ class TorchrunResult:
     def to_dict(self, stacks_limit: int = STACKS_IN_REPORT) -> Dict[str, Any]:
         """JSON-able, without return values (they may be anything): the full report.
         By hand: its stacks' bound is an argument, and a rank's ``duration`` is no field."""
+        from ..procs import bound
+
         data = {f: getattr(self, f) for f in self.__dataclass_fields__ if f != "returns"}
         for name in ("cause", "gang", "preflight", "culprits", "ran", "goodput", "progress"):
             value = getattr(self, name)
@@ -176,6 +196,8 @@ class TorchrunResult:
 
 def compact(data: Dict[str, Any], stacks: Dict[int, str], full_report: str) -> Dict[str, Any]:
     """A big gang's record: per node a summary of its ranks, and the stacks as the places they were."""
+    from ..procs import SUMMARY_PLACES, group, numbers
+
     gang = data.get("gang") or {}
     nodes: Dict[str, Any] = {}
     for node, report in (gang.get("reports") or {}).items():
@@ -206,6 +228,8 @@ def _times(stamps: Dict[str, Any]) -> Dict[str, Any]:
 
 def read_rank_records(directory: str, failures: List[RankFailure]) -> List[RankRecord]:
     """Each rank's status file, completed by torchrun's report for ranks that died before writing."""
+    from ..procs import RankStatus as RankRecord, read_statuses
+
     records: Dict[int, RankRecord] = read_statuses(directory)
     for failure in failures:
         rec = records.get(failure.rank) or RankRecord(failure.rank, failure.local_rank, pid=failure.pid)
@@ -230,6 +254,8 @@ def _code_from(description: str) -> Optional[int]:
 
 def suspected(culprits: Optional["Culprits"], cause: Optional[Cause]) -> List[str]:
     """The "Suspected cause" lines; none where a failed rank is the root cause (its error names it)."""
+    from ..cause import CauseKind
+
     if culprits is None or (cause is not None and cause.kind is CauseKind.RANK_FAILED):
         return []
     return culprits.lines()
@@ -237,6 +263,8 @@ def suspected(culprits: Optional["Culprits"], cause: Optional[Cause]) -> List[st
 
 def none_suspected(culprits: Optional["Culprits"], unread: str, cause: Optional[Cause]) -> List[str]:
     """Where no suspect was named though one was looked for: why the Flight Recorder could not say."""
+    from ..cause import CauseKind
+
     if culprits is not None or not unread or (cause is not None and cause.kind is CauseKind.RANK_FAILED):
         return []
     return ["No suspect named: torch's Flight Recorder could not say (%s)" % unread]

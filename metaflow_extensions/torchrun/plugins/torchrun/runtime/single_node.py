@@ -8,16 +8,15 @@ import inspect
 import itertools
 import os
 import sys
-from typing import Any, List, Mapping, Optional, Tuple
+from typing import TYPE_CHECKING, Any, List, Mapping, Optional, Tuple
 
 from ..errors import TorchrunException
-from ..gang import GangIdentity, Topology, find_free_port
-from ..gang.secret import make_secret
 from ..base import defaults as DEFAULTS
-from ..launch import (ArgSpec, StepDefaults, call_request, requested_accelerators, step_timeout,
-                      validate_shutdown_grace)
-from ..launch.plan import ORDER_0_2
-from ..record import TorchrunResult
+
+if TYPE_CHECKING:  # loaded at the call: `import metaflow` exports this class (0.2's launcher)
+    from ..gang import GangIdentity, Topology
+    from ..launch import ArgSpec
+    from ..record import TorchrunResult
 
 _sessions = itertools.count()
 
@@ -64,6 +63,9 @@ class SingleNodeLauncher:
         problem, as ``current.torch.run``'s, never a ``TypeError``."""
         from metaflow import current
 
+        from ..gang.secret import make_secret
+        from ..launch import StepDefaults, call_request, requested_accelerators, step_timeout, validate_shutdown_grace
+        from ..launch.plan import ORDER_0_2
         from . import api as runtime  # the runtime, entered at the call: `import metaflow` exports this class
         from .session import GangSession
 
@@ -98,10 +100,14 @@ class SingleNodeLauncher:
     @staticmethod
     def _identity(current: Any) -> GangIdentity:
         """A gang of its own per call: calls never share a rendezvous id or files."""
+        from ..gang import GangIdentity
+
         return GangIdentity(flow_name=str(current.flow_name), run_id=str(current.run_id),
                             step_name=str(current.step_name), attempt=int(current.retry_count or 0),
                             control_task_id="%s-single%d" % (current.task_id, next(_sessions)))
 
 
 def _one_node() -> Topology:
+    from ..gang import Topology, find_free_port
+
     return Topology(num_nodes=1, node_index=0, main_addr="127.0.0.1", ports=(find_free_port(),), is_local=True)
