@@ -64,10 +64,7 @@ def test_hello_two_hosts_two_processes(network, sandbox, platform):
 @pytest.mark.parametrize("platform,port", [("kubernetes", 23456), ("batch", None)],
                          ids=["kubernetes-with-port", "batch"])
 def test_ddp_two_hosts_two_processes(network, sandbox, platform, port):
-    # Each host's warm process imports torch._dynamo once, for its two DDP ranks (1.2-1.4 CPU-s each
-    # otherwise), as a cluster's node would with the setting in @environment or its profile.
-    run = PlatformRun(sandbox, network(2), platform, DDP, params=["--epochs", "2"], port=port,
-                      env={"METAFLOW_TORCHRUN_WARM_IMPORTS": "torch._dynamo"})
+    run = PlatformRun(sandbox, network(2), platform, DDP, params=["--epochs", "2"], port=port)
     run.prepare()
     codes = run.run_nodes(timeout=150)
     metrics = _complete(run, codes, "metrics")["metrics"]
