@@ -44,7 +44,6 @@ KNOBS = Knobs(
     node_history_runs=0,  # the control's node history
     flight_recorder=300,  # the ranks' environment
     warm_start=False,  # the call's warm process
-    warm_imports=("tabnanny",),  # the call's warm process (and test_restarts.py's, end to end)
     trainer_progress=False,  # the ranks' entry file
 )
 
@@ -124,7 +123,6 @@ def test_a_call_keeps_its_logs_and_starts_its_ranks_as_the_settings_say(run):
     assert run.launch.files is not None and retention_policy(run.launch.files.knobs) == RetentionPolicy(
         keep=4, hours=1.0, max_bytes=9 * 1024 * 1024, young_seconds=retention_policy().young_seconds)
     assert run.launch.warm is not None and run.launch.warm.path == "" and run.launch.warm.pid is None  # warm_start=False
-    assert run.launch.warm.imports == ("tabnanny",)  # what it would import after torch
     assert names.ZYGOTE_ENV not in run.launch.command(run.seat, 29777, 0)[1]
     assert entry.read_entry(run.launch.entry[0]).trainer_progress is False  # what the ranks read of the settings
 
