@@ -37,9 +37,6 @@ def _check_progress(gang, text):
 
 def test_an_hf_trainer_reports_step_total_loss_and_learning_rate(gang):
     gang.env["METAFLOW_TORCHRUN_PROGRESS_SECONDS"] = "1"
-    # Imported by the warm process, before the ranks' hook is installed: patched as the rank starts
-    # (the Lightning test below takes the import hook's way).
-    gang.env["METAFLOW_TORCHRUN_WARM_IMPORTS"] = "transformers.trainer"
     proc = gang.run("--script", "hf_trainer.py", "--nproc", "1", timeout=400)
     text = output(proc)
     assert proc.returncode == 0, text[-3000:]
