@@ -38,9 +38,7 @@ def worker_warm() -> str:
         return ""
     if _WARM is None:
         env = {k: v for k, v in os.environ.items() if k not in (TOKEN_VAR, HOST_ZYGOTE_ENV, ZYGOTE_ENV)}
-        # DDP's constructor imports torch._dynamo (1.1 CPU-s a rank here): imported once, here, for
-        # every DDP rank of the worker's flows (METAFLOW_TORCHRUN_WARM_IMPORTS, for a run's own).
-        _WARM = WarmStart.for_step(True, ("torch._dynamo",))
+        _WARM = WarmStart.for_step(True)
         _WARM.start(env, 2)  # as the runtime starts its own: OMP_NUM_THREADS=1
         atexit.register(_WARM.close)
         deadline = time.monotonic() + 30

@@ -77,14 +77,13 @@ def test_every_setting_is_read_into_its_field():
         knobs.KEEP_LOGS_ENV: "5", knobs.MAX_LOG_MB_ENV: "7.5", knobs.DEBUG_ENV: "yes",
         knobs.NODE_HISTORY_ENV: "3/7", knobs.NODE_HISTORY_RUNS_ENV: "0", knobs.FLIGHT_RECORDER_ENV: "off",
         knobs.WARM_START_ENV: "off", knobs.TRAINER_PROGRESS_ENV: "0",
-        knobs.WARM_IMPORTS_ENV: " torch._dynamo, transformers,,torch._dynamo",
     })
     assert problems == []
     assert read == Knobs(port=23456, secret=b"s" * 32, progress_seconds=0.5,
                          straggler_ratio=1.01,  # above 1, and at least 1.01
                          straggler_seconds=0.0, keep_logs_hours=0.0, keep_logs=5, max_log_mb=7.5, debug=True,
                          node_history=(3, 7), node_history_runs=0, flight_recorder=0, warm_start=False,
-                         warm_imports=("torch._dynamo", "transformers"), trainer_progress=False)
+                         trainer_progress=False)
     assert read_knobs({knobs.NODE_HISTORY_ENV: "off", knobs.PORT_ENV: "None"})[0] == Knobs(node_history=None)
     assert "sss" not in repr(read)  # the secret never shown
 
@@ -96,7 +95,6 @@ def test_every_setting_with_a_bad_value_is_named_with_what_it_takes():
         knobs.KEEP_LOGS_ENV: "2.5", knobs.MAX_LOG_MB_ENV: "inf", knobs.DEBUG_ENV: "verbose",
         knobs.NODE_HISTORY_ENV: "3 of 5", knobs.NODE_HISTORY_RUNS_ENV: "-1", knobs.FLIGHT_RECORDER_ENV: "2k",
         knobs.WARM_START_ENV: "fast", knobs.TRAINER_PROGRESS_ENV: "hf",
-        knobs.WARM_IMPORTS_ENV: "os; import shutil",
     }
     read, problems = read_knobs(bad)
     # One message a setting, the secret's value never shown; the record holds the defaults.
@@ -135,11 +133,3 @@ def test_the_node_history_unset_is_two_of_five_over_the_default_runs():
 def test_a_port_out_of_range_is_refused(text):
     with pytest.raises(knobs.KnobError, match="give a port number, 1-65535"):
         knobs.port(knobs.PORT_ENV, text)
-
-
-@pytest.mark.parametrize("text", ["torch._dynamo; rm -rf /", "../evil", "torch.", "1torch", "torch..x", "__import__('os')",
-                                  "tör", ",".join("m%d" % i for i in range(knobs.MAX_WARM_IMPORTS + 1))])
-def test_warm_imports_take_module_names_only(text):
-    """What the warm process imports: names, never code, a path or more than it needs."""
-    with pytest.raises(knobs.KnobError, match=r"^METAFLOW_TORCHRUN_WARM_IMPORTS=.*: give at most 32 module names"):
-        knobs.module_names(knobs.WARM_IMPORTS_ENV, text)

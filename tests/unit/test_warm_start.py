@@ -167,34 +167,3 @@ def test_the_leak_check_sees_what_a_test_worker_s_warm_process_forked_for_the_te
             our_processes._WARM.remove(host.pid)
         forked.close()
         host.close()
-
-
-def test_a_warm_import_that_fails_is_said_once_and_the_others_are_still_imported(capsys):
-    """In the warm process's log; each rank then imports it itself, failing in its own words."""
-    import sys
-
-    from metaflow_extensions.torchrun.plugins.torchrun.procs.zygote import warm_imports
-
-    sys.modules.pop("tabnanny", None)
-    try:
-        warm_imports(" no_such_module_here ,tabnanny,, sys")
-        assert "tabnanny" in sys.modules
-    finally:
-        sys.modules.pop("tabnanny", None)
-    err = capsys.readouterr().err
-    assert err == ("warm import of no_such_module_here failed, each rank imports it itself: "
-                   "ModuleNotFoundError: No module named 'no_such_module_here'\n"), err
-
-
-def test_the_modules_to_import_reach_the_warm_process_and_only_when_asked():
-    env = {k: v for k, v in os.environ.items() if k not in (HOST_ZYGOTE_ENV, ZYGOTE_ENV)}
-    env["METAFLOW_TORCHRUN_ZYGOTE_IMPORTS"] = "stale"
-    with_imports, without = WarmStart.for_step(True, ("torch._dynamo", "tabnanny")), WarmStart.for_step(True)
-    try:
-        with_imports.start(env, nproc=1)
-        without.start(env, nproc=1)
-        assert _environ(with_imports.pid)[b"METAFLOW_TORCHRUN_ZYGOTE_IMPORTS"] == b"torch._dynamo,tabnanny"
-        assert b"METAFLOW_TORCHRUN_ZYGOTE_IMPORTS" not in _environ(without.pid)
-    finally:
-        with_imports.close()
-        without.close()

@@ -16,7 +16,6 @@ STARTED = time.time()  # the script's first line: where a restart's cost ends (b
 import sys  # noqa: E402
 
 WARM = "torch" in sys.modules  # forked from the node's warm process (METAFLOW_TORCHRUN_WARM_START)
-WARM_IMPORTED = "tabnanny" in sys.modules  # the warm process imported it (METAFLOW_TORCHRUN_WARM_IMPORTS)
 
 import argparse  # noqa: E402
 import json  # noqa: E402
@@ -72,7 +71,7 @@ init()
 with open(os.path.join(out_dir(), "events.jsonl"), "a") as f:
     f.write(json.dumps({"restart": restart, "rank": rank(), "group_rank": int(os.environ["GROUP_RANK"]),
                         "node": node, "world_size": int(os.environ["WORLD_SIZE"]), "resumed_from": resumed,
-                        "task_pid": task_pid(), "script_at": STARTED, "warm": WARM, "warm_imported": WARM_IMPORTED,
+                        "task_pid": task_pid(), "script_at": STARTED, "warm": WARM,
                         "host_forked": host_forked(), "parent": os.getppid()}) + "\n")
 fail_at = {int(x) for x in args.fail_at.split(",") if x}
 bug_at = {int(x) for x in args.bug_at.split(",") if x}

@@ -178,9 +178,8 @@ class TorchrunDecorator(ParallelDecorator):
         from .runtime import name_local_control
 
         if ubf_context == UBF_CONTROL and is_local_runtime(os.environ):
-            knobs = self._knobs if getattr(self, "_spec", None) and self._spec.runs_here else None
-            name_local_control(getattr(cli_args, "env", None), cli_args.task.task_id,
-                               knobs.warm_start if knobs else None, knobs.warm_imports if knobs else ())
+            warm = self._knobs.warm_start if getattr(self, "_spec", None) and self._spec.runs_here else None
+            name_local_control(getattr(cli_args, "env", None), cli_args.task.task_id, warm)
 
     def runtime_finished(self, exception):
         super().runtime_finished(exception)

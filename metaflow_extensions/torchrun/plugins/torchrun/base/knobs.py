@@ -27,7 +27,6 @@ NODE_HISTORY_ENV = "METAFLOW_TORCHRUN_NODE_HISTORY"  # "K/M" (record/node_histor
 NODE_HISTORY_RUNS_ENV = "METAFLOW_TORCHRUN_NODE_HISTORY_RUNS"
 FLIGHT_RECORDER_ENV = "METAFLOW_TORCHRUN_FLIGHT_RECORDER"  # entries; "off" or 0: none, nobody asked
 WARM_START_ENV = "METAFLOW_TORCHRUN_WARM_START"  # "off": ranks and agent start fresh, not forked
-WARM_IMPORTS_ENV = "METAFLOW_TORCHRUN_WARM_IMPORTS"  # modules the warm process imports after torch
 TRAINER_PROGRESS_ENV = "METAFLOW_TORCHRUN_TRAINER_PROGRESS"  # "0": no Trainer reports progress
 # Tests only: host names by node index (several local "nodes" share a host; host/network.py).
 TEST_HOSTS_ENV = "METAFLOW_TORCHRUN_TEST_HOSTS"
@@ -45,8 +44,6 @@ OFF_WORDS = ("off", "false", "no", "none")
 ON_WORDS = ("1", "true", "yes", "on")
 MIN_SECRET_BYTES = 16  # gang/auth.py signs with it
 MAX_WINDOW = 100  # the most appearances of a host the node history weighs
-MAX_WARM_IMPORTS = 32
-_MODULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
 
 
 class KnobError(ValueError):
@@ -106,17 +103,6 @@ def threshold(name: str, text: str) -> Optional[Tuple[int, int]]:
     return int(match.group(1)), int(match.group(2))
 
 
-def module_names(name: str, text: str) -> Tuple[str, ...]:
-    """Comma-separated module names (``torch._dynamo,transformers``): only names, never code, and
-    each once; the warm process imports them in this order."""
-    names = [part.strip() for part in text.split(",") if part.strip()]
-    bad = [part for part in names if not (part.isascii() and _MODULE_NAME.fullmatch(part))]
-    if bad or len(names) > MAX_WARM_IMPORTS:
-        raise KnobError("%s=%s: give at most %d module names, separated by commas (e.g. torch._dynamo,transformers)"
-                        % (name, _shown(text.strip()), MAX_WARM_IMPORTS))
-    return tuple(dict.fromkeys(names))
-
-
 def port(name: str, text: str) -> Optional[int]:
     """A port; Metaflow writes the string "None" for no port."""
     if text.strip().lower() == "none":
@@ -152,7 +138,6 @@ class Knobs:
     node_history_runs: int = DEFAULTS.NODE_HISTORY_RUNS
     flight_recorder: int = DEFAULTS.FLIGHT_RECORDER_ENTRIES
     warm_start: bool = True
-    warm_imports: Tuple[str, ...] = ()
     trainer_progress: bool = True
 
 
@@ -176,7 +161,6 @@ _READERS: Tuple[Tuple[str, str, Callable[[str, str], object]], ...] = (
     ("node_history_runs", NODE_HISTORY_RUNS_ENV, _at_least(0, whole=True)),
     ("flight_recorder", FLIGHT_RECORDER_ENV, count_or_off),
     ("warm_start", WARM_START_ENV, switch),
-    ("warm_imports", WARM_IMPORTS_ENV, module_names),
     ("trainer_progress", TRAINER_PROGRESS_ENV, switch),
 )
 

@@ -10,9 +10,8 @@ from ..base.lazy import names_from
 TYPE_CHECKING = False  # typing unimported: a stand-in loads this package before it hands off (handoff.py)
 
 __all__ = [
-    "zygote_log_path", "ZYGOTE_SOCKET", "ZYGOTE_ENV", "ZYGOTE_IMPORTS_ENV", "HOST_ZYGOTE_ENV", "ZYGOTE_NAME",
-    "ZYGOTE_PID_SUFFIX", "ARGS_FILE", "Culprits", "FlightError", "FlightSummary", "MAX_METRICS", "MAX_STACK_BYTES",
-    "NO_EXCEPTION",
+    "zygote_log_path", "ZYGOTE_SOCKET", "ZYGOTE_ENV", "HOST_ZYGOTE_ENV", "ZYGOTE_NAME", "ZYGOTE_PID_SUFFIX",
+    "ARGS_FILE", "Culprits", "FlightError", "FlightSummary", "MAX_METRICS", "MAX_STACK_BYTES", "NO_EXCEPTION",
     "ProgressReport", "RankFailure", "RankStatus", "RunningRank", "running_ranks", "SUMMARY_PLACES",
     "StatusError", "bound", "clear_round", "RESTART_ENV", "clean_metrics", "describe_exit_code", "find_culprits",
     "unread_reason", "group", "merge_failures", "numbers", "rank_log_path", "read_agent_failures",
@@ -21,8 +20,8 @@ __all__ = [
 
 # Where each name lives: loaded on first use, so that importing the face costs nothing.
 _MODULES = {
-    "names": ("zygote_log_path", "ZYGOTE_SOCKET", "ZYGOTE_ENV", "ZYGOTE_IMPORTS_ENV", "HOST_ZYGOTE_ENV",
-              "ZYGOTE_NAME", "ZYGOTE_PID_SUFFIX", "ARGS_FILE", "RESTART_ENV", "rank_log_path"),
+    "names": ("zygote_log_path", "ZYGOTE_SOCKET", "ZYGOTE_ENV", "HOST_ZYGOTE_ENV", "ZYGOTE_NAME",
+              "ZYGOTE_PID_SUFFIX", "ARGS_FILE", "RESTART_ENV", "rank_log_path"),
     "culprit": ("Culprits", "find_culprits", "unread_reason"),
     "flight": ("FlightError", "FlightSummary"),
     "progress": ("MAX_METRICS", "ProgressReport", "clean_metrics", "read_progress", "report"),
@@ -41,7 +40,7 @@ if TYPE_CHECKING:
                            read_agent_failures, read_failures, root_cause_order, with_last_output)
     from .progress import MAX_METRICS, ProgressReport, clean_metrics, read_progress, report
     from .names import RESTART_ENV, ARGS_FILE, rank_log_path
-    from .names import (HOST_ZYGOTE_ENV, ZYGOTE_ENV, ZYGOTE_IMPORTS_ENV, ZYGOTE_NAME, ZYGOTE_PID_SUFFIX, ZYGOTE_SOCKET,
+    from .names import (HOST_ZYGOTE_ENV, ZYGOTE_ENV, ZYGOTE_NAME, ZYGOTE_PID_SUFFIX, ZYGOTE_SOCKET,
                         zygote_log_path)
     from .ranges import numbers
     from .stacks import MAX_STACK_BYTES, SUMMARY_PLACES, bound, group

@@ -22,8 +22,6 @@ USER_UMASK_ENV = "METAFLOW_TORCHRUN_USER_UMASK"  # the ranks' umask, in octal (t
 RESTART_ENV = "METAFLOW_TORCHRUN_RESTART"
 RESTART_COUNT_ENV = "TORCHELASTIC_RESTART_COUNT"
 ZYGOTE_ENV = "METAFLOW_TORCHRUN_ZYGOTE"  # the warm process's socket (zygote.py); unset: start fresh
-# The modules a warm process imports after torch (Knobs.warm_imports), comma-separated.
-ZYGOTE_IMPORTS_ENV = "METAFLOW_TORCHRUN_ZYGOTE_IMPORTS"
 # A local run's control's warm process: the host's other nodes fork theirs from it.
 HOST_ZYGOTE_ENV = "METAFLOW_TORCHRUN_HOST_ZYGOTE"
 # A warm process's comm: a supervisor does not count another node's, forked from its own, as its own.

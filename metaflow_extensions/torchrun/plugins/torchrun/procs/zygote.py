@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import atexit
 import gc
-import importlib
 import os
 import selectors
 import signal
@@ -20,7 +19,7 @@ import time
 from ..host import die_with_parent, name_this_process, title
 from . import handoff
 from .fork_guard import ForkGuard
-from .names import WORK_DIR_ENV, ZYGOTE_ENV, ZYGOTE_IMPORTS_ENV, ZYGOTE_NAME, ZYGOTE_PID_SUFFIX
+from .names import WORK_DIR_ENV, ZYGOTE_ENV, ZYGOTE_NAME, ZYGOTE_PID_SUFFIX
 from .zygote_wire import Request, WireError, recv_request, reply
 
 TYPE_CHECKING = False  # typing unimported: a zygote's stand-in loads this before it hands off (handoff.py)
@@ -58,27 +57,12 @@ def warm() -> None:
         import torch.distributed.run  # noqa: F401  (torchrun's agent)
     except Exception:
         pass
-    warm_imports(os.environ.get(ZYGOTE_IMPORTS_ENV, ""))
     # What every child runs, imported once here, not in each agent and rank (0.05 CPU-s each):
     # nothing of theirs reads the environment or starts a thread as it loads.
     from . import agent, bootstrap  # noqa: F401
     # Out of the collector's sight, a child neither copies these pages nor
     # collects them at its exit (0.75 s down to 0.14 s here).
     gc.freeze()
-
-
-def warm_imports(names: str) -> None:
-    """``METAFLOW_TORCHRUN_WARM_IMPORTS``: what every rank would import itself (DDP's constructor
-    imports torch._dynamo, 1.1 CPU-s a rank). One that fails is said in this process's log and left
-    to the ranks, to fail in their own words; one forked from a zygote that had it skips it."""
-    for name in (part.strip() for part in names.split(",")):
-        if not name or name in sys.modules:
-            continue
-        try:
-            importlib.import_module(name)
-        except Exception as e:
-            sys.stderr.write("warm import of %s failed, each rank imports it itself: %s: %s\n"
-                             % (name, type(e).__name__, str(e)[:200]))
 
 
 def import_env(env: Mapping[str, str]) -> Dict[str, str]:

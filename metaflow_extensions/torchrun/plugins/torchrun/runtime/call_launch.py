@@ -44,7 +44,7 @@ class NodeLaunch:
         self.workdir, self.log_dir = self.files.work_dir, self.files.log_dir
         # The step's, importing torch since the gang began to form.
         self.warm = WarmStart.for_call(getattr(self.session, "warm", None), self.workdir, self.log_dir,
-                                       session.defaults.knobs.warm_start, session.defaults.knobs.warm_imports)
+                                       session.defaults.knobs.warm_start)
         plan = self.plan
         if plan.function is not None:
             args_file = os.path.join(self.workdir, ARGS_FILE)

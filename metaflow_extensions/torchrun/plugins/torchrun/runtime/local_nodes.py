@@ -12,7 +12,7 @@ import signal
 import subprocess
 import sys
 import threading
-from typing import Any, Callable, List, Optional, Sequence, Set, Tuple
+from typing import Any, Callable, List, Optional, Set, Tuple
 
 from ..errors import TorchrunException
 from ..gang import CONTROL_TASK_ID_ENV, GangFacts, GangServer, Topology, find_free_port
@@ -27,7 +27,7 @@ from .warm_start import WarmStart, share_runtime_warm
 RUNTIME_PID_ENV = "METAFLOW_TORCHRUN_RUNTIME_PID"
 
 
-def name_local_control(env: Any, task_id: Any, warm: Optional[bool] = None, imports: Sequence[str] = ()) -> None:
+def name_local_control(env: Any, task_id: Any, warm: Optional[bool] = None) -> None:
     """In Metaflow's runtime, as it starts a local control task: the control's task id in
     its environment (Metaflow sets it only after @checkpoint read it: two lineages per gang
     otherwise), and with ``warm`` the runtime's warm process to fork from."""
@@ -35,7 +35,7 @@ def name_local_control(env: Any, task_id: Any, warm: Optional[bool] = None, impo
         env[CONTROL_TASK_ID_ENV] = str(task_id)
         env[RUNTIME_PID_ENV] = str(os.getpid())
         if warm is not None:
-            share_runtime_warm(env, warm, imports)
+            share_runtime_warm(env, warm)
 
 
 def prepare_local_nodes(num_nodes: int, pinned_port: Optional[int],

@@ -10,25 +10,21 @@ import os
 import stat
 import subprocess
 import sys
-from typing import Any, Dict, Mapping, Optional, Sequence
+from typing import Any, Dict, Mapping, Optional
 
 from ..host import StepDir, die_with_parent, kill_group, open_private, title
 from ..launch import StepDefaults
 from ..launch.command import ZYGOTE_MODULE
-from ..procs import (HOST_ZYGOTE_ENV, ZYGOTE_ENV, ZYGOTE_IMPORTS_ENV, ZYGOTE_PID_SUFFIX, ZYGOTE_SOCKET,
-                     zygote_log_path)
+from ..procs import HOST_ZYGOTE_ENV, ZYGOTE_ENV, ZYGOTE_PID_SUFFIX, ZYGOTE_SOCKET, zygote_log_path
 
 _log = logging.getLogger("metaflow_torchrun")
 _MAX_SOCKET_PATH = 107  # bytes in a Unix socket's path, on Linux
 
 
 class WarmStart:
-    """The zygote of a step or call on this node; nothing where ``on`` (``Knobs.warm_start``) is false.
-    It imports ``imports`` (``Knobs.warm_imports``) after torch."""
+    """The zygote of a step or call on this node; nothing where ``on`` (``Knobs.warm_start``) is false."""
 
-    def __init__(self, workdir: str, log_dir: Optional[str], on: bool = True, owned: Optional[StepDir] = None,
-                 imports: Sequence[str] = ()):
-        self.imports = tuple(imports)
+    def __init__(self, workdir: str, log_dir: Optional[str], on: bool = True, owned: Optional[StepDir] = None):
         self.proc: Optional[subprocess.Popen] = None
         self._forked_pid: Optional[int] = None
         self._may_fork = False  # asked the host's to fork it: its pid comes in a file
@@ -39,7 +35,7 @@ class WarmStart:
             self.path = ""
 
     @classmethod
-    def for_step(cls, on: bool, imports: Sequence[str] = ()) -> "WarmStart":
+    def for_step(cls, on: bool) -> "WarmStart":
         """In a directory of its own, which goes with it."""
         if not on:
             return cls("", None, on)
@@ -48,22 +44,21 @@ class WarmStart:
         except OSError as e:
             _log.debug("no warm process: %s", e)
             return cls("", None, on)
-        return cls(directory.path, directory.path, on, owned=directory, imports=imports)
+        return cls(directory.path, directory.path, on, owned=directory)
 
     @classmethod
     def started_for_step(cls, defaults: StepDefaults, environ: Mapping[str, str] = os.environ) -> "WarmStart":
         """Started now, importing torch while the step joins its gang."""
-        warm = cls.for_step(defaults.knobs.warm_start, defaults.knobs.warm_imports)
+        warm = cls.for_step(defaults.knobs.warm_start)
         nproc = defaults.nproc_per_node
         guess = defaults.derived_nproc or (nproc if isinstance(nproc, int) and not isinstance(nproc, bool) else 2)
         warm.start(environ, guess)
         return warm
 
     @classmethod
-    def for_call(cls, step: Optional["WarmStart"], workdir: str, log_dir: Optional[str], on: bool,
-                 imports: Sequence[str] = ()) -> "WarmStart":
+    def for_call(cls, step: Optional["WarmStart"], workdir: str, log_dir: Optional[str], on: bool) -> "WarmStart":
         """The step's, while it runs; else one of the call's own, in its work directory."""
-        return step if step is not None and step.pid else cls(workdir, log_dir, on, imports=imports)
+        return step if step is not None and step.pid else cls(workdir, log_dir, on)
 
     @property
     def pid(self) -> Optional[int]:
@@ -87,9 +82,6 @@ class WarmStart:
         zenv = dict(env)
         host = zenv.pop(HOST_ZYGOTE_ENV, "")
         zenv.pop(ZYGOTE_ENV, None)
-        zenv.pop(ZYGOTE_IMPORTS_ENV, None)
-        if self.imports:
-            zenv[ZYGOTE_IMPORTS_ENV] = ",".join(self.imports)
         if host and host != self.path:
             zenv[ZYGOTE_ENV] = host  # procs/zygote.py: forked there when it answers
             self._may_fork = True
@@ -145,11 +137,11 @@ class WarmStart:
 _RUNTIME: Optional[WarmStart] = None
 
 
-def share_runtime_warm(env: Dict[str, str], on: bool, imports: Sequence[str] = ()) -> None:
+def share_runtime_warm(env: Dict[str, str], on: bool) -> None:
     """In Metaflow's runtime, as it starts a task on this host: once per run, named in the task's ``env``."""
     global _RUNTIME
     if _RUNTIME is None:
-        _RUNTIME = WarmStart.for_step(on, imports)
+        _RUNTIME = WarmStart.for_step(on)
         _RUNTIME.start(_runtime_env(os.environ), 2)
     if _RUNTIME.pid:
         env[HOST_ZYGOTE_ENV] = _RUNTIME.path
