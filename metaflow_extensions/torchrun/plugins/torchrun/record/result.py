@@ -39,7 +39,6 @@ STACKS_IN_REPORT = 64 << 20
 SWAPS_IN_RECORD = 64
 
 
-
 def __getattr__(name: str) -> Any:
     """``RankRecord``: one rank's record, procs/status.py's ``RankStatus``, loaded at its first use."""
     if name == "RankRecord":
