@@ -164,7 +164,12 @@ class Host:
 
     def write_hosts(self) -> None:
         """(Re)write this host's /etc/hosts in place: localhost, itself, and
-        ``known``. In place, so the bind mount in running processes sees it."""
+        ``known``. In place, so the bind mount in running processes sees it.
+        Written over, then cut to its length: never empty while a process of
+        the host reads it (truncated first, a control resolving its own name as
+        the names of the others were published found nothing: Metaflow's "Failed
+        to get host by name for MF_MASTER_ADDR"). ``known`` only grows, so what
+        a reader sees is the old file or the new one, less some of its last line."""
         own = list(dict.fromkeys(self.aliases + [self.hostname]))
         lines = ["127.0.0.1\tlocalhost", "%s\t%s" % (self.ip, " ".join(own))]
         lines += ["%s\t%s" % (ip, " ".join(names)) for ip, names in self.known]
@@ -172,8 +177,8 @@ class Host:
         path = os.path.join(self.etc, "hosts")
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
-            os.ftruncate(fd, 0)
             os.pwrite(fd, data, 0)
+            os.ftruncate(fd, len(data))
         finally:
             os.close(fd)
 

@@ -7,6 +7,7 @@ import os
 import socket
 import subprocess
 import sys
+import textwrap
 import time
 
 import pytest
@@ -188,3 +189,31 @@ def test_leftovers_of_a_crashed_run_are_removed(network, sandbox):
     finally:
         if name in netns.list_netns():
             subprocess.run(["ip", "netns", "delete", name])
+
+
+def test_a_hosts_file_being_rewritten_is_never_read_without_the_hosts_own_name(tmp_path):
+    """Rewritten as names are published while the host's processes read it: the control resolving its
+    own name then must find it (truncated first, it found an empty file: Metaflow's "Failed to get
+    host by name for MF_MASTER_ADDR", once in a CI run). Another process reads it as it is rewritten."""
+    host = netns.Host(0, "ns", "10.9.0.2", "control-0", str(tmp_path), "port", "switch", aliases=["control-0.js"])
+    host.write_hosts()
+    reader = subprocess.Popen([sys.executable, "-c", textwrap.dedent("""
+        import sys
+        path, missed, reads = sys.argv[1], 0, 0
+        while True:
+            with open(path) as f:
+                text = f.read()
+            reads += 1
+            if text == "stop\\n":
+                break
+            missed += "control-0.js" not in text
+        print(missed, reads)
+    """), str(tmp_path / "hosts")], stdout=subprocess.PIPE, text=True)
+    try:
+        for i in range(400):
+            host.learn([("10.9.1.%d" % (i % 250), ["worker-%d.js" % i])])
+    finally:
+        (tmp_path / "hosts").write_text("stop\n")
+        out, _ = reader.communicate(timeout=30)
+    missed, reads = map(int, out.split())
+    assert reads > 10 and missed == 0, (missed, reads)
