@@ -198,22 +198,23 @@ def test_a_hosts_file_being_rewritten_is_never_read_without_the_hosts_own_name(t
     host = netns.Host(0, "ns", "10.9.0.2", "control-0", str(tmp_path), "port", "switch", aliases=["control-0.js"])
     host.write_hosts()
     reader = subprocess.Popen([sys.executable, "-c", textwrap.dedent("""
-        import sys
-        path, missed, reads = sys.argv[1], 0, 0
-        while True:
+        import os, sys
+        path, stop, missed, reads = sys.argv[1], sys.argv[2], 0, 0
+        print("reading", flush=True)
+        while not os.path.exists(stop):
             with open(path) as f:
-                text = f.read()
+                missed += "control-0.js" not in f.read()
             reads += 1
-            if text == "stop\\n":
-                break
-            missed += "control-0.js" not in text
         print(missed, reads)
-    """), str(tmp_path / "hosts")], stdout=subprocess.PIPE, text=True)
+    """), str(tmp_path / "hosts"), str(tmp_path / "stop")], stdout=subprocess.PIPE, text=True)
     try:
-        for i in range(400):
+        assert reader.stdout is not None and reader.stdout.readline() == "reading\n"
+        began, i = time.monotonic(), 0
+        while i < 400 or time.monotonic() - began < 0.5:
             host.learn([("10.9.1.%d" % (i % 250), ["worker-%d.js" % i])])
+            i += 1
     finally:
-        (tmp_path / "hosts").write_text("stop\n")
+        (tmp_path / "stop").write_text("")
         out, _ = reader.communicate(timeout=30)
     missed, reads = map(int, out.split())
     assert reads > 10 and missed == 0, (missed, reads)
