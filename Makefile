@@ -26,10 +26,18 @@ INSTALL = $(PYTHON) tools/install.py
 
 install: $(VENV)/.installed
 
-$(VENV)/.installed: requirements-dev.txt setup.py tools/install.py
+# metaflow-checkpoint, apart from the venv's site-packages (requirements-checkpoint.txt says why).
+CHECKPOINT_SITE = $(VENV)/extras/checkpoint
+
+$(VENV)/.installed: requirements-dev.txt requirements-checkpoint.txt setup.py tools/install.py
 	$(PYTHON) -m venv $(VENV)
 	$(INSTALL) $(VENV) "setuptools>=68" -r requirements-dev.txt
 	$(INSTALL) $(VENV) --no-deps -e .
+	@# a venv made before it moved there: one copy only, apart
+	@if ls $(VENV)/lib/python*/site-packages/metaflow_checkpoint-*.dist-info >/dev/null 2>&1; then \
+	  $(BIN)/python -m pip uninstall --quiet --yes metaflow-checkpoint; fi
+	rm -rf $(CHECKPOINT_SITE)
+	$(INSTALL) $(VENV) --no-deps --target $(CHECKPOINT_SITE) -r requirements-checkpoint.txt
 	touch $@
 
 # The demo's venv: metaflow and torch only. `make test` later adds the development set.
@@ -151,8 +159,9 @@ unit: install
 	$(BIN)/python -m pytest tests/unit $(PYTEST_ARGS)
 
 # Measurements, not tests (benchmarks/README.md): about 35 minutes on 2 cores.
+# benchmarks/resume.py's flow uses @checkpoint: metaflow-checkpoint on its path.
 bench: install $(VENV)/.bench-installed
-	$(BIN)/python benchmarks/run.py $(BENCH_ARGS)
+	PYTHONPATH=$(abspath $(CHECKPOINT_SITE)) $(BIN)/python benchmarks/run.py $(BENCH_ARGS)
 
 # The gang service at 64 to 4,096 simulated nodes (benchmarks/README.md, "The gang at
 # scale"), e.g. GANG_ARGS="--nodes 64,256 --runs 3 --label after".

@@ -18,6 +18,7 @@ import uuid
 from typing import Dict, List, Optional
 
 import client_read
+import extras
 from our_processes import TOKEN_VAR, describe, kill_all, leaks, processes_with_token, watch_warm  # noqa: F401 (shared)
 
 from metaflow_extensions.torchrun.plugins.torchrun.procs.names import HOST_ZYGOTE_ENV, ZYGOTE_ENV
@@ -25,33 +26,40 @@ from metaflow_extensions.torchrun.plugins.torchrun.runtime.warm_start import War
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 FLOWS = os.path.join(REPO, "tests", "flows")
-_WARM: Optional[WarmStart] = None  # this test worker's warm process, started with its first Gang
+_WARM: Dict[str, WarmStart] = {}  # this test worker's warm processes, by PYTHONPATH, each started with its first Gang
 
 
-def worker_warm() -> str:
-    """The socket of this worker's warm process (the product's own, procs/zygote.py):
-    every run's warm process forks from it (runtime/warm_start.py), so the worker
-    imports torch once, not once a flow (~1.6 CPU-s each). It dies with the worker;
-    what it forks is each test's (our_processes.watch_warm)."""
-    global _WARM
+def worker_warm(pythonpath: str = "") -> str:
+    """The socket of this worker's warm process (the product's own, procs/zygote.py)
+    for runs with this ``PYTHONPATH``: every run's warm process forks from it
+    (runtime/warm_start.py), so the worker imports torch once, not once a flow (~1.6
+    CPU-s each). A warm process serves only runs whose environment torch's import
+    would read the same (``zygote.refusal``), hence one per ``PYTHONPATH`` (extras.py's
+    runs have their own). It dies with the worker; what it forks is each test's
+    (our_processes.watch_warm)."""
     if os.environ.get("MFTR_TEST_WORKER_WARM") == "off":  # each run imports torch itself: to measure, to compare
         return ""
-    if _WARM is None:
-        env = {k: v for k, v in os.environ.items() if k not in (TOKEN_VAR, HOST_ZYGOTE_ENV, ZYGOTE_ENV)}
-        _WARM = WarmStart.for_step(True)
-        _WARM.start(env, 2)  # as the runtime starts its own: OMP_NUM_THREADS=1
-        atexit.register(_WARM.close)
+    warm = _WARM.get(pythonpath)
+    if warm is None:
+        env = {k: v for k, v in os.environ.items() if k not in (TOKEN_VAR, HOST_ZYGOTE_ENV, ZYGOTE_ENV, "PYTHONPATH")}
+        if pythonpath:
+            env["PYTHONPATH"] = pythonpath
+        warm = _WARM[pythonpath] = WarmStart.for_step(True)
+        warm.start(env, 2)  # as the runtime starts its own: OMP_NUM_THREADS=1
+        atexit.register(warm.close)
         deadline = time.monotonic() + 30
-        while _WARM.pid and not os.path.exists(_WARM.path) and time.monotonic() < deadline:
+        while warm.pid and not os.path.exists(warm.path) and time.monotonic() < deadline:
             time.sleep(0.01)  # bound before it imports torch: a run's hand-off waits in its backlog
-        if _WARM.pid:
-            watch_warm(_WARM.pid)
-    return _WARM.path if _WARM.pid and os.path.exists(_WARM.path) else ""
+        if warm.pid:
+            watch_warm(warm.pid)
+    return warm.path if warm.pid and os.path.exists(warm.path) else ""
 
 
 def worker_warm_pid() -> Optional[int]:
-    """This worker's warm process, once a Gang started it: what it forks has its environment."""
-    return _WARM.pid if _WARM is not None else None
+    """This worker's warm process for runs without a PYTHONPATH, once a Gang started
+    it: what it forks has its environment."""
+    warm = _WARM.get("")
+    return warm.pid if warm is not None else None
 
 
 def _terminal_signals() -> None:
@@ -66,7 +74,8 @@ def _terminal_signals() -> None:
 class Gang:
     """A test's sandbox: its own datastore, output dir and process token."""
 
-    def __init__(self, tmp_path):
+    def __init__(self, tmp_path, checkpoint: bool = False):
+        """``checkpoint``: the runs can use @checkpoint (extras.py)."""
         self.tmp = str(tmp_path)
         self.token = uuid.uuid4().hex
         self.out = os.path.join(self.tmp, "out")
@@ -83,9 +92,11 @@ class Gang:
                 "PYTHONUNBUFFERED": "1",
             }
         )
+        if checkpoint:
+            self.env = extras.with_checkpoint(self.env)
         self.env.pop(ZYGOTE_ENV, None)
         self.env.pop(HOST_ZYGOTE_ENV, None)
-        warm = worker_warm()
+        warm = worker_warm(self.env.get("PYTHONPATH", ""))
         if warm:
             self.env[HOST_ZYGOTE_ENV] = warm
 

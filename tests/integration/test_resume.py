@@ -8,13 +8,25 @@ user's code is not retried, a killed node still is."""
 import json
 import os
 
+import extras
 import pytest
 
-from .helpers import output
-
-pytest.importorskip("metaflow_extensions.obcheckpoint", reason="metaflow-checkpoint is not installed")
+from .helpers import Gang, describe, output
 
 FLOW = "checkpoint_flow.py"
+
+
+@pytest.fixture
+def gang(tmp_path):
+    """The package's own gang fixture (conftest.py), its runs with metaflow-checkpoint (extras.py)."""
+    assert extras.has_checkpoint(), extras.NO_CHECKPOINT
+    g = Gang(tmp_path, checkpoint=True)
+    try:
+        yield g
+    finally:
+        leaked = g.leaks()
+        g.kill_everything()
+    assert not leaked, "processes left behind:\n" + describe(leaked)
 
 
 def _events(gang):

@@ -1,7 +1,10 @@
-"""A tiny DDP training loop in the shape of Outerbounds' cifar_distributed
-example: every epoch, rank 0 saves a checkpoint with metaflow_checkpoint's
-``Checkpoint`` from inside the rank; ``--resume-dir`` (the step's
-``current.checkpoint.directory``) resumes from the last one saved.
+"""A tiny data-parallel training loop in the shape of Outerbounds'
+cifar_distributed example: every epoch, rank 0 saves a checkpoint with
+metaflow_checkpoint's ``Checkpoint`` from inside the rank; ``--resume-dir`` (the
+step's ``current.checkpoint.directory``) resumes from the last one saved.
+Gradients are averaged by ``all_reduce``, as DDP does: DDP itself imports
+``torch._dynamo``, 1.2 CPU-s in each of this file's twenty ranks a suite run, and
+what these tests check is the checkpoint, not DDP (examples/ddp's tests do).
 
 Test hooks: ``--kill-after-epoch N --attempt A`` makes node 1 SIGKILL its own
 Metaflow task (pid in $MFTR_TEST_OUT/task-pid-1) after epoch N of attempt 0;
@@ -18,7 +21,6 @@ import time
 
 import torch
 import torch.distributed as dist
-from torch.nn.parallel import DistributedDataParallel as DDP
 
 from _common import init, out_dir, rank
 
@@ -60,14 +62,21 @@ def save(model, epoch: int) -> None:
     note(event="saved", epoch=epoch)
 
 
+def average_gradients(model) -> None:
+    world = dist.get_world_size()
+    for param in model.parameters():
+        dist.all_reduce(param.grad)
+        param.grad /= world
+
+
 init()
-torch.manual_seed(0)
-model = DDP(torch.nn.Linear(8, 1))
+torch.manual_seed(0)  # the same weights on every rank, as DDP's first broadcast makes them
+model = torch.nn.Linear(8, 1)
 optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
 first = 1
 if args.resume_dir:
     state = torch.load(os.path.join(args.resume_dir, "model.pt"))
-    model.module.load_state_dict(state["model"])
+    model.load_state_dict(state["model"])
     first = state["epoch"] + 1
 note(event="start", resumed_from=first - 1 if args.resume_dir else None)
 print("training from epoch %d" % first, flush=True)
@@ -77,10 +86,11 @@ for epoch in range(first, args.epochs + 1):
         loss = model(x).pow(2).mean()
         optimizer.zero_grad()
         loss.backward()
+        average_gradients(model)
         optimizer.step()
     note(event="epoch", epoch=epoch)
     if rank() == 0:
-        save(model.module, epoch)
+        save(model, epoch)
     dist.barrier()
     node = int(os.environ["GROUP_RANK"])
     if args.attempt == 0 and epoch == args.kill_after_epoch and node == args.kill_node \
