@@ -114,7 +114,7 @@ def test_a_runtime_started_beside_a_live_warm_process_forks_its_own_from_it(monk
 
 
 def test_a_runtime_named_a_warm_process_that_is_gone_or_not_a_socket_imports_its_own(monkeypatch, tmp_path):
-    """A stale name (a file, nothing, a socket nobody listens on, a path too long) costs no wait."""
+    """A stale name (a file, nothing however long its path, a socket nobody listens on) costs no wait."""
     import socket
 
     from metaflow_extensions.torchrun.plugins.torchrun.runtime import warm_start

@@ -8,6 +8,7 @@ import json
 import os
 import signal
 import socket
+import stat
 import struct
 import subprocess
 import sys
@@ -17,11 +18,12 @@ import time
 
 import pytest
 
-from metaflow_extensions.torchrun.plugins.torchrun.host import die_with_parent, proctree
+from metaflow_extensions.torchrun.plugins.torchrun.host import die_with_parent, proctree, unix_socket
 from metaflow_extensions.torchrun.plugins.torchrun.procs import read_statuses
 from metaflow_extensions.torchrun.plugins.torchrun.procs.names import (LABELS_ENV, WORK_DIR_ENV, ZYGOTE_ENV, ZYGOTE_NAME,
                                                                        ZYGOTE_PID_SUFFIX)
 from metaflow_extensions.torchrun.plugins.torchrun.procs.zygote_wire import MAX_REQUEST, Request, ReplyReader, send_request
+from metaflow_extensions.torchrun.plugins.torchrun.runtime.warm_start import WarmStart
 
 PKG = "metaflow_extensions.torchrun.plugins.torchrun.procs"
 
@@ -373,6 +375,28 @@ def test_a_nodes_zygote_forked_from_the_hosts_serves_warm_and_is_that_nodes_alon
         stand_in.kill()  # the node's task gone: its warm process and what it forked go too
         assert _gone(forked) and _gone(sleeper)
         assert p.wait(timeout=20) == -signal.SIGKILL
+    finally:
+        stand_in.kill()
+        stand_in.wait()
+
+
+def test_a_warm_process_under_a_deep_tmpdir_binds_and_serves_warm(zygote, script, tmp_path):
+    """A socket path past sun_path's 107 bytes (a CI runner's TMPDIR, a test's: 128)
+    used to mean no warm process at all, saying nothing: every agent and rank imported
+    torch. Bound and reached through the directory's descriptor (host/unix_socket.py)."""
+    deep = tmp_path / ("d" * 60) / ("e" * 60)
+    deep.mkdir(parents=True)
+    path = str(deep / "z.sock")
+    assert len(path.encode()) > unix_socket.MAX_PATH
+    assert WarmStart(str(deep), None).path  # no longer given up for its length
+    stand_in = _start_zygote(path, zygote[0])  # forked from the host's (connect), then binds here
+    try:
+        _wait_for(path + ZYGOTE_PID_SUFFIX)
+        forked = int(open(path + ZYGOTE_PID_SUFFIX).read())
+        _wait_for(path)
+        assert stat.S_ISSOCK(os.stat(path).st_mode)  # at its own path, not under /proc
+        code, rank, _ = _run(script, ["0"], path, str(tmp_path))  # a rank's stand-in connects at the deep path
+        assert code == 0 and rank["warm"] and rank["ppid"] == forked
     finally:
         stand_in.kill()
         stand_in.wait()

@@ -14,6 +14,7 @@ import sys
 import time
 
 from ..base.timeouts import WARM_SOCKET_WAIT
+from ..host.unix_socket import connect_unix
 from .names import ZYGOTE_ENV
 from .zygote_wire import ReplyReader, Request, WireError, send_request
 
@@ -84,7 +85,7 @@ def _connect(sock: socket.socket, path: str) -> None:
     deadline = time.monotonic() + WARM_SOCKET_WAIT
     while True:
         try:
-            sock.connect(path)
+            connect_unix(sock, path)
             return
         except FileNotFoundError:
             if time.monotonic() >= deadline:

@@ -17,6 +17,7 @@ import sys
 import time
 
 from ..host import die_with_parent, name_this_process, title
+from ..host.unix_socket import bind_unix
 from . import handoff
 from .fork_guard import ForkGuard
 from .names import WORK_DIR_ENV, ZYGOTE_ENV, ZYGOTE_NAME, ZYGOTE_PID_SUFFIX
@@ -40,7 +41,7 @@ def listen(path: str) -> socket.socket:
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     old = os.umask(0o077)
     try:
-        sock.bind(path)
+        bind_unix(sock, path)
     finally:
         os.umask(old)
     sock.listen(128)

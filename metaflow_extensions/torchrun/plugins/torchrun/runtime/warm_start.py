@@ -18,7 +18,6 @@ from ..launch.command import ZYGOTE_MODULE
 from ..procs import HOST_ZYGOTE_ENV, ZYGOTE_ENV, ZYGOTE_PID_SUFFIX, ZYGOTE_SOCKET, zygote_log_path
 
 _log = logging.getLogger("metaflow_torchrun")
-_MAX_SOCKET_PATH = 107  # bytes in a Unix socket's path, on Linux
 
 
 class WarmStart:
@@ -31,7 +30,7 @@ class WarmStart:
         self._dir = owned  # removed with the process
         self.path = os.path.join(workdir, ZYGOTE_SOCKET) if workdir else ""
         self.log_dir = log_dir
-        if not on or not self.path or len(self.path.encode()) > _MAX_SOCKET_PATH:
+        if not on:  # a path of any length: host/unix_socket.py
             self.path = ""
 
     @classmethod
@@ -150,7 +149,7 @@ def share_runtime_warm(env: Dict[str, str], on: bool) -> None:
 def _runtime_env(environ: Mapping[str, str]) -> Dict[str, str]:
     """A warm process already named where the runtime started (a test worker's, a
     caller's) forks the run's, torch imported once for many runs; a name that is
-    not a socket of ours (gone, too long, someone else's) is dropped: no wait for it."""
+    not a socket of ours (gone, someone else's) is dropped: no wait for it."""
     env = dict(environ)
     host = env.pop(HOST_ZYGOTE_ENV, "")
     if host and _our_socket(host):
@@ -159,8 +158,6 @@ def _runtime_env(environ: Mapping[str, str]) -> Dict[str, str]:
 
 
 def _our_socket(path: str) -> bool:
-    if len(path.encode()) > _MAX_SOCKET_PATH:
-        return False
     try:
         st = os.stat(path)
     except (OSError, ValueError):
