@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 
+import extras
 import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -19,10 +20,12 @@ SNIPPETS = docs_snippets.snippets()
 
 
 def _python(code: str, cwd: str) -> subprocess.CompletedProcess:
-    """``code`` as a file of its own (Metaflow reads a flow's source), run in ``cwd``."""
+    """``code`` as a file of its own (Metaflow reads a flow's source), run in ``cwd``, with
+    what the pages tell a reader to install: metaflow-checkpoint too (docs/resume.md; extras.py)."""
     with open(os.path.join(cwd, "snippet.py"), "w", encoding="utf-8") as f:
         f.write(code)
-    env = dict(os.environ, METAFLOW_DATASTORE_SYSROOT_LOCAL=cwd, METAFLOW_USER=os.environ.get("METAFLOW_USER", "docs"))
+    env = extras.with_checkpoint(dict(os.environ, METAFLOW_DATASTORE_SYSROOT_LOCAL=cwd,
+                                      METAFLOW_USER=os.environ.get("METAFLOW_USER", "docs")))
     return subprocess.run([sys.executable, "snippet.py"], cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
 
 

@@ -56,6 +56,26 @@ def test_the_demo_installs_the_runtime_only_pinned():
     assert '$(INSTALL) $(VENV) "setuptools>=68" -r requirements-demo.txt' in makefile
 
 
+def test_metaflow_checkpoint_is_installed_apart_pinned_and_loaded_only_where_asked():
+    """Metaflow loads every installed extension in every process it starts: in the venv's
+    site-packages, metaflow-checkpoint cost 0.04 CPU-s in each of the suite's ~800 Metaflow
+    processes (tests/extras.py)."""
+    import extras
+
+    assert "metaflow-checkpoint" not in _requirements("requirements-dev.txt")
+    assert _requirements("requirements-checkpoint.txt") == {"metaflow-checkpoint": "0.2.14"}
+    with open(os.path.join(REPO, "Makefile")) as f:
+        makefile = f.read()
+    assert "$(INSTALL) $(VENV) --no-deps --target $(CHECKPOINT_SITE) -r requirements-checkpoint.txt" in makefile
+    assert extras.has_checkpoint(), extras.NO_CHECKPOINT
+    loaded = "import metaflow, sys; print(any(m.startswith('metaflow_extensions.obcheckpoint') for m in sys.modules))"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    for where, expected in ((env, "False"), (extras.with_checkpoint(env), "True")):
+        out = subprocess.run([sys.executable, "-c", loaded], env=where, cwd="/", capture_output=True, text=True,
+                             timeout=60)
+        assert out.stdout.strip() == expected, out.stderr[-2000:]
+
+
 def _fake_02(root) -> str:
     plugins = root / "metaflow_extensions" / "torchrun" / "plugins"
     (plugins / "torchrun_libs").mkdir(parents=True)
