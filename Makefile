@@ -35,7 +35,8 @@ $(VENV)/.installed: requirements-dev.txt requirements-checkpoint.txt setup.py to
 	$(INSTALL) $(VENV) --no-deps -e .
 	@# a venv made before it moved there: one copy only, apart
 	@if ls $(VENV)/lib/python*/site-packages/metaflow_checkpoint-*.dist-info >/dev/null 2>&1; then \
-	  $(BIN)/python -m pip uninstall --quiet --yes metaflow-checkpoint; fi
+	  $(BIN)/python -m pip uninstall --quiet --yes metaflow-checkpoint; \
+	  rm -rf $(VENV)/lib/python*/site-packages/metaflow_extensions/obcheckpoint; fi
 	rm -rf $(CHECKPOINT_SITE)
 	$(INSTALL) $(VENV) --no-deps --target $(CHECKPOINT_SITE) -r requirements-checkpoint.txt
 	touch $@
