@@ -2,8 +2,9 @@
 that needs one runs with it.
 
 metaflow-checkpoint is the one: Metaflow loads every installed extension in every
-process it starts, so in site-packages it cost about 0.04 CPU-s in each of the
-suite's ~800 Metaflow processes, nearly all of which never use ``@checkpoint``.
+process it starts, so in site-packages it cost ``import metaflow`` about 0.04 CPU-s
+(a whole task about 0.02) in each of the suite's ~800 Metaflow processes, nearly
+all of which never use ``@checkpoint``.
 ``make install`` puts it in ``.venv/extras/checkpoint`` (requirements-checkpoint.txt);
 a flow that uses it gets that folder on ``PYTHONPATH``, where Metaflow finds an
 extension as it finds one installed. A user installs it the usual way.
