@@ -22,7 +22,7 @@ from typing import Callable, Dict, Iterator, List, Optional, Sequence
 import client_read
 import pytest
 
-from .helpers import Gang, describe, output
+from .helpers import FLOWS, Gang, describe, output
 
 # test_local_flows: list arguments, verbatim.
 LIST_ARGS = [
@@ -129,13 +129,20 @@ def flow_run(factory: pytest.TempPathFactory, name: str, *args: str, flow: str =
     """One real run in a sandbox of its own; fails if any process of it outlives it."""
     gang = Gang(factory.mktemp(name))
     gang.env.pop("METAFLOW_TORCHRUN_DEBUG", None)  # the debug channel is off unless asked for
+    beside = _listing(FLOWS)  # a step that changes into tests/flows writes nothing there (helpers.Gang)
     try:
         proc = gang.run(*args, flow=flow, top_args=top_args, env=env, timeout=timeout)
         leaked = gang.leaks()
     finally:
         gang.kill_everything()
     assert not leaked, "processes left behind:\n" + describe(leaked)
+    assert _listing(FLOWS) == beside, "written into the checkout: %s" % sorted(_listing(FLOWS) - beside)
     return {"tmp": gang.tmp, "returncode": proc.returncode, "text": output(proc)}
+
+
+def _listing(folder: str) -> set:
+    """Every path under ``folder`` but bytecode."""
+    return {os.path.join(d, f) for d, dirs, files in os.walk(folder) for f in files if not f.endswith(".pyc")}
 
 
 def run_calls(factory: pytest.TempPathFactory, name: str, calls: Sequence[dict], top_args=(),

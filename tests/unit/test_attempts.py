@@ -6,6 +6,7 @@ import pytest
 
 from metaflow_extensions.torchrun.plugins.torchrun.cause import Cause, CauseKind, place
 from metaflow_extensions.torchrun.plugins.torchrun.errors import TorchrunInvalidArgument
+from metaflow_extensions.torchrun.plugins.torchrun.launch.inputs import validate_retry_on
 from metaflow_extensions.torchrun.plugins.torchrun.record import attempts
 from metaflow_extensions.torchrun.plugins.torchrun.card.content import attempt_rows
 from metaflow_extensions.torchrun.plugins.torchrun.record.result import TorchrunResult
@@ -92,8 +93,8 @@ def test_what_metaflow_does_next_is_said_once_in_the_first_refused_attempt():
 @pytest.mark.parametrize("value", ["Infrastructure", "all", 1, True, ["any"], ""])
 def test_retry_on_takes_two_values(value):
     with pytest.raises(TorchrunInvalidArgument, match="retry_on"):
-        attempts.validate_retry_on(value)
-    assert attempts.validate_retry_on(None) == "any"
+        validate_retry_on(value)
+    assert validate_retry_on(None) == "any"
 
 
 def test_place_is_the_innermost_frame_of_the_users_code():
@@ -170,7 +171,7 @@ def test_the_local_control_task_knows_its_gang_from_its_start(monkeypatch):
         TorchrunDecorator().runtime_step_cli(args, 0, 0, ubf)
         return args.env
 
-    from metaflow_extensions.torchrun.plugins.torchrun.runtime.local_nodes import RUNTIME_PID_ENV
+    from metaflow_extensions.torchrun.plugins.torchrun.runtime.in_runtime import RUNTIME_PID_ENV
 
     monkeypatch.delenv("METAFLOW_RUNTIME_ENVIRONMENT", raising=False)
     # And the runtime's pid: the local control ends with the runtime that started it.

@@ -18,6 +18,7 @@ from gang_net import GUARD
 from metaflow_extensions.torchrun.plugins.torchrun.cause import Cause, CauseKind
 from metaflow_extensions.torchrun.plugins.torchrun.gang import messages as msg
 from metaflow_extensions.torchrun.plugins.torchrun.gang import node_compare as pf
+from metaflow_extensions.torchrun.plugins.torchrun.gang import preflight_modes as modes
 from metaflow_extensions.torchrun.plugins.torchrun.gang.wire import ProtocolError
 from metaflow_extensions.torchrun.plugins.torchrun.launch import node_checks as checks
 from metaflow_extensions.torchrun.plugins.torchrun.launch.resources import NONE, Accelerators
@@ -213,10 +214,10 @@ def test_what_the_user_set_is_reported_never_overridden():
 
 
 def test_modes():
-    assert pf.parse_mode("versions") == "versions" and pf.parse_mode("FULL") == "full"
-    assert pf.parse_mode(False) == pf.parse_mode("off") == pf.parse_mode(None) == "off"
+    assert modes.parse_mode("versions") == "versions" and modes.parse_mode("FULL") == "full"
+    assert modes.parse_mode(False) == modes.parse_mode("off") == modes.parse_mode(None) == "off"
     with pytest.raises(ValueError, match="preflight='fast'"):
-        pf.parse_mode("fast")
+        modes.parse_mode("fast")
 
 
 # -- the collective job's figures -------------------------------------------------------------

@@ -12,16 +12,16 @@ from typing import Any, List, Mapping, Optional, Sequence, Tuple
 from .base import defaults as DEFAULTS
 from .base.knobs import USER_KNOBS, Knobs, conf_key, read_knobs, says_off
 from .errors import Problems, TorchrunInvalidArgument
-from .gang.node_compare import DEFAULT_MODE as DEFAULT_PREFLIGHT
-from .gang.node_compare import parse_mode as parse_preflight
+from .gang.preflight_modes import DEFAULT_MODE as DEFAULT_PREFLIGHT
+from .gang.preflight_modes import parse_mode as parse_preflight
 from .gang import parse_port
 from .launch import (NO_ACCELERATORS, Accelerators, ArgSpec, StepDefaults, merged_options, requested_accelerators,
                      step_timeout, validate_args_as, validate_shutdown_grace, validate_timeouts)
 from .launch.command import restarts_allowed
-from .launch.inputs import retry_on_clash, validate_hang_timeout, validate_restarts, validate_spares
+from .launch.inputs import (retry_on_clash, validate_hang_timeout, validate_restarts, validate_retry_on,
+                            validate_spares)
 from .launch.plan import check_options, legacy_rdzv_port, none_notes, option_names, validate_nproc
 from .launch.platforms import check_port_clash, refuse_one_node_on_kubernetes, refuse_step_functions
-from .record import attempts as attempts_
 
 # @torchrun's attributes and their defaults (TorchrunDecorator's docstring documents each).
 ATTRIBUTE_DEFAULTS: Mapping[str, Any] = DEFAULTS.ATTRIBUTES
@@ -57,7 +57,7 @@ def read_step_spec(attributes: Mapping[str, Any], decorators: DecoratorSpecs, en
     if nproc is not None:
         problems.check(validate_nproc, nproc, "@torchrun(nproc_per_node)")
     torchrun_args, legacy_port, notes, torch_restarts = _torchrun_args(attributes.get("torchrun_args"), problems)
-    retry_on = problems.check(attempts_.validate_retry_on, attributes.get("retry_on"))
+    retry_on = problems.check(validate_retry_on, attributes.get("retry_on"))
     problems.check(refuse_torch_restarts_for_bugs, retry_on, torch_restarts)
     accelerators = problems.check(requested_accelerators, decorators) or NO_ACCELERATORS
     port = problems.check(parse_port, attributes.get("port"), "@torchrun(port)")

@@ -16,7 +16,7 @@ RESTARTS = 0  # in-step restarts of a call's ranks
 SPARES = 0  # hot spares: idle nodes of num_parallel that wait to take a failed node's place
 # More idle nodes than this is a typo, not a reserve; the bench on the wire holds at most this many.
 MAX_SPARES = 64
-PREFLIGHT = "versions"  # the preflight's mode (gang/node_compare.py's)
+PREFLIGHT = "versions"  # the preflight's mode (gang/preflight_modes.py's)
 
 # @torchrun's attributes and their defaults, as Metaflow's decorator declares them (spec.py reads them).
 ATTRIBUTES = {

@@ -9,14 +9,14 @@ import os
 import shlex
 import time
 from types import SimpleNamespace
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
-from ..gang import ProgressRecord
 from ..host import cuda_devices, log, say
-from ..launch import Accelerators
-from ..record import TorchrunResult
-from . import progress as card_progress
-from .content import backend_label, build_components, title_markdown
+
+if TYPE_CHECKING:  # the content loads where a card is filled: Metaflow's runtime attaches the card, no more
+    from ..gang import ProgressRecord
+    from ..launch import Accelerators
+    from ..record import TorchrunResult
 
 CARD_ID = "torchrun"
 
@@ -65,6 +65,9 @@ def refresh_live(progress: ProgressRecord, flow_name: str) -> None:
     from metaflow import current
     from metaflow.cards import Markdown
 
+    from . import progress as card_progress
+    from .content import title_markdown
+
     try:
         card = current.card[CARD_ID]
         card.clear()
@@ -83,6 +86,8 @@ def finish_card(deco: Any, result: TorchrunResult, flow_name: str, accelerators:
     """Fill the card and render it here; False where Metaflow must still render it (one line on
     stderr where it could not be filled: a card must never fail the step)."""
     from metaflow import current
+
+    from .content import backend_label, build_components
 
     try:
         card = current.card[CARD_ID]
@@ -124,6 +129,8 @@ def _title_if_empty(attempt: int) -> None:
     """An empty card (the gang never formed) still says whose it is."""
     from metaflow import current
     from metaflow.cards import Markdown
+
+    from .content import title_markdown
 
     try:
         card = current.card[CARD_ID]

@@ -12,20 +12,10 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
-from ..base import defaults as DEFAULTS
-from ..base import knobs
 from ..cause import Cause, CauseKind, plural
 from ..base.codec import Written
 from . import messages as msg
 
-# @torchrun(preflight=...): the default checks versions and each node's fitness
-# (no process, on the join's thread); "full" adds a collective job before the
-# first call; "strict" refuses a host with a bad history rather than warn.
-VERSIONS = "versions"
-FULL = "full"
-STRICT = "strict"
-OFF = "off"
-DEFAULT_MODE = DEFAULTS.PREFLIGHT  # VERSIONS
 # Fields whose difference is reported, not refused: nodes of one cluster often
 # run different kernel patch levels, and training does not care.
 WARN_ONLY_FIELDS = ("kernel",)
@@ -45,18 +35,6 @@ CheckGroup = Tuple[msg.PreflightCheck, List[int]]
 # The node history's check (record/node_history.py): hosts -> the lines it
 # says, the refusal (preflight="strict"), the nodes whose host it blames.
 HostCheck = Callable[[Dict[int, str]], Tuple[List[str], Optional[Cause], List[int]]]
-
-
-def parse_mode(value: Any) -> str:
-    """False, "off" and None say none; anything unknown is refused by name."""
-    if value is None or value is False or (isinstance(value, str) and knobs.says_off(value)):
-        return OFF
-    if value is True:
-        return DEFAULT_MODE
-    if isinstance(value, str) and value.strip().lower() in (VERSIONS, FULL, STRICT):
-        return value.strip().lower()
-    raise ValueError("@torchrun(preflight=%r): use \"versions\" (the default), \"full\", \"strict\" or False."
-                     % (value,))
 
 
 @dataclass(frozen=True)

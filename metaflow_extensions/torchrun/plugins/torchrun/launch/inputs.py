@@ -107,6 +107,21 @@ def literal_counts(num_parallel: Sequence[Any]) -> List[int]:
     return [int(w) for w in written if w.isdecimal() and w.isascii() and int(w) >= 1]
 
 
+RETRY_ON = ("any", "infrastructure")
+# "any" keeps Metaflow's @retry as it is: see docs/resume.md for why.
+DEFAULT_RETRY_ON = "any"
+
+
+def validate_retry_on(value: Any) -> str:
+    """@torchrun(retry_on=...): which failures the next attempt runs for (record/attempts.py reads it)."""
+    if value is None:
+        return DEFAULT_RETRY_ON
+    if not isinstance(value, str) or value not in RETRY_ON:
+        raise TorchrunInvalidArgument(
+            "@torchrun(retry_on=%r): takes %s." % (value, " or ".join(repr(v) for v in RETRY_ON)))
+    return value
+
+
 def retry_on_clash(where: str, max_restarts: Any) -> str:
     """torch's own ``max_restarts`` reruns a bug too, which ``retry_on="infrastructure"`` asks never to."""
     return ("@torchrun(retry_on='infrastructure') with %s max_restarts=%s: torch's own restart reruns "

@@ -20,10 +20,6 @@ from ..base.codec import Int, Items, Lenient, Text, Via, encode
 from .node_roles import MAX_HOST, NodeEntry
 from .in_step_restarts import swap_words
 
-RETRY_ON = ("any", "infrastructure")
-# "any" keeps Metaflow's @retry as it is: see docs/resume.md for why.
-DEFAULT_RETRY_ON = "any"
-
 # A record read back holds at most this many attempts, each this many calls.
 MAX_ATTEMPTS = 64
 MAX_CALLS = 1024
@@ -34,17 +30,6 @@ MAX_RESTART_MARKS = 32
 Whole = Annotated[int, Int(0, (1 << 31) - 1)]
 # A peer's cause, read as cause.py reads it (a bad one: none).
 CAUSE = Via(Cause.from_wire)
-
-
-def validate_retry_on(value: Any) -> str:
-    from ..errors import TorchrunInvalidArgument
-
-    if value is None:
-        return DEFAULT_RETRY_ON
-    if not isinstance(value, str) or value not in RETRY_ON:
-        raise TorchrunInvalidArgument(
-            "@torchrun(retry_on=%r): takes %s." % (value, " or ".join(repr(v) for v in RETRY_ON)))
-    return value
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,8 @@ __all__ = [
 # Where each name lives: loaded on first use, so that `import metaflow` (which imports our
 # decorator and exported classes) does not load the whole layer.
 _MODULES = {
-    "local_nodes": ("name_local_control", "own_start", "prepare_local_nodes", "stop_local_nodes"),
+    "in_runtime": ("name_local_control",),
+    "local_nodes": ("own_start", "prepare_local_nodes", "stop_local_nodes"),
     "session": ("GangSession",),
     "single_node": ("SingleNodeLauncher",),
     "step_run": ("attempt_facts", "in_gang", "read_node_history"),
@@ -27,7 +28,8 @@ _MODULES = {
 }
 
 if TYPE_CHECKING:
-    from .local_nodes import name_local_control, own_start, prepare_local_nodes, stop_local_nodes
+    from .in_runtime import name_local_control
+    from .local_nodes import own_start, prepare_local_nodes, stop_local_nodes
     from .session import GangSession
     from .single_node import SingleNodeLauncher
     from .step_run import attempt_facts, in_gang, read_node_history

@@ -15,27 +15,14 @@ import threading
 from typing import Any, Callable, List, Optional, Set, Tuple
 
 from ..errors import TorchrunException
-from ..gang import CONTROL_TASK_ID_ENV, GangFacts, GangServer, Topology, find_free_port
+from ..gang import GangFacts, GangServer, Topology, find_free_port
 from ..host import proctree
 from ..base.knobs import PORT_ENV
 from ..launch import StepDefaults
 from ..procs import describe_exit_code
+from .in_runtime import RUNTIME_PID_ENV
 from .node_tasks import NodeTasks
-from .warm_start import WarmStart, share_runtime_warm
-
-# The pid of the Metaflow runtime (`flow.py run`) that started a local control task.
-RUNTIME_PID_ENV = "METAFLOW_TORCHRUN_RUNTIME_PID"
-
-
-def name_local_control(env: Any, task_id: Any, warm: Optional[bool] = None) -> None:
-    """In Metaflow's runtime, as it starts a local control task: the control's task id in
-    its environment (Metaflow sets it only after @checkpoint read it: two lineages per gang
-    otherwise), and with ``warm`` the runtime's warm process to fork from."""
-    if isinstance(env, dict):
-        env[CONTROL_TASK_ID_ENV] = str(task_id)
-        env[RUNTIME_PID_ENV] = str(os.getpid())
-        if warm is not None:
-            share_runtime_warm(env, warm)
+from .warm_start import WarmStart
 
 
 def prepare_local_nodes(num_nodes: int, pinned_port: Optional[int],

@@ -16,6 +16,7 @@ from typing import Dict, List, Optional
 from ..cause import Cause, CauseKind
 from ..gang import messages as msg
 from ..gang import node_compare as verdicts
+from ..gang import preflight_modes as modes
 from ..host import cuda_devices, interfaces, route_to, work_root
 from ..launch import node_checks as checks
 from ..launch import plan_call
@@ -40,13 +41,13 @@ def measure(session: GangSession) -> msg.Preflight:
 def attach(session: GangSession, history: Optional["History"] = None) -> None:
     """Before ``session.join``: the preflight travels with the join; on the control, the
     node history checks the gang's hosts once all are in."""
-    if session.defaults.preflight != verdicts.OFF:
+    if session.defaults.preflight != modes.OFF:
         session.preflight_source = functools.partial(measure, session)
         session.preflight.mode = session.defaults.preflight
         if history is not None and session.is_control:
             session.preflight.history = history
             session.preflight.host_check = node_history.host_check(
-                history.get, history.threshold, session.defaults.preflight == verdicts.STRICT,
+                history.get, history.threshold, session.defaults.preflight == modes.STRICT,
                 node_history.platform_of(os.environ))
 
 
@@ -84,7 +85,7 @@ def backend(session: GangSession) -> str:
 
 def before_first_call(session: GangSession) -> None:
     """``preflight="full"``'s collective job, once per attempt, before the step's first call."""
-    if session.defaults.preflight != verdicts.FULL or session.calls_made or session.preflight.job_ran:
+    if session.defaults.preflight != modes.FULL or session.calls_made or session.preflight.job_ran:
         return
     session.preflight.job_ran = True
     plan = plan_call(collective_check.preflight_job, {"backend": backend(session)}, None, None,
