@@ -33,8 +33,12 @@ class CallFlow(FlowSpec):
             deadline = time.monotonic() + 120
             while time.monotonic() < deadline:
                 time.sleep(0.1)
-        os.chdir(HERE)  # the entrypoint is looked up from the working directory
-        result = current.torch.run(**kwargs)
+        run_dir = os.getcwd()
+        os.chdir(HERE)  # the entrypoint is looked up from the working directory; back after (refusals_flow.py)
+        try:
+            result = current.torch.run(**kwargs)
+        finally:
+            os.chdir(run_dir)
         self.nproc = result.nproc_per_node
         self.next(self.join)
 

@@ -28,18 +28,24 @@ class RefusalsFlow(FlowSpec):
     def train(self):
         out = os.path.join(os.environ["MFTR_TEST_OUT"], "refusals")
         os.makedirs(out, exist_ok=True)
-        os.chdir(HERE)  # the entrypoint is looked up from the working directory
-        for name, kwargs in json.loads(os.environ["MFTR_REFUSALS"]).items():
-            if kwargs.get("entrypoint") is not None:
-                kwargs["entrypoint"] = os.path.join("scripts", kwargs["entrypoint"])
-            args = kwargs.pop("*", [])  # positional arguments, as written (0.2's order)
-            try:
-                current.torch.run(*args, **kwargs)
-                said = {"type": None, "message": "not refused"}
-            except Exception as e:  # what the user's own except would see
-                said = {"type": type(e).__name__, "message": str(e)}
-            with open(os.path.join(out, "%s-%d.json" % (name, current.parallel.node_index)), "w") as f:
-                json.dump(said, f)
+        run_dir = os.getcwd()
+        # The entrypoint is looked up from the working directory; back after, for Metaflow's card
+        # store, which finds its folder from there (it wrote the card into tests/flows).
+        os.chdir(HERE)
+        try:
+            for name, kwargs in json.loads(os.environ["MFTR_REFUSALS"]).items():
+                if kwargs.get("entrypoint") is not None:
+                    kwargs["entrypoint"] = os.path.join("scripts", kwargs["entrypoint"])
+                args = kwargs.pop("*", [])  # positional arguments, as written (0.2's order)
+                try:
+                    current.torch.run(*args, **kwargs)
+                    said = {"type": None, "message": "not refused"}
+                except Exception as e:  # what the user's own except would see
+                    said = {"type": type(e).__name__, "message": str(e)}
+                with open(os.path.join(out, "%s-%d.json" % (name, current.parallel.node_index)), "w") as f:
+                    json.dump(said, f)
+        finally:
+            os.chdir(run_dir)
         self.next(self.join)
 
     @step

@@ -87,10 +87,6 @@ class Gang:
                 TOKEN_VAR: self.token,
                 "MFTR_TEST_OUT": self.out,
                 "METAFLOW_DATASTORE_SYSROOT_LOCAL": self.tmp,
-                # Metaflow's card store ignores the line above and looks for .metaflow from the working
-                # directory up: a step that changes directory (call_flow.py, refusals_flow.py: into
-                # tests/flows) wrote its cards into the checkout. Where the datastore is, as without one.
-                "METAFLOW_CARD_LOCALROOT": os.path.join(self.tmp, ".metaflow", "mf.cards"),
                 "METAFLOW_USER": self.env.get("METAFLOW_USER", "tests"),
                 "PATH": venv_bin + os.pathsep + self.env.get("PATH", ""),
                 "PYTHONUNBUFFERED": "1",
