@@ -6,20 +6,14 @@ from typing import Iterator
 import pytest
 
 from .calls import CALLS, CallsRun, flow_run, once_per_pytest_run, run_calls
-from .helpers import Gang, describe
+from .helpers import Gang, sandbox
 from .refusals import RefusalsRun, run_refusals
 
 
 @pytest.fixture
 def gang(tmp_path):
     """A sandbox for one test; fails the test if any of its processes survive."""
-    g = Gang(tmp_path)
-    try:
-        yield g
-    finally:
-        leaked = g.leaks()
-        g.kill_everything()
-    assert not leaked, "processes left behind:\n" + describe(leaked)
+    yield from sandbox(tmp_path)
 
 
 @dataclass

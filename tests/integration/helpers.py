@@ -15,7 +15,7 @@ import subprocess
 import sys
 import time
 import uuid
-from typing import Dict, List, Optional
+from typing import Dict, Iterator, List, Optional
 
 import client_read
 import extras
@@ -232,3 +232,14 @@ def check_failure_screen(text: str, *in_order: str, once: str = "") -> List[str]
         assert shown.count(once) == 1, "%r %d times in:\n%s" % (once, shown.count(once), shown)
         assert without_task_prefix(text).count(once) == 1, "%r more than once in the whole output" % once
     return screen
+
+
+def sandbox(tmp_path, checkpoint: bool = False) -> Iterator[Gang]:
+    """A test's ``Gang`` (the ``gang`` fixture's body); fails the test if any of its processes survive."""
+    g = Gang(tmp_path, checkpoint=checkpoint)
+    try:
+        yield g
+    finally:
+        leaked = g.leaks()
+        g.kill_everything()
+    assert not leaked, "processes left behind:\n" + describe(leaked)

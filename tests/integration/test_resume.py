@@ -11,7 +11,7 @@ import os
 import extras
 import pytest
 
-from .helpers import Gang, describe, output
+from .helpers import output, sandbox
 
 FLOW = "checkpoint_flow.py"
 
@@ -20,13 +20,7 @@ FLOW = "checkpoint_flow.py"
 def gang(tmp_path):
     """The package's own gang fixture (conftest.py), its runs with metaflow-checkpoint (extras.py)."""
     assert extras.has_checkpoint(), extras.NO_CHECKPOINT
-    g = Gang(tmp_path, checkpoint=True)
-    try:
-        yield g
-    finally:
-        leaked = g.leaks()
-        g.kill_everything()
-    assert not leaked, "processes left behind:\n" + describe(leaked)
+    yield from sandbox(tmp_path, checkpoint=True)
 
 
 def _events(gang):
