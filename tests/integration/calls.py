@@ -129,7 +129,7 @@ def flow_run(factory: pytest.TempPathFactory, name: str, *args: str, flow: str =
     """One real run in a sandbox of its own; fails if any process of it outlives it."""
     gang = Gang(factory.mktemp(name))
     gang.env.pop("METAFLOW_TORCHRUN_DEBUG", None)  # the debug channel is off unless asked for
-    beside = _listing(FLOWS)  # a step that changes into tests/flows writes nothing there (helpers.Gang)
+    beside = _listing(FLOWS)  # a step that changes into tests/flows writes nothing there (refusals_flow.py)
     try:
         proc = gang.run(*args, flow=flow, top_args=top_args, env=env, timeout=timeout)
         leaked = gang.leaks()

@@ -43,7 +43,7 @@ class StepDefaults:
     shutdown_grace: float = DEFAULTS.SHUTDOWN_GRACE
     rdzv_port: Optional[int] = None  # torchrun's rendezvous port on the control; None: picked free per call
     args_as: str = DEFAULTS.ARGS_AS  # how a dict of entrypoint_args is spelled (command.ARGS_STYLES)
-    preflight: str = "versions"  # @torchrun(preflight=...): gang/preflight_modes.py parse_mode
+    preflight: str = DEFAULTS.PREFLIGHT  # @torchrun(preflight=...): gang/preflight_modes.py parse_mode
     restarts: int = DEFAULTS.RESTARTS  # @torchrun(restarts=N): the gang restarts a call's ranks in the same tasks
     spares: int = DEFAULTS.SPARES  # @torchrun(spares=K): K nodes wait to replace a bad one (gang/bench.py)
     retry_on: Optional[str] = None  # as spec.py read it: "infrastructure" refuses torch's own restart
