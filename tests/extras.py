@@ -25,6 +25,8 @@ def has_checkpoint() -> bool:
 
 
 def with_checkpoint(env: Mapping[str, str]) -> Dict[str, str]:
-    """``env`` with metaflow-checkpoint importable, ahead of anything on its ``PYTHONPATH``."""
+    """``env`` with metaflow-checkpoint importable, ahead of anything on its ``PYTHONPATH``; a
+    venv without it fails the test, saying how to get it, rather than its flow failing later."""
+    assert has_checkpoint(), NO_CHECKPOINT
     path = [CHECKPOINT_SITE] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
     return dict(env, PYTHONPATH=os.pathsep.join(path))

@@ -7,6 +7,7 @@ call until the gang stops it (the other node's call refused is the gang's root
 cause; at most 120 s). The step stores the result's nproc_per_node as an artifact.
 """
 
+import contextlib
 import json
 import os
 import time
@@ -33,12 +34,8 @@ class CallFlow(FlowSpec):
             deadline = time.monotonic() + 120
             while time.monotonic() < deadline:
                 time.sleep(0.1)
-        run_dir = os.getcwd()
-        os.chdir(HERE)  # the entrypoint is looked up from the working directory; back after (refusals_flow.py)
-        try:
+        with contextlib.chdir(HERE):  # the entrypoint is looked up from there; back after (refusals_flow.py)
             result = current.torch.run(**kwargs)
-        finally:
-            os.chdir(run_dir)
         self.nproc = result.nproc_per_node
         self.next(self.join)
 

@@ -10,6 +10,7 @@ call's keywords (entrypoint relative to this file's scripts/ unless null;
 MFTR_TORCHRUN: the step's @torchrun attributes (a JSON object, default none).
 """
 
+import contextlib
 import json
 import os
 
@@ -28,11 +29,9 @@ class RefusalsFlow(FlowSpec):
     def train(self):
         out = os.path.join(os.environ["MFTR_TEST_OUT"], "refusals")
         os.makedirs(out, exist_ok=True)
-        run_dir = os.getcwd()
         # The entrypoint is looked up from the working directory; back after, for Metaflow's card
         # store, which finds its folder from there (it wrote the card into tests/flows).
-        os.chdir(HERE)
-        try:
+        with contextlib.chdir(HERE):
             for name, kwargs in json.loads(os.environ["MFTR_REFUSALS"]).items():
                 if kwargs.get("entrypoint") is not None:
                     kwargs["entrypoint"] = os.path.join("scripts", kwargs["entrypoint"])
@@ -44,8 +43,6 @@ class RefusalsFlow(FlowSpec):
                     said = {"type": type(e).__name__, "message": str(e)}
                 with open(os.path.join(out, "%s-%d.json" % (name, current.parallel.node_index)), "w") as f:
                     json.dump(said, f)
-        finally:
-            os.chdir(run_dir)
         self.next(self.join)
 
     @step

@@ -8,7 +8,6 @@ user's code is not retried, a killed node still is."""
 import json
 import os
 
-import extras
 import pytest
 
 from .helpers import output, sandbox
@@ -19,7 +18,6 @@ FLOW = "checkpoint_flow.py"
 @pytest.fixture
 def gang(tmp_path):
     """The package's own gang fixture (conftest.py), its runs with metaflow-checkpoint (extras.py)."""
-    assert extras.has_checkpoint(), extras.NO_CHECKPOINT
     yield from sandbox(tmp_path, checkpoint=True)
 
 
