@@ -15,7 +15,7 @@ import subprocess
 import sys
 import time
 import uuid
-from typing import Dict, Iterator, List, Optional
+from typing import Dict, Iterator, List, Mapping, Optional
 
 import client_read
 import extras
@@ -29,22 +29,26 @@ FLOWS = os.path.join(REPO, "tests", "flows")
 _WARM: Dict[str, WarmStart] = {}  # this test worker's warm processes, by PYTHONPATH, each started with its first Gang
 
 
-def worker_warm(pythonpath: str = "") -> str:
+def worker_warm(pythonpath: str = "", base: Optional[Mapping[str, str]] = None) -> str:
     """The socket of this worker's warm process (the product's own, procs/zygote.py)
     for runs with this ``PYTHONPATH``: every run's warm process forks from it
     (runtime/warm_start.py), so the worker imports torch once, not once a flow (~1.6
     CPU-s each). A warm process serves only runs whose environment torch's import
     would read the same (``zygote.refusal``), hence one per ``PYTHONPATH`` (extras.py's
-    runs have their own). It dies with the worker; what it forks is each test's
-    (our_processes.watch_warm)."""
+    runs have their own), and one started in ``base`` instead of the worker's
+    environment (the multi-host tests' hosts start from scratch, as a pod does; what
+    it forks for a host joins the host's namespaces, host/namespaces.py). It dies with
+    the worker; what it forks is each test's (our_processes.watch_warm)."""
     if os.environ.get("MFTR_TEST_WORKER_WARM") == "off":  # each run imports torch itself: to measure, to compare
         return ""
-    warm = _WARM.get(pythonpath)
+    key = pythonpath if base is None else "base:" + pythonpath
+    warm = _WARM.get(key)
     if warm is None:
-        env = {k: v for k, v in os.environ.items() if k not in (TOKEN_VAR, HOST_ZYGOTE_ENV, ZYGOTE_ENV, "PYTHONPATH")}
+        source = os.environ if base is None else base
+        env = {k: v for k, v in source.items() if k not in (TOKEN_VAR, HOST_ZYGOTE_ENV, ZYGOTE_ENV, "PYTHONPATH")}
         if pythonpath:
             env["PYTHONPATH"] = pythonpath
-        warm = _WARM[pythonpath] = WarmStart.for_step(True)
+        warm = _WARM[key] = WarmStart.for_step(True)
         warm.start(env, 2)  # as the runtime starts its own: OMP_NUM_THREADS=1
         atexit.register(warm.close)
         deadline = time.monotonic() + 30

@@ -27,7 +27,10 @@ from typing import Dict, List, Optional, Sequence
 
 from metaflow.util import compress_list
 import client_read
+from integration.helpers import worker_warm
 from our_processes import TOKEN_VAR, describe, kill_all, leaks, processes_with_token  # noqa: F401 (shared)
+
+from metaflow_extensions.torchrun.plugins.torchrun.procs.names import HOST_ZYGOTE_ENV
 
 from . import contracts
 from .netns import Host, Network
@@ -70,6 +73,11 @@ class Sandbox:
             "METAFLOW_DATASTORE_SYSROOT_LOCAL": self.tmp,
             "MFTR_TEST_OUT": self.out,
         }
+        # Each host's node forks its warm process from this worker's, in the host's own
+        # namespaces (host/namespaces.py), not importing torch once a host (1.3 CPU-s each).
+        warm = worker_warm(base={k: self.env[k] for k in ("PATH", "LANG")})
+        if warm:
+            self.env[HOST_ZYGOTE_ENV] = warm
 
     def leaks(self, grace: float = 5.0) -> List[int]:
         return leaks(self.token, grace)

@@ -24,7 +24,7 @@ import time
 
 import pytest
 
-from .harness import FLOWS, REPO, PlatformRun
+from .harness import FLOWS, HOST_ZYGOTE_ENV, REPO, PlatformRun
 
 pytestmark = [pytest.mark.multihost, pytest.mark.timeout(240)]
 
@@ -113,6 +113,7 @@ class SpotRun(PlatformRun):
         return ["sh", "-c", _PRIVATE_TMP, "sh", ":".join(keep)] + super().node_argv(index)
 
     def launch(self, index):
+        self.env.pop(HOST_ZYGOTE_ENV, None)  # the worker's warm process is under the /tmp each host hides
         node = self.nodes[index]
         node.env.update({
             "METAFLOW_KUBERNETES_WORKLOAD": "1",

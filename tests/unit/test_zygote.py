@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import stat
@@ -400,6 +401,58 @@ def test_a_warm_process_under_a_deep_tmpdir_binds_and_serves_warm(zygote, script
     finally:
         stand_in.kill()
         stand_in.wait()
+
+
+NAMESPACED = r"""
+import json, os, socket, sys
+print(json.dumps({"warm": "torch" in sys.modules, "host": socket.gethostname(), "ppid": os.getppid(),
+                  "net": os.stat("/proc/self/ns/net").st_ino, "mnt": os.stat("/proc/self/ns/mnt").st_ino,
+                  "pid_ns": os.stat("/proc/self/ns/pid").st_ino, "marker": os.path.exists(sys.argv[1]),
+                  "cwd": os.getcwd()}), flush=True)
+"""
+# Runs as `sh -c INNER sh DIR argv...` in new namespaces (always a UTS one: `hostname` here
+# must never name the machine): a host name and a tmpfs of their own.
+_INNER = 'hostname ns-test && mount -t tmpfs tmpfs "$1" && : > "$1/marker" && shift && exec "$@"'
+_NAMESPACES = pytest.mark.skipif(os.getuid() != 0 or not shutil.which("unshare"),
+                                 reason="namespaces of its own take root and unshare(1)")
+
+
+def _run_unshared(tmp_path, zygote_path, *unshare):
+    script, hidden = tmp_path / "ns.py", tmp_path / "hidden"
+    script.write_text(NAMESPACED)
+    hidden.mkdir(exist_ok=True)
+    marker = hidden / "marker"
+    argv = ["unshare", *unshare, "--uts", "--mount", "--propagation", "private", "sh", "-c", _INNER, "sh", str(hidden),
+            sys.executable, "-u", "-m", PKG + ".bootstrap", str(script), str(marker)]
+    p = subprocess.run(argv, env=_env(zygote_path), cwd=str(tmp_path), capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0 and p.stdout.strip(), p.stderr
+    assert not marker.exists()  # the tmpfs was the namespace's alone
+    return json.loads(p.stdout.splitlines()[0])
+
+
+def _own(kind):
+    return os.stat("/proc/self/ns/%s" % kind).st_ino
+
+
+@_NAMESPACES
+def test_a_stand_in_in_other_namespaces_has_its_child_forked_into_them(zygote, tmp_path):
+    """A warm process reached from another network, host name and mount namespace (a
+    node of the multi-host tests' hosts): its child joins the stand-in's
+    (host/namespaces.py); in the zygote's own network its ranks would bind and connect
+    where the node is not."""
+    warm = _run_unshared(tmp_path, zygote[0], "--net")
+    fresh = _run_unshared(tmp_path, None, "--net")
+    assert warm["warm"] and warm["ppid"] == zygote[1].pid and not fresh["warm"]
+    for seen in (warm, fresh):
+        assert seen["host"] == "ns-test" and seen["marker"] and seen["cwd"] == str(tmp_path), seen
+        assert seen["net"] != _own("net") and seen["mnt"] != _own("mnt"), seen
+
+
+@_NAMESPACES
+def test_a_stand_in_in_another_pid_namespace_starts_fresh(zygote, tmp_path):
+    """A process cannot join a pid namespace itself: refused, the stand-in runs it."""
+    seen = _run_unshared(tmp_path, zygote[0], "--pid", "--fork")
+    assert not seen["warm"] and seen["pid_ns"] != _own("pid") and seen["marker"], seen
 
 
 # A library that re-creates its native pool in every forked child, as OpenBLAS

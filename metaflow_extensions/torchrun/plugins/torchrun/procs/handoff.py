@@ -50,7 +50,7 @@ def hand_off(module: str, argv: Sequence[str], environ: Mapping[str, str] = os.e
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         _connect(sock, path)
-        if peer_uid(sock) != os.getuid():
+        if peer_credentials(sock)[1] != os.getuid():
             raise OSError("the zygote at %s is another user's" % path)  # never hand it our environment
         umask = os.umask(0o022)
         os.umask(umask)
@@ -104,9 +104,11 @@ def _forked(reader: ReplyReader) -> Tuple[bool, Optional[Dict[str, int]]]:
         return True, None
 
 
-def peer_uid(sock: socket.socket) -> int:
+def peer_credentials(sock: socket.socket) -> Tuple[int, int]:
+    """The peer's pid (0 where it lives in a pid namespace this one cannot see) and uid, as the kernel says."""
     creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    return struct.unpack("3i", creds)[1]
+    pid, uid, _gid = struct.unpack("3i", creds)
+    return pid, uid
 
 
 def _wait_exit(reader: ReplyReader) -> int:

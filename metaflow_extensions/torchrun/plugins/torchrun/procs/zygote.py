@@ -16,7 +16,7 @@ import socket
 import sys
 import time
 
-from ..host import die_with_parent, name_this_process, title
+from ..host import die_with_parent, name_this_process, namespaces, title
 from ..host.unix_socket import bind_unix
 from . import handoff
 from .fork_guard import ForkGuard
@@ -120,13 +120,16 @@ class Server:
             return None
         fds: List[int] = []
         try:
-            if handoff.peer_uid(conn) != os.getuid():
+            peer, uid = handoff.peer_credentials(conn)
+            if uid != os.getuid():
                 raise WireError("a peer of another user")
             conn.settimeout(_REQUEST_SECONDS)
             request, fds = recv_request(conn)
             why = refusal(request) or (_GUARD.hazard(sys.modules) if _GUARD is not None else None)
+            kinds, why = ((), why) if why is not None else namespaces.differences(peer)
             if why is not None:
                 raise _Refused(why, fds)
+            handles = namespaces.open_handles(peer, kinds)
         except (OSError, WireError) as e:
             if isinstance(e, _Refused):  # the stand-in starts fresh: say why in this zygote's log
                 sys.stderr.write("a start refused, the stand-in starts fresh: %s\n" % e)
@@ -138,7 +141,9 @@ class Server:
         if pid == 0:
             conn.close()
             self._leave()
+            _join(handles)
             return request, fds
+        namespaces.close_handles(handles)
         for fd in fds:
             os.close(fd)
         if pid is None:
@@ -233,6 +238,16 @@ class Server:
         self.listener.close()
         os.close(self.wake_r)
         os.close(self.wake_w)
+
+
+def _join(handles: Dict[str, int]) -> None:
+    """Where the stand-in lives (host/namespaces.py). The stand-in heard "taken": a child
+    that cannot live there ends as a failed start rather than run in the wrong network."""
+    try:
+        namespaces.join(handles)
+    except OSError as e:
+        sys.stderr.write("a forked child could not join its stand-in's namespaces: %s\n" % e)
+        os._exit(1)
 
 
 def _complete_status(request: Request, pid: int, code: int) -> None:
