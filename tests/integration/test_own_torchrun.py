@@ -37,7 +37,7 @@ def test_a_command_built_from_torchrun_args_trains_at_2_by_2(ran):
     assert sorted(trained) == [0, 1, 2, 3]
     assert {r["world"] for r in trained.values()} == {4}
     assert all(r["last"] < r["first"] / 100 for r in trained.values()), trained
-    assert len({r["weights"] for r in trained.values()}) == 1  # one DDP model across the 4 ranks
+    assert len({r["weights"] for r in trained.values()}) == 1  # one model across the 4 ranks, its gradients averaged
 
 
 def test_false_for_a_bool_that_defaults_to_true_is_said_once_and_false_as_text_passes(ran):
