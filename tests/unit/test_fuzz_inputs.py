@@ -30,7 +30,12 @@ from metaflow_extensions.torchrun.plugins.torchrun.launch.plan import StepDefaul
 from metaflow_extensions.torchrun.plugins.torchrun.procs import entry, names
 
 hypothesis = pytest.importorskip("hypothesis")
-run = pytest.importorskip("torch.distributed.run")
+
+
+def _run():
+    """torchrun's own module, imported by the first test that reads it, not as the file is
+    collected (tools/pools.py: a collection without torch, which compiles apart)."""
+    return pytest.importorskip("torch.distributed.run")
 from hypothesis import HealthCheck, given, seed, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
@@ -130,7 +135,7 @@ def check_accepted(plan, entrypoint, entrypoint_args, tmp):
     launch = Launch(python="py", num_nodes=2, node_index=1, nproc_per_node=plan.nproc, rdzv_host="10.0.0.1",
                     rdzv_port=29500, rdzv_id="x", entrypoint="/e.json", user_options=plan.options,
                     local_addr="10.0.0.2")
-    parsed = run.get_args_parser().parse_args(build_command(launch)[3:])
+    parsed = _run().get_args_parser().parse_args(build_command(launch)[3:])
     restarts = plan.options.get("max-restarts", 0)
     assert isinstance(restarts, int)
     assert parsed.max_restarts == (restarts if restarts is not False else 0)

@@ -9,6 +9,7 @@ torch's own argument parser, leaves that option exactly as @torchrun set it.
 
 from __future__ import annotations
 
+import functools
 import itertools
 
 import pytest
@@ -18,7 +19,12 @@ from metaflow_extensions.torchrun.plugins.torchrun.launch import options as opts
 from metaflow_extensions.torchrun.plugins.torchrun.launch.command import BOOTSTRAP_MODULE, Launch, build_command
 from metaflow_extensions.torchrun.plugins.torchrun.launch.plan import StepDefaults, legacy_rdzv_port, merged_options
 
-run = pytest.importorskip("torch.distributed.run")
+
+
+def _run():
+    """torchrun's own module, imported by the first test that reads it, not as the file is
+    collected (tools/pools.py: a collection without torch, which compiles apart)."""
+    return pytest.importorskip("torch.distributed.run")
 
 LAUNCH = dict(
     python="/venv/bin/python", num_nodes=2, node_index=1, nproc_per_node=2, rdzv_host="10.0.0.1",
@@ -34,7 +40,7 @@ assert set(EVIL) == set(opts.OWNED_OPTIONS)
 
 
 def parsed(argv):
-    return run.get_args_parser().parse_args(argv[3:])
+    return _run().get_args_parser().parse_args(argv[3:])
 
 
 def dest(name: str) -> str:
@@ -73,7 +79,9 @@ def attempts(name: str):
         yield ["--monitor-interval", "1", "--role=" + joined]
 
 
-BASELINE = parsed(build_command(Launch(**LAUNCH)))
+@functools.lru_cache(maxsize=None)
+def _baseline():
+    return parsed(build_command(Launch(**LAUNCH)))
 
 
 def _case_ids():
@@ -106,7 +114,7 @@ def test_no_spelling_sets_an_owned_option(name, attempt, where):
             return
         pytest.fail("accepted, but torchrun's parser rejects the command: %r -> %r" % (attempt, argv))
     for owned in opts.OWNED_OPTIONS:
-        assert getattr(args, dest(owned)) == getattr(BASELINE, dest(owned)), (owned, attempt, argv)
+        assert getattr(args, dest(owned)) == getattr(_baseline(), dest(owned)), (owned, attempt, argv)
     assert args.training_script == BOOTSTRAP_MODULE and args.training_script_args == [LAUNCH["entrypoint"]]
 
 

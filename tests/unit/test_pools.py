@@ -223,3 +223,14 @@ def test_the_durations_are_read_from_json_and_a_bad_file_deals_as_if_none(tmp_pa
         assert markers.read_durations(str(good)) == {}
     assert markers.read_durations(str(tmp_path / "none.json")) == {}
     assert markers.read_durations()  # the suite's own, kept in git
+
+
+def test_a_collection_of_the_suite_imports_no_torch():
+    """``warm_bytecode`` compiles a fresh venv's torch beside the collection, apart only while no
+    test file imports torch as it is collected (in its tests, its fixtures: not at its top)."""
+    code = ("import sys, pytest\n"
+            "pytest.main(['--collect-only', '-q', '-p', 'no:cacheprovider', 'tests'])\n"
+            "print('TORCH', sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.'))[:5])")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    seen = [line for line in proc.stdout.splitlines() if line.startswith("TORCH ")]
+    assert seen == ["TORCH []"], (seen, proc.stdout[-2000:], proc.stderr[-2000:])

@@ -20,7 +20,12 @@ from metaflow_extensions.torchrun.plugins.torchrun.launch.command import Launch,
 from metaflow_extensions.torchrun.plugins.torchrun.launch.options import OWNED_OPTIONS, OptionSpec, parse_options
 from metaflow_extensions.torchrun.plugins.torchrun.launch.plan import CallRequest, StepDefaults, plan_call, plan_request
 
-run = pytest.importorskip("torch.distributed.run")
+
+
+def _run():
+    """torchrun's own module, imported by the first test that reads it, not as the file is
+    collected (tools/pools.py: a collection without torch, which compiles apart)."""
+    return pytest.importorskip("torch.distributed.run")
 
 
 def entry():
@@ -30,7 +35,7 @@ def entry():
 def real_specs():
     """Canonical name -> (takes a value, type) from the parser torch really builds."""
     out = {}
-    for action in run.get_args_parser()._actions:
+    for action in _run().get_args_parser()._actions:
         longs = [s for s in action.option_strings if s.startswith("--")]
         if not longs or isinstance(action, argparse._HelpAction):
             continue
@@ -179,7 +184,7 @@ def test_every_accepted_value_reaches_torchs_parser_as_given():
         if name == "numa-binding":
             given = expected = "node"  # computed choices, left to torch
         options = parse_options({name: given}, specs=torch_checks.known_option_specs())
-        parsed = run.get_args_parser().parse_args(build_command(Launch(user_options=options, **launch))[3:])
+        parsed = _run().get_args_parser().parse_args(build_command(Launch(user_options=options, **launch))[3:])
         got = getattr(parsed, name.replace("-", "_"))
         if name.endswith("-filters"):
             got = ",".join(got)  # torch splits these at commas
