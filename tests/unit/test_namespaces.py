@@ -50,27 +50,41 @@ def _comm(pid):
         return ""
 
 
+def _opened(handles):
+    """What each handle is, checked against the sleeper's own namespaces by the test."""
+    kinds = {kind: os.fstat(fd).st_ino for kind, fd in handles.items()}
+    namespaces.close_handles(handles)
+    return kinds
+
+
+def _of(pid, kind):
+    return os.stat("/proc/%d/ns/%s" % (pid, kind)).st_ino
+
+
 def test_this_process_differs_from_itself_in_nothing():
-    assert namespaces.differences(os.getpid()) == ((), None)
+    assert namespaces.to_join(os.getpid()) == ({}, None)
 
 
-def test_another_network_and_host_name_are_joined_where_this_process_may(unshared):
-    kinds, why = namespaces.differences(unshared("--net", "--uts"))
-    assert kinds == ("net", "uts") and why is None
+def test_another_network_and_host_name_are_opened_to_be_joined_where_this_process_may(unshared):
+    sleeper = unshared("--net", "--uts")
+    handles, why = namespaces.to_join(sleeper)
+    assert why is None and _opened(handles) == {"net": _of(sleeper, "net"), "uts": _of(sleeper, "uts")}
 
 
-def test_without_the_capability_to_join_it_is_refused(unshared, monkeypatch):
-    monkeypatch.setattr(namespaces, "_effective_caps", lambda pid: 0)
-    kinds, why = namespaces.differences(unshared("--net"))
-    assert kinds == ("net",) and why == "another net namespace, which this process may not join"
+def test_without_the_capability_to_join_it_is_refused_with_nothing_left_open(unshared, monkeypatch):
+    monkeypatch.setattr(namespaces, "_effective_caps", lambda: 0)
+    before = len(os.listdir("/proc/self/fd"))
+    handles, why = namespaces.to_join(unshared("--net"))
+    assert handles == {} and why == "another net namespace, which this process may not join"
+    assert len(os.listdir("/proc/self/fd")) == before
 
 
 def test_another_pid_namespace_is_refused(unshared):
-    kinds, why = namespaces.differences(unshared("--pid", "--fork"))
-    assert "pid" in kinds and why == "another pid namespace"
+    handles, why = namespaces.to_join(unshared("--pid", "--fork"))
+    assert handles == {} and why == "another pid namespace"
 
 
 def test_a_pid_this_process_cannot_see_is_refused():
     """SO_PEERCRED says 0 for a peer in a pid namespace this one cannot see."""
-    kinds, why = namespaces.differences(0)
-    assert why is not None and why.startswith("another pid and user namespace")
+    handles, why = namespaces.to_join(0)
+    assert handles == {} and why == "another pid and user namespace"

@@ -16,38 +16,57 @@ import os
 
 TYPE_CHECKING = False  # typing unimported: a stand-in loads the warm process's modules (procs/handoff.py)
 if TYPE_CHECKING:
-    from typing import Dict, Optional, Tuple
+    from typing import Dict, List, Optional, Tuple
 
-# Joined by the forked child, mounts last: the others' handles are open before /proc may change.
+# Joined by the forked child in this order, mounts last (joining them resets the root and the working directory).
 JOINED = ("net", "uts", "ipc", "mnt")
 FIXED = ("pid", "user")  # a difference here is a refusal
 _CAP_SYS_CHROOT, _CAP_SYS_ADMIN = 18, 21  # setns(2): both for a mount namespace, the latter for the rest
 
 
-def _identity(pid: int, kind: str) -> Optional[Tuple[int, int]]:
+def _own(kind: str) -> Optional[Tuple[int, int]]:
     try:
-        st = os.stat("/proc/%d/ns/%s" % (pid, kind))
+        st = os.stat("/proc/self/ns/" + kind)
     except OSError:
         return None
     return st.st_dev, st.st_ino
 
 
-def differences(pid: int, own: int = 0) -> Tuple[Tuple[str, ...], Optional[str]]:
-    """The namespaces process ``pid`` lives in apart from ``own`` (this process), and why
-    a child of ``own`` could not join them (None: it can)."""
-    own = own or os.getpid()
-    unlike = tuple(kind for kind in JOINED + FIXED if _identity(pid, kind) != _identity(own, kind))
+def to_join(pid: int) -> Tuple[Dict[str, int], Optional[str]]:
+    """The namespaces process ``pid`` lives in apart from this one, opened: what a child of
+    this process joins (``join``), compared as opened, so that what is joined is what was
+    compared. Else why a child could not join them, and nothing open."""
+    handles: Dict[str, int] = {}
+    unlike: List[str] = []
+    for kind in JOINED + FIXED:
+        own = _own(kind)
+        if own is None:  # no /proc/self/ns here (some sandboxes' kernels): nothing to compare, as before
+            continue
+        try:
+            fd = os.open("/proc/%d/ns/%s" % (pid, kind), os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:  # gone, or a pid this pid namespace does not show (SO_PEERCRED's 0)
+            unlike.append(kind)
+            continue
+        st = os.fstat(fd)
+        if (st.st_dev, st.st_ino) == own:
+            os.close(fd)
+        else:
+            handles[kind] = fd
+            unlike.append(kind)
     fixed = [kind for kind in unlike if kind in FIXED]
+    why = None
     if fixed:
-        return unlike, "another %s namespace" % " and ".join(fixed)
-    if unlike and not _may_join(_effective_caps(own)):
-        return unlike, "another %s namespace, which this process may not join" % " and ".join(unlike)
-    return unlike, None
+        why = "another %s namespace" % " and ".join(fixed)
+    elif unlike and (len(handles) < len(unlike) or not _may_join(_effective_caps())):
+        why = "another %s namespace, which this process may not join" % " and ".join(unlike)
+    if why is not None:
+        close_handles(handles)
+    return handles, why
 
 
-def _effective_caps(pid: int) -> int:
+def _effective_caps() -> int:
     try:
-        with open("/proc/%d/status" % pid, "rb") as f:
+        with open("/proc/self/status", "rb") as f:
             for line in f:
                 if line.startswith(b"CapEff:"):
                     return int(line.split()[1], 16)
@@ -60,25 +79,14 @@ def _may_join(caps: int) -> bool:
     return all(caps >> bit & 1 for bit in (_CAP_SYS_ADMIN, _CAP_SYS_CHROOT))
 
 
-def open_handles(pid: int, kinds: Tuple[str, ...]) -> Dict[str, int]:
-    """Taken while ``pid`` is known alive (it waits on our answer): its pid cannot be another's yet."""
-    handles: Dict[str, int] = {}
-    try:
-        for kind in kinds:
-            handles[kind] = os.open("/proc/%d/ns/%s" % (pid, kind), os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
-        close_handles(handles)
-        raise
-    return handles
-
-
 def join(handles: Dict[str, int]) -> None:
     """In a child with one thread (a forked warm process has one); closes the handles.
     Mounts last: joining them resets the root and working directory, which the child
     sets again from its asker's."""
     try:
-        for kind in sorted(handles, key=lambda k: JOINED.index(k) if k in JOINED else len(JOINED)):
-            _setns(handles[kind])
+        for kind in JOINED:
+            if kind in handles:
+                _setns(handles[kind])
     finally:
         close_handles(handles)
 

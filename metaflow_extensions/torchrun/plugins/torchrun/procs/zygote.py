@@ -126,10 +126,9 @@ class Server:
             conn.settimeout(_REQUEST_SECONDS)
             request, fds = recv_request(conn)
             why = refusal(request) or (_GUARD.hazard(sys.modules) if _GUARD is not None else None)
-            kinds, why = ((), why) if why is not None else namespaces.differences(peer)
+            handles, why = ({}, why) if why is not None else namespaces.to_join(peer)
             if why is not None:
                 raise _Refused(why, fds)
-            handles = namespaces.open_handles(peer, kinds)
         except (OSError, WireError) as e:
             if isinstance(e, _Refused):  # the stand-in starts fresh: say why in this zygote's log
                 sys.stderr.write("a start refused, the stand-in starts fresh: %s\n" % e)
