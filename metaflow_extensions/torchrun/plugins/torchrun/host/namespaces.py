@@ -38,21 +38,13 @@ def to_join(pid: int) -> Tuple[Dict[str, int], Optional[str]]:
     compared. Else why a child could not join them, and nothing open."""
     handles: Dict[str, int] = {}
     unlike: List[str] = []
-    for kind in JOINED + FIXED:
-        own = _own(kind)
-        if own is None:  # no /proc/self/ns here (some sandboxes' kernels): nothing to compare, as before
-            continue
-        try:
-            fd = os.open("/proc/%d/ns/%s" % (pid, kind), os.O_RDONLY | os.O_CLOEXEC)
-        except OSError:  # gone, or a pid this pid namespace does not show (SO_PEERCRED's 0)
-            unlike.append(kind)
-            continue
-        st = os.fstat(fd)
-        if (st.st_dev, st.st_ino) == own:
-            os.close(fd)
-        else:
-            handles[kind] = fd
-            unlike.append(kind)
+    try:
+        for kind in JOINED + FIXED:
+            if _differs(pid, kind, handles):
+                unlike.append(kind)
+    except OSError:
+        close_handles(handles)
+        raise
     fixed = [kind for kind in unlike if kind in FIXED]
     why = None
     if fixed:
@@ -62,6 +54,28 @@ def to_join(pid: int) -> Tuple[Dict[str, int], Optional[str]]:
     if why is not None:
         close_handles(handles)
     return handles, why
+
+
+def _differs(pid: int, kind: str, handles: Dict[str, int]) -> bool:
+    """Whether ``pid``'s namespace of ``kind`` is not this process's; where it can be joined,
+    its handle is kept in ``handles``."""
+    own = _own(kind)
+    if own is None:  # no /proc/self/ns here (some sandboxes' kernels): nothing to compare, as before
+        return False
+    try:
+        fd = os.open("/proc/%d/ns/%s" % (pid, kind), os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:  # gone, or a pid this pid namespace does not show (SO_PEERCRED's 0)
+        return True
+    try:
+        st = os.fstat(fd)
+    except OSError:
+        os.close(fd)
+        raise
+    if (st.st_dev, st.st_ino) == own:
+        os.close(fd)
+        return False
+    handles[kind] = fd
+    return True
 
 
 def _effective_caps() -> int:
