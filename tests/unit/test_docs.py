@@ -170,3 +170,30 @@ def test_the_readme_says_what_ci_adds_to_its_test_command():
     assert ci == ['make wheel-venv >"$package_log" 2>&1 &', "make install", 'make package-check >>"$package_log" 2>&1 &',
                   'make test PYTEST_ARGS="-ra" || status=$?']
     assert "make test" in readme and "runs `make package-check` beside `make test`" in readme
+
+
+# -- the docs read as documentation: history in CHANGELOG.md, measurements in docs/benchmarks.md --
+
+import docs_history  # noqa: E402
+import pytest  # noqa: E402
+
+
+@pytest.mark.parametrize("page", docs_history.pages())
+def test_a_page_names_no_commit_no_issue_and_no_date_in_prose(page):
+    with open(os.path.join(REPO, page), encoding="utf-8") as f:
+        found = docs_history.problems(f.read())
+    assert found == [], "%s reads as a notebook: move history to CHANGELOG.md, measurements to docs/benchmarks.md" % page
+
+
+def test_the_notebook_check_finds_a_commit_an_issue_and_a_date():
+    page = ("The first round (issue 37, at 55e4617) took 3 s on 2026-11-23, and again on Nov 24.\n"
+            "```console\n2026-11-26 09:30:07.901 [1/train/2] The card: ... --hash bd4719dc\n```\n"
+            "The card's hash `--hash 3e7111c1` and a count of 1795685376665240 are no commit.\n")
+    assert docs_history.problems(page) == ["commit: 55e4617", "issue: issue 37", "date: 2026-11-23", "date: Nov 24"]
+    clean = "Resume from the last checkpoint: about 1.5 s from the failure to the new ranks (rank 0 may land on any node; it decides.\n3 ranks wait.)\n"
+    assert docs_history.problems(clean) == []
+
+
+def test_without_git_every_hex_token_but_a_card_hash_counts():
+    page = "at b7d3e8d, and the card `card view 1/train/2 --hash 3e7111c1`; 1795685376665240 is a run id\n"
+    assert docs_history.hashes(page, lambda tokens: None) == ["b7d3e8d"]
