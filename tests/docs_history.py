@@ -29,9 +29,10 @@ _FENCE = re.compile(r"^(```|~~~).*?^\1\s*$", re.M | re.S)
 
 
 def pages() -> List[str]:
-    """Every page a user reads: docs/*.md and the README, the exempt ones left out."""
+    """Every page a user reads: docs/*.md, the README and the benchmarks' method, the exempt ones left out."""
     docs = os.path.join(REPO, "docs")
-    found = [os.path.join("docs", n) for n in sorted(os.listdir(docs)) if n.endswith(".md")] + ["README.md"]
+    found = [os.path.join("docs", n) for n in sorted(os.listdir(docs)) if n.endswith(".md")]
+    found += ["README.md", os.path.join("benchmarks", "README.md")]
     return [p for p in found if p not in EXEMPT]
 
 
