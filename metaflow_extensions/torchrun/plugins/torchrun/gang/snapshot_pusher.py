@@ -1,0 +1,92 @@
+"""Each complete shard's snapshot, pushed to the buddy node's store in the background.
+
+Off the training's path: the store hands over a snapshot and returns. At most one waits per
+key: a newer one replaces one not yet sent, so a slow link costs steps of the copy's freshness,
+never memory. A buddy that cannot be reached or refuses is said once, and tried again with the
+next snapshot.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Callable, Dict, Optional
+
+from ..procs import snapshot_wire as wire
+from .snapshot_peer import Address, Channel, PeerKey, PeerRefused, connect, push
+from .snapshot_shelf import Held
+
+
+class Pusher:
+    def __init__(self, key: PeerKey, buddy: Optional[Address], say: Callable[[str], None]) -> None:
+        self._key = key
+        self._buddy = buddy
+        self._say = say
+        self._said = False
+        self._pending: Dict[str, Held] = {}
+        self._cond = threading.Condition()
+        self._closed = False
+        self._channel: Optional[Channel] = None
+        self.pushed = 0  # snapshots the buddy took: the tests' and the benchmark's count
+        self._thread = threading.Thread(target=self._run, name="snapshot-push", daemon=True)
+        self._thread.start()
+
+    def offer(self, held: Held) -> None:
+        with self._cond:
+            self._pending[held.key] = held  # supersedes one not yet sent
+            self._cond.notify()
+
+    def buddy_changed(self, buddy: Optional[Address]) -> None:
+        """A swap gave this node another buddy: what is pending goes there."""
+        with self._cond:
+            self._buddy = buddy
+            channel, self._channel = self._channel, None
+        if channel:
+            channel.close()
+
+    def idle(self, timeout: float) -> bool:
+        """Whether everything offered so far was sent (or dropped) within ``timeout``."""
+        with self._cond:
+            return self._cond.wait_for(lambda: not self._pending and not self._busy, timeout)
+
+    _busy = False
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                self._busy = False
+                self._cond.notify_all()
+                self._cond.wait_for(lambda: self._closed or (self._pending and self._buddy is not None))
+                if self._closed:
+                    return
+                key = next(iter(self._pending))
+                held, buddy = self._pending.pop(key), self._buddy
+                self._busy = True
+            self._send(held, buddy)
+
+    def _send(self, held: Held, buddy: Optional[Address]) -> None:
+        assert buddy is not None
+        try:
+            if self._channel is None:
+                self._channel = connect(self._key, buddy)
+            why = push(self._channel, held)
+        except (OSError, PeerRefused, wire.WireError) as e:
+            channel, self._channel = self._channel, None
+            if channel:
+                channel.close()
+            why = str(e)
+        if why is None:
+            self.pushed += 1
+        elif not self._said:
+            self._said = True
+            self._say("snapshots are not copied to node %s:%d (%s): a node lost is restored from its "
+                      "checkpoint, not from memory" % (buddy[0], buddy[1], why))
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._pending.clear()
+            self._cond.notify_all()
+            channel, self._channel = self._channel, None
+        if channel:
+            channel.close()
+        self._thread.join(timeout=5)

@@ -1,0 +1,203 @@
+"""A rank's training state, kept in its node's memory, so a restart resumes where it failed.
+
+    from metaflow_extensions.torchrun.snapshot import load, save
+
+    dist.init_process_group("gloo")
+    resumed = load()                      # (step, state) every rank holds, or None
+    if resumed:
+        first, state = resumed
+        model.load_state_dict(state["model"]); opt.load_state_dict(state["opt"])
+    for step in range(first, steps):
+        ...
+        save(step + 1, {"model": model.state_dict(), "opt": opt.state_dict()})
+
+``save`` returns once the tensors are copied out of the training's way; its bytes reach the
+node's store (the task's memory, not a disk) in the background. ``load`` picks the newest step
+that every rank of the gang holds whole, each rank checking its snapshot's digest before use.
+``replicated=True`` (the default) is for state every rank holds alike (DDP's model and optimizer):
+the node keeps it once per local rank, and any node's copy serves a node that replaces another.
+``replicated=False`` is for a rank's own shard (FSDP, DTensor: its local shard is kept), each
+also copied to a buddy node. Pass the same ``replicated`` to ``load`` as to ``save``.
+
+Outside ``@torchrun`` (no store in ``SNAPSHOT_ENV``) ``save`` keeps nothing and ``load`` returns
+None, said once.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import sys
+import threading
+from typing import Any, Dict, List, Optional, Set, Tuple
+
+from . import snapshot_codec as codec
+from .names import SNAPSHOT_ENV
+from .snapshot_client import StoreClient, StoreError
+from .snapshot_saver import Saver
+from .snapshot_wire import key_for
+
+SnapshotTypeError = codec.SnapshotTypeError
+FLUSH_AT_EXIT = 30.0  # seconds a clean exit waits for the last snapshot to reach the store
+MAX_AGREED = 8  # steps a rank offers to the agreement (a store keeps 2)
+
+_savers: Dict[str, Saver] = {}
+_lock = threading.Lock()
+_said: Set[str] = set()
+
+
+def _say(text: str, once: Optional[str] = None) -> None:
+    if once is not None:
+        if once in _said:
+            return
+        _said.add(once)
+    sys.stderr.write("metaflow-torchrun: snapshot: %s\n" % text)
+    sys.stderr.flush()
+
+
+def _store_path() -> Optional[str]:
+    path = os.environ.get(SNAPSHOT_ENV, "")
+    if not path:
+        _say("no @torchrun snapshot store here (%s is unset): save() keeps nothing and load() returns None"
+             % SNAPSHOT_ENV, once="no store")
+    return path or None
+
+
+def _identity() -> Tuple[int, int, int]:
+    """(rank, local rank, world size), from torch.distributed where it is up, else torchrun's environment."""
+    dist = _dist()
+    rank = dist.get_rank() if dist else _env_int("RANK")
+    world = dist.get_world_size() if dist else max(1, _env_int("WORLD_SIZE"))
+    return rank, _env_int("LOCAL_RANK"), world
+
+
+def _env_int(name: str) -> int:
+    text = os.environ.get(name, "0")
+    return int(text) if text.isdigit() else 0
+
+
+def _dist() -> Any:
+    if "torch" not in sys.modules:
+        return None
+    import torch.distributed as dist
+
+    return dist if dist.is_available() and dist.is_initialized() else None
+
+
+def save(step: int, state: Any, replicated: bool = True) -> bool:
+    """Take a snapshot of ``state`` at ``step``: True once it is copied out of the training's way.
+
+    False when no store is here or snapshots are off for this rank (over the node's budget: said
+    once, with both sizes). ``SnapshotTypeError`` names a value that cannot be held, by its key path.
+    """
+    path = _store_path()
+    if path is None:
+        codec.plan(state)  # what cannot be held is named here too, not at a restart under @torchrun
+        return False
+    rank, local_rank, _ = _identity()
+    key = key_for(replicated, rank, local_rank)
+    with _lock:
+        saver = _savers.get(key)
+        if saver is None:
+            saver = _savers[key] = Saver(path, key, lambda text: _say("rank %d: %s" % (rank, text)))
+    return saver.take(step, state)
+
+
+def flush(timeout: float = FLUSH_AT_EXIT) -> bool:
+    """Wait until every snapshot taken has reached the store; whether it did within ``timeout``."""
+    with _lock:
+        savers = list(_savers.values())
+    return all(saver.flush(timeout) for saver in savers)
+
+
+atexit.register(flush)
+
+
+def load(replicated: bool = True) -> Optional[Tuple[int, Any]]:
+    """The newest snapshot every rank of the gang holds whole, as ``(step, state)``; None if there is none.
+
+    Under a gang of more than one rank, call it after ``init_process_group`` and on every rank: the
+    ranks agree on the step through two small collectives. The state's tensors are on the CPU.
+    """
+    path = _store_path()
+    rank, local_rank, world = _identity()
+    if world > 1 and _dist() is None and path is not None:
+        raise RuntimeError("snapshot.load() on a gang of %d ranks: call torch.distributed.init_process_group "
+                           "first, so that every rank agrees on the step" % world)
+    key = key_for(replicated, rank, local_rank)
+    client = StoreClient(path) if path else None
+    try:
+        return _load(client, key, rank)
+    finally:
+        if client:
+            client.close()
+
+
+def _load(client: Optional[StoreClient], key: str, rank: int) -> Optional[Tuple[int, Any]]:
+    held: List[int] = []
+    source = None
+    if client is not None:
+        try:
+            held, source = client.steps(key)
+        except StoreError as e:
+            _say("rank %d: %s: resuming from nothing in memory" % (rank, e))
+    common = agree(held)
+    while common:
+        step = max(common)
+        state = _read(client, key, step, rank) if client else None
+        if _everyone(state is not None):
+            if rank == 0:
+                _say("resumed at step %d from memory (%s)" % (step, "this node's copy" if source is None else
+                                                             "a copy fetched from peer %d" % source))
+            return state
+        common.discard(step)
+    return None
+
+
+def _read(client: StoreClient, key: str, step: int, rank: int) -> Optional[Tuple[int, Any]]:
+    try:
+        blob = client.get(key, step)
+        if blob is None:
+            return None
+        return codec.build(blob, codec.check(blob))
+    except (StoreError, codec.SnapshotError) as e:
+        _say("rank %d: the snapshot of step %d is not used: %s" % (rank, step, e))
+        return None
+
+
+def agree(held: List[int]) -> Set[int]:
+    """The steps every rank holds (this rank's alone outside a gang)."""
+    mine = set(sorted(held)[-MAX_AGREED:])
+    dist = _dist()
+    if dist is None or dist.get_world_size() == 1:
+        return mine
+    import torch
+
+    row = torch.full((MAX_AGREED,), -1, dtype=torch.int64, device=_device(dist))
+    for i, step in enumerate(sorted(mine)):
+        row[i] = step
+    rows = [torch.empty_like(row) for _ in range(dist.get_world_size())]
+    dist.all_gather(rows, row)
+    for other in rows:
+        mine &= {int(s) for s in other.tolist() if s >= 0}
+    return mine
+
+
+def _everyone(ok: bool) -> bool:
+    dist = _dist()
+    if dist is None or dist.get_world_size() == 1:
+        return ok
+    import torch
+
+    flag = torch.tensor([1 if ok else 0], dtype=torch.int64, device=_device(dist))
+    dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+    return bool(flag.item())
+
+
+def _device(dist: Any) -> Any:
+    """Where the default group's backend takes tensors: NCCL's on this rank's GPU."""
+    import torch
+
+    if "nccl" in str(dist.get_backend()).lower() and torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
