@@ -24,6 +24,7 @@ RESTART_COUNT_ENV = "TORCHELASTIC_RESTART_COUNT"
 ZYGOTE_ENV = "METAFLOW_TORCHRUN_ZYGOTE"  # the warm process's socket (zygote.py); unset: start fresh
 # A local run's control's warm process: the host's other nodes fork theirs from it.
 HOST_ZYGOTE_ENV = "METAFLOW_TORCHRUN_HOST_ZYGOTE"
+SNAPSHOT_ENV = "METAFLOW_TORCHRUN_SNAPSHOT"  # the node's snapshot store's socket (gang/snapshot_store.py)
 # A warm process's comm: a supervisor does not count another node's, forked from its own, as its own.
 ZYGOTE_NAME = b"mftr-zygote"
 # torch's own, set by the plan.
