@@ -32,9 +32,9 @@ class HostBuffer:
             array = (ctypes.c_ubyte * size).from_address(self.tensor.data_ptr())
             self.view = memoryview(array).cast("B")
         else:
-            self._raw = bytearray(size)
-            self.tensor = torch.frombuffer(self._raw, dtype=torch.uint8)
-            self.view = memoryview(self._raw)
+            self.raw = bytearray(size)
+            self.tensor = torch.frombuffer(self.raw, dtype=torch.uint8)
+            self.view = memoryview(self.raw)
 
     def __len__(self) -> int:
         return len(self.view)
@@ -168,3 +168,16 @@ class Saver:
         """Whether every snapshot taken so far reached the store (or was refused) within ``timeout``."""
         with self._cond:
             return self._cond.wait_for(lambda: self._pending is None and self._sending is None, timeout)
+
+
+def encode(step: int, state: Any) -> bytearray:
+    """A whole snapshot at once, in the calling thread (tests, tools): what ``take`` and the thread make."""
+    plan = codec.plan(state)
+    manifest = codec.manifest_bytes(step, plan.tree, plan.specs)
+    start, total = codec.layout(manifest, plan.data_bytes)
+    buffer = HostBuffer(total, pinned=False)
+    for event in copy_in(buffer, plan, start):
+        event.synchronize()
+    codec.write_head(buffer.view, manifest, plan.data_bytes)
+    codec.seal(buffer.view, total)
+    return buffer.raw
