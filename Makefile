@@ -80,15 +80,12 @@ test: install
 test-fast: install
 	$(POOLS) --select "not slow" -- $(PYTEST_ARGS)
 
-# Linter, type checker and import contracts (pinned in requirements-dev.txt; config in pyproject.toml),
-# and no long function or class without a reason beside it (tools/sizes.py).
+# Linter, type checker and import contracts (pinned in requirements-dev.txt; config in pyproject.toml).
 lint: install
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 	$(BIN)/mkdocs build --strict --quiet --site-dir build/site
-	$(BIN)/python tools/sizes.py
-	$(BIN)/python tools/shape/faces.py --check
 
 # The docs site (docs/, mkdocs.yml) into site/; `make docs-serve` to read it at localhost:8000.
 # Its own venv with the `docs` extra's pins only (requirements-docs.txt; docs/development.md

@@ -28,14 +28,14 @@ from typing import Dict, List, Optional
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TEST_PINS = ["pytest==9.2.0", "pytest-timeout==2.4.0", "numpy==2.3.5", "hypothesis==6.170.15", "jsonschema==4.26.0"]
-# What the unit tests read beside tests/ (tools/sizes.py, benchmarks' harness, the docs):
+# What the unit tests read beside tests/ (tools/, benchmarks' harness, the docs):
 # never the package's source, which would sit on sys.path beside the wheel.
 TEST_TREES = ("tests", "tools", "benchmarks", "docs")
-# Unit tests of the repository itself (its docs, packaging, module map, the docs
+# Unit tests of the repository itself (its docs, packaging, the docs
 # site's own venv) or of packages only the dev venv has (transformers,
 # metaflow-checkpoint): the same whatever the versions, run by `make test`, left
 # out of a cell.
-REPO_TESTS = ("test_design_map.py", "test_docs.py", "test_docs_render.py", "test_docs_snippets.py",
+REPO_TESTS = ("test_docs.py", "test_docs_render.py", "test_docs_snippets.py",
               "test_install_recipe.py", "test_packaging.py", "test_trainer_hooks.py")
 NO_TORCH_MESSAGE = 'pip install "torch=='  # launch/torch_checks.TORCH_INSTALL_HINT
 
