@@ -19,7 +19,12 @@ _MB = 1 << 20
 
 
 def megabytes(n: int) -> str:
-    return "%.1f MB" % (n / _MB)
+    """A size for a person: bytes, KB, MB or GB."""
+    if n < 10 * 1024:
+        return "%d bytes" % n
+    if n < _MB:
+        return "%.1f KB" % (n / 1024)
+    return "%.1f MB" % (n / _MB) if n < 1024 * _MB else "%.2f GB" % (n / (1024 * _MB))
 
 
 def default_budget(fraction: float = 0.25, meminfo: str = "/proc/meminfo") -> int:
