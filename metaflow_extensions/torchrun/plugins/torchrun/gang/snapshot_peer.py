@@ -94,7 +94,10 @@ class Channel:
 
 def connect(key: PeerKey, address: Address, timeout: float = HANDSHAKE_TIMEOUT) -> Channel:
     """A channel to another node's store, which proved it holds the secret; ``PeerRefused`` otherwise."""
-    sock = socket.create_connection(address, timeout=timeout)
+    try:
+        sock = socket.create_connection(address, timeout=timeout)
+    except OSError as e:
+        raise PeerRefused("the store at %s:%d: %s" % (address[0], address[1], e)) from None
     try:
         hello = wire.recv_header(sock) or {}
         server_nonce = _nonce(hello.get("nonce"))

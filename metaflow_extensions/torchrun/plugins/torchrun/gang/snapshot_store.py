@@ -148,9 +148,9 @@ class SnapshotStore:
             self.shelf.abandon(ticket)  # torn: the key's previous snapshots stand
             raise
         held = self.shelf.finish(ticket, step, blob)
-        wire.send_frame(sock, {"ok": True})
         if self._pusher and key.startswith("rank-"):
             self._pusher.offer(held)  # replicated state: every node holds its own copy already
+        wire.send_frame(sock, {"ok": True})
 
     def _fetch_missing(self, key: str) -> Optional[int]:
         """A key this node holds nothing of (a spare's first start) is copied from the first peer that has it;

@@ -1,0 +1,153 @@
+"""Snapshots between two stores on 127.0.0.1: pushed to the buddy, fetched by a spare, strangers refused."""
+
+import hashlib
+import socket
+
+import pytest
+
+from metaflow_extensions.torchrun.plugins.torchrun.gang import snapshot_peer as peer
+from metaflow_extensions.torchrun.plugins.torchrun.gang.snapshot_store import SnapshotStore
+from metaflow_extensions.torchrun.plugins.torchrun.procs import snapshot_wire as wire
+from metaflow_extensions.torchrun.plugins.torchrun.procs.snapshot_client import StoreClient
+from proc_helpers import wait_until
+from test_snapshot_store import snapshot
+
+SECRET = b"s" * 32
+GANG = "gang-1"
+
+
+@pytest.fixture
+def stores(tmp_path):
+    made = []
+
+    def make(node, secret=SECRET, buddy=None, peers=(), budget=1 << 22):
+        said = []
+        store = SnapshotStore(str(tmp_path / ("node-%d-%d" % (node, len(made)))), budget=budget,
+                              peer=peer.PeerKey(secret, GANG, node), host="127.0.0.1", buddy=buddy, peers=peers,
+                              say=said.append)
+        store.said = said
+        made.append(store)
+        return store
+
+    yield make
+    for store in made:
+        store.close()
+
+
+def address(store):
+    return ("127.0.0.1", store.port)
+
+
+def put(store, key, step, **kw):
+    client = StoreClient(store.path)
+    blob = snapshot(step, **kw)
+    assert client.put(key, step, memoryview(blob)) is None
+    client.close()
+    return blob
+
+
+def test_a_shard_is_pushed_to_the_buddy_and_replicated_state_is_not(stores):
+    buddy = stores(1)
+    node = stores(0, buddy=address(buddy))
+    blobs = [put(node, "rank-0", step, fill=step) for step in (1, 2, 3)]
+    put(node, "local-0", 3)
+    assert node.replicated(timeout=30)
+    assert buddy.shelf.steps("rank-0")[-1] == 3 and bytes(buddy.shelf.get("rank-0", 3).blob) == blobs[-1]
+    assert buddy.shelf.steps("local-0") == [] and node.said == []
+
+
+def test_a_spare_fetches_a_lost_nodes_shard_from_its_peer(stores):
+    buddy = stores(1)
+    lost = stores(0, buddy=address(buddy))
+    blob = put(lost, "rank-2", 7, fill=9)
+    assert lost.replicated(timeout=30)
+    lost.close()
+    spare = stores(2, peers=[("127.0.0.1", 1), address(buddy)])  # the first peer is gone: the next is asked
+    client = StoreClient(spare.path)
+    assert client.steps("rank-2") == ([7], 1)
+    assert client.get("rank-2", 7) == blob
+    assert client.steps("rank-5") == ([], None)
+    client.close()
+
+
+def test_a_store_with_another_secret_is_refused_both_ways(stores):
+    stranger = stores(1, secret=b"x" * 32)
+    node = stores(0, buddy=address(stranger))
+    put(node, "rank-0", 1)
+    assert node.replicated(timeout=30)
+    assert stranger.shelf.steps("rank-0") == []
+    assert len(node.said) == 1 and "not copied" in node.said[0] and "secret" in node.said[0]
+    put(node, "rank-0", 2)
+    assert node.replicated(timeout=30) and len(node.said) == 1  # said once
+    spare = stores(2, secret=b"y" * 32, peers=[address(node)])
+    client = StoreClient(spare.path)
+    assert client.steps("rank-0") == ([], None)
+    client.close()
+
+
+def test_a_stranger_without_the_secret_learns_nothing_and_stores_nothing(stores):
+    node = stores(0)
+    put(node, "rank-0", 1)
+    sock = socket.create_connection(address(node), timeout=10)
+    hello = wire.recv_header(sock)
+    assert set(hello) == {"snapshot", "nonce"}
+    wire.send_frame(sock, {"node": 1, "nonce": "00" * 16, "proof": "0" * 64})
+    assert sock.recv(100) == b""
+    sock.close()
+    with pytest.raises(peer.PeerRefused):
+        peer.connect(peer.PeerKey(b"z" * 32, GANG, 1), address(node))
+    with pytest.raises(peer.PeerRefused):
+        peer.connect(peer.PeerKey(SECRET, "another gang", 1), address(node))
+
+
+def test_a_push_with_a_forged_frame_or_body_is_dropped_unread(stores):
+    node = stores(0)
+    key = peer.PeerKey(SECRET, GANG, 1)
+    blob = snapshot(4, 5000)
+    announce = {"op": "push", "key": "rank-1", "step": 4, "size": len(blob),
+                "sha256": hashlib.sha256(blob[:-32]).hexdigest()}
+
+    channel = peer.connect(key, address(node))  # a header changed after it was MACed: dropped at once
+    signed = dict(announce, mac=channel._mac(channel._out, 0, announce), step=5)
+    wire.send_frame(channel.sock, signed)
+    assert channel.sock.recv(100) == b""
+    channel.close()
+
+    channel = peer.connect(key, address(node))  # an authenticated header, other bytes after it
+    channel.send(announce)
+    assert channel.recv() == {"go": True}
+    corrupted = bytearray(blob)
+    corrupted[100] ^= 1
+    channel.sock.sendall(corrupted)
+    assert channel.sock.recv(100) == b""
+    channel.close()
+    assert node.shelf.steps("rank-1") == [] and node.shelf.used() == 0
+
+    channel = peer.connect(key, address(node))  # and the same, whole: kept
+    assert peer.push(channel, node_held(blob, 4)) is None
+    channel.close()
+    assert node.shelf.steps("rank-1") == [4]
+
+
+def node_held(blob, step):
+    from metaflow_extensions.torchrun.plugins.torchrun.gang.snapshot_shelf import Held
+
+    return Held("rank-1", step, blob)
+
+
+def test_a_push_over_the_buddys_budget_is_refused_and_said(stores):
+    buddy = stores(1, budget=2000)
+    node = stores(0, buddy=address(buddy))
+    put(node, "rank-0", 1, size=5000)
+    assert node.replicated(timeout=30)
+    assert buddy.shelf.steps("rank-0") == [] and "over this node's snapshot budget" in node.said[0]
+
+
+def test_a_newer_snapshot_supersedes_one_not_yet_sent(stores):
+    buddy = stores(1, budget=1 << 26)
+    node = stores(0, buddy=address(buddy), budget=1 << 26)
+    for step in range(30):
+        put(node, "rank-0", step, size=200000)
+    assert node.replicated(timeout=60)
+    assert buddy.shelf.steps("rank-0")[-1] == 29
+    assert node._pusher.pushed <= 30
