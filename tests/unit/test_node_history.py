@@ -4,6 +4,7 @@ evidence, strict refusal, bandwidth against a host's own past, steering."""
 
 import json
 import re
+from dataclasses import replace
 
 from metaflow_extensions.torchrun.plugins.torchrun.cause import Cause, CauseKind
 from metaflow_extensions.torchrun.plugins.torchrun.record import node_history as nh
@@ -189,3 +190,103 @@ def test_a_node_the_preflight_took_out_is_blamed_for_its_checks():
     assert appearance.role == "out"
     assert appearance.cause == "taken out for a spare before any rank started: preflight shm"
     assert roles.NodeEntry.from_wire(nodes[1].to_wire()) == nodes[1]
+
+
+# -- what is blamed is what failed: a local run's nodes share one host --------------------------------------------
+
+def _local_swap(at, run):
+    """A local run (every node on "vm") whose node 1 was taken out for the spare node 2."""
+    return nh.appearances([_swapped(0, at, hosts=("vm", "vm", "vm"))], "F", run, "train")
+
+
+def test_a_local_runs_nodes_are_told_apart_on_their_shared_host():
+    seen = _local_swap(100.0, "1") + _local_swap(101.0, "2")
+    assert sorted((a.key, a.role) for a in seen if a.run == "1") == [
+        ("vm (node 0)", "bystander"), ("vm (node 1)", "out"), ("vm (node 2)", "bystander")]
+    local = {0: "vm", 1: "vm", 2: "vm"}
+    lines, cause = nh.check(local, seen, nh.Threshold(), strict=False, platform="local")
+    assert len(lines) == 1 and lines[0].startswith("node 1: vm (node 1) was blamed in 2 of its last 2 appearances")
+    assert nh.blamed(local, seen, nh.Threshold(), "local") == [1]
+    # Under strict, the node that failed is refused, not the machine every node shares.
+    _, cause = nh.check(local, seen, nh.Threshold(), strict=True, platform="local")
+    assert cause.node_index == 1 and "vm (node 1) was blamed in 2" in cause.summary
+    report = nh.report(seen)
+    assert [(h["host"], h["blamed"]) for h in report["hosts"]] == [
+        ("vm (node 1)", 2), ("vm (node 0)", 0), ("vm (node 2)", 0)]
+    assert report["causes"][0]["hosts"] == ["vm (node 1)"]
+
+
+def test_a_single_node_local_runs_failures_are_not_every_nodes_of_a_later_gang():
+    alone = [a for r in range(3) for a in nh.appearances(
+        [_attempt(0, 100.0 + r, ["vm"], {0: "culprit"})], "F", str(r), "train")]
+    assert {a.key for a in alone} == {"vm"}
+    assert nh.blamed({0: "vm", 1: "vm"}, alone, nh.Threshold(), "local") == []
+    assert nh.blamed({0: "vm"}, alone, nh.Threshold(), "local") == [0]
+
+
+def test_on_a_cluster_a_shared_host_is_one_machine():
+    # Two pods on one Kubernetes node, twice; node 1's rank failed each time: the machine is bad for any pod.
+    seen = [a for r in range(2) for a in nh.appearances(
+        [_attempt(0, 100.0 + r, ["node 10.0.0.1", "node 10.0.0.1", "node 10.0.0.2"], {1: "culprit"})],
+        "F", str(r), "train")]
+    hosts = {0: "node 10.0.0.1", 1: "node 10.0.0.2", 2: "node 10.0.0.1"}
+    assert nh.blamed(hosts, seen, nh.Threshold(), "kubernetes") == [0, 2]
+    lines, _ = nh.check(hosts, seen, nh.Threshold(), strict=False, platform="kubernetes")
+    # One appearance per attempt for the machine, however many of its pods the attempt had.
+    assert lines[0].startswith("nodes 0, 2: node 10.0.0.1 was blamed in 2 of its last 2 appearances")
+    assert "kubectl taint" in lines[1] and "10.0.0.1" in lines[1]
+    machines = nh.as_machines(seen)
+    assert sorted((a.key, a.role) for a in machines if a.run == "0") == [
+        ("node 10.0.0.1", "culprit"), ("node 10.0.0.2", "bystander")]
+
+
+def _restarted(k, at, hosts, stopped, kind=CauseKind.RANK_FAILED, stopped_after="succeeded", blamed=None):
+    """An attempt whose ranks restarted in place once (no spare), for ``stopped``."""
+    from metaflow_extensions.torchrun.plugins.torchrun.record.attempts import RestartMark
+
+    mark = RestartMark(call=0, restart=1, failed_at=at + 5, stopped=stopped, kind=kind)
+    return replace(_attempt(k, at, hosts, blamed, stopped=stopped_after), restarts=(mark,))
+
+
+def _killed(node, host):
+    """A rank's SIGKILL on ``node``, in the words the gang's cause gives it (errors.failure_summary)."""
+    from metaflow_extensions.torchrun.plugins.torchrun.errors import failure_summary
+    from metaflow_extensions.torchrun.plugins.torchrun.procs.failures import RankFailure
+
+    return failure_summary(RankFailure(rank=2 * node + 1, local_rank=1, node_index=node, host=host, pid=4242,
+                                       exc_type="killed by signal SIGKILL", message="the process ended",
+                                       traceback="", timestamp=1.0))
+
+
+def test_a_restart_in_place_blames_the_node_its_cause_is_pinned_to():
+    attempt = _restarted(0, 100.0, ["vm", "vm"], _killed(1, "vm"))
+    assert nh.restarted_in_place(attempt) == {1: _killed(1, "vm")}
+    seen = nh.appearances([attempt], "F", "1", "train")
+    assert [(a.key, a.role) for a in seen] == [("vm (node 0)", "bystander"), ("vm (node 1)", "culprit")]
+    assert seen[1].cause == "restarted in place: " + _killed(1, "vm")
+    # On hosts of their own, the host; node 0 (never swapped: it holds the store) is blamed as well.
+    seen = nh.appearances([_restarted(0, 100.0, ["a", "b"], _killed(0, "a"))], "F", "1", "train")
+    assert [(a.key, a.role) for a in seen] == [("a", "culprit"), ("b", "bystander")]
+    # torchrun's own exit, with no rank's record: its node still named first.
+    ended = _restarted(0, 100.0, ["a", "b"], "node 1: torchrun ended with exit code 1")
+    assert nh.restarted_in_place(ended) == {1: "node 1: torchrun ended with exit code 1"}
+    report = nh.report([a for r in range(2) for a in nh.appearances(
+        [_restarted(0, 100.0 + r, ["vm", "vm"], _killed(1, "vm"))], "F", str(r), "train")])
+    assert report["hosts"][0] == dict(report["hosts"][0], host="vm (node 1)", blamed=2, roles={"culprit": 2})
+    assert report["causes"][0]["cause"].startswith("restarted in place: node N (vm), rank N")
+
+
+def test_a_restart_that_is_nobodys_blames_nobody_and_a_swap_is_counted_once():
+    hang = _restarted(0, 100.0, ["vm", "vm"], "no rank wrote a line for 60s (hang_timeout)", kind=CauseKind.HANG)
+    assert nh.restarted_in_place(hang) == {}
+    assert {a.role for a in nh.appearances([hang], "F", "1", "train")} == {"bystander"}
+    unknown = _restarted(0, 100.0, ["vm", "vm"], _killed(1, "vm"), kind=None)
+    assert nh.restarted_in_place(unknown) == {}
+    # A swap's node is taken out ("out"), not restarted in place as well.
+    swapped = _swapped(0, 100.0, hosts=("vm", "vm", "vm"))
+    assert nh.restarted_in_place(swapped) == {}
+    # An attempt that then failed on another node: both nodes blamed, each for its own cause.
+    both = _restarted(0, 100.0, ["a", "b", "c"], _killed(1, "b"), stopped_after=_killed(2, "c"), blamed={2: "culprit"})
+    seen = nh.appearances([both], "F", "1", "train")
+    assert [(a.key, a.role) for a in seen] == [("a", "bystander"), ("b", "culprit"), ("c", "culprit")]
+    assert seen[1].cause == "restarted in place: " + _killed(1, "b") and seen[2].cause == _killed(2, "c")

@@ -4,6 +4,14 @@ Read through the Metaflow client from a flow's last runs' records, it says which
 hosts were culprits or stragglers and which causes recurred (``python flow.py
 torchrun history``), and lets the preflight warn about a host blamed in K of
 its last M appearances, or refuse it under ``preflight="strict"``.
+
+What is blamed is what failed. A node with a host of its own (each pod's
+Kubernetes node, each Batch instance, each named test host) is its host: the
+machine is what a next attempt can avoid. Nodes that share one host in an
+attempt (every node of a local run) are told apart by their index, as
+``vm (node 1)``: the machine is every node's, and a failure of node 1 says
+nothing of nodes 0 and 2. On a cluster the preflight still counts a shared
+host as one machine (two pods on one bad Kubernetes node).
 """
 
 from __future__ import annotations
@@ -12,7 +20,8 @@ import json
 import re
 import statistics
 import time
-from dataclasses import dataclass, field
+from collections import Counter
+from dataclasses import dataclass, field, replace
 from typing import Annotated, Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from ..base import defaults as DEFAULTS
@@ -21,7 +30,7 @@ from ..base.codec import LOCAL, Written
 from ..gang import HostCheck
 from ..base.text import shorten
 from .attempts import Attempt, Previous
-from .node_roles import BLAMED, OUT, ROLES, SLOW
+from .node_roles import BLAMED, CULPRIT, OUT, ROLES, SLOW
 from .result import METADATA_FIELD
 
 # Hosts named in the preflight's lines and in a refusal.
@@ -41,10 +50,20 @@ class Appearance:
     at: float = 0.0
     cause: Optional[str] = None  # the attempt's stop, when the host was blamed
     link_gbps: Optional[float] = None
+    node: Optional[int] = None  # where its host held several nodes of the attempt: which one it was
 
     @property
     def where(self) -> str:
         return "%s/%s attempt %d" % (self.run, self.step, self.attempt)
+
+    @property
+    def key(self) -> str:
+        """What the history counts against: the host, or one node of a host several nodes shared."""
+        return self.host if self.node is None else slot(self.host, self.node)
+
+
+def slot(host: str, node: int) -> str:
+    return "%s (node %d)" % (host, node)
 
 
 @dataclass
@@ -76,20 +95,40 @@ _RANK = {r: i for i, r in enumerate(ROLES)}  # culprit first, bystander last
 
 
 def appearances(attempts: Iterable[Attempt], flow: str, run: str, step: str) -> List[Appearance]:
-    """One appearance per host per attempt, from an attempts record."""
+    """One appearance per node per attempt, from an attempts record: by its host where it had one to
+    itself, else by its index on the host it shared."""
     out: List[Appearance] = []
     for a in attempts:
-        by_host: Dict[str, List[Any]] = {}
+        shared = {h for h, n in Counter(n.host for n in a.nodes).items() if n > 1}
+        restarted = restarted_in_place(a)
         for n in a.nodes:
-            by_host.setdefault(n.host, []).append(n)
-        for host, nodes in by_host.items():
-            worst = min(nodes, key=lambda n: _RANK.get(n.role, len(ROLES)))
-            stopped = taken_out(a, worst) if worst.role == OUT else a.stopped
+            role, stopped = n.role, a.stopped
+            if role == OUT:
+                stopped = taken_out(a, n)
+            elif role not in BLAMED and n.node in restarted:
+                role, stopped = CULPRIT, "restarted in place: %s" % restarted[n.node]
             out.append(Appearance(
-                host, flow, run, step, a.attempt, worst.role, a.started_at or 0.0,
-                cause=shorten(stopped or "", 300) if worst.role in BLAMED else None,
-                link_gbps=next((n.link_gbps for n in nodes if n.link_gbps is not None), None)))
+                n.host, flow, run, step, a.attempt, role, a.started_at or 0.0,
+                cause=shorten(stopped or "", 300) if role in BLAMED else None, link_gbps=n.link_gbps,
+                node=n.node if n.host in shared else None))
     return out
+
+
+# A restart's summary names the node its cause is pinned to first: "node 1 (vm), rank 1 (...): ...",
+# "node 1: torchrun ended with ..." (errors.node_name, runtime/node_report.py).
+_PINNED = re.compile(r"node (\d+)\b")
+
+
+def restarted_in_place(a: Attempt) -> Dict[int, str]:
+    """node -> the latest cause pinned to it of the attempt's restarts in place. A swap takes its node out
+    (``out``); a rank's failure restarted in place is as much its node's, though no spare took its place.
+    A hang is nobody's (node_roles.py)."""
+    found: Dict[int, str] = {}
+    for mark in a.restarts:
+        pinned = _PINNED.match(mark.stopped) if mark.swap is None and mark.kind is CauseKind.RANK_FAILED else None
+        if pinned is not None:
+            found[int(pinned.group(1))] = mark.stopped
+    return found
 
 
 def taken_out(a: Attempt, node: Any) -> str:
@@ -104,7 +143,7 @@ def summarize(seen: Iterable[Appearance]) -> List[HostStats]:
     """Per host, the most blamed first, then the slowest."""
     stats: Dict[str, HostStats] = {}
     for a in seen:
-        s = stats.setdefault(a.host, HostStats(a.host))
+        s = stats.setdefault(a.key, HostStats(a.key))
         s.appearances += 1
         s.roles[a.role] = s.roles.get(a.role, 0) + 1
         s.last_seen = max(s.last_seen, a.at)
@@ -129,8 +168,8 @@ def recurring_causes(seen: Iterable[Appearance]) -> List[Tuple[str, int, List[st
             continue
         attempts, hosts = by.setdefault(cause_key(a.cause), (set(), []))
         attempts.add((a.flow, a.run, a.step, a.attempt))
-        if a.host not in hosts:
-            hosts.append(a.host)
+        if a.key not in hosts:
+            hosts.append(a.key)
     return sorted(((k, len(v[0]), v[1]) for k, v in by.items()), key=lambda t: (-t[1], t[0]))
 
 
@@ -157,15 +196,15 @@ class Threshold:
     appearances: int = DEFAULTS.NODE_HISTORY_APPEARANCES
 
 
-def evidence(host: str, seen: Sequence[Appearance], threshold: Threshold) -> Optional[str]:
-    """Why ``host`` is flagged, naming the attempts; None when it is not."""
-    mine = sorted((a for a in seen if a.host == host), key=lambda a: -a.at)[:threshold.appearances]
+def evidence(key: str, seen: Sequence[Appearance], threshold: Threshold) -> Optional[str]:
+    """Why ``key`` (a host, or a node of a shared one) is flagged, naming the attempts; None when it is not."""
+    mine = sorted((a for a in seen if a.key == key), key=lambda a: -a.at)[:threshold.appearances]
     blamed = [a for a in mine if a.role in BLAMED]
     if len(blamed) < threshold.culprit:
         return None
     named = "; ".join("%s (%s: %s)" % (a.where, a.role, shorten(a.cause or "", 100)) for a in blamed[:3])
     return "%s was blamed in %d of its last %d appearances: %s%s" % (
-        host, len(blamed), len(mine), named, "; ..." if len(blamed) > 3 else "")
+        key, len(blamed), len(mine), named, "; ..." if len(blamed) > 3 else "")
 
 
 def slower_than_its_past(host: str, gbps: float, seen: Sequence[Appearance],
@@ -200,11 +239,7 @@ def check(hosts: Mapping[int, str], seen: Sequence[Appearance], threshold: Optio
     """The preflight's lines about hosts with a bad history, and under ``strict`` the refusal."""
     if threshold is None or not seen:
         return [], None
-    by_host: Dict[str, List[int]] = {}
-    for node, host in sorted(hosts.items()):
-        by_host.setdefault(host, []).append(node)
-    flagged = [(host, nodes, why) for host, nodes in by_host.items()
-               for why in [evidence(host, seen, threshold)] if why is not None][:MAX_FLAGGED]
+    flagged = _flagged(hosts, seen, threshold, platform)[:MAX_FLAGGED]
     if not flagged:
         return [], None
     lines = ["node%s %s: %s" % ("s" if len(nodes) > 1 else "", ", ".join(map(str, nodes[:8])), why)
@@ -217,6 +252,35 @@ def check(hosts: Mapping[int, str], seen: Sequence[Appearance], threshold: Optio
     cause = Cause(CauseKind.PREFLIGHT, "preflight refused the gang before any rank started: node %d: %s"
                   % (first[1][0], first[2]), node_index=first[1][0], message="\n".join(lines + [advice])[:4000])
     return ([advice] if advice else []), cause
+
+
+def node_keys(hosts: Mapping[int, str], platform: str) -> Dict[int, str]:
+    """Each node of a gang as the history knows it: its host, where it has the host to itself or the
+    platform gives each node a machine of its own; on a local run's shared host, its index there."""
+    shared = {h for h, n in Counter(hosts.values()).items() if n > 1} if platform == "local" else set()
+    return {node: slot(host, node) if host in shared else host for node, host in hosts.items()}
+
+
+def as_machines(seen: Sequence[Appearance]) -> List[Appearance]:
+    """One appearance per host per attempt, its worst role: a cluster's host is one machine, whichever of
+    the nodes it held failed."""
+    by: Dict[Tuple[str, str, str, str, int], List[Appearance]] = {}
+    for a in seen:
+        by.setdefault((a.host, a.flow, a.run, a.step, a.attempt), []).append(a)
+    return [replace(min(group, key=lambda a: _RANK.get(a.role, len(ROLES))), node=None,
+                    link_gbps=next((a.link_gbps for a in group if a.link_gbps is not None), None))
+            for group in by.values()]
+
+
+def _flagged(hosts: Mapping[int, str], seen: Sequence[Appearance], threshold: Threshold,
+             platform: str) -> List[Tuple[str, List[int], str]]:
+    """(what is flagged, its nodes in this gang, why)."""
+    view = seen if platform == "local" else as_machines(seen)
+    by_key: Dict[str, List[int]] = {}
+    for node, key in sorted(node_keys(hosts, platform).items()):
+        by_key.setdefault(key, []).append(node)
+    return [(key, nodes, why) for key, nodes in by_key.items()
+            for why in [evidence(key, view, threshold)] if why is not None]
 
 
 def record_attempts(value: Any) -> List[Attempt]:
@@ -282,14 +346,14 @@ def host_check(read_history: Callable[[], Optional[List[Appearance]]], threshold
         if seen is None:
             return ["the node history was not read in time: this gang's hosts were not checked"], None, []
         lines, cause = check(hosts, seen, threshold, strict, platform)
-        return lines, cause, blamed(hosts, seen, threshold)
+        return lines, cause, blamed(hosts, seen, threshold, platform)
 
     return run
 
 
-def blamed(hosts: Mapping[int, str], seen: Sequence[Appearance], threshold: Optional[Threshold]) -> List[int]:
-    """The nodes on a host the history blames: with spares, each starts as a spare (gang/bench.py)."""
+def blamed(hosts: Mapping[int, str], seen: Sequence[Appearance], threshold: Optional[Threshold],
+           platform: str = "local") -> List[int]:
+    """The nodes the history blames: with spares, each starts as a spare (gang/bench.py)."""
     if threshold is None or not seen:
         return []
-    bad = {h for h in set(hosts.values()) if evidence(h, seen, threshold) is not None}
-    return sorted(n for n, h in hosts.items() if h in bad)
+    return sorted(n for _, nodes, _ in _flagged(hosts, seen, threshold, platform) for n in nodes)
