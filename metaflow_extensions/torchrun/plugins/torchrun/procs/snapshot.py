@@ -41,7 +41,7 @@ SnapshotTypeError = codec.SnapshotTypeError
 FLUSH_AT_EXIT = 30.0  # seconds a clean exit waits for the last snapshot to reach the store
 MAX_AGREED = 8  # steps a rank offers to the agreement (a store keeps 2)
 
-_savers: Dict[str, Saver] = {}
+_savers: Dict[Tuple[str, str], Saver] = {}
 _lock = threading.Lock()
 _said: Set[str] = set()
 
@@ -97,9 +97,9 @@ def save(step: int, state: Any, replicated: bool = True) -> bool:
     rank, local_rank, _ = _identity()
     key = key_for(replicated, rank, local_rank)
     with _lock:
-        saver = _savers.get(key)
+        saver = _savers.get((path, key))
         if saver is None:
-            saver = _savers[key] = Saver(path, key, lambda text: _say("rank %d: %s" % (rank, text)))
+            saver = _savers[(path, key)] = Saver(path, key, lambda text: _say("rank %d: %s" % (rank, text)))
     return saver.take(step, state)
 
 

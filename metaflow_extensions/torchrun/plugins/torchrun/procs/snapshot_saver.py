@@ -106,7 +106,7 @@ class Saver:
         if total <= self._planned:
             return True
         try:
-            why, _budget = self._planner.plan(self.key, int(total * GROWTH))
+            why, _budget = self._planner.plan(self.key, total)
         except StoreError as e:
             why = str(e)
         if why is not None:
@@ -114,7 +114,7 @@ class Saver:
             self._say("snapshots are off for this rank: %s. Training goes on without them; a restart resumes "
                       "from your checkpoint" % why)
             return False
-        self._planned = int(total * GROWTH)
+        self._planned = int(total * GROWTH)  # asked again only once it grows past this
         return True
 
     def _free_buffer(self, total: int, pinned: bool) -> HostBuffer:
