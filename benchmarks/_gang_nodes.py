@@ -232,7 +232,7 @@ class Nodes:
 
 def _training(node: int) -> Callable[[], Any]:
     """A node of 8 ranks training at about 2 steps/s (node 7 at half that), with 3 metrics."""
-    from metaflow_extensions.torchrun.plugins.torchrun.gang.node_progress import NodeProgress
+    from metaflow_extensions.torchrun.plugins.torchrun.gang.gang_progress import NodeProgress
 
     started = time.monotonic()
     rate = 1.0 if node == 7 else 2.0 + (node % 5) * 0.01

@@ -449,7 +449,7 @@ def _progress(nodes: int):
     """The gang's progress as the control's book keeps it: a full chart, 16
     stragglers named and more counted (every 50th node at a quarter of the pace)."""
     from metaflow_extensions.torchrun.plugins.torchrun.gang.gang_progress import CHART_SAMPLES, ProgressBook
-    from metaflow_extensions.torchrun.plugins.torchrun.gang.node_progress import NodeProgress
+    from metaflow_extensions.torchrun.plugins.torchrun.gang.gang_progress import NodeProgress
 
     book = ProgressBook(nodes, 1.5, 0.0)
     for n in range(nodes):

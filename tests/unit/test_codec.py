@@ -14,12 +14,11 @@ from metaflow_extensions.torchrun.plugins.torchrun.cause import Cause
 from metaflow_extensions.torchrun.plugins.torchrun.base.codec import LOCAL, NEED, SKIP, Int, Items, Real, Record, Text, Via
 from metaflow_extensions.torchrun.plugins.torchrun.gang import messages as msg
 from metaflow_extensions.torchrun.plugins.torchrun.gang.bench import Bench
-from metaflow_extensions.torchrun.plugins.torchrun.gang.gang_progress import ProgressRecord, Straggler
-from metaflow_extensions.torchrun.plugins.torchrun.gang.node_progress import NodeProgress
+from metaflow_extensions.torchrun.plugins.torchrun.gang.gang_progress import NodeProgress, ProgressRecord, Straggler
 from metaflow_extensions.torchrun.plugins.torchrun.gang.wire import ProtocolError
 from metaflow_extensions.torchrun.plugins.torchrun.procs.culprit import Culprits, Suspect
 from metaflow_extensions.torchrun.plugins.torchrun.procs.flight import FlightGroup, FlightSummary
-from metaflow_extensions.torchrun.plugins.torchrun.procs.progress import ProgressReport
+from metaflow_extensions.torchrun.plugins.torchrun.procs.rank_progress import ProgressReport
 from test_gang_messages import CAUSE, EXAMPLES
 
 # test_gang_messages.EXAMPLES, in order, as the hand-written codecs wrote them.

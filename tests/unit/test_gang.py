@@ -392,7 +392,7 @@ class TestStartTimeout:
         progress, sent as its ranks are gone, is the record's step, with no
         check of the book in between."""
         from metaflow_extensions.torchrun.plugins.torchrun.base import timeouts
-        from metaflow_extensions.torchrun.plugins.torchrun.gang.node_progress import NodeProgress
+        from metaflow_extensions.torchrun.plugins.torchrun.gang.gang_progress import NodeProgress
 
         monkeypatch.setattr(timeouts, "PROGRESS_SEND", 60.0)
         monkeypatch.setattr(timeouts, "PROGRESS_CHECK", 60.0)

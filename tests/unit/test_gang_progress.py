@@ -1,21 +1,23 @@
-"""Progress on the wire and on the control: a node's ranks summed up for its
-heartbeat (node_progress.py), the gang's view, its line and its stragglers
-(gang_progress.py), hang_timeout's clock, the card's section."""
+"""Progress on the wire and on the control (gang_progress.py): a node's ranks
+summed up for its heartbeat, the gang's view, its line and its stragglers, each
+afresh at a restart or a swap; hang_timeout's clock, the card's section."""
 
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
 from metaflow_extensions.torchrun.plugins.torchrun.gang import messages as msg
 from metaflow_extensions.torchrun.plugins.torchrun.gang.calls import CallBook
 from metaflow_extensions.torchrun.plugins.torchrun.gang.gang_progress import (
-    CHART_GROUPS, CHART_SAMPLES, SIGNAL_CPU, SIGNAL_GPU, SIGNAL_PROGRESS, ProgressBook, duration)
-from metaflow_extensions.torchrun.plugins.torchrun.gang.node_progress import NodeProgress, ProgressTracker
+    CHART_GROUPS, CHART_SAMPLES, SIGNAL_CPU, SIGNAL_GPU, SIGNAL_PROGRESS, NodeProgress, ProgressBook,
+    ProgressTracker, duration)
 from metaflow_extensions.torchrun.plugins.torchrun.gang.wire import ProtocolError
-from metaflow_extensions.torchrun.plugins.torchrun.procs.progress import ProgressReport
+from metaflow_extensions.torchrun.plugins.torchrun.procs.rank_progress import ProgressReport
 from metaflow_extensions.torchrun.plugins.torchrun.procs.records import write_json
+from metaflow_extensions.torchrun.plugins.torchrun.procs.status import RankStatus
 from metaflow_extensions.torchrun.plugins.torchrun.card import progress as card_progress
 from metaflow_extensions.torchrun.plugins.torchrun.card.text import clip
 
@@ -73,6 +75,94 @@ def test_the_tracker_sums_up_the_node_s_ranks(tmp_path):
     assert node.metrics == {"loss": 5.0} and node.stalled == 0.0
     clock[0] += 7.0  # no rank advanced since
     assert tracker.sample().stalled == 7.0
+
+
+def _report(tmp_path, rank, step, at, start=0):
+    write_json(str(tmp_path / ("rank-%d.progress.json" % rank)),
+               ProgressReport(rank, step, 100, {}, at, start=start).to_wire())
+
+
+def _status(tmp_path, rank, restart, pid=-1):
+    write_json(str(tmp_path / ("rank-%d.status.json" % rank)),
+               RankStatus(rank=rank, local_rank=rank, restart=restart, pid=pid).to_wire())
+
+
+def test_after_a_restart_a_rank_s_rate_counts_from_its_new_start_only(tmp_path):
+    """Was: the replaced ranks' files and each rank's history outlived the restart; the new ranks'
+    steps/s were measured from the old ranks' last report (the time down included), a curve rising
+    from 0 for the 30 s window while a swapped-in spare, with no history, looked fast."""
+    clock = [0.0]
+    tracker = ProgressTracker(str(tmp_path), clock=lambda: clock[0])
+    for second in range(4):  # the first start: 10 steps/s
+        _report(tmp_path, 0, 10 * second, 1000.0 + second)
+        _report(tmp_path, 1, 10 * second, 1000.0 + second)
+        clock[0] += 1.0
+        assert tracker.sample().start == 0
+    # Rank 0 of restart 1 started (its status) and reports, from its checkpoint, 8 s later;
+    # rank 1's file is still the replaced rank's.
+    _status(tmp_path, 0, 1)
+    node = None
+    for second in range(3):
+        _report(tmp_path, 0, 25 + 10 * second, 1012.0 + second, start=1)
+        clock[0] += 1.0
+        node = tracker.sample()
+    assert node.start == 1 and node.ranks == 1 and (node.rank_lo, node.rank_hi) == (0, 0)
+    assert node.rate == node.rate_min == 10.0 and node.step_median == 45
+    # Its step gone back within one start (the script resumed from an older checkpoint): afresh too.
+    for second in range(2):
+        _report(tmp_path, 0, 5 + 10 * second, 1020.0 + second, start=1)
+        clock[0] += 1.0
+        node = tracker.sample()
+    assert node.rate == 10.0
+
+
+def test_before_the_new_ranks_report_a_node_says_which_start_it_is_in(tmp_path):
+    tracker = ProgressTracker(str(tmp_path), gpu=lambda: 50.0)
+    _report(tmp_path, 0, 30, 1000.0)
+    _status(tmp_path, 0, 2)  # restart 2's rank started, and reported nothing yet
+    node = tracker.sample()
+    assert node.start == 2 and not node.reporting and node.gpu == 50.0
+    back = msg.parse(json.loads(json.dumps(msg.Heartbeat(None, node).to_wire()))).progress
+    assert back.start == 2
+    assert "start" not in json.dumps(msg.Heartbeat(None, _node(1.0)).to_wire())  # the first start's: as before
+
+
+def _even(book, at, start=0, rate=2.0, nodes=(0, 1, 2, 3)):
+    for node in nodes:
+        book.update(node, "h%d" % node, replace(_node(rate, lo=2 * node, hi=2 * node + 1), start=start))
+    return book.check(at)
+
+
+def test_a_restart_starts_the_gang_s_rates_and_its_naming_again():
+    book = _book(ratio=1.5, window=10.0)
+    for second in range(20):
+        assert _even(book, float(second)) == []
+    assert book.summary.steps_per_second == 2.0 and book.settled
+    # The restart: node 0's new ranks report first, at a pace of their own; the others' last
+    # reports of the replaced start, still in flight, are left aside.
+    _even(book, 20.0, start=1, rate=4.0, nodes=(0,))
+    _even(book, 21.0, start=0, rate=0.1, nodes=(1, 2, 3))
+    assert set(book.nodes) == {0} and book.summary.steps_per_second == 4.0
+    assert book.summary.eta_seconds == round((1000 - 100) / 4.0, 1)  # from the rates since the restart
+    # Node 3 slower at first (its ranks rejoined a step later): not named before the start's own window.
+    for second in range(22, 29):
+        _even(book, float(second), start=1, rate=4.0, nodes=(0, 1, 2))
+        book.update(3, "h3", replace(_node(3.0, lo=6, hi=7), start=1))
+        assert book.check(float(second) + 0.5) == []
+        assert book.summary.slowest is None and "slowest" not in book.line()
+    _even(book, 31.0, start=1, rate=4.0, nodes=(0, 1, 2))
+    assert book.summary.slowest is not None and book.summary.slowest["node_index"] == 3  # its window had come
+
+
+def test_a_straggler_of_the_replaced_start_is_not_counted_into_the_new_one():
+    book = _book(ratio=1.5, window=10.0)
+    for second in range(8):  # node 2 slow for 8 s of the 10 s window, then the restart
+        book.update(2, "h2", _node(0.5))
+        _even(book, float(second), nodes=(0, 1, 3))
+    for second in range(8, 16):
+        book.update(2, "h2", replace(_node(0.5), start=1))
+        assert _even(book, float(second), start=1, nodes=(0, 1, 3)) == []
+    assert book.summary.stragglers == ()
 
 
 # -- on the control ---------------------------------------------------------------------
@@ -156,10 +246,12 @@ def test_the_tracker_carries_the_gpus_utilisation_with_or_without_reports(tmp_pa
 
 
 def test_the_line_says_step_percent_eta_rate_metrics_and_the_slowest_node():
-    book = _book(nodes=3)
+    book = _book(nodes=3)  # the window: 10 s
     for node, rate in enumerate((2.0, 2.0, 0.5)):
         book.update(node, "h%d" % node, _node(rate, step=250, lo=2 * node, hi=2 * node + 1, loss=0.5, lr=0.001))
     book.check(0.0)
+    assert "slowest" not in book.line()  # a start's first rates are a second or two of steps
+    book.check(10.0)
     assert book.line() == ("progress: step 250/1000 (25%), ETA 6 min, 2 steps/s, loss 0.5, lr 0.001; "
                            "slowest: node 2 (h2, ranks 4-5) at 0.25x the median steps/s")
 

@@ -1,4 +1,4 @@
-"""procs/progress.py: a rank's progress reports, as a real rank process makes
+"""procs/rank_progress.py: a rank's progress reports, as a real rank process makes
 them (through the public short path) and as its node reads them back."""
 
 from __future__ import annotations
@@ -10,13 +10,13 @@ import sys
 import textwrap
 import time
 
-from metaflow_extensions.torchrun.plugins.torchrun.procs import names, progress
-from metaflow_extensions.torchrun.plugins.torchrun.procs.progress import ProgressReport, read_progress
+from metaflow_extensions.torchrun.plugins.torchrun.procs import names, rank_progress
+from metaflow_extensions.torchrun.plugins.torchrun.procs.rank_progress import ProgressReport, read_progress
 
 
-def _rank(tmp_path, body: str, rank: str = "3", work_dir: bool = True, wait: bool = True):
-    env = {k: v for k, v in os.environ.items() if k != names.WORK_DIR_ENV}
-    env["RANK"] = rank
+def _rank(tmp_path, body: str, rank: str = "3", work_dir: bool = True, wait: bool = True, **more: str):
+    env = {k: v for k, v in os.environ.items() if k not in (names.WORK_DIR_ENV, names.RESTART_COUNT_ENV)}
+    env.update(more, RANK=rank)
     if work_dir:
         env[names.WORK_DIR_ENV] = str(tmp_path)
     script = "from metaflow_extensions.torchrun.progress import report\n" + textwrap.dedent(body)
@@ -40,6 +40,19 @@ def test_the_last_report_is_in_the_file_when_the_rank_exits(tmp_path):
     assert oct(os.stat(tmp_path / "rank-3.progress.json").st_mode & 0o777) == "0o600"
     assert read_progress(str(tmp_path))[3].step == 19999
     assert sorted(os.listdir(tmp_path)) == ["rank-3.progress.json"]
+
+
+def test_a_report_says_which_start_of_the_ranks_it_belongs_to(tmp_path):
+    """A restart's ranks (torchelastic's count, which the bootstrap sets from the gang's restart) are told
+    from the replaced ranks, whose files stay in the work directory until the new ranks' replace them."""
+    _rank(tmp_path, "report(7)\n", TORCHELASTIC_RESTART_COUNT="2")
+    data = json.loads((tmp_path / "rank-3.progress.json").read_text())
+    assert data["start"] == 2 and read_progress(str(tmp_path))[3].start == 2
+    _rank(tmp_path, "report(8)\n")  # the first start: no count, and nothing more on the file
+    assert "start" not in json.loads((tmp_path / "rank-3.progress.json").read_text())
+    assert read_progress(str(tmp_path))[3].start == 0
+    for bad in (-1, "2", 2.5, True, None):
+        assert ProgressReport.from_file({"rank": 1, "step": 2, "time": 1.0, "start": bad}).start == 0
 
 
 def test_at_most_one_write_a_second_while_it_reports_every_step(tmp_path):
@@ -101,9 +114,9 @@ def test_a_forked_child_does_not_write_its_parents_file(tmp_path):
 def test_metrics_are_bounded_and_finite():
     given = {"m%d" % i: float(i) for i in range(12)}
     given.update({"nan": float("nan"), "x" * 41: 1.0, "flag": True, "text": "1.5"})
-    kept = progress.clean_metrics({"inf": float("inf"), "a": "no", **given})
+    kept = rank_progress.clean_metrics({"inf": float("inf"), "a": "no", **given})
     assert list(kept) == ["m%d" % i for i in range(8)]
-    assert progress.clean_metrics([1, 2]) == {}
+    assert rank_progress.clean_metrics([1, 2]) == {}
 
 
 def test_a_hostile_file_reads_as_no_report(tmp_path):

@@ -21,7 +21,7 @@ from .config import GangConfig
 from ..base import timeouts
 from .joining import Joiner, error_text
 from .bench import Seat
-from .node_progress import NodeProgress
+from .gang_progress import NodeProgress
 from .probing import Hearing, Prober
 from ..host import log
 

@@ -1,19 +1,46 @@
-"""The gang's training progress as the control sees it, and its stragglers.
+"""Training progress, from a rank's report to the card: the feature's entry, and the gang's part of it.
 
-A heartbeat's progress costs the service one dictionary entry; once a second
-the book sums up the gang, samples the card's chart (the same size at any gang
-size) and names each straggler once. The signals (steps/s, else GPU
-utilisation, else CPU) and why each works: docs/seeing-the-gang.md.
+The path of a report, and where each part lives:
+
+- a rank: ``report(step, total, **metrics)`` (procs/rank_progress.py; users import it as
+  ``metaflow_extensions.torchrun.progress``) keeps the latest in memory and writes it to the rank's
+  progress file at most once a second, stamped with the rank's clock and its start of the ranks;
+  procs/trainer_hooks.py reports for HF's and Lightning's ``Trainer`` with no code;
+- a node: ``ProgressTracker`` (here) sums up its ranks' files into one bounded ``NodeProgress``,
+  which one heartbeat in ``PROGRESS_SEND`` s carries (gang/client.py; runtime/call.py starts a
+  tracker with each start of the ranks and sends the last one as they end);
+- the control: ``ProgressBook`` (here) sums up every node once a second, names each straggler once
+  and says the line (gang/speaker.py says it); ``ProgressRecord`` is what the record
+  (``result.progress``) and the card (card/progress.py) show.
+
+A rate belongs to one start of the ranks: a restart or a swap starts every rank's and every node's
+rates again, and no node is named slowest or a straggler until the new start has a window of its own.
+The signals (steps/s, else GPU utilisation, else CPU) and why each works: docs/seeing-the-gang.md.
 """
 
 from __future__ import annotations
 
+import math
+import os
 import statistics
+import time
+from collections import deque
 from dataclasses import dataclass, field
-from typing import Annotated, Any, Dict, List, Optional, Set, Tuple
+from typing import Annotated, Any, Callable, Deque, Dict, Iterable, List, Mapping, Optional, Set, Tuple
 
-from ..base.codec import LOCAL, Real, Written
-from .node_progress import NodeProgress
+from ..base.codec import LOCAL, SKIP, Int, Real, Record, Via, Written
+from ..procs.rank_progress import MAX_METRICS, ProgressReport, clean_metrics, read_progress
+from ..procs.status import RankStatus, read_statuses
+from .wire import ProtocolError
+
+STEP_LIMIT = 1 << 53
+RANK_LIMIT = 1 << 31
+START_LIMIT = 1 << 16  # the gang's restarts (gang/messages.py's MAX_RESTART), torch's own beside them
+MAX_RATE = 1e9
+MAX_SECONDS = 1e9
+# Steps per second over this many seconds of reports (two a second apart jump with every step).
+RATE_WINDOW = 30.0
+RATE_SAMPLES = 64
 
 CHART_GROUPS = 32
 CHART_SAMPLES = 90
@@ -26,6 +53,168 @@ GPU_IDLE = 5.0  # below this median utilisation (%) the GPUs are idle gang-wide
 # The slowest node is named only at or below this fraction of the median's steps/s:
 # in an even gang some node is always the slowest.
 SLOWEST_NAMED = 0.9
+
+
+# -- on each node: its ranks summed up for the heartbeat ----------------------------------------------
+
+
+Steps = Annotated[int, Int(0, STEP_LIMIT - 1)]
+Rank = Annotated[Optional[int], Int(0, RANK_LIMIT - 1)]
+Rate = Annotated[Optional[float], Real(0.0, MAX_RATE, digits=4)]
+
+
+def _metrics(value: Any) -> Dict[str, float]:
+    """The same rule as a rank's own report (``procs/rank_progress.py``), refused where it differs."""
+    if not isinstance(value, Mapping) or len(value) > MAX_METRICS or clean_metrics(value) != value:
+        raise ValueError("not at most %d named finite numbers" % MAX_METRICS)
+    return dict(value)
+
+
+@dataclass(frozen=True)
+class NodeProgress(Record):
+    """``rate_min`` (its slowest rank's steps/s) sets the node's pace; ``stalled``: seconds since any rank
+    advanced, on its node's clock (``hang_timeout`` reads it); ``cpu`` (per rank), ``gpu`` (mean %): fallbacks;
+    ``start``: the start of the ranks it sums up (the control leaves a replaced start's aside)."""
+
+    ERROR = ProtocolError
+    DROP_NONE = True
+    ranks: Annotated[int, Int(0, RANK_LIMIT - 1)] = 0  # ranks with a report
+    step_min: Steps = 0
+    step_median: Steps = 0
+    step_max: Steps = 0
+    total: Annotated[Optional[int], Int(0, STEP_LIMIT - 1)] = None
+    rate: Rate = None  # steps/s of the median rank
+    rate_min: Rate = None  # steps/s of the slowest rank
+    slowest_rank: Rank = None
+    rank_lo: Rank = None  # the node's ranks, lowest and highest (torchrun numbers them in a row)
+    rank_hi: Rank = None
+    stalled: Annotated[Optional[float], Real(0.0, MAX_SECONDS, digits=4)] = None
+    cpu: Annotated[Optional[float], Real(0.0, 1e6, digits=4)] = None
+    gpu: Annotated[Optional[float], Real(0.0, 100.0, digits=4)] = None
+    metrics: Annotated[Dict[str, float], Via(_metrics, lambda m: {k: float("%.6g" % v) for k, v in m.items()}
+                                             or None)] = field(default_factory=dict)
+    start: Annotated[int, Int(0, START_LIMIT), SKIP] = 0
+
+    @property
+    def reporting(self) -> bool:
+        return self.ranks > 0
+
+    def problem(self) -> Optional[str]:
+        if not self.step_min <= self.step_median <= self.step_max:
+            return "field 'progress': steps not in order (min <= median <= max)"
+        return None
+
+
+@dataclass
+class RankPace:
+    """One rank's (report time, step) since its start of the ranks began."""
+
+    start: int
+    seen: Deque[Tuple[float, int]] = field(default_factory=lambda: deque(maxlen=RATE_SAMPLES))
+
+    def follows(self, one: ProgressReport) -> bool:
+        """False where ``one`` begins again: another start, or a step gone back (the script resumed)."""
+        return one.start == self.start and (not self.seen or one.step >= self.seen[-1][1])
+
+    def rate(self, one: ProgressReport) -> Optional[float]:
+        if not self.seen or self.seen[-1] != (one.time, one.step):
+            self.seen.append((one.time, one.step))
+        return steps_per_second(self.seen)
+
+
+def steps_per_second(seen: Deque[Tuple[float, int]], window: float = RATE_WINDOW) -> Optional[float]:
+    """Over the last ``window`` seconds of reports; None before a second of them."""
+    while len(seen) > 2 and seen[-1][0] - seen[0][0] > window:
+        seen.popleft()
+    (t0, s0), (t1, s1) = seen[0], seen[-1]
+    return max(0.0, (s1 - s0) / (t1 - t0)) if t1 - t0 >= 1.0 else None
+
+
+def latest_start(known: int, statuses: Iterable[RankStatus], reports: Iterable[ProgressReport]) -> int:
+    """The newest start of the ranks the work directory shows: the replaced ranks' files stay until
+    the new ranks' replace them."""
+    return max([known] + [s.restart for s in statuses] + [r.start for r in reports])
+
+
+class ProgressTracker:
+    """Per call (a new call is a new work directory)."""
+
+    def __init__(self, workdir: str, clock: Callable[[], float] = time.monotonic,
+                 gpu: Callable[[], Optional[float]] = lambda: None) -> None:
+        self.workdir = workdir
+        self.clock = clock
+        self.gpu = gpu
+        self.start = 0  # the newest start of the ranks seen
+        self.paces: Dict[int, RankPace] = {}
+        self.last_steps: Dict[int, Tuple[int, int]] = {}  # rank -> (start, step)
+        self.advanced_at: Optional[float] = None
+        self.cpu_seen: Optional[Tuple[float, float, int]] = None  # (clock, CPU seconds, ranks)
+
+    def sample(self) -> Optional[NodeProgress]:
+        """None while no rank reports and no CPU time or GPU utilisation is known."""
+        now = self.clock()
+        statuses = read_statuses(self.workdir)
+        found = read_progress(self.workdir)
+        self.start = latest_start(self.start, statuses.values(), found.values())
+        reports = {r: one for r, one in found.items() if one.start == self.start}
+        cpu, gpu = self._cpu(now, [s for s in statuses.values() if s.restart == self.start]), self.gpu()
+        if not reports:
+            return NodeProgress(cpu=cpu, gpu=gpu, start=self.start) if cpu is not None or gpu is not None else None
+        steps_now = {r: (one.start, one.step) for r, one in reports.items()}
+        if any(self.last_steps.get(r) != s for r, s in steps_now.items()) or self.advanced_at is None:
+            self.advanced_at = now
+        self.last_steps = steps_now
+        rates = {r: rate for r, rate in ((r, self._rate(one)) for r, one in reports.items()) if rate is not None}
+        steps = sorted(one.step for one in reports.values())
+        slowest = min(rates, key=lambda r: (rates[r], r)) if rates else min(reports, key=lambda r: reports[r].step)
+        totals = [one.total for one in reports.values() if one.total]
+        return NodeProgress(
+            ranks=len(reports), step_min=steps[0], step_median=steps[(len(steps) - 1) // 2], step_max=steps[-1],
+            total=max(totals) if totals else None,
+            rate=statistics.median(rates.values()) if rates else None,
+            rate_min=rates[slowest] if rates else None, slowest_rank=slowest,
+            rank_lo=min(reports), rank_hi=max(reports), stalled=max(0.0, now - self.advanced_at), cpu=cpu, gpu=gpu,
+            metrics=mean_metrics(reports[r].metrics for r in sorted(reports)), start=self.start)
+
+    def _rate(self, one: ProgressReport) -> Optional[float]:
+        pace = self.paces.get(one.rank)
+        if pace is None or not pace.follows(one):
+            pace = self.paces[one.rank] = RankPace(one.start)
+        return pace.rate(one)
+
+    def _cpu(self, now: float, statuses: List[RankStatus]) -> Optional[float]:
+        pids = [s.pid for s in statuses if s.pid > 0 and s.end is None]
+        used = sum(cpu_seconds(pid) for pid in pids)
+        before, self.cpu_seen = self.cpu_seen, (now, used, len(pids))
+        if before is None or not pids or now - before[0] < 0.5 or used < before[1]:
+            return None
+        return round((used - before[1]) / (now - before[0]) / len(pids), 4)
+
+
+def mean_metrics(each: Iterable[Mapping[str, float]]) -> Dict[str, float]:
+    """Over the ranks that report each, in the order first seen."""
+    sums: Dict[str, Tuple[float, int]] = {}
+    for metrics in each:
+        for name, value in metrics.items():
+            if name in sums or len(sums) < MAX_METRICS:
+                total, count = sums.get(name, (0.0, 0))
+                sums[name] = (total + value, count + 1)
+    return {name: total / count for name, (total, count) in sums.items() if math.isfinite(total / count)}
+
+
+_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def cpu_seconds(pid: int) -> float:
+    try:
+        with open("/proc/%d/stat" % pid, "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / _TICKS
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
+# -- on the control: the gang summed up, its line, its stragglers, its record ---------------------------
 
 
 @dataclass(frozen=True)
@@ -67,12 +256,20 @@ class ProgressRecord(Written):
 
 
 class ProgressBook:
+    """``window``: seconds a node must be slow, in one start of the ranks, to be named a straggler; the
+    slowest node is named once a start has reported for ``settle`` (the window, at most ``RATE_WINDOW``):
+    a start's first rates are a second or two of steps."""
+
     def __init__(self, num_nodes: int, ratio: float, window: float) -> None:
         self.num_nodes = num_nodes
         self.ratio = ratio
         self.window = window
+        self.settle = min(window, RATE_WINDOW)
         self.nodes: Dict[int, Tuple[NodeProgress, str]] = {}
         self.started: Optional[float] = None
+        self.start = 0  # the start of the ranks summed up: the newest a node reported from
+        self.start_seen: Optional[float] = None  # when the book first summed it up
+        self.settled = False
         self.slow_since: Dict[int, float] = {}
         self.named: Dict[int, Straggler] = {}
         self.unlisted: Set[int] = set()
@@ -83,8 +280,7 @@ class ProgressBook:
 
     def new_call(self) -> None:
         """Stragglers named stay named."""
-        self.nodes.clear()
-        self.slow_since.clear()
+        self._new_start(0)
         self.chart = []
         self.started = None
         self.chart_every = 5.0
@@ -93,8 +289,19 @@ class ProgressBook:
     def update(self, node: int, host: str, progress: Optional[NodeProgress]) -> None:
         if progress is None:
             self.nodes.pop(node, None)
-        else:
-            self.nodes[node] = (progress, host)
+            return
+        if progress.start < self.start:
+            return  # the replaced ranks', sent before the node heard of the restart
+        if progress.start > self.start:
+            self._new_start(progress.start)
+        self.nodes[node] = (progress, host)
+
+    def _new_start(self, start: int) -> None:
+        """A restart or a swap: the rates start again, and so does each node's time as slow."""
+        self.start = start
+        self.nodes.clear()
+        self.slow_since.clear()
+        self.start_seen, self.settled = None, False
 
     def current(self) -> ProgressRecord:
         """Summed up now: a call's last heartbeats come after its last check."""
@@ -112,6 +319,9 @@ class ProgressBook:
             return []
         if self.started is None:
             self.started = now
+        if self.start_seen is None:
+            self.start_seen = now
+        self.settled = now - self.start_seen >= self.settle
         reporting = {n: ph for n, ph in self.nodes.items() if ph[0].reporting}
         named = self._stragglers(now, reporting)
         if reporting and now >= self.next_sample:
@@ -182,7 +392,8 @@ class ProgressBook:
             eta_seconds=None if eta is None else round(eta, 1),
             steps_per_second=None if rate is None else round(rate, 4),
             metrics=dict(reporting[first][0].metrics), nodes_reporting=len(reporting), signal=signal,
-            slowest=self._slowest(reporting, rate), stragglers=stragglers, stragglers_more=len(self.unlisted),
+            slowest=self._slowest(reporting, rate) if self.settled else None, stragglers=stragglers,
+            stragglers_more=len(self.unlisted),
             chart_groups=tuple(label for label, _ in self._groups()), chart=tuple(self.chart))
 
     def _slowest(self, reporting: Dict[int, Tuple[NodeProgress, str]],

@@ -20,7 +20,7 @@ from ..base.codec import NEED, SKIP, Hex, Int, Items, OneOf, Real, Record, Text,
 from ..procs import MAX_STACK_BYTES
 from ..procs import FlightError, FlightSummary, RankStatus
 from .bench import Bench
-from .node_progress import NodeProgress
+from .gang_progress import NodeProgress
 from .wire import Message as WireDict
 from .wire import ProtocolError
 

@@ -24,7 +24,7 @@ _MODULES = {
               "ZYGOTE_PID_SUFFIX", "ARGS_FILE", "RESTART_ENV", "rank_log_path"),
     "culprit": ("Culprits", "find_culprits", "unread_reason"),
     "flight": ("FlightError", "FlightSummary"),
-    "progress": ("MAX_METRICS", "ProgressReport", "clean_metrics", "read_progress", "report"),
+    "rank_progress": ("MAX_METRICS", "ProgressReport", "clean_metrics", "read_progress", "report"),
     "stacks": ("MAX_STACK_BYTES", "SUMMARY_PLACES", "bound", "group"),
     "failures": ("NO_EXCEPTION", "RankFailure", "clear_round", "describe_exit_code", "merge_failures",
                  "read_agent_failures", "read_failures", "root_cause_order", "with_last_output"),
@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from .flight import FlightError, FlightSummary
     from .failures import (NO_EXCEPTION, RankFailure, clear_round, describe_exit_code, merge_failures,
                            read_agent_failures, read_failures, root_cause_order, with_last_output)
-    from .progress import MAX_METRICS, ProgressReport, clean_metrics, read_progress, report
+    from .rank_progress import MAX_METRICS, ProgressReport, clean_metrics, read_progress, report
     from .names import RESTART_ENV, ARGS_FILE, rank_log_path
     from .names import (HOST_ZYGOTE_ENV, ZYGOTE_ENV, ZYGOTE_NAME, ZYGOTE_PID_SUFFIX, ZYGOTE_SOCKET,
                         zygote_log_path)

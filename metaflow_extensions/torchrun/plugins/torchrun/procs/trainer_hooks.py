@@ -15,7 +15,7 @@ import math
 import sys
 from typing import Any, Callable, Dict, Mapping, Optional, Sequence
 
-from . import progress
+from . import rank_progress
 
 _log = logging.getLogger("metaflow_torchrun")
 
@@ -99,13 +99,13 @@ def hf_callback(base: type) -> type:
                       and isinstance(v, (int, float))}
             if logged:
                 self.metrics.update(logged)
-                progress.report(state.global_step, state.max_steps or None, **self.metrics)
+                rank_progress.report(state.global_step, state.max_steps or None, **self.metrics)
 
         def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
             lr = last_lr(kwargs.get("lr_scheduler"))
             if lr is not None:
                 self.metrics["learning_rate"] = lr
-            progress.report(state.global_step, state.max_steps or None, **self.metrics)
+            rank_progress.report(state.global_step, state.max_steps or None, **self.metrics)
 
     TorchrunProgress.__name__ = TorchrunProgress.__qualname__ = CALLBACK_NAME
     return TorchrunProgress
@@ -153,7 +153,7 @@ def lightning_callback(base: type) -> type:
                 metrics["learning_rate"] = float(trainer.optimizers[0].param_groups[0]["lr"])
             except Exception:
                 pass
-            progress.report(trainer.global_step, self.total, **metrics)
+            rank_progress.report(trainer.global_step, self.total, **metrics)
 
     TorchrunProgress.__name__ = TorchrunProgress.__qualname__ = CALLBACK_NAME
     return TorchrunProgress

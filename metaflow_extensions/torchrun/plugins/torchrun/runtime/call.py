@@ -20,7 +20,7 @@ from ..errors import (FULL_REPORT, GangAborted, TorchrunException, TorchrunFaile
                       TorchrunInterrupted, rank_raised)
 from ..gang import NodeReport, Seat
 from ..gang.client import send_last_progress
-from ..gang.node_progress import ProgressTracker
+from ..gang.gang_progress import ProgressTracker
 from ..host import GpuUsage, say
 from ..launch import CallPlan
 from ..launch.command import argparse_hint

@@ -1,8 +1,10 @@
-"""A rank's progress: its step, the total if known, a few numeric metrics.
+"""A rank's progress: its step, the total if known, a few numeric metrics, and
+which start of the ranks it belongs to (a restart's ranks report afresh).
 
 ``report`` runs every step, so it only keeps the latest in memory; a daemon
 thread writes it at most once every ``REPORT_INTERVAL``. Users import it as
-``from metaflow_extensions.torchrun.progress import report``.
+``from metaflow_extensions.torchrun.progress import report``. The whole path of
+a report, rank to card: gang/gang_progress.py.
 """
 
 from __future__ import annotations
@@ -15,11 +17,11 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Dict, Mapping, Optional, Tuple
+from typing import Annotated, Any, Dict, Mapping, Optional, Tuple
 
-from ..base.codec import Written
+from ..base.codec import SKIP, Written
 from ..base.timeouts import REPORT_INTERVAL
-from .names import PROGRESS_SUFFIX, WORK_DIR_ENV, rank_file
+from .names import PROGRESS_SUFFIX, RESTART_COUNT_ENV, WORK_DIR_ENV, rank_file
 from .records import read_rank_files, stamp, write_json
 
 # A node's heartbeat stays small whatever a script passes.
@@ -30,13 +32,16 @@ STEP_LIMIT = 1 << 53  # an exact float in JSON
 
 @dataclass(frozen=True)
 class ProgressReport(Written):
-    """``time``: the rank's wall clock; the node compares its own ranks' only."""
+    """``time``: the rank's wall clock; the node compares its own ranks' only. ``start``: the start of
+    the ranks (torchelastic's restart count, the gang's restart): a file the replaced ranks left is not
+    taken for the new ranks' progress."""
 
     rank: int
     step: int
     total: Optional[int] = None
     metrics: Dict[str, float] = field(default_factory=dict)
     time: float = 0.0
+    start: Annotated[int, SKIP] = 0
 
     @classmethod
     def from_file(cls, data: Any) -> Optional["ProgressReport"]:
@@ -47,7 +52,7 @@ class ProgressReport(Written):
             return None
         total = _count(data.get("total"))
         return cls(rank=rank, step=step, total=total if total else None,
-                   metrics=clean_metrics(data.get("metrics")), time=when)
+                   metrics=clean_metrics(data.get("metrics")), time=when, start=_count(data.get("start")) or 0)
 
 
 def clean_metrics(metrics: Any) -> Dict[str, float]:
@@ -104,7 +109,8 @@ def _start() -> None:
     with _start_lock:
         if _writer is not None:
             return
-        _writer = _Writer(os.environ.get(WORK_DIR_ENV, ""), os.environ.get("RANK", ""))
+        _writer = _Writer(os.environ.get(WORK_DIR_ENV, ""), os.environ.get("RANK", ""),
+                          os.environ.get(RESTART_COUNT_ENV, ""))
         _writer.start()
 
 
@@ -112,7 +118,7 @@ def _forget_in_child() -> None:
     """A forked child (a DataLoader worker) has no writer thread: its reports go
     nowhere rather than race its parent's file."""
     global _writer, _latest
-    _writer = _Writer("", "")
+    _writer = _Writer("", "", "")
     _latest = None
 
 
@@ -120,10 +126,11 @@ os.register_at_fork(after_in_child=_forget_in_child)
 
 
 class _Writer:
-    def __init__(self, directory: str, rank: str) -> None:
-        number = _count(int(rank)) if rank.isdigit() and rank.isascii() else None
+    def __init__(self, directory: str, rank: str, start: str) -> None:
+        number = _digits(rank)
         self.path = rank_file(directory, number, PROGRESS_SUFFIX) if directory and number is not None else ""
         self.rank = number or 0
+        self.of_start = _digits(start) or 0  # torchelastic's restart count, the gang's restart
         self.written: Any = None
         self.warned = False
         self.stop = threading.Event()
@@ -168,7 +175,12 @@ class _Writer:
             return None
         whole = _count(total)
         return ProgressReport(rank=self.rank, step=number, total=whole if whole else None,
-                              metrics=clean_metrics(metrics), time=when)
+                              metrics=clean_metrics(metrics), time=when, start=self.of_start)
+
+
+def _digits(text: str) -> Optional[int]:
+    """An environment variable's whole number, or None."""
+    return _count(int(text)) if text.isdigit() and text.isascii() else None
 
 
 def read_progress(directory: str) -> Dict[int, ProgressReport]:

@@ -1,0 +1,95 @@
+"""What the gang says of its pace after a restart and after a swap: rates that
+start again with each start of the ranks, and no node named for the time its
+ranks were down. One real 3-node run (nproc 1, node 2 a spare), read by each
+test: two nodes train in lockstep (an all-reduce a step, 0.1 s a step) and
+resume from their checkpoint (3 s to load it); rank 0 (node 0) is SIGKILLed once, a restart in
+place, then rank 1 (node 1), which swaps the spare in.
+
+Was: each rank's history outlived the restart, so its steps/s were measured
+from the replaced rank's last report, the time down included (a curve rising
+from 0 for 30 s), while the spare, with no history, looked fast: "slowest:
+node 0 ... at 0.66x the median steps/s" of nodes that trained in lockstep."""
+
+import json
+import re
+from typing import Dict, Iterator, List, Optional
+
+import pytest
+
+from .calls import flow_run, once_per_pytest_run
+from .helpers import Gang, without_task_prefix
+
+pytestmark = pytest.mark.integration
+
+STEPS = 270  # 9 s a start at 10 steps/s: a node's progress rides one heartbeat every 3 s
+KILLS = "0:0:90,1:1:180"  # start 0: rank 0 after step 90; start 1: rank 1 after step 180
+RESTART = "restarting every node's ranks (restart 1 of 2)"
+SWAP = re.compile(r"node 1 \([^)]*\) taken out, spare node 2 \([^)]*\) brought in \(restart 2 of 2\)")
+RATE = re.compile(r", ([0-9.e+]+) steps/s")
+NEAR = 0.2  # a rate after a restart within 20 % of the rate before it
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory) -> Iterator[dict]:
+    def produce() -> dict:
+        return flow_run(
+            tmp_path_factory, "progress-restarts", "--script", "progress_restarts.py", "--nodes", "3",
+            "--nproc", "1", "--script-args", json.dumps({"steps": STEPS, "every": 0.1, "kill": KILLS, "load": 3}),
+            env={"MFTR_TORCHRUN_ATTRS": json.dumps({"restarts": 2, "spares": 1}),
+                 "METAFLOW_TORCHRUN_PROGRESS_SECONDS": "1", "METAFLOW_TORCHRUN_STRAGGLER_SECONDS": "2",
+                 "METAFLOW_TORCHRUN_STRAGGLER_RATIO": "1.3"})
+
+    kept = once_per_pytest_run(tmp_path_factory, "progress-restarts", produce)
+    kept["text"] = without_task_prefix(kept["text"])
+    assert kept["returncode"] == 0, kept["text"][-5000:]
+    yield kept
+
+
+def _starts(text: str) -> List[List[str]]:
+    """The control's progress lines, cut at the restart's line and at the swap's."""
+    starts: List[List[str]] = [[]]
+    for line in text.splitlines():
+        if RESTART in line or SWAP.search(line):
+            starts.append([])
+        elif "@torchrun: progress: step" in line:
+            starts[-1].append(line.split("@torchrun: ", 1)[1])
+    assert len(starts) == 3, text[-5000:]
+    return starts
+
+
+def _rates(lines: List[str]) -> List[float]:
+    return [float(m.group(1)) for m in map(RATE.search, lines) if m]
+
+
+def _progress(run: dict) -> Dict[str, object]:
+    record = Gang(run["tmp"]).client(
+        "import json\n"
+        "t = Flow('GangFlow').latest_run['train'].control_task\n"
+        "result = json.loads(t.metadata_dict['torchrun-result'])")
+    return record["progress"]
+
+
+def _near(rate: Optional[float], before: float) -> bool:
+    return rate is not None and abs(rate - before) <= NEAR * before
+
+
+def test_after_a_restart_in_place_the_rate_is_the_rate_before_and_no_node_is_named_slowest(run):
+    starts = _starts(run["text"])
+    before, after = _rates(starts[0]), _rates(starts[1])
+    assert before and after, starts
+    assert all(_near(rate, before[-1]) for rate in after), (before, starts[1])
+    slowest = [line for lines in starts[:2] for line in lines if "slowest" in line]
+    assert not slowest, slowest
+
+
+def test_after_a_swap_no_node_is_named_a_straggler_or_slowest(run):
+    starts = _starts(run["text"])
+    before, after = _rates(starts[0]), _rates(starts[2])
+    assert after and all(_near(rate, before[-1]) for rate in after), (before, starts[2])
+    slowest = [line for line in starts[2] if "slowest" in line]
+    assert not slowest, slowest
+    named = [line for line in run["text"].splitlines() if "slower than the median" in line]
+    assert not named, named
+    progress = _progress(run)
+    assert progress["stragglers"] == [] and progress["slowest"] is None, progress
+    assert progress["step"] == STEPS and _near(progress["steps_per_second"], before[-1]), (before, progress)
