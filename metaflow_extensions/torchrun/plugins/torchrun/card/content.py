@@ -20,7 +20,7 @@ from ..errors import is_refusal
 from ..procs import numbers
 from ..record import REPORT_ARTIFACT, TorchrunResult, evidence, goodput, none_suspected, suspected, swap_words, what_ran
 from . import preflight as card_preflight, progress as card_progress, timeline
-from .text import CARD_LINE_CHARS, clip, clip_lines, escape_markdown, html_line, sentence, text_block
+from .text import CARD_LINE_CHARS, clip, clip_lines, escape_markdown, html_line, sentence, text_block, with_wrap_style
 
 # The card's caps: rows of the Ranks table, ranks whose last lines are shown and the characters of
 # one stream's, of one rank's stack and of the root cause.
@@ -318,7 +318,7 @@ def refused_components(result: TorchrunResult, flow: str, pathspec: str, reason:
     parts += what_ran_parts(result, Markdown, Table)
     if attempt_rows(result):
         parts += [Markdown("## Attempts"), Table(attempt_rows(result), headers=ATTEMPT_HEADERS)]
-    parts.append(Markdown("_Generated %s_" % time.strftime("%Y-%m-%d %H:%M:%S")))
+    parts.append(Markdown(with_wrap_style("_Generated %s_" % time.strftime("%Y-%m-%d %H:%M:%S"))))
     return parts
 
 
@@ -356,7 +356,7 @@ def build_components(result: TorchrunResult, flow: str, pathspec: str, backend: 
     parts.extend(stack_parts(result, Markdown, Table))
     parts.extend(card_preflight.parts(result.preflight))
     parts.extend(tail_parts(result, Markdown))
-    parts.append(Markdown("_Generated %s_" % time.strftime("%Y-%m-%d %H:%M:%S")))
+    parts.append(Markdown(with_wrap_style("_Generated %s_" % time.strftime("%Y-%m-%d %H:%M:%S"))))
     return parts
 
 

@@ -67,14 +67,15 @@ def refresh_live(progress: ProgressRecord, flow_name: str) -> None:
 
     from . import progress as card_progress
     from .content import title_markdown
+    from .text import with_wrap_style
 
     try:
         card = current.card[CARD_ID]
         card.clear()
         card.extend([
             Markdown(title_markdown(flow_name, current.pathspec, int(current.retry_count or 0))),
-            Markdown("_Running: refreshed %s while the step runs; the whole card comes when it ends._"
-                     % time.strftime("%Y-%m-%d %H:%M:%S")),
+            Markdown(with_wrap_style("_Running: refreshed %s while the step runs; the whole card comes when it "
+                                     "ends._" % time.strftime("%Y-%m-%d %H:%M:%S"))),
             *card_progress.parts(progress),
         ])
         card.refresh(force=True)

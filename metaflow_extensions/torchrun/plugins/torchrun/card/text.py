@@ -16,6 +16,14 @@ ZWSP = "\u200b"
 # A preformatted block that wraps (inline style: no CSS of ours reaches the card otherwise).
 _PRE = '<pre style="white-space: pre-wrap; overflow-wrap: anywhere; word-break: break-word; margin: 0">'
 
+# Metaflow's card lays its components out in a grid that widens to its longest unbroken word, and
+# keeps a table's headers and a code block's lines unbroken: a host name, a metric or a check's name of a few hundred
+# characters (the breaks written every BREAK_EVERY are too far apart for wide letters) pushed the
+# page past the window (tests/unit/test_card_hostile.py). One style block, on each card once, lets
+# any line break anywhere where it must; it changes nothing that fits.
+WRAP_STYLE = ("<style>main p, main li, main td, main code, main summary, main h1, main h2 {overflow-wrap: anywhere}"
+              " main th, main pre {white-space: pre-wrap !important; overflow-wrap: anywhere}</style>")
+
 # The card's Markdown renderer, measured (tests/integration/test_observability.py), drops a backslash
 # escape with its character, shows an entity as typed and drops a code span's backticks; it draws an HTML
 # block as HTML and a table cell as plain text. So a rank's text goes in a cell as it is, in an HTML block
@@ -78,6 +86,11 @@ def clip_lines(text: Any, total: int, line_limit: int = CARD_LINE_CHARS, keep: s
         note = "… [%d more lines]" % (len(out) - len(kept))
         kept = kept + [note] if keep == "head" else [note] + kept
     return "\n".join(kept), cut
+
+
+def with_wrap_style(markdown: str) -> str:
+    """``markdown`` (a paragraph of ours) and, after it, the card's one ``WRAP_STYLE``."""
+    return "%s\n\n%s" % (markdown, WRAP_STYLE)
 
 
 def sentence(notes: List[str]) -> str:
