@@ -6,11 +6,13 @@ before any rank starts. The runs are shared by the module's tests (each costs
 10-20 s); the ranks import no torch (tests/flows/scripts/node_dies.py)."""
 
 import json
+import os
+import re
 import subprocess
 
 import pytest
 
-from .helpers import Gang, output
+from .helpers import Gang, output, without_task_prefix
 
 # Five runs in the module's fixture, set up in its first test.
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
@@ -88,3 +90,79 @@ def test_strict_refuses_the_node_before_any_rank_starts(history_gang):
     # The history counts the refusal too: the host was the culprit again.
     report = json.loads(_history(gang, "--last", "1", "--json"))
     assert report["hosts"][0]["host"] == "bad-host" and report["hosts"][0]["blamed"] == 1, report
+
+
+# -- a local run: every node on one machine (no METAFLOW_TORCHRUN_TEST_HOSTS) ----------------
+# Three Metaflow nodes of one rank each, node 2 a hot spare; restart_resume.py's "bad GPU" on node 1
+# SIGKILLs its rank every time it starts there. Each run swaps node 1 out for the spare and succeeds.
+SPARE_RUN = ("--script", "restart_resume.py", "--nodes", "3", "--nproc", "1",
+             "--script-args", json.dumps({"fail-at": "", "steps": 2, "bad-node": 1}))
+SPARES = {"MFTR_TORCHRUN_ATTRS": json.dumps({"restarts": 1, "spares": 1})}
+# The history's lines on the preflight, each naming the nodes it flags.
+FLAGGED = re.compile(r"@torchrun: preflight: nodes? ([\d, ]+): .* was blamed in \d+ of its last \d+ appearances")
+
+
+def _flagged(text):
+    return sorted({int(n) for line in FLAGGED.findall(text) for n in line.split(",")})
+
+
+def _fresh_run(gang, i, args, env):
+    """A run whose script starts from no checkpoint (restart_resume.py resumes from its out folder's)."""
+    out = os.path.join(gang.out, "run-%d" % i)
+    os.makedirs(out)
+    return gang.run(*args, env=dict(env, MFTR_TEST_OUT=out), timeout=300)
+
+
+@pytest.fixture(scope="module")
+def local_spares(tmp_path_factory):
+    gang = Gang(tmp_path_factory.mktemp("local-spares"))
+    try:
+        yield gang, [_fresh_run(gang, i, SPARE_RUN, SPARES) for i in range(3)]
+    finally:
+        leaked = gang.leaks()
+        gang.kill_everything()
+    assert not leaked, leaked
+
+
+def test_a_local_run_with_spares_warns_only_against_the_node_that_failed(local_spares):
+    gang, runs = local_spares
+    for proc in runs:
+        assert proc.returncode == 0, output(proc)[-4000:]
+    first, second, third = (without_task_prefix(output(p)) for p in runs)
+    for text in (first, second):
+        assert "call 1: node 1 (" in text and ") taken out, spare node 2 (" in text, text[-4000:]
+    assert _flagged(first) == [] and _flagged(second) == [], second[-4000:]
+    # Every node shares this machine's host name: node 1 failed twice, nodes 0 and 2 never did.
+    assert _flagged(third) == [1], third[-4000:]
+    # Node 1 starts as the spare: nothing failed, nothing was swapped.
+    assert "preflight: node 1 (" in third and "starts as a spare" in third, third[-4000:]
+    assert "brought in" not in third and "restart 1 of" not in third, third[-4000:]
+    report = json.loads(_history(gang, "--last", "3", "--json"))
+    blamed = {h["host"]: h["blamed"] for h in report["hosts"]}
+    assert sorted(v for v in blamed.values() if v) == [2], report  # node 1's two swaps, nobody else's
+    assert [h for h, v in blamed.items() if v][0].endswith("(node 1)"), report
+
+
+# One run of two nodes, no spare: rank 1 (node 1) is SIGKILLed in the first start, the ranks restart
+# in place and the run succeeds.
+RESTART_RUN = ("--script", "restart_resume.py", "--nodes", "2", "--nproc", "1",
+               "--script-args", json.dumps({"fail-at": "0", "fail-rank": 1, "steps": 2}))
+
+
+def test_a_restart_in_place_blames_the_node_that_failed(tmp_path_factory):
+    gang = Gang(tmp_path_factory.mktemp("restart-in-place"))
+    try:
+        proc = _fresh_run(gang, 0, RESTART_RUN, {"MFTR_TORCHRUN_ATTRS": json.dumps({"restarts": 1})})
+        text = without_task_prefix(output(proc))
+        assert proc.returncode == 0 and "restarting every node's ranks (restart 1 of 1)" in text, text[-4000:]
+        report = json.loads(_history(gang, "--last", "1", "--json"))
+    finally:
+        leaked = gang.leaks()
+        gang.kill_everything()
+    assert not leaked, leaked
+    hosts = {h["host"]: h for h in report["hosts"]}
+    culprit = [h for h in hosts.values() if h["blamed"]]
+    assert len(culprit) == 1 and culprit[0]["host"].endswith("(node 1)"), report
+    assert culprit[0]["roles"] == {"culprit": 1}, report
+    assert "restarted in place" in report["causes"][0]["cause"] and "SIGKILL" in report["causes"][0]["cause"], report
+    assert all(h["blamed"] == 0 for h in hosts.values() if not h["host"].endswith("(node 1)")), report
