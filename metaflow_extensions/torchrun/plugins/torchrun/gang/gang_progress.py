@@ -7,8 +7,8 @@ The path of a report, and where each part lives:
   progress file at most once a second, stamped with the rank's clock and its start of the ranks;
   procs/trainer_hooks.py reports for HF's and Lightning's ``Trainer`` with no code;
 - a node: ``ProgressTracker`` (here) sums up its ranks' files into one bounded ``NodeProgress``,
-  which one heartbeat in ``PROGRESS_SEND`` s carries (gang/client.py; runtime/call.py starts a
-  tracker with each start of the ranks and sends the last one as they end);
+  which one heartbeat in ``PROGRESS_SEND`` s carries, and one more as the ranks end (gang/client.py;
+  runtime/call.py starts a tracker with each start of the ranks);
 - the control: ``ProgressBook`` (here) sums up every node once a second, names each straggler once
   and says the line (gang/speaker.py says it); ``ProgressRecord`` is what the record
   (``result.progress``) and the card (card/progress.py) show.
