@@ -24,6 +24,10 @@ from collections import Counter
 from dataclasses import dataclass, field, replace
 from typing import Annotated, Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
+from .. import load_order  # noqa: F401  (Metaflow first, whatever the user imports first)
+from metaflow import Flow, Metaflow
+from metaflow.exception import MetaflowNotFound
+
 from ..base import defaults as DEFAULTS
 from ..cause import Cause, CauseKind
 from ..base.codec import LOCAL, Written
@@ -39,7 +43,7 @@ MAX_FLAGGED = 16
 
 @dataclass(frozen=True)
 class Appearance:
-    """One host in one attempt of one run (its most telling role, of several nodes)."""
+    """One node in one attempt of one run, on its host."""
 
     host: str
     flow: str
@@ -68,7 +72,7 @@ def slot(host: str, node: int) -> str:
 
 @dataclass
 class HostStats(Written):
-    """What the history says of one host."""
+    """What the history says of one host (or one node of a shared host: ``key``)."""
 
     WIRE_ORDER = ("host", "appearances", "blamed", "slow", "roles", "causes", "last_seen", "blamed_in")
     host: str
@@ -140,7 +144,7 @@ def taken_out(a: Attempt, node: Any) -> str:
 
 
 def summarize(seen: Iterable[Appearance]) -> List[HostStats]:
-    """Per host, the most blamed first, then the slowest."""
+    """Per key, the most blamed first, then the slowest."""
     stats: Dict[str, HostStats] = {}
     for a in seen:
         s = stats.setdefault(a.key, HostStats(a.key))
@@ -311,9 +315,6 @@ def read_run(run: Any, step_names: Optional[Sequence[str]] = None) -> List[Appea
 def read(flow: Optional[str], last: Optional[int] = None, days: Optional[float] = None,
          skip_run: Optional[str] = None, steps: Optional[Sequence[str]] = None) -> List[Appearance]:
     """The appearances in ``flow``'s last ``last`` runs, or ``days`` (None: every flow), of ``steps``."""
-    from metaflow import Flow, Metaflow
-    from metaflow.exception import MetaflowNotFound
-
     try:
         flows = [Flow(flow)] if flow is not None else list(Metaflow())
     except MetaflowNotFound:  # no run yet: no history
