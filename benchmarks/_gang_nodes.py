@@ -143,11 +143,12 @@ class Nodes:
         config = GangConfig(gang_id, num_nodes, heartbeat_timeout=heartbeat_timeout, start_timeout=start_timeout)
         self.port = port
         self.joined_at, self.cause_at = {}, {}
-        self.clients = {n: GangClient(config, HOST, [port], n, secret=secret) for n in nodes}
-        for n, client in self.clients.items():
-            client.on_abort = self._stamper(n)
-            if progress:
-                client.training = _training(n)
+        self.clients = {n: GangClient(config, HOST, [port], n, secret=secret, on_abort=self._stamper(n))
+                        for n in nodes}
+        if progress:  # as a call's start does, for the share's whole life (held: one collected would exit)
+            self.watching = [client.watching(lambda: None, _training(n)) for n, client in self.clients.items()]
+            for watching in self.watching:
+                watching.__enter__()
         first = last = time.monotonic()
         for n, client in self.clients.items():
             # stamped before the start: a client can join before start() returns, and "last start -> all

@@ -125,16 +125,19 @@ class Net:
         self.procs = procs
 
     def server(self, num_nodes: int = 2, config: Optional[GangConfig] = None,
-               ports: Optional[Sequence[int]] = None, secret: bytes = SECRET, **kw) -> GangServer:
+               ports: Optional[Sequence[int]] = None, secret: bytes = SECRET, hooks: Optional[dict] = None,
+               **kw) -> GangServer:
+        """``hooks``: the service's constructor's callbacks (progress, host_check, node_ends)."""
         config = config or new_config(num_nodes, **kw)
-        s = GangServer(config, HOST, list(ports or [find_free_port()]), secret=secret)
+        s = GangServer(config, HOST, list(ports or [find_free_port()]), secret=secret, **(hooks or {}))
         self.servers.append(s)
         return s.start()
 
     def client(self, config: GangConfig, port: Union[int, Sequence[int]], node: int,
-               connect: bool = True, give_up_after: float = GUARD, secret: bytes = SECRET) -> GangClient:
+               connect: bool = True, give_up_after: float = GUARD, secret: bytes = SECRET, **hooks) -> GangClient:
+        """``hooks``: the client's constructor's callbacks (on_abort, progress, preflight, facts)."""
         ports = [port] if isinstance(port, int) else list(port)
-        c = GangClient(config, HOST, ports, node, secret=secret)
+        c = GangClient(config, HOST, ports, node, secret=secret, **hooks)
         self.clients.append(c)
         if connect:
             c.connect(give_up_after=give_up_after)

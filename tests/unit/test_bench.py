@@ -135,9 +135,8 @@ def _gang_with_preflight(net, server, prints):
     """Clients that send their preflight on joining, then enter call 0 at once; their ports."""
     import threading
     from gang_net import GUARD
-    clients = [net.client(server.config, server.port, n, connect=False) for n in range(len(prints))]
-    for c, p in zip(clients, prints):
-        c.preflight = (lambda p: lambda: msg.Preflight(p))(p)
+    clients = [net.client(server.config, server.port, n, connect=False,
+                          preflight=(lambda p: lambda: msg.Preflight(p))(p)) for n, p in enumerate(prints)]
     ports = {}
     threads = []
     for n, c in enumerate(clients):
@@ -154,10 +153,9 @@ SAME = {"python": "3.11.9", "torch": "2.13.0", "metaflow": "2.19.39", "metaflow_
 
 
 def test_a_host_node_history_blames_starts_as_a_spare_where_a_clean_one_exists(net):
-    server = net.server(3, restarts=1, spares=1)
     said = []
-    server.progress = said.append
-    server.host_check = lambda hosts: (["node 1: its host failed 2 of the last 5 runs"], None, [1])
+    server = net.server(3, restarts=1, spares=1, hooks=dict(
+        progress=said.append, host_check=lambda hosts: (["node 1: its host failed 2 of the last 5 runs"], None, [1])))
     clients, ports = _gang_with_preflight(net, server, [SAME] * 3)
     assert all(ports[n] is not None for n in range(3)), ports
     # Every node was told the same bench, before any launched: node 1 waits, node 2 trains as node rank 1.
@@ -168,13 +166,11 @@ def test_a_host_node_history_blames_starts_as_a_spare_where_a_clean_one_exists(n
 
 def test_a_blamed_host_under_strict_still_starts_the_gang_when_it_can_sit_out(net):
     from metaflow_extensions.torchrun.plugins.torchrun.cause import Cause, CauseKind
-    server = net.server(3, restarts=1, spares=1)
     refusal = Cause(CauseKind.PREFLIGHT, "preflight refused the gang: node 1: its host failed", node_index=1)
-    server.host_check = lambda hosts: ([], refusal, [1])
+    server = net.server(3, restarts=1, spares=1, hooks=dict(host_check=lambda hosts: ([], refusal, [1])))
     clients, ports = _gang_with_preflight(net, server, [SAME] * 3)
     assert server.cause is None and all(ports[n] is not None for n in range(3)), (server.cause, ports)
     # Two blamed hosts and one spare: one of them would train, so preflight="strict" refuses as before.
-    server = net.server(3, restarts=1, spares=1)
-    server.host_check = lambda hosts: ([], refusal, [1, 2])
+    server = net.server(3, restarts=1, spares=1, hooks=dict(host_check=lambda hosts: ([], refusal, [1, 2])))
     clients, ports = _gang_with_preflight(net, server, [SAME] * 3)
     assert server.cause is not None and server.cause.kind is CauseKind.PREFLIGHT

@@ -28,7 +28,7 @@ from metaflow_extensions.torchrun.plugins.torchrun.gang import messages
 from metaflow_extensions.torchrun.plugins.torchrun.procs.flight import OK, FlightGroup, FlightSummary
 from metaflow_extensions.torchrun.plugins.torchrun.cause import Cause, CauseKind
 from metaflow_extensions.torchrun.plugins.torchrun.gang.config import GangConfig
-from metaflow_extensions.torchrun.plugins.torchrun.gang.client import GangClient, send_last_progress
+from metaflow_extensions.torchrun.plugins.torchrun.gang.client import GangClient
 from metaflow_extensions.torchrun.plugins.torchrun.gang.calls import CallState
 from metaflow_extensions.torchrun.plugins.torchrun.gang.server import GangServer
 from metaflow_extensions.torchrun.plugins.torchrun.gang.ports import find_free_port
@@ -238,9 +238,9 @@ class TestReportedFailure:
 
     def test_on_abort_is_called_once(self, net):
         server = net.server(2)
-        c0, c1 = net.join(server, [0, 1])
         seen = []
-        c0.on_abort = seen.append
+        c0 = net.client(server.config, server.port, 0, on_abort=seen.append)
+        c1 = net.client(server.config, server.port, 1)
         c1.report_failure(Cause(CauseKind.STEP_FAILED, "x"))
         c1.report_failure(Cause(CauseKind.STEP_FAILED, "y"))
         wait_cause([c0])
@@ -403,18 +403,18 @@ class TestStartTimeout:
             return lambda: NodeProgress(ranks=1, step_min=step, step_median=step, step_max=step, total=12,
                                         rank_lo=1, rank_hi=1, stalled=0.0)
 
-        c0.training, c1.training = at(12), at(5)
-        assert wait_until(lambda: server.progress_record().step == 5, GUARD), server.progress_record()
-        c1.training = at(12)
-        time.sleep(1.5)  # heartbeats go on, without progress
-        assert server.progress_record().step == 5
-        send_last_progress(c1)
+        quiet = lambda: None  # noqa: E731
+        with c0.watching(quiet, at(12)), c1.watching(quiet, at(5)):
+            assert wait_until(lambda: server.progress_record().step == 5, GUARD), server.progress_record()
+        with c0.watching(quiet, at(12)), c1.watching(quiet, at(12)):
+            time.sleep(1.5)  # heartbeats go on, without progress
+            assert server.progress_record().step == 5
+        # The start's end sends its last progress, before the node's report.
         assert wait_until(lambda: server.progress_record().step == 12, 1.0), server.progress_record()
 
     def test_progress_names_the_missing(self, net):
-        server = net.server(3, progress_interval=0.2)
         said = []
-        server.progress = said.append
+        server = net.server(3, progress_interval=0.2, hooks=dict(progress=said.append))
         net.join(server, [0])
         assert wait_until(lambda: any("nodes 1, 2 missing" in s for s in said), GUARD), said
         net.join(server, [1, 2])
@@ -467,9 +467,8 @@ class TestControl:
 
     def test_a_node_that_cannot_reach_the_control_says_what_it_tries_while_it_tries(self, net):
         a, b = find_free_port(), find_free_port()
-        client = net.client(new_config(2, progress_interval=0.4), [a, b], 1, connect=False)
         said = []
-        client.progress = said.append
+        client = net.client(new_config(2, progress_interval=0.4), [a, b], 1, connect=False, progress=said.append)
         client.connect(give_up_after=2.0)
         assert client.cause.kind is CauseKind.CONTROL_UNREACHABLE
         assert 2 <= len(said) <= 5, said  # every progress_interval, one line each time
@@ -878,12 +877,23 @@ def test_heartbeat_interval():
 # -- hang_timeout: silence across the gang -------------------------------------------
 
 
+_WATCHING = []  # held: a context manager collected while entered would exit
+
+
+def _watching(client, quiet):
+    """As a call's start does while its ranks run: heartbeats carry ``quiet`` (until the client closes)."""
+    watching = client.watching(quiet, lambda: None)
+    watching.__enter__()
+    _WATCHING.append(watching)
+
+
 class TestHang:
     def test_a_gang_whose_ranks_all_went_quiet_is_stopped_as_hung(self, net):
         server = net.server(2, hang_timeout=2.0, heartbeat_timeout=2.0)
         a, b = net.join(server, [0, 1])
         through_call([a, b], 0)
-        a.quiet = b.quiet = lambda: 30.0
+        _watching(a, lambda: 30.0)
+        _watching(b, lambda: 30.0)
         causes = wait_cause([a, b])
         assert {c.kind for c in causes} == {CauseKind.HANG}
         assert "no output from any rank for" in causes[0].summary and "(hang_timeout=2s)" in causes[0].summary
@@ -893,17 +903,17 @@ class TestHang:
         server = net.server(2, hang_timeout=2.0, heartbeat_timeout=2.0)
         a, b = net.join(server, [0, 1])
         through_call([a, b], 0)
-        a.quiet = lambda: 30.0
-        b.quiet = lambda: 0.0
-        assert not wait_until(lambda: server.cause is not None, 3.5)
+        _watching(a, lambda: 30.0)
+        _watching(b, lambda: 0.0)
+        assert not wait_until(lambda: server.cause is not None, 3.5), server.cause
 
     def test_a_node_done_with_the_call_does_not_count(self, net):
         server = net.server(2, hang_timeout=2.0, heartbeat_timeout=2.0)
         a, b = net.join(server, [0, 1])
         through_call([a, b], 0)
         a.call_done(0, None, node_report())
-        a.quiet = lambda: 0.0  # would keep the gang alive if it counted
-        b.quiet = lambda: 30.0
+        _watching(a, lambda: 0.0)  # would keep the gang alive if it counted
+        _watching(b, lambda: 30.0)
         (cause,) = wait_cause([b])
         assert cause.kind is CauseKind.HANG
 
@@ -911,7 +921,8 @@ class TestHang:
         server = net.server(2, heartbeat_timeout=2.0)
         a, b = net.join(server, [0, 1])
         through_call([a, b], 0)
-        a.quiet = b.quiet = lambda: 1e6
+        _watching(a, lambda: 1e6)
+        _watching(b, lambda: 1e6)
         hung = net.server(2, hang_timeout=2.0, heartbeat_timeout=2.0)
         c, d = net.join(hung, [0, 1])  # joined, in no call
         assert not wait_until(lambda: server.cause is not None or hung.cause is not None, 3.0)

@@ -168,8 +168,7 @@ def test_a_node_started_after_every_earlier_one_ended_is_still_pumped():
 
 def test_the_gang_service_ends_the_gang_when_a_node_task_ends_before_joining(net):
     ends = {}
-    server = net.server(2, start_timeout=600)
-    server.node_ends = lambda: dict(ends)
+    server = net.server(2, start_timeout=600, hooks=dict(node_ends=lambda: dict(ends)))
     (c0,) = net.join(server, [0])
     time.sleep(0.5)
     assert server.cause is None and not server.everyone_heard()
@@ -255,9 +254,8 @@ def test_a_node_that_never_joined_is_stopped_at_once_the_others_given_time(monke
     nodes.start(1, _node("import time; time.sleep(60)"), dict(os.environ))
     nodes.start(2, _node("import time; time.sleep(60)"), dict(os.environ))
     monkeypatch.setattr(local_nodes, "_started", nodes)
-    monkeypatch.setattr(local_nodes, "_server", _Joined([2]))
     try:
-        stopping = stop_local_nodes(settle=60.0, grace=1.0)
+        stopping = stop_local_nodes(_Joined([2]).missing, settle=60.0, grace=1.0)
         assert wait_until(lambda: nodes.procs[2].poll() is not None, GUARD)
         assert nodes.procs[2].returncode == -signal.SIGTERM
         assert nodes.procs[1].poll() is None  # joined: it has its record to write first

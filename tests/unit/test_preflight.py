@@ -132,9 +132,9 @@ def test_the_record_is_bounded_at_1024_nodes():
 
 def test_the_service_refuses_before_the_last_node_gets_its_go(net):
     server = net.server(2)
-    c0, c1 = (net.client(server.config, server.port, n, connect=False) for n in (0, 1))
-    c0.preflight = lambda: msg.Preflight(SAME)
-    c1.preflight = lambda: msg.Preflight(dict(SAME, torch="2.12.0"))
+    c0 = net.client(server.config, server.port, 0, connect=False, preflight=lambda: msg.Preflight(SAME))
+    c1 = net.client(server.config, server.port, 1, connect=False,
+                    preflight=lambda: msg.Preflight(dict(SAME, torch="2.12.0")))
     c0.connect(give_up_after=GUARD)
     ports = {}
     t = threading.Thread(target=lambda: ports.setdefault(0, c0.enter_call(0, "train.py")), daemon=True)

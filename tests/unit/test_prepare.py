@@ -20,10 +20,11 @@ from metaflow_extensions.torchrun.plugins.torchrun.base.knobs import Knobs
 from metaflow_extensions.torchrun.plugins.torchrun.launch.command import join_timeout
 from metaflow_extensions.torchrun.plugins.torchrun.launch.plan import StepDefaults, plan_call
 from metaflow_extensions.torchrun.plugins.torchrun.launch.resources import Accelerators
-from metaflow_extensions.torchrun.plugins.torchrun import procs
+from metaflow_extensions.torchrun.plugins.torchrun.procs.names import ARGS_FILE
 from metaflow_extensions.torchrun.plugins.torchrun.procs import entry, names
 from metaflow_extensions.torchrun.plugins.torchrun.runtime import call as call_module
 from metaflow_extensions.torchrun.plugins.torchrun.runtime.call import CallRun
+from metaflow_extensions.torchrun.plugins.torchrun.runtime.context import StepContext
 from metaflow_extensions.torchrun.plugins.torchrun.runtime.session import GangSession
 from plans import node_facts
 
@@ -88,12 +89,17 @@ def run(tmp_path, monkeypatch):
     defaults = StepDefaults(**CHANGED)
     identity = GangIdentity("F", "1", "train", "2", 0)
     topology = Topology(num_nodes=2, node_index=0, main_addr="127.0.0.1", ports=(29999,), is_local=True)
-    session = GangSession(identity, defaults, topology, str(tmp_path), secret=b"s" * 32)
+    session = GangSession(StepContext(identity, defaults, topology, b"s" * 32, flow_dir=str(tmp_path)))
     plan = plan_call(str(script), {"epochs": True}, None, None, defaults, [str(tmp_path)])
     call = CallRun(session, plan, 0, rdzv_port=29777)
     yield call
     if call.launch.files is not None:
         call.launch.files.close()
+
+
+def _changed(run, **context):
+    """The fixture's call on a step whose context differs in ``context`` (a context is never changed)."""
+    return CallRun(GangSession(dataclasses.replace(run.session.context, **context)), run.plan, 0, rdzv_port=29777)
 
 
 def test_retry_on_reaches_the_plan_of_a_call(tmp_path):
@@ -184,9 +190,11 @@ def test_a_node_waits_for_node_0s_store_at_the_endpoint_its_launch_was_given(run
     waited = []
     monkeypatch.setattr(call_launch, "prepare_launch", lambda *a: start._replace(rdzv_endpoint="10.9.8.7:1234"))
     monkeypatch.setattr(call_launch, "wait_listening", lambda endpoint, seconds: waited.append(endpoint))
-    run.session.topology = dataclasses.replace(run.session.topology, node_index=1)  # not the store's node
+    run = _changed(run, topology=dataclasses.replace(run.session.topology, node_index=1))  # not the store's node
+    run.prepare()
     run.launch.warm = type("Warm", (), {"for_ranks": lambda self, env, n: dict(env, **{names.ZYGOTE_ENV: "z"})})()
     run.launch.command(run.session.bench.seat(0, 2), 29555, 0)  # a seat that trains (node 1 is the spare)
+    run.launch.files.close()
     assert waited == ["10.9.8.7:1234"]
 
 
@@ -206,7 +214,7 @@ def test_a_functions_arguments_are_pickled_once_and_reach_the_ranks_as_planned(r
     CountsPickles.pickled = 0
     run.launch.plan = plan_call(train, [CountsPickles()], 1, None, StepDefaults(), [str(tmp_path)])
     run.launch.prepare(run.session.bench.seat(0, 2), 29777)
-    with open(os.path.join(run.launch.workdir, procs.ARGS_FILE), "rb") as f:
+    with open(os.path.join(run.launch.workdir, ARGS_FILE), "rb") as f:
         assert f.read() == run.launch.plan.function_pickle
     assert CountsPickles.pickled == 1  # by planning's check; the launch writes those bytes
 
@@ -215,9 +223,8 @@ def test_a_local_runs_control_alone_prunes_the_hosts_other_runs(run):
     """Its nodes share its host: a second scan of every run's directory there finds nothing more."""
     assert run.prunes  # the control
     for index, local, prunes in ((1, True, False), (1, False, True)):
-        run.session.topology = dataclasses.replace(run.session.topology, node_index=index, is_local=local)
-        run.session.is_control = run.session.topology.is_control
-        assert run.prunes is prunes
+        topology = dataclasses.replace(run.session.topology, node_index=index, is_local=local)
+        assert _changed(run, topology=topology).prunes is prunes
 
 
 def test_the_supervisor_gets_the_grace(run, monkeypatch):
@@ -248,22 +255,24 @@ def test_the_flight_recorder_knob_reaches_the_ranks(run, monkeypatch, knob, thei
     for name in (names.FR_BUFFER_ENV, names.FR_BUFFER_OLD_ENV):
         monkeypatch.delenv(name, raising=False)
     knobs = KNOBS if knob is not None else Knobs()
-    run.session.defaults = dataclasses.replace(run.session.defaults, knobs=dataclasses.replace(
-        knobs, flight_recorder=knob if knob is not None else knobs.flight_recorder))
+    run = _changed(run, defaults=dataclasses.replace(run.session.defaults, knobs=dataclasses.replace(
+        knobs, flight_recorder=knob if knob is not None else knobs.flight_recorder)))
     for name, value in theirs.items():
         monkeypatch.setenv(name, value)
     env = run.prepare()
+    run.launch.release()
     assert {n: env[n] for n in (names.FR_BUFFER_ENV, names.FR_BUFFER_OLD_ENV) if n in env} == expected
 
 
 def test_a_call_uses_what_the_session_found_of_the_host(run, tmp_path):
-    """``GangSession.join`` finds the route and the base directory once per step; each call uses them."""
+    """The step's context holds the route and the base directory, found once per step; each call uses them."""
     from metaflow_extensions.torchrun.plugins.torchrun.host.basedir import base_dir
 
-    run.session.route = ("10.9.8.7", "eth9")
     (tmp_path / "elsewhere").mkdir()
-    run.session.host_base = base_dir(str(tmp_path / "elsewhere"))
+    run = _changed(run, route=("10.9.8.7", "eth9"), host_base=base_dir(str(tmp_path / "elsewhere")))
+    context = run.session.context
     env = run.prepare()
     assert run.launch.local_addr == "10.9.8.7" and env["GLOO_SOCKET_IFNAME"] == "eth9"
     assert "10.9.8.7" in " ".join(run.argv)
-    assert run.workdir.startswith(run.session.host_base + os.sep)
+    assert run.workdir.startswith(context.host_base + os.sep)
+    run.launch.release()

@@ -18,7 +18,9 @@ from metaflow_extensions.torchrun.plugins.torchrun.launch import inputs as input
 from metaflow_extensions.torchrun.plugins.torchrun.launch.plan import (StepDefaults, call_request, plan_call, plan_request,
                                                                      resolve_entrypoint)
 from metaflow_extensions.torchrun.plugins.torchrun.launch.resources import nproc_for_keyword
-from metaflow_extensions.torchrun.plugins.torchrun.runtime import nproc as nproc_mod
+from metaflow_extensions.torchrun.plugins.torchrun.launch import resources as resources_mod
+from metaflow_extensions.torchrun.plugins.torchrun.runtime import api as nproc_mod
+from metaflow_extensions.torchrun.plugins.torchrun.runtime.context import StepContext
 from metaflow_extensions.torchrun.plugins.torchrun.runtime.session import GangSession, same_problem
 
 
@@ -67,7 +69,7 @@ class TestEntrypointMessage:
 
 def _session(node, is_local):
     topo = Topology(num_nodes=2, node_index=node, main_addr="127.0.0.1", ports=(1,), is_local=is_local)
-    return GangSession(GangIdentity("F", "1", "train", "2", 0), StepDefaults(), topo, secret=b"s" * 32)
+    return GangSession(StepContext(GangIdentity("F", "1", "train", "2", 0), StepDefaults(), topo, b"s" * 32))
 
 
 def _refusal():
@@ -124,8 +126,8 @@ class TestNprocWords:
             nproc_for_keyword("gpu", 0, 4)
 
     def test_the_plan_holds_the_number_and_says_the_word(self, monkeypatch):
-        monkeypatch.setattr(nproc_mod, "cuda_devices", lambda: 0)
-        monkeypatch.setattr(nproc_mod, "usable_cpus", lambda: 3)
+        monkeypatch.setattr(resources_mod, "cuda_devices", lambda: 0)
+        monkeypatch.setattr(resources_mod, "usable_cpus", lambda: 3)
         plan = nproc_mod.with_nproc_resolved(plan_call(entry, None, "auto", None, StepDefaults(), []))
         assert plan.nproc == 3
         assert plan.notes[-1].startswith("nproc_per_node='auto': 3 processes on this node")
@@ -133,9 +135,9 @@ class TestNprocWords:
     @pytest.mark.parametrize("asked, word, expected", [(2, "gpu", 2), (0, "auto", 5), (None, "auto", None),
                                                        (0, "xpu", None)])
     def test_where_the_driver_cannot_say_torch_is_asked(self, monkeypatch, asked, word, expected):
-        monkeypatch.setattr(nproc_mod, "cuda_devices", lambda: None)  # MIG: undecided
-        monkeypatch.setattr(nproc_mod, "usable_cpus", lambda: 5)
-        monkeypatch.setattr(nproc_mod, "count_with_torch", lambda kind, python: asked)
+        monkeypatch.setattr(resources_mod, "cuda_devices", lambda: None)  # MIG: undecided
+        monkeypatch.setattr(resources_mod, "usable_cpus", lambda: 5)
+        monkeypatch.setattr(resources_mod, "count_with_torch", lambda kind, python: asked)
         plan = plan_call(entry, None, word, None, StepDefaults(), [])
         if expected is None:
             with pytest.raises(TorchrunInvalidArgument):

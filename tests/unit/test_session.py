@@ -20,6 +20,7 @@ from metaflow_extensions.torchrun.plugins.torchrun.errors import GangAborted
 from metaflow_extensions.torchrun.plugins.torchrun.gang.identity import GangIdentity
 from metaflow_extensions.torchrun.plugins.torchrun.launch.plan import StepDefaults
 from metaflow_extensions.torchrun.plugins.torchrun.gang.ports import find_free_port
+from metaflow_extensions.torchrun.plugins.torchrun.runtime.context import StepContext, step_context
 from metaflow_extensions.torchrun.plugins.torchrun.runtime.session import GangSession, Phase
 from metaflow_extensions.torchrun.plugins.torchrun.gang.topology import Topology
 from metaflow_extensions.torchrun.plugins.torchrun.base.knobs import Knobs
@@ -51,8 +52,8 @@ def gang():
     def make(node, num_nodes=2, **defaults):
         topo = Topology(num_nodes=num_nodes, node_index=node, main_addr="127.0.0.1", ports=(port,),
                         is_local=True)
-        s = GangSession(identity, StepDefaults(**{"knobs": NO_WARM_PROCESS, **defaults}), topo,
-                        secret=b"test secret of 32 bytes, at least")
+        s = GangSession(step_context(identity, StepDefaults(**{"knobs": NO_WARM_PROCESS, **defaults}), topo,
+                                     b"test secret of 32 bytes, at least"))
         made.append(s)
         return s
 
@@ -88,12 +89,12 @@ class TestJoin:
         control, worker = gang(0), gang(1)
         control.join()
         worker.join()
-        assert control.server is not None and worker.server is None
+        assert control.client.speaks_for_gang and not worker.client.speaks_for_gang
         assert control.client.wait_joined() and worker.client.wait_joined()
         assert control.phase is Phase.IN_STEP
         # What every call needs of the host, found once as the step joins (runtime/call_launch.py).
-        assert control.route is not None and control.route[0] and worker.route == control.route
-        assert control.host_base and os.path.isdir(control.host_base)
+        assert control.context.route[0] and worker.context.route == control.context.route
+        assert control.context.host_base and os.path.isdir(control.context.host_base)
 
     def test_a_worker_starting_first_joins_in_the_background(self, gang):
         worker = gang(1)
@@ -142,7 +143,7 @@ class TestStepEnd:
         _fail(control, RuntimeError("first"))
         assert worker.client.wait_for_verdict(GUARD) is not None
         worker.step_failed(GangAborted(1, worker.cause))
-        assert control.server.cause.summary.startswith("node 0 failed in its step")
+        assert control.cause.summary.startswith("node 0 failed in its step")
 
     def test_a_node_leaving_without_the_call_the_other_waits_in(self, gang):
         control, worker = gang(0), gang(1)

@@ -101,22 +101,33 @@ def test_current_torch_role_says_a_nodes_part_with_spares_and_is_read_only():
     from metaflow_extensions.torchrun.plugins.torchrun.gang.bench import Bench
     from metaflow_extensions.torchrun.plugins.torchrun.gang.identity import GangIdentity
     from metaflow_extensions.torchrun.plugins.torchrun.handle import TorchrunHandle
+    from metaflow_extensions.torchrun.plugins.torchrun.gang.messages import Go
+    from metaflow_extensions.torchrun.plugins.torchrun.gang.ports import find_free_port
+    from metaflow_extensions.torchrun.plugins.torchrun.runtime.context import StepContext
     from metaflow_extensions.torchrun.plugins.torchrun.runtime.session import GangSession
 
+    port = find_free_port()
+
     def handle(index, spares):
-        topology = Topology(num_nodes=3, node_index=index, main_addr="127.0.0.1", ports=(1,), is_local=True)
-        torch = TorchrunHandle()
-        torch.session = GangSession(GangIdentity("F", "1", "train", "2", 0), plan.StepDefaults(restarts=1, spares=spares),
-                                    topology, secret=b"s" * 32)
-        return torch
+        topology = Topology(num_nodes=3, node_index=index, main_addr="127.0.0.1", ports=(port,), is_local=True)
+        session = GangSession(StepContext(GangIdentity("F", "1", "train", "2", 0),
+                                          plan.StepDefaults(restarts=1, spares=spares), topology, b"s" * 32))
+        return TorchrunHandle(lambda: session)
 
     # Before the first call: the step's start's bench (the last K nodes wait).
     assert [handle(i, 1).role for i in range(3)] == ["active", "active", "spare"]
     assert [handle(i, 0).role for i in range(3)] == ["active"] * 3
     # As the calls said it: node 1 taken out, node 2 brought in.
     swapped = [handle(i, 1) for i in range(3)]
-    for torch in swapped:
-        torch.session.bench = Bench(spares=(), out=(1,))
+    try:
+        for torch in swapped:  # as a call's go said it, heard by each node's client
+            torch.session.join()
+            torch.session.client.news.heard(Go(0, 29500, Bench(spares=(), out=(1,))))
+        roles = [t.role for t in swapped]
+    finally:
+        for torch in swapped:
+            torch.session.close()
+    assert roles == ["active", "out", "active"]
     assert [t.role for t in swapped] == ["active", "out", "active"]
     with pytest.raises(AttributeError):
         swapped[0].role = "spare"

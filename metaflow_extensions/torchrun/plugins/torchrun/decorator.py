@@ -1,15 +1,23 @@
-"""``@torchrun``: Metaflow's hooks only. The work happens elsewhere: ``plan``
-(what a call launches), ``session`` (the step's gang), ``call`` (one call).
+"""``@torchrun``: Metaflow's hooks only. The work happens elsewhere: ``spec`` (the step's
+settings), ``runtime/context.py`` (the step as this node runs it, frozen), ``runtime/session.py``
+(the step's gang), ``runtime/api.py`` (one call).
+
+`import metaflow` imports this module in every Metaflow process, most of which never run a
+@torchrun step: it imports only what is light at its top, and the layers a @torchrun step
+enters (its spec, gang, launch, runtime, card) in one place, ``_load``, as a hook first needs them.
 """
 
 from __future__ import annotations
 
+import importlib
 import os
 import sys
 import time
-from typing import TYPE_CHECKING, Any, Dict, Optional
+from types import ModuleType
+from typing import Any, Dict
 
 from . import load_order  # noqa: F401  (Metaflow first, whatever the user imports first)
+from metaflow.metaflow_current import current
 from metaflow.plugins.parallel_decorator import ParallelDecorator
 from metaflow.unbounded_foreach import UBF_CONTROL
 
@@ -18,16 +26,17 @@ from .compat import (card_commands, decorator_init_kwargs, is_task_process, lega
                      task_step, translate_attributes)
 from .errors import Problems, did_you_mean, drop_own_frame
 from .lint import register_lint_check, require_parallel_entry
-from .host import log, say
-
-if TYPE_CHECKING:
-    from .runtime import GangSession
-
-# The layers a @torchrun step enters (its spec, gang, launch, runtime, card) load in the hooks that
-# need them: `import metaflow` imports this module in every Metaflow process, most of which never do.
-
+from .host.console import say
+from .host import log
 
 _log = log.get("decorator")
+
+
+def _load(name: str) -> ModuleType:
+    """The one lazy boundary: ``name`` (a module of this package, e.g. ``"runtime.session"``) loaded
+    at the first hook that needs it, in the process that runs that hook (Metaflow's runtime process
+    loads only what ``runtime_step_cli`` asks for, a task what its step runs)."""
+    return importlib.import_module("%s.%s" % (__package__, name))
 
 
 class TorchrunDecorator(ParallelDecorator):
@@ -141,10 +150,7 @@ class TorchrunDecorator(ParallelDecorator):
         self._init_step(flow, graph, step_name, decorators)
 
     def _init_step(self, flow, graph, step_name, decorators):
-        from .card import attach_card
-        from .gang import secret as gang_secret
-        from .launch.resources import small_shm_warning
-        from .spec import read_settings, read_step_spec, truthy
+        spec, card = _load("spec"), _load("card.lifecycle")
         problems = Problems()  # one run, every problem
         problems.check(legacy_notes, self._legacy, say, sys.argv)
         if self._unknown:
@@ -152,8 +158,8 @@ class TorchrunDecorator(ParallelDecorator):
         problems.check(require_parallel_entry, graph, step_name)
         specs = [(deco.name, deco.attributes) for deco in decorators]
         entries = [str(getattr(graph[p], "num_parallel", "")) for p in graph[step_name].in_funcs]
-        self._spec = read_step_spec(self.attributes, specs, entries, sys.argv, problems)
-        self._knobs, refused = read_settings()  # the launcher's settings, and each task's own: read once
+        self._spec = spec.read_step_spec(self.attributes, specs, entries, sys.argv, problems)
+        self._knobs, refused = spec.read_settings()  # the launcher's settings, and each task's own: read once
         problems.messages.extend(refused)
         problems.raise_all()
         if not is_task_process(sys.argv):
@@ -162,30 +168,29 @@ class TorchrunDecorator(ParallelDecorator):
         # The gang's main port: the step's, else the setting's (a local control picks its own: task_pre_step).
         self._port = self._spec.port if self._spec.port is not None else self._knobs.port
         self._accelerators = self._spec.accelerators
-        self._card = attach_card(decorators) if truthy(self.attributes["card"]) else None
-        warning = small_shm_warning(specs, self._accelerators, self.attributes.get("nproc_per_node"))
+        self._card = card.attach_card(decorators) if spec.truthy(self.attributes["card"]) else None
+        warning = _load("launch.resources").small_shm_warning(specs, self._accelerators,
+                                                              self.attributes.get("nproc_per_node"))
         if warning:
             say(warning)
         self._flow_name = flow.name
         self._flow_dir = os.path.dirname(os.path.abspath(sys.argv[0]))
-        self._session: Optional[GangSession] = None
+        self._session: Any = None  # runtime/session.py's GangSession, once the step's code starts
+        self._history: Any = None  # the node history, read in the background (the control's preflight)
+        self._warm: Any = None  # a local control's warm process, started before its nodes
+        self._nodes_stopping: Any = None
         self._secret: Any = None
-        self._published = gang_secret.Published(None)
+        self._published = _load("gang.secret").Published(None)
 
     def runtime_step_cli(self, cli_args, retry_count, max_user_code_retries, ubf_context):
         super().runtime_step_cli(cli_args, retry_count, max_user_code_retries, ubf_context)
-        from .gang.topology import is_local_runtime
-        from .runtime import name_local_control
-
-        if ubf_context == UBF_CONTROL and is_local_runtime(os.environ):
+        if ubf_context == UBF_CONTROL and _local_runtime():
             warm = self._knobs.warm_start if getattr(self, "_spec", None) and self._spec.runs_here else None
-            name_local_control(getattr(cli_args, "env", None), cli_args.task.task_id, warm)
+            _load("runtime.in_runtime").name_local_control(getattr(cli_args, "env", None), cli_args.task.task_id, warm)
 
     def runtime_finished(self, exception):
         super().runtime_finished(exception)
-        from .runtime import close_runtime_warm
-
-        close_runtime_warm()
+        _load("runtime.warm_start").close_runtime_warm()
 
     def task_pre_step(self, step_name, task_datastore, metadata, run_id, task_id, flow, graph,
                       retry_count, max_user_code_retries, ubf_context, inputs):
@@ -194,51 +199,42 @@ class TorchrunDecorator(ParallelDecorator):
         if getattr(self, "_deferred", None) is not None:  # never, unless a task's command line misled step_init
             self._init_step(*self._deferred)
             self._deferred = None
-        from metaflow import current
-
-        from .card import card_of_task
-        from .gang import CONTROL_TASK_ID_ENV, GangIdentity
-        from .gang import secret as gang_secret
-        from .gang.topology import is_local_runtime
-        from .handle import TorchrunHandle
-        from .record import ThisAttempt
-        from .runtime import prepare_local_nodes, read_node_history
-        from .spec import step_defaults
-
         self._metadata = (metadata, run_id, step_name, task_id)
-        self._attempt = ThisAttempt(int(retry_count), int(max_user_code_retries or 0))
+        self._attempt = _load("record.step_record").ThisAttempt(int(retry_count), int(max_user_code_retries or 0))
         log.configure(self._knobs.debug)  # the debug channel, if asked for
         is_control = ubf_context == UBF_CONTROL
-        self._card = card_of_task(self._card, is_control)
+        self._card = _load("card.lifecycle").card_of_task(self._card, is_control)
         pathspec = "%s/%s/%s/%s" % (self._flow_name, run_id, step_name, task_id)
         self._card_of = (self._card, pathspec)  # this attempt's card, named once it has its hash
-        control_task_id = os.environ.get(CONTROL_TASK_ID_ENV) or (task_id if is_control else None)
-        self._identity = GangIdentity(self._flow_name, str(run_id), step_name,
-                                      str(control_task_id or local_control_task_id(task_id)), int(retry_count))
-        self._secret, self._published = gang_secret.for_task(task_datastore._storage_impl, self._identity,
-                                                             self._knobs.secret, is_control,
-                                                             float(self.attributes["start_timeout"]))
-        self._defaults = step_defaults(self._spec, self._knobs)
-        if is_control and is_local_runtime(os.environ):
-            self._warm, self._port = prepare_local_nodes(_local_nodes(flow), self._spec.port, self._defaults)
+        topology = _load("gang.topology")
+        control_task_id = os.environ.get(topology.CONTROL_TASK_ID_ENV) or (task_id if is_control else None)
+        self._identity = _load("gang.identity").GangIdentity(
+            self._flow_name, str(run_id), step_name, str(control_task_id or local_control_task_id(task_id)),
+            int(retry_count))
+        self._secret, self._published = _load("gang.secret").for_task(
+            task_datastore._storage_impl, self._identity, self._knobs.secret, is_control,
+            float(self.attributes["start_timeout"]))
+        self._defaults = _load("spec").step_defaults(self._spec, self._knobs)
+        if is_control and _local_runtime():
+            self._warm, self._port = _load("runtime.local_nodes").prepare_local_nodes(
+                _local_nodes(flow), self._spec.port, self._defaults)
         if is_control and int(retry_count) > 0:
             note = self._attempt.read_previous(pathspec, self._spec.retry_on)
             if note:
                 say(note)
-        self._attempt.history = read_node_history(self._attempt, is_control, self._flow_name, str(run_id), step_name,
-                                             self._spec.preflight, self._knobs)
-        self._handle = TorchrunHandle()
-        current._update_env({"torch": self._handle})
+        self._history = _load("runtime.preflight").read_history(
+            is_control, self._flow_name, str(run_id), step_name, self._attempt.previous, self._spec.preflight,
+            self._knobs)
+        current._update_env({"torch": _load("handle").TorchrunHandle(lambda: self._session)})
 
     def task_decorate(self, step_func, flow, graph, retry_count, max_user_code_retries, ubf_context):
-        from .gang.topology import is_local_runtime
-        from .runtime import in_gang, own_start, stop_local_nodes
-
-        decorated = own_start(super().task_decorate(  # a local control starts its nodes and sees them end
-            in_gang(step_func, self._start_session, self._attempt, lambda: self._published.withdraw()),
+        local_nodes = _load("runtime.local_nodes")
+        decorated = local_nodes.own_start(super().task_decorate(  # a local control starts its nodes, sees them end
+            _load("runtime.step_run").in_gang(step_func, self._start_session, self._attempt,
+                                              lambda: self._published.withdraw()),
             flow, graph, retry_count, max_user_code_retries, ubf_context,
         ))
-        if not (ubf_context == UBF_CONTROL and is_local_runtime(os.environ)):
+        if not (ubf_context == UBF_CONTROL and _local_runtime()):
             return decorated
 
         def control_step():
@@ -246,28 +242,31 @@ class TorchrunDecorator(ParallelDecorator):
                 return decorated()
             except BaseException as e:
                 self._published.withdraw()
-                self._nodes_stopping = stop_local_nodes()  # joined in task_finished
+                missing = self._session.missing_nodes if self._session is not None else None
+                self._nodes_stopping = local_nodes.stop_local_nodes(missing)  # joined in task_finished
                 _log.debug("the step failed: %s", type(e).__name__)
                 drop_own_frame(e, __file__)
                 raise
 
         return control_step
 
-    def _start_session(self, parallel: Any) -> GangSession:
-        from .card import card_view_command, refresh_live
-        from .gang.topology import topology_from
-        from .launch.inputs import check_spares_fit
-        from .runtime import GangSession
-
-        topology = topology_from(parallel, os.environ, self._identity.gang_id, self._port)
-        check_spares_fit(self._defaults.spares, topology.num_nodes)  # num_parallel not a literal: known only now
-        session = self._session = self._handle.session = GangSession(
-            self._identity, self._defaults, topology, self._flow_dir, secret=self._secret
-        )
-        session.card_hint, session.warm = card_view_command(sys.argv[0], *self._card_of), getattr(self, "_warm", None)
-        if self._card is not None and session.is_control:  # the card, refreshed while the ranks report progress
-            session.live_card = lambda record: refresh_live(record, self._flow_name)
-        return session
+    def _start_session(self, parallel: Any) -> Any:
+        """The step's context, built where all of it is known (a local control's nodes learn their place
+        only as it starts them), and the session on it: at the start of the step's code, once."""
+        card = _load("card.lifecycle")
+        topology = _load("gang.topology").topology_from(parallel, os.environ, self._identity.gang_id, self._port)
+        _load("launch.inputs").check_spares_fit(self._defaults.spares, topology.num_nodes)  # num_parallel known now
+        refresh = None
+        if self._card is not None and topology.is_control:  # the card, refreshed while the ranks report progress
+            flow_name = self._flow_name
+            refresh = lambda record: card.refresh_live(record, flow_name)  # noqa: E731
+        context = _load("runtime.context")
+        self._session = _load("runtime.session").GangSession(context.step_context(
+            self._identity, self._defaults, topology, self._secret, flow_dir=self._flow_dir, warm=self._warm,
+            card=context.CardHooks(card.card_view_command(sys.argv[0], *self._card_of), refresh),
+            history=self._history))
+        self._warm = None  # the session's now: closed with it
+        return self._session
 
     def task_post_step(self, step_name, flow, graph, retry_count, max_user_code_retries):
         super().task_post_step(step_name, flow, graph, retry_count, max_user_code_retries)
@@ -282,17 +281,18 @@ class TorchrunDecorator(ParallelDecorator):
     def task_finished(self, step_name, flow, graph, is_task_ok, retry_count, max_user_code_retries):
         began = time.monotonic()
         super().task_finished(step_name, flow, graph, is_task_ok, retry_count, max_user_code_retries)
-        from .card import card_ready, card_view_command, render_card_now
-
-        for ending in (self._session, getattr(self, "_warm", None)):  # the warm process: the step's code never ran
+        card = _load("card.lifecycle")
+        # The warm process alone: the step's code never ran.
+        for ending in (getattr(self, "_session", None), getattr(self, "_warm", None)):
             if ending is not None:
                 ending.close()
         self._published.withdraw()  # also when the step's code never ran
-        card_exists = self._card is None or card_ready(self._card)  # None: rendered in _record_result
+        card_exists = self._card is None or card.card_ready(self._card)  # None: rendered in _record_result
         if not is_task_ok and self._card is not None:
-            card_exists = render_card_now(self._card, retry_count)
-        hint = card_view_command(sys.argv[0], *getattr(self, "_card_of", (None, "")))
-        if hint and card_exists and not (self._session is not None and self._session.card_hint_said):
+            card_exists = card.render_card_now(self._card, retry_count)
+        hint = card.card_view_command(sys.argv[0], *getattr(self, "_card_of", (None, "")))
+        session = getattr(self, "_session", None)
+        if hint and card_exists and not (session is not None and session.card_hint_said):
             say("this step's card: %s" % hint)
         if getattr(self, "_nodes_stopping", None) is not None:
             self._nodes_stopping.join()
@@ -300,20 +300,24 @@ class TorchrunDecorator(ParallelDecorator):
 
     def _record_result(self, flow: Any, retry_count: int) -> None:
         """The record as task metadata and artifacts; the card rendered here, not in Metaflow's subprocess."""
-        from .card import finish_card
-        from .record import keep_record
-        from .runtime import attempt_facts
-
-        began, session = time.monotonic(), self._session
+        finish_card = _load("card.lifecycle").finish_card
+        began, session = time.monotonic(), getattr(self, "_session", None)
         if getattr(self, "_attempt", None) is None:  # task_pre_step raised at its start: no attempt to record
             return
-        if session is not None and session.is_control:
-            self._attempt.mapper_tasks = tuple(str(t) for t in getattr(flow, "_control_mapper_tasks", None) or [])
-        if keep_record(flow, attempt_facts(session), self._attempt, self._metadata, self._flow_name,
+        tasks = tuple(str(t) for t in getattr(flow, "_control_mapper_tasks", None) or []) \
+            if session is not None and session.is_control else ()
+        if _load("record.step_record").keep_record(
+                flow, _load("runtime.step_run").attempt_facts(session, tasks), self._attempt, self._metadata,
+                self._flow_name,
                        lambda result: finish_card(self._card, result, self._flow_name, self._accelerators, retry_count)
                        if self._card is not None else False):
             self._card = None
         _log.debug("record and card written in %.3fs", time.monotonic() - began)
+
+
+def _local_runtime() -> bool:
+    """Metaflow's local runtime (the gang's own topology's word, without loading it)."""
+    return os.environ.get("METAFLOW_RUNTIME_ENVIRONMENT", "local") == "local"
 
 
 def _local_nodes(flow: Any) -> int:

@@ -11,7 +11,8 @@ from .errors import TorchrunException
 if TYPE_CHECKING:  # `import metaflow` exports this class: the layers below load at the step's first call
     from .launch import ArgSpec
     from .record.result import TorchrunResult
-    from .runtime import GangSession, TorchrunArgs
+    from .runtime.session import GangSession
+    from .runtime.torchrun_args import TorchrunArgs
 
 
 def _documented_run(
@@ -28,9 +29,13 @@ def _documented_run(
 class TorchrunHandle:
     """Published as ``current.torch`` on every node of a ``@torchrun`` step."""
 
-    def __init__(self) -> None:
-        # The step's gang, set by the decorator when the step's code starts.
-        self.session: Optional[GangSession] = None
+    def __init__(self, session: Callable[[], Optional[GangSession]] = lambda: None) -> None:
+        """``session``: the step's gang, once the step's code started it (the decorator's)."""
+        self._session = session
+
+    @property
+    def session(self) -> Optional[GangSession]:
+        return self._session()
 
     @property
     def last_result(self) -> Optional[TorchrunResult]:
@@ -46,7 +51,8 @@ class TorchrunHandle:
         session = self.session
         if session is None:
             raise TorchrunException("current.torch.torchrun_args can only be read in the step's own code.")
-        from .runtime import torchrun_args_of  # the runtime loads at the step's first use, not at `import metaflow`
+        # The runtime loads at the step's first use, not at `import metaflow`.
+        from .runtime.torchrun_args import torchrun_args_of
 
         return torchrun_args_of(session)
 

@@ -1,17 +1,25 @@
 """A node's end of the gang: one connection to the control's service for the
 whole step. Its reader thread turns what it hears into state the step's thread
 waits on and, when the gang aborts, calls ``on_abort`` once. Joining is
-``joining.py``'s; what the service says of each call is kept by ``CallNews``."""
+``joining.py``'s; what the service says of each call is kept by ``CallNews``.
+
+The gang-wide facts the control's record and card need (every node's joined and
+finished times and reports, the progress record, the hosts, who never joined) are
+read through this client too, from the ``GangFacts`` it was built with: on the
+control the in-process service's read-only view, elsewhere none (empty answers),
+so the runtime has one code path for every node.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
 import time
-from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple, TypeVar, Union
+from typing import Callable, Dict, Iterator, List, Optional, Protocol, Sequence, Set, Tuple, TypeVar, Union
 
 from ..cause import Cause, CauseKind
-from ..procs import FlightSummary
+from ..procs.flight import FlightSummary
 from ..procs import flight as rank_flight
 from ..procs import stacks as rank_stacks
 from . import auth as gang_auth
@@ -20,7 +28,10 @@ from . import wire
 from .config import GangConfig
 from ..base import timeouts
 from .joining import Joiner, error_text
-from .bench import Seat
+from .bench import Bench, Seat
+from .calls import CallView
+from .gang_progress import ProgressRecord
+from .node_compare import PreflightRecord
 from .gang_progress import NodeProgress
 from .probing import Hearing, Prober
 from ..host import log
@@ -29,12 +40,42 @@ _log = log.get("gang.client")
 T = TypeVar("T")
 
 
+class GangFacts(Protocol):
+    """What the control reads of the gang beyond what every node hears: the service's own
+    state, copied under its lock (``GangServer`` offers it; no socket between)."""
+
+    def hosts(self) -> Dict[int, str]: ...
+
+    def missing(self) -> List[int]: ...
+
+    def call_view(self, index: int) -> CallView: ...
+
+    def stacks_pending(self, index: int) -> List[int]: ...
+
+    def reports_pending(self, index: int) -> List[int]: ...
+
+    def preflight_record(self, mode: str) -> PreflightRecord: ...
+
+    def progress_record(self) -> ProgressRecord: ...
+
+
+# Heartbeat sources while a call's job runs: seconds since its ranks last wrote (hang_timeout's
+# clock), and their progress summed up.
+Quiet = Callable[[], Optional[float]]
+Training = Callable[[], Optional[NodeProgress]]
+
+
 class GangClient:
     """Every node's (the control's too): the verdict as it heard it, and what the step says and waits for."""
 
     def __init__(self, config: GangConfig, host: str, ports: Sequence[int], node_index: int,
-                 secret: Union[bytes, Callable[[], bytes]]):
-        """``secret``: or a function called once on the joining thread (a worker may wait for it)."""
+                 secret: Union[bytes, Callable[[], bytes]], *, on_abort: Callable[[Cause], None] = lambda cause: None,
+                 progress: Callable[[str], None] = lambda text: None,
+                 preflight: Optional[Callable[[], msg.Preflight]] = None, facts: Optional[GangFacts] = None):
+        """``secret``: or a function called once on the joining thread (a worker may wait for it).
+        ``on_abort``: called once, on the reader thread, with the gang's verdict; ``progress``: what a
+        node not joined yet tries; ``preflight``: what this node measured, sent on the join's thread
+        right after joining, before any call; ``facts``: the control's view of the gang (module doc)."""
         self._get_secret: Optional[Callable[[], bytes]] = secret if callable(secret) else None
         self._secret = b"" if callable(secret) else gang_auth.check_secret(secret)
         self.config = config
@@ -45,14 +86,12 @@ class GangClient:
         self.cause: Optional[Cause] = None
         self.joined = threading.Event()
         self.all_left = threading.Event()
-        self.on_abort: Callable[[Cause], None] = lambda cause: None
-        self.progress: Callable[[str], None] = lambda text: None  # what a node not joined yet tries
-        # While a call's job runs, sent with every heartbeat: seconds since its ranks last
-        # wrote (hang_timeout's clock) and their progress summed up.
-        self.quiet: Optional[Callable[[], Optional[float]]] = None
-        self.training: Optional[Callable[[], Optional[NodeProgress]]] = None
-        # Measured and sent on the join's thread right after joining, before any call.
-        self.preflight: Optional[Callable[[], msg.Preflight]] = None
+        self._on_abort = on_abort
+        self._progress = progress
+        self._preflight = preflight
+        self._facts = facts
+        self._quiet: Optional[Quiet] = None  # while a call's job runs (``watching``)
+        self._training: Optional[Training] = None
         self._preflight_sent = threading.Event()
         self._changed = threading.Condition()  # the news, the verdict, the close: waited on together
         self._closing = threading.Event()
@@ -83,7 +122,7 @@ class GangClient:
             self.joined.set()
             return
         joiner = Joiner(self.config, self.host, self.ports, self.node_index, self._secret, self._closing,
-                        self.progress)
+                        self._progress)
         link = joiner.join(patience)
         if link is None:
             if not self._closing.is_set():
@@ -109,8 +148,8 @@ class GangClient:
     def _send_preflight(self) -> None:
         """After ``joined``: the step's code does not wait for it; ``enter_call`` does."""
         try:
-            if self.preflight is not None:
-                self._safe_send(self.preflight())
+            if self._preflight is not None:
+                self._safe_send(self._preflight())
         except Exception as e:  # a check of our own must not cost the step
             self._safe_send(msg.Preflight(checks=(msg.PreflightCheck(
                 "preflight", "warn", "could not measure: %s: %s" % (type(e).__name__, e)),)))
@@ -239,7 +278,7 @@ class GangClient:
             self._changed.notify_all()
         _log.debug("node %d: the gang's verdict: %s: %s", self.node_index, cause.kind.value, cause.summary)
         try:
-            self.on_abort(cause)
+            self._on_abort(cause)
         except Exception:
             pass
 
@@ -310,7 +349,47 @@ class GangClient:
         while not self._closing.wait(self.config.heartbeat_interval):
             if self._left and self.cause is not None:
                 return
-            self._safe_send(heartbeat(self.quiet, paced(self.training, due, self.config.progress_send)))
+            self._safe_send(heartbeat(self._quiet, paced(self._training, due, self.config.progress_send)))
+
+    @contextlib.contextmanager
+    def watching(self, quiet: Quiet, training: Training) -> Iterator[None]:
+        """While one start of a call's ranks runs: its heartbeats carry ``quiet`` and ``training``;
+        at the end, the last progress before this node's report (the paced heartbeats may have
+        carried it seconds before the end)."""
+        self._quiet, self._training = quiet, training
+        try:
+            yield
+            self._safe_send(heartbeat(quiet, training))
+        finally:
+            self._quiet = self._training = None
+
+    # The gang-wide facts: the control's view (``facts``), empty where there is none.
+    @property
+    def speaks_for_gang(self) -> bool:
+        """Whether this node reports on the whole gang (the control: it waits for every node's end)."""
+        return self._facts is not None
+
+    def hosts(self) -> Dict[int, str]:
+        return self._facts.hosts() if self._facts is not None else {}
+
+    def missing(self) -> List[int]:
+        return self._facts.missing() if self._facts is not None else []
+
+    def call_view(self, index: int) -> CallView:
+        return self._facts.call_view(index) if self._facts is not None else CallView.of(None, index, {})
+
+    def pending(self, index: int, stacks: bool, reports: bool) -> Set[int]:
+        """The nodes whose stacks (and, with ``reports``, reports) of call ``index`` are still due."""
+        if self._facts is None:
+            return set()
+        return set(self._facts.stacks_pending(index) if stacks else ()) | set(
+            self._facts.reports_pending(index) if reports else ())
+
+    def progress_record(self) -> Optional[ProgressRecord]:
+        return self._facts.progress_record() if self._facts is not None else None
+
+    def preflight_record(self, mode: str) -> Optional[PreflightRecord]:
+        return self._facts.preflight_record(mode) if self._facts is not None else None
 
 
 class CallNews:
@@ -324,6 +403,7 @@ class CallNews:
         self._node, self._nodes = node_index, num_nodes
         self._verdict, self._closing = verdict, closing
         self.seats: Dict[Tuple[int, int], Seat] = {}  # (call, restart) -> this node's place in it
+        self._bench: Optional[Bench] = None  # as the latest go or restart said it
         self._go: Dict[int, msg.Go] = {}
         self._restarts: Dict[int, msg.Restart] = {}  # call -> the latest restart decided
         self._done: Set[int] = set()  # calls every active node finished
@@ -335,11 +415,13 @@ class CallNews:
             if isinstance(message, msg.Go):
                 self._go[message.index] = message
                 self.seats[(message.index, 0)] = message.bench.seat(self._node, self._nodes)
+                self._bench = message.bench
             elif isinstance(message, msg.Restart):
                 self.seats[(message.index, message.restart)] = message.bench.seat(self._node, self._nodes)
                 known = self._restarts.get(message.index)
                 if known is None or message.restart > known.restart:
                     self._restarts[message.index] = message
+                    self._bench = message.bench
             elif isinstance(message, msg.CallAllDone):
                 self._done.add(message.index)
             elif isinstance(message, msg.StacksIn):
@@ -361,6 +443,10 @@ class CallNews:
                 if left <= 0:
                     return
                 self._changed.wait(left)
+
+    def latest_bench(self) -> Optional[Bench]:
+        with self._changed:
+            return self._bench
 
     def go(self, index: int) -> Optional[msg.Go]:
         self._wait(lambda: index in self._go)
@@ -395,12 +481,6 @@ class CallNews:
         """A benched node: until a later restart (which may bring it in); None at the call's end or the verdict."""
         self._wait(lambda: index in self._done or self.restart_after(index, restart) is not None)
         return self.restart_after(index, restart)
-
-
-def send_last_progress(client: GangClient) -> None:
-    """Before this node's report of the call: the paced heartbeats may have carried it seconds before the end."""
-    if client.training is not None:
-        client._safe_send(heartbeat(client.quiet, client.training))
 
 
 def fits(message: msg.GangMessage) -> bool:

@@ -30,7 +30,7 @@ _log = log.get("gang.server")
 
 class Handlers:
     def __init__(self, config: GangConfig, host: str, admission: Admission, transport: Transport,
-                 say: Callable[[str], None]) -> None:
+                 say: Callable[[str], None], host_check: Optional[HostCheck] = None) -> None:
         """``host``: where the calls' rendezvous ports are found free."""
         self.config = config
         self.host = host
@@ -41,7 +41,7 @@ class Handlers:
         self.book = CallBook(config.num_nodes, Bench.initial(config.num_nodes, config.spares))
         self.preflight = PreflightBook(config.num_nodes)
         self.training = ProgressBook(config.num_nodes, config.straggler_ratio, config.straggler_seconds)
-        self.host_check: Optional[HostCheck] = None
+        self.host_check = host_check
         self.cause: Optional[Cause] = None  # the gang's verdict
         self.pending: Optional[Tuple[Cause, float]] = None  # an echo, held until then
         self._handlers: Dict[msg.MessageType, Callable[[Peer, msg.GangMessage], None]] = {

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Callable, Dict, List, Mapping, Optional, Protocol, Sequence, Tuple
+from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from ..cause import Cause
+from ..cause import Cause, CauseKind
 from . import messages as msg
 from .admission import Admission
 from .handlers import Handlers
@@ -26,61 +26,39 @@ from .peer import Peer
 from .node_compare import HostCheck, PreflightRecord
 from .gang_progress import ProgressRecord
 from .transport import Transport
+from .client import GangFacts  # noqa: F401  (the view it offers the control's client; named here too)
 from .wire import encode
-from ..host import say
+from ..host.console import say
 from ..base import timeouts
 
 
-class GangFacts(Protocol):
-    """What the control's code reads of the gang, copied under the lock; the rest it hears as any node does."""
-
-    def hosts(self) -> Dict[int, str]: ...
-
-    def missing(self) -> List[int]: ...
-
-    def call_view(self, index: int) -> CallView: ...
-
-    def stacks_pending(self, index: int) -> List[int]: ...
-
-    def reports_pending(self, index: int) -> List[int]: ...
-
-    def preflight_record(self, mode: str) -> PreflightRecord: ...
-
-    def progress_record(self) -> ProgressRecord: ...
-
-
 class GangServer:
-    """The loop, its lock, when heartbeats and checks are due, and ``GangFacts``; decisions are ``handlers``'."""
+    """The loop, its lock, when heartbeats and checks are due, and the read-only view the control's
+    client is built with (``client.GangFacts``); decisions are ``handlers``'."""
 
-    def __init__(self, config: GangConfig, host: str, ports: Sequence[int], secret: bytes):
-        """Listen on the first of ``ports`` that is free on ``host``."""
+    def __init__(self, config: GangConfig, host: str, ports: Sequence[int], secret: bytes, *,
+                 progress: Callable[[str], None] = lambda text: None, host_check: Optional[HostCheck] = None,
+                 node_ends: Optional[Callable[[], Mapping[int, NodeEnd]]] = None,
+                 warn: Callable[[str], None] = say):
+        """Listen on the first of ``ports`` that is free on ``host``. ``progress``: where the gang's
+        lines go (joins, progress, stragglers); ``host_check``: the preflight's check of the hosts'
+        history; ``node_ends``: a local run's control, the node tasks it started that have ended."""
         self.config = config
-        self.admission = Admission(config, secret, warn=lambda text: self.warn(text))
+        self.warn = warn
+        self.node_ends = node_ends
+        self.admission = Admission(config, secret, warn=warn)
         self.transport = Transport(host, ports, config.num_nodes, self.admission,
                                    on_drop=lambda peer: self.handlers.dropped(peer))
-        self.handlers = Handlers(config, host, self.admission, self.transport, lambda text: self.progress(text))
-        self.speaker = Speaker(config, self.handlers.members.started, lambda text: self.progress(text))
+        self.handlers = Handlers(config, host, self.admission, self.transport, progress, host_check)
+        self.speaker = Speaker(config, self.handlers.members.started, progress)
         self._lock = threading.RLock()
         self.port: int = self.transport.port
-        self.progress: Callable[[str], None] = lambda text: None
-        # A local run's control: the node tasks it started that have ended.
-        self.node_ends: Optional[Callable[[], Mapping[int, NodeEnd]]] = None
-        self.warn: Callable[[str], None] = say
         self._closing = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="torchrun-gang-server", daemon=True)
 
-    # What the runtime reads and sets of the handlers' state (on the service's thread, or once it is still).
     @property
     def cause(self) -> Optional[Cause]:
         return self.handlers.cause
-
-    @property
-    def host_check(self) -> Optional[HostCheck]:
-        return self.handlers.host_check
-
-    @host_check.setter
-    def host_check(self, check: Optional[HostCheck]) -> None:
-        self.handlers.host_check = check
 
     def hosts(self) -> Dict[int, str]:
         """As each node said when it joined (a node that has left too)."""
@@ -117,6 +95,16 @@ class GangServer:
     def progress_record(self) -> ProgressRecord:
         with self._lock:
             return self.handlers.training.current()
+
+    def linger(self, start_timeout: float) -> None:
+        """A failed gang's service stays a little, so a late node learns the cause as it
+        joins rather than at ``start_timeout``; not when nodes never joined (they gave up too)."""
+        cause = self.cause
+        if cause is None or cause.kind is CauseKind.NEVER_JOINED:
+            return
+        deadline = time.monotonic() + min(timeouts.LINGER, start_timeout)
+        while not self.everyone_heard() and time.monotonic() < deadline:
+            time.sleep(0.05)
 
     def start(self) -> "GangServer":
         self._thread.start()

@@ -1,12 +1,17 @@
-"""Pure: the processes per node the step's requested hardware calls for, from ``(decorator name,
-attributes)`` pairs, so that ``run --with kubernetes:gpu=4`` counts like any other decorator."""
+"""The process count, resolved here alone: the processes per node the step's requested hardware
+calls for, from ``(decorator name, attributes)`` pairs (pure, so that ``run --with kubernetes:gpu=4``
+counts like any other decorator), and a call's count on this node (``resolved_nproc``): torchrun's
+words (``auto``, ``gpu``, ...) turned into a number before anything starts, so the record and the
+card see a count, and a node without a GPU is told so, not by a rank's traceback."""
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping, Optional, Tuple
+from typing import Any, Iterable, Mapping, Optional, Tuple, Union
 
 from ..errors import TorchrunInvalidArgument, shown
+from ..host.devices import count_with_torch, cuda_devices, usable_cpus
 
 # NeuronCores per @batch(trainium=N / inferentia=N) device (trn1, Inferentia2); others set nproc_per_node.
 NEURON_CORES_PER_DEVICE = 2
@@ -133,3 +138,37 @@ def nproc_for_keyword(keyword: str, cuda_count: Optional[int], cpus: int) -> Tup
 
 def keyword_note(keyword: str, count: int, why: str) -> str:
     return "nproc_per_node=%r: %d process%s on this node (%s)." % (keyword, count, "" if count == 1 else "es", why)
+
+
+def resolved_nproc(nproc: Union[int, str], accelerators: Accelerators = NO_ACCELERATORS) -> Tuple[int, Optional[str]]:
+    """This node's whole number of processes for a call's ``nproc``, and a note to say (what a word came
+    to, or a GPU step on a node without one); ``TorchrunInvalidArgument`` for a device the node lacks,
+    or more processes than GPUs."""
+    if isinstance(nproc, int):
+        if accelerators.kind != "gpu":  # a CPU step runs on CPU whatever the host has
+            return nproc, None
+        count = cuda_devices()
+        return nproc, (check_visible_devices(nproc, accelerators, bool(count), count or 0)
+                       if count is not None else None)
+    count, why = count_for_keyword(nproc)
+    return count, keyword_note(nproc, count, why)
+
+
+def count_for_keyword(keyword: str) -> Tuple[int, str]:
+    """The number of processes a torchrun word stands for on this node, and why."""
+    cpus = usable_cpus()
+    count, why = nproc_for_keyword(keyword, cuda_devices(), cpus)
+    if count is not None:
+        return count, why
+    kind = "xpu" if keyword == "xpu" else "cuda"
+    asked = count_with_torch(kind, sys.executable)
+    if asked is None:
+        raise TorchrunInvalidArgument(
+            "nproc_per_node=%r: this node's %s devices could not be counted (torch did not answer): "
+            "give a number." % (keyword, kind.upper()))
+    if asked == 0 and keyword != "auto":
+        raise TorchrunInvalidArgument("nproc_per_node=%r but torch sees no %s device on this node: "
+                                      "give a number." % (keyword, kind.upper()))
+    if asked:
+        return asked, "one per %s device torch sees (%d)" % (kind.upper(), asked)
+    return cpus, "no %s device: one per CPU this task may use (%d), as torchrun does" % (kind.upper(), cpus)

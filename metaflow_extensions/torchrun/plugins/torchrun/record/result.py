@@ -19,8 +19,9 @@ if TYPE_CHECKING:  # `import metaflow` exports TorchrunResult: what its fields h
     from .what_ran import Ran
     from ..cause import Cause
     from ..gang import NodeReport, PreflightRecord, ProgressRecord
-    from ..procs import Culprits, RankFailure
-    from ..procs import RankStatus as RankRecord  # one rank's record (procs/status.py)
+    from ..procs.culprit import Culprits
+    from ..procs.failures import RankFailure
+    from ..procs.status import RankStatus as RankRecord  # one rank's record (procs/status.py)
 
 METADATA_FIELD = "torchrun-result"
 # The metadata service holds the record: at most this many bytes of JSON at any
@@ -132,8 +133,10 @@ class TorchrunResult:
         benched = set(self.spare_nodes) | set(self.out_nodes)
         return [n for n in range(self.num_nodes) if n not in benched]
 
+    @property
     def swaps(self) -> List[Dict[str, Any]]:
-        """Who went out, which spare came in, when and why: small, so a compacted record keeps all."""
+        """Who went out, which spare came in, when and why (derived, as ``active_nodes``; the stored
+        record holds this list): small, so a compacted record keeps all."""
         marks = self.attempts[-1].restarts if self.attempts else ()
         hosts = {n: h for m in marks for n, h in ((m.swapped_out, m.out_host), (m.swapped_in, m.in_host))
                  if n is not None and h}
@@ -150,7 +153,7 @@ class TorchrunResult:
 
     def rank_logs(self) -> Dict[int, Dict[str, str]]:
         """Where each rank's stdout and stderr were copied on this node."""
-        from ..procs import rank_log_path
+        from ..procs.names import rank_log_path
 
         log_dir = self.log_dir
         return {r.rank: {s: rank_log_path(log_dir, r.rank, s) for s in ("stdout", "stderr")}
@@ -159,7 +162,7 @@ class TorchrunResult:
     def to_dict(self, stacks_limit: int = STACKS_IN_REPORT) -> Dict[str, Any]:
         """JSON-able, without return values (they may be anything): the full report.
         By hand: its stacks' bound is an argument, and a rank's ``duration`` is no field."""
-        from ..procs import bound
+        from ..procs.stacks import bound
 
         data = {f: getattr(self, f) for f in self.__dataclass_fields__ if f != "returns"}
         for name in ("cause", "gang", "preflight", "culprits", "ran", "goodput", "progress"):
@@ -167,7 +170,7 @@ class TorchrunResult:
             data[name] = value.to_wire() if value is not None else {} if name in _NONE_AS_EMPTY else None
         data.update(ranks=[dict(asdict(r), duration=r.duration) for r in self.ranks], command=list(self.command),
                     attempts=[a.to_wire() for a in self.attempts],
-                    in_step_restarts=[r.to_wire() for r in self.in_step_restarts], swaps=self.swaps(),
+                    in_step_restarts=[r.to_wire() for r in self.in_step_restarts], swaps=self.swaps,
                     duration=self.duration, succeeded=self.succeeded,
                     stacks={str(k): v for k, v in bound(self.stacks, stacks_limit).items()})
         return data
@@ -175,10 +178,14 @@ class TorchrunResult:
     def to_json(self, full_report: str = REPORT_ARTIFACT) -> str:
         """The record as task metadata: whole when it fits in ``METADATA_LIMIT``,
         else compacted, naming where the full report is."""
+        return self.stored(full_report).text
+
+    def stored(self, full_report: str = REPORT_ARTIFACT) -> "StoredRecord":
+        """``to_json``'s text, and whether it was compacted (then the full report is kept apart)."""
         data = self.to_dict(STACKS_IN_RECORD)
         text = json.dumps(data, default=str)
         if len(text) <= METADATA_LIMIT:
-            return text
+            return StoredRecord(text, compacted=False)
         data = compact(data, self.stacks, full_report)
         text = json.dumps(data, default=str)
         if len(text) > METADATA_LIMIT:  # a gang of many thousand nodes: counts only
@@ -190,12 +197,21 @@ class TorchrunResult:
                 attempt["nodes"] = [n for n in nodes if n.get("role") != "bystander"]
                 attempt["nodes_left_out"] = attempt.get("nodes_left_out", 0) + len(nodes) - len(attempt["nodes"])
             text = json.dumps(data, default=str)
-        return text
+        return StoredRecord(text, compacted=True)
+
+
+@dataclass(frozen=True)
+class StoredRecord:
+    """The record's JSON as stored, and whether it is the compacted one (a big gang's)."""
+
+    text: str
+    compacted: bool
 
 
 def compact(data: Dict[str, Any], stacks: Dict[int, str], full_report: str) -> Dict[str, Any]:
     """A big gang's record: per node a summary of its ranks, and the stacks as the places they were."""
-    from ..procs import SUMMARY_PLACES, group, numbers
+    from ..procs.ranges import numbers
+    from ..procs.stacks import SUMMARY_PLACES, group
 
     gang = data.get("gang") or {}
     nodes: Dict[str, Any] = {}
@@ -227,7 +243,7 @@ def _times(stamps: Dict[str, Any]) -> Dict[str, Any]:
 
 def read_rank_records(directory: str, failures: List[RankFailure]) -> List[RankRecord]:
     """Each rank's status file, completed by torchrun's report for ranks that died before writing."""
-    from ..procs import RankStatus as RankRecord, read_statuses
+    from ..procs.status import RankStatus as RankRecord, read_statuses
 
     records: Dict[int, RankRecord] = read_statuses(directory)
     for failure in failures:

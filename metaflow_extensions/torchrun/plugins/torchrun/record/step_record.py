@@ -13,7 +13,7 @@ from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
 from ..cause import Cause, CauseKind
 from ..gang import JobRecord, PreflightRecord
-from ..host import say
+from ..host.console import say
 from . import attempts as attempts_
 from . import evidence, goodput, node_roles
 from .result import METADATA_FIELD, REPORT_ARTIFACT, TorchrunResult
@@ -42,6 +42,7 @@ class AttemptFacts:
     card: Optional[str] = None  # this attempt's card's hash
     nproc: int = 1  # this node's processes as known before any call
     main_addr: str = ""
+    tasks: Tuple[str, ...] = ()  # every node's task, as Metaflow lists them on the control
 
 
 @dataclass
@@ -55,8 +56,10 @@ class ThisAttempt:
     refusal: Optional[str] = None  # retry_on refused this attempt: why
     resumed_from: Optional[attempts_.Checkpoint] = None  # @checkpoint's load, as the code starts
     code_started: Optional[float] = None
-    history: Any = None  # the node history, read in the background for the preflight (the control)
-    mapper_tasks: Tuple[str, ...] = ()  # every node's task, as Metaflow lists them on the control
+
+    def code_starts(self, resumed_from: Optional[attempts_.Checkpoint]) -> None:
+        """The step's code starts now, after ``@checkpoint`` loaded ``resumed_from`` (if anything)."""
+        self.resumed_from, self.code_started = resumed_from, time.time()
 
     def read_previous(self, pathspec: str, retry_on: str) -> Optional[str]:
         """Attempt k-1's record, and whether to run this one; returns a line to say, if any."""
@@ -92,7 +95,7 @@ def with_attempts(facts: AttemptFacts, result: Optional[TorchrunResult], attempt
         result = no_call(facts, attempt.started)
     result.cause = cause
     now = time.time()
-    entries, left_out = nodes(facts, result, cause, attempt.mapper_tasks)
+    entries, left_out = nodes(facts, result, cause, facts.tasks)
     entry = attempts_.this_attempt(attempt.number, attempt.started, list(facts.results), cause,
                                    attempt.resumed_from, refused_for, attempt.code_started, recorded_at=now,
                                    nodes=entries, nodes_left_out=left_out, card=facts.card, hosts=facts.hosts)
@@ -138,8 +141,9 @@ def keep_record(flow: Any, facts: Optional[AttemptFacts], attempt: ThisAttempt,
     if result is None or facts is None:
         return False
     metadata, run_id, step_name, task_id = where
-    record = result.to_json("artifact %s of %s/%s/%s/%s" % (REPORT_ARTIFACT, flow_name, run_id, step_name, task_id))
-    if facts.is_control and (result.stacks or '"compacted": true' in record):
+    stored = result.stored("artifact %s of %s/%s/%s/%s" % (REPORT_ARTIFACT, flow_name, run_id, step_name, task_id))
+    record = stored.text
+    if facts.is_control and (result.stacks or stored.compacted):
         setattr(flow, REPORT_ARTIFACT, [r.to_dict() for r in facts.results])
     bundle = evidence.bundle(result, facts.is_control, facts.node_index, attempt.number, os.environ)
     if bundle is not None:

@@ -8,27 +8,61 @@ import os
 import sys
 from typing import Optional
 
+import dataclasses
+import time
+
 from ..errors import TorchrunCallRefused, TorchrunInvalidArgument
-from ..host import say_once
-from ..launch import CallRequest, plan_request
-from .call import run_call
-from .nproc import with_nproc_resolved
-from .preflight import before_first_call
-from ..record import TorchrunResult
+from ..gang import node_compare as verdicts
+from ..host.console import say, say_once
+from ..launch import NO_ACCELERATORS, Accelerators, CallPlan, CallRequest, plan_request
+from ..launch.resources import resolved_nproc
+from ..record.result import TorchrunResult
+from . import preflight
+from .call import CallRun, run_call
 from .session import GangSession
 
 
 def run(session: GangSession, request: CallRequest) -> TorchrunResult:
     """One call on this node with every other node of the step; raises unless all its ranks succeeded."""
-    search = [os.getcwd()] + ([session.flow_dir] if session.flow_dir else [])
+    flow_dir = session.context.flow_dir
+    search = [os.getcwd()] + ([flow_dir] if flow_dir else [])
     try:
         plan = with_nproc_resolved(plan_request(request, session.defaults, search), session.defaults.accelerators)
     except TorchrunInvalidArgument as e:
         raise TorchrunCallRefused(session.calls_made + 1, caller(), e.message, api=request.api) from None
     before_first_call(session)  # @torchrun(preflight="full"): the collective job, once
     if plan.notes and session.is_control:  # one line per step, not one per node
-        say_once(session.notes_key, plan.notes)
+        say_once(session.context.notes_key, plan.notes)
     return run_call(session, plan)
+
+
+def with_nproc_resolved(plan: CallPlan, accelerators: Accelerators = NO_ACCELERATORS) -> CallPlan:
+    """``plan`` with this node's whole number of processes (launch/resources.py resolves it)."""
+    count, note = resolved_nproc(plan.nproc, accelerators)
+    return dataclasses.replace(plan, nproc=count, notes=plan.notes + ((note,) if note else ()))
+
+
+def before_first_call(session: GangSession) -> None:
+    """``preflight="full"``'s collective job (runtime/preflight.py), once per attempt, before the step's first call."""
+    plan = preflight.job_plan(session.defaults, session.calls_made) if session.job_due else None
+    if plan is None:
+        return
+    began = time.monotonic()
+    with session.in_call() as index:
+        deadlines = preflight.JobDeadlines(session.defaults.heartbeat_timeout,
+                                           plan.nproc if isinstance(plan.nproc, int) else 1,
+                                           session.topology.node_index, index)
+        try:
+            result = CallRun(session, plan, index, deadlines=deadlines).run()
+        except BaseException:
+            session.job_ran(None)
+            raise
+    job = verdicts.job_record(result.returns.get(0), time.monotonic() - began) if session.is_control else None
+    session.job_ran(job)
+    if job is not None:
+        assert session.client is not None
+        for line in preflight.job_lines(job, session.context.preflight.history, session.client.hosts()):
+            say(line)
 
 
 # metaflow_extensions/torchrun (TorchrunSingleNodeMultiGPU's wrapper included): a frame outside it is the user's.

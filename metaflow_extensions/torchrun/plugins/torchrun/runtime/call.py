@@ -5,6 +5,7 @@ the rendezvous port), prepare, supervise (restarts included), finish (ok or fail
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import pickle
 import socket
@@ -14,20 +15,26 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
-from ..base import timeouts
 from ..cause import CONTROL_GONE, Cause, CauseKind
-from ..errors import (FULL_REPORT, GangAborted, TorchrunException, TorchrunFailed, TorchrunInvalidArgument,
-                      TorchrunInterrupted, rank_raised)
+from ..errors import FULL_REPORT, GangAborted, TorchrunException, TorchrunFailed, TorchrunInvalidArgument
 from ..gang import NodeReport, Seat
-from ..gang.client import send_last_progress
+from ..gang.client import GangClient
 from ..gang.gang_progress import ProgressTracker
-from ..host import GpuUsage, say
+from ..host.console import say
+from ..host.gpu_usage import GpuUsage
 from ..launch import CallPlan
 from ..launch.command import argparse_hint
-from ..procs import RankFailure, clear_round, functions, merge_failures, read_agent_failures, read_failures, stacks
-from ..record import GangView, TorchrunResult, read_rank_records, what_ran, with_ranks_start
+from ..procs.failures import RankFailure, clear_round, merge_failures, read_agent_failures, read_failures
+from ..procs import functions, stacks
+from ..record.in_step_restarts import with_ranks_start
+from ..record.result import GangView, TorchrunResult, read_rank_records
+from ..record import what_ran
+from ..gang import messages as msg
 from . import node_report
+from .call_error import CallOutcome, call_error, failing_rank, own_rank_failed
+from .preflight import JobDeadlines
 from .call_launch import NodeLaunch, swap_line
+from .live_card import LiveCard
 from .call_stacks import CallStacks
 from .restarts import CallRestarts
 from .session import GangSession
@@ -49,12 +56,12 @@ class CallRun:
     returns: Dict[int, Any] = field(default_factory=dict)
     started: float = field(default_factory=time.time)
     supervisor: Optional[Supervisor] = None
-    where: CallStacks = field(default_factory=CallStacks)  # where the ranks were when the job was stopped
-    again: CallRestarts = field(default_factory=CallRestarts)  # the gang's in-step restarts of the ranks
+    stacks: CallStacks = field(default_factory=CallStacks)  # where the ranks were when the job was stopped
+    restarts: CallRestarts = field(default_factory=CallRestarts)  # the gang's in-step restarts of the ranks
     first_started: Optional[float] = None
     first_output: Optional[float] = None  # the first start's first line (a restart's are in its record)
     seat: Optional[Seat] = None  # this node's place in the current start (@torchrun(spares))
-    watch: Optional[Any] = None  # preflight.JobDeadlines: a job's own deadlines; None: a user's call
+    deadlines: Optional[JobDeadlines] = None  # the preflight job's own deadlines; None: a user's call
     launch: NodeLaunch = field(init=False)  # what each start of the ranks is made of
 
     def __post_init__(self) -> None:
@@ -98,8 +105,6 @@ class CallRun:
         if self.rdzv_port is None:
             raise self._aborted()
         self.seat = client.seats.get((self.index, 0))
-        if self.seat is not None:
-            self.session.bench = self.seat.bench
         if self.plan.rdzv_port is not None:  # pinned: every node has it
             self.rdzv_port = self.plan.rdzv_port
 
@@ -107,14 +112,14 @@ class CallRun:
         """Run this node's torchrun, and each restart the gang decides, until one ends for good."""
         client = self.session.client
         assert client is not None
-        if self.watch is not None:
-            self.watch.went()
+        if self.deadlines is not None:
+            self.deadlines.went()
         while True:
             if self.benched:  # a spare, or taken out: no ranks here until a restart brings it in
-                decided = client.news.sit_out(self.index, self.again.restart)
+                decided = client.news.sit_out(self.index, self.restarts.restart)
             else:
                 self._supervise_once(env)
-                decided = self.again.decided(client, self.index, self.session.defaults.restarts, self.exit_code,
+                decided = self.restarts.decided(client, self.index, self.session.defaults.restarts, self.exit_code,
                                              self._report_own_failure, self.session.config.secondary_grace + 2.0)
             if decided is None:
                 return
@@ -135,22 +140,20 @@ class CallRun:
         self.argv, env = self.launch.prepare(self.seat, int(self.rdzv_port or 0))
         return env
 
-    def _restart(self, decided: Any) -> Dict[str, str]:
+    def _restart(self, decided: msg.Restart) -> Dict[str, str]:
         """Restart ``decided.restart`` (this node's old ranks are gone): the next
         start's rendezvous and environment, the replaced ranks' records cleared."""
         sup = self.supervisor
-        self.again.begin(decided, sup.started_at if sup else None, sup.ended_at if sup else None,
-                         self.launch.rank_starts(self.again.restart))
+        self.restarts.begin(decided, sup.started_at if sup else None, sup.ended_at if sup else None,
+                         self.launch.rank_starts(self.restarts.restart))
         assert self.session.client is not None
         self.seat = self.session.client.seats.get((decided.index, decided.restart))
-        self.session.bench = decided.bench
         clear_round(self.workdir)
         self.failures, self.exit_code = [], None
         if self.plan.rdzv_port is None:  # pinned: the same port for every start
             self.rdzv_port = decided.rdzv_port
         if self.session.is_control and decided.swapped_in is not None:
-            server = self.session.server
-            say(swap_line(self.index, decided, self.session.defaults.restarts, server.hosts() if server else {}))
+            say(swap_line(self.index, decided, self.session.defaults.restarts, self.session.client.hosts()))
         elif self.session.is_control:
             say("call %d: restarting every node's ranks (restart %d of %d): %s"
                 % (self.index + 1, decided.restart, self.session.defaults.restarts, decided.cause.summary))
@@ -163,12 +166,13 @@ class CallRun:
         gang_stop = GangStop(self.node_index, self.index, self.session.defaults.shutdown_grace,
                              report=lambda cause: client.report_failure(cause, call=self.index),
                              verdict=lambda: client.cause, wait_verdict=lambda s: client.wait_for_verdict(s))
-        live = LiveCard(self.session)
+        live = LiveCard(client, self.session.context.card.refresh)
 
         def should_stop() -> Optional[StopReason]:
             live.tick()
-            reason = gang_stop.check() or (self.watch.stop_reason(self.workdir) if self.watch is not None else None)
-            if reason is None and client.news.restart_after(self.index, self.again.restart) is not None:
+            reason = gang_stop.check() or (
+                self.deadlines.stop_reason(self.workdir) if self.deadlines is not None else None)
+            if reason is None and client.news.restart_after(self.index, self.restarts.restart) is not None:
                 if self.supervisor is not None:
                     self.supervisor.before_stop = None  # no stacks: the ranks start again at once
                 return "the gang restarts the ranks"
@@ -177,29 +181,26 @@ class CallRun:
         try:
             with Supervisor(self.argv, env=env, shutdown_grace=self.session.defaults.shutdown_grace,
                             also_under=lambda: self.launch.warm.pid if self.launch.warm else None,
-                            before_stop=lambda: self.where.collect(self.session, self.index, self.supervisor,
+                            before_stop=lambda: self.stacks.collect(self.session, self.index, self.supervisor,
                                                                    self.workdir),
                             on_told=gang_stop.told) as sup, \
                     GpuUsage(os.environ, every=client.config.progress_send) as gpus:  # asked as often as it is sent
                 self.supervisor = sup
                 self.first_started = self.first_started or sup.started_at
-                self.again.started(sup.started_at)
+                self.restarts.started(sup.started_at)
                 assert self.launch.files is not None  # prepare() made them
                 if self.prunes:
                     self.launch.files.prune()  # other runs' logs: while torchrun imports torch, off the critical path
-                client.quiet = lambda: None if sup.last_output is None else time.monotonic() - sup.last_output
-                client.training = ProgressTracker(self.workdir, gpu=gpus.latest).sample
-                self.exit_code = sup.wait(should_stop=should_stop)
-                self.first_output = self.first_output or sup.first_output
-                send_last_progress(client)
+                quiet = lambda: None if sup.last_output is None else time.monotonic() - sup.last_output  # noqa: E731
+                with client.watching(quiet, ProgressTracker(self.workdir, gpu=gpus.latest).sample):
+                    self.exit_code = sup.wait(should_stop=should_stop)
+                    self.first_output = self.first_output or sup.first_output
         except BaseException:
             # Told to stop (SIGTERM, Ctrl-C, @timeout): not our error to word; where the ranks were goes to the log.
-            self.where.share(self.session, self.index, self.rdzv_port is not None)
-            if self.where.stacks:
-                say(stacks.summarize(self.where.stacks, full=FULL_REPORT))
+            self.stacks.share(self.session, self.index, self.rdzv_port is not None)
+            if self.stacks.stacks:
+                say(stacks.summarize(self.stacks.stacks, full=FULL_REPORT))
             raise
-        finally:
-            client.quiet = client.training = None
 
     def _report_own_failure(self) -> None:
         self.failures = self._read_failures()
@@ -209,7 +210,7 @@ class CallRun:
         """To the gang, with its start of the ranks (not taken for a restart's ranks)."""
         assert self.session.client is not None
         self.session.client.report_failure(cause, call=self.index, report=self._report(self.failures),
-                                           restart=self.again.restart)
+                                           restart=self.restarts.restart)
 
     def _read_failures(self) -> List[RankFailure]:
         found = merge_failures(read_failures(self.workdir), read_agent_failures(self.workdir, self.node_index))
@@ -223,11 +224,10 @@ class CallRun:
             self.returns = functions.read_returns(self.workdir)
         rank0 = functions.result_path(self.workdir, 0)
         client.call_done(self.index, Path(rank0).read_bytes() if os.path.exists(rank0) else None, self._report())
-        server = self.session.server
-        if server is not None:
+        if client.speaks_for_gang:  # the control reports on the whole gang: every node's end first
             if not client.wait_call_done(self.index):
                 raise self._aborted()
-            view = server.call_view(self.index)
+            view = client.call_view(self.index)
             if self.plan.function is not None and 0 not in self.returns:
                 if view.rank0 is not None:  # kept only once its MAC checked out (gang/calls.py)
                     functions.alias_flow_module()
@@ -236,52 +236,55 @@ class CallRun:
                     raise TorchrunInvalidArgument(view.rank0_error)
 
     def finish_failed(self) -> None:
+        """The gang's verdict heard (this node's own failure reported first), what the failure screen
+        shows gathered, and the error ``call_error`` chooses raised."""
         client = self.session.client
         assert client is not None
-        self.where.share(self.session, self.index, self.rdzv_port is not None)
+        self.stacks.share(self.session, self.index, self.rdzv_port is not None)
         reported = False
         if self.exit_code != 0:
-            self.failures = self.failures if self.again.reported else self._read_failures()
+            self.failures = self.failures if self.restarts.reported else self._read_failures()
             if client.cause is None:
-                if not self.again.reported:
+                if not self.restarts.reported:
                     self._send_failure(self._own_cause())
-                self.session.reported = reported = True
+                reported = True
                 client.wait_for_verdict(self.session.config.secondary_grace + 2.0)
         cause = client.cause or self._own_cause()
         if not reported and client.cause is not None and client.cause.kind not in CONTROL_GONE:
             # Stopped by the gang: the service keeps only the report, for the control's card and record.
             self._send_failure(client.cause)
-        self.where.gather(self.session, self.index)
-        # A local run's nodes share the control's log: its error alone says where, unless it is gone.
-        speaks = self.session.is_control or not self.session.topology.is_local or cause.kind in CONTROL_GONE
-        ran = speaks and node_report.any_rank_ran(self.workdir, self.failures, self.session.server, self.index)
+        self.stacks.gather(self.session, self.index)
+        raise call_error(self._outcome(client, cause))
+
+    def _outcome(self, client: GangClient, cause: Cause) -> CallOutcome:
+        """What the failure screen shows: a local run's nodes share the control's log, so only the
+        control's error says where (unless the control is gone)."""
+        topology = self.session.topology
+        speaks = self.session.is_control or not topology.is_local or cause.kind in CONTROL_GONE
+        ran = speaks and node_report.any_rank_ran(self.workdir, self.failures, client, self.index)
         logs = node_report.logs_line(self.session, self.log_dir, ran) if speaks else ""
-        where, suspects = (self.where.stacks, self.where.suspects(self.session, cause)) if speaks else ({}, [])
-        elsewhere = node_report.failed_elsewhere(self.session.server, self.index, self.node_index) if speaks else []
-        if suspects and self.where.culprits is not None:  # a suspect is not an echo of itself
-            elsewhere = sorted(set(elsewhere) - {s.rank for s in self.where.culprits.suspects})
-        if cause.kind is CauseKind.RANK_FAILED and cause.node_index == self.node_index:
-            self.session.reported = True
-            error: TorchrunException = TorchrunFailed(
-                self.exit_code if self.exit_code is not None else -1, self.node_index, self.failures, self.argv,
-                stacks=where, logs=logs, host=socket.gethostname(), elsewhere=elsewhere)
-            original = node_report.original_exception(self.plan, self.workdir, error)
-            if original is not None:
-                raise rank_raised(original, error) from None
-            raise error
-        if cause.kind is CauseKind.PREEMPTED and cause.node_index == self.node_index:
-            raise TorchrunInterrupted(cause.summary + ".")  # told to stop, not failed: the gang saved (stop.py)
-        raise GangAborted(self.node_index, cause, self.exit_code, same_log=self.session.topology.is_local,
-                          stacks=where, logs=logs, elsewhere=elsewhere, suspects=suspects)
+        where, suspects = (self.stacks.stacks, self.stacks.suspects(self.session, cause)) if speaks else ({}, [])
+        elsewhere = node_report.failed_elsewhere(client, self.index, self.node_index) if speaks else []
+        if suspects and self.stacks.culprits is not None:  # a suspect is not an echo of itself
+            elsewhere = sorted(set(elsewhere) - {s.rank for s in self.stacks.culprits.suspects})
+        outcome = CallOutcome(self.node_index, cause, self.exit_code, tuple(self.failures), tuple(self.argv),
+                              same_log=topology.is_local, host=socket.gethostname(), stacks=where, logs=logs,
+                              elsewhere=tuple(elsewhere), suspects=tuple(suspects))
+        if own_rank_failed(outcome) and self.plan.function is not None:
+            rank = failing_rank(self.failures)
+            exc = functions.read_exception(self.workdir, rank) if rank is not None else None
+            if exc is not None and rank is not None:
+                return dataclasses.replace(outcome, rank_exception=functions.with_rank(exc, rank))
+        return outcome
 
     def record(self) -> TorchrunResult:
         """The call's result, whatever happened; the work directory removed."""
         try:
-            topology, server, client = self.session.topology, self.session.server, self.session.client
+            topology, client = self.session.topology, self.session.client
             sup = self.supervisor
             gang_view = GangView()
-            if server is not None:
-                view = server.call_view(self.index)
+            if client is not None:
+                view = client.call_view(self.index)
                 gang_view = GangView(dict(view.joined_at), dict(view.finished_at), dict(view.reports))
             ranks = read_rank_records(self.workdir, self.failures) if self.workdir else []
             seat = self.seat
@@ -293,15 +296,16 @@ class CallRun:
                 first_output_at=self.first_output or (sup.first_output if sup else None),
                 main_addr=topology.main_addr, local_addr=self.launch.local_addr, rdzv_port=self.rdzv_port,
                 gang_port=client.port if client else None,
-                restarts=max([r.restart or 0 for r in ranks] + [self.again.restart]),
-                in_step_restarts=with_ranks_start(self.again.records, self.launch.rank_starts(self.again.restart)),
-                log_dir=self.log_dir, cause=self.session.cause, gang=gang_view, **self.where.record(),
+                restarts=max([r.restart or 0 for r in ranks] + [self.restarts.restart]),
+                in_step_restarts=with_ranks_start(self.restarts.records,
+                                                  self.launch.rank_starts(self.restarts.restart)),
+                log_dir=self.log_dir, cause=self.session.cause, gang=gang_view, **self.stacks.record(),
                 ran=what_ran.record(self.plan, self.argv, self.log_dir, topology.node_index),
-                progress=server.progress_record() if server is not None else None,
+                progress=client.progress_record() if client is not None else None,
                 role=seat.role if seat else "active", spare_nodes=list(seat.bench.spares) if seat else [],
                 out_nodes=list(seat.bench.out) if seat else [],
             )
-            self.session.results.append(result)
+            self.session.kept(result)
             return result
         finally:
             self.launch.release()
@@ -312,32 +316,11 @@ class CallRun:
 
     def _own_cause(self) -> Cause:
         cause = node_report.own_cause(self.node_index, self.index, self.exit_code, self.failures)
-        return self.watch.own_cause(cause) if self.watch is not None else cause
+        return self.deadlines.own_cause(cause) if self.deadlines is not None else cause
 
     def _report(self, failures: Optional[List[RankFailure]] = None) -> NodeReport:
         return node_report.report(self.workdir, self.log_dir, failures or [],
                                   self.supervisor.started_at if self.supervisor else None)
-
-
-class LiveCard:
-    """The control's card, refreshed while the ranks report progress (or a
-    straggler was named): at the first report, then every LIVE_CARD_EVERY."""
-
-    def __init__(self, session: GangSession) -> None:
-        self.session = session
-        self.next = 0.0
-        self.looked = 0.0
-
-    def tick(self) -> None:
-        server, refresh = self.session.server, self.session.live_card
-        now = time.monotonic()
-        if server is None or refresh is None or now < self.next or now - self.looked < timeouts.TRACK_INTERVAL:
-            return
-        self.looked = now
-        record = server.progress_record()
-        if record.step is not None or record.stragglers:
-            self.next = now + timeouts.LIVE_CARD_EVERY
-            refresh(record)
 
 
 def run_call(session: GangSession, plan: CallPlan) -> TorchrunResult:

@@ -7,15 +7,19 @@ from __future__ import annotations
 import os
 import sys
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 from ..gang import Seat
+from ..gang import messages as msg
 from ..base import timeouts
-from ..host import CallFiles, open_private, route_to, wait_listening
+from ..host.network import route_to, wait_listening
+from ..host.private import open_private
+from ..host.workdirs import CallFiles
 from ..launch import CallPlan
 from ..launch.prepare import NodeFacts, prepare_launch
-from ..procs import ARGS_FILE, RESTART_ENV, ZYGOTE_ENV, bootstrap, entry
-from ..record import read_rank_records
+from ..procs.names import ARGS_FILE, RESTART_ENV, ZYGOTE_ENV
+from ..procs import bootstrap, entry
+from ..record.result import read_rank_records
 from .session import GangSession
 from .warm_start import WarmStart
 
@@ -35,15 +39,15 @@ class NodeLaunch:
 
     def prepare(self, seat: Optional[Seat], rdzv_port: int) -> Tuple[List[str], Dict[str, str]]:
         """The call's directories, warm process and entry file; the first start's argv and environment."""
-        topology, session = self.session.topology, self.session
-        self.local_addr, iface = session.route or route_to(topology.main_addr, topology.is_local)
+        topology, session, context = self.session.topology, self.session, self.session.context
+        self.local_addr, iface = context.route if context.route[0] else route_to(topology.main_addr, topology.is_local)
         log_key, self.rdzv_id = session.identity.call_names(self.index)
         # Private to this user; the work directory goes in release() (workdirs.py).
-        self.files = CallFiles(log_key, topology.node_index, base=session.host_base, prune_first=False,
+        self.files = CallFiles(log_key, topology.node_index, base=context.host_base, prune_first=False,
                                knobs=session.defaults.knobs)
         self.workdir, self.log_dir = self.files.work_dir, self.files.log_dir
         # The step's, importing torch since the gang began to form.
-        self.warm = WarmStart.for_call(getattr(self.session, "warm", None), self.workdir, self.log_dir,
+        self.warm = WarmStart.for_call(context.warm, self.workdir, self.log_dir,
                                        session.defaults.knobs.warm_start)
         plan = self.plan
         if plan.function is not None:
@@ -68,7 +72,7 @@ class NodeLaunch:
             python=sys.executable, node_index=topology.node_index, node_rank=seat.node_rank, num_nodes=seat.nnodes,
             main_addr=topology.main_addr, local_addr=self.local_addr, iface=iface, rdzv_port=rdzv_port,
             rdzv_id=self.rdzv_id + ("-r%d" % restart if restart else ""),
-            workdir=self.workdir, log_dir=self.log_dir, entry_path=entry_path, flow_dir=self.session.flow_dir,
+            workdir=self.workdir, log_dir=self.log_dir, entry_path=entry_path, flow_dir=self.session.context.flow_dir,
         )
         argv, env, endpoint = prepare_launch(self.plan, self.session.defaults, node, os.environ)
         if restart:
@@ -81,7 +85,7 @@ class NodeLaunch:
 
     def release(self) -> None:
         """The call's own warm process (not the step's) and the work directory go, whatever happened."""
-        if self.warm is not None and self.warm is not getattr(self.session, "warm", None):
+        if self.warm is not None and self.warm is not self.session.context.warm:
             self.warm.close()
         if self.files is not None:
             self.files.close()
@@ -92,8 +96,10 @@ class NodeLaunch:
             if self.workdir else []
 
 
-def swap_line(index: int, decided: Any, restarts: int, hosts: Dict[int, str]) -> str:
+def swap_line(index: int, decided: msg.Restart, restarts: int, hosts: Dict[int, str]) -> str:
     """The console's one line for a swap: which node and host went out and why, which spare came in."""
-    return ("call %d: node %d (%s) taken out, spare node %d (%s) brought in (restart %d of %d): %s"
-            % (index + 1, decided.swapped_out, hosts.get(decided.swapped_out, "?"), decided.swapped_in,
-               hosts.get(decided.swapped_in, "?"), decided.restart, restarts, decided.cause.summary))
+    out, spare = decided.swapped_out, decided.swapped_in
+    return ("call %d: node %s (%s) taken out, spare node %s (%s) brought in (restart %d of %d): %s"
+            % (index + 1, out, hosts.get(out, "?") if out is not None else "?", spare,
+               hosts.get(spare, "?") if spare is not None else "?", decided.restart, restarts,
+               decided.cause.summary))

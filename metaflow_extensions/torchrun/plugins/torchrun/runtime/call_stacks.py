@@ -12,8 +12,10 @@ from typing import Any, Dict, List, Optional
 from ..base import timeouts
 from ..cause import CONTROL_GONE, Cause, CauseKind
 from ..host import log
-from ..procs import Culprits, FlightSummary, find_culprits, flight_ask, stacks, unread_reason
-from ..record import read_rank_records, suspected
+from ..procs.culprit import Culprits, find_culprits, unread_reason
+from ..procs.flight import FlightSummary
+from ..procs import flight_ask, stacks
+from ..record.result import read_rank_records, suspected
 
 _log = log.get("runtime.call_stacks")
 
@@ -60,8 +62,8 @@ class CallStacks:
 
     def gather(self, session: Any, index: int) -> None:
         """The control: every node's stacks and reports, as long as allowed."""
-        server = session.server
-        if server is None:
+        client = session.client
+        if client is None or not client.speaks_for_gang:
             return
         began = time.monotonic()
         budget = max(0.0, timeouts.STACKS_WAIT - self.seconds)  # collecting our own counts too
@@ -70,13 +72,11 @@ class CallStacks:
             CauseKind.NODE_LOST, CauseKind.UNRESPONSIVE) else set()
         while True:
             waited = time.monotonic() - began
-            pending = set(server.stacks_pending(index)) if waited < budget else set()
-            if waited < timeouts.REPORTS_WAIT:
-                pending |= set(server.reports_pending(index))
+            pending = client.pending(index, stacks=waited < budget, reports=waited < timeouts.REPORTS_WAIT)
             if not pending - silent:
                 break
             time.sleep(0.02)
-        view = server.call_view(index)
+        view = client.call_view(index)
         for node, by_rank in [*view.stacks.items(), *view.flights.items()]:
             self.nodes.update(dict.fromkeys(by_rank, node))
         for node, report in view.reports.items():
@@ -96,10 +96,10 @@ class CallStacks:
         """The control, after ``gather``: the ranks not in the collective the others wait in
         (procs/culprit.py), said unless a failed rank is the root cause. Not on a worker:
         its own ranks' alone would mislead."""
-        server = session.server
-        if server is None or not (self.stacks or self.flights):
+        client = session.client
+        if client is None or not client.speaks_for_gang or not (self.stacks or self.flights):
             return []
-        found = find_culprits(self.stacks, self.nodes, server.hosts(), tuple(self.nodes), flights=self.flights)
+        found = find_culprits(self.stacks, self.nodes, client.hosts(), tuple(self.nodes), flights=self.flights)
         if found is None:
             self.flight_unread = unread_reason(self.flights)
             return []

@@ -12,14 +12,21 @@ import signal
 import subprocess
 import sys
 import threading
-from typing import Any, Callable, List, Optional, Set, Tuple
+from typing import Any, Callable, List, Mapping, Optional, Set, Tuple
+
+from metaflow import current
+from metaflow.cli_args import cli_args
+from metaflow.plugins import parallel_decorator
+from metaflow.unbounded_foreach import UBF_TASK
 
 from ..errors import TorchrunException
-from ..gang import GangFacts, GangServer, Topology, find_free_port
+from ..gang.membership import NodeEnd
+from ..gang.ports import find_free_port
+from ..gang.topology import Topology
 from ..host import proctree
 from ..base.knobs import PORT_ENV
 from ..launch import StepDefaults
-from ..procs import describe_exit_code
+from ..procs.failures import describe_exit_code
 from .in_runtime import RUNTIME_PID_ENV
 from .node_tasks import NodeTasks
 from .warm_start import WarmStart
@@ -44,17 +51,14 @@ def prepare_local_nodes(num_nodes: int, pinned_port: Optional[int],
     return warm, port
 
 
-# The node tasks this control started, and the gang service that says who joined.
+# The node tasks this control started.
 _started: Optional[NodeTasks] = None
-_server: Optional[GangFacts] = None
 _runtime_pid: Optional[int] = None
 
 
 def own_start(decorated: Callable[[], Any]) -> Callable[[], Any]:
     """Metaflow's local control step with the nodes started by ``run_local_control``;
     unchanged where it is not the function this was written against."""
-    from metaflow.plugins import parallel_decorator
-
     if (isinstance(decorated, functools.partial) and not decorated.keywords and len(decorated.args) == 5
             and decorated.func is getattr(parallel_decorator, "_local_multinode_control_task_step_func", None)):
         return functools.partial(run_local_control, *decorated.args)
@@ -65,10 +69,6 @@ def run_local_control(flow: Any, env_to_use: Any, step_func: Callable[[], Any], 
                       input_paths: str) -> None:
     """What Metaflow's local control does, each node's task held by the control."""
     global _started
-    from metaflow import current
-    from metaflow.cli_args import cli_args
-    from metaflow.unbounded_foreach import UBF_TASK
-
     num_nodes = int(flow._parallel_ubf_iter.num_parallel)
     os.environ.update({"MF_PARALLEL_NUM_NODES": str(num_nodes), "MF_PARALLEL_MAIN_IP": "127.0.0.1",
                        "MF_PARALLEL_CONTROL_TASK_ID": str(current.task_id)})
@@ -89,14 +89,12 @@ def run_local_control(flow: Any, env_to_use: Any, step_func: Callable[[], Any], 
         raise TorchrunException("node %d's task failed (%s)" % (node, describe_exit_code(failed[node])))
 
 
-def watch_local_nodes(server: GangServer, topology: Topology) -> GangServer:
-    """Before the gang service starts: it sees the node tasks end (one that ends
-    unjoined ends the gang), and ``stop_local_nodes`` sees who joined."""
-    global _server
+def local_node_ends(topology: Topology) -> Optional[Callable[[], Mapping[int, NodeEnd]]]:
+    """For the gang service of a local control that started its nodes: which of their tasks have ended
+    (one that ends unjoined ends the gang); None elsewhere."""
     if _started is not None and topology.is_local and topology.num_nodes > 1:
-        _server = server
-        server.node_ends = _started.ended
-    return server
+        return _started.ended
+    return None
 
 
 def runtime_gone() -> bool:
@@ -117,15 +115,17 @@ def _end_with_runtime() -> None:
         os.kill(os.getpid(), signal.SIGTERM)
 
 
-def stop_local_nodes(settle: float = 10.0, grace: float = 3.0) -> "threading.Thread":
+def stop_local_nodes(missing_nodes: Optional[Callable[[], List[int]]] = None, settle: float = 10.0,
+                     grace: float = 3.0) -> threading.Thread:
     """A failed control's nodes (Metaflow waits for them only on success): ``settle``
     seconds to write their record and cards (3 s cut a card off under CI's load), then
-    SIGTERM, then SIGKILL; SIGTERM at once for those never joined, or all with the
-    runtime gone. In a thread the caller joins as the task finishes."""
+    SIGTERM, then SIGKILL; SIGTERM at once for those never joined (``missing_nodes``: the
+    gang's word; without it, all), or all with the runtime gone. In a thread the caller
+    joins as the task finishes."""
     at_once: Set[proctree.ProcId] = set()
     if _started is not None:
         running = _started.running()
-        missing = set(_server.missing()) if _server is not None else set(running)
+        missing = set(missing_nodes()) if missing_nodes is not None else set(running)
         at_once = {pid for node, pid in running.items() if node in missing or runtime_gone()}
         nodes = set(running.values()) - at_once
     else:

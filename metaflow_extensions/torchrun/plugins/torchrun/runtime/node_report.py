@@ -11,11 +11,14 @@ from typing import Any, List, Optional
 
 from ..cause import Cause, CauseKind
 from ..errors import failure_summary
-from ..gang import GangFacts, NodeReport
+from ..gang.client import GangClient
+from ..gang.messages import NodeReport
 from ..gang.messages import MAX_RANKS_PER_NODE, STREAMS, TAIL_LINE_CHARS, TAIL_LINES
-from ..host import step_log_dir, tail_lines
-from ..procs import RankFailure, functions, describe_exit_code, rank_log_path, with_last_output
-from ..record import read_rank_records
+from ..host.logs import step_log_dir
+from ..host.private import tail_lines
+from ..procs.failures import RankFailure, describe_exit_code, with_last_output
+from ..procs.names import rank_log_path
+from ..record.result import read_rank_records
 
 
 def own_cause(node_index: int, call: int, exit_code: Optional[int], failures: List[RankFailure]) -> Cause:
@@ -66,27 +69,17 @@ def bounded_line(line: str, limit: int = TAIL_LINE_CHARS) -> str:
     return line[: max(0, limit - len(note))] + note
 
 
-def failed_elsewhere(server: Optional[GangFacts], call: int, node_index: int) -> List[int]:
-    """The control: the other nodes' failed ranks, from their reports (``CallStacks.gather`` waited)."""
-    if server is None:
-        return []
-    return sorted(status.rank for node, report in server.call_view(call).reports.items()
+def failed_elsewhere(client: GangClient, call: int, node_index: int) -> List[int]:
+    """The other nodes' failed ranks, from their reports (the control's: ``CallStacks.gather`` waited)."""
+    return sorted(status.rank for node, report in client.call_view(call).reports.items()
                   if node != node_index for status in report.ranks if status.exit_code not in (0, None))
 
 
-def original_exception(plan: Any, workdir: str, error: Any) -> Optional[BaseException]:
-    """For a function entrypoint, the failing rank's own exception object."""
-    if plan.function is None or error.root_cause is None:
-        return None
-    exc = functions.read_exception(workdir, error.root_cause.rank)
-    return functions.with_rank(exc, error.root_cause.rank) if exc is not None else None
-
-
-def any_rank_ran(workdir: Optional[str], failures: List[RankFailure], server: Optional[GangFacts], call: int) -> bool:
+def any_rank_ran(workdir: Optional[str], failures: List[RankFailure], client: GangClient, call: int) -> bool:
     """Whether some rank of the call started, here or (the control) on another node."""
     if workdir and read_rank_records(workdir, failures):
         return True
-    return server is not None and any(report.ranks for report in server.call_view(call).reports.values())
+    return any(report.ranks for report in client.call_view(call).reports.values())
 
 
 def logs_line(session: Any, log_dir: Optional[str], ran: bool = True) -> str:
@@ -100,7 +93,5 @@ def logs_line(session: Any, log_dir: Optional[str], ran: bool = True) -> str:
     else:
         text = "This node's ranks' output, whole: %s on %s (each node's host keeps its own)" % (
             log_dir, socket.gethostname())
-    if session.card_hint:
-        session.card_hint_said = True
-        text = "%s\nThe card: %s" % (text, session.card_hint) if text else "The card: %s" % session.card_hint
-    return text
+    card = session.card_line()
+    return "%s\n%s" % (text, card) if text and card else text or card

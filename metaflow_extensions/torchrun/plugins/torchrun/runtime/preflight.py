@@ -1,54 +1,79 @@
-"""``@torchrun(preflight=...)`` in the step (docs/preflight.md): each node's
-fingerprint sent with its join, for the service to compare before any rank starts;
-"full" also runs a collective job (``procs/collective_check.py``) before the first call.
+"""``@torchrun(preflight=...)`` (docs/preflight.md), entered here. Its parts:
+
+- ``launch/node_checks.py``: what each node measures (versions, /dev/shm, disk, GPUs, network), sent
+  with its join (``measure``, the client's preflight source);
+- ``gang/node_compare.py`` and ``gang/preflight_modes.py``: the service compares every node's
+  findings once all are in; the modes' words;
+- ``record/node_history.py``: the hosts' past failures, read in the background on the control
+  (``History``) and checked by the service (``Hooks.host_check``);
+- ``procs/collective_check.py``: "full"'s collective job, run as the step's call 0 before its
+  first call (``runtime/api.py``), with its own deadlines (``JobDeadlines``);
+- ``card/preflight.py``: its section of the card.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-import functools
 import logging
 import os
 import threading
 import time
-from typing import Dict, List, Optional
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Optional, Tuple
 
+from ..base import timeouts
+from ..base.knobs import Knobs
 from ..cause import Cause, CauseKind
 from ..gang import messages as msg
 from ..gang import node_compare as verdicts
 from ..gang import preflight_modes as modes
-from ..host import cuda_devices, interfaces, route_to, work_root
+from ..gang.node_compare import HostCheck
+from ..gang.topology import Topology
+from ..host.devices import cuda_devices
+from ..host.network import interfaces
+from ..host.workdirs import work_root
+from ..launch import CallPlan, StepDefaults, plan_call
 from ..launch import node_checks as checks
-from ..launch import plan_call
 from ..procs import collective_check
-from .call import CallRun
-from .session import GangSession, say
-from ..base import timeouts
-from ..base.knobs import Knobs
-from ..record import Previous, node_history
+from ..record.attempts import Previous
+from ..record import node_history
 
 _log = logging.getLogger("metaflow_torchrun")
 
 
-def measure(session: GangSession) -> msg.Preflight:
+@dataclass(frozen=True)
+class Hooks:
+    """What the step's preflight hands the gang: its mode (None: off), what this node measures (the
+    client sends it with its join) and, on the control, the check of the hosts' history (the service's)."""
+
+    mode: Optional[str] = None
+    measure: Optional[Callable[[], msg.Preflight]] = None
+    host_check: Optional[HostCheck] = None
+    history: Optional["History"] = None
+
+
+def hooks(defaults: StepDefaults, topology: Topology, route: Tuple[str, Optional[str]],
+          history: Optional["History"] = None) -> Hooks:
+    if defaults.preflight == modes.OFF:
+        return Hooks()
+    control = history if topology.is_control else None
+    check = None if control is None else node_history.host_check(
+        control.get, control.threshold, defaults.preflight == modes.STRICT, node_history.platform_of(os.environ))
+    return Hooks(defaults.preflight, lambda: measure(defaults, topology, route), check, control)
+
+
+def measure(defaults: StepDefaults, topology: Topology, route: Tuple[str, Optional[str]]) -> msg.Preflight:
     """What this node measures and sends right after joining."""
-    defaults, topology = session.defaults, session.topology
-    addr, iface = route_to(topology.main_addr, topology.is_local)
+    addr, iface = route
     return checks.measure(topology.node_index, checks.default_nproc(defaults.nproc_per_node, defaults.derived_nproc),
                           defaults.accelerators, os.environ, work_root(), addr, iface, interfaces())
 
 
-def attach(session: GangSession, history: Optional["History"] = None) -> None:
-    """Before ``session.join``: the preflight travels with the join; on the control, the
-    node history checks the gang's hosts once all are in."""
-    if session.defaults.preflight != modes.OFF:
-        session.preflight_source = functools.partial(measure, session)
-        session.preflight.mode = session.defaults.preflight
-        if history is not None and session.is_control:
-            session.preflight.history = history
-            session.preflight.host_check = node_history.host_check(
-                history.get, history.threshold, session.defaults.preflight == modes.STRICT,
-                node_history.platform_of(os.environ))
+def read_history(is_control: bool, flow_name: str, run_id: str, step_name: str, previous: Optional[Previous],
+                 mode: str, knobs: Knobs) -> Optional["History"]:
+    """On the control, the node history read in the background from the task's start."""
+    if not is_control or mode == modes.OFF:
+        return None
+    return History(flow_name, run_id, step_name, previous, knobs)
 
 
 class History:
@@ -78,45 +103,27 @@ class History:
         return self.seen if self._done.wait(timeouts.HISTORY_WAIT) else None
 
 
-def backend(session: GangSession) -> str:
-    gpu = session.defaults.accelerators.kind == "gpu" and (cuda_devices(os.environ) or 0) > 0
-    return "nccl" if gpu else "gloo"
+def job_plan(defaults: StepDefaults, calls_made: int) -> Optional[CallPlan]:
+    """``preflight="full"``'s collective job, before the step's first call; None where it has no job to run."""
+    if defaults.preflight != modes.FULL or calls_made:
+        return None
+    gpu = defaults.accelerators.kind == "gpu" and (cuda_devices(os.environ) or 0) > 0
+    return plan_call(collective_check.preflight_job, {"backend": "nccl" if gpu else "gloo"}, None, None,
+                     defaults, [os.getcwd()])
 
 
-def before_first_call(session: GangSession) -> None:
-    """``preflight="full"``'s collective job, once per attempt, before the step's first call."""
-    if session.defaults.preflight != modes.FULL or session.calls_made or session.preflight.job_ran:
-        return
-    session.preflight.job_ran = True
-    plan = plan_call(collective_check.preflight_job, {"backend": backend(session)}, None, None,
-                     session.defaults, [os.getcwd()])
-    began = time.monotonic()
-    with session.in_call() as index:
-        deadlines = JobDeadlines(session.defaults.heartbeat_timeout, plan.nproc if isinstance(plan.nproc, int) else 1,
-                                 session.topology.node_index, index)
-        result = CallRun(session, plan, index, watch=deadlines).run()
-    if session.is_control:
-        job = verdicts.job_record(result.returns.get(0), time.monotonic() - began)
-        session.preflight.job = job
-        for line in verdicts.describe_job(job) + slower_than_before(session, job):
-            say("preflight: " + line)
-
-
-def slower_than_before(session: GangSession, job: verdicts.JobRecord) -> List[str]:
-    """Nodes whose bandwidth now is under their host's own past (the node history)."""
-    history = session.preflight.history
+def job_lines(job: verdicts.JobRecord, history: Optional["History"], hosts: Dict[int, str]) -> List[str]:
+    """What the control says of the job: its findings, and nodes slower than their host's own past."""
     seen = history.get() if history is not None else None
-    if not seen or session.server is None:
-        return []
-    hosts = session.server.hosts()
     found = [(node, node_history.slower_than_its_past(hosts.get(node, "?"), gbps, seen))
-             for node, gbps in sorted(job.link_gbps.items())]
-    return ["node %d: %s" % (node, why) for node, why in found if why][:node_history.MAX_FLAGGED]
+             for node, gbps in sorted(job.link_gbps.items())] if seen and hosts else []
+    slower = ["node %d: %s" % (node, why) for node, why in found if why][:node_history.MAX_FLAGGED]
+    return ["preflight: " + line for line in verdicts.describe_job(job) + slower]
 
 
 @dataclass
 class JobDeadlines:
-    """The job's own deadlines, asked by its call (``CallRun.watch``). From when every rank
+    """The job's own deadlines, asked by its call (``CallRun.deadlines``). From when every rank
     here has started, ``heartbeat_timeout`` later a rank outside any collective is named
     (ranks not started ``2 x`` that after the go too); nodes waiting in a collective report
     an echo only after ``2 x heartbeat_timeout + ECHO_DELAY``, so the node to name comes first."""

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Callable, List, Optional
+from typing import Callable, List, Optional
 
-from ..record import InStepRestart, with_ranks_start
+from ..gang import messages as msg
+from ..gang.client import GangClient
+
+from ..record.in_step_restarts import InStepRestart, with_ranks_start
 
 
 @dataclass
@@ -17,8 +20,8 @@ class CallRestarts:
     records: List[InStepRestart] = field(default_factory=list)
     reported: bool = False  # this start's failure is already the gang's to decide on
 
-    def decided(self, client: Any, index: int, allowed: int, exit_code: Optional[int],
-                report: Callable[[], None], wait: float) -> Optional[Any]:
+    def decided(self, client: GangClient, index: int, allowed: int, exit_code: Optional[int],
+                report: Callable[[], None], wait: float) -> Optional[msg.Restart]:
         """The gang's restart of call ``index``, if any; this node's own failure reported
         first while restarts are left."""
         decided = client.news.restart_after(index, self.restart)
@@ -30,7 +33,7 @@ class CallRestarts:
         self.reported = True
         return client.news.wait_for_restart_or_verdict(index, self.restart, wait)
 
-    def begin(self, decided: Any, ran_from: Optional[float], stopped_at: Optional[float],
+    def begin(self, decided: msg.Restart, ran_from: Optional[float], stopped_at: Optional[float],
               rank_starts: List[Optional[float]]) -> None:
         """Restart ``decided.restart``: this node's old ranks are gone."""
         self.records = with_ranks_start(self.records, rank_starts)

@@ -13,38 +13,31 @@ import sys
 import threading
 import time
 import traceback
-from dataclasses import dataclass
-from typing import Any, Callable, Iterator, List, Optional, Tuple, Union
+from typing import Iterator, List, Optional
 
+from ..base import timeouts
+from ..base.text import first_line
 from ..cause import Cause, CauseKind
 from ..errors import (GangAborted, TorchrunCallRefused, TorchrunException, TorchrunFailed, TorchrunNotRetried,
                       is_refusal)
-from ..gang import (GangClient, GangConfig, GangFacts, GangIdentity, GangServer, HostCheck, JobRecord, ProgressRecord,
-                    Topology)
 from ..gang.bench import Bench
+from ..gang.client import GangClient
+from ..gang.config import GangConfig
+from ..gang.node_compare import JobRecord, PreflightRecord
+from ..gang.server import GangServer
+from ..gang.topology import Topology
+from ..host.console import say
+from ..host.logs import retention_policy, where_logs_are
+from ..host import log
 from ..launch import StepDefaults
-from ..record import TorchrunResult
-from .local_nodes import runtime_gone, watch_local_nodes
-from .warm_start import WarmStart
-from ..host import base_dir, log, retention_policy, route_to, say, where_logs_are
-from ..base import timeouts
-from ..base.text import first_line
+from ..record.result import TorchrunResult
+from .context import StepContext
+from .local_nodes import local_node_ends, runtime_gone
 
 _log = log.get("runtime.session")
 
 # Stops the step's code when the gang aborts; real-time, as user code uses SIGUSR1/2.
 INTERRUPT_SIGNAL = signal.SIGRTMIN + 2
-
-
-@dataclass
-class PreflightState:
-    """The step's preflight (preflight.py): its mode; on the control, the job's record once it ran."""
-
-    mode: Optional[str] = None
-    job_ran: bool = False
-    job: Optional[JobRecord] = None
-    host_check: Optional[HostCheck] = None  # the control's check of the gang's hosts' history
-    history: Any = None  # preflight.History: the job's bandwidth against each host's past
 
 
 class Phase(enum.Enum):
@@ -55,73 +48,112 @@ class Phase(enum.Enum):
 
 
 class GangSession:
-    def __init__(self, identity: GangIdentity, defaults: StepDefaults, topology: Topology,
-                 flow_dir: Optional[str] = None, *, secret: Union[bytes, Callable[[], bytes]]):
-        """``secret``: bytes on the control, a function that fetches it on the other nodes."""
-        self.identity = identity
-        self.secret = secret
-        self.defaults = defaults
-        self.topology = topology
-        self.is_control = topology.is_control
-        self.flow_dir = flow_dir
-        self.notes_key = identity.gang_id
-        self.config = gang_config(identity, defaults, topology)
+    """The step's gang on this node: the context it was started with (read-only), its one client,
+    on the control the gang service it hosts (started and closed here, read only through the
+    client), and what the step's calls left (their results, the preflight job's record)."""
+
+    def __init__(self, context: StepContext):
+        self.context = context
+        self.config = gang_config(context)
         self.phase = Phase.NEW
         self.calls_made = 0
-        # The control's read-only view of the gang service (_service, started and closed here alone).
-        self.server: Optional[GangFacts] = None
         self._service: Optional[GangServer] = None
         self.client: Optional[GangClient] = None
-        self.results: List[TorchrunResult] = []
-        self.reported = False  # this node's own failure is already the gang's
-        self.card_hint: Optional[str] = None
-        self.card_hint_said = False
-        self.live_card: Optional[Callable[[ProgressRecord], None]] = None
+        self._results: List[TorchrunResult] = []
+        self._job: Optional[JobRecord] = None  # the preflight's collective job, once it ran (the control's)
+        self._job_ran = False
+        self._card_hint_said = False
         self._logs_said = False
         self._closed = False
         self._interruptible = False
         self._in_user_code = False
         self._main = threading.main_thread().ident
         self._call_error: Optional[BaseException] = None  # what the last failed call raised
-        self.preflight_source: Optional[Callable[[], Any]] = None
-        self.preflight = PreflightState()
-        self.warm: Optional[WarmStart] = None
-        # Who sits calls out (@torchrun(spares)), as the latest call heard it.
-        self.bench = Bench.initial(topology.num_nodes, defaults.spares)
-        # Found as the step joins, for every call: the address (and interface) other nodes reach this one at.
-        self.route: Optional[Tuple[str, Optional[str]]] = None
-        self.host_base: Optional[str] = None
+
+    # The context's parts the calls read most.
+    @property
+    def identity(self):
+        return self.context.identity
+
+    @property
+    def defaults(self) -> StepDefaults:
+        return self.context.defaults
+
+    @property
+    def topology(self) -> Topology:
+        return self.context.topology
+
+    @property
+    def is_control(self) -> bool:
+        return self.context.topology.is_control
 
     @property
     def cause(self) -> Optional[Cause]:
         return self.client.cause if self.client is not None else None
 
     @property
+    def results(self) -> List[TorchrunResult]:
+        return list(self._results)
+
+    @property
     def last_result(self) -> Optional[TorchrunResult]:
-        return self.results[-1] if self.results else None
+        return self._results[-1] if self._results else None
+
+    @property
+    def bench(self) -> Bench:
+        """Who sits calls out (@torchrun(spares)), as the latest call's start or restart said it."""
+        heard = self.client.news.latest_bench() if self.client is not None else None
+        return heard if heard is not None else Bench.initial(self.topology.num_nodes, self.defaults.spares)
+
+    @property
+    def preflight_job(self) -> Optional[JobRecord]:
+        return self._job
+
+    def preflight_record(self) -> Optional[PreflightRecord]:
+        """The gang's preflight findings (the control's), for the step's record."""
+        mode = self.context.preflight.mode
+        return self.client.preflight_record(mode) if self.client is not None and mode else None
+
+    def kept(self, result: TorchrunResult) -> None:
+        """A call's result, whatever happened to it, in order."""
+        self._results.append(result)
+
+    def job_ran(self, job: Optional[JobRecord]) -> None:
+        """The preflight's collective job ran (``job``: its record, on the control): once per attempt."""
+        self._job_ran, self._job = True, job
+
+    @property
+    def job_due(self) -> bool:
+        return not self._job_ran
+
+    def card_line(self) -> str:
+        """The command that opens the card, said once with a failure's logs ("" without a card)."""
+        hint = self.context.card.hint
+        if not hint:
+            return ""
+        self._card_hint_said = True
+        return "The card: %s" % hint
+
+    @property
+    def card_hint_said(self) -> bool:
+        return self._card_hint_said
+
+    def missing_nodes(self) -> List[int]:
+        """The nodes that never joined (the control's view; none elsewhere)."""
+        return self.client.missing() if self.client is not None else []
 
     def join(self) -> None:
-        if self.warm is None:  # a local run's control started its own before Metaflow started its nodes
-            self.warm = WarmStart.started_for_step(self.defaults)
-        self.route = route_to(self.topology.main_addr, self.topology.is_local)
-        try:
-            self.host_base = base_dir()
-        except OSError:
-            self.host_base = None  # each call tries again, and says why it cannot
-        ports = self.topology.ports
+        context, ports = self.context, self.context.topology.ports
         if self.is_control:
-            assert isinstance(self.secret, bytes), "the control holds the gang's secret itself"
-            service = GangServer(self.config, bind_host(self.topology), ports, secret=self.secret)
-            service.progress, service.host_check = say, self.preflight.host_check
+            assert isinstance(context.secret, bytes), "the control holds the gang's secret itself"
             # A local node's task that ends unjoined ends the gang.
-            self.server = self._service = watch_local_nodes(service, self.topology).start()
-            ports = (service.port,)
+            self._service = GangServer(self.config, bind_host(self.topology), ports, secret=context.secret,
+                                       progress=say, host_check=context.preflight.host_check,
+                                       node_ends=local_node_ends(self.topology)).start()
+            ports = (self._service.port,)
         self.client = GangClient(self.config, self.topology.main_addr, ports, self.topology.node_index,
-                                 secret=self.secret)
-        self.client.on_abort = self._on_abort
-        self.client.progress = say
-        self.client.preflight = self.preflight_source
-        self.client.start()
+                                 secret=context.secret, on_abort=self._on_abort, progress=say,
+                                 preflight=context.preflight.measure, facts=self._service).start()
         # A round trip, so a node that dies at once is lost, not missing; not a starting control's wait.
         self.client.joined.wait(timeouts.JOIN_WAIT)
         self.phase = Phase.IN_STEP
@@ -197,7 +229,7 @@ class GangSession:
             return
         client.wait_joined()
         if client.cause is not None and call_failed(self._call_error):
-            return went_on(self, client.cause)
+            return self._went_on(client, client.cause)
         if client.cause is None:
             client.leave(self.calls_made, ok=True)
             if self.is_control:
@@ -206,13 +238,25 @@ class GangSession:
         if client.cause is not None:
             raise self.aborted(client.cause)
 
+    def _went_on(self, client: GangClient, cause: Cause) -> None:
+        """The step's code caught its failed call's exception and went on: this node leaves
+        as a step that ended well; the node whose rank raised says it whole, the others one line."""
+        client.leave(self.calls_made, ok=True)
+        self.phase = Phase.LEFT
+        error = self._call_error
+        what = type(error).__name__
+        if cause.node_index == self.topology.node_index and isinstance(error, TorchrunException):
+            say("your step caught %s from current.torch.run and went on; what it caught:\n%s" % (what, error.message))
+        else:
+            say("your step caught %s from current.torch.run and went on (%s)" % (what, first_line(cause.summary)))
+
     def step_failed(self, error: BaseException) -> Optional[GangAborted]:
         """Report this node's failure, unless it echoes the gang's; the error to raise instead, if
         any (a local run's call refused for the root cause's reason, said once in the shared log)."""
         client = self.client
         if client is None:
             return None
-        own = not (self.reported or isinstance(error, GangAborted) or client.cause is not None)
+        own = not (reported(error) or client.cause is not None)
         if own and client.wait_joined():
             client.report_failure(self.step_cause(error))
             client.wait_for_verdict(2.0)
@@ -253,20 +297,20 @@ class GangSession:
             return
         self._closed = True
         with _timed("node %d: closing the gang (the control lingers after a failure)" % self.topology.node_index):
-            if self.warm is not None:
-                self.warm.close()
+            if self.context.warm is not None:
+                self.context.warm.close()
             if self.client is not None:
                 self.client.close()
             if self._service is not None:
-                if self._service.cause is not None and not runtime_gone():
-                    linger(self._service, self.config.start_timeout)
+                if not runtime_gone():
+                    self._service.linger(self.config.start_timeout)
                 self._service.close()
 
     def say_where_logs_are(self) -> None:
         """Once, on a local run's control: every node's per-rank files are on this host."""
         if self._logs_said or not (self.is_control and self.topology.is_local) or self.cause is not None:
             return  # (a failure's error names the folder already)
-        log_dirs = [r.log_dir for r in self.results if r.log_dir]
+        log_dirs = [r.log_dir for r in self._results if r.log_dir]
         if log_dirs:
             self._logs_said = True
             say(where_logs_are(log_dirs[-1], retention_policy(self.defaults.knobs)))
@@ -277,28 +321,11 @@ def call_failed(error: Optional[BaseException]) -> bool:
     return isinstance(error, (TorchrunFailed, GangAborted))
 
 
-def went_on(session: GangSession, cause: Cause) -> None:
-    """The step's code caught its failed call's exception and went on: this node leaves
-    as a step that ended well; the node whose rank raised says it whole, the others one line."""
-    assert session.client is not None
-    session.client.leave(session.calls_made, ok=True)
-    session.phase = Phase.LEFT
-    error = session._call_error
-    what = type(error).__name__
-    if cause.node_index == session.topology.node_index and isinstance(error, TorchrunException):
-        say("your step caught %s from current.torch.run and went on; what it caught:\n%s" % (what, error.message))
-    else:
-        say("your step caught %s from current.torch.run and went on (%s)" % (what, first_line(cause.summary)))
-
-
-def linger(server: GangServer, start_timeout: float) -> None:
-    """A failed gang's service stays a little, so a late node learns the cause as it
-    joins rather than at ``start_timeout``; not when nodes never joined (they gave up too)."""
-    if server.cause is not None and server.cause.kind is CauseKind.NEVER_JOINED:
-        return
-    deadline = time.monotonic() + min(timeouts.LINGER, start_timeout)
-    while not server.everyone_heard() and time.monotonic() < deadline:
-        time.sleep(0.05)
+def reported(error: BaseException) -> bool:
+    """Whether ``error`` is a failure the gang already has: a call's (its own ranks' failure was
+    reported as the call ended; a gang abort is the gang's own), or a function rank's exception
+    raised in its place (``errors.rank_raised``)."""
+    return call_failed(error) or isinstance(error.__cause__, TorchrunFailed)
 
 
 @contextlib.contextmanager
@@ -327,9 +354,9 @@ def _where(calls_made: int, in_call: bool) -> str:
     return "before current.torch.run" if calls_made == 0 else "after call %d of current.torch.run" % calls_made
 
 
-def gang_config(identity: GangIdentity, defaults: StepDefaults, topology: Topology) -> GangConfig:
-    knobs = defaults.knobs
-    return GangConfig(gang_id=identity.gang_id, num_nodes=topology.num_nodes, restarts=defaults.restarts,
+def gang_config(context: StepContext) -> GangConfig:
+    defaults, topology, knobs = context.defaults, context.topology, context.defaults.knobs
+    return GangConfig(gang_id=context.identity.gang_id, num_nodes=topology.num_nodes, restarts=defaults.restarts,
                       heartbeat_timeout=defaults.heartbeat_timeout, start_timeout=defaults.start_timeout,
                       hang_timeout=defaults.hang_timeout, progress_interval=knobs.progress_seconds,
                       straggler_ratio=knobs.straggler_ratio, straggler_seconds=knobs.straggler_seconds,

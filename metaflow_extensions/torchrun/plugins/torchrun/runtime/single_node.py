@@ -16,7 +16,7 @@ from ..base import defaults as DEFAULTS
 if TYPE_CHECKING:  # loaded at the call: `import metaflow` exports this class (0.2's launcher)
     from ..gang import GangIdentity, Topology
     from ..launch import ArgSpec
-    from ..record import TorchrunResult
+    from ..record.result import TorchrunResult
 
 _sessions = itertools.count()
 
@@ -67,6 +67,7 @@ class SingleNodeLauncher:
         from ..launch import StepDefaults, call_request, requested_accelerators, step_timeout, validate_shutdown_grace
         from ..launch.plan import ORDER_0_2
         from . import api as runtime  # the runtime, entered at the call: `import metaflow` exports this class
+        from .context import step_context
         from .session import GangSession
 
         if not current.is_running_flow or current.step_name is None:
@@ -79,8 +80,8 @@ class SingleNodeLauncher:
                                 shutdown_grace=validate_shutdown_grace(self._shutdown_grace, step_timeout(specs)),
                                 label_logs=self._label_logs)
         flow_dir = os.path.dirname(os.path.abspath(sys.argv[0]))
-        session = GangSession(self._identity(current), defaults, _one_node(), flow_dir, secret=make_secret())
-        session.notes_key = current.pathspec or ""
+        session = GangSession(step_context(self._identity(current), defaults, _one_node(), make_secret(),
+                                           flow_dir=flow_dir, notes_key=current.pathspec or ""))
         session.join()
         try:
             result = runtime.run(session, request)

@@ -4,15 +4,15 @@ to say why), leave saying how it ended; ``attempt_facts``: what the record needs
 
 from __future__ import annotations
 
-import time
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Tuple
+
+from metaflow import current
 
 from ..card import this_card_hash
 from ..errors import TorchrunNotRetried, drop_own_frame
-from ..base.knobs import Knobs
 from ..launch.node_checks import default_nproc
-from ..record import AttemptFacts, ThisAttempt, attempts as attempts_
-from . import preflight
+from ..record.step_record import AttemptFacts, ThisAttempt
+from ..record import attempts as attempts_
 from .session import GangSession
 
 
@@ -21,13 +21,8 @@ def in_gang(step_func: Callable[[], Any], start_session: Callable[[Any], GangSes
     """``step_func`` in the node's session; ``withdraw`` takes the control's secret back."""
 
     def step() -> None:
-        from metaflow import current
-
-        # @checkpoint (above @torchrun) has loaded by now.
-        attempt.resumed_from = attempts_.checkpoint_info(current)
-        attempt.code_started = time.time()
+        attempt.code_starts(attempts_.checkpoint_info(current))  # @checkpoint (above @torchrun) has loaded by now
         session = start_session(current.parallel)
-        preflight.attach(session, attempt.history)
         session.join()
         try:
             with session.user_code():
@@ -50,23 +45,16 @@ def in_gang(step_func: Callable[[], Any], start_session: Callable[[Any], GangSes
     return step
 
 
-def attempt_facts(session: Optional[GangSession]) -> Optional[AttemptFacts]:
-    """What the step's record needs of the gang, as the task ends (None: the step's code never ran)."""
+def attempt_facts(session: Optional[GangSession], tasks: Tuple[str, ...] = ()) -> Optional[AttemptFacts]:
+    """What the step's record needs of the gang, as the task ends (None: the step's code never ran).
+    ``tasks``: every node's task, as Metaflow lists them on the control."""
     if session is None:
         return None
-    server, mode, defaults = session.server, session.preflight.mode, session.defaults
+    defaults, client = session.defaults, session.client
     return AttemptFacts(session.is_control, session.topology.node_index, session.topology.num_nodes,
                         results=tuple(session.results), cause=session.cause,
-                        preflight=server.preflight_record(mode) if server is not None and mode else None,
-                        job=session.preflight.job, hosts=server.hosts() if server is not None else None,
+                        preflight=session.preflight_record(), job=session.preflight_job,
+                        hosts=client.hosts() if client is not None and client.speaks_for_gang else None,
                         taken_out=tuple(session.bench.out), card=this_card_hash(),
                         nproc=default_nproc(defaults.nproc_per_node, defaults.derived_nproc),
-                        main_addr=session.topology.main_addr)
-
-
-def read_node_history(attempt: ThisAttempt, is_control: bool, flow_name: str, run_id: str, step_name: str,
-                      preflight_mode: str, knobs: Knobs) -> Any:
-    """On the control, the node history read in the background for the preflight's check of the hosts."""
-    if not is_control or preflight_mode == "off":
-        return None
-    return preflight.History(flow_name, run_id, step_name, attempt.previous, knobs)
+                        main_addr=session.topology.main_addr, tasks=tasks)

@@ -14,8 +14,9 @@ import time
 from typing import BinaryIO, Callable, List, Mapping, NamedTuple, Optional, Set, Union
 
 from ..host import log, proctree
-from ..procs import ZYGOTE_NAME, relay
-from ..host import rank_output
+from ..procs.names import ZYGOTE_NAME
+from ..procs import relay
+from ..host.console import rank_output
 from ..errors import TorchrunInterrupted
 from ..base import timeouts
 

@@ -13,7 +13,7 @@ from ..errors import TorchrunException
 from ..gang.ports import own_command_port
 from ..launch import merged_options
 from ..launch.plan import resolve_nproc
-from .nproc import count_for_keyword
+from ..launch.resources import count_for_keyword
 from .session import GangSession, bind_host
 
 READ_ONLY = (

@@ -12,10 +12,13 @@ import subprocess
 import sys
 from typing import Any, Dict, Mapping, Optional
 
-from ..host import StepDir, die_with_parent, kill_group, open_private, title
+from ..host.private import open_private
+from ..host.proctree import die_with_parent, kill_group
+from ..host.workdirs import StepDir
+from ..host import title
 from ..launch import StepDefaults
 from ..launch.command import ZYGOTE_MODULE
-from ..procs import HOST_ZYGOTE_ENV, ZYGOTE_ENV, ZYGOTE_PID_SUFFIX, ZYGOTE_SOCKET, zygote_log_path
+from ..procs.names import HOST_ZYGOTE_ENV, ZYGOTE_ENV, ZYGOTE_PID_SUFFIX, ZYGOTE_SOCKET, zygote_log_path
 
 _log = logging.getLogger("metaflow_torchrun")
 

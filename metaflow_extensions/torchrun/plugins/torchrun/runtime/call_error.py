@@ -1,0 +1,62 @@
+"""The one place where a failed call's exception is chosen: ``call_error`` takes the call's
+outcome on this node (``CallOutcome``: the gang's verdict, this node's ranks' failures, what
+the failure screen shows) and returns what ``current.torch.run`` raises. Pure: what it is
+given was read and gathered before (runtime/call.py), so every case is a unit test.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Tuple
+
+from ..cause import Cause, CauseKind
+from ..errors import GangAborted, TorchrunFailed, TorchrunInterrupted, rank_raised
+from ..procs.failures import RankFailure, root_cause_order
+
+
+@dataclass(frozen=True)
+class CallOutcome:
+    """A call that did not end well, as this node knows it when it raises."""
+
+    node_index: int
+    cause: Cause  # the gang's verdict, else this node's own cause
+    exit_code: Optional[int] = None  # this node's torchrun agent (None: no ranks ran here)
+    failures: Tuple[RankFailure, ...] = ()  # this node's failed ranks, as their records say
+    command: Tuple[str, ...] = ()
+    same_log: bool = False  # a local run: every node's error goes to one log, the root cause's says it whole
+    host: str = ""
+    # What the failure screen shows besides the cause (the nodes that speak for the failure have them).
+    stacks: Dict[int, str] = field(default_factory=dict)
+    logs: str = ""
+    elsewhere: Tuple[int, ...] = ()  # the other nodes' failed ranks
+    suspects: Tuple[str, ...] = ()
+    # A function entrypoint's own exception, raised by the failing rank of this node (read from its file).
+    rank_exception: Optional[BaseException] = None
+
+
+def own_rank_failed(outcome: CallOutcome) -> bool:
+    """Whether the gang's root cause is this node's own rank."""
+    return outcome.cause.kind is CauseKind.RANK_FAILED and outcome.cause.node_index == outcome.node_index
+
+
+def call_error(outcome: CallOutcome) -> BaseException:
+    """The exception ``current.torch.run`` raises: this node's rank failed first, ``TorchrunFailed``
+    (of the user's exception type for a function's rank); this node was told to stop (preempted),
+    ``TorchrunInterrupted``; else the gang stopped for another reason or node, ``GangAborted``."""
+    cause = outcome.cause
+    if own_rank_failed(outcome):
+        error = TorchrunFailed(outcome.exit_code if outcome.exit_code is not None else -1, outcome.node_index,
+                               list(outcome.failures), list(outcome.command), stacks=outcome.stacks,
+                               logs=outcome.logs, host=outcome.host, elsewhere=outcome.elsewhere)
+        return rank_raised(outcome.rank_exception, error) if outcome.rank_exception is not None else error
+    if cause.kind is CauseKind.PREEMPTED and cause.node_index == outcome.node_index:
+        return TorchrunInterrupted(cause.summary + ".")  # told to stop, not failed: the gang saved (stop.py)
+    return GangAborted(outcome.node_index, cause, outcome.exit_code, same_log=outcome.same_log,
+                       stacks=outcome.stacks, logs=outcome.logs, elsewhere=list(outcome.elsewhere),
+                       suspects=list(outcome.suspects))
+
+
+def failing_rank(failures: List[RankFailure]) -> Optional[int]:
+    """The rank whose failure ``TorchrunFailed`` names first (its root cause), where one failed."""
+    ordered = root_cause_order(list(failures))
+    return ordered[0].rank if ordered else None
