@@ -10,8 +10,9 @@ the suite is run).
 
 import json
 import os
+import re
 import time
-from typing import Dict, List
+from typing import Dict, List, Mapping, Optional
 
 os.environ.setdefault("METAFLOW_USER", "tests")
 
@@ -116,6 +117,36 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker("waits")
         if listed(item.nodeid, SLOW):
             item.add_marker("slow")
+
+
+# -- a skip for want of the machine fails where the machine must have it -------------
+# Tests that need root, network namespaces (iproute2's `ip` and `tc`, util-linux's `unshare`),
+# a second user (`useradd`), a tmpfs mount or Chromium skip without them, saying so: a
+# laptop runs the rest. CI (.ci/run) installs and has all of them, and sets MFTR_REQUIRE_MACHINE=1,
+# under which such a skip is a failure with its reason: a test that silently stopped running
+# there would guard nothing. A skip says what it lacks in its reason; these words mark one.
+REQUIRE_MACHINE = "MFTR_REQUIRE_MACHINE"
+MACHINE_WORDS = re.compile(r"\broot\b|namespace|iproute2|\bip\b|\btc\b|unshare|useradd|tmpfs|chromium", re.I)
+
+
+def machine_skip_failure(reason: str, env: Mapping[str, str]) -> Optional[str]:
+    """The failure a skip for want of the machine becomes under ``REQUIRE_MACHINE=1``; None otherwise."""
+    if env.get(REQUIRE_MACHINE) != "1" or not MACHINE_WORDS.search(reason):
+        return None
+    return "skipped for want of the machine, where %s=1 requires it: %s" % (REQUIRE_MACHINE, reason)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A skipif mark's skip comes at set-up, so it fails as an error there; ``pytest.skip`` as a failure."""
+    report = (yield).get_result()
+    if report.skipped and not hasattr(report, "wasxfail"):
+        longrepr = report.longrepr
+        reason = longrepr[2] if isinstance(longrepr, tuple) and len(longrepr) == 3 else str(longrepr)
+        reason = reason[len("Skipped: "):] if reason.startswith("Skipped: ") else reason
+        failure = machine_skip_failure(reason, os.environ)
+        if failure is not None:
+            report.outcome, report.longrepr = "failed", failure
 
 
 # -- the order each worker is given (issue 50) ----------------------------------------

@@ -9,8 +9,8 @@ reason, and the rest runs)::
 
 ``make test`` (and so ``.ci/run``) runs them with the rest of ``tests/``; select
 or exclude them with ``-m multihost`` / ``-m "not multihost"``. With
-MFTR_MULTIHOST_REQUIRED=1 a machine that cannot create namespaces fails them
-instead of skipping them.
+MFTR_REQUIRE_MACHINE=1 (.ci/run sets it) a machine that cannot create namespaces
+fails them instead of skipping them (tests/conftest.py).
 
 - netns.py      hosts: namespaces, a bridge, per-host names, cutting a link
 - contracts.py  what each platform gives each node, from Metaflow's own code

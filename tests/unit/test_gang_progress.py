@@ -303,9 +303,10 @@ def test_durations_read_as_a_person_says_them():
 
 
 def test_the_card_section_shows_what_a_rank_sent_as_text():
-    """A table cell is drawn as text (tests/unit/test_card.py's browser test):
-    what a rank sent goes in as it is, clipped; a code span or an entity
-    there would show its backticks or ``&lt;`` as typed (issue 52)."""
+    """A table cell is drawn as text: what a rank sent goes in as it is,
+    clipped; a code span or an entity there would show its backticks or
+    ``&lt;`` as typed (issue 52). That a browser shows it as text and runs
+    none of it: tests/unit/test_card_hostile.py, this table filled."""
     book = _book(nodes=2, window=0.0)
     book.update(0, "h0", _node(2.0, **{"*loss*": 0.5}))
     book.update(1, "<b>h</b>", _node(0.5))
