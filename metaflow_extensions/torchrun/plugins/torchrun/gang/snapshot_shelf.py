@@ -120,6 +120,11 @@ class Shelf:
                 return kept[-1] if kept else None
             return next((h for h in kept if h.step == step), None)
 
+    def arriving(self) -> int:
+        """Snapshots being received now (a rank's, a peer's)."""
+        with self._lock:
+            return len(self._arriving)
+
     def used(self) -> int:
         with self._lock:
             return self._used()
