@@ -12,6 +12,6 @@ ETA, steps/s and the slowest node; elsewhere (plain ``python`` or ``torchrun``)
 a report goes nowhere. docs/seeing-the-gang.md says what is shown.
 """
 
-from metaflow_extensions.torchrun.plugins.torchrun.procs import report
+from metaflow_extensions.torchrun.plugins.torchrun.procs.rank_progress import report
 
 __all__ = ["report"]

@@ -13,7 +13,7 @@ import time
 import pytest
 from our_processes import node_processes
 
-from metaflow_extensions.torchrun.plugins.torchrun.procs import numbers
+from metaflow_extensions.torchrun.plugins.torchrun.procs.ranges import numbers
 
 from .helpers import check_failure_screen, FLOWS, output
 from .test_gang_failures import _attrs, _node_task

@@ -15,7 +15,7 @@ from metaflow_extensions.torchrun.plugins.torchrun.base import timeouts
 from metaflow_extensions.torchrun.plugins.torchrun.cause import Cause, CauseKind
 from metaflow_extensions.torchrun.plugins.torchrun.procs.flight import UNSUPPORTED, FlightSummary
 from metaflow_extensions.torchrun.plugins.torchrun.runtime.call_stacks import CallStacks
-from metaflow_extensions.torchrun.plugins.torchrun.record import none_suspected
+from metaflow_extensions.torchrun.plugins.torchrun.record.result import none_suspected
 from proc_helpers import wait_until
 
 

@@ -27,7 +27,7 @@ import records
 from metaflow_extensions.torchrun.plugins.torchrun.card import content as card_content
 from metaflow_extensions.torchrun.plugins.torchrun.card import lifecycle as card_life
 from metaflow_extensions.torchrun.plugins.torchrun.card import text as card_text
-from metaflow_extensions.torchrun.plugins.torchrun.record import meta_datum
+from metaflow_extensions.torchrun.plugins.torchrun.record.step_record import meta_datum
 from metaflow_extensions.torchrun.plugins.torchrun.launch.resources import NONE, Accelerators
 from metaflow_extensions.torchrun.plugins.torchrun.record.result import RankRecord, TorchrunResult
 

@@ -6,7 +6,7 @@ import textwrap
 import pytest
 
 from metaflow_extensions.torchrun.plugins.torchrun import compat
-from metaflow_extensions.torchrun.plugins.torchrun.record import meta_datum
+from metaflow_extensions.torchrun.plugins.torchrun.record.step_record import meta_datum
 from metaflow_extensions.torchrun.plugins.torchrun.launch import torch_checks
 from metaflow_extensions.torchrun.plugins.torchrun.errors import TorchrunException, TorchrunInvalidArgument
 

@@ -15,7 +15,7 @@ import types
 import pytest
 from test_zygote import PKG, SCRIPT, _run, _wait_for
 
-from metaflow_extensions.torchrun.plugins.torchrun.host import die_with_parent
+from metaflow_extensions.torchrun.plugins.torchrun.host.proctree import die_with_parent
 from metaflow_extensions.torchrun.plugins.torchrun.procs.fork_guard import ForkGuard, tasks
 from metaflow_extensions.torchrun.plugins.torchrun.procs.names import ZYGOTE_ENV
 

@@ -11,7 +11,8 @@ import time
 
 import pytest
 
-from metaflow_extensions.torchrun.plugins.torchrun.procs import RankStatus, running_ranks
+from metaflow_extensions.torchrun.plugins.torchrun.procs.running import running_ranks
+from metaflow_extensions.torchrun.plugins.torchrun.procs.status import RankStatus
 from metaflow_extensions.torchrun.plugins.torchrun.procs.status import write_status
 from metaflow_extensions.torchrun.plugins.torchrun.cli import ps_table
 

@@ -15,7 +15,7 @@ import pytest
 from plans import agent_environment
 from proc_helpers import wait_until
 
-from metaflow_extensions.torchrun.plugins.torchrun.host import signal_main_thread
+from metaflow_extensions.torchrun.plugins.torchrun.host.proctree import signal_main_thread
 from metaflow_extensions.torchrun.plugins.torchrun.procs import stacks
 
 PKG_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(stacks.__file__)))))

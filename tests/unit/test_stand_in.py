@@ -37,7 +37,7 @@ runpy.run_module(module, run_name="__main__", alter_sys=True)
 '''
 
 # Of the package, a hand-off needs these alone.
-HAND_OFF = {PKG, PKG + ".base", PKG + ".base.lazy", PKG + ".base.timeouts", PKG + ".host", PKG + ".host.proctree",
+HAND_OFF = {PKG, PKG + ".base", PKG + ".base.timeouts", PKG + ".host", PKG + ".host.proctree",
             PKG + ".host.unix_socket", PKG + ".procs",
             PKG + ".procs.names", PKG + ".procs.zygote_wire", PKG + ".procs.handoff"}
 # Of the standard library, none of these: a third of a stand-in's CPU before (typing, dataclasses and

@@ -73,7 +73,8 @@ def test_the_controls_record_is_built_from_the_attempts_facts_alone():
     from metaflow_extensions.torchrun.plugins.torchrun.cause import Cause, CauseKind
     from metaflow_extensions.torchrun.plugins.torchrun.gang.messages import PreflightCheck
     from metaflow_extensions.torchrun.plugins.torchrun.gang.node_compare import Finding, PreflightRecord
-    from metaflow_extensions.torchrun.plugins.torchrun.record import AttemptFacts, ThisAttempt, step_result
+    from metaflow_extensions.torchrun.plugins.torchrun.record.step_record import (AttemptFacts, ThisAttempt,
+                                                                                  step_result)
 
     cause = Cause(CauseKind.NODE_LOST, "node 1 lost", node_index=1)
     check = PreflightCheck("gpu_count", "fail", found="7", expected="8")
@@ -101,7 +102,8 @@ def test_one_builder_makes_the_attempts_preflight_and_a_refused_gangs_call_from_
 
     from metaflow_extensions.torchrun.plugins.torchrun.cause import Cause, CauseKind
     from metaflow_extensions.torchrun.plugins.torchrun.gang.node_compare import JobRecord, PreflightRecord
-    from metaflow_extensions.torchrun.plugins.torchrun.record import AttemptFacts, ThisAttempt, step_result
+    from metaflow_extensions.torchrun.plugins.torchrun.record.step_record import (AttemptFacts, ThisAttempt,
+                                                                                  step_result)
 
     cause = Cause(CauseKind.PREFLIGHT, "preflight refused the gang", node_index=1)
     job = JobRecord(backend="gloo", allreduce_ok=True, link_gbps={1: 2.5})

@@ -12,7 +12,7 @@ from dataclasses import replace
 import pytest
 
 import records
-from metaflow_extensions.torchrun.plugins.torchrun.procs import RankStatus
+from metaflow_extensions.torchrun.plugins.torchrun.procs.status import RankStatus
 from metaflow_extensions.torchrun.plugins.torchrun.card import content as card_content
 from metaflow_extensions.torchrun.plugins.torchrun.card import timeline
 from metaflow_extensions.torchrun.plugins.torchrun.record import what_ran
@@ -106,14 +106,12 @@ def test_a_refused_calls_card_says_so_and_shows_no_empty_tables():
         def __init__(self, rows, headers):
             self.rows = rows
 
-    import metaflow.cards as cards
-
-    real = cards.Markdown, cards.Table
-    cards.Markdown, cards.Table = Md, Tb
+    real = card_content.Markdown, card_content.Table
+    card_content.Markdown, card_content.Table = Md, Tb
     try:
         parts = card_content.build_components(result, "F", "F/1/train/2", "gloo")
     finally:
-        cards.Markdown, cards.Table = real
+        card_content.Markdown, card_content.Table = real
     text = "\n".join(p.text for p in parts if isinstance(p, Md))
     assert "Refused before any rank started:" in text and "does not exist" in text
     for absent in ("Topology", "## Ranks", "passed every check", "None", "2 x"):

@@ -19,8 +19,9 @@ import time
 
 import pytest
 
-from metaflow_extensions.torchrun.plugins.torchrun.host import die_with_parent, proctree, unix_socket
-from metaflow_extensions.torchrun.plugins.torchrun.procs import read_statuses
+from metaflow_extensions.torchrun.plugins.torchrun.host.proctree import die_with_parent
+from metaflow_extensions.torchrun.plugins.torchrun.host import proctree, unix_socket
+from metaflow_extensions.torchrun.plugins.torchrun.procs.status import read_statuses
 from metaflow_extensions.torchrun.plugins.torchrun.procs.names import (LABELS_ENV, WORK_DIR_ENV, ZYGOTE_ENV, ZYGOTE_NAME,
                                                                        ZYGOTE_PID_SUFFIX)
 from metaflow_extensions.torchrun.plugins.torchrun.procs.zygote_wire import MAX_REQUEST, Request, ReplyReader, send_request

@@ -1,14 +1,15 @@
-"""The @torchrun implementation; docs/design.md says how the modules fit. Import-light (every rank
-imports ``procs/`` through it, with no Metaflow): the public names load on first use.
+"""The @torchrun implementation. Its rooms, top to bottom (each may import only those below it,
+as import-linter holds): ``decorator`` and ``cli``; ``handle``, ``compat``, ``lint``, ``spec``;
+``runtime``; ``card``; ``record``; ``launch``; ``gang``; ``errors``; ``cause``; ``procs``; ``host``;
+``base``. Each room's ``__init__`` says what it holds.
+
+The one lazy boundary is here: every rank's start imports ``procs`` through this package, with no
+Metaflow, so the public names load on first use.
 """
 
 from __future__ import annotations
 
 from importlib import import_module
-
-TYPE_CHECKING = False  # typing unimported: every rank's stand-in imports this package (procs/handoff.py)
-if TYPE_CHECKING:
-    from typing import Any
 
 __all__ = [
     "GangAborted",
@@ -25,7 +26,7 @@ __all__ = [
 _HOMES = {"TorchrunResult": ".record.result", "TorchrunHandle": ".handle"}
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> object:
     if name not in __all__:
         raise AttributeError("module %r has no attribute %r" % (__name__, name))
     return getattr(import_module(_HOMES.get(name, ".errors"), __name__), name)

@@ -13,7 +13,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any, List, Mapping, Optional, Tuple
 
 from .base.codec import Written
-from .procs import NO_EXCEPTION, numbers
+from .procs.failures import NO_EXCEPTION
+from .procs.ranges import numbers
 
 # Text fields from the wire are cut to these many characters.
 MAX_TEXT = 4000

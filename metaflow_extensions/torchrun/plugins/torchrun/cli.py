@@ -16,7 +16,7 @@ from metaflow._vendor import click
 from .base.text import count, shorten
 
 if TYPE_CHECKING:
-    from .procs import RunningRank
+    from .procs.running import RunningRank
 
 MAX_ROWS = 50
 MAX_CAUSES = 10
@@ -67,7 +67,7 @@ def history(obj: Any, last: Optional[int], days: Optional[float], all_flows: boo
 def ps(obj: Any, all_flows: bool, as_json: bool) -> None:
     main = sys.modules.get("__main__")
     flow_file = None if all_flows else os.path.abspath(getattr(main, "__file__", None) or sys.argv[0])
-    from .procs import running_ranks  # a command's body: `import metaflow` loads this group only
+    from .procs.running import running_ranks  # a command's body: `import metaflow` loads this group only
 
     ranks = running_ranks(flow_file)
     if as_json:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence
 
 from .errors import TorchrunInvalidArgument, shown
-from .runtime import SingleNodeLauncher
+from .runtime.single_node import SingleNodeLauncher
 
 def decorator_init_kwargs(parent_init: Callable[..., Any], inserted_by: Any) -> Dict[str, Any]:
     """``inserted_by`` for ``StepDecorator.__init__`` where it takes it (Metaflow 2.16+): feature

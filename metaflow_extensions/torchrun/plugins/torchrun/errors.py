@@ -13,7 +13,7 @@ from .base.text import first_line
 
 if TYPE_CHECKING:  # `import metaflow` exports these errors: what renders one loads as it is raised
     from .cause import Cause
-    from .procs import RankFailure
+    from .procs.failures import RankFailure
 
 # Where every rank's full stack is, as a failure message says it.
 FULL_REPORT = "the card, and the artifact torchrun_report of node 0's task"
@@ -92,7 +92,8 @@ class TorchrunFailed(TorchrunException):
     def __init__(self, exit_code: int, node_index: int, failures: Optional[List[RankFailure]] = None,
                  command: Optional[List[str]] = None, stacks: Optional[Dict[int, str]] = None, logs: str = "",
                  host: str = "", elsewhere: Sequence[int] = (), suspects: Sequence[str] = ()):
-        from .procs import describe_exit_code, failure_block, root_cause_order
+        from .procs.failures import describe_exit_code, root_cause_order
+        from .procs import failure_block
 
         self.exit_code = exit_code
         self.node_index = node_index

@@ -1,5 +1,5 @@
-"""Metaflow first, then us: imported for this effect by ``errors.py`` and ``decorator.py``, the two
-modules that import Metaflow at their top.
+"""Metaflow first, then us: imported for this effect, first, by every module that imports Metaflow at
+its top (``errors.py``, ``decorator.py``, the card's and the records' that use Metaflow's cards or client).
 
 ``import metaflow`` imports our decorator, and through it most of this package. A user who imports one
 of our modules first starts ``import metaflow`` half-way through that module's body; Metaflow then

@@ -1,3 +1,8 @@
-"""The bottom layer: what every other layer may import and which imports nothing of
-them (defaults, fixed times, the settings' names and record, the wire codec, text
-helpers, the lazy face loader, the version). Empty: each is imported by its path."""
+"""The bottom room: what every other room may import, importing nothing of them.
+
+Its concern is what the whole package agrees on: ``defaults`` (every default a user can change),
+``timeouts`` (every fixed time), ``knobs`` (the ``METAFLOW_TORCHRUN_*`` settings, read once),
+``codec`` (the one JSON codec of the records), ``text`` (text shortened for a person) and
+``version``. It imports the standard library only. Nothing is re-exported here: a rank's start
+passes through this package (``procs/handoff.py``), so each module is imported by its path.
+"""

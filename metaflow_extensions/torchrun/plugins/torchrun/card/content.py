@@ -11,14 +11,19 @@ import re
 import time
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
+from .. import load_order  # noqa: F401  (Metaflow first, whatever the user imports first)
+from metaflow.cards import Markdown, Table
+
 from ..gang.messages import RankStatus
-from ..procs import describe_exit_code
+from ..procs.failures import describe_exit_code
 from ..launch import Accelerators
 from ..procs import stacks
 from ..cause import CauseKind
 from ..errors import is_refusal
-from ..procs import numbers
-from ..record import REPORT_ARTIFACT, TorchrunResult, evidence, goodput, none_suspected, suspected, swap_words, what_ran
+from ..procs.ranges import numbers
+from ..record.in_step_restarts import swap_words
+from ..record.result import REPORT_ARTIFACT, TorchrunResult, none_suspected, suspected
+from ..record import evidence, goodput, what_ran
 from . import preflight as card_preflight, progress as card_progress, timeline
 from .text import CARD_LINE_CHARS, clip, clip_lines, escape_markdown, html_line, sentence, text_block, with_wrap_style
 
@@ -310,8 +315,6 @@ def what_ran_parts(result: TorchrunResult, Markdown: Any, Table: Any) -> list:
 
 
 def refused_components(result: TorchrunResult, flow: str, pathspec: str, reason: str, attempt: int = 0) -> list:
-    from metaflow.cards import Markdown, Table
-
     refused = text_block(clip_lines(reason, CARD_CAUSE_CHARS)[0])
     parts = [Markdown(title_markdown(flow, pathspec, attempt)),
              Markdown("**Refused before any rank started:**\n\n%s" % refused)]
@@ -323,8 +326,6 @@ def refused_components(result: TorchrunResult, flow: str, pathspec: str, reason:
 
 
 def build_components(result: TorchrunResult, flow: str, pathspec: str, backend: str, attempt: int = 0) -> list:
-    from metaflow.cards import Markdown, Table
-
     reason = refusal_reason(result)
     if reason is not None:
         return refused_components(result, flow, pathspec, reason, attempt)

@@ -9,14 +9,24 @@ import os
 import shlex
 import time
 from types import SimpleNamespace
-from typing import TYPE_CHECKING, Any, Optional
+from typing import Any, Optional
 
-from ..host import cuda_devices, log, say
+from .. import load_order  # noqa: F401  (Metaflow first, whatever the user imports first)
+from metaflow import current
+from metaflow.cards import Markdown
+from metaflow.datastore import FlowDataStore
+from metaflow.plugins import CARDS
+from metaflow.plugins.cards.card_datastore import CardDatastore
 
-if TYPE_CHECKING:  # the content loads where a card is filled: Metaflow's runtime attaches the card, no more
-    from ..gang import ProgressRecord
-    from ..launch import Accelerators
-    from ..record import TorchrunResult
+from ..gang import ProgressRecord
+from ..host.console import say
+from ..host.devices import cuda_devices
+from ..host import log
+from ..launch import Accelerators
+from ..record.result import TorchrunResult
+from . import progress as card_progress
+from .content import backend_label, build_components, title_markdown
+from .text import with_wrap_style
 
 CARD_ID = "torchrun"
 
@@ -35,8 +45,6 @@ def card_view_command(argv0: str, deco: Any, pathspec: str) -> Optional[str]:
 
 def this_card_hash() -> Optional[str]:
     """This task's card's hash for the attempt's record; None without a card or before ``current.card``."""
-    from metaflow import current
-
     try:
         uuid = getattr(current.card, "_card_id_map", {}).get(CARD_ID)
     except Exception:  # no card on this step, or a Metaflow that keeps cards otherwise
@@ -62,13 +70,6 @@ def attach_card(decorators) -> Optional[Any]:
 
 def refresh_live(progress: ProgressRecord, flow_name: str) -> None:
     """The progress section while a call runs, through Metaflow's runtime refresh; never raises."""
-    from metaflow import current
-    from metaflow.cards import Markdown
-
-    from . import progress as card_progress
-    from .content import title_markdown
-    from .text import with_wrap_style
-
     try:
         card = current.card[CARD_ID]
         card.clear()
@@ -86,10 +87,6 @@ def refresh_live(progress: ProgressRecord, flow_name: str) -> None:
 def finish_card(deco: Any, result: TorchrunResult, flow_name: str, accelerators: Accelerators, attempt: int) -> bool:
     """Fill the card and render it here; False where Metaflow must still render it (one line on
     stderr where it could not be filled: a card must never fail the step)."""
-    from metaflow import current
-
-    from .content import backend_label, build_components
-
     try:
         card = current.card[CARD_ID]
         card.clear()
@@ -128,11 +125,6 @@ def render_card_now(deco: Any, attempt: int) -> bool:
 
 def _title_if_empty(attempt: int) -> None:
     """An empty card (the gang never formed) still says whose it is."""
-    from metaflow import current
-    from metaflow.cards import Markdown
-
-    from .content import title_markdown
-
     try:
         card = current.card[CARD_ID]
         if len(card.components) == 0:
@@ -175,9 +167,6 @@ def _check_renderable(deco: Any) -> None:
 
 
 def _render_and_save(deco: Any, attempt: int) -> None:
-    from metaflow import current
-    from metaflow.plugins import CARDS
-
     uuid, card_type, card_id = deco._card_uuid, deco.attributes["type"], deco._user_set_card_id
     classes = [c for c in CARDS if c.type == card_type]
     if not classes:
@@ -212,9 +201,6 @@ def _wait_for_runtime_renders(deco: Any) -> None:
 def _card_datastore(flow_datastore: Any, pathspec: str) -> Any:
     """A CardDatastore where ``card create`` saves (the card root, else the datastore's), on a storage
     object of its own: ``card create`` re-roots its storage, which here is the task's."""
-    from metaflow.datastore import FlowDataStore
-    from metaflow.plugins.cards.card_datastore import CardDatastore
-
     impl = flow_datastore._storage_impl
     root = CardDatastore.get_storage_root(impl.TYPE) or flow_datastore.datastore_root
     cards = FlowDataStore(flow_datastore.flow_name, None, storage_impl=type(impl), ds_root=root)
@@ -229,8 +215,7 @@ def _register_card_info(deco: Any, attempt: int) -> None:
     save, info = should_save(deco._card_uuid)
     if not save:
         return
-    from metaflow import current
-    from metaflow.plugins.cards.metadata import _save_metadata
+    from metaflow.plugins.cards.metadata import _save_metadata  # Metaflow 2.16+ only: asked for here
 
     _save_metadata(deco._metadata, current.run_id, current.step_name, current.task_id, attempt, deco._card_uuid, info)
 

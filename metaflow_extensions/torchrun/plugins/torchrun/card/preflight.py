@@ -5,6 +5,9 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional
 
+from .. import load_order  # noqa: F401  (Metaflow first, whatever the user imports first)
+from metaflow.cards import Markdown, Table
+
 from ..gang import JobRecord, PreflightRecord
 from ..gang.node_compare import describe_job
 from .text import code_block, escape_markdown
@@ -54,8 +57,6 @@ def bandwidth_spec(job: JobRecord) -> Dict[str, Any]:
 def parts(record: Optional[PreflightRecord]) -> list:
     if record is None:
         return []
-    from metaflow.cards import Markdown, Table
-
     out: list = [Markdown("## Preflight (%s)" % escape_markdown(record.mode))]
     if record.rows:
         rows = table(record)

@@ -6,6 +6,9 @@ from __future__ import annotations
 
 from typing import Any, Callable, Dict, List, Optional
 
+from .. import load_order  # noqa: F401  (Metaflow first, whatever the user imports first)
+from metaflow.cards import Markdown, Table
+
 from ..gang import ProgressRecord, gang_progress
 from .text import clip, escape_markdown
 from .timeline import SCHEMA, WIDTH_PX
@@ -40,8 +43,6 @@ def parts(progress: Optional[ProgressRecord]) -> list:
     """Nothing when no rank reported progress and no straggler was named."""
     if progress is None or (progress.step is None and not progress.stragglers):
         return []
-    from metaflow.cards import Markdown, Table
-
     out = [Markdown("## Progress")]
     table = rows(progress)
     if table:

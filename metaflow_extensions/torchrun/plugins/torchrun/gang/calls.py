@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Mapping, Optional, Set, Tuple
 
 from ..cause import Cause, CauseKind, plural, restartable_in_step
-from ..procs import FlightSummary
+from ..procs.flight import FlightSummary
 from . import messages as msg
 from .bench import Bench
 from .config import RDZV_STORE_NODE

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Tuple
 
-from ..host import LogKey
+from ..host.logs import LogKey
 
 
 def safe_id(raw: str) -> str:

@@ -11,7 +11,7 @@ import time
 from typing import Callable, NamedTuple, Optional, Sequence
 
 from ..cause import Cause
-from ..host import host_name
+from ..host.network import host_name
 from ..base import timeouts
 from . import auth as gang_auth
 from . import wire

@@ -13,7 +13,7 @@ from typing import Callable, Dict, List, Mapping, NamedTuple, Optional, Tuple
 
 from ..cause import Cause, CauseKind, plural
 from ..errors import LAST_LINES_HEAD
-from ..procs import describe_exit_code
+from ..procs.failures import describe_exit_code
 from .config import CONTROL_NODE, GangConfig
 from .peer import Peer
 from .silence import silence_cause

@@ -16,9 +16,10 @@ from dataclasses import dataclass, field
 from typing import Annotated, Any, ClassVar, Dict, Iterator, Mapping, Optional, Tuple, Type, TypeVar
 
 from ..cause import Cause
-from ..base.codec import NEED, SKIP, Hex, Int, Items, OneOf, Real, Record, Text, Via, encode
-from ..procs import MAX_STACK_BYTES
-from ..procs import FlightError, FlightSummary, RankStatus
+from ..base.codec import NEED, SKIP, Hex, Int, Items, OneOf, Real, Record, Text, Via, decode, encode
+from ..procs.stacks import MAX_STACK_BYTES
+from ..procs.flight import FlightError, FlightSummary
+from ..procs.status import RankStatus
 from .bench import Bench
 from .gang_progress import NodeProgress
 from .wire import Message as WireDict
@@ -377,15 +378,16 @@ class Preflight(GangMessage):
 
 
 KINDS: Dict[MessageType, Type[GangMessage]] = {cls.TYPE: cls for cls in GangMessage.__subclasses__()}
+_BY_NAME: Dict[str, Type[GangMessage]] = {kind.value: cls for kind, cls in KINDS.items()}
 
 
 def parse(data: Mapping[str, Any]) -> GangMessage:
     """``ProtocolError`` for an unknown type or a field of the wrong type or size."""
-    try:
-        kind = MessageType(data.get("type"))
-    except ValueError:
-        raise ProtocolError("unknown message type %r" % str(data.get("type"))[:40]) from None
-    return KINDS[kind].from_wire(data)
+    name = data.get("type")
+    kind = _BY_NAME.get(name) if isinstance(name, str) else None
+    if kind is None:
+        raise ProtocolError("unknown message type %r" % str(name)[:40])
+    return decode(kind, data)
 
 
 def parse_as(data: Mapping[str, Any], expected: Type[M]) -> M:

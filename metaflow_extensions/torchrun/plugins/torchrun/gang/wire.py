@@ -24,7 +24,7 @@ class ProtocolError(ValueError):
 
 
 def encode(message: Message) -> bytes:
-    data = (json.dumps(message, separators=(",", ":"), allow_nan=False) + "\n").encode()
+    data = (_ENCODER.encode(message) + "\n").encode()
     if len(data) > MAX_LINE:
         raise ValueError("gang message of %d bytes is over the %d byte limit" % (len(data), MAX_LINE))
     return data
@@ -59,17 +59,24 @@ def _too_deep(line: bytes) -> bool:
 
 
 def decode(line: bytes) -> Optional[Message]:
+    """UTF-8 only (what ``encode`` writes); NaN and Infinity are not JSON."""
     if _too_deep(line):
         return None
     try:
-        message = json.loads(line, parse_constant=_no_constant)
-    except (ValueError, RecursionError):
+        message = _DECODER.decode(line.decode())
+    except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
         return None
     return message if isinstance(message, dict) else None
 
 
 def _no_constant(name: str) -> Any:
     raise ValueError("%s is not JSON" % name)
+
+
+# Made once, as json.dumps and json.loads make theirs for their defaults: with options of their
+# own they would build one per message (a heartbeat a second from every node).
+_ENCODER = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
+_DECODER = json.JSONDecoder(parse_constant=_no_constant)
 
 
 class LineReader:

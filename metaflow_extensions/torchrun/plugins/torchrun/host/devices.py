@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
 from typing import List, Mapping, Optional, Sequence
 
 DRIVER_GPUS = "/proc/driver/nvidia/gpus"
@@ -88,8 +89,6 @@ def usable_cpus() -> int:
 def count_with_torch(kind: str, python: str, timeout: float = 180.0) -> Optional[int]:
     """``torch.<kind>.device_count()`` in a child process (torch's import never in the task's),
     where the driver's files cannot say (MIG, XPUs); None when torch could not be asked."""
-    import subprocess
-
     code = (
         "import torch\n"
         "m = getattr(torch, %r, None)\n"

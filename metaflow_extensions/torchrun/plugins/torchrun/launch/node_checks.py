@@ -10,7 +10,7 @@ import sys
 from typing import Dict, Mapping, Optional, Sequence, Tuple
 
 from ..gang import messages as msg
-from ..host import cuda_devices
+from ..host.devices import cuda_devices
 from .resources import Accelerators
 from .torch_checks import _torch_version
 

@@ -21,8 +21,8 @@ import time
 import traceback
 from typing import IO, Any, Dict, List, Mapping, NoReturn, Optional, Sequence
 
-from ..host import is_loopback
-from ..host import open_private
+from ..host.network import is_loopback
+from ..host.private import open_private
 from ..base import timeouts
 from . import departure, exits
 from .failures import AgentFailure, write_agent_failures

@@ -28,7 +28,8 @@ from .names import (ARGS_FILE, WORK_DIR_ENV, LABELS_ENV, LOG_DIR_ENV, NODE_INDEX
 from .failures import RankFailure, write_failure
 from .status import RankStatus, write_status
 from .failure_block import is_users
-from ..host import open_private, title
+from ..host.private import open_private
+from ..host import title
 
 
 def _env_int(name: str, default: int = -1) -> int:

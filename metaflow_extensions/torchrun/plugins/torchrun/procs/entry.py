@@ -10,6 +10,7 @@ import os
 import sys
 from typing import Any, List, Mapping, MutableMapping, NamedTuple
 
+from ..host.private import open_private
 from .names import AGENT_TMP, ENTRY_ENV, ENTRY_FILE, USER_TMPDIR_ENV, USER_UMASK_ENV
 
 
@@ -22,8 +23,6 @@ class Entry(NamedTuple):
 
 def write_entry(work_dir: str, argv: List[str], trainer_progress: bool = True) -> str:
     """The entry file's path, in ``work_dir`` beside the agent's temporary directory."""
-    from ..host import open_private
-
     # torchrun's agent's own temporary files go here (launch/prepare.py's TMPDIR).
     os.makedirs(os.path.join(work_dir, AGENT_TMP), mode=0o700, exist_ok=True)
     path = os.path.join(work_dir, ENTRY_FILE)

@@ -11,7 +11,7 @@ import signal
 import time
 from typing import Dict, Optional, Tuple
 
-from ..host import open_private
+from ..host.private import open_private
 from .names import rank_log_path
 from .redraw import Redraw
 

@@ -8,7 +8,8 @@ import os
 from dataclasses import asdict, dataclass
 from typing import Any, Dict, List, Optional
 
-from ..host import proctree, title, work_root
+from ..host.workdirs import work_root
+from ..host import proctree, title
 from .status import RankStatus, read_statuses
 
 # A recorded pid is the rank's while its process started before the status (whole seconds).

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import IO, Dict, Iterable, List, Mapping, Optional, Tuple
 
-from ..host import signal_main_thread
+from ..host.proctree import signal_main_thread
 from .names import STACKS_SUFFIX, rank_file
 from .ranges import numbers
 from ..base import timeouts

@@ -16,7 +16,8 @@ import socket
 import sys
 import time
 
-from ..host import die_with_parent, name_this_process, namespaces, title
+from ..host.proctree import die_with_parent, name_this_process
+from ..host import namespaces, title
 from ..host.unix_socket import bind_unix
 from . import handoff
 from .fork_guard import ForkGuard

@@ -11,9 +11,13 @@ from __future__ import annotations
 
 import datetime
 import itertools
+import json
 import math
 from dataclasses import dataclass, replace
 from typing import Annotated, Any, Dict, List, Mapping, Optional, Tuple
+
+from .. import load_order  # noqa: F401  (Metaflow first, whatever the user imports first)
+from metaflow import Task
 
 from ..cause import Cause, CauseKind, user_code_failure
 from ..base.codec import Int, Items, Lenient, Text, Via, encode
@@ -321,11 +325,7 @@ def with_costs(attempts: List[Attempt]) -> List[Attempt]:
 
 def read_previous(pathspec: str, attempt: int, field: str) -> Tuple[Optional[Previous], Optional[str]]:
     """Attempt ``attempt``'s record, and a note when it could not be read (none left: None, None)."""
-    import json
-
     try:
-        from metaflow import Task
-
         task = Task(pathspec, attempt=attempt, _namespace_check=False)
         values = [m for m in task.metadata if m.name == field]
     except Exception as e:  # the record helps; it must never stop the step

@@ -15,7 +15,12 @@ import shutil
 import subprocess
 from typing import Any, Dict, List, Mapping, Optional
 
-from ..procs import SUMMARY_PLACES, group, names, numbers
+from .. import load_order  # noqa: F401  (Metaflow first, whatever the user imports first)
+from metaflow import Task
+
+from ..procs.ranges import numbers
+from ..procs.stacks import SUMMARY_PLACES, group
+from ..procs import names
 
 ARTIFACT = "torchrun_evidence"
 # The whole bundle, at most (JSON characters), and its parts' shares.
@@ -101,7 +106,5 @@ def bundle(result: Any, is_control: bool, node: int, attempt: int, env: Mapping[
 
 def read(pathspec: str, attempt: Optional[int] = None) -> Optional[Dict[str, Any]]:
     """The client helper: a task's bundle of ``attempt`` (None: its latest), or None."""
-    from metaflow import Task
-
     task = Task(pathspec, attempt=attempt, _namespace_check=False)
     return task[ARTIFACT].data if ARTIFACT in task else None

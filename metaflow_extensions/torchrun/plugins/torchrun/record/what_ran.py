@@ -11,6 +11,9 @@ import re
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
+from .. import load_order  # noqa: F401  (Metaflow first, whatever the user imports first)
+import metaflow
+
 from ..base.codec import Int, Items, Lenient, OneOf, Text, Via
 from ..launch import CallPlan
 from ..launch.torch_checks import find_torch
@@ -68,8 +71,6 @@ def _short(value: Any) -> str:
 
 def versions() -> Dict[str, str]:
     """Read without importing torch (seconds on a GPU node)."""
-    import metaflow
-
     return {"torch": find_torch().version or "not found", "metaflow": str(getattr(metaflow, "__version__", "?")),
             "python": platform.python_version(), "metaflow-torchrun": __version__}
 
