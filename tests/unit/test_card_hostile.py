@@ -270,7 +270,7 @@ def read(dom: str) -> _Page:
 
 @pytest.fixture(scope="module")
 def browser():
-    with chromium.Browser(window="1920,2000") as b:
+    with chromium.Browser(window="1920,2000", timeout=180) as b:  # a loaded CI machine: minutes, not seconds
         yield b
 
 
