@@ -117,3 +117,18 @@ def test_a_store_gone_costs_the_training_nothing(store, capsys):
     assert snapshot.flush(30)
     assert "was not kept" in capsys.readouterr().err
     assert snapshot.load() is None
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU here")
+def test_device_tensors_are_copied_before_the_trainings_next_kernels(store):
+    weights = torch.randn(1 << 22, device="cuda")
+    half = torch.randn(1000, device="cuda").to(torch.bfloat16)
+    expected = weights.cpu()
+    for step in range(3):
+        assert snapshot.save(step, {"w": weights, "h": half, "t": weights[::3]})
+        weights.mul_(2)  # queued after the copy on the same stream: the snapshot holds the value before
+        expected_then, expected = expected, weights.cpu()
+    assert snapshot.flush(30)
+    step, back = snapshot.load()
+    assert step == 2 and torch.equal(back["w"], expected_then) and torch.equal(back["h"], half.cpu())
+    assert torch.equal(back["t"], expected_then[::3]) and back["w"].device.type == "cpu"

@@ -9,7 +9,6 @@ from metaflow_extensions.torchrun.plugins.torchrun.gang import snapshot_peer as 
 from metaflow_extensions.torchrun.plugins.torchrun.gang.snapshot_store import SnapshotStore
 from metaflow_extensions.torchrun.plugins.torchrun.procs import snapshot_wire as wire
 from metaflow_extensions.torchrun.plugins.torchrun.procs.snapshot_client import StoreClient
-from proc_helpers import wait_until
 from test_snapshot_store import snapshot
 
 SECRET = b"s" * 32

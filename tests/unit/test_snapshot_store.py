@@ -17,7 +17,7 @@ from metaflow_extensions.torchrun.plugins.torchrun.gang.snapshot_store import Sn
 from metaflow_extensions.torchrun.plugins.torchrun.procs import snapshot_codec as codec
 from metaflow_extensions.torchrun.plugins.torchrun.procs import snapshot_wire as wire
 from metaflow_extensions.torchrun.plugins.torchrun.procs.names import SNAPSHOT_ENV
-from metaflow_extensions.torchrun.plugins.torchrun.procs.snapshot_client import StoreClient
+from metaflow_extensions.torchrun.plugins.torchrun.procs.snapshot_client import StoreClient, StoreError
 from proc_helpers import wait_until
 
 
@@ -181,16 +181,20 @@ TORN_WRITER = textwrap.dedent("""
 """)
 
 
-def test_a_writer_killed_mid_snapshot_leaves_the_previous_one_whole(store, procs):
+def test_a_writer_killed_mid_snapshot_leaves_the_previous_one_whole(store):
     client = StoreClient(store.path)
     first = snapshot(1, 50000, fill=7)
     client.put("rank-0", 1, memoryview(first))
-    writer = procs.popen([sys.executable, "-c", TORN_WRITER, store.path, str(len(first))],
-                         stdin=subprocess.PIPE, stdout=subprocess.PIPE)
-    assert writer.stdout.readline() == b"half\n"
-    assert wait_until(lambda: store.shelf.used() == 2 * len(first), timeout=30)  # arriving, counted
-    os.kill(writer.pid, signal.SIGKILL)
-    writer.wait()
+    writer = subprocess.Popen([sys.executable, "-c", TORN_WRITER, store.path, str(len(first))],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    try:
+        assert writer.stdout.readline() == b"half\n"
+        assert wait_until(lambda: store.shelf.used() == 2 * len(first), timeout=30)  # arriving, counted
+    finally:
+        os.kill(writer.pid, signal.SIGKILL)
+        writer.wait()
+        writer.stdin.close()
+        writer.stdout.close()
     assert wait_until(lambda: store.shelf.used() == len(first), timeout=30)  # dropped
     assert client.steps("rank-0") == ([1], None) and client.get("rank-0", 1) == first
     client.close()
@@ -203,6 +207,6 @@ def test_close_frees_everything(tmp_path):
     assert s.shelf.used() > 100000
     s.close()
     assert s.shelf.used() == 0 and s.shelf.steps("rank-0") == [] and not os.path.exists(s.path)
-    with pytest.raises(Exception):
+    with pytest.raises(StoreError):
         client.steps("rank-0")
     client.close()
