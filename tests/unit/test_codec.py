@@ -189,3 +189,66 @@ def test_a_field_without_bounds_cannot_be_read():
         Unbounded.from_wire({"n": 1})
     with pytest.raises(TypeError, match="no reader for"):
         Unsaid.from_wire({"cause": None})
+
+
+# -- the compiled reader and writer (one function per class, made at its first use) -------------------
+
+
+def test_a_default_made_by_a_factory_is_fresh_in_every_record():
+    one, two = Sample.from_wire({"count": 1, "need": 1}), Sample.from_wire({"count": 1, "need": 1})
+    assert one.by_rank == {} and one.by_rank is not two.by_rank
+    assert one.local == 7 and one == Sample(1)  # a local field at its default
+    assert hash(Inner.from_wire({"n": 2})) == hash(Inner(2))
+
+
+def test_a_record_with_more_to_its_making_is_made_by_its_call():
+    made = []
+
+    @dataclass(frozen=True)
+    class Checked(Record):
+        n: Annotated[int, Int(0, 9)]
+
+        def __post_init__(self):
+            made.append(self.n)
+
+    assert Checked.from_wire({"n": 3}) == Checked(3) and made == [3, 3]
+
+
+def test_a_problem_across_fields_is_the_record_s_error():
+    @dataclass(frozen=True)
+    class Ordered(Record):
+        ERROR = Oops
+        low: Annotated[int, Int(0, 9)]
+        high: Annotated[int, Int(0, 9)]
+
+        def problem(self):
+            return None if self.low <= self.high else "low over high"
+
+    assert Ordered.from_wire({"low": 1, "high": 2}) == Ordered(1, 2)
+    with pytest.raises(Oops, match="^low over high$"):
+        Ordered.from_wire({"low": 3, "high": 2})
+
+
+@pytest.mark.parametrize("nonce", ["00 " * 21 + "0", "0x" * 32, "\u0660" * 64])
+def test_hex_is_digits_only(nonce):
+    assert len(nonce) == 64
+    with pytest.raises(ProtocolError, match="field 'nonce'"):
+        msg.parse({"type": "challenge", "protocol": 7, "nonce": nonce})
+
+
+def test_a_name_that_is_not_a_message_type_is_refused_whatever_it_is():
+    for name in (None, 5, ["hb"], {"hb": 1}, "HB", "hb "):
+        with pytest.raises(ProtocolError, match="unknown message type"):
+            msg.parse({"type": name})
+    assert msg.parse({"type": msg.MessageType.HEARTBEAT}) == msg.Heartbeat()  # the enum is its text
+
+
+def test_a_line_is_utf_8_json_and_nothing_else():
+    from metaflow_extensions.torchrun.plugins.torchrun.gang import wire
+
+    assert wire.decode(b'{"type": "hb", "quiet": 1.5}') == {"type": "hb", "quiet": 1.5}
+    for line in (b'\xff\xfe{\x00}\x00', b'{"quiet": NaN}', b'{"quiet": -Infinity}', b'{"a": "\xe9"}', b"[1]", b"{"):
+        assert wire.decode(line) is None
+    assert wire.encode({"type": "hb"}) == b'{"type":"hb"}\n'
+    with pytest.raises(ValueError):
+        wire.encode({"quiet": float("nan")})
