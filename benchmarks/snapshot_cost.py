@@ -8,10 +8,10 @@ size, in layers of 1024 x 1024: ``--mb 50`` is 6 layers, 6.3M parameters, 48 MB)
   on a GPU, the device-to-host copy queued);
 - **background**: ms from ``save``'s return until the store holds the snapshot whole (the digest,
   the bytes over the Unix socket), measured with the training idle, and the bytes/s it makes;
-- **step**: a training step's ms without snapshots and with a snapshot every step, and the
-  difference in %, the cost that counts (the background thread shares the cores and the GIL).
+- **step**: a training step's mean ms without snapshots and with a snapshot every ``--every`` steps,
+  and the difference in %, the cost that counts (the background work shares the cores).
 
-    .venv/bin/python benchmarks/snapshot_cost.py [--mb 50] [--saves 20] [--batch 256] [--device cpu|cuda]
+    .venv/bin/python benchmarks/snapshot_cost.py [--mb 50] [--saves 20] [--batch 256] [--every 1] [--device cpu|cuda]
 """
 
 from __future__ import annotations
@@ -99,16 +99,16 @@ def measure(args: argparse.Namespace) -> Dict[str, Any]:
 
     def steps(save_every: bool) -> float:
         times = []
-        for i in range(args.saves + 2):
+        for i in range((args.saves + 2) * (args.every if save_every else 1)):
             sync(args.device)
             start = time.perf_counter()
             train_step(model, opt, batch)
-            if save_every:
+            if save_every and i % args.every == 0:
                 snapshot.save(1000 + i, state())
             sync(args.device)
             times.append((time.perf_counter() - start) * 1e3)
         snapshot.flush(60)
-        return statistics.median(times[2:])
+        return statistics.mean(times[2 * args.every:]) if save_every else statistics.mean(times[2:])
 
     plain, saving = steps(False), steps(True)
     plain = min(plain, steps(False))  # interleaved again: the machine's drift counts against the snapshot
@@ -116,7 +116,7 @@ def measure(args: argparse.Namespace) -> Dict[str, Any]:
     return {"device": args.device, "state_mb": round(nbytes / (1 << 20), 1), "batch": args.batch,
             "save_return_ms": round(statistics.median(returns), 2), "background_ms": round(ms_background, 2),
             "background_mb_per_s": round(nbytes / (1 << 20) / (ms_background / 1e3), 0),
-            "step_ms": round(plain, 2), "step_with_save_ms": round(saving, 2),
+            "every": args.every, "step_ms": round(plain, 2), "step_with_save_ms": round(saving, 2),
             "cost_pct": round(100 * (saving - plain) / plain, 1), "cores": os.cpu_count()}
 
 
@@ -125,6 +125,7 @@ def main() -> None:
     parser.add_argument("--mb", type=float, default=50.0)
     parser.add_argument("--saves", type=int, default=20)
     parser.add_argument("--batch", type=int, default=256)
+    parser.add_argument("--every", type=int, default=1, help="a snapshot every N steps in the step figure")
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
