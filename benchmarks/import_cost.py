@@ -3,12 +3,15 @@
 ``import metaflow`` is timed in fresh processes of this venv's Python, with the extension installed
 and without it: the same venv's site-packages, linked entry by entry into a scratch venv
 (build/import_cost/), all but this package's editable install and its metadata, as
-``pip uninstall metaflow-torchrun`` would leave it. Runs are interleaved (with, without, with, ...),
-after one of each to compile the bytecode; the figures are medians. A rank's start is timed the same
-way against ``python -c pass``: its stand-in (the modules loaded before it hands off to the warm
-process) and a fresh rank (``procs/bootstrap.py`` with no warm process, before the user's script).
+``pip uninstall metaflow-torchrun`` would leave it. Commands run in rounds (without, with, ...),
+after one untimed round to compile the bytecode; the figures are medians, each ``+`` the median of
+the differences within a round. CPU (user + system) is the steadier on a busy machine. A rank's
+start is timed the same way against ``python -c pass``: its stand-in (the modules loaded before it
+hands off to the warm process) and a fresh rank (``procs/bootstrap.py`` with no warm process,
+before the user's script). ``--before REV``: the same figures, in the same run, for the package as it was at commit REV (its
+``metaflow_extensions/`` exported beside, installed as the editable install is).
 
-    .venv/bin/python benchmarks/import_cost.py [--runs 20]
+    .venv/bin/python benchmarks/import_cost.py [--runs 20] [--before REV]
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ import subprocess
 import sys
 import sysconfig
 import time
-from typing import Dict, List, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PKG = "metaflow_extensions.torchrun.plugins.torchrun"
@@ -35,20 +38,37 @@ LOADED = ("import json, sys; import metaflow; print(json.dumps({'ours': sorted(m
           "'exported': hasattr(metaflow, 'TorchrunResult')}))")
 
 
-def scratch_venv() -> str:
-    """A venv whose site-packages is this one's without the extension; its python."""
-    python = os.path.join(SCRATCH, "bin", "python")
+def scratch_venv(where: str = SCRATCH, package: Optional[str] = None) -> str:
+    """A venv whose site-packages is this one's without the extension (with ``package``'s tree
+    installed as the editable install is, if given); its python."""
+    python = os.path.join(where, "bin", "python")
     if not os.path.exists(python):
-        shutil.rmtree(SCRATCH, ignore_errors=True)
-        subprocess.run([sys.executable, "-m", "venv", "--without-pip", SCRATCH], check=True)
+        shutil.rmtree(where, ignore_errors=True)
+        subprocess.run([sys.executable, "-m", "venv", "--without-pip", where], check=True)
     site = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                           check=True, capture_output=True, text=True).stdout.strip()
     ours = sysconfig.get_paths()["purelib"]
     for name in os.listdir(ours):
         link = os.path.join(site, name)
-        if not name.startswith(OURS) and not os.path.lexists(link):
+        if (package or not name.startswith(OURS)) and not name.startswith("__editable__") \
+                and not os.path.lexists(link):
             os.symlink(os.path.join(ours, name), link)
+    for name in os.listdir(ours) if package else ():
+        if name.startswith("__editable__.metaflow_torchrun"):  # its name as the metadata's RECORD gives it
+            with open(os.path.join(site, name), "w") as f:
+                f.write(package + "\n")
     return python
+
+
+def export(rev: str) -> str:
+    """``metaflow_extensions/`` as it was at commit ``rev``, under build/import_cost/; its folder."""
+    tree = os.path.join(REPO, "build", "import_cost", "tree-" + rev)
+    if not os.path.isdir(tree):
+        os.makedirs(tree)
+        archive = subprocess.run(["git", "-C", REPO, "archive", rev, "metaflow_extensions"], check=True,
+                                 capture_output=True).stdout
+        subprocess.run(["tar", "-x", "-C", tree], input=archive, check=True)
+    return tree
 
 
 def clean_env() -> Dict[str, str]:
@@ -67,21 +87,23 @@ def timed(argv: Sequence[str], env: Dict[str, str]) -> Tuple[float, float]:
     return took, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
 
-def paired(a: Sequence[str], b: Sequence[str], runs: int, env: Dict[str, str]) -> Dict[str, float]:
-    """Medians in ms of ``a``, ``b`` and of ``a - b`` pair by pair (wall, and CPU as ``cpu_*``),
-    after one untimed run of each."""
-    timed(a, env), timed(b, env)
-    times: Dict[str, List[float]] = {k: [] for k in ("a", "b", "diff", "cpu_a", "cpu_b", "cpu_diff")}
+def interleaved(commands: Dict[str, Sequence[str]], base: str, runs: int,
+                env: Dict[str, str]) -> Dict[str, Dict[str, float]]:
+    """Each command run in turn, ``runs`` rounds, after one untimed round; per command the medians
+    in ms of its wall and CPU time, and of its difference from ``base``'s in the same round."""
+    for argv in commands.values():
+        timed(argv, env)
+    times: Dict[str, Dict[str, List[float]]] = {k: {"wall": [], "cpu": [], "wall+": [], "cpu+": []} for k in commands}
     for _ in range(runs):
-        (wa, ca), (wb, cb) = timed(a, env), timed(b, env)
-        for key, value in (("a", wa), ("b", wb), ("diff", wa - wb), ("cpu_a", ca), ("cpu_b", cb), ("cpu_diff", ca - cb)):
-            times[key].append(value)
-    return {k: round(statistics.median(v) * 1000, 1) for k, v in times.items()}
+        round_ = {k: timed(argv, env) for k, argv in commands.items()}
+        for k, (w, c) in round_.items():
+            for key, value in (("wall", w), ("cpu", c), ("wall+", w - round_[base][0]), ("cpu+", c - round_[base][1])):
+                times[k][key].append(value)
+    return {k: {key: round(statistics.median(v) * 1000, 1) for key, v in t.items()} for k, t in times.items()}
 
 
-def said(cost: Dict[str, float], a: str, b: str) -> str:
-    return ("wall %.1f %s, %.1f %s: +%.1f; CPU %.1f, %.1f: +%.1f (ms, medians; the + of pairs)"
-            % (cost["a"], a, cost["b"], b, cost["diff"], cost["cpu_a"], cost["cpu_b"], cost["cpu_diff"]))
+def said(cost: Dict[str, float]) -> str:
+    return "+%.1f ms CPU, +%.1f ms wall (%.1f and %.1f in all)" % (cost["cpu+"], cost["wall+"], cost["cpu"], cost["wall"])
 
 
 def loaded(python: str, env: Dict[str, str]) -> dict:
@@ -89,33 +111,50 @@ def loaded(python: str, env: Dict[str, str]) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def ours_imported(code: str, env: Dict[str, str]) -> List[str]:
-    out = subprocess.run([sys.executable, "-c", code + "\nimport sys; print(' '.join(sorted(sys.modules)))"],
+def ours_imported(python: str, code: str, env: Dict[str, str]) -> List[str]:
+    out = subprocess.run([python, "-c", code + "\nimport sys; print(' '.join(sorted(sys.modules)))"],
                          env=env, cwd="/", check=True, capture_output=True, text=True)
     return out.stdout.split()
+
+
+def modules(python: str, code: str, env: Dict[str, str]) -> str:
+    loaded = ours_imported(python, code, env)
+    heavy = [m for m in ("typing", "dataclasses", "inspect", "logging", "metaflow", "torch") if m in loaded]
+    return "%d modules of ours; loads %s" % (len([m for m in loaded if m.startswith("metaflow_extensions")]),
+                                             ", ".join(heavy) or "none of %s" % ", ".join(NEVER))
+
+
+NEVER = ("typing", "dataclasses", "inspect", "logging", "metaflow", "torch")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--runs", type=int, default=20)
+    parser.add_argument("--before", help="a commit: its package measured too, in the same rounds")
     args = parser.parse_args()
     env = clean_env()
+    pythons = {"this tree": sys.executable}
+    if args.before:
+        tree = export(args.before)
+        pythons[args.before] = scratch_venv(os.path.join(REPO, "build", "import_cost", "venv-" + args.before), tree)
     without = scratch_venv()
-    with_ext, without_ext = loaded(sys.executable, env), loaded(without, env)
-    assert with_ext["exported"] and not without_ext["exported"] and not without_ext["ours"], (with_ext, without_ext)
-    mf = paired([sys.executable, "-c", "import metaflow"], [without, "-c", "import metaflow"], args.runs, env)
-    print("import metaflow, %d runs each: %s" % (args.runs, said(mf, "with the extension", "without")))
-    print("  of ours: %d modules; torch imported: %s" % (len(with_ext["ours"]), with_ext["torch"]))
-    bare = [sys.executable, "-c", "pass"]
-    for label, code in (("a rank's stand-in (handoff)", "import %s.procs.handoff" % PKG),
-                        ("a fresh rank (bootstrap)", "import %s.procs.bootstrap" % PKG)):
-        cost = paired([sys.executable, "-c", code], bare, args.runs, env)
-        modules = ours_imported(code, env)
-        ours = [m for m in modules if m.startswith("metaflow_extensions")]
-        heavy = [m for m in ("typing", "dataclasses", "inspect", "logging", "metaflow", "torch") if m in modules]
-        print("%s: %s" % (label, said(cost, "", "for `python -c pass`")))
-        print("  %d modules of ours; loads %s" % (len(ours), ", ".join(heavy) or "none of typing, dataclasses, "
-                                                  "inspect, logging, metaflow, torch"))
+    assert not loaded(without, env)["ours"]
+    for label, python in pythons.items():
+        seen = loaded(python, env)
+        assert seen["exported"] and not seen["torch"], seen
+    mf = interleaved(dict({"without": [without, "-c", "import metaflow"]},
+                          **{k: [p, "-c", "import metaflow"] for k, p in pythons.items()}), "without", args.runs, env)
+    print("`import metaflow`, medians of %d rounds, over the same venv without the extension:" % args.runs)
+    for label, python in pythons.items():
+        print("  %-10s %s; %s" % (label, said(mf[label]), modules(python, "import metaflow", env)))
+    for what, module in (("a rank's stand-in, to its hand-off", "handoff"),
+                         ("a fresh rank, before the user's script", "bootstrap")):
+        code = "import %s.procs.%s" % (PKG, module)
+        cost = interleaved(dict({"pass": [sys.executable, "-c", "pass"]},
+                                **{k: [p, "-c", code] for k, p in pythons.items()}), "pass", args.runs, env)
+        print("%s (procs/%s.py), over `python -c pass`:" % (what, module))
+        for label, python in pythons.items():
+            print("  %-10s %s; %s" % (label, said(cost[label]), modules(python, code, env)))
     print("load average: %.2f %.2f %.2f" % os.getloadavg())
 
 

@@ -3,7 +3,6 @@ traceback from inside the launcher."""
 
 from __future__ import annotations
 
-import difflib
 from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional, Sequence
 
 from . import load_order  # noqa: F401  (Metaflow first, whatever the user imports first)
@@ -32,6 +31,8 @@ def shown(value: Any) -> str:
 
 def did_you_mean(word: str, choices: Iterable[str], quote: str = "%r") -> str:
     """`` (did you mean 'x'?)`` for a near miss, else ``""`` (``choices`` bounded by the caller)."""
+    import difflib  # here, not at the top: `import metaflow` loads this module, and a near miss is rare
+
     close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
     return " (did you mean %s?)" % (quote % close[0]) if close else ""
 
