@@ -15,14 +15,14 @@ It may import ``errors``, ``cause``, ``procs``, ``host`` and ``base``.
 """
 
 from .bench import Seat
-from .client import GangClient
+from .client import GangClient, GangFacts
 from .config import GangConfig
 from .gang_progress import ProgressRecord
 from .identity import GangIdentity
 from .messages import NodeReport
 from .node_compare import HostCheck, JobRecord, PreflightRecord
 from .ports import find_free_port, parse_port
-from .server import GangFacts, GangServer
+from .server import GangServer
 from .topology import CONTROL_TASK_ID_ENV, Topology
 
 __all__ = [
