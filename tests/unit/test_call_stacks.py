@@ -33,11 +33,10 @@ def _in_call(net, nodes):
 def _collect_in_background(client, workdir):
     """A node's collect (no live rank: its stacks are empty) on a thread; when it returned."""
     done = {}
-    session = SimpleNamespace(client=client)
     supervisor = SimpleNamespace(live_pids=lambda: set())
 
     def collect():
-        CallStacks().collect(session, 0, supervisor, workdir)
+        CallStacks().collect(client, 0, supervisor, workdir)
         done["at"] = time.monotonic()
 
     t = threading.Thread(target=collect, daemon=True)
@@ -73,12 +72,11 @@ def test_a_node_gone_owes_no_stacks_and_a_silent_gang_is_waited_for_at_most_stac
     news = SimpleNamespace(wait_stacks_in=lambda index, seconds: waited.append(seconds) or False)
     client = SimpleNamespace(cause=Cause(CauseKind.HANG, "no output"), send_stacks=lambda *args: None, news=news)
     began = time.monotonic()
-    CallStacks().collect(SimpleNamespace(client=client), 0, SimpleNamespace(live_pids=lambda: set()), str(tmp_path))
+    CallStacks().collect(client, 0, SimpleNamespace(live_pids=lambda: set()), str(tmp_path))
     assert len(waited) == 1 and 0 < waited[0] <= timeouts.STACKS_WAIT
     assert waited[0] >= timeouts.STACKS_WAIT - (time.monotonic() - began)
     for client.cause in (Cause(CauseKind.CONTROL_UNRESPONSIVE, "heard nothing from the control"), None):
-        CallStacks().collect(SimpleNamespace(client=client), 0, SimpleNamespace(live_pids=lambda: set()),
-                             str(tmp_path))
+        CallStacks().collect(client, 0, SimpleNamespace(live_pids=lambda: set()), str(tmp_path))
     assert len(waited) == 1
 
 
@@ -91,10 +89,10 @@ def test_why_the_flight_recorder_named_no_one_reaches_the_record_when_nothing_na
                                for r in range(4)},
                        nodes={r: r // 2 for r in range(4)},
                        flights={r: FlightSummary(UNSUPPORTED, recorder="nccl", note=note) for r in range(4)})
-    session = SimpleNamespace(server=SimpleNamespace(hosts=lambda: {0: "a", 1: "b"}))
+    control = SimpleNamespace(speaks_for_gang=True, hosts=lambda: {0: "a", 1: "b"})
     cause = Cause(CauseKind.HANG, "no rank wrote a line for 20 s")
-    assert where.suspects(session, cause) == [] and where.culprits is None
-    assert where.record()["flight_unread"] == "%s on ranks 0-3" % note
+    assert where.suspects(control, cause) == [] and where.culprits is None
+    assert where.flight_unread == "%s on ranks 0-3" % note
     assert none_suspected(None, where.flight_unread, cause) == [
         "No suspect named: torch's Flight Recorder could not say (%s on ranks 0-3)" % note]
     # A failed rank is the cause: no suspect was wanted, so none is explained.

@@ -277,15 +277,20 @@ class TestFunctionArguments:
 
 class TestNothingLeftBehind:
     def test_record_removes_the_work_dir_even_when_recording_fails(self, tmp_path):
+        from types import SimpleNamespace
+
         from metaflow_extensions.torchrun.plugins.torchrun.runtime.call import CallRun
+        from metaflow_extensions.torchrun.plugins.torchrun.runtime.call_result import CallEnd
         from metaflow_extensions.torchrun.plugins.torchrun.host.logs import LogKey
         from metaflow_extensions.torchrun.plugins.torchrun.host.workdirs import CallFiles
 
         files = CallFiles(LogKey("Flow-1", "train-2-0", "c0"), 0, str(tmp_path))
-        run = CallRun(session=None, plan=None, index=0)  # type: ignore[arg-type]
+        session = SimpleNamespace(client=SimpleNamespace())  # no topology: recording fails
+        run = CallRun(session=session, plan=None, index=0)  # type: ignore[arg-type]
         run.launch.files, run.launch.workdir = files, files.work_dir
+        assert os.path.exists(files.work_dir)
         with pytest.raises(AttributeError):
-            run.record()  # no session: recording fails
+            run.result(CallEnd())
         assert not os.path.exists(files.work_dir)
 
 

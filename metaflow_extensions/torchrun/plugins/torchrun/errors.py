@@ -40,6 +40,11 @@ def did_you_mean(word: str, choices: Iterable[str], quote: str = "%r") -> str:
 class TorchrunException(MetaflowException):
     headline = "@torchrun error"
 
+    def __init__(self, msg: str = "", lineno: Optional[int] = None, result: Optional[object] = None):
+        super().__init__(msg, lineno)
+        # A failed call's ``TorchrunResult`` (record/result.py, a layer above), given as the error is made.
+        self.result = result
+
 
 class TorchrunInvalidArgument(TorchrunException):
     """A value given to ``@torchrun`` or ``current.torch.run`` cannot be used."""
@@ -92,7 +97,8 @@ class TorchrunFailed(TorchrunException):
 
     def __init__(self, exit_code: int, node_index: int, failures: Optional[List[RankFailure]] = None,
                  command: Optional[List[str]] = None, stacks: Optional[Dict[int, str]] = None, logs: str = "",
-                 host: str = "", elsewhere: Sequence[int] = (), suspects: Sequence[str] = ()):
+                 host: str = "", elsewhere: Sequence[int] = (), suspects: Sequence[str] = (),
+                 result: Optional[object] = None):
         from .procs.failures import describe_exit_code, root_cause_order
         from .procs import failure_block
 
@@ -110,7 +116,7 @@ class TorchrunFailed(TorchrunException):
                     % (node_index, describe_exit_code(exit_code)))
         block = failure_block.Block(root=root, others=self.failures[1:], stacks=dict(stacks or {}), logs=logs,
                                     headline=head, elsewhere=elsewhere, suspects=suspects)
-        super().__init__(failure_block.render(block, FULL_REPORT))
+        super().__init__(failure_block.render(block, FULL_REPORT), result=result)
 
 
 def node_name(index: Optional[int], host: str = "") -> str:
@@ -174,7 +180,7 @@ class GangAborted(TorchrunException):
 
     def __init__(self, node_index: int, cause: "Cause", own_exit_code: Optional[int] = None,
                  same_log: bool = False, stacks: Optional[Dict[int, str]] = None, logs: str = "",
-                 elsewhere: Sequence[int] = (), suspects: Sequence[str] = ()):
+                 elsewhere: Sequence[int] = (), suspects: Sequence[str] = (), result: Optional[object] = None):
         from .cause import CauseKind
         from .procs import failure_block
 
@@ -214,7 +220,7 @@ class GangAborted(TorchrunException):
         echoes = [] if cause.kind is CauseKind.HANG else [r for r in elsewhere if r != cause.rank]
         block = failure_block.Block(stacks=dict(stacks or {}), logs=logs, suspects=suspects, elsewhere=echoes)
         rest = failure_block.render(block, FULL_REPORT)
-        super().__init__("\n".join([text] + lines + ([rest] if rest else [])))
+        super().__init__("\n".join([text] + lines + ([rest] if rest else [])), result=result)
 
 
 def _its_error(cause: "Cause") -> str:

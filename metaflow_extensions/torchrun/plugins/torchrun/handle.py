@@ -7,10 +7,10 @@ import os
 from typing import TYPE_CHECKING, Any, Callable, Optional, Union
 
 from .errors import TorchrunException
+from .record.result import TorchrunResult  # `import metaflow` exports it too: loaded anyway
 
 if TYPE_CHECKING:  # `import metaflow` exports this class: the layers below load at the step's first call
     from .launch import ArgSpec
-    from .record.result import TorchrunResult
     from .runtime.session import GangSession
     from .runtime.torchrun_args import TorchrunArgs
 

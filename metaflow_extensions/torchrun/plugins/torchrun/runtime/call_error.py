@@ -1,7 +1,8 @@
 """The one place where a failed call's exception is chosen: ``call_error`` takes the call's
 outcome on this node (``CallOutcome``: the gang's verdict, this node's ranks' failures, what
-the failure screen shows) and returns what ``current.torch.run`` raises. Pure: what it is
-given was read and gathered before (runtime/call.py), so every case is a unit test.
+the failure screen shows) and returns what ``current.torch.run`` raises, carrying the call's
+result. Pure: what it is given was read and gathered before (runtime/call_failure.py), so
+every case is a unit test.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from typing import Dict, List, Optional, Tuple
 from ..cause import Cause, CauseKind
 from ..errors import GangAborted, TorchrunFailed, TorchrunInterrupted, rank_raised
 from ..procs.failures import RankFailure, root_cause_order
+from ..record.result import TorchrunResult
 
 
 @dataclass(frozen=True)
@@ -39,21 +41,23 @@ def own_rank_failed(outcome: CallOutcome) -> bool:
     return outcome.cause.kind is CauseKind.RANK_FAILED and outcome.cause.node_index == outcome.node_index
 
 
-def call_error(outcome: CallOutcome) -> BaseException:
-    """The exception ``current.torch.run`` raises: this node's rank failed first, ``TorchrunFailed``
-    (of the user's exception type for a function's rank); this node was told to stop (preempted),
-    ``TorchrunInterrupted``; else the gang stopped for another reason or node, ``GangAborted``."""
+def call_error(outcome: CallOutcome, result: Optional[TorchrunResult] = None) -> BaseException:
+    """The exception ``current.torch.run`` raises, with the call's ``result`` (``err.result``): this node's
+    rank failed first, ``TorchrunFailed`` (of the user's exception type for a function's rank); this node
+    was told to stop (preempted), ``TorchrunInterrupted``; else the gang stopped for another reason or
+    node, ``GangAborted``."""
     cause = outcome.cause
     if own_rank_failed(outcome):
         error = TorchrunFailed(outcome.exit_code if outcome.exit_code is not None else -1, outcome.node_index,
                                list(outcome.failures), list(outcome.command), stacks=outcome.stacks,
-                               logs=outcome.logs, host=outcome.host, elsewhere=outcome.elsewhere)
+                               logs=outcome.logs, host=outcome.host, elsewhere=outcome.elsewhere, result=result)
         return rank_raised(outcome.rank_exception, error) if outcome.rank_exception is not None else error
     if cause.kind is CauseKind.PREEMPTED and cause.node_index == outcome.node_index:
-        return TorchrunInterrupted(cause.summary + ".")  # told to stop, not failed: the gang saved (stop.py)
+        # Told to stop, not failed: the gang saved (stop.py).
+        return TorchrunInterrupted(cause.summary + ".", result=result)
     return GangAborted(outcome.node_index, cause, outcome.exit_code, same_log=outcome.same_log,
                        stacks=outcome.stacks, logs=outcome.logs, elsewhere=list(outcome.elsewhere),
-                       suspects=list(outcome.suspects))
+                       suspects=list(outcome.suspects), result=result)
 
 
 def failing_rank(failures: List[RankFailure]) -> Optional[int]:

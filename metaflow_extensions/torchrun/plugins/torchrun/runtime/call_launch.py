@@ -1,9 +1,11 @@
 """This node's share of one call made concrete (``NodeLaunch``): its private directories, the warm process
-its ranks fork from, the entry file, and each start's torchrun argv and environment; ``call.py`` owns one
-and decides when a start happens (the first, and each in-step restart the gang decides)."""
+its ranks fork from, the entry file, and each start of the ranks (``RanksStart``: torchrun's argv and
+environment). ``NodeLaunch.start`` is the one place a start gets its environment, the first and every
+restart or swap alike; ``call.py`` owns the launch, ``restart_loop.py`` decides when a start happens."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 from dataclasses import dataclass
@@ -24,6 +26,22 @@ from .session import GangSession
 from .warm_start import WarmStart
 
 
+@dataclass(frozen=True)
+class RanksStart:
+    """One start of this node's ranks: start 0 is the call's first, start k the gang's restart k."""
+
+    restart: int
+    seat: Optional[Seat]  # this node's place in it, as the gang said it (None: not said, every node active)
+    rdzv_port: int  # torchrun's rendezvous port for this start
+    argv: Tuple[str, ...] = ()  # torchrun's command line; empty where this node sits the start out
+    env: Dict[str, str] = dataclasses.field(default_factory=dict)  # the agent's and the ranks' environment
+
+    @property
+    def benched(self) -> bool:
+        """A spare, or a node taken out (@torchrun(spares)): no ranks here until a restart brings it in."""
+        return self.seat is not None and self.seat.node_rank is None
+
+
 @dataclass
 class NodeLaunch:
     session: GangSession
@@ -37,8 +55,8 @@ class NodeLaunch:
     warm: Optional[WarmStart] = None  # the node's warm process (warm_start.py), chosen in prepare()
     entry: Tuple[str, Optional[str]] = ("", None)  # the entry file, the interface to the control
 
-    def prepare(self, seat: Optional[Seat], rdzv_port: int) -> Tuple[List[str], Dict[str, str]]:
-        """The call's directories, warm process and entry file; the first start's argv and environment."""
+    def prepare(self, seat: Optional[Seat], rdzv_port: int) -> RanksStart:
+        """The call's directories, warm process and entry file; the first start."""
         topology, session, context = self.session.topology, self.session, self.session.context
         self.local_addr, iface = context.route if context.route[0] else route_to(topology.main_addr, topology.is_local)
         log_key, self.rdzv_id = session.identity.call_names(self.index)
@@ -59,17 +77,18 @@ class NodeLaunch:
             bootstrap_argv = [plan.script or ""] + list(plan.entry_argv)
         # The script and its arguments reach the bootstrap in a file, not through torchrun's parser: verbatim.
         self.entry = (entry.write_entry(self.workdir, bootstrap_argv, session.defaults.knobs.trainer_progress), iface)
-        return self.command(seat, rdzv_port, 0)
+        return self.start(seat, rdzv_port, 0)
 
-    def command(self, seat: Optional[Seat], rdzv_port: int, restart: int) -> Tuple[List[str], Dict[str, str]]:
-        """torchrun's argv and environment for start ``restart`` (none where ``seat`` sits it out): a restart's
-        rendezvous has a fresh id and the port the gang announced, the same shape (rank 0 on node 0)."""
+    def start(self, seat: Optional[Seat], rdzv_port: int, restart: int) -> RanksStart:
+        """Start ``restart`` of the ranks, with torchrun's argv and environment (none where ``seat`` sits it
+        out): a restart's rendezvous has a fresh id and the port the gang announced, the same shape (rank 0
+        on node 0). Every start's environment is made here, and only here."""
         topology, (entry_path, iface) = self.session.topology, self.entry
-        seat = seat or self.session.bench.seat(topology.node_index, topology.num_nodes)
-        if seat.node_rank is None:  # benched (@torchrun(spares)): nothing to launch until a restart brings it in
-            return [], {}
+        placed = seat or self.session.bench.seat(topology.node_index, topology.num_nodes)
+        if placed.node_rank is None:  # benched (@torchrun(spares)): nothing to launch until a restart brings it in
+            return RanksStart(restart, seat, rdzv_port)
         node = NodeFacts(
-            python=sys.executable, node_index=topology.node_index, node_rank=seat.node_rank, num_nodes=seat.nnodes,
+            python=sys.executable, node_index=topology.node_index, node_rank=placed.node_rank, num_nodes=placed.nnodes,
             main_addr=topology.main_addr, local_addr=self.local_addr, iface=iface, rdzv_port=rdzv_port,
             rdzv_id=self.rdzv_id + ("-r%d" % restart if restart else ""),
             workdir=self.workdir, log_dir=self.log_dir, entry_path=entry_path, flow_dir=self.session.context.flow_dir,
@@ -81,7 +100,7 @@ class NodeLaunch:
         env = self.warm.for_ranks(env, self.plan.nproc if isinstance(self.plan.nproc, int) else 1)
         if ZYGOTE_ENV in env and topology.node_index != 0:
             wait_listening(endpoint, timeouts.STORE_WAIT)  # node 0's store first: no backoff in torch's client
-        return argv, env
+        return RanksStart(restart, seat, rdzv_port, tuple(argv), env)
 
     def release(self) -> None:
         """The call's own warm process (not the step's) and the work directory go, whatever happened."""

@@ -7,15 +7,17 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Dict, List, Optional
 
 from ..base import timeouts
 from ..cause import CONTROL_GONE, Cause, CauseKind
+from ..gang.client import GangClient
 from ..host import log
 from ..procs.culprit import Culprits, find_culprits, unread_reason
 from ..procs.flight import FlightSummary
 from ..procs import flight_ask, stacks
 from ..record.result import read_rank_records, suspected
+from .supervisor import Supervisor
 
 _log = log.get("runtime.call_stacks")
 
@@ -30,7 +32,7 @@ class CallStacks:
     flights: Dict[int, FlightSummary] = field(default_factory=dict)  # rank -> its Flight Recorder's summary
     flight_unread: str = ""  # no suspect named: why the Flight Recorders could not say (bounded)
 
-    def collect(self, session: Any, index: int, supervisor: Any, workdir: str) -> None:
+    def collect(self, client: GangClient, index: int, supervisor: Optional[Supervisor], workdir: str) -> None:
         """Before the supervisor stops the ranks: each live rank's stacks and Flight Recorder."""
         if supervisor is None or not workdir:
             return
@@ -45,29 +47,26 @@ class CallStacks:
         self.seconds += time.monotonic() - began
         _log.debug("call %d: %d ranks' stacks and %d of %d Flight Recorders collected in %.3fs", index,
                    len(self.stacks), len(self.flights), len(asked.asked), self.seconds)
-        self.share(session, index, entered=True)  # at once: the control waits only so long
+        self.share(client, index, entered=True)  # at once: the control waits only so long
         # In the gang's stop, the ranks live until every node has collected its own (a peer's
         # ranks in a collective with these would die before their node asked).
-        client = session.client
-        if client is not None and client.cause is not None and client.cause.kind not in CONTROL_GONE:
+        if client.cause is not None and client.cause.kind not in CONTROL_GONE:
             client.news.wait_stacks_in(index, max(0.0, began + timeouts.STACKS_WAIT - time.monotonic()))
 
-    def share(self, session: Any, index: int, entered: bool) -> None:
+    def share(self, client: GangClient, index: int, entered: bool) -> None:
         """Once per failed call entered, even empty (the control waits for every node's)."""
-        client = session.client
-        if self.shared or client is None or not entered:
+        if self.shared or not entered:
             return
         self.shared = True
         client.send_stacks(index, self.stacks, self.flights)
 
-    def gather(self, session: Any, index: int) -> None:
+    def gather(self, client: GangClient, index: int, node_index: int) -> None:
         """The control: every node's stacks and reports, as long as allowed."""
-        client = session.client
-        if client is None or not client.speaks_for_gang:
+        if not client.speaks_for_gang:
             return
         began = time.monotonic()
         budget = max(0.0, timeouts.STACKS_WAIT - self.seconds)  # collecting our own counts too
-        cause = session.cause
+        cause = client.cause
         silent = {cause.node_index, *cause.missing} if cause is not None and cause.kind in (
             CauseKind.NODE_LOST, CauseKind.UNRESPONSIVE) else set()
         while True:
@@ -81,23 +80,17 @@ class CallStacks:
             self.nodes.update(dict.fromkeys(by_rank, node))
         for node, report in view.reports.items():
             self.nodes.update((r.rank, node) for r in report.ranks if r.rank >= 0)
-        self.nodes.update(dict.fromkeys([*self.stacks, *self.flights], session.topology.node_index))
+        self.nodes.update(dict.fromkeys([*self.stacks, *self.flights], node_index))
         self.stacks = {**{r: s for got in view.stacks.values() for r, s in got.items()}, **self.stacks}  # ours uncut
         self.flights = {**{r: f for got in view.flights.values() for r, f in got.items()}, **self.flights}
         self.seconds += time.monotonic() - began
         _log.debug("call %d: every node's stacks and reports gathered in %.3fs", index, time.monotonic() - began)
 
-    def record(self) -> Dict[str, Any]:
-        """The result's fields: the stacks, what they cost, the suspects (or why none were named)."""
-        return {"stacks": dict(self.stacks), "stack_seconds": round(self.seconds, 3), "culprits": self.culprits,
-                "flight_unread": self.flight_unread}
-
-    def suspects(self, session: Any, cause: Cause) -> List[str]:
+    def suspects(self, client: GangClient, cause: Cause) -> List[str]:
         """The control, after ``gather``: the ranks not in the collective the others wait in
         (procs/culprit.py), said unless a failed rank is the root cause. Not on a worker:
         its own ranks' alone would mislead."""
-        client = session.client
-        if client is None or not client.speaks_for_gang or not (self.stacks or self.flights):
+        if not client.speaks_for_gang or not (self.stacks or self.flights):
             return []
         found = find_culprits(self.stacks, self.nodes, client.hosts(), tuple(self.nodes), flights=self.flights)
         if found is None:

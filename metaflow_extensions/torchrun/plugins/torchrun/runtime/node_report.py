@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 import socket
 import time
-from typing import Any, List, Optional
+from typing import List, Optional
 
 from ..cause import Cause, CauseKind
 from ..errors import failure_summary
@@ -19,6 +19,7 @@ from ..host.private import tail_lines
 from ..procs.failures import RankFailure, describe_exit_code, with_last_output
 from ..procs.names import rank_log_path
 from ..record.result import read_rank_records
+from .session import GangSession
 
 
 def own_cause(node_index: int, call: int, exit_code: Optional[int], failures: List[RankFailure]) -> Cause:
@@ -82,7 +83,7 @@ def any_rank_ran(workdir: Optional[str], failures: List[RankFailure], client: Ga
     return any(report.ranks for report in client.call_view(call).reports.values())
 
 
-def logs_line(session: Any, log_dir: Optional[str], ran: bool = True) -> str:
+def logs_line(session: GangSession, log_dir: Optional[str], ran: bool = True) -> str:
     """Where every rank's whole output is, and the card; the card alone where no rank ran."""
     if not log_dir:
         return ""

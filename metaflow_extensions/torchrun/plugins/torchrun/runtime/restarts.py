@@ -18,19 +18,17 @@ class CallRestarts:
 
     restart: int = 0
     records: List[InStepRestart] = field(default_factory=list)
-    reported: bool = False  # this start's failure is already the gang's to decide on
 
     def decided(self, client: GangClient, index: int, allowed: int, exit_code: Optional[int],
                 report: Callable[[], None], wait: float) -> Optional[msg.Restart]:
         """The gang's restart of call ``index``, if any; this node's own failure reported
-        first while restarts are left."""
+        first (``report``) while restarts are left."""
         decided = client.news.restart_after(index, self.restart)
         if decided is not None or self.restart >= allowed:
             return decided
         if exit_code in (0, None) or client.cause is not None:
             return None
         report()
-        self.reported = True
         return client.news.wait_for_restart_or_verdict(index, self.restart, wait)
 
     def begin(self, decided: msg.Restart, ran_from: Optional[float], stopped_at: Optional[float],
@@ -41,8 +39,9 @@ class CallRestarts:
                                           failed_at=decided.cause.time, stopped_at=stopped_at,
                                           swapped_out=decided.swapped_out, swapped_in=decided.swapped_in,
                                           work_from=min((s for s in rank_starts if s is not None), default=None)))
-        self.restart, self.reported = decided.restart, False
+        self.restart = decided.restart
 
     def started(self, at: Optional[float]) -> None:
+        """The current restart's ranks started ``at`` (the first start has no record)."""
         if self.records and self.records[-1].restarted_at is None:
             self.records[-1] = dataclasses.replace(self.records[-1], restarted_at=at)

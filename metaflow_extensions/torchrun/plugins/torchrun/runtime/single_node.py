@@ -12,11 +12,11 @@ from typing import TYPE_CHECKING, Any, List, Mapping, Optional, Tuple
 
 from ..errors import TorchrunException
 from ..base import defaults as DEFAULTS
+from ..record.result import TorchrunResult  # `import metaflow` exports it too: loaded anyway
 
 if TYPE_CHECKING:  # loaded at the call: `import metaflow` exports this class (0.2's launcher)
     from ..gang import GangIdentity, Topology
     from ..launch import ArgSpec
-    from ..record.result import TorchrunResult
 
 _sessions = itertools.count()
 

@@ -1,0 +1,83 @@
+"""Each start of a call's ranks on this node, until one ends for good (``RestartLoop``): after a start
+ends, the gang is asked whether it restarts them (this node's own failure reported first while restarts
+are left; a benched node waits for a restart that brings it in), and each restart or swap the gang
+decides is applied in one place, ``RestartLoop.apply``, which makes the next start.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from ..gang import messages as msg
+from ..gang.client import GangClient
+from ..host.console import say
+from ..launch import CallPlan
+from ..procs.failures import clear_round
+from .call_failure import NodeFailure
+from .call_launch import NodeLaunch, RanksStart, swap_line
+from .preflight import JobDeadlines
+from .ranks_run import RanksRun
+from .restarts import CallRestarts
+from .session import GangSession
+
+
+class RestartLoop:
+    """The call's starts of the ranks on this node: the current one, and torchrun's exit code for it."""
+
+    def __init__(self, session: GangSession, client: GangClient, plan: CallPlan, index: int, launch: NodeLaunch,
+                 ranks: RanksRun, restarts: CallRestarts, failure: NodeFailure,
+                 deadlines: Optional[JobDeadlines]) -> None:
+        self.session = session
+        self.client = client
+        self.plan = plan
+        self.index = index
+        self.launch = launch
+        self.ranks = ranks
+        self.restarts = restarts  # which start runs, and each restart so far
+        self.failure = failure  # told of each new start; reports this node's failure when asked
+        self.deadlines = deadlines
+        self.start: Optional[RanksStart] = None  # the current start (None until the first)
+        self.exit_code: Optional[int] = None  # torchrun's on this node for the current start (None: not run)
+
+    def run(self, first: RanksStart) -> RanksStart:
+        """From ``first`` to the start that ends for good, which it returns."""
+        if self.deadlines is not None:
+            self.deadlines.went()
+        start = self.start = first
+        while True:
+            decided = self._after(start)
+            if decided is None:
+                return start
+            start = self.start = self.apply(decided)
+
+    def _after(self, start: RanksStart) -> Optional[msg.Restart]:
+        """``start`` run (or sat out), the gang's restart after it, if any."""
+        if start.benched:  # a spare, or taken out: no ranks here until a restart brings it in
+            return self.client.news.sit_out(self.index, self.restarts.restart)
+        self.exit_code = exit_code = self.ranks.run(start)
+        return self.restarts.decided(self.client, self.index, self.session.defaults.restarts, exit_code,
+                                     lambda: self.failure.report_own(start, exit_code),
+                                     self.session.config.secondary_grace + 2.0)
+
+    def apply(self, decided: msg.Restart) -> RanksStart:
+        """The one place a restart or swap the gang decided is applied (this node's old ranks are gone):
+        the restart recorded, the replaced ranks' records cleared, and the next start made with its seat
+        and rendezvous port; what a restart resumes from would be told to the ranks here."""
+        ranks, client = self.ranks, self.client
+        self.restarts.begin(decided, ranks.started_at, ranks.ended_at, self.launch.rank_starts(self.restarts.restart))
+        clear_round(self.launch.workdir)
+        self.failure.new_start()
+        self.exit_code = None
+        pinned = self.plan.rdzv_port  # the same port for every start, where the call pinned it
+        port = decided.rdzv_port if pinned is None else pinned
+        if self.session.is_control:
+            say(self.restart_line(decided))
+        return self.launch.start(client.seats.get((decided.index, decided.restart)), port, decided.restart)
+
+    def restart_line(self, decided: msg.Restart) -> str:
+        """The console's one line for the control: a swap's, or every node's ranks restarted."""
+        allowed = self.session.defaults.restarts
+        if decided.swapped_in is not None:
+            return swap_line(self.index, decided, allowed, self.client.hosts())
+        return ("call %d: restarting every node's ranks (restart %d of %d): %s"
+                % (self.index + 1, decided.restart, allowed, decided.cause.summary))
