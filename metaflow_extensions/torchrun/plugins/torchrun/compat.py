@@ -156,7 +156,7 @@ def headless_card_view(card_cli: Any) -> bool:
         return False
 
     def open_in_browser(card_path: str) -> None:
-        import webbrowser
+        import webbrowser  # `import metaflow` loads this module; a card is opened rarely
 
         if not webbrowser.open("file://" + os.path.abspath(card_path)):
             print("No web browser here: the card is at %s (`card get` writes it where you like)."

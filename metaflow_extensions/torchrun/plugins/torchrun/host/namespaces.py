@@ -119,7 +119,7 @@ def _setns(fd: int) -> None:
     if setns is not None:
         setns(fd, 0)
         return
-    import ctypes
+    import ctypes  # the rank-start boundary: a stand-in loads this module
 
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.setns(fd, 0) != 0:

@@ -96,7 +96,7 @@ def torch_error_file(target: str, exc: BaseException) -> None:
     the agent crashed parsing it, its traceback on the user's screen."""
     tmp = "%s.%d.tmp" % (target, os.getpid())
     try:
-        from torch.distributed.elastic.multiprocessing.errors import ErrorHandler
+        from torch.distributed.elastic.multiprocessing.errors import ErrorHandler  # torch only where a rank uses it
 
         class _Aside(ErrorHandler):
             def _get_error_file_path(self) -> str:
@@ -125,7 +125,7 @@ FUNCTION_FLAG = "--mf-function"
 
 def run_function(ref_text: str, workdir: str) -> None:
     """Call the function with the pickled arguments; pickle what it returns or raises."""
-    from . import functions
+    from . import functions  # the rank-start boundary: a function's run alone loads it
 
     rank = _env_int("RANK")
     try:
@@ -155,7 +155,7 @@ def show_command(argv: list) -> bool:
     """What ``ps`` and ``pgrep -f`` show: the command torchrun would have run
     without us, or ``python -u <module>:<function>``. True where the whole title shows."""
     if argv[:1] == [FUNCTION_FLAG] and len(argv) == 3:
-        from . import functions
+        from . import functions  # the rank-start boundary: a function's run alone
 
         try:
             ref = functions.FunctionRef.decode(argv[1])
@@ -216,7 +216,7 @@ def main(argv: list) -> None:
     if flight_ask.recording(os.environ):
         flight_ask.listen(os.environ.get(WORK_DIR_ENV), rank)
     if trainer_progress:
-        from . import trainer_hooks
+        from . import trainer_hooks  # the rank-start boundary: where progress is on
 
         trainer_hooks.install()
     started = RankStatus(rank=rank, local_rank=_env_int("LOCAL_RANK"), group_rank=_env_int("GROUP_RANK"),

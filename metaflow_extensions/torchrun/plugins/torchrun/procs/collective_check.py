@@ -49,7 +49,7 @@ def read_phase(workdir: str, local_rank: int) -> Optional[str]:
 def preflight_job(backend: str, size_mib: int = SIZE_MIB, iterations: int = ITERATIONS) -> Optional[Dict[str, Any]]:
     """A checked all-reduce, a timed one (bus bandwidth as nccl-tests counts
     it), and a ping-pong with each other node in turn; rank 0 returns it all."""
-    import torch
+    import torch  # torch only where a rank uses it
     import torch.distributed as dist
 
     rank = int(os.environ.get("RANK", "0"))

@@ -21,7 +21,7 @@ def watch_exit_barrier(agent_class: Any = None) -> bool:
     this node's ranks all succeeded). False where this torch has no such method."""
     if agent_class is None:
         try:
-            from torch.distributed.elastic.agent.server import api
+            from torch.distributed.elastic.agent.server import api  # torch only in torchrun's agent
         except ImportError:
             return False
         agent_class = api.SimpleElasticAgent

@@ -31,7 +31,7 @@ def stand_in(module: str, tie: bool = False) -> None:
     the imports only a run here needs: the warm process runs it, and this
     process relays. ``tie``: die with the parent (a rank with torchrun's agent)."""
     if tie:
-        from ..host.proctree import die_with_parent
+        from ..host.proctree import die_with_parent  # the rank-start boundary: a rank's stand-in only
 
         parent = os.getppid()
         die_with_parent()

@@ -253,7 +253,7 @@ def _join(handles: Dict[str, int]) -> None:
 def _complete_status(request: Request, pid: int, code: int) -> None:
     directory = request.env.get(WORK_DIR_ENV)
     if directory:
-        from . import exits
+        from . import exits  # the rank-start boundary: a stand-in loads this module
 
         try:
             exits.complete(directory, {pid: code}, time.time())
@@ -402,7 +402,7 @@ def exit_warm(code: int) -> NoReturn:
             if stream is sys.stdout and code == 0:
                 code = 120  # Python's own status for a stdout it could not flush at exit
     try:
-        import ctypes
+        import ctypes  # the rank-start boundary: a stand-in loads this module
 
         ctypes.CDLL(None).fflush(None)  # what C and C++ code of the script's libraries buffered
     except Exception:
@@ -413,7 +413,7 @@ def exit_warm(code: int) -> NoReturn:
 def _flush_open_files() -> None:
     """Text layers before their buffers, before the collector may close a buffer
     first (CPython bpo-17852); the zygote's own objects, frozen, stay untouched."""
-    import io
+    import io  # the rank-start boundary: a stand-in loads this module
 
     made = [obj for generation in range(3) for obj in gc.get_objects(generation)]
     for kind in (io.TextIOBase, io.BufferedIOBase):
