@@ -80,6 +80,9 @@ def test_a_bug_in_the_users_code_is_not_restarted(gang):
     assert proc.returncode != 0
     assert "ValueError: a bug in the training loop" in text, text[-5000:]
     assert "restarting" not in text, text[-5000:]
+    # Why not, in the words retry_on uses (a screen that showed the ValueError alone read as if no
+    # restart had been asked for).
+    assert "Not restarted: a Python exception of your code (ValueError" in text, text[-5000:]
     events = _events(gang)
     assert {e["restart"] for e in events} == {0} and len(events) == 2, events
     assert not any(e["warm"] or e["host_forked"] for e in events), events

@@ -11,6 +11,7 @@ Four flows. Which node a rank ran on, with which node rank, global rank,
 restart and resumed step, comes from restart_resume.py's events (one line per
 rank per start); each task's role from its ``torchrun-result`` record."""
 
+import base64
 import json
 import os
 import re
@@ -87,6 +88,25 @@ def _tasks(gang):
         by_node[record["node_index"]] = task
     assert sorted(by_node) == list(range(NODES)), found
     return found["run_successful"], by_node
+
+
+def _control_card(gang):
+    """The control's card, from the data Metaflow embeds in its page: its markdown, the Topology and
+    Ranks tables, the timeline's bars and marks."""
+    page = gang.client(
+        "from metaflow.cards import get_cards\n"
+        "t = Flow('GangFlow').latest_run['train'].control_task\n"
+        "result = get_cards(t, id='torchrun')[0].get()")
+    data = re.search(r'__MF_DATA__\["[^"]+"\] = "([^"]+)"', page).group(1)
+    parts = json.loads(base64.b64decode(data))["components"][0]["contents"][0]["contents"]
+    tables = [(tuple(p["columns"]), p["data"]) for p in parts if p["type"] == "table"]
+    chart = next(p["spec"] for p in parts if p["type"] == "vegaChart" and "nodes and ranks" in json.dumps(p["spec"]))
+    layers = chart["layer"]
+    return {"markdown": [p.get("source", "") for p in parts if p["type"] == "markdown"],
+            "topology": dict(map(tuple, next(d for _, d in tables if any(r[0] == "restarts" for r in d)))),
+            "ranks": next(d for c, d in tables if c[:2] == ("rank", "node")),
+            "bars": next(lay["data"]["values"] for lay in layers if lay["mark"]["type"] == "bar"),
+            "marks": [v["label"] for lay in layers if lay["mark"]["type"] == "text" for v in lay["data"]["values"]]}
 
 
 def _bench(record):
@@ -198,3 +218,19 @@ def test_a_node_0_failure_restarts_in_place_and_a_bug_is_not_swapped(gang):
     assert restarts[0].get("swapped_out") is None and restarts[0].get("swapped_in") is None, restarts
     cause = tasks[0]["record"]["cause"]
     assert cause and cause.get("node_index") == 1 and "ValueError" in json.dumps(cause), cause
+    # The bug under restarts=2 says why it was not restarted, on the failure screen and on the card.
+    assert ("Not restarted: a Python exception of your code (ValueError" in text
+            and "@torchrun(restarts=2) restarts only infrastructure failures" in text), text[-5000:]
+    card = _control_card(gang)
+    assert "Not restarted: a Python exception of your code" in card["markdown"][0], card["markdown"][0]
+    assert card["topology"]["restarts"] == "1 used of 2 allowed", card["topology"]
+    # The restart in place is on the card's timeline: the first start's killed rank 0 in the failure's
+    # colour, then its second start, the bystanders of each stopped, and the restart's mark.
+    ranks = [(b["lane"], b["state"], b["tip"]) for b in card["bars"] if b["lane"].startswith("rank")]
+    rank0 = sorted((b["start"], b["state"], b["tip"]) for b in card["bars"] if b["lane"] == "rank 0 (node 0)")
+    assert len(rank0) == 2 and rank0[0][1] == "rank: failed" and "start 0: failed (exit -9)" in rank0[0][2], ranks
+    assert "start 1:" in rank0[1][2], ranks
+    assert ("rank 1 (node 0)", "rank: stopped") in {(b["lane"], b["state"]) for b in card["bars"]}, ranks
+    assert any(label.startswith("restart 1: rank 0 (node 0) failed") for label in card["marks"]), card["marks"]
+    # The Ranks table says which start each row is.
+    assert [r[2] for r in card["ranks"] if r[0] == "0"] == ["0 (replaced by restart 1)", "1 (the last)"], card["ranks"]

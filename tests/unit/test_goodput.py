@@ -107,7 +107,7 @@ def test_a_swap_is_a_segment_named_by_its_nodes_with_what_it_cost():
     assert "over 1 attempt and 1 in-step restart (1 swap)" in led.summary()
     back = goodput.Ledger.from_wire(json.loads(json.dumps(led.to_wire())))
     assert (back.segments[0].swapped_out, back.segments[0].swapped_in, back.segments[1].swapped_in) == (1, 2, None)
-    assert goodput.rows(led)[0][0] == "0" and goodput.rows(led)[1][0] == "0.1"
+    assert goodput.rows(led)[0][0] == "attempt 0" and goodput.rows(led)[1][0] == "attempt 0, after restart 1"
     assert goodput.rows(led)[0][-1].startswith("node 1 (h1) out, spare node 2 (h2) in: ")
 
 

@@ -88,6 +88,31 @@ class TorchrunNotRetried(TorchrunException):
     headline = "@torchrun: not retried"
 
 
+def not_restarted(cause: Optional["Cause"], allowed: int, used: int) -> str:
+    """Why ``@torchrun(restarts=N)`` did not restart the ranks after ``cause``, as the gang decides it
+    (``gang/calls.py`` ``may_restart``), for the failure screen and the card; "" without N or a cause."""
+    from .cause import CauseKind, restartable_in_step, user_code_failure
+
+    if cause is None or allowed <= 0 or cause.kind in (CauseKind.PREEMPTED, CauseKind.INTERRUPTED):
+        return ""
+    asked = "@torchrun(restarts=%d)" % allowed
+    code = user_code_failure(cause)
+    if code is not None and cause.kind is not CauseKind.HANG:
+        what = "a Python exception of your code (%s) would raise again" % code if cause.exc_type else \
+            "%s is your code's and would happen again" % code
+        return "not restarted: %s, and %s restarts only infrastructure failures" % (what, asked)
+    if used >= allowed:
+        return "not restarted: %s used all %d of its restarts" % (asked, allowed)
+    if not restartable_in_step(cause):
+        return ("not restarted: %s restarts the ranks only while every node's task is alive (a rank killed or "
+                "failed, a NCCL/gloo error, a hang), and this was %s" % (asked, cause.kind.value.replace("_", " ")))
+    return "not restarted: a node was done with the call, or its failure came before every node reached it"
+
+
+def _clause(text: str) -> str:
+    return text[:1].upper() + text[1:] + "." if text else ""
+
+
 class TorchrunFailed(TorchrunException):
     """torchrun on this node ended unsuccessfully. Its message is the failure
     block (``procs/failure_block.py``): the failing rank's traceback once, the
@@ -98,7 +123,7 @@ class TorchrunFailed(TorchrunException):
     def __init__(self, exit_code: int, node_index: int, failures: Optional[List[RankFailure]] = None,
                  command: Optional[List[str]] = None, stacks: Optional[Dict[int, str]] = None, logs: str = "",
                  host: str = "", elsewhere: Sequence[int] = (), suspects: Sequence[str] = (),
-                 result: Optional[object] = None):
+                 result: Optional[object] = None, refused_restart: str = ""):
         from .procs.failures import describe_exit_code, root_cause_order
         from .procs import failure_block
 
@@ -114,6 +139,8 @@ class TorchrunFailed(TorchrunException):
             head = ("torchrun on node %d ended with %s; no rank recorded a Python exception (a rank may have "
                     "been killed by a signal, or torchrun itself failed)."
                     % (node_index, describe_exit_code(exit_code)))
+        if refused_restart:  # under the cause's line, before its traceback: the first lines say both
+            head += "\n" + _clause(refused_restart)
         block = failure_block.Block(root=root, others=self.failures[1:], stacks=dict(stacks or {}), logs=logs,
                                     headline=head, elsewhere=elsewhere, suspects=suspects)
         super().__init__(failure_block.render(block, FULL_REPORT), result=result)
@@ -180,7 +207,8 @@ class GangAborted(TorchrunException):
 
     def __init__(self, node_index: int, cause: "Cause", own_exit_code: Optional[int] = None,
                  same_log: bool = False, stacks: Optional[Dict[int, str]] = None, logs: str = "",
-                 elsewhere: Sequence[int] = (), suspects: Sequence[str] = (), result: Optional[object] = None):
+                 elsewhere: Sequence[int] = (), suspects: Sequence[str] = (), result: Optional[object] = None,
+                 refused_restart: str = ""):
         from .cause import CauseKind
         from .procs import failure_block
 
@@ -220,6 +248,8 @@ class GangAborted(TorchrunException):
         echoes = [] if cause.kind is CauseKind.HANG else [r for r in elsewhere if r != cause.rank]
         block = failure_block.Block(stacks=dict(stacks or {}), logs=logs, suspects=suspects, elsewhere=echoes)
         rest = failure_block.render(block, FULL_REPORT)
+        if refused_restart and not same_log:  # a local run's failing node's error says it once
+            text += "\n" + _clause(refused_restart)
         super().__init__("\n".join([text] + lines + ([rest] if rest else [])), result=result)
 
 

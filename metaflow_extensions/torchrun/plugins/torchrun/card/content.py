@@ -19,12 +19,12 @@ from ..procs.failures import describe_exit_code
 from ..launch import Accelerators
 from ..procs import stacks
 from ..cause import CauseKind
-from ..errors import is_refusal
+from ..errors import is_refusal, not_restarted
 from ..procs.ranges import numbers
-from ..record.in_step_restarts import swap_words
+from ..record.in_step_restarts import split_by_start, swap_words
 from ..record.result import REPORT_ARTIFACT, TorchrunResult, none_suspected, suspected
 from ..record import evidence, goodput, what_ran
-from . import preflight as card_preflight, progress as card_progress, timeline
+from . import preflight as card_preflight, progress as card_progress, starts, timeline
 from .text import CARD_LINE_CHARS, clip, clip_lines, escape_markdown, html_line, sentence, text_block, with_wrap_style
 
 # The card's caps: rows of the Ranks table, ranks whose last lines are shown and the characters of
@@ -65,11 +65,6 @@ def gang_ranks(result: TorchrunResult) -> Dict[int, List[RankStatus]]:
     return dict(sorted(out.items()))
 
 
-def gang_tails(result: TorchrunResult) -> Dict[int, Mapping[str, Sequence[str]]]:
-    tails = {rank: streams for report in result.gang.reports.values() for rank, streams in report.tails.items()}
-    return dict(sorted(tails.items()))
-
-
 def title_markdown(flow: str, pathspec: str, attempt: int) -> str:
     """The card's heading: each attempt of a task has a card of its own."""
     name = flow if flow.isidentifier() else escape_markdown(flow)
@@ -79,6 +74,9 @@ def title_markdown(flow: str, pathspec: str, attempt: int) -> str:
 def summary_markdown(result: TorchrunResult, flow: str, pathspec: str, attempt: int = 0) -> str:
     if result.succeeded:
         status = "**Succeeded** in %.1f s" % result.duration
+        again = restarted_words(result)
+        if again:  # the failures it came back from, first: an HTML block, the causes' text as it is
+            status = "<p><strong>Succeeded</strong> in %.1f s, %s</p>" % (result.duration, again)
     else:
         summary = result.cause.summary if result.cause is not None else None
         # An HTML block, one line: the cause's text exactly as it is.
@@ -87,6 +85,9 @@ def summary_markdown(result: TorchrunResult, flow: str, pathspec: str, attempt: 
         if suspects:  # the console's first line of it, as it says it, and the first suspect it names
             head = " ".join([suspects[0].split(": ", 1)[-1]] + [line.strip() for line in suspects[1:2]])
             status += "<p><strong>Suspected cause</strong>: %s</p>" % html_line(head, CARD_LINE_CHARS)
+        refused = not_restarted(result.cause, result.restarts_allowed, result.restarts)
+        if refused:
+            status += "<p>%s</p>" % html_line(refused[:1].upper() + refused[1:], CARD_LINE_CHARS)
     return "%s\n\n%s" % (title_markdown(flow, pathspec, attempt), status)
 
 
@@ -98,7 +99,7 @@ def topology_rows(result: TorchrunResult, backend: str) -> List[List[str]]:
         ["rendezvous port (%s)" % rendezvous_backend(result.command), str(result.rdzv_port)],
         ["gang service port", str(result.gang_port)],
         ["backend", backend],
-        ["restarts", str(result.restarts)],
+        ["restarts", restarts_words(result)],
         ["this node", str(result.node_index)],
     ] + bench_rows(result)
 
@@ -147,14 +148,61 @@ def shown_ranks(ranks: List[Tuple[int, RankStatus]], limit: int) -> List[Tuple[i
     return [ranks[i] for i in sorted(failed + rest)]
 
 
+RANK_HEADERS = ["rank", "node", "local rank", "pid", "exit", "duration"]
+
+
+def rank_headers(result: TorchrunResult) -> List[str]:
+    """With restarts, a column says which start each row is."""
+    runs = starts.rank_runs(result, gang_ranks(result))
+    return RANK_HEADERS[:2] + ["start"] + RANK_HEADERS[2:] if starts.restarted(runs) else RANK_HEADERS
+
+
 def rank_rows(result: TorchrunResult, limit: int = CARD_RANK_ROWS) -> List[List[str]]:
-    every = [(node, r) for node, ranks in gang_ranks(result).items() for r in ranks]
-    every.sort(key=lambda nr: (nr[1].rank, nr[0]))
-    rows = [[str(r.rank), str(node), str(r.local_rank), str(r.pid), _fmt_code(r.exit_code),
-             "%.1f s" % (r.end - r.start) if r.start and r.end else ""] for node, r in shown_ranks(every, limit)]
-    if len(every) > len(rows):
-        rows.append(["%d more ranks" % (len(every) - len(rows)), "", "", "", "", ""])
+    """A row per rank, and with restarts per start of it (the failed start's failed rank first when cut)."""
+    runs = starts.rank_runs(result, gang_ranks(result))
+    if not starts.restarted(runs):
+        every = [(node, r) for node, ranks in gang_ranks(result).items() for r in ranks]
+        every.sort(key=lambda nr: (nr[1].rank, nr[0]))
+        rows = [[str(r.rank), str(node), str(r.local_rank), str(r.pid), _fmt_code(r.exit_code), _took(r)]
+                for node, r in shown_ranks(every, limit)]
+        total = len(every)
+    else:
+        last = starts.last_start(result)
+        runs.sort(key=lambda run: (run.rank, run.start, run.node))
+        failed = [i for i, run in enumerate(runs) if run.state == "rank: failed"][:limit]
+        kept = sorted(failed + [i for i in range(len(runs)) if i not in set(failed)][: limit - len(failed)])
+        rows = [[str(run.rank), str(run.node), starts.start_words(run.start, last), str(run.record.local_rank),
+                 str(run.record.pid), starts.exit_words(run, last), _took(run.record, run.end)]
+                for run in (runs[i] for i in kept)]
+        total = len(runs)
+    if total > len(rows):
+        rows.append(["%d more ranks" % (total - len(rows))] + [""] * (len(rows[0]) - 1 if rows else 5))
     return rows
+
+
+def _took(r: Any, end: Optional[float] = None) -> str:
+    stop = r.end if r.end else end
+    return "%.1f s" % (stop - r.start) if r.start and stop else ""
+
+
+def restarts_words(result: TorchrunResult) -> str:
+    """The Topology row: restarts used of those allowed, which a bare count of the used ones hid."""
+    allowed, used = result.restarts_allowed, result.restarts
+    if not allowed and not used:
+        return "none allowed (@torchrun(restarts=0))"
+    return "%d used of %d allowed" % (used, max(allowed, used))
+
+
+def restarted_words(result: TorchrunResult) -> str:
+    """``after 1 in-step restart: restart 1, rank 3 (node 1) ...: killed by signal SIGKILL`` (HTML-escaped),
+    else ""."""
+    restarts = result.in_step_restarts
+    if not restarts:
+        return ""
+    latest = restarts[-1]
+    what = ("swap" if latest.swapped_in is not None else "restart") + " %d" % latest.restart
+    return "after %s (%s: %s)" % ("1 in-step restart" if len(restarts) == 1 else "%d in-step restarts, the latest"
+                                  % len(restarts), what, html_line(restart_cause(result, latest), CARD_LINE_CHARS))
 
 
 def stack_parts(result: TorchrunResult, Markdown: Any, Table: Any) -> list:
@@ -270,25 +318,38 @@ def restart_cause(result: TorchrunResult, r: Any) -> str:
 RESTART_HEADERS = ["restart", "failed at", "cause", "work lost (at most)", "back to your script in"]
 
 
+def node_tails(result: TorchrunResult) -> Dict[Tuple[int, int], Mapping[str, Sequence[str]]]:
+    """(node, rank) -> its last lines: after a swap a rank's number ran on two nodes."""
+    return dict(sorted(((node, rank), streams) for node, report in result.gang.reports.items()
+                       for rank, streams in report.tails.items()))
+
+
 def tail_parts(result: TorchrunResult, Markdown: Any) -> list:
-    """The last lines of each rank's output: the root cause's rank, then failed ranks, then the lowest."""
-    tails = {rank: streams for rank, streams in gang_tails(result).items()
+    """The last lines of each rank's output: the root cause's rank, then failed ranks, then the lowest; after a
+    restart, each run of lines says the start it came from."""
+    tails = {key: streams for key, streams in node_tails(result).items()
              if any(streams.get(s) for s in ("stdout", "stderr"))}
     if not tails:
         return []
-    failed = {r.rank for ranks in gang_ranks(result).values() for r in ranks
+    failed = {(node, r.rank) for node, ranks in gang_ranks(result).items() for r in ranks
               if timeline.rank_state(r, None) == "rank: failed"}
     root = result.cause.rank if result.cause is not None else None
-    order = sorted(tails, key=lambda rank: (rank != root, rank not in failed, rank))[:CARD_TAIL_RANKS]
+    order = sorted(tails, key=lambda k: (k[1] != root, k not in failed, k[1], k[0]))[:CARD_TAIL_RANKS]
+    last, of_report = starts.last_start(result), starts.report_starts(result)
     parts = [Markdown("## Last lines of each rank")]
+    if last:
+        parts.append(Markdown(TAILS_BY_START))
     cut = False
-    for rank in sorted(order, key=lambda rank: (rank != root, rank)):
+    for node, rank in sorted(order, key=lambda k: (k[1] != root, k[1], k[0])):
         for stream in ("stdout", "stderr"):
-            lines = tails[rank].get(stream) or []
-            if lines:
-                body, clipped = clip_lines("\n".join(lines), CARD_TAIL_CHARS, keep="tail")
+            lines = list(tails[(node, rank)].get(stream) or [])
+            runs = split_by_start(lines, of_report.get((node, rank), last)) if last else [(0, lines)]
+            for start, run in runs:
+                body, clipped = clip_lines("\n".join(run), CARD_TAIL_CHARS, keep="tail")
                 cut = cut or clipped or bool(_CUT_LINE.search(body))
-                parts.append(Markdown("**rank %d %s**\n\n%s" % (rank, stream, text_block(body))))
+                head = "rank %d %s" % (rank, stream) if not last else "rank %d (node %d) %s, start %s" % (
+                    rank, node, stream, starts.start_words(start, last))
+                parts.append(Markdown("**%s**\n\n%s" % (head, text_block(body))))
     notes = []
     if len(tails) > len(order):
         notes.append("%d of %d ranks shown (the failing ones first)" % (len(order), len(tails)))
@@ -297,6 +358,10 @@ def tail_parts(result: TorchrunResult, Markdown: Any) -> list:
     if notes:
         parts.append(Markdown("_%s; the whole of every rank's output: %s._" % (sentence(notes), WHOLE_OUTPUT)))
     return parts
+
+
+TAILS_BY_START = ("_The ranks restarted: a rank's log files hold every start's lines, so each run of lines below "
+                  "says which start wrote it._")
 
 
 def refusal_reason(result: TorchrunResult) -> Optional[str]:
@@ -339,7 +404,7 @@ def build_components(result: TorchrunResult, flow: str, pathspec: str, backend: 
     parts += timeline_parts(result, Markdown)
     parts += [
         Markdown("## Ranks"),
-        Table(rank_rows(result), headers=["rank", "node", "local rank", "pid", "exit", "duration"]),
+        Table(rank_rows(result), headers=rank_headers(result)),
     ]
     if attempt_rows(result):
         parts += [Markdown("## Attempts"), Table(attempt_rows(result), headers=ATTEMPT_HEADERS),

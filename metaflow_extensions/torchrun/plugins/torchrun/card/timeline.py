@@ -11,12 +11,15 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ..cause import CauseKind
+from . import starts as card_starts
+from .starts import RankRun
 
 # Lanes of nodes (a bigger gang in groups) and of ranks; the last calls and swaps marked; a host's chars.
 NODE_LANES = 32
 RANK_LANES = 32
 CALL_MARKS = 20
 SWAP_MARKS = 8
+RESTART_MARKS = 8
 HOST_CHARS = 40
 # Fixed: VegaChart's "container" width is measured before the card's layout settles and can come out 0.
 LANE_PX = 16
@@ -53,6 +56,9 @@ class Gang:
     swaps: Sequence[Tuple[float, str]] = ()  # (at, label): a node taken out for a spare
     # @torchrun(spares): a benched node's lane, as (from, state) in order (None: from its join).
     bench: Mapping[int, Sequence[Tuple[Optional[float], str]]] = field(default_factory=dict)
+    # Every start's ranks (card/starts.py); empty: ``ranks`` alone, one start.
+    runs: Sequence[RankRun] = ()
+    restarts: Sequence[Tuple[float, str]] = ()  # (at, label): a restart in place, at its failure
 
 
 def _number(value: Any) -> Optional[float]:
@@ -87,6 +93,7 @@ def from_result(result: Any, ranks: Mapping[int, Sequence[Any]]) -> Gang:
         num_nodes=max(1, int(result.num_nodes or 1)), joined=joined, finished=finished, ranks=ranks, calls=calls,
         failed_at=failed_at, failed_node=failed_node, failed_rank=failed_rank, ended_at=_number(result.ended_at),
         failed_kind=cause.kind if cause is not None else None, swaps=swaps_of(result), bench=bench_of(result),
+        runs=card_starts.rank_runs(result, ranks), restarts=restarts_of(result),
     )
 
 
@@ -124,6 +131,22 @@ def swaps_of(result: Any) -> List[Tuple[float, str]]:
         found.append((at, "node %d (%s) out, spare node %d (%s) in: %s" % (
             out, hosts.get(out, "?"), came_in, hosts.get(came_in, "?"), what)))
     return sorted(found)[-SWAP_MARKS:]
+
+
+def restarts_of(result: Any) -> List[Tuple[float, str]]:
+    """Each restart in place at its failure: ``restart 1: rank 3 (node 1) failed`` (numbers and the
+    cause's kind, never its text)."""
+    found = []
+    for r in result.in_step_restarts or ():
+        at = _number(r.failed_at)
+        if at is None or _index(r.swapped_in) is not None:
+            continue
+        rank, node = _index(r.cause.rank), _index(r.cause.node_index)
+        what = ("rank %d (node %d) failed" % (rank, node) if rank is not None and node is not None
+                else "node %d: " % node if node is not None else "") + (
+            "" if rank is not None and node is not None else r.cause.kind.value.replace("_", " "))
+        found.append((at, "restart %d: %s" % (r.restart, what)))
+    return sorted(found)[-RESTART_MARKS:]
 
 
 def _plain(host: str) -> str:
@@ -197,13 +220,31 @@ def _bench_rows(lane: str, states: Sequence[Tuple[Optional[float], str]], origin
     return rows
 
 
+def _lane_counts(g: Gang) -> Dict[int, int]:
+    """Each node's rank lanes: one per rank, whatever its starts."""
+    if not g.runs:
+        return {node: len(records) for node, records in g.ranks.items()}
+    ranks: Dict[int, set] = {}
+    for run in g.runs:
+        ranks.setdefault(run.node, set()).add(run.rank)
+    return {node: len(found) for node, found in ranks.items()}
+
+
+def _first_nodes(g: Gang) -> List[int]:
+    """The failing nodes first: the call's, then each replaced start's."""
+    found = [g.failed_node] if g.failed_node is not None else []
+    found += [run.node for run in g.runs if run.state == "rank: failed"]
+    return list(dict.fromkeys(found))
+
+
 def _rank_nodes(g: Gang) -> List[int]:
-    """The nodes whose ranks get lanes: the failing node, then from node 0 on, while ``RANK_LANES`` allows."""
+    """The nodes whose ranks get lanes: the failing ones, then from node 0 on, while ``RANK_LANES`` allows."""
     chosen: List[int] = []
     room = RANK_LANES
-    order = ([g.failed_node] if g.failed_node is not None and g.failed_node in g.ranks else []) + sorted(g.ranks)
+    counts = _lane_counts(g)
+    order = [n for n in _first_nodes(g) if n in counts] + sorted(counts)
     for node in order:
-        count = len(g.ranks[node])
+        count = counts[node]
         if node in chosen or count == 0:
             continue
         if count > room and chosen:
@@ -213,7 +254,33 @@ def _rank_nodes(g: Gang) -> List[int]:
     return sorted(chosen)
 
 
+def _run_rows(g: Gang, origin: float, end: float) -> List[Dict[str, Any]]:
+    """A lane per rank, a bar per start of it: the replaced starts' failed rank and bystanders, then the last."""
+    rows: List[Dict[str, Any]] = []
+    nodes = _rank_nodes(g)
+    for node in nodes:
+        runs = sorted((r for r in g.runs if r.node == node), key=lambda r: (r.rank, r.start))
+        lanes = sorted({r.rank for r in runs})[:RANK_LANES]
+        for run in runs:
+            start = _number(run.record.start)
+            if run.rank not in lanes or start is None:
+                continue
+            stop = run.end if run.end is not None else end
+            code = run.record.exit_code
+            rows.append({
+                "lane": "rank %d (node %d)" % (run.rank, node), "state": run.state, "start": start - origin,
+                "end": max(stop, start) - origin,
+                "tip": "rank %d on node %d, start %d: %s, %s" % (
+                    run.rank, node, run.start, run.state.split(": ", 1)[-1] + (
+                        " (exit %d)" % code if isinstance(code, int) and run.state != "rank: exit 0" else ""),
+                    "%.1f s" % (stop - start)),
+            })
+    return rows
+
+
 def _rank_rows(g: Gang, origin: float, end: float) -> List[Dict[str, Any]]:
+    if g.runs:
+        return _run_rows(g, origin, end)
     rows: List[Dict[str, Any]] = []
     for node in _rank_nodes(g):
         records = sorted(g.ranks[node], key=lambda r: _index(r.rank) or 0)
@@ -276,6 +343,11 @@ def spec(g: Gang) -> Dict[str, Any]:
     }]
     layers += _mark_layers(calls, "call", "#555", {"align": "left", "dx": 3, "dy": -4, "fontSize": 10},
                            {"strokeDash": [2, 2]})
+    if g.restarts:
+        restarts = [{"at": at - origin, "label": label} for at, label in g.restarts]
+        layers += _mark_layers(restarts, "restart", "#d62728", {"align": "left", "dx": 3, "dy": -16, "fontSize": 10,
+                                                                "fontWeight": "bold"},
+                               {"strokeWidth": 2, "strokeDash": [6, 2]})
     if g.swaps:
         swaps = [{"at": at - origin, "label": label} for at, label in g.swaps]
         layers += _mark_layers(swaps, "swap", "#9467bd", {"align": "left", "dx": 3, "dy": -16, "fontSize": 10},
@@ -320,6 +392,21 @@ def captions(g: Gang) -> List[str]:
     if len(groups) < g.num_nodes:
         notes.append("nodes are drawn in %d groups of %d" % (len(groups), groups[0][1] - groups[0][0] + 1))
     shown = _rank_nodes(g)
-    if len(shown) < len([n for n in g.ranks if g.ranks[n]]):
+    if len(shown) < len([n for n, count in _lane_counts(g).items() if count]):
         notes.append("ranks of node%s %s only" % ("" if len(shown) == 1 else "s", ", ".join(map(str, shown))))
+    notes += _unknown_starts(g)
     return notes
+
+
+def _unknown_starts(g: Gang) -> List[str]:
+    """A replaced start drawn for some nodes only: this node keeps its own and the failing nodes'."""
+    starts = sorted({run.start for run in g.runs})
+    nodes = sorted({run.node for run in g.runs if run.start == starts[-1]}) if starts else []
+    notes = []
+    for start in starts[:-1]:
+        known = {run.node for run in g.runs if run.start == start}
+        missing = [n for n in nodes if n not in known]
+        if missing and known:
+            notes.append("start %d is drawn for node%s %s only (a node that did not fail keeps its own on its "
+                         "card)" % (start, "" if len(known) == 1 else "s", ", ".join(map(str, sorted(known)))))
+    return notes[-2:]

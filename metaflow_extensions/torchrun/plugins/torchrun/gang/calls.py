@@ -9,12 +9,19 @@ from typing import Callable, Dict, List, Mapping, Optional, Set, Tuple
 
 from ..cause import Cause, CauseKind, plural, restartable_in_step
 from ..procs.flight import FlightSummary
+from ..procs.status import RankStatus
 from . import messages as msg
 from .bench import Bench
 from .config import RDZV_STORE_NODE
 from .wire import RANK0_MAX, ProtocolError
 
 Left = Mapping[int, Tuple[int, bool]]  # node -> (calls made, ended fine)
+# A replaced start's ranks kept for the control's card, from the nodes that reported its failure: the
+# latest starts, a few nodes each (the failed ranks' first), a node's ranks bounded.
+REPLACED_STARTS = 8
+REPLACED_NODES = 4
+REPLACED_RANKS = 16
+Replaced = Dict[int, Dict[int, Tuple[RankStatus, ...]]]  # start (0: the first) -> node -> its ranks
 
 
 @dataclass
@@ -40,6 +47,7 @@ class CallState:
     # In-step restarts: how many so far, and the latest's start (hang detection counts from it).
     restart: int = 0
     restarted_at: Optional[float] = None
+    replaced: Replaced = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -54,6 +62,7 @@ class CallView:
     rank0_node: Optional[int] = None
     rank0_error: Optional[str] = None
     flights: Mapping[int, Mapping[int, FlightSummary]] = field(default_factory=dict)
+    replaced: Replaced = field(default_factory=dict)
 
     @classmethod
     def of(cls, state: Optional[CallState], index: int, joined_at: Mapping[int, float]) -> "CallView":
@@ -62,7 +71,8 @@ class CallView:
         return cls(index, dict(joined_at), dict(state.finished_at), dict(state.reports),
                    {n: dict(s) for n, s in state.stacks.items()}, frozenset(state.done),
                    state.rank0, state.rank0_node, state.rank0_error,
-                   {n: dict(f) for n, f in state.flights.items()})
+                   {n: dict(f) for n, f in state.flights.items()},
+                   {k: dict(nodes) for k, nodes in state.replaced.items()})
 
 
 class CallBook:
@@ -223,8 +233,26 @@ def may_restart(state: Optional[CallState], cause: Cause, allowed: int) -> bool:
 
 
 def begin_restart(state: CallState, rdzv_port: int) -> int:
-    """The next restart's index, sent to every node as one ``Restart``; hang detection counts from now."""
+    """The next restart's index, sent to every node as one ``Restart``; hang detection counts from now.
+    The replaced start's ranks, as the nodes that reported its failure saw them, are kept for the card."""
+    keep_replaced(state)
     state.restart += 1
     state.rdzv_port = rdzv_port
     state.restarted_at = time.monotonic()
     return state.restart
+
+
+def keep_replaced(state: CallState) -> None:
+    """The ranks of the start a restart replaces, from the reports of it (a report of an earlier start,
+    left by a node that did not fail this time, is not this start's)."""
+    nodes: Dict[int, Tuple[RankStatus, ...]] = {}
+    for node, report in state.reports.items():
+        ranks = tuple(r for r in report.ranks if r.restart == state.restart)
+        if ranks:
+            kept = [r for r in ranks if r.exit_code not in (0, None)] + [r for r in ranks if r.exit_code in (0, None)]
+            nodes[node] = tuple(sorted(kept[:REPLACED_RANKS], key=lambda r: r.rank))
+    chosen = sorted(nodes, key=lambda n: (not any(r.exit_code not in (0, None) for r in nodes[n]), n))
+    if chosen:
+        state.replaced[state.restart] = {n: nodes[n] for n in sorted(chosen[:REPLACED_NODES])}
+    for old in sorted(state.replaced)[:-REPLACED_STARTS]:
+        del state.replaced[old]

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Annotated, Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ..base.codec import Items, Lenient, OneOf, Real, Text, Via
-from ..base.text import count
+from ..base.text import count, first_line
 from .attempts import Attempt, Marks, Whole, in_step_cuts, lost_since, marks
 from .in_step_restarts import Node
 
@@ -163,7 +163,7 @@ def ledger(attempts: Sequence[Attempt], now: float) -> Optional[Ledger]:
 
 def bar_spec(led: Ledger) -> Dict[str, Any]:
     """A Vega-Lite chart for the card: one stacked bar per attempt."""
-    values = [{"attempt": "attempt %d" % s.attempt + ("" if s.restart is None else " restart %d" % s.restart),
+    values = [{"attempt": segment_label(s),
                "part": k.replace("_", " "), "seconds": round(v, 3), "order": PARTS.index(k)}
               for s in led.segments[-64:] for k, v in s.parts.items() if v > 0]
     return {
@@ -184,13 +184,29 @@ def bar_spec(led: Ledger) -> Dict[str, Any]:
     }
 
 
+def segment_label(s: Segment) -> str:
+    """``attempt 0``; ``attempt 0, after restart 1`` (a swap is a restart too): a segment in words."""
+    if s.restart is None:
+        return "attempt %d" % s.attempt
+    return "attempt %d, after restart %d" % (s.attempt, s.restart)
+
+
+def stopped_words(s: Segment) -> str:
+    """Why a segment stopped, on one short line (the Restarts and Root cause sections have it whole)."""
+    if not s.cause:
+        return "succeeded"
+    line = first_line(s.cause)
+    return line if len(line) <= STOPPED_CHARS else line[:STOPPED_CHARS] + "…"
+
+
 def rows(led: Ledger) -> List[List[str]]:
     """The card's table: one row per segment, the seconds of each part."""
-    return [["%d" % s.attempt if s.restart is None else "%d.%d" % (s.attempt, s.restart), _dur(s.seconds)]
-            + ["%.1f" % s.parts.get(p, 0.0) for p in PARTS] + [s.cause or "succeeded"] for s in led.segments[-64:]]
+    return [[segment_label(s), _dur(s.seconds)] + ["%.1f" % s.parts.get(p, 0.0) for p in PARTS] + [stopped_words(s)]
+            for s in led.segments[-64:]]
 
 
-HEADERS = ["attempt", "wall"] + [p.replace("_", " ") + " (s)" for p in PARTS] + ["stopped"]
+HEADERS = ["segment", "wall"] + [p.replace("_", " ") + " (s)" for p in PARTS] + ["stopped (first line)"]
+STOPPED_CHARS = 120
 
 
 def _dur(seconds: float) -> str:

@@ -6,16 +6,25 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Annotated, Any, List, Mapping, Optional
+import re
+from typing import Annotated, Any, List, Mapping, Optional, Sequence, Tuple
 
 from ..cause import Cause, CauseKind
-from ..base.codec import Int, Lenient, Real, Via
+from ..base.codec import Int, Items, Lenient, Real, Via
 from ..gang.messages import CAUSE
+from ..procs.status import RankStatus
 
 # Characters of a restart's cause's message and traceback kept: 100 restarts stay small.
 CAUSE_TEXT = 600
 Node = Annotated[int, Int(0, (1 << 20) - 1)]
 Seconds = Annotated[Optional[float], Real(digits=3)]
+# A replaced start's ranks on this node kept in its restart's record, for the card's timeline: a node's
+# share, bounded (its failed ranks first), so 100 restarts of 8 ranks stay a few tens of KB.
+REPLACED_RANKS = 16
+# The line written into each rank's log files at a restart, so a rank's last lines say which start
+# wrote them (the card splits them there; a rank that prints it itself only mislabels its own lines).
+START_MARK = "[metaflow-torchrun] restart %d of this call's ranks: the lines above are start %d's, below start %d's"
+_START_MARK = re.compile(r"^\[metaflow-torchrun\] restart (\d{1,6}) of this call's ranks: ")
 
 
 def _cause_kept(cause: Cause) -> Any:
@@ -30,7 +39,7 @@ class InStepRestart(Lenient):
 
     WIRE_ORDER = ("restart", "cause", "kind", "stopped", "ran_from", "failed_at", "stopped_at", "restarted_at",
                   "ranks_at", "lost_work_seconds", "restart_seconds", "lost_seconds", "swapped_out", "swapped_in",
-                  "work_from")
+                  "work_from", "ranks")
     restart: Annotated[int, Int(1, (1 << 16) - 1)]
     cause: Annotated[Cause, Via(CAUSE.read, _cause_kept)]  # read as a peer's (none at all: no restart)
     # The replaced ranks' torchrun's start and failure (on its node's clock); this
@@ -46,6 +55,8 @@ class InStepRestart(Lenient):
     # The replaced ranks at the script: where their work began, for the
     # goodput ledger (the call's first line is its last start's).
     work_from: Optional[float] = None
+    # This node's ranks of the start this restart replaced (its start is ``restart - 1``), as they ended.
+    ranks: Annotated[Tuple[RankStatus, ...], Items(REPLACED_RANKS)] = ()
 
     @property
     def kind(self) -> CauseKind:
@@ -87,6 +98,37 @@ def with_ranks_start(restarts: List[InStepRestart], starts: List[Optional[float]
     if not known:
         return restarts
     return restarts[:-1] + [dataclasses.replace(restarts[-1], ranks_at=min(known))]
+
+
+def replaced_ranks(records: Sequence[RankStatus]) -> Tuple[RankStatus, ...]:
+    """A replaced start's ranks on this node as its restart keeps them: its failed ranks first, bounded."""
+    failed = [r for r in records if r.exit_code not in (0, None)]
+    kept = (failed + [r for r in records if r.exit_code in (0, None)])[:REPLACED_RANKS]
+    return tuple(sorted((r.for_wire() for r in kept), key=lambda r: r.rank))
+
+
+def start_mark(restart: int) -> str:
+    """The line a restart writes into this node's ranks' log files."""
+    return START_MARK % (restart, restart - 1, restart)
+
+
+def split_by_start(lines: Sequence[str], last_start: int) -> List[Tuple[int, List[str]]]:
+    """A rank's last lines cut at the restarts' marks: (start, its lines) in order; those before mark k
+    are start k-1's, after it start k's, and without a mark ``last_start``'s."""
+    found: List[Tuple[int, List[str]]] = []
+    current: List[str] = []
+    after: Optional[int] = None  # the start the last mark began
+    for line in lines:
+        m = _START_MARK.match(line)
+        if m is None:
+            current.append(line)
+            continue
+        if current:
+            found.append((int(m.group(1)) - 1, current))
+        current, after = [], int(m.group(1))
+    if current:
+        found.append((after if after is not None else last_start, current))
+    return found
 
 
 def _tail(text: Optional[str], limit: int) -> Optional[str]:

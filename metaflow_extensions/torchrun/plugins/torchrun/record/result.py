@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import signal
 from dataclasses import asdict, dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Union
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple, Union
 
 from ..base.codec import Written
 
@@ -60,12 +60,15 @@ class GangView(Written):
     @staticmethod
     def LATE_TYPES() -> Dict[str, Any]:  # noqa: N802  (the codec's name for it)
         from ..gang import NodeReport
+        from ..procs.status import RankStatus
 
-        return {"NodeReport": NodeReport}
+        return {"NodeReport": NodeReport, "RankRecord": RankStatus}
 
     joined_at: Dict[int, float] = field(default_factory=dict)
     finished_at: Dict[int, float] = field(default_factory=dict)
     reports: Dict[int, NodeReport] = field(default_factory=dict)
+    # Each replaced start's ranks (0: the first start), of the nodes that reported its failure (gang/calls.py).
+    replaced: Dict[int, Dict[int, Tuple[RankRecord, ...]]] = field(default_factory=dict)
 
 
 @dataclass
@@ -84,7 +87,8 @@ class TorchrunResult:
     rdzv_port: Optional[int] = None
     gang_port: Optional[int] = None
     ranks: List[RankRecord] = field(default_factory=list)
-    restarts: int = 0
+    restarts: int = 0  # the in-step restarts used; ``restarts_allowed``, @torchrun(restarts=N)'s N
+    restarts_allowed: int = 0
     log_dir: Optional[str] = None
     cause: Optional[Cause] = None  # the gang's root cause, when the run failed
     gang: GangView = field(default_factory=GangView)  # on the control: the gang as it saw it

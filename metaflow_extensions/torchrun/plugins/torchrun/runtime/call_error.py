@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
 from ..cause import Cause, CauseKind
-from ..errors import GangAborted, TorchrunFailed, TorchrunInterrupted, rank_raised
+from ..errors import GangAborted, TorchrunFailed, TorchrunInterrupted, not_restarted, rank_raised
 from ..procs.failures import RankFailure, root_cause_order
 from ..record.result import TorchrunResult
 
@@ -47,17 +47,20 @@ def call_error(outcome: CallOutcome, result: Optional[TorchrunResult] = None) ->
     was told to stop (preempted), ``TorchrunInterrupted``; else the gang stopped for another reason or
     node, ``GangAborted``."""
     cause = outcome.cause
+    # Why @torchrun(restarts=N) let it fail, where N was set.
+    refused = not_restarted(cause, result.restarts_allowed, result.restarts) if result is not None else ""
     if own_rank_failed(outcome):
         error = TorchrunFailed(outcome.exit_code if outcome.exit_code is not None else -1, outcome.node_index,
                                list(outcome.failures), list(outcome.command), stacks=outcome.stacks,
-                               logs=outcome.logs, host=outcome.host, elsewhere=outcome.elsewhere, result=result)
+                               logs=outcome.logs, host=outcome.host, elsewhere=outcome.elsewhere, result=result,
+                               refused_restart=refused)
         return rank_raised(outcome.rank_exception, error) if outcome.rank_exception is not None else error
     if cause.kind is CauseKind.PREEMPTED and cause.node_index == outcome.node_index:
         # Told to stop, not failed: the gang saved (stop.py).
         return TorchrunInterrupted(cause.summary + ".", result=result)
     return GangAborted(outcome.node_index, cause, outcome.exit_code, same_log=outcome.same_log,
                        stacks=outcome.stacks, logs=outcome.logs, elsewhere=list(outcome.elsewhere),
-                       suspects=list(outcome.suspects), result=result)
+                       suspects=list(outcome.suspects), result=result, refused_restart=refused)
 
 
 def failing_rank(failures: List[RankFailure]) -> Optional[int]:

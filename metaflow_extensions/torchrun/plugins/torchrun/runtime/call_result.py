@@ -69,6 +69,7 @@ def call_result(parts: CallParts, start: Optional[RanksStart], rdzv_port: Option
         rdzv_port=rdzv_port,
         gang_port=client.port if client else None,
         restarts=max([r.restart or 0 for r in records] + [parts.restarts.restart]),
+        restarts_allowed=session.defaults.restarts,
         in_step_restarts=with_ranks_start(parts.restarts.records, launch.rank_starts(parts.restarts.restart)),
         log_dir=launch.log_dir, cause=session.cause, gang=gang_view(client, parts.index),
         stacks=dict(stacks.stacks), stack_seconds=round(stacks.seconds, 3), culprits=stacks.culprits,
@@ -85,4 +86,4 @@ def gang_view(client: Optional[GangClient], index: int) -> GangView:
     if client is None:
         return GangView()
     view = client.call_view(index)
-    return GangView(dict(view.joined_at), dict(view.finished_at), dict(view.reports))
+    return GangView(dict(view.joined_at), dict(view.finished_at), dict(view.reports), dict(view.replaced))

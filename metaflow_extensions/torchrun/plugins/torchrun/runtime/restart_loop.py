@@ -13,6 +13,7 @@ from ..gang.client import GangClient
 from ..host.console import say
 from ..launch import CallPlan
 from ..procs.failures import clear_round
+from ..record.result import read_rank_records
 from .call_failure import NodeFailure
 from .call_launch import NodeLaunch, RanksStart, swap_line
 from .preflight import JobDeadlines
@@ -64,7 +65,8 @@ class RestartLoop:
         the restart recorded, the replaced ranks' records cleared, and the next start made with its seat
         and rendezvous port; what a restart resumes from would be told to the ranks here."""
         ranks, client = self.ranks, self.client
-        self.restarts.begin(decided, ranks.started_at, ranks.ended_at, self.launch.rank_starts(self.restarts.restart))
+        self.restarts.begin(decided, ranks.started_at, ranks.ended_at, self.launch.rank_starts(self.restarts.restart),
+                            read_rank_records(self.launch.workdir, self.failure.failures), self.launch.log_dir)
         clear_round(self.launch.workdir)
         self.failure.new_start()
         self.exit_code = None

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass, field
-from typing import Callable, List, Optional
+from typing import Callable, List, Optional, Sequence
 
 from ..gang import messages as msg
 from ..gang.client import GangClient
+from ..host.private import open_private
+from ..procs.names import rank_log_path
+from ..procs.status import RankStatus
 
-from ..record.in_step_restarts import InStepRestart, with_ranks_start
+from ..record.in_step_restarts import InStepRestart, replaced_ranks, start_mark, with_ranks_start
 
 
 @dataclass
@@ -32,16 +36,39 @@ class CallRestarts:
         return client.news.wait_for_restart_or_verdict(index, self.restart, wait)
 
     def begin(self, decided: msg.Restart, ran_from: Optional[float], stopped_at: Optional[float],
-              rank_starts: List[Optional[float]]) -> None:
-        """Restart ``decided.restart``: this node's old ranks are gone."""
+              rank_starts: List[Optional[float]], ranks: Sequence[RankStatus] = (),
+              log_dir: Optional[str] = None) -> None:
+        """Restart ``decided.restart``: this node's old ranks (``ranks``, kept for the card) are gone; their
+        log files say where the next start's lines begin."""
         self.records = with_ranks_start(self.records, rank_starts)
         self.records.append(InStepRestart(decided.restart, decided.cause, ran_from=ran_from,
                                           failed_at=decided.cause.time, stopped_at=stopped_at,
                                           swapped_out=decided.swapped_out, swapped_in=decided.swapped_in,
-                                          work_from=min((s for s in rank_starts if s is not None), default=None)))
+                                          work_from=min((s for s in rank_starts if s is not None), default=None),
+                                          ranks=replaced_ranks(ranks)))
         self.restart = decided.restart
+        if log_dir:
+            mark_logs(log_dir, sorted({r.rank for r in ranks}), decided.restart)
 
     def started(self, at: Optional[float]) -> None:
         """The current restart's ranks started ``at`` (the first start has no record)."""
         if self.records and self.records[-1].restarted_at is None:
             self.records[-1] = dataclasses.replace(self.records[-1], restarted_at=at)
+
+
+def mark_logs(log_dir: str, ranks: Sequence[int], restart: int) -> None:
+    """One line at the end of each of these ranks' log files: the lines above it are the replaced
+    start's (``record/in_step_restarts.split_by_start`` cuts a rank's last lines there)."""
+    line = (start_mark(restart) + "\n").encode()
+    for rank in ranks:
+        for stream in ("stdout", "stderr"):
+            try:
+                fd = open_private(rank_log_path(log_dir, rank, stream))
+            except OSError:
+                continue
+            try:
+                os.write(fd, line)
+            except OSError:
+                pass
+            finally:
+                os.close(fd)
