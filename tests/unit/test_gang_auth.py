@@ -128,9 +128,8 @@ class TestProofs:
 
 class TestHandshakeOverSockets:
     def test_the_wrong_secret_learns_nothing_and_changes_nothing(self, net):
-        server = net.server(2)
         said = []
-        server.warn = said.append
+        server = net.server(2, hooks={"warn": said.append})
         (c0,) = net.join(server, [0])
         seen = b""
         for _ in range(3):

@@ -117,9 +117,8 @@ class TestTheService:
         (SECRET, {"protocol": 4}), (SECRET, {"node_index": 1 << 30}),
     ])
     def test_a_hostile_probe_is_turned_away_and_changes_nothing(self, net, secret, override):
-        server = net.server(2)
         said = []
-        server.warn = said.append
+        server = net.server(2, hooks={"warn": said.append})
         net.join(server, [0, 1])
         peer = server.handlers.members.by_node[1]
         peer.last_seen -= 100

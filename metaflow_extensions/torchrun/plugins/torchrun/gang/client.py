@@ -103,6 +103,8 @@ class GangClient:
         self._send_lock = threading.Lock()
         self._left = False
         self._threads: List[threading.Thread] = []
+        self._prober: Optional[Prober] = None  # once joined; its thread runs while the control is silent
+        self._probing: Optional[threading.Thread] = None
 
     def start(self) -> "GangClient":
         """Join in the background: the step's code goes on meanwhile."""
@@ -140,7 +142,8 @@ class GangClient:
         self.hearing = Hearing()
         prober = Prober(self.config, self.host, link.port, self.node_index, self._secret, self.hearing,
                         self._set_cause, lambda: self.cause is not None or self.all_left.is_set(), self._closing)
-        for target, name in ((self._read_loop, "reader"), (self._beat_loop, "heartbeat"), (prober.run, "probe")):
+        self._prober = prober
+        for target, name in ((self._read_loop, "reader"), (self._beat_loop, "heartbeat")):
             self._spawn(target, name)
         self.joined.set()
         self._send_preflight()
@@ -176,7 +179,7 @@ class GangClient:
             except OSError:
                 pass
             wire.close_quietly(self._sock)
-        for t in self._threads:
+        for t in self._threads + ([self._probing] if self._probing is not None else []):
             if t is not threading.current_thread():
                 t.join(timeout=2)
         with self._changed:
@@ -350,6 +353,15 @@ class GangClient:
             if self._left and self.cause is not None:
                 return
             self._safe_send(heartbeat(self._quiet, paced(self._training, due, self.config.progress_send)))
+            self._probe_if_silent()
+
+    def _probe_if_silent(self) -> None:
+        """A silence's probes on a thread of their own (probing.py), one silence at a time."""
+        prober, running = self._prober, self._probing
+        if prober is None or (running is not None and running.is_alive()) or not prober.due(time.monotonic()):
+            return
+        self._probing = threading.Thread(target=prober.run, name="torchrun-gang-probe", daemon=True)
+        self._probing.start()
 
     @contextlib.contextmanager
     def watching(self, quiet: Quiet, training: Training) -> Iterator[None]:
