@@ -76,7 +76,8 @@ def test_the_ranks_table_says_each_rows_start_and_what_stopped_a_bystander():
     rows = {(row[0], row[2]): row for row in content.rank_rows(result)}
     assert len(rows) == 8
     assert rows[("3", "0 (replaced by restart 1)")][5] == "killed by signal SIGKILL"
-    assert rows[("1", "0 (replaced by restart 1)")][5].startswith("stopped by restart 1")
+    assert rows[("1", "0 (replaced by restart 1)")][5] == "killed by signal SIGTERM (a bystander of restart 1's failure)"
+    assert rows[("0", "0 (replaced by restart 1)")][5] == "stopped by restart 1 (no exit recorded)"
     assert rows[("3", "1 (the last)")][5] == "0 (ok)"
 
 
@@ -140,3 +141,11 @@ def test_a_swapped_out_nodes_killed_ranks_are_the_failure_not_bystanders():
     result.gang.reports[1] = NodeReport(ranks=(_rank(2, 0, -9), _rank(3, 0, -9)))
     runs = {(r.node, r.rank, r.start): r.state for r in starts.rank_runs(result)}
     assert runs[(1, 3, 0)] == "rank: failed" and runs[(1, 2, 0)] == "rank: stopped"
+
+
+def test_a_start_known_for_some_nodes_only_says_so():
+    result = _restarted_result()
+    assert not timeline.captions(timeline.from_result(result, content.gang_ranks(result)))
+    result.gang.replaced.clear()  # node 1's failure report of start 0 not kept
+    notes = timeline.captions(timeline.from_result(result, content.gang_ranks(result)))
+    assert notes == ["start 0 is drawn for node 0 only (a node that did not fail keeps its own on its card)"]

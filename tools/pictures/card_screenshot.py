@@ -10,6 +10,9 @@ offline: the card carries Metaflow's own Vega bundle, and nothing is fetched.
   sections alone, of tests/flows/checkpoint_flow.py's card after node 1's task is
   SIGKILLed past epoch 2's checkpoint and @retry resumes (the card of the last
   attempt, the hash its control printed; both from one run).
+- docs/card-restart.png and docs/card-swap.png: the card after an in-step restart in place
+  (rank 3 SIGKILLed in the first start) and after a swap (node 1's "bad GPU" kills its ranks; the
+  spare, node 2, comes in): every start of the ranks on the timeline, the failed rank in red.
 - docs/card-live.png: the control's card while the step still runs (Metaflow's runtime
   render): tests/flows/gang_flow.py with progress_slow.py, rank 3 three times slower,
   taken with `card get` once the refreshed card names the slow node.
@@ -50,6 +53,17 @@ PICTURES: Dict[str, Tuple[Scenario, str, Optional[str]]] = {
                           {"MFTR_TORCHRUN_ATTRS": json.dumps({"hang_timeout": 6})}), "1500,4000", None),
     "card-goodput.png": (RETRIED, "1500,640", "## Goodput"),
     "card-attempts.png": (RETRIED, "1500,470", "## Attempts"),
+    # restart_resume.py: rank 3 (node 1) SIGKILLs itself in the first start; the gang restarts every
+    # node's ranks in place, and they resume from their checkpoint.
+    "card-restart.png": ((TEST_FLOWS, "gang_flow.py",
+                          ["--script", "restart_resume.py", "--script-args", json.dumps({"fail-at": "0", "steps": 3})],
+                          {"MFTR_TORCHRUN_ATTRS": json.dumps({"restarts": 1})}), "1500,2600", None),
+    # Its "bad GPU": node 1's ranks SIGKILL themselves each time they start there; the spare, node 2, is
+    # swapped in and resumes.
+    "card-swap.png": ((TEST_FLOWS, "gang_flow.py",
+                       ["--script", "restart_resume.py", "--nodes", "3", "--script-args",
+                        json.dumps({"fail-at": "", "steps": 3, "bad-node": 1})],
+                       {"MFTR_TORCHRUN_ATTRS": json.dumps({"restarts": 1, "spares": 1})}), "1500,2600", None),
 }
 # The live card: the flow runs this long; its card is taken while it runs.
 LIVE = (TEST_FLOWS, "gang_flow.py",

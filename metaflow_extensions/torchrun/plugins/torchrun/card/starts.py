@@ -141,8 +141,9 @@ def exit_words(run: RankRun, last: int) -> str:
     """A rank's exit for the Ranks table; a replaced start's bystander says what stopped it."""
     code = run.record.exit_code
     if run.start < last and run.state == "rank: stopped":
-        how = "no exit" if code is None else ("0 (ok)" if code == 0 else describe_exit_code(code))
-        return "stopped by restart %d (%s)" % (run.start + 1, how)
+        if code is None:
+            return "stopped by restart %d (no exit recorded)" % (run.start + 1)
+        return "%s (a bystander of restart %d's failure)" % (describe_exit_code(code), run.start + 1)
     if code is None:
         return "unknown"
     return "0 (ok)" if code == 0 else describe_exit_code(code)

@@ -59,6 +59,7 @@ class Gang:
     # Every start's ranks (card/starts.py); empty: ``ranks`` alone, one start.
     runs: Sequence[RankRun] = ()
     restarts: Sequence[Tuple[float, str]] = ()  # (at, label): a restart in place, at its failure
+    swapped_in: Mapping[int, int] = field(default_factory=dict)  # node -> the start a swap brought it in at
 
 
 def _number(value: Any) -> Optional[float]:
@@ -94,6 +95,7 @@ def from_result(result: Any, ranks: Mapping[int, Sequence[Any]]) -> Gang:
         failed_at=failed_at, failed_node=failed_node, failed_rank=failed_rank, ended_at=_number(result.ended_at),
         failed_kind=cause.kind if cause is not None else None, swaps=swaps_of(result), bench=bench_of(result),
         runs=card_starts.rank_runs(result, ranks), restarts=restarts_of(result),
+        swapped_in={n: r.restart for r in result.in_step_restarts or () if (n := _index(r.swapped_in)) is not None},
     )
 
 
@@ -405,7 +407,7 @@ def _unknown_starts(g: Gang) -> List[str]:
     notes = []
     for start in starts[:-1]:
         known = {run.node for run in g.runs if run.start == start}
-        missing = [n for n in nodes if n not in known]
+        missing = [n for n in nodes if n not in known and g.swapped_in.get(n, 0) <= start]
         if missing and known:
             notes.append("start %d is drawn for node%s %s only (a node that did not fail keeps its own on its "
                          "card)" % (start, "" if len(known) == 1 else "s", ", ".join(map(str, sorted(known)))))
