@@ -9,9 +9,11 @@ the differences within a round. CPU (user + system) is the steadier on a busy ma
 start is timed the same way against ``python -c pass``: its stand-in (the modules loaded before it
 hands off to the warm process) and a fresh rank (``procs/bootstrap.py`` with no warm process,
 before the user's script). ``--before REV``: the same figures, in the same run, for the package as it was at commit REV (its
-``metaflow_extensions/`` exported beside, installed as the editable install is).
+``metaflow_extensions/`` exported beside, installed as the editable install is). ``--instructions``:
+also the instructions each ``import metaflow`` executes, counted by valgrind (callgrind), which no
+other load on the machine changes.
 
-    .venv/bin/python benchmarks/import_cost.py [--runs 20] [--before REV]
+    .venv/bin/python benchmarks/import_cost.py [--runs 20] [--before REV] [--instructions]
 """
 
 from __future__ import annotations
@@ -117,6 +119,14 @@ def ours_imported(python: str, code: str, env: Dict[str, str]) -> List[str]:
     return out.stdout.split()
 
 
+def instructions(python: str, env: Dict[str, str]) -> int:
+    """What one ``import metaflow`` executes, in instructions (the hash seed fixed)."""
+    out = subprocess.run(["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", python, "-c",
+                          "import metaflow"], env=dict(env, PYTHONHASHSEED="0"), cwd="/", check=True,
+                         capture_output=True, text=True).stderr
+    return int(out.split("Collected :")[1].split()[0])
+
+
 def modules(python: str, code: str, env: Dict[str, str]) -> str:
     loaded = ours_imported(python, code, env)
     heavy = [m for m in ("typing", "dataclasses", "inspect", "logging", "metaflow", "torch") if m in loaded]
@@ -131,6 +141,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--runs", type=int, default=20)
     parser.add_argument("--before", help="a commit: its package measured too, in the same rounds")
+    parser.add_argument("--instructions", action="store_true", help="count them with valgrind too")
     args = parser.parse_args()
     env = clean_env()
     pythons = {"this tree": sys.executable}
@@ -147,6 +158,12 @@ def main() -> None:
     print("`import metaflow`, medians of %d rounds, over the same venv without the extension:" % args.runs)
     for label, python in pythons.items():
         print("  %-10s %s; %s" % (label, said(mf[label]), modules(python, "import metaflow", env)))
+    if args.instructions:
+        bare = instructions(without, env)
+        for label, python in pythons.items():
+            count = instructions(python, env)
+            print("  %-10s +%.1f M instructions over %.1f M without (+%.1f %%)"
+                  % (label, (count - bare) / 1e6, bare / 1e6, 100.0 * (count - bare) / bare))
     for what, module in (("a rank's stand-in, to its hand-off", "handoff"),
                          ("a fresh rank, before the user's script", "bootstrap")):
         code = "import %s.procs.%s" % (PKG, module)
