@@ -54,6 +54,7 @@ class _Launch:
 
     def __init__(self, workdir: str) -> None:
         self.workdir = workdir
+        self.log_dir: Optional[str] = None
         self.made: List[Tuple[Optional[object], int, int]] = []
 
     def rank_starts(self, restart: int) -> List[Optional[float]]:
@@ -69,7 +70,7 @@ def _loop(tmp_path, pinned: Optional[int]):
     seat = Bench.initial(3, 1).seat(2, 3)
     session = SimpleNamespace(is_control=False, defaults=SimpleNamespace(restarts=2))
     client = SimpleNamespace(seats={(0, 1): seat}, hosts=lambda: {})
-    failure = SimpleNamespace(new_start=lambda: said.append("new start"))
+    failure = SimpleNamespace(new_start=lambda: said.append("new start"), failures=[])
     ranks = SimpleNamespace(started_at=100.0, ended_at=111.0)
     launch, restarts = _Launch(str(tmp_path)), CallRestarts()
     loop = RestartLoop(session, client, SimpleNamespace(rdzv_port=pinned), 0, launch, ranks,  # type: ignore[arg-type]

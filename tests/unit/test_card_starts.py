@@ -6,6 +6,8 @@ restart says why (errors.not_restarted)."""
 
 from __future__ import annotations
 
+import os
+
 import records
 from metaflow_extensions.torchrun.plugins.torchrun.card import content, starts, timeline
 from metaflow_extensions.torchrun.plugins.torchrun.cause import Cause, CauseKind
@@ -149,3 +151,22 @@ def test_a_start_known_for_some_nodes_only_says_so():
     result.gang.replaced.clear()  # node 1's failure report of start 0 not kept
     notes = timeline.captions(timeline.from_result(result, content.gang_ranks(result)))
     assert notes == ["start 0 is drawn for node 0 only (a node that did not fail keeps its own on its card)"]
+
+
+def test_a_restart_keeps_this_nodes_replaced_ranks_and_marks_their_logs(tmp_path):
+    from metaflow_extensions.torchrun.plugins.torchrun.gang import messages as msg
+    from metaflow_extensions.torchrun.plugins.torchrun.procs.names import rank_log_path
+    from metaflow_extensions.torchrun.plugins.torchrun.runtime.restarts import CallRestarts
+
+    log = rank_log_path(str(tmp_path), 3, "stderr")
+    with open(log, "w") as f:
+        f.write("Traceback: the first start's\n")
+    restarts = CallRestarts()
+    restarts.begin(msg.Restart(0, 1, 29500, KILLED), T0, T0 + 4.5, [T0 + 1], [_rank(2, 0, 1), _rank(3, 0, -9)],
+                   str(tmp_path))
+    assert [r.rank for r in restarts.records[0].ranks] == [2, 3]
+    with open(log) as f:
+        lines = f.read().splitlines()
+    assert split_by_start(lines + ["the second start's"], 1) == [
+        (0, ["Traceback: the first start's"]), (1, ["the second start's"])]
+    assert not os.path.exists(rank_log_path(str(tmp_path), 2, "stdout"))  # none made where the rank wrote nothing

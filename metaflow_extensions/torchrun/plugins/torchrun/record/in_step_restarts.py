@@ -10,7 +10,7 @@ import re
 from typing import Annotated, Any, List, Mapping, Optional, Sequence, Tuple
 
 from ..cause import Cause, CauseKind
-from ..base.codec import Int, Items, Lenient, Real, Via
+from ..base.codec import SKIP, Int, Items, Lenient, Real, Via
 from ..gang.messages import CAUSE
 from ..procs.status import RankStatus
 
@@ -56,7 +56,7 @@ class InStepRestart(Lenient):
     # goodput ledger (the call's first line is its last start's).
     work_from: Optional[float] = None
     # This node's ranks of the start this restart replaced (its start is ``restart - 1``), as they ended.
-    ranks: Annotated[Tuple[RankStatus, ...], Items(REPLACED_RANKS)] = ()
+    ranks: Annotated[Tuple[RankStatus, ...], Items(REPLACED_RANKS), SKIP] = ()
 
     @property
     def kind(self) -> CauseKind:

@@ -8,9 +8,9 @@ from __future__ import annotations
 import json
 import signal
 from dataclasses import asdict, dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple, Union
+from typing import TYPE_CHECKING, Annotated, Any, Dict, List, Optional, Tuple, Union
 
-from ..base.codec import Written
+from ..base.codec import SKIP, Written
 
 if TYPE_CHECKING:  # `import metaflow` exports TorchrunResult: what its fields hold loads at first use
     from .attempts import Attempt
@@ -68,7 +68,7 @@ class GangView(Written):
     finished_at: Dict[int, float] = field(default_factory=dict)
     reports: Dict[int, NodeReport] = field(default_factory=dict)
     # Each replaced start's ranks (0: the first start), of the nodes that reported its failure (gang/calls.py).
-    replaced: Dict[int, Dict[int, Tuple[RankRecord, ...]]] = field(default_factory=dict)
+    replaced: Annotated[Dict[int, Dict[int, Tuple[RankRecord, ...]]], SKIP] = field(default_factory=dict)
 
 
 @dataclass

@@ -63,8 +63,8 @@ def mark_logs(log_dir: str, ranks: Sequence[int], restart: int) -> None:
     for rank in ranks:
         for stream in ("stdout", "stderr"):
             try:
-                fd = open_private(rank_log_path(log_dir, rank, stream))
-            except OSError:
+                fd = open_private(rank_log_path(log_dir, rank, stream), os.O_WRONLY | os.O_APPEND)
+            except OSError:  # none: the rank wrote nothing there
                 continue
             try:
                 os.write(fd, line)
