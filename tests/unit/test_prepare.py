@@ -1,5 +1,5 @@
 """Every setting of the step reaches the place it takes effect, checked at the
-call site (the real ``CallRun.prepare`` and ``GangSession``) with a value other
+call site (the real ``NodeLaunch``, ``RanksRun`` and ``GangSession``) with a value other
 than its default: a setting dropped on the way (``shutdown_grace`` once never
 reached torchrun) fails here, not on a cluster."""
 
@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import tempfile
+from typing import Any, Dict, List, Optional
 
 import pytest
 
@@ -22,9 +23,13 @@ from metaflow_extensions.torchrun.plugins.torchrun.launch.plan import StepDefaul
 from metaflow_extensions.torchrun.plugins.torchrun.launch.resources import Accelerators
 from metaflow_extensions.torchrun.plugins.torchrun.procs.names import ARGS_FILE
 from metaflow_extensions.torchrun.plugins.torchrun.procs import entry, names
-from metaflow_extensions.torchrun.plugins.torchrun.runtime import call as call_module
-from metaflow_extensions.torchrun.plugins.torchrun.runtime.call import CallRun
+from metaflow_extensions.torchrun.plugins.torchrun.launch.plan import CallPlan
+from metaflow_extensions.torchrun.plugins.torchrun.runtime import ranks_run
+from metaflow_extensions.torchrun.plugins.torchrun.runtime.call_launch import NodeLaunch, RanksStart
+from metaflow_extensions.torchrun.plugins.torchrun.runtime.call_stacks import CallStacks
 from metaflow_extensions.torchrun.plugins.torchrun.runtime.context import StepContext
+from metaflow_extensions.torchrun.plugins.torchrun.runtime.ranks_run import RanksRun
+from metaflow_extensions.torchrun.plugins.torchrun.runtime.restarts import CallRestarts
 from metaflow_extensions.torchrun.plugins.torchrun.runtime.session import GangSession
 from plans import node_facts
 
@@ -80,6 +85,32 @@ def test_every_setting_of_the_step_is_covered_here():
         assert getattr(KNOBS, knob.name) != getattr(Knobs(), knob.name), "a new setting needs a test: " + knob.name
 
 
+class Call:
+    """A call's launch as ``CallRun`` makes it (call 0, the pinned port 29777), on a step's session
+    that joined no gang: the first start as ``prepare`` makes it, and the ranks' run."""
+
+    def __init__(self, session: GangSession, plan: CallPlan) -> None:
+        self.session, self.plan = session, plan
+        self.launch = NodeLaunch(session, plan, 0)
+        self.start: Optional[RanksStart] = None
+
+    def prepare(self) -> Dict[str, str]:
+        self.start = self.launch.prepare(None, 29777)
+        return self.start.env
+
+    @property
+    def argv(self) -> List[str]:
+        assert self.start is not None
+        return list(self.start.argv)
+
+    @property
+    def workdir(self) -> str:
+        return self.launch.workdir
+
+    def ranks(self, client: Any = None) -> RanksRun:
+        return RanksRun(self.session, client, 0, self.launch, CallRestarts(), CallStacks(), None)
+
+
 @pytest.fixture
 def run(tmp_path, monkeypatch):
     monkeypatch.setenv("TMPDIR", str(tmp_path))
@@ -91,7 +122,7 @@ def run(tmp_path, monkeypatch):
     topology = Topology(num_nodes=2, node_index=0, main_addr="127.0.0.1", ports=(29999,), is_local=True)
     session = GangSession(StepContext(identity, defaults, topology, b"s" * 32, flow_dir=str(tmp_path)))
     plan = plan_call(str(script), {"epochs": True}, None, None, defaults, [str(tmp_path)])
-    call = CallRun(session, plan, 0, rdzv_port=29777)
+    call = Call(session, plan)
     yield call
     if call.launch.files is not None:
         call.launch.files.close()
@@ -99,7 +130,7 @@ def run(tmp_path, monkeypatch):
 
 def _changed(run, **context):
     """The fixture's call on a step whose context differs in ``context`` (a context is never changed)."""
-    return CallRun(GangSession(dataclasses.replace(run.session.context, **context)), run.plan, 0, rdzv_port=29777)
+    return Call(GangSession(dataclasses.replace(run.session.context, **context)), run.plan)
 
 
 def test_retry_on_reaches_the_plan_of_a_call(tmp_path):
@@ -129,7 +160,7 @@ def test_a_call_keeps_its_logs_and_starts_its_ranks_as_the_settings_say(run):
     assert run.launch.files is not None and retention_policy(run.launch.files.knobs) == RetentionPolicy(
         keep=4, hours=1.0, max_bytes=9 * 1024 * 1024, young_seconds=retention_policy().young_seconds)
     assert run.launch.warm is not None and run.launch.warm.path == "" and run.launch.warm.pid is None  # warm_start=False
-    assert names.ZYGOTE_ENV not in run.launch.command(run.seat, 29777, 0)[1]
+    assert names.ZYGOTE_ENV not in run.launch.start(None, 29777, 0).env
     assert entry.read_entry(run.launch.entry[0]).trainer_progress is False  # what the ranks read of the settings
 
 
@@ -172,11 +203,11 @@ def test_a_restart_launches_its_own_rendezvous_and_says_which_restart_it_is(run)
     first = run.prepare()
     assert names.RESTART_ENV not in first
     first_id = run.argv[run.argv.index("--rdzv-id") + 1]
-    again, env = run.launch.command(run.seat, 29555, 2)  # as the call's restart 2 asks it (CallRun._restart)
-    assert env[names.RESTART_ENV] == "2"
-    argv = " ".join(again)
+    again = run.launch.start(None, 29555, 2)  # as the call's restart 2 asks it (RestartLoop.apply)
+    assert again.env[names.RESTART_ENV] == "2" and again.restart == 2 and again.rdzv_port == 29555
+    argv = " ".join(again.argv)
     assert "127.0.0.1:29555" in argv and "--rdzv-backend static" in argv and "--node-rank 0" in argv
-    assert again[again.index("--rdzv-id") + 1] == first_id + "-r2"
+    assert again.argv[again.argv.index("--rdzv-id") + 1] == first_id + "-r2"
 
 
 def test_a_node_waits_for_node_0s_store_at_the_endpoint_its_launch_was_given(run, monkeypatch):
@@ -193,7 +224,7 @@ def test_a_node_waits_for_node_0s_store_at_the_endpoint_its_launch_was_given(run
     run = _changed(run, topology=dataclasses.replace(run.session.topology, node_index=1))  # not the store's node
     run.prepare()
     run.launch.warm = type("Warm", (), {"for_ranks": lambda self, env, n: dict(env, **{names.ZYGOTE_ENV: "z"})})()
-    run.launch.command(run.session.bench.seat(0, 2), 29555, 0)  # a seat that trains (node 1 is the spare)
+    run.launch.start(run.session.bench.seat(0, 2), 29555, 0)  # a seat that trains (node 1 is the spare)
     run.launch.files.close()
     assert waited == ["10.9.8.7:1234"]
 
@@ -221,10 +252,10 @@ def test_a_functions_arguments_are_pickled_once_and_reach_the_ranks_as_planned(r
 
 def test_a_local_runs_control_alone_prunes_the_hosts_other_runs(run):
     """Its nodes share its host: a second scan of every run's directory there finds nothing more."""
-    assert run.prunes  # the control
+    assert run.ranks().prunes  # the control
     for index, local, prunes in ((1, True, False), (1, False, True)):
         topology = dataclasses.replace(run.session.topology, node_index=index, is_local=local)
-        assert _changed(run, topology=topology).prunes is prunes
+        assert _changed(run, topology=topology).ranks().prunes is prunes
 
 
 def test_the_supervisor_gets_the_grace(run, monkeypatch):
@@ -237,10 +268,10 @@ def test_the_supervisor_gets_the_grace(run, monkeypatch):
         seen.update(kwargs)
         raise Stop()
 
-    monkeypatch.setattr(call_module, "Supervisor", supervisor)
-    run.session.client = type("Client", (), {"cause": None, "quiet": None, "send_stacks": lambda *a: None})()
+    monkeypatch.setattr(ranks_run, "Supervisor", supervisor)
+    client = type("Client", (), {"cause": None, "quiet": None, "send_stacks": lambda *a: None})()
     with pytest.raises(Stop):
-        run.supervise({})
+        run.ranks(client).run(RanksStart(0, None, 29777, ("torchrun",), {}))
     assert seen["shutdown_grace"] == 47.0
 
 
