@@ -60,10 +60,9 @@ def handle(flow_dir, monkeypatch):
     monkeypatch.setattr(api, "before_first_call", lambda session: None)
     monkeypatch.setattr(api, "run_call", lambda session, plan: ACCEPTED)
     monkeypatch.chdir(flow_dir)
-    torch = TorchrunHandle()
-    torch.session = SimpleNamespace(flow_dir=str(flow_dir), defaults=StepDefaults(), calls_made=0,
-                                    is_control=False, notes_key="k")
-    return torch
+    session = SimpleNamespace(context=SimpleNamespace(flow_dir=str(flow_dir), notes_key="k"), defaults=StepDefaults(),
+                              calls_made=0, is_control=False)
+    return TorchrunHandle(lambda: session)  # type: ignore[arg-type, return-value]
 
 
 def _refusal(handle, *args, **kwargs) -> str:
