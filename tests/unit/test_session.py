@@ -20,7 +20,7 @@ from metaflow_extensions.torchrun.plugins.torchrun.errors import GangAborted
 from metaflow_extensions.torchrun.plugins.torchrun.gang.identity import GangIdentity
 from metaflow_extensions.torchrun.plugins.torchrun.launch.plan import StepDefaults
 from metaflow_extensions.torchrun.plugins.torchrun.gang.ports import find_free_port
-from metaflow_extensions.torchrun.plugins.torchrun.runtime.context import StepContext, step_context
+from metaflow_extensions.torchrun.plugins.torchrun.runtime.context import step_context
 from metaflow_extensions.torchrun.plugins.torchrun.runtime.session import GangSession, Phase
 from metaflow_extensions.torchrun.plugins.torchrun.gang.topology import Topology
 from metaflow_extensions.torchrun.plugins.torchrun.base.knobs import Knobs
