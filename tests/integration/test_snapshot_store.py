@@ -16,7 +16,6 @@ import pytest
 from metaflow_extensions.torchrun.plugins.torchrun.gang.snapshot_peer import PeerKey
 from metaflow_extensions.torchrun.plugins.torchrun.gang.snapshot_store import SnapshotStore
 
-pytest.importorskip("torch")
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "snapshot_worker.py")
