@@ -7,20 +7,7 @@ import struct
 import pytest
 
 from metaflow_extensions.torchrun.plugins.torchrun.procs import snapshot_codec as codec
-
-
-class _LazyTorch:
-    """torch, imported at its first use in a test: the suite's collection imports no torch (test_pools.py)."""
-
-    def __getattr__(self, name):
-        if name.startswith("_") or name == "pytestmark":  # what pytest's collection asks of every global
-            raise AttributeError(name)
-        import torch as real
-
-        return getattr(real, name)
-
-
-torch = _LazyTorch()
+from lazy_torch import torch
 
 
 def encode(step, state):

@@ -5,20 +5,7 @@ import pytest
 from metaflow_extensions.torchrun.plugins.torchrun.gang.snapshot_store import SnapshotStore
 from metaflow_extensions.torchrun.plugins.torchrun.procs import snapshot
 from metaflow_extensions.torchrun.plugins.torchrun.procs.names import SNAPSHOT_ENV
-
-
-class _LazyTorch:
-    """torch, imported at its first use in a test: the suite's collection imports no torch (test_pools.py)."""
-
-    def __getattr__(self, name):
-        if name.startswith("_") or name == "pytestmark":  # what pytest's collection asks of every global
-            raise AttributeError(name)
-        import torch as real
-
-        return getattr(real, name)
-
-
-torch = _LazyTorch()
+from lazy_torch import torch
 
 
 @pytest.fixture

@@ -263,7 +263,7 @@ class Listener:
 
     def close(self) -> None:
         self._closed.set()
-        _stop_listening(self._sock)
+        stop_listening(self._sock)
         with self._lock:
             for sock in self._conns:
                 try:
@@ -272,7 +272,7 @@ class Listener:
                     pass
 
 
-def _stop_listening(sock: socket.socket) -> None:
+def stop_listening(sock: socket.socket) -> None:
     """``shutdown`` wakes the thread blocked in ``accept`` (a bare ``close`` does not, on Linux)."""
     try:
         sock.shutdown(socket.SHUT_RDWR)

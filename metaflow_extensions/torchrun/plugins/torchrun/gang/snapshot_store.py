@@ -24,7 +24,7 @@ from ..host.private import make_private
 from ..host.unix_socket import bind_unix
 from ..procs import snapshot_wire as wire
 from ..procs.names import SNAPSHOT_ENV
-from .snapshot_peer import Address, Listener, PeerKey, PeerRefused, connect, fetch
+from .snapshot_peer import Address, Listener, PeerKey, PeerRefused, connect, fetch, stop_listening
 from .snapshot_pusher import Pusher
 from .snapshot_shelf import Shelf, default_budget
 
@@ -190,7 +190,7 @@ class SnapshotStore:
         with self._lock:
             self._closed = True
             conns, self._conns = list(self._conns), []
-        _stop_listening(self._sock)
+        stop_listening(self._sock)
         for sock in conns:
             try:
                 sock.shutdown(socket.SHUT_RDWR)
@@ -212,11 +212,3 @@ class SnapshotStore:
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
-
-def _stop_listening(sock: socket.socket) -> None:
-    """``shutdown`` wakes the thread blocked in ``accept`` (a bare ``close`` does not, on Linux)."""
-    try:
-        sock.shutdown(socket.SHUT_RDWR)
-    except OSError:
-        pass
-    wire.close_quietly(sock)
