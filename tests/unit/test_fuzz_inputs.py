@@ -92,6 +92,9 @@ NPROC = st.one_of(st.none(), SCALAR, st.sampled_from(["1", " 2 ", "auto", "١", 
 
 @pytest.fixture(scope="module", autouse=True)
 def scripts():
+    # Made here, not only at import: a worker that runs this file's tests in two stretches sets the
+    # fixture up again after its first teardown removed the folder.
+    SCRIPT_DIR.mkdir(parents=True, exist_ok=True)
     (SCRIPT_DIR / SCRIPT).write_text("import sys\nprint(sys.argv)\n")
     yield
     shutil.rmtree(SCRIPT_DIR, ignore_errors=True)
