@@ -25,6 +25,8 @@ ZYGOTE_ENV = "METAFLOW_TORCHRUN_ZYGOTE"  # the warm process's socket (zygote.py)
 # A local run's control's warm process: the host's other nodes fork theirs from it.
 HOST_ZYGOTE_ENV = "METAFLOW_TORCHRUN_HOST_ZYGOTE"
 SNAPSHOT_ENV = "METAFLOW_TORCHRUN_SNAPSHOT"  # the node's snapshot store's socket (gang/snapshot_store.py)
+# @torchrun(snapshots=N): the trainers' callbacks snapshot every N steps ("" or "0": chosen from a save's cost).
+SNAPSHOT_EVERY_ENV = "METAFLOW_TORCHRUN_SNAPSHOT_EVERY"
 # A warm process's comm: a supervisor does not count another node's, forked from its own, as its own.
 ZYGOTE_NAME = b"mftr-zygote"
 # torch's own, set by the plan.
