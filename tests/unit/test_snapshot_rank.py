@@ -1,5 +1,11 @@
 """A rank's save and load against a real store in this process (one rank, no gang)."""
 
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
 import pytest
 
 from metaflow_extensions.torchrun.plugins.torchrun.gang.snapshot_store import SnapshotStore
@@ -28,13 +34,17 @@ def model_state(seed):
     return {"model": model.state_dict(), "opt": opt.state_dict(), "rng": torch.get_rng_state()}
 
 
-def test_load_returns_the_newest_saved_state_bit_for_bit(store):
+def test_load_returns_the_newest_saved_state_bit_for_bit(store, capsys):
     assert snapshot.load() is None  # a first start
+    assert "no snapshot in memory: starting from your checkpoint" in capsys.readouterr().err
     for step in range(4):
         state = model_state(step)
         assert snapshot.save(step, state) is True
+        assert store.shelf.steps("local-0")[-1] == step  # held when save returns: no thread, nothing to wait for
     assert snapshot.flush(30)
     step, back = snapshot.load()
+    assert "resumed at step 3 from memory (this node's copy), 0 steps lost" in capsys.readouterr().err
+    assert store.last_load() == (3, None, 3)
     assert step == 3
     for name, tensor in state["model"].items():
         assert torch.equal(back["model"][name], tensor)
@@ -42,7 +52,7 @@ def test_load_returns_the_newest_saved_state_bit_for_bit(store):
     assert torch.equal(back["rng"], state["rng"]) and back["opt"]["param_groups"] == state["opt"]["param_groups"]
 
 
-def test_save_returns_before_the_store_has_it_and_later_changes_do_not_reach_it(store):
+def test_later_changes_to_the_state_do_not_reach_the_snapshot(store):
     weights = torch.zeros(1 << 20)
     assert snapshot.save(1, {"w": weights})
     weights += 1  # the training goes on at once: the snapshot is the copy taken at save
@@ -51,13 +61,15 @@ def test_save_returns_before_the_store_has_it_and_later_changes_do_not_reach_it(
     assert float(back["w"].sum()) == 0.0
 
 
-def test_many_saves_in_a_row_end_with_the_last_one_held(store):
-    for step in range(40):
-        snapshot.save(step, {"w": torch.full((1 << 16,), float(step))})
-    assert snapshot.flush(60)
+def test_many_saves_in_a_row_end_with_the_last_one_held_in_three_slots(store):
+    peak = 0
+    for step in range(50):
+        assert snapshot.save(step, {"w": torch.full((1 << 16,), float(step))})
+        peak = max(peak, store.shelf.used())
     step, back = snapshot.load()
-    assert step == 39 and float(back["w"][0]) == 39.0
-    assert store.shelf.used() <= store.budget
+    assert step == 49 and float(back["w"][0]) == 49.0
+    saver = snapshot._savers[(store.path, "local-0")]
+    assert peak <= store.budget and len(saver._maps) == 3 and len(store.shelf._slots()) == 3
 
 
 def test_sharded_state_is_kept_per_rank_and_loaded_as_saved(store, monkeypatch):
@@ -70,14 +82,53 @@ def test_sharded_state_is_kept_per_rank_and_loaded_as_saved(store, monkeypatch):
     assert step == 5 and back["shard"].tolist() == [0, 1, 2, 3]
 
 
-def test_a_changed_snapshot_is_not_loaded_the_previous_one_is(store, capsys):
+def test_a_snapshot_changed_out_of_bounds_after_its_commit_is_not_loaded_the_previous_one_is(store, capsys):
     for step in (1, 2):
         snapshot.save(step, {"w": torch.full((100,), float(step))})
-        snapshot.flush(30)
-    store.shelf.get("local-0", 2).blob[200] ^= 0xFF
+    slot = store.shelf.pin("local-0", 2)
+    slot.map[30:34] = b"\xff\xff\xff\xff"  # its manifest: checked again at every load
+    store.shelf.unpin(slot)
     step, back = snapshot.load()
     assert step == 1 and float(back["w"][0]) == 1.0
-    assert "the snapshot of step 2 is not used: the digest does not match" in capsys.readouterr().err
+    assert "the snapshot of step 2 is not used: the manifest is not JSON" in capsys.readouterr().err
+
+
+def test_the_steps_lost_are_those_saved_after_the_step_resumed(store, capsys):
+    for step in range(1, 4):
+        snapshot.save(step, {"w": torch.ones(3)})
+    for step in range(1, 6):
+        snapshot.save(step, {"shard": torch.ones(3)}, replicated=False)
+    assert snapshot.load()[0] == 3
+    assert "resumed at step 3 from memory (this node's copy), 2 steps lost" in capsys.readouterr().err
+    assert store.last_load() == (3, None, 5) and store.newest() == 5
+
+
+KILLED_MID_COPY = textwrap.dedent("""
+    import sys, time, torch
+    from metaflow_extensions.torchrun.plugins.torchrun.procs import snapshot, snapshot_saver
+    assert snapshot.save(1, {"w": torch.full((1 << 20,), 1.0)})
+    def half(target, plan, start):  # the copy under way when the rank is killed
+        target[start:start + (1 << 21)].fill_(0x7F)
+        print("copying", flush=True)
+        time.sleep(600)
+    snapshot_saver.copy_in = half
+    snapshot.save(2, {"w": torch.full((1 << 20,), 2.0)})
+""")
+
+
+def test_a_rank_killed_mid_copy_leaves_the_previous_snapshot_to_load(store):
+    proc = subprocess.Popen([sys.executable, "-c", KILLED_MID_COPY], stdout=subprocess.PIPE,
+                            env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
+    try:
+        assert proc.stdout.readline() == b"copying\n"
+        assert store.shelf.arriving() == 1 and store.shelf.steps("local-0") == [1]
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+        proc.stdout.close()
+    step, back = snapshot.load()
+    assert step == 1 and torch.equal(back["w"], torch.full((1 << 20,), 1.0))
+    assert snapshot.save(2, {"w": torch.full((1 << 20,), 2.0)}) and snapshot.load()[0] == 2
 
 
 def test_a_snapshot_over_the_budget_is_refused_at_the_first_save_naming_both_sizes(tmp_path, monkeypatch, capsys):
@@ -110,12 +161,23 @@ def test_outside_torchrun_save_keeps_nothing_and_load_returns_none_said_once(mon
 
 def test_a_store_gone_costs_the_training_nothing(store, capsys):
     assert snapshot.save(0, {"w": torch.ones(10)})
-    snapshot.flush(30)
     store.close()
-    assert snapshot.save(1, {"w": torch.ones(10)}) is True  # taken; the thread finds the store gone
+    assert snapshot.save(1, {"w": torch.ones(10)}) is False  # not kept: said once, the training goes on
+    assert snapshot.save(2, {"w": torch.ones(10)}) is False
     assert snapshot.flush(30)
-    assert "was not kept" in capsys.readouterr().err
+    assert capsys.readouterr().err.count("was not kept") == 1
     assert snapshot.load() is None
+
+
+def test_without_sealed_memfds_save_says_why_once_and_keeps_nothing(tmp_path, monkeypatch, capsys):
+    from metaflow_extensions.torchrun.plugins.torchrun.procs import snapshot_memory
+
+    monkeypatch.setattr(snapshot_memory, "unavailable", lambda: "no sealed memfd here: snapshots are off")
+    with SnapshotStore(str(tmp_path / "nomemfd"), budget=1 << 20) as s:
+        monkeypatch.setenv(SNAPSHOT_ENV, s.path)
+        assert snapshot.save(0, {"w": torch.ones(4)}) is False and snapshot.save(1, {"w": torch.ones(4)}) is False
+        err = capsys.readouterr().err
+        assert err.count("snapshots are off for this rank: no sealed memfd here") == 1
 
 
 def test_device_tensors_are_copied_before_the_trainings_next_kernels(store):

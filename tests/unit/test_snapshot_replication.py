@@ -9,7 +9,7 @@ from metaflow_extensions.torchrun.plugins.torchrun.gang import snapshot_peer as 
 from metaflow_extensions.torchrun.plugins.torchrun.gang.snapshot_store import SnapshotStore
 from metaflow_extensions.torchrun.plugins.torchrun.procs import snapshot_wire as wire
 from metaflow_extensions.torchrun.plugins.torchrun.procs.snapshot_client import StoreClient
-from test_snapshot_store import snapshot
+from test_snapshot_store import Writer, snapshot
 
 SECRET = b"s" * 32
 GANG = "gang-1"
@@ -38,11 +38,20 @@ def address(store):
 
 
 def put(store, key, step, **kw):
-    client = StoreClient(store.path)
-    blob = snapshot(step, **kw)
-    assert client.put(key, step, memoryview(blob)) is None
-    client.close()
+    """A rank's save, as it writes it: in place, with no digest (the store computes one as it pushes)."""
+    writer = Writer(store.path)
+    blob = snapshot(step, sealed=False, **kw)
+    assert writer.put(key, step, blob) is None
+    writer.close()
     return blob
+
+
+def held(store, key, step):
+    slot = store.shelf.pin(key, step)
+    try:
+        return bytes(slot.map[:slot.size])
+    finally:
+        store.shelf.unpin(slot)
 
 
 def test_a_shard_is_pushed_to_the_buddy_and_replicated_state_is_not(stores):
@@ -51,7 +60,10 @@ def test_a_shard_is_pushed_to_the_buddy_and_replicated_state_is_not(stores):
     blobs = [put(node, "rank-0", step, fill=step) for step in (1, 2, 3)]
     put(node, "local-0", 3)
     assert node.replicated(timeout=30)
-    assert buddy.shelf.steps("rank-0")[-1] == 3 and bytes(buddy.shelf.get("rank-0", 3).blob) == blobs[-1]
+    assert buddy.shelf.steps("rank-0")[-1] == 3
+    copy = held(buddy, "rank-0", 3)  # the same bytes, and the digest computed at the push as its trailer
+    assert copy[:-32] == bytes(blobs[-1][:-32]) and copy[-32:] == hashlib.sha256(copy[:-32]).digest()
+    assert held(node, "rank-0", 3) == bytes(blobs[-1])  # the sender's slot is left as the rank wrote it
     assert buddy.shelf.steps("local-0") == [] and node.said == []
 
 
@@ -63,9 +75,11 @@ def test_a_spare_fetches_a_lost_nodes_shard_from_its_peer(stores):
     lost.close()
     spare = stores(2, peers=[("127.0.0.1", 1), address(buddy)])  # the first peer is gone: the next is asked
     client = StoreClient(spare.path)
-    assert client.steps("rank-2") == ([7], 1)
-    assert client.get("rank-2", 7) == blob
-    assert client.steps("rank-5") == ([], None)
+    assert client.steps("rank-2") == ([7], 1, 7)  # node 1's copy (the second peer's)
+    got = client.get("rank-2", 7)
+    assert got.blob[:-32] == blob[:-32] and (got.source, got.node, got.newest) == (1, 1, 7)
+    assert spare.last_load() == (7, 1, 7)
+    assert client.steps("rank-5") == ([], None, 7)
     client.close()
 
 
@@ -80,7 +94,7 @@ def test_a_store_with_another_secret_is_refused_both_ways(stores):
     assert node.replicated(timeout=30) and len(node.said) == 1  # said once
     spare = stores(2, secret=b"y" * 32, peers=[address(node)])
     client = StoreClient(spare.path)
-    assert client.steps("rank-0") == ([], None)
+    assert client.steps("rank-0") == ([], None, None)
     client.close()
 
 
@@ -102,36 +116,44 @@ def test_a_stranger_without_the_secret_learns_nothing_and_stores_nothing(stores)
 def test_a_push_with_a_forged_frame_or_body_is_dropped_unread(stores):
     node = stores(0)
     key = peer.PeerKey(SECRET, GANG, 1)
-    blob = snapshot(4, 5000)
-    announce = {"op": "push", "key": "rank-1", "step": 4, "size": len(blob),
-                "sha256": hashlib.sha256(blob[:-32]).hexdigest()}
+    blob = snapshot(4, 5000)  # sealed: its trailer is its digest
+    push = {"op": "push", "key": "rank-1", "step": 4, "size": len(blob)}
+    body = {"key": "rank-1", "step": 4, "size": len(blob), "sha256": hashlib.sha256(blob[:-32]).hexdigest()}
 
     channel = peer.connect(key, address(node))  # a header changed after it was MACed: dropped at once
-    signed = dict(announce, mac=channel._mac(channel._out, 0, announce), step=5)
+    signed = dict(push, mac=channel._mac(channel._out, 0, push), step=5)
     wire.send_frame(channel.sock, signed)
     assert channel.sock.recv(100) == b""
     channel.close()
 
     channel = peer.connect(key, address(node))  # an authenticated header, other bytes after it
-    channel.send(announce)
+    channel.send(push)
     assert channel.recv() == {"go": True}
+    channel.send(body)
     corrupted = bytearray(blob)
     corrupted[100] ^= 1
     channel.sock.sendall(corrupted)
     assert channel.sock.recv(100) == b""
     channel.close()
-    assert node.shelf.steps("rank-1") == [] and node.shelf.used() == 0
+    assert node.shelf.steps("rank-1") == [] and node.shelf.arriving() == 0
+
+    channel = peer.connect(key, address(node))  # an authenticated digest the trailer does not repeat
+    channel.send(push)
+    assert channel.recv() == {"go": True}
+    channel.send(body)
+    channel.sock.sendall(bytes(blob[:-32]) + bytes(32))
+    assert channel.sock.recv(100) == b""
+    channel.close()
+    assert node.shelf.steps("rank-1") == []
 
     channel = peer.connect(key, address(node))  # and the same, whole: kept
-    assert peer.push(channel, node_held(blob, 4)) is None
+    channel.send(push)
+    assert channel.recv() == {"go": True}
+    channel.send(body)
+    channel.sock.sendall(blob)
+    assert channel.recv() == {"ok": True}
     channel.close()
-    assert node.shelf.steps("rank-1") == [4]
-
-
-def node_held(blob, step):
-    from metaflow_extensions.torchrun.plugins.torchrun.gang.snapshot_shelf import Held
-
-    return Held("rank-1", step, blob)
+    assert node.shelf.steps("rank-1") == [4] and held(node, "rank-1", 4) == bytes(blob)
 
 
 def test_a_push_over_the_buddys_budget_is_refused_and_said(stores):
@@ -150,3 +172,4 @@ def test_a_newer_snapshot_supersedes_one_not_yet_sent(stores):
     assert node.replicated(timeout=60)
     assert buddy.shelf.steps("rank-0")[-1] == 29
     assert node._pusher.pushed <= 30
+    assert len(buddy.shelf._slots()) <= 3 and len(node.shelf._slots()) <= 3  # three slots a key, reused

@@ -1,6 +1,9 @@
-"""The node's snapshot store: its budget, the two it keeps, a torn snapshot dropped, all freed at close."""
+"""The node's snapshot store: slots a rank writes in place, its budget, the two it keeps, a torn
+snapshot never seen, a rank unable to shrink a slot, all freed at close."""
 
+import errno
 import json
+import mmap
 import os
 import signal
 import socket
@@ -12,75 +15,137 @@ import textwrap
 
 import pytest
 
-from metaflow_extensions.torchrun.plugins.torchrun.gang.snapshot_shelf import KEEP, Shelf, default_budget
+from metaflow_extensions.torchrun.plugins.torchrun.gang.snapshot_shelf import KEEP, SLOTS_PER_KEY, Shelf, default_budget
 from metaflow_extensions.torchrun.plugins.torchrun.gang.snapshot_store import SnapshotStore
 from metaflow_extensions.torchrun.plugins.torchrun.procs import snapshot_codec as codec
+from metaflow_extensions.torchrun.plugins.torchrun.procs import snapshot_memory as memory
 from metaflow_extensions.torchrun.plugins.torchrun.procs import snapshot_wire as wire
 from metaflow_extensions.torchrun.plugins.torchrun.procs.names import SNAPSHOT_ENV
 from metaflow_extensions.torchrun.plugins.torchrun.procs.snapshot_client import StoreClient, StoreError
 from proc_helpers import wait_until
 
 
-def snapshot(step, size=1000, fill=1):
-    """A sealed snapshot of one uint8 tensor, made without torch."""
+def snapshot(step, size=1000, fill=1, sealed=True):
+    """A snapshot of one uint8 tensor, made without torch (sealed: with its digest, as a peer sends it)."""
     manifest = json.dumps({"format": 1, "step": step, "tree": {"t": 0},
                            "tensors": [["uint8", [size], 0, size]]}).encode()
     start, total = codec.layout(manifest, size)
     blob = bytearray(total)
     codec.write_head(memoryview(blob), manifest, size)
     blob[start:start + size] = bytes([fill % 256]) * size
-    codec.seal(memoryview(blob), total)
+    if sealed:
+        codec.seal(memoryview(blob), total)
     return blob
 
 
-# -- the shelf: memory and its budget -------------------------------------------------
+class Writer:
+    """A rank's side, by hand: a slot asked for, mapped once by its id, written, committed."""
+
+    def __init__(self, path):
+        self.client = StoreClient(path)
+        self.maps = {}
+        self.granted = []
+
+    def put(self, key, step, blob, commit=True):
+        granted, dropped, why = self.client.slot(key, len(blob))
+        for ident in dropped:
+            self.maps.pop(ident).close()
+        if granted is None:
+            return why
+        self.granted.append(granted.slot)
+        if granted.fd is not None:
+            self.maps[granted.slot] = memory.map_shared(granted.fd, granted.capacity)
+            os.close(granted.fd)
+        self.maps[granted.slot][:len(blob)] = bytes(blob)
+        return self.client.commit(key, granted.slot, step, len(blob)) if commit else granted
+
+    def close(self):
+        for m in self.maps.values():
+            m.close()
+        self.client.close()
 
 
-def test_it_keeps_the_newest_two_per_key():
+# -- the shelf: slots and their budget -------------------------------------------------
+
+
+def fill(shelf, key, step, size=100):
+    slot = shelf.begin(key, size)
+    assert slot is not None, step
+    slot.map[:size] = bytes([step % 256]) * size
+    shelf.finish(slot, step, size)
+    return slot
+
+
+def test_it_keeps_the_newest_two_per_key_in_three_slots_handed_out_in_turn():
     shelf = Shelf(budget=1 << 20)
-    for step in range(5):
-        ticket = shelf.begin("rank-0", 100)
-        shelf.finish(ticket, step, bytearray(100))
-    assert shelf.steps("rank-0") == [3, 4] and KEEP == 2
-    assert shelf.used() == 200 and shelf.get("rank-0").step == 4 and shelf.get("rank-0", 3).step == 3
-    assert shelf.get("rank-0", 2) is None and shelf.steps("rank-1") == []
+    ids = [fill(shelf, "rank-0", step).id for step in range(8)]
+    assert shelf.steps("rank-0") == [6, 7] and KEEP == 2 and SLOTS_PER_KEY == 3
+    assert len(set(ids)) == 3 and ids[3:6] == ids[:3]  # reused, never made anew
+    assert shelf.used() == 3 * memory.room(100)
+    slot = shelf.pin("rank-0", 6)
+    assert slot.step == 6 and slot.map[0] == 6 and shelf.pin("rank-0", 5) is None
+    shelf.unpin(slot)
+    assert shelf.newest() == 7 and shelf.steps("rank-1") == [] and Shelf(10).newest() is None
+    shelf.clear()
 
 
 def test_a_step_saved_again_replaces_the_later_ones_of_a_timeline_left_behind():
     shelf = Shelf(budget=1 << 20)
     for step in (7, 8, 6):
-        shelf.finish(shelf.begin("local-0", 10), step, bytearray(10))
-    assert shelf.steps("local-0") == [6]
+        fill(shelf, "local-0", step)
+    assert shelf.steps("local-0") == [6] and shelf.newest() == 6
+    assert shelf.used() <= SLOTS_PER_KEY * memory.room(100)
+    shelf.clear()
 
 
-def test_the_budget_holds_under_repeated_saves_dropping_the_keys_oldest_first():
-    shelf = Shelf(budget=250)
+def test_the_budget_holds_over_50_saves_and_growing_sizes():
+    room = memory.room(100_000)
+    shelf = Shelf(budget=3 * room)
     peak = 0
-    for step in range(20):
-        ticket = shelf.begin("rank-0", 100)
-        assert ticket is not None, step
+    for step in range(50):
+        slot = shelf.begin("rank-0", 100_000)
+        assert slot is not None, step
         peak = max(peak, shelf.used())
-        shelf.finish(ticket, step, bytearray(100))
+        shelf.finish(slot, step, 100_000)
         peak = max(peak, shelf.used())
-    assert peak <= 250 and shelf.steps("rank-0") == [18, 19]  # the older dropped while the next arrived
-    assert shelf.begin("rank-1", 200) is None  # another key's copies are never dropped for it
-    assert shelf.steps("rank-0") == [18, 19]
+    assert peak <= shelf.budget and shelf.steps("rank-0") == [48, 49]
+    assert shelf.begin("rank-1", 1000) is None  # another key's copies are never dropped for it
+    assert shelf.steps("rank-0") == [48, 49]
+    bigger = shelf.begin("rank-0", 150_000)  # a grown snapshot: the spare and the oldest give way
+    assert bigger is not None and shelf.used() <= shelf.budget and shelf.steps("rank-0") == [49]
+    shelf.clear()
+    assert shelf.used() == 0
 
 
-def test_an_abandoned_arrival_gives_its_room_back():
-    shelf = Shelf(budget=100)
-    ticket = shelf.begin("rank-0", 100)
-    assert shelf.begin("rank-1", 1) is None
-    shelf.abandon(ticket)
-    assert shelf.used() == 0 and shelf.begin("rank-1", 100) is not None
+def test_an_abandoned_write_leaves_the_snapshots_and_its_slot_is_reused():
+    shelf = Shelf(budget=1 << 20)
+    fill(shelf, "rank-0", 1)
+    torn = shelf.begin("rank-0", 100)
+    torn.map[:10] = b"x" * 10
+    shelf.abandon(torn)
+    assert shelf.steps("rank-0") == [1] and shelf.arriving() == 0
+    assert shelf.begin("rank-0", 100) is torn
+    shelf.clear()
+
+
+def test_a_slot_being_read_is_neither_reused_nor_closed_until_let_go():
+    shelf = Shelf(budget=1 << 20)
+    first = fill(shelf, "rank-0", 0)
+    pinned = shelf.pin("rank-0", 0)
+    for step in range(1, 6):
+        assert fill(shelf, "rank-0", step) is not first
+    assert pinned.map[0] == 0 and pinned.readers == 1
+    shelf.unpin(pinned)
+    assert fill(shelf, "rank-0", 6) is first or first.id not in shelf.alive([first.id])
+    shelf.clear()
 
 
 def test_a_plan_over_budget_names_both_sizes():
-    shelf = Shelf(budget=300 << 20)
+    shelf = Shelf(budget=450 << 20)
     assert shelf.plan("local-0", 100 << 20) is None
     why = shelf.plan("local-1", 60 << 20)
-    assert "a snapshot of 60.0 MB needs 120.0 MB" in why and "budget is 300.0 MB" in why
-    assert "200.0 MB of it planned for other ranks" in why
+    assert "a snapshot of 60.0 MB needs 18" in why and "the next being written" in why
+    assert "budget is 450.0 MB" in why and "304.7 MB of it planned for other ranks" in why
     assert shelf.plan("local-0", 140 << 20) is None  # its own earlier plan is replaced, not added
 
 
@@ -102,31 +167,77 @@ def store(tmp_path):
     s.close()
 
 
+@pytest.fixture
+def writer(store):
+    w = Writer(store.path)
+    yield w
+    w.close()
+
+
 def test_ranks_reach_it_in_a_private_directory_named_by_one_variable(store, tmp_path):
     assert store.environ() == {SNAPSHOT_ENV: store.path}
     assert stat.S_IMODE(os.stat(tmp_path / "snapshots").st_mode) == 0o700
     assert stat.S_ISSOCK(os.stat(store.path).st_mode)
 
 
-def test_a_rank_puts_and_gets_back_the_same_bytes(store):
-    client = StoreClient(store.path)
-    for step in (1, 2, 3):
-        assert client.put("rank-0", step, memoryview(snapshot(step, fill=step))) is None
-    assert client.steps("rank-0") == ([2, 3], None)
-    got = client.get("rank-0", 2)
-    assert got == snapshot(2, fill=2) and codec.check(got).step == 2
-    assert client.get("rank-0", 1) is None and client.get("local-3", 1) is None
+def test_a_rank_writes_in_place_and_gets_back_the_same_bytes(store, writer):
+    for step in (1, 2, 3, 4, 5):
+        assert writer.put("rank-0", step, snapshot(step, fill=step, sealed=False)) is None
+    assert len(set(writer.granted)) == 3 and len(writer.maps) == 3  # each slot's fd came once
+    assert writer.client.steps("rank-0") == ([4, 5], None, 5)
+    got = writer.client.get("rank-0", 4)
+    assert got.blob == snapshot(4, fill=4, sealed=False) and codec.check(got.blob, digest=False).step == 4
+    assert (got.source, got.node, got.newest) == (None, None, 5)
+    assert store.last_load() == (4, None, 5) and store.newest() == 5
+    assert writer.client.get("rank-0", 1) is None and writer.client.get("local-3", 1) is None
+
+
+def test_a_slot_cannot_be_shrunk_or_grown_by_the_rank(store, writer):
+    granted = writer.put("rank-0", 1, snapshot(1), commit=False)
+    assert granted.slot in writer.maps
+    client = StoreClient(store.path)  # another connection is given the fd again: the rank's own copy of it
+    again, _, _ = client.slot("rank-0", 1000)
+    for size in (0, 10, again.capacity * 2):
+        with pytest.raises(PermissionError):
+            os.ftruncate(again.fd, size)
+    with pytest.raises(PermissionError):
+        import fcntl
+        fcntl.fcntl(again.fd, fcntl.F_ADD_SEALS, 0)  # sealed against more seals, and so against unsealing
+    assert os.fstat(again.fd).st_size == again.capacity and memory.is_sealed(again.fd)
+    os.close(again.fd)
     client.close()
 
 
+def test_a_commit_of_what_is_no_snapshot_is_refused_and_the_previous_stands(store, writer):
+    assert writer.put("rank-0", 1, snapshot(1, sealed=False)) is None
+    garbage = bytearray(snapshot(2, sealed=False))
+    garbage[30:40] = b"\xff" * 10  # the manifest broken
+    assert "not a whole snapshot" in writer.put("rank-0", 2, garbage)
+    assert "holds step 3, not 2" in writer.put("rank-0", 2, snapshot(3, sealed=False))
+    assert writer.client.steps("rank-0") == ([1], None, 1)
+    other = StoreClient(store.path)  # a slot handed to one rank is not another's to commit
+    assert "no slot of rank-0" in other.commit("rank-0", writer.granted[-1], 1, 1000)
+    other.close()
+
+
 def test_a_put_over_budget_is_refused_and_the_plan_says_so_first(tmp_path):
-    with SnapshotStore(str(tmp_path / "s"), budget=3000) as small:
-        client = StoreClient(small.path)
-        why, budget = client.plan("rank-0", 2000)
-        assert budget == 3000 and "a snapshot of 2000 bytes needs 4000 bytes" in why and "budget is 3000 bytes" in why
-        assert "over the node's snapshot budget of 3000 bytes" in client.put("rank-0", 1, memoryview(snapshot(1, 4000)))
-        assert client.put("rank-0", 1, memoryview(snapshot(1, 1000))) is None  # a smaller one still fits
-        client.close()
+    with SnapshotStore(str(tmp_path / "s"), budget=40000) as small:
+        writer = Writer(small.path)
+        why, budget = writer.client.plan("rank-0", 20000)
+        assert budget == 40000 and "a snapshot of 19.5 KB needs" in why and "budget is 39.1 KB" in why
+        assert "over the node's snapshot budget of 40000 bytes" in writer.put("rank-0", 1, snapshot(1, 50000))
+        assert writer.put("rank-0", 1, snapshot(1, 1000)) is None  # a smaller one still fits
+        writer.close()
+
+
+def test_grown_snapshots_get_new_slots_and_the_rank_is_told_which_to_unmap(store, writer):
+    for step in range(3):
+        writer.put("rank-0", step, snapshot(step, 1000, sealed=False))
+    small = set(writer.granted)
+    for step in range(3, 8):
+        assert writer.put("rank-0", step, snapshot(step, 20000, sealed=False)) is None
+    assert not small & set(writer.maps) and len(writer.maps) == 3  # the small ones unmapped, as told
+    assert store.shelf.used() == 3 * memory.room(snapshot(0, 20000).__len__())
 
 
 def test_long_socket_paths_work(tmp_path):
@@ -134,9 +245,9 @@ def test_long_socket_paths_work(tmp_path):
     deep.mkdir(parents=True)
     with SnapshotStore(str(deep / "snapshots"), budget=1 << 20) as s:
         assert len(s.path) > 107
-        client = StoreClient(s.path)
-        assert client.put("local-0", 0, memoryview(snapshot(0))) is None
-        client.close()
+        writer = Writer(s.path)
+        assert writer.put("local-0", 0, snapshot(0)) is None
+        writer.close()
 
 
 def framed(body):
@@ -147,66 +258,82 @@ def framed(body):
     struct.pack("!I", wire.MAX_HEADER + 1),
     framed(b"hello"),
     framed(b"[]"),
-    framed(b'{"op":"put","key":"x/../y","step":1,"size":100}'),
-    framed(b'{"op":"put","key":"rank-0","step":-1,"size":100}'),
-    framed(b'{"op":"put","key":"rank-0","step":1,"size":1e9}'),
+    framed(b'{"op":"slot","key":"x/../y","size":100}'),
+    framed(b'{"op":"slot","key":"rank-0","size":-1}'),
+    framed(b'{"op":"slot","key":"rank-0","size":1e9}'),
+    framed(b'{"op":"commit","key":"rank-0","slot":0,"step":1,"size":100}'),
     framed(b'{"op":"get","key":"rank-0","step":true}'),
-    framed(b'{"op":"rm","key":"rank-0"}'),
-    framed(b'{"op":"put","key":"rank-01","step":1,"size":100}'),
+    framed(b'{"op":"put","key":"rank-0","step":1,"size":100}'),
+    framed(b'{"op":"slot","key":"rank-01","size":100}'),
 ])
-def test_a_malformed_frame_ends_that_connection_only(store, frame):
-    client = StoreClient(store.path)
-    client.put("rank-0", 1, memoryview(snapshot(1)))
+def test_a_malformed_frame_ends_that_connection_only(store, writer, frame):
+    writer.put("rank-0", 1, snapshot(1))
     bad = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     bad.connect(store.path)
     bad.sendall(frame)
     bad.settimeout(10)
     assert bad.recv(10) == b""  # dropped
     bad.close()
-    assert client.steps("rank-0") == ([1], None)
-    client.close()
+    assert writer.client.steps("rank-0") == ([1], None, 1)
 
 
 TORN_WRITER = textwrap.dedent("""
-    import json, socket, struct, sys
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    sock.connect(sys.argv[1])
+    import mmap, os, sys
+    from metaflow_extensions.torchrun.plugins.torchrun.procs import snapshot_memory as memory
+    from metaflow_extensions.torchrun.plugins.torchrun.procs.snapshot_client import StoreClient
+    client = StoreClient(sys.argv[1])
     size = int(sys.argv[2])
-    head = json.dumps({"op": "put", "key": "rank-0", "step": 2, "size": size}).encode()
-    sock.sendall(struct.pack("!I", len(head)) + head)
-    sock.recv(100)  # go
-    sock.sendall(b"x" * (size // 2))
+    granted, _, _ = client.slot("rank-0", size)
+    m = memory.map_shared(granted.fd, granted.capacity)
+    m[:size // 2] = b"x" * (size // 2)
     print("half", flush=True)
     sys.stdin.read()
 """)
 
 
-def test_a_writer_killed_mid_snapshot_leaves_the_previous_one_whole(store):
-    client = StoreClient(store.path)
-    first = snapshot(1, 50000, fill=7)
-    client.put("rank-0", 1, memoryview(first))
-    writer = subprocess.Popen([sys.executable, "-c", TORN_WRITER, store.path, str(len(first))],
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+def test_a_writer_killed_mid_copy_leaves_the_previous_snapshot_and_its_slot_is_reused(store, writer):
+    first = snapshot(1, 50000, fill=7, sealed=False)
+    writer.put("rank-0", 1, first)
+    proc = subprocess.Popen([sys.executable, "-c", TORN_WRITER, store.path, str(len(first))],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     try:
-        assert writer.stdout.readline() == b"half\n"
-        assert wait_until(lambda: store.shelf.used() == 2 * len(first), timeout=30)  # arriving, counted
+        assert proc.stdout.readline() == b"half\n"
+        assert store.shelf.arriving() == 1
+        used = store.shelf.used()
     finally:
-        os.kill(writer.pid, signal.SIGKILL)
-        writer.wait()
-        writer.stdin.close()
-        writer.stdout.close()
-    assert wait_until(lambda: store.shelf.used() == len(first), timeout=30)  # dropped
-    assert client.steps("rank-0") == ([1], None) and client.get("rank-0", 1) == first
-    client.close()
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+        proc.stdin.close()
+        proc.stdout.close()
+    assert wait_until(lambda: store.shelf.arriving() == 0, timeout=30)  # void: never committed
+    assert store.shelf.used() == used  # its slot kept for the key's next save, not made anew
+    assert writer.client.steps("rank-0") == ([1], None, 1) and writer.client.get("rank-0", 1).blob == first
+    assert writer.put("rank-0", 2, snapshot(2, 50000, sealed=False)) is None and store.shelf.used() == used
 
 
-def test_close_frees_everything(tmp_path):
+def test_close_frees_everything_and_closes_every_memfd(tmp_path):
     s = SnapshotStore(str(tmp_path / "s"), budget=1 << 20)
-    client = StoreClient(s.path)
-    client.put("rank-0", 1, memoryview(snapshot(1, 100000)))
-    assert s.shelf.used() > 100000
+    writer = Writer(s.path)
+    for step in range(4):
+        writer.put("rank-0", step, snapshot(step, 100000))
+    fds = [slot.fd for slot in s.shelf._slots()]
+    assert len(fds) == 3 and s.shelf.used() > 300000
     s.close()
     assert s.shelf.used() == 0 and s.shelf.steps("rank-0") == [] and not os.path.exists(s.path)
+    for fd in fds:
+        with pytest.raises(OSError) as caught:
+            os.fstat(fd)
+        assert caught.value.errno == errno.EBADF
     with pytest.raises(StoreError):
-        client.steps("rank-0")
-    client.close()
+        writer.client.steps("rank-0")
+    writer.close()
+
+
+def test_without_sealed_memfds_snapshots_are_off_with_the_reason(tmp_path, monkeypatch):
+    monkeypatch.setattr(memory, "unavailable", lambda: "no sealed memfd here: snapshots are off")
+    with SnapshotStore(str(tmp_path / "s"), budget=1 << 20) as s:
+        client = StoreClient(s.path)
+        assert client.plan("rank-0", 1000)[0] == "no sealed memfd here: snapshots are off"
+        assert client.slot("rank-0", 1000)[0] is None and s.shelf.used() == 0
+        client.close()
+    assert mmap.PAGESIZE == memory.PAGE

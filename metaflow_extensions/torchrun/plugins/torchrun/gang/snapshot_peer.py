@@ -3,9 +3,11 @@
 Both sides prove they hold the gang's secret before anything else (``gang/auth.py``'s proof,
 with sides of their own, so a proof on the gang's port never passes here, nor the other way);
 every frame after carries an HMAC under a key of this connection (both nonces), over its
-sequence number and header. A snapshot's header names its SHA-256, so the bytes that follow
-are checked against an authenticated digest: a push that fails any check is dropped, its body
-never decoded. Nothing is unpickled; the snapshot is the codec's bytes.
+sequence number and header. A snapshot's header names its SHA-256, computed by the sending store
+as it sends (a rank's save computes none), so the bytes that follow are checked against an
+authenticated digest: a copy that fails any check is dropped, its body never decoded. The bytes
+go from the sender's slot to the receiver's with no buffer between. Nothing is unpickled; the
+snapshot is the codec's bytes.
 """
 
 from __future__ import annotations
@@ -17,9 +19,10 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple
 
+from ..procs import snapshot_codec as codec
 from ..procs import snapshot_wire as wire
 from . import auth
-from .snapshot_shelf import Held, Shelf
+from .snapshot_shelf import Shelf, Slot, Source, view
 
 PROTOCOL = 1
 HANDSHAKE_TIMEOUT = 5.0
@@ -50,6 +53,7 @@ class Channel:
                  is_server: bool, peer_node: int) -> None:
         self.sock = sock
         self.peer_node = peer_node
+        self.node = key.node
         base = auth.derive(key.secret, "snapshot frames")
         self._key = hmac.new(base, key.gang_id.encode() + b"\0" + server_nonce + client_nonce,
                              hashlib.sha256).digest()
@@ -76,17 +80,25 @@ class Channel:
         self._received += 1
         return header
 
-    def recv_snapshot(self, header: Dict[str, Any], max_size: int) -> bytearray:
-        """The body an authenticated header announced, kept only if its digest is the header's."""
-        size = wire.int_field(header, "size", 64, max_size)
+    def recv_snapshot(self, header: Dict[str, Any], into: memoryview) -> None:
+        """The body an authenticated header announced, into ``into`` (as long as the header's size); it
+        counts only if its digest is the header's (``PeerRefused`` otherwise: drop what was written)."""
+        size = len(into)
         digest = header.get("sha256")
         if not isinstance(digest, str) or len(digest) != 64:
             raise PeerRefused("a snapshot header with no digest")
-        blob = wire.recv_body(self.sock, size)
-        actual = hashlib.sha256(memoryview(blob)[:size - 32]).hexdigest()
-        if not (hmac.compare_digest(actual, digest) and hmac.compare_digest(bytes.fromhex(digest), blob[-32:])):
+        wire.recv_into(self.sock, into)
+        actual = codec.digest_of(into, size).hex()
+        if not (hmac.compare_digest(actual, digest) and hmac.compare_digest(actual, bytes(into[-32:]).hex())):
             raise PeerRefused("a snapshot whose bytes do not match its authenticated digest: dropped")
-        return blob
+
+    def send_snapshot(self, slot: Slot) -> None:
+        """A pinned slot's snapshot: its digest computed now, in the MACed header and as its trailer."""
+        with view(slot) as body:
+            digest = codec.digest_of(body, slot.size)
+            self.send({"key": slot.key, "step": slot.step, "size": slot.size, "sha256": digest.hex()})
+            self.sock.sendall(body[:slot.size - codec.DIGEST_BYTES])
+            self.sock.sendall(digest)
 
     def close(self) -> None:
         wire.close_quietly(self.sock)
@@ -153,40 +165,56 @@ def _nonce(value: Any) -> Optional[bytes]:
         return None
 
 
-def announce(held: Held) -> Dict[str, Any]:
-    return {"key": held.key, "step": held.step, "size": held.size, "sha256": held.digest.hex()}
-
-
 # -- the client's requests ------------------------------------------------------------
 
 
-def push(channel: Channel, held: Held) -> Optional[str]:
-    """None once the peer holds it; else the peer's reason (its budget)."""
-    channel.send(dict(announce(held), op="push"))
+def push(channel: Channel, slot: Slot) -> Optional[str]:
+    """None once the peer holds the (pinned) slot's snapshot; else the peer's reason (its budget)."""
+    channel.send({"op": "push", "key": slot.key, "step": slot.step, "size": slot.size})
     answer = channel.recv() or {}
     if not answer.get("go"):
         return str(answer.get("why", "refused"))[:500]
-    channel.sock.sendall(held.blob)
+    channel.send_snapshot(slot)
     done = channel.recv() or {}
     return None if done.get("ok") else str(done.get("why", "not kept"))[:500]
 
 
-def fetch(channel: Channel, key: str, max_size: int) -> List[Tuple[int, bytearray]]:
-    """Every snapshot the peer holds for ``key``, oldest first, each checked against its digest."""
+def fetch(channel: Channel, key: str, shelf: Shelf, index: int) -> Optional[int]:
+    """Every snapshot the peer holds for ``key``, oldest first, each checked against its digest and kept on
+    ``shelf`` as from ``(index, the peer's node)``; that node, or None where the peer holds none."""
     channel.send({"op": "steps", "key": key})
     answer = channel.recv() or {}
-    steps = answer.get("steps")
-    if not isinstance(steps, list) or len(steps) > 8:
-        raise PeerRefused("a steps answer that is not a short list")
-    out = []
+    steps, node = answer.get("steps"), answer.get("node")
+    if not isinstance(steps, list) or len(steps) > 8 or isinstance(node, bool) or not isinstance(node, int):
+        raise PeerRefused("a steps answer that is not a short list and a node")
     for step in steps:
         channel.send({"op": "fetch", "key": key, "step": step})
         header = channel.recv() or {}
         if header.get("size") is None:
             continue  # dropped since it answered
-        blob = channel.recv_snapshot(header, max_size)
-        out.append((wire.int_field(header, "step", 0, 1 << 53), blob))
-    return out
+        size = wire.int_field(header, "size", 64, 1 << 48)
+        slot = shelf.begin(key, size)
+        if slot is None:
+            raise PeerRefused("a copy of %d bytes is over this node's snapshot budget (%d of %d bytes in use)"
+                              % (size, shelf.used(), shelf.budget))
+        _receive(channel, shelf, slot, key, header, (index, node))
+    return node if steps else None
+
+
+def _receive(channel: Channel, shelf: Shelf, slot: Slot, key: str, header: Dict[str, Any],
+             source: Optional[Source]) -> None:
+    """An authenticated snapshot's body into ``slot``: kept only whole, of ``key``, matching its digest."""
+    try:
+        if header.get("key") != key:
+            raise PeerRefused("a copy of another key than asked")
+        step = wire.int_field(header, "step", 0, 1 << 53)
+        size = wire.int_field(header, "size", 64, slot.capacity)
+        with memoryview(slot.map) as whole:
+            channel.recv_snapshot(header, whole[:size])
+    except BaseException:
+        shelf.abandon(slot)
+        raise
+    shelf.finish(slot, step, size, source)
 
 
 # -- the server's side ----------------------------------------------------------------
@@ -202,29 +230,39 @@ def serve(channel: Channel, shelf: Shelf) -> None:
         if op == "push":
             _take_push(channel, shelf, key, header)
         elif op == "steps":
-            channel.send({"steps": shelf.steps(key)})
+            channel.send({"steps": shelf.steps(key), "node": channel.node})
         elif op == "fetch":
-            held = shelf.get(key, wire.int_field(header, "step", 0, 1 << 53))
-            channel.send(announce(held) if held else {"size": None}, held.blob if held else None)
+            _send_copy(channel, shelf, key, wire.int_field(header, "step", 0, 1 << 53))
         else:
             raise PeerRefused("an unknown request")
 
 
+def _send_copy(channel: Channel, shelf: Shelf, key: str, step: int) -> None:
+    slot = shelf.pin(key, step)
+    if slot is None:
+        channel.send({"size": None})
+        return
+    try:
+        channel.send_snapshot(slot)
+    finally:
+        shelf.unpin(slot)
+
+
 def _take_push(channel: Channel, shelf: Shelf, key: str, header: Dict[str, Any]) -> None:
-    step = wire.int_field(header, "step", 0, 1 << 53)
+    """Room first (a slot, or ``go: false``), then the body under a MACed header that carries its digest."""
     size = wire.int_field(header, "size", 64, 1 << 48)
-    ticket = shelf.begin(key, size)
-    if ticket is None:
+    slot = shelf.begin(key, size)
+    if slot is None:
         channel.send({"go": False, "why": "over this node's snapshot budget (%d of %d bytes in use, %d asked)"
                       % (shelf.used(), shelf.budget, size)})
         return
     channel.send({"go": True})
     try:
-        blob = channel.recv_snapshot(header, size)
+        body = channel.recv() or {}
     except BaseException:
-        shelf.abandon(ticket)
+        shelf.abandon(slot)
         raise
-    shelf.finish(ticket, step, blob)
+    _receive(channel, shelf, slot, key, body, None)
     channel.send({"ok": True})
 
 

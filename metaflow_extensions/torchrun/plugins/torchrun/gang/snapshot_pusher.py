@@ -1,9 +1,10 @@
 """Each complete shard's snapshot, pushed to the buddy node's store in the background.
 
-Off the training's path: the store hands over a snapshot and returns. At most one waits per
-key: a newer one replaces one not yet sent, so a slow link costs steps of the copy's freshness,
-never memory. A buddy that cannot be reached or refuses is said once, and tried again with the
-next snapshot.
+Off the training's path: the store names a committed snapshot (key and step) and returns; this
+thread pins its slot, computes its digest and sends it from there. At most one waits per key: a
+newer one replaces one not yet sent, so a slow link costs steps of the copy's freshness, never
+memory. A buddy that cannot be reached or refuses is said once, and tried again with the next
+snapshot.
 """
 
 from __future__ import annotations
@@ -13,26 +14,28 @@ from typing import Callable, Dict, Optional
 
 from ..procs import snapshot_wire as wire
 from .snapshot_peer import Address, Channel, PeerKey, PeerRefused, connect, push
-from .snapshot_shelf import Held
+from .snapshot_shelf import Shelf, Slot
 
 
 class Pusher:
-    def __init__(self, key: PeerKey, buddy: Optional[Address], say: Callable[[str], None]) -> None:
+    def __init__(self, key: PeerKey, shelf: Shelf, buddy: Optional[Address], say: Callable[[str], None]) -> None:
         self._key = key
+        self._shelf = shelf
         self._buddy = buddy
         self._say = say
         self._said = False
-        self._pending: Dict[str, Held] = {}
+        self._pending: Dict[str, int] = {}  # key -> the step to send
         self._cond = threading.Condition()
         self._closed = False
+        self._busy = False
         self._channel: Optional[Channel] = None
         self.pushed = 0  # snapshots the buddy took: the tests' and the benchmark's count
         self._thread = threading.Thread(target=self._run, name="snapshot-push", daemon=True)
         self._thread.start()
 
-    def offer(self, held: Held) -> None:
+    def offer(self, key: str, step: int) -> None:
         with self._cond:
-            self._pending[held.key] = held  # supersedes one not yet sent
+            self._pending[key] = step  # supersedes one not yet sent
             self._cond.notify()
 
     def buddy_changed(self, buddy: Optional[Address]) -> None:
@@ -40,6 +43,7 @@ class Pusher:
         with self._cond:
             self._buddy = buddy
             channel, self._channel = self._channel, None
+            self._cond.notify()
         if channel:
             channel.close()
 
@@ -48,27 +52,31 @@ class Pusher:
         with self._cond:
             return self._cond.wait_for(lambda: not self._pending and not self._busy, timeout)
 
-    _busy = False
-
     def _run(self) -> None:
         while True:
             with self._cond:
                 self._busy = False
                 self._cond.notify_all()
-                self._cond.wait_for(lambda: self._closed or (self._pending and self._buddy is not None))
+                self._cond.wait_for(lambda: self._closed or bool(self._pending and self._buddy is not None))
                 if self._closed:
                     return
                 key = next(iter(self._pending))
-                held, buddy = self._pending.pop(key), self._buddy
+                step, buddy = self._pending.pop(key), self._buddy
                 self._busy = True
-            self._send(held, buddy)
+            slot = self._shelf.pin(key, step)
+            if slot is None:
+                continue  # dropped since (a newer one is pending, or the store closed)
+            try:
+                self._send(slot, buddy)
+            finally:
+                self._shelf.unpin(slot)
 
-    def _send(self, held: Held, buddy: Optional[Address]) -> None:
+    def _send(self, slot: Slot, buddy: Optional[Address]) -> None:
         assert buddy is not None
         try:
             if self._channel is None:
                 self._channel = connect(self._key, buddy)
-            why = push(self._channel, held)
+            why = push(self._channel, slot)
         except (OSError, PeerRefused, wire.WireError) as e:
             channel, self._channel = self._channel, None
             if channel:

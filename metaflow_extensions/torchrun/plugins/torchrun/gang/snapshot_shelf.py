@@ -1,20 +1,29 @@
-"""The snapshots a node holds in its own memory, within a budget.
+"""The snapshots a node holds in its own memory, in slots, within a budget.
 
-Per key (``rank-R`` for a shard, ``local-L`` for replicated state) the newest complete snapshot
-and the one before it: the gang agrees on the newest step every rank holds, and a rank killed
-while saving step S leaves the others holding S and S-1. A snapshot arriving is counted against
-the budget before its first byte is read (``begin``), so what is held plus what is arriving never
-passes it, however often ranks save; to make room the key's oldest is dropped, never its newest.
+A slot is a sealed memfd (``procs/snapshot_memory.py``) the store maps and hands to a rank, which
+writes a snapshot straight into it. Per key (``rank-R`` for a shard, ``local-L`` for replicated
+state) the shelf keeps the newest two committed snapshots (the gang agrees on the newest step every
+rank holds, and a rank killed while saving step S leaves the others holding S and S-1) and the
+slot being written: three slots in the steady state, handed out again in turn, so a save makes no
+memory and maps nothing new. A slot being written is no snapshot until it is committed (``finish``):
+a writer killed half-way leaves the key's snapshots as they were, its slot back on the free list.
+
+Every slot counts against the budget from its creation, whatever it holds, so the budget holds
+however often ranks save; to make room for a key its spare and oldest slots go, never its newest.
+A slot being read (a push, a fetch, a load: ``pin``) is neither reused nor closed until it is let go.
 """
 
 from __future__ import annotations
 
 import itertools
+import os
 import threading
-from dataclasses import dataclass
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, Iterable, List, Optional, Set, Tuple
+
+from ..procs import snapshot_memory as memory
 
 KEEP = 2
+SLOTS_PER_KEY = KEEP + 1  # the two kept and the one being written
 _MB = 1 << 20
 
 
@@ -39,21 +48,32 @@ def default_budget(fraction: float = 0.25, meminfo: str = "/proc/meminfo") -> in
     return 1 << 30
 
 
-@dataclass(frozen=True)
-class Held:
-    """One complete snapshot's bytes; ``digest`` is its last 32 bytes, as its writer sealed it."""
+Source = Tuple[int, int]  # (the peer's index in the store's peers, its node index)
 
-    key: str
-    step: int
-    blob: bytearray
 
-    @property
-    def size(self) -> int:
-        return len(self.blob)
+class Slot:
+    """One memfd and the store's mapping of it; ``step``/``size`` once it holds a committed snapshot."""
 
-    @property
-    def digest(self) -> bytes:
-        return bytes(self.blob[-32:])
+    def __init__(self, ident: int, capacity: int, key: str) -> None:
+        self.id, self.capacity, self.key = ident, capacity, key
+        self.fd = memory.create(capacity, "torchrun-snapshot-%d" % ident)
+        try:
+            self.map = memory.map_shared(self.fd, capacity)
+        except BaseException:
+            os.close(self.fd)
+            raise
+        self.step, self.size = -1, 0
+        self.owner: Optional[int] = None  # the rank's connection writing it; None for a peer's copy
+        self.source: Optional[Source] = None  # where a copy from a peer came from
+        self.readers = 0
+        self.doomed = False  # to be closed once its last reader lets go
+
+    def close(self) -> None:
+        try:
+            self.map.close()
+        except BufferError:
+            pass  # a view of it is still alive somewhere: the mapping goes with that view
+        memory.close_quietly(self.fd)
 
 
 class Shelf:
@@ -64,77 +84,182 @@ class Shelf:
             raise ValueError("a snapshot budget is a number of bytes, not %d" % budget)
         self.budget = budget
         self._lock = threading.Lock()
-        self._kept: Dict[str, List[Held]] = {}  # oldest first
-        self._arriving: Dict[int, Tuple[str, int]] = {}  # ticket -> (key, size)
+        self._kept: Dict[str, List[Slot]] = {}  # oldest first
+        self._writing: Dict[int, Slot] = {}  # slot id -> slot being written
+        self._free: Dict[str, List[Slot]] = {}
+        self._doomed: List[Slot] = []  # dropped while read: closed when let go
         self._planned: Dict[str, int] = {}  # key -> the size its rank said it saves
-        self._tickets = itertools.count(1)
+        self._ids = itertools.count(1)
+        self._alive: Set[int] = set()
 
     def plan(self, key: str, size: int) -> Optional[str]:
-        """None if a key's snapshots of ``size`` fit (one kept, one arriving); else why not, both sizes named."""
+        """None if a key's snapshots of ``size`` fit (its three slots); else why not, both sizes named."""
+        need = SLOTS_PER_KEY * memory.room(size)
         with self._lock:
-            others = sum(2 * s for k, s in self._planned.items() if k != key)
-            if others + 2 * size > self.budget:
-                return ("a snapshot of %s needs %s in this node's memory (the newest complete copy and the next "
-                        "arriving), and the node's snapshot budget is %s%s"
-                        % (megabytes(size), megabytes(2 * size), megabytes(self.budget),
+            others = sum(SLOTS_PER_KEY * memory.room(s) for k, s in self._planned.items() if k != key)
+            if others + need > self.budget:
+                return ("a snapshot of %s needs %s in this node's memory (the newest two complete copies and the "
+                        "next being written), and the node's snapshot budget is %s%s"
+                        % (megabytes(size), megabytes(need), megabytes(self.budget),
                            ", %s of it planned for other ranks" % megabytes(others) if others else ""))
             self._planned[key] = size
             return None
 
-    def begin(self, key: str, size: int) -> Optional[int]:
-        """A ticket for ``size`` bytes arriving, or None: over budget even with the key's older copies dropped."""
+    def begin(self, key: str, size: int, owner: Optional[int] = None) -> Optional[Slot]:
+        """A slot for ``size`` bytes to be written (by ``owner``'s rank, or a peer's copy), or None: over
+        budget even with the key's spare and older slots dropped. A rank asking again for a key takes over
+        the slot the key's earlier writer left unfinished (a rank restarted: its predecessor's is void)."""
+        with self._lock:
+            if owner is not None:
+                for left in [s for s in self._writing.values() if s.key == key and s.owner is not None]:
+                    self._release(left)
+            slot = self._reusable(key, size) or self._new(key, size)
+            if slot is None:
+                return None
+            slot.owner, slot.step, slot.size, slot.source = owner, -1, 0, None
+            self._writing[slot.id] = slot
+            return slot
+
+    def _reusable(self, key: str, size: int) -> Optional[Slot]:
+        free = self._free.get(key, [])
+        for slot in free:
+            if slot.readers == 0 and slot.capacity >= size:
+                free.remove(slot)
+                return slot
+        return None
+
+    def _new(self, key: str, size: int) -> Optional[Slot]:
+        capacity = memory.room(size)
+        self._make_room(key, capacity)
+        if self._used() + capacity > self.budget:
+            return None
+        slot = Slot(next(self._ids), capacity, key)
+        self._alive.add(slot.id)
+        return slot
+
+    def _make_room(self, key: str, capacity: int) -> None:
+        for slot in list(self._free.get(key, [])):
+            self._free[key].remove(slot)
+            self._drop(slot)  # too small, or read now: a new one takes its place
+        kept = self._kept.get(key, [])
+        while self._used() + capacity > self.budget and len(kept) > 1:
+            self._drop(kept.pop(0))
+
+    def writing(self, ident: int, key: str, owner: Optional[int]) -> Optional[Slot]:
+        """The slot ``ident`` if ``owner`` is writing it for ``key``; None otherwise (not its, or taken over)."""
+        with self._lock:
+            slot = self._writing.get(ident)
+            return slot if slot is not None and slot.key == key and slot.owner == owner else None
+
+    def finish(self, slot: Slot, step: int, size: int, source: Optional[Source] = None) -> None:
+        """The written slot becomes the key's newest; any of a step as late or later goes (a timeline the gang
+        left), and the oldest beyond ``KEEP`` goes back to the free list for the key's next save."""
+        with self._lock:
+            if self._writing.pop(slot.id, None) is not slot or not 0 < size <= slot.capacity:
+                raise ValueError("slot %d is not being written, or %d bytes do not fit it" % (slot.id, size))
+            slot.step, slot.size, slot.source, slot.owner = step, size, source, None
+            kept = self._kept.get(slot.key, [])
+            for old in [h for h in kept if h.step >= step]:
+                self._release(old, kept)
+            kept.append(slot)
+            while len(kept) > KEEP:
+                self._release(kept[0], kept)
+            self._kept[slot.key] = kept
+
+    def abandon(self, slot: Slot) -> None:
+        """A write that did not finish: its slot back to the free list, the key's snapshots untouched."""
+        with self._lock:
+            if self._writing.get(slot.id) is slot:
+                self._release(slot)
+
+    def abandon_owner(self, owner: int) -> None:
+        """A rank's connection gone: whatever it was writing is void."""
+        with self._lock:
+            for slot in [s for s in self._writing.values() if s.owner == owner]:
+                self._release(slot)
+
+    def _release(self, slot: Slot, kept: Optional[List[Slot]] = None) -> None:
+        """To the key's free list (at most one spare per key; another is closed)."""
+        self._writing.pop(slot.id, None)
+        if kept is not None:
+            kept.remove(slot)
+        slot.step, slot.size, slot.owner = -1, 0, None
+        free = self._free.setdefault(slot.key, [])
+        free.append(slot)
+        while len(free) > 1:
+            free.sort(key=lambda s: (s.readers == 0, s.capacity))
+            self._drop(free.pop(0))
+
+    def _drop(self, slot: Slot) -> None:
+        self._alive.discard(slot.id)
+        if slot.readers:
+            slot.doomed = True
+            self._doomed.append(slot)
+        else:
+            slot.close()
+
+    def pin(self, key: str, step: Optional[int] = None) -> Optional[Slot]:
+        """The key's slot holding ``step`` (or its newest), kept as it is until ``unpin``."""
         with self._lock:
             kept = self._kept.get(key, [])
-            while self._used() + size > self.budget and len(kept) > 1:
-                kept.pop(0)
-            if self._used() + size > self.budget:
-                return None
-            ticket = next(self._tickets)
-            self._arriving[ticket] = (key, size)
-            return ticket
+            slot = (kept[-1] if kept else None) if step is None else next((h for h in kept if h.step == step), None)
+            if slot is not None:
+                slot.readers += 1
+            return slot
 
-    def finish(self, ticket: int, step: int, blob: bytearray) -> Held:
-        """The arrived snapshot replaces any of a step as late or later (a timeline the gang left)."""
+    def unpin(self, slot: Slot) -> None:
         with self._lock:
-            key, size = self._arriving.pop(ticket)
-            if size != len(blob):
-                raise ValueError("ticket %d was for %d bytes, not %d" % (ticket, size, len(blob)))
-            held = Held(key, step, blob)
-            kept = [h for h in self._kept.get(key, []) if h.step < step] + [held]
-            self._kept[key] = kept[-KEEP:]
-            return held
-
-    def abandon(self, ticket: int) -> None:
-        with self._lock:
-            self._arriving.pop(ticket, None)
+            slot.readers -= 1
+            if slot.readers == 0 and slot.doomed:
+                self._doomed.remove(slot)
+                slot.close()
 
     def steps(self, key: str) -> List[int]:
         with self._lock:
             return [h.step for h in self._kept.get(key, [])]
 
-    def get(self, key: str, step: Optional[int] = None) -> Optional[Held]:
-        """The key's snapshot of ``step``, or its newest."""
+    def newest(self) -> Optional[int]:
+        """The newest step held for any key (a timeline the gang left is dropped, so not counted)."""
         with self._lock:
-            kept = self._kept.get(key, [])
-            if step is None:
-                return kept[-1] if kept else None
-            return next((h for h in kept if h.step == step), None)
+            steps = [kept[-1].step for kept in self._kept.values() if kept]
+            return max(steps) if steps else None
+
+    def alive(self, ids: Iterable[int]) -> Set[int]:
+        """Which of ``ids`` are slots still open (a rank unmaps the others)."""
+        with self._lock:
+            return {i for i in ids if i in self._alive}
 
     def arriving(self) -> int:
-        """Snapshots being received now (a rank's, a peer's)."""
+        """Snapshots being written now (a rank's, a peer's)."""
         with self._lock:
-            return len(self._arriving)
+            return len(self._writing)
 
     def used(self) -> int:
         with self._lock:
             return self._used()
 
     def _used(self) -> int:
-        return (sum(h.size for kept in self._kept.values() for h in kept)
-                + sum(size for _, size in self._arriving.values()))
+        return sum(s.capacity for s in self._slots()) + sum(s.capacity for s in self._doomed)
+
+    def _slots(self) -> List[Slot]:
+        return ([s for kept in self._kept.values() for s in kept] + list(self._writing.values())
+                + [s for free in self._free.values() for s in free])
 
     def clear(self) -> None:
+        """Every slot closed (a rank's mapping of one keeps its pages until it unmaps or exits)."""
         with self._lock:
+            slots = self._slots() + self._doomed
             self._kept.clear()
-            self._arriving.clear()
+            self._writing.clear()
+            self._free.clear()
+            self._doomed.clear()
             self._planned.clear()
+            self._alive.clear()
+        for slot in slots:
+            slot.close()
+
+
+def view(slot: Slot) -> memoryview:
+    """The committed snapshot's bytes in the store's mapping (release it before the slot may close)."""
+    return memoryview(slot.map)[:slot.size]
+

@@ -7,26 +7,38 @@ is on a disk or a tmpfs. With a ``PeerKey`` it also listens on TCP for its peers
 complete shard to its buddy node, and fetches a key it does not hold (a spare in a lost node's
 place) from its peers.
 
-A rank's requests (``procs/snapshot.py``'s ``StoreClient``), each a frame of ``snapshot_wire``:
-``plan`` (will a snapshot of this size fit?), ``put`` (a snapshot: ``go``, its bytes, ``ok``),
-``steps`` (the steps held for a key, fetched from a peer first where none is), ``get``.
+A snapshot is written by the rank straight into the store's memory: the store makes each slot
+(a sealed memfd, ``snapshot_shelf``) and passes its fd over the socket; the rank maps it once and
+copies its tensors in at every save, then commits. Nothing is copied between them, and the store
+reads no byte of a snapshot but its manifest (checked against bounds at ``commit``) until it sends
+one to a peer, which is when its digest is computed.
+
+A rank's requests (``procs/snapshot_client.py``'s ``StoreClient``), each a frame of
+``snapshot_wire``: ``plan`` (will a snapshot of this size fit?), ``slot`` (a slot to write the key's
+next snapshot in: its id, and its fd the first time this connection is given it; the ids of slots
+closed since, to unmap), ``commit`` (that slot holds step S, whole), ``steps`` (the steps held for a
+key, fetched from a peer first where none is, and the newest step of any key), ``get`` (a read-only
+fd of a step's slot, held as it is until the connection's next request).
 """
 
 from __future__ import annotations
 
+import itertools
 import os
 import socket
 import sys
 import threading
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 from ..host.private import make_private
 from ..host.unix_socket import bind_unix
+from ..procs import snapshot_codec as codec
+from ..procs import snapshot_memory as memory
 from ..procs import snapshot_wire as wire
 from ..procs.names import SNAPSHOT_ENV
 from .snapshot_peer import Address, Listener, PeerKey, PeerRefused, connect, fetch, stop_listening
 from .snapshot_pusher import Pusher
-from .snapshot_shelf import Shelf, default_budget
+from .snapshot_shelf import Shelf, Slot, Source, default_budget
 
 SOCKET_NAME = "snapshot.sock"
 MAX_STEP = 1 << 53
@@ -53,6 +65,9 @@ class SnapshotStore:
         self._conns: List[socket.socket] = []
         self._lock = threading.Lock()
         self._closed = False
+        self._off = memory.unavailable()  # no sealed memfd here: every rank is told so at its first save
+        self._last_load: Optional[Tuple[int, Optional[int], int]] = None
+        self._ids = itertools.count(1)
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             os.unlink(self.path)
@@ -61,7 +76,7 @@ class SnapshotStore:
         bind_unix(self._sock, self.path)
         self._sock.listen(64)
         self._listener = Listener(self.shelf, peer, host) if peer else None
-        self._pusher = Pusher(peer, buddy, say) if peer else None
+        self._pusher = Pusher(peer, self.shelf, buddy, say) if peer else None
         threading.Thread(target=self._accept, name="snapshot-store", daemon=True).start()
 
     @property
@@ -88,6 +103,16 @@ class SnapshotStore:
         """Whether every shard offered to the buddy so far has gone (tests, the benchmark)."""
         return self._pusher.idle(timeout) if self._pusher else True
 
+    def newest(self) -> Optional[int]:
+        """The newest step any key holds on this store (the gang's last save, as far as this node knows)."""
+        return self.shelf.newest()
+
+    def last_load(self) -> Optional[Tuple[int, Optional[int], int]]:
+        """(step, the peer's index in ``peers`` it was copied from or None, the newest step then) of the
+        latest snapshot a rank read: what the runtime's ledger counts as steps lost."""
+        with self._lock:
+            return self._last_load
+
     # -- the ranks' connections ----------------------------------------------------------
 
     def _accept(self) -> None:
@@ -104,86 +129,122 @@ class SnapshotStore:
             threading.Thread(target=self._serve, args=(sock,), name="snapshot-rank", daemon=True).start()
 
     def _serve(self, sock: socket.socket) -> None:
+        conn = _Conn(next(self._ids))
         try:
             while True:
                 header = wire.recv_header(sock)
+                conn.let_go(self.shelf)  # a get's slot is held until the rank's next request
                 if header is None:
                     return
-                self._answer(sock, header)
+                self._answer(sock, conn, header)
         except (OSError, wire.WireError):
-            pass  # a rank gone (killed mid-save: what it sent is dropped) or broken: its connection ends
+            pass  # a rank gone (killed mid-save: its slot was never committed) or broken: its connection ends
         finally:
+            conn.let_go(self.shelf)
+            self.shelf.abandon_owner(conn.id)
             wire.close_quietly(sock)
             with self._lock:
                 if sock in self._conns:
                     self._conns.remove(sock)
 
-    def _answer(self, sock: socket.socket, header: Dict[str, Any]) -> None:
+    def _answer(self, sock: socket.socket, conn: "_Conn", header: Dict[str, Any]) -> None:
         op, key = header.get("op"), wire.key_field(header)
-        if op == "put":
-            self._put(sock, key, header)
+        if op == "slot":
+            self._slot(sock, conn, key, wire.int_field(header, "size", 64, 1 << 48))
+        elif op == "commit":
+            why = self._commit(conn, key, header)
+            wire.send_frame(sock, {"ok": why is None, "why": why or ""})
         elif op == "plan":
-            why = self.shelf.plan(key, wire.int_field(header, "size", 0, 1 << 48))
+            why = self._off or self.shelf.plan(key, wire.int_field(header, "size", 0, 1 << 48))
             wire.send_frame(sock, {"ok": why is None, "why": why or "", "budget": self.budget})
         elif op == "steps":
             source = self._fetch_missing(key)
-            wire.send_frame(sock, {"steps": self.shelf.steps(key), "from": source})
+            wire.send_frame(sock, {"steps": self.shelf.steps(key), "from": source[0] if source else None,
+                                   "node": source[1] if source else None, "newest": self.newest()})
         elif op == "get":
-            held = self.shelf.get(key, wire.int_field(header, "step", 0, MAX_STEP))
-            wire.send_frame(sock, {"size": held.size if held else -1}, held.blob if held else None)
+            self._get(sock, conn, key, wire.int_field(header, "step", 0, MAX_STEP))
         else:
             raise wire.WireError("an unknown request")
 
-    def _put(self, sock: socket.socket, key: str, header: Dict[str, Any]) -> None:
-        step = wire.int_field(header, "step", 0, MAX_STEP)
-        size = wire.int_field(header, "size", 64, 1 << 48)
-        ticket = self.shelf.begin(key, size)
-        if ticket is None:
-            wire.send_frame(sock, {"go": False, "why": "over the node's snapshot budget of %d bytes" % self.budget})
+    def _slot(self, sock: socket.socket, conn: "_Conn", key: str, size: int) -> None:
+        slot = None if self._off else self.shelf.begin(key, size, owner=conn.id)
+        if slot is None:
+            why = self._off or "over the node's snapshot budget of %d bytes" % self.budget
+            wire.send_frame(sock, {"slot": 0, "why": why, "dropped": conn.dropped(self.shelf)})
             return
-        wire.send_frame(sock, {"go": True})
-        try:
-            blob = wire.recv_body(sock, size)
-        except BaseException:
-            self.shelf.abandon(ticket)  # torn: the key's previous snapshots stand
-            raise
-        held = self.shelf.finish(ticket, step, blob)
-        if self._pusher and key.startswith("rank-"):
-            self._pusher.offer(held)  # replicated state: every node holds its own copy already
-        wire.send_frame(sock, {"ok": True})
+        new = slot.id not in conn.sent
+        conn.sent.add(slot.id)
+        wire.send_frame(sock, {"slot": slot.id, "capacity": slot.capacity, "fd": new,
+                               "dropped": conn.dropped(self.shelf)})
+        if new:
+            memory.send_fd(sock, slot.fd)
 
-    def _fetch_missing(self, key: str) -> Optional[int]:
-        """A key this node holds nothing of (a spare's first start) is copied from the first peer that has it;
-        the answer is that peer's index in ``peers`` (the runtime names the node), None if held here."""
+    def _commit(self, conn: "_Conn", key: str, header: Dict[str, Any]) -> Optional[str]:
+        """None once the slot is the key's newest; else why not (the slot is then void, its bytes unread)."""
+        slot = self.shelf.writing(wire.int_field(header, "slot", 1, 1 << 62), key, conn.id)
+        step = wire.int_field(header, "step", 0, MAX_STEP)
+        if slot is None:
+            return "no slot of %s being written by this rank (another rank of the key took it over?)" % key
+        try:
+            size = wire.int_field(header, "size", codec.HEADER_BYTES + codec.DIGEST_BYTES, slot.capacity)
+            with memoryview(slot.map) as whole:
+                written = codec.check(whole[:size], digest=False).step
+            if written != step:
+                raise codec.SnapshotError("the slot holds step %d, not %d" % (written, step))
+        except (codec.SnapshotError, wire.WireError) as e:
+            self.shelf.abandon(slot)
+            return "not a whole snapshot: %s" % e
+        self.shelf.finish(slot, step, size)
+        if self._pusher and key.startswith("rank-"):
+            self._pusher.offer(key, step)  # replicated state: every node holds its own copy already
+        return None
+
+    def _get(self, sock: socket.socket, conn: "_Conn", key: str, step: int) -> None:
+        slot = self.shelf.pin(key, step)
+        if slot is None:
+            wire.send_frame(sock, {"size": -1})
+            return
+        conn.pins.append(slot)
+        source, newest = slot.source, max(step, self.newest() or 0)
+        with self._lock:
+            self._last_load = (step, source[0] if source else None, newest)
+        fd = memory.read_only(slot.fd)
+        try:
+            wire.send_frame(sock, {"size": slot.size, "from": source[0] if source else None,
+                                   "node": source[1] if source else None, "newest": newest})
+            memory.send_fd(sock, fd)
+        finally:
+            os.close(fd)
+
+    def _fetch_missing(self, key: str) -> Optional[Source]:
+        """A key this node holds nothing of (a spare's first start) is copied from the first peer that has it:
+        (that peer's index in ``peers``, its node index), None if held here or nowhere."""
         with self._fetch_lock:
             if self.shelf.steps(key) or not self._peer:
                 return None
             with self._lock:
                 peers = list(self._peers)
             for index, address in enumerate(peers):
-                if self._copy_from(address, key):
-                    return index
+                node = self._copy_from(index, address, key)
+                if node is not None:
+                    return index, node
             return None
 
-    def _copy_from(self, address: Address, key: str) -> bool:
+    def _copy_from(self, index: int, address: Address, key: str) -> Optional[int]:
         assert self._peer is not None
         try:
             channel = connect(self._peer, address)
         except PeerRefused as e:
             self._say("the snapshot store at %s:%d: %s" % (address[0], address[1], e))
-            return False
+            return None
         try:
-            copies = fetch(channel, key, self.budget)
+            node = fetch(channel, key, self.shelf, index)
         except (OSError, PeerRefused, wire.WireError) as e:
             self._say("fetching %s from %s:%d: %s" % (key, address[0], address[1], e))
-            return False
+            node = None
         finally:
             channel.close()
-        for step, blob in copies:
-            ticket = self.shelf.begin(key, len(blob))
-            if ticket is not None:
-                self.shelf.finish(ticket, step, blob)
-        return bool(self.shelf.steps(key))
+        return node if self.shelf.steps(key) else None
 
     def close(self) -> None:
         """Everything freed: the sockets closed, every snapshot dropped."""
@@ -200,7 +261,7 @@ class SnapshotStore:
             self._pusher.close()
         if self._listener:
             self._listener.close()
-        self.shelf.clear()
+        self.shelf.clear()  # every memfd closed
         try:
             os.unlink(self.path)
         except OSError:
@@ -212,3 +273,23 @@ class SnapshotStore:
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
+
+
+class _Conn:
+    """One rank's connection: the slots whose fd it was given, the slots its reads hold."""
+
+    def __init__(self, ident: int) -> None:
+        self.id = ident
+        self.sent: Set[int] = set()
+        self.pins: List[Slot] = []
+
+    def dropped(self, shelf: Shelf) -> List[int]:
+        """The slots it was given that are closed now: the rank unmaps them."""
+        gone = self.sent - shelf.alive(self.sent)
+        self.sent -= gone
+        return sorted(gone)
+
+    def let_go(self, shelf: Shelf) -> None:
+        pins, self.pins = self.pins, []
+        for slot in pins:
+            shelf.unpin(slot)

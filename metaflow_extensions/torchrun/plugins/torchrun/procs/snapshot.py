@@ -11,9 +11,11 @@
         ...
         save(step + 1, {"model": model.state_dict(), "opt": opt.state_dict()})
 
-``save`` returns once the tensors are copied out of the training's way; its bytes reach the
-node's store (the task's memory, not a disk) in the background. ``load`` picks the newest step
-that every rank of the gang holds whole, each rank checking its snapshot's digest before use.
+``save`` copies the tensors straight into memory the node's store owns (the task's, not a disk:
+a sealed memfd the store hands the rank) and commits; CPU state is held by the store when it
+returns, CUDA state once its device-to-host copy lands, in the background. ``load`` picks the
+newest step that every rank of the gang holds whole (a save cut short is never committed), each
+rank checking its snapshot's bounds before use.
 ``replicated=True`` (the default) is for state every rank holds alike (DDP's model and optimizer):
 the node keeps it once per local rank, and any node's copy serves a node that replaces another.
 ``replicated=False`` is for a rank's own shard (FSDP, DTensor: its local shard is kept), each
@@ -33,7 +35,7 @@ from typing import Any, Dict, List, Optional, Set, Tuple
 
 from . import snapshot_codec as codec
 from .names import SNAPSHOT_ENV
-from .snapshot_client import StoreClient, StoreError
+from .snapshot_client import Loaded, StoreClient, StoreError
 from .snapshot_saver import Saver
 from .snapshot_wire import key_for
 
@@ -85,10 +87,12 @@ def _dist() -> Any:
 
 
 def save(step: int, state: Any, replicated: bool = True) -> bool:
-    """Take a snapshot of ``state`` at ``step``: True once it is copied out of the training's way.
+    """Take a snapshot of ``state`` at ``step``: True once it is copied out of the training's way
+    (CPU state: once the node's store holds it).
 
-    False when no store is here or snapshots are off for this rank (over the node's budget: said
-    once, with both sizes). ``SnapshotTypeError`` names a value that cannot be held, by its key path.
+    False when no store is here, snapshots are off for this rank (over the node's budget: said
+    once, with both sizes), or the store did not keep this one (said once). ``SnapshotTypeError``
+    names a value that cannot be held, by its key path.
     """
     path = _store_path()
     if path is None:
@@ -135,31 +139,39 @@ def load(replicated: bool = True) -> Optional[Tuple[int, Any]]:
 
 def _load(client: Optional[StoreClient], key: str, rank: int) -> Optional[Tuple[int, Any]]:
     held: List[int] = []
-    source = None
     if client is not None:
         try:
-            held, source = client.steps(key)
+            held, _node, _newest = client.steps(key)
         except StoreError as e:
             _say("rank %d: %s: resuming from nothing in memory" % (rank, e))
     common = agree(held)
     while common:
         step = max(common)
-        state = _read(client, key, step, rank) if client else None
-        if _everyone(state is not None):
+        read = _read(client, key, step, rank) if client else None
+        if _everyone(read is not None):
+            assert read is not None
             if rank == 0:
-                _say("resumed at step %d from memory (%s)" % (step, "this node's copy" if source is None else
-                                                             "a copy fetched from peer %d" % source))
-            return state
+                _say(resumed_line(step, read[1]))
+            return read[0]
         common.discard(step)
+    if rank == 0 and client is not None:
+        _say("no snapshot in memory: starting from your checkpoint")
     return None
 
 
-def _read(client: StoreClient, key: str, step: int, rank: int) -> Optional[Tuple[int, Any]]:
+def resumed_line(step: int, loaded: Loaded) -> str:
+    """What rank 0 says of a resume: the step, whose copy, and the steps saved since that are lost."""
+    lost = max(0, (loaded.newest if loaded.newest is not None else step) - step)
+    where = "this node's copy" if loaded.node is None else "node %d's copy" % loaded.node
+    return "resumed at step %d from memory (%s), %d step%s lost" % (step, where, lost, "" if lost == 1 else "s")
+
+
+def _read(client: StoreClient, key: str, step: int, rank: int) -> Optional[Tuple[Tuple[int, Any], Loaded]]:
     try:
-        blob = client.get(key, step)
-        if blob is None:
+        loaded = client.get(key, step)
+        if loaded is None:
             return None
-        return codec.build(blob, codec.check(blob))
+        return codec.build(loaded.blob, codec.check(loaded.blob, digest=False)), loaded
     except (StoreError, codec.SnapshotError) as e:
         _say("rank %d: the snapshot of step %d is not used: %s" % (rank, step, e))
         return None

@@ -1,14 +1,18 @@
 """A rank's connection to its node's snapshot store (``gang/snapshot_store.py``), over the Unix
-socket whose path the task puts in ``SNAPSHOT_ENV``. One per thread: the saver's thread puts,
-the rank's own thread plans and loads. A broken connection is opened again at the next request.
+socket whose path the task puts in ``SNAPSHOT_ENV``. One per thread: the saver's (the rank's own
+thread for CPU state, its copy thread for CUDA state), and one for a load. A broken connection is
+opened again at the next request.
 """
 
 from __future__ import annotations
 
+import os
 import socket
+from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple
 
 from ..host.unix_socket import connect_unix
+from . import snapshot_memory as memory
 from . import snapshot_wire as wire
 
 MAX_BLOB = 1 << 40  # what a rank takes back from its own store, at most
@@ -19,26 +23,56 @@ class StoreError(ConnectionError):
     """The store could not be reached or answered out of protocol."""
 
 
+@dataclass(frozen=True)
+class Granted:
+    """A slot to write the next snapshot in: its fd only where this connection has not had it yet."""
+
+    slot: int
+    capacity: int
+    fd: Optional[int]
+    dropped: List[int]  # slots closed since: unmap them
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """A snapshot's bytes, copied into the rank's own memory, and where they came from."""
+
+    blob: bytearray
+    source: Optional[int]  # the peer's index in the store's peers, None for this node's own copy
+    node: Optional[int]  # that peer's node index
+    newest: Optional[int]  # the newest step the store held for any key
+
+
 class StoreClient:
     def __init__(self, path: str) -> None:
         self.path = path
         self._sock: Optional[socket.socket] = None
 
-    def _ask(self, header: Dict[str, Any], body: Optional[Any] = None) -> Dict[str, Any]:
+    def _ask(self, header: Dict[str, Any]) -> Dict[str, Any]:
         try:
             if self._sock is None:
                 sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
                 sock.settimeout(TIMEOUT)
                 connect_unix(sock, self.path)
                 self._sock = sock
-            wire.send_frame(self._sock, header, body)
+            wire.send_frame(self._sock, header)
             answer = wire.recv_header(self._sock)
             if answer is None:
                 raise wire.WireError("the store closed the connection")
             return answer
         except (OSError, wire.WireError) as e:
-            self.close()
-            raise StoreError("the node's snapshot store (%s): %s" % (self.path, e)) from None
+            raise self._broken(e) from None
+
+    def _broken(self, e: Exception) -> StoreError:
+        self.close()
+        return StoreError("the node's snapshot store (%s): %s" % (self.path, e))
+
+    def _fd(self) -> int:
+        try:
+            assert self._sock is not None
+            return memory.recv_fd(self._sock)
+        except OSError as e:
+            raise self._broken(e) from None
 
     def plan(self, key: str, size: int) -> Tuple[Optional[str], int]:
         """(None or why a snapshot of ``size`` does not fit, the store's budget)."""
@@ -46,40 +80,51 @@ class StoreClient:
         why, budget = answer.get("why"), answer.get("budget")
         return (None if answer.get("ok") is True else str(why)[:1000]), budget if isinstance(budget, int) else 0
 
-    def put(self, key: str, step: int, blob: memoryview) -> Optional[str]:
-        """None once the store holds it whole; else the store's reason."""
-        answer = self._ask({"op": "put", "key": key, "step": step, "size": len(blob)})
-        if answer.get("go") is not True:
-            return str(answer.get("why", "refused"))[:1000]
-        try:
-            assert self._sock is not None
-            self._sock.sendall(blob)
-            done = wire.recv_header(self._sock)
-        except (OSError, wire.WireError) as e:
-            self.close()
-            raise StoreError("the node's snapshot store (%s): %s" % (self.path, e)) from None
-        return None if done and done.get("ok") is True else "not kept"
+    def slot(self, key: str, size: int) -> Tuple[Optional[Granted], List[int], str]:
+        """(a slot of at least ``size`` bytes or None, the slots closed since, why there is none)."""
+        answer = self._ask({"op": "slot", "key": key, "size": size})
+        dropped = answer.get("dropped")
+        dropped = [i for i in dropped if _count(i)] if isinstance(dropped, list) else []
+        ident, capacity = answer.get("slot"), answer.get("capacity")
+        if not (isinstance(ident, int) and _count(ident) and ident and isinstance(capacity, int)
+                and _count(capacity) and capacity >= size):
+            return None, dropped, str(answer.get("why", "refused"))[:1000]
+        fd = self._fd() if answer.get("fd") is True else None
+        return Granted(ident, capacity, fd, dropped), dropped, ""
 
-    def steps(self, key: str) -> Tuple[List[int], Optional[int]]:
-        """The steps held complete for ``key`` (after a copy from a peer where none were), and that peer."""
+    def commit(self, key: str, slot: int, step: int, size: int) -> Optional[str]:
+        """None once the store holds the slot's snapshot as the key's newest; else the store's reason."""
+        answer = self._ask({"op": "commit", "key": key, "slot": slot, "step": step, "size": size})
+        return None if answer.get("ok") is True else str(answer.get("why", "not kept"))[:1000]
+
+    def steps(self, key: str) -> Tuple[List[int], Optional[int], Optional[int]]:
+        """(the steps held complete for ``key``, after a copy from a peer where none were; that peer's node;
+        the newest step the store holds for any key)."""
         answer = self._ask({"op": "steps", "key": key})
-        steps, source = answer.get("steps"), answer.get("from")
+        steps, node, newest = answer.get("steps"), answer.get("node"), answer.get("newest")
         if not isinstance(steps, list) or len(steps) > 8 or not all(_count(s) for s in steps):
             raise StoreError("the node's snapshot store answered steps out of protocol")
-        return list(steps), source if _count(source) else None
+        return list(steps), node if _count(node) else None, newest if _count(newest) else None
 
-    def get(self, key: str, step: int) -> Optional[bytearray]:
+    def get(self, key: str, step: int) -> Optional[Loaded]:
+        """The snapshot of ``step`` copied out of its slot (one copy); None if the store holds it no more."""
         answer = self._ask({"op": "get", "key": key, "step": step})
-        size = answer.get("size")
-        if size == -1:
+        if answer.get("size") == -1:
             return None
         try:
             size = wire.int_field(answer, "size", 0, MAX_BLOB)
-            assert self._sock is not None
-            return wire.recv_body(self._sock, size)
-        except (OSError, wire.WireError) as e:
-            self.close()
+        except wire.WireError as e:
+            raise self._broken(e) from None
+        fd = self._fd()
+        try:
+            blob = memory.copy_out(fd, size)
+        except OSError as e:
             raise StoreError("the node's snapshot store (%s): %s" % (self.path, e)) from None
+        finally:
+            os.close(fd)
+        source, node, newest = answer.get("from"), answer.get("node"), answer.get("newest")
+        return Loaded(blob, source if _count(source) else None, node if _count(node) else None,
+                      newest if _count(newest) else None)
 
     def close(self) -> None:
         sock, self._sock = self._sock, None

@@ -2,9 +2,13 @@
 
     MAGIC | manifest length, data length (u64 each) | manifest | zero pad to 64 | data | sha256
 
-The digest covers everything before it, so a snapshot cut short or changed anywhere is refused
-before a byte of it is used. A snapshot is read as hostile even when its digest holds (the digest
-is no secret): every size, dtype, shape, offset and the nesting are checked against bounds first.
+The digest covers everything before it. It is written only where a snapshot leaves its node (a
+push to the buddy, a copy fetched by a spare: ``digest_of`` in the store, at that time), so a copy
+cut short or changed on the way is refused before a byte of it is used. On its own node a snapshot
+needs none: a rank writes it into a slot the store does not treat as a snapshot until the rank
+commits it, so a rank killed mid-write leaves nothing torn to read. A snapshot is read as hostile
+either way (the digest is no secret): every size, dtype, shape, offset and the nesting are checked
+against bounds first, on every load.
 
 The manifest holds the state's shape (``tree``: dicts, lists, tuples and small Python values,
 each tensor as its index) and each tensor's dtype, shape, offset and length in the data. Floats
@@ -99,9 +103,15 @@ def write_head(buffer: memoryview, manifest: bytes, data_bytes: int) -> None:
     buffer[len(head):start] = bytes(start - len(head))
 
 
+def digest_of(buffer: Any, total: int) -> bytes:
+    """The SHA-256 of a snapshot of ``total`` bytes: of everything before its trailer."""
+    with memoryview(buffer) as view:
+        return hashlib.sha256(view[:total - DIGEST_BYTES]).digest()
+
+
 def seal(buffer: memoryview, total: int) -> bytes:
     """Writes the digest of ``buffer[:total - 32]`` at its end; returns it."""
-    digest = hashlib.sha256(buffer[:total - DIGEST_BYTES]).digest()
+    digest = digest_of(buffer, total)
     buffer[total - DIGEST_BYTES:total] = digest
     return digest
 
@@ -218,8 +228,9 @@ def _dtype_name(tensor: Any) -> str:
 # -- reading -------------------------------------------------------------------------
 
 
-def check(blob: Any) -> Decoded:
-    """The digest first, then every bound; a ``SnapshotError`` names the first thing wrong."""
+def check(blob: Any, digest: bool = True) -> Decoded:
+    """The digest first (unless ``digest`` is False: a snapshot that never left its node), then every
+    bound; a ``SnapshotError`` names the first thing wrong."""
     view = memoryview(blob).cast("B")
     if len(view) < HEADER_BYTES + DIGEST_BYTES or bytes(view[:len(MAGIC)]) != MAGIC:
         raise SnapshotError("not a snapshot (no header)")
@@ -230,8 +241,8 @@ def check(blob: Any) -> Decoded:
     if start + data_len + DIGEST_BYTES != len(view):
         raise SnapshotError("%d bytes where the header says %d: cut short or padded"
                             % (len(view), start + data_len + DIGEST_BYTES))
-    digest = hashlib.sha256(view[:len(view) - DIGEST_BYTES]).digest()
-    if not hmac.compare_digest(digest, bytes(view[len(view) - DIGEST_BYTES:])):
+    if digest and not hmac.compare_digest(hashlib.sha256(view[:len(view) - DIGEST_BYTES]).digest(),
+                                          bytes(view[len(view) - DIGEST_BYTES:])):
         raise SnapshotError("the digest does not match: the snapshot is torn or changed")
     manifest = _parse(bytes(view[HEADER_BYTES:HEADER_BYTES + manifest_len]))
     specs = _specs(manifest.get("tensors"), data_len)

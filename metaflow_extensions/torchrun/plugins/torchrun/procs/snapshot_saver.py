@@ -1,23 +1,33 @@
-"""A rank's snapshots on their way to its node's store, off the training's path.
+"""A rank's snapshots, written straight into its node's store's memory.
 
-``take`` copies the state into one of two reusable host buffers and returns: for CUDA tensors
-the copy is queued on each tensor's stream into pinned memory (the training's later kernels
-on that stream run after it), for CPU tensors it is a memcpy. A background thread waits for the
-copy, seals the snapshot (its SHA-256) and sends it. One buffer is being sent while the other
-takes the next snapshot; a snapshot still waiting when the next is taken is replaced by it, so
-a slow store costs freshness, never the training's time or more memory.
+The store hands the rank a slot (a sealed memfd, ``snapshot_memory``) for each save; the rank maps
+each slot once and keeps the mapping by the slot's id, so a save in the steady state maps nothing
+and faults no page. ``take`` asks for a slot, copies the tensors into it, writes the manifest and
+commits: for CPU tensors that is the whole save, in the calling thread: one memcpy and two short
+round trips on the Unix socket; the store holds the snapshot when ``take`` returns. A rank killed
+before its commit leaves its slot uncommitted: the store's snapshots of the key are as they were.
+
+For CUDA tensors the copy is queued on each tensor's stream into pinned host memory (the
+training's later kernels on that stream run after it) and ``take`` returns; a background thread
+waits for the copy's event and copies the pinned bytes into a slot, then commits. One pinned
+buffer is being written out while the other takes the next snapshot; a snapshot still waiting when
+the next is taken is replaced by it, so a slow store costs freshness, never the training's time.
+(The slot's mapping is not registered with CUDA, so the device copy cannot land in it directly:
+that costs one host memcpy in the thread, off the training's path.)
 """
 
 from __future__ import annotations
 
 import ctypes
+import os
 import threading
-from typing import Any, Callable, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from . import snapshot_codec as codec
+from . import snapshot_memory as memory
 from .snapshot_client import StoreClient, StoreError
 
-GROWTH = 1.125  # a buffer's room over the snapshot that made it: a step's few more bytes fit
+GROWTH = 1.125  # a pinned buffer's room over the snapshot that made it: a step's few more bytes fit
 
 
 class HostBuffer:
@@ -40,8 +50,34 @@ class HostBuffer:
         return len(self.view)
 
 
-def copy_in(buffer: HostBuffer, plan: codec.Plan, start: int) -> List[Any]:
-    """Each tensor into its place; the CUDA events to wait on before the bytes are read."""
+class Mapped:
+    """This rank's mapping of one of the store's slots, made once: its pages made at once too."""
+
+    def __init__(self, fd: int, capacity: int) -> None:
+        import torch
+
+        self.identity = _identity(fd)
+        self.map = memory.map_shared(fd, capacity, populate=True)
+        self.view = memoryview(self.map)
+        self.tensor = torch.frombuffer(self.map, dtype=torch.uint8)
+
+    def close(self) -> None:
+        self.view.release()
+        del self.tensor
+        try:
+            self.map.close()
+        except BufferError:
+            pass  # a tensor view of it is alive somewhere: it is unmapped with that view
+
+
+def _identity(fd: int) -> Tuple[int, int]:
+    st = os.fstat(fd)
+    return st.st_dev, st.st_ino
+
+
+def copy_in(target: Any, plan: codec.Plan, start: int) -> List[Any]:
+    """Each tensor into its place in ``target`` (a uint8 tensor); the CUDA events to wait on before
+    the bytes are read."""
     import torch
 
     devices = set()
@@ -49,7 +85,7 @@ def copy_in(buffer: HostBuffer, plan: codec.Plan, start: int) -> List[Any]:
         if spec.nbytes == 0:
             continue
         begin = start + spec.offset
-        place = buffer.tensor[begin:begin + spec.nbytes].view(tensor.dtype).view(tensor.shape)
+        place = target[begin:begin + spec.nbytes].view(tensor.dtype).view(tensor.shape)
         place.copy_(tensor, non_blocking=tensor.is_cuda)
         if tensor.is_cuda:
             devices.add(tensor.device)
@@ -65,6 +101,9 @@ class _Pending:
     def __init__(self, step: int, buffer: HostBuffer, total: int, events: List[Any]) -> None:
         self.step, self.buffer, self.total, self.events = step, buffer, total, events
 
+    def write_out(self, target: Mapped) -> None:
+        target.tensor[:self.total].copy_(self.buffer.tensor[:self.total])
+
 
 class Saver:
     """One key's snapshots (``rank-R`` or ``local-L``) from this rank to the store at ``path``."""
@@ -74,33 +113,36 @@ class Saver:
         self._path = path
         self._say = say
         self._planner = StoreClient(path)
+        self._client = StoreClient(path)
+        self._io = threading.Lock()  # the client and the mappings: the training thread's or the copy thread's
+        self._maps: Dict[int, Mapped] = {}
         self._planned = 0  # the size the store said fits
         self.off: Optional[str] = None  # why this rank stopped saving (said once)
         self._refusal_said = False
+        self.stored_step: Optional[int] = None  # the newest step the store holds whole from this rank
         self._cond = threading.Condition()
         self._buffers: List[HostBuffer] = []
         self._sending: Optional[HostBuffer] = None
         self._pending: Optional[_Pending] = None
-        self.stored_step: Optional[int] = None  # the newest step the store holds whole from this rank
-        self._thread = threading.Thread(target=self._run, name="snapshot-save", daemon=True)
-        self._thread.start()
+        self._thread: Optional[threading.Thread] = None
 
     def take(self, step: int, state: Any) -> bool:
-        """False when snapshots are off for this rank (said once); ``SnapshotTypeError`` for what cannot be held."""
+        """False when snapshots are off for this rank (said once), or the store did not keep this one (said
+        once); ``SnapshotTypeError`` for what cannot be held."""
         plan = codec.plan(state)
         manifest = codec.manifest_bytes(step, plan.tree, plan.specs)
         start, total = codec.layout(manifest, plan.data_bytes)
         if self.off is not None or not self._fits(total):
             return False
-        pinned = any(t.is_cuda for _, t in plan.tensors)
-        with self._cond:
-            buffer = self._free_buffer(total, pinned)
-        events = copy_in(buffer, plan, start)
-        codec.write_head(buffer.view, manifest, plan.data_bytes)
-        with self._cond:
-            self._pending = _Pending(step, buffer, total, events)
-            self._cond.notify_all()
-        return True
+        if any(t.is_cuda for _, t in plan.tensors):
+            return self._queue(step, plan, manifest, start, total)
+
+        def fill(target: Mapped) -> None:
+            copy_in(target.tensor, plan, start)
+            codec.write_head(target.view, manifest, plan.data_bytes)
+
+        with self._io:
+            return self._write(step, total, fill)
 
     def _fits(self, total: int) -> bool:
         if total <= self._planned:
@@ -114,11 +156,71 @@ class Saver:
             self._say("snapshots are off for this rank: %s. Training goes on without them; a restart resumes "
                       "from your checkpoint" % why)
             return False
-        self._planned = int(total * GROWTH)  # asked again only once it grows past this
+        self._planned = total
         return True
 
-    def _free_buffer(self, total: int, pinned: bool) -> HostBuffer:
-        """Neither the one being sent nor, where there is another, the one waiting (which is superseded)."""
+    def _write(self, step: int, total: int, fill: Callable[[Mapped], None]) -> bool:
+        """A slot from the store, ``fill`` into it, committed: whether the store holds it now."""
+        try:
+            granted, dropped, why = self._client.slot(self.key, total)
+            self._unmap(dropped)
+            target = self._mapping(granted) if granted else None
+            if granted is None or target is None:
+                return self._not_kept(step, why or "the store named a slot this rank never had")
+            fill(target)
+            why = self._client.commit(self.key, granted.slot, step, total) or ""
+        except (StoreError, memory.SlotError) as e:
+            why = str(e)
+        if why:
+            return self._not_kept(step, why)
+        self.stored_step = step
+        return True
+
+    def _mapping(self, granted: Any) -> Optional[Mapped]:
+        """The slot's mapping: made from its fd the first time, kept by its id after (ids are never reused for
+        another memfd by one store; a store at the same path anew sends its fds again, and is told apart)."""
+        mapped = self._maps.get(granted.slot)
+        if granted.fd is None:
+            return mapped
+        try:
+            if mapped is not None and mapped.identity == _identity(granted.fd):
+                return mapped
+            if mapped is not None:
+                mapped.close()
+            mapped = self._maps[granted.slot] = Mapped(granted.fd, granted.capacity)
+            return mapped
+        finally:
+            os.close(granted.fd)
+
+    def _unmap(self, ids: List[int]) -> None:
+        for ident in ids:
+            mapped = self._maps.pop(ident, None)
+            if mapped is not None:
+                mapped.close()
+
+    def _not_kept(self, step: int, why: str) -> bool:
+        if not self._refusal_said:
+            self._refusal_said = True
+            self._say("a snapshot (step %d) was not kept: %s" % (step, why))
+        return False
+
+    # -- CUDA state: pinned memory, an event, the copy thread ---------------------------
+
+    def _queue(self, step: int, plan: codec.Plan, manifest: bytes, start: int, total: int) -> bool:
+        with self._cond:
+            buffer = self._free_buffer(total)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="snapshot-save", daemon=True)
+                self._thread.start()
+        events = copy_in(buffer.tensor, plan, start)
+        codec.write_head(buffer.view, manifest, plan.data_bytes)
+        with self._cond:
+            self._pending = _Pending(step, buffer, total, events)
+            self._cond.notify_all()
+        return True
+
+    def _free_buffer(self, total: int) -> HostBuffer:
+        """Neither the one being written out nor, where there is another, the one waiting (superseded)."""
         idle = [b for b in self._buffers if b is not self._sending]
         waiting = self._pending.buffer if self._pending else None
         free = [b for b in idle if b is not waiting]
@@ -127,56 +229,44 @@ class Saver:
         elif len(self._buffers) < 2:
             chosen = None
         else:
-            chosen, self._pending = waiting, None  # a newer snapshot replaces the one not yet sent
-        if chosen is not None and (len(chosen) < total or chosen.pinned != pinned):
+            chosen, self._pending = waiting, None  # a newer snapshot replaces the one not yet written out
+        if chosen is not None and len(chosen) < total:
             self._buffers.remove(chosen)
             chosen = None
         if chosen is None:
-            chosen = HostBuffer(int(total * GROWTH), pinned)
+            chosen = HostBuffer(int(total * GROWTH), pinned=True)
             self._buffers.append(chosen)
         return chosen
 
     def _run(self) -> None:
-        client = StoreClient(self._path)
         while True:
             with self._cond:
                 self._cond.wait_for(lambda: self._pending is not None)
                 job, self._pending = self._pending, None
                 assert job is not None
                 self._sending = job.buffer
-            why = self._send(client, job)
+            for event in job.events:
+                event.synchronize()
+            with self._io:
+                self._write(job.step, job.total, job.write_out)
             with self._cond:
                 self._sending = None
-                if why is None:
-                    self.stored_step = job.step
                 self._cond.notify_all()
 
-    def _send(self, client: StoreClient, job: _Pending) -> Optional[str]:
-        for event in job.events:
-            event.synchronize()
-        codec.seal(job.buffer.view, job.total)
-        try:
-            why = client.put(self.key, job.step, job.buffer.view[:job.total])
-        except StoreError as e:
-            why = str(e)
-        if why is not None and not self._refusal_said:
-            self._refusal_said = True
-            self._say("a snapshot (step %d) was not kept: %s" % (job.step, why))
-        return why
-
     def flush(self, timeout: float) -> bool:
-        """Whether every snapshot taken so far reached the store (or was refused) within ``timeout``."""
+        """Whether every snapshot taken so far reached the store (or was refused) within ``timeout``: at
+        once for CPU state, which ``take`` commits before it returns."""
         with self._cond:
             return self._cond.wait_for(lambda: self._pending is None and self._sending is None, timeout)
 
 
 def encode(step: int, state: Any) -> bytearray:
-    """A whole snapshot at once, in the calling thread (tests, tools): what ``take`` and the thread make."""
+    """A whole snapshot at once, sealed with its digest (tests, tools): the bytes a peer receives."""
     plan = codec.plan(state)
     manifest = codec.manifest_bytes(step, plan.tree, plan.specs)
     start, total = codec.layout(manifest, plan.data_bytes)
     buffer = HostBuffer(total, pinned=False)
-    for event in copy_in(buffer, plan, start):
+    for event in copy_in(buffer.tensor, plan, start):
         event.synchronize()
     codec.write_head(buffer.view, manifest, plan.data_bytes)
     codec.seal(buffer.view, total)

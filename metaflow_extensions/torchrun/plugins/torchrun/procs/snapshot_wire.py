@@ -1,7 +1,8 @@
 """The frames a rank and its node's snapshot store (and two stores) exchange.
 
 A frame: a u32 length, a JSON object of at most ``MAX_HEADER`` bytes, then, when the header
-says so, ``size`` raw bytes (a snapshot). Each side reads the other as hostile: a header is
+says so, ``size`` raw bytes (a snapshot, between two stores) or one byte carrying an fd (a slot,
+from a store to its rank: ``snapshot_memory.send_fd``). Each side reads the other as hostile: a header is
 bounded before it is read, its fields checked by type and range, a body's size checked by the
 receiver against its own limit before anything is allocated.
 """
@@ -74,18 +75,27 @@ def recv_body(sock: socket.socket, size: int) -> bytearray:
     return body
 
 
+def recv_into(sock: socket.socket, view: memoryview) -> None:
+    """Exactly ``len(view)`` bytes into ``view`` (a slot's mapping); ``WireError`` if the sender stops short."""
+    if not _fill(sock, view, eof_ok=False):
+        raise WireError("the other side closed")
+
+
 def _recv_exact(sock: socket.socket, size: int, eof_ok: bool = False) -> Optional[bytearray]:
     out = bytearray(size)
-    view = memoryview(out)
-    got = 0
+    return out if _fill(sock, memoryview(out), eof_ok) else None
+
+
+def _fill(sock: socket.socket, view: memoryview, eof_ok: bool) -> bool:
+    size, got = len(view), 0
     while got < size:
         n = sock.recv_into(view[got:], min(_CHUNK, size - got))
         if n == 0:
             if eof_ok and got == 0:
-                return None
+                return False
             raise WireError("the other side stopped after %d of %d bytes" % (got, size))
         got += n
-    return out
+    return True
 
 
 def _refuse(name: str) -> Any:
