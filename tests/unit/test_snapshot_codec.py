@@ -54,6 +54,15 @@ def test_non_contiguous_zero_size_and_scalar_tensors():
         assert back[name].is_contiguous()
 
 
+def test_lazy_conjugate_and_negative_views_are_stored_as_their_values():
+    z = torch.complex(torch.arange(4.0), torch.arange(4.0) + 10)
+    state = {"conj": z.conj(), "neg": z.conj().imag, "plain": z}
+    assert state["conj"].is_conj() and state["neg"].is_neg() and state["conj"].is_contiguous()
+    _, back = decode(encode(0, state))
+    assert torch.equal(back["conj"], z.conj().resolve_conj()) and torch.equal(back["neg"], -(z.imag))
+    assert torch.equal(back["plain"], z) and not back["conj"].is_conj()
+
+
 def test_python_values_and_containers_come_back_as_they_went():
     nan = struct.unpack("!d", bytes.fromhex("7ff8000000000123"))[0]  # a NaN with a payload
     state = {"ints": [0, -1, 2**63, -(2**64) + 1], "floats": (1.5, -0.0, float("inf"), nan),
