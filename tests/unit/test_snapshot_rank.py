@@ -194,3 +194,23 @@ def test_device_tensors_are_copied_before_the_trainings_next_kernels(store):
     step, back = snapshot.load()
     assert step == 2 and torch.equal(back["w"], expected_then) and torch.equal(back["h"], half.cpu())
     assert torch.equal(back["t"], expected_then[::3]) and back["w"].device.type == "cpu"
+
+
+def test_the_copy_threads_path_commits_the_newest_and_flush_waits_for_it(store, monkeypatch):
+    """CUDA state's path (pinned buffer, event, thread), run on CPU: no GPU here to run it for real."""
+    from metaflow_extensions.torchrun.plugins.torchrun.procs import snapshot_codec as codec
+    from metaflow_extensions.torchrun.plugins.torchrun.procs import snapshot_saver
+
+    real = snapshot_saver.HostBuffer
+    monkeypatch.setattr(snapshot_saver, "HostBuffer", lambda size, pinned: real(size, pinned=False))
+    saver = snapshot_saver.Saver(store.path, "rank-0", print)
+    for step in range(20):
+        state = {"w": torch.full((1 << 18,), float(step))}
+        plan = codec.plan(state)
+        manifest = codec.manifest_bytes(step, plan.tree, plan.specs)
+        start, total = codec.layout(manifest, plan.data_bytes)
+        assert saver._fits(total) and saver._queue(step, plan, manifest, start, total)
+        assert len(saver._buffers) <= 2
+    assert saver.flush(30) and saver.stored_step == 19 and store.shelf.steps("rank-0")[-1] == 19
+    step, back = snapshot.load(replicated=False)
+    assert step == 19 and float(back["w"][-1]) == 19.0
