@@ -337,3 +337,14 @@ def test_without_sealed_memfds_snapshots_are_off_with_the_reason(tmp_path, monke
         assert client.slot("rank-0", 1000)[0] is None and s.shelf.used() == 0
         client.close()
     assert mmap.PAGESIZE == memory.PAGE
+
+
+def test_a_slot_that_cannot_be_made_is_refused_with_the_reason(store, writer, monkeypatch):
+    from metaflow_extensions.torchrun.plugins.torchrun.gang import snapshot_shelf
+
+    def no_memory(size, name):
+        raise OSError(errno.ENOMEM, "Cannot allocate memory")
+
+    monkeypatch.setattr(snapshot_shelf.memory, "create", no_memory)
+    assert "no snapshot slot could be made: [Errno 12] Cannot allocate memory" in writer.put("rank-0", 1, snapshot(1))
+    assert writer.client.steps("rank-0") == ([], None, None)  # the same connection goes on

@@ -167,9 +167,12 @@ class SnapshotStore:
             raise wire.WireError("an unknown request")
 
     def _slot(self, sock: socket.socket, conn: "_Conn", key: str, size: int) -> None:
-        slot = None if self._off else self.shelf.begin(key, size, owner=conn.id)
+        why = self._off or "over the node's snapshot budget of %d bytes" % self.budget
+        try:
+            slot = None if self._off else self.shelf.begin(key, size, owner=conn.id)
+        except OSError as e:  # no memory for a memfd, or no fd left: this save is not kept, the next may be
+            slot, why = None, "no snapshot slot could be made: %s" % e
         if slot is None:
-            why = self._off or "over the node's snapshot budget of %d bytes" % self.budget
             wire.send_frame(sock, {"slot": 0, "why": why, "dropped": conn.dropped(self.shelf)})
             return
         new = slot.id not in conn.sent
