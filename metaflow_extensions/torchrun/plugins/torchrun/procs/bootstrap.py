@@ -24,7 +24,7 @@ import types
 
 from . import agent, entry, flight_ask, relay, stacks
 from .names import (ARGS_FILE, WORK_DIR_ENV, LABELS_ENV, LOG_DIR_ENV, NODE_INDEX_ENV, RESTART_COUNT_ENV, RESTART_ENV,
-                    rank_log_path)
+                    SNAPSHOT_ENV, rank_log_path)
 from .failures import RankFailure, write_failure
 from .status import RankStatus, write_status
 from .failure_block import is_users
@@ -219,6 +219,10 @@ def main(argv: list) -> None:
         from . import trainer_hooks  # the rank-start boundary: where progress is on
 
         trainer_hooks.install()
+    if os.environ.get(SNAPSHOT_ENV):  # set where the step keeps snapshots: the trainers' callbacks save them
+        from . import trainer_snapshots
+
+        trainer_snapshots.install()
     started = RankStatus(rank=rank, local_rank=_env_int("LOCAL_RANK"), group_rank=_env_int("GROUP_RANK"),
                          restart=_env_int("TORCHELASTIC_RESTART_COUNT", 0), pid=os.getpid(), start=time.time())
     _status(started)

@@ -13,7 +13,7 @@ import importlib.machinery
 import logging
 import math
 import sys
-from typing import Any, Callable, Dict, Mapping, Optional, Sequence
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
 from . import rank_progress
 
@@ -25,12 +25,19 @@ CALLBACK_NAME = "TorchrunProgress"
 
 
 def install() -> None:
-    if not any(isinstance(f, _AfterImport) for f in sys.meta_path):
-        watched: Dict[str, Callable[[Any], None]] = {_HF: add_to_hf}
-        watched.update(dict.fromkeys(_LIGHTNING, add_to_lightning))
+    watched: Dict[str, Callable[[Any], None]] = {_HF: add_to_hf}
+    watched.update(dict.fromkeys(_LIGHTNING, add_to_lightning))
+    after_import(CALLBACK_NAME, watched)
+
+
+def after_import(tag: str, watched: Dict[str, Callable[[Any], None]]) -> None:
+    """Runs each patch once its module has run (at once if it has); a second call with ``tag`` does nothing.
+    Patches of several tags on one module all run, in one wrapped loader."""
+    if not any(getattr(f, "tag", None) == tag for f in sys.meta_path):
+        watched = dict(watched)
         for name in [n for n in watched if n in sys.modules]:  # imported already (function mode, a test)
             _patch(watched.pop(name), sys.modules[name])
-        sys.meta_path.insert(0, _AfterImport(watched))
+        sys.meta_path.insert(0, _AfterImport(tag, watched))
 
 
 def _patch(patch: Callable[[Any], None], module: Any) -> None:
@@ -42,39 +49,39 @@ def _patch(patch: Callable[[Any], None], module: Any) -> None:
 
 
 class _AfterImport(importlib.abc.MetaPathFinder):
-    """Wraps a watched module's loader, so the patch runs once the module has run."""
+    """Wraps a watched module's loader, so its patches (every tag's) run once the module has run."""
 
-    def __init__(self, watched: Dict[str, Callable[[Any], None]]) -> None:
-        self.watched = watched
+    def __init__(self, tag: str, watched: Dict[str, Callable[[Any], None]]) -> None:
+        self.tag, self.watched = tag, watched
 
     def find_spec(self, name: str, path: Optional[Sequence[str]], target: Any = None) -> Any:
-        patch = self.watched.get(name)
-        if patch is None:
+        if name not in self.watched:
             return None
         for finder in sys.meta_path:
             find = getattr(finder, "find_spec", None)
-            spec = find(name, path, target) if finder is not self and find is not None else None
+            spec = find(name, path, target) if not isinstance(finder, _AfterImport) and find is not None else None
             if spec is not None:
                 break
         else:
             return None
         if spec.loader is None or not hasattr(spec.loader, "exec_module"):
             return spec
-        del self.watched[name]
-        spec.loader = _Patching(spec.loader, patch)
+        patches = [f.watched.pop(name) for f in sys.meta_path if isinstance(f, _AfterImport) and name in f.watched]
+        spec.loader = _Patching(spec.loader, patches)
         return spec
 
 
 class _Patching(importlib.abc.Loader):
-    def __init__(self, loader: Any, patch: Callable[[Any], None]) -> None:
-        self.loader, self.patch = loader, patch
+    def __init__(self, loader: Any, patches: List[Callable[[Any], None]]) -> None:
+        self.loader, self.patches = loader, patches
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> Any:
         return self.loader.create_module(spec)
 
     def exec_module(self, module: Any) -> None:
         self.loader.exec_module(module)
-        _patch(self.patch, module)
+        for patch in self.patches:
+            _patch(patch, module)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.loader, name)

@@ -1,0 +1,222 @@
+"""HF ``Trainer``'s snapshots: what its own checkpoint holds, kept in memory every N steps.
+
+The callback saves at a step's end what HF's ``_save_checkpoint`` writes a moment later: the
+model's and optimizer's state, the scheduler's, each RNG (Python, numpy, torch's CPU and CUDA)
+and the trainer state (``trainer_state.json``'s text: global step, epoch). On a restart,
+``Trainer.train`` called without ``resume_from_checkpoint`` is handed a checkpoint directory
+written from the snapshot, so HF's own resume path restores all of it and skips the batches
+already seen; the directory is removed when ``train`` returns. FSDP and DeepSpeed trainers keep
+their state sharded across ranks: they are left alone (said once).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import os
+import random
+import shutil
+import time
+from typing import Any, Optional, Tuple
+
+from . import snapshot
+from .trainer_snapshots import (Dropped, first_load, gang_max, new_cadence, owned, plain, rank, resume_dir,
+                                say, tensor_text, text_tensor)
+
+CALLBACK_NAME = "TorchrunSnapshots"
+FORMAT = "hf-trainer-1"  # a snapshot of another layout is not used
+
+
+def patch(module: Any) -> None:
+    from transformers.trainer_callback import TrainerCallback
+
+    defaults = module.DEFAULT_CALLBACKS
+    if not any(getattr(c, "__name__", "") == CALLBACK_NAME for c in defaults):
+        defaults.append(hf_callback(TrainerCallback))
+    wrap_train(module.Trainer)
+
+
+def _sharded(args: Any) -> bool:
+    if getattr(args, "fsdp", None) or getattr(args, "deepspeed", None):
+        say("HF Trainer with FSDP or DeepSpeed: no trainer snapshots (their state is sharded across ranks)",
+            once="hf sharded")
+        return True
+    return False
+
+
+def _distributed(args: Any) -> bool:
+    return getattr(getattr(args, "parallel_mode", None), "value", None) == "distributed"
+
+
+def hf_callback(base: type) -> type:
+    class TorchrunSnapshots(base):
+        def __init__(self) -> None:
+            self.cadence: Any = None
+            self.off = False
+
+        def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            self.cadence = None if _sharded(args) else new_cadence()
+
+        def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            cadence = self.cadence
+            if cadence is None:
+                return
+            if cadence.due(state.global_step) and not self.off:  # due() on every rank: it may agree on N
+                start = time.perf_counter()
+                self.off = not save_state(args, state, kwargs.get("model"), kwargs.get("optimizer"),
+                                          kwargs.get("lr_scheduler"))
+                cadence.saved(time.perf_counter() - start)
+            cadence.resume()
+
+    TorchrunSnapshots.__name__ = TorchrunSnapshots.__qualname__ = CALLBACK_NAME
+    return TorchrunSnapshots
+
+
+def save_state(args: Any, state: Any, model: Any, optimizer: Any, scheduler: Any) -> bool:
+    """Whether snapshots go on: never raises into the training."""
+    dropped = Dropped()
+    try:
+        if model is None or optimizer is None:
+            raise ValueError("the trainer passed no model or optimizer to its callbacks")
+        text = json.dumps(dataclasses.asdict(state), indent=2, sort_keys=True) + "\n"  # as save_to_json writes
+        held = {
+            "format": FORMAT,
+            "model": plain(model.state_dict(), "model", dropped),
+            "optimizer": plain(optimizer.state_dict(), "optimizer", dropped),
+            "scheduler": plain(scheduler.state_dict(), "scheduler", dropped) if hasattr(scheduler, "state_dict")
+            else None,
+            "rng": rng_state(_distributed(args)),
+            "trainer_state": text_tensor(text),
+        }
+        if dropped:
+            say("left out of HF Trainer's snapshots (no tensor or plain value): %s" % ", ".join(dropped[:5]),
+                once="hf dropped")
+        return snapshot.save(int(state.global_step), held)
+    except Exception as e:  # a snapshot never stops the training
+        say("rank %d: HF Trainer's snapshots are off: %s: %s" % (rank(), type(e).__name__, e), once="hf off",
+            everyone=True)
+        return False
+
+
+def rng_state(distributed: bool) -> dict:
+    """Each generator HF's checkpoint keeps, as tensors and plain values."""
+    import numpy
+    import torch
+
+    version, internal, gauss = random.getstate()
+    name, keys, pos, has_gauss, cached = numpy.random.get_state(legacy=True)
+    keys = numpy.asarray(keys)
+    out = {"python": [version, list(internal), gauss], "cpu": torch.random.get_rng_state(),
+           "numpy": {"name": str(name), "keys": torch.from_numpy(keys.astype(numpy.int64)), "pos": int(pos),
+                     "has_gauss": int(has_gauss), "cached": float(cached)}}
+    if torch.cuda.is_available():
+        out["cuda"] = list(torch.cuda.random.get_rng_state_all()) if distributed else \
+            torch.cuda.random.get_rng_state()
+    return out
+
+
+def hf_rng(held: dict) -> dict:
+    """``rng_state``'s value in the form HF's ``_load_rng_state`` reads."""
+    import numpy
+
+    version, internal, gauss = held["python"]
+    n = held["numpy"]
+    out = {"python": (int(version), tuple(int(i) for i in internal), gauss), "cpu": held["cpu"],
+           "numpy": (n["name"], n["keys"].numpy().astype(numpy.uint32), n["pos"], n["has_gauss"], n["cached"])}
+    if "cuda" in held:
+        out["cuda"] = held["cuda"]
+    return out
+
+
+def write_checkpoint(directory: str, held: dict, args: Any) -> None:
+    """An HF checkpoint directory from a snapshot: the files HF's resume reads.
+
+    torch.save writes our own state, verified by its digest at load, for HF's loader (which
+    reads it with ``weights_only=True``); nothing here unpickles anything."""
+    import torch
+    from transformers import trainer as hf
+
+    torch.save(held["model"], os.path.join(directory, hf.WEIGHTS_NAME))
+    if held.get("scheduler") is not None:  # HF loads the optimizer only beside a scheduler
+        torch.save(held["optimizer"], os.path.join(directory, hf.OPTIMIZER_NAME))
+        torch.save(held["scheduler"], os.path.join(directory, hf.SCHEDULER_NAME))
+    world = int(getattr(args, "world_size", 1) or 1)
+    name = "rng_state_%d.pth" % args.process_index if world > 1 else "rng_state.pth"
+    torch.save(hf_rng(held["rng"]), os.path.join(directory, name))
+    with open(os.path.join(directory, hf.TRAINER_STATE_NAME), "w", encoding="utf-8") as f:
+        f.write(tensor_text(held["trainer_state"]))
+
+
+def wrap_train(trainer: Any) -> None:
+    train = trainer.train
+    if getattr(train, "_torchrun_snapshots", False):
+        return
+
+    @functools.wraps(train)
+    def wrapped(self: Any, *args: Any, **kwargs: Any) -> Any:
+        asked = kwargs["resume_from_checkpoint"] if "resume_from_checkpoint" in kwargs else (args[0] if args
+                                                                                             else None)
+        resumed = None if asked or not _may_resume(self) else load_for(self)
+        if resumed is None:
+            return train(self, *args, **kwargs)
+        step, held = resumed
+        directory = resume_dir("hf")
+        try:
+            write_checkpoint(directory, owned(held), self.args)
+            if args:
+                args = (directory,) + args[1:]
+            else:
+                kwargs["resume_from_checkpoint"] = directory
+            say("HF Trainer resumes at step %d from the snapshot through its own resume path (model, optimizer, "
+                "scheduler, RNG, data position)" % step)
+            return train(self, *args, **kwargs)
+        finally:
+            shutil.rmtree(directory, ignore_errors=True)
+
+    wrapped._torchrun_snapshots = True  # type: ignore[attr-defined]
+    trainer.train = wrapped
+
+
+def _may_resume(trainer: Any) -> bool:
+    callbacks = getattr(getattr(trainer, "callback_handler", None), "callbacks", [])
+    if not any(type(c).__name__ == CALLBACK_NAME for c in callbacks):
+        return False  # the user removed it
+    if getattr(trainer, "is_fsdp_enabled", False) or getattr(trainer, "is_deepspeed_enabled", False):
+        return False
+    return first_load()
+
+
+def load_for(trainer: Any) -> Optional[Tuple[int, dict]]:
+    """The gang's snapshot, where every rank finds it fits this trainer's model; else None, said why."""
+    try:
+        resumed = snapshot.load()
+    except Exception as e:  # no process group: HF set none up for this run
+        say("HF Trainer starts as asked, not from a snapshot: %s" % e, once="hf load")
+        return None
+    if resumed is None:
+        return None
+    why = unfit(resumed[1], trainer.model)
+    if gang_max(1 if why else 0):
+        say("the snapshot of step %d is not used (%s): HF Trainer starts as asked" % (resumed[0], why or
+                                                                                    "on another rank"))
+        return None
+    return resumed
+
+
+def unfit(held: Any, model: Any) -> Optional[str]:
+    """Why a snapshot does not fit this model (another training's, an older layout); None if it does."""
+    if not isinstance(held, dict) or held.get("format") != FORMAT:
+        return "not an HF Trainer's snapshot of this version"
+    saved = held.get("model")
+    if not isinstance(saved, dict):
+        return "it holds no model"
+    mine = model.state_dict()
+    if set(saved) != set(mine):
+        return "its model's parameters are named otherwise"
+    for name, tensor in mine.items():
+        other = saved[name]
+        if getattr(other, "shape", None) != tensor.shape or getattr(other, "dtype", None) != tensor.dtype:
+            return "%s is %s %s here, %s %s in it" % (name, tuple(tensor.shape), tensor.dtype,
+                                                      tuple(getattr(other, "shape", ())), getattr(other, "dtype", "?"))
+    return None

@@ -1,0 +1,77 @@
+"""A plain HF Trainer script with nothing of @torchrun's in its training: the snapshots are the
+injected callback's. A one-layer BERT built from a config (no download), dropout on, so the
+RNG's restore shows in the weights. What the test adds, beside the training:
+
+--kill-at S  rank 1 SIGKILLs itself at step S's end, once: $MFTR_TEST_OUT/killed marks it done.
+Each start appends its first step to $MFTR_TEST_OUT/starts-rank-<R>.jsonl; rank 0 writes the
+final weights' sha256 to $MFTR_TEST_OUT/weights.sha256.
+"""
+
+import argparse
+import hashlib
+import json
+import os
+import signal
+import tempfile
+import time
+
+import torch
+from transformers import (BertConfig, BertForSequenceClassification, Trainer, TrainerCallback,
+                          TrainingArguments)
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--steps", type=int, default=20)
+parser.add_argument("--kill-at", type=int, default=0)
+parser.add_argument("--pause", type=float, default=0.005)
+opts = parser.parse_args()
+OUT = os.environ["MFTR_TEST_OUT"]
+RANK = int(os.environ.get("RANK", "0"))
+
+
+class Tokens(torch.utils.data.Dataset):
+    def __len__(self):
+        return 512
+
+    def __getitem__(self, i):
+        time.sleep(opts.pause)  # read from somewhere, as a real dataset is
+        g = torch.Generator().manual_seed(i)
+        return {"input_ids": torch.randint(0, 64, (8,), generator=g), "labels": torch.tensor(i % 2)}
+
+
+class Witness(TrainerCallback):
+    """The test's eyes and its failure: not a part of the training."""
+
+    def __init__(self):
+        self.first = True
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if self.first:
+            self.first = False
+            with open(os.path.join(OUT, "starts-rank-%d.jsonl" % RANK), "a") as f:
+                f.write(json.dumps({"first_step": state.global_step, "pid": os.getpid()}) + "\n")
+        marker = os.path.join(OUT, "killed")
+        if RANK == 1 and state.global_step == opts.kill_at and not os.path.exists(marker):
+            open(marker, "w").close()
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+def digest(model):
+    h = hashlib.sha256()
+    for name, tensor in sorted(model.state_dict().items()):
+        h.update(name.encode())
+        h.update(tensor.detach().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
+torch.manual_seed(0)
+config = BertConfig(vocab_size=64, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                    intermediate_size=32, max_position_embeddings=16, num_labels=2)
+model = BertForSequenceClassification(config)
+args = TrainingArguments(output_dir=tempfile.mkdtemp(), max_steps=opts.steps, per_device_train_batch_size=4,
+                         logging_steps=1, learning_rate=1e-3, report_to=[], save_strategy="no", use_cpu=True,
+                         seed=7, disable_tqdm=True)
+trainer = Trainer(model=model, args=args, train_dataset=Tokens(), callbacks=[Witness()])
+trainer.train()
+if RANK == 0:
+    with open(os.path.join(OUT, "weights.sha256"), "w") as f:
+        f.write(digest(trainer.model))

@@ -1,0 +1,109 @@
+"""HF's Trainer resumes from an in-memory snapshot with no change to its script: the callback
+the ranks' import hook adds (procs/trainer_snapshots.py) saves every N steps, and a restarted
+train() goes through HF's own resume path from it. Real torchrun, 2 gloo ranks on CPU, a
+one-layer BERT built from code (dropout on, so a lost RNG shows in the weights).
+
+The test plays the task: it runs the node's snapshot store in-process and starts torchrun
+itself, through a shim that installs the hook as the bootstrap does where SNAPSHOT_ENV is set.
+Rank 1 SIGKILLs itself at a step's end on the first start; torchrun is started again against
+the same store. The final weights must equal an uninterrupted run's bit for bit.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from metaflow_extensions.torchrun.plugins.torchrun.gang.snapshot_store import SnapshotStore
+from metaflow_extensions.torchrun.plugins.torchrun.procs.names import SNAPSHOT_EVERY_ENV
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SCRIPTS = os.path.join(REPO, "tests", "flows", "scripts")
+SHIM = """import runpy, sys
+from metaflow_extensions.torchrun.plugins.torchrun.procs import trainer_snapshots
+trainer_snapshots.install()
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+STEPS, KILL_AT = 30, 20
+
+
+def torchrun(tmp_path, out, store, script, *args, every=""):
+    """One torchrun of 2 ranks; its whole process group is killed if it outlives the timeout."""
+    shim = tmp_path / "shim.py"
+    shim.write_text(SHIM)
+    env = dict(os.environ, PYTHONPATH=REPO, MFTR_TEST_OUT=str(out), OMP_NUM_THREADS="1", **store.environ())
+    env[SNAPSHOT_EVERY_ENV] = every
+    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "--tee", "3",
+            str(shim), os.path.join(SCRIPTS, script), *args]  # --tee: each line says its rank, [default<R>]:
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    try:
+        text, _ = proc.communicate(timeout=240)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    return proc.returncode, text
+
+
+def starts(out, rank):
+    return [json.loads(line)["first_step"] for line in (out / ("starts-rank-%d.jsonl" % rank)).read_text().splitlines()]
+
+
+def snapshot_lines(text):
+    return [line for line in text.splitlines() if "metaflow-torchrun: snapshot:" in line]
+
+
+def run_killed_and_whole(tmp_path, script, every):
+    """(the uninterrupted run's output, the killed start's, the restart's, their folders)."""
+    whole, killed = tmp_path / "whole", tmp_path / "killed"
+    whole.mkdir()
+    killed.mkdir()
+    args = ("--steps", str(STEPS), "--kill-at", str(KILL_AT))
+    with SnapshotStore(str(tmp_path / "store-whole"), budget=256 << 20) as store:
+        code, whole_text = torchrun(tmp_path, whole, store, script, "--steps", str(STEPS), every=every)
+        assert code == 0, whole_text[-4000:]
+    with SnapshotStore(str(tmp_path / "store-killed"), budget=256 << 20) as store:
+        code, first = torchrun(tmp_path, killed, store, script, *args, every=every)
+        assert code != 0 and (killed / "killed").exists(), first[-4000:]
+        code, second = torchrun(tmp_path, killed, store, script, *args, every=every)
+        assert code == 0, second[-4000:]
+    return whole_text, first, second, whole, killed
+
+
+def test_an_hf_trainer_resumes_at_its_last_snapshot_with_the_same_weights(tmp_path):
+    whole_text, first, second, whole, killed = run_killed_and_whole(tmp_path, "hf_snapshot.py", every="3")
+    # Every 3 steps: the kill at step 20's end finds 18 the newest snapshot both ranks hold.
+    resumed = KILL_AT - KILL_AT % 3
+    for rank in (0, 1):
+        assert starts(killed, rank) == [1, resumed + 1], (starts(killed, rank), snapshot_lines(second))
+    lines = snapshot_lines(second)
+    assert any("resumed at step %d from memory" % resumed in line for line in lines), lines
+    assert any("HF Trainer resumes at step %d" % resumed in line for line in lines), lines
+    assert (killed / "weights.sha256").read_text() == (whole / "weights.sha256").read_text(), lines
+
+
+def test_an_hf_trainers_snapshot_interval_is_chosen_from_a_saves_cost(tmp_path):
+    """No setting: N from the measured save and step, said on rank 0; the weights as without a store."""
+    out, bare = tmp_path / "measured", tmp_path / "bare"
+    out.mkdir()
+    bare.mkdir()
+    with SnapshotStore(str(tmp_path / "store"), budget=256 << 20) as store:
+        code, text = torchrun(tmp_path, out, store, "hf_snapshot.py", "--steps", "12")
+        assert code == 0, text[-4000:]
+    chosen = [line for line in snapshot_lines(text) if "a snapshot every" in line]
+    assert chosen and all(line.startswith("[default0]:") for line in chosen), snapshot_lines(text)
+    assert "a save costs" in chosen[0] and "a step" in chosen[0], chosen
+    env = dict(os.environ, PYTHONPATH=REPO, MFTR_TEST_OUT=str(bare), OMP_NUM_THREADS="1")
+    env.pop("METAFLOW_TORCHRUN_SNAPSHOT", None)
+    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+            os.path.join(SCRIPTS, "hf_snapshot.py"), "--steps", "12"]
+    plain = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=240, start_new_session=True)
+    assert plain.returncode == 0, plain.stderr[-4000:]
+    assert (out / "weights.sha256").read_text() == (bare / "weights.sha256").read_text()
