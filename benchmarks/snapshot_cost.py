@@ -12,8 +12,9 @@ size, in layers of 1024 x 1024: ``--mb 50`` is 6 layers, 6.3M parameters, 48 MB)
 - **background**: ms from ``save``'s return until the store holds the snapshot whole, measured with
   the training idle: 0 for CPU state (``save`` commits before it returns); on a GPU, the wait for the
   device copy and the copy from pinned memory into the slot;
-- **step**: a training step's mean ms without snapshots and with a snapshot every ``--every`` steps,
-  and the difference in %, the cost that counts.
+- **step**: a training step's ms without snapshots and with a snapshot every ``--every`` steps (the
+  median of the means of short blocks of each, alternated), and the difference in %, the cost that
+  counts; with the machine's 1-minute load average, as other work on it moves every figure.
 
     .venv/bin/python benchmarks/snapshot_cost.py [--mb 50] [--saves 20] [--batch 256] [--every 1] [--device cpu|cuda]
 """
@@ -135,9 +136,10 @@ def measure(args: argparse.Namespace) -> Dict[str, Any]:
             returns.append((returned - start) * 1e3)
             background.append((done - returned) * 1e3)
 
-    def steps(save_every: bool) -> float:
+    def block(save_every: bool) -> float:
+        """The mean ms of a few steps, with a snapshot every ``--every`` of them or none."""
         times = []
-        for i in range((args.saves + 2) * (args.every if save_every else 1)):
+        for i in range(4 * args.every):
             sync(args.device)
             start = time.perf_counter()
             train_step(model, opt, batch)
@@ -146,16 +148,21 @@ def measure(args: argparse.Namespace) -> Dict[str, Any]:
             sync(args.device)
             times.append((time.perf_counter() - start) * 1e3)
         snapshot.flush(60)
-        return statistics.mean(times[2 * args.every:]) if save_every else statistics.mean(times[2:])
+        return statistics.mean(times)
 
-    plain, saving = steps(False), steps(True)
-    plain = min(plain, steps(False))  # interleaved again: the machine's drift counts against the snapshot
+    block(False), block(True)  # warm
+    plains, savings = [], []
+    for _ in range(max(2, args.saves // 2)):  # alternated: a machine's drift falls on both alike
+        plains.append(block(False))
+        savings.append(block(True))
+    plain, saving = statistics.median(plains), statistics.median(savings)
     ms_background = statistics.median(background)
     return {"device": args.device, "state_mb": round(nbytes / (1 << 20), 1), "batch": args.batch,
             "save_return_ms": round(statistics.median(returns), 2), "floor_ms": round(floor, 2),
             "background_ms": round(ms_background, 2),
             "every": args.every, "step_ms": round(plain, 2), "step_with_save_ms": round(saving, 2),
-            "cost_pct": round(100 * (saving - plain) / plain, 1), "cores": os.cpu_count()}
+            "cost_pct": round(100 * (saving - plain) / plain, 1), "cores": os.cpu_count(),
+            "load_avg_1m": round(os.getloadavg()[0], 2)}
 
 
 def main() -> None:

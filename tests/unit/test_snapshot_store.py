@@ -348,3 +348,14 @@ def test_a_slot_that_cannot_be_made_is_refused_with_the_reason(store, writer, mo
     monkeypatch.setattr(snapshot_shelf.memory, "create", no_memory)
     assert "no snapshot slot could be made: [Errno 12] Cannot allocate memory" in writer.put("rank-0", 1, snapshot(1))
     assert writer.client.steps("rank-0") == ([], None, None)  # the same connection goes on
+
+
+def test_a_pinned_slot_keeps_its_step_and_size_while_newer_saves_push_it_out():
+    shelf = Shelf(budget=1 << 20)
+    fill(shelf, "rank-0", 1, size=300)
+    pinned = shelf.pin("rank-0", 1)
+    for step in range(2, 7):
+        fill(shelf, "rank-0", step, size=300)
+    assert shelf.steps("rank-0") == [5, 6] and (pinned.step, pinned.size) == (1, 300)  # what a push announces
+    shelf.unpin(pinned)
+    shelf.clear()

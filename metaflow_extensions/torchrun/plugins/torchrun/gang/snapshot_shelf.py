@@ -183,7 +183,7 @@ class Shelf:
         self._writing.pop(slot.id, None)
         if kept is not None:
             kept.remove(slot)
-        slot.step, slot.size, slot.owner = -1, 0, None
+        slot.owner = None  # its step and size stay as they were for a reader that pinned it; ``begin`` resets them
         free = self._free.setdefault(slot.key, [])
         free.append(slot)
         while len(free) > 1:
