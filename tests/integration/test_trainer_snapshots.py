@@ -3,7 +3,7 @@ the ranks' import hook adds (procs/trainer_snapshots.py) saves every N steps, an
 train() goes through HF's own resume path from it. Real torchrun, 2 gloo ranks on CPU, a
 one-layer BERT built from code (dropout on, so a lost RNG shows in the weights).
 
-The test plays the task: it runs the node's snapshot store in-process and starts torchrun
+The last test is a real flow, @torchrun(restarts=1) on 2 nodes x 1 process. The others play the task: it runs the node's snapshot store in-process and starts torchrun
 itself, through a shim that installs the hook as the bootstrap does where SNAPSHOT_ENV is set.
 Rank 1 SIGKILLs itself at a step's end on the first start; torchrun is started again against
 the same store. The final weights must equal an uninterrupted run's bit for bit.
@@ -11,12 +11,14 @@ the same store. The final weights must equal an uninterrupted run's bit for bit.
 
 import json
 import os
+import pathlib
 import signal
 import subprocess
 import sys
 
 import pytest
 
+from .helpers import output
 from metaflow_extensions.torchrun.plugins.torchrun.gang.snapshot_store import SnapshotStore
 from metaflow_extensions.torchrun.plugins.torchrun.procs.names import SNAPSHOT_EVERY_ENV
 
@@ -107,3 +109,28 @@ def test_an_hf_trainers_snapshot_interval_is_chosen_from_a_saves_cost(tmp_path):
     plain = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=240, start_new_session=True)
     assert plain.returncode == 0, plain.stderr[-4000:]
     assert (out / "weights.sha256").read_text() == (bare / "weights.sha256").read_text()
+
+
+def _flow(gang, *args):
+    gang.env["MFTR_TORCHRUN_ATTRS"] = json.dumps({"restarts": 1})
+    args = ["--steps", str(STEPS), "--pause", "0.02", *args]
+    proc = gang.run("--script", "hf_snapshot.py", "--nproc", "1", "--script-args", json.dumps(args), timeout=500)
+    text = output(proc)
+    assert proc.returncode == 0, text[-4000:]
+    return text, pathlib.Path(gang.out)
+
+
+def test_an_hf_trainer_in_a_flow_resumes_from_memory_after_a_rank_kill(gang):
+    """@torchrun(restarts=1), N chosen from the cost: at most 10 steps lost (a step is made slow
+    enough, by its data, that N stays under 10 on a loaded machine), weights as without a failure."""
+    _, out = _flow(gang)
+    whole = (out / "weights.sha256").read_text()
+    for path in [*out.glob("starts-rank-*.jsonl"), out / "weights.sha256"]:
+        path.unlink()
+    text, out = _flow(gang, "--kill-at", str(KILL_AT))
+    first, second = starts(out, 1)
+    resumed = second - 1
+    assert first == 1 and KILL_AT - 10 <= resumed <= KILL_AT and starts(out, 0)[-1] == second, text[-4000:]
+    assert "resumed at step %d from memory" % resumed in text, text[-4000:]
+    assert "HF Trainer resumes at step %d" % resumed in text, text[-4000:]
+    assert (out / "weights.sha256").read_text() == whole

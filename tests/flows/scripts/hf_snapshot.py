@@ -63,6 +63,7 @@ def digest(model):
     return h.hexdigest()
 
 
+torch.set_num_threads(1)  # the same sums however the ranks are placed (torchrun sets 1 thread only for 2+ a node)
 torch.manual_seed(0)
 config = BertConfig(vocab_size=64, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
                     intermediate_size=32, max_position_embeddings=16, num_labels=2)
