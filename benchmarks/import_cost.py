@@ -11,9 +11,11 @@ hands off to the warm process) and a fresh rank (``procs/bootstrap.py`` with no 
 before the user's script). ``--before REV``: the same figures, in the same run, for the package as it was at commit REV (its
 ``metaflow_extensions/`` exported beside, installed as the editable install is). ``--instructions``:
 also the instructions each ``import metaflow`` executes, counted by valgrind (callgrind), which no
-other load on the machine changes.
+other load on the machine changes. ``--floor``: the same figures for what Metaflow costs per extension,
+whatever it holds: this package's metadata with one ``mfextinit`` that declares nothing ("empty"), and
+that with as many empty files as this tree has (Metaflow walks an extension's every file).
 
-    .venv/bin/python benchmarks/import_cost.py [--runs 20] [--before REV] [--instructions]
+    .venv/bin/python benchmarks/import_cost.py [--runs 20] [--before REV] [--instructions] [--floor]
 """
 
 from __future__ import annotations
@@ -70,6 +72,21 @@ def export(rev: str) -> str:
         archive = subprocess.run(["git", "-C", REPO, "archive", rev, "metaflow_extensions"], check=True,
                                  capture_output=True).stdout
         subprocess.run(["tar", "-x", "-C", tree], input=archive, check=True)
+    return tree
+
+
+def floor_tree(files: bool) -> str:
+    """An extension that declares nothing, under build/import_cost/ (with ``files``: an empty file for each
+    of this tree's files, in its folders); its folder."""
+    tree = os.path.join(REPO, "build", "import_cost", "floor-files" if files else "floor")
+    shutil.rmtree(tree, ignore_errors=True)
+    listed = subprocess.run(["git", "-C", REPO, "ls-files", "metaflow_extensions"], check=True, capture_output=True,
+                            text=True).stdout.split() if files else []
+    init = os.path.join("metaflow_extensions", "torchrun", "plugins", "mfextinit_torchrun.py")
+    for path in set(listed) | {init}:
+        os.makedirs(os.path.dirname(os.path.join(tree, path)), exist_ok=True)
+        with open(os.path.join(tree, path), "w") as f:
+            f.write("STEP_DECORATORS_DESC = []\n" if path == init else "")
     return tree
 
 
@@ -142,27 +159,33 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=20)
     parser.add_argument("--before", help="a commit: its package measured too, in the same rounds")
     parser.add_argument("--instructions", action="store_true", help="count them with valgrind too")
+    parser.add_argument("--floor", action="store_true", help="an extension that declares nothing, measured too")
     args = parser.parse_args()
     env = clean_env()
     pythons = {"this tree": sys.executable}
     if args.before:
         tree = export(args.before)
         pythons[args.before] = scratch_venv(os.path.join(REPO, "build", "import_cost", "venv-" + args.before), tree)
+    floors = {}
+    for label, files in (("empty", False), ("empty+files", True)) if args.floor else ():
+        where = os.path.join(REPO, "build", "import_cost", "venv-" + label.replace("+", "-"))
+        floors[label] = scratch_venv(where, floor_tree(files))
     without = scratch_venv()
     assert not loaded(without, env)["ours"]
     for label, python in pythons.items():
         seen = loaded(python, env)
         assert seen["exported"] and not seen["torch"], seen
+    measured = dict(pythons, **floors)
     mf = interleaved(dict({"without": [without, "-c", "import metaflow"]},
-                          **{k: [p, "-c", "import metaflow"] for k, p in pythons.items()}), "without", args.runs, env)
+                          **{k: [p, "-c", "import metaflow"] for k, p in measured.items()}), "without", args.runs, env)
     print("`import metaflow`, medians of %d rounds, over the same venv without the extension:" % args.runs)
-    for label, python in pythons.items():
-        print("  %-10s %s; %s" % (label, said(mf[label]), modules(python, "import metaflow", env)))
+    for label, python in measured.items():
+        print("  %-11s %s; %s" % (label, said(mf[label]), modules(python, "import metaflow", env)))
     if args.instructions:
         bare = instructions(without, env)
-        for label, python in pythons.items():
+        for label, python in measured.items():
             count = instructions(python, env)
-            print("  %-10s +%.1f M instructions over %.1f M without (+%.1f %%)"
+            print("  %-11s +%.1f M instructions over %.1f M without (+%.1f %%)"
                   % (label, (count - bare) / 1e6, bare / 1e6, 100.0 * (count - bare) / bare))
     for what, module in (("a rank's stand-in, to its hand-off", "handoff"),
                          ("a fresh rank, before the user's script", "bootstrap")):

@@ -5,7 +5,7 @@ and the result holds them typed (``TorchrunResult`` is typed to the edge)."""
 from metaflow_extensions.torchrun.plugins.torchrun.cause import Cause
 from metaflow_extensions.torchrun.plugins.torchrun.gang.messages import NodeReport, RankStatus
 from metaflow_extensions.torchrun.plugins.torchrun.record.attempts import Attempt
-from metaflow_extensions.torchrun.plugins.torchrun.record.result import GangView
+from metaflow_extensions.torchrun.plugins.torchrun.record.gang_view import GangView
 
 
 def cause(data):

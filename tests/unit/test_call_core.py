@@ -18,7 +18,8 @@ from metaflow_extensions.torchrun.plugins.torchrun.gang.topology import Topology
 from metaflow_extensions.torchrun.plugins.torchrun.launch.plan import StepDefaults
 from metaflow_extensions.torchrun.plugins.torchrun.procs.failures import RankFailure
 from metaflow_extensions.torchrun.plugins.torchrun.record.in_step_restarts import InStepRestart
-from metaflow_extensions.torchrun.plugins.torchrun.record.result import METADATA_LIMIT, GangView, TorchrunResult
+from metaflow_extensions.torchrun.plugins.torchrun.record.gang_view import GangView
+from metaflow_extensions.torchrun.plugins.torchrun.record.result import METADATA_LIMIT, TorchrunResult
 from metaflow_extensions.torchrun.plugins.torchrun.runtime.call_error import CallOutcome, call_error, failing_rank
 from metaflow_extensions.torchrun.plugins.torchrun.runtime.context import StepContext
 

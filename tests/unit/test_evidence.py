@@ -7,7 +7,8 @@ from metaflow_extensions.torchrun.plugins.torchrun.cause import Cause, CauseKind
 from metaflow_extensions.torchrun.plugins.torchrun.gang import NodeReport
 from metaflow_extensions.torchrun.plugins.torchrun.procs import names
 from metaflow_extensions.torchrun.plugins.torchrun.record import evidence
-from metaflow_extensions.torchrun.plugins.torchrun.record.result import GangView, TorchrunResult
+from metaflow_extensions.torchrun.plugins.torchrun.record.gang_view import GangView
+from metaflow_extensions.torchrun.plugins.torchrun.record.result import TorchrunResult
 
 STACK = 'Current thread 0x1 (most recent call first):\n  File "/w/train.py", line %d in step\n'
 

@@ -22,7 +22,7 @@ from metaflow_extensions.torchrun.plugins.torchrun.record import goodput as G
 from metaflow_extensions.torchrun.plugins.torchrun.record import in_step_restarts as I
 from metaflow_extensions.torchrun.plugins.torchrun.record import node_history as H
 from metaflow_extensions.torchrun.plugins.torchrun.record import node_roles as R
-from metaflow_extensions.torchrun.plugins.torchrun.record import result as RS
+from metaflow_extensions.torchrun.plugins.torchrun.record.gang_view import GangView
 
 
 def _records():
@@ -50,7 +50,7 @@ def _records():
                         tails={0: {"stdout": ("a",), "stderr": ()}}, started=1.0, ended=2.0)
     return [ck, A.Checkpoint(), mark, mark2, *nodes, a0, a1, a2, a3, *costed, *restarts, *led.segments, led,
             G.Ledger(1.0, 2.0, {"productive": 1.0}), stats, H.HostStats("h"),
-            RS.GangView({0: 1.0, 1: 2.5}, {0: 3.0}, {0: report}), RS.GangView()]
+            GangView({0: 1.0, 1: 2.5}, {0: 3.0}, {0: report}), GangView()]
 
 
 GOLDEN = [

@@ -5,12 +5,27 @@ before any flow runs; standard library only (this runs while Metaflow imports it
 from __future__ import annotations
 
 import os
-import re
 from typing import Iterable, List, Optional, Tuple
 
 # Files only 0.2 ships (outerbounds/metaflow-torchrun): its decorator module and helpers.
 _02_FILES = ("torchrun_decorator.py", "torchrun_libs")
-_DIST_INFO = re.compile(r"^metaflow_torchrun-(\d+)\.(\d+)[^-]*\.(dist|egg)-info$", re.IGNORECASE)
+# Its metadata's folder, any case: metaflow_torchrun-0.2<anything but "-">.dist-info (or .egg-info). By
+# hand, not a regular expression: compiling one cost every `import metaflow` as much as this whole check.
+_DIST = "metaflow_torchrun-"
+_INFO = (".dist-info", ".egg-info")
+# Where pip installs nothing (and whose hundreds of names are most of this check's reading).
+_STDLIB = (os.path.dirname(os.__file__), os.path.join(os.path.dirname(os.__file__), "lib-dynload"))
+
+
+def _is_02_metadata(name: str) -> bool:
+    low = name.lower()
+    suffix = _INFO[0] if low.endswith(_INFO[0]) else _INFO[1] if low.endswith(_INFO[1]) else ""
+    if not suffix or not low.startswith(_DIST):
+        return False
+    version = low[len(_DIST):-len(suffix)]
+    major, dot, rest = version.partition(".")
+    minor = rest[:len(rest) - len(rest.lstrip("0123456789"))]
+    return "-" not in version and major.isdigit() and bool(minor) and (int(major), int(minor)) == (0, 2)
 
 
 def _dist_version(directory: str) -> Optional[str]:
@@ -20,8 +35,7 @@ def _dist_version(directory: str) -> Optional[str]:
     except OSError:
         return None
     for name in names:
-        match = _DIST_INFO.match(name)
-        if match and (int(match.group(1)), int(match.group(2))) == (0, 2):
+        if name[:len(_DIST)].lower() == _DIST and _is_02_metadata(name):  # the first test: most names, quickly
             return name.split("-")[1].rsplit(".", 1)[0].replace(".dist", "").replace(".egg", "")
     return None
 
@@ -30,7 +44,7 @@ def find_02_installs(paths: Iterable[str]) -> List[Tuple[str, str]]:
     """``(directory, version)`` of each sys.path entry that holds metaflow-torchrun 0.2."""
     found = []
     for path in paths:
-        if not path or not os.path.isdir(path):
+        if not path or path in _STDLIB or not os.path.isdir(path):
             continue
         plugins = os.path.join(path, "metaflow_extensions", "torchrun", "plugins")
         has_files = any(os.path.exists(os.path.join(plugins, name)) for name in _02_FILES)

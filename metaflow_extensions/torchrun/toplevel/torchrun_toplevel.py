@@ -11,7 +11,8 @@ _found = _conflicts.find_02_installs(_sys.path)
 if _found:
     _here = _os.path.dirname(_os.path.dirname(_os.path.dirname(_os.path.dirname(_os.path.abspath(__file__)))))
     raise _conflicts.OldPackageInstalled(_conflicts.conflict_message(_found, _here))
-del _found
+# A module left here, Metaflow would alias it (``metaflow._conflicts``) with an import hook of its own.
+del _found, _conflicts
 
 from metaflow_extensions.torchrun.plugins.torchrun.errors import (  # noqa: F401, E402  (exported, after the check)
     GangAborted,

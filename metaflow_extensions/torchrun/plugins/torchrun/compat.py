@@ -9,7 +9,6 @@ import inspect
 import os
 import re
 import sys
-from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence
 
 from .errors import TorchrunInvalidArgument, shown
@@ -44,11 +43,14 @@ ALIAS_NOTES = {
 }
 
 
-@dataclass
 class LegacyAttributes:
-    attributes: Dict[str, Any]
-    deprecations: List[str] = field(default_factory=list)
-    conflicts: List[str] = field(default_factory=list)
+    """@torchrun's attributes in our names, and what 0.2's names in them call for (a plain class: a
+    dataclass's making costs every ``import metaflow``, which loads this module, half a millisecond)."""
+
+    def __init__(self, attributes: Dict[str, Any]) -> None:
+        self.attributes = attributes
+        self.deprecations: List[str] = []
+        self.conflicts: List[str] = []
 
 
 def translate_attributes(attributes: Optional[Mapping[str, Any]]) -> LegacyAttributes:
@@ -105,21 +107,21 @@ class TorchrunSingleNodeMultiGPU(SingleNodeLauncher):
 
 
 # A @parallel step's worker task: "<control>_node_<i>" locally, "<id>-node-<i>"
-# on Kubernetes and AWS Batch (Metaflow's own naming).
-_WORKER_TASK = re.compile(r"^(?P<control>.+?)[-_]node[-_]\d+$")
+# on Kubernetes and AWS Batch (Metaflow's own naming). Compiled at its first use (``re`` keeps it).
+_WORKER_TASK = r"^(?P<control>.+?)[-_]node[-_]\d+$"
 
 
 def control_task_of(task: Any) -> Any:
     """The control task of a @parallel step's worker ``task`` (``card view <run>/train`` resolves to
     any task, mostly a worker, which has no card); ``task`` itself when no control can be told."""
-    match = _WORKER_TASK.match(str(getattr(task, "id", "")))
+    match = re.match(_WORKER_TASK, str(getattr(task, "id", "")))
     if match is None:
         return task
     try:
         from metaflow import Step
 
         step = Step(task.pathspec.rsplit("/", 1)[0])
-        others = [t for t in step if not _WORKER_TASK.match(t.id)]
+        others = [t for t in step if not re.match(_WORKER_TASK, t.id)]
     except Exception:
         return task
     exact = [t for t in others if t.id == match.group("control")]

@@ -10,6 +10,7 @@ enters (its spec, gang, launch, runtime, card) in one place, ``_load``, as a hoo
 from __future__ import annotations
 
 import importlib
+import logging
 import os
 import sys
 import time
@@ -25,11 +26,6 @@ from .base import defaults as DEFAULTS
 from .compat import (card_commands, decorator_init_kwargs, is_task_process, legacy_notes, local_control_task_id,
                      task_step, translate_attributes)
 from .errors import Problems, did_you_mean, drop_own_frame
-from .lint import register_lint_check, require_parallel_entry
-from .host.console import say
-from .host import log
-
-_log = log.get("decorator")
 
 
 def _load(name: str) -> ModuleType:
@@ -136,6 +132,7 @@ class TorchrunDecorator(ParallelDecorator):
         for k in self._unknown:
             attributes.pop(k)
         card_commands(sys.argv)  # `card view <run>/<step>`: the control's card
+        _load("lint").register_lint_check()  # not at `import metaflow`: a flow's lint runs after its decorators
         kwargs = decorator_init_kwargs(ParallelDecorator.__init__, inserted_by)
         super().__init__(attributes, statically_defined, **kwargs)
 
@@ -150,12 +147,12 @@ class TorchrunDecorator(ParallelDecorator):
         self._init_step(flow, graph, step_name, decorators)
 
     def _init_step(self, flow, graph, step_name, decorators):
-        spec, card = _load("spec"), _load("card.lifecycle")
+        spec, card, say = _load("spec"), _load("card.lifecycle"), _load("host.console").say
         problems = Problems()  # one run, every problem
         problems.check(legacy_notes, self._legacy, say, sys.argv)
         if self._unknown:
             problems.add(_unknown_message(self._unknown, self.defaults))
-        problems.check(require_parallel_entry, graph, step_name)
+        problems.check(_load("lint").require_parallel_entry, graph, step_name)
         specs = [(deco.name, deco.attributes) for deco in decorators]
         entries = [str(getattr(graph[p], "num_parallel", "")) for p in graph[step_name].in_funcs]
         self._spec = spec.read_step_spec(self.attributes, specs, entries, sys.argv, problems)
@@ -201,7 +198,7 @@ class TorchrunDecorator(ParallelDecorator):
             self._deferred = None
         self._metadata = (metadata, run_id, step_name, task_id)
         self._attempt = _load("record.step_record").ThisAttempt(int(retry_count), int(max_user_code_retries or 0))
-        log.configure(self._knobs.debug)  # the debug channel, if asked for
+        _load("host.log").configure(self._knobs.debug)  # the debug channel, if asked for
         is_control = ubf_context == UBF_CONTROL
         self._card = _load("card.lifecycle").card_of_task(self._card, is_control)
         pathspec = "%s/%s/%s/%s" % (self._flow_name, run_id, step_name, task_id)
@@ -221,7 +218,7 @@ class TorchrunDecorator(ParallelDecorator):
         if is_control and int(retry_count) > 0:
             note = self._attempt.read_previous(pathspec, self._spec.retry_on)
             if note:
-                say(note)
+                _load("host.console").say(note)
         self._history = _load("runtime.preflight").read_history(
             is_control, self._flow_name, str(run_id), step_name, self._attempt.previous, self._spec.preflight,
             self._knobs)
@@ -244,7 +241,7 @@ class TorchrunDecorator(ParallelDecorator):
                 self._published.withdraw()
                 missing = self._session.missing_nodes if self._session is not None else None
                 self._nodes_stopping = local_nodes.stop_local_nodes(missing)  # joined in task_finished
-                _log.debug("the step failed: %s", type(e).__name__)
+                _log().debug("the step failed: %s", type(e).__name__)
                 drop_own_frame(e, __file__)
                 raise
 
@@ -273,7 +270,7 @@ class TorchrunDecorator(ParallelDecorator):
         self._record_result(flow, retry_count)
 
     def task_exception(self, exception, step_name, flow, graph, retry_count, max_user_code_retries):
-        _log.debug("Metaflow's task_exception reached us")  # after the decorators above ours (@checkpoint's end)
+        _log().debug("Metaflow's task_exception reached us")  # after the decorators above ours (@checkpoint's end)
         handled = super().task_exception(exception, step_name, flow, graph, retry_count, max_user_code_retries)
         self._record_result(flow, retry_count)
         return handled
@@ -293,10 +290,10 @@ class TorchrunDecorator(ParallelDecorator):
         hint = card.card_view_command(sys.argv[0], *getattr(self, "_card_of", (None, "")))
         session = getattr(self, "_session", None)
         if hint and card_exists and not (session is not None and session.card_hint_said):
-            say("this step's card: %s" % hint)
+            _load("host.console").say("this step's card: %s" % hint)
         if getattr(self, "_nodes_stopping", None) is not None:
             self._nodes_stopping.join()
-        _log.debug("task_finished in %.3fs (the local nodes' tasks gone with it)", time.monotonic() - began)
+        _log().debug("task_finished in %.3fs (the local nodes' tasks gone with it)", time.monotonic() - began)
 
     def _record_result(self, flow: Any, retry_count: int) -> None:
         """The record as task metadata and artifacts; the card rendered here, not in Metaflow's subprocess."""
@@ -312,7 +309,12 @@ class TorchrunDecorator(ParallelDecorator):
                        lambda result: finish_card(self._card, result, self._flow_name, self._accelerators, retry_count)
                        if self._card is not None else False):
             self._card = None
-        _log.debug("record and card written in %.3fs", time.monotonic() - began)
+        _log().debug("record and card written in %.3fs", time.monotonic() - began)
+
+
+def _log() -> logging.Logger:
+    """The debug channel's logger of this module (host/log.py), loaded by the first hook that logs."""
+    return _load("host.log").get("decorator")
 
 
 def _local_runtime() -> bool:
@@ -327,6 +329,3 @@ def _local_nodes(flow: Any) -> int:
 def _unknown_message(unknown, defaults) -> str:
     parts = ["%r%s" % (name, did_you_mean(name, defaults)) for name in unknown]
     return "@torchrun does not take %s. It takes: %s." % (", ".join(parts), ", ".join(defaults))
-
-
-register_lint_check()

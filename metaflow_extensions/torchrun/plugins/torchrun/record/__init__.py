@@ -2,8 +2,8 @@
 the next attempt's reading. Plain data and pure functions, built from what the runtime hands in
 (``step_record.AttemptFacts``), never from a session, a process or a socket.
 
-- a call: ``result`` (``TorchrunResult``, what ``current.torch.run`` returns), ``what_ran``,
-  ``in_step_restarts``;
+- a call: ``result`` (``TorchrunResult``, what ``current.torch.run`` returns), ``gang_view`` (its
+  ``gang``), ``what_ran``, ``in_step_restarts``;
 - the step's attempt: ``step_record`` (its record, built once as the task ends), ``attempts``
   (every attempt, and whether the next is worth running), ``evidence``, ``goodput``, ``node_roles``;
 - across runs: ``node_history``.

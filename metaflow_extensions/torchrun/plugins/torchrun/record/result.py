@@ -7,18 +7,17 @@ from __future__ import annotations
 
 import json
 import signal
-from dataclasses import asdict, dataclass, field, replace
-from typing import TYPE_CHECKING, Annotated, Any, Dict, List, Optional, Tuple, Union
-
-from ..base.codec import SKIP, Written
+from dataclasses import asdict, dataclass, field, fields, replace
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple, Union
 
 if TYPE_CHECKING:  # `import metaflow` exports TorchrunResult: what its fields hold loads at first use
     from .attempts import Attempt
     from .in_step_restarts import InStepRestart
     from .goodput import Ledger
     from .what_ran import Ran
+    from .gang_view import GangView
     from ..cause import Cause
-    from ..gang import NodeReport, PreflightRecord, ProgressRecord
+    from ..gang import PreflightRecord, ProgressRecord
     from ..procs.culprit import Culprits
     from ..procs.failures import RankFailure
     from ..procs.status import RankStatus as RankRecord  # one rank's record (procs/status.py)
@@ -53,25 +52,16 @@ def __getattr__(name: str) -> Any:
 _NONE_AS_EMPTY = ("preflight", "culprits", "ran")
 
 
-@dataclass(frozen=True)
-class GangView(Written):
-    """When each node joined and finished the call, and its report, as the control saw them."""
+def _no_view() -> GangView:
+    """``TorchrunResult.gang`` until the control fills it: its module loads at a result's making."""
+    from .gang_view import GangView
 
-    @staticmethod
-    def LATE_TYPES() -> Dict[str, Any]:  # noqa: N802  (the codec's name for it)
-        from ..gang import NodeReport
-        from ..procs.status import RankStatus
-
-        return {"NodeReport": NodeReport, "RankRecord": RankStatus}
-
-    joined_at: Dict[int, float] = field(default_factory=dict)
-    finished_at: Dict[int, float] = field(default_factory=dict)
-    reports: Dict[int, NodeReport] = field(default_factory=dict)
-    # Each replaced start's ranks (0: the first start), of the nodes that reported its failure (gang/calls.py).
-    replaced: Annotated[Dict[int, Dict[int, Tuple[RankRecord, ...]]], SKIP] = field(default_factory=dict)
+    return GangView()
 
 
-@dataclass
+# ``repr`` and ``==`` by hand, as dataclasses writes them: made per class, its 39 fields' cost ``import
+# metaflow`` (which exports this class) about 1 ms.
+@dataclass(repr=False, eq=False)
 class TorchrunResult:
     """What happened on this node."""
 
@@ -91,7 +81,7 @@ class TorchrunResult:
     restarts_allowed: int = 0
     log_dir: Optional[str] = None
     cause: Optional[Cause] = None  # the gang's root cause, when the run failed
-    gang: GangView = field(default_factory=GangView)  # on the control: the gang as it saw it
+    gang: GangView = field(default_factory=_no_view)  # on the control: the gang as it saw it
     # A function's return values by global rank (this node's; rank 0's on the control).
     returns: Dict[int, Any] = field(default_factory=dict)
     call: int = 0  # which current.torch.run call of the step (0-based)
@@ -121,6 +111,17 @@ class TorchrunResult:
     role: str = "active"
     spare_nodes: List[int] = field(default_factory=list)
     out_nodes: List[int] = field(default_factory=list)
+
+    def __repr__(self) -> str:
+        return "%s(%s)" % (type(self).__qualname__, ", ".join("%s=%r" % f for f in self._values()))
+
+    def __eq__(self, other: object) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return self._values() == other._values()
+
+    def _values(self) -> List[Tuple[str, Any]]:
+        return [(f.name, getattr(self, f.name)) for f in fields(self)]
 
     @property
     def duration(self) -> float:
@@ -204,12 +205,14 @@ class TorchrunResult:
         return StoredRecord(text, compacted=True)
 
 
-@dataclass(frozen=True)
 class StoredRecord:
-    """The record's JSON as stored, and whether it is the compacted one (a big gang's)."""
+    """The record's JSON as stored, and whether it is the compacted one (a big gang's). A plain class:
+    ``import metaflow`` loads this module, and a dataclass's or a NamedTuple's making costs it."""
 
-    text: str
-    compacted: bool
+    __slots__ = ("text", "compacted")
+
+    def __init__(self, text: str, compacted: bool) -> None:
+        self.text, self.compacted = text, compacted
 
 
 def compact(data: Dict[str, Any], stacks: Dict[int, str], full_report: str) -> Dict[str, Any]:

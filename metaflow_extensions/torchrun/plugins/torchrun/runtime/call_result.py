@@ -14,7 +14,8 @@ from ..launch import CallPlan
 from ..procs.failures import RankFailure
 from ..record import what_ran
 from ..record.in_step_restarts import with_ranks_start
-from ..record.result import GangView, TorchrunResult, read_rank_records
+from ..record.gang_view import GangView
+from ..record.result import TorchrunResult, read_rank_records
 from .call_launch import NodeLaunch, RanksStart
 from .call_stacks import CallStacks
 from .ranks_run import RanksRun
