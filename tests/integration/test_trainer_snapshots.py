@@ -1,4 +1,4 @@
-"""HF's Trainer resumes from an in-memory snapshot with no change to its script: the callback
+"""HF's Trainer (and Lightning's) resumes from an in-memory snapshot with no change to its script: the callback
 the ranks' import hook adds (procs/trainer_snapshots.py) saves every N steps, and a restarted
 train() goes through HF's own resume path from it. Real torchrun, 2 gloo ranks on CPU, a
 one-layer BERT built from code (dropout on, so a lost RNG shows in the weights).
@@ -109,6 +109,28 @@ def test_an_hf_trainers_snapshot_interval_is_chosen_from_a_saves_cost(tmp_path):
     plain = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=240, start_new_session=True)
     assert plain.returncode == 0, plain.stderr[-4000:]
     assert (out / "weights.sha256").read_text() == (bare / "weights.sha256").read_text()
+
+
+def test_a_lightning_trainer_resumes_at_its_last_snapshot_with_its_weights_of_then(tmp_path):
+    """Every 3 steps; the restart's weights at its start are the first start's at step 18, bit for bit."""
+    out = tmp_path / "killed"
+    out.mkdir()
+    args = ("--steps", str(STEPS), "--kill-at", str(KILL_AT))
+    with SnapshotStore(str(tmp_path / "store"), budget=256 << 20) as store:
+        code, first = torchrun(tmp_path, out, store, "lightning_snapshot.py", *args, every="3")
+        assert code != 0 and (out / "killed").exists(), first[-4000:]
+        code, second = torchrun(tmp_path, out, store, "lightning_snapshot.py", *args, every="3")
+        assert code == 0, second[-4000:]
+    resumed = KILL_AT - KILL_AT % 3
+    lines = snapshot_lines(second)
+    assert any("Lightning resumes at step %d" % resumed in line for line in lines), lines
+    for rank in (0, 1):
+        notes = [json.loads(line) for line in (out / ("rank-%d.jsonl" % rank)).read_text().splitlines()]
+        begins = [n for n in notes if "start" in n]
+        assert [n["start"] for n in begins] == [0, resumed], begins
+        then = [n["digest"] for n in notes[:notes.index(begins[1])] if n.get("step") == resumed]
+        assert then == [begins[1]["digest"]], (then, begins)
+    assert json.loads((out / "final.json").read_text())["global_step"] == STEPS
 
 
 def _flow(gang, *args):
