@@ -20,7 +20,8 @@ from metaflow_extensions.torchrun.plugins.torchrun.procs.failures import RankFai
 from metaflow_extensions.torchrun.plugins.torchrun.record.in_step_restarts import InStepRestart
 from metaflow_extensions.torchrun.plugins.torchrun.record.gang_view import GangView
 from metaflow_extensions.torchrun.plugins.torchrun.record.result import METADATA_LIMIT, TorchrunResult
-from metaflow_extensions.torchrun.plugins.torchrun.runtime.call_error import CallOutcome, call_error, failing_rank
+from metaflow_extensions.torchrun.plugins.torchrun.runtime.call_error import (CallOutcome, call_error, failing_rank,
+                                                                                true_flag_hint)
 from metaflow_extensions.torchrun.plugins.torchrun.runtime.context import StepContext
 
 
@@ -92,6 +93,30 @@ def test_the_control_gone_aborts_with_its_cause():
     gone = Cause(CauseKind.CONTROL_LOST, "lost the connection to the control node (node 0)", node_index=0)
     error = call_error(_outcome(gone, exit_code=-15))
     assert type(error) is GangAborted and "lost the connection to the control node" in error.message
+
+
+REFUSED_TRUE = "usage: train.py [-h] [--bf16 BF16]\ntrain.py: error: argument --bf16: expected one argument"
+HINT = "metaflow-torchrun 0.2 passed `--bf16 true`: write 'bf16': 'true' to keep that"
+
+
+def test_a_true_flag_a_ranks_argparse_refused_is_hinted_in_the_message_as_it_is_made():
+    cause = Cause(CauseKind.RANK_FAILED, "node 1, rank 0: exit code 2", node_index=1, rank=0)
+    failure = dataclasses.replace(_failure(0, message="exit code 2"), traceback=REFUSED_TRUE)
+    hinted = call_error(_outcome(cause, exit_code=2, failures=(failure,)), true_keys=("bf16",))
+    assert type(hinted) is TorchrunFailed and hinted.message.endswith(HINT + ", or @torchrun(args_as=\"0.2\") "
+                                                                     "for 0.2's spelling of every value.")
+    plain = call_error(_outcome(cause, exit_code=2, failures=(failure,)))
+    assert HINT not in plain.message and hinted.message.startswith(plain.message)
+    # A key the script took as a flag, or a failure of another kind: no hint.
+    assert HINT not in call_error(_outcome(cause, exit_code=2, failures=(failure,)), true_keys=("fp16",)).message
+    assert HINT not in call_error(_outcome(cause, exit_code=1, failures=(_failure(0),)), true_keys=("bf16",)).message
+
+
+def test_another_nodes_refused_true_flag_is_hinted_where_its_cause_shows_it():
+    failed = Cause(CauseKind.RANK_FAILED, "node 0, rank 0: exit code 2", node_index=0, rank=0, traceback=REFUSED_TRUE)
+    error = call_error(_outcome(failed, exit_code=-15), true_keys=("bf16",))
+    assert type(error) is GangAborted and HINT in error.message
+    assert true_flag_hint(_outcome(failed), ("bf16",)) in error.message and not true_flag_hint(_outcome(failed), ())
 
 
 def test_the_rank_named_first_is_the_root_cause_not_an_echo():

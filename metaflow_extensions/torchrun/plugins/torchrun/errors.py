@@ -113,6 +113,11 @@ def _clause(text: str) -> str:
     return text[:1].upper() + text[1:] + "." if text else ""
 
 
+def _with_hint(message: str, hint: str) -> str:
+    """A failure's message and, last, a ``hint`` at its fix (runtime/call_error.py's), when there is one."""
+    return "%s\n\n%s" % (message, hint) if hint else message
+
+
 class TorchrunFailed(TorchrunException):
     """torchrun on this node ended unsuccessfully. Its message is the failure
     block (``procs/failure_block.py``): the failing rank's traceback once, the
@@ -123,7 +128,7 @@ class TorchrunFailed(TorchrunException):
     def __init__(self, exit_code: int, node_index: int, failures: Optional[List[RankFailure]] = None,
                  command: Optional[List[str]] = None, stacks: Optional[Dict[int, str]] = None, logs: str = "",
                  host: str = "", elsewhere: Sequence[int] = (), suspects: Sequence[str] = (),
-                 result: Optional[object] = None, refused_restart: str = ""):
+                 result: Optional[object] = None, refused_restart: str = "", hint: str = ""):
         from .procs.failures import describe_exit_code, root_cause_order
         from .procs import failure_block
 
@@ -143,7 +148,7 @@ class TorchrunFailed(TorchrunException):
             head += "\n" + _clause(refused_restart)
         block = failure_block.Block(root=root, others=self.failures[1:], stacks=dict(stacks or {}), logs=logs,
                                     headline=head, elsewhere=elsewhere, suspects=suspects)
-        super().__init__(failure_block.render(block, FULL_REPORT), result=result)
+        super().__init__(_with_hint(failure_block.render(block, FULL_REPORT), hint), result=result)
 
 
 def node_name(index: Optional[int], host: str = "") -> str:
@@ -208,7 +213,7 @@ class GangAborted(TorchrunException):
     def __init__(self, node_index: int, cause: "Cause", own_exit_code: Optional[int] = None,
                  same_log: bool = False, stacks: Optional[Dict[int, str]] = None, logs: str = "",
                  elsewhere: Sequence[int] = (), suspects: Sequence[str] = (), result: Optional[object] = None,
-                 refused_restart: str = ""):
+                 refused_restart: str = "", hint: str = ""):
         from .cause import CauseKind
         from .procs import failure_block
 
@@ -250,7 +255,7 @@ class GangAborted(TorchrunException):
         rest = failure_block.render(block, FULL_REPORT)
         if refused_restart and not same_log:  # a local run's failing node's error says it once
             text += "\n" + _clause(refused_restart)
-        super().__init__("\n".join([text] + lines + ([rest] if rest else [])), result=result)
+        super().__init__(_with_hint("\n".join([text] + lines + ([rest] if rest else [])), hint), result=result)
 
 
 def _its_error(cause: "Cause") -> str:

@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import functools
 import time
-from typing import Optional, Tuple
+from typing import Optional
 
 from ..cause import Cause, CauseKind
-from ..errors import GangAborted, TorchrunException, TorchrunFailed
+from ..errors import GangAborted
 from ..launch import CallPlan
-from ..launch.command import argparse_hint
 from ..record.result import TorchrunResult
-from .call_error import call_error
+from .call_error import CallOutcome, call_error, true_flag_hint
 from .call_failure import NodeFailure
 from .call_launch import NodeLaunch
 from .call_result import CallEnd, CallParts, call_result
@@ -75,7 +74,8 @@ class CallRun:
             return CallEnd()  # sat the call out while the active nodes finished it: nothing of its own to report
         if self.loop.exit_code == 0 and self.session.cause is None:
             return finish_ok(client, self.plan, index, self.launch.workdir, self.failure.report(), self.aborted)
-        return CallEnd(error=functools.partial(call_error, self.failure.outcome(last, self.loop.exit_code)))
+        return CallEnd(error=functools.partial(call_error, self.failure.outcome(last, self.loop.exit_code),
+                                               true_keys=self.plan.true_keys))
 
     def result(self, end: CallEnd) -> TorchrunResult:
         """The call's result, whatever happened, kept by the session; the work directory removed."""
@@ -94,31 +94,11 @@ class CallRun:
         """The gang stopped around this node's ranks (before they started, or before every node was done)."""
         cause = self.session.cause or Cause(CauseKind.CONTROL_LOST, "the gang was stopped")
         topology = self.session.topology
-        return GangAborted(topology.node_index, cause, same_log=topology.is_local, result=result)
+        hint = true_flag_hint(CallOutcome(topology.node_index, cause), self.plan.true_keys)
+        return GangAborted(topology.node_index, cause, same_log=topology.is_local, result=result, hint=hint)
 
 
 def run_call(session: GangSession, plan: CallPlan) -> TorchrunResult:
-    """One call; a rank whose argparse wanted a value for a key given as
-    ``True`` is told what metaflow-torchrun 0.2 passed instead."""
-    try:
-        with session.in_call() as index:
-            return CallRun(session, plan, index).run()
-    except BaseException as e:
-        error = e if isinstance(e, (TorchrunFailed, GangAborted)) else e.__cause__  # a function's own exception
-        if isinstance(error, (TorchrunFailed, GangAborted)):  # its message, not a user exception's args
-            add_argparse_hint(error, plan.true_keys)
-        raise
-
-
-def add_argparse_hint(error: TorchrunException, keys: Tuple[str, ...]) -> None:
-    if not keys:
-        return
-    text = error.message
-    for failure in getattr(error, "failures", None) or []:
-        text += "\n%s\n%s" % (failure.message, failure.traceback)
-    cause = getattr(error, "cause", None)
-    if cause is not None:
-        text += "\n%s\n%s" % (cause.message or "", cause.traceback or "")
-    hint = argparse_hint(text, keys)
-    if hint:
-        error.message = "%s\n\n%s" % (error.message, hint)
+    """One call, in the session's turn."""
+    with session.in_call() as index:
+        return CallRun(session, plan, index).run()

@@ -1,17 +1,19 @@
 """The one place where a failed call's exception is chosen: ``call_error`` takes the call's
 outcome on this node (``CallOutcome``: the gang's verdict, this node's ranks' failures, what
 the failure screen shows) and returns what ``current.torch.run`` raises, carrying the call's
-result. Pure: what it is given was read and gathered before (runtime/call_failure.py), so
-every case is a unit test.
+result, its message made once (with a hint where a rank's argparse refused a key given ``True``).
+Pure: what it is given was read and gathered before (runtime/call_failure.py), so every case is
+a unit test.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from ..cause import Cause, CauseKind
 from ..errors import GangAborted, TorchrunFailed, TorchrunInterrupted, not_restarted, rank_raised
+from ..launch.command import argparse_hint
 from ..procs.failures import RankFailure, root_cause_order
 from ..record.result import TorchrunResult
 
@@ -41,26 +43,41 @@ def own_rank_failed(outcome: CallOutcome) -> bool:
     return outcome.cause.kind is CauseKind.RANK_FAILED and outcome.cause.node_index == outcome.node_index
 
 
-def call_error(outcome: CallOutcome, result: Optional[TorchrunResult] = None) -> BaseException:
+def call_error(outcome: CallOutcome, result: Optional[TorchrunResult] = None,
+               true_keys: Sequence[str] = ()) -> BaseException:
     """The exception ``current.torch.run`` raises, with the call's ``result`` (``err.result``): this node's
     rank failed first, ``TorchrunFailed`` (of the user's exception type for a function's rank); this node
     was told to stop (preempted), ``TorchrunInterrupted``; else the gang stopped for another reason or
-    node, ``GangAborted``."""
+    node, ``GangAborted``. ``true_keys``: the call's entrypoint_args given ``True`` (``CallPlan.true_keys``)."""
     cause = outcome.cause
     # Why @torchrun(restarts=N) let it fail, where N was set.
     refused = not_restarted(cause, result.restarts_allowed, result.restarts) if result is not None else ""
+    hint = true_flag_hint(outcome, true_keys)
     if own_rank_failed(outcome):
         error = TorchrunFailed(outcome.exit_code if outcome.exit_code is not None else -1, outcome.node_index,
                                list(outcome.failures), list(outcome.command), stacks=outcome.stacks,
                                logs=outcome.logs, host=outcome.host, elsewhere=outcome.elsewhere, result=result,
-                               refused_restart=refused)
+                               refused_restart=refused, hint=hint)
         return rank_raised(outcome.rank_exception, error) if outcome.rank_exception is not None else error
     if cause.kind is CauseKind.PREEMPTED and cause.node_index == outcome.node_index:
         # Told to stop, not failed: the gang saved (stop.py).
         return TorchrunInterrupted(cause.summary + ".", result=result)
     return GangAborted(outcome.node_index, cause, outcome.exit_code, same_log=outcome.same_log,
                        stacks=outcome.stacks, logs=outcome.logs, elsewhere=list(outcome.elsewhere),
-                       suspects=list(outcome.suspects), result=result, refused_restart=refused)
+                       suspects=list(outcome.suspects), result=result, refused_restart=refused, hint=hint)
+
+
+def true_flag_hint(outcome: CallOutcome, true_keys: Sequence[str]) -> str:
+    """What metaflow-torchrun 0.2 passed for a key given ``True`` (a bare flag now), where a rank's argparse
+    wanted a value for it: read in what the error shows (the ranks' failures, the gang's cause, the
+    output); "" where no rank refused one."""
+    if not true_keys:
+        return ""
+    cause = outcome.cause
+    shown = [outcome.logs, *outcome.stacks.values(), *outcome.suspects, cause.summary, cause.message or "",
+             cause.traceback or ""]
+    shown += ["%s\n%s" % (f.message, f.traceback) for f in outcome.failures]
+    return argparse_hint("\n".join(shown), true_keys) or ""
 
 
 def failing_rank(failures: List[RankFailure]) -> Optional[int]:
