@@ -14,7 +14,8 @@ size, in layers of 1024 x 1024: ``--mb 50`` is 6 layers, 6.3M parameters, 48 MB)
   device copy and the copy from pinned memory into the slot;
 - **step**: a training step's ms without snapshots and with a snapshot every ``--every`` steps (the
   median of the means of short blocks of each, alternated), and the difference in %, the cost that
-  counts; with the machine's 1-minute load average, as other work on it moves every figure.
+  counts; the same in this process's CPU time (all its threads), which other work on a shared machine
+  moves far less than the wall time; and the machine's 1-minute load average.
 
     .venv/bin/python benchmarks/snapshot_cost.py [--mb 50] [--saves 20] [--batch 256] [--every 1] [--device cpu|cuda]
 """
@@ -136,9 +137,10 @@ def measure(args: argparse.Namespace) -> Dict[str, Any]:
             returns.append((returned - start) * 1e3)
             background.append((done - returned) * 1e3)
 
-    def block(save_every: bool) -> float:
-        """The mean ms of a few steps, with a snapshot every ``--every`` of them or none."""
+    def block(save_every: bool) -> "tuple[float, float]":
+        """The mean ms of a few steps, wall and this process's CPU, with a snapshot every ``--every`` or none."""
         times = []
+        cpu = time.process_time()
         for i in range(4 * args.every):
             sync(args.device)
             start = time.perf_counter()
@@ -148,20 +150,23 @@ def measure(args: argparse.Namespace) -> Dict[str, Any]:
             sync(args.device)
             times.append((time.perf_counter() - start) * 1e3)
         snapshot.flush(60)
-        return statistics.mean(times)
+        return statistics.mean(times), (time.process_time() - cpu) * 1e3 / len(times)
 
     block(False), block(True)  # warm
     plains, savings = [], []
     for _ in range(max(2, args.saves // 2)):  # alternated: a machine's drift falls on both alike
         plains.append(block(False))
         savings.append(block(True))
-    plain, saving = statistics.median(plains), statistics.median(savings)
+    plain, saving = statistics.median(p[0] for p in plains), statistics.median(s[0] for s in savings)
+    plain_cpu, saving_cpu = statistics.median(p[1] for p in plains), statistics.median(s[1] for s in savings)
     ms_background = statistics.median(background)
     return {"device": args.device, "state_mb": round(nbytes / (1 << 20), 1), "batch": args.batch,
             "save_return_ms": round(statistics.median(returns), 2), "floor_ms": round(floor, 2),
             "background_ms": round(ms_background, 2),
             "every": args.every, "step_ms": round(plain, 2), "step_with_save_ms": round(saving, 2),
-            "cost_pct": round(100 * (saving - plain) / plain, 1), "cores": os.cpu_count(),
+            "cost_pct": round(100 * (saving - plain) / plain, 1), "step_cpu_ms": round(plain_cpu, 2),
+            "step_with_save_cpu_ms": round(saving_cpu, 2),
+            "cpu_cost_pct": round(100 * (saving_cpu - plain_cpu) / plain_cpu, 1), "cores": os.cpu_count(),
             "load_avg_1m": round(os.getloadavg()[0], 2)}
 
 
