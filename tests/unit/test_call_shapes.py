@@ -60,8 +60,8 @@ def handle(flow_dir, monkeypatch):
     monkeypatch.setattr(api, "before_first_call", lambda session: None)
     monkeypatch.setattr(api, "run_call", lambda session, plan: ACCEPTED)
     monkeypatch.chdir(flow_dir)
-    session = SimpleNamespace(context=SimpleNamespace(flow_dir=str(flow_dir), notes_key="k"), defaults=StepDefaults(),
-                              calls_made=0, is_control=False)
+    context = SimpleNamespace(flow_dir=str(flow_dir), notes_key="k", defaults=StepDefaults(), is_control=False)
+    session = SimpleNamespace(context=context, calls_made=0)
     return TorchrunHandle(lambda: session)  # type: ignore[arg-type, return-value]
 
 

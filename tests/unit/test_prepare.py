@@ -216,12 +216,12 @@ def test_a_node_waits_for_node_0s_store_at_the_endpoint_its_launch_was_given(run
     from metaflow_extensions.torchrun.plugins.torchrun.runtime import call_launch
 
     run.prepare()
-    start = call_launch.prepare_launch(run.plan, run.session.defaults, node_facts(rdzv_port=29555), os.environ)
+    start = call_launch.prepare_launch(run.plan, run.session.context.defaults, node_facts(rdzv_port=29555), os.environ)
     assert start.argv[start.argv.index("--rdzv-endpoint") + 1] == start.rdzv_endpoint == "127.0.0.1:29555"
     waited = []
     monkeypatch.setattr(call_launch, "prepare_launch", lambda *a: start._replace(rdzv_endpoint="10.9.8.7:1234"))
     monkeypatch.setattr(call_launch, "wait_listening", lambda endpoint, seconds: waited.append(endpoint))
-    run = _changed(run, topology=dataclasses.replace(run.session.topology, node_index=1))  # not the store's node
+    run = _changed(run, topology=dataclasses.replace(run.session.context.topology, node_index=1))  # not the store's node
     run.prepare()
     run.launch.warm = type("Warm", (), {"for_ranks": lambda self, env, n: dict(env, **{names.ZYGOTE_ENV: "z"})})()
     run.launch.start(run.session.bench.seat(0, 2), 29555, 0)  # a seat that trains (node 1 is the spare)
@@ -254,7 +254,7 @@ def test_a_local_runs_control_alone_prunes_the_hosts_other_runs(run):
     """Its nodes share its host: a second scan of every run's directory there finds nothing more."""
     assert run.ranks().prunes  # the control
     for index, local, prunes in ((1, True, False), (1, False, True)):
-        topology = dataclasses.replace(run.session.topology, node_index=index, is_local=local)
+        topology = dataclasses.replace(run.session.context.topology, node_index=index, is_local=local)
         assert _changed(run, topology=topology).ranks().prunes is prunes
 
 
@@ -286,7 +286,7 @@ def test_the_flight_recorder_knob_reaches_the_ranks(run, monkeypatch, knob, thei
     for name in (names.FR_BUFFER_ENV, names.FR_BUFFER_OLD_ENV):
         monkeypatch.delenv(name, raising=False)
     knobs = KNOBS if knob is not None else Knobs()
-    run = _changed(run, defaults=dataclasses.replace(run.session.defaults, knobs=dataclasses.replace(
+    run = _changed(run, defaults=dataclasses.replace(run.session.context.defaults, knobs=dataclasses.replace(
         knobs, flight_recorder=knob if knob is not None else knobs.flight_recorder)))
     for name, value in theirs.items():
         monkeypatch.setenv(name, value)

@@ -21,7 +21,9 @@ class Identity:
 
 
 @dataclasses.dataclass(eq=False)
-class Session:
+class Context:
+    """The parts of the step's context (runtime/context.py) torchrun_args reads."""
+
     topology: Topology
     defaults: plan.StepDefaults = plan.StepDefaults()
     identity: Identity = dataclasses.field(default_factory=Identity)
@@ -31,9 +33,14 @@ class Session:
         return self.topology.is_control
 
 
+@dataclasses.dataclass(eq=False)
+class Session:
+    context: Context
+
+
 def node(index, num_nodes=2, **defaults):
     topology = Topology(num_nodes=num_nodes, node_index=index, main_addr="127.0.0.1", ports=(1,), is_local=True)
-    return Session(topology, plan.StepDefaults(**defaults))
+    return Session(Context(topology, plan.StepDefaults(**defaults)))
 
 
 def test_every_node_gets_0_2s_keys_with_one_port_unasked():
@@ -75,7 +82,7 @@ def test_it_is_read_only_with_a_sentence_and_copies_are_plain_dicts():
 
 def test_a_taken_port_on_the_control_fails_naming_the_fix():
     session = node(0)
-    taken = ports.own_command_port(session.identity.gang_id)
+    taken = ports.own_command_port(session.context.identity.gang_id)
     with socket.socket() as s:
         s.bind(("127.0.0.1", taken))
         s.listen()

@@ -302,7 +302,7 @@ class TorchrunDecorator(ParallelDecorator):
         if getattr(self, "_attempt", None) is None:  # task_pre_step raised at its start: no attempt to record
             return
         tasks = tuple(str(t) for t in getattr(flow, "_control_mapper_tasks", None) or []) \
-            if session is not None and session.is_control else ()
+            if session is not None and session.context.is_control else ()
         if _load("record.step_record").keep_record(
                 flow, _load("runtime.step_run").attempt_facts(session, tasks), self._attempt, self._metadata,
                 self._flow_name,

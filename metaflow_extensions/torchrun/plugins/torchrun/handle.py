@@ -67,7 +67,7 @@ class TorchrunHandle:
         session = self.session
         if session is None:
             raise TorchrunException("current.torch.role can only be read in the step's own code.")
-        return session.bench.role(session.topology.node_index)
+        return session.bench.role(session.context.node_index)
 
     def run(self, /, *args: Any, **kwargs: Any) -> TorchrunResult:
         """Run ``entrypoint`` (a script path, or a module-level function) under

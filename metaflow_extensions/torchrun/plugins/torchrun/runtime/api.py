@@ -27,11 +27,12 @@ def run(session: GangSession, request: CallRequest) -> TorchrunResult:
     flow_dir = session.context.flow_dir
     search = [os.getcwd()] + ([flow_dir] if flow_dir else [])
     try:
-        plan = with_nproc_resolved(plan_request(request, session.defaults, search), session.defaults.accelerators)
+        defaults = session.context.defaults
+        plan = with_nproc_resolved(plan_request(request, defaults, search), defaults.accelerators)
     except TorchrunInvalidArgument as e:
         raise TorchrunCallRefused(session.calls_made + 1, caller(), e.message, api=request.api) from None
     before_first_call(session)  # @torchrun(preflight="full"): the collective job, once
-    if plan.notes and session.is_control:  # one line per step, not one per node
+    if plan.notes and session.context.is_control:  # one line per step, not one per node
         say_once(session.context.notes_key, plan.notes)
     return run_call(session, plan)
 
@@ -44,20 +45,20 @@ def with_nproc_resolved(plan: CallPlan, accelerators: Accelerators = NO_ACCELERA
 
 def before_first_call(session: GangSession) -> None:
     """``preflight="full"``'s collective job (runtime/preflight.py), once per attempt, before the step's first call."""
-    plan = preflight.job_plan(session.defaults, session.calls_made) if session.job_due else None
+    plan = preflight.job_plan(session.context.defaults, session.calls_made) if session.job_due else None
     if plan is None:
         return
     began = time.monotonic()
     with session.in_call() as index:
-        deadlines = preflight.JobDeadlines(session.defaults.heartbeat_timeout,
+        deadlines = preflight.JobDeadlines(session.context.defaults.heartbeat_timeout,
                                            plan.nproc if isinstance(plan.nproc, int) else 1,
-                                           session.topology.node_index, index)
+                                           session.context.node_index, index)
         try:
             result = CallRun(session, plan, index, deadlines=deadlines).run()
         except BaseException:
             session.job_ran(None)
             raise
-    job = verdicts.job_record(result.returns.get(0), time.monotonic() - began) if session.is_control else None
+    job = verdicts.job_record(result.returns.get(0), time.monotonic() - began) if session.context.is_control else None
     session.job_ran(job)
     if job is not None:
         assert session.client is not None

@@ -93,7 +93,7 @@ class CallRun:
     def aborted(self, result: TorchrunResult) -> GangAborted:
         """The gang stopped around this node's ranks (before they started, or before every node was done)."""
         cause = self.session.cause or Cause(CauseKind.CONTROL_LOST, "the gang was stopped")
-        topology = self.session.topology
+        topology = self.session.context.topology
         hint = true_flag_hint(CallOutcome(topology.node_index, cause), self.plan.true_keys)
         return GangAborted(topology.node_index, cause, same_log=topology.is_local, result=result, hint=hint)
 

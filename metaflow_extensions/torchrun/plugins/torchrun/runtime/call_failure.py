@@ -43,7 +43,7 @@ class NodeFailure:
 
     @property
     def node_index(self) -> int:
-        return self.session.topology.node_index
+        return self.session.context.node_index
 
     def new_start(self) -> None:
         """A restart began: the replaced ranks' failures are not this start's."""
@@ -78,8 +78,8 @@ class NodeFailure:
     def _gathered(self, cause: Cause, start: RanksStart, exit_code: Optional[int]) -> CallOutcome:
         """What the failure screen shows: a local run's nodes share the control's log, so only the
         control's error says where (unless the control is gone)."""
-        client, topology, log_dir = self.client, self.session.topology, self.launch.log_dir
-        speaks = self.session.is_control or not topology.is_local or cause.kind in CONTROL_GONE
+        client, topology, log_dir = self.client, self.session.context.topology, self.launch.log_dir
+        speaks = self.session.context.is_control or not topology.is_local or cause.kind in CONTROL_GONE
         ran = speaks and node_report.any_rank_ran(self.launch.workdir, self.failures, client, self.index)
         logs = node_report.logs_line(self.session, log_dir, ran) if speaks else ""
         where, suspects = (self.stacks.stacks, self.stacks.suspects(client, cause)) if speaks else ({}, [])

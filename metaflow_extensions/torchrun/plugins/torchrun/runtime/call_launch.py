@@ -57,16 +57,17 @@ class NodeLaunch:
 
     def prepare(self, seat: Optional[Seat], rdzv_port: int) -> RanksStart:
         """The call's directories, warm process and entry file; the first start."""
-        topology, session, context = self.session.topology, self.session, self.session.context
+        session, context = self.session, self.session.context
+        topology = context.topology
         self.local_addr, iface = context.route if context.route[0] else route_to(topology.main_addr, topology.is_local)
-        log_key, self.rdzv_id = session.identity.call_names(self.index)
+        log_key, self.rdzv_id = context.identity.call_names(self.index)
         # Private to this user; the work directory goes in release() (workdirs.py).
         self.files = CallFiles(log_key, topology.node_index, base=context.host_base, prune_first=False,
-                               knobs=session.defaults.knobs)
+                               knobs=context.defaults.knobs)
         self.workdir, self.log_dir = self.files.work_dir, self.files.log_dir
         # The step's, importing torch since the gang began to form.
         self.warm = WarmStart.for_call(context.warm, self.workdir, self.log_dir,
-                                       session.defaults.knobs.warm_start)
+                                       session.context.defaults.knobs.warm_start)
         plan = self.plan
         if plan.function is not None:
             args_file = os.path.join(self.workdir, ARGS_FILE)
@@ -76,14 +77,14 @@ class NodeLaunch:
         else:
             bootstrap_argv = [plan.script or ""] + list(plan.entry_argv)
         # The script and its arguments reach the bootstrap in a file, not through torchrun's parser: verbatim.
-        self.entry = (entry.write_entry(self.workdir, bootstrap_argv, session.defaults.knobs.trainer_progress), iface)
+        self.entry = (entry.write_entry(self.workdir, bootstrap_argv, context.defaults.knobs.trainer_progress), iface)
         return self.start(seat, rdzv_port, 0)
 
     def start(self, seat: Optional[Seat], rdzv_port: int, restart: int) -> RanksStart:
         """Start ``restart`` of the ranks, with torchrun's argv and environment (none where ``seat`` sits it
         out): a restart's rendezvous has a fresh id and the port the gang announced, the same shape (rank 0
         on node 0). Every start's environment is made here, and only here."""
-        topology, (entry_path, iface) = self.session.topology, self.entry
+        topology, (entry_path, iface) = self.session.context.topology, self.entry
         placed = seat or self.session.bench.seat(topology.node_index, topology.num_nodes)
         if placed.node_rank is None:  # benched (@torchrun(spares)): nothing to launch until a restart brings it in
             return RanksStart(restart, seat, rdzv_port)
@@ -93,7 +94,7 @@ class NodeLaunch:
             rdzv_id=self.rdzv_id + ("-r%d" % restart if restart else ""),
             workdir=self.workdir, log_dir=self.log_dir, entry_path=entry_path, flow_dir=self.session.context.flow_dir,
         )
-        argv, env, endpoint = prepare_launch(self.plan, self.session.defaults, node, os.environ)
+        argv, env, endpoint = prepare_launch(self.plan, self.session.context.defaults, node, os.environ)
         if restart:
             env[RESTART_ENV] = str(restart)
         assert self.warm is not None  # prepare() chose it

@@ -55,7 +55,7 @@ def call_result(parts: CallParts, start: Optional[RanksStart], rdzv_port: Option
     """The call's record, from ``start`` (the last start of the ranks, None where none was made) and
     the call's ``rdzv_port`` (None where the gang stopped before it said one)."""
     session, ranks, launch = parts.session, parts.ranks, parts.launch
-    topology, client = session.topology, session.client
+    topology, client = session.context.topology, session.client
     records = read_rank_records(launch.workdir, failures) if launch.workdir else []
     seat = start.seat if start is not None else None
     argv = list(start.argv) if start is not None else []
@@ -70,7 +70,7 @@ def call_result(parts: CallParts, start: Optional[RanksStart], rdzv_port: Option
         rdzv_port=rdzv_port,
         gang_port=client.port if client else None,
         restarts=max([r.restart or 0 for r in records] + [parts.restarts.restart]),
-        restarts_allowed=session.defaults.restarts,
+        restarts_allowed=session.context.defaults.restarts,
         in_step_restarts=with_ranks_start(parts.restarts.records, launch.rank_starts(parts.restarts.restart)),
         log_dir=launch.log_dir, cause=session.cause, gang=gang_view(client, parts.index),
         stacks=dict(stacks.stacks), stack_seconds=round(stacks.seconds, 3), culprits=stacks.culprits,

@@ -89,7 +89,7 @@ def logs_line(session: GangSession, log_dir: Optional[str], ran: bool = True) ->
         return ""
     if not ran:
         text = ""
-    elif session.topology.is_local:
+    elif session.context.topology.is_local:
         text = "Every rank's output, whole: %s" % step_log_dir(log_dir)
     else:
         text = "This node's ranks' output, whole: %s on %s (each node's host keeps its own)" % (

@@ -61,7 +61,7 @@ class RanksRun:
     def prunes(self) -> bool:
         """Whether this node prunes the host's other runs: a local run's nodes share the control's host
         (each scan reads every run's directory there: 0.03 CPU-s at 3,800 runs)."""
-        return self.session.is_control or not self.session.topology.is_local
+        return self.session.context.is_control or not self.session.context.topology.is_local
 
     def run(self, start: RanksStart) -> int:
         """torchrun's exit code on this node for ``start``; told to stop (SIGTERM, Ctrl-C, @timeout),
@@ -76,8 +76,8 @@ class RanksRun:
             raise
 
     def _supervised(self, start: RanksStart) -> int:
-        client, grace, launch = self.client, self.session.defaults.shutdown_grace, self.launch
-        gang_stop = GangStop(self.session.topology.node_index, self.index, grace,
+        client, grace, launch = self.client, self.session.context.defaults.shutdown_grace, self.launch
+        gang_stop = GangStop(self.session.context.node_index, self.index, grace,
                              report=lambda cause: client.report_failure(cause, call=self.index),
                              verdict=lambda: client.cause, wait_verdict=lambda s: client.wait_for_verdict(s))
         live = LiveCard(client, self.session.context.card.refresh)

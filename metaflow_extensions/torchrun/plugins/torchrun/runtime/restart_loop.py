@@ -56,7 +56,7 @@ class RestartLoop:
         if start.benched:  # a spare, or taken out: no ranks here until a restart brings it in
             return self.client.news.sit_out(self.index, self.restarts.restart)
         self.exit_code = exit_code = self.ranks.run(start)
-        return self.restarts.decided(self.client, self.index, self.session.defaults.restarts, exit_code,
+        return self.restarts.decided(self.client, self.index, self.session.context.defaults.restarts, exit_code,
                                      lambda: self.failure.report_own(start, exit_code),
                                      self.session.config.secondary_grace + 2.0)
 
@@ -72,13 +72,13 @@ class RestartLoop:
         self.exit_code = None
         pinned = self.plan.rdzv_port  # the same port for every start, where the call pinned it
         port = decided.rdzv_port if pinned is None else pinned
-        if self.session.is_control:
+        if self.session.context.is_control:
             say(self.restart_line(decided))
         return self.launch.start(client.seats.get((decided.index, decided.restart)), port, decided.restart)
 
     def restart_line(self, decided: msg.Restart) -> str:
         """The console's one line for the control: a swap's, or every node's ranks restarted."""
-        allowed = self.session.defaults.restarts
+        allowed = self.session.context.defaults.restarts
         if decided.swapped_in is not None:
             return swap_line(self.index, decided, allowed, self.client.hosts())
         return ("call %d: restarting every node's ranks (restart %d of %d): %s"

@@ -29,7 +29,6 @@ from ..gang.topology import Topology
 from ..host.console import say
 from ..host.logs import retention_policy, where_logs_are
 from ..host import log
-from ..launch import StepDefaults
 from ..record.result import TorchrunResult
 from .context import StepContext
 from .local_nodes import local_node_ends, runtime_gone
@@ -70,23 +69,6 @@ class GangSession:
         self._main = threading.main_thread().ident
         self._call_error: Optional[BaseException] = None  # what the last failed call raised
 
-    # The context's parts the calls read most.
-    @property
-    def identity(self):
-        return self.context.identity
-
-    @property
-    def defaults(self) -> StepDefaults:
-        return self.context.defaults
-
-    @property
-    def topology(self) -> Topology:
-        return self.context.topology
-
-    @property
-    def is_control(self) -> bool:
-        return self.context.topology.is_control
-
     @property
     def cause(self) -> Optional[Cause]:
         return self.client.cause if self.client is not None else None
@@ -103,7 +85,8 @@ class GangSession:
     def bench(self) -> Bench:
         """Who sits calls out (@torchrun(spares)), as the latest call's start or restart said it."""
         heard = self.client.news.latest_bench() if self.client is not None else None
-        return heard if heard is not None else Bench.initial(self.topology.num_nodes, self.defaults.spares)
+        return heard if heard is not None else Bench.initial(self.context.topology.num_nodes,
+                                                             self.context.defaults.spares)
 
     @property
     def preflight_job(self) -> Optional[JobRecord]:
@@ -144,14 +127,14 @@ class GangSession:
 
     def join(self) -> None:
         context, ports = self.context, self.context.topology.ports
-        if self.is_control:
+        if self.context.is_control:
             assert isinstance(context.secret, bytes), "the control holds the gang's secret itself"
             # A local node's task that ends unjoined ends the gang.
-            self._service = GangServer(self.config, bind_host(self.topology), ports, secret=context.secret,
+            self._service = GangServer(self.config, bind_host(self.context.topology), ports, secret=context.secret,
                                        progress=say, host_check=context.preflight.host_check,
-                                       node_ends=local_node_ends(self.topology)).start()
+                                       node_ends=local_node_ends(self.context.topology)).start()
             ports = (self._service.port,)
-        self.client = GangClient(self.config, self.topology.main_addr, ports, self.topology.node_index,
+        self.client = GangClient(self.config, self.context.topology.main_addr, ports, self.context.node_index,
                                  secret=context.secret, on_abort=self._on_abort, progress=say,
                                  preflight=context.preflight.measure, facts=self._service).start()
         # A round trip, so a node that dies at once is lost, not missing; not a starting control's wait.
@@ -184,7 +167,7 @@ class GangSession:
         self._interruptible = False
         self.phase = Phase.IN_CALL
         try:
-            with _timed("node %d: call %d" % (self.topology.node_index, index)):
+            with _timed("node %d: call %d" % (self.context.node_index, index)):
                 yield index
         finally:
             self._call_error = sys.exc_info()[1] or self._call_error  # step_cause says where, after the reset
@@ -195,7 +178,7 @@ class GangSession:
 
     def aborted(self, cause: Cause) -> GangAborted:
         """This node's error for a gang stopped by ``cause`` (a local run's shared log says a refusal once)."""
-        return GangAborted(self.topology.node_index, cause, same_log=self.topology.is_local)
+        return GangAborted(self.context.node_index, cause, same_log=self.context.topology.is_local)
 
     def _on_abort(self, cause: Cause) -> None:
         """On the gang client's reader thread, once; not while the code may handle a failed call."""
@@ -232,7 +215,7 @@ class GangSession:
             return self._went_on(client, client.cause)
         if client.cause is None:
             client.leave(self.calls_made, ok=True)
-            if self.is_control:
+            if self.context.is_control:
                 client.wait_all_left()
         self.phase = Phase.LEFT
         if client.cause is not None:
@@ -245,7 +228,7 @@ class GangSession:
         self.phase = Phase.LEFT
         error = self._call_error
         what = type(error).__name__
-        if cause.node_index == self.topology.node_index and isinstance(error, TorchrunException):
+        if cause.node_index == self.context.node_index and isinstance(error, TorchrunException):
             say("your step caught %s from current.torch.run and went on; what it caught:\n%s" % (what, error.message))
         else:
             say("your step caught %s from current.torch.run and went on (%s)" % (what, first_line(cause.summary)))
@@ -265,13 +248,13 @@ class GangSession:
         cause = client.cause
         if cause is None:
             return None
-        if (self.topology.is_local and isinstance(error, TorchrunCallRefused) and is_refusal(cause)
-                and cause.node_index != self.topology.node_index and same_problem(self.step_cause(error), cause)):
+        if (self.context.topology.is_local and isinstance(error, TorchrunCallRefused) and is_refusal(cause)
+                and cause.node_index != self.context.node_index and same_problem(self.step_cause(error), cause)):
             return self.aborted(cause)
         return None
 
     def step_cause(self, error: BaseException) -> Cause:
-        node = self.topology.node_index
+        node = self.context.node_index
         message = str(error) if not isinstance(error, TorchrunException) else error.message
         exc_type = type(error).__name__
         first = first_line(message)
@@ -296,7 +279,7 @@ class GangSession:
         if self._closed:
             return
         self._closed = True
-        with _timed("node %d: closing the gang (the control lingers after a failure)" % self.topology.node_index):
+        with _timed("node %d: closing the gang (the control lingers after a failure)" % self.context.node_index):
             if self.context.warm is not None:
                 self.context.warm.close()
             if self.client is not None:
@@ -308,12 +291,13 @@ class GangSession:
 
     def say_where_logs_are(self) -> None:
         """Once, on a local run's control: every node's per-rank files are on this host."""
-        if self._logs_said or not (self.is_control and self.topology.is_local) or self.cause is not None:
+        context = self.context
+        if self._logs_said or not (context.is_control and context.topology.is_local) or self.cause is not None:
             return  # (a failure's error names the folder already)
         log_dirs = [r.log_dir for r in self._results if r.log_dir]
         if log_dirs:
             self._logs_said = True
-            say(where_logs_are(log_dirs[-1], retention_policy(self.defaults.knobs)))
+            say(where_logs_are(log_dirs[-1], retention_policy(self.context.defaults.knobs)))
 
 
 def call_failed(error: Optional[BaseException]) -> bool:

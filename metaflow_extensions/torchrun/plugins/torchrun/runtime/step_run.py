@@ -50,11 +50,11 @@ def attempt_facts(session: Optional[GangSession], tasks: Tuple[str, ...] = ()) -
     ``tasks``: every node's task, as Metaflow lists them on the control."""
     if session is None:
         return None
-    defaults, client = session.defaults, session.client
-    return AttemptFacts(session.is_control, session.topology.node_index, session.topology.num_nodes,
+    defaults, client = session.context.defaults, session.client
+    return AttemptFacts(session.context.is_control, session.context.node_index, session.context.topology.num_nodes,
                         results=tuple(session.results), cause=session.cause,
                         preflight=session.preflight_record(), job=session.preflight_job,
                         hosts=client.hosts() if client is not None and client.speaks_for_gang else None,
                         taken_out=tuple(session.bench.out), card=this_card_hash(),
                         nproc=default_nproc(defaults.nproc_per_node, defaults.derived_nproc),
-                        main_addr=session.topology.main_addr, tasks=tasks)
+                        main_addr=session.context.topology.main_addr, tasks=tasks)

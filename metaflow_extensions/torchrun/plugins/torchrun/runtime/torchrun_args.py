@@ -51,13 +51,13 @@ def torchrun_args_of(session: GangSession) -> TorchrunArgs:
 
 
 def _values(session: GangSession) -> TorchrunArgs:
-    topology, defaults = session.topology, session.defaults
+    topology, defaults = session.context.topology, session.context.defaults
     nproc = resolve_nproc(None, merged_options(defaults, None), defaults)
     if not isinstance(nproc, int):
         nproc = count_for_keyword(nproc)[0]
     pinned = defaults.rdzv_port
-    port = pinned if pinned is not None else own_command_port(session.identity.gang_id)
-    if session.is_control and pinned is None:
+    port = pinned if pinned is not None else own_command_port(session.context.identity.gang_id)
+    if session.context.is_control and pinned is None:
         _require_free(bind_host(topology), port)
     return TorchrunArgs(nnodes=topology.num_nodes, master_addr=topology.main_addr, master_port=port,
                         node_rank=topology.node_index, nproc_per_node=nproc)
