@@ -6,6 +6,7 @@ it was compacted."""
 from __future__ import annotations
 
 import dataclasses
+import inspect
 
 import metaflow  # noqa: F401  (must come before our modules)
 import pytest
@@ -143,3 +144,23 @@ def test_the_stored_record_says_whether_it_was_compacted():
     assert not small.compacted and small.text == _result().to_json()
     big = _result(gang=GangView(joined_at={n: 1.0 + n for n in range(8192)})).stored()
     assert big.compacted and len(big.text) <= METADATA_LIMIT and '"compacted": true' in big.text
+
+
+def test_the_results_init_written_by_hand_takes_every_field_as_dataclasses_would():
+    # record/result.py writes TorchrunResult's __init__ (import metaflow's cost): a field it forgot fails here.
+    params = list(inspect.signature(TorchrunResult).parameters.values())
+    fields = dataclasses.fields(TorchrunResult)
+    assert [p.name for p in params] == [f.name for f in fields]
+    for param, f in zip(params, fields):
+        if f.default is not dataclasses.MISSING:
+            assert param.default == f.default, f.name
+        else:
+            assert param.default is (inspect.Parameter.empty if f.default_factory is dataclasses.MISSING else None)
+    one, other = _result(), _result()
+    assert one.ranks == [] and one.ranks is not other.ranks and one.gang == GangView() and one.returns == {}
+    source = _result(role="spare", spare_nodes=[2], call=1, stacks={0: "here"}, log_dir="/l")
+    every = {f.name: getattr(source, f.name) for f in fields}
+    made = TorchrunResult(**every)
+    assert made == source and all(getattr(made, f.name) is getattr(source, f.name) for f in fields)
+    assert dataclasses.replace(one, call=1) == _result(call=1) != one
+    assert repr(one).startswith("TorchrunResult(command=['torchrun'], node_index=0, num_nodes=3,")
