@@ -48,6 +48,7 @@ EXAMPLES = [
     msg.Restart(0, 1, 29501, CAUSE),
     msg.Preflight(versions={"torch": "2.13.0", "python": "3.11.7"},
                   checks=(msg.PreflightCheck("shm", "warn", "64 MiB", "1 GiB", "@kubernetes(shared_memory=)"),)),
+    msg.SnapshotPeers(0, 1, ("10.0.0.3", 40001), ("::1", 40002), 2),  # newer than the hand-written codecs: last
 ]
 
 
@@ -77,7 +78,10 @@ BAD = {
               ("protocol", 1 << 17)],
     "welcome": [("proof", None), ("proof", "e" * 65), ("cause", "a string"), ("cause", {"kind": "nope"})],
     "hb": [("quiet", "1"), ("quiet", -1), ("quiet", 1e12), ("quiet", True), ("quiet", [1]), ("quiet", 10**400)],
-    "call": [("index", -1), ("index", "0"), ("index", None), ("entry", ["x"]), ("entry", "x" * 1001)],
+    "call": [("index", -1), ("index", "0"), ("index", None), ("entry", ["x"]), ("entry", "x" * 1001),
+             ("snapshot_port", 0), ("snapshot_port", 65536), ("snapshot_port", "4000")],
+    "snapshot_peers": [("index", None), ("restart", -1), ("buddy", "10.0.0.1:5"), ("source", ["name", 5]),
+                       ("source_node", -1), ("source_node", 1 << 20)],
     "go": [("index", None), ("rdzv_port", 0), ("rdzv_port", 65536), ("rdzv_port", "29500")],
     "call_done": [("index", "0"), ("rank0", "!!!not base64"), ("rank0", 5), ("rank0_proof", "d" * 65),
                   ("rank0_size", -1), ("report", "a string"), ("report", {"ranks": "x"}),
@@ -148,3 +152,16 @@ def test_a_rank_status_on_node_0_keeps_its_group_rank():
     status = msg.RankStatus(0, 0, group_rank=0, restart=0, pid=7, start=1.0, end=2.0, exit_code=0)
     back = msg.RankStatus.from_wire(dict(vars(status)))  # as NodeReport puts it on the wire
     assert back.group_rank == 0 and back.restart == 0 and back == status
+
+
+@pytest.mark.parametrize("address", [["host.example", 5], ["10.0.0.1", 0], ["10.0.0.1", 70000], ["10.0.0.1"],
+                                     ["10.0.0.1", True], "10.0.0.1:5", ["1" * 70, 5]])
+def test_a_snapshot_peer_is_an_ip_literal_and_a_port(address):
+    """A store's address is never a name to resolve nor a port out of range: refused as the message's."""
+    with pytest.raises(ProtocolError):
+        msg.parse({"type": "snapshot_peers", "index": 0, "buddy": address})
+
+
+def test_a_call_carries_its_snapshot_port_and_leaves_it_off_when_none():
+    assert "snapshot_port" not in msg.Call(1, "train.py").to_wire()
+    assert msg.parse(msg.Call(1, "train.py", 40000).to_wire()).snapshot_port == 40000

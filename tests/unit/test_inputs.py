@@ -285,7 +285,8 @@ class TestNothingLeftBehind:
         from metaflow_extensions.torchrun.plugins.torchrun.host.workdirs import CallFiles
 
         files = CallFiles(LogKey("Flow-1", "train-2-0", "c0"), 0, str(tmp_path))
-        session = SimpleNamespace(client=SimpleNamespace())  # no topology: recording fails
+        session = SimpleNamespace(client=SimpleNamespace(), context=SimpleNamespace(  # no topology: recording fails
+            route=("", None), defaults=SimpleNamespace(snapshot_every=None, snapshot_memory=None)))
         run = CallRun(session=session, plan=None, index=0)  # type: ignore[arg-type]
         run.launch.files, run.launch.workdir = files, files.work_dir
         assert os.path.exists(files.work_dir)

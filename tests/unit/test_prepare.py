@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import tempfile
+from types import SimpleNamespace
 from typing import Any, Dict, List, Optional
 
 import pytest
@@ -26,6 +27,7 @@ from metaflow_extensions.torchrun.plugins.torchrun.procs import entry, names
 from metaflow_extensions.torchrun.plugins.torchrun.launch.plan import CallPlan
 from metaflow_extensions.torchrun.plugins.torchrun.runtime import ranks_run
 from metaflow_extensions.torchrun.plugins.torchrun.runtime.call_launch import NodeLaunch, RanksStart
+from metaflow_extensions.torchrun.plugins.torchrun.runtime.call_snapshots import CallSnapshots
 from metaflow_extensions.torchrun.plugins.torchrun.runtime.call_stacks import CallStacks
 from metaflow_extensions.torchrun.plugins.torchrun.runtime.context import StepContext
 from metaflow_extensions.torchrun.plugins.torchrun.runtime.ranks_run import RanksRun
@@ -71,6 +73,8 @@ CHANGED = dict(
     restarts=2,  # the gang config (the service decides restarts) and a restart's launch
     retry_on="infrastructure",  # the plan: a call's own max_restarts refused (below)
     spares=1,  # the gang config (the service's bench), the session's bench and torchrun's nnodes (below)
+    snapshot_every=25,  # the call's snapshot store (runtime/call_snapshots.py; not opened here)
+    snapshot_memory=64.0,  # the store's budget
     knobs=KNOBS,  # each checked where it takes effect (KNOBS above)
 )
 
@@ -91,7 +95,11 @@ class Call:
 
     def __init__(self, session: GangSession, plan: CallPlan) -> None:
         self.session, self.plan = session, plan
-        self.launch = NodeLaunch(session, plan, 0)
+        defaults = session.context.defaults  # the call's snapshot store, as CallRun makes it (never opened here)
+        no_peers = SimpleNamespace(news=SimpleNamespace(snapshot_peers=lambda index: None))
+        self.snapshots = CallSnapshots(no_peers, 0, defaults.snapshot_every, defaults.snapshot_memory,  # type: ignore[arg-type]
+                                       "127.0.0.1")
+        self.launch = NodeLaunch(session, plan, 0, self.snapshots)
         self.start: Optional[RanksStart] = None
 
     def prepare(self) -> Dict[str, str]:

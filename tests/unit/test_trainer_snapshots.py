@@ -23,7 +23,7 @@ from metaflow_extensions.torchrun.plugins.torchrun.procs import entry, names, tr
 from metaflow_extensions.torchrun.plugins.torchrun.procs.trainer_cadence import (CHECKS, MEASURED, Cadence,
                                                                                  chosen_every, every_from_setting)
 
-torch = pytest.importorskip("torch")
+from lazy_torch import torch  # noqa: E402  (collection imports no torch: test_pools)
 
 SEEN = """
 import json, sys

@@ -98,6 +98,17 @@ class TorchrunDecorator(ParallelDecorator):
         restart is due and its cause is pinned to one node other than node 0,
         that node is taken out and a spare takes its place; the swap counts as
         one of ``restarts``, which must be 1 or more. Less than ``num_parallel``.
+    snapshots : bool or int, optional, default None
+        In-memory snapshots of the ranks' training state
+        (``metaflow_extensions.torchrun.snapshot``): a restart resumes at the
+        newest step every rank saved, from the node's memory or a peer's,
+        not from your checkpoint. On by default where ``restarts`` allows a
+        restart; ``False`` turns them off. A number N: HF's and Lightning's
+        Trainer save every N steps (default: as often as 5 % of a step's
+        time allows).
+    snapshot_memory : int or str, optional, default None
+        Each node's memory for snapshots: MB, or a share of the host's
+        available memory such as ``"10%"`` (default: a quarter of it).
 
     MF Add To Current
     -----------------

@@ -17,6 +17,13 @@ SPARES = 0  # hot spares: idle nodes of num_parallel that wait to take a failed 
 # More idle nodes than this is a typo, not a reserve; the bench on the wire holds at most this many.
 MAX_SPARES = 64
 PREFLIGHT = "versions"  # the preflight's mode (gang/preflight_modes.py's)
+# In-memory snapshots (gang/snapshot_store.py): None, on where a restart is allowed; a number N, the
+# trainers' callbacks save every N steps (else as often as SNAPSHOT_BUDGET of a step's time allows).
+SNAPSHOTS = None
+SNAPSHOT_BUDGET = 0.05
+SNAPSHOT_MEMORY = None  # the node's store's bytes: None, SNAPSHOT_MEMORY_SHARE of the host's available memory
+SNAPSHOT_MEMORY_SHARE = 0.25
+MAX_SNAPSHOT_EVERY = 1_000_000
 
 # @torchrun's attributes and their defaults, as Metaflow's decorator declares them (spec.py reads them).
 ATTRIBUTES = {
@@ -35,6 +42,8 @@ ATTRIBUTES = {
     "retry_on": None,
     "restarts": RESTARTS,
     "spares": SPARES,
+    "snapshots": SNAPSHOTS,
+    "snapshot_memory": SNAPSHOT_MEMORY,
 }
 
 # -- Metaflow configuration knobs (base/knobs.py) ------------------------------------

@@ -45,6 +45,25 @@ class Bench(Record):
     def role(self, node: int) -> str:
         return "out" if node in self.out else "spare" if node in self.spares else "active"
 
+    def buddy(self, node: int, num_nodes: int) -> Optional[int]:
+        """The next active node after ``node``, round the ring of active nodes (O(K)): where its snapshot
+        shards are copied. None where ``node`` is the only one."""
+        step = node
+        for _ in range(len(self.benched) + 1):
+            step = (step + 1) % num_nodes
+            if step not in self.benched:
+                return step if step != node else None
+        return None
+
+    def buddied_by(self, node: int, num_nodes: int) -> Optional[int]:
+        """The active node whose buddy ``node`` is (the previous active one round the ring)."""
+        step = node
+        for _ in range(len(self.benched) + 1):
+            step = (step - 1) % num_nodes
+            if step not in self.benched:
+                return step if step != node else None
+        return None
+
     def swap(self, node: Optional[int]) -> Optional[Tuple["Bench", int]]:
         """``node`` out and the first spare in, where it can be; else None (restart in place)."""
         if node is None or node == 0 or node in self.benched or not self.spares:

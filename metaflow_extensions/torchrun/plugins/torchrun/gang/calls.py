@@ -48,6 +48,8 @@ class CallState:
     restart: int = 0
     restarted_at: Optional[float] = None
     replaced: Replaced = field(default_factory=dict)
+    # Each node's snapshot store (its address for peers), as its ``call`` announced it.
+    stores: Dict[int, Tuple[str, int]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ so the runtime has one code path for every node.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import socket
 import threading
 import time
@@ -192,15 +193,21 @@ class GangClient:
                 break
         return self._sock is not None and self.cause is None
 
-    def enter_call(self, index: int, entry: str) -> Optional[int]:
+    @property
+    def secret(self) -> bytes:
+        """The gang's secret, once joined (empty before): what this node's snapshot store proves itself with."""
+        return self._secret
+
+    def enter_call(self, index: int, entry: str, snapshot_port: Optional[int] = None) -> Optional[int]:
         """The call's rendezvous port, or None if the gang aborted. The service answers once node 0 is
-        there too, not every node: torchrun's rendezvous, watched by the gang, waits for the rest."""
+        there too, not every node: torchrun's rendezvous, watched by the gang, waits for the rest.
+        ``snapshot_port``: where this node's snapshot store takes its peers (none: snapshots off)."""
         if not self.wait_joined():
             return None
         while not self._preflight_sent.wait(0.05):  # the preflight goes first
             if self.cause is not None or self._closing.is_set() or self._sock is None:
                 break
-        self._safe_send(msg.Call(index, entry[:1000]))
+        self._safe_send(msg.Call(index, entry[:1000], snapshot_port))
         entered = time.monotonic()
         _log.debug("node %d: call %d entered", self.node_index, index)
         go = self.news.go(index)
@@ -418,6 +425,7 @@ class CallNews:
         self._bench: Optional[Bench] = None  # as the latest go or restart said it
         self._go: Dict[int, msg.Go] = {}
         self._restarts: Dict[int, msg.Restart] = {}  # call -> the latest restart decided
+        self._snapshot_peers: Dict[int, msg.SnapshotPeers] = {}  # call -> where its snapshots' peers are, latest
         self._done: Set[int] = set()  # calls every active node finished
         self._stacks_in: Set[int] = set()
 
@@ -434,6 +442,11 @@ class CallNews:
                 if known is None or message.restart > known.restart:
                     self._restarts[message.index] = message
                     self._bench = message.bench
+            elif isinstance(message, msg.SnapshotPeers):
+                told = self._snapshot_peers.get(message.index)
+                self._snapshot_peers[message.index] = message if told is None or message.source is not None \
+                    or told.source is None else dataclasses.replace(message, source=told.source,
+                                                                    source_node=told.source_node)
             elif isinstance(message, msg.CallAllDone):
                 self._done.add(message.index)
             elif isinstance(message, msg.StacksIn):
@@ -459,6 +472,11 @@ class CallNews:
     def latest_bench(self) -> Optional[Bench]:
         with self._changed:
             return self._bench
+
+    def snapshot_peers(self, index: int) -> Optional[msg.SnapshotPeers]:
+        """Where call ``index``'s snapshot shards go and a missing key is fetched from, as last told."""
+        with self._changed:
+            return self._snapshot_peers.get(index)
 
     def go(self, index: int) -> Optional[msg.Go]:
         self._wait(lambda: index in self._go)

@@ -22,6 +22,7 @@ from .membership import Membership, NodeEnd
 from .node_compare import HostCheck, PreflightBook
 from .peer import Peer
 from .ports import find_free_port
+from .snapshot_directory import address_of, on_entered, on_swap
 from .transport import Transport
 from .wire import MAX_LINE, ProtocolError, encode
 
@@ -133,6 +134,7 @@ class Handlers:
         assert isinstance(message, msg.Call) and peer.node is not None
         state, cause = self.book.enter(peer.node, message, self.members.left)
         peer.last_advance = None  # a new call: its ranks' steps, if any, count afresh
+        self._snapshot_store(peer, peer.node, state, message.snapshot_port)
         _log.debug("node %d entered call %d", peer.node, message.index)
         if len(state.entries) == 1:
             self.training.new_call()
@@ -144,6 +146,17 @@ class Handlers:
         if self.config.spares and self.preflight.fingerprints and not self.preflight.decided:
             return  # the go waits for the preflight's verdict, which may bench an unfit node (_bench_unfit)
         self._launch(state)
+
+    def _snapshot_store(self, peer: Peer, node: int, state: CallState, port: Optional[int]) -> None:
+        try:
+            address = address_of(peer.sock.getpeername(), port)
+        except OSError:
+            address = None
+        if address is None:
+            return
+        state.stores[node] = address
+        for told, message in on_entered(state.index, node, state.stores, self.book.bench, self.config.num_nodes):
+            self._send(told, message)
 
     def _launch(self, state: CallState) -> None:
         for node in self.book.to_launch(state, lambda: find_free_port(self.host)):
@@ -299,7 +312,12 @@ class Handlers:
         self.pending = None  # an echo held of the ranks being replaced
         index = begin_restart(state, find_free_port(self.host))
         swapped = self.book.bench.swap(cause.node_index)  # a spare for the node the cause is pinned to
+        old = self.book.bench
         self.book.bench, swapped_in = swapped if swapped is not None else (self.book.bench, None)
+        if swapped_in is not None and cause.node_index is not None:  # before the restart: the spare starts on it
+            for told, peers in on_swap(state.index, index, old, self.book.bench, cause.node_index, swapped_in,
+                                       state.stores, self.config.num_nodes):
+                self._send(told, peers)
         _log.debug("restart %d of call %d (port %s, spare in: %s): %s (node %s): %s", index, state.index,
                    state.rdzv_port, swapped_in, cause.kind.value, cause.node_index, cause.summary)
         self._broadcast(msg.Restart(state.index, index, state.rdzv_port or 0, cause, self.book.bench, swapped_in))

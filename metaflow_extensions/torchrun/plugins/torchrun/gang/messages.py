@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import binascii
 import enum
+import ipaddress
 from dataclasses import dataclass, field
 from typing import Annotated, Any, ClassVar, Dict, Iterator, Mapping, Optional, Tuple, Type, TypeVar
 
@@ -25,8 +26,8 @@ from .gang_progress import NodeProgress
 from .wire import Message as WireDict
 from .wire import ProtocolError
 
-# 5: ``probe``. 6: ``stacks_in``. 7: the bench (spares) on ``go`` and ``restart``.
-PROTOCOL = 7
+# 5: ``probe``. 6: ``stacks_in``. 7: the bench (spares) on ``go`` and ``restart``. 8: ``snapshot_peers``.
+PROTOCOL = 8
 
 NONCE_BYTES = 32
 PROOF_HEX = 64  # sha256, in hex
@@ -59,6 +60,7 @@ class MessageType(str, enum.Enum):
     PREFLIGHT = "preflight"  # node -> service: its software fingerprint and fitness checks
     RESTART = "restart"  # service -> every node: restart call k's ranks, on this rendezvous port
     PROBE = "probe"  # a member node on a fresh connection, in place of a hello: still here
+    SNAPSHOT_PEERS = "snapshot_peers"  # service -> node: where its snapshot store's buddy and a source are
 
 
 NodeIndex = Annotated[int, Int(0, MAX_NODE - 1)]
@@ -89,6 +91,24 @@ def _base64(value: Any) -> bytes:
 
 
 BASE64 = Via(_base64, lambda payload: None if payload is None else base64.b64encode(payload).decode())
+
+
+def _address(value: Any) -> Tuple[str, int]:
+    """A snapshot store's ``[ip, port]``: an address literal, never a name to resolve."""
+    if not isinstance(value, (list, tuple)) or len(value) != 2:
+        raise ValueError("not [address, port]")
+    host, port = value
+    if not isinstance(host, str) or len(host) > 64 or isinstance(port, bool) or not isinstance(port, int) \
+            or not 1 <= port <= 65535:
+        raise ValueError("not [address, port]")
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        raise ValueError("not an IP address") from None
+    return host, port
+
+
+Address = Annotated[Tuple[str, int], Via(_address, list)]
 
 
 M = TypeVar("M", bound="GangMessage")
@@ -169,6 +189,7 @@ class Call(GangMessage):
     TYPE: ClassVar[MessageType] = MessageType.CALL
     index: CallIndex
     entry: Annotated[str, Text(1000)] = "?"
+    snapshot_port: Optional[Port] = None  # where its snapshot store takes its peers, at the address it calls from
 
 
 @dataclass(frozen=True)
@@ -284,6 +305,20 @@ class Restart(GangMessage):
     @property
     def swapped_out(self) -> Optional[int]:
         return self.cause.node_index if self.swapped_in is not None else None
+
+
+@dataclass(frozen=True)
+class SnapshotPeers(GangMessage):
+    """For start ``restart`` of call ``index``: the store this node pushes its shards to (the next active
+    node's), and, for a spare brought in, the store that holds the replaced node's (``source_node``'s
+    buddy's). One node's two addresses, whatever the gang's size."""
+
+    TYPE: ClassVar[MessageType] = MessageType.SNAPSHOT_PEERS
+    index: CallIndex
+    restart: Annotated[int, Int(0, MAX_RESTART)] = 0
+    buddy: Optional[Address] = None
+    source: Optional[Address] = None
+    source_node: Optional[NodeIndex] = None
 
 
 def _stacks(value: Any) -> Dict[int, str]:

@@ -90,6 +90,47 @@ def validate_spares(value: Any, restarts: Optional[int], num_parallel: Sequence[
     return value
 
 
+def validate_snapshots(value: Any, restarts: Optional[int]) -> Optional[int]:
+    """``@torchrun(snapshots)``: None where they are off, else the trainers' interval (0: chosen from a
+    save's cost). On by default where a restart is allowed; asked for without one, refused: a snapshot
+    serves only an in-step restart (a @retry's new task starts with an empty store)."""
+    if isinstance(value, str):
+        text = value.strip().lower()
+        value = {"true": True, "1": True, "false": False, "0": False, "none": None, "": None}.get(
+            text, int(text) if text.isdigit() else value)
+    if value is None:
+        return 0 if restarts else None
+    if value is False or (type(value) is int and value == 0):
+        return None
+    every = 0 if value is True else value
+    if isinstance(every, bool) or not isinstance(every, int) or not 1 <= (every or 1) <= DEFAULTS.MAX_SNAPSHOT_EVERY:
+        raise TorchrunInvalidArgument(
+            "@torchrun(snapshots=%s): True, False, or a whole number of steps from 1 to %d between the trainers' "
+            "snapshots." % (shown(value), DEFAULTS.MAX_SNAPSHOT_EVERY))
+    if restarts == 0:
+        raise TorchrunInvalidArgument(
+            "@torchrun(snapshots=%s) without restarts: a snapshot in memory serves an in-step restart, and "
+            "restarts=0 (the default) allows none. Set restarts=N (N >= 1), or drop snapshots." % shown(value))
+    return every
+
+
+def validate_snapshot_memory(value: Any) -> Optional[float]:
+    """``@torchrun(snapshot_memory)``: the node's snapshot store's budget, MB as a whole number or a share
+    of the host's available memory as ``"N%"``; returned as MB (> 1) or a share (<= 1); None: the default."""
+    if value is None:
+        return None
+    if isinstance(value, str) and value.strip().endswith("%"):
+        number = value.strip()[:-1].strip()
+        share = float(number) if number.replace(".", "", 1).isdigit() else -1.0
+        if 1 <= share <= 90:
+            return share / 100
+    elif isinstance(value, int) and not isinstance(value, bool) and 16 <= value <= 1 << 24:
+        return float(value)
+    raise TorchrunInvalidArgument(
+        "@torchrun(snapshot_memory=%s): the node's memory for snapshots, in MB (a whole number from 16 to %d) "
+        "or as a share of the host's available memory (\"1%%\" to \"90%%\")." % (shown(value), 1 << 24))
+
+
 def check_spares_fit(spares: int, num_parallel: int) -> None:
     """At least one node trains (``num_parallel - spares``): at ``step_init`` for a literal, at the task's
     start for the real count."""

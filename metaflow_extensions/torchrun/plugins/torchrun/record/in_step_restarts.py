@@ -39,7 +39,7 @@ class InStepRestart(Lenient):
 
     WIRE_ORDER = ("restart", "cause", "kind", "stopped", "ran_from", "failed_at", "stopped_at", "restarted_at",
                   "ranks_at", "lost_work_seconds", "restart_seconds", "lost_seconds", "swapped_out", "swapped_in",
-                  "work_from", "ranks")
+                  "work_from", "resumed_step", "steps_lost", "resumed_from", "ranks")
     restart: Annotated[int, Int(1, (1 << 16) - 1)]
     cause: Annotated[Cause, Via(CAUSE.read, _cause_kept)]  # read as a peer's (none at all: no restart)
     # The replaced ranks' torchrun's start and failure (on its node's clock); this
@@ -55,6 +55,11 @@ class InStepRestart(Lenient):
     # The replaced ranks at the script: where their work began, for the
     # goodput ledger (the call's first line is its last start's).
     work_from: Optional[float] = None
+    # Where the new ranks resumed from memory (None: not from a snapshot, so from the user's checkpoint or
+    # the start): the step, the steps saved after it and lost, and whose copy (None: the node's own).
+    resumed_step: Annotated[Optional[int], Int(0, (1 << 53) - 1), SKIP] = None
+    steps_lost: Annotated[Optional[int], Int(0, (1 << 53) - 1), SKIP] = None
+    resumed_from: Annotated[Optional[int], Int(0, (1 << 20) - 1), SKIP] = None
     # This node's ranks of the start this restart replaced (its start is ``restart - 1``), as they ended.
     ranks: Annotated[Tuple[RankStatus, ...], Items(REPLACED_RANKS), SKIP] = ()
 

@@ -19,6 +19,7 @@ from .call_error import CallOutcome, call_error, true_flag_hint
 from .call_failure import NodeFailure
 from .call_launch import NodeLaunch
 from .call_result import CallEnd, CallParts, call_result
+from .call_snapshots import CallSnapshots
 from .call_stacks import CallStacks
 from .call_success import finish_ok
 from .preflight import JobDeadlines
@@ -41,7 +42,10 @@ class CallRun:
         self.index = index
         self.began = time.time()
         self.deadlines = deadlines  # the preflight job's own deadlines; None: a user's call
-        self.launch = NodeLaunch(session, plan, index)  # what each start of the ranks is made of
+        every = session.context.defaults.snapshot_every if deadlines is None else None  # none for the preflight's job
+        snapshots = CallSnapshots(client, index, every, session.context.defaults.snapshot_memory,
+                                  session.context.route[0] or "0.0.0.0")
+        self.launch = NodeLaunch(session, plan, index, snapshots)  # what each start of the ranks is made of
         self.restarts = CallRestarts()  # the gang's in-step restarts of the ranks
         self.stacks = CallStacks()  # where the ranks were when the job was stopped
         self.ranks = RanksRun(session, client, index, self.launch, self.restarts, self.stacks, deadlines)
@@ -65,7 +69,7 @@ class CallRun:
     def ended(self) -> CallEnd:
         """Enter, prepare, run each start, finish: how the call ended on this node."""
         client, index = self.client, self.index
-        port = client.enter_call(index, self.plan.entry_name)
+        port = client.enter_call(index, self.plan.entry_name, self.launch.snapshots.open())
         if port is None:
             return CallEnd(error=self.aborted)
         self.rdzv_port = port if self.plan.rdzv_port is None else self.plan.rdzv_port  # pinned: every node has it

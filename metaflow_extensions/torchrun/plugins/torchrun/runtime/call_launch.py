@@ -22,6 +22,7 @@ from ..launch.prepare import NodeFacts, prepare_launch
 from ..procs.names import ARGS_FILE, RESTART_ENV, ZYGOTE_ENV
 from ..procs import bootstrap, entry
 from ..record.result import read_rank_records
+from .call_snapshots import CallSnapshots
 from .session import GangSession
 from .warm_start import WarmStart
 
@@ -47,6 +48,7 @@ class NodeLaunch:
     session: GangSession
     plan: CallPlan
     index: int
+    snapshots: CallSnapshots  # the call's snapshot store, opened before the call is entered
     workdir: str = ""
     log_dir: Optional[str] = None
     local_addr: str = ""
@@ -97,6 +99,8 @@ class NodeLaunch:
         argv, env, endpoint = prepare_launch(self.plan, self.session.context.defaults, node, os.environ)
         if restart:
             env[RESTART_ENV] = str(restart)
+        self.snapshots.follow()  # a spare brought in: where the replaced node's state is, before its ranks ask
+        env.update(self.snapshots.environ())
         assert self.warm is not None  # prepare() chose it
         env = self.warm.for_ranks(env, self.plan.nproc if isinstance(self.plan.nproc, int) else 1)
         if ZYGOTE_ENV in env and topology.node_index != 0:
@@ -107,6 +111,7 @@ class NodeLaunch:
         """The call's own warm process (not the step's) and the work directory go, whatever happened."""
         if self.warm is not None and self.warm is not self.session.context.warm:
             self.warm.close()
+        self.snapshots.close()
         if self.files is not None:
             self.files.close()
 

@@ -84,6 +84,7 @@ class RanksRun:
 
         def should_stop() -> Optional[StopReason]:
             live.tick()
+            launch.snapshots.follow()
             return gang_stop.check() or self._deadline_passed() or self._restart_due()
 
         with Supervisor(list(start.argv), env=start.env, shutdown_grace=grace,

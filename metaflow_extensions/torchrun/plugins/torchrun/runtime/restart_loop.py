@@ -56,6 +56,8 @@ class RestartLoop:
         if start.benched:  # a spare, or taken out: no ranks here until a restart brings it in
             return self.client.news.sit_out(self.index, self.restarts.restart)
         self.exit_code = exit_code = self.ranks.run(start)
+        if start.restart:
+            self.restarts.resumed(self.launch.snapshots.resumed())
         return self.restarts.decided(self.client, self.index, self.session.context.defaults.restarts, exit_code,
                                      lambda: self.failure.report_own(start, exit_code),
                                      self.session.config.secondary_grace + 2.0)

@@ -13,6 +13,7 @@ from ..host.private import open_private
 from ..procs.names import rank_log_path
 from ..procs.status import RankStatus
 
+from .call_snapshots import Resumed
 from ..record.in_step_restarts import InStepRestart, replaced_ranks, start_mark, with_ranks_start
 
 
@@ -49,6 +50,12 @@ class CallRestarts:
         self.restart = decided.restart
         if log_dir:
             mark_logs(log_dir, sorted({r.rank for r in ranks}), decided.restart)
+
+    def resumed(self, resumed: Optional[Resumed]) -> None:
+        """The current restart's ranks resumed from a snapshot in memory (None: they did not)."""
+        if resumed is not None and self.records:
+            self.records[-1] = dataclasses.replace(self.records[-1], resumed_step=resumed.step,
+                                                   steps_lost=resumed.steps_lost, resumed_from=resumed.source_node)
 
     def started(self, at: Optional[float]) -> None:
         """The current restart's ranks started ``at`` (the first start has no record)."""

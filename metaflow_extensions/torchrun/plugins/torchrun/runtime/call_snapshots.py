@@ -1,0 +1,119 @@
+"""This node's snapshot store for one call (``CallSnapshots``): opened before the node enters the call (its
+port goes with the ``call``), told where its peers are as the gang says it, its socket in every start's
+environment, and closed with the call, every snapshot freed. A restart or a swap finds the store as the
+replaced ranks left it: that is what lets the new ranks resume at the step they failed on.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, Dict, Optional
+
+from ..base import defaults as DEFAULTS
+from ..gang import messages as msg
+from ..gang.client import GangClient
+from ..host.console import say
+from ..procs.names import SNAPSHOT_EVERY_ENV
+
+if TYPE_CHECKING:
+    from ..gang.snapshot_store import SnapshotStore
+
+MB = 1 << 20
+
+
+@dataclass(frozen=True)
+class Resumed:
+    """Where a restart's ranks resumed: the step, whose copy (None: this node's), the newest step saved."""
+
+    step: int
+    source_node: Optional[int]
+    newest: int
+
+    @property
+    def steps_lost(self) -> int:
+        return max(0, self.newest - self.step)
+
+
+def budget_bytes(memory: Optional[float], available: Optional[Callable[[float], int]] = None) -> int:
+    """``@torchrun(snapshot_memory)``: MB (> 1), a share of the host's available memory (<= 1), or the default."""
+    if available is None:
+        from ..gang.snapshot_shelf import default_budget
+
+        available = default_budget
+    if memory is None:
+        return available(DEFAULTS.SNAPSHOT_MEMORY_SHARE)
+    return int(memory * MB) if memory > 1 else available(memory)
+
+
+class CallSnapshots:
+    """``every``: the step's setting (None: off, and this does nothing); ``memory``: its budget setting."""
+
+    def __init__(self, client: GangClient, index: int, every: Optional[int], memory: Optional[float],
+                 bind: str) -> None:
+        self.client = client
+        self.index = index
+        self.every = every
+        self.memory = memory
+        self.bind = bind  # the address this node's peers reach it at
+        self.store: Optional[SnapshotStore] = None
+        self._directory: Optional[str] = None
+        self._told: Optional[msg.SnapshotPeers] = None  # the peers the store was last given
+        self._last: Optional[tuple] = None  # the store's latest load, once reported
+
+    def open(self) -> Optional[int]:
+        """The store started; the port its peers reach it at (None: off, or no peer channel)."""
+        if self.every is None:
+            return None
+        from ..gang.snapshot_store import SnapshotStore  # a step with snapshots off never loads them
+
+        self._directory = tempfile.mkdtemp(prefix="mftr-snap-")  # short: a Unix socket's path is at most 107 bytes
+        try:
+            self.store = SnapshotStore(self._directory, budget=budget_bytes(self.memory),
+                                       peer=self._key(), host=self.bind)
+        except OSError as e:  # no room for a socket, or a platform without it: training goes on without
+            say("call %d: in-memory snapshots are off on this node: %s" % (self.index + 1, e))
+            self.close()
+            return None
+        return self.store.port
+
+    def _key(self) -> Any:
+        from ..gang.snapshot_peer import PeerKey
+
+        client = self.client
+        return PeerKey(client.secret, client.config.gang_id, client.node_index) if client.secret else None
+
+    def environ(self) -> Dict[str, str]:
+        """What every start's ranks get: the store's socket, the trainers' interval ("0": from a save's cost)."""
+        if self.store is None:
+            return {}
+        return dict(self.store.environ(), **{SNAPSHOT_EVERY_ENV: str(self.every or 0)})
+
+    def follow(self) -> None:
+        """The store told where its peers are, when the gang said something new (cheap when not)."""
+        told = self.client.news.snapshot_peers(self.index)
+        if self.store is None or told is None or told == self._told:
+            return
+        self._told = told
+        self.store.peers_changed(told.buddy, [told.source] if told.source else [])
+
+    def resumed(self) -> Optional[Resumed]:
+        """Where the latest start's ranks resumed from memory, if they did."""
+        loaded = self.store.last_load() if self.store is not None else None
+        if loaded is None or loaded is self._last:
+            return None
+        self._last = loaded
+        step, source, newest = loaded
+        told = self._told
+        node = told.source_node if source is not None and told is not None else None
+        return Resumed(step, node, max(step, newest))
+
+    def close(self) -> None:
+        """Every snapshot freed, the socket's directory removed."""
+        store, self.store = self.store, None
+        if store is not None:
+            store.close()
+        if self._directory:
+            shutil.rmtree(self._directory, ignore_errors=True)
+            self._directory = None

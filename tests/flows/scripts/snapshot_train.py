@@ -1,0 +1,105 @@
+"""Data-parallel training that keeps its state with ``metaflow_extensions.torchrun.snapshot``: a snapshot every
+step (--every), resumed with ``load()`` at every start. Deterministic on CPU (each rank's batch from a
+seed of its step and rank, gloo's all-reduce of each gradient in the same order at every start; DDP's
+buckets are laid out again after a start's first step, which moves each element's place in gloo's ring
+and so its rounding: a resumed DDP run differs from an unbroken one in the last bits), so a run with failures ends with the weights of one
+without, bit for bit, when every restart resumes at a step the gang completed.
+
+Failures: --kill-rank SIGKILLs itself after step --kill-after of the starts in --kill-at; with
+--kill-in-save, in the middle of its save of that step (its snapshot torn); --bad-node: every rank
+started on that Metaflow node SIGKILLs itself after step --kill-after (a bad machine, for a spare).
+Each start writes what it resumed from (start-<restart>-rank-<R>.json); rank 0 writes the final
+weights' digest (final.json)."""
+
+import argparse
+import hashlib
+import os
+import signal
+import time
+
+import torch
+import torch.distributed as dist
+
+from _common import init, rank, write_json
+
+from metaflow_extensions.torchrun.snapshot import load, save
+
+p = argparse.ArgumentParser()
+p.add_argument("--steps", type=int, default=12)
+p.add_argument("--mb", type=float, default=48.0, help="the state: weights and momentum, in MB")
+p.add_argument("--every", type=int, default=1)
+p.add_argument("--kill-rank", type=int, default=-1)
+p.add_argument("--kill-at", default="0", help="the restarts at which --kill-rank dies")
+p.add_argument("--kill-after", type=int, default=5)
+p.add_argument("--kill-in-save", action="store_true")
+p.add_argument("--bad-node", type=int, default=-1)
+p.add_argument("--step-sleep", type=float, default=0.0)
+args = p.parse_args()
+
+restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+node = int(os.environ["METAFLOW_TORCHRUN_NODE_INDEX"])
+init()
+torch.manual_seed(0)
+width = 1024
+layers = max(1, round(args.mb * (1 << 20) / 8 / (width * width + width)))
+model = torch.nn.Sequential(*[torch.nn.Linear(width, width) for _ in range(layers)])
+opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
+
+first = 0
+resumed = load()
+if resumed is not None:
+    first, state = resumed
+    model.load_state_dict(state["model"])
+    opt.load_state_dict(state["opt"])
+write_json("start-%d-rank-%d.json" % (restart, rank()), {"restart": restart, "node": node, "resumed": first,
+                                                          "from_memory": resumed is not None})
+
+
+def failing_step(step: int) -> bool:
+    """The step after which a rank dies in this start (every rank knows which, to meet it there)."""
+    return step == args.kill_after and (args.bad_node >= 0 or str(restart) in args.kill_at.split(","))
+
+
+def dies_now(step: int) -> bool:
+    if not failing_step(step):
+        return False
+    return node == args.bad_node if args.bad_node >= 0 else rank() == args.kill_rank
+
+
+for step in range(first, args.steps):
+    g = torch.Generator().manual_seed(1000 * step + rank())
+    batch = torch.randn(8, width, generator=g)
+    opt.zero_grad()
+    model(batch).pow(2).mean().backward()
+    for param in model.parameters():
+        dist.all_reduce(param.grad)
+        param.grad /= dist.get_world_size()
+    opt.step()
+    done = step + 1
+    if dies_now(done) and args.kill_in_save:
+        # Torn: the rank dies in its save of this step, half its tensors copied into the node's memory.
+        import dataclasses
+
+        from metaflow_extensions.torchrun.plugins.torchrun.procs import snapshot_saver
+
+        copy_in = snapshot_saver.copy_in
+
+        def copy_half_then_die(target, plan, start):
+            half = len(plan.tensors) // 2
+            copy_in(target, dataclasses.replace(plan, tensors=plan.tensors[:half], specs=plan.specs[:half]), start)
+            os.kill(os.getpid(), signal.SIGKILL)
+
+        snapshot_saver.copy_in = copy_half_then_die
+    if done % args.every == 0:
+        save(done, {"model": model.state_dict(), "opt": opt.state_dict()})
+    if failing_step(done):
+        dist.barrier()  # every rank has saved step `done` before one dies
+        if dies_now(done):
+            os.kill(os.getpid(), signal.SIGKILL)
+    time.sleep(args.step_sleep)
+
+if rank() == 0:
+    digest = hashlib.sha256()
+    for tensor in list(model.state_dict().values()) + [s["momentum_buffer"] for s in opt.state_dict()["state"].values()]:
+        digest.update(tensor.contiguous().numpy().tobytes())
+    write_json("final.json", {"digest": digest.hexdigest(), "steps": args.steps})

@@ -1,0 +1,97 @@
+"""A restart resumes at the step it failed on, from the state the ranks kept in their nodes' memory
+(``metaflow_extensions.torchrun.snapshot``), not from a checkpoint: real 2 x 2 DDP flows on gloo, a
+48 MB state (weights and momentum), a snapshot every step. Each run's final weights are compared bit
+for bit with an uninterrupted run of the same seeds: a restart that resumed anywhere but at a step
+the gang completed, or from a torn copy, ends with other weights."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from .helpers import FLOWS, output
+
+pytestmark = pytest.mark.integration
+
+STEPS = 10
+KILL_AFTER = 5
+SCRIPT_ARGS = ["--steps", str(STEPS), "--kill-after", str(KILL_AFTER)]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    """The weights' digest of the same training with no failure (one plain torchrun of 4 ranks: the
+    same ranks, seeds and all-reduce; no store, so ``save`` keeps nothing and ``load`` finds nothing)."""
+    out = str(tmp_path_factory.mktemp("uninterrupted"))
+    env = dict(os.environ, MFTR_TEST_OUT=out, METAFLOW_TORCHRUN_NODE_INDEX="0", OMP_NUM_THREADS="1",
+               PYTHONPATH=os.pathsep.join([os.path.join(FLOWS, "scripts"), os.environ.get("PYTHONPATH", "")]))
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "4", "--master-port",
+                           str(port), os.path.join(FLOWS, "scripts", "snapshot_train.py")] + SCRIPT_ARGS[:2],
+                          env=env, capture_output=True, timeout=300)
+    assert proc.returncode == 0, output(proc)[-3000:]
+    with open(os.path.join(out, "final.json")) as f:
+        return json.load(f)["digest"]
+
+
+def _run(gang, attrs, *script_args, nodes=2):
+    gang.env["MFTR_TORCHRUN_ATTRS"] = json.dumps(attrs)
+    proc = gang.run("--script", "snapshot_train.py", "--nodes", str(nodes), "--nproc", "2",
+                    "--script-args", json.dumps(SCRIPT_ARGS + list(script_args)), timeout=400)
+    text = output(proc)
+    assert proc.returncode == 0, text[-4000:]
+    return text
+
+
+def _final(gang):
+    with open(os.path.join(gang.out, "final.json")) as f:
+        return json.load(f)["digest"]
+
+
+def _starts(gang, restart):
+    return {r: report for r, report in gang.reports("start-%d-rank-" % restart).items()}
+
+
+def _restart_record(gang):
+    return gang.client(
+        "import json\n"
+        "t = Flow('GangFlow').latest_run['train'].control_task\n"
+        "result = json.loads(t.metadata_dict['torchrun-result'])['in_step_restarts']"
+    )
+
+
+def test_a_killed_rank_resumes_at_its_last_snapshot_with_the_weights_of_a_run_without_failure(gang, uninterrupted):
+    text = _run(gang, {"restarts": 1}, "--kill-rank", "3", "--kill-at", "0")
+    starts = _starts(gang, 1)
+    assert sorted(starts) == [0, 1, 2, 3], starts
+    assert all(s["from_memory"] and s["resumed"] == KILL_AFTER for s in starts.values()), starts
+    assert "resumed at step %d from memory (this node's copy), 0 steps lost" % KILL_AFTER in text, text[-3000:]
+    assert _final(gang) == uninterrupted
+    restart = _restart_record(gang)[0]
+    assert (restart["resumed_step"], restart["steps_lost"]) == (KILL_AFTER, 0), restart
+
+
+def test_a_spare_resumes_from_the_replaced_nodes_state_held_on_a_peer(gang, uninterrupted):
+    """Node 1's ranks die at every start; the spare that takes its place has no state of its own and
+    fetches node 1's (replicated: its buddy node 0 holds the same) over the gang's authenticated channel."""
+    text = _run(gang, {"restarts": 1, "spares": 1}, "--bad-node", "1", nodes=3)
+    starts = _starts(gang, 1)
+    assert {s["node"] for s in starts.values()} == {0, 2}, starts  # the spare, node 2, in node 1's place
+    assert all(s["from_memory"] and s["resumed"] == KILL_AFTER for s in starts.values()), starts
+    assert "resumed at step %d from memory" % KILL_AFTER in text, text[-3000:]
+    assert _final(gang) == uninterrupted
+    restart = _restart_record(gang)[0]
+    assert restart["swapped_in"] == 2 and restart["resumed_step"] == KILL_AFTER, restart
+
+
+def test_a_snapshot_torn_by_a_rank_killed_while_saving_is_never_loaded(gang, uninterrupted):
+    _run(gang, {"restarts": 1}, "--kill-rank", "3", "--kill-at", "0", "--kill-in-save")
+    starts = _starts(gang, 1)
+    # Rank 3 died in its save of step 5: every rank resumes at step 4, which all of them hold whole.
+    assert all(s["from_memory"] and s["resumed"] == KILL_AFTER - 1 for s in starts.values()), starts
+    assert _final(gang) == uninterrupted
