@@ -127,3 +127,23 @@ def test_a_restart_in_place_is_a_segment_too_and_an_attempt_failing_after_it_los
     assert third.attempt == 1 and abs(sum(led.parts.values()) - led.wall_seconds) < 1e-9
     costed = with_costs([failed, ok])[0]
     assert costed.lost_work_seconds == 160.0 - 123.0
+
+
+def test_a_restart_resumed_from_a_snapshot_in_memory_loses_only_the_work_after_that_snapshot():
+    """Saved at 119.5, failed at 120: half a second of work lost, not the ten since the ranks started."""
+    import dataclasses
+
+    resumed = dataclasses.replace(_swap(), resumed_step=42, steps_lost=1, kept_until=119.5)
+    a = Attempt(attempt=0, started_at=100.0, gang_formed_at=105.0, calls=(CallStart(0, 104.0),),
+                first_output_at=130.0, ended_at=160.0, recorded_at=162.0, stopped="succeeded", restarts=(resumed,))
+    led = goodput.ledger([a], now=162.0)
+    assert abs(sum(led.parts.values()) - led.wall_seconds) < 1e-9
+    before = led.segments[0]
+    assert before.parts["productive"] == 9.5 and before.parts["lost_work"] == 0.5
+    assert before.lost_seconds == 0.5 + 1.0 + 2.0 and before.steps_lost == 1
+    back = goodput.Ledger.from_wire(json.loads(json.dumps(led.to_wire())))
+    assert back.segments[0].steps_lost == 1 and back.segments[1].steps_lost is None
+    # A snapshot saved before the ranks reached the script (a clock apart) keeps nothing: never negative.
+    early = dataclasses.replace(resumed, kept_until=50.0)
+    a2 = dataclasses.replace(a, restarts=(early,))
+    assert goodput.ledger([a2], now=162.0).segments[0].parts["lost_work"] == 10.0

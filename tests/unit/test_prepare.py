@@ -73,8 +73,8 @@ CHANGED = dict(
     restarts=2,  # the gang config (the service decides restarts) and a restart's launch
     retry_on="infrastructure",  # the plan: a call's own max_restarts refused (below)
     spares=1,  # the gang config (the service's bench), the session's bench and torchrun's nnodes (below)
-    snapshot_every=25,  # the call's snapshot store (runtime/call_snapshots.py; not opened here)
-    snapshot_memory=64.0,  # the store's budget
+    snapshot_every=25,  # the call's snapshot store: the ranks' environment (below)
+    snapshot_memory=64.0,  # the call's snapshot store's budget (below)
     knobs=KNOBS,  # each checked where it takes effect (KNOBS above)
 )
 
@@ -95,8 +95,8 @@ class Call:
 
     def __init__(self, session: GangSession, plan: CallPlan) -> None:
         self.session, self.plan = session, plan
-        defaults = session.context.defaults  # the call's snapshot store, as CallRun makes it (never opened here)
-        no_peers = SimpleNamespace(news=SimpleNamespace(snapshot_peers=lambda index: None))
+        defaults = session.context.defaults  # the call's snapshot store, as CallRun makes it
+        no_peers = SimpleNamespace(secret=b"", news=SimpleNamespace(snapshot_peers=lambda index: None))
         self.snapshots = CallSnapshots(no_peers, 0, defaults.snapshot_every, defaults.snapshot_memory,  # type: ignore[arg-type]
                                        "127.0.0.1")
         self.launch = NodeLaunch(session, plan, 0, self.snapshots)
@@ -170,6 +170,20 @@ def test_a_call_keeps_its_logs_and_starts_its_ranks_as_the_settings_say(run):
     assert run.launch.warm is not None and run.launch.warm.path == "" and run.launch.warm.pid is None  # warm_start=False
     assert names.ZYGOTE_ENV not in run.launch.start(None, 29777, 0).env
     assert entry.read_entry(run.launch.entry[0]).trainer_progress is False  # what the ranks read of the settings
+
+
+def test_a_call_keeps_snapshots_as_the_settings_say(run):
+    """snapshot_every reaches the ranks (the trainers' interval), snapshot_memory the node's store."""
+    run.prepare()
+    assert names.SNAPSHOT_ENV not in run.launch.start(None, 29777, 0).env  # not open: nothing to reach
+    assert run.snapshots.open() is None  # no gang's secret: no port for peers
+    try:
+        assert run.snapshots.store is not None and run.snapshots.store.budget == 64 << 20
+        env = run.launch.start(None, 29777, 0).env
+        assert env[names.SNAPSHOT_EVERY_ENV] == "25" and env[names.SNAPSHOT_ENV] == run.snapshots.store.path
+    finally:
+        run.launch.release()
+    assert run.snapshots.store is None  # closed with the call: every snapshot freed
 
 
 def test_the_control_reads_its_node_history_as_the_settings_say(run):

@@ -49,3 +49,14 @@ def test_a_node_without_a_store_is_never_named():
     told = dict(on_swap(0, 1, old, new, 1, spare, {0: STORES[0], 2: STORES[2]}, 3))
     assert told[spare].source == STORES[0]  # node 1's buddy was node 0
     assert told[0].buddy == STORES[2]
+
+
+def test_the_steps_lost_count_to_the_newest_step_saved_or_reported():
+    from metaflow_extensions.torchrun.plugins.torchrun.runtime.call_snapshots import Resumed, budget_bytes
+
+    resumed = Resumed(step=40, source_node=None, newest=40, saved_at=1.0)
+    assert resumed.steps_lost() == 0
+    assert resumed.steps_lost(reported=47) == 7  # saved every 10 steps: the 7 after the last save are lost
+    assert Resumed(40, 2, 45).steps_lost(reported=41) == 5
+    assert budget_bytes(64.0) == 64 << 20 and budget_bytes(0.1, lambda share: int(share * 1000)) == 100
+    assert budget_bytes(None, lambda share: int(share * 1000)) == 250

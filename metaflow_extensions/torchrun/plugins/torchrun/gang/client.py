@@ -204,9 +204,7 @@ class GangClient:
         ``snapshot_port``: where this node's snapshot store takes its peers (none: snapshots off)."""
         if not self.wait_joined():
             return None
-        while not self._preflight_sent.wait(0.05):  # the preflight goes first
-            if self.cause is not None or self._closing.is_set() or self._sock is None:
-                break
+        self._after_preflight()
         self._safe_send(msg.Call(index, entry[:1000], snapshot_port))
         entered = time.monotonic()
         _log.debug("node %d: call %d entered", self.node_index, index)
@@ -267,8 +265,17 @@ class GangClient:
                    time.monotonic() - began)
         return self.cause
 
+    def _after_preflight(self) -> None:
+        """The preflight goes first: after a ``leave`` the service hears it no more, and drops the node's
+        connection for it (a control that left at once lost the all-left it waits for)."""
+        while not self._preflight_sent.wait(0.05):
+            if self.cause is not None or self._closing.is_set() or self._sock is None:
+                break
+
     def leave(self, calls: int, ok: bool) -> None:
         """From now on this node's silence means nothing."""
+        if self.joined.is_set():
+            self._after_preflight()
         self._left = True
         self._safe_send(msg.Leave(calls, ok))
         _log.debug("node %d: left after %d calls (%s)", self.node_index, calls, "ok" if ok else "failed")

@@ -18,6 +18,7 @@ from __future__ import annotations
 import itertools
 import os
 import threading
+import time
 from typing import Dict, Iterable, List, Optional, Set, Tuple
 
 from ..procs import snapshot_memory as memory
@@ -63,6 +64,7 @@ class Slot:
             os.close(self.fd)
             raise
         self.step, self.size = -1, 0
+        self.saved_at = 0.0  # when it was committed here (wall clock): what a restart from it loses is after
         self.owner: Optional[int] = None  # the rank's connection writing it; None for a peer's copy
         self.source: Optional[Source] = None  # where a copy from a peer came from
         self.readers = 0
@@ -158,6 +160,7 @@ class Shelf:
             if self._writing.pop(slot.id, None) is not slot or not 0 < size <= slot.capacity:
                 raise ValueError("slot %d is not being written, or %d bytes do not fit it" % (slot.id, size))
             slot.step, slot.size, slot.source, slot.owner = step, size, source, None
+            slot.saved_at = time.time()
             kept = self._kept.get(slot.key, [])
             for old in [h for h in kept if h.step >= step]:
                 self._release(old, kept)

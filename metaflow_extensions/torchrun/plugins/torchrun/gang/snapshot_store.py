@@ -66,7 +66,7 @@ class SnapshotStore:
         self._lock = threading.Lock()
         self._closed = False
         self._off = memory.unavailable()  # no sealed memfd here: every rank is told so at its first save
-        self._last_load: Optional[Tuple[int, Optional[int], int]] = None
+        self._last_load: Optional[Tuple[int, Optional[int], int, float]] = None
         self._ids = itertools.count(1)
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
@@ -107,9 +107,9 @@ class SnapshotStore:
         """The newest step any key holds on this store (the gang's last save, as far as this node knows)."""
         return self.shelf.newest()
 
-    def last_load(self) -> Optional[Tuple[int, Optional[int], int]]:
-        """(step, the peer's index in ``peers`` it was copied from or None, the newest step then) of the
-        latest snapshot a rank read: what the runtime's ledger counts as steps lost."""
+    def last_load(self) -> Optional[Tuple[int, Optional[int], int, float]]:
+        """(step, the peer's index in ``peers`` it was copied from or None, the newest step then, when it
+        was committed here) of the latest snapshot a rank read: what the runtime's ledger counts as lost."""
         with self._lock:
             return self._last_load
 
@@ -210,7 +210,7 @@ class SnapshotStore:
         conn.pins.append(slot)
         source, newest = slot.source, max(step, self.newest() or 0)
         with self._lock:
-            self._last_load = (step, source[0] if source else None, newest)
+            self._last_load = (step, source[0] if source else None, newest, slot.saved_at)
         fd = memory.read_only(slot.fd)
         try:
             wire.send_frame(sock, {"size": slot.size, "from": source[0] if source else None,

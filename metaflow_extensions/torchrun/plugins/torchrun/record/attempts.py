@@ -20,7 +20,7 @@ from .. import load_order  # noqa: F401  (Metaflow first, whatever the user impo
 from metaflow import Task
 
 from ..cause import Cause, CauseKind, user_code_failure
-from ..base.codec import Int, Items, Lenient, Text, Via, encode
+from ..base.codec import SKIP, Int, Items, Lenient, Text, Via, encode
 from .node_roles import MAX_HOST, NodeEntry
 from .in_step_restarts import swap_words
 
@@ -139,6 +139,10 @@ class RestartMark(Lenient):
     swapped_in: Optional[Whole] = None
     out_host: Annotated[Optional[str], Text(MAX_HOST)] = None
     in_host: Annotated[Optional[str], Text(MAX_HOST)] = None
+    # Resumed from a snapshot in memory: the work up to ``kept_until`` (when it was saved) was kept.
+    resumed_step: Annotated[Optional[int], Int(0, (1 << 53) - 1), SKIP] = None
+    steps_lost: Annotated[Optional[int], Int(0, (1 << 53) - 1), SKIP] = None
+    kept_until: Annotated[Optional[float], SKIP] = None
 
     @property
     def swap(self) -> Optional[str]:
@@ -165,7 +169,9 @@ def restart_marks(results: List[Any], hosts: Mapping[int, str]) -> Tuple[Tuple[R
                 kind=x.cause.kind, stopped_at=x.stopped_at, back_at=back, work_from=x.work_from,
                 swapped_out=x.swapped_out, swapped_in=x.swapped_in,
                 out_host=hosts.get(x.swapped_out) if x.swapped_out is not None else None,
-                in_host=hosts.get(x.swapped_in) if x.swapped_in is not None else None))
+                in_host=hosts.get(x.swapped_in) if x.swapped_in is not None else None,
+                resumed_step=getattr(x, "resumed_step", None), steps_lost=getattr(x, "steps_lost", None),
+                kept_until=getattr(x, "resumed_saved_at", None)))
     found.sort(key=lambda m: m.failed_at)
     return tuple(found[-MAX_RESTART_MARKS:]), max(0, len(found) - MAX_RESTART_MARKS)
 

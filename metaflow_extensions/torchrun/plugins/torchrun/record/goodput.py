@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from ..base.codec import Items, Lenient, OneOf, Real, Text, Via
+from ..base.codec import SKIP, Int, Items, Lenient, OneOf, Real, Text, Via
 from ..base.text import count, first_line
 from .attempts import Attempt, Marks, Whole, in_step_cuts, lost_since, marks
 from .in_step_restarts import Node
@@ -49,7 +49,7 @@ class Segment(Lenient):
     """One attempt (or one in-step restart of it) on the step's clock."""
 
     WIRE_ORDER = ("attempt", "restart", "started_at", "ended_at", "seconds", "parts", "cause", "lost_seconds",
-                  "time_to_restart", "swapped_out", "swapped_in")
+                  "time_to_restart", "swapped_out", "swapped_in", "steps_lost")
     attempt: Whole
     started_at: float
     ended_at: float
@@ -62,6 +62,8 @@ class Segment(Lenient):
     # A swap ended it (@torchrun(spares)): the node taken out, the spare brought in.
     swapped_out: Optional[Node] = None
     swapped_in: Optional[Node] = None
+    # Its ranks came back from a snapshot in memory: the steps it lost (None: from your checkpoint).
+    steps_lost: Annotated[Optional[int], Int(0, (1 << 53) - 1), SKIP] = None
 
     @property
     def seconds(self) -> Seconds:
@@ -106,8 +108,8 @@ class Ledger(Lenient):
 
 def segments(a: Attempt, end: float, after_failure: bool, saved_at: Optional[float], failed: bool,
              next_first: Optional[float]) -> List[Segment]:
-    """One attempt's segments, one more after each in-step restart, which loses all
-    its ranks' work (the node cannot see which checkpoint the new ranks load)."""
+    """One attempt's segments, one more after each in-step restart, which loses all its ranks' work
+    (the node cannot see which checkpoint the new ranks load) but what a snapshot in memory kept."""
     m: Marks = marks(a, min(a.recorded_at, end) if a.recorded_at is not None else end)
     first, cuts = in_step_cuts(a, m)
     parts = dict.fromkeys(PARTS, 0.0)
@@ -116,12 +118,14 @@ def segments(a: Attempt, end: float, after_failure: bool, saved_at: Optional[flo
     out: List[Segment] = []
     seg_start, work_from, number = m.start, first, None
     for i, c in enumerate(cuts):
-        parts["lost_work"] += c.failed - work_from
+        kept = min(max(c.mark.kept_until, work_from), c.failed) if c.mark.kept_until is not None else work_from
+        parts["productive"] += kept - work_from  # resumed from a snapshot in memory: the work up to it stands
+        parts["lost_work"] += c.failed - kept
         parts["stop"] += c.stopped - c.failed
         out.append(Segment(attempt=a.attempt, started_at=seg_start, ended_at=c.stopped, parts=parts, restart=number,
                            cause=c.mark.label, lost_seconds=parts["lost_work"] + parts["stop"] + c.back - c.stopped,
                            time_to_restart=c.back - c.failed, swapped_out=c.mark.swapped_out,
-                           swapped_in=c.mark.swapped_in))
+                           swapped_in=c.mark.swapped_in, steps_lost=c.mark.steps_lost))
         parts = dict.fromkeys(PARTS, 0.0)
         parts["restart"] += c.back - c.stopped
         seg_start, work_from, number = c.stopped, c.back, i + 1

@@ -25,15 +25,18 @@ MB = 1 << 20
 
 @dataclass(frozen=True)
 class Resumed:
-    """Where a restart's ranks resumed: the step, whose copy (None: this node's), the newest step saved."""
+    """Where a restart's ranks resumed: the step, whose copy (None: this node's), the newest step saved,
+    when the copy resumed from was saved on this node (wall clock)."""
 
     step: int
     source_node: Optional[int]
     newest: int
+    saved_at: Optional[float] = None
 
-    @property
-    def steps_lost(self) -> int:
-        return max(0, self.newest - self.step)
+    def steps_lost(self, reported: Optional[int] = None) -> int:
+        """The steps after the one resumed: the newest saved, or the newest the replaced ranks reported
+        (``progress.report`` or a trainer's), where that is later."""
+        return max(0, max(self.newest, reported or 0) - self.step)
 
 
 def budget_bytes(memory: Optional[float], available: Optional[Callable[[float], int]] = None) -> int:
@@ -104,10 +107,10 @@ class CallSnapshots:
         if loaded is None or loaded is self._last:
             return None
         self._last = loaded
-        step, source, newest = loaded
+        step, source, newest, saved_at = loaded
         told = self._told
         node = told.source_node if source is not None and told is not None else None
-        return Resumed(step, node, max(step, newest))
+        return Resumed(step, node, max(step, newest), saved_at if source is None else None)
 
     def close(self) -> None:
         """Every snapshot freed, the socket's directory removed."""

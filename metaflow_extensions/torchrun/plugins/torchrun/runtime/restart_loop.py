@@ -13,6 +13,7 @@ from ..gang.client import GangClient
 from ..host.console import say
 from ..launch import CallPlan
 from ..procs.failures import clear_round
+from ..procs.rank_progress import read_progress
 from ..record.result import read_rank_records
 from .call_failure import NodeFailure
 from .call_launch import NodeLaunch, RanksStart, swap_line
@@ -68,7 +69,8 @@ class RestartLoop:
         and rendezvous port; what a restart resumes from would be told to the ranks here."""
         ranks, client = self.ranks, self.client
         self.restarts.begin(decided, ranks.started_at, ranks.ended_at, self.launch.rank_starts(self.restarts.restart),
-                            read_rank_records(self.launch.workdir, self.failure.failures), self.launch.log_dir)
+                            read_rank_records(self.launch.workdir, self.failure.failures), self.launch.log_dir,
+                            reported_step(self.launch.workdir, self.restarts.restart))
         clear_round(self.launch.workdir)
         self.failure.new_start()
         self.exit_code = None
@@ -85,3 +87,9 @@ class RestartLoop:
             return swap_line(self.index, decided, allowed, self.client.hosts())
         return ("call %d: restarting every node's ranks (restart %d of %d): %s"
                 % (self.index + 1, decided.restart, allowed, decided.cause.summary))
+
+
+def reported_step(workdir: str, start: int) -> Optional[int]:
+    """The newest step this node's ranks of ``start`` reported (none: they reported no progress)."""
+    steps = [p.step for p in read_progress(workdir).values() if p.start == start] if workdir else []
+    return max(steps) if steps else None

@@ -23,6 +23,7 @@ class CallRestarts:
 
     restart: int = 0
     records: List[InStepRestart] = field(default_factory=list)
+    reported_step: Optional[int] = None  # the newest step the replaced ranks reported (steps lost count to it)
 
     def decided(self, client: GangClient, index: int, allowed: int, exit_code: Optional[int],
                 report: Callable[[], None], wait: float) -> Optional[msg.Restart]:
@@ -38,7 +39,7 @@ class CallRestarts:
 
     def begin(self, decided: msg.Restart, ran_from: Optional[float], stopped_at: Optional[float],
               rank_starts: List[Optional[float]], ranks: Sequence[RankStatus] = (),
-              log_dir: Optional[str] = None) -> None:
+              log_dir: Optional[str] = None, reported_step: Optional[int] = None) -> None:
         """Restart ``decided.restart``: this node's old ranks (``ranks``, kept for the card) are gone; their
         log files say where the next start's lines begin."""
         self.records = with_ranks_start(self.records, rank_starts)
@@ -48,14 +49,16 @@ class CallRestarts:
                                           work_from=min((s for s in rank_starts if s is not None), default=None),
                                           ranks=replaced_ranks(ranks)))
         self.restart = decided.restart
+        self.reported_step = reported_step
         if log_dir:
             mark_logs(log_dir, sorted({r.rank for r in ranks}), decided.restart)
 
     def resumed(self, resumed: Optional[Resumed]) -> None:
         """The current restart's ranks resumed from a snapshot in memory (None: they did not)."""
         if resumed is not None and self.records:
-            self.records[-1] = dataclasses.replace(self.records[-1], resumed_step=resumed.step,
-                                                   steps_lost=resumed.steps_lost, resumed_from=resumed.source_node)
+            self.records[-1] = dataclasses.replace(
+                self.records[-1], resumed_step=resumed.step, steps_lost=resumed.steps_lost(self.reported_step),
+                resumed_from=resumed.source_node, resumed_saved_at=resumed.saved_at)
 
     def started(self, at: Optional[float]) -> None:
         """The current restart's ranks started ``at`` (the first start has no record)."""
