@@ -58,10 +58,12 @@ def _starts(gang, restart):
 
 
 def _restart_record(gang):
+    """The control's record of each restart, and its goodput ledger's segments."""
     return gang.client(
         "import json\n"
         "t = Flow('GangFlow').latest_run['train'].control_task\n"
-        "result = json.loads(t.metadata_dict['torchrun-result'])['in_step_restarts']"
+        "result = (json.loads(t.metadata_dict['torchrun-result'])['in_step_restarts'],\n"
+        "          json.loads(t.metadata_dict['torchrun-goodput'])['segments'])"
     )
 
 
@@ -72,8 +74,13 @@ def test_a_killed_rank_resumes_at_its_last_snapshot_with_the_weights_of_a_run_wi
     assert all(s["from_memory"] and s["resumed"] == KILL_AFTER for s in starts.values()), starts
     assert "resumed at step %d from memory (this node's copy), 0 steps lost" % KILL_AFTER in text, text[-3000:]
     assert _final(gang) == uninterrupted
-    restart = _restart_record(gang)[0]
+    restarts, segments = _restart_record(gang)
+    restart = restarts[0]
     assert (restart["resumed_step"], restart["steps_lost"]) == (KILL_AFTER, 0), restart
+    # The ledger counts the work up to the snapshot as kept: lost is the time since it was saved (under a
+    # second here), not the whole first start's run.
+    assert restart["resumed_saved_at"] <= restart["failed_at"] and restart["lost_work_seconds"] < 5, restart
+    assert segments[0]["steps_lost"] == 0 and segments[0]["parts"]["productive"] > 0, segments
 
 
 def test_a_spare_resumes_from_the_replaced_nodes_state_held_on_a_peer(gang, uninterrupted):
@@ -85,7 +92,7 @@ def test_a_spare_resumes_from_the_replaced_nodes_state_held_on_a_peer(gang, unin
     assert all(s["from_memory"] and s["resumed"] == KILL_AFTER for s in starts.values()), starts
     assert "resumed at step %d from memory" % KILL_AFTER in text, text[-3000:]
     assert _final(gang) == uninterrupted
-    restart = _restart_record(gang)[0]
+    restart = _restart_record(gang)[0][0]
     assert restart["swapped_in"] == 2 and restart["resumed_step"] == KILL_AFTER, restart
 
 

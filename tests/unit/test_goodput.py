@@ -147,3 +147,14 @@ def test_a_restart_resumed_from_a_snapshot_in_memory_loses_only_the_work_after_t
     early = dataclasses.replace(resumed, kept_until=50.0)
     a2 = dataclasses.replace(a, restarts=(early,))
     assert goodput.ledger([a2], now=162.0).segments[0].parts["lost_work"] == 10.0
+
+
+def test_the_cards_rows_say_the_steps_a_restart_from_memory_lost():
+    import dataclasses
+
+    resumed = dataclasses.replace(_swap(), resumed_step=42, steps_lost=3, kept_until=119.5)
+    a = Attempt(attempt=0, started_at=100.0, gang_formed_at=105.0, calls=(CallStart(0, 104.0),),
+                first_output_at=130.0, ended_at=160.0, recorded_at=162.0, stopped="succeeded", restarts=(resumed,))
+    rows = goodput.rows(goodput.ledger([a], now=162.0))
+    column = goodput.HEADERS.index("steps lost (from memory)")
+    assert [r[column] for r in rows] == ["3", ""] and all(len(r) == len(goodput.HEADERS) for r in rows)

@@ -228,9 +228,15 @@ def test_the_card_counts_each_restart_like_an_attempt():
                 records.InStepRestart(2, KILLED, 112.5, 120.0)]
     result = TorchrunResult(["torchrun"], 0, 2, 2, 0, 100.0, 130.0, in_step_restarts=restarts)
     assert card_content.restart_rows(result) == [
-        ["1", "+10.0 s", KILLED.summary, "10.0 s", "2.5 s"],
-        ["2", "+20.0 s", KILLED.summary, "7.5 s", ""],
+        ["1", "+10.0 s", KILLED.summary, "not from memory (your checkpoint)", "10.0 s", "2.5 s"],
+        ["2", "+20.0 s", KILLED.summary, "not from memory (your checkpoint)", "7.5 s", ""],
     ]
+    # Resumed from a snapshot saved 0.4 s before the failure: that is the work lost, and the steps say so.
+    resumed = records.InStepRestart(1, KILLED, 100.0, 110.0, ranks_at=112.5, resumed_step=41, steps_lost=1,
+                                    resumed_from=2, resumed_saved_at=109.6)
+    result = TorchrunResult(["torchrun"], 0, 2, 2, 0, 100.0, 130.0, in_step_restarts=[resumed])
+    assert card_content.restart_rows(result) == [
+        ["1", "+10.0 s", KILLED.summary, "step 41 from memory (node 2's copy), 1 step lost", "0.4 s", "2.5 s"]]
 
 
 def test_the_card_names_a_swap_in_its_restart_row_and_the_nodes_that_sat_out():
@@ -242,7 +248,8 @@ def test_the_card_names_a_swap_in_its_restart_row_and_the_nodes_that_sat_out():
                             out_nodes=[1])
     # A node's own card (no attempts record): the nodes without their hosts.
     assert card_content.restart_rows(result) == [
-        ["1", "+10.0 s", "node 1 (?) out, spare node 2 (?) in: " + KILLED.summary, "6.0 s", "2.5 s"]]
+        ["1", "+10.0 s", "node 1 (?) out, spare node 2 (?) in: " + KILLED.summary, "not from memory (your checkpoint)",
+         "6.0 s", "2.5 s"]]
     result.attempts = [this_attempt(0, 90.0, [result], None, None, hosts={1: "host-b", 2: "host-c"})]
     assert card_content.restart_rows(result)[0][2] == "node 1 (host-b) out, spare node 2 (host-c) in: " + KILLED.summary
     assert card_content.topology_rows(result, "gloo")[-3:] == [["this node's role", "active"], ["spares left", "none"],

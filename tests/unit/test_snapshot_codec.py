@@ -218,3 +218,13 @@ def test_a_header_announcing_a_huge_manifest_is_refused_without_reading_it():
     blob = bytearray(codec.MAGIC + struct.pack("!QQ", codec.MAX_MANIFEST + 1, 0) + bytes(40))
     with pytest.raises(codec.SnapshotError, match="a manifest of"):
         codec.check(blob)
+
+
+def test_a_loaded_tensor_owns_its_memory_and_sets_the_rng():
+    """Not a view into the snapshot's buffer: torch.set_rng_state took one and crashed the process."""
+    rng = torch.get_rng_state()
+    _, state = decode(encode(3, {"rng": rng, "w": torch.arange(6.0)}))
+    assert state["rng"]._base is None and state["w"]._base is None
+    assert state["rng"].untyped_storage().nbytes() == rng.numel()  # not the whole snapshot's bytes
+    torch.set_rng_state(state["rng"])
+    assert torch.equal(torch.get_rng_state(), rng)

@@ -18,6 +18,7 @@ from ..gang.messages import RankStatus
 from ..procs.failures import describe_exit_code
 from ..launch import Accelerators
 from ..procs import stacks
+from ..base.text import count
 from ..cause import CauseKind
 from ..errors import is_refusal, not_restarted
 from ..procs.ranges import numbers
@@ -302,7 +303,16 @@ ATTEMPT_COSTS = ("_Lost work_: training since the checkpoint the next attempt re
 def restart_rows(result: TorchrunResult) -> List[List[str]]:
     """The call's in-step restarts, counted like attempts: times from the call's start, what each cost."""
     return [[str(r.restart), _fmt_time(r.failed_at, result.started_at), clip(restart_cause(result, r)),
-             _secs(r.lost_work_seconds), _secs(r.restart_seconds)] for r in result.in_step_restarts[-CARD_RANK_ROWS:]]
+             resumed_words(r), _secs(r.lost_work_seconds), _secs(r.restart_seconds)]
+            for r in result.in_step_restarts[-CARD_RANK_ROWS:]]
+
+
+def resumed_words(r: Any) -> str:
+    """Where the restart's ranks resumed: a step in memory and the steps lost, or not from memory."""
+    if getattr(r, "resumed_step", None) is None:
+        return "not from memory (your checkpoint)"
+    whose = "node %d's copy" % r.resumed_from if r.resumed_from is not None else "this node's copy"
+    return "step %d from memory (%s), %s lost" % (r.resumed_step, whose, count(r.steps_lost or 0, "step"))
 
 
 def restart_cause(result: TorchrunResult, r: Any) -> str:
@@ -315,7 +325,7 @@ def restart_cause(result: TorchrunResult, r: Any) -> str:
     return "%s: %s" % (swap, r.cause.summary)
 
 
-RESTART_HEADERS = ["restart", "failed at", "cause", "work lost (at most)", "back to your script in"]
+RESTART_HEADERS = ["restart", "failed at", "cause", "resumed at", "work lost (at most)", "back to your script in"]
 
 
 def node_tails(result: TorchrunResult) -> Dict[Tuple[int, int], Mapping[str, Sequence[str]]]:

@@ -357,7 +357,9 @@ def _tagged(tag: str, value: Any, tensor: Callable[[int], Any], tensors: int, de
 
 
 def build(blob: Any, decoded: Decoded) -> Tuple[int, Any]:
-    """The state with CPU tensors that share ``blob``'s memory (``load_state_dict`` copies them)."""
+    """The state with CPU tensors of their own, copied out of ``blob``: a view into one buffer is not what
+    every torch function takes (``torch.set_rng_state`` on one crashed the process), nor what a user
+    keeping one tensor expects to hold the whole snapshot's memory. Once, at a restart."""
     import torch
 
     whole = torch.frombuffer(blob, dtype=torch.uint8) if len(blob) else torch.empty(0, dtype=torch.uint8)
@@ -368,6 +370,6 @@ def build(blob: Any, decoded: Decoded) -> Tuple[int, Any]:
         if spec.nbytes == 0:
             return torch.empty(spec.shape, dtype=dtype)
         begin = decoded.data_start + spec.offset
-        return whole[begin:begin + spec.nbytes].view(dtype).view(spec.shape)
+        return whole[begin:begin + spec.nbytes].view(dtype).view(spec.shape).clone()
 
     return decoded.step, rebuild(decoded.tree, tensor, len(decoded.specs))

@@ -204,12 +204,13 @@ def stopped_words(s: Segment) -> str:
 
 
 def rows(led: Ledger) -> List[List[str]]:
-    """The card's table: one row per segment, the seconds of each part."""
-    return [[segment_label(s), _dur(s.seconds)] + ["%.1f" % s.parts.get(p, 0.0) for p in PARTS] + [stopped_words(s)]
-            for s in led.segments[-64:]]
+    """The card's table: one row per segment, the seconds of each part, the steps its failure lost."""
+    return [[segment_label(s), _dur(s.seconds)] + ["%.1f" % s.parts.get(p, 0.0) for p in PARTS]
+            + ["" if s.steps_lost is None else str(s.steps_lost), stopped_words(s)] for s in led.segments[-64:]]
 
 
-HEADERS = ["segment", "wall"] + [p.replace("_", " ") + " (s)" for p in PARTS] + ["stopped (first line)"]
+HEADERS = ["segment", "wall"] + [p.replace("_", " ") + " (s)" for p in PARTS] + ["steps lost (from memory)",
+                                                                                 "stopped (first line)"]
 STOPPED_CHARS = 120
 
 
