@@ -6,8 +6,9 @@ and so its rounding: a resumed DDP run differs from an unbroken one in the last 
 without, bit for bit, when every restart resumes at a step the gang completed.
 
 Failures: --kill-rank SIGKILLs itself after step --kill-after of the starts in --kill-at; with
---kill-in-save, in the middle of its save of that step (its snapshot torn); --bad-node: every rank
-started on that Metaflow node SIGKILLs itself after step --kill-after (a bad machine, for a spare).
+--kill-in-save, in the middle of its save of that step (its snapshot torn); --kills names several,
+"restart:rank:step[:save]" each; --bad-node: every rank started on that Metaflow node SIGKILLs
+itself after step --kill-after (a bad machine, for a spare).
 Each start writes what it resumed from (start-<restart>-rank-<R>.json); rank 0 writes the final
 weights' digest (final.json)."""
 
@@ -32,6 +33,7 @@ p.add_argument("--kill-rank", type=int, default=-1)
 p.add_argument("--kill-at", default="0", help="the restarts at which --kill-rank dies")
 p.add_argument("--kill-after", type=int, default=5)
 p.add_argument("--kill-in-save", action="store_true")
+p.add_argument("--kills", default="", help="restart:rank:step[:save],... (instead of --kill-rank)")
 p.add_argument("--bad-node", type=int, default=-1)
 p.add_argument("--step-sleep", type=float, default=0.0)
 args = p.parse_args()
@@ -55,15 +57,30 @@ write_json("start-%d-rank-%d.json" % (restart, rank()), {"restart": restart, "no
                                                           "from_memory": resumed is not None})
 
 
+KILLS = {}  # restart -> (rank, step, in its save)
+for spec in filter(None, args.kills.split(",")):
+    fields = spec.split(":")
+    KILLS[int(fields[0])] = (int(fields[1]), int(fields[2]), fields[3:] == ["save"])
+if args.kill_rank >= 0:
+    for start in args.kill_at.split(","):
+        KILLS[int(start)] = (args.kill_rank, args.kill_after, args.kill_in_save)
+
+
 def failing_step(step: int) -> bool:
     """The step after which a rank dies in this start (every rank knows which, to meet it there)."""
-    return step == args.kill_after and (args.bad_node >= 0 or str(restart) in args.kill_at.split(","))
+    if args.bad_node >= 0:
+        return step == args.kill_after
+    return restart in KILLS and step == KILLS[restart][1]
 
 
 def dies_now(step: int) -> bool:
     if not failing_step(step):
         return False
-    return node == args.bad_node if args.bad_node >= 0 else rank() == args.kill_rank
+    return node == args.bad_node if args.bad_node >= 0 else rank() == KILLS[restart][0]
+
+
+def dies_in_save(step: int) -> bool:
+    return dies_now(step) and args.bad_node < 0 and KILLS[restart][2]
 
 
 for step in range(first, args.steps):
@@ -76,7 +93,7 @@ for step in range(first, args.steps):
         param.grad /= dist.get_world_size()
     opt.step()
     done = step + 1
-    if dies_now(done) and args.kill_in_save:
+    if dies_in_save(done):
         # Torn: the rank dies in its save of this step, half its tensors copied into the node's memory.
         import dataclasses
 
