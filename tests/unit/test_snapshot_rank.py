@@ -34,9 +34,13 @@ def model_state(seed):
     return {"model": model.state_dict(), "opt": opt.state_dict(), "rng": torch.get_rng_state()}
 
 
-def test_load_returns_the_newest_saved_state_bit_for_bit(store, capsys):
-    assert snapshot.load() is None  # a first start
-    assert "no snapshot in memory: starting from your checkpoint" in capsys.readouterr().err
+def test_load_returns_the_newest_saved_state_bit_for_bit(store, capsys, monkeypatch):
+    assert snapshot.load() is None  # a first start: nothing to find, nothing said
+    assert "no snapshot" not in capsys.readouterr().err
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
+    assert snapshot.load() is None  # a restart that finds none falls back, and says so
+    assert "no snapshot in memory that every rank holds: resuming from your checkpoint" in capsys.readouterr().err
+    monkeypatch.delenv("TORCHELASTIC_RESTART_COUNT")
     for step in range(4):
         state = model_state(step)
         assert snapshot.save(step, state) is True

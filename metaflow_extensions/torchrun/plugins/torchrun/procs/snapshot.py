@@ -34,7 +34,7 @@ import threading
 from typing import Any, Dict, List, Optional, Set, Tuple
 
 from . import snapshot_codec as codec
-from .names import SNAPSHOT_ENV
+from .names import RESTART_COUNT_ENV, SNAPSHOT_ENV
 from .snapshot_client import Loaded, StoreClient, StoreError
 from .snapshot_saver import Saver
 from .snapshot_wire import key_for
@@ -154,8 +154,8 @@ def _load(client: Optional[StoreClient], key: str, rank: int) -> Optional[Tuple[
                 _say(resumed_line(step, read[1]))
             return read[0]
         common.discard(step)
-    if rank == 0 and client is not None:
-        _say("no snapshot in memory: starting from your checkpoint")
+    if rank == 0 and client is not None and _env_int(RESTART_COUNT_ENV) > 0:  # a first start has none to find
+        _say("no snapshot in memory that every rank holds: resuming from your checkpoint")
     return None
 
 
