@@ -137,6 +137,8 @@ def failures(out: str, record: Dict[str, Any]) -> List[Dict[str, Any]]:
             "to_state_loaded_s": round(max(s["loaded_at"] for s in starts) - failed_at, 3),
             "load_s": round(max(s["loaded_at"] - s["built_at"] for s in starts), 3),
             "to_first_full_step_s": round(max(firsts) - failed_at, 3) if len(firsts) == len(starts) else None,
+            # the model and optimizer built: the first optimizer of a rank imports torch._dynamo (~2.4 CPU-s)
+            "build_s": round(max(s["built_at"] for s in starts) - max(s["group_at"] for s in starts), 3),
             "record": {k: rec.get(k) for k in ("resumed_step", "steps_lost", "resumed_from", "swapped_out",
                                                "swapped_in")},
         })
@@ -274,6 +276,7 @@ def _summary(rows: List[Dict[str, Any]]) -> Dict[str, Any]:
                 "to_model_built_s": med("to_model_built_s", fails),
                 "to_state_loaded_s": med("to_state_loaded_s", fails),
                 "load_s": med("load_s", fails),
+                "build_s": med("build_s", fails),
                 "to_first_full_step_s": med("to_first_full_step_s", fails),
                 "compute_ms": med("compute_ms", [r["cost"] for r in mine]),
                 "snapshot_save_ms": med("snapshot_save_ms", [r["cost"] for r in mine]),
