@@ -326,3 +326,19 @@ def test_past_16_stragglers_the_rest_are_counted_once_each():
         named += book.check(float(second))
     assert len(book.summary.stragglers) == 16 and book.summary.stragglers_more == 4
     assert sorted(n.node_index for n in named) == list(range(0, 60, 3))  # each said once; the record lists 16
+
+
+def test_a_restarts_gap_in_the_reports_names_no_node_busier_on_cpu():
+    """A call whose ranks report steps: while a restart's new ranks start (no report yet), a node busy
+    starting its ranks is not a straggler by CPU (it was named so in a 3-node flow after a swap)."""
+    book = _book(ratio=1.3, window=2.0)
+    for second in range(3):
+        for node in range(3):
+            book.update(node, "h", _node(2.0))
+        assert book.check(float(second)) == []
+    named = []
+    for second in range(3, 10):  # restart 1: the new ranks have not reported; node 2's start is busy
+        for node in range(3):
+            book.update(node, "h", NodeProgress(cpu=0.9 if node == 2 else 0.3, rank_lo=None, start=1))
+        named += book.check(float(second))
+    assert named == [] and book.summary.stragglers == ()

@@ -270,6 +270,9 @@ class ProgressBook:
         self.start = 0  # the start of the ranks summed up: the newest a node reported from
         self.start_seen: Optional[float] = None  # when the book first summed it up
         self.settled = False
+        # The call's ranks have reported progress: its steps are the signal, and a gap in the reports (a
+        # restart's new ranks starting) is nothing to compare, not a call for the CPU's or the GPU's.
+        self.reported = False
         self.slow_since: Dict[int, float] = {}
         self.named: Dict[int, Straggler] = {}
         self.unlisted: Set[int] = set()
@@ -281,6 +284,7 @@ class ProgressBook:
     def new_call(self) -> None:
         """Stragglers named stay named."""
         self._new_start(0)
+        self.reported = False
         self.chart = []
         self.started = None
         self.chart_every = 5.0
@@ -323,6 +327,7 @@ class ProgressBook:
             self.start_seen = now
         self.settled = self.start == 0 or now - self.start_seen >= self.settle
         reporting = {n: ph for n, ph in self.nodes.items() if ph[0].reporting}
+        self.reported = self.reported or bool(reporting)
         named = self._stragglers(now, reporting)
         if reporting and now >= self.next_sample:
             self._sample(now - self.started, reporting)
@@ -359,6 +364,8 @@ class ProgressBook:
             limit = middle / self.ratio
             return {n: min(RATIO_CAP, middle / r) if r > 0 else RATIO_CAP for r, n in rates if r <= limit}, \
                 SIGNAL_PROGRESS
+        if self.reported:  # between two starts' reports: a starting node is busy, not slow
+            return {}, SIGNAL_PROGRESS
         gpus = [(p.gpu, n) for n, (p, _) in self.nodes.items() if p.gpu is not None]
         if len(gpus) >= 2:
             middle = statistics.median([g for g, _ in gpus])
