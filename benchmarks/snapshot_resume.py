@@ -46,7 +46,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 FLOW = os.path.join(HERE, "flows", "snapshot_flow.py")
 RESULTS = os.path.join(HERE, "results", "snapshot_resume.json")
-CASES = {
+CASES: Dict[str, Dict[str, Any]] = {
     "instep": {"nodes": 2, "attrs": {"restarts": 1}, "who": "rank:3"},
     "swap": {"nodes": 3, "attrs": {"restarts": 1, "spares": 1}, "who": "node:1"},
 }
@@ -115,7 +115,7 @@ def _starts(out: str, restart: int) -> List[Dict[str, Any]]:
 def failures(out: str, record: Dict[str, Any]) -> List[Dict[str, Any]]:
     """Each failure: its step, where the gang resumed and from what, the steps lost, and the failure
     (the first dying rank's stamp) to the new ranks' first line, state loaded, and first step by all."""
-    rows = []
+    rows: List[Dict[str, Any]] = []
     restarts = record.get("in_step_restarts") or []
     for r in range(len(restarts)):
         kills = [_json(p) for p in glob.glob(os.path.join(out, "kill-%d-rank-*.json" % r))]
@@ -127,7 +127,7 @@ def failures(out: str, record: Dict[str, Any]) -> List[Dict[str, Any]]:
         resumed = min(s["resumed"] for s in starts)
         firsts = [ranks[0]["at"] for ranks in steps.values() if ranks]
         rec = restarts[r]
-        rows.append({
+        row: Dict[str, Any] = {
             "restart": r, "failed_step": failed_step, "resumed_step": resumed,
             "source": sorted({str(s["source"]) for s in starts}), "steps_lost": failed_step - resumed,
             "to_first_script_line_s": round(max(s["script_at"] for s in starts) - failed_at, 3),
@@ -141,7 +141,8 @@ def failures(out: str, record: Dict[str, Any]) -> List[Dict[str, Any]]:
             "build_s": round(max(s["built_at"] for s in starts) - max(s["group_at"] for s in starts), 3),
             "record": {k: rec.get(k) for k in ("resumed_step", "steps_lost", "resumed_from", "swapped_out",
                                                "swapped_in")},
-        })
+        }
+        rows.append(row)
     return rows
 
 
@@ -155,10 +156,11 @@ def step_cost(out: str, skip: int = 3) -> Dict[str, Any]:
         return {}
     compute = statistics.mean(s["compute"] for s in rows)
     save = statistics.mean(s["save"] for s in rows)
-    disk = statistics.mean(s["disk"] for s in rows if s["disk"] > 0) if any(s["disk"] > 0 for s in rows) else 0.0
+    wrote = [s["disk"] for s in rows if s["disk"] > 0.001]  # rank 0's saves (a step without one: microseconds)
+    disk = statistics.mean(wrote) if wrote else 0.0
     r0 = steps.get(0, [])[skip:-1]
     gaps = [b["at"] - a["at"] for a, b in zip(r0, r0[1:])]
-    saves = sum(1 for s in steps.get(0, [])[skip:-1] if s["disk"] > 0)
+    saves = sum(1 for s in r0 if s["disk"] > 0.001)
     per_step_disk = disk * saves / max(1, len(r0))
     return {"compute_ms": round(1000 * compute, 1), "snapshot_save_ms": round(1000 * save, 1),
             "disk_save_ms_each": round(1000 * disk, 1), "disk_save_ms_per_step": round(1000 * per_step_disk, 1),
