@@ -20,6 +20,7 @@ import time
 from typing import Any, Optional, Tuple
 
 from . import snapshot
+from .trainer_hooks import with_lightning_callback
 from .trainer_snapshots import Dropped, first_load, gang_max, new_cadence, owned, plain, rank, resume_dir, say
 
 CALLBACK_NAME = "TorchrunSnapshots"
@@ -28,21 +29,9 @@ _SHARDED = ("FSDP", "DeepSpeed", "ModelParallel", "XLA")
 
 
 def patch(module: Any) -> None:
-    package = module.__name__.rsplit(".trainer.trainer", 1)[0]
-    callback = lightning_callback(importlib.import_module(package + ".callbacks").Callback)
-    trainer = module.Trainer
-    init = trainer.__init__
-    if getattr(init, "_torchrun_snapshots", False):
+    package = with_lightning_callback(module, lightning_callback, CALLBACK_NAME, "_torchrun_snapshots")
+    if package is None:
         return
-
-    @functools.wraps(init)
-    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
-        init(self, *args, **kwargs)
-        if not any(type(c).__name__ == CALLBACK_NAME for c in self.callbacks):
-            self.callbacks.append(callback())
-
-    __init__._torchrun_snapshots = True  # type: ignore[attr-defined]
-    trainer.__init__ = __init__
     connectors = importlib.import_module(package + ".trainer.connectors.checkpoint_connector")
     wrap_resume_start(connectors._CheckpointConnector)
 

@@ -126,21 +126,30 @@ def last_lr(scheduler: Any) -> Optional[float]:
 
 
 def add_to_lightning(module: Any) -> None:
+    with_lightning_callback(module, lightning_callback, CALLBACK_NAME, "_torchrun_progress")
+
+
+def with_lightning_callback(module: Any, make: Callable[[type], type], name: str, marker: str) -> Optional[str]:
+    """Every ``Trainer`` of Lightning's ``module`` built from now on gets the callback ``make`` builds on
+    Lightning's own ``Callback`` (once, by its class's ``name``): progress and snapshots alike. The
+    package's name (``lightning.pytorch`` or ``pytorch_lightning``), or None where ``marker`` says it is
+    done already."""
     package = module.__name__.rsplit(".trainer.trainer", 1)[0]
-    callback = lightning_callback(importlib.import_module(package + ".callbacks").Callback)
+    callback = make(importlib.import_module(package + ".callbacks").Callback)
     trainer = module.Trainer
     init = trainer.__init__
-    if getattr(init, "_torchrun_progress", False):
-        return
+    if getattr(init, marker, False):
+        return None
 
     @functools.wraps(init)
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
         init(self, *args, **kwargs)
-        if not any(type(c).__name__ == CALLBACK_NAME for c in self.callbacks):
+        if not any(type(c).__name__ == name for c in self.callbacks):
             self.callbacks.append(callback())
 
-    __init__._torchrun_progress = True  # type: ignore[attr-defined]
+    setattr(__init__, marker, True)
     trainer.__init__ = __init__
+    return package
 
 
 def lightning_callback(base: type) -> type:
