@@ -55,12 +55,8 @@ def warm() -> None:
     _WARMED_THREADS = os.environ.get("OMP_NUM_THREADS")
     _IMPORT_ENV = import_env(os.environ)
     try:
-        import torch
+        import torch  # noqa: F401
         import torch.distributed.run  # noqa: F401  (torchrun's agent)
-
-        # A script's first optimizer imports torch's compiler stack (torch._dynamo's config, sympy: about
-        # 800 modules, 2.3 CPU-s on the 2-core test machine), which a restart paid before its first step.
-        torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
     except Exception:
         pass
     # What every child runs, imported once here, not in each agent and rank (0.05 CPU-s each):
