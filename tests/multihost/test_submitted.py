@@ -430,12 +430,14 @@ def _pods(manifest: Dict) -> List[Tuple[str, int, Dict, Dict]]:
     return pods
 
 
-def argo_jobset(tmp_path, moto, attrs: Dict, nodes: int, resources: Optional[Dict] = None):
+def argo_jobset(tmp_path, moto, attrs: Dict, nodes: int, resources: Optional[Dict] = None,
+                torchrun: Optional[Dict] = None):
     """(workflow template, JobSet manifest after Argo's substitution, raw YAML)."""
     import yaml
 
     tmp = str(tmp_path)
-    env = _flow_env(moto, tmp, "kubernetes", attrs, nodes, resources)
+    env = _flow_env(moto, tmp, "kubernetes", attrs, nodes, resources,
+                    extra={"MFTR_SUBMIT_TORCHRUN": json.dumps(torchrun or {})})
     proc = _run_flow(env, tmp, "argo-workflows", "create", "--only-json", timeout=90)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     workflow = json.loads(proc.stdout)
@@ -471,6 +473,7 @@ def test_kubernetes_jobset_from_argo_only_json(case, tmp_path, moto):
     for rjob in manifest["spec"]["replicatedJobs"]:
         job = rjob["template"]["spec"]
         assert (job["completions"], job["parallelism"], job["backoffLimit"]) == (1, 1, 0)
+        assert "podFailurePolicy" not in job  # no spares, no min_nodes: a lost pod fails its Job, as Metaflow made it
 
     # No spec.network: JobSet's defaults (DNS hostnames on, a headless service
     # named after the JobSet) are what MF_MASTER_ADDR below relies on.
@@ -601,6 +604,112 @@ def test_kubernetes_jobset_of_run_with_kubernetes_is_valid():
         assert layout == [("control", 1), ("worker", 2)]
         name = manifest["metadata"]["name"]
         assert control_addr == "%s-control-0-0.%s.%s.svc.cluster.local" % (name, name, NAMESPACE)
+
+
+# ------------------------------------------- Kubernetes: lost worker pods come back
+
+SPARES = {"spares": 1, "restarts": 1}  # @torchrun: a spare needs an in-step restart to come in
+DISRUPTED_POD_RULE = {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]}
+
+
+def check_lost_workers_back(manifest: Dict) -> None:
+    """The worker Job of a step with spares replaces a disrupted pod; the control Job is Metaflow's;
+    the cluster would take both as written: the JobSet CRD's schema, and the Job API's own models
+    (each Job spec read into the client's V1JobSpec and written back loses nothing)."""
+    from kubernetes import client
+
+    validate_jobset(manifest)
+    api = client.ApiClient()
+    policies = {}
+    for rjob in manifest["spec"]["replicatedJobs"]:
+        job = rjob["template"]["spec"]
+        model = api._ApiClient__deserialize(job, "V1JobSpec")
+        assert api.sanitize_for_serialization(model) == job
+        assert job["template"]["spec"]["restartPolicy"] == "Never"  # what the API requires of the policy
+        policies[rjob["name"]] = job.get("podFailurePolicy")
+    assert policies == {"control": None, "worker": {"rules": [DISRUPTED_POD_RULE]}}
+
+
+def test_kubernetes_jobset_from_argo_of_a_step_with_spares(tmp_path, moto):
+    _, manifest, _ = argo_jobset(tmp_path, moto, {"gpu": 2}, 3, torchrun=SPARES)
+    check_lost_workers_back(manifest)
+    layout = [(r["name"], r["replicas"]) for r in manifest["spec"]["replicatedJobs"]]
+    assert layout == [("control", 1), ("worker", 2)]
+
+
+class FakeKubernetesApi:
+    """An API server that records what is created and refuses it (HTTP 403): ``kubernetes step``
+    submits its JobSet through the real client, then fails at once; nothing runs."""
+
+    def __init__(self, directory: str):
+        import http.server
+        import threading
+
+        self.created: List[Tuple[str, Dict]] = []
+        api = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self):
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                api.created.append((self.path, json.loads(body or b"{}")))
+                self._answer(403, {"kind": "Status", "apiVersion": "v1", "status": "Failure",
+                                   "message": "refused by the test's API server", "code": 403})
+
+            def do_GET(self):
+                self._answer(404, {"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": 404})
+
+            def _answer(self, code, doc):
+                data = json.dumps(doc).encode()
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+        self.kubeconfig = os.path.join(directory, "kubeconfig")
+        with open(self.kubeconfig, "w") as f:
+            json.dump({"apiVersion": "v1", "kind": "Config", "current-context": "t",
+                       "clusters": [{"name": "t", "cluster": {"server": "http://127.0.0.1:%d" % self.server.server_port}}],
+                       "users": [{"name": "t", "user": {"token": "t"}}],
+                       "contexts": [{"name": "t", "context": {"cluster": "t", "user": "t", "namespace": NAMESPACE}}]},
+                      f)
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join(10)
+
+
+@pytest.mark.parametrize("torchrun", [SPARES, {}], ids=["spares", "none"])
+def test_kubernetes_jobset_that_run_submits(torchrun, tmp_path, moto):
+    """``python flow.py run`` with ``@kubernetes`` on ``train``: ``start`` runs here, then Metaflow's runtime
+    starts ``kubernetes step train``, which builds the JobSet and POSTs it to the (fake) API server."""
+    tmp = str(tmp_path)
+    api = FakeKubernetesApi(tmp)
+    try:
+        env = _flow_env(moto, tmp, "kubernetes", {"gpu": 2}, 3, extra={
+            "KUBECONFIG": api.kubeconfig, "MFTR_SUBMIT_TORCHRUN": json.dumps(torchrun)})
+        proc = _run_flow(env, tmp, "run", timeout=120)
+    finally:
+        api.close()
+    output = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and "refused by the test's API server" in output, output[-3000:]
+    (path, manifest), = api.created
+    assert path == "/apis/jobset.x-k8s.io/v1alpha2/namespaces/%s/jobsets" % NAMESPACE
+    manifest = _prune_nulls(manifest)
+    if torchrun:
+        check_lost_workers_back(manifest)
+    else:
+        validate_jobset(manifest)
+        assert [r["template"]["spec"].get("podFailurePolicy") for r in manifest["spec"]["replicatedJobs"]] == [
+            None, None]
+    assert manifest["spec"]["startupPolicy"] == {"startupPolicyOrder": "InOrder"}  # run's, not Argo's
 
 
 # -------------------------------------------------------------------- AWS Batch
