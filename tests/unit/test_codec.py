@@ -23,9 +23,9 @@ from test_gang_messages import CAUSE, EXAMPLES
 
 # test_gang_messages.EXAMPLES, in order, as the hand-written codecs wrote them.
 GOLDEN = [
-    '{"type": "challenge", "protocol": 8, "nonce": "6e6e6e6e6e6e6e6e6e6e6e6e6e6e6e6e6e6e6e6e6e6e6e6e6e6e6e6e6e6e6e6e"}',
-    '{"type": "hello", "protocol": 8, "node_index": 5, "host": "node-5", "pid": 42, "nonce": "6363636363636363636363636363636363636363636363636363636363636363", "proof": "ffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffff"}',
-    '{"type": "probe", "protocol": 8, "node_index": 7, "nonce": "7070707070707070707070707070707070707070707070707070707070707070", "proof": "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"}',
+    '{"type": "challenge", "protocol": 9, "nonce": "6e6e6e6e6e6e6e6e6e6e6e6e6e6e6e6e6e6e6e6e6e6e6e6e6e6e6e6e6e6e6e6e"}',
+    '{"type": "hello", "protocol": 9, "node_index": 5, "host": "node-5", "pid": 42, "nonce": "6363636363636363636363636363636363636363636363636363636363636363", "proof": "ffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffff"}',
+    '{"type": "probe", "protocol": 9, "node_index": 7, "nonce": "7070707070707070707070707070707070707070707070707070707070707070", "proof": "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"}',
     '{"type": "welcome", "proof": "eeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeee", "cause": {"kind": "failed", "summary": "rank 3 failed", "node_index": 1, "rank": 3, "exit_code": 1, "secondary": false, "missing": [], "time": 1.5}}',
     '{"type": "welcome", "proof": "eeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeee"}',
     '{"type": "reject", "reason": "node 1 is taken"}',
@@ -78,7 +78,7 @@ MORE_GOLDEN = [
     '{"type": "restart", "index": 0, "restart": 1, "rdzv_port": 29501, "cause": {"kind": "failed", "summary": "rank 3 failed", "node_index": 1, "rank": 3, "exit_code": 1, "secondary": false, "missing": [], "time": 1.5}, "bench": {"spares": [], "out": [1]}, "swapped_in": 2}',
     '{"type": "hb", "quiet": 0.0, "progress": {"ranks": 2, "step_min": 1, "step_median": 2, "step_max": 3, "total": 9, "rate": 1.2346, "rate_min": 0.5, "slowest_rank": 1, "rank_lo": 0, "rank_hi": 1, "stalled": 0.3, "cpu": 0.7778, "gpu": 50.0, "metrics": {"loss": 0.123457}}}',
     '{"type": "hb", "quiet": 1.0, "progress": {"ranks": 0, "step_min": 0, "step_median": 0, "step_max": 0}}',
-    '{"type": "hello", "protocol": 8, "node_index": 1, "host": "hhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhh", "pid": 0, "nonce": "6161616161616161616161616161616161616161616161616161616161616161", "proof": "p"}',
+    '{"type": "hello", "protocol": 9, "node_index": 1, "host": "hhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhh", "pid": 0, "nonce": "6161616161616161616161616161616161616161616161616161616161616161", "proof": "p"}',
     '{"state": "ok", "entries": 3, "groups": [{"name": "0", "entered": 1, "op": "x", "done": true, "desc": ""}], "recorder": "gloo", "note": "n"}',
     '{"state": "empty", "entries": 0, "groups": []}',
     '{"node_index": 3, "host": "h", "ranks": "1-2", "ratio": 2.35, "seconds": 12.3, "signal": "sig"}',
@@ -233,7 +233,7 @@ def test_a_problem_across_fields_is_the_record_s_error():
 def test_hex_is_digits_only(nonce):
     assert len(nonce) == 64
     with pytest.raises(ProtocolError, match="field 'nonce'"):
-        msg.parse({"type": "challenge", "protocol": 8, "nonce": nonce})
+        msg.parse({"type": "challenge", "protocol": 9, "nonce": nonce})
 
 
 def test_a_name_that_is_not_a_message_type_is_refused_whatever_it_is():

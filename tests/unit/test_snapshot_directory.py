@@ -4,7 +4,7 @@ ring it is built on (``Bench.buddy``), checked on the gang's own bench records."
 from __future__ import annotations
 
 from metaflow_extensions.torchrun.plugins.torchrun.gang.bench import Bench
-from metaflow_extensions.torchrun.plugins.torchrun.gang.snapshot_directory import on_entered, on_swap
+from metaflow_extensions.torchrun.plugins.torchrun.gang.snapshot_directory import on_entered, bench_changed
 
 STORES = {n: ("10.0.0.%d" % n, 40000 + n) for n in range(5)}
 
@@ -34,7 +34,7 @@ def test_a_node_entering_learns_its_buddy_and_tells_the_node_before_it():
 def test_a_swap_tells_the_spare_where_the_replaced_nodes_state_is_and_at_most_three_nodes():
     old = Bench.initial(5, 2)
     new, spare = old.swap(1)  # type: ignore[misc]
-    told = dict(on_swap(0, 1, old, new, 1, spare, STORES, 5))
+    told = dict(bench_changed(0, 1, old, new, 1, spare, STORES, 5))
     assert set(told) <= {0, 2, 3} and spare in told
     # Node 1's shards were pushed to its buddy, node 2: the spare fetches from there.
     assert told[spare].source == STORES[2] and told[spare].source_node == 2
@@ -46,7 +46,7 @@ def test_a_swap_tells_the_spare_where_the_replaced_nodes_state_is_and_at_most_th
 def test_a_node_without_a_store_is_never_named():
     old = Bench.initial(3, 1)
     new, spare = old.swap(1)  # type: ignore[misc]
-    told = dict(on_swap(0, 1, old, new, 1, spare, {0: STORES[0], 2: STORES[2]}, 3))
+    told = dict(bench_changed(0, 1, old, new, 1, spare, {0: STORES[0], 2: STORES[2]}, 3))
     assert told[spare].source == STORES[0]  # node 1's buddy was node 0
     assert told[0].buddy == STORES[2]
 

@@ -36,6 +36,7 @@ p.add_argument("--kill-in-save", action="store_true")
 p.add_argument("--kills", default="", help="restart:rank:step[:save],... (instead of --kill-rank)")
 p.add_argument("--bad-node", type=int, default=-1)
 p.add_argument("--step-sleep", type=float, default=0.0)
+p.add_argument("--mark-steps", action="store_true", help="each rank writes its latest step (at-rank-<R>.json)")
 args = p.parse_args()
 
 restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
@@ -54,7 +55,8 @@ if resumed is not None:
     model.load_state_dict(state["model"])
     opt.load_state_dict(state["opt"])
 write_json("start-%d-rank-%d.json" % (restart, rank()), {"restart": restart, "node": node, "resumed": first,
-                                                          "from_memory": resumed is not None})
+                                                          "from_memory": resumed is not None,
+                                                          "world": dist.get_world_size()})
 
 
 KILLS = {}  # restart -> (rank, step, in its save)
@@ -113,6 +115,8 @@ for step in range(first, args.steps):
         dist.barrier()  # every rank has saved step `done` before one dies
         if dies_now(done):
             os.kill(os.getpid(), signal.SIGKILL)
+    if args.mark_steps:
+        write_json("at-rank-%d.json" % rank(), {"restart": restart, "step": done, "world": dist.get_world_size()})
     time.sleep(args.step_sleep)
 
 if rank() == 0:

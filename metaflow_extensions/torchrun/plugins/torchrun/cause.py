@@ -37,6 +37,7 @@ class CauseKind(str, enum.Enum):
     HANG = "hang"  # no rank wrote a line for hang_timeout
     PREFLIGHT = "preflight"  # a preflight check failed before the user's ranks started
     PREEMPTED = "preempted"  # a node was told to stop (SIGTERM, a spot notice): the whole gang stops gracefully
+    REGROWN = "regrown"  # a lost node came back: the ranks restart with the gang at its size again (no failure)
 
 
 # Causes a node finds on its own: the service may not know them, and cannot answer this node any more.

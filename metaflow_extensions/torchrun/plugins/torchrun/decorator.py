@@ -90,14 +90,25 @@ class TorchrunDecorator(ParallelDecorator):
         tasks, after a failure that left every node's task alive (a rank killed
         by a signal or out of memory, a NCCL/gloo error, ``hang_timeout``):
         rank 0 stays on node 0, ``TORCHELASTIC_RESTART_COUNT`` says which
-        restart it is. Not after a Python exception in your code; a node lost
-        or preempted ends the attempt (``@retry``). Not with ``max_restarts``.
+        restart it is. Not after a Python exception in your code; a node
+        preempted, or lost with no spare and no ``min_nodes``, ends the
+        attempt (``@retry``). Not with ``max_restarts``.
     spares : int, default 0
         Hot spares: of the step's ``num_parallel`` nodes, the last ``spares``
         join the gang and wait while the others train. When an in-step
         restart is due and its cause is pinned to one node other than node 0,
-        that node is taken out and a spare takes its place; the swap counts as
-        one of ``restarts``, which must be 1 or more. Less than ``num_parallel``.
+        or a node's task is lost (a pod gone, a host pulled), that node is
+        taken out and a spare takes its place; the swap counts as one of
+        ``restarts``, which must be 1 or more. Less than ``num_parallel``.
+    min_nodes : int, optional, default None
+        A node's task lost with no spare left: the gang goes on with the
+        nodes that remain (``WORLD_SIZE`` smaller), down to ``min_nodes``;
+        counts as one of ``restarts``. Not with ``@batch``. Default: the loss
+        ends the attempt.
+    regrow : bool, default True
+        A lost node whose task the platform starts again rejoins as a spare;
+        with ``min_nodes``, the gang grows back to its size in a restart once
+        every node saved a snapshot (or at the next restart, without them).
     snapshots : bool or int, optional, default None
         In-memory snapshots of the ranks' training state
         (``metaflow_extensions.torchrun.snapshot``): a restart resumes at the
@@ -170,6 +181,7 @@ class TorchrunDecorator(ParallelDecorator):
         self._knobs, refused = spec.read_settings()  # the launcher's settings, and each task's own: read once
         problems.messages.extend(refused)
         problems.raise_all()
+        _load("kubernetes_spec").keep_lost_workers(step_name, specs, self._spec)  # the JobSet: lost pods back
         if not is_task_process(sys.argv):
             for line in self._spec.notes:  # 0.2's spellings, said once, by the launcher
                 say(line)
@@ -263,7 +275,9 @@ class TorchrunDecorator(ParallelDecorator):
         only as it starts them), and the session on it: at the start of the step's code, once."""
         card = _load("card.lifecycle")
         topology = _load("gang.topology").topology_from(parallel, os.environ, self._identity.gang_id, self._port)
-        _load("launch.inputs").check_spares_fit(self._defaults.spares, topology.num_nodes)  # num_parallel known now
+        inputs = _load("launch.inputs")  # num_parallel known now
+        inputs.check_spares_fit(self._defaults.spares, topology.num_nodes)
+        inputs.check_min_nodes_fit(self._defaults.min_nodes, self._defaults.spares, topology.num_nodes)
         refresh = None
         if self._card is not None and topology.is_control:  # the card, refreshed while the ranks report progress
             flow_name = self._flow_name

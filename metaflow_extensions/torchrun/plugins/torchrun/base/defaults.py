@@ -16,6 +16,8 @@ RESTARTS = 0  # in-step restarts of a call's ranks
 SPARES = 0  # hot spares: idle nodes of num_parallel that wait to take a failed node's place
 # More idle nodes than this is a typo, not a reserve; the bench on the wire holds at most this many.
 MAX_SPARES = 64
+MIN_NODES = None  # None: a lost node with no spare left ends the attempt; M: the gang goes on with M nodes or more
+REGROW = True  # a lost node that comes back rejoins; the gang grows back to its size at the next restart
 PREFLIGHT = "versions"  # the preflight's mode (gang/preflight_modes.py's)
 # In-memory snapshots (gang/snapshot_store.py): None, on where a restart is allowed; a number N, the
 # trainers' callbacks save every N steps (else as often as SNAPSHOT_BUDGET of a step's time allows).
@@ -42,6 +44,8 @@ ATTRIBUTES = {
     "retry_on": None,
     "restarts": RESTARTS,
     "spares": SPARES,
+    "min_nodes": MIN_NODES,
+    "regrow": REGROW,
     "snapshots": SNAPSHOTS,
     "snapshot_memory": SNAPSHOT_MEMORY,
 }

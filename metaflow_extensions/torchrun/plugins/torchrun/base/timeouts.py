@@ -13,6 +13,7 @@ EVICT_AGE = 1.0  # ... and a stranger silent on its challenge this long may lose
 ACCEPT_BACKOFF = 0.5  # after accept() fails (EMFILE)
 SECRET_POLL = 0.5  # a worker's looks for the gang's secret in the datastore
 NODE_OUTPUT_DRAIN = 1.0  # a local node task that exited before it joined: its stderr's end, at most
+NODE_RETURN_CHECK = 0.2  # a local control looks this often for a node task killed, to start it again
 
 # -- while it runs -------------------------------------------------------------------
 CHECK_PERIOD = 0.25  # the service's checks: a silent node is found heartbeat_timeout + this late

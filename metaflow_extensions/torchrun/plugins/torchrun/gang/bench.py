@@ -70,6 +70,33 @@ class Bench(Record):
             return None
         return Bench(self.spares[1:], self.out + (node,)), self.spares[0]
 
+    def lose(self, node: int, num_nodes: int, min_nodes: Optional[int]) -> Optional[Tuple["Bench", Optional[int]]]:
+        """A lost node out: a spare in where one is left, else the gang one node smaller where ``min_nodes``
+        allows it (the spare brought in, or None); None where it cannot go on (node 0, or too few left).
+        A lost spare or node already out is taken off the bench's spares and the gang goes on as it was."""
+        if node == 0 or not 0 < node < num_nodes:
+            return None
+        if node in self.benched:
+            return Bench(tuple(s for s in self.spares if s != node), self.out + ((node,) if node not in self.out
+                                                                                 else ())), None
+        swapped = self.swap(node)
+        if swapped is not None:
+            return swapped
+        if min_nodes is not None and self.active_count(num_nodes) - 1 >= min_nodes:
+            return Bench(self.spares, self.out + (node,)), None
+        return None
+
+    def readmit(self, node: int) -> "Bench":
+        """A node taken out came back: a spare again (last in line)."""
+        if node not in self.out:
+            return self
+        return Bench(self.spares + (node,), tuple(n for n in self.out if n != node))
+
+    def regrow(self, active: int, num_nodes: int) -> "Bench":
+        """Spares in until ``active`` nodes train (the gang's size before a loss shrank it)."""
+        short = max(0, active - self.active_count(num_nodes))
+        return Bench(self.spares[short:], self.out) if short else self
+
     def prefer(self, avoid: Iterable[int]) -> "Bench":
         """Each active node in ``avoid`` changes places with a clean spare, where one is left (a spare still)."""
         bench, blamed = self, set(avoid)

@@ -50,6 +50,7 @@ class CallState:
     replaced: Replaced = field(default_factory=dict)
     # Each node's snapshot store (its address for peers), as its ``call`` announced it.
     stores: Dict[int, Tuple[str, int]] = field(default_factory=dict)
+    last_restart: Optional[msg.Restart] = None  # told again to a lost node that comes back
 
 
 @dataclass(frozen=True)
@@ -83,6 +84,7 @@ class CallBook:
         self.bench = bench or Bench()
         self.calls: Dict[int, CallState] = {}
         self.node_calls: Dict[int, int] = {}  # node -> calls entered so far
+        self.gone: Set[int] = set()  # nodes lost and taken out, not back: no call waits for them
 
     def enter(self, node: int, call: msg.Call, left: Left) -> Tuple[CallState, Optional[Cause]]:
         """The cause that stops the gang, if this proves the nodes' calls differ."""
@@ -101,7 +103,7 @@ class CallBook:
         for other, (made, ok) in sorted(left.items()):
             if ok and made <= call.index:
                 return state, _left_early(other, made, node, call.index)
-        if len(state.entries) == self.num_nodes and state.all_entered_at is None:
+        if len(state.entries.keys() | self.gone) == self.num_nodes and state.all_entered_at is None:
             state.all_entered_at = time.monotonic()
         return state, None
 
@@ -183,7 +185,7 @@ class CallBook:
     def timed_out(self, now: float, start_timeout: float) -> Optional[Cause]:
         for state in self.calls.values():
             if state.all_entered_at is None and now - state.first_entered > start_timeout:
-                absent = [n for n in range(self.num_nodes) if n not in state.entries]
+                absent = [n for n in range(self.num_nodes) if n not in state.entries and n not in self.gone]
                 return Cause(CauseKind.CALL_TIMEOUT, "%s did not reach call %d of current.torch.run within %gs of node "
                              "%d (start_timeout): every node must make the same calls"
                              % (plural(absent), state.index + 1, start_timeout, min(state.entries)),
@@ -224,6 +226,11 @@ def _left_early(node: int, made: int, waiting: int, index: int) -> Cause:
     return Cause(CauseKind.LEFT_EARLY, "node %d ended its step after %d call%s of current.torch.run while node %d "
                  "waits in call %d: every node must make the same calls"
                  % (node, made, "" if made == 1 else "s", waiting, index + 1), node_index=node, call=index)
+
+
+def in_progress(state: CallState, active: int) -> bool:
+    """Every node reached the call and its active nodes are not all done with it."""
+    return state.all_entered_at is not None and len(state.done) < active
 
 
 def may_restart(state: Optional[CallState], cause: Cause, allowed: int) -> bool:

@@ -93,6 +93,7 @@ class GangClient:
         self._facts = facts
         self._quiet: Optional[Quiet] = None  # while a call's job runs (``watching``)
         self._training: Optional[Training] = None
+        self._saved: Optional[Callable[[], Optional[int]]] = None
         self._preflight_sent = threading.Event()
         self._changed = threading.Condition()  # the news, the verdict, the close: waited on together
         self._closing = threading.Event()
@@ -366,7 +367,8 @@ class GangClient:
         while not self._closing.wait(self.config.heartbeat_interval):
             if self._left and self.cause is not None:
                 return
-            self._safe_send(heartbeat(self._quiet, paced(self._training, due, self.config.progress_send)))
+            self._safe_send(heartbeat(self._quiet, paced(self._training, due, self.config.progress_send),
+                                      self._saved))
             self._probe_if_silent()
 
     def _probe_if_silent(self) -> None:
@@ -378,16 +380,17 @@ class GangClient:
         self._probing.start()
 
     @contextlib.contextmanager
-    def watching(self, quiet: Quiet, training: Training) -> Iterator[None]:
-        """While one start of a call's ranks runs: its heartbeats carry ``quiet`` and ``training``;
-        at the end, the last progress before this node's report (the paced heartbeats may have
-        carried it seconds before the end)."""
-        self._quiet, self._training = quiet, training
+    def watching(self, quiet: Quiet, training: Training, saved: Optional[Callable[[], Optional[int]]] = None
+                 ) -> Iterator[None]:
+        """While one start of a call's ranks runs: its heartbeats carry ``quiet``, ``training`` and
+        ``saved``; at the end, the last progress before this node's report (the paced heartbeats may
+        have carried it seconds before the end)."""
+        self._quiet, self._training, self._saved = quiet, training, saved
         try:
             yield
-            self._safe_send(heartbeat(quiet, training))
+            self._safe_send(heartbeat(quiet, training, saved))
         finally:
-            self._quiet = self._training = None
+            self._quiet = self._training = self._saved = None
 
     # The gang-wide facts: the control's view (``facts``), empty where there is none.
     @property
@@ -540,10 +543,12 @@ def paced(training: Optional[Callable[[], Optional[NodeProgress]]], due: List[fl
 
 
 def heartbeat(quiet: Optional[Callable[[], Optional[float]]],
-              training: Optional[Callable[[], Optional[NodeProgress]]] = None) -> msg.Heartbeat:
+              training: Optional[Callable[[], Optional[NodeProgress]]] = None,
+              saved: Optional[Callable[[], Optional[int]]] = None) -> msg.Heartbeat:
     """A failing probe sends none rather than no beat."""
-    seconds, progress = _ask(quiet), _ask(training)
-    return msg.Heartbeat(None if seconds is None else max(0.0, float(seconds)), progress)
+    seconds, progress, step = _ask(quiet), _ask(training), _ask(saved)
+    return msg.Heartbeat(None if seconds is None else max(0.0, float(seconds)), progress,
+                         step if isinstance(step, int) and step >= 0 else None)
 
 
 def _ask(probe: Optional[Callable[[], Optional[T]]]) -> Optional[T]:

@@ -34,6 +34,8 @@ class GangConfig:
     hang_timeout: Optional[float] = DEFAULTS.HANG_TIMEOUT  # None: never
     restarts: int = DEFAULTS.RESTARTS
     spares: int = 0
+    min_nodes: Optional[int] = None  # a lost node with no spare left: go on where this many nodes still train
+    regrow: bool = True  # a lost node back brings the gang back to its size at a restart
     straggler_ratio: float = DEFAULTS.STRAGGLER_RATIO
     straggler_seconds: float = DEFAULTS.STRAGGLER_SECONDS
 

@@ -7,6 +7,7 @@ verdict or an echo held in case a better cause follows); the service
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Callable, Dict, List, Mapping, Optional, Tuple
 
@@ -15,14 +16,14 @@ from ..host import log
 from . import messages as msg
 from .admission import Admission
 from .bench import Bench
-from .calls import CallBook, CallState, begin_restart, may_restart
+from .calls import CallBook, CallState, begin_restart, in_progress, may_restart
 from .config import CONTROL_NODE, GangConfig
 from .gang_progress import ProgressBook
 from .membership import Membership, NodeEnd
 from .node_compare import HostCheck, PreflightBook
 from .peer import Peer
 from .ports import find_free_port
-from .snapshot_directory import address_of, on_entered, on_swap
+from .snapshot_directory import address_of, bench_changed, on_entered
 from .transport import Transport
 from .wire import MAX_LINE, ProtocolError, encode
 
@@ -45,6 +46,7 @@ class Handlers:
         self.host_check = host_check
         self.cause: Optional[Cause] = None  # the gang's verdict
         self.pending: Optional[Tuple[Cause, float]] = None  # an echo, held until then
+        self.all_left_said = False
         self._handlers: Dict[msg.MessageType, Callable[[Peer, msg.GangMessage], None]] = {
             msg.MessageType.HEARTBEAT: self._on_heartbeat, msg.MessageType.STACKS: self._on_stacks,
             msg.MessageType.CALL: self._on_call, msg.MessageType.CALL_DONE: self._on_call_done,
@@ -76,7 +78,10 @@ class Handlers:
             return
         node, client_nonce, peer.host = proved
         self.admission.forget(peer)
+        back = node in self.members.gone
         self.members.join(node, peer)
+        if back:
+            self._came_back(node, peer.host)
         peer.reader.max_line = MAX_LINE
         self.admission.welcome(peer, node, client_nonce, self.cause)
         _log.debug("node %d joined from %s (%d of %d)", node, peer.host, len(self.members.by_node),
@@ -105,6 +110,9 @@ class Handlers:
         assert isinstance(message, msg.Heartbeat)
         now = time.monotonic()
         peer.last_output = None if message.quiet is None else now - message.quiet
+        if message.saved is not None and message.saved != peer.saved:
+            peer.saved = message.saved
+            self._regrow_if_due()
         progress = message.progress  # on one heartbeat in PROGRESS_SEND s: the last one holds till then
         if progress is not None and peer.node is not None:
             peer.last_advance = None if progress.stalled is None or not progress.reporting else now - progress.stalled
@@ -132,9 +140,14 @@ class Handlers:
 
     def _on_call(self, peer: Peer, message: msg.GangMessage) -> None:
         assert isinstance(message, msg.Call) and peer.node is not None
+        rejoined = peer.node in self.members.returned and message.index in self.book.calls and \
+            peer.node in self.book.calls[message.index].went
         state, cause = self.book.enter(peer.node, message, self.members.left)
         peer.last_advance = None  # a new call: its ranks' steps, if any, count afresh
         self._snapshot_store(peer, peer.node, state, message.snapshot_port)
+        if rejoined and cause is None and self.cause is None:
+            self._rejoin_call(peer.node, state)
+            return
         _log.debug("node %d entered call %d", peer.node, message.index)
         if len(state.entries) == 1:
             self.training.new_call()
@@ -193,6 +206,9 @@ class Handlers:
         """The last one decides, before its node can send the ``call`` that would launch it, so before any
         rank starts. With spares the other nodes' go waits for it too: the verdict may change the bench."""
         assert isinstance(message, msg.Preflight) and peer.node is not None
+        if peer.node in self.members.returned and peer.node in self.preflight.fingerprints:
+            self._back_unfit(peer.node, self.preflight.again(peer.node, message))
+            return
         if not self.preflight.keep(peer.node, message) or self.cause is not None:
             return
         cause = self.preflight.verdict()
@@ -251,7 +267,11 @@ class Handlers:
                 cause = self.book.check_left(node, made, self.members.left)
                 if cause is not None:
                     self.abort(cause)
-        if self.members.all_left:
+        self._all_left(time.monotonic())
+
+    def _all_left(self, now: float) -> None:
+        if not self.all_left_said and self.members.all_left(now):
+            self.all_left_said = True
             self._send(CONTROL_NODE, msg.AllLeft())
 
     def dropped(self, peer: Peer) -> None:
@@ -260,8 +280,10 @@ class Handlers:
             return
         if self.pending is not None and self.pending[0].node_index == node:
             return  # it reported an echo and exited: wait for the grace to decide
-        self.abort(Cause(CauseKind.NODE_LOST, "node %d (%s) disconnected before its step ended: its task died or "
-                         "was killed" % (node, peer.host), node_index=node))
+        cause = Cause(CauseKind.NODE_LOST, "node %d (%s) disconnected before its step ended: its task died or "
+                      "was killed" % (node, peer.host), node_index=node)
+        if not self._go_on_without(node, cause):
+            self.abort(cause)
 
     def check(self, now: float, node_ends: Optional[Callable[[], Mapping[int, NodeEnd]]]) -> None:
         ended = self.members.saw_ends(node_ends)  # after an abort too, for everyone_heard
@@ -272,6 +294,8 @@ class Handlers:
             cause = self._overdue(now, ended)
             if cause is not None:
                 self.abort(cause)
+        if self.members.gone:
+            self._all_left(now)
 
     def _overdue(self, now: float, ended: Optional[Cause] = None) -> Optional[Cause]:
         if self.pending is not None and now >= self.pending[1]:
@@ -309,19 +333,108 @@ class Handlers:
         if not may_restart(state, cause, self.config.restarts):
             return False
         assert state is not None
+        swapped = self.book.bench.swap(cause.node_index)  # a spare for the node the cause is pinned to
+        bench, swapped_in = swapped if swapped is not None else (self.book.bench, None)
+        if self.config.regrow and self.config.min_nodes:  # a restart anyway: the gang back to its size too
+            bench = bench.regrow(self.config.num_nodes - self.config.spares, self.config.num_nodes)
+        self._restart_with(state, cause, bench, swapped_in)
+        return True
+
+    def _restart_with(self, state: CallState, cause: Cause, bench: Bench, swapped_in: Optional[int]) -> None:
+        """Every node told to start call ``state``'s ranks again, with ``bench`` (a swap, a loss or a regrowth)."""
         self.pending = None  # an echo held of the ranks being replaced
         index = begin_restart(state, find_free_port(self.host))
-        swapped = self.book.bench.swap(cause.node_index)  # a spare for the node the cause is pinned to
-        old = self.book.bench
-        self.book.bench, swapped_in = swapped if swapped is not None else (self.book.bench, None)
-        if swapped_in is not None and cause.node_index is not None:  # before the restart: the spare starts on it
-            for told, peers in on_swap(state.index, index, old, self.book.bench, cause.node_index, swapped_in,
-                                       state.stores, self.config.num_nodes):
-                self._send(told, peers)
+        old, self.book.bench = self.book.bench, bench
+        for told, peers in bench_changed(state.index, index, old, bench, cause.node_index, swapped_in,
+                                         state.stores, self.config.num_nodes):
+            self._send(told, peers)  # before the restart: the spare starts on it
         _log.debug("restart %d of call %d (port %s, spare in: %s): %s (node %s): %s", index, state.index,
                    state.rdzv_port, swapped_in, cause.kind.value, cause.node_index, cause.summary)
-        self._broadcast(msg.Restart(state.index, index, state.rdzv_port or 0, cause, self.book.bench, swapped_in))
+        state.last_restart = msg.Restart(state.index, index, state.rdzv_port or 0, cause, bench, swapped_in)
+        self._broadcast(state.last_restart)
+
+    def _go_on_without(self, node: int, cause: Cause) -> bool:
+        """A lost node taken out where the step allows it (``spares``, ``min_nodes``): a spare in its place or
+        the gang smaller, in a restart of the call it was in; a spare lost is only taken off the bench."""
+        config, bench = self.config, self.book.bench
+        if not (config.spares or config.min_nodes) or node in self.members.left:
+            return False
+        if node in bench.benched:
+            lost = bench.lose(node, config.num_nodes, config.min_nodes)
+            if lost is None:
+                return False
+            self.book.bench = lost[0]
+            self._gone(node, "spare node %d (%s) lost: it is off the bench" % (node, self.members.hosts.get(node, "?")))
+            return True
+        state = self.book.calls.get(self.book.node_calls.get(node, 0) - 1)
+        lost = bench.lose(node, config.num_nodes, config.min_nodes)
+        if lost is None or state is None or not in_progress(state, bench.active_count(config.num_nodes)) \
+                or state.restart >= config.restarts:
+            return False
+        self._gone(node, None)
+        self._restart_with(state, dataclasses.replace(cause, call=state.index), lost[0], lost[1])
         return True
+
+    def _gone(self, node: int, line: Optional[str]) -> None:
+        self.members.gone[node] = time.monotonic()
+        self.book.gone.add(node)
+        if line:
+            self.say(line)
+
+    def _came_back(self, node: int, host: str) -> None:
+        """A lost node's task started again (a pod re-created): a spare now, authenticated like any node."""
+        self.book.gone.discard(node)
+        self.book.node_calls[node] = 0  # its new task makes the step's calls again, from the first
+        self.book.bench = self.book.bench.readmit(node)
+        self.say("node %d (%s) is back after it was lost: a spare now" % (node, host))
+
+    def _back_unfit(self, node: int, cause: Optional[Cause]) -> None:
+        """A node back whose preflight differs from the gang's stays out of it (it never trains)."""
+        if cause is None:
+            return
+        bench = self.book.bench
+        self.book.bench = Bench(tuple(n for n in bench.spares if n != node), bench.out + (
+            (node,) if node not in bench.out else ()))
+        self.say("node %d is back but stays out: %s" % (node, cause.summary))
+
+    def _rejoin_call(self, node: int, state: CallState) -> None:
+        """A node back in a call it was in before it was lost: it sits out (the call's latest start told it
+        where it stands); where the gang lost size, it grows back at the next restart point."""
+        bench = self.book.bench
+        self._send(node, msg.Go(state.index, state.rdzv_port or 0, bench))
+        if state.last_restart is not None:
+            self._send(node, dataclasses.replace(state.last_restart, bench=bench))
+        active = bench.active_count(self.config.num_nodes)
+        if not in_progress(state, active):
+            self._send(node, msg.CallAllDone(state.index))
+            return
+        self._regrow_if_due()
+
+    def _regrow_if_due(self) -> None:
+        """The gang back to its size at a restart point: once every active node says the current start's
+        ranks committed a snapshot (the restart then loses no step). With no snapshots, at the next
+        restart of another cause (``_restart``)."""
+        config, bench = self.config, self.book.bench
+        target = config.num_nodes - config.spares
+        if not config.regrow or self.cause is not None or not bench.spares \
+                or bench.active_count(config.num_nodes) >= target:
+            return
+        state = self.book.calls.get(max(self.book.calls)) if self.book.calls else None
+        if state is None or not in_progress(state, bench.active_count(config.num_nodes)) \
+                or state.restart >= config.restarts:
+            return
+        for node in range(config.num_nodes):  # O(nodes), only while a node waits to come back in
+            if node in bench.benched:
+                continue
+            peer = self.members.by_node.get(node)
+            if peer is None or peer.saved != state.restart:
+                return
+        grown = bench.regrow(target, config.num_nodes)
+        came = [n for n in bench.spares if n not in grown.spares]
+        cause = Cause(CauseKind.REGROWN, "%s back: the gang grows to %d nodes again"
+                      % (", ".join("node %d (%s)" % (n, self.members.hosts.get(n, "?")) for n in came),
+                         grown.active_count(config.num_nodes)), node_index=came[0], call=state.index)
+        self._restart_with(state, cause, grown, None)
 
     def _broadcast(self, message: msg.GangMessage) -> None:
         data = encode(message.to_wire())

@@ -9,7 +9,7 @@ here are O(nodes) and run at the check rate, never once per message.
 from __future__ import annotations
 
 import time
-from typing import Callable, Dict, List, Mapping, NamedTuple, Optional, Tuple
+from typing import Callable, Dict, List, Mapping, NamedTuple, Optional, Set, Tuple
 
 from ..cause import Cause, CauseKind, plural
 from ..errors import LAST_LINES_HEAD
@@ -32,12 +32,17 @@ class Membership:
         self.left: Dict[int, Tuple[int, bool]] = {}  # node -> (calls made, ended fine)
         self.hosts: Dict[int, str] = {}  # node -> the host it said it is on (kept after it leaves)
         self.ended: Dict[int, NodeEnd] = {}  # node -> its task's end, seen before it joined
+        # node -> when its task was lost and the gang went on without it (it may come back: a pod re-created)
+        self.gone: Dict[int, float] = {}
+        self.returned: Set[int] = set()  # nodes that joined again after they were lost
         self.started = time.monotonic()
 
     def taken(self, node: int) -> bool:
         return node in self.by_node or node in self.left
 
     def join(self, node: int, peer: Peer) -> None:
+        if self.gone.pop(node, None) is not None:
+            self.returned.add(node)
         peer.node = node
         self.by_node[node] = peer
         self.hosts[node] = peer.host
@@ -47,9 +52,13 @@ class Membership:
     def all_joined(self) -> bool:
         return len(self.joined_at) == self.config.num_nodes
 
-    @property
-    def all_left(self) -> bool:
-        return len(self.left) == self.config.num_nodes
+    def all_left(self, now: float) -> bool:
+        """Every node left its step, or was lost and has not come back within ``start_timeout`` (a node
+        the platform starts again takes that long at most to join, as at the step's start)."""
+        back_by = self.config.start_timeout
+        return all(n in self.left or (n in self.gone and now - self.gone[n] > back_by)
+                   for n in range(self.config.num_nodes)) if len(self.left) + len(self.gone) >= \
+            self.config.num_nodes else False
 
     @property
     def all_heard(self) -> bool:

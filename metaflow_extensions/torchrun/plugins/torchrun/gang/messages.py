@@ -27,7 +27,7 @@ from .wire import Message as WireDict
 from .wire import ProtocolError
 
 # 5: ``probe``. 6: ``stacks_in``. 7: the bench (spares) on ``go`` and ``restart``. 8: ``snapshot_peers``.
-PROTOCOL = 8
+PROTOCOL = 9
 
 NONCE_BYTES = 32
 PROOF_HEX = 64  # sha256, in hex
@@ -182,6 +182,8 @@ class Heartbeat(GangMessage):
     TYPE: ClassVar[MessageType] = MessageType.HEARTBEAT
     quiet: Annotated[Optional[float], Real(0.0, 1e9 - 1, digits=3)] = None
     progress: Optional[NodeProgress] = None
+    # The start of the call's ranks that has committed a snapshot on the node (a restart point: gang/handlers).
+    saved: Annotated[Optional[int], Int(0, MAX_RESTART)] = None
 
 
 @dataclass(frozen=True)

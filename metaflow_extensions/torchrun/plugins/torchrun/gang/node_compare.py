@@ -267,6 +267,13 @@ class PreflightBook:
             return True
         return False
 
+    def again(self, node: int, message: msg.Preflight) -> Optional[Cause]:
+        """A lost node back with a new task: its fingerprint and checks replace its old ones, and the
+        gang's verdict on them (a cause: it must not train)."""
+        self.fingerprints[node] = dict(message.versions)
+        self.checks[node] = tuple(message.checks)
+        return self.verdict() if self.decided else None
+
     def verdict(self) -> Optional[Cause]:
         return verdict(self.fingerprints, self.checks)
 

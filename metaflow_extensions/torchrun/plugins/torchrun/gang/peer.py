@@ -31,6 +31,7 @@ class Peer:
     # progress (monotonic, from its heartbeats); None outside a call's job.
     last_output: Optional[float] = None
     last_advance: Optional[float] = None
+    saved: Optional[int] = None  # the latest start of its ranks that committed a snapshot, as its heartbeats say
     outbox: bytearray = field(default_factory=bytearray)
 
     def queue(self, data: bytes) -> None:

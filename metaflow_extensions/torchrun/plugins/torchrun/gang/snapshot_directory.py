@@ -5,7 +5,7 @@ learns a store's address from the node's own connection and the port its ``call`
 
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Set, Tuple
 
 from . import messages as msg
 from .bench import Bench
@@ -28,21 +28,28 @@ def on_entered(index: int, node: int, stores: Stores, bench: Bench, num_nodes: i
     return told
 
 
-def on_swap(index: int, restart: int, old: Bench, new: Bench, out: int, spare: int, stores: Stores,
-            num_nodes: int) -> List[Tuple[int, msg.SnapshotPeers]]:
-    """A swap: the spare told where the replaced node's state is (its old buddy's store, which holds
-    its shards; for replicated state, any node's copy serves) and where its own shards go; the nodes
-    whose buddy changed told their new one. At most three messages."""
+def bench_changed(index: int, restart: int, old: Bench, new: Bench, out: Optional[int], spare: Optional[int],
+                  stores: Stores, num_nodes: int) -> List[Tuple[int, msg.SnapshotPeers]]:
+    """A restart that changed who trains (a swap, a node lost, the gang grown back): each node brought in told
+    where state it lacks is (for a spare in ``out``'s place, ``out``'s old buddy's store, which holds its
+    shards; for a node added, its new buddy's: replicated state, any node's copy serves), and each node whose
+    buddy changed told its new one. O(K) messages, K the nodes whose place changed."""
+    came = [n for n in old.benched if n not in new.benched]
+    went = [n for n in new.benched if n not in old.benched]
     told: Dict[int, msg.SnapshotPeers] = {}
-    holder = old.buddy(out, num_nodes)
-    source = stores.get(holder) if holder is not None else None
-    for node in {spare, new.buddied_by(spare, num_nodes), old.buddied_by(out, num_nodes)}:
+    candidates: Set[Optional[int]] = set(came)
+    candidates.update(new.buddied_by(n, num_nodes) for n in came)
+    candidates.update(old.buddied_by(n, num_nodes) for n in went)
+    for node in candidates:
         if node is None or node in new.benched or node not in stores:
             continue
         buddy = new.buddy(node, num_nodes)
+        holder = None
+        if node in came:
+            holder = old.buddy(out, num_nodes) if node == spare and out is not None else buddy
+        source = stores.get(holder) if holder is not None else None
         told[node] = msg.SnapshotPeers(index, restart, stores.get(buddy) if buddy is not None else None,
-                                       source if node == spare else None,
-                                       holder if node == spare and source is not None else None)
+                                       source, holder if source is not None else None)
     return sorted(told.items())
 
 

@@ -13,6 +13,7 @@ import warnings
 from typing import Any, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from ..base import defaults as DEFAULTS
+from ..gang.messages import MAX_NODE
 from ..errors import TorchrunInvalidArgument, did_you_mean, shown
 
 # Below these a busy host or a GC pause reads as a frozen node (a heartbeat goes every heartbeat_timeout / 10).
@@ -129,6 +130,51 @@ def validate_snapshot_memory(value: Any) -> Optional[float]:
     raise TorchrunInvalidArgument(
         "@torchrun(snapshot_memory=%s): the node's memory for snapshots, in MB (a whole number from 16 to %d) "
         "or as a share of the host's available memory (\"1%%\" to \"90%%\")." % (shown(value), 1 << 24))
+
+
+def validate_min_nodes(value: Any, restarts: Optional[int], spares: Any, num_parallel: Sequence[Any] = (),
+                       decorators: Sequence[Tuple[str, Any]] = ()) -> Optional[int]:
+    """``@torchrun(min_nodes=M)``: a lost node with no spare left takes the gang down to fewer nodes, never
+    under M. It goes on in an in-step restart, so it needs restarts; a literal ``num_parallel`` is checked
+    here, anything else at the task's start (``check_min_nodes_fit``)."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value < MAX_NODE:
+        raise TorchrunInvalidArgument(
+            "@torchrun(min_nodes=%s): the fewest nodes that may go on training after a node is lost, a whole "
+            "number from 1 to %d." % (shown(value), MAX_NODE - 1))
+    if restarts == 0:
+        raise TorchrunInvalidArgument(
+            "@torchrun(min_nodes=%d) without restarts: the gang goes on with fewer nodes in an in-step restart, "
+            "and restarts=0 (the default) allows none. Set restarts=N (N >= 1; each loss counts as one of the "
+            "N), or drop min_nodes." % value)
+    for name, _ in decorators:
+        if name in SHRINK_REFUSED:
+            raise TorchrunInvalidArgument(
+                "@torchrun(min_nodes=%d) with @%s: %s Drop min_nodes (spares still replace a node whose ranks "
+                "fail)." % (value, name, SHRINK_REFUSED[name]))
+    extra = spares if isinstance(spares, int) and not isinstance(spares, bool) and spares > 0 else 0
+    for nodes in literal_counts(num_parallel):
+        check_min_nodes_fit(value, extra, nodes)
+    return value
+
+
+# Platforms where a node's loss ends the whole job whatever the gang decides: why, for the refusal.
+SHRINK_REFUSED = {
+    "batch": "AWS Batch ends a multi-node job when one of its nodes' containers is lost, so no node can be "
+             "lost while the others go on.",
+}
+
+
+def check_min_nodes_fit(min_nodes: Optional[int], spares: int, num_parallel: int) -> None:
+    """M at most the nodes that train (``num_parallel - spares``)."""
+    active = num_parallel - spares
+    if min_nodes is not None and min_nodes > active:
+        raise TorchrunInvalidArgument(
+            "@torchrun(min_nodes=%d) with num_parallel=%d%s: the gang trains on %d node%s, fewer than min_nodes. "
+            "Give min_nodes=%d or less (the fewest nodes that may go on after a loss), or more nodes."
+            % (min_nodes, num_parallel, " and spares=%d" % spares if spares else "", active,
+               "" if active == 1 else "s", active))
 
 
 def check_spares_fit(spares: int, num_parallel: int) -> None:

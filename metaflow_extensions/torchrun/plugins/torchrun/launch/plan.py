@@ -46,6 +46,8 @@ class StepDefaults:
     preflight: str = DEFAULTS.PREFLIGHT  # @torchrun(preflight=...): gang/preflight_modes.py parse_mode
     restarts: int = DEFAULTS.RESTARTS  # @torchrun(restarts=N): the gang restarts a call's ranks in the same tasks
     spares: int = DEFAULTS.SPARES  # @torchrun(spares=K): K nodes wait to replace a bad one (gang/bench.py)
+    min_nodes: Optional[int] = DEFAULTS.MIN_NODES  # @torchrun(min_nodes=M): a lost node's gang goes on with M or more
+    regrow: bool = DEFAULTS.REGROW  # a lost node that comes back brings the gang back to its size
     snapshot_every: Optional[int] = None  # in-memory snapshots: None off; 0 the trainers' interval from cost; N
     snapshot_memory: Optional[float] = None  # the store's budget: MB (> 1) or a share of available memory (<= 1)
     retry_on: Optional[str] = None  # as spec.py read it: "infrastructure" refuses torch's own restart

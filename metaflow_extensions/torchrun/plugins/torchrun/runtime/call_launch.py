@@ -100,6 +100,7 @@ class NodeLaunch:
         if restart:
             env[RESTART_ENV] = str(restart)
         self.snapshots.follow()  # a spare brought in: where the replaced node's state is, before its ranks ask
+        self.snapshots.started(restart)
         env.update(self.snapshots.environ())
         assert self.warm is not None  # prepare() chose it
         env = self.warm.for_ranks(env, self.plan.nproc if isinstance(self.plan.nproc, int) else 1)

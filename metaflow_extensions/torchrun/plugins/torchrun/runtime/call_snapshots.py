@@ -9,7 +9,7 @@ from __future__ import annotations
 import shutil
 import tempfile
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Dict, Optional
+from typing import TYPE_CHECKING, Any, Callable, Dict, Optional, Tuple
 
 from ..base import defaults as DEFAULTS
 from ..gang import messages as msg
@@ -64,6 +64,7 @@ class CallSnapshots:
         self._directory: Optional[str] = None
         self._told: Optional[msg.SnapshotPeers] = None  # the peers the store was last given
         self._last: Optional[tuple] = None  # the store's latest load, once reported
+        self._start: Tuple[int, Optional[int]] = (0, None)  # the running start, and the newest step before it
 
     def open(self) -> Optional[int]:
         """The store started; the port its peers reach it at (None: off, or no peer channel)."""
@@ -100,6 +101,19 @@ class CallSnapshots:
             return
         self._told = told
         self.store.peers_changed(told.buddy, [told.source] if told.source else [])
+
+    def started(self, restart: int) -> None:
+        """Start ``restart`` of the ranks begins here (the last one's ranks are gone)."""
+        self._start = (restart, self.store.newest() if self.store is not None else None)
+
+    def saved_in(self) -> Optional[int]:
+        """The running start, once its ranks committed a snapshot newer than any before it (a restart point
+        the gang may grow back at: no step lost); None before."""
+        if self.store is None:
+            return None
+        restart, before = self._start
+        newest = self.store.newest()
+        return restart if newest is not None and (before is None or newest > before) else None
 
     def resumed(self) -> Optional[Resumed]:
         """Where the latest start's ranks resumed from memory, if they did."""

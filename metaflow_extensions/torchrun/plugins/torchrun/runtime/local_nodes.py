@@ -37,7 +37,10 @@ def prepare_local_nodes(num_nodes: int, pinned_port: Optional[int],
     """On a local control, before its nodes start (they inherit its environment): their
     Python checked now, not at start_timeout; the gang's port (returned) in ``PORT_ENV``;
     the control's warm process started for theirs to fork from."""
+    global _returns
     _end_with_runtime()
+    # A node task killed may come back (as a pod is re-created) where the gang can go on without it.
+    _returns = defaults.restarts if defaults.spares or defaults.min_nodes else 0
     warm = None
     if num_nodes > 1:
         problem = worker_python_problem(os.environ.get("PATH", os.defpath), sys.executable)
@@ -54,6 +57,7 @@ def prepare_local_nodes(num_nodes: int, pinned_port: Optional[int],
 # The node tasks this control started.
 _started: Optional[NodeTasks] = None
 _runtime_pid: Optional[int] = None
+_returns = 0  # times a node's task killed is started again
 
 
 def own_start(decorated: Callable[[], Any]) -> Callable[[], Any]:
@@ -74,7 +78,7 @@ def run_local_control(flow: Any, env_to_use: Any, step_func: Callable[[], Any], 
                        "MF_PARALLEL_CONTROL_TASK_ID": str(current.task_id)})
     executable, step_name = env_to_use.executable(current.step_name), current.step_name
     task_ids = [str(current.task_id)] + ["%s_node_%d" % (current.task_id, n) for n in range(1, num_nodes)]
-    nodes = _started = NodeTasks()
+    nodes = _started = NodeTasks(_returns)
     for node in range(1, num_nodes):
         kwargs = dict(cli_args.step_kwargs, split_index=str(node), run_id=current.run_id, task_id=task_ids[node],
                       input_paths=input_paths, ubf_context=UBF_TASK, retry_count=str(retry_count))
@@ -124,6 +128,7 @@ def stop_local_nodes(missing_nodes: Optional[Callable[[], List[int]]] = None, se
     joins as the task finishes."""
     at_once: Set[proctree.ProcId] = set()
     if _started is not None:
+        _started.stop_returns()
         running = _started.running()
         missing = set(missing_nodes()) if missing_nodes is not None else set(running)
         at_once = {pid for node, pid in running.items() if node in missing or runtime_gone()}

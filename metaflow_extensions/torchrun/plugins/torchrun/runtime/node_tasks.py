@@ -11,7 +11,7 @@ import signal
 import subprocess
 import threading
 import time
-from typing import Deque, Dict, List, Optional, Sequence, Set
+from typing import Deque, Dict, List, Optional, Sequence, Set, Tuple
 
 from ..gang.membership import NodeEnd
 from ..host import proctree
@@ -24,10 +24,17 @@ KEPT_LINE_CHARS = 300
 
 
 class NodeTasks:
-    """The node tasks a local control started, by node index."""
+    """The node tasks a local control started, by node index. ``returns``: how many times a node's task
+    killed by SIGKILL (a host pulled, a pod evicted) is started again, as a Job controller re-creates a
+    pod lost to a disruption: a task that exits with an error is not (on Kubernetes it fails its Job)."""
 
-    def __init__(self) -> None:
+    def __init__(self, returns: int = 0) -> None:
         self.procs: Dict[int, subprocess.Popen] = {}
+        self._commands: Dict[int, Tuple[List[str], Dict[str, str]]] = {}
+        self._returns_left: Dict[int, int] = {}
+        self._returns = returns
+        self._closing = threading.Event()
+        self._watch: Optional[threading.Thread] = None
         self._tails: Dict[int, Deque[str]] = {}
         self._splitters: Dict[int, relay.LineSplitter] = {}
         self._open: Set[int] = set()  # nodes whose stderr has not reached its end
@@ -48,6 +55,8 @@ class NodeTasks:
             os.close(err_w)
         with self._lock:
             self.procs[node] = proc
+            self._commands[node] = (list(argv), env)
+            self._returns_left.setdefault(node, self._returns)
             self._tails[node] = collections.deque(maxlen=KEPT_LINES)
             self._splitters[node] = relay.LineSplitter(end_long_lines=False)
             self._open.add(node)
@@ -56,6 +65,31 @@ class NodeTasks:
             if self._pump is None:
                 self._pump = threading.Thread(target=self._pump_all, name="torchrun-node-stderr", daemon=True)
                 self._pump.start()
+            if self._returns and self._watch is None:
+                self._watch = threading.Thread(target=self._watch_all, name="torchrun-node-returns", daemon=True)
+                self._watch.start()
+
+    def _watch_all(self) -> None:
+        while not self._closing.wait(timeouts.NODE_RETURN_CHECK):
+            for node, proc in list(self.procs.items()):
+                self._start_again(node, proc)
+
+    def _start_again(self, node: int, proc: subprocess.Popen) -> bool:
+        """``proc``, node's task, started again if it was killed by SIGKILL and may come back; whether it was."""
+        with self._lock:
+            if self.procs.get(node) is not proc or proc.poll() != -signal.SIGKILL or self._closing.is_set() \
+                    or self._returns_left.get(node, 0) <= 0:
+                return False
+            self._returns_left[node] -= 1
+            argv, env = self._commands[node]
+        relay.write_all(2, ("@torchrun: node %d's task was killed (SIGKILL): starting it again, as Kubernetes "
+                            "re-creates a pod lost to a disruption\n" % node).encode())
+        self.start(node, argv, env)
+        return True
+
+    def stop_returns(self) -> None:
+        """No task is started again from now on (the step is ending)."""
+        self._closing.set()
 
     def ended(self) -> Dict[int, NodeEnd]:
         """The nodes whose task has exited, once their stderr has ended or ``NODE_OUTPUT_DRAIN`` after."""
@@ -78,8 +112,14 @@ class NodeTasks:
         return {node: pid for node, pid in alive.items() if pid is not None}
 
     def wait(self) -> Dict[int, int]:
-        """Every node's exit code, once every task has ended and its stderr drained."""
-        codes = {node: proc.wait() for node, proc in self.procs.items()}
+        """Every node's exit code, once every task has ended and its stderr drained (a task killed
+        meanwhile that may come back is waited for again)."""
+        while True:
+            procs = dict(self.procs)
+            codes = {node: proc.wait() for node, proc in procs.items()}
+            if not any(self._start_again(node, proc) for node, proc in procs.items()) and procs == self.procs:
+                break
+        self.stop_returns()
         self.drain()
         return codes
 

@@ -98,7 +98,8 @@ class RanksRun:
             if self.prunes:
                 launch.files.prune()  # other runs' logs: while torchrun imports torch, off the critical path
             quiet = lambda: None if sup.last_output is None else time.monotonic() - sup.last_output  # noqa: E731
-            with client.watching(quiet, ProgressTracker(launch.workdir, gpu=gpus.latest).sample):
+            with client.watching(quiet, ProgressTracker(launch.workdir, gpu=gpus.latest).sample,
+                                 launch.snapshots.saved_in):
                 exit_code = sup.wait(should_stop=should_stop)
                 self.first_output = self.first_output or sup.first_output
         return exit_code

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Optional
 
+from ..cause import CauseKind
 from ..gang import messages as msg
 from ..gang.client import GangClient
 from ..host.console import say
@@ -85,6 +86,13 @@ class RestartLoop:
         allowed = self.session.context.defaults.restarts
         if decided.swapped_in is not None:
             return swap_line(self.index, decided, allowed, self.client.hosts())
+        if decided.cause.kind in (CauseKind.NODE_LOST, CauseKind.REGROWN):
+            nodes = decided.bench.active_count(self.session.context.topology.num_nodes)
+            nproc = self.plan.nproc
+            world = ", world size %d" % (nodes * nproc) if isinstance(nproc, int) else ""
+            return ("call %d: %s; the ranks restart on %d node%s%s (restart %d of %d)"
+                    % (self.index + 1, decided.cause.summary, nodes, "" if nodes == 1 else "s", world,
+                       decided.restart, allowed))
         return ("call %d: restarting every node's ranks (restart %d of %d): %s"
                 % (self.index + 1, decided.restart, allowed, decided.cause.summary))
 

@@ -1,0 +1,117 @@
+"""A node's task lost mid-training (its task and every process of its node SIGKILLed, as when a host is
+pulled) is not the end of the step where the step can go on without it: a spare takes its place, or,
+with ``min_nodes``, the gang trains on the nodes that remain. The local control stands in for a Job
+controller and starts the lost node's task again: it rejoins as a spare, the gang grows back to its
+size, and the step and its join (``len(inputs)``, ``merge_artifacts``) succeed.
+
+Real 3-node x 2-process flows on gloo (tests/flows/lost_node_flow.py, snapshot_train.py: DDP with a
+snapshot every step)."""
+
+import json
+import os
+import re
+import signal
+import time
+
+import pytest
+from our_processes import argv, node_processes, node_tasks
+
+from .helpers import finish_or_explain, output, without_task_prefix
+
+pytestmark = pytest.mark.integration
+
+FLOW = "lost_node_flow.py"
+FLOW_TIMEOUT = 300
+# Long enough that the loss, the swap and the node's return all happen mid-training.
+SCRIPT_ARGS = ["--steps", "60", "--mb", "2", "--step-sleep", "0.2", "--mark-steps"]
+
+_JOIN = r"""
+run = Flow('LostNodeFlow').latest_run
+join = run['join'].task
+result = {'successful': run.successful, 'count': join['count'].data, 'roles': join['roles'].data,
+          'dataset': join['dataset'].data,
+          'tasks': sorted((t['node'].data, t.successful) for t in run['train'])}
+"""
+
+
+def _task_of(run_pid, node):
+    """The Metaflow task of worker ``node`` (its command's ``--split-index``)."""
+    for pid in node_tasks(run_pid, control=False):
+        args = argv(pid)
+        if "--split-index" in args and args[args.index("--split-index") + 1] == str(node):
+            return pid
+    raise AssertionError("no task for node %d" % node)
+
+
+def _pull_host(run_pid, node):
+    """Every process of the node at once, as a host that is pulled."""
+    task = _task_of(run_pid, node)
+    for pid in [task] + node_processes(task):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def _wait_for_step(gang, ranks, step, timeout=180.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        at = gang.reports("at-rank-")
+        if len(at) >= ranks and all(r["step"] >= step for r in at.values()):
+            return
+        time.sleep(0.2)
+    raise AssertionError("the ranks did not reach step %d: %r" % (step, gang.reports("at-rank-")))
+
+
+def _lose_node(gang, attrs, node):
+    gang.env["MFTR_TORCHRUN_ATTRS"] = json.dumps(attrs)
+    proc = gang.start("--nodes", "3", "--script-args", json.dumps(SCRIPT_ARGS), flow=FLOW)
+    try:
+        _wait_for_step(gang, 4, 3)
+        _pull_host(proc.pid, node)
+    except BaseException:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        raise
+    text = without_task_prefix(finish_or_explain(proc, gang, FLOW_TIMEOUT).decode(errors="replace"))
+    assert proc.returncode == 0, text[-5000:]
+    return text
+
+
+def _starts(gang, restart):
+    return gang.reports("start-%d-rank-" % restart)
+
+
+def test_a_lost_node_is_replaced_by_the_spare_and_comes_back_as_one(gang):
+    text = _lose_node(gang, {"restarts": 2, "spares": 1}, node=1)
+    assert re.search(r"call 1: node 1 \([^)]*\) taken out, spare node 2 \([^)]*\) brought in \(restart 1 of 2\): "
+                     r"node 1 \([^)]*\) disconnected before its step ended", text), text[-5000:]
+    assert "node 1's task was killed (SIGKILL): starting it again" in text, text[-5000:]
+    assert re.search(r"node 1 \([^)]*\) is back after it was lost: a spare now", text), text[-5000:]
+    again = _starts(gang, 1)
+    assert sorted(again) == [0, 1, 2, 3], again
+    assert {again[r]["node"] for r in (2, 3)} == {2}, again  # the spare holds node 1's ranks
+    assert all(s["from_memory"] and s["resumed"] >= 3 and s["world"] == 4 for s in again.values()), again
+    joined = gang.client(_JOIN)
+    assert joined["successful"] and joined["count"] == 3 and joined["dataset"] == "toy", joined
+    assert joined["tasks"] == [[0, True], [1, True], [2, True]], joined
+    assert joined["roles"] == {"0": "active", "1": "spare", "2": "active"}, joined
+
+
+def test_without_a_spare_the_gang_goes_on_smaller_and_grows_back(gang):
+    text = _lose_node(gang, {"restarts": 3, "min_nodes": 2}, node=2)
+    assert re.search(r"call 1: node 2 \([^)]*\) disconnected before its step ended: its task died or was killed; "
+                     r"the ranks restart on 2 nodes, world size 4 \(restart 1 of 3\)", text), text[-5000:]
+    assert re.search(r"call 1: node 2 \([^)]*\) back: the gang grows to 3 nodes again; the ranks restart on 3 "
+                     r"nodes, world size 6 \(restart 2 of 3\)", text), text[-5000:]
+    smaller, grown = _starts(gang, 1), _starts(gang, 2)
+    assert sorted(smaller) == [0, 1, 2, 3] and all(s["world"] == 4 for s in smaller.values()), smaller
+    assert {s["node"] for s in smaller.values()} == {0, 1}, smaller
+    assert all(s["from_memory"] and s["resumed"] >= 3 for s in smaller.values()), smaller
+    assert sorted(grown) == list(range(6)) and all(s["world"] == 6 for s in grown.values()), grown
+    assert {grown[r]["node"] for r in (4, 5)} == {2}, grown
+    assert all(s["from_memory"] for s in grown.values()), grown  # node 2's ranks from a peer's copy
+    joined = gang.client(_JOIN)
+    assert joined["successful"] and joined["count"] == 3, joined
+    assert joined["tasks"] == [[0, True], [1, True], [2, True]], joined
+    assert joined["roles"] == {"0": "active", "1": "active", "2": "active"}, joined
