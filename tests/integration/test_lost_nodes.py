@@ -16,7 +16,7 @@ import time
 import pytest
 from our_processes import argv, node_processes, node_tasks
 
-from .helpers import finish_or_explain, output, without_task_prefix
+from .helpers import finish_or_explain, without_task_prefix
 
 pytestmark = pytest.mark.integration
 
@@ -53,13 +53,13 @@ def _pull_host(run_pid, node):
             pass
 
 
-def _wait_for_step(gang, ranks, step, timeout=180.0):
+def _wait_for_step(gang, ranks, step, timeout=180.0, poll=0.2):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         at = gang.reports("at-rank-")
         if len(at) >= ranks and all(r["step"] >= step for r in at.values()):
             return
-        time.sleep(0.2)
+        time.sleep(poll)
     raise AssertionError("the ranks did not reach step %d: %r" % (step, gang.reports("at-rank-")))
 
 
@@ -101,9 +101,9 @@ def test_a_lost_node_is_replaced_by_the_spare_and_comes_back_as_one(gang):
 def test_without_a_spare_the_gang_goes_on_smaller_and_grows_back(gang):
     text = _lose_node(gang, {"restarts": 3, "min_nodes": 2}, node=2)
     assert re.search(r"call 1: node 2 \([^)]*\) disconnected before its step ended: its task died or was killed; "
-                     r"the ranks restart on 2 nodes, world size 4 \(restart 1 of 3\)", text), text[-5000:]
-    assert re.search(r"call 1: node 2 \([^)]*\) back: the gang grows to 3 nodes again; the ranks restart on 3 "
-                     r"nodes, world size 6 \(restart 2 of 3\)", text), text[-5000:]
+                     r"the gang trains on without it, on 2 nodes \(world size 4, restart 1 of 3\)", text), text[-5000:]
+    assert re.search(r"call 1: node 2 \([^)]*\) back: the gang grows to 3 nodes again \(world size 6, restart 2 "
+                     r"of 3\)", text), text[-5000:]
     smaller, grown = _starts(gang, 1), _starts(gang, 2)
     assert sorted(smaller) == [0, 1, 2, 3] and all(s["world"] == 4 for s in smaller.values()), smaller
     assert {s["node"] for s in smaller.values()} == {0, 1}, smaller
@@ -115,3 +115,20 @@ def test_without_a_spare_the_gang_goes_on_smaller_and_grows_back(gang):
     assert joined["successful"] and joined["count"] == 3, joined
     assert joined["tasks"] == [[0, True], [1, True], [2, True]], joined
     assert joined["roles"] == {"0": "active", "1": "active", "2": "active"}, joined
+
+
+def test_with_neither_a_spare_nor_min_nodes_the_loss_ends_the_attempt(gang):
+    gang.env["MFTR_TORCHRUN_ATTRS"] = json.dumps({"restarts": 2})
+    proc = gang.start("--nodes", "3", "--script-args", json.dumps(SCRIPT_ARGS), flow=FLOW)
+    try:
+        _wait_for_step(gang, 6, 2)
+        _pull_host(proc.pid, 1)
+    except BaseException:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        raise
+    text = without_task_prefix(finish_or_explain(proc, gang, FLOW_TIMEOUT).decode(errors="replace"))
+    assert proc.returncode != 0
+    assert re.search(r"node 1 \([^)]*\) disconnected before its step ended: its task died or was killed", text), \
+        text[-5000:]
+    assert "starting it again" not in text and "restart 1 of 2" not in text, text[-5000:]

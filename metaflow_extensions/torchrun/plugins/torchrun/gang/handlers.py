@@ -372,7 +372,10 @@ class Handlers:
                 or state.restart >= config.restarts:
             return False
         self._gone(node, None)
-        self._restart_with(state, dataclasses.replace(cause, call=state.index), lost[0], lost[1])
+        nodes = lost[0].active_count(config.num_nodes)
+        summary = cause.summary if lost[1] is not None else "%s; the gang trains on without it, on %d node%s" % (
+            cause.summary, nodes, "" if nodes == 1 else "s")
+        self._restart_with(state, dataclasses.replace(cause, call=state.index, summary=summary), lost[0], lost[1])
         return True
 
     def _gone(self, node: int, line: Optional[str]) -> None:

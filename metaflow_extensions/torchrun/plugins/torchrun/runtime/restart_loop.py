@@ -89,10 +89,9 @@ class RestartLoop:
         if decided.cause.kind in (CauseKind.NODE_LOST, CauseKind.REGROWN):
             nodes = decided.bench.active_count(self.session.context.topology.num_nodes)
             nproc = self.plan.nproc
-            world = ", world size %d" % (nodes * nproc) if isinstance(nproc, int) else ""
-            return ("call %d: %s; the ranks restart on %d node%s%s (restart %d of %d)"
-                    % (self.index + 1, decided.cause.summary, nodes, "" if nodes == 1 else "s", world,
-                       decided.restart, allowed))
+            world = "world size %d, " % (nodes * nproc) if isinstance(nproc, int) else ""
+            return ("call %d: %s (%srestart %d of %d)"
+                    % (self.index + 1, decided.cause.summary, world, decided.restart, allowed))
         return ("call %d: restarting every node's ranks (restart %d of %d): %s"
                 % (self.index + 1, decided.restart, allowed, decided.cause.summary))
 
