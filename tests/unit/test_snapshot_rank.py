@@ -8,6 +8,8 @@ import textwrap
 
 import pytest
 
+from metaflow_extensions.torchrun.plugins.torchrun.procs.snapshot_wire import key_for
+
 from metaflow_extensions.torchrun.plugins.torchrun.gang.snapshot_store import SnapshotStore
 from metaflow_extensions.torchrun.plugins.torchrun.procs import snapshot
 from metaflow_extensions.torchrun.plugins.torchrun.procs.names import SNAPSHOT_ENV
@@ -80,10 +82,12 @@ def test_sharded_state_is_kept_per_rank_and_loaded_as_saved(store, monkeypatch):
     monkeypatch.setenv("RANK", "3")
     snapshot.save(5, {"shard": torch.arange(4)}, replicated=False)
     snapshot.flush(30)
-    assert store.shelf.steps("rank-3") == [5] and store.shelf.steps("local-0") == []
+    assert store.shelf.steps("rank-3-of-1") == [5] and store.shelf.steps("local-0") == []
     assert snapshot.load() is None  # replicated state: none saved
     step, back = snapshot.load(replicated=False)
     assert step == 5 and back["shard"].tolist() == [0, 1, 2, 3]
+    # The gang smaller or larger since (a node lost): a shard of another world size is not this rank's.
+    assert store.shelf.steps(key_for(False, 3, 0, 2)) == [] and key_for(True, 3, 1, 2) == key_for(True, 5, 1, 8)
 
 
 def test_a_snapshot_changed_out_of_bounds_after_its_commit_is_not_loaded_the_previous_one_is(store, capsys):
@@ -207,7 +211,7 @@ def test_the_copy_threads_path_commits_the_newest_and_flush_waits_for_it(store, 
 
     real = snapshot_saver.HostBuffer
     monkeypatch.setattr(snapshot_saver, "HostBuffer", lambda size, pinned: real(size, pinned=False))
-    saver = snapshot_saver.Saver(store.path, "rank-0", print)
+    saver = snapshot_saver.Saver(store.path, "rank-0-of-1", print)
     for step in range(20):
         state = {"w": torch.full((1 << 18,), float(step))}
         plan = codec.plan(state)
@@ -215,6 +219,6 @@ def test_the_copy_threads_path_commits_the_newest_and_flush_waits_for_it(store, 
         start, total = codec.layout(manifest, plan.data_bytes)
         assert saver._fits(total) and saver._queue(step, plan, manifest, start, total)
         assert len(saver._buffers) <= 2
-    assert saver.flush(30) and saver.stored_step == 19 and store.shelf.steps("rank-0")[-1] == 19
+    assert saver.flush(30) and saver.stored_step == 19 and store.shelf.steps("rank-0-of-1")[-1] == 19
     step, back = snapshot.load(replicated=False)
     assert step == 19 and float(back["w"][-1]) == 19.0

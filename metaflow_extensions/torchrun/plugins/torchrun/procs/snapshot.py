@@ -98,8 +98,8 @@ def save(step: int, state: Any, replicated: bool = True) -> bool:
     if path is None:
         codec.plan(state)  # what cannot be held is named here too, not at a restart under @torchrun
         return False
-    rank, local_rank, _ = _identity()
-    key = key_for(replicated, rank, local_rank)
+    rank, local_rank, world = _identity()
+    key = key_for(replicated, rank, local_rank, world)
     with _lock:
         saver = _savers.get((path, key))
         if saver is None:
@@ -128,7 +128,7 @@ def load(replicated: bool = True) -> Optional[Tuple[int, Any]]:
     if world > 1 and _dist() is None and path is not None:
         raise RuntimeError("snapshot.load() on a gang of %d ranks: call torch.distributed.init_process_group "
                            "first, so that every rank agrees on the step" % world)
-    key = key_for(replicated, rank, local_rank)
+    key = key_for(replicated, rank, local_rank, world)
     client = StoreClient(path) if path else None
     try:
         return _load(client, key, rank)

@@ -19,21 +19,23 @@ MAX_HEADER = 64 * 1024
 _LENGTH = struct.Struct("!I")
 _CHUNK = 8 << 20
 MAX_INDEX = 1 << 20  # a rank or local rank
-_KEY = re.compile(r"\A(rank|local)-(0|[1-9][0-9]{0,6})\Z")
+_KEY = re.compile(r"\A(rank|local)-(0|[1-9][0-9]{0,6})(?:-of-([1-9][0-9]{0,6}))?\Z")
 
 
 class WireError(ValueError):
     """The other side broke the format: drop the connection."""
 
 
-def key_for(replicated: bool, rank: int, local_rank: int) -> str:
-    """Sharded state is kept per rank; replicated state once per local rank (every node holds a copy)."""
-    return "local-%d" % local_rank if replicated else "rank-%d" % rank
+def key_for(replicated: bool, rank: int, local_rank: int, world: int) -> str:
+    """Sharded state is kept per rank of a world size (a shard of 6 ranks' state is no shard of 4's: after a
+    node is lost and the gang trains on smaller, none is found and the ranks resume from their checkpoint);
+    replicated state once per local rank, whatever the world size (every node holds a copy)."""
+    return "local-%d" % local_rank if replicated else "rank-%d-of-%d" % (rank, world)
 
 
 def is_key(value: Any) -> bool:
     match = _KEY.match(value) if isinstance(value, str) else None
-    return match is not None and int(match.group(2)) < MAX_INDEX
+    return match is not None and int(match.group(2)) < MAX_INDEX and int(match.group(3) or 1) <= MAX_INDEX
 
 
 def send_frame(sock: socket.socket, header: Dict[str, Any], body: Optional[Any] = None) -> None:
@@ -112,7 +114,7 @@ def int_field(header: Dict[str, Any], name: str, low: int, high: int) -> int:
 def key_field(header: Dict[str, Any]) -> str:
     key = header.get("key")
     if not is_key(key):
-        raise WireError("field 'key' is not rank-N or local-N")
+        raise WireError("field 'key' is not rank-N-of-W or local-N")
     return str(key)
 
 
