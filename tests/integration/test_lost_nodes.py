@@ -31,6 +31,8 @@ join = run['join'].task
 result = {'successful': run.successful, 'count': join['count'].data, 'roles': join['roles'].data,
           'dataset': join['dataset'].data,
           'tasks': sorted((t['node'].data, t.successful) for t in run['train'])}
+control = [t for t in run['train'] if '_node_' not in t.id][0]
+result['restarts'] = json.loads(control.metadata_dict['torchrun-result'])['in_step_restarts']
 """
 
 
@@ -96,6 +98,9 @@ def test_a_lost_node_is_replaced_by_the_spare_and_comes_back_as_one(gang):
     assert joined["successful"] and joined["count"] == 3 and joined["dataset"] == "toy", joined
     assert joined["tasks"] == [[0, True], [1, True], [2, True]], joined
     assert joined["roles"] == {"0": "active", "1": "spare", "2": "active"}, joined
+    (swap,) = joined["restarts"]  # the control's record, which the card and the ledger are drawn from
+    assert swap["kind"] == "node_lost" and swap["swapped_out"] == 1 and swap["swapped_in"] == 2, swap
+    assert swap["resumed_step"] >= 3 and swap["steps_lost"] == 0, swap
 
 
 def test_without_a_spare_the_gang_goes_on_smaller_and_grows_back(gang):
@@ -115,6 +120,9 @@ def test_without_a_spare_the_gang_goes_on_smaller_and_grows_back(gang):
     assert joined["successful"] and joined["count"] == 3, joined
     assert joined["tasks"] == [[0, True], [1, True], [2, True]], joined
     assert joined["roles"] == {"0": "active", "1": "active", "2": "active"}, joined
+    lost, regrown = joined["restarts"]
+    assert lost["kind"] == "node_lost" and "the gang trains on without it, on 2 nodes" in lost["stopped"], lost
+    assert regrown["kind"] == "regrown" and regrown["steps_lost"] == 0, regrown
 
 
 def test_with_neither_a_spare_nor_min_nodes_the_loss_ends_the_attempt(gang):

@@ -128,7 +128,7 @@ def test_a_spare_resumes_a_lost_nodes_shard_from_its_buddys_copy(tmp_path, ranks
         last = kill_mid_training(ranks, first, victim=1, after_steps=6)
         node1.close()  # the node is lost with its memory: rank 1's state is only on its buddy now
         quiet(node0)
-        held = set(node0.shelf.steps("rank-0")) & set(node0.shelf.steps("rank-1"))
+        held = set(node0.shelf.steps("rank-0-of-2")) & set(node0.shelf.steps("rank-1-of-2"))
         assert held, "the buddy holds no step of rank 1 that rank 0 also holds"
         expected = max(held)
         assert last - 4 <= expected <= last

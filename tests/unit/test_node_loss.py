@@ -193,3 +193,21 @@ def test_min_nodes_and_regrow_reach_the_step_defaults():
     defaults = step_defaults(spec)
     assert said == [] and (defaults.min_nodes, defaults.regrow) == (2, False)
     assert step_defaults(_read()[0]).regrow is True and step_defaults(_read()[0]).min_nodes is None
+
+
+def test_on_aws_batch_a_lost_node_ends_the_gang_even_with_a_spare(net):
+    """Batch starts no node again and Metaflow's control then fails the step: better at once than after
+    training, when the control has waited 10 minutes for the lost node's task."""
+    server, (n0, n1, n2) = _gang(net, restarts=2, spares=1, survives_loss=False)
+    n1.drop()
+    assert n0.next("abort")["cause"]["kind"] == "node_lost"
+
+
+def test_the_topology_knows_aws_batch_by_its_job_id():
+    from types import SimpleNamespace
+
+    from metaflow_extensions.torchrun.plugins.torchrun.gang.topology import topology_from
+
+    parallel = SimpleNamespace(num_nodes=2, node_index=0, main_ip="10.0.0.1")
+    assert topology_from(parallel, {"AWS_BATCH_JOB_ID": "j-1"}, "k").survives_loss is False
+    assert topology_from(parallel, {}, "k").survives_loss is True

@@ -97,9 +97,9 @@ class TorchrunDecorator(ParallelDecorator):
         Hot spares: of the step's ``num_parallel`` nodes, the last ``spares``
         join the gang and wait while the others train. When an in-step
         restart is due and its cause is pinned to one node other than node 0,
-        or a node's task is lost (a pod gone, a host pulled), that node is
-        taken out and a spare takes its place; the swap counts as one of
-        ``restarts``, which must be 1 or more. Less than ``num_parallel``.
+        or a node's task is lost (a pod gone, a host pulled; not on AWS Batch),
+        that node is taken out and a spare takes its place; the swap counts as
+        one of ``restarts``, which must be 1 or more. Less than ``num_parallel``.
     min_nodes : int, optional, default None
         A node's task lost with no spare left: the gang goes on with the
         nodes that remain (``WORLD_SIZE`` smaller), down to ``min_nodes``;

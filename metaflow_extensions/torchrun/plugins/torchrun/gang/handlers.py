@@ -357,7 +357,7 @@ class Handlers:
         """A lost node taken out where the step allows it (``spares``, ``min_nodes``): a spare in its place or
         the gang smaller, in a restart of the call it was in; a spare lost is only taken off the bench."""
         config, bench = self.config, self.book.bench
-        if not (config.spares or config.min_nodes) or node in self.members.left:
+        if not (config.spares or config.min_nodes) or not config.survives_loss or node in self.members.left:
             return False
         if node in bench.benched:
             lost = bench.lose(node, config.num_nodes, config.min_nodes)

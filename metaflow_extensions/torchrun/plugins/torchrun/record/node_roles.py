@@ -34,7 +34,7 @@ _LOST_KINDS = (CauseKind.NODE_LOST, CauseKind.LEFT_EARLY, CauseKind.NEVER_JOINED
 _FROZEN_KINDS = (CauseKind.UNRESPONSIVE,)
 # The failure was not a node's: no node is blamed.
 _NOBODY = (CauseKind.INTERRUPTED, CauseKind.PREEMPTED, CauseKind.HANG, CauseKind.CALL_MISMATCH,
-           CauseKind.CALL_TIMEOUT, CauseKind.STEP_FAILED)
+           CauseKind.CALL_TIMEOUT, CauseKind.STEP_FAILED, CauseKind.REGROWN)
 
 
 @dataclass(frozen=True)

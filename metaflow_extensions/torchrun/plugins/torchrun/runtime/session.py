@@ -344,7 +344,8 @@ def gang_config(context: StepContext) -> GangConfig:
                       heartbeat_timeout=defaults.heartbeat_timeout, start_timeout=defaults.start_timeout,
                       hang_timeout=defaults.hang_timeout, progress_interval=knobs.progress_seconds,
                       straggler_ratio=knobs.straggler_ratio, straggler_seconds=knobs.straggler_seconds,
-                      spares=defaults.spares, min_nodes=defaults.min_nodes, regrow=defaults.regrow)
+                      spares=defaults.spares, min_nodes=defaults.min_nodes, regrow=defaults.regrow,
+                      survives_loss=topology.survives_loss)
 
 
 def bind_host(topology: Topology) -> str:
