@@ -31,6 +31,7 @@ from typing import Annotated, Any, Callable, Deque, Dict, Iterable, List, Mappin
 from ..base.codec import LOCAL, SKIP, Int, Real, Record, Via, Written
 from ..procs.rank_progress import MAX_METRICS, ProgressReport, clean_metrics, read_progress
 from ..procs.status import RankStatus, read_statuses
+from .arrivals import SHARE, SIGNAL_ARRIVAL, SUSTAIN, ArrivalBook, ArrivalTracker, NodeArrivals
 from .wire import ProtocolError
 
 STEP_LIMIT = 1 << 53
@@ -94,6 +95,7 @@ class NodeProgress(Record):
     metrics: Annotated[Dict[str, float], Via(_metrics, lambda m: {k: float("%.6g" % v) for k, v in m.items()}
                                              or None)] = field(default_factory=dict)
     start: Annotated[int, Int(0, START_LIMIT), SKIP] = 0
+    arrivals: Annotated[Optional[NodeArrivals], SKIP] = None  # when its ranks reached their collectives
 
     @property
     def reporting(self) -> bool:
@@ -149,6 +151,7 @@ class ProgressTracker:
         self.last_steps: Dict[int, Tuple[int, int]] = {}  # rank -> (start, step)
         self.advanced_at: Optional[float] = None
         self.cpu_seen: Optional[Tuple[float, float, int]] = None  # (clock, CPU seconds, ranks)
+        self.arrivals = ArrivalTracker(workdir)
 
     def sample(self) -> Optional[NodeProgress]:
         """None while no rank reports and no CPU time or GPU utilisation is known."""
@@ -158,8 +161,10 @@ class ProgressTracker:
         self.start = latest_start(self.start, statuses.values(), found.values())
         reports = {r: one for r, one in found.items() if one.start == self.start}
         cpu, gpu = self._cpu(now, [s for s in statuses.values() if s.restart == self.start]), self.gpu()
+        arrivals = self.arrivals.sample(sorted(r for r, s in statuses.items() if s.restart == self.start), self.start)
         if not reports:
-            return NodeProgress(cpu=cpu, gpu=gpu, start=self.start) if cpu is not None or gpu is not None else None
+            known = cpu is not None or gpu is not None or arrivals is not None
+            return NodeProgress(cpu=cpu, gpu=gpu, start=self.start, arrivals=arrivals) if known else None
         steps_now = {r: (one.start, one.step) for r, one in reports.items()}
         if any(self.last_steps.get(r) != s for r, s in steps_now.items()) or self.advanced_at is None:
             self.advanced_at = now
@@ -174,7 +179,7 @@ class ProgressTracker:
             rate=statistics.median(rates.values()) if rates else None,
             rate_min=rates[slowest] if rates else None, slowest_rank=slowest,
             rank_lo=min(reports), rank_hi=max(reports), stalled=max(0.0, now - self.advanced_at), cpu=cpu, gpu=gpu,
-            metrics=mean_metrics(reports[r].metrics for r in sorted(reports)), start=self.start)
+            metrics=mean_metrics(reports[r].metrics for r in sorted(reports)), start=self.start, arrivals=arrivals)
 
     def _rate(self, one: ProgressReport) -> Optional[float]:
         pace = self.paces.get(one.rank)
@@ -225,8 +230,16 @@ class Straggler(Written):
     ratio: Annotated[float, Real(digits=2)]
     seconds: Annotated[float, Real(digits=1)]
     signal: str
+    # signal "arrival": the share of the recent collectives it reached last, and the others' mean wait for it
+    share: Annotated[Optional[float], Real(digits=3)] = None
+    wait_ms: Annotated[Optional[float], Real(digits=1)] = None
 
     def sentence(self) -> str:
+        if self.signal == SIGNAL_ARRIVAL:
+            return ("rank %s (node %d, %s) is the last to arrive at %.0f %% of the collectives the others wait at; "
+                    "they wait %.0f ms for it at each, %.2fx the time they would take (for %s)" % (
+                        self.ranks, self.node_index, self.host, 100 * (self.share or 0.0), self.wait_ms or 0.0,
+                        self.ratio, duration(self.seconds)))
         what = {SIGNAL_PROGRESS: "slower than the median",
                 SIGNAL_GPU: "less busy on GPU than the median (its GPUs wait for its input or CPU)"}.get(
             self.signal, "busier on CPU than the median (the others wait for it)")
@@ -280,6 +293,8 @@ class ProgressBook:
         self.chart_every = 5.0
         self.next_sample = 0.0
         self.summary = ProgressRecord()
+        self.arrivals = ArrivalBook()
+        self.late_since: Optional[Tuple[int, float]] = None  # (rank, since): last to arrive, by enough
 
     def new_call(self) -> None:
         """Stragglers named stay named."""
@@ -299,12 +314,15 @@ class ProgressBook:
         if progress.start > self.start:
             self._new_start(progress.start)
         self.nodes[node] = (progress, host)
+        self.arrivals.update(node, progress.arrivals)
 
     def _new_start(self, start: int) -> None:
         """A restart or a swap: the rates start again, and so does each node's time as slow."""
         self.start = start
         self.nodes.clear()
         self.slow_since.clear()
+        self.arrivals.new_start()
+        self.late_since = None
         self.start_seen, self.settled = None, False
 
     def current(self) -> ProgressRecord:
@@ -328,7 +346,7 @@ class ProgressBook:
         self.settled = self.start == 0 or now - self.start_seen >= self.settle
         reporting = {n: ph for n, ph in self.nodes.items() if ph[0].reporting}
         self.reported = self.reported or bool(reporting)
-        named = self._stragglers(now, reporting)
+        named = self._stragglers(now, reporting) + self._late(now)
         if reporting and now >= self.next_sample:
             self._sample(now - self.started, reporting)
             self.next_sample = now + self.chart_every
@@ -353,6 +371,29 @@ class ProgressBook:
                     self.unlisted.add(node)  # named in the log, counted in the record
                 named.append(one)
         return named
+
+    def _late(self, now: float) -> List[Straggler]:
+        """The rank the others wait for at the collectives (gang/arrivals.py), named once it has been so
+        for ``SUSTAIN`` seconds; none where its node is named already."""
+        self.arrivals.tally(sorted(self.nodes))
+        verdict = self.arrivals.verdict()
+        if verdict is None or verdict.node not in self.nodes:
+            self.late_since = None
+            return []
+        if self.late_since is None or self.late_since[0] != verdict.rank:
+            self.late_since = (verdict.rank, now)
+        since = self.late_since[1]
+        one = Straggler(verdict.node, self.nodes[verdict.node][1], str(verdict.rank), verdict.ratio, now - since,
+                        SIGNAL_ARRIVAL, verdict.share, verdict.wait_ms)
+        known = self.named.get(verdict.node)
+        if known is not None:
+            if known.signal == SIGNAL_ARRIVAL:
+                self.named[verdict.node] = one  # how long it has been so, kept up to date
+            return []
+        if now - since < SUSTAIN or verdict.share < SHARE or len(self.named) >= MAX_STRAGGLERS:
+            return []
+        self.named[verdict.node] = one
+        return [one]
 
     def _ratios(self, reporting: Dict[int, Tuple[NodeProgress, str]]) -> Tuple[Dict[int, float], str]:
         """The nodes at least ``ratio`` times slower than the median node, and by how much."""

@@ -22,7 +22,7 @@ import time
 import traceback
 import types
 
-from . import agent, entry, flight_ask, relay, stacks
+from . import agent, arrivals, entry, flight_ask, relay, stacks
 from .names import (ARGS_FILE, WORK_DIR_ENV, LABELS_ENV, LOG_DIR_ENV, NODE_INDEX_ENV, RESTART_COUNT_ENV, RESTART_ENV,
                     SNAPSHOT_ENV, rank_log_path)
 from .failures import RankFailure, write_failure
@@ -215,6 +215,7 @@ def main(argv: list) -> None:
     _KEEP.append(stacks.register(os.environ.get(WORK_DIR_ENV), rank))
     if flight_ask.recording(os.environ):
         flight_ask.listen(os.environ.get(WORK_DIR_ENV), rank)
+        _KEEP.append(arrivals.watch(os.environ.get(WORK_DIR_ENV), rank))
     if trainer_progress:
         from . import trainer_hooks  # the rank-start boundary: where progress is on
 

@@ -92,27 +92,33 @@ def summary_of(dist: Any, c10d: Any) -> FlightSummary:
         if dist is None or not dist.is_available() or not dist.is_initialized():
             return FlightSummary(NO_GROUP)
         recorder = recorder_for(default_backends(dist))
-        if recorder == GLOO:
-            dump = getattr(c10d, "_dump_fr_trace_json", None)
-            args: Dict[str, str] = {}
-        elif recorder == NCCL:
-            dump = getattr(c10d, "_dump_nccl_trace_json", None)
-            args = {}
-        else:
-            dump = getattr(c10d, "_dump_fr_trace_json", None)
-            args = {"backend": recorder}
-        if dump is None:
-            return _unsupported(recorder, "this torch has no %s" % ("_dump_nccl_trace_json" if recorder == NCCL
-                                                                    else "_dump_fr_trace_json"))
-        try:
-            text = dump(True, False, **args)  # (include collectives, only active ones): all of them
-        except TypeError:
-            if not args:
-                raise
-            return _unsupported(recorder, "this torch keeps no Flight Recorder per backend (torch 2.15 does)")
+        text, why = dump_recorder(c10d, recorder)
+        if text is None:
+            return _unsupported(recorder, why)
         return summarize(text, recorder)
     except Exception:
         return FlightSummary(FAILED, recorder=recorder)
+
+
+def dump_recorder(c10d: Any, recorder: str) -> Tuple[Optional[Any], str]:
+    """The recorder's JSON dump, every entry (None, and why, where this torch lacks it); raises what torch raises."""
+    if recorder == GLOO:
+        dump = getattr(c10d, "_dump_fr_trace_json", None)
+        args: Dict[str, str] = {}
+    elif recorder == NCCL:
+        dump = getattr(c10d, "_dump_nccl_trace_json", None)
+        args = {}
+    else:
+        dump = getattr(c10d, "_dump_fr_trace_json", None)
+        args = {"backend": recorder}
+    if dump is None:
+        return None, "this torch has no %s" % ("_dump_nccl_trace_json" if recorder == NCCL else "_dump_fr_trace_json")
+    try:
+        return dump(True, False, **args), ""  # (include collectives, only active ones): all of them
+    except TypeError:
+        if not args:
+            raise
+        return None, "this torch keeps no Flight Recorder per backend (torch 2.15 does)"
 
 
 def _unsupported(recorder: str, why: str) -> FlightSummary:

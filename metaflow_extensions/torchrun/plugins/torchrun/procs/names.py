@@ -53,6 +53,7 @@ STACKS_SUFFIX = ".stacks.txt"  # where a rank was when stopped (procs/stacks.py)
 PROGRESS_SUFFIX = ".progress.json"  # a rank's latest progress report (procs/rank_progress.py)
 FLIGHT_ASK_SUFFIX = ".flight.fifo"  # where the node asks a rank for its Flight Recorder (procs/flight_ask.py)
 FLIGHT_SUFFIX = ".flight.json"  # and where the rank answers
+ARRIVALS_SUFFIX = ".arrivals.json"  # when the rank reached its latest collectives (procs/arrivals.py)
 LOG_SUFFIX = ".log"  # rank-<R>.<stream>.log in the call's log directory
 ZYGOTE_SOCKET = "zygote.sock"  # the warm process's socket (procs/zygote.py)
 ZYGOTE_PID_SUFFIX = ".pid"  # beside it: the pid of a warm process forked from the host's

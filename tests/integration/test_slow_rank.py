@@ -1,0 +1,54 @@
+"""A slow rank in a lockstep job is named by when it reaches the collectives, with no code of the
+user's: real 2-node x 2-process DDP flows on gloo (scripts/ddp_slow.py), one rank slowed by a sleep
+inside its backward, which DDP's all-reduce makes every rank's step wait for (the step rates are all
+the same). An even gang, as long as five minutes beside the suite's load, names nobody."""
+
+import datetime
+import json
+import os
+import re
+
+import pytest
+
+from .helpers import output
+
+pytestmark = pytest.mark.integration
+
+LINE = re.compile(r"^(\S+ \S+) .*@torchrun: rank (\d+) \(node (\d+), [^)]*\) is the last to arrive at (\d+) % of the "
+                  r"collectives the others wait at; they wait (\d+) ms for it at each, ([\d.]+)x", re.M)
+
+_RECORD = r"""
+t = [t for t in Flow('GangFlow').latest_run['train'] if '_node_' not in t.id][0]
+result = json.loads(t.metadata_dict['torchrun-result']).get('progress') or {}
+"""
+
+
+def _run(gang, seconds, *args):
+    proc = gang.run("--script", "ddp_slow.py", "--nodes", "2", "--nproc", "2",
+                    "--script-args", json.dumps(["--seconds", str(seconds), "--step", "0.1", *args]),
+                    timeout=seconds + 240)
+    text = output(proc)
+    assert proc.returncode == 0, text[-4000:]
+    return text
+
+
+def test_a_rank_a_quarter_slower_is_named_with_its_node_within_a_minute(gang):
+    text = _run(gang, 50, "--slow", "0.025", "--slow-rank", "3")
+    found = LINE.findall(text)
+    assert len(found) == 1, text[-4000:]  # once
+    at, rank, node, share, wait, ratio = found[0]
+    assert (rank, node) == ("3", "1") and int(share) >= 75 and 15 <= int(wait) <= 40, found
+    assert 1.1 <= float(ratio) <= 1.45, found
+    with open(os.path.join(gang.out, "started.json")) as f:
+        started = json.load(f)["at"]
+    said = datetime.datetime.strptime(at, "%Y-%m-%d %H:%M:%S.%f").timestamp()  # Metaflow's local time
+    assert said - started <= 60, (said - started, found)
+    (straggler,) = gang.client(_RECORD)["stragglers"]
+    assert straggler["signal"] == "arrival" and straggler["node_index"] == 1 and straggler["ranks"] == "3", straggler
+
+
+@pytest.mark.timeout(600)
+def test_an_even_gang_names_nobody_in_five_minutes(gang):
+    text = _run(gang, 300)
+    assert not LINE.search(text) and "is the last to arrive" not in text, text[-4000:]
+    assert gang.client(_RECORD).get("stragglers") == [], text[-2000:]

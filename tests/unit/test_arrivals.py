@@ -1,0 +1,148 @@
+"""Who the gang waits for (gang/arrivals.py, procs/arrivals.py): a rank's Flight Recorder read into its
+collectives' arrival times (real gloo dumps), a node's ranks folded into one bounded record, and the
+control's join naming the rank the others wait for, and nobody in an even gang, whatever the nodes'
+clocks."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+
+import pytest
+
+from metaflow_extensions.torchrun.plugins.torchrun.gang.arrivals import (
+    MIN_SEEN, SENT, ArrivalBook, ArrivalTracker, NodeArrivals)
+from metaflow_extensions.torchrun.plugins.torchrun.gang.gang_progress import NodeProgress, ProgressBook
+from metaflow_extensions.torchrun.plugins.torchrun.gang.wire import ProtocolError
+from metaflow_extensions.torchrun.plugins.torchrun.procs.arrivals import newest, read_arrivals
+
+DUMPS = os.path.join(os.path.dirname(__file__), "flight_dumps")
+MS = 1_000_000  # ns
+
+
+def test_a_real_gloo_dump_gives_the_default_groups_collectives_in_order():
+    with open(os.path.join(DUMPS, "gloo-hang-rank0.json")) as f:
+        entries = json.load(f)["entries"]
+    found = newest(entries, 0)
+    assert [s for s, _ in found] == sorted({e["collective_seq_id"] for e in entries
+                                            if e["process_group"][1] == "default_pg"})
+    assert all(t == next(e["time_created_ns"] for e in entries if e["collective_seq_id"] == s
+                         and e["process_group"][1] == "default_pg") for s, t in found)
+    assert newest(entries, found[-1][0]) == [] and newest("not a list", 0) == []
+    assert newest([{"process_group": ["0", "default_pg"], "collective_seq_id": True, "time_created_ns": 5}], 0) == []
+
+
+def _write(directory, rank, seqs, times, start=0):
+    with open(os.path.join(directory, "rank-%d.arrivals.json" % rank), "w") as f:
+        json.dump({"rank": rank, "start": start, "seq": seqs, "ns": times}, f)
+
+
+def test_a_node_folds_its_ranks_over_the_collectives_all_reached(tmp_path):
+    base = 10 ** 18
+    _write(tmp_path, 2, list(range(1, 101)), [base + s * 100 * MS for s in range(1, 101)])
+    _write(tmp_path, 3, list(range(5, 103)), [base + s * 100 * MS + 7 * MS for s in range(5, 103)])
+    got = ArrivalTracker(str(tmp_path), clock_ns=lambda: 42).sample([2, 3], 0)
+    assert got.seq == 100 - SENT + 1 and len(got.last) == SENT and got.ranks == 2 and got.sent == 42
+    assert set(got.who) == {3} and got.last[1] - got.last[0] == 100_000  # µs
+    assert got.total[0] == got.last[0] + (got.last[0] - 7000)  # rank 2's and rank 3's
+    assert ArrivalTracker(str(tmp_path)).sample([2, 3], 1) is None  # another start's files
+    assert ArrivalTracker(str(tmp_path)).sample([2, 3, 4], 0) is None  # a rank not there yet
+
+
+@pytest.mark.parametrize("content", ['{"rank": 0, "start": 0, "seq": [1, 2], "ns": [5]}', "[]", "{",
+                                     '{"start": 0, "seq": [1], "ns": [-5]}', '{"start": 0, "seq": ["1"], "ns": [5]}'])
+def test_a_hostile_rank_file_is_not_read(tmp_path, content):
+    (tmp_path / "rank-0.arrivals.json").write_text(content)
+    assert read_arrivals(str(tmp_path), 0, 0) is None
+
+
+def test_a_node_record_of_unequal_lengths_or_out_of_bounds_is_refused():
+    good = NodeArrivals(1, 2, 3, 2, (1, 2), (0, 1), (3, 4))
+    assert NodeArrivals.from_wire(good.to_wire()) == good
+    for bad in (dict(good.to_wire(), who=[0]), dict(good.to_wire(), last=[-1, 2]),
+                dict(good.to_wire(), last=list(range(SENT + 1)))):
+        with pytest.raises(ProtocolError):
+            NodeArrivals.from_wire(bad)
+
+
+def _records(late_rank, late_ms, collectives=100, skew=(0, 0), step_ms=100, seed=1):
+    """Two nodes of two ranks (0, 1 and 2, 3): each collective's arrivals, ``late_rank`` late by
+    ``late_ms`` (None: the ranks take turns, jittered); node n's clock ``skew[n]`` ms off."""
+    rng = random.Random(seed)
+    times = {r: [] for r in range(4)}
+    for k in range(collectives):
+        for r in range(4):
+            jitter = rng.uniform(0, 2) * MS
+            late = late_ms * MS if r == late_rank else 0
+            times[r].append(k * step_ms * MS + int(jitter) + late + skew[r // 2] * MS)
+    return times
+
+
+def _fold(tmp_path, times, start=0, first=1):
+    out = {}
+    for node, ranks in ((0, (0, 1)), (1, (2, 3))):
+        d = tmp_path / ("node%d" % node)
+        d.mkdir(exist_ok=True)
+        for r in ranks:
+            n = len(times[r])
+            _write(d, r, list(range(first, first + n))[-128:], [10 ** 18 + t for t in times[r]][-128:], start)
+        out[node] = ArrivalTracker(str(d), clock_ns=lambda: 10 ** 18).sample(list(ranks), start)
+    return out
+
+
+def _verdict(tmp_path, times, batches=4):
+    book = ArrivalBook(clock_ns=lambda: 10 ** 18)
+    n = len(times[0])
+    step = n // batches
+    for b in range(1, batches + 1):  # the nodes' heartbeats come in as the collectives go on
+        part = {r: t[:b * step] for r, t in times.items()}
+        for node, record in _fold(tmp_path, part).items():
+            book.update(node, record)
+        book.tally([0, 1])
+    return book.verdict()
+
+
+def test_a_rank_a_quarter_slower_is_named_with_its_node_and_cost(tmp_path):
+    verdict = _verdict(tmp_path, _records(late_rank=3, late_ms=25, collectives=160))
+    assert verdict is not None and (verdict.rank, verdict.node) == (3, 1), verdict
+    assert verdict.share >= 0.9 and 23 <= verdict.wait_ms <= 27 and 1.25 <= verdict.ratio <= 1.4, verdict  # 100 ms vs 75
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_an_even_gang_names_nobody(tmp_path, seed):
+    assert _verdict(tmp_path, _records(late_rank=None, late_ms=0, collectives=160, seed=seed)) is None
+
+
+def test_a_node_whose_clock_is_off_is_put_on_the_controls_clock(tmp_path):
+    """Node 1's clock 40 ms ahead: its arrivals look 40 ms late; its heartbeats' send times, 40 ms ahead as
+    well, put them back. Without that, the others would seem to wait 40 ms for node 1 at every collective."""
+    times = _records(late_rank=None, late_ms=0, collectives=160, skew=(0, 40))
+    book = ArrivalBook(clock_ns=lambda: 10 ** 18)
+    for node, record in _fold(tmp_path, times).items():
+        book.update(node, NodeArrivals(record.base, record.sent + (40 * MS if node else 0), record.seq, record.ranks,
+                                       record.last, record.who, record.total))
+    book.tally([0, 1])
+    assert len(book.window) >= MIN_SEEN and book.verdict() is None
+    assert max(book.waits) < 3000  # µs: the ranks' jitter alone
+    unfixed = ArrivalBook(clock_ns=lambda: 10 ** 18)
+    for node, record in _fold(tmp_path, times).items():
+        unfixed.update(node, record)
+    unfixed.tally([0, 1])
+    assert min(unfixed.waits) > 25000 and {n for _, _, n, _ in unfixed.window} == {1}  # node 1 "late" by 40 ms
+
+
+def test_the_progress_book_names_the_late_rank_once_it_has_been_late_for_a_while(tmp_path, monkeypatch):
+    from metaflow_extensions.torchrun.plugins.torchrun.gang import gang_progress
+
+    real = ArrivalBook.__init__
+    monkeypatch.setattr(gang_progress.ArrivalBook, "__init__", lambda self: real(self, clock_ns=lambda: 10 ** 18))
+    book = ProgressBook(2, 1.5, 300.0)
+    records = _fold(tmp_path, _records(late_rank=3, late_ms=25, collectives=160))
+    for node, record in records.items():
+        book.update(node, "host-%d" % node, NodeProgress(cpu=0.5, arrivals=record))
+    assert book.check(100.0) == []  # late, not yet for long
+    (named,) = book.check(111.0)
+    assert (named.node_index, named.ranks, named.signal) == (1, "3", "arrival"), named
+    assert named.sentence().startswith("rank 3 (node 1, host-1) is the last to arrive at "), named.sentence()
+    assert book.check(120.0) == [] and book.current().stragglers[0].seconds == 20.0  # named once, kept up to date
