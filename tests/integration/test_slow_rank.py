@@ -52,3 +52,23 @@ def test_an_even_gang_names_nobody_in_five_minutes(gang):
     text = _run(gang, 300)
     assert not LINE.search(text) and "is the last to arrive" not in text, text[-4000:]
     assert gang.client(_RECORD).get("stragglers") == [], text[-2000:]
+
+
+def test_a_slow_node_is_swapped_for_the_spare_and_the_gang_trains_at_its_pace_again(gang):
+    """Node 1's ranks slowed by a quarter (a slow machine: they stay slow however they are numbered); after
+    20 s of being named, node 1 is swapped for spare node 2 and the steps come faster."""
+    gang.env["MFTR_TORCHRUN_ATTRS"] = json.dumps({"restarts": 1, "spares": 1, "swap_stragglers": 20})
+    proc = gang.run("--script", "ddp_slow.py", "--nodes", "3", "--nproc", "2",
+                    "--script-args", json.dumps(["--seconds", "45", "--step", "0.1", "--slow", "0.025",
+                                                 "--slow-node", "1"]), timeout=300)
+    text = output(proc)
+    assert proc.returncode == 0, text[-4000:]
+    assert re.search(r"call 1: node 1 \([^)]*\) taken out, spare node 2 \([^)]*\) brought in \(restart 1 of 1\): "
+                     r"node 1 \([^,]*, ranks 2-3\) has been the last to arrive at the collectives for \d+ s, the "
+                     r"others waiting \d+ ms for it at each \(swap_stragglers=20s\)", text), text[-4000:]
+    paces = {}
+    for restart in (0, 1):
+        with open(os.path.join(gang.out, "pace-%d.json" % restart)) as f:
+            pace = json.load(f)
+        paces[restart] = pace["steps"] / pace["seconds"]
+    assert paces[1] >= 1.12 * paces[0], paces  # 1.25x expected: the late node's wait is gone

@@ -66,7 +66,7 @@ def test_a_node_record_of_unequal_lengths_or_out_of_bounds_is_refused():
             NodeArrivals.from_wire(bad)
 
 
-def _records(late_rank, late_ms, collectives=100, skew=(0, 0), step_ms=100, seed=1):
+def _records(late_rank, late_ms, collectives=100, skew=(0, 0), step_ms=100, seed=1, late_node=None):
     """Two nodes of two ranks (0, 1 and 2, 3): each collective's arrivals, ``late_rank`` late by
     ``late_ms`` (None: the ranks take turns, jittered); node n's clock ``skew[n]`` ms off."""
     rng = random.Random(seed)
@@ -74,7 +74,7 @@ def _records(late_rank, late_ms, collectives=100, skew=(0, 0), step_ms=100, seed
     for k in range(collectives):
         for r in range(4):
             jitter = rng.uniform(0, 2) * MS
-            late = late_ms * MS if r == late_rank else 0
+            late = late_ms * MS if r == late_rank or r // 2 == late_node else 0
             times[r].append(k * step_ms * MS + int(jitter) + late + skew[r // 2] * MS)
     return times
 
@@ -105,8 +105,14 @@ def _verdict(tmp_path, times, batches=4):
 
 def test_a_rank_a_quarter_slower_is_named_with_its_node_and_cost(tmp_path):
     verdict = _verdict(tmp_path, _records(late_rank=3, late_ms=25, collectives=160))
-    assert verdict is not None and (verdict.rank, verdict.node) == (3, 1), verdict
+    assert verdict is not None and (verdict.ranks, verdict.node, verdict.named) == ((3,), 1, "3"), verdict
     assert verdict.share >= 0.9 and 23 <= verdict.wait_ms <= 27 and 1.25 <= verdict.ratio <= 1.4, verdict  # 100 ms vs 75
+
+
+def test_a_slow_machine_whose_ranks_take_turns_at_being_last_is_named_as_a_node(tmp_path):
+    verdict = _verdict(tmp_path, _records(late_rank=None, late_ms=25, collectives=160, late_node=1))
+    assert verdict is not None and (verdict.ranks, verdict.node, verdict.named) == ((2, 3), 1, "2-3"), verdict
+    assert verdict.share >= 0.9, verdict
 
 
 @pytest.mark.parametrize("seed", range(5))
@@ -146,3 +152,63 @@ def test_the_progress_book_names_the_late_rank_once_it_has_been_late_for_a_while
     assert (named.node_index, named.ranks, named.signal) == (1, "3", "arrival"), named
     assert named.sentence().startswith("rank 3 (node 1, host-1) is the last to arrive at "), named.sentence()
     assert book.check(120.0) == [] and book.current().stragglers[0].seconds == 20.0  # named once, kept up to date
+
+
+def _swap_gang(net, tmp_path, monkeypatch, restarts):
+    """Three nodes (node 2 a spare) whose service hears node 1's rank 3 arrive late at every collective."""
+    from gang_net import new_config
+    from test_node_loss import Node
+
+    from metaflow_extensions.torchrun.plugins.torchrun.gang import gang_progress
+
+    monkeypatch.setattr(gang_progress, "SUSTAIN", 0.0)
+    server = net.server(config=new_config(3, restarts=restarts, spares=1, swap_stragglers=1.0))
+    nodes = [Node(net, server, n) for n in range(3)]
+    for node in nodes:
+        node.enter()
+    for index, record in _fold(tmp_path, _records(late_rank=3, late_ms=25, collectives=160)).items():
+        nodes[index].send(type="hb", progress=NodeProgress(cpu=0.5, arrivals=record).to_wire())
+    return nodes
+
+
+def test_the_service_swaps_the_late_ranks_node_for_a_spare(net, tmp_path, monkeypatch):
+    n0, _, _ = _swap_gang(net, tmp_path, monkeypatch, restarts=1)
+    restart = n0.next("restart", timeout=8.0)
+    assert restart is not None and restart["swapped_in"] == 2, restart
+    cause = restart["cause"]
+    assert cause["kind"] == "straggler" and cause["node_index"] == 1 and cause["call"] == 0, cause
+    assert cause["summary"].startswith("node 1 (host-1, ranks 3) has been the last to arrive at the collectives for ")
+
+
+def test_with_no_restart_left_a_late_rank_trains_on(net, tmp_path, monkeypatch):
+    n0, _, _ = _swap_gang(net, tmp_path, monkeypatch, restarts=0)
+    assert n0.next("restart", timeout=4.0) is None
+    assert n0.next("abort", timeout=0.1) is None
+
+
+@pytest.mark.parametrize("value", [True, 5, 0, -1, float("nan"), 10 ** 9, "30"])
+def test_swap_stragglers_is_a_number_of_seconds_in_range(value):
+    from metaflow_extensions.torchrun.plugins.torchrun.errors import TorchrunInvalidArgument
+    from metaflow_extensions.torchrun.plugins.torchrun.launch.inputs import validate_swap_stragglers
+
+    with pytest.raises(TorchrunInvalidArgument, match=r"swap_stragglers=.*from 10 to"):
+        validate_swap_stragglers(value, 1, 1)
+
+
+@pytest.mark.parametrize("spares,restarts", [(0, 1), (None, 1), (1, 0)])
+def test_swap_stragglers_needs_a_spare_and_a_restart(spares, restarts):
+    from metaflow_extensions.torchrun.plugins.torchrun.errors import TorchrunInvalidArgument
+    from metaflow_extensions.torchrun.plugins.torchrun.launch.inputs import validate_swap_stragglers
+
+    with pytest.raises(TorchrunInvalidArgument, match=r"needs a spare to swap in and a restart to do it"):
+        validate_swap_stragglers(60, spares, restarts)
+
+
+def test_swap_stragglers_reaches_the_step_defaults():
+    from test_node_loss import _read
+
+    from metaflow_extensions.torchrun.plugins.torchrun.spec import step_defaults
+
+    spec, said = _read(swap_stragglers=60, spares=1, restarts=1)
+    assert said == [] and step_defaults(spec).swap_stragglers == 60.0
+    assert step_defaults(_read()[0]).swap_stragglers is None

@@ -77,6 +77,7 @@ CHANGED = dict(
     snapshot_memory=64.0,  # the call's snapshot store's budget (below)
     min_nodes=1,  # the gang config (the service shrinks the gang: tests/unit/test_node_loss.py)
     regrow=False,  # the gang config (the service grows it back: tests/unit/test_node_loss.py)
+    swap_stragglers=30.0,  # the gang config (the service swaps a late rank's node: tests/unit/test_arrivals.py)
     knobs=KNOBS,  # each checked where it takes effect (KNOBS above)
 )
 
@@ -162,7 +163,7 @@ def test_the_session_carries_the_gang_settings(run):
     assert (config.heartbeat_timeout, config.start_timeout, config.hang_timeout) == (7.0, 123.0, 9.0)
     assert config.restarts == 2
     assert config.spares == 1 and run.session.bench.spares == (1,)  # of 2 nodes: node 1 waits
-    assert config.min_nodes == 1 and config.regrow is False
+    assert config.min_nodes == 1 and config.regrow is False and config.swap_stragglers == 30.0
     assert (config.progress_interval, config.straggler_ratio, config.straggler_seconds) == (3.0, 2.5, 60.0)
 
 

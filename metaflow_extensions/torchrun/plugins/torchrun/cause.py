@@ -38,6 +38,7 @@ class CauseKind(str, enum.Enum):
     PREFLIGHT = "preflight"  # a preflight check failed before the user's ranks started
     PREEMPTED = "preempted"  # a node was told to stop (SIGTERM, a spot notice): the whole gang stops gracefully
     REGROWN = "regrown"  # a lost node came back: the ranks restart with the gang at its size again (no failure)
+    STRAGGLER = "straggler"  # a rank the others waited for too long: its node swapped for a spare (swap_stragglers)
 
 
 # Causes a node finds on its own: the service may not know them, and cannot answer this node any more.
@@ -179,7 +180,7 @@ def user_code_failure(cause: Optional[Cause]) -> Optional[str]:
     return "%s at %s" % (exc_type, where) if where else exc_type
 
 
-_RESTARTABLE = (CauseKind.RANK_FAILED, CauseKind.HANG)
+_RESTARTABLE = (CauseKind.RANK_FAILED, CauseKind.HANG, CauseKind.STRAGGLER)
 
 
 def restartable_in_step(cause: Optional[Cause]) -> bool:
@@ -187,4 +188,4 @@ def restartable_in_step(cause: Optional[Cause]) -> bool:
     signal or NCCL/gloo error, a hang), and it was no exception of the user's code (it would raise again)."""
     if cause is None or cause.kind not in _RESTARTABLE:
         return False
-    return cause.kind is CauseKind.HANG or user_code_failure(cause) is None
+    return cause.kind in (CauseKind.HANG, CauseKind.STRAGGLER) or user_code_failure(cause) is None

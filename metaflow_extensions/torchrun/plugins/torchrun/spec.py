@@ -19,7 +19,8 @@ from .launch import (NO_ACCELERATORS, Accelerators, ArgSpec, StepDefaults, merge
                      step_timeout, validate_args_as, validate_shutdown_grace, validate_timeouts)
 from .launch.command import restarts_allowed
 from .launch.inputs import (retry_on_clash, validate_hang_timeout, validate_restarts, validate_retry_on,
-                            validate_snapshot_memory, validate_snapshots, validate_spares, validate_min_nodes)
+                            validate_snapshot_memory, validate_snapshots, validate_spares, validate_min_nodes,
+                            validate_swap_stragglers)
 from .launch.plan import check_options, legacy_rdzv_port, none_notes, option_names, validate_nproc
 from .launch.platforms import check_port_clash, refuse_one_node_on_kubernetes, refuse_step_functions
 
@@ -46,6 +47,7 @@ class StepSpec:
     spares: int = DEFAULTS.SPARES
     min_nodes: Optional[int] = DEFAULTS.MIN_NODES
     regrow: bool = DEFAULTS.REGROW
+    swap_stragglers: Optional[float] = DEFAULTS.SWAP_STRAGGLERS
     snapshot_every: Optional[int] = None
     snapshot_memory: Optional[float] = None
     runs_here: bool = True  # no remote compute decorator: a local run's tasks run on this host
@@ -84,6 +86,8 @@ def read_step_spec(attributes: Mapping[str, Any], decorators: DecoratorSpecs, en
         min_nodes=problems.check(validate_min_nodes, attributes.get("min_nodes"), restarts, attributes.get("spares"),
                                  list(entries), decorators),
         regrow=truthy(attributes.get("regrow", DEFAULTS.REGROW)),
+        swap_stragglers=problems.check(validate_swap_stragglers, attributes.get("swap_stragglers"),
+                                       attributes.get("spares"), restarts),
         snapshot_every=problems.check(validate_snapshots, attributes.get("snapshots"), restarts),
         snapshot_memory=problems.check(validate_snapshot_memory, attributes.get("snapshot_memory")),
         notes=tuple(notes), runs_here=not any(name in REMOTE_COMPUTE for name, _ in decorators),
@@ -157,7 +161,7 @@ def step_defaults(spec: StepSpec, knobs: Optional[Knobs] = None) -> StepDefaults
         hang_timeout=spec.hang_timeout, shutdown_grace=spec.shutdown_grace, preflight=spec.preflight,
         restarts=spec.restarts, spares=spec.spares, retry_on=spec.retry_on, knobs=knobs or Knobs(),
         snapshot_every=spec.snapshot_every, snapshot_memory=spec.snapshot_memory, min_nodes=spec.min_nodes,
-        regrow=spec.regrow,
+        regrow=spec.regrow, swap_stragglers=spec.swap_stragglers,
     )
 
 

@@ -18,6 +18,8 @@ SPARES = 0  # hot spares: idle nodes of num_parallel that wait to take a failed 
 MAX_SPARES = 64
 MIN_NODES = None  # None: a lost node with no spare left ends the attempt; M: the gang goes on with M nodes or more
 REGROW = True  # a lost node that comes back rejoins; the gang grows back to its size at the next restart
+SWAP_STRAGGLERS = None  # seconds a rank stays the one the others wait for before its node is swapped (None: never)
+MAX_SWAP_STRAGGLERS = 7 * 24 * 3600.0
 PREFLIGHT = "versions"  # the preflight's mode (gang/preflight_modes.py's)
 # In-memory snapshots (gang/snapshot_store.py): None, on where a restart is allowed; a number N, the
 # trainers' callbacks save every N steps (else as often as SNAPSHOT_BUDGET of a step's time allows).
@@ -46,6 +48,7 @@ ATTRIBUTES = {
     "spares": SPARES,
     "min_nodes": MIN_NODES,
     "regrow": REGROW,
+    "swap_stragglers": SWAP_STRAGGLERS,
     "snapshots": SNAPSHOTS,
     "snapshot_memory": SNAPSHOT_MEMORY,
 }

@@ -107,15 +107,24 @@ class ArrivalTracker:
 
 @dataclass(frozen=True)
 class ArrivalVerdict:
-    """The rank the others wait for, over the window: its share of the last arrivals, the others' mean
-    wait for it (ms) and how much longer each collective took for it (``ratio``)."""
+    """Who the others wait for, over the window: one rank, or the ranks of one node (a slow machine: its
+    ranks take turns at being the last), with its share of the last arrivals where the others waited, their
+    mean wait for it (ms) and how much longer each collective took for it (``ratio``)."""
 
-    rank: int
+    ranks: Tuple[int, ...]
     node: int
     share: float
     wait_ms: float
     ratio: float
     seen: int
+
+    @property
+    def named(self) -> str:
+        """"3", or "2-3" for a node's run of ranks, or "2,5"."""
+        lo, hi = self.ranks[0], self.ranks[-1]
+        if len(self.ranks) > 1 and hi - lo + 1 == len(self.ranks):
+            return "%d-%d" % (lo, hi)
+        return ",".join(map(str, self.ranks))
 
 
 class ArrivalBook:
@@ -171,28 +180,41 @@ class ArrivalBook:
         self.waits.append(max(0.0, (late[0] - others) / 1000.0))
 
     def verdict(self) -> Optional[ArrivalVerdict]:
-        """The rank the others waited for most, where it was last at ``SHARE`` or more of the collectives
-        at which they waited (``MATERIAL_US`` or more) and that wait costs them ``RATIO``; else None."""
+        """The rank the others waited for most, or else the node, where it was last at ``SHARE`` or more of the
+        collectives at which they waited (``MATERIAL_US`` or more) and that wait costs them ``RATIO``; else None."""
         if len(self.window) < MIN_SEEN:
             return None
+        by_rank = [(rank, wait) for (_, rank, _, _), wait in zip(self.window, self.waits)]
+        by_node = [(node, wait) for (_, _, node, _), wait in zip(self.window, self.waits)]
+        for key, pairs in ((0, by_rank), (1, by_node)):
+            found = self._culprit(pairs)
+            if found is None:
+                continue
+            who, share, mean_wait, ratio = found
+            entries = [e for e in self.window if e[1 + key] == who]
+            node = entries[-1][2]
+            ranks = tuple(sorted({e[1] for e in entries}))
+            return ArrivalVerdict(ranks, node, round(share, 3), round(mean_wait / 1000.0, 1), round(ratio, 2),
+                                  len(self.window))
+        return None
+
+    def _culprit(self, pairs: List[Tuple[int, float]]) -> Optional[Tuple[int, float, float, float]]:
+        """(who, share, mean wait µs, ratio) for the one that caused the most waiting, if it is named."""
         caused: Dict[int, float] = {}
         waited: Dict[int, int] = {}
-        for (_, rank, _, _), wait in zip(self.window, self.waits):
-            caused[rank] = caused.get(rank, 0.0) + wait
+        for who, wait in pairs:
+            caused[who] = caused.get(who, 0.0) + wait
             if wait >= MATERIAL_US:
-                waited[rank] = waited.get(rank, 0) + 1
+                waited[who] = waited.get(who, 0) + 1
         material = sum(waited.values())
-        rank = max(caused, key=lambda r: (caused[r], -r))
-        if material < MIN_SEEN // 2 or rank not in waited:
+        who = max(caused, key=lambda w: (caused[w], -w))
+        if material < MIN_SEEN // 2 or who not in waited:
             return None
-        share = waited[rank] / material
+        share = waited[who] / material
         first, last = self.window[0], self.window[-1]
         span = (last[3] - first[3]) / 1000.0 / max(1, last[0] - first[0])  # µs a collective takes, on the mean
-        lost = caused[rank] / len(self.window)  # µs of it the others spend waiting for this rank
+        lost = caused[who] / len(self.window)  # µs of it the others spend waiting for it
         ratio = span / (span - lost) if span > lost > 0 else 0.0
         if share < SHARE or ratio < RATIO:
             return None
-        node = next(n for _, r, n, _ in reversed(self.window) if r == rank)
-        mean_wait = caused[rank] / max(1, waited[rank])
-        return ArrivalVerdict(rank, node, round(share, 3), round(mean_wait / 1000.0, 1), round(ratio, 2),
-                              len(self.window))
+        return who, share, caused[who] / waited[who], ratio

@@ -37,6 +37,7 @@ class GangConfig:
     min_nodes: Optional[int] = None  # a lost node with no spare left: go on where this many nodes still train
     regrow: bool = True  # a lost node back brings the gang back to its size at a restart
     survives_loss: bool = True  # the platform lets the step succeed without a lost node's task (not AWS Batch)
+    swap_stragglers: Optional[float] = None  # seconds a rank named by arrival stays so before its node is swapped
     straggler_ratio: float = DEFAULTS.STRAGGLER_RATIO
     straggler_seconds: float = DEFAULTS.STRAGGLER_SECONDS
 

@@ -234,12 +234,17 @@ class Straggler(Written):
     share: Annotated[Optional[float], Real(digits=3)] = None
     wait_ms: Annotated[Optional[float], Real(digits=1)] = None
 
+    @property
+    def _many(self) -> bool:
+        return any(c in self.ranks for c in ",-")
+
     def sentence(self) -> str:
         if self.signal == SIGNAL_ARRIVAL:
-            return ("rank %s (node %d, %s) is the last to arrive at %.0f %% of the collectives the others wait at; "
-                    "they wait %.0f ms for it at each, %.2fx the time they would take (for %s)" % (
-                        self.ranks, self.node_index, self.host, 100 * (self.share or 0.0), self.wait_ms or 0.0,
-                        self.ratio, duration(self.seconds)))
+            return ("rank%s %s (node %d, %s) %s the last to arrive at %.0f %% of the collectives the others wait "
+                    "at; they wait %.0f ms for %s at each, %.2fx the time they would take (for %s)" % (
+                        "s" if self._many else "", self.ranks, self.node_index, self.host,
+                        "are" if self._many else "is", 100 * (self.share or 0.0), self.wait_ms or 0.0,
+                        "them" if self._many else "it", self.ratio, duration(self.seconds)))
         what = {SIGNAL_PROGRESS: "slower than the median",
                 SIGNAL_GPU: "less busy on GPU than the median (its GPUs wait for its input or CPU)"}.get(
             self.signal, "busier on CPU than the median (the others wait for it)")
@@ -295,6 +300,7 @@ class ProgressBook:
         self.summary = ProgressRecord()
         self.arrivals = ArrivalBook()
         self.late_since: Optional[Tuple[int, float]] = None  # (rank, since): last to arrive, by enough
+        self.late: Optional[Straggler] = None  # that rank now, however long (None: nobody now)
 
     def new_call(self) -> None:
         """Stragglers named stay named."""
@@ -322,7 +328,7 @@ class ProgressBook:
         self.nodes.clear()
         self.slow_since.clear()
         self.arrivals.new_start()
-        self.late_since = None
+        self.late_since, self.late = None, None
         self.start_seen, self.settled = None, False
 
     def current(self) -> ProgressRecord:
@@ -378,13 +384,13 @@ class ProgressBook:
         self.arrivals.tally(sorted(self.nodes))
         verdict = self.arrivals.verdict()
         if verdict is None or verdict.node not in self.nodes:
-            self.late_since = None
+            self.late_since, self.late = None, None
             return []
-        if self.late_since is None or self.late_since[0] != verdict.rank:
-            self.late_since = (verdict.rank, now)
+        if self.late_since is None or self.late_since[0] != verdict.node:
+            self.late_since = (verdict.node, now)
         since = self.late_since[1]
-        one = Straggler(verdict.node, self.nodes[verdict.node][1], str(verdict.rank), verdict.ratio, now - since,
-                        SIGNAL_ARRIVAL, verdict.share, verdict.wait_ms)
+        one = self.late = Straggler(verdict.node, self.nodes[verdict.node][1], verdict.named, verdict.ratio,
+                                    now - since, SIGNAL_ARRIVAL, verdict.share, verdict.wait_ms)
         known = self.named.get(verdict.node)
         if known is not None:
             if known.signal == SIGNAL_ARRIVAL:

@@ -18,7 +18,7 @@ from .admission import Admission
 from .bench import Bench
 from .calls import CallBook, CallState, begin_restart, in_progress, may_restart
 from .config import CONTROL_NODE, GangConfig
-from .gang_progress import ProgressBook
+from .gang_progress import ProgressBook, duration
 from .membership import Membership, NodeEnd
 from .node_compare import HostCheck, PreflightBook
 from .peer import Peer
@@ -296,6 +296,23 @@ class Handlers:
                 self.abort(cause)
         if self.members.gone:
             self._all_left(now)
+        if self.cause is None and self.config.swap_stragglers is not None:
+            self._swap_straggler(self.config.swap_stragglers)
+
+    def _swap_straggler(self, after: float) -> None:
+        """The rank the others wait for at the collectives, still so ``after`` seconds after it was first:
+        its node swapped for a spare in a restart of the running call (never node 0: it hosts the store)."""
+        late, bench = self.training.late, self.book.bench
+        if late is None or late.seconds < after or late.node_index == 0 or not bench.spares \
+                or late.node_index in bench.benched or not self.book.calls:
+            return
+        state = self.book.calls[max(self.book.calls)]
+        if not in_progress(state, bench.active_count(self.config.num_nodes)) or state.restart >= self.config.restarts:
+            return  # a straggler never ends the gang: with no restart left, it trains on
+        self.abort(Cause(CauseKind.STRAGGLER, "node %d (%s, ranks %s) has been the last to arrive at the collectives "
+                         "for %s, the others waiting %.0f ms for it at each (swap_stragglers=%gs)"
+                         % (late.node_index, late.host, late.ranks, duration(late.seconds), late.wait_ms or 0.0,
+                            after), node_index=late.node_index, call=state.index))
 
     def _overdue(self, now: float, ended: Optional[Cause] = None) -> Optional[Cause]:
         if self.pending is not None and now >= self.pending[1]:

@@ -159,6 +159,23 @@ def validate_min_nodes(value: Any, restarts: Optional[int], spares: Any, num_par
     return value
 
 
+def validate_swap_stragglers(value: Any, spares: Any, restarts: Optional[int]) -> Optional[float]:
+    """``@torchrun(swap_stragglers=S)``: a rank the others have waited for at the collectives for S seconds
+    (the arrival signal, docs/seeing-the-gang.md) has its node swapped for a spare, in an in-step restart."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
+            math.isfinite(value) and 10 <= value <= DEFAULTS.MAX_SWAP_STRAGGLERS):
+        raise TorchrunInvalidArgument(
+            "@torchrun(swap_stragglers=%s): the seconds a rank stays the one the others wait for before its node "
+            "is swapped for a spare, from 10 to %d." % (shown(value), DEFAULTS.MAX_SWAP_STRAGGLERS))
+    if not (isinstance(spares, int) and not isinstance(spares, bool) and spares > 0) or restarts == 0:
+        raise TorchrunInvalidArgument(
+            "@torchrun(swap_stragglers=%s) needs a spare to swap in and a restart to do it: set spares=K (K >= 1) "
+            "and restarts=N (N >= 1; each swap counts as one of the N), or drop swap_stragglers." % shown(value))
+    return float(value)
+
+
 # Platforms where a node's loss ends the whole job whatever the gang decides: why, for the refusal.
 SHRINK_REFUSED = {
     "batch": "AWS Batch ends a multi-node job when one of its nodes' containers is lost, so no node can be "

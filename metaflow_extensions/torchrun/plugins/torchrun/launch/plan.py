@@ -48,6 +48,7 @@ class StepDefaults:
     spares: int = DEFAULTS.SPARES  # @torchrun(spares=K): K nodes wait to replace a bad one (gang/bench.py)
     min_nodes: Optional[int] = DEFAULTS.MIN_NODES  # @torchrun(min_nodes=M): a lost node's gang goes on with M or more
     regrow: bool = DEFAULTS.REGROW  # a lost node that comes back brings the gang back to its size
+    swap_stragglers: Optional[float] = DEFAULTS.SWAP_STRAGGLERS  # a rank named by arrival this long: its node out
     snapshot_every: Optional[int] = None  # in-memory snapshots: None off; 0 the trainers' interval from cost; N
     snapshot_memory: Optional[float] = None  # the store's budget: MB (> 1) or a share of available memory (<= 1)
     retry_on: Optional[str] = None  # as spec.py read it: "infrastructure" refuses torch's own restart

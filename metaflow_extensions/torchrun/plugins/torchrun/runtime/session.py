@@ -345,7 +345,7 @@ def gang_config(context: StepContext) -> GangConfig:
                       hang_timeout=defaults.hang_timeout, progress_interval=knobs.progress_seconds,
                       straggler_ratio=knobs.straggler_ratio, straggler_seconds=knobs.straggler_seconds,
                       spares=defaults.spares, min_nodes=defaults.min_nodes, regrow=defaults.regrow,
-                      survives_loss=topology.survives_loss)
+                      survives_loss=topology.survives_loss, swap_stragglers=defaults.swap_stragglers)
 
 
 def bind_host(topology: Topology) -> str:
