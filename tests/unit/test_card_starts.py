@@ -170,3 +170,17 @@ def test_a_restart_keeps_this_nodes_replaced_ranks_and_marks_their_logs(tmp_path
     assert split_by_start(lines + ["the second start's"], 1) == [
         (0, ["Traceback: the first start's"]), (1, ["the second start's"])]
     assert not os.path.exists(rank_log_path(str(tmp_path), 2, "stdout"))  # none made where the rank wrote nothing
+
+
+def test_a_node_the_gang_waited_for_is_marked_where_it_began():
+    import dataclasses
+
+    from metaflow_extensions.torchrun.plugins.torchrun.gang.gang_progress import ProgressRecord, Straggler
+
+    late = Straggler(1, "host<b>", "2-3", 1.24, 30.0, "arrival", 0.9, 24.4, T0 + 3)
+    by_steps = Straggler(1, "host", "2-3", 1.6, 300.0, "progress reports (steps/s of each node's slowest rank)")
+    result = dataclasses.replace(_restarted_result(), progress=ProgressRecord(stragglers=(late, by_steps)))
+    spec = timeline.spec(timeline.from_result(result, content.gang_ranks(result)))
+    marks = [v for layer in spec["layer"] if layer["mark"]["type"] == "text" for v in layer["data"]["values"]
+             if "late" in v["label"]]
+    assert marks == [{"at": 3.0, "label": "node 1 late (ranks 2-3): 24 ms a collective"}]  # the host never in it

@@ -290,3 +290,16 @@ def test_a_restart_that_is_nobodys_blames_nobody_and_a_swap_is_counted_once():
     seen = nh.appearances([both], "F", "1", "train")
     assert [(a.key, a.role) for a in seen] == [("a", "bystander"), ("b", "culprit"), ("c", "culprit")]
     assert seen[1].cause == "restarted in place: " + _killed(1, "b") and seen[2].cause == _killed(2, "c")
+
+
+def test_a_host_named_slow_twice_is_flagged_refused_under_strict_and_benched_with_spares():
+    """The gang waited for it (a straggler, by arrival or by steps) in two of its last appearances."""
+    seen = [nh.Appearance(host="slowpoke", flow="F", run=str(r), step="train", attempt=0, role="slow", at=100.0 + r)
+            for r in range(2)] + [nh.Appearance(host="fine", flow="F", run=str(r), step="train", attempt=0,
+                                                role="bystander", at=100.0 + r) for r in range(2)]
+    assert nh.evidence("slowpoke", seen[:1], nh.Threshold()) is None  # once is not twice
+    assert nh.evidence("slowpoke", seen, nh.Threshold()) == (
+        "slowpoke was named slow in 2 of its last 2 appearances: 1/train attempt 0; 0/train attempt 0")
+    lines, cause = nh.check({0: "fine", 1: "slowpoke"}, seen, nh.Threshold(), strict=True, platform="local")
+    assert cause is not None and cause.node_index == 1 and "named slow in 2" in cause.summary
+    assert nh.blamed({0: "fine", 1: "slowpoke", 2: "fine"}, seen, nh.Threshold()) == [1]  # a spare, with spares

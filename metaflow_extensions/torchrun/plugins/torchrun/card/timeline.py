@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ..cause import CauseKind
+from ..gang.arrivals import SIGNAL_ARRIVAL
 from . import starts as card_starts
 from .starts import RankRun
 
@@ -60,6 +61,7 @@ class Gang:
     runs: Sequence[RankRun] = ()
     restarts: Sequence[Tuple[float, str]] = ()  # (at, label): a restart in place, at its failure
     swapped_in: Mapping[int, int] = field(default_factory=dict)  # node -> the start a swap brought it in at
+    late: Sequence[Tuple[float, str]] = ()  # (since, label): a node the others waited for at the collectives
 
 
 def _number(value: Any) -> Optional[float]:
@@ -96,7 +98,21 @@ def from_result(result: Any, ranks: Mapping[int, Sequence[Any]]) -> Gang:
         failed_kind=cause.kind if cause is not None else None, swaps=swaps_of(result), bench=bench_of(result),
         runs=card_starts.rank_runs(result, ranks), restarts=restarts_of(result),
         swapped_in={n: r.restart for r in result.in_step_restarts or () if (n := _index(r.swapped_in)) is not None},
+        late=late_of(result),
     )
+
+
+def late_of(result: Any) -> List[Tuple[float, str]]:
+    """Where the gang began to wait for a node at the collectives (the arrival signal): ``node 1 late
+    (ranks 2-3): 24 ms a collective`` (numbers only, never a host's text)."""
+    found = []
+    for s in (result.progress.stragglers if result.progress is not None else ()):
+        at, node = _number(s.since), _index(s.node_index)
+        if at is None or node is None or s.signal != SIGNAL_ARRIVAL:
+            continue
+        ranks = "".join(c for c in str(s.ranks) if c.isdigit() or c in ",-")[:32]
+        found.append((at, "node %d late (ranks %s): %.0f ms a collective" % (node, ranks, _number(s.wait_ms) or 0.0)))
+    return sorted(found)[-SWAP_MARKS:]
 
 
 def bench_of(result: Any) -> Dict[int, List[Tuple[Optional[float], str]]]:
@@ -354,6 +370,10 @@ def spec(g: Gang) -> Dict[str, Any]:
         swaps = [{"at": at - origin, "label": label} for at, label in g.swaps]
         layers += _mark_layers(swaps, "swap", "#9467bd", {"align": "left", "dx": 3, "dy": -16, "fontSize": 10},
                                {"strokeWidth": 2, "strokeDash": [6, 2]})
+    if g.late:
+        late = [{"at": at - origin, "label": label} for at, label in g.late]
+        layers += _mark_layers(late, "straggler", "#bcbd22", {"align": "left", "dx": 3, "dy": -28, "fontSize": 10},
+                               {"strokeWidth": 2, "strokeDash": [1, 3]})
     if g.failed_at is not None:
         failure = [{"at": g.failed_at - origin, "label": _failure_label(g)}]
         layers += _mark_layers(failure, "failure", "#d62728",

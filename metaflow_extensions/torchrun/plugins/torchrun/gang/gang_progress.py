@@ -224,6 +224,7 @@ def cpu_seconds(pid: int) -> float:
 
 @dataclass(frozen=True)
 class Straggler(Written):
+    DROP_NONE = True  # the arrival signal's own fields are left off the others
     node_index: int
     host: str
     ranks: str  # "136-143"
@@ -233,6 +234,7 @@ class Straggler(Written):
     # signal "arrival": the share of the recent collectives it reached last, and the others' mean wait for it
     share: Annotated[Optional[float], Real(digits=3)] = None
     wait_ms: Annotated[Optional[float], Real(digits=1)] = None
+    since: Annotated[Optional[float], Real(digits=3)] = None  # wall clock: when it began (the card's mark)
 
     @property
     def _many(self) -> bool:
@@ -390,7 +392,8 @@ class ProgressBook:
             self.late_since = (verdict.node, now)
         since = self.late_since[1]
         one = self.late = Straggler(verdict.node, self.nodes[verdict.node][1], verdict.named, verdict.ratio,
-                                    now - since, SIGNAL_ARRIVAL, verdict.share, verdict.wait_ms)
+                                    now - since, SIGNAL_ARRIVAL, verdict.share, verdict.wait_ms,
+                                    round(time.time() - (now - since), 3))
         known = self.named.get(verdict.node)
         if known is not None:
             if known.signal == SIGNAL_ARRIVAL:

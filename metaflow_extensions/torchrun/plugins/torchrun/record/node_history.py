@@ -205,7 +205,11 @@ def evidence(key: str, seen: Sequence[Appearance], threshold: Threshold) -> Opti
     mine = sorted((a for a in seen if a.key == key), key=lambda a: -a.at)[:threshold.appearances]
     blamed = [a for a in mine if a.role in BLAMED]
     if len(blamed) < threshold.culprit:
-        return None
+        slow = [a for a in mine if a.role == SLOW]  # a straggler the gang waited for, as often: flagged too
+        if len(slow) < threshold.culprit:
+            return None
+        return "%s was named slow in %d of its last %d appearances: %s%s" % (
+            key, len(slow), len(mine), "; ".join(a.where for a in slow[:3]), "; ..." if len(slow) > 3 else "")
     named = "; ".join("%s (%s: %s)" % (a.where, a.role, shorten(a.cause or "", 100)) for a in blamed[:3])
     return "%s was blamed in %d of its last %d appearances: %s%s" % (
         key, len(blamed), len(mine), named, "; ..." if len(blamed) > 3 else "")
