@@ -132,6 +132,44 @@ def recorder_case(backend: str) -> List[dict]:
     return results
 
 
+ARRIVALS = textwrap.dedent(
+    """
+    import datetime, json, os, sys, tempfile
+    sys.path.insert(0, sys.argv[1])
+    from metaflow_extensions.torchrun.plugins.torchrun.procs import arrivals, flight_ask
+    import torch, torch.distributed as dist
+    import torch._C._distributed_c10d as c10d
+    torch.cuda.set_device(0)
+    work = tempfile.mkdtemp()
+    dist.init_process_group("nccl", init_method="file://" + os.path.join(work, "store"), rank=0, world_size=1,
+                            timeout=datetime.timedelta(seconds=120))
+    t = torch.ones(1 << 20, device="cuda")
+    for _ in range(5):
+        dist.all_reduce(t)
+    torch.cuda.synchronize()
+    recorder = flight_ask.recorder_for(flight_ask.default_backends(dist))
+    text, why = flight_ask.dump_recorder(c10d, recorder)
+    found = arrivals.newest(json.loads(text).get("entries"), 0) if text is not None else []
+    print(json.dumps({"recorder": recorder, "why": why, "found": found}))
+    dist.destroy_process_group()
+    """
+)
+
+
+def arrivals_case() -> dict:
+    """The arrival signal's field (each collective's enqueue time) read from NCCL's recorder as from gloo's."""
+    env = dict(os.environ, **{FR_BUFFER_ENV: "20", FR_BUFFER_OLD_ENV: "20"})
+    proc = subprocess.run([sys.executable, "-c", ARRIVALS, REPO], capture_output=True, text=True, timeout=300,
+                          env=env)
+    try:
+        said = json.loads(proc.stdout.strip().splitlines()[-1])
+    except (IndexError, ValueError):
+        return {"case": "nccl: arrivals from the recorder", "ok": False, "detail": proc.stderr[-1500:]}
+    times = [t for _, t in said["found"]]
+    ok = [s for s, _ in said["found"]] == [1, 2, 3, 4, 5] and times == sorted(times)
+    return {"case": "nccl: arrivals from the recorder (5 all_reduces, in order)", "ok": ok, "detail": json.dumps(said)}
+
+
 def fork_guard_case() -> dict:
     proc = subprocess.run([sys.executable, "-c", FORK_GUARD, REPO], capture_output=True, text=True, timeout=300)
     try:
@@ -148,6 +186,7 @@ def main(argv: List[str]) -> int:
     for backend in ("nccl", "cpu:gloo,cuda:nccl"):
         results += recorder_case(backend)
     results.append(fork_guard_case())
+    results.append(arrivals_case())
     for r in results:
         print("%-4s %-62s %s" % ("ok" if r["ok"] else "FAIL", r["case"], r["detail"][:200]))
     if len(argv) > 1:
