@@ -2,7 +2,8 @@
 pulled) is not the end of the step where the step can go on without it: a spare takes its place, or,
 with ``min_nodes``, the gang trains on the nodes that remain. The local control stands in for a Job
 controller and starts the lost node's task again: it rejoins as a spare, the gang grows back to its
-size, and the step and its join (``len(inputs)``, ``merge_artifacts``) succeed.
+size, and the step and its join (``len(inputs)``, ``merge_artifacts``) succeed. (The same loss with
+neither option ends the attempt: test_gang_failures.py, and the service's rule in test_node_loss.py.)
 
 Real 3-node x 2-process flows on gloo (tests/flows/lost_node_flow.py, snapshot_train.py: DDP with a
 snapshot every step)."""
@@ -124,19 +125,3 @@ def test_without_a_spare_the_gang_goes_on_smaller_and_grows_back(gang):
     assert lost["kind"] == "node_lost" and "the gang trains on without it, on 2 nodes" in lost["stopped"], lost
     assert regrown["kind"] == "regrown" and regrown["steps_lost"] == 0, regrown
 
-
-def test_with_neither_a_spare_nor_min_nodes_the_loss_ends_the_attempt(gang):
-    gang.env["MFTR_TORCHRUN_ATTRS"] = json.dumps({"restarts": 2})
-    proc = gang.start("--nodes", "3", "--script-args", json.dumps(SCRIPT_ARGS), flow=FLOW)
-    try:
-        _wait_for_step(gang, 6, 2)
-        _pull_host(proc.pid, 1)
-    except BaseException:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-        raise
-    text = without_task_prefix(finish_or_explain(proc, gang, FLOW_TIMEOUT).decode(errors="replace"))
-    assert proc.returncode != 0
-    assert re.search(r"node 1 \([^)]*\) disconnected before its step ended: its task died or was killed", text), \
-        text[-5000:]
-    assert "starting it again" not in text and "restart 1 of 2" not in text, text[-5000:]
