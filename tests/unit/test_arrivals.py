@@ -15,7 +15,7 @@ from metaflow_extensions.torchrun.plugins.torchrun.gang.arrivals import (
     MIN_SEEN, SENT, ArrivalBook, ArrivalTracker, NodeArrivals)
 from metaflow_extensions.torchrun.plugins.torchrun.gang.gang_progress import NodeProgress, ProgressBook
 from metaflow_extensions.torchrun.plugins.torchrun.gang.wire import ProtocolError
-from metaflow_extensions.torchrun.plugins.torchrun.procs.arrivals import newest, read_arrivals
+from metaflow_extensions.torchrun.plugins.torchrun.procs.arrivals import newest, read_arrivals, tail_entries
 
 DUMPS = os.path.join(os.path.dirname(__file__), "flight_dumps")
 MS = 1_000_000  # ns
@@ -31,6 +31,18 @@ def test_a_real_gloo_dump_gives_the_default_groups_collectives_in_order():
                          and e["process_group"][1] == "default_pg") for s, t in found)
     assert newest(entries, found[-1][0]) == [] and newest("not a list", 0) == []
     assert newest([{"process_group": ["0", "default_pg"], "collective_seq_id": True, "time_created_ns": 5}], 0) == []
+
+
+def test_only_the_newest_entries_are_parsed_and_another_layout_is_parsed_whole():
+    with open(os.path.join(DUMPS, "gloo-hang-rank0.json"), "rb") as f:
+        text = f.read()
+    entries = json.loads(text)["entries"]
+    assert tail_entries(text, 3) == entries[-3:] and tail_entries(text.decode(), 100) == entries
+    shuffled = json.dumps({"entries": [dict(reversed(list(e.items()))) for e in entries]})  # keys in another order
+    assert tail_entries(shuffled, 3) == json.loads(shuffled)["entries"]
+    assert tail_entries(b"not json", 3) == [] and tail_entries(None, 3) == []
+    cut = text[:text.rfind(b'{"collective_seq_id"') + 30]  # a dump cut short: parsed whole, which fails
+    assert tail_entries(cut, 3) == []
 
 
 def _write(directory, rank, seqs, times, start=0):

@@ -33,7 +33,7 @@ MAX_US = 1 << 40  # an arrival's offset from the record's first, in microseconds
 RANK_LIMIT = 1 << 31
 WINDOW = 200  # the collectives a verdict looks at, the newest
 MIN_SEEN = 30  # no verdict on fewer
-MATERIAL_US = 1000  # a wait this long or longer is one the others spent on the late rank
+MATERIAL_US = 1000  # a wait this long or longer (and RATIO - 1 of a collective's time) is one spent on the late rank
 SHARE = 0.75  # a rank last at this share of the collectives where the others waited ...
 RATIO = 1.05  # ... whose wait costs the others this much of their time ...
 SUSTAIN = 10.0  # ... for this many seconds in a row is named
@@ -181,7 +181,7 @@ class ArrivalBook:
 
     def verdict(self) -> Optional[ArrivalVerdict]:
         """The rank the others waited for most, or else the node, where it was last at ``SHARE`` or more of the
-        collectives at which they waited (``MATERIAL_US`` or more) and that wait costs them ``RATIO``; else None."""
+        collectives at which they waited (long enough to count) and that wait costs them ``RATIO``; else None."""
         if len(self.window) < MIN_SEEN:
             return None
         by_rank = [(rank, wait) for (_, rank, _, _), wait in zip(self.window, self.waits)]
@@ -200,20 +200,22 @@ class ArrivalBook:
 
     def _culprit(self, pairs: List[Tuple[int, float]]) -> Optional[Tuple[int, float, float, float]]:
         """(who, share, mean wait µs, ratio) for the one that caused the most waiting, if it is named."""
+        first, last = self.window[0], self.window[-1]
+        span = (last[3] - first[3]) / 1000.0 / max(1, last[0] - first[0])  # µs a collective takes, on the mean
+        # A wait that counts: one that alone would make a collective take RATIO of its time (jitter does not).
+        material = max(MATERIAL_US, (RATIO - 1.0) * span)
         caused: Dict[int, float] = {}
         waited: Dict[int, int] = {}
         for who, wait in pairs:
             caused[who] = caused.get(who, 0.0) + wait
-            if wait >= MATERIAL_US:
+            if wait >= material:
                 waited[who] = waited.get(who, 0) + 1
-        material = sum(waited.values())
+        counted = sum(waited.values())
         who = max(caused, key=lambda w: (caused[w], -w))
-        if material < MIN_SEEN // 2 or who not in waited:
+        if counted < MIN_SEEN // 2 or who not in waited:
             return None
-        share = waited[who] / material
-        first, last = self.window[0], self.window[-1]
-        span = (last[3] - first[3]) / 1000.0 / max(1, last[0] - first[0])  # µs a collective takes, on the mean
-        lost = caused[who] / len(self.window)  # µs of it the others spend waiting for it
+        share = waited[who] / counted
+        lost = caused[who] / len(self.window)  # µs of each collective the others spend waiting for it
         ratio = span / (span - lost) if span > lost > 0 else 0.0
         if share < SHARE or ratio < RATIO:
             return None
