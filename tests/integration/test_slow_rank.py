@@ -7,6 +7,7 @@ import datetime
 import json
 import os
 import re
+import time
 
 import pytest
 
@@ -58,8 +59,9 @@ def test_a_slow_node_is_swapped_for_the_spare_and_the_gang_trains_at_its_pace_ag
     """Node 1's ranks slowed by a quarter (a slow machine: they stay slow however they are numbered); after
     20 s of being named, node 1 is swapped for spare node 2 and the steps come faster."""
     gang.env["MFTR_TORCHRUN_ATTRS"] = json.dumps({"restarts": 1, "spares": 1, "swap_stragglers": 20})
+    until = time.time() + 100  # every start ends then: named after about 20 s, swapped 20 s later
     proc = gang.run("--script", "ddp_slow.py", "--nodes", "3", "--nproc", "2",
-                    "--script-args", json.dumps(["--seconds", "45", "--step", "0.1", "--slow", "0.025",
+                    "--script-args", json.dumps(["--until", str(until), "--step", "0.1", "--slow", "0.025",
                                                  "--slow-node", "1"]), timeout=300)
     text = output(proc)
     assert proc.returncode == 0, text[-4000:]
