@@ -306,6 +306,19 @@ class TestLastOutput:
         assert not any(line.startswith("Extension modules:") for line in shown)
         assert "output 95" in text and "output 94" not in text  # a few lines of context before
 
+    def test_the_crashing_threads_stack_comes_before_the_other_threads(self):
+        """Threads that wait where they always wait (a library's, a data loader's) are dumped first; the
+        crashing one's stack is what the error shows."""
+        waiters = "import threading\n" + "".join(
+            "threading.Thread(target=threading.Event().wait, daemon=True).start()\n" for _ in range(3))
+        lines = crash_stderr(waiters + "import ctypes\ndef crash():\n    ctypes.string_at(0)\ncrash()")
+        assert sum(line.startswith("Thread 0x") for line in lines) == 3  # faulthandler writes them first
+        shown = crash_output(lines)
+        headers = [i for i, line in enumerate(shown) if line.startswith(("Thread 0x", "Current thread"))]
+        assert shown[headers[0]].startswith("Current thread") and len(headers) == 4, shown
+        crashed = next(i for i, line in enumerate(shown) if '"<string>", line 9 in crash' in line)
+        assert headers[0] < crashed < headers[1], shown
+
     def test_what_cpp_said_before_an_abort_is_kept(self):
         lines = crash_stderr("sys.stderr.write(\"terminate called after throwing an instance of "
                              "'c10::DistNetworkError'\\n\"); sys.stderr.flush()\nimport os\nos.abort()")

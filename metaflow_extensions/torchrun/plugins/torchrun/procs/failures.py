@@ -165,14 +165,29 @@ def with_last_output(failure: RankFailure, lines: List[str]) -> RankFailure:
 
 
 def crash_output(lines: List[str]) -> List[str]:
-    """From just before "Fatal Python error" (where C++ prints what it threw), else the last lines."""
+    """From just before "Fatal Python error" (where C++ prints what it threw), the crashing thread's stack
+    first; else the last lines."""
     lines = [line for line in lines if not line.startswith("Extension modules:")]
     start = max(0, len(lines) - OUTPUT_LINES)
     for i in range(len(lines) - 1, -1, -1):
         if lines[i].startswith("Fatal Python error"):
             start = max(0, i - CONTEXT_LINES)
+            lines = lines[:i + 1] + current_thread_first(lines[i + 1:])
             break
     return lines[start:start + MAX_OUTPUT_LINES]
+
+
+def current_thread_first(dump: List[str]) -> List[str]:
+    """faulthandler's thread blocks with the crashing one ("Current thread") first: the others (a library's,
+    ours, a data loader's) wait where they always wait, and came first pushed it out of the lines shown."""
+    blocks: List[List[str]] = [[]]
+    for line in dump:
+        if line.startswith(("Thread 0x", "Current thread 0x")):
+            blocks.append([])
+        blocks[-1].append(line)
+    current = [b for b in blocks[1:] if b[0].startswith("Current thread")]
+    others = [b for b in blocks[1:] if not b[0].startswith("Current thread")]
+    return [line for block in [blocks[0]] + current + others for line in block]
 
 
 def merge_failures(recorded: List[RankFailure], reported: List[RankFailure]) -> List[RankFailure]:
