@@ -36,7 +36,7 @@ MIN_SEEN = 30  # no verdict on fewer
 MATERIAL_US = 1000  # a wait this long or longer (and RATIO - 1 of a collective's time) is one spent on the late rank
 SHARE = 0.75  # a rank last at this share of the collectives where the others waited ...
 RATIO = 1.05  # ... whose wait costs the others this much of their time ...
-SUSTAIN = 10.0  # ... for this many seconds in a row is named
+SUSTAIN = 20.0  # ... for this many seconds in a row is named (under heavy load a CPU-starved node flickered 8 s)
 OFFSET_SAMPLES = 16  # heartbeats the clock offset is the least of
 SIGNAL_ARRIVAL = "arrival"
 
