@@ -84,11 +84,9 @@ REGISTRY = LostWorkersBack()
 def keep_lost_workers(step_name: str, specs: Iterable[Tuple[str, Mapping[str, Any]]], step_spec: Any,
                       registry: LostWorkersBack = REGISTRY) -> bool:
     """At ``step_init``: a ``@kubernetes`` step with ``spares`` or ``min_nodes`` gets its lost worker
-    pods back. ``specs``: the step's decorators (name, attributes); ``step_spec``: ``spec.StepSpec``
-    (``min_nodes`` read where it exists)."""
+    pods back. ``specs``: the step's decorators (name, attributes); ``step_spec``: ``spec.StepSpec``."""
     on_kubernetes = any(name == "kubernetes" for name, _ in specs)
-    if not on_kubernetes or not wants_lost_pods_back(getattr(step_spec, "spares", 0),
-                                                     getattr(step_spec, "min_nodes", None)):
+    if not on_kubernetes or not wants_lost_pods_back(step_spec.spares, step_spec.min_nodes):
         return False
     registry.add(step_name)
     return True

@@ -31,7 +31,7 @@ from typing import Annotated, Any, Callable, Deque, Dict, Iterable, List, Mappin
 from ..base.codec import LOCAL, SKIP, Int, Real, Record, Via, Written
 from ..procs.rank_progress import MAX_METRICS, ProgressReport, clean_metrics, read_progress
 from ..procs.status import RankStatus, read_statuses
-from .arrivals import SHARE, SIGNAL_ARRIVAL, SUSTAIN, ArrivalBook, ArrivalTracker, NodeArrivals
+from .arrivals import SIGNAL_ARRIVAL, SUSTAIN, ArrivalBook, ArrivalTracker, NodeArrivals
 from .wire import ProtocolError
 
 STEP_LIMIT = 1 << 53
@@ -301,7 +301,7 @@ class ProgressBook:
         self.next_sample = 0.0
         self.summary = ProgressRecord()
         self.arrivals = ArrivalBook()
-        self.late_since: Optional[Tuple[int, float]] = None  # (rank, since): last to arrive, by enough
+        self.late_since: Optional[Tuple[int, float]] = None  # (node, since): its rank(s) last to arrive, by enough
         self.late: Optional[Straggler] = None  # that rank now, however long (None: nobody now)
 
     def new_call(self) -> None:
@@ -399,7 +399,7 @@ class ProgressBook:
             if known.signal == SIGNAL_ARRIVAL:
                 self.named[verdict.node] = one  # how long it has been so, kept up to date
             return []
-        if now - since < SUSTAIN or verdict.share < SHARE or len(self.named) >= MAX_STRAGGLERS:
+        if now - since < SUSTAIN or len(self.named) >= MAX_STRAGGLERS:
             return []
         self.named[verdict.node] = one
         return [one]

@@ -412,9 +412,9 @@ class Handlers:
         """A node back whose preflight differs from the gang's stays out of it (it never trains)."""
         if cause is None:
             return
-        bench = self.book.bench
-        self.book.bench = Bench(tuple(n for n in bench.spares if n != node), bench.out + (
-            (node,) if node not in bench.out else ()))
+        benched = self.book.bench.lose(node, self.config.num_nodes, None)  # a spare now: off the bench, out
+        if benched is not None:
+            self.book.bench = benched[0]
         self.say("node %d is back but stays out: %s" % (node, cause.summary))
 
     def _rejoin_call(self, node: int, state: CallState) -> None:
@@ -432,8 +432,8 @@ class Handlers:
 
     def _regrow_if_due(self) -> None:
         """The gang back to its size at a restart point: once every active node says the current start's
-        ranks committed a snapshot (the restart then loses no step). With no snapshots, at the next
-        restart of another cause (``_restart``)."""
+        ranks committed a snapshot (the restart then loses at most the step in flight). With no snapshots,
+        at the next restart of another cause (``_restart``)."""
         config, bench = self.config, self.book.bench
         target = config.num_nodes - config.spares
         if not config.regrow or self.cause is not None or not bench.spares \

@@ -55,10 +55,10 @@ class Membership:
     def all_left(self, now: float) -> bool:
         """Every node left its step, or was lost and has not come back within ``start_timeout`` (a node
         the platform starts again takes that long at most to join, as at the step's start)."""
+        if len(self.left) + len(self.gone) < self.config.num_nodes:
+            return False  # the common case, O(1): someone is still in its step
         back_by = self.config.start_timeout
-        return all(n in self.left or (n in self.gone and now - self.gone[n] > back_by)
-                   for n in range(self.config.num_nodes)) if len(self.left) + len(self.gone) >= \
-            self.config.num_nodes else False
+        return all(n in self.left or now - self.gone[n] > back_by for n in range(self.config.num_nodes))
 
     @property
     def all_heard(self) -> bool:

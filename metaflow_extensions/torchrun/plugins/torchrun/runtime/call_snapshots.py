@@ -108,7 +108,7 @@ class CallSnapshots:
 
     def saved_in(self) -> Optional[int]:
         """The running start, once its ranks committed a snapshot newer than any before it (a restart point
-        the gang may grow back at: no step lost); None before."""
+        the gang may grow back at, losing little); None before."""
         if self.store is None:
             return None
         restart, before = self._start

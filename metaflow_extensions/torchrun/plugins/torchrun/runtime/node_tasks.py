@@ -32,6 +32,7 @@ class NodeTasks:
         self.procs: Dict[int, subprocess.Popen] = {}
         self._commands: Dict[int, Tuple[List[str], Dict[str, str]]] = {}
         self._returns_left: Dict[int, int] = {}
+        self._replaced: Set[subprocess.Popen] = set()  # killed tasks already started again
         self._returns = returns
         self._closing = threading.Event()
         self._watch: Optional[threading.Thread] = None
@@ -77,9 +78,10 @@ class NodeTasks:
     def _start_again(self, node: int, proc: subprocess.Popen) -> bool:
         """``proc``, node's task, started again if it was killed by SIGKILL and may come back; whether it was."""
         with self._lock:
-            if self.procs.get(node) is not proc or proc.poll() != -signal.SIGKILL or self._closing.is_set() \
-                    or self._returns_left.get(node, 0) <= 0:
+            if self.procs.get(node) is not proc or proc in self._replaced or proc.poll() != -signal.SIGKILL \
+                    or self._closing.is_set() or self._returns_left.get(node, 0) <= 0:
                 return False
+            self._replaced.add(proc)  # the watch thread and wait() both look: one start again
             self._returns_left[node] -= 1
             argv, env = self._commands[node]
         relay.write_all(2, ("@torchrun: node %d's task was killed (SIGKILL): starting it again, as Kubernetes "
