@@ -195,6 +195,51 @@ def test_a_forked_rank_ends_as_python_would_without_tearing_down_what_it_shares(
     assert "torn_down" not in left and fresh_left == dict(left, torn_down="yes")
 
 
+GROUPS_SCRIPT = r'''
+import json, os, sys
+import torch, torch.distributed as dist
+store = dist.FileStore(os.path.join(sys.argv[1], "store"), 1)
+dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+sub = dist.new_group([0])
+dist.all_reduce(torch.ones(1))
+default = dist.distributed_c10d._get_default_group()
+dist.destroy_process_group()
+keeper = sys.modules.get("metaflow_extensions.torchrun.plugins.torchrun.procs.group_keeper")
+held = keeper._HELD if keeper is not None else []
+print(json.dumps({"holds": getattr(dist.init_process_group, "__torchrun_holds__", False),
+                  "name": dist.init_process_group.__name__,
+                  "held": [any(g is x for g in held) for x in (default, sub)]}), flush=True)
+'''
+
+
+def test_a_warm_rank_holds_its_process_groups_past_the_script_and_a_cold_one_does_not(zygote, tmp_path):
+    """torch destroys a gloo group on the script's thread with the GIL held, and a gloo worker still releasing a
+    collective's tensor needs the GIL: the rank hung at its end (2 runs in 12 of the multi-host DDP test under
+    load, with the warm process's optimizer import). A warm rank ends without destructors, so it holds them."""
+    script = tmp_path / "groups.py"
+    script.write_text(GROUPS_SCRIPT)
+    for zygote_path, held in ((zygote[0], [True, True]), (None, [False, False])):
+        p = _start(str(script), [str(tmp_path)], zygote_path, str(tmp_path))
+        out, err = p.communicate(timeout=120)
+        assert p.returncode == 0, err
+        seen = json.loads(out.splitlines()[-1])
+        assert seen == {"holds": bool(zygote_path), "name": "init_process_group", "held": held}, seen
+
+
+def test_the_group_keeper_holds_each_group_once_and_at_most_its_bound():
+    from metaflow_extensions.torchrun.plugins.torchrun.procs import group_keeper
+
+    saved = list(group_keeper._HELD)
+    try:
+        del group_keeper._HELD[:]
+        groups = [object() for _ in range(group_keeper.MAX + 5)]
+        for g in groups + groups[:3] + [None]:
+            group_keeper.hold(g)
+        assert group_keeper._HELD == groups[:group_keeper.MAX]
+    finally:
+        group_keeper._HELD[:] = saved
+
+
 def test_a_killed_stand_in_takes_its_child_and_the_zygote_completes_the_rank_status(zygote, script, tmp_path):
     work = tempfile.mkdtemp(prefix="w-", dir=str(tmp_path))
     p = _start(script, ["sleep"], zygote[0], str(tmp_path), **{WORK_DIR_ENV: work, "RANK": "3", "LOCAL_RANK": "1"})

@@ -22,7 +22,7 @@ import time
 import traceback
 import types
 
-from . import agent, arrivals, entry, flight_ask, relay, stacks
+from . import agent, arrivals, entry, flight_ask, group_keeper, handoff, relay, stacks
 from .names import (ARGS_FILE, WORK_DIR_ENV, LABELS_ENV, LOG_DIR_ENV, NODE_INDEX_ENV, RESTART_COUNT_ENV, RESTART_ENV,
                     SNAPSHOT_ENV, rank_log_path)
 from .failures import RankFailure, write_failure
@@ -220,6 +220,8 @@ def main(argv: list) -> None:
         from . import trainer_hooks  # the rank-start boundary: where progress is on
 
         trainer_hooks.install()
+    if handoff.FORKED:  # it ends without destructors (zygote.exit_warm): a group held is never torn down
+        group_keeper.install()
     if os.environ.get(SNAPSHOT_ENV):  # set where the step keeps snapshots: the trainers' callbacks save them
         from . import trainer_snapshots
 

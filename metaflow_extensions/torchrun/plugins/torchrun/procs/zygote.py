@@ -55,8 +55,13 @@ def warm() -> None:
     _WARMED_THREADS = os.environ.get("OMP_NUM_THREADS")
     _IMPORT_ENV = import_env(os.environ)
     try:
-        import torch  # noqa: F401
+        import torch
         import torch.distributed.run  # noqa: F401  (torchrun's agent)
+
+        # A script's first optimizer imports torch's compiler stack (torch._dynamo, sympy: about 830
+        # modules, 1.1 to 2.3 CPU-s on the 2-core test machine), which a restart paid before its first step.
+        # Ranks that start sooner end sooner too, into a gloo teardown that can deadlock: group_keeper.py.
+        torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
     except Exception:
         pass
     # What every child runs, imported once here, not in each agent and rank (0.05 CPU-s each):
