@@ -26,7 +26,7 @@ Results in ``benchmarks/results/snapshot_resume.json`` (each run, with the load 
 not a test: nothing here asserts a timing.
 
     python benchmarks/snapshot_resume.py [--repeat 2] [--disk-every 10]
-    python benchmarks/snapshot_resume.py --goodput [--goodput-steps 1000 --step-sleep 0.3]
+    python benchmarks/snapshot_resume.py --goodput [--goodput-steps 1200 --step-sleep 0.3]
 """
 
 from __future__ import annotations
@@ -220,7 +220,8 @@ def one(case: str, mode: str, opts: argparse.Namespace) -> Dict[str, Any]:
 
 def goodput_run(mode: str, opts: argparse.Namespace) -> Dict[str, Any]:
     n, off = opts.goodput_steps, opts.disk_every // 2  # half a checkpoint's interval after one: its mean loss
-    plan = "%d:rank:1,%d:node:0,%d:node:1" % (n // 4 + off, n // 2 + off, 3 * n // 4 + off)
+    # At 3/10, 6/10 and 9/10 of the run: with 1,200 steps of about half a second, a failure every 3 minutes.
+    plan = "%d:rank:1,%d:node:0,%d:node:1" % (3 * n // 10 + off, 6 * n // 10 + off, 9 * n // 10 + off)
     args = ["--steps", str(n), "--mb", str(opts.mb), "--batch", str(opts.batch), "--step-sleep",
             str(opts.step_sleep), "--fail", plan] + _mode_args(mode, opts.disk_every)
     attrs = _mode_attrs(mode, {"restarts": 3, "spares": 1})
@@ -300,7 +301,7 @@ def main(argv: Optional[List[str]] = None) -> None:
     ap.add_argument("--fail-step", type=int, default=25)
     ap.add_argument("--disk-every", type=int, default=10)
     ap.add_argument("--goodput", action="store_true")
-    ap.add_argument("--goodput-steps", type=int, default=1000)
+    ap.add_argument("--goodput-steps", type=int, default=1200)
     ap.add_argument("--step-sleep", type=float, default=0.3)
     opts = ap.parse_args(argv)
     stamp = {"commit": _commit(), "date": time.strftime("%Y-%m-%d %H:%M"), "cpus": os.cpu_count(),

@@ -84,6 +84,11 @@ def test_a_killed_rank_resumes_at_its_last_snapshot_and_a_torn_one_is_never_load
     # second or two here), not each start's whole run.
     assert all(r["resumed_saved_at"] <= r["failed_at"] and r["lost_work_seconds"] < 5 for r in restarts), restarts
     assert [s.get("steps_lost") for s in segments[:2]] == [1, 0] and segments[0]["parts"]["productive"] > 0, segments
+    # Each new start trains from its ranks' first snapshot: what came before it (imports, the process group,
+    # the model, the load) is the restart's in the ledger, not training.
+    assert all(r["ranks_at"] < r["trained_at"] for r in restarts), restarts
+    assert all(s["parts"]["restart"] >= r["trained_at"] - r["stopped_at"] - 0.01
+               for s, r in zip(segments[1:], restarts)), (segments, restarts)
 
 
 def test_a_spare_resumes_from_the_replaced_nodes_state_held_on_a_peer(gang, uninterrupted):

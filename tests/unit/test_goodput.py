@@ -158,3 +158,43 @@ def test_the_cards_rows_say_the_steps_a_restart_from_memory_lost():
     rows = goodput.rows(goodput.ledger([a], now=162.0))
     column = goodput.HEADERS.index("steps lost (from memory)")
     assert [r[column] for r in rows] == ["3", ""] and all(len(r) == len(goodput.HEADERS) for r in rows)
+
+
+def test_a_restarts_start_up_counts_as_restart_until_its_ranks_first_snapshot_not_as_training():
+    """The new ranks reach the script at 123 and commit their first snapshot at 127.5: the 4.5 s between (imports,
+    process group, model, load) are the restart's, where they used to count as productive."""
+    import dataclasses
+
+    resumed = dataclasses.replace(_swap(), resumed_step=42, steps_lost=0, kept_until=120.0, trained_at=127.5)
+    a = Attempt(attempt=0, started_at=100.0, gang_formed_at=105.0, calls=(CallStart(0, 104.0),),
+                first_output_at=130.0, ended_at=160.0, recorded_at=162.0, stopped="succeeded", restarts=(resumed,))
+    led = goodput.ledger([a], now=162.0)
+    assert abs(sum(led.parts.values()) - led.wall_seconds) < 1e-9
+    after = led.segments[1]
+    assert after.parts["restart"] == 127.5 - 121.0 and after.parts["productive"] == 160.0 - 127.5
+    untimed = dataclasses.replace(resumed, trained_at=None)  # snapshots off, or none saved: the script's first line
+    assert goodput.ledger([dataclasses.replace(a, restarts=(untimed,))], now=162.0).segments[1].parts["restart"] == 2.0
+    # A mark past the attempt's end (clocks apart) is clamped: parts never negative.
+    late = dataclasses.replace(resumed, trained_at=500.0)
+    parts = goodput.ledger([dataclasses.replace(a, restarts=(late,))], now=162.0).segments[1].parts
+    assert min(parts.values()) >= 0.0 and parts["productive"] == 0.0
+
+
+def test_the_shelf_says_when_the_current_starts_ranks_first_saved_and_not_a_peers_copy():
+    from metaflow_extensions.torchrun.plugins.torchrun.gang.snapshot_shelf import Shelf
+
+    shelf = Shelf(budget=1 << 24)
+    assert shelf.first_saved_at() is None
+    peer = shelf.begin("rank-1", 4096)
+    shelf.finish(peer, 3, 100, source=(0, 1))
+    assert shelf.first_saved_at() is None  # a peer's copy is not this node's ranks' training
+    own = shelf.begin("rank-0", 4096, owner=7)
+    shelf.finish(own, 3, 100)
+    first = shelf.first_saved_at()
+    assert first is not None
+    again = shelf.begin("rank-0", 4096, owner=7)
+    shelf.finish(again, 4, 100)
+    assert shelf.first_saved_at() == first
+    shelf.new_start()
+    assert shelf.first_saved_at() is None
+    shelf.clear()

@@ -143,6 +143,8 @@ class RestartMark(Lenient):
     resumed_step: Annotated[Optional[int], Int(0, (1 << 53) - 1), SKIP] = None
     steps_lost: Annotated[Optional[int], Int(0, (1 << 53) - 1), SKIP] = None
     kept_until: Annotated[Optional[float], SKIP] = None
+    # Its new ranks' first snapshot: before it they were starting (the ledger's restart), after it training.
+    trained_at: Annotated[Optional[float], SKIP] = None
 
     @property
     def swap(self) -> Optional[str]:
@@ -171,7 +173,7 @@ def restart_marks(results: List[Any], hosts: Mapping[int, str]) -> Tuple[Tuple[R
                 out_host=hosts.get(x.swapped_out) if x.swapped_out is not None else None,
                 in_host=hosts.get(x.swapped_in) if x.swapped_in is not None else None,
                 resumed_step=getattr(x, "resumed_step", None), steps_lost=getattr(x, "steps_lost", None),
-                kept_until=getattr(x, "resumed_saved_at", None)))
+                kept_until=getattr(x, "resumed_saved_at", None), trained_at=getattr(x, "trained_at", None)))
     found.sort(key=lambda m: m.failed_at)
     return tuple(found[-MAX_RESTART_MARKS:]), max(0, len(found) - MAX_RESTART_MARKS)
 
@@ -289,7 +291,8 @@ class Cut:
     mark: RestartMark
     failed: float
     stopped: float
-    back: float
+    back: float  # the new ranks at the script
+    trained: float  # their training begun: their first snapshot, else ``back``
 
 
 def in_step_cuts(a: Attempt, m: Marks) -> Tuple[float, Tuple[Cut, ...]]:
@@ -305,8 +308,9 @@ def in_step_cuts(a: Attempt, m: Marks) -> Tuple[float, Tuple[Cut, ...]]:
         failed = clamp(r.failed_at, low, m.work_end)
         stopped = clamp(r.stopped_at if r.stopped_at is not None else failed, failed, m.work_end)
         back = clamp(r.back_at if r.back_at is not None else stopped, stopped, m.work_end)
-        cuts.append(Cut(r, failed, stopped, back))
-        low = back
+        trained = clamp(r.trained_at, back, m.work_end)
+        cuts.append(Cut(r, failed, stopped, back, trained))
+        low = trained
     return first, tuple(cuts)
 
 
@@ -320,7 +324,7 @@ def with_costs(attempts: List[Attempt]) -> List[Attempt]:
         m = marks(failed, min(failed.recorded_at, end) if failed.recorded_at is not None else end)
         saved = nxt.resumed_from.created_at if nxt.resumed_from is not None else None
         first, cuts = in_step_cuts(failed, m)
-        lost_work = m.work_end - lost_since(m, saved, cuts[-1].back if cuts else first)
+        lost_work = m.work_end - lost_since(m, saved, cuts[-1].trained if cuts else first)
         restart = None
         if nxt.started_at is not None and (nxt.calls or nxt.first_output_at is not None):
             restart = max(0.0, marks(nxt, math.inf).first - m.work_end)

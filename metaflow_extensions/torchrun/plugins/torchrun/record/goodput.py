@@ -127,8 +127,8 @@ def segments(a: Attempt, end: float, after_failure: bool, saved_at: Optional[flo
                            time_to_restart=c.back - c.failed, swapped_out=c.mark.swapped_out,
                            swapped_in=c.mark.swapped_in, steps_lost=c.mark.steps_lost))
         parts = dict.fromkeys(PARTS, 0.0)
-        parts["restart"] += c.back - c.stopped
-        seg_start, work_from, number = c.stopped, c.back, i + 1
+        parts["restart"] += c.trained - c.stopped  # to the new ranks' first snapshot, where they save
+        seg_start, work_from, number = c.stopped, c.trained, i + 1
     if failed:
         since = lost_since(m, saved_at, work_from)
         parts["productive"] += since - work_from

@@ -39,7 +39,7 @@ class InStepRestart(Lenient):
 
     WIRE_ORDER = ("restart", "cause", "kind", "stopped", "ran_from", "failed_at", "stopped_at", "restarted_at",
                   "ranks_at", "lost_work_seconds", "restart_seconds", "lost_seconds", "swapped_out", "swapped_in",
-                  "work_from", "resumed_step", "steps_lost", "resumed_from", "resumed_saved_at", "ranks")
+                  "work_from", "resumed_step", "steps_lost", "resumed_from", "resumed_saved_at", "trained_at", "ranks")
     restart: Annotated[int, Int(1, (1 << 16) - 1)]
     cause: Annotated[Cause, Via(CAUSE.read, _cause_kept)]  # read as a peer's (none at all: no restart)
     # The replaced ranks' torchrun's start and failure (on its node's clock); this
@@ -61,6 +61,8 @@ class InStepRestart(Lenient):
     steps_lost: Annotated[Optional[int], Int(0, (1 << 53) - 1), SKIP] = None
     resumed_from: Annotated[Optional[int], Int(0, (1 << 20) - 1), SKIP] = None
     resumed_saved_at: Annotated[Optional[float], Real(digits=3), SKIP] = None  # that snapshot saved, this node's clock
+    # The new ranks' first snapshot committed on this node: where their training is known to have begun.
+    trained_at: Annotated[Optional[float], Real(digits=3), SKIP] = None
     # This node's ranks of the start this restart replaced (its start is ``restart - 1``), as they ended.
     ranks: Annotated[Tuple[RankStatus, ...], Items(REPLACED_RANKS), SKIP] = ()
 

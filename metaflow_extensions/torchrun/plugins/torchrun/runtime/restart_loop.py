@@ -60,6 +60,7 @@ class RestartLoop:
         self.exit_code = exit_code = self.ranks.run(start)
         if start.restart:
             self.restarts.resumed(self.launch.snapshots.resumed())
+            self.restarts.trained(self.launch.snapshots.trained_at())
         return self.restarts.decided(self.client, self.index, self.session.context.defaults.restarts, exit_code,
                                      lambda: self.failure.report_own(start, exit_code),
                                      self.session.config.secondary_grace + 2.0)

@@ -60,6 +60,11 @@ class CallRestarts:
                 self.records[-1], resumed_step=resumed.step, steps_lost=resumed.steps_lost(self.reported_step),
                 resumed_from=resumed.source_node, resumed_saved_at=resumed.saved_at)
 
+    def trained(self, at: Optional[float]) -> None:
+        """The current restart's ranks committed their first snapshot ``at`` (None: none, or snapshots off)."""
+        if at is not None and self.records:
+            self.records[-1] = dataclasses.replace(self.records[-1], trained_at=at)
+
     def started(self, at: Optional[float]) -> None:
         """The current restart's ranks started ``at`` (the first start has no record)."""
         if self.records and self.records[-1].restarted_at is None:
