@@ -2,7 +2,8 @@
 
 - a rank's start: ``handoff`` (the stand-in torchrun starts), ``zygote`` and ``zygote_wire`` (the
   node's warm process that forks it), ``bootstrap`` and ``entry`` (what runs before the user's
-  script), ``agent`` (torchrun's agent), ``relay`` and ``redraw`` (a rank's output);
+  script), ``agent`` (torchrun's agent), ``relay`` and ``redraw`` (a rank's output), ``group_keeper``
+  (a warm rank's process groups held to its end);
 - what a rank leaves behind, written here and read by the task: ``failures``, ``status``,
   ``rank_progress``, ``stacks``, ``flight``, ``records``, and their readings ``culprit``, ``exits``,
   ``failure_block``, ``running``;
