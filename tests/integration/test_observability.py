@@ -266,19 +266,26 @@ def test_card_every_rank_of_every_node_has_an_exit_and_a_duration_when_the_gang_
     assert sorted(reports) == ["0", "1"]
     ranks = [r for rep in reports.values() for r in rep["ranks"]]
     assert sorted(r["rank"] for r in ranks) == [0, 1, 2, 3]
+    with open(os.path.join(gang.out, "stuck.json")) as f:
+        stuck = json.load(f)["rank"]
     for r in ranks + record["ranks"]:
-        assert r["exit_code"] == -15 and r["end"] > r["start"] > 0, r  # stopped by SIGTERM, not "unknown"
+        # Stopped by SIGTERM, not "unknown". The stuck rank waits in an all-reduce: where the other node's
+        # ranks are stopped first (under load, by a few hundred ms), gloo raises there and it exits 1 first.
+        allowed = (-15, 1) if r["rank"] == stuck else (-15,)
+        assert r["exit_code"] in allowed and r["end"] > r["start"] > 0, r
     assert sorted(record["gang"]["finished_at"]) == ["0", "1"]
     parts = _card_components(gang)
     table = [p for p in parts if p["type"] == "table" and p["columns"][:1] == ["rank"]][0]["data"]
     assert sorted(int(row[0]) for row in table) == [0, 1, 2, 3]
     for row in table:
-        assert row[4] == "killed by signal SIGTERM" and re.fullmatch(r"\d+\.\d s", row[5]), row
+        said = ("killed by signal SIGTERM", "exit code 1") if int(row[0]) == stuck else ("killed by signal SIGTERM",)
+        assert row[4] in said and re.fullmatch(r"\d+\.\d s", row[5]), row
     chart = [p for p in parts if p["type"] == "vegaChart"][0]["spec"]
     failure = [layer for layer in chart["layer"] if layer["mark"]["type"] == "rule"][-1]
     assert failure["data"]["values"][0]["label"] == "gang stopped: hang"
     lanes = [layer for layer in chart["layer"] if layer["mark"]["type"] == "bar"][0]["data"]["values"]
-    assert sorted(row["state"] for row in lanes if row["lane"].startswith("rank")) == ["rank: stopped"] * 4
+    states = [row["state"] for row in lanes if row["lane"].startswith("rank")]
+    assert len(states) == 4 and states.count("rank: stopped") >= 3 and set(states) <= {"rank: stopped", "rank: failed"}
 
 
 def test_card_a_ranks_5000_character_line_never_widens_the_page(gang):
