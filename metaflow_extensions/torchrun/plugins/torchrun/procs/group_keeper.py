@@ -65,7 +65,8 @@ def install() -> bool:
     if init is None or new is None or getattr(init, "__torchrun_holds__", False):
         return False
     held_init, held_new = _holding_default(init, c10d), _holding_new(new)
-    for module in (c10d, dist):
+    modules: List[Any] = [c10d, dist]
+    for module in modules:
         if getattr(module, "init_process_group", None) is init:
             module.init_process_group = held_init
         if getattr(module, "new_group", None) is new:
