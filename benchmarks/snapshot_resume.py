@@ -303,17 +303,20 @@ def main(argv: Optional[List[str]] = None) -> None:
     ap.add_argument("--goodput", action="store_true")
     ap.add_argument("--goodput-steps", type=int, default=1200)
     ap.add_argument("--step-sleep", type=float, default=0.3)
+    ap.add_argument("--modes", default=",".join(MODES), help="the modes run, in turn (%(default)s)")
     opts = ap.parse_args(argv)
     stamp = {"commit": _commit(), "date": time.strftime("%Y-%m-%d %H:%M"), "cpus": os.cpu_count(),
              "argv": sys.argv[1:]}
     if opts.goodput:
         runs = []
-        for mode in MODES:
+        modes = tuple(opts.modes.split(","))
+        key = "goodput-%d-steps" % opts.goodput_steps + ("" if modes == MODES else "-" + "-".join(modes))
+        for mode in modes:
             _say("goodput: %s ..." % mode)
             runs.append(goodput_run(mode, opts))
             _say(json.dumps({k: runs[-1].get(k) for k in ("mode", "ok", "flow_wall_s", "stamps")}))
             _say(json.dumps((runs[-1].get("ledger") or {}).get("effective_percent")))
-            save_results("goodput-%d-steps" % opts.goodput_steps, dict(stamp, runs=runs))
+            save_results(key, dict(stamp, runs=runs))
         return
     rows: List[Dict[str, Any]] = []
     for _ in range(opts.repeat):

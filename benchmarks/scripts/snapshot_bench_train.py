@@ -25,6 +25,7 @@ T_SCRIPT = time.time()
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
+from metaflow_extensions.torchrun.progress import report  # noqa: E402
 from metaflow_extensions.torchrun.snapshot import load, save  # noqa: E402
 
 T_IMPORTED = time.time()
@@ -128,5 +129,6 @@ for step in range(first, args.steps):
     t3 = time.perf_counter()
     log.write(json.dumps({"step": done, "at": time.time(), "compute": round(t1 - t0, 5), "save": round(t2 - t1, 5),
                           "disk": round(t3 - t2, 5)}) + "\n")
+    report(done, total=args.steps)  # where a restart resumed, for the goodput ledger, snapshot or not
     time.sleep(args.step_sleep)
 log.close()

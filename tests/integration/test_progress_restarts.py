@@ -94,3 +94,23 @@ def test_after_a_swap_no_node_is_named_a_straggler_or_slowest(run):
     progress = _progress(run)
     assert progress["stragglers"] == [] and progress["slowest"] is None, progress
     assert progress["step"] == STEPS and _near(progress["steps_per_second"], before), (before, progress)
+
+
+def test_the_ledger_keeps_the_work_the_ranks_checkpoint_kept_and_counts_the_load_as_the_restarts(run):
+    """No snapshots: each start resumes from the script's checkpoint of every step, so its first report is the
+    step after the one the replaced ranks died at. The ledger keeps their work up to then (it counted all of it
+    lost), and the new start's 3 s load is the restart's, not training."""
+    record = Gang(run["tmp"]).client(
+        "import json\n"
+        "t = Flow('GangFlow').latest_run['train'].control_task\n"
+        "result = (json.loads(t.metadata_dict['torchrun-result'])['in_step_restarts'],\n"
+        "          json.loads(t.metadata_dict['torchrun-goodput']))")
+    restarts, ledger = record
+    assert len(restarts) == 2, restarts
+    for r in restarts:
+        assert r["failed_at"] - 2.0 <= r["kept_until"] <= r["failed_at"] and r["lost_work_seconds"] < 2.0, r
+        assert r["trained_at"] >= r["ranks_at"] + 3.0, r  # the load (--load 3) before the first report
+    segments = ledger["segments"]
+    assert all(s["parts"]["lost_work"] < 2.0 for s in segments[:2]), segments
+    assert all(s["parts"]["restart"] >= 3.0 for s in segments[1:3]), segments
+    assert ledger["effective_percent"] > 50, ledger

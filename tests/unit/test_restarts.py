@@ -265,3 +265,49 @@ def test_a_restarts_lost_work_counts_from_its_ranks_at_the_script_where_known():
     started.begin(type("Decided", (), {"restart": 1, "cause": KILLED, "swapped_out": 1, "swapped_in": 2})(),
                   ran_from=100.0, stopped_at=111.0, rank_starts=[None, 104.5, 104.0])
     assert started.records[0].work_from == 104.0 and started.records[0].swapped_in == 2
+
+
+def test_without_a_snapshot_the_ranks_progress_says_how_much_of_the_replaced_work_was_kept(tmp_path):
+    """Your checkpoint put the new ranks at step 90 (their first report is 91). The replaced ranks reported steps
+    40 at t=100 and 95 at t=155, a step a second: they had done step 90 at t=150, so the work to 150 is kept, not
+    lost, and the new ranks trained from their first report."""
+    from metaflow_extensions.torchrun.plugins.torchrun.gang import messages as msg
+    from metaflow_extensions.torchrun.plugins.torchrun.runtime.restarts import kept_until
+
+    assert kept_until(((40, 100.0), (95, 155.0)), 90) == 150.0
+    assert kept_until(((40, 100.0), (95, 155.0)), 95) == 155.0 and kept_until(((40, 100.0), (95, 155.0)), 99) == 155.0
+    assert kept_until(((95, 155.0), (95, 155.0)), 90) is None  # one report: no pace to go back by
+    assert kept_until(None, 90) is None and kept_until(((40, 100.0), (95, 155.0)), -1) is None
+    cause = Cause(CauseKind.RANK_FAILED, "rank 1: killed by signal SIGKILL", node_index=0, time=156.0)
+    restarts = CallRestarts()
+    restarts.begin(msg.Restart(0, 1, 29500, cause), ran_from=90.0, stopped_at=157.0, rank_starts=[95.0],
+                   reported_step=95, replaced_pace=((40, 100.0), (95, 155.0)))
+    restarts.reported_from((91, 163.0))
+    record = restarts.records[-1]
+    assert (record.kept_until, record.trained_at) == (150.0, 163.0)
+    assert record.lost_work_seconds == 156.0 - 150.0  # not the 61 s since the ranks started
+    # A restart resumed from memory keeps its snapshot's mark.
+    restarts.records[-1] = records.InStepRestart(1, cause, ran_from=90.0, failed_at=156.0, resumed_saved_at=154.0)
+    restarts.reported_from((91, 163.0))
+    assert restarts.records[-1].kept_until is None and restarts.records[-1].lost_work_seconds == 2.0
+
+
+def test_the_progress_tracker_keeps_its_starts_first_and_latest_report_of_its_slowest_rank(tmp_path):
+    import json
+
+    from metaflow_extensions.torchrun.plugins.torchrun.gang.gang_progress import ProgressTracker
+    from metaflow_extensions.torchrun.plugins.torchrun.procs.names import PROGRESS_SUFFIX, rank_file
+
+    def report(rank, step, when, start=0):
+        with open(rank_file(str(tmp_path), rank, PROGRESS_SUFFIX), "w") as f:
+            json.dump({"rank": rank, "step": step, "time": when, "start": start}, f)
+
+    tracker = ProgressTracker(str(tmp_path))
+    assert tracker.sample() is None or tracker.first is None
+    report(0, 10, 100.0)
+    report(1, 9, 100.5)
+    tracker.sample()
+    report(0, 20, 110.0)
+    report(1, 19, 110.5)
+    tracker.sample()
+    assert (tracker.first, tracker.latest, tracker.latest_start) == ((9, 100.5), (19, 110.5), 0)

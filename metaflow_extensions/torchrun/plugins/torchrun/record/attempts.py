@@ -139,7 +139,8 @@ class RestartMark(Lenient):
     swapped_in: Optional[Whole] = None
     out_host: Annotated[Optional[str], Text(MAX_HOST)] = None
     in_host: Annotated[Optional[str], Text(MAX_HOST)] = None
-    # Resumed from a snapshot in memory: the work up to ``kept_until`` (when it was saved) was kept.
+    # Resumed from a snapshot in memory (or, by the ranks' progress, from your checkpoint): the work up to
+    # ``kept_until`` (when the step resumed at was done) was kept.
     resumed_step: Annotated[Optional[int], Int(0, (1 << 53) - 1), SKIP] = None
     steps_lost: Annotated[Optional[int], Int(0, (1 << 53) - 1), SKIP] = None
     kept_until: Annotated[Optional[float], SKIP] = None
@@ -160,6 +161,12 @@ class RestartMark(Lenient):
         return "%s: %s" % (self.swap, self.stopped) if self.swap else "restart %d: %s" % (self.restart, self.stopped)
 
 
+def _kept_until(x: Any) -> Optional[float]:
+    """Up to the snapshot resumed from, else to where the ranks' own progress says they resumed."""
+    saved = getattr(x, "resumed_saved_at", None)
+    return saved if saved is not None else getattr(x, "kept_until", None)
+
+
 def restart_marks(results: List[Any], hosts: Mapping[int, str]) -> Tuple[Tuple[RestartMark, ...], int]:
     """The latest in-step restarts of the control's calls (node 0 sees each), and the count left out."""
     found: List[RestartMark] = []
@@ -173,7 +180,7 @@ def restart_marks(results: List[Any], hosts: Mapping[int, str]) -> Tuple[Tuple[R
                 out_host=hosts.get(x.swapped_out) if x.swapped_out is not None else None,
                 in_host=hosts.get(x.swapped_in) if x.swapped_in is not None else None,
                 resumed_step=getattr(x, "resumed_step", None), steps_lost=getattr(x, "steps_lost", None),
-                kept_until=getattr(x, "resumed_saved_at", None), trained_at=getattr(x, "trained_at", None)))
+                kept_until=_kept_until(x), trained_at=getattr(x, "trained_at", None)))
     found.sort(key=lambda m: m.failed_at)
     return tuple(found[-MAX_RESTART_MARKS:]), max(0, len(found) - MAX_RESTART_MARKS)
 

@@ -39,7 +39,8 @@ class InStepRestart(Lenient):
 
     WIRE_ORDER = ("restart", "cause", "kind", "stopped", "ran_from", "failed_at", "stopped_at", "restarted_at",
                   "ranks_at", "lost_work_seconds", "restart_seconds", "lost_seconds", "swapped_out", "swapped_in",
-                  "work_from", "resumed_step", "steps_lost", "resumed_from", "resumed_saved_at", "trained_at", "ranks")
+                  "work_from", "resumed_step", "steps_lost", "resumed_from", "resumed_saved_at", "kept_until",
+                  "trained_at", "ranks")
     restart: Annotated[int, Int(1, (1 << 16) - 1)]
     cause: Annotated[Cause, Via(CAUSE.read, _cause_kept)]  # read as a peer's (none at all: no restart)
     # The replaced ranks' torchrun's start and failure (on its node's clock); this
@@ -61,7 +62,11 @@ class InStepRestart(Lenient):
     steps_lost: Annotated[Optional[int], Int(0, (1 << 53) - 1), SKIP] = None
     resumed_from: Annotated[Optional[int], Int(0, (1 << 20) - 1), SKIP] = None
     resumed_saved_at: Annotated[Optional[float], Real(digits=3), SKIP] = None  # that snapshot saved, this node's clock
-    # The new ranks' first snapshot committed on this node: where their training is known to have begun.
+    # Not from memory, where the ranks report progress: when the replaced ranks had done the step before the new
+    # ranks' first report (the step your checkpoint put them at), on the line of their own reports' pace.
+    kept_until: Annotated[Optional[float], Real(digits=3), SKIP] = None
+    # The new ranks' first snapshot committed on this node, else their first progress report: where their
+    # training is known to have begun.
     trained_at: Annotated[Optional[float], Real(digits=3), SKIP] = None
     # This node's ranks of the start this restart replaced (its start is ``restart - 1``), as they ended.
     ranks: Annotated[Tuple[RankStatus, ...], Items(REPLACED_RANKS), SKIP] = ()
@@ -79,8 +84,9 @@ class InStepRestart(Lenient):
         """The replaced ranks' run since they reached the script (else their torchrun's start), or, where
         the new ranks resumed from a snapshot in memory, since that snapshot: the work kept is not lost."""
         start = self.work_from if self.work_from is not None else self.ran_from
-        if self.resumed_saved_at is not None:
-            start = max(start or 0.0, min(self.resumed_saved_at, self.failed_at))
+        kept = self.resumed_saved_at if self.resumed_saved_at is not None else self.kept_until
+        if kept is not None:
+            start = max(start or 0.0, min(kept, self.failed_at))
         return max(0.0, self.failed_at - start) if start is not None else None
 
     @property

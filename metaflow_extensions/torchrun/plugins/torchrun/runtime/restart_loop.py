@@ -6,11 +6,12 @@ decides is applied in one place, ``RestartLoop.apply``, which makes the next sta
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Tuple
 
 from ..cause import CauseKind
 from ..gang import messages as msg
 from ..gang.client import GangClient
+from ..gang.gang_progress import ProgressTracker
 from ..host.console import say
 from ..launch import CallPlan
 from ..procs.failures import clear_round
@@ -20,7 +21,7 @@ from .call_failure import NodeFailure
 from .call_launch import NodeLaunch, RanksStart, swap_line
 from .preflight import JobDeadlines
 from .ranks_run import RanksRun
-from .restarts import CallRestarts
+from .restarts import CallRestarts, Pace
 from .session import GangSession
 
 
@@ -61,6 +62,7 @@ class RestartLoop:
         if start.restart:
             self.restarts.resumed(self.launch.snapshots.resumed())
             self.restarts.trained(self.launch.snapshots.trained_at())
+            self.restarts.reported_from(self.ranks.progress.first if self.ranks.progress else None)
         return self.restarts.decided(self.client, self.index, self.session.context.defaults.restarts, exit_code,
                                      lambda: self.failure.report_own(start, exit_code),
                                      self.session.config.secondary_grace + 2.0)
@@ -72,7 +74,7 @@ class RestartLoop:
         ranks, client = self.ranks, self.client
         self.restarts.begin(decided, ranks.started_at, ranks.ended_at, self.launch.rank_starts(self.restarts.restart),
                             read_rank_records(self.launch.workdir, self.failure.failures), self.launch.log_dir,
-                            reported_step(self.launch.workdir, self.restarts.restart))
+                            *reported(self.launch.workdir, self.restarts.restart, ranks.progress))
         clear_round(self.launch.workdir)
         self.failure.new_start()
         self.exit_code = None
@@ -97,7 +99,12 @@ class RestartLoop:
                 % (self.index + 1, decided.restart, allowed, decided.cause.summary))
 
 
-def reported_step(workdir: str, start: int) -> Optional[int]:
-    """The newest step this node's ranks of ``start`` reported (none: they reported no progress)."""
-    steps = [p.step for p in read_progress(workdir).values() if p.start == start] if workdir else []
-    return max(steps) if steps else None
+def reported(workdir: str, start: int, progress: Optional[ProgressTracker]) -> Tuple[Optional[int], Optional[Pace]]:
+    """The newest step this node's ranks of ``start`` reported (steps lost count to it), and their pace: the
+    first report the node saw and the slowest rank's last, read now from its file (none: they reported none)."""
+    reports = [p for p in read_progress(workdir).values() if p.start == start] if workdir else []
+    if not reports:
+        return None, None
+    behind = min(reports, key=lambda p: (p.step, p.rank))
+    first = progress.first if progress is not None and progress.latest_start == start else None
+    return max(p.step for p in reports), ((first or (behind.step, behind.time)), (behind.step, behind.time))

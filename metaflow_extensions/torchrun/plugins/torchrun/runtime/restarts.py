@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from dataclasses import dataclass, field
-from typing import Callable, List, Optional, Sequence
+from typing import Callable, List, Optional, Sequence, Tuple
 
 from ..gang import messages as msg
 from ..gang.client import GangClient
@@ -17,6 +17,10 @@ from .call_snapshots import Resumed
 from ..record.in_step_restarts import InStepRestart, replaced_ranks, start_mark, with_ranks_start
 
 
+Report = Tuple[int, float]  # a step, and when it was reported (the rank's wall clock)
+Pace = Tuple[Report, Report]  # a start's first and latest report
+
+
 @dataclass
 class CallRestarts:
     """Which start of the ranks runs (0: the first; k: the gang's restart k), and each restart so far."""
@@ -24,6 +28,7 @@ class CallRestarts:
     restart: int = 0
     records: List[InStepRestart] = field(default_factory=list)
     reported_step: Optional[int] = None  # the newest step the replaced ranks reported (steps lost count to it)
+    replaced_pace: Optional[Pace] = None  # the replaced ranks' first and latest report, (step, when)
 
     def decided(self, client: GangClient, index: int, allowed: int, exit_code: Optional[int],
                 report: Callable[[], None], wait: float) -> Optional[msg.Restart]:
@@ -39,7 +44,8 @@ class CallRestarts:
 
     def begin(self, decided: msg.Restart, ran_from: Optional[float], stopped_at: Optional[float],
               rank_starts: List[Optional[float]], ranks: Sequence[RankStatus] = (),
-              log_dir: Optional[str] = None, reported_step: Optional[int] = None) -> None:
+              log_dir: Optional[str] = None, reported_step: Optional[int] = None,
+              replaced_pace: Optional[Pace] = None) -> None:
         """Restart ``decided.restart``: this node's old ranks (``ranks``, kept for the card) are gone; their
         log files say where the next start's lines begin."""
         self.records = with_ranks_start(self.records, rank_starts)
@@ -50,6 +56,7 @@ class CallRestarts:
                                           ranks=replaced_ranks(ranks)))
         self.restart = decided.restart
         self.reported_step = reported_step
+        self.replaced_pace = replaced_pace
         if log_dir:
             mark_logs(log_dir, sorted({r.rank for r in ranks}), decided.restart)
 
@@ -60,6 +67,16 @@ class CallRestarts:
                 self.records[-1], resumed_step=resumed.step, steps_lost=resumed.steps_lost(self.reported_step),
                 resumed_from=resumed.source_node, resumed_saved_at=resumed.saved_at)
 
+    def reported_from(self, first: Optional[Report]) -> None:
+        """The current restart's ranks' first progress report, where they did not resume from memory: the
+        step before it is where your own checkpoint put them, so the replaced ranks' work up to that step was
+        kept (``kept_until``, from their pace), and their training began with it."""
+        last = self.records[-1] if self.records else None
+        if first is None or last is None or last.resumed_saved_at is not None:
+            return
+        kept = kept_until(self.replaced_pace, first[0] - 1)
+        self.records[-1] = dataclasses.replace(last, kept_until=kept, trained_at=last.trained_at or first[1])
+
     def trained(self, at: Optional[float]) -> None:
         """The current restart's ranks committed their first snapshot ``at`` (None: none, or snapshots off)."""
         if at is not None and self.records:
@@ -69,6 +86,19 @@ class CallRestarts:
         """The current restart's ranks started ``at`` (the first start has no record)."""
         if self.records and self.records[-1].restarted_at is None:
             self.records[-1] = dataclasses.replace(self.records[-1], restarted_at=at)
+
+
+def kept_until(pace: Optional[Pace], step: int) -> Optional[float]:
+    """When the replaced ranks had done ``step``, on the line through their first and latest report (None: not
+    known, as from one report short of it)."""
+    if pace is None or step < 0:
+        return None
+    (s0, t0), (s1, t1) = pace
+    if step >= s1:
+        return t1
+    if s1 <= s0:
+        return None
+    return t1 - (s1 - step) * (t1 - t0) / (s1 - s0)
 
 
 def mark_logs(log_dir: str, ranks: Sequence[int], restart: int) -> None:
