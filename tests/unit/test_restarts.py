@@ -311,3 +311,28 @@ def test_the_progress_tracker_keeps_its_starts_first_and_latest_report_of_its_sl
     report(1, 19, 110.5)
     tracker.sample()
     assert (tracker.first, tracker.latest, tracker.latest_start) == ((9, 100.5), (19, 110.5), 0)
+    # A rank's file says its own first report: the node need not have seen it (it samples every few seconds).
+    late = ProgressTracker(str(tmp_path))
+    with open(rank_file(str(tmp_path), 1, PROGRESS_SUFFIX), "w") as f:
+        json.dump({"rank": 1, "step": 19, "time": 110.5, "first_step": 3, "first_time": 94.0}, f)
+    late.sample()
+    assert late.first == (3, 94.0)
+
+
+def test_a_ranks_progress_file_carries_its_first_report():
+    from metaflow_extensions.torchrun.plugins.torchrun.procs import rank_progress
+
+    report = rank_progress.ProgressReport.from_file({"rank": 2, "step": 30, "time": 5.0, "first_step": 21,
+                                                     "first_time": 1.5})
+    assert (report.first_step, report.first_time) == (21, 1.5)
+    hostile = rank_progress.ProgressReport.from_file({"rank": 2, "step": 30, "time": 5.0, "first_step": 99,
+                                                      "first_time": "x"})
+    assert (hostile.first_step, hostile.first_time) == (None, None)  # past the latest, or no time: not believed
+    writer = rank_progress._Writer("", "3", "1")
+    saved = rank_progress._first
+    try:
+        rank_progress._first = (7, 2.5)
+        made = writer._record((9, None, {}, 3.0))
+        assert (made.first_step, made.first_time, made.step) == (7, 2.5, 9)
+    finally:
+        rank_progress._first = saved

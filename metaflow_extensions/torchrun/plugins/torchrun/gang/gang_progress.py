@@ -171,8 +171,9 @@ class ProgressTracker:
             known = cpu is not None or gpu is not None or arrivals is not None
             return NodeProgress(cpu=cpu, gpu=gpu, start=self.start, arrivals=arrivals) if known else None
         behind = min(reports.values(), key=lambda one: (one.step, one.rank))
-        self.first = self.first if self.first is not None and self.latest_start == self.start else (behind.step,
-                                                                                                  behind.time)
+        if self.first is None or self.latest_start != self.start:
+            step, when = behind.first_step, behind.first_time
+            self.first = (step, when) if step is not None and when is not None else (behind.step, behind.time)
         self.latest, self.latest_start = (behind.step, behind.time), self.start
         steps_now = {r: (one.start, one.step) for r, one in reports.items()}
         if any(self.last_steps.get(r) != s for r, s in steps_now.items()) or self.advanced_at is None:

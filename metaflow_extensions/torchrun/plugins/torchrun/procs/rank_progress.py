@@ -42,6 +42,9 @@ class ProgressReport(Written):
     metrics: Dict[str, float] = field(default_factory=dict)
     time: float = 0.0
     start: Annotated[int, SKIP] = 0
+    # This rank's first report of its start, step and time: where a restart's ranks resumed (the step before).
+    first_step: Annotated[Optional[int], SKIP] = None
+    first_time: Annotated[Optional[float], SKIP] = None
 
     @classmethod
     def from_file(cls, data: Any) -> Optional["ProgressReport"]:
@@ -51,8 +54,11 @@ class ProgressReport(Written):
         if rank is None or step is None or when is None:
             return None
         total = _count(data.get("total"))
+        first_step, first_time = _count(data.get("first_step")), stamp(data.get("first_time"))
+        known = first_step is not None and first_time is not None and first_step <= step
         return cls(rank=rank, step=step, total=total if total else None,
-                   metrics=clean_metrics(data.get("metrics")), time=when, start=_count(data.get("start")) or 0)
+                   metrics=clean_metrics(data.get("metrics")), time=when, start=_count(data.get("start")) or 0,
+                   first_step=first_step if known else None, first_time=first_time if known else None)
 
 
 def clean_metrics(metrics: Any) -> Dict[str, float]:
@@ -87,6 +93,7 @@ def _count(value: Any) -> Optional[int]:
 
 # (step, total, metrics, time): replaced whole, so the writer never sees half of one.
 _latest: Optional[Tuple[Any, Any, Dict[str, Any], float]] = None
+_first: Optional[Tuple[Any, float]] = None  # this process's first report: (step, time)
 _writer: Optional["_Writer"] = None
 _start_lock = threading.Lock()
 
@@ -98,8 +105,10 @@ def report(step: int, total: Optional[int] = None, **metrics: float) -> None:
     enough for every step: nothing is checked or written here; at most one
     report a second leaves the rank. Pass Python numbers (``loss.item()``):
     a tensor is kept, with its graph, until the next report replaces it."""
-    global _latest
+    global _latest, _first
     _latest = (step, total, metrics, time.time())
+    if _first is None:
+        _first = (step, _latest[3])
     if _writer is None:
         _start()
 
@@ -117,9 +126,9 @@ def _start() -> None:
 def _forget_in_child() -> None:
     """A forked child (a DataLoader worker) has no writer thread: its reports go
     nowhere rather than race its parent's file."""
-    global _writer, _latest
+    global _writer, _latest, _first
     _writer = _Writer("", "", "")
-    _latest = None
+    _latest = _first = None
 
 
 os.register_at_fork(after_in_child=_forget_in_child)
@@ -174,8 +183,10 @@ class _Writer:
                                  "whole number >= 0\n" % (step,))
             return None
         whole = _count(total)
+        first_step, first_time = (_count(_first[0]), _first[1]) if _first is not None else (None, None)
         return ProgressReport(rank=self.rank, step=number, total=whole if whole else None,
-                              metrics=clean_metrics(metrics), time=when, start=self.of_start)
+                              metrics=clean_metrics(metrics), time=when, start=self.of_start,
+                              first_step=first_step, first_time=first_time if first_step is not None else None)
 
 
 def _digits(text: str) -> Optional[int]:
