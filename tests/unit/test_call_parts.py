@@ -71,7 +71,7 @@ def _loop(tmp_path, pinned: Optional[int]):
     session = SimpleNamespace(context=SimpleNamespace(is_control=False, defaults=SimpleNamespace(restarts=2)))
     client = SimpleNamespace(seats={(0, 1): seat}, hosts=lambda: {})
     failure = SimpleNamespace(new_start=lambda: said.append("new start"), failures=[])
-    ranks = SimpleNamespace(started_at=100.0, ended_at=111.0, progress=None)
+    ranks = SimpleNamespace(started_at=100.0, ended_at=111.0)
     launch, restarts = _Launch(str(tmp_path)), CallRestarts()
     loop = RestartLoop(session, client, SimpleNamespace(rdzv_port=pinned), 0, launch, ranks,  # type: ignore[arg-type]
                        restarts, failure, None)  # type: ignore[arg-type]

@@ -178,23 +178,3 @@ def test_a_restarts_start_up_counts_as_restart_until_its_ranks_first_snapshot_no
     late = dataclasses.replace(resumed, trained_at=500.0)
     parts = goodput.ledger([dataclasses.replace(a, restarts=(late,))], now=162.0).segments[1].parts
     assert min(parts.values()) >= 0.0 and parts["productive"] == 0.0
-
-
-def test_the_shelf_says_when_the_current_starts_ranks_first_saved_and_not_a_peers_copy():
-    from metaflow_extensions.torchrun.plugins.torchrun.gang.snapshot_shelf import Shelf
-
-    shelf = Shelf(budget=1 << 24)
-    assert shelf.first_saved_at() is None
-    peer = shelf.begin("rank-1", 4096)
-    shelf.finish(peer, 3, 100, source=(0, 1))
-    assert shelf.first_saved_at() is None  # a peer's copy is not this node's ranks' training
-    own = shelf.begin("rank-0", 4096, owner=7)
-    shelf.finish(own, 3, 100)
-    first = shelf.first_saved_at()
-    assert first is not None
-    again = shelf.begin("rank-0", 4096, owner=7)
-    shelf.finish(again, 4, 100)
-    assert shelf.first_saved_at() == first
-    shelf.new_start()
-    assert shelf.first_saved_at() is None
-    shelf.clear()

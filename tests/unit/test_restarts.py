@@ -292,31 +292,27 @@ def test_without_a_snapshot_the_ranks_progress_says_how_much_of_the_replaced_wor
     assert restarts.records[-1].kept_until is None and restarts.records[-1].lost_work_seconds == 2.0
 
 
-def test_the_progress_tracker_keeps_its_starts_first_and_latest_report_of_its_slowest_rank(tmp_path):
+def test_a_restart_reads_the_pace_and_the_first_report_of_a_starts_slowest_rank_from_its_files(tmp_path):
     import json
 
-    from metaflow_extensions.torchrun.plugins.torchrun.gang.gang_progress import ProgressTracker
     from metaflow_extensions.torchrun.plugins.torchrun.procs.names import PROGRESS_SUFFIX, rank_file
+    from metaflow_extensions.torchrun.plugins.torchrun.runtime.restart_loop import reported, slowest
 
-    def report(rank, step, when, start=0):
+    def report(rank, step, when, start=0, **first):
         with open(rank_file(str(tmp_path), rank, PROGRESS_SUFFIX), "w") as f:
-            json.dump({"rank": rank, "step": step, "time": when, "start": start}, f)
+            json.dump(dict({"rank": rank, "step": step, "time": when, "start": start}, **first), f)
 
-    tracker = ProgressTracker(str(tmp_path))
-    assert tracker.sample() is None or tracker.first is None
-    report(0, 10, 100.0)
-    report(1, 9, 100.5)
-    tracker.sample()
-    report(0, 20, 110.0)
+    assert reported(str(tmp_path), 0) == (None, None) and slowest(str(tmp_path), 0) is None
+    report(0, 20, 110.0, first_step=10, first_time=100.0)
+    report(1, 19, 110.5, first_step=9, first_time=100.5)
+    assert reported(str(tmp_path), 0) == (20, ((9, 100.5), (19, 110.5)))
+    assert reported(str(tmp_path), 1) == (None, None)  # another start's files are not this one's
+    # A file that does not say its first report: its latest stands for it.
     report(1, 19, 110.5)
-    tracker.sample()
-    assert (tracker.first, tracker.latest, tracker.latest_start) == ((9, 100.5), (19, 110.5), 0)
-    # A rank's file says its own first report: the node need not have seen it (it samples every few seconds).
-    late = ProgressTracker(str(tmp_path))
-    with open(rank_file(str(tmp_path), 1, PROGRESS_SUFFIX), "w") as f:
-        json.dump({"rank": 1, "step": 19, "time": 110.5, "first_step": 3, "first_time": 94.0}, f)
-    late.sample()
-    assert late.first == (3, 94.0)
+    assert reported(str(tmp_path), 0) == (20, ((19, 110.5), (19, 110.5)))
+    # The file says its own first report: the node need not have seen it (it samples every few seconds).
+    report(1, 19, 110.5, start=1, first_step=3, first_time=94.0)
+    assert slowest(str(tmp_path), 1).first == (3, 94.0)
 
 
 def test_a_ranks_progress_file_carries_its_first_report():

@@ -362,3 +362,18 @@ def test_a_pinned_slot_keeps_its_step_and_size_while_newer_saves_push_it_out():
     assert shelf.steps("rank-0") == [5, 6] and (pinned.step, pinned.size) == (1, 300)  # what a push announces
     shelf.unpin(pinned)
     shelf.clear()
+
+
+def test_the_store_says_when_the_current_starts_ranks_first_saved_and_not_a_peers_copy(store, writer):
+    """The ledger's mark of a restart's training begun: its ranks' first commit, not a copy a peer pushed."""
+    assert store.first_saved_at() is None
+    peer = store.shelf.begin("rank-1", 4096)
+    store.shelf.finish(peer, 3, 100, source=(0, 1))
+    assert store.first_saved_at() is None  # a peer's copy is not this node's ranks' training
+    assert writer.put("rank-0", 3, snapshot(3, sealed=False)) is None
+    first = store.first_saved_at()
+    assert first is not None and abs(first - time.time()) < 60
+    assert writer.put("rank-0", 4, snapshot(4, sealed=False)) is None
+    assert store.first_saved_at() == first
+    store.new_start()
+    assert store.first_saved_at() is None

@@ -152,11 +152,6 @@ class ProgressTracker:
         self.advanced_at: Optional[float] = None
         self.cpu_seen: Optional[Tuple[float, float, int]] = None  # (clock, CPU seconds, ranks)
         self.arrivals = ArrivalTracker(workdir)
-        # The start's slowest rank as first and last seen, (step, when it reported it): where a restart resumed,
-        # from the next start's first report, and when the replaced ranks were at that step (the ledger).
-        self.first: Optional[Tuple[int, float]] = None
-        self.latest: Optional[Tuple[int, float]] = None
-        self.latest_start = 0  # the start ``first`` and ``latest`` are of
 
     def sample(self) -> Optional[NodeProgress]:
         """None while no rank reports and no CPU time or GPU utilisation is known."""
@@ -170,11 +165,6 @@ class ProgressTracker:
         if not reports:
             known = cpu is not None or gpu is not None or arrivals is not None
             return NodeProgress(cpu=cpu, gpu=gpu, start=self.start, arrivals=arrivals) if known else None
-        behind = min(reports.values(), key=lambda one: (one.step, one.rank))
-        if self.first is None or self.latest_start != self.start:
-            step, when = behind.first_step, behind.first_time
-            self.first = (step, when) if step is not None and when is not None else (behind.step, behind.time)
-        self.latest, self.latest_start = (behind.step, behind.time), self.start
         steps_now = {r: (one.start, one.step) for r, one in reports.items()}
         if any(self.last_steps.get(r) != s for r, s in steps_now.items()) or self.advanced_at is None:
             self.advanced_at = now

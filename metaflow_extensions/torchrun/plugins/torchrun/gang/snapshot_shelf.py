@@ -93,7 +93,6 @@ class Shelf:
         self._planned: Dict[str, int] = {}  # key -> the size its rank said it saves
         self._ids = itertools.count(1)
         self._alive: Set[int] = set()
-        self._first_saved_at: Optional[float] = None  # the current start's ranks' first save committed
 
     def plan(self, key: str, size: int) -> Optional[str]:
         """None if a key's snapshots of ``size`` fit (its three slots); else why not, both sizes named."""
@@ -162,8 +161,6 @@ class Shelf:
                 raise ValueError("slot %d is not being written, or %d bytes do not fit it" % (slot.id, size))
             slot.step, slot.size, slot.source, slot.owner = step, size, source, None
             slot.saved_at = time.time()
-            if source is None and self._first_saved_at is None:
-                self._first_saved_at = slot.saved_at
             kept = self._kept.get(slot.key, [])
             for old in [h for h in kept if h.step >= step]:
                 self._release(old, kept)
@@ -223,17 +220,6 @@ class Shelf:
     def steps(self, key: str) -> List[int]:
         with self._lock:
             return [h.step for h in self._kept.get(key, [])]
-
-    def new_start(self) -> None:
-        """The ranks start again (the last start's are gone): ``first_saved_at`` is of the new start's saves."""
-        with self._lock:
-            self._first_saved_at = None
-
-    def first_saved_at(self) -> Optional[float]:
-        """When the current start's ranks first committed a snapshot (wall clock): its first step done, where
-        they save every step. A peer's copy is not theirs."""
-        with self._lock:
-            return self._first_saved_at
 
     def newest(self) -> Optional[int]:
         """The newest step held for any key (a timeline the gang left is dropped, so not counted)."""

@@ -67,6 +67,7 @@ class SnapshotStore:
         self._closed = False
         self._off = memory.unavailable()  # no sealed memfd here: every rank is told so at its first save
         self._last_load: Optional[Tuple[int, Optional[int], int, float]] = None
+        self._first_saved_at: Optional[float] = None  # the current start's ranks' first commit here
         self._ids = itertools.count(1)
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
@@ -106,6 +107,17 @@ class SnapshotStore:
     def newest(self) -> Optional[int]:
         """The newest step any key holds on this store (the gang's last save, as far as this node knows)."""
         return self.shelf.newest()
+
+    def new_start(self) -> None:
+        """The ranks start again (the last start's are gone): ``first_saved_at`` is of the new start's saves."""
+        with self._lock:
+            self._first_saved_at = None
+
+    def first_saved_at(self) -> Optional[float]:
+        """When the current start's ranks first committed a snapshot here (wall clock): its first step done,
+        where they save every step. A peer's copy, which does not come through a rank's commit, is not theirs."""
+        with self._lock:
+            return self._first_saved_at
 
     def last_load(self) -> Optional[Tuple[int, Optional[int], int, float]]:
         """(step, the peer's index in ``peers`` it was copied from or None, the newest step then, when it
@@ -198,6 +210,8 @@ class SnapshotStore:
             self.shelf.abandon(slot)
             return "not a whole snapshot: %s" % e
         self.shelf.finish(slot, step, size)
+        with self._lock:
+            self._first_saved_at = self._first_saved_at or slot.saved_at
         if self._pusher and key.startswith("rank-"):
             self._pusher.offer(key, step)  # replicated state: every node holds its own copy already
         return None

@@ -46,6 +46,13 @@ class ProgressReport(Written):
     first_step: Annotated[Optional[int], SKIP] = None
     first_time: Annotated[Optional[float], SKIP] = None
 
+    @property
+    def first(self) -> Tuple[int, float]:
+        """(step, time) of this rank's first report of its start; its latest where the file does not say."""
+        if self.first_step is not None and self.first_time is not None:
+            return self.first_step, self.first_time
+        return self.step, self.time
+
     @classmethod
     def from_file(cls, data: Any) -> Optional["ProgressReport"]:
         if not isinstance(data, Mapping):

@@ -106,11 +106,11 @@ class CallSnapshots:
         """Start ``restart`` of the ranks begins here (the last one's ranks are gone)."""
         self._start = (restart, self.store.newest() if self.store is not None else None)
         if self.store is not None:
-            self.store.shelf.new_start()
+            self.store.new_start()
 
     def trained_at(self) -> Optional[float]:
         """When the running start's ranks committed their first snapshot: training again, for the ledger."""
-        return self.store.shelf.first_saved_at() if self.store is not None else None
+        return self.store.first_saved_at() if self.store is not None else None
 
     def saved_in(self) -> Optional[int]:
         """The running start, once its ranks committed a snapshot newer than any before it (a restart point

@@ -43,7 +43,6 @@ class RanksRun:
         self.first_started: Optional[float] = None  # epoch: the first start's agent
         self.first_output: Optional[float] = None  # epoch: the first start's first line (a restart's: its record)
         self._restart_heard = False  # the latest start is stopped for the gang's restart: no stacks
-        self.progress: Optional[ProgressTracker] = None  # the latest start's: its first and latest report
 
     @property
     def started_at(self) -> Optional[float]:
@@ -99,8 +98,7 @@ class RanksRun:
             if self.prunes:
                 launch.files.prune()  # other runs' logs: while torchrun imports torch, off the critical path
             quiet = lambda: None if sup.last_output is None else time.monotonic() - sup.last_output  # noqa: E731
-            self.progress = ProgressTracker(launch.workdir, gpu=gpus.latest)
-            with client.watching(quiet, self.progress.sample,
+            with client.watching(quiet, ProgressTracker(launch.workdir, gpu=gpus.latest).sample,
                                  launch.snapshots.saved_in):
                 exit_code = sup.wait(should_stop=should_stop)
                 self.first_output = self.first_output or sup.first_output

@@ -6,16 +6,15 @@ decides is applied in one place, ``RestartLoop.apply``, which makes the next sta
 
 from __future__ import annotations
 
-from typing import Optional, Tuple
+from typing import List, Optional, Tuple
 
 from ..cause import CauseKind
 from ..gang import messages as msg
 from ..gang.client import GangClient
-from ..gang.gang_progress import ProgressTracker
 from ..host.console import say
 from ..launch import CallPlan
 from ..procs.failures import clear_round
-from ..procs.rank_progress import read_progress
+from ..procs.rank_progress import ProgressReport, read_progress
 from ..record.result import read_rank_records
 from .call_failure import NodeFailure
 from .call_launch import NodeLaunch, RanksStart, swap_line
@@ -62,7 +61,8 @@ class RestartLoop:
         if start.restart:
             self.restarts.resumed(self.launch.snapshots.resumed())
             self.restarts.trained(self.launch.snapshots.trained_at())
-            self.restarts.reported_from(self.ranks.progress.first if self.ranks.progress else None)
+            behind = slowest(self.launch.workdir, start.restart)
+            self.restarts.reported_from(behind.first if behind is not None else None)
         return self.restarts.decided(self.client, self.index, self.session.context.defaults.restarts, exit_code,
                                      lambda: self.failure.report_own(start, exit_code),
                                      self.session.config.secondary_grace + 2.0)
@@ -74,7 +74,7 @@ class RestartLoop:
         ranks, client = self.ranks, self.client
         self.restarts.begin(decided, ranks.started_at, ranks.ended_at, self.launch.rank_starts(self.restarts.restart),
                             read_rank_records(self.launch.workdir, self.failure.failures), self.launch.log_dir,
-                            *reported(self.launch.workdir, self.restarts.restart, ranks.progress))
+                            *reported(self.launch.workdir, self.restarts.restart))
         clear_round(self.launch.workdir)
         self.failure.new_start()
         self.exit_code = None
@@ -99,12 +99,24 @@ class RestartLoop:
                 % (self.index + 1, decided.restart, allowed, decided.cause.summary))
 
 
-def reported(workdir: str, start: int, progress: Optional[ProgressTracker]) -> Tuple[Optional[int], Optional[Pace]]:
-    """The newest step this node's ranks of ``start`` reported (steps lost count to it), and their pace: the
-    first report the node saw and the slowest rank's last, read now from its file (none: they reported none)."""
-    reports = [p for p in read_progress(workdir).values() if p.start == start] if workdir else []
-    if not reports:
+def reported(workdir: str, start: int) -> Tuple[Optional[int], Optional[Pace]]:
+    """The newest step this node's ranks of ``start`` reported (steps lost count to it), and the pace of the
+    slowest of them: its first report of the start and its latest (none: they reported none)."""
+    reports = _reports(workdir, start)
+    behind = _behind(reports)
+    if behind is None:
         return None, None
-    behind = min(reports, key=lambda p: (p.step, p.rank))
-    first = progress.first if progress is not None and progress.latest_start == start else None
-    return max(p.step for p in reports), ((first or (behind.step, behind.time)), (behind.step, behind.time))
+    return max(p.step for p in reports), (behind.first, (behind.step, behind.time))
+
+
+def slowest(workdir: str, start: int) -> Optional[ProgressReport]:
+    """The latest report of this node's rank of ``start`` that is furthest behind (None: none reported)."""
+    return _behind(_reports(workdir, start))
+
+
+def _reports(workdir: str, start: int) -> List[ProgressReport]:
+    return [p for p in read_progress(workdir).values() if p.start == start] if workdir else []
+
+
+def _behind(reports: List[ProgressReport]) -> Optional[ProgressReport]:
+    return min(reports, key=lambda p: (p.step, p.rank), default=None)
