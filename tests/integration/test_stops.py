@@ -133,13 +133,16 @@ def _ranks_at(text: str, place: str) -> set:
 
 def test_a_function_entrypoints_stacks(gang):
     gang.env.update(_attrs(hang_timeout=10))  # see the test above
+    gang.env["METAFLOW_TORCHRUN_DEBUG"] = "1"  # a failure below shows how the stop collected the stacks
     proc = gang.run("--mode", "hang", flow="function_flow.py", timeout=180)
     text = output(proc)
     assert proc.returncode != 0
-    assert "no output from any rank" in text, text[-4000:]
+    debug = "\n".join(line for line in text.splitlines() if " debug: " in line)
+    shown = "\n".join(line for line in text.splitlines() if " debug: " not in line)[-3000:] + "\n" + "\n".join(
+        line for line in debug.splitlines() if re.search(r"stack|stop|collect|silen|quiet|verdict", line))[-6000:]
+    assert "no output from any rank" in text, shown
     line = _line_of(os.path.join(FLOWS, "fnlib.py"), "time.sleep(seconds)  # quiet here")
-    assert _ranks_at(text, r"\S*fnlib\.py:%d in quiet_wait: time\.sleep\(seconds\)" % line) == {0, 1, 2, 3}, \
-        text[-4000:]
+    assert _ranks_at(text, r"\S*fnlib\.py:%d in quiet_wait: time\.sleep\(seconds\)" % line) == {0, 1, 2, 3}, shown
     # Each rank's main thread alone, its dump whole: the thread that answers for
     # the Flight Recorder at that moment is never walked (issue 50's SIGSEGV).
     dumps = _control_record(gang, flow="FunctionFlow")["stacks"]

@@ -51,6 +51,19 @@ def test_the_rank_that_skipped_it_shows_its_last_collective_completed():
     assert summary.group("9") is None
 
 
+def test_a_gloo_entry_retired_is_done_though_pg_status_reads_one_behind():
+    """gloo's two workers: the one done with barrier #4 can write pg_status after the
+    other wrote all_reduce #5's, so it says 4 for good; #5's entry is retired all the same."""
+    data = json.loads(dump("gloo-hang-rank0.json"))
+    data["entries"][-1]["retired"] = True  # #5 came back; pg_status still says 4
+    assert summarize(json.dumps(data)).group("0") == FlightGroup("0", 5, "all_reduce", True, "default_pg")
+    data["entries"][-1]["retired"] = False
+    data["pg_status"]["0"]["last_completed_collective"] = "5"  # the other way round, done too
+    assert summarize(json.dumps(data)).group("0").done
+    del data["pg_status"]["0"]
+    assert not summarize(json.dumps(data)).group("0").done  # neither says it: open
+
+
 def test_a_recorder_turned_off_or_a_dump_that_is_not_torchs_reads_as_such():
     assert summarize(dump("gloo-off-rank0.json")) == FlightSummary(EMPTY, recorder="gloo")
     for text in (b"", b"not json", b"[]", b'{"entries": {}}', b'{"entries": [{"op_id": 1}]}',
@@ -61,8 +74,8 @@ def test_a_recorder_turned_off_or_a_dump_that_is_not_torchs_reads_as_such():
 def test_at_most_a_few_groups_open_ones_first():
     data = json.loads(dump("gloo-hang-rank1.json"))
     template = data["entries"][-1]
-    data["entries"] = [dict(template, process_group=[str(g), "g"], pg_id=g, collective_seq_id=g, op_id=g)
-                       for g in range(1, 10)]
+    data["entries"] = [dict(template, process_group=[str(g), "g"], pg_id=g, collective_seq_id=g, op_id=g,
+                            retired=g != 3) for g in range(1, 10)]
     data["pg_status"] = {str(g): {"last_completed_collective": str(g if g != 3 else 2)} for g in range(1, 10)}
     groups = summarize(json.dumps(data)).groups
     assert len(groups) == flight.MAX_GROUPS

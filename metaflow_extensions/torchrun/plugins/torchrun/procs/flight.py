@@ -111,9 +111,12 @@ def _groups(entries: List[Any], status: Mapping[str, Any], recorder: str) -> Lis
 
 
 def _done(entry: Mapping[str, Any], pg: Any, recorder: str) -> bool:
-    """gloo's entries never change state, so its completion is in ``pg_status``
-    (op_id); stock NCCL's watchdog marks an entry "completed"; another backend's
-    (2.15's nccl2) is retired when it completes."""
+    """Stock NCCL's watchdog marks an entry "completed"; another backend's (2.15's
+    nccl2) is retired when it completes. gloo's entries never change state: its
+    worker retires an entry once the work is done, and ``pg_status`` (op_id) keeps
+    the last one a worker finished. Either says done: with two workers, the one
+    finishing an earlier op can write ``pg_status`` after the later op's, and
+    then it reads one behind for good, while every entry's retirement is its own."""
     if entry.get("state") not in ("scheduled", "started", "completed"):
         raise ValueError("not one of torch's entry states")
     if recorder == NCCL:
@@ -121,9 +124,7 @@ def _done(entry: Mapping[str, Any], pg: Any, recorder: str) -> bool:
     if recorder != GLOO:
         return entry["state"] == "completed" or bool(entry.get("retired"))
     completed = pg.get("last_completed_collective") if isinstance(pg, Mapping) else None
-    if completed is not None:
-        return int(entry["op_id"]) <= int(completed)
-    return bool(entry.get("retired"))
+    return bool(entry.get("retired")) or (completed is not None and int(entry["op_id"]) <= int(completed))
 
 
 def bound(summaries: Mapping[int, FlightSummary], budget: int) -> Dict[int, FlightSummary]:

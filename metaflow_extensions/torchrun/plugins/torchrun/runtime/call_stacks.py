@@ -45,8 +45,8 @@ class CallStacks:
         self.stacks = stacks.collect(workdir, pids)
         self.flights = asked.answers(began + timeouts.COLLECT_SECONDS)
         self.seconds += time.monotonic() - began
-        _log.debug("call %d: %d ranks' stacks and %d of %d Flight Recorders collected in %.3fs", index,
-                   len(self.stacks), len(self.flights), len(asked.asked), self.seconds)
+        _log.debug("call %d: of %d live ranks, %d stacks and %d of %d Flight Recorders collected in %.3fs", index,
+                   len(pids), len(self.stacks), len(self.flights), len(asked.asked), self.seconds)
         self.share(client, index, entered=True)  # at once: the control waits only so long
         # In the gang's stop, the ranks live until every node has collected its own (a peer's
         # ranks in a collective with these would die before their node asked).

@@ -235,8 +235,8 @@ class Supervisor:
             if self.before_stop is not None and grace is None:
                 try:
                     self.before_stop()
-                except Exception:
-                    pass  # what it reports is a bonus: the stop must happen
+                except Exception:  # what it reports is a bonus: the stop must happen
+                    _log.debug("before the stop: where the ranks were, not collected", exc_info=True)
             # The agent gives its ranks its shutdown timeout before SIGKILL; the margin is its own.
             wait = grace + timeouts.AGENT_MARGIN if grace is not None else (
                 self.shutdown_grace + timeouts.AGENT_MARGIN if self.signalled is not None else self.grace_seconds)
