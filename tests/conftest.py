@@ -11,6 +11,7 @@ the suite is run).
 import json
 import os
 import re
+import resource
 import time
 from typing import Dict, List, Mapping, Optional
 
@@ -226,8 +227,9 @@ def pytest_configure(config):
 
 
 # -- the timeline (`--timeline DIR`: tools/pools.py gives it; tools/timeline.py reads it) --
-# One line a test: when it began and ended, in which worker. What a pool's workers did
-# when, so that an idle tail or a core left waiting can be seen, not guessed.
+# One line a test: when it began and ended, in which worker, and the CPU it cost (the worker's
+# own and its reaped children's: a flow's runtime reaps its tasks, each task its ranks). What a
+# pool's workers did when, and what the CPU went on, so that either can be seen, not guessed.
 def pytest_addoption(parser):
     parser.addoption("--timeline", default="", help="a folder: each worker writes when each of its tests ran")
 
@@ -235,10 +237,15 @@ def pytest_addoption(parser):
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):
     folder = item.config.getoption("--timeline", default="")  # none where this file was not an initial conftest
-    began = time.time()
+    began, cpu = time.time(), _cpu_seconds()
     yield
     if folder:
         # xdist's own id, not its environment variable, which a test's own pytest inherits.
         worker = getattr(item.config, "workerinput", {}).get("workerid", "main")
         with open(os.path.join(folder, "%s.tsv" % worker), "a") as f:
-            f.write("%.3f\t%.3f\t%s\n" % (began, time.time(), item.nodeid))
+            f.write("%.3f\t%.3f\t%s\t%.2f\n" % (began, time.time(), item.nodeid, _cpu_seconds() - cpu))
+
+
+def _cpu_seconds() -> float:
+    return sum(u.ru_utime + u.ru_stime for u in (resource.getrusage(resource.RUSAGE_SELF),
+                                                   resource.getrusage(resource.RUSAGE_CHILDREN)))

@@ -33,6 +33,7 @@ class Ran:
     began: float
     ended: float
     test: str
+    cpu: float = 0.0  # the worker's CPU seconds and its reaped children's; 0 in a timeline without them
 
     @property
     def seconds(self) -> float:
@@ -44,10 +45,11 @@ def parse(pool: str, worker: str, text: str) -> List[Ran]:
     out = []
     for line in text.splitlines():
         parts = line.split("\t")
-        if len(parts) != 3:
+        if len(parts) not in (3, 4):
             continue
         try:
-            out.append(Ran(pool, worker, float(parts[0]), float(parts[1]), parts[2]))
+            cpu = float(parts[3]) if len(parts) == 4 else 0.0
+            out.append(Ran(pool, worker, float(parts[0]), float(parts[1]), parts[2], cpu))
         except ValueError:
             continue
     return out
@@ -87,6 +89,21 @@ def report(runs: Sequence[Ran], tail: float = 60.0, longest: int = 15) -> List[s
     lines.append("the %d longest:" % longest)
     for r in sorted(runs, key=lambda r: -r.seconds)[:longest]:
         lines.append("  %5.1f s from %6.0f s  %-10s %s" % (r.seconds, r.began - start, r.pool, r.test))
+    lines.extend(costliest(runs, longest))
+    return lines
+
+
+def costliest(runs: Sequence[Ran], most: int) -> List[str]:
+    """The files that cost the most CPU: on 2 cores a CPU-bound suite lasts about its CPU over 2."""
+    files: Dict[str, float] = {}
+    for r in runs:
+        files[r.test.split("::")[0]] = files.get(r.test.split("::")[0], 0.0) + r.cpu
+    total = sum(files.values())
+    if not total:
+        return []
+    lines = ["CPU: %.0f s in all; the %d files that cost the most:" % (total, most)]
+    for name, cpu in sorted(files.items(), key=lambda kv: -kv[1])[:most]:
+        lines.append("  %6.1f s  %4.1f %%  %s" % (cpu, 100.0 * cpu / total, name))
     return lines
 
 

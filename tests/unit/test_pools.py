@@ -162,9 +162,13 @@ def test_the_timeline_says_when_each_test_ran_and_what_ran_last(tmp_path):
     folder.mkdir()
     with open(os.path.join(REPO, "tests", "conftest.py")) as f:
         hooks = f.read().split("# -- the timeline", 1)[1]
-    (folder / "conftest.py").write_text("import os\nimport time\n\nimport pytest\n\n# -- the timeline" + hooks)
+    (folder / "conftest.py").write_text(
+        "import os\nimport resource\nimport time\n\nimport pytest\n\n# -- the timeline" + hooks)
     (folder / "test_some.py").write_text(
-        "import time\n\ndef test_quick():\n    pass\n\ndef test_slow():\n    time.sleep(0.5)\n")
+        "import subprocess, sys, time\n\ndef test_quick():\n    pass\n\ndef test_slow():\n    time.sleep(0.5)\n\n"
+        "def test_busy():  # a child's CPU counts: a flow's is its processes'\n"
+        "    subprocess.run([sys.executable, '-c', 'import time\\nt = time.process_time()\\n"
+        "while time.process_time() - t < 0.3: pass'])\n")
     out = tmp_path / "timeline" / "cpu-bound"
     out.mkdir(parents=True)
     proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:xdist", "-q",
@@ -172,18 +176,23 @@ def test_the_timeline_says_when_each_test_ran_and_what_ran_last(tmp_path):
                           cwd=str(tmp_path), capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     runs = timeline.read(str(tmp_path / "timeline"))
-    assert sorted(r.test.split("::")[1] for r in runs) == ["test_quick", "test_slow"]
+    assert sorted(r.test.split("::")[1] for r in runs) == ["test_busy", "test_quick", "test_slow"]
     assert {(r.pool, r.worker) for r in runs} == {("cpu-bound", "main")}
+    cpu = {r.test.split("::")[1]: r.cpu for r in runs}
+    assert cpu["test_busy"] >= 0.3 and cpu["test_slow"] < 0.2, cpu
     lines = timeline.report(runs, tail=0.2, longest=1)
-    assert lines[1].startswith("cpu-bound: 2 tests, 1 workers"), lines
+    assert lines[1].startswith("cpu-bound: 3 tests, 1 workers"), lines
     assert lines[2].startswith("workers running a test") and lines[3].split()[0] == "0", lines
     tail = lines.index(next(line for line in lines if line.startswith("running in the last")))
-    assert lines[tail + 1:-2] == [], lines  # the slow test's half second is under the tail's second
-    assert lines[-1].endswith("tests/test_some.py::test_slow")
+    longest = lines.index("the 1 longest:")
+    assert lines[tail + 1:longest] == [], lines  # the slow test's half second is under the tail's second
+    assert lines[longest + 1].endswith("tests/test_some.py::test_slow")
+    assert lines[longest + 2].startswith("CPU: ") and lines[longest + 3].endswith("  tests/test_some.py"), lines
     busy = timeline.busy_workers([timeline.Ran("p", "w", 0.0, 15.0, "a"), timeline.Ran("p", "v", 0.0, 30.0, "b")],
                                  0.0, 60.0, ["p"])
     assert busy[1:] == ["      0 s   1.5", "     30 s   0.0"], busy
-    assert timeline.parse("p", "w", "1.0\t2.0\ta\n1.0\tcut") == [timeline.Ran("p", "w", 1.0, 2.0, "a")]
+    assert timeline.parse("p", "w", "1.0\t2.0\ta\n1.0\tcut\n1.0\t3.0\tb\t0.5") == [
+        timeline.Ran("p", "w", 1.0, 2.0, "a"), timeline.Ran("p", "w", 1.0, 3.0, "b", 0.5)]
 
 
 class _Item:
