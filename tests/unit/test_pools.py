@@ -164,11 +164,12 @@ def test_the_timeline_says_when_each_test_ran_and_what_ran_last(tmp_path):
         hooks = f.read().split("# -- the timeline", 1)[1]
     (folder / "conftest.py").write_text(
         "import os\nimport resource\nimport time\n\nimport pytest\n\n# -- the timeline" + hooks)
-    (folder / "test_some.py").write_text(
-        "import subprocess, sys, time\n\ndef test_quick():\n    pass\n\ndef test_slow():\n    time.sleep(0.5)\n\n"
+    (folder / "test_some.py").write_text(  # in file order: the slow one last, for the tail
+        "import subprocess, sys, time\n\n"
         "def test_busy():  # a child's CPU counts: a flow's is its processes'\n"
         "    subprocess.run([sys.executable, '-c', 'import time\\nt = time.process_time()\\n"
-        "while time.process_time() - t < 0.3: pass'])\n")
+        "while time.process_time() - t < 0.3: pass'])\n\n"
+        "def test_quick():\n    pass\n\ndef test_slow():\n    time.sleep(0.5)\n")
     out = tmp_path / "timeline" / "cpu-bound"
     out.mkdir(parents=True)
     proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:xdist", "-q",
@@ -180,14 +181,14 @@ def test_the_timeline_says_when_each_test_ran_and_what_ran_last(tmp_path):
     assert {(r.pool, r.worker) for r in runs} == {("cpu-bound", "main")}
     cpu = {r.test.split("::")[1]: r.cpu for r in runs}
     assert cpu["test_busy"] >= 0.3 and cpu["test_slow"] < 0.2, cpu
-    lines = timeline.report(runs, tail=0.2, longest=1)
+    lines = timeline.report(runs, tail=0.2, longest=3)
     assert lines[1].startswith("cpu-bound: 3 tests, 1 workers"), lines
     assert lines[2].startswith("workers running a test") and lines[3].split()[0] == "0", lines
     tail = lines.index(next(line for line in lines if line.startswith("running in the last")))
-    longest = lines.index("the 1 longest:")
+    longest = lines.index("the 3 longest:")
     assert lines[tail + 1:longest] == [], lines  # the slow test's half second is under the tail's second
-    assert lines[longest + 1].endswith("tests/test_some.py::test_slow")
-    assert lines[longest + 2].startswith("CPU: ") and lines[longest + 3].endswith("  tests/test_some.py"), lines
+    assert lines[longest + 3].endswith("tests/test_some.py::test_quick"), lines  # busy and slow: a loaded machine's
+    assert lines[longest + 4].startswith("CPU: ") and lines[longest + 5].endswith("  tests/test_some.py"), lines
     busy = timeline.busy_workers([timeline.Ran("p", "w", 0.0, 15.0, "a"), timeline.Ran("p", "v", 0.0, 30.0, "b")],
                                  0.0, 60.0, ["p"])
     assert busy[1:] == ["      0 s   1.5", "     30 s   0.0"], busy
