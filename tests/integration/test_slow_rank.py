@@ -56,12 +56,13 @@ def test_an_even_gang_names_nobody_in_five_minutes(gang):
 
 
 def test_a_slow_node_is_swapped_for_the_spare_and_the_gang_trains_at_its_pace_again(gang):
-    """Node 1's ranks slowed by a quarter (a slow machine: they stay slow however they are numbered); after
-    20 s of being named, node 1 is swapped for spare node 2 and the steps come faster."""
+    """Node 1's ranks at half speed (a slow machine: they stay slow however they are numbered); after 20 s
+    of being named, node 1 is swapped for spare node 2 and the steps come faster. Half, not a quarter as
+    above: a loaded machine stretches the steps after the swap too (a quarter's 1.25x read 1.11x once)."""
     gang.env["MFTR_TORCHRUN_ATTRS"] = json.dumps({"restarts": 1, "spares": 1, "swap_stragglers": 20})
     until = time.time() + 100  # every start ends then: named after about 20 s, swapped 20 s later
     proc = gang.run("--script", "ddp_slow.py", "--nodes", "3", "--nproc", "2",
-                    "--script-args", json.dumps(["--until", str(until), "--step", "0.1", "--slow", "0.025",
+                    "--script-args", json.dumps(["--until", str(until), "--step", "0.1", "--slow", "0.1",
                                                  "--slow-node", "1"]), timeout=300)
     text = output(proc)
     assert proc.returncode == 0, text[-4000:]
@@ -73,4 +74,4 @@ def test_a_slow_node_is_swapped_for_the_spare_and_the_gang_trains_at_its_pace_ag
         with open(os.path.join(gang.out, "pace-%d.json" % restart)) as f:
             pace = json.load(f)
         paces[restart] = pace["steps"] / pace["seconds"]
-    assert paces[1] >= 1.12 * paces[0], paces  # 1.25x expected: the late node's wait is gone
+    assert paces[1] >= 1.4 * paces[0], paces  # 2x expected: the late node's wait is gone

@@ -6,7 +6,8 @@ one-layer BERT built from code (dropout on, so a lost RNG shows in the weights).
 The last test is a real flow, @torchrun(restarts=1) on 2 nodes x 1 process. The others play the task: it runs the node's snapshot store in-process and starts torchrun
 itself, through a shim that installs the hook as the bootstrap does where SNAPSHOT_ENV is set.
 Rank 1 SIGKILLs itself at a step's end on the first start; torchrun is started again against
-the same store. The final weights must equal an uninterrupted run's bit for bit.
+the same store. The final weights must equal, bit for bit, an uninterrupted plain torchrun's, with
+no store and no hook (one run, for the whole pytest run); the flow's, its own uninterrupted flow's.
 """
 
 import json
@@ -18,6 +19,7 @@ import sys
 
 import pytest
 
+from .calls import once_per_pytest_run
 from .helpers import output
 from metaflow_extensions.torchrun.plugins.torchrun.gang.snapshot_store import SnapshotStore
 from metaflow_extensions.torchrun.plugins.torchrun.procs.names import SNAPSHOT_EVERY_ENV
@@ -54,6 +56,28 @@ def torchrun(tmp_path, out, store, script, *args, every=""):
     return proc.returncode, text
 
 
+def plain_torchrun(out, script, *args):
+    """torchrun with nothing of ours: no store, no hook."""
+    env = dict(os.environ, PYTHONPATH=REPO, MFTR_TEST_OUT=str(out), OMP_NUM_THREADS="1")
+    env.pop("METAFLOW_TORCHRUN_SNAPSHOT", None)
+    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+            os.path.join(SCRIPTS, script), *args]
+    return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=240, start_new_session=True)
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    """The weights every HF run here must end with, snapshots taken or a rank killed: one plain run
+    of STEPS steps for the whole pytest run (each rank's import of transformers costs seconds)."""
+    def produce():
+        out = tmp_path_factory.mktemp("hf-uninterrupted")
+        plain = plain_torchrun(out, "hf_snapshot.py", "--steps", str(STEPS))
+        assert plain.returncode == 0, plain.stderr[-4000:]
+        return {"weights": (out / "weights.sha256").read_text()}
+
+    return once_per_pytest_run(tmp_path_factory, "hf-uninterrupted", produce)["weights"]
+
+
 def starts(out, rank):
     return [json.loads(line)["first_step"] for line in (out / ("starts-rank-%d.jsonl" % rank)).read_text().splitlines()]
 
@@ -62,25 +86,15 @@ def snapshot_lines(text):
     return [line for line in text.splitlines() if "metaflow-torchrun: snapshot:" in line]
 
 
-def run_killed_and_whole(tmp_path, script, every):
-    """(the uninterrupted run's output, the killed start's, the restart's, their folders)."""
-    whole, killed = tmp_path / "whole", tmp_path / "killed"
-    whole.mkdir()
+def test_an_hf_trainer_resumes_at_its_last_snapshot_with_the_same_weights(tmp_path, uninterrupted):
+    killed = tmp_path / "killed"
     killed.mkdir()
     args = ("--steps", str(STEPS), "--kill-at", str(KILL_AT))
-    with SnapshotStore(str(tmp_path / "store-whole"), budget=256 << 20) as store:
-        code, whole_text = torchrun(tmp_path, whole, store, script, "--steps", str(STEPS), every=every)
-        assert code == 0, whole_text[-4000:]
-    with SnapshotStore(str(tmp_path / "store-killed"), budget=256 << 20) as store:
-        code, first = torchrun(tmp_path, killed, store, script, *args, every=every)
+    with SnapshotStore(str(tmp_path / "store"), budget=256 << 20) as store:
+        code, first = torchrun(tmp_path, killed, store, "hf_snapshot.py", *args, every="3")
         assert code != 0 and (killed / "killed").exists(), first[-4000:]
-        code, second = torchrun(tmp_path, killed, store, script, *args, every=every)
+        code, second = torchrun(tmp_path, killed, store, "hf_snapshot.py", *args, every="3")
         assert code == 0, second[-4000:]
-    return whole_text, first, second, whole, killed
-
-
-def test_an_hf_trainer_resumes_at_its_last_snapshot_with_the_same_weights(tmp_path):
-    whole_text, first, second, whole, killed = run_killed_and_whole(tmp_path, "hf_snapshot.py", every="3")
     # Every 3 steps: the kill at step 20's end finds 18 the newest snapshot both ranks hold.
     resumed = KILL_AT - KILL_AT % 3
     for rank in (0, 1):
@@ -88,27 +102,20 @@ def test_an_hf_trainer_resumes_at_its_last_snapshot_with_the_same_weights(tmp_pa
     lines = snapshot_lines(second)
     assert any("resumed at step %d from memory" % resumed in line for line in lines), lines
     assert any("HF Trainer resumes at step %d" % resumed in line for line in lines), lines
-    assert (killed / "weights.sha256").read_text() == (whole / "weights.sha256").read_text(), lines
+    assert (killed / "weights.sha256").read_text() == uninterrupted, lines
 
 
-def test_an_hf_trainers_snapshot_interval_is_chosen_from_a_saves_cost(tmp_path):
+def test_an_hf_trainers_snapshot_interval_is_chosen_from_a_saves_cost(tmp_path, uninterrupted):
     """No setting: N from the measured save and step, said on rank 0; the weights as without a store."""
-    out, bare = tmp_path / "measured", tmp_path / "bare"
+    out = tmp_path / "measured"
     out.mkdir()
-    bare.mkdir()
     with SnapshotStore(str(tmp_path / "store"), budget=256 << 20) as store:
-        code, text = torchrun(tmp_path, out, store, "hf_snapshot.py", "--steps", "12")
+        code, text = torchrun(tmp_path, out, store, "hf_snapshot.py", "--steps", str(STEPS))
         assert code == 0, text[-4000:]
     chosen = [line for line in snapshot_lines(text) if "a snapshot every" in line]
     assert chosen and all(line.startswith("[default0]:") for line in chosen), snapshot_lines(text)
     assert "a save costs" in chosen[0] and "a step" in chosen[0], chosen
-    env = dict(os.environ, PYTHONPATH=REPO, MFTR_TEST_OUT=str(bare), OMP_NUM_THREADS="1")
-    env.pop("METAFLOW_TORCHRUN_SNAPSHOT", None)
-    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-            os.path.join(SCRIPTS, "hf_snapshot.py"), "--steps", "12"]
-    plain = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=240, start_new_session=True)
-    assert plain.returncode == 0, plain.stderr[-4000:]
-    assert (out / "weights.sha256").read_text() == (bare / "weights.sha256").read_text()
+    assert (out / "weights.sha256").read_text() == uninterrupted
 
 
 def test_a_lightning_trainer_resumes_at_its_last_snapshot_with_its_weights_of_then(tmp_path):
@@ -144,7 +151,8 @@ def _flow(gang, *args):
 
 def test_an_hf_trainer_in_a_flow_resumes_from_memory_after_a_rank_kill(gang):
     """@torchrun(restarts=1), N chosen from the cost: at most 10 steps lost (a step is made slow
-    enough, by its data, that N stays under 10 on a loaded machine), weights as without a failure."""
+    enough, by its data, that N stays under 10 on a loaded machine), weights as without a failure
+    (a flow's: 2 nodes x 1 process end on other weights than 1 x 2)."""
     _, out = _flow(gang)
     whole = (out / "weights.sha256").read_text()
     for path in [*out.glob("starts-rank-*.jsonl"), out / "weights.sha256"]:
