@@ -41,11 +41,11 @@ FLAKY: Dict[str, str] = {
     "tests/integration/test_restarts.py::test_a_rank_killed_twice_restarts_twice_in_the_same_tasks_and_resumes":
         "hung 300 s once in CI, failed 1 of 9 dev runs",
     "tests/integration/test_stops.py::test_a_function_entrypoints_stacks":
-        "a rank's stack dump cut short (SIGSEGV in faulthandler)",
+        "a rank's stack dump cut short (SIGSEGV in faulthandler); once, no stacks at all (cause not found)",
     "tests/multihost/test_gang_stop.py::test_a_spot_notice_from_metaflows_own_monitor_stops_the_gang_gracefully":
         "the sidecar worker asserted gone before Metaflow's monitor signalled it",
     "tests/unit/test_flight.py::test_a_rank_blocked_in_a_collective_answers_with_what_its_recorder_holds":
-        "gloo's recorder marked a returned all_reduce completed late",
+        "gloo's recorder marked a returned all_reduce completed late; once never (its pg_status written out of order)",
     "tests/integration/test_own_torchrun.py":
         "'terminate called' (SIGABRT): gloo's threads left to the interpreter's finalization by a module-level DDP model",
     "tests/unit/test_failure_report.py::TestRootCauseOrder::test_a_real_gloo_peer_loss_is_recognised":
@@ -65,6 +65,8 @@ FLAKY: Dict[str, str] = {
         "the control's service closed (every node had heard the verdict) before node 1's leave reached it",
     "tests/integration/test_trainer_progress.py::test_an_hf_trainer_reports_step_total_loss_and_learning_rate":
         "a step slower than a second: tqdm's bar read '1.01s/it]', which the test did not take for a rate",
+    "tests/integration/test_slow_rank.py::test_a_slow_node_is_swapped_for_the_spare_and_the_gang_trains_at_its_pace_again":
+        "the steps after the swap stretched by the load: a quarter-slow node's 1.25x read as 1.11x",
     "tests/integration/test_failure_screen.py::"
     "test_a_function_raising_fails_the_step_with_its_own_exception_in_one_screen":
         "the echoes were stopped (SIGTERM) before rank 1's closed sockets reached them: the test wanted the gloo error",
