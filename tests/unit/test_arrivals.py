@@ -12,7 +12,8 @@ import random
 import pytest
 
 from metaflow_extensions.torchrun.plugins.torchrun.gang.arrivals import (
-    MIN_SEEN, SENT, ArrivalBook, ArrivalTracker, NodeArrivals)
+    MIN_SEEN, SENT, WARMUP_NS, ArrivalBook, ArrivalTracker, NodeArrivals)
+from metaflow_extensions.torchrun.plugins.torchrun.gang import arrivals
 from metaflow_extensions.torchrun.plugins.torchrun.gang.gang_progress import NodeProgress, ProgressBook
 from metaflow_extensions.torchrun.plugins.torchrun.gang.wire import ProtocolError
 from metaflow_extensions.torchrun.plugins.torchrun.procs.arrivals import newest, read_arrivals, tail_entries
@@ -78,15 +79,16 @@ def test_a_node_record_of_unequal_lengths_or_out_of_bounds_is_refused():
             NodeArrivals.from_wire(bad)
 
 
-def _records(late_rank, late_ms, collectives=100, skew=(0, 0), step_ms=100, seed=1, late_node=None):
+def _records(late_rank, late_ms, collectives=100, skew=(0, 0), step_ms=100, seed=1, late_node=None, late_until=None):
     """Two nodes of two ranks (0, 1 and 2, 3): each collective's arrivals, ``late_rank`` late by
-    ``late_ms`` (None: the ranks take turns, jittered); node n's clock ``skew[n]`` ms off."""
+    ``late_ms`` (None: the ranks take turns, jittered), before collective ``late_until`` if given;
+    node n's clock ``skew[n]`` ms off."""
     rng = random.Random(seed)
     times = {r: [] for r in range(4)}
     for k in range(collectives):
         for r in range(4):
             jitter = rng.uniform(0, 2) * MS
-            late = late_ms * MS if r == late_rank or r // 2 == late_node else 0
+            late = late_ms * MS if (r == late_rank or r // 2 == late_node) and k < (late_until or k + 1) else 0
             times[r].append(k * step_ms * MS + int(jitter) + late + skew[r // 2] * MS)
     return times
 
@@ -132,9 +134,18 @@ def test_an_even_gang_names_nobody(tmp_path, seed):
     assert _verdict(tmp_path, _records(late_rank=None, late_ms=0, collectives=160, seed=seed)) is None
 
 
-def test_a_node_whose_clock_is_off_is_put_on_the_controls_clock(tmp_path):
+def test_a_rank_late_only_while_the_start_warms_up_is_not_named(tmp_path, monkeypatch):
+    """Late at the first 10 s of collectives (77 % of them), then even: uncounted, nobody is named."""
+    times = _records(late_rank=3, late_ms=25, collectives=130, late_until=WARMUP_NS // (100 * MS))
+    assert _verdict(tmp_path, times) is None
+    monkeypatch.setattr(arrivals, "WARMUP_NS", 0)
+    assert _verdict(tmp_path, times).named == "3"  # counted, they would name it
+
+
+def test_a_node_whose_clock_is_off_is_put_on_the_controls_clock(tmp_path, monkeypatch):
     """Node 1's clock 40 ms ahead: its arrivals look 40 ms late; its heartbeats' send times, 40 ms ahead as
     well, put them back. Without that, the others would seem to wait 40 ms for node 1 at every collective."""
+    monkeypatch.setattr(arrivals, "WARMUP_NS", 0)  # one heartbeat's SENT collectives: all in a warm-up of their own
     times = _records(late_rank=None, late_ms=0, collectives=160, skew=(0, 40))
     book = ArrivalBook(clock_ns=lambda: 10 ** 18)
     for node, record in _fold(tmp_path, times).items():
@@ -155,6 +166,7 @@ def test_the_progress_book_names_the_late_rank_once_it_has_been_late_for_a_while
 
     real = ArrivalBook.__init__
     monkeypatch.setattr(gang_progress.ArrivalBook, "__init__", lambda self: real(self, clock_ns=lambda: 10 ** 18))
+    monkeypatch.setattr(arrivals, "WARMUP_NS", 0)  # one heartbeat's collectives
     book = ProgressBook(2, 1.5, 300.0)
     records = _fold(tmp_path, _records(late_rank=3, late_ms=25, collectives=160))
     for node, record in records.items():
@@ -174,6 +186,7 @@ def _swap_gang(net, tmp_path, monkeypatch, restarts):
     from metaflow_extensions.torchrun.plugins.torchrun.gang import gang_progress
 
     monkeypatch.setattr(gang_progress, "SUSTAIN", 0.0)
+    monkeypatch.setattr(arrivals, "WARMUP_NS", 0)  # one heartbeat's collectives
     server = net.server(config=new_config(3, restarts=restarts, spares=1, swap_stragglers=1.0))
     nodes = [Node(net, server, n) for n in range(3)]
     for node in nodes:

@@ -14,7 +14,8 @@ consistently the last to enqueue a collective is the one the others wait for.
   the recent heartbeats: the clock offset plus the shortest one-way delay, well under a millisecond on
   a LAN), joins the nodes per collective, and names a rank that arrives last at ``SHARE`` of the recent
   collectives while the others lose at least ``RATIO`` of their time waiting for it, for ``SUSTAIN``
-  seconds. In an even gang the ranks take turns at being last, and nobody is named.
+  seconds, past a start's first ``WARMUP_NS``. In an even gang the ranks take turns at being last, and
+  nobody is named.
 """
 
 from __future__ import annotations
@@ -37,6 +38,9 @@ MATERIAL_US = 1000  # a wait this long or longer (and RATIO - 1 of a collective'
 SHARE = 0.75  # a rank last at this share of the collectives where the others waited ...
 RATIO = 1.05  # ... whose wait costs the others this much of their time ...
 SUSTAIN = 20.0  # ... for this many seconds in a row is named (under heavy load a CPU-starved node flickered 8 s)
+# A start's first collectives are not its pace: its nodes still start up side by side (a local run's other
+# node's task, a data loader's workers, a first compile). Those of its first WARMUP seconds are not counted.
+WARMUP_NS = 10 * 10 ** 9
 OFFSET_SAMPLES = 16  # heartbeats the clock offset is the least of
 SIGNAL_ARRIVAL = "arrival"
 
@@ -137,12 +141,14 @@ class ArrivalBook:
         self.window: Deque[Tuple[int, int, int, float]] = deque(maxlen=WINDOW)  # (seq, rank, node, at ns)
         self.waits: Deque[float] = deque(maxlen=WINDOW)  # µs the others waited at each, for its last
         self.tallied = -1
+        self.first_ns: Optional[float] = None  # the start's first collective, on the control's clock
 
     def new_start(self) -> None:
         self.nodes.clear()
         self.window.clear()
         self.waits.clear()
         self.tallied = -1
+        self.first_ns = None
 
     def update(self, node: int, arrivals: Optional[NodeArrivals]) -> None:
         if arrivals is None:
@@ -174,6 +180,9 @@ class ArrivalBook:
             total += r.ranks * shift + r.total[i] * 1000.0
             count += r.ranks
         if late is None or count < 2:
+            return
+        self.first_ns = late[0] if self.first_ns is None else self.first_ns
+        if late[0] - self.first_ns < WARMUP_NS:
             return
         others = (total - late[0]) / (count - 1)
         self.window.append((seq, late[1], late[2], late[0]))
