@@ -97,7 +97,8 @@ def costliest(runs: Sequence[Ran], most: int) -> List[str]:
     """The files that cost the most CPU: on 2 cores a CPU-bound suite lasts about its CPU over 2."""
     files: Dict[str, float] = {}
     for r in runs:
-        files[r.test.split("::")[0]] = files.get(r.test.split("::")[0], 0.0) + r.cpu
+        name = r.test.split("::")[0]
+        files[name] = files.get(name, 0.0) + r.cpu
     total = sum(files.values())
     if not total:
         return []

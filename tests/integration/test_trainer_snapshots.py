@@ -22,7 +22,7 @@ import pytest
 from .calls import once_per_pytest_run
 from .helpers import output
 from metaflow_extensions.torchrun.plugins.torchrun.gang.snapshot_store import SnapshotStore
-from metaflow_extensions.torchrun.plugins.torchrun.procs.names import SNAPSHOT_EVERY_ENV
+from metaflow_extensions.torchrun.plugins.torchrun.procs.names import SNAPSHOT_ENV, SNAPSHOT_EVERY_ENV
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
@@ -38,13 +38,18 @@ STEPS, KILL_AT = 30, 20
 
 
 def torchrun(tmp_path, out, store, script, *args, every=""):
-    """One torchrun of 2 ranks; its whole process group is killed if it outlives the timeout."""
-    shim = tmp_path / "shim.py"
-    shim.write_text(SHIM)
-    env = dict(os.environ, PYTHONPATH=REPO, MFTR_TEST_OUT=str(out), OMP_NUM_THREADS="1", **store.environ())
-    env[SNAPSHOT_EVERY_ENV] = every
+    """One torchrun of 2 ranks; its whole process group is killed if it outlives the timeout. ``store``
+    None: plain torchrun, nothing of ours (no store, no hook)."""
+    env = dict(os.environ, PYTHONPATH=REPO, MFTR_TEST_OUT=str(out), OMP_NUM_THREADS="1")
+    env.pop(SNAPSHOT_ENV, None)
+    entry = [os.path.join(SCRIPTS, script)]
+    if store is not None:
+        shim = tmp_path / "shim.py"
+        shim.write_text(SHIM)
+        env.update(store.environ(), **{SNAPSHOT_EVERY_ENV: every})
+        entry.insert(0, str(shim))
     argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "--tee", "3",
-            str(shim), os.path.join(SCRIPTS, script), *args]  # --tee: each line says its rank, [default<R>]:
+            *entry, *args]  # --tee: each line says its rank, [default<R>]:
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
     try:
@@ -56,23 +61,14 @@ def torchrun(tmp_path, out, store, script, *args, every=""):
     return proc.returncode, text
 
 
-def plain_torchrun(out, script, *args):
-    """torchrun with nothing of ours: no store, no hook."""
-    env = dict(os.environ, PYTHONPATH=REPO, MFTR_TEST_OUT=str(out), OMP_NUM_THREADS="1")
-    env.pop("METAFLOW_TORCHRUN_SNAPSHOT", None)
-    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-            os.path.join(SCRIPTS, script), *args]
-    return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=240, start_new_session=True)
-
-
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory):
     """The weights every HF run here must end with, snapshots taken or a rank killed: one plain run
     of STEPS steps for the whole pytest run (each rank's import of transformers costs seconds)."""
     def produce():
         out = tmp_path_factory.mktemp("hf-uninterrupted")
-        plain = plain_torchrun(out, "hf_snapshot.py", "--steps", str(STEPS))
-        assert plain.returncode == 0, plain.stderr[-4000:]
+        code, text = torchrun(out, out, None, "hf_snapshot.py", "--steps", str(STEPS))
+        assert code == 0, text[-4000:]
         return {"weights": (out / "weights.sha256").read_text()}
 
     return once_per_pytest_run(tmp_path_factory, "hf-uninterrupted", produce)["weights"]
