@@ -164,3 +164,14 @@ def test_the_results_init_written_by_hand_takes_every_field_as_dataclasses_would
     assert made == source and all(getattr(made, f.name) is getattr(source, f.name) for f in fields)
     assert dataclasses.replace(one, call=1) == _result(call=1) != one
     assert repr(one).startswith("TorchrunResult(command=['torchrun'], node_index=0, num_nodes=3,")
+
+
+def test_a_hang_before_any_rank_started_says_the_start_counted():
+    hang = Cause(CauseKind.HANG, "no output from any rank for 10 s (hang_timeout=10s), in call 1 of current.torch.run")
+    early = call_error(_outcome(hang, exit_code=-15, started=False))
+    assert type(early) is GangAborted and "No rank had started yet" in early.message
+    assert early.message.index("hang_timeout=10s") < early.message.index("No rank had started")  # the cause first
+    # Ranks that ran (their stacks say where they were), or another cause: no such line.
+    assert "No rank had started" not in call_error(_outcome(hang, exit_code=-15)).message
+    killed = Cause(CauseKind.NODE_LOST, "node 0 lost", node_index=0)
+    assert "No rank had started" not in call_error(_outcome(killed, started=False)).message

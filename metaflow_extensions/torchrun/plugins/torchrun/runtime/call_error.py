@@ -34,6 +34,7 @@ class CallOutcome:
     logs: str = ""
     elsewhere: Tuple[int, ...] = ()  # the other nodes' failed ranks
     suspects: Tuple[str, ...] = ()
+    started: bool = True  # some rank of the call had started, as far as this node can tell
     # A function entrypoint's own exception, raised by the failing rank of this node (read from its file).
     rank_exception: Optional[BaseException] = None
 
@@ -52,7 +53,7 @@ def call_error(outcome: CallOutcome, result: Optional[TorchrunResult] = None,
     cause = outcome.cause
     # Why @torchrun(restarts=N) let it fail, where N was set.
     refused = not_restarted(cause, result.restarts_allowed, result.restarts) if result is not None else ""
-    hint = true_flag_hint(outcome, true_keys)
+    hint = true_flag_hint(outcome, true_keys) or start_hint(outcome)
     if own_rank_failed(outcome):
         error = TorchrunFailed(outcome.exit_code if outcome.exit_code is not None else -1, outcome.node_index,
                                list(outcome.failures), list(outcome.command), stacks=outcome.stacks,
@@ -78,6 +79,14 @@ def true_flag_hint(outcome: CallOutcome, true_keys: Sequence[str]) -> str:
              cause.traceback or ""]
     shown += ["%s\n%s" % (f.message, f.traceback) for f in outcome.failures]
     return argparse_hint("\n".join(shown), true_keys) or ""
+
+
+def start_hint(outcome: CallOutcome) -> str:
+    """Why a hang verdict shows no stacks: it came before any rank ran, and the ranks' start counts."""
+    if outcome.started or outcome.cause.kind is not CauseKind.HANG:
+        return ""
+    return ("No rank had started yet: hang_timeout counts from the moment every node reached the call, "
+            "so the ranks' imports and torchrun's rendezvous count. Set it above the time they take to start.")
 
 
 def failing_rank(failures: List[RankFailure]) -> Optional[int]:
