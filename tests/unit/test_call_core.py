@@ -168,9 +168,11 @@ def test_the_results_init_written_by_hand_takes_every_field_as_dataclasses_would
 
 def test_a_hang_before_any_rank_started_says_the_start_counted():
     hang = Cause(CauseKind.HANG, "no output from any rank for 10 s (hang_timeout=10s), in call 1 of current.torch.run")
-    early = call_error(_outcome(hang, exit_code=-15, started=False))
+    early = call_error(_outcome(hang, exit_code=-15, started=False, sees_gang=True))
     assert type(early) is GangAborted and "No rank had started yet" in early.message
     assert early.message.index("hang_timeout=10s") < early.message.index("No rank had started")  # the cause first
+    # A worker of a real cluster knows only its own ranks.
+    assert "No rank of node 1 had started yet" in call_error(_outcome(hang, exit_code=-15, started=False)).message
     # Ranks that ran (their stacks say where they were), or another cause: no such line.
     assert "No rank had started" not in call_error(_outcome(hang, exit_code=-15)).message
     killed = Cause(CauseKind.NODE_LOST, "node 0 lost", node_index=0)

@@ -34,7 +34,8 @@ class CallOutcome:
     logs: str = ""
     elsewhere: Tuple[int, ...] = ()  # the other nodes' failed ranks
     suspects: Tuple[str, ...] = ()
-    started: bool = True  # some rank of the call had started, as far as this node can tell
+    started: bool = True  # some rank of the call had started: on any node (``sees_gang``), else on this one
+    sees_gang: bool = False  # the control, which has every node's report
     # A function entrypoint's own exception, raised by the failing rank of this node (read from its file).
     rank_exception: Optional[BaseException] = None
 
@@ -85,8 +86,10 @@ def start_hint(outcome: CallOutcome) -> str:
     """Why a hang verdict shows no stacks: it came before any rank ran, and the ranks' start counts."""
     if outcome.started or outcome.cause.kind is not CauseKind.HANG:
         return ""
-    return ("No rank had started yet: hang_timeout counts from the moment every node reached the call, "
-            "so the ranks' imports and torchrun's rendezvous count. Set it above the time they take to start.")
+    which = "" if outcome.sees_gang else " of node %d" % outcome.node_index
+    return ("No rank%s had started yet: hang_timeout counts from the moment every node reached the call, "
+            "so the ranks' imports and torchrun's rendezvous count. Set it above the time they take to start."
+            % which)
 
 
 def failing_rank(failures: List[RankFailure]) -> Optional[int]:

@@ -88,7 +88,8 @@ class NodeFailure:
             elsewhere = sorted(set(elsewhere) - {s.rank for s in self.stacks.culprits.suspects})
         outcome = CallOutcome(self.node_index, cause, exit_code, tuple(self.failures), start.argv,
                               same_log=topology.is_local, host=socket.gethostname(), stacks=where, logs=logs,
-                              elsewhere=tuple(elsewhere), suspects=tuple(suspects), started=ran or not speaks)
+                              elsewhere=tuple(elsewhere), suspects=tuple(suspects), started=ran or not speaks,
+                              sees_gang=client.speaks_for_gang)
         if own_rank_failed(outcome) and self.plan.function is not None:
             rank = failing_rank(self.failures)
             exc = functions.read_exception(self.launch.workdir, rank) if rank is not None else None
