@@ -181,7 +181,8 @@ class ArrivalBook:
             count += r.ranks
         if late is None or count < 2:
             return
-        self.first_ns = late[0] if self.first_ns is None else self.first_ns
+        if self.first_ns is None:
+            self.first_ns = late[0]
         if late[0] - self.first_ns < WARMUP_NS:
             return
         others = (total - late[0]) / (count - 1)
