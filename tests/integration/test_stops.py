@@ -13,6 +13,7 @@ import time
 import pytest
 from our_processes import node_processes
 
+from metaflow_extensions.torchrun.plugins.torchrun.host.basedir import LOGS, base_dir
 from metaflow_extensions.torchrun.plugins.torchrun.procs.ranges import numbers
 
 from .helpers import check_failure_screen, FLOWS, output
@@ -138,6 +139,18 @@ def _ranks_at(text: str, place: str) -> set:
     return found
 
 
+def _launch_logs(text: str) -> str:
+    """The tails of the run's logs other than the ranks' (torchrun's agents, the warm processes)."""
+    run = re.search(r"\(run-id (\d+)\)", text)
+    tails = []
+    for top, _, names in os.walk(os.path.join(base_dir(), LOGS)) if run else ():
+        for name in sorted(n for n in names if n.endswith(".log") and not n.startswith("rank")):
+            if "-%s%s" % (run.group(1), os.sep) in top + os.sep:
+                with open(os.path.join(top, name), errors="replace") as f:
+                    tails.append("\n--- %s ---\n%s" % (os.path.join(top, name), f.read()[-2000:]))
+    return "".join(tails)
+
+
 def test_a_function_entrypoints_stacks(gang):
     gang.env.update(_attrs(hang_timeout=FUNCTION_HANG))
     gang.env["METAFLOW_TORCHRUN_DEBUG"] = "1"  # a failure below shows how the stop collected the stacks
@@ -145,8 +158,9 @@ def test_a_function_entrypoints_stacks(gang):
     text = output(proc)
     assert proc.returncode != 0
     debug = "\n".join(line for line in text.splitlines() if " debug: " in line)
-    # Every debug line: a failure shows when each node's agent, warm process and ranks started.
-    shown = "\n".join(line for line in text.splitlines() if " debug: " not in line)[-3000:] + "\n" + debug[-12000:]
+    # Every debug line, and the agents' and warm processes' logs: a failure shows how far each node's start got.
+    shown = "\n".join(line for line in text.splitlines() if " debug: " not in line)[-3000:] + "\n" + debug[-12000:] \
+        + _launch_logs(text)
     assert "no output from any rank" in text, shown
     line = _line_of(os.path.join(FLOWS, "fnlib.py"), "time.sleep(seconds)  # quiet here")
     assert _ranks_at(text, r"\S*fnlib\.py:%d in quiet_wait: time\.sleep\(seconds\)" % line) == {0, 1, 2, 3}, shown
