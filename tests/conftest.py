@@ -63,7 +63,7 @@ WAITS = {
         "3 progress lines of one every 2 s, then node 1 is let reach the call; nothing timed",
     "tests/integration/test_observability.py::"
     "test_card_every_rank_of_every_node_has_an_exit_and_a_duration_when_the_gang_stops_them":
-        "hang_timeout=12; nothing timed",
+        "hang_timeout=10; nothing timed",
     "tests/integration/test_step_gang.py::test_a_node_that_never_starts_is_named_after_start_timeout":
         "start_timeout=8; nothing timed",
     "tests/integration/test_local_exposure.py::test_local_run_listens_on_loopback_only_and_loads_no_planted_pickle"
