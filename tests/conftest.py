@@ -48,7 +48,7 @@ WAITS = {
     "tests/integration/test_gang_stop.py": "a 34 s and an 8 s save, each with 11-12 s of grace to spare",
     "tests/integration/test_progress.py": "16 s of paced steps; wait.py 12 s",
     "tests/integration/test_stops.py::test_a_function_entrypoints_stacks":
-        "hang_timeout=45; its ranks talk until the quiet wait, nothing timed",
+        "hang_timeout=20; its ranks talk until the quiet wait, nothing timed",
     "tests/integration/test_stops.py::test_sigterm_gives_the_ranks_time_to_save_a_checkpoint":
         "a 5 s save; bound 60 s",
     "tests/integration/test_stops.py::test_hang_timeout_names_the_rank_that_skipped_a_collective":
@@ -90,7 +90,7 @@ WAITS = {
 # `slow`: waits 20 s or more by design (`make test-fast` leaves these out).
 SLOW = {
     "tests/integration/test_gang_stop.py::test_one_nodes_sigterm_gives_every_rank_the_configured_grace": "34 s save",
-    "tests/integration/test_stops.py::test_a_function_entrypoints_stacks": "45 s silence",
+    "tests/integration/test_stops.py::test_a_function_entrypoints_stacks": "20 s silence",
     "tests/integration/test_stops.py::test_hang_timeout_names_the_rank_that_skipped_a_collective": "20 s silence",
     "tests/integration/test_card_attempts.py::test_a_hangs_card_names_the_suspect_as_the_console_does": "20 s silence",
     "tests/integration/test_preflight.py::test_a_node_that_hangs_in_the_preflight_job_is_named_within_heartbeat_timeout":

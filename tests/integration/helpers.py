@@ -56,7 +56,26 @@ def worker_warm(pythonpath: str = "", base: Optional[Mapping[str, str]] = None) 
             time.sleep(0.01)  # bound before it imports torch: a run's hand-off waits in its backlog
         if warm.pid:
             watch_warm(warm.pid)
+            _wait_warmed(warm.path, env)
     return warm.path if warm.pid and os.path.exists(warm.path) else ""
+
+
+def _wait_warmed(path: str, env: Mapping[str, str], timeout: float = 120) -> None:
+    """Until the worker's warm process has imported torch: a first test's run would wait for it
+    inside its own clocks. A worker's first test runs as every worker starts (pytest's imports
+    and collection, the other workers' first runs): two CI runs' function gangs were stopped by a
+    hang_timeout of 10 s, then 20 s, before any rank started. A step's warm process, forked from
+    it as runs do (runtime/warm_start.py), shows that it serves: the fork writes its pid."""
+    probe = WarmStart.for_step(True)
+    probe.start(dict(env, **{HOST_ZYGOTE_ENV: path}), 2)
+    try:
+        deadline = time.monotonic() + timeout
+        while probe.proc is not None and probe.proc.poll() is None and time.monotonic() < deadline:
+            if probe.pid not in (None, probe.proc.pid):
+                return
+            time.sleep(0.05)
+    finally:
+        probe.close()
 
 
 def worker_warm_pid() -> Optional[int]:

@@ -93,17 +93,15 @@ def test_a_rank_stuck_in_a_collective_shows_where_when_the_control_freezes(gang)
     assert "torch/distributed/" in _control_record(gang, node=1)["stacks"][str(stuck)]
 
 
-HANG = 20  # the silent script's hang_timeout: its ranks talk from their first line (scripts/_common.py)
-# The function's: the clock runs from when every node reached the call, so the start of torchrun's
-# agents and of the ranks counts, before the function's first line. On this machine under a load of
-# 12 the ranks start 0.5 s after the second node's go; in two CI runs on 2 loaded cores no rank of
-# either node had started 10 s, then 20 s, after it (the stop found no rank to ask, and the failure
-# said "No rank had started yet"). More than twice the longest start seen; a wait-bound test.
-FUNCTION_HANG = 45
+# The two silent gangs' hang_timeout. Its clock runs from when every node reached the call, so the
+# start of torchrun's agents and ranks counts: 0.5 s here under a load of 12. Two CI runs stopped
+# this file's function gang before any rank started (10 s, then 20 s): it was its worker's first
+# test, and the worker's warm process was still importing torch as every worker started;
+# helpers.worker_warm now waits for that import before a worker's first run.
+HANG = 20
 
 
 def test_hang_timeout_stops_a_silent_gang_with_every_ranks_stack(gang):
-    # 20 s: in a CI run on 2 loaded cores no rank of either node had started 15 s after node 0 began.
     gang.env.update(_attrs(hang_timeout=HANG))
     proc = gang.start("--script", "silent.py")
     try:
@@ -152,7 +150,7 @@ def _launch_logs(text: str) -> str:
 
 
 def test_a_function_entrypoints_stacks(gang):
-    gang.env.update(_attrs(hang_timeout=FUNCTION_HANG))
+    gang.env.update(_attrs(hang_timeout=HANG))
     gang.env["METAFLOW_TORCHRUN_DEBUG"] = "1"  # a failure below shows how the stop collected the stacks
     proc = gang.run("--mode", "hang", flow="function_flow.py", timeout=180)
     text = output(proc)
