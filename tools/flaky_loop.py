@@ -57,6 +57,8 @@ FLAKY: Dict[str, str] = {
     "tests/unit/test_stacks.py::TestCollect::"
     "test_a_rank_whose_other_thread_runs_python_survives_being_asked_again_and_again":
         "3 dumps read as one: the test's own queued asks, not yet answered by a starved rank",
+    "tests/unit/test_stacks.py::TestCollect::test_a_dump_unfinished_at_the_bound_is_kept_and_says_so":
+        "at a CI run's start the stand-in had not written the dump's first half within the 0.5 s bound",
     "tests/integration/test_observability.py::test_control_reports_who_is_missing_at_a_call":
         "node 1 not joined within start_timeout=9 under load (its task's start alone took longer)",
     "tests/integration/test_first_hour.py::test_a_gang_whose_nodes_disagree_on_their_calls_names_the_node_at_once":
