@@ -8,6 +8,7 @@ final weights' sha256 to $MFTR_TEST_OUT/weights.sha256.
 """
 
 import argparse
+import gc
 import hashlib
 import json
 import os
@@ -63,16 +64,27 @@ def digest(model):
     return h.hexdigest()
 
 
+def train():
+    torch.manual_seed(0)
+    config = BertConfig(vocab_size=64, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                        intermediate_size=32, max_position_embeddings=16, num_labels=2)
+    model = BertForSequenceClassification(config)
+    args = TrainingArguments(output_dir=tempfile.mkdtemp(), max_steps=opts.steps, per_device_train_batch_size=4,
+                             logging_steps=1, learning_rate=1e-3, report_to=[], save_strategy="no", use_cpu=True,
+                             seed=7, disable_tqdm=True)
+    trainer = Trainer(model=model, args=args, train_dataset=Tokens(), callbacks=[Witness()])
+    trainer.train()
+    if RANK == 0:
+        with open(os.path.join(OUT, "weights.sha256"), "w") as f:
+            f.write(digest(trainer.model))
+
+
 torch.set_num_threads(1)  # the same sums however the ranks are placed (torchrun sets 1 thread only for 2+ a node)
-torch.manual_seed(0)
-config = BertConfig(vocab_size=64, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
-                    intermediate_size=32, max_position_embeddings=16, num_labels=2)
-model = BertForSequenceClassification(config)
-args = TrainingArguments(output_dir=tempfile.mkdtemp(), max_steps=opts.steps, per_device_train_batch_size=4,
-                         logging_steps=1, learning_rate=1e-3, report_to=[], save_strategy="no", use_cpu=True,
-                         seed=7, disable_tqdm=True)
-trainer = Trainer(model=model, args=args, train_dataset=Tokens(), callbacks=[Witness()])
-trainer.train()
-if RANK == 0:
-    with open(os.path.join(OUT, "weights.sha256"), "w") as f:
-        f.write(digest(trainer.model))
+train()
+# The trainer, and the DDP model that holds the process group, gone before the group (as train_tiny.py):
+# left at module level under torch's own torchrun, gloo's threads lived to the interpreter's finalization,
+# and a CI run's rank 1 was ended there ('terminate called without an active exception', SIGABRT).
+if torch.distributed.is_initialized():
+    torch.distributed.barrier()
+    gc.collect()
+    torch.distributed.destroy_process_group()

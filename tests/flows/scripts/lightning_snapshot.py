@@ -9,6 +9,7 @@ way: the weights after it differ from an uninterrupted run's; those at the start
 """
 
 import argparse
+import gc
 import hashlib
 import json
 import os
@@ -76,12 +77,21 @@ class Witness(L.Callback):
             os.kill(os.getpid(), signal.SIGKILL)
 
 
-torch.manual_seed(0)
-trainer = L.Trainer(max_steps=opts.steps, accelerator="cpu", devices=int(os.environ["LOCAL_WORLD_SIZE"]),
-                    num_nodes=int(os.environ["WORLD_SIZE"]) // int(os.environ["LOCAL_WORLD_SIZE"]), strategy="ddp",
-                    logger=False, enable_checkpointing=False, enable_model_summary=False, enable_progress_bar=False,
-                    callbacks=[Witness()])
-trainer.fit(Tiny(), torch.utils.data.DataLoader(Samples(), batch_size=8))
-if RANK == 0:
-    with open(os.path.join(OUT, "final.json"), "w") as f:
-        json.dump({"global_step": trainer.global_step, "lr": trainer.optimizers[0].param_groups[0]["lr"]}, f)
+def train():
+    torch.manual_seed(0)
+    trainer = L.Trainer(max_steps=opts.steps, accelerator="cpu", devices=int(os.environ["LOCAL_WORLD_SIZE"]),
+                        num_nodes=int(os.environ["WORLD_SIZE"]) // int(os.environ["LOCAL_WORLD_SIZE"]),
+                        strategy="ddp", logger=False, enable_checkpointing=False, enable_model_summary=False,
+                        enable_progress_bar=False, callbacks=[Witness()])
+    trainer.fit(Tiny(), torch.utils.data.DataLoader(Samples(), batch_size=8))
+    if RANK == 0:
+        with open(os.path.join(OUT, "final.json"), "w") as f:
+            json.dump({"global_step": trainer.global_step, "lr": trainer.optimizers[0].param_groups[0]["lr"]}, f)
+
+
+train()
+# The trainer gone before the process group, as hf_snapshot.py says why.
+if torch.distributed.is_initialized():
+    torch.distributed.barrier()
+    gc.collect()
+    torch.distributed.destroy_process_group()
