@@ -137,15 +137,15 @@ def _ranks_at(text: str, place: str) -> set:
     return found
 
 
-def _launch_logs(text: str) -> str:
-    """The tails of the run's logs other than the ranks' (torchrun's agents, the warm processes)."""
+def _launch_logs(text: str, flow: str) -> str:
+    """The tails of the run's logs beside the ranks' (torchrun's agents'), from its own directory
+    (``logs/<flow>-<run id>/``, host/logs.py)."""
     run = re.search(r"\(run-id (\d+)\)", text)
     tails = []
-    for top, _, names in os.walk(os.path.join(base_dir(), LOGS)) if run else ():
+    for top, _, names in os.walk(os.path.join(base_dir(), LOGS, "%s-%s" % (flow, run.group(1)))) if run else ():
         for name in sorted(n for n in names if n.endswith(".log") and not n.startswith("rank")):
-            if "-%s%s" % (run.group(1), os.sep) in top + os.sep:
-                with open(os.path.join(top, name), errors="replace") as f:
-                    tails.append("\n--- %s ---\n%s" % (os.path.join(top, name), f.read()[-2000:]))
+            with open(os.path.join(top, name), errors="replace") as f:
+                tails.append("\n--- %s ---\n%s" % (os.path.join(top, name), f.read()[-2000:]))
     return "".join(tails)
 
 
@@ -156,9 +156,9 @@ def test_a_function_entrypoints_stacks(gang):
     text = output(proc)
     assert proc.returncode != 0
     debug = "\n".join(line for line in text.splitlines() if " debug: " in line)
-    # Every debug line, and the agents' and warm processes' logs: a failure shows how far each node's start got.
+    # Every debug line, and the agents' logs: a failure shows how far each node's start got.
     shown = "\n".join(line for line in text.splitlines() if " debug: " not in line)[-3000:] + "\n" + debug[-12000:] \
-        + _launch_logs(text)
+        + _launch_logs(text, "FunctionFlow")
     assert "no output from any rank" in text, shown
     line = _line_of(os.path.join(FLOWS, "fnlib.py"), "time.sleep(seconds)  # quiet here")
     assert _ranks_at(text, r"\S*fnlib\.py:%d in quiet_wait: time\.sleep\(seconds\)" % line) == {0, 1, 2, 3}, shown
