@@ -4,6 +4,7 @@ agent's native stderr goes to its log while its workers' and its own Python
 tracebacks stay on the console (agent.native_stderr_to_log, in a real process)."""
 
 import datetime
+import os
 import subprocess
 import sys
 import threading
@@ -125,3 +126,47 @@ def test_no_log_no_redirect():
     from metaflow_extensions.torchrun.plugins.torchrun.procs import agent
 
     assert agent.native_stderr_to_log(None) is False
+
+
+STOPPED_AS_IT_ENDS = r"""
+import os, signal, sys
+from torch.distributed import run
+from torch.distributed.elastic.multiprocessing.api import _terminate_process_handler
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
+from metaflow_extensions.torchrun.plugins.torchrun.procs import agent
+
+def ranks_failed(argv):
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT):
+        signal.signal(sig, _terminate_process_handler)  # as torch's PContext.start leaves them
+    failure = ProcessFailure(local_rank=0, pid=os.getpid(), exitcode=1, error_file="")
+    raise ChildFailedError("train.py", {2: failure})
+
+recorded = agent.record_child_failures
+
+def recorded_then_stopped(directory, error):
+    done = recorded(directory, error)
+    os.kill(os.getpid(), getattr(signal, sys.argv[2]))  # the gang stops this node as its agent ends
+    return done
+
+run.main = ranks_failed
+agent.record_child_failures = recorded_then_stopped
+agent.main(["--nnodes", "1", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
+            "--rdzv-endpoint", "127.0.0.1:29400", "train.py"])
+"""
+
+
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGINT", "SIGHUP"])
+def test_a_stop_signal_while_the_agent_ends_prints_no_second_traceback(tmp_path, sig):
+    """A node's ranks fail as echoes, and the gang's stop reaches the agent as it
+    ends: torch's handler raised in our ending, and a CI run's console got the
+    whole ChildFailedError report and a second traceback (132 lines)."""
+    from metaflow_extensions.torchrun.plugins.torchrun.procs.names import LOG_DIR_ENV, WORK_DIR_ENV
+
+    env = dict(os.environ, **{LOG_DIR_ENV: str(tmp_path), WORK_DIR_ENV: str(tmp_path)})
+    proc = subprocess.run([sys.executable, "-c", STOPPED_AS_IT_ENDS, str(tmp_path), sig], capture_output=True,
+                          text=True, timeout=120, env=env)
+    assert proc.returncode == 1, proc.stderr
+    assert "Traceback" not in proc.stderr and "SignalException" not in proc.stderr, proc.stderr
+    log = (tmp_path / "torchrun-agent.log").read_text()
+    assert "ChildFailedError" in log  # the cause's text kept in the node's log, once
+    assert log.count("ChildFailedError") == 1

@@ -16,6 +16,7 @@ if __name__ == "__main__":  # torchrun's stand-in: the warm process runs the age
 import datetime
 import logging
 import os
+import signal
 import socket
 import time
 import traceback
@@ -29,6 +30,9 @@ from .failures import AgentFailure, write_agent_failures
 from .names import USER_UMASK_ENV, WORK_DIR_ENV, LOG_DIR_ENV, agent_log_path
 
 LAUNCHER_LOGGERS = ("torch.distributed.run", "torch.distributed.elastic", "torch.distributed.launcher")
+
+# Those torch's agent raises on (``PContext.start``): ignored once it is ending.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
 
 # The store we opened must outlive torch's use of it: the agent's whole life.
 _KEEP: List[Any] = []
@@ -216,14 +220,26 @@ def main(argv: Sequence[str]) -> None:
         run.main(list(argv))
         leave_store(hosts_store(args), log)
     except (ChildFailedError, SignalException) as e:
-        if isinstance(e, ChildFailedError):
-            record_child_failures(os.environ.get(WORK_DIR_ENV), e)
+        end_failed(e, log, isinstance(e, ChildFailedError))
+    exit_now(0, log)  # the job is done on every node: past torch's exit barrier and its store
+
+
+def end_failed(error: BaseException, log: Optional[IO[str]], ranks_failed: bool) -> NoReturn:
+    """Called in the handler of torch's error, its ranks stopped and reaped. A node's
+    ranks failing as echoes and the gang's stop reach it together: torch's handlers
+    would raise again here, and print its whole report and a second traceback on the console."""
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
+    try:
+        if ranks_failed:
+            record_child_failures(os.environ.get(WORK_DIR_ENV), error)
         if log is None:  # torch's own report, as its torchrun prints it
             exit_now(1, None, traceback.format_exc())
         # In the log, only the exception's text: the node's error says the cause in the user's frames.
-        log.write("".join(traceback.format_exception_only(type(e), e)))
-        exit_now(1, log)
-    exit_now(0, log)  # the job is done on every node: past torch's exit barrier and its store
+        log.write("".join(traceback.format_exception_only(type(error), error)))
+    except BaseException:
+        pass  # the exit code says the node failed; its ranks' records say why
+    exit_now(1, log)
 
 
 def leave_store(hosts: bool, log: Optional[IO[str]]) -> None:
