@@ -220,26 +220,25 @@ def main(argv: Sequence[str]) -> None:
         run.main(list(argv))
         leave_store(hosts_store(args), log)
     except (ChildFailedError, SignalException) as e:
-        end_failed(e, log, isinstance(e, ChildFailedError))
+        try:
+            end_failed(e, log, isinstance(e, ChildFailedError))
+        finally:  # whatever was raised ending (a signal before it was ignored), the node's exit says it failed
+            exit_now(1, log)
     exit_now(0, log)  # the job is done on every node: past torch's exit barrier and its store
 
 
-def end_failed(error: BaseException, log: Optional[IO[str]], ranks_failed: bool) -> NoReturn:
+def end_failed(error: BaseException, log: Optional[IO[str]], ranks_failed: bool) -> None:
     """Called in the handler of torch's error, its ranks stopped and reaped. A node's
     ranks failing as echoes and the gang's stop reach it together: torch's handlers
     would raise again here, and print its whole report and a second traceback on the console."""
     for sig in STOP_SIGNALS:
         signal.signal(sig, signal.SIG_IGN)
-    try:
-        if ranks_failed:
-            record_child_failures(os.environ.get(WORK_DIR_ENV), error)
-        if log is None:  # torch's own report, as its torchrun prints it
-            exit_now(1, None, traceback.format_exc())
-        # In the log, only the exception's text: the node's error says the cause in the user's frames.
-        log.write("".join(traceback.format_exception_only(type(error), error)))
-    except BaseException:
-        pass  # the exit code says the node failed; its ranks' records say why
-    exit_now(1, log)
+    if ranks_failed:
+        record_child_failures(os.environ.get(WORK_DIR_ENV), error)
+    if log is None:  # torch's own report, as its torchrun prints it
+        exit_now(1, None, traceback.format_exc())
+    # In the log, only the exception's text: the node's error says the cause in the user's frames.
+    log.write("".join(traceback.format_exception_only(type(error), error)))
 
 
 def leave_store(hosts: bool, log: Optional[IO[str]]) -> None:
