@@ -155,13 +155,17 @@ def test_a_function_entrypoints_stacks(gang):
     proc = gang.run("--mode", "hang", flow="function_flow.py", timeout=180)
     text = output(proc)
     assert proc.returncode != 0
-    debug = "\n".join(line for line in text.splitlines() if " debug: " in line)
-    # Every debug line, and the agents' logs: a failure shows how far each node's start got.
-    shown = "\n".join(line for line in text.splitlines() if " debug: " not in line)[-3000:] + "\n" + debug[-12000:] \
-        + _launch_logs(text, "FunctionFlow")
-    assert "no output from any rank" in text, shown
+
+    def shown() -> str:
+        """Every debug line, and the agents' logs: a failure shows how far each node's start got
+        (built only for a failure's message: it reads the run's logs)."""
+        lines = text.splitlines()
+        return ("\n".join(line for line in lines if " debug: " not in line)[-3000:] + "\n"
+                + "\n".join(line for line in lines if " debug: " in line)[-12000:] + _launch_logs(text, "FunctionFlow"))
+
+    assert "no output from any rank" in text, shown()
     line = _line_of(os.path.join(FLOWS, "fnlib.py"), "time.sleep(seconds)  # quiet here")
-    assert _ranks_at(text, r"\S*fnlib\.py:%d in quiet_wait: time\.sleep\(seconds\)" % line) == {0, 1, 2, 3}, shown
+    assert _ranks_at(text, r"\S*fnlib\.py:%d in quiet_wait: time\.sleep\(seconds\)" % line) == {0, 1, 2, 3}, shown()
     # Each rank's main thread alone, its dump whole: the thread that answers for
     # the Flight Recorder at that moment is never walked (issue 50's SIGSEGV).
     dumps = _control_record(gang, flow="FunctionFlow")["stacks"]
