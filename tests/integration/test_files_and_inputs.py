@@ -12,6 +12,7 @@ from our_processes import node_tasks
 
 from .calls import LOOKALIKES, ODD
 from .helpers import output
+from metaflow_extensions.torchrun.plugins.torchrun.procs.names import HOST_ZYGOTE_ENV
 
 pytestmark = pytest.mark.integration
 
@@ -53,7 +54,10 @@ def test_files_are_private_and_nothing_is_left_behind(gang, tmp_path):
     """Run with its own TMPDIR. As root, a second user first plants a symlink
     where our directory goes; it must not be followed. Afterwards: every
     directory 0700 and file 0600, ours; the work directories and torchelastic's
-    gone; the other user can read nothing."""
+    gone; the other user can read nothing; and TMPDIR holds nothing of ours but
+    that directory (report.py builds no optimizer: torch's compiler stack, which
+    makes torchinductor_<user> there as it loads, is not the job's). The run's
+    warm process is its own, started in this TMPDIR (not the test worker's)."""
     tmp = other_user.sticky_tmp(str(tmp_path / "tmp")) if os.geteuid() == 0 else str(tmp_path / "tmp")
     os.makedirs(tmp, exist_ok=True)
     base = os.path.join(tmp, "metaflow-torchrun-%d" % os.geteuid())
@@ -70,8 +74,10 @@ def test_files_are_private_and_nothing_is_left_behind(gang, tmp_path):
     else:
         print("not attacking as a second user: %s" % other_user.skip_reason())
     try:
+        gang.env.pop(HOST_ZYGOTE_ENV, None)
         proc = gang.run("--script", "report.py", "--nproc", "2", env={"TMPDIR": tmp})
         assert proc.returncode == 0, output(proc)
+        assert sorted(os.listdir(tmp)) == sorted([os.path.basename(base)] + (["trap"] if user else []))
         if user is not None:
             assert os.listdir(trap) == []
         assert not os.path.islink(base) and stat.S_IMODE(os.lstat(base).st_mode) == 0o700

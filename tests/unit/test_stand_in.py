@@ -78,7 +78,7 @@ WARMED = r'''
 import sys
 from metaflow_extensions.torchrun.plugins.torchrun.procs import zygote
 before = {m for m in sys.modules if m.startswith(sys.argv[1])}
-zygote.warm()
+zygote.warm(".")
 print(" ".join(sorted({m for m in sys.modules if m.startswith(sys.argv[1])} - before)))
 '''
 

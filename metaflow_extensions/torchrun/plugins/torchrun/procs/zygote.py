@@ -49,8 +49,9 @@ def listen(path: str) -> socket.socket:
     return sock
 
 
-def warm() -> None:
-    """An import that fails is left to the child, to fail in its own words."""
+def warm(aside: str) -> None:
+    """An import that fails is left to the child, to fail in its own words. ``aside``: a
+    private directory of ours, where torch's compiler stack makes its cache directory as it loads."""
     global _WARMED_THREADS, _IMPORT_ENV
     _WARMED_THREADS = os.environ.get("OMP_NUM_THREADS")
     _IMPORT_ENV = import_env(os.environ)
@@ -61,7 +62,8 @@ def warm() -> None:
         # A script's first optimizer imports torch's compiler stack (torch._dynamo, sympy: about 830
         # modules, 1.1 to 2.3 CPU-s on the 2-core test machine), which a restart paid before its first step.
         # Ranks that start sooner end sooner too, into a gloo teardown that can deadlock: group_keeper.py.
-        torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
+        with _cache_dir_aside(aside):
+            torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
     except Exception:
         pass
     # What every child runs, imported once here, not in each agent and rank (0.05 CPU-s each):
@@ -70,6 +72,30 @@ def warm() -> None:
     # Out of the collector's sight, a child neither copies these pages nor
     # collects them at its exit (0.75 s down to 0.14 s here).
     gc.freeze()
+
+
+class _cache_dir_aside:
+    """torch._dynamo makes torch's cache directory as it loads (``torchinductor_<user>`` in
+    TMPDIR, torch 2.13): for the throwaway optimizer, a directory of ours, removed after, and
+    torch's variable unset again, so a rank finds its own (a job that never imports the
+    compiler stack leaves nothing in the user's TMPDIR). A directory the user named is theirs."""
+
+    _VAR = "TORCHINDUCTOR_CACHE_DIR"
+
+    def __init__(self, parent: str) -> None:
+        self.path = "" if self._VAR in os.environ else os.path.join(parent, "torch-cache")
+
+    def __enter__(self) -> None:
+        if self.path:
+            os.environ[self._VAR] = self.path
+
+    def __exit__(self, *_: Any) -> None:
+        if not self.path:
+            return
+        os.environ.pop(self._VAR, None)
+        import shutil  # torch imported it already
+
+        shutil.rmtree(self.path, ignore_errors=True)
 
 
 def import_env(env: Mapping[str, str]) -> Dict[str, str]:
@@ -360,7 +386,7 @@ def main(argv: List[str]) -> None:
             handoff.hand_off("zygote", argv)  # returns where no zygote took it: import here
         _stdin_from_devnull()
         name_this_process(ZYGOTE_NAME)
-    warm()
+    warm(os.path.dirname(os.path.abspath(argv[0])))
     _GUARD.warmed()
     request, fds = Server(listener).serve()
     if request.module != "bootstrap":
