@@ -1,7 +1,7 @@
 """The card of each attempt (issue 52), from real runs: the command each
 attempt's control prints opens that attempt's card and no other (a 2-node
-StepFlow whose node 1 raises in attempt 0; @retry runs attempt 1, which
-succeeds), and a hang's card names the suspect as the console does."""
+StepFlow whose control raises after its call in attempt 0; @retry runs attempt
+1, which succeeds), and a hang's card names the suspect as the console does."""
 
 from __future__ import annotations
 
@@ -64,13 +64,17 @@ def _view(gang, tmp_path, command: str, name: str):
 
 
 def test_each_attempts_printed_card_command_opens_that_attempts_card(gang, tmp_path):
-    env = {"MFTR_STEP": json.dumps({"node": {"1": {"raise": "before", "attempt": 0}}}), "MFTR_RETRIES": "1",
-           "MFTR_TORCHRUN_ATTRS": "{}"}
+    # The control raises after its call in attempt 0: its error is its own, not a call's, so its card's
+    # line is the task's, said after that error (Metaflow prints it once the task's hooks are done).
+    env = {"MFTR_STEP": json.dumps({"node": {"0": {"raise": "after", "attempt": 0}}}),
+           "MFTR_RETRIES": "1", "MFTR_TORCHRUN_ATTRS": "{}"}
     proc = gang.run(flow="step_flow.py", env=env, timeout=240)
     text = output(proc)
     assert proc.returncode == 0, text[-4000:]
     printed = {m.group(1) for m in _PRINTED.finditer(text)}
     assert len(printed) == 2, (printed, text[-4000:])  # one per attempt, each its own
+    first = next(_PRINTED.finditer(text))
+    assert "RuntimeError: node 0 gave up after" in text[:first.start()], text[-4000:]
     seen, pages = {}, {}
     for i, command in enumerate(sorted(printed)):
         viewed, shown = _view(gang, tmp_path, command, str(i))

@@ -69,12 +69,14 @@ def test_a_script_raising_shows_the_root_cause_once_in_one_screen(gang):
     proc = gang.run("--mode", "script", flow="ddp_fail_flow.py", timeout=240)
     text = output(proc)
     assert proc.returncode != 0
+    # The root cause first, then node 1's echo of it: node 1's step ends first, and its error used to
+    # lead the screen (the control now passes a node's lines on after its own error: node_tasks.Echoes).
     screen = check_failure_screen(
         text,
-        "stopped because node 0 failed first",
         "@torchrun job failed", "First failure: node 0 (",
         "Traceback (most recent call last)", "ddp_fail.py", raise_line, "ValueError: rank 1 saw a NaN",
         "failed as echoes of it", "Every rank's output, whole: ",
+        "node 1 stopped because node 0 failed first",
         once=raise_line)
     shown = "\n".join(screen)
     assert "runpy" not in shown and "Also failed" not in shown

@@ -72,6 +72,8 @@ def test_an_uncaught_refusal_fails_the_step_with_one_screen(gang):
     assert "refused its current.torch.run call (its error is in this log)" in text
     assert "torch.distributed.run" not in text
     check_failure_screen(text, problem, once=problem)
+    # A step that never ran a rank has no card worth a line (was: the card's line, above the error).
+    assert "card view" not in text, text
 
 
 def test_a_calls_max_restarts_under_retry_on_infrastructure_is_refused_at_the_call(refusals_run):

@@ -265,3 +265,124 @@ def test_a_node_that_never_joined_is_stopped_at_once_the_others_given_time(monke
                 proc.kill()
         stopping.join(timeout=GUARD)
         nodes.wait()
+
+
+# -- the failure screen: the root cause's words before the echoes -------------------
+
+def test_the_echoes_wait_for_the_node_that_says_the_cause():
+    """Pure: after the verdict, the node that says the root cause passes at once; the others wait for its end,
+    or (the control says it) for the release; a root already ended has said it: nothing is held."""
+    from metaflow_extensions.torchrun.plugins.torchrun.runtime.node_tasks import Echoes
+
+    echoes = Echoes()
+    assert echoes.feed(2, b"before\n") == b"before\n"  # no verdict yet: as it comes
+    echoes.stopped(1, {1, 2})
+    assert echoes.feed(2, b"node 2 stopped because node 1 failed first\n") == b""
+    assert echoes.feed(1, b"@torchrun job failed: rank 3\n") == b"@torchrun job failed: rank 3\n"
+    assert echoes.ended(2) == b""
+    assert echoes.ended(1) == b"node 2 stopped because node 1 failed first\n"
+    assert echoes.feed(2, b"after\n") == b"after\n"
+    echoes.stopped(2, {2})  # one verdict: once released, never held again
+    assert echoes.feed(1, b"x\n") == b"x\n"
+    control = Echoes()
+    control.stopped(None, {1, 2})
+    assert control.feed(1, b"a\n") == b"" and control.feed(2, b"b\n") == b"" and control.ended(1) == b""
+    assert control.release() == b"a\nb\n" and control.feed(1, b"c\n") == b"c\n"
+    gone = Echoes()
+    gone.stopped(1, {2})
+    assert gone.feed(2, b"echo\n") == b"echo\n"
+    bounded = Echoes(limit=8)
+    bounded.stopped(None, {1})
+    assert bounded.feed(1, b"12345\n") == b"" and bounded.feed(1, b"67890\n") == b"12345\n67890\n"
+
+
+def test_who_says_the_cause_on_a_local_console():
+    from metaflow_extensions.torchrun.plugins.torchrun.cause import Cause
+    from metaflow_extensions.torchrun.plugins.torchrun.runtime.node_tasks import speaker
+
+    assert speaker(Cause(CauseKind.RANK_FAILED, "x", node_index=1)) == 1
+    assert speaker(Cause(CauseKind.STEP_FAILED, "x", node_index=2)) == 2
+    assert speaker(Cause(CauseKind.RANK_FAILED, "x", node_index=0)) is None  # the control's own error
+    assert speaker(Cause(CauseKind.NODE_LOST, "x", node_index=1)) is None  # a lost node says nothing
+    assert speaker(Cause(CauseKind.UNRESPONSIVE, "x", node_index=1)) is None
+    assert speaker(Cause(CauseKind.HANG, "x")) is None
+
+
+def _echo_node(go: str, text: str) -> list:
+    """A node task that writes ``text`` on stderr once ``go`` exists (after the verdict, as an echo does)."""
+    return _node("import os, sys, time\nwhile not os.path.exists(%r): time.sleep(0.01)\nsys.stderr.write(%r)"
+                 % (go, text))
+
+
+def _read_all(fd: int) -> bytes:
+    os.set_blocking(fd, False)
+    try:
+        return os.read(fd, 1 << 16)
+    except BlockingIOError:
+        return b""
+
+
+def test_a_workers_echo_of_the_controls_failure_follows_the_controls_error(tmp_path):
+    """The real node tasks' stderr, through the control: the verdict is the control's own failure, so
+    node 1's echo is held until the control's error is out (``release``, at its exit or as its step goes on)."""
+    from metaflow_extensions.torchrun.plugins.torchrun.cause import Cause
+
+    out_r, out_w = os.pipe()
+    go = str(tmp_path / "go")
+    nodes = NodeTasks(out=out_w)
+    nodes.start(1, _echo_node(go, "node 1 stopped because node 0 failed first\n"), dict(os.environ))
+    try:
+        nodes.stopped(Cause(CauseKind.RANK_FAILED, "node 0, rank 1: ValueError", node_index=0))
+        open(go, "w").close()
+        assert wait_until(lambda: 1 in nodes.ended(), GUARD)
+        assert _read_all(out_r) == b""  # its task ended, its line read: still held
+        os.write(out_w, b"@torchrun job failed: node 0, rank 1\n")  # the control's error, as Metaflow prints it
+        nodes.release()
+        assert _read_all(out_r) == b"@torchrun job failed: node 0, rank 1\nnode 1 stopped because node 0 failed first\n"
+    finally:
+        for proc in nodes.procs.values():
+            if proc.poll() is None:
+                proc.kill()
+        nodes.wait()
+        os.close(out_r)
+        os.close(out_w)
+
+
+def test_a_worker_that_failed_first_speaks_before_the_other_workers_echoes(tmp_path):
+    """Node 2 echoes before node 1, whose rank failed, has said it: node 2's line waits for node 1's end."""
+    from metaflow_extensions.torchrun.plugins.torchrun.cause import Cause
+
+    out_r, out_w = os.pipe()
+    echo, root = str(tmp_path / "echo"), str(tmp_path / "root")
+    nodes = NodeTasks(out=out_w)
+    nodes.start(1, _echo_node(root, "@torchrun job failed: node 1, rank 3\n"), dict(os.environ))
+    nodes.start(2, _echo_node(echo, "node 2 stopped because node 1 failed first\n"), dict(os.environ))
+    try:
+        nodes.stopped(Cause(CauseKind.RANK_FAILED, "node 1, rank 3: ValueError", node_index=1))
+        open(echo, "w").close()
+        assert wait_until(lambda: 2 in nodes.ended(), GUARD)
+        assert _read_all(out_r) == b""
+        open(root, "w").close()
+        assert wait_until(lambda: 1 in nodes.ended(), GUARD)
+        assert _read_all(out_r) == (b"@torchrun job failed: node 1, rank 3\n"
+                                    b"node 2 stopped because node 1 failed first\n")
+    finally:
+        for proc in nodes.procs.values():
+            if proc.poll() is None:
+                proc.kill()
+        nodes.wait()
+        os.close(out_r)
+        os.close(out_w)
+
+
+def test_the_service_tells_the_verdict_before_any_node_hears_it(net):
+    """So a local control holds an echo before any node can write one (node_tasks.Echoes)."""
+    from metaflow_extensions.torchrun.plugins.torchrun.cause import Cause
+
+    told = []
+    server = net.server(2, hooks=dict(on_verdict=lambda cause: told.append((cause, [c.cause for c in clients]))))
+    clients = net.join(server, [0, 1])
+    clients[1].report_failure(Cause(CauseKind.STEP_FAILED, "node 1 raised"))
+    assert clients[0].wait_for_verdict(GUARD) is not None
+    ((cause, heard),) = told
+    assert cause.node_index == 1 and heard == [None, None]

@@ -9,6 +9,7 @@ enters (its spec, gang, launch, runtime, card) in one place, ``_load``, as a hoo
 
 from __future__ import annotations
 
+import atexit
 import importlib
 import logging
 import os
@@ -315,7 +316,12 @@ class TorchrunDecorator(ParallelDecorator):
         hint = card.card_view_command(sys.argv[0], *getattr(self, "_card_of", (None, "")))
         session = getattr(self, "_session", None)
         if hint and card_exists and not (session is not None and session.card_hint_said):
-            _load("host.console").say("this step's card: %s" % hint)
+            line = "this step's card: %s" % hint
+            if is_task_ok:
+                _load("host.console").say(line)
+            elif session is not None and session.ranks_ran:  # none for a step that never ran
+                # Metaflow prints the step's error once this hook returns: the card's line comes after it.
+                atexit.register(_load("host.console").say, line)
         if getattr(self, "_nodes_stopping", None) is not None:
             self._nodes_stopping.join()
         _log().debug("task_finished in %.3fs (the local nodes' tasks gone with it)", time.monotonic() - began)

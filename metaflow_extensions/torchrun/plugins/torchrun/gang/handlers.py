@@ -32,8 +32,10 @@ _log = log.get("gang.server")
 
 class Handlers:
     def __init__(self, config: GangConfig, host: str, admission: Admission, transport: Transport,
-                 say: Callable[[str], None], host_check: Optional[HostCheck] = None) -> None:
-        """``host``: where the calls' rendezvous ports are found free."""
+                 say: Callable[[str], None], host_check: Optional[HostCheck] = None,
+                 on_verdict: Optional[Callable[[Cause], None]] = None) -> None:
+        """``host``: where the calls' rendezvous ports are found free; ``on_verdict``: told the verdict
+        before any node (a local control's node tasks, whose echoes then wait for the root cause)."""
         self.config = config
         self.host = host
         self.admission = admission
@@ -44,6 +46,7 @@ class Handlers:
         self.preflight = PreflightBook(config.num_nodes)
         self.training = ProgressBook(config.num_nodes, config.straggler_ratio, config.straggler_seconds)
         self.host_check = host_check
+        self.on_verdict = on_verdict
         self.cause: Optional[Cause] = None  # the gang's verdict
         self.pending: Optional[Tuple[Cause, float]] = None  # an echo, held until then
         self.all_left_said = False
@@ -343,6 +346,8 @@ class Handlers:
         self.pending = None
         self.cause = cause
         _log.debug("verdict: %s (node %s): %s", cause.kind.value, cause.node_index, cause.summary)
+        if self.on_verdict is not None:
+            self.on_verdict(cause)
         self._broadcast(msg.Abort(cause))
 
     def _restart(self, cause: Cause) -> bool:

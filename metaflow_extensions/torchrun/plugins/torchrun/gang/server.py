@@ -39,17 +39,18 @@ class GangServer:
     def __init__(self, config: GangConfig, host: str, ports: Sequence[int], secret: bytes, *,
                  progress: Callable[[str], None] = lambda text: None, host_check: Optional[HostCheck] = None,
                  node_ends: Optional[Callable[[], Mapping[int, NodeEnd]]] = None,
-                 warn: Callable[[str], None] = say):
+                 on_verdict: Optional[Callable[[Cause], None]] = None, warn: Callable[[str], None] = say):
         """Listen on the first of ``ports`` that is free on ``host``. ``progress``: where the gang's
         lines go (joins, progress, stragglers); ``host_check``: the preflight's check of the hosts'
-        history; ``node_ends``: a local run's control, the node tasks it started that have ended."""
+        history; ``node_ends``: a local run's control, the node tasks it started that have ended;
+        ``on_verdict``: told the gang's verdict before any node is."""
         self.config = config
         self.warn = warn
         self.node_ends = node_ends
         self.admission = Admission(config, secret, warn=warn)
         self.transport = Transport(host, ports, config.num_nodes, self.admission,
                                    on_drop=lambda peer: self.handlers.dropped(peer))
-        self.handlers = Handlers(config, host, self.admission, self.transport, progress, host_check)
+        self.handlers = Handlers(config, host, self.admission, self.transport, progress, host_check, on_verdict)
         self.speaker = Speaker(config, self.handlers.members.started, progress)
         self._lock = threading.RLock()
         self.port: int = self.transport.port

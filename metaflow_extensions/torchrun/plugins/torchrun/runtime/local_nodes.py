@@ -19,6 +19,7 @@ from metaflow.cli_args import cli_args
 from metaflow.plugins import parallel_decorator
 from metaflow.unbounded_foreach import UBF_TASK
 
+from ..cause import Cause
 from ..errors import TorchrunException
 from ..gang.membership import NodeEnd
 from ..gang.ports import find_free_port
@@ -87,7 +88,9 @@ def run_local_control(flow: Any, env_to_use: Any, step_func: Callable[[], Any], 
     flow._control_mapper_tasks = ["%s/%s/%s" % (current.run_id, step_name, t) for t in task_ids]
     os.environ["MF_PARALLEL_NODE_INDEX"] = "0"
     step_func()
-    failed = {node: code for node, code in nodes.wait().items() if code}
+    codes = nodes.wait()
+    nodes.release()  # the step went on: its nodes' lines held for the control's error follow now
+    failed = {node: code for node, code in codes.items() if code}
     if failed:
         node = min(failed)
         raise TorchrunException("node %d's task failed (%s)" % (node, describe_exit_code(failed[node])))
@@ -98,6 +101,14 @@ def local_node_ends(topology: Topology) -> Optional[Callable[[], Mapping[int, No
     (one that ends unjoined ends the gang); None elsewhere."""
     if _started is not None and topology.is_local and topology.num_nodes > 1:
         return _started.ended
+    return None
+
+
+def local_node_verdict(topology: Topology) -> Optional[Callable[[Cause], None]]:
+    """For the gang service of a local control that started its nodes: told the gang's verdict before
+    any node is, so the node tasks' lines pass on the root cause's first (node_tasks.Echoes); None elsewhere."""
+    if _started is not None and topology.is_local and topology.num_nodes > 1:
+        return _started.stopped
     return None
 
 

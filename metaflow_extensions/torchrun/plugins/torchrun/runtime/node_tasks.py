@@ -1,9 +1,11 @@
 """A local control's node tasks: each dies with the control, its exit seen as it happens,
-its stderr passed on whole, its last lines kept to name a node that died unjoined.
+its stderr passed on whole, its last lines kept to name a node that died unjoined, and, once
+the gang has stopped, the root cause's words passed on before the echoes (``Echoes``).
 """
 
 from __future__ import annotations
 
+import atexit
 import collections
 import os
 import selectors
@@ -11,8 +13,9 @@ import signal
 import subprocess
 import threading
 import time
-from typing import Deque, Dict, List, Optional, Sequence, Set, Tuple
+from typing import Callable, Deque, Dict, List, Optional, Sequence, Set, Tuple
 
+from ..cause import Cause, CauseKind
 from ..gang.membership import NodeEnd
 from ..host import proctree
 from ..procs import relay
@@ -21,6 +24,62 @@ from ..base import timeouts
 # What a node's end keeps of its stderr: its last lines, each cut to this many characters.
 KEPT_LINES = 12
 KEPT_LINE_CHARS = 300
+# The echoes held back while the root cause is said, at most (then passed on as they come).
+MAX_HELD = 1 << 20
+# Causes whose node says them itself, in its own error: every other cause the control's error says.
+SAID_BY_ITS_NODE = (CauseKind.RANK_FAILED, CauseKind.STEP_FAILED, CauseKind.PREEMPTED)
+
+
+def speaker(cause: Cause) -> Optional[int]:
+    """The node whose error says the gang's root cause on a local run's console: a worker that failed
+    (or was told to stop) says it itself; None where the control's error says it (its own failure, a node
+    lost or frozen, a hang: the nodes that cannot or did not see it are echoes)."""
+    node = cause.node_index
+    return node if cause.kind in SAID_BY_ITS_NODE and node is not None and node > 0 else None
+
+
+class Echoes:
+    """What a local control passes on of its nodes' stderr once the gang has stopped (pure): the lines
+    of the node that says the root cause at once; every other node's held until it has said it (its
+    stderr ended) or, where the control says it, until ``release`` (the control's error printed). Before
+    the verdict, and after the release, every line as it comes. Metaflow prints each node's error when
+    that node's step ends, and a node that only echoes the cause ends first: without this the echo
+    leads the screen."""
+
+    def __init__(self, limit: int = MAX_HELD) -> None:
+        self.limit = limit
+        self.holding = False
+        self.done = False  # released: no hold again
+        self.root: Optional[int] = None  # the worker that says the cause; None: the control
+        self.held: List[bytes] = []
+        self.size = 0
+
+    def stopped(self, root: Optional[int], open_nodes: Set[int]) -> None:
+        """The gang's verdict, said by ``root`` (None: the control); ``open_nodes``: the workers still
+        writing. A root that has already ended has said all it will: nothing to hold for."""
+        if self.holding or self.done:
+            return
+        if root is not None and root not in open_nodes:
+            return
+        self.holding, self.root = True, root
+
+    def feed(self, node: int, lines: bytes) -> bytes:
+        """What to pass on now of ``node``'s ``lines``."""
+        if not self.holding or node == self.root:
+            return lines
+        self.held.append(lines)
+        self.size += len(lines)
+        return self.release() if self.size > self.limit else b""
+
+    def ended(self, node: int) -> bytes:
+        """``node``'s stderr ended: where it said the cause, what was held, now."""
+        return self.release() if self.holding and node == self.root else b""
+
+    def release(self) -> bytes:
+        """The root cause has been said: what was held, in the order it came; every line as it comes from now."""
+        out = b"".join(self.held)
+        self.holding, self.done, self.held, self.size = False, True, [], 0
+        return out
 
 
 class NodeTasks:
@@ -28,7 +87,9 @@ class NodeTasks:
     killed by SIGKILL (a host pulled, a pod evicted) is started again, as a Job controller re-creates a
     pod lost to a disruption: a task that exits with an error is not (on Kubernetes it fails its Job)."""
 
-    def __init__(self, returns: int = 0) -> None:
+    def __init__(self, returns: int = 0, out: int = 2) -> None:
+        """``out``: where the nodes' stderr goes on (this task's own stderr)."""
+        self.out = out
         self.procs: Dict[int, subprocess.Popen] = {}
         self._commands: Dict[int, Tuple[List[str], Dict[str, str]]] = {}
         self._returns_left: Dict[int, int] = {}
@@ -43,6 +104,8 @@ class NodeTasks:
         self._lock = threading.Lock()
         self._selector = selectors.DefaultSelector()
         self._pump: Optional[threading.Thread] = None
+        self._echoes = Echoes()
+        self._saying = threading.Lock()  # what Echoes lets out is written in the order it let it out
 
     def start(self, node: int, argv: Sequence[str], env: Dict[str, str]) -> None:
         """stdin and stdout the control's, stderr through the control."""
@@ -84,8 +147,9 @@ class NodeTasks:
             self._replaced.add(proc)  # the watch thread and wait() both look: one start again
             self._returns_left[node] -= 1
             argv, env = self._commands[node]
-        relay.write_all(2, ("@torchrun: node %d's task was killed (SIGKILL): starting it again, as Kubernetes "
-                            "re-creates a pod lost to a disruption\n" % node).encode())
+        said = ("@torchrun: node %d's task was killed (SIGKILL): starting it again, as Kubernetes re-creates a pod "
+                "lost to a disruption\n" % node).encode()
+        self._say(lambda: said)
         self.start(node, argv, env)
         return True
 
@@ -125,6 +189,30 @@ class NodeTasks:
         self.drain()
         return codes
 
+    def stopped(self, cause: Cause) -> None:
+        """The gang service's verdict, before it tells any node (so before any node can echo it): the
+        node that says the cause goes first. Where that is this control, the held lines follow its
+        error, which Metaflow prints after the step's hooks: at this process's exit, unless the step
+        goes on (``release``)."""
+        with self._lock:
+            open_nodes = set(self._open)
+        with self._saying:
+            if self._echoes.holding or self._echoes.done:
+                return
+            self._echoes.stopped(speaker(cause), open_nodes)
+            if self._echoes.holding:  # what is still held as this task ends goes out then, not never
+                atexit.register(self.release)
+
+    def release(self) -> None:
+        """The control's error is out (or its step went on): the held lines now, in their order."""
+        self._say(self._echoes.release)
+
+    def _say(self, what: Callable[[], bytes]) -> None:
+        with self._saying:
+            lines = what()
+            if lines:
+                relay.write_all(self.out, lines)
+
     def drain(self) -> None:
         """The ended tasks' last lines passed on (at most ``NODE_OUTPUT_DRAIN``: a descendant may hold one open)."""
         with self._lock:
@@ -153,7 +241,7 @@ class NodeTasks:
         splitter = self._splitters[node]
         lines = splitter.feed(chunk) if chunk else splitter.finish()
         if lines:
-            relay.write_all(2, lines)
+            self._say(lambda: self._echoes.feed(node, lines))
             with self._lock:
                 self._tails[node].extend(_kept(lines))
         if not chunk:
@@ -161,6 +249,7 @@ class NodeTasks:
             os.close(fd)
             with self._lock:
                 self._open.discard(node)
+            self._say(lambda: self._echoes.ended(node))
 
 
 def _kept(lines: bytes) -> List[str]:

@@ -31,7 +31,7 @@ from ..host.logs import retention_policy, where_logs_are
 from ..host import log
 from ..record.result import TorchrunResult
 from .context import StepContext
-from .local_nodes import local_node_ends, runtime_gone
+from .local_nodes import local_node_ends, local_node_verdict, runtime_gone
 
 _log = log.get("runtime.session")
 
@@ -76,6 +76,12 @@ class GangSession:
     @property
     def results(self) -> List[TorchrunResult]:
         return list(self._results)
+
+    @property
+    def ranks_ran(self) -> bool:
+        """Whether a call of the step started torchrun on this node: a step refused before that has no card
+        worth a line (its card says the refusal, which its error says)."""
+        return any(r.exit_code is not None for r in self._results)
 
     @property
     def last_result(self) -> Optional[TorchrunResult]:
@@ -132,7 +138,8 @@ class GangSession:
             # A local node's task that ends unjoined ends the gang.
             self._service = GangServer(self.config, bind_host(self.context.topology), ports, secret=context.secret,
                                        progress=say, host_check=context.preflight.host_check,
-                                       node_ends=local_node_ends(self.context.topology)).start()
+                                       node_ends=local_node_ends(self.context.topology),
+                                       on_verdict=local_node_verdict(self.context.topology)).start()
             ports = (self._service.port,)
         self.client = GangClient(self.config, self.context.topology.main_addr, ports, self.context.node_index,
                                  secret=context.secret, on_abort=self._on_abort, progress=say,
