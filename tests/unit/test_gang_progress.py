@@ -154,6 +154,42 @@ def test_a_restart_starts_the_gang_s_rates_and_its_naming_again():
     assert book.summary.slowest is not None and book.summary.slowest["node_index"] == 3  # its window had come
 
 
+def test_after_a_restart_no_line_says_the_replaced_ranks_step_and_the_rate_says_it_is_measured_again():
+    """The control's sum lags the ranks by up to a heartbeat, and a line it had not said yet was said after
+    the restart: `progress: step 51/200 (26%), ETA 15 s` 0.9 s after `resumed at step 81`. Then the new
+    start's first line dropped ETA and steps/s without a word."""
+    from metaflow_extensions.torchrun.plugins.torchrun.gang.config import GangConfig
+    from metaflow_extensions.torchrun.plugins.torchrun.gang.speaker import Speaker
+
+    said = []
+    book = _book(nodes=2)
+    speaker = Speaker(GangConfig("g", 2, heartbeat_timeout=30.0, progress_interval=15.0), 0.0, said.append)
+    for node in (0, 1):
+        book.update(node, "h%d" % node, _node(10.0, step=21, lo=2 * node, hi=2 * node + 1, total=200))
+    speaker.tick(15.0, book, lambda: None)
+    assert said == ["progress: step 21/200 (10%), ETA 18 s, 10 steps/s"]
+    for node in (0, 1):  # summed up, not said yet (the interval), when the ranks fail at step 85
+        book.update(node, "h%d" % node, _node(10.0, step=51, lo=2 * node, hi=2 * node + 1, total=200))
+    speaker.tick(20.0, book, lambda: None)
+    book.restarted(1)  # the gang's restart (gang/handlers.py), before any node's new ranks report
+    book.update(0, "h0", _node(10.0, step=85, total=200))  # the replaced ranks' last heartbeat, late
+    speaker.tick(31.0, book, lambda: None)
+    assert said[1:] == [] and book.current().step is None
+    for node in (0, 1):  # the new ranks resumed at 81: a report or two, no rate yet
+        book.update(node, "h%d" % node, replace(_node(None, step=82, lo=2 * node, hi=2 * node + 1, total=200),
+                                                start=1))
+    speaker.tick(47.0, book, lambda: None)
+    assert said[1:] == ["progress: step 82/200 (41%), ETA and steps/s measuring..."]
+    assert ["ETA", "measuring..."] in card_progress.rows(book.summary, clip)
+    assert ["steps/s", "measuring..."] in card_progress.rows(book.summary, clip)
+    for node in (0, 1):
+        book.update(node, "h%d" % node, replace(_node(10.0, step=100, lo=2 * node, hi=2 * node + 1, total=200),
+                                                start=1))
+    speaker.tick(63.0, book, lambda: None)
+    assert said[2:] == ["progress: step 100/200 (50%), ETA 10 s, 10 steps/s"]
+    assert not any(row[1] == "measuring..." for row in card_progress.rows(book.summary, clip))
+
+
 def test_a_straggler_of_the_replaced_start_is_not_counted_into_the_new_one():
     book = _book(ratio=1.5, window=10.0)
     for second in range(8):  # node 2 slow for 8 s of the 10 s window, then the restart

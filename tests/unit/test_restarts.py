@@ -72,6 +72,7 @@ def test_a_killed_rank_restarts_every_node_on_a_fresh_port_until_the_restarts_ar
     assert decided[0].rdzv_port == decided[1].rdzv_port != first
     assert decided[0].cause.summary == KILLED.summary and decided[0].cause.node_index == 1
     assert c0.cause is None and c1.cause is None and server.cause is None
+    assert server.handlers.training.start == 1  # told before any node: nothing of the replaced ranks is said
     # Node 0's report of the replaced ranks (an echo of the kill) changes nothing.
     c0.report_failure(Cause(CauseKind.RANK_FAILED, "echo", secondary=True, call=0), call=0, restart=0)
     time.sleep(0.3)
@@ -261,10 +262,31 @@ def test_a_restarts_lost_work_counts_from_its_ranks_at_the_script_where_known():
     swap = records.InStepRestart(1, KILLED, ran_from=100.0, failed_at=110.0, work_from=104.0)
     assert swap.lost_work_seconds == 6.0
     assert records.InStepRestart.from_wire(swap.to_wire()) == swap
+    from metaflow_extensions.torchrun.plugins.torchrun.gang import messages as msg
+
     started = CallRestarts()
-    started.begin(type("Decided", (), {"restart": 1, "cause": KILLED, "swapped_out": 1, "swapped_in": 2})(),
-                  ran_from=100.0, stopped_at=111.0, rank_starts=[None, 104.5, 104.0])
+    started.begin(msg.Restart(0, 1, 29500, KILLED, swapped_in=2), ran_from=100.0, stopped_at=111.0,
+                  rank_starts=[None, 104.5, 104.0])
     assert started.records[0].work_from == 104.0 and started.records[0].swapped_in == 2
+
+
+def test_after_a_swap_every_nodes_record_names_whose_copy_the_spare_resumed_from():
+    """The spare's store fetched node 0's copy; node 0 (the control, whose record the docs show) read its own:
+    both records say node 0. Without a swap a node's own copy is named by none."""
+    from metaflow_extensions.torchrun.plugins.torchrun.gang import messages as msg
+    from metaflow_extensions.torchrun.plugins.torchrun.runtime.call_snapshots import Resumed
+
+    swap = msg.Restart(0, 1, 29500, KILLED, swapped_in=2, snapshot_source=0)
+    assert msg.parse(msg.Restart.to_wire(swap)) == swap  # on the wire to every node
+    for own_store in (Resumed(5, None, 5), Resumed(5, 0, 5)):  # the control's, the spare's
+        restarts = CallRestarts()
+        restarts.begin(swap, ran_from=100.0, stopped_at=111.0, rank_starts=[104.0])
+        restarts.resumed(own_store)
+        assert (restarts.records[0].resumed_step, restarts.records[0].resumed_from) == (5, 0)
+    in_place = CallRestarts()
+    in_place.begin(msg.Restart(0, 1, 29500, KILLED), ran_from=100.0, stopped_at=111.0, rank_starts=[104.0])
+    in_place.resumed(Resumed(5, None, 5))
+    assert in_place.records[0].resumed_from is None
 
 
 def test_without_a_snapshot_the_ranks_progress_says_how_much_of_the_replaced_work_was_kept(tmp_path):

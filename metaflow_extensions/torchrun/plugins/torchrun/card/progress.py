@@ -27,8 +27,12 @@ def rows(progress: ProgressRecord, cell: Callable[[Any], str] = clip) -> List[Li
         out.append(["step", step])
     if progress.eta_seconds is not None:
         out.append(["ETA", gang_progress.duration(progress.eta_seconds)])
+    elif progress.measuring and progress.total:
+        out.append(["ETA", "measuring..."])
     if progress.steps_per_second is not None:
         out.append(["steps/s", "%.3g (median node)" % progress.steps_per_second])
+    elif progress.measuring:
+        out.append(["steps/s", "measuring..."])
     out += [[cell(name), "%.6g" % value] for name, value in progress.metrics.items()]
     if progress.slowest is not None and progress.nodes_reporting > 1:
         s = progress.slowest

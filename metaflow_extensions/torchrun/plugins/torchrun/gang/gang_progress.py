@@ -54,6 +54,8 @@ GPU_IDLE = 5.0  # below this median utilisation (%) the GPUs are idle gang-wide
 # The slowest node is named only at or below this fraction of the median's steps/s:
 # in an even gang some node is always the slowest.
 SLOWEST_NAMED = 0.9
+# The line's words while the steps/s of a start are not known yet (its ranks reported under a second of steps).
+MEASURING = "ETA and steps/s measuring..."
 
 
 # -- on each node: its ranks summed up for the heartbeat ----------------------------------------------
@@ -270,6 +272,9 @@ class ProgressRecord(Written):
     slowest: Optional[Dict[str, Any]] = None
     stragglers: Tuple[Straggler, ...] = ()
     stragglers_more: int = 0
+    # Ranks report steps but their steps/s are not known yet (under a second of a start's reports: a call's
+    # first, or a restart's): the line and the card say the steps/s and the ETA are being measured.
+    measuring: Annotated[bool, LOCAL] = False
     # For the card: seconds since the call's first report, and steps/s per group of nodes.
     chart_groups: Annotated[Tuple[str, ...], LOCAL] = ()
     chart: Annotated[Tuple[Tuple[float, Tuple[Optional[float], ...]], ...], LOCAL] = ()
@@ -311,7 +316,14 @@ class ProgressBook:
         self.chart = []
         self.started = None
         self.chart_every = 5.0
-        self.summary = ProgressRecord(stragglers=self.summary.stragglers, stragglers_more=len(self.unlisted))
+
+    def restarted(self, start: int) -> None:
+        """The gang decided restart ``start`` of the call's ranks (a restart in place, a swap, a loss): what the
+        replaced ranks reported is not said after it (the control's last sum of it lags their step by up to a
+        heartbeat, so a line of it would read as training gone back), and nothing is said before the new
+        ranks report."""
+        if start > self.start:
+            self._new_start(start)
 
     def update(self, node: int, host: str, progress: Optional[NodeProgress]) -> None:
         if progress is None:
@@ -332,6 +344,7 @@ class ProgressBook:
         self.arrivals.new_start()
         self.late_since, self.late = None, None
         self.start_seen, self.settled = None, False
+        self.summary = ProgressRecord(stragglers=self.summary.stragglers, stragglers_more=len(self.unlisted))
 
     def current(self) -> ProgressRecord:
         """Summed up now: a call's last heartbeats come after its last check."""
@@ -449,6 +462,7 @@ class ProgressBook:
             eta_seconds=None if eta is None else round(eta, 1),
             steps_per_second=None if rate is None else round(rate, 4),
             metrics=dict(reporting[first][0].metrics), nodes_reporting=len(reporting), signal=signal,
+            measuring=rate is None,
             slowest=self._slowest(reporting, rate) if self.settled else None, stragglers=stragglers,
             stragglers_more=len(self.unlisted),
             chart_groups=tuple(label for label, _ in self._groups()), chart=tuple(self.chart))
@@ -489,6 +503,8 @@ class ProgressBook:
             parts.append("ETA %s" % duration(s.eta_seconds))
         if s.steps_per_second is not None:
             parts.append("%.3g steps/s" % s.steps_per_second)
+        elif s.measuring:
+            parts.append(MEASURING if s.total else "steps/s measuring...")
         parts += ["%s %.4g" % (k, v) for k, v in list(s.metrics.items())[:4]]
         text = "progress: " + ", ".join(parts)
         if s.slowest is not None and s.nodes_reporting > 1:

@@ -367,12 +367,15 @@ class Handlers:
         self.pending = None  # an echo held of the ranks being replaced
         index = begin_restart(state, find_free_port(self.host))
         old, self.book.bench = self.book.bench, bench
-        for told, peers in bench_changed(state.index, index, old, bench, cause.node_index, swapped_in,
-                                         state.stores, self.config.num_nodes):
+        changed = bench_changed(state.index, index, old, bench, cause.node_index, swapped_in, state.stores,
+                                self.config.num_nodes)
+        for told, peers in changed:
             self._send(told, peers)  # before the restart: the spare starts on it
         _log.debug("restart %d of call %d (port %s, spare in: %s): %s (node %s): %s", index, state.index,
                    state.rdzv_port, swapped_in, cause.kind.value, cause.node_index, cause.summary)
-        state.last_restart = msg.Restart(state.index, index, state.rdzv_port or 0, cause, bench, swapped_in)
+        self.training.restarted(index)  # nothing the replaced ranks reported is said after this
+        source = next((peers.source_node for told, peers in changed if told == swapped_in), None)
+        state.last_restart = msg.Restart(state.index, index, state.rdzv_port or 0, cause, bench, swapped_in, source)
         self._broadcast(state.last_restart)
 
     def _go_on_without(self, node: int, cause: Cause) -> bool:

@@ -294,7 +294,9 @@ class Failed(GangMessage):
 @dataclass(frozen=True)
 class Restart(GangMessage):
     """Start call ``index``'s ranks again on a fresh ``rdzv_port`` (the old store dies with node 0's old
-    agent); ``swapped_in``: the spare that came in for the node the cause is pinned to."""
+    agent); ``swapped_in``: the spare that came in for the node the cause is pinned to; ``snapshot_source``:
+    the node whose snapshot store that spare was told to fetch the state it lacks from (``SnapshotPeers``),
+    so every node's record of the swap says whose copy the gang resumed from."""
 
     TYPE: ClassVar[MessageType] = MessageType.RESTART
     index: CallIndex
@@ -303,6 +305,7 @@ class Restart(GangMessage):
     cause: Annotated[Cause, CAUSE]
     bench: Annotated[Bench, SKIP] = Bench()
     swapped_in: Annotated[Optional[int], Int(0, MAX_NODE)] = None
+    snapshot_source: Annotated[Optional[int], Int(0, MAX_NODE - 1)] = None
 
     @property
     def swapped_out(self) -> Optional[int]:

@@ -57,7 +57,8 @@ class InStepRestart(Lenient):
     # goodput ledger (the call's first line is its last start's).
     work_from: Optional[float] = None
     # Where the new ranks resumed from memory (None: not from a snapshot, so from the user's checkpoint or
-    # the start): the step, the steps saved after it and lost, and whose copy (None: the node's own).
+    # the start): the step, the steps saved after it and lost, and whose copy: after a swap, on every node,
+    # the node whose copy the spare fetched; else None (each node its own).
     resumed_step: Annotated[Optional[int], Int(0, (1 << 53) - 1), SKIP] = None
     steps_lost: Annotated[Optional[int], Int(0, (1 << 53) - 1), SKIP] = None
     resumed_from: Annotated[Optional[int], Int(0, (1 << 20) - 1), SKIP] = None

@@ -29,6 +29,7 @@ class CallRestarts:
     records: List[InStepRestart] = field(default_factory=list)
     reported_step: Optional[int] = None  # the newest step the replaced ranks reported (steps lost count to it)
     replaced_pace: Optional[Pace] = None  # the replaced ranks' first and latest report, (step, when)
+    spare_source: Optional[int] = None  # a swap's: the node whose copy the spare was told to fetch
 
     def decided(self, client: GangClient, index: int, allowed: int, exit_code: Optional[int],
                 report: Callable[[], None], wait: float) -> Optional[msg.Restart]:
@@ -55,17 +56,22 @@ class CallRestarts:
                                           work_from=min((s for s in rank_starts if s is not None), default=None),
                                           ranks=replaced_ranks(ranks)))
         self.restart = decided.restart
+        self.spare_source = decided.snapshot_source
         self.reported_step = reported_step
         self.replaced_pace = replaced_pace
         if log_dir:
             mark_logs(log_dir, sorted({r.rank for r in ranks}), decided.restart)
 
     def resumed(self, resumed: Optional[Resumed]) -> None:
-        """The current restart's ranks resumed from a snapshot in memory (None: they did not)."""
+        """The current restart's ranks resumed from a snapshot in memory (None: they did not). After a swap
+        every node's record names the node whose copy the spare fetched (the spare's store says it fetched
+        one; every other node read its own): the gang resumed at a step only if every rank, the spare's too,
+        held it, and the spare holds nothing of its own."""
         if resumed is not None and self.records:
+            source = resumed.source_node if resumed.source_node is not None else self.spare_source
             self.records[-1] = dataclasses.replace(
                 self.records[-1], resumed_step=resumed.step, steps_lost=resumed.steps_lost(self.reported_step),
-                resumed_from=resumed.source_node, resumed_saved_at=resumed.saved_at)
+                resumed_from=source, resumed_saved_at=resumed.saved_at)
 
     def reported_from(self, first: Optional[Report]) -> None:
         """The current restart's ranks' first progress report, where they did not resume from memory: the
