@@ -185,9 +185,64 @@ def test_a_call_keeps_snapshots_as_the_settings_say(run):
         assert run.snapshots.store is not None and run.snapshots.store.budget == 64 << 20
         env = run.launch.start(None, 29777, 0).env
         assert env[names.SNAPSHOT_EVERY_ENV] == "25" and env[names.SNAPSHOT_ENV] == run.snapshots.store.path
+        held = os.path.dirname(run.snapshots.store.path)
+        assert os.path.isdir(held)
     finally:
         run.launch.release()
-    assert run.snapshots.store is None  # closed with the call: every snapshot freed
+    assert run.snapshots.store is None and not os.path.exists(held)  # closed with the call: every snapshot freed
+
+
+@pytest.mark.parametrize("every, restarts, why", [(None, 2, names.OFF_BY_SETTING), (None, 0, names.OFF_NO_RESTARTS),
+                                                   (25, 2, names.OFF_ON_NODE)])
+def test_with_no_store_the_ranks_are_told_why_in_place_of_a_socket(every, restarts, why):
+    """snapshots=False, no restart to serve, or a store that could not start: ``snapshot.save``/``load`` say
+    which, once, instead of naming the variable that is unset."""
+    no_peers = SimpleNamespace(secret=b"", news=SimpleNamespace(snapshot_peers=lambda index: None))
+    off = CallSnapshots(no_peers, 0, every, None, "127.0.0.1", restarts)  # type: ignore[arg-type]
+    assert off.environ() == {names.SNAPSHOTS_OFF_ENV: why}
+
+
+KILLED_WITH_A_STORE = """
+import os, sys, time
+from types import SimpleNamespace
+from metaflow_extensions.torchrun.plugins.torchrun.runtime.call_snapshots import CallSnapshots
+no_peers = SimpleNamespace(secret=b"", news=SimpleNamespace(snapshot_peers=lambda index: None))
+snapshots = CallSnapshots(no_peers, 0, 0, 16, "127.0.0.1", 1)
+snapshots.open()
+print(snapshots.store.path, flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_store_killed_with_its_task_is_left_where_the_next_call_sweeps_it(tmp_path, monkeypatch):
+    """A node lost (its task SIGKILLed) runs no ``close``: the store's socket directory was a ``mkdtemp`` in
+    TMPDIR, left there for good (19 ``mftr-snap-*`` after an afternoon). It is a work directory of its own
+    now, held while the task lives: the next call's sweep removes it once it is no longer young."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from metaflow_extensions.torchrun.plugins.torchrun.host import private
+    from metaflow_extensions.torchrun.plugins.torchrun.host.workdirs import prune_work_dirs, work_root
+
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setattr(tempfile, "tempdir", None)
+    child = subprocess.Popen([sys.executable, "-c", KILLED_WITH_A_STORE], stdout=subprocess.PIPE, text=True,
+                             env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
+    try:
+        socket_path = child.stdout.readline().strip()
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+    held = os.path.dirname(socket_path)
+    root = work_root()
+    assert os.path.dirname(held) == root and os.path.exists(socket_path), (socket_path, root)
+    assert not [n for n in os.listdir(str(tmp_path)) if n.startswith("mftr-snap")], os.listdir(str(tmp_path))
+    assert prune_work_dirs(root) == []  # young: another node of a local run may be making it now
+    old = time.time() - private.YOUNG_SECONDS - 1
+    os.utime(held, (old, old))
+    assert prune_work_dirs(root) == [held] and not os.path.exists(held)
 
 
 def test_the_control_reads_its_node_history_as_the_settings_say(run):

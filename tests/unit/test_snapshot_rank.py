@@ -12,7 +12,8 @@ from metaflow_extensions.torchrun.plugins.torchrun.procs.snapshot_wire import ke
 
 from metaflow_extensions.torchrun.plugins.torchrun.gang.snapshot_store import SnapshotStore
 from metaflow_extensions.torchrun.plugins.torchrun.procs import snapshot
-from metaflow_extensions.torchrun.plugins.torchrun.procs.names import SNAPSHOT_ENV
+from metaflow_extensions.torchrun.plugins.torchrun.procs.names import (OFF_BY_SETTING, OFF_NO_RESTARTS, OFF_ON_NODE,
+                                                                      SNAPSHOT_ENV, SNAPSHOTS_OFF_ENV)
 from lazy_torch import torch
 
 
@@ -20,7 +21,7 @@ from lazy_torch import torch
 def store(tmp_path, monkeypatch):
     s = SnapshotStore(str(tmp_path / "snapshots"), budget=64 << 20)
     monkeypatch.setenv(SNAPSHOT_ENV, s.path)
-    for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE"):
+    for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "TORCHELASTIC_RESTART_COUNT"):
         monkeypatch.delenv(name, raising=False)
     snapshot._said.clear()
     yield s
@@ -39,23 +40,28 @@ def model_state(seed):
 def test_load_returns_the_newest_saved_state_bit_for_bit(store, capsys, monkeypatch):
     assert snapshot.load() is None  # a first start: nothing to find, nothing said
     assert "no snapshot" not in capsys.readouterr().err
-    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
-    assert snapshot.load() is None  # a restart that finds none falls back, and says so
-    assert "no snapshot in memory that every rank holds: resuming from your checkpoint" in capsys.readouterr().err
-    monkeypatch.delenv("TORCHELASTIC_RESTART_COUNT")
     for step in range(4):
         state = model_state(step)
         assert snapshot.save(step, state) is True
         assert store.shelf.steps("local-0")[-1] == step  # held when save returns: no thread, nothing to wait for
     assert snapshot.flush(30)
-    step, back = snapshot.load()
-    assert "resumed at step 3 from memory (this node's copy), 0 steps lost" in capsys.readouterr().err
+    step, back = snapshot.load()  # mid-run on a first start: the newest step, and no claim of a resume
+    assert step == 3 and "resumed" not in capsys.readouterr().err
     assert store.last_load()[:3] == (3, None, 3)
-    assert step == 3
     for name, tensor in state["model"].items():
         assert torch.equal(back["model"][name], tensor)
     assert torch.equal(back["opt"]["state"][0]["momentum_buffer"], state["opt"]["state"][0]["momentum_buffer"])
     assert torch.equal(back["rng"], state["rng"]) and back["opt"]["param_groups"] == state["opt"]["param_groups"]
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")  # a restart's first load is a resume, said once
+    assert snapshot.load()[0] == 3 and snapshot.load()[0] == 3
+    assert capsys.readouterr().err.count("resumed at step 3 from memory (this node's copy), 0 steps lost") == 1
+
+
+def test_a_restart_that_finds_no_snapshot_says_once_that_it_falls_back(store, capsys, monkeypatch):
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
+    assert snapshot.load() is None and snapshot.load() is None
+    said = capsys.readouterr().err
+    assert said.count("no snapshot in memory that every rank holds: resuming from your checkpoint") == 1, said
 
 
 def test_later_changes_to_the_state_do_not_reach_the_snapshot(store):
@@ -101,7 +107,8 @@ def test_a_snapshot_changed_out_of_bounds_after_its_commit_is_not_loaded_the_pre
     assert "the snapshot of step 2 is not used: the manifest is not JSON" in capsys.readouterr().err
 
 
-def test_the_steps_lost_are_those_saved_after_the_step_resumed(store, capsys):
+def test_the_steps_lost_are_those_saved_after_the_step_resumed(store, capsys, monkeypatch):
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
     for step in range(1, 4):
         snapshot.save(step, {"w": torch.ones(3)})
     for step in range(1, 6):
@@ -158,13 +165,35 @@ def test_what_cannot_be_stored_is_named_at_save(store):
 
 def test_outside_torchrun_save_keeps_nothing_and_load_returns_none_said_once(monkeypatch, capsys):
     monkeypatch.delenv(SNAPSHOT_ENV, raising=False)
+    monkeypatch.delenv(SNAPSHOTS_OFF_ENV, raising=False)
     snapshot._said.clear()
     assert snapshot.save(0, {"w": torch.ones(2)}) is False
     assert snapshot.load() is None and snapshot.save(1, {"w": torch.ones(2)}) is False
     err = capsys.readouterr().err
-    assert err.count("no @torchrun snapshot store here") == 1
+    assert err.count("no @torchrun snapshot store here") == 1 and SNAPSHOT_ENV not in err
     with pytest.raises(snapshot.SnapshotTypeError):
         snapshot.save(2, {"bad": object()})  # named here too, not first at a restart under @torchrun
+
+
+@pytest.mark.parametrize("why, said", [
+    (OFF_BY_SETTING, "snapshots are off for this step (`@torchrun(snapshots=False)`)"),
+    (OFF_NO_RESTARTS, "snapshots are off for this step: they serve an in-step restart, and it allows none"),
+])
+def test_under_torchrun_with_snapshots_off_rank_0_of_the_first_start_says_why_once(monkeypatch, capsys, why, said):
+    """The runtime's reason in words, never the variable's name; once a run, not once a rank or a start."""
+    monkeypatch.delenv(SNAPSHOT_ENV, raising=False)
+    monkeypatch.setenv(SNAPSHOTS_OFF_ENV, why)
+    for rank, restart, says in (("0", "0", 1), ("1", "0", 0), ("0", "1", 0)):
+        snapshot._said.clear()
+        monkeypatch.setenv("RANK", rank)
+        monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", restart)
+        assert snapshot.save(0, {"w": torch.ones(2)}) is False and snapshot.load() is None
+        err = capsys.readouterr().err
+        assert err.count(said) == says and SNAPSHOT_ENV not in err, (rank, restart, err)
+    monkeypatch.setenv(SNAPSHOTS_OFF_ENV, OFF_ON_NODE)  # one node's store: each node's local rank 0 says it
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    snapshot._said.clear()
+    assert snapshot.load() is None and "snapshots are off on this node" in capsys.readouterr().err
 
 
 def test_a_store_gone_costs_the_training_nothing(store, capsys):

@@ -19,7 +19,7 @@ import pytest
 
 from metaflow_extensions.torchrun.plugins.torchrun.base.knobs import TRAINER_PROGRESS_ENV, read_knobs
 from metaflow_extensions.torchrun.plugins.torchrun.launch.command import BOOTSTRAP_MODULE
-from metaflow_extensions.torchrun.plugins.torchrun.procs import entry, names, trainer_hooks
+from metaflow_extensions.torchrun.plugins.torchrun.procs import entry, names, trainer_hooks, trainer_snapshots
 from metaflow_extensions.torchrun.plugins.torchrun.procs.trainer_cadence import (CHECKS, MEASURED, Cadence,
                                                                                  chosen_every, every_from_setting)
 
@@ -150,7 +150,8 @@ def test_a_measured_n_saves_first_then_keeps_to_five_percent_taking_the_gangs_la
     assert saving / (40 * 0.100) <= 0.05 + 0.02 * MEASURED / 40  # the measuring saves aside, within 5 %
 
 
-def test_a_measured_n_is_said_again_only_when_it_changes():
+def test_a_measured_n_is_said_once_the_first_time_it_is_chosen():
+    """Chosen again at later checks (here it changes), said at the first only: an HF run said it 5 times."""
     said = []
     clock = Clock()
     cadence = Cadence(None, lambda n: n, said.append, clock)
@@ -162,7 +163,19 @@ def test_a_measured_n_is_said_again_only_when_it_changes():
             clock.now += 0.050
             cadence.saved(0.050)  # saves grew 5x: N goes up, from the mean of the saves but the first
         cadence.resume()
-    assert [s.split(":")[0] for s in said] == ["a snapshot every 2 steps", "a snapshot every 6 steps"], said
+    assert [s.split(":")[0] for s in said] == ["a snapshot every 2 steps"] and cadence.every == 6, said
+
+
+def test_the_interval_is_said_once_a_process_and_not_by_a_restarts_ranks(monkeypatch, capsys):
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.delenv("TORCHELASTIC_RESTART_COUNT", raising=False)
+    trainer_snapshots._said.discard("cadence")
+    trainer_snapshots.say_cadence("a snapshot every 2 steps")
+    trainer_snapshots.say_cadence("a snapshot every 2 steps")  # a second train() in the same script
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
+    trainer_snapshots._said.discard("cadence")
+    trainer_snapshots.say_cadence("a snapshot every 3 steps")  # the restart's ranks chose again
+    assert capsys.readouterr().err.count("a snapshot every") == 1
 
 
 # -- plain values -------------------------------------------------------------------------------

@@ -142,6 +142,13 @@ def test_print_result_is_one_short_line():
     assert repr(result).startswith("TorchrunResult(command=")  # every field, as before
 
 
+def test_print_result_of_a_node_a_spare_replaced_says_taken_out():
+    """Its last start sat out (no exit code): it ran its ranks until the swap, and said `not run`."""
+    out = TorchrunResult(["x"], 1, 3, 2, None, T0, T0 + 9.0, role="out")
+    assert "node 1 of 3, taken out," in str(out) and "not run" not in str(out)
+    assert "node 2 of 3, a spare, not run," in str(TorchrunResult(["x"], 2, 3, 2, None, T0, T0 + 9.0, role="spare"))
+
+
 def test_metaflows_banner_names_this_extension_and_its_version():
     out = subprocess.run([sys.executable, "-c", "from metaflow.metaflow_version import get_version; print(get_version())"],
                          capture_output=True, text=True, timeout=120)

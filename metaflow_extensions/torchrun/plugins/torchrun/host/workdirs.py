@@ -65,7 +65,9 @@ class CallFiles:
 
 
 class StepDir:
-    """A private work directory for what outlives one call (the step's warm process), held until ``close``."""
+    """A private work directory of its own, held until ``close``: for what outlives one call (the step's warm
+    process) or serves a call beside its ranks (its snapshot store's socket). One a killed task left is swept
+    as any work directory is."""
 
     def __init__(self, base: Optional[str] = None):
         self.path = make_work_dir(base, prune=False)

@@ -27,6 +27,11 @@ HOST_ZYGOTE_ENV = "METAFLOW_TORCHRUN_HOST_ZYGOTE"
 SNAPSHOT_ENV = "METAFLOW_TORCHRUN_SNAPSHOT"  # the node's snapshot store's socket (gang/snapshot_store.py)
 # @torchrun(snapshots=N): the trainers' callbacks snapshot every N steps ("" or "0": chosen from a save's cost).
 SNAPSHOT_EVERY_ENV = "METAFLOW_TORCHRUN_SNAPSHOT_EVERY"
+# Under @torchrun with no store (SNAPSHOT_ENV unset): why, for the one line a rank says of it.
+SNAPSHOTS_OFF_ENV = "METAFLOW_TORCHRUN_SNAPSHOTS_OFF"
+OFF_BY_SETTING = "setting"  # @torchrun(snapshots=False)
+OFF_NO_RESTARTS = "restarts"  # restarts=0: a snapshot serves an in-step restart only
+OFF_ON_NODE = "node"  # the node's store could not start (the task said why)
 # A warm process's comm: a supervisor does not count another node's, forked from its own, as its own.
 ZYGOTE_NAME = b"mftr-zygote"
 # torch's own, set by the plan.

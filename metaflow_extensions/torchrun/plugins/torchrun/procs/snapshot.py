@@ -21,8 +21,9 @@ the node keeps it once per local rank, and any node's copy serves a node that re
 ``replicated=False`` is for a rank's own shard (FSDP, DTensor: its local shard is kept), each
 also copied to a buddy node. Pass the same ``replicated`` to ``load`` as to ``save``.
 
-Outside ``@torchrun`` (no store in ``SNAPSHOT_ENV``) ``save`` keeps nothing and ``load`` returns
-None, said once.
+Outside ``@torchrun``, or under it with snapshots off (no store in ``SNAPSHOT_ENV``), ``save`` keeps
+nothing and ``load`` returns None, said once: under ``@torchrun`` by rank 0 of the first start, with the
+reason the runtime gives in ``SNAPSHOTS_OFF_ENV``.
 """
 
 from __future__ import annotations
@@ -34,7 +35,8 @@ import threading
 from typing import Any, Dict, List, Optional, Set, Tuple
 
 from . import snapshot_codec as codec
-from .names import RESTART_COUNT_ENV, SNAPSHOT_ENV
+from .names import (OFF_BY_SETTING, OFF_NO_RESTARTS, OFF_ON_NODE, RESTART_COUNT_ENV, SNAPSHOT_ENV,
+                    SNAPSHOTS_OFF_ENV)
 from .snapshot_client import Loaded, StoreClient, StoreError
 from .snapshot_saver import Saver
 from .snapshot_wire import key_for
@@ -57,12 +59,38 @@ def _say(text: str, once: Optional[str] = None) -> None:
     sys.stderr.flush()
 
 
+# Why a rank under @torchrun has no store (SNAPSHOTS_OFF_ENV), as its one line says it.
+_OFF = {
+    OFF_BY_SETTING: "snapshots are off for this step (`@torchrun(snapshots=False)`)",
+    OFF_NO_RESTARTS: "snapshots are off for this step: they serve an in-step restart, and it allows none "
+                     "(`@torchrun(restarts=N)` turns them on)",
+    OFF_ON_NODE: "snapshots are off on this node: its store could not start (the step's log says why)",
+}
+NO_STORE = ": save() keeps nothing and load() returns None"
+
+
 def _store_path() -> Optional[str]:
     path = os.environ.get(SNAPSHOT_ENV, "")
     if not path:
-        _say("no @torchrun snapshot store here (%s is unset): save() keeps nothing and load() returns None"
-             % SNAPSHOT_ENV, once="no store")
+        why = os.environ.get(SNAPSHOTS_OFF_ENV)
+        if why is None:  # not under @torchrun: every process of a plain run says it once
+            _say("no @torchrun snapshot store here (this process does not run under @torchrun)" + NO_STORE,
+                 once="no store")
+        elif _says_for_the_gang(why):
+            _say(_OFF.get(why, "snapshots are off for this step") + NO_STORE, once="no store")
     return path or None
+
+
+def _says_for_the_gang(why: str) -> bool:
+    """Once a run, not once a rank: rank 0 of the first start (where a node's store is off, its local rank 0)."""
+    if why == OFF_ON_NODE:
+        return _env_int("LOCAL_RANK") == 0
+    return _env_int("RANK") == 0 and not restarted()
+
+
+def restarted() -> bool:
+    """Whether this process is a restart's (the gang's restart, or torch's own): where a resume is said."""
+    return _env_int(RESTART_COUNT_ENV) > 0
 
 
 def _identity() -> Tuple[int, int, int]:
@@ -122,6 +150,8 @@ def load(replicated: bool = True) -> Optional[Tuple[int, Any]]:
 
     Under a gang of more than one rank, call it after ``init_process_group`` and on every rank: the
     ranks agree on the step through two small collectives. The state's tensors are on the CPU.
+    A restart's first load is a resume, and rank 0 says where it resumed; any other call (mid-run, or
+    on a first start) returns the same and says nothing: nothing was restarted.
     """
     path = _store_path()
     rank, local_rank, world = _identity()
@@ -150,12 +180,12 @@ def _load(client: Optional[StoreClient], key: str, rank: int) -> Optional[Tuple[
         read = _read(client, key, step, rank) if client else None
         if _everyone(read is not None):
             assert read is not None
-            if rank == 0:
-                _say(resumed_line(step, read[1]))
+            if rank == 0 and restarted():  # a first start's load, or a later one, resumes nothing
+                _say(resumed_line(step, read[1]), once="resumed")
             return read[0]
         common.discard(step)
-    if rank == 0 and client is not None and _env_int(RESTART_COUNT_ENV) > 0:  # a first start has none to find
-        _say("no snapshot in memory that every rank holds: resuming from your checkpoint")
+    if rank == 0 and client is not None and restarted():  # a first start has none to find
+        _say("no snapshot in memory that every rank holds: resuming from your checkpoint", once="resumed")
     return None
 
 

@@ -47,7 +47,8 @@ def chosen_every(save_seconds: List[float], step_seconds: List[float], budget: f
 
 class Cadence:
     """One rank's schedule. ``agree`` takes this rank's N and returns the gang's (the largest);
-    ``say`` is rank 0's voice (a no-op elsewhere)."""
+    ``say`` is rank 0's voice (a no-op elsewhere), given the first N chosen only: each later choice is
+    measured on more steps and may differ by a step or two, and a line per choice was a line per check."""
 
     def __init__(self, every: Optional[int], agree: Callable[[int], int], say: Callable[[str], None],
                  clock: Callable[[], float] = time.perf_counter) -> None:
@@ -56,7 +57,7 @@ class Cadence:
         self._agree, self._say, self._clock = agree, say, clock
         self._calls = 0
         self._since: Optional[float] = None  # when training went on after the last call
-        self._said: Optional[int] = None
+        self._said = False
         self.save_seconds: List[float] = []
         self.step_seconds: List[float] = []
 
@@ -84,8 +85,8 @@ class Cadence:
 
     def _choose(self) -> None:
         self.every = self._agree(chosen_every(self.save_seconds, self.step_seconds))
-        if self.every != self._said and self.save_seconds and self.step_seconds:
-            self._said = self.every
+        if not self._said and self.save_seconds and self.step_seconds:
+            self._said = True
             save = statistics.fmean(self.save_seconds[1:] or self.save_seconds)
             step = statistics.median(self.step_seconds)
             self._say("a snapshot every %d step%s: a save costs %.1f ms, a step %.1f ms (at most %d %% of the "

@@ -80,7 +80,16 @@ def new_cadence() -> Optional[Cadence]:
     except ValueError as e:
         say("%s=%s: trainer snapshots are off" % (SNAPSHOT_EVERY_ENV, e), once="every", everyone=True)
         return None
-    return Cadence(every, gang_max, lambda text: say(text, once=None))
+    return Cadence(every, gang_max, say_cadence)
+
+
+def say_cadence(text: str) -> None:
+    """The interval chosen, once a run: by the first start (a restart's ranks choose again, silently) and
+    once a process (a script that trains twice)."""
+    from . import snapshot  # the rank's start (the bootstrap installs this module) stays light
+
+    if not snapshot.restarted():
+        say(text, once="cadence")
 
 
 def first_load() -> bool:

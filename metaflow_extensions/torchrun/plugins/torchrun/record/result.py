@@ -171,8 +171,10 @@ class TorchrunResult:
                 if r.swapped_out is not None and r.swapped_in is not None][-SWAPS_IN_RECORD:]
 
     def __str__(self) -> str:
-        """One short line (``print(result)``); ``repr`` keeps every field."""
-        code = "not run" if self.exit_code is None else "exit code %d" % self.exit_code
+        """One short line (``print(result)``); ``repr`` keeps every field. A node benched as the call ended
+        says so: one taken out ran its ranks until the swap (its last start sat out, so no exit code)."""
+        code = ("taken out" if self.role == "out" else "a spare, not run" if self.role == "spare"
+                else "not run" if self.exit_code is None else "exit code %d" % self.exit_code)
         return "TorchrunResult(node %d of %d, %s, %d ranks here, %.1f s, logs: %s)" % (
             self.node_index, self.num_nodes, code, len(self.ranks), self.duration, self.log_dir or "none")
 

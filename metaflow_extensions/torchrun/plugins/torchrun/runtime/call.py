@@ -42,9 +42,10 @@ class CallRun:
         self.index = index
         self.began = time.time()
         self.deadlines = deadlines  # the preflight job's own deadlines; None: a user's call
-        every = session.context.defaults.snapshot_every if deadlines is None else None  # none for the preflight's job
-        snapshots = CallSnapshots(client, index, every, session.context.defaults.snapshot_memory,
-                                  session.context.route[0] or "0.0.0.0")
+        context = session.context
+        every = context.defaults.snapshot_every if deadlines is None else None  # none for the preflight's job
+        snapshots = CallSnapshots(client, index, every, context.defaults.snapshot_memory,
+                                  context.route[0] or "0.0.0.0", context.defaults.restarts, context.host_base)
         self.launch = NodeLaunch(session, plan, index, snapshots)  # what each start of the ranks is made of
         self.restarts = CallRestarts()  # the gang's in-step restarts of the ranks
         self.stacks = CallStacks()  # where the ranks were when the job was stopped

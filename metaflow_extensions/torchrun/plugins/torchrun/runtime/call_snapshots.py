@@ -2,12 +2,16 @@
 port goes with the ``call``), told where its peers are as the gang says it, its socket in every start's
 environment, and closed with the call, every snapshot freed. A restart or a swap finds the store as the
 replaced ranks left it: that is what lets the new ranks resume at the step they failed on.
+
+The store's socket is in a work directory of its own under the task's private base, held "in use" while
+the store runs (``host/workdirs.StepDir``): ``close`` removes it, and where a task ends without closing it
+(SIGKILLed: a node lost, a pod deleted; the default action of a SIGTERM), the next call on the host sweeps
+it with the other work directories no live process holds. (It was a ``mkdtemp`` in TMPDIR: each task
+killed with a store left a ``mftr-snap-*`` there for good.)
 """
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Dict, Optional, Tuple
 
@@ -15,7 +19,8 @@ from ..base import defaults as DEFAULTS
 from ..gang import messages as msg
 from ..gang.client import GangClient
 from ..host.console import say
-from ..procs.names import SNAPSHOT_EVERY_ENV
+from ..host.workdirs import StepDir
+from ..procs.names import OFF_BY_SETTING, OFF_NO_RESTARTS, OFF_ON_NODE, SNAPSHOT_EVERY_ENV, SNAPSHOTS_OFF_ENV
 
 if TYPE_CHECKING:
     from ..gang.snapshot_store import SnapshotStore
@@ -51,17 +56,20 @@ def budget_bytes(memory: Optional[float], available: Optional[Callable[[float], 
 
 
 class CallSnapshots:
-    """``every``: the step's setting (None: off, and this does nothing); ``memory``: its budget setting."""
+    """``every``: the step's setting (None: off, and this does nothing); ``memory``: its budget setting;
+    ``restarts``: the step's (why snapshots are off, for the ranks); ``base``: the task's private base."""
 
     def __init__(self, client: GangClient, index: int, every: Optional[int], memory: Optional[float],
-                 bind: str) -> None:
+                 bind: str, restarts: int = 0, base: Optional[str] = None) -> None:
         self.client = client
         self.index = index
         self.every = every
         self.memory = memory
         self.bind = bind  # the address this node's peers reach it at
+        self.restarts = restarts
+        self.base = base
         self.store: Optional[SnapshotStore] = None
-        self._directory: Optional[str] = None
+        self._directory: Optional[StepDir] = None
         self._told: Optional[msg.SnapshotPeers] = None  # the peers the store was last given
         self._last: Optional[tuple] = None  # the store's latest load, once reported
         self._start: Tuple[int, Optional[int]] = (0, None)  # the running start, and the newest step before it
@@ -72,9 +80,9 @@ class CallSnapshots:
             return None
         from ..gang.snapshot_store import SnapshotStore  # a step with snapshots off never loads them
 
-        self._directory = tempfile.mkdtemp(prefix="mftr-snap-")  # short: a Unix socket's path is at most 107 bytes
         try:
-            self.store = SnapshotStore(self._directory, budget=budget_bytes(self.memory),
+            self._directory = StepDir(self.base)  # a socket path of any length binds (host/unix_socket.py)
+            self.store = SnapshotStore(self._directory.path, budget=budget_bytes(self.memory),
                                        peer=self._key(), host=self.bind)
         except OSError as e:  # no room for a socket, or a platform without it: training goes on without
             say("call %d: in-memory snapshots are off on this node: %s" % (self.index + 1, e))
@@ -89,9 +97,11 @@ class CallSnapshots:
         return PeerKey(client.secret, client.config.gang_id, client.node_index) if client.secret else None
 
     def environ(self) -> Dict[str, str]:
-        """What every start's ranks get: the store's socket, the trainers' interval ("0": from a save's cost)."""
+        """What every start's ranks get: the store's socket, the trainers' interval ("0": from a save's cost);
+        with no store, why not (``snapshot.save``/``load`` say it once, in words, not by a variable's name)."""
         if self.store is None:
-            return {}
+            why = OFF_ON_NODE if self.every is not None else OFF_BY_SETTING if self.restarts else OFF_NO_RESTARTS
+            return {SNAPSHOTS_OFF_ENV: why}
         return dict(self.store.environ(), **{SNAPSHOT_EVERY_ENV: str(self.every or 0)})
 
     def follow(self) -> None:
@@ -137,6 +147,6 @@ class CallSnapshots:
         store, self.store = self.store, None
         if store is not None:
             store.close()
-        if self._directory:
-            shutil.rmtree(self._directory, ignore_errors=True)
-            self._directory = None
+        directory, self._directory = self._directory, None
+        if directory is not None:
+            directory.close()
