@@ -70,8 +70,11 @@ def _restart_record(gang):
 def test_a_killed_rank_resumes_at_its_last_snapshot_and_a_torn_one_is_never_loaded(gang, uninterrupted):
     """Start 0: rank 3 dies in its save of step 5, its snapshot torn, so every rank resumes at step 4,
     which all of them hold whole. Start 1: rank 1 dies after step 7 saved; start 2 resumes there, 0 steps
-    lost. The final weights are an unbroken run's, bit for bit."""
-    text = _run(gang, {"restarts": 2}, "--kills", "0:3:%d:save,1:1:7" % KILL_AFTER)
+    lost. The final weights are an unbroken run's, bit for bit. Start 0's ranks also call load() after
+    step 3: the newest step every rank holds, said as no resume (it was `resumed at step 3 ...`)."""
+    text = _run(gang, {"restarts": 2}, "--kills", "0:3:%d:save,1:1:7" % KILL_AFTER, "--load-mid", "3")
+    assert gang.reports("mid-load-rank-") == {r: {"step": 3} for r in range(4)}
+    assert "resumed at step 3" not in text, text[-3000:]
     after_torn, after_kill = _starts(gang, 1), _starts(gang, 2)
     assert sorted(after_torn) == sorted(after_kill) == [0, 1, 2, 3], (after_torn, after_kill)
     assert all(s["from_memory"] and s["resumed"] == KILL_AFTER - 1 for s in after_torn.values()), after_torn
@@ -103,5 +106,6 @@ def test_a_spare_resumes_from_the_replaced_nodes_state_held_on_a_peer(gang, unin
     assert all(s["from_memory"] and s["resumed"] == KILL_AFTER for s in starts.values()), starts
     assert "resumed at step %d from memory" % KILL_AFTER in text, text[-3000:]
     assert _final(gang) == uninterrupted
-    restart = _restart_record(gang)[0][0]
+    restart = _restart_record(gang)[0][0]  # the control's record: whose copy the spare fetched, as the docs say
     assert restart["swapped_in"] == 2 and restart["resumed_step"] == KILL_AFTER, restart
+    assert restart["resumed_from"] == 0, restart  # node 1's buddy, which holds the replicated state too

@@ -10,7 +10,8 @@ Failures: --kill-rank SIGKILLs itself after step --kill-after of the starts in -
 "restart:rank:step[:save]" each; --bad-node: every rank started on that Metaflow node SIGKILLs
 itself after step --kill-after (a bad machine, for a spare).
 Each start writes what it resumed from (start-<restart>-rank-<R>.json); rank 0 writes the final
-weights' digest (final.json)."""
+weights' digest (final.json). --load-mid K: every rank calls load() mid-run on the first start, after its
+save of step K (a call that resumes nothing)."""
 
 import argparse
 import hashlib
@@ -37,6 +38,8 @@ p.add_argument("--kills", default="", help="restart:rank:step[:save],... (instea
 p.add_argument("--bad-node", type=int, default=-1)
 p.add_argument("--step-sleep", type=float, default=0.0)
 p.add_argument("--mark-steps", action="store_true", help="each rank writes its latest step (at-rank-<R>.json)")
+p.add_argument("--load-mid", type=int, default=-1,
+               help="on the first start every rank calls load() after its save of this step (mid-load-rank-<R>.json)")
 args = p.parse_args()
 
 restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
@@ -111,6 +114,9 @@ for step in range(first, args.steps):
         snapshot_saver.copy_in = copy_half_then_die
     if done % args.every == 0:
         save(done, {"model": model.state_dict(), "opt": opt.state_dict()})
+    if restart == 0 and done == args.load_mid:  # nothing restarted: what load() returns, and it claims no resume
+        mid = load()
+        write_json("mid-load-rank-%d.json" % rank(), {"step": mid[0] if mid is not None else None})
     if failing_step(done):
         dist.barrier()  # every rank has saved step `done` before one dies
         if dies_now(done):
