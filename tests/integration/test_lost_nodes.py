@@ -34,6 +34,8 @@ result = {'successful': run.successful, 'count': join['count'].data, 'roles': jo
           'tasks': sorted((t['node'].data, t.successful) for t in run['train'])}
 control = [t for t in run['train'] if '_node_' not in t.id][0]
 result['restarts'] = json.loads(control.metadata_dict['torchrun-result'])['in_step_restarts']
+from metaflow_extensions.torchrun.history import history  # what `torchrun history --json` prints
+result['history'] = {h['host']: h['roles'] for h in history('LostNodeFlow', last=1)['hosts']}
 """
 
 
@@ -81,6 +83,11 @@ def _lose_node(gang, attrs, node):
     return text
 
 
+def _history_of(joined, node):
+    """A local node's roles in the run's node history: this host's name, then its index (`vm (node 1)`)."""
+    return next(roles for host, roles in joined["history"].items() if host.endswith("(node %d)" % node))
+
+
 def _starts(gang, restart):
     return gang.reports("start-%d-rank-" % restart)
 
@@ -102,6 +109,8 @@ def test_a_lost_node_is_replaced_by_the_spare_and_comes_back_as_one(gang):
     (swap,) = joined["restarts"]  # the control's record, which the card and the ledger are drawn from
     assert swap["kind"] == "node_lost" and swap["swapped_out"] == 1 and swap["swapped_in"] == 2, swap
     assert swap["resumed_step"] >= 3 and swap["steps_lost"] == 0, swap
+    # The node history names the lost node, though it came back and the step succeeded (was: a bystander).
+    assert _history_of(joined, 1) == {"lost": 1}, joined["history"]
 
 
 def test_without_a_spare_the_gang_goes_on_smaller_and_grows_back(gang):
@@ -125,4 +134,5 @@ def test_without_a_spare_the_gang_goes_on_smaller_and_grows_back(gang):
     assert lost["kind"] == "node_lost" and "the gang trains on without it, on 2 nodes" in lost["stopped"], lost
     # Right after a snapshot: at most the step the ranks saved while they were told to stop (1 under load).
     assert regrown["kind"] == "regrown" and regrown["steps_lost"] <= 1, regrown
+    assert _history_of(joined, 2) == {"lost": 1}, joined["history"]  # the gang went on without it
 

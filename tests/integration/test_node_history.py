@@ -124,22 +124,20 @@ def local_spares(tmp_path_factory):
     assert not leaked, leaked
 
 
-def test_a_local_run_with_spares_warns_only_against_the_node_that_failed(local_spares):
+def test_a_local_runs_history_neither_warns_nor_reorders_its_gang(local_spares):
+    """Every node shares this machine's host name, so the history cannot tell which machine node 1 was:
+    node 1's two swaps are in `torchrun history`, and the third run's gang is as the user wrote it (was: a
+    long warning, and node 1 silently the spare, said after training had begun)."""
     gang, runs = local_spares
     for proc in runs:
         assert proc.returncode == 0, output(proc)[-4000:]
-    first, second, third = (without_task_prefix(output(p)) for p in runs)
-    for text in (first, second):
+    texts = [without_task_prefix(output(p)) for p in runs]
+    for text in texts:
         assert "call 1: node 1 (" in text and ") taken out, spare node 2 (" in text, text[-4000:]
-    assert _flagged(first) == [] and _flagged(second) == [], second[-4000:]
-    # Every node shares this machine's host name: node 1 failed twice, nodes 0 and 2 never did.
-    assert _flagged(third) == [1], third[-4000:]
-    # Node 1 starts as the spare: nothing failed, nothing was swapped.
-    assert "preflight: node 1 (" in third and "starts as a spare" in third, third[-4000:]
-    assert "brought in" not in third and "restart 1 of" not in third, third[-4000:]
+        assert _flagged(text) == [] and "starts as a spare" not in text and "was blamed in" not in text, text[-4000:]
     report = json.loads(_history(gang, "--last", "3", "--json"))
     blamed = {h["host"]: h["blamed"] for h in report["hosts"]}
-    assert sorted(v for v in blamed.values() if v) == [2], report  # node 1's two swaps, nobody else's
+    assert sorted(v for v in blamed.values() if v) == [3], report  # node 1's three swaps, nobody else's
     assert [h for h, v in blamed.items() if v][0].endswith("(node 1)"), report
 
 

@@ -9,7 +9,7 @@ import datetime
 import json
 import os
 import sys
-from typing import TYPE_CHECKING, Any, List, Optional, Sequence
+from typing import TYPE_CHECKING, Any, List, Optional, Sequence, Tuple
 
 from metaflow._vendor import click
 
@@ -20,6 +20,8 @@ if TYPE_CHECKING:
 
 MAX_ROWS = 50
 MAX_CAUSES = 10
+BLAMED_FOR = 120  # a host's row: its causes in this many characters
+MIN_CAUSE = 20  # a second cause with less room than this is left to --json
 
 
 @click.group()
@@ -93,11 +95,11 @@ def table(report: Any) -> List[str]:
                              count(len(hosts), "host")), ""]
     head = ("host", "seen", "blamed", "slow", "last seen", "blamed for")
     rows = [(h["host"], str(h["appearances"]), str(h["blamed"]), str(h["slow"]), _when(h["last_seen"]),
-             "; ".join("%s (%dx)" % kv for kv in sorted(h["causes"].items(), key=lambda kv: -kv[1])[:2]))
+             blamed_for(sorted(h["causes"].items(), key=lambda kv: -kv[1])))
             for h in hosts[:MAX_ROWS]]
     widths = [min(40, max([len(head[i])] + [len(r[i]) for r in rows])) for i in range(len(head) - 1)]
     for row in [head] + rows:
-        lines.append("  ".join(shorten(c, 40).ljust(w) for c, w in zip(row, widths)) + "  " + shorten(row[-1], 120))
+        lines.append("  ".join(shorten(c, 40).ljust(w) for c, w in zip(row, widths)) + "  " + row[-1])
     if len(hosts) > MAX_ROWS:
         lines.append("... %d more hosts (--json lists them all)" % (len(hosts) - MAX_ROWS))
     recurred = [c for c in report["causes"] if c["times"] > 1]
@@ -109,6 +111,21 @@ def table(report: Any) -> List[str]:
             if len(causes) > MAX_CAUSES:
                 lines.append("  ... %d more (--json lists them all)" % (len(causes) - MAX_CAUSES))
     return lines
+
+
+def blamed_for(causes: Sequence[Tuple[str, int]], width: int = BLAMED_FOR, shown: int = 2) -> str:
+    """A host's causes, most frequent first, in ``width`` characters: each cut at most once, where a word
+    ends, its count kept whole (cutting the joined text cut a cut cause again, and its count)."""
+    parts: List[str] = []
+    left = width
+    for cause, times in causes[:shown]:
+        tail = " (%dx)" % times
+        room = left - len(tail) - (2 if parts else 0)
+        if room < MIN_CAUSE:
+            break
+        parts.append(shorten(cause, room) + tail)
+        left -= len(parts[-1]) + (2 if len(parts) > 1 else 0)
+    return "; ".join(parts)
 
 
 def _cause_line(cause: Any) -> str:

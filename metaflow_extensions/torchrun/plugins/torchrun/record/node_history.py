@@ -9,9 +9,11 @@ What is blamed is what failed. A node with a host of its own (each pod's
 Kubernetes node, each Batch instance, each named test host) is its host: the
 machine is what a next attempt can avoid. Nodes that share one host in an
 attempt (every node of a local run) are told apart by their index, as
-``vm (node 1)``: the machine is every node's, and a failure of node 1 says
-nothing of nodes 0 and 2. On a cluster the preflight still counts a shared
-host as one machine (two pods on one bad Kubernetes node).
+``vm (node 1)``, in what the history shows: a failure of node 1 says nothing
+of nodes 0 and 2. The preflight checks neither: on a cluster a shared host is
+one machine (two pods on one bad Kubernetes node), and on a local run the
+nodes that share this machine are not checked at all, since an index names
+no machine (node 1 killed in a test run is not node 1 of the next).
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from ..base.codec import LOCAL, Written
 from ..gang import HostCheck
 from ..base.text import shorten
 from .attempts import Attempt, Previous
-from .node_roles import BLAMED, CULPRIT, OUT, ROLES, SLOW
+from .node_roles import BLAMED, CULPRIT, FROZEN, OUT, ROLES, SLOW, mark_role
 from .result import METADATA_FIELD
 
 # Hosts named in the preflight's lines and in a refusal.
@@ -104,13 +106,12 @@ def appearances(attempts: Iterable[Attempt], flow: str, run: str, step: str) -> 
     out: List[Appearance] = []
     for a in attempts:
         shared = {h for h, n in Counter(n.host for n in a.nodes).items() if n > 1}
-        restarted = restarted_in_place(a)
+        pinned = pinned_in_step(a)
         for n in a.nodes:
-            role, stopped = n.role, a.stopped
-            if role == OUT:
-                stopped = taken_out(a, n)
-            elif role not in BLAMED and n.node in restarted:
-                role, stopped = CULPRIT, "restarted in place: %s" % restarted[n.node]
+            role, stopped = n.role, taken_out(a, n) if n.role == OUT else a.stopped
+            mark = pinned.get(n.node)
+            if mark is not None and _RANK[mark[0]] < _RANK.get(role, len(ROLES)):
+                role, stopped = mark  # what befell it in the step is worse than how the attempt ended for it
             out.append(Appearance(
                 n.host, flow, run, step, a.attempt, role, a.started_at or 0.0,
                 cause=shorten(stopped or "", 300) if role in BLAMED else None, link_gbps=n.link_gbps,
@@ -119,19 +120,26 @@ def appearances(attempts: Iterable[Attempt], flow: str, run: str, step: str) -> 
 
 
 # A restart's summary names the node its cause is pinned to first: "node 1 (vm), rank 1 (...): ...",
-# "node 1: torchrun ended with ..." (errors.node_name, runtime/node_report.py).
+# "node 1: torchrun ended with ...", "node 2 (vm) disconnected ..." (errors.node_name, runtime/node_report.py,
+# gang/handlers.py, gang/silence.py).
 _PINNED = re.compile(r"node (\d+)\b")
 
 
-def restarted_in_place(a: Attempt) -> Dict[int, str]:
-    """node -> the latest cause pinned to it of the attempt's restarts in place. A swap takes its node out
-    (``out``); a rank's failure restarted in place is as much its node's, though no spare took its place.
-    A hang is nobody's (node_roles.py)."""
-    found: Dict[int, str] = {}
+def pinned_in_step(a: Attempt) -> Dict[int, Tuple[str, str]]:
+    """node -> (role, why) of the latest of the attempt's in-step restarts, swaps and losses pinned to it: a
+    node restarted in place for its rank's failure, lost and replaced (or the gang went on without it), frozen,
+    is as much to blame as one the attempt ended on, though it came back or the step went on. The node is the
+    one swapped out, else the one the summary names first; a hang is nobody's (node_roles.mark_role)."""
+    found: Dict[int, Tuple[str, str]] = {}
     for mark in a.restarts:
-        pinned = _PINNED.match(mark.stopped) if mark.swap is None and mark.kind is CauseKind.RANK_FAILED else None
-        if pinned is not None:
-            found[int(pinned.group(1))] = mark.stopped
+        role = mark_role(mark.kind, mark.swapped_in is not None)
+        pinned = _PINNED.match(mark.stopped) if mark.swapped_out is None else None
+        node = mark.swapped_out if mark.swapped_out is not None else int(pinned.group(1)) if pinned else None
+        if role is None or node is None:
+            continue
+        how = "taken out for a spare: " if mark.swapped_in is not None else \
+            "restarted in place: " if role in (CULPRIT, FROZEN) else ""
+        found[node] = (role, how + mark.stopped)
     return found
 
 
@@ -263,10 +271,11 @@ def check(hosts: Mapping[int, str], seen: Sequence[Appearance], threshold: Optio
 
 
 def node_keys(hosts: Mapping[int, str], platform: str) -> Dict[int, str]:
-    """Each node of a gang as the history knows it: its host, where it has the host to itself or the
-    platform gives each node a machine of its own; on a local run's shared host, its index there."""
+    """Each node of a gang the history can check, as it knows it: its host. On a local run, none of the
+    nodes that share this machine: their index names no machine (node 1 killed in a test run is not node 1
+    of the next), so the history neither warns about them nor starts one as a spare."""
     shared = {h for h, n in Counter(hosts.values()).items() if n > 1} if platform == "local" else set()
-    return {node: slot(host, node) if host in shared else host for node, host in hosts.items()}
+    return {node: host for node, host in hosts.items() if host not in shared}
 
 
 def as_machines(seen: Sequence[Appearance]) -> List[Appearance]:
@@ -283,7 +292,7 @@ def as_machines(seen: Sequence[Appearance]) -> List[Appearance]:
 def _flagged(hosts: Mapping[int, str], seen: Sequence[Appearance], threshold: Threshold,
              platform: str) -> List[Tuple[str, List[int], str]]:
     """(what is flagged, its nodes in this gang, why)."""
-    view = seen if platform == "local" else as_machines(seen)
+    view = seen if platform == "local" else as_machines(seen)  # local: a host shared in the past is no host now
     by_key: Dict[str, List[int]] = {}
     for node, key in sorted(node_keys(hosts, platform).items()):
         by_key.setdefault(key, []).append(node)

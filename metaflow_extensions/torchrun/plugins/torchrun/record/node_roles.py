@@ -63,6 +63,19 @@ def blamed_nodes(cause: Optional[Cause], code_failure: bool) -> Dict[int, str]:
     return {n: role for n in nodes if isinstance(n, int) and n >= 0}
 
 
+def mark_role(kind: Optional[CauseKind], swapped: bool) -> Optional[str]:
+    """The role an in-step restart, swap or loss of this kind gives the node it is pinned to (node_history.py):
+    lost or frozen as at an attempt's end; a rank's failure makes it the culprit, or ``out`` where a spare
+    took its place; a straggler swapped out was slow; None where it is nobody's (a hang, a regrowth)."""
+    if kind in _LOST_KINDS:
+        return LOST
+    if kind in _FROZEN_KINDS:
+        return FROZEN
+    if kind is CauseKind.RANK_FAILED:
+        return OUT if swapped else CULPRIT
+    return SLOW if kind is CauseKind.STRAGGLER else None
+
+
 def entries(num_nodes: int, hosts: Mapping[int, str], blamed: Mapping[int, str], slow: Mapping[int, float],
             links: Mapping[int, float], failed_checks: Mapping[int, str],
             tasks: Sequence[str] = (), taken_out: Iterable[int] = ()) -> Tuple[Tuple[NodeEntry, ...], int]:
