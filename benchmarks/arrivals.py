@@ -43,8 +43,8 @@ from metaflow_extensions.torchrun.plugins.torchrun.procs.names import NODE_INDEX
 
 MS = 1_000_000  # ns
 # The console line that names who the gang waits for: one rank ("rank 3 ... is") or a node's ("ranks 2-3 ... are").
-LINE = re.compile(r"^(\S+ \S+) .*@torchrun: ranks? ([\d,-]+) \(node (\d+), [^)]*\) (?:is|are) the last to arrive at "
-                  r"(\d+) % of the collectives the others wait at; they wait (\d+) ms for \w+ at each, ([\d.]+)x", re.M)
+LINE = re.compile(r"^(\S+ \S+) .*@torchrun: ranks? ([\d,-]+) \(node (\d+), [^)]*\) (?:is|are) the ones? the others wait for "
+                  r"at the collectives: (\d+) % of their waiting, (\d+) ms of every second; each step takes ([\d.]+)x", re.M)
 
 # A rank of the cost runs: argv = mode (reads | on | off), out dir, steps.
 RANK_SCRIPT = r'''
@@ -197,14 +197,13 @@ def node_cost(per_node, calls=200):
 
 
 def _record(node, per_node, seq, rng, at_ns):
-    last, who, total = [], [], []
+    last, who, second = [], [], []
     for k in range(SENT):
-        times = [int(rng.uniform(0, 2000)) for _ in range(per_node)]  # µs after the collective's start
-        late = max(range(per_node), key=lambda i: times[i])
-        last.append((seq + k) * 100_000 + times[late])
-        who.append(node * per_node + late)
-        total.append(sum((seq + k) * 100_000 + t for t in times))
-    return NodeArrivals(10 ** 18, at_ns, seq, per_node, tuple(last), tuple(who), tuple(total))
+        times = sorted((int(rng.uniform(0, 2000)), i) for i in range(per_node))  # µs after the collective's start
+        last.append((seq + k) * 100_000 + times[-1][0])
+        who.append(node * per_node + times[-1][1])
+        second.append((seq + k) * 100_000 + times[-2 if per_node > 1 else -1][0])
+    return NodeArrivals(10 ** 18, at_ns, seq, per_node, tuple(last), tuple(who), tuple(second))
 
 
 def control_cost(nodes, per_node, seconds=30, per_second=10, send_every=3):
@@ -316,16 +315,16 @@ class Shadow(threading.Thread):
 
     def _window(self):
         """What the verdict's window holds: the last arrivals per rank, the mean wait and the ratio."""
-        win, waits = list(self.book.window), list(self.book.waits)
+        win = list(self.book.window)
         if len(win) < 2:
             return {}
         per_rank = {}
-        for (_, rank, _, _), wait in zip(win, waits):
-            per_rank.setdefault(rank, []).append(wait)
-        span = (win[-1][3] - win[0][3]) / 1000.0 / max(1, win[-1][0] - win[0][0])
+        for j in win:
+            per_rank.setdefault(j.rank.who, []).append(j.rank.last - j.rank.ref)
+        span = (win[-1].rank.last - win[0].rank.last) / 1e6 / max(1, win[-1].seq - win[0].seq)
         return {"last_at": {r: len(w) for r, w in sorted(per_rank.items())},
-                "mean_wait_ms": {r: round(statistics.mean(w) / 1000.0, 2) for r, w in sorted(per_rank.items())},
-                "collective_ms": round(span / 1000.0, 1)}
+                "mean_lag_ms": {r: round(statistics.mean(w) / 1e6, 2) for r, w in sorted(per_rank.items())},
+                "collective_ms": round(span, 1)}
 
 
 def flow(seconds, slow, extra_timeout=300):
@@ -346,7 +345,7 @@ def flow(seconds, slow, extra_timeout=300):
         shadow.stop.set()
         shadow.join()
         print("named after", said, found, flush=True)
-        one = {"slow_s": slow, "seconds": seconds, "named": len(found), "any_line": text.count("the last to arrive"),
+        one = {"slow_s": slow, "seconds": seconds, "named": len(found), "any_line": text.count("the others wait for at the collectives"),
                "lines": [dict(zip(("rank", "node", "share_pct", "wait_ms", "ratio"), f[1:])) for f in found],
                "named_after_s": said, "shadow": shadow.summary(started)}
         print(one, flush=True)

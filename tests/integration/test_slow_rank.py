@@ -15,8 +15,8 @@ from .helpers import output
 
 pytestmark = pytest.mark.integration
 
-LINE = re.compile(r"^(\S+ \S+) .*@torchrun: rank (\d+) \(node (\d+), [^)]*\) is the last to arrive at (\d+) % of the "
-                  r"collectives the others wait at; they wait (\d+) ms for it at each, ([\d.]+)x", re.M)
+LINE = re.compile(r"^(\S+ \S+) .*@torchrun: rank (\d+) \(node (\d+), [^)]*\) is the one the others wait for at the "
+                  r"collectives: (\d+) % of their waiting, (\d+) ms of every second; each step takes ([\d.]+)x", re.M)
 
 _RECORD = r"""
 t = [t for t in Flow('GangFlow').latest_run['train'] if '_node_' not in t.id][0]
@@ -38,7 +38,7 @@ def test_a_rank_a_quarter_slower_is_named_with_its_node_within_a_minute(gang):
     found = LINE.findall(text)
     assert len(found) == 1, text[-4000:]  # once
     at, rank, node, share, wait, ratio = found[0]
-    assert (rank, node) == ("3", "1") and int(share) >= 75 and 15 <= int(wait) <= 40, found
+    assert (rank, node) == ("3", "1") and int(share) >= 75 and 100 <= int(wait) <= 300, found
     assert 1.1 <= float(ratio) <= 1.45, found
     with open(os.path.join(gang.out, "started.json")) as f:
         started = json.load(f)["at"]
@@ -51,7 +51,7 @@ def test_a_rank_a_quarter_slower_is_named_with_its_node_within_a_minute(gang):
 @pytest.mark.timeout(600)
 def test_an_even_gang_names_nobody_in_five_minutes(gang):
     text = _run(gang, 300)
-    assert not LINE.search(text) and "is the last to arrive" not in text, text[-4000:]
+    assert not LINE.search(text) and "the others wait for" not in text, text[-4000:]
     assert gang.client(_RECORD).get("stragglers") == [], text[-2000:]
 
 
@@ -67,8 +67,9 @@ def test_a_slow_node_is_swapped_for_the_spare_and_the_gang_trains_at_its_pace_ag
     text = output(proc)
     assert proc.returncode == 0, text[-4000:]
     assert re.search(r"call 1: node 1 \([^)]*\) taken out, spare node 2 \([^)]*\) brought in \(restart 1 of 1\): "
-                     r"node 1 \([^,]*, ranks 2-3\) has been the last to arrive at the collectives for \d+ s, the "
-                     r"others waiting \d+ ms for it at each \(swap_stragglers=20s\)", text), text[-4000:]
+                     r"node 1 \([^,]*, ranks 2-3\) has been the one the others wait for at the collectives for \d+ s, "
+                     r"\d+ ms of every second, each step [\d.]+x the time it would take \(swap_stragglers=20s\)", text), \
+        text[-4000:]
     paces = {}
     for restart in (0, 1):
         with open(os.path.join(gang.out, "pace-%d.json" % restart)) as f:

@@ -183,4 +183,4 @@ def test_a_node_the_gang_waited_for_is_marked_where_it_began():
     spec = timeline.spec(timeline.from_result(result, content.gang_ranks(result)))
     marks = [v for layer in spec["layer"] if layer["mark"]["type"] == "text" for v in layer["data"]["values"]
              if "late" in v["label"]]
-    assert marks == [{"at": 3.0, "label": "node 1 late (ranks 2-3): 24 ms a collective"}]  # the host never in it
+    assert marks == [{"at": 3.0, "label": "node 1 late (ranks 2-3): 24 ms a second"}]  # the host never in it

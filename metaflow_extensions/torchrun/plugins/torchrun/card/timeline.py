@@ -104,14 +104,14 @@ def from_result(result: Any, ranks: Mapping[int, Sequence[Any]]) -> Gang:
 
 def late_of(result: Any) -> List[Tuple[float, str]]:
     """Where the gang began to wait for a node at the collectives (the arrival signal): ``node 1 late
-    (ranks 2-3): 24 ms a collective`` (numbers only, never a host's text)."""
+    (ranks 2-3): 190 ms a second`` (numbers only, never a host's text)."""
     found = []
     for s in (result.progress.stragglers if result.progress is not None else ()):
         at, node = _number(s.since), _index(s.node_index)
         if at is None or node is None or s.signal != SIGNAL_ARRIVAL:
             continue
         ranks = "".join(c for c in str(s.ranks) if c.isdigit() or c in ",-")[:32]
-        found.append((at, "node %d late (ranks %s): %.0f ms a collective" % (node, ranks, _number(s.wait_ms) or 0.0)))
+        found.append((at, "node %d late (ranks %s): %.0f ms a second" % (node, ranks, _number(s.wait_ms) or 0.0)))
     return sorted(found)[-SWAP_MARKS:]
 
 

@@ -1,21 +1,23 @@
-"""Who the gang waits for: the rank that reaches the collectives last.
+"""Who the gang waits for: the rank that reaches the collectives last, and what that costs a step.
 
 In a job whose every step ends in a collective, the ranks leave each collective together, so their
 step rates are all the slowest rank's. When each rank *arrived* tells them apart: a rank that is
-consistently the last to enqueue a collective is the one the others wait for.
+consistently the last to reach the collectives is the one the others wait for.
 
 - a rank: procs/arrivals.py writes when it enqueued its newest collectives (the Flight Recorder's
   ``time_created_ns``, the host's wall clock);
 - a node: ``ArrivalTracker`` folds its ranks' files into one ``NodeArrivals`` per heartbeat that carries
   progress: for each of the newest ``SENT`` collectives every local rank reached, the node's latest
-  arrival, whose it was, and the sum of its ranks' arrivals. Constant per node: the control joins the
-  nodes' records with no rank's own list;
+  arrival, whose it was, and its second-latest. Constant per node: the control joins the nodes'
+  records with no rank's own list;
 - the control: ``ArrivalBook`` puts each node's times on its own clock (``recv - sent``, the least over
   the recent heartbeats: the clock offset plus the shortest one-way delay, well under a millisecond on
-  a LAN), joins the nodes per collective, and names a rank that arrives last at ``SHARE`` of the recent
-  collectives while the others lose at least ``RATIO`` of their time waiting for it, for ``SUSTAIN``
-  seconds, past a start's first ``WARMUP_NS``. In an even gang the ranks take turns at being last, and
-  nobody is named.
+  a LAN), joins the nodes per collective into the last arrival and the latest of the others', and
+  gang/arrival_cost.py turns a window of them into what the last rank costs the others per step,
+  whether they wait for it at every collective or once a step (DDP's buckets). A rank whose lags make
+  ``SHARE`` of all the waiting and each step ``RATIO`` times longer, for ``SUSTAIN`` seconds, past a
+  start's first ``WARMUP_NS``, is named. In an even gang the ranks take turns at being last, and nobody
+  is named.
 """
 
 from __future__ import annotations
@@ -27,16 +29,16 @@ from typing import Annotated, Deque, Dict, List, Optional, Tuple
 
 from ..base.codec import Int, Items, Record
 from ..procs.arrivals import read_arrivals
+from .arrival_cost import Arrival, Cost, cost, pair
 from .wire import ProtocolError
 
 SENT = 48  # collectives a node's record holds, the newest its ranks all reached
 MAX_US = 1 << 40  # an arrival's offset from the record's first, in microseconds
 RANK_LIMIT = 1 << 31
-WINDOW = 200  # the collectives a verdict looks at, the newest
-MIN_SEEN = 30  # no verdict on fewer
-MATERIAL_US = 1000  # a wait this long or longer (and RATIO - 1 of a collective's time) is one spent on the late rank
-SHARE = 0.75  # a rank last at this share of the collectives where the others waited ...
-RATIO = 1.05  # ... whose wait costs the others this much of their time ...
+WINDOW = 400  # the collectives a verdict looks at, the newest
+MIN_SEEN = 40  # no verdict on fewer intervals
+SHARE = 0.75  # a rank whose lags make this share of all the others' waiting ...
+RATIO = 1.05  # ... and each step this many times longer than it would be ...
 SUSTAIN = 20.0  # ... for this many seconds in a row is named (under heavy load a CPU-starved node flickered 8 s)
 # A start's first collectives are not its pace: its nodes still start up side by side (a local run's other
 # node's task, a data loader's workers, a first compile). Those of its first WARMUP seconds are not counted.
@@ -49,9 +51,10 @@ Micros = Tuple[Annotated[int, Int(0, MAX_US)], ...]
 
 @dataclass(frozen=True)
 class NodeArrivals(Record):
-    """Collectives ``seq``, ``seq + 1``, ... as one node's ranks reached them: for each, its latest arrival
-    (``last``, µs after ``base``, the node's wall clock in ns), whose (``who``, a global rank) and the sum of
-    its ``ranks`` ranks' arrivals (``total``, µs after ``base``); ``sent``: the node's clock as it sampled."""
+    """Collectives ``seq``, ``seq + 1``, ... as one node's ``ranks`` ranks reached them: for each, its latest
+    arrival (``last``, µs after ``base``, the node's wall clock in ns), whose (``who``, a global rank) and the
+    second-latest (``second``, µs after ``base``; ``last`` on a node of one rank); ``sent``: the node's clock
+    as it sampled."""
 
     ERROR = ProtocolError
     base: Annotated[int, Int(0, 1 << 62)]
@@ -60,11 +63,13 @@ class NodeArrivals(Record):
     ranks: Annotated[int, Int(1, 1 << 20)]
     last: Annotated[Micros, Items(SENT)] = ()
     who: Annotated[Tuple[Annotated[int, Int(0, RANK_LIMIT - 1)], ...], Items(SENT)] = ()
-    total: Annotated[Tuple[Annotated[int, Int(0, 1 << 62)], ...], Items(SENT)] = ()
+    second: Annotated[Micros, Items(SENT)] = ()
 
     def problem(self) -> Optional[str]:
-        if not len(self.last) == len(self.who) == len(self.total):
+        if not len(self.last) == len(self.who) == len(self.second):
             return "arrivals of unequal lengths"
+        if any(b > a for a, b in zip(self.last, self.second)):
+            return "a second-latest arrival after the latest"
         return None
 
 
@@ -96,14 +101,13 @@ class ArrivalTracker:
         if len(seqs) != newest - first + 1:
             seqs = seqs[seqs.index(max(s for s in seqs if s - 1 not in common)):]  # a run without gaps
         base = min(each[r][s] for r in each for s in seqs)
-        last, who, total = [], [], []
+        last, who, second = [], [], []
         for s in seqs:
-            at = {r: each[r][s] for r in each}
-            late = max(at, key=lambda r: (at[r], r))
-            last.append(min(MAX_US, (at[late] - base) // 1000))
-            who.append(late)
-            total.append(sum(min(MAX_US, (t - base) // 1000) for t in at.values()))
-        return NodeArrivals(base, self.clock_ns(), seqs[0], len(each), tuple(last), tuple(who), tuple(total))
+            order = sorted(each, key=lambda r: (each[r][s], r))
+            last.append(min(MAX_US, (each[order[-1]][s] - base) // 1000))
+            who.append(order[-1])
+            second.append(min(MAX_US, (each[order[-2 if len(order) > 1 else -1]][s] - base) // 1000))
+        return NodeArrivals(base, self.clock_ns(), seqs[0], len(each), tuple(last), tuple(who), tuple(second))
 
 
 # -- on the control -----------------------------------------------------------------------------------
@@ -112,8 +116,8 @@ class ArrivalTracker:
 @dataclass(frozen=True)
 class ArrivalVerdict:
     """Who the others wait for, over the window: one rank, or the ranks of one node (a slow machine: its
-    ranks take turns at being the last), with its share of the last arrivals where the others waited, their
-    mean wait for it (ms) and how much longer each collective took for it (``ratio``)."""
+    ranks take turns at being the last), with its share of all the waiting, the others' wait for it (ms of
+    each second) and the step-time ratio it causes (``ratio``)."""
 
     ranks: Tuple[int, ...]
     node: int
@@ -131,6 +135,28 @@ class ArrivalVerdict:
         return ",".join(map(str, self.ranks))
 
 
+class Joined:
+    """One collective over the gang: the rank view (the last rank against the second-latest) and the node
+    view (the last node against the latest of the others); ``node`` is the last rank's."""
+
+    __slots__ = ("seq", "rank", "node", "of_node")
+
+    def __init__(self, seq: int, rank: Arrival, node: Optional[Arrival], of_node: int) -> None:
+        self.seq, self.rank, self.node, self.of_node = seq, rank, node, of_node
+
+
+def join(seq: int, times: Dict[int, Tuple[float, int, float, int]]) -> Optional[Joined]:
+    """``times``: node -> (its latest arrival, whose, its second-latest, its ranks), on one clock."""
+    if sum(count for _, _, _, count in times.values()) < 2:
+        return None
+    node = max(times, key=lambda n: (times[n][0], -n))
+    last, who, second, count = times[node]
+    others = [times[n][0] for n in times if n != node]
+    ref = max(others + ([second] if count > 1 else []))
+    by_node = Arrival(last, node, max(others)) if others else None
+    return Joined(seq, Arrival(last, who, ref), by_node, node)
+
+
 class ArrivalBook:
     """The control's join of the nodes' records, per start of the ranks (numbers begin again)."""
 
@@ -138,15 +164,14 @@ class ArrivalBook:
         self.clock_ns = clock_ns
         self.nodes: Dict[int, NodeArrivals] = {}
         self.gaps: Dict[int, Deque[int]] = {}  # node -> recent (recv - sent), ns
-        self.window: Deque[Tuple[int, int, int, float]] = deque(maxlen=WINDOW)  # (seq, rank, node, at ns)
-        self.waits: Deque[float] = deque(maxlen=WINDOW)  # µs the others waited at each, for its last
+        self.window: Deque[Joined] = deque(maxlen=WINDOW)
         self.tallied = -1
         self.first_ns: Optional[float] = None  # the start's first collective, on the control's clock
+        self.last_verdict: Tuple[object, Optional[ArrivalVerdict]] = (None, None)
 
     def new_start(self) -> None:
         self.nodes.clear()
         self.window.clear()
-        self.waits.clear()
         self.tallied = -1
         self.first_ns = None
 
@@ -169,64 +194,48 @@ class ArrivalBook:
         self.tallied = max(self.tallied, hi)
 
     def _one(self, seq: int, records: Dict[int, NodeArrivals]) -> None:
-        late: Optional[Tuple[float, int, int]] = None
-        total, count = 0.0, 0
+        times = {}
         for node, r in records.items():
             i = seq - r.seq
             shift = r.base + min(self.gaps[node])  # the node's clock on the control's
-            at = shift + r.last[i] * 1000.0
-            if late is None or at > late[0]:
-                late = (at, r.who[i], node)
-            total += r.ranks * shift + r.total[i] * 1000.0
-            count += r.ranks
-        if late is None or count < 2:
+            times[node] = (shift + r.last[i] * 1000.0, r.who[i], shift + r.second[i] * 1000.0, r.ranks)
+        joined = join(seq, times)
+        if joined is None:
             return
         if self.first_ns is None:
-            self.first_ns = late[0]
-        if late[0] - self.first_ns < WARMUP_NS:
-            return
-        others = (total - late[0]) / (count - 1)
-        self.window.append((seq, late[1], late[2], late[0]))
-        self.waits.append(max(0.0, (late[0] - others) / 1000.0))
+            self.first_ns = joined.rank.last
+        if joined.rank.last - self.first_ns >= WARMUP_NS:
+            self.window.append(joined)
 
     def verdict(self) -> Optional[ArrivalVerdict]:
-        """The rank the others waited for most, or else the node, where it was last at ``SHARE`` or more of the
-        collectives at which they waited (long enough to count) and that wait costs them ``RATIO``; else None."""
-        if len(self.window) < MIN_SEEN:
-            return None
-        by_rank = [(rank, wait) for (_, rank, _, _), wait in zip(self.window, self.waits)]
-        by_node = [(node, wait) for (_, _, node, _), wait in zip(self.window, self.waits)]
-        for key, pairs in ((0, by_rank), (1, by_node)):
-            found = self._culprit(pairs)
-            if found is None:
-                continue
-            who, share, mean_wait, ratio = found
-            entries = [e for e in self.window if e[1 + key] == who]
-            node = entries[-1][2]
-            ranks = tuple(sorted({e[1] for e in entries}))
-            return ArrivalVerdict(ranks, node, round(share, 3), round(mean_wait / 1000.0, 1), round(ratio, 2),
-                                  len(self.window))
-        return None
+        """The rank the others wait for, or else the node, whose lags make ``SHARE`` of all their waiting and
+        each step ``RATIO`` times longer, over the window; else None. Worked out again only once the window
+        has changed (a heartbeat's collectives; the fit takes milliseconds)."""
+        key = (self.tallied, len(self.window), self.first_ns)
+        if self.last_verdict[0] != key:
+            self.last_verdict = (key, self._verdict())
+        return self.last_verdict[1]
 
-    def _culprit(self, pairs: List[Tuple[int, float]]) -> Optional[Tuple[int, float, float, float]]:
-        """(who, share, mean wait µs, ratio) for the one that caused the most waiting, if it is named."""
-        first, last = self.window[0], self.window[-1]
-        span = (last[3] - first[3]) / 1000.0 / max(1, last[0] - first[0])  # µs a collective takes, on the mean
-        # A wait that counts: one that alone would make a collective take RATIO of its time (jitter does not).
-        material = max(MATERIAL_US, (RATIO - 1.0) * span)
-        caused: Dict[int, float] = {}
-        waited: Dict[int, int] = {}
-        for who, wait in pairs:
-            caused[who] = caused.get(who, 0.0) + wait
-            if wait >= material:
-                waited[who] = waited.get(who, 0) + 1
-        counted = sum(waited.values())
-        who = max(caused, key=lambda w: (caused[w], -w))
-        if counted < MIN_SEEN // 2 or who not in waited:
+    def _verdict(self) -> Optional[ArrivalVerdict]:
+        steps = [(a, b) for a, b in zip(self.window, list(self.window)[1:]) if b.seq == a.seq + 1]
+        if len(steps) < MIN_SEEN:
             return None
-        share = waited[who] / counted
-        lost = caused[who] / len(self.window)  # µs of each collective the others spend waiting for it
-        ratio = span / (span - lost) if span > lost > 0 else 0.0
-        if share < SHARE or ratio < RATIO:
+        by_rank = cost([pair(a.rank, b.rank) for a, b in steps])
+        if by_rank is not None and _named(by_rank):
+            node = next(b.of_node for _, b in reversed(steps) if b.rank.who == by_rank.who)
+            return _verdict((by_rank.who,), node, by_rank)
+        nodes = [(a.node, b.node) for a, b in steps if a.node is not None and b.node is not None]
+        by_node = cost([pair(a, b) for a, b in nodes]) if len(nodes) >= MIN_SEEN else None
+        if by_node is None or not _named(by_node):
             return None
-        return who, share, caused[who] / waited[who], ratio
+        ranks = tuple(sorted({b.rank.who for _, b in steps if b.of_node == by_node.who}))
+        return _verdict(ranks, by_node.who, by_node)
+
+
+def _named(found: Cost) -> bool:
+    return found.share >= SHARE and found.ratio >= RATIO
+
+
+def _verdict(ranks: Tuple[int, ...], node: int, found: Cost) -> ArrivalVerdict:
+    return ArrivalVerdict(ranks, node, round(found.share, 3), round(found.waited * 1000.0, 1), round(found.ratio, 2),
+                          found.seen)

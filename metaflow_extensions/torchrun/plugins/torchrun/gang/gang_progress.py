@@ -233,7 +233,7 @@ class Straggler(Written):
     ratio: Annotated[float, Real(digits=2)]
     seconds: Annotated[float, Real(digits=1)]
     signal: str
-    # signal "arrival": the share of the recent collectives it reached last, and the others' mean wait for it
+    # signal "arrival": its share of all the others' waiting, and their wait for it in ms of each second
     share: Annotated[Optional[float], Real(digits=3)] = None
     wait_ms: Annotated[Optional[float], Real(digits=1)] = None
     since: Annotated[Optional[float], Real(digits=3)] = None  # wall clock: when it began (the card's mark)
@@ -244,11 +244,11 @@ class Straggler(Written):
 
     def sentence(self) -> str:
         if self.signal == SIGNAL_ARRIVAL:
-            return ("rank%s %s (node %d, %s) %s the last to arrive at %.0f %% of the collectives the others wait "
-                    "at; they wait %.0f ms for %s at each, %.2fx the time they would take (for %s)" % (
+            return ("rank%s %s (node %d, %s) %s the one%s the others wait for at the collectives: %.0f %% of their "
+                    "waiting, %.0f ms of every second; each step takes %.2fx the time it would without %s (for %s)" % (
                         "s" if self._many else "", self.ranks, self.node_index, self.host,
-                        "are" if self._many else "is", 100 * (self.share or 0.0), self.wait_ms or 0.0,
-                        "them" if self._many else "it", self.ratio, duration(self.seconds)))
+                        "are" if self._many else "is", "s" if self._many else "", 100 * (self.share or 0.0),
+                        self.wait_ms or 0.0, self.ratio, "them" if self._many else "it", duration(self.seconds)))
         what = {SIGNAL_PROGRESS: "slower than the median",
                 SIGNAL_GPU: "less busy on GPU than the median (its GPUs wait for its input or CPU)"}.get(
             self.signal, "busier on CPU than the median (the others wait for it)")

@@ -312,10 +312,11 @@ class Handlers:
         state = self.book.calls[max(self.book.calls)]
         if not in_progress(state, bench.active_count(self.config.num_nodes)) or state.restart >= self.config.restarts:
             return  # a straggler never ends the gang: with no restart left, it trains on
-        self.abort(Cause(CauseKind.STRAGGLER, "node %d (%s, ranks %s) has been the last to arrive at the collectives "
-                         "for %s, the others waiting %.0f ms for it at each (swap_stragglers=%gs)"
-                         % (late.node_index, late.host, late.ranks, duration(late.seconds), late.wait_ms or 0.0,
-                            after), node_index=late.node_index, call=state.index))
+        self.abort(Cause(CauseKind.STRAGGLER, "node %d (%s, ranks %s) has been the one the others wait for at the "
+                         "collectives for %s, %.0f ms of every second, each step %.2fx the time it would take "
+                         "(swap_stragglers=%gs)" % (late.node_index, late.host, late.ranks, duration(late.seconds),
+                                                    late.wait_ms or 0.0, late.ratio, after),
+                         node_index=late.node_index, call=state.index))
 
     def _overdue(self, now: float, ended: Optional[Cause] = None) -> Optional[Cause]:
         if self.pending is not None and now >= self.pending[1]:
