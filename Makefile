@@ -29,7 +29,7 @@ install: $(VENV)/.installed
 # metaflow-checkpoint, apart from the venv's site-packages (requirements-checkpoint.txt says why).
 CHECKPOINT_SITE = $(VENV)/extras/checkpoint
 
-$(VENV)/.installed: requirements-dev.txt requirements-checkpoint.txt setup.py tools/install.py
+$(VENV)/.installed: requirements-dev.txt requirements-hf.txt requirements-checkpoint.txt setup.py tools/install.py
 	$(PYTHON) -m venv $(VENV)
 	$(INSTALL) $(VENV) "setuptools>=68" -r requirements-dev.txt
 	$(INSTALL) $(VENV) --no-deps -e .

@@ -55,6 +55,8 @@ setup(
         "torch": ["torch>=2.11"],
         # @checkpoint / @model (docs/resume.md): resume a failed gang from its last save.
         "checkpoint": ["metaflow-checkpoint>=0.2.14"],
+        # What HF's Trainer needs under @torchrun, at the tested versions (requirements-hf.txt, pinned).
+        "hf": requirements("requirements-hf.txt"),
         # What `make docs` installs to build the site (requirements-docs.txt, pinned).
         "docs": requirements("requirements-docs.txt"),
     },

@@ -56,6 +56,39 @@ def test_the_demo_installs_the_runtime_only_pinned():
     assert '$(INSTALL) $(VENV) "setuptools>=68" -r requirements-demo.txt' in makefile
 
 
+_EXTRAS = """
+import json, sys, setuptools
+seen = {}
+setuptools.setup = lambda **kw: seen.update(kw)
+sys.argv = ["setup.py"]
+exec(compile(open("setup.py").read(), "setup.py", "exec"), {"__name__": "__main__", "__file__": "setup.py"})
+print(json.dumps(seen["extras_require"]))
+"""
+
+
+def test_the_hf_extra_installs_what_hfs_trainer_needs_at_the_tested_versions():
+    """The README promises HF's Trainer with no code, and the demo's venv had no transformers: the `hf`
+    extra installs it, pinned where the tests' venv pins it (requirements-hf.txt, which requirements-dev.txt
+    includes), and the README says how."""
+    import json
+
+    hf = _requirements("requirements-hf.txt")
+    assert {"transformers", "accelerate"} <= set(hf) and all(re.fullmatch(r"\d+(\.\d+)*", v) for v in hf.values())
+    with open(os.path.join(REPO, "requirements-dev.txt")) as f:
+        dev = f.read().splitlines()
+    assert "-r requirements-hf.txt" in dev and not [line for line in dev if line.startswith("transformers")]
+    out = subprocess.run([sys.executable, "-c", _EXTRAS], cwd=REPO, capture_output=True, text=True, check=True,
+                         timeout=60).stdout
+    extras = json.loads(out.strip().splitlines()[-1])
+    assert sorted(extras["hf"]) == sorted("%s==%s" % kv for kv in hf.items()), extras
+    with open(os.path.join(REPO, "MANIFEST.in")) as f:
+        assert "include requirements-hf.txt" in f.read().splitlines()  # the sdist builds the wheel
+    with open(os.path.join(REPO, "README.md")) as f:
+        readme = f.read()
+    assert 'pip install -e ".[hf]"' in readme
+    assert "transformers" not in _requirements("requirements-demo.txt")  # the demo stays the runtime only
+
+
 def test_metaflow_checkpoint_is_installed_apart_pinned_and_loaded_only_where_asked():
     """Metaflow loads every installed extension in every process it starts: in the venv's
     site-packages, metaflow-checkpoint cost 0.02-0.04 CPU-s in each of the suite's ~800 Metaflow
