@@ -3,7 +3,8 @@ start again with each start of the ranks, and no node named for the time its
 ranks were down. One real 3-node run (nproc 1, node 2 a spare), read by each
 test: two nodes train in lockstep (an all-reduce a step, 0.1 s a step) and
 resume from their checkpoint (3 s to load it); rank 0 (node 0) is SIGKILLed once, a restart in
-place, then rank 1 (node 1), which swaps the spare in.
+place, then rank 1 (node 1), which swaps the spare in. Snapshots are off (``snapshots=False``): each
+start's ranks ask ``snapshot.load()`` and resume from their own checkpoint.
 
 Was: each rank's history outlived the restart, so its steps/s were measured
 from the replaced rank's last report, the time down included (a curve rising
@@ -27,6 +28,8 @@ KILLS = "0:0:90,1:1:180"  # start 0: rank 0 after step 90; start 1: rank 1 after
 RESTART = "restarting every node's ranks (restart 1 of 2)"
 SWAP = re.compile(r"node 1 \([^)]*\) taken out, spare node 2 \([^)]*\) brought in \(restart 2 of 2\)")
 RATE = re.compile(r", ([0-9.e+]+) steps/s")
+STEP = re.compile(r"progress: step (\d+)")
+RESUMED = (90, 180)  # each restart's ranks resume from their checkpoint at the step the killed rank saved
 NEAR = 0.2  # a rate after a restart within 20 % of the rate before it (the first start's median line)
 
 
@@ -36,7 +39,7 @@ def run(tmp_path_factory) -> Iterator[dict]:
         return flow_run(
             tmp_path_factory, "progress-restarts", "--script", "progress_restarts.py", "--nodes", "3",
             "--nproc", "1", "--script-args", json.dumps({"steps": STEPS, "every": 0.1, "kill": KILLS, "load": 3}),
-            env={"MFTR_TORCHRUN_ATTRS": json.dumps({"restarts": 2, "spares": 1}),
+            env={"MFTR_TORCHRUN_ATTRS": json.dumps({"restarts": 2, "spares": 1, "snapshots": False}),
                  "METAFLOW_TORCHRUN_PROGRESS_SECONDS": "1", "METAFLOW_TORCHRUN_STRAGGLER_SECONDS": "2",
                  "METAFLOW_TORCHRUN_STRAGGLER_RATIO": "1.3"})
 
@@ -81,6 +84,22 @@ def test_after_a_restart_in_place_the_rate_is_the_rate_before_and_no_node_is_nam
     assert all(_near(rate, statistics.median(before)) for rate in after), (before, starts[1])
     slowest = [line for lines in starts[:2] for line in lines if "slowest" in line]
     assert not slowest, slowest
+
+
+def test_after_each_restart_no_line_goes_below_the_step_resumed_and_each_says_its_rate_or_that_it_is_measured(run):
+    """Was: `progress: step 51/200 (26%), ETA 15 s` 0.9 s after `resumed at step 81` (the replaced ranks'
+    sum, not said yet for the interval), and the new start's first line without ETA or steps/s."""
+    for lines, resumed in zip(_starts(run["text"])[1:], RESUMED):
+        steps = [int(STEP.search(line).group(1)) for line in lines]
+        assert steps and min(steps) >= resumed, (resumed, lines)
+        assert all(RATE.search(line) or "ETA and steps/s measuring..." in line for line in lines), lines
+
+
+def test_snapshots_off_are_said_once_in_words_not_by_a_variable(run):
+    """Every rank of every start calls load(): rank 0 of the first start says it, once."""
+    said = [line for line in run["text"].splitlines() if "snapshots are off" in line]
+    assert len(said) == 1 and "snapshots are off for this step (`@torchrun(snapshots=False)`)" in said[0], said
+    assert "METAFLOW_TORCHRUN_SNAPSHOT" not in run["text"], run["text"][-3000:]
 
 
 def test_after_a_swap_no_node_is_named_a_straggler_or_slowest(run):

@@ -3,7 +3,8 @@ for what the gang says of its pace after a restart and a swap. Every rank takes
 --every s a step and all-reduces (its nodes train in lockstep); --kill
 "RESTART:RANK:STEP,..." has rank RANK SIGKILL itself after step STEP of start
 RESTART, once every rank saved that step; a start that resumes takes --load s
-to load its checkpoint before its first step (the time a restart is down)."""
+to load its checkpoint before its first step (the time a restart is down). Each start also asks
+snapshot.load() first (the flow turns snapshots off: it returns None, and says why once a run)."""
 
 import argparse
 import json
@@ -16,6 +17,7 @@ import torch.distributed as dist
 
 from _common import init, out_dir, rank
 from metaflow_extensions.torchrun.progress import report
+from metaflow_extensions.torchrun.snapshot import load
 
 p = argparse.ArgumentParser()
 p.add_argument("--steps", type=int, default=270)
@@ -28,6 +30,7 @@ restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
 kills = {(int(r), int(k)): int(s) for r, k, s in (x.split(":") for x in args.kill.split(",") if x)}
 dies_after = {s for (r, _), s in kills.items() if r == restart}  # every rank saves these before one dies
 init()
+assert load() is None  # @torchrun(snapshots=False)
 ckpt = os.path.join(out_dir(), "ckpt-rank-%d.json" % rank())
 step = 0
 if os.path.exists(ckpt):
