@@ -78,6 +78,7 @@ class GangFlow(FlowSpec):
         self.node_index = current.parallel.node_index
         self.torch_roles = (role_before, current.torch.role)
         self.exit_code = result.exit_code
+        self.result_line = str(result)  # print(result): what a user reads of the call on this node
         self.next(self.join)
 
     @step

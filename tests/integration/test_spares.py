@@ -80,6 +80,7 @@ def _tasks(gang):
         "    result['tasks'].append({'id': t.id, 'successful': t.successful, 'finished': t.finished,\n"
         "                            'attempt': t.current_attempt,\n"
         "                            'roles': list(t['torch_roles'].data) if 'torch_roles' in t else None,\n"
+        "                            'line': t['result_line'].data if 'result_line' in t else None,\n"
         "                            'record': json.loads(rec) if rec else None})\n")
     by_node = {}
     for task in found["tasks"]:
@@ -137,6 +138,8 @@ def test_a_bad_gpu_on_node_1_is_swapped_for_the_spare_which_resumes_from_the_che
     assert successful and all(t["successful"] and t["attempt"] == 0 for t in tasks.values()), tasks
     roles = {n: t["record"].get("role") for n, t in tasks.items()}
     assert roles == {0: "active", 1: "out", 2: "active"}, roles
+    # print(result) on the node taken out: it ran its ranks until the swap (it said "not run").
+    assert "node 1 of 3, taken out," in tasks[1]["line"], tasks[1]["line"]
     # What the step's code read of current.torch.role, before its call and after it.
     seen = {n: t["roles"] for n, t in tasks.items()}
     assert seen == {0: ["active", "active"], 1: ["active", "out"], 2: ["spare", "active"]}, seen
