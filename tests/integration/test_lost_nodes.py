@@ -17,6 +17,8 @@ import time
 import pytest
 from our_processes import argv, node_processes, node_tasks
 
+from metaflow_extensions.torchrun.plugins.torchrun.host.private import in_use
+
 from .helpers import finish_or_explain, without_task_prefix
 
 pytestmark = pytest.mark.integration
@@ -70,6 +72,7 @@ def _wait_for_step(gang, ranks, step, timeout=180.0, poll=0.2):
 
 def _lose_node(gang, attrs, node):
     gang.env["MFTR_TORCHRUN_ATTRS"] = json.dumps(attrs)
+    gang.env["TMPDIR"] = _tmpdir(gang)  # what the lost node's task leaves there is the test's to see
     proc = gang.start("--nodes", "3", "--script-args", json.dumps(SCRIPT_ARGS), flow=FLOW)
     try:
         _wait_for_step(gang, 4, 3)
@@ -92,6 +95,23 @@ def _starts(gang, restart):
     return gang.reports("start-%d-rank-" % restart)
 
 
+def _tmpdir(gang):
+    path = os.path.join(gang.tmp, "tmpdir")
+    os.makedirs(path, exist_ok=True)
+    return path
+
+
+def _snapshot_sockets_left(gang):
+    """The snapshot stores' socket directories left in the run's TMPDIR: at its top (a ``mkdtemp`` each, which
+    nothing sweeps), and in the private work tree (which the next call on the host sweeps once no process
+    holds them)."""
+    top = [name for name in os.listdir(_tmpdir(gang)) if name.startswith("mftr-snap")]
+    work = os.path.join(_tmpdir(gang), "metaflow-torchrun-%d" % os.geteuid(), "work")
+    held = [d for d in (os.listdir(work) if os.path.isdir(work) else [])
+            if os.path.exists(os.path.join(work, d, "snapshot.sock"))]
+    return top, [os.path.join(work, d) for d in held]
+
+
 def test_a_lost_node_is_replaced_by_the_spare_and_comes_back_as_one(gang):
     text = _lose_node(gang, {"restarts": 2, "spares": 1}, node=1)
     assert re.search(r"call 1: node 1 \([^)]*\) taken out, spare node 2 \([^)]*\) brought in \(restart 1 of 2\): "
@@ -109,6 +129,11 @@ def test_a_lost_node_is_replaced_by_the_spare_and_comes_back_as_one(gang):
     (swap,) = joined["restarts"]  # the control's record, which the card and the ledger are drawn from
     assert swap["kind"] == "node_lost" and swap["swapped_out"] == 1 and swap["swapped_in"] == 2, swap
     assert swap["resumed_step"] >= 3 and swap["steps_lost"] == 0, swap
+    # The killed task never closed its store: its socket's directory is in the work tree, held by no live
+    # process, for the next call's sweep (it was a mftr-snap-* at TMPDIR's top, there for good).
+    top, held = _snapshot_sockets_left(gang)
+    assert top == [] and len(held) == 1, (top, held)
+    assert not in_use(held[0], 0), held
     # The node history names the lost node, though it came back and the step succeeded (was: a bystander).
     assert _history_of(joined, 1) == {"lost": 1}, joined["history"]
 
