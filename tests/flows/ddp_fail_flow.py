@@ -4,6 +4,10 @@
 from metaflow import FlowSpec, Parameter, TorchrunException, current, step, torchrun
 
 
+def nan_seen(rank, *args, **kwargs):
+    raise ValueError("rank %d saw a NaN (step must be an int from 0 to 2**53)" % rank)
+
+
 def train(steps=5, bad_rank=1):
     import torch
     import torch.distributed as dist
@@ -16,7 +20,7 @@ def train(steps=5, bad_rank=1):
         loss = model(torch.randn(8, 4)).sum()
         loss.backward()
         if dist.get_rank() == bad_rank and i == 2:
-            raise ValueError("rank %d saw a NaN" % bad_rank)
+            nan_seen(bad_rank, *[i], lr=lambda s: 0.9 ** s)  # a traceback with stars: printed as written
         opt.step()
     dist.destroy_process_group()
     return dist.get_rank()

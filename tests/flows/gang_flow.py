@@ -10,6 +10,7 @@ join keeps them by node (tests/integration/calls.py reads them)."""
 
 import json
 import os
+import socket
 import sys
 import time
 
@@ -21,11 +22,55 @@ if " card create " in " ".join(sys.argv) and os.environ.get("MFTR_TEST_OUT"):
         f.write(" ".join(sys.argv) + "\n")
 
 
+def writes_of_a_print():
+    """How many write(2)s one print() of the step makes: fd 1, a moment, on a SOCK_SEQPACKET socket, which
+    keeps each write a message of its own (a write of another thread meanwhile is not counted)."""
+    ours, its = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    sys.stdout.flush()
+    saved = os.dup(1)
+    os.dup2(its.fileno(), 1)
+    try:
+        print("one line")
+        sys.stdout.flush()
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
+        its.close()
+    messages = []
+    while True:
+        message = ours.recv(1 << 16)
+        if not message:
+            break
+        messages.append(message)
+    ours.close()
+    return sum(1 for m in messages if m in (b"one line", b"\n", b"one line\n"))
+
+
+def print_with_the_other_nodes(folder, lines):
+    """``lines`` print()s of this node's step, every node at once: each says it is here in ``folder`` (a
+    local run's nodes share the host) and waits for the others first (at most 60 s). Before them, how
+    many writes one print() makes, in ``print-writes-<node>.json``."""
+    node, nodes = current.parallel.node_index, current.parallel.num_nodes
+    os.makedirs(folder, exist_ok=True)
+    with open(os.path.join(folder, "print-writes-%d.json" % node), "w") as f:
+        json.dump(writes_of_a_print(), f)
+    open(os.path.join(folder, "step-prints-%d" % node), "w").close()
+    deadline = time.monotonic() + 60  # a spin, not a sleep: a node woken late printed alone
+    while time.monotonic() < deadline and not all(
+            os.path.exists(os.path.join(folder, "step-prints-%d" % n)) for n in range(nodes)):
+        pass
+    for i in range(lines):
+        print("node %d prints line %d of its step" % (node, i))
+
+
 def call_in_turn(call):
-    """One call of --calls, its ranks' reports in a folder of its own."""
+    """One call of --calls, its ranks' reports in a folder of its own; with "step_prints", the step's own
+    print()s on every node at once before it."""
     out = os.environ.get("MFTR_TEST_OUT")
     if out:
         os.environ["MFTR_TEST_OUT"] = os.path.join(out, call["name"])
+        if call.get("step_prints"):
+            print_with_the_other_nodes(os.environ["MFTR_TEST_OUT"], call["step_prints"])
     try:
         return current.torch.run(
             entrypoint=os.path.join("scripts", call["script"]),

@@ -50,6 +50,7 @@ ODD = ["has space", "quote ' and \" both", "$(touch /tmp/mftr-pwned)", "ünïcö
 # test_from_0_2: None is a bare flag.
 NONE_ARGS = {"lr": 0.1, "resume_ckpt": None, "use_fp16": None}
 MANY_LINES = 8000  # a rank's lines, about 300 kB: far past a pipe's buffer
+STEP_PRINTS = 1000  # print()s of each node's step, both nodes at once
 
 # The calls of the ``calls_run`` fixture, in order; each test names its own.
 CALLS: List[dict] = [
@@ -62,6 +63,9 @@ CALLS: List[dict] = [
     {"name": "binary", "script": "binary.py", "nproc": 2},
     {"name": "many_lines", "script": "many_lines.py", "args": {"lines": MANY_LINES}, "nproc": 2},
     {"name": "modes", "script": "modes.py", "nproc": 2},
+    # test_console_lines (issue 83): stars and torch's own rank label in the ranks' lines; both nodes'
+    # step print() lines at the same time (gang_flow.py's step_prints).
+    {"name": "console_text", "script": "console_text.py", "nproc": 2, "step_prints": STEP_PRINTS},
     # After every call whose stderr a test reads from the task's stored log: 32 MB
     # of stderr pass Metaflow's log size limit, and what comes after is cut there.
     {"name": "flood", "script": "flood_stderr.py", "args": {"mb": 8}, "nproc": 2},

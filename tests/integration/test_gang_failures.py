@@ -10,13 +10,14 @@ benchmarks/.
 import json
 import os
 import re
+import select
 import signal
 import time
 
 import pytest
 from our_processes import node_processes, node_tasks
 
-from .helpers import check_failure_screen, output
+from .helpers import check_failure_screen, output, without_task_prefix
 
 pytestmark = pytest.mark.integration
 
@@ -37,15 +38,17 @@ def _node_task(run_pid, node_index):
 
 def _run_and_inject(gang, inject, *args, env=None, timeout=240):
     """Start a run of one process a node (what fails here is a node), wait
-    until both ranks are ready, inject, wait for the end."""
+    until both ranks are ready, inject, wait for the end. ``inject`` returns
+    what it read of the run's output, if it read any."""
     if env:
         gang.env.update(env)
     proc = gang.start("--script", "spin.py", "--nproc", "1", *args)
     try:
         gang.wait_for_reports("ready-", 2, timeout=120)
         injected_at = time.monotonic()
-        inject(proc)
+        before = inject(proc) or b""
         out, _ = proc.communicate(timeout=timeout)
+        out = before + out
         ended_after = time.monotonic() - injected_at
     finally:
         if proc.poll() is None:
@@ -85,14 +88,40 @@ def test_rank_segfault_is_named_with_its_signal(gang):
     assert "node 1 stopped because node 0 failed first (its error in this log has the rank's last lines of stderr)" in shown
 
 
+def _read_until(proc, needle: bytes, timeout: float) -> bytes:
+    """``proc``'s output until ``needle`` is in it, or a failure showing what came instead."""
+    seen = b""
+    deadline = time.monotonic() + timeout
+    while needle not in seen:
+        left = deadline - time.monotonic()
+        if left <= 0 or not select.select([proc.stdout], [], [], left)[0]:
+            raise AssertionError("no %r on the console in %ds; it printed:\n%s" % (needle, timeout, seen[-3000:]))
+        chunk = os.read(proc.stdout.fileno(), 65536)
+        if not chunk:
+            raise AssertionError("the run ended without %r:\n%s" % (needle, seen[-3000:]))
+        seen += chunk
+    return seen
+
+
+# spin.py's last words, a line it has not ended: the console shows it while its rank runs (issue 83).
+LAST_WORDS = b"[rank1]: rank 1: all-reduce under way..."
+
+
 def test_node_task_sigkilled_stops_the_gang(gang):
-    code, text, took = _run_and_inject(
-        gang, lambda p: os.kill(_node_task(p.pid, 1), signal.SIGKILL)
-    )
+    """Once node 1's rank has said its last words (a line without its newline), its task is killed:
+    the words are on the console, once, not only in the rank's log (held for a newline, they went to
+    the console through the task that was gone)."""
+    def kill_once_said(p):
+        said = _read_until(p, LAST_WORDS, timeout=60)
+        os.kill(_node_task(p.pid, 1), signal.SIGKILL)
+        return said
+
+    code, text, took = _run_and_inject(gang, kill_once_said)
     assert code != 0
     assert took < HANG_GUARD
     assert "node 1" in text and "disconnected before its step ended" in text, text[-4000:]
     check_failure_screen(text, "disconnected before its step ended")
+    assert without_task_prefix(text).count(LAST_WORDS.decode()) == 1, text[-4000:]
 
 
 def test_frozen_node_is_detected_by_heartbeat(gang):

@@ -194,3 +194,65 @@ def test_the_relay_shows_a_bar_while_the_rank_draws_it(tmp_path, monkeypatch):
     assert 3 <= len(before) <= 7, before
     assert before[-1] == b"[rank1]: 30/30 steps", before
     assert len(lines) == len(before)  # the final state was shown in the pause: not repeated
+
+
+def test_a_line_without_its_newline_shows_as_it_stands_once_it_has_waited():
+    """``print("saving...", end="")``: held for its newline, it reached the console only when the rank
+    ended it, and never where its node's task was killed meanwhile (the relay's console was gone)."""
+    c = Console()
+    held = timeouts.HELD_LINE
+    try:
+        c.stream.take(b"epoch 1\nsaving step 80", now=10.0)
+        assert c.lines() == [b"[rank2]: epoch 1"]  # not at once: a line written in pieces stays one line
+        assert c.stream.redraw.due() == 10.0 + held
+        c.stream.take(b"...", now=10.0 + held / 2)  # more of it: still the line that began at 10
+        assert c.stream.tick(10.0 + held / 2) and len(c.lines()) == 1
+        assert c.stream.tick(10.0 + held)
+        assert c.lines()[1:] == [b"[rank2]: saving step 80..."]
+        c.stream.take(b" done\nnext\n", now=20.0)  # its end: only what was not shown, as a line of its own
+        assert c.lines()[2:] == [b"[rank2]:  done", b"[rank2]: next"]
+        c.stream.take(b"x", now=30.0)
+        c.stream.take(b"y\n", now=30.0 + held / 2)  # whole before it was due: one line, as written
+        c.stream.take(b"last words", now=40.0)
+        c.stream.tick(40.0 + held)
+        assert c.lines()[4:] == [b"[rank2]: xy", b"[rank2]: last words"]
+        assert not c.stream.take(b"", now=41.0)  # the rank ends (killed): they are not said twice
+        assert len(c.lines()) == 6
+    finally:
+        c.close()
+    assert bytes(c.log) == b"epoch 1\nsaving step 80... done\nnext\nxy\nlast words\n"  # the log: as written
+
+
+def test_a_rank_that_stops_mid_line_has_it_on_the_console_before_it_ends(tmp_path):
+    """A real writer and the relay's own loop: the writer stays mid-line until the console has shown
+    the line (at most 20 s), then ends; without the hold's end the line came only with the writer's."""
+    seen, done = str(tmp_path / "seen"), str(tmp_path / "done")
+    code = ("import os, sys, time\nsys.stdout.write('checkpoint: saving'); sys.stdout.flush()\n"
+            "deadline = time.monotonic() + 20\n"
+            "while not os.path.exists(%r) and time.monotonic() < deadline:\n    time.sleep(0.01)\n"
+            "open(%r, 'w').close()\n" % (seen, done))
+    out_r, out_w = os.pipe()
+    in_r, in_w = os.pipe()
+    writer = subprocess.Popen([sys.executable, "-c", code], stdout=in_w)
+    os.close(in_w)
+    got = []
+
+    def drain():
+        while True:
+            data = os.read(out_r, 65536)
+            if not data:
+                break
+            got.append((os.path.exists(done), data))
+            open(seen, "w").close()
+
+    reader = threading.Thread(target=drain, daemon=True)
+    reader.start()
+    try:
+        relay._run({in_r: (out_w, relay.LineSplitter(b"[rank1]: "), None)})
+    finally:
+        os.close(out_w)
+        writer.wait(timeout=30)
+        reader.join(timeout=10)
+        os.close(out_r)
+    assert got and not got[0][0], got  # while the writer was still mid-line
+    assert b"".join(data for _, data in got) == b"[rank1]: checkpoint: saving\n"  # once

@@ -26,7 +26,7 @@ from metaflow.unbounded_foreach import UBF_CONTROL
 from .base import defaults as DEFAULTS
 from .compat import (card_commands, decorator_init_kwargs, is_task_process, legacy_notes, local_control_task_id,
                      task_step, translate_attributes)
-from .errors import Problems, did_you_mean, drop_own_frame
+from .errors import Problems, did_you_mean, drop_own_frame, print_as_written
 
 
 def _load(name: str) -> ModuleType:
@@ -170,6 +170,7 @@ class TorchrunDecorator(ParallelDecorator):
         self._init_step(flow, graph, step_name, decorators)
 
     def _init_step(self, flow, graph, step_name, decorators):
+        print_as_written()  # this process's errors (a refusal here, the step's failure) keep their asterisks
         spec, card, say = _load("spec"), _load("card.lifecycle"), _load("host.console").say
         problems = Problems()  # one run, every problem
         problems.check(legacy_notes, self._legacy, say, sys.argv)

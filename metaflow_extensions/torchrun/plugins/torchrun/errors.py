@@ -3,6 +3,7 @@ traceback from inside the launcher."""
 
 from __future__ import annotations
 
+import sys
 from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional, Sequence
 
 from . import load_order  # noqa: F401  (Metaflow first, whatever the user imports first)
@@ -323,6 +324,38 @@ def _split(message: str) -> List[str]:
     if lines and lines[0].endswith(" problems:") and all(l.startswith("- ") for l in lines[1:]):
         return [l[2:] for l in lines[1:]]
     return [message]
+
+
+def print_as_written() -> None:
+    """Metaflow's CLI prints a failed step's error with ``echo_always``, which highlights what stands between
+    two ``*`` and drops the asterisks: a rank's ``2**53`` read ``253``, ``0.9 ** s`` ``0.9  s``, and every
+    ``*args`` and ``**kwargs`` of a traceback lost its stars. From here on, in this process (the runtime, or
+    the task of a ``@torchrun`` step), the message of our errors and a traceback (which Metaflow prints with
+    no highlight) print as written, with Metaflow's layout; any other error as Metaflow prints it."""
+    cli: Any = sys.modules.get("metaflow.cli")  # loaded by then wherever Metaflow's CLI prints an error
+    echo, metaflows = getattr(cli, "echo_always", None), getattr(cli, "print_metaflow_exception", None)
+    if echo is None or metaflows is None or getattr(metaflows, "as_written", False) \
+            or not hasattr(cli, "print_unknown_exception"):
+        return  # not Metaflow's CLI as we know it (2.12 to 2.19), or already done
+
+    def print_metaflow_exception(ex: BaseException) -> None:
+        if not isinstance(ex, TorchrunException):
+            return metaflows(ex)
+        echo(ex.headline, indent=True, nl=False, bold=True)
+        location = "".join([" in file %s" % ex.source_file if ex.source_file is not None else "",
+                            " on line %d" % ex.line_no if ex.line_no is not None else "", ":"])
+        echo(location, bold=True)
+        echo(ex.message, indent=True, bold=False, padding_bottom=True, no_bold=True)  # no_bold: no highlight
+
+    def print_unknown_exception(ex: BaseException) -> None:
+        import traceback  # here, not at the top: `import metaflow` loads this module
+
+        echo("Internal error", indent=True, bold=True)
+        echo(traceback.format_exc(), no_bold=True)
+
+    print_metaflow_exception.as_written = True  # type: ignore[attr-defined]
+    cli.print_metaflow_exception = print_metaflow_exception
+    cli.print_unknown_exception = print_unknown_exception
 
 
 def drop_own_frame(error: BaseException, filename: str) -> None:

@@ -49,3 +49,4 @@ HISTORY_WAIT = 2.0  # the control waits at most this long for the node history o
 QUIET = 0.05  # a line of ours waits for a pause this long in the ranks' output ...
 QUIET_WAIT = 1.0  # ... at most this long
 REDRAW_SECONDS = 5.0  # a rank's carriage-return line shows as a line of its own at most this often
+HELD_LINE = 0.5  # a rank's line still without its newline shows as it stands after this long

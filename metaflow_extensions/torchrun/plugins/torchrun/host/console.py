@@ -41,8 +41,10 @@ def say(text: str) -> None:
             if since >= timeouts.QUIET or time.monotonic() >= deadline:
                 # The ranks' last stream, while it is still one of the task's own.
                 ranks = _Ranks.stream if _Ranks.stream in (sys.stdout, sys.stderr) else None
-                try:
-                    print(out, file=ranks or sys.stderr, flush=True)
+                stream = ranks or sys.stderr
+                try:  # one write: print() may write the text and its newline apart (PYTHONUNBUFFERED)
+                    stream.write(out + "\n")
+                    stream.flush()
                 except (OSError, ValueError):  # a closed stream must not fail the step
                     pass
                 return

@@ -111,15 +111,6 @@ def torch_error_file(target: str, exc: BaseException) -> None:
             pass
 
 
-def _line_buffered() -> None:
-    # Under PYTHONUNBUFFERED print() writes text and newline apart: ranks sharing a pipe interleave mid-line.
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.reconfigure(line_buffering=True, write_through=False)  # type: ignore[union-attr]
-        except (AttributeError, ValueError):
-            pass
-
-
 FUNCTION_FLAG = "--mf-function"
 
 
@@ -210,7 +201,7 @@ def main(argv: list) -> None:
         title.show(["mftr-relay", "rank", str(rank)], "mftr-relay")
         relay.start(rank, labels, log_dir)
     show_command(argv)
-    _line_buffered()
+    relay.whole_line_prints()
     _crash_dumps_to_log(rank, log_dir)
     _KEEP.append(stacks.register(os.environ.get(WORK_DIR_ENV), rank))
     if flight_ask.recording(os.environ):

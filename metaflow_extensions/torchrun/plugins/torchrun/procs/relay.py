@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import select
 import signal
+import sys
 import time
 from typing import Dict, Optional, Tuple
 
@@ -64,10 +65,30 @@ def write_all(fd: int, data: bytes) -> bool:
     return True
 
 
+def whole_line_prints() -> None:
+    """Each ``print`` of this process one write: under ``PYTHONUNBUFFERED`` (Metaflow sets it for a task, and
+    so for its ranks) ``print()`` writes its text and its newline apart, and a process sharing the pipe (a
+    rank of the same node, another local node's task) lands between them: two lines become one."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.reconfigure(line_buffering=True, write_through=False)  # type: ignore[union-attr]
+        except (AttributeError, ValueError):  # not a TextIOWrapper (replaced by a test or a library), or closed
+            pass
+
+
 def prefix_lines(data: bytes, label: bytes) -> bytes:
+    """``label`` at the start of each line, but of a line torch has labelled already: after its process
+    group starts, its C++ log lines begin ``[rank0]:[W...`` and its excepthook's ``[rank0]: ``."""
     if not label:
         return data
-    return label + data[:-1].replace(b"\n", b"\n" + label) + data[-1:]
+    out = label + data[:-1].replace(b"\n", b"\n" + label) + data[-1:]
+    torchs = label.rstrip()
+    if torchs not in data:  # the common case: one scan, no copy
+        return out
+    doubled = label + torchs
+    if out.startswith(doubled):
+        out = out[len(label):]
+    return out.replace(b"\n" + doubled, b"\n" + torchs)
 
 
 class LineSplitter:
@@ -138,7 +159,7 @@ class RankStream:
         console, logged = self.quiet.split(whole) if whole else (b"", b"")
         if whole:
             console = self.redraw.end_line(console)
-        drawn, self.splitter.pending = self.redraw.take(self.splitter.pending, show=not self.quiet.quiet)
+        drawn, self.splitter.pending = self.redraw.take(self.splitter.pending, show=not self.quiet.quiet, now=now)
         console += self.redraw.show(now) if data else self.redraw.flush()
         self._log(logged + drawn)
         return self._console(console) and bool(data)

@@ -11,6 +11,7 @@ from metaflow import current
 from ..card import this_card_hash
 from ..errors import TorchrunNotRetried, drop_own_frame
 from ..launch.node_checks import default_nproc
+from ..procs.relay import whole_line_prints
 from ..record.step_record import AttemptFacts, ThisAttempt
 from ..record import attempts as attempts_
 from .session import GangSession
@@ -21,6 +22,7 @@ def in_gang(step_func: Callable[[], Any], start_session: Callable[[Any], GangSes
     """``step_func`` in the node's session; ``withdraw`` takes the control's secret back."""
 
     def step() -> None:
+        whole_line_prints()  # the step's own print()s: a local run's nodes share one console
         attempt.code_starts(attempts_.checkpoint_info(current))  # @checkpoint (above @torchrun) has loaded by now
         session = start_session(current.parallel)
         session.join()
