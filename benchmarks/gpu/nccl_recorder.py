@@ -149,7 +149,8 @@ ARRIVALS = textwrap.dedent(
     torch.cuda.synchronize()
     recorder = flight_ask.recorder_for(flight_ask.default_backends(dist))
     text, why = flight_ask.dump_recorder(c10d, recorder)
-    found = arrivals.newest(json.loads(text).get("entries"), 0) if text is not None else []
+    entries = json.loads(text).get("entries") if text is not None else []
+    found = [a[1:] for a in map(arrivals.arrival, entries) if a is not None]
     print(json.dumps({"recorder": recorder, "why": why, "found": found}))
     dist.destroy_process_group()
     """

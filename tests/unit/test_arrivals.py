@@ -1,13 +1,15 @@
-"""Who the gang waits for (gang/arrivals.py, procs/arrivals.py): a rank's Flight Recorder read into its
-collectives' arrival times (real gloo dumps), a node's ranks folded into one bounded record, and the
-control's join naming the rank the others wait for, and nobody in an even gang, whatever the nodes'
-clocks."""
+"""Who the gang waits for (gang/arrivals.py, procs/arrivals.py): a rank's Flight Recorder read into pairs of
+its collectives' arrival times (real gloo dumps, and dumps written as torch writes them), a node's ranks
+folded into one bounded record, and the control's join naming the rank the others wait for, and nobody in
+an even gang, whatever the nodes' clocks and however many collectives a second."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import random
+import re
 
 import pytest
 
@@ -16,65 +18,122 @@ from metaflow_extensions.torchrun.plugins.torchrun.gang.arrivals import (
 from metaflow_extensions.torchrun.plugins.torchrun.gang import arrivals
 from metaflow_extensions.torchrun.plugins.torchrun.gang.gang_progress import NodeProgress, ProgressBook
 from metaflow_extensions.torchrun.plugins.torchrun.gang.wire import ProtocolError
-from metaflow_extensions.torchrun.plugins.torchrun.procs.arrivals import newest, read_arrivals, tail_entries
+from metaflow_extensions.torchrun.plugins.torchrun.procs.arrivals import (
+    KEPT, ArrivalWatch, arrival, level, level_for, new_entries, read_arrivals)
 
 DUMPS = os.path.join(os.path.dirname(__file__), "flight_dumps")
 MS = 1_000_000  # ns
+T0 = 10 ** 18  # the ranks' wall clock at the first collective, ns
 
 
 def test_a_real_gloo_dump_gives_the_default_groups_collectives_in_order():
-    with open(os.path.join(DUMPS, "gloo-hang-rank0.json")) as f:
-        entries = json.load(f)["entries"]
-    found = newest(entries, 0)
-    assert [s for s, _ in found] == sorted({e["collective_seq_id"] for e in entries
-                                            if e["process_group"][1] == "default_pg"})
-    assert all(t == next(e["time_created_ns"] for e in entries if e["collective_seq_id"] == s
-                         and e["process_group"][1] == "default_pg") for s, t in found)
-    assert newest(entries, found[-1][0]) == [] and newest("not a list", 0) == []
-    assert newest([{"process_group": ["0", "default_pg"], "collective_seq_id": True, "time_created_ns": 5}], 0) == []
-
-
-def test_only_the_newest_entries_are_parsed_and_another_layout_is_parsed_whole():
     with open(os.path.join(DUMPS, "gloo-hang-rank0.json"), "rb") as f:
         text = f.read()
     entries = json.loads(text)["entries"]
-    assert tail_entries(text, 3) == entries[-3:] and tail_entries(text.decode(), 100) == entries
-    shuffled = json.dumps({"entries": [dict(reversed(list(e.items()))) for e in entries]})  # keys in another order
-    assert tail_entries(shuffled, 3) == json.loads(shuffled)["entries"]
-    assert tail_entries(b"not json", 3) == [] and tail_entries(None, 3) == []
-    cut = text[:text.rfind(b'{"collective_seq_id"') + 30]  # a dump cut short: parsed whole, which fails
-    assert tail_entries(cut, 3) == []
+    found, newest, count = new_entries(text, -1, lambda seq: True)
+    assert found == entries and newest == max(e["record_id"] for e in entries) and count == len(entries)
+    read = [a for a in map(arrival, found) if a]
+    assert read == [(e["process_group"][0], e["collective_seq_id"], e["time_created_ns"]) for e in entries]
+    assert {a[0] for a in read} == {"0", "1"}  # the default group's, and another's
+    assert new_entries(text, newest, lambda seq: True) == ([], newest, 0)  # nothing after the last read
+    later = new_entries(text, newest - 2, lambda seq: seq % 2 == 0)  # the two newest, those wanted only
+    assert later[2] == 2 and all(e["collective_seq_id"] % 2 == 0 for e in later[0])
+    assert arrival({"process_group": ["0", "default_pg"], "collective_seq_id": True, "time_created_ns": 5}) is None
 
 
-def _write(directory, rank, seqs, times, start=0):
-    with open(os.path.join(directory, "rank-%d.arrivals.json" % rank), "w") as f:
-        json.dump({"rank": rank, "start": start, "seq": seqs, "ns": times}, f)
+def test_a_dump_not_written_as_torch_writes_it_is_parsed_whole_and_a_reset_recorder_read_again():
+    with open(os.path.join(DUMPS, "gloo-hang-rank0.json"), "rb") as f:
+        entries = json.loads(f.read())["entries"]
+    spaced = json.dumps({"entries": [dict(reversed(list(e.items()))) for e in entries]})  # keys in another order
+    assert new_entries(spaced, -1, lambda seq: True)[0] == json.loads(spaced)["entries"]
+    assert new_entries(b"not json", -1, lambda seq: True) == ([], -1, 0) and new_entries(None, 3, bool)[2] == 0
+    assert new_entries(json.dumps({"entries": entries}, separators=(",", ":")), 10 ** 6, bool)[2] == len(entries)
 
 
-def test_a_node_folds_its_ranks_over_the_collectives_all_reached(tmp_path):
-    base = 10 ** 18
-    _write(tmp_path, 2, list(range(1, 101)), [base + s * 100 * MS for s in range(1, 101)])
-    _write(tmp_path, 3, list(range(5, 103)), [base + s * 100 * MS + 7 * MS for s in range(5, 103)])
-    got = ArrivalTracker(str(tmp_path), clock_ns=lambda: 42).sample([2, 3], 0)
-    assert got.seq == 100 - SENT + 1 and len(got.last) == SENT and got.ranks == 2 and got.sent == 42
-    assert set(got.who) == {3} and got.last[1] - got.last[0] == 100_000  # µs
-    assert got.second[0] == got.last[0] - 7000  # rank 2's, 7 ms before rank 3's
-    assert ArrivalTracker(str(tmp_path)).sample([2, 3], 1) is None  # another start's files
-    assert ArrivalTracker(str(tmp_path)).sample([2, 3, 4], 0) is None  # a rank not there yet
+def test_one_pair_in_two_to_the_level_is_kept_alike_on_every_rank_whatever_the_period():
+    levels = [level(k) for k in range(1, 1 << 16)]
+    for n in range(6):
+        assert abs(sum(v >= n for v in levels) / len(levels) - 2 ** -n) < 0.01 * 2 ** -n + 0.002
+    for period in (8, 9, 64):  # a step's collectives: each position as likely as the others (k's own bits: one)
+        kept = [sum(level(k) >= 3 for k in range(p, 1 << 17, period)) for p in range(period)]
+        mean = sum(kept) / period
+        assert all(abs(n - mean) < 0.3 * mean for n in kept), (period, kept)
+    assert level_for(10.0) == 0 and level_for(300.0) == 5 and level_for(1e9) == level_for(1e12)
 
 
-@pytest.mark.parametrize("content", ['{"rank": 0, "start": 0, "seq": [1, 2], "ns": [5]}', "[]", "{",
-                                     '{"start": 0, "seq": [1], "ns": [-5]}', '{"start": 0, "seq": ["1"], "ns": [5]}'])
+def dump(times, first=1, group=("0", "default_pg"), record=0):
+    """A Flight Recorder dump as torch writes it (keys sorted, no spaces), of ``times`` (ns after T0) as
+    collectives ``first``, ``first + 1``, ...; the ring's newest 2,000."""
+    entries = [{"collective_seq_id": first + i, "input_sizes": [[4]], "is_p2p": False, "op_id": first + i,
+                "process_group": list(group), "profiling_name": "gloo:all_reduce", "record_id": record + i,
+                "retired": True, "state": "scheduled", "time_created_ns": T0 + t} for i, t in enumerate(times)]
+    return json.dumps({"entries": entries[-2000:], "version": "2.10"}, sort_keys=True, separators=(",", ":"))
+
+
+def heartbeats(tmp_path, times, every=5.0, send=3.0, tick=0.25):
+    """Two nodes of two ranks (0, 1 and 2, 3) training through ``times`` (rank -> ns after T0 of each
+    collective): each rank's reader takes the recorder every ``every`` s (or as often as it goes round),
+    each node sends every ``send`` s, all at their own phases. The nodes' records, in the order they came:
+    (node, record), each sent as the control's clock says T0 (a gap of nothing)."""
+    watches = {r: ArrivalWatch(str(tmp_path / ("node%d" % (r // 2))), r, every) for r in range(4)}
+    for r in range(4):
+        os.makedirs(os.path.dirname(watches[r].path), exist_ok=True)
+    clock = [0.0]
+    trackers = {n: ArrivalTracker(str(tmp_path / ("node%d" % n)), clock_ns=lambda: T0 + int(clock[0] * 1e9))
+                for n in (0, 1)}
+    end = max(t[-1] for t in times.values()) / 1e9 + every + send
+    out, now, due = [], 0.0, {("r", r): 0.7 + 1.1 * r for r in range(4)}
+    due.update({("n", n): 0.4 + 1.5 * n for n in (0, 1)})
+    while now <= end:
+        for (kind, who), at in sorted(due.items(), key=lambda kv: kv[1]):
+            if at > now:
+                continue
+            if kind == "r":
+                seen = [t for t in times[who] if t <= now * 1e9]
+                watches[who].take(dump(seen), {"0": 4}, now)
+                due[kind, who] = at + watches[who].wait
+            else:
+                clock[0] = now
+                out.append((who, trackers[who].sample([2 * who, 2 * who + 1], 0)))
+                due[kind, who] = at + send
+        now += tick
+    return [(n, dataclasses.replace(r, sent=T0)) for n, r in out if r is not None]
+
+
+def test_a_node_folds_the_pairs_all_its_ranks_kept(tmp_path):
+    times = {r: [k * 100 * MS + (7 * MS if r == 3 else 0) for k in range(1, 101)] for r in range(4)}
+    records = heartbeats(tmp_path, times)
+    node1 = [r for n, r in records if n == 1]
+    got = node1[0]
+    assert got.groups == ("0",) and got.sizes == (4,) and got.members == (2,)
+    assert set(got.who) == {3} and all(s == v - 7000 for s, v in zip(got.second, got.last))  # rank 2, 7 ms before
+    assert all(b - a == 100_000 for a, b in zip(got.last[::2], got.last[1::2]))  # µs: k-1, then k
+    seqs = [k for r in node1 for k in r.seq]
+    assert seqs == sorted(set(seqs)) and seqs == list(range(seqs[0], seqs[-1] + 1))  # each once, none skipped
+    assert all(len(r.seq) <= SENT for _, r in records)
+    assert ArrivalTracker(str(tmp_path / "node1"), clock_ns=lambda: 42).sample([2, 3], 0).sent == 42
+    assert ArrivalTracker(str(tmp_path / "node1")).sample([2, 3], 1) is None  # another start's files
+    assert ArrivalTracker(str(tmp_path / "node1")).sample([2, 3, 4], 0) is None  # a rank not there yet
+
+
+@pytest.mark.parametrize("content", ['{"rank": 0, "start": 0, "clock": "host", "groups": {"0": {"size": 2, '
+                                     '"pairs": [[1, 2]]}}}', "[]", "{",
+                                     '{"start": 0, "clock": "host", "groups": {"0": {"size": 0, "pairs": []}}}',
+                                     '{"start": 0, "clock": "host", "groups": {"0": {"size": 2, "pairs": [[1, -5, 3]]}}}',
+                                     '{"start": 0, "clock": "host", "groups": []}',
+                                     '{"start": 0, "clock": "host", "groups": {"0": {"size": 2, "pairs": %s}}}'
+                                     % json.dumps([[k, 1, 2] for k in range(KEPT + 1)])])
 def test_a_hostile_rank_file_is_not_read(tmp_path, content):
     (tmp_path / "rank-0.arrivals.json").write_text(content)
     assert read_arrivals(str(tmp_path), 0, 0) is None
 
 
 def test_a_node_record_of_unequal_lengths_or_out_of_bounds_is_refused():
-    good = NodeArrivals(1, 2, 3, 2, (1, 2), (0, 1), (1, 1))
+    good = NodeArrivals(1, 2, ("0",), (4,), (2,), (0,), (7,), (1, 2), (0, 1), (1, 1))
     assert NodeArrivals.from_wire(good.to_wire()) == good
-    for bad in (dict(good.to_wire(), who=[0]), dict(good.to_wire(), last=[-1, 2]),
-                dict(good.to_wire(), last=list(range(SENT + 1))), dict(good.to_wire(), second=[2, 1])):
+    for bad in (dict(good.to_wire(), who=[0]), dict(good.to_wire(), last=[-1, 2]), dict(good.to_wire(), group=[1]),
+                dict(good.to_wire(), seq=list(range(1, SENT + 2))), dict(good.to_wire(), second=[2, 1]),
+                dict(good.to_wire(), members=[5]), dict(good.to_wire(), sizes=[4, 4])):
         with pytest.raises(ProtocolError):
             NodeArrivals.from_wire(bad)
 
@@ -93,27 +152,10 @@ def _records(late_rank, late_ms, collectives=100, skew=(0, 0), step_ms=100, seed
     return times
 
 
-def _fold(tmp_path, times, start=0, first=1):
-    out = {}
-    for node, ranks in ((0, (0, 1)), (1, (2, 3))):
-        d = tmp_path / ("node%d" % node)
-        d.mkdir(exist_ok=True)
-        for r in ranks:
-            n = len(times[r])
-            _write(d, r, list(range(first, first + n))[-128:], [10 ** 18 + t for t in times[r]][-128:], start)
-        out[node] = ArrivalTracker(str(d), clock_ns=lambda: 10 ** 18).sample(list(ranks), start)
-    return out
-
-
-def _verdict(tmp_path, times, batches=4):
-    book = ArrivalBook(clock_ns=lambda: 10 ** 18)
-    n = len(times[0])
-    step = n // batches
-    for b in range(1, batches + 1):  # the nodes' heartbeats come in as the collectives go on
-        part = {r: t[:b * step] for r, t in times.items()}
-        for node, record in _fold(tmp_path, part).items():
-            book.update(node, record)
-        book.tally([0, 1])
+def _verdict(tmp_path, times):
+    book = ArrivalBook(clock_ns=lambda: T0)
+    for node, record in heartbeats(tmp_path, times):
+        book.update(node, record)
     return book.verdict()
 
 
@@ -124,13 +166,14 @@ def test_a_rank_a_quarter_slower_is_named_with_its_node_and_cost(tmp_path):
     assert verdict.share >= 0.9 and 235 <= verdict.wait_ms <= 265 and 1.29 <= verdict.ratio <= 1.37, verdict
 
 
-def _simulated(shape, n, slow, slow_ranks=(3,)):
-    """A simulated job's arrivals (tests/unit/arrival_shapes.py) as the ranks' files would hold them, and the
-    step-time ratio it has."""
+def _simulated(shape, n, slow, slow_ranks=(3,), seconds=None):
+    """A simulated job's arrivals (tests/unit/arrival_shapes.py), ns after T0 by rank, and the step-time
+    ratio it has; for ``seconds`` (about) or the gang's window of pairs."""
     from arrival_shapes import expected, program, simulate, steps_for
 
     ops = program(shape, n)
-    run = simulate(ops, slow, slow_ranks=slow_ranks, steps=steps_for(ops))
+    steps = steps_for(ops) if seconds is None else int(seconds / 0.14)
+    run = simulate(ops, slow, slow_ranks=slow_ranks, steps=steps)
     times = {r: [int(a[r] * MS) for a in run.arrivals] for r in range(4)}
     return times, expected(ops, slow, slow_ranks=slow_ranks, steps=steps_for(ops))
 
@@ -140,15 +183,35 @@ def test_a_rank_a_quarter_slower_at_its_work_is_named_with_the_step_time_ratio(t
     """Through the nodes' records and the control's join: DDP's 8 overlapped buckets and FSDP's all-gathers."""
     monkeypatch.setattr(arrivals, "WARMUP_NS", 0)  # a few simulated seconds
     times, want = _simulated(shape, n, 1.25)
-    verdict = _verdict(tmp_path, times, batches=len(times[0]) // 40)
+    verdict = _verdict(tmp_path, times)
     assert verdict is not None and (verdict.named, verdict.node) == ("3", 1), verdict
     assert abs(verdict.ratio - want) <= 0.05 and verdict.share >= 0.9, (verdict, want)
+
+
+@pytest.mark.parametrize("send, joined", [(3.0, 5), (8.0, 2)])
+def test_the_window_keeps_up_with_hundreds_of_collectives_a_second_in_records_of_a_bound_size(tmp_path, send, joined):
+    """FSDP of 21 layers, 140 ms steps: 430 collectives a second for 40 s, ranks reading their recorder as
+    often as it goes round, nodes sending every 3 s (every 8 s: a gang of 1,024 nodes) at their own phases.
+    The nodes send the same pairs: 6 to 12 a second are joined (2 to 5 sent every 8 s), each node's record stays
+    within 48 pairs (about 3 KB), and the quarter-slower rank is named at its step-time ratio."""
+    times, want = _simulated("fsdp", 63, 1.25, seconds=40)
+    records = heartbeats(tmp_path, times, send=send)
+    book = ArrivalBook(clock_ns=lambda: T0)
+    for node, record in records:
+        assert len(record.seq) <= SENT and len(json.dumps(record.to_wire())) < 4000
+        book.update(node, record)
+    seconds = times[0][-1] / 1e9
+    assert len(times[0]) / seconds > 400, len(times[0]) / seconds
+    assert book.joined / (seconds - WARMUP_NS / 1e9) > joined and len(book.pending) < 30, (book.joined, book.pending)
+    verdict = book.verdict()
+    assert verdict is not None and (verdict.named, verdict.node) == ("3", 1), verdict
+    assert abs(verdict.ratio - want) <= 0.1, (verdict, want)
 
 
 def test_a_slow_machine_of_ddp_buckets_is_named_as_its_node(tmp_path, monkeypatch):
     monkeypatch.setattr(arrivals, "WARMUP_NS", 0)
     times, want = _simulated("ddp", 8, 1.25, slow_ranks=(2, 3))
-    verdict = _verdict(tmp_path, times, batches=len(times[0]) // 40)
+    verdict = _verdict(tmp_path, times)
     assert verdict is not None and (verdict.named, verdict.node) == ("2-3", 1), verdict
     assert abs(verdict.ratio - want) <= 0.1, (verdict, want)
 
@@ -175,39 +238,36 @@ def test_a_rank_late_only_while_the_start_warms_up_is_not_named(tmp_path, monkey
 def test_a_node_whose_clock_is_off_is_put_on_the_controls_clock(tmp_path, monkeypatch):
     """Node 1's clock 40 ms ahead: its arrivals look 40 ms late; its heartbeats' send times, 40 ms ahead as
     well, put them back. Without that, the others would seem to wait 40 ms for node 1 at every collective."""
-    monkeypatch.setattr(arrivals, "WARMUP_NS", 0)  # one heartbeat's SENT collectives: all in a warm-up of their own
-    times = _records(late_rank=None, late_ms=0, collectives=160, skew=(0, 40))
-    book = ArrivalBook(clock_ns=lambda: 10 ** 18)
-    for node, record in _fold(tmp_path, times).items():
-        book.update(node, NodeArrivals(record.base, record.sent + (40 * MS if node else 0), record.seq, record.ranks,
-                                       record.last, record.who, record.second))
-    book.tally([0, 1])
-    assert len(book.window) >= MIN_SEEN and book.verdict() is None
-    assert max(j.node.last - j.node.ref for j in book.window) < 3 * MS  # the ranks' jitter alone
-    unfixed = ArrivalBook(clock_ns=lambda: 10 ** 18)
-    for node, record in _fold(tmp_path, times).items():
+    monkeypatch.setattr(arrivals, "WARMUP_NS", 0)
+    records = heartbeats(tmp_path, _records(late_rank=None, late_ms=0, collectives=160, skew=(0, 40)))
+    book, unfixed = ArrivalBook(clock_ns=lambda: T0), ArrivalBook(clock_ns=lambda: T0)
+    for node, record in records:
+        book.update(node, dataclasses.replace(record, sent=record.sent + (40 * MS if node else 0)))
         unfixed.update(node, record)
-    unfixed.tally([0, 1])
-    assert min(j.node.last - j.node.ref for j in unfixed.window) > 25 * MS  # node 1 "late" by 40 ms
-    assert {j.of_node for j in unfixed.window} == {1}
+    (window,) = book.window.values()
+    assert len(window) >= MIN_SEEN and book.verdict() is None
+    assert max(j.node.last - j.node.ref for pair in window for j in pair) < 3 * MS  # the ranks' jitter alone
+    (window,) = unfixed.window.values()
+    assert min(j.node.last - j.node.ref for pair in window for j in pair) > 25 * MS  # node 1 "late" by 40 ms
+    assert {j.of_node for pair in window for j in pair} == {1}
 
 
 def test_the_progress_book_names_the_late_rank_once_it_has_been_late_for_a_while(tmp_path, monkeypatch):
     from metaflow_extensions.torchrun.plugins.torchrun.gang import gang_progress
 
     real = ArrivalBook.__init__
-    monkeypatch.setattr(gang_progress.ArrivalBook, "__init__", lambda self: real(self, clock_ns=lambda: 10 ** 18))
+    monkeypatch.setattr(gang_progress.ArrivalBook, "__init__", lambda self: real(self, clock_ns=lambda: T0))
     monkeypatch.setattr(arrivals, "WARMUP_NS", 0)  # one heartbeat's collectives
     book = ProgressBook(2, 1.5, 300.0)
-    records = _fold(tmp_path, _records(late_rank=3, late_ms=25, collectives=160))
-    for node, record in records.items():
+    for node, record in heartbeats(tmp_path, _records(late_rank=3, late_ms=25, collectives=160)):
         book.update(node, "host-%d" % node, NodeProgress(cpu=0.5, arrivals=record))
     assert book.check(100.0) == [] and book.check(119.0) == []  # late, not yet for long (SUSTAIN)
     (named,) = book.check(121.0)
     assert (named.node_index, named.ranks, named.signal) == (1, "3", "arrival"), named
     assert named.sentence().startswith("rank 3 (node 1, host-1) is the one the others wait for at the collectives: "
                                        "100 % of their waiting, "), named.sentence()
-    assert "; each step takes 1.33x the time it would without it (for 21 s)" in named.sentence(), named.sentence()
+    assert re.search(r"; each step takes 1\.3\dx the time it would without it \(for 21 s\)$", named.sentence()), \
+        named.sentence()
     assert book.check(130.0) == [] and book.current().stragglers[0].seconds == 30.0  # named once, kept up to date
 
 
@@ -224,7 +284,7 @@ def _swap_gang(net, tmp_path, monkeypatch, restarts):
     nodes = [Node(net, server, n) for n in range(3)]
     for node in nodes:
         node.enter()
-    for index, record in _fold(tmp_path, _records(late_rank=3, late_ms=25, collectives=160)).items():
+    for index, record in heartbeats(tmp_path, _records(late_rank=3, late_ms=25, collectives=160)):
         nodes[index].send(type="hb", progress=NodeProgress(cpu=0.5, arrivals=record).to_wire())
     return nodes
 
@@ -237,7 +297,8 @@ def test_the_service_swaps_the_late_ranks_node_for_a_spare(net, tmp_path, monkey
     assert cause["kind"] == "straggler" and cause["node_index"] == 1 and cause["call"] == 0, cause
     assert cause["summary"].startswith("node 1 (host-1, ranks 3) has been the one the others wait for at the "
                                        "collectives for "), cause["summary"]
-    assert "each step 1.33x the time it would take (swap_stragglers=1s)" in cause["summary"], cause["summary"]
+    assert re.search(r"each step 1\.3\dx the time it would take \(swap_stragglers=1s\)$", cause["summary"]), \
+        cause["summary"]
 
 
 def test_with_no_restart_left_a_late_rank_trains_on(net, tmp_path, monkeypatch):

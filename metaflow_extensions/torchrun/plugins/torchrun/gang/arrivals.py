@@ -4,39 +4,44 @@ In a job whose every step ends in a collective, the ranks leave each collective 
 step rates are all the slowest rank's. When each rank *arrived* tells them apart: a rank that is
 consistently the last to reach the collectives is the one the others wait for.
 
-- a rank: procs/arrivals.py writes when it enqueued its newest collectives (the Flight Recorder's
-  ``time_created_ns``, the host's wall clock);
+- a rank: procs/arrivals.py writes when it enqueued its collectives (the Flight Recorder's
+  ``time_created_ns``, the host's wall clock), as pairs of successive collectives of a group, one pair in
+  ``2**level`` at high rates, picked alike on every rank;
 - a node: ``ArrivalTracker`` folds its ranks' files into one ``NodeArrivals`` per heartbeat that carries
-  progress: for each of the newest ``SENT`` collectives every local rank reached, the node's latest
-  arrival, whose it was, and its second-latest. Constant per node: the control joins the nodes'
-  records with no rank's own list;
+  progress: for each pair it has not sent (at most ``SENT``, thinned by the same rule where more are
+  waiting) and each of its two collectives, the node's latest arrival, whose it was, and its
+  second-latest. Constant per node: the control joins the nodes' records with no rank's own list;
 - the control: ``ArrivalBook`` puts each node's times on its own clock (``recv - sent``, the least over
   the recent heartbeats: the clock offset plus the shortest one-way delay, well under a millisecond on
-  a LAN), joins the nodes per collective into the last arrival and the latest of the others', and
-  gang/arrival_cost.py turns a window of them into what the last rank costs the others per step,
-  whether they wait for it at every collective or once a step (DDP's buckets). A rank whose lags make
-  ``SHARE`` of all the waiting and each step ``RATIO`` times longer, for ``SUSTAIN`` seconds, past a
-  start's first ``WARMUP_NS``, is named. In an even gang the ranks take turns at being last, and nobody
-  is named.
+  a LAN), joins a pair once the nodes that sent it hold every rank of its group, into the last arrival
+  and the latest of the others', and gang/arrival_cost.py turns a window of them into what the last rank
+  costs the others per step, whether they wait for it at every collective or once a step (DDP's buckets).
+  A rank whose lags make ``SHARE`` of all the waiting and each step ``RATIO`` times longer, for
+  ``SUSTAIN`` seconds, past a start's first ``WARMUP_NS``, is named. In an even gang the ranks take turns
+  at being last, and nobody is named.
 """
 
 from __future__ import annotations
 
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from dataclasses import dataclass
-from typing import Annotated, Deque, Dict, List, Optional, Tuple
+from typing import Annotated, Deque, Dict, List, Optional, Set, Tuple
 
-from ..base.codec import Int, Items, Record
-from ..procs.arrivals import read_arrivals
+from ..base.codec import Int, Items, Record, Text
+from ..base.timeouts import PROGRESS_SEND
+from ..procs.arrivals import KEPT, level, read_arrivals, settled
 from .arrival_cost import Arrival, Cost, cost, pair
 from .wire import ProtocolError
 
-SENT = 48  # collectives a node's record holds, the newest its ranks all reached
+SENT = 48  # pairs of collectives a node's record holds: the oldest it has not sent
+ROOM = 0.8  # the share of a heartbeat's pairs the rate may fill: the rest takes a rank's file's bursts
+MAX_GROUPS = 8  # process groups a record holds
 MAX_US = 1 << 40  # an arrival's offset from the record's first, in microseconds
 RANK_LIMIT = 1 << 31
-WINDOW = 400  # the collectives a verdict looks at, the newest
-MIN_SEEN = 40  # no verdict on fewer intervals
+WINDOW = 400  # the pairs of each group a verdict looks at, the newest
+PENDING = 4096  # pairs some nodes sent and others not yet (or never: they kept fewer), the newest
+MIN_SEEN = 40  # no verdict on fewer pairs
 SHARE = 0.75  # a rank whose lags make this share of all the others' waiting ...
 RATIO = 1.05  # ... and each step this many times longer than it would be ...
 SUSTAIN = 20.0  # ... for this many seconds in a row is named (under heavy load a CPU-starved node flickered 8 s)
@@ -47,27 +52,39 @@ OFFSET_SAMPLES = 16  # heartbeats the clock offset is the least of
 SIGNAL_ARRIVAL = "arrival"
 
 Micros = Tuple[Annotated[int, Int(0, MAX_US)], ...]
+Ranks = Annotated[int, Int(1, RANK_LIMIT - 1)]
 
 
 @dataclass(frozen=True)
 class NodeArrivals(Record):
-    """Collectives ``seq``, ``seq + 1``, ... as one node's ``ranks`` ranks reached them: for each, its latest
+    """Pairs of successive collectives (``seq - 1`` and ``seq`` of group ``groups[group]``) as this node's
+    ranks in the group (``members`` of its ``sizes``) reached them: for the two, in turn, the node's latest
     arrival (``last``, µs after ``base``, the node's wall clock in ns), whose (``who``, a global rank) and the
-    second-latest (``second``, µs after ``base``; ``last`` on a node of one rank); ``sent``: the node's clock
-    as it sampled."""
+    second-latest (``second``; ``last`` where the node has one member); ``sent``: the node's clock as it
+    sampled. At most ``SENT`` pairs: constant per node, whatever the collectives' rate or the gang's size."""
 
     ERROR = ProtocolError
     base: Annotated[int, Int(0, 1 << 62)]
     sent: Annotated[int, Int(0, 1 << 62)]
-    seq: Annotated[int, Int(0, 1 << 53)]
-    ranks: Annotated[int, Int(1, 1 << 20)]
-    last: Annotated[Micros, Items(SENT)] = ()
-    who: Annotated[Tuple[Annotated[int, Int(0, RANK_LIMIT - 1)], ...], Items(SENT)] = ()
-    second: Annotated[Micros, Items(SENT)] = ()
+    groups: Annotated[Tuple[Annotated[str, Text(64)], ...], Items(MAX_GROUPS)] = ()
+    sizes: Annotated[Tuple[Ranks, ...], Items(MAX_GROUPS)] = ()
+    members: Annotated[Tuple[Ranks, ...], Items(MAX_GROUPS)] = ()
+    group: Annotated[Tuple[Annotated[int, Int(0, MAX_GROUPS - 1)], ...], Items(SENT)] = ()
+    seq: Annotated[Tuple[Annotated[int, Int(1, 1 << 53)], ...], Items(SENT)] = ()
+    last: Annotated[Micros, Items(2 * SENT)] = ()
+    who: Annotated[Tuple[Annotated[int, Int(0, RANK_LIMIT - 1)], ...], Items(2 * SENT)] = ()
+    second: Annotated[Micros, Items(2 * SENT)] = ()
 
     def problem(self) -> Optional[str]:
-        if not len(self.last) == len(self.who) == len(self.second):
+        if not len(self.groups) == len(self.sizes) == len(self.members):
+            return "groups of unequal lengths"
+        if any(m > n for m, n in zip(self.members, self.sizes)):
+            return "more members of a group than it has"
+        if len(self.group) != len(self.seq) or not len(self.last) == len(self.who) == len(self.second) \
+                == 2 * len(self.seq):
             return "arrivals of unequal lengths"
+        if any(g >= len(self.groups) for g in self.group):
+            return "a pair of no group"
         if any(b > a for a, b in zip(self.last, self.second)):
             return "a second-latest arrival after the latest"
         return None
@@ -77,37 +94,80 @@ class NodeArrivals(Record):
 
 
 class ArrivalTracker:
-    """Per call: its ranks' files, folded for the heartbeat."""
+    """Per call: its ranks' files, folded for the heartbeat; the pairs sent so far, per start of the ranks."""
 
     def __init__(self, workdir: str, clock_ns=time.time_ns) -> None:
         self.workdir = workdir
         self.clock_ns = clock_ns
+        self.start = -1
+        self.sent: Dict[str, Set[int]] = {}  # group -> the pairs sent or passed over, the newest
+        self.sampled: Optional[int] = None  # the last heartbeat's clock, ns
+        self.above = 0  # levels above the ranks' of the pairs sent
 
     def sample(self, ranks: List[int], start: int) -> Optional[NodeArrivals]:
-        """None until every one of ``ranks`` (of start ``start``) wrote collectives they all reached."""
+        """None until every one of ``ranks`` (of start ``start``) wrote pairs, and while none is new. Called
+        only for a heartbeat that carries it: what it returns counts as sent. The oldest first, so that a
+        burst (a rank writes its file every few seconds) goes out over the next heartbeats; where more
+        come than the heartbeats carry (a gang whose heartbeats carry progress less often), the pairs of
+        a higher level only, as every node picks them."""
         if not ranks:
             return None
-        each: Dict[int, Dict[int, int]] = {}
+        if start != self.start:
+            self.start, self.sent, self.sampled, self.above = start, {}, None, 0
+        each = {}
         for rank in ranks:
             read = read_arrivals(self.workdir, rank, start)
             if read is None:
                 return None
             each[rank] = read
-        common = set.intersection(*(set(times) for times in each.values()))
-        if not common:
-            return None
-        first, newest = max(min(common), max(common) - SENT + 1), max(common)
-        seqs = [s for s in range(first, newest + 1) if s in common]
-        if len(seqs) != newest - first + 1:
-            seqs = seqs[seqs.index(max(s for s in seqs if s - 1 not in common)):]  # a run without gaps
-        base = min(each[r][s] for r in each for s in seqs)
-        last, who, second = [], [], []
-        for s in seqs:
-            order = sorted(each, key=lambda r: (each[r][s], r))
-            last.append(min(MAX_US, (each[order[-1]][s] - base) // 1000))
-            who.append(order[-1])
-            second.append(min(MAX_US, (each[order[-2 if len(order) > 1 else -1]][s] - base) // 1000))
-        return NodeArrivals(base, self.clock_ns(), seqs[0], len(each), tuple(last), tuple(who), tuple(second))
+        groups: Dict[str, Tuple[int, List[int]]] = {}  # group -> (size, its members here)
+        for rank in ranks:
+            for name, (size, _) in each[rank].items():
+                groups.setdefault(name, (size, []))[1].append(rank)
+        names = sorted(groups, key=lambda g: (g != "0", g))[:MAX_GROUPS]
+        new = []
+        for index, name in enumerate(names):
+            members, sent = groups[name][1], self.sent.setdefault(name, set())
+            common = set.intersection(*(set(each[r][name][1]) for r in members))
+            new += [(min(each[r][name][1][k][1] for r in members), k, index) for k in common if k not in sent]
+        floor = self._floor(new)
+        chosen = sorted(p for p in new if level(p[1]) >= floor)[:SENT]
+        for _, k, g in [p for p in new if level(p[1]) < floor] + chosen:
+            self.sent[names[g]].add(k)
+        for name, sent in self.sent.items():
+            if len(sent) > 4 * KEPT:
+                self.sent[name] = set(sorted(sent)[-2 * KEPT:])
+        return self._fold(each, names, groups, [(k, g) for _, k, g in chosen]) if chosen else None
+
+    def _floor(self, new: List[Tuple[int, int, int]]) -> int:
+        """The least level whose pairs the heartbeats keep up with: from the rate the ranks' files hold
+        pairs at (their own times: alike on every node, right from the first heartbeat) and the pairs a
+        heartbeat carries, kept while the rate stays near; above the level the ranks kept them at."""
+        now = self.clock_ns()
+        every = (now - self.sampled) / 1e9 if self.sampled is not None and now > self.sampled else PROGRESS_SEND
+        self.sampled = now
+        times = sorted(t for t, _, _ in new)
+        if len(times) > 1 and times[-1] - times[0] >= 10 ** 9:
+            self.above = settled(self.above, (len(times) - 1) / ((times[-1] - times[0]) / 1e9), ROOM * SENT / every)
+        return min((level(k) for _, k, _ in new), default=0) + self.above
+
+    def _fold(self, each: Dict[int, Dict[str, Tuple[int, Dict[int, Tuple[int, int]]]]], names: List[str],
+              groups: Dict[str, Tuple[int, List[int]]], chosen: List[Tuple[int, int]]) -> NodeArrivals:
+        times = [[each[r][names[g]][1][k] for r in groups[names[g]][1]] for k, g in chosen]
+        base = min(min(min(t) for t in pairs) for pairs in times)
+        last: List[int] = []
+        who: List[int] = []
+        second: List[int] = []
+        for (_, g), arrived in zip(chosen, times):
+            members = groups[names[g]][1]
+            for side in (0, 1):
+                order = sorted(range(len(members)), key=lambda i: (arrived[i][side], members[i]))
+                last.append(min(MAX_US, (arrived[order[-1]][side] - base) // 1000))
+                who.append(members[order[-1]])
+                second.append(min(MAX_US, (arrived[order[-2 if len(order) > 1 else -1]][side] - base) // 1000))
+        return NodeArrivals(base, self.clock_ns(), tuple(names), tuple(groups[n][0] for n in names),
+                            tuple(len(groups[n][1]) for n in names), tuple(g for _, g in chosen),
+                            tuple(k for k, _ in chosen), tuple(last), tuple(who), tuple(second))
 
 
 # -- on the control -----------------------------------------------------------------------------------
@@ -137,16 +197,19 @@ class ArrivalVerdict:
 
 class Joined:
     """One collective over the gang: the rank view (the last rank against the second-latest) and the node
-    view (the last node against the latest of the others); ``node`` is the last rank's."""
+    view (the last node against the latest of the others; None on one node); ``of_node``: the last rank's."""
 
-    __slots__ = ("seq", "rank", "node", "of_node")
+    __slots__ = ("rank", "node", "of_node")
 
-    def __init__(self, seq: int, rank: Arrival, node: Optional[Arrival], of_node: int) -> None:
-        self.seq, self.rank, self.node, self.of_node = seq, rank, node, of_node
+    def __init__(self, rank: Arrival, node: Optional[Arrival], of_node: int) -> None:
+        self.rank, self.node, self.of_node = rank, node, of_node
 
 
-def join(seq: int, times: Dict[int, Tuple[float, int, float, int]]) -> Optional[Joined]:
-    """``times``: node -> (its latest arrival, whose, its second-latest, its ranks), on one clock."""
+Seen = Tuple[float, int, float, int]  # a node's latest arrival, whose, its second-latest, its members
+
+
+def join(times: Dict[int, Seen]) -> Optional[Joined]:
+    """``times``: node -> what it saw of one collective, on one clock."""
     if sum(count for _, _, _, count in times.values()) < 2:
         return None
     node = max(times, key=lambda n: (times[n][0], -n))
@@ -154,25 +217,27 @@ def join(seq: int, times: Dict[int, Tuple[float, int, float, int]]) -> Optional[
     others = [times[n][0] for n in times if n != node]
     ref = max(others + ([second] if count > 1 else []))
     by_node = Arrival(last, node, max(others)) if others else None
-    return Joined(seq, Arrival(last, who, ref), by_node, node)
+    return Joined(Arrival(last, who, ref), by_node, node)
 
 
 class ArrivalBook:
-    """The control's join of the nodes' records, per start of the ranks (numbers begin again)."""
+    """The control's join of the nodes' records, per start of the ranks (numbers begin again): a pair is
+    joined once the nodes that sent it hold every rank of its group."""
 
     def __init__(self, clock_ns=time.time_ns) -> None:
         self.clock_ns = clock_ns
-        self.nodes: Dict[int, NodeArrivals] = {}
         self.gaps: Dict[int, Deque[int]] = {}  # node -> recent (recv - sent), ns
-        self.window: Deque[Joined] = deque(maxlen=WINDOW)
-        self.tallied = -1
-        self.first_ns: Optional[float] = None  # the start's first collective, on the control's clock
+        self.pending: "OrderedDict[Tuple[str, int], Dict[int, Tuple[Seen, Seen]]]" = OrderedDict()
+        self.sizes: Dict[str, int] = {}
+        self.window: Dict[str, Deque[Tuple[Joined, Joined]]] = {}
+        self.joined = 0  # pairs joined this start: the verdict is worked out again when it grows
+        self.first_ns: Optional[float] = None  # the start's first pair, on the control's clock
         self.last_verdict: Tuple[object, Optional[ArrivalVerdict]] = (None, None)
 
     def new_start(self) -> None:
-        self.nodes.clear()
+        self.pending.clear()
         self.window.clear()
-        self.tallied = -1
+        self.joined = 0
         self.first_ns = None
 
     def update(self, node: int, arrivals: Optional[NodeArrivals]) -> None:
@@ -180,56 +245,55 @@ class ArrivalBook:
             return
         gaps = self.gaps.setdefault(node, deque(maxlen=OFFSET_SAMPLES))
         gaps.append(self.clock_ns() - arrivals.sent)
-        self.nodes[node] = arrivals
+        shift = arrivals.base + min(gaps)  # the node's clock on the control's
+        for i, (g, k) in enumerate(zip(arrivals.group, arrivals.seq)):
+            name, members = arrivals.groups[g], arrivals.members[g]
+            self.sizes[name] = arrivals.sizes[g]
+            sides = tuple((shift + arrivals.last[j] * 1000.0, arrivals.who[j], shift + arrivals.second[j] * 1000.0,
+                           members) for j in (2 * i, 2 * i + 1))
+            self._add((name, k), node, (sides[0], sides[1]))
 
-    def tally(self, expected: List[int]) -> None:
-        """The collectives every one of ``expected`` (the nodes training now) reported, once each."""
-        if not expected or any(n not in self.nodes for n in expected):
+    def _add(self, key: Tuple[str, int], node: int, sides: Tuple[Seen, Seen]) -> None:
+        nodes = self.pending.setdefault(key, {})
+        nodes[node] = sides
+        if sum(s[0][3] for s in nodes.values()) < self.sizes[key[0]]:
+            while len(self.pending) > PENDING:
+                self.pending.popitem(last=False)
             return
-        records = {n: self.nodes[n] for n in expected}
-        lo = max(max(r.seq for r in records.values()), self.tallied + 1)
-        hi = min(r.seq + len(r.last) - 1 for r in records.values())
-        for seq in range(lo, hi + 1):
-            self._one(seq, records)
-        self.tallied = max(self.tallied, hi)
-
-    def _one(self, seq: int, records: Dict[int, NodeArrivals]) -> None:
-        times = {}
-        for node, r in records.items():
-            i = seq - r.seq
-            shift = r.base + min(self.gaps[node])  # the node's clock on the control's
-            times[node] = (shift + r.last[i] * 1000.0, r.who[i], shift + r.second[i] * 1000.0, r.ranks)
-        joined = join(seq, times)
-        if joined is None:
+        del self.pending[key]
+        before, after = join({n: s[0] for n, s in nodes.items()}), join({n: s[1] for n, s in nodes.items()})
+        if before is None or after is None:
             return
         if self.first_ns is None:
-            self.first_ns = joined.rank.last
-        if joined.rank.last - self.first_ns >= WARMUP_NS:
-            self.window.append(joined)
+            self.first_ns = after.rank.last
+        if after.rank.last - self.first_ns >= WARMUP_NS:
+            self.window.setdefault(key[0], deque(maxlen=WINDOW)).append((before, after))
+            self.joined += 1
 
     def verdict(self) -> Optional[ArrivalVerdict]:
         """The rank the others wait for, or else the node, whose lags make ``SHARE`` of all their waiting and
-        each step ``RATIO`` times longer, over the window; else None. Worked out again only once the window
-        has changed (a heartbeat's collectives; the fit takes milliseconds)."""
-        key = (self.tallied, len(self.window), self.first_ns)
+        each step ``RATIO`` times longer, over the window of a group; else None. Worked out again only once
+        the window has changed (a heartbeat's pairs; the fit takes milliseconds)."""
+        key = (self.joined, self.first_ns)
         if self.last_verdict[0] != key:
-            self.last_verdict = (key, self._verdict())
+            self.last_verdict = (key, max((v for v in map(_group_verdict, self.window.values()) if v is not None),
+                                          key=lambda v: v.ratio, default=None))
         return self.last_verdict[1]
 
-    def _verdict(self) -> Optional[ArrivalVerdict]:
-        steps = [(a, b) for a, b in zip(self.window, list(self.window)[1:]) if b.seq == a.seq + 1]
-        if len(steps) < MIN_SEEN:
-            return None
-        by_rank = cost([pair(a.rank, b.rank) for a, b in steps])
-        if by_rank is not None and _named(by_rank):
-            node = next(b.of_node for _, b in reversed(steps) if b.rank.who == by_rank.who)
-            return _verdict((by_rank.who,), node, by_rank)
-        nodes = [(a.node, b.node) for a, b in steps if a.node is not None and b.node is not None]
-        by_node = cost([pair(a, b) for a, b in nodes]) if len(nodes) >= MIN_SEEN else None
-        if by_node is None or not _named(by_node):
-            return None
-        ranks = tuple(sorted({b.rank.who for _, b in steps if b.of_node == by_node.who}))
-        return _verdict(ranks, by_node.who, by_node)
+
+def _group_verdict(window: Deque[Tuple[Joined, Joined]]) -> Optional[ArrivalVerdict]:
+    if len(window) < MIN_SEEN:
+        return None
+    by_rank = cost([pair(a.rank, b.rank) for a, b in window])
+    if by_rank is not None and _named(by_rank):
+        node = next(b.of_node for _, b in reversed(window) if b.rank.who == by_rank.who)
+        return _verdict((by_rank.who,), node, by_rank)
+    nodes = [(a.node, b.node) for a, b in window if a.node is not None and b.node is not None]
+    by_node = cost([pair(a, b) for a, b in nodes]) if len(nodes) >= MIN_SEEN else None
+    if by_node is None or not _named(by_node):
+        return None
+    ranks = tuple(sorted({b.rank.who for _, b in window if b.of_node == by_node.who}))
+    return _verdict(ranks, by_node.who, by_node)
 
 
 def _named(found: Cost) -> bool:

@@ -396,7 +396,6 @@ class ProgressBook:
     def _late(self, now: float) -> List[Straggler]:
         """The rank the others wait for at the collectives (gang/arrivals.py), named once it has been so
         for ``SUSTAIN`` seconds; none where its node is named already."""
-        self.arrivals.tally(sorted(self.nodes))
         verdict = self.arrivals.verdict()
         if verdict is None or verdict.node not in self.nodes:
             self.late_since, self.late = None, None

@@ -1,62 +1,125 @@
-"""When this rank reached each of its latest collectives, read from torch's Flight Recorder while it
-trains, so the gang can tell which rank the others wait for (gang/arrivals.py).
+"""When this rank reached its collectives, read from torch's Flight Recorder while it trains, so the gang
+can tell which rank the others wait for (gang/arrivals.py).
 
 In a lockstep job every rank leaves a collective together, so step rates cannot tell the ranks apart;
 the moment each rank *enqueued* the collective can: the rank the others wait for is the last to arrive.
 The recorder stamps each entry with that moment (``time_created_ns``, the host's wall clock), for gloo
-and NCCL alike. A daemon thread dumps the recorder every ``EVERY`` seconds, keeps the default group's
-newest collectives and writes them to the rank's ``rank-<R>.arrivals.json``; nothing is done where the
-recorder is off or the group is not up yet. Only the newest entries of the dump are parsed (a full
-``json.loads`` of 2,000 entries cost as much as torch's dump, and set off Python's garbage collector):
-the dump itself is the cost, and ``EVERY`` keeps it near 1 % of the rank's time (docs/benchmarks.md,
-"Who the gang waits for")."""
+and NCCL alike. A daemon thread dumps the recorder every ``EVERY`` seconds and writes the rank's
+``rank-<R>.arrivals.json``; nothing is done where the recorder is off or the group is not up yet.
+
+What is kept is *pairs*: two successive collectives ``k-1`` and ``k`` of a group, the unit the gang's
+cost is worked out on (gang/arrival_cost.py). An FSDP job makes hundreds of collectives a second, more
+than a node's heartbeat can carry, so one pair in ``2**level`` is kept, by a hash of ``k`` that every
+rank computes alike (``sampled``): the level is the least that keeps about ``TARGET`` pairs a second, and
+a rank on one level keeps every pair of the levels above, so ranks that chose levels one apart still
+share the coarser one's pairs. The hash, not ``k``'s own bits, picks them: a step's collectives repeat
+with a period, and every pair of a period must be as likely to be kept. Only the entries of kept pairs
+are parsed, the newest first, back to the last read (a whole ``json.loads`` of 2,000 entries cost as
+much as torch's dump, and set off Python's garbage collector): the dump itself is the cost, and ``EVERY``
+keeps it near 1 % of the rank's time (docs/benchmarks.md, "Who the gang waits for")."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 import threading
-from typing import Any, Dict, List, Optional, Tuple
+import time
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from .flight_ask import default_backends, dump_recorder, recorder_for
 from .names import ARRIVALS_SUFFIX, RESTART_COUNT_ENV, rank_file
 from .records import read_json, write_json
 
 EVERY = 5.0  # seconds between two reads of the recorder: a full one's dump takes torch 30 to 40 ms (2,000 entries)
-KEPT = 128  # collectives a rank's file holds, the newest
-DEFAULT_GROUP = "default_pg"
+# ... or less where the collectives come faster than the recorder keeps them for: its newest this share read
+# again before it goes round (at 2,000 entries and 400 collectives a second, every 3.75 s; the cost grows with
+# the rate, not with the recorder's size: docs/benchmarks.md).
+ROUND = 0.75
+KEPT = 256  # pairs a rank's file holds for each group, the newest: 21 s at the most kept (12 a second)
+TARGET = 12.0  # pairs a second kept, at most (6 to 12): a node's heartbeat carries 48 every 3 s (gang/arrivals.py)
+MAX_LEVEL = 24
+STAY = 1.25  # a level changes where the rate is this far past its bound
+HOST = "host"  # an arrival is the host's enqueue time (time_created_ns)
 
-
-_ENTRY = '{"collective_seq_id"'  # how torch writes an entry: its keys in order, this one first
+# How torch writes an entry: its keys in order, this one first (elsewhere: the whole dump parsed).
+_ENTRY = '{"collective_seq_id"'
+_START = re.compile(r'\{"collective_seq_id": ?(\d+),')
+_RECORD = re.compile(r'"record_id": ?(\d+)')
 _DECODER = json.JSONDecoder()
+_MASK = (1 << 64) - 1
 
 
-def tail_entries(text: Any, count: int) -> List[Any]:
-    """The newest ``count`` entries of a dump, each parsed alone (the dump lists them in the order they were
-    recorded); the whole dump parsed where it is not written so."""
+def level(k: int) -> int:
+    """How rare pair ``k`` is: the trailing zero bits of a 64-bit mix of ``k`` (splitmix64's), so that one
+    pair in ``2**n`` has a level of ``n`` or more, whatever the step's period."""
+    z = (k * 0x9E3779B97F4A7C15) & _MASK
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK
+    z ^= z >> 31
+    return MAX_LEVEL if z == 0 else min(MAX_LEVEL, (z & -z).bit_length() - 1)
+
+
+def level_for(rate: float, target: float = TARGET) -> int:
+    """The least level that keeps at most ``target`` of ``rate`` pairs a second."""
+    found = 0
+    while found < MAX_LEVEL and rate / (1 << found) > target:
+        found += 1
+    return found
+
+
+def settled(now: int, rate: float, target: float = TARGET) -> int:
+    """The level for ``rate``, kept where the rate is within ``STAY`` of the bound it crossed: ranks (and
+    nodes) whose estimates differ a little keep the same pairs."""
+    if level_for(rate / STAY, target) > now or level_for(rate * STAY, target) < now:
+        return level_for(rate, target)
+    return now
+
+
+def new_entries(text: Any, after: int, wanted: Callable[[int], bool]) -> Tuple[List[Any], int, int]:
+    """The dump's entries recorded after record ``after`` whose ``collective_seq_id`` is ``wanted``, parsed
+    each alone, oldest first; the newest record id and how many were new. Where the dump is not written as
+    torch writes it, every entry is parsed."""
     if isinstance(text, bytes):
         text = text.decode("utf-8", "replace")
     if not isinstance(text, str):
-        return []
-    at = len(text)
-    for _ in range(count):
-        found = text.rfind(_ENTRY, 0, at)
-        if found < 0:
-            break
-        at = found
-    if at == len(text):
-        return _all_entries(text)
+        return [], after, 0
+    starts = [(m.start(), int(m.group(1))) for m in _START.finditer(text)]
+    if not starts:
+        return _after(_all_entries(text), after, wanted)
+    last = _RECORD.search(text, starts[-1][0])
+    if last is not None and int(last.group(1)) < after:
+        after = -1  # the recorder began again (torch's reset): every entry is new
     out: List[Any] = []
-    try:
-        while at < len(text) and text[at] == "{":
-            entry, at = _DECODER.raw_decode(text, at)
-            out.append(entry)
-            while at < len(text) and text[at] in " ,\n":
-                at += 1
-    except ValueError:
-        return _all_entries(text)
-    return out
+    newest, count = after, 0
+    for at, seq in reversed(starts):
+        found = _RECORD.search(text, at, at + 100_000)
+        record = int(found.group(1)) if found else -1
+        if record <= after:
+            break
+        newest, count = max(newest, record), count + 1
+        if wanted(seq):
+            try:
+                out.append(_DECODER.raw_decode(text, at)[0])
+            except ValueError:
+                continue
+    out.reverse()
+    return out, newest, count
+
+
+def _after(entries: List[Any], after: int, wanted: Callable[[int], bool]) -> Tuple[List[Any], int, int]:
+    new = [e for e in entries if isinstance(e, dict) and type(e.get("record_id")) is int and e["record_id"] > after]
+    newest = max([after] + [e["record_id"] for e in new])
+    kept = [e for e in new if type(e.get("collective_seq_id")) is int and wanted(e["collective_seq_id"])]
+    return kept, newest, len(new)
+
+
+def _entries_in(text: Any) -> int:
+    """How many entries the dump holds: the recorder's size, once it has gone round."""
+    if isinstance(text, bytes):
+        return text.count(_ENTRY.encode())
+    return text.count(_ENTRY) if isinstance(text, str) else 0
 
 
 def _all_entries(text: str) -> List[Any]:
@@ -71,30 +134,33 @@ def arrivals_path(directory: str, rank: int) -> str:
     return rank_file(directory, rank, ARRIVALS_SUFFIX)
 
 
-def newest(entries: Any, after: int, kept: int = KEPT) -> List[Tuple[int, int]]:
-    """(sequence number, enqueued at in ns) of the default group's collectives after ``after``, the newest
-    ``kept``; an entry not as torch writes it is skipped."""
-    found: Dict[int, int] = {}
-    for entry in entries if isinstance(entries, list) else ():
-        if not isinstance(entry, dict) or entry.get("is_p2p"):
-            continue
-        group = entry.get("process_group")
-        seq, at = entry.get("collective_seq_id"), entry.get("time_created_ns")
-        if not (isinstance(group, list) and len(group) == 2 and group[1] == DEFAULT_GROUP):
-            continue
-        if type(seq) is int and type(at) is int and seq > after and at > 0:
-            found[seq] = at
-    return sorted(found.items())[-kept:]
+def arrival(entry: Any) -> Optional[Tuple[str, int, int]]:
+    """(group's name, sequence number, arrived at in ns) of a collective as torch writes it; None for
+    another entry (point-to-point, not torch's shape)."""
+    if not isinstance(entry, dict) or entry.get("is_p2p"):
+        return None
+    group = entry.get("process_group")
+    seq, at = entry.get("collective_seq_id"), entry.get("time_created_ns")
+    if not (isinstance(group, list) and len(group) == 2 and isinstance(group[0], str)):
+        return None
+    if type(seq) is int and type(at) is int and seq > 0 and at > 0:
+        return str(group[0]), seq, at
+    return None
 
 
 class ArrivalWatch:
-    """The rank's reader: its thread, and the collectives written so far."""
+    """The rank's reader: its thread, and the pairs written so far."""
 
     def __init__(self, directory: str, rank: int, every: float = EVERY) -> None:
         self.path = arrivals_path(directory, rank)
         self.rank = rank
         self.every = every
-        self.kept: List[Tuple[int, int]] = []
+        self.wait = every  # until the next read: less where the recorder goes round sooner
+        self.pairs: Dict[str, List[Tuple[int, int, int]]] = {}  # group -> (k, arrived at k-1, at k), oldest first
+        self.before: Dict[Tuple[str, int], int] = {}  # the last read's arrivals a later pair may need
+        self.record = -1  # the newest recorder entry read
+        self.level = 0
+        self.read_at: Optional[float] = None
         self.stop = threading.Event()
         text = os.environ.get(RESTART_COUNT_ENV, "0")
         self.of_start = int(text) if text.isdigit() else 0  # the start of the ranks this one belongs to
@@ -105,14 +171,17 @@ class ArrivalWatch:
         return thread
 
     def _run(self) -> None:
-        while not self.stop.wait(self.every):
+        while not self.stop.wait(self.wait):
             try:
                 self.read_once(sys.modules.get("torch.distributed"), sys.modules.get("torch._C._distributed_c10d"))
             except Exception:
                 return  # best effort: a recorder that cannot be read is not read again
 
-    def read_once(self, dist: Any, c10d: Any) -> bool:
-        """Whether new collectives were written."""
+    def wanted(self, seq: int) -> bool:
+        return level(seq) >= self.level or level(seq + 1) >= self.level
+
+    def read_once(self, dist: Any, c10d: Any, now: Optional[float] = None) -> bool:
+        """Whether new pairs were written."""
         if dist is None or c10d is None or not dist.is_available() or not dist.is_initialized():
             return False
         if dist.get_world_size() < 2:
@@ -122,30 +191,70 @@ class ArrivalWatch:
         if text is None:
             self.stop.set()
             return False
-        every = newest(tail_entries(text, KEPT), 0)
-        if self.kept and every and every[-1][0] < self.kept[-1][0]:
-            self.kept = []  # a new group (torch's own restart): its numbers begin again
-        after = self.kept[-1][0] if self.kept else 0
-        new = [(seq, at) for seq, at in every if seq > after]
-        if not new:
+        return self.take(text, {"0": dist.get_world_size()}, time.monotonic() if now is None else now)
+
+    def take(self, text: Any, sizes: Dict[str, int], now: float) -> bool:
+        """The dump's new pairs, kept and written; the level set again from the rate they came at."""
+        entries, self.record, count = new_entries(text, self.record, self.wanted)
+        ring = _entries_in(text)
+        found = [a for a in map(arrival, entries) if a is not None and a[0] in sizes]
+        span = (found[-1][2] - found[0][2]) / 1e9 if len(found) > 1 else 0.0
+        if self.read_at is not None and now > self.read_at:
+            rate = count / (now - self.read_at)
+        else:
+            rate = count / span if span >= 1.0 else 0.0  # the first read: the recorder's own times
+        if rate:
+            self.level = settled(self.level, rate)
+            self.wait = min(self.every, max(self.every / 5, ROUND * ring / rate)) if ring else self.every
+        self.read_at = now
+        times = dict(self.before)
+        times.update({(g, k): at for g, k, at in found})
+        added = self._pairs(times)
+        newest: Dict[str, int] = {}
+        for group, k in times:
+            newest[group] = max(k, newest.get(group, k))
+        self.before = {(g, k): times[g, k] for g, k in newest.items() if level(k + 1) >= self.level}
+        if not added:
             return False
-        self.kept = (self.kept + new)[-KEPT:]
-        write_json(self.path, {"rank": self.rank, "start": self.of_start, "seq": [s for s, _ in self.kept],
-                               "ns": [t for _, t in self.kept]})
+        write_json(self.path, {"rank": self.rank, "start": self.of_start, "clock": HOST,
+                               "groups": {g: {"size": sizes[g], "pairs": [list(p) for p in pairs]}
+                                          for g, pairs in self.pairs.items() if g in sizes}})
         return True
 
+    def _pairs(self, times: Dict[Tuple[str, int], int]) -> bool:
+        added = False
+        for (group, k), at in sorted(times.items()):
+            before = times.get((group, k - 1))
+            kept = self.pairs.setdefault(group, [])
+            if before is None or level(k) < self.level or (kept and kept[-1][0] >= k):
+                continue
+            kept.append((k, before, at))
+            added = True
+        for kept in self.pairs.values():
+            del kept[:-KEPT]
+        return added
 
-def read_arrivals(directory: str, rank: int, start: int) -> Optional[Dict[int, int]]:
-    """A rank's file as written by start ``start`` of the ranks: sequence number -> enqueued at (ns)."""
+
+def read_arrivals(directory: str, rank: int, start: int) -> Optional[Dict[str, Tuple[int, Dict[int, Tuple[int, int]]]]]:
+    """A rank's file as written by start ``start`` of the ranks: group -> (its size, k -> (arrived at k-1,
+    at k), ns); None where it is not one."""
     data = read_json(arrivals_path(directory, rank))
-    if not isinstance(data, dict) or data.get("start") != start:
+    if not isinstance(data, dict) or data.get("start") != start or data.get("clock") != HOST:
         return None
-    seq, ns = data.get("seq"), data.get("ns")
-    if not (isinstance(seq, list) and isinstance(ns, list) and len(seq) == len(ns) <= KEPT):
+    groups = data.get("groups")
+    if not isinstance(groups, dict):
         return None
-    if not all(type(v) is int and v >= 0 for v in seq + ns):
-        return None
-    return dict(zip(seq, ns))
+    out = {}
+    for name, one in groups.items():
+        pairs = one.get("pairs") if isinstance(one, dict) else None
+        size = one.get("size") if isinstance(one, dict) else None
+        if not (isinstance(name, str) and type(size) is int and size > 0 and isinstance(pairs, list)
+                and len(pairs) <= KEPT):
+            return None
+        if not all(isinstance(p, list) and len(p) == 3 and all(type(v) is int and v >= 0 for v in p) for p in pairs):
+            return None
+        out[name] = (size, {k: (a, b) for k, a, b in pairs})
+    return out
 
 
 def watch(directory: Optional[str], rank: int) -> Optional[ArrivalWatch]:
@@ -154,3 +263,4 @@ def watch(directory: Optional[str], rank: int) -> Optional[ArrivalWatch]:
     one = ArrivalWatch(directory, rank)
     one.start()
     return one
+
