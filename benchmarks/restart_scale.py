@@ -19,7 +19,14 @@ coordination costs at scale, and what a restart costs end to end at 2 x 2.
    itself after step 1; from the failure (its cause's time) to the first line
    of the user's script in every new rank, with the phases between from the
    control's record (``in_step_restarts``) and the ranks' own stamps.
-3. ``--swap-flows K``: K rounds of real local flows (2 processes a node),
+3. ``--hf-flows K``: K real 2 x 2 local flows of HF's Trainer
+   (tests/flows/scripts/hf_snapshot.py, ``restarts=1``, snapshots in memory): rank 1 SIGKILLs
+   itself at step ``--hf-kill-at``'s end (100 of 150: mid-training, about 20 s after the first step;
+   10: about 1 s after it, while the warm processes still import what the ranks had loaded); from the failure to every new rank at the script and to its first
+   step done, whether each new rank found transformers imported as its script began (forked from
+   a warm process that had learned it), the record's ``restart_seconds`` and the ledger's
+   ``stop`` and ``restart`` for that restart.
+4. ``--swap-flows K``: K rounds of real local flows (2 processes a node),
    interleaved: a swap at 3 x 2 (``spares=1``; every rank on node 1 SIGKILLs
    itself after step 1, node 2 comes in) and in-place restarts beside it
    (``SWAP_CASES``: 3 x 2 without spares, rank 3 SIGKILLed once; the swap's
@@ -29,7 +36,7 @@ Results in ``benchmarks/results/restart_scale.json``. A benchmark, not a
 test: nothing here asserts a timing.
 
     python benchmarks/restart_scale.py [--nodes 1024] [--spares 8] [--runs 3] [--flows 3] [--warm both]
-                                       [--swap-flows 3]
+                                       [--hf-flows 3] [--swap-flows 3]
 """
 
 from __future__ import annotations
@@ -177,30 +184,35 @@ SWAP_CASES: Dict[str, Dict[str, Any]] = {
 }
 
 
-def run_flow(workdir: str, warm: bool, nodes: int, attrs: Dict[str, Any], args: Dict[str, Any]) -> Dict[str, Any]:
-    """One gang_flow.py run of restart_resume.py: its events (one per rank
-    per start) and the control's ``torchrun-result`` record, or its output's tail."""
+def run_flow(workdir: str, warm: bool, nodes: int, attrs: Dict[str, Any], args: Any,
+             script: str = "restart_resume.py", nproc: int = 2) -> Dict[str, Any]:
+    """One gang_flow.py run of ``script``: its events (restart_resume.py's, one per rank
+    per start), the control's ``torchrun-result`` record and ``torchrun-goodput`` ledger, or its output's tail."""
     out = os.path.join(workdir, "out")
+    os.makedirs(out, exist_ok=True)
     env = dict(os.environ, MFTR_TEST_OUT=out, METAFLOW_TORCHRUN_WARM_START="1" if warm else "0", METAFLOW_DATASTORE_SYSROOT_LOCAL=workdir,
                METAFLOW_USER=os.environ.get("METAFLOW_USER", "bench"),
                MFTR_TORCHRUN_ATTRS=json.dumps(attrs),
                PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
     began = time.monotonic()
-    proc = subprocess.run([sys.executable, FLOW, "--no-pylint", "run", "--script", "restart_resume.py",
+    proc = subprocess.run([sys.executable, FLOW, "--no-pylint", "run", "--script", script, "--nproc", str(nproc),
                            "--nodes", str(nodes), "--script-args", json.dumps(args)],
                           cwd=workdir, env=env, capture_output=True, timeout=600)
     wall = round(time.monotonic() - began, 1)
     if proc.returncode != 0:
         said = (proc.stdout + proc.stderr).decode(errors="replace")
         return {"ok": False, "wall_s": wall, "tail": said[-2000:]}
-    with open(os.path.join(out, "events.jsonl")) as f:
-        events = [json.loads(line) for line in f if line.strip()]
+    events = []
+    if os.path.exists(os.path.join(out, "events.jsonl")):
+        with open(os.path.join(out, "events.jsonl")) as f:
+            events = [json.loads(line) for line in f if line.strip()]
     program = ("import json\nfrom metaflow import Flow, namespace\nnamespace(None)\n"
                "t = [t for t in Flow('GangFlow').latest_run['train'] if t.id.isdigit()][0]\n"
-               "print(t.metadata_dict['torchrun-result'])")
-    record = json.loads(subprocess.run([sys.executable, "-c", program], cwd=workdir, env=env, capture_output=True,
-                                       text=True, timeout=120).stdout.strip().splitlines()[-1])
-    return {"ok": True, "wall_s": wall, "events": events, "record": record}
+               "print(json.dumps([t.metadata_dict['torchrun-result'], t.metadata_dict.get('torchrun-goodput')]))")
+    record, goodput = json.loads(subprocess.run([sys.executable, "-c", program], cwd=workdir, env=env,
+                                                capture_output=True, text=True, timeout=120).stdout.strip().splitlines()[-1])
+    return {"ok": True, "wall_s": wall, "events": events, "record": json.loads(record),
+            "goodput": json.loads(goodput) if goodput else None, "out": out}
 
 
 def restart_phases(events: List[Dict[str, Any]], record: Dict[str, Any]) -> Dict[str, Any]:
@@ -230,6 +242,37 @@ def one_flow(workdir: str, warm: bool = True) -> Dict[str, Any]:
     phases = restart_phases(ran["events"], ran["record"])
     del phases["swapped_out"], phases["swapped_in"]
     return dict({"ok": True, "warm": warm, "load_1m": round(load, 2)}, **phases)
+
+
+def hf_flow(workdir: str, kill_at: int, steps: int, pause: float) -> Dict[str, Any]:
+    """One 2 x 2 flow of HF's Trainer whose rank 1 is SIGKILLed at step ``kill_at``'s end, once: from the
+    failure to the new ranks at the script and to each one's first step done (hf_snapshot.py's
+    stamps), and what the record and the ledger say that restart cost."""
+    load = os.getloadavg()[0]
+    args = ["--steps", str(steps), "--kill-at", str(kill_at), "--pause", str(pause)]
+    ran = run_flow(workdir, True, 2, {"restarts": 1}, args, script="hf_snapshot.py")
+    row: Dict[str, Any] = {"ok": ran["ok"], "kill_at": kill_at, "steps": steps, "pause": pause, "load_1m": round(load, 2),
+                           "wall_s": ran["wall_s"]}
+    if not ran["ok"]:
+        return dict(row, tail=ran["tail"])
+    [r] = ran["record"]["in_step_restarts"]
+    failed = r["failed_at"]
+    new = []
+    for rank in range(4):
+        with open(os.path.join(ran["out"], "starts-rank-%d.jsonl" % rank)) as f:
+            starts = [json.loads(line) for line in f if line.strip()]
+        new.append(starts[-1])
+    segment = [s for s in (ran["goodput"] or {}).get("segments", []) if s.get("restart") == 1]
+    parts = segment[0]["parts"] if segment else {}
+    before = [s for s in (ran["goodput"] or {}).get("segments", []) if s.get("restart") is None]
+    return dict(row, **{
+        "resumed_at_step": sorted({s["first_step"] - 1 for s in new}),
+        "new_ranks_found_transformers": [s["warm"] for s in new],
+        "every_script_line_s": round(max(s["script_at"] for s in new) - failed, 3),
+        "every_first_step_s": round(max(s["at"] for s in new) - failed, 3),
+        "record_restart_seconds": r.get("restart_seconds"),
+        "ledger_stop_s": before[0]["parts"].get("stop") if before else None,
+        "ledger_restart_s": parts.get("restart")})
 
 
 def swap_flow(workdir: str, case: str, warm: bool = True) -> Dict[str, Any]:
@@ -282,6 +325,11 @@ def main(argv: Optional[List[str]] = None) -> None:
     p.add_argument("--flows", type=int, default=2, help="2 x 2 flows with one restart each (2); 0: none")
     p.add_argument("--warm", choices=("on", "off", "both"), default="on",
                    help="ranks forked from the warm process (on), fresh (off), or each flow run both ways (both)")
+    p.add_argument("--hf-flows", type=int, default=0,
+                   help="2 x 2 flows of HF's Trainer, a rank SIGKILLed mid-training (0)")
+    p.add_argument("--hf-kill-at", type=int, default=100, help="the step rank 1 dies at in --hf-flows (100)")
+    p.add_argument("--hf-steps", type=int, default=150, help="of --hf-flows' steps (150)")
+    p.add_argument("--hf-pause", type=float, default=0.02, help="a sample's read in --hf-flows (0.02: about 0.2 s a step)")
     p.add_argument("--swap-flows", type=int, default=0,
                    help="rounds of flows, a swap and in-place restarts beside it, interleaved (0)")
     p.add_argument("--swap-cases", default=",".join(SWAP_CASES), help="which of them (%(default)s)")
@@ -302,6 +350,13 @@ def main(argv: Optional[List[str]] = None) -> None:
                 _say(json.dumps(row))
                 rows["flows"].append(row)
                 save(rows)
+    for run in range(opts.hf_flows):
+        with tempfile.TemporaryDirectory(prefix="hf-flow-") as workdir:
+            _say("2 x 2 HF Trainer flow, run %d" % (run + 1))
+            row = dict(stamp, **hf_flow(workdir, opts.hf_kill_at, opts.hf_steps, opts.hf_pause))
+            _say(json.dumps(row))
+            rows.setdefault("hf_flows", []).append(row)
+            save(rows)
     for run in range(opts.swap_flows):
         for case in opts.swap_cases.split(","):
             with tempfile.TemporaryDirectory(prefix="swap-flow-") as workdir:

@@ -3,7 +3,7 @@ the ranks' import hook adds (procs/trainer_snapshots.py) saves every N steps, an
 train() goes through HF's own resume path from it. Real torchrun, 2 gloo ranks on CPU, a
 one-layer BERT built from code (dropout on, so a lost RNG shows in the weights).
 
-The last test is a real flow, @torchrun(restarts=1) on 2 nodes x 1 process. The others play the task: it runs the node's snapshot store in-process and starts torchrun
+The last test is a real flow, @torchrun(restarts=1) on 2 nodes x 2 processes. The others play the task: it runs the node's snapshot store in-process and starts torchrun
 itself, through a shim that installs the hook as the bootstrap does where SNAPSHOT_ENV is set.
 Rank 1 SIGKILLs itself at a step's end on the first start; torchrun is started again against
 the same store. The final weights must equal, bit for bit, an uninterrupted plain torchrun's, with
@@ -74,8 +74,8 @@ def uninterrupted(tmp_path_factory):
     return once_per_pytest_run(tmp_path_factory, "hf-uninterrupted", produce)["weights"]
 
 
-def starts(out, rank):
-    return [json.loads(line)["first_step"] for line in (out / ("starts-rank-%d.jsonl" % rank)).read_text().splitlines()]
+def starts(out, rank, field="first_step"):
+    return [json.loads(line)[field] for line in (out / ("starts-rank-%d.jsonl" % rank)).read_text().splitlines()]
 
 
 def snapshot_lines(text):
@@ -139,16 +139,19 @@ def test_a_lightning_trainer_resumes_at_its_last_snapshot_with_its_weights_of_th
 def _flow(gang, *args):
     gang.env["MFTR_TORCHRUN_ATTRS"] = json.dumps({"restarts": 1})
     args = ["--steps", str(STEPS), "--pause", "0.02", *args]
-    proc = gang.run("--script", "hf_snapshot.py", "--nproc", "1", "--script-args", json.dumps(args), timeout=500)
+    proc = gang.run("--script", "hf_snapshot.py", "--nproc", "2", "--script-args", json.dumps(args), timeout=500)
     text = output(proc)
     assert proc.returncode == 0, text[-4000:]
     return text, pathlib.Path(gang.out)
 
 
 def test_an_hf_trainer_in_a_flow_resumes_from_memory_after_a_rank_kill(gang):
-    """@torchrun(restarts=1), N chosen from the cost: at most 10 steps lost (a step is made slow
-    enough, by its data, that N stays under 10 on a loaded machine), weights as without a failure
-    (a flow's: 2 nodes x 1 process end on other weights than 1 x 2)."""
+    """@torchrun(restarts=1) at 2 x 2, rank 1 (node 0) killed, N chosen from the cost: at most 10 steps
+    lost (a step is made slow enough, by its data, that N stays under 10 on a loaded machine), weights
+    as without a failure (a flow's: 2 nodes x 2 processes end on other weights than 1 x 2). The
+    restart's ranks did not import transformers themselves: it was in memory as each one's script
+    began (each node's warm process learned it from its ranks' first step, procs/warm_imports.py),
+    where the first start's ranks imported it."""
     _, out = _flow(gang)
     whole = (out / "weights.sha256").read_text()
     for path in [*out.glob("starts-rank-*.jsonl"), out / "weights.sha256"]:
@@ -162,3 +165,4 @@ def test_an_hf_trainer_in_a_flow_resumes_from_memory_after_a_rank_kill(gang):
     # The interval chosen, said once a run: not at each check, not again by the restart's ranks.
     assert text.count("a snapshot every") == 1, [line for line in text.splitlines() if "a snapshot every" in line]
     assert (out / "weights.sha256").read_text() == whole
+    assert {rank: starts(out, rank, "warm") for rank in range(4)} == dict.fromkeys(range(4), [False, True])

@@ -3,7 +3,9 @@ injected callback's. A one-layer BERT built from a config (no download), dropout
 RNG's restore shows in the weights. What the test adds, beside the training:
 
 --kill-at S  rank 1 SIGKILLs itself at step S's end, once: $MFTR_TEST_OUT/killed marks it done.
-Each start appends its first step to $MFTR_TEST_OUT/starts-rank-<R>.jsonl; rank 0 writes the
+Each start appends its first step to $MFTR_TEST_OUT/starts-rank-<R>.jsonl (with when the rank
+reached this script and finished that step, and whether transformers was already imported as the
+script began: a rank forked from a warm process that had learned it); rank 0 writes the
 final weights' sha256 to $MFTR_TEST_OUT/weights.sha256.
 """
 
@@ -13,11 +15,14 @@ import hashlib
 import json
 import os
 import signal
+import sys
 import tempfile
 import time
 
-import torch
-from transformers import (BertConfig, BertForSequenceClassification, Trainer, TrainerCallback,
+ENTERED, WARM = time.time(), "transformers" in sys.modules  # before the script's own imports of torch and HF
+
+import torch  # noqa: E402
+from transformers import (BertConfig, BertForSequenceClassification, Trainer, TrainerCallback,  # noqa: E402
                           TrainingArguments)
 
 parser = argparse.ArgumentParser()
@@ -49,7 +54,8 @@ class Witness(TrainerCallback):
         if self.first:
             self.first = False
             with open(os.path.join(OUT, "starts-rank-%d.jsonl" % RANK), "a") as f:
-                f.write(json.dumps({"first_step": state.global_step, "pid": os.getpid()}) + "\n")
+                f.write(json.dumps({"first_step": state.global_step, "pid": os.getpid(), "script_at": ENTERED,
+                                    "at": time.time(), "warm": WARM}) + "\n")
         marker = os.path.join(OUT, "killed")
         if RANK == 1 and state.global_step == opts.kill_at and not os.path.exists(marker):
             open(marker, "w").close()

@@ -53,6 +53,12 @@ def _pids() -> List[int]:
         return []
 
 
+def parent_of(pid: int) -> Optional[int]:
+    """Its parent's pid; None once it is gone."""
+    st = _stat(pid)
+    return st[0] if st else None
+
+
 def process_id(pid: int) -> Optional[ProcId]:
     st = _stat(pid)
     return (pid, st[1]) if st else None

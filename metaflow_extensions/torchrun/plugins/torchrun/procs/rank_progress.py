@@ -128,6 +128,11 @@ def _start() -> None:
         _writer = _Writer(os.environ.get(WORK_DIR_ENV, ""), os.environ.get("RANK", ""),
                           os.environ.get(RESTART_COUNT_ENV, ""))
         _writer.start()
+        if _writer.path:  # the first report of a rank of ours: what it loaded by its first step is what a
+            # restart's ranks need (once, about 20 ms, before its next step: a failure comes after it)
+            from . import warm_imports  # off the import of progress: the first report alone
+
+            warm_imports.offer()
 
 
 def _forget_in_child() -> None:

@@ -19,7 +19,7 @@ import time
 from ..host.proctree import die_with_parent, name_this_process
 from ..host import namespaces, title
 from ..host.unix_socket import bind_unix
-from . import handoff
+from . import handoff, warm_imports
 from .fork_guard import ForkGuard
 from .names import WORK_DIR_ENV, ZYGOTE_ENV, ZYGOTE_NAME, ZYGOTE_PID_SUFFIX
 from .zygote_wire import Request, WireError, recv_request, reply
@@ -35,6 +35,8 @@ _NOT_AT_IMPORT = ("OMP_NUM_THREADS", "PYTHONUNBUFFERED")  # a child sets its own
 _REQUEST_SECONDS = 5.0  # a stand-in sends its request as it connects
 _FRESH_NAME = b""  # this process's name before it called itself a zygote: its children get it back
 _GUARD: Optional[ForkGuard] = None
+_SOCKET = ""  # this warm process's socket: what its warmer does is written beside it
+_KEPT: List[socket.socket] = []  # a warmer's end of its socket to the warm process: open for its life
 
 
 def listen(path: str) -> socket.socket:
@@ -118,10 +120,29 @@ class _Refused(WireError):
         self.fds = fds
 
 
+class _Warmer:
+    """A fork of this warm process importing what a rank of the first start had loaded
+    (warm_imports.py); it forks the node's agents and ranks once it is done and fit to."""
+
+    def __init__(self, pid: int, sock: socket.socket) -> None:
+        self.pid, self.sock = pid, sock
+        self.began = time.monotonic()
+        self.serving = False
+        self.said = b""
+
+    def left(self) -> Optional[float]:
+        return None if self.serving else max(0.0, self.began + warm_imports.SECONDS - time.monotonic())
+
+    def overdue(self) -> bool:
+        return not self.serving and time.monotonic() - self.began > warm_imports.SECONDS
+
+
 class Server:
-    def __init__(self, listener: socket.socket):
+    def __init__(self, listener: socket.socket, learned: bool = False):
         self.listener = listener
         self.children: Dict[int, Tuple[Optional[socket.socket], Request]] = {}
+        self.learned = learned  # a rank's modules are learned once (a warmer has them)
+        self.warmer: Optional[_Warmer] = None
         self.wake_r, self.wake_w = os.pipe()
         for fd in (self.wake_r, self.wake_w):
             os.set_blocking(fd, False)
@@ -134,7 +155,7 @@ class Server:
     def serve(self) -> Tuple[Request, List[int]]:
         """Runs until this process is killed; returns only in a forked child."""
         while True:
-            for key, _ in self.selector.select():
+            for key, _ in self.selector.select(self.warmer.left() if self.warmer is not None else None):
                 if key.data == "accept":
                     forked = self._accept()
                     if forked is not None:
@@ -142,8 +163,12 @@ class Server:
                 elif key.data == "reap":
                     self._drain_wake()
                     self.reap()
+                elif key.data == "warmer":
+                    self._hear_warmer()
                 else:
                     self._stand_in_gone(key.data)
+            if self.warmer is not None and self.warmer.overdue():
+                self._end_warmer("still importing after %.0f s" % warm_imports.SECONDS)
 
     def _accept(self) -> Optional[Tuple[Request, List[int]]]:
         try:
@@ -157,6 +182,11 @@ class Server:
                 raise WireError("a peer of another user")
             conn.settimeout(_REQUEST_SECONDS)
             request, fds = recv_request(conn)
+            if request.module == "imports":  # an offer, not a start: nothing is forked for it here
+                for fd in fds:
+                    os.close(fd)
+                conn.close()
+                return self._learn(request)
             why = refusal(request) or (_GUARD.hazard(sys.modules) if _GUARD is not None else None)
             handles, why = ({}, why) if why is not None else namespaces.to_join(peer)
             if why is not None:
@@ -206,6 +236,116 @@ class Server:
                 pass
             return None
 
+    def _learn(self, request: Request) -> Optional[Tuple[Request, List[int]]]:
+        """Once: a fork of this process imports what a rank had loaded by its first step. This one
+        stops accepting meanwhile (a restart's stand-ins wait in the backlog, bounded by
+        ``warm_imports.SECONDS``), then the fork serves them, or this one again where it is not fit."""
+        if self.learned or refusal(request) is not None:
+            return None
+        self.learned = True
+        names = warm_imports.asked(request.argv)
+        try:
+            mine, theirs = socket.socketpair()
+        except OSError:
+            return None
+        if not names:
+            mine.close()
+            theirs.close()
+            return None
+        self.selector.unregister(self.listener)
+        try:
+            pid = os.fork()
+        except OSError as e:
+            pid = -1
+            _note({"gave_up": "no fork: %s" % e})
+        if pid == 0:
+            mine.close()
+            return self._warm_more(names, theirs, request)
+        theirs.close()
+        if pid < 0:
+            mine.close()
+            self.selector.register(self.listener, selectors.EVENT_READ, "accept")
+            return None
+        self.warmer = _Warmer(pid, mine)
+        self.selector.register(mine, selectors.EVENT_READ, "warmer")
+        sys.stderr.write("learning %d modules a rank had loaded by its first step: in pid %d\n" % (len(names), pid))
+        return None
+
+    def _warm_more(self, names: List[str], conn: socket.socket, request: Request) -> Tuple[Request, List[int]]:
+        """In the fork: imports ``names``, says whether it is fit to fork, and serves once told to
+        (returns only in a child it forked); otherwise it ends."""
+        global _GUARD
+        parent = os.getppid()
+        self._leave(keep_listener=True)
+        die_with_parent()  # as every child of the warm process
+        if os.getppid() != parent:
+            os._exit(1)
+        _GUARD = ForkGuard(inherited=True)  # threads made here from now on are the imports'
+        _GUARD.warmed()
+        cuda = warm_imports.cuda_driver_loaded()
+        began = time.monotonic()
+        users = warm_imports.user_dirs(request.cwd, request.path[0] if request.path else "")
+        done, skipped = warm_imports.import_learned(names, users + warm_imports.user_dirs(os.getcwd(), ""),
+                                                    began + warm_imports.SECONDS)
+        gc.freeze()
+        why = _GUARD.hazard(sys.modules) or (
+            "its imports loaded CUDA's driver" if not cuda and warm_imports.cuda_driver_loaded() else None)
+        said = "unfit: %s" % why if why else "ready %d %d %.2f" % (done, skipped, time.monotonic() - began)
+        try:
+            conn.sendall(said.encode()[:1000] + b"\n")
+            go = conn.recv(1) if why is None else b""
+        except OSError:
+            go = b""
+        if go != b"G":
+            os._exit(0)
+        _KEPT.append(conn)  # its end, once this process is gone, tells the warm process
+        return Server(self.listener, learned=True).serve()
+
+    def _hear_warmer(self) -> None:
+        warmer = self.warmer
+        assert warmer is not None
+        try:
+            data = warmer.sock.recv(1024)
+        except OSError:
+            data = b""
+        warmer.said += data
+        if not data or len(warmer.said) > 1024:
+            self._end_warmer("ended" if warmer.serving else "ended before it was done")
+            return
+        if b"\n" not in warmer.said or warmer.serving:
+            return
+        line = warmer.said.partition(b"\n")[0].decode(errors="replace")
+        words = line.split()
+        if words[:1] != ["ready"] or len(words) != 4 or warmer.overdue():
+            self._end_warmer(line if not words[:1] == ["ready"] else "done too late")
+            return
+        try:
+            warmer.sock.sendall(b"G")
+        except OSError:
+            self._end_warmer("gone as it was done")
+            return
+        warmer.serving = True
+        _note({"pid": warmer.pid, "modules": int(words[1]), "skipped": int(words[2]), "seconds": float(words[3])})
+        sys.stderr.write("pid %d imported %s modules (%s skipped) in %s s: it forks this node's agents and ranks "
+                         "from now on\n" % (warmer.pid, words[1], words[2], words[3]))
+
+    def _end_warmer(self, why: str) -> None:
+        """The one place a warmer is given up on: killed (one that served is gone already), and this
+        process forks the node's agents and ranks again, as before."""
+        warmer, self.warmer = self.warmer, None
+        if warmer is None:
+            return
+        self.selector.unregister(warmer.sock)
+        warmer.sock.close()
+        try:
+            os.kill(warmer.pid, signal.SIGKILL)
+        except OSError:
+            pass
+        _note({"gave_up": why})
+        self.selector.register(self.listener, selectors.EVENT_READ, "accept")
+        sys.stderr.write("the warmer (pid %d) %s: this node's agents and ranks fork from this process, as "
+                         "before\n" % (warmer.pid, why))
+
     def _drain_wake(self) -> None:
         try:
             while os.read(self.wake_r, 4096):
@@ -224,6 +364,8 @@ class Server:
                 return
             pid = info.si_pid
             code = info.si_status if info.si_code == os.CLD_EXITED else -info.si_status
+            if self.warmer is not None and pid == self.warmer.pid:  # while its pid is still its own
+                self._end_warmer("ended (%d)" % code)
             conn, request = self.children.pop(pid, (None, None))
             if request is not None and request.module == "bootstrap":
                 _complete_status(request, pid, code)
@@ -258,15 +400,18 @@ class Server:
             pass
         conn.close()
 
-    def _leave(self) -> None:
+    def _leave(self, keep_listener: bool = False) -> None:
         """A stand-in must see EOF when the zygote is gone."""
         signal.set_wakeup_fd(-1)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         for conn, _ in self.children.values():
             if conn is not None:
                 conn.close()
+        if self.warmer is not None:
+            self.warmer.sock.close()
         self.selector.close()
-        self.listener.close()
+        if not keep_listener:
+            self.listener.close()
         os.close(self.wake_r)
         os.close(self.wake_w)
 
@@ -319,6 +464,8 @@ def become(request: Request, fds: List[int]) -> None:
     if request.module == "agent":  # what ps shows: its command, not ours (host/title.py)
         title.show(["torchrun", *request.argv], "torchrun")
     env = dict(request.env)
+    handoff.FORKED_FROM = env.get(ZYGOTE_ENV, "")  # the socket the stand-in reached (warm_imports.offer)
+    handoff.FORKED_WITH = frozenset(sys.modules)  # what it has already: not offered back
     if request.module != "agent":
         env.pop(ZYGOTE_ENV, None)  # the user's code never sees it; an agent passes it on to its ranks
     os.environ.clear()
@@ -365,17 +512,18 @@ def _fresh_state() -> None:
 
 
 def main(argv: List[str]) -> None:
-    global _FRESH_NAME, _GUARD
+    global _FRESH_NAME, _GUARD, _SOCKET
     _GUARD = ForkGuard(inherited=handoff.FORKED)  # the threads alive before anything of ours ran
     os.umask(0o077)  # what it writes is private (docs/seeing-the-gang.md); each child gets its stand-in's
     if len(argv) not in (1, 2) or argv[1:] and argv[1].strip():  # SOCKET [room: blanks, host/title.py]
         sys.stderr.write("usage: python -m %s SOCKET\n" % __name__)
         sys.exit(2)
     title.prepare()  # before anything changes the environment; every child inherits it
+    _SOCKET = argv[0]
     if handoff.FORKED:  # forked from another zygote, this socket our stdin
         title.show(_own_command(argv[0]), ZYGOTE_NAME.decode())
         listener = _listener_from_stdin()
-        _write_pid(argv[0])
+        _write_pid(argv[0] + ZYGOTE_PID_SUFFIX, str(os.getpid()))
     else:
         _FRESH_NAME = _own_name()
         if len(argv) == 2:  # the room stays for the children's titles, out of sight
@@ -488,16 +636,25 @@ def _listener_from_stdin() -> socket.socket:
     return listener
 
 
-def _write_pid(path: str) -> None:
-    """The asking node's supervisor tracks what it forks: the stand-in is not its parent."""
-    target = path + ZYGOTE_PID_SUFFIX
+def _write_pid(target: str, text: str) -> None:
+    """The asking node's supervisor tracks what it forks: the stand-in is not its parent (a
+    warmer's, too: warm_imports.WARMER_SUFFIX)."""
     try:
         fd = os.open(target + ".tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
         with os.fdopen(fd, "w") as f:
-            f.write("%d\n" % os.getpid())
+            f.write(text + "\n")
         os.replace(target + ".tmp", target)
     except OSError:
         pass
+
+
+def _note(what: Dict[str, Any]) -> None:
+    """What became of this process's warmer, beside its socket: the node's task tracks a warmer's children
+    and says in its debug log what became of it (runtime/warm_start.py)."""
+    if _SOCKET:
+        import json  # zygote_wire.py imported it
+
+        _write_pid(_SOCKET + warm_imports.WARMER_SUFFIX, json.dumps(what))
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ TYPE_CHECKING = False  # typing's own name, without importing typing (mypy reads
 if TYPE_CHECKING:
     from typing import Any, Dict, List, Optional, Tuple
 
-MODULES = ("bootstrap", "agent", "zygote")
+MODULES = ("bootstrap", "agent", "zygote", "imports")  # "imports": a rank's offer (procs/warm_imports.py)
 REPLIES = ("taken", "pid", "fresh", "exit")
 MAX_REQUEST = 4 << 20  # an environment of a few MB is already absurd
 MAX_REPLY = 4096
@@ -85,6 +85,9 @@ def _small_int(value: Any, low: int, high: int) -> bool:
 
 def send_request(sock: socket.socket, request: Request, fds: List[int]) -> None:
     data = request.to_bytes()
+    if not fds:
+        sock.sendall(data)
+        return
     socket.send_fds(sock, [data[:65536]], fds)
     if len(data) > 65536:
         sock.sendall(data[65536:])

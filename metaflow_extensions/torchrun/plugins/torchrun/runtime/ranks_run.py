@@ -88,7 +88,7 @@ class RanksRun:
             return gang_stop.check() or self._deadline_passed() or self._restart_due()
 
         with Supervisor(list(start.argv), env=start.env, shutdown_grace=grace,
-                        also_under=lambda: launch.warm.pid if launch.warm else None,
+                        also_under=lambda: launch.warm.pids if launch.warm else (),
                         before_stop=self._before_stop, on_told=gang_stop.told) as sup, \
                 GpuUsage(os.environ, every=client.config.progress_send) as gpus:  # asked as often as it is sent
             self.supervisor = sup

@@ -11,7 +11,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import BinaryIO, Callable, List, Mapping, NamedTuple, Optional, Set, Union
+from typing import BinaryIO, Callable, List, Mapping, NamedTuple, Optional, Sequence, Set, Union
 
 from ..host import log, proctree
 from ..procs.names import ZYGOTE_NAME
@@ -103,13 +103,14 @@ class Supervisor:
                  grace_seconds: float = timeouts.PEER_STOP_GRACE, stdout_sink: Optional[ChunkSink] = None,
                  stderr_sink: Optional[ChunkSink] = None, shutdown_grace: Optional[float] = None,
                  before_stop: Optional[Callable[[], None]] = None, on_told: Optional[Callable[[str], None]] = None,
-                 also_under: Optional[Callable[[], Optional[int]]] = None):
+                 also_under: Optional[Callable[[], Sequence[int]]] = None):
         """``grace_seconds``: the ranks' time to stop in a fast stop (a failure);
         ``shutdown_grace``: theirs to save when this task was told to stop.
         ``before_stop`` runs before a fast stop, ranks alive. ``on_told``: this task
         told to stop tells the gang (stop.py); without it, SIGTERM raises
-        ``TorchrunInterrupted``. ``also_under``: the warm process, whose children
-        are the agent and ranks (asked each look: a forked one is known once it runs)."""
+        ``TorchrunInterrupted``. ``also_under``: the warm processes, whose children
+        are the agent and ranks (asked each look: a forked one is known once it runs, a
+        warmer once it serves)."""
         self.argv = list(argv)
         self.env = dict(env) if env is not None else None
         self.grace_seconds = grace_seconds
@@ -162,8 +163,8 @@ class Supervisor:
 
     def _track(self) -> None:
         assert self.proc is not None
-        warm = self.also_under() if self.also_under is not None else None
-        self._seen |= proctree.descendants(self.proc.pid, *([warm] if warm else []), not_below=ZYGOTE_NAME)
+        warm = self.also_under() if self.also_under is not None else ()
+        self._seen |= proctree.descendants(self.proc.pid, *warm, not_below=ZYGOTE_NAME)
         self._tracked_at = time.monotonic()
 
     def poll(self) -> Optional[int]:

@@ -5,20 +5,22 @@ agent, rank and restart (docs/design.md's module map says who forks from whom).
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import stat
 import subprocess
 import sys
-from typing import Any, Dict, Mapping, Optional
+from typing import Any, Dict, Mapping, Optional, Tuple
 
 from ..host.private import open_private
-from ..host.proctree import die_with_parent, kill_group
+from ..host.proctree import die_with_parent, kill_group, parent_of
 from ..host.workdirs import StepDir
 from ..host import title
 from ..launch import StepDefaults
 from ..launch.command import ZYGOTE_MODULE
 from ..procs.names import HOST_ZYGOTE_ENV, ZYGOTE_ENV, ZYGOTE_PID_SUFFIX, ZYGOTE_SOCKET, zygote_log_path
+from ..procs.warm_imports import WARMER_SUFFIX
 
 _log = logging.getLogger("metaflow_torchrun")
 
@@ -31,6 +33,7 @@ class WarmStart:
         self._forked_pid: Optional[int] = None
         self._may_fork = False  # asked the host's to fork it: its pid comes in a file
         self._dir = owned  # removed with the process
+        self._warmer_said: Optional[str] = None  # what its warmer's note said last (said once in the debug log)
         self.path = os.path.join(workdir, ZYGOTE_SOCKET) if workdir else ""
         self.log_dir = log_dir
         if not on:  # a path of any length: host/unix_socket.py
@@ -70,6 +73,38 @@ class WarmStart:
         if self._forked_pid is None and self._may_fork:
             self._forked_pid = _pid_beside(self.path)
         return self._forked_pid or self.proc.pid
+
+    @property
+    def pids(self) -> Tuple[int, ...]:
+        """The processes that fork this node's agents and ranks: the warm process, and the warmer it
+        forked once that serves (what the ranks had loaded imported too, procs/zygote.py). Read as the
+        supervisor tracks them; what became of the warmer is said once in the debug log."""
+        pid = self.pid
+        if pid is None:
+            return ()
+        warmer = self._warmer(pid)
+        return (pid, warmer) if warmer is not None else (pid,)
+
+    def _warmer(self, pid: int) -> Optional[int]:
+        try:
+            with open(self.path + WARMER_SUFFIX, "rb") as f:
+                text = f.read(4096).decode(errors="replace").strip()
+            note = json.loads(text)
+        except (OSError, ValueError):
+            return None
+        if not isinstance(note, dict):
+            return None
+        if text != self._warmer_said:
+            self._warmer_said = text
+            if "gave_up" in note:
+                _log.debug("the warm process's import of what the ranks had loaded: %s; a restart's ranks "
+                           "import it themselves", str(note["gave_up"])[:300])
+            else:
+                _log.debug("the warm process imported what the ranks had loaded by their first step "
+                           "(%s modules, %s s): a restart's ranks fork with it", note.get("modules"),
+                           note.get("seconds"))
+        warmer = note.get("pid")
+        return warmer if isinstance(warmer, int) and warmer > 1 and parent_of(warmer) == pid else None
 
     def share_with_local_nodes(self) -> None:
         """On a local control, before its nodes start: theirs fork from this one."""
