@@ -37,6 +37,11 @@ def program(shape: str, n: int) -> List[Op]:
         if shape == "ddp-barrier":
             work += [(BLOCKING,), (WORK, 1.0, False), (BLOCKING,)]
         return work
+    if shape == "ddp-loader":  # its data loading slower, its device not: late by as much at every bucket
+        work = [(WORK, 35.0, True)]
+        for _ in range(n):
+            work += [(WORK, 60.0 / n, False), (OVERLAPPED,)]
+        return work + [(WAIT,), (WORK, 5.0, False)]
     if shape == "fsdp":  # an all-gather before each layer, forward and backward; a reduce-scatter after
         layers = max(1, n // 3)
         for _ in range(layers):

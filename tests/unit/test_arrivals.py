@@ -208,6 +208,64 @@ def test_the_window_keeps_up_with_hundreds_of_collectives_a_second_in_records_of
     assert abs(verdict.ratio - want) <= 0.1, (verdict, want)
 
 
+GROUPS = r"""
+import os, sys, time
+import torch, torch.distributed as dist
+from metaflow_extensions.torchrun.plugins.torchrun.procs import arrivals
+
+arrivals.TARGET = 1e6  # every pair kept: a few seconds of training
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+pairs = [dist.new_group([0, 1]), dist.new_group([2, 3])]  # tensor parallel: two groups of two
+mine = pairs[rank // 2]
+work = os.path.join(sys.argv[1], "node%d" % (rank // 2))
+os.makedirs(work, exist_ok=True)
+watch = arrivals.ArrivalWatch(work, rank)
+t = torch.ones(64)
+for step in range(60):
+    for layer in range(4):
+        time.sleep(0.004 * (1.5 if rank == 3 else 1.0))  # rank 3's device: slower at its layers
+        dist.all_reduce(t, group=mine)  # the layer's output, all-reduced in its group
+    dist.all_reduce(t)  # the data-parallel gradients, once a step: everybody waits for the slow pair
+    if step % 20 == 19:
+        watch.read_once(dist, sys.modules["torch._C._distributed_c10d"])
+dist.barrier()
+dist.destroy_process_group()
+"""
+
+
+def test_the_collectives_of_every_group_a_rank_is_in_are_read(tmp_path, monkeypatch):
+    """A real gloo job of 4 ranks in two tensor-parallel pairs (0-1 and 2-3), rank 3 slower at its layers:
+    in the default group, ranks 2 and 3 arrive late together (their pair's all-reduces held rank 2 for
+    rank 3), so that group names their node; in group 2-3, rank 3 is the one its partner waits for."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "groups.py"
+    script.write_text(GROUPS)
+    env = dict(os.environ, TORCH_FR_BUFFER_SIZE="2000", OMP_NUM_THREADS="1",
+               PYTHONPATH=os.pathsep.join([os.getcwd(), os.environ.get("PYTHONPATH", "")]))
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "4",
+                           str(script), str(tmp_path)], env=env, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    files = {r: read_arrivals(str(tmp_path / ("node%d" % (r // 2))), r, 0) for r in range(4)}
+    assert {r: sorted(f) for r, f in files.items()} == {0: ["0", "1"], 1: ["0", "1"], 2: ["0", "2"], 3: ["0", "2"]}
+    assert {f["0"][0] for f in files.values()} == {4} and files[3]["2"][0] == 2
+    monkeypatch.setattr(arrivals, "WARMUP_NS", 0)  # a few seconds of training, read at once:
+    monkeypatch.setattr(arrivals, "ROOM", 1e6)  # every pair sent, over as many records as it takes
+    book = ArrivalBook(clock_ns=lambda: T0)
+    for node in (0, 1):
+        tracker = ArrivalTracker(str(tmp_path / ("node%d" % node)), clock_ns=lambda: T0)
+        while True:
+            record = tracker.sample([2 * node, 2 * node + 1], 0)
+            if record is None:
+                break
+            book.update(node, record)
+    assert set(book.window) == {"0", "1", "2"}
+    verdict = book.verdict()
+    assert verdict is not None and (verdict.named, verdict.node) == ("3", 1), verdict
+
+
 def test_a_slow_machine_of_ddp_buckets_is_named_as_its_node(tmp_path, monkeypatch):
     monkeypatch.setattr(arrivals, "WARMUP_NS", 0)
     times, want = _simulated("ddp", 8, 1.25, slow_ranks=(2, 3))

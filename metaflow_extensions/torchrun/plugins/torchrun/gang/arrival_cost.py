@@ -40,9 +40,11 @@ from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 PHI_TOP = 0.8  # the largest fraction of a step fitted: a rank 5x slower
 RESIDUAL_CAP = 1.0  # an interval that fits neither explanation weighs no more than this
-NEAR = 1.25  # fits within this factor of the best one (and ...)
+NEAR = 2.0  # fits within this factor of the best one (and ...)
 NEAR_EACH = 0.002  # ... this much an interval) are as good: the larger phi is taken
 SHORT = 0.25  # an interval shorter than this fraction of the median weighs as one of that length
+PERSISTENT = 0.5  # a rank last at both ends of this share of the intervals is late throughout ...
+MOST = 128  # ... and a fit that builds its lag once in fewer than this many intervals builds it too seldom
 
 
 class Arrival(NamedTuple):
@@ -62,11 +64,12 @@ class Pair(NamedTuple):
     lag_before: float  # at the first
     carried: bool  # the others reached the second before the last rank reached the first
     who: int  # the last at the second collective: whose work made this interval's lag
+    who_before: int  # the last at the first
 
 
 def pair(before: Arrival, after: Arrival) -> Pair:
     return Pair(after.last - before.last, after.last - after.ref, before.last - before.ref,
-                after.ref < before.last, after.who)
+                after.ref < before.last, after.who, before.who)
 
 
 def _rows(pairs: Sequence[Pair]) -> List[Tuple[float, float, float]]:
@@ -154,11 +157,20 @@ class Cost(NamedTuple):
     seen: int
 
 
+def rebuilt(pairs: Sequence[Pair]) -> List[float]:
+    """Each interval's x where every lag that could have been built within its interval was (held), the
+    rest carried: a late rank that is never held, whatever the fit, is no late rank (see ``cost``)."""
+    return [p.lag if not p.carried and 0 <= p.lag <= PHI_TOP * p.gap else p.lag - p.lag_before for p in pairs]
+
+
 def cost(pairs: Sequence[Pair]) -> Optional[Cost]:
     """The one whose lags cost the others most over ``pairs``, and what it costs them; None where there
     is no time or nobody's lag costs anything. ``phi`` is fitted to the intervals the most often late one
     is last at both ends of (not to the others': a window that began before it was late, an even gang's
-    turns), the rest are explained with it."""
+    turns), the rest are explained with it. Where that one is late nearly throughout and the fit carries
+    its lag everywhere (its extra work was not in proportion: a slow data loader's, all before the
+    step's first collective), the lags are taken as built where they could be: a training step waits
+    for every rank at least once, so a lag always there is one paid and built again."""
     span = sum(p.gap for p in pairs if p.gap > 0)
     if not pairs or span <= 0:
         return None
@@ -166,9 +178,14 @@ def cost(pairs: Sequence[Pair]) -> Optional[Cost]:
     for p in pairs:
         often[p.who] = often.get(p.who, 0.0) + max(0.0, p.lag)
     suspect = max(often, key=lambda w: (often[w], -w))
-    own = [p for p, q in zip(pairs[1:], pairs) if p.who == q.who == suspect]
+    own = [p for p in pairs if p.who == p.who_before == suspect]
+    found = extra_work(pairs, fit(own if len(own) >= len(pairs) // 4 else pairs))
+    if len(own) >= PERSISTENT * len(pairs):
+        lags = sorted(p.lag for p in own)
+        if sum(x for p, x in zip(pairs, found) if p.who == suspect) < lags[len(lags) // 2] * len(pairs) / MOST:
+            found = rebuilt(pairs)  # not even once in MOST intervals: never
     each: Dict[int, float] = {}
-    for p, x in zip(pairs, extra_work(pairs, fit(own if len(own) >= len(pairs) // 4 else pairs))):
+    for p, x in zip(pairs, found):
         each[p.who] = each.get(p.who, 0.0) + x
     who = max(each, key=lambda w: (each[w], -w))
     caused = each[who]

@@ -23,6 +23,7 @@ consistently the last to reach the collectives is the one the others wait for.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections import OrderedDict, deque
 from dataclasses import dataclass
@@ -30,13 +31,12 @@ from typing import Annotated, Deque, Dict, List, Optional, Set, Tuple
 
 from ..base.codec import Int, Items, Record, Text
 from ..base.timeouts import PROGRESS_SEND
-from ..procs.arrivals import KEPT, level, read_arrivals, settled
+from ..procs.arrivals import KEPT, MAX_GROUPS, level, read_arrivals, settled
 from .arrival_cost import Arrival, Cost, cost, pair
 from .wire import ProtocolError
 
 SENT = 48  # pairs of collectives a node's record holds: the oldest it has not sent
 ROOM = 0.8  # the share of a heartbeat's pairs the rate may fill: the rest takes a rank's file's bursts
-MAX_GROUPS = 8  # process groups a record holds
 MAX_US = 1 << 40  # an arrival's offset from the record's first, in microseconds
 RANK_LIMIT = 1 << 31
 WINDOW = 400  # the pairs of each group a verdict looks at, the newest
@@ -276,9 +276,20 @@ class ArrivalBook:
         the window has changed (a heartbeat's pairs; the fit takes milliseconds)."""
         key = (self.joined, self.first_ns)
         if self.last_verdict[0] != key:
-            self.last_verdict = (key, max((v for v in map(_group_verdict, self.window.values()) if v is not None),
-                                          key=lambda v: v.ratio, default=None))
+            self.last_verdict = (key, _among([v for v in map(_group_verdict, self.window.values()) if v is not None]))
         return self.last_verdict[1]
+
+
+def _among(verdicts: List[ArrivalVerdict]) -> Optional[ArrivalVerdict]:
+    """The costliest group's; where it names a node's ranks and another group names one of them alone (the
+    data-parallel group waits for a tensor-parallel pair, that pair for one of its ranks), that rank."""
+    if not verdicts:
+        return None
+    worst = max(verdicts, key=lambda v: v.ratio)
+    alone = [v for v in verdicts if len(v.ranks) == 1 and v.ranks[0] in worst.ranks]
+    if len(worst.ranks) > 1 and alone:
+        return dataclasses.replace(worst, ranks=max(alone, key=lambda v: v.ratio).ranks)
+    return worst
 
 
 def _group_verdict(window: Deque[Tuple[Joined, Joined]]) -> Optional[ArrivalVerdict]:

@@ -5,7 +5,10 @@ In a lockstep job every rank leaves a collective together, so step rates cannot 
 the moment each rank *enqueued* the collective can: the rank the others wait for is the last to arrive.
 The recorder stamps each entry with that moment (``time_created_ns``, the host's wall clock), for gloo
 and NCCL alike. A daemon thread dumps the recorder every ``EVERY`` seconds and writes the rank's
-``rank-<R>.arrivals.json``; nothing is done where the recorder is off or the group is not up yet.
+``rank-<R>.arrivals.json``; nothing is done where the recorder is off or the group is not up yet. Every
+process group the rank is in is read (``group_sizes``: a tensor- or data-parallel group of a few ranks
+as well as the default one), in the recorder of the default group's backend; point-to-point operations
+(a pipeline's sends and receives) are no collective, and are not.
 
 What is kept is *pairs*: two successive collectives ``k-1`` and ``k`` of a group, the unit the gang's
 cost is worked out on (gang/arrival_cost.py). An FSDP job makes hundreds of collectives a second, more
@@ -41,6 +44,7 @@ KEPT = 256  # pairs a rank's file holds for each group, the newest: 21 s at the 
 TARGET = 12.0  # pairs a second kept, at most (6 to 12): a node's heartbeat carries 48 every 3 s (gang/arrivals.py)
 MAX_LEVEL = 24
 STAY = 1.25  # a level changes where the rate is this far past its bound
+MAX_GROUPS = 8  # process groups read, the default first (gang/arrivals.py's records hold as many)
 HOST = "host"  # an arrival is the host's enqueue time (time_created_ns)
 
 # How torch writes an entry: its keys in order, this one first (elsewhere: the whole dump parsed).
@@ -61,15 +65,16 @@ def level(k: int) -> int:
     return MAX_LEVEL if z == 0 else min(MAX_LEVEL, (z & -z).bit_length() - 1)
 
 
-def level_for(rate: float, target: float = TARGET) -> int:
-    """The least level that keeps at most ``target`` of ``rate`` pairs a second."""
+def level_for(rate: float, target: Optional[float] = None) -> int:
+    """The least level that keeps at most ``target`` (``TARGET``) of ``rate`` pairs a second."""
+    target = TARGET if target is None else target
     found = 0
     while found < MAX_LEVEL and rate / (1 << found) > target:
         found += 1
     return found
 
 
-def settled(now: int, rate: float, target: float = TARGET) -> int:
+def settled(now: int, rate: float, target: Optional[float] = None) -> int:
     """The level for ``rate``, kept where the rate is within ``STAY`` of the bound it crossed: ranks (and
     nodes) whose estimates differ a little keep the same pairs."""
     if level_for(rate / STAY, target) > now or level_for(rate * STAY, target) < now:
@@ -128,6 +133,20 @@ def _all_entries(text: str) -> List[Any]:
     except (ValueError, AttributeError):
         return []
     return found if isinstance(found, list) else []
+
+
+def group_sizes(dist: Any) -> Dict[str, int]:
+    """Every process group this rank is in with another rank, by torch's name (the recorder's): its size;
+    at most ``MAX_GROUPS``, the default group first. Where torch keeps them elsewhere, the default group."""
+    default = dist.distributed_c10d._get_default_group()
+    found = {str(default.group_name): int(default.size())}
+    try:
+        for group, name in dist.distributed_c10d._world.pg_names.items():
+            found.setdefault(str(name), int(group.size()))
+    except Exception:
+        pass  # another torch's layout: the default group alone
+    kept = [str(default.group_name)] + sorted(n for n in found if n != str(default.group_name))
+    return {n: found[n] for n in kept[:MAX_GROUPS] if found[n] >= 2}
 
 
 def arrivals_path(directory: str, rank: int) -> str:
@@ -191,7 +210,7 @@ class ArrivalWatch:
         if text is None:
             self.stop.set()
             return False
-        return self.take(text, {"0": dist.get_world_size()}, time.monotonic() if now is None else now)
+        return self.take(text, group_sizes(dist), time.monotonic() if now is None else now)
 
     def take(self, text: Any, sizes: Dict[str, int], now: float) -> bool:
         """The dump's new pairs, kept and written; the level set again from the rate they came at."""
