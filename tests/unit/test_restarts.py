@@ -125,6 +125,24 @@ def test_hang_detection_counts_from_the_restart():
     assert (state.restart, state.rdzv_port) == (1, 29555)
 
 
+def test_a_report_of_the_start_a_restart_replaced_is_not_this_starts():
+    """The control waits for every node's report of the start that failed: node 0's of the start it
+    failed in, kept for the card, must not stand for its report of the next (its ranks of the next
+    start were missing from the card when the control read the view before its own report arrived)."""
+    from metaflow_extensions.torchrun.plugins.torchrun.gang.calls import CallBook
+    from metaflow_extensions.torchrun.plugins.torchrun.gang.messages import NodeReport
+    book = CallBook(2)
+    state = book.calls.setdefault(0, CallState(0, entries={0: "x", 1: "x"}))
+    state.all_entered_at = time.monotonic()
+    book.keep_report(state, 0, NodeReport())  # node 0's ranks failed: a restart in place
+    assert book.reports_pending(0, lambda n: True, {}) == [1]
+    gang_calls.begin_restart(state, 29555)
+    assert book.reports_pending(0, lambda n: True, {}) == [0, 1]  # both owe start 1's
+    assert 0 in state.reports  # the replaced start's report stays (a node swapped out sends no newer)
+    book.keep_report(state, 1, NodeReport())
+    assert book.reports_pending(0, lambda n: True, {}) == [0]
+
+
 @pytest.mark.parametrize("value", [True, -1, 101, "2", 2.0])
 def test_restarts_must_be_a_small_whole_number(value):
     with pytest.raises(TorchrunInvalidArgument, match="restarts"):

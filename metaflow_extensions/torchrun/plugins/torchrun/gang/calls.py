@@ -32,6 +32,9 @@ class CallState:
     first_entered: float = field(default_factory=time.monotonic)
     done: Set[int] = field(default_factory=set)
     reports: Dict[int, msg.NodeReport] = field(default_factory=dict)
+    # The nodes whose report of the current start is in: a report a node made of a start a restart
+    # replaced stays in ``reports`` (a node swapped out leaves none newer) but is not this start's.
+    reported: Set[int] = field(default_factory=set)
     finished_at: Dict[int, float] = field(default_factory=dict)
     # Rank 0's pickled return value, kept only once its MAC checked out.
     rank0: Optional[bytes] = None
@@ -142,6 +145,7 @@ class CallBook:
         state.finished_at[node] = time.time()
         if report is not None:
             state.reports[node] = report
+            state.reported.add(node)
 
     def keep_stacks(self, node: int, stacks: msg.Stacks) -> CallState:
         """Once per node and call, for the control's report; never acted on."""
@@ -162,12 +166,13 @@ class CallBook:
                       and n not in left and n not in benched and connected(n))
 
     def reports_pending(self, index: int, connected: Callable[[int], bool], left: Left) -> List[int]:
-        """In the call, connected, not gone (a report comes before a leave), silent so far."""
+        """In the call, connected, not gone (a report comes before a leave), silent so far in the current
+        start (a node that reported a replaced start's failure, node 0 included, reports again)."""
         state = self.calls.get(index)
         if state is None:
             return []
         benched = set(self.bench.spares)  # a node taken out reported the failure it was taken out for
-        return sorted(n for n in state.entries if n not in state.reports and n not in left and n not in benched
+        return sorted(n for n in state.entries if n not in state.reported and n not in left and n not in benched
                       and connected(n))
 
     def check_left(self, node: int, made: int, left: Left) -> Optional[Cause]:
@@ -245,6 +250,7 @@ def begin_restart(state: CallState, rdzv_port: int) -> int:
     """The next restart's index, sent to every node as one ``Restart``; hang detection counts from now.
     The replaced start's ranks, as the nodes that reported its failure saw them, are kept for the card."""
     keep_replaced(state)
+    state.reported.clear()
     state.restart += 1
     state.rdzv_port = rdzv_port
     state.restarted_at = time.monotonic()
