@@ -20,8 +20,10 @@ import pytest
 from metaflow_extensions.torchrun.plugins.torchrun.host import proctree
 from metaflow_extensions.torchrun.plugins.torchrun.host.proctree import die_with_parent
 from metaflow_extensions.torchrun.plugins.torchrun.procs.names import LABELS_ENV, WORK_DIR_ENV, ZYGOTE_ENV, ZYGOTE_SOCKET
+from metaflow_extensions.torchrun.plugins.torchrun.procs.names import ENTRY_ENV
 from metaflow_extensions.torchrun.plugins.torchrun.procs.warm_imports import (MAX_MODULES, WARMER_SUFFIX, asked,
-                                                                              import_learned, leaves, third_party)
+                                                                              import_learned, leaves, script_changed,
+                                                                              third_party)
 from metaflow_extensions.torchrun.plugins.torchrun.procs.zygote_wire import Request, send_request
 from metaflow_extensions.torchrun.plugins.torchrun.runtime.warm_start import WarmStart
 
@@ -67,6 +69,14 @@ def test_the_leaves_are_bounded():
     site = "/s"
     modules = {"m%d" % i: _mod("/s/m%d.py" % i) for i in range(MAX_MODULES + 10)}
     assert leaves(modules, [site], []) == ["m%d" % i for i in range(MAX_MODULES)]
+
+
+def test_what_the_bootstrap_and_torch_set_is_not_the_scripts_change():
+    then = {"A": "1", "TMPDIR": "/agent-tmp", ENTRY_ENV: "/w/entry.json"}
+    now = {"A": "1", "TMPDIR": "/user-tmp", "TORCHINDUCTOR_CACHE_DIR": "/user-tmp/torchinductor_me"}
+    assert script_changed(now, then) == []
+    assert script_changed(dict(now, HF_HUB_OFFLINE="1"), then) == ["HF_HUB_OFFLINE"]
+    assert script_changed({"TMPDIR": "/user-tmp"}, then) == ["A"]  # unset counts too
 
 
 def test_an_offer_is_read_as_hostile():
@@ -129,10 +139,11 @@ def test_nothing_is_imported_past_the_deadline(dirs):
 RANK = r'''
 import json, os, sys
 had = sorted(m for m in sys.modules if m.startswith("wi_"))
-if len(sys.argv) > 1 and sys.argv[1] == "offer":
+if len(sys.argv) > 1 and sys.argv[1].startswith("offer"):
+    if sys.argv[1] == "offer-after-setting":
+        os.environ["WI_SETTING"] = "1"  # as a script may, for a library that reads it as it loads
     import wi_third.sub, wi_mine  # a site-packages module and one of the user's, beside this script
     from metaflow_extensions.torchrun.plugins.torchrun.procs import warm_imports
-    os.environ.update(LOCAL_RANK="0", TORCHELASTIC_RESTART_COUNT="0")
     print(json.dumps({"offered": warm_imports.offer()}), flush=True)
 print(json.dumps({"had": had, "ppid": os.getppid()}), flush=True)
 '''
@@ -184,7 +195,7 @@ def node(tmp_path):
 
 
 def _rank(z, *args):
-    env = dict(z.env, **{ZYGOTE_ENV: z.path})
+    env = dict(z.env, LOCAL_RANK="0", TORCHELASTIC_RESTART_COUNT="0", **{ZYGOTE_ENV: z.path})
     p = subprocess.run([sys.executable, "-u", "-m", PKG + ".bootstrap", os.path.join(z.flow, "rank.py"), *args],
                        env=env, cwd=z.flow, capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr
@@ -252,6 +263,14 @@ def test_a_ranks_first_step_teaches_the_warm_process_and_the_next_rank_forks_wit
     with open(z.tmp / "zygote.log") as f:
         said = f.read()
     assert said.count("it forks this node's agents and ranks from now on") == 1, said
+
+
+def test_a_rank_whose_script_changed_its_environment_teaches_nothing(node):
+    """A library may have read the change as it loaded; the warm process would import in the task's."""
+    z = node()
+    assert _rank(z, "offer-after-setting")[0] == {"offered": False}
+    assert not os.path.exists(z.path + WARMER_SUFFIX)
+    assert _rank(z)[0]["had"] == []
 
 
 def _site_module(z, name, body):

@@ -23,8 +23,6 @@ if TYPE_CHECKING:
     from typing import Dict, Mapping, NoReturn, Optional, Sequence, Tuple
 
 FORKED = False  # in a process the zygote forked: it runs its module itself
-FORKED_FROM = ""  # there: the socket of the warm process that forked it (procs/warm_imports.py)
-FORKED_WITH: frozenset = frozenset()  # there: the modules it had from that warm process
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 
 

@@ -29,7 +29,7 @@ import time
 
 from ..host.unix_socket import connect_unix
 from . import handoff
-from .names import RESTART_COUNT_ENV
+from .names import ENTRY_ENV, RESTART_COUNT_ENV, USER_TMPDIR_ENV, USER_UMASK_ENV
 from .zygote_wire import Request, WireError, send_request
 
 TYPE_CHECKING = False  # typing unimported (zygote_wire.py)
@@ -107,15 +107,41 @@ def user_dirs(cwd: str, script_dir: str) -> List[str]:
     return _both(d for d in (cwd, script_dir) if d)
 
 
+# A rank forked from a warm process (zygote.become): that process's socket, its modules, the rank's environment.
+_FORKED_FROM = ""
+_FORKED_WITH: frozenset = frozenset()
+_FORKED_ENV: Mapping[str, str] = {}
+# What the bootstrap sets before the script runs (entry.restore_user_tmpdir, bootstrap.main), and torch as its
+# compiler stack loads: not the script's changes.
+_NOT_THE_SCRIPTS = ("TMPDIR", USER_TMPDIR_ENV, USER_UMASK_ENV, ENTRY_ENV, RESTART_COUNT_ENV, "TORCHINDUCTOR_CACHE_DIR")
+
+
+def forked(socket_path: str, modules: Mapping[str, Any], environ: Mapping[str, str]) -> None:
+    """In a rank the warm process forked, before it runs: where to offer, and what it had then."""
+    global _FORKED_FROM, _FORKED_WITH, _FORKED_ENV
+    _FORKED_FROM, _FORKED_WITH, _FORKED_ENV = socket_path, frozenset(modules), dict(environ)
+
+
+def script_changed(now: Mapping[str, str], then: Mapping[str, str]) -> List[str]:
+    """The variables the script set or unset since the rank began (ours and torch's aside): a library may
+    have read one as it loaded, which the warm process, importing in the task's environment, would not."""
+    keys = (set(now) | set(then)) - set(_NOT_THE_SCRIPTS)
+    return sorted(k for k in keys if now.get(k) != then.get(k))
+
+
 def offer(environ: Mapping[str, str] = os.environ) -> bool:
     """From local rank 0 of a first start, forked from the warm process: the modules it has loaded, to
-    that warm process. True where they were sent. Never raises: a rank trains the same either way."""
-    path = handoff.FORKED_FROM
+    that warm process. True where they were sent. Not where the script changed its environment first (a
+    restart's ranks then import for themselves, as that change asks). Never raises: a rank trains the
+    same either way."""
+    path = _FORKED_FROM
     if not handoff.FORKED or not path or environ.get("LOCAL_RANK") != "0" or environ.get(RESTART_COUNT_ENV, "0") != "0":
+        return False
+    if script_changed(environ, _FORKED_ENV):
         return False
     try:
         names = leaves(sys.modules.copy(), site_dirs(), user_dirs(os.getcwd(), sys.path[0] if sys.path else ""),
-                       handoff.FORKED_WITH)
+                       _FORKED_WITH)
         if not names:
             return False
         request = Request(module="imports", argv=names, env={}, cwd=os.getcwd(), path=list(sys.path),

@@ -464,8 +464,7 @@ def become(request: Request, fds: List[int]) -> None:
     if request.module == "agent":  # what ps shows: its command, not ours (host/title.py)
         title.show(["torchrun", *request.argv], "torchrun")
     env = dict(request.env)
-    handoff.FORKED_FROM = env.get(ZYGOTE_ENV, "")  # the socket the stand-in reached (warm_imports.offer)
-    handoff.FORKED_WITH = frozenset(sys.modules)  # what it has already: not offered back
+    socket_path = env.get(ZYGOTE_ENV, "")
     if request.module != "agent":
         env.pop(ZYGOTE_ENV, None)  # the user's code never sees it; an agent passes it on to its ranks
     os.environ.clear()
@@ -475,6 +474,8 @@ def become(request: Request, fds: List[int]) -> None:
     sys.path[:] = request.path
     _fresh_state()
     handoff.FORKED = True
+    if request.module == "bootstrap":
+        warm_imports.forked(socket_path, sys.modules, os.environ)  # what its first step may offer back
     module: Any = sys.modules[__name__]  # a zygote: this module, run as __main__
     if request.module == "bootstrap":
         from . import bootstrap as module
