@@ -1,7 +1,8 @@
 """What runs in the processes torchrun starts: its agent and every rank, and the warm process.
 
 - a rank's start: ``handoff`` (the stand-in torchrun starts), ``zygote`` and ``zygote_wire`` (the
-  node's warm process that forks it), ``bootstrap`` and ``entry`` (what runs before the user's
+  node's warm process that forks it), ``warm_imports`` (what it learns from a rank's first step
+  for a restart), ``bootstrap`` and ``entry`` (what runs before the user's
   script), ``agent`` (torchrun's agent), ``relay`` and ``redraw`` (a rank's output), ``group_keeper``
   (a warm rank's process groups held to its end);
 - what a rank leaves behind, written here and read by the task: ``failures``, ``status``,
