@@ -391,3 +391,38 @@ def test_swap_stragglers_reaches_the_step_defaults():
     spec, said = _read(swap_stragglers=60, spares=1, restarts=1)
     assert said == [] and step_defaults(spec).swap_stragglers == 60.0
     assert step_defaults(_read()[0]).swap_stragglers is None
+
+
+THREADS = """
+import json, threading
+print(json.dumps(sorted(t.name for t in threading.enumerate() if t.name.startswith("torchrun-"))))
+"""
+
+
+@pytest.mark.parametrize("setting, reads", [(None, True), ("1", True), ("0", False), ("off", False)])
+def test_the_detector_alone_is_turned_off_in_the_rank(tmp_path, setting, reads):
+    """METAFLOW_TORCHRUN_ARRIVALS, as the step's start reads it, reaches a real rank's bootstrap in its entry
+    file: off, the rank starts no reader of its arrivals (no recorder dump every few seconds); the Flight
+    Recorder stays on, and its reader for a hang's culprit too."""
+    import subprocess
+    import sys
+
+    from metaflow_extensions.torchrun.plugins.torchrun.base.knobs import ARRIVALS_ENV, read_knobs
+    from metaflow_extensions.torchrun.plugins.torchrun.launch.command import BOOTSTRAP_MODULE
+    from metaflow_extensions.torchrun.plugins.torchrun.procs import entry, names
+
+    knobs, refused = read_knobs({ARRIVALS_ENV: setting} if setting is not None else {})
+    assert not refused and knobs.arrivals is reads
+    script = tmp_path / "script.py"
+    script.write_text(THREADS)
+    work = tmp_path / "work"
+    work.mkdir()
+    path = entry.write_entry(str(work), [str(script)], knobs.trainer_progress, knobs.arrivals)
+    environ = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK")}
+    environ.update({names.WORK_DIR_ENV: str(work), "RANK": "0", names.LABELS_ENV: "0", names.ENTRY_ENV: path,
+                    names.FR_BUFFER_ENV: "2000", ARRIVALS_ENV: "1"})  # the environment says on: only the file counts
+    done = subprocess.run([sys.executable, "-m", BOOTSTRAP_MODULE, path], env=environ, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    threads = json.loads(done.stdout.strip().splitlines()[-1])
+    assert ("torchrun-arrivals" in threads) is reads and "torchrun-flight" in threads, threads

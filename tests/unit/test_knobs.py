@@ -94,7 +94,7 @@ def test_every_setting_with_a_bad_value_is_named_with_what_it_takes():
         knobs.STRAGGLER_RATIO_ENV: "1", knobs.STRAGGLER_SECONDS_ENV: "-5", knobs.KEEP_LOGS_HOURS_ENV: "3 days",
         knobs.KEEP_LOGS_ENV: "2.5", knobs.MAX_LOG_MB_ENV: "inf", knobs.DEBUG_ENV: "verbose",
         knobs.NODE_HISTORY_ENV: "3 of 5", knobs.NODE_HISTORY_RUNS_ENV: "-1", knobs.FLIGHT_RECORDER_ENV: "2k",
-        knobs.WARM_START_ENV: "fast", knobs.TRAINER_PROGRESS_ENV: "hf",
+        knobs.WARM_START_ENV: "fast", knobs.TRAINER_PROGRESS_ENV: "hf", knobs.ARRIVALS_ENV: "sometimes",
     }
     read, problems = read_knobs(bad)
     # One message a setting, the secret's value never shown; the record holds the defaults.

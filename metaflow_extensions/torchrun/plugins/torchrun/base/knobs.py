@@ -28,6 +28,7 @@ NODE_HISTORY_RUNS_ENV = "METAFLOW_TORCHRUN_NODE_HISTORY_RUNS"
 FLIGHT_RECORDER_ENV = "METAFLOW_TORCHRUN_FLIGHT_RECORDER"  # entries; "off" or 0: none, nobody asked
 WARM_START_ENV = "METAFLOW_TORCHRUN_WARM_START"  # "off": ranks and agent start fresh, not forked
 TRAINER_PROGRESS_ENV = "METAFLOW_TORCHRUN_TRAINER_PROGRESS"  # "0": no Trainer reports progress
+ARRIVALS_ENV = "METAFLOW_TORCHRUN_ARRIVALS"  # "0": no rank reads when it reached its collectives
 # Tests only: host names by node index (several local "nodes" share a host; host/network.py).
 TEST_HOSTS_ENV = "METAFLOW_TORCHRUN_TEST_HOSTS"
 
@@ -139,6 +140,7 @@ class Knobs:
     flight_recorder: int = DEFAULTS.FLIGHT_RECORDER_ENTRIES
     warm_start: bool = True
     trainer_progress: bool = True
+    arrivals: bool = True
 
 
 def _at_least(low: float, above: bool = False, whole: bool = False) -> Callable[[str, str], object]:
@@ -162,6 +164,7 @@ _READERS: Tuple[Tuple[str, str, Callable[[str, str], object]], ...] = (
     ("flight_recorder", FLIGHT_RECORDER_ENV, count_or_off),
     ("warm_start", WARM_START_ENV, switch),
     ("trainer_progress", TRAINER_PROGRESS_ENV, switch),
+    ("arrivals", ARRIVALS_ENV, switch),
 )
 
 

@@ -184,7 +184,7 @@ def main(argv: list) -> None:
     """The rank, run here: tied to its agent already (by its stand-in, or by the warm process's fork)."""
     title.prepare()  # a fresh rank's, before its environment changes (a forked one's was the zygote's)
     try:
-        argv, trainer_progress = entry.bootstrap_entry(argv)
+        argv, trainer_progress, read_arrivals = entry.bootstrap_entry(argv)
     except (OSError, ValueError) as e:
         sys.stderr.write("@torchrun bootstrap: cannot read what to run: %s\n" % e)
         sys.exit(2)
@@ -206,7 +206,8 @@ def main(argv: list) -> None:
     _KEEP.append(stacks.register(os.environ.get(WORK_DIR_ENV), rank))
     if flight_ask.recording(os.environ):
         flight_ask.listen(os.environ.get(WORK_DIR_ENV), rank)
-        _KEEP.append(arrivals.watch(os.environ.get(WORK_DIR_ENV), rank))
+        if read_arrivals:
+            _KEEP.append(arrivals.watch(os.environ.get(WORK_DIR_ENV), rank))
     if trainer_progress:
         from . import trainer_hooks  # the rank-start boundary: where progress is on
 

@@ -19,26 +19,29 @@ class Entry(NamedTuple):
 
     argv: List[str]
     trainer_progress: bool = True  # METAFLOW_TORCHRUN_TRAINER_PROGRESS (trainer_hooks.py)
+    arrivals: bool = True  # METAFLOW_TORCHRUN_ARRIVALS (arrivals.py)
 
 
-def write_entry(work_dir: str, argv: List[str], trainer_progress: bool = True) -> str:
+def write_entry(work_dir: str, argv: List[str], trainer_progress: bool = True, arrivals: bool = True) -> str:
     """The entry file's path, in ``work_dir`` beside the agent's temporary directory."""
     # torchrun's agent's own temporary files go here (launch/prepare.py's TMPDIR).
     os.makedirs(os.path.join(work_dir, AGENT_TMP), mode=0o700, exist_ok=True)
     path = os.path.join(work_dir, ENTRY_FILE)
     fd = open_private(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
     with os.fdopen(fd, "w", encoding="utf-8") as f:
-        json.dump({"argv": [str(a) for a in argv], "trainer_progress": bool(trainer_progress)}, f)
+        json.dump({"argv": [str(a) for a in argv], "trainer_progress": bool(trainer_progress),
+                   "arrivals": bool(arrivals)}, f)
     return path
 
 
 def read_entry(path: str) -> Entry:
     with open(path, encoding="utf-8") as f:
         data = json.load(f)
-    argv, trainer_progress = data["argv"], data.get("trainer_progress", True)
-    if not (isinstance(argv, list) and all(isinstance(a, str) for a in argv) and isinstance(trainer_progress, bool)):
+    argv, trainer_progress, arrivals = data["argv"], data.get("trainer_progress", True), data.get("arrivals", True)
+    if not (isinstance(argv, list) and all(isinstance(a, str) for a in argv) and isinstance(trainer_progress, bool)
+            and isinstance(arrivals, bool)):
         raise ValueError("%s: not an entry file" % path)
-    return Entry(argv, trainer_progress)
+    return Entry(argv, trainer_progress, arrivals)
 
 
 def bootstrap_entry(argv: List[str], environ: Mapping[str, str] = os.environ) -> Entry:

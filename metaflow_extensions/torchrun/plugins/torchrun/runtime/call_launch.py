@@ -79,7 +79,8 @@ class NodeLaunch:
         else:
             bootstrap_argv = [plan.script or ""] + list(plan.entry_argv)
         # The script and its arguments reach the bootstrap in a file, not through torchrun's parser: verbatim.
-        self.entry = (entry.write_entry(self.workdir, bootstrap_argv, context.defaults.knobs.trainer_progress), iface)
+        knobs = context.defaults.knobs
+        self.entry = (entry.write_entry(self.workdir, bootstrap_argv, knobs.trainer_progress, knobs.arrivals), iface)
         return self.start(seat, rdzv_port, 0)
 
     def start(self, seat: Optional[Seat], rdzv_port: int, restart: int) -> RanksStart:
