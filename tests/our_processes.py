@@ -179,7 +179,10 @@ def node_processes(task: int) -> List[int]:
     with its warm process's when that was forked from the control's
     (runtime/warm_start.py), and without another node's below its own."""
     mine = [p for p in descendants(task)]
-    forked = {p for p in mine if _name(p) == ZYGOTE_NAME and _name(_parent(p)) == ZYGOTE_NAME}
+    # Another node's warm process names its own socket; a warmer (procs/warm_imports.py) is this node's,
+    # with its parent's command line.
+    forked = {p for p in mine if _name(p) == ZYGOTE_NAME and _name(_parent(p)) == ZYGOTE_NAME
+              and argv(p) != argv(_parent(p))}
     for p in forked:
         mine = [q for q in mine if q != p and q not in descendants(p)]
     for p in list(mine):

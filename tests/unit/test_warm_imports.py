@@ -17,6 +17,8 @@ import types
 
 import pytest
 
+import our_processes
+
 from metaflow_extensions.torchrun.plugins.torchrun.host import proctree
 from metaflow_extensions.torchrun.plugins.torchrun.host.proctree import die_with_parent
 from metaflow_extensions.torchrun.plugins.torchrun.procs.names import LABELS_ENV, WORK_DIR_ENV, ZYGOTE_ENV, ZYGOTE_SOCKET
@@ -257,6 +259,7 @@ def test_a_ranks_first_step_teaches_the_warm_process_and_the_next_rank_forks_wit
     assert second["had"] == ["wi_third", "wi_third.sub"] and second["ppid"] == note["pid"]
     assert (z.tmp / "mine-imported").read_text() == "x"  # the first rank's own import, once
     assert task.pids == task.pids == (z.proc.pid, note["pid"])
+    assert our_processes.argv(note["pid"]) == our_processes.argv(z.proc.pid)  # how the tests tell it from a node's
     assert [r.getMessage() for r in caplog.records].count(
         "the warm process imported what the ranks had loaded by their first step (%d modules, %s s): a restart's "
         "ranks fork with it" % (note["modules"], note["seconds"])) == 1, caplog.text
