@@ -19,8 +19,10 @@ one):
 9. on one GPU (benchmarks/gpu/nccl_recorder.py): a live rank whose group is NCCL (alone,
    and in a mixed cpu:gloo,cuda:nccl group) answers the node's question from NCCL's
    recorder, an all_reduce the GPU has not finished read as open; the warm process's
-   fork guard refuses once CUDA is initialised; each collective's enqueue time (the arrival
-   signal, gang/arrivals.py) read from NCCL's recorder;
+   fork guard refuses once CUDA is initialised; the arrival signal (gang/arrivals.py) on NCCL:
+   with TORCH_NCCL_ENABLE_TIMING=1 each collective's start on the device (an all_reduce queued behind
+   a GPU sleep read as late by the sleep), without it the host's enqueue time, and what the timing
+   costs a short step;
 
 (7 and 8 need two GPUs: on one they are reported as skipped), then measures, in
 rounds of three runs of the same flow (@torchrun with its ranks forked from the warm

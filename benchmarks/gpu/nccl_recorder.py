@@ -134,11 +134,12 @@ def recorder_case(backend: str) -> List[dict]:
 
 ARRIVALS = textwrap.dedent(
     """
-    import datetime, json, os, sys, tempfile
+    import datetime, json, os, statistics, sys, tempfile, time
     sys.path.insert(0, sys.argv[1])
     from metaflow_extensions.torchrun.plugins.torchrun.procs import arrivals, flight_ask
     import torch, torch.distributed as dist
     import torch._C._distributed_c10d as c10d
+    hold = float(sys.argv[2])
     torch.cuda.set_device(0)
     work = tempfile.mkdtemp()
     dist.init_process_group("nccl", init_method="file://" + os.path.join(work, "store"), rank=0, world_size=1,
@@ -147,28 +148,84 @@ ARRIVALS = textwrap.dedent(
     for _ in range(5):
         dist.all_reduce(t)
     torch.cuda.synchronize()
+    props = torch.cuda.get_device_properties(0)
+    rate = getattr(props, "clock_rate", 0)
+    torch.cuda._sleep(int(hold * (rate * 1000 if rate else 2.0e9)))  # the GPU busy: a slow device, as it were
+    dist.all_reduce(t)  # enqueued at once by the host, begun on the device after the sleep
+    torch.cuda.synchronize()
+    time.sleep(0.5)  # the watchdog finds it ended (it polls)
     recorder = flight_ask.recorder_for(flight_ask.default_backends(dist))
     text, why = flight_ask.dump_recorder(c10d, recorder)
     entries = json.loads(text).get("entries") if text is not None else []
-    found = [a[1:] for a in map(arrivals.arrival, entries) if a is not None]
-    print(json.dumps({"recorder": recorder, "why": why, "found": found}))
+    host = [a[1:] for a in map(arrivals.arrival, entries) if a is not None]
+    device = [(e.get("collective_seq_id"), arrivals.device_ns(e), e.get("time_created_ns"), e.get("duration_ms"))
+              for e in entries]
+    watch = arrivals.ArrivalWatch(work, 0)
+    watch.take(text, {"0": 2}, 1.0)  # a group of two, as if: the pairs it would write
+    # What the timing costs: a short step (a matmul and an all-reduce) with timing on, as this process runs.
+    a = torch.randn(2048, 2048, device="cuda")
+    small = torch.ones(1 << 16, device="cuda")
+    for _ in range(20):
+        (a @ a).sum()
+        dist.all_reduce(small)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(400):
+        (a @ a).sum()
+        dist.all_reduce(small)
+    torch.cuda.synchronize()
+    step_ms = (time.perf_counter() - t0) * 1000.0 / 400
+    print(json.dumps({"recorder": recorder, "why": why, "host": host, "device": device, "clock": watch.clock,
+                      "pairs": sorted(watch.pairs.get("0", [])), "step_ms": step_ms, "hold_s": hold}))
     dist.destroy_process_group()
     """
 )
 
+HOLD = 0.5  # s: the GPU sleep before the sixth all_reduce
 
-def arrivals_case() -> dict:
-    """The arrival signal's field (each collective's enqueue time) read from NCCL's recorder as from gloo's."""
-    env = dict(os.environ, **{FR_BUFFER_ENV: "20", FR_BUFFER_OLD_ENV: "20"})
-    proc = subprocess.run([sys.executable, "-c", ARRIVALS, REPO], capture_output=True, text=True, timeout=300,
-                          env=env)
+
+def _arrivals_run(timing: bool) -> dict:
+    env = dict(os.environ, **{FR_BUFFER_ENV: "2000", FR_BUFFER_OLD_ENV: "2000"})
+    env["TORCH_NCCL_ENABLE_TIMING"] = "1" if timing else "0"
+    proc = subprocess.run([sys.executable, "-c", ARRIVALS, REPO, str(HOLD)], capture_output=True, text=True,
+                          timeout=300, env=env)
     try:
-        said = json.loads(proc.stdout.strip().splitlines()[-1])
+        return json.loads(proc.stdout.strip().splitlines()[-1])
     except (IndexError, ValueError):
-        return {"case": "nccl: arrivals from the recorder", "ok": False, "detail": proc.stderr[-1500:]}
-    times = [t for _, t in said["found"]]
-    ok = [s for s, _ in said["found"]] == [1, 2, 3, 4, 5] and times == sorted(times)
-    return {"case": "nccl: arrivals from the recorder (5 all_reduces, in order)", "ok": ok, "detail": json.dumps(said)}
+        return {"error": proc.stderr[-1500:]}
+
+
+def arrivals_cases() -> List[dict]:
+    """The arrival signal on NCCL (gang/arrivals.py): with TORCH_NCCL_ENABLE_TIMING=1 each collective's
+    start on the device (procs/arrivals.device_ns), an all_reduce queued behind a GPU sleep read as late by
+    the sleep, the five before it read within the watchdog's lateness of their enqueue; without timing,
+    the host's enqueue time (the queued one read on time: a slow device is not seen); and what the timing
+    costs a short step (a 2048 matmul and an all_reduce, 400 steps)."""
+    on, off = _arrivals_run(True), _arrivals_run(False)
+    out = []
+    for name, said in (("timing on", on), ("timing off", off)):
+        if "error" in said:
+            out.append({"case": "nccl arrivals, %s" % name, "ok": False, "detail": said["error"]})
+    if out:
+        return out
+    late = {seq: (device - created) / 1e6 for seq, device, created, _ in on["device"] if device}
+    first = [late[s] for s in sorted(late)[:5]]
+    held = late.get(6)
+    seen = held is not None and held >= 0.5 * HOLD * 1000.0
+    out.append({"case": "nccl arrivals with timing: the device's start, a slow device seen", "ok":
+                on["clock"] == "device" and seen and on["pairs"] and len(first) == 5,
+                "detail": json.dumps({"queued_behind_%.1fs_sleep_read_late_ms" % HOLD: held,
+                                      "unobstructed_read_late_ms": [round(v, 2) for v in first],
+                                      "pairs": on["pairs"][:3]})})
+    host = {seq: created for seq, created in off["host"]}
+    out.append({"case": "nccl arrivals without timing: the host's enqueue time", "ok": off["clock"] == "host"
+                and all(d is None for _, d, _, _ in off["device"]) and [s for s, _ in off["host"]] == [1, 2, 3, 4, 5, 6],
+                "detail": json.dumps({"enqueue_gap_6_ms": (host.get(6, 0) - host.get(5, 0)) / 1e6})})
+    cost = (on["step_ms"] - off["step_ms"]) / off["step_ms"] * 100.0
+    out.append({"case": "nccl timing's cost to a short step (world size 1)", "ok": True,
+                "detail": json.dumps({"step_ms_on": round(on["step_ms"], 4), "step_ms_off": round(off["step_ms"], 4),
+                                      "cost_pct": round(cost, 2)})})
+    return out
 
 
 def fork_guard_case() -> dict:
@@ -187,7 +244,7 @@ def main(argv: List[str]) -> int:
     for backend in ("nccl", "cpu:gloo,cuda:nccl"):
         results += recorder_case(backend)
     results.append(fork_guard_case())
-    results.append(arrivals_case())
+    results += arrivals_cases()
     for r in results:
         print("%-4s %-62s %s" % ("ok" if r["ok"] else "FAIL", r["case"], r["detail"][:200]))
     if len(argv) > 1:

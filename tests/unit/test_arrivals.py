@@ -19,7 +19,7 @@ from metaflow_extensions.torchrun.plugins.torchrun.gang import arrivals
 from metaflow_extensions.torchrun.plugins.torchrun.gang.gang_progress import NodeProgress, ProgressBook
 from metaflow_extensions.torchrun.plugins.torchrun.gang.wire import ProtocolError
 from metaflow_extensions.torchrun.plugins.torchrun.procs.arrivals import (
-    KEPT, ArrivalWatch, arrival, level, level_for, new_entries, read_arrivals)
+    DEVICE, KEPT, ArrivalWatch, arrival, device_ns, level, level_for, new_entries, read_arrivals)
 
 DUMPS = os.path.join(os.path.dirname(__file__), "flight_dumps")
 MS = 1_000_000  # ns
@@ -48,6 +48,47 @@ def test_a_dump_not_written_as_torch_writes_it_is_parsed_whole_and_a_reset_recor
     assert new_entries(spaced, -1, lambda seq: True)[0] == json.loads(spaced)["entries"]
     assert new_entries(b"not json", -1, lambda seq: True) == ([], -1, 0) and new_entries(None, 3, bool)[2] == 0
     assert new_entries(json.dumps({"entries": entries}, separators=(",", ":")), 10 ** 6, bool)[2] == len(entries)
+
+
+def _dump_file(name):
+    with open(os.path.join(DUMPS, name), "rb") as f:
+        return f.read()
+
+
+def test_on_nccl_with_timing_an_arrival_is_when_the_collective_began_on_the_device():
+    """NCCL's recorder with TORCH_NCCL_ENABLE_TIMING=1: the kernel's own time (CUDA events) back from its end
+    as the watchdog found it; else its start as the watchdog found it; gloo's, and NCCL's without timing
+    (2.15's nccl2 keeps no duration), know no device time: the host's enqueue time is read."""
+    timed = json.loads(_dump_file("nccl-hang-rank0.json"))["entries"]
+    done = [e for e in timed if e.get("duration_ms")]
+    assert done and all(device_ns(e) == e["time_discovered_completed_ns"] - int(e["duration_ms"] * 1e6) for e in done)
+    assert all(arrival(e, DEVICE)[2] == device_ns(e) < e["time_discovered_completed_ns"] for e in done)
+    assert all(arrival(e)[2] == e["time_created_ns"] for e in done)  # the host's, on the host's clock
+    flying = [e for e in timed if e["state"] == "scheduled"]
+    assert flying and all(device_ns(e) is None and arrival(e, DEVICE) is None for e in flying)
+    begun = {"time_discovered_started_ns": 7 * MS, "time_discovered_completed_ns": None, "duration_ms": None}
+    assert device_ns(begun) == 7 * MS and device_ns(dict(begun, duration_ms=True)) == 7 * MS
+    for name in ("gloo-hang-rank0.json", "nccl2-hang-rank0.json"):
+        assert all(device_ns(e) is None for e in json.loads(_dump_file(name))["entries"]), name
+
+
+def test_a_rank_reads_the_devices_clock_where_its_recorder_has_it_and_a_collective_in_flight_again(tmp_path):
+    from metaflow_extensions.torchrun.plugins.torchrun.procs.arrivals import HOST
+
+    nccl = ArrivalWatch(str(tmp_path), 0)
+    assert nccl.take(_dump_file("nccl-hang-rank0.json"), {"0": 2, "1": 2}, 1.0)
+    flying = next(e for e in json.loads(_dump_file("nccl-hang-rank0.json"))["entries"] if e["state"] == "scheduled")
+    assert nccl.clock == DEVICE and nccl.record == flying["record_id"] - 1  # read again once it has ended
+    read = read_arrivals(str(tmp_path), 0, 0)
+    assert read.clock == DEVICE and sorted(read.groups["0"][1]) == [2, 3, 4]
+    gloo = ArrivalWatch(str(tmp_path), 1)
+    assert gloo.take(_dump_file("gloo-hang-rank1.json"), {"0": 2, "1": 2}, 1.0) and gloo.clock == HOST
+    tracker = ArrivalTracker(str(tmp_path))
+    assert tracker.sample([0], 0).clock == DEVICE and tracker.sample([0, 1], 0) is None  # one clock a node
+    book = ArrivalBook()
+    book.update(0, NodeArrivals(1, 2, "host", ("0",), (4,), (2,), (0,), (7,), (1, 2), (0, 1), (1, 1)))
+    book.update(1, NodeArrivals(1, 2, "device", ("0",), (4,), (2,), (0,), (7,), (1, 2), (2, 3), (1, 1)))
+    assert book.clock == HOST and set(book.pending[("0", 7)]) == {0}  # another clock's record: not compared
 
 
 def test_one_pair_in_two_to_the_level_is_kept_alike_on_every_rank_whatever_the_period():
@@ -129,11 +170,11 @@ def test_a_hostile_rank_file_is_not_read(tmp_path, content):
 
 
 def test_a_node_record_of_unequal_lengths_or_out_of_bounds_is_refused():
-    good = NodeArrivals(1, 2, ("0",), (4,), (2,), (0,), (7,), (1, 2), (0, 1), (1, 1))
+    good = NodeArrivals(1, 2, "host", ("0",), (4,), (2,), (0,), (7,), (1, 2), (0, 1), (1, 1))
     assert NodeArrivals.from_wire(good.to_wire()) == good
     for bad in (dict(good.to_wire(), who=[0]), dict(good.to_wire(), last=[-1, 2]), dict(good.to_wire(), group=[1]),
                 dict(good.to_wire(), seq=list(range(1, SENT + 2))), dict(good.to_wire(), second=[2, 1]),
-                dict(good.to_wire(), members=[5]), dict(good.to_wire(), sizes=[4, 4])):
+                dict(good.to_wire(), members=[5]), dict(good.to_wire(), sizes=[4, 4]), dict(good.to_wire(), clock="tsc")):
         with pytest.raises(ProtocolError):
             NodeArrivals.from_wire(bad)
 
@@ -248,7 +289,7 @@ def test_the_collectives_of_every_group_a_rank_is_in_are_read(tmp_path, monkeypa
     done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "4",
                            str(script), str(tmp_path)], env=env, capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stderr[-3000:]
-    files = {r: read_arrivals(str(tmp_path / ("node%d" % (r // 2))), r, 0) for r in range(4)}
+    files = {r: read_arrivals(str(tmp_path / ("node%d" % (r // 2))), r, 0).groups for r in range(4)}
     assert {r: sorted(f) for r, f in files.items()} == {0: ["0", "1"], 1: ["0", "1"], 2: ["0", "2"], 3: ["0", "2"]}
     assert {f["0"][0] for f in files.values()} == {4} and files[3]["2"][0] == 2
     monkeypatch.setattr(arrivals, "WARMUP_NS", 0)  # a few seconds of training, read at once:

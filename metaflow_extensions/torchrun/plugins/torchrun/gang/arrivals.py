@@ -29,9 +29,9 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass
 from typing import Annotated, Deque, Dict, List, Optional, Set, Tuple
 
-from ..base.codec import Int, Items, Record, Text
+from ..base.codec import Int, Items, OneOf, Record, Text
 from ..base.timeouts import PROGRESS_SEND
-from ..procs.arrivals import KEPT, MAX_GROUPS, level, read_arrivals, settled
+from ..procs.arrivals import CLOCKS, HOST, KEPT, MAX_GROUPS, level, read_arrivals, settled
 from .arrival_cost import Arrival, Cost, cost, pair
 from .wire import ProtocolError
 
@@ -61,11 +61,13 @@ class NodeArrivals(Record):
     ranks in the group (``members`` of its ``sizes``) reached them: for the two, in turn, the node's latest
     arrival (``last``, µs after ``base``, the node's wall clock in ns), whose (``who``, a global rank) and the
     second-latest (``second``; ``last`` where the node has one member); ``sent``: the node's clock as it
-    sampled. At most ``SENT`` pairs: constant per node, whatever the collectives' rate or the gang's size."""
+    sampled; ``clock``: the ranks' (procs/arrivals.py's HOST or DEVICE). At most ``SENT`` pairs: constant
+    per node, whatever the collectives' rate or the gang's size."""
 
     ERROR = ProtocolError
     base: Annotated[int, Int(0, 1 << 62)]
     sent: Annotated[int, Int(0, 1 << 62)]
+    clock: Annotated[str, OneOf(CLOCKS)] = HOST
     groups: Annotated[Tuple[Annotated[str, Text(64)], ...], Items(MAX_GROUPS)] = ()
     sizes: Annotated[Tuple[Ranks, ...], Items(MAX_GROUPS)] = ()
     members: Annotated[Tuple[Ranks, ...], Items(MAX_GROUPS)] = ()
@@ -114,12 +116,11 @@ class ArrivalTracker:
             return None
         if start != self.start:
             self.start, self.sent, self.sampled, self.above = start, {}, None, 0
-        each = {}
-        for rank in ranks:
-            read = read_arrivals(self.workdir, rank, start)
-            if read is None:
-                return None
-            each[rank] = read
+        reads = {rank: read_arrivals(self.workdir, rank, start) for rank in ranks}
+        clocks = {read.clock if read is not None else None for read in reads.values()}
+        if None in clocks or len(clocks) > 1:
+            return None  # a rank not there yet, or ranks on the host's clock and the device's
+        each = {rank: read.groups for rank, read in reads.items() if read is not None}
         groups: Dict[str, Tuple[int, List[int]]] = {}  # group -> (size, its members here)
         for rank in ranks:
             for name, (size, _) in each[rank].items():
@@ -137,7 +138,8 @@ class ArrivalTracker:
         for name, sent in self.sent.items():
             if len(sent) > 4 * KEPT:
                 self.sent[name] = set(sorted(sent)[-2 * KEPT:])
-        return self._fold(each, names, groups, [(k, g) for _, k, g in chosen]) if chosen else None
+        clock = str(clocks.pop())
+        return self._fold(each, names, groups, [(k, g) for _, k, g in chosen], clock) if chosen else None
 
     def _floor(self, new: List[Tuple[int, int, int]]) -> int:
         """The least level whose pairs the heartbeats keep up with: from the rate the ranks' files hold
@@ -152,7 +154,7 @@ class ArrivalTracker:
         return min((level(k) for _, k, _ in new), default=0) + self.above
 
     def _fold(self, each: Dict[int, Dict[str, Tuple[int, Dict[int, Tuple[int, int]]]]], names: List[str],
-              groups: Dict[str, Tuple[int, List[int]]], chosen: List[Tuple[int, int]]) -> NodeArrivals:
+              groups: Dict[str, Tuple[int, List[int]]], chosen: List[Tuple[int, int]], clock: str) -> NodeArrivals:
         times = [[each[r][names[g]][1][k] for r in groups[names[g]][1]] for k, g in chosen]
         base = min(min(min(t) for t in pairs) for pairs in times)
         last: List[int] = []
@@ -165,7 +167,7 @@ class ArrivalTracker:
                 last.append(min(MAX_US, (arrived[order[-1]][side] - base) // 1000))
                 who.append(members[order[-1]])
                 second.append(min(MAX_US, (arrived[order[-2 if len(order) > 1 else -1]][side] - base) // 1000))
-        return NodeArrivals(base, self.clock_ns(), tuple(names), tuple(groups[n][0] for n in names),
+        return NodeArrivals(base, self.clock_ns(), clock, tuple(names), tuple(groups[n][0] for n in names),
                             tuple(len(groups[n][1]) for n in names), tuple(g for _, g in chosen),
                             tuple(k for k, _ in chosen), tuple(last), tuple(who), tuple(second))
 
@@ -232,6 +234,7 @@ class ArrivalBook:
         self.window: Dict[str, Deque[Tuple[Joined, Joined]]] = {}
         self.joined = 0  # pairs joined this start: the verdict is worked out again when it grows
         self.first_ns: Optional[float] = None  # the start's first pair, on the control's clock
+        self.clock: Optional[str] = None  # the start's arrivals': the host's or the device's
         self.last_verdict: Tuple[object, Optional[ArrivalVerdict]] = (None, None)
 
     def new_start(self) -> None:
@@ -239,10 +242,12 @@ class ArrivalBook:
         self.window.clear()
         self.joined = 0
         self.first_ns = None
+        self.clock = None
 
     def update(self, node: int, arrivals: Optional[NodeArrivals]) -> None:
-        if arrivals is None:
-            return
+        if arrivals is None or arrivals.clock != (self.clock or arrivals.clock):
+            return  # a start's arrivals are on one clock: the first node's (a gang mixing them compares none)
+        self.clock = arrivals.clock
         gaps = self.gaps.setdefault(node, deque(maxlen=OFFSET_SAMPLES))
         gaps.append(self.clock_ns() - arrivals.sent)
         shift = arrivals.base + min(gaps)  # the node's clock on the control's

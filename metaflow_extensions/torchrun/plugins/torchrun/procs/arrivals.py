@@ -29,7 +29,7 @@ import re
 import sys
 import threading
 import time
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple
 
 from .flight_ask import default_backends, dump_recorder, recorder_for
 from .names import ARRIVALS_SUFFIX, RESTART_COUNT_ENV, rank_file
@@ -46,6 +46,8 @@ MAX_LEVEL = 24
 STAY = 1.25  # a level changes where the rate is this far past its bound
 MAX_GROUPS = 8  # process groups read, the default first (gang/arrivals.py's records hold as many)
 HOST = "host"  # an arrival is the host's enqueue time (time_created_ns)
+DEVICE = "device"  # ... or when the collective began on the device (NCCL with TORCH_NCCL_ENABLE_TIMING=1)
+CLOCKS = (HOST, DEVICE)
 
 # How torch writes an entry: its keys in order, this one first (elsewhere: the whole dump parsed).
 _ENTRY = '{"collective_seq_id"'
@@ -153,13 +155,28 @@ def arrivals_path(directory: str, rank: int) -> str:
     return rank_file(directory, rank, ARRIVALS_SUFFIX)
 
 
-def arrival(entry: Any) -> Optional[Tuple[str, int, int]]:
-    """(group's name, sequence number, arrived at in ns) of a collective as torch writes it; None for
-    another entry (point-to-point, not torch's shape)."""
+def device_ns(entry: Any) -> Optional[int]:
+    """When the collective began on this rank's device, ns: its end as NCCL's watchdog found it, less the
+    kernel's own time (``duration_ms``, from CUDA events: NCCL with ``TORCH_NCCL_ENABLE_TIMING=1``), else
+    its start as the watchdog found it. Both are found late, by up to the watchdog's poll. None where
+    neither is known: gloo, NCCL without timing, a collective still in flight."""
+    if not isinstance(entry, dict):
+        return None
+    done, took = entry.get("time_discovered_completed_ns"), entry.get("duration_ms")
+    if type(done) is int and done > 0 and isinstance(took, (int, float)) and not isinstance(took, bool) \
+            and 0 <= took < done / 1e6:
+        return done - int(took * 1e6)
+    began = entry.get("time_discovered_started_ns")
+    return began if type(began) is int and began > 0 else None
+
+
+def arrival(entry: Any, clock: str = HOST) -> Optional[Tuple[str, int, int]]:
+    """(group's name, sequence number, arrived at in ns) of a collective as torch writes it, on ``clock``;
+    None for another entry (point-to-point, not torch's shape) and for a device time not known yet."""
     if not isinstance(entry, dict) or entry.get("is_p2p"):
         return None
     group = entry.get("process_group")
-    seq, at = entry.get("collective_seq_id"), entry.get("time_created_ns")
+    seq, at = entry.get("collective_seq_id"), entry.get("time_created_ns") if clock == HOST else device_ns(entry)
     if not (isinstance(group, list) and len(group) == 2 and isinstance(group[0], str)):
         return None
     if type(seq) is int and type(at) is int and seq > 0 and at > 0:
@@ -178,6 +195,7 @@ class ArrivalWatch:
         self.pairs: Dict[str, List[Tuple[int, int, int]]] = {}  # group -> (k, arrived at k-1, at k), oldest first
         self.before: Dict[Tuple[str, int], int] = {}  # the last read's arrivals a later pair may need
         self.record = -1  # the newest recorder entry read
+        self.clock = HOST  # DEVICE once the recorder has the device's own times
         self.level = 0
         self.read_at: Optional[float] = None
         self.stop = threading.Event()
@@ -214,9 +232,25 @@ class ArrivalWatch:
 
     def take(self, text: Any, sizes: Dict[str, int], now: float) -> bool:
         """The dump's new pairs, kept and written; the level set again from the rate they came at."""
-        entries, self.record, count = new_entries(text, self.record, self.wanted)
-        ring = _entries_in(text)
-        found = [a for a in map(arrival, entries) if a is not None and a[0] in sizes]
+        entries, newest, count = new_entries(text, self.record, self.wanted)
+        self.record = self._clock(entries, newest)
+        found = [a for a in (arrival(e, self.clock) for e in entries) if a is not None and a[0] in sizes]
+        self._pace(count, found, _entries_in(text), now)
+        times = dict(self.before)
+        times.update({(g, k): at for g, k, at in found})
+        added = self._pairs(times)
+        last: Dict[str, int] = {}
+        for group, k in times:
+            last[group] = max(k, last.get(group, k))
+        self.before = {(g, k): times[g, k] for g, k in last.items() if level(k + 1) >= self.level}
+        if added:
+            write_json(self.path, {"rank": self.rank, "start": self.of_start, "clock": self.clock,
+                                   "groups": {g: {"size": sizes[g], "pairs": [list(p) for p in pairs]}
+                                              for g, pairs in self.pairs.items() if g in sizes}})
+        return added
+
+    def _pace(self, count: int, found: List[Tuple[str, int, int]], ring: int, now: float) -> None:
+        """The level, and the wait till the next read, from the rate new entries came at."""
         span = (found[-1][2] - found[0][2]) / 1e9 if len(found) > 1 else 0.0
         if self.read_at is not None and now > self.read_at:
             rate = count / (now - self.read_at)
@@ -226,19 +260,19 @@ class ArrivalWatch:
             self.level = settled(self.level, rate)
             self.wait = min(self.every, max(self.every / 5, ROUND * ring / rate)) if ring else self.every
         self.read_at = now
-        times = dict(self.before)
-        times.update({(g, k): at for g, k, at in found})
-        added = self._pairs(times)
-        newest: Dict[str, int] = {}
-        for group, k in times:
-            newest[group] = max(k, newest.get(group, k))
-        self.before = {(g, k): times[g, k] for g, k in newest.items() if level(k + 1) >= self.level}
-        if not added:
-            return False
-        write_json(self.path, {"rank": self.rank, "start": self.of_start, "clock": HOST,
-                               "groups": {g: {"size": sizes[g], "pairs": [list(p) for p in pairs]}
-                                          for g, pairs in self.pairs.items() if g in sizes}})
-        return True
+
+    def _clock(self, entries: List[Any], newest: int) -> int:
+        """The device's own times from the first read that has them (the pairs on the host's before are
+        dropped: one clock a file); on them, a collective still in flight is read again next time: the
+        newest record id to read after."""
+        if self.clock == HOST and any(device_ns(e) is not None for e in entries):
+            self.clock, self.pairs, self.before = DEVICE, {}, {}
+        if self.clock == DEVICE:
+            flying = [e["record_id"] for e in entries if arrival(e) is not None and device_ns(e) is None
+                      and type(e.get("record_id")) is int]
+            if flying:
+                return min(min(flying) - 1, newest)
+        return newest
 
     def _pairs(self, times: Dict[Tuple[str, int], int]) -> bool:
         added = False
@@ -254,11 +288,17 @@ class ArrivalWatch:
         return added
 
 
-def read_arrivals(directory: str, rank: int, start: int) -> Optional[Dict[str, Tuple[int, Dict[int, Tuple[int, int]]]]]:
-    """A rank's file as written by start ``start`` of the ranks: group -> (its size, k -> (arrived at k-1,
-    at k), ns); None where it is not one."""
+class RankArrivals(NamedTuple):
+    """A rank's file: its clock, and group -> (its size, k -> (arrived at k-1, at k), ns)."""
+
+    clock: str
+    groups: Dict[str, Tuple[int, Dict[int, Tuple[int, int]]]]
+
+
+def read_arrivals(directory: str, rank: int, start: int) -> Optional[RankArrivals]:
+    """A rank's file as written by start ``start`` of the ranks; None where it is not one."""
     data = read_json(arrivals_path(directory, rank))
-    if not isinstance(data, dict) or data.get("start") != start or data.get("clock") != HOST:
+    if not isinstance(data, dict) or data.get("start") != start or data.get("clock") not in CLOCKS:
         return None
     groups = data.get("groups")
     if not isinstance(groups, dict):
@@ -273,7 +313,7 @@ def read_arrivals(directory: str, rank: int, start: int) -> Optional[Dict[str, T
         if not all(isinstance(p, list) and len(p) == 3 and all(type(v) is int and v >= 0 for v in p) for p in pairs):
             return None
         out[name] = (size, {k: (a, b) for k, a, b in pairs})
-    return out
+    return RankArrivals(data["clock"], out)
 
 
 def watch(directory: Optional[str], rank: int) -> Optional[ArrivalWatch]:
