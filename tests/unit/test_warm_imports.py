@@ -147,7 +147,13 @@ if len(sys.argv) > 1 and sys.argv[1].startswith("offer"):
     import wi_third.sub, wi_mine  # a site-packages module and one of the user's, beside this script
     from metaflow_extensions.torchrun.plugins.torchrun.procs import warm_imports
     print(json.dumps({"offered": warm_imports.offer()}), flush=True)
-print(json.dumps({"had": had, "ppid": os.getppid()}), flush=True)
+def link(n):
+    try:
+        return os.readlink("/proc/self/fd/" + n)
+    except OSError:  # the listing's own descriptor
+        return ""
+sockets = [n for n in os.listdir("/proc/self/fd") if link(n).startswith("socket:")]
+print(json.dumps({"had": had, "ppid": os.getppid(), "sockets": sockets}), flush=True)
 '''
 
 
@@ -257,6 +263,7 @@ def test_a_ranks_first_step_teaches_the_warm_process_and_the_next_rank_forks_wit
     assert note["modules"] >= 1 and note["skipped"] == 0, note  # wi_third.sub, not the user's wi_mine
     second = _rank(z)[0]
     assert second["had"] == ["wi_third", "wi_third.sub"] and second["ppid"] == note["pid"]
+    assert second["sockets"] == []  # none of the warm processes' own, as in a rank forked by the first
     assert (z.tmp / "mine-imported").read_text() == "x"  # the first rank's own import, once
     assert task.pids == task.pids == (z.proc.pid, note["pid"])
     assert our_processes.argv(note["pid"]) == our_processes.argv(z.proc.pid)  # how the tests tell it from a node's

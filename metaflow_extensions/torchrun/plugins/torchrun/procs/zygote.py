@@ -409,6 +409,8 @@ class Server:
                 conn.close()
         if self.warmer is not None:
             self.warmer.sock.close()
+        for kept in _KEPT:  # a warmer's child: not its parent's end to the warm process
+            kept.close()
         self.selector.close()
         if not keep_listener:
             self.listener.close()
