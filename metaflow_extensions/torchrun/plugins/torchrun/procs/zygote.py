@@ -240,8 +240,8 @@ class Server:
         """Once: a fork of this process imports what a rank had loaded by its first step. This one
         stops accepting meanwhile (a restart's stand-ins wait in the backlog, bounded by
         ``warm_imports.SECONDS``), then the fork serves them, or this one again where it is not fit."""
-        if self.learned or refusal(request) is not None:
-            return None
+        if self.learned or refusal(request) is not None or (_GUARD is not None and _GUARD.hazard(sys.modules)):
+            return None  # where this process may not fork its children, it forks no warmer either
         self.learned = True
         names = warm_imports.asked(request.argv)
         try:
