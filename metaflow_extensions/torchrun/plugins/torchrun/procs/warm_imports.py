@@ -9,7 +9,8 @@ site-packages directory and not under the user's code (the rank's working direct
 script's directory), the most specific directory deciding (a virtual environment inside the
 project is still site-packages). Only the leaves of the module tree are sent (a leaf's import
 loads its packages): a package alone is not enough, since transformers loads its submodules
-lazily (its top level alone spared a rank 0.55 of its 1.5 s; the leaves, all of it).
+lazily (an HF Trainer's 29 top-level packages imported first left a rank 0.94 s of its 2.4 s
+import; its 601 leaves, nothing).
 
 The warm process's side, ``asked`` and ``import_learned``: the names checked again, each module
 found again in site-packages before it is imported (a parent before its child), with the user's
