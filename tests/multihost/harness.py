@@ -298,10 +298,11 @@ class PlatformRun:
         self.launch_all(**launch)
         return self.wait(timeout)
 
-    def join(self, timeout: float = 60) -> None:
+    def join(self, timeout: float = 60, paths: Optional[Sequence[str]] = None) -> None:
         """The join step, with the input paths the runtime would give it: every
-        task the platform started for the parallel step."""
-        paths = self.task_pathspecs()
+        task the platform started for the parallel step, or ``paths`` (the
+        control's ``_control_mapper_tasks``, which ``run``'s runtime reads)."""
+        paths = list(paths) if paths is not None else self.task_pathspecs()
         self._run_on(self.hosts[0], "join", self._top() + self._step_common(
             "join", JOIN_TASK, compress_list(paths)), timeout)
 
@@ -311,7 +312,7 @@ class PlatformRun:
         return client_read.read(self.sandbox.tmp, code, run="%s/%s" % (self.flow_name, self.run_id))
 
     def complete(self, codes: Dict[int, int], join_artifacts: Sequence[str] = (),
-                 end: bool = False) -> Dict[str, object]:
+                 end: bool = False, inputs: Optional[Sequence[str]] = None) -> Dict[str, object]:
         """After the parallel step: every node succeeded; run the join step (and
         with ``end``, the end step); return what the control task recorded as the
         step's tasks (the compute decorator's ``_control_mapper_tasks``, from
@@ -320,7 +321,7 @@ class PlatformRun:
         successful."""
         assert codes and all(c == 0 for c in codes.values()), "exit codes %s\n%s" % (codes, self.logs_summary())
         self._quiesce()
-        self.join()
+        self.join(paths=inputs)
         if end:
             self._run_on(self.hosts[0], "end", self._top() + self._step_common(
                 "end", END_TASK, "%s/join/%s" % (self.run_id, JOIN_TASK)), 60)
@@ -330,6 +331,11 @@ class PlatformRun:
             "          'successful': Run(run).successful if %r else None}"
             % (self.step, self.contract.control_task_id, JOIN_TASK, list(join_artifacts), end)
         )
+
+    def mapper_tasks(self) -> List[str]:
+        """The step's tasks as the control task listed them for the join (``_control_mapper_tasks``)."""
+        return list(self.client("result = Task(run + '/%s/%s')['_control_mapper_tasks'].data"
+                                % (self.step, self.contract.control_task_id)))
 
     def task_pathspecs(self) -> List[str]:
         """The tasks the platform started for the parallel step."""

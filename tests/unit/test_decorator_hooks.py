@@ -108,7 +108,7 @@ def stand_ins(monkeypatch):
     monkeypatch.setattr(local_nodes, "stop_local_nodes", lambda *a: _Stopping())
     monkeypatch.setattr(preflight, "read_history", lambda *a: None)
     # The gang's wrapper: the step's own function, as it would raise.
-    monkeypatch.setattr(step_run, "in_gang", lambda step_func, start, attempt, withdraw: step_func)
+    monkeypatch.setattr(step_run, "in_gang", lambda step_func, start, attempt, withdraw, step_end: step_func)
     # Metaflow's local control (or ours, where runtime/local_nodes has one) would
     # start the other nodes as processes.
     monkeypatch.setattr(parallel_decorator, "_local_multinode_control_task_step_func",

@@ -140,3 +140,17 @@ def test_elsewhere_it_is_overwritten_and_a_late_worker_is_told_at_once(tmp_path)
     with pytest.raises(sec.SecretUnavailable, match="already ended"):
         sec.fetch(storage, ID, timeout=30)
     assert time.monotonic() - started < 5
+
+
+# -- the control's word that its step ended fine (gang/step_end.py) --------------------
+
+
+def test_a_late_node_reads_that_the_step_ended_fine_beside_the_secret(storage):
+    from metaflow_extensions.torchrun.plugins.torchrun.gang.step_end import StepEnd, step_end_path
+
+    end, other_attempt = StepEnd(storage, ID), StepEnd(storage, GangIdentity(**dict(vars(ID), attempt=1)))
+    assert not end.ended()  # the step runs: a late node joins the gang as any node does
+    end.ended_fine()
+    assert end.ended() and not other_attempt.ended()
+    assert os.path.dirname(step_end_path(ID)) == os.path.dirname(sec.secret_path(ID))
+    assert not StepEnd(None, ID).ended()  # a local run: no task starts after its step

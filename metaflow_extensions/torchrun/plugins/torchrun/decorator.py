@@ -236,6 +236,9 @@ class TorchrunDecorator(ParallelDecorator):
         self._secret, self._published = _load("gang.secret").for_task(
             task_datastore._storage_impl, self._identity, self._knobs.secret, is_control,
             float(self.attributes["start_timeout"]))
+        # Off a local run, a node's task may start after the step ended (a pod re-created late).
+        self._step_end = None if _local_runtime() else _load("gang.step_end").StepEnd(
+            task_datastore._storage_impl, self._identity)
         self._defaults = _load("spec").step_defaults(self._spec, self._knobs)
         if is_control and _local_runtime():
             self._warm, self._port = _load("runtime.local_nodes").prepare_local_nodes(
@@ -253,7 +256,7 @@ class TorchrunDecorator(ParallelDecorator):
         local_nodes = _load("runtime.local_nodes")
         decorated = local_nodes.own_start(super().task_decorate(  # a local control starts its nodes, sees them end
             _load("runtime.step_run").in_gang(step_func, self._start_session, self._attempt,
-                                              lambda: self._published.withdraw()),
+                                              lambda: self._published.withdraw(), self._step_end),
             flow, graph, retry_count, max_user_code_retries, ubf_context,
         ))
         if not (ubf_context == UBF_CONTROL and _local_runtime()):
@@ -295,6 +298,10 @@ class TorchrunDecorator(ParallelDecorator):
     def task_post_step(self, step_name, flow, graph, retry_count, max_user_code_retries):
         super().task_post_step(step_name, flow, graph, retry_count, max_user_code_retries)
         self._record_result(flow, retry_count)
+        tasks = getattr(flow, "_control_mapper_tasks", None)
+        if tasks:  # the control (after its record, which places each node's task by its index)
+            flow._control_mapper_tasks = _load("runtime.step_run").without_not_back(
+                list(tasks), getattr(self, "_session", None))
 
     def task_exception(self, exception, step_name, flow, graph, retry_count, max_user_code_retries):
         _log().debug("Metaflow's task_exception reached us")  # after the decorators above ours (@checkpoint's end)

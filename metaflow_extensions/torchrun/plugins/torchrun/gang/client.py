@@ -49,6 +49,8 @@ class GangFacts(Protocol):
 
     def missing(self) -> List[int]: ...
 
+    def not_back(self) -> List[int]: ...
+
     def call_view(self, index: int) -> CallView: ...
 
     def stacks_pending(self, index: int) -> List[int]: ...
@@ -403,6 +405,10 @@ class GangClient:
 
     def missing(self) -> List[int]:
         return self._facts.missing() if self._facts is not None else []
+
+    def not_back(self) -> List[int]:
+        """The nodes lost that the gang went on without and that had not come back (the control's facts)."""
+        return self._facts.not_back() if self._facts is not None else []
 
     def call_view(self, index: int) -> CallView:
         return self._facts.call_view(index) if self._facts is not None else CallView.of(None, index, {})

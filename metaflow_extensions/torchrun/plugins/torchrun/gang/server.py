@@ -70,6 +70,12 @@ class GangServer:
         with self._lock:
             return self.handlers.members.missing()
 
+    def not_back(self) -> List[int]:
+        """Lost, gone on without, not back (a step that ends fine ends without them)."""
+        with self._lock:
+            members = self.handlers.members
+            return sorted(n for n in members.gone if n not in members.left)
+
     def everyone_heard(self) -> bool:
         """After an abort: every node was told the cause, then or as it joined (or its task ended first)."""
         with self._lock:

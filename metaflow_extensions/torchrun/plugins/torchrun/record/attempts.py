@@ -217,6 +217,9 @@ class Attempt(Lenient):
     card: Annotated[Optional[str], Text(64)] = None
     restarts: Annotated[Tuple[RestartMark, ...], Items(MAX_RESTART_MARKS)] = ()
     restarts_left_out: Whole = 0
+    # The nodes lost mid-step that the gang went on without and that had not come back when it ended:
+    # the step ended without their tasks (the join's inputs leave them out).
+    not_back: Annotated[Tuple[Whole, ...], Items(MAX_NODES), SKIP] = ()
 
     def to_wire(self) -> Dict[str, Any]:
         """By hand: the three costs are on the wire together or not at all (a null: a cost not known)."""
@@ -232,7 +235,7 @@ def this_attempt(
     resumed_from: Optional[Checkpoint], refused_for: Optional[int] = None,
     code_started_at: Optional[float] = None, recorded_at: Optional[float] = None,
     nodes: Tuple[NodeEntry, ...] = (), nodes_left_out: int = 0, card: Optional[str] = None,
-    hosts: Optional[Mapping[int, str]] = None,
+    hosts: Optional[Mapping[int, str]] = None, not_back: Tuple[int, ...] = (),
 ) -> Attempt:
     """This attempt's entry (``hosts``: every node's, for the swaps; else the nodes')."""
     joined = [float(t) for t in results[0].gang.joined_at.values()] if results else []
@@ -248,7 +251,7 @@ def this_attempt(
                    kind=cause.kind if cause is not None else None, resumed_from=resumed_from,
                    refused_for=refused_for, first_output_at=first_output(results), recorded_at=recorded_at,
                    nodes=nodes, nodes_left_out=nodes_left_out, code_failure=user_code_failure(cause), card=card,
-                   restarts=restarts, restarts_left_out=restarts_left_out)
+                   restarts=restarts, restarts_left_out=restarts_left_out, not_back=tuple(not_back))
 
 
 def first_output(results: List[Any]) -> Optional[float]:

@@ -43,6 +43,7 @@ class AttemptFacts:
     nproc: int = 1  # this node's processes as known before any call
     main_addr: str = ""
     tasks: Tuple[str, ...] = ()  # every node's task, as Metaflow lists them on the control
+    not_back: Tuple[int, ...] = ()  # the nodes lost that the gang went on without, not back as it ended
 
 
 @dataclass
@@ -98,7 +99,8 @@ def with_attempts(facts: AttemptFacts, result: Optional[TorchrunResult], attempt
     entries, left_out = nodes(facts, result, cause, facts.tasks)
     entry = attempts_.this_attempt(attempt.number, attempt.started, list(facts.results), cause,
                                    attempt.resumed_from, refused_for, attempt.code_started, recorded_at=now,
-                                   nodes=entries, nodes_left_out=left_out, card=facts.card, hosts=facts.hosts)
+                                   nodes=entries, nodes_left_out=left_out, card=facts.card, hosts=facts.hosts,
+                                   not_back=facts.not_back)
     result.attempts = attempts_.with_costs(attempts_.fill_missing(attempt.previous, attempt.number) + [entry])
     result.goodput = goodput.ledger(result.attempts, now)
     return result

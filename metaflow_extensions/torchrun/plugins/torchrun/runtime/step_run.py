@@ -4,12 +4,15 @@ to say why), leave saying how it ended; ``attempt_facts``: what the record needs
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional, Tuple
+from typing import Any, Callable, List, Optional, Tuple
 
 from metaflow import current
 
 from ..card import this_card_hash
+from ..cause import CONTROL_GONE
 from ..errors import TorchrunNotRetried, drop_own_frame
+from ..gang.step_end import StepEnd
+from ..host.console import say
 from ..launch.node_checks import default_nproc
 from ..procs.relay import whole_line_prints
 from ..record.step_record import AttemptFacts, ThisAttempt
@@ -18,12 +21,17 @@ from .session import GangSession
 
 
 def in_gang(step_func: Callable[[], Any], start_session: Callable[[Any], GangSession],
-            attempt: ThisAttempt, withdraw: Callable[[], None]) -> Callable[[], None]:
-    """``step_func`` in the node's session; ``withdraw`` takes the control's secret back."""
+            attempt: ThisAttempt, withdraw: Callable[[], None],
+            step_end: Optional[StepEnd] = None) -> Callable[[], None]:
+    """``step_func`` in the node's session; ``withdraw`` takes the control's secret back. ``step_end``
+    (off a local run): the control says its step ended fine; a node that starts after it ends at once."""
 
     def step() -> None:
         whole_line_prints()  # the step's own print()s: a local run's nodes share one console
         attempt.code_starts(attempts_.checkpoint_info(current))  # @checkpoint (above @torchrun) has loaded by now
+        node = current.parallel.node_index
+        if node != 0 and step_end is not None and step_end.ended():
+            return say(late_words(node))  # a pod re-created after the step: no gang to join, nothing to do
         session = start_session(current.parallel)
         session.join()
         try:
@@ -32,6 +40,8 @@ def in_gang(step_func: Callable[[], Any], start_session: Callable[[Any], GangSes
                     raise TorchrunNotRetried(attempt.refusal)
                 step_func()
         except BaseException as e:
+            if late_for_the_gang(session, step_end):
+                return say(late_words(node))
             echo = session.step_failed(e)
             if echo is not None:
                 raise echo from None
@@ -39,12 +49,41 @@ def in_gang(step_func: Callable[[], Any], start_session: Callable[[Any], GangSes
             raise
         else:
             session.step_succeeded()
+            if session.context.is_control:
+                if step_end is not None:
+                    step_end.ended_fine()  # before the service closes: a node that finds it gone reads this
+                say_not_back(session)
         finally:
             session.close()
             withdraw()
             session.say_where_logs_are()
 
     return step
+
+
+def late_for_the_gang(session: GangSession, step_end: Optional[StepEnd]) -> bool:
+    """A worker that found the control gone (or never reached it) because the control's step had
+    already ended fine: it started, or came back, after the gang was done with it."""
+    cause = session.cause
+    return (not session.context.is_control and step_end is not None and cause is not None
+            and cause.kind in CONTROL_GONE and step_end.ended())
+
+
+def late_words(node: int) -> str:
+    return ("node %d: the gang's step had already ended fine when this task started (the gang went on without "
+            "this node after it was lost): there is nothing left for it to do, and it ends fine" % node)
+
+
+def say_not_back(session: GangSession) -> None:
+    """The control, as its step ends fine: the nodes lost that never came back, once."""
+    client = session.client
+    gone = client.not_back() if client is not None else []
+    if gone:
+        hosts = client.hosts() if client is not None else {}
+        say("%s lost and not back within start_timeout (%gs) of the loss: the step ended without %s, and "
+            "the join's inputs leave %s out" % (", ".join("node %d (%s)" % (n, hosts.get(n, "?")) for n in gone),
+                                                session.config.start_timeout, "them" if len(gone) > 1 else "it",
+                                                "them" if len(gone) > 1 else "it"))
 
 
 def attempt_facts(session: Optional[GangSession], tasks: Tuple[str, ...] = ()) -> Optional[AttemptFacts]:
@@ -59,4 +98,14 @@ def attempt_facts(session: Optional[GangSession], tasks: Tuple[str, ...] = ()) -
                         hosts=client.hosts() if client is not None and client.speaks_for_gang else None,
                         taken_out=tuple(session.bench.out), card=this_card_hash(),
                         nproc=default_nproc(defaults.nproc_per_node, defaults.derived_nproc),
-                        main_addr=session.context.topology.main_addr, tasks=tasks)
+                        main_addr=session.context.topology.main_addr, tasks=tasks,
+                        not_back=tuple(client.not_back()) if client is not None and client.speaks_for_gang else ())
+
+
+def without_not_back(tasks: List[str], session: Optional[GangSession]) -> List[str]:
+    """The control's list of the step's tasks (Metaflow's ``_control_mapper_tasks``, node i at place i, from
+    which the runtime builds the join's inputs) without the nodes that never came back: their tasks never
+    finished, and a join that waited for them would never run."""
+    client = session.client if session is not None and session.context.is_control else None
+    gone = set(client.not_back()) if client is not None else set()
+    return [task for node, task in enumerate(tasks) if node not in gone]
