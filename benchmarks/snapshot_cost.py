@@ -37,7 +37,7 @@ sys.path.insert(0, REPO)
 
 STORE = """
 import sys
-from metaflow_extensions.torchrun.plugins.torchrun.gang.snapshot_store import SnapshotStore
+from metaflow_extensions.torchrun.plugins.torchrun.snapshots.node.store import SnapshotStore
 store = SnapshotStore(sys.argv[1], budget=int(sys.argv[2]))
 print(store.path, flush=True)
 sys.stdin.read()
@@ -114,7 +114,7 @@ def _tensors(value: Any) -> List[Any]:
 def measure(args: argparse.Namespace) -> Dict[str, Any]:
     import torch
 
-    from metaflow_extensions.torchrun.plugins.torchrun.procs import snapshot
+    from metaflow_extensions.torchrun.plugins.torchrun.snapshots.rank import api as snapshot
 
     model, opt = make_model(args.mb, args.device)
     batch = torch.randn(args.batch, 1024, device=args.device)

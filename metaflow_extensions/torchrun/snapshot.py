@@ -11,6 +11,6 @@ restarted gang resumes from the newest step every rank saved, not from the last 
 elsewhere ``save`` keeps nothing and ``load`` returns None.
 """
 
-from metaflow_extensions.torchrun.plugins.torchrun.procs.snapshot import SnapshotTypeError, flush, load, save
+from metaflow_extensions.torchrun.plugins.torchrun.snapshots.rank.api import SnapshotTypeError, flush, load, save
 
 __all__ = ["save", "load", "flush", "SnapshotTypeError"]

@@ -13,8 +13,8 @@ import time
 
 import pytest
 
-from metaflow_extensions.torchrun.plugins.torchrun.gang.snapshot_peer import PeerKey
-from metaflow_extensions.torchrun.plugins.torchrun.gang.snapshot_store import SnapshotStore
+from metaflow_extensions.torchrun.plugins.torchrun.snapshots.node.peer import PeerKey
+from metaflow_extensions.torchrun.plugins.torchrun.snapshots.node.store import SnapshotStore
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 

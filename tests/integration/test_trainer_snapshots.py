@@ -1,5 +1,5 @@
 """HF's Trainer (and Lightning's) resumes from an in-memory snapshot with no change to its script: the callback
-the ranks' import hook adds (procs/trainer_snapshots.py) saves every N steps, and a restarted
+the ranks' import hook adds (snapshots/rank/trainers.py) saves every N steps, and a restarted
 train() goes through HF's own resume path from it. Real torchrun, 2 gloo ranks on CPU, a
 one-layer BERT built from code (dropout on, so a lost RNG shows in the weights).
 
@@ -21,7 +21,7 @@ import pytest
 
 from .calls import once_per_pytest_run
 from .helpers import output
-from metaflow_extensions.torchrun.plugins.torchrun.gang.snapshot_store import SnapshotStore
+from metaflow_extensions.torchrun.plugins.torchrun.snapshots.node.store import SnapshotStore
 from metaflow_extensions.torchrun.plugins.torchrun.procs.names import SNAPSHOT_ENV, SNAPSHOT_EVERY_ENV
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
@@ -29,7 +29,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCRIPTS = os.path.join(REPO, "tests", "flows", "scripts")
 SHIM = """import runpy, sys
-from metaflow_extensions.torchrun.plugins.torchrun.procs import trainer_snapshots
+from metaflow_extensions.torchrun.plugins.torchrun.snapshots.rank import trainers as trainer_snapshots
 trainer_snapshots.install()
 sys.argv = sys.argv[1:]
 runpy.run_path(sys.argv[0], run_name="__main__")

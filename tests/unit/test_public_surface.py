@@ -180,7 +180,7 @@ def test_import_metaflow_leaves_the_step_layers_unloaded():
         # class, exported into metaflow; it enters the runtime in its run().
         # Since issue 50's last round no module of the gang, launch, procs or card layers either, nor the
         # step's spec or the cause: the exported classes and the decorator load them where they use them.
-        deep = ("card", "runtime.", "gang.", "launch.", "procs.", "record.step_record", "record.node_history",
+        deep = ("card", "runtime.", "gang.", "launch.", "procs.", "snapshots", "record.step_record", "record.node_history",
                 "record.attempts", "spec", "cause", "base.knobs")
         loaded = sorted(m for m in ours if m.startswith(deep) and m != "runtime.single_node")
         assert not loaded, "import metaflow loaded %s" % loaded

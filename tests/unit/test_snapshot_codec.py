@@ -6,12 +6,12 @@ import struct
 
 import pytest
 
-from metaflow_extensions.torchrun.plugins.torchrun.procs import snapshot_codec as codec
+from metaflow_extensions.torchrun.plugins.torchrun.snapshots.rank import codec
 from lazy_torch import torch
 
 
 def encode(step, state):
-    from metaflow_extensions.torchrun.plugins.torchrun.procs.snapshot_saver import encode as whole
+    from metaflow_extensions.torchrun.plugins.torchrun.snapshots.rank.saver import encode as whole
 
     return whole(step, state)
 

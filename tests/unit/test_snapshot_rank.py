@@ -8,10 +8,10 @@ import textwrap
 
 import pytest
 
-from metaflow_extensions.torchrun.plugins.torchrun.procs.snapshot_wire import key_for
+from metaflow_extensions.torchrun.plugins.torchrun.snapshots.rank.wire import key_for
 
-from metaflow_extensions.torchrun.plugins.torchrun.gang.snapshot_store import SnapshotStore
-from metaflow_extensions.torchrun.plugins.torchrun.procs import snapshot
+from metaflow_extensions.torchrun.plugins.torchrun.snapshots.node.store import SnapshotStore
+from metaflow_extensions.torchrun.plugins.torchrun.snapshots.rank import api as snapshot
 from metaflow_extensions.torchrun.plugins.torchrun.procs.names import (OFF_BY_SETTING, OFF_NO_RESTARTS, OFF_ON_NODE,
                                                                       SNAPSHOT_ENV, SNAPSHOTS_OFF_ENV)
 from lazy_torch import torch
@@ -120,7 +120,8 @@ def test_the_steps_lost_are_those_saved_after_the_step_resumed(store, capsys, mo
 
 KILLED_MID_COPY = textwrap.dedent("""
     import sys, time, torch
-    from metaflow_extensions.torchrun.plugins.torchrun.procs import snapshot, snapshot_saver
+    from metaflow_extensions.torchrun.plugins.torchrun.snapshots.rank import api as snapshot
+    from metaflow_extensions.torchrun.plugins.torchrun.snapshots.rank import saver as snapshot_saver
     assert snapshot.save(1, {"w": torch.full((1 << 20,), 1.0)})
     def half(target, plan, start):  # the copy under way when the rank is killed
         target[start:start + (1 << 21)].fill_(0x7F)
@@ -207,7 +208,7 @@ def test_a_store_gone_costs_the_training_nothing(store, capsys):
 
 
 def test_without_sealed_memfds_save_says_why_once_and_keeps_nothing(tmp_path, monkeypatch, capsys):
-    from metaflow_extensions.torchrun.plugins.torchrun.procs import snapshot_memory
+    from metaflow_extensions.torchrun.plugins.torchrun.snapshots.rank import memory as snapshot_memory
 
     monkeypatch.setattr(snapshot_memory, "unavailable", lambda: "no sealed memfd here: snapshots are off")
     with SnapshotStore(str(tmp_path / "nomemfd"), budget=1 << 20) as s:
@@ -235,8 +236,8 @@ def test_device_tensors_are_copied_before_the_trainings_next_kernels(store):
 
 def test_the_copy_threads_path_commits_the_newest_and_flush_waits_for_it(store, monkeypatch):
     """CUDA state's path (pinned buffer, event, thread), run on CPU: no GPU here to run it for real."""
-    from metaflow_extensions.torchrun.plugins.torchrun.procs import snapshot_codec as codec
-    from metaflow_extensions.torchrun.plugins.torchrun.procs import snapshot_saver
+    from metaflow_extensions.torchrun.plugins.torchrun.snapshots.rank import codec
+    from metaflow_extensions.torchrun.plugins.torchrun.snapshots.rank import saver as snapshot_saver
 
     real = snapshot_saver.HostBuffer
     monkeypatch.setattr(snapshot_saver, "HostBuffer", lambda size, pinned: real(size, pinned=False))

@@ -5,10 +5,10 @@ import socket
 
 import pytest
 
-from metaflow_extensions.torchrun.plugins.torchrun.gang import snapshot_peer as peer
-from metaflow_extensions.torchrun.plugins.torchrun.gang.snapshot_store import SnapshotStore
-from metaflow_extensions.torchrun.plugins.torchrun.procs import snapshot_wire as wire
-from metaflow_extensions.torchrun.plugins.torchrun.procs.snapshot_client import StoreClient
+from metaflow_extensions.torchrun.plugins.torchrun.snapshots.node import peer
+from metaflow_extensions.torchrun.plugins.torchrun.snapshots.node.store import SnapshotStore
+from metaflow_extensions.torchrun.plugins.torchrun.snapshots.rank import wire
+from metaflow_extensions.torchrun.plugins.torchrun.snapshots.rank.client import StoreClient
 from test_snapshot_store import Writer, snapshot
 
 SECRET = b"s" * 32

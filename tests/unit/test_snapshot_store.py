@@ -16,13 +16,13 @@ import textwrap
 
 import pytest
 
-from metaflow_extensions.torchrun.plugins.torchrun.gang.snapshot_shelf import KEEP, SLOTS_PER_KEY, Shelf, default_budget
-from metaflow_extensions.torchrun.plugins.torchrun.gang.snapshot_store import SnapshotStore
-from metaflow_extensions.torchrun.plugins.torchrun.procs import snapshot_codec as codec
-from metaflow_extensions.torchrun.plugins.torchrun.procs import snapshot_memory as memory
-from metaflow_extensions.torchrun.plugins.torchrun.procs import snapshot_wire as wire
+from metaflow_extensions.torchrun.plugins.torchrun.snapshots.node.shelf import KEEP, SLOTS_PER_KEY, Shelf, default_budget
+from metaflow_extensions.torchrun.plugins.torchrun.snapshots.node.store import SnapshotStore
+from metaflow_extensions.torchrun.plugins.torchrun.snapshots.rank import codec
+from metaflow_extensions.torchrun.plugins.torchrun.snapshots.rank import memory
+from metaflow_extensions.torchrun.plugins.torchrun.snapshots.rank import wire
 from metaflow_extensions.torchrun.plugins.torchrun.procs.names import SNAPSHOT_ENV
-from metaflow_extensions.torchrun.plugins.torchrun.procs.snapshot_client import StoreClient, StoreError
+from metaflow_extensions.torchrun.plugins.torchrun.snapshots.rank.client import StoreClient, StoreError
 from proc_helpers import wait_until
 
 
@@ -282,8 +282,8 @@ def test_a_malformed_frame_ends_that_connection_only(store, writer, frame):
 
 TORN_WRITER = textwrap.dedent("""
     import mmap, os, sys
-    from metaflow_extensions.torchrun.plugins.torchrun.procs import snapshot_memory as memory
-    from metaflow_extensions.torchrun.plugins.torchrun.procs.snapshot_client import StoreClient
+    from metaflow_extensions.torchrun.plugins.torchrun.snapshots.rank import memory
+    from metaflow_extensions.torchrun.plugins.torchrun.snapshots.rank.client import StoreClient
     client = StoreClient(sys.argv[1])
     size = int(sys.argv[2])
     granted, _, _ = client.slot("rank-0", size)
@@ -343,7 +343,7 @@ def test_without_sealed_memfds_snapshots_are_off_with_the_reason(tmp_path, monke
 
 
 def test_a_slot_that_cannot_be_made_is_refused_with_the_reason(store, writer, monkeypatch):
-    from metaflow_extensions.torchrun.plugins.torchrun.gang import snapshot_shelf
+    from metaflow_extensions.torchrun.plugins.torchrun.snapshots.node import shelf as snapshot_shelf
 
     def no_memory(size, name):
         raise OSError(errno.ENOMEM, "Cannot allocate memory")

@@ -1,5 +1,5 @@
-"""The trainers' snapshots' parts (procs/trainer_snapshots.py, trainer_cadence.py, hf_snapshots.py,
-lightning_snapshots.py): the bootstrap installs them where SNAPSHOT_ENV is set, whatever the
+"""The trainers' snapshots' parts (snapshots/rank/trainers.py, cadence.py, hf.py,
+lightning.py): the bootstrap installs them where SNAPSHOT_ENV is set, whatever the
 progress setting, importing no trainer; N is chosen from a save's cost within 5 %; a state
 becomes plain values; HF's RNG states come back as HF reads them. Whole restarts of real
 trainers: tests/integration/test_trainer_snapshots.py."""
@@ -19,8 +19,9 @@ import pytest
 
 from metaflow_extensions.torchrun.plugins.torchrun.base.knobs import TRAINER_PROGRESS_ENV, read_knobs
 from metaflow_extensions.torchrun.plugins.torchrun.launch.command import BOOTSTRAP_MODULE
-from metaflow_extensions.torchrun.plugins.torchrun.procs import entry, names, trainer_hooks, trainer_snapshots
-from metaflow_extensions.torchrun.plugins.torchrun.procs.trainer_cadence import (CHECKS, MEASURED, Cadence,
+from metaflow_extensions.torchrun.plugins.torchrun.procs import entry, names, trainer_hooks
+from metaflow_extensions.torchrun.plugins.torchrun.snapshots.rank import trainers as trainer_snapshots
+from metaflow_extensions.torchrun.plugins.torchrun.snapshots.rank.cadence import (CHECKS, MEASURED, Cadence,
                                                                                  chosen_every, every_from_setting)
 
 from lazy_torch import torch  # noqa: E402  (collection imports no torch: test_pools)
@@ -187,7 +188,7 @@ class Colour(str, enum.Enum):
 def test_a_state_becomes_plain_values_and_what_cannot_be_is_named():
     import numpy
 
-    from metaflow_extensions.torchrun.plugins.torchrun.procs.trainer_snapshots import Dropped, plain
+    from metaflow_extensions.torchrun.plugins.torchrun.snapshots.rank.trainers import Dropped, plain
 
     point = collections.namedtuple("point", "x y")
     t = torch.ones(2)
@@ -204,14 +205,14 @@ def test_a_state_becomes_plain_values_and_what_cannot_be_is_named():
 
 
 def test_text_of_any_length_rides_in_a_tensor():
-    from metaflow_extensions.torchrun.plugins.torchrun.procs.trainer_snapshots import tensor_text, text_tensor
+    from metaflow_extensions.torchrun.plugins.torchrun.snapshots.rank.trainers import tensor_text, text_tensor
 
     for text in ("", "é✓ state", json.dumps({"log": ["x" * 1000] * 3000})):
         assert tensor_text(text_tensor(text)) == text
 
 
 def test_owned_tensors_leave_the_buffer_they_viewed():
-    from metaflow_extensions.torchrun.plugins.torchrun.procs.trainer_snapshots import owned
+    from metaflow_extensions.torchrun.plugins.torchrun.snapshots.rank.trainers import owned
 
     whole = torch.arange(100, dtype=torch.uint8)
     tree = {"a": [whole[10:20]], "b": (whole[50:60].view(torch.int16),), "c": 1}
@@ -225,8 +226,8 @@ def test_owned_tensors_leave_the_buffer_they_viewed():
 
 def test_hf_rng_states_come_back_as_hf_reads_them():
     numpy = pytest.importorskip("numpy")
-    from metaflow_extensions.torchrun.plugins.torchrun.procs.hf_snapshots import hf_rng, rng_state
-    from metaflow_extensions.torchrun.plugins.torchrun.procs.trainer_snapshots import owned, plain
+    from metaflow_extensions.torchrun.plugins.torchrun.snapshots.rank.hf import hf_rng, rng_state
+    from metaflow_extensions.torchrun.plugins.torchrun.snapshots.rank.trainers import owned, plain
 
     held = owned(plain(rng_state(False)))  # as a snapshot holds it: plain values and tensors
     first = (random.random(), numpy.random.rand(), torch.rand(1).item())
@@ -239,7 +240,7 @@ def test_hf_rng_states_come_back_as_hf_reads_them():
 
 
 def test_a_snapshot_of_another_model_or_layout_is_not_used():
-    from metaflow_extensions.torchrun.plugins.torchrun.procs.hf_snapshots import FORMAT, unfit
+    from metaflow_extensions.torchrun.plugins.torchrun.snapshots.rank.hf import FORMAT, unfit
 
     model = torch.nn.Linear(3, 2)
     held = {"format": FORMAT, "model": {k: v.clone() for k, v in model.state_dict().items()}}

@@ -102,7 +102,7 @@ for step in range(first, args.steps):
         # Torn: the rank dies in its save of this step, half its tensors copied into the node's memory.
         import dataclasses
 
-        from metaflow_extensions.torchrun.plugins.torchrun.procs import snapshot_saver
+        from metaflow_extensions.torchrun.plugins.torchrun.snapshots.rank import saver as snapshot_saver
 
         copy_in = snapshot_saver.copy_in
 

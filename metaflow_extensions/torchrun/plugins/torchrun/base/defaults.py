@@ -21,7 +21,7 @@ REGROW = True  # a lost node that comes back rejoins; the gang grows back to its
 SWAP_STRAGGLERS = None  # seconds a rank stays the one the others wait for before its node is swapped (None: never)
 MAX_SWAP_STRAGGLERS = 7 * 24 * 3600.0
 PREFLIGHT = "versions"  # the preflight's mode (gang/preflight_modes.py's)
-# In-memory snapshots (gang/snapshot_store.py): None, on where a restart is allowed; a number N, the
+# In-memory snapshots (snapshots/node/store.py): None, on where a restart is allowed; a number N, the
 # trainers' callbacks save every N steps (else as often as SNAPSHOT_BUDGET of a step's time allows).
 SNAPSHOTS = None
 SNAPSHOT_BUDGET = 0.05

@@ -215,9 +215,9 @@ def main(argv: list) -> None:
     if handoff.FORKED:  # it ends without destructors (zygote.exit_warm): a group held is never torn down
         group_keeper.install()
     if os.environ.get(SNAPSHOT_ENV):  # set where the step keeps snapshots: the trainers' callbacks save them
-        from . import trainer_snapshots
+        from ..snapshots.rank import trainers
 
-        trainer_snapshots.install()
+        trainers.install()
     started = RankStatus(rank=rank, local_rank=_env_int("LOCAL_RANK"), group_rank=_env_int("GROUP_RANK"),
                          restart=_env_int("TORCHELASTIC_RESTART_COUNT", 0), pid=os.getpid(), start=time.time())
     _status(started)

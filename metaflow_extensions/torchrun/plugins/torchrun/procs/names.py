@@ -24,7 +24,7 @@ RESTART_COUNT_ENV = "TORCHELASTIC_RESTART_COUNT"
 ZYGOTE_ENV = "METAFLOW_TORCHRUN_ZYGOTE"  # the warm process's socket (zygote.py); unset: start fresh
 # A local run's control's warm process: the host's other nodes fork theirs from it.
 HOST_ZYGOTE_ENV = "METAFLOW_TORCHRUN_HOST_ZYGOTE"
-SNAPSHOT_ENV = "METAFLOW_TORCHRUN_SNAPSHOT"  # the node's snapshot store's socket (gang/snapshot_store.py)
+SNAPSHOT_ENV = "METAFLOW_TORCHRUN_SNAPSHOT"  # the node's snapshot store's socket (snapshots/node/store.py)
 # @torchrun(snapshots=N): the trainers' callbacks snapshot every N steps ("" or "0": chosen from a save's cost).
 SNAPSHOT_EVERY_ENV = "METAFLOW_TORCHRUN_SNAPSHOT_EVERY"
 # Under @torchrun with no store (SNAPSHOT_ENV unset): why, for the one line a rank says of it.

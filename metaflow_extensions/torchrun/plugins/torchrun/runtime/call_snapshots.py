@@ -23,7 +23,7 @@ from ..host.workdirs import StepDir
 from ..procs.names import OFF_BY_SETTING, OFF_NO_RESTARTS, OFF_ON_NODE, SNAPSHOT_EVERY_ENV, SNAPSHOTS_OFF_ENV
 
 if TYPE_CHECKING:
-    from ..gang.snapshot_store import SnapshotStore
+    from ..snapshots.node import SnapshotStore
 
 MB = 1 << 20
 
@@ -47,7 +47,7 @@ class Resumed:
 def budget_bytes(memory: Optional[float], available: Optional[Callable[[float], int]] = None) -> int:
     """``@torchrun(snapshot_memory)``: MB (> 1), a share of the host's available memory (<= 1), or the default."""
     if available is None:
-        from ..gang.snapshot_shelf import default_budget
+        from ..snapshots.node import default_budget
 
         available = default_budget
     if memory is None:
@@ -78,7 +78,7 @@ class CallSnapshots:
         """The store started; the port its peers reach it at (None: off, or no peer channel)."""
         if self.every is None:
             return None
-        from ..gang.snapshot_store import SnapshotStore  # a step with snapshots off never loads them
+        from ..snapshots.node import SnapshotStore  # a step with snapshots off never loads them
 
         try:
             self._directory = StepDir(self.base)  # a socket path of any length binds (host/unix_socket.py)
@@ -91,7 +91,7 @@ class CallSnapshots:
         return self.store.port
 
     def _key(self) -> Any:
-        from ..gang.snapshot_peer import PeerKey
+        from ..snapshots.node import PeerKey
 
         client = self.client
         return PeerKey(client.secret, client.config.gang_id, client.node_index) if client.secret else None

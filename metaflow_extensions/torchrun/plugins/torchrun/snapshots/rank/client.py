@@ -1,4 +1,4 @@
-"""A rank's connection to its node's snapshot store (``gang/snapshot_store.py``), over the Unix
+"""A rank's connection to its node's snapshot store (``snapshots/node/store.py``), over the Unix
 socket whose path the task puts in ``SNAPSHOT_ENV``. One per thread: the saver's (the rank's own
 thread for CPU state, its copy thread for CUDA state), and one for a load. A broken connection is
 opened again at the next request.
@@ -11,9 +11,8 @@ import socket
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple
 
-from ..host.unix_socket import connect_unix
-from . import snapshot_memory as memory
-from . import snapshot_wire as wire
+from ...host.unix_socket import connect_unix
+from . import memory, wire
 
 MAX_BLOB = 1 << 40  # what a rank takes back from its own store, at most
 TIMEOUT = 120.0  # a store fetching a key from a peer answers after the copy

@@ -20,8 +20,8 @@ import shutil
 import time
 from typing import Any, Optional, Tuple
 
-from . import snapshot
-from .trainer_snapshots import (Dropped, first_load, gang_max, new_cadence, owned, plain, rank, resume_dir,
+from . import api as snapshot
+from .trainers import (Dropped, first_load, gang_max, new_cadence, owned, plain, rank, resume_dir,
                                 say, tensor_text, text_tensor)
 
 CALLBACK_NAME = "TorchrunSnapshots"

@@ -19,10 +19,9 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple
 
-from ..procs import snapshot_codec as codec
-from ..procs import snapshot_wire as wire
-from . import auth
-from .snapshot_shelf import Shelf, Slot, Source, view
+from ...gang import auth
+from ..rank import codec, wire
+from .shelf import Shelf, Slot, Source, view
 
 PROTOCOL = 1
 HANDSHAKE_TIMEOUT = 5.0

@@ -8,13 +8,13 @@ complete shard to its buddy node, and fetches a key it does not hold (a spare in
 place) from its peers.
 
 A snapshot is written by the rank straight into the store's memory: the store makes each slot
-(a sealed memfd, ``snapshot_shelf``) and passes its fd over the socket; the rank maps it once and
+(a sealed memfd, ``shelf``) and passes its fd over the socket; the rank maps it once and
 copies its tensors in at every save, then commits. Nothing is copied between them, and the store
 reads no byte of a snapshot but its manifest (checked against bounds at ``commit``) until it sends
 one to a peer, which is when its digest is computed.
 
-A rank's requests (``procs/snapshot_client.py``'s ``StoreClient``), each a frame of
-``snapshot_wire``: ``plan`` (will a snapshot of this size fit?), ``slot`` (a slot to write the key's
+A rank's requests (``snapshots/rank/client.py``'s ``StoreClient``), each a frame of
+``wire``: ``plan`` (will a snapshot of this size fit?), ``slot`` (a slot to write the key's
 next snapshot in: its id, and its fd the first time this connection is given it; the ids of slots
 closed since, to unmap), ``commit`` (that slot holds step S, whole), ``steps`` (the steps held for a
 key, fetched from a peer first where none is, and the newest step of any key), ``get`` (a read-only
@@ -30,15 +30,13 @@ import sys
 import threading
 from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
-from ..host.private import make_private
-from ..host.unix_socket import bind_unix
-from ..procs import snapshot_codec as codec
-from ..procs import snapshot_memory as memory
-from ..procs import snapshot_wire as wire
-from ..procs.names import SNAPSHOT_ENV
-from .snapshot_peer import Address, Listener, PeerKey, PeerRefused, connect, fetch, stop_listening
-from .snapshot_pusher import Pusher
-from .snapshot_shelf import Shelf, Slot, Source, default_budget
+from ...host.private import make_private
+from ...host.unix_socket import bind_unix
+from ...procs.names import SNAPSHOT_ENV
+from ..rank import codec, memory, wire
+from .peer import Address, Listener, PeerKey, PeerRefused, connect, fetch, stop_listening
+from .pusher import Pusher
+from .shelf import Shelf, Slot, Source, default_budget
 
 SOCKET_NAME = "snapshot.sock"
 MAX_STEP = 1 << 53

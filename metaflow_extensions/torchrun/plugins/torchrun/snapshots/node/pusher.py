@@ -12,9 +12,9 @@ from __future__ import annotations
 import threading
 from typing import Callable, Dict, Optional
 
-from ..procs import snapshot_wire as wire
-from .snapshot_peer import Address, Channel, PeerKey, PeerRefused, connect, push
-from .snapshot_shelf import Shelf, Slot
+from ..rank import wire
+from .peer import Address, Channel, PeerKey, PeerRefused, connect, push
+from .shelf import Shelf, Slot
 
 
 class Pusher:

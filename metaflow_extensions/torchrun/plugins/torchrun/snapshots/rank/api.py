@@ -34,12 +34,12 @@ import sys
 import threading
 from typing import Any, Dict, List, Optional, Set, Tuple
 
-from . import snapshot_codec as codec
-from .names import (OFF_BY_SETTING, OFF_NO_RESTARTS, OFF_ON_NODE, RESTART_COUNT_ENV, SNAPSHOT_ENV,
+from . import codec
+from ...procs.names import (OFF_BY_SETTING, OFF_NO_RESTARTS, OFF_ON_NODE, RESTART_COUNT_ENV, SNAPSHOT_ENV,
                     SNAPSHOTS_OFF_ENV)
-from .snapshot_client import Loaded, StoreClient, StoreError
-from .snapshot_saver import Saver
-from .snapshot_wire import key_for
+from .client import Loaded, StoreClient, StoreError
+from .saver import Saver
+from .wire import key_for
 
 SnapshotTypeError = codec.SnapshotTypeError
 FLUSH_AT_EXIT = 30.0  # seconds a clean exit waits for the last snapshot to reach the store

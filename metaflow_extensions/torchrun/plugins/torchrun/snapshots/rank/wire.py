@@ -2,7 +2,7 @@
 
 A frame: a u32 length, a JSON object of at most ``MAX_HEADER`` bytes, then, when the header
 says so, ``size`` raw bytes (a snapshot, between two stores) or one byte carrying an fd (a slot,
-from a store to its rank: ``snapshot_memory.send_fd``). Each side reads the other as hostile: a header is
+from a store to its rank: ``memory.send_fd``). Each side reads the other as hostile: a header is
 bounded before it is read, its fields checked by type and range, a body's size checked by the
 receiver against its own limit before anything is allocated.
 """

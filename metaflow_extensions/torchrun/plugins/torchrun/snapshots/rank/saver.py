@@ -1,6 +1,6 @@
 """A rank's snapshots, written straight into its node's store's memory.
 
-The store hands the rank a slot (a sealed memfd, ``snapshot_memory``) for each save; the rank maps
+The store hands the rank a slot (a sealed memfd, ``memory``) for each save; the rank maps
 each slot once and keeps the mapping by the slot's id, so a save in the steady state maps nothing
 and faults no page. ``take`` asks for a slot, copies the tensors into it, writes the manifest and
 commits: for CPU tensors that is the whole save, in the calling thread: one memcpy and two short
@@ -23,9 +23,8 @@ import os
 import threading
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from . import snapshot_codec as codec
-from . import snapshot_memory as memory
-from .snapshot_client import StoreClient, StoreError
+from . import codec, memory
+from .client import StoreClient, StoreError
 
 GROWTH = 1.125  # a pinned buffer's room over the snapshot that made it: a step's few more bytes fit
 

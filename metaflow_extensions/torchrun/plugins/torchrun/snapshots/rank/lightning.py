@@ -19,9 +19,9 @@ import shutil
 import time
 from typing import Any, Optional, Tuple
 
-from . import snapshot
-from .trainer_hooks import with_lightning_callback
-from .trainer_snapshots import Dropped, first_load, gang_max, new_cadence, owned, plain, rank, resume_dir, say
+from . import api as snapshot
+from ...procs.trainer_hooks import with_lightning_callback
+from .trainers import Dropped, first_load, gang_max, new_cadence, owned, plain, rank, resume_dir, say
 
 CALLBACK_NAME = "TorchrunSnapshots"
 FORMAT = "lightning-1"

@@ -1,6 +1,6 @@
 """The snapshots a node holds in its own memory, in slots, within a budget.
 
-A slot is a sealed memfd (``procs/snapshot_memory.py``) the store maps and hands to a rank, which
+A slot is a sealed memfd (``snapshots/rank/memory.py``) the store maps and hands to a rank, which
 writes a snapshot straight into it. Per key (``rank-R`` for a shard, ``local-L`` for replicated
 state) the shelf keeps the newest two committed snapshots (the gang agrees on the newest step every
 rank holds, and a rank killed while saving step S leaves the others holding S and S-1) and the
@@ -21,7 +21,7 @@ import threading
 import time
 from typing import Dict, Iterable, List, Optional, Set, Tuple
 
-from ..procs import snapshot_memory as memory
+from ..rank import memory
 
 KEEP = 2
 SLOTS_PER_KEY = KEEP + 1  # the two kept and the one being written

@@ -2,11 +2,11 @@
 
 The bootstrap installs this where the step keeps snapshots (the runtime sets ``SNAPSHOT_ENV``
 only then), whatever the progress setting. The import hook that adds the progress callback
-(``trainer_hooks``) adds ours too: every N steps (``trainer_cadence``) a callback hands the
+(``trainer_hooks``) adds ours too: every N steps (``cadence``) a callback hands the
 trainer's state to ``snapshot.save``; on a restart the trainer's own resume path is fed a
 checkpoint written from ``snapshot.load``, so the trainer restores what it always restores
-(data-loader position included) from the state of a moment ago. ``hf_snapshots`` and
-``lightning_snapshots`` hold each trainer's part; this module, what they share.
+(data-loader position included) from the state of a moment ago. ``hf`` and
+``lightning`` hold each trainer's part; this module, what they share.
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ import sys
 import tempfile
 from typing import Any, Callable, Dict, List, Mapping, Optional
 
-from . import trainer_hooks
-from .names import SNAPSHOT_EVERY_ENV, WORK_DIR_ENV
-from .trainer_cadence import Cadence, every_from_setting
+from ...procs import trainer_hooks
+from ...procs.names import SNAPSHOT_EVERY_ENV, WORK_DIR_ENV
+from .cadence import Cadence, every_from_setting
 
 TAG = "TorchrunSnapshots"
 _said: set = set()
@@ -26,10 +26,10 @@ _loaded: List[bool] = []  # a process resumes one training from a snapshot, its 
 
 
 def install() -> None:
-    from . import hf_snapshots, lightning_snapshots
+    from . import hf, lightning
 
-    watched: Dict[str, Callable[[Any], None]] = {trainer_hooks._HF: hf_snapshots.patch}
-    watched.update(dict.fromkeys(trainer_hooks._LIGHTNING, lightning_snapshots.patch))
+    watched: Dict[str, Callable[[Any], None]] = {trainer_hooks._HF: hf.patch}
+    watched.update(dict.fromkeys(trainer_hooks._LIGHTNING, lightning.patch))
     trainer_hooks.after_import(TAG, watched)
 
 
@@ -86,7 +86,7 @@ def new_cadence() -> Optional[Cadence]:
 def say_cadence(text: str) -> None:
     """The interval chosen, once a run: by the first start (a restart's ranks choose again, silently) and
     once a process (a script that trains twice)."""
-    from . import snapshot  # the rank's start (the bootstrap installs this module) stays light
+    from . import api as snapshot  # the rank's start (the bootstrap installs this module) stays light
 
     if not snapshot.restarted():
         say(text, once="cadence")
