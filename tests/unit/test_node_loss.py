@@ -11,8 +11,10 @@ import time
 
 import metaflow  # noqa: F401  (must come before our modules)
 import pytest
-from gang_net import GUARD, new_config
+from gang_net import GUARD, SECRET, new_config, read_line, wait_cause
+from proc_helpers import wait_until
 
+from metaflow_extensions.torchrun.plugins.torchrun.cause import CauseKind
 from metaflow_extensions.torchrun.plugins.torchrun.errors import Problems, TorchrunInvalidArgument
 from metaflow_extensions.torchrun.plugins.torchrun.gang import wire
 from metaflow_extensions.torchrun.plugins.torchrun.gang.bench import Bench
@@ -211,3 +213,94 @@ def test_the_topology_knows_aws_batch_by_its_job_id():
     parallel = SimpleNamespace(num_nodes=2, node_index=0, main_ip="10.0.0.1")
     assert topology_from(parallel, {"AWS_BATCH_JOB_ID": "j-1"}, "k").survives_loss is False
     assert topology_from(parallel, {}, "k").survives_loss is True
+
+
+# -- a node silent past heartbeat_timeout, and a worker told to go (gang/recovery.py decides) -------------
+
+def _silent_gang(net, heartbeat_timeout, **kw):
+    """Nodes 0 and 2 real clients (they heartbeat), node 1 played by hand: it says only what the test sends."""
+    cut = []
+    server = net.server(config=new_config(3, heartbeat_timeout=heartbeat_timeout, restarts=2, **kw),
+                        hooks={"on_cut_off": cut.append})
+    c0, c2 = net.join(server, [0, 2])
+    n1 = Node(net, server, 1)
+    n1.send(type="call", index=0, entry=ENTRY)
+    from gang_net import enter_everywhere
+
+    enter_everywhere(server, [c0, c2])
+    return server, c0, c2, n1, cut
+
+
+def test_a_silent_node_is_taken_out_as_a_lost_one_told_why_and_refused_after(net):
+    server, c0, c2, n1, cut = _silent_gang(net, 1.0, spares=1)
+    assert wait_until(lambda: c0.news.restart_after(0, 0) is not None, GUARD + 1.0)
+    restart = c0.news.restart_after(0, 0)
+    assert restart.swapped_in == 2 and restart.bench.out == (1,), restart
+    assert restart.cause.kind is CauseKind.UNRESPONSIVE and restart.cause.node_index == 1
+    assert "node 1 (host-1) sent no heartbeat for" in restart.cause.summary and server.cause is None
+    assert cut == [1]  # a local control kills its processes
+    told = n1.next("abort")  # on its old connection, then closed: a node that wakes hears why and stops
+    assert told is not None and told["cause"]["summary"].startswith(
+        "node 1 was taken out of the gang, which went on without it: node 1 (host-1) sent no heartbeat"), told
+    assert n1.next("heartbeat", timeout=0.5) is None  # closed
+    probe = net.raw(server.port)  # its late words on a fresh connection are not its gang's
+    probe.read_challenge()
+    from metaflow_extensions.torchrun.plugins.torchrun.gang import auth as gang_auth
+    probe.send(gang_auth.probe(SECRET, server.config.gang_id, bytes.fromhex(probe.challenge["nonce"]), 1,
+                               gang_auth.new_nonce()).to_wire())
+    assert read_line(probe.sock)["type"] == "reject"
+    back = Node(net, server, 1)  # only a new task comes back: a returning node, a spare
+    assert _bench(back.enter()) == ((1,), ()) and server.cause is None
+
+
+def test_a_silent_node_with_no_way_to_go_on_still_ends_the_gang_naming_it(net):
+    server, c0, c2, n1, cut = _silent_gang(net, 1.0)
+    (cause,) = wait_cause([c0], GUARD + 1.0)
+    assert (cause.kind, cause.node_index) == (CauseKind.UNRESPONSIVE, 1) and cut == [], cause
+    assert cause.summary.startswith("node 1 (host-1) sent no heartbeat for"), cause
+
+
+def test_a_partition_that_heals_inside_heartbeat_timeout_restarts_nothing(net):
+    server, c0, c2, n1, cut = _silent_gang(net, 3.0, spares=1)
+    time.sleep(1.0)  # a third of heartbeat_timeout without a word
+    n1.send(type="hb")
+    time.sleep(2.5)  # past heartbeat_timeout since the call began: heard in between, so not silent
+    n1.send(type="hb")
+    assert c0.news.restart_after(0, 0) is None and server.cause is None and cut == []
+
+
+def _told(node, what, notice=None):
+    from metaflow_extensions.torchrun.plugins.torchrun.runtime.stop import preempted
+
+    return preempted(node, what, 30.0, 30.0, notice, call=0)
+
+
+@pytest.mark.parametrize("what, notice", [("SIGTERM", None), ("spot", "2030-01-01T00:00:00+00:00")])
+def test_a_worker_told_to_go_is_swapped_and_its_later_calls_are_over_at_once(net, what, notice):
+    server = net.server(config=new_config(3, restarts=2, spares=1))
+    c0, c1, c2 = net.join(server, [0, 1, 2])
+    from gang_net import enter_everywhere
+
+    enter_everywhere(server, [c0, c1, c2])
+    c1.report_failure(_told(1, what, notice), call=0)
+    assert wait_until(lambda: all(c.news.restart_after(0, 0) is not None for c in (c0, c1, c2)), GUARD)
+    restart = c1.news.restart_after(0, 0)
+    assert restart.swapped_in == 2 and restart.bench.out == (1,) and restart.cause.kind is CauseKind.PREEMPTED
+    assert restart.cause.grace == 30.0 and c1.seats[(0, 1)].role == "out"  # every node's grace; node 1 out
+    assert c1.enter_call(1, "next.py") is not None and c1.news.wait_call_done(1)  # the step goes on: nothing to wait for
+    c1.leave(2, ok=True)  # its step ends while the others are still in call 0: no mismatch, no early leave
+    assert wait_until(lambda: 1 in server.handlers.members.left, GUARD)
+    time.sleep(0.3)
+    assert server.cause is None and c0.cause is None
+
+
+@pytest.mark.parametrize("what", ["KeyboardInterrupt", "TimeoutException"])
+def test_a_worker_told_to_stop_by_ctrl_c_or_timeout_stops_the_gang(net, what):
+    server = net.server(config=new_config(3, restarts=2, spares=1))
+    c0, c1, c2 = net.join(server, [0, 1, 2])
+    from gang_net import enter_everywhere
+
+    enter_everywhere(server, [c0, c1, c2])
+    c1.report_failure(_told(1, what), call=0)
+    (cause,) = wait_cause([c0])
+    assert cause.kind is CauseKind.PREEMPTED and cause.grace == 30.0 and c0.news.restart_after(0, 0) is None

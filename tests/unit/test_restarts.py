@@ -104,14 +104,15 @@ def test_a_lost_node_ends_the_gang_even_with_restarts_left(net):
 
 
 def test_no_restart_before_every_node_reached_the_call_or_once_one_is_done():
-    state = CallState(0)
-    assert not gang_calls.may_restart(state, KILLED, 2)  # not every node there: its ranks never ran
-    state.all_entered_at = time.monotonic()
-    assert gang_calls.may_restart(state, KILLED, 2)
-    assert not gang_calls.may_restart(state, KILLED, 0)
-    assert not gang_calls.may_restart(state, Cause(CauseKind.RANK_FAILED, "x", call=1), 2)  # another call
-    state.done.add(0)
-    assert not gang_calls.may_restart(state, KILLED, 2)
+    from metaflow_extensions.torchrun.plugins.torchrun.gang.recovery import CallNow, Failed, GangState, Restart, decide
+
+    def restarted(allowed=2, **call):
+        return isinstance(decide(Failed(KILLED), GangState(2, allowed, call=CallNow(0, **call))), Restart)
+
+    assert not restarted(reached=False)  # not every node there: its ranks never ran
+    assert restarted() and not restarted(allowed=0) and not restarted(restart=2)
+    assert not isinstance(decide(Failed(KILLED), GangState(2, 2)), Restart)  # in no call
+    assert not restarted(done=1)
 
 
 def test_hang_detection_counts_from_the_restart():

@@ -7,7 +7,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Mapping, Optional, Set, Tuple
 
-from ..cause import Cause, CauseKind, plural, restartable_in_step
+from ..cause import Cause, CauseKind, plural
 from ..procs.flight import FlightSummary
 from ..procs.status import RankStatus
 from . import messages as msg
@@ -55,6 +55,19 @@ class CallState:
     stores: Dict[int, Tuple[str, int]] = field(default_factory=dict)
     last_restart: Optional[msg.Restart] = None  # told again to a lost node that comes back
 
+    def keep_store(self, node: int, address: Tuple[str, int]) -> None:
+        """Where ``node``'s snapshot store takes its peers in this call."""
+        self.stores[node] = address
+
+    def say_stacks_in(self) -> bool:
+        """True the first time: every node's stacks are in (said once per call)."""
+        said, self.stacks_in_said = self.stacks_in_said, True
+        return not said
+
+    def told(self, restart: msg.Restart) -> None:
+        """The latest restart every node was told: told again to a lost node that comes back."""
+        self.last_restart = restart
+
 
 @dataclass(frozen=True)
 class CallView:
@@ -88,6 +101,32 @@ class CallBook:
         self.calls: Dict[int, CallState] = {}
         self.node_calls: Dict[int, int] = {}  # node -> calls entered so far
         self.gone: Set[int] = set()  # nodes lost and taken out, not back: no call waits for them
+        self.departed: Set[int] = set()  # of them, nodes told to go that ended their call: each later one at once
+
+    def rebench(self, bench: Bench) -> None:
+        """Who trains from now (the service's recovery decided it)."""
+        self.bench = bench
+
+    def went_on_without(self, node: int) -> None:
+        """``node`` lost or cut off: no call waits for it."""
+        self.gone.add(node)
+
+    def depart(self, node: int) -> None:
+        """``node`` told to go, its ranks stopped: no call waits for it, nor asks its calls to match."""
+        self.gone.add(node)
+        self.departed.add(node)
+
+    def came_back(self, node: int) -> None:
+        """A new task of a node the gang went on without: it makes the step's calls again, from the first."""
+        self.gone.discard(node)
+        self.departed.discard(node)
+        self.node_calls[node] = 0
+
+    def restart(self, state: CallState, rdzv_port: int, bench: Bench) -> int:
+        """Call ``state``'s next start, on ``rdzv_port``, with ``bench``; its index."""
+        index = begin_restart(state, rdzv_port)
+        self.bench = bench
+        return index
 
     def enter(self, node: int, call: msg.Call, left: Left) -> Tuple[CallState, Optional[Cause]]:
         """The cause that stops the gang, if this proves the nodes' calls differ."""
@@ -104,7 +143,7 @@ class CallBook:
                                 % (call.index + 1, node, call.entry, first, state.entries[first]),
                                 node_index=node, call=call.index)
         for other, (made, ok) in sorted(left.items()):
-            if ok and made <= call.index:
+            if ok and made <= call.index and other not in self.gone:
                 return state, _left_early(other, made, node, call.index)
         if len(state.entries.keys() | self.gone) == self.num_nodes and state.all_entered_at is None:
             state.all_entered_at = time.monotonic()
@@ -176,12 +215,15 @@ class CallBook:
                       and connected(n))
 
     def check_left(self, node: int, made: int, left: Left) -> Optional[Cause]:
-        """A node that ended its step fine must have made the calls the others made."""
+        """A node that ended its step fine must have made the calls the others made (a node the gang went on
+        without, told to go, need not)."""
+        if node in self.gone:
+            return None
         for other in sorted(self.node_calls):
-            if other != node and self.node_calls[other] > made:
+            if other != node and self.node_calls[other] > made and other not in self.gone:
                 return _left_early(node, made, other, made)
         for other, (their, ok) in sorted(left.items()):
-            if other != node and ok and their != made:
+            if other != node and ok and their != made and other not in self.gone:
                 return Cause(CauseKind.CALL_MISMATCH, "node %d made %d call%s of current.torch.run in its step and "
                              "node %d made %d: every node must make the same calls"
                              % (node, made, "" if made == 1 else "s", other, their), node_index=node)
@@ -231,19 +273,6 @@ def _left_early(node: int, made: int, waiting: int, index: int) -> Cause:
     return Cause(CauseKind.LEFT_EARLY, "node %d ended its step after %d call%s of current.torch.run while node %d "
                  "waits in call %d: every node must make the same calls"
                  % (node, made, "" if made == 1 else "s", waiting, index + 1), node_index=node, call=index)
-
-
-def in_progress(state: CallState, active: int) -> bool:
-    """Every node reached the call and its active nodes are not all done with it."""
-    return state.all_entered_at is not None and len(state.done) < active
-
-
-def may_restart(state: Optional[CallState], cause: Cause, allowed: int) -> bool:
-    """The in-step restart (``@torchrun(restarts=N)``), decided in one place, the service: restarts are
-    left, every node reached the call and none is done with it (it cannot run its ranks again)."""
-    if state is None or state.restart >= allowed or cause.call != state.index:
-        return False
-    return state.all_entered_at is not None and not state.done and restartable_in_step(cause)
 
 
 def begin_restart(state: CallState, rdzv_port: int) -> int:

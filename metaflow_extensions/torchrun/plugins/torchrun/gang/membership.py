@@ -14,9 +14,12 @@ from typing import Callable, Dict, List, Mapping, NamedTuple, Optional, Set, Tup
 from ..cause import Cause, CauseKind, plural
 from ..errors import LAST_LINES_HEAD
 from ..procs.failures import describe_exit_code
+from . import messages as msg
+from .bench import Bench
 from .config import CONTROL_NODE, GangConfig
 from .peer import Peer
 from .silence import silence_cause
+from .wire import MAX_LINE
 
 
 class NodeEnd(NamedTuple):
@@ -40,13 +43,68 @@ class Membership:
     def taken(self, node: int) -> bool:
         return node in self.by_node or node in self.left
 
-    def join(self, node: int, peer: Peer) -> None:
-        if self.gone.pop(node, None) is not None:
+    def join(self, node: int, peer: Peer, host: str) -> bool:
+        """``peer`` proved it is node ``node`` on ``host``: its one connection from now. True when the node
+        had been lost and the gang went on without it (a new task of it: it comes back as a spare)."""
+        back = self.gone.pop(node, None) is not None
+        if back:
             self.returned.add(node)
-        peer.node = node
+        peer.node, peer.host = node, host
+        peer.reader.max_line = MAX_LINE  # a member's lines may be as long as the protocol allows
         self.by_node[node] = peer
-        self.hosts[node] = peer.host
+        self.hosts[node] = host
         self.joined_at.setdefault(node, time.time())
+        return back
+
+    def probed(self, node: int) -> bool:
+        """A member's probe on a fresh connection: as good as hearing it on its own. False: not a member
+        (never joined, left, or taken out: a node the gang went on without is heard only as a new task)."""
+        member = self.by_node.get(node)
+        if member is not None:
+            member.last_seen = max(member.last_seen, time.monotonic())
+        return member is not None
+
+    @staticmethod
+    def heartbeat(peer: Peer, beat: msg.Heartbeat, now: float) -> bool:
+        """What a heartbeat says of its node's ranks; True when it names a newer start that saved a snapshot."""
+        peer.last_output = None if beat.quiet is None else now - beat.quiet
+        progress = beat.progress  # on one heartbeat in PROGRESS_SEND s: the last one holds till then
+        if progress is not None:
+            peer.last_advance = None if progress.stalled is None or not progress.reporting else now - progress.stalled
+        if beat.saved is None or beat.saved == peer.saved:
+            return False
+        peer.saved = beat.saved
+        return True
+
+    @staticmethod
+    def new_call(peer: Peer) -> None:
+        """Its ranks' steps, if any, count afresh in a new call."""
+        peer.last_advance = None
+
+    def leave(self, node: int, made: int, ok: bool) -> None:
+        """Its step ended after ``made`` calls; from now on its silence means nothing."""
+        self.left[node] = (made, ok)
+
+    def went_on_without(self, node: int) -> None:
+        """The gang goes on without ``node``: ``all_left`` waits for it ``start_timeout`` at most."""
+        self.gone[node] = time.monotonic()
+
+    def cut_off(self, node: int) -> Optional[Peer]:
+        """A silent node the gang goes on without: its connection is no longer its (the service closes it,
+        and what it may still send is never read), and it comes back only as a new task."""
+        self.went_on_without(node)
+        return self.by_node.pop(node, None)
+
+    def all_saved(self, bench: Bench, start: int) -> bool:
+        """Every training node's heartbeat says its ranks of ``start`` committed a snapshot. O(nodes): asked
+        only while a node waits to come back in (``recovery.wants_regrowth``)."""
+        for node in range(self.config.num_nodes):
+            if node in bench.benched:
+                continue
+            peer = self.by_node.get(node)
+            if peer is None or peer.saved != start:
+                return False
+        return True
 
     @property
     def all_joined(self) -> bool:

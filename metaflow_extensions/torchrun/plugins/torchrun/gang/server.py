@@ -39,18 +39,21 @@ class GangServer:
     def __init__(self, config: GangConfig, host: str, ports: Sequence[int], secret: bytes, *,
                  progress: Callable[[str], None] = lambda text: None, host_check: Optional[HostCheck] = None,
                  node_ends: Optional[Callable[[], Mapping[int, NodeEnd]]] = None,
-                 on_verdict: Optional[Callable[[Cause], None]] = None, warn: Callable[[str], None] = say):
+                 on_verdict: Optional[Callable[[Cause], None]] = None,
+                 on_cut_off: Optional[Callable[[int], None]] = None, warn: Callable[[str], None] = say):
         """Listen on the first of ``ports`` that is free on ``host``. ``progress``: where the gang's
         lines go (joins, progress, stragglers); ``host_check``: the preflight's check of the hosts'
         history; ``node_ends``: a local run's control, the node tasks it started that have ended;
-        ``on_verdict``: told the gang's verdict before any node is."""
+        ``on_verdict``: told the gang's verdict before any node is; ``on_cut_off``: told a silent node the
+        gang went on without (a local control kills its processes)."""
         self.config = config
         self.warn = warn
         self.node_ends = node_ends
         self.admission = Admission(config, secret, warn=warn)
         self.transport = Transport(host, ports, config.num_nodes, self.admission,
                                    on_drop=lambda peer: self.handlers.dropped(peer))
-        self.handlers = Handlers(config, host, self.admission, self.transport, progress, host_check, on_verdict)
+        self.handlers = Handlers(config, host, self.admission, self.transport, progress, host_check, on_verdict,
+                                 on_cut_off)
         self.speaker = Speaker(config, self.handlers.members.started, progress)
         self._lock = threading.RLock()
         self.port: int = self.transport.port

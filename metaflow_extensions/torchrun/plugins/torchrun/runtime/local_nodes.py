@@ -112,6 +112,14 @@ def local_node_verdict(topology: Topology) -> Optional[Callable[[Cause], None]]:
     return None
 
 
+def local_node_cut_off(topology: Topology) -> Optional[Callable[[int], None]]:
+    """For the gang service of a local control that started its nodes: told a silent node the gang went on
+    without, so that node's processes are killed here, where they run (node_tasks.NodeTasks.cut_off)."""
+    if _started is not None and topology.is_local and topology.num_nodes > 1:
+        return _started.cut_off
+    return None
+
+
 def runtime_gone() -> bool:
     """Whether the runtime that started this control has gone: nobody waits for what it says."""
     return _runtime_pid is not None and proctree.process_id(_runtime_pid) is None  # gone, or a zombie

@@ -18,7 +18,9 @@ from typing import Callable, Deque, Dict, List, Optional, Sequence, Set, Tuple
 from ..cause import Cause, CauseKind
 from ..gang.membership import NodeEnd
 from ..host import proctree
+from ..launch.command import ZYGOTE_MODULE
 from ..procs import relay
+from ..procs.names import ZYGOTE_PID_SUFFIX
 from ..base import timeouts
 
 # What a node's end keeps of its stderr: its last lines, each cut to this many characters.
@@ -153,6 +155,20 @@ class NodeTasks:
         self.start(node, argv, env)
         return True
 
+    def cut_off(self, node: int) -> None:
+        """The gang went on without ``node``, silent past heartbeat_timeout: every process of it SIGKILLed at
+        once, frozen (SIGSTOPped) ones included, which a SIGTERM would never reach; its task, killed, is
+        started again like any task lost to SIGKILL, and rejoins as a returning node."""
+        with self._lock:
+            proc = self.procs.get(node)
+        if proc is None or proc.poll() is not None:
+            return
+        found = node_processes(proc.pid)
+        proctree.signal_all(found, signal.SIGKILL)
+        said = ("@torchrun: node %d was silent past heartbeat_timeout and the gang went on without it: its task "
+                "and every process below it killed (%d)\n" % (node, len(found))).encode()
+        self._say(lambda: said)
+
     def stop_returns(self) -> None:
         """No task is started again from now on (the step is ending)."""
         self._closing.set()
@@ -250,6 +266,34 @@ class NodeTasks:
             with self._lock:
                 self._open.discard(node)
             self._say(lambda: self._echoes.ended(node))
+
+
+def node_processes(task: int) -> Set[proctree.ProcId]:
+    """A local node's processes: its task, the tree below it, and the warm process forked for it from the
+    control's (a child of that one, not of the task: its stand-in below the task names its socket, and the
+    pid is written beside it) with that one's tree."""
+    found = proctree.descendants(task)
+    me = proctree.process_id(task)
+    for pid, _ in list(found):
+        warm = _forked_warm(pid)
+        if warm is not None:
+            found |= proctree.descendants(warm[0]) | {warm}
+    return found | ({me} if me is not None else set())
+
+
+def _forked_warm(pid: int) -> Optional[proctree.ProcId]:
+    """Where ``pid`` is a warm process's stand-in (``python -m ZYGOTE_MODULE SOCKET``, titled or not),
+    the warm process forked in its place; else None."""
+    try:
+        with open("/proc/%d/cmdline" % pid, "rb") as f:
+            words = [w.decode(errors="replace") for w in f.read().split(b"\0") if w.strip()]
+        args = words[0].split() if len(words) == 1 else words
+        if ZYGOTE_MODULE not in args or args[-1] == ZYGOTE_MODULE:
+            return None
+        with open(args[-1] + ZYGOTE_PID_SUFFIX, "rb") as f:
+            return proctree.process_id(int(f.read(32).strip()))
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def _kept(lines: bytes) -> List[str]:

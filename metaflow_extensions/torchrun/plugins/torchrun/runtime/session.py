@@ -31,7 +31,7 @@ from ..host.logs import retention_policy, where_logs_are
 from ..host import log
 from ..record.result import TorchrunResult
 from .context import StepContext
-from .local_nodes import local_node_ends, local_node_verdict, runtime_gone
+from .local_nodes import local_node_cut_off, local_node_ends, local_node_verdict, runtime_gone
 
 _log = log.get("runtime.session")
 
@@ -139,7 +139,8 @@ class GangSession:
             self._service = GangServer(self.config, bind_host(self.context.topology), ports, secret=context.secret,
                                        progress=say, host_check=context.preflight.host_check,
                                        node_ends=local_node_ends(self.context.topology),
-                                       on_verdict=local_node_verdict(self.context.topology)).start()
+                                       on_verdict=local_node_verdict(self.context.topology),
+                                       on_cut_off=local_node_cut_off(self.context.topology)).start()
             ports = (self._service.port,)
         self.client = GangClient(self.config, self.context.topology.main_addr, ports, self.context.node_index,
                                  secret=context.secret, on_abort=self._on_abort, progress=say,
