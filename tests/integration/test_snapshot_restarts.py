@@ -1,8 +1,8 @@
 """A restart resumes at the step it failed on, from the state the ranks kept in their nodes' memory
 (``metaflow_extensions.torchrun.snapshot``), not from a checkpoint: real 2 x 2 DDP flows on gloo, a
-48 MB state (weights and momentum), a snapshot every step. Each run's final weights are compared bit
-for bit with an uninterrupted run of the same seeds: a restart that resumed anywhere but at a step
-the gang completed, or from a torn copy, ends with other weights."""
+48 MB state (weights and momentum), a snapshot every step, and examples/fsdp (FSDP2's shards). Each
+run's final weights are compared bit for bit with an uninterrupted run of the same seeds: a restart
+that resumed anywhere but at a step the gang completed, or from a torn copy, ends with other weights."""
 
 import json
 import os
@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from .helpers import FLOWS, output
+from .helpers import FLOWS, REPO, output
 
 pytestmark = pytest.mark.integration
 
@@ -21,20 +21,24 @@ KILL_AFTER = 5
 SCRIPT_ARGS = ["--steps", str(STEPS), "--kill-after", str(KILL_AFTER)]
 
 
-@pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory):
-    """The weights' digest of the same training with no failure (one plain torchrun of 4 ranks: the
-    same ranks, seeds and all-reduce; no store, so ``save`` keeps nothing and ``load`` finds nothing)."""
-    out = str(tmp_path_factory.mktemp("uninterrupted"))
+def _uninterrupted(script, args, out):
+    """One plain torchrun of 4 ranks of ``script``: the same ranks, seeds and collectives as a 2 x 2 flow's,
+    and no store, so ``save`` keeps nothing and ``load`` finds nothing."""
     env = dict(os.environ, MFTR_TEST_OUT=out, METAFLOW_TORCHRUN_NODE_INDEX="0", OMP_NUM_THREADS="1",
                PYTHONPATH=os.pathsep.join([os.path.join(FLOWS, "scripts"), os.environ.get("PYTHONPATH", "")]))
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "4", "--master-port",
-                           str(port), os.path.join(FLOWS, "scripts", "snapshot_train.py")] + SCRIPT_ARGS[:2],
-                          env=env, capture_output=True, timeout=300)
+                           str(port), script] + args, env=env, capture_output=True, timeout=300)
     assert proc.returncode == 0, output(proc)[-3000:]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    """The weights' digest of the same training with no failure."""
+    out = str(tmp_path_factory.mktemp("uninterrupted"))
+    _uninterrupted(os.path.join(FLOWS, "scripts", "snapshot_train.py"), SCRIPT_ARGS[:2], out)
     with open(os.path.join(out, "final.json")) as f:
         return json.load(f)["digest"]
 
@@ -109,3 +113,24 @@ def test_a_spare_resumes_from_the_replaced_nodes_state_held_on_a_peer(gang, unin
     restart = _restart_record(gang)[0][0]  # the control's record: whose copy the spare fetched, as the docs say
     assert restart["swapped_in"] == 2 and restart["resumed_step"] == KILL_AFTER, restart
     assert restart["resumed_from"] == 0, restart  # node 1's buddy, which holds the replicated state too
+
+
+FSDP_EXAMPLE = os.path.join(REPO, "examples", "fsdp")
+
+
+def test_fsdp2_shards_resume_from_memory_as_dtensors_bit_for_bit(gang, tmp_path):
+    """examples/fsdp as shipped: FSDP2 (``fully_shard``) with Adam on 2 x 2, each rank's shards saved every step
+    (``replicated=False``); rank 3 dies after step 6, and the restart's ranks load their shards as DTensors
+    into fresh FSDP2 models and optimizers (plain tensors: ``load_state_dict`` refused them, and the restart
+    failed). The final model and Adam state (every tensor gathered whole) are an unbroken run's, bit for bit."""
+    metrics = str(tmp_path / "uninterrupted.json")
+    _uninterrupted(os.path.join(FSDP_EXAMPLE, "train.py"), ["--metrics-out", metrics], str(tmp_path))
+    with open(metrics) as f:
+        unbroken = json.load(f)
+    proc = gang.run("--kill-at-step", "6", flow=os.path.join(FSDP_EXAMPLE, "flow.py"), timeout=400)
+    text = output(proc)
+    assert proc.returncode == 0, text[-4000:]
+    assert "resumed at step 6 from memory (this node's copy), 0 steps lost" in text, text[-3000:]
+    resumed = gang.client("result = Flow('FSDPTrain').latest_run['join'].task.data.metrics")
+    assert resumed["resumed_from"] == 6 and unbroken["resumed_from"] == 0, (resumed, unbroken)
+    assert resumed["state_sha256"] == unbroken["state_sha256"], (resumed, unbroken)

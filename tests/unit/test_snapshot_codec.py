@@ -179,6 +179,48 @@ def test_a_manifest_out_of_bounds_is_refused(manifest, words):
     assert words in str(caught.value)
 
 
+MESH = ["cpu", [2, 2], [0, 1, 2, 3], ["dp", "shard"]]
+
+
+def sharded(mesh=MESH, dt=(0, 0, [["R"], ["S", 0]], [8], [1]), shard=2):
+    """A forged snapshot of one DTensor: a float32 shard of ``shard`` elements, placed on ``mesh``."""
+    return good(tree={"ms": [[mesh], {"d": [["w", {"dt": list(dt)}]]}]}, tensors=[["float32", [shard], 0, 4 * shard]])
+
+
+def test_a_forged_dtensor_that_holds_to_the_form_is_read_with_its_mesh_and_placements():
+    blob = forge(sharded(), struct.pack("<2f", 1.0, 2.0))
+    decoded = codec.check(blob, world=4)
+    assert decoded.meshes == (codec.MeshForm("cpu", (2, 2), (0, 1, 2, 3), ("dp", "shard")),)
+    seen = []
+    _, state = codec.build(blob, decoded, lambda local, form, mesh: seen.append((form, mesh)) or "rebuilt")
+    assert state == {"w": "rebuilt"} and seen == [(codec.DTensorForm(0, (("R",), ("S", 0)), (8,), (1,)),
+                                                   decoded.meshes[0])]
+    assert codec.build(blob, decoded)[1]["w"].tolist() == [1.0, 2.0]  # without a maker: the plain shard
+
+
+@pytest.mark.parametrize("manifest, world, words", [
+    (sharded(), 2, "holds ranks [0, 1, 2, 3], not each of this gang's 2 once"),
+    (sharded(mesh=["cpu", [2, 2], [0, 1, 1, 3], None]), 4, "not each of this gang's 4 once"),
+    (sharded(mesh=["cpu", [2, 2], [0, 1, 2], None]), None, "shape and ranks do not agree"),
+    (sharded(mesh=["CPU;", [4], [0, 1, 2, 3], None]), None, "not [device type, shape, ranks, names]"),
+    (sharded(mesh=["cpu", [4], [0, 1, 2, 3], ["a", "b"]]), None, "names are not one short str a dimension"),
+    (sharded(dt=(0, 1, [["R"], ["S", 0]], [8], [1])), None, "a mesh the snapshot does not name"),
+    (sharded(dt=(0, 0, [["S", 0]], [8], [1])), None, "a mesh the snapshot does not name"),
+    (sharded(dt=(0, 0, [["R"], ["S", 0]], [8], [1]), shard=9), None, "does not fit in its DTensor's shape"),
+    (sharded(dt=(0, 0, [["R"], ["S", 1]], [8], [1])), None, "placement ['S', 1]"),
+    (sharded(dt=(0, 0, [["R"], ["P", "sum"]], [8], [1])), None, "placement ['P', 'sum']"),
+    (sharded(dt=(0, 0, [["R"], ["SS", 0, 0]], [8], [1])), None, "placement ['SS', 0, 0]"),
+    (sharded(dt=(0, 0, [["R"], ["S", 0]], [8], [1, 1])), None, "shape or stride is out of range"),
+    (sharded(dt=(1, 0, [["R"], ["S", 0]], [8], [1])), None, "names tensor 1 of 1"),
+    (good(tree={"ms": [[], {"t": 0}]}), None, "a list of 1 to 64"),
+    (good(tree=[{"ms": [[MESH], {"t": 0}]}]), None, "tagged 'ms'"),  # meshes at the root only
+])
+def test_a_dtensor_out_of_bounds_is_refused(manifest, world, words):
+    with pytest.raises(codec.SnapshotError) as caught:
+        codec.check(forge(manifest, bytes(4 * manifest["tensors"][0][1][0])), world=world)
+    assert words in str(caught.value)
+
+
 def test_nesting_and_size_bounds_hold_against_a_forged_manifest():
     deep = {"format": 1, "step": 0, "tensors": [], "tree": 0}
     text = json.dumps(deep).replace('"tree": 0', '"tree": ' + "[" * 100 + "]" * 100)

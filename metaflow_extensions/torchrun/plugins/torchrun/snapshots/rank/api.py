@@ -14,12 +14,15 @@
 ``save`` copies the tensors straight into memory the node's store owns (the task's, not a disk:
 a sealed memfd the store hands the rank) and commits; CPU state is held by the store when it
 returns, CUDA state once its device-to-host copy lands, in the background. ``load`` picks the
-newest step that every rank of the gang holds whole (a save cut short is never committed), each
-rank checking its snapshot's bounds before use.
+newest step that every rank of the gang holds whole (a save cut short is never committed) from the
+same start (a snapshot is known by the start that took it and its step: a rank killed in its save of
+step S in one start leaves the previous start's S, which the others replaced with theirs; resuming
+from both would mix two timelines), each rank checking its snapshot's bounds before use.
 ``replicated=True`` (the default) is for state every rank holds alike (DDP's model and optimizer):
 the node keeps it once per local rank, and any node's copy serves a node that replaces another.
-``replicated=False`` is for a rank's own shard (FSDP, DTensor: its local shard is kept), each
-also copied to a buddy node. Pass the same ``replicated`` to ``load`` as to ``save``.
+``replicated=False`` is for a rank's own shard (FSDP, DTensor: its local shard is kept, and ``load``
+gives back the DTensor, ``dtensors``), each also copied to a buddy node. Pass the same ``replicated``
+to ``load`` as to ``save``.
 
 Outside ``@torchrun``, or under it with snapshots off (no store in ``SNAPSHOT_ENV``), ``save`` keeps
 nothing and ``load`` returns None, said once: under ``@torchrun`` by rank 0 of the first start, with the
@@ -34,7 +37,7 @@ import sys
 import threading
 from typing import Any, Dict, List, Optional, Set, Tuple
 
-from . import codec
+from . import codec, dtensors
 from ...procs.names import (OFF_BY_SETTING, OFF_NO_RESTARTS, OFF_ON_NODE, RESTART_COUNT_ENV, SNAPSHOT_ENV,
                     SNAPSHOTS_OFF_ENV)
 from .client import Loaded, StoreClient, StoreError
@@ -43,7 +46,8 @@ from .wire import key_for
 
 SnapshotTypeError = codec.SnapshotTypeError
 FLUSH_AT_EXIT = 30.0  # seconds a clean exit waits for the last snapshot to reach the store
-MAX_AGREED = 8  # steps a rank offers to the agreement (a store keeps 2)
+MAX_AGREED = 8  # snapshots a rank offers to the agreement (a store keeps 2)
+Held = Tuple[int, int]  # a snapshot's identity: (the start that took it, its step)
 
 _savers: Dict[Tuple[str, str], Saver] = {}
 _lock = threading.Lock()
@@ -124,15 +128,16 @@ def save(step: int, state: Any, replicated: bool = True) -> bool:
     """
     path = _store_path()
     if path is None:
-        codec.plan(state)  # what cannot be held is named here too, not at a restart under @torchrun
+        codec.plan(state, replicated)  # what cannot be held is named here too, not at a restart under @torchrun
         return False
     rank, local_rank, world = _identity()
     key = key_for(replicated, rank, local_rank, world)
     with _lock:
         saver = _savers.get((path, key))
         if saver is None:
-            saver = _savers[(path, key)] = Saver(path, key, lambda text: _say("rank %d: %s" % (rank, text)))
-    return saver.take(step, state)
+            saver = _savers[(path, key)] = Saver(path, key, lambda text: _say("rank %d: %s" % (rank, text)),
+                                                 _env_int("LOCAL_WORLD_SIZE"))
+    return saver.take(step, state, replicated)
 
 
 def flush(timeout: float = FLUSH_AT_EXIT) -> bool:
@@ -149,7 +154,8 @@ def load(replicated: bool = True) -> Optional[Tuple[int, Any]]:
     """The newest snapshot every rank of the gang holds whole, as ``(step, state)``; None if there is none.
 
     Under a gang of more than one rank, call it after ``init_process_group`` and on every rank: the
-    ranks agree on the step through two small collectives. The state's tensors are on the CPU.
+    ranks agree on the step through two small collectives. The state's tensors are on the CPU; a
+    DTensor's comes back a DTensor, on its mesh's device.
     A restart's first load is a resume, and rank 0 says where it resumed; any other call (mid-run, or
     on a first start) returns the same and says nothing: nothing was restarted.
     """
@@ -168,22 +174,23 @@ def load(replicated: bool = True) -> Optional[Tuple[int, Any]]:
 
 
 def _load(client: Optional[StoreClient], key: str, rank: int) -> Optional[Tuple[int, Any]]:
-    held: List[int] = []
+    held: List[Held] = []
     if client is not None:
         try:
-            held, _node, _newest = client.steps(key)
+            held = client.held(key)
         except StoreError as e:
             _say("rank %d: %s: resuming from nothing in memory" % (rank, e))
     common = agree(held)
     while common:
-        step = max(common)
-        read = _read(client, key, step, rank) if client else None
+        start, step = max(common, key=lambda h: (h[1], h[0]))
+        read = _read(client, key, start, step, rank) if client else None
         if _everyone(read is not None):
             assert read is not None
             if rank == 0 and restarted():  # a first start's load, or a later one, resumes nothing
                 _say(resumed_line(step, read[1]), once="resumed")
-            return read[0]
-        common.discard(step)
+            # Built once every rank holds the step: a DTensor's mesh of 2 dimensions is made collectively.
+            return codec.build(read[1].blob, read[0], dtensors.rebuild)
+        common.discard((start, step))
     if rank == 0 and client is not None and restarted():  # a first start has none to find
         _say("no snapshot in memory that every rank holds: resuming from your checkpoint", once="resumed")
     return None
@@ -196,32 +203,35 @@ def resumed_line(step: int, loaded: Loaded) -> str:
     return "resumed at step %d from memory (%s), %d step%s lost" % (step, where, lost, "" if lost == 1 else "s")
 
 
-def _read(client: StoreClient, key: str, step: int, rank: int) -> Optional[Tuple[Tuple[int, Any], Loaded]]:
+def _read(client: StoreClient, key: str, start: int, step: int, rank: int
+          ) -> Optional[Tuple[codec.Decoded, Loaded]]:
     try:
-        loaded = client.get(key, step)
+        loaded = client.get(key, step, start)
         if loaded is None:
             return None
-        return codec.build(loaded.blob, codec.check(loaded.blob, digest=False)), loaded
+        dist = _dist()
+        return codec.check(loaded.blob, digest=False, world=dist.get_world_size() if dist else 1), loaded
     except (StoreError, codec.SnapshotError) as e:
         _say("rank %d: the snapshot of step %d is not used: %s" % (rank, step, e))
         return None
 
 
-def agree(held: List[int]) -> Set[int]:
-    """The steps every rank holds (this rank's alone outside a gang)."""
-    mine = set(sorted(held)[-MAX_AGREED:])
+def agree(held: List[Held]) -> Set[Held]:
+    """The (start, step) every rank holds (this rank's alone outside a gang): a step two starts each left on
+    some ranks is no common one."""
+    mine = set(sorted(held, key=lambda h: (h[1], h[0]))[-MAX_AGREED:])
     dist = _dist()
     if dist is None or dist.get_world_size() == 1:
         return mine
     import torch
 
-    row = torch.full((MAX_AGREED,), -1, dtype=torch.int64, device=_device(dist))
-    for i, step in enumerate(sorted(mine)):
-        row[i] = step
+    row = torch.full((MAX_AGREED, 2), -1, dtype=torch.int64, device=_device(dist))
+    for i, (start, step) in enumerate(sorted(mine)):
+        row[i, 0], row[i, 1] = start, step
     rows = [torch.empty_like(row) for _ in range(dist.get_world_size())]
     dist.all_gather(rows, row)
     for other in rows:
-        mine &= {int(s) for s in other.tolist() if s >= 0}
+        mine &= {(int(a), int(b)) for a, b in other.tolist() if b >= 0}
     return mine
 
 

@@ -13,6 +13,10 @@ against bounds first, on every load.
 The manifest holds the state's shape (``tree``: dicts, lists, tuples and small Python values,
 each tensor as its index) and each tensor's dtype, shape, offset and length in the data. Floats
 are written as their 8 bytes in hex, so a NaN's payload and -0.0 come back as they went.
+A DTensor (FSDP2's parameters and their optimizer state) is kept as its rank's shard, with where the
+shard sits beside its index in the tree (its mesh, placements, global shape and stride; the tree
+then names its meshes once, at its root), so that ``load`` gives back a DTensor (``dtensors``):
+a plain tensor of the shard's shape is what FSDP2's ``load_state_dict`` refuses.
 
 Imports no torch: the task reads a snapshot's manifest without it; ``plan`` and ``build`` import
 torch inside (a rank already has it).
@@ -25,6 +29,7 @@ import hashlib
 import hmac
 import json
 import math
+import re
 import struct
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Tuple
@@ -45,6 +50,12 @@ MAX_ELEMENTS = 1 << 48
 MAX_TEXT = 1 << 20  # one str or bytes value
 MAX_INT = 1 << 64  # a Python int is kept within +-2**64
 MAX_STEP = 1 << 53
+MAX_MESHES = 64  # device meshes one snapshot names
+MAX_MESH_RANKS = 1 << 20
+
+# A DTensor's placements a snapshot keeps, by tag, with the number of int arguments each takes:
+# Shard(dim), Replicate(), _StridedShard(dim, split_factor) (FSDP2 over tensor parallelism).
+PLACEMENTS = {"S": 1, "R": 0, "SS": 2}
 
 # The dtypes a snapshot holds, by the name after "torch.", with their item size.
 DTYPES: Dict[str, int] = {
@@ -73,6 +84,29 @@ class TensorSpec:
 
 
 @dataclass(frozen=True)
+class MeshForm:
+    """A device mesh as a snapshot names it: its device type, shape, ranks (flat, in the mesh's order) and
+    dimension names. A snapshot holds only meshes with every rank of its gang once, so every rank
+    rebuilds the same meshes at a load, each from its own snapshot."""
+
+    device: str
+    shape: Tuple[int, ...]
+    ranks: Tuple[int, ...]
+    names: Optional[Tuple[str, ...]]
+
+
+@dataclass(frozen=True)
+class DTensorForm:
+    """Where a DTensor's shard sits: its mesh (an index into the snapshot's meshes), placements (one per
+    mesh dimension, as in ``PLACEMENTS``), and the whole tensor's shape and stride."""
+
+    mesh: int
+    placements: Tuple[Tuple[Any, ...], ...]
+    shape: Tuple[int, ...]
+    stride: Tuple[int, ...]
+
+
+@dataclass(frozen=True)
 class Decoded:
     """A checked snapshot: its tensors are still bytes at ``data_start + spec.offset``."""
 
@@ -80,6 +114,7 @@ class Decoded:
     tree: Any  # the manifest's, checked
     specs: Tuple[TensorSpec, ...]
     data_start: int
+    meshes: Tuple[MeshForm, ...] = ()
 
 
 # -- writing -------------------------------------------------------------------------
@@ -142,32 +177,47 @@ class Plan:
     data_bytes: int
 
 
-def plan(state: Any) -> Plan:
-    """Every value checked here, at ``save``: what cannot be stored is named by its key path."""
+@dataclass
+class _Walk:
+    """What ``plan`` gathers as it walks a state."""
+
+    torch: Any
+    replicated: bool
+    tensors: List[Tuple[str, Any]]
+    meshes: List[MeshForm]
+    mesh_index: Dict[int, int]  # id(DeviceMesh) -> its index in meshes, while the state is alive
+    count: int = 0
+
+
+def plan(state: Any, replicated: bool = False) -> Plan:
+    """Every value checked here, at ``save``: what cannot be stored is named by its key path.
+    ``replicated``: the state is every rank's alike, so a DTensor sharded across ranks is refused."""
     import torch
 
-    tensors: List[Tuple[str, Any]] = []
-    counter = [0]
-    tree = _plan_value(state, "state", 0, tensors, counter, torch)
+    walk = _Walk(torch, replicated, [], [], {})
+    tree = _plan_value(state, "state", 0, walk)
+    if walk.meshes:
+        tree = {"ms": [[_mesh_json(m) for m in walk.meshes], tree]}
     specs, offset = [], 0
-    for _path, tensor in tensors:
+    for _path, tensor in walk.tensors:
         nbytes = tensor.numel() * tensor.element_size()
         specs.append(TensorSpec(_dtype_name(tensor), tuple(tensor.shape), offset, nbytes))
         offset = aligned(offset + nbytes)
-    return Plan(tree, tensors, specs, offset)
+    return Plan(tree, walk.tensors, specs, offset)
 
 
-def _plan_value(value: Any, path: str, depth: int, tensors: list, counter: list, torch: Any) -> Any:
-    counter[0] += 1
-    if counter[0] > MAX_NODES:
+def _mesh_json(mesh: MeshForm) -> list:
+    return [mesh.device, list(mesh.shape), list(mesh.ranks), list(mesh.names) if mesh.names is not None else None]
+
+
+def _plan_value(value: Any, path: str, depth: int, walk: _Walk) -> Any:
+    walk.count += 1
+    if walk.count > MAX_NODES:
         raise SnapshotTypeError("snapshot.save: the state holds over %d values" % MAX_NODES)
     if depth > MAX_DEPTH:
         raise SnapshotTypeError("snapshot.save: %s is nested over %d containers deep" % (path, MAX_DEPTH))
-    if isinstance(value, torch.Tensor):
-        tensors.append((path, _storable_tensor(value, path, torch)))
-        if len(tensors) > MAX_TENSORS:
-            raise SnapshotTypeError("snapshot.save: the state holds over %d tensors" % MAX_TENSORS)
-        return {"t": len(tensors) - 1}
+    if isinstance(value, walk.torch.Tensor):
+        return _plan_tensor(value, path, walk)
     if isinstance(value, dict):
         items = []
         for key, item in value.items():
@@ -175,11 +225,10 @@ def _plan_value(value: Any, path: str, depth: int, tensors: list, counter: list,
                                                                           -MAX_INT < key < MAX_INT):
                 raise SnapshotTypeError("snapshot.save: %s has a key %r of type %s; a snapshot's dict keys are "
                                         "str or int" % (path, key, type(key).__name__))
-            items.append([key, _plan_value(item, "%s[%r]" % (path, key), depth + 1, tensors, counter, torch)])
+            items.append([key, _plan_value(item, "%s[%r]" % (path, key), depth + 1, walk)])
         return {"d": items}
     if type(value) in (list, tuple):
-        inner = [_plan_value(item, "%s[%d]" % (path, i), depth + 1, tensors, counter, torch)
-                 for i, item in enumerate(value)]
+        inner = [_plan_value(item, "%s[%d]" % (path, i), depth + 1, walk) for i, item in enumerate(value)]
         return inner if type(value) is list else {"u": inner}
     return _plan_scalar(value, path)
 
@@ -207,9 +256,22 @@ def _plan_scalar(value: Any, path: str) -> Any:
                             % (path, type(value).__module__, type(value).__qualname__, _KINDS))
 
 
+def _plan_tensor(value: Any, path: str, walk: _Walk) -> Any:
+    form = None
+    if hasattr(value, "to_local") and hasattr(value, "placements") and hasattr(value, "device_mesh"):
+        from . import dtensors  # torch's side of a DTensor, imported where there is one
+
+        value, form = dtensors.describe(value, path, walk.replicated, walk.meshes, walk.mesh_index)
+    walk.tensors.append((path, _storable_tensor(value, path, walk.torch)))
+    if len(walk.tensors) > MAX_TENSORS:
+        raise SnapshotTypeError("snapshot.save: the state holds over %d tensors" % MAX_TENSORS)
+    index = len(walk.tensors) - 1
+    if form is None:
+        return {"t": index}
+    return {"dt": [index, form.mesh, [list(p) for p in form.placements], list(form.shape), list(form.stride)]}
+
+
 def _storable_tensor(tensor: Any, path: str, torch: Any) -> Any:
-    if hasattr(tensor, "to_local") and hasattr(tensor, "placements"):
-        tensor = tensor.to_local()  # a DTensor: this rank's shard
     if tensor.layout != torch.strided:
         raise SnapshotTypeError("snapshot.save: %s is a %s tensor; a snapshot holds dense (strided) tensors"
                                 % (path, tensor.layout))
@@ -228,9 +290,10 @@ def _dtype_name(tensor: Any) -> str:
 # -- reading -------------------------------------------------------------------------
 
 
-def check(blob: Any, digest: bool = True) -> Decoded:
+def check(blob: Any, digest: bool = True, world: Optional[int] = None) -> Decoded:
     """The digest first (unless ``digest`` is False: a snapshot that never left its node), then every
-    bound; a ``SnapshotError`` names the first thing wrong."""
+    bound; a ``SnapshotError`` names the first thing wrong. With ``world``, a DTensor's mesh must hold
+    every rank of a gang of that size once (a shard of another gang's layout is no shard of this one's)."""
     view = memoryview(blob).cast("B")
     if len(view) < HEADER_BYTES + DIGEST_BYTES or bytes(view[:len(MAGIC)]) != MAGIC:
         raise SnapshotError("not a snapshot (no header)")
@@ -253,9 +316,9 @@ def check(blob: Any, digest: bool = True) -> Decoded:
     if any(view[start + s.offset:start + s.offset + s.nbytes].tobytes().translate(None, b"\0\1")
            for s in specs if s.dtype == "bool"):
         raise SnapshotError("a bool tensor holds a byte other than 0 or 1")
-    tree = manifest.get("tree")
-    rebuild(tree, lambda i: i, len(specs))  # checked whole before any tensor is made
-    return Decoded(step, tree, specs, start)
+    meshes, tree = _meshes(manifest.get("tree"), world)
+    rebuild(tree, _form_check(specs, meshes), len(specs))  # checked whole before any tensor is made
+    return Decoded(step, tree, specs, start, meshes)
 
 
 def _parse(data: bytes) -> Dict[str, Any]:
@@ -308,9 +371,84 @@ def _spec(item: Any, i: int) -> TensorSpec:
     return TensorSpec(dtype, tuple(shape), offset, nbytes)
 
 
-def rebuild(node: Any, tensor: Callable[[int], Any], tensors: int, depth: int = 0,
+TensorMaker = Callable[[int, Optional[DTensorForm]], Any]
+_DEVICE = re.compile(r"[a-z][a-z0-9_]{0,15}\Z")
+MAX_NAME = 64  # a mesh dimension's name
+
+
+def _meshes(tree: Any, world: Optional[int]) -> Tuple[Tuple[MeshForm, ...], Any]:
+    """The meshes a tree names at its root (a state with DTensors), checked, and the state's own tree."""
+    if not (isinstance(tree, dict) and list(tree) == ["ms"]):
+        return (), tree
+    value = tree["ms"]
+    if not (isinstance(value, list) and len(value) == 2 and isinstance(value[0], list)
+            and 0 < len(value[0]) <= MAX_MESHES):
+        raise SnapshotError("the tree's meshes are not a list of 1 to %d beside the state" % MAX_MESHES)
+    return tuple(_mesh(raw, i, world) for i, raw in enumerate(value[0])), value[1]
+
+
+def _mesh(raw: Any, i: int, world: Optional[int]) -> MeshForm:
+    if not (isinstance(raw, list) and len(raw) == 4 and isinstance(raw[0], str) and _DEVICE.match(raw[0])):
+        raise SnapshotError("mesh %d is not [device type, shape, ranks, names]" % i)
+    device, shape, ranks, names = raw
+    if not (_ints(shape, 1, MAX_MESH_RANKS) and 0 < len(shape) <= MAX_DIMS and _ints(ranks, 0, MAX_MESH_RANKS)
+            and len(ranks) == math.prod(shape) <= MAX_MESH_RANKS):
+        raise SnapshotError("mesh %d's shape and ranks do not agree or are out of range" % i)
+    if names is not None and not (isinstance(names, list) and len(names) == len(shape) and all(
+            isinstance(n, str) and 0 < len(n) <= MAX_NAME for n in names)):
+        raise SnapshotError("mesh %d's dimension names are not one short str a dimension" % i)
+    if world is not None and sorted(ranks) != list(range(world)):
+        raise SnapshotError("mesh %d holds ranks %s, not each of this gang's %d once: a shard of another "
+                            "layout" % (i, _brief(ranks), world))
+    return MeshForm(device, tuple(shape), tuple(ranks), tuple(names) if names is not None else None)
+
+
+def _ints(value: Any, low: int, high: int) -> bool:
+    return isinstance(value, list) and all(_is_int(v) and low <= v < high for v in value)
+
+
+def _brief(ranks: List[int]) -> str:
+    return str(ranks) if len(ranks) <= 8 else "[%s, ...] (%d)" % (", ".join(map(str, ranks[:8])), len(ranks))
+
+
+def _dtensor_form(value: Any) -> Tuple[int, DTensorForm]:
+    """A tree's ``{"dt": [index, mesh, placements, shape, stride]}``, its forms checked (the mesh and the
+    shard's own shape, by ``_form_check``)."""
+    if not (isinstance(value, list) and len(value) == 5 and _is_int(value[0]) and _is_int(value[1])
+            and isinstance(value[2], list) and 0 < len(value[2]) <= MAX_DIMS):
+        raise SnapshotError("a DTensor that is not [tensor, mesh, placements, shape, stride]")
+    index, mesh, placements, shape, stride = value
+    if not (_ints(shape, 0, MAX_ELEMENTS) and _ints(stride, 0, MAX_ELEMENTS) and len(shape) == len(stride)
+            <= MAX_DIMS and math.prod(shape) < MAX_ELEMENTS):
+        raise SnapshotError("a DTensor's shape or stride is out of range")
+    for placement in placements:
+        if not (isinstance(placement, list) and placement and placement[0] in PLACEMENTS
+                and len(placement) == 1 + PLACEMENTS[placement[0]] and _ints(placement[1:], 0, MAX_ELEMENTS)
+                and (len(placement) == 1 or placement[1] < len(shape)) and placement[2:] != [0]):
+            raise SnapshotError("a DTensor placement %.40r that a snapshot does not keep" % (placement,))
+    return index, DTensorForm(mesh, tuple(tuple(p) for p in placements), tuple(shape), tuple(stride))
+
+
+def _form_check(specs: Tuple[TensorSpec, ...], meshes: Tuple[MeshForm, ...]) -> TensorMaker:
+    """The check of each DTensor against its mesh and its shard: a shard no larger than the whole."""
+    def tensor(i: int, form: Optional[DTensorForm]) -> int:
+        if form is None:
+            return i
+        if not form.mesh < len(meshes) or len(form.placements) != len(meshes[form.mesh].shape):
+            raise SnapshotError("tensor %d is placed on a mesh the snapshot does not name" % i)
+        local = specs[i].shape
+        if len(local) != len(form.shape) or any(mine > whole for mine, whole in zip(local, form.shape)):
+            raise SnapshotError("tensor %d's shard %s does not fit in its DTensor's shape %s"
+                                % (i, list(local), list(form.shape)))
+        return i
+
+    return tensor
+
+
+def rebuild(node: Any, tensor: TensorMaker, tensors: int, depth: int = 0,
             count: Optional[List[int]] = None) -> Any:
-    """The state from the manifest's tree, ``tensor(i)`` standing for each tensor; strictly bounded."""
+    """The state from the manifest's tree, ``tensor(i, form)`` standing for each tensor (``form`` a
+    DTensor's, else None); strictly bounded."""
     count = count if count is not None else [0]
     count[0] += 1
     if count[0] > MAX_NODES or depth > MAX_DEPTH + 1:
@@ -331,9 +469,14 @@ def rebuild(node: Any, tensor: Callable[[int], Any], tensors: int, depth: int = 
     raise SnapshotError("a tree node of type %s" % type(node).__name__)
 
 
-def _tagged(tag: str, value: Any, tensor: Callable[[int], Any], tensors: int, depth: int, count: List[int]) -> Any:
+def _tagged(tag: str, value: Any, tensor: TensorMaker, tensors: int, depth: int, count: List[int]) -> Any:
     if tag == "t" and _is_int(value) and 0 <= value < tensors:
-        return tensor(value)
+        return tensor(value, None)
+    if tag == "dt":
+        index, form = _dtensor_form(value)
+        if not 0 <= index < tensors:
+            raise SnapshotError("a DTensor names tensor %d of %d" % (index, tensors))
+        return tensor(index, form)
     if tag == "f" and isinstance(value, str) and len(value) == 16:
         try:
             return struct.unpack("!d", bytes.fromhex(value))[0]
@@ -356,20 +499,29 @@ def _tagged(tag: str, value: Any, tensor: Callable[[int], Any], tensors: int, de
     raise SnapshotError("a tree node tagged %.20r that does not hold to its form" % (tag,))
 
 
-def build(blob: Any, decoded: Decoded) -> Tuple[int, Any]:
+DTensorMaker = Callable[[Any, DTensorForm, MeshForm], Any]
+
+
+def build(blob: Any, decoded: Decoded, dtensor: Optional[DTensorMaker] = None) -> Tuple[int, Any]:
     """The state with CPU tensors of their own, copied out of ``blob``: a view into one buffer is not what
     every torch function takes (``torch.set_rng_state`` on one crashed the process), nor what a user
-    keeping one tensor expects to hold the whole snapshot's memory. Once, at a restart."""
+    keeping one tensor expects to hold the whole snapshot's memory. Once, at a restart. A DTensor's
+    shard is handed to ``dtensor`` with its form and mesh (``dtensors.rebuild``); without it, it stays
+    the plain shard."""
     import torch
 
     whole = torch.frombuffer(blob, dtype=torch.uint8) if len(blob) else torch.empty(0, dtype=torch.uint8)
 
-    def tensor(i: int) -> Any:
+    def tensor(i: int, form: Optional[DTensorForm]) -> Any:
         spec = decoded.specs[i]
         dtype = getattr(torch, spec.dtype)
         if spec.nbytes == 0:
-            return torch.empty(spec.shape, dtype=dtype)
-        begin = decoded.data_start + spec.offset
-        return whole[begin:begin + spec.nbytes].view(dtype).view(spec.shape).clone()
+            local = torch.empty(spec.shape, dtype=dtype)
+        else:
+            begin = decoded.data_start + spec.offset
+            local = whole[begin:begin + spec.nbytes].view(dtype).view(spec.shape).clone()
+        if form is None or dtensor is None:
+            return local
+        return dtensor(local, form, decoded.meshes[form.mesh])
 
     return decoded.step, rebuild(decoded.tree, tensor, len(decoded.specs))

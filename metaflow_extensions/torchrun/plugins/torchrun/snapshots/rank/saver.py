@@ -24,9 +24,23 @@ import threading
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from . import codec, memory
+from ...procs.names import RESTART_COUNT_ENV
 from .client import StoreClient, StoreError
 
+def start_of_rank() -> int:
+    """The start (the gang's restart count, or torch's own) this process is of, as the ranks' environment says."""
+    text = os.environ.get(RESTART_COUNT_ENV, "0")
+    return int(text) if text.isdigit() else 0
+
+
 GROWTH = 1.125  # a pinned buffer's room over the snapshot that made it: a step's few more bytes fit
+BUFFERS = 2  # pinned buffers a rank with CUDA state holds: one written out, one taking the next snapshot
+
+
+def pinned_bytes(total: int) -> int:
+    """What a rank's pinned buffers hold for a snapshot of ``total`` bytes, at most: memory of the node's
+    container outside the store, counted in the node's budget."""
+    return BUFFERS * int(total * GROWTH)
 
 
 class HostBuffer:
@@ -120,8 +134,10 @@ class _Pending:
 class Saver:
     """One key's snapshots (``rank-R`` or ``local-L``) from this rank to the store at ``path``."""
 
-    def __init__(self, path: str, key: str, say: Callable[[str], None]) -> None:
+    def __init__(self, path: str, key: str, say: Callable[[str], None], local_ranks: int = 1) -> None:
         self.key = key
+        self.start = start_of_rank()  # the gang's restart this rank is of: its snapshots' timeline
+        self.local_ranks = max(1, local_ranks)  # the node's ranks: its budget is decided for all of them at once
         self._path = path
         self._say = say
         self._planner = StoreClient(path)
@@ -129,6 +145,7 @@ class Saver:
         self._io = threading.Lock()  # the client and the mappings: the training thread's or the copy thread's
         self._maps: Dict[int, Mapped] = {}
         self._planned = 0  # the size the store said fits
+        self._pinned = 0  # the pinned bytes that plan counted
         self.off: Optional[str] = None  # why this rank stopped saving (said once)
         self._refusal_said = False
         self.stored_step: Optional[int] = None  # the newest step the store holds whole from this rank
@@ -138,15 +155,16 @@ class Saver:
         self._pending: Optional[_Pending] = None
         self._thread: Optional[threading.Thread] = None
 
-    def take(self, step: int, state: Any) -> bool:
+    def take(self, step: int, state: Any, replicated: bool = False) -> bool:
         """False when snapshots are off for this rank (said once), or the store did not keep this one (said
-        once); ``SnapshotTypeError`` for what cannot be held."""
-        plan = codec.plan(state)
+        once); ``SnapshotTypeError`` for what cannot be held (``replicated``: a DTensor's shard too)."""
+        plan = codec.plan(state, replicated)
         manifest = codec.manifest_bytes(step, plan.tree, plan.specs)
         start, total = codec.layout(manifest, plan.data_bytes)
-        if self.off is not None or not self._fits(total):
+        cuda = any(t.is_cuda for _, t in plan.tensors)
+        if self.off is not None or not self._fits(total, cuda):
             return False
-        if any(t.is_cuda for _, t in plan.tensors):
+        if cuda:
             return self._queue(step, plan, manifest, start, total)
 
         def fill(target: Mapped) -> None:
@@ -156,20 +174,36 @@ class Saver:
         with self._io:
             return self._write(step, total, fill)
 
-    def _fits(self, total: int) -> bool:
+    def _fits(self, total: int, cuda: bool) -> bool:
+        """Whether the node's store plans for this size (asked again where it grew). A refusal is the node's,
+        for all its ranks at once: said by the rank whose plan made it, once."""
         if total <= self._planned:
             return True
+        pinned = pinned_bytes(total) if cuda else 0
         try:
-            why, _budget = self._planner.plan(self.key, total)
+            why, _budget, said = self._planner.plan(self.key, total, pinned, self.local_ranks)
         except StoreError as e:
-            why = str(e)
+            why, said = str(e), False
         if why is not None:
-            self.off = why
-            self._say("snapshots are off for this rank: %s. Training goes on without them; a restart resumes "
-                      "from your checkpoint" % why)
-            return False
-        self._planned = total
+            return self._turn_off(why, said)
+        self._planned, self._pinned = total, pinned
         return True
+
+    def _turn_off(self, why: str, said: bool) -> bool:
+        self.off = why
+        if not said:
+            self._say("snapshots are off: %s. Training goes on without them; a restart resumes from your "
+                      "checkpoint" % why)
+        return False
+
+    def _node_refused(self) -> bool:
+        """Whether a refused slot is the node's refusal, made since this rank's plan (another rank's grew):
+        then this rank is off too, quietly (the rank that made it said so). Under ``_io``: its client."""
+        try:
+            why, _budget, said = self._client.plan(self.key, self._planned, self._pinned, self.local_ranks)
+        except StoreError:
+            return False
+        return why is not None and not self._turn_off(why, said)
 
     def _write(self, step: int, total: int, fill: Callable[[Mapped], None]) -> bool:
         """A slot from the store, ``fill`` into it, committed: whether the store holds it now."""
@@ -177,10 +211,12 @@ class Saver:
             granted, dropped, why = self._client.slot(self.key, total)
             self._unmap(dropped)
             target = self._mapping(granted) if granted else None
+            if granted is None and self._node_refused():
+                return False
             if granted is None or target is None:
                 return self._not_kept(step, why or "the store named a slot this rank never had")
             fill(target)
-            why = self._client.commit(self.key, granted.slot, step, total) or ""
+            why = self._client.commit(self.key, granted.slot, step, total, self.start) or ""
         except (StoreError, memory.SlotError) as e:
             why = str(e)
         if why:
