@@ -474,6 +474,7 @@ def test_kubernetes_jobset_from_argo_only_json(case, tmp_path, moto):
         job = rjob["template"]["spec"]
         assert (job["completions"], job["parallelism"], job["backoffLimit"]) == (1, 1, 0)
         assert "podFailurePolicy" not in job  # no spares, no min_nodes: a lost pod fails its Job, as Metaflow made it
+    assert "successPolicy" not in manifest["spec"]  # and the JobSet completes with every Job, as Metaflow made it
 
     # No spec.network: JobSet's defaults (DNS hostnames on, a headless service
     # named after the JobSet) are what MF_MASTER_ADDR below relies on.
@@ -628,6 +629,8 @@ def check_lost_workers_back(manifest: Dict) -> None:
         assert job["template"]["spec"]["restartPolicy"] == "Never"  # what the API requires of the policy
         policies[rjob["name"]] = job.get("podFailurePolicy")
     assert policies == {"control": None, "worker": {"rules": [DISRUPTED_POD_RULE]}}
+    # The JobSet completes with its control Job, not with a worker pod that may never come back.
+    assert manifest["spec"]["successPolicy"] == {"operator": "All", "targetReplicatedJobs": ["control"]}
 
 
 def test_kubernetes_jobset_from_argo_of_a_step_with_spares(tmp_path, moto):
@@ -709,6 +712,7 @@ def test_kubernetes_jobset_that_run_submits(torchrun, tmp_path, moto):
         validate_jobset(manifest)
         assert [r["template"]["spec"].get("podFailurePolicy") for r in manifest["spec"]["replicatedJobs"]] == [
             None, None]
+        assert "successPolicy" not in manifest["spec"]
     assert manifest["spec"]["startupPolicy"] == {"startupPolicyOrder": "InOrder"}  # run's, not Argo's
 
 

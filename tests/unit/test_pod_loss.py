@@ -138,6 +138,8 @@ def test_metaflows_own_jobsets_of_a_step_with_spares_or_min_nodes_get_the_rule(s
     assert got  # at least the JobSet of `run`
     for manifest in got.values():
         assert _policies(manifest) == {"control": None, "worker": {"rules": [RULE]}}
+        # Complete with the control Job, not with a worker pod that may never come back.
+        assert manifest["spec"]["successPolicy"] == {"operator": "All", "targetReplicatedJobs": ["control"]}
 
 
 @pytest.mark.parametrize("spares,min_nodes,decorators", [
@@ -149,3 +151,73 @@ def test_metaflows_own_jobsets_of_any_other_step_are_left_alone(spares, min_node
     assert got.pop("registered") is False
     for manifest in got.values():
         assert _policies(manifest) == {"control": None, "worker": None}
+        assert manifest["spec"].get("successPolicy") is None  # every Job, as Metaflow wrote it
+
+
+def _jobset(*jobs: dict) -> dict:
+    return {"kind": "JobSet", "spec": {"replicatedJobs": list(jobs), "successPolicy": None}}
+
+
+def test_the_jobset_of_a_registered_step_completes_with_its_control_job():
+    jobset = _jobset(_job(name="control"), _job())
+    before = copy.deepcopy(jobset)
+    out = pod_loss.with_control_success(jobset, ["train_model"])
+    assert jobset == before  # never changed in place
+    assert out["spec"].pop("successPolicy") == {"operator": "All", "targetReplicatedJobs": ["control"]}
+    before["spec"].pop("successPolicy")
+    assert out == before
+    other = _jobset(_job(name="control"), _job(container="train"))  # another step's
+    assert pod_loss.with_control_success(other, ["train_model"]) == other
+
+
+ARGO_YAML = """apiVersion: jobset.x-k8s.io/v1alpha2
+kind: JobSet
+spec:
+  replicatedJobs:
+  - name: worker
+    replicas: {{=asInt(inputs.parameters.workerCount)}}
+  startupPolicy: null
+  successPolicy: null
+  suspend: false
+"""
+
+
+def test_the_argo_jobsets_text_gets_the_same_policy_where_its_line_is_there_once():
+    yaml = pytest.importorskip("yaml")
+    out = pod_loss.yaml_with_control_success(ARGO_YAML)
+    assert "{{=asInt(inputs.parameters.workerCount)}}" in out  # Argo's template left as it was
+    read = yaml.safe_load(out.replace("{{=asInt(inputs.parameters.workerCount)}}", "2"))
+    assert read["spec"]["successPolicy"] == {"operator": "All", "targetReplicatedJobs": ["control"]}
+    assert read["spec"]["suspend"] is False and read["spec"]["startupPolicy"] is None
+    for text in (ARGO_YAML.replace("  successPolicy: null\n", ""), ARGO_YAML + "  successPolicy: null\n"):
+        assert pod_loss.yaml_with_control_success(text) == text
+
+
+def test_the_control_ends_once_the_others_tasks_are_stored_or_its_wait_is_over(tmp_path, capfd):
+    """Its JobSet completes with its Job and then deletes the others: runtime/step_run.py's wait, on a real
+    local datastore (Metaflow's done marker of the attempt), with a clock of its own."""
+    import os
+
+    from metaflow.datastore import FlowDataStore
+    from metaflow.plugins.datastores.local_storage import LocalStorage
+
+    from metaflow_extensions.torchrun.plugins.torchrun.runtime import step_run
+
+    storage = FlowDataStore("TrainFlow", storage_impl=LocalStorage, ds_root=str(tmp_path))._storage_impl
+    tasks = {1: "7/train/t-worker-0", 2: "7/train/t-worker-1"}
+    now = [0.0]
+
+    def sleep(seconds):
+        now[0] += seconds
+        if now[0] >= 1.0:  # node 1's task stores its artifacts a second in; node 2's never does
+            done = storage.full_uri(storage.path_join("TrainFlow", tasks[1], "3.DONE.lock"))
+            os.makedirs(os.path.dirname(done), exist_ok=True)
+            open(done, "w").close()
+
+    left = step_run.wait_for_tasks_stored(storage, "TrainFlow", tasks, 3, 10.0, clock=lambda: now[0], sleep=sleep)
+    assert left == [2] and now[0] >= 10.0
+    said = "".join(capfd.readouterr())
+    assert said.count("waiting for node 2's task to store its artifacts") == 1, said  # node 1's stored by then
+    assert "node 2's task had not stored its artifacts after 10s" in said, said
+    assert step_run.wait_for_tasks_stored(storage, "TrainFlow", {1: tasks[1]}, 3, 10.0, clock=lambda: 99.0,
+                                          sleep=sleep) == []

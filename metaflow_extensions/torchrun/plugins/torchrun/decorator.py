@@ -183,7 +183,8 @@ class TorchrunDecorator(ParallelDecorator):
         self._knobs, refused = spec.read_settings()  # the launcher's settings, and each task's own: read once
         problems.messages.extend(refused)
         problems.raise_all()
-        _load("kubernetes_spec").keep_lost_workers(step_name, specs, self._spec)  # the JobSet: lost pods back
+        # The JobSet: lost pods back, and it completes with the control's Job.
+        self._ends_with_control = _load("kubernetes_spec").keep_lost_workers(step_name, specs, self._spec)
         if not is_task_process(sys.argv):
             for line in self._spec.notes:  # 0.2's spellings, said once, by the launcher
                 say(line)
@@ -233,6 +234,7 @@ class TorchrunDecorator(ParallelDecorator):
         self._identity = _load("gang.identity").GangIdentity(
             self._flow_name, str(run_id), step_name, str(control_task_id or local_control_task_id(task_id)),
             int(retry_count))
+        self._storage = task_datastore._storage_impl
         self._secret, self._published = _load("gang.secret").for_task(
             task_datastore._storage_impl, self._identity, self._knobs.secret, is_control,
             float(self.attributes["start_timeout"]))
@@ -300,8 +302,8 @@ class TorchrunDecorator(ParallelDecorator):
         self._record_result(flow, retry_count)
         tasks = getattr(flow, "_control_mapper_tasks", None)
         if tasks:  # the control (after its record, which places each node's task by its index)
-            flow._control_mapper_tasks = _load("runtime.step_run").without_not_back(
-                list(tasks), getattr(self, "_session", None))
+            self._kept_tasks = _load("runtime.step_run").kept_tasks(list(tasks), getattr(self, "_session", None))
+            flow._control_mapper_tasks = list(self._kept_tasks.values())
 
     def task_exception(self, exception, step_name, flow, graph, retry_count, max_user_code_retries):
         _log().debug("Metaflow's task_exception reached us")  # after the decorators above ours (@checkpoint's end)
@@ -318,6 +320,11 @@ class TorchrunDecorator(ParallelDecorator):
             if ending is not None:
                 ending.close()
         self._published.withdraw()  # also when the step's code never ran
+        kept = getattr(self, "_kept_tasks", None)
+        if is_task_ok and kept and getattr(self, "_ends_with_control", False) and not _local_runtime():
+            _load("runtime.step_run").wait_for_tasks_stored(
+                self._storage, self._flow_name, {n: t for n, t in kept.items() if n}, int(retry_count),
+                float(self.attributes["start_timeout"]))
         card_exists = self._card is None or card.card_ready(self._card)  # None: rendered in _record_result
         if not is_task_ok and self._card is not None:
             card_exists = card.render_card_now(self._card, retry_count)

@@ -1,6 +1,7 @@
 """The JobSet Metaflow submits for a ``@torchrun`` step on Kubernetes, changed in one place: a step that
-can go on without a node (``spares`` or ``min_nodes``) gets its lost worker pods back
-(``launch/pod_loss.py`` says what and why).
+can go on without a node (``spares`` or ``min_nodes``) gets its lost worker pods back, and its JobSet
+completes with its control Job, not with a pod that may never come back (``launch/pod_loss.py`` says
+what and why).
 
 Metaflow has no hook for the JobSet's spec, so Metaflow's own builder is wrapped, once per process, in
 the process that builds it: ``step_init`` runs in ``kubernetes step <step>`` (``run``, which submits the
@@ -8,12 +9,13 @@ JobSet) and in ``argo-workflows create`` (which writes it into the WorkflowTempl
 builds anything. What is wrapped depends on the Metaflow version, found by feature, not by number:
 
 - 2.12.9 and later: ``kubernetes_jobsets.JobSetSpec.dump``, which makes each replicated job for both
-  ``KubernetesJobSet`` (``run``) and ``KubernetesArgoJobSet`` (Argo Workflows);
+  ``KubernetesJobSet`` (``run``) and ``KubernetesArgoJobSet`` (Argo Workflows), and the ``dump`` of
+  each of those two, which makes the JobSet around them (a dict for ``run``, YAML text for Argo);
 - before: ``KubernetesJobSet.__init__``, which builds the whole manifest into ``_jobset`` (those
   versions compile no ``@parallel`` step for Argo Workflows).
 
-Only the worker Job of a registered step changes; every other Job and JobSet comes back as Metaflow
-made it.
+Only the worker Job and the JobSet of a registered step change; every other Job and JobSet comes
+back as Metaflow made it.
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ from __future__ import annotations
 import functools
 from typing import Any, Callable, FrozenSet, Iterable, Mapping, Set, Tuple
 
-from .launch.pod_loss import wants_lost_pods_back, with_lost_workers_back
+from .launch.pod_loss import (is_worker_of, wants_lost_pods_back, with_control_success, with_lost_workers_back,
+                               yaml_with_control_success)
 
 _MARK = "_torchrun_lost_workers_back"  # on a wrapper: never wrap twice
 
@@ -52,14 +55,31 @@ def _wrap_dump(original: Callable[..., Any], registry: LostWorkersBack) -> Calla
     return dump
 
 
+def _wrap_jobset_dump(original: Callable[..., Any], registry: LostWorkersBack) -> Callable[..., Any]:
+    """``KubernetesJobSet.dump`` (a dict) or ``KubernetesArgoJobSet.dump`` (YAML text)."""
+    @functools.wraps(original)
+    def dump(jobset: Any) -> Any:
+        made = original(jobset)
+        if isinstance(made, Mapping):
+            return with_control_success(made, registry.steps)
+        worker = getattr(jobset, "worker", None)
+        if isinstance(made, str) and worker is not None and is_worker_of(worker.dump(), registry.steps):
+            return yaml_with_control_success(made)
+        return made
+
+    setattr(dump, _MARK, True)
+    return dump
+
+
 def _wrap_init(original: Callable[..., Any], registry: LostWorkersBack) -> Callable[..., Any]:
     @functools.wraps(original)
     def init(jobset: Any, *args: Any, **kwargs: Any) -> None:
         original(jobset, *args, **kwargs)
         manifest = getattr(jobset, "_jobset", None)
         spec = manifest.get("spec") if isinstance(manifest, dict) else None
-        if isinstance(spec, dict) and isinstance(spec.get("replicatedJobs"), list):
+        if isinstance(manifest, dict) and isinstance(spec, dict) and isinstance(spec.get("replicatedJobs"), list):
             spec["replicatedJobs"] = [with_lost_workers_back(r, registry.steps) for r in spec["replicatedJobs"]]
+            jobset._jobset = with_control_success(manifest, registry.steps)
 
     setattr(init, _MARK, True)
     return init
@@ -70,12 +90,20 @@ def install(registry: LostWorkersBack) -> Tuple[str, str]:
     from metaflow.plugins.kubernetes import kubernetes_jobsets as jobsets  # only a Kubernetes step's process
 
     spec_class = getattr(jobsets, "JobSetSpec", None)
-    owner, attribute, wrap = ((spec_class, "dump", _wrap_dump) if spec_class is not None
-                              else (jobsets.KubernetesJobSet, "__init__", _wrap_init))
+    if spec_class is None:
+        _wrap_once(jobsets.KubernetesJobSet, "__init__", _wrap_init, registry)
+        return jobsets.KubernetesJobSet.__name__, "__init__"
+    for owner in (getattr(jobsets, "KubernetesJobSet", None), getattr(jobsets, "KubernetesArgoJobSet", None)):
+        if owner is not None:
+            _wrap_once(owner, "dump", _wrap_jobset_dump, registry)
+    _wrap_once(spec_class, "dump", _wrap_dump, registry)
+    return spec_class.__name__, "dump"
+
+
+def _wrap_once(owner: Any, attribute: str, wrap: Callable[..., Any], registry: LostWorkersBack) -> None:
     current = getattr(owner, attribute)
     if not getattr(current, _MARK, False):
         setattr(owner, attribute, wrap(current, registry))
-    return owner.__name__, attribute
 
 
 REGISTRY = LostWorkersBack()

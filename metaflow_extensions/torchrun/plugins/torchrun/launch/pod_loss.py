@@ -11,6 +11,13 @@ pod again, with the same job index, so the same Metaflow task id, without counti
 Only a disruption: a pod that fails on its own (the task exits non-zero, an OOM kill) still fails the
 Job as before, so a failing task is never restarted in a loop. The control Job keeps Metaflow's
 spec: the control task holds the gang, and its loss ends the step whatever this policy says.
+
+A pod re-created may never run (no node to put it on). The JobSet Metaflow writes has no success
+policy: it completes once every Job does, so it would wait for that pod, and the step with it, for
+good. So the same JobSet completes once its control Job does (the control task ends only after every
+node's task it lists for the join has stored its artifacts, and ends its step without a node that
+never came back); on completion the JobSet controller deletes the Jobs still active, that pod's among
+them. A failed Job still fails the JobSet, as before.
 """
 
 from __future__ import annotations
@@ -18,7 +25,8 @@ from __future__ import annotations
 import copy
 from typing import Any, Dict, Iterable, Mapping, Optional
 
-# The JobSet's replicated job that holds nodes 1..N-1 (Metaflow's name, every version).
+# The JobSet's replicated jobs: node 0's and nodes 1..N-1's (Metaflow's names, every version).
+CONTROL_JOB = "control"
 WORKER_JOB = "worker"
 # The pod condition the API server, the scheduler, the taint manager, the kubelet and the pod garbage
 # collector set on a pod they are about to end for a reason outside it.
@@ -66,13 +74,48 @@ def with_disruption_rule(job_template: Mapping[str, Any]) -> Dict[str, Any]:
     return out
 
 
+def is_worker_of(replicated_job: Any, steps: Iterable[str]) -> bool:
+    """Whether a JobSet ``replicatedJobs`` entry is the worker Job of one of ``steps`` (as the flow spells them)."""
+    if not isinstance(replicated_job, Mapping) or replicated_job.get("name") != WORKER_JOB:
+        return False
+    template = replicated_job.get("template")
+    return isinstance(template, Mapping) and container_step(template) in {k8s_step_name(s) for s in steps}
+
+
 def with_lost_workers_back(replicated_job: Mapping[str, Any], steps: Iterable[str]) -> Dict[str, Any]:
     """A JobSet ``replicatedJobs`` entry, with the disruption rule if it is the worker Job of one of
     ``steps`` (step names as the flow spells them); any other entry comes back as it was."""
-    template = replicated_job.get("template")
-    wanted = {k8s_step_name(s) for s in steps}
-    if replicated_job.get("name") != WORKER_JOB or not isinstance(template, Mapping):
+    if not is_worker_of(replicated_job, steps):
         return dict(replicated_job)
-    if container_step(template) not in wanted:
-        return dict(replicated_job)
-    return dict(replicated_job, template=with_disruption_rule(template))
+    return dict(replicated_job, template=with_disruption_rule(replicated_job["template"]))
+
+
+def control_success() -> Dict[str, Any]:
+    """The JobSet's success policy, as its API spells it: complete once the control Job has."""
+    return {"operator": "All", "targetReplicatedJobs": [CONTROL_JOB]}
+
+
+def with_control_success(jobset: Mapping[str, Any], steps: Iterable[str]) -> Dict[str, Any]:
+    """A copy of a JobSet manifest that completes with its control Job, if its worker Job is one of
+    ``steps``'; any other comes back as it was."""
+    out = copy.deepcopy(dict(jobset))
+    spec = out.get("spec")
+    if not isinstance(spec, dict) or not any(is_worker_of(r, steps) for r in spec.get("replicatedJobs") or ()):
+        return out
+    spec["successPolicy"] = control_success()
+    return out
+
+
+def yaml_with_control_success(text: str) -> str:
+    """The JobSet Metaflow writes for Argo Workflows (YAML with Argo's templates in it, so not read back):
+    its one ``successPolicy: null`` line made the policy above, at the same indent. Unchanged where the
+    line is not there once."""
+    lines = text.split("\n")
+    found = [i for i, line in enumerate(lines) if line.strip() == "successPolicy: null"]
+    if len(found) != 1:
+        return text
+    at = found[0]
+    indent = lines[at][:len(lines[at]) - len(lines[at].lstrip())]
+    block = [indent + "successPolicy:", indent + "  operator: All", indent + "  targetReplicatedJobs:",
+             indent + "  - " + CONTROL_JOB]
+    return "\n".join(lines[:at] + block + lines[at + 1:])

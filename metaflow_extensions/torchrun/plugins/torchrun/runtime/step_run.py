@@ -4,9 +4,11 @@ to say why), leave saying how it ended; ``attempt_facts``: what the record needs
 
 from __future__ import annotations
 
-from typing import Any, Callable, List, Optional, Tuple
+import time
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from metaflow import current
+from metaflow.datastore.task_datastore import TaskDataStore
 
 from ..card import this_card_hash
 from ..cause import CONTROL_GONE
@@ -102,10 +104,51 @@ def attempt_facts(session: Optional[GangSession], tasks: Tuple[str, ...] = ()) -
                         not_back=tuple(client.not_back()) if client is not None and client.speaks_for_gang else ())
 
 
-def without_not_back(tasks: List[str], session: Optional[GangSession]) -> List[str]:
+def kept_tasks(tasks: Sequence[str], session: Optional[GangSession]) -> Dict[int, str]:
     """The control's list of the step's tasks (Metaflow's ``_control_mapper_tasks``, node i at place i, from
-    which the runtime builds the join's inputs) without the nodes that never came back: their tasks never
-    finished, and a join that waited for them would never run."""
+    which the runtime builds the join's inputs), by node, without the nodes that never came back: their
+    tasks never finished, and a join that waited for them would never run."""
     client = session.client if session is not None and session.context.is_control else None
     gone = set(client.not_back()) if client is not None else set()
-    return [task for node, task in enumerate(tasks) if node not in gone]
+    return {node: task for node, task in enumerate(tasks) if node not in gone}
+
+
+# The control says it waits for the others' tasks once it has waited this long.
+STORED_SAY_AFTER = 2.0
+STORED_POLL = 0.5
+
+
+def wait_for_tasks_stored(storage: Any, flow_name: str, tasks: Mapping[int, str], attempt: int, timeout: float,
+                          clock: Callable[[], float] = time.monotonic,
+                          sleep: Callable[[float], None] = time.sleep) -> List[int]:
+    """The control on Kubernetes, as its task ends, where the step's JobSet completes with it (spares or
+    min_nodes: launch/pod_loss.py): the JobSet then deletes the Jobs still running, so this task ends only
+    once every other task it listed for the join (``tasks``: node -> run/step/task) has stored its
+    artifacts (Metaflow's done marker of ``attempt``), ``timeout`` at most. Returns the nodes still not
+    stored."""
+    marker = TaskDataStore.metadata_name_for_attempt(TaskDataStore.METADATA_DONE_SUFFIX, attempt)
+    paths = {node: storage.path_join(flow_name, task, marker) for node, task in sorted(tasks.items())}
+    began, said = clock(), False
+    while True:
+        found = storage.is_file(list(paths.values())) if paths else []
+        paths = {node: path for (node, path), ok in zip(list(paths.items()), found) if not ok}
+        waited = clock() - began
+        if not paths or waited >= timeout:
+            break
+        if not said and waited >= STORED_SAY_AFTER:
+            said = True
+            say("waiting for %s to store %s artifacts before this task ends (on Kubernetes the step's JobSet "
+                "ends with this task), %gs at most" % (*_nodes_words(paths), timeout))
+        sleep(STORED_POLL)
+    if paths:
+        words, their = _nodes_words(paths)
+        say("%s had not stored %s artifacts after %gs: this task ends without waiting longer, and the join "
+            "will not find %s" % (words, their, timeout, "it" if their == "its" else "them"))
+    return sorted(paths)
+
+
+def _nodes_words(nodes: Any) -> Tuple[str, str]:
+    listed = sorted(nodes)
+    if len(listed) == 1:
+        return "node %d's task" % listed[0], "its"
+    return "the tasks of nodes %s" % ", ".join(str(n) for n in listed), "their"
