@@ -183,6 +183,8 @@ def test_a_call_keeps_snapshots_as_the_settings_say(run):
     assert run.snapshots.open() is None  # no gang's secret: no port for peers
     try:
         assert run.snapshots.store is not None and run.snapshots.store.budget == 64 << 20
+        why, _budget = run.snapshots.store.shelf.plan("local-0", 8 << 20, ranks=4)  # 4 x 3 x 8 MB > 64 MB
+        assert why is not None and "budget is 64.0 MB (@torchrun(snapshot_memory=64))" in why, why
         env = run.launch.start(None, 29777, 0).env
         assert env[names.SNAPSHOT_EVERY_ENV] == "25" and env[names.SNAPSHOT_ENV] == run.snapshots.store.path
         held = os.path.dirname(run.snapshots.store.path)

@@ -52,11 +52,22 @@ def test_a_node_without_a_store_is_never_named():
 
 
 def test_the_steps_lost_count_to_the_newest_step_saved_or_reported():
-    from metaflow_extensions.torchrun.plugins.torchrun.runtime.call_snapshots import Resumed, budget_bytes
+    from metaflow_extensions.torchrun.plugins.torchrun.runtime.call_snapshots import Resumed
 
     resumed = Resumed(step=40, source_node=None, newest=40, saved_at=1.0)
     assert resumed.steps_lost() == 0
     assert resumed.steps_lost(reported=47) == 7  # saved every 10 steps: the 7 after the last save are lost
     assert Resumed(40, 2, 45).steps_lost(reported=41) == 5
-    assert budget_bytes(64.0) == 64 << 20 and budget_bytes(0.1, lambda share: int(share * 1000)) == 100
-    assert budget_bytes(None, lambda share: int(share * 1000)) == 250
+
+
+def test_snapshot_memory_sets_the_budget_and_the_refusal_names_it():
+    from metaflow_extensions.torchrun.plugins.torchrun.runtime.call_snapshots import budget_for
+    from metaflow_extensions.torchrun.plugins.torchrun.snapshots.node import Budget
+
+    def room(share):
+        return Budget(int(share * 1000), "%g%% of the room under the container's memory limit" % (share * 100))
+
+    assert budget_for(64.0) == Budget(64 << 20, "@torchrun(snapshot_memory=64)")
+    assert budget_for(0.1, room) == Budget(100, "10% of the room under the container's memory limit, as "
+                                                "@torchrun(snapshot_memory) sets")
+    assert budget_for(None, room).bytes == 250

@@ -154,9 +154,38 @@ def test_a_snapshot_over_the_budget_is_refused_at_the_first_save_naming_both_siz
         assert snapshot.save(0, big) is False
         assert snapshot.save(1, big) is False
         err = capsys.readouterr().err
-        assert err.count("snapshots are off for this rank") == 1
-        assert "a snapshot of 1.0 MB needs" in err and "budget is 1.0 MB" in err
+        assert err.count("snapshots are off: ") == 1
+        assert "a snapshot of 1.0 MB on this node's rank needs" in err and "budget is 1.0 MB" in err
         assert small.shelf.used() == 0
+
+
+def test_a_nodes_ranks_are_refused_together_and_it_is_said_once(tmp_path):
+    """4 local ranks, a budget that holds 2 of them: none saves (a step every rank holds is what a restart
+    resumes from; 2 saving kept memory no restart could use), said once by the rank whose plan decided it."""
+    from metaflow_extensions.torchrun.plugins.torchrun.snapshots.node.shelf import SLOTS_PER_KEY
+    from metaflow_extensions.torchrun.plugins.torchrun.snapshots.rank import memory
+    from metaflow_extensions.torchrun.plugins.torchrun.snapshots.rank.saver import Saver
+
+    state = {"w": torch.zeros(1 << 18)}  # 1 MB of float32
+    said = []
+    with SnapshotStore(str(tmp_path / "node"), budget=2 * SLOTS_PER_KEY * memory.room(1 << 21)) as node:
+        savers = [Saver(node.path, "local-%d" % r, lambda text, r=r: said.append((r, text)), 4) for r in range(4)]
+        assert [saver.take(0, state) for saver in savers] == [False] * 4
+        assert node.shelf.used() == 0 and all(saver.off for saver in savers)
+    assert len(said) == 1 and said[0][0] == 0 and "each of this node's 4 local ranks" in said[0][1], said
+
+
+def test_a_cuda_ranks_pinned_buffers_are_planned_with_its_slots(tmp_path):
+    from metaflow_extensions.torchrun.plugins.torchrun.snapshots.node.shelf import SLOTS_PER_KEY
+    from metaflow_extensions.torchrun.plugins.torchrun.snapshots.rank import memory
+    from metaflow_extensions.torchrun.plugins.torchrun.snapshots.rank.saver import Saver, pinned_bytes
+
+    total = 1 << 20
+    assert pinned_bytes(total) == int(2.25 * total)  # the two buffers the copy thread keeps
+    with SnapshotStore(str(tmp_path / "node"), budget=SLOTS_PER_KEY * memory.room(total) + total) as node:
+        assert Saver(node.path, "rank-0-of-2", print)._fits(total, cuda=False)
+        cuda = Saver(node.path, "rank-1-of-2", print)
+        assert not cuda._fits(total, cuda=True) and "two pinned buffers" in (cuda.off or "")
 
 
 def test_what_cannot_be_stored_is_named_at_save(store):
@@ -215,7 +244,7 @@ def test_without_sealed_memfds_save_says_why_once_and_keeps_nothing(tmp_path, mo
         monkeypatch.setenv(SNAPSHOT_ENV, s.path)
         assert snapshot.save(0, {"w": torch.ones(4)}) is False and snapshot.save(1, {"w": torch.ones(4)}) is False
         err = capsys.readouterr().err
-        assert err.count("snapshots are off for this rank: no sealed memfd here") == 1
+        assert err.count("snapshots are off: no sealed memfd here") == 1
 
 
 def test_device_tensors_are_copied_before_the_trainings_next_kernels(store):
@@ -247,7 +276,7 @@ def test_the_copy_threads_path_commits_the_newest_and_flush_waits_for_it(store, 
         plan = codec.plan(state)
         manifest = codec.manifest_bytes(step, plan.tree, plan.specs)
         start, total = codec.layout(manifest, plan.data_bytes)
-        assert saver._fits(total) and saver._queue(step, plan, manifest, start, total)
+        assert saver._fits(total, cuda=True) and saver._queue(step, plan, manifest, start, total)
         assert len(saver._buffers) <= 2
     assert saver.flush(30) and saver.stored_step == 19 and store.shelf.steps("rank-0-of-1")[-1] == 19
     step, back = snapshot.load(replicated=False)

@@ -16,7 +16,7 @@ import textwrap
 
 import pytest
 
-from metaflow_extensions.torchrun.plugins.torchrun.snapshots.node.shelf import KEEP, SLOTS_PER_KEY, Shelf, default_budget
+from metaflow_extensions.torchrun.plugins.torchrun.snapshots.node.shelf import KEEP, SLOTS_PER_KEY, Shelf, megabytes
 from metaflow_extensions.torchrun.plugins.torchrun.snapshots.node.store import SnapshotStore
 from metaflow_extensions.torchrun.plugins.torchrun.snapshots.rank import codec
 from metaflow_extensions.torchrun.plugins.torchrun.snapshots.rank import memory
@@ -141,21 +141,36 @@ def test_a_slot_being_read_is_neither_reused_nor_closed_until_let_go():
     shelf.clear()
 
 
-def test_a_plan_over_budget_names_both_sizes():
-    shelf = Shelf(budget=450 << 20)
-    assert shelf.plan("local-0", 100 << 20) is None
-    why = shelf.plan("local-1", 60 << 20)
-    assert "a snapshot of 60.0 MB needs 18" in why and "the next being written" in why
-    assert "budget is 450.0 MB" in why and "304.7 MB of it planned for other ranks" in why
-    assert shelf.plan("local-0", 140 << 20) is None  # its own earlier plan is replaced, not added
+def test_the_budget_is_decided_for_all_of_a_nodes_ranks_at_once():
+    """Each of 4 local ranks' plans fits alone; all 4 do not: the first plan refuses for the node, once, both
+    sizes and where the budget came from named; every other rank is refused too (first come, first served let
+    two save a snapshot no step could resume from)."""
+    room = SLOTS_PER_KEY * memory.room(60 << 20)
+    shelf = Shelf(budget=3 * room, source="25% of the room under the container's memory limit")
+    why, made = shelf.plan("local-0", 60 << 20, ranks=4)
+    assert made and "a snapshot of 60.0 MB on each of this node's 4 local ranks needs" in why
+    assert "the newest two copies and the one being written" in why and "budget is %s" % megabytes(3 * room) in why
+    assert "(25% of the room under the container's memory limit)" in why
+    assert [shelf.plan("local-%d" % r, 1 << 20, ranks=4) for r in (1, 2, 3)] == [(why, False)] * 3  # said once
+    assert shelf.begin("local-1", 1 << 20, owner=1) is None and shelf.used() == 0
 
 
-def test_the_default_budget_is_a_share_of_available_memory(tmp_path):
-    meminfo = tmp_path / "meminfo"
-    meminfo.write_text("MemTotal: 8000000 kB\nMemAvailable:    4000000 kB\n")
-    assert default_budget(0.25, str(meminfo)) == 1000000 * 1024
-    assert default_budget(0.25, str(tmp_path / "none")) == 1 << 30
-    assert default_budget() > 0
+def test_a_node_whose_ranks_fit_plans_them_all_and_a_growth_past_it_frees_them_all():
+    shelf = Shelf(budget=4 * SLOTS_PER_KEY * memory.room(10 << 20))
+    assert all(shelf.plan("local-%d" % r, 10 << 20, ranks=4) == (None, False) for r in range(4))
+    for r in range(4):
+        fill(shelf, "local-%d" % r, 1, size=10 << 20)
+    assert shelf.used() > 0
+    why, made = shelf.plan("local-2", 11 << 20, ranks=4)  # an optimizer's state appears on one rank
+    assert made and "4 local ranks" in why and shelf.used() == 0 and shelf.steps("local-0") == []
+    assert shelf.plan("local-0", 10 << 20, ranks=4) == (why, False)
+
+
+def test_a_ranks_pinned_buffers_count_in_the_nodes_budget():
+    slots = SLOTS_PER_KEY * memory.room(10 << 20)
+    assert Shelf(budget=slots).plan("rank-0", 10 << 20, ranks=1) == (None, False)
+    why, made = Shelf(budget=slots).plan("rank-0", 10 << 20, pinned=int(2.25 * (10 << 20)), ranks=1)
+    assert made and "its CUDA state's two pinned buffers, 22.5 MB" in why
 
 
 # -- the store, over its socket --------------------------------------------------------
@@ -226,10 +241,12 @@ def test_a_commit_of_what_is_no_snapshot_is_refused_and_the_previous_stands(stor
 def test_a_put_over_budget_is_refused_and_the_plan_says_so_first(tmp_path):
     with SnapshotStore(str(tmp_path / "s"), budget=40000) as small:
         writer = Writer(small.path)
-        why, budget = writer.client.plan("rank-0", 20000)
-        assert budget == 40000 and "a snapshot of 19.5 KB needs" in why and "budget is 39.1 KB" in why
         assert "over the node's snapshot budget of 40000 bytes" in writer.put("rank-0", 1, snapshot(1, 50000))
         assert writer.put("rank-0", 1, snapshot(1, 1000)) is None  # a smaller one still fits
+        why, budget, said = writer.client.plan("rank-0", 20000, 0, 1)
+        assert budget == 40000 and "a snapshot of 19.5 KB on this node's rank needs" in why and not said
+        assert "budget is 39.1 KB" in why and writer.client.plan("rank-0", 100, 0, 1) == (why, 40000, True)
+        assert writer.put("rank-0", 2, snapshot(2, 1000)) == why and small.shelf.used() == 0  # the node's: off
         writer.close()
 
 
@@ -336,7 +353,7 @@ def test_without_sealed_memfds_snapshots_are_off_with_the_reason(tmp_path, monke
     monkeypatch.setattr(memory, "unavailable", lambda: "no sealed memfd here: snapshots are off")
     with SnapshotStore(str(tmp_path / "s"), budget=1 << 20) as s:
         client = StoreClient(s.path)
-        assert client.plan("rank-0", 1000)[0] == "no sealed memfd here: snapshots are off"
+        assert client.plan("rank-0", 1000, 0, 1)[0] == "no sealed memfd here: snapshots are off"
         assert client.slot("rank-0", 1000)[0] is None and s.shelf.used() == 0
         client.close()
     assert mmap.PAGESIZE == memory.PAGE

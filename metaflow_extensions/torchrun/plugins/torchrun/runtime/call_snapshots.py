@@ -23,7 +23,7 @@ from ..host.workdirs import StepDir
 from ..procs.names import OFF_BY_SETTING, OFF_NO_RESTARTS, OFF_ON_NODE, SNAPSHOT_EVERY_ENV, SNAPSHOTS_OFF_ENV
 
 if TYPE_CHECKING:
-    from ..snapshots.node import SnapshotStore
+    from ..snapshots.node import Budget, SnapshotStore
 
 MB = 1 << 20
 
@@ -44,15 +44,18 @@ class Resumed:
         return max(0, max(self.newest, reported or 0) - self.step)
 
 
-def budget_bytes(memory: Optional[float], available: Optional[Callable[[float], int]] = None) -> int:
-    """``@torchrun(snapshot_memory)``: MB (> 1), a share of the host's available memory (<= 1), or the default."""
-    if available is None:
-        from ..snapshots.node import default_budget
+def budget_for(memory: Optional[float], share_of: Optional[Callable[[float], "Budget"]] = None) -> "Budget":
+    """``@torchrun(snapshot_memory)``: MB (> 1), a share of the room the container has (<= 1), or the
+    default share; the budget says where it came from (a refusal names it)."""
+    from ..snapshots import node
 
-        available = default_budget
+    reader = share_of or node.share_of
     if memory is None:
-        return available(DEFAULTS.SNAPSHOT_MEMORY_SHARE)
-    return int(memory * MB) if memory > 1 else available(memory)
+        return reader(DEFAULTS.SNAPSHOT_MEMORY_SHARE)
+    if memory > 1:
+        return node.Budget(int(memory * MB), "@torchrun(snapshot_memory=%d)" % memory)
+    found = reader(memory)
+    return node.Budget(found.bytes, "%s, as @torchrun(snapshot_memory) sets" % found.source)
 
 
 class CallSnapshots:
@@ -82,7 +85,7 @@ class CallSnapshots:
 
         try:
             self._directory = StepDir(self.base)  # a socket path of any length binds (host/unix_socket.py)
-            self.store = SnapshotStore(self._directory.path, budget=budget_bytes(self.memory),
+            self.store = SnapshotStore(self._directory.path, budget=budget_for(self.memory),
                                        peer=self._key(), host=self.bind)
         except OSError as e:  # no room for a socket, or a platform without it: training goes on without
             say("call %d: in-memory snapshots are off on this node: %s" % (self.index + 1, e))

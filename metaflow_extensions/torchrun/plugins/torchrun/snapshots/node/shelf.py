@@ -10,6 +10,9 @@ a writer killed half-way leaves the key's snapshots as they were, its slot back 
 
 Every slot counts against the budget from its creation, whatever it holds, so the budget holds
 however often ranks save; to make room for a key its spare and oldest slots go, never its newest.
+The budget (``budget``: the container's, not the host's) is decided for all the node's local ranks at
+once (``plan``): they all save, or none does, said once. A step resumes only from a snapshot every rank
+holds, so some ranks saving while the others were refused kept memory no restart could use.
 A slot being read (a push, a fetch, a load: ``pin``) is neither reused nor closed until it is let go.
 """
 
@@ -35,18 +38,6 @@ def megabytes(n: int) -> str:
     if n < _MB:
         return "%.1f KB" % (n / 1024)
     return "%.1f MB" % (n / _MB) if n < 1024 * _MB else "%.2f GB" % (n / (1024 * _MB))
-
-
-def default_budget(fraction: float = 0.25, meminfo: str = "/proc/meminfo") -> int:
-    """A quarter of the memory the host has available now (1 GiB where that cannot be read)."""
-    try:
-        with open(meminfo) as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(int(line.split()[1]) * 1024 * fraction)
-    except (OSError, ValueError, IndexError):
-        pass
-    return 1 << 30
 
 
 Source = Tuple[int, int]  # (the peer's index in the store's peers, its node index)
@@ -81,37 +72,52 @@ class Slot:
 class Shelf:
     """Thread-safe: every rank's connection, the peers' and the pusher share it."""
 
-    def __init__(self, budget: int) -> None:
+    def __init__(self, budget: int, source: str = "") -> None:
         if budget < 0:
             raise ValueError("a snapshot budget is a number of bytes, not %d" % budget)
         self.budget = budget
+        self.source = source  # where the budget came from, for a person
+        self._off: Optional[str] = None  # the node's refusal, once made: every local rank's, for the call
         self._lock = threading.Lock()
         self._kept: Dict[str, List[Slot]] = {}  # oldest first
         self._writing: Dict[int, Slot] = {}  # slot id -> slot being written
         self._free: Dict[str, List[Slot]] = {}
         self._doomed: List[Slot] = []  # dropped while read: closed when let go
-        self._planned: Dict[str, int] = {}  # key -> the size its rank said it saves
+        self._planned: Dict[str, int] = {}  # key -> the bytes its rank needs (``plan``)
         self._ids = itertools.count(1)
         self._alive: Set[int] = set()
 
-    def plan(self, key: str, size: int) -> Optional[str]:
-        """None if a key's snapshots of ``size`` fit (its three slots); else why not, both sizes named."""
-        need = SLOTS_PER_KEY * memory.room(size)
+    def plan(self, key: str, size: int, pinned: int = 0, ranks: int = 1) -> Tuple[Optional[str], bool]:
+        """(None if the node's ranks' snapshots fit, else why not; whether this call made the refusal). One
+        decision for the node's ``ranks`` local ranks, each taken to need what the largest planned so far
+        does: ``size``'s three slots here and ``pinned`` bytes of its own (its CUDA state's pinned buffers,
+        memory of the same container). A refusal holds for every rank of the node from then on, and
+        frees what its ranks hold: a step no rank can resume from is no use to keep."""
+        need = SLOTS_PER_KEY * memory.room(size) + pinned
         with self._lock:
-            others = sum(SLOTS_PER_KEY * memory.room(s) for k, s in self._planned.items() if k != key)
-            if others + need > self.budget:
-                return ("a snapshot of %s needs %s in this node's memory (the newest two complete copies and the "
-                        "next being written), and the node's snapshot budget is %s%s"
-                        % (megabytes(size), megabytes(need), megabytes(self.budget),
-                           ", %s of it planned for other ranks" % megabytes(others) if others else ""))
-            self._planned[key] = size
-            return None
+            if self._off is not None:
+                return self._off, False
+            each = max([need] + [n for k, n in self._planned.items() if k != key])
+            count = max(ranks, len(set(self._planned) | {key}))
+            if count * each <= self.budget:
+                self._planned[key] = need
+                return None, False
+            self._off = refusal(size, pinned, count, count * each, self.budget, self.source)
+            for own in list(self._planned) + [key]:
+                self._forget(own)
+            return self._off, True
+
+    def _forget(self, key: str) -> None:
+        for slot in self._kept.pop(key, []) + self._free.pop(key, []):
+            self._drop(slot)
 
     def begin(self, key: str, size: int, owner: Optional[int] = None) -> Optional[Slot]:
         """A slot for ``size`` bytes to be written (by ``owner``'s rank, or a peer's copy), or None: over
         budget even with the key's spare and older slots dropped. A rank asking again for a key takes over
         the slot the key's earlier writer left unfinished (a rank restarted: its predecessor's is void)."""
         with self._lock:
+            if owner is not None and self._off is not None:
+                return None
             if owner is not None:
                 for left in [s for s in self._writing.values() if s.key == key and s.owner is not None]:
                     self._release(left)
@@ -161,6 +167,9 @@ class Shelf:
                 raise ValueError("slot %d is not being written, or %d bytes do not fit it" % (slot.id, size))
             slot.step, slot.size, slot.source, slot.owner = step, size, source, None
             slot.saved_at = time.time()
+            if self._off is not None and source is None:  # a rank's save begun before the node's refusal
+                self._drop(slot)
+                return
             kept = self._kept.get(slot.key, [])
             for old in [h for h in kept if h.step >= step]:
                 self._release(old, kept)
@@ -237,6 +246,12 @@ class Shelf:
         with self._lock:
             return len(self._writing)
 
+    @property
+    def off(self) -> Optional[str]:
+        """The node's refusal (its ranks keep no snapshots), once made."""
+        with self._lock:
+            return self._off
+
     def used(self) -> int:
         with self._lock:
             return self._used()
@@ -258,8 +273,21 @@ class Shelf:
             self._doomed.clear()
             self._planned.clear()
             self._alive.clear()
+            self._off = None
         for slot in slots:
             slot.close()
+
+
+def refusal(size: int, pinned: int, ranks: int, need: int, budget: int, source: str) -> str:
+    """The node's one refusal: both sizes, what the need is made of, and where the budget came from."""
+    per_rank = "the newest two copies and the one being written, %s%s" % (
+        megabytes(SLOTS_PER_KEY * memory.room(size)),
+        "; its CUDA state's two pinned buffers, %s" % megabytes(pinned) if pinned else "")
+    ranks_said = "each of this node's %d local ranks" % ranks if ranks > 1 else "this node's rank"
+    return ("a snapshot of %s on %s needs %s of the node's memory in all (a rank: %s), and the node's snapshot "
+            "budget is %s%s: no rank of this node keeps snapshots" % (
+                megabytes(size), ranks_said, megabytes(need), per_rank, megabytes(budget),
+                " (%s)" % source if source else ""))
 
 
 def view(slot: Slot) -> memoryview:

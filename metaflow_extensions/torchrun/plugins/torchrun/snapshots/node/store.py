@@ -28,15 +28,17 @@ import os
 import socket
 import sys
 import threading
-from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple, Union
 
+from ...base import defaults as DEFAULTS
 from ...host.private import make_private
 from ...host.unix_socket import bind_unix
 from ...procs.names import SNAPSHOT_ENV
 from ..rank import codec, memory, wire
 from .peer import Address, Listener, PeerKey, PeerRefused, connect, fetch, stop_listening
 from .pusher import Pusher
-from .shelf import Shelf, Slot, Source, default_budget
+from .budget import Budget, share_of
+from .shelf import Shelf, Slot, Source
 
 SOCKET_NAME = "snapshot.sock"
 MAX_STEP = 1 << 53
@@ -47,14 +49,18 @@ def _say(text: str) -> None:
 
 
 class SnapshotStore:
-    """``directory``: a private directory of the task's (made 0700 if new); ``budget``: bytes (default: a
-    quarter of the host's available memory); ``peer``: the gang's secret and this node's index, to
-    replicate; ``host``: the address its peers reach it at (``port``: theirs to read)."""
+    """``directory``: a private directory of the task's (made 0700 if new); ``budget``: bytes, or bytes and
+    where they came from (default: a share of the memory the container has room for, ``budget.share_of``);
+    ``peer``: the gang's secret and this node's index, to replicate; ``host``: the address its peers reach
+    it at (``port``: theirs to read)."""
 
-    def __init__(self, directory: str, budget: Optional[int] = None, peer: Optional[PeerKey] = None,
+    def __init__(self, directory: str, budget: Optional[Union[int, Budget]] = None, peer: Optional[PeerKey] = None,
                  host: str = "0.0.0.0", buddy: Optional[Address] = None, peers: Sequence[Address] = (),
                  say: Callable[[str], None] = _say) -> None:
-        self.shelf = Shelf(default_budget() if budget is None else budget)
+        if budget is None:
+            budget = share_of(DEFAULTS.SNAPSHOT_MEMORY_SHARE)
+        chosen = budget if isinstance(budget, Budget) else Budget(budget, "")
+        self.shelf = Shelf(chosen.bytes, chosen.source)
         self.path = os.path.join(make_private(directory), SOCKET_NAME)
         self._say = say
         self._peer = peer
@@ -164,9 +170,13 @@ class SnapshotStore:
         elif op == "commit":
             why = self._commit(conn, key, header)
             wire.send_frame(sock, {"ok": why is None, "why": why or ""})
-        elif op == "plan":
-            why = self._off or self.shelf.plan(key, wire.int_field(header, "size", 0, 1 << 48))
-            wire.send_frame(sock, {"ok": why is None, "why": why or "", "budget": self.budget})
+        elif op == "plan":  # the node's one decision for all its local ranks (``Shelf.plan``)
+            why, made = self._off, True
+            if why is None:
+                why, made = self.shelf.plan(key, wire.int_field(header, "size", 0, 1 << 48),
+                                            wire.int_field(header, "pinned", 0, 1 << 50),
+                                            wire.int_field(header, "ranks", 1, 1 << 16))
+            wire.send_frame(sock, {"ok": why is None, "why": why or "", "budget": self.budget, "said": not made})
         elif op == "steps":
             source = self._fetch_missing(key)
             wire.send_frame(sock, {"steps": self.shelf.steps(key), "from": source[0] if source else None,
@@ -177,7 +187,7 @@ class SnapshotStore:
             raise wire.WireError("an unknown request")
 
     def _slot(self, sock: socket.socket, conn: "_Conn", key: str, size: int) -> None:
-        why = self._off or "over the node's snapshot budget of %d bytes" % self.budget
+        why = self._off or self.shelf.off or "over the node's snapshot budget of %d bytes" % self.budget
         try:
             slot = None if self._off else self.shelf.begin(key, size, owner=conn.id)
         except OSError as e:  # no memory for a memfd, or no fd left: this save is not kept, the next may be

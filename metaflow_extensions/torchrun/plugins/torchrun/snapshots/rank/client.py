@@ -73,11 +73,13 @@ class StoreClient:
         except OSError as e:
             raise self._broken(e) from None
 
-    def plan(self, key: str, size: int) -> Tuple[Optional[str], int]:
-        """(None or why a snapshot of ``size`` does not fit, the store's budget)."""
-        answer = self._ask({"op": "plan", "key": key, "size": size})
+    def plan(self, key: str, size: int, pinned: int, ranks: int) -> Tuple[Optional[str], int, bool]:
+        """(None or why the node's ``ranks`` local ranks' snapshots of ``size`` do not fit, each also holding
+        ``pinned`` bytes of its own; the store's budget; whether another rank of the node said why already)."""
+        answer = self._ask({"op": "plan", "key": key, "size": size, "pinned": pinned, "ranks": ranks})
         why, budget = answer.get("why"), answer.get("budget")
-        return (None if answer.get("ok") is True else str(why)[:1000]), budget if isinstance(budget, int) else 0
+        return ((None if answer.get("ok") is True else str(why)[:1000]), budget if isinstance(budget, int) else 0,
+                answer.get("said") is True)
 
     def slot(self, key: str, size: int) -> Tuple[Optional[Granted], List[int], str]:
         """(a slot of at least ``size`` bytes or None, the slots closed since, why there is none)."""
