@@ -281,3 +281,42 @@ def test_the_copy_threads_path_commits_the_newest_and_flush_waits_for_it(store, 
     assert saver.flush(30) and saver.stored_step == 19 and store.shelf.steps("rank-0-of-1")[-1] == 19
     step, back = snapshot.load(replicated=False)
     assert step == 19 and float(back["w"][-1]) == 19.0
+
+
+TWO_RANKS_LOAD = textwrap.dedent("""
+    import json, os, sys, torch, torch.distributed as dist
+    from metaflow_extensions.torchrun.plugins.torchrun.snapshots.rank import api as snapshot
+    dist.init_process_group("gloo", init_method="file://" + sys.argv[1], rank=int(os.environ["RANK"]), world_size=2)
+    step, state = snapshot.load()
+    print(json.dumps([step, int(state["start"])]), flush=True)
+    dist.destroy_process_group()
+""")
+
+
+def test_two_ranks_resume_from_one_start_never_a_step_two_starts_left(store, tmp_path, monkeypatch):
+    """Both ranks saved steps 4 and 5 in start 0; start 1 resumed at 4, local rank 0 saved step 5 again (its
+    start 0's 5 replaced) and local rank 1 died in its save of 5 (start 0's kept). Each holds a step 5, of two
+    starts: two real gloo ranks load the step 4 they share (start 0's), not each its own step 5 (DDP replicas
+    off in their last bits, then drifting apart)."""
+    def saves(local_rank, start, steps):
+        snapshot._savers.clear()
+        monkeypatch.setenv("LOCAL_RANK", str(local_rank))
+        monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", str(start))
+        for step in steps:
+            assert snapshot.save(step, {"start": torch.tensor(start), "w": torch.full((8,), float(step))})
+
+    saves(0, 0, (4, 5))
+    saves(1, 0, (4, 5))
+    saves(0, 1, (5,))
+    snapshot._savers.clear()
+    assert store.shelf.held("local-0") == [(0, 4), (1, 5)] and store.shelf.held("local-1") == [(0, 4), (0, 5)]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path), TORCHELASTIC_RESTART_COUNT="2", WORLD_SIZE="2")
+    procs = [subprocess.Popen([sys.executable, "-c", TWO_RANKS_LOAD, str(tmp_path / "rdzv")], stdout=subprocess.PIPE,
+                              env=dict(env, RANK=str(r), LOCAL_RANK=str(r))) for r in (0, 1)]
+    try:
+        out = [p.communicate(timeout=120)[0].decode() for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+    assert [p.returncode for p in procs] == [0, 0] and out == ["[4, 0]\n", "[4, 0]\n"], out

@@ -118,7 +118,7 @@ def test_a_push_with_a_forged_frame_or_body_is_dropped_unread(stores):
     key = peer.PeerKey(SECRET, GANG, 1)
     blob = snapshot(4, 5000)  # sealed: its trailer is its digest
     push = {"op": "push", "key": "rank-1", "step": 4, "size": len(blob)}
-    body = {"key": "rank-1", "step": 4, "size": len(blob), "sha256": hashlib.sha256(blob[:-32]).hexdigest()}
+    body = {"key": "rank-1", "step": 4, "start": 0, "size": len(blob), "sha256": hashlib.sha256(blob[:-32]).hexdigest()}
 
     channel = peer.connect(key, address(node))  # a header changed after it was MACed: dropped at once
     signed = dict(push, mac=channel._mac(channel._out, 0, push), step=5)
@@ -173,3 +173,26 @@ def test_a_newer_snapshot_supersedes_one_not_yet_sent(stores):
     assert buddy.shelf.steps("rank-0")[-1] == 29
     assert node._pusher.pushed <= 30
     assert len(buddy.shelf._slots()) <= 3 and len(node.shelf._slots()) <= 3  # three slots a key, reused
+
+
+def test_a_copy_keeps_its_start_and_a_buddy_of_another_gang_size_takes_no_shard_of_the_old(stores):
+    """The buddy's copy, and a spare's fetch of it, are the start's that took it (a spare's ranks agree with
+    the others on (start, step)); once the buddy's own ranks train at 4, a late push of a 6-rank shard is
+    refused, so a gang grown back to 6 finds none of before its shrink there."""
+    buddy = stores(1)
+    node = stores(0, buddy=address(buddy))
+    writer = Writer(node.path)
+    assert writer.put("rank-2-of-6", 7, snapshot(7, sealed=False), start=3) is None
+    assert node.replicated(timeout=30) and buddy.shelf.held("rank-2-of-6") == [(3, 7)]
+    spare = stores(2, peers=[address(buddy)])
+    client = StoreClient(spare.path)
+    assert client.held("rank-2-of-6") == [(3, 7)] and client.get("rank-2-of-6", 7, start=2) is None
+    client.close()
+    buddy_rank = StoreClient(buddy.path)
+    assert buddy_rank.held("rank-0-of-4") == []  # the buddy's ranks train at 4 now: its 6-rank shards go
+    assert buddy.shelf.held("rank-2-of-6") == []
+    assert writer.put("rank-2-of-6", 8, snapshot(8, sealed=False), start=3) is None
+    assert node.replicated(timeout=30) and buddy.shelf.held("rank-2-of-6") == []
+    assert "no longer train at" in node.said[0]
+    buddy_rank.close()
+    writer.close()

@@ -47,7 +47,7 @@ class Writer:
         self.maps = {}
         self.granted = []
 
-    def put(self, key, step, blob, commit=True):
+    def put(self, key, step, blob, commit=True, start=0):
         granted, dropped, why = self.client.slot(key, len(blob))
         for ident in dropped:
             self.maps.pop(ident).close()
@@ -58,7 +58,7 @@ class Writer:
             self.maps[granted.slot] = memory.map_shared(granted.fd, granted.capacity)
             os.close(granted.fd)
         self.maps[granted.slot][:len(blob)] = bytes(blob)
-        return self.client.commit(key, granted.slot, step, len(blob)) if commit else granted
+        return self.client.commit(key, granted.slot, step, len(blob), start) if commit else granted
 
     def close(self):
         for m in self.maps.values():
@@ -394,3 +394,43 @@ def test_the_store_says_when_the_current_starts_ranks_first_saved_and_not_a_peer
     assert store.first_saved_at() == first
     store.new_start()
     assert store.first_saved_at() is None
+
+
+# -- one timeline: a snapshot is its start's, and a gang of another size drops the others' shards ---------
+
+
+def test_a_step_left_by_two_starts_is_told_apart_by_its_start(store, writer):
+    """A rank killed in its save of step 5 in start 1 keeps start 0's step 5, while the ranks that saved it
+    again hold start 1's: each is held, named and read as its start's, never as the other's."""
+    for step in (4, 5):
+        assert writer.put("local-0", step, snapshot(step, sealed=False, fill=step), start=0) is None
+        assert writer.put("local-1", step, snapshot(step, sealed=False, fill=step), start=0) is None
+    assert writer.put("local-0", 5, snapshot(5, sealed=False, fill=50), start=1) is None
+    assert writer.client.held("local-0") == [(0, 4), (1, 5)] and writer.client.held("local-1") == [(0, 4), (0, 5)]
+    assert writer.client.get("local-0", 5, start=0) is None  # start 0's step 5 was replaced here
+    assert writer.client.get("local-0", 5, start=1).blob[-33] == 50
+    assert writer.client.get("local-1", 5, start=0).blob[-33] == 5 and writer.client.get("local-1", 5, 1) is None
+
+
+def test_a_gang_of_another_size_drops_the_other_sizes_shards_and_returns_their_memory(tmp_path):
+    said = []
+    store = SnapshotStore(str(tmp_path / "s"), budget=1 << 24, say=said.append)
+    writer = Writer(store.path)
+    try:
+        for key in ("rank-0-of-6", "rank-1-of-6", "local-0"):
+            for step in (1, 2, 3):
+                assert writer.put(key, step, snapshot(step, 100000, sealed=False)) is None
+        before = store.shelf.used()
+        assert writer.client.held("rank-0-of-4") == []  # the shrunk gang's first ask
+        assert store.shelf.steps("rank-0-of-6") == store.shelf.steps("rank-1-of-6") == []
+        assert store.shelf.steps("local-0") == [2, 3]  # replicated state serves any size
+        assert store.shelf.used() == before * 1 // 3 and store.sharded()[1:] == (4, {4, 6})
+        assert said == ["the gang's ranks are 4 now, not 6: this node's snapshots of other sizes are dropped "
+                        "(624.0 KB returned)"]
+        assert writer.put("rank-0-of-4", 7, snapshot(7, sealed=False)) is None
+        assert store.sharded()[0] and writer.client.held("rank-0-of-6") == []  # and back at 6: nothing of before
+        assert store.shelf.steps("rank-0-of-4") == []
+    finally:
+        writer.close()
+        store.close()
+

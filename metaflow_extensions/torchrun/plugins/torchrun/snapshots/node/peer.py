@@ -17,16 +17,18 @@ import hmac
 import socket
 import threading
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from ...gang import auth
 from ..rank import codec, wire
 from .shelf import Shelf, Slot, Source, view
 
-PROTOCOL = 1
+PROTOCOL = 2  # 2: a snapshot names the start that took it
 HANDSHAKE_TIMEOUT = 5.0
 IO_TIMEOUT = 60.0  # a snapshot of GBs on a slow link
 Address = Tuple[str, int]
+MAX_START = 1 << 31
+Admits = Callable[[str], bool]  # whether a peer's copy of a key is taken (a shard of another world size is not)
 
 
 class PeerRefused(ConnectionError):
@@ -95,7 +97,8 @@ class Channel:
         """A pinned slot's snapshot: its digest computed now, in the MACed header and as its trailer."""
         with view(slot) as body:
             digest = codec.digest_of(body, slot.size)
-            self.send({"key": slot.key, "step": slot.step, "size": slot.size, "sha256": digest.hex()})
+            self.send({"key": slot.key, "step": slot.step, "start": slot.start, "size": slot.size,
+                       "sha256": digest.hex()})
             self.sock.sendall(body[:slot.size - codec.DIGEST_BYTES])
             self.sock.sendall(digest)
 
@@ -180,14 +183,19 @@ def push(channel: Channel, slot: Slot) -> Optional[str]:
 
 def fetch(channel: Channel, key: str, shelf: Shelf, index: int) -> Optional[int]:
     """Every snapshot the peer holds for ``key``, oldest first, each checked against its digest and kept on
-    ``shelf`` as from ``(index, the peer's node)``; that node, or None where the peer holds none."""
+    ``shelf`` as from ``(index, the peer's node)``, with the start that took it; that node, or None where the
+    peer holds none."""
     channel.send({"op": "steps", "key": key})
     answer = channel.recv() or {}
-    steps, node = answer.get("steps"), answer.get("node")
-    if not isinstance(steps, list) or len(steps) > 8 or isinstance(node, bool) or not isinstance(node, int):
+    held, node = answer.get("held"), answer.get("node")
+    if not isinstance(held, list) or len(held) > 8 or isinstance(node, bool) or not isinstance(node, int):
         raise PeerRefused("a steps answer that is not a short list and a node")
-    for step in steps:
-        channel.send({"op": "fetch", "key": key, "step": step})
+    for pair in held:
+        if not isinstance(pair, list) or len(pair) != 2:
+            raise PeerRefused("a steps answer whose snapshots are not (start, step)")
+        start = wire.int_field({"start": pair[0]}, "start", 0, MAX_START)
+        step = wire.int_field({"step": pair[1]}, "step", 0, 1 << 53)
+        channel.send({"op": "fetch", "key": key, "step": step, "start": start})
         header = channel.recv() or {}
         if header.get("size") is None:
             continue  # dropped since it answered
@@ -197,7 +205,7 @@ def fetch(channel: Channel, key: str, shelf: Shelf, index: int) -> Optional[int]
             raise PeerRefused("a copy of %d bytes is over this node's snapshot budget (%d of %d bytes in use)"
                               % (size, shelf.used(), shelf.budget))
         _receive(channel, shelf, slot, key, header, (index, node))
-    return node if steps else None
+    return node if held else None
 
 
 def _receive(channel: Channel, shelf: Shelf, slot: Slot, key: str, header: Dict[str, Any],
@@ -207,37 +215,42 @@ def _receive(channel: Channel, shelf: Shelf, slot: Slot, key: str, header: Dict[
         if header.get("key") != key:
             raise PeerRefused("a copy of another key than asked")
         step = wire.int_field(header, "step", 0, 1 << 53)
+        start = wire.int_field(header, "start", 0, MAX_START)
         size = wire.int_field(header, "size", 64, slot.capacity)
         with memoryview(slot.map) as whole:
             channel.recv_snapshot(header, whole[:size])
     except BaseException:
         shelf.abandon(slot)
         raise
-    shelf.finish(slot, step, size, source)
+    shelf.finish(slot, step, size, source, start)
 
 
 # -- the server's side ----------------------------------------------------------------
 
 
-def serve(channel: Channel, shelf: Shelf) -> None:
-    """Answer one authenticated peer until it closes; any broken frame ends the connection."""
+def serve(channel: Channel, shelf: Shelf, admits: Optional[Admits] = None) -> None:
+    """Answer one authenticated peer until it closes; any broken frame ends the connection. ``admits``: whether
+    a push of a key is taken (a shard of a world size the ranks left is refused)."""
     while True:
         header = channel.recv()
         if header is None:
             return
         op, key = header.get("op"), wire.key_field(header)
-        if op == "push":
+        if op == "push" and admits is not None and not admits(key):
+            channel.send({"go": False, "why": "%s is of a gang size this node's ranks no longer train at" % key})
+        elif op == "push":
             _take_push(channel, shelf, key, header)
         elif op == "steps":
-            channel.send({"steps": shelf.steps(key), "node": channel.node})
+            channel.send({"held": [list(h) for h in shelf.held(key)], "node": channel.node})
         elif op == "fetch":
-            _send_copy(channel, shelf, key, wire.int_field(header, "step", 0, 1 << 53))
+            _send_copy(channel, shelf, key, wire.int_field(header, "step", 0, 1 << 53),
+                       wire.int_field(header, "start", 0, MAX_START))
         else:
             raise PeerRefused("an unknown request")
 
 
-def _send_copy(channel: Channel, shelf: Shelf, key: str, step: int) -> None:
-    slot = shelf.pin(key, step)
+def _send_copy(channel: Channel, shelf: Shelf, key: str, step: int, start: int) -> None:
+    slot = shelf.pin(key, step, start)
     if slot is None:
         channel.send({"size": None})
         return
@@ -268,8 +281,9 @@ def _take_push(channel: Channel, shelf: Shelf, key: str, header: Dict[str, Any])
 class Listener:
     """The store's TCP port for its peers: a thread per connection, each authenticated first."""
 
-    def __init__(self, shelf: Shelf, key: PeerKey, host: str = "0.0.0.0", port: int = 0) -> None:
-        self._shelf, self._key = shelf, key
+    def __init__(self, shelf: Shelf, key: PeerKey, host: str = "0.0.0.0", port: int = 0,
+                 admits: Optional[Admits] = None) -> None:
+        self._shelf, self._key, self._admits = shelf, key, admits
         self._sock = socket.create_server((host, port), backlog=16)
         self.port = self._sock.getsockname()[1]
         self._closed = threading.Event()
@@ -289,7 +303,7 @@ class Listener:
 
     def _one(self, sock: socket.socket) -> None:
         try:
-            serve(accept(sock, self._key), self._shelf)
+            serve(accept(sock, self._key), self._shelf, self._admits)
         except (OSError, wire.WireError, PeerRefused):
             pass  # a stranger, a broken frame or a peer gone: dropped, nothing kept
         finally:

@@ -8,6 +8,12 @@ slot being written: three slots in the steady state, handed out again in turn, s
 memory and maps nothing new. A slot being written is no snapshot until it is committed (``finish``):
 a writer killed half-way leaves the key's snapshots as they were, its slot back on the free list.
 
+A snapshot is known by its start and its step (``Held``): the ranks' start (the gang's restart count)
+that took it. Two starts can each leave a step S on different ranks (a rank killed in its save of S in
+start k keeps k's S, while the others' saves of S in start k+1 replace theirs); a load resumes only from
+a (start, step) every rank holds, so never from two timelines at once. Sharded keys name their world
+size (``rank-R-of-W``): at a start of another size, ``drop_worlds`` returns the memory of the others.
+
 Every slot counts against the budget from its creation, whatever it holds, so the budget holds
 however often ranks save; to make room for a key its spare and oldest slots go, never its newest.
 The budget (``budget``: the container's, not the host's) is decided for all the node's local ranks at
@@ -24,7 +30,7 @@ import threading
 import time
 from typing import Dict, Iterable, List, Optional, Set, Tuple
 
-from ..rank import memory
+from ..rank import memory, wire
 
 KEEP = 2
 SLOTS_PER_KEY = KEEP + 1  # the two kept and the one being written
@@ -41,6 +47,7 @@ def megabytes(n: int) -> str:
 
 
 Source = Tuple[int, int]  # (the peer's index in the store's peers, its node index)
+Held = Tuple[int, int]  # a committed snapshot's identity: (the start that took it, its step)
 
 
 class Slot:
@@ -55,6 +62,7 @@ class Slot:
             os.close(self.fd)
             raise
         self.step, self.size = -1, 0
+        self.start = 0  # the ranks' start that took it (a peer's copy keeps the original's)
         self.saved_at = 0.0  # when it was committed here (wall clock): what a restart from it loses is after
         self.owner: Optional[int] = None  # the rank's connection writing it; None for a peer's copy
         self.source: Optional[Source] = None  # where a copy from a peer came from
@@ -159,13 +167,14 @@ class Shelf:
             slot = self._writing.get(ident)
             return slot if slot is not None and slot.key == key and slot.owner == owner else None
 
-    def finish(self, slot: Slot, step: int, size: int, source: Optional[Source] = None) -> None:
-        """The written slot becomes the key's newest; any of a step as late or later goes (a timeline the gang
-        left), and the oldest beyond ``KEEP`` goes back to the free list for the key's next save."""
+    def finish(self, slot: Slot, step: int, size: int, source: Optional[Source] = None, start: int = 0) -> None:
+        """The written slot becomes the key's newest, as ``start``'s ``step``; any of a step as late or later
+        goes (a timeline the gang left), and the oldest beyond ``KEEP`` goes back to the free list for the
+        key's next save."""
         with self._lock:
             if self._writing.pop(slot.id, None) is not slot or not 0 < size <= slot.capacity:
                 raise ValueError("slot %d is not being written, or %d bytes do not fit it" % (slot.id, size))
-            slot.step, slot.size, slot.source, slot.owner = step, size, source, None
+            slot.step, slot.size, slot.source, slot.owner, slot.start = step, size, source, None, start
             slot.saved_at = time.time()
             if self._off is not None and source is None:  # a rank's save begun before the node's refusal
                 self._drop(slot)
@@ -210,11 +219,15 @@ class Shelf:
         else:
             slot.close()
 
-    def pin(self, key: str, step: Optional[int] = None) -> Optional[Slot]:
-        """The key's slot holding ``step`` (or its newest), kept as it is until ``unpin``."""
+    def pin(self, key: str, step: Optional[int] = None, start: Optional[int] = None) -> Optional[Slot]:
+        """The key's slot holding ``step`` (or its newest; of ``start`` alone where given), kept as it is until
+        ``unpin``."""
         with self._lock:
             kept = self._kept.get(key, [])
-            slot = (kept[-1] if kept else None) if step is None else next((h for h in kept if h.step == step), None)
+            if step is None:
+                slot = kept[-1] if kept else None
+            else:
+                slot = next((h for h in kept if h.step == step and start in (None, h.start)), None)
             if slot is not None:
                 slot.readers += 1
             return slot
@@ -229,6 +242,30 @@ class Shelf:
     def steps(self, key: str) -> List[int]:
         with self._lock:
             return [h.step for h in self._kept.get(key, [])]
+
+    def held(self, key: str) -> List[Held]:
+        """The key's snapshots as (start, step), oldest first."""
+        with self._lock:
+            return [(h.start, h.step) for h in self._kept.get(key, [])]
+
+    def drop_worlds(self, world: int) -> int:
+        """Every snapshot of a sharded key of another world size than ``world`` dropped, with its slots and its
+        plan (a shard of 6 ranks' state is no shard of 4's, and holding it would let a gang grown back to 6
+        resume from before it shrank); the bytes returned (a slot being read goes once let go)."""
+        with self._lock:
+            keys = {k for k in list(self._kept) + list(self._free) + list(self._planned)
+                    if wire.world_of(k) not in (None, world)}
+            keys.update(s.key for s in self._writing.values() if wire.world_of(s.key) not in (None, world))
+            freed = 0
+            for key in keys:
+                gone = self._kept.pop(key, []) + self._free.pop(key, [])
+                gone += [s for s in self._writing.values() if s.key == key]
+                for slot in gone:
+                    self._writing.pop(slot.id, None)
+                    freed += slot.capacity
+                    self._drop(slot)
+                self._planned.pop(key, None)
+            return freed
 
     def newest(self) -> Optional[int]:
         """The newest step held for any key (a timeline the gang left is dropped, so not counted)."""

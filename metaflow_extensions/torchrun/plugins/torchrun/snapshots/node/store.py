@@ -16,9 +16,13 @@ one to a peer, which is when its digest is computed.
 A rank's requests (``snapshots/rank/client.py``'s ``StoreClient``), each a frame of
 ``wire``: ``plan`` (will a snapshot of this size fit?), ``slot`` (a slot to write the key's
 next snapshot in: its id, and its fd the first time this connection is given it; the ids of slots
-closed since, to unmap), ``commit`` (that slot holds step S, whole), ``steps`` (the steps held for a
-key, fetched from a peer first where none is, and the newest step of any key), ``get`` (a read-only
-fd of a step's slot, held as it is until the connection's next request).
+closed since, to unmap), ``commit`` (that slot holds step S of the rank's start K, whole), ``steps``
+(the (start, step) held for a key, fetched from a peer first where none is, and the newest step of any
+key), ``get`` (a read-only fd of a (start, step)'s slot, held as it is until the connection's next request).
+
+The world size is the ranks': the first request of a sharded key of another size than the last drops
+every shard of other sizes (``Shelf.drop_worlds``), here and, as each node's ranks ask in turn, on every
+node; a peer's push of another size is refused after that.
 """
 
 from __future__ import annotations
@@ -38,10 +42,11 @@ from ..rank import codec, memory, wire
 from .peer import Address, Listener, PeerKey, PeerRefused, connect, fetch, stop_listening
 from .pusher import Pusher
 from .budget import Budget, share_of
-from .shelf import Shelf, Slot, Source
+from .shelf import Shelf, Slot, Source, megabytes
 
 SOCKET_NAME = "snapshot.sock"
 MAX_STEP = 1 << 53
+MAX_START = 1 << 31
 
 
 def _say(text: str) -> None:
@@ -72,6 +77,9 @@ class SnapshotStore:
         self._off = memory.unavailable()  # no sealed memfd here: every rank is told so at its first save
         self._last_load: Optional[Tuple[int, Optional[int], int, float]] = None
         self._first_saved_at: Optional[float] = None  # the current start's ranks' first commit here
+        self._world: Optional[int] = None  # the world size of the sharded keys the ranks ask for
+        self._sharded = False  # the current start's ranks committed a shard
+        self._worlds_seen: Set[int] = set()
         self._ids = itertools.count(1)
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
@@ -80,7 +88,7 @@ class SnapshotStore:
             pass
         bind_unix(self._sock, self.path)
         self._sock.listen(64)
-        self._listener = Listener(self.shelf, peer, host) if peer else None
+        self._listener = Listener(self.shelf, peer, host, admits=self._admits) if peer else None
         self._pusher = Pusher(peer, self.shelf, buddy, say) if peer else None
         threading.Thread(target=self._accept, name="snapshot-store", daemon=True).start()
 
@@ -116,12 +124,19 @@ class SnapshotStore:
         """The ranks start again (the last start's are gone): ``first_saved_at`` is of the new start's saves."""
         with self._lock:
             self._first_saved_at = None
+            self._sharded = False
 
     def first_saved_at(self) -> Optional[float]:
         """When the current start's ranks first committed a snapshot here (wall clock): its first step done,
         where they save every step. A peer's copy, which does not come through a rank's commit, is not theirs."""
         with self._lock:
             return self._first_saved_at
+
+    def sharded(self) -> Tuple[bool, Optional[int], Set[int]]:
+        """(whether the current start's ranks committed a shard here, the world size the ranks ask for, every
+        world size seen): a gang of another size cannot load this start's shards."""
+        with self._lock:
+            return self._sharded, self._world, set(self._worlds_seen)
 
     def last_load(self) -> Optional[Tuple[int, Optional[int], int, float]]:
         """(step, the peer's index in ``peers`` it was copied from or None, the newest step then, when it
@@ -165,6 +180,7 @@ class SnapshotStore:
 
     def _answer(self, sock: socket.socket, conn: "_Conn", header: Dict[str, Any]) -> None:
         op, key = header.get("op"), wire.key_field(header)
+        self._world_of_ranks(key)
         if op == "slot":
             self._slot(sock, conn, key, wire.int_field(header, "size", 64, 1 << 48))
         elif op == "commit":
@@ -179,12 +195,36 @@ class SnapshotStore:
             wire.send_frame(sock, {"ok": why is None, "why": why or "", "budget": self.budget, "said": not made})
         elif op == "steps":
             source = self._fetch_missing(key)
-            wire.send_frame(sock, {"steps": self.shelf.steps(key), "from": source[0] if source else None,
-                                   "node": source[1] if source else None, "newest": self.newest()})
+            held = self.shelf.held(key)
+            wire.send_frame(sock, {"steps": [step for _, step in held], "held": [list(h) for h in held],
+                                   "from": source[0] if source else None, "node": source[1] if source else None,
+                                   "newest": self.newest()})
         elif op == "get":
-            self._get(sock, conn, key, wire.int_field(header, "step", 0, MAX_STEP))
+            start = wire.int_field(header, "start", 0, MAX_START) if "start" in header else None
+            self._get(sock, conn, key, wire.int_field(header, "step", 0, MAX_STEP), start)
         else:
             raise wire.WireError("an unknown request")
+
+    def _world_of_ranks(self, key: str) -> None:
+        """A rank's sharded key of another world size than the last: the gang changed size, and every shard of
+        another size goes, its memory returned (said once a change)."""
+        world = wire.world_of(key)
+        with self._lock:
+            if world is None or world == self._world:
+                return
+            before, self._world = self._world, world
+            self._worlds_seen.add(world)
+        freed = self.shelf.drop_worlds(world)
+        if before is not None and freed:
+            self._say("the gang's ranks are %d now, not %d: this node's snapshots of other sizes are dropped (%s "
+                      "returned)" % (world, before, megabytes(freed)))
+
+    def _admits(self, key: str) -> bool:
+        """A peer's copy of ``key`` is taken: replicated state, or a shard of the ranks' world size (or any
+        before the ranks first asked)."""
+        world = wire.world_of(key)
+        with self._lock:
+            return world is None or self._world is None or world == self._world
 
     def _slot(self, sock: socket.socket, conn: "_Conn", key: str, size: int) -> None:
         why = self._off or self.shelf.off or "over the node's snapshot budget of %d bytes" % self.budget
@@ -206,6 +246,7 @@ class SnapshotStore:
         """None once the slot is the key's newest; else why not (the slot is then void, its bytes unread)."""
         slot = self.shelf.writing(wire.int_field(header, "slot", 1, 1 << 62), key, conn.id)
         step = wire.int_field(header, "step", 0, MAX_STEP)
+        start = wire.int_field(header, "start", 0, MAX_START)
         if slot is None:
             return "no slot of %s being written by this rank (another rank of the key took it over?)" % key
         try:
@@ -217,15 +258,16 @@ class SnapshotStore:
         except (codec.SnapshotError, wire.WireError) as e:
             self.shelf.abandon(slot)
             return "not a whole snapshot: %s" % e
-        self.shelf.finish(slot, step, size)
+        self.shelf.finish(slot, step, size, start=start)
         with self._lock:
             self._first_saved_at = self._first_saved_at or slot.saved_at
+            self._sharded = self._sharded or wire.world_of(key) is not None
         if self._pusher and key.startswith("rank-"):
             self._pusher.offer(key, step)  # replicated state: every node holds its own copy already
         return None
 
-    def _get(self, sock: socket.socket, conn: "_Conn", key: str, step: int) -> None:
-        slot = self.shelf.pin(key, step)
+    def _get(self, sock: socket.socket, conn: "_Conn", key: str, step: int, start: Optional[int]) -> None:
+        slot = self.shelf.pin(key, step, start)
         if slot is None:
             wire.send_frame(sock, {"size": -1})
             return

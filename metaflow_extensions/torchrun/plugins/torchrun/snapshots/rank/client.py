@@ -93,9 +93,10 @@ class StoreClient:
         fd = self._fd() if answer.get("fd") is True else None
         return Granted(ident, capacity, fd, dropped), dropped, ""
 
-    def commit(self, key: str, slot: int, step: int, size: int) -> Optional[str]:
-        """None once the store holds the slot's snapshot as the key's newest; else the store's reason."""
-        answer = self._ask({"op": "commit", "key": key, "slot": slot, "step": step, "size": size})
+    def commit(self, key: str, slot: int, step: int, size: int, start: int = 0) -> Optional[str]:
+        """None once the store holds the slot's snapshot as the key's newest, taken by the rank's ``start``;
+        else the store's reason."""
+        answer = self._ask({"op": "commit", "key": key, "slot": slot, "step": step, "size": size, "start": start})
         return None if answer.get("ok") is True else str(answer.get("why", "not kept"))[:1000]
 
     def steps(self, key: str) -> Tuple[List[int], Optional[int], Optional[int]]:
@@ -107,9 +108,21 @@ class StoreClient:
             raise StoreError("the node's snapshot store answered steps out of protocol")
         return list(steps), node if _count(node) else None, newest if _count(newest) else None
 
-    def get(self, key: str, step: int) -> Optional[Loaded]:
-        """The snapshot of ``step`` copied out of its slot (one copy); None if the store holds it no more."""
-        answer = self._ask({"op": "get", "key": key, "step": step})
+    def held(self, key: str) -> List[Tuple[int, int]]:
+        """The (start, step) of each snapshot held complete for ``key`` (fetched from a peer where none was)."""
+        held = self._ask({"op": "steps", "key": key}).get("held")
+        if not isinstance(held, list) or len(held) > 8 or not all(
+                isinstance(h, list) and len(h) == 2 and _count(h[0]) and _count(h[1]) for h in held):
+            raise StoreError("the node's snapshot store answered steps out of protocol")
+        return [(h[0], h[1]) for h in held]
+
+    def get(self, key: str, step: int, start: Optional[int] = None) -> Optional[Loaded]:
+        """The snapshot of ``step`` (taken by ``start`` where given) copied out of its slot (one copy); None if
+        the store holds it no more."""
+        ask: Dict[str, Any] = {"op": "get", "key": key, "step": step}
+        if start is not None:
+            ask["start"] = start
+        answer = self._ask(ask)
         if answer.get("size") == -1:
             return None
         try:

@@ -33,6 +33,12 @@ def key_for(replicated: bool, rank: int, local_rank: int, world: int) -> str:
     return "local-%d" % local_rank if replicated else "rank-%d-of-%d" % (rank, world)
 
 
+def world_of(key: str) -> Optional[int]:
+    """The world size a sharded key names (``rank-R-of-W``); None for replicated state, of any world."""
+    match = _KEY.match(key)
+    return int(match.group(3)) if match is not None and match.group(3) else None
+
+
 def is_key(value: Any) -> bool:
     match = _KEY.match(value) if isinstance(value, str) else None
     return match is not None and int(match.group(2)) < MAX_INDEX and int(match.group(3) or 1) <= MAX_INDEX
