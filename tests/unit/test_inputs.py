@@ -286,7 +286,8 @@ class TestNothingLeftBehind:
 
         files = CallFiles(LogKey("Flow-1", "train-2-0", "c0"), 0, str(tmp_path))
         session = SimpleNamespace(client=SimpleNamespace(), context=SimpleNamespace(  # no topology: recording fails
-            route=("", None), defaults=SimpleNamespace(snapshot_every=None, snapshot_memory=None)))
+            route=("", None), host_base=str(tmp_path),
+            defaults=SimpleNamespace(snapshot_every=None, snapshot_memory=None, restarts=0)))
         run = CallRun(session=session, plan=None, index=0)  # type: ignore[arg-type]
         run.launch.files, run.launch.workdir = files, files.work_dir
         assert os.path.exists(files.work_dir)
