@@ -25,6 +25,7 @@ from metaflow_extensions.torchrun.plugins.torchrun.snapshots.rank.cadence import
                                                                                  chosen_every, every_from_setting)
 
 from lazy_torch import torch  # noqa: E402  (collection imports no torch: test_pools)
+from test_snapshot_rank import store  # noqa: E402,F401 (a fixture)
 
 SEEN = """
 import json, sys
@@ -249,3 +250,56 @@ def test_a_snapshot_of_another_model_or_layout_is_not_used():
     assert "(2, 3)" in unfit(dict(held, model=dict(held["model"], weight=torch.zeros(3, 3))), model)
     assert "version" in unfit(dict(held, format="other"), model)
     assert "version" in unfit([1], model)
+
+
+FSDP_BY_ACCELERATE = """
+import json, sys
+from metaflow_extensions.torchrun.plugins.torchrun.snapshots.rank import api, trainers
+trainers.install()
+import torch
+from transformers import Trainer, TrainingArguments
+
+
+def events(trainer):
+    # HF's training loop as its callbacks see it: an optimizer and a scheduler, the train's begin, 3 steps.
+    # (On CPU accelerate never makes FSDP, and HF's own loop with the flag set reaches for its FSDP plugin.)
+    trainer.create_optimizer_and_scheduler(num_training_steps=3)
+    handler = trainer.callback_handler
+    handler.optimizer, handler.lr_scheduler = trainer.optimizer, trainer.lr_scheduler
+    handler.on_train_begin(trainer.args, trainer.state, trainer.control)
+    for step in (1, 2, 3):
+        trainer.state.global_step = step
+        handler.on_step_end(trainer.args, trainer.state, trainer.control)
+
+
+def train(fsdp):
+    args = TrainingArguments(output_dir=sys.argv[1], max_steps=3, use_cpu=True, report_to=[])
+    trainer = Trainer(model=torch.nn.Linear(4, 1), args=args)
+    assert not args.fsdp and not trainer.is_fsdp_enabled
+    trainer.is_fsdp_enabled = fsdp  # as accelerate sets it on GPUs under ACCELERATE_USE_FSDP=true
+    trainer._inner_training_loop = lambda *a, **k: events(trainer)
+    trainer.train()
+    held = api.load()
+    return held[0] if held else None
+
+
+print(json.dumps({"fsdp": train(True), "plain": train(False)}))
+"""
+
+
+def test_an_hf_trainer_that_accelerate_made_fsdp_keeps_no_snapshots(tmp_path, store):  # noqa: F811
+    """FSDP turned on by accelerate's config leaves ``TrainingArguments.fsdp`` empty: the trainer's own flag
+    is what the callback goes by (it saved every N steps, and the restart never used them). A real HF
+    Trainer, its train() and its callbacks, HF's loop replaced by its callback events; the same process's
+    plain trainer after it saves, so the store is seen to take what is given."""
+    script = tmp_path / "fsdp_by_accelerate.py"
+    script.write_text(FSDP_BY_ACCELERATE)
+    environ = {k: v for k, v in os.environ.items()
+               if not k.startswith("ACCELERATE_") and k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE")}
+    environ.update(store.environ(), **{names.SNAPSHOT_EVERY_ENV: "1"})
+    r = subprocess.run([sys.executable, str(script), str(tmp_path / "out")], env=environ, capture_output=True,
+                       text=True, timeout=240)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert json.loads(r.stdout.strip().splitlines()[-1]) == {"fsdp": None, "plain": 3}, r.stderr[-3000:]
+    said = "HF Trainer with FSDP: no trainer snapshots (its state is sharded across ranks)"
+    assert r.stderr.count(said) == 1, r.stderr[-3000:]

@@ -6,7 +6,8 @@ and the trainer state (``trainer_state.json``'s text: global step, epoch). On a 
 ``Trainer.train`` called without ``resume_from_checkpoint`` is handed a checkpoint directory
 written from the snapshot, so HF's own resume path restores all of it and skips the batches
 already seen; the directory is removed when ``train`` returns. FSDP and DeepSpeed trainers keep
-their state sharded across ranks: they are left alone (said once).
+their state sharded across ranks: they are left alone (said once), as the trainer itself decides it
+(``sharded_by``: accelerate's, whether from ``TrainingArguments`` or accelerate's own config).
 """
 
 from __future__ import annotations
@@ -37,12 +38,24 @@ def patch(module: Any) -> None:
     wrap_train(module.Trainer)
 
 
-def _sharded(args: Any) -> bool:
-    if getattr(args, "fsdp", None) or getattr(args, "deepspeed", None):
-        say("HF Trainer with FSDP or DeepSpeed: no trainer snapshots (their state is sharded across ranks)",
-            once="hf sharded")
-        return True
-    return False
+def sharded_by(args: Any, trainer: Any = None) -> Optional[str]:
+    """"FSDP" or "DeepSpeed" where the trainer keeps its state sharded across ranks, else None. The
+    trainer's own flags are accelerate's decision, whatever asked for it: ``TrainingArguments``'
+    ``fsdp``/``fsdp_config`` or ``deepspeed``, or accelerate's config (``accelerate launch``'s, or
+    ``ACCELERATE_USE_FSDP=true``), which leaves the arguments' ``fsdp`` empty; the arguments stand
+    alone where the trainer is not known."""
+    if getattr(trainer, "is_fsdp_enabled", False) or getattr(args, "fsdp", None):
+        return "FSDP"
+    if getattr(trainer, "is_deepspeed_enabled", False) or getattr(args, "deepspeed", None):
+        return "DeepSpeed"
+    return None
+
+
+def _sharded(why: Optional[str]) -> bool:
+    if why:
+        say("HF Trainer with %s: no trainer snapshots (its state is sharded across ranks): a restart resumes "
+            "from your checkpoint" % why, once="hf sharded")
+    return bool(why)
 
 
 def _distributed(args: Any) -> bool:
@@ -54,9 +67,10 @@ def hf_callback(base: type) -> type:
         def __init__(self) -> None:
             self.cadence: Any = None
             self.off = False
+            self.sharded: Optional[str] = None  # its trainer's, told by the trainer's train() (wrap_train)
 
         def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-            self.cadence = None if _sharded(args) else new_cadence()
+            self.cadence = None if _sharded(self.sharded or sharded_by(args)) else new_cadence()
 
         def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
             cadence = self.cadence
@@ -155,6 +169,7 @@ def wrap_train(trainer: Any) -> None:
 
     @functools.wraps(train)
     def wrapped(self: Any, *args: Any, **kwargs: Any) -> Any:
+        _tell_callbacks(self)
         asked = kwargs["resume_from_checkpoint"] if "resume_from_checkpoint" in kwargs else (args[0] if args
                                                                                              else None)
         resumed = None if asked or not _may_resume(self) else load_for(self)
@@ -178,11 +193,22 @@ def wrap_train(trainer: Any) -> None:
     trainer.train = wrapped
 
 
-def _may_resume(trainer: Any) -> bool:
+def _ours(trainer: Any) -> list:
     callbacks = getattr(getattr(trainer, "callback_handler", None), "callbacks", [])
-    if not any(type(c).__name__ == CALLBACK_NAME for c in callbacks):
+    return [c for c in callbacks if type(c).__name__ == CALLBACK_NAME]
+
+
+def _tell_callbacks(trainer: Any) -> None:
+    """Our callback sees the arguments only: an FSDP that accelerate's config turned on is the trainer's."""
+    why = sharded_by(getattr(trainer, "args", None), trainer)
+    for callback in _ours(trainer):
+        callback.sharded = why
+
+
+def _may_resume(trainer: Any) -> bool:
+    if not _ours(trainer):
         return False  # the user removed it
-    if getattr(trainer, "is_fsdp_enabled", False) or getattr(trainer, "is_deepspeed_enabled", False):
+    if sharded_by(getattr(trainer, "args", None), trainer):
         return False
     return first_load()
 
