@@ -74,6 +74,10 @@ WAITS = {
         "an 8 s save with 12 s of grace to spare",
     "tests/integration/test_slow_rank.py": "2 calls of 55 s (DDP, FSDP2) and 300 s of steps that mostly sleep; "
                                             "bound 45 s for a naming",
+    "tests/multihost/test_lost_pod.py": "63 s / 18 CPU-s: start_timeout=30 from the loss, then a task's store held "
+                                        "until the control says it waits; nothing timed",
+    "tests/multihost/test_lost_host.py::test_a_host_cut_off_for_good_is_replaced_by_the_spare":
+        "heartbeat_timeout=8, then start_timeout=30 from the loss; nothing timed",
 }
 # KEPT_IN_THE_CPU_POOL (not marked; read, and left in the CPU-bound pool on purpose): they
 # wait, but pass only within a few seconds' margin, which more workers could eat.

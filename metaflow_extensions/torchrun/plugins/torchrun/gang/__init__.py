@@ -5,10 +5,12 @@ The control task runs a ``GangServer``; every node (the control too) joins it wi
 ``current.torch.run`` call and hears of the first failure anywhere.
 
 - the service: ``server``, ``transport`` (its sockets), ``admission`` and ``auth`` (who may
-  speak), ``handlers`` (what it hears and how it answers), ``recovery`` (what it does next: the one policy), ``membership``, ``calls``, ``silence``, ``speaker``, ``bench``,
+  speak), ``handlers`` (what it hears and how it answers), ``recovery`` (what it does next: the one
+  policy), ``membership``, ``calls``, ``silence``, ``speaker``, ``bench``,
   ``snapshot_directory`` (the service's part of the snapshots, ``snapshots/``: where each node's go);
 - a node's end: ``client``, ``peer``, ``joining``, ``probing``;
-- the protocol: ``messages``, ``wire``, ``identity``, ``secret``, ``ports``, ``topology``, ``config``;
+- the protocol: ``messages``, ``wire``, ``identity``, ``secret`` (and ``step_end``, the control's word
+  that its step ended fine), ``ports``, ``topology``, ``config``;
 - what the gang compares and reports: ``node_compare`` and ``preflight_modes`` (preflight),
   ``gang_progress`` (training progress).
 
