@@ -70,10 +70,10 @@ def _wait_for_step(gang, ranks, step, timeout=180.0, poll=0.2):
     raise AssertionError("the ranks did not reach step %d: %r" % (step, gang.reports("at-rank-")))
 
 
-def _lose_node(gang, attrs, node):
+def _lose_node(gang, attrs, node, script_args=SCRIPT_ARGS):
     gang.env["MFTR_TORCHRUN_ATTRS"] = json.dumps(attrs)
     gang.env["TMPDIR"] = _tmpdir(gang)  # what the lost node's task leaves there is the test's to see
-    proc = gang.start("--nodes", "3", "--script-args", json.dumps(SCRIPT_ARGS), flow=FLOW)
+    proc = gang.start("--nodes", "3", "--script-args", json.dumps(script_args), flow=FLOW)
     try:
         _wait_for_step(gang, 4, 3)
         _pull_host(proc.pid, node)
@@ -160,4 +160,26 @@ def test_without_a_spare_the_gang_goes_on_smaller_and_grows_back(gang):
     # Right after a snapshot: at most the step the ranks saved while they were told to stop (1 under load).
     assert regrown["kind"] == "regrown" and regrown["steps_lost"] <= 1, regrown
     assert _history_of(joined, 2) == {"lost": 1}, joined["history"]  # the gang went on without it
+
+
+def test_with_sharded_state_the_gang_goes_on_smaller_and_never_rewinds_to_before_the_loss(gang):
+    """Each rank's state saved as its shard (``replicated=False``, FSDP's way), min_nodes=2: node 2 lost, the
+    4 ranks left hold no shard of 4 ranks (their 6-rank shards dropped, here and on the buddy) and resume from
+    the checkpoint (none here: step 0), said once. Node 2 back is a spare: a gang grown back to 6 could load
+    no shard newer than the loss, so it trains on at 4, said once. (It grew back, and the ranks resumed from
+    the 6-rank shards of before the loss, kept on the survivors and the buddy: every step trained at 4 lost.)"""
+    text = _lose_node(gang, {"restarts": 3, "min_nodes": 2}, node=2, script_args=SCRIPT_ARGS + ["--sharded"])
+    assert "the gang trains on without it, on 2 nodes (world size 4, restart 1 of 3)" in text, text[-5000:]
+    assert "no snapshot in memory that every rank holds: resuming from your checkpoint" in text, text[-5000:]
+    assert re.search(r"node 2 \([^)]*\) is back after it was lost: a spare now", text), text[-5000:]
+    assert text.count("the gang does not grow back to 6 ranks: its ranks' snapshots are shards of 4 ranks") == 1, (
+        text[-5000:])
+    assert "grows to 3 nodes again" not in text and _starts(gang, 2) == {}, text[-5000:]
+    smaller = _starts(gang, 1)
+    assert sorted(smaller) == [0, 1, 2, 3] and not any(s["from_memory"] for s in smaller.values()), smaller
+    at = gang.reports("at-rank-")  # the ranks' last step: the whole run, at 4 ranks after the loss
+    assert {r: (a["restart"], a["step"], a["world"]) for r, a in at.items() if r < 4} == {
+        r: (1, 60, 4) for r in range(4)}, at
+    joined = gang.client(_JOIN)
+    assert joined["successful"] and joined["roles"] == {"0": "active", "1": "active", "2": "spare"}, joined
 

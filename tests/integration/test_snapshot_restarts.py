@@ -71,26 +71,34 @@ def _restart_record(gang):
     )
 
 
-def test_a_killed_rank_resumes_at_its_last_snapshot_and_a_torn_one_is_never_loaded(gang, uninterrupted):
-    """Start 0: rank 3 dies in its save of step 5, its snapshot torn, so every rank resumes at step 4,
-    which all of them hold whole. Start 1: rank 1 dies after step 7 saved; start 2 resumes there, 0 steps
-    lost. The final weights are an unbroken run's, bit for bit. Start 0's ranks also call load() after
-    step 3: the newest step every rank holds, said as no resume (it was `resumed at step 3 ...`)."""
-    text = _run(gang, {"restarts": 2}, "--kills", "0:3:%d:save,1:1:7" % KILL_AFTER, "--load-mid", "3")
+def test_a_killed_rank_resumes_at_its_last_snapshot_one_timeline_and_a_torn_one_is_never_loaded(gang, uninterrupted):
+    """Start 0: rank 3 (node 1) dies in its save of step 5, its snapshot torn, so every rank resumes at step 4,
+    which all of them hold whole. Start 1: rank 1 (node 0) dies in its save of step 5 too: it keeps start 0's
+    step 5, while the other ranks hold start 1's, so each holds a step 5 of another start; start 2 resumes
+    at the step 4 of start 0 they all hold, one timeline (it was at step 5, start 0's on some ranks and
+    start 1's on the others: DDP replicas that drift where a restart's step differs in its last bits). Start 2:
+    rank 1 dies after step 7 saved; start 3 resumes there, 0 steps lost. The final weights and momentum are an
+    unbroken run's, bit for bit. Start 0's ranks also call load() after step 3: the newest step every rank
+    holds, said as no resume (it was `resumed at step 3 ...`)."""
+    text = _run(gang, {"restarts": 3}, "--kills", "0:3:%d:save,1:1:%d:save,2:1:7" % (KILL_AFTER, KILL_AFTER),
+                "--load-mid", "3")
     assert gang.reports("mid-load-rank-") == {r: {"step": 3} for r in range(4)}
     assert "resumed at step 3" not in text, text[-3000:]
-    after_torn, after_kill = _starts(gang, 1), _starts(gang, 2)
-    assert sorted(after_torn) == sorted(after_kill) == [0, 1, 2, 3], (after_torn, after_kill)
+    after_torn, after_second, after_kill = _starts(gang, 1), _starts(gang, 2), _starts(gang, 3)
+    assert sorted(after_torn) == sorted(after_second) == sorted(after_kill) == [0, 1, 2, 3], (after_torn, after_kill)
     assert all(s["from_memory"] and s["resumed"] == KILL_AFTER - 1 for s in after_torn.values()), after_torn
-    assert all(s["from_memory"] and s["resumed"] == 7 for s in after_kill.values()), after_kill
+    # One timeline: every rank resumed from the same start's snapshot.
+    assert [(s["resumed"], s["saved_in"]) for s in after_second.values()] == [(KILL_AFTER - 1, 0)] * 4, after_second
+    assert all(s["from_memory"] and s["resumed"] == 7 and s["saved_in"] == 2 for s in after_kill.values()), after_kill
     assert "resumed at step 7 from memory (this node's copy), 0 steps lost" in text, text[-3000:]
     assert _final(gang) == uninterrupted
     restarts, segments = _restart_record(gang)
-    assert [(r["resumed_step"], r["steps_lost"]) for r in restarts] == [(KILL_AFTER - 1, 1), (7, 0)], restarts
+    assert [(r["resumed_step"], r["steps_lost"]) for r in restarts] == [(KILL_AFTER - 1, 1)] * 2 + [(7, 0)], restarts
     # The ledger counts the work up to each snapshot as kept: lost is the time since it was saved (under a
     # second or two here), not each start's whole run.
     assert all(r["resumed_saved_at"] <= r["failed_at"] and r["lost_work_seconds"] < 5 for r in restarts), restarts
-    assert [s.get("steps_lost") for s in segments[:2]] == [1, 0] and segments[0]["parts"]["productive"] > 0, segments
+    assert [s.get("steps_lost") for s in segments[:3]] == [1, 1, 0] and segments[0]["parts"]["productive"] > 0, (
+        segments)
     # Each new start trains from its ranks' first snapshot: what came before it (imports, the process group,
     # the model, the load) is the restart's in the ledger, not training. From the stop, or from the failure
     # where the gang's cause is stamped after this node's ranks had stopped (a rank's death is reported once

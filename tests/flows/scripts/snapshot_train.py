@@ -9,9 +9,11 @@ Failures: --kill-rank SIGKILLs itself after step --kill-after of the starts in -
 --kill-in-save, in the middle of its save of that step (its snapshot torn); --kills names several,
 "restart:rank:step[:save]" each; --bad-node: every rank started on that Metaflow node SIGKILLs
 itself after step --kill-after (a bad machine, for a spare).
-Each start writes what it resumed from (start-<restart>-rank-<R>.json); rank 0 writes the final
+Each start writes what it resumed from (start-<restart>-rank-<R>.json: the step, and the start that saved it:
+the state holds the start it was saved in); rank 0 writes the final
 weights' digest (final.json). --load-mid K: every rank calls load() mid-run on the first start, after its
-save of step K (a call that resumes nothing)."""
+save of step K (a call that resumes nothing). --sharded: each rank's state saved as its own shard
+(``replicated=False``), as FSDP's would be: kept per rank of a world size, and copied to the buddy node."""
 
 import argparse
 import hashlib
@@ -40,7 +42,9 @@ p.add_argument("--step-sleep", type=float, default=0.0)
 p.add_argument("--mark-steps", action="store_true", help="each rank writes its latest step (at-rank-<R>.json)")
 p.add_argument("--load-mid", type=int, default=-1,
                help="on the first start every rank calls load() after its save of this step (mid-load-rank-<R>.json)")
+p.add_argument("--sharded", action="store_true", help="save and load with replicated=False")
 args = p.parse_args()
+replicated = not args.sharded
 
 restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
 node = int(os.environ["METAFLOW_TORCHRUN_NODE_INDEX"])
@@ -52,13 +56,15 @@ model = torch.nn.Sequential(*[torch.nn.Linear(width, width) for _ in range(layer
 opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
 
 first = 0
-resumed = load()
+resumed = load(replicated=replicated)
+saved_in = None
 if resumed is not None:
     first, state = resumed
     model.load_state_dict(state["model"])
     opt.load_state_dict(state["opt"])
+    saved_in = int(state["start"])
 write_json("start-%d-rank-%d.json" % (restart, rank()), {"restart": restart, "node": node, "resumed": first,
-                                                          "from_memory": resumed is not None,
+                                                          "from_memory": resumed is not None, "saved_in": saved_in,
                                                           "world": dist.get_world_size()})
 
 
@@ -113,9 +119,10 @@ for step in range(first, args.steps):
 
         snapshot_saver.copy_in = copy_half_then_die
     if done % args.every == 0:
-        save(done, {"model": model.state_dict(), "opt": opt.state_dict()})
+        save(done, {"model": model.state_dict(), "opt": opt.state_dict(), "start": torch.tensor(restart)},
+             replicated=replicated)
     if restart == 0 and done == args.load_mid:  # nothing restarted: what load() returns, and it claims no resume
-        mid = load()
+        mid = load(replicated=replicated)
         write_json("mid-load-rank-%d.json" % rank(), {"step": mid[0] if mid is not None else None})
     if failing_step(done):
         dist.barrier()  # every rank has saved step `done` before one dies

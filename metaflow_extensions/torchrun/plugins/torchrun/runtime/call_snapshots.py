@@ -75,6 +75,7 @@ class CallSnapshots:
         self._directory: Optional[StepDir] = None
         self._told: Optional[msg.SnapshotPeers] = None  # the peers the store was last given
         self._last: Optional[tuple] = None  # the store's latest load, once reported
+        self._said = False  # that the gang does not grow back (sharded state)
         self._start: Tuple[int, Optional[int]] = (0, None)  # the running start, and the newest step before it
 
     def open(self) -> Optional[int]:
@@ -127,12 +128,28 @@ class CallSnapshots:
 
     def saved_in(self) -> Optional[int]:
         """The running start, once its ranks committed a snapshot newer than any before it (a restart point
-        the gang may grow back at, losing little); None before."""
+        the gang may grow back at, losing little); None before. None while they save shards
+        (``replicated=False``): a gang of another size cannot load a shard, so a regrowth would resume from the
+        user's checkpoint, and the gang trains on at its size instead."""
         if self.store is None:
             return None
         restart, before = self._start
         newest = self.store.newest()
-        return restart if newest is not None and (before is None or newest > before) else None
+        if newest is None or (before is not None and newest <= before):
+            return None
+        return None if self._sharded() else restart
+
+    def _sharded(self) -> bool:
+        """Whether the running start's ranks save shards here; node 0, whose ranks saw the gang shrink, says
+        once that it does not grow back."""
+        assert self.store is not None
+        sharded, world, seen = self.store.sharded()
+        if sharded and world is not None and max(seen) > world and self.client.node_index == 0 and not self._said:
+            self._said = True
+            say("call %d: the gang does not grow back to %d ranks: its ranks' snapshots are shards of %d ranks "
+                "(`save(..., replicated=False)`), which %d ranks cannot load, so growing back would resume from "
+                "your checkpoint" % (self.index + 1, max(seen), world, max(seen)))
+        return sharded
 
     def resumed(self) -> Optional[Resumed]:
         """Where the latest start's ranks resumed from memory, if they did."""
