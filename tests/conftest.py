@@ -74,6 +74,8 @@ WAITS = {
         "an 8 s save with 12 s of grace to spare",
     "tests/integration/test_slow_rank.py": "2 calls of 55 s (DDP, FSDP2) and 300 s of steps that mostly sleep; "
                                             "bound 45 s for a naming",
+    "tests/integration/test_node_departures.py": "heartbeat_timeout=5 of a frozen node's silence, 12 to 48 s of "
+        "DDP steps that mostly sleep (a node's task started again meanwhile); nothing timed",
     "tests/multihost/test_lost_pod.py": "63 s / 18 CPU-s: start_timeout=30 from the loss, then a task's store held "
                                         "until the control says it waits; nothing timed",
     "tests/multihost/test_lost_host.py::test_a_host_cut_off_for_good_is_replaced_by_the_spare":
@@ -105,6 +107,10 @@ SLOW = {
         "a 20 s cut",
     "tests/multihost/test_network_faults.py::test_start_up_cut": "start_timeout=30",
     "tests/integration/test_slow_rank.py": "2 x 55 s and 300 s of training",
+    "tests/integration/test_node_departures.py::"
+    "test_with_a_spare_a_frozen_node_is_swapped_out_and_back_then_a_spot_notice_swaps_another": "48 s of steps",
+    "tests/integration/test_node_departures.py::"
+    "test_with_min_nodes_a_frozen_node_is_left_behind_and_grows_back_then_a_sigterm_shrinks_the_gang": "48 s of steps",
 }
 
 # Every test under these folders has the folder's marker (`-m "not integration"`: unit tests).

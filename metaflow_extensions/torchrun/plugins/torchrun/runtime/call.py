@@ -75,8 +75,10 @@ class CallRun:
             return CallEnd(error=self.aborted)
         self.rdzv_port = port if self.plan.rdzv_port is None else self.plan.rdzv_port  # pinned: every node has it
         last = self.loop.run(self.launch.prepare(client.seats.get((index, 0)), self.rdzv_port))
-        if last.benched and client.news.call_over(index):
-            return CallEnd()  # sat the call out while the active nodes finished it: nothing of its own to report
+        if last.benched and (self.loop.departed or client.news.call_over(index)):
+            # Sat the call out while the active nodes finished it, or told to go and the gang went on
+            # without it: nothing of its own to report.
+            return CallEnd()
         if self.loop.exit_code == 0 and self.session.cause is None:
             return finish_ok(client, self.plan, index, self.launch.workdir, self.failure.report(), self.aborted)
         return CallEnd(error=functools.partial(call_error, self.failure.outcome(last, self.loop.exit_code),

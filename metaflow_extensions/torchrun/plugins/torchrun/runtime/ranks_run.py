@@ -10,6 +10,7 @@ import os
 import time
 from typing import Optional
 
+from ..cause import CauseKind
 from ..errors import FULL_REPORT
 from ..gang.client import GangClient
 from ..gang.gang_progress import ProgressTracker
@@ -23,7 +24,7 @@ from .preflight import JobDeadlines
 from .restarts import CallRestarts
 from .session import GangSession
 from .stop import GangStop
-from .supervisor import StopReason, Supervisor
+from .supervisor import GracefulStop, StopReason, Supervisor
 
 
 class RanksRun:
@@ -77,9 +78,12 @@ class RanksRun:
 
     def _supervised(self, start: RanksStart) -> int:
         client, grace, launch = self.client, self.session.context.defaults.shutdown_grace, self.launch
+        # Told to stop, this node waits for the gang's verdict, or a restart that goes on without it.
+        answer = lambda s: client.news.wait_for_restart_or_verdict(self.index, self.restarts.restart, s)  # noqa: E731
         gang_stop = GangStop(self.session.context.node_index, self.index, grace,
-                             report=lambda cause: client.report_failure(cause, call=self.index),
-                             verdict=lambda: client.cause, wait_verdict=lambda s: client.wait_for_verdict(s))
+                             report=lambda cause: client.report_failure(cause, call=self.index,
+                                                                        restart=self.restarts.restart),
+                             verdict=lambda: client.cause, wait_verdict=answer)
         live = LiveCard(client, self.session.context.card.refresh)
 
         def should_stop() -> Optional[StopReason]:
@@ -108,9 +112,16 @@ class RanksRun:
         return self.deadlines.stop_reason(self.launch.workdir) if self.deadlines is not None else None
 
     def _restart_due(self) -> Optional[StopReason]:
-        if self.client.news.restart_after(self.index, self.restarts.restart) is None:
+        decided = self.client.news.restart_after(self.index, self.restarts.restart)
+        if decided is None:
             return None
         self._restart_heard = True  # no stacks: the ranks start again at once
+        cause = decided.cause
+        if cause.kind is CauseKind.PREEMPTED and cause.grace is not None:
+            # A node told to go, which the gang goes on without: every rank gets its grace, as in the gang's
+            # stop, so a collective save in the ranks' SIGTERM handler can finish.
+            return GracefulStop("the gang restarts the ranks without node %s, told to go" % cause.node_index,
+                                cause.grace)
         return "the gang restarts the ranks"
 
     def _before_stop(self) -> None:

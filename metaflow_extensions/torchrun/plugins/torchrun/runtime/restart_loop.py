@@ -24,6 +24,10 @@ from .restarts import CallRestarts, Pace
 from .session import GangSession
 
 
+# The causes of a node the gang goes on without (gang/recovery.py): a shrink's line says the gang's new size.
+GOES_ON_WITHOUT = (CauseKind.NODE_LOST, CauseKind.UNRESPONSIVE, CauseKind.PREEMPTED)
+
+
 class RestartLoop:
     """The call's starts of the ranks on this node: the current one, and torchrun's exit code for it."""
 
@@ -41,6 +45,7 @@ class RestartLoop:
         self.deadlines = deadlines
         self.start: Optional[RanksStart] = None  # the current start (None until the first)
         self.exit_code: Optional[int] = None  # torchrun's on this node for the current start (None: not run)
+        self.departed = False  # told to go, the gang went on without this node: its call ends, its step goes on
 
     def run(self, first: RanksStart) -> RanksStart:
         """From ``first`` to the start that ends for good, which it returns."""
@@ -56,7 +61,7 @@ class RestartLoop:
     def _after(self, start: RanksStart) -> Optional[msg.Restart]:
         """``start`` run (or sat out), the gang's restart after it, if any."""
         if start.benched:  # a spare, or taken out: no ranks here until a restart brings it in
-            return self.client.news.sit_out(self.index, self.restarts.restart)
+            return None if self.departed else self.client.news.sit_out(self.index, self.restarts.restart)
         self.exit_code = exit_code = self.ranks.run(start)
         if start.restart:
             self.restarts.resumed(self.launch.snapshots.resumed())
@@ -82,14 +87,21 @@ class RestartLoop:
         port = decided.rdzv_port if pinned is None else pinned
         if self.session.context.is_control:
             say(self.restart_line(decided))
-        return self.launch.start(client.seats.get((decided.index, decided.restart)), port, decided.restart)
+        seat = client.seats.get((decided.index, decided.restart))
+        node = self.session.context.node_index
+        self.departed = decided.cause.kind is CauseKind.PREEMPTED and decided.cause.node_index == node and \
+            seat is not None and seat.node_rank is None
+        if self.departed:
+            say("call %d: node %d was told to stop and the gang goes on without it: its ranks are stopped, and its "
+                "step goes on without them" % (self.index + 1, node))
+        return self.launch.start(seat, port, decided.restart)
 
     def restart_line(self, decided: msg.Restart) -> str:
         """The console's one line for the control: a swap's, or every node's ranks restarted."""
         allowed = self.session.context.defaults.restarts
         if decided.swapped_in is not None:
             return swap_line(self.index, decided, allowed, self.client.hosts())
-        if decided.cause.kind in (CauseKind.NODE_LOST, CauseKind.REGROWN):
+        if decided.cause.kind in GOES_ON_WITHOUT + (CauseKind.REGROWN,):
             nodes = decided.bench.active_count(self.session.context.topology.num_nodes)
             nproc = self.plan.nproc
             world = "world size %d, " % (nodes * nproc) if isinstance(nproc, int) else ""
