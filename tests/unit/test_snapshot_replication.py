@@ -2,6 +2,8 @@
 
 import hashlib
 import socket
+import threading
+import time
 
 import pytest
 
@@ -196,3 +198,51 @@ def test_a_copy_keeps_its_start_and_a_buddy_of_another_gang_size_takes_no_shard_
     assert "no longer train at" in node.said[0]
     buddy_rank.close()
     writer.close()
+
+
+def test_a_spares_fetch_takes_as_long_as_its_bytes_and_the_rank_waits_through_it(stores, monkeypatch):
+    """The rank's timeout bounds the store's silence, not the copy: a fetch slower than it goes on, the store
+    telling the rank every KEEPALIVE seconds (it was one recv bounded by a fixed 120 s)."""
+    from metaflow_extensions.torchrun.plugins.torchrun.snapshots.node import store as store_module
+    from metaflow_extensions.torchrun.plugins.torchrun.snapshots.rank import client as client_module
+
+    buddy = stores(1)
+    lost = stores(0, buddy=address(buddy))
+    put(lost, "rank-2-of-4", 7, fill=9)
+    assert lost.replicated(timeout=30)
+    monkeypatch.setattr(client_module, "TIMEOUT", 0.5)
+    monkeypatch.setattr(store_module, "KEEPALIVE", 0.1)
+    send = peer.Channel.send_snapshot
+
+    def slow_link(channel, slot):
+        time.sleep(1.5)  # three times the rank's timeout
+        send(channel, slot)
+
+    monkeypatch.setattr(peer.Channel, "send_snapshot", slow_link)
+    spare = stores(2, peers=[address(buddy)])
+    client = StoreClient(spare.path)
+    assert client.held("rank-2-of-4") == [(0, 7)]
+    client.close()
+
+
+def test_a_buddy_that_falls_behind_every_step_kept_is_said_once(stores, monkeypatch):
+    buddy = stores(1)
+    node = stores(0, buddy=address(buddy))
+    for step in (1, 2):
+        put(node, "rank-0-of-4", step)
+    assert node.replicated(timeout=30) and node.said == []
+    link = threading.Event()
+    send = peer.Channel.send_snapshot
+
+    def held_up(channel, slot):
+        link.wait(60)
+        send(channel, slot)
+
+    monkeypatch.setattr(peer.Channel, "send_snapshot", held_up)
+    for step in (3, 4):  # the push of 3 held: the buddy's 2 is older than the 3 and 4 kept here
+        put(node, "rank-0-of-4", step)
+    link.set()
+    assert node.replicated(timeout=30) and buddy.shelf.steps("rank-0-of-4")[-1] == 4
+    put(node, "rank-0-of-4", 5)
+    assert len(node.said) == 1 and "holds step 2, older than every step this node keeps (3, 4; a push under way" in (
+        node.said[0])

@@ -47,6 +47,7 @@ from .shelf import Shelf, Slot, Source, megabytes
 SOCKET_NAME = "snapshot.sock"
 MAX_STEP = 1 << 53
 MAX_START = 1 << 31
+KEEPALIVE = 2.0  # seconds between the frames that tell a rank its key is still being fetched from a peer
 
 
 def _say(text: str) -> None:
@@ -70,7 +71,7 @@ class SnapshotStore:
         self._say = say
         self._peer = peer
         self._peers = list(peers)
-        self._fetch_lock = threading.Lock()
+        self._fetching: Dict[str, threading.Lock] = {}  # a key being fetched: one fetch per key, keys at once
         self._conns: List[socket.socket] = []
         self._lock = threading.Lock()
         self._closed = False
@@ -194,7 +195,7 @@ class SnapshotStore:
                                             wire.int_field(header, "ranks", 1, 1 << 16))
             wire.send_frame(sock, {"ok": why is None, "why": why or "", "budget": self.budget, "said": not made})
         elif op == "steps":
-            source = self._fetch_missing(key)
+            source = self._fetch_answering(sock, key)
             held = self.shelf.held(key)
             wire.send_frame(sock, {"steps": [step for _, step in held], "held": [list(h) for h in held],
                                    "from": source[0] if source else None, "node": source[1] if source else None,
@@ -283,10 +284,29 @@ class SnapshotStore:
         finally:
             os.close(fd)
 
+    def _fetch_answering(self, sock: socket.socket, key: str) -> Optional[Source]:
+        """``_fetch_missing``, with a frame to the rank every ``KEEPALIVE`` seconds while it runs: a fetch takes as
+        long as the state's bytes take on the link (each chunk bounded by the peer's I/O timeout), and the rank's
+        own timeout bounds a silence, not the copy."""
+        if self.shelf.steps(key) or not self._peer:
+            return None
+        found: List[Optional[Source]] = []
+        thread = threading.Thread(target=lambda: found.append(self._fetch_missing(key)), name="snapshot-fetch",
+                                  daemon=True)
+        thread.start()
+        thread.join(KEEPALIVE)
+        while thread.is_alive():
+            wire.send_frame(sock, {"fetching": True})
+            thread.join(KEEPALIVE)
+        return found[0] if found else None
+
     def _fetch_missing(self, key: str) -> Optional[Source]:
         """A key this node holds nothing of (a spare's first start) is copied from the first peer that has it:
-        (that peer's index in ``peers``, its node index), None if held here or nowhere."""
-        with self._fetch_lock:
+        (that peer's index in ``peers``, its node index), None if held here or nowhere. The node's ranks fetch
+        their keys at once, each key once."""
+        with self._lock:
+            lock = self._fetching.setdefault(key, threading.Lock())
+        with lock:
             if self.shelf.steps(key) or not self._peer:
                 return None
             with self._lock:

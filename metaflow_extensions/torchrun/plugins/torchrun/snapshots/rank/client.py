@@ -15,7 +15,7 @@ from ...host.unix_socket import connect_unix
 from . import memory, wire
 
 MAX_BLOB = 1 << 40  # what a rank takes back from its own store, at most
-TIMEOUT = 120.0  # a store fetching a key from a peer answers after the copy
+TIMEOUT = 120.0  # the longest the store is silent: fetching a key from a peer, it says so every few seconds
 
 
 class StoreError(ConnectionError):
@@ -56,6 +56,8 @@ class StoreClient:
                 self._sock = sock
             wire.send_frame(self._sock, header)
             answer = wire.recv_header(self._sock)
+            while answer is not None and answer.get("fetching") is True:  # a spare's copy on its way from a peer
+                answer = wire.recv_header(self._sock)
             if answer is None:
                 raise wire.WireError("the store closed the connection")
             return answer
