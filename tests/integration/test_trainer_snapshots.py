@@ -39,8 +39,10 @@ STEPS, KILL_AT = 30, 20
 
 def torchrun(tmp_path, out, store, script, *args, every=""):
     """One torchrun of 2 ranks; its whole process group is killed if it outlives the timeout. ``store``
-    None: plain torchrun, nothing of ours (no store, no hook)."""
-    env = dict(os.environ, PYTHONPATH=REPO, MFTR_TEST_OUT=str(out), OMP_NUM_THREADS="1")
+    None: plain torchrun, nothing of ours (no store, no hook). Its temporary directory is its own."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir(exist_ok=True)
+    env = dict(os.environ, PYTHONPATH=REPO, MFTR_TEST_OUT=str(out), OMP_NUM_THREADS="1", TMPDIR=str(tmp))
     env.pop(SNAPSHOT_ENV, None)
     entry = [os.path.join(SCRIPTS, script)]
     if store is not None:
@@ -78,6 +80,21 @@ def starts(out, rank, field="first_step"):
     return [json.loads(line)[field] for line in (out / ("starts-rank-%d.jsonl" % rank)).read_text().splitlines()]
 
 
+def held_after_resume(out):
+    """Each rank at the restart's first step holds no copy of the snapshot it resumed from (no more CPU tensor
+    bytes than at the first start's first step, short of its model's size: the copy is 3 times that, with
+    Adam's state) and no checkpoint directory written from it. Its resident memory, for the record."""
+    for rank in (0, 1):
+        first, second = [json.loads(line) for line in (out / ("starts-rank-%d.jsonl" % rank)).read_text().splitlines()]
+        print("rank %d: resident %.1f MB before train(), %.1f MB at its first step (first start: %.1f, %.1f); CPU "
+              "tensors %d bytes (first start %d, model %d)" % (rank, second["rss_before"] / 2**20, second["rss"] / 2**20,
+                                                              first["rss_before"] / 2**20, first["rss"] / 2**20,
+                                                              second["tensor_bytes"], first["tensor_bytes"],
+                                                              first["model_bytes"]))
+        assert second["resume_dirs"] == [], second
+        assert second["tensor_bytes"] < first["tensor_bytes"] + first["model_bytes"], (first, second)
+
+
 def snapshot_lines(text):
     return [line for line in text.splitlines() if "metaflow-torchrun: snapshot:" in line]
 
@@ -95,6 +112,7 @@ def test_an_hf_trainer_resumes_at_its_last_snapshot_with_the_same_weights(tmp_pa
     resumed = KILL_AT - KILL_AT % 3
     for rank in (0, 1):
         assert starts(killed, rank) == [1, resumed + 1], (starts(killed, rank), snapshot_lines(second))
+    held_after_resume(killed)
     lines = snapshot_lines(second)
     assert any("resumed at step %d from memory" % resumed in line for line in lines), lines
     assert any("HF Trainer resumes at step %d" % resumed in line for line in lines), lines
@@ -115,7 +133,9 @@ def test_an_hf_trainers_snapshot_interval_is_chosen_from_a_saves_cost(tmp_path, 
 
 
 def test_a_lightning_trainer_resumes_at_its_last_snapshot_with_its_weights_of_then(tmp_path):
-    """Every 3 steps; the restart's weights at its start are the first start's at step 18, bit for bit."""
+    """Every 3 steps; the restart's weights at its start are the first start's at step 18, bit for bit, and
+    its RNGs at its first step the first start's at step 19 (Lightning's checkpoint keeps none: the
+    snapshot does). No snapshot ran the user's on_save_checkpoint hooks (the script takes no checkpoint)."""
     out = tmp_path / "killed"
     out.mkdir()
     args = ("--steps", str(STEPS), "--kill-at", str(KILL_AT))
@@ -133,6 +153,9 @@ def test_a_lightning_trainer_resumes_at_its_last_snapshot_with_its_weights_of_th
         assert [n["start"] for n in begins] == [0, resumed], begins
         then = [n["digest"] for n in notes[:notes.index(begins[1])] if n.get("step") == resumed]
         assert then == [begins[1]["digest"]], (then, begins)
+        rng = [n["rng"] for n in notes if n.get("step") == resumed + 1]
+        assert len(rng) == 2 and rng[0] == rng[1], rng
+        assert not [n for n in notes if "hook" in n], notes
     assert json.loads((out / "final.json").read_text())["global_step"] == STEPS
 
 

@@ -225,19 +225,21 @@ def test_owned_tensors_leave_the_buffer_they_viewed():
 
 # -- HF -----------------------------------------------------------------------------------------
 
-def test_hf_rng_states_come_back_as_hf_reads_them():
+def test_rng_states_come_back_as_hf_reads_them_and_as_lightnings_resume_sets_them():
     numpy = pytest.importorskip("numpy")
-    from metaflow_extensions.torchrun.plugins.torchrun.snapshots.rank.hf import hf_rng, rng_state
-    from metaflow_extensions.torchrun.plugins.torchrun.snapshots.rank.trainers import owned, plain
+    from metaflow_extensions.torchrun.plugins.torchrun.snapshots.rank.trainers import (owned, plain, rng_state,
+                                                                                       rng_values, set_rng)
 
     held = owned(plain(rng_state(False)))  # as a snapshot holds it: plain values and tensors
     first = (random.random(), numpy.random.rand(), torch.rand(1).item())
-    state = hf_rng(held)
+    state = rng_values(held)
     random.setstate(state["python"])
     numpy.random.set_state(state["numpy"])
     torch.random.set_rng_state(state["cpu"])
     assert (random.random(), numpy.random.rand(), torch.rand(1).item()) == first
     assert state["numpy"][1].dtype == numpy.uint32 and type(state["python"][1]) is tuple
+    set_rng(held)
+    assert (random.random(), numpy.random.rand(), torch.rand(1).item()) == first
 
 
 def test_a_snapshot_of_another_model_or_layout_is_not_used():

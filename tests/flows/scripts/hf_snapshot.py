@@ -5,8 +5,10 @@ RNG's restore shows in the weights. What the test adds, beside the training:
 --kill-at S  rank 1 SIGKILLs itself at step S's end, once: $MFTR_TEST_OUT/killed marks it done.
 Each start appends its first step to $MFTR_TEST_OUT/starts-rank-<R>.jsonl (with when the rank
 reached this script and finished that step, and whether transformers was already imported as the
-script began: a rank forked from a warm process that had learned it); rank 0 writes the
-final weights' sha256 to $MFTR_TEST_OUT/weights.sha256.
+script began: a rank forked from a warm process that had learned it), and what the rank holds then:
+its resident memory (and before train()), the bytes of the CPU tensors alive in it, its model's, and the
+resume directories left in its temporary directory; rank 0 writes the final weights' sha256 to
+$MFTR_TEST_OUT/weights.sha256. --vocab V: a larger embedding (a larger state, for a measurement).
 """
 
 import argparse
@@ -29,6 +31,7 @@ parser = argparse.ArgumentParser()
 parser.add_argument("--steps", type=int, default=20)
 parser.add_argument("--kill-at", type=int, default=0)
 parser.add_argument("--pause", type=float, default=0.005)
+parser.add_argument("--vocab", type=int, default=64)
 opts = parser.parse_args()
 OUT = os.environ["MFTR_TEST_OUT"]
 RANK = int(os.environ.get("RANK", "0"))
@@ -53,13 +56,34 @@ class Witness(TrainerCallback):
     def on_step_end(self, args, state, control, **kwargs):
         if self.first:
             self.first = False
+            held = {"rss": rss(), "rss_before": RSS_BEFORE[0], "tensor_bytes": tensor_bytes(),
+                    "model_bytes": sum(t.nbytes for t in kwargs["model"].state_dict().values()),
+                    "resume_dirs": [n for n in os.listdir(tempfile.gettempdir()) if n.startswith("snapshot-hf-")]}
             with open(os.path.join(OUT, "starts-rank-%d.jsonl" % RANK), "a") as f:
-                f.write(json.dumps({"first_step": state.global_step, "pid": os.getpid(), "script_at": ENTERED,
-                                    "at": time.time(), "warm": WARM}) + "\n")
+                f.write(json.dumps(dict(held, first_step=state.global_step, pid=os.getpid(), script_at=ENTERED,
+                                        at=time.time(), warm=WARM)) + "\n")
         marker = os.path.join(OUT, "killed")
         if RANK == 1 and state.global_step == opts.kill_at and not os.path.exists(marker):
             open(marker, "w").close()
             os.kill(os.getpid(), signal.SIGKILL)
+
+
+RSS_BEFORE = [0]
+
+
+def rss():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def tensor_bytes():
+    """The bytes of every CPU tensor's storage alive in this process, each storage once."""
+    storages = {}
+    for obj in gc.get_objects():
+        if isinstance(obj, torch.Tensor) and obj.device.type == "cpu":
+            storage = obj.untyped_storage()
+            storages[storage.data_ptr()] = storage.nbytes()
+    return sum(storages.values())
 
 
 def digest(model):
@@ -72,13 +96,14 @@ def digest(model):
 
 def train():
     torch.manual_seed(0)
-    config = BertConfig(vocab_size=64, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+    config = BertConfig(vocab_size=opts.vocab, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
                         intermediate_size=32, max_position_embeddings=16, num_labels=2)
     model = BertForSequenceClassification(config)
     args = TrainingArguments(output_dir=tempfile.mkdtemp(), max_steps=opts.steps, per_device_train_batch_size=4,
                              logging_steps=1, learning_rate=1e-3, report_to=[], save_strategy="no", use_cpu=True,
                              seed=7, disable_tqdm=True)
     trainer = Trainer(model=model, args=args, train_dataset=Tokens(), callbacks=[Witness()])
+    RSS_BEFORE[0] = rss()
     trainer.train()
     if RANK == 0:
         with open(os.path.join(OUT, "weights.sha256"), "w") as f:

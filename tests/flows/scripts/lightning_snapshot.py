@@ -5,7 +5,9 @@ injected callback's. What the test adds, beside the training (as hf_snapshot.py)
 Each rank appends to $MFTR_TEST_OUT/rank-<R>.jsonl its weights' sha256 where a start begins
 ({"start": global step}) and at each step's end ({"step": S}); rank 0 writes the final global step
 to $MFTR_TEST_OUT/final.json. (A plain DataLoader starts its epoch again on a resume, Lightning's
-way: the weights after it differ from an uninterrupted run's; those at the start must not.)
+way: the weights after it differ from an uninterrupted run's; those at the start must not.) Each step's
+note has the RNGs' digest too (torch's, numpy's, Python's), and the module's and a callback's
+on_save_checkpoint note each call ({"hook": ...}): this script takes no checkpoint of its own.
 """
 
 import argparse
@@ -13,9 +15,12 @@ import gc
 import hashlib
 import json
 import os
+import pickle
+import random
 import signal
 
 import lightning as L
+import numpy
 import torch
 
 parser = argparse.ArgumentParser()
@@ -34,6 +39,9 @@ class Tiny(L.LightningModule):
     def training_step(self, batch, batch_idx):
         x, y = batch
         return torch.nn.functional.mse_loss(self.layer(x), y)
+
+    def on_save_checkpoint(self, checkpoint):
+        note(hook="module", step=None)
 
     def configure_optimizers(self):
         opt = torch.optim.SGD(self.parameters(), lr=0.05, momentum=0.9)
@@ -57,6 +65,13 @@ def digest(module):
     return h.hexdigest()
 
 
+def rng_digest():
+    h = hashlib.sha256(torch.random.get_rng_state().numpy().tobytes())
+    h.update(pickle.dumps(numpy.random.get_state(legacy=True)))
+    h.update(pickle.dumps(random.getstate()))
+    return h.hexdigest()
+
+
 def note(**what):
     with open(os.path.join(OUT, "rank-%d.jsonl" % RANK), "a") as f:
         f.write(json.dumps(what) + "\n")
@@ -70,11 +85,14 @@ class Witness(L.Callback):
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         step = trainer.global_step
-        note(step=step, digest=digest(pl_module))
+        note(step=step, digest=digest(pl_module), rng=rng_digest())
         marker = os.path.join(OUT, "killed")
         if RANK == 1 and step == opts.kill_at and not os.path.exists(marker):
             open(marker, "w").close()
             os.kill(os.getpid(), signal.SIGKILL)
+
+    def on_save_checkpoint(self, trainer, pl_module, checkpoint):
+        note(hook="callback", step=None)
 
 
 def train():

@@ -5,7 +5,8 @@ model's and optimizer's state, the scheduler's, each RNG (Python, numpy, torch's
 and the trainer state (``trainer_state.json``'s text: global step, epoch). On a restart,
 ``Trainer.train`` called without ``resume_from_checkpoint`` is handed a checkpoint directory
 written from the snapshot, so HF's own resume path restores all of it and skips the batches
-already seen; the directory is removed when ``train`` returns. FSDP and DeepSpeed trainers keep
+already seen; the snapshot's copy is let go once the directory is written, and the directory is removed
+at the first step, once HF has read it. FSDP and DeepSpeed trainers keep
 their state sharded across ranks: they are left alone (said once), as the trainer itself decides it
 (``sharded_by``: accelerate's, whether from ``TrainingArguments`` or accelerate's own config).
 """
@@ -16,14 +17,13 @@ import dataclasses
 import functools
 import json
 import os
-import random
 import shutil
 import time
 from typing import Any, Optional, Tuple
 
 from . import api as snapshot
-from .trainers import (Dropped, first_load, gang_max, new_cadence, owned, plain, rank, resume_dir,
-                                say, tensor_text, text_tensor)
+from .trainers import (Dropped, first_load, gang_max, new_cadence, owned, plain, rank, resume_dir, rng_state,
+                       rng_values, say, tensor_text, text_tensor)
 
 CALLBACK_NAME = "TorchrunSnapshots"
 FORMAT = "hf-trainer-1"  # a snapshot of another layout is not used
@@ -68,9 +68,16 @@ def hf_callback(base: type) -> type:
             self.cadence: Any = None
             self.off = False
             self.sharded: Optional[str] = None  # its trainer's, told by the trainer's train() (wrap_train)
+            self.resume_dir: Optional[str] = None  # the checkpoint written from a snapshot, until HF has read it
 
         def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
             self.cadence = None if _sharded(self.sharded or sharded_by(args)) else new_cadence()
+
+        def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            """HF read the resume's last file (its RNG) just before: the directory goes now, not with train()."""
+            directory, self.resume_dir = self.resume_dir, None
+            if directory:
+                shutil.rmtree(directory, ignore_errors=True)
 
         def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
             cadence = self.cadence
@@ -113,36 +120,6 @@ def save_state(args: Any, state: Any, model: Any, optimizer: Any, scheduler: Any
         return False
 
 
-def rng_state(distributed: bool) -> dict:
-    """Each generator HF's checkpoint keeps, as tensors and plain values."""
-    import numpy
-    import torch
-
-    version, internal, gauss = random.getstate()
-    name, keys, pos, has_gauss, cached = numpy.random.get_state(legacy=True)
-    keys = numpy.asarray(keys)
-    out = {"python": [version, list(internal), gauss], "cpu": torch.random.get_rng_state(),
-           "numpy": {"name": str(name), "keys": torch.from_numpy(keys.astype(numpy.int64)), "pos": int(pos),
-                     "has_gauss": int(has_gauss), "cached": float(cached)}}
-    if torch.cuda.is_available():
-        out["cuda"] = list(torch.cuda.random.get_rng_state_all()) if distributed else \
-            torch.cuda.random.get_rng_state()
-    return out
-
-
-def hf_rng(held: dict) -> dict:
-    """``rng_state``'s value in the form HF's ``_load_rng_state`` reads."""
-    import numpy
-
-    version, internal, gauss = held["python"]
-    n = held["numpy"]
-    out = {"python": (int(version), tuple(int(i) for i in internal), gauss), "cpu": held["cpu"],
-           "numpy": (n["name"], n["keys"].numpy().astype(numpy.uint32), n["pos"], n["has_gauss"], n["cached"])}
-    if "cuda" in held:
-        out["cuda"] = held["cuda"]
-    return out
-
-
 def write_checkpoint(directory: str, held: dict, args: Any) -> None:
     """An HF checkpoint directory from a snapshot: the files HF's resume reads.
 
@@ -157,7 +134,7 @@ def write_checkpoint(directory: str, held: dict, args: Any) -> None:
         torch.save(held["scheduler"], os.path.join(directory, hf.SCHEDULER_NAME))
     world = int(getattr(args, "world_size", 1) or 1)
     name = "rng_state_%d.pth" % args.process_index if world > 1 else "rng_state.pth"
-    torch.save(hf_rng(held["rng"]), os.path.join(directory, name))
+    torch.save(rng_values(held["rng"]), os.path.join(directory, name))
     with open(os.path.join(directory, hf.TRAINER_STATE_NAME), "w", encoding="utf-8") as f:
         f.write(tensor_text(held["trainer_state"]))
 
@@ -179,6 +156,9 @@ def wrap_train(trainer: Any) -> None:
         directory = resume_dir("hf")
         try:
             write_checkpoint(directory, owned(held), self.args)
+            del resumed, held  # HF reads it from the directory: the snapshot's copy goes now, not with train()
+            for callback in _ours(self):
+                callback.resume_dir = directory  # removed at the first step: HF has read all of it by then
             if args:
                 args = (directory,) + args[1:]
             else:

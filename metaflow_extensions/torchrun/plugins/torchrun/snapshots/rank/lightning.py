@@ -3,7 +3,11 @@
 The callback saves at an optimizer step's end (the batch where ``global_step`` moved, as
 ``ModelCheckpoint(every_n_train_steps)`` does) what Lightning's checkpoint holds: the model's,
 optimizers' and schedulers' states, the loops' counters and the callbacks' states, with what is
-no tensor or plain value left out (said once). On a restart Lightning's checkpoint loading is
+no tensor or plain value left out (said once), and each RNG (Python, numpy, torch's CPU and CUDA),
+which Lightning's checkpoint does not keep: set back before the first batch after the resume. The
+``on_save_checkpoint`` hooks (your module's, datamodule's and callbacks') run at your checkpoints only,
+not at a snapshot: what they add to a checkpoint is not in one (your ``on_load_checkpoint`` gets a
+snapshot's without it). On a restart Lightning's checkpoint loading is
 handed a file written from the snapshot, where ``fit`` was given no ``ckpt_path``: that happens
 in ``resume_start``, past ``init_process_group`` (inside ``fit``), where the ranks can agree on
 the step. Lightning restores the data position only for a loader with ``state_dict`` (its
@@ -16,15 +20,17 @@ import functools
 import importlib
 import os
 import shutil
+import threading
 import time
 from typing import Any, Optional, Tuple
 
 from . import api as snapshot
 from ...procs.trainer_hooks import with_lightning_callback
-from .trainers import Dropped, first_load, gang_max, new_cadence, owned, plain, rank, resume_dir, say
+from .trainers import (Dropped, first_load, gang_max, new_cadence, owned, plain, rank, resume_dir, rng_state,
+                       say, set_rng)
 
 CALLBACK_NAME = "TorchrunSnapshots"
-FORMAT = "lightning-1"
+FORMAT = "lightning-2"  # with the RNG
 _SHARDED = ("FSDP", "DeepSpeed", "ModelParallel", "XLA")
 
 
@@ -34,6 +40,32 @@ def patch(module: Any) -> None:
         return
     connectors = importlib.import_module(package + ".trainer.connectors.checkpoint_connector")
     wrap_resume_start(connectors._CheckpointConnector)
+    quiet_hooks(importlib.import_module(package + ".trainer.call"))
+
+
+_snapshotting = threading.local()  # set while a snapshot's checkpoint is made: the user's hooks are not run
+
+
+def quiet_hooks(call: Any) -> None:
+    """Lightning's hook callers (``trainer/call.py``, which ``dump_checkpoint`` calls through) skip
+    ``on_save_checkpoint`` while a snapshot is made: a user's hook (it logs, uploads, counts checkpoints)
+    is for the user's checkpoints."""
+    if getattr(call, "_torchrun_snapshots", False):
+        return
+    callbacks_hook, module_hook = call._call_callbacks_on_save_checkpoint, call._call_lightning_module_hook
+
+    @functools.wraps(callbacks_hook)
+    def on_callbacks(trainer: Any, checkpoint: Any) -> Any:
+        return None if getattr(_snapshotting, "on", False) else callbacks_hook(trainer, checkpoint)
+
+    @functools.wraps(module_hook)
+    def on_module(trainer: Any, hook_name: str, *args: Any, **kwargs: Any) -> Any:
+        if hook_name == "on_save_checkpoint" and getattr(_snapshotting, "on", False):
+            return None
+        return module_hook(trainer, hook_name, *args, **kwargs)
+
+    call._call_callbacks_on_save_checkpoint, call._call_lightning_module_hook = on_callbacks, on_module
+    call._torchrun_snapshots = True
 
 
 def _sharded(trainer: Any) -> bool:
@@ -50,6 +82,12 @@ def lightning_callback(base: type) -> type:
             self.cadence: Any = None
             self.off = False
             self.last = -1
+            self.rng: Optional[dict] = None  # a resumed snapshot's RNG, set back before the first batch
+
+        def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
+            rng, self.rng = self.rng, None
+            if rng is not None:
+                set_rng(rng)
 
         def on_train_start(self, trainer: Any, pl_module: Any) -> None:
             self.cadence = None if _sharded(trainer) else new_cadence()
@@ -74,8 +112,13 @@ def save_state(trainer: Any, step: int) -> bool:
     """Whether snapshots go on: never raises into the training."""
     dropped = Dropped()
     try:
-        checkpoint = trainer._checkpoint_connector.dump_checkpoint(weights_only=False)
-        held = {"format": FORMAT, "checkpoint": plain(checkpoint, "checkpoint", dropped)}
+        _snapshotting.on = True
+        try:
+            checkpoint = trainer._checkpoint_connector.dump_checkpoint(weights_only=False)
+        finally:
+            _snapshotting.on = False
+        held = {"format": FORMAT, "checkpoint": plain(checkpoint, "checkpoint", dropped),
+                "rng": rng_state(distributed=True)}
         if dropped:
             say("left out of Lightning's snapshots (no tensor or plain value): %s" % ", ".join(dropped[:5]),
                 once="pl dropped")
@@ -106,6 +149,9 @@ def wrap_resume_start(connector: Any) -> None:
             # Our own state, verified by its digest at load, written for Lightning's loader; nothing
             # here unpickles anything.
             torch.save(owned(held["checkpoint"]), path)
+            for callback in _ours(self.trainer):
+                callback.rng = owned(held["rng"])  # its own memory: a view would keep the whole snapshot
+            del resumed, held  # Lightning reads the file: the snapshot's copy goes now (its RNG's tensors stay)
             if args:
                 args = (path,) + args[1:]
             else:
@@ -123,9 +169,13 @@ def _may_resume(trainer: Any) -> bool:
     fn = getattr(getattr(trainer, "state", None), "fn", None)
     if str(getattr(fn, "value", fn)) != "fit":
         return False
-    if not any(type(c).__name__ == CALLBACK_NAME for c in getattr(trainer, "callbacks", [])):
+    if not _ours(trainer):
         return False
     return not _sharded(trainer) and first_load()
+
+
+def _ours(trainer: Any) -> list:
+    return [c for c in getattr(trainer, "callbacks", []) if type(c).__name__ == CALLBACK_NAME]
 
 
 def load_for(trainer: Any) -> Optional[Tuple[int, dict]]:

@@ -12,6 +12,7 @@ checkpoint written from ``snapshot.load``, so the trainer restores what it alway
 from __future__ import annotations
 
 import os
+import random
 import sys
 import tempfile
 from typing import Any, Callable, Dict, List, Mapping, Optional
@@ -106,6 +107,54 @@ def resume_dir(kind: str) -> str:
     if parent is not None and not os.path.isdir(parent):
         parent = None
     return tempfile.mkdtemp(prefix="snapshot-%s-rank%d-" % (kind, rank()), dir=parent)
+
+
+def rng_state(distributed: bool) -> dict:
+    """Each generator a training draws from (Python's, numpy's, torch's CPU and CUDA: every device's where
+    ``distributed``), as tensors and plain values: what a snapshot holds."""
+    import numpy
+    import torch
+
+    version, internal, gauss = random.getstate()
+    name, keys, pos, has_gauss, cached = numpy.random.get_state(legacy=True)
+    keys = numpy.asarray(keys)
+    out = {"python": [version, list(internal), gauss], "cpu": torch.random.get_rng_state(),
+           "numpy": {"name": str(name), "keys": torch.from_numpy(keys.astype(numpy.int64)), "pos": int(pos),
+                     "has_gauss": int(has_gauss), "cached": float(cached)}}
+    if torch.cuda.is_available():
+        out["cuda"] = list(torch.cuda.random.get_rng_state_all()) if distributed else \
+            torch.cuda.random.get_rng_state()
+    return out
+
+
+def rng_values(held: dict) -> dict:
+    """``rng_state``'s value back in each library's own form (HF's ``_load_rng_state`` reads this dict)."""
+    import numpy
+
+    version, internal, gauss = held["python"]
+    n = held["numpy"]
+    out = {"python": (int(version), tuple(int(i) for i in internal), gauss), "cpu": held["cpu"],
+           "numpy": (n["name"], n["keys"].numpy().astype(numpy.uint32), n["pos"], n["has_gauss"], n["cached"])}
+    if "cuda" in held:
+        out["cuda"] = held["cuda"]
+    return out
+
+
+def set_rng(held: dict) -> None:
+    """Every generator ``rng_state`` kept, set back (CUDA's where this process has CUDA)."""
+    import numpy
+    import torch
+
+    values = rng_values(owned(held))  # torch's setters take a tensor of its own, not a view
+    random.setstate(values["python"])
+    numpy.random.set_state(values["numpy"])
+    torch.random.set_rng_state(values["cpu"])
+    cuda = values.get("cuda")
+    if cuda is not None and torch.cuda.is_available():
+        if isinstance(cuda, list):
+            torch.cuda.random.set_rng_state_all(cuda)
+        else:
+            torch.cuda.random.set_rng_state(cuda)
 
 
 class Dropped(List[str]):
