@@ -36,6 +36,7 @@ def test_a_real_gloo_dump_gives_the_default_groups_collectives_in_order():
     assert read == [(e["process_group"][0], e["collective_seq_id"], e["time_created_ns"]) for e in entries]
     assert {a[0] for a in read} == {"0", "1"}  # the default group's, and another's
     assert new_entries(text, newest, lambda seq: True) == ([], newest, 0)  # nothing after the last read
+    assert new_entries(text, -1, lambda seq: True, most=2) == (entries[-2:], newest, 2)  # a first read: the newest
     later = new_entries(text, newest - 2, lambda seq: seq % 2 == 0)  # the two newest, those wanted only
     assert later[2] == 2 and all(e["collective_seq_id"] % 2 == 0 for e in later[0])
     assert arrival({"process_group": ["0", "default_pg"], "collective_seq_id": True, "time_created_ns": 5}) is None

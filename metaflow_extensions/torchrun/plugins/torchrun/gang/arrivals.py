@@ -230,6 +230,7 @@ class ArrivalBook:
         self.clock_ns = clock_ns
         self.gaps: Dict[int, Deque[int]] = {}  # node -> recent (recv - sent), ns
         self.pending: "OrderedDict[Tuple[str, int], Dict[int, Tuple[Seen, Seen]]]" = OrderedDict()
+        self.held: Dict[Tuple[str, int], int] = {}  # the ranks a pending pair has been heard from
         self.sizes: Dict[str, int] = {}
         self.window: Dict[str, Deque[Tuple[Joined, Joined]]] = {}
         self.joined = 0  # pairs joined this start: the verdict is worked out again when it grows
@@ -239,6 +240,7 @@ class ArrivalBook:
 
     def new_start(self) -> None:
         self.pending.clear()
+        self.held.clear()
         self.window.clear()
         self.joined = 0
         self.first_ns = None
@@ -260,12 +262,16 @@ class ArrivalBook:
 
     def _add(self, key: Tuple[str, int], node: int, sides: Tuple[Seen, Seen]) -> None:
         nodes = self.pending.setdefault(key, {})
+        had = nodes.get(node)
         nodes[node] = sides
-        if sum(s[0][3] for s in nodes.values()) < self.sizes[key[0]]:
+        held = self.held.get(key, 0) + sides[0][3] - (had[0][3] if had else 0)  # the ranks heard from
+        if held < self.sizes[key[0]]:
+            self.held[key] = held
             while len(self.pending) > PENDING:
-                self.pending.popitem(last=False)
+                self.held.pop(self.pending.popitem(last=False)[0], None)
             return
         del self.pending[key]
+        self.held.pop(key, None)
         before, after = join({n: s[0] for n, s in nodes.items()}), join({n: s[1] for n, s in nodes.items()})
         if before is None or after is None:
             return

@@ -23,13 +23,14 @@ keeps it near 1 % of the rank's time (docs/benchmarks.md, "Who the gang waits fo
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
 import sys
 import threading
 import time
-from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, NamedTuple, Optional, Tuple
 
 from .flight_ask import default_backends, dump_recorder, recorder_for
 from .names import ARRIVALS_SUFFIX, RESTART_COUNT_ENV, rank_file
@@ -45,6 +46,7 @@ TARGET = 12.0  # pairs a second kept, at most (6 to 12): a node's heartbeat carr
 MAX_LEVEL = 24
 STAY = 1.25  # a level changes where the rate is this far past its bound
 MAX_GROUPS = 8  # process groups read, the default first (gang/arrivals.py's records hold as many)
+FIRST = 256  # entries a rank's first read takes, the newest
 HOST = "host"  # an arrival is the host's enqueue time (time_created_ns)
 DEVICE = "device"  # ... or when the collective began on the device (NCCL with TORCH_NCCL_ENABLE_TIMING=1)
 CLOCKS = (HOST, DEVICE)
@@ -84,26 +86,28 @@ def settled(now: int, rate: float, target: Optional[float] = None) -> int:
     return now
 
 
-def new_entries(text: Any, after: int, wanted: Callable[[int], bool]) -> Tuple[List[Any], int, int]:
-    """The dump's entries recorded after record ``after`` whose ``collective_seq_id`` is ``wanted``, parsed
-    each alone, oldest first; the newest record id and how many were new. Where the dump is not written as
-    torch writes it, every entry is parsed."""
+def new_entries(text: Any, after: int, wanted: Callable[[int], bool],
+                most: Optional[int] = None) -> Tuple[List[Any], int, int]:
+    """The dump's entries recorded after record ``after`` (at most the newest ``most``) whose
+    ``collective_seq_id`` is ``wanted``, parsed each alone, oldest first; the newest record id and how many
+    were new. Where the dump is not written as torch writes it, every entry is parsed."""
     if isinstance(text, bytes):
         text = text.decode("utf-8", "replace")
     if not isinstance(text, str):
         return [], after, 0
-    starts = [(m.start(), int(m.group(1))) for m in _START.finditer(text)]
-    if not starts:
+    starts = _backwards(text)
+    first = next(starts, None)
+    if first is None:
         return _after(_all_entries(text), after, wanted)
-    last = _RECORD.search(text, starts[-1][0])
+    last = _RECORD.search(text, first[0])
     if last is not None and int(last.group(1)) < after:
         after = -1  # the recorder began again (torch's reset): every entry is new
     out: List[Any] = []
     newest, count = after, 0
-    for at, seq in reversed(starts):
+    for at, seq in itertools.chain([first], starts):
         found = _RECORD.search(text, at, at + 100_000)
         record = int(found.group(1)) if found else -1
-        if record <= after:
+        if record <= after or count == most:
             break
         newest, count = max(newest, record), count + 1
         if wanted(seq):
@@ -113,6 +117,20 @@ def new_entries(text: Any, after: int, wanted: Callable[[int], bool]) -> Tuple[L
                 continue
     out.reverse()
     return out, newest, count
+
+
+def _backwards(text: str) -> Iterator[Tuple[int, int]]:
+    """Each entry's (offset, sequence number), the newest first: a read stops at the last one it read
+    before, so it scans the dump's tail, not all of it."""
+    end = len(text)
+    while True:
+        at = text.rfind(_ENTRY, 0, end)
+        if at < 0:
+            return
+        found = _START.match(text, at)
+        if found is not None:
+            yield at, int(found.group(1))
+        end = at
 
 
 def _after(entries: List[Any], after: int, wanted: Callable[[int], bool]) -> Tuple[List[Any], int, int]:
@@ -232,7 +250,8 @@ class ArrivalWatch:
 
     def take(self, text: Any, sizes: Dict[str, int], now: float) -> bool:
         """The dump's new pairs, kept and written; the level set again from the rate they came at."""
-        entries, newest, count = new_entries(text, self.record, self.wanted)
+        # The first read takes the newest FIRST only: a full recorder's every entry parsed was 0.2 s.
+        entries, newest, count = new_entries(text, self.record, self.wanted, FIRST if self.record < 0 else None)
         self.record = self._clock(entries, newest)
         found = [a for a in (arrival(e, self.clock) for e in entries) if a is not None and a[0] in sizes]
         self._pace(count, found, _entries_in(text), now)
