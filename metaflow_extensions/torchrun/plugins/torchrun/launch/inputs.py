@@ -117,7 +117,8 @@ def validate_snapshots(value: Any, restarts: Optional[int]) -> Optional[int]:
 
 def validate_snapshot_memory(value: Any) -> Optional[float]:
     """``@torchrun(snapshot_memory)``: the node's snapshot store's budget, MB as a whole number or a share
-    of the host's available memory as ``"N%"``; returned as MB (> 1) or a share (<= 1); None: the default."""
+    of the room the node's container has (``snapshots/node/budget.py``) as ``"N%"``; returned as MB (> 1) or
+    a share (<= 1); None: the default."""
     if value is None:
         return None
     if isinstance(value, str) and value.strip().endswith("%"):
@@ -129,7 +130,8 @@ def validate_snapshot_memory(value: Any) -> Optional[float]:
         return float(value)
     raise TorchrunInvalidArgument(
         "@torchrun(snapshot_memory=%s): the node's memory for snapshots, in MB (a whole number from 16 to %d) "
-        "or as a share of the host's available memory (\"1%%\" to \"90%%\")." % (shown(value), 1 << 24))
+        "or as a share of the memory the node's container has room for (\"1%%\" to \"90%%\")."
+        % (shown(value), 1 << 24))
 
 
 def validate_min_nodes(value: Any, restarts: Optional[int], spares: Any, num_parallel: Sequence[Any] = (),
