@@ -22,14 +22,17 @@ import pytest
 from .calls import once_per_pytest_run
 from .helpers import output
 from metaflow_extensions.torchrun.plugins.torchrun.snapshots.node.store import SnapshotStore
-from metaflow_extensions.torchrun.plugins.torchrun.procs.names import SNAPSHOT_ENV, SNAPSHOT_EVERY_ENV
+from metaflow_extensions.torchrun.plugins.torchrun.procs.names import RESTART_ENV, SNAPSHOT_ENV, SNAPSHOT_EVERY_ENV
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCRIPTS = os.path.join(REPO, "tests", "flows", "scripts")
-SHIM = """import runpy, sys
+SHIM = """import os, runpy, sys
+from metaflow_extensions.torchrun.plugins.torchrun.procs.names import RESTART_COUNT_ENV, RESTART_ENV
 from metaflow_extensions.torchrun.plugins.torchrun.snapshots.rank import trainers as trainer_snapshots
+if os.environ.get(RESTART_ENV):  # as the bootstrap does: the gang's restart k runs a fresh torchrun
+    os.environ[RESTART_COUNT_ENV] = os.environ[RESTART_ENV]
 trainer_snapshots.install()
 sys.argv = sys.argv[1:]
 runpy.run_path(sys.argv[0], run_name="__main__")
@@ -37,7 +40,7 @@ runpy.run_path(sys.argv[0], run_name="__main__")
 STEPS, KILL_AT = 30, 20
 
 
-def torchrun(tmp_path, out, store, script, *args, every=""):
+def torchrun(tmp_path, out, store, script, *args, every="", restart=0):
     """One torchrun of 2 ranks; its whole process group is killed if it outlives the timeout. ``store``
     None: plain torchrun, nothing of ours (no store, no hook). Its temporary directory is its own."""
     tmp = tmp_path / "tmp"
@@ -48,7 +51,7 @@ def torchrun(tmp_path, out, store, script, *args, every=""):
     if store is not None:
         shim = tmp_path / "shim.py"
         shim.write_text(SHIM)
-        env.update(store.environ(), **{SNAPSHOT_EVERY_ENV: every})
+        env.update(store.environ(), **{SNAPSHOT_EVERY_ENV: every, RESTART_ENV: str(restart)})
         entry.insert(0, str(shim))
     argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "--tee", "3",
             *entry, *args]  # --tee: each line says its rank, [default<R>]:
@@ -106,7 +109,7 @@ def test_an_hf_trainer_resumes_at_its_last_snapshot_with_the_same_weights(tmp_pa
     with SnapshotStore(str(tmp_path / "store"), budget=256 << 20) as store:
         code, first = torchrun(tmp_path, killed, store, "hf_snapshot.py", *args, every="3")
         assert code != 0 and (killed / "killed").exists(), first[-4000:]
-        code, second = torchrun(tmp_path, killed, store, "hf_snapshot.py", *args, every="3")
+        code, second = torchrun(tmp_path, killed, store, "hf_snapshot.py", *args, every="3", restart=1)
         assert code == 0, second[-4000:]
     # Every 3 steps: the kill at step 20's end finds 18 the newest snapshot both ranks hold.
     resumed = KILL_AT - KILL_AT % 3
@@ -142,7 +145,7 @@ def test_a_lightning_trainer_resumes_at_its_last_snapshot_with_its_weights_of_th
     with SnapshotStore(str(tmp_path / "store"), budget=256 << 20) as store:
         code, first = torchrun(tmp_path, out, store, "lightning_snapshot.py", *args, every="3")
         assert code != 0 and (out / "killed").exists(), first[-4000:]
-        code, second = torchrun(tmp_path, out, store, "lightning_snapshot.py", *args, every="3")
+        code, second = torchrun(tmp_path, out, store, "lightning_snapshot.py", *args, every="3", restart=1)
         assert code == 0, second[-4000:]
     resumed = KILL_AT - KILL_AT % 3
     lines = snapshot_lines(second)

@@ -56,12 +56,13 @@ class Witness(TrainerCallback):
     def on_step_end(self, args, state, control, **kwargs):
         if self.first:
             self.first = False
+            at = time.time()  # the step done (benchmarks/restart_scale.py reads it), before the memory scan
             held = {"rss": rss(), "rss_before": RSS_BEFORE[0], "tensor_bytes": tensor_bytes(),
                     "model_bytes": sum(t.nbytes for t in kwargs["model"].state_dict().values()),
                     "resume_dirs": [n for n in os.listdir(tempfile.gettempdir()) if n.startswith("snapshot-hf-")]}
             with open(os.path.join(OUT, "starts-rank-%d.jsonl" % RANK), "a") as f:
                 f.write(json.dumps(dict(held, first_step=state.global_step, pid=os.getpid(), script_at=ENTERED,
-                                        at=time.time(), warm=WARM)) + "\n")
+                                        at=at, warm=WARM)) + "\n")
         marker = os.path.join(OUT, "killed")
         if RANK == 1 and state.global_step == opts.kill_at and not os.path.exists(marker):
             open(marker, "w").close()
