@@ -386,3 +386,45 @@ def test_the_service_tells_the_verdict_before_any_node_hears_it(net):
     assert clients[0].wait_for_verdict(GUARD) is not None
     ((cause, heard),) = told
     assert cause.node_index == 1 and heard == [None, None]
+
+
+def _not_running(pid: int) -> bool:
+    """Gone, or a zombie: dead whatever its parent's reap."""
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except OSError:
+        return True
+
+
+def test_a_silent_nodes_processes_are_killed_frozen_and_its_forked_warm_process_too(tmp_path):
+    """The gang went on without a silent node: every process of it goes, SIGSTOPped ones included (a
+    SIGTERM never reaches them), the warm process forked for it from the control's too, which is not
+    below its task; the task, killed, is started again as a returning node."""
+    from metaflow_extensions.torchrun.plugins.torchrun.launch.command import ZYGOTE_MODULE
+    from metaflow_extensions.torchrun.plugins.torchrun.runtime.node_tasks import node_processes
+
+    warm = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])  # forked elsewhere, as a node's
+    sock = str(tmp_path / "zygote.sock")
+    (tmp_path / "zygote.sock.pid").write_text(str(warm.pid))
+    stand_in = "[sys.executable, '-c', 'import time; time.sleep(60)', %r, %r]" % (ZYGOTE_MODULE, sock)
+    nodes = NodeTasks(returns=1)
+    nodes.start(1, _node("import subprocess, sys, time; subprocess.Popen(%s, start_new_session=True); "
+                         "time.sleep(60)" % stand_in), dict(os.environ))
+    first = nodes.procs[1]
+    try:
+        assert wait_until(lambda: len(node_processes(first.pid)) == 3, GUARD), node_processes(first.pid)
+        frozen = [pid for pid, _ in node_processes(first.pid)]
+        assert warm.pid in frozen and first.pid in frozen
+        for pid in frozen:
+            os.kill(pid, signal.SIGSTOP)
+        nodes.cut_off(1)
+        assert wait_until(lambda: all(_not_running(pid) for pid in frozen), GUARD), frozen
+        assert wait_until(lambda: nodes.procs[1] is not first, GUARD)  # started again: it comes back
+        assert first.returncode == -signal.SIGKILL and warm.wait(GUARD) == -signal.SIGKILL
+    finally:
+        nodes.stop_returns()
+        for proc in list(nodes.procs.values()) + [warm]:
+            if proc.poll() is None:
+                proc.kill()
+        nodes.wait()
