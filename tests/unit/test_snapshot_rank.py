@@ -204,6 +204,22 @@ def test_a_nodes_local_ranks_hold_one_copy_of_their_replicated_state(tmp_path):
     assert step == 3 and torch.equal(back["model"]["weight"], state["model"]["weight"])
 
 
+def test_a_sharing_ranks_digest_of_its_tensors_is_the_digest_of_the_copy_laid_out():
+    """What a local rank other than 0 sends (read from its tensors, a transposed one and an empty one included)
+    is what the store computes from local rank 0's slot, and what a CUDA rank computes from its staging buffer."""
+    from metaflow_extensions.torchrun.plugins.torchrun.snapshots.rank import codec, saver
+
+    state = {"a": torch.randn(100, 7).t(), "b": torch.arange(10), "c": {"lr": 0.1}, "e": torch.zeros(0)}
+    plan = codec.plan(state, True)
+    blob = saver.encode(3, state)
+    staged = saver.HostBuffer(len(blob) + 64, pinned=False)
+    staged.view[:len(blob)] = blob
+    assert saver.state_digest(codec.manifest_bytes(3, plan.tree, plan.specs), plan) == codec.content_digest(blob) \
+        == codec.content_digest(staged.view[:len(blob)])
+    state["a"][0, 0] += 1
+    assert saver.state_digest(codec.manifest_bytes(3, plan.tree, plan.specs), plan) != codec.content_digest(blob)
+
+
 def test_a_rank_whose_replicated_state_differs_is_never_handed_the_nodes_copy(tmp_path):
     """Local rank 1's 'replicated' state is not local rank 0's: it holds no step of the node's copy (a load
     resumes from your checkpoint, or an older step every rank holds alike), said once; rank 2, alike, holds it."""

@@ -1,12 +1,13 @@
 """The snapshots a node holds in its own memory, in slots, within a budget.
 
 A slot is a sealed memfd (``snapshots/rank/memory.py``) the store maps and hands to a rank, which
-writes a snapshot straight into it. Per key (``rank-R`` for a shard, ``local-L`` for replicated
-state) the shelf keeps the newest two committed snapshots (the gang agrees on the newest step every
-rank holds, and a rank killed while saving step S leaves the others holding S and S-1) and the
-slot being written: three slots in the steady state, handed out again in turn, so a save makes no
-memory and maps nothing new. A slot being written is no snapshot until it is committed (``finish``):
-a writer killed half-way leaves the key's snapshots as they were, its slot back on the free list.
+writes a snapshot straight into it. Per key (``rank-R-of-W`` for a shard, ``local-0`` for the node's one
+copy of replicated state, which its other local ranks share by digest: ``share``) the shelf keeps the
+newest two committed snapshots (the gang agrees on the newest step every rank holds, and a rank killed
+while saving step S leaves the others holding S and S-1) and the slot being written: three slots in the
+steady state, handed out again in turn, so a save makes no memory and maps nothing new. A slot being
+written is no snapshot until it is committed (``finish``): a writer killed half-way leaves the key's
+snapshots as they were, its slot back on the free list.
 
 A snapshot is known by its start and its step (``Held``): the ranks' start (the gang's restart count)
 that took it. Two starts can each leave a step S on different ranks (a rank killed in its save of S in

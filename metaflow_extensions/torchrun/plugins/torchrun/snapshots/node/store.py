@@ -16,7 +16,8 @@ one to a peer, which is when its digest is computed.
 A rank's requests (``snapshots/rank/client.py``'s ``StoreClient``), each a frame of
 ``wire``: ``plan`` (will a snapshot of this size fit?), ``slot`` (a slot to write the key's
 next snapshot in: its id, and its fd the first time this connection is given it; the ids of slots
-closed since, to unmap), ``commit`` (that slot holds step S of the rank's start K, whole), ``steps``
+closed since, to unmap), ``commit`` (that slot holds step S of the rank's start K, whole), ``share`` (a local
+rank other than 0's replicated state: its digest of step S of start K, the bytes being local rank 0's), ``steps``
 (the (start, step) held for a key, fetched from a peer first where none is, and the newest step of any
 key), ``get`` (a read-only fd of a (start, step)'s slot, held as it is until the connection's next request).
 
