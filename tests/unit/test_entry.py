@@ -31,7 +31,7 @@ ARGV = ["/abs/train.py"] + TORCHRUN_LOOKALIKES + ODD
 def test_round_trip_and_private(tmp_path):
     path = entry.write_entry(str(tmp_path), ARGV)
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
-    assert entry.read_entry(path) == (ARGV, True)
+    assert entry.read_entry(path) == (ARGV, True, True)
 
 
 def test_never_overwrites_or_follows(tmp_path):
@@ -55,11 +55,11 @@ def test_torchruns_parser_sees_no_user_argument(tmp_path):
 
 
 def test_bootstrap_entry(tmp_path):
-    path = entry.write_entry(str(tmp_path), ARGV, trainer_progress=False)
+    path = entry.write_entry(str(tmp_path), ARGV, trainer_progress=False, arrivals=False)
     env = {entry.ENTRY_ENV: path}
-    assert entry.bootstrap_entry([path], env) == (ARGV, False)  # the step's settings come with it
-    assert entry.bootstrap_entry(["/abs/train.py", "--x"], env) == (["/abs/train.py", "--x"], True)
-    assert entry.bootstrap_entry([path], {}) == ([path], True)
+    assert entry.bootstrap_entry([path], env) == (ARGV, False, False)  # the step's settings come with it
+    assert entry.bootstrap_entry(["/abs/train.py", "--x"], env) == (["/abs/train.py", "--x"], True, True)
+    assert entry.bootstrap_entry([path], {}) == ([path], True, True)
 
 
 def test_agent_environment_and_the_ranks_tmpdir(tmp_path):

@@ -53,6 +53,7 @@ KNOBS = Knobs(
     flight_recorder=300,  # the ranks' environment
     warm_start=False,  # the call's warm process
     trainer_progress=False,  # the ranks' entry file
+    arrivals=False,  # the ranks' entry file
 )
 
 # Each field at a value no default has, and where the test below looks for it.
@@ -173,7 +174,8 @@ def test_a_call_keeps_its_logs_and_starts_its_ranks_as_the_settings_say(run):
         keep=4, hours=1.0, max_bytes=9 * 1024 * 1024, young_seconds=retention_policy().young_seconds)
     assert run.launch.warm is not None and run.launch.warm.path == "" and run.launch.warm.pid is None  # warm_start=False
     assert names.ZYGOTE_ENV not in run.launch.start(None, 29777, 0).env
-    assert entry.read_entry(run.launch.entry[0]).trainer_progress is False  # what the ranks read of the settings
+    read = entry.read_entry(run.launch.entry[0])  # what the ranks read of the settings
+    assert read.trainer_progress is False and read.arrivals is False
 
 
 def test_a_call_keeps_snapshots_as_the_settings_say(run):
@@ -183,7 +185,7 @@ def test_a_call_keeps_snapshots_as_the_settings_say(run):
     assert run.snapshots.open() is None  # no gang's secret: no port for peers
     try:
         assert run.snapshots.store is not None and run.snapshots.store.budget == 64 << 20
-        why, _budget = run.snapshots.store.shelf.plan("local-0", 8 << 20, ranks=4)  # 4 x 3 x 8 MB > 64 MB
+        why, _budget = run.snapshots.store.shelf.plan("local-0", 24 << 20, ranks=4)  # 3 x 24 MB > 64 MB
         assert why is not None and "budget is 64.0 MB (@torchrun(snapshot_memory=64))" in why, why
         env = run.launch.start(None, 29777, 0).env
         assert env[names.SNAPSHOT_EVERY_ENV] == "25" and env[names.SNAPSHOT_ENV] == run.snapshots.store.path
