@@ -23,7 +23,7 @@ import pytest
 from our_processes import node_processes
 
 from .helpers import finish_or_explain, without_task_prefix
-from .test_lost_nodes import _JOIN, _starts, _task_of
+from .test_lost_nodes import _JOIN, _history_of, _starts, _task_of
 
 pytestmark = pytest.mark.integration
 
@@ -189,6 +189,8 @@ def test_with_a_spare_a_frozen_node_is_swapped_out_and_back_then_a_spot_notice_s
     assert silent["kind"] == "unresponsive" and (silent["swapped_out"], silent["swapped_in"]) == (1, 2), silent
     assert told["kind"] == "preempted" and (told["swapped_out"], told["swapped_in"]) == (2, 1), told
     assert silent["steps_lost"] <= 1 and told["steps_lost"] <= 1, joined["restarts"]
+    # Node history: the frozen node is blamed though the step went on; one told to go is nobody's fault.
+    assert _history_of(joined, 1) == {"frozen": 1} and "frozen" not in _history_of(joined, 2), joined["history"]
 
 
 def test_with_a_spare_a_workers_sigterm_swaps_it_out_and_only_its_task_ends(gang):
@@ -244,6 +246,7 @@ def test_with_min_nodes_a_frozen_node_is_left_behind_and_grows_back_then_a_sigte
     joined = _joined(gang)
     assert joined["roles"] == {"0": "active", "1": "out", "2": "active"}, joined
     assert [r["kind"] for r in joined["restarts"]] == ["unresponsive", "regrown", "preempted"], joined["restarts"]
+    assert _history_of(joined, 2) == {"frozen": 1}, joined["history"]
 
 
 def test_with_min_nodes_a_spot_notice_shrinks_the_gang(gang):

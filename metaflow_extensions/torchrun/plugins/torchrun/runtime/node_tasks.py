@@ -166,7 +166,7 @@ class NodeTasks:
         found = node_processes(proc.pid)
         proctree.signal_all(found, signal.SIGKILL)
         said = ("@torchrun: node %d was silent past heartbeat_timeout and the gang went on without it: its task "
-                "and every process below it killed (%d)\n" % (node, len(found))).encode()
+                "and every process below it killed (%d processes)\n" % (node, len(found))).encode()
         self._say(lambda: said)
 
     def stop_returns(self) -> None:
