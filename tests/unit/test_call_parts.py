@@ -68,7 +68,7 @@ class _Launch:
 def _loop(tmp_path, pinned: Optional[int]):
     said: List[str] = []
     seat = Bench.initial(3, 1).seat(2, 3)
-    session = SimpleNamespace(context=SimpleNamespace(is_control=False, defaults=SimpleNamespace(restarts=2)))
+    session = SimpleNamespace(context=SimpleNamespace(is_control=False, node_index=0, defaults=SimpleNamespace(restarts=2)))
     client = SimpleNamespace(seats={(0, 1): seat}, hosts=lambda: {})
     failure = SimpleNamespace(new_start=lambda: said.append("new start"), failures=[])
     ranks = SimpleNamespace(started_at=100.0, ended_at=111.0)
