@@ -342,6 +342,17 @@ class PlatformRun:
         return ["%s/%s/%s" % (self.run_id, self.step, n.task_id) for n in self.nodes]
 
 
+def wait_for_step(sandbox: "Sandbox", run: "PlatformRun", step: int, ranks: int = 4, timeout: float = 180.0) -> None:
+    """Until every one of ``ranks`` ranks has reported step ``step`` or later (``--mark-steps``)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        at = sandbox.reports("at-rank-")
+        if len(at) >= ranks and all(r["step"] >= step for r in at.values()):  # type: ignore[index]
+            return
+        time.sleep(0.2)
+    raise AssertionError("no step %d:\n%s" % (step, run.logs_summary()))
+
+
 def listening_ports(pid: int) -> set:
     """TCP ports in LISTEN state in the network namespace of process ``pid`` (as
     /proc/<pid>/net/tcp shows that process's namespace, not ours)."""

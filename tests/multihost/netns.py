@@ -88,12 +88,17 @@ def netns_pids(name: str) -> List[int]:
     return [int(p) for p in proc.stdout.split() if p.isdigit()]
 
 
-def _delete_netns(name: str) -> None:
+def kill_netns(name: str) -> None:
+    """SIGKILL every process in the namespace: a host pulled whole, its kernel closing every socket."""
     for pid in netns_pids(name):
         try:
             os.kill(pid, signal.SIGKILL)
         except OSError:
             pass
+
+
+def _delete_netns(name: str) -> None:
+    kill_netns(name)
     _ip("netns", "delete", name, check=False)
 
 

@@ -13,13 +13,12 @@ JobSet starts its pods, with ``spares=1`` (nodes 0 and 1 train, node 2 waits) or
 
 import json
 import os
-import signal
 import time
 
 import pytest
 
-from .harness import FLOWS, PlatformRun
-from .netns import netns_pids
+from .harness import FLOWS, PlatformRun, wait_for_step
+from .netns import kill_netns
 
 pytestmark = [pytest.mark.multihost, pytest.mark.timeout(300)]
 
@@ -29,31 +28,13 @@ HEARTBEAT = 8  # heartbeat_timeout of the cut tests (the default is 30 s)
 START_TIMEOUT = 30  # how long the step waits, from a loss, for the lost node to come back
 
 
-def _wait_for_step(sandbox, run, step, timeout=180.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        at = sandbox.reports("at-rank-")
-        if len(at) >= 4 and all(r["step"] >= step for r in at.values()):
-            return
-        time.sleep(0.2)
-    raise AssertionError("no step %d:\n%s" % (step, run.logs_summary()))
-
-
-def _kill_all_of(host):
-    for pid in netns_pids(host.netns):
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-
-
 def _spare_run(sandbox, network, **attrs):
     run = PlatformRun(sandbox, network(3), "kubernetes", FLOW,
                       params=["--nodes", "3", "--script-args", json.dumps(SCRIPT_ARGS)],
                       env={"MFTR_TORCHRUN_ATTRS": json.dumps(dict({"restarts": 2, "spares": 1}, **attrs))})
     run.prepare()
     run.launch_all()
-    _wait_for_step(sandbox, run, 3)
+    wait_for_step(sandbox, run, 3)
     return run
 
 
@@ -73,7 +54,7 @@ def test_a_host_cut_off_for_good_is_replaced_by_the_spare(network, sandbox):
         ended = {n: round(time.monotonic() - cut, 1) for n in (0, 2)}
         cut_off_ended = run.procs[1].poll()
     finally:
-        _kill_all_of(run.hosts[1])
+        kill_netns(run.hosts[1].netns)
         run.hosts[1].restore_link()
     codes = run.wait(30)
     print("node 0 and node 2 ended by %s s after the cut; node 1's task %s" % (
@@ -114,8 +95,8 @@ def test_a_killed_host_and_its_return(network, sandbox, attrs, lost):
                       env={"MFTR_TORCHRUN_ATTRS": json.dumps(attrs)})
     run.prepare()
     run.launch_all()
-    _wait_for_step(sandbox, run, 3)
-    _kill_all_of(run.hosts[lost])
+    wait_for_step(sandbox, run, 3)
+    kill_netns(run.hosts[lost].netns)
     run.procs[lost].wait(timeout=10)
     run.launch(lost)  # the pod re-created: the same task, on the same host
     codes = run.wait(240)

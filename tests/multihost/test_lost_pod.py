@@ -13,13 +13,12 @@ Job failed, the JobSet with it) after waiting ``start_timeout`` for a gang that 
 
 import json
 import os
-import signal
 import time
 
 import pytest
 
-from .harness import FLOWS, PlatformRun
-from .netns import netns_pids
+from .harness import FLOWS, PlatformRun, wait_for_step
+from .netns import kill_netns
 
 pytestmark = [pytest.mark.multihost, pytest.mark.timeout(300)]
 
@@ -27,24 +26,6 @@ FLOW = os.path.join(FLOWS, "lost_node_flow.py")
 SCRIPT_ARGS = ["--steps", "30", "--mb", "2", "--step-sleep", "0.2", "--mark-steps"]
 START_TIMEOUT = 30  # how long the step waits, from the loss, for the lost node to come back
 LATE = "node 1: the gang's step had already ended fine when this task started"
-
-
-def _wait_for_step(sandbox, run, step, timeout=180.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        at = sandbox.reports("at-rank-")
-        if len(at) >= 4 and all(r["step"] >= step for r in at.values()):
-            return
-        time.sleep(0.2)
-    raise AssertionError("no step %d:\n%s" % (step, run.logs_summary()))
-
-
-def _pull(host):
-    for pid in netns_pids(host.netns):
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
 
 
 def _until_said(run, node, words, timeout):
@@ -77,8 +58,8 @@ def test_a_pod_never_back_ends_the_step_without_it_and_one_back_after_the_step_e
 
 
 def _lose_node_1_for_good(sandbox, run, gate):
-    _wait_for_step(sandbox, run, 3)
-    _pull(run.hosts[1])
+    wait_for_step(sandbox, run, 3)
+    kill_netns(run.hosts[1].netns)
     lost_at = time.monotonic()
     run.procs[1].wait(timeout=10)
     # The step goes on without node 1 and ends without it: the control waits start_timeout from the loss,
