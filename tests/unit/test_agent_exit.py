@@ -172,3 +172,31 @@ def test_a_stop_signal_while_the_agent_ends_prints_no_second_traceback(tmp_path,
     assert "Traceback" not in proc.stderr and "SignalException" not in proc.stderr, proc.stderr
     log = (tmp_path / "torchrun-agent.log").read_text()
     assert log.count("ChildFailedError") == (sig != "raise"), log  # the cause's text in the node's log, once
+
+
+SIGNALLED_MID_LINE = r"""
+import logging, os, signal, sys
+from torch.distributed.elastic.multiprocessing.api import _terminate_process_handler
+from metaflow_extensions.torchrun.plugins.torchrun.procs import agent
+
+signal.signal(signal.SIGTERM, _terminate_process_handler)  # as torch's agent leaves it
+agent.quiet_launcher(sys.argv[1])
+logger = logging.getLogger(agent.LAUNCHER_LOGGERS[0])
+
+class Stopped(logging.Formatter):
+    def format(self, record):  # the gang's stop lands as the line is written, as torch's error file is logged
+        os.kill(os.getpid(), signal.SIGTERM)
+        return super().format(record)
+
+logger.handlers[0].setFormatter(Stopped())
+logger.error("no error file defined for parent")
+print("went on")
+"""
+
+
+def test_a_stop_signal_inside_a_line_of_torchs_log_prints_nothing_on_the_console(tmp_path):
+    """torch's handler raises in the middle of the write; logging would print two tracebacks to stderr."""
+    proc = subprocess.run([sys.executable, "-c", SIGNALLED_MID_LINE, str(tmp_path)], capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stdout == "went on\n", proc.stderr
+    assert proc.stderr == ""

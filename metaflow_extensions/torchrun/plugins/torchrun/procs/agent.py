@@ -100,6 +100,15 @@ def keep_ranks_store_on_loopback(env: Mapping[str, str]) -> None:
         pass  # torch's own store then reports whatever is wrong, in its words
 
 
+class _LogHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """A stop signal landing while torch's agent writes a line (its error file's, as its ranks fail) raises
+    torch's ``SignalException`` inside the write; logging swallows it either way, but by default prints
+    "--- Logging error ---" and two tracebacks on the console, which is the user's."""
+
+    def handleError(self, record: logging.LogRecord) -> None:
+        pass
+
+
 def quiet_launcher(log_dir: Optional[str]) -> Optional[IO[str]]:
     """torchrun's own lines only repeat our root cause: they wait in the node's
     agent log (a failed rank's traceback stays on the console)."""
@@ -110,7 +119,7 @@ def quiet_launcher(log_dir: Optional[str]) -> Optional[IO[str]]:
         log = os.fdopen(open_private(path), "a", encoding="utf-8", errors="replace")
     except OSError:
         return None
-    handler = logging.StreamHandler(log)
+    handler = _LogHandler(log)
     handler.setFormatter(logging.Formatter("%(levelname).1s %(asctime)s %(name)s] %(message)s"))
     for name in LAUNCHER_LOGGERS:
         logger = logging.getLogger(name)
