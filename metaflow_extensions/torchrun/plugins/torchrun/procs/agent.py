@@ -100,7 +100,7 @@ def keep_ranks_store_on_loopback(env: Mapping[str, str]) -> None:
         pass  # torch's own store then reports whatever is wrong, in its words
 
 
-class _LogHandler(logging.StreamHandler):  # type: ignore[type-arg]
+class _LogHandler(logging.StreamHandler):
     """A stop signal landing while torch's agent writes a line (its error file's, as its ranks fail) raises
     torch's ``SignalException`` inside the write; logging swallows it either way, but by default prints
     "--- Logging error ---" and two tracebacks on the console, which is the user's."""
