@@ -169,78 +169,10 @@ def test_a_nodes_ranks_are_refused_together_and_it_is_said_once(tmp_path):
     state = {"w": torch.zeros(1 << 18)}  # 1 MB of float32
     said = []
     with SnapshotStore(str(tmp_path / "node"), budget=2 * SLOTS_PER_KEY * memory.room(1 << 21)) as node:
-        savers = [Saver(node.path, "rank-%d-of-4" % r, lambda text, r=r: said.append((r, text)), 4) for r in range(4)]
+        savers = [Saver(node.path, "local-%d" % r, lambda text, r=r: said.append((r, text)), 4) for r in range(4)]
         assert [saver.take(0, state) for saver in savers] == [False] * 4
         assert node.shelf.used() == 0 and all(saver.off for saver in savers)
     assert len(said) == 1 and said[0][0] == 0 and "each of this node's 4 local ranks" in said[0][1], said
-
-
-def test_a_nodes_local_ranks_hold_one_copy_of_their_replicated_state(tmp_path):
-    """4 local ranks save the same replicated state: the node's store holds one copy's slots (the newest two and
-    the one being written), not four's, and each rank loads that copy, bit for bit."""
-    from metaflow_extensions.torchrun.plugins.torchrun.snapshots.node.shelf import SLOTS_PER_KEY
-    from metaflow_extensions.torchrun.plugins.torchrun.snapshots.rank import codec, memory
-    from metaflow_extensions.torchrun.plugins.torchrun.snapshots.rank.client import StoreClient
-    from metaflow_extensions.torchrun.plugins.torchrun.snapshots.rank.saver import Saver
-
-    with SnapshotStore(str(tmp_path / "node"), budget=64 << 20) as node:
-        savers = [Saver(node.path, "local-%d" % r, print, 4) for r in range(4)]
-        for step in range(4):
-            state = model_state(step)
-            assert all(saver.take(step, state, replicated=True) for saver in savers)
-        total = codec.layout(codec.manifest_bytes(3, codec.plan(state, True).tree, codec.plan(state, True).specs),
-                             codec.plan(state, True).data_bytes)[1]
-        assert node.shelf.used() == SLOTS_PER_KEY * memory.room(total)  # 4 copies' slots without the sharing
-        client = StoreClient(node.path)
-        try:
-            mine = client.get("local-0", 3).blob
-            for r in range(1, 4):
-                assert client.held("local-%d" % r) == [(0, 2), (0, 3)]
-                back = client.get("local-%d" % r, 3)
-                assert back is not None and back.blob == mine
-        finally:
-            client.close()
-        step, back = codec.build(mine, codec.check(mine, digest=False))
-    assert step == 3 and torch.equal(back["model"]["weight"], state["model"]["weight"])
-
-
-def test_a_sharing_ranks_digest_of_its_tensors_is_the_digest_of_the_copy_laid_out():
-    """What a local rank other than 0 sends (read from its tensors, a transposed one and an empty one included)
-    is what the store computes from local rank 0's slot, and what a CUDA rank computes from its staging buffer."""
-    from metaflow_extensions.torchrun.plugins.torchrun.snapshots.rank import codec, saver
-
-    state = {"a": torch.randn(100, 7).t(), "b": torch.arange(10), "c": {"lr": 0.1}, "e": torch.zeros(0)}
-    plan = codec.plan(state, True)
-    blob = saver.encode(3, state)
-    staged = saver.HostBuffer(len(blob) + 64, pinned=False)
-    staged.view[:len(blob)] = blob
-    assert saver.state_digest(codec.manifest_bytes(3, plan.tree, plan.specs), plan) == codec.content_digest(blob) \
-        == codec.content_digest(staged.view[:len(blob)])
-    state["a"][0, 0] += 1
-    assert saver.state_digest(codec.manifest_bytes(3, plan.tree, plan.specs), plan) != codec.content_digest(blob)
-
-
-def test_a_rank_whose_replicated_state_differs_is_never_handed_the_nodes_copy(tmp_path):
-    """Local rank 1's 'replicated' state is not local rank 0's: it holds no step of the node's copy (a load
-    resumes from your checkpoint, or an older step every rank holds alike), said once; rank 2, alike, holds it."""
-    from metaflow_extensions.torchrun.plugins.torchrun.snapshots.rank.client import StoreClient
-    from metaflow_extensions.torchrun.plugins.torchrun.snapshots.rank.saver import Saver
-
-    said = []
-    with SnapshotStore(str(tmp_path / "node"), budget=64 << 20, say=said.append) as node:
-        savers = [Saver(node.path, "local-%d" % r, print, 3) for r in range(3)]
-        for step in (1, 2):
-            for r, saver in enumerate(savers):
-                assert saver.take(step, {"w": torch.full((1000,), float(step + (r == 1 and step == 2)))}, True)
-        assert node.held("local-1") == node.held("local-2") == [(0, 1), (0, 2)]  # what each saved
-        client = StoreClient(node.path)
-        try:
-            assert client.get("local-1", 2) is None and client.get("local-1", 2) is None  # not rank 0's bytes
-            assert client.get("local-1", 1).blob == client.get("local-0", 1).blob == client.get("local-2", 1).blob
-            assert client.get("local-2", 2).blob == client.get("local-0", 2).blob
-        finally:
-            client.close()
-    assert len(said) == 1 and "local rank 1's replicated state at step 2 is not local rank 0's" in said[0], said
 
 
 def test_a_cuda_ranks_pinned_buffers_are_planned_with_its_slots(tmp_path):
@@ -377,7 +309,7 @@ def test_two_ranks_resume_from_one_start_never_a_step_two_starts_left(store, tmp
     saves(1, 0, (4, 5))
     saves(0, 1, (5,))
     snapshot._savers.clear()
-    assert store.held("local-0") == [(0, 4), (1, 5)] and store.held("local-1") == [(0, 4), (0, 5)]
+    assert store.shelf.held("local-0") == [(0, 4), (1, 5)] and store.shelf.held("local-1") == [(0, 4), (0, 5)]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path), TORCHELASTIC_RESTART_COUNT="2", WORLD_SIZE="2")
     procs = [subprocess.Popen([sys.executable, "-c", TWO_RANKS_LOAD, str(tmp_path / "rdzv")], stdout=subprocess.PIPE,
                               env=dict(env, RANK=str(r), LOCAL_RANK=str(r))) for r in (0, 1)]

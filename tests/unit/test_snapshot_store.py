@@ -147,33 +147,23 @@ def test_the_budget_is_decided_for_all_of_a_nodes_ranks_at_once():
     two save a snapshot no step could resume from)."""
     room = SLOTS_PER_KEY * memory.room(60 << 20)
     shelf = Shelf(budget=3 * room, source="25% of the room under the container's memory limit")
-    why, made = shelf.plan("rank-0-of-4", 60 << 20, ranks=4)
+    why, made = shelf.plan("local-0", 60 << 20, ranks=4)
     assert made and "a snapshot of 60.0 MB on each of this node's 4 local ranks needs" in why
     assert "the newest two copies and the one being written" in why and "budget is %s" % megabytes(3 * room) in why
     assert "(25% of the room under the container's memory limit)" in why
-    assert [shelf.plan("rank-%d-of-4" % r, 1 << 20, ranks=4) for r in (1, 2, 3)] == [(why, False)] * 3  # said once
-    assert shelf.begin("rank-1-of-4", 1 << 20, owner=1) is None and shelf.used() == 0
+    assert [shelf.plan("local-%d" % r, 1 << 20, ranks=4) for r in (1, 2, 3)] == [(why, False)] * 3  # said once
+    assert shelf.begin("local-1", 1 << 20, owner=1) is None and shelf.used() == 0
 
 
 def test_a_node_whose_ranks_fit_plans_them_all_and_a_growth_past_it_frees_them_all():
     shelf = Shelf(budget=4 * SLOTS_PER_KEY * memory.room(10 << 20))
-    assert all(shelf.plan("rank-%d-of-4" % r, 10 << 20, ranks=4) == (None, False) for r in range(4))
+    assert all(shelf.plan("local-%d" % r, 10 << 20, ranks=4) == (None, False) for r in range(4))
     for r in range(4):
-        fill(shelf, "rank-%d-of-4" % r, 1, size=10 << 20)
+        fill(shelf, "local-%d" % r, 1, size=10 << 20)
     assert shelf.used() > 0
-    why, made = shelf.plan("rank-2-of-4", 11 << 20, ranks=4)  # an optimizer's state appears on one rank
-    assert made and "4 local ranks" in why and shelf.used() == 0 and shelf.steps("rank-0-of-4") == []
-    assert shelf.plan("rank-0-of-4", 10 << 20, ranks=4) == (why, False)
-
-
-def test_replicated_state_is_planned_once_for_a_nodes_ranks():
-    """4 local ranks' replicated state fits a budget of one copy's slots (and their pinned buffers, each rank's
-    own): the node holds one copy whatever its number of ranks. One byte less, it is refused, said so."""
-    slots = SLOTS_PER_KEY * memory.room(60 << 20)
-    shelf = Shelf(budget=slots + 4 * 1000)
-    assert all(shelf.plan("local-%d" % r, 60 << 20, pinned=1000, ranks=4) == (None, False) for r in range(4))
-    why, made = Shelf(budget=slots + 4 * 1000 - 1).plan("local-0", 60 << 20, pinned=1000, ranks=4)
-    assert made and "the node's one copy of its ranks' replicated state" in why and "each rank's CUDA" in why
+    why, made = shelf.plan("local-2", 11 << 20, ranks=4)  # an optimizer's state appears on one rank
+    assert made and "4 local ranks" in why and shelf.used() == 0 and shelf.steps("local-0") == []
+    assert shelf.plan("local-0", 10 << 20, ranks=4) == (why, False)
 
 
 def test_a_ranks_pinned_buffers_count_in_the_nodes_budget():

@@ -1,13 +1,12 @@
 """The snapshots a node holds in its own memory, in slots, within a budget.
 
 A slot is a sealed memfd (``snapshots/rank/memory.py``) the store maps and hands to a rank, which
-writes a snapshot straight into it. Per key (``rank-R-of-W`` for a shard, ``local-0`` for the node's one
-copy of replicated state, which its other local ranks share by digest: ``share``) the shelf keeps the
-newest two committed snapshots (the gang agrees on the newest step every rank holds, and a rank killed
-while saving step S leaves the others holding S and S-1) and the slot being written: three slots in the
-steady state, handed out again in turn, so a save makes no memory and maps nothing new. A slot being
-written is no snapshot until it is committed (``finish``): a writer killed half-way leaves the key's
-snapshots as they were, its slot back on the free list.
+writes a snapshot straight into it. Per key (``rank-R`` for a shard, ``local-L`` for replicated
+state) the shelf keeps the newest two committed snapshots (the gang agrees on the newest step every
+rank holds, and a rank killed while saving step S leaves the others holding S and S-1) and the
+slot being written: three slots in the steady state, handed out again in turn, so a save makes no
+memory and maps nothing new. A slot being written is no snapshot until it is committed (``finish``):
+a writer killed half-way leaves the key's snapshots as they were, its slot back on the free list.
 
 A snapshot is known by its start and its step (``Held``): the ranks' start (the gang's restart count)
 that took it. Two starts can each leave a step S on different ranks (a rank killed in its save of S in
@@ -67,7 +66,6 @@ class Slot:
         self.saved_at = 0.0  # when it was committed here (wall clock): what a restart from it loses is after
         self.owner: Optional[int] = None  # the rank's connection writing it; None for a peer's copy
         self.source: Optional[Source] = None  # where a copy from a peer came from
-        self.digest: Optional[int] = None  # ``codec.content_digest`` of its snapshot, once a sharing rank asks
         self.readers = 0
         self.doomed = False  # to be closed once its last reader lets go
 
@@ -93,8 +91,7 @@ class Shelf:
         self._writing: Dict[int, Slot] = {}  # slot id -> slot being written
         self._free: Dict[str, List[Slot]] = {}
         self._doomed: List[Slot] = []  # dropped while read: closed when let go
-        self._planned: Dict[str, Tuple[int, int]] = {}  # key -> (its slots' bytes, its rank's pinned bytes)
-        self._shares: Dict[str, Dict[Held, int]] = {}  # a sharing key -> its rank's digest of each (start, step)
+        self._planned: Dict[str, int] = {}  # key -> the bytes its rank needs (``plan``)
         self._ids = itertools.count(1)
         self._alive: Set[int] = set()
 
@@ -104,23 +101,21 @@ class Shelf:
         does: ``size``'s three slots here and ``pinned`` bytes of its own (its CUDA state's pinned buffers,
         memory of the same container). A refusal holds for every rank of the node from then on, and
         frees what its ranks hold: a step no rank can resume from is no use to keep."""
+        need = SLOTS_PER_KEY * memory.room(size) + pinned
         with self._lock:
             if self._off is not None:
                 return self._off, False
-            planned = dict(self._planned)
-            planned[key] = (SLOTS_PER_KEY * memory.room(size), pinned)
-            need = node_need(planned, ranks)
-            if need <= self.budget:
-                self._planned = planned
+            each = max([need] + [n for k, n in self._planned.items() if k != key])
+            count = max(ranks, len(set(self._planned) | {key}))
+            if count * each <= self.budget:
+                self._planned[key] = need
                 return None, False
-            count = max(ranks, len(planned))
-            self._off = refusal(size, pinned, count, need, self.budget, self.source, wire.is_local(key))
+            self._off = refusal(size, pinned, count, count * each, self.budget, self.source)
             for own in list(self._planned) + [key]:
                 self._forget(own)
             return self._off, True
 
     def _forget(self, key: str) -> None:
-        self._shares.pop(key, None)
         for slot in self._kept.pop(key, []) + self._free.pop(key, []):
             self._drop(slot)
 
@@ -137,7 +132,7 @@ class Shelf:
             slot = self._reusable(key, size) or self._new(key, size)
             if slot is None:
                 return None
-            slot.owner, slot.step, slot.size, slot.source, slot.digest = owner, -1, 0, None, None
+            slot.owner, slot.step, slot.size, slot.source = owner, -1, 0, None
             self._writing[slot.id] = slot
             return slot
 
@@ -244,44 +239,6 @@ class Shelf:
                 self._doomed.remove(slot)
                 slot.close()
 
-    def share(self, key: str, start: int, step: int, digest: int) -> Optional[str]:
-        """A sharing rank's ``step`` (``start``'s), its bytes ``digest``: it holds the node's copy of that step
-        where the copy's digest is the same (``registered``). Its registrations of a step as late or later go
-        (a timeline the gang left), and the oldest beyond ``KEEP``. None, or the node's refusal."""
-        with self._lock:
-            if self._off is not None:
-                return self._off
-            mine = self._shares.setdefault(key, {})
-            for held in [h for h in mine if h[1] >= step]:
-                del mine[held]
-            mine[(start, step)] = digest
-            for held in sorted(mine, key=lambda h: (h[1], h[0]))[:-KEEP]:
-                del mine[held]
-            return None
-
-    def registered(self, key: str, start: int, step: int) -> Optional[int]:
-        """The digest a sharing rank sent for (start, step), None if it sent none."""
-        with self._lock:
-            return self._shares.get(key, {}).get((start, step))
-
-    def shared(self, key: str) -> List[Held]:
-        """The (start, step) a sharing rank saved (its digest sent), oldest first."""
-        with self._lock:
-            return sorted(self._shares.get(key, {}), key=lambda h: (h[1], h[0]))
-
-    def sharing(self) -> bool:
-        """Whether a local rank shares the node's copy of replicated state (a digest to compare at each save)."""
-        with self._lock:
-            return any(self._shares.values())
-
-    def pin_all(self, key: str) -> List[Slot]:
-        """Each of the key's committed slots, oldest first, pinned: ``unpin`` each."""
-        with self._lock:
-            kept = list(self._kept.get(key, []))
-            for slot in kept:
-                slot.readers += 1
-            return kept
-
     def steps(self, key: str) -> List[int]:
         with self._lock:
             return [h.step for h in self._kept.get(key, [])]
@@ -352,36 +309,19 @@ class Shelf:
             self._free.clear()
             self._doomed.clear()
             self._planned.clear()
-            self._shares.clear()
             self._alive.clear()
             self._off = None
         for slot in slots:
             slot.close()
 
 
-def node_need(planned: Dict[str, Tuple[int, int]], ranks: int) -> int:
-    """The bytes a node's ``ranks`` local ranks need, from the plans so far (key -> (its slots' bytes, its rank's
-    pinned bytes)): replicated state's slots once for the node (its local ranks share one copy), each shard's
-    per rank, every rank's pinned buffers; a rank not planned yet taken to need what the largest of its kind does."""
-    replicated = [v for k, v in planned.items() if wire.is_local(k)]
-    sharded = [v for k, v in planned.items() if not wire.is_local(k)]
-    need = max((slots for slots, _ in replicated), default=0)
-    for costs in ([pinned for _, pinned in replicated], [slots + pinned for slots, pinned in sharded]):
-        if costs:
-            need += sum(costs) + max(0, ranks - len(costs)) * max(costs)
-    return need
-
-
-def refusal(size: int, pinned: int, ranks: int, need: int, budget: int, source: str, shared: bool = False) -> str:
+def refusal(size: int, pinned: int, ranks: int, need: int, budget: int, source: str) -> str:
     """The node's one refusal: both sizes, what the need is made of, and where the budget came from."""
-    per_rank = "%s, %s%s" % (
-        "the node's one copy of its ranks' replicated state: the newest two and the one being written" if shared
-        else "a rank: the newest two copies and the one being written",
+    per_rank = "the newest two copies and the one being written, %s%s" % (
         megabytes(SLOTS_PER_KEY * memory.room(size)),
-        "; %s CUDA state's two pinned buffers, %s" % ("each rank's" if shared else "its", megabytes(pinned))
-        if pinned else "")
+        "; its CUDA state's two pinned buffers, %s" % megabytes(pinned) if pinned else "")
     ranks_said = "each of this node's %d local ranks" % ranks if ranks > 1 else "this node's rank"
-    return ("a snapshot of %s on %s needs %s of the node's memory in all (%s), and the node's snapshot "
+    return ("a snapshot of %s on %s needs %s of the node's memory in all (a rank: %s), and the node's snapshot "
             "budget is %s%s: no rank of this node keeps snapshots" % (
                 megabytes(size), ranks_said, megabytes(need), per_rank, megabytes(budget),
                 " (%s)" % source if source else ""))

@@ -16,8 +16,7 @@ one to a peer, which is when its digest is computed.
 A rank's requests (``snapshots/rank/client.py``'s ``StoreClient``), each a frame of
 ``wire``: ``plan`` (will a snapshot of this size fit?), ``slot`` (a slot to write the key's
 next snapshot in: its id, and its fd the first time this connection is given it; the ids of slots
-closed since, to unmap), ``commit`` (that slot holds step S of the rank's start K, whole), ``share`` (a local
-rank other than 0's replicated state: its digest of step S of start K, the bytes being local rank 0's), ``steps``
+closed since, to unmap), ``commit`` (that slot holds step S of the rank's start K, whole), ``steps``
 (the (start, step) held for a key, fetched from a peer first where none is, and the newest step of any
 key), ``get`` (a read-only fd of a (start, step)'s slot, held as it is until the connection's next request).
 
@@ -33,7 +32,6 @@ import os
 import socket
 import sys
 import threading
-import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple, Union
 
 from ...base import defaults as DEFAULTS
@@ -44,7 +42,7 @@ from ..rank import codec, memory, wire
 from .peer import Address, Listener, PeerKey, PeerRefused, connect, fetch, stop_listening
 from .pusher import Pusher
 from .budget import Budget, share_of
-from .shelf import Shelf, Slot, Source, megabytes, view
+from .shelf import Shelf, Slot, Source, megabytes
 
 SOCKET_NAME = "snapshot.sock"
 MAX_STEP = 1 << 53
@@ -83,7 +81,6 @@ class SnapshotStore:
         self._world: Optional[int] = None  # the world size of the sharded keys the ranks ask for
         self._sharded = False  # the current start's ranks committed a shard
         self._worlds_seen: Set[int] = set()
-        self._differs: Set[str] = set()  # sharing keys said to differ from the node's copy
         self._ids = itertools.count(1)
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
@@ -190,11 +187,6 @@ class SnapshotStore:
         elif op == "commit":
             why = self._commit(conn, key, header)
             wire.send_frame(sock, {"ok": why is None, "why": why or ""})
-            if why is None and key == wire.SHARED and self.shelf.sharing():
-                self._digest_newest()  # after the answer: off local rank 0's path, ready for the ranks' load
-        elif op == "share":
-            why = self._share(key, header)
-            wire.send_frame(sock, {"ok": why is None, "why": why or ""})
         elif op == "plan":  # the node's one decision for all its local ranks (``Shelf.plan``)
             why, made = self._off, True
             if why is None:
@@ -203,8 +195,8 @@ class SnapshotStore:
                                             wire.int_field(header, "ranks", 1, 1 << 16))
             wire.send_frame(sock, {"ok": why is None, "why": why or "", "budget": self.budget, "said": not made})
         elif op == "steps":
-            source = self._fetch_answering(sock, wire.SHARED if wire.shares(key) else key)
-            held = self.held(key)
+            source = self._fetch_answering(sock, key)
+            held = self.shelf.held(key)
             wire.send_frame(sock, {"steps": [step for _, step in held], "held": [list(h) for h in held],
                                    "from": source[0] if source else None, "node": source[1] if source else None,
                                    "newest": self.newest()})
@@ -275,74 +267,8 @@ class SnapshotStore:
             self._pusher.offer(key, step)  # replicated state: every node holds its own copy already
         return None
 
-    def _share(self, key: str, header: Dict[str, Any]) -> Optional[str]:
-        """A sharing rank's save (``wire.shares``): its digest of (start, step), compared with the node's copy's
-        when a load asks. None once noted; else why not."""
-        if not wire.shares(key):
-            raise wire.WireError("a share of a key that holds its own bytes")
-        why = self._off or self.shelf.share(key, wire.int_field(header, "start", 0, MAX_START),
-                                           wire.int_field(header, "step", 0, MAX_STEP),
-                                           wire.int_field(header, "digest", 0, (1 << 32) - 1))
-        if why is None:
-            with self._lock:
-                self._first_saved_at = self._first_saved_at or time.time()
-        return why
-
-    def held(self, key: str) -> List[Tuple[int, int]]:
-        """The (start, step) ``key`` holds, oldest first: its own slots', and for a sharing key the steps its rank
-        saved (its digest sent: whether the node's copy has its bytes is checked at ``get``, the ranks then
-        agreeing on an older step) and any copy of replicated state from a peer (a spare's, which serves every
-        local rank as any node's copy does). Not the node's copy's steps: local rank 0 may not have committed
-        yet the step this rank saved."""
-        own = self.shelf.held(key)
-        if not wire.shares(key):
-            return own
-        shared = set(own) | set(self.shelf.shared(key))
-        for slot in self.shelf.pin_all(wire.SHARED):
-            if slot.source is not None:
-                shared.add((slot.start, slot.step))
-            self.shelf.unpin(slot)
-        return sorted(shared, key=lambda h: (h[1], h[0]))
-
-    def _serves(self, key: str, slot: Slot) -> bool:
-        """Whether the node's copy in ``slot`` (pinned) is ``key``'s rank's state too: a copy from a peer (a
-        spare's: the gang's replicated state, as any node's copy), or one whose digest is the one that rank sent
-        for the same (start, step). A rank whose replicated state differs from local rank 0's holds no copy of
-        that step (said once): it is never handed another rank's state, and the gang agrees on an older step."""
-        sent = self.shelf.registered(key, slot.start, slot.step)
-        if sent is None:
-            return slot.source is not None
-        if sent == self._digest(slot):
-            return True
-        if key not in self._differs:
-            self._differs.add(key)
-            self._say("snapshot: local rank %s's replicated state at step %d is not local rank 0's (their bytes "
-                      "differ): no rank resumes from that step. State that differs between ranks is saved with "
-                      "save(..., replicated=False)" % (key.split("-")[1], slot.step))
-        return False
-
-    def _digest(self, slot: Slot) -> int:
-        """The copy's ``codec.content_digest``, made once a slot's snapshot (the slot pinned)."""
-        if slot.digest is None:
-            with view(slot) as whole:
-                slot.digest = codec.content_digest(whole)
-        return slot.digest
-
-    def _digest_newest(self) -> None:
-        slot = self.shelf.pin(wire.SHARED)
-        if slot is not None:
-            try:
-                self._digest(slot)
-            finally:
-                self.shelf.unpin(slot)
-
     def _get(self, sock: socket.socket, conn: "_Conn", key: str, step: int, start: Optional[int]) -> None:
         slot = self.shelf.pin(key, step, start)
-        if slot is None and wire.shares(key):
-            slot = self.shelf.pin(wire.SHARED, step, start)
-            if slot is not None and not self._serves(key, slot):
-                self.shelf.unpin(slot)
-                slot = None
         if slot is None:
             wire.send_frame(sock, {"size": -1})
             return

@@ -19,9 +19,7 @@ same start (a snapshot is known by the start that took it and its step: a rank k
 step S in one start leaves the previous start's S, which the others replaced with theirs; resuming
 from both would mix two timelines), each rank checking its snapshot's bounds before use.
 ``replicated=True`` (the default) is for state every rank holds alike (DDP's model and optimizer):
-the node keeps one copy for its local ranks (local rank 0's bytes; each other local rank's save sends
-a digest of its state, and a rank whose state differs is never handed that copy), and any node's copy
-serves a node that replaces another.
+the node keeps it once per local rank, and any node's copy serves a node that replaces another.
 ``replicated=False`` is for a rank's own shard (FSDP, DTensor: its local shard is kept, and ``load``
 gives back the DTensor, ``dtensors``), each also copied to a buddy node. Pass the same ``replicated``
 to ``load`` as to ``save``.

@@ -101,12 +101,6 @@ class StoreClient:
         answer = self._ask({"op": "commit", "key": key, "slot": slot, "step": step, "size": size, "start": start})
         return None if answer.get("ok") is True else str(answer.get("why", "not kept"))[:1000]
 
-    def share(self, key: str, step: int, start: int, digest: int) -> Optional[str]:
-        """None once the store counts the node's copy of ``step`` (``start``'s) as this rank's too, where its
-        bytes have ``digest`` (``codec.content_digest``); else the store's reason."""
-        answer = self._ask({"op": "share", "key": key, "step": step, "start": start, "digest": digest})
-        return None if answer.get("ok") is True else str(answer.get("why", "not kept"))[:1000]
-
     def steps(self, key: str) -> Tuple[List[int], Optional[int], Optional[int]]:
         """(the steps held complete for ``key``, after a copy from a peer where none were; that peer's node;
         the newest step the store holds for any key)."""

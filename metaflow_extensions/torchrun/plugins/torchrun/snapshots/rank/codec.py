@@ -31,7 +31,6 @@ import json
 import math
 import re
 import struct
-import zlib
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
@@ -143,20 +142,6 @@ def digest_of(buffer: Any, total: int) -> bytes:
     """The SHA-256 of a snapshot of ``total`` bytes: of everything before its trailer."""
     with memoryview(buffer) as view:
         return hashlib.sha256(view[:total - DIGEST_BYTES]).digest()
-
-
-def content_digest(blob: Any) -> int:
-    """A CRC-32 of a laid-out snapshot's manifest and tensors' bytes (not its padding, which a reused slot
-    leaves as it was): what a local rank that shares the node's copy of replicated state sends instead of
-    its bytes (``state_digest`` on its side), compared here against the copy's."""
-    view = memoryview(blob).cast("B")
-    decoded = check(view, digest=False)
-    manifest_len, _ = _SIZES.unpack(view[len(MAGIC):HEADER_BYTES])
-    crc = zlib.crc32(view[HEADER_BYTES:HEADER_BYTES + manifest_len])
-    for spec in decoded.specs:
-        begin = decoded.data_start + spec.offset
-        crc = zlib.crc32(view[begin:begin + spec.nbytes], crc)
-    return crc
 
 
 def seal(buffer: memoryview, total: int) -> bytes:

@@ -21,10 +21,9 @@ from __future__ import annotations
 import ctypes
 import os
 import threading
-import zlib
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from . import codec, memory, wire
+from . import codec, memory
 from ...procs.names import RESTART_COUNT_ENV
 from .client import StoreClient, StoreError
 
@@ -124,19 +123,6 @@ def _plain(tensor: Any) -> bool:
             and not tensor.is_neg())
 
 
-def state_digest(manifest: bytes, plan: codec.Plan) -> int:
-    """``codec.content_digest`` of the snapshot ``plan`` would lay out, read from the tensors themselves: a
-    sharing rank's save reads its state once (a CRC-32, about a third of a memcpy's speed) and writes nothing."""
-    crc = zlib.crc32(manifest)
-    for (_, tensor), spec in zip(plan.tensors, plan.specs):
-        if spec.nbytes == 0:
-            continue
-        if not _plain(tensor):
-            tensor = tensor.detach().cpu().resolve_conj().resolve_neg().contiguous()
-        crc = zlib.crc32((ctypes.c_ubyte * spec.nbytes).from_address(tensor.data_ptr()), crc)
-    return crc
-
-
 class _Pending:
     def __init__(self, step: int, buffer: HostBuffer, total: int, events: List[Any]) -> None:
         self.step, self.buffer, self.total, self.events = step, buffer, total, events
@@ -150,7 +136,6 @@ class Saver:
 
     def __init__(self, path: str, key: str, say: Callable[[str], None], local_ranks: int = 1) -> None:
         self.key = key
-        self.shares = wire.shares(key)  # another local rank's replicated state: a digest sent, the bytes local rank 0's
         self.start = start_of_rank()  # the gang's restart this rank is of: its snapshots' timeline
         self.local_ranks = max(1, local_ranks)  # the node's ranks: its budget is decided for all of them at once
         self._path = path
@@ -181,9 +166,6 @@ class Saver:
             return False
         if cuda:
             return self._queue(step, plan, manifest, start, total)
-        if self.shares:
-            with self._io:
-                return self._share(step, state_digest(manifest, plan))
 
         def fill(target: Mapped) -> None:
             copy_in(target.tensor, plan, start)
@@ -239,18 +221,6 @@ class Saver:
             why = str(e)
         if why:
             return self._not_kept(step, why)
-        self.stored_step = step
-        return True
-
-    def _share(self, step: int, digest: int) -> bool:
-        """The node's copy of ``step`` counted as this rank's, where its bytes are this rank's (``digest``):
-        whether the store took it (its copy is compared at a load: a rank whose state differs holds none)."""
-        try:
-            why = self._client.share(self.key, step, self.start, digest)
-        except StoreError as e:
-            why = str(e)
-        if why:
-            return False if self._node_refused() else self._not_kept(step, why)
         self.stored_step = step
         return True
 
@@ -326,10 +296,7 @@ class Saver:
             for event in job.events:
                 event.synchronize()
             with self._io:
-                if self.shares:
-                    self._share(job.step, codec.content_digest(job.buffer.view[:job.total]))
-                else:
-                    self._write(job.step, job.total, job.write_out)
+                self._write(job.step, job.total, job.write_out)
             with self._cond:
                 self._sending = None
                 self._cond.notify_all()

@@ -29,24 +29,8 @@ class WireError(ValueError):
 def key_for(replicated: bool, rank: int, local_rank: int, world: int) -> str:
     """Sharded state is kept per rank of a world size (a shard of 6 ranks' state is no shard of 4's: after a
     node is lost and the gang trains on smaller, none is found and the ranks resume from their checkpoint);
-    replicated state under each local rank's key, whatever the world size (every node holds a copy), its bytes
-    once a node, in ``SHARED``'s slots."""
+    replicated state once per local rank, whatever the world size (every node holds a copy)."""
     return "local-%d" % local_rank if replicated else "rank-%d-of-%d" % (rank, world)
-
-
-SHARED = "local-0"  # the key whose slots hold a node's one copy of replicated state: local rank 0 writes it
-
-
-def shares(key: str) -> bool:
-    """Whether ``key`` is another local rank's replicated state, held in ``SHARED``'s slots: its rank sends a
-    digest of its state, not its bytes (the node keeps one copy of what every rank holds alike)."""
-    match = _KEY.match(key)
-    return match is not None and match.group(1) == "local" and match.group(2) != "0"
-
-
-def is_local(key: str) -> bool:
-    """Replicated state (``local-L``): one copy a node, whatever its number of local ranks."""
-    return key.startswith("local-")
 
 
 def world_of(key: str) -> Optional[int]:
