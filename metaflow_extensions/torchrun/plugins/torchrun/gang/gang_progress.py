@@ -281,10 +281,9 @@ class ProgressRecord(Written):
 
 
 class ProgressBook:
-    """``window``: seconds a node must be slow, in one start of the ranks, to be named a straggler. In every
-    start, the first as after a restart or a swap, the slowest node is named once the start has reported for
-    ``settle`` (the window, at most ``RATE_WINDOW``): its first rates are a second or two of steps, some
-    nodes' not yet in (a CI run's lockstep gang named node 0 at 0.87x 3 s into its first start)."""
+    """``window``: seconds a node must be slow, in one start of the ranks, to be named a straggler. After a
+    restart or a swap the slowest node is named once the new start has reported for ``settle`` (the window,
+    at most ``RATE_WINDOW``): its first rates are a second or two of steps, some nodes' not yet in."""
 
     def __init__(self, num_nodes: int, ratio: float, window: float) -> None:
         self.num_nodes = num_nodes
@@ -365,7 +364,7 @@ class ProgressBook:
             self.started = now
         if self.start_seen is None:
             self.start_seen = now
-        self.settled = now - self.start_seen >= self.settle
+        self.settled = self.start == 0 or now - self.start_seen >= self.settle
         reporting = {n: ph for n, ph in self.nodes.items() if ph[0].reporting}
         self.reported = self.reported or bool(reporting)
         named = self._stragglers(now, reporting) + self._late(now)
