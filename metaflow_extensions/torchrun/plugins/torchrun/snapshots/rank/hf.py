@@ -22,7 +22,7 @@ import time
 from typing import Any, Optional, Tuple
 
 from . import api as snapshot
-from .trainers import (Dropped, first_load, gang_max, new_cadence, owned, plain, rank, resume_dir, rng_state,
+from .trainers import (Dropped, first_load, load_fitting, new_cadence, owned, plain, rank, resume_dir, rng_state,
                        rng_values, say, tensor_text, text_tensor)
 
 CALLBACK_NAME = "TorchrunSnapshots"
@@ -195,19 +195,7 @@ def _may_resume(trainer: Any) -> bool:
 
 def load_for(trainer: Any) -> Optional[Tuple[int, dict]]:
     """The gang's snapshot, where every rank finds it fits this trainer's model; else None, said why."""
-    try:
-        resumed = snapshot.load()
-    except Exception as e:  # no process group: HF set none up for this run
-        say("HF Trainer starts as asked, not from a snapshot: %s" % e, once="hf load")
-        return None
-    if resumed is None:
-        return None
-    why = unfit(resumed[1], trainer.model)
-    if gang_max(1 if why else 0):
-        say("the snapshot of step %d is not used (%s): HF Trainer starts as asked" % (resumed[0], why or
-                                                                                    "on another rank"))
-        return None
-    return resumed
+    return load_fitting("HF Trainer", trainer.model, unfit, once="hf load")
 
 
 def unfit(held: Any, model: Any) -> Optional[str]:

@@ -26,7 +26,7 @@ from typing import Any, Optional, Tuple
 
 from . import api as snapshot
 from ...procs.trainer_hooks import with_lightning_callback
-from .trainers import (Dropped, first_load, gang_max, new_cadence, owned, plain, rank, resume_dir, rng_state,
+from .trainers import (Dropped, first_load, load_fitting, new_cadence, owned, plain, rank, resume_dir, rng_state,
                        say, set_rng)
 
 CALLBACK_NAME = "TorchrunSnapshots"
@@ -180,19 +180,7 @@ def _ours(trainer: Any) -> list:
 
 def load_for(trainer: Any) -> Optional[Tuple[int, dict]]:
     """The gang's snapshot, where every rank finds it fits this trainer's model; else None, said why."""
-    try:
-        resumed = snapshot.load()
-    except Exception as e:
-        say("Lightning starts as asked, not from a snapshot: %s" % e, once="pl load")
-        return None
-    if resumed is None:
-        return None
-    why = unfit(resumed[1], trainer.lightning_module)
-    if gang_max(1 if why else 0):
-        say("the snapshot of step %d is not used (%s): Lightning starts as asked" % (resumed[0], why or
-                                                                                   "on another rank"))
-        return None
-    return resumed
+    return load_fitting("Lightning", trainer.lightning_module, unfit, once="pl load")
 
 
 def unfit(held: Any, module: Any) -> Optional[str]:

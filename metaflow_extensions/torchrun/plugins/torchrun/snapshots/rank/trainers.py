@@ -15,7 +15,7 @@ import os
 import random
 import sys
 import tempfile
-from typing import Any, Callable, Dict, List, Mapping, Optional
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 from ...procs import trainer_hooks
 from ...procs.names import SNAPSHOT_EVERY_ENV, WORK_DIR_ENV
@@ -82,6 +82,27 @@ def new_cadence() -> Optional[Cadence]:
         say("%s=%s: trainer snapshots are off" % (SNAPSHOT_EVERY_ENV, e), once="every", everyone=True)
         return None
     return Cadence(every, gang_max, say_cadence)
+
+
+def load_fitting(trainer: str, model: Any, unfit: Callable[[Any, Any], Optional[str]],
+                 once: str) -> Optional[Tuple[int, dict]]:
+    """The gang's snapshot, where every rank finds it fits ``model`` (``unfit`` says why not); else None,
+    said why: ``trainer`` (its name in the line) then starts as asked."""
+    from . import api as snapshot  # the rank's start (the bootstrap installs this module) stays light
+
+    try:
+        resumed = snapshot.load()
+    except Exception as e:  # no process group: the trainer set none up for this run
+        say("%s starts as asked, not from a snapshot: %s" % (trainer, e), once=once)
+        return None
+    if resumed is None:
+        return None
+    why = unfit(resumed[1], model)
+    if gang_max(1 if why else 0):
+        say("the snapshot of step %d is not used (%s): %s starts as asked" % (resumed[0], why or "on another rank",
+                                                                             trainer))
+        return None
+    return resumed
 
 
 def say_cadence(text: str) -> None:
